@@ -1,0 +1,252 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Entity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENTITY_UNSPECIFIED: _ClassVar[Entity]
+    ENTITY_ITEM: _ClassVar[Entity]
+    ENTITY_USER: _ClassVar[Entity]
+    ENTITY_ASPECT: _ClassVar[Entity]
+
+class Fallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FALLBACK_NONE: _ClassVar[Fallback]
+    FALLBACK_POPULAR_GLOBAL: _ClassVar[Fallback]
+    FALLBACK_POPULAR_ITEM: _ClassVar[Fallback]
+    FALLBACK_POPULAR_USER: _ClassVar[Fallback]
+ENTITY_UNSPECIFIED: Entity
+ENTITY_ITEM: Entity
+ENTITY_USER: Entity
+ENTITY_ASPECT: Entity
+FALLBACK_NONE: Fallback
+FALLBACK_POPULAR_GLOBAL: Fallback
+FALLBACK_POPULAR_ITEM: Fallback
+FALLBACK_POPULAR_USER: Fallback
+
+class ScoredId(_message.Message):
+    __slots__ = ("id", "score", "rating_distribution")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SCORE_FIELD_NUMBER: _ClassVar[int]
+    RATING_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    score: float
+    rating_distribution: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class RecommendRequest(_message.Message):
+    __slots__ = ("model", "user_ids", "n", "exclude_seen", "candidate_item_ids", "with_distribution")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USER_IDS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_SEEN_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    WITH_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    user_ids: _containers.RepeatedScalarFieldContainer[str]
+    n: int
+    exclude_seen: bool
+    candidate_item_ids: _containers.RepeatedScalarFieldContainer[str]
+    with_distribution: bool
+    def __init__(self, model: _Optional[str] = ..., user_ids: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., candidate_item_ids: _Optional[_Iterable[str]] = ..., with_distribution: _Optional[bool] = ...) -> None: ...
+
+class UserRecommendations(_message.Message):
+    __slots__ = ("user_id", "items", "fallback")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    items: _containers.RepeatedCompositeFieldContainer[ScoredId]
+    fallback: Fallback
+    def __init__(self, user_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., fallback: _Optional[_Union[Fallback, str]] = ...) -> None: ...
+
+class RecommendResponse(_message.Message):
+    __slots__ = ("results", "model", "model_version", "levels", "seen_filter_degraded")
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LEVELS_FIELD_NUMBER: _ClassVar[int]
+    SEEN_FILTER_DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[UserRecommendations]
+    model: str
+    model_version: str
+    levels: _containers.RepeatedScalarFieldContainer[float]
+    seen_filter_degraded: bool
+    def __init__(self, results: _Optional[_Iterable[_Union[UserRecommendations, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., levels: _Optional[_Iterable[float]] = ..., seen_filter_degraded: _Optional[bool] = ...) -> None: ...
+
+class TagsRequest(_message.Message):
+    __slots__ = ("model", "user_id", "item_id", "n", "exclude_own_tags")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_OWN_TAGS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    user_id: str
+    item_id: str
+    n: int
+    exclude_own_tags: bool
+    def __init__(self, model: _Optional[str] = ..., user_id: _Optional[str] = ..., item_id: _Optional[str] = ..., n: _Optional[int] = ..., exclude_own_tags: _Optional[bool] = ...) -> None: ...
+
+class TagsResponse(_message.Message):
+    __slots__ = ("tags", "fallback", "model", "model_version")
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    tags: _containers.RepeatedCompositeFieldContainer[ScoredId]
+    fallback: Fallback
+    model: str
+    model_version: str
+    def __init__(self, tags: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+
+class NeighborsRequest(_message.Message):
+    __slots__ = ("model", "space", "id", "from_entity", "to_entity", "k")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_ENTITY_FIELD_NUMBER: _ClassVar[int]
+    TO_ENTITY_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    space: str
+    id: str
+    from_entity: Entity
+    to_entity: Entity
+    k: int
+    def __init__(self, model: _Optional[str] = ..., space: _Optional[str] = ..., id: _Optional[str] = ..., from_entity: _Optional[_Union[Entity, str]] = ..., to_entity: _Optional[_Union[Entity, str]] = ..., k: _Optional[int] = ...) -> None: ...
+
+class NeighborsResponse(_message.Message):
+    __slots__ = ("neighbors", "model", "model_version")
+    NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    neighbors: _containers.RepeatedCompositeFieldContainer[ScoredId]
+    model: str
+    model_version: str
+    def __init__(self, neighbors: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+
+class CoordinatesRequest(_message.Message):
+    __slots__ = ("model", "space", "entity", "ids", "page_size")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    SPACE_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    space: str
+    entity: Entity
+    ids: _containers.RepeatedScalarFieldContainer[str]
+    page_size: int
+    def __init__(self, model: _Optional[str] = ..., space: _Optional[str] = ..., entity: _Optional[_Union[Entity, str]] = ..., ids: _Optional[_Iterable[str]] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class Point(_message.Message):
+    __slots__ = ("id", "entity", "coords")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    COORDS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    entity: Entity
+    coords: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, id: _Optional[str] = ..., entity: _Optional[_Union[Entity, str]] = ..., coords: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class CoordinatesResponse(_message.Message):
+    __slots__ = ("points", "dim", "model", "model_version")
+    POINTS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    points: _containers.RepeatedCompositeFieldContainer[Point]
+    dim: int
+    model: str
+    model_version: str
+    def __init__(self, points: _Optional[_Iterable[_Union[Point, _Mapping]]] = ..., dim: _Optional[int] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+
+class PlaceRequest(_message.Message):
+    __slots__ = ("model", "ranked_neighbor_ids", "k")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    RANKED_NEIGHBOR_IDS_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    ranked_neighbor_ids: _containers.RepeatedScalarFieldContainer[str]
+    k: int
+    def __init__(self, model: _Optional[str] = ..., ranked_neighbor_ids: _Optional[_Iterable[str]] = ..., k: _Optional[int] = ...) -> None: ...
+
+class PlaceResponse(_message.Message):
+    __slots__ = ("coords", "neighbors", "model", "model_version")
+    COORDS_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    coords: _containers.RepeatedScalarFieldContainer[float]
+    neighbors: _containers.RepeatedCompositeFieldContainer[ScoredId]
+    model: str
+    model_version: str
+    def __init__(self, coords: _Optional[_Iterable[float]] = ..., neighbors: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+
+class RecordInteractionsRequest(_message.Message):
+    __slots__ = ("user_id", "item_ids")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    item_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user_id: _Optional[str] = ..., item_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RecordInteractionsResponse(_message.Message):
+    __slots__ = ("recorded",)
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    recorded: int
+    def __init__(self, recorded: _Optional[int] = ...) -> None: ...
+
+class ListModelsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ModelInfo(_message.Message):
+    __slots__ = ("name", "kind", "version", "created_at", "loaded_at", "reason", "rpcs", "sizes", "metrics", "spaces")
+    class SizesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LOADED_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RPCS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    SPACES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    kind: str
+    version: str
+    created_at: str
+    loaded_at: float
+    reason: str
+    rpcs: _containers.RepeatedScalarFieldContainer[str]
+    sizes: _containers.ScalarMap[str, int]
+    metrics: _containers.ScalarMap[str, float]
+    spaces: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., loaded_at: _Optional[float] = ..., reason: _Optional[str] = ..., rpcs: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Mapping[str, int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., spaces: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListModelsResponse(_message.Message):
+    __slots__ = ("models",)
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
+    def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,233 @@
+"""What every model index offers the servicer and the trainer's evaluation.
+
+An index is built once from a verified :class:`~service.artifacts.Artifact`
+and is then read-only, so a request can use it from any thread without locks.
+It works on dense row numbers; the servicer translates external ids.
+
+Three families share this module:
+
+- :class:`RecommenderIndex` (DCR, COE): ``recommend`` with one signature for
+  every model, plus ``score_items`` used by evaluation;
+- :class:`MapIndex` (COE, SCORE, KNNSCAL): ``neighbors`` and
+  ``coordinates`` over named spaces and entity kinds, with KD-trees;
+- the RTF index adds ``tags``; the KNNSCAL index adds ``place``.
+"""
+from __future__ import annotations
+
+import abc
+from typing import ClassVar
+
+import numpy as np
+from scipy.spatial import cKDTree
+
+from service.artifacts import Artifact, ArtifactError
+from service.idmap import IdMap
+from service.topk import top_k
+
+Ranked = tuple[np.ndarray, np.ndarray]  # (rows, scores), best first
+
+
+class ModelIndex(abc.ABC):
+    """Base of every model kind's in-memory index."""
+
+    kind: ClassVar[str]
+    rpcs: ClassVar[frozenset[str]]
+
+    def __init__(self, artifact: Artifact):
+        self.artifact = artifact
+
+    @classmethod
+    def from_artifact(cls, artifact: Artifact) -> "ModelIndex":
+        if artifact.kind != cls.kind:
+            raise ArtifactError(f"{artifact.describe()}: expected kind {cls.kind!r}")
+        return cls(artifact)
+
+    @abc.abstractmethod
+    def smoke(self) -> None:
+        """Answer one query of each supported RPC; raise when the answer is wrong.
+
+        Run after loading and before a version goes live: it warms up numba
+        kernels and catches a version that verifies but cannot serve.
+        """
+
+    def sizes(self) -> dict[str, int]:
+        return {space: len(ids) for space, ids in self.artifact.ids.items()}
+
+    def spaces(self) -> list[str]:
+        """Named sub-maps (SCORE aspects); empty for single-map models."""
+        return []
+
+
+def check_finite(name: str, array: np.ndarray) -> None:
+    if not np.all(np.isfinite(array)):
+        raise ArtifactError(f"array {name!r} holds NaN or infinite values")
+
+
+class RecommenderIndex(ModelIndex):
+    """Top-N items for a user: the one ``recommend`` signature of every model."""
+
+    rpcs = frozenset({"Recommend"})
+
+    def __init__(self, artifact: Artifact):
+        super().__init__(artifact)
+        self.users: IdMap = artifact.idmap("users")
+        self.items: IdMap = artifact.idmap("items")
+        self.seen_indptr = np.asarray(artifact.array("seen_indptr"), dtype=np.int64)
+        self.seen_indices = artifact.array("seen_indices")
+        self.popularity = np.asarray(artifact.array("item_popularity"), dtype=np.float32)
+        if self.seen_indptr.shape != (len(self.users) + 1,):
+            raise ArtifactError(f"{artifact.describe()}: seen_indptr does not match the users")
+        if self.popularity.shape != (len(self.items),):
+            raise ArtifactError(f"{artifact.describe()}: item_popularity does not match the items")
+
+    # ----------------------------------------------------- model-specific part
+    @abc.abstractmethod
+    def score_users(self, user_rows: np.ndarray) -> np.ndarray:
+        """Scores of every item for each user, shape (len(user_rows), n_items), float32."""
+
+    @abc.abstractmethod
+    def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        """Scores of the given items for one user (higher is better)."""
+
+    # ------------------------------------------------------------ shared part
+    def seen(self, user_row: int) -> np.ndarray:
+        """Item rows the user had in the training data."""
+        return self.seen_indices[self.seen_indptr[user_row] : self.seen_indptr[user_row + 1]]
+
+    def recommend(
+        self,
+        user_row: int,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
+    ) -> Ranked:
+        """The ``n`` best items for ``user_row``.
+
+        ``exclude`` holds item rows never to return; ``candidates``, when
+        given, restricts the ranking to those item rows.
+        """
+        if candidates is not None:
+            return self._rank_candidates(self.score_items(user_row, candidates), candidates, n, exclude)
+        scores = self.score_users(np.array([user_row]))[0]
+        return self._select(scores, n, exclude)
+
+    def recommend_many(
+        self,
+        user_rows: np.ndarray,
+        n: int,
+        *,
+        excludes: list[np.ndarray | None],
+        candidates: np.ndarray | None = None,
+    ) -> list[Ranked]:
+        """``recommend`` for several users, scored as one matrix product."""
+        if candidates is not None:
+            return [
+                self.recommend(int(u), n, exclude=ex, candidates=candidates)
+                for u, ex in zip(user_rows, excludes)
+            ]
+        scores = self.score_users(np.asarray(user_rows))
+        return [self._select(row, n, ex) for row, ex in zip(scores, excludes)]
+
+    def popular(
+        self, n: int, *, exclude: np.ndarray | None = None, candidates: np.ndarray | None = None
+    ) -> Ranked:
+        """The cold-start answer: items by training popularity."""
+        if candidates is not None:
+            return self._rank_candidates(self.popularity[candidates], candidates, n, exclude)
+        return self._select(self.popularity.copy(), n, exclude)
+
+    @staticmethod
+    def _select(scores: np.ndarray, n: int, exclude: np.ndarray | None) -> Ranked:
+        if exclude is not None and exclude.size:
+            scores[exclude] = -np.inf
+        return top_k(scores, n)
+
+    @staticmethod
+    def _rank_candidates(
+        scores: np.ndarray, candidates: np.ndarray, n: int, exclude: np.ndarray | None
+    ) -> Ranked:
+        scores = np.array(scores, dtype=np.float32)
+        if exclude is not None and exclude.size:
+            scores[np.isin(candidates, exclude)] = -np.inf
+        order, values = top_k(scores, n)
+        return candidates[order], values
+
+    def smoke(self) -> None:
+        rows, scores = self.recommend(0, min(10, len(self.items)))
+        if rows.size == 0 and len(self.items) > self.seen(0).size:
+            raise ArtifactError(f"{self.artifact.describe()}: smoke query returned nothing")
+        if not np.all(np.isfinite(scores)):
+            raise ArtifactError(f"{self.artifact.describe()}: smoke query returned non-finite scores")
+
+
+class PointSet:
+    """Coordinates of one kind of entity on one map, with a KD-tree over them."""
+
+    def __init__(self, ids: IdMap, coords: np.ndarray):
+        coords = np.ascontiguousarray(coords, dtype=np.float64)
+        if coords.ndim != 2 or coords.shape[0] != len(ids):
+            raise ArtifactError(f"coordinates of shape {coords.shape} do not match {len(ids)} ids")
+        check_finite("coordinates", coords)
+        self.ids = ids
+        self.coords = coords
+        self.tree = cKDTree(coords)
+
+    @property
+    def dim(self) -> int:
+        return self.coords.shape[1]
+
+    def nearest(self, point: np.ndarray, k: int, exclude: np.ndarray | None = None) -> Ranked:
+        """The ``k`` nearest rows to ``point`` with negative distances as scores."""
+        n_skip = 0 if exclude is None else exclude.size
+        want = min(k + n_skip, len(self.ids))
+        if want == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        dist, rows = self.tree.query(point, k=want)
+        rows, dist = np.atleast_1d(rows), np.atleast_1d(dist)
+        if n_skip:
+            keep = ~np.isin(rows, exclude)
+            rows, dist = rows[keep], dist[keep]
+        return rows[:k].astype(np.int64), (-dist[:k]).astype(np.float32)
+
+
+class MapIndex(ModelIndex):
+    """Models whose answer is a map: ``neighbors`` and ``coordinates``.
+
+    Subclasses fill ``self.maps[space][entity] = PointSet(...)`` where space
+    is "" for single-map models and entity is an id-space name ("users",
+    "items", "objects", "aspects").
+    """
+
+    rpcs = frozenset({"Neighbors", "Coordinates"})
+    default_entity: ClassVar[str] = "items"
+
+    def __init__(self, artifact: Artifact):
+        super().__init__(artifact)
+        self.maps: dict[str, dict[str, PointSet]] = {}
+
+    def point_set(self, space: str, entity: str) -> PointSet:
+        """The points of ``entity`` on ``space``'s map; KeyError names what is missing."""
+        try:
+            by_entity = self.maps[space]
+        except KeyError:
+            raise KeyError(f"space {space!r}") from None
+        try:
+            return by_entity[entity]
+        except KeyError:
+            raise KeyError(f"entity {entity!r} on space {space!r}") from None
+
+    def neighbors(self, space: str, from_entity: str, row: int, to_entity: str, k: int) -> Ranked:
+        """The ``k`` entities of kind ``to_entity`` nearest to one of kind ``from_entity``."""
+        source = self.point_set(space, from_entity)
+        target = self.point_set(space, to_entity)
+        exclude = np.array([row]) if from_entity == to_entity else None
+        return target.nearest(source.coords[row], k, exclude)
+
+    def smoke(self) -> None:
+        for space, by_entity in self.maps.items():
+            for entity, points in by_entity.items():
+                if len(points.ids) >= 2:
+                    rows, _ = self.neighbors(space, entity, 0, entity, 1)
+                    if rows.size != 1 or rows[0] == 0:
+                        raise ArtifactError(f"{self.artifact.describe()}: smoke neighbours query failed")

@@ -1,0 +1,1 @@
+"""ordrec trainer: data readers, the five models, evaluation protocols, publishing."""

@@ -1,0 +1,1 @@
+"""Evaluation protocols, one module per paper, and the shared reporting contract."""
