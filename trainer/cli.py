@@ -1,0 +1,234 @@
+"""``ordrec-train``: train, evaluate, publish and manage model versions.
+
+Subcommands::
+
+    ordrec-train train KIND --data PATH [--format F] --registry DIR [--name NAME] [--set k=v ...]
+    ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
+    ordrec-train sample --out DIR          write the built-in generated sample data sets
+    ordrec-train versions --registry DIR [--model NAME]
+    ordrec-train pin --registry DIR --model NAME --version V
+    ordrec-train unpin --registry DIR --model NAME
+    ordrec-train prune --registry DIR --model NAME --keep K
+    ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
+    ordrec-train report --registry DIR --model NAME
+
+Exit codes: 0 success (for ``run``: published), 1 failure, 2 usage or data
+error, 3 (``run`` only) rejected by the quality gate.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from service.artifacts import ArtifactError, Registry
+from trainer.data.types import DataError
+from trainer.models import KINDS
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+
+log = logging.getLogger("ordrec.trainer")
+
+
+# ----------------------------------------------------------------- helpers
+def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["rank=20", "lr=0.05", "name=x"]`` -> typed dict (JSON scalars, else strings)."""
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--set expects key=value, got {pair!r}")
+        try:
+            params[key] = json.loads(text)
+        except json.JSONDecodeError:
+            params[key] = text
+    return params
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    parser.add_argument("--data", required=required, help="input file (or folder for some formats)")
+    parser.add_argument("--format", default="auto",
+                        help="input format: ml-100k, ml-1m, csv, tsv, lastfm-tags, zoo, neighbors, "
+                             "triples ... (default: detect from the file)")
+    parser.add_argument("--skip-bad-lines", action="store_true",
+                        help="skip malformed lines instead of failing (their number is reported)")
+
+
+def protocol_module(kind: str):
+    return importlib.import_module(f"trainer.evaluation.{kind}")
+
+
+# ----------------------------------------------------------------- commands
+def cmd_train(args: argparse.Namespace) -> int:
+    from trainer.data.readers import read_input
+    from trainer.models import estimator_class
+
+    estimator_cls = estimator_class(args.kind)
+    data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    if getattr(data, "skipped_lines", 0):
+        print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
+    params = parse_assignments(args.set or [])
+    params.setdefault("seed", args.seed)
+    estimator = estimator_cls(**params) if params else estimator_cls()
+    estimator.fit(data)
+    artifact = estimator.to_artifact()
+    registry = Registry(args.registry)
+    name = args.name or args.kind
+    version = registry.publish(name, artifact, keep=args.keep)
+    print(f"published {name}@{version} to {args.registry}")
+    return EXIT_OK
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from trainer.evaluation.report import write_json
+
+    rows = protocol_module(args.kind).run(args)
+    if args.json:
+        write_json(rows, args.json)
+        print(f"wrote {len(rows)} rows to {args.json}")
+    return EXIT_OK
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from trainer.sample import write_samples
+
+    for path in write_samples(args.out, seed=args.seed):
+        print(path)
+    return EXIT_OK
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    registry = Registry(args.registry)
+    for name in [args.model] if args.model else registry.models():
+        pinned = registry.pinned(name)
+        try:
+            live, reason = registry.live_version(name)
+        except ArtifactError:
+            live, reason = None, ""
+        for version in registry.versions(name):
+            marks = [m for m, on in (("live:" + reason, version == live), ("pinned", version == pinned)) if on]
+            print(f"{name}\t{version}\t{' '.join(marks)}")
+    return EXIT_OK
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    Registry(args.registry).pin(args.model, args.version)
+    print(f"pinned {args.model} to {args.version}")
+    return EXIT_OK
+
+
+def cmd_unpin(args: argparse.Namespace) -> int:
+    Registry(args.registry).unpin(args.model)
+    print(f"unpinned {args.model}: the newest version is live")
+    return EXIT_OK
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    for version in Registry(args.registry).prune(args.model, args.keep):
+        print(f"removed {args.model}@{version}")
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from trainer.job import run_job
+
+    return run_job(args.job)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from trainer.report_html import write_report
+
+    print(write_report(Registry(args.registry), args.model, args.version))
+    return EXIT_OK
+
+
+# ------------------------------------------------------------------ parser
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ordrec-train", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="fit one model on a data file and publish it")
+    train.add_argument("kind", choices=KINDS)
+    add_data_arguments(train)
+    train.add_argument("--registry", required=True)
+    train.add_argument("--name", help="model name in the registry (default: the kind)")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE", help="a hyperparameter")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--keep", type=int, default=None, help="retain only the newest K versions")
+    train.set_defaults(func=cmd_train)
+
+    reproduce = sub.add_parser("reproduce", help="run a paper's evaluation protocol")
+    kinds = reproduce.add_subparsers(dest="kind", required=True)
+    for kind in KINDS:
+        try:
+            module = protocol_module(kind)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"trainer.evaluation.{kind}":
+                raise
+            continue  # that model's protocol is not written yet
+        p = kinds.add_parser(kind, help=(module.__doc__ or kind).strip().split("\n")[0])
+        add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True))
+        p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--json", help="write the result rows to this JSON file")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        module.add_arguments(p)
+        p.set_defaults(func=cmd_reproduce)
+
+    sample = sub.add_parser("sample", help="write the built-in generated sample data sets")
+    sample.add_argument("--out", required=True)
+    sample.add_argument("--seed", type=int, default=0)
+    sample.set_defaults(func=cmd_sample)
+
+    versions = sub.add_parser("versions", help="list published versions")
+    versions.add_argument("--registry", required=True)
+    versions.add_argument("--model")
+    versions.set_defaults(func=cmd_versions)
+
+    for name, func, helptext in (("pin", cmd_pin, "serve this version until unpinned"),
+                                 ("unpin", cmd_unpin, "serve the newest version again")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--registry", required=True)
+        p.add_argument("--model", required=True)
+        if name == "pin":
+            p.add_argument("--version", required=True)
+        p.set_defaults(func=func)
+
+    prune = sub.add_parser("prune", help="delete all but the newest K versions (never the pinned one)")
+    prune.add_argument("--registry", required=True)
+    prune.add_argument("--model", required=True)
+    prune.add_argument("--keep", type=int, required=True)
+    prune.set_defaults(func=cmd_prune)
+
+    run = sub.add_parser("run", help="a cron job described by a TOML file")
+    run.add_argument("job")
+    run.set_defaults(func=cmd_run)
+
+    report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")
+    report.add_argument("--registry", required=True)
+    report.add_argument("--model", required=True)
+    report.add_argument("--version")
+    report.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except DataError as exc:
+        print(f"ordrec-train: data error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ArtifactError, ValueError, argparse.ArgumentTypeError, FileNotFoundError) as exc:
+        print(f"ordrec-train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE if not isinstance(exc, ArtifactError) else EXIT_FAILED
+    except FloatingPointError as exc:
+        print(f"ordrec-train: {exc}", file=sys.stderr)
+        return EXIT_FAILED
