@@ -1,0 +1,80 @@
+"""``ordrec-serve``: run the gRPC service (or ``ordrec-serve loadtest ...``).
+
+BLAS, OpenMP and numba threads are pinned to one per process before numpy is
+imported: requests run on the gRPC thread pool, and a BLAS call fanning out
+over both cores of a small machine costs more in wake-ups than it saves.
+Scale out with more processes (``--processes``), not more threads per call.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import logging  # noqa: E402
+import sys  # noqa: E402
+from typing import Sequence  # noqa: E402
+
+from service.server import Server, ServerConfig  # noqa: E402
+from service.validation import Limits  # noqa: E402
+
+log = logging.getLogger("ordrec.service")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ordrec-serve", description="Serve ordrec models over gRPC.",
+                                epilog="Load test: ordrec-serve loadtest --help")
+    p.add_argument("--registry", required=True, help="registry directory the trainer publishes to")
+    p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics and /maps")
+    p.add_argument("--metrics-port", type=int, default=9095, help="HTTP port for /metrics (-1: off)")
+    p.add_argument("--workers", type=int, default=8, help="gRPC worker threads per process")
+    p.add_argument("--poll-interval", type=float, default=5.0,
+                   help="seconds between registry polls for new versions (0: never)")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument("--log-level", default="INFO")
+    for name, default in vars(Limits()).items():
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, dest=name,
+                       help=f"request bound (default {default})")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
+    return ServerConfig(
+        registry=args.registry, host=args.host, port=args.port, metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port, workers=args.workers, poll_interval=args.poll_interval,
+        grace=args.grace, limits=limits,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    import numba
+
+    numba.set_num_threads(1)
+    server = Server(config_from_args(args))
+    server.stop_on_signals()
+    server.start()
+    # A line a supervisor (or a test) can wait for.
+    print(f"ordrec-serve ready port={server.port} metrics_port={server.metrics_port}", flush=True)
+    server.wait()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["loadtest"]:
+        from service.loadtest import main as loadtest_main
+
+        return loadtest_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return serve(args)
+    except OSError as exc:
+        print(f"ordrec-serve: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,78 @@
+"""The HTTP side port: Prometheus ``/metrics``, ``/healthz`` and the map reports.
+
+``/maps/<model>`` serves the HTML report of the served version of a map
+model (written by the trainer into the version folder as ``report.html``).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from service.metrics import Metrics
+from service.store import ModelStore
+
+log = logging.getLogger("ordrec.http")
+REPORT_FILE = "report.html"
+_MAP_PATH = re.compile(r"^/maps/([a-z0-9][a-z0-9_.-]{0,63})/?$")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "ordrec"
+    metrics: Metrics
+    store: ModelStore
+    healthy: Callable[[], bool]
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
+        elif path == "/healthz":
+            ok = self.healthy()
+            self._send(200 if ok else 503, b"ok\n" if ok else b"not serving\n", "text/plain")
+        elif path in ("/maps", "/maps/"):
+            self._send(200, self._map_index(), "text/html; charset=utf-8")
+        elif match := _MAP_PATH.match(path):
+            self._send_report(match.group(1))
+        else:
+            self._send(404, b"not found: try /metrics, /healthz or /maps/\n", "text/plain")
+
+    def _map_index(self) -> bytes:
+        links = "".join(
+            f'<li><a href="/maps/{name}">{name}</a> ({m.kind} {m.version})</li>'
+            for name, m in sorted(self.store.snapshot().items())
+            if m.index.artifact.path and (m.index.artifact.path / REPORT_FILE).exists()
+        )
+        return f"<!doctype html><title>ordrec maps</title><ul>{links or '<li>no map reports</li>'}</ul>".encode()
+
+    def _send_report(self, name: str) -> None:
+        model = self.store.snapshot().get(name)
+        path = model.index.artifact.path / REPORT_FILE if model and model.index.artifact.path else None
+        if path is None or not path.exists():
+            self._send(404, f"no report for model {name!r}\n".encode(), "text/plain")
+            return
+        self._send(200, path.read_bytes(), "text/html; charset=utf-8")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt: str, *args) -> None:  # quiet: access logs go to debug
+        log.debug("%s %s", self.address_string(), fmt % args)
+
+
+def start_http_server(host: str, port: int, metrics: Metrics, store: ModelStore,
+                      healthy: Callable[[], bool]) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Handler,), {"metrics": metrics, "store": store,
+                                             "healthy": staticmethod(healthy)})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="ordrec-http", daemon=True).start()
+    return server

@@ -1,0 +1,124 @@
+"""Prometheus metrics: the conventional gRPC server metrics plus model lifecycle.
+
+gRPC metrics follow the names of go-grpc-prometheus / py-grpc-prometheus so
+existing dashboards and alerts work unchanged:
+``grpc_server_started_total``, ``grpc_server_handled_total{grpc_code}``,
+``grpc_server_handling_seconds`` (histogram).
+"""
+from __future__ import annotations
+
+import time
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)
+_GRPC_LABELS = ("grpc_type", "grpc_service", "grpc_method")
+
+
+class Metrics:
+    """Every metric of one server, in its own registry (tests run several servers)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.started = Counter("grpc_server_started_total", "RPCs started on the server.",
+                               _GRPC_LABELS, registry=r)
+        self.handled = Counter("grpc_server_handled_total", "RPCs completed on the server, by status code.",
+                               _GRPC_LABELS + ("grpc_code",), registry=r)
+        self.handling = Histogram("grpc_server_handling_seconds",
+                                  "Time to handle an RPC on the server (seconds).",
+                                  _GRPC_LABELS, buckets=_LATENCY_BUCKETS, registry=r)
+        self.model_info = Gauge("ordrec_model_info", "1 for the version of each model being served.",
+                                ("model", "kind", "version", "reason"), registry=r)
+        self.model_created = Gauge("ordrec_model_created_timestamp_seconds",
+                                   "When the served version was trained (alert on its age).",
+                                   ("model",), registry=r)
+        self.model_loaded = Gauge("ordrec_model_loaded_timestamp_seconds",
+                                  "When this replica loaded the served version.", ("model",), registry=r)
+        self.load_seconds = Gauge("ordrec_model_load_seconds",
+                                  "Time to load, verify and smoke-test the served version.",
+                                  ("model",), registry=r)
+        self.load_failures = Counter("ordrec_model_load_failures_total",
+                                     "Versions refused at load (verification or smoke query failed).",
+                                     ("model",), registry=r)
+        self.reloads = Counter("ordrec_model_reloads_total", "Versions swapped in while serving.",
+                               ("model",), registry=r)
+        self.index_size = Gauge("ordrec_index_size", "Entries in a served model's id space.",
+                                ("model", "space"), registry=r)
+        self.fallbacks = Counter("ordrec_fallback_total",
+                                 "Answers that used a fallback instead of the personalised model.",
+                                 ("model", "rpc", "fallback"), registry=r)
+        self.redis_up = Gauge("ordrec_redis_up", "1 when Redis answers, 0 when not (absent: not configured).",
+                              registry=r)
+        self.models_loaded = Gauge("ordrec_models_loaded", "Number of models being served.", registry=r)
+
+    def forget_model(self, name: str) -> None:
+        """Drop the labelled series of a model before re-registering its new version."""
+        for labels in list(self.model_info._metrics):  # noqa: SLF001 - prometheus_client has no public API
+            if labels[0] == name:
+                self.model_info.remove(*labels)
+
+
+def _split_method(full_method: str) -> tuple[str, str]:
+    # "/ordrec.v1.Recommender/Recommend" -> ("ordrec.v1.Recommender", "Recommend")
+    _, service, method = full_method.split("/", 2) if full_method.count("/") >= 2 else ("", "", full_method)
+    return service, method
+
+
+class MetricsInterceptor(grpc.ServerInterceptor):
+    """Counts and times every RPC with its final status code."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler is None:
+            return None
+        service, method = _split_method(handler_call_details.method)
+        if handler.unary_unary:
+            return handler._replace(unary_unary=self._unary(handler.unary_unary, service, method))
+        if handler.unary_stream:
+            return handler._replace(unary_stream=self._stream(handler.unary_stream, service, method))
+        return handler
+
+    def _record(self, labels: tuple, context, start: float, failed: bool) -> None:
+        code = context.code()
+        if code is None:
+            code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+        self.metrics.handled.labels(*labels, code.name).inc()
+        self.metrics.handling.labels(*labels).observe(time.perf_counter() - start)
+
+    def _unary(self, behavior, service, method):
+        labels = ("unary", service, method)
+
+        def wrapper(request, context):
+            self.metrics.started.labels(*labels).inc()
+            start = time.perf_counter()
+            failed = True
+            try:
+                response = behavior(request, context)
+                failed = False
+                return response
+            finally:
+                self._record(labels, context, start, failed)
+
+        return wrapper
+
+    def _stream(self, behavior, service, method):
+        labels = ("server_stream", service, method)
+
+        def wrapper(request, context):
+            self.metrics.started.labels(*labels).inc()
+            start = time.perf_counter()
+            failed = True
+            try:
+                yield from behavior(request, context)
+                failed = False
+            finally:
+                self._record(labels, context, start, failed)
+
+        return wrapper

@@ -1,0 +1,26 @@
+"""Per-user "seen since training" items, excluded by Recommend.
+
+Without Redis there is nothing recorded since training: the training items
+(shipped in the artifact) are the whole seen set, and RecordInteractions
+answers FAILED_PRECONDITION. The Redis-backed store lives in
+``service.redis_state``.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from service.errors import FailedPrecondition
+
+
+class SeenStore:
+    """The no-Redis store: nothing recorded, never degraded."""
+
+    def recent(self, user_ids: Sequence[str]) -> tuple[dict[str, list[str]], bool]:
+        """Items recorded per user since training, and whether the lookup failed open."""
+        return {}, False
+
+    def record(self, user_id: str, item_ids: Sequence[str]) -> int:
+        raise FailedPrecondition("RecordInteractions needs Redis: start ordrec-serve with --redis URL")
+
+    def healthy(self) -> bool:
+        return True

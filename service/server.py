@@ -1,0 +1,136 @@
+"""Assembling and running one server process: gRPC, health, reflection, metrics,
+reloading, graceful shutdown."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ordrec.v1 import recommender_pb2, recommender_pb2_grpc
+from service.artifacts import Registry
+from service.http import start_http_server
+from service.metrics import Metrics, MetricsInterceptor
+from service.seen import SeenStore
+from service.servicer import RecommenderServicer
+from service.store import ModelStore, Reloader
+from service.validation import Limits
+
+log = logging.getLogger("ordrec.service")
+SERVICE_NAME = recommender_pb2.DESCRIPTOR.services_by_name["Recommender"].full_name
+
+
+@dataclass
+class ServerConfig:
+    registry: str
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9095  # 0 disables the HTTP port
+    workers: int = 8
+    poll_interval: float = 5.0  # seconds between registry polls (0: never)
+    grace: float = 10.0  # seconds in-flight calls get on SIGTERM
+    limits: Limits = field(default_factory=Limits)
+    reuse_port: bool = False
+
+
+class Server:
+    """One serving process. ``start()`` loads models and opens the ports."""
+
+    def __init__(self, config: ServerConfig, seen: SeenStore | None = None, interceptors=()):
+        self.config = config
+        self.metrics = Metrics()
+        self.health = health.HealthServicer()
+        self.store = ModelStore(Registry(config.registry), self.metrics, on_change=self._update_health)
+        self.seen = seen or SeenStore()
+        self.reloader = Reloader(self.store, config.poll_interval) if config.poll_interval > 0 else None
+        self.grpc_server: grpc.Server | None = None
+        self.http_server = None
+        self.port = config.port
+        self.metrics_port = config.metrics_port
+        self._interceptors = list(interceptors)
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+
+    def serving(self) -> bool:
+        return bool(self.store.snapshot())
+
+    def _update_health(self) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if self.serving()
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for service in ("", SERVICE_NAME):
+            self.health.set(service, status)
+
+    def start(self) -> "Server":
+        cfg = self.config
+        self._update_health()
+        self.store.refresh()
+        self._update_health()
+        options = [
+            ("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
+            ("grpc.max_send_message_length", cfg.limits.max_message_bytes),
+            ("grpc.so_reuseport", 1 if cfg.reuse_port else 0),
+        ]
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
+            interceptors=[*self._interceptors, MetricsInterceptor(self.metrics)],
+            options=options,
+        )
+        recommender_pb2_grpc.add_RecommenderServicer_to_server(
+            RecommenderServicer(self.store, self.metrics, cfg.limits, self.seen), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        self.port = self._bind(server, cfg.host, cfg.port)
+        server.start()
+        self.grpc_server = server
+        if cfg.metrics_port >= 0 and cfg.metrics_port is not None:
+            self.http_server = start_http_server(cfg.metrics_host, cfg.metrics_port, self.metrics,
+                                                 self.store, self.serving)
+            self.metrics_port = self.http_server.server_address[1]
+        if self.reloader:
+            self.reloader.start()
+        models = ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items())) or "none"
+        log.info("listening on %s:%d (metrics on %s:%s); serving %s", cfg.host, self.port,
+                 cfg.metrics_host, self.metrics_port, models)
+        return self
+
+    def _bind(self, server: grpc.Server, host: str, port: int) -> int:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        bound = server.add_insecure_port(address)
+        if bound == 0:
+            raise OSError(f"cannot listen on {address}")
+        return bound
+
+    def stop(self, grace: float | None = None) -> None:
+        """Refuse new calls, let in-flight ones finish within ``grace`` seconds."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        self.health.enter_graceful_shutdown()
+        if self.reloader:
+            self.reloader.stop()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(self.config.grace if grace is None else grace).wait()
+        if self.http_server is not None:
+            self.http_server.shutdown()
+        log.info("stopped")
+        self._stopped.set()
+
+    def wait(self) -> None:
+        """Block until ``stop`` has finished draining."""
+        self._stopped.wait()
+
+    def stop_on_signals(self) -> None:
+        def handler(signum, _frame):
+            log.info("signal %d: draining in-flight calls", signum)
+            threading.Thread(target=self.stop, name="ordrec-stop").start()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, handler)

@@ -1,0 +1,262 @@
+"""The gRPC handlers: validate, look up, score, build the reply.
+
+Handlers stay thin; the scoring lives in the model indices. Errors become
+status codes in one place, :func:`rpc`: a :class:`ServiceError` carries its
+code and a message for the caller; anything else is logged with its stack
+and answered INTERNAL without one.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from typing import Callable
+
+import grpc
+import numpy as np
+
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
+from service import validation as v
+from service.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from service.idmap import IdMap
+from service.metrics import Metrics
+from service.seen import SeenStore
+from service.store import LoadedModel, ModelStore
+
+log = logging.getLogger("ordrec.service")
+
+_ENTITY_SPACE = {pb.ENTITY_ITEM: "items", pb.ENTITY_USER: "users", pb.ENTITY_ASPECT: "aspects"}
+_SPACE_ENTITY = {"items": pb.ENTITY_ITEM, "users": pb.ENTITY_USER, "aspects": pb.ENTITY_ASPECT,
+                 "objects": pb.ENTITY_ITEM}
+_FALLBACK = {
+    "none": pb.FALLBACK_NONE,
+    "popular_global": pb.FALLBACK_POPULAR_GLOBAL,
+    "popular_item": pb.FALLBACK_POPULAR_ITEM,
+    "popular_user": pb.FALLBACK_POPULAR_USER,
+}
+
+
+def rpc(method: Callable) -> Callable:
+    """Map exceptions to status codes: the only place that does."""
+
+    @functools.wraps(method)
+    def unary(self, request, context):
+        try:
+            return method(self, request, context)
+        except ServiceError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:  # noqa: BLE001
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, "internal error (logged on the server)")
+
+    @functools.wraps(method)
+    def stream(self, request, context):
+        try:
+            yield from method(self, request, context)
+        except ServiceError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:  # noqa: BLE001
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, "internal error (logged on the server)")
+
+    return stream if inspect.isgeneratorfunction(method) else unary
+
+
+def _scored(ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> list[pb.ScoredId]:
+    return [pb.ScoredId(id=ids.external(int(r)), score=float(s)) for r, s in zip(rows, scores)]
+
+
+def _rows_or_not_found(ids: IdMap, externals: list[str], what: str) -> np.ndarray:
+    rows = ids.rows(externals)
+    missing = [e for e, r in zip(externals, rows) if r < 0]
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise NotFound(f"unknown {what}: {shown}{more}")
+    return rows
+
+
+class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
+    def __init__(self, store: ModelStore, metrics: Metrics, limits: v.Limits, seen: SeenStore):
+        self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
+
+    def _model(self, name: str, rpc_name: str) -> LoadedModel:
+        return self.store.resolve(v.model_name(name), rpc_name)
+
+    # ------------------------------------------------------------ Recommend
+    @rpc
+    def Recommend(self, request: pb.RecommendRequest, context) -> pb.RecommendResponse:
+        lim = self.limits
+        model = self._model(request.model, "Recommend")
+        index = model.index
+        user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
+        n = v.bounded(request.n, "n", 1, lim.max_n)
+        candidate_ids = v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates)
+        candidates = _rows_or_not_found(index.items, candidate_ids, "candidate item ids") if candidate_ids else None
+        if request.with_distribution and not hasattr(index, "distribution"):
+            raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
+        exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
+
+        recent, degraded = self.seen.recent(user_ids) if exclude_seen else ({}, False)
+        user_rows = index.users.rows(user_ids)
+        excludes = [self._exclusions(index, row, recent.get(uid), exclude_seen)
+                    for uid, row in zip(user_ids, user_rows)]
+        known = np.flatnonzero(user_rows >= 0)
+        ranked: list = [None] * len(user_ids)
+        if known.size:
+            answers = index.recommend_many(user_rows[known], n, excludes=[excludes[i] for i in known],
+                                           candidates=candidates)
+            for i, answer in zip(known, answers):
+                ranked[i] = answer
+        reply = pb.RecommendResponse(model=model.name, model_version=model.version,
+                                     seen_filter_degraded=degraded)
+        for i, uid in enumerate(user_ids):
+            result = reply.results.add(user_id=uid)
+            if ranked[i] is None:
+                ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates)
+                result.fallback = pb.FALLBACK_POPULAR_GLOBAL
+                self.metrics.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
+            rows, scores = ranked[i]
+            result.items.extend(_scored(index.items, rows, scores))
+            if request.with_distribution and user_rows[i] >= 0:
+                dist = index.distribution(int(user_rows[i]), rows)
+                for item, probs in zip(result.items, dist):
+                    item.rating_distribution.extend(probs.tolist())
+        if request.with_distribution:
+            reply.levels.extend(float(x) for x in index.levels)
+        return reply
+
+    @staticmethod
+    def _exclusions(index, user_row: int, recent_ids: list[str] | None, exclude_seen: bool):
+        if not exclude_seen:
+            return None
+        parts = []
+        if user_row >= 0:
+            parts.append(np.asarray(index.seen(int(user_row)), dtype=np.int64))
+        if recent_ids:
+            rows = index.items.rows(recent_ids)
+            parts.append(rows[rows >= 0])
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    # ----------------------------------------------------------------- Tags
+    @rpc
+    def Tags(self, request: pb.TagsRequest, context) -> pb.TagsResponse:
+        lim = self.limits
+        model = self._model(request.model, "Tags")
+        index = model.index
+        user = v.one_id(request.user_id, "user_id", lim)
+        item = v.one_id(request.item_id, "item_id", lim)
+        n = v.bounded(request.n, "n", 1, lim.max_n)
+        rows, scores, fallback = index.tags(index.users.row(user), index.items.row(item), n,
+                                            exclude_own=request.exclude_own_tags)
+        if fallback != "none":
+            self.metrics.fallbacks.labels(model.name, "Tags", fallback).inc()
+        return pb.TagsResponse(tags=_scored(index.artifact.idmap("tags"), rows, scores), fallback=_FALLBACK[fallback],
+                               model=model.name, model_version=model.version)
+
+    # ------------------------------------------------------------ Neighbors
+    def _space(self, model: LoadedModel, space: str) -> str:
+        spaces = model.index.spaces()
+        if space and space not in spaces:
+            listed = ", ".join(spaces[:20]) or "none (leave it empty)"
+            raise NotFound(f"model {model.name!r} has no space {space[:80]!r}; spaces: {listed}")
+        if not space and spaces:
+            raise InvalidArgument(f"model {model.name!r} needs a 'space': one of {', '.join(spaces[:20])}")
+        return space
+
+    @staticmethod
+    def _entity(model: LoadedModel, space: str, entity: int) -> str:
+        index = model.index
+        name = _ENTITY_SPACE.get(entity, index.default_entity) if entity else index.default_entity
+        by_entity = index.maps.get(space, {})
+        if name == "items" and "items" not in by_entity:
+            name = index.default_entity  # ITEM means "object" on object maps
+        if name not in by_entity:
+            raise InvalidArgument(
+                f"model {model.name!r} has no {pb.Entity.Name(entity)} entities on this map"
+                f" (it has {', '.join(sorted(by_entity))})"
+            )
+        return name
+
+    @rpc
+    def Neighbors(self, request: pb.NeighborsRequest, context) -> pb.NeighborsResponse:
+        lim = self.limits
+        model = self._model(request.model, "Neighbors")
+        index = model.index
+        query_id = v.one_id(request.id, "id", lim)
+        k = v.bounded(request.k, "k", 1, lim.max_k)
+        # Aspects live on the sphere (space ""), whatever aspect map was named.
+        space = "" if request.from_entity == pb.ENTITY_ASPECT else self._space(model, request.space)
+        source = self._entity(model, space, request.from_entity)
+        target = self._entity(model, space, request.to_entity or request.from_entity)
+        source_ids = index.maps[space][source].ids
+        row = source_ids.row(query_id)
+        if row < 0:
+            raise NotFound(f"unknown {source[:-1]} id {query_id[:80]!r}")
+        rows, scores = index.neighbors(space, source, row, target, k)
+        return pb.NeighborsResponse(neighbors=_scored(index.maps[space][target].ids, rows, scores),
+                                    model=model.name, model_version=model.version)
+
+    # ---------------------------------------------------------- Coordinates
+    @rpc
+    def Coordinates(self, request: pb.CoordinatesRequest, context):
+        lim = self.limits
+        model = self._model(request.model, "Coordinates")
+        space = "" if request.entity == pb.ENTITY_ASPECT else self._space(model, request.space)
+        entity = self._entity(model, space, request.entity)
+        points = model.index.maps[space][entity]
+        ids = v.id_list(request.ids, "ids", lim, lim.max_ids)
+        page = v.bounded(request.page_size or 1000, "page_size", 1, lim.max_page_size)
+        rows = _rows_or_not_found(points.ids, ids, f"{entity} ids") if ids else np.arange(len(points.ids))
+        wire_entity = _SPACE_ENTITY[entity]
+        for start in range(0, max(rows.size, 1), page):
+            chunk = rows[start:start + page]
+            reply = pb.CoordinatesResponse(dim=points.dim, model=model.name, model_version=model.version)
+            for r, coords in zip(chunk, points.coords[chunk]):
+                reply.points.add(id=points.ids.external(int(r)), entity=wire_entity, coords=coords.tolist())
+            yield reply
+
+    # ---------------------------------------------------------------- Place
+    @rpc
+    def Place(self, request: pb.PlaceRequest, context) -> pb.PlaceResponse:
+        lim = self.limits
+        model = self._model(request.model, "Place")
+        index = model.index
+        ranked = v.id_list(request.ranked_neighbor_ids, "ranked_neighbor_ids", lim, lim.max_ids, min_count=1)
+        if len(set(ranked)) != len(ranked):
+            raise InvalidArgument("ranked_neighbor_ids repeats an id")
+        k = v.bounded(request.k, "k", 0, lim.max_k)
+        points = index.maps[""][index.default_entity]
+        rows = _rows_or_not_found(points.ids, ranked, "neighbour ids")
+        coords = index.place(rows)
+        reply = pb.PlaceResponse(coords=np.asarray(coords).tolist(), model=model.name, model_version=model.version)
+        if k:
+            near, scores = points.nearest(np.asarray(coords, dtype=np.float64), k)
+            reply.neighbors.extend(_scored(points.ids, near, scores))
+        return reply
+
+    # --------------------------------------------------- RecordInteractions
+    @rpc
+    def RecordInteractions(self, request: pb.RecordInteractionsRequest, context):
+        lim = self.limits
+        user = v.one_id(request.user_id, "user_id", lim)
+        items = v.id_list(request.item_ids, "item_ids", lim, lim.max_ids, min_count=1)
+        return pb.RecordInteractionsResponse(recorded=self.seen.record(user, items))
+
+    # ----------------------------------------------------------- ListModels
+    @rpc
+    def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
+        reply = pb.ListModelsResponse()
+        for name, model in sorted(self.store.snapshot().items()):
+            artifact = model.index.artifact
+            info = reply.models.add(
+                name=name, kind=model.kind, version=model.version, created_at=model.created_at,
+                loaded_at=model.loaded_at, reason=model.reason, rpcs=sorted(model.index.rpcs),
+                spaces=model.index.spaces(),
+            )
+            info.sizes.update(model.index.sizes())
+            info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
+        return reply

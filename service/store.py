@@ -1,0 +1,183 @@
+"""The set of served models and how versions become live.
+
+A request takes one :class:`LoadedModel` reference at its start and uses it
+to the end, so it sees one version end to end. Loading, verification and the
+smoke query happen off the request path (at start-up, or on the reloader
+thread); only then is the reference swapped, by replacing the whole mapping
+(an atomic assignment under the GIL, so readers need no lock).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from service.artifacts import ArtifactError, Registry
+from service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from service.metrics import Metrics
+from service.models import build_index
+from service.models.base import ModelIndex
+
+log = logging.getLogger("ordrec.service")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    version: str
+    reason: str  # "newest", "pinned", or "kept: <why a newer version was refused>"
+    index: ModelIndex
+    loaded_at: float
+    load_seconds: float
+
+    @property
+    def kind(self) -> str:
+        return self.index.kind
+
+    @property
+    def created_at(self) -> str:
+        return self.index.artifact.created_at
+
+
+def _created_timestamp(created_at: str) -> float:
+    try:
+        return _dt.datetime.fromisoformat(created_at).timestamp()
+    except ValueError:
+        return 0.0
+
+
+class ModelStore:
+    """Loads live versions from a registry and swaps them in atomically."""
+
+    def __init__(self, registry: Registry, metrics: Metrics, on_change: Callable[[], None] | None = None):
+        self.registry = registry
+        self.metrics = metrics
+        self._models: dict[str, LoadedModel] = {}
+        self._refused: dict[tuple[str, str], str] = {}  # (name, version) -> error, never retried
+        self._lock = threading.Lock()  # serialises loaders, never taken by requests
+        self._on_change = on_change
+
+    # ------------------------------------------------------------- requests
+    def snapshot(self) -> dict[str, LoadedModel]:
+        return self._models
+
+    def resolve(self, name: str, rpc: str) -> LoadedModel:
+        """The model a request names, or the only loaded model that answers ``rpc``."""
+        models = self._models
+        if not name:
+            able = [m for m in models.values() if rpc in m.index.rpcs]
+            if len(able) == 1:
+                return able[0]
+            if not able:
+                raise Unavailable(f"no loaded model answers {rpc} yet")
+            raise InvalidArgument(
+                f"several models answer {rpc} ({', '.join(sorted(m.name for m in able))}): name one in 'model'"
+            )
+        model = models.get(name)
+        if model is None:
+            loaded = ", ".join(sorted(models)) or "none"
+            raise Unavailable(f"model {name!r} is not loaded (loaded: {loaded})")
+        if rpc not in model.index.rpcs:
+            raise FailedPrecondition(
+                f"model {name!r} is a {model.kind} model and does not answer {rpc}"
+                f" (it answers {', '.join(sorted(model.index.rpcs))})"
+            )
+        return model
+
+    # -------------------------------------------------------------- loading
+    def refresh(self, names: Iterable[str] | None = None) -> list[str]:
+        """Load every model whose live version differs from the served one; return what changed."""
+        changed = []
+        with self._lock:
+            for name in list(names) if names is not None else self.registry.models():
+                if self._refresh_one(name):
+                    changed.append(name)
+        if changed and self._on_change:
+            self._on_change()
+        return changed
+
+    def _refresh_one(self, name: str) -> bool:
+        try:
+            version, reason = self.registry.live_version(name)
+        except ArtifactError as exc:
+            log.debug("no live version of %s: %s", name, exc)
+            return False
+        current = self._models.get(name)
+        if current is not None and current.version == version:
+            if current.reason != reason:  # pinned <-> newest on the same version
+                self._install(name, LoadedModel(name, version, reason, current.index,
+                                                current.loaded_at, current.load_seconds))
+                return True
+            return False
+        if (name, version) in self._refused:
+            return False
+        start = time.perf_counter()
+        try:
+            artifact = self.registry.load(name, version)
+            index = build_index(artifact)
+        except Exception as exc:  # noqa: BLE001 - any failure refuses the version, the old one stays
+            error = f"{type(exc).__name__}: {exc}"
+            self._refused[(name, version)] = error
+            self.metrics.load_failures.labels(name).inc()
+            kept = f"kept: {version} refused ({error[:200]})"
+            log.error("refused %s@%s: %s%s", name, version, error,
+                      f"; still serving {current.version}" if current else "")
+            if current is not None:
+                self._install(name, LoadedModel(name, current.version, kept, current.index,
+                                                current.loaded_at, current.load_seconds))
+            return False
+        seconds = time.perf_counter() - start
+        loaded = LoadedModel(name, version, reason, index, time.time(), seconds)
+        if current is not None:
+            self.metrics.reloads.labels(name).inc()
+        self._install(name, loaded)
+        log.info("serving %s@%s (%s, %s) loaded in %.3f s", name, version, index.kind, reason, seconds)
+        return True
+
+    def _install(self, name: str, model: LoadedModel) -> None:
+        models = dict(self._models)
+        models[name] = model
+        self._models = models  # the atomic swap
+        m = self.metrics
+        m.forget_model(name)
+        m.model_info.labels(name, model.kind, model.version, model.reason.split(":")[0]).set(1)
+        m.model_created.labels(name).set(_created_timestamp(model.created_at))
+        m.model_loaded.labels(name).set(model.loaded_at)
+        m.load_seconds.labels(name).set(model.load_seconds)
+        for space, size in model.index.sizes().items():
+            m.index_size.labels(name, space).set(size)
+        m.models_loaded.set(len(models))
+
+    def refused(self) -> dict[tuple[str, str], str]:
+        return dict(self._refused)
+
+
+class Reloader(threading.Thread):
+    """Polls the registry and refreshes the store; ``wake()`` checks at once (Redis)."""
+
+    def __init__(self, store: ModelStore, interval: float):
+        super().__init__(name="ordrec-reloader", daemon=True)
+        self.store, self.interval = store, interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.store.refresh()
+            except Exception:  # noqa: BLE001 - the poller must survive anything
+                log.exception("registry poll failed")

@@ -1,0 +1,56 @@
+"""Request bounds and field checks. Every failure is an :class:`InvalidArgument`
+whose message names the field, the value and the allowed range."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from service.errors import InvalidArgument
+
+_MODEL_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on request fields; each is a flag of ``ordrec-serve``."""
+
+    max_n: int = 1000  # Recommend n, Tags n
+    max_k: int = 1000  # Neighbors k, Place k
+    max_batch: int = 1000  # user ids in one Recommend
+    max_candidates: int = 100_000  # candidate_item_ids in one Recommend
+    max_ids: int = 10_000  # ids in Coordinates, items in RecordInteractions, ranked neighbours in Place
+    max_id_length: int = 256
+    max_page_size: int = 10_000
+    max_message_bytes: int = 4 * 1024 * 1024
+
+
+def bounded(value: int, field: str, low: int, high: int) -> int:
+    if not low <= value <= high:
+        raise InvalidArgument(f"{field} must be between {low} and {high}, got {value}")
+    return value
+
+
+def model_name(value: str) -> str:
+    """An empty name (pick the only suitable model) or a registry folder name."""
+    if value and not _MODEL_RE.match(value):
+        raise InvalidArgument(
+            f"model {value[:80]!r} is not a model name (1-64 of a-z, 0-9, '_', '-', '.')"
+        )
+    return value
+
+
+def one_id(value: str, field: str, limits: Limits) -> str:
+    if not value:
+        raise InvalidArgument(f"{field} is empty")
+    if len(value) > limits.max_id_length:
+        raise InvalidArgument(f"{field} is {len(value)} characters long; the limit is {limits.max_id_length}")
+    return value
+
+
+def id_list(values: Sequence[str], field: str, limits: Limits, max_count: int, min_count: int = 0) -> list[str]:
+    if not min_count <= len(values) <= max_count:
+        raise InvalidArgument(f"{field} must hold between {min_count} and {max_count} ids, got {len(values)}")
+    for value in values:
+        one_id(value, f"an entry of {field}", limits)
+    return list(values)
