@@ -1,0 +1,148 @@
+"""Serving index of DCR and Pairwise DCR (Hu & Li, WWW 2017).
+
+The artifact holds, per user and per item, the per-level factors of the
+``L = S - 1`` learned levels concatenated into one row: ``user_factors``
+``(n_users, L * rank)`` and ``item_factors`` ``(n_items, L * rank)``. Its
+attributes give ``levels`` (the ordered rating values), ``relevance``
+("linear", "log" or "exp") and ``rank``.
+
+The ranking score (Eq. 4 with Eq. 1) is
+
+    SC_ui = f(l_1) + sum_{t=2..S} (f(l_t) - f(l_{t-1})) * (U_u^t . V_i^t + 1) / 2
+
+which is affine in the per-level inner products. At load time the level
+weights ``(f(l_t) - f(l_{t-1})) / 2`` are folded into the user side and the
+constant goes into ``offset``, so one user's scores over all items are one
+matrix-vector product (a batch of users one matrix product) and top-N is a
+maximum-inner-product search followed by the shared numba top-k.
+
+Both DCR and Pairwise DCR use this index (the lead publishes the refined
+model under the name "pairwise_dcr"); the kind is "dcr" for both.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from service.artifacts import Artifact, ArtifactError
+from service.models.base import RecommenderIndex, check_finite
+
+RELEVANCE = ("linear", "log", "exp")
+
+
+def relevance_values(levels: np.ndarray, relevance: str) -> np.ndarray:
+    """``f(l)`` for each ordered rating value ``l`` (Section 3.3.1).
+
+    ``f`` is applied to the rating *values* (so with ``linear`` SC is the
+    expected rating on the data's own scale, e.g. 0.5..5.0). ``log`` needs
+    positive values.
+    """
+    levels = np.asarray(levels, dtype=np.float64)
+    if relevance == "linear":
+        return levels.copy()
+    if relevance == "log":
+        if np.any(levels <= 0):
+            raise ValueError("relevance 'log' needs positive rating values")
+        return np.log(levels)
+    if relevance == "exp":
+        return np.exp(levels)
+    raise ValueError(f"unknown relevance {relevance!r} (known: {', '.join(RELEVANCE)})")
+
+
+def level_weights(levels: np.ndarray, relevance: str) -> tuple[np.ndarray, float]:
+    """Per-learned-level weights ``c_t = (f(l_t) - f(l_{t-1})) / 2`` and the constant.
+
+    With them ``SC_ui = offset + sum_t c_t U_u^t . V_i^t`` where
+    ``offset = f(l_1) + sum_t c_t``.
+    """
+    f = relevance_values(levels, relevance)
+    c = np.diff(f) / 2.0
+    return c, float(f[0] + c.sum())
+
+
+def monotone_distribution(p_ge: np.ndarray) -> np.ndarray:
+    """P(r = l) for each level from the learned ``P(r >= l_t)``, t = 2..S.
+
+    Levels are fitted independently, so the learned ``P(r >= l_t)`` need not
+    fall with ``t`` (and, on the ball boundary, may touch 0 or 1). We clip to
+    [0, 1] and make the sequence non-increasing by averaging its running
+    minimum (from the lowest level up) with its running maximum (from the top
+    level down); both bounds are non-increasing, so their mean is, and it is
+    the identity when the sequence already is monotone. Then (Eq. 3)
+    ``P(r = l_t) = P(r >= l_t) - P(r >= l_{t+1})`` with ``P(r >= l_1) = 1``
+    and ``P(r >= l_{S+1}) = 0``. Rows sum to 1 and are non-negative.
+    """
+    p = np.clip(p_ge, 0.0, 1.0)
+    down = np.minimum.accumulate(p, axis=1)
+    up = np.maximum.accumulate(p[:, ::-1], axis=1)[:, ::-1]
+    mono = 0.5 * (down + up)
+    m = p.shape[0]
+    full = np.concatenate([np.ones((m, 1)), mono, np.zeros((m, 1))], axis=1)
+    return (full[:, :-1] - full[:, 1:]).astype(np.float32)
+
+
+class Index(RecommenderIndex):
+    """Exact top-N by SC over all items (or given candidates)."""
+
+    kind = "dcr"
+
+    def __init__(self, artifact: Artifact):
+        super().__init__(artifact)
+        attrs = artifact.attributes
+        try:
+            self.levels = np.asarray(attrs["levels"], dtype=np.float64)
+            self.relevance = str(attrs.get("relevance", "linear"))
+            self.rank = int(attrs["rank"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{artifact.describe()}: bad or missing attribute ({exc})") from None
+        n_levels = self.levels.size - 1
+        if n_levels < 1 or np.any(np.diff(self.levels) <= 0):
+            raise ArtifactError(f"{artifact.describe()}: levels must be >= 2 increasing values")
+        try:
+            c, offset = level_weights(self.levels, self.relevance)
+        except ValueError as exc:
+            raise ArtifactError(f"{artifact.describe()}: {exc}") from None
+        width = n_levels * self.rank
+        user = np.asarray(artifact.array("user_factors"), dtype=np.float32)
+        item = np.asarray(artifact.array("item_factors"), dtype=np.float32)
+        if user.shape != (len(self.users), width) or item.shape != (len(self.items), width):
+            raise ArtifactError(
+                f"{artifact.describe()}: factors {user.shape} / {item.shape} do not match"
+                f" {len(self.users)} users, {len(self.items)} items, {n_levels} levels x rank {self.rank}"
+            )
+        check_finite("user_factors", user)
+        check_finite("item_factors", item)
+        self.n_levels = n_levels
+        self.weights = c
+        self.offset = np.float32(offset)
+        self._user_raw = user
+        # Fold the level weights into the user side once: scoring is then a plain product.
+        scale = np.repeat(c, self.rank).astype(np.float32)
+        self._user = np.ascontiguousarray(user * scale[None, :])
+        self._item = np.ascontiguousarray(item)
+
+    # ------------------------------------------------------------ scoring
+    def score_users(self, user_rows: np.ndarray) -> np.ndarray:
+        scores = self._user[np.asarray(user_rows, dtype=np.int64)] @ self._item.T
+        scores += self.offset
+        return scores
+
+    def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ self._user[int(user_row)]
+        scores += self.offset
+        return scores
+
+    def level_probabilities(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        """The learned ``P(r >= l_t)`` for t = 2..S, shape ``(len(item_rows), S - 1)``, unclipped."""
+        u = self._user_raw[int(user_row)].reshape(self.n_levels, self.rank)
+        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, self.n_levels, self.rank)
+        return 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
+
+    def distribution(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        """``P(r = l)`` for every level, shape ``(len(item_rows), S)`` (see ``monotone_distribution``)."""
+        return monotone_distribution(self.level_probabilities(user_row, item_rows))
+
+    def smoke(self) -> None:
+        super().smoke()
+        dist = self.distribution(0, np.arange(min(3, len(self.items))))
+        if not (np.all(np.isfinite(dist)) and np.allclose(dist.sum(axis=1), 1.0, atol=1e-4)):
+            raise ArtifactError(f"{self.artifact.describe()}: smoke distribution is not a distribution")

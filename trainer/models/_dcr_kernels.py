@@ -1,0 +1,240 @@
+"""Numba kernels of DCR and Pairwise DCR (Hu & Li, WWW 2017).
+
+Arrays and scalars in, arrays (or scalars) out; no Python objects. Factor
+tensors are laid out ``(n, L, f)``: ``n`` users or items, ``L = S - 1``
+learned levels (level 1 is all ones and needs no model), ``f`` the rank.
+Row-major in the entity keeps each user's concatenated factors contiguous,
+which is exactly the artifact's ``(n, L * f)`` layout served by one matrix
+product.
+
+Step functions (``pointwise_step``, ``pairwise_step``) update their vectors in
+place *without* projecting, so a finite-difference test can compare the step
+with the objective's gradient; the epoch kernels call them and then project.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True)
+def project_ball(x, start, radius):
+    """Project ``x[start:]`` onto the ball of ``radius`` (Eq. 1's norm bound).
+
+    The paper writes the projection as ``U <- U / |U|``; the constraint is
+    ``|U| <= 1``, so we only rescale vectors that left the ball (the exact
+    Euclidean projection onto the ball), which also keeps small vectors small.
+    """
+    norm2 = 0.0
+    for k in range(start, x.shape[0]):
+        norm2 += x[k] * x[k]
+    if norm2 > radius * radius:
+        scale = radius / np.sqrt(norm2)
+        for k in range(start, x.shape[0]):
+            x[k] *= scale
+
+
+@njit(cache=True)
+def pointwise_objective(u, v, label, reg):
+    """Per-example objective of one level: ``log P(r^t = label) - reg/2 (|u|^2 + |v|^2)``.
+
+    ``P(r^t = 1) = (u.v + 1) / 2`` (Eq. 1); the L2 term is the paper's
+    regularisation (lambda in {0.01, 0.001}), spread over the examples.
+    """
+    dot = 0.0
+    nrm = 0.0
+    for k in range(u.shape[0]):
+        dot += u[k] * v[k]
+        nrm += u[k] * u[k] + v[k] * v[k]
+    p = 0.5 * (dot + 1.0)
+    if label == 0:
+        p = 1.0 - p
+    return np.log(p) - 0.5 * reg * nrm
+
+
+@njit(cache=True)
+def pointwise_step(u, v, label, lr, reg, floor, u_fixed):
+    """One stochastic gradient-ascent step on ``pointwise_objective`` (in place).
+
+    The gradient of ``log P`` is ``+-(1/P) v/2`` for ``u`` and ``+-(1/P) u/2``
+    for ``v`` (the derivatives under Eq. 1). ``P`` reaches 0 on the boundary of
+    the unit ball, so ``1/P`` is capped at ``1/floor``: the step then stays
+    finite while still pushing the wrong prediction back. The first
+    ``u_fixed`` coordinates of ``u`` stay frozen. Returns ``log P`` (with
+    ``P`` floored) before the step.
+    """
+    dot = 0.0
+    for k in range(u.shape[0]):
+        dot += u[k] * v[k]
+    p = 0.5 * (dot + 1.0)
+    if label != 0:
+        q = max(p, floor)
+        g = 0.5 / q
+    else:
+        q = max(1.0 - p, floor)
+        g = -0.5 / q
+    for k in range(u.shape[0]):
+        uk = u[k]
+        vk = v[k]
+        if k >= u_fixed:
+            u[k] = uk + lr * (g * vk - reg * uk)
+        v[k] = vk + lr * (g * uk - reg * vk)
+    return np.log(q)
+
+
+@njit(cache=True, parallel=True)
+def pointwise_epoch(U, V, user, item, level, order, lr, reg, floor, u_fixed, u_radius):
+    """One SGA pass over the ratings for every level, levels in parallel.
+
+    ``level[n]`` is the 0-based ordinal index of rating ``n`` (0 = lowest
+    value); learned level ``t`` (0-based, i.e. rating threshold ``t + 1``)
+    labels rating ``n`` with 1 when ``level[n] >= t + 1``. Levels are
+    independent problems (Section 3.3, step 1), so ``prange`` runs them on
+    separate threads without locks. ``u_fixed`` leading user coordinates are
+    frozen (the item-bias variant); the rest are projected onto the ball of
+    ``u_radius`` so that ``|U_u| <= 1`` still holds. Returns the summed
+    log-likelihood per level.
+    """
+    L = U.shape[1]
+    loglik = np.zeros(L)
+    for t in prange(L):
+        total = 0.0
+        for idx in range(order.shape[0]):
+            n = order[idx]
+            u = U[user[n], t]
+            v = V[item[n], t]
+            label = 1 if level[n] >= t + 1 else 0
+            total += pointwise_step(u, v, label, lr, reg, floor, u_fixed)
+            project_ball(u, u_fixed, u_radius)
+            project_ball(v, 0, 1.0)
+        loglik[t] = total
+    return loglik
+
+
+@njit(cache=True)
+def pointwise_loglik(U, V, user, item, level):
+    """Log-likelihood per level of the given ratings (P clipped to [1e-12, 1])."""
+    L = U.shape[1]
+    out = np.zeros(L)
+    for t in range(L):
+        total = 0.0
+        for n in range(user.shape[0]):
+            dot = 0.0
+            for k in range(U.shape[2]):
+                dot += U[user[n], t, k] * V[item[n], t, k]
+            p = 0.5 * (dot + 1.0)
+            if level[n] < t + 1:
+                p = 1.0 - p
+            total += np.log(max(p, 1e-12))
+        out[t] = total
+    return out
+
+
+@njit(cache=True)
+def pairwise_loss(u, vi, vj, c, lam):
+    """Pairwise loss of one ordered pair (Eq. 5): ``log(1 + exp(-(SC_ui - SC_uj)))``
+    plus ``lam * (|u|^2 + |vi|^2 + |vj|^2)`` over all levels.
+
+    ``u, vi, vj`` are ``(L, f)``; ``c[t]`` the weight of level ``t`` in SC,
+    ``(f(t) - f(t-1)) / 2`` (Eq. 4 with Eq. 1), so
+    ``SC_ui - SC_uj = sum_t c_t u^t . (v_i^t - v_j^t)``.
+    """
+    d = 0.0
+    nrm = 0.0
+    for t in range(u.shape[0]):
+        for k in range(u.shape[1]):
+            d += c[t] * u[t, k] * (vi[t, k] - vj[t, k])
+            nrm += u[t, k] * u[t, k] + vi[t, k] * vi[t, k] + vj[t, k] * vj[t, k]
+    # log(1 + e^-d) computed without overflow
+    if d > 0:
+        loss = np.log1p(np.exp(-d))
+    else:
+        loss = -d + np.log1p(np.exp(d))
+    return loss + lam * nrm
+
+
+@njit(cache=True)
+def pairwise_step(u, vi, vj, c, lr, lam, u_fixed):
+    """One gradient-descent step on ``pairwise_loss`` (Eqs. 6-7), in place.
+
+    ``dL/dd = -1 / (1 + e^d)``; ``d(d)/du^t = c_t (v_i^t - v_j^t)``,
+    ``d(d)/dv_i^t = c_t u^t = -d(d)/dv_j^t``; the L2 term adds ``2 lam x``.
+    The first ``u_fixed`` user coordinates stay frozen. Returns the loss
+    before the step.
+    """
+    d = 0.0
+    nrm = 0.0
+    for t in range(u.shape[0]):
+        for k in range(u.shape[1]):
+            d += c[t] * u[t, k] * (vi[t, k] - vj[t, k])
+            nrm += u[t, k] * u[t, k] + vi[t, k] * vi[t, k] + vj[t, k] * vj[t, k]
+    if d > 0:
+        e = np.exp(-d)
+        s = e / (1.0 + e)  # 1 / (1 + e^d)
+        loss = np.log1p(e)
+    else:
+        e = np.exp(d)
+        s = 1.0 / (1.0 + e)
+        loss = -d + np.log1p(e)
+    for t in range(u.shape[0]):
+        for k in range(u.shape[1]):
+            ut = u[t, k]
+            it = vi[t, k]
+            jt = vj[t, k]
+            if k >= u_fixed:
+                u[t, k] = ut - lr * (-s * c[t] * (it - jt) + 2.0 * lam * ut)
+            vi[t, k] = it - lr * (-s * c[t] * ut + 2.0 * lam * it)
+            vj[t, k] = jt - lr * (s * c[t] * ut + 2.0 * lam * jt)
+    return loss + lam * nrm
+
+
+@njit(cache=True)
+def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_radius, seed):
+    """``n_steps`` SGD steps on pairs sampled on the fly (never materialised).
+
+    ``indptr, items, levels`` hold each user's training ratings (CSR). A step
+    draws a rating ``(u, i)`` uniformly, then another rating ``(u, j)`` of the
+    same user uniformly until the two differ in level (up to 8 draws), and
+    orients the pair so the higher rating comes first. Drawing the first
+    rating uniformly weights users by their number of ratings, as the sum
+    over observed pairs in Eq. 5 does per rating. ``U, V`` are ``(n, L, f)``.
+    Returns (mean loss, steps taken).
+    """
+    np.random.seed(seed)
+    n_users = indptr.shape[0] - 1
+    nnz = items.shape[0]
+    # row -> user, built once per call (O(nnz))
+    owner = np.empty(nnz, np.int64)
+    for u in range(n_users):
+        for p in range(indptr[u], indptr[u + 1]):
+            owner[p] = u
+    total = 0.0
+    taken = 0
+    for _ in range(n_steps):
+        a = np.random.randint(0, nnz)
+        u = owner[a]
+        lo = indptr[u]
+        hi = indptr[u + 1]
+        if hi - lo < 2:
+            continue
+        b = -1
+        for _try in range(8):
+            cand = np.random.randint(lo, hi)
+            if levels[cand] != levels[a]:
+                b = cand
+                break
+        if b < 0:
+            continue
+        if levels[a] > levels[b]:
+            i = items[a]
+            j = items[b]
+        else:
+            i = items[b]
+            j = items[a]
+        total += pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed)
+        for t in range(U.shape[1]):
+            project_ball(U[u, t], u_fixed, u_radius)
+            project_ball(V[i, t], 0, 1.0)
+            project_ball(V[j, t], 0, 1.0)
+        taken += 1
+    return total / max(taken, 1), taken

@@ -1,0 +1,290 @@
+"""DCR and Pairwise DCR: Decoupled Collaborative Ranking (Hu & Li, WWW 2017).
+
+Ratings on S ordered values ``l_1 < ... < l_S`` are decoupled into S binary
+problems; problem ``t`` labels a rating 1 when ``r >= l_t`` (level 1 is all
+ones, so only t = 2..S are learned). Each level has its own low-rank factors
+with bounded norms (Eq. 1):
+
+    P(r_ui >= l_t) = (U_u^t . V_i^t + 1) / 2,   |U_u^t| <= 1, |V_i^t| <= 1
+
+fitted by stochastic gradient ascent on the level's log-likelihood with a
+projection onto the unit ball after every update; levels are independent and
+train in parallel threads. Items are ranked by (Eq. 4)
+
+    SC_ui = f(l_1) + sum_t (f(l_t) - f(l_{t-1})) P(r_ui >= l_t)
+
+with the relevance function ``f`` linear (default), log or exp.
+
+Pairwise DCR (Section 4, Eq. 5-7, Algorithm 1) starts from the DCR factors
+and minimises the logistic loss ``log(1 + exp(-(SC_ui - SC_uj)))`` over
+ordered rating pairs of each user plus ``lambda * sum |U|^2 + |V|^2`` by
+stochastic gradient steps with the same projection. Pairs are sampled on the
+fly inside the kernel, never enumerated.
+
+Named variant beyond the paper (off by default, so ``DCR()`` is the paper's):
+``item_bias=s > 0`` freezes the first coordinate of every user vector at
+``s`` (the rest projected onto the ball of radius ``sqrt(1 - s^2)``, so
+``|U_u^t| <= 1`` still holds); the first item coordinate then acts as a
+per-level item bias ``s * V_i0^t`` that every user shares, which the
+unconstrained factors have to learn from scratch in plain DCR.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from service.artifacts import Artifact
+from service.idmap import IdMap
+from service.models.dcr import RELEVANCE, level_weights
+from trainer.data.types import DataError, Ratings
+from trainer.models._dcr_kernels import pairwise_epoch, pointwise_epoch, pointwise_loglik
+from trainer.models.base import Estimator, check_finite
+from trainer.progress import Progress
+
+
+def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The ordered rating values and each rating's 0-based level index.
+
+    ``levels=None`` takes the distinct values present (so 0.5..5.0 in steps
+    of 0.5 gives ten levels); an explicit list keeps values no rating uses
+    (e.g. a scale 1..10 where nobody gave a 1). Ratings must be one of the
+    levels (to within 1e-6).
+    """
+    rating = np.asarray(rating, dtype=np.float64)
+    if levels is None:
+        values = np.unique(rating)
+    else:
+        if isinstance(levels, str):
+            levels = [float(x) for x in levels.split(",") if x.strip()]
+        values = np.unique(np.asarray(levels, dtype=np.float64))
+    if values.size < 2:
+        raise DataError(source, None, f"DCR needs at least two distinct rating values, got {values.tolist()}")
+    index = np.clip(np.searchsorted(values, rating), 0, values.size - 1)
+    below = np.clip(index - 1, 0, values.size - 1)
+    closer = np.abs(values[below] - rating) < np.abs(values[index] - rating)
+    index = np.where(closer, below, index)
+    bad = np.abs(values[index] - rating) > 1e-6
+    if np.any(bad):
+        raise DataError(source, None, f"rating {rating[bad][0]} is not one of the levels {values.tolist()}")
+    return values, index.astype(np.int32)
+
+
+def user_csr(n_users: int, user: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``indptr`` and the columns sorted by (user, first column)."""
+    order = np.lexsort((columns[0], user))
+    indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(user, minlength=n_users), out=indptr[1:])
+    return (indptr,) + tuple(np.ascontiguousarray(col[order]) for col in columns)
+
+
+class DCR(Estimator):
+    """Decoupled Collaborative Ranking, optionally refined pairwise.
+
+    Parameters
+    ----------
+    rank : int
+        Dimension of each level's factors (paper: 20 pointwise, 40 in Table 2).
+    levels : list of float or str, optional
+        The ordered rating values; default the distinct values in the data.
+    relevance : {"linear", "log", "exp"}
+        ``f`` in Eq. 2/4 (paper recommends linear).
+    lr : float
+        Initial SGA learning rate (paper: one of 0.05 ... 0.01).
+    lr_decay : float
+        Learning rate of epoch ``e`` is ``lr / (1 + lr_decay * e)``.
+    reg : float
+        L2 weight per example (paper: 0.01 or 0.001).
+    epochs : int
+        Passes over the ratings (every level sees every rating once a pass).
+    init_std : float
+        Standard deviation of the random initial factors.
+    prob_floor : float
+        ``1/P`` in the gradient is capped at ``1/prob_floor`` (P reaches 0 on
+        the ball's boundary).
+    pairwise : bool
+        Refine with the pairwise loss of Section 4 after the pointwise fit.
+    pairwise_lr, pairwise_reg, pairwise_epochs : float, float, int
+        Step size, lambda of Eq. 5 and passes of the refinement.
+    pairs_per_epoch : float
+        Sampled pairs per refinement pass, as a multiple of the number of ratings.
+    item_bias : float
+        0 is the paper's DCR; ``s`` in (0, 1) freezes the first user
+        coordinate at ``s`` (a per-level item bias, see the module docstring).
+    popularity_shrinkage : float
+        Shrinkage ``beta`` of the damped item mean stored as ``item_popularity``
+        (the unknown-user fallback): ``(sum r + beta * mean) / (count + beta)``.
+    seed : int
+        Seed of the initialisation, the rating order and the pair sampling.
+    verbose : bool
+        Progress line on stderr.
+    """
+
+    kind = "dcr"
+    input_shape = "ratings"
+
+    def __init__(self, rank: int = 20, levels=None, relevance: str = "linear", lr: float = 0.03,
+                 lr_decay: float = 0.1, reg: float = 0.001, epochs: int = 30, init_std: float = 0.1,
+                 prob_floor: float = 1e-3, pairwise: bool = False, pairwise_lr: float = 0.02,
+                 pairwise_reg: float = 0.001, pairwise_epochs: int = 20, pairs_per_epoch: float = 1.0,
+                 item_bias: float = 0.0, popularity_shrinkage: float = 10.0, seed: int = 0,
+                 verbose: bool = False):
+        self.rank = rank
+        self.levels = levels
+        self.relevance = relevance
+        self.lr = lr
+        self.lr_decay = lr_decay
+        self.reg = reg
+        self.epochs = epochs
+        self.init_std = init_std
+        self.prob_floor = prob_floor
+        self.pairwise = pairwise
+        self.pairwise_lr = pairwise_lr
+        self.pairwise_reg = pairwise_reg
+        self.pairwise_epochs = pairwise_epochs
+        self.pairs_per_epoch = pairs_per_epoch
+        self.item_bias = item_bias
+        self.popularity_shrinkage = popularity_shrinkage
+        self.seed = seed
+        self.verbose = verbose
+
+    # ------------------------------------------------------------ checks
+    def _check_params(self) -> None:
+        if self.relevance not in RELEVANCE:
+            raise ValueError(f"relevance must be one of {RELEVANCE}, got {self.relevance!r}")
+        if int(self.rank) < 1 or int(self.epochs) < 0 or int(self.pairwise_epochs) < 0:
+            raise ValueError("rank must be >= 1 and epochs >= 0")
+        if not 0.0 <= float(self.item_bias) < 1.0:
+            raise ValueError("item_bias must be in [0, 1)")
+        if self.item_bias and int(self.rank) < 2:
+            raise ValueError("item_bias needs rank >= 2 (one coordinate is the bias)")
+        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std"):
+            value = float(getattr(self, name))
+            if not np.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite non-negative number, got {value}")
+
+    # ------------------------------------------------------------ fitting
+    def fit(self, data: Ratings) -> "DCR":
+        """Fit the per-level factors (and refine pairwise when ``pairwise``)."""
+        self._check_params()
+        if len(data) == 0:
+            raise DataError(data.source, None, "no ratings to train on")
+        self.levels_, level = rating_levels(data.rating, self.levels, data.source)
+        self.users_, self.items_ = data.users, data.items
+        self.data_fingerprint_ = data.fingerprint()
+        n_users, n_items = data.n_users, data.n_items
+        user = np.ascontiguousarray(data.user, dtype=np.int64)
+        item = np.ascontiguousarray(data.item, dtype=np.int64)
+        self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
+            n_users, user, item.astype(np.int32), level)
+        self.item_popularity_ = self._damped_mean(data, n_items)
+
+        rng = np.random.default_rng(self.seed)
+        L, f = self.levels_.size - 1, int(self.rank)
+        U = rng.normal(0.0, self.init_std, size=(n_users, L, f))
+        V = rng.normal(0.0, self.init_std, size=(n_items, L, f))
+        u_fixed, u_radius = self._bias_setup(U, V)
+        self.loglik_ = np.full(L, np.nan)
+        with Progress("DCR", self.epochs, self.verbose) as bar:
+            for epoch in range(int(self.epochs)):
+                order = rng.permutation(len(data)).astype(np.int64)
+                lr = float(self.lr) / (1.0 + float(self.lr_decay) * epoch)
+                self.loglik_ = pointwise_epoch(U, V, user, item, level, order, lr, float(self.reg),
+                                               float(self.prob_floor), u_fixed, u_radius)
+                check_finite(epoch, user_factors=U, item_factors=V)
+                bar.update(1, loglik=float(self.loglik_.sum()) / len(data))
+        # Items (users) without training ratings keep no evidence: P = 1/2 at every level.
+        V[np.bincount(item, minlength=n_items) == 0] = 0.0
+        self.U_, self.V_ = U, V
+        self.pairwise_loss_ = float("nan")
+        if self.pairwise:
+            self._refine(rng)
+        return self
+
+    def _bias_setup(self, U: np.ndarray, V: np.ndarray) -> tuple[int, float]:
+        s = float(self.item_bias)
+        if s <= 0.0:
+            return 0, 1.0
+        U[:, :, 0] = s
+        V[:, :, 0] = 0.0
+        return 1, float(np.sqrt(1.0 - s * s))
+
+    def _damped_mean(self, data: Ratings, n_items: int) -> np.ndarray:
+        beta = float(self.popularity_shrinkage)
+        mean = float(np.mean(data.rating))
+        counts = np.bincount(data.item, minlength=n_items).astype(np.float64)
+        sums = np.bincount(data.item, weights=data.rating.astype(np.float64), minlength=n_items)
+        denom = counts + beta
+        damped = np.where(denom > 0, (sums + beta * mean) / np.maximum(denom, 1e-12), mean)
+        return damped.astype(np.float32)
+
+    def _refine(self, rng: np.random.Generator) -> None:
+        """Pairwise DCR (Algorithm 1) with pairs sampled on the fly."""
+        c, _ = level_weights(self.levels_, self.relevance)
+        u_fixed, u_radius = (1, float(np.sqrt(1 - self.item_bias ** 2))) if self.item_bias else (0, 1.0)
+        n_steps = int(round(float(self.pairs_per_epoch) * self.seen_indices_.size))
+        items = self.seen_indices_.astype(np.int64)
+        with Progress("Pairwise DCR", self.pairwise_epochs, self.verbose) as bar:
+            for epoch in range(int(self.pairwise_epochs)):
+                lr = float(self.pairwise_lr) / (1.0 + float(self.lr_decay) * epoch)
+                loss, _ = pairwise_epoch(self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_,
+                                         c, n_steps, lr, float(self.pairwise_reg), u_fixed, u_radius,
+                                         int(rng.integers(2**31 - 1)))
+                check_finite(epoch, user_factors=self.U_, item_factors=self.V_)
+                self.pairwise_loss_ = float(loss)
+                bar.update(1, loss=float(loss))
+
+    def refined(self, **overrides) -> "DCR":
+        """A copy of this fitted DCR refined pairwise (the DCR fit is not repeated).
+
+        ``overrides`` set the pairwise parameters (e.g. ``pairwise_lr``); the
+        copy has ``pairwise=True`` and its own seed stream.
+        """
+        if not hasattr(self, "U_"):
+            raise ValueError("fit the model before refining it")
+        other = copy.copy(self)
+        other.set_params(pairwise=True, **overrides)
+        other.U_, other.V_ = self.U_.copy(), self.V_.copy()
+        other._check_params()
+        other._refine(np.random.default_rng([int(other.seed), 1]))
+        return other
+
+    def loglik(self, data: Ratings) -> np.ndarray:
+        """Per-level log-likelihood of ``data`` (same id maps) under the fitted factors."""
+        _, level = rating_levels(data.rating, self.levels_, data.source)
+        return pointwise_loglik(self.U_, self.V_, data.user.astype(np.int64), data.item.astype(np.int64), level)
+
+    # ------------------------------------------------------------ artifact
+    def to_artifact(self) -> Artifact:
+        if not hasattr(self, "U_"):
+            raise ValueError("fit the model before packing it")
+        n_users, L, f = self.U_.shape
+        params = {k: v for k, v in self.get_params().items() if k != "verbose"}
+        if params["levels"] is not None:
+            params["levels"] = [float(x) for x in self.levels_]
+        metrics = {f"train_loglik_level_{t + 2}": float(v) for t, v in enumerate(self.loglik_)}
+        if self.pairwise:
+            metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
+        return Artifact(
+            kind=self.kind,
+            arrays={
+                "user_factors": self.U_.reshape(n_users, L * f).astype(np.float32),
+                "item_factors": self.V_.reshape(self.V_.shape[0], L * f).astype(np.float32),
+                "seen_indptr": self.seen_indptr_.astype(np.int64),
+                "seen_indices": self.seen_indices_.astype(np.int32),
+                "item_popularity": self.item_popularity_,
+            },
+            ids={"users": self.users_, "items": self.items_},
+            hyperparameters=params,
+            metrics=metrics,
+            attributes={
+                "levels": [float(x) for x in self.levels_],
+                "relevance": self.relevance,
+                "rank": int(f),
+                "pairwise": bool(self.pairwise),
+            },
+            data_fingerprint=self.data_fingerprint_,
+        )
+
+
+Estimator = DCR
