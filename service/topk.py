@@ -48,12 +48,10 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0, np.int64), np.empty(0, scores.dtype)
     if k <= _KERNEL_MAX_K:
         return _top_k_kernel(scores, k)
+    # Large k is rare (bounded by the request limits): a stable full sort keeps
+    # the same tie order as the kernel.
     keep = np.flatnonzero(scores > -np.inf)
-    if keep.shape[0] > k:
-        part = np.argpartition(-scores[keep], k - 1)[:k]
-        keep = keep[part]
-    order = np.lexsort((keep, -scores[keep]))
-    chosen = keep[order]
+    chosen = keep[np.lexsort((keep, -scores[keep]))[:k]]
     return chosen.astype(np.int64), scores[chosen]
 
 

@@ -1,0 +1,44 @@
+# ordrec: `make demo` (set up, train the built-in sample, serve, query) and
+# `make test` (set up, run the test suite) work on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: venv demo test test-slow test-all proto proto-check redis bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Regenerate ordrec/ (the Python gRPC code) from proto/.
+proto: $(STAMP)
+	PYTHON=$(BIN)/python scripts/gen_proto.sh
+
+# Fails when the committed generated code is stale.
+proto-check: $(STAMP)
+	PYTHON=$(BIN)/python scripts/gen_proto.sh --check
+
+redis:
+	@scripts/ensure_redis.sh
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+# The fast suite: unit, property, gradient, end-to-end (real server, real Redis).
+test: $(STAMP) redis proto-check
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# Real-data quality tests (ORDREC_DATA points at the data sets; default ../shared/data).
+test-slow: $(STAMP) redis
+	$(BIN)/python -m pytest -q -m slow
+
+test-all: $(STAMP) redis proto-check
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache test-artifacts

@@ -1,0 +1,103 @@
+"""Run ``ordrec-serve`` as a real subprocess: used by the demo, the end-to-end
+and fault tests, and the load benchmarks."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+_READY = re.compile(r"ordrec-serve ready port=(\d+) metrics_port=(-?\d+)")
+
+
+class ServerProcess:
+    """``with ServerProcess(registry) as server: ... server.target ...``"""
+
+    def __init__(self, registry: str | os.PathLike, *extra_args: str, startup_timeout: float = 60.0,
+                 log_path: str | os.PathLike | None = None, env: dict | None = None):
+        self.args = [sys.executable, "-m", "service", "--registry", str(registry), "--port", "0",
+                     "--metrics-port", "0", *extra_args]
+        self.startup_timeout = startup_timeout
+        self.log_path = Path(log_path) if log_path else None
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.port = self.metrics_port = 0
+        self.output: list[str] = []
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
+
+    def start(self) -> "ServerProcess":
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=self.env, bufsize=1)
+        ready = threading.Event()
+        threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
+        if not ready.wait(self.startup_timeout) or not self.port:
+            self.kill()
+            raise RuntimeError("ordrec-serve did not start:\n" + "".join(self.output[-40:]))
+        return self
+
+    def _pump(self, ready: threading.Event) -> None:
+        sink = open(self.log_path, "a") if self.log_path else None
+        for line in self.proc.stdout:
+            self.output.append(line)
+            if sink:
+                sink.write(line)
+                sink.flush()
+            match = _READY.search(line)
+            if match:
+                self.port, self.metrics_port = int(match.group(1)), int(match.group(2))
+                ready.set()
+        ready.set()  # the process exited
+        if sink:
+            sink.close()
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait for the graceful exit; returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.terminate()
+        finally:
+            self.kill()
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+def run_cli(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``python -m <module> ...`` in this interpreter and capture its output."""
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, check=check)
