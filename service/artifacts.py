@@ -117,6 +117,15 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def write_view(folder: Path, filename: str, data: bytes) -> Path:
+    """Replace a derived view file (e.g. report.html) in a published version atomically."""
+    tmp = folder / f".{filename}.{uuid.uuid4().hex}"
+    _write_synced(tmp, data)
+    os.replace(tmp, folder / filename)
+    _fsync_dir(folder)
+    return folder / filename
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -240,14 +249,24 @@ class Registry:
         _fsync_dir(folder)
 
     # ------------------------------------------------------------ publishing
-    def publish(self, name: str, artifact: Artifact, keep: int | None = None) -> str:
-        """Write ``artifact`` as a new version of ``name`` atomically; return the version."""
+    def publish(self, name: str, artifact: Artifact, keep: int | None = None,
+                views: Mapping[str, bytes] | None = None) -> str:
+        """Write ``artifact`` as a new version of ``name`` atomically; return the version.
+
+        ``views`` are derived files published in the same rename (e.g.
+        ``report.html``): they are for people, not checksummed, and never
+        read back by the loader.
+        """
         validate_model_name(name)
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
         tmp = folder / f".tmp-{uuid.uuid4().hex}"
         try:
             manifest = self._write_payload(tmp, name, artifact)
+            for filename, data in (views or {}).items():
+                if "/" in filename or filename.startswith(".") or filename == MANIFEST:
+                    raise ArtifactError(f"view file name {filename!r} is not a plain file name")
+                _write_synced(tmp / filename, data)
             version = self._rename_into_place(tmp, folder, manifest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
