@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
                                                               timeout=timeout)
             print(health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status))
+            return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
         elif args.command == "models":
             for m in stub.ListModels(pb.ListModelsRequest(), timeout=timeout, metadata=md).models:
                 sizes = ", ".join(f"{k}={v}" for k, v in sorted(m.sizes.items()))

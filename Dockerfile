@@ -1,0 +1,30 @@
+# One image for both sides of ordrec:
+#   docker run IMAGE                                 -> ordrec-serve on /registry (the default command)
+#   docker run IMAGE ordrec-train run /jobs/job.toml -> a trainer job (cron)
+# Multi-stage: build the virtualenv with the compiler toolchain, ship only the venv.
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/ordrec
+ENV PATH=/opt/ordrec/bin:$PATH
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY ordrec ordrec
+COPY service service
+COPY trainer trainer
+RUN pip install .
+
+FROM python:3.11-slim
+RUN useradd --system --uid 10001 --create-home --home-dir /srv/ordrec ordrec \
+    && mkdir /registry && chown ordrec /registry
+COPY --from=build /opt/ordrec /opt/ordrec
+# numba's cache=True writes beside the installed sources, which the non-root
+# user cannot write: give it a cache directory of its own.
+ENV PATH=/opt/ordrec/bin:$PATH PYTHONUNBUFFERED=1 NUMBA_CACHE_DIR=/srv/ordrec/.numba-cache
+USER ordrec
+WORKDIR /srv/ordrec
+EXPOSE 50051 9095
+# The gRPC health service: SERVING once at least one model is loaded.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
+    CMD ["ordrec-client", "--target", "127.0.0.1:50051", "--timeout", "2", "health"]
+CMD ["ordrec-serve", "--registry", "/registry", "--host", "0.0.0.0", "--port", "50051", \
+     "--metrics-host", "0.0.0.0", "--metrics-port", "9095"]
