@@ -1,0 +1,402 @@
+"""Shared line and field parsing for the readers.
+
+Two paths read the same delimited files:
+
+- the fast path (:func:`parse_records` with numeric columns) hands chunks of
+  raw bytes to a numba kernel that parses canonical integer ids and plain
+  decimal numbers; it gives up at the first line it is unsure about;
+- the per-line parser is the authority: it validates every line, names the
+  file, the 1-based line number and the problem, and can skip bad lines.
+
+Only the per-line parser decides what is an error, so a file the fast path
+gives up on is simply read again by the per-line parser from the start.
+"""
+from __future__ import annotations
+
+import codecs
+import csv
+import math
+import os
+import re
+from array import array
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from service.idmap import IdMap
+from trainer.data._fast_kernels import first_appearance, parse_numeric_lines
+from trainer.data.types import DataError
+
+CHUNK_BYTES = 1 << 24  # 16 MiB of lines per kernel call keeps memory bounded on 10M-line files
+
+# Ids are written one per line into artifacts, so an id must not contain a line
+# break or any other control character (C0, DEL, C1, and the Unicode line and
+# paragraph separators that str.splitlines also splits on).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+SEPARATOR_NAMES = {"\t": "tab", ",": "comma", "::": "'::'"}
+
+
+def has_control(text: str) -> bool:
+    return _CONTROL.search(text) is not None
+
+
+def check_path(path) -> str:
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(path, None, "no such file")
+    if os.path.isdir(path):
+        raise DataError(path, None, "is a folder, not a file")
+    if os.path.getsize(path) == 0:
+        raise DataError(path, None, "empty file")
+    return path
+
+
+def detect_encoding(path: str) -> str:
+    """``"utf-8-sig"`` when the whole file decodes as UTF-8, else ``"latin-1"``.
+
+    Latin-1 decodes every byte, so the fallback never fails; data sets such as
+    MovieLens ``u.item`` and Last.fm ``tags.dat`` are latin-1.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        try:
+            while True:
+                block = f.read(CHUNK_BYTES)
+                if not block:
+                    decoder.decode(b"", final=True)
+                    return "utf-8-sig"
+                decoder.decode(block)
+        except UnicodeDecodeError:
+            return "latin-1"
+
+
+def iter_lines(path: str, encoding: str | None = None) -> Iterator[tuple[int, str]]:
+    """``(line_number, text)`` for every line, 1-based, without its ``\\n`` or ``\\r\\n``.
+
+    Lines are split on ``\\n`` only, so a stray ``\\r`` inside a line stays in
+    the text (and is then reported as a control character in an id).
+    """
+    encoding = encoding or detect_encoding(path)
+    bom = encoding == "utf-8-sig"
+    codec = "utf-8" if bom else encoding
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if number == 1 and bom and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8):]
+            if raw.endswith(b"\n"):
+                raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
+            yield number, raw.decode(codec)
+
+
+def peek_lines(path: str, limit: int = 20) -> list[str]:
+    """The first ``limit`` non-blank lines (for format detection)."""
+    out = []
+    for _, text in iter_lines(path, "latin-1"):
+        if text.strip():
+            out.append(text)
+            if len(out) >= limit:
+                break
+    return out
+
+
+def splitter(sep: str):
+    """A function splitting one line into stripped fields.
+
+    Comma-separated lines may quote fields (``"a,b"``) as in RFC 4180; tab and
+    ``::`` files never quote.
+    """
+    if sep == ",":
+        def split(line: str) -> list[str]:
+            if '"' in line:
+                return [f.strip(" \t") for f in next(csv.reader([line]))]
+            return [f.strip(" \t") for f in line.split(",")]
+    elif sep == "\t":
+        def split(line: str) -> list[str]:
+            return [f.strip(" ") for f in line.split("\t")]
+    else:
+        def split(line: str) -> list[str]:
+            return [f.strip(" \t") for f in line.split(sep)]
+    return split
+
+
+class Problems:
+    """Raise on a bad line, or count it when bad lines are skipped."""
+
+    def __init__(self, path: str, skip: bool):
+        self.path, self.skip, self.skipped = path, skip, 0
+
+    def bad(self, line: int | None, message: str) -> None:
+        if not self.skip:
+            raise DataError(self.path, line, message)
+        self.skipped += 1
+
+
+class IdSpace:
+    """External ids numbered in order of first appearance, validated once each."""
+
+    def __init__(self):
+        self.index: dict[str, int] = {}
+
+    def check(self, value: str, what: str) -> str | None:
+        """The problem with ``value`` as an id, or None."""
+        if not value:
+            return f"empty {what} id"
+        if value not in self.index and has_control(value):
+            return f"{what} id {value!r} contains a line break or control character"
+        return None
+
+    def add(self, value: str) -> int:
+        return self.index.setdefault(value, len(self.index))
+
+    def idmap(self) -> IdMap:
+        ids = IdMap.__new__(IdMap)
+        ids._ids = list(self.index)
+        ids._index = self.index
+        return ids
+
+
+@dataclass
+class Column:
+    """One field of a record: an id (into id space ``space``) or a number."""
+
+    field: int
+    name: str
+    kind: str = "id"  # "id", "float" or "int"
+    space: int = 0
+    minimum: float | None = None  # numbers only
+
+
+@dataclass
+class Records:
+    """Parsed records: id rows per id column, values per number column, and line numbers."""
+
+    spaces: list[IdMap]
+    ids: list[np.ndarray]  # int32 per id column
+    numbers: list[np.ndarray]  # float64 per number column
+    first_line: int  # line of record 0 when ``lines`` is None (no gaps)
+    lines: np.ndarray | None = None  # int64 line per record when lines have gaps
+    skipped: int = 0
+    fast: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def line(self, record: int) -> int:
+        return int(self.lines[record]) if self.lines is not None else self.first_line + int(record)
+
+    def keep(self, mask: np.ndarray) -> None:
+        """Drop the records where ``mask`` is False (after skipping bad ones)."""
+        if self.lines is None:
+            self.lines = self.first_line + np.arange(mask.size, dtype=np.int64)
+        self.ids = [x[mask] for x in self.ids]
+        self.numbers = [x[mask] for x in self.numbers]
+        self.lines = self.lines[mask]
+
+
+def _describe_count(n_fields: int, sep: str, got: int) -> str:
+    return f"expected {n_fields} {SEPARATOR_NAMES.get(sep, repr(sep))}-separated fields, got {got}"
+
+
+def parse_records(
+    path: str,
+    sep: str,
+    n_fields: int,
+    columns: Sequence[Column],
+    n_spaces: int,
+    *,
+    header_lines: int = 0,
+    skip_bad_lines: bool = False,
+    distinct: tuple[int, int] | None = None,
+    encoding: str | None = None,
+    fast: bool = True,
+) -> Records:
+    """Read the data lines of a delimited file into :class:`Records`.
+
+    ``header_lines`` leading lines are skipped (the caller has read them).
+    ``distinct=(a, b)`` names two id columns (indices into ``columns``) that
+    must differ on every line (no self-edges).
+    """
+    if fast:
+        records = _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct)
+        if records is not None:
+            return records
+    return _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines,
+                        distinct, encoding)
+
+
+def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct,
+                 encoding) -> Records:
+    problems = Problems(path, skip_bad_lines)
+    split = splitter(sep)
+    spaces = [IdSpace() for _ in range(n_spaces)]
+    id_columns = [c for c in columns if c.kind == "id"]
+    num_columns = [c for c in columns if c.kind != "id"]
+    id_out = [array("i") for _ in id_columns]
+    num_out = [array("d") for _ in num_columns]
+    lines = array("q")
+    for number, text in iter_lines(path, encoding):
+        if number <= header_lines or not text.strip():
+            continue  # a blank line holds no data, so passing over it loses nothing
+        fields = split(text)
+        if len(fields) != n_fields:
+            problems.bad(number, _describe_count(n_fields, sep, len(fields)))
+            continue
+        problem = None
+        for c in id_columns:
+            problem = spaces[c.space].check(fields[c.field], c.name)
+            if problem:
+                break
+        if problem is None and distinct is not None:
+            a, b = columns[distinct[0]], columns[distinct[1]]
+            if fields[a.field] == fields[b.field]:
+                problem = f"{b.name} {fields[b.field]!r} is the {a.name} itself (self-edge)"
+        values = []
+        if problem is None:
+            for c in num_columns:
+                text_value = fields[c.field]
+                try:
+                    value = int(text_value) if c.kind == "int" else float(text_value)
+                except ValueError:
+                    kind = "an integer" if c.kind == "int" else "a number"
+                    problem = f"{c.name} {text_value!r} is not {kind}"
+                    break
+                if c.kind == "float" and not math.isfinite(value):
+                    problem = f"{c.name} {text_value!r} is not a finite number"
+                    break
+                if c.minimum is not None and value < c.minimum:
+                    problem = f"{c.name} {text_value!r} is below the minimum {c.minimum:g}"
+                    break
+                values.append(value)
+        if problem is not None:
+            problems.bad(number, problem)
+            continue
+        for out, c in zip(id_out, id_columns):
+            out.append(spaces[c.space].add(fields[c.field]))
+        for out, value in zip(num_out, values):
+            out.append(value)
+        lines.append(number)
+    if not lines:
+        raise DataError(path, None, "no data lines" + (f" ({problems.skipped} skipped as bad)"
+                                                      if problems.skipped else ""))
+    return Records(
+        spaces=[s.idmap() for s in spaces],
+        ids=[np.frombuffer(a, dtype=np.int32).copy() for a in id_out],
+        numbers=[np.frombuffer(a, dtype=np.float64).copy() for a in num_out],
+        first_line=int(lines[0]),
+        lines=np.frombuffer(lines, dtype=np.int64).copy(),
+        skipped=problems.skipped,
+    )
+
+
+def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
+    """``(first_line_number, bytes)`` of whole lines after the header, about CHUNK_BYTES each."""
+    with open(path, "rb") as f:
+        for _ in range(header_lines):
+            f.readline()
+        line = header_lines + 1
+        carry = b""
+        while True:
+            block = f.read(CHUNK_BYTES)
+            if not block:
+                if carry:
+                    yield line, carry + b"\n"
+                return
+            block = carry + block
+            cut = block.rfind(b"\n") + 1
+            if cut == 0:
+                carry = block
+                continue
+            carry = block[cut:]
+            whole = block[:cut]
+            yield line, whole
+            line += whole.count(b"\n")
+
+
+def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) -> Records | None:
+    """All-numeric fast path; None when any line needs the per-line parser."""
+    sep_bytes = sep.encode("ascii")
+    if len(sep_bytes) not in (1, 2):
+        return None
+    sep0 = sep_bytes[0]
+    sep1 = sep_bytes[1] if len(sep_bytes) == 2 else 0
+    id_columns = [c for c in columns if c.kind == "id"]
+    num_columns = [c for c in columns if c.kind != "id"]
+    id_slot = np.full(n_fields, -1, dtype=np.int64)
+    num_slot = np.full(n_fields, -1, dtype=np.int64)
+    for slot, c in enumerate(id_columns):
+        id_slot[c.field] = slot
+    for slot, c in enumerate(num_columns):
+        num_slot[c.field] = slot
+    id_parts, num_parts = [], []
+    first_line = header_lines + 1
+    with open(path, "rb") as f:
+        if f.read(3) == codecs.BOM_UTF8:
+            return None  # rare; the per-line parser strips the byte-order mark
+    for _, data in _chunks(path, header_lines):
+        buf = np.frombuffer(data, dtype=np.uint8)
+        n = data.count(b"\n")
+        out_ids = np.empty((n, max(len(id_columns), 1)), dtype=np.int64)
+        out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
+        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, out_num)
+        if bail >= 0:
+            return None
+        # Narrow per chunk so a 10M-line file never holds all columns as int64.
+        ids = out_ids[:rows, : len(id_columns)]
+        if ids.size and ids.max() < 2**31:
+            ids = ids.astype(np.int32)
+        id_parts.append(ids)
+        num_parts.append(out_num[:rows, : len(num_columns)].copy())
+        del out_ids, out_num
+    if not id_parts or sum(p.shape[0] for p in id_parts) == 0:
+        return None
+    ids_all = np.concatenate(id_parts) if len(id_parts) > 1 else id_parts[0]
+    del id_parts
+    numbers = [np.concatenate([p[:, s] for p in num_parts]) for s in range(len(num_columns))]
+    del num_parts
+    for value, c in zip(numbers, num_columns):
+        if c.kind == "int" and np.any(value != np.floor(value)):
+            return None
+        if c.minimum is not None and np.any(value < c.minimum):
+            return None
+    if distinct is not None:
+        slot_a = id_columns.index(columns[distinct[0]])
+        slot_b = id_columns.index(columns[distinct[1]])
+        if np.any(ids_all[:, slot_a] == ids_all[:, slot_b]):
+            return None
+    # Number each id space in order of first appearance, reading the columns
+    # of one space interleaved line by line, exactly as the per-line parser does.
+    spaces: list[IdMap] = []
+    rows_out: list[np.ndarray | None] = [None] * len(id_columns)
+    for space in range(n_spaces):
+        slots = [s for s, c in enumerate(id_columns) if c.space == space]
+        if not slots:
+            spaces.append(IdMap([]))
+            continue
+        column = ids_all[:, slots].ravel()  # row-major: line by line, columns in order
+        unique, rows = first_appearance(column)
+        rows = rows.reshape(-1, len(slots))
+        for j, s in enumerate(slots):
+            rows_out[s] = np.ascontiguousarray(rows[:, j])
+        spaces.append(IdMap([str(v) for v in unique.tolist()]))
+    return Records(spaces=spaces, ids=rows_out, numbers=numbers, first_line=first_line, fast=True)
+
+
+def find_duplicates(records: Records, keys: np.ndarray) -> np.ndarray:
+    """Indices ``(later, earlier)`` of records whose key repeats an earlier record's key.
+
+    ``later`` ascending; ``earlier`` is the first record with the same key.
+    """
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    repeat = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1]) + 1
+    if repeat.size == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    # The first record of each run of equal keys.
+    run_start = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+    first_of = order[run_start[np.searchsorted(run_start, repeat, side="right") - 1]]
+    pairs = np.stack([order[repeat], first_of], axis=1)
+    return pairs[np.argsort(pairs[:, 0], kind="stable")]
+
+
+def pair_keys(a: np.ndarray, b: np.ndarray, n_b: int) -> np.ndarray:
+    return a.astype(np.int64) * max(n_b, 1) + b.astype(np.int64)

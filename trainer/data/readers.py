@@ -1,0 +1,531 @@
+"""Readers: one per input shape, producing the dataclasses of :mod:`trainer.data.types`.
+
+=====================  ==============  ==============================================
+format                 shape           file
+=====================  ==============  ==============================================
+``ml-100k``            ratings         MovieLens 100K ``u.data``: tab, ``user item rating timestamp``
+``ml-1m`` / ``ml-10m`` ratings         MovieLens 1M/10M ``ratings.dat``: ``user::item::rating::timestamp``
+``csv`` / ``tsv``      every shape     header row naming the columns
+``lastfm-tags``        tags            HetRec Last.fm ``user_taggedartists.dat`` (+ ``tags.dat``)
+``zoo``                attributes      UCI ``zoo.data``: name + 17 categorical attributes
+``neighbors``          neighbors       ``source,neighbor,rank`` (comma or tab, header optional)
+=====================  ==============  ==============================================
+
+Every reader takes ``fmt="auto"`` (detect from the file name, then from the
+content), ``skip_bad_lines`` (skip malformed lines and report how many in
+``skipped_lines`` instead of failing) and raises :class:`DataError` naming the
+file, the 1-based line and what was wrong. External ids become dense int32
+rows in order of first appearance. See ``docs/data.md``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Mapping
+
+import numpy as np
+
+from service.idmap import IdMap
+from trainer.data._lines import (
+    Column, Problems, check_path, find_duplicates, has_control, iter_lines, pair_keys,
+    parse_records, peek_lines, splitter,
+)
+from trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
+
+SHAPES = ("ratings", "tags", "attributes", "neighbors")
+
+#: Every format name and the input shapes it can hold.
+FORMATS: dict[str, tuple[str, ...]] = {
+    "ml-100k": ("ratings",),
+    "ml-1m": ("ratings",),
+    "ml-10m": ("ratings",),
+    "csv": SHAPES,
+    "tsv": SHAPES,
+    "lastfm-tags": ("tags",),
+    "zoo": ("attributes",),
+    "neighbors": ("neighbors",),
+}
+
+# Well-known file names, checked before the content.
+_FILE_NAMES = [
+    (re.compile(r"u\d?\.data|u\d\.(base|test)|u[ab]\.(base|test)"), "ml-100k"),
+    (re.compile(r"ratings\.dat"), "ml-1m"),
+    (re.compile(r"user_taggedartists\.dat"), "lastfm-tags"),
+    (re.compile(r"zoo\.data"), "zoo"),
+]
+# What to look for when --data is a folder.
+_FOLDER_FILES = {
+    "ratings": ("u.data", "ratings.dat"),
+    "tags": ("user_taggedartists.dat",),
+    "attributes": ("zoo.data",),
+    "neighbors": (),
+}
+
+# Header names accepted for each column, compared after lower-casing and
+# dropping "_", "-" and spaces (so user_id, userId and "User ID" all match).
+_COLUMN_NAMES = {
+    "user": {"user", "userid", "uid", "users", "username", "customerid", "reviewerid"},
+    "item": {"item", "itemid", "iid", "items", "movie", "movieid", "artist", "artistid", "product",
+             "productid", "asin", "song", "songid", "book", "bookid", "isbn", "resource", "resourceid"},
+    "rating": {"rating", "ratings", "score", "stars", "value", "overall"},
+    "tag": {"tag", "tagid", "tags", "tagname", "tagvalue"},
+    "source": {"source", "sourceid", "src", "from", "vertex", "query", "node"},
+    "neighbor": {"neighbor", "neighbour", "neighborid", "neighbourid", "nbr", "to", "target", "dst"},
+    "rank": {"rank", "position", "order"},
+}
+_ZOO_ATTRIBUTES = ["hair", "feathers", "eggs", "milk", "airborne", "aquatic", "predator", "toothed",
+                   "backbone", "breathes", "venomous", "fins", "legs", "tail", "domestic", "catsize",
+                   "type"]
+_LASTFM_HEADER = ["userid", "artistid", "tagid", "day", "month", "year"]
+_MISSING = {"", "?"}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]", "", name).lower()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+        return True
+    except ValueError:
+        return False
+
+
+# ------------------------------------------------------------------ detection
+def _resolve(path, shape: str) -> str:
+    """The file to read: ``path`` itself, or the one well-known file inside a folder."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        found = [os.path.join(path, n) for n in _FOLDER_FILES[shape] if os.path.isfile(os.path.join(path, n))]
+        if len(found) != 1:
+            wanted = ", ".join(_FOLDER_FILES[shape]) or "no well-known file name"
+            raise DataError(path, None, f"is a folder; for {shape} it must hold exactly one of: {wanted}"
+                            " (or pass the file itself)")
+        path = found[0]
+    return check_path(path)
+
+
+def _choices(shape: str) -> str:
+    return ", ".join(f for f, shapes in FORMATS.items() if shape in shapes)
+
+
+def _separator(lines: list[str]) -> str | None:
+    first = lines[0]
+    if "::" in first:
+        return "::"
+    if "\t" in first:
+        return "\t"
+    if "," in first:
+        return ","
+    return None
+
+
+def _looks_like_header(fields: list[str], shape: str) -> bool:
+    known = {"ratings": ("user", "item", "rating"), "tags": ("user", "item", "tag"),
+             "neighbors": ("source", "neighbor", "rank")}[shape]
+    if any(_norm(f) in _COLUMN_NAMES[k] for f in fields for k in known):
+        return True
+    return shape != "tags" and not any(_is_number(f) for f in fields)
+
+
+def detect_format(path, shape: str) -> str:
+    """The format of ``path`` for ``shape``: from the file name, then from the content.
+
+    Raises :class:`DataError` listing the ``--format`` choices when the file
+    does not make it clear.
+    """
+    if shape not in SHAPES:
+        raise ValueError(f"unknown input shape {shape!r}; expected one of {', '.join(SHAPES)}")
+    path = _resolve(path, shape)
+    name = os.path.basename(path).lower()
+    for pattern, fmt in _FILE_NAMES:
+        if pattern.fullmatch(name) and shape in FORMATS[fmt]:
+            return fmt
+    lines = peek_lines(path)
+    if not lines:
+        raise DataError(path, None, "empty file (only blank lines)")
+    sep = _separator(lines)
+    fields = splitter(sep)(lines[0]) if sep else [lines[0]]
+    ambiguous = DataError(path, None, f"cannot tell the format of this {shape} file; "
+                                      f"choose one with --format: {_choices(shape)}")
+    if sep is None:
+        raise ambiguous
+    if shape == "ratings":
+        if sep == "::":
+            return "ml-1m"
+        if _looks_like_header(fields, shape):
+            return "csv" if sep == "," else "tsv"
+        if sep == "\t" and len(fields) == 4:
+            return "ml-100k"
+        raise ambiguous
+    if shape == "tags":
+        if sep == "\t" and [_norm(f) for f in fields] == _LASTFM_HEADER:
+            return "lastfm-tags"
+        if sep in ",\t" and _looks_like_header(fields, shape):
+            return "csv" if sep == "," else "tsv"
+        raise ambiguous
+    if shape == "attributes":
+        if sep == "," and len(fields) == 18 and all(_is_int(f) for f in fields[1:]):
+            return "zoo"
+        if sep in ",\t" and len(fields) >= 2:
+            return "csv" if sep == "," else "tsv"
+        raise ambiguous
+    if sep in ",\t":  # neighbors
+        return "csv" if sep == "," else "tsv"
+    raise ambiguous
+
+
+def _choose(path: str, shape: str, fmt: str | None) -> str:
+    if fmt in (None, "", "auto"):
+        return detect_format(path, shape)
+    if fmt not in FORMATS:
+        raise DataError(path, None, f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    if shape not in FORMATS[fmt]:
+        raise DataError(path, None, f"format {fmt!r} holds {', '.join(FORMATS[fmt])}, not {shape}; "
+                                    f"choose one of: {_choices(shape)}")
+    return fmt
+
+
+def _first_line(path: str) -> str:
+    for _, text in iter_lines(path):
+        return text
+    raise DataError(path, None, "empty file")
+
+
+def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[str, str] | None
+                    ) -> tuple[list[str], list[int]]:
+    """Header names of line 1 and the field index of each wanted column."""
+    header = splitter(sep)(_first_line(path))
+    if not any(header):
+        raise DataError(path, 1, "expected a header line naming the columns, got a blank line")
+    normalised = [_norm(h) for h in header]
+    found = []
+    for want in wanted:
+        if overrides and want in overrides:
+            name = overrides[want]
+            matches = [i for i, h in enumerate(header) if h == name] or \
+                      [i for i, h in enumerate(normalised) if h == _norm(name)]
+            if not matches:
+                raise DataError(path, 1, f"no column {name!r} (given for {want}) in header {header}")
+        else:
+            matches = [i for i, h in enumerate(normalised) if h in _COLUMN_NAMES[want]]
+            if not matches:
+                raise DataError(path, 1, f"no {want} column in header {header}; expected one of "
+                                         f"{sorted(_COLUMN_NAMES[want])} or columns={{{want!r}: ...}}")
+        if len(matches) > 1:
+            raise DataError(path, 1, f"several {want} columns in header {header}: "
+                                     f"{[header[i] for i in matches]}; pick one with columns=")
+        found.append(matches[0])
+    if len(set(found)) != len(found):
+        raise DataError(path, 1, f"the same column is used twice among {wanted} in header {header}")
+    return header, found
+
+
+def _drop_duplicates(records, keys, path, problems_skip: bool, describe) -> int:
+    """Raise on the first repeated key (naming both lines) or drop the repeats; returns how many."""
+    pairs = find_duplicates(records, keys)
+    if pairs.shape[0] == 0:
+        return 0
+    if not problems_skip:
+        later, earlier = (int(x) for x in pairs[0])
+        raise DataError(path, records.line(later),
+                        f"duplicate {describe(later)}, already on line {records.line(earlier)}")
+    mask = np.ones(keys.size, dtype=bool)
+    mask[pairs[:, 0]] = False
+    records.keep(mask)
+    return int(pairs.shape[0])
+
+
+# ------------------------------------------------------------------ ratings
+def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
+                 columns: Mapping[str, str] | None = None) -> Ratings:
+    """Read explicit ratings.
+
+    Parameters
+    ----------
+    path : str or Path
+        The file (or a folder holding ``u.data`` or ``ratings.dat``).
+    fmt : {"auto", "ml-100k", "ml-1m", "ml-10m", "csv", "tsv"}
+    skip_bad_lines : bool
+        Skip malformed lines (and later duplicates) and count them in
+        ``skipped_lines`` instead of raising.
+    columns : dict, optional
+        For csv/tsv: header names of the ``"user"``, ``"item"`` and
+        ``"rating"`` columns when they are not among the common names.
+
+    Ratings may be any finite numbers (MovieLens 10M uses 0.5 steps). A
+    repeated (user, item) pair is an error naming both lines.
+    """
+    path = _resolve(path, "ratings")
+    fmt = _choose(path, "ratings", fmt)
+    if fmt == "ml-100k":
+        sep, n_fields, header_lines, idx = "\t", 4, 0, [0, 1, 2]
+    elif fmt in ("ml-1m", "ml-10m"):
+        sep, n_fields, header_lines, idx = "::", 4, 0, [0, 1, 2]
+    else:
+        sep = "," if fmt == "csv" else "\t"
+        header, idx = _header_columns(path, sep, ["user", "item", "rating"], columns)
+        n_fields, header_lines = len(header), 1
+    records = parse_records(
+        path, sep, n_fields,
+        [Column(idx[0], "user", space=0), Column(idx[1], "item", space=1),
+         Column(idx[2], "rating", kind="float")],
+        n_spaces=2, header_lines=header_lines, skip_bad_lines=skip_bad_lines,
+    )
+    users, items = records.spaces
+    user, item = records.ids
+
+    def describe(r):
+        return (f"rating of item {items.external(int(records.ids[1][r]))!r} "
+                f"by user {users.external(int(records.ids[0][r]))!r}")
+
+    skipped = records.skipped + _drop_duplicates(
+        records, pair_keys(user, item, len(items)), path, skip_bad_lines, describe)
+    return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
+                   source=path, skipped_lines=skipped)
+
+
+# ------------------------------------------------------------------ tags
+def _read_tag_names(path: str) -> dict[str, str]:
+    """``tagID -> tagValue`` from a Last.fm ``tags.dat`` (tab, header, latin-1)."""
+    path = check_path(path)
+    names: dict[str, str] = {}
+    for number, text in iter_lines(path, "latin-1"):
+        if not text.strip():
+            continue
+        tag, sep, value = text.partition("\t")
+        if number == 1 and not _is_int(tag.strip()):
+            continue  # header "tagID	tagValue"
+        if not sep:
+            raise DataError(path, number, "expected 2 tab-separated fields (tagID, tagValue), got 1")
+        names[tag.strip()] = value
+    return names
+
+
+def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
+              tag_names: str | os.PathLike | Mapping[str, str] | bool | None = None) -> TagAssignments:
+    """Read tag assignments (user, item, tag).
+
+    Parameters
+    ----------
+    path : str or Path
+        The file (or a folder holding ``user_taggedartists.dat``).
+    fmt : {"auto", "lastfm-tags", "csv", "tsv"}
+    skip_bad_lines : bool
+        Skip malformed lines (and later duplicates), counting them.
+    tag_names : None, False, path or mapping
+        Display names of tags, stored in ``TagAssignments.tag_names``. None
+        (default): for ``lastfm-tags``, load ``tags.dat`` from beside the file
+        when it exists. False: none. A path: a ``tags.dat``-style file
+        (``tagID<TAB>tagValue``). A mapping: tag id -> name. Tags without a
+        name keep their id as name.
+
+    A repeated (user, item, tag) triple is an error naming both lines.
+    """
+    path = _resolve(path, "tags")
+    fmt = _choose(path, "tags", fmt)
+    if fmt == "lastfm-tags":
+        sep, n_fields, idx = "\t", 6, [0, 1, 2]
+        first = splitter(sep)(_first_line(path))
+        header_lines = 0 if all(_is_int(f) for f in first) else 1
+        if header_lines and [_norm(f) for f in first] != _LASTFM_HEADER:
+            raise DataError(path, 1, f"expected the header 'userID artistID tagID day month year', got {first}")
+    else:
+        sep = "," if fmt == "csv" else "\t"
+        header, idx = _header_columns(path, sep, ["user", "item", "tag"], None)
+        n_fields, header_lines = len(header), 1
+    records = parse_records(
+        path, sep, n_fields,
+        [Column(idx[0], "user", space=0), Column(idx[1], "item", space=1), Column(idx[2], "tag", space=2)],
+        n_spaces=3, header_lines=header_lines, skip_bad_lines=skip_bad_lines,
+    )
+    users, items, tags = records.spaces
+    user, item, tag = records.ids
+
+    def describe(r):
+        return (f"tag {tags.external(int(records.ids[2][r]))!r} on item "
+                f"{items.external(int(records.ids[1][r]))!r} by user {users.external(int(records.ids[0][r]))!r}")
+
+    keys = (user.astype(np.int64) * max(len(items), 1) + item) * max(len(tags), 1) + tag
+    skipped = records.skipped + _drop_duplicates(records, keys, path, skip_bad_lines, describe)
+
+    names = None
+    if tag_names is None and fmt == "lastfm-tags":
+        beside = os.path.join(os.path.dirname(path), "tags.dat")
+        tag_names = beside if os.path.isfile(beside) else False
+    if tag_names is not None and tag_names is not False:
+        mapping = tag_names if isinstance(tag_names, Mapping) else _read_tag_names(os.fspath(tag_names))
+        names = [mapping.get(t, t) for t in tags.ids]
+    return TagAssignments(users, items, tags, records.ids[0], records.ids[1], records.ids[2],
+                          source=path, skipped_lines=skipped, tag_names=names)
+
+
+# ------------------------------------------------------------------ attributes
+def _value_order(values: set[str]) -> list[str]:
+    """Values of one attribute in a fixed order: numerically when all are numbers, else as text."""
+    if values and all(_is_number(v) for v in values):
+        return sorted(values, key=lambda v: (float(v), v))
+    return sorted(values)
+
+
+def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> AttributeTable:
+    """Read an object-attribute table (categorical attributes).
+
+    ``zoo``: UCI ``zoo.data``, no header, 18 comma-separated fields. The
+    animal name is not unique ("frog" twice), so the object id is the 1-based
+    line number as a string and the names go to ``labels``; the 17 other
+    fields (including ``type``) are the attributes, values kept as strings.
+
+    ``csv`` / ``tsv``: a header whose first column is the object id and the
+    rest attribute names; an empty cell or ``?`` is a missing value (code -1).
+
+    Each attribute's values are listed in sorted order (numerically when they
+    are all numbers), and ``codes`` index into them.
+    """
+    path = _resolve(path, "attributes")
+    fmt = _choose(path, "attributes", fmt)
+    problems = Problems(path, skip_bad_lines)
+    if fmt == "zoo":
+        sep, attributes, header_lines = ",", list(_ZOO_ATTRIBUTES), 0
+    else:
+        sep = "," if fmt == "csv" else "\t"
+        header = splitter(sep)(_first_line(path))
+        if len(header) < 2:
+            raise DataError(path, 1, f"expected a header 'id,<attribute>,...' with at least 2 columns, "
+                                     f"got {len(header)}")
+        attributes, header_lines = header[1:], 1
+        for name in attributes:
+            if not name or has_control(name):
+                raise DataError(path, 1, f"bad attribute name {name!r} in the header")
+        if len(set(attributes)) != len(attributes):
+            raise DataError(path, 1, f"repeated attribute name in the header {header}")
+    n_fields = len(attributes) + 1
+    split = splitter(sep)
+    ids: list[str] = []
+    labels: list[str] = []
+    cells: list[list[str]] = []
+    first_line_of: dict[str, int] = {}
+    for number, text in iter_lines(path):
+        if number <= header_lines or not text.strip():
+            continue
+        fields = split(text)
+        if len(fields) != n_fields:
+            what = "comma" if sep == "," else "tab"
+            problems.bad(number, f"expected {n_fields} {what}-separated fields, got {len(fields)}")
+            continue
+        if fmt == "zoo":
+            external, label = str(number), fields[0]
+            if not label or has_control(label):
+                problems.bad(number, f"bad animal name {label!r}")
+                continue
+        else:
+            external, label = fields[0], None
+            if not external:
+                problems.bad(number, "empty object id")
+                continue
+            if has_control(external):
+                problems.bad(number, f"object id {external!r} contains a line break or control character")
+                continue
+            if external in first_line_of:
+                problems.bad(number, f"duplicate object id {external!r}, already on line {first_line_of[external]}")
+                continue
+        bad = next((v for v in fields[1:] if has_control(v)), None)
+        if bad is not None:
+            problems.bad(number, f"value {bad!r} contains a line break or control character")
+            continue
+        first_line_of[external] = number
+        ids.append(external)
+        if label is not None:
+            labels.append(label)
+        cells.append(fields[1:])
+    if not ids:
+        raise DataError(path, None, "no data lines")
+    table = np.array(cells, dtype=object).reshape(len(ids), len(attributes))
+    codes = np.empty(table.shape, dtype=np.int32)
+    values: list[list[str]] = []
+    for a in range(len(attributes)):
+        column = table[:, a]
+        present = sorted({v for v in column if v not in _MISSING})
+        order = _value_order(set(present))
+        index = {v: k for k, v in enumerate(order)}
+        codes[:, a] = [index.get(v, -1) for v in column]
+        values.append(order)
+    return AttributeTable(IdMap(ids), list(attributes), codes, values, source=path,
+                          skipped_lines=problems.skipped, labels=labels if fmt == "zoo" else None)
+
+
+# ------------------------------------------------------------------ neighbours
+def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> NeighborLists:
+    """Read ranked neighbour lists: ``source, neighbor, rank`` per line.
+
+    Comma or tab separated; a header naming the columns is optional (a first
+    line whose rank field is not an integer is taken as the header). Ranks are
+    integers >= 1 (1 = nearest); a source's ranks and its neighbours must be
+    distinct; a vertex listing itself is an error. Sources and neighbours
+    share one id space, numbered in order of first appearance reading each
+    line's source then its neighbour.
+    """
+    path = _resolve(path, "neighbors")
+    fmt = _choose(path, "neighbors", fmt)
+    if fmt == "neighbors":
+        lines = peek_lines(path, 1)
+        sep = "\t" if lines and "\t" in lines[0] else ","
+    else:
+        sep = "," if fmt == "csv" else "\t"
+    first = splitter(sep)(_first_line(path))
+    if len(first) >= 3 and _is_int(first[2]):
+        header_lines, idx, n_fields = 0, [0, 1, 2], 3
+    else:
+        header, idx = _header_columns(path, sep, ["source", "neighbor", "rank"], None)
+        header_lines, n_fields = 1, len(header)
+    records = parse_records(
+        path, sep, n_fields,
+        [Column(idx[0], "source", space=0), Column(idx[1], "neighbor", space=0),
+         Column(idx[2], "rank", kind="int", minimum=1)],
+        n_spaces=1, header_lines=header_lines, skip_bad_lines=skip_bad_lines, distinct=(0, 1),
+    )
+    vertices = records.spaces[0]
+    n = max(len(vertices), 1)
+    skipped = records.skipped
+    rank = records.numbers[0]
+    if rank.size and rank.max() >= 2**31:
+        big = int(np.argmax(rank >= 2**31))
+        raise DataError(path, records.line(big), f"rank {int(rank[big])} is too large")
+
+    def by_rank(r):
+        return (f"rank {int(records.numbers[0][r])} for source "
+                f"{vertices.external(int(records.ids[0][r]))!r}")
+
+    def by_neighbor(r):
+        return (f"neighbor {vertices.external(int(records.ids[1][r]))!r} for source "
+                f"{vertices.external(int(records.ids[0][r]))!r}")
+
+    skipped += _drop_duplicates(records, pair_keys(records.ids[0], records.numbers[0].astype(np.int64), 2**31),
+                                path, skip_bad_lines, by_rank)
+    skipped += _drop_duplicates(records, pair_keys(records.ids[0], records.ids[1], n),
+                                path, skip_bad_lines, by_neighbor)
+    return NeighborLists(vertices, records.ids[0], records.ids[1], records.numbers[0].astype(np.int32),
+                         path=path, skipped_lines=skipped)
+
+
+# ------------------------------------------------------------------ dispatch
+_READERS = {"ratings": read_ratings, "tags": read_tags, "attributes": read_attributes,
+            "neighbors": read_neighbors}
+
+
+def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False):
+    """Read ``path`` as input ``shape`` ("ratings", "tags", "attributes" or "neighbors")."""
+    try:
+        reader = _READERS[shape]
+    except KeyError:
+        raise ValueError(f"unknown input shape {shape!r}; expected one of {', '.join(SHAPES)}") from None
+    return reader(path, fmt, skip_bad_lines=skip_bad_lines)
