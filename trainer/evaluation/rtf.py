@@ -1,0 +1,309 @@
+"""RTF (Rendle et al., KDD 2009): p-core, leave-one-post-out, F1@1..10 and AUC vs popularity baselines.
+
+Protocol (paper Section 5, ``docs/algorithms.md`` section 2):
+
+1. p-core of the tag assignments by iterated pruning: drop every user, item
+   and tag in fewer than ``p`` posts, repeat until nothing changes.
+2. Per run, leave-one-post-out: for every user one random post (all of its
+   tags) goes to the test set; the rest is the training set.
+3. Fit RTF at each of ``--dims``; publish nothing, but build the serving
+   index from the in-memory artifact and ask it ``tags(user, item, 10)`` for
+   every test post, so the figures are those of the code that answers Tags.
+   AUC comes from the same index's batched scores.
+4. Precision and recall of the top-N list (N = 1..10) averaged over test
+   posts; F1 is that of the two averages (paper Section 5.2). AUC per test
+   post, averaged.
+5. Baselines in the same harness, through the same index's popularity
+   arrays: most popular tags overall (``pop-global``), of the item
+   (``pop-item``), of the user (``pop-user``) and their mix (``pop-mix``:
+   mean of the item's and user's tag shares). ``npmax`` (tags by how many
+   *test* posts of the item carry them) peeks at the test set and is a
+   reference line only, never a practical baseline.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from service.models.rtf import Index
+from service.topk import top_k
+from trainer.data.types import TagAssignments
+from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from trainer.models.rtf import RTF, group_posts
+
+DEFAULT_RUNS = 3
+DATA_REQUIRED = True
+MAX_N = 10
+BASELINES = ("pop-global", "pop-item", "pop-user", "pop-mix")
+
+# Paper figures (Section 5, Fig. 8, text): AUC on Last.fm 10-core. The F1
+# curves of Fig. 7 are plots without printed values, so none are listed.
+PAPER_AUC = {8: 0.993, 64: 0.995}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--core", type=int, default=10, help="p of the p-core (paper: 10 on Last.fm)")
+    parser.add_argument("--dims", default="8,16,32,64", help="comma-separated RTF dimensions")
+    parser.add_argument("--iterations", type=int, default=100,
+                        help="maximum passes over the posts (paper: 600; early stop on validation AUC)")
+    parser.add_argument("--learning-rate", type=float, default=RTF().learning_rate)
+    parser.add_argument("--reg", type=float, default=1e-6, help="gamma, L2 on U, I, T (paper: 1e-6)")
+    parser.add_argument("--reg-core", type=float, default=1e-6, help="gamma_C, L2 on the core (paper: 1e-6)")
+    parser.add_argument("--init-std", type=float, default=RTF().init_std)
+    parser.add_argument("--validation-posts", type=int, default=RTF().validation_posts,
+                        help="training posts held out for early stopping (0: none)")
+    parser.add_argument("--patience", type=int, default=RTF().patience)
+
+
+# --------------------------------------------------------------- data prep
+def p_core(data: TagAssignments, p: int) -> TagAssignments:
+    """The largest subset in which every user, item and tag occurs in at least
+    ``p`` posts, by iterated pruning (a tag's posts are its distinct (user, item)
+    pairs; duplicate triples count once)."""
+    post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)
+    per_post = np.diff(indptr)
+    user = np.repeat(post_user, per_post).astype(np.int64)
+    item = np.repeat(post_item, per_post).astype(np.int64)
+    tag = tags.astype(np.int64)
+    post = np.repeat(np.arange(post_user.size), per_post)
+    keep = np.ones(tag.size, dtype=bool)
+    while True:
+        alive_posts = np.unique(post[keep])
+        bad = np.zeros(tag.size, dtype=bool)
+        for column, owner in ((post_user, user), (post_item, item)):
+            counts = np.bincount(column[alive_posts], minlength=int(owner.max(initial=-1)) + 1)
+            bad |= counts[owner] < p
+        tag_counts = np.bincount(tag[keep], minlength=int(tag.max(initial=-1)) + 1)
+        bad |= tag_counts[tag] < p
+        bad &= keep
+        if not bad.any():
+            break
+        keep &= ~bad
+    core = TagAssignments(data.users, data.items, data.tags, user[keep].astype(np.int32),
+                          item[keep].astype(np.int32), tag[keep].astype(np.int32), data.source,
+                          tag_names=data.tag_names)
+    return core.compact()
+
+
+def leave_one_post_out(data: TagAssignments, rng: np.random.Generator):
+    """Per user, one random post into the test set.
+
+    Returns ``(train, test)`` where ``train`` is a ``TagAssignments`` and
+    ``test`` is ``(post_user, post_item, tag_indptr, tags)`` in ``data``'s rows.
+    """
+    post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)
+    users, starts, counts = np.unique(post_user, return_index=True, return_counts=True)
+    picks = starts + (rng.random(users.size) * counts).astype(np.int64)
+    is_test = np.zeros(post_user.size, dtype=bool)
+    is_test[picks] = True
+    per_post = np.diff(indptr)
+    entry_test = np.repeat(is_test, per_post)
+    train = TagAssignments(
+        data.users, data.items, data.tags,
+        np.repeat(post_user, per_post)[~entry_test], np.repeat(post_item, per_post)[~entry_test],
+        tags[~entry_test], data.source, tag_names=data.tag_names,
+    )
+    test_lengths = per_post[picks]
+    test_indptr = np.zeros(picks.size + 1, dtype=np.int64)
+    test_indptr[1:] = np.cumsum(test_lengths)
+    test_tags = np.concatenate([tags[indptr[p] : indptr[p + 1]] for p in picks]) if picks.size else tags[:0]
+    return train, (post_user[picks], post_item[picks], test_indptr, test_tags)
+
+
+# ---------------------------------------------------------------- metrics
+def precision_recall(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = MAX_N):
+    """Mean precision and recall at N = 1..max_n over test posts (paper Section 5.2).
+
+    A list shorter than N counts its missing slots as misses (precision
+    divides by N).
+    """
+    hits = np.zeros((len(top_lists), max_n))
+    sizes = np.array([max(t.size, 1) for t in truth], dtype=np.float64)
+    for k, (top, true) in enumerate(zip(top_lists, truth)):
+        hit = np.isin(top[:max_n], true).astype(np.float64)
+        hits[k, : hit.size] = hit
+    cum = np.cumsum(hits, axis=1)
+    ns = np.arange(1, max_n + 1)
+    precision = (cum / ns).mean(axis=0)
+    recall = (cum / sizes[:, None]).mean(axis=0)
+    return precision, recall
+
+
+def f1(precision: np.ndarray, recall: np.ndarray) -> np.ndarray:
+    denom = precision + recall
+    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
+
+
+class _TestSet:
+    """Test posts translated into one index's rows (by external id)."""
+
+    def __init__(self, data: TagAssignments, test, index: Index):
+        post_user, post_item, indptr, tags = test
+        self.user_rows = index.users.rows(data.users.externals(post_user))
+        self.item_rows = index.items.rows(data.items.externals(post_item))
+        # test tags in the index's tag rows; a tag the training set lost is a
+        # certain miss (it stays in the recall denominator)
+        self.truth = []
+        self.known_truth = []
+        for p in range(post_user.size):
+            ext = data.tags.externals(tags[indptr[p] : indptr[p + 1]])
+            rows = index.tags_ids.rows(ext)
+            self.truth.append(np.where(rows >= 0, rows, -1 - np.arange(rows.size)))
+            self.known_truth.append(rows[rows >= 0])
+        self.item_ext = np.asarray(post_item)
+
+    def __len__(self) -> int:
+        return self.user_rows.size
+
+
+def evaluate_rtf(index: Index, tests: _TestSet) -> dict[str, float]:
+    """Top-10 lists from ``Index.tags`` (the RPC's code) and AUC from ``Index.score_posts``."""
+    lists = [index.tags(int(u), int(i), MAX_N)[0] for u, i in zip(tests.user_rows, tests.item_rows)]
+    out = _list_metrics(lists, tests.truth)
+    known = (tests.user_rows >= 0) & (tests.item_rows >= 0)
+    rows = np.flatnonzero(known)
+    scores = index.score_posts(tests.user_rows[rows], tests.item_rows[rows])
+    indptr = np.zeros(rows.size + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([tests.known_truth[r].size for r in rows])
+    pos = np.concatenate([tests.known_truth[r] for r in rows]) if rows.size else np.empty(0, np.int64)
+    out["auc"] = float(np.nanmean(RTF.posts_auc(scores, indptr, pos)))
+    out["cold_posts"] = float((~known).sum())
+    return out
+
+
+def evaluate_baseline(index: Index, tests: _TestSet, kind: str) -> dict[str, float]:
+    """Top-10 lists of a popularity baseline from the index's popularity arrays.
+
+    An unknown item or user gives that part no counts, so the list falls back
+    on the global order (the tie-break every popularity score carries).
+    """
+    lists = []
+    for u, i in zip(tests.user_rows, tests.item_rows):
+        if (kind == "pop-item" and i < 0) or (kind == "pop-user" and u < 0):
+            scores = index.popular_scores("global")
+        elif kind == "pop-mix" and (u < 0 or i < 0):
+            scores = index.popular_scores("item" if i >= 0 else "user" if u >= 0 else "global",
+                                          int(u), int(i))
+        else:
+            scores = index.popular_scores(kind.split("-")[1], int(u), int(i))
+        lists.append(top_k(scores, MAX_N)[0])
+    return _list_metrics(lists, tests.truth)
+
+
+def evaluate_npmax(index: Index, tests: _TestSet) -> dict[str, float]:
+    """npmax (paper Section 5.4.3): tag t scores |{u*: (u*, i, t) in S_test}|,
+    ties by global training popularity. Peeks at the test set: reference only."""
+    n_tags = len(index.tags_ids)
+    lists = []
+    by_item: dict[int, np.ndarray] = {}
+    for item, truth in zip(tests.item_ext, tests.known_truth):
+        counts = by_item.setdefault(int(item), np.zeros(n_tags, dtype=np.float32))
+        counts[truth] += 1.0
+    tiebreak = index.popular_scores("global")
+    tiebreak = tiebreak / (tiebreak.max() + 1.0)
+    for item in tests.item_ext:
+        lists.append(top_k(by_item[int(item)] + tiebreak, MAX_N)[0])
+    return _list_metrics(lists, tests.truth)
+
+
+def _list_metrics(lists: list[np.ndarray], truth: list[np.ndarray]) -> dict[str, float]:
+    precision, recall = precision_recall(lists, truth)
+    scores = f1(precision, recall)
+    out: dict[str, float] = {}
+    for n in range(1, MAX_N + 1):
+        out[f"precision@{n}"] = float(precision[n - 1])
+        out[f"recall@{n}"] = float(recall[n - 1])
+        out[f"f1@{n}"] = float(scores[n - 1])
+    return out
+
+
+# -------------------------------------------------------------------- run
+def load(args: argparse.Namespace) -> TagAssignments:
+    from trainer.data.readers import read_input
+
+    data = read_input("tags", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    if getattr(data, "skipped_lines", 0):
+        print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
+    return data
+
+
+def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Row]:
+    """Run the protocol, print the table beside the paper's figures, return the rows."""
+    dims_list = [int(x) for x in str(args.dims).split(",") if x.strip()]
+    if data is None:
+        data = load(args)
+    core = p_core(data, int(args.core))
+    if len(core) == 0:
+        raise ValueError(f"the {args.core}-core of {args.data} is empty")
+    n_posts = group_posts(core.user, core.item, core.tag)[0].size
+    dataset = f"{getattr(args, 'data', '') or data.source} {args.core}-core"
+    print(f"{args.core}-core: |S| {len(core):,}  |U| {len(core.users):,}  |I| {len(core.items):,}  "
+          f"|T| {len(core.tags):,}  |P_S| {n_posts:,}  (paper Last.fm 10-core: |S| 219,702, |U| 2,917, "
+          f"|I| 1,853, |T| 2,045, |P_S| 75,565)")
+    per_method: dict[str, dict[str, list[float]]] = {}
+
+    def record(method: str, metrics: dict[str, float]) -> None:
+        bucket = per_method.setdefault(method, {})
+        for key, value in metrics.items():
+            bucket.setdefault(key, []).append(value)
+
+    for run_no in range(int(args.runs)):
+        seed = int(args.seed) + run_no
+        rng = np.random.default_rng(seed)
+        train, test = leave_one_post_out(core, rng)
+        baseline_done = False
+        for dims in dims_list:
+            started = time.perf_counter()
+            est = RTF(dims=dims, learning_rate=args.learning_rate, reg=args.reg, reg_core=args.reg_core,
+                      iterations=args.iterations, init_std=args.init_std,
+                      validation_posts=args.validation_posts, patience=args.patience,
+                      seed=seed, verbose=not args.quiet)
+            est.fit(train)
+            seconds = time.perf_counter() - started
+            index = Index.from_artifact(est.to_artifact())
+            tests = _TestSet(core, test, index)
+            metrics = evaluate_rtf(index, tests)
+            metrics["train_seconds"] = seconds
+            metrics["epochs"] = float(est.epochs_run_)
+            metrics["seconds_per_epoch"] = seconds / max(est.epochs_run_, 1)
+            record(f"RTF-{dims}", metrics)
+            if not args.quiet:
+                print(f"run {run_no + 1}/{args.runs} RTF-{dims}: auc {metrics['auc']:.4f} "
+                      f"f1@1 {metrics['f1@1']:.4f} f1@5 {metrics['f1@5']:.4f} f1@10 {metrics['f1@10']:.4f} "
+                      f"({est.epochs_run_} epochs, best {est.best_epoch_}, {seconds:.0f}s)", file=sys.stderr)
+            if not baseline_done:
+                # popularity arrays do not depend on the factors: any index of this split serves
+                for kind in BASELINES:
+                    record(kind, evaluate_baseline(index, tests, kind))
+                record("npmax", evaluate_npmax(index, tests))
+                baseline_done = True
+
+    setting = {"core": int(args.core)}
+    order = [f"RTF-{d}" for d in dims_list] + list(BASELINES) + ["npmax"]
+    per_method = {m: per_method[m] for m in order if m in per_method}
+    rows: list[Row] = []
+    for method, metrics in per_method.items():
+        for metric, values in metrics.items():
+            if metric == "cold_posts" and not any(values):
+                continue
+            rows.append(summarise(method, dataset, setting, metric, values))
+    paper = [PaperFigure(f"RTF-{d}", setting, "auc", v, "Last.fm 10-core, Fig. 8 (read off the plot)")
+             for d, v in PAPER_AUC.items() if d in dims_list]
+    _print_f1_grid(per_method)
+    shown = [r for r in rows if r.metric == "auc" or r.metric in ("f1@1", "f1@5", "f1@10")]
+    print_table(shown, paper, title=f"RTF on {dataset}: F1 and AUC (mean over runs)")
+    return rows
+
+
+def _print_f1_grid(per_method: dict[str, dict[str, list[float]]], out=sys.stdout) -> None:
+    """The layout of the paper's Fig. 7: F1 at N = 1..10 per method (and AUC)."""
+    head = "method".ljust(12) + "".join(f"F1@{n:<5}" for n in range(1, MAX_N + 1)) + "AUC"
+    print(head, file=out)
+    for method, metrics in per_method.items():
+        cells = "".join(f"{np.mean(metrics[f'f1@{n}']):<8.4f}" for n in range(1, MAX_N + 1))
+        auc = f"{np.mean(metrics['auc']):.4f}" if "auc" in metrics else "-"
+        print(method.ljust(12) + cells + auc, file=out)
+    out.flush()

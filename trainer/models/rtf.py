@@ -1,0 +1,359 @@
+"""RTF: Ranking with Tensor Factorization for tag recommendation.
+
+Rendle, Balby Marinho, Nanopoulos, Schmidt-Thieme, "Learning Optimal Ranking
+with Tensor Factorization for Tag Recommendation", KDD 2009
+(``/work/shared/papers/rtf-rendle-kdd2009.txt``; the working form is
+``docs/algorithms.md`` section 2, whose equations we follow because the
+paper's text is garbled; ``tests/test_rtf.py`` checks the gradient of the
+whole objective by finite differences).
+
+- Model (Eq. 3-4): a Tucker decomposition, core ``C`` (kU x kI x kT) and
+  factor matrices ``U``, ``I``, ``T``; ``y(u,i,t) = C x1 U[u] x2 I[i] x3 T[t]``.
+- Data interpretation (Section 3.2, "post-based ranking"): only observed posts
+  (u, i) carry information; inside a post its tags rank above all other tags;
+  unobserved posts are missing values, never negatives.
+- Criterion (Eq. 7-8): per post, the smoothed AUC over (t+, t-) pairs, minus
+  L2 terms with separate weights for the core (``reg_core``) and the factors
+  (``reg``).
+- Learning (Fig. 5, Section 4.4.2): stochastic gradient ascent, one step per
+  post, with the fast gradient through ``q`` and ``v``
+  (``trainer.models._rtf_kernels``).
+
+Serving uses ``service.models.rtf.Index`` on the artifact this writes.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from scipy.stats import rankdata
+
+from service.artifacts import Artifact
+from service.models.rtf import score_posts
+from trainer.data.types import DataError, TagAssignments
+from trainer.models import _rtf_kernels as K
+from trainer.models.base import Estimator, check_finite
+from trainer.progress import Progress
+
+
+def group_posts(user: np.ndarray, item: np.ndarray, tag: np.ndarray):
+    """Group tag assignments into posts.
+
+    Returns ``(post_user, post_item, tag_indptr, tags)``: posts sorted by
+    (user, item), each post's distinct tags sorted in
+    ``tags[tag_indptr[p]:tag_indptr[p+1]]``. Duplicate triples count once.
+    """
+    user = np.asarray(user, dtype=np.int64)
+    item = np.asarray(item, dtype=np.int64)
+    tag = np.asarray(tag, dtype=np.int64)
+    if user.size == 0:
+        empty = np.empty(0, np.int32)
+        return empty, empty, np.zeros(1, np.int64), empty
+    order = np.lexsort((tag, item, user))
+    u, i, t = user[order], item[order], tag[order]
+    dup = np.zeros(u.size, dtype=bool)
+    dup[1:] = (u[1:] == u[:-1]) & (i[1:] == i[:-1]) & (t[1:] == t[:-1])
+    u, i, t = u[~dup], i[~dup], t[~dup]
+    starts = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (i[1:] != i[:-1])])
+    indptr = np.r_[starts, u.size].astype(np.int64)
+    return u[starts].astype(np.int32), i[starts].astype(np.int32), indptr, t.astype(np.int32)
+
+
+def _csr_top_lists(owner: np.ndarray, tag: np.ndarray, n_owners: int, n_tags: int, top: int):
+    """Per owner (user or item), its tags by number of posts, most used first, at most ``top``.
+
+    ``owner`` and ``tag`` are one entry per (post, tag). Ties go to the lower
+    tag row so lists are deterministic.
+    """
+    key = owner.astype(np.int64) * n_tags + tag.astype(np.int64)
+    uniq, counts = np.unique(key, return_counts=True)
+    own, tg = uniq // n_tags, uniq % n_tags
+    order = np.lexsort((tg, -counts, own))
+    own, tg, counts = own[order], tg[order], counts[order]
+    # rank of each entry inside its owner's list, to truncate at ``top``
+    first = np.searchsorted(own, own, side="left")
+    keep = (np.arange(own.size) - first) < top
+    own, tg, counts = own[keep], tg[keep], counts[keep]
+    indptr = np.zeros(n_owners + 1, dtype=np.int64)
+    np.add.at(indptr, own + 1, 1)
+    return np.cumsum(indptr), tg.astype(np.int32), counts.astype(np.float32)
+
+
+def _encode_names(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Tag display names as UTF-8 bytes plus offsets (arrays only, no object dtype)."""
+    encoded = [name.encode("utf-8") for name in names]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in encoded])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets
+
+
+class RTF(Estimator):
+    """Tucker-model tag recommender trained for per-post ranking.
+
+    Parameters
+    ----------
+    dims : int or sequence of 3 ints
+        ``(kU, kI, kT)``; one int means the same for all three (the paper's
+        "RTF 8" ... "RTF 64").
+    learning_rate : float
+        Step size ``alpha`` of Fig. 5 (paper: 0.1 on Last.fm, 0.5 on
+        BibSonomy).
+    reg, reg_core : float
+        ``gamma`` (factors) and ``gamma_C`` (core) of Eq. 8 (paper: 1e-6 on
+        Last.fm, 1e-5 on BibSonomy).
+    iterations : int
+        Maximum passes over the posts (paper: 600 on Last.fm).
+    init_std : float
+        Standard deviation of the normal initialisation of every parameter.
+    validation_posts : int
+        Hold out up to this many training posts (one per user, users with at
+        least two posts) to stop early on a plateau of their AUC; 0 trains on
+        everything for ``iterations`` passes.
+    patience : int
+        Stop after this many passes without a validation AUC gain of more than
+        ``min_delta``; the best parameters seen are kept.
+    min_delta : float
+    popular_top : int
+        Length of the per-user and per-item popular-tag lists shipped for
+        cold start.
+    dtype : str
+        "float32" (fast, the default) or "float64" (for tests).
+    seed : int
+    verbose : bool
+        Progress bar with training and validation AUC on stderr.
+    """
+
+    kind = "rtf"
+    input_shape = "tags"
+
+    def __init__(
+        self,
+        dims: Any = 64,
+        learning_rate: float = 0.1,
+        reg: float = 1e-6,
+        reg_core: float = 1e-6,
+        iterations: int = 100,
+        init_std: float = 0.1,
+        validation_posts: int = 500,
+        patience: int = 5,
+        min_delta: float = 1e-4,
+        popular_top: int = 200,
+        dtype: str = "float32",
+        seed: int = 0,
+        verbose: bool = True,
+    ):
+        self.dims = dims
+        self.learning_rate = learning_rate
+        self.reg = reg
+        self.reg_core = reg_core
+        self.iterations = iterations
+        self.init_std = init_std
+        self.validation_posts = validation_posts
+        self.patience = patience
+        self.min_delta = min_delta
+        self.popular_top = popular_top
+        self.dtype = dtype
+        self.seed = seed
+        self.verbose = verbose
+
+    # ------------------------------------------------------------- helpers
+    def _dims(self) -> tuple[int, int, int]:
+        dims = self.dims
+        if isinstance(dims, str):
+            dims = [int(x) for x in dims.split(",")]
+        if np.isscalar(dims):
+            dims = [int(dims)] * 3
+        dims = tuple(int(x) for x in dims)
+        if len(dims) != 3 or min(dims) < 1:
+            raise ValueError(f"dims must be a positive int or three positive ints, got {self.dims!r}")
+        return dims
+
+    def _check_params(self) -> None:
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
+        if not (self.learning_rate > 0 and np.isfinite(self.learning_rate)):
+            raise ValueError("learning_rate must be positive")
+        if self.reg < 0 or self.reg_core < 0:
+            raise ValueError("reg and reg_core must be >= 0")
+        if int(self.iterations) < 1:
+            raise ValueError("iterations must be >= 1")
+
+    @staticmethod
+    def _split_validation(post_user: np.ndarray, n_val: int, rng: np.random.Generator) -> np.ndarray:
+        """Boolean mask of validation posts: one random post of up to ``n_val``
+        random users who have at least two posts (so no user loses all)."""
+        mask = np.zeros(post_user.size, dtype=bool)
+        if n_val <= 0 or post_user.size == 0:
+            return mask
+        users, starts, counts = np.unique(post_user, return_index=True, return_counts=True)
+        eligible = np.flatnonzero(counts >= 2)
+        chosen = rng.permutation(eligible)[:n_val]
+        picks = starts[chosen] + (rng.random(chosen.size) * counts[chosen]).astype(np.int64)
+        mask[picks] = True
+        return mask
+
+    @staticmethod
+    def posts_auc(scores: np.ndarray, tag_indptr: np.ndarray, tags: np.ndarray) -> np.ndarray:
+        """Per post, the exact AUC of its score vector: the fraction of (t+, t-)
+        pairs ranked correctly, ties counting one half (paper Eq. 6)."""
+        out = np.full(scores.shape[0], np.nan)
+        n_tags = scores.shape[1]
+        # average ranks count ties as one half (Mann-Whitney U)
+        ranks = rankdata(scores, axis=1) if scores.size else scores
+        for p in range(scores.shape[0]):
+            pos = tags[tag_indptr[p] : tag_indptr[p + 1]]
+            n_pos, n_neg = pos.size, n_tags - pos.size
+            if n_pos == 0 or n_neg == 0:
+                continue
+            u_stat = ranks[p, pos].sum() - n_pos * (n_pos + 1) / 2.0
+            out[p] = u_stat / (n_pos * n_neg)
+        return out
+
+    def _scores(self, post_user: np.ndarray, post_item: np.ndarray) -> np.ndarray:
+        """Tag scores of the given posts from the current parameters, by the
+        serving code's batched fast path (``T @ q``)."""
+        return score_posts(self.core_, self.user_factors_[post_user], self.item_factors_[post_item],
+                           self.tag_factors_)
+
+    # ---------------------------------------------------------------- fit
+    def fit(self, data: TagAssignments) -> "RTF":
+        """Learn ``C, U, I, T`` by per-post stochastic gradient ascent (Fig. 5).
+
+        Parameters
+        ----------
+        data : TagAssignments
+            (user, item, tag) triples; users, items and tags without any
+            triple are dropped (they would keep their random initialisation).
+        """
+        self._check_params()
+        if not isinstance(data, TagAssignments):
+            raise TypeError(f"RTF needs TagAssignments, got {type(data).__name__}")
+        if len(data) == 0:
+            raise DataError(data.source, None, "no tag assignments to train on")
+        data = data.compact()
+        kU, kI, kT = self._dims()
+        dtype = np.dtype(self.dtype)
+        rng = np.random.default_rng(self.seed)
+        n_users, n_items, n_tags = len(data.users), len(data.items), len(data.tags)
+        if n_tags < 2:
+            raise DataError(data.source, None, "need at least two distinct tags to rank")
+
+        post_user, post_item, tag_indptr, tags = group_posts(data.user, data.item, data.tag)
+        val = self._split_validation(post_user, int(self.validation_posts), rng)
+        train_idx = np.flatnonzero(~val)
+        val_idx = np.flatnonzero(val)
+        val_indptr, val_tags = _subset_posts(tag_indptr, tags, val_idx)
+
+        std = float(self.init_std)
+        C = rng.normal(0.0, std, size=(kU, kI, kT)).astype(dtype)
+        U = rng.normal(0.0, std, size=(n_users, kU)).astype(dtype)
+        I = rng.normal(0.0, std, size=(n_items, kI)).astype(dtype)
+        T = rng.normal(0.0, std, size=(n_tags, kT)).astype(dtype)
+        self.core_, self.user_factors_, self.item_factors_, self.tag_factors_ = C, U, I, T
+
+        best = (-np.inf, 0, None)  # (val auc, epoch, parameters)
+        history: list[dict[str, float]] = []
+        stale = 0
+        label = f"RTF-{kU}" if kU == kI == kT else f"RTF-{kU}x{kI}x{kT}"
+        with Progress(label, total=int(self.iterations), enabled=bool(self.verbose)) as bar:
+            for epoch in range(1, int(self.iterations) + 1):
+                order = rng.permutation(train_idx)
+                smooth, train_auc = K.sgd_epoch(
+                    C, U, I, T, post_user, post_item, tag_indptr, tags, order,
+                    float(self.learning_rate), float(self.reg), float(self.reg_core),
+                )
+                check_finite(epoch, core=C, user_factors=U, item_factors=I, tag_factors=T)
+                record = {"epoch": epoch, "train_auc": float(train_auc), "smoothed_auc": float(smooth)}
+                if val_idx.size:
+                    scores = self._scores(post_user[val_idx], post_item[val_idx])
+                    val_auc = float(np.nanmean(self.posts_auc(scores, val_indptr, val_tags)))
+                    record["val_auc"] = val_auc
+                    if val_auc > best[0] + float(self.min_delta):
+                        best = (val_auc, epoch, (C.copy(), U.copy(), I.copy(), T.copy()))
+                        stale = 0
+                    else:
+                        stale += 1
+                history.append(record)
+                bar.update(1, **{k: v for k, v in record.items() if k != "epoch"})
+                if val_idx.size and stale >= int(self.patience):
+                    break
+        if best[2] is not None and best[1] != history[-1]["epoch"]:
+            C, U, I, T = best[2]
+            self.core_, self.user_factors_, self.item_factors_, self.tag_factors_ = C, U, I, T
+        self.history_ = history
+        self.best_epoch_ = best[1] if best[2] is not None else history[-1]["epoch"]
+        self.epochs_run_ = history[-1]["epoch"]
+
+        # what serving needs besides the factors: popularity for cold start, own tags
+        self.users_, self.items_, self.tags_ = data.users, data.items, data.tags
+        self.tag_names_ = data.tag_names
+        self.post_user_, self.post_item_ = post_user, post_item
+        self.tag_indptr_, self.tags_in_posts_ = tag_indptr, tags
+        self.source_ = data.source
+        self.fingerprint_ = data.fingerprint()
+        return self
+
+    # ------------------------------------------------------------ artifact
+    def to_artifact(self) -> Artifact:
+        """Pack factors, popularity lists and training posts for ``service.models.rtf``."""
+        if not hasattr(self, "core_"):
+            raise RuntimeError("fit the model before exporting it")
+        n_users, n_items, n_tags = len(self.users_), len(self.items_), len(self.tags_)
+        per_post = np.diff(self.tag_indptr_)
+        entry_user = np.repeat(self.post_user_, per_post)
+        entry_item = np.repeat(self.post_item_, per_post)
+        tag_pop = np.bincount(self.tags_in_posts_, minlength=n_tags).astype(np.float32)
+        top = int(self.popular_top)
+        u_ptr, u_tags, u_counts = _csr_top_lists(entry_user, self.tags_in_posts_, n_users, n_tags, top)
+        i_ptr, i_tags, i_counts = _csr_top_lists(entry_item, self.tags_in_posts_, n_items, n_tags, top)
+        # posts are sorted by (user, item): a user's posts are one slice
+        post_indptr = np.zeros(n_users + 1, dtype=np.int64)
+        np.add.at(post_indptr, self.post_user_.astype(np.int64) + 1, 1)
+        arrays = {
+            "core": np.ascontiguousarray(self.core_, dtype=np.float32),
+            "user_factors": np.ascontiguousarray(self.user_factors_, dtype=np.float32),
+            "item_factors": np.ascontiguousarray(self.item_factors_, dtype=np.float32),
+            "tag_factors": np.ascontiguousarray(self.tag_factors_, dtype=np.float32),
+            "tag_popularity": tag_pop,
+            "user_tag_indptr": u_ptr, "user_tag_indices": u_tags, "user_tag_counts": u_counts,
+            "item_tag_indptr": i_ptr, "item_tag_indices": i_tags, "item_tag_counts": i_counts,
+            "post_indptr": np.cumsum(post_indptr),
+            "post_items": self.post_item_.astype(np.int32),
+            "post_tag_indptr": self.tag_indptr_.astype(np.int64),
+            "post_tags": self.tags_in_posts_.astype(np.int32),
+        }
+        if self.tag_names_ is not None:
+            arrays["tag_name_bytes"], arrays["tag_name_offsets"] = _encode_names(list(self.tag_names_))
+        last = self.history_[-1]
+        best = next((h for h in self.history_ if h["epoch"] == self.best_epoch_), last)
+        metrics = {"train_auc": best["train_auc"], "epochs": float(self.epochs_run_),
+                   "best_epoch": float(self.best_epoch_)}
+        if "val_auc" in best:
+            metrics["validation_auc"] = best["val_auc"]
+        kU, kI, kT = self.core_.shape
+        return Artifact(
+            kind=self.kind,
+            arrays=arrays,
+            ids={"users": self.users_, "items": self.items_, "tags": self.tags_},
+            hyperparameters=self.get_params(),
+            metrics=metrics,
+            attributes={"dims": [kU, kI, kT], "posts": int(self.post_user_.size),
+                        "tag_assignments": int(self.tags_in_posts_.size), "source": self.source_,
+                        "wire_tag_ids": "external tag ids of the data (tag names, when the data "
+                                        "has them, are in tag_name_bytes/offsets)"},
+            data_fingerprint=self.fingerprint_,
+        )
+
+
+def _subset_posts(tag_indptr: np.ndarray, tags: np.ndarray, rows: np.ndarray):
+    """The (indptr, tags) CSR of a subset of posts, in ``rows`` order."""
+    lengths = tag_indptr[rows + 1] - tag_indptr[rows]
+    indptr = np.zeros(rows.size + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum(lengths)
+    out = np.empty(int(indptr[-1]), dtype=tags.dtype)
+    for k, p in enumerate(rows):
+        out[indptr[k] : indptr[k + 1]] = tags[tag_indptr[p] : tag_indptr[p + 1]]
+    return indptr, out
+
+
+Estimator = RTF
