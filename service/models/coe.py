@@ -1,0 +1,100 @@
+"""COE serving index: one Euclidean map of users and items.
+
+Scores are negative Euclidean distances (higher is better on the wire).
+``recommend`` asks the items KD-tree for the nearest items to the user instead
+of scoring the whole catalogue; ``score_users`` / ``score_items`` /
+``pair_scores`` compute the same distances densely for batch work and for
+the trainer's evaluation, so reported accuracies come from this code.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from service.artifacts import Artifact, ArtifactError
+from service.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
+
+
+class Index(RecommenderIndex, MapIndex):
+    """Users and items on one map (space ""), entities "users" and "items"."""
+
+    kind = "coe"
+    rpcs = RecommenderIndex.rpcs | MapIndex.rpcs
+
+    def __init__(self, artifact: Artifact):
+        super().__init__(artifact)  # RecommenderIndex then MapIndex (cooperative MRO)
+        user_coords = np.asarray(artifact.array("user_coords"), dtype=np.float64)
+        item_coords = np.asarray(artifact.array("item_coords"), dtype=np.float64)
+        if user_coords.ndim != 2 or item_coords.ndim != 2 or user_coords.shape[1] != item_coords.shape[1]:
+            raise ArtifactError(f"{artifact.describe()}: user and item coordinates must share one dimension")
+        check_finite("user_coords", user_coords)
+        check_finite("item_coords", item_coords)
+        self.maps[""] = {
+            "users": PointSet(self.users, user_coords),
+            "items": PointSet(self.items, item_coords),
+        }
+        self.user_coords = self.maps[""]["users"].coords
+        self.item_coords = self.maps[""]["items"].coords
+
+    @property
+    def dim(self) -> int:
+        return self.user_coords.shape[1]
+
+    # ------------------------------------------------------------ scoring
+    def score_users(self, user_rows: np.ndarray) -> np.ndarray:
+        """Negative distances from each user to every item, (len(user_rows), n_items) float32."""
+        u = self.user_coords[np.asarray(user_rows, dtype=np.int64)]
+        # |x - y|^2 = |x|^2 + |y|^2 - 2 x.y would lose precision near 0; in low D the direct form is cheap
+        diff = u[:, None, :] - self.item_coords[None, :, :]
+        return (-np.sqrt(np.einsum("uid,uid->ui", diff, diff))).astype(np.float32)
+
+    def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        """Negative distances from one user to the given items (float32)."""
+        diff = self.item_coords[np.asarray(item_rows, dtype=np.int64)] - self.user_coords[user_row]
+        return (-np.sqrt(np.einsum("id,id->i", diff, diff))).astype(np.float32)
+
+    def pair_scores(self, user_rows: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
+        """Negative distance of each (user, item) pair, float64 (evaluation over all ratings)."""
+        diff = self.user_coords[user_rows] - self.item_coords[item_rows]
+        return -np.sqrt(np.einsum("nd,nd->n", diff, diff))
+
+    # ---------------------------------------------------------- recommend
+    def recommend(
+        self,
+        user_row: int,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
+    ) -> Ranked:
+        """The ``n`` items nearest the user, through the items KD-tree.
+
+        ``exclude`` (e.g. the user's seen items) is skipped by querying that
+        many more neighbours, as :meth:`PointSet.nearest` does; with
+        ``candidates`` only those items are ranked (by distance).
+        """
+        if candidates is not None:
+            return super().recommend(user_row, n, exclude=exclude, candidates=candidates)
+        if exclude is not None:
+            exclude = np.unique(np.asarray(exclude, dtype=np.int64))
+        return self.maps[""]["items"].nearest(self.user_coords[user_row], n, exclude)
+
+    def recommend_many(self, user_rows, n, *, excludes, candidates=None) -> list[Ranked]:
+        if candidates is not None:
+            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates)
+        return [self.recommend(int(u), n, exclude=ex) for u, ex in zip(user_rows, excludes)]
+
+    # -------------------------------------------------------------- smoke
+    def smoke(self) -> None:
+        RecommenderIndex.smoke(self)
+        MapIndex.smoke(self)
+        # the KD-tree answer must agree with brute force on one user
+        n = min(5, len(self.items))
+        if n and len(self.users):
+            rows, scores = self.recommend(0, n)
+            brute = np.sort(self.score_users(np.array([0]))[0])[::-1][:n]
+            if not np.allclose(scores, brute, atol=1e-4):
+                raise ArtifactError(f"{self.artifact.describe()}: KD-tree and brute-force distances disagree")
+        # cross-entity queries: items near a user, users near an item
+        if len(self.users) and len(self.items):
+            self.neighbors("", "users", 0, "items", 1)
+            self.neighbors("", "items", 0, "users", 1)

@@ -1,0 +1,312 @@
+"""COE protocol (Le & Lauw, SDM 2016, Section 5.1): preservation/prediction accuracy and k-NN ratings.
+
+1. Filter (one pass, as the paper's counts imply): users with >= 20 ratings,
+   then items with >= 4 ratings. ML-100K becomes 943 users, 1,413 items and
+   99,543 ratings, the paper's Table 1.
+2. Split each user's ratings 80/20 at random (``round(0.8 n)`` observed per
+   user). Ratings are z-scored per user with the mean and standard deviation
+   of the user's *observed* ratings; the same map is applied to the user's
+   hidden ratings, so nothing about the hidden ratings reaches training and
+   one value per rating defines every triple.
+3. Observed triples: type A ``<u,i,j>`` for pairs of u's observed ratings
+   with different z; type B ``<u,v,i>`` for pairs of i's observed ratings with
+   different z. Hidden triples: pairs with at least one hidden rating.
+4. Preservation (Eq. 5.5) / prediction (Eq. 5.6) accuracy: per user (type A)
+   or per item (type B) the fraction of its observed / hidden triples whose
+   direction the distances reproduce (strictly), averaged over users / items
+   that have such triples; H-mean of A and B. Computed exactly over all
+   triples per user and per item with sorts and a Fenwick tree
+   (``concordant_pairs``); hidden = all pairs minus observed pairs.
+5. k-NN average rating (k = 1, 5): per user the mean of the user's own
+   ratings on the k nearest items among the items the user rated (observed
+   and hidden); per item the mean rating given by the k nearest users among
+   those who rated it; averaged over users / items; H-mean of the two.
+
+Distances come from the serving index built from the in-memory artifact
+(``Index.from_artifact(estimator.to_artifact()).pair_scores``).
+
+Hyperparameters: ``--tune`` searches a small grid on a validation split of
+the observed ratings only (each user's observed ratings split 80/20 again;
+criterion: H-mean of validation preservation H and prediction H) and uses
+the winner on the real split.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+
+import numpy as np
+
+from service.models.coe import Index
+from trainer.data.types import Ratings
+from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from trainer.models import _coe_kernels as K
+from trainer.models.coe import COE, TripleSource, grouped, user_moments, zscore
+
+DEFAULT_RUNS = 10
+METRICS = ("preservation_a", "preservation_b", "preservation_h", "prediction_a", "prediction_b",
+           "prediction_h", "knn1_users", "knn1_items", "knn1_h", "knn5_users", "knn5_items", "knn5_h")
+
+# Table 3 of the paper (ML-100K, full observed triples, 2-D); accuracies as fractions.
+_TABLE3 = {
+    "COE-S": (0.750, 0.650, 0.696, 0.640, 0.590, 0.614, 4.48, 3.93, 4.19, 4.33, 3.58, 3.92),
+    "COE-G": (0.750, 0.650, 0.696, 0.640, 0.590, 0.614, 4.48, 3.87, 4.15, 4.33, 3.55, 3.90),
+    "CFEE": (0.672, 0.624, 0.647, 0.597, 0.603, 0.600, 4.07, 3.63, 3.84, 4.03, 3.50, 3.75),
+    "BPR+": (0.684, 0.609, 0.645, 0.621, 0.591, 0.605, 4.14, 3.63, 3.87, 4.13, 3.40, 3.73),
+}
+# Settings chosen by ``--tune`` on ML-100K validation splits (docs/coe.md has the command).
+DEFAULTS = {
+    "sigmoid": dict(lam=2.0, eta=0.001, lr=0.1, lr_final=0.01, epochs=20, type_a_share=None),
+    "gompertz": dict(alpha=1.5, eta=0.001, lr=0.1, lr_final=0.01, epochs=20, type_a_share=None),
+}
+GRID = {
+    "scale": [1.0, 2.0, 4.0],
+    "eta": [0.0, 0.001, 0.01],
+    "type_a_share": [None, 0.5],
+}
+
+
+# ------------------------------------------------------------------ data
+def paper_filter(data: Ratings, min_user: int = 20, min_item: int = 4) -> Ratings:
+    """Users with >= min_user ratings, then items with >= min_item (one pass each), compacted."""
+    keep = np.bincount(data.user, minlength=data.n_users)[data.user] >= min_user
+    data = data.subset(keep)
+    keep = np.bincount(data.item, minlength=data.n_items)[data.item] >= min_item
+    return data.subset(keep).compact()
+
+
+def split_per_user(user: np.ndarray, n_users: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """Boolean mask: ``round(fraction * n_u)`` random ratings of every user are True (observed)."""
+    key = rng.random(user.shape[0])
+    order = np.lexsort((key, user))
+    counts = np.bincount(user, minlength=n_users)
+    starts = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    position = np.empty(user.shape[0], dtype=np.int64)
+    position[order] = np.arange(user.shape[0]) - starts[user[order]]
+    return position < np.rint(fraction * counts)[user]
+
+
+# ------------------------------------------------------------- metrics
+def _hmean(a: float, b: float) -> float:
+    return 0.0 if a + b <= 0 else 2 * a * b / (a + b)
+
+
+def _accuracies(group: np.ndarray, member: np.ndarray, values: np.ndarray, dist: np.ndarray,
+                observed: np.ndarray, n_groups: int) -> tuple[float, float]:
+    """(preservation, prediction) for one triple type, averaged over groups."""
+    indptr, _, z_sorted, order = grouped(group, member, values, n_groups)
+    pairs_all, good_all = K.concordant_pairs(indptr, z_sorted, dist[order])
+    o = observed
+    indptr_o, _, z_o, order_o = grouped(group[o], member[o], values[o], n_groups)
+    pairs_obs, good_obs = K.concordant_pairs(indptr_o, z_o, dist[o][order_o])
+    pairs_hid, good_hid = pairs_all - pairs_obs, good_all - good_obs
+    has_obs, has_hid = pairs_obs > 0, pairs_hid > 0
+    pres = float(np.mean(good_obs[has_obs] / pairs_obs[has_obs])) if has_obs.any() else float("nan")
+    pred = float(np.mean(good_hid[has_hid] / pairs_hid[has_hid])) if has_hid.any() else float("nan")
+    return pres, pred
+
+
+def _knn(group: np.ndarray, member: np.ndarray, rating: np.ndarray, dist: np.ndarray,
+         n_groups: int, k: int) -> float:
+    order = np.lexsort((member, group))  # fixed member order, so distance ties break the same way
+    indptr = np.zeros(n_groups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(group, minlength=n_groups), out=indptr[1:])
+    means = K.knn_mean_rating(indptr, rating[order].astype(np.float64), dist[order], k)
+    return float(np.nanmean(means))
+
+
+def evaluate_distances(data: Ratings, values: np.ndarray, observed: np.ndarray,
+                       dist: np.ndarray) -> dict[str, float]:
+    """All protocol metrics from one distance per rating (``dist[r]`` = |x_u - y_i| of rating r)."""
+    pa, qa = _accuracies(data.user, data.item, values, dist, observed, data.n_users)
+    pb, qb = _accuracies(data.item, data.user, values, dist, observed, data.n_items)
+    out = {"preservation_a": pa, "preservation_b": pb, "preservation_h": _hmean(pa, pb),
+           "prediction_a": qa, "prediction_b": qb, "prediction_h": _hmean(qa, qb)}
+    for k in (1, 5):
+        users = _knn(data.user, data.item, data.rating, dist, data.n_users, k)
+        items = _knn(data.item, data.user, data.rating, dist, data.n_items, k)
+        out.update({f"knn{k}_users": users, f"knn{k}_items": items, f"knn{k}_h": _hmean(users, items)})
+    return out
+
+
+def evaluate_index(index: Index, data: Ratings, values: np.ndarray, observed: np.ndarray) -> dict[str, float]:
+    """Protocol metrics with distances answered by the serving index."""
+    dist = -index.pair_scores(data.user.astype(np.int64), data.item.astype(np.int64))
+    return evaluate_distances(data, values, observed, dist)
+
+
+def protocol_values(data: Ratings, observed: np.ndarray) -> np.ndarray:
+    """Per-rating z-scores with each user's observed moments (applied to hidden ratings too)."""
+    mean, std = user_moments(data.user[observed], data.rating[observed].astype(np.float64), data.n_users)
+    return zscore(data.user, data.rating.astype(np.float64), mean, std)
+
+
+def fit_and_evaluate(params: dict, data: Ratings, values: np.ndarray,
+                     observed: np.ndarray) -> tuple[dict[str, float], float]:
+    """Fit COE on the observed triples, evaluate through the serving index; (metrics, fit seconds)."""
+    train = data.subset(observed)
+    triples = TripleSource.build(train.user, train.item, values[observed], data.n_users, data.n_items)
+    model = COE(**params)
+    start = time.perf_counter()
+    model.fit_triples(train, triples)
+    seconds = time.perf_counter() - start
+    index = Index.from_artifact(model.to_artifact())
+    return evaluate_index(index, data, values, observed), seconds
+
+
+def reference_distances(name: str, data: Ratings, observed: np.ndarray, rng: np.random.Generator,
+                        dim: int) -> np.ndarray:
+    """Floors: ``random`` coordinates; ``popularity``: items on rings by mean observed rating.
+
+    The popularity layout puts every item at distance (best mean - its mean)
+    from the origin at a random angle, and every user near the origin (a
+    tiny jitter only breaks exact ties), so nearer means better rated.
+    """
+    if name == "random":
+        X = rng.normal(size=(data.n_users, dim))
+        Y = rng.normal(size=(data.n_items, dim))
+    else:
+        obs = data.subset(observed)
+        count = np.bincount(obs.item, minlength=data.n_items)
+        total = np.bincount(obs.item, weights=obs.rating, minlength=data.n_items)
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.nanmin(total / np.maximum(count, 1)))
+        radius = mean.max() - mean + 1e-3
+        direction = rng.normal(size=(data.n_items, dim))
+        direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+        Y = radius[:, None] * direction
+        X = rng.normal(scale=1e-4, size=(data.n_users, dim))
+    diff = X[data.user] - Y[data.item]
+    return np.sqrt(np.einsum("nd,nd->n", diff, diff))
+
+
+# ------------------------------------------------------------------ tuning
+def tune(function: str, base: dict, data: Ratings, observed: np.ndarray, rng: np.random.Generator,
+         log) -> dict:
+    """Grid search on a validation split carved from the observed ratings only."""
+    obs_rows = np.flatnonzero(observed)
+    sub = data.subset(obs_rows)
+    inner = split_per_user(sub.user, data.n_users, 0.8, rng)
+    values = protocol_values(sub, inner)
+    scale_name = "lam" if function == "sigmoid" else "alpha"
+    best, best_score = None, -1.0
+    for scale, eta, share in itertools.product(GRID["scale"], GRID["eta"], GRID["type_a_share"]):
+        params = dict(base, **{scale_name: scale, "eta": eta, "type_a_share": share})
+        metrics, seconds = fit_and_evaluate(params, sub, values, inner)
+        score = _hmean(metrics["preservation_h"], metrics["prediction_h"])
+        log(f"  tune {function} {scale_name}={scale} eta={eta} type_a_share={share}: "
+            f"val pres H {metrics['preservation_h']:.4f} pred H {metrics['prediction_h']:.4f} ({seconds:.1f}s)")
+        if score > best_score:
+            best, best_score = params, score
+    log(f"  tuned {function}: {best}")
+    return best
+
+
+# ------------------------------------------------------------------- CLI
+def load_ratings(args: argparse.Namespace) -> Ratings:
+    try:
+        from trainer.data.readers import read_input
+    except ModuleNotFoundError as exc:  # reader not landed yet: plain "user item rating ..." lines
+        if exc.name != "trainer.data.readers":
+            raise
+        return _read_whitespace_ratings(args.data)
+    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    if getattr(data, "skipped_lines", 0):
+        print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
+    return data
+
+
+def _read_whitespace_ratings(path: str) -> Ratings:
+    from service.idmap import IdMap
+
+    cols = np.loadtxt(path, dtype=str, usecols=(0, 1, 2), ndmin=2)
+    users, user = IdMap.from_values(cols[:, 0])
+    items, item = IdMap.from_values(cols[:, 1])
+    return Ratings(users, items, user, item, cols[:, 2].astype(np.float32), source=str(path))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--function", choices=("sigmoid", "gompertz", "both"), default="both")
+    parser.add_argument("--dim", type=int, default=2, help="dimension of the map (paper: 2)")
+    parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
+    parser.add_argument("--tune", action="store_true",
+                        help="grid-search lambda/alpha, eta and the type-A share on a validation split"
+                             " of the observed ratings (first split's observed set)")
+    parser.add_argument("--epochs", type=int, help="override the tuned default")
+    parser.add_argument("--lr", type=float, help="initial learning rate (default: tuned)")
+    parser.add_argument("--lr-final", type=float, help="final learning rate as a fraction of --lr")
+    parser.add_argument("--eta", type=float, help="L2 weight (default: tuned)")
+    parser.add_argument("--scale", type=float, help="lambda (sigmoid) or alpha (Gompertz)")
+    parser.add_argument("--type-a-share", type=float,
+                        help="probability of drawing a type-A triple (default: uniform over triples)")
+    parser.add_argument("--steps-per-epoch", type=int, default=0, help="0: one per observed rating")
+    parser.add_argument("--no-references", action="store_true", help="skip the random/popularity rows")
+
+
+def _params(function: str, args: argparse.Namespace) -> dict:
+    params = dict(DEFAULTS[function], dim=args.dim, function=function,
+                  steps_per_epoch=args.steps_per_epoch)
+    for flag, name in (("epochs", "epochs"), ("lr", "lr"), ("lr_final", "lr_final"), ("eta", "eta"),
+                       ("type_a_share", "type_a_share")):
+        if getattr(args, flag) is not None:
+            params[name] = getattr(args, flag)
+    if args.scale is not None:
+        params["lam" if function == "sigmoid" else "alpha"] = args.scale
+    return params
+
+
+def paper_figures(dataset: str, setting: dict) -> list[PaperFigure]:
+    figures = []
+    for method, values in _TABLE3.items():
+        for metric, value in zip(METRICS, values):
+            figures.append(PaperFigure(method, setting, metric, value, "Table 3"))
+    return figures
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    data = paper_filter(load_ratings(args))
+    dataset = args.dataset or os.path.basename(os.path.dirname(os.path.abspath(args.data))) or "data"
+    verbose = not args.quiet
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+    log(f"{dataset}: {data.n_users} users, {data.n_items} items, {len(data)} ratings after the filter")
+    functions = ["sigmoid", "gompertz"] if args.function == "both" else [args.function]
+    names = {"sigmoid": "COE-S", "gompertz": "COE-G"}
+    setting = {"dim": args.dim}
+    params = {f: _params(f, args) for f in functions}
+    per_run: dict[str, dict[str, list[float]]] = {}
+    seconds: dict[str, list[float]] = {}
+    for run_no in range(args.runs):
+        rng = np.random.default_rng([args.seed, run_no])
+        observed = split_per_user(data.user, data.n_users, 0.8, rng)
+        values = protocol_values(data, observed)
+        if run_no == 0 and args.tune:
+            for f in functions:
+                params[f] = tune(f, params[f], data, observed, np.random.default_rng([args.seed, 10_000]), log)
+        for f in functions:
+            metrics, secs = fit_and_evaluate(dict(params[f], seed=args.seed * 1000 + run_no), data, values,
+                                             observed)
+            seconds.setdefault(names[f], []).append(secs)
+            for metric, value in metrics.items():
+                per_run.setdefault(names[f], {}).setdefault(metric, []).append(value)
+            log(f"run {run_no + 1}/{args.runs} {names[f]}: pres H {metrics['preservation_h']:.4f} "
+                f"pred H {metrics['prediction_h']:.4f} knn1 H {metrics['knn1_h']:.3f} fit {secs:.2f}s")
+        if not args.no_references:
+            for ref in ("random", "popularity"):
+                dist = reference_distances(ref, data, observed, rng, args.dim)
+                for metric, value in evaluate_distances(data, values, observed, dist).items():
+                    per_run.setdefault(ref, {}).setdefault(metric, []).append(value)
+    rows = []
+    for method, metrics in per_run.items():
+        for metric in METRICS:
+            rows.append(summarise(method, dataset, setting, metric, metrics[metric]))
+        if method in seconds:
+            rows.append(summarise(method, dataset, setting, "fit_seconds", seconds[method]))
+    print_table(rows, paper_figures(dataset, setting),
+                title=f"COE on {dataset} ({data.n_users} users, {data.n_items} items, {len(data)} ratings),"
+                      f" {args.runs} random 80/20 splits; paper: Table 3")
+    for f in functions:
+        print(f"{names[f]} hyperparameters: {params[f]}")
+    return rows

@@ -1,0 +1,273 @@
+"""COE: Collaborative Ordinal Embedding (Le & Lauw, SDM 2016).
+
+Users and items get coordinates in one D-dimensional Euclidean space so that
+a user is nearer the items the user prefers (type-A triples ``<u, i, j>``)
+and nearer than other users to the items the user likes more than they do
+(type-B triples ``<u, v, i>``). See ``docs/coe.md`` and
+``/work/shared/docs/algorithms.md`` section 1.
+
+Triples are drawn on the fly from compact rating arrays (``TripleSource``):
+memory is O(ratings), never O(triples).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.artifacts import Artifact
+from service.idmap import IdMap
+from trainer.data.types import Ratings
+from trainer.models import _coe_kernels as K
+from trainer.models.base import Estimator, check_finite
+from trainer.progress import Progress
+
+FUNCTIONS = {"sigmoid": K.SIGMOID, "gompertz": K.GOMPERTZ}
+SOURCES = ("ratings", "cooccurrence")
+
+
+def grouped(group: np.ndarray, member: np.ndarray, values: np.ndarray, n_groups: int):
+    """CSR of ``(member, value)`` by ``group``, values sorted inside each group.
+
+    Returns ``indptr`` (int64, n_groups + 1), members (int32), values
+    (float32) and the permutation applied (int64), so callers can carry
+    other per-rating columns along.
+    """
+    order = np.lexsort((values, group))
+    indptr = np.zeros(n_groups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(group, minlength=n_groups), out=indptr[1:])
+    return (indptr, np.ascontiguousarray(member[order], dtype=np.int32),
+            np.ascontiguousarray(values[order], dtype=np.float32), order)
+
+
+def normalise(ratings: Ratings, source: str) -> np.ndarray:
+    """The per-rating values triples are formed from (float32, rating order).
+
+    ``ratings``: z-score within each user (Section 5, after Ekstrand et al.),
+    so ratings are comparable across users for type B. ``cooccurrence``:
+    each user's counts divided by the user's total (Section 5: normalised
+    term frequency).
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    n_users = ratings.n_users
+    if source == "cooccurrence":
+        totals = np.bincount(ratings.user, weights=ratings.rating, minlength=n_users)
+        if np.any(ratings.rating < 0):
+            raise ValueError("co-occurrence counts must be non-negative")
+        return (ratings.rating / np.maximum(totals[ratings.user], 1e-300)).astype(np.float32)
+    mean, std = user_moments(ratings.user, ratings.rating, n_users)
+    return zscore(ratings.user, ratings.rating, mean, std)
+
+
+def user_moments(user: np.ndarray, rating: np.ndarray, n_users: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-user mean and (population) standard deviation of the ratings."""
+    count = np.maximum(np.bincount(user, minlength=n_users), 1)
+    mean = np.bincount(user, weights=rating, minlength=n_users) / count
+    var = np.bincount(user, weights=(rating - mean[user]) ** 2, minlength=n_users) / count
+    return mean, np.sqrt(var)
+
+
+def zscore(user: np.ndarray, rating: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:
+    """z-scores with the given per-user moments; a user with std 0 gets all zeros (all ties)."""
+    sd = std[user]
+    z = np.where(sd > 0, (rating - mean[user]) / np.where(sd > 0, sd, 1.0), 0.0)
+    return z.astype(np.float32)
+
+
+@dataclass
+class TripleSource:
+    """All triples of a rating set, held as two sorted CSRs and per-group counts.
+
+    ``a_*``: grouped by user (members are items) -> type-A triples.
+    ``b_*``: grouped by item (members are users) -> type-B triples.
+    ``*_cum``: exclusive prefix sums of the per-group triple counts (int64),
+    used to draw a group in proportion to its triples.
+    """
+
+    a_indptr: np.ndarray
+    a_items: np.ndarray
+    a_values: np.ndarray
+    a_cum: np.ndarray
+    b_indptr: np.ndarray
+    b_users: np.ndarray
+    b_values: np.ndarray
+    b_cum: np.ndarray
+
+    @classmethod
+    def build(cls, user: np.ndarray, item: np.ndarray, values: np.ndarray,
+              n_users: int, n_items: int) -> "TripleSource":
+        a_indptr, a_items, a_values, _ = grouped(user, item, values, n_users)
+        b_indptr, b_users, b_values, _ = grouped(item, user, values, n_items)
+        a_cum = np.zeros(n_users + 1, dtype=np.int64)
+        np.cumsum(K.group_triple_counts(a_indptr, a_values), out=a_cum[1:])
+        b_cum = np.zeros(n_items + 1, dtype=np.int64)
+        np.cumsum(K.group_triple_counts(b_indptr, b_values), out=b_cum[1:])
+        return cls(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum)
+
+    @property
+    def n_type_a(self) -> int:
+        return int(self.a_cum[-1])
+
+    @property
+    def n_type_b(self) -> int:
+        return int(self.b_cum[-1])
+
+    def nbytes(self) -> int:
+        return sum(getattr(self, f).nbytes for f in self.__dataclass_fields__)
+
+    def arrays(self):
+        return (self.a_indptr, self.a_items, self.a_values, self.a_cum,
+                self.b_indptr, self.b_users, self.b_values, self.b_cum)
+
+    def sample(self, n: int, p_a: float, seed: int):
+        """``n`` triples drawn exactly as training draws them: (kind, first, second, third)."""
+        return K.sample_triples(*self.arrays(), n, p_a, seed)
+
+
+class COE(Estimator):
+    """Collaborative Ordinal Embedding, fitted by stochastic gradient ascent.
+
+    Parameters
+    ----------
+    dim : int
+        D, the dimension of the shared space (2 or 3 for maps; any D works).
+    function : {"sigmoid", "gompertz"}
+        Triple probability: COE-S (Eq. 3.2) or COE-G (Eq. 3.3, a = 1, b = ln 2).
+    lam : float
+        lambda, the slope of the sigmoid (COE-S).
+    alpha : float
+        alpha, the rate of the Gompertz function (COE-G).
+    eta : float
+        L2 weight from the N(0, gamma^2 I) priors (gamma = beta, Section 3.3).
+    lr : float
+        Initial learning rate epsilon.
+    lr_final : float
+        Learning rate at the end of training, as a fraction of ``lr``; it
+        decays linearly across all steps (a decaying rate, Algorithm 1).
+    epochs : int
+        Number of passes; finiteness is checked after each.
+    steps_per_epoch : int
+        Triples drawn per epoch; 0 means one per observed rating.
+    type_a_share : float or None
+        Probability that a step draws a type-A triple. None draws uniformly
+        over the whole triple set (T_A / (T_A + T_B)), as the paper does.
+    source : {"ratings", "cooccurrence"}
+        How the values triples compare are made from the input: per-user
+        z-scores of ratings, or per-user normalised co-occurrence counts.
+    init_scale : float
+        Standard deviation of the initial coordinates.
+    seed : int
+        Seeds the initialisation and the triple draws.
+    verbose : bool
+        Progress line on stderr.
+    """
+
+    kind = "coe"
+    input_shape = "ratings"
+
+    def __init__(self, dim: int = 2, function: str = "sigmoid", lam: float = 2.0,
+                 alpha: float = 1.5, eta: float = 0.001, lr: float = 0.1, lr_final: float = 0.01,
+                 epochs: int = 20, steps_per_epoch: int = 0, type_a_share: float | None = None,
+                 source: str = "ratings", init_scale: float = 0.1, seed: int = 0,
+                 verbose: bool = False):
+        self.dim = dim
+        self.function = function
+        self.lam = lam
+        self.alpha = alpha
+        self.eta = eta
+        self.lr = lr
+        self.lr_final = lr_final
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.type_a_share = type_a_share
+        self.source = source
+        self.init_scale = init_scale
+        self.seed = seed
+        self.verbose = verbose
+
+    # -------------------------------------------------------------- fitting
+    def _check(self) -> None:
+        if self.function not in FUNCTIONS:
+            raise ValueError(f"function must be one of {sorted(FUNCTIONS)}, got {self.function!r}")
+        if int(self.dim) < 1:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+        if self.epochs < 1 or self.lr <= 0 or self.eta < 0:
+            raise ValueError("need epochs >= 1, lr > 0 and eta >= 0")
+        if self.type_a_share is not None and not 0.0 <= self.type_a_share <= 1.0:
+            raise ValueError(f"type_a_share must be in [0, 1], got {self.type_a_share}")
+
+    @property
+    def scale(self) -> float:
+        return float(self.lam if self.function == "sigmoid" else self.alpha)
+
+    def fit(self, data: Ratings) -> "COE":
+        """Fit on ratings (or co-occurrence counts) with triples drawn on the fly."""
+        self._check()
+        values = normalise(data, self.source)
+        triples = TripleSource.build(data.user, data.item, values, data.n_users, data.n_items)
+        return self.fit_triples(data, triples)
+
+    def fit_triples(self, data: Ratings, triples: TripleSource) -> "COE":
+        """Fit from a prepared :class:`TripleSource` (the evaluation reuses one per split)."""
+        self._check()
+        self.users_, self.items_ = data.users, data.items
+        self.n_type_a_, self.n_type_b_ = triples.n_type_a, triples.n_type_b
+        if self.n_type_a_ + self.n_type_b_ == 0:
+            raise ValueError("the data hold no triple: every user and item rates all its items alike")
+        p_a = (self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
+               if self.type_a_share is None else float(self.type_a_share))
+        rng = np.random.default_rng(self.seed)
+        X = rng.normal(0.0, self.init_scale, (data.n_users, int(self.dim)))
+        Y = rng.normal(0.0, self.init_scale, (data.n_items, int(self.dim)))
+        steps = int(self.steps_per_epoch) or max(len(data), 1)
+        total = steps * int(self.epochs)
+        lr_end = self.lr * self.lr_final
+        func = FUNCTIONS[self.function]
+        self.log_likelihood_ = []
+        with Progress("COE", self.epochs, enabled=self.verbose) as bar:
+            for epoch in range(int(self.epochs)):
+                # linear decay from lr to lr * lr_final over all steps
+                lr0 = self.lr + (lr_end - self.lr) * (epoch * steps / total)
+                lr1 = self.lr + (lr_end - self.lr) * ((epoch + 1) * steps / total)
+                ll = K.sga_epoch(X, Y, *triples.arrays(), steps, p_a, func, self.scale,
+                                 float(self.eta), lr0, lr1, int(self.seed) * 1_000_003 + epoch)
+                check_finite(epoch, user_coords=X, item_coords=Y)
+                self.log_likelihood_.append(float(ll))
+                bar.update(1, lnP=ll)
+        self.user_coords_ = X.astype(np.float32)
+        self.item_coords_ = Y.astype(np.float32)
+        self.steps_ = total
+        self._seen = (data.user, data.item, data.rating)
+        self._fingerprint = data.fingerprint()
+        return self
+
+    # ------------------------------------------------------------- artifact
+    def to_artifact(self) -> Artifact:
+        """Arrays ``user_coords``, ``item_coords``, ``seen_indptr``, ``seen_indices``, ``item_popularity``."""
+        if not hasattr(self, "user_coords_"):
+            raise ValueError("fit the model before packing it")
+        user, item, _ = self._seen
+        n_users, n_items = len(self.users_), len(self.items_)
+        order = np.lexsort((item, user))
+        seen_indptr = np.zeros(n_users + 1, dtype=np.int64)
+        np.cumsum(np.bincount(user, minlength=n_users), out=seen_indptr[1:])
+        popularity = np.bincount(item, minlength=n_items).astype(np.float32)
+        return Artifact(
+            kind=self.kind,
+            arrays={
+                "user_coords": self.user_coords_,
+                "item_coords": self.item_coords_,
+                "seen_indptr": seen_indptr,
+                "seen_indices": item[order].astype(np.int32),
+                "item_popularity": popularity,
+            },
+            ids={"users": self.users_, "items": self.items_},
+            hyperparameters={k: v for k, v in self.get_params().items() if k != "verbose"},
+            attributes={"type_a_triples": self.n_type_a_, "type_b_triples": self.n_type_b_,
+                        "steps": self.steps_},
+            data_fingerprint=self._fingerprint,
+        )
+
+
+Estimator = COE
