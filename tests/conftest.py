@@ -1,0 +1,100 @@
+"""Shared fixtures: the built-in sample trained into a registry, a real server
+process, a real redis-server on a free loopback port, and the data path."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from service.process import run_cli
+
+DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+# Models trained on the built-in sample for end-to-end tests:
+# (registry name, kind, sample file, trainer flags)
+SAMPLE_MODELS = [
+    ("dcr", "dcr", "ratings.data", ["--set", "epochs=10"]),
+    ("pairwise_dcr", "dcr", "ratings.data", ["--set", "epochs=10", "--set", "pairwise=true"]),
+]
+
+
+def data_file(*parts: str) -> Path:
+    """A real data file, or skip the test when the data sets are not here."""
+    path = DATA_ROOT.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"real data not found at {path} (set ORDREC_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def sample_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sample")
+    run_cli(["trainer", "sample", "--out", str(out)])
+    return out
+
+
+def train_into(registry: Path, sample_dir: Path, models=SAMPLE_MODELS) -> Path:
+    for name, kind, sample, flags in models:
+        result = run_cli(["trainer", "train", kind, "--data", str(sample_dir / sample), "--registry",
+                          str(registry), "--name", name, *flags], check=False)
+        assert result.returncode == 0, result.stderr
+    return registry
+
+
+@pytest.fixture(scope="session")
+def sample_registry(sample_dir, tmp_path_factory) -> Path:
+    """A registry holding every sample model, trained through the real CLI."""
+    return train_into(tmp_path_factory.mktemp("registry"), sample_dir)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway redis-server on loopback, no persistence."""
+
+    def __init__(self, port: int | None = None):
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "RedisServer":
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def redis_server():
+    if shutil.which("redis-server") is None:
+        if os.environ.get("ORDREC_REQUIRE_REDIS"):
+            pytest.fail("redis-server is required (ORDREC_REQUIRE_REDIS is set) but not installed")
+        pytest.skip("redis-server not installed (make test installs it)")
+    server = RedisServer().start()
+    yield server
+    server.stop()

@@ -1,0 +1,194 @@
+"""End to end: the sample trained through the CLI, ``ordrec-serve`` as a real
+subprocess on a free loopback port, every implemented RPC over gRPC, health,
+reflection, /metrics, and a clean SIGTERM exit."""
+from __future__ import annotations
+
+import re
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
+from service.artifacts import Registry
+from service.process import ServerProcess, wait_for
+from trainer.data.readers import read_ratings
+
+
+@pytest.fixture(scope="module")
+def server(sample_registry):
+    with ServerProcess(sample_registry) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    with grpc.insecure_channel(server.target) as ch:
+        yield ch
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    return recommender_pb2_grpc.RecommenderStub(channel)
+
+
+@pytest.fixture(scope="module")
+def sample_ratings(sample_dir):
+    return read_ratings(sample_dir / "ratings.data")
+
+
+def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code(), info.value.details()
+
+
+def test_health_is_serving(channel):
+    reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    reply = health_pb2_grpc.HealthStub(channel).Check(
+        health_pb2.HealthCheckRequest(service="ordrec.v1.Recommender"), timeout=5)
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_reflection_lists_the_service(channel):
+    stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+    replies = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = {s.name for reply in replies for s in reply.list_services_response.service}
+    assert "ordrec.v1.Recommender" in names and "grpc.health.v1.Health" in names
+
+
+def test_list_models_shows_versions(stub, sample_registry):
+    models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models}
+    registry = Registry(sample_registry)
+    assert set(models) == set(registry.models())
+    dcr = models["dcr"]
+    assert dcr.kind == "dcr" and dcr.version == registry.versions("dcr")[-1] and dcr.reason == "newest"
+    assert "Recommend" in dcr.rpcs and dcr.sizes["users"] > 0
+
+
+def test_recommend_excludes_training_items_and_ranks_by_score(stub, sample_ratings):
+    reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=5)
+    (result,) = reply.results
+    assert result.fallback == pb.FALLBACK_NONE and len(result.items) == 10
+    scores = [i.score for i in result.items]
+    assert scores == sorted(scores, reverse=True)
+    user_row = sample_ratings.users.row("u001")
+    seen = set(sample_ratings.items.externals(sample_ratings.item[sample_ratings.user == user_row]))
+    assert not seen & {i.id for i in result.items}
+    with_seen = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=500, exclude_seen=False),
+                               timeout=5)
+    assert seen <= {i.id for i in with_seen.results[0].items}
+
+
+def test_recommend_distribution_is_a_distribution(stub):
+    reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u002"], n=5, with_distribution=True),
+                           timeout=5)
+    assert list(reply.levels) == [1.0, 2.0, 3.0, 4.0, 5.0]
+    for item in reply.results[0].items:
+        probs = np.array(item.rating_distribution)
+        assert probs.shape == (5,) and np.all(probs >= 0) and probs.sum() == pytest.approx(1, abs=1e-4)
+
+
+def test_recommend_batch_equals_single_calls(stub):
+    users = ["u003", "u004", "u005"]
+    batch = stub.Recommend(pb.RecommendRequest(model="pairwise_dcr", user_ids=users, n=5), timeout=5)
+    for user, result in zip(users, batch.results):
+        single = stub.Recommend(pb.RecommendRequest(model="pairwise_dcr", user_ids=[user], n=5), timeout=5)
+        assert [i.id for i in result.items] == [i.id for i in single.results[0].items]
+        assert result.user_id == user
+
+
+def test_recommend_ranks_only_candidates(stub, sample_ratings):
+    candidates = sample_ratings.items.ids[:7]
+    reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=3,
+                                               candidate_item_ids=candidates, exclude_seen=False), timeout=5)
+    got = [i.id for i in reply.results[0].items]
+    assert len(got) == 3 and set(got) <= set(candidates)
+
+
+def test_unknown_user_gets_flagged_popularity_fallback(stub):
+    reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["nobody", "u001"], n=4), timeout=5)
+    assert reply.results[0].fallback == pb.FALLBACK_POPULAR_GLOBAL and len(reply.results[0].items) == 4
+    assert reply.results[1].fallback == pb.FALLBACK_NONE
+
+
+@pytest.mark.parametrize("request_, code, message", [
+    (pb.RecommendRequest(model="dcr", user_ids=["u001"], n=0), grpc.StatusCode.INVALID_ARGUMENT, "n must be"),
+    (pb.RecommendRequest(model="dcr", user_ids=["u001"], n=100000), grpc.StatusCode.INVALID_ARGUMENT, "n must"),
+    (pb.RecommendRequest(model="dcr", user_ids=[], n=5), grpc.StatusCode.INVALID_ARGUMENT, "user_ids"),
+    (pb.RecommendRequest(model="dcr", user_ids=[""], n=5), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+    (pb.RecommendRequest(model="dcr", user_ids=["x" * 1000], n=5), grpc.StatusCode.INVALID_ARGUMENT, "long"),
+    (pb.RecommendRequest(model="Bad Name", user_ids=["u001"], n=5), grpc.StatusCode.INVALID_ARGUMENT, "model"),
+    (pb.RecommendRequest(model="absent", user_ids=["u001"], n=5), grpc.StatusCode.UNAVAILABLE, "not loaded"),
+    (pb.RecommendRequest(user_ids=["u001"], n=5), grpc.StatusCode.INVALID_ARGUMENT, "several models"),
+    (pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5, candidate_item_ids=["zz"]),
+     grpc.StatusCode.NOT_FOUND, "unknown candidate"),
+])
+def test_recommend_bad_input_gets_the_right_status(stub, request_, code, message):
+    got, details = code_of(lambda: stub.Recommend(request_, timeout=5))
+    assert got == code and message in details
+
+
+def test_rpc_the_model_cannot_answer(stub):
+    got, details = code_of(lambda: stub.Tags(pb.TagsRequest(model="dcr", user_id="u", item_id="i", n=3), timeout=5))
+    assert got == grpc.StatusCode.FAILED_PRECONDITION and "does not answer Tags" in details
+
+
+def test_record_interactions_without_redis(stub):
+    got, details = code_of(lambda: stub.RecordInteractions(
+        pb.RecordInteractionsRequest(user_id="u001", item_ids=["i001"]), timeout=5))
+    assert got == grpc.StatusCode.FAILED_PRECONDITION and "Redis" in details
+
+
+def _metric(text: str, name: str, **labels) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_count_calls_by_method_and_code(server, stub):
+    url = server.metrics_url + "/metrics"
+    before = urllib.request.urlopen(url, timeout=5).read().decode()
+    for _ in range(3):
+        stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=3), timeout=5)
+    code_of(lambda: stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=0), timeout=5))
+    after = urllib.request.urlopen(url, timeout=5).read().decode()
+    ok = dict(grpc_method="Recommend", grpc_code="OK")
+    bad = dict(grpc_method="Recommend", grpc_code="INVALID_ARGUMENT")
+    assert _metric(after, "grpc_server_handled_total", **ok) - _metric(before, "grpc_server_handled_total", **ok) == 3
+    assert _metric(after, "grpc_server_handled_total", **bad) - _metric(before, "grpc_server_handled_total", **bad) == 1
+    assert _metric(after, "grpc_server_handling_seconds_count", grpc_method="Recommend") >= 4
+    assert re.search(r'ordrec_model_info\{.*model="dcr".*\} 1\.0', after)
+    assert _metric(after, "ordrec_index_size", model="dcr", space="items") > 0
+
+
+def test_empty_registry_is_not_serving_until_a_model_arrives(tmp_path, sample_registry):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    with ServerProcess(registry, "--poll-interval", "0.2") as proc, grpc.insecure_channel(proc.target) as ch:
+        health = health_pb2_grpc.HealthStub(ch)
+        check = lambda: health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status  # noqa: E731
+        assert check() == health_pb2.HealthCheckResponse.NOT_SERVING
+        stub = recommender_pb2_grpc.RecommenderStub(ch)
+        got, details = code_of(lambda: stub.Recommend(pb.RecommendRequest(user_ids=["u001"], n=3), timeout=5))
+        assert got == grpc.StatusCode.UNAVAILABLE
+        source = Registry(sample_registry)
+        Registry(registry).publish("dcr", source.load("dcr", mmap=False))
+        wait_for(lambda: check() == health_pb2.HealthCheckResponse.SERVING, 20, what="SERVING")
+        assert stub.Recommend(pb.RecommendRequest(user_ids=["u001"], n=3), timeout=5).results[0].items
+        assert proc.terminate() == 0
+
+
+def test_sigterm_exits_zero(sample_registry):
+    proc = ServerProcess(sample_registry).start()
+    assert proc.terminate() == 0
+    assert any("stopped" in line for line in proc.output)
