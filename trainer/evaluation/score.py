@@ -1,0 +1,258 @@
+"""SCORE protocol (Le & Lauw, IJCAI 2019, Section 5): preservation of conditional triplets.
+
+For each aspect set and split ratio r, and each run: per aspect, a fraction r
+of the objects (those with a value) is sampled and only triplets among them are
+trained on; the three modes (SCORE multi-map, one pooled map, disjoint maps)
+are fitted, and every aspect's preservation accuracy (Eq. 10) is measured
+exactly over all of its triplets, and over the hidden ones (those with at
+least one unsampled object). Distances come from the serving index built from
+each fitted artifact. The SCORE runs also report aspect relatedness: per
+aspect, the Pearson correlation over the other aspects between angular
+similarity on the sphere and the NMI of the attributes' value partitions;
+the median over aspects is reported (paper Fig. 6).
+
+Zoo, paper Table 1 (``--aspects type,legs,predator --ratio 1``): multi-map
+0.98, single map 0.82. Fig. 5 (all aspects, r = 0.5): SCORE above the
+disjoint and pooled baselines; Fig. 6: median relatedness 0.34.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+from sklearn.metrics import normalized_mutual_info_score
+
+from service.models.score import Index
+from trainer.data.types import AttributeTable
+from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from trainer.models.score import ScoreEstimator
+
+DEFAULT_RUNS = 5
+DATA_REQUIRED = True
+
+METHODS = {"multi": "SCORE (multi-map)", "single": "single map", "disjoint": "disjoint maps"}
+TABLE1_ZOO = ("type", "legs", "predator")
+
+
+# --------------------------------------------------------------- arguments
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--aspects", action="append", metavar="A,B,C",
+                        help="comma-separated attribute names to model together (default: all);"
+                             " repeat the flag for several aspect sets")
+    parser.add_argument("--ratio", default="0.5",
+                        help="split ratio(s) r, comma-separated (1 = all triplets; default 0.5)")
+    parser.add_argument("--modes", default="multi,single,disjoint",
+                        help="which of multi,single,disjoint to fit (default: all three)")
+    parser.add_argument("--epochs", type=int, default=20, help="SGD epochs per fit (default 20)")
+    parser.add_argument("--steps-per-epoch", type=int, default=0,
+                        help="SGD steps per epoch (default: the number of training triplets, capped)")
+    parser.add_argument("--dim", type=int, default=2, help="K, the dimension of each map (default 2)")
+    parser.add_argument("--alpha", type=float, default=30.0, help="sigmoid scale (paper: 30)")
+    parser.add_argument("--lr", type=float, default=0.05, help="initial learning rate (paper: 0.05)")
+    parser.add_argument("--kappa", type=float, default=0.0, help="vMF concentration (paper, Zoo: 0)")
+
+
+# -------------------------------------------------------------- data shaping
+def select_aspects(table: AttributeTable, names: list[str] | None) -> AttributeTable:
+    """The table restricted to ``names`` (all attributes when None), in that order."""
+    if not names:
+        return table
+    cols = [table.attribute_index(n) for n in names]
+    return AttributeTable(table.objects, [table.attributes[c] for c in cols],
+                          np.ascontiguousarray(table.codes[:, cols]), [table.values[c] for c in cols],
+                          source=table.source, labels=table.labels)
+
+
+def split_objects(table: AttributeTable, ratio: float, rng: np.random.Generator
+                  ) -> tuple[AttributeTable, np.ndarray]:
+    """Per aspect, keep the values of ``round(ratio * n)`` random objects among
+    the ``n`` that have one and mark the rest missing, so only triplets among
+    sampled objects can be drawn. Returns the training table and the
+    (n_objects, n_aspects) mask of sampled objects."""
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"split ratio must lie in (0, 1], got {ratio}")
+    observed = table.codes >= 0
+    if ratio < 1.0:
+        for t in range(table.codes.shape[1]):
+            have = np.nonzero(observed[:, t])[0]
+            keep = rng.choice(have, size=int(round(ratio * have.size)), replace=False)
+            observed[:, t] = False
+            observed[keep, t] = True
+    codes = np.where(observed, table.codes, -1).astype(np.int32)
+    train = AttributeTable(table.objects, list(table.attributes), codes, table.values,
+                           source=table.source, labels=table.labels)
+    return train, observed
+
+
+# -------------------------------------------------------------- preservation
+def _pair_distances(coords: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    diff = coords[rows][:, None, :] - coords[cols][None, :, :]
+    return np.sqrt(np.einsum("abk,abk->ab", diff, diff))
+
+
+def satisfied_triplets(coords: np.ndarray, values: np.ndarray, chunk: int = 256) -> tuple[int, int]:
+    """``(satisfied, total)`` over every triplet ``<i, j, k>`` of one aspect.
+
+    A triplet has i != j sharing a value (``values >= 0``; -1 is missing) and k
+    with another value; it is satisfied when ``d(j, i) < d(j, k)`` strictly
+    (Eq. 10). Counted per anchor j without listing triplets: the distances
+    from j to the other groups are sorted once, and a row-wise binary search
+    gives, for every same-group i, how many k lie strictly farther.
+    """
+    coords = np.asarray(coords, dtype=np.float64)
+    values = np.asarray(values)
+    valid = np.nonzero(values >= 0)[0]
+    vals = values[valid]
+    satisfied = total = 0
+    for v in np.unique(vals):
+        same, other = valid[vals == v], valid[vals != v]
+        n_s, n_o = same.size, other.size
+        if n_s < 2 or n_o == 0:
+            continue
+        total += n_s * (n_s - 1) * n_o
+        for start in range(0, n_s, chunk):
+            anchors = same[start : start + chunk]
+            to_other = np.sort(_pair_distances(coords, anchors, other), axis=1)
+            to_same = _pair_distances(coords, anchors, same)
+            # Offset each row into its own interval so one searchsorted on the
+            # flattened sorted rows works row by row (offsets are exact in
+            # float64 for equal values, so ties stay ties).
+            span = 2.0 * max(to_other.max(), to_same.max()) + 1.0
+            row = np.arange(anchors.size)
+            flat = (to_other + (row * span)[:, None]).ravel()
+            at_most = np.searchsorted(flat, to_same + (row * span)[:, None], side="right")
+            farther = n_o - (at_most - (row * n_o)[:, None])
+            # i == j (distance 0) is not a triplet: remove its term.
+            self_at_most = np.searchsorted(flat, row * span, side="right") - row * n_o
+            satisfied += int(farther.sum() - (n_o - self_at_most).sum())
+    return satisfied, total
+
+
+def preservation(index: Index, table: AttributeTable, observed: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per aspect of ``table`` (looked up by name in ``index``): preservation
+    over all triplets, and over the hidden ones (NaN when ``observed`` is None
+    or nothing is hidden)."""
+    n_asp = len(table.attributes)
+    overall, hidden = np.full(n_asp, np.nan), np.full(n_asp, np.nan)
+    for t, name in enumerate(table.attributes):
+        coords = index.map_coordinates(name)
+        sat, tot = satisfied_triplets(coords, table.codes[:, t])
+        overall[t] = sat / tot if tot else np.nan
+        if observed is not None:
+            seen = np.where(observed[:, t], table.codes[:, t], -1)
+            sat_o, tot_o = satisfied_triplets(coords, seen)
+            if tot > tot_o:
+                hidden[t] = (sat - sat_o) / (tot - tot_o)
+    return overall, hidden
+
+
+def nmi_matrix(table: AttributeTable) -> np.ndarray:
+    """NMI between every two attributes' value partitions (objects with both values)."""
+    n = len(table.attributes)
+    out = np.eye(n)
+    for a in range(n):
+        for b in range(a + 1, n):
+            both = (table.codes[:, a] >= 0) & (table.codes[:, b] >= 0)
+            out[a, b] = out[b, a] = normalized_mutual_info_score(table.codes[both, a], table.codes[both, b])
+    return out
+
+
+def relatedness(index: Index, table: AttributeTable) -> np.ndarray:
+    """Per aspect: Pearson correlation, over the other aspects, between
+    angular similarity on the sphere and NMI (NaN where either is constant)."""
+    rows = index.aspects.rows(table.attributes)
+    sim = index.aspect_similarity()[np.ix_(rows, rows)]
+    nmi = nmi_matrix(table)
+    n = len(rows)
+    out = np.full(n, np.nan)
+    for t in range(n):
+        others = np.arange(n) != t
+        a, b = sim[t, others], nmi[t, others]
+        if n > 2 and a.std() > 0 and b.std() > 0:
+            out[t] = float(np.corrcoef(a, b)[0, 1])
+    return out
+
+
+# ------------------------------------------------------------------- runner
+def _paper_figures(dataset: str, setting: dict, names: list[str], all_names: list[str]) -> list[PaperFigure]:
+    if dataset != "zoo":
+        return []
+    figs = []
+    if tuple(names) == TABLE1_ZOO and setting["r"] == 1.0:
+        figs += [PaperFigure(METHODS["multi"], setting, "preservation", 0.98, "Table 1"),
+                 PaperFigure(METHODS["single"], setting, "preservation", 0.82, "Table 1")]
+    if sorted(names) == sorted(all_names):
+        figs.append(PaperFigure(METHODS["multi"], setting, "relatedness_median", 0.34, "Fig. 6"))
+    return figs
+
+
+def _load(args) -> AttributeTable:
+    from trainer.data.readers import read_input
+
+    table = read_input("attributes", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    if not isinstance(table, AttributeTable):
+        raise ValueError(f"the SCORE protocol needs an attribute table, got {type(table).__name__}")
+    return table
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    table = _load(args)
+    dataset = os.path.basename(os.path.dirname(os.path.abspath(args.data))) or "data"
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for m in modes:
+        if m not in METHODS:
+            raise ValueError(f"unknown mode {m!r}; known: {', '.join(METHODS)}")
+    ratios = [float(r) for r in str(args.ratio).split(",") if r.strip()]
+    aspect_sets = [[a.strip() for a in spec.split(",") if a.strip()] for spec in (args.aspects or [""])]
+    verbose = not args.quiet
+    rows: list[Row] = []
+    paper: list[PaperFigure] = []
+    for names in aspect_sets:
+        sub = select_aspects(table, names or None)
+        label = ",".join(sub.attributes) if names else f"all({len(sub.attributes)})"
+        for ratio in ratios:
+            setting = {"data": dataset, "aspects": label, "r": ratio}
+            paper += _paper_figures(dataset, setting, sub.attributes, table.attributes)
+            per_mode = {m: {"preservation": [], "preservation_hidden": []} for m in modes}
+            per_aspect = {m: [] for m in modes}
+            related = []
+            for run_no in range(args.runs):
+                rng = np.random.default_rng([args.seed, run_no])
+                train, observed = split_objects(sub, ratio, rng)
+                for mode in modes:
+                    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, lr=args.lr,
+                                         epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+                                         kappa=args.kappa, seed=int(rng.integers(2**31 - 1)),
+                                         verbose=verbose)
+                    est.fit(train)
+                    index = Index.from_artifact(est.to_artifact())
+                    overall, hidden = preservation(index, sub, observed if ratio < 1.0 else None)
+                    per_mode[mode]["preservation"].append(float(np.nanmean(overall)))
+                    per_aspect[mode].append(overall)
+                    if ratio < 1.0:
+                        per_mode[mode]["preservation_hidden"].append(float(np.nanmean(hidden)))
+                    if mode == "multi" and len(sub.attributes) > 2:
+                        related.append(float(np.nanmedian(relatedness(index, sub))))
+            for mode in modes:
+                for metric, values in per_mode[mode].items():
+                    if values:
+                        rows.append(summarise(METHODS[mode], dataset, setting, metric, values))
+            if related:
+                rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", related))
+            if verbose:
+                _print_per_aspect(sub.attributes, modes, per_aspect, setting)
+    print_table(rows, paper, title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)")
+    return rows
+
+
+def _print_per_aspect(names, modes, per_aspect, setting) -> None:
+    print(f"per-aspect preservation (mean over runs), {setting}", file=sys.stderr)
+    means = {m: np.nanmean(np.vstack(per_aspect[m]), axis=0) for m in modes}
+    width = max(len(n) for n in names)
+    print("  ".join(["aspect".ljust(width)] + [METHODS[m] for m in modes]), file=sys.stderr)
+    for t, name in enumerate(names):
+        print("  ".join([name.ljust(width)] + [f"{means[m][t]:.4f}".ljust(len(METHODS[m])) for m in modes]),
+              file=sys.stderr)

@@ -1,0 +1,289 @@
+"""SCORE: Spherical Conditional Ordinal Embedding (Le & Lauw, IJCAI 2019).
+
+Every aspect ``t`` and object ``i`` is a unit vector in R^(K+1) (``x_t``,
+``y_i``); aspect t's map is the projection of the objects on the tangent plane
+at ``x_t`` (Eq. 2). A conditional triplet ``<i, j, k>_t`` ("under t, j is more
+similar to i than to k") has likelihood
+``l = delta_t s(alpha (d^t_jk - d^t_ij)) + (1 - delta_t) s(alpha (y_i.y_j - y_k.y_j))``
+(Eqs. 3, 5, 6); a vMF prior adds ``kappa mu.z`` per point (Eq. 7). Learning is
+Riemannian SGD (Algorithm 1): gradient, projection on the tangent space
+(Eq. 9), step, retraction by normalising (Eq. 8), then the delta update and
+clip to [0, 1].
+
+Inputs: an :class:`~trainer.data.types.AttributeTable` (one aspect per
+attribute; ``<i, j, k>_t`` whenever i and j share t's value and k has another),
+whose triplets are sampled uniformly on the fly and never listed, or explicit
+:class:`~trainer.data.triplets.ConditionalTriplets`.
+
+Modes (``mode``):
+
+- ``"multi"``: SCORE, one tangent-plane map per aspect on a shared sphere;
+- ``"single"``: every aspect's triplets pooled into one map (one aspect
+  point and one delta shared by all aspects), the paper's single-map mode;
+- ``"disjoint"``: every aspect learns alone, on its own copy of the object
+  points: no sharing at all. Its delta is held at 1, so each map is fitted
+  directly (the paper's disjoint baselines, SOE and t-STE, are plain map
+  learners); with the delta update a lone aspect lets the sphere's global view
+  absorb its triplets (delta -> 0) and leaves the map itself untrained.
+
+The artifact always lists every aspect; in single mode they share one point.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.artifacts import Artifact
+from service.idmap import IdMap
+from trainer.data.triplets import ConditionalTriplets
+from trainer.data.types import AttributeTable
+from trainer.models import _score_kernels as K
+from trainer.models.base import Estimator, check_finite
+from trainer.progress import Progress
+
+MODES = ("multi", "single", "disjoint")
+
+
+@dataclass
+class GroupLayout:
+    """An attribute table's triplets in the form the sampler draws from.
+
+    ``members[aspect_start[t]:aspect_start[t+1]]`` are aspect t's objects
+    (those with a value), sorted by value; group g is
+    ``members[group_start[g]:group_end[g]]``; ``group_cum`` is the running
+    total of ``n_g (n_g - 1) (N_t - n_g)``, the group's number of triplets.
+    """
+
+    members: np.ndarray
+    aspect_start: np.ndarray
+    group_start: np.ndarray
+    group_end: np.ndarray
+    group_aspect: np.ndarray
+    group_cum: np.ndarray
+
+    @classmethod
+    def from_codes(cls, codes: np.ndarray) -> "GroupLayout":
+        codes = np.asarray(codes)
+        n_objects, n_aspects = codes.shape
+        members, aspect_start = [], [0]
+        g_start, g_end, g_aspect, g_count = [], [], [], []
+        base = 0
+        for t in range(n_aspects):
+            col = codes[:, t]
+            objs = np.nonzero(col >= 0)[0]
+            objs = objs[np.argsort(col[objs], kind="stable")]
+            values, sizes = np.unique(col[objs], return_counts=True)
+            n_t = objs.size
+            starts = base + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            g_start.append(starts)
+            g_end.append(starts + sizes)
+            g_aspect.append(np.full(sizes.size, t, dtype=np.int64))
+            g_count.append(sizes.astype(np.float64) * (sizes - 1) * (n_t - sizes))
+            members.append(objs)
+            base += n_t
+            aspect_start.append(base)
+        cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.empty(0, dt)  # noqa: E731
+        return cls(cat(members, np.int64), np.asarray(aspect_start, np.int64), cat(g_start, np.int64),
+                   cat(g_end, np.int64), cat(g_aspect, np.int64), np.cumsum(cat(g_count, np.float64)))
+
+    def triplets_per_aspect(self, n_aspects: int) -> np.ndarray:
+        counts = np.diff(np.concatenate([[0.0], self.group_cum]))
+        return np.bincount(self.group_aspect, weights=counts, minlength=n_aspects)
+
+    @property
+    def n_triplets(self) -> float:
+        return float(self.group_cum[-1]) if self.group_cum.size else 0.0
+
+
+def random_sphere(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
+    z = rng.standard_normal((n, dim))
+    return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+
+class ScoreEstimator(Estimator):
+    """Fit SCORE maps by Riemannian SGD.
+
+    Parameters
+    ----------
+    n_components : int
+        K, the dimension of each aspect's map; points live on S^K in R^(K+1).
+    mode : {"multi", "single", "disjoint"}
+        See the module docstring.
+    alpha : float
+        Sigmoid scale of Eqs. 3 and 5 (paper: 30).
+    lr, lr_final : float
+        Learning rate, decayed linearly from ``lr`` to ``lr_final`` over all
+        steps (paper: 0.05, "decayed").
+    epochs : int
+        Number of epochs; finiteness is checked after each.
+    steps_per_epoch : int
+        SGD steps per epoch; 0 means one pass's worth (the number of training
+        triplets), capped at ``max_steps_per_epoch``.
+    max_steps_per_epoch : int
+        Cap of the default epoch length, for tables with 1e12 triplets.
+    kappa : float
+        vMF concentration (paper: 0 on Zoo and HouseVote); ``mu`` is its mean
+        direction, default the last axis (paper: (0, 0, 1)).
+    delta_init : float
+        Initial delta_t (the prior is uniform on [0, 1]); disjoint mode uses 1.
+    seed : int
+    verbose : bool
+        Progress line on stderr.
+    """
+
+    kind = "score"
+    input_shape = "attributes"
+
+    def __init__(self, n_components=2, mode="multi", alpha=30.0, lr=0.05, lr_final=0.0005,
+                 epochs=20, steps_per_epoch=0, max_steps_per_epoch=2_000_000, kappa=0.0, mu=None,
+                 delta_init=0.5, seed=0, verbose=False):
+        self.n_components = n_components
+        self.mode = mode
+        self.alpha = alpha
+        self.lr = lr
+        self.lr_final = lr_final
+        self.epochs = epochs
+        self.steps_per_epoch = steps_per_epoch
+        self.max_steps_per_epoch = max_steps_per_epoch
+        self.kappa = kappa
+        self.mu = mu
+        self.delta_init = delta_init
+        self.seed = seed
+        self.verbose = verbose
+
+    # ------------------------------------------------------------------ fit
+    def _check_params(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if int(self.n_components) < 1:
+            raise ValueError("n_components must be at least 1")
+        if not (0.0 <= float(self.delta_init) <= 1.0):
+            raise ValueError("delta_init must lie in [0, 1]")
+        if int(self.epochs) < 0 or int(self.steps_per_epoch) < 0:
+            raise ValueError("epochs and steps_per_epoch must be non-negative")
+
+    def _mu(self, dim: int) -> np.ndarray:
+        if self.mu is None:
+            mu = np.zeros(dim)
+            mu[-1] = 1.0
+            return mu
+        mu = np.asarray(self.mu, dtype=np.float64)
+        if mu.shape != (dim,) or not np.isfinite(mu).all() or np.linalg.norm(mu) == 0:
+            raise ValueError(f"mu must be a non-zero vector of length {dim}")
+        return mu / np.linalg.norm(mu)
+
+    def fit(self, data) -> "ScoreEstimator":
+        """Learn from an :class:`AttributeTable` or :class:`ConditionalTriplets`."""
+        self._check_params()
+        if isinstance(data, AttributeTable):
+            self.objects_, self.aspects_ = data.objects, IdMap(list(data.attributes))
+            self.codes_ = np.ascontiguousarray(data.codes, dtype=np.int32)
+            self.values_ = [list(v) for v in data.values]
+            self.labels_ = list(data.labels) if data.labels is not None else None
+            self.layout_ = GroupLayout.from_codes(self.codes_)
+            self.triplets_ = None
+            per_aspect = self.layout_.triplets_per_aspect(len(self.aspects_))
+        elif isinstance(data, ConditionalTriplets):
+            self.objects_, self.aspects_ = data.objects, data.aspects
+            self.codes_, self.values_, self.labels_, self.layout_ = None, None, None, None
+            self.triplets_ = tuple(np.ascontiguousarray(a, dtype=np.int64)
+                                   for a in (data.aspect, data.i, data.j, data.k))
+            per_aspect = data.counts().astype(np.float64)
+        else:
+            raise TypeError(f"SCORE fits an AttributeTable or ConditionalTriplets, not {type(data).__name__}")
+        self.fingerprint_ = data.fingerprint()
+        n_obj, n_asp = len(self.objects_), len(self.aspects_)
+        n_triplets = float(per_aspect.sum())
+        if n_triplets <= 0:
+            raise ValueError("the data hold no triplet: every aspect needs two objects sharing a value"
+                             " and one with another value")
+        self.triplets_per_aspect_ = per_aspect
+        dim = int(self.n_components) + 1
+
+        # Mode = which aspect row and which copy of the objects a triplet trains.
+        if self.mode == "multi":
+            aspect_row, n_sets = np.arange(n_asp), 1
+            object_offset = np.zeros(n_asp, np.int64)
+        elif self.mode == "single":
+            aspect_row, n_sets = np.zeros(n_asp, np.int64), 1
+            object_offset = np.zeros(n_asp, np.int64)
+        else:
+            aspect_row, n_sets = np.arange(n_asp), n_asp
+            object_offset = np.arange(n_asp, dtype=np.int64) * n_obj
+        self.aspect_row_ = aspect_row.astype(np.int64)
+        self.object_set_ = (np.arange(n_asp) if self.mode == "disjoint" else np.zeros(n_asp)).astype(np.int32)
+        n_rows = int(aspect_row.max()) + 1
+
+        rng = np.random.default_rng(self.seed)
+        X = random_sphere(rng, n_rows, dim)
+        Y = random_sphere(rng, n_sets * n_obj, dim)
+        learn_delta = self.mode != "disjoint"
+        delta = np.full(n_rows, float(self.delta_init) if learn_delta else 1.0)
+        mu = self._mu(dim)
+        steps = int(self.steps_per_epoch) or int(min(n_triplets, int(self.max_steps_per_epoch)))
+        epochs = int(self.epochs)
+        lr0, lr1 = float(self.lr), float(self.lr_final)
+        self.loglik_ = []
+        with Progress(f"SCORE[{self.mode}]", epochs, enabled=bool(self.verbose)) as bar:
+            for epoch in range(epochs):
+                # Linear decay over the whole run, cut into per-epoch segments.
+                a = lr0 + (lr1 - lr0) * epoch / epochs
+                b = lr0 + (lr1 - lr0) * (epoch + 1) / epochs
+                seed = int(rng.integers(2**31 - 1))
+                if self.layout_ is not None:
+                    L = self.layout_
+                    ll = K.group_epoch(X, Y, delta, self.aspect_row_, object_offset, L.members,
+                                       L.aspect_start, L.group_start, L.group_end, L.group_aspect,
+                                       L.group_cum, steps, a, b, float(self.alpha), float(self.kappa),
+                                       mu, learn_delta, seed)
+                else:
+                    ta, ti, tj, tk = self.triplets_
+                    ll = K.triplet_epoch(X, Y, delta, self.aspect_row_, object_offset, ta, ti, tj, tk,
+                                         steps, a, b, float(self.alpha), float(self.kappa), mu,
+                                         learn_delta, seed)
+                check_finite(epoch, aspect_points=X, object_points=Y, deltas=delta)
+                self.loglik_.append(float(ll))
+                bar.update(1, loglik=ll)
+        self.X_, self.delta_ = X, delta
+        self.Y_ = Y.reshape(n_sets, n_obj, dim)
+        return self
+
+    # ------------------------------------------------------------- results
+    @property
+    def aspect_points(self) -> np.ndarray:
+        """(n_aspects, K+1): each aspect's point (shared by all in single mode)."""
+        return self.X_[self.aspect_row_]
+
+    @property
+    def deltas(self) -> np.ndarray:
+        return self.delta_[self.aspect_row_]
+
+    def to_artifact(self) -> Artifact:
+        """Arrays: ``object_points`` (n_sets, n_objects, K+1), ``aspect_points``,
+        ``aspect_object_set`` (which object set each aspect projects), ``deltas``
+        and, for attribute input, ``codes`` (n_objects, n_aspects, -1 = missing);
+        value labels and object labels travel in the attributes."""
+        arrays = {
+            "object_points": np.ascontiguousarray(self.Y_, dtype=np.float64),
+            "aspect_points": np.ascontiguousarray(self.aspect_points, dtype=np.float64),
+            "aspect_object_set": self.object_set_,
+            "deltas": np.ascontiguousarray(self.deltas, dtype=np.float64),
+        }
+        attributes = {"mode": self.mode, "n_components": int(self.n_components),
+                      "triplets_per_aspect": [float(c) for c in self.triplets_per_aspect_]}
+        if self.codes_ is not None:
+            arrays["codes"] = self.codes_
+            attributes["values"] = {name: vals for name, vals in zip(self.aspects_.ids, self.values_)}
+            if self.labels_ is not None:
+                attributes["object_labels"] = self.labels_
+        params = self.get_params()
+        params["mu"] = None if self.mu is None else [float(v) for v in self.mu]
+        metrics = {"final_mean_loglik": self.loglik_[-1]} if self.loglik_ else {}
+        return Artifact(kind=self.kind, arrays=arrays,
+                        ids={"objects": self.objects_, "aspects": self.aspects_},
+                        hyperparameters=params, metrics=metrics, attributes=attributes,
+                        data_fingerprint=self.fingerprint_)
+
+
+Estimator = ScoreEstimator
