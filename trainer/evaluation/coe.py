@@ -59,13 +59,13 @@ _TABLE3 = {
 }
 # Settings chosen by ``--tune`` on ML-100K validation splits (docs/coe.md has the command).
 DEFAULTS = {
-    "sigmoid": dict(lam=2.0, eta=0.001, lr=0.1, lr_final=0.01, epochs=20, type_a_share=None),
-    "gompertz": dict(alpha=1.5, eta=0.001, lr=0.1, lr_final=0.01, epochs=20, type_a_share=None),
+    "sigmoid": dict(lam=2.0, eta=0.001, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=1.0),
+    "gompertz": dict(alpha=1.5, eta=0.001, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=1.0),
 }
 GRID = {
     "scale": [1.0, 2.0, 4.0],
     "eta": [0.0, 0.001, 0.01],
-    "type_a_share": [None, 0.5],
+    "group_power": [1.0, 0.5, 0.0],
 }
 
 
@@ -193,11 +193,11 @@ def tune(function: str, base: dict, data: Ratings, observed: np.ndarray, rng: np
     values = protocol_values(sub, inner)
     scale_name = "lam" if function == "sigmoid" else "alpha"
     best, best_score = None, -1.0
-    for scale, eta, share in itertools.product(GRID["scale"], GRID["eta"], GRID["type_a_share"]):
-        params = dict(base, **{scale_name: scale, "eta": eta, "type_a_share": share})
+    for scale, eta, power in itertools.product(GRID["scale"], GRID["eta"], GRID["group_power"]):
+        params = dict(base, **{scale_name: scale, "eta": eta, "group_power": power})
         metrics, seconds = fit_and_evaluate(params, sub, values, inner)
         score = _hmean(metrics["preservation_h"], metrics["prediction_h"])
-        log(f"  tune {function} {scale_name}={scale} eta={eta} type_a_share={share}: "
+        log(f"  tune {function} {scale_name}={scale} eta={eta} group_power={power}: "
             f"val pres H {metrics['preservation_h']:.4f} pred H {metrics['prediction_h']:.4f} ({seconds:.1f}s)")
         if score > best_score:
             best, best_score = params, score
@@ -233,7 +233,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", type=int, default=2, help="dimension of the map (paper: 2)")
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
     parser.add_argument("--tune", action="store_true",
-                        help="grid-search lambda/alpha, eta and the type-A share on a validation split"
+                        help="grid-search lambda/alpha, eta and group_power on a validation split"
                              " of the observed ratings (first split's observed set)")
     parser.add_argument("--epochs", type=int, help="override the tuned default")
     parser.add_argument("--lr", type=float, help="initial learning rate (default: tuned)")
@@ -242,6 +242,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=float, help="lambda (sigmoid) or alpha (Gompertz)")
     parser.add_argument("--type-a-share", type=float,
                         help="probability of drawing a type-A triple (default: uniform over triples)")
+    parser.add_argument("--group-power", type=float,
+                        help="draw users/items with weight (triples)**p; 1 = uniform over triples (paper)")
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="0: one per observed rating")
     parser.add_argument("--no-references", action="store_true", help="skip the random/popularity rows")
 
@@ -250,7 +252,7 @@ def _params(function: str, args: argparse.Namespace) -> dict:
     params = dict(DEFAULTS[function], dim=args.dim, function=function,
                   steps_per_epoch=args.steps_per_epoch)
     for flag, name in (("epochs", "epochs"), ("lr", "lr"), ("lr_final", "lr_final"), ("eta", "eta"),
-                       ("type_a_share", "type_a_share")):
+                       ("type_a_share", "type_a_share"), ("group_power", "group_power")):
         if getattr(args, flag) is not None:
             params[name] = getattr(args, flag)
     if args.scale is not None:

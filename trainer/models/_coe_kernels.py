@@ -170,11 +170,17 @@ def _gradient_into(X, Y, kind, a, b, c, func, scale, out):
 # ---------------------------------------------------------------- sampling
 @njit(cache=True, inline="always")
 def _draw_group(cum, total):
-    """A group with probability proportional to its triple count (cum: exclusive prefix sums)."""
-    r = np.int64(np.random.random() * total)
-    if r >= total:
-        r = total - 1
-    return np.searchsorted(cum, r, side="right") - 1
+    """A group with probability proportional to its weight (cum: float64 exclusive prefix sums).
+
+    With weights = triple counts this is uniform over the triple set; float64
+    holds counts exactly up to 2^53 (Netflix type B: 2.5e11). Zero-weight
+    groups are never returned: ``side="right"`` skips empty intervals.
+    """
+    n = cum.shape[0] - 1
+    while True:
+        g = np.searchsorted(cum, np.random.random() * total, side="right") - 1
+        if g < n:
+            return g
 
 
 @njit(cache=True, inline="always")

@@ -81,48 +81,55 @@ class TripleSource:
 
     ``a_*``: grouped by user (members are items) -> type-A triples.
     ``b_*``: grouped by item (members are users) -> type-B triples.
-    ``*_cum``: exclusive prefix sums of the per-group triple counts (int64),
-    used to draw a group in proportion to its triples.
+    ``*_count``: triples per group (int64), counted from the sorted values
+    with tie arithmetic. Memory is O(ratings + users + items).
     """
 
     a_indptr: np.ndarray
     a_items: np.ndarray
     a_values: np.ndarray
-    a_cum: np.ndarray
+    a_count: np.ndarray
     b_indptr: np.ndarray
     b_users: np.ndarray
     b_values: np.ndarray
-    b_cum: np.ndarray
+    b_count: np.ndarray
 
     @classmethod
     def build(cls, user: np.ndarray, item: np.ndarray, values: np.ndarray,
               n_users: int, n_items: int) -> "TripleSource":
         a_indptr, a_items, a_values, _ = grouped(user, item, values, n_users)
         b_indptr, b_users, b_values, _ = grouped(item, user, values, n_items)
-        a_cum = np.zeros(n_users + 1, dtype=np.int64)
-        np.cumsum(K.group_triple_counts(a_indptr, a_values), out=a_cum[1:])
-        b_cum = np.zeros(n_items + 1, dtype=np.int64)
-        np.cumsum(K.group_triple_counts(b_indptr, b_values), out=b_cum[1:])
-        return cls(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum)
+        return cls(a_indptr, a_items, a_values, K.group_triple_counts(a_indptr, a_values),
+                   b_indptr, b_users, b_values, K.group_triple_counts(b_indptr, b_values))
 
     @property
     def n_type_a(self) -> int:
-        return int(self.a_cum[-1])
+        return int(self.a_count.sum())
 
     @property
     def n_type_b(self) -> int:
-        return int(self.b_cum[-1])
+        return int(self.b_count.sum())
 
     def nbytes(self) -> int:
         return sum(getattr(self, f).nbytes for f in self.__dataclass_fields__)
 
-    def arrays(self):
-        return (self.a_indptr, self.a_items, self.a_values, self.a_cum,
-                self.b_indptr, self.b_users, self.b_values, self.b_cum)
+    @staticmethod
+    def _cumulative(count: np.ndarray, power: float) -> np.ndarray:
+        weight = count.astype(np.float64)
+        if power != 1.0:
+            weight = np.where(count > 0, weight ** power, 0.0)
+        cum = np.zeros(count.shape[0] + 1)
+        np.cumsum(weight, out=cum[1:])
+        return cum
 
-    def sample(self, n: int, p_a: float, seed: int):
+    def arrays(self, group_power: float = 1.0):
+        """Kernel arguments; groups drawn with weight count**group_power (1: uniform over triples)."""
+        return (self.a_indptr, self.a_items, self.a_values, self._cumulative(self.a_count, group_power),
+                self.b_indptr, self.b_users, self.b_values, self._cumulative(self.b_count, group_power))
+
+    def sample(self, n: int, p_a: float, seed: int, group_power: float = 1.0):
         """``n`` triples drawn exactly as training draws them: (kind, first, second, third)."""
-        return K.sample_triples(*self.arrays(), n, p_a, seed)
+        return K.sample_triples(*self.arrays(group_power), n, p_a, seed)
 
 
 class COE(Estimator):
@@ -152,6 +159,11 @@ class COE(Estimator):
     type_a_share : float or None
         Probability that a step draws a type-A triple. None draws uniformly
         over the whole triple set (T_A / (T_A + T_B)), as the paper does.
+    group_power : float
+        Users (type A) and items (type B) are drawn with weight
+        (their number of triples) ** group_power, then one of their triples
+        uniformly. 1 is the paper's uniform draw over the triple set; below
+        1 small groups get more steps (a deviation, see docs/coe.md).
     source : {"ratings", "cooccurrence"}
         How the values triples compare are made from the input: per-user
         z-scores of ratings, or per-user normalised co-occurrence counts.
@@ -169,7 +181,7 @@ class COE(Estimator):
     def __init__(self, dim: int = 2, function: str = "sigmoid", lam: float = 2.0,
                  alpha: float = 1.5, eta: float = 0.001, lr: float = 0.1, lr_final: float = 0.01,
                  epochs: int = 20, steps_per_epoch: int = 0, type_a_share: float | None = None,
-                 source: str = "ratings", init_scale: float = 0.1, seed: int = 0,
+                 group_power: float = 1.0, source: str = "ratings", init_scale: float = 0.1, seed: int = 0,
                  verbose: bool = False):
         self.dim = dim
         self.function = function
@@ -181,6 +193,7 @@ class COE(Estimator):
         self.epochs = epochs
         self.steps_per_epoch = steps_per_epoch
         self.type_a_share = type_a_share
+        self.group_power = group_power
         self.source = source
         self.init_scale = init_scale
         self.seed = seed
@@ -224,13 +237,14 @@ class COE(Estimator):
         total = steps * int(self.epochs)
         lr_end = self.lr * self.lr_final
         func = FUNCTIONS[self.function]
+        arrays = triples.arrays(float(self.group_power))
         self.log_likelihood_ = []
         with Progress("COE", self.epochs, enabled=self.verbose) as bar:
             for epoch in range(int(self.epochs)):
                 # linear decay from lr to lr * lr_final over all steps
                 lr0 = self.lr + (lr_end - self.lr) * (epoch * steps / total)
                 lr1 = self.lr + (lr_end - self.lr) * ((epoch + 1) * steps / total)
-                ll = K.sga_epoch(X, Y, *triples.arrays(), steps, p_a, func, self.scale,
+                ll = K.sga_epoch(X, Y, *arrays, steps, p_a, func, self.scale,
                                  float(self.eta), lr0, lr1, int(self.seed) * 1_000_003 + epoch)
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 self.log_likelihood_.append(float(ll))
