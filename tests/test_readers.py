@@ -347,6 +347,41 @@ def test_fast_path_gives_up_on_anything_unusual(tmp_path):
         assert not parse_records(str(path), "\t", 4, cols, 2).fast, body
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), min_size=1, max_size=60),
+       st.booleans())
+def test_find_duplicates_matches_brute_force(pairs, sorted_path):
+    group = np.array([g for g, _ in pairs], dtype=np.int32)
+    value = np.array([v for _, v in pairs], dtype=np.int64)
+    if sorted_path:  # force the sort-based branch used for huge value ranges
+        old, _lines.DENSE_LIMIT = _lines.DENSE_LIMIT, -10**9
+    try:
+        found = _lines.find_duplicates(group, 6, value, 8)
+    finally:
+        if sorted_path:
+            _lines.DENSE_LIMIT = old
+    first: dict = {}
+    expected = []
+    for k, pair in enumerate(pairs):
+        if pair in first:
+            expected.append([k, first[pair]])
+        else:
+            first[pair] = k
+    assert found.tolist() == expected
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(-10**6, 10**6), st.integers(0, 6)), min_size=1, max_size=40))
+def test_fast_number_parsing_equals_python_float(tmp_path, numbers):
+    # Ratings with up to 6 decimals: the kernel's value must be exactly float(text).
+    texts = [f"{m / 10 ** d:.{d}f}" for m, d in numbers]
+    path = write(tmp_path / "u.data", "".join(f"{k}\t1\t{t}\t0\n" for k, t in enumerate(texts)))
+    cols = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "rating", kind="float")]
+    fast = parse_records(str(path), "\t", 4, cols, 2)
+    assert fast.fast
+    assert fast.numbers[0].tolist() == [float(t) for t in texts]
+
+
 # ------------------------------------------------------------------ round trip property
 _id_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"),
                                           blacklist_characters=',"\u0085'),

@@ -144,11 +144,83 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, o
     return row, -1
 
 
-def first_appearance(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique values of an integer column in order of first appearance, and the column as rows.
+@njit(cache=True)
+def first_appearance_dense(column, max_value):
+    """First-appearance numbering of non-negative integers ``<= max_value`` with a lookup table.
 
-    Vectorised equivalent of ``IdMap.from_values`` for integer ids.
+    Returns ``(unique values in order of first appearance, int32 rows)``;
+    one pass, no sort.
     """
+    table = np.full(max_value + 1, -1, dtype=np.int32)
+    rows = np.empty(column.shape[0], dtype=np.int32)
+    order = np.empty(column.shape[0], dtype=np.int64)
+    n = 0
+    for k in range(column.shape[0]):
+        v = column[k]
+        r = table[v]
+        if r < 0:
+            r = n
+            table[v] = n
+            order[n] = v
+            n += 1
+        rows[k] = r
+    return order[:n].copy(), rows
+
+
+@njit(cache=True)
+def grouped_duplicates(group, value, n_groups, n_values):
+    """Records whose ``(group, value)`` repeats an earlier record's, without sorting.
+
+    A stable counting sort by ``group`` visits each group's records in file
+    order; ``last_group[v]`` remembers which group last used value ``v`` and
+    ``first[v]`` the record that did. Returns ``(later, earlier)`` record
+    indices, ``earlier`` being the first record with the same pair.
+    """
+    n = group.shape[0]
+    start = np.zeros(n_groups + 1, dtype=np.int64)
+    for k in range(n):
+        start[group[k] + 1] += 1
+    for g in range(n_groups):
+        start[g + 1] += start[g]
+    order = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        g = group[k]
+        order[start[g]] = k
+        start[g] += 1
+    last_group = np.full(n_values, -1, dtype=np.int64)
+    first = np.empty(n_values, dtype=np.int64)
+    later = np.empty(n, dtype=np.int64)
+    earlier = np.empty(n, dtype=np.int64)
+    m = 0
+    for idx in range(n):
+        k = order[idx]
+        g = group[k]
+        v = value[k]
+        if last_group[v] == g:
+            later[m] = k
+            earlier[m] = first[v]
+            m += 1
+        else:
+            last_group[v] = g
+            first[v] = k
+    return later[:m].copy(), earlier[:m].copy()
+
+
+# Largest lookup table (entries) the kernels above may allocate, beyond one per record.
+DENSE_LIMIT = 1 << 24
+
+
+def first_appearance(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique values of a non-negative integer column in order of first appearance, and the column as rows.
+
+    Vectorised equivalent of ``IdMap.from_values`` for integer ids: a lookup
+    table when the values are small enough (MovieLens, Last.fm), else a sort.
+    """
+    if column.size == 0:
+        return column[:0].astype(np.int64), np.empty(0, dtype=np.int32)
+    top = int(column.max())
+    if top < column.size * 4 + DENSE_LIMIT:
+        return first_appearance_dense(column, top)
     unique, first, inverse = np.unique(column, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")
     rank = np.empty(order.size, dtype=np.int32)

@@ -25,7 +25,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from service.idmap import IdMap
-from trainer.data._fast_kernels import first_appearance, parse_numeric_lines
+from trainer.data._fast_kernels import (
+    DENSE_LIMIT, first_appearance, grouped_duplicates, parse_numeric_lines,
+)
 from trainer.data.types import DataError
 
 CHUNK_BYTES = 1 << 24  # 16 MiB of lines per kernel call keeps memory bounded on 10M-line files
@@ -289,17 +291,16 @@ def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_
 
 
 def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
-    """``(first_line_number, bytes)`` of whole lines after the header, about CHUNK_BYTES each."""
+    """``(number_of_lines, bytes)`` of whole lines after the header, about CHUNK_BYTES each."""
     with open(path, "rb") as f:
         for _ in range(header_lines):
             f.readline()
-        line = header_lines + 1
         carry = b""
         while True:
             block = f.read(CHUNK_BYTES)
             if not block:
                 if carry:
-                    yield line, carry + b"\n"
+                    yield 1, carry + b"\n"
                 return
             block = carry + block
             cut = block.rfind(b"\n") + 1
@@ -308,8 +309,7 @@ def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
                 continue
             carry = block[cut:]
             whole = block[:cut]
-            yield line, whole
-            line += whole.count(b"\n")
+            yield whole.count(b"\n"), whole
 
 
 def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) -> Records | None:
@@ -332,9 +332,8 @@ def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) 
     with open(path, "rb") as f:
         if f.read(3) == codecs.BOM_UTF8:
             return None  # rare; the per-line parser strips the byte-order mark
-    for _, data in _chunks(path, header_lines):
+    for n, data in _chunks(path, header_lines):
         buf = np.frombuffer(data, dtype=np.uint8)
-        n = data.count(b"\n")
         out_ids = np.empty((n, max(len(id_columns), 1)), dtype=np.int64)
         out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
         rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, out_num)
@@ -381,22 +380,24 @@ def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) 
     return Records(spaces=spaces, ids=rows_out, numbers=numbers, first_line=first_line, fast=True)
 
 
-def find_duplicates(records: Records, keys: np.ndarray) -> np.ndarray:
-    """Indices ``(later, earlier)`` of records whose key repeats an earlier record's key.
+def find_duplicates(group: np.ndarray, n_groups: int, value: np.ndarray, n_values: int) -> np.ndarray:
+    """Indices ``(later, earlier)`` of records whose ``(group, value)`` pair repeats an earlier record's.
 
-    ``later`` ascending; ``earlier`` is the first record with the same key.
+    ``later`` ascending; ``earlier`` is the first record with the same pair.
+    Without sorting when ``n_values`` is small enough for a lookup table
+    (ratings: group = user, value = item), else by a stable sort of the keys.
     """
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    repeat = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1]) + 1
-    if repeat.size == 0:
-        return np.empty((0, 2), dtype=np.int64)
-    # The first record of each run of equal keys.
-    run_start = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
-    first_of = order[run_start[np.searchsorted(run_start, repeat, side="right") - 1]]
-    pairs = np.stack([order[repeat], first_of], axis=1)
+    group = np.ascontiguousarray(group)
+    value = np.ascontiguousarray(value)
+    if n_values <= group.size * 4 + DENSE_LIMIT:
+        later, earlier = grouped_duplicates(group, value, max(n_groups, 1), max(n_values, 1))
+    else:
+        keys = group.astype(np.int64) * n_values + value.astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        sorted_keys = keys[order]
+        repeat = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1]) + 1
+        run_start = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]])
+        later = order[repeat]
+        earlier = order[run_start[np.searchsorted(run_start, repeat, side="right") - 1]]
+    pairs = np.stack([later, earlier], axis=1).astype(np.int64)
     return pairs[np.argsort(pairs[:, 0], kind="stable")]
-
-
-def pair_keys(a: np.ndarray, b: np.ndarray, n_b: int) -> np.ndarray:
-    return a.astype(np.int64) * max(n_b, 1) + b.astype(np.int64)

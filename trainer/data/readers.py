@@ -28,7 +28,7 @@ import numpy as np
 
 from service.idmap import IdMap
 from trainer.data._lines import (
-    Column, Problems, check_path, find_duplicates, has_control, iter_lines, pair_keys,
+    Column, Problems, check_path, find_duplicates, has_control, iter_lines,
     parse_records, peek_lines, splitter,
 )
 from trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
@@ -230,16 +230,19 @@ def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[s
     return header, found
 
 
-def _drop_duplicates(records, keys, path, problems_skip: bool, describe) -> int:
-    """Raise on the first repeated key (naming both lines) or drop the repeats; returns how many."""
-    pairs = find_duplicates(records, keys)
+def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool, describe) -> int:
+    """Raise on the first repeated (group, value) pair, naming both lines, or drop the repeats.
+
+    Returns how many records were dropped.
+    """
+    pairs = find_duplicates(group, n_groups, value, n_values)
     if pairs.shape[0] == 0:
         return 0
-    if not problems_skip:
+    if not skip:
         later, earlier = (int(x) for x in pairs[0])
         raise DataError(path, records.line(later),
                         f"duplicate {describe(later)}, already on line {records.line(earlier)}")
-    mask = np.ones(keys.size, dtype=bool)
+    mask = np.ones(group.size, dtype=bool)
     mask[pairs[:, 0]] = False
     records.keep(mask)
     return int(pairs.shape[0])
@@ -289,7 +292,7 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
                 f"by user {users.external(int(records.ids[0][r]))!r}")
 
     skipped = records.skipped + _drop_duplicates(
-        records, pair_keys(user, item, len(items)), path, skip_bad_lines, describe)
+        records, user, len(users), item, len(items), path, skip_bad_lines, describe)
     return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
                    source=path, skipped_lines=skipped)
 
@@ -355,8 +358,9 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
         return (f"tag {tags.external(int(records.ids[2][r]))!r} on item "
                 f"{items.external(int(records.ids[1][r]))!r} by user {users.external(int(records.ids[0][r]))!r}")
 
-    keys = (user.astype(np.int64) * max(len(items), 1) + item) * max(len(tags), 1) + tag
-    skipped = records.skipped + _drop_duplicates(records, keys, path, skip_bad_lines, describe)
+    post = item.astype(np.int64) * max(len(tags), 1) + tag  # (item, tag) within a user
+    skipped = records.skipped + _drop_duplicates(
+        records, user, len(users), post, len(items) * max(len(tags), 1), path, skip_bad_lines, describe)
 
     names = None
     if tag_names is None and fmt == "lastfm-tags":
@@ -509,9 +513,10 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
         return (f"neighbor {vertices.external(int(records.ids[1][r]))!r} for source "
                 f"{vertices.external(int(records.ids[0][r]))!r}")
 
-    skipped += _drop_duplicates(records, pair_keys(records.ids[0], records.numbers[0].astype(np.int64), 2**31),
+    ranks = records.numbers[0].astype(np.int64)
+    skipped += _drop_duplicates(records, records.ids[0], n, ranks, int(ranks.max()) + 1 if ranks.size else 1,
                                 path, skip_bad_lines, by_rank)
-    skipped += _drop_duplicates(records, pair_keys(records.ids[0], records.ids[1], n),
+    skipped += _drop_duplicates(records, records.ids[0], n, records.ids[1], n,
                                 path, skip_bad_lines, by_neighbor)
     return NeighborLists(vertices, records.ids[0], records.ids[1], records.numbers[0].astype(np.int32),
                          path=path, skipped_lines=skipped)
