@@ -112,6 +112,10 @@ class RTF(Estimator):
     patience : int
         Stop after this many passes without a validation AUC gain of more than
         ``min_delta``; the best parameters seen are kept.
+    min_iterations : int
+        Never stop early before this many passes: from a small random start
+        the validation AUC sits near 0.5 for a few passes (the gradient of a
+        three-way product is cubic in the initial scale), which is no plateau.
     min_delta : float
     popular_top : int
         Length of the per-user and per-item popular-tag lists shipped for
@@ -136,6 +140,7 @@ class RTF(Estimator):
         init_std: float = 0.1,
         validation_posts: int = 500,
         patience: int = 5,
+        min_iterations: int = 10,
         min_delta: float = 1e-4,
         popular_top: int = 200,
         dtype: str = "float32",
@@ -150,6 +155,7 @@ class RTF(Estimator):
         self.init_std = init_std
         self.validation_posts = validation_posts
         self.patience = patience
+        self.min_iterations = min_iterations
         self.min_delta = min_delta
         self.popular_top = popular_top
         self.dtype = dtype
@@ -275,7 +281,7 @@ class RTF(Estimator):
                         stale += 1
                 history.append(record)
                 bar.update(1, **{k: v for k, v in record.items() if k != "epoch"})
-                if val_idx.size and stale >= int(self.patience):
+                if val_idx.size and stale >= int(self.patience) and epoch >= int(self.min_iterations):
                     break
         if best[2] is not None and best[1] != history[-1]["epoch"]:
             C, U, I, T = best[2]

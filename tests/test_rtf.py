@@ -1,0 +1,240 @@
+"""RTF trainer: gradient of the whole objective, SGD step, planted recovery, artifact."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.artifacts import Registry
+from service.idmap import IdMap
+from service.models.rtf import Index
+from trainer.data.types import TagAssignments
+from trainer.models import _rtf_kernels as K
+from trainer.models import estimator_class
+from trainer.models.rtf import RTF, group_posts
+from trainer.sample import planted_tags_with_truth
+
+
+def _tiny_problem(seed=0, dims=(3, 4, 2), n_users=4, n_items=3, n_tags=6, std=0.7):
+    rng = np.random.default_rng(seed)
+    C = rng.normal(0, std, dims)
+    U = rng.normal(0, std, (n_users, dims[0]))
+    I = rng.normal(0, std, (n_items, dims[1]))
+    T = rng.normal(0, std, (n_tags, dims[2]))
+    # posts with 1..3 tags; user 0 and item 0 appear in several posts
+    posts = [(0, 0, [1]), (0, 2, [0, 3, 5]), (1, 0, [2, 4]), (3, 1, [0]), (2, 0, [5, 1])]
+    user = np.array([u for u, i, ts in posts for _ in ts])
+    item = np.array([i for u, i, ts in posts for _ in ts])
+    tag = np.array([t for u, i, ts in posts for t in ts])
+    return (C, U, I, T), group_posts(user, item, tag)
+
+
+def _objective_numpy(C, U, I, T, post_user, post_item, indptr, tags, reg, reg_core):
+    """The objective written independently of the kernels, by the full Eq. 4 sum."""
+    total = 0.0
+    for p in range(post_user.size):
+        u, i = post_user[p], post_item[p]
+        y = np.einsum("abc,a,b,tc->t", C, U[u], I[i], T)
+        pos = tags[indptr[p] : indptr[p + 1]]
+        neg = np.setdiff1d(np.arange(T.shape[0]), pos)
+        d = y[pos][:, None] - y[neg][None, :]
+        total += np.mean(1.0 / (1.0 + np.exp(-d)))
+        total -= reg_core * np.sum(C**2) + reg * (np.sum(U[u] ** 2) + np.sum(I[i] ** 2) + np.sum(T**2))
+    return total
+
+
+def test_objective_matches_independent_formula():
+    params, posts = _tiny_problem()
+    want = _objective_numpy(*params, *posts, 0.01, 0.02)
+    got = K.objective(*params, *posts, 0.01, 0.02)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("reg,reg_core", [(0.0, 0.0), (0.03, 0.05)])
+def test_gradient_of_whole_objective_by_finite_differences(reg, reg_core):
+    params, posts = _tiny_problem(seed=1)
+    grads = K.gradient(*params, *posts, reg, reg_core)
+    eps = 1e-6
+    for name, param, grad in zip("CUIT", params, grads):
+        flat = param.reshape(-1)
+        numeric = np.empty(flat.size)
+        for k in range(flat.size):
+            old = flat[k]
+            flat[k] = old + eps
+            up = K.objective(*params, *posts, reg, reg_core)
+            flat[k] = old - eps
+            down = K.objective(*params, *posts, reg, reg_core)
+            flat[k] = old
+            numeric[k] = (up - down) / (2 * eps)
+        np.testing.assert_allclose(grad.reshape(-1), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
+        assert np.abs(grad).max() > 1e-4, f"gradient of {name} is trivially zero"
+
+
+def test_one_sgd_step_is_an_ascent_step_along_the_gradient():
+    """sgd_epoch on one post moves every parameter by exactly lr * gradient."""
+    params, (pu, pi, indptr, tags) = _tiny_problem(seed=2)
+    reg, reg_core, lr = 0.02, 0.03, 1e-3
+    for p in range(pu.size):
+        one = (pu[p : p + 1], pi[p : p + 1], np.array([0, indptr[p + 1] - indptr[p]]),
+               tags[indptr[p] : indptr[p + 1]])
+        before = [x.copy() for x in params]
+        grads = K.gradient(*before, *one, reg, reg_core)
+        after = [x.copy() for x in params]
+        K.sgd_epoch(*after, *one, np.array([0]), lr, reg, reg_core)
+        for name, b, a, g in zip("CUIT", before, after, grads):
+            np.testing.assert_allclose((a - b) / lr, g, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_sgd_epoch_raises_the_objective():
+    params, posts = _tiny_problem(seed=3, std=0.3)
+    start = K.objective(*params, *posts, 1e-4, 1e-4)
+    order = np.arange(posts[0].size)
+    for _ in range(30):
+        K.sgd_epoch(*params, *posts, order, 0.3, 1e-4, 1e-4)
+    assert K.objective(*params, *posts, 1e-4, 1e-4) > start + 0.5
+
+
+def test_posts_auc_counts_pairs_with_ties_as_half():
+    rng = np.random.default_rng(4)
+    scores = rng.integers(0, 4, size=(30, 9)).astype(np.float64)  # many ties
+    lengths = rng.integers(1, 4, size=30)
+    tags = np.concatenate([rng.choice(9, size=n, replace=False) for n in lengths])
+    indptr = np.r_[0, np.cumsum(lengths)]
+    got = RTF.posts_auc(scores, indptr, tags)
+    for p in range(30):
+        pos = tags[indptr[p] : indptr[p + 1]]
+        neg = np.setdiff1d(np.arange(9), pos)
+        d = scores[p, pos][:, None] - scores[p, neg][None, :]
+        assert got[p] == pytest.approx(np.mean((d > 0) + 0.5 * (d == 0)))
+
+
+def test_group_posts_dedupes_and_sorts():
+    pu, pi, indptr, tags = group_posts(np.array([2, 0, 2, 0, 2]), np.array([1, 5, 1, 5, 0]),
+                                       np.array([3, 1, 3, 0, 4]))
+    assert pu.tolist() == [0, 2, 2] and pi.tolist() == [5, 0, 1]
+    assert [tags[indptr[p] : indptr[p + 1]].tolist() for p in range(3)] == [[0, 1], [4], [3]]
+
+
+def _split_planted(seed=0):
+    data, truth = planted_tags_with_truth(n_users=120, n_items=80, n_tags=30, rank=3,
+                                          posts_per_user=(10, 16), tags_per_post=(2, 4), seed=seed)
+    post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)
+    rng = np.random.default_rng(seed)
+    test = np.zeros(post_user.size, dtype=bool)
+    test[rng.choice(post_user.size, size=150, replace=False)] = True
+    per = np.diff(indptr)
+    mask = ~np.repeat(test, per)
+    return data, truth, data.subset(mask), (post_user[test], post_item[test])
+
+
+def _planted_tucker(seed=0, n_users=60, n_items=50, n_tags=25, k=3, posts_per_user=10, tags_per_post=3):
+    """Posts whose tags are the top ones of a known rank-(k,k,k) Tucker tensor.
+
+    The core is random, so the tensor has a genuine three-way interaction:
+    which tags a user puts on an item is not the sum of the user's and the
+    item's habits, and popularity cannot recover it.
+    """
+    rng = np.random.default_rng(seed)
+    C = rng.normal(size=(k, k, k))
+    U, I, T = rng.normal(size=(n_users, k)), rng.normal(size=(n_items, k)), rng.normal(size=(n_tags, k))
+    truth = lambda u, i: np.einsum("abc,a,b,tc->t", C, U[u], I[i], T)  # noqa: E731
+    rows = []
+    for u in range(n_users):
+        for i in rng.choice(n_items, size=posts_per_user, replace=False):
+            rows += [(u, i, t) for t in np.argsort(-truth(u, i))[:tags_per_post]]
+    user, item, tag = (np.array(x, dtype=np.int32) for x in zip(*rows))
+    data = TagAssignments(IdMap([f"u{x}" for x in range(n_users)]), IdMap([f"i{x}" for x in range(n_items)]),
+                          IdMap([f"t{x}" for x in range(n_tags)]), user, item, tag, source="planted")
+    return data, truth
+
+
+def test_recovers_planted_tensor_ranking():
+    """On held-out posts (user and item seen, post not), RTF ranks the planted
+    top-3 tags first: AUC of those tags under the model's scores, where chance
+    is 0.5 and the planted tensor itself gets 1; popularity is the bar to clear."""
+    data, truth = _planted_tucker()
+    post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)
+    rng = np.random.default_rng(0)
+    test = np.zeros(post_user.size, dtype=bool)
+    test[rng.choice(post_user.size, size=60, replace=False)] = True
+    train = data.subset(~np.repeat(test, np.diff(indptr)))
+    est = RTF(dims=6, learning_rate=1.0, init_std=0.3, iterations=80, validation_posts=30, patience=10,
+              seed=0, verbose=False).fit(train)
+    index = Index.from_artifact(est.to_artifact())
+    model_auc, pop_auc = [], []
+    for u, i in zip(post_user[test], post_item[test]):
+        ur, ir = index.users.row(f"u{u}"), index.items.row(f"i{i}")
+        if ur < 0 or ir < 0:
+            continue
+        best = index.tags_ids.rows([f"t{t}" for t in np.argsort(-truth(u, i))[:3]])
+        if np.any(best < 0):
+            continue
+        indptr1 = np.array([0, 3])
+        model_auc.append(RTF.posts_auc(index.scores(ur, ir)[None, :], indptr1, best)[0])
+        pop_auc.append(RTF.posts_auc(index.popular_scores("mix", ur, ir)[None, :], indptr1, best)[0])
+    assert len(model_auc) > 40
+    model_auc, pop_auc = np.mean(model_auc), np.mean(pop_auc)
+    assert model_auc > 0.9, model_auc
+    assert model_auc > pop_auc + 0.05, (model_auc, pop_auc)
+    # training AUC is reported per epoch and rises
+    assert est.history_[-1]["train_auc"] > est.history_[0]["train_auc"] + 0.2
+
+
+def test_early_stopping_keeps_the_best_epoch():
+    data, truth, train, _ = _split_planted(seed=1)
+    est = RTF(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
+              min_iterations=5, min_delta=1e-3, seed=1, verbose=False).fit(train)
+    assert est.epochs_run_ < 200
+    best = max(h["val_auc"] for h in est.history_)
+    assert est.to_artifact().metrics["validation_auc"] == pytest.approx(best)
+    assert est.epochs_run_ - est.best_epoch_ >= 3
+
+
+def test_divergence_is_reported():
+    data, truth, train, _ = _split_planted(seed=2)
+    with pytest.raises(FloatingPointError, match="diverged"):
+        RTF(dims=4, learning_rate=1e30, init_std=1.0, iterations=5, validation_posts=0,
+            verbose=False).fit(train)
+
+
+def test_seed_makes_training_reproducible():
+    data, truth, train, _ = _split_planted(seed=3)
+    a = RTF(dims=3, iterations=3, seed=7, verbose=False).fit(train)
+    b = RTF(dims=3, iterations=3, seed=7, verbose=False).fit(train)
+    np.testing.assert_array_equal(a.core_, b.core_)
+    np.testing.assert_array_equal(a.tag_factors_, b.tag_factors_)
+
+
+def test_estimator_contract_and_registry_round_trip(tmp_path):
+    assert estimator_class("rtf") is RTF
+    assert RTF.kind == "rtf" and RTF.input_shape == "tags"
+    assert RTF(dims=5).get_params()["dims"] == 5
+    data, truth, train, _ = _split_planted(seed=4)
+    train.tag_names = [f"name {t} ä" for t in range(len(train.tags))]
+    est = RTF(dims=(3, 4, 5), iterations=3, validation_posts=0, seed=0, verbose=False).fit(train)
+    artifact = est.to_artifact()
+    assert artifact.arrays["core"].shape == (3, 4, 5)
+    registry = Registry(tmp_path)
+    version = registry.publish("rtf", artifact)
+    loaded = registry.load("rtf", version)
+    assert loaded.hyperparameters["dims"] == [3, 4, 5]
+    a, b = Index.from_artifact(artifact), Index.from_artifact(loaded)
+    b.smoke()
+    for u, i in [(0, 0), (3, 7), (-1, 2), (5, -1), (-1, -1)]:
+        ra, sa, fa = a.tags(u, i, 7, exclude_own=True)
+        rb, sb, fb = b.tags(u, i, 7, exclude_own=True)
+        assert fa == fb and ra.tolist() == rb.tolist()
+        np.testing.assert_array_equal(sa, sb)
+    names = b.tag_names([0, 1])
+    used = np.unique(train.tag)  # compact() keeps used tags in order
+    assert names == [train.tag_names[used[0]], train.tag_names[used[1]]]
+
+
+def test_rejects_wrong_input():
+    with pytest.raises(ValueError, match="dims"):
+        RTF(dims=(2, 3), verbose=False).fit(_split_planted()[2])
+    with pytest.raises(TypeError):
+        RTF(verbose=False).fit("not data")
+    one_tag = TagAssignments(IdMap(["u"]), IdMap(["i"]), IdMap(["t"]), np.array([0], np.int32),
+                             np.array([0], np.int32), np.array([0], np.int32))
+    with pytest.raises(ValueError, match="two distinct tags"):
+        RTF(verbose=False).fit(one_tag)
