@@ -35,6 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-interval", type=float, default=5.0,
                    help="seconds between registry polls for new versions (0: never)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument("--redis", dest="redis_url", metavar="URL",
+                   help="redis://host:port/db for new-version news and seen items (optional)")
+    p.add_argument("--redis-timeout", type=float, default=0.05, help="seconds per Redis call (default 0.05)")
+    p.add_argument("--seen-ttl", type=int, default=30 * 86400,
+                   help="seconds a recorded interaction stays excluded (default 30 days)")
+    p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
+    p.add_argument("--token-env", help="environment variable holding an accepted bearer token")
     p.add_argument("--log-level", default="INFO")
     for name, default in vars(Limits()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, dest=name,
@@ -43,11 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    from service.security import load_tokens
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
     return ServerConfig(
         registry=args.registry, host=args.host, port=args.port, metrics_host=args.metrics_host,
         metrics_port=args.metrics_port, workers=args.workers, poll_interval=args.poll_interval,
-        grace=args.grace, limits=limits,
+        grace=args.grace, limits=limits, redis_url=args.redis_url, redis_timeout=args.redis_timeout,
+        seen_ttl=args.seen_ttl, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        tokens=load_tokens(args.token_file, args.token_env),
     )
 
 
@@ -75,6 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return serve(args)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
         print(f"ordrec-serve: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ValueError) else 1

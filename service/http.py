@@ -26,6 +26,7 @@ class _Handler(BaseHTTPRequestHandler):
     metrics: Metrics
     store: ModelStore
     healthy: Callable[[], bool]
+    detail: Callable[[], dict]
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = self.path.split("?", 1)[0]
@@ -33,7 +34,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
             ok = self.healthy()
-            self._send(200 if ok else 503, b"ok\n" if ok else b"not serving\n", "text/plain")
+            lines = ["serving" if ok else "not serving"] + [f"{k}: {v}" for k, v in self.detail().items()]
+            self._send(200 if ok else 503, ("\n".join(lines) + "\n").encode(), "text/plain")
         elif path in ("/maps", "/maps/"):
             self._send(200, self._map_index(), "text/html; charset=utf-8")
         elif match := _MAP_PATH.match(path):
@@ -69,9 +71,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def start_http_server(host: str, port: int, metrics: Metrics, store: ModelStore,
-                      healthy: Callable[[], bool]) -> ThreadingHTTPServer:
+                      healthy: Callable[[], bool], detail: Callable[[], dict]) -> ThreadingHTTPServer:
     handler = type("Handler", (_Handler,), {"metrics": metrics, "store": store,
-                                             "healthy": staticmethod(healthy)})
+                                             "healthy": staticmethod(healthy), "detail": staticmethod(detail)})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="ordrec-http", daemon=True).start()

@@ -16,6 +16,8 @@ from ordrec.v1 import recommender_pb2, recommender_pb2_grpc
 from service.artifacts import Registry
 from service.http import start_http_server
 from service.metrics import Metrics, MetricsInterceptor
+from service.redis_state import RedisSeenStore, VersionListener
+from service.security import TokenAuthInterceptor, server_credentials
 from service.seen import SeenStore
 from service.servicer import RecommenderServicer
 from service.store import ModelStore, Reloader
@@ -23,6 +25,9 @@ from service.validation import Limits
 
 log = logging.getLogger("ordrec.service")
 SERVICE_NAME = recommender_pb2.DESCRIPTOR.services_by_name["Recommender"].full_name
+# A health entry of its own, so probes can see Redis trouble while the
+# service itself stays SERVING (it fails open without Redis).
+REDIS_HEALTH = "ordrec.redis"
 
 
 @dataclass
@@ -37,34 +42,54 @@ class ServerConfig:
     grace: float = 10.0  # seconds in-flight calls get on SIGTERM
     limits: Limits = field(default_factory=Limits)
     reuse_port: bool = False
+    redis_url: str | None = None
+    redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
+    seen_ttl: int = 30 * 86400  # seconds a recorded interaction stays excluded
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tokens: list[bytes] = field(default_factory=list)  # empty: no authentication
 
 
 class Server:
     """One serving process. ``start()`` loads models and opens the ports."""
 
-    def __init__(self, config: ServerConfig, seen: SeenStore | None = None, interceptors=()):
+    def __init__(self, config: ServerConfig):
         self.config = config
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
         self.metrics = Metrics()
         self.health = health.HealthServicer()
         self.store = ModelStore(Registry(config.registry), self.metrics, on_change=self._update_health)
-        self.seen = seen or SeenStore()
-        self.reloader = Reloader(self.store, config.poll_interval) if config.poll_interval > 0 else None
+        self.seen = (RedisSeenStore(config.redis_url, self.metrics, config.redis_timeout, config.seen_ttl,
+                                    on_change=self._update_health)
+                     if config.redis_url else SeenStore())
+        # Polling is the fallback that always works; Redis news only wakes it early.
+        self.reloader = Reloader(self.store, config.poll_interval or None)
+        self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
         self.grpc_server: grpc.Server | None = None
         self.http_server = None
         self.port = config.port
         self.metrics_port = config.metrics_port
-        self._interceptors = list(interceptors)
-        self._stopping = threading.Event()
-        self._stopped = threading.Event()
 
     def serving(self) -> bool:
         return bool(self.store.snapshot())
 
+    def health_detail(self) -> dict[str, str]:
+        detail = {"models": ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items()))
+                  or "none loaded"}
+        if self.config.redis_url:
+            detail["redis"] = "up" if self.seen.healthy() else "down (seen filter failing open)"
+        return detail
+
     def _update_health(self) -> None:
-        status = (health_pb2.HealthCheckResponse.SERVING if self.serving()
-                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._stopping.is_set():
+            return
+        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        status = serving if self.serving() else not_serving
         for service in ("", SERVICE_NAME):
             self.health.set(service, status)
+        if self.config.redis_url:
+            self.health.set(REDIS_HEALTH, serving if self.seen.healthy() else not_serving)
 
     def start(self) -> "Server":
         cfg = self.config
@@ -76,9 +101,13 @@ class Server:
             ("grpc.max_send_message_length", cfg.limits.max_message_bytes),
             ("grpc.so_reuseport", 1 if cfg.reuse_port else 0),
         ]
+        # Metrics outermost, so refused (UNAUTHENTICATED) calls are counted too.
+        interceptors = [MetricsInterceptor(self.metrics)]
+        if cfg.tokens:
+            interceptors.append(TokenAuthInterceptor(cfg.tokens))
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
-            interceptors=[*self._interceptors, MetricsInterceptor(self.metrics)],
+            interceptors=interceptors,
             options=options,
         )
         recommender_pb2_grpc.add_RecommenderServicer_to_server(
@@ -90,12 +119,13 @@ class Server:
         self.port = self._bind(server, cfg.host, cfg.port)
         server.start()
         self.grpc_server = server
-        if cfg.metrics_port >= 0 and cfg.metrics_port is not None:
+        if cfg.metrics_port >= 0:
             self.http_server = start_http_server(cfg.metrics_host, cfg.metrics_port, self.metrics,
-                                                 self.store, self.serving)
+                                                 self.store, self.serving, self.health_detail)
             self.metrics_port = self.http_server.server_address[1]
-        if self.reloader:
-            self.reloader.start()
+        self.reloader.start()
+        if self.listener:
+            self.listener.start()
         models = ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items())) or "none"
         log.info("listening on %s:%d (metrics on %s:%s); serving %s", cfg.host, self.port,
                  cfg.metrics_host, self.metrics_port, models)
@@ -103,7 +133,10 @@ class Server:
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        bound = server.add_insecure_port(address)
+        if self.config.tls_cert:
+            bound = server.add_secure_port(address, server_credentials(self.config.tls_cert, self.config.tls_key))
+        else:
+            bound = server.add_insecure_port(address)
         if bound == 0:
             raise OSError(f"cannot listen on {address}")
         return bound
@@ -114,8 +147,11 @@ class Server:
             return
         self._stopping.set()
         self.health.enter_graceful_shutdown()
-        if self.reloader:
-            self.reloader.stop()
+        self.reloader.stop()
+        if self.listener:
+            self.listener.stop()
+        if isinstance(self.seen, RedisSeenStore):
+            self.seen.close()
         if self.grpc_server is not None:
             self.grpc_server.stop(self.config.grace if grace is None else grace).wait()
         if self.http_server is not None:

@@ -156,9 +156,10 @@ class ModelStore:
 
 
 class Reloader(threading.Thread):
-    """Polls the registry and refreshes the store; ``wake()`` checks at once (Redis)."""
+    """Polls the registry every ``interval`` seconds (None: only when woken) and
+    refreshes the store; ``wake()`` checks at once (Redis news, tests)."""
 
-    def __init__(self, store: ModelStore, interval: float):
+    def __init__(self, store: ModelStore, interval: float | None):
         super().__init__(name="ordrec-reloader", daemon=True)
         self.store, self.interval = store, interval
         self._wake = threading.Event()

@@ -1,0 +1,160 @@
+"""Redis, when a deployment has one: "seen since training" items and new-version news.
+
+Keys (shared with the trainer's ``trainer/notify.py``):
+
+- ``ordrec:seen:<user id>``: a set of item ids recorded by RecordInteractions,
+  expiring ``seen_ttl`` seconds after the last write;
+- ``ordrec:model:<name>:version``: the newest published version (durable);
+- channel ``ordrec:models``: a message per publish.
+
+Pub/sub alone loses messages while a subscriber is disconnected, so on every
+(re)connect the listener wakes the reloader, which reads the registry (the
+source of truth) and so catches anything missed.
+
+Redis failures never fail a Recommend: the seen filter fails open (training
+items are still excluded; the reply says ``seen_filter_degraded``), the
+``ordrec_redis_up`` gauge drops to 0, and a circuit breaker keeps requests
+from each paying a timeout until a background probe sees Redis again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Callable, Sequence
+
+import redis
+
+from service.errors import Unavailable
+from service.metrics import Metrics
+from service.seen import SeenStore
+
+log = logging.getLogger("ordrec.redis")
+
+SEEN_KEY = "ordrec:seen:{}"
+VERSION_KEY = "ordrec:model:{}:version"
+CHANNEL = "ordrec:models"
+
+
+def connect(url: str, timeout: float) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                health_check_interval=0, decode_responses=True)
+
+
+class RedisSeenStore(SeenStore):
+    """Seen items in Redis sets, failing open while Redis is unreachable."""
+
+    def __init__(self, url: str, metrics: Metrics, timeout: float = 0.05, seen_ttl: int = 30 * 86400,
+                 on_change: Callable[[], None] | None = None, probe_interval: float = 0.5):
+        self.client = connect(url, timeout)
+        self.metrics = metrics
+        self.on_change = None  # set after the first probe: the owner is still being built
+        self.seen_ttl = seen_ttl
+        self.probe_interval = probe_interval
+        self._up = threading.Event()
+        self._stop = threading.Event()
+        self._set_up(self._ping())
+        self.on_change = on_change
+        self._prober = threading.Thread(target=self._probe_loop, name="ordrec-redis-probe", daemon=True)
+        self._prober.start()
+
+    # -------------------------------------------------------------- health
+    def _ping(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.RedisError:
+            return False
+
+    def _set_up(self, up: bool) -> None:
+        changed = up != self._up.is_set()
+        if changed:
+            if up:
+                log.info("redis is reachable")
+            else:
+                log.warning("redis is unreachable: the seen filter fails open until it returns")
+        (self._up.set if up else self._up.clear)()
+        self.metrics.redis_up.set(1 if up else 0)
+        if changed and self.on_change:
+            self.on_change()
+
+    def _probe_loop(self) -> None:
+        while not self._stop.wait(self.probe_interval):
+            self._set_up(self._ping())
+
+    def healthy(self) -> bool:
+        return self._up.is_set()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    # ------------------------------------------------------------ the store
+    def recent(self, user_ids: Sequence[str]) -> tuple[dict[str, list[str]], bool]:
+        if not self._up.is_set():
+            return {}, True  # circuit open: do not pay a timeout per request
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for user in user_ids:
+                pipe.smembers(SEEN_KEY.format(user))
+            members = pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("seen lookup failed: %s", exc)
+            self._set_up(False)
+            return {}, True
+        return {u: list(m) for u, m in zip(user_ids, members) if m}, False
+
+    def record(self, user_id: str, item_ids: Sequence[str]) -> int:
+        key = SEEN_KEY.format(user_id)
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.sadd(key, *item_ids)
+            pipe.expire(key, self.seen_ttl)
+            added, _ = pipe.execute()
+        except redis.RedisError as exc:
+            self._set_up(False)
+            # The caller must know nothing was stored, so it can retry.
+            raise Unavailable(f"Redis is unreachable, interactions not recorded: {exc}") from None
+        return int(added)
+
+
+class VersionListener(threading.Thread):
+    """Wakes the reloader on every ``ordrec:models`` message and on every (re)connect."""
+
+    def __init__(self, url: str, wake: Callable[[], None], retry_interval: float = 0.5):
+        super().__init__(name="ordrec-redis-listener", daemon=True)
+        self.url, self.wake, self.retry_interval = url, wake, retry_interval
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._listen()
+            except redis.RedisError as exc:
+                log.debug("version listener disconnected: %s", exc)
+            self._stop.wait(self.retry_interval)
+
+    def _listen(self) -> None:
+        client = connect(self.url, timeout=5.0)
+        pubsub = client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(CHANNEL)
+            self.wake()  # anything published while we were away is in the registry
+            while not self._stop.is_set():
+                message = pubsub.get_message(timeout=1.0)
+                if message and message.get("type") == "message":
+                    log.info("new version announced: %s", _describe(message.get("data")))
+                    self.wake()
+        finally:
+            pubsub.close()
+            client.close()
+
+
+def _describe(data) -> str:
+    try:
+        body = json.loads(data)
+        return f"{body['model']}@{body['version']}"
+    except (TypeError, ValueError, KeyError):
+        return str(data)[:100]
+
