@@ -18,6 +18,26 @@ from numba import njit, prange
 
 
 @njit(cache=True)
+def project_sphere(x, start, radius):
+    """Rescale ``x[start:]`` to norm ``radius`` (the paper's literal ``U <- U / |U|``)."""
+    norm2 = 0.0
+    for k in range(start, x.shape[0]):
+        norm2 += x[k] * x[k]
+    if norm2 > 0.0:
+        scale = radius / np.sqrt(norm2)
+        for k in range(start, x.shape[0]):
+            x[k] *= scale
+
+
+@njit(cache=True)
+def project(x, start, radius, sphere):
+    if sphere:
+        project_sphere(x, start, radius)
+    else:
+        project_ball(x, start, radius)
+
+
+@njit(cache=True)
 def project_ball(x, start, radius):
     """Project ``x[start:]`` onto the ball of ``radius`` (Eq. 1's norm bound).
 
@@ -83,7 +103,7 @@ def pointwise_step(u, v, label, lr, reg, floor, u_fixed):
 
 
 @njit(cache=True, parallel=True)
-def pointwise_epoch(U, V, user, item, level, order, lr, reg, floor, u_fixed, u_radius):
+def pointwise_epoch(U, V, user, item, level, order, lr, reg, floor, u_fixed, u_radius, sphere):
     """One SGA pass over the ratings for every level, levels in parallel.
 
     ``level[n]`` is the 0-based ordinal index of rating ``n`` (0 = lowest
@@ -92,7 +112,8 @@ def pointwise_epoch(U, V, user, item, level, order, lr, reg, floor, u_fixed, u_r
     independent problems (Section 3.3, step 1), so ``prange`` runs them on
     separate threads without locks. ``u_fixed`` leading user coordinates are
     frozen (the item-bias variant); the rest are projected onto the ball of
-    ``u_radius`` so that ``|U_u| <= 1`` still holds. Returns the summed
+    ``u_radius`` so that ``|U_u| <= 1`` still holds (``sphere``: rescaled to
+    exactly that norm, the paper's literal projection). Returns the summed
     log-likelihood per level.
     """
     L = U.shape[1]
@@ -105,8 +126,8 @@ def pointwise_epoch(U, V, user, item, level, order, lr, reg, floor, u_fixed, u_r
             v = V[item[n], t]
             label = 1 if level[n] >= t + 1 else 0
             total += pointwise_step(u, v, label, lr, reg, floor, u_fixed)
-            project_ball(u, u_fixed, u_radius)
-            project_ball(v, 0, 1.0)
+            project(u, u_fixed, u_radius, sphere)
+            project(v, 0, 1.0, sphere)
         loglik[t] = total
     return loglik
 
@@ -189,7 +210,7 @@ def pairwise_step(u, vi, vj, c, lr, lam, u_fixed):
 
 
 @njit(cache=True)
-def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_radius, seed):
+def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_radius, sphere, seed):
     """``n_steps`` SGD steps on pairs sampled on the fly (never materialised).
 
     ``indptr, items, levels`` hold each user's training ratings (CSR). A step
@@ -233,8 +254,8 @@ def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_
             j = items[a]
         total += pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed)
         for t in range(U.shape[1]):
-            project_ball(U[u, t], u_fixed, u_radius)
-            project_ball(V[i, t], 0, 1.0)
-            project_ball(V[j, t], 0, 1.0)
+            project(U[u, t], u_fixed, u_radius, sphere)
+            project(V[i, t], 0, 1.0, sphere)
+            project(V[j, t], 0, 1.0, sphere)
         taken += 1
     return total / max(taken, 1), taken

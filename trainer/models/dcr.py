@@ -27,6 +27,13 @@ Named variant beyond the paper (off by default, so ``DCR()`` is the paper's):
 ``|U_u^t| <= 1`` still holds); the first item coordinate then acts as a
 per-level item bias ``s * V_i0^t`` that every user shares, which the
 unconstrained factors have to learn from scratch in plain DCR.
+``item_shrinkage=beta > 0`` serves each item's factors scaled by
+``n_i / (n_i + beta)`` (``n_i`` its training ratings): an item seen once
+would otherwise sit on the ball's boundary, fitted to that one rating, and
+rank as confidently as a well-known one; shrinking pulls its P(r >= l_t)
+toward 1/2 like a damped mean pulls a rare item's mean toward the prior.
+It is applied when the artifact is written, so training (and the pairwise
+refinement) are unchanged and serving stays one matrix product.
 """
 from __future__ import annotations
 
@@ -111,6 +118,13 @@ class DCR(Estimator):
     item_bias : float
         0 is the paper's DCR; ``s`` in (0, 1) freezes the first user
         coordinate at ``s`` (a per-level item bias, see the module docstring).
+    item_shrinkage : float
+        0 is the paper's DCR; ``beta > 0`` serves ``V_i * n_i / (n_i + beta)``
+        (``n_i`` the item's training ratings), see the module docstring.
+    projection : {"ball", "sphere"}
+        "ball" projects onto ``|x| <= 1`` (the constraint of Eq. 1);
+        "sphere" rescales every updated vector to norm 1, the paper's literal
+        ``U <- U / |U|``.
     popularity_shrinkage : float
         Shrinkage ``beta`` of the damped item mean stored as ``item_popularity``
         (the unknown-user fallback): ``(sum r + beta * mean) / (count + beta)``.
@@ -127,7 +141,8 @@ class DCR(Estimator):
                  lr_decay: float = 0.1, reg: float = 0.001, epochs: int = 30, init_std: float = 0.1,
                  prob_floor: float = 1e-3, pairwise: bool = False, pairwise_lr: float = 0.02,
                  pairwise_reg: float = 0.001, pairwise_epochs: int = 20, pairs_per_epoch: float = 1.0,
-                 item_bias: float = 0.0, popularity_shrinkage: float = 10.0, seed: int = 0,
+                 item_bias: float = 0.0, item_shrinkage: float = 0.0, projection: str = "ball", popularity_shrinkage: float = 10.0,
+                 seed: int = 0,
                  verbose: bool = False):
         self.rank = rank
         self.levels = levels
@@ -144,6 +159,8 @@ class DCR(Estimator):
         self.pairwise_epochs = pairwise_epochs
         self.pairs_per_epoch = pairs_per_epoch
         self.item_bias = item_bias
+        self.item_shrinkage = item_shrinkage
+        self.projection = projection
         self.popularity_shrinkage = popularity_shrinkage
         self.seed = seed
         self.verbose = verbose
@@ -154,6 +171,10 @@ class DCR(Estimator):
             raise ValueError(f"relevance must be one of {RELEVANCE}, got {self.relevance!r}")
         if int(self.rank) < 1 or int(self.epochs) < 0 or int(self.pairwise_epochs) < 0:
             raise ValueError("rank must be >= 1 and epochs >= 0")
+        if self.projection not in ("ball", "sphere"):
+            raise ValueError(f"projection must be 'ball' or 'sphere', got {self.projection!r}")
+        if not (np.isfinite(float(self.item_shrinkage)) and float(self.item_shrinkage) >= 0):
+            raise ValueError("item_shrinkage must be a finite number >= 0")
         if not 0.0 <= float(self.item_bias) < 1.0:
             raise ValueError("item_bias must be in [0, 1)")
         if self.item_bias and int(self.rank) < 2:
@@ -178,6 +199,7 @@ class DCR(Estimator):
         self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
             n_users, user, item.astype(np.int32), level)
         self.item_popularity_ = self._damped_mean(data, n_items)
+        self.item_counts_ = np.bincount(item, minlength=n_items)
 
         rng = np.random.default_rng(self.seed)
         L, f = self.levels_.size - 1, int(self.rank)
@@ -190,7 +212,8 @@ class DCR(Estimator):
                 order = rng.permutation(len(data)).astype(np.int64)
                 lr = float(self.lr) / (1.0 + float(self.lr_decay) * epoch)
                 self.loglik_ = pointwise_epoch(U, V, user, item, level, order, lr, float(self.reg),
-                                               float(self.prob_floor), u_fixed, u_radius)
+                                               float(self.prob_floor), u_fixed, u_radius,
+                                               self.projection == "sphere")
                 check_finite(epoch, user_factors=U, item_factors=V)
                 bar.update(1, loglik=float(self.loglik_.sum()) / len(data))
         # Items (users) without training ratings keep no evidence: P = 1/2 at every level.
@@ -229,7 +252,7 @@ class DCR(Estimator):
                 lr = float(self.pairwise_lr) / (1.0 + float(self.lr_decay) * epoch)
                 loss, _ = pairwise_epoch(self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_,
                                          c, n_steps, lr, float(self.pairwise_reg), u_fixed, u_radius,
-                                         int(rng.integers(2**31 - 1)))
+                                         self.projection == "sphere", int(rng.integers(2**31 - 1)))
                 check_finite(epoch, user_factors=self.U_, item_factors=self.V_)
                 self.pairwise_loss_ = float(loss)
                 bar.update(1, loss=float(loss))
@@ -263,13 +286,18 @@ class DCR(Estimator):
         if params["levels"] is not None:
             params["levels"] = [float(x) for x in self.levels_]
         metrics = {f"train_loglik_level_{t + 2}": float(v) for t, v in enumerate(self.loglik_)}
+        item_factors = self.V_.reshape(self.V_.shape[0], L * f)
+        beta = float(self.item_shrinkage)
+        if beta > 0:
+            counts = self.item_counts_.astype(np.float64)
+            item_factors = item_factors * (counts / (counts + beta))[:, None]
         if self.pairwise:
             metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
         return Artifact(
             kind=self.kind,
             arrays={
                 "user_factors": self.U_.reshape(n_users, L * f).astype(np.float32),
-                "item_factors": self.V_.reshape(self.V_.shape[0], L * f).astype(np.float32),
+                "item_factors": item_factors.astype(np.float32),
                 "seen_indptr": self.seen_indptr_.astype(np.int64),
                 "seen_indices": self.seen_indices_.astype(np.int32),
                 "item_popularity": self.item_popularity_,

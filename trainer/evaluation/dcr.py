@@ -1,0 +1,340 @@
+"""DCR protocol (Hu & Li, WWW 2017, Section 5): NDCG@10 with N training ratings per user.
+
+For each user with at least N + 10 ratings, N ratings chosen at random are
+the training set and all the user's other ratings the test set; users with
+fewer are dropped. NDCG@10 per user over that user's test items only (gain
+``2^r - 1``, discount ``log2(1 + position)``, normalised by the ideal order of
+the same items), averaged over users; mean and standard deviation over runs.
+
+DCR and Pairwise DCR are scored through the serving index built from the
+in-memory artifact (``Index.from_artifact(estimator.to_artifact())``) and its
+``score_items``, so the figures come from the code that answers queries.
+Reference rows are computed the same way from fixed scores: random, item mean
+rating, and the damped item mean ``(sum r + beta * mean) / (count + beta)``.
+
+Hyperparameters (``--tune``) and the damped mean's ``beta`` are chosen on a
+validation split carved from each user's N training ratings (a quarter of
+them, at least two, held out), never from the test ratings; the final model
+is then fitted on all N.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.models.dcr import Index
+from trainer.data.types import Ratings
+from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from trainer.models.dcr import DCR
+
+DEFAULT_RUNS = 5
+METRIC = "ndcg@10"
+K = 10
+
+# Table 2 (DCR) and Section 5.6 (Pairwise DCR) of the paper, NDCG@10.
+PAPER_DCR = {
+    "ml-100k": {10: 0.6901, 20: 0.7082, 50: 0.7241},
+    "ml-1m": {10: 0.7261, 20: 0.7431, 50: 0.7622},
+    "ml-10m": {10: 0.7132, 20: 0.7251, 50: 0.7421},
+    "netflix1m": {10: 0.7351, 20: 0.7381, 50: 0.7522},
+}
+PAPER_PAIRWISE = {
+    "ml-1m": {10: 0.7471, 20: 0.7596},
+    "netflix1m": {10: 0.7495, 20: 0.7552},
+}
+# The paper's grid (Section 5.3): initial learning rate and regularisation.
+LR_GRID = (0.05, 0.04, 0.03, 0.02, 0.01)
+REG_GRID = (0.01, 0.001)
+SHRINKAGE_GRID = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+
+# ----------------------------------------------------------------- splits
+def per_user_split(data: Ratings, n_train: int, rng: np.random.Generator,
+                   min_rest: int = 10) -> tuple[Ratings, Ratings]:
+    """``n_train`` random ratings of each user for training, the rest for test.
+
+    Users with fewer than ``n_train + min_rest`` ratings are dropped from
+    both. Id maps are kept, so rows agree between the two parts.
+    """
+    order = np.lexsort((rng.random(len(data)), data.user))
+    user_sorted = data.user[order]
+    counts = np.bincount(data.user, minlength=data.n_users)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(len(data)) - starts[user_sorted]
+    keep = counts[user_sorted] >= n_train + min_rest
+    train_rows = order[keep & (position < n_train)]
+    test_rows = order[keep & (position >= n_train)]
+    return data.subset(np.sort(train_rows)), data.subset(np.sort(test_rows))
+
+
+def validation_split(train: Ratings, rng: np.random.Generator, fraction: float = 0.25,
+                     minimum: int = 2) -> tuple[Ratings, Ratings]:
+    """Hold out ``max(minimum, fraction * n_u)`` of each user's training ratings."""
+    counts = np.bincount(train.user, minlength=train.n_users)
+    held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
+    order = np.lexsort((rng.random(len(train)), train.user))
+    user_sorted = train.user[order]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(len(train)) - starts[user_sorted]
+    is_val = position < held[user_sorted]
+    return train.subset(np.sort(order[~is_val])), train.subset(np.sort(order[is_val]))
+
+
+# ----------------------------------------------------------------- metric
+def ndcg_at_k(score_items, test: Ratings, k: int = K) -> float:
+    """Mean over users of NDCG@k over each user's test items.
+
+    ``score_items(user_row, item_rows) -> scores`` (higher is better); ties
+    keep the items' row order (a stable sort), identical for every method.
+    """
+    order = np.lexsort((test.item, test.user))
+    users, items, ratings = test.user[order], test.item[order], test.rating[order].astype(np.float64)
+    bounds = np.flatnonzero(np.diff(users)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [users.size]])
+    discount = 1.0 / np.log2(np.arange(2, k + 2))
+    values = []
+    for lo, hi in zip(starts, ends):
+        gains = np.exp2(ratings[lo:hi]) - 1.0
+        scores = np.asarray(score_items(int(users[lo]), items[lo:hi].astype(np.int64)), dtype=np.float64)
+        top = np.argsort(-scores, kind="stable")[:k]
+        ideal = np.sort(gains)[::-1][:k]
+        idcg = float(ideal @ discount[: ideal.size])
+        if idcg > 0:
+            values.append(float(gains[top] @ discount[: top.size]) / idcg)
+    return float(np.mean(values)) if values else float("nan")
+
+
+def index_ndcg(estimator: DCR, test: Ratings) -> float:
+    """NDCG@10 scored by the serving index built from the in-memory artifact."""
+    index = Index.from_artifact(estimator.to_artifact())
+    return ndcg_at_k(index.score_items, test)
+
+
+# ----------------------------------------------------------- references
+def item_means(train: Ratings, beta: float) -> np.ndarray:
+    """Damped item mean ``(sum r + beta * mu) / (count + beta)``; unrated items get ``mu``."""
+    mu = float(train.rating.mean())
+    counts = np.bincount(train.item, minlength=train.n_items).astype(np.float64)
+    sums = np.bincount(train.item, weights=train.rating.astype(np.float64), minlength=train.n_items)
+    denom = counts + beta
+    return np.where(denom > 0, (sums + beta * mu) / np.where(denom > 0, denom, 1.0), mu)
+
+
+def fixed_scorer(scores: np.ndarray):
+    return lambda user_row, item_rows: scores[item_rows]
+
+
+def tune_shrinkage(train: Ratings, rng: np.random.Generator) -> float:
+    fit, val = validation_split(train, rng)
+    results = [(ndcg_at_k(fixed_scorer(item_means(fit, b)), val), -b) for b in SHRINKAGE_GRID]
+    return -max(results)[1]
+
+
+# ----------------------------------------------------------------- tuning
+@dataclass
+class Family:
+    """One DCR fit per run and the rows read off it.
+
+    ``prefix`` names the rows: ``prefix`` (as fitted), ``prefix-shrunk``
+    (served with the tuned ``item_shrinkage``), ``Pairwise prefix`` and
+    ``Pairwise prefix-shrunk`` (refined).
+    """
+
+    prefix: str
+    params: dict
+
+
+@dataclass
+class Tuned:
+    params: dict
+    shrinkage: float
+    pairwise: dict
+    pairwise_shrinkage: float
+
+
+def best_shrinkage(model: DCR, val: Ratings, grid, log, label: str) -> float:
+    """The served item shrinkage with the best validation NDCG@10 (0 included)."""
+    scores = []
+    for beta in (0.0,) + tuple(grid):
+        model.item_shrinkage = beta
+        scores.append((index_ndcg(model, val), -beta))
+    model.item_shrinkage = 0.0
+    log(f"    tune {label} item_shrinkage: " + " ".join(f"{-b:g}:{v:.4f}" for v, b in scores))
+    return -max(scores)[1]
+
+
+def tune(train: Ratings, rng: np.random.Generator, base: dict, grid: dict, shrink_grid,
+         pairwise_grid: dict | None, log) -> Tuned:
+    """Hyperparameters by NDCG@10 on a validation split of the training ratings.
+
+    First the fit grid (e.g. lr x reg, the paper's Section 5.3 grid), then
+    the served item shrinkage on the best fit, then (for Pairwise DCR) the
+    refinement grid on that fit and the shrinkage of the refined model.
+    """
+    fit, val = validation_split(train, rng)
+    best, best_score, best_model = dict(base), -np.inf, None
+    keys = sorted(grid)
+    for values in itertools.product(*(grid[k] for k in keys)):
+        params = dict(base, **dict(zip(keys, values)))
+        model = DCR(**params).fit(fit)
+        score = index_ndcg(model, val)
+        log(f"    tune {params_text(params, keys)}: val ndcg@10 {score:.4f}")
+        if score > best_score:
+            best, best_score, best_model = params, score, model
+    shrink = best_shrinkage(best_model, val, shrink_grid, log, "DCR") if shrink_grid else 0.0
+    best_pair, pair_shrink = {}, 0.0
+    if pairwise_grid:
+        pkeys = sorted(pairwise_grid)
+        pair_score, pair_model = -np.inf, None
+        for values in itertools.product(*(pairwise_grid[k] for k in pkeys)):
+            overrides = dict(zip(pkeys, values))
+            refined = best_model.refined(**overrides)
+            score = index_ndcg(refined, val)
+            log(f"    tune pairwise {params_text(overrides, pkeys)}: val ndcg@10 {score:.4f}")
+            if score > pair_score:
+                best_pair, pair_score, pair_model = overrides, score, refined
+        if shrink_grid:
+            pair_shrink = best_shrinkage(pair_model, val, shrink_grid, log, "pairwise")
+    return Tuned(best, shrink, best_pair, pair_shrink)
+
+
+def params_text(params: dict, keys) -> str:
+    return " ".join(f"{k}={params[k]}" for k in keys)
+
+
+def _grid(text: str, cast=float) -> tuple:
+    return tuple(cast(x) for x in text.split(",") if x.strip())
+
+
+# ------------------------------------------------------------------- I/O
+def load_ratings(args: argparse.Namespace) -> Ratings:
+    from trainer.data.readers import read_input
+
+    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    if getattr(data, "skipped_lines", 0):
+        print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
+    return data
+
+
+def dataset_name(path: str, explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    lowered = os.path.abspath(path).lower()
+    for name in ("ml-100k", "ml-10m", "ml-1m", "netflix1m"):
+        if name in lowered:
+            return name
+    return os.path.basename(os.path.dirname(os.path.abspath(path))) or os.path.basename(path)
+
+
+# ------------------------------------------------------------------ entry
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n-train", default="10,20,50", help="training ratings per user (comma list)")
+    parser.add_argument("--pairwise", action="store_true", help="also refine DCR pairwise (Pairwise DCR)")
+    parser.add_argument("--variants", default="",
+                        help="named variants beyond the paper, comma list: 'shrunk' (DCR-shrunk: rare items'"
+                             " factors shrunk when served), 'bias' (DCR-bias: a per-level item bias coordinate)")
+    parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
+    parser.add_argument("--rank", type=int, default=40, help="rank per level (paper's Table 2: 40)")
+    parser.add_argument("--relevance", default="linear", choices=("linear", "log", "exp"))
+    parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
+    parser.add_argument("--lr", type=float, default=0.05, help="initial learning rate (without --tune)")
+    parser.add_argument("--reg", type=float, default=0.001, help="L2 weight (without --tune)")
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--lr-decay", type=float, default=0.02)
+    parser.add_argument("--pairwise-lr", type=float, default=0.01, help="(without --tune)")
+    parser.add_argument("--pairwise-reg", type=float, default=0.001)
+    parser.add_argument("--pairwise-epochs", type=int, default=20)
+    parser.add_argument("--item-bias", type=float, default=0.7, help="s of the DCR-bias variant")
+    parser.add_argument("--item-shrinkage", type=float, default=5.0,
+                        help="beta of the -shrunk variants (without --tune)")
+    parser.add_argument("--tune", action="store_true",
+                        help="choose lr x reg, the pairwise lr and the shrinkage per run on a validation"
+                             " split of the training ratings")
+    parser.add_argument("--lr-grid", default="0.05,0.03,0.01")
+    parser.add_argument("--reg-grid", default=",".join(map(str, REG_GRID)))
+    parser.add_argument("--pairwise-lr-grid", default="0.05,0.02,0.01")
+    parser.add_argument("--shrinkage-grid", default="2,5,10,20")
+    parser.add_argument("--no-references", action="store_true", help="skip the random / item mean rows")
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    data = load_ratings(args)
+    name = dataset_name(args.data, args.dataset)
+    n_values = _grid(args.n_train, int)
+    verbose = not args.quiet
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+    base = dict(rank=args.rank, relevance=args.relevance, projection=args.projection, lr=args.lr,
+                reg=args.reg, epochs=args.epochs, lr_decay=args.lr_decay, pairwise_lr=args.pairwise_lr,
+                pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs)
+    names = set(_grid(args.variants, str))
+    unknown = names - {"shrunk", "bias"}
+    if unknown:
+        raise ValueError(f"unknown variant(s) {sorted(unknown)} (known: shrunk, bias)")
+    families = [Family("DCR", {})]
+    if "bias" in names:
+        families.append(Family("DCR-bias", {"item_bias": args.item_bias}))
+    shrunk = "shrunk" in names
+    grid = {"lr": _grid(args.lr_grid), "reg": _grid(args.reg_grid)}
+    pair_grid = {"pairwise_lr": _grid(args.pairwise_lr_grid)} if args.pairwise else None
+    shrink_grid = _grid(args.shrinkage_grid) if shrunk else ()
+
+    results: dict[tuple[str, int], list[float]] = {}
+
+    def record(method: str, n: int, value: float, note: str = "") -> None:
+        results.setdefault((method, n), []).append(value)
+        log(f"N={n} run {len(results[(method, n)]) - 1}: {method} {value:.4f} {note}")
+
+    for n in n_values:
+        for run_index in range(args.runs):
+            rng = np.random.default_rng([args.seed, n, run_index])
+            train, test = per_user_split(data, n, rng)
+            started = time.perf_counter()
+            if not args.no_references:
+                beta = tune_shrinkage(train, np.random.default_rng([args.seed, n, run_index, 1]))
+                record("Random", n, ndcg_at_k(fixed_scorer(
+                    np.random.default_rng([args.seed, n, run_index, 7]).random(data.n_items)), test))
+                record("Item mean", n, ndcg_at_k(fixed_scorer(item_means(train, 0.0)), test))
+                record("Damped item mean", n, ndcg_at_k(fixed_scorer(item_means(train, beta)), test),
+                       f"(beta={beta:g})")
+            for family in families:
+                seed = int(rng.integers(2**31 - 1))
+                params = dict(base, **family.params, seed=seed)
+                if args.tune:
+                    val_rng = np.random.default_rng([args.seed, n, run_index, 2])
+                    tuned = tune(train, val_rng, params, grid, shrink_grid, pair_grid, log)
+                else:
+                    tuned = Tuned(params, args.item_shrinkage if shrunk else 0.0,
+                                  {"pairwise_lr": args.pairwise_lr}, args.item_shrinkage if shrunk else 0.0)
+                model = DCR(**tuned.params).fit(train)
+                note = f"({params_text(tuned.params, ['lr', 'reg', 'epochs', 'rank'])})"
+                record(family.prefix, n, index_ndcg(model, test), note)
+                if shrunk:
+                    model.item_shrinkage = tuned.shrinkage
+                    record(family.prefix + "-shrunk", n, index_ndcg(model, test),
+                           f"(item_shrinkage={tuned.shrinkage:g})")
+                    model.item_shrinkage = 0.0
+                if args.pairwise:
+                    refined = model.refined(**tuned.pairwise)
+                    record("Pairwise " + family.prefix, n, index_ndcg(refined, test),
+                           f"({params_text(tuned.pairwise, sorted(tuned.pairwise))})")
+                    if shrunk:
+                        refined.item_shrinkage = tuned.pairwise_shrinkage
+                        record("Pairwise " + family.prefix + "-shrunk", n, index_ndcg(refined, test),
+                               f"(item_shrinkage={tuned.pairwise_shrinkage:g})")
+            log(f"N={n} run {run_index}: {time.perf_counter() - started:.1f} s")
+
+    rows = [summarise(method, name, {"N": n}, METRIC, values) for (method, n), values in results.items()]
+    paper = [PaperFigure("DCR", {"N": n}, METRIC, v) for n, v in PAPER_DCR.get(name, {}).items() if n in n_values]
+    paper += [PaperFigure("Pairwise DCR", {"N": n}, METRIC, v)
+              for n, v in PAPER_PAIRWISE.get(name, {}).items() if n in n_values]
+    rows.sort(key=lambda r: (r.setting["N"], r.method))
+    print_table(rows, paper, title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
+                                   f" ({args.runs} runs; paper: Hu & Li 2017, Table 2)")
+    return rows
