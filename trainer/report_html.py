@@ -135,12 +135,12 @@ def read_labels(path: str | os.PathLike) -> dict[str, str]:
         elif "|" in line:
             fields = line.split("|")
         else:
-            raise DataError(f"{path}:{number}: expected 'id<TAB>label', 'id|label' or 'id::label'")
+            raise DataError(path, number, "expected 'id<TAB>label', 'id|label' or 'id::label'")
         external, label = fields[0].strip(), fields[1].strip()
         if not external:
-            raise DataError(f"{path}:{number}: empty id")
+            raise DataError(path, number, "empty id")
         if labels.get(external, label) != label:
-            raise DataError(f"{path}:{number}: id {external!r} already has the label {labels[external]!r}")
+            raise DataError(path, number, f"id {external!r} already has the label {labels[external]!r}")
         labels[external] = label or external
     return labels
 
@@ -639,6 +639,7 @@ def render_report(artifact: Artifact, index: MapIndex | None = None,
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,">
 <title>{esc(name)} · {esc(artifact.kind)} map report</title>
 <style>{_CSS}</style></head>
 <body data-kind="{esc(artifact.kind)}" data-maps="{len(views)}">
@@ -663,7 +664,13 @@ def report_views(artifact: Artifact, labels: Mapping[str, str] | None = None,
                  index: MapIndex | None = None) -> dict[str, bytes]:
     """Files to publish beside a version: ``report.html`` and, when labels
     are given, ``labels.tsv`` (so ``ordrec-train report`` can redraw the
-    report with the same labels later). For ``Registry.publish(views=...)``."""
+    report with the same labels later).
+
+    For ``Registry.publish``, pass it as a callable so the page shows the
+    version and its creation time, which exist only once publishing starts::
+
+        registry.publish(name, artifact, views=lambda a: report_views(a, labels))
+    """
     views = {REPORT_FILE: render_report(artifact, index, labels).encode("utf-8")}
     if labels:
         views[LABELS_FILE] = format_labels(labels)
