@@ -32,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics and /maps")
     p.add_argument("--metrics-port", type=int, default=9095, help="HTTP port for /metrics (-1: off)")
     p.add_argument("--workers", type=int, default=8, help="gRPC worker threads per process")
+    p.add_argument("--processes", type=int, default=1,
+                   help="server processes sharing the port (SO_REUSEPORT), each pinned to a core")
+    p.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT (set for --processes)")
+    p.add_argument("--cpu", type=int, help="pin this process to one CPU")
     p.add_argument("--poll-interval", type=float, default=5.0,
                    help="seconds between registry polls for new versions (0: never)")
     p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get on SIGTERM")
@@ -60,7 +64,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return ServerConfig(
         registry=args.registry, host=args.host, port=args.port, metrics_host=args.metrics_host,
         metrics_port=args.metrics_port, workers=args.workers, poll_interval=args.poll_interval,
-        grace=args.grace, limits=limits, redis_url=args.redis_url, redis_timeout=args.redis_timeout,
+        grace=args.grace, limits=limits, reuse_port=args.reuse_port, redis_url=args.redis_url, redis_timeout=args.redis_timeout,
         seen_ttl=args.seen_ttl, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),
     )
@@ -70,6 +74,8 @@ def serve(args: argparse.Namespace) -> int:
     import numba
 
     numba.set_num_threads(1)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
     server = Server(config_from_args(args))
     server.stop_on_signals()
     server.start()
@@ -88,8 +94,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.processes > 1:
+        from service.supervisor import Supervisor
+
+        passed_on = _without(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
+        return Supervisor(passed_on, args.processes, args.host, args.port, args.metrics_port).run()
     try:
         return serve(args)
     except (OSError, ValueError) as exc:
         print(f"ordrec-serve: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
+
+
+def _without(argv: list[str], flags: set[str]) -> list[str]:
+    """``argv`` minus the given value-taking flags (``--flag V`` or ``--flag=V``)."""
+    out, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token.split("=", 1)[0] in flags:
+            skip = "=" not in token
+        else:
+            out.append(token)
+    return out

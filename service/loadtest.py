@@ -38,6 +38,8 @@ from typing import Sequence
 
 import numpy as np
 
+from service.cli import _without
+
 RPCS = ("recommend", "tags", "neighbors", "coordinates", "listmodels")
 _PATHS = {
     "recommend": "/ordrec.v1.Recommender/Recommend",
@@ -236,7 +238,7 @@ def run_h2load_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
     log = tmp / "log.tsv"
     host, port = args.target.rsplit(":", 1)
     clients = max(1, args.connections)
-    cmd = ["h2load", "-D", str(args.duration), "-c", str(clients), "-m", str(max(1, args.concurrency // clients)),
+    cmd = ["h2load", "-D", str(max(1, round(args.duration))), "-c", str(clients), "-m", str(max(1, args.concurrency // clients)),
            "-t", str(max(1, args.processes)), "-d", str(body), "-H", "content-type: application/grpc",
            "-H", "te: trailers", f"--log-file={log}"]
     if args.rate:
@@ -313,8 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_loopback(args.target)
     if args.worker:
         return run_worker(args)
-    internal = {"--worker", "--out", "--start-at", "--worker-concurrency", "--worker-rate", "--seed"}
-    args.passthrough = _strip(argv, internal)
+    internal = {"--out", "--start-at", "--worker-concurrency", "--worker-rate", "--seed"}
+    args.passthrough = _without(argv, internal)
     engine = run_h2load_engine if args.engine == "h2load" else run_python_engine
     latencies, errors, seconds = engine(args)
     summary = summarise(latencies, errors, seconds)
@@ -323,21 +325,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"label": label, **summary, "errors_by_code": errors}, indent=2))
     return 0
-
-
-def _strip(argv: list[str], flags: set[str]) -> list[str]:
-    """argv without the given flags (and their values), to pass on to workers."""
-    out, skip = [], False
-    for i, token in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        name = token.split("=", 1)[0]
-        if name in flags:
-            skip = "=" not in token and name != "--worker"
-            continue
-        out.append(token)
-    return out
 
 
 if __name__ == "__main__":
