@@ -1,0 +1,586 @@
+"""``ordrec-train run JOB.toml``: the trainer as a cron job.
+
+One TOML file names the data sources, the models with their hyperparameters,
+the registry, an optional Redis and, per model, a quality gate. For every
+model the job
+
+1. reads its data source (``trainer.data.readers.read_input``; each source is
+   read once per run even when several models use it);
+2. splits off a seeded held-out part (:func:`trainer.evaluation.holdout.split`);
+3. fits the estimator on the rest;
+4. scores the held-out part through the *serving* index built from the
+   in-memory artifact (``index_class(kind).from_artifact(est.to_artifact())``,
+   smoke-tested first), so the gate judges the code that answers queries;
+5. compares the gate metric with the live version's stored one (read from its
+   ``manifest.json`` only): the new version passes when
+   ``new >= live - margin`` (every gate metric is higher-is-better); with no
+   live version, or a live version without that metric, it passes;
+6. if it passes: by default (``refit = true``) refits on *all* the data and
+   publishes that, otherwise publishes the model measured in step 4; the
+   held-out metrics are attached as ``holdout_<metric>`` in
+   ``artifact.metrics`` together with ``holdout_fraction``, ``holdout_seed``
+   and ``holdout_refit``;
+7. notifies Redis when configured (:mod:`trainer.notify`).
+
+Why refit by default: a model fit on 80 % of the data is a worse model to
+serve. For recommenders its "seen" items (which ``Recommend`` excludes) would
+miss the held-out interactions, so it would recommend items the user already
+rated; RTF would drop users whose only post was held out; SCORE would lose
+the masked attribute values. The held-out figure then measures the training
+*procedure* (these hyperparameters on data like this), which is what the gate
+compares run to run. ``refit = false`` publishes exactly the measured model
+(half the training time), for models where that matters more.
+
+Exit codes (kept by ``trainer.cli``): 0 every model published (or, with
+``--dry-run``, would be), 3 at least one rejected by its gate and none failed,
+1 a model failed (training diverged, artifact error, ...), the job is already
+running (lock held) or it was terminated, 2 the job file is invalid or a data
+source could not be read. When several models disagree the worst wins:
+1, then 2, then 3, then 0. One model failing does not stop the others.
+
+A crash at any point leaves the registry as it was: ``Registry.publish``
+writes into a hidden temporary folder and renames it into place, and the job
+writes nothing else into the registry except its lock file.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+try:
+    import tomllib
+except ImportError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from service.artifacts import ArtifactError, Registry, read_manifest, validate_model_name
+from trainer.data.types import DataError
+
+EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
+_JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+DEFAULT_HOLDOUT = 0.2
+DEFAULT_REDIS_TIMEOUT = 1.0
+METRIC_PREFIX = "holdout_"
+
+log = logging.getLogger("ordrec.job")
+
+
+class JobError(ValueError):
+    """An invalid job file: the message names the file and the key."""
+
+
+class JobLocked(RuntimeError):
+    """Another run of the same job holds the lock."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (cron timeout, operator): unwinds so temporary files are removed."""
+
+
+# ------------------------------------------------------------------ schema
+@dataclass
+class DataSource:
+    name: str
+    path: Path
+    format: str = "auto"
+    skip_bad_lines: bool = False
+
+
+@dataclass
+class Gate:
+    metric: str
+    margin: float = 0.0
+    holdout: float = DEFAULT_HOLDOUT
+    seed: int = 0
+
+
+@dataclass
+class ModelJob:
+    name: str
+    kind: str
+    data: str
+    params: dict[str, Any]
+    gate: Gate
+    refit: bool = True
+    keep: int | None = None
+
+
+@dataclass
+class JobConfig:
+    path: Path
+    name: str
+    registry: Path
+    lock: Path
+    redis: str | None = None
+    redis_timeout: float = DEFAULT_REDIS_TIMEOUT
+    keep: int | None = None
+    data: dict[str, DataSource] = field(default_factory=dict)
+    models: list[ModelJob] = field(default_factory=list)
+
+
+_TYPES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    dict: "a table",
+}
+
+
+class _Checker:
+    """Strict checks of one TOML table; every message names the file and the key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, message: str) -> JobError:
+        return JobError(f"{self.path}: {where}: {message}")
+
+    def table(self, value: Any, where: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be a table, got {_describe(value)}")
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise self.fail(f"{where}.{unknown[0]}" if where else unknown[0],
+                            f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        for key in sorted(required):
+            if key not in value:
+                raise self.fail(f"{where}.{key}" if where else key, "missing (required)")
+        return value
+
+    def get(self, table: dict, where: str, key: str, kind: type, default: Any = None) -> Any:
+        if key not in table:
+            return default
+        value = table[key]
+        ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            raise self.fail(f"{where}.{key}", f"must be {_TYPES[kind]}, got {_describe(value)}")
+        if kind is float and not math.isfinite(value):
+            raise self.fail(f"{where}.{key}", f"must be finite, got {value}")
+        return value
+
+
+def _describe(value: Any) -> str:
+    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "a table",
+             list: "an array"}
+    return f"{names.get(type(value), type(value).__name__)} ({value!r})"[:120]
+
+
+def _resolve(base: Path, text: str) -> Path:
+    path = Path(os.path.expanduser(text))
+    return path if path.is_absolute() else (base / path)
+
+
+def load_job(path: str | os.PathLike) -> JobConfig:
+    """Read and validate a job file; raise :class:`JobError` naming the file and key.
+
+    Relative paths in the file are relative to the file's own folder (cron
+    jobs run from an arbitrary working directory).
+    """
+    from trainer.evaluation.holdout import METRICS
+    from trainer.models import estimator_class
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise JobError(f"{path}: job file not found") from None
+    except OSError as exc:
+        raise JobError(f"{path}: cannot read the job file: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobError(f"{path}: not valid TOML: {exc}") from None
+    base = path.resolve().parent
+    c = _Checker(path)
+    c.table(raw, "", {"job", "data", "models"}, {"job", "data", "models"})
+
+    job = c.table(raw["job"], "job", {"name", "registry", "redis", "redis_timeout", "keep", "lock"},
+                  {"name", "registry"})
+    name = c.get(job, "job", "name", str)
+    if not _JOB_NAME_RE.match(name):
+        raise c.fail("job.name", f"{name!r} must be 1-64 characters of letters, digits, '_', '-', '.'")
+    registry = _resolve(base, c.get(job, "job", "registry", str))
+    redis = c.get(job, "job", "redis", str)
+    if redis is not None and not re.match(r"^(redis|rediss|unix)://", redis):
+        raise c.fail("job.redis", f"{redis!r} is not a redis://, rediss:// or unix:// URL")
+    redis_timeout = c.get(job, "job", "redis_timeout", float, DEFAULT_REDIS_TIMEOUT)
+    if redis_timeout <= 0:
+        raise c.fail("job.redis_timeout", "must be positive (seconds)")
+    keep = c.get(job, "job", "keep", int)
+    if keep is not None and keep < 1:
+        raise c.fail("job.keep", "must be at least 1")
+    lock = c.get(job, "job", "lock", str)
+    lock_path = _resolve(base, lock) if lock else registry / f".job-{name}.lock"
+    config = JobConfig(path=path, name=name, registry=registry, lock=lock_path, redis=redis,
+                       redis_timeout=redis_timeout, keep=keep)
+
+    sources = c.table(raw["data"], "data", set(raw["data"]) if isinstance(raw["data"], dict) else set())
+    if not sources:
+        raise c.fail("data", "names no data source (add a [data.<name>] table)")
+    for source_name, table in sources.items():
+        where = f"data.{source_name}"
+        if not _SOURCE_NAME_RE.match(source_name):
+            raise c.fail(where, "a data source name is 1-64 letters, digits, '_' or '-'")
+        c.table(table, where, {"path", "format", "skip_bad_lines"}, {"path"})
+        config.data[source_name] = DataSource(
+            name=source_name,
+            path=_resolve(base, c.get(table, where, "path", str)),
+            format=c.get(table, where, "format", str, "auto"),
+            skip_bad_lines=c.get(table, where, "skip_bad_lines", bool, False),
+        )
+
+    models = raw["models"]
+    if not isinstance(models, list) or not models:
+        raise c.fail("models", "must be a non-empty array of [[models]] tables")
+    seen_names: set[str] = set()
+    for position, table in enumerate(models, 1):
+        where = f"models[{position}]"
+        c.table(table, where, {"name", "kind", "data", "params", "gate", "refit", "keep"},
+                {"name", "kind", "data"})
+        model_name = c.get(table, where, "name", str)
+        where = f"models[{position}] ({model_name!r})"
+        try:
+            validate_model_name(model_name)
+        except ValueError as exc:
+            raise c.fail(f"{where}.name", str(exc)) from None
+        if model_name in seen_names:
+            raise c.fail(f"{where}.name", "two models share this registry name")
+        seen_names.add(model_name)
+        kind = c.get(table, where, "kind", str)
+        if kind not in KINDS:
+            raise c.fail(f"{where}.kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+        source = c.get(table, where, "data", str)
+        if source not in config.data:
+            raise c.fail(f"{where}.data", f"no [data.{source}] table (have: {', '.join(config.data)})")
+        estimator = estimator_class(kind)
+        params = dict(c.table(table.get("params", {}), f"{where}.params", set(estimator.param_names())))
+        if "verbose" in estimator.param_names():
+            params.setdefault("verbose", False)  # progress bars are noise in a cron log
+        shape = estimator.input_shape
+        gate_table = c.table(table.get("gate", {}), f"{where}.gate", {"metric", "margin", "holdout", "seed"})
+        gwhere = f"{where}.gate"
+        metric = c.get(gate_table, gwhere, "metric", str, METRICS[shape][0])
+        if metric not in METRICS[shape]:
+            raise c.fail(f"{gwhere}.metric", f"{metric!r} is not a held-out metric of {kind} "
+                                             f"({shape} data): choose one of {', '.join(METRICS[shape])}")
+        margin = c.get(gate_table, gwhere, "margin", float, 0.0)
+        if margin < 0:
+            raise c.fail(f"{gwhere}.margin", "must be >= 0 (how much worse than live is still accepted)")
+        holdout = c.get(gate_table, gwhere, "holdout", float, DEFAULT_HOLDOUT)
+        if not 0.0 < holdout < 1.0:
+            raise c.fail(f"{gwhere}.holdout", f"must be a fraction in (0, 1), got {holdout}")
+        model_keep = c.get(table, where, "keep", int, keep)
+        if model_keep is not None and model_keep < 1:
+            raise c.fail(f"{where}.keep", "must be at least 1")
+        config.models.append(ModelJob(
+            name=model_name, kind=kind, data=source, params=params,
+            gate=Gate(metric=metric, margin=margin, holdout=holdout,
+                      seed=c.get(gate_table, gwhere, "seed", int, 0)),
+            refit=c.get(table, where, "refit", bool, True), keep=model_keep,
+        ))
+    return config
+
+
+# -------------------------------------------------------------------- lock
+@contextmanager
+def job_lock(path: Path, job_name: str) -> Iterator[None]:
+    """Hold an exclusive non-blocking ``flock`` on ``path`` for the block.
+
+    The kernel drops the lock when the process dies however it dies, so a
+    killed run never leaves a stale lock. The file itself stays (deleting a
+    lock file races with the next run opening it); it holds the holder's pid.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown holder"
+        finally:
+            os.close(fd)
+        raise JobLocked(f"job {job_name!r} is already running ({holder}; lock {path})") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} since {_now()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------------- gate
+def gate_passes(new: float, live: float | None, margin: float) -> bool:
+    """``new >= live - margin`` (higher is better); no live figure passes; NaN never does."""
+    if not math.isfinite(new):
+        return False
+    if live is None or not math.isfinite(live):
+        return True
+    return new >= live - margin
+
+
+@dataclass
+class LiveFigure:
+    version: str | None
+    reason: str  # "pinned", "newest", or why there is no comparable figure
+    value: float | None = None
+    fraction: float | None = None
+    seed: float | None = None
+
+
+def live_figure(registry: Registry, name: str, metric: str) -> LiveFigure:
+    """The live version's stored held-out metric, from its manifest alone (no arrays read)."""
+    try:
+        version, reason = registry.live_version(name)
+    except ArtifactError:
+        return LiveFigure(None, "no live version")
+    try:
+        metrics = read_manifest(registry.root / name / version).metrics
+    except ArtifactError as exc:
+        return LiveFigure(version, f"live manifest unreadable ({exc})")
+    key = METRIC_PREFIX + metric
+    if key not in metrics:
+        return LiveFigure(version, f"live version has no {key} (published outside a job?)")
+    return LiveFigure(version, reason, float(metrics[key]), metrics.get(METRIC_PREFIX + "fraction"),
+                      metrics.get(METRIC_PREFIX + "seed"))
+
+
+# -------------------------------------------------------------------- run
+@dataclass
+class Outcome:
+    model: str
+    status: str  # published | rejected | would_publish | failed | data_error
+    metric: str = ""
+    new: float | None = None
+    live: float | None = None
+    live_version: str | None = None
+    version: str | None = None
+    message: str = ""
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return {"published": EXIT_PUBLISHED, "would_publish": EXIT_PUBLISHED, "rejected": EXIT_REJECTED,
+                "data_error": EXIT_USAGE}.get(self.status, EXIT_FAILED)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+class _Job:
+    def __init__(self, config: JobConfig, dry_run: bool):
+        self.config = config
+        self.dry_run = dry_run
+        self.registry = Registry(config.registry)
+        self._data: dict[str, Any] = {}
+
+    def say(self, model: str | None, message: str, *args, level: int = logging.INFO,
+            exc_info: bool = False) -> None:
+        prefix = f"job={self.config.name}" + (f" model={model}" if model else "")
+        log.log(level, prefix + " " + message, *args, exc_info=exc_info)
+
+    def read(self, model: ModelJob, shape: str):
+        key = (model.data, shape)
+        if key not in self._data:
+            from trainer.data.readers import read_input
+
+            source = self.config.data[model.data]
+            t0 = time.perf_counter()
+            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines)
+            skipped = getattr(data, "skipped_lines", 0)
+            size = len(data) if hasattr(data, "__len__") else len(data.objects)
+            self.say(model.name, "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",
+                     source.name, source.path, source.format, size, skipped, time.perf_counter() - t0)
+            self._data[key] = data
+        return self._data[key]
+
+    def run_model(self, model: ModelJob) -> Outcome:
+        from service.models import index_class
+        from trainer.evaluation import holdout
+        from trainer.models import estimator_class
+
+        gate = model.gate
+        out = Outcome(model.name, "failed", metric=gate.metric)
+        estimator_cls = estimator_class(model.kind)
+        index_cls = index_class(model.kind)
+        try:
+            data = self.read(model, estimator_cls.input_shape)
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            raise DataError(str(self.config.data[model.data].path), None, f"cannot read: {exc}") from None
+
+        train, test = holdout.split(data, gate.holdout, gate.seed)
+        t0 = time.perf_counter()
+        estimator = estimator_cls(**model.params).fit(train)
+        self.say(model.name, "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
+                 model.kind, gate.holdout, gate.seed, time.perf_counter() - t0)
+        artifact = estimator.to_artifact()
+        index = index_cls.from_artifact(artifact)
+        index.smoke()
+        metrics = holdout.evaluate(index, test, gate.seed)
+        self.say(model.name, "evaluated on held-out part: %s",
+                 " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        out.new = metrics[gate.metric]
+        if not math.isfinite(out.new):
+            out.message = (f"{gate.metric} is undefined on the held-out part (too little data for a"
+                           f" {gate.holdout:g} holdout?)")
+            return out
+
+        live = live_figure(self.registry, model.name, gate.metric)
+        out.live, out.live_version = live.value, live.version
+        if live.value is not None and (live.fraction != gate.holdout or live.seed != gate.seed):
+            self.say(model.name, "live %s was measured with holdout=%s seed=%s, this run uses %g/%d:"
+                     " the figures are not strictly comparable", live.version, live.fraction, live.seed,
+                     gate.holdout, gate.seed, level=logging.WARNING)
+        if live.value is None and live.version is not None:
+            self.say(model.name, "gate has nothing to compare with: %s", live.reason, level=logging.WARNING)
+        if not gate_passes(out.new, live.value, gate.margin):
+            out.status = "rejected"
+            out.message = f"{gate.metric} {out.new:.4f} < live {live.value:.4f} - margin {gate.margin:g}"
+            return out
+        out.message = ("no live version" if live.version is None else
+                       f"{gate.metric} {out.new:.4f} >= live {_fmt(live.value)} - margin {gate.margin:g}"
+                       if live.value is not None else live.reason)
+        if self.dry_run:
+            out.status = "would_publish"
+            return out
+
+        if model.refit:
+            t0 = time.perf_counter()
+            artifact = estimator_cls(**model.params).fit(data).to_artifact()
+            index_cls.from_artifact(artifact).smoke()
+            self.say(model.name, "refit part=all seconds=%.1f", time.perf_counter() - t0)
+        artifact.metrics.update({METRIC_PREFIX + k: float(v) for k, v in metrics.items()})
+        artifact.metrics.update({METRIC_PREFIX + "fraction": gate.holdout, METRIC_PREFIX + "seed": gate.seed,
+                                 METRIC_PREFIX + "refit": float(model.refit)})
+        out.version = self.registry.publish(model.name, artifact, keep=model.keep)
+        out.status = "published"
+        pinned = self.registry.pinned(model.name)
+        if pinned:
+            self.say(model.name, "is pinned to %s: version %s is stored but not served until unpinned",
+                     pinned, out.version, level=logging.WARNING)
+        if self.config.redis:
+            from trainer.notify import notify_published
+
+            notify_published(self.config.redis, model.name, out.version, self.config.redis_timeout, log)
+        return out
+
+    def run(self, only: list[str] | None = None) -> list[Outcome]:
+        outcomes = []
+        for model in self.config.models:
+            if only and model.name not in only:
+                continue
+            t0 = time.perf_counter()
+            self.say(model.name, "start kind=%s data=%s", model.kind, model.data)
+            try:
+                out = self.run_model(model)
+            except DataError as exc:
+                out = Outcome(model.name, "data_error", metric=model.gate.metric, message=str(exc))
+            except Exception as exc:  # one model's failure must not stop the others
+                # Expected failures have messages an operator can act on; anything else is a
+                # bug and its traceback belongs in the cron log.
+                expected = isinstance(exc, (FloatingPointError, ArtifactError, ValueError, OSError))
+                self.say(model.name, "failed: %s: %s", type(exc).__name__, exc, level=logging.ERROR,
+                         exc_info=not expected)
+                out = Outcome(model.name, "failed", metric=model.gate.metric,
+                              message=f"{type(exc).__name__}: {exc}")
+            out.seconds = time.perf_counter() - t0
+            level = logging.INFO if out.exit_code in (EXIT_PUBLISHED, EXIT_REJECTED) else logging.ERROR
+            self.say(model.name, "result=%s metric=%s new=%s live=%s live_version=%s version=%s"
+                     " margin=%g seconds=%.1f (%s)", out.status, out.metric, _fmt(out.new), _fmt(out.live),
+                     out.live_version or "-", out.version or "-", model.gate.margin, out.seconds,
+                     out.message or "ok", level=level)
+            outcomes.append(out)
+        return outcomes
+
+
+def exit_code(outcomes: list[Outcome]) -> int:
+    """The worst outcome: failed (1), then data error (2), then rejected (3), else published (0)."""
+    codes = {o.exit_code for o in outcomes}
+    for code in (EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED):
+        if code in codes:
+            return code
+    return EXIT_PUBLISHED
+
+
+def _install_log_handler() -> logging.Handler:
+    handler = logging.StreamHandler(sys.stderr)
+    formatter = logging.Formatter("%(asctime)s ordrec-job %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%SZ")
+    formatter.converter = time.gmtime
+    handler.setFormatter(formatter)
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG if os.environ.get("ORDREC_JOB_DEBUG") else logging.INFO)
+    log.propagate = False
+    return handler
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | None = None) -> int:
+    """Run the job file ``path``; return the exit code (see the module docstring).
+
+    ``dry_run`` trains, evaluates and gates but never publishes or notifies.
+    ``only`` restricts the run to those model names.
+    """
+    handler = _install_log_handler()
+    previous = None
+    try:
+        try:
+            config = load_job(path)
+        except JobError as exc:
+            log.error("%s", exc)
+            return EXIT_USAGE
+        unknown = sorted(set(only or []) - {m.name for m in config.models})
+        if unknown:
+            log.error("%s: no model named %s in the job", path, ", ".join(unknown))
+            return EXIT_USAGE
+        if threading_is_main():
+            previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        t0 = time.perf_counter()
+        log.info("job=%s start file=%s registry=%s models=%d%s", config.name, config.path, config.registry,
+                 len(config.models), " dry_run=true" if dry_run else "")
+        try:
+            with job_lock(config.lock, config.name):
+                outcomes = _Job(config, dry_run).run(only)
+        except JobLocked as exc:
+            log.error("job=%s %s", config.name, exc)
+            return EXIT_FAILED
+        except Terminated:
+            log.error("job=%s terminated by SIGTERM; the registry keeps only complete versions", config.name)
+            return EXIT_FAILED
+        code = exit_code(outcomes)
+        counts = {s: sum(o.status == s for o in outcomes)
+                  for s in ("published", "would_publish", "rejected", "failed", "data_error")}
+        log.info("job=%s done exit=%d %s seconds=%.1f", config.name, code,
+                 " ".join(f"{k}={v}" for k, v in counts.items() if v or k in ("published", "rejected")),
+                 time.perf_counter() - t0)
+        return code
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        log.removeHandler(handler)
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
