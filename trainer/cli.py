@@ -135,7 +135,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from trainer.job import run_job
 
-    return run_job(args.job)
+    return run_job(args.job, dry_run=args.dry_run, only=args.only)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -206,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="a cron job described by a TOML file")
     run.add_argument("job")
+    run.add_argument("--dry-run", action="store_true",
+                     help="train, evaluate and gate, but never publish or notify")
+    run.add_argument("--only", action="append", metavar="MODEL",
+                     help="run only this model of the job (repeatable)")
     run.set_defaults(func=cmd_run)
 
     report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")
