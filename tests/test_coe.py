@@ -370,3 +370,43 @@ def test_ml100k_meets_table3_targets():
         metrics, _ = protocol.fit_and_evaluate(params, data, values, observed)
         assert metrics["preservation_h"] >= 0.696, (function, metrics)
         assert metrics["prediction_h"] >= 0.614, (function, metrics)
+
+
+# ------------------------------------------------------------- explicit triples
+def test_explicit_triples_file(tmp_path):
+    from trainer.data.triples import read_triples
+    from trainer.data.types import DataError
+
+    # planted 1-D line: users and items at positions; triples from true distances
+    rng = np.random.default_rng(4)
+    xu, yi = rng.uniform(-1, 1, 12), rng.uniform(-1, 1, 15)
+    lines = ["# planted triples"]
+    for _ in range(3000):
+        if rng.random() < 0.5:
+            u, i, j = int(rng.integers(12)), *map(int, rng.choice(15, 2, replace=False))
+            if abs(xu[u] - yi[i]) > abs(xu[u] - yi[j]):
+                i, j = j, i
+            lines.append(f"A\tu{u}\ti{i}\ti{j}")
+        else:
+            (u, v), i = map(int, rng.choice(12, 2, replace=False)), int(rng.integers(15))
+            if abs(xu[u] - yi[i]) > abs(xu[v] - yi[i]):
+                u, v = v, u
+            lines.append(f"B u{u} u{v} i{i}  # comment")
+    path = tmp_path / "t.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    triples = read_triples(str(path))
+    assert len(triples) == 3000 and triples.n_users == 12 and triples.n_items == 15
+    model = COE(dim=2, lam=4.0, eta=0.0, epochs=30, seed=0).fit(triples)
+    X, Y = model.user_coords_, model.item_coords_
+    a = triples.kind == 0
+    d = lambda P, p, Q, q: np.linalg.norm(P[p] - Q[q], axis=1)  # noqa: E731
+    ok_a = d(X, triples.first[a], Y, triples.second[a]) < d(X, triples.first[a], Y, triples.third[a])
+    ok_b = d(X, triples.first[~a], Y, triples.third[~a]) < d(X, triples.second[~a], Y, triples.third[~a])
+    assert ok_a.mean() > 0.95 and ok_b.mean() > 0.95
+    Index.from_artifact(model.to_artifact()).smoke()
+
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("A u1 i1 i2\nC u1 i1 i2\nA u1 i3\n")
+    with pytest.raises(DataError, match=":2:"):
+        read_triples(str(bad))
+    assert read_triples(str(bad), skip_bad_lines=True).skipped_lines == 2

@@ -17,6 +17,7 @@ import numpy as np
 
 from service.artifacts import Artifact
 from service.idmap import IdMap
+from trainer.data.triples import ExplicitTriples
 from trainer.data.types import Ratings
 from trainer.models import _coe_kernels as K
 from trainer.models.base import Estimator, check_finite
@@ -214,9 +215,12 @@ class COE(Estimator):
     def scale(self) -> float:
         return float(self.lam if self.function == "sigmoid" else self.alpha)
 
-    def fit(self, data: Ratings) -> "COE":
-        """Fit on ratings (or co-occurrence counts) with triples drawn on the fly."""
+    def fit(self, data: Ratings | ExplicitTriples) -> "COE":
+        """Fit on ratings (or co-occurrence counts) with triples drawn on the fly,
+        or on an explicit triples file's :class:`ExplicitTriples` (drawn uniformly)."""
         self._check()
+        if isinstance(data, ExplicitTriples):
+            return self.fit_explicit(data)
         values = normalise(data, self.source)
         triples = TripleSource.build(data.user, data.item, values, data.n_users, data.n_items)
         return self.fit_triples(data, triples)
@@ -254,6 +258,38 @@ class COE(Estimator):
         self.steps_ = total
         self._seen = (data.user, data.item, data.rating)
         self._fingerprint = data.fingerprint()
+        return self
+
+    def fit_explicit(self, triples: ExplicitTriples) -> "COE":
+        """Fit on given triples; each step draws one of them uniformly."""
+        self._check()
+        if len(triples) == 0:
+            raise ValueError("no triples to fit")
+        self.users_, self.items_ = triples.users, triples.items
+        self.n_type_a_ = int(np.count_nonzero(triples.kind == 0))
+        self.n_type_b_ = len(triples) - self.n_type_a_
+        rng = np.random.default_rng(self.seed)
+        X = rng.normal(0.0, self.init_scale, (triples.n_users, int(self.dim)))
+        Y = rng.normal(0.0, self.init_scale, (triples.n_items, int(self.dim)))
+        steps = int(self.steps_per_epoch) or len(triples)
+        total = steps * int(self.epochs)
+        lr_end = self.lr * self.lr_final
+        self.log_likelihood_ = []
+        with Progress("COE", self.epochs, enabled=self.verbose) as bar:
+            for epoch in range(int(self.epochs)):
+                lr0 = self.lr + (lr_end - self.lr) * (epoch * steps / total)
+                lr1 = self.lr + (lr_end - self.lr) * ((epoch + 1) * steps / total)
+                K.sga_explicit(X, Y, triples.kind, triples.first, triples.second, triples.third, steps,
+                               FUNCTIONS[self.function], self.scale, float(self.eta), lr0, lr1,
+                               int(self.seed) * 1_000_003 + epoch)
+                check_finite(epoch, user_coords=X, item_coords=Y)
+                bar.update(1)
+        self.user_coords_ = X.astype(np.float32)
+        self.item_coords_ = Y.astype(np.float32)
+        self.steps_ = total
+        user, item = triples.user_item_pairs()
+        self._seen = (user, item, None)
+        self._fingerprint = triples.fingerprint()
         return self
 
     # ------------------------------------------------------------- artifact
