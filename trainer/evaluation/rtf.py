@@ -294,12 +294,13 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
              for d, v in PAPER_AUC.items() if d in dims_list]
     _print_f1_grid(per_method)
     shown = [r for r in rows if r.metric == "auc" or r.metric in ("f1@1", "f1@5", "f1@10")]
-    print_table(shown, paper, title=f"RTF on {dataset}: F1 and AUC (mean over runs)")
+    print_table(shown, paper, out=sys.stdout, title=f"RTF on {dataset}: F1 and AUC (mean over runs)")
     return rows
 
 
-def _print_f1_grid(per_method: dict[str, dict[str, list[float]]], out=sys.stdout) -> None:
+def _print_f1_grid(per_method: dict[str, dict[str, list[float]]], out=None) -> None:
     """The layout of the paper's Fig. 7: F1 at N = 1..10 per method (and AUC)."""
+    out = out or sys.stdout
     head = "method".ljust(12) + "".join(f"F1@{n:<5}" for n in range(1, MAX_N + 1)) + "AUC"
     print(head, file=out)
     for method, metrics in per_method.items():

@@ -1,0 +1,156 @@
+"""RTF protocol: p-core, leave-one-post-out, metrics, the reproduce contract."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.idmap import IdMap
+from trainer.cli import build_parser, main
+from trainer.data.types import TagAssignments
+from trainer.evaluation import rtf as ev
+from trainer.models.rtf import group_posts
+from trainer.sample import planted_tags
+
+DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
+LASTFM = DATA / "lastfm-tags" / "user_taggedartists.dat"
+
+
+def _tags(rows):
+    user, item, tag = (np.array(x, dtype=np.int32) for x in zip(*rows))
+    n = max(int(max(user)), int(max(item)), int(max(tag))) + 1
+    names = lambda p: IdMap([f"{p}{k}" for k in range(n)])  # noqa: E731
+    return TagAssignments(names("u"), names("i"), names("t"), user, item, tag)
+
+
+def _post_counts(data):
+    pu, pi, indptr, tags = group_posts(data.user, data.item, data.tag)
+    tag_posts = np.bincount(tags, minlength=len(data.tags))
+    return (np.bincount(pu, minlength=len(data.users)), np.bincount(pi, minlength=len(data.items)), tag_posts)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), p=st.integers(1, 4))
+def test_p_core_is_a_fixed_point_with_every_entity_in_p_posts(seed, p):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 120))
+    rows = list(zip(rng.integers(0, 12, n), rng.integers(0, 10, n), rng.integers(0, 8, n)))
+    core = ev.p_core(_tags(rows), p)
+    if len(core):
+        for counts in _post_counts(core):
+            assert counts.min() >= p
+        again = ev.p_core(core, p)
+        assert len(again) == len(core)
+    # maximality: no removed triple could come back. Adding all removed triples
+    # back and re-pruning gives the same core (the p-core is unique).
+    assert len(ev.p_core(_tags(rows + rows), p)) == len(core)
+
+
+def test_p_core_prunes_iteratively():
+    # user 2 has one post; removing it drops tag 3 below 2 posts, then item 1 ...
+    rows = [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1), (0, 2, 0), (1, 2, 1), (0, 2, 1), (1, 2, 0),
+            (2, 1, 3), (0, 1, 3)]
+    core = ev.p_core(_tags(rows), 2)
+    assert sorted(zip(core.users.externals(core.user), core.items.externals(core.item),
+                      core.tags.externals(core.tag))) == sorted(
+        (f"u{u}", f"i{i}", f"t{t}") for u, i, t in rows[:8])
+
+
+def test_leave_one_post_out_takes_one_whole_post_per_user():
+    data = planted_tags(n_users=30, n_items=40, n_tags=20, seed=2)
+    train, (tu, ti, indptr, tags) = ev.leave_one_post_out(data, np.random.default_rng(0))
+    assert sorted(tu.tolist()) == sorted(set(data.user.tolist()))
+    assert len(train) + indptr[-1] == len(data)
+    train_posts = set(zip(train.user.tolist(), train.item.tolist()))
+    for p, (u, i) in enumerate(zip(tu, ti)):
+        assert (u, i) not in train_posts
+        want = sorted(data.tag[(data.user == u) & (data.item == i)].tolist())
+        assert sorted(tags[indptr[p] : indptr[p + 1]].tolist()) == want
+
+
+def test_precision_recall_and_f1_by_hand():
+    lists = [np.array([1, 2, 3]), np.array([5, 6])]
+    truth = [np.array([2, 9]), np.array([5])]
+    precision, recall = ev.precision_recall(lists, truth, max_n=3)
+    np.testing.assert_allclose(precision, [(0 + 1) / 2, (0.5 + 0.5) / 2, (1 / 3 + 1 / 3) / 2])
+    np.testing.assert_allclose(recall, [(0 + 1) / 2, (0.5 + 1) / 2, (0.5 + 1) / 2])
+    f = ev.f1(precision, recall)
+    np.testing.assert_allclose(f, 2 * precision * recall / (precision + recall))
+
+
+def _args(**over):
+    parser = argparse.ArgumentParser()
+    ev.add_arguments(parser)
+    args = parser.parse_args([])
+    args.runs, args.seed, args.quiet, args.data = 1, 0, True, "planted"
+    args.format, args.skip_bad_lines = "auto", False
+    for key, value in over.items():
+        setattr(args, key, value)
+    return args
+
+
+def test_run_reports_the_contract_rows(capsys):
+    data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
+    rows = ev.run(_args(core=2, dims="3,5", iterations=6, runs=2), data=data)
+    methods = {r.method for r in rows}
+    assert methods == {"RTF-3", "RTF-5", "pop-global", "pop-item", "pop-user", "pop-mix", "npmax"}
+    by = {(r.method, r.metric): r for r in rows}
+    for method in methods:
+        for n in range(1, 11):
+            for metric in (f"f1@{n}", f"precision@{n}", f"recall@{n}"):
+                row = by[(method, metric)]
+                assert 0.0 <= row.mean <= 1.0 and row.runs == 2
+    assert 0.0 <= by[("RTF-5", "auc")].mean <= 1.0
+    assert ("pop-item", "auc") not in by
+    out = capsys.readouterr().out
+    assert "F1@1" in out and "npmax" in out
+
+
+def test_npmax_peeks_and_beats_item_popularity_on_its_own_test_set():
+    """npmax ranks by the test posts' own tags, so it is at least as good as
+    any non-personalised list at N = 1 for items with a single test post."""
+    data = planted_tags(n_users=80, n_items=30, n_tags=20, seed=6)
+    rows = ev.run(_args(core=2, dims="2", iterations=2), data=data)
+    by = {(r.method, r.metric): r.mean for r in rows}
+    assert by[("npmax", "f1@1")] >= by[("pop-item", "f1@1")]
+    assert by[("npmax", "f1@1")] >= by[("pop-global", "f1@1")]
+
+
+def test_cli_registers_reproduce_rtf(tmp_path):
+    parser = build_parser()
+    args = parser.parse_args(["reproduce", "rtf", "--data", "x", "--dims", "8,64", "--core", "5",
+                              "--iterations", "7", "--learning-rate", "0.3"])
+    assert args.dims == "8,64" and args.core == 5 and args.iterations == 7 and args.learning_rate == 0.3
+    assert args.runs == ev.DEFAULT_RUNS
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LASTFM.exists(), reason=f"no Last.fm data at {LASTFM}")
+def test_lastfm_10_core_statistics():
+    from trainer.data.readers import read_input
+
+    core = ev.p_core(read_input("tags", str(LASTFM), "auto"), 10)
+    n_posts = group_posts(core.user, core.item, core.tag)[0].size
+    assert (len(core), len(core.users), len(core.items), len(core.tags), n_posts) == (87285, 614, 1457, 814, 32805)
+    assert core.tag_names is not None and len(core.tag_names) == len(core.tags)
+    for counts in _post_counts(core):
+        assert counts.min() >= 10
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LASTFM.exists(), reason=f"no Last.fm data at {LASTFM}")
+def test_lastfm_reproduce_small_rtf_beats_global_popularity(tmp_path):
+    out = tmp_path / "rtf.json"
+    code = main(["reproduce", "rtf", "--data", str(LASTFM), "--dims", "8", "--iterations", "15",
+                 "--runs", "1", "--quiet", "--json", str(out)])
+    assert code == 0
+    rows = {(r["method"], r["metric"]): r["mean"] for r in json.loads(out.read_text())}
+    assert rows[("RTF-8", "auc")] > 0.9
+    for n in range(1, 11):
+        assert rows[("RTF-8", f"f1@{n}")] > rows[("pop-global", f"f1@{n}")]
