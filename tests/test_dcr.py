@@ -1,0 +1,274 @@
+"""DCR / Pairwise DCR trainer: gradients, projection, planted structure, scales, round trip."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.artifacts import Registry
+from service.idmap import IdMap
+from service.models.dcr import Index, level_weights
+from trainer.data.types import DataError, Ratings
+from trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user_split
+from trainer.models import estimator_class
+from trainer.models._dcr_kernels import (
+    pairwise_loss, pairwise_step, pointwise_objective, pointwise_step, project_ball,
+)
+from trainer.models.dcr import DCR, rating_levels
+
+
+def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
+    n_users = n_users or int(np.max(user)) + 1
+    n_items = n_items or int(np.max(item)) + 1
+    return Ratings(IdMap([f"u{i}" for i in range(n_users)]), IdMap([f"i{i}" for i in range(n_items)]),
+                   np.asarray(user, np.int32), np.asarray(item, np.int32), np.asarray(rating, np.float32))
+
+
+def planted(seed=0, n_users=120, n_items=80, per_user=40, rank=3, values=(1, 2, 3, 4, 5)):
+    """Ratings from a low-rank latent preference cut at quantiles into ordered levels.
+
+    Item effects are absent, so an item's mean rating carries (almost) no
+    information about one user's order: only personal structure ranks well.
+    """
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(n_users, rank))
+    B = rng.normal(size=(n_items, rank))
+    latent = A @ B.T
+    user = np.repeat(np.arange(n_users), per_user)
+    item = np.concatenate([rng.choice(n_items, per_user, replace=False) for _ in range(n_users)])
+    x = latent[user, item] + 0.1 * rng.normal(size=user.size)
+    cuts = np.quantile(x, np.linspace(0, 1, len(values) + 1)[1:-1])
+    rating = np.asarray(values, dtype=np.float64)[np.digitize(x, cuts)]
+    return make_ratings(user, item, rating, n_users, n_items)
+
+
+# ------------------------------------------------------------ gradients
+def numeric_grad(fn, x, eps=1e-6):
+    g = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + eps
+        hi = fn()
+        x[idx] = old - eps
+        lo = fn()
+        x[idx] = old
+        g[idx] = (hi - lo) / (2 * eps)
+    return g
+
+
+@pytest.mark.parametrize("label", [0, 1])
+@pytest.mark.parametrize("seed", range(3))
+def test_pointwise_step_is_the_objective_gradient(label, seed):
+    rng = np.random.default_rng(seed)
+    u = rng.normal(size=6) * 0.3
+    v = rng.normal(size=6) * 0.3
+    reg = 0.05
+    gu = numeric_grad(lambda: pointwise_objective(u, v, label, reg), u)
+    gv = numeric_grad(lambda: pointwise_objective(u, v, label, reg), v)
+    u2, v2 = u.copy(), v.copy()
+    lr = 1e-3
+    pointwise_step(u2, v2, label, lr, reg, 1e-9, 0)  # floor far below P: the exact gradient
+    np.testing.assert_allclose((u2 - u) / lr, gu, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose((v2 - v) / lr, gv, rtol=1e-5, atol=1e-7)
+
+
+def test_pointwise_step_floor_keeps_steps_finite_and_pushes_toward_the_label():
+    u = np.array([1.0, 0.0])
+    v = np.array([-1.0, 0.0])  # P(r >= t) = 0 exactly: log P = -inf
+    p_before = 0.5 * (u @ v + 1)
+    pointwise_step(u, v, 1, 1e-3, 0.0, 1e-3, 0)
+    assert np.all(np.isfinite(u)) and np.all(np.isfinite(v))
+    assert 0.5 * (u @ v + 1) > p_before
+
+
+def test_pointwise_step_keeps_frozen_user_coordinates():
+    u = np.array([0.7, 0.1, -0.2])
+    v = np.array([0.3, 0.2, 0.1])
+    pointwise_step(u, v, 1, 0.1, 0.01, 1e-3, 1)
+    assert u[0] == 0.7
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pairwise_step_is_the_loss_gradient(seed):
+    rng = np.random.default_rng(seed)
+    L, f = 4, 5
+    u, vi, vj = (rng.normal(size=(L, f)) * 0.4 for _ in range(3))
+    c = level_weights(np.arange(1, L + 2, dtype=float), "linear")[0]
+    lam = 0.01
+    loss = lambda: pairwise_loss(u, vi, vj, c, lam)  # noqa: E731
+    grads = [numeric_grad(loss, x) for x in (u, vi, vj)]
+    moved = [x.copy() for x in (u, vi, vj)]
+    lr = 1e-3
+    reported = pairwise_step(moved[0], moved[1], moved[2], c, lr, lam, 0)
+    assert reported == pytest.approx(loss())
+    for before, after, g in zip((u, vi, vj), moved, grads):
+        np.testing.assert_allclose((before - after) / lr, g, rtol=1e-5, atol=1e-7)
+
+
+def test_pairwise_loss_is_stable_for_large_margins():
+    L, f = 2, 2
+    u = np.full((L, f), 1.0)
+    vi = np.full((L, f), 400.0)
+    vj = -vi
+    c = np.array([0.5, 0.5])
+    assert np.isfinite(pairwise_loss(u, vi, vj, c, 0.0))
+    assert np.isfinite(pairwise_loss(u, vj, vi, c, 0.0))
+
+
+@given(st.lists(st.floats(-10, 10), min_size=1, max_size=8), st.floats(0.1, 2.0))
+def test_project_ball_is_the_euclidean_projection(values, radius):
+    x = np.array(values)
+    y = x.copy()
+    project_ball(y, 0, radius)
+    norm = np.linalg.norm(x)
+    if norm <= radius:
+        np.testing.assert_array_equal(y, x)
+    else:
+        assert np.linalg.norm(y) == pytest.approx(radius)
+        np.testing.assert_allclose(y * norm / radius, x, rtol=1e-9, atol=1e-12)
+
+
+# ------------------------------------------------------------ training
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([0.0, 0.6]), st.sampled_from(["ball", "sphere"]))
+def test_factors_stay_in_the_unit_ball(seed, bias, projection):
+    data = planted(seed, n_users=20, n_items=15, per_user=8)
+    model = DCR(rank=4, epochs=3, lr=0.5, item_bias=bias, projection=projection, seed=seed,
+                pairwise=True, pairwise_epochs=2, pairwise_lr=0.5).fit(data)
+    assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + 1e-9)
+    assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + 1e-9)
+    if bias:
+        assert np.all(model.U_[:, :, 0] == bias)
+
+
+def test_planted_low_rank_order_is_recovered():
+    data = planted(1)
+    rng = np.random.default_rng(0)
+    train, test = per_user_split(data, 30, rng)
+    model = DCR(rank=8, epochs=60, lr=0.05, seed=0).fit(train)
+    index = Index.from_artifact(model.to_artifact())
+    dcr = ndcg_at_k(index.score_items, test)
+    random = ndcg_at_k(fixed_scorer(rng.random(data.n_items)), test)
+    mean = ndcg_at_k(fixed_scorer(item_means(train, 5.0)), test)
+    # the planted order is personal: DCR must beat both non-personal rankings clearly
+    assert dcr > mean + 0.05 and dcr > random + 0.05, (dcr, mean, random)
+    # and its scores must correlate with the planted preference on held-out pairs
+    A_order = []
+    for u in range(data.n_users):
+        rows = test.item[test.user == u]
+        if rows.size > 2:
+            r = test.rating[test.user == u]
+            s = index.score_items(u, rows.astype(np.int64))
+            A_order.append(np.corrcoef(np.argsort(np.argsort(r)), np.argsort(np.argsort(s)))[0, 1])
+    assert np.nanmean(A_order) > 0.3
+
+
+def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs():
+    data = planted(2, n_users=60, n_items=40, per_user=20)
+    model = DCR(rank=6, epochs=10, lr=0.05, seed=3).fit(data)
+
+    def mean_pair_loss(m):
+        c, _ = level_weights(m.levels_, m.relevance)
+        total, count = 0.0, 0
+        for u in range(data.n_users):
+            lo, hi = m.seen_indptr_[u], m.seen_indptr_[u + 1]
+            its, lv = m.seen_indices_[lo:hi], m.seen_levels_[lo:hi]
+            for a in range(its.size):
+                for b in range(its.size):
+                    if lv[a] > lv[b]:
+                        total += pairwise_loss(m.U_[u], m.V_[its[a]], m.V_[its[b]], c, 0.0)
+                        count += 1
+        return total / count
+
+    refined = model.refined(pairwise_epochs=10, pairwise_lr=0.05, pairwise_reg=0.0)
+    assert mean_pair_loss(refined) < mean_pair_loss(model) - 0.01
+    # the DCR fit it started from is untouched
+    assert not np.shares_memory(refined.U_, model.U_)
+
+
+def test_same_seed_same_model_other_seed_other_model():
+    data = planted(3, n_users=30, n_items=20, per_user=10)
+    a = DCR(rank=4, epochs=3, seed=5, pairwise=True, pairwise_epochs=2).fit(data)
+    b = DCR(rank=4, epochs=3, seed=5, pairwise=True, pairwise_epochs=2).fit(data)
+    c = DCR(rank=4, epochs=3, seed=6).fit(data)
+    np.testing.assert_array_equal(a.U_, b.U_)
+    np.testing.assert_array_equal(a.V_, b.V_)
+    assert not np.array_equal(a.U_[:, :, :], c.U_)
+
+
+def test_divergence_is_reported_with_the_epoch():
+    data = planted(4, n_users=10, n_items=10, per_user=5)
+    with pytest.raises(FloatingPointError, match="epoch 0"):
+        # finite but absurd: lr * reg overflows, the projection turns inf into NaN
+        DCR(rank=2, epochs=2, lr=1e300, reg=1e300).fit(data)
+
+
+@pytest.mark.parametrize("bad", [dict(relevance="cubic"), dict(rank=0), dict(item_bias=1.0),
+                                 dict(lr=float("nan")), dict(projection="cube"), dict(item_shrinkage=-1)])
+def test_bad_parameters_are_refused(bad):
+    with pytest.raises(ValueError):
+        DCR(**bad).fit(planted(0, n_users=5, n_items=5, per_user=3))
+
+
+# ------------------------------------------------------------ rating scales
+def test_half_star_scale_maps_to_ten_ordered_levels():
+    values = np.arange(1, 11) * 0.5
+    levels, index = rating_levels(np.array([0.5, 5.0, 2.5, 3.0]), values)
+    assert levels.tolist() == values.tolist()
+    assert index.tolist() == [0, 9, 4, 5]
+    data = planted(5, n_users=40, n_items=30, per_user=15, values=tuple(values))
+    model = DCR(rank=4, epochs=5, seed=0).fit(data)
+    assert model.levels_.tolist() == values.tolist()
+    index = Index.from_artifact(model.to_artifact())
+    items = np.arange(data.n_items)
+    dist = index.distribution(0, items)
+    assert dist.shape == (data.n_items, 10)
+    scores = index.score_items(0, items)
+    assert np.all(scores >= 0.5 - 1e-5) and np.all(scores <= 5.0 + 1e-5)
+    # Eq. 2 = Eq. 4: SC is the expectation of f(r) under the *unclipped* Eq. 3 differences
+    p_ge = index.level_probabilities(0, items)
+    full = np.concatenate([np.ones((items.size, 1)), p_ge, np.zeros((items.size, 1))], axis=1)
+    np.testing.assert_allclose(scores, (full[:, :-1] - full[:, 1:]) @ values, rtol=1e-5)
+
+
+def test_explicit_levels_keep_unused_values_and_reject_strangers():
+    levels, index = rating_levels(np.array([2.0, 3.0]), "1,2,3,4")
+    assert levels.tolist() == [1, 2, 3, 4] and index.tolist() == [1, 2]
+    with pytest.raises(DataError, match="not one of the levels"):
+        rating_levels(np.array([2.0, 3.5]), [1, 2, 3, 4])
+    with pytest.raises(DataError, match="two distinct"):
+        rating_levels(np.array([4.0, 4.0]))
+
+
+# ------------------------------------------------------------ artifact
+def test_registry_round_trip_serves_the_same_scores(tmp_path):
+    data = planted(6, n_users=30, n_items=25, per_user=10)
+    model = estimator_class("dcr")(rank=3, epochs=4, seed=1, pairwise=True, pairwise_epochs=2,
+                                   item_shrinkage=3.0)
+    model.fit(data)
+    artifact = model.to_artifact()
+    registry = Registry(tmp_path)
+    registry.publish("pairwise_dcr", artifact)
+    loaded = registry.load("pairwise_dcr")
+    a, b = Index.from_artifact(artifact), Index.from_artifact(loaded)
+    b.smoke()
+    users = np.arange(data.n_users)
+    np.testing.assert_array_equal(a.score_users(users), b.score_users(users))
+    assert loaded.attributes["levels"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert loaded.attributes["relevance"] == "linear"
+    assert loaded.hyperparameters["pairwise"] is True
+    # seen items are each user's training items
+    for u in range(data.n_users):
+        assert set(b.seen(u).tolist()) == set(data.item[data.user == u].tolist())
+
+
+def test_item_shrinkage_scales_rare_items_toward_one_half():
+    data = make_ratings([0, 0, 1, 1, 2], [0, 1, 0, 1, 1], [5, 1, 4, 2, 5], 3, 3)
+    model = DCR(rank=2, epochs=5, seed=0).fit(data)
+    plain = model.to_artifact().arrays["item_factors"]
+    model.item_shrinkage = 2.0
+    shrunk = model.to_artifact().arrays["item_factors"]
+    counts = np.array([2, 3, 0])
+    np.testing.assert_allclose(shrunk, plain * (counts / (counts + 2.0))[:, None], rtol=1e-6)
+    assert np.all(plain[2] == 0)  # an item without training ratings carries no evidence

@@ -1,0 +1,114 @@
+"""DCR protocol: splits, NDCG@10, the reproduce command, and (slow) ML-100K."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.idmap import IdMap
+from trainer.cli import main
+from trainer.data.types import Ratings
+from trainer.evaluation.dcr import (
+    fixed_scorer, item_means, ndcg_at_k, per_user_split, validation_split,
+)
+
+DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
+
+
+def ratings(seed=0, n_users=50, n_items=40):
+    rng = np.random.default_rng(seed)
+    counts = rng.integers(5, 30, size=n_users)
+    user = np.repeat(np.arange(n_users), counts)
+    item = np.concatenate([rng.choice(n_items, c, replace=False) for c in counts])
+    quality = rng.normal(size=n_items)
+    rating = np.clip(np.round(3 + quality[item] + 0.5 * rng.normal(size=user.size)), 1, 5)
+    return Ratings(IdMap([f"u{i}" for i in range(n_users)]), IdMap([f"i{i}" for i in range(n_items)]),
+                   user.astype(np.int32), item.astype(np.int32), rating.astype(np.float32))
+
+
+def test_per_user_split_takes_n_and_drops_short_users():
+    data = ratings()
+    train, test = per_user_split(data, 10, np.random.default_rng(0))
+    counts = np.bincount(data.user, minlength=data.n_users)
+    tr = np.bincount(train.user, minlength=data.n_users)
+    te = np.bincount(test.user, minlength=data.n_users)
+    kept = counts >= 20
+    assert np.all(tr[kept] == 10) and np.all(te[kept] == counts[kept] - 10)
+    assert np.all(tr[~kept] == 0) and np.all(te[~kept] == 0)
+    pairs = set(zip(train.user.tolist(), train.item.tolist()))
+    assert not pairs & set(zip(test.user.tolist(), test.item.tolist()))
+    # a different seed draws different training ratings
+    other, _ = per_user_split(data, 10, np.random.default_rng(1))
+    assert pairs != set(zip(other.user.tolist(), other.item.tolist()))
+
+
+def test_validation_split_is_carved_from_training_only():
+    data = ratings(1)
+    train, _ = per_user_split(data, 10, np.random.default_rng(0))
+    fit, val = validation_split(train, np.random.default_rng(0))
+    assert len(fit) + len(val) == len(train)
+    got = set(zip(fit.user.tolist(), fit.item.tolist())) | set(zip(val.user.tolist(), val.item.tolist()))
+    assert got == set(zip(train.user.tolist(), train.item.tolist()))
+    per = np.bincount(val.user, minlength=data.n_users)
+    assert set(per[per > 0].tolist()) == {2}  # a quarter of 10, at least two
+
+
+def test_ndcg_is_one_for_the_ideal_order_and_matches_a_hand_computation():
+    users = IdMap(["a"])
+    items = IdMap([str(i) for i in range(4)])
+    test = Ratings(users, items, np.zeros(4, np.int32), np.arange(4, dtype=np.int32),
+                   np.array([3, 5, 1, 4], np.float32))
+    assert ndcg_at_k(fixed_scorer(np.array([3.0, 5, 1, 4])), test) == pytest.approx(1.0)
+    worst = ndcg_at_k(fixed_scorer(np.array([4.0, 1, 5, 2])), test)  # order 2, 0, 3, 1
+    gains = np.exp2([1, 3, 4, 5]) - 1
+    disc = 1 / np.log2(np.arange(2, 6))
+    assert worst == pytest.approx(gains @ disc / (np.sort(gains)[::-1] @ disc))
+
+
+def test_damped_mean_moves_toward_the_global_mean():
+    data = ratings(2)
+    raw, damped = item_means(data, 0.0), item_means(data, 50.0)
+    mu = data.rating.mean()
+    rated = np.bincount(data.item, minlength=data.n_items) > 0
+    assert np.all(np.abs(damped - mu)[rated] <= np.abs(raw - mu)[rated] + 1e-9)
+
+
+def write_udata(path: Path, data: Ratings) -> None:
+    with open(path, "w") as fh:
+        for u, i, r in zip(data.user, data.item, data.rating):
+            fh.write(f"{u + 1}\t{i + 1}\t{int(r)}\t881250949\n")
+
+
+def test_reproduce_command_writes_rows(tmp_path, capfd):
+    path = tmp_path / "u.data"
+    write_udata(path, ratings(3, n_users=40))
+    out = tmp_path / "rows.json"
+    code = main(["reproduce", "dcr", "--data", str(path), "--n-train", "5", "--runs", "2", "--pairwise",
+                 "--variants", "shrunk", "--rank", "3", "--epochs", "3", "--pairwise-epochs", "2",
+                 "--json", str(out), "--quiet", "--dataset", "tiny"])
+    assert code == 0
+    rows = json.loads(out.read_text())
+    methods = {r["method"] for r in rows}
+    assert {"DCR", "Pairwise DCR", "DCR-shrunk", "Pairwise DCR-shrunk", "Random", "Item mean",
+            "Damped item mean"} <= methods
+    for r in rows:
+        assert r["setting"] == {"N": 5} and r["metric"] == "ndcg@10" and r["runs"] == 2
+        assert 0 < r["mean"] <= 1
+    assert "DCR protocol on tiny" in capfd.readouterr().out
+
+
+@pytest.mark.slow
+def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
+    path = DATA / "ml-100k" / "u.data"
+    if not path.exists():
+        pytest.skip(f"{path} missing (set ORDREC_DATA)")
+    out = tmp_path / "rows.json"
+    assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "20", "--runs", "1", "--pairwise",
+                 "--variants", "shrunk", "--json", str(out), "--quiet"]) == 0
+    got = {r["method"]: r["mean"] for r in json.loads(out.read_text())}
+    assert got["DCR"] > got["Item mean"] and got["DCR"] > got["Random"] + 0.05
+    assert got["Pairwise DCR"] > got["DCR"]
+    assert got["DCR-shrunk"] > got["DCR"]
