@@ -82,7 +82,7 @@ def write_udata(path: Path, data: Ratings) -> None:
             fh.write(f"{u + 1}\t{i + 1}\t{int(r)}\t881250949\n")
 
 
-def test_reproduce_command_writes_rows(tmp_path, capfd):
+def test_reproduce_command_writes_rows(tmp_path, capsys):
     path = tmp_path / "u.data"
     write_udata(path, ratings(3, n_users=40))
     out = tmp_path / "rows.json"
@@ -97,7 +97,7 @@ def test_reproduce_command_writes_rows(tmp_path, capfd):
     for r in rows:
         assert r["setting"] == {"N": 5} and r["metric"] == "ndcg@10" and r["runs"] == 2
         assert 0 < r["mean"] <= 1
-    assert "DCR protocol on tiny" in capfd.readouterr().out
+    assert "DCR protocol on tiny" in capsys.readouterr().out
 
 
 @pytest.mark.slow

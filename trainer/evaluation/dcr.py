@@ -335,6 +335,6 @@ def run(args: argparse.Namespace) -> list[Row]:
     paper += [PaperFigure("Pairwise DCR", {"N": n}, METRIC, v)
               for n, v in PAPER_PAIRWISE.get(name, {}).items() if n in n_values]
     rows.sort(key=lambda r: (r.setting["N"], r.method))
-    print_table(rows, paper, title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
+    print_table(rows, paper, out=sys.stdout, title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
                                    f" ({args.runs} runs; paper: Hu & Li 2017, Table 2)")
     return rows
