@@ -44,7 +44,7 @@ SAMPLE_SEED = 0  # the drawn subset of a large map is the same on every render
 
 # Plot box in SVG user units; the SVG scales to the page width.
 WIDTH, HEIGHT, PAD = 560.0, 440.0, 18.0
-MARK_SIZE = 3.2  # radius of a circle / half side of a square, in SVG units
+MARK_SIZE = 4.0  # radius of a circle / half side of a square, in SVG units
 
 # Tableau 10: distinguishable, colour-blind friendlier than the default cycles.
 PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
@@ -465,16 +465,17 @@ table{border-collapse:collapse;background:#fff;font-size:13px}
 td,th{border:1px solid var(--line);padding:3px 8px;text-align:left;vertical-align:top}
 table.metrics td:nth-child(2),table.metrics td:nth-child(3){text-align:right;white-space:nowrap}
 details{margin:4px 0}summary{cursor:pointer;color:var(--muted)}
-.maps{display:grid;grid-template-columns:repeat(auto-fill,minmax(460px,1fr));gap:16px}
+.maps{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:16px}
 .map,.panel{background:#fff;border:1px solid var(--line);border-radius:6px;padding:10px 12px}
 .panel table{width:100%}
+@media (min-width:820px){.panel{grid-column:span 2}}
 .plot{position:relative}
 svg.scatter{width:100%;height:auto;display:block;cursor:grab;touch-action:none;user-select:none}
 svg.scatter.drag{cursor:grabbing}
 svg.scatter .bg{fill:#fcfcfc;stroke:#e2e2e2}
 svg.scatter .pt{stroke:#fff;stroke-width:.6;fill-opacity:.88}
 svg.scatter .pt:hover{stroke:#000;stroke-width:1.4}
-svg.scatter .lbl{font-size:11px;fill:#222;pointer-events:none;paint-order:stroke;stroke:#fff;stroke-width:3px}
+svg.scatter .lbl{font-size:14px;fill:#222;pointer-events:none;paint-order:stroke;stroke:#fff;stroke-width:3px}
 .legend{display:flex;flex-wrap:wrap;gap:4px 12px;margin-top:6px;font-size:12.5px}
 .legend span{display:inline-flex;align-items:center;gap:4px}
 .tools{float:right}.tools button{font-size:12px;padding:1px 8px;cursor:pointer}
