@@ -59,7 +59,10 @@ def select_aspects(table: AttributeTable, names: list[str] | None) -> AttributeT
     """The table restricted to ``names`` (all attributes when None), in that order."""
     if not names:
         return table
-    cols = [table.attribute_index(n) for n in names]
+    try:
+        cols = [table.attribute_index(n) for n in names]
+    except KeyError as exc:  # a usage error for the CLI, with the names it knows
+        raise ValueError(exc.args[0]) from None
     return AttributeTable(table.objects, [table.attributes[c] for c in cols],
                           np.ascontiguousarray(table.codes[:, cols]), [table.values[c] for c in cols],
                           source=table.source, labels=table.labels)
@@ -171,7 +174,7 @@ def relatedness(index: Index, table: AttributeTable) -> np.ndarray:
     for t in range(n):
         others = np.arange(n) != t
         a, b = sim[t, others], nmi[t, others]
-        if n > 2 and a.std() > 0 and b.std() > 0:
+        if n > 3 and a.std() > 0 and b.std() > 0:
             out[t] = float(np.corrcoef(a, b)[0, 1])
     return out
 
@@ -200,7 +203,8 @@ def _load(args) -> AttributeTable:
 
 def run(args: argparse.Namespace) -> list[Row]:
     table = _load(args)
-    dataset = os.path.basename(os.path.dirname(os.path.abspath(args.data))) or "data"
+    where = os.path.abspath(args.data)
+    dataset = os.path.basename(where if os.path.isdir(where) else os.path.dirname(where)) or "data"
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     for m in modes:
         if m not in METHODS:
@@ -234,7 +238,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                     per_aspect[mode].append(overall)
                     if ratio < 1.0:
                         per_mode[mode]["preservation_hidden"].append(float(np.nanmean(hidden)))
-                    if mode == "multi" and len(sub.attributes) > 2:
+                    if mode == "multi" and len(sub.attributes) > 3:  # Pearson over >= 3 others
                         related.append(float(np.nanmedian(relatedness(index, sub))))
             for mode in modes:
                 for metric, values in per_mode[mode].items():
