@@ -192,3 +192,112 @@ def test_sigterm_exits_zero(sample_registry):
     proc = ServerProcess(sample_registry).start()
     assert proc.terminate() == 0
     assert any("stopped" in line for line in proc.output)
+
+
+# ------------------------------------------------------------------ Tags (RTF)
+@pytest.fixture(scope="module")
+def sample_tags(sample_dir):
+    from trainer.data.readers import read_tags
+
+    return read_tags(sample_dir / "tags.csv")
+
+
+def test_tags_for_a_known_post(stub, sample_tags):
+    user, item = sample_tags.users.external(int(sample_tags.user[0])), sample_tags.items.external(int(sample_tags.item[0]))
+    reply = stub.Tags(pb.TagsRequest(model="rtf", user_id=user, item_id=item, n=5), timeout=5)
+    assert reply.fallback == pb.FALLBACK_NONE and len(reply.tags) == 5
+    scores = [t.score for t in reply.tags]
+    assert scores == sorted(scores, reverse=True)
+    post = (sample_tags.user == sample_tags.user[0]) & (sample_tags.item == sample_tags.item[0])
+    own = set(sample_tags.tags.externals(sample_tags.tag[post]))
+    all_tags = stub.Tags(pb.TagsRequest(model="rtf", user_id=user, item_id=item, n=1000, exclude_own_tags=True),
+                         timeout=5)
+    assert not own & {t.id for t in all_tags.tags}
+    assert len(all_tags.tags) == len(sample_tags.tags) - len(own)
+
+
+def test_tags_cold_start_fallbacks(stub, sample_tags):
+    user, item = sample_tags.users.ids[0], sample_tags.items.ids[0]
+    cases = [("stranger", item, pb.FALLBACK_POPULAR_ITEM), (user, "new-item", pb.FALLBACK_POPULAR_USER),
+             ("stranger", "new-item", pb.FALLBACK_POPULAR_GLOBAL)]
+    for u, i, fallback in cases:
+        reply = stub.Tags(pb.TagsRequest(model="rtf", user_id=u, item_id=i, n=3), timeout=5)
+        assert reply.fallback == fallback and len(reply.tags) == 3
+
+
+# ------------------------------------------------------------ maps (COE, SCORE, KNNSCAL)
+def _neighbors(stub, **kw):
+    return stub.Neighbors(pb.NeighborsRequest(**kw), timeout=5).neighbors
+
+
+def test_coe_neighbors_all_directions(stub, sample_ratings):
+    item, user = sample_ratings.items.ids[0], sample_ratings.users.ids[0]
+    items = _neighbors(stub, model="coe", id=item, from_entity=pb.ENTITY_ITEM, k=5)
+    assert len(items) == 5 and item not in {n.id for n in items}
+    assert all(n.score <= 0 for n in items) and [n.score for n in items] == sorted((n.score for n in items), reverse=True)
+    users = _neighbors(stub, model="coe", id=item, from_entity=pb.ENTITY_ITEM, to_entity=pb.ENTITY_USER, k=4)
+    assert {n.id for n in users} <= set(sample_ratings.users.ids) and len(users) == 4
+    near_items = _neighbors(stub, model="coe", id=user, from_entity=pb.ENTITY_USER, to_entity=pb.ENTITY_ITEM, k=4)
+    assert {n.id for n in near_items} <= set(sample_ratings.items.ids)
+    got, _ = code_of(lambda: _neighbors(stub, model="coe", id="missing", k=3))
+    assert got == grpc.StatusCode.NOT_FOUND
+    got, _ = code_of(lambda: _neighbors(stub, model="coe", id=item, k=0))
+    assert got == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_coe_recommend_is_nearest_unseen_items(stub, sample_ratings):
+    reply = stub.Recommend(pb.RecommendRequest(model="coe", user_ids=["u001"], n=5), timeout=5)
+    items = reply.results[0].items
+    near = _neighbors(stub, model="coe", id="u001", from_entity=pb.ENTITY_USER, to_entity=pb.ENTITY_ITEM, k=200)
+    user_row = sample_ratings.users.row("u001")
+    seen = set(sample_ratings.items.externals(sample_ratings.item[sample_ratings.user == user_row]))
+    expected = [n.id for n in near if n.id not in seen][:5]
+    assert [i.id for i in items] == expected
+
+
+def test_score_aspect_maps_and_related_aspects(stub, sample_dir):
+    header = (sample_dir / "attributes.csv").read_text().splitlines()[0].split(",")
+    aspects, first_object = header[1:], (sample_dir / "attributes.csv").read_text().splitlines()[1].split(",")[0]
+    models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models}
+    assert set(models["score"].spaces) == set(aspects)
+    near = _neighbors(stub, model="score", space=aspects[0], id=first_object, k=5)
+    assert len(near) == 5 and first_object not in {n.id for n in near}
+    related = _neighbors(stub, model="score", id=aspects[0], from_entity=pb.ENTITY_ASPECT, k=3)
+    assert len(related) == 3 and {n.id for n in related} <= set(aspects[1:])
+    got, details = code_of(lambda: _neighbors(stub, model="score", id=first_object, k=3))
+    assert got == grpc.StatusCode.INVALID_ARGUMENT and "space" in details
+    got, _ = code_of(lambda: _neighbors(stub, model="score", space="no-such-aspect", id=first_object, k=3))
+    assert got == grpc.StatusCode.NOT_FOUND
+
+
+def test_coordinates_stream_the_whole_map_in_pages(stub, sample_ratings):
+    pages = list(stub.Coordinates(pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, page_size=64),
+                                  timeout=5))
+    assert [len(p.points) for p in pages[:-1]] == [64] * (len(pages) - 1)
+    points = [pt for p in pages for pt in p.points]
+    assert {pt.id for pt in points} == set(sample_ratings.items.ids)
+    assert all(len(pt.coords) == pages[0].dim == 2 for pt in points)
+    by_id = list(stub.Coordinates(pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, ids=["i002", "i001"]),
+                                  timeout=5))
+    assert [pt.id for pt in by_id[0].points] == ["i002", "i001"]
+    got, _ = code_of(lambda: list(stub.Coordinates(pb.CoordinatesRequest(model="coe", ids=["nope"]), timeout=5)))
+    assert got == grpc.StatusCode.NOT_FOUND
+
+
+def test_knnscal_neighbors_and_place(stub, sample_dir):
+    from trainer.data.readers import read_neighbors
+
+    graph = read_neighbors(sample_dir / "neighbors.csv")
+    source = int(graph.source[0])
+    own = graph.rank[graph.source == source].argsort()
+    ranked = graph.vertices.externals(graph.neighbor[graph.source == source][own])
+    vertex = graph.vertices.external(source)
+    near = {n.id for n in _neighbors(stub, model="knnscal", id=vertex, k=10)}
+    assert len(near & set(ranked)) >= 5  # the map keeps most of the list
+    placed = stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=ranked, k=10), timeout=5)
+    assert len(placed.coords) == 2 and len(placed.neighbors) == 10
+    assert len({n.id for n in placed.neighbors} & set(ranked)) >= 5
+    got, _ = code_of(lambda: stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=["zz"]), timeout=5))
+    assert got == grpc.StatusCode.NOT_FOUND
+    got, _ = code_of(lambda: stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=[]), timeout=5))
+    assert got == grpc.StatusCode.INVALID_ARGUMENT
