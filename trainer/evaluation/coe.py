@@ -59,9 +59,10 @@ _TABLE3 = {
     "BPR+": (0.684, 0.609, 0.645, 0.621, 0.591, 0.605, 4.14, 3.63, 3.87, 4.13, 3.40, 3.73),
 }
 # Settings chosen by ``--tune`` on ML-100K validation splits (docs/coe.md has the command).
+# Found by: ordrec-train reproduce coe --data .../ml-100k/u.data --runs 1 --tune --no-references
 DEFAULTS = {
-    "sigmoid": dict(lam=2.0, eta=0.001, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=1.0),
-    "gompertz": dict(alpha=1.5, eta=0.001, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=1.0),
+    "sigmoid": dict(lam=4.0, eta=0.01, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=0.0),
+    "gompertz": dict(alpha=1.0, eta=0.01, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=0.0),
 }
 GRID = {
     "lam": [1.0, 2.0, 4.0],  # sigmoid slope

@@ -179,9 +179,9 @@ class COE(Estimator):
     kind = "coe"
     input_shape = "ratings"
 
-    def __init__(self, dim: int = 2, function: str = "sigmoid", lam: float = 2.0,
-                 alpha: float = 1.5, eta: float = 0.001, lr: float = 0.1, lr_final: float = 0.01,
-                 epochs: int = 20, steps_per_epoch: int = 0, type_a_share: float | None = None,
+    def __init__(self, dim: int = 2, function: str = "sigmoid", lam: float = 4.0,
+                 alpha: float = 1.0, eta: float = 0.01, lr: float = 0.1, lr_final: float = 0.01,
+                 epochs: int = 40, steps_per_epoch: int = 0, type_a_share: float | None = None,
                  group_power: float = 1.0, source: str = "ratings", init_scale: float = 0.1, seed: int = 0,
                  verbose: bool = False):
         self.dim = dim
