@@ -12,14 +12,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ordrec.v1 import recommender_pb2, recommender_pb2_grpc
+from ordrec.v1 import recommender_pb2
 from service.artifacts import Registry
 from service.http import start_http_server
 from service.metrics import Metrics, MetricsInterceptor
 from service.redis_state import RedisSeenStore, VersionListener
 from service.security import TokenAuthInterceptor, server_credentials
 from service.seen import SeenStore
-from service.servicer import RecommenderServicer
+from service.servicer import RecommenderServicer, add_to_server
 from service.store import ModelStore, Reloader
 from service.validation import Limits
 
@@ -110,8 +110,7 @@ class Server:
             interceptors=interceptors,
             options=options,
         )
-        recommender_pb2_grpc.add_RecommenderServicer_to_server(
-            RecommenderServicer(self.store, self.metrics, cfg.limits, self.seen), server)
+        add_to_server(RecommenderServicer(self.store, self.metrics, cfg.limits, self.seen), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

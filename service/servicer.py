@@ -14,6 +14,7 @@ from typing import Callable
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
@@ -37,12 +38,39 @@ _FALLBACK = {
 }
 
 
+class Undecodable:
+    """Stands in for a request whose bytes are not a valid message of its type."""
+
+    def __init__(self, type_name: str, error: str):
+        self.type_name, self.error = type_name, error
+
+
+def lenient_deserializer(message_class) -> Callable[[bytes], object]:
+    """``FromString`` that returns :class:`Undecodable` instead of raising, so a
+    garbled request is answered INVALID_ARGUMENT by :func:`rpc` rather than
+    grpcio's generic INTERNAL."""
+
+    def deserialize(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(message_class.DESCRIPTOR.full_name, str(exc))
+
+    return deserialize
+
+
+def _check_decoded(request) -> None:
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(f"request is not a valid {request.type_name} message ({request.error})")
+
+
 def rpc(method: Callable) -> Callable:
     """Map exceptions to status codes: the only place that does."""
 
     @functools.wraps(method)
     def unary(self, request, context):
         try:
+            _check_decoded(request)
             return method(self, request, context)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
@@ -53,6 +81,7 @@ def rpc(method: Callable) -> Callable:
     @functools.wraps(method)
     def stream(self, request, context):
         try:
+            _check_decoded(request)
             yield from method(self, request, context)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
@@ -170,13 +199,15 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     @staticmethod
     def _entity(model: LoadedModel, space: str, entity: int) -> str:
         index = model.index
-        name = _ENTITY_SPACE.get(entity, index.default_entity) if entity else index.default_entity
+        if entity and entity not in _ENTITY_SPACE:
+            raise InvalidArgument(f"entity {entity} is not a known Entity value")
+        name = _ENTITY_SPACE[entity] if entity else index.default_entity
         by_entity = index.maps.get(space, {})
         if name == "items" and "items" not in by_entity:
             name = index.default_entity  # ITEM means "object" on object maps
         if name not in by_entity:
             raise InvalidArgument(
-                f"model {model.name!r} has no {pb.Entity.Name(entity)} entities on this map"
+                f"model {model.name!r} has no {pb.Entity.Name(entity) if entity else name} entities on this map"
                 f" (it has {', '.join(sorted(by_entity))})"
             )
         return name
@@ -260,3 +291,18 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             info.sizes.update(model.index.sizes())
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
         return reply
+
+
+def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
+    """Register every RPC of the service descriptor with lenient request decoding."""
+    service = pb.DESCRIPTOR.services_by_name["Recommender"]
+    handlers = {}
+    for method in service.methods:
+        factory = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                   else grpc.unary_unary_rpc_method_handler)
+        handlers[method.name] = factory(
+            getattr(servicer, method.name),
+            request_deserializer=lenient_deserializer(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
