@@ -308,3 +308,25 @@ def test_report_in_headless_chromium(browser, served, kind):
         assert page.errors() == []
     finally:
         page.ws.close()
+
+
+def test_harness_sees_a_broken_page(browser, tmp_path):
+    """The checks above can fail: a report whose mark count disagrees with its
+    data-points is reported by the page's own check as an uncaught error, and
+    the harness sees it (so "no console errors" is a real assertion)."""
+    from tests.test_report import knnscal_artifact
+    from trainer.report_html import render_report
+
+    text = render_report(knnscal_artifact(n=40)).replace('data-points="40"', 'data-points="41"', 1)
+    broken = tmp_path / "broken.html"
+    broken.write_text(text, encoding="utf-8")
+    page = new_page(browser)
+    try:
+        page.call("Page.navigate", url=broken.as_uri())
+        page.wait_event("Page.loadEventFired")
+        page.eval("1")  # let pending events arrive
+        errors = page.errors()
+        assert any("40 marks, expected 41" in e for e in errors), errors
+        assert page.eval("document.body.dataset.ready") is None
+    finally:
+        page.ws.close()

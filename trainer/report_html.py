@@ -381,8 +381,11 @@ def _svg(view: MapView, number: int) -> str:
         if layer.text:
             for (dx, dy), name in zip(layer.xy, layer.text):
                 x, y = ox + scale * dx, oy - scale * dy
-                texts.append(f'<text class="lbl" x="{x + 7:.2f}" y="{y + 4:.2f}" data-x="{x:.2f}" '
-                             f'data-y="{y:.2f}">{html.escape(name)}</text>')
+                # labels in the right quarter go to the left of their mark, so they stay in the box
+                shift, anchor = (-8, "end") if x > 0.75 * WIDTH else (8, "start")
+                texts.append(f'<text class="lbl" x="{x + shift:.2f}" y="{y + 5:.2f}" data-x="{x:.2f}" '
+                             f'data-y="{y:.2f}" data-dx="{shift}" text-anchor="{anchor}">'
+                             f'{html.escape(name)}</text>')
     aria = html.escape(f"map {number}: {view.title}, {n_points} points")
     return (f'<svg class="scatter" id="map-{number}" viewBox="0 0 {WIDTH:.0f} {HEIGHT:.0f}" '
             f'data-points="{n_points}" data-k="1" role="img" aria-label="{aria}">'
@@ -510,7 +513,9 @@ _JS = r"""
           m.setAttribute("x", (x - w / 2).toFixed(2)); m.setAttribute("y", (y - w / 2).toFixed(2));
         } else if (tag === "path") {
           m.setAttribute("transform", "translate(" + (x - base[i][0]).toFixed(2) + " " + (y - base[i][1]).toFixed(2) + ")");
-        } else { m.setAttribute("x", (x + 7).toFixed(2)); m.setAttribute("y", (y + 4).toFixed(2)); }
+        } else {
+          m.setAttribute("x", (x + (+m.getAttribute("data-dx"))).toFixed(2)); m.setAttribute("y", (y + 5).toFixed(2));
+        }
       }
       svg.setAttribute("data-k", k.toFixed(4));
     }
