@@ -1,0 +1,172 @@
+"""Fault tests: a client runs throughout each and no request may fail.
+
+Bounded in time and loopback only. Kill-the-trainer-mid-publish lives with
+the job tests (tests/test_job*.py) and the registry tests.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
+from service.artifacts import Registry
+from service.process import ServerProcess, wait_for
+from tests.conftest import RedisServer
+
+
+class LoadLoop:
+    """Threads calling Recommend back to back; records every failure with its start time."""
+
+    def __init__(self, target: str, threads: int = 4, model: str = "dcr"):
+        self.target, self.model = target, model
+        self.stop_event = threading.Event()
+        self.ok = 0
+        self.failures: list[tuple[float, str]] = []
+        self.versions: set[str] = set()
+        self._lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+
+    def _run(self, i: int) -> None:
+        users = [f"u{n:03d}" for n in range(1, 50)]
+        with grpc.insecure_channel(self.target) as ch:
+            stub = recommender_pb2_grpc.RecommenderStub(ch)
+            n = 0
+            while not self.stop_event.is_set():
+                start = time.monotonic()
+                try:
+                    reply = stub.Recommend(pb.RecommendRequest(model=self.model, user_ids=[users[n % len(users)]],
+                                                               n=10), timeout=10)
+                    assert len(reply.results[0].items) == 10
+                    with self._lock:
+                        self.ok += 1
+                        self.versions.add(reply.model_version)
+                except grpc.RpcError as exc:
+                    with self._lock:
+                        self.failures.append((start, f"{exc.code().name}: {exc.details()}"))
+                n += 1
+
+    def __enter__(self) -> "LoadLoop":
+        for t in self.threads:
+            t.start()
+        wait_for(lambda: self.ok > 20, 30, what="load to start")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        for t in self.threads:
+            t.join(15)
+
+
+def _metric(proc, name: str) -> float:
+    text = urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def _copy_registry(source: Path, target: Path, names=("dcr",)) -> Registry:
+    registry = Registry(target)
+    for name in names:
+        registry.publish(name, Registry(source).load(name, mmap=False))
+    return registry
+
+
+def test_publish_ten_versions_under_load(sample_registry, tmp_path):
+    registry = _copy_registry(sample_registry, tmp_path / "reg")
+    artifact = registry.load("dcr", mmap=False)
+    with ServerProcess(registry.root, "--poll-interval", "0.1") as proc:
+        with LoadLoop(proc.target) as load:
+            published = []
+            for _ in range(10):
+                published.append(registry.publish("dcr", artifact, keep=3))
+                time.sleep(0.3)
+            wait_for(lambda: published[-1] in load.versions, 20, what="the last version served")
+        assert load.failures == [], load.failures[:5]
+        assert load.ok > 100
+        assert len(load.versions & set(published)) >= 3  # really swapped while serving
+        assert _metric(proc, "ordrec_model_reloads_total") >= 3
+        assert proc.terminate() == 0
+
+
+def test_corrupt_version_under_load_is_refused(sample_registry, tmp_path):
+    registry = _copy_registry(sample_registry, tmp_path / "reg")
+    good = registry.versions("dcr")[-1]
+    with ServerProcess(registry.root, "--poll-interval", "0.1") as proc:
+        with LoadLoop(proc.target) as load:
+            bad = registry.publish("dcr", registry.load("dcr", mmap=False))
+            factors = registry.root / "dcr" / bad / "arrays" / "user_factors.npy"
+            data = bytearray(factors.read_bytes())
+            data[-3] ^= 0xFF  # corrupt after the atomic publish, before the server looks
+            factors.write_bytes(bytes(data))
+            wait_for(lambda: _metric(proc, "ordrec_model_load_failures_total") >= 1, 20, what="refusal")
+            time.sleep(0.5)
+        assert load.failures == [], load.failures[:5]
+        assert load.versions == {good}
+        with grpc.insecure_channel(proc.target) as ch:
+            models = recommender_pb2_grpc.RecommenderStub(ch).ListModels(pb.ListModelsRequest(), timeout=5).models
+        (dcr,) = [m for m in models if m.name == "dcr"]
+        assert dcr.version == good and dcr.reason.startswith(f"kept: {bad} refused") and "checksum" in dcr.reason
+        assert any("refused dcr@" + bad in line for line in proc.output)
+        # A good version after the bad one is picked up.
+        newer = registry.publish("dcr", registry.load("dcr", good, mmap=False))
+        with grpc.insecure_channel(proc.target) as ch:
+            stub = recommender_pb2_grpc.RecommenderStub(ch)
+            wait_for(lambda: stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=3),
+                                            timeout=5).model_version == newer, 20, what="newer good version")
+
+
+def test_redis_restart_under_load(redis_server, sample_registry, tmp_path):
+    registry = _copy_registry(sample_registry, tmp_path / "reg")
+    with ServerProcess(registry.root, "--redis", redis_server.url) as proc:
+        with LoadLoop(proc.target) as load:
+            redis_server.stop()
+            time.sleep(1.5)
+            RedisServer(redis_server.port).start()
+            wait_for(lambda: _metric(proc, "ordrec_redis_up") == 1, 15, what="redis back")
+            time.sleep(0.5)
+        assert load.failures == [], load.failures[:5]
+        assert load.ok > 100
+
+
+def test_sigterm_under_load_drains_in_flight_calls(sample_registry, tmp_path):
+    registry = _copy_registry(sample_registry, tmp_path / "reg", names=("dcr", "coe"))
+    proc = ServerProcess(registry.root, "--grace", "20").start()
+    try:
+        streamed: list[str] = []
+        stream_error: list[Exception] = []
+        started = threading.Event()
+
+        def slow_stream():
+            # One point per message, read slowly: an in-flight call lasting ~2 s.
+            with grpc.insecure_channel(proc.target) as ch:
+                stub = recommender_pb2_grpc.RecommenderStub(ch)
+                try:
+                    for page in stub.Coordinates(pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM,
+                                                                       page_size=1), timeout=60):
+                        streamed.extend(p.id for p in page.points)
+                        started.set()
+                        time.sleep(0.01)
+                except grpc.RpcError as exc:
+                    stream_error.append(exc)
+
+        reader = threading.Thread(target=slow_stream)
+        with LoadLoop(proc.target) as load:
+            reader.start()
+            assert started.wait(20)
+            sent_at = time.monotonic()
+            proc.proc.send_signal(15)
+            reader.join(60)
+            exit_code = proc.proc.wait(60)
+        assert exit_code == 0
+        assert not stream_error, stream_error
+        assert len(streamed) == len(Registry(registry.root).load("coe").ids["items"])  # the stream finished
+        late = [f for f in load.failures if f[0] < sent_at]
+        assert late == [], late[:5]  # calls started before SIGTERM all succeeded
+        refused = {msg.split(":")[0] for _, msg in load.failures}
+        assert refused <= {"UNAVAILABLE"}, refused  # new calls are refused cleanly
+    finally:
+        proc.kill()
