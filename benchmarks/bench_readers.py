@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 _CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from trainer.data import _lines
 from trainer.data.readers import read_ratings, read_tags
 kind, path, fast = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
@@ -39,7 +39,8 @@ reader = read_tags if kind == "tags" else read_ratings
 start = time.perf_counter()
 data = reader(path)
 seconds = time.perf_counter() - start
-rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM is this process's own peak (ru_maxrss would include the parent's, inherited over exec).
+rss = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM")) / 1024
 records = len(data)
 del data
 start = time.perf_counter()
@@ -82,6 +83,8 @@ def main() -> None:
     parser.add_argument("--data", default=os.environ.get("ORDREC_DATA", "/work/shared/data"))
     parser.add_argument("--lines", type=int, default=5_000_000)
     parser.add_argument("--tmp", default=None)
+    parser.add_argument("--keep", default=None,
+                        help="folder to write the generated files to and keep (reused when already there)")
     args = parser.parse_args()
 
     cases = []
@@ -91,8 +94,15 @@ def main() -> None:
     if (data / "lastfm-tags" / "user_taggedartists.dat").exists():
         cases.append(("lastfm user_taggedartists.dat", "tags", data / "lastfm-tags" / "user_taggedartists.dat", True))
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
+        folder = Path(args.keep or tmp)
+        folder.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        dat, csv = generate(Path(tmp), args.lines)
+        marker = folder / f"lines-{args.lines}"
+        if marker.exists():
+            dat, csv = folder / "ratings.dat", folder / "ratings.csv"
+        else:
+            dat, csv = generate(folder, args.lines)
+            marker.touch()
         print(f"generated {args.lines:,} lines in {time.perf_counter() - start:.1f} s "
               f"({dat.stat().st_size / 1e6:.0f} MB ratings.dat, {csv.stat().st_size / 1e6:.0f} MB csv)")
         cases += [

@@ -309,6 +309,8 @@ def test_neighbors_with_and_without_header(tmp_path):
     ("a,b,1\na,b,2\n", 2, "duplicate neighbor 'b' for source 'a', already on line 1"),
     ("1,2,1\n1,1,2\n", 2, "self-edge"),  # numeric ids (fast path) give the same errors
     ("1,2,1\n1,3,1\n", 2, "duplicate rank 1 for source '1'"),
+    ("a,b,1\nc,d\n", 2, "expected 3 comma-separated fields, got 2"),
+    ("a\tb\t1\nc\td\tfirst\n", 2, "rank 'first' is not an integer"),
 ])
 def test_neighbor_errors(tmp_path, text, line, message):
     err = error_of(read_neighbors, write(tmp_path / "n.csv", text))

@@ -187,7 +187,7 @@ def grouped_duplicates(group, value, n_groups, n_values):
         g = group[k]
         order[start[g]] = k
         start[g] += 1
-    last_group = np.full(n_values, -1, dtype=np.int64)
+    last_group = np.full(n_values, -1, dtype=np.int32)
     first = np.empty(n_values, dtype=np.int64)
     later = np.empty(n, dtype=np.int64)
     earlier = np.empty(n, dtype=np.int64)
@@ -206,8 +206,9 @@ def grouped_duplicates(group, value, n_groups, n_values):
     return later[:m].copy(), earlier[:m].copy()
 
 
-# Largest lookup table (entries) the kernels above may allocate, beyond one per record.
-DENSE_LIMIT = 1 << 24
+# Lookup tables (entries) the kernels above may allocate beyond two per record;
+# larger id or value ranges take the sort-based path instead.
+DENSE_LIMIT = 1 << 22
 
 
 def first_appearance(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +220,7 @@ def first_appearance(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if column.size == 0:
         return column[:0].astype(np.int64), np.empty(0, dtype=np.int32)
     top = int(column.max())
-    if top < column.size * 4 + DENSE_LIMIT:
+    if top < column.size * 2 + DENSE_LIMIT:
         return first_appearance_dense(column, top)
     unique, first, inverse = np.unique(column, return_index=True, return_inverse=True)
     order = np.argsort(first, kind="stable")

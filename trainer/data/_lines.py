@@ -389,7 +389,7 @@ def find_duplicates(group: np.ndarray, n_groups: int, value: np.ndarray, n_value
     """
     group = np.ascontiguousarray(group)
     value = np.ascontiguousarray(value)
-    if n_values <= group.size * 4 + DENSE_LIMIT:
+    if n_values <= group.size * 2 + DENSE_LIMIT and n_groups < 2**31:
         later, earlier = grouped_duplicates(group, value, max(n_groups, 1), max(n_values, 1))
     else:
         keys = group.astype(np.int64) * n_values + value.astype(np.int64)

@@ -472,7 +472,7 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
     """Read ranked neighbour lists: ``source, neighbor, rank`` per line.
 
     Comma or tab separated; a header naming the columns is optional (a first
-    line whose rank field is not an integer is taken as the header). Ranks are
+    line naming a known column, or holding no number at all, is the header). Ranks are
     integers >= 1 (1 = nearest); a source's ranks and its neighbours must be
     distinct; a vertex listing itself is an error. Sources and neighbours
     share one id space, numbered in order of first appearance reading each
@@ -486,7 +486,7 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
     else:
         sep = "," if fmt == "csv" else "\t"
     first = splitter(sep)(_first_line(path))
-    if len(first) >= 3 and _is_int(first[2]):
+    if not _looks_like_header(first, "neighbors"):
         header_lines, idx, n_fields = 0, [0, 1, 2], 3
     else:
         header, idx = _header_columns(path, sep, ["source", "neighbor", "rank"], None)
