@@ -14,6 +14,7 @@ against the manifest and raises :class:`ArtifactError` on any mismatch.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import json
@@ -24,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 from google.protobuf import json_format
@@ -124,6 +125,13 @@ def write_view(folder: Path, filename: str, data: bytes) -> Path:
     os.replace(tmp, folder / filename)
     _fsync_dir(folder)
     return folder / filename
+
+
+def _write_views(folder: Path, views: Mapping[str, bytes]) -> None:
+    for filename, data in views.items():
+        if "/" in filename or filename.startswith(".") or filename == MANIFEST:
+            raise ArtifactError(f"view file name {filename!r} is not a plain file name")
+        _write_synced(folder / filename, data)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -250,12 +258,15 @@ class Registry:
 
     # ------------------------------------------------------------ publishing
     def publish(self, name: str, artifact: Artifact, keep: int | None = None,
-                views: Mapping[str, bytes] | None = None) -> str:
+                views: Mapping[str, bytes] | Callable[[Artifact], Mapping[str, bytes]] | None = None
+                ) -> str:
         """Write ``artifact`` as a new version of ``name`` atomically; return the version.
 
         ``views`` are derived files published in the same rename (e.g.
         ``report.html``): they are for people, not checksummed, and never
-        read back by the loader.
+        read back by the loader. A callable is given a copy of the artifact
+        with its name, version and created_at already set (so a report can
+        show them) and returns the files.
         """
         validate_model_name(name)
         folder = self.root / name
@@ -263,11 +274,14 @@ class Registry:
         tmp = folder / f".tmp-{uuid.uuid4().hex}"
         try:
             manifest = self._write_payload(tmp, name, artifact)
-            for filename, data in (views or {}).items():
-                if "/" in filename or filename.startswith(".") or filename == MANIFEST:
-                    raise ArtifactError(f"view file name {filename!r} is not a plain file name")
-                _write_synced(tmp / filename, data)
-            version = self._rename_into_place(tmp, folder, manifest)
+            stamped = None
+            if callable(views):
+                def stamped(version: str) -> Mapping[str, bytes]:
+                    return views(dataclasses.replace(artifact, name=name, version=version,
+                                                     created_at=manifest.created_at, path=folder / version))
+            else:
+                _write_views(tmp, views or {})
+            version = self._rename_into_place(tmp, folder, manifest, stamped)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -311,11 +325,14 @@ class Registry:
         _fsync_dir(tmp / "ids")
         return manifest
 
-    def _rename_into_place(self, tmp: Path, folder: Path, manifest: manifest_pb2.Manifest) -> str:
+    def _rename_into_place(self, tmp: Path, folder: Path, manifest: manifest_pb2.Manifest,
+                           stamped: Callable[[str], Mapping[str, bytes]] | None = None) -> str:
         for _ in range(100):
             version = self._next_version(folder)
             manifest.version = version
             _write_synced(tmp / MANIFEST, _manifest_json(manifest))
+            if stamped is not None:
+                _write_views(tmp, stamped(version))
             _fsync_dir(tmp)
             try:
                 # rename(2) onto an existing non-empty folder fails, so two
