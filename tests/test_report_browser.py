@@ -175,7 +175,8 @@ class Page:
         for e in self.events:
             method, params = e.get("method"), e.get("params", {})
             if method == "Runtime.exceptionThrown":
-                found.append(json.dumps(params["exceptionDetails"])[:500])
+                details = params["exceptionDetails"]
+                found.append(details.get("exception", {}).get("description") or details.get("text", ""))
             elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
                 found.append(json.dumps(params.get("args"))[:500])
             elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
