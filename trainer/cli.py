@@ -77,9 +77,25 @@ def cmd_train(args: argparse.Namespace) -> int:
     artifact = estimator.to_artifact()
     registry = Registry(args.registry)
     name = args.name or args.kind
-    version = registry.publish(name, artifact, keep=args.keep)
+    version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
     return EXIT_OK
+
+
+MAP_KINDS = ("coe", "score", "knnscal")
+
+
+def map_report_views(kind: str, labels_path: str | None):
+    """For map models, the HTML report published beside the version (a callable,
+    so the page shows the version it belongs to)."""
+    if kind not in MAP_KINDS:
+        if labels_path:
+            raise ValueError(f"--labels is for map models ({', '.join(MAP_KINDS)}), not {kind}")
+        return None
+    from trainer.report_html import read_labels, report_views
+
+    labels = read_labels(labels_path) if labels_path else None
+    return lambda artifact: report_views(artifact, labels)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -159,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="a hyperparameter")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--keep", type=int, default=None, help="retain only the newest K versions")
+    train.add_argument("--labels", help="map models: display names for the report (MovieLens u.item, "
+                                        "or 'id<TAB>label' / 'id|label' lines)")
     train.set_defaults(func=cmd_train)
 
     reproduce = sub.add_parser("reproduce", help="run a paper's evaluation protocol")
