@@ -342,11 +342,64 @@ def test_fast_path_equals_per_line_parser_across_chunks(tmp_path, monkeypatch):
     assert [fast.line(k) for k in (0, n - 1)] == [slow.line(k) for k in (0, n - 1)] == [1, n]
 
 
-def test_fast_path_gives_up_on_anything_unusual(tmp_path):
+def same_records(a, b) -> bool:
+    return (a.spaces == b.spaces and all(np.array_equal(x, y) for x, y in zip(a.ids, b.ids))
+            and all(np.array_equal(x, y) for x, y in zip(a.numbers, b.numbers)))
+
+
+@pytest.mark.parametrize("body,engine", [
+    ("1\t2\t3\t4\n", "integer-ids"),
+    ("1\t2\t3\t4\n 1\t2 \t3\t4\n", "text-ids"),   # spaces around ids are stripped by every parser
+    ("01\t2\t3\t4\n1\t2\t3\t4\n", "text-ids"),     # "01" is not the integer 1
+    ("u1\ti1\t3\t4\r\nu2\ti1\t5\t4\r\n", "text-ids"),
+    ("1\t2\t3.\t4\n", "per-line"),                  # numbers other than [-]d+[.d+]
+    ("1\t2\t1e3\t4\n", "per-line"),
+    ("1\t2\t3\t4\n\n2\t2\t3\t4\n", "per-line"),    # blank line
+])
+def test_numba_parsers_agree_with_per_line_parser(tmp_path, body, engine):
     cols = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "rating", kind="float")]
-    for body in ["1\t2\t3\t4\n 1\t2\t3\t4\n", "01\t2\t3\t4\n", "1\t2\t3.\t4\n", "1\t2\t1e3\t4\n", "1\t2\t3\t4\n\n"]:
-        path = write(tmp_path / "u.data", body)
-        assert not parse_records(str(path), "\t", 4, cols, 2).fast, body
+    path = str(write(tmp_path / "u.data", body))
+    fast, slow = _both_paths(path, "\t", 4, cols, 2)
+    assert fast.engine == engine and slow.engine == "per-line"
+    assert same_records(fast, slow)
+
+
+def test_text_ids_across_chunks_with_a_shared_space(tmp_path, monkeypatch):
+    monkeypatch.setattr(_lines, "CHUNK_BYTES", 50)
+    rng = np.random.default_rng(5)
+    names = [f"w{k}é" for k in range(300)] + ["x y", "tab\tinside"]  # latin-1 é, inner space and tab
+    lines = []
+    for k in range(800):
+        a, b = rng.choice(len(names) - 1, 2, replace=False)
+        lines.append(f"{names[a]},{names[b]},{k + 1}\n")
+    path = str(write(tmp_path / "n.csv", "".join(lines), encoding="latin-1"))
+    cols = [Column(0, "source", space=0), Column(1, "neighbor", space=0), Column(2, "rank", kind="int", minimum=1)]
+    fast = parse_records(path, ",", 3, cols, 1, distinct=(0, 1))
+    slow = parse_records(path, ",", 3, cols, 1, distinct=(0, 1), fast=False)
+    assert fast.engine == "text-ids" and same_records(fast, slow)
+    assert "w0é" in fast.spaces[0] or "w1é" in fast.spaces[0]
+
+
+@pytest.mark.parametrize("text,engine", [
+    ('user,item,rating\n"a",b,1\n', "per-line"),            # quotes: csv rules apply
+    ("user,item,rating\na,b\u0085c,1\n", "per-line"),        # C1 control: the per-line parser reports it
+    ("user,item,rating\na,tab\tin,1\n", "per-line"),        # ASCII control byte inside an id
+    ("user,item,rating\nä,ö,1\n", "text-ids"),
+])
+def test_text_id_path_gives_up_where_it_must(tmp_path, text, engine):
+    cols = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "rating", kind="float")]
+    path = str(write(tmp_path / "r.csv", text))
+    try:
+        slow = parse_records(path, ",", 3, cols, 2, header_lines=1, fast=False)
+    except DataError:
+        slow = None
+    if slow is None:
+        with pytest.raises(DataError):
+            parse_records(path, ",", 3, cols, 2, header_lines=1)
+        assert engine == "per-line"
+    else:
+        fast = parse_records(path, ",", 3, cols, 2, header_lines=1)
+        assert fast.engine == engine and same_records(fast, slow)
 
 
 @settings(max_examples=30, deadline=None)

@@ -77,7 +77,7 @@ def _parse_number(buf, start, end):
 
 
 @njit(cache=True)
-def parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, out_num):
+def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, out_ids, out_num):
     """Parse whole lines of ``buf`` (uint8, ends with a newline).
 
     Parameters
@@ -88,6 +88,9 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, o
         Fields every line must have.
     sep0, sep1 : int
         Separator bytes; ``sep1 == 0`` for a one-byte separator (``::`` is 58, 58).
+    no_quotes : bool
+        Give up at a line holding ``"`` (comma files may quote fields, and a
+        quoted comma changes the field count).
     id_slot, num_slot : int64 arrays of length ``n_fields``
         For field f, the column of ``out_ids`` (canonical integer id) or of
         ``out_num`` (decimal number) it goes to, or -1 to ignore the field.
@@ -114,6 +117,8 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, o
                     break
                 if c == sep0 and (sep1 == 0 or (q + 1 < end and buf[q + 1] == sep1)):
                     break
+                if c == 34 and no_quotes:
+                    return row, line_start
                 q += 1
             at_eol = q >= end or buf[q] == 10
             field_end = q
@@ -142,6 +147,166 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, o
             return row, line_start
         row += 1
     return row, -1
+
+
+@njit(cache=True)
+def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, num_slot,
+                     out_start, out_end, out_num):
+    """Like :func:`parse_numeric_lines`, but ids may be any text: their byte ranges are returned.
+
+    An id field is stripped of spaces (and of tabs when ``strip_tab``) at both
+    ends, exactly as the per-line parser strips it. The kernel gives up on an
+    empty id, an id holding an ASCII control byte (the per-line parser reports
+    those), and, with ``no_quotes``, on any ``"``. Non-ASCII bytes are kept;
+    the caller decodes each distinct id once and checks it.
+
+    ``out_start[row, slot]`` / ``out_end[row, slot]`` receive the id's byte range.
+    """
+    end = buf.shape[0]
+    step = 1 if sep1 == 0 else 2
+    row = 0
+    p = 0
+    while p < end:
+        line_start = p
+        field = 0
+        while True:
+            q = p
+            while q < end:
+                c = buf[q]
+                if c == 10:
+                    break
+                if c == sep0 and (sep1 == 0 or (q + 1 < end and buf[q + 1] == sep1)):
+                    break
+                if c == 34 and no_quotes:
+                    return row, line_start
+                q += 1
+            at_eol = q >= end or buf[q] == 10
+            field_end = q
+            if at_eol and field_end > p and buf[field_end - 1] == 13:
+                field_end -= 1
+            if field >= n_fields:
+                return row, line_start
+            s = id_slot[field]
+            if s >= 0:
+                a = p
+                b = field_end
+                while a < b and (buf[a] == 32 or (strip_tab and buf[a] == 9)):
+                    a += 1
+                while b > a and (buf[b - 1] == 32 or (strip_tab and buf[b - 1] == 9)):
+                    b -= 1
+                if a == b:
+                    return row, line_start
+                for t in range(a, b):
+                    if buf[t] < 32 or buf[t] == 127:
+                        return row, line_start
+                out_start[row, s] = a
+                out_end[row, s] = b
+            s = num_slot[field]
+            if s >= 0:
+                ok, number = _parse_number(buf, p, field_end)
+                if not ok:
+                    return row, line_start
+                out_num[row, s] = number
+            field += 1
+            if at_eol:
+                p = q + 1
+                break
+            p = q + step
+        if field != n_fields:
+            return row, line_start
+        row += 1
+    return row, -1
+
+
+@njit(cache=True)
+def _fnv1a(buf, start, end):
+    h = np.uint64(14695981039346656037)
+    prime = np.uint64(1099511628211)
+    for p in range(start, end):
+        h = (h ^ np.uint64(buf[p])) * prime
+    return h
+
+
+@njit(cache=True)
+def intern_ids(buf, starts, ends, slots, uhash, arena, offsets, n_unique, rows):
+    """Number byte strings in order of first appearance with an open-addressing hash table.
+
+    Parameters
+    ----------
+    buf : uint8 array
+    starts, ends : int64 arrays (n, k)
+        Byte ranges of the ids; visited row by row, columns in order (the
+        per-line parser's order), so the k columns share one id space.
+    slots : int32 array, power-of-two length
+        Hash table of unique-id numbers (-1 empty).
+    uhash : uint64 array; arena : uint8 array; offsets : int64 array
+        Per unique id its hash, and its bytes ``arena[offsets[u]:offsets[u + 1]]``.
+    n_unique : int
+        Ids known so far (the state carries over between chunks).
+    rows : int32 array (n, k)
+        Receives each id's number.
+
+    Returns
+    -------
+    (n_unique, slots, uhash, arena, offsets) : the state, grown when needed.
+    Equality is decided on the bytes, never on the hash alone.
+    """
+    n, k = starts.shape
+    mask = np.uint64(slots.shape[0] - 1)
+    for r in range(n):
+        for j in range(k):
+            a = starts[r, j]
+            b = ends[r, j]
+            h = _fnv1a(buf, a, b)
+            i = h & mask
+            found = -1
+            while True:
+                u = slots[i]
+                if u < 0:
+                    break
+                if uhash[u] == h and offsets[u + 1] - offsets[u] == b - a:
+                    o = offsets[u]
+                    same = True
+                    for t in range(b - a):
+                        if arena[o + t] != buf[a + t]:
+                            same = False
+                            break
+                    if same:
+                        found = u
+                        break
+                i = (i + np.uint64(1)) & mask
+            if found >= 0:
+                rows[r, j] = found
+                continue
+            if n_unique + 2 > uhash.shape[0]:
+                grown_hash = np.empty(uhash.shape[0] * 2, dtype=np.uint64)
+                grown_hash[: uhash.shape[0]] = uhash
+                uhash = grown_hash
+                grown_offsets = np.zeros(offsets.shape[0] * 2, dtype=np.int64)
+                grown_offsets[: offsets.shape[0]] = offsets
+                offsets = grown_offsets
+            need = offsets[n_unique] + (b - a)
+            if need > arena.shape[0]:
+                grown_arena = np.empty(max(arena.shape[0] * 2, need), dtype=np.uint8)
+                grown_arena[: arena.shape[0]] = arena
+                arena = grown_arena
+            o = offsets[n_unique]
+            for t in range(b - a):
+                arena[o + t] = buf[a + t]
+            offsets[n_unique + 1] = need
+            uhash[n_unique] = h
+            slots[i] = n_unique
+            rows[r, j] = n_unique
+            n_unique += 1
+            if 2 * n_unique > slots.shape[0]:
+                slots = np.full(slots.shape[0] * 2, -1, dtype=np.int32)
+                mask = np.uint64(slots.shape[0] - 1)
+                for u in range(n_unique):
+                    i = uhash[u] & mask
+                    while slots[i] >= 0:
+                        i = (i + np.uint64(1)) & mask
+                    slots[i] = u
+    return n_unique, slots, uhash, arena, offsets
 
 
 @njit(cache=True)

@@ -1,15 +1,18 @@
 """Shared line and field parsing for the readers.
 
-Two paths read the same delimited files:
+Three parsers read the same delimited files, tried in this order:
 
-- the fast path (:func:`parse_records` with numeric columns) hands chunks of
-  raw bytes to a numba kernel that parses canonical integer ids and plain
-  decimal numbers; it gives up at the first line it is unsure about;
-- the per-line parser is the authority: it validates every line, names the
-  file, the 1-based line number and the problem, and can skip bad lines.
+- integer ids (numba): chunks of raw bytes, canonical integer ids and plain
+  decimal numbers, ids numbered with a lookup table (MovieLens, Last.fm);
+- text ids (numba): the same pass, but ids are byte ranges interned into a
+  hash table and decoded once per distinct id (csv files with string ids);
+- the per-line parser, which is the authority: it validates every line, names
+  the file, the 1-based line number and the problem, and can skip bad lines.
 
-Only the per-line parser decides what is an error, so a file the fast path
-gives up on is simply read again by the per-line parser from the start.
+The numba parsers give up at the first line they are unsure about (and never
+skip anything), and the per-line parser then reads the file from the start,
+so only the per-line parser decides what is an error. Whatever the numba
+parsers accept, the per-line parser accepts with the same result.
 """
 from __future__ import annotations
 
@@ -19,14 +22,14 @@ import math
 import os
 import re
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from service.idmap import IdMap
 from trainer.data._fast_kernels import (
-    DENSE_LIMIT, first_appearance, grouped_duplicates, parse_numeric_lines,
+    DENSE_LIMIT, first_appearance, grouped_duplicates, intern_ids, parse_numeric_lines, parse_text_lines,
 )
 from trainer.data.types import DataError
 
@@ -181,7 +184,7 @@ class Records:
     lines: np.ndarray | None = None  # int64 line per record when lines have gaps
     skipped: int = 0
     fast: bool = False
-    extra: dict = field(default_factory=dict)
+    engine: str = "per-line"  # which parser read the file: "integer-ids", "text-ids" or "per-line"
 
     def line(self, record: int) -> int:
         return int(self.lines[record]) if self.lines is not None else self.first_line + int(record)
@@ -312,13 +315,10 @@ def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
             yield whole.count(b"\n"), whole
 
 
-def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) -> Records | None:
-    """All-numeric fast path; None when any line needs the per-line parser."""
+def _layout(sep, n_fields, columns):
     sep_bytes = sep.encode("ascii")
     if len(sep_bytes) not in (1, 2):
         return None
-    sep0 = sep_bytes[0]
-    sep1 = sep_bytes[1] if len(sep_bytes) == 2 else 0
     id_columns = [c for c in columns if c.kind == "id"]
     num_columns = [c for c in columns if c.kind != "id"]
     id_slot = np.full(n_fields, -1, dtype=np.int64)
@@ -327,16 +327,49 @@ def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) 
         id_slot[c.field] = slot
     for slot, c in enumerate(num_columns):
         num_slot[c.field] = slot
-    id_parts, num_parts = [], []
-    first_line = header_lines + 1
+    sep1 = sep_bytes[1] if len(sep_bytes) == 2 else 0
+    return sep_bytes[0], sep1, id_columns, num_columns, id_slot, num_slot
+
+
+def _starts_with_bom(path: str) -> bool:
     with open(path, "rb") as f:
-        if f.read(3) == codecs.BOM_UTF8:
-            return None  # rare; the per-line parser strips the byte-order mark
+        return f.read(3) == codecs.BOM_UTF8
+
+
+def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) -> Records | None:
+    """The numba paths: integer ids, then text ids; None when the per-line parser must read the file."""
+    layout = _layout(sep, n_fields, columns)
+    if layout is None or _starts_with_bom(path):
+        return None  # a BOM is rare; the per-line parser strips it
+    records = _parse_integer_ids(path, n_fields, header_lines, sep == ",", layout, n_spaces)
+    if records is None:
+        records = _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces)
+    if records is None:
+        return None
+    _, _, id_columns, num_columns, _, _ = layout
+    for value, c in zip(records.numbers, num_columns):
+        if c.kind == "int" and np.any(value != np.floor(value)):
+            return None
+        if c.minimum is not None and np.any(value < c.minimum):
+            return None
+    if distinct is not None:
+        a = id_columns.index(columns[distinct[0]])
+        b = id_columns.index(columns[distinct[1]])
+        if np.any(records.ids[a] == records.ids[b]):
+            return None
+    return records
+
+
+def _parse_integer_ids(path, n_fields, header_lines, no_quotes, layout, n_spaces) -> Records | None:
+    """Canonical integer ids (MovieLens, Last.fm): parse, then number with a lookup table."""
+    sep0, sep1, id_columns, num_columns, id_slot, num_slot = layout
+    id_parts, num_parts = [], []
     for n, data in _chunks(path, header_lines):
         buf = np.frombuffer(data, dtype=np.uint8)
         out_ids = np.empty((n, max(len(id_columns), 1)), dtype=np.int64)
         out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
-        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, id_slot, num_slot, out_ids, out_num)
+        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
+                                         out_ids, out_num)
         if bail >= 0:
             return None
         # Narrow per chunk so a 10M-line file never holds all columns as int64.
@@ -352,16 +385,6 @@ def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) 
     del id_parts
     numbers = [np.concatenate([p[:, s] for p in num_parts]) for s in range(len(num_columns))]
     del num_parts
-    for value, c in zip(numbers, num_columns):
-        if c.kind == "int" and np.any(value != np.floor(value)):
-            return None
-        if c.minimum is not None and np.any(value < c.minimum):
-            return None
-    if distinct is not None:
-        slot_a = id_columns.index(columns[distinct[0]])
-        slot_b = id_columns.index(columns[distinct[1]])
-        if np.any(ids_all[:, slot_a] == ids_all[:, slot_b]):
-            return None
     # Number each id space in order of first appearance, reading the columns
     # of one space interleaved line by line, exactly as the per-line parser does.
     spaces: list[IdMap] = []
@@ -377,7 +400,77 @@ def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) 
         for j, s in enumerate(slots):
             rows_out[s] = np.ascontiguousarray(rows[:, j])
         spaces.append(IdMap([str(v) for v in unique.tolist()]))
-    return Records(spaces=spaces, ids=rows_out, numbers=numbers, first_line=first_line, fast=True)
+    return Records(spaces=spaces, ids=rows_out, numbers=numbers, first_line=header_lines + 1, fast=True,
+                   engine="integer-ids")
+
+
+class _Interner:
+    """State of :func:`intern_ids` for one id space, carried across chunks."""
+
+    def __init__(self):
+        self.n = 0
+        self.slots = np.full(1 << 12, -1, dtype=np.int32)
+        self.uhash = np.zeros(1 << 12, dtype=np.uint64)
+        self.arena = np.empty(1 << 16, dtype=np.uint8)
+        self.offsets = np.zeros(1 << 12, dtype=np.int64)
+
+    def add(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        rows = np.empty(starts.shape, dtype=np.int32)
+        self.n, self.slots, self.uhash, self.arena, self.offsets = intern_ids(
+            buf, starts, ends, self.slots, self.uhash, self.arena, self.offsets, self.n, rows)
+        return rows
+
+    def ids(self, codec: str) -> list[str]:
+        data = self.arena[: self.offsets[self.n]].tobytes()
+        bounds = self.offsets[: self.n + 1].tolist()
+        return [data[a:b].decode(codec) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces) -> Records | None:
+    """Any ids without quotes or control bytes: byte ranges from the kernel, hashed into id spaces.
+
+    Each distinct id is decoded once, with the encoding the per-line parser
+    would use for the whole file, and checked for control characters.
+    """
+    sep0, sep1, id_columns, num_columns, id_slot, num_slot = layout
+    n_id = len(id_columns)
+    space_slots = [[s for s, c in enumerate(id_columns) if c.space == space] for space in range(n_spaces)]
+    interners = [_Interner() for _ in range(n_spaces)]
+    row_parts: list[list[np.ndarray]] = [[] for _ in id_columns]
+    num_parts = []
+    for n, data in _chunks(path, header_lines):
+        buf = np.frombuffer(data, dtype=np.uint8)
+        out_start = np.empty((n, max(n_id, 1)), dtype=np.int64)
+        out_end = np.empty((n, max(n_id, 1)), dtype=np.int64)
+        out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
+        rows, bail = parse_text_lines(buf, n_fields, sep0, sep1, sep == ",", sep != "\t", id_slot, num_slot,
+                                      out_start, out_end, out_num)
+        if bail >= 0:
+            return None
+        for space, slots in enumerate(space_slots):
+            if slots:
+                got = interners[space].add(buf, np.ascontiguousarray(out_start[:rows, slots]),
+                                           np.ascontiguousarray(out_end[:rows, slots]))
+                for j, s in enumerate(slots):
+                    row_parts[s].append(np.ascontiguousarray(got[:, j]))
+        num_parts.append(out_num[:rows, : len(num_columns)].copy())
+        del out_start, out_end, out_num
+    if not num_parts or sum(p.shape[0] for p in num_parts) == 0:
+        return None
+    encoding = detect_encoding(path)
+    codec = "utf-8" if encoding == "utf-8-sig" else encoding
+    spaces = []
+    for interner in interners:
+        ids = interner.ids(codec)
+        if any(has_control(x) for x in ids):
+            return None  # C1 controls or U+2028/2029: the per-line parser names the line
+        spaces.append(IdMap(ids))
+    return Records(
+        spaces=spaces,
+        ids=[np.concatenate(parts) for parts in row_parts],
+        numbers=[np.concatenate([p[:, s] for p in num_parts]) for s in range(len(num_columns))],
+        first_line=header_lines + 1, fast=True, engine="text-ids",
+    )
 
 
 def find_duplicates(group: np.ndarray, n_groups: int, value: np.ndarray, n_values: int) -> np.ndarray:
