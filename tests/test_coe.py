@@ -322,6 +322,9 @@ def test_recommend_through_the_tree_equals_brute_force(fitted, user, n, exclude_
     assert len(set(rows.tolist())) == rows.size
     if exclude is not None:
         assert not np.isin(rows, exclude).any()
+        # unsorted, repeated exclusions give the same answer
+        messy = np.concatenate([exclude[::-1], exclude[:3]])
+        np.testing.assert_array_equal(index.recommend(user, n, exclude=messy)[0], rows)
     # candidates path ranks only the candidates
     cand = np.arange(0, 60, 3)
     rows_c, _ = index.recommend(user, 5, candidates=cand)

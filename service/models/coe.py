@@ -74,9 +74,23 @@ class Index(RecommenderIndex, MapIndex):
         """
         if candidates is not None:
             return super().recommend(user_row, n, exclude=exclude, candidates=candidates)
-        if exclude is not None:
-            exclude = np.unique(np.asarray(exclude, dtype=np.int64))
-        return self.maps[""]["items"].nearest(self.user_coords[user_row], n, exclude)
+        points = self.maps[""]["items"]
+        point = self.user_coords[user_row]
+        if exclude is None or len(exclude) == 0:
+            return points.nearest(point, n)
+        # The over-query of PointSet.nearest, with the exclusion done by binary search on a sorted
+        # array (seen lists are stored sorted): np.isin costs ~20 us, a third of the call.
+        exclude = np.asarray(exclude, dtype=np.int64)
+        if exclude.size > 1 and np.any(exclude[1:] <= exclude[:-1]):
+            exclude = np.unique(exclude)
+        want = min(n + exclude.size, len(self.items))
+        if n <= 0 or want <= 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        dist, rows = points.tree.query(point, k=want)
+        rows, dist = np.atleast_1d(rows), np.atleast_1d(dist)
+        pos = np.minimum(np.searchsorted(exclude, rows), exclude.size - 1)
+        keep = exclude[pos] != rows
+        return rows[keep][:n].astype(np.int64), (-dist[keep][:n]).astype(np.float32)
 
     def recommend_many(self, user_rows, n, *, excludes, candidates=None) -> list[Ranked]:
         if candidates is not None:
