@@ -434,3 +434,19 @@ def test_service_serves_the_live_versions_report(tmp_path):
             assert reply.read() == expected
         with urllib.request.urlopen(f"{server.metrics_url}/maps/", timeout=10) as reply:
             assert b'href="/maps/films"' in reply.read()
+
+
+@pytest.mark.slow
+def test_read_labels_on_movielens_u_item():
+    import os
+    from pathlib import Path
+
+    path = Path(os.environ.get("ORDREC_DATA", "/work/shared/data")) / "ml-100k" / "u.item"
+    if not path.exists():
+        pytest.skip(f"{path} is missing")
+    labels = read_labels(path)
+    assert len(labels) == 1682 and labels["1"] == "Toy Story (1995)"
+    assert labels["543"] == "Misérables, Les (1995)"  # latin-1, as the data README says
+    artifact = coe_artifact(n_users=5, n_items=600)
+    titles = {m["title"] for m in parse(render_report(artifact, labels=labels)).marks("map-1", "items")}
+    assert "Misérables, Les (1995) (item 543)" in titles

@@ -371,7 +371,8 @@ def _svg(view: MapView, number: int) -> str:
     scale, ox, oy = _fit(view.layers)
     parts = []
     n_points = 0
-    for layer in view.layers:
+    # Larger layers first, so a small one (COE users under many items) is drawn on top.
+    for layer in sorted(view.layers, key=lambda l: -len(l.rows)):
         cls = f"pt e-{html.escape(layer.entity)}"
         for (dx, dy), colour, hover in zip(layer.xy, layer.colours, layer.hover):
             parts.append(_mark(layer.mark, ox + scale * dx, oy - scale * dy, colour, cls, hover))
