@@ -1,0 +1,133 @@
+"""Service load benchmark: the highest QPS each RPC sustains with p99 <= 10 ms
+and zero errors, one process vs several sharing the port (SO_REUSEPORT).
+
+    python benchmarks/bench_service.py [--data ../shared/data] [--seconds 8]
+        [--rates 1000,2000,3000,4000,5000,6000,7000] [--processes 1,2] [--engine h2load]
+
+Models: DCR on ML-100K (or an ML-100K-sized generated set), RTF with 64 dims
+over 2,045 tags (the paper's Last.fm size), COE on the same ratings. Their
+quality is irrelevant here, so they train briefly. The load generator runs on
+the same 2-core machine (h2load: ~20 us of client CPU per call).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.artifacts import Registry  # noqa: E402
+from service.idmap import IdMap  # noqa: E402
+from service.process import ServerProcess  # noqa: E402
+from trainer.data.types import Ratings, TagAssignments  # noqa: E402
+from trainer.models import estimator_class  # noqa: E402
+
+
+def ratings(data: Path) -> Ratings:
+    path = data / "ml-100k" / "u.data"
+    if path.exists():
+        from trainer.data.readers import read_ratings
+
+        return read_ratings(path, "ml-100k")
+    from trainer.sample import planted_ratings
+
+    return planted_ratings(n_users=943, n_items=1682, per_user=(20, 200), seed=0)
+
+
+def lastfm_sized_tags(seed: int = 0) -> TagAssignments:
+    """2,917 users, 1,853 items, 2,045 tags, ~75k posts of 1-5 tags (Last.fm 10-core sizes)."""
+    rng = np.random.default_rng(seed)
+    n_posts, n_tags = 75_565, 2_045
+    users, items = rng.integers(0, 2_917, n_posts), rng.integers(0, 1_853, n_posts)
+    per = rng.integers(1, 6, n_posts)
+    popularity = rng.zipf(1.3, n_tags).astype(float)
+    popularity /= popularity.sum()
+    u = np.repeat(users, per)
+    i = np.repeat(items, per)
+    t = np.concatenate([rng.choice(n_tags, size=k, replace=False, p=popularity) for k in per])
+    keys = np.unique(np.stack([u, i, t], 1), axis=0)
+    ids = lambda prefix, n: IdMap([f"{prefix}{x}" for x in range(n)])  # noqa: E731
+    return TagAssignments(ids("u", 2_917), ids("i", 1_853), ids("t", n_tags), keys[:, 0].astype(np.int32),
+                          keys[:, 1].astype(np.int32), keys[:, 2].astype(np.int32), source="generated")
+
+
+def build_registry(root: Path, data: Path) -> Registry:
+    registry = Registry(root)
+    r = ratings(data)
+    fits = [
+        ("dcr", "dcr", r, {"rank": 20, "epochs": 5}),
+        ("coe", "coe", r, {"epochs": 3}),
+        ("rtf64", "rtf", lastfm_sized_tags(), {"dims": 64, "iterations": 1, "min_iterations": 1,
+                                                "verbose": False, "validation_posts": 100}),
+    ]
+    for name, kind, dataset, params in fits:
+        start = time.perf_counter()
+        artifact = estimator_class(kind)(**params).fit(dataset).to_artifact()
+        registry.publish(name, artifact)
+        print(f"trained {name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return registry
+
+
+def loadtest(proc: ServerProcess, registry: Path, mix: str, model_flag: list[str], rate: float, seconds: float,
+             engine: str) -> dict:
+    out = Path(tempfile.mkstemp(suffix=".json")[1])
+    cmd = [sys.executable, "-m", "service", "loadtest", "--target", proc.target, "--registry", str(registry),
+           "--mix", mix, *model_flag, "--duration", str(seconds), "--engine", engine, "--connections", "8",
+           "--concurrency", "64", "--processes", "1", "--metrics-url", proc.metrics_url, "--json", str(out)]
+    if rate:
+        cmd += ["--rate", str(rate)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=seconds + 120)
+    return json.loads(out.read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--seconds", type=float, default=8)
+    p.add_argument("--rates", default="1000,2000,3000,4000,5000,6000,7000,8000")
+    p.add_argument("--processes", default="1,2")
+    p.add_argument("--engine", default="h2load", choices=("h2load", "python"))
+    p.add_argument("--p99-ms", type=float, default=10.0)
+    args = p.parse_args()
+    rates = [float(x) for x in args.rates.split(",")]
+    workload = [("Recommend (DCR, n=10)", "recommend", ["--recommend-model", "dcr"]),
+                ("Tags (RTF64, n=10)", "tags", ["--tags-model", "rtf64"]),
+                ("Neighbors (COE, k=10)", "neighbors", ["--neighbors-model", "coe"])]
+    with tempfile.TemporaryDirectory() as tmp:
+        registry = build_registry(Path(tmp) / "registry", Path(args.data))
+        rows = []
+        for processes in [int(x) for x in args.processes.split(",")]:
+            with ServerProcess(registry.root, "--processes", str(processes)) as proc:
+                for label, mix, flag in workload:
+                    best = None
+                    for rate in rates:
+                        result = loadtest(proc, registry.root, mix, flag, rate, args.seconds, args.engine)
+                        ok = result["errors"] == 0 and result["p99_ms"] <= args.p99_ms
+                        print(f"  {processes}p {label:<24} rate {rate:>6.0f}: qps {result['qps']:>6.0f} "
+                              f"p99 {result['p99_ms']:6.2f} ms errors {result['errors']}", file=sys.stderr)
+                        if not ok:
+                            break
+                        best = result
+                    saturation = loadtest(proc, registry.root, mix, flag, 0, args.seconds, args.engine)
+                    rows.append((processes, label, best, saturation))
+    print(f"\nHighest offered rate with p99 <= {args.p99_ms:g} ms and zero errors "
+          f"({args.engine}, {args.seconds:g} s per step, 8 connections)")
+    print(f"{'processes':>9}  {'RPC':<24} {'QPS':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'errors':>6}"
+          f"   {'saturated QPS':>13} {'p99 ms':>7}")
+    for processes, label, best, sat in rows:
+        b = best or {"qps": 0, "p50_ms": float("nan"), "p90_ms": float("nan"), "p99_ms": float("nan"), "errors": "-"}
+        print(f"{processes:>9}  {label:<24} {b['qps']:>7.0f} {b['p50_ms']:>7.2f} {b['p90_ms']:>7.2f} "
+              f"{b['p99_ms']:>7.2f} {b['errors']:>6}   {sat['qps']:>13.0f} {sat['p99_ms']:>7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
