@@ -13,6 +13,8 @@ from html.parser import HTMLParser
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.artifacts import Artifact, Registry
 from service.idmap import IdMap
@@ -351,6 +353,26 @@ def test_non_map_models_are_refused():
 
     with pytest.raises(ValueError, match="not a map model"):
         render_report(coe_artifact(), index=NotAMap())
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 60), dim=st.integers(1, 4), cap=st.integers(1, 80), spread=st.sampled_from([0.0, 1e-9, 1.0, 1e6]),
+       names=st.lists(st.text(min_size=1, max_size=12), min_size=60, max_size=60), seed=st.integers(0, 2**31 - 1))
+def test_any_map_gives_a_well_formed_page_with_the_capped_count(n, dim, cap, spread, names, seed):
+    coords = np.random.default_rng(seed).normal(size=(n, dim)) * spread + 3.0
+    artifact = toy_artifact(coords)
+    labels = {f"p{k}": names[k] for k in range(n)}
+    text = render_report(artifact, ToyIndex(artifact), labels=labels, max_points=cap)
+    page = parse(text)
+    marks = page.marks("map-1")
+    assert len(marks) == min(n, cap) == int(page.svgs["map-1"]["attrs"]["data-points"])
+    for mark in marks:
+        x, y = position(mark)
+        assert 0 <= x <= 560 and 0 <= y <= 440  # finite and inside the plot box
+        row = int(mark["title"].rsplit("(object p", 1)[-1].rstrip(")")) if "(object p" in mark["title"] \
+            else int(mark["title"].rsplit("object p", 1)[-1])
+        assert mark["title"].startswith(labels[f"p{row}"]) or labels[f"p{row}"] == f"p{row}"
+    assert not re.search(r"(?:src|href)=\"(?!data:)", text)
 
 
 # ------------------------------------------------------------------ labels

@@ -196,12 +196,15 @@ def _projection(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
     if dim == 1:
         return np.zeros(1), np.array([[1.0, 0.0]]), "a 1-D map: the coordinate on x, y = 0"
     centre = coords.mean(axis=0)
-    _, s, vt = np.linalg.svd(coords - centre, full_matrices=False)
-    axes = vt[:2].T.copy()
+    centred = coords - centre
+    # Eigenvectors of the (dim x dim) scatter matrix: cheap for any number of
+    # points, and a full basis even with fewer points than dimensions.
+    var, vectors = np.linalg.eigh(centred.T @ centred)
+    order = np.argsort(var)[::-1]
+    var, axes = np.clip(var[order], 0.0, None), vectors[:, order[:2]].copy()
     for a in range(2):
         if axes[np.argmax(np.abs(axes[:, a])), a] < 0:
             axes[:, a] = -axes[:, a]
-    var = s**2
     kept = float(var[:2].sum() / var.sum()) if var.sum() > 0 else 1.0
     text = (f"a PCA projection of the {dim}-D coordinates onto their first two principal axes "
             f"({100 * kept:.1f} % of the variance); distances on it are approximate")
