@@ -1,0 +1,107 @@
+"""KNNSCAL scaling: wall time per iteration and to convergence, and peak memory.
+
+Generated graphs: n points uniform in the unit square, their exact directed
+k-NN lists (rank 1 nearest). Each size runs in its own process so that its
+peak resident memory (``ru_maxrss``) is its own. Prints one table; the
+per-iteration time divided by n k log2 k should stay flat if the cost is
+O(n k log k).
+
+    .venv/bin/python benchmarks/bench_knnscal.py --sizes 10000 100000 1000000 --k 10
+
+Timings on a shared machine are wall-clock under whatever else is running.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+
+def generated_graph(n: int, k: int, seed: int):
+    from scipy.spatial import cKDTree
+
+    from service.idmap import IdMap
+    from trainer.data.types import NeighborLists
+
+    points = np.random.default_rng(seed).uniform(size=(n, 2))
+    _, idx = cKDTree(points).query(points, k + 1)
+    idx = idx[:, 1:]  # column 0 is the point itself (no duplicates in continuous data)
+    source = np.repeat(np.arange(n, dtype=np.int32), k)
+    rank = np.tile(np.arange(1, k + 1, dtype=np.int32), n)
+    return NeighborLists(IdMap([str(i) for i in range(n)]), source, idx.ravel().astype(np.int32), rank)
+
+
+def one(args) -> dict:
+    from trainer.models import _knnscal_kernels as K
+    from trainer.models.knnscal import KnnScal
+
+    t0 = time.perf_counter()
+    graph = generated_graph(args.one, args.k, args.seed)
+    gen_s = time.perf_counter() - t0
+    params = json.loads(args.params)
+    est = KnnScal(dim=args.dim, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
+                  verbose=args.verbose, **params)
+    t0 = time.perf_counter()
+    est.fit(graph)
+    fit_s = time.perf_counter() - t0
+    indptr, col, rnk = est.graph_
+    agree, pairs = K.order_counts(est.coordinates_, indptr, col, rnk, est.q_)
+    return {
+        "n": args.one, "k": args.k, "entries": int(est.plus_col_.shape[0]),
+        "generate_s": gen_s, "edges_s": est.timings_["edges_s"], "init_s": est.timings_["init_s"],
+        "iterations": est.n_iter_, "converged": bool(est.converged_),
+        "per_iter_s": float(np.median(est.iteration_seconds_)) if est.n_iter_ else float("nan"),
+        "iterations_s": est.timings_["iterations_s"], "fit_s": fit_s,
+        "stress": est.stress_, "order_agreement": agree / max(pairs, 1),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e5])
+    parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--dim", type=int, default=2)
+    parser.add_argument("--max-iter", type=int, default=200)
+    parser.add_argument("--tol", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--params", default="{}", help="extra KNNSCAL hyperparameters as JSON")
+    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args)))
+        return 0
+    results = []
+    for n in args.sizes:
+        cmd = [sys.executable, __file__, "--one", str(int(n)), "--k", str(args.k), "--dim", str(args.dim),
+               "--max-iter", str(args.max_iter), "--tol", str(args.tol), "--seed", str(args.seed),
+               "--params", args.params] + (["--verbose"] if args.verbose else [])
+        out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+        results.append(json.loads(out.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), file=sys.stderr)
+    header = ("n", "|E+|", "gen s", "E+ s", "init s", "iters", "conv", "s/iter",
+              "us/iter/(n k log2 k)", "to conv s", "fit s", "peak RSS MB", "order agr.")
+    rows = []
+    for r in results:
+        unit = r["n"] * r["k"] * math.log2(r["k"])
+        rows.append((f"{r['n']:,}", f"{r['entries']:,}", f"{r['generate_s']:.1f}", f"{r['edges_s']:.1f}",
+                     f"{r['init_s']:.1f}", str(r["iterations"]), "yes" if r["converged"] else "no",
+                     f"{r['per_iter_s']:.3f}", f"{1e6 * r['per_iter_s'] / unit:.4f}",
+                     f"{r['iterations_s']:.1f}", f"{r['fit_s']:.1f}", f"{r['peak_rss_mb']:.0f}",
+                     f"{r['order_agreement']:.4f}"))
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

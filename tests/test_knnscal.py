@@ -1,0 +1,241 @@
+"""KNNSCAL: kernels (PAV, gradient, majorization), planted recovery, serving round trip."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.isotonic import isotonic_regression
+
+from service.artifacts import Registry
+from service.models.knnscal import Index, place_point, placement_stress
+from trainer.models import _knnscal_kernels as K
+from trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr
+
+
+def order_agreement(X, est):
+    indptr, col, rnk = est.graph_
+    agree, pairs = K.order_counts(X, indptr, col, rnk, est.q_)
+    return agree / pairs
+
+
+def random_graph(n=40, k=4, seed=0, factor=2.0, hop2=0.5):
+    """A random directed graph with ranked lists, its E+ and incoming CSR."""
+    rng = np.random.default_rng(seed)
+    src, nbr, rank = [], [], []
+    for i in range(n):
+        others = rng.choice(np.delete(np.arange(n), i), size=k, replace=False)
+        src += [i] * k
+        nbr += list(others)
+        rank += list(range(1, k + 1))
+    indptr = np.zeros(n + 1, np.int64)
+    indptr[1:] = np.cumsum(np.full(n, k))
+    col = np.array(nbr, np.int32)
+    rnk = np.array(rank, np.int32)
+    q, ptr, pcol, prnk = enlarged_edges(indptr, col, rnk, n, factor, seed, hop2)
+    in_ptr, in_src, in_entry = K.incoming(ptr, pcol, n)
+    return q, ptr, pcol, prnk, in_ptr, in_src, in_entry
+
+
+# ---------------------------------------------------------------- PAV
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-100, 100), min_size=1, max_size=40), st.integers(0, 2**31 - 1))
+def test_pav_matches_sklearn(values, seed):
+    y = np.array(values)
+    w = np.random.default_rng(seed).uniform(0.1, 3.0, size=y.size)
+    np.testing.assert_allclose(K.pav(y, w), isotonic_regression(y, sample_weight=w), atol=1e-9, rtol=1e-9)
+
+
+def test_isotonic_rows_is_per_source_fit_with_ties_ordered_by_distance():
+    rng = np.random.default_rng(3)
+    q, ptr, pcol, prnk, *_ = random_graph(n=30, k=5, seed=3)
+    d = rng.uniform(0, 2, size=pcol.size)
+    delta = np.empty_like(d)
+    K.isotonic_rows(ptr, prnk, q, 1.0, 0.0, d, delta, K.row_positions(ptr))
+    for i in range(30):
+        a, b = ptr[i], ptr[i + 1]
+        order = np.lexsort((d[a:b], prnk[a:b]))  # by rank, ties by distance
+        expect = np.empty(b - a)
+        expect[order] = isotonic_regression(d[a:b][order])
+        np.testing.assert_allclose(delta[a:b], expect, atol=1e-12)
+        # the fit is monotone in rank
+        for r1, r2, x1, x2 in zip(prnk[a:b], prnk[a + 1:b], delta[a:b], delta[a + 1:b]):
+            if r1 < r2:
+                assert x1 <= x2 + 1e-12
+
+
+# ---------------------------------------------------------------- E+
+def test_nonedges_are_distinct_non_neighbours_of_rank_q():
+    n, k = 300, 6
+    q, ptr, pcol, prnk, *_ = random_graph(n=n, k=k, seed=1, factor=5.0, hop2=0.5)
+    assert q == k + 1
+    for i in range(n):
+        row = pcol[ptr[i]:ptr[i + 1]]
+        ranks = prnk[ptr[i]:ptr[i + 1]]
+        assert row.size == k + 5 * q
+        assert np.unique(row).size == row.size and i not in row
+        assert np.all(ranks[:k] == np.arange(1, k + 1)) and np.all(ranks[k:] == q)
+
+
+def test_nonedges_on_a_small_graph_take_every_candidate():
+    q, ptr, pcol, prnk, *_ = random_graph(n=8, k=3, seed=2, factor=5.0)
+    for i in range(8):
+        row = pcol[ptr[i]:ptr[i + 1]]
+        assert sorted(row) == [j for j in range(8) if j != i]
+
+
+# ------------------------------------------------------- gradient, majorization
+W = 3.0  # edge weight; non-edges weigh 1
+
+
+def test_gradient_matches_finite_differences():
+    q, ptr, pcol, prnk, *_ = random_graph(n=25, k=4, seed=4)
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((25, 3))
+    delta = rng.uniform(0.5, 2.0, size=pcol.size)
+    g = K.stress_gradient(X, ptr, pcol, prnk, q, W, delta)
+    h = 1e-6
+    for i in range(0, 25, 4):
+        for c in range(3):
+            Xp, Xm = X.copy(), X.copy()
+            Xp[i, c] += h
+            Xm[i, c] -= h
+            num = (K.stress(Xp, ptr, pcol, prnk, q, W, delta) - K.stress(Xm, ptr, pcol, prnk, q, W, delta)) / (2 * h)
+            assert abs(num - g[i, c]) < 1e-5 * max(1.0, abs(num))
+
+
+def test_jacobi_step_is_minus_gradient_over_twice_gamma():
+    q, ptr, pcol, prnk, in_ptr, in_src, in_entry = random_graph(n=25, k=4, seed=5)
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((25, 2))
+    delta = rng.uniform(0.5, 2.0, size=pcol.size)
+    # gamma_i = weighted out-degree + in-degree in E+ (with unit weights: the poster's degrees)
+    w = np.where(prnk < q, W, 1.0)
+    src = np.repeat(np.arange(25), np.diff(ptr))
+    gamma = np.bincount(src, weights=w, minlength=25) + np.bincount(pcol, weights=w, minlength=25)
+    step = K.majorize_jacobi(X.copy(), ptr, pcol, prnk, q, W, delta, in_ptr, in_src, in_entry, 1) - X
+    grad = K.stress_gradient(X, ptr, pcol, prnk, q, W, delta)
+    np.testing.assert_allclose(step, -grad / (2 * gamma[:, None]), atol=1e-12)
+
+
+@pytest.mark.parametrize("update", ["jacobi", "gauss-seidel"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_majorization_never_increases_stress(update, seed):
+    q, ptr, pcol, prnk, in_ptr, in_src, in_entry = random_graph(n=60, k=5, seed=seed)
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((60, 2))
+    delta = rng.uniform(0.1, 3.0, size=pcol.size)
+    args = (ptr, pcol, prnk, q, W, delta, in_ptr, in_src, in_entry, 1)
+    before = K.stress(X, ptr, pcol, prnk, q, W, delta)
+    for _ in range(30):
+        if update == "jacobi":
+            X = K.majorize_jacobi(X, *args)
+        else:
+            K.majorize_gauss_seidel(X, *args)
+        after = K.stress(X, ptr, pcol, prnk, q, W, delta)
+        assert after <= before * (1 + 1e-12)
+        before = after
+
+
+# ------------------------------------------------------------------ fitting
+def planted(n, dim, k, seed):
+    points = np.random.default_rng(seed).uniform(size=(n, dim))
+    return points, knn_lists(points, k)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_planted_configuration_is_recovered(dim):
+    # An exactly embeddable low-dimensional graph: smaller rank gaps and more
+    # weight on the lists than the defaults (chosen for high-dimensional data
+    # such as digits, whose lists have nearly equal distances).
+    points, graph = planted(250, dim, 10, seed=dim)
+    est = KnnScal(dim=dim, seed=0, edge_weight=3.0, rank_gap=1.0).fit(graph)
+    oa = order_agreement(est.coordinates_, est)
+    assert oa > 0.95, oa
+    # Sanity: the truth itself scores (nearly) 1 under the same measure.
+    assert order_agreement(points, est) > 0.999
+
+
+def test_stress_history_is_monotone_and_stops_on_relative_change():
+    # rank_gap = 0: every step is an exact minimisation, so all of the history falls.
+    _, graph = planted(200, 2, 8, seed=7)
+    est = KnnScal(seed=1, tol=1e-3, max_iter=500, rank_gap=0.0).fit(graph)
+    stresses = np.array([s for _, _, s in est.stress_history_])
+    assert np.all(np.diff(stresses) <= 1e-12 * stresses[:-1])
+    assert est.converged_ and est.n_iter_ < 500
+    last = [s for it, step, s in est.stress_history_ if step == "isotonic"][-2:]
+    assert (last[0] - last[1]) / last[0] < 1e-3
+
+
+@pytest.mark.parametrize("update", ["gauss-seidel", "jacobi"])
+def test_majorization_steps_fall_in_a_default_fit(update):
+    _, graph = planted(150, 2, 8, seed=8)
+    est = KnnScal(seed=2, max_iter=40, update=update).fit(graph)
+    h = est.stress_history_
+    for (_, before_step, before), (_, step, after) in zip(h, h[1:]):
+        if step == "majorize":
+            assert after <= before * (1 + 1e-12), (before_step, before, after)
+
+
+def test_feature_matrix_input_and_progress_bar(capsys):
+    points = np.random.default_rng(0).uniform(size=(80, 2))
+    est = KnnScal(n_neighbors=6, max_iter=5, verbose=True).fit(points)
+    assert est.coordinates_.shape == (80, 2)
+    assert "KNNSCAL" in capsys.readouterr().err
+
+
+def test_csr_drops_self_loops_and_keeps_best_rank_of_duplicates():
+    from service.idmap import IdMap
+    from trainer.data.types import NeighborLists
+
+    g = NeighborLists(IdMap(["a", "b", "c"]), np.array([0, 0, 0, 1], np.int32),
+                      np.array([0, 2, 2, 0], np.int32), np.array([1, 3, 2, 1], np.int32))
+    indptr, col, rnk = neighbor_csr(g)
+    assert list(indptr) == [0, 1, 2, 2]
+    assert list(col) == [2, 0] and list(rnk) == [2, 1]
+
+
+# ------------------------------------------------------------------ serving
+def test_registry_round_trip_and_placement(tmp_path):
+    points, graph = planted(150, 2, 8, seed=11)
+    graph.labels = (points[:, 0] > 0.5).astype(np.int64)
+    est = KnnScal(seed=0).fit(graph)
+    registry = Registry(tmp_path)
+    version = registry.publish("knnscal", est.to_artifact())
+    loaded = registry.load("knnscal")
+    assert loaded.version == version
+    index = Index.from_artifact(loaded)
+    index.smoke()
+    assert index.default_entity == "objects" and "Place" in index.rpcs
+    np.testing.assert_allclose(index.points.coords, est.coordinates_)
+    np.testing.assert_array_equal(index.labels, graph.labels)
+    rows, scores = index.neighbors("", "objects", 3, "objects", 5)
+    assert 3 not in rows and np.all(np.diff(scores) <= 0)
+    # Placing vertex 3 from its own ranked list lands close to where training put it.
+    indptr, col, _ = est.graph_
+    ranked = col[indptr[3]:indptr[4]]
+    x = index.place(ranked)
+    np.testing.assert_allclose(x, est.place(ranked))
+    np.testing.assert_allclose(x, est.place([graph.vertices.external(r) for r in ranked]))
+    typical = np.median(np.linalg.norm(est.coordinates_[col] - est.coordinates_[np.repeat(np.arange(150), 8)], axis=1))
+    assert np.linalg.norm(x - est.coordinates_[3]) < typical
+
+
+def test_placement_steps_never_increase_its_stress():
+    rng = np.random.default_rng(0)
+    coords = rng.standard_normal((50, 2))
+    rows = rng.choice(50, size=8, replace=False)
+    table = np.concatenate([[0.0], np.linspace(0.2, 1.5, 9)])
+    previous = np.inf
+    for steps in range(0, 12):
+        s = placement_stress(coords, rows, table, place_point(coords, rows, table, steps))
+        assert s <= previous * (1 + 1e-12)
+        previous = s
+
+
+def test_placement_rejects_bad_lists():
+    coords = np.zeros((5, 2))
+    table = np.array([0.0, 1.0, 2.0])
+    for bad in ([], [7], [1, 1]):
+        with pytest.raises(ValueError):
+            place_point(coords, np.array(bad, dtype=np.int64), table)

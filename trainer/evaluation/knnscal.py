@@ -1,0 +1,213 @@
+"""KNNSCAL: stress, within-list order agreement and neighbour recall of a graph embedding.
+
+``ordrec-train reproduce knnscal --digits --k 10 [--dim 2] [--json OUT]`` builds
+the directed k-NN graph of scikit-learn's bundled digits (1,797 points) and
+embeds it; ``--data PATH`` reads ranked neighbour lists instead
+(``source, neighbor, rank`` lines). Every map, ours and the reference
+methods', is scored through the serving index (``service.models.knnscal.Index``
+built from an in-memory artifact), by the same functions:
+
+- ``stress``: Kruskal's stress-1, sqrt(sum (d - dhat)^2 / sum d^2) over a
+  common E+ (the graph's edges plus 5q uniform non-edges per source, fixed
+  seed), dhat being the per-source isotonic fit of the distances on the
+  ranks (ties ordered by distance). Scale-free, so any map can be scored;
+- ``order_agreement``: over pairs j, k of a source's list with r_ij < r_ik,
+  the fraction with d_ij < d_ik in the map;
+- ``recall@k``: the share of a vertex's k listed neighbours among its k
+  nearest on the map (``Index.neighbors``);
+- with labels: ``label_acc@10``, the majority label of the 10 map
+  neighbours against the vertex's own; with features: sklearn's
+  ``trustworthiness`` at k.
+
+Reference rows: sklearn SpectralEmbedding, Isomap and t-SNE on the features
+(digits); on a graph without features, SpectralEmbedding on the symmetrised
+graph only. The "paper" column holds the figures the issue measured for the
+references (there is no accuracy table in the poster).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from service.artifacts import Artifact
+from service.idmap import IdMap
+from service.models.knnscal import Index
+from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from trainer.models import _knnscal_kernels as K
+from trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
+
+DATA_REQUIRED = False
+DEFAULT_RUNS = 3
+METRICS = ("stress", "order_agreement", "recall@10", "label_acc@10", "trustworthiness")
+
+# Measured for issue 7 with the same definitions on the digits 10-NN graph.
+ISSUE_FIGURES = {
+    "spectral": {"order_agreement": 0.588, "recall@10": 0.284},
+    "isomap": {"order_agreement": 0.592, "recall@10": 0.182},
+    "tsne": {"order_agreement": 0.710, "recall@10": 0.585},
+    "umap": {"order_agreement": 0.669, "recall@10": 0.509},
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--digits", action="store_true",
+                        help="use the directed k-NN graph of sklearn's bundled digits (1,797 points)")
+    parser.add_argument("--k", type=int, default=10, help="neighbours per list (digits) and k of recall@k")
+    parser.add_argument("--dim", type=int, default=2, help="map dimension")
+    parser.add_argument("--references", default="spectral,isomap,tsne",
+                        help="comma-separated reference methods (spectral, isomap, tsne; '' for none)")
+    parser.add_argument("--param", action="append", metavar="KEY=VALUE",
+                        help="a KNNSCAL hyperparameter (repeatable), e.g. --param edge_weight=5")
+
+
+# ------------------------------------------------------------------ data
+class Problem:
+    """A ranked neighbour graph, its CSR and a common E+ for scoring, with optional labels/features."""
+
+    def __init__(self, graph, name: str, k: int, features: np.ndarray | None = None, seed: int = 0):
+        self.graph, self.name, self.k, self.features = graph, name, k, features
+        self.n = len(graph.vertices)
+        self.indptr, self.col, self.rnk = neighbor_csr(graph)
+        # Uniform non-edges (the poster's), fixed seed: the same E+ scores every map.
+        self.q, self.plus_indptr, self.plus_col, self.plus_rnk = enlarged_edges(
+            self.indptr, self.col, self.rnk, self.n, 5.0, seed + 7919, 0.0)
+        self.labels = None if graph.labels is None else np.asarray(graph.labels)
+
+
+def load_problem(args) -> Problem:
+    k = int(args.k)
+    if args.digits:
+        from sklearn.datasets import load_digits
+
+        features, labels = load_digits(return_X_y=True)
+        graph = knn_lists(features, k, labels=labels, path="sklearn:digits")
+        return Problem(graph, "digits", k, features=np.asarray(features, dtype=np.float64), seed=args.seed)
+    if not args.data:
+        raise ValueError("give --data PATH (ranked neighbour lists) or --digits")
+    from trainer.data.readers import read_input
+
+    graph = read_input("neighbors", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    if graph.skipped_lines:
+        print(f"skipped {graph.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
+    return Problem(graph, os.path.basename(str(args.data).rstrip("/")), k, seed=args.seed)
+
+
+# --------------------------------------------------------------- measures
+def map_index(problem: Problem, coords: np.ndarray) -> Index:
+    """A serving index over any coordinates (reference maps have no placement table)."""
+    artifact = Artifact(kind="knnscal", arrays={"coordinates": np.ascontiguousarray(coords, dtype=np.float64)},
+                        ids={"objects": problem.graph.vertices})
+    return Index.from_artifact(artifact)
+
+
+def kruskal_stress(problem: Problem, coords: np.ndarray) -> float:
+    d = K.entry_distances(coords, problem.plus_indptr, problem.plus_col)
+    fit = np.empty_like(d)
+    K.isotonic_rows(problem.plus_indptr, problem.plus_rnk, problem.q, 1.0, 0.0, d, fit,
+                    K.row_positions(problem.plus_indptr))
+    return float(np.sqrt(np.sum((d - fit) ** 2) / max(np.sum(d * d), 1e-300)))
+
+
+def map_metrics(problem: Problem, index: Index) -> dict[str, float]:
+    """Every measure of one map, neighbour queries through ``index``."""
+    coords = index.points.coords
+    agree, pairs = K.order_counts(coords, problem.indptr, problem.col, problem.rnk, problem.q)
+    k = problem.k
+    hits = 0
+    listed = 0
+    label_hits = 0
+    for i in range(problem.n):
+        rows, _ = index.neighbors("", "objects", i, "objects", max(k, 10))
+        own = problem.col[problem.indptr[i]:problem.indptr[i + 1]]
+        hits += np.intersect1d(rows[:k], own[:k]).size
+        listed += min(k, own.size)
+        if problem.labels is not None:
+            votes = np.unique(problem.labels[rows[:10]], return_counts=True)
+            label_hits += int(votes[0][np.argmax(votes[1])] == problem.labels[i])
+    out = {
+        "stress": kruskal_stress(problem, coords),
+        "order_agreement": agree / max(pairs, 1),
+        f"recall@{k}": hits / max(listed, 1),
+    }
+    if problem.labels is not None:
+        out["label_acc@10"] = label_hits / problem.n
+    if problem.features is not None:
+        from sklearn.manifold import trustworthiness
+
+        out["trustworthiness"] = float(trustworthiness(problem.features, coords, n_neighbors=k))
+    return out
+
+
+# ------------------------------------------------------------- reference maps
+def reference_map(method: str, problem: Problem, dim: int, seed: int) -> np.ndarray:
+    from sklearn import manifold
+
+    if problem.features is None:
+        if method != "spectral":
+            raise ValueError(f"reference {method!r} needs features; a graph alone supports 'spectral'")
+        adjacency = symmetric_graph(problem.indptr, problem.col, problem.rnk, problem.n)
+        adjacency.data[:] = 1.0
+        return manifold.SpectralEmbedding(n_components=dim, affinity="precomputed",
+                                          random_state=seed).fit_transform(adjacency)
+    X = problem.features
+    if method == "spectral":
+        return manifold.SpectralEmbedding(n_components=dim, n_neighbors=problem.k,
+                                          random_state=seed).fit_transform(X)
+    if method == "isomap":
+        return manifold.Isomap(n_neighbors=problem.k, n_components=dim).fit_transform(X)
+    if method == "tsne":
+        return manifold.TSNE(n_components=dim, init="pca", random_state=seed).fit_transform(X)
+    raise ValueError(f"unknown reference method {method!r} (spectral, isomap, tsne)")
+
+
+# ------------------------------------------------------------------- run
+def run(args) -> list[Row]:
+    from trainer.cli import parse_assignments
+
+    problem = load_problem(args)
+    dim = int(args.dim)
+    params = parse_assignments(args.param or [])
+    setting = {"k": problem.k, "dim": dim}
+    per_method: dict[str, dict[str, list[float]]] = {}
+
+    def record(method: str, metrics: dict[str, float]) -> None:
+        for name, value in metrics.items():
+            per_method.setdefault(method, {}).setdefault(name, []).append(value)
+
+    verbose = not args.quiet
+    for r in range(int(args.runs)):
+        seed = int(args.seed) + r
+        t0 = time.perf_counter()
+        est = KnnScal(dim=dim, seed=seed, verbose=verbose, **params).fit(problem.graph)
+        fit_s = time.perf_counter() - t0
+        index = Index.from_artifact(est.to_artifact())
+        index.smoke()
+        metrics = map_metrics(problem, index)
+        record("knnscal", metrics)
+        if verbose:
+            print(f"knnscal run {r + 1}: {est.n_iter_} iterations in {fit_s:.1f}s"
+                  f" (converged={est.converged_}), fitted stress {est.stress_:.5f}, "
+                  + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+        for method in [m for m in args.references.split(",") if m]:
+            t0 = time.perf_counter()
+            coords = reference_map(method, problem, dim, seed)
+            metrics = map_metrics(problem, map_index(problem, coords))
+            record(method, metrics)
+            if verbose:
+                print(f"{method} run {r + 1} ({time.perf_counter() - t0:.1f}s): "
+                      + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+
+    rows = [summarise(method, problem.name, setting, name, values)
+            for method, by_metric in per_method.items() for name, values in by_metric.items()]
+    paper = []
+    if problem.name == "digits" and problem.k == 10 and dim == 2:
+        paper = [PaperFigure(method, setting, metric, value, note="measured for issue 7")
+                 for method, figures in ISSUE_FIGURES.items() if method in per_method or method == "umap"
+                 for metric, value in figures.items()]
+    print_table(rows, paper, title=f"KNNSCAL on {problem.name} (n={problem.n}, k={problem.k}, dim={dim});"
+                                   " 'paper' column = reference figures quoted in issue 7")
+    return rows

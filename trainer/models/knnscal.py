@@ -1,0 +1,458 @@
+"""KNNSCAL: Euclidean embedding of ordinal nearest-neighbour graphs.
+
+Castle & Trosset, "Fast Euclidean Embedding of Ordinal Nearest Neighbor
+Graphs" (poster; ``papers/knnscal-castle-trosset-poster.txt``), restated in
+``algorithms.md`` section 4.
+
+Problem (poster, "An Optimization Problem")::
+
+    minimise  sigma_a(Delta, X) = 1/2 sum_i sum_j w_ij (delta_ij - d_ij(X))^2
+    s.t.      delta_ij <= delta_ik  if r_ij < r_ik   (within each source i)
+              sum delta^2 = c                         (against collapse)
+
+with 0/1 weights on the enlarged edge set E+ = E plus about ``5 q`` random
+non-edges per source, which get rank q = max rank + 1.
+
+Derivation of the configuration step (the poster's signs are garbled).
+Group the directed entries of E+ by unordered pair p = {i, j}; let w_p be the
+number of directions present (1 or 2) and b_p the sum of their disparities.
+Then sigma_a = 1/2 [eta_delta^2 + sum_p w_p d_p^2 - 2 sum_p b_p d_p]
+= 1/2 [eta^2 + tr X'VX - 2 tr X'B(X)X] with V = sum_p w_p A_p and
+B(X) = sum_p (b_p / d_p) A_p (the poster's V and B). Its gradient is::
+
+    d sigma_a / d X_i = sum_{e in E+ touching i} (1 - delta_e / d_e) (X_i - X_j)
+
+where e runs over the outgoing entries (i, j) *and* the incoming entries
+(j, i), both with the sign (X_i - X_j): the poster's second sum has (X_j - X_i),
+which would push a vertex the wrong way along its incoming entries. Using
+Cauchy-Schwarz on -d_p and V <= 2 diag(V) (2 diag(V) - V is a signless
+Laplacian, so positive semidefinite) gives the diagonal majorization step::
+
+    X_i <- X_i + 1/(2 gamma_i) sum_{e touching i} (delta_e / d_e - 1)(X_i - X_j)   (Jacobi)
+
+with gamma_i = diag(V)_ii = in-degree + out-degree of i in E+. That is
+``update="jacobi"``. Moving one vertex at a time with the others fixed, the
+exact majorizer of sigma_a in X_i alone has curvature gamma_i instead of
+2 gamma_i, so the step is twice as long and still monotone
+(``update="gauss-seidel"``, the default: the same O(|E+|) work per sweep but
+about twice the progress). Both are checked against finite differences and
+for monotone stress in ``tests/test_knnscal.py``.
+
+Disparity step: with X fixed, the minimiser over the monotone cone of each
+source is the isotonic regression of its distances on its rank order (PAV);
+ties in rank (all non-edges share rank q) are ordered by distance first
+(Kruskal's primary approach). Rescaling that fit to sum delta^2 = c is then
+the exact minimiser on the normalised cone (for a convex cone, delta . d is
+maximised on the sphere by the normalised projection), so step 4b+4c never
+increases the stress either and the whole iteration is monotone.
+
+Initial configuration (step 3): graph geodesics of Delta_sym = min(r_ij, r_ji)
+over the graph's edges (Isomap-style, uncapped so the global layout
+survives), embedded by classical MDS when n <= ``cmds_max_n`` and by landmark
+MDS (de Silva & Tenenbaum) with ``n_landmarks`` max-min landmarks otherwise:
+O(L n k log n) time and O(L n) memory, so it stays sparse at n = 1e6.
+
+Everything per iteration is O(|E+|) = O(n k) memory and O(n k log k) time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+from scipy import sparse
+from scipy.sparse import csgraph
+
+from service.artifacts import Artifact
+from service.idmap import IdMap
+from service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
+from trainer.data.types import DataError, NeighborLists
+from trainer.models import _knnscal_kernels as K
+from trainer.models.base import Estimator, check_finite
+from trainer.progress import Progress
+
+
+# ------------------------------------------------------------------ inputs
+def knn_lists(features: np.ndarray, k: int, ids: Sequence[str] | None = None,
+              labels: np.ndarray | None = None, path: str = "") -> NeighborLists:
+    """The directed exact k-NN lists of a feature matrix (Euclidean; rank 1 nearest, self excluded)."""
+    from sklearn.neighbors import NearestNeighbors
+
+    features = np.asarray(features, dtype=np.float64)
+    n = features.shape[0]
+    if not 1 <= k < n:
+        raise ValueError(f"k must be in [1, {n - 1}] for {n} points, got {k}")
+    nn = NearestNeighbors(n_neighbors=k + 1).fit(features)
+    _, idx = nn.kneighbors(features)
+    # Drop each point itself; with duplicate points it need not be in column 0.
+    rows = np.empty((n, k), dtype=np.int64)
+    for i in range(n):
+        others = idx[i][idx[i] != i]
+        rows[i] = others[:k]
+    source = np.repeat(np.arange(n, dtype=np.int32), k)
+    rank = np.tile(np.arange(1, k + 1, dtype=np.int32), n)
+    vertices = IdMap([str(i) for i in range(n)] if ids is None else list(ids))
+    return NeighborLists(vertices, source, rows.ravel().astype(np.int32), rank, path=path,
+                         labels=None if labels is None else np.asarray(labels))
+
+
+def neighbor_csr(data: NeighborLists) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Source-major CSR (indptr, col, rank) of the graph, each row sorted by rank.
+
+    Self-loops are dropped; a repeated (source, neighbour) pair keeps its best rank.
+    """
+    n = len(data.vertices)
+    src = np.asarray(data.source, dtype=np.int64)
+    nbr = np.asarray(data.neighbor, dtype=np.int64)
+    rnk = np.asarray(data.rank, dtype=np.int64)
+    if src.shape != nbr.shape or src.shape != rnk.shape:
+        raise DataError(data.path, None, "source, neighbour and rank columns differ in length")
+    if src.size == 0:
+        raise DataError(data.path, None, "the neighbour graph has no edges")
+    if rnk.min() < 1:
+        raise DataError(data.path, None, "ranks start at 1 (rank 1 is the nearest neighbour)")
+    if min(src.min(), nbr.min()) < 0 or max(src.max(), nbr.max()) >= n:
+        raise DataError(data.path, None, "vertex row out of range")
+    keep = src != nbr
+    src, nbr, rnk = src[keep], nbr[keep], rnk[keep]
+    order = np.lexsort((rnk, nbr, src))
+    src, nbr, rnk = src[order], nbr[order], rnk[order]
+    first = np.ones(src.size, dtype=bool)
+    first[1:] = (src[1:] != src[:-1]) | (nbr[1:] != nbr[:-1])
+    src, nbr, rnk = src[first], nbr[first], rnk[first]
+    order = np.lexsort((nbr, rnk, src))
+    src, nbr, rnk = src[order], nbr[order], rnk[order]
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=indptr[1:])
+    return indptr, nbr.astype(np.int32), rnk.astype(np.int32)
+
+
+def enlarged_edges(indptr: np.ndarray, col: np.ndarray, rnk: np.ndarray, n: int,
+                   nonedge_factor: float, seed: int, hop2_fraction: float = 0.0):
+    """E+ = E plus ``round(nonedge_factor * q)`` random non-edges of rank q per source.
+
+    Returns ``(q, plus_indptr, plus_col, plus_rnk)``.
+    """
+    q = int(rnk.max()) + 1
+    m = int(round(nonedge_factor * q))
+    ptr, pc, pr = K.sample_nonedges(indptr, col, rnk, n, m, q, float(hop2_fraction), np.int64(seed))
+    return q, ptr, pc, pr
+
+
+# ------------------------------------------------------- initial configuration
+def symmetric_graph(indptr: np.ndarray, col: np.ndarray, rnk: np.ndarray, n: int) -> sparse.csr_matrix:
+    """Undirected graph with edge length Delta_sym = min(r_ij, r_ji) over the graph's edges."""
+    src = np.repeat(np.arange(n, dtype=np.int64), np.diff(indptr))
+    a = np.concatenate([src, col.astype(np.int64)])
+    b = np.concatenate([col.astype(np.int64), src])
+    w = np.concatenate([rnk, rnk]).astype(np.float64)
+    order = np.lexsort((w, b, a))
+    a, b, w = a[order], b[order], w[order]
+    first = np.ones(a.size, dtype=bool)
+    first[1:] = (a[1:] != a[:-1]) | (b[1:] != b[:-1])
+    return sparse.csr_matrix((w[first], (a[first], b[first])), shape=(n, n))
+
+
+def _fill_disconnected(D: np.ndarray) -> np.ndarray:
+    finite = np.isfinite(D)
+    if not finite.all():
+        big = D[finite].max() if finite.any() else 1.0
+        D = np.where(finite, D, 1.5 * big + 1.0)
+    return D
+
+
+def _top_eigen(B: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    vals, vecs = np.linalg.eigh(B)
+    order = np.argsort(vals)[::-1][:dim]
+    return np.maximum(vals[order], 0.0), vecs[:, order]
+
+
+def classical_mds(D: np.ndarray, dim: int) -> np.ndarray:
+    """Torgerson's classical MDS of a dense distance matrix."""
+    D2 = _fill_disconnected(D) ** 2
+    D2 = D2 - D2.mean(axis=0)[None, :] - D2.mean(axis=1)[:, None] + D2.mean()
+    vals, vecs = _top_eigen(-0.5 * D2, dim)
+    return vecs * np.sqrt(vals)[None, :]
+
+
+def landmark_mds(G: sparse.csr_matrix, dim: int, n_landmarks: int, rng: np.random.Generator) -> np.ndarray:
+    """Landmark MDS on graph geodesics: max-min landmarks, O(L) Dijkstra runs, O(L n) memory."""
+    n = G.shape[0]
+    L = min(n_landmarks, n)
+    D = np.empty((L, n), dtype=np.float64)
+    nearest = np.full(n, np.inf)
+    landmark = int(rng.integers(n))
+    chosen = []
+    for t in range(L):
+        chosen.append(landmark)
+        D[t] = csgraph.dijkstra(G, directed=True, indices=landmark)
+        nearest = np.minimum(nearest, D[t])
+        nearest[chosen] = -1.0
+        landmark = int(np.argmax(nearest))  # inf first: reach every component
+    D = _fill_disconnected(D)
+    D2 = D ** 2
+    DL = D2[:, chosen]
+    DL = 0.5 * (DL + DL.T)
+    mean = DL.mean(axis=0)
+    B = -0.5 * (DL - mean[None, :] - DL.mean(axis=1)[:, None] + DL.mean())
+    vals, vecs = _top_eigen(B, dim)
+    vals = np.where(vals > 1e-12, vals, np.inf)  # a flat direction gives zero coordinates
+    pinv = vecs / np.sqrt(vals)[None, :]  # (L, dim)
+    return -0.5 * (D2 - mean[:, None]).T @ pinv
+
+
+# ---------------------------------------------------------------- estimator
+class KnnScal(Estimator):
+    """KNNSCAL: non-metric MDS of a ranked neighbour graph with asymmetric stress.
+
+    Parameters
+    ----------
+    dim : int
+        Map dimension (2 or 3 are the intended uses; any >= 1 works).
+    nonedge_factor : float
+        Non-edges sampled per source, as a multiple of q (the poster uses 5;
+        10 measured better neighbour recall on digits, see ``docs/knnscal.md``).
+    hop2_fraction : float
+        Share of each source's non-edges drawn from its two-hop neighbourhood
+        (the poster draws them uniformly: 0). Those are the vertices that
+        compete with the list for the nearest places on the map.
+    edge_weight : float
+        w_ij on graph edges (non-edges weigh 1); the poster's 0/1 weights are 1.
+    rank_gap : float
+        Strictness of the disparity order: consecutive ranks of source i must
+        differ by at least rank_gap * (mean edge distance of i) / k_i (0: the
+        plain isotonic regression). Stops the stress from pooling a whole
+        list to one distance for free; with rank_gap > 0 step 4b+4c is no
+        longer an exact projection onto a cone, so only step 4a is
+        guaranteed monotone.
+    sweeps : int
+        Majorization sweeps per iteration (step 4a; the poster uses 5).
+    max_iter : int
+        Outer iterations (4a, 4b, 4c) at most.
+    tol : float
+        Stop when an iteration lowers the stress by less than this fraction.
+    update : {"gauss-seidel", "jacobi"}
+        Vertex-at-a-time majorization (default) or the poster's simultaneous
+        diagonal majorization; both are monotone (see the module docstring).
+    init : {"auto", "cmds", "landmark", "random"}
+        Initial configuration from Delta_sym geodesics; "auto" is classical
+        MDS up to ``cmds_max_n`` vertices and landmark MDS above.
+    initial_disparities : {"ranks", "isotonic"}
+        "ranks": Delta = min(r_ij, q) as in the poster; "isotonic": start
+        from the isotonic fit of the initial configuration's distances.
+    n_landmarks, cmds_max_n : int
+        Landmark MDS size, and the largest n for dense classical MDS.
+    n_neighbors : int
+        k of the k-NN lists built when ``fit`` gets a feature matrix.
+    seed : int
+        Seeds the non-edge sample and the landmarks / random start.
+    verbose : bool
+        Progress line on stderr.
+    """
+
+    kind = "knnscal"
+    input_shape = "neighbors"
+
+    def __init__(self, dim: int = 2, nonedge_factor: float = 10.0, sweeps: int = 5, max_iter: int = 200,
+                 tol: float = 1e-4, update: str = "gauss-seidel", init: str = "auto",
+                 initial_disparities: str = "ranks", n_landmarks: int = 32, cmds_max_n: int = 500,
+                 edge_weight: float = 1.0, rank_gap: float = 2.0, hop2_fraction: float = 1.0,
+                 n_neighbors: int = 10, seed: int = 0, verbose: bool = False):
+        self.dim = dim
+        self.nonedge_factor = nonedge_factor
+        self.sweeps = sweeps
+        self.max_iter = max_iter
+        self.tol = tol
+        self.update = update
+        self.init = init
+        self.initial_disparities = initial_disparities
+        self.n_landmarks = n_landmarks
+        self.cmds_max_n = cmds_max_n
+        self.edge_weight = edge_weight
+        self.rank_gap = rank_gap
+        self.hop2_fraction = hop2_fraction
+        self.n_neighbors = n_neighbors
+        self.seed = seed
+        self.verbose = verbose
+
+    # -------------------------------------------------------------- checks
+    def _check_params(self) -> None:
+        if int(self.dim) < 1:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+        if self.update not in ("gauss-seidel", "jacobi"):
+            raise ValueError(f"update must be 'gauss-seidel' or 'jacobi', got {self.update!r}")
+        if self.init not in ("auto", "cmds", "landmark", "random"):
+            raise ValueError(f"init must be auto, cmds, landmark or random, got {self.init!r}")
+        if self.initial_disparities not in ("ranks", "isotonic"):
+            raise ValueError(f"initial_disparities must be 'ranks' or 'isotonic', got {self.initial_disparities!r}")
+        if self.nonedge_factor < 0 or self.sweeps < 1 or self.max_iter < 0 or self.tol < 0:
+            raise ValueError("nonedge_factor >= 0, sweeps >= 1, max_iter >= 0 and tol >= 0 are required")
+
+    # --------------------------------------------------------------- pieces
+    def initial_configuration(self, indptr, col, rnk, n: int) -> np.ndarray:
+        """Step 3: a configuration from the Delta_sym geodesics (unscaled)."""
+        rng = np.random.default_rng(self.seed)
+        dim = int(self.dim)
+        method = self.init
+        if method == "auto":
+            method = "cmds" if n <= self.cmds_max_n else "landmark"
+        if method == "random":
+            return rng.standard_normal((n, dim))
+        G = symmetric_graph(indptr, col, rnk, n)
+        if method == "cmds":
+            X = classical_mds(csgraph.dijkstra(G, directed=True), dim)
+        else:
+            X = landmark_mds(G, dim, int(self.n_landmarks), rng)
+        # A tiny jitter separates vertices that the geodesics put on one spot
+        # (d = 0 has no direction for the majorization step).
+        scale = X.std() if X.std() > 0 else 1.0
+        return X + 1e-6 * scale * rng.standard_normal(X.shape)
+
+    def _normalise(self, delta: np.ndarray) -> np.ndarray:
+        """Step 4c: sum w delta^2 = sum w (weighted mean squared disparity 1)."""
+        norm2 = K.weighted_square_sum(delta, self.plus_rnk_, self.q_, float(self.edge_weight))
+        if norm2 <= 0:
+            raise FloatingPointError("all disparities are zero: the configuration collapsed")
+        delta *= np.sqrt(self.weight_total_ / norm2)
+        return delta
+
+    def _weights(self):
+        return self.plus_rnk_, self.q_, float(self.edge_weight)
+
+    def _stress(self, X: np.ndarray, delta: np.ndarray) -> float:
+        return K.stress(X, self.plus_indptr_, self.plus_col_, *self._weights(), delta)
+
+    def _majorize(self, X: np.ndarray, delta: np.ndarray, sweeps: int) -> np.ndarray:
+        args = (self.plus_indptr_, self.plus_col_, *self._weights(), delta,
+                self.in_indptr_, self.in_src_, self.in_entry_)
+        if self.update == "jacobi":
+            return K.majorize_jacobi(X, *args, sweeps)
+        K.majorize_gauss_seidel(X, *args, sweeps)
+        return X
+
+    def _isotonic(self, X: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
+        K.isotonic_rows(self.plus_indptr_, self.plus_rnk_, self.q_, float(self.edge_weight),
+                        float(self.rank_gap), d, delta, self.perm_)
+        return self._normalise(delta)
+
+    def normalised_stress(self, raw: float) -> float:
+        """sum w (delta - d)^2 / sum w delta^2, scale-free (sum w delta^2 = sum w after 4c)."""
+        return 2.0 * raw / self.weight_total_
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, data) -> "KnnScal":
+        """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here)."""
+        self._check_params()
+        if not isinstance(data, NeighborLists):
+            data = knn_lists(np.asarray(data), int(self.n_neighbors))
+        self.vertices_ = data.vertices
+        self.labels_ = data.labels
+        self.data_fingerprint_ = data.fingerprint()
+        n = len(data.vertices)
+        if n < 3:
+            raise ValueError(f"KNNSCAL needs at least 3 vertices, got {n}")
+        timings = {}
+        t0 = time.perf_counter()
+        indptr, col, rnk = neighbor_csr(data)
+        self.graph_ = (indptr, col, rnk)
+        self.q_, self.plus_indptr_, self.plus_col_, self.plus_rnk_ = enlarged_edges(
+            indptr, col, rnk, n, float(self.nonedge_factor), int(self.seed), float(self.hop2_fraction))
+        self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
+        self.perm_ = K.row_positions(self.plus_indptr_)
+        n_edges = int(col.shape[0])
+        self.weight_total_ = float(self.edge_weight) * n_edges + (self.plus_col_.shape[0] - n_edges)
+        timings["edges_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        X = np.ascontiguousarray(self.initial_configuration(indptr, col, rnk, n), dtype=np.float64)
+        timings["init_s"] = time.perf_counter() - t0
+
+        # Step 2: Delta = min(r_ij, q) on E+, normalised; or the isotonic fit of the start.
+        if self.initial_disparities == "ranks":
+            delta = self._normalise(self.plus_rnk_.astype(np.float64))
+        else:
+            delta = self._isotonic(X, np.empty(self.plus_col_.shape[0]))
+        # Scale X to the disparities: argmin_s sum w (delta - s d)^2.
+        d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
+        w = np.where(self.plus_rnk_ < self.q_, float(self.edge_weight), 1.0)
+        X *= float(np.sum(w * delta * d)) / max(float(np.sum(w * d * d)), 1e-300)
+        del w, d
+        check_finite(0, coordinates=X, disparities=delta)
+
+        history = [(0, "init", self._stress(X, delta))]
+        t0 = time.perf_counter()
+        iter_times = []
+        prev = history[0][2]
+        self.converged_ = False
+        with Progress("KNNSCAL", total=int(self.max_iter), enabled=bool(self.verbose)) as bar:
+            for it in range(1, int(self.max_iter) + 1):
+                t_it = time.perf_counter()
+                X = self._majorize(X, delta, int(self.sweeps))               # 4a
+                s_major = self._stress(X, delta)
+                check_finite(it, coordinates=X)
+                delta = self._isotonic(X, delta)                             # 4b, 4c
+                s_iso = self._stress(X, delta)
+                check_finite(it, disparities=delta)
+                history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
+                iter_times.append(time.perf_counter() - t_it)
+                bar.update(1, stress=self.normalised_stress(s_iso))
+                if prev <= 0 or (prev - s_iso) / prev < float(self.tol):
+                    self.converged_ = True
+                    break
+                prev = s_iso
+        timings["iterations_s"] = time.perf_counter() - t0
+        self.n_iter_ = len(iter_times)
+        self.iteration_seconds_ = np.array(iter_times)
+        self.timings_ = timings
+        self.coordinates_ = X
+        self.disparities_ = delta
+        self.stress_history_ = history
+        self.stress_ = self.normalised_stress(history[-1][2])
+        # Mean fitted disparity per rank 1..q (q = non-edges): placement's targets.
+        counts = np.bincount(self.plus_rnk_, minlength=self.q_ + 1).astype(np.float64)
+        sums = np.bincount(self.plus_rnk_, weights=delta, minlength=self.q_ + 1)
+        table = np.divide(sums, counts, out=np.zeros_like(sums), where=counts > 0)
+        # A rank nobody used keeps the next smaller rank's disparity (monotone table).
+        table[1:] = np.maximum.accumulate(np.where(counts[1:] > 0, table[1:], 0.0))
+        self.rank_disparity_ = table
+        return self
+
+    # -------------------------------------------------------------- outputs
+    def place(self, ranked_neighbors: Sequence, steps: int = DEFAULT_PLACE_STEPS) -> np.ndarray:
+        """Coordinates for a new vertex from its ranked neighbours (external ids or rows), nearest first.
+
+        The same function as the service's ``Place`` (:func:`service.models.knnscal.place_point`).
+        """
+        items = list(ranked_neighbors)
+        if items and isinstance(items[0], str):
+            rows = self.vertices_.rows(items)
+            if (rows < 0).any():
+                unknown = [x for x, r in zip(items, rows) if r < 0]
+                raise KeyError(f"unknown vertex id(s): {unknown[:5]}")
+        else:
+            rows = np.asarray(items, dtype=np.int64)
+        return place_point(self.coordinates_, rows, self.rank_disparity_, steps)
+
+    def to_artifact(self) -> Artifact:
+        arrays = {
+            "coordinates": np.ascontiguousarray(self.coordinates_, dtype=np.float64),
+            "rank_disparity": self.rank_disparity_.astype(np.float64),
+        }
+        if self.labels_ is not None:
+            labels = np.asarray(self.labels_)
+            if labels.dtype.kind in "iub":
+                arrays["labels"] = labels.astype(np.int64)
+        return Artifact(
+            kind=self.kind,
+            arrays=arrays,
+            ids={"objects": self.vertices_},
+            hyperparameters=self.get_params(),
+            metrics={"stress": float(self.stress_), "n_iter": float(self.n_iter_)},
+            attributes={"q": int(self.q_), "n_entries": int(self.plus_col_.shape[0]),
+                        "converged": bool(self.converged_)},
+            data_fingerprint=self.data_fingerprint_,
+        )
+
+
+Estimator = KnnScal
