@@ -61,6 +61,11 @@ gate = {{ holdout = {share} }}
         value = artifact.metrics[f"holdout_{metric}"]
         assert 0.0 <= value <= 1.0, (metric, value)
     assert artifact.metrics["holdout_fraction"] == share
+    # map models carry their map report, published in the same rename, showing this version
+    report = artifact.path / "report.html"
+    assert report.exists() == (kind in ("coe", "score", "knnscal"))
+    if report.exists():
+        assert artifact.version in report.read_text()
 
 
 def _shape(kind: str) -> str:

@@ -56,14 +56,15 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 try:
     import tomllib
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from service.artifacts import ArtifactError, Registry, read_manifest, validate_model_name
+from service.artifacts import Artifact, ArtifactError, Registry, read_manifest, validate_model_name
+from service.models.base import MapIndex
 from trainer.data.types import DataError
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -465,12 +466,14 @@ class _Job:
         if model.refit:
             t0 = time.perf_counter()
             artifact = estimator_cls(**model.params).fit(data).to_artifact()
-            index_cls.from_artifact(artifact).smoke()
+            index = index_cls.from_artifact(artifact)
+            index.smoke()
             self.say(model.name, "refit part=all seconds=%.1f", time.perf_counter() - t0)
         artifact.metrics.update({METRIC_PREFIX + k: float(v) for k, v in metrics.items()})
         artifact.metrics.update({METRIC_PREFIX + "fraction": gate.holdout, METRIC_PREFIX + "seed": gate.seed,
                                  METRIC_PREFIX + "refit": float(model.refit)})
-        out.version = self.registry.publish(model.name, artifact, keep=model.keep)
+        views = self._report(model, index) if isinstance(index, MapIndex) else None
+        out.version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
         out.status = "published"
         pinned = self.registry.pinned(model.name)
         if pinned:
@@ -481,6 +484,24 @@ class _Job:
 
             notify_published(self.config.redis, model.name, out.version, self.config.redis_timeout, log)
         return out
+
+    def _report(self, model: ModelJob, index) -> Callable[[Artifact], dict[str, bytes]]:
+        """The map report (``report.html``) published in the version's own atomic rename.
+
+        A report that cannot be drawn is logged and left out: it is a view for
+        people and must not keep a model that passed its gate from serving.
+        """
+        def views(artifact: Artifact) -> dict[str, bytes]:
+            try:
+                from trainer.report_html import report_views
+
+                return report_views(artifact, index=index)
+            except Exception as exc:  # noqa: BLE001 - see the docstring
+                self.say(model.name, "map report left out: %s: %s", type(exc).__name__, exc,
+                         level=logging.WARNING)
+                return {}
+
+        return views
 
     def run(self, only: list[str] | None = None) -> list[Outcome]:
         outcomes = []
@@ -564,8 +585,9 @@ def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | No
         except JobLocked as exc:
             log.error("job=%s %s", config.name, exc)
             return EXIT_FAILED
-        except Terminated:
-            log.error("job=%s terminated by SIGTERM; the registry keeps only complete versions", config.name)
+        except (Terminated, KeyboardInterrupt) as exc:
+            what = "SIGTERM" if isinstance(exc, Terminated) else "an interrupt"
+            log.error("job=%s terminated by %s; the registry keeps only complete versions", config.name, what)
             return EXIT_FAILED
         code = exit_code(outcomes)
         counts = {s: sum(o.status == s for o in outcomes)
