@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=9095, help="HTTP port for /metrics (-1: off)")
     p.add_argument("--workers", type=int, default=8, help="gRPC worker threads per process")
     p.add_argument("--processes", type=int, default=1,
-                   help="server processes sharing the port (SO_REUSEPORT), each pinned to a core")
+                   help="server processes sharing the port (SO_REUSEPORT), each pinned to a core;"
+                        " 0 = one per CPU this process may run on")
     p.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT (set for --processes)")
     p.add_argument("--cpu", type=int, help="pin this process to one CPU")
     p.add_argument("--poll-interval", type=float, default=5.0,
@@ -94,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.processes == 0:
+        args.processes = len(os.sched_getaffinity(0))
     if args.processes > 1:
         from service.supervisor import Supervisor
 

@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from service import validation as v
-from service.errors import FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from service.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ServiceError
 from service.idmap import IdMap
 from service.metrics import Metrics
 from service.seen import SeenStore
@@ -59,9 +59,12 @@ def lenient_deserializer(message_class) -> Callable[[bytes], object]:
     return deserialize
 
 
-def _check_decoded(request) -> None:
+def _check_request(request, context) -> None:
     if isinstance(request, Undecodable):
         raise InvalidArgument(f"request is not a valid {request.type_name} message ({request.error})")
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded("the call's deadline passed before it was handled")
 
 
 def rpc(method: Callable) -> Callable:
@@ -70,7 +73,7 @@ def rpc(method: Callable) -> Callable:
     @functools.wraps(method)
     def unary(self, request, context):
         try:
-            _check_decoded(request)
+            _check_request(request, context)
             return method(self, request, context)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
@@ -81,7 +84,7 @@ def rpc(method: Callable) -> Callable:
     @functools.wraps(method)
     def stream(self, request, context):
         try:
-            _check_decoded(request)
+            _check_request(request, context)
             yield from method(self, request, context)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
@@ -244,6 +247,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         rows = _rows_or_not_found(points.ids, ids, f"{entity} ids") if ids else np.arange(len(points.ids))
         wire_entity = _SPACE_ENTITY[entity]
         for start in range(0, max(rows.size, 1), page):
+            if not context.is_active():  # the client went away or its deadline passed
+                return
             chunk = rows[start:start + page]
             reply = pb.CoordinatesResponse(dim=points.dim, model=model.name, model_version=model.version)
             for r, coords in zip(chunk, points.coords[chunk]):

@@ -170,3 +170,19 @@ def test_sigterm_under_load_drains_in_flight_calls(sample_registry, tmp_path):
         assert refused <= {"UNAVAILABLE"}, refused  # new calls are refused cleanly
     finally:
         proc.kill()
+
+
+def test_pin_and_unpin_are_picked_up_live_under_load(sample_registry, tmp_path):
+    registry = _copy_registry(sample_registry, tmp_path / "reg")
+    old = registry.versions("dcr")[-1]
+    new = registry.publish("dcr", registry.load("dcr", mmap=False))
+    with ServerProcess(registry.root, "--poll-interval", "0.1") as proc, grpc.insecure_channel(proc.target) as ch:
+        stub = recommender_pb2_grpc.RecommenderStub(ch)
+        served = lambda: {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models}["dcr"]  # noqa: E731
+        assert (served().version, served().reason) == (new, "newest")
+        with LoadLoop(proc.target) as load:
+            registry.pin("dcr", old)  # rollback
+            wait_for(lambda: (served().version, served().reason) == (old, "pinned"), 20, what="pinned version")
+            registry.unpin("dcr")
+            wait_for(lambda: (served().version, served().reason) == (new, "newest"), 20, what="newest again")
+        assert load.failures == [] and {old, new} <= load.versions
