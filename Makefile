@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all proto proto-check redis bench clean
+.PHONY: venv demo test test-slow test-all proto proto-check redis browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,18 +26,22 @@ proto-check: $(STAMP)
 redis:
 	@scripts/ensure_redis.sh
 
+# Chromium for the map-report browser test (skipped where it cannot be installed).
+browser:
+	@scripts/ensure_chromium.sh
+
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # The fast suite: unit, property, gradient, end-to-end (real server, real Redis).
-test: $(STAMP) redis proto-check
+test: $(STAMP) redis browser proto-check
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Real-data quality tests (ORDREC_DATA points at the data sets; default ../shared/data).
 test-slow: $(STAMP) redis
 	$(BIN)/python -m pytest -q -m slow
 
-test-all: $(STAMP) redis proto-check
+test-all: $(STAMP) redis browser proto-check
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from trainer.report_html import write_report
 
-    print(write_report(Registry(args.registry), args.model, args.version))
+    print(write_report(Registry(args.registry), args.model, args.version, labels_path=args.labels))
     return EXIT_OK
 
 
@@ -234,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--registry", required=True)
     report.add_argument("--model", required=True)
     report.add_argument("--version")
+    report.add_argument("--labels", help="display names (MovieLens u.item, or 'id<TAB>label' / 'id|label' lines);"
+                                         " default: the labels published with the version")
     report.set_defaults(func=cmd_report)
     return parser
 
