@@ -4,13 +4,14 @@
 
 Cases: the real MovieLens 100K ``u.data`` and Last.fm tags (when present); a
 generated MovieLens-10M-style ``ratings.dat`` (``::``, integer ids, 0.5-step
-ratings) of ``--lines`` lines (fast path); the same triples as a CSV with
-string ids (``u123``), which the per-line parser reads; and the fast path
-forced off on the numeric file. Each case runs in a fresh subprocess so its
-peak RSS (after the first read) is its own; the time excludes the interpreter start and imports but
-includes loading the cached numba kernel ("first"); "again" is a second read in the
-same process (kernel loaded). Generated files go to ``--tmp``
-(default: a temporary folder) and are deleted afterwards.
+ratings) of ``--lines`` lines (integer-id parser); the same triples as a CSV
+with string ids (``u123``, text-id parser); and the numeric file read with the
+numba parsers turned off (per-line parser). Each case runs in a fresh
+subprocess so its peak RSS (VmHWM, after the first read) is its own; the time
+excludes the interpreter start and imports but includes loading the cached
+numba kernels ("first"); "again" is a second read in the same process.
+Generated files go to ``--keep`` (kept and reused) or to a temporary folder
+under ``--tmp`` that is deleted afterwards.
 """
 from __future__ import annotations
 
@@ -100,15 +101,17 @@ def main() -> None:
         marker = folder / f"lines-{args.lines}"
         if marker.exists():
             dat, csv = folder / "ratings.dat", folder / "ratings.csv"
+            verb = "reused"
         else:
             dat, csv = generate(folder, args.lines)
             marker.touch()
-        print(f"generated {args.lines:,} lines in {time.perf_counter() - start:.1f} s "
+            verb = "generated"
+        print(f"{verb} {args.lines:,} lines in {time.perf_counter() - start:.1f} s "
               f"({dat.stat().st_size / 1e6:.0f} MB ratings.dat, {csv.stat().st_size / 1e6:.0f} MB csv)")
         cases += [
-            (f"generated ratings.dat, {args.lines:,} lines (fast path)", "ratings", dat, True),
-            (f"generated csv, string ids, {args.lines:,} lines (per-line)", "ratings", csv, True),
-            (f"generated ratings.dat, {args.lines:,} lines, fast path off", "ratings", dat, False),
+            (f"generated ratings.dat, {args.lines:,} lines (integer ids)", "ratings", dat, True),
+            (f"generated csv, string ids, {args.lines:,} lines (text ids)", "ratings", csv, True),
+            (f"generated ratings.dat, {args.lines:,} lines, per-line parser", "ratings", dat, False),
         ]
         print(f"{'case':<58} {'records':>11} {'first s':>8} {'again s':>8} {'lines/s':>11} {'peak RSS MB':>12}")
         for name, kind, path, fast in cases:
