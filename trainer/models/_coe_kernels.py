@@ -167,6 +167,20 @@ def _gradient_into(X, Y, kind, a, b, c, func, scale, out):
             out[2, k] = g * (un - uf)  # y_i toward x_u, away from x_v
 
 
+@njit(cache=True, inline="always")
+def _step(X, Y, kind, a, b, c, func, scale, eta, lr, grad):
+    """One ascent step on one triple: each of its points moves by lr * (grad ln P - eta * point)."""
+    _gradient_into(X, Y, kind, a, b, c, func, scale, grad)
+    if kind == 0:
+        P0, P1, P2 = X[a], Y[b], Y[c]
+    else:
+        P0, P1, P2 = X[a], X[b], Y[c]
+    for k in range(X.shape[1]):
+        P0[k] += lr * (grad[0, k] - eta * P0[k])
+        P1[k] += lr * (grad[1, k] - eta * P1[k])
+        P2[k] += lr * (grad[2, k] - eta * P2[k])
+
+
 # ---------------------------------------------------------------- sampling
 @njit(cache=True, inline="always")
 def _draw_group(cum, total):
@@ -269,15 +283,7 @@ def sga_epoch(X, Y, a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_val
             i = _draw_group(b_cum, total_b)
             p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
             a, b, c = b_users[p], b_users[q], i
-        _gradient_into(X, Y, kind, a, b, c, func, scale, grad)
-        if kind == 0:
-            P0, P1, P2 = X[a], Y[b], Y[c]
-        else:
-            P0, P1, P2 = X[a], X[b], Y[c]
-        for k in range(D):
-            P0[k] += lr * (grad[0, k] - eta * P0[k])
-            P1[k] += lr * (grad[1, k] - eta * P1[k])
-            P2[k] += lr * (grad[2, k] - eta * P2[k])
+        _step(X, Y, kind, a, b, c, func, scale, eta, lr, grad)
         if t % 64 == 0:  # a cheap running estimate of the objective
             log_sum += triple_log_prob(X, Y, kind, a, b, c, func, scale)
     n_logged = (n_steps + 63) // 64
@@ -298,15 +304,7 @@ def sga_explicit(X, Y, kind, first, second, third, n_steps, func, scale, eta, lr
             r = n - 1
         k_ = kind[r]
         a, b, c = first[r], second[r], third[r]
-        _gradient_into(X, Y, k_, a, b, c, func, scale, grad)
-        if k_ == 0:
-            P0, P1, P2 = X[a], Y[b], Y[c]
-        else:
-            P0, P1, P2 = X[a], X[b], Y[c]
-        for k in range(D):
-            P0[k] += lr * (grad[0, k] - eta * P0[k])
-            P1[k] += lr * (grad[1, k] - eta * P1[k])
-            P2[k] += lr * (grad[2, k] - eta * P2[k])
+        _step(X, Y, k_, a, b, c, func, scale, eta, lr, grad)
 
 
 # --------------------------------------------------------------- evaluation
