@@ -112,6 +112,7 @@ def test_valid_job_parses_with_defaults_and_relative_paths(tmp_path):
     ("seed = 7", "sede = 7", "models[1] ('dcr').gate.sede", "unknown key"),
     ('name = "dcr"', 'name = "Bad Name"', "models[1] ('Bad Name').name", "model name"),
     ('name = "dcr"', 'name = "dcr"\nrefit = "yes"', "models[1] ('dcr').refit", "true or false"),
+    ('name = "dcr"', 'name = "dcr"\nlabels = "u.item"', "models[1] ('dcr').labels", "map models"),
 ])
 def test_schema_errors_name_the_file_and_key(tmp_path, old, new, key, words):
     assert old in VALID

@@ -51,6 +51,7 @@ kind = "{kind}"
 data = "d"
 params = {{ {params} }}
 gate = {{ holdout = {share} }}
+{'labels = "' + str(sample / 'items.txt') + '"' if kind == "coe" else ""}
 """)
     assert run_job(job) == EXIT_PUBLISHED, capsys.readouterr().err
     (model,) = load_job(job).models
@@ -66,6 +67,9 @@ gate = {{ holdout = {share} }}
     assert report.exists() == (kind in ("coe", "score", "knnscal"))
     if report.exists():
         assert artifact.version in report.read_text()
+    if kind == "coe":  # display names from the sample's items.txt ("i001|Sample item 1")
+        assert "Sample item 1" in report.read_text()
+        assert (artifact.path / "labels.tsv").exists()
 
 
 def _shape(kind: str) -> str:

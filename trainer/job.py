@@ -69,6 +69,7 @@ from trainer.data.types import DataError
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
+MAP_KINDS = ("coe", "score", "knnscal")  # published with a map report (report.html)
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_HOLDOUT = 0.2
@@ -116,6 +117,7 @@ class ModelJob:
     gate: Gate
     refit: bool = True
     keep: int | None = None
+    labels: Path | None = None
 
 
 @dataclass
@@ -250,7 +252,7 @@ def load_job(path: str | os.PathLike) -> JobConfig:
     seen_names: set[str] = set()
     for position, table in enumerate(models, 1):
         where = f"models[{position}]"
-        c.table(table, where, {"name", "kind", "data", "params", "gate", "refit", "keep"},
+        c.table(table, where, {"name", "kind", "data", "params", "gate", "refit", "keep", "labels"},
                 {"name", "kind", "data"})
         model_name = c.get(table, where, "name", str)
         where = f"models[{position}] ({model_name!r})"
@@ -284,6 +286,10 @@ def load_job(path: str | os.PathLike) -> JobConfig:
         holdout = c.get(gate_table, gwhere, "holdout", float, DEFAULT_HOLDOUT)
         if not 0.0 < holdout < 1.0:
             raise c.fail(f"{gwhere}.holdout", f"must be a fraction in (0, 1), got {holdout}")
+        labels = c.get(table, where, "labels", str)
+        if labels is not None and kind not in MAP_KINDS:
+            raise c.fail(f"{where}.labels", f"display labels are for map models ({', '.join(MAP_KINDS)}),"
+                                            f" not {kind}")
         model_keep = c.get(table, where, "keep", int, keep)
         if model_keep is not None and model_keep < 1:
             raise c.fail(f"{where}.keep", "must be at least 1")
@@ -292,6 +298,7 @@ def load_job(path: str | os.PathLike) -> JobConfig:
             gate=Gate(metric=metric, margin=margin, holdout=holdout,
                       seed=c.get(gate_table, gwhere, "seed", int, 0)),
             refit=c.get(table, where, "refit", bool, True), keep=model_keep,
+            labels=_resolve(base, labels) if labels else None,
         ))
     return config
 
@@ -493,9 +500,10 @@ class _Job:
         """
         def views(artifact: Artifact) -> dict[str, bytes]:
             try:
-                from trainer.report_html import report_views
+                from trainer.report_html import read_labels, report_views
 
-                return report_views(artifact, index=index)
+                labels = read_labels(model.labels) if model.labels else None
+                return report_views(artifact, labels, index=index)
             except Exception as exc:  # noqa: BLE001 - see the docstring
                 self.say(model.name, "map report left out: %s: %s", type(exc).__name__, exc,
                          level=logging.WARNING)
