@@ -167,6 +167,9 @@ def test_normalise_sources():
     np.testing.assert_allclose(f, [1 / 9, 3 / 9, 5 / 9, 0.5, 0.5], rtol=1e-6)
     with pytest.raises(ValueError):
         normalise(data, "nonsense")
+    data.rating[0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        normalise(data, "ratings")
 
 
 # ------------------------------------------------------------ exact accuracy
@@ -329,6 +332,19 @@ def test_recommend_through_the_tree_equals_brute_force(fitted, user, n, exclude_
     cand = np.arange(0, 60, 3)
     rows_c, _ = index.recommend(user, 5, candidates=cand)
     assert np.isin(rows_c, cand).all()
+
+
+def test_index_refuses_inconsistent_artifacts(fitted):
+    from service.artifacts import ArtifactError
+
+    _, model = fitted
+    art = model.to_artifact()
+    bad = dict(art.arrays, item_coords=np.zeros((60, 3), np.float32))
+    with pytest.raises(ArtifactError, match="dimension"):
+        Index.from_artifact(type(art)(art.kind, bad, art.ids))
+    bad = dict(art.arrays, user_coords=np.full((40, 2), np.nan, np.float32))
+    with pytest.raises(ArtifactError, match="NaN"):
+        Index.from_artifact(type(art)(art.kind, bad, art.ids))
 
 
 def test_neighbors_between_entities(fitted):

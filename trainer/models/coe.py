@@ -51,6 +51,9 @@ def normalise(ratings: Ratings, source: str) -> np.ndarray:
     """
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
+    if not np.all(np.isfinite(ratings.rating)):
+        # NaN never ties with itself: it would make triples out of nothing
+        raise ValueError("ratings hold NaN or infinite values")
     n_users = ratings.n_users
     if source == "cooccurrence":
         totals = np.bincount(ratings.user, weights=ratings.rating, minlength=n_users)
