@@ -240,10 +240,12 @@ def evaluate_attributes(index: MapIndex, test: HeldOutCells, seed: int = 0,
     rng = np.random.default_rng([seed, 1])
     train = test.table
     correct, total = 0.0, 0
+    maps: dict[int, tuple] = {}
     for o, t, v in zip(test.obj, test.asp, test.value):
-        aspect = train.attributes[t]
-        points = index.point_set(aspect, "objects")
-        rows = points.ids.rows(train.objects.ids)  # data row -> map row
+        if t not in maps:
+            points = index.point_set(train.attributes[t], "objects")
+            maps[t] = points, points.ids.rows(train.objects.ids)  # data row -> map row
+        points, rows = maps[t]
         column = train.codes[:, t]
         same = np.flatnonzero((column == v) & (rows >= 0))
         same = same[same != o]
