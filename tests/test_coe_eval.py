@@ -67,6 +67,6 @@ def test_tune_per_split_uses_observed_ratings_only(tmp_path, capsys, monkeypatch
     assert len(seen_sizes) == 2
     for n, n_observed in seen_sizes:
         assert n == 880 and n_observed == round(0.8 * 22) * 40
-    # tuning fits see only the split's observed ratings (704); the split's model sees all 880
-    # (its hidden ones only as evaluation targets): 4 grid points + 1 final fit per split
-    assert sorted(fitted_on) == [704] * 8 + [880] * 2
+    # tuning fits see only the split's observed ratings (18 of 22 per user); the split's model
+    # gets all 880 (hidden ones only as evaluation targets): 4 grid points + 1 final fit per split
+    assert sorted(fitted_on) == [18 * 40] * 8 + [880] * 2
