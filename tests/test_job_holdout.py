@@ -15,7 +15,7 @@ from service.artifacts import Artifact
 from service.idmap import IdMap
 from service.models.base import MapIndex, PointSet, RecommenderIndex
 from service.models.knnscal import Index as KnnIndex
-from trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
+from trainer.data.types import AttributeTable, Ratings, TagAssignments
 from trainer.evaluation import holdout
 from trainer.sample import planted_neighbors
 
