@@ -223,7 +223,7 @@ def _draw_pair(start, end, values):
 @njit(cache=True)
 def sample_triples(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum,
                    n, p_a, seed):
-    """``n`` triples drawn as the trainer draws them (for tests and diagnostics).
+    """``n`` triples drawn as ``sga_epoch`` draws them (for tests and diagnostics).
 
     Returns (kind, first, second, third) int64 arrays: type A (kind 0)
     ``<u, i, j>`` with u preferring i; type B (kind 1) ``<u, v, i>`` with u
@@ -256,9 +256,12 @@ def sga_epoch(X, Y, a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_val
               n_steps, p_a, func, scale, eta, lr_start, lr_end, seed):
     """``n_steps`` steps of stochastic gradient ascent (Algorithm 1), in place.
 
-    Each step draws one triple uniformly from the triple set (type A with
-    probability ``p_a``; pass T_A / (T_A + T_B) for the paper's uniform
-    draw), then moves its three points by ``lr * (grad ln P - eta * point)``.
+    Each step draws a type (A with probability ``p_a``), a group (user for
+    A, item for B) with probability proportional to its weight in
+    ``*_cum``, and one of the group's triples uniformly; with weights = triple
+    counts and ``p_a`` = T_A / (T_A + T_B) that is the paper's uniform draw
+    over the triple set. It then moves the triple's three points by
+    ``lr * (grad ln P - eta * point)``.
     The learning rate falls linearly from ``lr_start`` to ``lr_end`` over the
     epoch (the caller decays it across epochs). Returns the mean ln P of the
     drawn triples (before their step) as a progress statistic.
