@@ -53,38 +53,6 @@ def group_triple_counts(indptr, values):
     return counts
 
 
-@njit(cache=True)
-def zscore_by_user(indptr, rating):
-    """Per-user z-scores of a user-grouped rating CSR (std 0 gives all zeros).
-
-    Returns float32 z-scores and the per-user mean and std (float64) so the
-    same affine map can be applied to ratings the user gave later (hidden).
-    """
-    n = indptr.shape[0] - 1
-    z = np.zeros(rating.shape[0], dtype=np.float32)
-    mean = np.zeros(n)
-    std = np.zeros(n)
-    for u in range(n):
-        start, end = indptr[u], indptr[u + 1]
-        m = end - start
-        if m == 0:
-            continue
-        s = 0.0
-        for p in range(start, end):
-            s += rating[p]
-        mu = s / m
-        v = 0.0
-        for p in range(start, end):
-            v += (rating[p] - mu) ** 2
-        sd = np.sqrt(v / m)
-        mean[u] = mu
-        std[u] = sd
-        if sd > 0:
-            for p in range(start, end):
-                z[p] = (rating[p] - mu) / sd
-    return z, mean, std
-
-
 # --------------------------------------------------------------- gradients
 @njit(cache=True, inline="always")
 def _log_prob_and_slope(delta, func, scale):
