@@ -437,6 +437,36 @@ def test_fast_number_parsing_equals_python_float(tmp_path, numbers):
     assert fast.numbers[0].tolist() == [float(t) for t in texts]
 
 
+_piece = st.sampled_from(["1", "2", "17", "007", "u1", "ä", " 3", "3 ", "", "x y", '"q"', "é", "\u0085",
+                          "-1", "2.5", "3.", "1e3", "nan", "\x01", "\u2028"])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(st.one_of(st.lists(_piece, min_size=3, max_size=5), st.just([])), min_size=1, max_size=12),
+       sep=st.sampled_from(["\t", ",", "::"]), crlf=st.booleans(), skip=st.booleans())
+def test_fast_routes_match_the_per_line_parser_on_messy_files(tmp_path, monkeypatch, lines, sep, crlf, skip):
+    """Differential fuzz: read_ratings with the numba parsers == read_ratings with only the per-line parser."""
+    import trainer.data.readers as readers
+
+    name = {"\t": "u.data", ",": "r.csv", "::": "ratings.dat"}[sep]
+    header = "user,item,rating,t\n" if sep == "," else ""
+    body = "".join(sep.join(fields) + "\n" for fields in lines)
+    path = tmp_path / name
+    path.write_bytes((header + body).replace("\n", "\r\n" if crlf else "\n").encode("utf-8"))
+
+    def outcome():
+        try:
+            r = read_ratings(path, skip_bad_lines=skip)
+        except DataError as exc:
+            return ("error", exc.line, exc.reason)
+        return ("ok", triples(r), r.users.ids, r.items.ids, r.skipped_lines)
+
+    fast = outcome()
+    real = readers.parse_records
+    monkeypatch.setattr(readers, "parse_records", lambda *a, **k: real(*a, **{**k, "fast": False}))
+    assert outcome() == fast
+
+
 # ------------------------------------------------------------------ round trip property
 _id_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"),
                                           blacklist_characters=',"\u0085'),
