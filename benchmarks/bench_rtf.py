@@ -124,12 +124,12 @@ def bench_training(path: str, dims_list, epochs: int, core: int, seed: int) -> N
         U = rng.normal(0, 0.1, (len(data.users), dims)).astype(np.float32)
         I = rng.normal(0, 0.1, (len(data.items), dims)).astype(np.float32)
         T = rng.normal(0, 0.1, (len(data.tags), dims)).astype(np.float32)
-        K.sgd_epoch(C, U, I, T, post_user, post_item, indptr, tags, np.arange(2), 0.1, 1e-6, 1e-6)
+        K.sgd_epoch(C, U, I, T, post_user, post_item, indptr, tags, np.arange(2), 0.1, 1e-6, 1e-6, 1e-6)
         times = []
         for _ in range(epochs):
             order = rng.permutation(post_user.size)
             t0 = time.perf_counter()
-            K.sgd_epoch(C, U, I, T, post_user, post_item, indptr, tags, order, 1.0, 1e-6, 1e-6)
+            K.sgd_epoch(C, U, I, T, post_user, post_item, indptr, tags, order, 1.0, 1e-6, 1e-6, 1e-6)
             times.append(time.perf_counter() - t0)
         best = min(times)
         print(f"RTF-{dims:<4}{best:>13.2f}{best / post_user.size * 1e6:>10.1f}")

@@ -28,7 +28,7 @@ def _tiny_problem(seed=0, dims=(3, 4, 2), n_users=4, n_items=3, n_tags=6, std=0.
     return (C, U, I, T), group_posts(user, item, tag)
 
 
-def _objective_numpy(C, U, I, T, post_user, post_item, indptr, tags, reg, reg_core):
+def _objective_numpy(C, U, I, T, post_user, post_item, indptr, tags, reg, reg_core, reg_tags):
     """The objective written independently of the kernels, by the full Eq. 4 sum."""
     total = 0.0
     for p in range(post_user.size):
@@ -38,21 +38,21 @@ def _objective_numpy(C, U, I, T, post_user, post_item, indptr, tags, reg, reg_co
         neg = np.setdiff1d(np.arange(T.shape[0]), pos)
         d = y[pos][:, None] - y[neg][None, :]
         total += np.mean(1.0 / (1.0 + np.exp(-d)))
-        total -= reg_core * np.sum(C**2) + reg * (np.sum(U[u] ** 2) + np.sum(I[i] ** 2) + np.sum(T**2))
+        total -= reg_core * np.sum(C**2) + reg * (np.sum(U[u] ** 2) + np.sum(I[i] ** 2)) + reg_tags * np.sum(T**2)
     return total
 
 
 def test_objective_matches_independent_formula():
     params, posts = _tiny_problem()
-    want = _objective_numpy(*params, *posts, 0.01, 0.02)
-    got = K.objective(*params, *posts, 0.01, 0.02)
+    want = _objective_numpy(*params, *posts, 0.01, 0.02, 0.03)
+    got = K.objective(*params, *posts, 0.01, 0.02, 0.03)
     assert got == pytest.approx(want, rel=1e-12)
 
 
-@pytest.mark.parametrize("reg,reg_core", [(0.0, 0.0), (0.03, 0.05)])
-def test_gradient_of_whole_objective_by_finite_differences(reg, reg_core):
+@pytest.mark.parametrize("regs", [(0.0, 0.0, 0.0), (0.03, 0.05, 0.02)])
+def test_gradient_of_whole_objective_by_finite_differences(regs):
     params, posts = _tiny_problem(seed=1)
-    grads = K.gradient(*params, *posts, reg, reg_core)
+    grads = K.gradient(*params, *posts, *regs)
     eps = 1e-6
     for name, param, grad in zip("CUIT", params, grads):
         flat = param.reshape(-1)
@@ -60,9 +60,9 @@ def test_gradient_of_whole_objective_by_finite_differences(reg, reg_core):
         for k in range(flat.size):
             old = flat[k]
             flat[k] = old + eps
-            up = K.objective(*params, *posts, reg, reg_core)
+            up = K.objective(*params, *posts, *regs)
             flat[k] = old - eps
-            down = K.objective(*params, *posts, reg, reg_core)
+            down = K.objective(*params, *posts, *regs)
             flat[k] = old
             numeric[k] = (up - down) / (2 * eps)
         np.testing.assert_allclose(grad.reshape(-1), numeric, rtol=1e-5, atol=1e-8, err_msg=name)
@@ -72,25 +72,25 @@ def test_gradient_of_whole_objective_by_finite_differences(reg, reg_core):
 def test_one_sgd_step_is_an_ascent_step_along_the_gradient():
     """sgd_epoch on one post moves every parameter by exactly lr * gradient."""
     params, (pu, pi, indptr, tags) = _tiny_problem(seed=2)
-    reg, reg_core, lr = 0.02, 0.03, 1e-3
+    regs, lr = (0.02, 0.03, 0.01), 1e-3
     for p in range(pu.size):
         one = (pu[p : p + 1], pi[p : p + 1], np.array([0, indptr[p + 1] - indptr[p]]),
                tags[indptr[p] : indptr[p + 1]])
         before = [x.copy() for x in params]
-        grads = K.gradient(*before, *one, reg, reg_core)
+        grads = K.gradient(*before, *one, *regs)
         after = [x.copy() for x in params]
-        K.sgd_epoch(*after, *one, np.array([0]), lr, reg, reg_core)
+        K.sgd_epoch(*after, *one, np.array([0]), lr, *regs)
         for name, b, a, g in zip("CUIT", before, after, grads):
             np.testing.assert_allclose((a - b) / lr, g, rtol=1e-9, atol=1e-12, err_msg=name)
 
 
 def test_sgd_epoch_raises_the_objective():
     params, posts = _tiny_problem(seed=3, std=0.3)
-    start = K.objective(*params, *posts, 1e-4, 1e-4)
+    start = K.objective(*params, *posts, 1e-4, 1e-4, 1e-4)
     order = np.arange(posts[0].size)
     for _ in range(30):
-        K.sgd_epoch(*params, *posts, order, 0.3, 1e-4, 1e-4)
-    assert K.objective(*params, *posts, 1e-4, 1e-4) > start + 0.5
+        K.sgd_epoch(*params, *posts, order, 0.3, 1e-4, 1e-4, 1e-4)
+    assert K.objective(*params, *posts, 1e-4, 1e-4, 1e-4) > start + 0.5
 
 
 def test_posts_auc_counts_pairs_with_ties_as_half():

@@ -9,10 +9,14 @@ The model is the Tucker decomposition (paper Eq. 3-4)::
 and the objective maximised (paper Eq. 8, with the logistic smoothing of
 Section 4.2.3) is::
 
-    J = sum_p [ AUC_p - gamma_C |C|^2 - gamma (|U[u_p]|^2 + |I[i_p]|^2 + |T|^2) ]
+    J = sum_p [ AUC_p - gamma_C |C|^2 - gamma (|U[u_p]|^2 + |I[i_p]|^2) - gamma_T |T|^2 ]
     AUC_p = z_p sum_{t+ in T+} sum_{t- in T-} s(y(u,i,t+) - y(u,i,t-)),
     z_p = 1 / (|T+| |T-|)
 
+The paper has one ``gamma`` for all three factor matrices; ``gamma_T`` is
+kept separate because every post touches (and so shrinks) every tag row,
+while a user's or item's row is shrunk only at its own posts; with
+``gamma_T = gamma`` this is the paper's objective.
 The L2 terms are written per post because stochastic gradient ascent applies
 them at every post to the parameters that post touches (paper Fig. 5); this
 is the doc's objective with each row's penalty weighted by how often the row
@@ -127,7 +131,7 @@ def _core_dot_v(C, v, r):
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "arcp"})
-def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg, reg_core):
+def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg, reg_core, reg_tags):
     """One pass of stochastic gradient ascent over the posts in ``order``.
 
     Updates ``C, U, I, T`` in place (paper Fig. 5) and returns
@@ -153,6 +157,7 @@ def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg
     pairs_total = 0.0
     decay_core = dt(1.0 - 2.0 * lr * reg_core)
     decay = dt(1.0 - 2.0 * lr * reg)
+    decay_tags = dt(1.0 - 2.0 * lr * reg_tags)
     for k in range(order.shape[0]):
         p = order[k]
         u = post_user[p]
@@ -191,7 +196,7 @@ def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg
         for t in range(n_tags):
             coef = dt(lr * z * (wsum[t] if is_pos[t] else -wsum[t]))
             for c in range(kT):
-                T[t, c] = decay * T[t, c] + coef * q[c]
+                T[t, c] = decay_tags * T[t, c] + coef * q[c]
         for t in pos:
             is_pos[t] = False
     n = max(order.shape[0], 1)
@@ -199,7 +204,7 @@ def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "arcp"})
-def objective(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core):
+def objective(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core, reg_tags):
     """The objective ``J`` of the module docstring (summed over all posts)."""
     kU, kI, kT = C.shape
     n_tags = T.shape[0]
@@ -222,12 +227,12 @@ def objective(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core)
         for t in pos:
             is_pos[t] = False
         total += smooth - reg_core * core_sq
-        total -= reg * (np.sum(U[u] * U[u]) + np.sum(I[i] * I[i]) + tag_sq)
+        total -= reg * (np.sum(U[u] * U[u]) + np.sum(I[i] * I[i])) + reg_tags * tag_sq
     return total
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "arcp"})
-def gradient(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core):
+def gradient(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core, reg_tags):
     """The exact gradient of ``objective`` w.r.t. ``(C, U, I, T)``, summed over posts."""
     kU, kI, kT = C.shape
     n_tags = T.shape[0]
@@ -265,7 +270,7 @@ def gradient(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core):
         gC -= 2.0 * reg_core * C
         gU[u] -= 2.0 * reg * U[u]
         gI[i] -= 2.0 * reg * I[i]
-        gT -= 2.0 * reg * T
+        gT -= 2.0 * reg_tags * T
     return gC, gU, gI, gT
 
 
