@@ -252,6 +252,11 @@ def test_lock_prevents_overlapping_runs(sample, tmp_path, capsys):
         assert versions(registry) == []
     assert run_job(path) == EXIT_PUBLISHED  # released: the next run proceeds
 
+    blocked = write_job(tmp_path, job_text(sample, registry).replace(
+        f'registry = "{registry}"', f'registry = "{registry}"\nlock = "{path}/not-a-folder/x.lock"'), "b.toml")
+    assert run_job(blocked) == EXIT_FAILED  # the lock's folder cannot exist under a file
+    assert "cannot take the lock" in capsys.readouterr().err
+
 
 # --------------------------------------------------------- through the CLI
 def cli(*args: str) -> subprocess.CompletedProcess:

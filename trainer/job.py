@@ -593,6 +593,9 @@ def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | No
         except JobLocked as exc:
             log.error("job=%s %s", config.name, exc)
             return EXIT_FAILED
+        except OSError as exc:  # models catch their own errors: this is the lock file itself
+            log.error("job=%s cannot take the lock %s: %s", config.name, config.lock, exc)
+            return EXIT_FAILED
         except (Terminated, KeyboardInterrupt) as exc:
             what = "SIGTERM" if isinstance(exc, Terminated) else "an interrupt"
             log.error("job=%s terminated by %s; the registry keeps only complete versions", config.name, what)
