@@ -18,6 +18,10 @@ DATA, REGISTRY = DEMO / "data", DEMO / "registry"
 # (model name, kind, sample file, extra trainer flags)
 MODELS = [
     ("dcr", "dcr", "ratings.data", []),
+    ("coe", "coe", "ratings.data", ["--labels", "items.txt"]),
+    ("rtf", "rtf", "tags.csv", ["--set", "dims=16", "--set", "iterations=30", "--set", "verbose=false"]),
+    ("score", "score", "attributes.csv", ["--set", "epochs=5"]),
+    ("knnscal", "knnscal", "neighbors.csv", []),
 ]
 # (title, client arguments) — one query per model, shown to the user.
 QUERIES = [
@@ -25,6 +29,17 @@ QUERIES = [
      ["recommend", "--model", "dcr", "--user", "u001", "--n", "5", "--distribution"]),
     ("An unknown user gets the popularity fallback",
      ["recommend", "--model", "dcr", "--user", "new-user", "--n", "3"]),
+    ("Items nearest user u001 on the COE map (negative distances)",
+     ["recommend", "--model", "coe", "--user", "u001", "--n", "5"]),
+    ("Users who would like item i001 (COE: users nearest the item)",
+     ["neighbors", "--model", "coe", "--id", "i001", "--from", "item", "--to", "user", "--k", "5"]),
+    ("Top 5 tags for user u001 tagging item i001 (RTF fast path)",
+     ["tags", "--model", "rtf", "--user", "u001", "--item", "i001", "--n", "5"]),
+    ("Objects nearest o001 on SCORE's 'habitat' map", ["neighbors", "--model", "score", "--space", "habitat",
+                                                      "--id", "o001", "--k", "5"]),
+    ("Aspects related to 'habitat' (SCORE, angular closeness on the sphere)",
+     ["neighbors", "--model", "score", "--from", "aspect", "--id", "habitat", "--k", "3"]),
+    ("Vertices nearest v001 on the KNNSCAL map", ["neighbors", "--model", "knnscal", "--id", "v001", "--k", "5"]),
 ]
 
 
@@ -46,6 +61,7 @@ def main() -> int:
     print(run(["trainer", "sample", "--out", str(DATA)]), end="")
     for name, kind, sample, extra in MODELS:
         step(f"Training {kind} on {sample} and publishing it as '{name}'")
+        extra = [str(DATA / x) if x.endswith(".txt") else x for x in extra]
         print(run(["trainer", "train", kind, "--data", str(DATA / sample), "--registry", str(REGISTRY),
                    "--name", name, "--keep", "3", *extra]), end="")
     step("Starting ordrec-serve on a free loopback port")
@@ -57,6 +73,9 @@ def main() -> int:
         for title, query in QUERIES:
             step(title)
             print(run([*client, *query]), end="")
+        step("Map reports of the live versions (open in a browser while the server runs)")
+        for name in ("coe", "score", "knnscal"):
+            print(f"{server.metrics_url}/maps/{name}")
         step("Stopping the server (SIGTERM drains in-flight calls)")
     print(f"server exited with code {server.proc.returncode}; log in {DEMO / 'server.log'}")
     return server.proc.returncode
