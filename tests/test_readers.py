@@ -309,6 +309,8 @@ def test_neighbors_with_and_without_header(tmp_path):
     ("a,b,1\na,b,2\n", 2, "duplicate neighbor 'b' for source 'a', already on line 1"),
     ("1,2,1\n1,1,2\n", 2, "self-edge"),  # numeric ids (fast path) give the same errors
     ("1,2,1\n1,3,1\n", 2, "duplicate rank 1 for source '1'"),
+    ("1,2,1\n1,3,2.0\n", 2, "rank '2.0' is not an integer"),
+    ("a,b,1\na,c,2.0\n", 2, "rank '2.0' is not an integer"),
     ("a,b,1\nc,d\n", 2, "expected 3 comma-separated fields, got 2"),
     ("a\tb\t1\nc\td\tfirst\n", 2, "rank 'first' is not an integer"),
 ])
@@ -352,9 +354,10 @@ def same_records(a, b) -> bool:
     ("1\t2\t3\t4\n 1\t2 \t3\t4\n", "text-ids"),   # spaces around ids are stripped by every parser
     ("01\t2\t3\t4\n1\t2\t3\t4\n", "text-ids"),     # "01" is not the integer 1
     ("u1\ti1\t3\t4\r\nu2\ti1\t5\t4\r\n", "text-ids"),
-    ("1\t2\t3.\t4\n", "per-line"),                  # numbers other than [-]d+[.d+]
-    ("1\t2\t1e3\t4\n", "per-line"),
-    ("1\t2\t3\t4\n\n2\t2\t3\t4\n", "per-line"),    # blank line
+    ("1\t2\t3.\t4\n", "text-ids"),                  # numbers other than [-]d+[.d+]: that line in Python
+    ("1\t2\t1e3\t4\n2\t2\t3\t4\n", "text-ids"),
+    ("1\t2\t3\t4\n\n2\t2\t3\t4\n", "text-ids"),    # blank line
+    ("\ufeff1\t2\t3\t4\n", "per-line"),              # byte-order mark
 ])
 def test_numba_parsers_agree_with_per_line_parser(tmp_path, body, engine):
     cols = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "rating", kind="float")]
@@ -381,8 +384,9 @@ def test_text_ids_across_chunks_with_a_shared_space(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text,engine", [
-    ('user,item,rating\n"a",b,1\n', "per-line"),            # quotes: csv rules apply
+    ('user,item,rating\n"a",b,1\nc,"d,e",2\n', "text-ids"),  # quoted lines go through csv rules
     ("user,item,rating\na,b\u0085c,1\n", "per-line"),        # C1 control: the per-line parser reports it
+    ("user,item,rating\na,b\u0085c,1\nx,y,bad\n", "per-line"),  # ... before the later bad line
     ("user,item,rating\na,tab\tin,1\n", "per-line"),        # ASCII control byte inside an id
     ("user,item,rating\nä,ö,1\n", "text-ids"),
 ])
@@ -391,11 +395,13 @@ def test_text_id_path_gives_up_where_it_must(tmp_path, text, engine):
     path = str(write(tmp_path / "r.csv", text))
     try:
         slow = parse_records(path, ",", 3, cols, 2, header_lines=1, fast=False)
-    except DataError:
+    except DataError as exc:
         slow = None
+        expected = (exc.line, exc.reason)
     if slow is None:
-        with pytest.raises(DataError):
+        with pytest.raises(DataError) as info:
             parse_records(path, ",", 3, cols, 2, header_lines=1)
+        assert (info.value.line, info.value.reason) == expected
         assert engine == "per-line"
     else:
         fast = parse_records(path, ",", 3, cols, 2, header_lines=1)

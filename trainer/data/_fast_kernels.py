@@ -38,8 +38,8 @@ def _parse_id(buf, start, end):
 
 
 @njit(cache=True)
-def _parse_number(buf, start, end):
-    """``[-]digits[.digits]`` in buf[start:end] as (ok, value).
+def _parse_number(buf, start, end, integer):
+    """``[-]digits[.digits]`` in buf[start:end] as (ok, value); ``[-]digits`` only when ``integer``.
 
     The value equals Python's ``float(text)``: the mantissa is an exact
     integer below 2**53 and 10**k is exact, so the one division is correctly
@@ -68,7 +68,7 @@ def _parse_number(buf, start, end):
             digits += 1
             frac += 1
             p += 1
-        if frac == 0:
+        if frac == 0 or integer:
             return False, 0.0
     if p != end or digits > _MAX_NUMBER_DIGITS:
         return False, 0.0
@@ -77,7 +77,7 @@ def _parse_number(buf, start, end):
 
 
 @njit(cache=True)
-def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, out_ids, out_num):
+def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, num_int, out_ids, out_num):
     """Parse whole lines of ``buf`` (uint8, ends with a newline).
 
     Parameters
@@ -94,6 +94,8 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
     id_slot, num_slot : int64 arrays of length ``n_fields``
         For field f, the column of ``out_ids`` (canonical integer id) or of
         ``out_num`` (decimal number) it goes to, or -1 to ignore the field.
+    num_int : int64 array of length ``n_fields``
+        1 where the number must be an integer (``int(text)`` rejects "1.0").
     out_ids : int64 array (rows, n_id_columns)
     out_num : float64 array (rows, n_number_columns)
 
@@ -134,7 +136,7 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
                 out_ids[row, s] = value
             s = num_slot[field]
             if s >= 0:
-                ok, number = _parse_number(buf, p, field_end)
+                ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
                 if not ok:
                     return row, line_start
                 out_num[row, s] = number
@@ -150,7 +152,7 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
 
 
 @njit(cache=True)
-def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, num_slot,
+def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, num_slot, num_int,
                      out_start, out_end, out_num):
     """Like :func:`parse_numeric_lines`, but ids may be any text: their byte ranges are returned.
 
@@ -203,7 +205,7 @@ def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, n
                 out_end[row, s] = b
             s = num_slot[field]
             if s >= 0:
-                ok, number = _parse_number(buf, p, field_end)
+                ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
                 if not ok:
                     return row, line_start
                 out_num[row, s] = number

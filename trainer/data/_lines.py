@@ -144,14 +144,6 @@ class IdSpace:
     def __init__(self):
         self.index: dict[str, int] = {}
 
-    def check(self, value: str, what: str) -> str | None:
-        """The problem with ``value`` as an id, or None."""
-        if not value:
-            return f"empty {what} id"
-        if value not in self.index and has_control(value):
-            return f"{what} id {value!r} contains a line break or control character"
-        return None
-
     def add(self, value: str) -> int:
         return self.index.setdefault(value, len(self.index))
 
@@ -222,11 +214,51 @@ def parse_records(
     must differ on every line (no self-edges).
     """
     if fast:
-        records = _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct)
+        records = parse_records_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct,
+                                     skip_bad_lines)
         if records is not None:
             return records
     return _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines,
                         distinct, encoding)
+
+
+def check_fields(fields: list[str], n_fields: int, sep: str, columns: Sequence[Column],
+                 distinct: tuple[int, int] | None, known: list[dict] | None = None
+                 ) -> tuple[str | None, list]:
+    """``(problem, numbers)`` for one split line, as the per-line parser judges it.
+
+    ``known``: per id space, ids already accepted (their control-character
+    check is skipped, which keeps the per-line parser quick).
+    """
+    if len(fields) != n_fields:
+        return _describe_count(n_fields, sep, len(fields)), []
+    for c in columns:
+        if c.kind == "id":
+            value = fields[c.field]
+            if not value:
+                return f"empty {c.name} id", []
+            if (known is None or value not in known[c.space]) and has_control(value):
+                return f"{c.name} id {value!r} contains a line break or control character", []
+    if distinct is not None:
+        a, b = columns[distinct[0]], columns[distinct[1]]
+        if fields[a.field] == fields[b.field]:
+            return f"{b.name} {fields[b.field]!r} is the {a.name} itself (self-edge)", []
+    values = []
+    for c in columns:
+        if c.kind == "id":
+            continue
+        text_value = fields[c.field]
+        try:
+            value = int(text_value) if c.kind == "int" else float(text_value)
+        except ValueError:
+            kind = "an integer" if c.kind == "int" else "a number"
+            return f"{c.name} {text_value!r} is not {kind}", []
+        if c.kind == "float" and not math.isfinite(value):
+            return f"{c.name} {text_value!r} is not a finite number", []
+        if c.minimum is not None and value < c.minimum:
+            return f"{c.name} {text_value!r} is below the minimum {c.minimum:g}", []
+        values.append(value)
+    return None, values
 
 
 def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct,
@@ -234,6 +266,7 @@ def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_
     problems = Problems(path, skip_bad_lines)
     split = splitter(sep)
     spaces = [IdSpace() for _ in range(n_spaces)]
+    known = [space.index for space in spaces]
     id_columns = [c for c in columns if c.kind == "id"]
     num_columns = [c for c in columns if c.kind != "id"]
     id_out = [array("i") for _ in id_columns]
@@ -243,35 +276,7 @@ def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_
         if number <= header_lines or not text.strip():
             continue  # a blank line holds no data, so passing over it loses nothing
         fields = split(text)
-        if len(fields) != n_fields:
-            problems.bad(number, _describe_count(n_fields, sep, len(fields)))
-            continue
-        problem = None
-        for c in id_columns:
-            problem = spaces[c.space].check(fields[c.field], c.name)
-            if problem:
-                break
-        if problem is None and distinct is not None:
-            a, b = columns[distinct[0]], columns[distinct[1]]
-            if fields[a.field] == fields[b.field]:
-                problem = f"{b.name} {fields[b.field]!r} is the {a.name} itself (self-edge)"
-        values = []
-        if problem is None:
-            for c in num_columns:
-                text_value = fields[c.field]
-                try:
-                    value = int(text_value) if c.kind == "int" else float(text_value)
-                except ValueError:
-                    kind = "an integer" if c.kind == "int" else "a number"
-                    problem = f"{c.name} {text_value!r} is not {kind}"
-                    break
-                if c.kind == "float" and not math.isfinite(value):
-                    problem = f"{c.name} {text_value!r} is not a finite number"
-                    break
-                if c.minimum is not None and value < c.minimum:
-                    problem = f"{c.name} {text_value!r} is below the minimum {c.minimum:g}"
-                    break
-                values.append(value)
+        problem, values = check_fields(fields, n_fields, sep, columns, distinct, known)
         if problem is not None:
             problems.bad(number, problem)
             continue
@@ -327,8 +332,11 @@ def _layout(sep, n_fields, columns):
         id_slot[c.field] = slot
     for slot, c in enumerate(num_columns):
         num_slot[c.field] = slot
+    num_int = np.zeros(n_fields, dtype=np.int64)
+    for c in num_columns:
+        num_int[c.field] = c.kind == "int"
     sep1 = sep_bytes[1] if len(sep_bytes) == 2 else 0
-    return sep_bytes[0], sep1, id_columns, num_columns, id_slot, num_slot
+    return sep_bytes[0], sep1, id_columns, num_columns, id_slot, num_slot, num_int
 
 
 def _starts_with_bom(path: str) -> bool:
@@ -336,39 +344,44 @@ def _starts_with_bom(path: str) -> bool:
         return f.read(3) == codecs.BOM_UTF8
 
 
-def _parse_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct) -> Records | None:
+def parse_records_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct, skip_bad_lines
+                       ) -> Records | None:
     """The numba paths: integer ids, then text ids; None when the per-line parser must read the file."""
     layout = _layout(sep, n_fields, columns)
     if layout is None or _starts_with_bom(path):
         return None  # a BOM is rare; the per-line parser strips it
     records = _parse_integer_ids(path, n_fields, header_lines, sep == ",", layout, n_spaces)
     if records is None:
-        records = _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces)
-    if records is None:
+        records = _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct,
+                                  skip_bad_lines)
+    if records is None or not _passes_checks(records, layout, columns, distinct):
         return None
-    _, _, id_columns, num_columns, _, _ = layout
+    return records
+
+
+def _passes_checks(records: Records, layout, columns, distinct) -> bool:
+    """The per-line parser's checks that the kernels leave to afterwards (integers, minimum, self-edges)."""
+    id_columns, num_columns = layout[2], layout[3]
     for value, c in zip(records.numbers, num_columns):
-        if c.kind == "int" and np.any(value != np.floor(value)):
-            return None
         if c.minimum is not None and np.any(value < c.minimum):
-            return None
+            return False
     if distinct is not None:
         a = id_columns.index(columns[distinct[0]])
         b = id_columns.index(columns[distinct[1]])
         if np.any(records.ids[a] == records.ids[b]):
-            return None
-    return records
+            return False
+    return True
 
 
 def _parse_integer_ids(path, n_fields, header_lines, no_quotes, layout, n_spaces) -> Records | None:
     """Canonical integer ids (MovieLens, Last.fm): parse, then number with a lookup table."""
-    sep0, sep1, id_columns, num_columns, id_slot, num_slot = layout
+    sep0, sep1, id_columns, num_columns, id_slot, num_slot, num_int = layout
     id_parts, num_parts = [], []
     for n, data in _chunks(path, header_lines):
         buf = np.frombuffer(data, dtype=np.uint8)
         out_ids = np.empty((n, max(len(id_columns), 1)), dtype=np.int64)
         out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
-        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
+        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, num_int,
                                          out_ids, out_num)
         if bail >= 0:
             return None
@@ -426,51 +439,105 @@ class _Interner:
         return [data[a:b].decode(codec) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces) -> Records | None:
-    """Any ids without quotes or control bytes: byte ranges from the kernel, hashed into id spaces.
+def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct, skip_bad_lines
+                    ) -> Records | None:
+    """Any ids: the kernel returns byte ranges, hashed into id spaces; odd lines go through Python.
 
-    Each distinct id is decoded once, with the encoding the per-line parser
-    would use for the whole file, and checked for control characters.
+    The kernel stops at each line it does not take (a quote, a blank line, an
+    empty id, a control byte, a number such as ``3.``); that one line is
+    judged by :func:`check_fields` exactly as the per-line parser would, its
+    ids interned through the same table, and the kernel resumes after it. So
+    a bad line is reported (or skipped) without reading the file again, and a
+    few odd lines do not slow a big file down. Each distinct id is decoded
+    once, in the file's encoding, and checked for control characters.
     """
-    sep0, sep1, id_columns, num_columns, id_slot, num_slot = layout
-    n_id = len(id_columns)
+    sep0, sep1, id_columns, num_columns, id_slot, num_slot, num_int = layout
+    n_id, n_num = len(id_columns), len(num_columns)
+    encoding = detect_encoding(path)
+    codec = "utf-8" if encoding == "utf-8-sig" else encoding
+    split = splitter(sep)
+    problems = Problems(path, skip_bad_lines)
     space_slots = [[s for s, c in enumerate(id_columns) if c.space == space] for space in range(n_spaces)]
     interners = [_Interner() for _ in range(n_spaces)]
     row_parts: list[list[np.ndarray]] = [[] for _ in id_columns]
-    num_parts = []
-    for n, data in _chunks(path, header_lines):
-        buf = np.frombuffer(data, dtype=np.uint8)
-        out_start = np.empty((n, max(n_id, 1)), dtype=np.int64)
-        out_end = np.empty((n, max(n_id, 1)), dtype=np.int64)
-        out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
-        rows, bail = parse_text_lines(buf, n_fields, sep0, sep1, sep == ",", sep != "\t", id_slot, num_slot,
-                                      out_start, out_end, out_num)
-        if bail >= 0:
-            return None
+    num_parts: list[np.ndarray] = []
+    line_parts: list[np.ndarray] = []
+    gaps = False
+    line = header_lines + 1
+
+    def intern(buf, starts, ends):
         for space, slots in enumerate(space_slots):
             if slots:
-                got = interners[space].add(buf, np.ascontiguousarray(out_start[:rows, slots]),
-                                           np.ascontiguousarray(out_end[:rows, slots]))
+                got = interners[space].add(buf, np.ascontiguousarray(starts[:, slots]),
+                                           np.ascontiguousarray(ends[:, slots]))
                 for j, s in enumerate(slots):
                     row_parts[s].append(np.ascontiguousarray(got[:, j]))
-        num_parts.append(out_num[:rows, : len(num_columns)].copy())
+
+    def records() -> Records | None:
+        if not num_parts or sum(p.shape[0] for p in num_parts) == 0:
+            return None
+        spaces = []
+        for interner in interners:
+            ids = interner.ids(codec)
+            if any(has_control(x) for x in ids):
+                return None  # C1 controls or U+2028/2029: the per-line parser names the line
+            spaces.append(IdMap(ids))
+        return Records(
+            spaces=spaces,
+            ids=[np.concatenate(parts) for parts in row_parts],
+            numbers=[np.concatenate([p[:, s] for p in num_parts]) for s in range(n_num)],
+            first_line=header_lines + 1,
+            lines=np.concatenate(line_parts) if gaps else None,
+            skipped=problems.skipped, fast=True, engine="text-ids",
+        )
+
+    for n, data in _chunks(path, header_lines):
+        whole = np.frombuffer(data, dtype=np.uint8)
+        out_start = np.empty((n, max(n_id, 1)), dtype=np.int64)
+        out_end = np.empty((n, max(n_id, 1)), dtype=np.int64)
+        out_num = np.empty((n, max(n_num, 1)), dtype=np.float64)
+        pos = 0
+        while pos < len(data):
+            buf = whole[pos:]
+            rows, bail = parse_text_lines(buf, n_fields, sep0, sep1, sep == ",", sep != "\t", id_slot, num_slot,
+                                          num_int, out_start, out_end, out_num)
+            if rows:
+                intern(buf, out_start[:rows], out_end[:rows])
+                num_parts.append(out_num[:rows, :n_num].copy())
+                line_parts.append(np.arange(line, line + rows, dtype=np.int64))
+                line += rows
+            if bail < 0:
+                break
+            # One line the kernel did not take: judge it as the per-line parser does.
+            gaps = True
+            start = pos + bail
+            stop = data.index(b"\n", start)
+            raw = data[start:stop]
+            text = (raw[:-1] if raw.endswith(b"\r") else raw).decode(codec)
+            if text.strip():
+                fields = split(text)
+                problem, values = check_fields(fields, n_fields, sep, columns, distinct)
+                if problem is not None:
+                    if not skip_bad_lines:
+                        # Report it only if no earlier line breaks a check made afterwards;
+                        # else the per-line parser finds that earlier line.
+                        so_far = records()
+                        if so_far is not None and not _passes_checks(so_far, layout, columns, distinct):
+                            return None
+                        if so_far is None and num_parts:
+                            return None
+                    problems.bad(line, problem)
+                else:
+                    encoded = [fields[c.field].encode(codec) for c in id_columns]
+                    bounds = np.cumsum([0] + [len(e) for e in encoded])
+                    blob = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
+                    intern(blob, bounds[None, :-1].astype(np.int64), bounds[None, 1:].astype(np.int64))
+                    num_parts.append(np.array(values, dtype=np.float64).reshape(1, n_num))
+                    line_parts.append(np.array([line], dtype=np.int64))
+            line += 1
+            pos = stop + 1
         del out_start, out_end, out_num
-    if not num_parts or sum(p.shape[0] for p in num_parts) == 0:
-        return None
-    encoding = detect_encoding(path)
-    codec = "utf-8" if encoding == "utf-8-sig" else encoding
-    spaces = []
-    for interner in interners:
-        ids = interner.ids(codec)
-        if any(has_control(x) for x in ids):
-            return None  # C1 controls or U+2028/2029: the per-line parser names the line
-        spaces.append(IdMap(ids))
-    return Records(
-        spaces=spaces,
-        ids=[np.concatenate(parts) for parts in row_parts],
-        numbers=[np.concatenate([p[:, s] for p in num_parts]) for s in range(len(num_columns))],
-        first_line=header_lines + 1, fast=True, engine="text-ids",
-    )
+    return records()
 
 
 def find_duplicates(group: np.ndarray, n_groups: int, value: np.ndarray, n_values: int) -> np.ndarray:
