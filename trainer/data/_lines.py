@@ -5,14 +5,17 @@ Three parsers read the same delimited files, tried in this order:
 - integer ids (numba): chunks of raw bytes, canonical integer ids and plain
   decimal numbers, ids numbered with a lookup table (MovieLens, Last.fm);
 - text ids (numba): the same pass, but ids are byte ranges interned into a
-  hash table and decoded once per distinct id (csv files with string ids);
-- the per-line parser, which is the authority: it validates every line, names
-  the file, the 1-based line number and the problem, and can skip bad lines.
+  hash table and decoded once per distinct id; a line the kernel does not
+  take is judged on its own by :func:`check_fields` (the per-line parser's
+  check), then the kernel resumes, so bad lines are reported or skipped
+  without re-reading the file;
+- the per-line parser, the reference: it validates every line, names the
+  file, the 1-based line number and the problem, and can skip bad lines.
 
-The numba parsers give up at the first line they are unsure about (and never
-skip anything), and the per-line parser then reads the file from the start,
-so only the per-line parser decides what is an error. Whatever the numba
-parsers accept, the per-line parser accepts with the same result.
+The numba parsers hand the file to the per-line parser whenever they cannot
+be sure to match it (a BOM, a C1 control inside an id, a check that fails
+after the kernel), so whatever they return, the per-line parser returns too,
+and their errors are its errors (tests/test_readers.py checks both ways).
 """
 from __future__ import annotations
 
