@@ -1,0 +1,26 @@
+"""KNNSCAL on the digits 10-NN graph against the issue's reference methods (slow: minutes).
+
+Digits ships with scikit-learn, so no ORDREC_DATA path is needed.
+"""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from service.models.knnscal import Index
+from trainer.evaluation.knnscal import load_problem, map_index, map_metrics, reference_map
+from trainer.models.knnscal import KnnScal
+
+pytestmark = pytest.mark.slow
+
+
+def test_digits_order_agreement_and_recall_beat_isomap_and_spectral():
+    args = argparse.Namespace(digits=True, k=10, seed=0, data=None)
+    problem = load_problem(args)
+    est = KnnScal(seed=0).fit(problem.graph)
+    ours = map_metrics(problem, Index.from_artifact(est.to_artifact()))
+    for method in ("isomap", "spectral"):
+        theirs = map_metrics(problem, map_index(problem, reference_map(method, problem, 2, 0)))
+        assert ours["order_agreement"] > theirs["order_agreement"], (method, ours, theirs)
+        assert ours["recall@10"] > theirs["recall@10"], (method, ours, theirs)
