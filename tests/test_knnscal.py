@@ -148,8 +148,8 @@ def test_planted_configuration_is_recovered(dim):
     # An exactly embeddable low-dimensional graph: smaller rank gaps and more
     # weight on the lists than the defaults (chosen for high-dimensional data
     # such as digits, whose lists have nearly equal distances).
-    points, graph = planted(250, dim, 10, seed=dim)
-    est = KnnScal(dim=dim, seed=0, edge_weight=3.0, rank_gap=1.0).fit(graph)
+    points, graph = planted(200, dim, 10, seed=dim)
+    est = KnnScal(dim=dim, seed=0, edge_weight=5.0, rank_gap=0.5).fit(graph)
     oa = order_agreement(est.coordinates_, est)
     assert oa > 0.95, oa
     # Sanity: the truth itself scores (nearly) 1 under the same measure.
@@ -159,12 +159,12 @@ def test_planted_configuration_is_recovered(dim):
 def test_stress_history_is_monotone_and_stops_on_relative_change():
     # rank_gap = 0: every step is an exact minimisation, so all of the history falls.
     _, graph = planted(200, 2, 8, seed=7)
-    est = KnnScal(seed=1, tol=1e-3, max_iter=500, rank_gap=0.0).fit(graph)
+    est = KnnScal(seed=1, tol=1e-2, max_iter=500, rank_gap=0.0).fit(graph)
     stresses = np.array([s for _, _, s in est.stress_history_])
     assert np.all(np.diff(stresses) <= 1e-12 * stresses[:-1])
     assert est.converged_ and est.n_iter_ < 500
     last = [s for it, step, s in est.stress_history_ if step == "isotonic"][-2:]
-    assert (last[0] - last[1]) / last[0] < 1e-3
+    assert (last[0] - last[1]) / last[0] < 1e-2
 
 
 @pytest.mark.parametrize("update", ["gauss-seidel", "jacobi"])
