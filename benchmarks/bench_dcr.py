@@ -1,7 +1,8 @@
 """DCR benchmarks: training time and memory, in-process Recommend latency, batch throughput.
 
     .venv/bin/python benchmarks/bench_dcr.py [--data /work/shared/data/ml-100k/u.data]
-        [--epochs 20] [--ranks 20,40] [--skip-train] [--skip-serve]
+        [--epochs 20] [--ranks 20,40] [--specs ml-100k,netflix1m,netflix1m:20,netflix1m:50]
+        [--pairwise false,true] [--skip-train] [--skip-serve]
 
 Prints tables (not a timed test). Training runs each configuration in a
 fresh child process so its peak resident memory (``ru_maxrss``) is its own;
@@ -99,27 +100,31 @@ def train_child(spec: str, params: dict) -> dict:
 
     data = load(spec)
     DCR(**dict(params, epochs=1, pairwise_epochs=1)).fit(data.subset(np.arange(min(len(data), 1000))))
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     model = DCR(**params).fit(data)
     seconds = time.perf_counter() - start
-    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    rss_before, rss_after = before.ru_maxrss, after.ru_maxrss
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     return {"ratings": len(data), "users_with_ratings": int(np.unique(data.user).size),
-            "seconds": seconds, "per_epoch": seconds / max(1, params["epochs"] + params.get("pairwise_epochs", 0)
+            "seconds": seconds, "cpu_seconds": cpu, "per_epoch": seconds / max(1, params["epochs"] + params.get("pairwise_epochs", 0)
                                                            * bool(params.get("pairwise"))),
             "maxrss_mb": rss_after / 1024, "rss_growth_mb": (rss_after - rss_before) / 1024,
             "factors_mb": (model.U_.nbytes + model.V_.nbytes) / 2**20}
 
 
 def bench_training(args) -> None:
-    specs = [args.data, "netflix1m", "netflix1m:20", "netflix1m:50"]
+    specs = [args.data if s == "ml-100k" else s for s in args.specs]
     print(f"\nTraining (wall time, {os.cpu_count()} cores shared with other work; epochs={args.epochs})")
-    header = f"{'data':<16} {'ratings':>9} {'rank':>4} {'pairwise':>8} {'fit s':>7} {'s/epoch':>8} {'max RSS MB':>10} {'factors MB':>10}"
+    print("fit s = wall time of fit(); CPU s = user + system time of all its threads (robust to other load)")
+    header = (f"{'data':<16} {'ratings':>9} {'rank':>4} {'pairwise':>8} {'fit s':>7} {'CPU s':>7} {'s/epoch':>8}"
+              f" {'max RSS MB':>10} {'factors MB':>10}")
     print(header)
     print("-" * len(header))
     for spec in specs:
         for rank in args.ranks:
-            for pairwise in (False, True):
+            for pairwise in args.pairwise:
                 params = dict(rank=rank, epochs=args.epochs, pairwise=pairwise, pairwise_epochs=args.epochs,
                               lr=0.05, lr_decay=0.02, seed=0)
                 out = subprocess.run([sys.executable, __file__, "--child", spec, json.dumps(params)],
@@ -130,6 +135,7 @@ def bench_training(args) -> None:
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 name = os.path.basename(os.path.dirname(spec)) if os.path.sep in spec else spec
                 print(f"{name:<16} {r['ratings']:>9,} {rank:>4} {str(pairwise):>8} {r['seconds']:>7.2f}"
+                      f" {r['cpu_seconds']:>7.2f}"
                       f" {r['per_epoch']:>8.3f} {r['maxrss_mb']:>10.0f} {r['factors_mb']:>10.1f}", flush=True)
 
 
@@ -204,10 +210,15 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20)
     parser.add_argument("--ranks", default="20,40")
     parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--specs", default="ml-100k,netflix1m,netflix1m:20,netflix1m:50",
+                        help="training sets: ml-100k (--data), netflix1m (generated), netflix1m:N (its N-per-user subset)")
+    parser.add_argument("--pairwise", default="false,true", help="train without / with the pairwise refinement")
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-serve", action="store_true")
     args = parser.parse_args()
     args.ranks = [int(x) for x in args.ranks.split(",")]
+    args.specs = args.specs.split(",")
+    args.pairwise = [x.strip().lower() == "true" for x in args.pairwise.split(",")]
     if not args.skip_train:
         bench_training(args)
     if not args.skip_serve:
