@@ -248,7 +248,8 @@ def run(args: argparse.Namespace) -> list[Row]:
                 rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", related))
             if verbose:
                 _print_per_aspect(sub.attributes, modes, per_aspect, setting)
-    print_table(rows, paper, title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)")
+    print_table(rows, paper, out=sys.stdout,
+                title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)")
     return rows
 
 
