@@ -58,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="use the directed k-NN graph of sklearn's bundled digits (1,797 points)")
     parser.add_argument("--k", type=int, default=10, help="neighbours per list (digits) and k of recall@k")
     parser.add_argument("--dim", type=int, default=2, help="map dimension")
-    parser.add_argument("--references", default="spectral,isomap,tsne",
-                        help="comma-separated reference methods (spectral, isomap, tsne; '' for none)")
+    parser.add_argument("--references", default=None,
+                        help="comma-separated reference methods (spectral, isomap, tsne; '' for none);"
+                             " default: all three with features (--digits), spectral for a bare graph")
     parser.add_argument("--param", action="append", metavar="KEY=VALUE",
                         help="a KNNSCAL hyperparameter (repeatable), e.g. --param edge_weight=5")
 
@@ -192,7 +193,10 @@ def run(args) -> list[Row]:
             print(f"knnscal run {r + 1}: {est.n_iter_} iterations in {fit_s:.1f}s"
                   f" (converged={est.converged_}), fitted stress {est.stress_:.5f}, "
                   + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
-        for method in [m for m in args.references.split(",") if m]:
+        references = args.references
+        if references is None:
+            references = "spectral,isomap,tsne" if problem.features is not None else "spectral"
+        for method in [m for m in references.split(",") if m]:
             t0 = time.perf_counter()
             coords = reference_map(method, problem, dim, seed)
             metrics = map_metrics(problem, map_index(problem, coords))
