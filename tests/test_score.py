@@ -348,3 +348,13 @@ def test_registry_round_trip(tmp_path, planted):
                                   b.neighbors("", "aspects", 0, "aspects", 1)[0])
     assert b.value_labels("row") == a.value_labels("row")
     assert loaded.attributes["object_labels"][0] == "object 0"
+
+
+def test_aspect_without_values_has_no_triplets():
+    codes = np.array([[0, -1], [0, -1], [1, -1], [1, -1]])
+    layout = GroupLayout.from_codes(codes)
+    np.testing.assert_array_equal(layout.triplets_per_aspect(2), [8, 0])
+    est = ScoreEstimator(epochs=1, seed=0).fit(table_from_codes(codes))
+    index = Index.from_artifact(est.to_artifact())
+    assert index.map_coordinates("a1").shape == (4, 2)
+    assert index.value_labels("a1") == [None] * 4

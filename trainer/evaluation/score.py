@@ -248,6 +248,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                 rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", related))
             if verbose:
                 _print_per_aspect(sub.attributes, modes, per_aspect, setting)
+                if related:
+                    print("relatedness median per run: " + " ".join(f"{v:.3f}" for v in related),
+                          file=sys.stderr)
     print_table(rows, paper, out=sys.stdout,
                 title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)")
     return rows

@@ -65,7 +65,7 @@ class GroupLayout:
     @classmethod
     def from_codes(cls, codes: np.ndarray) -> "GroupLayout":
         codes = np.asarray(codes)
-        n_objects, n_aspects = codes.shape
+        n_aspects = codes.shape[1]
         members, aspect_start = [], [0]
         g_start, g_end, g_aspect, g_count = [], [], [], []
         base = 0
@@ -73,9 +73,9 @@ class GroupLayout:
             col = codes[:, t]
             objs = np.nonzero(col >= 0)[0]
             objs = objs[np.argsort(col[objs], kind="stable")]
-            values, sizes = np.unique(col[objs], return_counts=True)
+            sizes = np.unique(col[objs], return_counts=True)[1].astype(np.int64)
             n_t = objs.size
-            starts = base + np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            starts = base + np.cumsum(sizes) - sizes
             g_start.append(starts)
             g_end.append(starts + sizes)
             g_aspect.append(np.full(sizes.size, t, dtype=np.int64))
@@ -83,9 +83,9 @@ class GroupLayout:
             members.append(objs)
             base += n_t
             aspect_start.append(base)
-        cat = lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.empty(0, dt)  # noqa: E731
-        return cls(cat(members, np.int64), np.asarray(aspect_start, np.int64), cat(g_start, np.int64),
-                   cat(g_end, np.int64), cat(g_aspect, np.int64), np.cumsum(cat(g_count, np.float64)))
+        return cls(_concat(members, np.int64), np.asarray(aspect_start, np.int64),
+                   _concat(g_start, np.int64), _concat(g_end, np.int64), _concat(g_aspect, np.int64),
+                   np.cumsum(_concat(g_count, np.float64)))
 
     def triplets_per_aspect(self, n_aspects: int) -> np.ndarray:
         counts = np.diff(np.concatenate([[0.0], self.group_cum]))
@@ -94,6 +94,10 @@ class GroupLayout:
     @property
     def n_triplets(self) -> float:
         return float(self.group_cum[-1]) if self.group_cum.size else 0.0
+
+
+def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype)
 
 
 def random_sphere(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
