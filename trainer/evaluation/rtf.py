@@ -50,8 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=40,
                         help="maximum passes over the posts (paper: 600; early stop on validation AUC)")
     parser.add_argument("--learning-rate", type=float, default=RTF().learning_rate)
-    parser.add_argument("--reg", type=float, default=1e-6, help="gamma, L2 on U, I, T (paper: 1e-6)")
-    parser.add_argument("--reg-core", type=float, default=1e-6, help="gamma_C, L2 on the core (paper: 1e-6)")
+    parser.add_argument("--reg", type=float, default=RTF().reg,
+                        help="gamma, L2 on U and I (paper: 1e-6 on U, I, T)")
+    parser.add_argument("--reg-core", type=float, default=RTF().reg_core,
+                        help="gamma_C, L2 on the core (paper: 1e-6)")
+    parser.add_argument("--reg-tags", type=float, default=RTF().reg_tags,
+                        help="gamma_T, L2 on the tag factors (paper: the same as gamma)")
     parser.add_argument("--init-std", type=float, default=RTF().init_std)
     parser.add_argument("--validation-posts", type=int, default=RTF().validation_posts,
                         help="training posts held out for early stopping (0: none)")
@@ -258,6 +262,7 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
         for dims in dims_list:
             started = time.perf_counter()
             est = RTF(dims=dims, learning_rate=args.learning_rate, reg=args.reg, reg_core=args.reg_core,
+                      reg_tags=args.reg_tags,
                       iterations=args.iterations, init_std=args.init_std,
                       validation_posts=args.validation_posts, patience=args.patience,
                       seed=seed, verbose=not args.quiet)

@@ -103,7 +103,11 @@ class RTF(Estimator):
         afford. Tuned on held-out *training* posts, never on the test set.
     reg, reg_core : float
         ``gamma`` (factors) and ``gamma_C`` (core) of Eq. 8 (paper: 1e-6 on
-        Last.fm, 1e-5 on BibSonomy).
+        Last.fm, 1e-5 on BibSonomy, for all of U, I, T and C). The defaults
+        (1e-3 on U and I, 0 on C and T) won on a validation split of the
+        Last.fm 10-core *training* posts (``docs/rtf.md``): every post shrinks
+        all tag rows and the core, so any gamma there that keeps U and I in
+        check flattens the tag scores and costs top-N precision.
     reg_tags : float or None
         ``gamma_T``, the L2 weight of the tag factors; None means ``reg`` (the
         paper's single factor weight). Every post shrinks every tag row, so
@@ -142,9 +146,9 @@ class RTF(Estimator):
         self,
         dims: Any = 64,
         learning_rate: float = 1.0,
-        reg: float = 1e-6,
-        reg_core: float = 1e-6,
-        reg_tags: float | None = None,
+        reg: float = 1e-3,
+        reg_core: float = 0.0,
+        reg_tags: float | None = 0.0,
         iterations: int = 100,
         init_std: float = 0.1,
         validation_posts: int = 500,
