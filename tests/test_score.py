@@ -358,3 +358,11 @@ def test_aspect_without_values_has_no_triplets():
     index = Index.from_artifact(est.to_artifact())
     assert index.map_coordinates("a1").shape == (4, 2)
     assert index.value_labels("a1") == [None] * 4
+
+
+def test_artifact_records_the_training_preservation(planted):
+    table, fits = planted
+    art = fits["multi"].to_artifact()
+    overall, _ = preservation(Index.from_artifact(art), table)
+    assert art.metrics["preservation"] == pytest.approx(overall.mean(), abs=1e-12)
+    assert art.attributes["preservation_per_aspect"]["col"] == pytest.approx(overall[1], abs=1e-12)

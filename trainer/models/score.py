@@ -43,6 +43,8 @@ from trainer.models.base import Estimator, check_finite
 from trainer.progress import Progress
 
 MODES = ("multi", "single", "disjoint")
+# Exact training preservation costs O(objects^2) per aspect: recorded up to this size.
+PRESERVATION_MAX_OBJECTS = 5000
 
 
 @dataclass
@@ -251,7 +253,24 @@ class ScoreEstimator(Estimator):
                 bar.update(1, loglik=ll)
         self.X_, self.delta_ = X, delta
         self.Y_ = Y.reshape(n_sets, n_obj, dim)
+        self.train_preservation_ = None
+        if self.codes_ is not None and n_obj <= PRESERVATION_MAX_OBJECTS:
+            self.train_preservation_ = self._training_preservation()
         return self
+
+    def _training_preservation(self) -> np.ndarray:
+        """Per aspect, the exact preservation (Eq. 10) of every training
+        triplet, measured on the serving index's maps (recorded as a metric)."""
+        from service.models.score import Index
+        from trainer.evaluation.score import satisfied_triplets
+
+        index = Index.from_artifact(self._artifact(metrics={}))
+        out = np.full(len(self.aspects_), np.nan)
+        for t, name in enumerate(self.aspects_.ids):
+            sat, tot = satisfied_triplets(index.map_coordinates(name), self.codes_[:, t])
+            if tot:
+                out[t] = sat / tot
+        return out
 
     # ------------------------------------------------------------- results
     @property
@@ -267,7 +286,17 @@ class ScoreEstimator(Estimator):
         """Arrays: ``object_points`` (n_sets, n_objects, K+1), ``aspect_points``,
         ``aspect_object_set`` (which object set each aspect projects), ``deltas``
         and, for attribute input, ``codes`` (n_objects, n_aspects, -1 = missing);
-        value labels and object labels travel in the attributes."""
+        value labels and object labels travel in the attributes. Metric
+        ``preservation``: mean over aspects of the exact preservation of the
+        training triplets (attribute input up to
+        ``PRESERVATION_MAX_OBJECTS`` objects)."""
+        metrics = {"final_mean_loglik": self.loglik_[-1]} if self.loglik_ else {}
+        pres = getattr(self, "train_preservation_", None)
+        if pres is not None and np.isfinite(pres).any():
+            metrics["preservation"] = float(np.nanmean(pres))
+        return self._artifact(metrics)
+
+    def _artifact(self, metrics: dict) -> Artifact:
         arrays = {
             "object_points": np.ascontiguousarray(self.Y_, dtype=np.float64),
             "aspect_points": np.ascontiguousarray(self.aspect_points, dtype=np.float64),
@@ -281,9 +310,12 @@ class ScoreEstimator(Estimator):
             attributes["values"] = {name: vals for name, vals in zip(self.aspects_.ids, self.values_)}
             if self.labels_ is not None:
                 attributes["object_labels"] = self.labels_
+            pres = getattr(self, "train_preservation_", None)
+            if pres is not None:
+                attributes["preservation_per_aspect"] = {
+                    name: (None if np.isnan(v) else float(v)) for name, v in zip(self.aspects_.ids, pres)}
         params = self.get_params()
         params["mu"] = None if self.mu is None else [float(v) for v in self.mu]
-        metrics = {"final_mean_loglik": self.loglik_[-1]} if self.loglik_ else {}
         return Artifact(kind=self.kind, arrays=arrays,
                         ids={"objects": self.objects_, "aspects": self.aspects_},
                         hyperparameters=params, metrics=metrics, attributes=attributes,
