@@ -123,7 +123,7 @@ def test_npmax_peeks_and_beats_item_popularity_on_its_own_test_set():
 
 
 def test_cli_registers_reproduce_rtf(tmp_path):
-    parser = build_parser()
+    parser = build_parser("rtf")
     args = parser.parse_args(["reproduce", "rtf", "--data", "x", "--dims", "8,64", "--core", "5",
                               "--iterations", "7", "--learning-rate", "0.3"])
     assert args.dims == "8,64" and args.core == 5 and args.iterations == 7 and args.learning_rate == 0.3
