@@ -137,9 +137,9 @@ class DCR(Estimator):
     kind = "dcr"
     input_shape = "ratings"
 
-    def __init__(self, rank: int = 20, levels=None, relevance: str = "linear", lr: float = 0.03,
-                 lr_decay: float = 0.1, reg: float = 0.001, epochs: int = 30, init_std: float = 0.1,
-                 prob_floor: float = 1e-3, pairwise: bool = False, pairwise_lr: float = 0.02,
+    def __init__(self, rank: int = 20, levels=None, relevance: str = "linear", lr: float = 0.05,
+                 lr_decay: float = 0.02, reg: float = 0.001, epochs: int = 100, init_std: float = 0.1,
+                 prob_floor: float = 1e-3, pairwise: bool = False, pairwise_lr: float = 0.01,
                  pairwise_reg: float = 0.001, pairwise_epochs: int = 20, pairs_per_epoch: float = 1.0,
                  item_bias: float = 0.0, item_shrinkage: float = 0.0, projection: str = "ball", popularity_shrinkage: float = 10.0,
                  seed: int = 0,
