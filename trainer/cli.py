@@ -72,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     params = parse_assignments(args.set or [])
     params.setdefault("seed", args.seed)
-    estimator = estimator_cls(**params) if params else estimator_cls()
+    estimator = estimator_cls().set_params(**params)  # names unknown parameters
     estimator.fit(data)
     artifact = estimator.to_artifact()
     registry = Registry(args.registry)

@@ -45,6 +45,9 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "lastfm-tags": ("tags",),
     "zoo": ("attributes",),
     "neighbors": ("neighbors",),
+    # Explicit judgements, read by their own modules (never detected: name them):
+    "triples": ("ratings",),  # COE: "A u i j" / "B u v i" lines (trainer.data.triples)
+    "triplets": ("attributes",),  # SCORE: "aspect,i,j,k" lines (trainer.data.triplets)
 }
 
 # Well-known file names, checked before the content.
@@ -533,4 +536,14 @@ def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False
         reader = _READERS[shape]
     except KeyError:
         raise ValueError(f"unknown input shape {shape!r}; expected one of {', '.join(SHAPES)}") from None
+    if fmt in ("triples", "triplets"):
+        if shape not in FORMATS[fmt]:
+            raise ValueError(f"format {fmt!r} holds {FORMATS[fmt][0]} judgements, not {shape}")
+        if fmt == "triples":
+            from trainer.data.triples import read_triples
+
+            return read_triples(path, skip_bad_lines=skip_bad_lines)
+        from trainer.data.triplets import read_triplets
+
+        return read_triplets(path, skip_bad_lines=skip_bad_lines)
     return reader(path, fmt, skip_bad_lines=skip_bad_lines)

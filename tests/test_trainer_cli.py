@@ -1,0 +1,62 @@
+"""ordrec-train as a user runs it: explicit judgement files, data errors naming
+file and line, and the version-management commands."""
+from __future__ import annotations
+
+import numpy as np
+
+from service.artifacts import Registry
+from service.process import run_cli
+
+
+def _train(*args):
+    return run_cli(["trainer", "train", *args], check=False)
+
+
+def test_explicit_triple_files_train_coe_and_score(tmp_path):
+    rng = np.random.default_rng(0)
+    triples, triplets = tmp_path / "coe.txt", tmp_path / "score.csv"
+    lines = [f"A u{u} i{i} i{j}" for u, i, j in rng.integers(0, 20, (300, 3)) if i != j]
+    lines += [f"B u{u} u{v} i{i}" for u, v, i in rng.integers(0, 20, (300, 3)) if u != v]
+    triples.write_text("\n".join(lines) + "\n")
+    triplets.write_text("".join(f"asp{rng.integers(0, 2)},{','.join(f'o{x}' for x in rng.choice(15, 3, replace=False))}\n"
+                                for _ in range(300)))
+    registry = tmp_path / "reg"
+    for kind, path, fmt in (("coe", triples, "triples"), ("score", triplets, "triplets")):
+        result = _train(kind, "--data", str(path), "--format", fmt, "--registry", str(registry), "--set", "epochs=2")
+        assert result.returncode == 0, result.stderr
+    assert Registry(registry).models() == ["coe", "score"]
+    wrong = _train("dcr", "--data", str(triples), "--format", "triplets", "--registry", str(registry))
+    assert wrong.returncode == 2 and "not ratings" in wrong.stderr
+
+
+def test_bad_data_fails_with_file_and_line(tmp_path):
+    data = tmp_path / "u.data"
+    data.write_text("1\t1\t5\t100\n2\t1\tfive\t100\n")
+    result = _train("dcr", "--data", str(data), "--registry", str(tmp_path / "reg"))
+    assert result.returncode == 2
+    assert f"{data}:2" in result.stderr and "five" in result.stderr
+    assert not (tmp_path / "reg").exists() or Registry(tmp_path / "reg").versions("dcr") == []
+
+
+def test_unknown_hyperparameter_is_a_clear_error(sample_dir, tmp_path):
+    result = _train("dcr", "--data", str(sample_dir / "ratings.data"), "--registry", str(tmp_path / "r"),
+                    "--set", "rnak=3")
+    assert result.returncode != 0 and "rnak" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_versions_pin_unpin_prune(sample_registry, tmp_path):
+    registry = Registry(tmp_path / "reg")
+    artifact = Registry(sample_registry).load("dcr", mmap=False)
+    versions = [registry.publish("dcr", artifact) for _ in range(3)]
+    reg = ["--registry", str(registry.root)]
+    listing = run_cli(["trainer", "versions", *reg]).stdout
+    assert f"dcr\t{versions[-1]}\tlive:newest" in listing
+    run_cli(["trainer", "pin", *reg, "--model", "dcr", "--version", versions[0]])
+    assert registry.live_version("dcr") == (versions[0], "pinned")
+    assert "pinned" in run_cli(["trainer", "versions", *reg, "--model", "dcr"]).stdout
+    assert run_cli(["trainer", "prune", *reg, "--model", "dcr", "--keep", "1"]).returncode == 0
+    assert registry.versions("dcr") == [versions[0], versions[-1]]
+    run_cli(["trainer", "unpin", *reg, "--model", "dcr"])
+    assert registry.live_version("dcr") == (versions[-1], "newest")
+    bad = run_cli(["trainer", "pin", *reg, "--model", "dcr", "--version", "nope"], check=False)
+    assert bad.returncode != 0 and "unknown version" in bad.stderr
