@@ -16,7 +16,6 @@ from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from service.artifacts import Registry
 from service.process import ServerProcess, wait_for
-from tests.conftest import RedisServer
 
 
 class LoadLoop:
@@ -125,7 +124,7 @@ def test_redis_restart_under_load(redis_server, sample_registry, tmp_path):
         with LoadLoop(proc.target) as load:
             redis_server.stop()
             time.sleep(1.5)
-            RedisServer(redis_server.port).start()
+            redis_server.start()  # same port; the fixture stops it at the end
             wait_for(lambda: _metric(proc, "ordrec_redis_up") == 1, 15, what="redis back")
             time.sleep(0.5)
         assert load.failures == [], load.failures[:5]

@@ -16,7 +16,6 @@ from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from service.artifacts import Registry
 from service.process import ServerProcess, wait_for
-from tests.conftest import RedisServer
 
 
 def recommend(stub, user="u001", n=10, **kw):
@@ -77,7 +76,7 @@ def test_redis_down_fails_open_and_recovers(redis_server_process):
         with pytest.raises(grpc.RpcError) as info:
             stub.RecordInteractions(pb.RecordInteractionsRequest(user_id="u001", item_ids=["i001"]), timeout=5)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        RedisServer(server.port).start()  # back on the same port
+        server.start()  # back on the same port (the fixture stops it at the end)
         wait_for(lambda: not recommend(stub).seen_filter_degraded, 15, what="recovery")
         assert _metric_value(proc, "ordrec_redis_up") == 1
         assert redis_health() == health_pb2.HealthCheckResponse.SERVING
