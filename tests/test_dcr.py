@@ -116,6 +116,7 @@ def test_pairwise_loss_is_stable_for_large_margins():
     assert np.isfinite(pairwise_loss(u, vj, vi, c, 0.0))
 
 
+@settings(deadline=None)  # the first example may include numba's compilation
 @given(st.lists(st.floats(-10, 10), min_size=1, max_size=8), st.floats(0.1, 2.0))
 def test_project_ball_is_the_euclidean_projection(values, radius):
     x = np.array(values)

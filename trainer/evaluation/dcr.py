@@ -233,7 +233,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
     parser.add_argument("--lr", type=float, default=0.05, help="initial learning rate (without --tune)")
     parser.add_argument("--reg", type=float, default=0.001, help="L2 weight (without --tune)")
-    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--epochs", type=int, default=100, help="most epochs (all of them with --tol 0)")
+    parser.add_argument("--tol", type=float, default=0.002,
+                        help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)")
+    parser.add_argument("--order", default="user", choices=("user", "random"),
+                        help="SGA order: ratings grouped by user (default, faster) or one random permutation")
     parser.add_argument("--lr-decay", type=float, default=0.02)
     parser.add_argument("--pairwise-lr", type=float, default=0.01, help="(without --tune)")
     parser.add_argument("--pairwise-reg", type=float, default=0.001)
@@ -257,7 +261,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     verbose = not args.quiet
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
     base = dict(rank=args.rank, relevance=args.relevance, projection=args.projection, lr=args.lr,
-                reg=args.reg, epochs=args.epochs, lr_decay=args.lr_decay, pairwise_lr=args.pairwise_lr,
+                reg=args.reg, epochs=args.epochs, tol=args.tol, order=args.order, lr_decay=args.lr_decay,
+                pairwise_lr=args.pairwise_lr,
                 pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs)
     names = set(_grid(args.variants, str))
     unknown = names - {"shrunk", "bias"}
@@ -297,7 +302,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                     val_rng = np.random.default_rng([args.seed, n, run_index, 2])
                     params, pair_params = tune(train, val_rng, params, grid, pair_grid, log)
                 model = DCR(**params).fit(train)
-                note = f"({params_text(params, ['lr', 'reg', 'epochs', 'rank'])})"
+                note = f"({params_text(params, ['lr', 'reg', 'rank'])} epochs={model.epochs_run_})"
                 record(family.prefix, n, index_ndcg(model, test), note)
                 if shrunk:
                     model.item_shrinkage = shrinkage

@@ -45,7 +45,9 @@ from service.artifacts import Artifact
 from service.idmap import IdMap
 from service.models.dcr import RELEVANCE, level_weights
 from trainer.data.types import DataError, Ratings
-from trainer.models._dcr_kernels import pairwise_epoch, pointwise_epoch, pointwise_loglik
+from trainer.models._dcr_kernels import (
+    pairwise_epoch, pointwise_epoch, pointwise_epoch_by_user, pointwise_loglik, shuffle_segments,
+)
 from trainer.models.base import Estimator, check_finite
 from trainer.progress import Progress
 
@@ -103,7 +105,8 @@ class DCR(Estimator):
     reg : float
         L2 weight per example (paper: 0.01 or 0.001).
     epochs : int
-        Passes over the ratings (every level sees every rating once a pass).
+        Passes over the ratings (every level sees every rating once a pass);
+        the most passes when ``tol > 0``.
     init_std : float
         Standard deviation of the random initial factors.
     prob_floor : float
@@ -128,6 +131,19 @@ class DCR(Estimator):
     popularity_shrinkage : float
         Shrinkage ``beta`` of the damped item mean stored as ``item_popularity``
         (the unknown-user fallback): ``(sum r + beta * mean) / (count + beta)``.
+    order : {"user", "random"}
+        Order of the SGA steps within an epoch. "user" (default): users in a
+        fresh random order, each user's ratings together in a fresh random
+        order (``U_u`` stays in cache, about 2x faster on Netflix-sized
+        data); "random": a fresh random permutation of all ratings. Same
+        steps, same objective; only the visiting order differs.
+    tol : float
+        Stop before ``epochs`` once an epoch raises the training
+        log-likelihood per rating by less than ``tol`` relative to its value
+        (0: always run ``epochs``). ``epochs_run_`` records the epochs done.
+        The default 0.002 is the largest of {0.01, 0.005, 0.003, 0.002, 0.001}
+        whose validation NDCG@10 on ML-100K (N = 10, 20, 50; validation
+        splits carved from the training ratings) matched 100 fixed epochs.
     seed : int
         Seed of the initialisation, the rating order and the pair sampling.
     verbose : bool
@@ -142,7 +158,7 @@ class DCR(Estimator):
                  prob_floor: float = 1e-3, pairwise: bool = False, pairwise_lr: float = 0.01,
                  pairwise_reg: float = 0.001, pairwise_epochs: int = 20, pairs_per_epoch: float = 1.0,
                  item_bias: float = 0.0, item_shrinkage: float = 0.0, projection: str = "ball", popularity_shrinkage: float = 10.0,
-                 seed: int = 0,
+                 order: str = "user", tol: float = 0.002, seed: int = 0,
                  verbose: bool = False):
         self.rank = rank
         self.levels = levels
@@ -162,6 +178,8 @@ class DCR(Estimator):
         self.item_shrinkage = item_shrinkage
         self.projection = projection
         self.popularity_shrinkage = popularity_shrinkage
+        self.order = order
+        self.tol = tol
         self.seed = seed
         self.verbose = verbose
 
@@ -171,6 +189,8 @@ class DCR(Estimator):
             raise ValueError(f"relevance must be one of {RELEVANCE}, got {self.relevance!r}")
         if int(self.rank) < 1 or int(self.epochs) < 0 or int(self.pairwise_epochs) < 0:
             raise ValueError("rank must be >= 1 and epochs >= 0")
+        if self.order not in ("user", "random"):
+            raise ValueError(f"order must be 'user' or 'random', got {self.order!r}")
         if self.projection not in ("ball", "sphere"):
             raise ValueError(f"projection must be 'ball' or 'sphere', got {self.projection!r}")
         if not (np.isfinite(float(self.item_shrinkage)) and float(self.item_shrinkage) >= 0):
@@ -179,7 +199,7 @@ class DCR(Estimator):
             raise ValueError("item_bias must be in [0, 1)")
         if self.item_bias and int(self.rank) < 2:
             raise ValueError("item_bias needs rank >= 2 (one coordinate is the bias)")
-        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std"):
+        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std", "tol"):
             value = float(getattr(self, name))
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite non-negative number, got {value}")
@@ -203,19 +223,47 @@ class DCR(Estimator):
 
         rng = np.random.default_rng(self.seed)
         L, f = self.levels_.size - 1, int(self.rank)
-        U = rng.normal(0.0, self.init_std, size=(n_users, L, f))
-        V = rng.normal(0.0, self.init_std, size=(n_items, L, f))
+        # Random initial factors only for users and items with training ratings: the
+        # others get no update and are served at zero (P = 1/2 at every level, no
+        # evidence). Drawing 48k users' factors when a training subset has 10k users
+        # costs more than a whole epoch.
+        active = np.flatnonzero(np.diff(self.seen_indptr_) > 0)
+        rated = np.flatnonzero(np.bincount(item, minlength=n_items) > 0)
+        U = np.zeros((n_users, L, f))
+        V = np.zeros((n_items, L, f))
+        U[active] = rng.normal(0.0, self.init_std, size=(active.size, L, f))
+        V[rated] = rng.normal(0.0, self.init_std, size=(rated.size, L, f))
         u_fixed, u_radius = self._bias_setup(U, V)
         self.loglik_ = np.full(L, np.nan)
+        sphere = self.projection == "sphere"
+        self.loglik_history_: list[float] = []
+        by_user = self.order == "user"
+        if by_user:
+            # Working copies: shuffle_segments permutes them in place every epoch.
+            seg_items = self.seen_indices_.astype(np.int64)
+            seg_levels = self.seen_levels_.copy()
         with Progress("DCR", self.epochs, self.verbose) as bar:
             for epoch in range(int(self.epochs)):
-                order = rng.permutation(len(data)).astype(np.int64)
                 lr = float(self.lr) / (1.0 + float(self.lr_decay) * epoch)
-                self.loglik_ = pointwise_epoch(U, V, user, item, level, order, lr, float(self.reg),
-                                               float(self.prob_floor), u_fixed, u_radius,
-                                               self.projection == "sphere")
-                check_finite(epoch, user_factors=U, item_factors=V)
-                bar.update(1, loglik=float(self.loglik_.sum()) / len(data))
+                if by_user:
+                    shuffle_segments(self.seen_indptr_, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
+                    self.loglik_, norms = pointwise_epoch_by_user(
+                        U, V, self.seen_indptr_, seg_items, seg_levels, rng.permutation(active),
+                        lr, float(self.reg), float(self.prob_floor), u_fixed, u_radius, sphere)
+                    # Every updated vector's norm passes through this sum, so a NaN anywhere
+                    # in the factors shows here without scanning U and V every epoch.
+                    check_finite(epoch, loglik=self.loglik_, factor_norms=norms)
+                else:
+                    order = rng.permutation(len(data)).astype(np.int64)
+                    self.loglik_ = pointwise_epoch(U, V, user, item, level, order, lr, float(self.reg),
+                                                   float(self.prob_floor), u_fixed, u_radius, sphere)
+                    check_finite(epoch, user_factors=U, item_factors=V)
+                self.loglik_history_.append(float(self.loglik_.sum()) / len(data))
+                bar.update(1, loglik=self.loglik_history_[-1])
+                if self._converged():
+                    break
+        self.epochs_run_ = len(self.loglik_history_)
+        check_finite(self.epochs_run_ - 1, user_factors=U, item_factors=V)
         # Items (users) without training ratings keep no evidence: P = 1/2 at every level.
         V[np.bincount(item, minlength=n_items) == 0] = 0.0
         self.U_, self.V_ = U, V
@@ -223,6 +271,21 @@ class DCR(Estimator):
         if self.pairwise:
             self._refine(rng)
         return self
+
+    def _converged(self) -> bool:
+        """The stopping rule: training log-likelihood per rating gained less than ``tol``
+        (relative) in the last epoch. ``tol = 0`` runs all ``epochs``.
+
+        The log-likelihood is the sum the epoch kernel accumulates before each
+        step (no extra pass). It rises quickly, then creeps up as the factors
+        fit the training ratings; the creep is where ranking quality stops
+        improving, and it starts after more epochs when each user and item
+        has fewer ratings (ML-100K, N = 10) than when it has many (Netflix).
+        """
+        h = self.loglik_history_
+        if float(self.tol) <= 0.0 or len(h) < 2:
+            return False
+        return (h[-1] - h[-2]) < float(self.tol) * abs(h[-1])
 
     def _bias_setup(self, U: np.ndarray, V: np.ndarray) -> tuple[int, float]:
         s = float(self.item_bias)
