@@ -13,9 +13,10 @@ from trainer.data.types import DataError, Ratings
 from trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user_split
 from trainer.models import estimator_class
 from trainer.models._dcr_kernels import (
-    pairwise_loss, pairwise_step, pointwise_objective, pointwise_step, project_ball,
+    pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
+    project_ball, shuffle_segments,
 )
-from trainer.models.dcr import DCR, rating_levels
+from trainer.models.dcr import DCR, rating_levels, user_csr
 
 
 def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
@@ -143,11 +144,12 @@ def test_factors_stay_in_the_unit_ball(seed, bias, projection):
         assert np.all(model.U_[:, :, 0] == bias)
 
 
-def test_planted_low_rank_order_is_recovered():
+@pytest.mark.parametrize("order", ["user", "random"])
+def test_planted_low_rank_order_is_recovered(order):
     data = planted(1)
     rng = np.random.default_rng(0)
     train, test = per_user_split(data, 30, rng)
-    model = DCR(rank=8, epochs=60, lr=0.05, seed=0).fit(train)
+    model = DCR(rank=8, epochs=60, lr=0.05, order=order, seed=0).fit(train)
     index = Index.from_artifact(model.to_artifact())
     dcr = ndcg_at_k(index.score_items, test)
     random = ndcg_at_k(fixed_scorer(rng.random(data.n_items)), test)
@@ -198,15 +200,80 @@ def test_same_seed_same_model_other_seed_other_model():
     assert not np.array_equal(a.U_[:, :, :], c.U_)
 
 
-def test_divergence_is_reported_with_the_epoch():
+@pytest.mark.parametrize("order", ["user", "random"])
+def test_divergence_is_reported_with_the_epoch(order):
     data = planted(4, n_users=10, n_items=10, per_user=5)
     with pytest.raises(FloatingPointError, match="epoch 0"):
         # finite but absurd: lr * reg overflows, the projection turns inf into NaN
-        DCR(rank=2, epochs=2, lr=1e300, reg=1e300).fit(data)
+        DCR(rank=2, epochs=2, lr=1e300, reg=1e300, order=order).fit(data)
+
+
+# ------------------------------------------------------------ rating order, stopping rule
+@pytest.mark.parametrize("u_fixed,radius,sphere", [(0, 1.0, False), (1, 0.7, False), (0, 1.0, True)])
+def test_user_grouped_epoch_takes_the_steps_of_the_same_global_order(u_fixed, radius, sphere):
+    """The grouped kernel is the plain epoch in another order, not another algorithm."""
+    rng = np.random.default_rng(0)
+    n_users, n_items, L, f = 12, 9, 3, 5
+    user = rng.integers(0, n_users, 80)
+    item = rng.integers(0, n_items, 80)
+    level = rng.integers(0, L + 1, 80).astype(np.int32)
+    indptr, items, levels = user_csr(n_users, user, item, level)
+    owner = np.repeat(np.arange(n_users), np.diff(indptr))
+    user_order = rng.permutation(np.flatnonzero(np.diff(indptr) > 0))
+    global_order = np.concatenate([np.arange(indptr[u], indptr[u + 1]) for u in user_order]).astype(np.int64)
+    U0, V0 = rng.normal(0, 0.4, (n_users, L, f)), rng.normal(0, 0.4, (n_items, L, f))
+    U1, V1, U2, V2 = U0.copy(), V0.copy(), U0.copy(), V0.copy()
+    args = (0.1, 0.01, 1e-3, u_fixed, radius, sphere)
+    ll1 = pointwise_epoch(U1, V1, owner, items, levels, global_order, *args)
+    ll2, norms = pointwise_epoch_by_user(U2, V2, indptr, items, levels, user_order, *args)
+    np.testing.assert_allclose(U2, U1, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(V2, V1, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(ll2, ll1, rtol=1e-12)
+    assert np.all(np.isfinite(norms)) and np.all(norms > 0)
+    assert not np.allclose(U2, U0)
+
+
+def test_shuffle_segments_permutes_within_each_user_only():
+    rng = np.random.default_rng(1)
+    indptr = np.array([0, 5, 5, 12, 13, 30], dtype=np.int64)
+    items = rng.integers(0, 50, 30).astype(np.int64)
+    levels = rng.integers(0, 5, 30).astype(np.int32)
+    a_items, a_levels = items.copy(), levels.copy()
+    shuffle_segments(indptr, a_items, a_levels, 7)
+    for lo, hi in zip(indptr[:-1], indptr[1:]):
+        before = sorted(zip(items[lo:hi], levels[lo:hi]))
+        after = sorted(zip(a_items[lo:hi], a_levels[lo:hi]))
+        assert before == after  # same (item, level) pairs in every segment
+    assert not np.array_equal(a_items, items)
+    b_items, b_levels = items.copy(), levels.copy()
+    shuffle_segments(indptr, b_items, b_levels, 7)
+    np.testing.assert_array_equal(a_items, b_items)
+
+
+def test_stopping_rule_stops_at_the_first_small_gain():
+    data = planted(5, n_users=60, n_items=40, per_user=20)
+    full = DCR(rank=4, epochs=80, tol=0.0, seed=2).fit(data)
+    assert full.epochs_run_ == 80 and len(full.loglik_history_) == 80
+    tol = 0.01
+    early = DCR(rank=4, epochs=80, tol=tol, seed=2).fit(data)
+    h = np.asarray(early.loglik_history_)
+    assert 2 <= early.epochs_run_ < 80 and h.size == early.epochs_run_
+    gains = np.diff(h) / np.abs(h[1:])
+    assert gains[-1] < tol and np.all(gains[:-1] >= tol)
+    # the same seed takes the same steps until the stop
+    np.testing.assert_allclose(h, full.loglik_history_[: h.size])
+
+
+def test_users_and_items_without_training_ratings_are_served_at_one_half():
+    data = make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [1, 5, 4, 2, 3], n_users=5, n_items=4)
+    model = DCR(rank=3, epochs=5, seed=0).fit(data)
+    assert np.all(model.U_[3:] == 0) and np.all(model.V_[3] == 0)
+    assert np.any(model.U_[:3] != 0)
 
 
 @pytest.mark.parametrize("bad", [dict(relevance="cubic"), dict(rank=0), dict(item_bias=1.0),
-                                 dict(lr=float("nan")), dict(projection="cube"), dict(item_shrinkage=-1)])
+                                 dict(lr=float("nan")), dict(projection="cube"), dict(item_shrinkage=-1),
+                                 dict(order="zigzag"), dict(tol=-1.0)])
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError):
         DCR(**bad).fit(planted(0, n_users=5, n_items=5, per_user=3))
