@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
     p.add_argument("--token-env", help="environment variable holding an accepted bearer token")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="Python's GIL switch interval in seconds (sys.setswitchinterval; default 5 ms)")
     p.add_argument("--log-level", default="INFO")
     for name, default in vars(Limits()).items():
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, dest=name,
@@ -75,6 +77,8 @@ def serve(args: argparse.Namespace) -> int:
     import numba
 
     numba.set_num_threads(1)
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     server = Server(config_from_args(args))
