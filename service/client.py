@@ -30,7 +30,8 @@ def _print_scored(rows, indent: str = "  ") -> None:
         extra = ""
         if item.rating_distribution:
             extra = "  P(r)=[" + ", ".join(f"{p:.2f}" for p in item.rating_distribution) + "]"
-        print(f"{indent}{rank:>3}. {item.id:<24} {item.score:+.4f}{extra}")
+        name = f" ({item.label})" if item.label else ""
+        print(f"{indent}{rank:>3}. {item.id:<24} {item.score:+.4f}{name}{extra}")
 
 
 def _metadata(args) -> list[tuple[str, str]]:

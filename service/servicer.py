@@ -186,8 +186,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                                             exclude_own=request.exclude_own_tags)
         if fallback != "none":
             self.metrics.fallbacks.labels(model.name, "Tags", fallback).inc()
-        return pb.TagsResponse(tags=_scored(index.artifact.idmap("tags"), rows, scores), fallback=_FALLBACK[fallback],
-                               model=model.name, model_version=model.version)
+        tags = _scored(index.artifact.idmap("tags"), rows, scores)
+        for tag, label in zip(tags, index.tag_names(rows) or ()):
+            tag.label = label
+        return pb.TagsResponse(tags=tags, fallback=_FALLBACK[fallback], model=model.name,
+                               model_version=model.version)
 
     # ------------------------------------------------------------ Neighbors
     def _space(self, model: LoadedModel, space: str) -> str:

@@ -301,3 +301,17 @@ def test_knnscal_neighbors_and_place(stub, sample_dir):
     assert got == grpc.StatusCode.NOT_FOUND
     got, _ = code_of(lambda: stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=[]), timeout=5))
     assert got == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_tags_carry_display_names_when_the_data_has_them(tmp_path):
+    from trainer.models import estimator_class
+    from trainer.sample import planted_tags
+
+    data = planted_tags(seed=2)
+    data.tag_names = [f"name of {t}" for t in data.tags.ids]
+    artifact = estimator_class("rtf")(dims=4, iterations=2, min_iterations=1, verbose=False).fit(data).to_artifact()
+    Registry(tmp_path).publish("rtf", artifact)
+    with ServerProcess(tmp_path) as proc, grpc.insecure_channel(proc.target) as ch:
+        reply = recommender_pb2_grpc.RecommenderStub(ch).Tags(
+            pb.TagsRequest(user_id=data.users.ids[0], item_id=data.items.ids[0], n=3), timeout=5)
+    assert [t.label for t in reply.tags] == [f"name of {t.id}" for t in reply.tags]

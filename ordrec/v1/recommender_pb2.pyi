@@ -30,14 +30,16 @@ FALLBACK_POPULAR_ITEM: Fallback
 FALLBACK_POPULAR_USER: Fallback
 
 class ScoredId(_message.Message):
-    __slots__ = ("id", "score", "rating_distribution")
+    __slots__ = ("id", "score", "rating_distribution", "label")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RATING_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     rating_distribution: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ...) -> None: ...
+    label: str
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ...) -> None: ...
 
 class RecommendRequest(_message.Message):
     __slots__ = ("model", "user_ids", "n", "exclude_seen", "candidate_item_ids", "with_distribution")

@@ -65,9 +65,10 @@ def _fmt(value: float) -> str:
     return f"{value:.4f}" if abs(value) < 100 else f"{value:.1f}"
 
 
-def print_table(rows: Iterable[Row], paper: Iterable[PaperFigure] = (), out: TextIO = sys.stdout,
+def print_table(rows: Iterable[Row], paper: Iterable[PaperFigure] = (), out: TextIO | None = None,
                 title: str = "") -> None:
     """Rows grouped by setting and metric, the paper's figure (when it has one) beside ours."""
+    out = out or sys.stdout  # looked up per call, so captured or redirected stdout works
     rows = list(rows)
     paper_by_key = {(p.method, _setting_text(p.setting), p.metric): p for p in paper}
     header = ("method", "setting", "metric", "ours (mean ± std, runs)", "paper")
