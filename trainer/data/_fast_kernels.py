@@ -37,6 +37,28 @@ def _parse_id(buf, start, end):
     return value
 
 
+@njit(cache=True, inline="always")
+def _scan_field(buf, p, end, sep0, sep1, no_quotes):
+    """The field that starts at byte ``p``: ``(q, field_end, at_eol)`` where ``q``
+    is the separator or newline that ends it and ``field_end`` excludes a CR
+    before a newline; ``q = -1`` when a quote means the fast path must give up."""
+    q = p
+    while q < end:
+        c = buf[q]
+        if c == 10:
+            break
+        if c == sep0 and (sep1 == 0 or (q + 1 < end and buf[q + 1] == sep1)):
+            break
+        if c == 34 and no_quotes:
+            return -1, 0, False
+        q += 1
+    at_eol = q >= end or buf[q] == 10
+    field_end = q
+    if at_eol and field_end > p and buf[field_end - 1] == 13:
+        field_end -= 1
+    return q, field_end, at_eol
+
+
 @njit(cache=True)
 def _parse_number(buf, start, end, integer):
     """``[-]digits[.digits]`` in buf[start:end] as (ok, value); ``[-]digits`` only when ``integer``.
@@ -112,20 +134,9 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
         line_start = p
         field = 0
         while True:
-            q = p
-            while q < end:
-                c = buf[q]
-                if c == 10:
-                    break
-                if c == sep0 and (sep1 == 0 or (q + 1 < end and buf[q + 1] == sep1)):
-                    break
-                if c == 34 and no_quotes:
-                    return row, line_start
-                q += 1
-            at_eol = q >= end or buf[q] == 10
-            field_end = q
-            if at_eol and field_end > p and buf[field_end - 1] == 13:
-                field_end -= 1
+            q, field_end, at_eol = _scan_field(buf, p, end, sep0, sep1, no_quotes)
+            if q < 0:
+                return row, line_start
             if field >= n_fields:
                 return row, line_start
             s = id_slot[field]
@@ -172,20 +183,9 @@ def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, n
         line_start = p
         field = 0
         while True:
-            q = p
-            while q < end:
-                c = buf[q]
-                if c == 10:
-                    break
-                if c == sep0 and (sep1 == 0 or (q + 1 < end and buf[q + 1] == sep1)):
-                    break
-                if c == 34 and no_quotes:
-                    return row, line_start
-                q += 1
-            at_eol = q >= end or buf[q] == 10
-            field_end = q
-            if at_eol and field_end > p and buf[field_end - 1] == 13:
-                field_end -= 1
+            q, field_end, at_eol = _scan_field(buf, p, end, sep0, sep1, no_quotes)
+            if q < 0:
+                return row, line_start
             if field >= n_fields:
                 return row, line_start
             s = id_slot[field]
