@@ -60,3 +60,16 @@ def test_versions_pin_unpin_prune(sample_registry, tmp_path):
     assert registry.live_version("dcr") == (versions[-1], "newest")
     bad = run_cli(["trainer", "pin", *reg, "--model", "dcr", "--version", "nope"], check=False)
     assert bad.returncode != 0 and "unknown version" in bad.stderr
+
+
+def test_map_models_publish_fit_metrics_and_a_report(sample_dir, tmp_path):
+    registry = tmp_path / "reg"
+    for kind, sample, flags in (("coe", "ratings.data", ["--labels", str(sample_dir / "items.txt")]),
+                                ("score", "attributes.csv", [])):
+        result = _train(kind, "--data", str(sample_dir / sample), "--registry", str(registry),
+                        "--set", "epochs=3", *flags)
+        assert result.returncode == 0, result.stderr
+        artifact = Registry(registry).load(kind)
+        assert 0.5 < artifact.metrics["preservation_h" if kind == "coe" else "preservation"] <= 1.0
+        report = (artifact.path / "report.html").read_text()
+        assert artifact.version in report and "preservation" in report

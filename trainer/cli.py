@@ -75,6 +75,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     estimator = estimator_cls().set_params(**params)  # names unknown parameters
     estimator.fit(data)
     artifact = estimator.to_artifact()
+    from trainer.evaluation.fit import fit_metrics
+
+    for metric, value in fit_metrics(args.kind, data, artifact).items():
+        artifact.metrics.setdefault(metric, value)
     registry = Registry(args.registry)
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
