@@ -204,6 +204,21 @@ def test_seed_makes_training_reproducible():
     np.testing.assert_array_equal(a.tag_factors_, b.tag_factors_)
 
 
+def test_lr_decay_scales_later_passes():
+    # pass e steps with learning_rate / (1 + lr_decay (e - 1)): with a huge decay
+    # every pass after the first barely moves the parameters, without it they move
+    data, truth, train, _ = _split_planted(seed=5)
+    kw = dict(dims=3, learning_rate=0.5, iterations=1, validation_posts=0, seed=3, verbose=False)
+    one = RTF(**kw).fit(train)
+    frozen = RTF(**{**kw, "iterations": 4, "lr_decay": 1e9}).fit(train)
+    moving = RTF(**{**kw, "iterations": 4}).fit(train)
+    assert np.abs(frozen.core_ - one.core_).max() < 1e-6
+    assert np.abs(frozen.tag_factors_ - one.tag_factors_).max() < 1e-6
+    assert np.abs(moving.core_ - one.core_).max() > 1e-3
+    with pytest.raises(ValueError, match="lr_decay"):
+        RTF(lr_decay=-0.1, verbose=False).fit(train)
+
+
 def test_estimator_contract_and_registry_round_trip(tmp_path):
     assert estimator_class("rtf") is RTF
     assert RTF.kind == "rtf" and RTF.input_shape == "tags"

@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=60,
                         help="maximum passes over the posts (paper: 600; early stop on validation AUC)")
     parser.add_argument("--learning-rate", type=float, default=RTF().learning_rate)
+    parser.add_argument("--lr-decay", type=float, default=RTF().lr_decay,
+                        help="pass e uses learning_rate / (1 + lr_decay (e - 1))")
     parser.add_argument("--reg", type=float, default=RTF().reg,
                         help="gamma, L2 on U and I (paper: 1e-6 on U, I, T)")
     parser.add_argument("--reg-core", type=float, default=RTF().reg_core,
@@ -263,7 +265,8 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
         baseline_done = False
         for dims in dims_list:
             started = time.perf_counter()
-            est = RTF(dims=dims, learning_rate=args.learning_rate, reg=args.reg, reg_core=args.reg_core,
+            est = RTF(dims=dims, learning_rate=args.learning_rate,
+                      lr_decay=args.lr_decay, reg=args.reg, reg_core=args.reg_core,
                       reg_tags=args.reg_tags,
                       iterations=args.iterations, init_std=args.init_std,
                       validation_posts=args.validation_posts, patience=args.patience,
