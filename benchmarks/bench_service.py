@@ -2,7 +2,7 @@
 and zero errors, one process vs several sharing the port (SO_REUSEPORT).
 
     python benchmarks/bench_service.py [--data ../shared/data] [--seconds 8]
-        [--rates 1000,2000,3000,4000,5000,6000,7000] [--processes 1,2] [--engine h2load]
+        [--rates 1000,2000,3000,4000,5000,6000,7000] [--configs 1,1:pinned,2] [--engine h2load]
 
 Models: DCR on ML-100K (or an ML-100K-sized generated set), RTF with 64 dims
 over 2,045 tags (the paper's Last.fm size), COE on the same ratings. Their
@@ -93,7 +93,8 @@ def main() -> int:
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--rates", default="1000,2000,3000,4000,5000,6000,7000,8000")
-    p.add_argument("--processes", default="1,2")
+    p.add_argument("--configs", default="1,1:pinned,2",
+                   help="server set-ups: N processes, or 1:pinned (one process pinned to CPU 0)")
     p.add_argument("--engine", default="h2load", choices=("h2load", "python"))
     p.add_argument("--p99-ms", type=float, default=10.0)
     args = p.parse_args()
@@ -104,27 +105,29 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         registry = build_registry(Path(tmp) / "registry", Path(args.data))
         rows = []
-        for processes in [int(x) for x in args.processes.split(",")]:
-            with ServerProcess(registry.root, "--processes", str(processes)) as proc:
+        for config in args.configs.split(","):
+            processes, _, pinned = config.partition(":")
+            extra = ["--cpu", "0"] if pinned else []
+            with ServerProcess(registry.root, "--processes", processes, *extra) as proc:
                 for label, mix, flag in workload:
                     best = None
                     for rate in rates:
                         result = loadtest(proc, registry.root, mix, flag, rate, args.seconds, args.engine)
                         ok = result["errors"] == 0 and result["p99_ms"] <= args.p99_ms
-                        print(f"  {processes}p {label:<24} rate {rate:>6.0f}: qps {result['qps']:>6.0f} "
+                        print(f"  {config:<9} {label:<24} rate {rate:>6.0f}: qps {result['qps']:>6.0f} "
                               f"p99 {result['p99_ms']:6.2f} ms errors {result['errors']}", file=sys.stderr)
                         if not ok:
                             break
                         best = result
                     saturation = loadtest(proc, registry.root, mix, flag, 0, args.seconds, args.engine)
-                    rows.append((processes, label, best, saturation))
+                    rows.append((config, label, best, saturation))
     print(f"\nHighest offered rate with p99 <= {args.p99_ms:g} ms and zero errors "
           f"({args.engine}, {args.seconds:g} s per step, 8 connections)")
-    print(f"{'processes':>9}  {'RPC':<24} {'QPS':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'errors':>6}"
+    print(f"{'processes':>10}  {'RPC':<24} {'QPS':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'errors':>6}"
           f"   {'saturated QPS':>13} {'p99 ms':>7}")
     for processes, label, best, sat in rows:
         b = best or {"qps": 0, "p50_ms": float("nan"), "p90_ms": float("nan"), "p99_ms": float("nan"), "errors": "-"}
-        print(f"{processes:>9}  {label:<24} {b['qps']:>7.0f} {b['p50_ms']:>7.2f} {b['p90_ms']:>7.2f} "
+        print(f"{processes:>10}  {label:<24} {b['qps']:>7.0f} {b['p50_ms']:>7.2f} {b['p90_ms']:>7.2f} "
               f"{b['p99_ms']:>7.2f} {b['errors']:>6}   {sat['qps']:>13.0f} {sat['p99_ms']:>7.2f}")
     return 0
 
