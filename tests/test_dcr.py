@@ -281,6 +281,7 @@ def test_stopping_rule_stops_at_the_first_small_gain():
     assert gains[-1] < tol and np.all(gains[:-1] >= tol)
     # the same seed takes the same steps until the stop
     np.testing.assert_allclose(h, full.loglik_history_[: h.size])
+    assert early.to_artifact().metrics["epochs_run"] == early.epochs_run_
 
 
 def test_users_and_items_without_training_ratings_are_served_at_one_half():

@@ -363,6 +363,7 @@ class DCR(Estimator):
         if params["levels"] is not None:
             params["levels"] = [float(x) for x in self.levels_]
         metrics = {f"train_loglik_level_{t + 2}": float(v) for t, v in enumerate(self.loglik_)}
+        metrics["epochs_run"] = float(getattr(self, "epochs_run_", self.epochs))
         item_factors = self.V_.reshape(self.V_.shape[0], L * f)
         beta = float(self.item_shrinkage)
         if beta > 0:
