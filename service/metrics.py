@@ -69,10 +69,16 @@ def _split_method(full_method: str) -> tuple[str, str]:
 
 
 class MetricsInterceptor(grpc.ServerInterceptor):
-    """Counts and times every RPC with its final status code."""
+    """Counts and times every RPC with its final status code.
+
+    Labelled children are looked up once per method and code and cached:
+    ``.labels()`` costs microseconds and this runs on every call.
+    """
 
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
+        self._children: dict[tuple, tuple] = {}
+        self._handled: dict[tuple, object] = {}
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -80,23 +86,34 @@ class MetricsInterceptor(grpc.ServerInterceptor):
             return None
         service, method = _split_method(handler_call_details.method)
         if handler.unary_unary:
-            return handler._replace(unary_unary=self._unary(handler.unary_unary, service, method))
+            return handler._replace(unary_unary=self._unary(handler.unary_unary, ("unary", service, method)))
         if handler.unary_stream:
-            return handler._replace(unary_stream=self._stream(handler.unary_stream, service, method))
+            return handler._replace(unary_stream=self._stream(handler.unary_stream,
+                                                              ("server_stream", service, method)))
         return handler
 
-    def _record(self, labels: tuple, context, start: float, failed: bool) -> None:
+    def _start(self, labels: tuple):
+        children = self._children.get(labels)
+        if children is None:
+            children = (self.metrics.started.labels(*labels), self.metrics.handling.labels(*labels))
+            self._children[labels] = children
+        children[0].inc()
+        return children[1]
+
+    def _record(self, labels: tuple, handling, context, start: float, failed: bool) -> None:
         code = context.code()
         if code is None:
             code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
-        self.metrics.handled.labels(*labels, code.name).inc()
-        self.metrics.handling.labels(*labels).observe(time.perf_counter() - start)
+        key = (labels, code)
+        handled = self._handled.get(key)
+        if handled is None:
+            handled = self._handled[key] = self.metrics.handled.labels(*labels, code.name)
+        handled.inc()
+        handling.observe(time.perf_counter() - start)
 
-    def _unary(self, behavior, service, method):
-        labels = ("unary", service, method)
-
+    def _unary(self, behavior, labels):
         def wrapper(request, context):
-            self.metrics.started.labels(*labels).inc()
+            handling = self._start(labels)
             start = time.perf_counter()
             failed = True
             try:
@@ -104,21 +121,19 @@ class MetricsInterceptor(grpc.ServerInterceptor):
                 failed = False
                 return response
             finally:
-                self._record(labels, context, start, failed)
+                self._record(labels, handling, context, start, failed)
 
         return wrapper
 
-    def _stream(self, behavior, service, method):
-        labels = ("server_stream", service, method)
-
+    def _stream(self, behavior, labels):
         def wrapper(request, context):
-            self.metrics.started.labels(*labels).inc()
+            handling = self._start(labels)
             start = time.perf_counter()
             failed = True
             try:
                 yield from behavior(request, context)
                 failed = False
             finally:
-                self._record(labels, context, start, failed)
+                self._record(labels, handling, context, start, failed)
 
         return wrapper

@@ -95,8 +95,12 @@ def rpc(method: Callable) -> Callable:
     return stream if inspect.isgeneratorfunction(method) else unary
 
 
-def _scored(ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> list[pb.ScoredId]:
-    return [pb.ScoredId(id=ids.external(int(r)), score=float(s)) for r, s in zip(rows, scores)]
+def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> None:
+    """Append (id, score) entries to a repeated ScoredId field in place (no
+    temporary messages to copy: this runs on every request)."""
+    add, externals = container.add, ids.ids
+    for row, score in zip(rows.tolist(), scores.tolist()):
+        add(id=externals[row], score=score)
 
 
 def _rows_or_not_found(ids: IdMap, externals: list[str], what: str) -> np.ndarray:
@@ -150,7 +154,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 result.fallback = pb.FALLBACK_POPULAR_GLOBAL
                 self.metrics.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
             rows, scores = ranked[i]
-            result.items.extend(_scored(index.items, rows, scores))
+            _add_scored(result.items, index.items, rows, scores)
             if request.with_distribution and user_rows[i] >= 0:
                 dist = index.distribution(int(user_rows[i]), rows)
                 for item, probs in zip(result.items, dist):
@@ -165,7 +169,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             return None
         parts = []
         if user_row >= 0:
-            parts.append(np.asarray(index.seen(int(user_row)), dtype=np.int64))
+            parts.append(index.seen(int(user_row)))
         if recent_ids:
             rows = index.items.rows(recent_ids)
             parts.append(rows[rows >= 0])
@@ -186,11 +190,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                                             exclude_own=request.exclude_own_tags)
         if fallback != "none":
             self.metrics.fallbacks.labels(model.name, "Tags", fallback).inc()
-        tags = _scored(index.artifact.idmap("tags"), rows, scores)
-        for tag, label in zip(tags, index.tag_names(rows) or ()):
+        reply = pb.TagsResponse(fallback=_FALLBACK[fallback], model=model.name, model_version=model.version)
+        _add_scored(reply.tags, index.artifact.idmap("tags"), rows, scores)
+        for tag, label in zip(reply.tags, index.tag_names(rows) or ()):
             tag.label = label
-        return pb.TagsResponse(tags=tags, fallback=_FALLBACK[fallback], model=model.name,
-                               model_version=model.version)
+        return reply
 
     # ------------------------------------------------------------ Neighbors
     def _space(self, model: LoadedModel, space: str) -> str:
@@ -234,8 +238,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         if row < 0:
             raise NotFound(f"unknown {source[:-1]} id {query_id[:80]!r}")
         rows, scores = index.neighbors(space, source, row, target, k)
-        return pb.NeighborsResponse(neighbors=_scored(index.maps[space][target].ids, rows, scores),
-                                    model=model.name, model_version=model.version)
+        reply = pb.NeighborsResponse(model=model.name, model_version=model.version)
+        _add_scored(reply.neighbors, index.maps[space][target].ids, rows, scores)
+        return reply
 
     # ---------------------------------------------------------- Coordinates
     @rpc
@@ -274,7 +279,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         reply = pb.PlaceResponse(coords=np.asarray(coords).tolist(), model=model.name, model_version=model.version)
         if k:
             near, scores = points.nearest(np.asarray(coords, dtype=np.float64), k)
-            reply.neighbors.extend(_scored(points.ids, near, scores))
+            _add_scored(reply.neighbors, points.ids, near, scores)
         return reply
 
     # --------------------------------------------------- RecordInteractions

@@ -73,7 +73,8 @@ class RecommenderIndex(ModelIndex):
         self.users: IdMap = artifact.idmap("users")
         self.items: IdMap = artifact.idmap("items")
         self.seen_indptr = np.asarray(artifact.array("seen_indptr"), dtype=np.int64)
-        self.seen_indices = artifact.array("seen_indices")
+        # int64 ndarray once at load (not a memmap slice per request): it indexes score arrays.
+        self.seen_indices = np.asarray(artifact.array("seen_indices"), dtype=np.int64)
         self.popularity = np.asarray(artifact.array("item_popularity"), dtype=np.float32)
         if self.seen_indptr.shape != (len(self.users) + 1,):
             raise ArtifactError(f"{artifact.describe()}: seen_indptr does not match the users")
