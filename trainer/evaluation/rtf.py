@@ -47,7 +47,7 @@ PAPER_AUC = {8: 0.993, 64: 0.995}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--core", type=int, default=10, help="p of the p-core (paper: 10 on Last.fm)")
     parser.add_argument("--dims", default="8,16,32,64", help="comma-separated RTF dimensions")
-    parser.add_argument("--iterations", type=int, default=60,
+    parser.add_argument("--iterations", type=int, default=80,
                         help="maximum passes over the posts (paper: 600; early stop on validation AUC)")
     parser.add_argument("--learning-rate", type=float, default=RTF().learning_rate)
     parser.add_argument("--lr-decay", type=float, default=RTF().lr_decay,
