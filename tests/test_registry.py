@@ -159,7 +159,9 @@ def test_object_array_smuggled_into_a_version_is_not_unpickled(tmp_path):
     registry.publish("m", make_artifact())
     folder = registry.root / "m" / registry.versions("m")[-1]
     path = folder / "arrays" / "counts.npy"
-    np.save(path, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+    with open(path, "wb") as fh:  # an object-dtype .npy: header, then bytes np.load must never unpickle
+        np.lib.format.write_array_header_1_0(fh, {"descr": "|O", "fortran_order": False, "shape": (1,)})
+        fh.write(b"\x80\x04not-a-real-pickle.")
 
     def fix_checksum(manifest):
         import hashlib
