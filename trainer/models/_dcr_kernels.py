@@ -359,6 +359,29 @@ def pairwise_step(u, vi, vj, c, lr, lam, u_fixed, u_radius=0.0, sphere=False):
     return loss + lam * nrm
 
 
+@njit(cache=True, fastmath=FAST, inline="always")
+def _pair_step_from(U, V, items, levels, u, lo, hi, a, c, lr, lam, u_fixed, u_radius, sphere):
+    """One pairwise step from rating ``a`` of user ``u`` (ratings ``lo:hi``):
+    draw a partner of another level (up to 8 uniform tries), orient the pair
+    so the higher rating comes first, step. Returns (loss, 1), or (0.0, 0)
+    when no partner was found."""
+    b = -1
+    for _try in range(8):
+        cand = np.random.randint(lo, hi)
+        if levels[cand] != levels[a]:
+            b = cand
+            break
+    if b < 0:
+        return 0.0, 0
+    if levels[a] > levels[b]:
+        i = items[a]
+        j = items[b]
+    else:
+        i = items[b]
+        j = items[a]
+    return pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed, u_radius, sphere), 1
+
+
 @njit(cache=True, fastmath=FAST)
 def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_radius, sphere, seed):
     """``n_steps`` SGD steps on pairs sampled on the fly (never materialised).
@@ -388,22 +411,9 @@ def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_
         hi = indptr[u + 1]
         if hi - lo < 2:
             continue
-        b = -1
-        for _try in range(8):
-            cand = np.random.randint(lo, hi)
-            if levels[cand] != levels[a]:
-                b = cand
-                break
-        if b < 0:
-            continue
-        if levels[a] > levels[b]:
-            i = items[a]
-            j = items[b]
-        else:
-            i = items[b]
-            j = items[a]
-        total += pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed, u_radius, sphere)
-        taken += 1
+        loss, took = _pair_step_from(U, V, items, levels, u, lo, hi, a, c, lr, lam, u_fixed, u_radius, sphere)
+        total += loss
+        taken += took
     return total / max(taken, 1), taken
 
 
@@ -432,20 +442,8 @@ def pairwise_epoch_by_user(U, V, indptr, items, levels, c, user_order, pairs_per
         draws = int(pairs_per_rating * (hi - lo) + 0.5)
         for _ in range(draws):
             a = np.random.randint(lo, hi)
-            b = -1
-            for _try in range(8):
-                cand = np.random.randint(lo, hi)
-                if levels[cand] != levels[a]:
-                    b = cand
-                    break
-            if b < 0:
-                continue
-            if levels[a] > levels[b]:
-                i = items[a]
-                j = items[b]
-            else:
-                i = items[b]
-                j = items[a]
-            total += pairwise_step(U[u], V[i], V[j], c, lr, lam, u_fixed, u_radius, sphere)
-            taken += 1
+            loss, took = _pair_step_from(U, V, items, levels, u, lo, hi, a, c, lr, lam, u_fixed, u_radius,
+                                         sphere)
+            total += loss
+            taken += took
     return total / max(taken, 1), taken
