@@ -19,6 +19,22 @@ _EPS = 1e-12
 
 
 # ---------------------------------------------------------------- E+ set-up
+@njit(cache=True, inline="always")
+def _emit_shuffled(pool, size, take, q, out_col, out_rnk, o):
+    """Move ``take`` uniform draws without replacement from ``pool[:size]`` to
+    its front (a partial Fisher-Yates shuffle) and emit them as non-edges of
+    rank ``q`` at ``out_col[o:]``; returns the next output position."""
+    for t in range(take):
+        s = t + np.random.randint(0, size - t)
+        tmp = pool[t]
+        pool[t] = pool[s]
+        pool[s] = tmp
+        out_col[o] = pool[t]
+        out_rnk[o] = q
+        o += 1
+    return o
+
+
 @njit(cache=True)
 def sample_nonedges(indptr, col, rnk, n, m, q, hop2_fraction, seed):
     """Add up to ``m`` non-edges of rank ``q`` to every source's list.
@@ -74,14 +90,7 @@ def sample_nonedges(indptr, col, rnk, n, m, q, hop2_fraction, seed):
                 if not mark[j]:
                     cand[c] = j
                     c += 1
-            for t in range(need):
-                s = t + np.random.randint(0, c - t)
-                tmp = cand[t]
-                cand[t] = cand[s]
-                cand[s] = tmp
-                out_col[o] = cand[t]
-                out_rnk[o] = q
-                o += 1
+            o = _emit_shuffled(cand, c, need, q, out_col, out_rnk, o)
         else:
             # Two-hop candidates (deduplicated with the marks), partially shuffled.
             h = 0
@@ -94,14 +103,7 @@ def sample_nonedges(indptr, col, rnk, n, m, q, hop2_fraction, seed):
                         hop[h] = j
                         h += 1
             want = min(h, int(hop2_fraction * need + 0.5))
-            for t in range(want):
-                s = t + np.random.randint(0, h - t)
-                tmp = hop[t]
-                hop[t] = hop[s]
-                hop[s] = tmp
-                out_col[o] = hop[t]
-                out_rnk[o] = q
-                o += 1
+            o = _emit_shuffled(hop, h, want, q, out_col, out_rnk, o)
             for t in range(want, h):  # unchosen two-hop vertices may still be drawn uniformly
                 mark[hop[t]] = False
             while o - start < need:
