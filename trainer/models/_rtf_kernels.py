@@ -131,6 +131,15 @@ def _core_dot_v(C, v, r):
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "arcp"})
+def _post_workspace(C, n_tags):
+    """Scratch arrays ``_post_terms`` fills for one post, allocated once per
+    call and reused for every post: ``M (kI, kT), q, y, wsum, v, is_pos``."""
+    kU, kI, kT = C.shape
+    return (np.empty((kI, kT), dtype=C.dtype), np.empty(kT, dtype=C.dtype), np.empty(n_tags, dtype=C.dtype),
+            np.empty(n_tags, dtype=C.dtype), np.empty(kT, dtype=C.dtype), np.zeros(n_tags, dtype=np.bool_))
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "arcp"})
 def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg, reg_core, reg_tags):
     """One pass of stochastic gradient ascent over the posts in ``order``.
 
@@ -143,15 +152,10 @@ def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg
     kU, kI, kT = C.shape
     n_tags = T.shape[0]
     dt = C.dtype.type
-    M = np.empty((kI, kT), dtype=C.dtype)
-    q = np.empty(kT, dtype=C.dtype)
-    y = np.empty(n_tags, dtype=C.dtype)
-    wsum = np.empty(n_tags, dtype=C.dtype)
-    v = np.empty(kT, dtype=C.dtype)
+    M, q, y, wsum, v, is_pos = _post_workspace(C, n_tags)
     r = np.empty((kU, kI), dtype=C.dtype)
     gU = np.empty(kU, dtype=C.dtype)
     gI = np.empty(kI, dtype=C.dtype)
-    is_pos = np.zeros(n_tags, dtype=np.bool_)
     smooth_total = 0.0
     correct_total = 0.0
     pairs_total = 0.0
@@ -206,14 +210,8 @@ def sgd_epoch(C, U, I, T, post_user, post_item, tag_indptr, tags, order, lr, reg
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "arcp"})
 def objective(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core, reg_tags):
     """The objective ``J`` of the module docstring (summed over all posts)."""
-    kU, kI, kT = C.shape
     n_tags = T.shape[0]
-    M = np.empty((kI, kT), dtype=C.dtype)
-    q = np.empty(kT, dtype=C.dtype)
-    y = np.empty(n_tags, dtype=C.dtype)
-    wsum = np.empty(n_tags, dtype=C.dtype)
-    v = np.empty(kT, dtype=C.dtype)
-    is_pos = np.zeros(n_tags, dtype=np.bool_)
+    M, q, y, wsum, v, is_pos = _post_workspace(C, n_tags)
     total = 0.0
     core_sq = np.sum(C * C)
     tag_sq = np.sum(T * T)
@@ -240,13 +238,8 @@ def gradient(C, U, I, T, post_user, post_item, tag_indptr, tags, reg, reg_core, 
     gU = np.zeros_like(U)
     gI = np.zeros_like(I)
     gT = np.zeros_like(T)
-    M = np.empty((kI, kT), dtype=C.dtype)
-    q = np.empty(kT, dtype=C.dtype)
-    y = np.empty(n_tags, dtype=C.dtype)
-    wsum = np.empty(n_tags, dtype=C.dtype)
-    v = np.empty(kT, dtype=C.dtype)
+    M, q, y, wsum, v, is_pos = _post_workspace(C, n_tags)
     r = np.empty((kU, kI), dtype=C.dtype)
-    is_pos = np.zeros(n_tags, dtype=np.bool_)
     for p in range(post_user.shape[0]):
         u = post_user[p]
         i = post_item[p]
