@@ -1,0 +1,64 @@
+"""In-process cost of the Recommend handler (no gRPC): validation, id lookup,
+scoring, exclusion, top-k and reply building, for one user per call.
+
+    python benchmarks/bench_handler.py --registry REGISTRY [--model dcr] [--calls 5000]
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
+from service.artifacts import Registry  # noqa: E402
+from service.metrics import Metrics  # noqa: E402
+from service.seen import SeenStore  # noqa: E402
+from service.servicer import RecommenderServicer  # noqa: E402
+from service.store import ModelStore  # noqa: E402
+from service.validation import Limits  # noqa: E402
+
+
+class _Context:
+    def time_remaining(self):
+        return None
+
+    def is_active(self):
+        return True
+
+    def abort(self, code, message):
+        raise RuntimeError(f"{code}: {message}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--registry", required=True)
+    p.add_argument("--model", default="dcr")
+    p.add_argument("--calls", type=int, default=5000)
+    args = p.parse_args()
+    metrics = Metrics()
+    store = ModelStore(Registry(args.registry), metrics)
+    store.refresh([args.model])
+    servicer = RecommenderServicer(store, metrics, Limits(), SeenStore())
+    users = store.snapshot()[args.model].index.users.ids
+    requests = [pb.RecommendRequest(model=args.model, user_ids=[users[i % len(users)]], n=10)
+                for i in range(args.calls)]
+    context = _Context()
+    for request in requests[:500]:  # warm up
+        servicer.Recommend(request, context)
+    times = []
+    for request in requests:
+        start = time.perf_counter()
+        servicer.Recommend(request, context)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    pick = lambda q: times[int(q * (len(times) - 1))] * 1e6  # noqa: E731
+    print(f"{'model':<10} {'calls':>6} {'mean us':>8} {'p50 us':>7} {'p99 us':>7}")
+    print(f"{args.model:<10} {len(times):>6} {sum(times) / len(times) * 1e6:>8.1f} {pick(0.5):>7.1f} {pick(0.99):>7.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
