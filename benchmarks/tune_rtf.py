@@ -23,11 +23,9 @@ import numpy as np
 
 from service.models.rtf import Index
 from trainer.data.readers import read_input
-from trainer.evaluation.rtf import (BASELINES, MAX_N, _TestSet, evaluate_baseline, evaluate_rtf,
-                                    leave_one_post_out, p_core)
+from trainer.evaluation.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, _TestSet, evaluate_baseline,
+                                    evaluate_rtf, leave_one_post_out, p_core)
 from trainer.models.rtf import RTF
-
-VALIDATION_SEED_OFFSET = 10_000  # the validation carve uses its own stream, not the test split's
 
 
 def main() -> None:
@@ -45,6 +43,15 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--patience", type=int, default=10)
     ap.add_argument("--validation-posts", type=int, default=500)
+    ap.add_argument("--min-iterations", type=int, default=10)
+    ap.add_argument("--smoothing", type=int, default=1,
+                    help="stop on the moving average of this many validation AUCs")
+    ap.add_argument("--init-std", type=float, default=0.1)
+    ap.add_argument("--curve", action="store_true",
+                    help="no early stop: run --iterations passes and record, after every pass, the "
+                         "F1@1..10 and AUC of the tuning posts (for comparing stopping rules offline)")
+    ap.add_argument("--mix-weights", default="",
+                    help="comma-separated item weights of pop-mix to score on the tuning posts")
     ap.add_argument("--baselines", action="store_true", help="also print the popularity baselines")
     ap.add_argument("--json", help="append one JSON line with the settings and validation metrics")
     ap.add_argument("--quiet", action="store_true")
@@ -57,10 +64,12 @@ def main() -> None:
 
     est = RTF(dims=args.dims, learning_rate=args.learning_rate, lr_decay=args.lr_decay, reg=args.reg,
               reg_core=args.reg_core, reg_tags=args.reg_tags, iterations=args.iterations,
-              patience=args.patience, validation_posts=args.validation_posts, seed=args.seed,
-              verbose=not args.quiet)
+              patience=args.iterations if args.curve else args.patience,
+              validation_posts=args.validation_posts, min_iterations=args.min_iterations,
+              smoothing=args.smoothing, init_std=args.init_std, seed=args.seed, verbose=not args.quiet)
+    curve: list[dict] = []
     started = time.perf_counter()
-    est.fit(fit_part)
+    est.fit(fit_part, on_epoch=_curve_recorder(train, val, curve) if args.curve else None)
     seconds = time.perf_counter() - started
     index = Index.from_artifact(est.to_artifact())
     posts = _TestSet(train, val, index)
@@ -68,8 +77,11 @@ def main() -> None:
     if args.baselines:
         for kind in BASELINES:
             results[kind] = evaluate_baseline(index, posts, kind)
+    for w in [float(x) for x in args.mix_weights.split(",") if x.strip()]:
+        results[f"pop-mix-{w:g}"] = evaluate_baseline(index, posts, "pop-mix", mix_weight=w)
     setting = {k: getattr(args, k) for k in ("dims", "learning_rate", "lr_decay", "reg", "reg_core",
-                                             "reg_tags", "iterations", "patience", "seed")}
+                                             "reg_tags", "iterations", "patience", "seed", "smoothing",
+                                             "validation_posts", "min_iterations", "init_std")}
     print(json.dumps(setting), f"passes {est.epochs_run_} (best {est.best_epoch_}), {seconds:.0f}s")
     print("method".ljust(12) + "".join(f"F1@{n:<5}" for n in range(1, MAX_N + 1)) + "AUC")
     for method, m in results.items():
@@ -78,7 +90,46 @@ def main() -> None:
     if args.json:
         with open(args.json, "a") as fh:
             fh.write(json.dumps({"setting": setting, "passes": est.epochs_run_, "best": est.best_epoch_,
-                                 "seconds": seconds, "history": est.history_, "results": results}) + "\n")
+                                 "seconds": seconds, "history": est.history_, "results": results,
+                                 "curve": curve}) + "\n")
+
+
+def _curve_recorder(train, val, curve: list[dict]):
+    """An ``on_epoch`` hook: F1@1..10 and AUC of the tuning posts after every pass.
+
+    Uses the serving code's ``score_posts`` and ``top_k`` on the live
+    parameters (what ``Index.tags`` does, without building an index per pass);
+    tuning posts whose user or item the fit part lacks are left out here (the
+    final table above includes them through the index's fallbacks).
+    """
+    from service.models.rtf import score_posts
+    from service.topk import top_k
+    from trainer.evaluation.rtf import _list_metrics
+
+    post_user, post_item, indptr, tags = val
+    state: dict = {}
+
+    def hook(epoch: int, est: RTF, record: dict) -> None:
+        if not state:
+            u = est.users_.rows(train.users.externals(post_user))
+            i = est.items_.rows(train.items.externals(post_item))
+            known = np.flatnonzero((u >= 0) & (i >= 0))
+            truth = []
+            for p in known:
+                rows = est.tags_.rows(train.tags.externals(tags[indptr[p] : indptr[p + 1]]))
+                truth.append(np.where(rows >= 0, rows, -1 - np.arange(rows.size)))
+            t_indptr = np.zeros(known.size + 1, dtype=np.int64)
+            t_indptr[1:] = np.cumsum([(t >= 0).sum() for t in truth])
+            state.update(u=u[known], i=i[known], truth=truth, t_indptr=t_indptr,
+                         t_pos=np.concatenate([t[t >= 0] for t in truth]))
+        scores = score_posts(est.core_, est.user_factors_[state["u"]], est.item_factors_[state["i"]],
+                             est.tag_factors_)
+        lists = [top_k(row, MAX_N)[0] for row in scores]
+        metrics = _list_metrics(lists, state["truth"])
+        auc = float(np.nanmean(RTF.posts_auc(scores, state["t_indptr"], state["t_pos"])))
+        curve.append({"epoch": epoch, "val_auc": record.get("val_auc"), "tune_auc": auc,
+                      **{f"f1@{n}": metrics[f"f1@{n}"] for n in range(1, MAX_N + 1)}})
+    return hook
 
 
 if __name__ == "__main__":

@@ -189,6 +189,38 @@ def test_early_stopping_keeps_the_best_epoch():
     assert est.epochs_run_ - est.best_epoch_ >= 3
 
 
+def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
+    data, truth, train, _ = _split_planted(seed=1)
+    window = 4
+    est = RTF(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
+              min_iterations=5, min_delta=1e-3, smoothing=window, seed=1, verbose=False).fit(train)
+    raw = np.array([h["val_auc"] for h in est.history_])
+    moving = np.array([raw[max(0, e - window + 1) : e + 1].mean() for e in range(raw.size)])
+    np.testing.assert_allclose([h["val_auc_smoothed"] for h in est.history_], moving)
+    # the kept pass is the first whose moving average beat every earlier one by min_delta
+    best, kept = -np.inf, 0
+    for e, m in enumerate(moving, start=1):
+        if m > best + 1e-3:
+            best, kept = m, e
+    assert est.best_epoch_ == kept
+    assert est.epochs_run_ < 200 and est.epochs_run_ - kept >= 3
+
+
+@pytest.mark.parametrize("n_val", [5, 40, 75, 1000])
+def test_validation_split_never_takes_a_users_last_post(n_val):
+    rng = np.random.default_rng(n_val)
+    post_user = np.sort(rng.integers(0, 30, size=120)).astype(np.int32)
+    mask = RTF._split_validation(post_user, n_val, np.random.default_rng(0))
+    counts = np.bincount(post_user, minlength=30)
+    held = np.bincount(post_user[mask], minlength=30)
+    assert np.all(counts[counts > 0] - held[counts > 0] >= 1)
+    assert mask.sum() == min(n_val, int(np.maximum(counts - 1, 0).sum()))
+    # spread as evenly as the histories allow: nobody gives a second post while
+    # an eligible user has given none
+    if n_val <= int((counts >= 2).sum()):
+        assert held.max() <= 1
+
+
 def test_divergence_is_reported():
     data, truth, train, _ = _split_planted(seed=2)
     with pytest.raises(FloatingPointError, match="diverged"):

@@ -99,7 +99,8 @@ def test_run_reports_the_contract_rows(capsys):
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
     rows = ev.run(_args(core=2, dims="3,5", iterations=6, runs=2), data=data)
     methods = {r.method for r in rows}
-    assert methods == {"RTF-3", "RTF-5", "pop-global", "pop-item", "pop-user", "pop-mix", "npmax"}
+    assert methods == {"RTF-3", "RTF-5", "pop-global", "pop-item", "pop-user", "pop-mix", "pop-mix-val",
+                       "npmax"}
     by = {(r.method, r.metric): r for r in rows}
     for method in methods:
         for n in range(1, 11):
@@ -110,6 +111,34 @@ def test_run_reports_the_contract_rows(capsys):
     assert ("pop-item", "auc") not in by
     out = capsys.readouterr().out
     assert "F1@1" in out and "npmax" in out
+
+
+def _owner_tags(n_users, n_items, n_tags, by_item, seed):
+    """Posts whose tags are drawn from a fixed 3-tag set of the item (``by_item``)
+    or of the user, with one random extra tag 30% of the time."""
+    rng = np.random.default_rng(seed)
+    sets_u = [rng.choice(n_tags, 3, replace=False) for _ in range(n_users)]
+    sets_i = [rng.choice(n_tags, 3, replace=False) for _ in range(n_items)]
+    rows = []
+    for u in range(n_users):
+        for i in rng.choice(n_items, 12, replace=False):
+            own = sets_i[i] if by_item else sets_u[u]
+            for t in rng.choice(own, 2, replace=False):
+                rows.append((u, int(i), int(t)))
+            if rng.random() < 0.3:
+                rows.append((u, int(i), int(rng.integers(n_tags))))
+    return _tags(rows)
+
+
+@pytest.mark.parametrize("by_item", [True, False])
+def test_mix_weight_is_chosen_on_training_posts_toward_the_informative_side(by_item):
+    """Tags that follow the item should pull the item weight of pop-mix above
+    one half, tags that follow the user below it; only training posts are given."""
+    data = _owner_tags(n_users=80, n_items=40, n_tags=30, by_item=by_item, seed=11)
+    train, _test = ev.leave_one_post_out(data, np.random.default_rng(0))
+    weight = ev.choose_mix_weight(train, seed=0)
+    assert weight in ev.MIX_GRID
+    assert (weight > 0.5) if by_item else (weight < 0.5)
 
 
 def test_npmax_peeks_and_beats_item_popularity_on_its_own_test_set():

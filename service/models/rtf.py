@@ -199,13 +199,15 @@ class Index(ModelIndex):
         return np.empty(0, dtype=np.int64)
 
     # ------------------------------------------------------------ popularity
-    def popular_scores(self, kind: str, user_row: int = -1, item_row: int = -1) -> np.ndarray:
+    def popular_scores(self, kind: str, user_row: int = -1, item_row: int = -1, *,
+                       mix_weight: float = 0.5) -> np.ndarray:
         """Dense popularity scores of every tag (higher is better).
 
         ``kind`` is "global", "item", "user" (counts in that item's / user's
-        training posts, ties broken by global popularity) or "mix" (the mean
-        of the item's and the user's tag shares, plus the global tie-break
-        scaled below any share difference that a count can make).
+        training posts, ties broken by global popularity) or "mix"
+        (``mix_weight`` times the item's tag shares plus ``1 - mix_weight``
+        times the user's, plus the global tie-break scaled below any share
+        difference that a count can make; 0.5 is the plain mean).
         """
         if kind == "global":
             return self.tag_popularity.copy()
@@ -220,7 +222,8 @@ class Index(ModelIndex):
                                       self.item_tag_counts, item_row)
             user = self._owner_counts(self.user_tag_indptr, self.user_tag_indices,
                                       self.user_tag_counts, user_row)
-            mix = 0.5 * item / max(float(item.sum()), 1.0) + 0.5 * user / max(float(user.sum()), 1.0)
+            w = float(mix_weight)
+            mix = w * item / max(float(item.sum()), 1.0) + (1.0 - w) * user / max(float(user.sum()), 1.0)
             return mix + 1e-6 * self._global_tiebreak
         raise ValueError(f"unknown popularity kind {kind!r}")
 
