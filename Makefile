@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all proto proto-check redis browser clean
+.PHONY: venv demo test test-slow test-all proto proto-check redis browser h2load clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,11 +30,15 @@ redis:
 browser:
 	@scripts/ensure_chromium.sh
 
+# h2load for the load generator's tests and the service benchmark.
+h2load:
+	@scripts/ensure_h2load.sh
+
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # The fast suite: unit, property, gradient, end-to-end (real server, real Redis).
-test: $(STAMP) redis browser proto-check
+test: $(STAMP) redis browser h2load proto-check
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Real-data quality tests (ORDREC_DATA points at the data sets; default ../shared/data).

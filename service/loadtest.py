@@ -213,14 +213,68 @@ def _grpc_frame(message) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
-def _handled_counts(metrics_url: str) -> dict[str, float]:
-    text = urllib.request.urlopen(metrics_url.rstrip("/") + "/metrics", timeout=5).read().decode()
+def _handled_counts(metrics_urls: str) -> dict[str, float]:
+    """``grpc_server_handled_total`` by code, summed over every server process
+    (``metrics_urls``: comma-separated, one per process sharing the port)."""
     counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("grpc_server_handled_total{"):
-            code = line.split('grpc_code="', 1)[1].split('"', 1)[0]
-            counts[code] = counts.get(code, 0.0) + float(line.rsplit(" ", 1)[1])
+    for url in metrics_urls.split(","):
+        text = urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=5).read().decode()
+        for line in text.splitlines():
+            if line.startswith("grpc_server_handled_total{"):
+                code = line.split('grpc_code="', 1)[1].split('"', 1)[0]
+                counts[code] = counts.get(code, 0.0) + float(line.rsplit(" ", 1)[1])
     return counts
+
+
+def _h2load_cmd(args: argparse.Namespace, body: Path, log: Path, url: str, connections: int,
+                threads: int, rate: float) -> list[str]:
+    cmd = ["h2load", "-D", str(max(1, round(args.duration))), "-c", str(connections),
+           "-m", str(max(1, args.concurrency // max(1, args.connections))), "-t", str(threads),
+           "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}"]
+    if rate:
+        cmd.append(f"--rps={rate / connections:.3f}")
+    return cmd + [url]
+
+
+def _run_h2load(args: argparse.Namespace, body: Path, tmp: Path, url: str) -> list[Path]:
+    """Start the load and return the latency logs.
+
+    ``aligned``: one h2load with every connection in one event loop. With
+    ``--rps`` its per-connection timers fire together, so requests arrive in
+    bursts of ``--connections`` at once: a pessimistic arrival pattern.
+    ``staggered``: one h2load per connection, each started at a random point
+    of one request period, like independent clients (smooth load).
+    """
+    clients = max(1, args.connections)
+    if args.arrivals == "aligned" or not args.rate:
+        log = tmp / "log.tsv"
+        cmd = _h2load_cmd(args, body, log, url, clients, max(1, args.processes), args.rate)
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)]
+        logs = [log]
+    else:
+        period = clients / args.rate  # seconds between two requests of one connection
+        offsets = np.sort(np.random.default_rng(args.seed).uniform(0.0, period, clients))
+        procs, logs, start = [], [], time.perf_counter()
+        for i, offset in enumerate(offsets):
+            time.sleep(max(0.0, start + offset - time.perf_counter()))
+            logs.append(tmp / f"log{i}.tsv")
+            procs.append(subprocess.Popen(_h2load_cmd(args, body, logs[-1], url, 1, 1, args.rate / clients),
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    failed = []
+    for proc in procs:
+        output, _ = proc.communicate(timeout=args.duration + 60)
+        if proc.returncode != 0:
+            failed.append(output)
+    if failed:
+        raise SystemExit("h2load failed:\n" + "\n".join(failed))
+    return logs
+
+
+def _read_h2load_log(log: Path) -> np.ndarray:
+    """Rows of (start time us, HTTP status, latency us)."""
+    if not log.exists() or not log.stat().st_size:
+        return np.empty((0, 3))
+    return np.loadtxt(log, dtype=np.float64, ndmin=2)
 
 
 def run_h2load_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, int], float]:
@@ -235,25 +289,15 @@ def run_h2load_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
     tmp = Path(tempfile.mkdtemp(prefix="ordrec-h2load-"))
     body = tmp / "body.bin"
     body.write_bytes(_grpc_frame(maker.make(rpc)))  # h2load repeats one body: one fixed request
-    log = tmp / "log.tsv"
     host, port = args.target.rsplit(":", 1)
-    clients = max(1, args.connections)
-    cmd = ["h2load", "-D", str(max(1, round(args.duration))), "-c", str(clients), "-m", str(max(1, args.concurrency // clients)),
-           "-t", str(max(1, args.processes)), "-d", str(body), "-H", "content-type: application/grpc",
-           "-H", "te: trailers", f"--log-file={log}"]
-    if args.rate:
-        cmd.append(f"--rps={args.rate / clients:.3f}")
-    cmd.append(f"http://{host}:{port}{_PATHS[rpc]}")
     before = _handled_counts(args.metrics_url)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=args.duration + 60)
+    logs = _run_h2load(args, body, tmp, f"http://{host}:{port}{_PATHS[rpc]}")
     after = _handled_counts(args.metrics_url)
-    if result.returncode != 0:
-        raise SystemExit(f"h2load failed:\n{result.stdout}{result.stderr}")
-    rows = np.loadtxt(log, dtype=np.float64, ndmin=2) if log.stat().st_size else np.empty((0, 3))
-    latencies = rows[:, 2] / 1e6 if rows.size else np.empty(0)
+    rows = np.concatenate([_read_h2load_log(log) for log in logs])
+    latencies = rows[:, 2] / 1e6
     errors = {code: int(after.get(code, 0) - before.get(code, 0)) for code in after if code != "OK"}
     errors = {code: n for code, n in errors.items() if n}
-    http_errors = int(np.sum(rows[:, 1] != 200)) if rows.size else 0
+    http_errors = int(np.sum(rows[:, 1] != 200))
     if http_errors:
         errors["HTTP_NOT_200"] = http_errors
     shutil.rmtree(tmp, ignore_errors=True)
@@ -292,7 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=10.0, help="seconds (bounded: at most 600)")
     p.add_argument("--processes", type=int, default=1, help="client processes (python) / threads (h2load)")
     p.add_argument("--engine", choices=("python", "h2load"), default="python")
-    p.add_argument("--metrics-url", help="server's metrics base URL (h2load engine: counts errors)")
+    p.add_argument("--metrics-url", help="server's metrics base URL(s), comma-separated when several processes "
+                   "share the port (h2load engine: counts errors)")
+    p.add_argument("--arrivals", choices=("aligned", "staggered"), default="aligned",
+                   help="h2load with --rate: every connection's timer firing together (bursts), or one "
+                        "h2load per connection started at random phases (smooth load)")
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--token")
     p.add_argument("--seed", type=int, default=0)

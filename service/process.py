@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 _READY = re.compile(r"ordrec-serve ready port=(\d+) metrics_port=(-?\d+)")
+_METRICS_PORTS = re.compile(r"metrics_ports=([\d,]+)")
 
 
 class ServerProcess:
@@ -27,6 +28,7 @@ class ServerProcess:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.port = self.metrics_port = 0
+        self.metrics_ports: list[int] = []  # one per process (``--processes N``)
         self.output: list[str] = []
 
     @property
@@ -36,6 +38,11 @@ class ServerProcess:
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}"
+
+    @property
+    def metrics_urls(self) -> str:
+        """Every process's metrics URL, comma-separated (``loadtest --metrics-url``)."""
+        return ",".join(f"http://127.0.0.1:{p}" for p in self.metrics_ports or [self.metrics_port])
 
     def start(self) -> "ServerProcess":
         self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -57,6 +64,8 @@ class ServerProcess:
             match = _READY.search(line)
             if match:
                 self.port, self.metrics_port = int(match.group(1)), int(match.group(2))
+                ports = _METRICS_PORTS.search(line)
+                self.metrics_ports = [int(p) for p in ports.group(1).split(",")] if ports else [self.metrics_port]
                 ready.set()
         ready.set()  # the process exited
         if sink:

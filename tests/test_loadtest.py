@@ -1,0 +1,78 @@
+"""The bundled load generator against real server processes on loopback.
+
+It is what the load benchmark's figures come from, so it must count what it
+sent, honour the offered rate, and count gRPC errors on every process that
+shares the port (h2load cannot read status trailers; the counts come from
+each server's ``/metrics``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from service import loadtest
+from service.process import ServerProcess, run_cli
+
+
+@pytest.fixture
+def h2load() -> None:
+    """Skip without h2load, unless CI requires it (ORDREC_REQUIRE_H2LOAD)."""
+    if shutil.which("h2load") is None:
+        if os.environ.get("ORDREC_REQUIRE_H2LOAD"):
+            pytest.fail("ORDREC_REQUIRE_H2LOAD is set but h2load is not installed (scripts/ensure_h2load.sh)")
+        pytest.skip("h2load (Debian nghttp2-client) not installed")
+
+
+def run_loadtest(server: ServerProcess, registry, tmp_path, *extra: str) -> dict:
+    out = tmp_path / "summary.json"
+    result = run_cli(["service", "loadtest", "--target", server.target, "--registry", str(registry),
+                      "--recommend-model", "dcr", "--json", str(out), *extra], check=False)
+    assert result.returncode == 0, result.stderr + result.stdout
+    assert "p99 ms" in result.stdout  # the printed table
+    return json.loads(out.read_text())
+
+
+def test_python_engine_paces_open_loop_and_sees_no_errors(sample_registry, tmp_path):
+    with ServerProcess(sample_registry) as server:
+        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "python", "--rate", "100",
+                               "--duration", "2", "--concurrency", "4", "--connections", "2")
+    assert summary["errors"] == 0
+    assert 150 <= summary["requests"] <= 210  # 100 QPS for 2 s, open loop
+    assert 0 < summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"] <= summary["max_ms"]
+
+
+def test_python_engine_counts_error_statuses(sample_registry, tmp_path):
+    with ServerProcess(sample_registry) as server:
+        # n above the server's bound: every call is INVALID_ARGUMENT
+        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "python", "--rate", "50",
+                               "--duration", "1", "--n", "100000")
+    assert summary["errors_by_code"].get("INVALID_ARGUMENT", 0) == summary["errors"] > 0
+
+
+@pytest.mark.parametrize("arrivals", ["aligned", "staggered"])
+def test_h2load_counts_errors_on_every_process(h2load, sample_registry, tmp_path, arrivals):
+    with ServerProcess(sample_registry, "--processes", "2") as server:
+        assert len(server.metrics_ports) == 2
+        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "h2load", "--rate", "200",
+                               "--duration", "2", "--connections", "8", "--concurrency", "8",
+                               "--metrics-url", server.metrics_urls, "--arrivals", arrivals, "--n", "100000")
+    # Every request failed; only the sum over both processes can account for all of them.
+    assert summary["errors_by_code"]["INVALID_ARGUMENT"] == summary["requests"]
+    assert 300 <= summary["requests"] <= 420  # 200 QPS for 2 s
+
+
+def test_h2load_staggered_rate_is_the_offered_rate(h2load, sample_registry, tmp_path):
+    with ServerProcess(sample_registry) as server:
+        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "h2load", "--rate", "400",
+                               "--duration", "2", "--connections", "4", "--concurrency", "8",
+                               "--metrics-url", server.metrics_urls, "--arrivals", "staggered")
+    assert summary["errors"] == 0
+    assert 600 <= summary["requests"] <= 840
+
+
+def test_refuses_non_loopback_targets(sample_registry):
+    with pytest.raises(SystemExit):
+        loadtest.main(["--target", "192.0.2.1:50051", "--registry", str(sample_registry), "--duration", "1"])
