@@ -192,6 +192,22 @@ def stress(X, indptr, col, rnk, q, edge_weight, delta):
 
 
 @njit(cache=True)
+def stress_from_distances(d, rnk, q, edge_weight, delta):
+    """sigma_a from precomputed entry distances ``d`` (:func:`entry_distances`).
+
+    One sequential pass with no reads of X: the loop computes d once per
+    iteration and scores both the configuration step (old delta) and the
+    disparity step (new delta) from it.
+    """
+    total = 0.0
+    for e in range(d.shape[0]):
+        r = delta[e] - d[e]
+        w = edge_weight if rnk[e] < q else 1.0
+        total += w * r * r
+    return 0.5 * total
+
+
+@njit(cache=True)
 def stress_gradient(X, indptr, col, rnk, q, edge_weight, delta):
     """d sigma_a / d X: for each entry e = (i, j), w_e (1 - delta_e / d_e)(X_i - X_j) goes to
     row i and its negative to row j (both ends move the same distance)."""
@@ -216,39 +232,58 @@ def stress_gradient(X, indptr, col, rnk, q, edge_weight, delta):
 
 # ---------------------------------------------------------------- majorization
 @njit(cache=True)
-def _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_entry, acc):
+def _incoming_terms(delta, rnk, q, edge_weight, in_entry):
+    """delta_e and w_e of every incoming entry, in incoming order.
+
+    The sweeps read the incoming side of a vertex many times per iteration;
+    gathering these once per call turns 2 random reads per incoming entry and
+    sweep (``delta[in_entry[p]]``, ``rnk[in_entry[p]]``, scattered over the whole
+    E+ array) into sequential ones.
+    """
+    m = in_entry.shape[0]
+    in_delta = np.empty(m, dtype=np.float64)
+    in_w = np.empty(m, dtype=np.float64)
+    for p in range(m):
+        e = in_entry[p]
+        in_delta[p] = delta[e]
+        in_w[p] = edge_weight if rnk[e] < q else 1.0
+    return in_delta, in_w
+
+
+@njit(cache=True, inline="always")
+def _accumulate(X, i, j, w, dl, acc):
+    """acc += w (delta/d - 1)(X_i - X_j) for one entry touching i."""
+    dim = X.shape[1]
+    s = 0.0
+    for c in range(dim):
+        diff = X[i, c] - X[j, c]
+        s += diff * diff
+    d = np.sqrt(s)
+    ratio = dl / d if d > _EPS else 0.0
+    for c in range(dim):
+        acc[c] += w * (ratio - 1.0) * (X[i, c] - X[j, c])
+
+
+@njit(cache=True)
+def _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_delta, in_w, acc):
     """sum over entries touching i of w_e (delta_e / d_e - 1)(X_i - X_j); returns gamma_i = sum w_e.
 
     This is minus the gradient of sigma_a with respect to X_i (see module
     ``trainer.models.knnscal`` for the derivation); ``acc`` receives it.
+    Outgoing entries are read from the E+ CSR, incoming ones from the
+    pre-gathered ``in_delta``, ``in_w`` (:func:`_incoming_terms`).
     """
     dim = X.shape[1]
     for c in range(dim):
         acc[c] = 0.0
     gamma = 0.0
-    for side in range(2):
-        if side == 0:
-            lo, hi = indptr[i], indptr[i + 1]
-        else:
-            lo, hi = in_ptr[i], in_ptr[i + 1]
-        for p in range(lo, hi):
-            if side == 0:
-                j = col[p]
-                e = p
-            else:
-                j = in_src[p]
-                e = in_entry[p]
-            dl = delta[e]
-            w = edge_weight if rnk[e] < q else 1.0
-            s = 0.0
-            for c in range(dim):
-                diff = X[i, c] - X[j, c]
-                s += diff * diff
-            d = np.sqrt(s)
-            ratio = dl / d if d > _EPS else 0.0
-            for c in range(dim):
-                acc[c] += w * (ratio - 1.0) * (X[i, c] - X[j, c])
-            gamma += w
+    for e in range(indptr[i], indptr[i + 1]):
+        w = edge_weight if rnk[e] < q else 1.0
+        _accumulate(X, i, col[e], w, delta[e], acc)
+        gamma += w
+    for p in range(in_ptr[i], in_ptr[i + 1]):
+        _accumulate(X, i, in_src[p], in_w[p], in_delta[p], acc)
+        gamma += in_w[p]
     return gamma
 
 
@@ -263,9 +298,11 @@ def majorize_gauss_seidel(X, indptr, col, rnk, q, edge_weight, delta, in_ptr, in
     """
     n, dim = X.shape
     acc = np.empty(dim, dtype=np.float64)
+    in_delta, in_w = _incoming_terms(delta, rnk, q, edge_weight, in_entry)
     for _ in range(sweeps):
         for i in range(n):
-            gamma = _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_entry, acc)
+            gamma = _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src,
+                                in_delta, in_w, acc)
             if gamma > 0:
                 for c in range(dim):
                     X[i, c] += acc[c] / gamma
@@ -281,15 +318,78 @@ def majorize_jacobi(X, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, 
     """
     n, dim = X.shape
     acc = np.empty(dim, dtype=np.float64)
+    in_delta, in_w = _incoming_terms(delta, rnk, q, edge_weight, in_entry)
     for _ in range(sweeps):
         Xn = X.copy()
         for i in range(n):
-            gamma = _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_entry, acc)
+            gamma = _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src,
+                                in_delta, in_w, acc)
             if gamma > 0:
                 for c in range(dim):
                     Xn[i, c] += acc[c] / (2.0 * gamma)
         X = Xn
     return X
+
+
+# ------------------------------------------------------------------ locality
+@njit(cache=True)
+def _spread_bits(v, dims):
+    """The low 21 bits of ``v`` spread out ``dims`` apart (bit b goes to bit b * dims)."""
+    out = np.uint64(0)
+    for b in range(21):
+        if (v >> np.uint64(b)) & np.uint64(1):
+            out |= np.uint64(1) << np.uint64(b * dims)
+    return out
+
+
+@njit(cache=True)
+def morton_keys(X):
+    """Z-order (Morton) key of each row of X over its first min(dim, 3) coordinates.
+
+    Vertices close on the map get close keys, so sorting by the key puts the
+    rows of X that one source's entries read near each other in memory.
+    """
+    n, dim = X.shape
+    dims = min(dim, 3)
+    bits = 63 // dims if dims > 1 else 63
+    bits = min(bits, 21)
+    levels = (1 << bits) - 1
+    lo = np.empty(dims)
+    hi = np.empty(dims)
+    for c in range(dims):
+        lo[c] = X[:, c].min()
+        hi[c] = X[:, c].max()
+    keys = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        key = np.uint64(0)
+        for c in range(dims):
+            span = hi[c] - lo[c]
+            v = int((X[i, c] - lo[c]) / span * levels) if span > 0 else 0
+            key |= _spread_bits(np.uint64(v), dims) << np.uint64(c)
+        keys[i] = key
+    return keys
+
+
+@njit(cache=True)
+def permute_rows(indptr, order):
+    """CSR row permutation: new row r is old row ``order[r]``, contents in the same order.
+
+    Returns ``(new_indptr, source_entry)`` with ``source_entry[new e] = old e``,
+    so any per-entry array follows by ``array[source_entry]``.
+    """
+    n = order.shape[0]
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    for r in range(n):
+        v = order[r]
+        out_ptr[r + 1] = out_ptr[r] + (indptr[v + 1] - indptr[v])
+    src = np.empty(out_ptr[n], dtype=np.int64)
+    for r in range(n):
+        v = order[r]
+        o = out_ptr[r]
+        for e in range(indptr[v], indptr[v + 1]):
+            src[o] = e
+            o += 1
+    return out_ptr, src
 
 
 # ------------------------------------------------------------------ isotonic

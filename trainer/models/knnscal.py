@@ -258,6 +258,14 @@ class KnnScal(Estimator):
         Landmark MDS size, and the largest n for dense classical MDS.
     n_neighbors : int
         k of the k-NN lists built when ``fit`` gets a feature matrix.
+    reorder : {"morton", "none"}
+        Memory layout during the iterations only (the result is returned in
+        the input's vertex order). "morton" renumbers the vertices by the
+        Z-order curve of the initial configuration, so a source's neighbours
+        and non-edges (mostly two-hop, hence nearby on the map) sit at nearby
+        rows of X: the sweeps then read X from cache instead of from random
+        memory. It changes the Gauss-Seidel visiting order, hence the exact
+        iterates, not the method.
     seed : int
         Seeds the non-edge sample and the landmarks / random start.
     verbose : bool
@@ -271,7 +279,7 @@ class KnnScal(Estimator):
                  tol: float = 1e-4, update: str = "gauss-seidel", init: str = "auto",
                  initial_disparities: str = "ranks", n_landmarks: int = 32, cmds_max_n: int = 500,
                  edge_weight: float = 1.0, rank_gap: float = 2.0, hop2_fraction: float = 1.0,
-                 n_neighbors: int = 10, seed: int = 0, verbose: bool = False):
+                 n_neighbors: int = 10, reorder: str = "morton", seed: int = 0, verbose: bool = False):
         self.dim = dim
         self.nonedge_factor = nonedge_factor
         self.sweeps = sweeps
@@ -286,6 +294,7 @@ class KnnScal(Estimator):
         self.rank_gap = rank_gap
         self.hop2_fraction = hop2_fraction
         self.n_neighbors = n_neighbors
+        self.reorder = reorder
         self.seed = seed
         self.verbose = verbose
 
@@ -299,6 +308,8 @@ class KnnScal(Estimator):
             raise ValueError(f"init must be auto, cmds, landmark, spectral or random, got {self.init!r}")
         if self.initial_disparities not in ("ranks", "isotonic"):
             raise ValueError(f"initial_disparities must be 'ranks' or 'isotonic', got {self.initial_disparities!r}")
+        if self.reorder not in ("morton", "none"):
+            raise ValueError(f"reorder must be 'morton' or 'none', got {self.reorder!r}")
         if self.nonedge_factor < 0 or self.sweeps < 1 or self.max_iter < 0 or self.tol < 0:
             raise ValueError("nonedge_factor >= 0, sweeps >= 1, max_iter >= 0 and tol >= 0 are required")
 
@@ -329,6 +340,19 @@ class KnnScal(Estimator):
         scale = X.std() if X.std() > 0 else 1.0
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
 
+    def _relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
+        """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
+
+        Rows move with their contents in the same order (so each row stays
+        sorted by rank); per-entry ``delta`` follows when given and is returned.
+        """
+        pos = np.empty(order.shape[0], dtype=np.int64)
+        pos[order] = np.arange(order.shape[0])
+        self.plus_indptr_, src = K.permute_rows(self.plus_indptr_, order)
+        self.plus_col_ = pos[self.plus_col_[src]].astype(np.int32)
+        self.plus_rnk_ = self.plus_rnk_[src]
+        return None if delta is None else delta[src]
+
     def _normalise(self, delta: np.ndarray) -> np.ndarray:
         """Step 4c: sum w delta^2 = sum w (weighted mean squared disparity 1)."""
         norm2 = K.weighted_square_sum(delta, self.plus_rnk_, self.q_, float(self.edge_weight))
@@ -351,8 +375,9 @@ class KnnScal(Estimator):
         K.majorize_gauss_seidel(X, *args, sweeps)
         return X
 
-    def _isotonic(self, X: np.ndarray, delta: np.ndarray) -> np.ndarray:
-        d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
+    def _isotonic(self, X: np.ndarray, delta: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
+        if d is None:
+            d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
         K.isotonic_rows(self.plus_indptr_, self.plus_rnk_, self.q_, float(self.edge_weight),
                         float(self.rank_gap), d, delta, self.perm_)
         return self._normalise(delta)
@@ -379,8 +404,6 @@ class KnnScal(Estimator):
         self.graph_ = (indptr, col, rnk)
         self.q_, self.plus_indptr_, self.plus_col_, self.plus_rnk_ = enlarged_edges(
             indptr, col, rnk, n, float(self.nonedge_factor), int(self.seed), float(self.hop2_fraction))
-        self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
-        self.perm_ = K.row_positions(self.plus_indptr_)
         n_edges = int(col.shape[0])
         self.weight_total_ = float(self.edge_weight) * n_edges + (self.plus_col_.shape[0] - n_edges)
         timings["edges_s"] = time.perf_counter() - t0
@@ -388,6 +411,16 @@ class KnnScal(Estimator):
         t0 = time.perf_counter()
         X = np.ascontiguousarray(self.initial_configuration(indptr, col, rnk, n), dtype=np.float64)
         timings["init_s"] = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        order = None
+        if self.reorder == "morton":
+            order = np.argsort(K.morton_keys(X), kind="stable")
+            X = np.ascontiguousarray(X[order])
+            self._relabel(order)
+        self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
+        self.perm_ = K.row_positions(self.plus_indptr_)
+        timings["reorder_s"] = time.perf_counter() - t0
 
         # Step 2: Delta = min(r_ij, q) on E+, normalised; or the isotonic fit of the start.
         if self.initial_disparities == "ranks":
@@ -410,10 +443,14 @@ class KnnScal(Estimator):
             for it in range(1, int(self.max_iter) + 1):
                 t_it = time.perf_counter()
                 X = self._majorize(X, delta, int(self.sweeps))               # 4a
-                s_major = self._stress(X, delta)
+                # One pass over X for the distances; both stresses and the
+                # isotonic fit read them sequentially.
+                d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
+                s_major = K.stress_from_distances(d, *self._weights(), delta)
                 check_finite(it, coordinates=X)
-                delta = self._isotonic(X, delta)                             # 4b, 4c
-                s_iso = self._stress(X, delta)
+                delta = self._isotonic(X, delta, d)                          # 4b, 4c
+                s_iso = K.stress_from_distances(d, *self._weights(), delta)
+                del d
                 check_finite(it, disparities=delta)
                 history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
                 iter_times.append(time.perf_counter() - t_it)
@@ -423,6 +460,13 @@ class KnnScal(Estimator):
                     break
                 prev = s_iso
         timings["iterations_s"] = time.perf_counter() - t0
+        del self.in_indptr_, self.in_src_, self.in_entry_, self.perm_
+        if order is not None:
+            # Back to the input's vertex order: vertex order[r] sits at row r.
+            pos = np.empty(n, dtype=np.int64)
+            pos[order] = np.arange(n)
+            X = np.ascontiguousarray(X[pos])
+            delta = self._relabel(pos, delta)
         self.n_iter_ = len(iter_times)
         self.iteration_seconds_ = np.array(iter_times)
         self.timings_ = timings
