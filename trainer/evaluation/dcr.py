@@ -162,23 +162,44 @@ class Family:
     params: dict
 
 
+def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
+    """DCR fitted on ``fit`` with per-level early stopping on ``val``; its validation
+    log-likelihood per rating (the stopping criterion, summed over levels)."""
+    model = DCR(**params).fit(fit, validation=val)
+    return model, float(sum(model.validation_loglik_)) / len(val)
+
+
 def tune(train: Ratings, rng: np.random.Generator, base: dict, grid: dict,
-         pairwise_grid: dict | None, log) -> tuple[dict, dict]:
-    """Hyperparameters by NDCG@10 on a validation split of the training ratings.
+         pairwise_grid: dict | None, log, stop: str = "tol",
+         split: tuple[Ratings, Ratings] | None = None) -> tuple[dict, dict]:
+    """Hyperparameters on a validation split of the training ratings.
 
     First the fit grid (lr x reg, the paper's Section 5.3 grid), then (for
-    Pairwise DCR) the refinement grid on the best fit.
+    Pairwise DCR) the refinement grid on the best fit. With ``stop="tol"``
+    the fit grid is judged by validation NDCG@10; with
+    ``stop="validation"`` every grid point is early-stopped per level on the
+    validation log-likelihood and judged by that likelihood (NDCG@10 over
+    the two ratings per user held out at N = 10 cannot tell the grid points
+    apart: 0.951-0.952 for fits whose test NDCG spans 0.70-0.71).
+    With ``stop="validation"`` the returned parameters carry the chosen
+    ``level_epochs``. The pairwise rate is judged by validation NDCG@10.
     """
-    fit, val = validation_split(train, rng)
+    fit, val = split if split is not None else validation_split(train, rng)
     best, best_score, best_model = dict(base), -np.inf, None
     keys = sorted(grid)
     for values in itertools.product(*(grid[k] for k in keys)):
         params = dict(base, **dict(zip(keys, values)))
-        model = DCR(**params).fit(fit)
-        score = index_ndcg(model, val)
-        log(f"    tune {params_text(params, keys)}: val ndcg@10 {score:.4f}")
+        if stop == "validation":
+            model, score = fit_stopped(params, fit, val)
+            log(f"    tune {params_text(params, keys)}: val loglik {score:.4f} (level epochs {model.best_epochs_})")
+            chosen = dict(params, level_epochs=model.best_epochs_)
+        else:
+            model = DCR(**params).fit(fit)
+            score = index_ndcg(model, val)
+            log(f"    tune {params_text(params, keys)}: val ndcg@10 {score:.4f}")
+            chosen = params
         if score > best_score:
-            best, best_score, best_model = params, score, model
+            best, best_score, best_model = chosen, score, model
     best_pair: dict = {}
     if pairwise_grid:
         pkeys = sorted(pairwise_grid)
@@ -231,11 +252,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=int, default=40, help="rank per level (paper's Table 2: 40)")
     parser.add_argument("--relevance", default="linear", choices=("linear", "log", "exp"))
     parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
-    parser.add_argument("--lr", type=float, default=0.05, help="initial learning rate (without --tune)")
+    parser.add_argument("--lr", type=float, default=0.02, help="initial learning rate (without --tune)")
     parser.add_argument("--reg", type=float, default=0.001, help="L2 weight (without --tune)")
     parser.add_argument("--epochs", type=int, default=100, help="most epochs (all of them with --tol 0)")
     parser.add_argument("--tol", type=float, default=0.002,
                         help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)")
+    parser.add_argument("--init", default="marginal", choices=("marginal", "random"),
+                        help="initial factors: every level at its damped item marginals plus small noise"
+                             " (ours; default) or small random factors (zero mean)")
+    parser.add_argument("--init-std", type=float, default=None,
+                        help="noise of the initial factors (default 0.02 with --init marginal, 0.1 with random)")
+    parser.add_argument("--init-shrinkage", type=float, default=10.0,
+                        help="beta of the damped per-level item marginals of --init marginal")
+    parser.add_argument("--stop", default="validation", choices=("validation", "tol"),
+                        help="validation: per-level early stopping on the log-likelihood of a validation split"
+                             " carved from the training ratings, then a refit on all of them for those epoch"
+                             " counts (default); tol: the training-likelihood rule --tol")
     parser.add_argument("--order", default="user", choices=("user", "random"),
                         help="SGA order: ratings grouped by user (default, faster) or one random permutation")
     parser.add_argument("--lr-decay", type=float, default=0.02)
@@ -260,8 +292,10 @@ def run(args: argparse.Namespace) -> list[Row]:
     n_values = _grid(args.n_train, int)
     verbose = not args.quiet
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+    init_std = args.init_std if args.init_std is not None else (0.02 if args.init == "marginal" else 0.1)
     base = dict(rank=args.rank, relevance=args.relevance, projection=args.projection, lr=args.lr,
                 reg=args.reg, epochs=args.epochs, tol=args.tol, order=args.order, lr_decay=args.lr_decay,
+                init=args.init, init_std=init_std, init_shrinkage=args.init_shrinkage,
                 pairwise_lr=args.pairwise_lr,
                 pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs)
     names = set(_grid(args.variants, str))
@@ -298,11 +332,16 @@ def run(args: argparse.Namespace) -> list[Row]:
                 seed = int(rng.integers(2**31 - 1))
                 params = dict(base, **family.params, seed=seed)
                 pair_params = {"pairwise_lr": args.pairwise_lr}
+                val_rng = np.random.default_rng([args.seed, n, run_index, 2])
                 if args.tune:
-                    val_rng = np.random.default_rng([args.seed, n, run_index, 2])
-                    params, pair_params = tune(train, val_rng, params, grid, pair_grid, log)
+                    params, pair_params = tune(train, val_rng, params, grid, pair_grid, log, stop=args.stop)
+                elif args.stop == "validation":
+                    # Per-level epoch counts chosen on a hold-out of the training ratings.
+                    stopped, _ = fit_stopped(params, *validation_split(train, val_rng))
+                    params = dict(params, level_epochs=stopped.best_epochs_)
                 model = DCR(**params).fit(train)
-                note = f"({params_text(params, ['lr', 'reg', 'rank'])} epochs={model.epochs_run_})"
+                epochs = params.get("level_epochs") or model.epochs_run_
+                note = f"({params_text(params, ['lr', 'reg', 'rank'])} epochs={epochs})"
                 record(family.prefix, n, index_ndcg(model, test), note)
                 if shrunk:
                     model.item_shrinkage = shrinkage

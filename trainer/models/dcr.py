@@ -88,6 +88,83 @@ def user_csr(n_users: int, user: np.ndarray, *columns: np.ndarray) -> tuple[np.n
     return (indptr,) + tuple(np.ascontiguousarray(col[order]) for col in columns)
 
 
+def _int_list(values) -> list[int]:
+    """``level_epochs`` as a list of ints (``--set`` may pass "3,5,2,4")."""
+    if isinstance(values, str):
+        values = [x for x in values.split(",") if x.strip()]
+    return [int(x) for x in values]
+
+
+class _LevelStopper:
+    """Per-level epoch counts: chosen on validation, or given (``level_epochs``).
+
+    Level ``t``'s factors are the slices ``U[:, t]``, ``V[:, t]``; levels are
+    independent problems, so freezing one at its epoch (keeping a copy of its
+    slices and putting them back after the last epoch) is the same as having
+    stopped training it there. The other levels train on.
+    """
+
+    def __init__(self, model: "DCR", U: np.ndarray, V: np.ndarray, data: Ratings, validation: Ratings | None):
+        self.U, self.V, self.L = U, V, U.shape[1]
+        self.validation = validation
+        self.fixed = _int_list(model.level_epochs) if model.level_epochs is not None else None
+        self.active = validation is not None or self.fixed is not None
+        self.epochs = int(model.epochs)
+        self.patience = int(model.patience)
+        self.saved: list = [None] * self.L
+        if self.fixed is not None:
+            if validation is not None:
+                raise ValueError("give either level_epochs or validation, not both")
+            if len(self.fixed) != self.L:
+                raise ValueError(f"level_epochs needs one count per learned level ({self.L}), got {self.fixed}")
+            self.epochs = max(self.fixed)
+            self.best_epochs = list(self.fixed)
+            for t in range(self.L):
+                if self.fixed[t] == 0:
+                    self._save(t)
+        elif validation is not None:
+            if validation.n_users != data.n_users or validation.n_items != data.n_items:
+                raise ValueError("validation ratings must share the training id maps")
+            _, level = rating_levels(validation.rating, model.levels_, validation.source)
+            self.v_user = validation.user.astype(np.int64)
+            self.v_item = validation.item.astype(np.int64)
+            self.v_level = level
+            self.best = pointwise_loglik(U, V, self.v_user, self.v_item, level)
+            self.best_epochs = [0] * self.L
+            for t in range(self.L):
+                self._save(t)
+        model.best_epochs_ = None if not self.active else self.best_epochs
+        self.model = model
+
+    def _save(self, t: int) -> None:
+        self.saved[t] = (self.U[:, t].copy(), self.V[:, t].copy())
+
+    def after_epoch(self, epoch: int) -> bool:
+        """Record level snapshots after ``epoch`` epochs; True when training can stop."""
+        if self.fixed is not None:
+            for t in range(self.L):
+                if self.fixed[t] == epoch:
+                    self._save(t)
+            return False
+        ll = pointwise_loglik(self.U, self.V, self.v_user, self.v_item, self.v_level)
+        for t in range(self.L):
+            if ll[t] > self.best[t]:
+                self.best[t] = ll[t]
+                self.best_epochs[t] = epoch
+                self._save(t)
+        return all(epoch - e >= self.patience for e in self.best_epochs)
+
+    def restore(self) -> None:
+        if not self.active:
+            return
+        for t in range(self.L):
+            if self.saved[t] is not None:
+                self.U[:, t], self.V[:, t] = self.saved[t]
+        self.model.best_epochs_ = [int(e) for e in self.best_epochs]
+        if self.validation is not None:
+            self.model.validation_loglik_ = [float(x) for x in self.best]
+
+
 class DCR(Estimator):
     """Decoupled Collaborative Ranking, optionally refined pairwise.
 
@@ -163,7 +240,8 @@ class DCR(Estimator):
                  prob_floor: float = 1e-3, pairwise: bool = False, pairwise_lr: float = 0.01,
                  pairwise_reg: float = 0.001, pairwise_epochs: int = 20, pairs_per_epoch: float = 1.0,
                  item_bias: float = 0.0, item_shrinkage: float = 0.0, projection: str = "ball", popularity_shrinkage: float = 10.0,
-                 order: str = "user", tol: float = 0.002, seed: int = 0,
+                 order: str = "user", tol: float = 0.002, init: str = "random",
+                 init_shrinkage: float = 10.0, level_epochs=None, patience: int = 5, seed: int = 0,
                  verbose: bool = False):
         self.rank = rank
         self.levels = levels
@@ -185,6 +263,10 @@ class DCR(Estimator):
         self.popularity_shrinkage = popularity_shrinkage
         self.order = order
         self.tol = tol
+        self.init = init
+        self.init_shrinkage = init_shrinkage
+        self.level_epochs = level_epochs
+        self.patience = patience
         self.seed = seed
         self.verbose = verbose
 
@@ -196,6 +278,12 @@ class DCR(Estimator):
             raise ValueError("rank must be >= 1 and epochs >= 0")
         if self.order not in ("user", "random"):
             raise ValueError(f"order must be 'user' or 'random', got {self.order!r}")
+        if self.level_epochs is not None and any(int(e) < 0 for e in _int_list(self.level_epochs)):
+            raise ValueError("level_epochs must be non-negative epoch counts")
+        if int(self.patience) < 1:
+            raise ValueError("patience must be >= 1")
+        if self.init not in ("random", "marginal"):
+            raise ValueError(f"init must be 'random' or 'marginal', got {self.init!r}")
         if self.projection not in ("ball", "sphere"):
             raise ValueError(f"projection must be 'ball' or 'sphere', got {self.projection!r}")
         if not (np.isfinite(float(self.item_shrinkage)) and float(self.item_shrinkage) >= 0):
@@ -204,14 +292,25 @@ class DCR(Estimator):
             raise ValueError("item_bias must be in [0, 1)")
         if self.item_bias and int(self.rank) < 2:
             raise ValueError("item_bias needs rank >= 2 (one coordinate is the bias)")
-        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std", "tol"):
+        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std", "tol", "init_shrinkage"):
             value = float(getattr(self, name))
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite non-negative number, got {value}")
 
     # ------------------------------------------------------------ fitting
-    def fit(self, data: Ratings) -> "DCR":
-        """Fit the per-level factors (and refine pairwise when ``pairwise``)."""
+    def fit(self, data: Ratings, validation: Ratings | None = None) -> "DCR":
+        """Fit the per-level factors (and refine pairwise when ``pairwise``).
+
+        ``validation`` (ratings on the same id maps, e.g. a hold-out carved
+        from the training ratings) turns on early stopping per level: after
+        every epoch each level's validation log-likelihood is computed, each
+        level keeps the factors of its best epoch (epoch 0 is the initial
+        point), and training stops once no level has improved for
+        ``patience`` epochs (or at ``epochs``). ``best_epochs_`` records the
+        chosen epoch of each level; pass it as ``level_epochs`` to refit on
+        all the ratings for those counts. The training-likelihood rule
+        ``tol`` is not used then.
+        """
         self._check_params()
         if len(data) == 0:
             raise DataError(data.source, None, "no ratings to train on")
@@ -239,16 +338,19 @@ class DCR(Estimator):
         U[active] = rng.normal(0.0, self.init_std, size=(active.size, L, f))
         V[rated] = rng.normal(0.0, self.init_std, size=(rated.size, L, f))
         u_fixed, u_radius = self._bias_setup(U, V)
+        if self.init == "marginal":
+            self._marginal_init(U, V, item, level, active, u_fixed)
         self.loglik_ = np.full(L, np.nan)
         sphere = self.projection == "sphere"
         self.loglik_history_: list[float] = []
         by_user = self.order == "user"
+        stopper = _LevelStopper(self, U, V, data, validation)
         if by_user:
             # Working copies: shuffle_segments permutes them in place every epoch.
             seg_items = self.seen_indices_.astype(np.int64)
             seg_levels = self.seen_levels_.copy()
-        with Progress("DCR", self.epochs, self.verbose) as bar:
-            for epoch in range(int(self.epochs)):
+        with Progress("DCR", stopper.epochs, self.verbose) as bar:
+            for epoch in range(stopper.epochs):
                 lr = float(self.lr) / (1.0 + float(self.lr_decay) * epoch)
                 if by_user:
                     shuffle_segments(self.seen_indptr_, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
@@ -265,12 +367,15 @@ class DCR(Estimator):
                     check_finite(epoch, user_factors=U, item_factors=V)
                 self.loglik_history_.append(float(self.loglik_.sum()) / len(data))
                 bar.update(1, loglik=self.loglik_history_[-1])
-                if self._converged():
+                if stopper.after_epoch(epoch + 1) if stopper.active else self._converged():
                     break
         self.epochs_run_ = len(self.loglik_history_)
+        stopper.restore()
         check_finite(self.epochs_run_ - 1, user_factors=U, item_factors=V)
-        # Items (users) without training ratings keep no evidence: P = 1/2 at every level.
-        V[np.bincount(item, minlength=n_items) == 0] = 0.0
+        # Items (users) without training ratings keep no evidence: P = 1/2 at every level
+        # (with the marginal init: the global per-level marginals they started from).
+        if self.init != "marginal":
+            V[np.bincount(item, minlength=n_items) == 0] = 0.0
         self.U_, self.V_ = U, V
         self.pairwise_loss_ = float("nan")
         if self.pairwise:
@@ -291,6 +396,53 @@ class DCR(Estimator):
         if float(self.tol) <= 0.0 or len(h) < 2:
             return False
         return (h[-1] - h[-2]) < float(self.tol) * abs(h[-1])
+
+    def _marginal_init(self, U: np.ndarray, V: np.ndarray, item: np.ndarray, level: np.ndarray,
+                       active: np.ndarray, u_fixed: int) -> None:
+        """Start every level at the damped item-marginal model (``init="marginal"``; ours).
+
+        Level ``t``'s item marginal ``p_it = (n_it + beta g_t) / (n_i + beta)``,
+        ``n_it`` the item's training ratings ``>= l_t``, ``n_i`` all its
+        ratings, ``g_t`` the global fraction ``>= l_t`` and ``beta =
+        init_shrinkage``. Coordinate ``k0`` (the first free one: 0, or 1
+        under ``item_bias``) of every user vector is set to ``a_u =
+        sqrt(1 - |noise_u|^2)`` (so ``|U_u| = 1``) and that of every item
+        vector to ``(2 p_it - 1) / mean(a)``, clipped into the ball; the other
+        coordinates keep the random draw (``init_std``). Then ``U_u . V_i``
+        is about ``2 p_it - 1`` and Eq. 1 gives ``P(r >= l_t) = p_it``: the
+        fit starts at the damped item mean of every level and SGA only has
+        to personalise it. The model and objective are the paper's; the
+        starting point is not (the paper does not state its initialisation).
+        Items without training ratings start (and stay) at ``g_t``.
+        """
+        n_items, L, f = V.shape
+        k0 = u_fixed
+        if k0 >= f:
+            raise ValueError("init='marginal' needs a free coordinate (rank > 1 with item_bias)")
+        beta = float(self.init_shrinkage)
+        counts = np.bincount(item, minlength=n_items).astype(np.float64)
+        radius = float(np.sqrt(1.0 - float(self.item_bias) ** 2)) if u_fixed else 1.0
+        # The user coordinate: the rest of the vector's norm budget (|U_u| = radius).
+        noise_u = np.sum(U[:, :, k0 + 1:] ** 2, axis=2)
+        a = np.sqrt(np.maximum(radius * radius - noise_u, 0.0))
+        U[:, :, k0] = a
+        a_mean = float(a[active].mean()) if active.size else radius
+        for t in range(L):
+            ge = (level >= t + 1).astype(np.float64)
+            g = float(ge.mean())
+            n_ge = np.bincount(item, weights=ge, minlength=n_items)
+            p = np.where(counts + beta > 0, (n_ge + beta * g) / np.maximum(counts + beta, 1e-12), g)
+            target = 2.0 * p - 1.0
+            if u_fixed:
+                # item_bias already contributes s * V_i0; leave the target to the free coordinate.
+                target = target - float(self.item_bias) * V[:, t, 0]
+            noise_v = np.sum(V[:, t, k0 + 1:] ** 2, axis=1)
+            room = np.sqrt(np.maximum(1.0 - noise_v - (V[:, t, 0] ** 2 if u_fixed else 0.0), 0.0))
+            V[:, t, k0] = np.clip(target / a_mean, -room, room)
+        # A large init_std can draw noise outside the ball on its own: project it back.
+        for X, start, bound in ((U, k0, radius), (V, 0, 1.0)):
+            norm = np.sqrt(np.sum(X[:, :, start:] ** 2, axis=2, keepdims=True))
+            X[:, :, start:] /= np.maximum(norm / bound, 1.0)
 
     def _bias_setup(self, U: np.ndarray, V: np.ndarray) -> tuple[int, float]:
         s = float(self.item_bias)

@@ -1,0 +1,146 @@
+"""DCR: the item-marginal initialisation and per-level early stopping on validation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.models.dcr import Index
+from trainer.evaluation.dcr import (
+    fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
+)
+from trainer.models._dcr_kernels import pointwise_loglik
+from trainer.models.dcr import DCR, rating_levels
+
+from tests.test_dcr import make_ratings, planted
+
+
+def with_item_effects(seed=0, n_users=80, n_items=50, per_user=25):
+    """Ratings driven by an item quality plus a weak personal term."""
+    rng = np.random.default_rng(seed)
+    quality = rng.normal(size=n_items)
+    A, B = rng.normal(size=(n_users, 2)), rng.normal(size=(n_items, 2))
+    user = np.repeat(np.arange(n_users), per_user)
+    item = np.concatenate([rng.choice(n_items, per_user, replace=False) for _ in range(n_users)])
+    x = 1.5 * quality[item] + 0.5 * np.sum(A[user] * B[item], axis=1) + 0.5 * rng.normal(size=user.size)
+    rating = 1 + np.digitize(x, np.quantile(x, [0.1, 0.25, 0.55, 0.8]))
+    return make_ratings(user, item, rating, n_users, n_items)
+
+
+def damped_marginals(data, beta):
+    levels, level = rating_levels(data.rating)
+    counts = np.bincount(data.item, minlength=data.n_items).astype(float)
+    out = []
+    for t in range(1, levels.size):
+        ge = (level >= t).astype(float)
+        g = ge.mean()
+        n_ge = np.bincount(data.item, weights=ge, minlength=data.n_items)
+        out.append((n_ge + beta * g) / (counts + beta))
+    return np.stack(out, axis=1)  # (n_items, L)
+
+
+@pytest.mark.parametrize("beta", [0.0, 4.0])
+@pytest.mark.parametrize("bias", [0.0, 0.5])
+def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bias):
+    data = with_item_effects(1)
+    # one item nobody rated: it starts at the global marginal
+    data = make_ratings(data.user, data.item, data.rating, data.n_users, data.n_items + 1)
+    model = DCR(rank=5, epochs=0, init="marginal", init_std=0.0, init_shrinkage=beta, item_bias=bias,
+                seed=0).fit(data)
+    want = damped_marginals(data, beta if beta > 0 else 1e-12)
+    # 2P - 1 = U.V lives in the free coordinates' ball: radius sqrt(1 - s^2) under item_bias
+    radius = np.sqrt(1 - bias ** 2)
+    want = (np.clip(2 * want - 1, -radius, radius) + 1) / 2
+    p = (np.einsum("ulf,ilf->uil", model.U_, model.V_) + 1) / 2
+    for u in (0, 7, data.n_users - 1):
+        np.testing.assert_allclose(p[u], want, atol=1e-9)
+    if bias == 0:
+        assert np.allclose(p[0], damped_marginals(data, beta if beta > 0 else 1e-12), atol=1e-9)
+
+
+def test_marginal_init_keeps_factors_in_the_ball():
+    data = with_item_effects(2)
+    for std in (0.0, 0.05, 0.3):
+        model = DCR(rank=6, epochs=0, init="marginal", init_std=std, seed=1).fit(data)
+        assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + 1e-9)
+        assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + 1e-9)
+
+
+def test_validation_stopping_keeps_each_levels_best_epoch():
+    data = with_item_effects(3)
+    fit, val = validation_split(data, np.random.default_rng(0))
+    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=25, tol=0.0, seed=3)
+    stopped = DCR(patience=25, **params).fit(fit, validation=val)
+    _, level = rating_levels(val.rating, stopped.levels_)
+    u, i = val.user.astype(np.int64), val.item.astype(np.int64)
+    # the trajectory: a fit of e epochs takes the first e steps of the longer one (same seed)
+    trajectory = [DCR(**dict(params, epochs=e)).fit(fit) for e in range(26)]
+    ll = np.array([pointwise_loglik(m.U_, m.V_, u, i, level) for m in trajectory])
+    assert stopped.best_epochs_ == ll.argmax(axis=0).tolist()
+    np.testing.assert_allclose(stopped.validation_loglik_, ll.max(axis=0))
+    for t, e in enumerate(stopped.best_epochs_):
+        np.testing.assert_array_equal(stopped.U_[:, t], trajectory[e].U_[:, t])
+        np.testing.assert_array_equal(stopped.V_[:, t], trajectory[e].V_[:, t])
+
+
+def test_patience_stops_once_no_level_improves():
+    data = with_item_effects(4)
+    fit, val = validation_split(data, np.random.default_rng(1))
+    model = DCR(rank=4, lr=0.1, init="marginal", init_std=0.05, epochs=200, patience=3, seed=0).fit(
+        fit, validation=val)
+    assert model.epochs_run_ < 200
+    assert model.epochs_run_ == max(model.best_epochs_) + 3
+
+
+def test_level_epochs_refit_takes_the_same_steps_as_the_stopped_fit():
+    data = with_item_effects(5)
+    fit, val = validation_split(data, np.random.default_rng(2))
+    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=40, seed=4)
+    stopped = DCR(**params).fit(fit, validation=val)
+    again = DCR(level_epochs=stopped.best_epochs_, **params).fit(fit)
+    assert again.best_epochs_ == stopped.best_epochs_
+    np.testing.assert_array_equal(again.U_, stopped.U_)
+    np.testing.assert_array_equal(again.V_, stopped.V_)
+    # the counts also travel as a string (ordrec-train train --set level_epochs=...)
+    text = DCR(level_epochs=",".join(map(str, stopped.best_epochs_)), **params).fit(fit)
+    np.testing.assert_array_equal(text.U_, stopped.U_)
+
+
+def test_validation_stopping_still_learns_planted_personal_structure():
+    # No item effect: the marginal start ranks no better than chance, so the
+    # stopped fit has to train the levels to recover the planted order.
+    data = planted(1)
+    rng = np.random.default_rng(0)
+    train, test = per_user_split(data, 30, rng)
+    fit, val = validation_split(train, np.random.default_rng(1))
+    params = dict(rank=8, lr=0.05, init="marginal", init_std=0.05, epochs=60, seed=0)
+    stopped = DCR(**params).fit(fit, validation=val)
+    assert min(stopped.best_epochs_) > 0
+    model = DCR(level_epochs=stopped.best_epochs_, **params).fit(train)
+    dcr = ndcg_at_k(Index.from_artifact(model.to_artifact()).score_items, test)
+    mean = ndcg_at_k(fixed_scorer(item_means(train, 5.0)), test)
+    assert dcr > mean + 0.05, (dcr, mean)
+
+
+def test_tune_with_validation_stopping_returns_level_epochs():
+    data = with_item_effects(6)
+    base = dict(rank=3, epochs=15, init="marginal", init_std=0.05, seed=0)
+    best, pair = tune(data, np.random.default_rng(0), base, {"lr": (0.05, 0.02)}, {"pairwise_lr": (0.01,)},
+                      lambda msg: None, stop="validation")
+    assert best["lr"] in (0.05, 0.02) and len(best["level_epochs"]) == 4
+    assert pair == {"pairwise_lr": 0.01}
+
+
+@pytest.mark.parametrize("bad", [dict(init="zeros"), dict(patience=0), dict(level_epochs=[1, -1, 2, 3]),
+                                 dict(init_shrinkage=-1.0)])
+def test_bad_init_and_stopping_parameters_are_refused(bad):
+    with pytest.raises(ValueError):
+        DCR(**bad).fit(with_item_effects(0, n_users=10, n_items=8, per_user=5))
+
+
+def test_level_epochs_of_the_wrong_length_or_with_validation_are_refused():
+    data = with_item_effects(7)
+    fit, val = validation_split(data, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="one count per learned level"):
+        DCR(rank=3, level_epochs=[1, 2]).fit(fit)
+    with pytest.raises(ValueError, match="not both"):
+        DCR(rank=3, level_epochs=[1, 2, 3, 4]).fit(fit, validation=val)
