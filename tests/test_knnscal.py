@@ -137,6 +137,49 @@ def test_majorization_never_increases_stress(update, seed):
         before = after
 
 
+# ------------------------------------------------------------------ locality
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**31 - 1))
+def test_permute_rows_moves_whole_rows_and_inverts(seed):
+    q, ptr, pcol, prnk, *_ = random_graph(n=30, k=3, seed=seed % 1000)
+    order = np.random.default_rng(seed).permutation(30)
+    new_ptr, src = K.permute_rows(ptr, order)
+    for r, v in enumerate(order):
+        np.testing.assert_array_equal(pcol[src[new_ptr[r]:new_ptr[r + 1]]], pcol[ptr[v]:ptr[v + 1]])
+    pos = np.empty(30, np.int64)
+    pos[order] = np.arange(30)
+    back_ptr, back = K.permute_rows(new_ptr, pos)
+    np.testing.assert_array_equal(back_ptr, ptr)
+    np.testing.assert_array_equal(src[back], np.arange(pcol.size))
+
+
+def test_morton_order_keeps_map_neighbours_close_in_memory():
+    points = np.random.default_rng(0).uniform(size=(4000, 2))
+    g = knn_lists(points, 5)
+    order = np.argsort(K.morton_keys(points), kind="stable")
+    pos = np.empty(4000, np.int64)
+    pos[order] = np.arange(4000)
+    gap_random = np.median(np.abs(g.source - g.neighbor))
+    gap_morton = np.median(np.abs(pos[g.source] - pos[g.neighbor]))
+    assert gap_random > 1000 and gap_morton < 50, (gap_random, gap_morton)
+
+
+@pytest.mark.parametrize("dim", [2, 3])
+def test_reordered_fit_is_returned_in_input_order(dim):
+    # The loop runs on renumbered vertices; coordinates, E+ and disparities
+    # must come back in the input's order, consistent with each other.
+    points, graph = planted(300, dim, 8, seed=4)
+    fits = {r: KnnScal(dim=dim, seed=0, max_iter=60, reorder=r).fit(graph) for r in ("morton", "none")}
+    est = fits["morton"]
+    last = est.stress_history_[-1][2]
+    again = K.stress(est.coordinates_, est.plus_indptr_, est.plus_col_, est.plus_rnk_, est.q_,
+                     float(est.edge_weight), est.disparities_)
+    assert abs(again - last) <= 1e-9 * last
+    np.testing.assert_array_equal(np.diff(est.plus_indptr_), np.diff(fits["none"].plus_indptr_))
+    oa = {r: order_agreement(f.coordinates_, f) for r, f in fits.items()}
+    assert oa["morton"] > 0.8 and abs(oa["morton"] - oa["none"]) < 0.03, oa
+
+
 # ------------------------------------------------------------------ fitting
 def planted(n, dim, k, seed):
     points = np.random.default_rng(seed).uniform(size=(n, dim))
