@@ -60,6 +60,7 @@ def one(args) -> dict:
         "per_iter_s": float(np.median(est.iteration_seconds_)) if est.n_iter_ else float("nan"),
         "per_iter_min_s": float(np.min(est.iteration_seconds_)) if est.n_iter_ else float("nan"),
         "iterations_s": est.timings_["iterations_s"], "fit_s": fit_s,
+        "cpu_per_iter_s": est.timings_["iterations_cpu_s"] / max(est.n_iter_, 1),
         "stress": est.stress_, "order_agreement": agree / max(pairs, 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
@@ -76,26 +77,36 @@ def main(argv=None) -> int:
     parser.add_argument("--params", default="{}", help="extra KNNSCAL hyperparameters as JSON")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size
+    parser.add_argument("--table", nargs="+", metavar="JSON",
+                        help="print the table from JSON lines saved from earlier runs (stderr), run nothing")
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(args)))
         return 0
     results = []
-    for n in args.sizes:
+    if args.table:
+        for path in args.table:
+            with open(path) as f:
+                results += [json.loads(line) for line in f if line.startswith("{")]
+    for n in ([] if args.table else args.sizes):
         cmd = [sys.executable, __file__, "--one", str(int(n)), "--k", str(args.k), "--dim", str(args.dim),
                "--max-iter", str(args.max_iter), "--tol", str(args.tol), "--seed", str(args.seed),
                "--params", args.params] + (["--verbose"] if args.verbose else [])
         out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(results[-1]), file=sys.stderr)
-    header = ("n", "|E+|", "gen s", "E+ s", "init s", "reorder s", "iters", "conv", "s/iter",
-              "us/iter/(n k log2 k)", "to conv s", "fit s", "peak RSS MB", "order agr.")
+    header = ("n", "|E+|", "gen s", "E+ s", "init s", "reorder s", "iters", "conv", "s/iter", "CPU s/iter",
+              "us/iter/(n k log2 k)", "CPU us/iter/(n k log2 k)", "to conv s", "fit s", "peak RSS MB", "order agr.")
+    def cpu(r, fmt, scale):  # runs recorded before CPU time was measured have none
+        return fmt.format(scale * r["cpu_per_iter_s"]) if "cpu_per_iter_s" in r else "-"
+
     rows = []
     for r in results:
         unit = r["n"] * r["k"] * math.log2(r["k"])
         rows.append((f"{r['n']:,}", f"{r['entries']:,}", f"{r['generate_s']:.1f}", f"{r['edges_s']:.1f}",
                      f"{r['init_s']:.1f}", f"{r['reorder_s']:.1f}", str(r["iterations"]), "yes" if r["converged"] else "no",
-                     f"{r['per_iter_s']:.3f}", f"{1e6 * r['per_iter_s'] / unit:.4f}",
+                     f"{r['per_iter_s']:.3f}", cpu(r, "{:.3f}", 1.0), f"{1e6 * r['per_iter_s'] / unit:.4f}",
+                     cpu(r, "{:.4f}", 1e6 / unit),
                      f"{r['iterations_s']:.1f}", f"{r['fit_s']:.1f}", f"{r['peak_rss_mb']:.0f}",
                      f"{r['order_agreement']:.4f}"))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
