@@ -182,7 +182,7 @@ def test_recovers_planted_tensor_ranking():
 def test_early_stopping_keeps_the_best_epoch():
     data, truth, train, _ = _split_planted(seed=1)
     est = RTF(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
-              min_iterations=5, min_delta=1e-3, seed=1, verbose=False).fit(train)
+              min_iterations=5, min_delta=1e-3, smoothing=1, seed=1, verbose=False).fit(train)
     assert est.epochs_run_ < 200
     best = max(h["val_auc"] for h in est.history_)
     assert est.to_artifact().metrics["validation_auc"] == pytest.approx(best)
