@@ -244,7 +244,8 @@ class KnnScal(Estimator):
     max_iter : int
         Outer iterations (4a, 4b, 4c) at most.
     tol : float
-        Stop when an iteration lowers the stress by less than this fraction.
+        Stop when an iteration changes the stress by less than this fraction
+        (a rise larger than that, possible with rank gaps, does not stop it).
     update : {"gauss-seidel", "jacobi"}
         Vertex-at-a-time majorization (default) or the poster's simultaneous
         diagonal majorization; both are monotone (see the module docstring).
@@ -456,7 +457,9 @@ class KnnScal(Estimator):
                 history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
                 iter_times.append(time.perf_counter() - t_it)
                 bar.update(1, stress=self.normalised_stress(s_iso))
-                if prev <= 0 or (prev - s_iso) / prev < float(self.tol):
+                # |change|: with rank gaps the disparity step can raise the
+                # stress, and a rise is not convergence.
+                if prev <= 0 or abs(prev - s_iso) / prev < float(self.tol):
                     self.converged_ = True
                     break
                 prev = s_iso
