@@ -100,6 +100,21 @@ def test_reproduce_command_writes_rows(tmp_path, capsys):
     assert "DCR protocol on tiny" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("fit", [["--init", "random", "--stop", "tol"], ["--init", "marginal", "--stop", "validation"]])
+def test_reproduce_grid_on_test_is_a_separate_diagnostic_row(tmp_path, fit):
+    path = tmp_path / "u.data"
+    write_udata(path, ratings(4, n_users=30))
+    out, plain = tmp_path / "rows.json", tmp_path / "plain.json"
+    common = ["reproduce", "dcr", "--data", str(path), "--n-train", "5", "--runs", "1", "--rank", "2",
+              "--epochs", "3", "--quiet", "--dataset", "tiny", "--no-references", *fit]
+    assert main(common + ["--grid-on-test", "--json", str(out)]) == 0
+    assert main(common + ["--json", str(plain)]) == 0
+    rows = {r["method"]: r["mean"] for r in json.loads(out.read_text())}
+    assert set(rows) == {"DCR", "DCR (grid best on test)"}
+    # the diagnostic chooses nothing else: the DCR row is the one of a run without it
+    assert rows["DCR"] == {r["method"]: r["mean"] for r in json.loads(plain.read_text())}["DCR"]
+
+
 @pytest.mark.slow
 def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
     path = DATA / "ml-100k" / "u.data"

@@ -34,6 +34,17 @@ rank as confidently as a well-known one; shrinking pulls its P(r >= l_t)
 toward 1/2 like a damped mean pulls a rare item's mean toward the prior.
 It is applied when the artifact is written, so training (and the pairwise
 refinement) are unchanged and serving stays one matrix product.
+
+Starting point and stopping (choices the paper leaves open; the model,
+objective and SGA steps are the paper's either way): ``init="marginal"``
+starts every level at its damped item marginals instead of small random
+factors, and ``fit(data, validation=...)`` stops each level at the epoch of
+its best validation log-likelihood (``best_epochs_``, reusable as
+``level_epochs`` for a refit on all the ratings). Why: with a few ratings
+per user, the coordinates of ``U_u^t`` that the user's ratings never push
+keep their random initial values, which add user-specific noise to every
+item's score; and SGA from a random start must first grow the shared
+item-effect direction that an item mean gets for free.
 """
 from __future__ import annotations
 
@@ -226,6 +237,26 @@ class DCR(Estimator):
         The default 0.002 is the largest of {0.01, 0.005, 0.003, 0.002, 0.001}
         whose validation NDCG@10 on ML-100K (N = 10, 20, 50; validation
         splits carved from the training ratings) matched 100 fixed epochs.
+    init : {"random", "marginal"}
+        "random" (default): zero-mean normal factors of standard deviation
+        ``init_std`` (the paper does not state its initialisation).
+        "marginal" (ours): every level starts at its damped item marginals,
+        ``P(r >= l_t) = (n_it + beta g_t) / (n_i + beta)``, through one
+        coordinate (users at ``a``, items at ``(2 p_it - 1) / a``) plus noise
+        of ``init_std`` in the others; SGA then personalises it. Same model,
+        objective and steps as the paper's; only the starting point differs.
+        Items without training ratings stay at the global marginals ``g_t``
+        instead of 1/2.
+    init_shrinkage : float
+        ``beta`` of the damped marginals of ``init="marginal"``.
+    level_epochs : list of int, optional
+        Epochs per learned level (level ``t`` is frozen after
+        ``level_epochs[t]``; 0 keeps its initial factors); overrides
+        ``epochs`` and ``tol``. ``fit(data, validation=...)`` chooses them
+        (``best_epochs_``).
+    patience : int
+        With ``fit(..., validation=...)``: stop once no level's validation
+        log-likelihood has improved for this many epochs.
     seed : int
         Seed of the initialisation, the rating order and the pair sampling.
     verbose : bool
