@@ -2,7 +2,7 @@
 
 ``ordrec-train reproduce knnscal --digits --k 10 [--dim 2] [--json OUT]`` builds
 the directed k-NN graph of scikit-learn's bundled digits (1,797 points) and
-embeds it; ``--data PATH`` reads ranked neighbour lists instead
+embeds it (``--sklearn breast_cancer|wine|iris``: another bundled set, standardised); ``--data PATH`` reads ranked neighbour lists instead
 (``source, neighbor, rank`` lines). Every map, ours and the reference
 methods', is scored through the serving index (``service.models.knnscal.Index``
 built from an in-memory artifact), by the same functions:
@@ -56,6 +56,9 @@ ISSUE_FIGURES = {
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--digits", action="store_true",
                         help="use the directed k-NN graph of sklearn's bundled digits (1,797 points)")
+    parser.add_argument("--sklearn", choices=sorted(SKLEARN_SETS), default=None,
+                        help="another bundled sklearn set (standardised features), e.g. to choose"
+                             " hyperparameters on a graph other than digits")
     parser.add_argument("--k", type=int, default=10, help="neighbours per list (digits) and k of recall@k")
     parser.add_argument("--dim", type=int, default=2, help="map dimension")
     parser.add_argument("--references", default=None,
@@ -79,16 +82,34 @@ class Problem:
         self.labels = None if graph.labels is None else np.asarray(graph.labels)
 
 
+# Bundled sklearn data sets: loader name, and whether to standardise the
+# features (digits are pixels on one scale; the others mix units).
+SKLEARN_SETS = {"digits": ("load_digits", False), "breast_cancer": ("load_breast_cancer", True),
+                "wine": ("load_wine", True), "iris": ("load_iris", True)}
+
+
 def load_problem(args) -> Problem:
     k = int(args.k)
-    if args.digits:
+    name = getattr(args, "sklearn", None)
+    if name and name != "digits":
+        from sklearn import datasets
+
+        loader, standardise = SKLEARN_SETS[name]
+        features, labels = getattr(datasets, loader)(return_X_y=True)
+        features = np.asarray(features, dtype=np.float64)
+        if standardise:
+            features = (features - features.mean(axis=0)) / np.where(features.std(axis=0) > 0,
+                                                                     features.std(axis=0), 1.0)
+        graph = knn_lists(features, k, labels=labels, path=f"sklearn:{name}")
+        return Problem(graph, name, k, features=features, seed=args.seed)
+    if args.digits or name == "digits":
         from sklearn.datasets import load_digits
 
         features, labels = load_digits(return_X_y=True)
         graph = knn_lists(features, k, labels=labels, path="sklearn:digits")
         return Problem(graph, "digits", k, features=np.asarray(features, dtype=np.float64), seed=args.seed)
     if not args.data:
-        raise ValueError("give --data PATH (ranked neighbour lists) or --digits")
+        raise ValueError("give --data PATH (ranked neighbour lists), --digits or --sklearn NAME")
     from trainer.data.readers import read_input
 
     graph = read_input("neighbors", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
