@@ -141,6 +141,18 @@ def test_mix_weight_is_chosen_on_training_posts_toward_the_informative_side(by_i
     assert (weight > 0.5) if by_item else (weight < 0.5)
 
 
+def test_per_dims_settings_reach_only_their_dims():
+    assert ev.parse_per_dims(["64:reg_core=1e-6,learning_rate=0.25", "8:patience=3"]) == {
+        64: {"reg_core": 1e-6, "learning_rate": 0.25}, 8: {"patience": 3}}
+    with pytest.raises(ValueError, match="unknown RTF setting"):
+        ev.parse_per_dims(["64:lr=0.1"])
+    data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
+    rows = ev.run(_args(core=2, dims="3,4", iterations=6, per_dims=["4:iterations=2,validation_posts=0"]),
+                  data=data)
+    epochs = {r.method: r.mean for r in rows if r.metric == "epochs"}
+    assert epochs["RTF-4"] == 2 and epochs["RTF-3"] > 2
+
+
 def test_npmax_peeks_and_beats_item_popularity_on_its_own_test_set():
     """npmax ranks by the test posts' own tags, so it is at least as good as
     any non-personalised list at N = 1 for items with a single test post."""

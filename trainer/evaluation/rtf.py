@@ -69,12 +69,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--init-std", type=float, default=RTF().init_std)
     parser.add_argument("--validation-posts", type=int, default=RTF().validation_posts,
                         help="training posts held out for early stopping (0: none)")
+    parser.add_argument("--per-dims", action="append", default=[], metavar="DIMS:KEY=VALUE,...",
+                        help="override settings for one dims, e.g. 64:reg_core=1e-6,learning_rate=0.25 "
+                             "(repeatable; keys are RTF hyperparameters)")
     parser.add_argument("--smoothing", type=int, default=RTF().smoothing,
                         help="early stop on the moving average of this many validation AUCs")
     parser.add_argument("--min-iterations", type=int, default=RTF().min_iterations)
     parser.add_argument("--patience", type=int, default=10,
                         help="passes without validation-AUC gain before stopping (the AUC of "
                              "500 posts moves by ~1e-3 from pass to pass, so 5 stopped RTF-64 early)")
+
+
+def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
+    """``["64:reg_core=1e-6,learning_rate=0.25"]`` -> ``{64: {"reg_core": 1e-6, "learning_rate": 0.25}}``."""
+    allowed = set(RTF().get_params()) - {"dims", "seed", "verbose", "dtype"}
+    out: dict[int, dict[str, float]] = {}
+    for spec in specs:
+        dims, _, pairs = spec.partition(":")
+        settings = out.setdefault(int(dims), {})
+        for pair in filter(None, pairs.split(",")):
+            key, _, value = pair.partition("=")
+            if key not in allowed:
+                raise ValueError(f"--per-dims: unknown RTF setting {key!r} (known: {sorted(allowed)})")
+            number = float(value)
+            settings[key] = int(number) if key in ("iterations", "validation_posts", "patience",
+                                                   "min_iterations", "smoothing", "popular_top") else number
+    return out
 
 
 # --------------------------------------------------------------- data prep
@@ -275,6 +295,7 @@ def load(args: argparse.Namespace) -> TagAssignments:
 def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Row]:
     """Run the protocol, print the table beside the paper's figures, return the rows."""
     dims_list = [int(x) for x in str(args.dims).split(",") if x.strip()]
+    per_dims = parse_per_dims(getattr(args, "per_dims", []) or [])
     if data is None:
         data = load(args)
     core = p_core(data, int(args.core))
@@ -299,13 +320,14 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
         baseline_done = False
         for dims in dims_list:
             started = time.perf_counter()
-            est = RTF(dims=dims, learning_rate=args.learning_rate,
-                      lr_decay=args.lr_decay, reg=args.reg, reg_core=args.reg_core,
-                      reg_tags=args.reg_tags,
-                      iterations=args.iterations, init_std=args.init_std,
-                      validation_posts=args.validation_posts, patience=args.patience,
-                      smoothing=args.smoothing, min_iterations=args.min_iterations,
-                      seed=seed, verbose=not args.quiet)
+            settings = dict(learning_rate=args.learning_rate,
+                            lr_decay=args.lr_decay, reg=args.reg, reg_core=args.reg_core,
+                            reg_tags=args.reg_tags,
+                            iterations=args.iterations, init_std=args.init_std,
+                            validation_posts=args.validation_posts, patience=args.patience,
+                            smoothing=args.smoothing, min_iterations=args.min_iterations)
+            settings.update(per_dims.get(dims, {}))
+            est = RTF(dims=dims, seed=seed, verbose=not args.quiet, **settings)
             est.fit(train)
             seconds = time.perf_counter() - started
             index = Index.from_artifact(est.to_artifact())
