@@ -127,3 +127,35 @@ def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
     assert got["DCR"] > got["Item mean"] and got["DCR"] > got["Random"] + 0.05
     assert got["Pairwise DCR"] > got["DCR"]
     assert got["DCR-shrunk"] > got["DCR"]
+
+
+def test_select_takes_the_candidate_with_the_best_mean_validation_ndcg():
+    from trainer.evaluation.dcr import fit_stopped, index_ndcg, select, validation_split
+
+    data = ratings(5, n_users=40)
+    base = dict(rank=2, epochs=4, lr=0.05, seed=1)
+    choices = [dict(init="marginal", init_std=0.02, rank=2), dict(init="random", init_std=0.1, rank=3)]
+    chosen = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None)
+    rng = np.random.default_rng(7)
+    splits = [validation_split(data, rng) for _ in range(2)]
+    scores = []
+    for choice in choices:
+        fits = [fit_stopped(dict(base, **choice), f, v)[0] for f, v in splits]
+        scores.append(np.mean([index_ndcg(m, v) for m, (_, v) in zip(fits, splits)]))
+        if choice["init"] == chosen["init"]:
+            epochs = np.median([m.best_epochs_ for m in fits], axis=0).round().astype(int).tolist()
+    best = choices[int(np.argmax(scores))]
+    assert (chosen["init"], chosen["rank"]) == (best["init"], best["rank"])
+    assert chosen["level_epochs"] == epochs
+
+
+def test_reproduce_chooses_start_and_rank_per_run(tmp_path, capsys):
+    path = tmp_path / "u.data"
+    write_udata(path, ratings(6, n_users=30))
+    out = tmp_path / "rows.json"
+    assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "5", "--runs", "1", "--epochs", "3",
+                 "--init-grid", "marginal,random", "--rank-grid", "2,3", "--select-folds", "2",
+                 "--val-tol", "0.001", "--no-references", "--dataset", "tiny", "--json", str(out)]) == 0
+    assert {r["method"] for r in json.loads(out.read_text())} == {"DCR"}
+    log = capsys.readouterr().err
+    assert log.count("select ") == 4 and "DCR" in log

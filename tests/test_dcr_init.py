@@ -144,3 +144,36 @@ def test_level_epochs_of_the_wrong_length_or_with_validation_are_refused():
         DCR(rank=3, level_epochs=[1, 2]).fit(fit)
     with pytest.raises(ValueError, match="not both"):
         DCR(rank=3, level_epochs=[1, 2, 3, 4]).fit(fit, validation=val)
+
+
+def _stopping_rule(history, val_tol, patience):
+    """The rule written out over a recorded per-level validation history."""
+    best, epochs = history[0].copy(), [0] * history.shape[1]
+    for e in range(1, len(history)):
+        for t in range(history.shape[1]):
+            if history[e, t] > best[t] + val_tol * abs(best[t]):
+                best[t], epochs[t] = history[e, t], e
+        if all(e - b >= patience for b in epochs):
+            return epochs, e
+    return epochs, len(history) - 1
+
+
+def test_validation_history_is_the_trajectorys_loglik_and_val_tol_applies_the_rule():
+    data = with_item_effects(8)
+    fit, val = validation_split(data, np.random.default_rng(0))
+    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=30, tol=0.0, seed=5)
+    full = DCR(patience=30, **params).fit(fit, validation=val)
+    _, level = rating_levels(val.rating, full.levels_)
+    u, i = val.user.astype(np.int64), val.item.astype(np.int64)
+    for e in (0, 7, 30):
+        np.testing.assert_allclose(full.validation_history_[e],
+                                   pointwise_loglik(*(lambda m: (m.U_, m.V_))(DCR(**dict(params, epochs=e)).fit(fit)),
+                                                    u, i, level))
+    for val_tol in (0.0, 0.002, 0.02):
+        model = DCR(patience=3, val_tol=val_tol, **params).fit(fit, validation=val)
+        epochs, stop = _stopping_rule(full.validation_history_, val_tol, 3)
+        assert model.best_epochs_ == epochs
+        assert model.epochs_run_ == stop
+    # a tolerance nothing can clear keeps every level at its start
+    none = DCR(patience=2, val_tol=10.0, **params).fit(fit, validation=val)
+    assert none.best_epochs_ == [0, 0, 0, 0] and none.epochs_run_ == 2

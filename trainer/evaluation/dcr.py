@@ -240,6 +240,39 @@ def grid_best_on_test(base: dict, train: Ratings, test: Ratings, stop: str, rng:
     return best
 
 
+INIT_STD = {"marginal": 0.02, "random": 0.1}  # the protocol's noise for each starting point
+
+
+def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Generator, folds: int,
+           log) -> dict:
+    """The candidate (starting point, rank) with the best validation NDCG@10.
+
+    Every candidate is fitted on ``folds`` hold-outs of the training ratings
+    (the same hold-outs for every candidate), each level early-stopped on
+    the hold-out's log-likelihood, and scored by NDCG@10 over the held-out
+    ratings, averaged over the folds. The likelihood chooses the epochs but
+    not the candidate: it prefers the item-marginal start at every N, while
+    the held-out ranking tracks what the protocol measures. Returns the
+    chosen parameters with ``level_epochs`` (the per-level median over the
+    folds) for the refit on all the training ratings.
+    """
+    splits = [validation_split(train, rng) for _ in range(max(1, int(folds)))]
+    best, best_score = None, -np.inf
+    for choice in choices:
+        candidate = dict(params, **choice)
+        scores, epochs = [], []
+        for fit, val in splits:
+            model, _ = fit_stopped(candidate, fit, val)
+            scores.append(index_ndcg(model, val))
+            epochs.append(model.best_epochs_)
+        score = float(np.mean(scores))
+        level_epochs = [int(e) for e in np.median(np.array(epochs), axis=0).round()]
+        log(f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {score:.4f} (level epochs {level_epochs})")
+        if score > best_score:
+            best, best_score = dict(candidate, level_epochs=level_epochs), score
+    return best
+
+
 def params_text(params: dict, keys) -> str:
     return " ".join(f"{k}={params[k]}" for k in keys)
 
@@ -276,7 +309,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="named variants beyond the paper, comma list: 'shrunk' (DCR-shrunk: rare items'"
                              " factors shrunk when served), 'bias' (DCR-bias: a per-level item bias coordinate)")
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
-    parser.add_argument("--rank", type=int, default=40, help="rank per level (paper's Table 2: 40)")
+    parser.add_argument("--rank", type=int, default=None,
+                        help="rank per level (paper's Table 2: 40); default: chosen per run from --rank-grid")
     parser.add_argument("--relevance", default="linear", choices=("linear", "log", "exp"))
     parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
     parser.add_argument("--lr", type=float, default=0.02, help="initial learning rate (without --tune)")
@@ -284,9 +318,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=100, help="most epochs (all of them with --tol 0)")
     parser.add_argument("--tol", type=float, default=0.002,
                         help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)")
-    parser.add_argument("--init", default="marginal", choices=("marginal", "random"),
+    parser.add_argument("--init", default=None, choices=("marginal", "random"),
                         help="initial factors: every level at its damped item marginals plus small noise"
-                             " (ours; default) or small random factors (zero mean)")
+                             " (ours) or small random factors (zero mean); default: chosen per run from"
+                             " --init-grid (marginal first, i.e. marginal with --stop tol or --tune)")
     parser.add_argument("--init-std", type=float, default=None,
                         help="noise of the initial factors (default 0.02 with --init marginal, 0.1 with random)")
     parser.add_argument("--init-shrinkage", type=float, default=10.0,
@@ -295,6 +330,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="validation: per-level early stopping on the log-likelihood of a validation split"
                              " carved from the training ratings, then a refit on all of them for those epoch"
                              " counts (default); tol: the training-likelihood rule --tol")
+    parser.add_argument("--init-grid", default=None,
+                        help="with --stop validation: starting points to choose from per run by validation"
+                             " NDCG@10 (comma list; default marginal,random, or --init alone when given)")
+    parser.add_argument("--rank-grid", default=None,
+                        help="with --stop validation: ranks to choose from per run by validation NDCG@10"
+                             " (comma list; default 40,160, or --rank alone when given)")
+    parser.add_argument("--val-tol", type=float, default=0.0,
+                        help="with --stop validation: a level's validation log-likelihood must rise by more"
+                             " than this (relative) to count as an improvement (0: any rise)")
+    parser.add_argument("--select-folds", type=int, default=3,
+                        help="hold-outs of the training ratings the --init-grid/--rank-grid choice averages over")
     parser.add_argument("--order", default="user", choices=("user", "random"),
                         help="SGA order: ratings grouped by user (default, faster) or one random permutation")
     parser.add_argument("--lr-decay", type=float, default=0.02)
@@ -323,10 +369,17 @@ def run(args: argparse.Namespace) -> list[Row]:
     n_values = _grid(args.n_train, int)
     verbose = not args.quiet
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
-    init_std = args.init_std if args.init_std is not None else (0.02 if args.init == "marginal" else 0.1)
-    base = dict(rank=args.rank, relevance=args.relevance, projection=args.projection, lr=args.lr,
+    inits = _grid(args.init_grid, str) if args.init_grid else ((args.init,) if args.init else ("marginal", "random"))
+    ranks = _grid(args.rank_grid, int) if args.rank_grid else ((args.rank,) if args.rank else (40, 160))
+    unknown_init = set(inits) - set(INIT_STD)
+    if unknown_init:
+        raise ValueError(f"unknown starting point(s) {sorted(unknown_init)} (known: marginal, random)")
+    std_of = lambda init: args.init_std if args.init_std is not None else INIT_STD[init]  # noqa: E731
+    choices = [dict(init=i, rank=r, init_std=std_of(i)) for i in inits for r in ranks]
+    base = dict(rank=ranks[0], relevance=args.relevance, projection=args.projection, lr=args.lr,
                 reg=args.reg, epochs=args.epochs, tol=args.tol, order=args.order, lr_decay=args.lr_decay,
-                init=args.init, init_std=init_std, init_shrinkage=args.init_shrinkage,
+                init=inits[0], init_std=std_of(inits[0]), init_shrinkage=args.init_shrinkage,
+                val_tol=args.val_tol,
                 pairwise_lr=args.pairwise_lr,
                 pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs)
     names = set(_grid(args.variants, str))
@@ -366,6 +419,10 @@ def run(args: argparse.Namespace) -> list[Row]:
                 val_rng = np.random.default_rng([args.seed, n, run_index, 2])
                 if args.tune:
                     params, pair_params = tune(train, val_rng, params, grid, pair_grid, log, stop=args.stop)
+                elif args.stop == "validation" and len(choices) > 1:
+                    # Starting point and rank chosen per run by validation NDCG@10; each
+                    # candidate's per-level epochs by validation log-likelihood.
+                    params = select(params, choices, train, val_rng, args.select_folds, log)
                 elif args.stop == "validation":
                     # Per-level epoch counts chosen on a hold-out of the training ratings.
                     stopped, _ = fit_stopped(params, *validation_split(train, val_rng))
@@ -375,7 +432,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                         dict(base, seed=seed), train, test, args.stop, val_rng), "(diagnostic: chosen on test)")
                 model = DCR(**params).fit(train)
                 epochs = params.get("level_epochs") or model.epochs_run_
-                note = f"({params_text(params, ['lr', 'reg', 'rank'])} epochs={epochs})"
+                note = f"({params_text(params, ['init', 'lr', 'reg', 'rank'])} epochs={epochs})"
                 record(family.prefix, n, index_ndcg(model, test), note)
                 if shrunk:
                     model.item_shrinkage = shrinkage

@@ -122,6 +122,7 @@ class _LevelStopper:
         self.active = validation is not None or self.fixed is not None
         self.epochs = int(model.epochs)
         self.patience = int(model.patience)
+        self.val_tol = float(model.val_tol)
         self.saved: list = [None] * self.L
         if self.fixed is not None:
             if validation is not None:
@@ -141,6 +142,7 @@ class _LevelStopper:
             self.v_item = validation.item.astype(np.int64)
             self.v_level = level
             self.best = pointwise_loglik(U, V, self.v_user, self.v_item, level)
+            self.history = [[float(x) for x in self.best]]
             self.best_epochs = [0] * self.L
             for t in range(self.L):
                 self._save(t)
@@ -158,8 +160,11 @@ class _LevelStopper:
                     self._save(t)
             return False
         ll = pointwise_loglik(self.U, self.V, self.v_user, self.v_item, self.v_level)
+        self.history.append([float(x) for x in ll])
         for t in range(self.L):
-            if ll[t] > self.best[t]:
+            # A gain counts only above val_tol (relative): a likelihood that creeps up by
+            # a hair per epoch would otherwise keep a level training for every epoch.
+            if ll[t] > self.best[t] + self.val_tol * abs(self.best[t]):
                 self.best[t] = ll[t]
                 self.best_epochs[t] = epoch
                 self._save(t)
@@ -174,6 +179,8 @@ class _LevelStopper:
         self.model.best_epochs_ = [int(e) for e in self.best_epochs]
         if self.validation is not None:
             self.model.validation_loglik_ = [float(x) for x in self.best]
+            # Per-level validation log-likelihood after every epoch (row 0: the start).
+            self.model.validation_history_ = np.array(self.history)
 
 
 class DCR(Estimator):
@@ -257,6 +264,11 @@ class DCR(Estimator):
     patience : int
         With ``fit(..., validation=...)``: stop once no level's validation
         log-likelihood has improved for this many epochs.
+    val_tol : float
+        With ``fit(..., validation=...)``: an epoch counts as an improvement
+        of a level only if it raises that level's validation log-likelihood
+        by more than ``val_tol`` relative to the level's best so far (0: any
+        gain counts).
     seed : int
         Seed of the initialisation, the rating order and the pair sampling.
     verbose : bool
@@ -272,7 +284,8 @@ class DCR(Estimator):
                  pairwise_reg: float = 0.001, pairwise_epochs: int = 20, pairs_per_epoch: float = 1.0,
                  item_bias: float = 0.0, item_shrinkage: float = 0.0, projection: str = "ball", popularity_shrinkage: float = 10.0,
                  order: str = "user", tol: float = 0.002, init: str = "random",
-                 init_shrinkage: float = 10.0, level_epochs=None, patience: int = 5, seed: int = 0,
+                 init_shrinkage: float = 10.0, level_epochs=None, patience: int = 5, val_tol: float = 0.0,
+                 seed: int = 0,
                  verbose: bool = False):
         self.rank = rank
         self.levels = levels
@@ -298,6 +311,7 @@ class DCR(Estimator):
         self.init_shrinkage = init_shrinkage
         self.level_epochs = level_epochs
         self.patience = patience
+        self.val_tol = val_tol
         self.seed = seed
         self.verbose = verbose
 
@@ -323,7 +337,8 @@ class DCR(Estimator):
             raise ValueError("item_bias must be in [0, 1)")
         if self.item_bias and int(self.rank) < 2:
             raise ValueError("item_bias needs rank >= 2 (one coordinate is the bias)")
-        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std", "tol", "init_shrinkage"):
+        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std", "tol", "init_shrinkage",
+                     "val_tol"):
             value = float(getattr(self, name))
             if not np.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite non-negative number, got {value}")
