@@ -156,7 +156,8 @@ def bench_training(args) -> None:
           f" (lr {args.lr}, lr_decay 0.02, reg 0.001, at most {args.epochs} epochs, order {args.order},"
           f" init {args.init} (noise {args.init_std}), "
           + (f"tol {args.tol}" if args.stop == "tol" else
-             "per-level epochs on a validation hold-out then a refit on all ratings (fit s = both; refit s = the refit)")
+             f"per-level epochs on a validation hold-out (val_tol {args.val_tol}, patience {args.patience})"
+             " then a refit on all ratings (fit s = both; refit s = the refit)")
           + f"); median of {args.repeats} fits")
     print("fit s = wall time of fit() (min in brackets); CPU s = user + system time of all its threads;"
           f" pairwise = refined() after it, {args.pairwise_epochs} epochs; paper s = Table 3 (DCR)")
@@ -168,7 +169,8 @@ def bench_training(args) -> None:
         for rank in args.ranks:
             params = dict(rank=rank, epochs=args.epochs, tol=args.tol, order=args.order, lr=args.lr, lr_decay=0.02,
                           reg=0.001, pairwise_epochs=args.pairwise_epochs, pairwise_lr=0.01, seed=0,
-                          init=args.init, init_std=args.init_std, stop=args.stop)
+                          init=args.init, init_std=args.init_std, stop=args.stop, val_tol=args.val_tol,
+                          patience=args.patience)
             out = subprocess.run([sys.executable, __file__, "--child", spec, json.dumps(params),
                                   str(args.pairwise), str(args.repeats)],
                                  capture_output=True, text=True, timeout=3600)
@@ -263,6 +265,10 @@ def main() -> None:
     parser.add_argument("--init-std", type=float, default=None, help="default 0.1 random, 0.02 marginal")
     parser.add_argument("--stop", default="tol", choices=("tol", "validation"),
                         help="validation: the ML-100K protocol's per-level early stopping plus refit (both timed)")
+    parser.add_argument("--val-tol", type=float, default=0.0,
+                        help="with --stop validation: least relative gain of a level's validation log-likelihood"
+                             " that counts as an improvement (0: any gain)")
+    parser.add_argument("--patience", type=int, default=5, help="with --stop validation: epochs without improvement")
     parser.add_argument("--pairwise-epochs", type=int, default=20, help="the protocol's 20")
     parser.add_argument("--repeats", type=int, default=3, help="fits per configuration (median reported)")
     parser.add_argument("--ranks", default="40,20", help="ranks per level (the protocol's 40 first)")
