@@ -130,14 +130,15 @@ def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
     assert got["DCR-shrunk"] > got["DCR"]
 
 
-def test_select_applies_the_one_standard_error_rule_to_validation_ndcg():
+def test_select_takes_the_best_or_the_one_standard_error_candidate():
     from trainer.evaluation.dcr import fit_stopped, ndcg_values, select, validation_split
 
     data = ratings(5, n_users=40)
     base = dict(rank=2, epochs=4, lr=0.05, seed=1)
     choices = [dict(init="marginal", init_std=0.02, rank=2), dict(init="random", init_std=0.3, rank=3),
                dict(init="random", init_std=0.1, rank=4)]
-    chosen = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None)
+    chosen = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None, "one-se")
+    top = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None, "best")
     rng = np.random.default_rng(7)
     splits = [validation_split(data, rng) for _ in range(2)]
     values, epochs = [], []
@@ -151,6 +152,8 @@ def test_select_applies_the_one_standard_error_rule_to_validation_ndcg():
               <= (values[best] - values[j]).std(ddof=1) / np.sqrt(values[j].size)]
     assert (chosen["init"], chosen["rank"]) == (choices[within[0]]["init"], choices[within[0]]["rank"])
     assert chosen["level_epochs"] == epochs[within[0]]
+    assert (top["init"], top["rank"], top["level_epochs"]) == (choices[best]["init"], choices[best]["rank"],
+                                                                epochs[best])
 
 
 def test_select_prefers_the_first_candidate_unless_another_wins_clearly():

@@ -265,7 +265,7 @@ def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
 
 
 def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Generator, folds: int,
-           log) -> dict:
+           log, rule: str = "best") -> dict:
     """A candidate (starting point, rank) by validation NDCG@10, one-standard-error rule.
 
     Every candidate is fitted on ``folds`` hold-outs of the training ratings
@@ -274,12 +274,10 @@ def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Gen
     ratings of every user of every fold. The likelihood chooses the epochs
     but not the candidate: it prefers the item-marginal start at every N,
     while the held-out ranking tracks what the protocol measures.
-    ``choices`` are listed simplest first; the chosen one is the first whose
-    mean is within one standard error of the best mean, the error being
-    that of the per-user paired differences to the best (Breiman's one-SE
-    rule): with two held-out ratings per user (N = 10) the differences
-    between candidates are mostly noise, and a noisy win must not replace
-    the simpler fit. Returns the chosen parameters with ``level_epochs``
+    ``rule="best"`` takes the best mean (ties: the first); ``rule="one-se"``
+    (``choices`` listed simplest first) the first whose mean is within one
+    standard error of the best mean, the error being that of the per-user
+    paired differences to the best (Breiman's one-SE rule). Returns the chosen parameters with ``level_epochs``
     (the per-level median over the folds) for the refit on all the
     training ratings.
     """
@@ -298,6 +296,8 @@ def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Gen
             f" (level epochs {level_epochs})")
         fitted.append((dict(candidate, level_epochs=level_epochs), values))
     best = max(range(len(fitted)), key=lambda j: fitted[j][1].mean())
+    if rule == "best":
+        return fitted[best][0]
     for candidate, values in fitted:
         diff = fitted[best][1] - values
         se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else 0.0
@@ -369,9 +369,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank-grid", default=None,
                         help="with --stop validation: ranks to choose from per run by validation NDCG@10"
                              " (comma list; default 40,160, or --rank alone when given)")
-    parser.add_argument("--val-tol", type=float, default=0.0,
+    parser.add_argument("--val-tol", type=float, default=0.01,
                         help="with --stop validation: a level's validation log-likelihood must rise by more"
-                             " than this (relative) to count as an improvement (0: any rise)")
+                             " than this (relative) to count as an improvement (default 0.01; 0: any rise)")
+    parser.add_argument("--select-rule", default="best", choices=("best", "one-se"),
+                        help="best validation NDCG@10, or the first candidate within one standard error of it")
     parser.add_argument("--select-folds", type=int, default=3,
                         help="hold-outs of the training ratings the --init-grid/--rank-grid choice averages over")
     parser.add_argument("--order", default="user", choices=("user", "random"),
@@ -455,7 +457,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                 elif args.stop == "validation" and len(choices) > 1 and held_out(n) >= K:
                     # Starting point and rank chosen per run by validation NDCG@10; each
                     # candidate's per-level epochs by validation log-likelihood.
-                    params = select(params, choices, train, val_rng, args.select_folds, log)
+                    params = select(params, choices, train, val_rng, args.select_folds, log, args.select_rule)
                 elif args.stop == "validation":
                     # Per-level epoch counts chosen on a hold-out of the training ratings.
                     stopped, _ = fit_stopped(params, *validation_split(train, val_rng))
