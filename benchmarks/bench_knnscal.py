@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
 import subprocess
 import sys
@@ -66,6 +67,47 @@ def one(args) -> dict:
     }
 
 
+def sweeps_only(args) -> None:
+    """CPU time of ``--sweeps`` Gauss-Seidel sweeps on the generated E+, with the true
+    points as X, in the input order and in Morton order; ``--kernels PATH`` adds
+    another version of ``_knnscal_kernels.py`` (e.g. an older commit's) for comparison."""
+    import importlib
+
+    from trainer.models import _knnscal_kernels as K
+    from trainer.models.knnscal import KnnScal, enlarged_edges, neighbor_csr
+
+    n = int(args.sizes[0])
+    points = np.random.default_rng(args.seed).uniform(size=(n, 2))
+    graph = generated_graph(n, args.k, args.seed)
+    indptr, col, rnk = neighbor_csr(graph)
+    params = json.loads(args.params)
+    est = KnnScal(**params)
+    est.q_, est.plus_indptr_, est.plus_col_, est.plus_rnk_ = enlarged_edges(
+        indptr, col, rnk, n, float(est.nonedge_factor), args.seed, float(est.hop2_fraction))
+    kernels = {"current": K}
+    if args.kernels:
+        # A plain import (not exec of a spec) so that numba's on-disk cache can find the module again.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(args.kernels)))
+        other = importlib.import_module(os.path.splitext(os.path.basename(args.kernels))[0])
+        kernels = {"other": other, "current": K}
+    print(f"n={n:,} |E+|={est.plus_col_.shape[0]:,}: CPU s of {args.sweeps} Gauss-Seidel sweeps")
+    for layout in ("input", "morton"):
+        X = points.copy()
+        if layout == "morton":
+            order = np.argsort(K.morton_keys(X), kind="stable")
+            X = np.ascontiguousarray(X[order])
+            est._relabel(order)
+        in_ptr, in_src, in_entry = K.incoming(est.plus_indptr_, est.plus_col_, n)
+        delta = 0.01 * np.sqrt(est.plus_rnk_.astype(np.float64))
+        common = (est.plus_indptr_, est.plus_col_, est.plus_rnk_, est.q_, 1.0, delta, in_ptr, in_src, in_entry)
+        for name, mod in kernels.items():
+            mod.majorize_gauss_seidel(X.copy(), *common, 1)  # compile / warm up
+            Y = X.copy()
+            t0 = time.process_time()
+            mod.majorize_gauss_seidel(Y, *common, args.sweeps)
+            print(f"  {layout:6s} order, {name:7s} kernel: {time.process_time() - t0:8.3f}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e4, 1e5])
@@ -77,11 +119,18 @@ def main(argv=None) -> int:
     parser.add_argument("--params", default="{}", help="extra KNNSCAL hyperparameters as JSON")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size
+    parser.add_argument("--sweeps-only", action="store_true",
+                        help="time only the majorization sweeps at the first size (input vs Morton order)")
+    parser.add_argument("--sweeps", type=int, default=5)
+    parser.add_argument("--kernels", help="with --sweeps-only: another _knnscal_kernels.py to compare")
     parser.add_argument("--table", nargs="+", metavar="JSON",
                         help="print the table from JSON lines saved from earlier runs (stderr), run nothing")
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(args)))
+        return 0
+    if args.sweeps_only:
+        sweeps_only(args)
         return 0
     results = []
     if args.table:
