@@ -12,13 +12,16 @@ in-memory artifact (``Index.from_artifact(estimator.to_artifact())``) and its
 Reference rows are computed the same way from fixed scores: random, item mean
 rating, and the damped item mean ``(sum r + beta * mean) / (count + beta)``.
 
-By default DCR starts from the damped per-level item marginals
-(``--init marginal``, ours) and each level's epochs are chosen by early
-stopping on the log-likelihood of a validation split carved from each
-user's N training ratings (``--stop validation``); the final model is then
-refitted on all N ratings for those per-level epoch counts.
-``--init random --stop tol`` is the previous fit (random start, training
-likelihood rule).
+By default each level's epochs are chosen by early stopping on the
+log-likelihood of a validation split carved from each user's N training
+ratings (``--stop validation``, a gain counting above ``--val-tol``); the
+final model is then refitted on all N ratings for those per-level epochs.
+The starting point (damped per-level item marginals, ours, or random) and
+the rank (40 or 160) are chosen per run by validation NDCG@10 over three
+hold-outs where each user holds out at least 10 ratings (N >= 40); below
+that the item-marginal start at rank 40 is fitted (``held_out``, ``select``).
+``--init random --stop tol --rank 40`` is the first session's fit (random
+start, training likelihood rule).
 
 Hyperparameters (``--tune``: lr x reg, then the pairwise learning rate) are
 chosen on a validation split carved from each user's N training ratings (a
