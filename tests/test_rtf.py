@@ -10,7 +10,7 @@ from service.models.rtf import Index
 from trainer.data.types import TagAssignments
 from trainer.models import _rtf_kernels as K
 from trainer.models import estimator_class
-from trainer.models.rtf import RTF, group_posts
+from trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts
 from trainer.sample import planted_tags_with_truth
 
 
@@ -206,15 +206,17 @@ def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
     assert est.epochs_run_ < 200 and est.epochs_run_ - kept >= 3
 
 
-@pytest.mark.parametrize("n_val", [5, 40, 75, 1000])
-def test_validation_split_never_takes_a_users_last_post(n_val):
+@pytest.mark.parametrize("n_val,n_posts", [(5, 120), (40, 120), (75, 2000), (1000, 2000), (1000, 120)])
+def test_validation_split_never_takes_a_users_last_post(n_val, n_posts):
     rng = np.random.default_rng(n_val)
-    post_user = np.sort(rng.integers(0, 30, size=120)).astype(np.int32)
+    post_user = np.sort(rng.integers(0, 30, size=n_posts)).astype(np.int32)
     mask = RTF._split_validation(post_user, n_val, np.random.default_rng(0))
     counts = np.bincount(post_user, minlength=30)
     held = np.bincount(post_user[mask], minlength=30)
     assert np.all(counts[counts > 0] - held[counts > 0] >= 1)
-    assert mask.sum() == min(n_val, int(np.maximum(counts - 1, 0).sum()))
+    first_round = min(n_val, int((counts >= 2).sum()))
+    cap = max(first_round, int(EXTRA_VALIDATION_SHARE * post_user.size))
+    assert mask.sum() == min(n_val, cap, int(np.maximum(counts - 1, 0).sum()))
     # spread as evenly as the histories allow: nobody gives a second post while
     # an eligible user has given none
     if n_val <= int((counts >= 2).sum()):

@@ -72,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-dims", action="append", default=[], metavar="DIMS:KEY=VALUE,...",
                         help="override settings for one dims, e.g. 64:reg_core=1e-6,learning_rate=0.25 "
                              "(repeatable; keys are RTF hyperparameters)")
-    parser.add_argument("--smoothing", type=int, default=RTF().smoothing,
-                        help="early stop on the moving average of this many validation AUCs")
+    parser.add_argument("--smoothing", type=int, default=8,
+                        help="early stop on the moving average of this many validation AUCs "
+                             "(8: chosen on tuning curves of validation posts, docs/rtf.md)")
     parser.add_argument("--min-iterations", type=int, default=RTF().min_iterations)
     parser.add_argument("--patience", type=int, default=10,
                         help="passes without validation-AUC gain before stopping (the AUC of "
