@@ -95,6 +95,15 @@ def loadtest(proc: ServerProcess, registry: Path, mix: str, model_flag: list[str
     return json.loads(out.read_text())
 
 
+def machine_reference(loops: int = 10_000_000) -> float:
+    """Seconds for a fixed pure-Python loop: these VMs' speed drifts by tens of
+    per cent between hours, so each table says how fast the machine was."""
+    start, total = time.perf_counter(), 0
+    for i in range(loops):
+        total += i
+    return time.perf_counter() - start
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
@@ -112,6 +121,7 @@ def main() -> int:
     workload = [("Recommend (DCR, n=10)", "recommend", ["--recommend-model", "dcr"]),
                 ("Tags (RTF64, n=10)", "tags", ["--tags-model", "rtf64"]),
                 ("Neighbors (COE, k=10)", "neighbors", ["--neighbors-model", "coe"])]
+    reference = machine_reference()
     with tempfile.TemporaryDirectory() as tmp:
         registry = build_registry(Path(tmp) / "registry", Path(args.data))
         rows = []
@@ -124,6 +134,8 @@ def main() -> int:
                         rows.append((config, arrivals, label,
                                      *ladder(proc, registry.root, mix, flag, rates, args, arrivals, config, label)))
     print_rows(rows, args)
+    print(f"machine reference: a 1e7-iteration Python loop took {reference:.2f} s before the run "
+          f"and {machine_reference():.2f} s after")
     return 0
 
 
