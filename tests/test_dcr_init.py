@@ -65,13 +65,19 @@ def test_marginal_init_keeps_factors_in_the_ball():
         assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + 1e-9)
 
 
+def stopped_fit(data_seed: int, seed: int, epochs: int):
+    """A marginal-start fit run for ``epochs`` with validation stopping that never
+    gives up early; returns it, its fit part, its parameters and the validation
+    labels as (users, items, levels)."""
+    fit, val = validation_split(with_item_effects(data_seed), np.random.default_rng(0))
+    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=epochs, tol=0.0, seed=seed)
+    model = DCR(patience=epochs, **params).fit(fit, validation=val)
+    _, level = rating_levels(val.rating, model.levels_)
+    return model, fit, val, params, (val.user.astype(np.int64), val.item.astype(np.int64), level)
+
+
 def test_validation_stopping_keeps_each_levels_best_epoch():
-    data = with_item_effects(3)
-    fit, val = validation_split(data, np.random.default_rng(0))
-    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=25, tol=0.0, seed=3)
-    stopped = DCR(patience=25, **params).fit(fit, validation=val)
-    _, level = rating_levels(val.rating, stopped.levels_)
-    u, i = val.user.astype(np.int64), val.item.astype(np.int64)
+    stopped, fit, _, params, (u, i, level) = stopped_fit(3, seed=3, epochs=25)
     # the trajectory: a fit of e epochs takes the first e steps of the longer one (same seed)
     trajectory = [DCR(**dict(params, epochs=e)).fit(fit) for e in range(26)]
     ll = np.array([pointwise_loglik(m.U_, m.V_, u, i, level) for m in trajectory])
@@ -159,12 +165,7 @@ def _stopping_rule(history, val_tol, patience):
 
 
 def test_validation_history_is_the_trajectorys_loglik_and_val_tol_applies_the_rule():
-    data = with_item_effects(8)
-    fit, val = validation_split(data, np.random.default_rng(0))
-    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=30, tol=0.0, seed=5)
-    full = DCR(patience=30, **params).fit(fit, validation=val)
-    _, level = rating_levels(val.rating, full.levels_)
-    u, i = val.user.astype(np.int64), val.item.astype(np.int64)
+    full, fit, val, params, (u, i, level) = stopped_fit(8, seed=5, epochs=30)
     for e in (0, 7, 30):
         np.testing.assert_allclose(full.validation_history_[e],
                                    pointwise_loglik(*(lambda m: (m.U_, m.V_))(DCR(**dict(params, epochs=e)).fit(fit)),
