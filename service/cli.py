@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
     p.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics and /maps")
     p.add_argument("--metrics-port", type=int, default=9095, help="HTTP port for /metrics (-1: off)")
-    p.add_argument("--workers", type=int, default=8, help="gRPC worker threads per process")
+    p.add_argument("--workers", type=int, default=ServerConfig.workers, help="gRPC worker threads per process")
     p.add_argument("--processes", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each pinned to a core;"
                         " 0 = one per CPU this process may run on")

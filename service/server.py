@@ -37,7 +37,10 @@ class ServerConfig:
     port: int = 50051
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9095  # 0 disables the HTTP port
-    workers: int = 8
+    # Threads per process. Closed-loop Recommend with 64 calls in flight, one pinned
+    # process: 8 threads ~320 us of CPU per call, 16 ~296, 32 ~293, 1 ~450
+    # (grpcio parks a call's worker while its request arrives; more threads queue less).
+    workers: int = 16
     poll_interval: float = 5.0  # seconds between registry polls (0: never)
     grace: float = 10.0  # seconds in-flight calls get on SIGTERM
     limits: Limits = field(default_factory=Limits)
