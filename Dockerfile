@@ -28,7 +28,7 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD ["ordrec-client", "--target", "127.0.0.1:50051", "--timeout", "2", "health"]
 # --processes 0: one server process per CPU the container may use, sharing the
 # port with SO_REUSEPORT and pinned to its core (README, Benchmarks: on 2 cores
-# two pinned processes served 2.1-2.5x one pinned process and 3.9-4.7x one unpinned
+# two pinned processes served 2.1-2.6x one pinned process and 3.9-4.7x one unpinned
 # process). With a CPU quota rather than
 # a cpuset, set --processes to the quota. Metrics: one port per process, 9095+i.
 CMD ["ordrec-serve", "--registry", "/registry", "--host", "0.0.0.0", "--port", "50051", \
