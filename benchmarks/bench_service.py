@@ -129,10 +129,14 @@ def main() -> int:
             processes, _, pinned = config.partition(":")
             extra = ["--cpu", "0"] if pinned else []
             with ServerProcess(registry.root, "--processes", processes, *extra) as proc:
+                saturated = {}  # unpaced runs have no arrival pattern: one per RPC
                 for arrivals in args.arrivals.split(","):
                     for label, mix, flag in workload:
-                        rows.append((config, arrivals, label,
-                                     *ladder(proc, registry.root, mix, flag, rates, args, arrivals, config, label)))
+                        best, at = ladder(proc, registry.root, mix, flag, rates, args, arrivals, config, label)
+                        if label not in saturated:
+                            saturated[label] = loadtest(proc, registry.root, mix, flag, 0, args.seconds,
+                                                        args.engine, "aligned")
+                        rows.append((config, arrivals, label, best, at, saturated[label]))
     print_rows(rows, args)
     print(f"machine reference: a 1e7-iteration Python loop took {reference:.2f} s before the run "
           f"and {machine_reference():.2f} s after")
@@ -141,7 +145,7 @@ def main() -> int:
 
 def ladder(proc: ServerProcess, registry: Path, mix: str, flag: list[str], rates: list[float],
            args: argparse.Namespace, arrivals: str, config: str, label: str) -> tuple:
-    """Raise the offered rate until p99 or errors fail; then one unpaced run."""
+    """Raise the offered rate until p99 or errors fail: the best passing run and the one at ``--at``."""
     best, at = None, None
     for rate in rates:
         result = loadtest(proc, registry, mix, flag, rate, args.seconds, args.engine, arrivals)
@@ -152,8 +156,7 @@ def ladder(proc: ServerProcess, registry: Path, mix: str, flag: list[str], rates
         if result["errors"] or result["p99_ms"] > args.p99_ms:
             break
         best = result
-    saturation = loadtest(proc, registry, mix, flag, 0, args.seconds, args.engine, arrivals)
-    return best, at, saturation
+    return best, at
 
 
 def print_rows(rows: list, args: argparse.Namespace) -> None:
