@@ -176,19 +176,7 @@ def stress(X, indptr, col, rnk, q, edge_weight, delta):
 
     w_ij = ``edge_weight`` on graph edges (rank < q) and 1 on sampled non-edges.
     """
-    n, dim = X.shape
-    total = 0.0
-    for i in range(n):
-        for e in range(indptr[i], indptr[i + 1]):
-            j = col[e]
-            s = 0.0
-            for c in range(dim):
-                diff = X[i, c] - X[j, c]
-                s += diff * diff
-            r = delta[e] - np.sqrt(s)
-            w = edge_weight if rnk[e] < q else 1.0
-            total += w * r * r
-    return 0.5 * total
+    return stress_from_distances(entry_distances(X, indptr, col), rnk, q, edge_weight, delta)
 
 
 @njit(cache=True)
