@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ordrec.v1 import recommender_pb2
+from service import topk
 from service.artifacts import Registry
 from service.http import start_http_server
 from service.metrics import Metrics, MetricsInterceptor
@@ -97,6 +98,7 @@ class Server:
     def start(self) -> "Server":
         cfg = self.config
         self._update_health()
+        topk.warm_up()  # compiled (or loaded from numba's cache) before the first request, not during it
         self.store.refresh()
         self._update_health()
         options = [

@@ -1,8 +1,18 @@
-"""Top-k selection for serving: one pass over the scores, no full sort.
+"""Serving kernels: top-k selection, and the scoring passes that feed it.
 
-``np.argpartition`` plus a sort costs 31-44 us on 3,706 scores where this
-single-pass kernel costs ~4 us (``design.md``), and the service calls it on
-every request. Ties keep the lower index first, so answers are deterministic.
+``np.argpartition`` plus a sort costs 31-44 us on 3,706 scores where the
+single-pass top-k kernel here costs ~4 us (``design.md``), and the service
+calls it on every request. Ties keep the lower index first, so answers are
+deterministic.
+
+Every kernel on a request's path keeps the GIL when its work is short.
+Releasing the GIL for a few microseconds (a ``nogil`` kernel, a BLAS call,
+a numpy loop over more than a few hundred elements) hands it to one of the
+server's other threads, and the caller then waits to get it back: measured
+with 64 Recommend calls in flight on one server process, a ``nogil`` top-k
+alone cost 297-364 us of CPU per call against 171-272 us holding the GIL,
+with more context switches per call. Long products (a large catalogue) are
+the exception: there the other threads should run, so they release it.
 """
 from __future__ import annotations
 
@@ -11,9 +21,11 @@ from numba import njit
 
 # Above this k an insertion buffer stops paying off; numpy takes over.
 _KERNEL_MAX_K = 128
+# Products up to this many multiply-adds (~30 us here) keep the GIL; longer ones release it.
+_HOLD_GIL_MAX_WORK = 1 << 18
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True)
 def _top_k_kernel(scores, k):
     best_idx = np.empty(k, dtype=np.int64)
     best_val = np.empty(k, dtype=scores.dtype)
@@ -37,13 +49,21 @@ def _top_k_kernel(scores, k):
     return best_idx[:count], best_val[:count]
 
 
-def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+@njit(cache=True)
+def _exclude_kernel(scores, rows):
+    for r in rows:
+        scores[r] = -np.inf
+
+
+def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Indices and values of the ``k`` largest finite-or-+inf scores, best first.
 
-    Entries equal to ``-inf`` or NaN are never returned, so callers exclude
-    items by setting their score to ``-inf``; fewer than ``k`` results come
-    back when fewer remain.
+    Entries equal to ``-inf`` or NaN are never returned; ``exclude`` rows are
+    set to ``-inf`` in ``scores`` (in place) first. Fewer than ``k`` results
+    come back when fewer remain.
     """
+    if exclude is not None and exclude.size:
+        _exclude_kernel(scores, exclude)
     if k <= 0 or scores.shape[0] == 0:
         return np.empty(0, np.int64), np.empty(0, scores.dtype)
     if k <= _KERNEL_MAX_K:
@@ -55,7 +75,66 @@ def top_k(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return chosen.astype(np.int64), scores[chosen]
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _affine_body(matrix, vector, offset):
+    out = np.empty(matrix.shape[0], dtype=np.float32)
+    for i in range(matrix.shape[0]):
+        acc = np.float32(0.0)
+        for j in range(matrix.shape[1]):
+            acc += matrix[i, j] * vector[j]
+        out[i] = acc + offset
+    return out
+
+
+@njit(cache=True)
+def _affine_holding_gil(matrix, vector, offset):
+    return _affine_body(matrix, vector, offset)
+
+
+@njit(cache=True, nogil=True)
+def _affine_releasing_gil(matrix, vector, offset):
+    return _affine_body(matrix, vector, offset)
+
+
+def affine_scores(matrix: np.ndarray, vector: np.ndarray, offset: float = 0.0) -> np.ndarray:
+    """``matrix @ vector + offset`` as a new float32 array (both float32, C-contiguous).
+
+    Numerically a plain dot product per row (summed in any order, like BLAS).
+    """
+    kernel = _affine_holding_gil if matrix.size <= _HOLD_GIL_MAX_WORK else _affine_releasing_gil
+    return kernel(matrix, vector, np.float32(offset))
+
+
+@njit(cache=True)
+def _negative_squared_distances(coords, point):
+    out = np.empty(coords.shape[0], dtype=np.float64)
+    for i in range(coords.shape[0]):
+        acc = 0.0
+        for j in range(coords.shape[1]):
+            d = coords[i, j] - point[j]
+            acc += d * d
+        out[i] = -acc
+    return out
+
+
+def nearest_brute_force(coords: np.ndarray, point: np.ndarray, k: int,
+                        exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` rows of ``coords`` (float64) nearest ``point``, as (rows, negative distances).
+
+    One pass holding the GIL: on small maps it is cheaper than a KD-tree
+    query, which releases the GIL. Ties: lower row first.
+    """
+    scores = _negative_squared_distances(coords, np.ascontiguousarray(point, dtype=np.float64))
+    rows, neg_sq = top_k(scores, k, exclude)
+    return rows, (-np.sqrt(-neg_sq)).astype(np.float32)
+
+
 def warm_up() -> None:
     """Compile (or load from cache) the kernels for the dtypes the service uses."""
     for dtype in (np.float32, np.float64):
         _top_k_kernel(np.zeros(4, dtype=dtype), 2)
+        _exclude_kernel(np.zeros(4, dtype=dtype), np.zeros(1, np.int64))
+    matrix, vector = np.zeros((2, 2), np.float32), np.zeros(2, np.float32)
+    _affine_holding_gil(matrix, vector, np.float32(0))
+    _affine_releasing_gil(matrix, vector, np.float32(0))
+    _negative_squared_distances(np.zeros((2, 2)), np.zeros(2))

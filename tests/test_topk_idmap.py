@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from service.idmap import IdMap
-from service.topk import top_k
+from service.models.base import PointSet
+from service.topk import affine_scores, nearest_brute_force, top_k
 
 scores_strategy = hnp.arrays(
     np.float32, st.integers(0, 300),
@@ -55,3 +56,44 @@ def test_idmap_from_values_round_trips(values):
 def test_idmap_refuses_duplicates():
     with pytest.raises(ValueError, match="duplicate id 'a'"):
         IdMap(["a", "b", "a"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(scores=scores_strategy, k=st.integers(1, 20), data=st.data())
+def test_top_k_exclude_is_minus_infinity(scores, k, data):
+    exclude = np.array(data.draw(st.lists(st.integers(0, max(scores.size - 1, 0)), max_size=10))
+                       if scores.size else [], dtype=np.int64)
+    masked = scores.copy()
+    masked[exclude] = -np.inf
+    expected = reference_top_k(masked, k)
+    rows, values = top_k(scores.copy(), k, exclude)
+    np.testing.assert_array_equal(rows, expected)
+
+
+@pytest.mark.parametrize("shape", [(50, 7), (3000, 100)])  # below and above the hold-the-GIL cut-off
+def test_affine_scores_is_matrix_vector_plus_offset(shape):
+    rng = np.random.default_rng(0)
+    matrix = rng.standard_normal(shape).astype(np.float32)
+    vector = rng.standard_normal(shape[1]).astype(np.float32)
+    got = affine_scores(matrix, vector, 1.5)
+    assert got.dtype == np.float32 and got.shape == (shape[0],)
+    np.testing.assert_allclose(got, matrix.astype(np.float64) @ vector + 1.5, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=50, deadline=None)
+@given(n=st.integers(1, 200), dim=st.integers(1, 4), k=st.integers(1, 15), seed=st.integers(0, 2**16))
+def test_brute_force_and_kd_tree_nearest_agree(n, dim, k, seed):
+    rng = np.random.default_rng(seed)
+    coords = rng.standard_normal((n, dim))
+    point = rng.standard_normal(dim)
+    exclude = np.unique(rng.integers(0, n, size=min(3, n)))
+    points = PointSet(IdMap([str(i) for i in range(n)]), coords)
+    brute_rows, brute = nearest_brute_force(coords, point, k, exclude)
+    tree_rows, tree = PointSet.nearest_kd_tree(points, point, k, exclude)
+    dist = np.sqrt(((coords - point) ** 2).sum(axis=1))
+    dist[exclude] = np.inf
+    expected = np.sort(dist)[: min(k, n - exclude.size)]
+    np.testing.assert_allclose(-brute, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(-tree, expected, rtol=1e-5, atol=1e-6)
+    assert not set(brute_rows.tolist()) & set(exclude.tolist())
+    assert not set(tree_rows.tolist()) & set(exclude.tolist())

@@ -22,7 +22,11 @@ from scipy.spatial import cKDTree
 
 from service.artifacts import Artifact, ArtifactError
 from service.idmap import IdMap
-from service.topk import top_k
+from service.topk import nearest_brute_force, top_k
+
+# Maps up to this many points are searched by brute force instead of the KD-tree
+# (~35 us for 8,192 points in 2-D, where the query costs ~20 us but releases the GIL).
+BRUTE_FORCE_MAX_POINTS = 8192
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (rows, scores), best first
 
@@ -140,9 +144,7 @@ class RecommenderIndex(ModelIndex):
 
     @staticmethod
     def _select(scores: np.ndarray, n: int, exclude: np.ndarray | None) -> Ranked:
-        if exclude is not None and exclude.size:
-            scores[exclude] = -np.inf
-        return top_k(scores, n)
+        return top_k(scores, n, exclude)
 
     @staticmethod
     def _rank_candidates(
@@ -179,15 +181,35 @@ class PointSet:
         return self.coords.shape[1]
 
     def nearest(self, point: np.ndarray, k: int, exclude: np.ndarray | None = None) -> Ranked:
-        """The ``k`` nearest rows to ``point`` with negative distances as scores."""
-        n_skip = 0 if exclude is None else exclude.size
-        want = min(k + n_skip, len(self.ids))
-        if want == 0:
+        """The ``k`` nearest rows to ``point`` (skipping ``exclude``) with negative distances as scores.
+
+        Small maps are searched by brute force: on 2,625 points in 2-D it
+        costs about what a KD-tree query does in-process (11-16 us against
+        14-20 us), and unlike the query it keeps the GIL, which halved the
+        CPU per Neighbors call under concurrent load (``service/topk.py``).
+        """
+        if len(self.ids) <= BRUTE_FORCE_MAX_POINTS:
+            return nearest_brute_force(self.coords, point, k, exclude)
+        return self.nearest_kd_tree(point, k, exclude)
+
+    def nearest_kd_tree(self, point: np.ndarray, k: int, exclude: np.ndarray | None = None) -> Ranked:
+        """:meth:`nearest` through the KD-tree (the path for large maps)."""
+        if exclude is not None and exclude.size:
+            exclude = np.asarray(exclude, dtype=np.int64)
+            if exclude.size > 1 and np.any(exclude[1:] <= exclude[:-1]):
+                exclude = np.unique(exclude)
+        else:
+            exclude = None
+        # Query k plus as many as may be excluded, then drop the excluded by binary search
+        # (np.isin costs ~20 us, a third of the call).
+        want = min(k + (0 if exclude is None else exclude.size), len(self.ids))
+        if k <= 0 or want == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
         dist, rows = self.tree.query(point, k=want)
         rows, dist = np.atleast_1d(rows), np.atleast_1d(dist)
-        if n_skip:
-            keep = ~np.isin(rows, exclude)
+        if exclude is not None:
+            pos = np.minimum(np.searchsorted(exclude, rows), exclude.size - 1)
+            keep = exclude[pos] != rows
             rows, dist = rows[keep], dist[keep]
         return rows[:k].astype(np.int64), (-dist[:k]).astype(np.float32)
 

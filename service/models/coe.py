@@ -66,31 +66,14 @@ class Index(RecommenderIndex, MapIndex):
         exclude: np.ndarray | None = None,
         candidates: np.ndarray | None = None,
     ) -> Ranked:
-        """The ``n`` items nearest the user, through the items KD-tree.
+        """The ``n`` items nearest the user on the map (:meth:`PointSet.nearest`).
 
-        ``exclude`` (e.g. the user's seen items) is skipped by querying that
-        many more neighbours, as :meth:`PointSet.nearest` does; with
+        ``exclude`` (e.g. the user's seen items) is skipped; with
         ``candidates`` only those items are ranked (by distance).
         """
         if candidates is not None:
             return super().recommend(user_row, n, exclude=exclude, candidates=candidates)
-        points = self.maps[""]["items"]
-        point = self.user_coords[user_row]
-        if exclude is None or len(exclude) == 0:
-            return points.nearest(point, n)
-        # The over-query of PointSet.nearest, with the exclusion done by binary search on a sorted
-        # array (seen lists are stored sorted): np.isin costs ~20 us, a third of the call.
-        exclude = np.asarray(exclude, dtype=np.int64)
-        if exclude.size > 1 and np.any(exclude[1:] <= exclude[:-1]):
-            exclude = np.unique(exclude)
-        want = min(n + exclude.size, len(self.items))
-        if n <= 0 or want <= 0:
-            return np.empty(0, np.int64), np.empty(0, np.float32)
-        dist, rows = points.tree.query(point, k=want)
-        rows, dist = np.atleast_1d(rows), np.atleast_1d(dist)
-        pos = np.minimum(np.searchsorted(exclude, rows), exclude.size - 1)
-        keep = exclude[pos] != rows
-        return rows[keep][:n].astype(np.int64), (-dist[keep][:n]).astype(np.float32)
+        return self.maps[""]["items"].nearest(self.user_coords[user_row], n, exclude)
 
     def recommend_many(self, user_rows, n, *, excludes, candidates=None) -> list[Ranked]:
         if candidates is not None:
@@ -101,13 +84,13 @@ class Index(RecommenderIndex, MapIndex):
     def smoke(self) -> None:
         RecommenderIndex.smoke(self)
         MapIndex.smoke(self)
-        # the KD-tree answer must agree with brute force on one user
+        # the map search must agree with the dense distances on one user
         n = min(5, len(self.items))
         if n and len(self.users):
             rows, scores = self.recommend(0, n)
             brute = np.sort(self.score_users(np.array([0]))[0])[::-1][:n]
             if not np.allclose(scores, brute, atol=1e-4):
-                raise ArtifactError(f"{self.artifact.describe()}: KD-tree and brute-force distances disagree")
+                raise ArtifactError(f"{self.artifact.describe()}: map search and brute-force distances disagree")
         # cross-entity queries: items near a user, users near an item
         if len(self.users) and len(self.items):
             self.neighbors("", "users", 0, "items", 1)

@@ -25,6 +25,7 @@ import numpy as np
 
 from service.artifacts import Artifact, ArtifactError
 from service.models.base import RecommenderIndex, check_finite
+from service.topk import affine_scores
 
 RELEVANCE = ("linear", "log", "exp")
 
@@ -124,11 +125,9 @@ class Index(RecommenderIndex):
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(user_rows, dtype=np.int64)
         if rows.size == 1:
-            # one user: a matrix-vector product (gemv) is several times cheaper
-            # than a 1-row gemm against the transposed item matrix
-            scores = (self._item @ self._user[int(rows[0])])[None, :]
-        else:
-            scores = self._user[rows] @ self._item.T
+            # one user (the usual request): one pass holding the GIL (service/topk.py)
+            return affine_scores(self._item, self._user[int(rows[0])], self.offset)[None, :]
+        scores = self._user[rows] @ self._item.T
         scores += self.offset
         return scores
 

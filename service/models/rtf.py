@@ -6,7 +6,8 @@ Fast path (Rendle et al. 2009, Section 4.4.1): for a post (u, i)
     q = M^T I[i]             = C x1 U[u] x2 I[i], kT values
     y = T @ q                every tag's score, O(|T| kT)
 
-then a single-pass top-k (``service.topk``). Cost O(|T| kT + kU kI kT) per
+then a single-pass top-k (``service.topk``). All three products run in
+``service.topk``'s kernels, which keep the GIL for short work (see there). Cost O(|T| kT + kU kI kT) per
 request, O(|T| kT + kI kT) with a warm user cache, independent of the number
 of users, items and observations.
 
@@ -35,7 +36,7 @@ import numpy as np
 from service.artifacts import Artifact, ArtifactError
 from service.idmap import IdMap
 from service.models.base import ModelIndex, check_finite
-from service.topk import top_k
+from service.topk import affine_scores, top_k
 
 FALLBACKS = ("none", "popular_global", "popular_item", "popular_user")
 
@@ -128,7 +129,9 @@ class Index(ModelIndex):
         self.post_tags = np.asarray(a("post_tags"), dtype=np.int64)
         self._validate()
         kU, kI, kT = self.core.shape
-        self._core2 = self.core.reshape(kU, kI * kT)
+        # rows (c, a), columns b: C x1 U[u] comes out transposed, (kT, kI), ready for q = M^T I[i]
+        self._core_by_user = np.ascontiguousarray(self.core.transpose(2, 1, 0).reshape(kT * kI, kU),
+                                                  dtype=np.float32)
         self.dims = (kU, kI, kT)
         # global tie-break for popularity lists, strictly below one count
         self._global_tiebreak = self.tag_popularity / (float(self.tag_popularity.max(initial=0.0)) + 1.0)
@@ -171,19 +174,19 @@ class Index(ModelIndex):
 
     # ------------------------------------------------------------ fast path
     def user_core(self, user_row: int) -> np.ndarray:
-        """``C x1 U[u]`` as a (kI, kT) matrix, from the LRU cache when warm."""
+        """``M = C x1 U[u]`` transposed, a (kT, kI) matrix, from the LRU cache when warm."""
         cached = self.cache.get(user_row)
         if cached is not None:
             return cached
         kU, kI, kT = self.dims
-        M = (self.user_factors[user_row] @ self._core2).reshape(kI, kT)
-        self.cache.put(user_row, M)
-        return M
+        m_t = affine_scores(self._core_by_user, self.user_factors[user_row]).reshape(kT, kI)
+        self.cache.put(user_row, m_t)
+        return m_t
 
     def scores(self, user_row: int, item_row: int) -> np.ndarray:
         """Every tag's score ``y(u, i, :) = T @ (C x1 U[u] x2 I[i])`` (float32, new array)."""
-        q = self.item_factors[item_row] @ self.user_core(user_row)
-        return self.tag_factors @ q
+        q = affine_scores(self.user_core(user_row), self.item_factors[item_row])
+        return affine_scores(self.tag_factors, q)
 
     def score_posts(self, user_rows: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         """Batched ``scores`` for many posts (evaluation), shape (n, n_tags)."""
@@ -242,20 +245,19 @@ class Index(ModelIndex):
         ``FALLBACKS``. ``exclude_own`` leaves out the tags this user already
         put on this item in training (only a known user and item have any).
         """
+        exclude = None
         if user_row >= 0 and item_row >= 0:
             scores = self.scores(user_row, item_row)
             fallback = "none"
             if exclude_own:
-                own = self.own_tags(user_row, item_row)
-                if own.size:
-                    scores[own] = -np.inf
+                exclude = self.own_tags(user_row, item_row)
         elif item_row >= 0:
             scores, fallback = self.popular_scores("item", item_row=item_row), "popular_item"
         elif user_row >= 0:
             scores, fallback = self.popular_scores("user", user_row=user_row), "popular_user"
         else:
             scores, fallback = self.popular_scores("global"), "popular_global"
-        rows, values = top_k(scores, n)
+        rows, values = top_k(scores, n, exclude)
         return rows, values, fallback
 
     def tag_names(self, rows) -> list[str] | None:
