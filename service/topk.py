@@ -75,7 +75,9 @@ def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None) -> tupl
     return chosen.astype(np.int64), scores[chosen]
 
 
-@njit(cache=True, fastmath=True, inline="always")
+# fastmath (reassociation) lets the dot product vectorise; it must be on the
+# compiled entry points, since the inlined body takes its caller's flags.
+@njit(cache=True, inline="always")
 def _affine_body(matrix, vector, offset):
     out = np.empty(matrix.shape[0], dtype=np.float32)
     for i in range(matrix.shape[0]):
@@ -86,12 +88,12 @@ def _affine_body(matrix, vector, offset):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=True)
 def _affine_holding_gil(matrix, vector, offset):
     return _affine_body(matrix, vector, offset)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, fastmath=True, nogil=True)
 def _affine_releasing_gil(matrix, vector, offset):
     return _affine_body(matrix, vector, offset)
 
