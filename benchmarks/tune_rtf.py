@@ -47,6 +47,13 @@ def main() -> None:
     ap.add_argument("--smoothing", type=int, default=1,
                     help="stop on the moving average of this many validation AUCs")
     ap.add_argument("--init-std", type=float, default=0.1)
+    ap.add_argument("--lr-drops", type=int, default=0,
+                    help="plateau learning-rate drops before stopping (RTF lr_drops)")
+    ap.add_argument("--lr-drop-factor", type=float, default=0.5)
+    ap.add_argument("--keep-within", type=float, default=None,
+                    help="keep the latest pass whose smoothed validation AUC is within this of the best")
+    ap.add_argument("--trace", action="store_true",
+                    help="record the per-pass curve like --curve, but keep the early-stopping rule")
     ap.add_argument("--curve", action="store_true",
                     help="no early stop: run --iterations passes and record, after every pass, the "
                          "F1@1..10 and AUC of the tuning posts (for comparing stopping rules offline)")
@@ -66,10 +73,11 @@ def main() -> None:
               reg_core=args.reg_core, reg_tags=args.reg_tags, iterations=args.iterations,
               patience=args.iterations if args.curve else args.patience,
               validation_posts=args.validation_posts, min_iterations=args.min_iterations,
-              smoothing=args.smoothing, init_std=args.init_std, seed=args.seed, verbose=not args.quiet)
+              smoothing=args.smoothing, init_std=args.init_std, lr_drops=args.lr_drops,
+              lr_drop_factor=args.lr_drop_factor, keep_within=args.keep_within, seed=args.seed, verbose=not args.quiet)
     curve: list[dict] = []
     started = time.perf_counter()
-    est.fit(fit_part, on_epoch=_curve_recorder(train, val, curve) if args.curve else None)
+    est.fit(fit_part, on_epoch=_curve_recorder(train, val, curve) if args.curve or args.trace else None)
     seconds = time.perf_counter() - started
     index = Index.from_artifact(est.to_artifact())
     posts = _TestSet(train, val, index)
@@ -81,7 +89,8 @@ def main() -> None:
         results[f"pop-mix-{w:g}"] = evaluate_baseline(index, posts, "pop-mix", mix_weight=w)
     setting = {k: getattr(args, k) for k in ("dims", "learning_rate", "lr_decay", "reg", "reg_core",
                                              "reg_tags", "iterations", "patience", "seed", "smoothing",
-                                             "validation_posts", "min_iterations", "init_std")}
+                                             "validation_posts", "min_iterations", "init_std",
+                                             "lr_drops", "lr_drop_factor", "keep_within")}
     print(json.dumps(setting), f"passes {est.epochs_run_} (best {est.best_epoch_}), {seconds:.0f}s")
     print("method".ljust(12) + "".join(f"F1@{n:<5}" for n in range(1, MAX_N + 1)) + "AUC")
     for method, m in results.items():
@@ -128,6 +137,7 @@ def _curve_recorder(train, val, curve: list[dict]):
         metrics = _list_metrics(lists, state["truth"])
         auc = float(np.nanmean(RTF.posts_auc(scores, state["t_indptr"], state["t_pos"])))
         curve.append({"epoch": epoch, "val_auc": record.get("val_auc"), "tune_auc": auc,
+                      "lr": record.get("lr"),
                       **{f"f1@{n}": metrics[f"f1@{n}"] for n in range(1, MAX_N + 1)}})
     return hook
 

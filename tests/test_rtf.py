@@ -287,3 +287,62 @@ def test_rejects_wrong_input():
                              np.array([0], np.int32), np.array([0], np.int32))
     with pytest.raises(ValueError, match="two distinct tags"):
         RTF(verbose=False).fit(one_tag)
+
+
+def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypatch):
+    from trainer.models import _rtf_kernels as K
+
+    data, truth, train, _ = _split_planted(seed=1)
+    kw = dict(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
+              min_iterations=5, min_delta=1e-3, smoothing=1, seed=1, verbose=False)
+    plain = RTF(**kw).fit(train)
+    # record the core each pass starts from and the core each pass ends with
+    starts, ends, real = [], [], K.sgd_epoch
+
+    def spy(C, *rest):
+        starts.append(C.copy())
+        out = real(C, *rest)
+        ends.append(C.copy())
+        return out
+
+    monkeypatch.setattr(K, "sgd_epoch", spy)
+    dropped = RTF(**kw, lr_drops=2, lr_drop_factor=0.25).fit(train)
+    lrs = np.array([h["lr"] for h in dropped.history_])
+    # identical until the first plateau, then at most two drops by the factor
+    n = plain.epochs_run_
+    assert [h["val_auc"] for h in dropped.history_[:n]] == [h["val_auc"] for h in plain.history_]
+    assert np.all(lrs[:n] == 1.0) and dropped.epochs_run_ > n
+    assert np.all(np.diff(lrs) <= 0) and set(lrs) <= {1.0, 0.25, 0.0625} and lrs[-1] < 1.0
+    # the first pass after a drop starts from the parameters of the best pass so far
+    # (min_delta rule), not from where the plateau left them
+    best, kept = -np.inf, 0
+    for e, h in enumerate(dropped.history_[:n], start=1):
+        if h["val_auc"] > best + 1e-3:
+            best, kept = h["val_auc"], e
+    np.testing.assert_array_equal(starts[n], ends[kept - 1])
+    assert not np.array_equal(starts[n], ends[n - 1])
+    with pytest.raises(ValueError, match="lr_drop_factor"):
+        RTF(lr_drop_factor=1.0, verbose=False).fit(train)
+
+
+def test_keep_within_keeps_the_latest_pass_of_the_plateau():
+    data, truth, train, _ = _split_planted(seed=1)
+    window = 4
+    kw = dict(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
+              min_iterations=5, min_delta=1e-3, smoothing=window, seed=1, verbose=False)
+    first = RTF(**kw).fit(train)
+    eps = 2e-3
+    cores = []
+    latest = RTF(**kw, keep_within=eps).fit(train, on_epoch=lambda e, est, rec: cores.append(est.core_.copy()))
+    # same training and the same stop; only the kept pass differs
+    assert [h["val_auc"] for h in latest.history_] == [h["val_auc"] for h in first.history_]
+    moving = np.array([h["val_auc_smoothed"] for h in latest.history_])
+    expect = max(e for e, m in enumerate(moving, start=1) if m >= moving.max() - eps)
+    assert latest.best_epoch_ == expect >= first.best_epoch_
+    assert latest.to_artifact().metrics["validation_auc"] == latest.history_[expect - 1]["val_auc"]
+    np.testing.assert_array_equal(latest.core_, cores[expect - 1])
+    # a tolerance wider than any swing keeps the last pass run
+    wide = RTF(**kw, keep_within=1.0).fit(train)
+    assert wide.best_epoch_ == wide.epochs_run_
+    with pytest.raises(ValueError, match="keep_within"):
+        RTF(keep_within=-1.0, verbose=False).fit(train)

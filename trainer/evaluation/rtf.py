@@ -76,6 +76,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="early stop on the moving average of this many validation AUCs "
                              "(8: chosen on tuning curves of validation posts, docs/rtf.md)")
     parser.add_argument("--min-iterations", type=int, default=RTF().min_iterations)
+    parser.add_argument("--lr-drops", type=int, default=RTF().lr_drops,
+                        help="plateau learning-rate drops before the early stop (RTF lr_drops)")
+    parser.add_argument("--lr-drop-factor", type=float, default=RTF().lr_drop_factor)
+    parser.add_argument("--keep-within", type=float, default=RTF().keep_within,
+                        help="keep the latest pass whose smoothed validation AUC is within this of "
+                             "its best (default: the pass of the last min_delta gain)")
     parser.add_argument("--patience", type=int, default=10,
                         help="passes without validation-AUC gain before stopping (the AUC of "
                              "500 posts moves by ~1e-3 from pass to pass, so 5 stopped RTF-64 early)")
@@ -94,7 +100,8 @@ def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
                 raise ValueError(f"--per-dims: unknown RTF setting {key!r} (known: {sorted(allowed)})")
             number = float(value)
             settings[key] = int(number) if key in ("iterations", "validation_posts", "patience",
-                                                   "min_iterations", "smoothing", "popular_top") else number
+                                                   "min_iterations", "smoothing", "popular_top",
+                                                   "lr_drops") else number
     return out
 
 
@@ -326,7 +333,10 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
                             reg_tags=args.reg_tags,
                             iterations=args.iterations, init_std=args.init_std,
                             validation_posts=args.validation_posts, patience=args.patience,
-                            smoothing=args.smoothing, min_iterations=args.min_iterations)
+                            smoothing=args.smoothing, min_iterations=args.min_iterations,
+                            lr_drops=getattr(args, "lr_drops", 0),
+                            lr_drop_factor=getattr(args, "lr_drop_factor", 0.5),
+                            keep_within=getattr(args, "keep_within", None))
             settings.update(per_dims.get(dims, {}))
             est = RTF(dims=dims, seed=seed, verbose=not args.quiet, **settings)
             est.fit(train)
