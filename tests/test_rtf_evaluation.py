@@ -195,3 +195,18 @@ def test_lastfm_reproduce_small_rtf_beats_global_popularity(tmp_path):
     assert rows[("RTF-8", "auc")] > 0.9
     for n in range(1, 11):
         assert rows[("RTF-8", f"f1@{n}")] > rows[("pop-global", f"f1@{n}")]
+
+
+def test_compare_first_pass_scores_the_default_rules_pass_of_the_same_run():
+    data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
+    common = dict(core=2, dims="3", iterations=25, patience=2, min_iterations=3, smoothing=1,
+                  validation_posts=40)
+    plain = {(r.method, r.metric): r.mean for r in ev.run(_args(**common), data=data)}
+    rows = ev.run(_args(**common, keep_within=1.0, compare_first_pass=True), data=data)
+    by = {(r.method, r.metric): r.mean for r in rows}
+    # a tolerance of 1.0 keeps the last pass run; /first is what the default rule keeps
+    assert by[("RTF-3", "kept_pass")] == by[("RTF-3", "epochs")]
+    assert by[("RTF-3/first", "kept_pass")] == plain[("RTF-3", "kept_pass")] < by[("RTF-3", "kept_pass")]
+    for metric in ("auc", "f1@1", "f1@5", "f1@10"):
+        assert by[("RTF-3/first", metric)] == pytest.approx(plain[("RTF-3", metric)])
+    assert not any(m.endswith("/first") for m, _ in plain)

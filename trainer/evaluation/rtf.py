@@ -82,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-within", type=float, default=RTF().keep_within,
                         help="keep the latest pass whose smoothed validation AUC is within this of "
                              "its best (default: the pass of the last min_delta gain)")
+    parser.add_argument("--compare-first-pass", action="store_true",
+                        help="with --keep-within, also report each RTF at the pass the default rule "
+                             "keeps (method 'RTF-<dims>/first'): same training run, paired comparison")
     parser.add_argument("--patience", type=int, default=10,
                         help="passes without validation-AUC gain before stopping (the AUC of "
                              "500 posts moves by ~1e-3 from pass to pass, so 5 stopped RTF-64 early)")
@@ -221,6 +224,21 @@ def evaluate_rtf(index: Index, tests: _TestSet) -> dict[str, float]:
     return out
 
 
+def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float]:
+    """``evaluate_rtf`` at the pass the default stopping rule keeps (``est.first_plateau_``),
+    through its own serving index; ``est`` is left as it was."""
+    epoch, params = est.first_plateau_
+    live = (est.core_, est.user_factors_, est.item_factors_, est.tag_factors_)
+    est.core_, est.user_factors_, est.item_factors_, est.tag_factors_ = params
+    try:
+        index = Index.from_artifact(est.to_artifact())
+    finally:
+        est.core_, est.user_factors_, est.item_factors_, est.tag_factors_ = live
+    metrics = evaluate_rtf(index, _TestSet(core, test, index))
+    metrics["kept_pass"] = float(epoch)
+    return metrics
+
+
 def evaluate_baseline(index: Index, tests: _TestSet, kind: str, mix_weight: float = 0.5
                       ) -> dict[str, float]:
     """Top-10 lists of a popularity baseline from the index's popularity arrays.
@@ -347,7 +365,15 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
             metrics["train_seconds"] = seconds
             metrics["epochs"] = float(est.epochs_run_)
             metrics["seconds_per_epoch"] = seconds / max(est.epochs_run_, 1)
+            metrics["kept_pass"] = float(est.best_epoch_)
             record(f"RTF-{dims}", metrics)
+            if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
+                first = evaluate_first_pass(est, core, test)
+                record(f"RTF-{dims}/first", first)
+                if not args.quiet:
+                    print(f"run {run_no + 1}/{args.runs} RTF-{dims}/first: auc {first['auc']:.4f} "
+                          f"f1@1 {first['f1@1']:.4f} f1@10 {first['f1@10']:.4f} "
+                          f"(pass {est.first_plateau_[0]})", file=sys.stderr)
             if not args.quiet:
                 print(f"run {run_no + 1}/{args.runs} RTF-{dims}: auc {metrics['auc']:.4f} "
                       f"f1@1 {metrics['f1@1']:.4f} f1@5 {metrics['f1@5']:.4f} f1@10 {metrics['f1@10']:.4f} "
@@ -367,7 +393,8 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
                 baseline_done = True
 
     setting = {"core": int(args.core)}
-    order = [f"RTF-{d}" for d in dims_list] + list(BASELINES) + [TUNED_MIX, "npmax"]
+    order = ([f"RTF-{d}" for d in dims_list] + [f"RTF-{d}/first" for d in dims_list]
+             + list(BASELINES) + [TUNED_MIX, "npmax"])
     per_method = {m: per_method[m] for m in order if m in per_method}
     rows: list[Row] = []
     for method, metrics in per_method.items():

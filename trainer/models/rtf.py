@@ -419,6 +419,8 @@ class RTF(Estimator):
                     recent = list(best[3])
                     stale = 0
         if self.keep_within is not None and kept[1] is not None:
+            # the pass the default rule would have kept, for side-by-side evaluation
+            self.first_plateau_ = (best[1], best[2]) if best[2] is not None else None
             best = (peak, kept[0], kept[1], [])
         if best[2] is not None and best[1] != history[-1]["epoch"]:
             C, U, I, T = best[2]
