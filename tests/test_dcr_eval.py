@@ -187,3 +187,58 @@ def test_reproduce_chooses_start_and_rank_only_with_ten_held_out_ratings(tmp_pat
     assert main(common + ["--n-train", "10"]) == 0
     log = capsys.readouterr().err
     assert "    select " not in log and "init=marginal" in log and "rank=2" in log
+
+
+def test_protocol_fit_is_the_item_marginal_start_below_ten_held_out_ratings_and_random_rank_320_above():
+    from trainer.evaluation.dcr import LARGE_N_FIT, SMALL_N_FIT, protocol_fit
+
+    for n in (10, 20, 39):
+        assert protocol_fit(n) == SMALL_N_FIT and protocol_fit(n)["init"] == "marginal"
+    for n in (40, 50, 100):
+        assert protocol_fit(n) == LARGE_N_FIT and (protocol_fit(n)["init"], protocol_fit(n)["rank"]) == ("random", 320)
+    protocol_fit(50)["rank"] = 1  # a copy: the constants are not changed through it
+    assert LARGE_N_FIT["rank"] == 320
+
+
+def test_median_epochs_is_the_per_level_median_over_the_same_hold_outs():
+    from trainer.evaluation.dcr import fit_stopped, median_epochs
+
+    data = ratings(8, n_users=40)
+    params = dict(rank=3, epochs=12, lr=0.05, init="random", init_std=0.1, seed=2, patience=3)
+    got = median_epochs(params, data, np.random.default_rng(5), 3)
+    rng = np.random.default_rng(5)
+    epochs = [fit_stopped(params, *validation_split(data, rng))[0].best_epochs_ for _ in range(3)]
+    assert got["level_epochs"] == [int(e) for e in np.median(np.array(epochs), axis=0).round()]
+    assert {k: v for k, v in got.items() if k != "level_epochs"} == params
+
+
+def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
+    import trainer.evaluation.dcr as protocol
+
+    data = ratings(9, n_users=40)
+    path = tmp_path / "u.data"
+    write_udata(path, data)
+    scored = []
+    real = protocol.ndcg_values
+
+    def spy(score_items, test, k=10):
+        scored.append(set(zip(test.user.tolist(), test.item.tolist())))
+        return real(score_items, test, k)
+
+    monkeypatch.setattr(protocol, "ndcg_values", spy)
+    out = tmp_path / "sweep.json"
+    assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "2", "--sweep",
+                 "--init-grid", "marginal,random", "--rank-grid", "2", "--sweep-lr", "0.05",
+                 "--select-folds", "2", "--epochs", "3", "--quiet", "--dataset", "tiny", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert {r["method"] for r in rows} == {"DCR init=marginal rank=2 lr=0.05 init_std=0.05",
+                                           "DCR init=random rank=2 lr=0.05 init_std=0.1"}
+    assert all(r["metric"] == "val_ndcg@10" and r["runs"] == 2 for r in rows)
+    # every scored list is a hold-out of the run's training ratings, never its test ratings
+    assert len(scored) == 2 * 2 * 2
+    for run_index in range(2):
+        train, test = per_user_split(protocol.load_ratings(type("A", (), dict(
+            data=str(path), format="auto", skip_bad_lines=False))()), 8, np.random.default_rng([0, 8, run_index]))
+        train_pairs = set(zip(train.user.tolist(), train.item.tolist()))
+        for pairs in scored[run_index * 4:(run_index + 1) * 4]:
+            assert pairs and pairs <= train_pairs

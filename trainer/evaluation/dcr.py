@@ -249,7 +249,21 @@ def grid_best_on_test(base: dict, train: Ratings, test: Ratings, stop: str, rng:
     return best
 
 
-INIT_STD = {"marginal": 0.02, "random": 0.1}  # the protocol's noise for each starting point
+INIT_STD = {"marginal": 0.02, "random": 0.1}  # the default noise for each starting point (--init given)
+
+# The protocol's fit for each N, every value chosen by a validation-only sweep (``--sweep``:
+# validation NDCG@10 over three hold-outs carved from each run's training ratings, pooled over
+# the five runs of --seed 0 and of --seed 1; test ratings never computed; docs/dcr.md, pass 4).
+# Where each user holds out fewer than 10 ratings (N < 40) the sweep ranked the item-marginal
+# start at rank 40 first (N = 10 and 20; lr and noise flat within 0.001, the argmax kept); where
+# 10 or more are held out, the random start at rank 320 (N = 50; rank 640 tied, the smaller kept).
+SMALL_N_FIT = dict(init="marginal", rank=40, init_std=0.05, lr=0.01)
+LARGE_N_FIT = dict(init="random", rank=320, init_std=0.1, lr=0.02)
+
+
+def protocol_fit(n_train: int) -> dict:
+    """The starting point, rank, noise and learning rate the protocol fits at ``n_train``."""
+    return dict(LARGE_N_FIT if held_out(n_train) >= K else SMALL_N_FIT)
 
 
 def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
@@ -309,6 +323,60 @@ def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Gen
     return fitted[best][0]
 
 
+def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> list[Row]:
+    """Validation-only sweep (``--sweep``): how the protocol's fit for each N was chosen.
+
+    For every N and run, the protocol's split and its ``--select-folds``
+    hold-outs of the training ratings (the same random streams as the
+    protocol, so the folds are those whose median epochs the protocol
+    refits with); every candidate is fitted on each hold-out's rest,
+    early-stopped per level on it, and scored by NDCG@10 over the held-out
+    ratings. The test ratings are split off but never scored. Rows: metric
+    ``val_ndcg@10``, one value per run (pooled over its folds' users).
+    Note that the runs' splits overlap (a rating held out for test in one
+    run can be a training, hence validation, rating in another), so a
+    choice read off the pooled figure is a data-set-level choice, like a
+    development split's, not a per-run one.
+    """
+    inits = _grid(args.init_grid, str) if args.init_grid else None
+    ranks = _grid(args.rank_grid, int) if args.rank_grid else None
+    lrs = _grid(args.sweep_lr) if args.sweep_lr else None
+    stds = _grid(args.sweep_init_std) if args.sweep_init_std else None
+    base = dict(relevance=args.relevance, projection=args.projection, reg=args.reg, epochs=args.epochs,
+                tol=args.tol, order=args.order, lr_decay=args.lr_decay, init_shrinkage=args.init_shrinkage,
+                val_tol=args.val_tol)
+    results: dict[tuple[str, int], list[float]] = {}
+    for n in n_values:
+        fit_n = fit_for(n, args)
+        candidates = []
+        for init in inits or (fit_n["init"],):
+            default_std = fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
+            for rank, lr, std in itertools.product(ranks or (fit_n["rank"],), lrs or (fit_n["lr"],),
+                                                   stds or (default_std,)):
+                candidates.append(dict(init=init, rank=int(rank), lr=float(lr), init_std=float(std)))
+        for run_index in range(args.runs):
+            rng = np.random.default_rng([args.seed, n, run_index])
+            train, _ = per_user_split(data, n, rng)
+            seed = int(rng.integers(2**31 - 1))
+            val_rng = np.random.default_rng([args.seed, n, run_index, 2])
+            splits = [validation_split(train, val_rng) for _ in range(max(1, int(args.select_folds)))]
+            for candidate in candidates:
+                params = dict(base, **candidate, seed=seed)
+                values = []
+                for fit, val in splits:
+                    model, _ = fit_stopped(params, fit, val)
+                    values.append(ndcg_values(Index.from_artifact(model.to_artifact()).score_items, val))
+                method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std"])
+                results.setdefault((method, n), []).append(float(np.concatenate(values).mean()))
+                log(f"N={n} run {run_index}: {method}: val ndcg@10 {results[(method, n)][-1]:.4f}")
+    rows = [summarise(method, name, {"N": n}, "val_ndcg@10", values) for (method, n), values in results.items()]
+    rows.sort(key=lambda r: (r.setting["N"], -r.mean))
+    print_table(rows, [], out=sys.stdout, title=f"DCR validation sweep on {name}: validation NDCG@10 over"
+                                                f" {args.select_folds} hold-outs per run ({args.runs} runs; no test"
+                                                " ratings scored); best first")
+    return rows
+
+
 def params_text(params: dict, keys) -> str:
     return " ".join(f"{k}={params[k]}" for k in keys)
 
@@ -346,20 +414,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " factors shrunk when served), 'bias' (DCR-bias: a per-level item bias coordinate)")
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
     parser.add_argument("--rank", type=int, default=None,
-                        help="rank per level (paper's Table 2: 40); default: chosen per run from --rank-grid")
+                        help="rank per level (paper's Table 2: 40); default: the protocol's for each N"
+                             " (40 for N < 40, 320 from N = 40; chosen by --sweep)")
     parser.add_argument("--relevance", default="linear", choices=("linear", "log", "exp"))
     parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
-    parser.add_argument("--lr", type=float, default=0.02, help="initial learning rate (without --tune)")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="initial learning rate (without --tune); default: the protocol's for each N"
+                             " (0.01 for N < 40, 0.02 from N = 40; chosen by --sweep)")
     parser.add_argument("--reg", type=float, default=0.001, help="L2 weight (without --tune)")
     parser.add_argument("--epochs", type=int, default=100, help="most epochs (all of them with --tol 0)")
     parser.add_argument("--tol", type=float, default=0.002,
                         help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)")
     parser.add_argument("--init", default=None, choices=("marginal", "random"),
                         help="initial factors: every level at its damped item marginals plus small noise"
-                             " (ours) or small random factors (zero mean); default: chosen per run from"
-                             " --init-grid (marginal first, i.e. marginal with --stop tol or --tune)")
+                             " (ours) or small random factors (zero mean); default: the protocol's for each N"
+                             " (marginal for N < 40, random from N = 40; chosen by --sweep)")
     parser.add_argument("--init-std", type=float, default=None,
-                        help="noise of the initial factors (default 0.02 with --init marginal, 0.1 with random)")
+                        help="noise of the initial factors (default: the protocol's, 0.05 marginal for N < 40,"
+                             " 0.1 random from N = 40; 0.02 marginal / 0.1 random with --init)")
     parser.add_argument("--init-shrinkage", type=float, default=10.0,
                         help="beta of the damped per-level item marginals of --init marginal")
     parser.add_argument("--stop", default="validation", choices=("validation", "tol"),
@@ -368,17 +440,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " counts (default); tol: the training-likelihood rule --tol")
     parser.add_argument("--init-grid", default=None,
                         help="with --stop validation: starting points to choose from per run by validation"
-                             " NDCG@10 (comma list; default marginal,random, or --init alone when given)")
+                             " NDCG@10 where >= 10 ratings per user are held out (comma list; default: none,"
+                             " the protocol's fit for each N); with --sweep: the starting points swept")
     parser.add_argument("--rank-grid", default=None,
-                        help="with --stop validation: ranks to choose from per run by validation NDCG@10"
-                             " (comma list; default 40,160, or --rank alone when given)")
+                        help="as --init-grid, for the rank (e.g. 40,160,320)")
     parser.add_argument("--val-tol", type=float, default=0.01,
                         help="with --stop validation: a level's validation log-likelihood must rise by more"
                              " than this (relative) to count as an improvement (default 0.01; 0: any rise)")
     parser.add_argument("--select-rule", default="best", choices=("best", "one-se"),
                         help="best validation NDCG@10, or the first candidate within one standard error of it")
     parser.add_argument("--select-folds", type=int, default=3,
-                        help="hold-outs of the training ratings the --init-grid/--rank-grid choice averages over")
+                        help="hold-outs of the training ratings: per-level epochs are the median over them,"
+                             " and the --init-grid/--rank-grid choice averages over them")
+    parser.add_argument("--sweep", action="store_true",
+                        help="validation-only sweep: for every N and run, fit every candidate of --init-grid x"
+                             " --rank-grid x --sweep-lr x --sweep-init-std on the --select-folds hold-outs and"
+                             " print its validation NDCG@10 pooled over runs and folds (test ratings unused)")
+    parser.add_argument("--sweep-lr", default=None, help="with --sweep: learning rates (default: the protocol's)")
+    parser.add_argument("--sweep-init-std", default=None,
+                        help="with --sweep: initial noise values (default: the protocol's for each start)")
     parser.add_argument("--order", default="user", choices=("user", "random"),
                         help="SGA order: ratings grouped by user (default, faster) or one random permutation")
     parser.add_argument("--lr-decay", type=float, default=0.02)
@@ -401,22 +481,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " never used to choose anything else")
 
 
+def fit_for(n: int, args: argparse.Namespace) -> dict:
+    """The protocol's fit at ``n`` (``protocol_fit``) with any explicit ``--init/--rank/--init-std/--lr``."""
+    fit = protocol_fit(n)
+    if args.init:
+        fit["init"] = args.init
+        fit["init_std"] = INIT_STD[args.init]
+    for key in ("rank", "init_std", "lr"):
+        if getattr(args, key) is not None:
+            fit[key] = getattr(args, key)
+    return fit
+
+
+def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
+    """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
+    validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
+    splits = [validation_split(train, rng) for _ in range(max(1, int(folds)))]
+    epochs = [fit_stopped(params, fit, val)[0].best_epochs_ for fit, val in splits]
+    return dict(params, level_epochs=[int(e) for e in np.median(np.array(epochs), axis=0).round()])
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     data = load_ratings(args)
     name = dataset_name(args.data, args.dataset)
     n_values = _grid(args.n_train, int)
     verbose = not args.quiet
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
-    inits = _grid(args.init_grid, str) if args.init_grid else ((args.init,) if args.init else ("marginal", "random"))
-    ranks = _grid(args.rank_grid, int) if args.rank_grid else ((args.rank,) if args.rank else (40, 160))
+    if args.sweep:
+        return sweep(args, data, name, n_values, log)
+    inits = _grid(args.init_grid, str) if args.init_grid else ()
+    ranks = _grid(args.rank_grid, int) if args.rank_grid else ()
     unknown_init = set(inits) - set(INIT_STD)
     if unknown_init:
         raise ValueError(f"unknown starting point(s) {sorted(unknown_init)} (known: marginal, random)")
-    std_of = lambda init: args.init_std if args.init_std is not None else INIT_STD[init]  # noqa: E731
-    choices = [dict(init=i, rank=r, init_std=std_of(i)) for i in inits for r in ranks]
-    base = dict(rank=ranks[0], relevance=args.relevance, projection=args.projection, lr=args.lr,
+    base = dict(relevance=args.relevance, projection=args.projection,
                 reg=args.reg, epochs=args.epochs, tol=args.tol, order=args.order, lr_decay=args.lr_decay,
-                init=inits[0], init_std=std_of(inits[0]), init_shrinkage=args.init_shrinkage,
+                init_shrinkage=args.init_shrinkage,
                 val_tol=args.val_tol,
                 pairwise_lr=args.pairwise_lr,
                 pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs)
@@ -438,6 +538,15 @@ def run(args: argparse.Namespace) -> list[Row]:
         log(f"N={n} run {len(results[(method, n)]) - 1}: {method} {value:.4f} {note}")
 
     for n in n_values:
+        fit_n = fit_for(n, args)
+        std_of = lambda init: args.init_std if args.init_std is not None else (  # noqa: E731
+            fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init])
+        choices = [dict(init=i, rank=r, init_std=std_of(i)) for i in (inits or (fit_n["init"],))
+                   for r in (ranks or (fit_n["rank"],))]
+        # With explicit grids, the first candidate is fitted where no choice is made.
+        n_base = dict(dict(base, **fit_n), **choices[0])
+        log(f"N={n}: {params_text(fit_n, sorted(fit_n))}"
+            + (f"; start x rank chosen per run from {len(choices)} candidates" if len(choices) > 1 else ""))
         for run_index in range(args.runs):
             rng = np.random.default_rng([args.seed, n, run_index])
             train, test = per_user_split(data, n, rng)
@@ -452,7 +561,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                        f"(beta={beta:g})")
             for family in families:
                 seed = int(rng.integers(2**31 - 1))
-                params = dict(base, **family.params, seed=seed)
+                params = dict(n_base, **family.params, seed=seed)
                 pair_params = {"pairwise_lr": args.pairwise_lr}
                 val_rng = np.random.default_rng([args.seed, n, run_index, 2])
                 if args.tune:
@@ -462,12 +571,12 @@ def run(args: argparse.Namespace) -> list[Row]:
                     # candidate's per-level epochs by validation log-likelihood.
                     params = select(params, choices, train, val_rng, args.select_folds, log, args.select_rule)
                 elif args.stop == "validation":
-                    # Per-level epoch counts chosen on a hold-out of the training ratings.
-                    stopped, _ = fit_stopped(params, *validation_split(train, val_rng))
-                    params = dict(params, level_epochs=stopped.best_epochs_)
+                    # Per-level epoch counts chosen on hold-outs of the training ratings (the
+                    # median over --select-folds of them), then a refit on all N.
+                    params = median_epochs(params, train, val_rng, args.select_folds)
                 if args.grid_on_test and family.prefix == "DCR":
                     record("DCR (grid best on test)", n, grid_best_on_test(
-                        dict(base, seed=seed), train, test, args.stop, val_rng), "(diagnostic: chosen on test)")
+                        dict(n_base, seed=seed), train, test, args.stop, val_rng), "(diagnostic: chosen on test)")
                 model = DCR(**params).fit(train)
                 epochs = params.get("level_epochs") or model.epochs_run_
                 note = f"({params_text(params, ['init', 'lr', 'reg', 'rank'])} epochs={epochs})"
