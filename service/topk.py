@@ -21,8 +21,10 @@ from numba import njit
 
 # Above this k an insertion buffer stops paying off; numpy takes over.
 _KERNEL_MAX_K = 128
-# Products up to this many multiply-adds (~30 us here) keep the GIL; longer ones release it.
-_HOLD_GIL_MAX_WORK = 1 << 18
+# Products up to this many multiply-adds (~250 us here) keep the GIL; longer ones release it.
+# A server process pinned to one core gains no parallelism from releasing it, only the
+# hand-off (~100 us of CPU per call measured), so only long products let other threads in.
+_HOLD_GIL_MAX_WORK = 1 << 21
 
 
 @njit(cache=True)

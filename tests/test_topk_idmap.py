@@ -70,7 +70,7 @@ def test_top_k_exclude_is_minus_infinity(scores, k, data):
     np.testing.assert_array_equal(rows, expected)
 
 
-@pytest.mark.parametrize("shape", [(50, 7), (3000, 100)])  # below and above the hold-the-GIL cut-off
+@pytest.mark.parametrize("shape", [(50, 7), (3000, 800)])  # below and above the hold-the-GIL cut-off
 def test_affine_scores_is_matrix_vector_plus_offset(shape):
     rng = np.random.default_rng(0)
     matrix = rng.standard_normal(shape).astype(np.float32)
