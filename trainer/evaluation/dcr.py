@@ -13,15 +13,19 @@ Reference rows are computed the same way from fixed scores: random, item mean
 rating, and the damped item mean ``(sum r + beta * mean) / (count + beta)``.
 
 By default each level's epochs are chosen by early stopping on the
-log-likelihood of a validation split carved from each user's N training
-ratings (``--stop validation``, a gain counting above ``--val-tol``); the
-final model is then refitted on all N ratings for those per-level epochs.
-The starting point (damped per-level item marginals, ours, or random) and
-the rank (40 or 160) are chosen per run by validation NDCG@10 over three
-hold-outs where each user holds out at least 10 ratings (N >= 40); below
-that the item-marginal start at rank 40 is fitted (``held_out``, ``select``).
-``--init random --stop tol --rank 40`` is the first session's fit (random
-start, training likelihood rule).
+log-likelihood of validation hold-outs carved from each user's N training
+ratings (``--stop validation``, a gain counting above ``--val-tol``; the
+per-level median over ``--select-folds`` hold-outs); the final model is
+then refitted on all N ratings for those per-level epochs. The starting
+point, rank, noise and learning rate for each N are ``protocol_fit``'s:
+the item-marginal start (ours) at rank 40 where each user holds out fewer
+than 10 ratings (N < 40), the random start at rank 320 from there on, as
+chosen by the validation-only sweep ``--sweep`` (docs/dcr.md, pass 4).
+``--init-grid``/``--rank-grid`` choose start and rank per run instead, by
+validation NDCG@10 over the hold-outs where >= 10 ratings per user are
+held out (``select``; pass 3's default). ``--init random --stop tol
+--rank 40 --lr 0.05`` is the first session's fit (random start, training
+likelihood rule).
 
 Hyperparameters (``--tune``: lr x reg, then the pairwise learning rate) are
 chosen on a validation split carved from each user's N training ratings (a
@@ -275,8 +279,9 @@ def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
     least 10 test items); at N = 10 (two held-out ratings) it ranked a
     random-start fit above the item-marginal one on splits where the random
     start was 0.05 worse on the test ratings. Below that the first
-    candidate is fitted, its per-level epochs chosen on one hold-out, as
-    before.
+    candidate is fitted. ``protocol_fit`` switches its start and rank at
+    the same point (where the validation sweep at N = 10, 20 and 50 ranks
+    them differently; no N between 20 and 50 was swept).
     """
     return max(minimum, int(np.floor(fraction * n_train)))
 
@@ -332,7 +337,8 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
     refits with); every candidate is fitted on each hold-out's rest,
     early-stopped per level on it, and scored by NDCG@10 over the held-out
     ratings. The test ratings are split off but never scored. Rows: metric
-    ``val_ndcg@10``, one value per run (pooled over its folds' users).
+    ``val_ndcg@10``, one value per run (pooled over its folds' users);
+    ``--sweep-seeds 0,1`` pools the runs of several split seeds.
     Note that the runs' splits overlap (a rating held out for test in one
     run can be a training, hence validation, rating in another), so a
     choice read off the pooled figure is a data-set-level choice, like a
@@ -342,6 +348,7 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
     ranks = _grid(args.rank_grid, int) if args.rank_grid else None
     lrs = _grid(args.sweep_lr) if args.sweep_lr else None
     stds = _grid(args.sweep_init_std) if args.sweep_init_std else None
+    seeds = _grid(args.sweep_seeds, int) if args.sweep_seeds else (args.seed,)
     base = dict(relevance=args.relevance, projection=args.projection, reg=args.reg, epochs=args.epochs,
                 tol=args.tol, order=args.order, lr_decay=args.lr_decay, init_shrinkage=args.init_shrinkage,
                 val_tol=args.val_tol)
@@ -354,11 +361,11 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
             for rank, lr, std in itertools.product(ranks or (fit_n["rank"],), lrs or (fit_n["lr"],),
                                                    stds or (default_std,)):
                 candidates.append(dict(init=init, rank=int(rank), lr=float(lr), init_std=float(std)))
-        for run_index in range(args.runs):
-            rng = np.random.default_rng([args.seed, n, run_index])
+        for split_seed, run_index in itertools.product(seeds, range(args.runs)):
+            rng = np.random.default_rng([split_seed, n, run_index])
             train, _ = per_user_split(data, n, rng)
             seed = int(rng.integers(2**31 - 1))
-            val_rng = np.random.default_rng([args.seed, n, run_index, 2])
+            val_rng = np.random.default_rng([split_seed, n, run_index, 2])
             splits = [validation_split(train, val_rng) for _ in range(max(1, int(args.select_folds)))]
             for candidate in candidates:
                 params = dict(base, **candidate, seed=seed)
@@ -368,12 +375,23 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
                     values.append(ndcg_values(Index.from_artifact(model.to_artifact()).score_items, val))
                 method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std"])
                 results.setdefault((method, n), []).append(float(np.concatenate(values).mean()))
-                log(f"N={n} run {run_index}: {method}: val ndcg@10 {results[(method, n)][-1]:.4f}")
+                log(f"N={n} seed {split_seed} run {run_index}: {method}: val ndcg@10"
+                    f" {results[(method, n)][-1]:.4f}")
     rows = [summarise(method, name, {"N": n}, "val_ndcg@10", values) for (method, n), values in results.items()]
     rows.sort(key=lambda r: (r.setting["N"], -r.mean))
     print_table(rows, [], out=sys.stdout, title=f"DCR validation sweep on {name}: validation NDCG@10 over"
-                                                f" {args.select_folds} hold-outs per run ({args.runs} runs; no test"
+                                                f" {args.select_folds} hold-outs per run ({args.runs} runs x seeds"
+                                                f" {','.join(map(str, seeds))}; no test"
                                                 " ratings scored); best first")
+    # Paired over runs (same splits and hold-outs for every candidate): the difference to the
+    # N's best and its standard error, to tell a real preference from a tie.
+    for n in n_values:
+        ranked = [r for r in rows if r.setting["N"] == n]
+        best = np.asarray(results[(ranked[0].method, n)])
+        for r in ranked[1:]:
+            diff = np.asarray(results[(r.method, n)]) - best
+            se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else float("nan")
+            print(f"N={n}: {r.method}: {diff.mean():+.5f} ± {se:.5f} (paired SE) vs {ranked[0].method}")
     return rows
 
 
@@ -456,6 +474,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="validation-only sweep: for every N and run, fit every candidate of --init-grid x"
                              " --rank-grid x --sweep-lr x --sweep-init-std on the --select-folds hold-outs and"
                              " print its validation NDCG@10 pooled over runs and folds (test ratings unused)")
+    parser.add_argument("--sweep-seeds", default=None,
+                        help="with --sweep: split seeds pooled (comma list; default --seed), e.g. 0,1")
     parser.add_argument("--sweep-lr", default=None, help="with --sweep: learning rates (default: the protocol's)")
     parser.add_argument("--sweep-init-std", default=None,
                         help="with --sweep: initial noise values (default: the protocol's for each start)")
