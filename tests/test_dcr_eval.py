@@ -233,16 +233,18 @@ def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
     out = tmp_path / "sweep.json"
     assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "2", "--sweep",
                  "--init-grid", "marginal,random", "--rank-grid", "2", "--sweep-lr", "0.05",
+                 "--sweep-pairwise-lr", "0.01", "--pairwise-epochs", "2",
                  "--select-folds", "2", "--epochs", "3", "--quiet", "--dataset", "tiny", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert {r["method"] for r in rows} == {"DCR init=marginal rank=2 lr=0.05 init_std=0.05",
-                                           "DCR init=random rank=2 lr=0.05 init_std=0.1"}
+    fits = {"DCR init=marginal rank=2 lr=0.05 init_std=0.05", "DCR init=random rank=2 lr=0.05 init_std=0.1"}
+    assert {r["method"] for r in rows} == fits | {f"Pairwise {m} pairwise_lr=0.01" for m in fits}
     assert all(r["metric"] == "val_ndcg@10" and r["runs"] == 2 for r in rows)
     # every scored list is a hold-out of the run's training ratings, never its test ratings
-    assert len(scored) == 2 * 2 * 2
+    per_run = 2 * 2 * 2  # candidates x folds x (fit, refined)
+    assert len(scored) == 2 * per_run
     for run_index in range(2):
         train, test = per_user_split(protocol.load_ratings(type("A", (), dict(
             data=str(path), format="auto", skip_bad_lines=False))()), 8, np.random.default_rng([0, 8, run_index]))
         train_pairs = set(zip(train.user.tolist(), train.item.tolist()))
-        for pairs in scored[run_index * 4:(run_index + 1) * 4]:
+        for pairs in scored[run_index * per_run:(run_index + 1) * per_run]:
             assert pairs and pairs <= train_pairs

@@ -349,6 +349,7 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
     lrs = _grid(args.sweep_lr) if args.sweep_lr else None
     stds = _grid(args.sweep_init_std) if args.sweep_init_std else None
     seeds = _grid(args.sweep_seeds, int) if args.sweep_seeds else (args.seed,)
+    pair_lrs = _grid(args.sweep_pairwise_lr) if args.sweep_pairwise_lr else ()
     base = dict(relevance=args.relevance, projection=args.projection, reg=args.reg, epochs=args.epochs,
                 tol=args.tol, order=args.order, lr_decay=args.lr_decay, init_shrinkage=args.init_shrinkage,
                 val_tol=args.val_tol)
@@ -369,14 +370,22 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
             splits = [validation_split(train, val_rng) for _ in range(max(1, int(args.select_folds)))]
             for candidate in candidates:
                 params = dict(base, **candidate, seed=seed)
-                values = []
+                values: dict[str, list] = {}
+                method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std"])
                 for fit, val in splits:
                     model, _ = fit_stopped(params, fit, val)
-                    values.append(ndcg_values(Index.from_artifact(model.to_artifact()).score_items, val))
-                method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std"])
-                results.setdefault((method, n), []).append(float(np.concatenate(values).mean()))
-                log(f"N={n} seed {split_seed} run {run_index}: {method}: val ndcg@10"
-                    f" {results[(method, n)][-1]:.4f}")
+                    values.setdefault(method, []).append(
+                        ndcg_values(Index.from_artifact(model.to_artifact()).score_items, val))
+                    # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
+                    for plr in pair_lrs:
+                        refined = model.refined(pairwise_lr=plr, pairwise_reg=args.pairwise_reg,
+                                                pairwise_epochs=args.pairwise_epochs)
+                        values.setdefault(f"Pairwise {method} pairwise_lr={plr}", []).append(
+                            ndcg_values(Index.from_artifact(refined.to_artifact()).score_items, val))
+                for label, parts in values.items():
+                    results.setdefault((label, n), []).append(float(np.concatenate(parts).mean()))
+                    log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10"
+                        f" {results[(label, n)][-1]:.4f}")
     rows = [summarise(method, name, {"N": n}, "val_ndcg@10", values) for (method, n), values in results.items()]
     rows.sort(key=lambda r: (r.setting["N"], -r.mean))
     print_table(rows, [], out=sys.stdout, title=f"DCR validation sweep on {name}: validation NDCG@10 over"
@@ -476,6 +485,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              " print its validation NDCG@10 pooled over runs and folds (test ratings unused)")
     parser.add_argument("--sweep-seeds", default=None,
                         help="with --sweep: split seeds pooled (comma list; default --seed), e.g. 0,1")
+    parser.add_argument("--sweep-pairwise-lr", default=None,
+                        help="with --sweep: also refine every candidate pairwise with these learning rates"
+                             " (rows 'Pairwise DCR ... pairwise_lr=...')")
     parser.add_argument("--sweep-lr", default=None, help="with --sweep: learning rates (default: the protocol's)")
     parser.add_argument("--sweep-init-std", default=None,
                         help="with --sweep: initial noise values (default: the protocol's for each start)")
