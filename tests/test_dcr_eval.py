@@ -197,9 +197,14 @@ def test_protocol_fit_is_the_item_marginal_start_below_ten_held_out_ratings_and_
     from trainer.evaluation.dcr import LARGE_N_FIT, SMALL_N_FIT, protocol_fit
 
     for n in (10, 20, 39):
-        assert protocol_fit(n) == SMALL_N_FIT and protocol_fit(n)["init"] == "marginal"
+        assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_lr"} == SMALL_N_FIT
+        assert protocol_fit(n)["init"] == "marginal"
     for n in (40, 50, 100):
-        assert protocol_fit(n) == LARGE_N_FIT and (protocol_fit(n)["init"], protocol_fit(n)["rank"]) == ("random", 320)
+        assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_lr"} == LARGE_N_FIT
+        assert (protocol_fit(n)["init"], protocol_fit(n)["rank"]) == ("random", 320)
+    # the pairwise learning rate of the nearest swept N
+    assert [protocol_fit(n)["pairwise_lr"] for n in (5, 10, 14, 16, 20, 34, 36, 50, 200)] == \
+        [0.005, 0.005, 0.005, 0.01, 0.01, 0.01, 0.02, 0.02, 0.02]
     protocol_fit(50)["rank"] = 1  # a copy: the constants are not changed through it
     assert LARGE_N_FIT["rank"] == 320
 

@@ -263,11 +263,16 @@ INIT_STD = {"marginal": 0.02, "random": 0.1}  # the default noise for each start
 # 10 or more are held out, the random start at rank 320 (N = 50; rank 640 tied, the smaller kept).
 SMALL_N_FIT = dict(init="marginal", rank=40, init_std=0.05, lr=0.01)
 LARGE_N_FIT = dict(init="random", rank=320, init_std=0.1, lr=0.02)
+# The pairwise refinement's learning rate by the same sweep (--sweep-pairwise-lr) at each swept N;
+# other N take the nearest swept one. (At N = 10 the sweep prefers no refinement at all.)
+PAIRWISE_LR = {10: 0.005, 20: 0.01, 50: 0.02}
 
 
 def protocol_fit(n_train: int) -> dict:
-    """The starting point, rank, noise and learning rate the protocol fits at ``n_train``."""
-    return dict(LARGE_N_FIT if held_out(n_train) >= K else SMALL_N_FIT)
+    """The starting point, rank, noise, learning rate and pairwise learning rate the protocol
+    fits at ``n_train``."""
+    nearest = min(PAIRWISE_LR, key=lambda swept: (abs(swept - n_train), swept))
+    return dict(LARGE_N_FIT if held_out(n_train) >= K else SMALL_N_FIT, pairwise_lr=PAIRWISE_LR[nearest])
 
 
 def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
@@ -385,7 +390,7 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
                 for label, parts in values.items():
                     results.setdefault((label, n), []).append(float(np.concatenate(parts).mean()))
                     log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10"
-                        f" {results[(label, n)][-1]:.4f}")
+                        f" {results[(label, n)][-1]:.5f}")
     rows = [summarise(method, name, {"N": n}, "val_ndcg@10", values) for (method, n), values in results.items()]
     rows.sort(key=lambda r: (r.setting["N"], -r.mean))
     print_table(rows, [], out=sys.stdout, title=f"DCR validation sweep on {name}: validation NDCG@10 over"
@@ -494,7 +499,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--order", default="user", choices=("user", "random"),
                         help="SGA order: ratings grouped by user (default, faster) or one random permutation")
     parser.add_argument("--lr-decay", type=float, default=0.02)
-    parser.add_argument("--pairwise-lr", type=float, default=0.01, help="(without --tune)")
+    parser.add_argument("--pairwise-lr", type=float, default=None,
+                        help="(without --tune) default: the protocol's for each N (0.005 / 0.01 / 0.02 at"
+                             " N = 10 / 20 / 50, nearest for other N; chosen by --sweep --sweep-pairwise-lr)")
     parser.add_argument("--pairwise-reg", type=float, default=0.001)
     parser.add_argument("--pairwise-epochs", type=int, default=20)
     parser.add_argument("--item-bias", type=float, default=0.7, help="s of the DCR-bias variant")
@@ -519,7 +526,7 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
     if args.init:
         fit["init"] = args.init
         fit["init_std"] = INIT_STD[args.init]
-    for key in ("rank", "init_std", "lr"):
+    for key in ("rank", "init_std", "lr", "pairwise_lr"):
         if getattr(args, key) is not None:
             fit[key] = getattr(args, key)
     return fit
@@ -550,7 +557,6 @@ def run(args: argparse.Namespace) -> list[Row]:
                 reg=args.reg, epochs=args.epochs, tol=args.tol, order=args.order, lr_decay=args.lr_decay,
                 init_shrinkage=args.init_shrinkage,
                 val_tol=args.val_tol,
-                pairwise_lr=args.pairwise_lr,
                 pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs)
     names = set(_grid(args.variants, str))
     unknown = names - {"shrunk", "bias"}
@@ -594,7 +600,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             for family in families:
                 seed = int(rng.integers(2**31 - 1))
                 params = dict(n_base, **family.params, seed=seed)
-                pair_params = {"pairwise_lr": args.pairwise_lr}
+                pair_params = {"pairwise_lr": n_base["pairwise_lr"]}
                 val_rng = np.random.default_rng([args.seed, n, run_index, 2])
                 if args.tune:
                     params, pair_params = tune(train, val_rng, params, grid, pair_grid, log, stop=args.stop)
