@@ -201,7 +201,7 @@ def test_compare_first_pass_scores_the_default_rules_pass_of_the_same_run():
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
     common = dict(core=2, dims="3", iterations=25, patience=2, min_iterations=3, smoothing=1,
                   validation_posts=40)
-    plain = {(r.method, r.metric): r.mean for r in ev.run(_args(**common), data=data)}
+    plain = {(r.method, r.metric): r.mean for r in ev.run(_args(**common, keep_within=-1.0), data=data)}
     rows = ev.run(_args(**common, keep_within=1.0, compare_first_pass=True), data=data)
     by = {(r.method, r.metric): r.mean for r in rows}
     # a tolerance of 1.0 keeps the last pass run; /first is what the default rule keeps
@@ -210,3 +210,13 @@ def test_compare_first_pass_scores_the_default_rules_pass_of_the_same_run():
     for metric in ("auc", "f1@1", "f1@5", "f1@10"):
         assert by[("RTF-3/first", metric)] == pytest.approx(plain[("RTF-3", metric)])
     assert not any(m.endswith("/first") for m, _ in plain)
+
+
+def test_built_in_per_dims_settings_apply_first_and_yield_to_the_flag(monkeypatch):
+    assert ev.parse_per_dims(list(ev.DEFAULT_PER_DIMS))[64] == {"reg_tags": 3e-6}
+    monkeypatch.setattr(ev, "DEFAULT_PER_DIMS", ("3:iterations=2,validation_posts=0",))
+    data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
+    epochs = lambda rows: {r.method: r.mean for r in rows if r.metric == "epochs"}
+    assert epochs(ev.run(_args(core=2, dims="3,4", iterations=6), data=data)) == {"RTF-3": 2, "RTF-4": 6}
+    over = ev.run(_args(core=2, dims="3", iterations=6, per_dims=["3:iterations=4"]), data=data)
+    assert epochs(over)["RTF-3"] == 4
