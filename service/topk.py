@@ -9,10 +9,13 @@ Every kernel on a request's path keeps the GIL when its work is short.
 Releasing the GIL for a few microseconds (a ``nogil`` kernel, a BLAS call,
 a numpy loop over more than a few hundred elements) hands it to one of the
 server's other threads, and the caller then waits to get it back: measured
-with 64 Recommend calls in flight on one server process, a ``nogil`` top-k
-alone cost 297-364 us of CPU per call against 171-272 us holding the GIL,
-with more context switches per call. Long products (a large catalogue) are
-the exception: there the other threads should run, so they release it.
+with 64 Recommend calls in flight on one unpinned server process, a
+``nogil`` top-k alone cost 297-364 us of CPU per call against 171-272 us
+holding the GIL, with more context switches per call. On a process pinned
+to one core the difference was within noise for Recommend and Tags and 30 %
+for Neighbors (``docs/service.md``, Scaling). Long products (a large
+catalogue) are the exception: there the other threads should run, so they
+release it.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from numba import njit
 _KERNEL_MAX_K = 128
 # Products up to this many multiply-adds (~250 us here) keep the GIL; longer ones release it.
 # A server process pinned to one core gains no parallelism from releasing it, only the
-# hand-off (~100 us of CPU per call measured), so only long products let other threads in.
+# hand-off (up to ~150 us of CPU per call measured unpinned), so only long products let others in.
 _HOLD_GIL_MAX_WORK = 1 << 21
 
 

@@ -6,10 +6,10 @@ Fast path (Rendle et al. 2009, Section 4.4.1): for a post (u, i)
     q = M^T I[i]             = C x1 U[u] x2 I[i], kT values
     y = T @ q                every tag's score, O(|T| kT)
 
-then a single-pass top-k (``service.topk``). All three products run in
-``service.topk``'s kernels, which keep the GIL for short work (see there). Cost O(|T| kT + kU kI kT) per
-request, O(|T| kT + kI kT) with a warm user cache, independent of the number
-of users, items and observations.
+then a single-pass top-k; all three products run in ``service.topk``'s
+kernels, which keep the GIL for short work (see there). Cost
+O(|T| kT + kU kI kT) per request, O(|T| kT + kI kT) with a warm user cache,
+independent of the number of users, items and observations.
 
 Ids on the wire are the data's external tag ids (Last.fm ``tagID``); when the
 data has display names they ship as UTF-8 bytes plus offsets and
@@ -178,7 +178,7 @@ class Index(ModelIndex):
         cached = self.cache.get(user_row)
         if cached is not None:
             return cached
-        kU, kI, kT = self.dims
+        _, kI, kT = self.dims
         m_t = affine_scores(self._core_by_user, self.user_factors[user_row]).reshape(kT, kI)
         self.cache.put(user_row, m_t)
         return m_t
