@@ -115,7 +115,7 @@ PAPER_TABLE3 = {"netflix1m:20": 1.05, "netflix1m:50": 2.31}  # DCR running time 
 def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
     """Runs in a fresh process: fit ``repeats`` times (refine once more each when
     ``pairwise``), return median times, epochs and memory."""
-    from trainer.evaluation.dcr import validation_split
+    from trainer.evaluation.dcr import median_epochs, validation_split
     from trainer.models.dcr import DCR
 
     params = dict(params)
@@ -135,12 +135,7 @@ def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
             # The protocol's fit: per-level epochs chosen on hold-outs of the ratings (the median
             # over ``folds`` of them), then a refit on all of them for those counts; both stages
             # are timed, and the refit (the final model's training) also on its own.
-            split_rng = np.random.default_rng(r)
-            epochs = []
-            for _ in range(folds):
-                fit, val = validation_split(data, split_rng)
-                epochs.append(DCR(**dict(params, seed=r)).fit(fit, validation=val).best_epochs_)
-            chosen = [int(e) for e in np.median(np.array(epochs), axis=0).round()]
+            chosen = median_epochs(dict(params, seed=r), data, np.random.default_rng(r), folds)["level_epochs"]
             chosen_epochs.append(chosen)
             c1, t1 = time.process_time(), time.perf_counter()
             model = DCR(**dict(params, seed=r, level_epochs=chosen)).fit(data)

@@ -136,10 +136,14 @@ def ndcg_values(score_items, test: Ratings, k: int = K) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
+def serving_scorer(estimator: DCR):
+    """``score_items`` of the serving index built from the in-memory artifact."""
+    return Index.from_artifact(estimator.to_artifact()).score_items
+
+
 def index_ndcg(estimator: DCR, test: Ratings) -> float:
     """NDCG@10 scored by the serving index built from the in-memory artifact."""
-    index = Index.from_artifact(estimator.to_artifact())
-    return ndcg_at_k(index.score_items, test)
+    return ndcg_at_k(serving_scorer(estimator), test)
 
 
 # ----------------------------------------------------------- references
@@ -163,7 +167,7 @@ def tune_shrinkage(train: Ratings, rng: np.random.Generator, folds: int = 5) -> 
     ``beta`` (it swings between 0 and 50 from run to run); the mean over
     several costs nothing since the damped mean needs no fitting.
     """
-    splits = [validation_split(train, rng) for _ in range(folds)]
+    splits = holdouts(train, rng, folds)
     results = [(float(np.mean([ndcg_at_k(fixed_scorer(item_means(fit, b)), val) for fit, val in splits])), -b)
                for b in SHRINKAGE_GRID]
     return -max(results)[1]
@@ -183,6 +187,16 @@ class Family:
 
     prefix: str
     params: dict
+
+
+def holdouts(train: Ratings, rng: np.random.Generator, folds: int) -> list[tuple[Ratings, Ratings]]:
+    """``folds`` (at least one) ``validation_split`` hold-outs of ``train``, drawn in turn from ``rng``."""
+    return [validation_split(train, rng) for _ in range(max(1, int(folds)))]
+
+
+def median_level_epochs(epochs: list) -> list[int]:
+    """Each level's median over the folds' validation-stopped epoch counts."""
+    return [int(e) for e in np.median(np.array(epochs), axis=0).round()]
 
 
 def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
@@ -308,17 +322,17 @@ def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Gen
     (the per-level median over the folds) for the refit on all the
     training ratings.
     """
-    splits = [validation_split(train, rng) for _ in range(max(1, int(folds)))]
+    splits = holdouts(train, rng, folds)
     fitted = []
     for choice in choices:
         candidate = dict(params, **choice)
         values, epochs = [], []
         for fit, val in splits:
             model, _ = fit_stopped(candidate, fit, val)
-            values.append(ndcg_values(Index.from_artifact(model.to_artifact()).score_items, val))
+            values.append(ndcg_values(serving_scorer(model), val))
             epochs.append(model.best_epochs_)
         values = np.concatenate(values)
-        level_epochs = [int(e) for e in np.median(np.array(epochs), axis=0).round()]
+        level_epochs = median_level_epochs(epochs)
         log(f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {values.mean():.4f}"
             f" (level epochs {level_epochs})")
         fitted.append((dict(candidate, level_epochs=level_epochs), values))
@@ -372,21 +386,20 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
             train, _ = per_user_split(data, n, rng)
             seed = int(rng.integers(2**31 - 1))
             val_rng = np.random.default_rng([split_seed, n, run_index, 2])
-            splits = [validation_split(train, val_rng) for _ in range(max(1, int(args.select_folds)))]
+            splits = holdouts(train, val_rng, args.select_folds)
             for candidate in candidates:
                 params = dict(base, **candidate, seed=seed)
                 values: dict[str, list] = {}
                 method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std"])
                 for fit, val in splits:
                     model, _ = fit_stopped(params, fit, val)
-                    values.setdefault(method, []).append(
-                        ndcg_values(Index.from_artifact(model.to_artifact()).score_items, val))
+                    values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
                     # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
                     for plr in pair_lrs:
                         refined = model.refined(pairwise_lr=plr, pairwise_reg=args.pairwise_reg,
                                                 pairwise_epochs=args.pairwise_epochs)
                         values.setdefault(f"Pairwise {method} pairwise_lr={plr}", []).append(
-                            ndcg_values(Index.from_artifact(refined.to_artifact()).score_items, val))
+                            ndcg_values(serving_scorer(refined), val))
                 for label, parts in values.items():
                     results.setdefault((label, n), []).append(float(np.concatenate(parts).mean()))
                     log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10"
@@ -535,9 +548,8 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    splits = [validation_split(train, rng) for _ in range(max(1, int(folds)))]
-    epochs = [fit_stopped(params, fit, val)[0].best_epochs_ for fit, val in splits]
-    return dict(params, level_epochs=[int(e) for e in np.median(np.array(epochs), axis=0).round()])
+    epochs = [fit_stopped(params, fit, val)[0].best_epochs_ for fit, val in holdouts(train, rng, folds)]
+    return dict(params, level_epochs=median_level_epochs(epochs))
 
 
 def run(args: argparse.Namespace) -> list[Row]:

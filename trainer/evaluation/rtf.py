@@ -98,7 +98,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
     """``["64:reg_core=1e-6,learning_rate=0.25"]`` -> ``{64: {"reg_core": 1e-6, "learning_rate": 0.25}}``."""
-    allowed = set(RTF().get_params()) - {"dims", "seed", "verbose", "dtype"}
+    defaults = RTF().get_params()
+    allowed = set(defaults) - {"dims", "seed", "verbose", "dtype"}
     out: dict[int, dict[str, float]] = {}
     for spec in specs:
         dims, _, pairs = spec.partition(":")
@@ -108,9 +109,8 @@ def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
             if key not in allowed:
                 raise ValueError(f"--per-dims: unknown RTF setting {key!r} (known: {sorted(allowed)})")
             number = float(value)
-            settings[key] = int(number) if key in ("iterations", "validation_posts", "patience",
-                                                   "min_iterations", "smoothing", "popular_top",
-                                                   "lr_drops") else number
+            # counts (their defaults are ints) stay ints; every other setting is a float
+            settings[key] = int(number) if type(defaults[key]) is int else number
     return out
 
 
