@@ -11,9 +11,10 @@ a numpy loop over more than a few hundred elements) hands it to one of the
 server's other threads, and the caller then waits to get it back: measured
 with 64 Recommend calls in flight on one unpinned server process, a
 ``nogil`` top-k alone cost 297-364 us of CPU per call against 171-272 us
-holding the GIL, with more context switches per call. On a process pinned
-to one core the difference was within noise for Recommend and Tags and 30 %
-for Neighbors (``docs/service.md``, Scaling). Long products (a large
+holding the GIL, with more context switches per call. With all of these
+kernels, on a process pinned to one core, the CPU per call was unchanged
+within noise for Recommend and Tags and 30 % lower for Neighbors
+(``docs/service.md``, Scaling). Long products (a large
 catalogue) are the exception: there the other threads should run, so they
 release it.
 """
