@@ -14,9 +14,9 @@ from trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user
 from trainer.models import estimator_class
 from trainer.models._dcr_kernels import (
     pairwise_epoch_by_user, pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
-    project_ball, shuffle_segments,
+    project, project_ball, shuffle_segments,
 )
-from trainer.models.dcr import DCR, rating_levels, user_csr
+from trainer.models.dcr import DCR, lazy_zeros, rating_levels, user_csr
 
 
 def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
@@ -131,15 +131,79 @@ def test_project_ball_is_the_euclidean_projection(values, radius):
         np.testing.assert_allclose(y * norm / radius, x, rtol=1e-9, atol=1e-12)
 
 
+@settings(deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(0.05, 3.0), st.sampled_from([0, 1]), st.booleans(),
+       st.sampled_from([0, 1]))
+def test_projecting_step_is_the_bare_step_then_the_projection(seed, scale, u_fixed, sphere, label):
+    """The epochs' fused step (norms from inner products, projection in the
+    update pass) equals the gradient step followed by an explicit projection."""
+    rng = np.random.default_rng(seed)
+    u, v = rng.normal(size=7) * scale / np.sqrt(7), rng.normal(size=7) * scale / np.sqrt(7)
+    radius = 0.8 if u_fixed else 1.0
+    bare_u, bare_v, fused_u, fused_v = u.copy(), v.copy(), u.copy(), v.copy()
+    q1, nu1, nv1 = pointwise_step(bare_u, bare_v, label, 0.3, 0.01, 1e-3, u_fixed)
+    assert nu1 == pytest.approx(np.sum(bare_u[u_fixed:] ** 2), rel=1e-9, abs=1e-12)
+    assert nv1 == pytest.approx(np.sum(bare_v ** 2), rel=1e-9, abs=1e-12)
+    project(bare_u, u_fixed, radius, sphere)
+    project(bare_v, 0, 1.0, sphere)
+    q2, nu2, nv2 = pointwise_step(fused_u, fused_v, label, 0.3, 0.01, 1e-3, u_fixed, radius, sphere)
+    assert (q2, nu2, nv2) == pytest.approx((q1, nu1, nv1), rel=1e-9, abs=1e-12)
+    np.testing.assert_allclose(fused_u, bare_u, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fused_v, bare_v, rtol=1e-9, atol=1e-12)
+    assert fused_u[:u_fixed].tolist() == u[:u_fixed].tolist()
+
+
+def test_epoch_trains_only_the_levels_it_is_given():
+    rng = np.random.default_rng(3)
+    n_users, n_items, L, f = 10, 8, 4, 5
+    user, item = rng.integers(0, n_users, 60), rng.integers(0, n_items, 60)
+    indptr, items, levels = user_csr(n_users, user, item, rng.integers(0, L + 1, 60).astype(np.int32))
+    U0, V0 = rng.normal(0, 0.3, (n_users, L, f)), rng.normal(0, 0.3, (n_items, L, f))
+    order = rng.permutation(np.flatnonzero(np.diff(indptr) > 0))
+    args = (0.1, 0.01, 1e-3, 0, 1.0, False)
+    U_all, V_all, U_some, V_some = U0.copy(), V0.copy(), U0.copy(), V0.copy()
+    ll_all, _ = pointwise_epoch_by_user(U_all, V_all, indptr, items, levels, order, *args, np.arange(L))
+    ll_some, _ = pointwise_epoch_by_user(U_some, V_some, indptr, items, levels, order, *args, np.array([1, 3]))
+    for t in (1, 3):
+        np.testing.assert_array_equal(U_some[:, t], U_all[:, t])
+        np.testing.assert_array_equal(V_some[:, t], V_all[:, t])
+        assert ll_some[t] == ll_all[t]
+    for t in (0, 2):
+        np.testing.assert_array_equal(U_some[:, t], U0[:, t])
+        np.testing.assert_array_equal(V_some[:, t], V0[:, t])
+        assert ll_some[t] == 0.0
+
+
+def test_float32_training_follows_the_float64_fit():
+    """float32 factors (the default) change rounding, not the fit."""
+    data = planted(2)
+    params = dict(rank=6, lr=0.05, epochs=15, tol=0.0, seed=1)
+    single, double = DCR(**params).fit(data), DCR(dtype="float64", **params).fit(data)
+    assert single.U_.dtype == np.float32 and double.U_.dtype == np.float64
+    np.testing.assert_allclose(single.U_, double.U_, atol=1e-4)
+    np.testing.assert_allclose(single.V_, double.V_, atol=1e-4)
+    assert single.loglik_ == pytest.approx(double.loglik_, rel=1e-4)
+
+
+def test_lazy_zeros_are_writable_zeros():
+    x = lazy_zeros((5, 3, 2), np.float32)
+    assert x.shape == (5, 3, 2) and x.dtype == np.float32 and not x.any()
+    x[2, 1] = 1.5
+    assert x.sum() == 3.0
+    assert lazy_zeros((0, 4), np.float64).shape == (0, 4)
+
+
 # ------------------------------------------------------------ training
 @settings(max_examples=6, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from([0.0, 0.6]), st.sampled_from(["ball", "sphere"]))
-def test_factors_stay_in_the_unit_ball(seed, bias, projection):
+@given(st.integers(0, 10_000), st.sampled_from([0.0, 0.6]), st.sampled_from(["ball", "sphere"]),
+       st.sampled_from(["float32", "float64"]))
+def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     data = planted(seed, n_users=20, n_items=15, per_user=8)
     model = DCR(rank=4, epochs=3, lr=0.5, item_bias=bias, projection=projection, seed=seed,
-                pairwise=True, pairwise_epochs=2, pairwise_lr=0.5).fit(data)
-    assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + 1e-9)
-    assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + 1e-9)
+                pairwise=True, pairwise_epochs=2, pairwise_lr=0.5, dtype=dtype).fit(data)
+    rounding = 1e-6 if dtype == "float32" else 1e-9
+    assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + rounding)
+    assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + rounding)
     if bias:
         assert np.all(model.U_[:, :, 0] == bias)
 
@@ -242,7 +306,7 @@ def test_user_grouped_epoch_takes_the_steps_of_the_same_global_order(u_fixed, ra
     global_order = np.concatenate([np.arange(indptr[u], indptr[u + 1]) for u in user_order]).astype(np.int64)
     U0, V0 = rng.normal(0, 0.4, (n_users, L, f)), rng.normal(0, 0.4, (n_items, L, f))
     U1, V1, U2, V2 = U0.copy(), V0.copy(), U0.copy(), V0.copy()
-    args = (0.1, 0.01, 1e-3, u_fixed, radius, sphere)
+    args = (0.1, 0.01, 1e-3, u_fixed, radius, sphere, np.arange(L))
     ll1 = pointwise_epoch(U1, V1, owner, items, levels, global_order, *args)
     ll2, norms = pointwise_epoch_by_user(U2, V2, indptr, items, levels, user_order, *args)
     np.testing.assert_allclose(U2, U1, rtol=1e-12, atol=1e-14)

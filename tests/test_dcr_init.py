@@ -44,8 +44,9 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
     data = with_item_effects(1)
     # one item nobody rated: it starts at the global marginal
     data = make_ratings(data.user, data.item, data.rating, data.n_users, data.n_items + 1)
+    # float64 factors: the check is to 1e-9, below float32's resolution
     model = DCR(rank=5, epochs=0, init="marginal", init_std=0.0, init_shrinkage=beta, item_bias=bias,
-                seed=0).fit(data)
+                dtype="float64", seed=0).fit(data)
     want = damped_marginals(data, beta if beta > 0 else 1e-12)
     # 2P - 1 = U.V lives in the free coordinates' ball: radius sqrt(1 - s^2) under item_bias
     radius = np.sqrt(1 - bias ** 2)
