@@ -132,11 +132,16 @@ class _LevelStopper:
     each keeps a copy of its slices at its best epoch, put back at the end.
     """
 
-    def __init__(self, model: "DCR", U: np.ndarray, V: np.ndarray, data: Ratings, validation: Ratings | None):
+    def __init__(self, model: "DCR", U: np.ndarray, V: np.ndarray, active: np.ndarray, data: Ratings,
+                 validation: Ratings | None):
         self.U, self.V, self.L = U, V, U.shape[1]
+        # Snapshots hold only the users with training ratings: the other rows never change,
+        # and a protocol split keeps every user of the id map (16x the active ones at N=50
+        # on the Netflix-size set, where whole-slice copies were half of a stopped fit).
+        self.active = active
         self.validation = validation
         self.fixed = _int_list(model.level_epochs) if model.level_epochs is not None else None
-        self.active = validation is not None or self.fixed is not None
+        self.stopping = validation is not None or self.fixed is not None
         self.epochs = int(model.epochs)
         self.patience = int(model.patience)
         self.val_tol = float(model.val_tol)
@@ -160,11 +165,11 @@ class _LevelStopper:
             self.best_epochs = [0] * self.L
             for t in range(self.L):
                 self._save(t)
-        model.best_epochs_ = None if not self.active else self.best_epochs
+        model.best_epochs_ = None if not self.stopping else self.best_epochs
         self.model = model
 
     def _save(self, t: int) -> None:
-        self.saved[t] = (self.U[:, t].copy(), self.V[:, t].copy())
+        self.saved[t] = (self.U[self.active, t], self.V[:, t].copy())
 
     def given_epochs(self) -> list[int]:
         """The given per-level epoch counts ([] when validation chooses them)."""
@@ -192,11 +197,11 @@ class _LevelStopper:
         return all(epoch - e >= self.patience for e in self.best_epochs)
 
     def restore(self) -> None:
-        if not self.active:
+        if not self.stopping:
             return
         for t in range(self.L):
             if self.saved[t] is not None:
-                self.U[:, t], self.V[:, t] = self.saved[t]
+                self.U[self.active, t], self.V[:, t] = self.saved[t]
         self.model.best_epochs_ = [int(e) for e in self.best_epochs]
         if self.validation is not None:
             self.model.validation_loglik_ = [float(x) for x in self.best]
@@ -418,7 +423,7 @@ class DCR(Estimator):
         sphere = self.projection == "sphere"
         self.loglik_history_: list[float] = []
         by_user = self.order == "user"
-        stopper = _LevelStopper(self, U, V, data, validation)
+        stopper = _LevelStopper(self, U, V, active, data, validation)
         # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
         # reports its starting point's.
         self.loglik_ = (pointwise_loglik(U, V, user, item, level) if 0 in stopper.given_epochs()
@@ -448,7 +453,7 @@ class DCR(Estimator):
                 self.loglik_[train] = loglik[train]
                 self.loglik_history_.append(float(self.loglik_.sum()) / len(data))
                 bar.update(1, loglik=self.loglik_history_[-1])
-                if stopper.after_epoch(epoch + 1) if stopper.active else self._converged():
+                if stopper.after_epoch(epoch + 1) if stopper.stopping else self._converged():
                     break
         self.epochs_run_ = len(self.loglik_history_)
         stopper.restore()
