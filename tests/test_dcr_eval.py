@@ -253,3 +253,36 @@ def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
         train_pairs = set(zip(train.user.tolist(), train.item.tolist()))
         for pairs in scored[run_index * per_run:(run_index + 1) * per_run]:
             assert pairs and pairs <= train_pairs
+
+
+def test_sweep_set_adds_a_parameter_to_every_candidate(tmp_path, monkeypatch):
+    import trainer.evaluation.dcr as protocol
+
+    data = ratings(9, n_users=30)
+    path = tmp_path / "u.data"
+    write_udata(path, data)
+    fitted = []
+    real = protocol.fit_stopped
+
+    def spy(params, fit, val):
+        fitted.append((params["order"], params["prob_floor"]))
+        return real(params, fit, val)
+
+    monkeypatch.setattr(protocol, "fit_stopped", spy)
+    out = tmp_path / "sweep.json"
+    assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "1", "--sweep",
+                 "--rank-grid", "2", "--sweep-set", "order=user,random", "--sweep-set", "prob_floor=0.01",
+                 "--select-folds", "1", "--epochs", "2", "--quiet", "--dataset", "tiny", "--json", str(out)]) == 0
+    assert sorted(fitted) == [("random", 0.01), ("user", 0.01)]
+    methods = {r["method"] for r in json.loads(out.read_text())}
+    assert {" ".join(m.split()[-2:]) for m in methods} == {"order=user prob_floor=0.01", "order=random prob_floor=0.01"}
+
+
+@pytest.mark.parametrize("bad", ["order", "nonsense=1,2", "order="])
+def test_sweep_set_refuses_what_is_not_a_dcr_parameter_list(tmp_path, bad):
+    data = ratings(9, n_users=30)
+    path = tmp_path / "u.data"
+    write_udata(path, data)
+    with pytest.raises(SystemExit, match="--sweep-set"):
+        main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "1", "--sweep",
+              "--sweep-set", bad, "--quiet"])

@@ -369,6 +369,7 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
     stds = _grid(args.sweep_init_std) if args.sweep_init_std else None
     seeds = _grid(args.sweep_seeds, int) if args.sweep_seeds else (args.seed,)
     pair_lrs = _grid(args.sweep_pairwise_lr) if args.sweep_pairwise_lr else ()
+    extra = [_sweep_setting(text) for text in args.sweep_set or ()]
     base = dict(relevance=args.relevance, projection=args.projection, reg=args.reg, epochs=args.epochs,
                 tol=args.tol, order=args.order, lr_decay=args.lr_decay, init_shrinkage=args.init_shrinkage,
                 val_tol=args.val_tol)
@@ -378,9 +379,10 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
         candidates = []
         for init in inits or (fit_n["init"],):
             default_std = fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
-            for rank, lr, std in itertools.product(ranks or (fit_n["rank"],), lrs or (fit_n["lr"],),
-                                                   stds or (default_std,)):
-                candidates.append(dict(init=init, rank=int(rank), lr=float(lr), init_std=float(std)))
+            for rank, lr, std, *others in itertools.product(ranks or (fit_n["rank"],), lrs or (fit_n["lr"],),
+                                                            stds or (default_std,), *(values for _, values in extra)):
+                candidates.append(dict(init=init, rank=int(rank), lr=float(lr), init_std=float(std),
+                                       **{key: value for (key, _), value in zip(extra, others)}))
         for split_seed, run_index in itertools.product(seeds, range(args.runs)):
             rng = np.random.default_rng([split_seed, n, run_index])
             train, _ = per_user_split(data, n, rng)
@@ -390,7 +392,7 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
             for candidate in candidates:
                 params = dict(base, **candidate, seed=seed)
                 values: dict[str, list] = {}
-                method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std"])
+                method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std", *(k for k, _ in extra)])
                 for fit, val in splits:
                     model, _ = fit_stopped(params, fit, val)
                     values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
@@ -420,6 +422,23 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
             se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else float("nan")
             print(f"N={n}: {r.method}: {diff.mean():+.5f} ± {se:.5f} (paired SE) vs {ranked[0].method}")
     return rows
+
+
+def _sweep_setting(text: str) -> tuple[str, tuple]:
+    """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values (int, float or text)."""
+    key, sep, values = text.partition("=")
+    if not sep or not values or key not in DCR.param_names():
+        raise SystemExit(f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter")
+
+    def parse(value: str):
+        for cast in (int, float):
+            try:
+                return cast(value)
+            except ValueError:
+                pass
+        return value
+
+    return key, tuple(parse(v) for v in values.split(","))
 
 
 def params_text(params: dict, keys) -> str:
@@ -506,6 +525,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep-pairwise-lr", default=None,
                         help="with --sweep: also refine every candidate pairwise with these learning rates"
                              " (rows 'Pairwise DCR ... pairwise_lr=...')")
+    parser.add_argument("--sweep-set", action="append", metavar="KEY=V1,V2",
+                        help="with --sweep: another DCR parameter to sweep (repeatable), e.g. order=user,random")
     parser.add_argument("--sweep-lr", default=None, help="with --sweep: learning rates (default: the protocol's)")
     parser.add_argument("--sweep-init-std", default=None,
                         help="with --sweep: initial noise values (default: the protocol's for each start)")
