@@ -366,12 +366,13 @@ def pairwise_step(u, vi, vj, c, lr, lam, u_fixed, u_radius=0.0, sphere=False):
         e = np.exp(d)
         s = 1.0 / (1.0 + e)
         loss = -d + np.log1p(e)
-    decay = 1.0 - 2.0 * lr * lam
+    real = u.dtype.type  # the factors' type: no float64 round trip per coordinate (see pointwise_step)
+    decay = real(1.0 - 2.0 * lr * lam)
     for t in range(u.shape[0]):
-        sc = lr * s * c[t]
-        nu = 0.0
-        ni = 0.0
-        nj = 0.0
+        sc = real(lr * s * c[t])
+        nu = real(0.0)
+        ni = real(0.0)
+        nj = real(0.0)
         ut_ = u[t]
         it_ = vi[t]
         jt_ = vj[t]
