@@ -9,7 +9,7 @@ from trainer.evaluation.dcr import (
     fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
 )
 from trainer.models._dcr_kernels import pointwise_loglik
-from trainer.models.dcr import DCR, rating_levels
+from trainer.models.dcr import DCR, holdouts, rating_levels
 
 from tests.test_dcr import make_ratings, planted
 
@@ -138,10 +138,30 @@ def test_tune_with_validation_stopping_returns_level_epochs():
 
 
 @pytest.mark.parametrize("bad", [dict(init="zeros"), dict(patience=0), dict(level_epochs=[1, -1, 2, 3]),
-                                 dict(init_shrinkage=-1.0)])
+                                 dict(init_shrinkage=-1.0), dict(early_stopping=True, validation_fraction=1.0),
+                                 dict(early_stopping=True, validation_folds=0)])
 def test_bad_init_and_stopping_parameters_are_refused(bad):
     with pytest.raises(ValueError):
         DCR(**bad).fit(with_item_effects(0, n_users=10, n_items=8, per_user=5))
+
+
+def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_everything():
+    data = planted(1)
+    params = dict(rank=8, lr=0.05, init="marginal", init_std=0.05, epochs=40, patience=3, seed=3)
+    model = DCR(early_stopping=True, validation_folds=3, pairwise=True, pairwise_epochs=2, **params).fit(data)
+    # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
+    stops = [DCR(**params).fit(fit, validation=val).best_epochs_
+             for fit, val in holdouts(data, np.random.default_rng([3, 1]), 3)]
+    want = [int(e) for e in np.median(np.array(stops), axis=0).round()]
+    assert model.chosen_level_epochs_ == want == model.best_epochs_
+    metrics = model.to_artifact().metrics
+    assert [metrics[f"epochs_level_{t}"] for t in (2, 3, 4, 5)] == want
+    assert len({tuple(s) for s in stops}) > 1  # the folds disagree, so the median matters
+    by_hand = DCR(level_epochs=want, pairwise=True, pairwise_epochs=2, **params).fit(data)
+    np.testing.assert_array_equal(model.U_, by_hand.U_)
+    np.testing.assert_array_equal(model.V_, by_hand.V_)
+    # given counts or a validation set take precedence
+    assert DCR(early_stopping=True, level_epochs=[1, 1, 1, 1], **params).fit(data).chosen_level_epochs_ is None
 
 
 def test_level_epochs_of_the_wrong_length_or_with_validation_are_refused():

@@ -50,7 +50,9 @@ import numpy as np
 from service.models.dcr import Index
 from trainer.data.types import Ratings
 from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from trainer.models.dcr import DCR
+from trainer.models.dcr import (  # noqa: F401 (validation_split re-exported for the protocol's users)
+    DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split,
+)
 
 DEFAULT_RUNS = 5
 METRIC = "ndcg@10"
@@ -90,19 +92,6 @@ def per_user_split(data: Ratings, n_train: int, rng: np.random.Generator,
     train_rows = order[keep & (position < n_train)]
     test_rows = order[keep & (position >= n_train)]
     return data.subset(np.sort(train_rows)), data.subset(np.sort(test_rows))
-
-
-def validation_split(train: Ratings, rng: np.random.Generator, fraction: float = 0.25,
-                     minimum: int = 2) -> tuple[Ratings, Ratings]:
-    """Hold out ``max(minimum, fraction * n_u)`` of each user's training ratings."""
-    counts = np.bincount(train.user, minlength=train.n_users)
-    held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
-    order = np.lexsort((rng.random(len(train)), train.user))
-    user_sorted = train.user[order]
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    position = np.arange(len(train)) - starts[user_sorted]
-    is_val = position < held[user_sorted]
-    return train.subset(np.sort(order[~is_val])), train.subset(np.sort(order[is_val]))
 
 
 # ----------------------------------------------------------------- metric
@@ -187,16 +176,6 @@ class Family:
 
     prefix: str
     params: dict
-
-
-def holdouts(train: Ratings, rng: np.random.Generator, folds: int) -> list[tuple[Ratings, Ratings]]:
-    """``folds`` (at least one) ``validation_split`` hold-outs of ``train``, drawn in turn from ``rng``."""
-    return [validation_split(train, rng) for _ in range(max(1, int(folds)))]
-
-
-def median_level_epochs(epochs: list) -> list[int]:
-    """Each level's median over the folds' validation-stopped epoch counts."""
-    return [int(e) for e in np.median(np.array(epochs), axis=0).round()]
 
 
 def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
@@ -569,8 +548,7 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    epochs = [fit_stopped(params, fit, val)[0].best_epochs_ for fit, val in holdouts(train, rng, folds)]
-    return dict(params, level_epochs=median_level_epochs(epochs))
+    return dict(params, level_epochs=stopped_level_epochs(params, train, rng, folds))
 
 
 def run(args: argparse.Namespace) -> list[Row]:

@@ -122,6 +122,39 @@ def _int_list(values) -> list[int]:
     return [int(x) for x in values]
 
 
+def validation_split(train: Ratings, rng: np.random.Generator, fraction: float = 0.25,
+                     minimum: int = 2) -> tuple[Ratings, Ratings]:
+    """Hold out ``max(minimum, fraction * n_u)`` of each user's training ratings."""
+    counts = np.bincount(train.user, minlength=train.n_users)
+    held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
+    order = np.lexsort((rng.random(len(train)), train.user))
+    user_sorted = train.user[order]
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    position = np.arange(len(train)) - starts[user_sorted]
+    is_val = position < held[user_sorted]
+    return train.subset(np.sort(order[~is_val])), train.subset(np.sort(order[is_val]))
+
+
+def holdouts(train: Ratings, rng: np.random.Generator, folds: int,
+             fraction: float = 0.25) -> list[tuple[Ratings, Ratings]]:
+    """``folds`` (at least one) ``validation_split`` hold-outs of ``train``, drawn in turn from ``rng``."""
+    return [validation_split(train, rng, fraction) for _ in range(max(1, int(folds)))]
+
+
+def median_level_epochs(epochs: list) -> list[int]:
+    """Each level's median over the folds' validation-stopped epoch counts."""
+    return [int(e) for e in np.median(np.array(epochs), axis=0).round()]
+
+
+def stopped_level_epochs(params: dict, data: Ratings, rng: np.random.Generator, folds: int,
+                         fraction: float = 0.25) -> list[int]:
+    """Per-level epoch counts for a refit on ``data``: each level's median over ``folds``
+    hold-outs (``holdouts``) of the epoch where DCR(**params) early-stopped on it."""
+    epochs = [DCR(**params).fit(fit, validation=val).best_epochs_
+              for fit, val in holdouts(data, rng, folds, fraction)]
+    return median_level_epochs(epochs)
+
+
 class _LevelStopper:
     """Per-level epoch counts: chosen on validation, or given (``level_epochs``).
 
@@ -133,14 +166,14 @@ class _LevelStopper:
     """
 
     def __init__(self, model: "DCR", U: np.ndarray, V: np.ndarray, active: np.ndarray, data: Ratings,
-                 validation: Ratings | None):
+                 validation: Ratings | None, level_epochs):
         self.U, self.V, self.L = U, V, U.shape[1]
         # Snapshots hold only the users with training ratings: the other rows never change,
         # and a protocol split keeps every user of the id map (16x the active ones at N=50
         # on the Netflix-size set, where whole-slice copies were half of a stopped fit).
         self.active = active
         self.validation = validation
-        self.fixed = _int_list(model.level_epochs) if model.level_epochs is not None else None
+        self.fixed = _int_list(level_epochs) if level_epochs is not None else None
         self.stopping = validation is not None or self.fixed is not None
         self.epochs = int(model.epochs)
         self.patience = int(model.patience)
@@ -295,6 +328,15 @@ class DCR(Estimator):
         of a level only if it raises that level's validation log-likelihood
         by more than ``val_tol`` relative to the level's best so far (0: any
         gain counts).
+    early_stopping : bool
+        Choose the per-level epoch counts inside ``fit`` (as the ML-100K
+        protocol does): hold out ``validation_fraction`` of each user's
+        ratings (at least 2) ``validation_folds`` times, early-stop every
+        level on each hold-out, and train on all the ratings for each
+        level's median stopping epoch (``chosen_level_epochs_``). Ignored
+        when ``level_epochs`` or ``fit(..., validation=...)`` is given.
+    validation_fraction, validation_folds : float, int
+        The hold-outs of ``early_stopping``.
     dtype : {"float32", "float64"}
         Type of the factors while training. float32 (default) halves the
         memory traffic and doubles the SIMD lanes of the SGA steps (about 1.5x
@@ -316,6 +358,7 @@ class DCR(Estimator):
                  item_bias: float = 0.0, item_shrinkage: float = 0.0, projection: str = "ball", popularity_shrinkage: float = 10.0,
                  order: str = "user", tol: float = 0.002, init: str = "random",
                  init_shrinkage: float = 10.0, level_epochs=None, patience: int = 5, val_tol: float = 0.0,
+                 early_stopping: bool = False, validation_fraction: float = 0.25, validation_folds: int = 3,
                  dtype: str = "float32", seed: int = 0,
                  verbose: bool = False):
         self.rank = rank
@@ -343,6 +386,9 @@ class DCR(Estimator):
         self.level_epochs = level_epochs
         self.patience = patience
         self.val_tol = val_tol
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.validation_folds = validation_folds
         self.dtype = dtype
         self.seed = seed
         self.verbose = verbose
@@ -359,6 +405,8 @@ class DCR(Estimator):
             raise ValueError("level_epochs must be non-negative epoch counts")
         if int(self.patience) < 1:
             raise ValueError("patience must be >= 1")
+        if not 0.0 < float(self.validation_fraction) < 1.0 or int(self.validation_folds) < 1:
+            raise ValueError("validation_fraction must be in (0, 1) and validation_folds >= 1")
         if self.init not in ("random", "marginal"):
             raise ValueError(f"init must be 'random' or 'marginal', got {self.init!r}")
         if self.projection not in ("ball", "sphere"):
@@ -389,7 +437,8 @@ class DCR(Estimator):
         ``patience`` epochs (or at ``epochs``). ``best_epochs_`` records the
         chosen epoch of each level; pass it as ``level_epochs`` to refit on
         all the ratings for those counts. The training-likelihood rule
-        ``tol`` is not used then.
+        ``tol`` is not used then. ``early_stopping=True`` does both steps
+        itself when neither ``validation`` nor ``level_epochs`` is given.
         """
         self._check_params()
         if len(data) == 0:
@@ -423,7 +472,7 @@ class DCR(Estimator):
         sphere = self.projection == "sphere"
         self.loglik_history_: list[float] = []
         by_user = self.order == "user"
-        stopper = _LevelStopper(self, U, V, active, data, validation)
+        stopper = _LevelStopper(self, U, V, active, data, validation, self._level_epochs(data, validation))
         # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
         # reports its starting point's.
         self.loglik_ = (pointwise_loglik(U, V, user, item, level) if 0 in stopper.given_epochs()
@@ -468,6 +517,21 @@ class DCR(Estimator):
         if self.pairwise:
             self._refine(rng)
         return self
+
+    def _level_epochs(self, data: Ratings, validation: Ratings | None):
+        """The per-level epoch counts to train for: ``level_epochs``, or with
+        ``early_stopping`` (and no ``validation``) the median over
+        ``validation_folds`` hold-outs of ``data`` of the validation-stopped
+        epochs, recorded as ``chosen_level_epochs_``; None otherwise."""
+        self.chosen_level_epochs_ = None
+        if self.level_epochs is not None or not self.early_stopping or validation is not None:
+            return self.level_epochs
+        inner = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
+        # Its own random stream: the hold-outs do not shift the refit's initialisation.
+        rng = np.random.default_rng([int(self.seed), 1])
+        self.chosen_level_epochs_ = stopped_level_epochs(inner, data, rng, int(self.validation_folds),
+                                                         float(self.validation_fraction))
+        return self.chosen_level_epochs_
 
     def _converged(self) -> bool:
         """The stopping rule: training log-likelihood per rating gained less than ``tol``
@@ -603,6 +667,8 @@ class DCR(Estimator):
             params["levels"] = [float(x) for x in self.levels_]
         metrics = {f"train_loglik_level_{t + 2}": float(v) for t, v in enumerate(self.loglik_)}
         metrics["epochs_run"] = float(getattr(self, "epochs_run_", self.epochs))
+        # The epochs each level trained for, when they were given or chosen on validation.
+        metrics.update({f"epochs_level_{t + 2}": float(e) for t, e in enumerate(getattr(self, "best_epochs_", None) or [])})
         item_factors = self.V_.reshape(self.V_.shape[0], L * f)
         beta = float(self.item_shrinkage)
         if beta > 0:
