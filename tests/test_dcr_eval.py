@@ -77,15 +77,17 @@ def test_damped_mean_moves_toward_the_global_mean():
     assert np.all(np.abs(damped - mu)[rated] <= np.abs(raw - mu)[rated] + 1e-9)
 
 
-def write_udata(path: Path, data: Ratings) -> None:
+def write_udata(directory: Path, data: Ratings) -> Path:
+    """``data`` as ``directory/u.data`` (MovieLens 100K lines); returns the path."""
+    path = directory / "u.data"
     with open(path, "w") as fh:
         for u, i, r in zip(data.user, data.item, data.rating):
             fh.write(f"{u + 1}\t{i + 1}\t{int(r)}\t881250949\n")
+    return path
 
 
 def test_reproduce_command_writes_rows(tmp_path, capsys):
-    path = tmp_path / "u.data"
-    write_udata(path, ratings(3, n_users=40))
+    path = write_udata(tmp_path, ratings(3, n_users=40))
     out = tmp_path / "rows.json"
     code = main(["reproduce", "dcr", "--data", str(path), "--n-train", "5", "--runs", "2", "--pairwise",
                  "--variants", "shrunk", "--rank", "3", "--epochs", "3", "--pairwise-epochs", "2",
@@ -103,8 +105,7 @@ def test_reproduce_command_writes_rows(tmp_path, capsys):
 
 @pytest.mark.parametrize("fit", [["--init", "random", "--stop", "tol"], ["--init", "marginal", "--stop", "validation"]])
 def test_reproduce_grid_on_test_is_a_separate_diagnostic_row(tmp_path, fit):
-    path = tmp_path / "u.data"
-    write_udata(path, ratings(4, n_users=30))
+    path = write_udata(tmp_path, ratings(4, n_users=30))
     out, plain = tmp_path / "rows.json", tmp_path / "plain.json"
     common = ["reproduce", "dcr", "--data", str(path), "--n-train", "5", "--runs", "1", "--rank", "2",
               "--epochs", "3", "--quiet", "--dataset", "tiny", "--no-references", *fit]
@@ -180,9 +181,8 @@ def test_reproduce_chooses_start_and_rank_only_with_ten_held_out_ratings(tmp_pat
     user = np.repeat(np.arange(n_users), per_user)
     item = np.concatenate([rng.choice(n_items, per_user, replace=False) for _ in range(n_users)])
     rating = np.clip(np.round(3 + rng.normal(size=n_items)[item] + 0.5 * rng.normal(size=user.size)), 1, 5)
-    path = tmp_path / "u.data"
-    write_udata(path, Ratings(IdMap([f"u{i}" for i in range(n_users)]), IdMap([f"i{i}" for i in range(n_items)]),
-                              user.astype(np.int32), item.astype(np.int32), rating.astype(np.float32)))
+    path = write_udata(tmp_path, Ratings(IdMap([f"u{i}" for i in range(n_users)]), IdMap([f"i{i}" for i in range(n_items)]),
+                                         user.astype(np.int32), item.astype(np.int32), rating.astype(np.float32)))
     common = ["reproduce", "dcr", "--data", str(path), "--runs", "1", "--epochs", "2", "--init-grid",
               "marginal,random", "--rank-grid", "2,3", "--select-folds", "2", "--val-tol", "0.001",
               "--no-references", "--dataset", "tiny"]
@@ -224,9 +224,7 @@ def test_median_epochs_is_the_per_level_median_over_the_same_hold_outs():
 def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
     import trainer.evaluation.dcr as protocol
 
-    data = ratings(9, n_users=40)
-    path = tmp_path / "u.data"
-    write_udata(path, data)
+    path = write_udata(tmp_path, ratings(9, n_users=40))
     scored = []
     real = protocol.ndcg_values
 
@@ -258,9 +256,7 @@ def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
 def test_sweep_set_adds_a_parameter_to_every_candidate(tmp_path, monkeypatch):
     import trainer.evaluation.dcr as protocol
 
-    data = ratings(9, n_users=30)
-    path = tmp_path / "u.data"
-    write_udata(path, data)
+    path = write_udata(tmp_path, ratings(9, n_users=30))
     fitted = []
     real = protocol.fit_stopped
 
@@ -280,9 +276,7 @@ def test_sweep_set_adds_a_parameter_to_every_candidate(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("bad", ["order", "nonsense=1,2", "order="])
 def test_sweep_set_refuses_what_is_not_a_dcr_parameter_list(tmp_path, bad):
-    data = ratings(9, n_users=30)
-    path = tmp_path / "u.data"
-    write_udata(path, data)
+    path = write_udata(tmp_path, ratings(9, n_users=30))
     with pytest.raises(SystemExit, match="--sweep-set"):
         main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "1", "--sweep",
               "--sweep-set", bad, "--quiet"])
