@@ -8,6 +8,7 @@ from service.models.dcr import Index
 from trainer.evaluation.dcr import (
     fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
 )
+from trainer.data.types import DataError
 from trainer.models._dcr_kernels import pointwise_loglik
 from trainer.models.dcr import DCR, holdouts, rating_levels
 
@@ -162,6 +163,8 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
     np.testing.assert_array_equal(model.V_, by_hand.V_)
     # given counts or a validation set take precedence
     assert DCR(early_stopping=True, level_epochs=[1, 1, 1, 1], **params).fit(data).chosen_level_epochs_ is None
+    with pytest.raises(DataError, match="early_stopping holds out at least 2 ratings per user"):
+        DCR(early_stopping=True, rank=2).fit(make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1]))
 
 
 def test_level_epochs_of_the_wrong_length_or_with_validation_are_refused():

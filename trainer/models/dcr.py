@@ -527,6 +527,10 @@ class DCR(Estimator):
         if self.level_epochs is not None or not self.early_stopping or validation is not None:
             return self.level_epochs
         inner = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
+        # Every user holds out at least 2 ratings, so users with 2 or fewer leave nothing behind.
+        if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
+            raise DataError(data.source, None, "early_stopping holds out at least 2 ratings per user, and no"
+                                               " user has more than 2: nothing would be left to train on")
         # Its own random stream: the hold-outs do not shift the refit's initialisation.
         rng = np.random.default_rng([int(self.seed), 1])
         self.chosen_level_epochs_ = stopped_level_epochs(inner, data, rng, int(self.validation_folds),
