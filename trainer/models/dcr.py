@@ -637,7 +637,8 @@ class DCR(Estimator):
                     loss, _ = pairwise_epoch(self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_,
                                              c, n_steps, lr, float(self.pairwise_reg), u_fixed, u_radius,
                                              sphere, int(rng.integers(2**31 - 1)))
-                check_finite(epoch, user_factors=self.U_, item_factors=self.V_)
+                # Users with fewer than 2 ratings draw no pairs, so their rows never change.
+                check_finite(epoch, user_factors=self.U_[active], item_factors=self.V_)
                 self.pairwise_loss_ = float(loss)
                 bar.update(1, loss=float(loss))
 
