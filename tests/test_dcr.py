@@ -153,6 +153,28 @@ def test_projecting_step_is_the_bare_step_then_the_projection(seed, scale, u_fix
     assert fused_u[:u_fixed].tolist() == u[:u_fixed].tolist()
 
 
+@settings(deadline=None)
+@given(st.integers(0, 2**32 - 1), st.floats(0.05, 3.0), st.sampled_from([0, 1]), st.booleans())
+def test_projecting_pairwise_step_is_the_bare_step_then_the_projection(seed, scale, u_fixed, sphere):
+    rng = np.random.default_rng(seed)
+    L, f = 3, 6
+    u, vi, vj = (rng.normal(size=(L, f)) * scale / np.sqrt(f) for _ in range(3))
+    c = level_weights(np.arange(1, L + 2, dtype=float), "linear")[0]
+    radius = 0.8 if u_fixed else 1.0
+    bare = [x.copy() for x in (u, vi, vj)]
+    fused = [x.copy() for x in (u, vi, vj)]
+    loss_bare = pairwise_step(*bare, c, 0.5, 0.01, u_fixed)
+    for t in range(L):
+        project(bare[0][t], u_fixed, radius, sphere)
+        project(bare[1][t], 0, 1.0, sphere)
+        project(bare[2][t], 0, 1.0, sphere)
+    loss_fused = pairwise_step(*fused, c, 0.5, 0.01, u_fixed, radius, sphere)
+    assert loss_fused == pytest.approx(loss_bare, rel=1e-12)
+    for want, got in zip(bare, fused):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    assert fused[0][:, :u_fixed].tolist() == u[:, :u_fixed].tolist()
+
+
 def test_epoch_trains_only_the_levels_it_is_given():
     rng = np.random.default_rng(3)
     n_users, n_items, L, f = 10, 8, 4, 5

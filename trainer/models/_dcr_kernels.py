@@ -346,18 +346,18 @@ def pairwise_step(u, vi, vj, c, lr, lam, u_fixed, u_radius=0.0, sphere=False):
     The first ``u_fixed`` user coordinates stay frozen. Returns the loss
     before the step.
 
-    ``u_radius > 0`` also projects every level's three vectors right after
-    updating them (``u`` onto radius ``u_radius``, the items onto 1): the
-    step of level ``t`` reads only level ``t``'s old values, so this equals
-    the step followed by the projection, without a second pass. The
-    default (no projection) is the bare gradient step the tests check.
+    ``u_radius > 0`` also projects every level's three vectors in the same
+    update (``u`` onto radius ``u_radius``, the items onto 1): the step of
+    level ``t`` reads only level ``t``'s old values, so this equals the step
+    followed by the projection. The default (no projection) is the bare
+    gradient step the tests check.
     """
     d = 0.0
     nrm = 0.0
     for t in range(u.shape[0]):
-        for k in range(u.shape[1]):
-            d += c[t] * u[t, k] * (vi[t, k] - vj[t, k])
-            nrm += u[t, k] * u[t, k] + vi[t, k] * vi[t, k] + vj[t, k] * vj[t, k]
+        uu, ui, uj, ii, jj, _ = _triple_products(u[t], vi[t], vj[t], 0, u.shape[1])
+        d += c[t] * (ui - uj)
+        nrm += uu + ii + jj
     if d > 0:
         e = np.exp(-d)
         s = e / (1.0 + e)  # 1 / (1 + e^d)
@@ -366,42 +366,71 @@ def pairwise_step(u, vi, vj, c, lr, lam, u_fixed, u_radius=0.0, sphere=False):
         e = np.exp(d)
         s = 1.0 / (1.0 + e)
         loss = -d + np.log1p(e)
-    real = u.dtype.type  # the factors' type: no float64 round trip per coordinate (see pointwise_step)
-    decay = real(1.0 - 2.0 * lr * lam)
+    decay = 1.0 - 2.0 * lr * lam
     for t in range(u.shape[0]):
-        sc = real(lr * s * c[t])
-        nu = real(0.0)
-        ni = real(0.0)
-        nj = real(0.0)
-        ut_ = u[t]
-        it_ = vi[t]
-        jt_ = vj[t]
-        for k in range(u_fixed):  # frozen user coordinates: items only
-            ut = ut_[k]
-            a = decay * it_[k] + sc * ut
-            b = decay * jt_[k] - sc * ut
-            it_[k] = a
-            jt_[k] = b
-            ni += a * a
-            nj += b * b
-        for k in range(u_fixed, u.shape[1]):
-            ut = ut_[k]
-            it = it_[k]
-            jt = jt_[k]
-            x = decay * ut + sc * (it - jt)
-            a = decay * it + sc * ut
-            b = decay * jt - sc * ut
-            ut_[k] = x
-            it_[k] = a
-            jt_[k] = b
-            nu += x * x
-            ni += a * a
-            nj += b * b
-        if u_radius > 0.0:
-            rescale(ut_, u_fixed, nu, u_radius, sphere)
-            rescale(it_, 0, ni, 1.0, sphere)
-            rescale(jt_, 0, nj, 1.0, sphere)
+        _pair_level_step(u[t], vi[t], vj[t], decay, lr * s * c[t], u_fixed, u_radius, sphere)
     return loss + lam * nrm
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _pair_level_step(ut, it, jt, D, S, u_fixed, u_radius, sphere):
+    """One level of ``pairwise_step``: ``u' = D u + S (i - j)``, ``i' = D i + S u``,
+    ``j' = D j - S u`` (``u'`` only from ``u_fixed`` on), each projected when
+    ``u_radius > 0``.
+
+    As in ``pointwise_step``, the norms after the step come from the inner
+    products before it, so the update loop carries no running sum.
+    """
+    uuF, uiF, ujF, iiF, jjF, _ = _triple_products(ut, it, jt, 0, u_fixed)
+    uuR, uiR, ujR, iiR, jjR, ijR = _triple_products(ut, it, jt, u_fixed, ut.shape[0])
+    uu, ii, jj = uuF + uuR, iiF + iiR, jjF + jjR
+    nu = _clamp_zero(D * D * uuR + 2.0 * D * S * (uiR - ujR) + S * S * (iiR - 2.0 * ijR + jjR))
+    ni = _clamp_zero(D * D * ii + 2.0 * D * S * (uiF + uiR) + S * S * uu)
+    nj = _clamp_zero(D * D * jj - 2.0 * D * S * (ujF + ujR) + S * S * uu)
+    su = projection_scale(nu, u_radius, sphere) if u_radius > 0.0 else 1.0
+    si = projection_scale(ni, 1.0, sphere) if u_radius > 0.0 else 1.0
+    sj = projection_scale(nj, 1.0, sphere) if u_radius > 0.0 else 1.0
+    real = ut.dtype.type  # the factors' type: no float64 round trip per coordinate
+    uD, uS, iD, iS, jD, jS = real(su * D), real(su * S), real(si * D), real(si * S), real(sj * D), real(sj * S)
+    for k in range(u_fixed):  # frozen user coordinates: the items only
+        uk = ut[k]
+        it[k] = iD * it[k] + iS * uk
+        jt[k] = jD * jt[k] - jS * uk
+    if u_fixed == 0:  # a literal start vectorises (see pointwise_step)
+        _pair_update(ut, it, jt, uD, uS, iD, iS, jD, jS, 0)
+    else:
+        _pair_update(ut, it, jt, uD, uS, iD, iS, jD, jS, u_fixed)
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _triple_products(x, y, z, lo, hi):
+    """``x.x, x.y, x.z, y.y, z.z, y.z`` over coordinates ``lo:hi``, in the vectors' type."""
+    xx = x.dtype.type(0.0)
+    xy = x.dtype.type(0.0)
+    xz = x.dtype.type(0.0)
+    yy = x.dtype.type(0.0)
+    zz = x.dtype.type(0.0)
+    yz = x.dtype.type(0.0)
+    for k in range(lo, hi):
+        xx += x[k] * x[k]
+        xy += x[k] * y[k]
+        xz += x[k] * z[k]
+        yy += y[k] * y[k]
+        zz += z[k] * z[k]
+        yz += y[k] * z[k]
+    return xx, xy, xz, yy, zz, yz
+
+
+@njit(cache=True, fastmath=FAST, inline="always")
+def _pair_update(ut, it, jt, uD, uS, iD, iS, jD, jS, start):
+    """``u, i, j = uD u + uS (i - j), iD i + iS u, jD j - jS u`` for ``k >= start``, from the old values."""
+    for k in range(start, ut.shape[0]):
+        uk = ut[k]
+        ik = it[k]
+        jk = jt[k]
+        ut[k] = uD * uk + uS * (ik - jk)
+        it[k] = iD * ik + iS * uk
+        jt[k] = jD * jk - jS * uk
 
 
 @njit(cache=True, fastmath=FAST, inline="always")
