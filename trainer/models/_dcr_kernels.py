@@ -39,9 +39,7 @@ def projection_scale(norm2, radius, sphere):
 
 @njit(cache=True, fastmath=FAST, inline="always")
 def rescale(x, start, norm2, radius, sphere):
-    """Project ``x[start:]``, whose squared norm ``norm2`` is already known
-    (the step functions return the norms of the vectors they update, so the
-    epochs project without another pass to measure them)."""
+    """Project ``x[start:]``, whose squared norm ``norm2`` is already known."""
     scale = projection_scale(norm2, radius, sphere)
     if scale != 1.0:
         if start == 0:  # vectorised (see pointwise_step)
@@ -118,8 +116,9 @@ def pointwise_step(u, v, label, lr, reg, floor, u_fixed, u_radius=0.0, sphere=Fa
     ``u.v``, ``|u|^2`` and ``|v|^2`` before it (``|u'|^2 = c^2 |u|^2 + 2 c b u.v
     + b^2 |v|^2``): the first pass sums those three, and the second applies
     step and projection together with no running sum. A sum in the update
-    loop made each iteration wait on the previous one (measured: 0.9 ns per
-    coordinate at rank 320, about 3x this form).
+    loop made each iteration wait on the previous one: measured at rank 320,
+    one thread, 344 ns per step with it, 202-215 ns without (float64) and
+    136 ns in float32.
     """
     if u_fixed == 0:
         # A literal start lets LLVM vectorise the loops (one starting at a
