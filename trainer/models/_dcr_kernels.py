@@ -294,17 +294,25 @@ def pointwise_epoch_by_user(U, V, indptr, items, levels, user_order, lr, reg, fl
     return loglik, norms
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True, fastmath=FAST)
 def pointwise_loglik(U, V, user, item, level):
-    """Log-likelihood per level of the given ratings (P clipped to [1e-12, 1])."""
+    """Log-likelihood per level of the given ratings (P clipped to [1e-12, 1]).
+
+    Levels in parallel, as in the epochs: the validation-stopped fits call
+    this after every epoch, and single-threaded it cost more than the epoch
+    itself (1.8 s of a 3.7 s stopped fit at rank 320 on the Netflix-size
+    N = 50 set).
+    """
     L = U.shape[1]
     out = np.zeros(L)
-    for t in range(L):
+    for t in prange(L):
         total = 0.0
         for n in range(user.shape[0]):
+            u = U[user[n], t]
+            v = V[item[n], t]
             dot = 0.0
-            for k in range(U.shape[2]):
-                dot += U[user[n], t, k] * V[item[n], t, k]
+            for k in range(u.shape[0]):
+                dot += u[k] * v[k]
             p = 0.5 * (dot + 1.0)
             if level[n] < t + 1:
                 p = 1.0 - p
