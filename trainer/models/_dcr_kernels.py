@@ -157,15 +157,10 @@ def pointwise_step(u, v, label, lr, reg, floor, u_fixed, u_radius=0.0, sphere=Fa
 
 @njit(cache=True, fastmath=FAST, inline="always")
 def _inner_products(u, v, lo, hi):
-    """``u.v``, ``|u|^2`` and ``|v|^2`` over coordinates ``lo:hi``, summed in
-    the factors' own type (float32 factors: 8 lanes per AVX2 register)."""
-    uv = u.dtype.type(0.0)
-    uu = u.dtype.type(0.0)
-    vv = u.dtype.type(0.0)
-    for k in range(lo, hi):
-        uv += u[k] * v[k]
-        uu += u[k] * u[k]
-        vv += v[k] * v[k]
+    """``u.v``, ``|u|^2`` and ``|v|^2`` over coordinates ``lo:hi``, in the factors' own
+    type (float32 factors: 8 lanes per AVX2 register). ``_triple_products`` with the
+    third vector ``v``: the compiler folds the repeated sums (same time per step)."""
+    uu, uv, _, vv, _, _ = _triple_products(u, v, v, lo, hi)
     return uv, uu, vv
 
 
