@@ -261,17 +261,20 @@ def test_sweep_set_adds_a_parameter_to_every_candidate(tmp_path, monkeypatch):
     real = protocol.fit_stopped
 
     def spy(params, fit, val):
-        fitted.append((params["order"], params["prob_floor"]))
+        fitted.append((params["order"], params["prob_floor"], params["pairwise"]))
         return real(params, fit, val)
 
     monkeypatch.setattr(protocol, "fit_stopped", spy)
     out = tmp_path / "sweep.json"
     assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "1", "--sweep",
                  "--rank-grid", "2", "--sweep-set", "order=user,random", "--sweep-set", "prob_floor=0.01",
+                 "--sweep-set", "pairwise=false",
                  "--select-folds", "1", "--epochs", "2", "--quiet", "--dataset", "tiny", "--json", str(out)]) == 0
-    assert sorted(fitted) == [("random", 0.01), ("user", 0.01)]
+    # values read as --set reads them: "false" is the boolean, not a (truthy) string
+    assert sorted(fitted) == [("random", 0.01, False), ("user", 0.01, False)]
     methods = {r["method"] for r in json.loads(out.read_text())}
-    assert {" ".join(m.split()[-2:]) for m in methods} == {"order=user prob_floor=0.01", "order=random prob_floor=0.01"}
+    assert {" ".join(m.split()[-3:]) for m in methods} == {"order=user prob_floor=0.01 pairwise=False",
+                                                          "order=random prob_floor=0.01 pairwise=False"}
 
 
 @pytest.mark.parametrize("bad", ["order", "nonsense=1,2", "order="])

@@ -34,6 +34,14 @@ log = logging.getLogger("ordrec.trainer")
 
 
 # ----------------------------------------------------------------- helpers
+def parse_value(text: str) -> Any:
+    """A command-line value: a JSON scalar or list (``20``, ``0.05``, ``true``, ``[3,5]``), else the text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
     """``["rank=20", "lr=0.05", "name=x"]`` -> typed dict (JSON scalars, else strings)."""
     params: dict[str, Any] = {}
@@ -41,10 +49,7 @@ def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, text = pair.partition("=")
         if not sep or not key:
             raise argparse.ArgumentTypeError(f"--set expects key=value, got {pair!r}")
-        try:
-            params[key] = json.loads(text)
-        except json.JSONDecodeError:
-            params[key] = text
+        params[key] = parse_value(text)
     return params
 
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.models.dcr import Index
+from trainer.cli import parse_value
 from trainer.data.types import Ratings
 from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
 from trainer.models.dcr import (  # noqa: F401 (validation_split re-exported for the protocol's users)
@@ -404,20 +405,11 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
 
 
 def _sweep_setting(text: str) -> tuple[str, tuple]:
-    """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values (int, float or text)."""
+    """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
     if not sep or not values or key not in DCR.param_names():
         raise SystemExit(f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter")
-
-    def parse(value: str):
-        for cast in (int, float):
-            try:
-                return cast(value)
-            except ValueError:
-                pass
-        return value
-
-    return key, tuple(parse(v) for v in values.split(","))
+    return key, tuple(parse_value(v) for v in values.split(","))
 
 
 def params_text(params: dict, keys) -> str:
