@@ -163,6 +163,13 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
     np.testing.assert_array_equal(model.V_, by_hand.V_)
     # given counts or a validation set take precedence
     assert DCR(early_stopping=True, level_epochs=[1, 1, 1, 1], **params).fit(data).chosen_level_epochs_ is None
+    # a rating value only one rating has, likely held out by some fold: the folds still fit every level
+    rng = np.random.default_rng(0)
+    user, item = np.repeat(np.arange(30), 6), np.tile(np.arange(6), 30)
+    rating = rng.integers(2, 5, user.size)
+    rating[0] = 5
+    rare = DCR(early_stopping=True, rank=2, epochs=3, seed=0).fit(make_ratings(user, item, rating))
+    assert len(rare.chosen_level_epochs_) == 3
     with pytest.raises(DataError, match="early_stopping holds out at least 2 ratings per user"):
         DCR(early_stopping=True, rank=2).fit(make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1]))
 
