@@ -445,7 +445,12 @@ class DCR(Estimator):
             raise DataError(data.source, None, "no ratings to train on")
         # Before this fit allocates anything: early stopping fits the hold-outs first.
         level_epochs = self._level_epochs(data, validation)
-        self.levels_, level = rating_levels(data.rating, self.levels, data.source)
+        # Without given levels, a validation split's ratings count too: a value that only
+        # held-out ratings have would otherwise be refused as unknown.
+        levels = self.levels
+        if levels is None and validation is not None:
+            levels = np.union1d(data.rating, validation.rating)
+        self.levels_, level = rating_levels(data.rating, levels, data.source)
         self.users_, self.items_ = data.users, data.items
         self.data_fingerprint_ = data.fingerprint()
         n_users, n_items = data.n_users, data.n_items
@@ -528,10 +533,7 @@ class DCR(Estimator):
         self.chosen_level_epochs_ = None
         if self.level_epochs is not None or not self.early_stopping or validation is not None:
             return self.level_epochs
-        # The hold-outs' fits use the levels of all the ratings: a value held out entirely
-        # would otherwise give them fewer levels than the refit.
-        levels = [float(x) for x in rating_levels(data.rating, self.levels, data.source)[0]]
-        inner = dict(self.get_params(), levels=levels, early_stopping=False, pairwise=False, verbose=False)
+        inner = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
         # Every user holds out at least 2 ratings, so users with 2 or fewer leave nothing behind.
         if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
             raise DataError(data.source, None, "early_stopping holds out at least 2 ratings per user, and no"
