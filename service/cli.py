@@ -13,8 +13,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from typing import Sequence  # noqa: E402
 
@@ -82,6 +84,9 @@ def serve(args: argparse.Namespace) -> int:
         sys.setswitchinterval(args.switch_interval)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    # `kill -USR1 <pid>` writes every thread's stack to the log: how to see where a
+    # process that will not stop (or answer) is waiting, without stopping it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     server = Server(config_from_args(args))
     server.stop_on_signals()
     server.start()

@@ -5,12 +5,15 @@ the job tests (tests/test_job*.py) and the registry tests.
 """
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import grpc
+import pytest
 
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
@@ -131,6 +134,18 @@ def test_redis_restart_under_load(redis_server, sample_registry, tmp_path):
         assert load.ok > 100
 
 
+def _exit_code_or_stacks(proc: ServerProcess, timeout: float) -> int:
+    """The server's exit code; if it does not exit in time, fail with every thread's stack
+    (SIGUSR1, faulthandler) and the end of its log, so a hang says where it waits."""
+    try:
+        return proc.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        pytest.fail(f"the server did not exit {timeout} s after SIGTERM; its last output:\n"
+                    + "".join(proc.output[-150:]))
+
+
 def test_sigterm_under_load_drains_in_flight_calls(sample_registry, tmp_path):
     registry = _copy_registry(sample_registry, tmp_path / "reg", names=("dcr", "coe"))
     proc = ServerProcess(registry.root, "--grace", "20").start()
@@ -159,7 +174,7 @@ def test_sigterm_under_load_drains_in_flight_calls(sample_registry, tmp_path):
             sent_at = time.monotonic()
             proc.proc.send_signal(15)
             reader.join(60)
-            exit_code = proc.proc.wait(60)
+            exit_code = _exit_code_or_stacks(proc, 60)
         assert exit_code == 0
         assert not stream_error, stream_error
         assert len(streamed) == len(Registry(registry.root).load("coe").ids["items"])  # the stream finished
