@@ -14,7 +14,7 @@ from trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user
 from trainer.models import estimator_class
 from trainer.models._dcr_kernels import (
     pairwise_epoch_by_user, pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
-    project, project_ball, shuffle_segments,
+    project, shuffle_segments,
 )
 from trainer.models.dcr import DCR, lazy_zeros, rating_levels, user_csr
 
@@ -122,7 +122,7 @@ def test_pairwise_loss_is_stable_for_large_margins():
 def test_project_ball_is_the_euclidean_projection(values, radius):
     x = np.array(values)
     y = x.copy()
-    project_ball(y, 0, radius)
+    project(y, 0, radius, False)
     norm = np.linalg.norm(x)
     if norm <= radius:
         np.testing.assert_array_equal(y, x)

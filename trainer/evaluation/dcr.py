@@ -51,9 +51,7 @@ from service.models.dcr import Index
 from trainer.cli import parse_value
 from trainer.data.types import Ratings
 from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from trainer.models.dcr import (  # noqa: F401 (validation_split re-exported for the protocol's users)
-    DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split,
-)
+from trainer.models.dcr import DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split
 
 DEFAULT_RUNS = 5
 METRIC = "ndcg@10"

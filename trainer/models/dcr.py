@@ -170,7 +170,8 @@ class _LevelStopper:
         self.U, self.V, self.L = U, V, U.shape[1]
         # Snapshots hold only the users with training ratings: the other rows never change,
         # and a protocol split keeps every user of the id map (16x the active ones at N=50
-        # on the Netflix-size set, where whole-slice copies were half of a stopped fit).
+        # on the Netflix-size set; with whole-slice copies its three stopped fits and the refit
+        # took 19.5 s, with these 13.3 s).
         self.active = active
         self.validation = validation
         self.fixed = _int_list(level_epochs) if level_epochs is not None else None
@@ -203,10 +204,6 @@ class _LevelStopper:
 
     def _save(self, t: int) -> None:
         self.saved[t] = (self.U[self.active, t], self.V[:, t].copy())
-
-    def given_epochs(self) -> list[int]:
-        """The given per-level epoch counts ([] when validation chooses them)."""
-        return self.fixed or []
 
     def levels_to_train(self, epoch: int) -> np.ndarray:
         """The levels that take epoch ``epoch`` (0-based)."""
@@ -468,7 +465,7 @@ class DCR(Estimator):
         # evidence). Drawing 48k users' factors when a training subset has 10k users
         # costs more than a whole epoch.
         active = np.flatnonzero(np.diff(self.seen_indptr_) > 0)
-        rated = np.flatnonzero(np.bincount(item, minlength=n_items) > 0)
+        rated = np.flatnonzero(self.item_counts_ > 0)
         U = lazy_zeros((n_users, L, f), self.dtype)
         V = np.zeros((n_items, L, f), dtype=self.dtype)
         U[active] = rng.normal(0.0, self.init_std, size=(active.size, L, f))
@@ -482,7 +479,7 @@ class DCR(Estimator):
         stopper = _LevelStopper(self, U, V, active, data, validation, level_epochs)
         # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
         # reports its starting point's.
-        self.loglik_ = (pointwise_loglik(U, V, user, item, level) if 0 in stopper.given_epochs()
+        self.loglik_ = (pointwise_loglik(U, V, user, item, level) if 0 in (stopper.fixed or [])
                         else np.full(L, np.nan))
         if by_user:
             # Working copies: shuffle_segments permutes them in place every epoch.
@@ -518,7 +515,7 @@ class DCR(Estimator):
         # Items (users) without training ratings keep no evidence: P = 1/2 at every level
         # (with the marginal init: the global per-level marginals they started from).
         if self.init != "marginal":
-            V[np.bincount(item, minlength=n_items) == 0] = 0.0
+            V[self.item_counts_ == 0] = 0.0
         self.U_, self.V_ = U, V
         self.pairwise_loss_ = float("nan")
         if self.pairwise:
