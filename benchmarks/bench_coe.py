@@ -32,7 +32,7 @@ def _rss_mb() -> float:
 
 
 def _ml100k(path: str):
-    from trainer.evaluation.coe import _read_whitespace_ratings, paper_filter
+    from ordrec.trainer.evaluation.coe import _read_whitespace_ratings, paper_filter
 
     return paper_filter(_read_whitespace_ratings(path))
 
@@ -43,8 +43,8 @@ def _generated(factor: int, seed: int = 0):
     Items stay at 1,413, so each item's user list grows ``factor`` x and the
     type-B triples grow about ``factor``^2 x while the ratings grow ``factor`` x.
     """
-    from service.idmap import IdMap
-    from trainer.data.types import Ratings
+    from ordrec.service.idmap import IdMap
+    from ordrec.trainer.data.types import Ratings
 
     rng = np.random.default_rng(seed)
     n_users, n_items, per_user = 943 * factor, 1413, 106
@@ -59,7 +59,7 @@ def _generated(factor: int, seed: int = 0):
 
 # ------------------------------------------------------------ child runs
 def child_train(spec: dict) -> dict:
-    from trainer.models.coe import COE, TripleSource, normalise
+    from ordrec.trainer.models.coe import COE, TripleSource, normalise
 
     baseline = _rss_mb()
     data = _ml100k(spec["data"]) if spec.get("data") else _generated(spec["factor"])
@@ -90,7 +90,7 @@ def _in_child(spec: dict) -> dict:
 
 # -------------------------------------------------------------- commands
 def bench_train(args) -> None:
-    from trainer.evaluation.coe import DEFAULTS
+    from ordrec.trainer.evaluation.coe import DEFAULTS
 
     print("Training on ML-100K (filtered, all 99,543 ratings), tuned settings; each row a fresh process")
     print(f"{'function':10s} {'steps':>10s} {'fit s':>7s} {'triples/s':>11s} {'prep s':>7s} "
@@ -103,7 +103,7 @@ def bench_train(args) -> None:
 
 
 def bench_scaling(args) -> None:
-    from trainer.evaluation.coe import DEFAULTS
+    from ordrec.trainer.evaluation.coe import DEFAULTS
 
     factors = [int(x) for x in args.factors.split(",")]
     print("Scaling: generated ratings, users x factor (items fixed at 1,413), 2,000,000 SGA steps each")
@@ -155,11 +155,11 @@ def _latency_rows(index, label: str, calls: int) -> None:
 
 
 def bench_latency(args) -> None:
-    from service.artifacts import Artifact
-    from service.idmap import IdMap
-    from service.models.coe import Index
-    from trainer.evaluation.coe import DEFAULTS
-    from trainer.models.coe import COE
+    from ordrec.service.artifacts import Artifact
+    from ordrec.service.idmap import IdMap
+    from ordrec.service.models.coe import Index
+    from ordrec.trainer.evaluation.coe import DEFAULTS
+    from ordrec.trainer.models.coe import COE
 
     print("In-process latency (index methods on row numbers, no gRPC), microseconds")
     print(f"{'map':28s} {'query':32s} {'p50 us':>8s} {'p99 us':>8s} {'cpu p50':>8s} {'cpu p99':>8s}")

@@ -57,10 +57,10 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from service.artifacts import Artifact  # noqa: E402
-from service.idmap import IdMap  # noqa: E402
-from service.models.dcr import Index  # noqa: E402
-from trainer.data.types import Ratings  # noqa: E402
+from ordrec.service.artifacts import Artifact  # noqa: E402
+from ordrec.service.idmap import IdMap  # noqa: E402
+from ordrec.service.models.dcr import Index  # noqa: E402
+from ordrec.trainer.data.types import Ratings  # noqa: E402
 
 NETFLIX1M = (48_018, 1_777, 1_020_752)
 
@@ -100,11 +100,11 @@ def load(spec: str) -> Ratings:
     if spec.startswith("netflix1m"):
         data = generated_ratings(*NETFLIX1M)
         if spec != "netflix1m":  # "netflix1m:N" = the protocol's training subset
-            from trainer.evaluation.dcr import per_user_split
+            from ordrec.trainer.evaluation.dcr import per_user_split
 
             data, _ = per_user_split(data, int(spec.split(":")[1]), np.random.default_rng(0))
         return data
-    from trainer.data.readers import read_ratings
+    from ordrec.trainer.data.readers import read_ratings
 
     return read_ratings(spec)
 
@@ -115,8 +115,8 @@ PAPER_TABLE3 = {"netflix1m:20": 1.05, "netflix1m:50": 2.31}  # DCR running time 
 def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
     """Runs in a fresh process: fit ``repeats`` times (refine once more each when
     ``pairwise``), return median times, epochs and memory."""
-    from trainer.evaluation.dcr import median_epochs, validation_split
-    from trainer.models.dcr import DCR
+    from ordrec.trainer.evaluation.dcr import median_epochs, validation_split
+    from ordrec.trainer.models.dcr import DCR
 
     params = dict(params)
     stop = params.pop("stop", "tol")
@@ -191,7 +191,7 @@ def bench_training(args) -> None:
                           init=args.init, init_std=args.init_std, stop=args.stop, val_tol=args.val_tol,
                           patience=args.patience, folds=args.folds)
             if args.protocol:
-                from trainer.evaluation.dcr import protocol_fit
+                from ordrec.trainer.evaluation.dcr import protocol_fit
 
                 if ":" not in spec:
                     print(f"{spec}: --protocol needs a netflix1m:N set")
@@ -254,8 +254,8 @@ def throughput(index: Index, batch: int, seconds: float = 2.0) -> float:
 
 
 def bench_serving(args) -> None:
-    from trainer.data.readers import read_ratings
-    from trainer.models.dcr import DCR
+    from ordrec.trainer.data.readers import read_ratings
+    from ordrec.trainer.models.dcr import DCR
 
     indexes = []
     data = read_ratings(args.data)

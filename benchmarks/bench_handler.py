@@ -13,12 +13,12 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
-from service.artifacts import Registry  # noqa: E402
-from service.metrics import Metrics  # noqa: E402
-from service.seen import SeenStore  # noqa: E402
-from service.servicer import RecommenderServicer  # noqa: E402
-from service.store import ModelStore  # noqa: E402
-from service.validation import Limits  # noqa: E402
+from ordrec.service.artifacts import Registry  # noqa: E402
+from ordrec.service.metrics import Metrics  # noqa: E402
+from ordrec.service.seen import SeenStore  # noqa: E402
+from ordrec.service.servicer import RecommenderServicer  # noqa: E402
+from ordrec.service.store import ModelStore  # noqa: E402
+from ordrec.service.validation import Limits  # noqa: E402
 
 
 class _Context:

@@ -27,8 +27,8 @@ import numpy as np
 def generated_graph(n: int, k: int, seed: int):
     from scipy.spatial import cKDTree
 
-    from service.idmap import IdMap
-    from trainer.data.types import NeighborLists
+    from ordrec.service.idmap import IdMap
+    from ordrec.trainer.data.types import NeighborLists
 
     points = np.random.default_rng(seed).uniform(size=(n, 2))
     _, idx = cKDTree(points).query(points, k + 1)
@@ -39,8 +39,8 @@ def generated_graph(n: int, k: int, seed: int):
 
 
 def one(args) -> dict:
-    from trainer.models import _knnscal_kernels as K
-    from trainer.models.knnscal import KnnScal
+    from ordrec.trainer.models import _knnscal_kernels as K
+    from ordrec.trainer.models.knnscal import KnnScal
 
     t0 = time.perf_counter()
     graph = generated_graph(args.one, args.k, args.seed)
@@ -73,8 +73,8 @@ def sweeps_only(args) -> None:
     another version of ``_knnscal_kernels.py`` (e.g. an older commit's) for comparison."""
     import importlib
 
-    from trainer.models import _knnscal_kernels as K
-    from trainer.models.knnscal import KnnScal, enlarged_edges, neighbor_csr
+    from ordrec.trainer.models import _knnscal_kernels as K
+    from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, neighbor_csr
 
     n = int(args.sizes[0])
     points = np.random.default_rng(args.seed).uniform(size=(n, 2))

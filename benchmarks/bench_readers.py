@@ -28,13 +28,13 @@ import numpy as np
 
 _CHILD = r"""
 import json, sys, time
-from trainer.data import _lines
-from trainer.data.readers import read_ratings, read_tags
+from ordrec.trainer.data import _lines
+from ordrec.trainer.data.readers import read_ratings, read_tags
 kind, path, fast = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if not fast:
     _real = _lines.parse_records
     _lines.parse_records = lambda *a, **k: _real(*a, **{**k, "fast": False})
-    import trainer.data.readers as readers
+    import ordrec.trainer.data.readers as readers
     readers.parse_records = _lines.parse_records
 reader = read_tags if kind == "tags" else read_ratings
 start = time.perf_counter()

@@ -27,11 +27,11 @@ import time
 
 import numpy as np
 
-from service.artifacts import Artifact
-from service.idmap import IdMap
-from service.models.rtf import Index
-from service.topk import top_k
-from trainer.models import _rtf_kernels as K
+from ordrec.service.artifacts import Artifact
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.rtf import Index
+from ordrec.service.topk import top_k
+from ordrec.trainer.models import _rtf_kernels as K
 
 
 def synthetic_index(dims: int, n_users: int, n_items: int, n_tags: int, seed: int = 0) -> Index:
@@ -109,9 +109,9 @@ def bench_latency(dims_list, n_tags: int, requests: int, naive_requests: int, se
 
 
 def bench_training(path: str, dims_list, epochs: int, core: int, seed: int) -> None:
-    from trainer.data.readers import read_input
-    from trainer.evaluation.rtf import p_core
-    from trainer.models.rtf import group_posts
+    from ordrec.trainer.data.readers import read_input
+    from ordrec.trainer.evaluation.rtf import p_core
+    from ordrec.trainer.models.rtf import group_posts
 
     data = p_core(read_input("tags", path, "auto"), core)
     post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)

@@ -21,10 +21,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from service.idmap import IdMap  # noqa: E402
-from service.models.score import Index  # noqa: E402
-from trainer.data.types import AttributeTable  # noqa: E402
-from trainer.models.score import GroupLayout, ScoreEstimator  # noqa: E402
+from ordrec.service.idmap import IdMap  # noqa: E402
+from ordrec.service.models.score import Index  # noqa: E402
+from ordrec.trainer.data.types import AttributeTable  # noqa: E402
+from ordrec.trainer.models.score import GroupLayout, ScoreEstimator  # noqa: E402
 
 
 def generated_table(n_objects: int, n_aspects: int, seed: int = 0) -> AttributeTable:
@@ -71,7 +71,7 @@ def main() -> None:
 
     tables = []
     if os.path.exists(args.zoo):
-        from trainer.data.readers import read_attributes
+        from ordrec.trainer.data.readers import read_attributes
 
         tables.append(("zoo (101 x 17)", read_attributes(args.zoo, "zoo")))
     else:

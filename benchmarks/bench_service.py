@@ -30,20 +30,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.artifacts import Registry  # noqa: E402
-from service.idmap import IdMap  # noqa: E402
-from service.process import ServerProcess  # noqa: E402
-from trainer.data.types import Ratings, TagAssignments  # noqa: E402
-from trainer.models import estimator_class  # noqa: E402
+from ordrec.service.artifacts import Registry  # noqa: E402
+from ordrec.service.idmap import IdMap  # noqa: E402
+from ordrec.service.process import ServerProcess  # noqa: E402
+from ordrec.trainer.data.types import Ratings, TagAssignments  # noqa: E402
+from ordrec.trainer.models import estimator_class  # noqa: E402
 
 
 def ratings(data: Path) -> Ratings:
     path = data / "ml-100k" / "u.data"
     if path.exists():
-        from trainer.data.readers import read_ratings
+        from ordrec.trainer.data.readers import read_ratings
 
         return read_ratings(path, "ml-100k")
-    from trainer.sample import planted_ratings
+    from ordrec.trainer.sample import planted_ratings
 
     return planted_ratings(n_users=943, n_items=1682, per_user=(20, 200), seed=0)
 

@@ -21,11 +21,11 @@ import time
 
 import numpy as np
 
-from service.models.rtf import Index
-from trainer.data.readers import read_input
-from trainer.evaluation.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, _TestSet, evaluate_baseline,
+from ordrec.service.models.rtf import Index
+from ordrec.trainer.data.readers import read_input
+from ordrec.trainer.evaluation.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, _TestSet, evaluate_baseline,
                                     evaluate_rtf, leave_one_post_out, p_core)
-from trainer.models.rtf import RTF
+from ordrec.trainer.models.rtf import RTF
 
 
 def main() -> None:
@@ -111,9 +111,9 @@ def _curve_recorder(train, val, curve: list[dict]):
     tuning posts whose user or item the fit part lacks are left out here (the
     final table above includes them through the index's fallbacks).
     """
-    from service.models.rtf import score_posts
-    from service.topk import top_k
-    from trainer.evaluation.rtf import _list_metrics
+    from ordrec.service.models.rtf import score_posts
+    from ordrec.service.topk import top_k
+    from ordrec.trainer.evaluation.rtf import _list_metrics
 
     post_user, post_item, indptr, tags = val
     state: dict = {}

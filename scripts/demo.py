@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from service.process import ServerProcess, run_cli
+from ordrec.service.process import ServerProcess, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / ".demo"
@@ -67,7 +67,7 @@ def main() -> int:
     step("Starting ordrec-serve on a free loopback port")
     with ServerProcess(REGISTRY, log_path=DEMO / "server.log") as server:
         print(f"serving on {server.target}, metrics on {server.metrics_url}/metrics")
-        client = ["service.client", "--target", server.target]
+        client = ["ordrec.service.client", "--target", server.target]
         step("ListModels")
         print(run([*client, "models"]), end="")
         for title, query in QUERIES:

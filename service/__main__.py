@@ -1,3 +1,3 @@
-from service.cli import main
+from ordrec.service.cli import main
 
 raise SystemExit(main())

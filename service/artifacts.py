@@ -32,7 +32,7 @@ from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
 from ordrec.v1 import manifest_pb2
-from service.idmap import IdMap
+from ordrec.service.idmap import IdMap
 
 FORMAT = 1
 MANIFEST = "manifest.json"

@@ -20,8 +20,8 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 from typing import Sequence  # noqa: E402
 
-from service.server import Server, ServerConfig  # noqa: E402
-from service.validation import Limits  # noqa: E402
+from ordrec.service.server import Server, ServerConfig  # noqa: E402
+from ordrec.service.validation import Limits  # noqa: E402
 
 log = logging.getLogger("ordrec.service")
 
@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    from service.security import load_tokens
+    from ordrec.service.security import load_tokens
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -113,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["loadtest"]:
-        from service.loadtest import main as loadtest_main
+        from ordrec.service.loadtest import main as loadtest_main
 
         return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.processes == 0:
         args.processes = len(os.sched_getaffinity(0))
     if args.processes > 1:
-        from service.supervisor import Supervisor
+        from ordrec.service.supervisor import Supervisor
 
         passed_on = _without(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
         return Supervisor(passed_on, args.processes, args.host, args.port, args.metrics_port).run()

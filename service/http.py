@@ -13,8 +13,8 @@ from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from service.metrics import Metrics
-from service.store import ModelStore
+from ordrec.service.metrics import Metrics
+from ordrec.service.store import ModelStore
 
 log = logging.getLogger("ordrec.http")
 REPORT_FILE = "report.html"

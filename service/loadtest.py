@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from service.cli import _without
+from ordrec.service.cli import _without
 
 RPCS = ("recommend", "tags", "neighbors", "coordinates", "listmodels")
 _PATHS = {
@@ -51,7 +51,7 @@ _PATHS = {
 
 # ------------------------------------------------------------ request makers
 def _read_ids(registry: Path, model: str, space: str) -> list[str]:
-    from service.artifacts import Registry
+    from ordrec.service.artifacts import Registry
 
     reg = Registry(registry)
     version, _ = reg.live_version(model)
@@ -188,7 +188,7 @@ def run_python_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
     procs = []
     for w in range(workers):
         out = str(tmp / f"w{w}.npy")
-        cmd = [sys.executable, "-m", "service.loadtest", "--worker", "--out", out, "--start-at", str(start_at),
+        cmd = [sys.executable, "-m", "ordrec.service.loadtest", "--worker", "--out", out, "--start-at", str(start_at),
                "--worker-concurrency", str(max(1, args.concurrency // workers)),
                "--worker-rate", str(args.rate / workers if args.rate else 0), "--seed", str(args.seed + w),
                *args.passthrough]

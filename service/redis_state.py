@@ -25,9 +25,9 @@ from typing import Callable, Sequence
 
 import redis
 
-from service.errors import Unavailable
-from service.metrics import Metrics
-from service.seen import SeenStore
+from ordrec.service.errors import Unavailable
+from ordrec.service.metrics import Metrics
+from ordrec.service.seen import SeenStore
 
 log = logging.getLogger("ordrec.redis")
 

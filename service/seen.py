@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from service.errors import FailedPrecondition
+from ordrec.service.errors import FailedPrecondition
 
 
 class SeenStore:

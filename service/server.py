@@ -13,16 +13,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ordrec.v1 import recommender_pb2
-from service import topk
-from service.artifacts import Registry
-from service.http import start_http_server
-from service.metrics import Metrics, MetricsInterceptor
-from service.redis_state import RedisSeenStore, VersionListener
-from service.security import TokenAuthInterceptor, server_credentials
-from service.seen import SeenStore
-from service.servicer import RecommenderServicer, add_to_server
-from service.store import ModelStore, Reloader
-from service.validation import Limits
+from ordrec.service import topk
+from ordrec.service.artifacts import Registry
+from ordrec.service.http import start_http_server
+from ordrec.service.metrics import Metrics, MetricsInterceptor
+from ordrec.service.redis_state import RedisSeenStore, VersionListener
+from ordrec.service.security import TokenAuthInterceptor, server_credentials
+from ordrec.service.seen import SeenStore
+from ordrec.service.servicer import RecommenderServicer, add_to_server
+from ordrec.service.store import ModelStore, Reloader
+from ordrec.service.validation import Limits
 
 log = logging.getLogger("ordrec.service")
 SERVICE_NAME = recommender_pb2.DESCRIPTOR.services_by_name["Recommender"].full_name

@@ -18,12 +18,12 @@ from google.protobuf.message import DecodeError
 
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
-from service import validation as v
-from service.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ServiceError
-from service.idmap import IdMap
-from service.metrics import Metrics
-from service.seen import SeenStore
-from service.store import LoadedModel, ModelStore
+from ordrec.service import validation as v
+from ordrec.service.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from ordrec.service.idmap import IdMap
+from ordrec.service.metrics import Metrics
+from ordrec.service.seen import SeenStore
+from ordrec.service.store import LoadedModel, ModelStore
 
 log = logging.getLogger("ordrec.service")
 

@@ -15,11 +15,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from service.artifacts import ArtifactError, Registry
-from service.errors import FailedPrecondition, InvalidArgument, Unavailable
-from service.metrics import Metrics
-from service.models import build_index
-from service.models.base import ModelIndex
+from ordrec.service.artifacts import ArtifactError, Registry
+from ordrec.service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from ordrec.service.metrics import Metrics
+from ordrec.service.models import build_index
+from ordrec.service.models.base import ModelIndex
 
 log = logging.getLogger("ordrec.service")
 

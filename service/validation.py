@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from service.errors import InvalidArgument
+from ordrec.service.errors import InvalidArgument
 
 _MODEL_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 

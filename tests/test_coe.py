@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.artifacts import Registry
-from service.idmap import IdMap
-from service.models import index_class
-from service.models.coe import Index
-from trainer.data.types import Ratings
-from trainer.evaluation import coe as protocol
-from trainer.models import _coe_kernels as K
-from trainer.models import estimator_class
-from trainer.models.coe import COE, TripleSource, normalise
+from ordrec.service.artifacts import Registry
+from ordrec.service.idmap import IdMap
+from ordrec.service.models import index_class
+from ordrec.service.models.coe import Index
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.evaluation import coe as protocol
+from ordrec.trainer.models import _coe_kernels as K
+from ordrec.trainer.models import estimator_class
+from ordrec.trainer.models.coe import COE, TripleSource, normalise
 
 DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
 
@@ -335,7 +335,7 @@ def test_recommend_through_the_tree_equals_brute_force(fitted, user, n, exclude_
 
 
 def test_index_refuses_inconsistent_artifacts(fitted):
-    from service.artifacts import ArtifactError
+    from ordrec.service.artifacts import ArtifactError
 
     _, model = fitted
     art = model.to_artifact()
@@ -393,8 +393,8 @@ def test_ml100k_meets_table3_targets():
 
 # ------------------------------------------------------------- explicit triples
 def test_explicit_triples_file(tmp_path):
-    from trainer.data.triples import read_triples
-    from trainer.data.types import DataError
+    from ordrec.trainer.data.triples import read_triples
+    from ordrec.trainer.data.types import DataError
 
     # planted 1-D line: users and items at positions; triples from true distances
     rng = np.random.default_rng(4)

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from service.artifacts import Registry
-from service.models import build_index
-from trainer import sample
-from trainer.models import KINDS, estimator_class
+from ordrec.service.artifacts import Registry
+from ordrec.service.models import build_index
+from ordrec.trainer import sample
+from ordrec.trainer.models import KINDS, estimator_class
 
 
 def concordance(predicted: np.ndarray, truth: np.ndarray) -> float:

@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.artifacts import Registry
-from service.idmap import IdMap
-from service.models.dcr import Index, level_weights
-from trainer.data.types import DataError, Ratings
-from trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user_split
-from trainer.models import estimator_class
-from trainer.models._dcr_kernels import (
+from ordrec.service.artifacts import Registry
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.dcr import Index, level_weights
+from ordrec.trainer.data.types import DataError, Ratings
+from ordrec.trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user_split
+from ordrec.trainer.models import estimator_class
+from ordrec.trainer.models._dcr_kernels import (
     pairwise_epoch_by_user, pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
     project, shuffle_segments,
 )
-from trainer.models.dcr import DCR, lazy_zeros, rating_levels, user_csr
+from ordrec.trainer.models.dcr import DCR, lazy_zeros, rating_levels, user_csr
 
 
 def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:

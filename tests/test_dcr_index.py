@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from service.artifacts import Artifact, ArtifactError
-from service.idmap import IdMap
-from service.models import build_index, index_class
-from service.models.dcr import Index, level_weights, monotone_distribution, relevance_values
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.idmap import IdMap
+from ordrec.service.models import build_index, index_class
+from ordrec.service.models.dcr import Index, level_weights, monotone_distribution, relevance_values
 
 
 def artifact(n_users=7, n_items=11, rank=3, levels=(1, 2, 3, 4, 5), relevance="linear", seed=0, **over):

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.models.dcr import Index
-from trainer.evaluation.dcr import (
+from ordrec.service.models.dcr import Index
+from ordrec.trainer.evaluation.dcr import (
     fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
 )
-from trainer.data.types import DataError
-from trainer.models._dcr_kernels import pointwise_loglik
-from trainer.models.dcr import DCR, holdouts, rating_levels
+from ordrec.trainer.data.types import DataError
+from ordrec.trainer.models._dcr_kernels import pointwise_loglik
+from ordrec.trainer.models.dcr import DCR, holdouts, rating_levels
 
 from tests.test_dcr import make_ratings, planted
 

@@ -14,9 +14,9 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
-from service.artifacts import Registry
-from service.process import ServerProcess, wait_for
-from trainer.data.readers import read_ratings
+from ordrec.service.artifacts import Registry
+from ordrec.service.process import ServerProcess, wait_for
+from ordrec.trainer.data.readers import read_ratings
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +197,7 @@ def test_sigterm_exits_zero(sample_registry):
 # ------------------------------------------------------------------ Tags (RTF)
 @pytest.fixture(scope="module")
 def sample_tags(sample_dir):
-    from trainer.data.readers import read_tags
+    from ordrec.trainer.data.readers import read_tags
 
     return read_tags(sample_dir / "tags.csv")
 
@@ -285,7 +285,7 @@ def test_coordinates_stream_the_whole_map_in_pages(stub, sample_ratings):
 
 
 def test_knnscal_neighbors_and_place(stub, sample_dir):
-    from trainer.data.readers import read_neighbors
+    from ordrec.trainer.data.readers import read_neighbors
 
     graph = read_neighbors(sample_dir / "neighbors.csv")
     source = int(graph.source[0])
@@ -304,8 +304,8 @@ def test_knnscal_neighbors_and_place(stub, sample_dir):
 
 
 def test_tags_carry_display_names_when_the_data_has_them(tmp_path):
-    from trainer.models import estimator_class
-    from trainer.sample import planted_tags
+    from ordrec.trainer.models import estimator_class
+    from ordrec.trainer.sample import planted_tags
 
     data = planted_tags(seed=2)
     data.tag_names = [f"name of {t}" for t in data.tags.ids]

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from service.artifacts import Registry
-from service.models import build_index
-from trainer.job import (EXIT_FAILED, EXIT_PUBLISHED, EXIT_REJECTED, EXIT_USAGE, JobError, gate_passes,
+from ordrec.service.artifacts import Registry
+from ordrec.service.models import build_index
+from ordrec.trainer.job import (EXIT_FAILED, EXIT_PUBLISHED, EXIT_REJECTED, EXIT_USAGE, JobError, gate_passes,
                          job_lock, load_job, run_job)
-from trainer.sample import write_samples
+from ordrec.trainer.sample import write_samples
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 GOOD = "rank = 5, epochs = 8"
@@ -195,8 +195,8 @@ def test_gate_accepts_good_rejects_bad_and_margin_admits_it(sample, tmp_path, ca
 
 
 def test_live_version_without_metric_is_replaced_with_a_warning(sample, tmp_path, capsys):
-    from trainer.data.readers import read_ratings
-    from trainer.models.dcr import DCR
+    from ordrec.trainer.data.readers import read_ratings
+    from ordrec.trainer.models.dcr import DCR
 
     registry = tmp_path / "registry"
     artifact = DCR(rank=3, epochs=1).fit(read_ratings(sample / "ratings.data", "ml-100k")).to_artifact()

@@ -22,16 +22,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.artifacts import Registry, is_version
-from service.models import build_index
-from trainer.job import EXIT_FAILED, EXIT_PUBLISHED, run_job
-from trainer.sample import write_samples
+from ordrec.service.artifacts import Registry, is_version
+from ordrec.service.models import build_index
+from ordrec.trainer.job import EXIT_FAILED, EXIT_PUBLISHED, run_job
+from ordrec.trainer.sample import write_samples
 
 # A child that runs a job but stalls inside the second array write of a
 # publish, after announcing it on stdout: the test then kills it right there.
 PAUSING_CHILD = """
 import sys, time
-import service.artifacts as artifacts
+import ordrec.service.artifacts as artifacts
 real_write, calls = artifacts._write_array, [0]
 def stalling_write(path, array):
     calls[0] += 1
@@ -40,7 +40,7 @@ def stalling_write(path, array):
         time.sleep(120)
     return real_write(path, array)
 artifacts._write_array = stalling_write
-from trainer.job import run_job
+from ordrec.trainer.job import run_job
 sys.exit(run_job(sys.argv[1]))
 """
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import signal
 import time
 
-from service.artifacts import Registry
-from service.process import ServerProcess, wait_for
+from ordrec.service.artifacts import Registry
+from ordrec.service.process import ServerProcess, wait_for
 from tests.test_faults import LoadLoop
 from tests.test_job_faults import assert_intact, setup, start_paused_child  # noqa: F401 - fixture
-from trainer.job import EXIT_PUBLISHED, run_job
+from ordrec.trainer.job import EXIT_PUBLISHED, run_job
 
 
 def test_sigkill_mid_publish_under_load_fails_no_request(setup):  # noqa: F811 - the fixture

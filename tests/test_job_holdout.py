@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.artifacts import Artifact
-from service.idmap import IdMap
-from service.models.base import MapIndex, PointSet, RecommenderIndex
-from service.models.knnscal import Index as KnnIndex
-from trainer.data.types import AttributeTable, Ratings, TagAssignments
-from trainer.evaluation import holdout
-from trainer.sample import planted_neighbors
+from ordrec.service.artifacts import Artifact
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.base import MapIndex, PointSet, RecommenderIndex
+from ordrec.service.models.knnscal import Index as KnnIndex
+from ordrec.trainer.data.types import AttributeTable, Ratings, TagAssignments
+from ordrec.trainer.evaluation import holdout
+from ordrec.trainer.sample import planted_neighbors
 
 
 def random_ratings(n_users: int, n_items: int, density: float, seed: int) -> tuple[Ratings, np.ndarray]:

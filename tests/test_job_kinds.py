@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from service.artifacts import Registry
-from service.models import build_index
-from trainer.evaluation.holdout import METRICS
-from trainer.job import EXIT_PUBLISHED, load_job, run_job
-from trainer.sample import write_samples
+from ordrec.service.artifacts import Registry
+from ordrec.service.models import build_index
+from ordrec.trainer.evaluation.holdout import METRICS
+from ordrec.trainer.job import EXIT_PUBLISHED, load_job, run_job
+from ordrec.trainer.sample import write_samples
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -73,7 +73,7 @@ gate = {{ holdout = {share} }}
 
 
 def _shape(kind: str) -> str:
-    from trainer.models import estimator_class
+    from ordrec.trainer.models import estimator_class
 
     return estimator_class(kind).input_shape
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from service.artifacts import Registry
-from trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, run_job
-from trainer.notify import CHANNEL, notify_published, version_key
-from trainer.sample import write_samples
+from ordrec.service.artifacts import Registry
+from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, run_job
+from ordrec.trainer.notify import CHANNEL, notify_published, version_key
+from ordrec.trainer.sample import write_samples
 
 pytestmark = pytest.mark.redis
 

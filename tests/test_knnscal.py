@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.isotonic import isotonic_regression
 
-from service.artifacts import Registry
-from service.models.knnscal import Index, place_point, placement_stress
-from trainer.models import _knnscal_kernels as K
-from trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr
+from ordrec.service.artifacts import Registry
+from ordrec.service.models.knnscal import Index, place_point, placement_stress
+from ordrec.trainer.models import _knnscal_kernels as K
+from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr
 
 
 def order_agreement(X, est):
@@ -228,8 +228,8 @@ def test_feature_matrix_input_and_progress_bar(capsys):
 
 
 def test_csr_drops_self_loops_and_keeps_best_rank_of_duplicates():
-    from service.idmap import IdMap
-    from trainer.data.types import NeighborLists
+    from ordrec.service.idmap import IdMap
+    from ordrec.trainer.data.types import NeighborLists
 
     g = NeighborLists(IdMap(["a", "b", "c"]), np.array([0, 0, 0, 1], np.int32),
                       np.array([0, 2, 2, 0], np.int32), np.array([1, 3, 2, 1], np.int32))

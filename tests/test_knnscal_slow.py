@@ -8,9 +8,9 @@ import argparse
 
 import pytest
 
-from service.models.knnscal import Index
-from trainer.evaluation.knnscal import load_problem, map_index, map_metrics, reference_map
-from trainer.models.knnscal import KnnScal
+from ordrec.service.models.knnscal import Index
+from ordrec.trainer.evaluation.knnscal import load_problem, map_index, map_metrics, reference_map
+from ordrec.trainer.models.knnscal import KnnScal
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-from service import loadtest
-from service.process import ServerProcess, run_cli
+from ordrec.service import loadtest
+from ordrec.service.process import ServerProcess, run_cli
 
 
 @pytest.fixture

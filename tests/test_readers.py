@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainer.data import _lines
-from trainer.data._lines import Column, parse_records
-from trainer.data.readers import (
+from ordrec.trainer.data import _lines
+from ordrec.trainer.data._lines import Column, parse_records
+from ordrec.trainer.data.readers import (
     FORMATS, SHAPES, detect_format, read_attributes, read_input, read_neighbors, read_ratings, read_tags,
 )
-from trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
+from ordrec.trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
 
 DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
 
@@ -452,7 +452,7 @@ _piece = st.sampled_from(["1", "2", "17", "007", "u1", "ä", " 3", "3 ", "", "x 
        sep=st.sampled_from(["\t", ",", "::"]), crlf=st.booleans(), skip=st.booleans())
 def test_fast_routes_match_the_per_line_parser_on_messy_files(tmp_path, monkeypatch, lines, sep, crlf, skip):
     """Differential fuzz: read_ratings with the numba parsers == read_ratings with only the per-line parser."""
-    import trainer.data.readers as readers
+    import ordrec.trainer.data.readers as readers
 
     name = {"\t": "u.data", ",": "r.csv", "::": "ratings.dat"}[sep]
     header = "user,item,rating,t\n" if sep == "," else ""

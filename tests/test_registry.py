@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from service.artifacts import Artifact, ArtifactError, Registry, is_version
-from service.idmap import IdMap
+from ordrec.service.artifacts import Artifact, ArtifactError, Registry, is_version
+from ordrec.service.idmap import IdMap
 
 
 def make_artifact(seed: int = 0, n: int = 5) -> Artifact:
@@ -179,9 +179,9 @@ def test_writer_killed_mid_publish_leaves_no_visible_version(tmp_path):
     first = registry.publish("m", make_artifact())
     script = textwrap.dedent(f"""
         import numpy as np, sys
-        import service.artifacts as a
-        from service.artifacts import Artifact, Registry
-        from service.idmap import IdMap
+        import ordrec.service.artifacts as a
+        from ordrec.service.artifacts import Artifact, Registry
+        from ordrec.service.idmap import IdMap
         original = a._write_array
         def slow_write(path, array):
             digest = original(path, array)

@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.artifacts import Artifact, Registry
-from service.idmap import IdMap
-from service.models.base import MapIndex, PointSet
-from service.process import ServerProcess, run_cli
-from trainer.data.types import DataError
-from trainer.evaluation.report import PaperFigure
-from trainer.report_html import (DEFAULT_MAX_POINTS, LABELS_FILE, MISSING_COLOUR, PALETTE, REPORT_FILE,
+from ordrec.service.artifacts import Artifact, Registry
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.base import MapIndex, PointSet
+from ordrec.service.process import ServerProcess, run_cli
+from ordrec.trainer.data.types import DataError
+from ordrec.trainer.evaluation.report import PaperFigure
+from ordrec.trainer.report_html import (DEFAULT_MAX_POINTS, LABELS_FILE, MISSING_COLOUR, PALETTE, REPORT_FILE,
                                  format_labels, map_views, read_labels, render_report, report_views,
                                  write_report)
 
@@ -126,7 +126,7 @@ def coe_artifact(n_users=30, n_items=20, seed=0, metrics=None, function="sigmoid
 
 
 def score_artifact(n_objects=24, seed=0, mode="multi", with_labels=True) -> Artifact:
-    pytest.importorskip("service.models.score")
+    pytest.importorskip("ordrec.service.models.score")
     rng = np.random.default_rng(seed)
     aspects = ["legs", "type", "colour"]
     values = {"legs": ["0", "2", "4"], "type": ["bird", "fish"], "colour": ["red", "green", "blue", "grey"]}
@@ -150,7 +150,7 @@ def score_artifact(n_objects=24, seed=0, mode="multi", with_labels=True) -> Arti
 
 
 def knnscal_artifact(n=40, seed=0) -> Artifact:
-    pytest.importorskip("service.models.knnscal")
+    pytest.importorskip("ordrec.service.models.knnscal")
     rng = np.random.default_rng(seed)
     return Artifact(
         kind="knnscal",
@@ -231,7 +231,7 @@ def test_page_references_no_url_and_needs_no_network():
 
 def test_score_has_one_map_per_aspect_coloured_by_value_and_the_sphere():
     artifact = score_artifact(n_objects=24)
-    from service.models.score import Index
+    from ordrec.service.models.score import Index
 
     index = Index.from_artifact(artifact)
     page = parse(render_report(artifact, index))
@@ -325,7 +325,7 @@ def test_large_maps_are_capped_by_a_deterministic_sample_and_the_page_says_so():
 def test_cap_keeps_small_entities_whole():
     """Users (few) are all drawn; items (many) take the rest of the cap."""
     artifact = coe_artifact(n_users=40, n_items=3000)
-    views = map_views(artifact, __import__("service.models.coe", fromlist=["Index"]).Index(artifact),
+    views = map_views(artifact, __import__("ordrec.service.models.coe", fromlist=["Index"]).Index(artifact),
                       max_points=1000)
     drawn = {layer.entity: len(layer.rows) for layer in views[0].layers}
     assert drawn == {"users": 40, "items": 960}

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.artifacts import Registry
-from service.process import ServerProcess
-from trainer.report_html import report_views
+from ordrec.service.artifacts import Registry
+from ordrec.service.process import ServerProcess
+from ordrec.trainer.report_html import report_views
 
 pytestmark = pytest.mark.browser
 
@@ -227,8 +227,8 @@ def new_page(devtools: str) -> Page:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """Three map models trained on the built-in sample, published with reports, served."""
-    from trainer.models import estimator_class
-    from trainer.sample import planted_attributes, planted_neighbors, planted_ratings
+    from ordrec.trainer.models import estimator_class
+    from ordrec.trainer.sample import planted_attributes, planted_neighbors, planted_ratings
 
     root = tmp_path_factory.mktemp("registry")
     registry = Registry(root)
@@ -243,7 +243,7 @@ def served(tmp_path_factory):
         estimator = estimator_class(kind)(**params).fit(data)
         artifact = estimator.to_artifact()
         registry.publish(f"sample-{kind}", artifact, views=lambda a, n=names: report_views(a, n))
-        from service.models import index_class
+        from ordrec.service.models import index_class
 
         index = index_class(kind).from_artifact(artifact)
         # every point of every map (the sample is far under the 5,000 cap)
@@ -316,7 +316,7 @@ def test_harness_sees_a_broken_page(browser, tmp_path):
     data-points is reported by the page's own check as an uncaught error, and
     the harness sees it (so "no console errors" is a real assertion)."""
     from tests.test_report import knnscal_artifact
-    from trainer.report_html import render_report
+    from ordrec.trainer.report_html import render_report
 
     text = render_report(knnscal_artifact(n=40)).replace('data-points="40"', 'data-points="41"', 1)
     broken = tmp_path / "broken.html"

@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.artifacts import Registry
-from service.idmap import IdMap
-from service.models.rtf import Index
-from trainer.data.types import TagAssignments
-from trainer.models import _rtf_kernels as K
-from trainer.models import estimator_class
-from trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts
-from trainer.sample import planted_tags_with_truth
+from ordrec.service.artifacts import Registry
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.rtf import Index
+from ordrec.trainer.data.types import TagAssignments
+from ordrec.trainer.models import _rtf_kernels as K
+from ordrec.trainer.models import estimator_class
+from ordrec.trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts
+from ordrec.trainer.sample import planted_tags_with_truth
 
 
 def _tiny_problem(seed=0, dims=(3, 4, 2), n_users=4, n_items=3, n_tags=6, std=0.7):
@@ -290,7 +290,7 @@ def test_rejects_wrong_input():
 
 
 def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypatch):
-    from trainer.models import _rtf_kernels as K
+    from ordrec.trainer.models import _rtf_kernels as K
 
     data, truth, train, _ = _split_planted(seed=1)
     kw = dict(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,

@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.idmap import IdMap
-from trainer.cli import build_parser, main
-from trainer.data.types import TagAssignments
-from trainer.evaluation import rtf as ev
-from trainer.models.rtf import group_posts
-from trainer.sample import planted_tags
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.cli import build_parser, main
+from ordrec.trainer.data.types import TagAssignments
+from ordrec.trainer.evaluation import rtf as ev
+from ordrec.trainer.models.rtf import group_posts
+from ordrec.trainer.sample import planted_tags
 
 DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
 LASTFM = DATA / "lastfm-tags" / "user_taggedartists.dat"
@@ -174,7 +174,7 @@ def test_cli_registers_reproduce_rtf(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not LASTFM.exists(), reason=f"no Last.fm data at {LASTFM}")
 def test_lastfm_10_core_statistics():
-    from trainer.data.readers import read_input
+    from ordrec.trainer.data.readers import read_input
 
     core = ev.p_core(read_input("tags", str(LASTFM), "auto"), 10)
     n_posts = group_posts(core.user, core.item, core.tag)[0].size

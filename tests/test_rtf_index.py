@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.artifacts import Artifact, ArtifactError
-from service.idmap import IdMap
-from service.models import build_index, index_class
-from service.models.rtf import Index
-from trainer.models import _rtf_kernels as K
-from trainer.models.rtf import RTF
-from trainer.sample import planted_tags
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.idmap import IdMap
+from ordrec.service.models import build_index, index_class
+from ordrec.service.models.rtf import Index
+from ordrec.trainer.models import _rtf_kernels as K
+from ordrec.trainer.models.rtf import RTF
+from ordrec.trainer.sample import planted_tags
 
 
 @pytest.fixture(scope="module")

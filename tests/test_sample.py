@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from trainer.data.readers import read_attributes, read_neighbors, read_ratings, read_tags
-from trainer.sample import (
+from ordrec.trainer.data.readers import read_attributes, read_neighbors, read_ratings, read_tags
+from ordrec.trainer.sample import (
     planted_attributes, planted_attributes_with_truth, planted_neighbors, planted_ratings,
     planted_ratings_with_truth, planted_tags, planted_tags_with_truth, write_samples,
 )

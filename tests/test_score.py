@@ -10,16 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from service.artifacts import ArtifactError, Registry
-from service.idmap import IdMap
-from service.models import build_index
-from service.models.score import Index, angular_similarity, tangent_basis
-from trainer.data.triplets import ConditionalTriplets
-from trainer.data.types import AttributeTable
-from trainer.evaluation.score import preservation, relatedness, satisfied_triplets, split_objects
-from trainer.models import _score_kernels as K
-from trainer.models import estimator_class
-from trainer.models.score import GroupLayout, ScoreEstimator
+from ordrec.service.artifacts import ArtifactError, Registry
+from ordrec.service.idmap import IdMap
+from ordrec.service.models import build_index
+from ordrec.service.models.score import Index, angular_similarity, tangent_basis
+from ordrec.trainer.data.triplets import ConditionalTriplets
+from ordrec.trainer.data.types import AttributeTable
+from ordrec.trainer.evaluation.score import preservation, relatedness, satisfied_triplets, split_objects
+from ordrec.trainer.models import _score_kernels as K
+from ordrec.trainer.models import estimator_class
+from ordrec.trainer.models.score import GroupLayout, ScoreEstimator
 
 
 # ------------------------------------------------------------------ helpers

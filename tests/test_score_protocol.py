@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.cli import main as cli_main
+from ordrec.trainer.cli import main as cli_main
 
 DATA_ROOT = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
 

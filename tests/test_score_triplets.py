@@ -6,11 +6,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.idmap import IdMap
-from service.models.score import Index
-from trainer.data.triplets import ConditionalTriplets, read_triplets, write_triplets
-from trainer.data.types import DataError
-from trainer.models.score import ScoreEstimator
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.score import Index
+from ordrec.trainer.data.triplets import ConditionalTriplets, read_triplets, write_triplets
+from ordrec.trainer.data.types import DataError
+from ordrec.trainer.models.score import ScoreEstimator
 
 
 def test_reads_header_comments_tabs_and_ids(tmp_path):

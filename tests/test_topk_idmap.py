@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from service.idmap import IdMap
-from service.models.base import PointSet
-from service.topk import affine_scores, nearest_brute_force, top_k
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.base import PointSet
+from ordrec.service.topk import affine_scores, nearest_brute_force, top_k
 
 scores_strategy = hnp.arrays(
     np.float32, st.integers(0, 300),

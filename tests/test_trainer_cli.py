@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.artifacts import Registry
-from service.process import run_cli
+from ordrec.service.artifacts import Registry
+from ordrec.service.process import run_cli
 
 
 def _train(*args):

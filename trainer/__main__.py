@@ -1,3 +1,3 @@
-from trainer.cli import main
+from ordrec.trainer.cli import main
 
 raise SystemExit(main())

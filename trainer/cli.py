@@ -24,9 +24,9 @@ import logging
 import sys
 from typing import Any, Sequence
 
-from service.artifacts import ArtifactError, Registry
-from trainer.data.types import DataError
-from trainer.models import KINDS
+from ordrec.service.artifacts import ArtifactError, Registry
+from ordrec.trainer.data.types import DataError
+from ordrec.trainer.models import KINDS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
@@ -63,13 +63,13 @@ def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True) -
 
 
 def protocol_module(kind: str):
-    return importlib.import_module(f"trainer.evaluation.{kind}")
+    return importlib.import_module(f"ordrec.trainer.evaluation.{kind}")
 
 
 # ----------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
-    from trainer.data.readers import read_input
-    from trainer.models import estimator_class
+    from ordrec.trainer.data.readers import read_input
+    from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
     data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines)
@@ -80,7 +80,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     estimator = estimator_cls().set_params(**params)  # names unknown parameters
     estimator.fit(data)
     artifact = estimator.to_artifact()
-    from trainer.evaluation.fit import fit_metrics
+    from ordrec.trainer.evaluation.fit import fit_metrics
 
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
@@ -101,14 +101,14 @@ def map_report_views(kind: str, labels_path: str | None):
         if labels_path:
             raise ValueError(f"--labels is for map models ({', '.join(MAP_KINDS)}), not {kind}")
         return None
-    from trainer.report_html import read_labels, report_views
+    from ordrec.trainer.report_html import read_labels, report_views
 
     labels = read_labels(labels_path) if labels_path else None
     return lambda artifact: report_views(artifact, labels)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from trainer.evaluation.report import write_json
+    from ordrec.trainer.evaluation.report import write_json
 
     rows = protocol_module(args.kind).run(args)
     if args.json:
@@ -118,7 +118,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from trainer.sample import write_samples
+    from ordrec.trainer.sample import write_samples
 
     for path in write_samples(args.out, seed=args.seed):
         print(path)
@@ -158,13 +158,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from trainer.job import run_job
+    from ordrec.trainer.job import run_job
 
     return run_job(args.job, dry_run=args.dry_run, only=args.only)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from trainer.report_html import write_report
+    from ordrec.trainer.report_html import write_report
 
     print(write_report(Registry(args.registry), args.model, args.version, labels_path=args.labels))
     return EXIT_OK

@@ -63,9 +63,9 @@ try:
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from service.artifacts import Artifact, ArtifactError, Registry, read_manifest, validate_model_name
-from service.models.base import MapIndex
-from trainer.data.types import DataError
+from ordrec.service.artifacts import Artifact, ArtifactError, Registry, read_manifest, validate_model_name
+from ordrec.service.models.base import MapIndex
+from ordrec.trainer.data.types import DataError
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
@@ -194,8 +194,8 @@ def load_job(path: str | os.PathLike) -> JobConfig:
     Relative paths in the file are relative to the file's own folder (cron
     jobs run from an arbitrary working directory).
     """
-    from trainer.evaluation.holdout import METRICS
-    from trainer.models import estimator_class
+    from ordrec.trainer.evaluation.holdout import METRICS
+    from ordrec.trainer.models import estimator_class
 
     path = Path(path)
     try:
@@ -408,7 +408,7 @@ class _Job:
     def read(self, model: ModelJob, shape: str):
         key = (model.data, shape)
         if key not in self._data:
-            from trainer.data.readers import read_input
+            from ordrec.trainer.data.readers import read_input
 
             source = self.config.data[model.data]
             t0 = time.perf_counter()
@@ -421,9 +421,9 @@ class _Job:
         return self._data[key]
 
     def run_model(self, model: ModelJob) -> Outcome:
-        from service.models import index_class
-        from trainer.evaluation import holdout
-        from trainer.models import estimator_class
+        from ordrec.service.models import index_class
+        from ordrec.trainer.evaluation import holdout
+        from ordrec.trainer.models import estimator_class
 
         gate = model.gate
         out = Outcome(model.name, "failed", metric=gate.metric)
@@ -487,7 +487,7 @@ class _Job:
             self.say(model.name, "is pinned to %s: version %s is stored but not served until unpinned",
                      pinned, out.version, level=logging.WARNING)
         if self.config.redis:
-            from trainer.notify import notify_published
+            from ordrec.trainer.notify import notify_published
 
             notify_published(self.config.redis, model.name, out.version, self.config.redis_timeout, log)
         return out
@@ -500,7 +500,7 @@ class _Job:
         """
         def views(artifact: Artifact) -> dict[str, bytes]:
             try:
-                from trainer.report_html import read_labels, report_views
+                from ordrec.trainer.report_html import read_labels, report_views
 
                 labels = read_labels(model.labels) if model.labels else None
                 return report_views(artifact, labels, index=index)

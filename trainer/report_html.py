@@ -31,11 +31,11 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from service.artifacts import Artifact, Registry, write_view
-from service.models import index_class
-from service.models.base import MapIndex
-from trainer.data.types import DataError
-from trainer.evaluation.report import PaperFigure
+from ordrec.service.artifacts import Artifact, Registry, write_view
+from ordrec.service.models import index_class
+from ordrec.service.models.base import MapIndex
+from ordrec.trainer.data.types import DataError
+from ordrec.trainer.evaluation.report import PaperFigure
 
 REPORT_FILE = "report.html"
 LABELS_FILE = "labels.tsv"

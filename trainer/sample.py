@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from service.idmap import IdMap
-from trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
 
 # Share of each rating value 1..5 in MovieLens 100K (6.1%, 11.4%, 27.1%, 34.2%,
 # 21.2%); the planted thresholds reproduce it so the sample looks like the real

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 
-from service.artifacts import Artifact, ArtifactError
-from service.models.base import ModelIndex
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.models.base import ModelIndex
 
 KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
 
@@ -14,7 +14,7 @@ KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
 def index_class(kind: str) -> type[ModelIndex]:
     if kind not in KINDS:
         raise ArtifactError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
-    module = importlib.import_module(f"service.models.{kind}")
+    module = importlib.import_module(f"ordrec.service.models.{kind}")
     return module.Index
 
 

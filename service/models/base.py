@@ -20,9 +20,9 @@ from typing import ClassVar
 import numpy as np
 from scipy.spatial import cKDTree
 
-from service.artifacts import Artifact, ArtifactError
-from service.idmap import IdMap
-from service.topk import nearest_brute_force, top_k
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.idmap import IdMap
+from ordrec.service.topk import nearest_brute_force, top_k
 
 # Maps up to this many points are searched by brute force instead of the KD-tree
 # (measured in 2-D: 39-43 us for 10,000 points, where the query costs ~20 us but releases the GIL).

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.artifacts import Artifact, ArtifactError
-from service.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
 
 
 class Index(RecommenderIndex, MapIndex):

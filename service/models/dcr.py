@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.artifacts import Artifact, ArtifactError
-from service.models.base import RecommenderIndex, check_finite
-from service.topk import affine_scores
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.models.base import RecommenderIndex, check_finite
+from ordrec.service.topk import affine_scores
 
 RELEVANCE = ("linear", "log", "exp")
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.artifacts import Artifact, ArtifactError
-from service.models.base import MapIndex, PointSet, check_finite
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.models.base import MapIndex, PointSet, check_finite
 
 DEFAULT_PLACE_STEPS = 30
 

@@ -33,10 +33,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from service.artifacts import Artifact, ArtifactError
-from service.idmap import IdMap
-from service.models.base import ModelIndex, check_finite
-from service.topk import affine_scores, top_k
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.base import ModelIndex, check_finite
+from ordrec.service.topk import affine_scores, top_k
 
 FALLBACKS = ("none", "popular_global", "popular_item", "popular_user")
 

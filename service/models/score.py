@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.artifacts import Artifact, ArtifactError
-from service.idmap import IdMap
-from service.models.base import MapIndex, PointSet, Ranked, check_finite
+from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.base import MapIndex, PointSet, Ranked, check_finite
 
 
 def tangent_basis(x: np.ndarray) -> np.ndarray:

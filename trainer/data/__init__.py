@@ -1,4 +1,4 @@
 """Data ingestion: one reader per input shape (see ``trainer.data.readers``)."""
-from trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
+from ordrec.trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
 
 __all__ = ["AttributeTable", "DataError", "NeighborLists", "Ratings", "TagAssignments"]

@@ -30,11 +30,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from service.idmap import IdMap
-from trainer.data._fast_kernels import (
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data._fast_kernels import (
     DENSE_LIMIT, first_appearance, grouped_duplicates, intern_ids, parse_numeric_lines, parse_text_lines,
 )
-from trainer.data.types import DataError
+from ordrec.trainer.data.types import DataError
 
 CHUNK_BYTES = 1 << 24  # 16 MiB of lines per kernel call keeps memory bounded on 10M-line files
 

@@ -26,12 +26,12 @@ from typing import Mapping
 
 import numpy as np
 
-from service.idmap import IdMap
-from trainer.data._lines import (
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data._lines import (
     Column, Problems, check_path, find_duplicates, has_control, iter_lines,
     parse_records, peek_lines, splitter,
 )
-from trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
+from ordrec.trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
 
 SHAPES = ("ratings", "tags", "attributes", "neighbors")
 
@@ -540,10 +540,10 @@ def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False
         if shape not in FORMATS[fmt]:
             raise ValueError(f"format {fmt!r} holds {FORMATS[fmt][0]} judgements, not {shape}")
         if fmt == "triples":
-            from trainer.data.triples import read_triples
+            from ordrec.trainer.data.triples import read_triples
 
             return read_triples(path, skip_bad_lines=skip_bad_lines)
-        from trainer.data.triplets import read_triplets
+        from ordrec.trainer.data.triplets import read_triplets
 
         return read_triplets(path, skip_bad_lines=skip_bad_lines)
     return reader(path, fmt, skip_bad_lines=skip_bad_lines)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.idmap import IdMap
-from trainer.data.types import DataError, _fingerprint
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data.types import DataError, _fingerprint
 
 
 @dataclass

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.idmap import IdMap
+from ordrec.service.idmap import IdMap
 
 
 class DataError(ValueError):

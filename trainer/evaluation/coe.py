@@ -43,11 +43,11 @@ import time
 
 import numpy as np
 
-from service.models.coe import Index
-from trainer.data.types import Ratings
-from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from trainer.models import _coe_kernels as K
-from trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
+from ordrec.service.models.coe import Index
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.models import _coe_kernels as K
+from ordrec.trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
 
 DEFAULT_RUNS = 10
 METRICS = ("preservation_a", "preservation_b", "preservation_h", "prediction_a", "prediction_b",
@@ -230,9 +230,9 @@ def tune(function: str, base: dict, data: Ratings, observed: np.ndarray, rng: np
 # ------------------------------------------------------------------- CLI
 def load_ratings(args: argparse.Namespace) -> Ratings:
     try:
-        from trainer.data.readers import read_input
+        from ordrec.trainer.data.readers import read_input
     except ModuleNotFoundError as exc:  # reader not landed yet: plain "user item rating ..." lines
-        if exc.name != "trainer.data.readers":
+        if exc.name != "ordrec.trainer.data.readers":
             raise
         return _read_whitespace_ratings(args.data)
     data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
@@ -242,7 +242,7 @@ def load_ratings(args: argparse.Namespace) -> Ratings:
 
 
 def _read_whitespace_ratings(path: str) -> Ratings:
-    from service.idmap import IdMap
+    from ordrec.service.idmap import IdMap
 
     cols = np.loadtxt(path, dtype=str, usecols=(0, 1, 2), ndmin=2)
     users, user = IdMap.from_values(cols[:, 0])

@@ -47,11 +47,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.models.dcr import Index
-from trainer.cli import parse_value
-from trainer.data.types import Ratings
-from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from trainer.models.dcr import DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split
+from ordrec.service.models.dcr import Index
+from ordrec.trainer.cli import parse_value
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.models.dcr import DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split
 
 DEFAULT_RUNS = 5
 METRIC = "ndcg@10"
@@ -420,7 +420,7 @@ def _grid(text: str, cast=float) -> tuple:
 
 # ------------------------------------------------------------------- I/O
 def load_ratings(args: argparse.Namespace) -> Ratings:
-    from trainer.data.readers import read_input
+    from ordrec.trainer.data.readers import read_input
 
     data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
     if getattr(data, "skipped_lines", 0):

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.artifacts import Artifact
-from service.models import index_class
-from trainer.data.types import AttributeTable, Ratings
+from ordrec.service.artifacts import Artifact
+from ordrec.service.models import index_class
+from ordrec.trainer.data.types import AttributeTable, Ratings
 
 
 def fit_metrics(kind: str, data, artifact: Artifact) -> dict[str, float]:
     """Metrics of the fitted model on its own training data ({} when none apply)."""
     if kind == "coe" and isinstance(data, Ratings):
-        from trainer.evaluation.coe import evaluate_index, protocol_values
+        from ordrec.trainer.evaluation.coe import evaluate_index, protocol_values
 
         observed = np.ones(len(data), dtype=bool)
         index = index_class(kind).from_artifact(artifact)
@@ -27,7 +27,7 @@ def fit_metrics(kind: str, data, artifact: Artifact) -> dict[str, float]:
         keep = ("preservation_a", "preservation_b", "preservation_h", "knn1_h", "knn5_h")
         return {k: float(metrics[k]) for k in keep if np.isfinite(metrics[k])}
     if kind == "score" and isinstance(data, AttributeTable):
-        from trainer.evaluation.score import preservation
+        from ordrec.trainer.evaluation.score import preservation
 
         per_aspect, _ = preservation(index_class(kind).from_artifact(artifact), data)
         out = {f"preservation_{name}": float(p) for name, p in zip(data.attributes, per_aspect) if np.isfinite(p)}

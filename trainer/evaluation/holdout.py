@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.models.base import MapIndex, RecommenderIndex
-from trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
+from ordrec.service.models.base import MapIndex, RecommenderIndex
+from ordrec.trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
 
 #: metric names each family computes; the first is the default gate metric
 METRICS: dict[str, tuple[str, ...]] = {

@@ -33,12 +33,12 @@ import time
 
 import numpy as np
 
-from service.artifacts import Artifact
-from service.idmap import IdMap
-from service.models.knnscal import Index
-from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from trainer.models import _knnscal_kernels as K
-from trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
+from ordrec.service.artifacts import Artifact
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.knnscal import Index
+from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.models import _knnscal_kernels as K
+from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
 
 DATA_REQUIRED = False
 DEFAULT_RUNS = 3
@@ -110,7 +110,7 @@ def load_problem(args) -> Problem:
         return Problem(graph, "digits", k, features=np.asarray(features, dtype=np.float64), seed=args.seed)
     if not args.data:
         raise ValueError("give --data PATH (ranked neighbour lists), --digits or --sklearn NAME")
-    from trainer.data.readers import read_input
+    from ordrec.trainer.data.readers import read_input
 
     graph = read_input("neighbors", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
     if graph.skipped_lines:
@@ -188,7 +188,7 @@ def reference_map(method: str, problem: Problem, dim: int, seed: int) -> np.ndar
 
 # ------------------------------------------------------------------- run
 def run(args) -> list[Row]:
-    from trainer.cli import parse_assignments
+    from ordrec.trainer.cli import parse_assignments
 
     problem = load_problem(args)
     dim = int(args.dim)

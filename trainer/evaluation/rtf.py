@@ -31,11 +31,11 @@ import time
 
 import numpy as np
 
-from service.models.rtf import Index
-from service.topk import top_k
-from trainer.data.types import TagAssignments
-from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from trainer.models.rtf import RTF, group_posts
+from ordrec.service.models.rtf import Index
+from ordrec.service.topk import top_k
+from ordrec.trainer.data.types import TagAssignments
+from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.models.rtf import RTF, group_posts
 
 DEFAULT_RUNS = 3
 DATA_REQUIRED = True
@@ -321,7 +321,7 @@ def choose_mix_weight(train: TagAssignments, seed: int,
 
 # -------------------------------------------------------------------- run
 def load(args: argparse.Namespace) -> TagAssignments:
-    from trainer.data.readers import read_input
+    from ordrec.trainer.data.readers import read_input
 
     data = read_input("tags", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
     if getattr(data, "skipped_lines", 0):

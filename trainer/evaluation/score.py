@@ -24,10 +24,10 @@ import sys
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
-from service.models.score import Index
-from trainer.data.types import AttributeTable
-from trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from trainer.models.score import ScoreEstimator
+from ordrec.service.models.score import Index
+from ordrec.trainer.data.types import AttributeTable
+from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.models.score import ScoreEstimator
 
 DEFAULT_RUNS = 5
 DATA_REQUIRED = True
@@ -193,7 +193,7 @@ def _paper_figures(dataset: str, setting: dict, names: list[str], all_names: lis
 
 
 def _load(args) -> AttributeTable:
-    from trainer.data.readers import read_input
+    from ordrec.trainer.data.readers import read_input
 
     table = read_input("attributes", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
     if not isinstance(table, AttributeTable):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from trainer.models.base import Estimator
+from ordrec.trainer.models.base import Estimator
 
 KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
 
@@ -12,4 +12,4 @@ KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
 def estimator_class(kind: str) -> type[Estimator]:
     if kind not in KINDS:
         raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
-    return importlib.import_module(f"trainer.models.{kind}").Estimator
+    return importlib.import_module(f"ordrec.trainer.models.{kind}").Estimator

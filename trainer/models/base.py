@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from service.artifacts import Artifact
+from ordrec.service.artifacts import Artifact
 
 
 class Estimator:

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.artifacts import Artifact
-from service.idmap import IdMap
-from trainer.data.triples import ExplicitTriples
-from trainer.data.types import Ratings
-from trainer.models import _coe_kernels as K
-from trainer.models.base import Estimator, check_finite
-from trainer.progress import Progress
+from ordrec.service.artifacts import Artifact
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data.triples import ExplicitTriples
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.models import _coe_kernels as K
+from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.progress import Progress
 
 FUNCTIONS = {"sigmoid": K.SIGMOID, "gompertz": K.GOMPERTZ}
 SOURCES = ("ratings", "cooccurrence")

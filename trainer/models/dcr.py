@@ -53,16 +53,16 @@ import mmap
 
 import numpy as np
 
-from service.artifacts import Artifact
-from service.idmap import IdMap
-from service.models.dcr import RELEVANCE, level_weights
-from trainer.data.types import DataError, Ratings
-from trainer.models._dcr_kernels import (
+from ordrec.service.artifacts import Artifact
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.dcr import RELEVANCE, level_weights
+from ordrec.trainer.data.types import DataError, Ratings
+from ordrec.trainer.models._dcr_kernels import (
     pairwise_epoch, pairwise_epoch_by_user, pointwise_epoch, pointwise_epoch_by_user, pointwise_loglik,
     shuffle_segments,
 )
-from trainer.models.base import Estimator, check_finite
-from trainer.progress import Progress
+from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.progress import Progress
 
 
 def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np.ndarray, np.ndarray]:

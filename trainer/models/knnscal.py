@@ -77,13 +77,13 @@ import numpy as np
 from scipy import sparse
 from scipy.sparse import csgraph
 
-from service.artifacts import Artifact
-from service.idmap import IdMap
-from service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
-from trainer.data.types import DataError, NeighborLists
-from trainer.models import _knnscal_kernels as K
-from trainer.models.base import Estimator, check_finite
-from trainer.progress import Progress
+from ordrec.service.artifacts import Artifact
+from ordrec.service.idmap import IdMap
+from ordrec.service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
+from ordrec.trainer.data.types import DataError, NeighborLists
+from ordrec.trainer.models import _knnscal_kernels as K
+from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.progress import Progress
 
 
 # ------------------------------------------------------------------ inputs

@@ -28,12 +28,12 @@ from typing import Any, Callable
 import numpy as np
 from scipy.stats import rankdata
 
-from service.artifacts import Artifact
-from service.models.rtf import score_posts
-from trainer.data.types import DataError, TagAssignments
-from trainer.models import _rtf_kernels as K
-from trainer.models.base import Estimator, check_finite
-from trainer.progress import Progress
+from ordrec.service.artifacts import Artifact
+from ordrec.service.models.rtf import score_posts
+from ordrec.trainer.data.types import DataError, TagAssignments
+from ordrec.trainer.models import _rtf_kernels as K
+from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.progress import Progress
 
 
 # Beyond one post per user, the stopping set may take at most this share of

@@ -34,13 +34,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.artifacts import Artifact
-from service.idmap import IdMap
-from trainer.data.triplets import ConditionalTriplets
-from trainer.data.types import AttributeTable
-from trainer.models import _score_kernels as K
-from trainer.models.base import Estimator, check_finite
-from trainer.progress import Progress
+from ordrec.service.artifacts import Artifact
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data.triplets import ConditionalTriplets
+from ordrec.trainer.data.types import AttributeTable
+from ordrec.trainer.models import _score_kernels as K
+from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.progress import Progress
 
 MODES = ("multi", "single", "disjoint")
 # Exact training preservation costs O(objects^2) per aspect: recorded up to this size.
@@ -261,8 +261,8 @@ class ScoreEstimator(Estimator):
     def _training_preservation(self) -> np.ndarray:
         """Per aspect, the exact preservation (Eq. 10) of every training
         triplet, measured on the serving index's maps (recorded as a metric)."""
-        from service.models.score import Index
-        from trainer.evaluation.score import satisfied_triplets
+        from ordrec.service.models.score import Index
+        from ordrec.trainer.evaluation.score import satisfied_triplets
 
         index = Index.from_artifact(self._artifact(metrics={}))
         out = np.full(len(self.aspects_), np.nan)
