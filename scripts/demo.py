@@ -58,11 +58,11 @@ def run(args: list[str]) -> str:
 def main() -> int:
     shutil.rmtree(DATA, ignore_errors=True)
     step("Writing the built-in sample data")
-    print(run(["trainer", "sample", "--out", str(DATA)]), end="")
+    print(run(["ordrec.trainer", "sample", "--out", str(DATA)]), end="")
     for name, kind, sample, extra in MODELS:
         step(f"Training {kind} on {sample} and publishing it as '{name}'")
         extra = [str(DATA / x) if x.endswith(".txt") else x for x in extra]
-        print(run(["trainer", "train", kind, "--data", str(DATA / sample), "--registry", str(REGISTRY),
+        print(run(["ordrec.trainer", "train", kind, "--data", str(DATA / sample), "--registry", str(REGISTRY),
                    "--name", name, "--keep", "3", *extra]), end="")
     step("Starting ordrec-serve on a free loopback port")
     with ServerProcess(REGISTRY, log_path=DEMO / "server.log") as server:

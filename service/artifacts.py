@@ -1,21 +1,24 @@
 """The artifact format and the versioned registry.
 
-Layout (``design.md``)::
+Layout::
 
     <registry>/<model-name>/<version>/manifest.json   protobuf JSON of ordrec.v1.Manifest
     <registry>/<model-name>/<version>/arrays/*.npy    arrays, loaded with mmap, never pickled
     <registry>/<model-name>/<version>/ids/*.txt       external ids, one a line, row order
+    <registry>/<model-name>/<version>/views/*         files for people (the map report), checksummed
     <registry>/<model-name>/PINNED                    optional: the pinned version
 
 Publishing writes into a hidden temporary sibling folder, fsyncs every file
 and the folder, then renames it into place, so a reader never sees a
 half-written version. Loading verifies every checksum, shape and dtype
-against the manifest and raises :class:`ArtifactError` on any mismatch.
+against the manifest, refuses symbolic links anywhere in a version, and
+raises :class:`ArtifactError` on any mismatch.
 """
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import os
@@ -42,8 +45,35 @@ _ARRAY_NAME_RE = re.compile(r"^[a-z0-9_]{1,64}$")
 # Fixed width, so text order is time order: 20261125T223500.123456Z
 _VERSION_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
 _VERSION_FMT = "%Y%m%dT%H%M%S.%fZ"
+_VIEW_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+VIEWS_DIR = "views"
 _CHUNK = 1 << 20
-_STALE_TMP_SECONDS = 3600
+
+
+_TMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+_NEW_TMP_SECONDS = 10
+
+
+def _lock_folder(path: Path) -> int:
+    """An exclusive lock on ``path`` held until the returned descriptor is closed."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _abandoned(path: Path) -> bool:
+    """True when no process holds ``path``'s lock (trash is never locked)."""
+    if path.name.startswith(_TRASH_PREFIX):
+        return True
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
 class ArtifactError(Exception):
@@ -92,6 +122,7 @@ class Artifact:
     version: str = ""
     created_at: str = ""
     path: Path | None = None
+    views: dict[str, View] = field(default_factory=dict)  # verified and read at load
 
     def array(self, key: str) -> np.ndarray:
         try:
@@ -118,20 +149,62 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_view(folder: Path, filename: str, data: bytes) -> Path:
-    """Replace a derived view file (e.g. report.html) in a published version atomically."""
+def write_views(folder: Path, views: ViewSource) -> manifest_pb2.Manifest:
+    """Add or replace view files of a published version: the new files first, then the
+    manifest in one rename. A server reads views at load, so it shows the new ones from
+    its next load of this version."""
+    manifest = read_manifest(folder)
+    _set_views(folder, manifest, views)
+    _replace_synced(folder, MANIFEST, _manifest_json(manifest))
+    return manifest
+
+
+def _replace_synced(folder: Path, filename: str, data: bytes) -> None:
     tmp = folder / f".{filename}.{uuid.uuid4().hex}"
     _write_synced(tmp, data)
     os.replace(tmp, folder / filename)
     _fsync_dir(folder)
-    return folder / filename
 
 
-def _write_views(folder: Path, views: Mapping[str, bytes]) -> None:
-    for filename, data in views.items():
-        if "/" in filename or filename.startswith(".") or filename == MANIFEST:
-            raise ArtifactError(f"view file name {filename!r} is not a plain file name")
-        _write_synced(folder / filename, data)
+@dataclass(frozen=True)
+class View:
+    """A file for people published in a version (e.g. ``report.html``): checksummed in
+    the manifest like the arrays. ``script_hashes`` are the base64 sha256 of the inline
+    scripts the page may run; the HTTP port's Content-Security-Policy allows only those."""
+
+    data: bytes
+    script_hashes: tuple[str, ...] = ()
+    path: str = ""  # inside the version folder, once published
+
+
+ViewSource = Mapping[str, "bytes | View"]
+
+
+def _as_view(value: bytes | View) -> View:
+    return value if isinstance(value, View) else View(bytes(value))
+
+
+def _write_view_file(folder: Path, name: str, value: bytes | View) -> manifest_pb2.ViewFile:
+    """Write one view under a content-addressed path, so a rewrite never changes a file a
+    reader may be verifying against the previous manifest."""
+    if not _VIEW_NAME_RE.match(name):
+        raise ArtifactError(f"view name {name!r} must match {_VIEW_NAME_RE.pattern}")
+    view = _as_view(value)
+    digest = hashlib.sha256(view.data).hexdigest()
+    rel = f"{VIEWS_DIR}/{digest[:16]}-{name}"
+    (folder / VIEWS_DIR).mkdir(exist_ok=True)
+    _write_synced(folder / rel, view.data)
+    return manifest_pb2.ViewFile(name=name, path=rel, sha256=digest, script_hashes=list(view.script_hashes))
+
+
+def _set_views(folder: Path, manifest: manifest_pb2.Manifest, views: ViewSource) -> None:
+    entries = {e.name: e for e in manifest.views}
+    for name, value in views.items():
+        entries[name] = _write_view_file(folder, name, value)
+    del manifest.views[:]
+    manifest.views.extend(entries[name] for name in sorted(entries))
+    if (folder / VIEWS_DIR).is_dir():
+        _fsync_dir(folder / VIEWS_DIR)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -212,6 +285,9 @@ class Registry:
             return []
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and _NAME_RE.match(p.name))
 
+    def has_model(self, name: str) -> bool:
+        return _NAME_RE.match(name) is not None and (self.root / name).is_dir()
+
     def versions(self, name: str) -> list[str]:
         folder = self.root / validate_model_name(name)
         if not folder.is_dir():
@@ -242,11 +318,7 @@ class Registry:
     def pin(self, name: str, version: str) -> None:
         if version not in self.versions(name):
             raise ArtifactError(f"{name}: cannot pin unknown version {version!r}")
-        folder = self.root / name
-        tmp = folder / f".{PIN_FILE}.{uuid.uuid4().hex}"
-        _write_synced(tmp, (version + "\n").encode())
-        os.replace(tmp, folder / PIN_FILE)
-        _fsync_dir(folder)
+        _replace_synced(self.root / name, PIN_FILE, (version + "\n").encode())
 
     def unpin(self, name: str) -> None:
         folder = self.root / validate_model_name(name)
@@ -258,33 +330,39 @@ class Registry:
 
     # ------------------------------------------------------------ publishing
     def publish(self, name: str, artifact: Artifact, keep: int | None = None,
-                views: Mapping[str, bytes] | Callable[[Artifact], Mapping[str, bytes]] | None = None
-                ) -> str:
+                views: ViewSource | Callable[[Artifact], ViewSource] | None = None) -> str:
         """Write ``artifact`` as a new version of ``name`` atomically; return the version.
 
-        ``views`` are derived files published in the same rename (e.g.
-        ``report.html``): they are for people, not checksummed, and never
-        read back by the loader. A callable is given a copy of the artifact
-        with its name, version and created_at already set (so a report can
-        show them) and returns the files.
+        ``views`` are files for people published in the same rename (e.g.
+        ``report.html``), listed in the manifest with their checksums. A
+        callable is given a copy of the artifact with its name, version and
+        created_at already set (so a report can show them) and returns them.
+
+        The temporary folder is locked while it is written, so :meth:`gc`
+        removes only the leftovers of publishers that died.
         """
         validate_model_name(name)
         folder = self.root / name
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".tmp-{uuid.uuid4().hex}"
+        self._remove_abandoned(folder)
+        tmp = folder / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+        tmp.mkdir()
+        lock = _lock_folder(tmp)
         try:
             manifest = self._write_payload(tmp, name, artifact)
-            stamped = None
-            if callable(views):
-                def stamped(version: str) -> Mapping[str, bytes]:
+
+            def views_of(version: str) -> ViewSource:
+                if callable(views):
                     return views(dataclasses.replace(artifact, name=name, version=version,
                                                      created_at=manifest.created_at, path=folder / version))
-            else:
-                _write_views(tmp, views or {})
-            version = self._rename_into_place(tmp, folder, manifest, stamped)
+                return views or {}
+
+            version = self._rename_into_place(tmp, folder, manifest, views_of)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            os.close(lock)
         artifact.name, artifact.version = name, version
         artifact.created_at, artifact.path = manifest.created_at, folder / version
         if keep is not None:
@@ -292,7 +370,7 @@ class Registry:
         return version
 
     def _write_payload(self, tmp: Path, name: str, artifact: Artifact) -> manifest_pb2.Manifest:
-        (tmp / "arrays").mkdir(parents=True)
+        (tmp / "arrays").mkdir()
         (tmp / "ids").mkdir()
         manifest = manifest_pb2.Manifest(
             format=FORMAT,
@@ -326,13 +404,12 @@ class Registry:
         return manifest
 
     def _rename_into_place(self, tmp: Path, folder: Path, manifest: manifest_pb2.Manifest,
-                           stamped: Callable[[str], Mapping[str, bytes]] | None = None) -> str:
+                           views_of: Callable[[str], ViewSource]) -> str:
         for _ in range(100):
             version = self._next_version(folder)
             manifest.version = version
+            _set_views(tmp, manifest, views_of(version))
             _write_synced(tmp / MANIFEST, _manifest_json(manifest))
-            if stamped is not None:
-                _write_views(tmp, stamped(version))
             _fsync_dir(tmp)
             try:
                 # rename(2) onto an existing non-empty folder fails, so two
@@ -364,27 +441,49 @@ class Registry:
         doomed = [v for v in self.versions(name)[:-keep] if v != pinned]
         for version in doomed:
             # Rename first so a concurrent reader never sees a half-deleted version.
-            trash = folder / f".trash-{version}-{uuid.uuid4().hex}"
+            trash = folder / f"{_TRASH_PREFIX}{version}-{uuid.uuid4().hex}"
             os.rename(folder / version, trash)
             shutil.rmtree(trash, ignore_errors=True)
-        self._remove_stale_temporaries(folder)
+        self._remove_abandoned(folder)
         return doomed
 
+    def gc(self) -> list[Path]:
+        """Remove what killed publishers and pruners left behind in every model; return it."""
+        removed: list[Path] = []
+        for name in self.models():
+            removed += self._remove_abandoned(self.root / name)
+        return removed
+
     @staticmethod
-    def _remove_stale_temporaries(folder: Path) -> None:
-        cutoff = time.time() - _STALE_TMP_SECONDS
-        for path in folder.glob(".tmp-*"):
-            if path.stat().st_mtime < cutoff:
-                shutil.rmtree(path, ignore_errors=True)
+    def _remove_abandoned(folder: Path) -> list[Path]:
+        """Temporary folders no live publisher holds, and trash a killed prune left.
+
+        A publisher locks its temporary folder from just after creating it; the lock
+        dies with the process. A folder younger than a few seconds is left alone, so one
+        created but not yet locked is never taken.
+        """
+        removed = []
+        young = time.time() - _NEW_TMP_SECONDS
+        for path in folder.iterdir():
+            if not path.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)) or path.is_symlink():
+                continue
+            try:
+                if path.lstat().st_mtime > young or not _abandoned(path):
+                    continue
+            except FileNotFoundError:
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        return removed
 
     # ---------------------------------------------------------------- loading
-    def load(self, name: str, version: str | None = None, *, mmap: bool = True) -> Artifact:
+    def load(self, name: str, version: str | None = None, *, mmap: bool = True, views: bool = True) -> Artifact:
         """Load and verify a version (default: the live one)."""
         if version is None:
             version, _ = self.live_version(name)
         if not is_version(version):
             raise ArtifactError(f"{name}: {version!r} is not a version name")
-        return load_version(self.root / validate_model_name(name) / version, mmap=mmap)
+        return load_version(self.root / validate_model_name(name) / version, mmap=mmap, views=views)
 
     def iter_live(self) -> Iterator[tuple[str, str, str]]:
         """(name, version, reason) for every model with a live version."""
@@ -418,11 +517,44 @@ def read_manifest(folder: Path) -> manifest_pb2.Manifest:
     return manifest
 
 
+def _refuse_links(folder: Path) -> None:
+    """A version is plain folders and files: no symlink in it, nor as it or its model folder."""
+    for path in (folder.parent, folder):
+        if path.is_symlink():
+            raise ArtifactError(f"{path}: is a symbolic link; versions hold plain folders and files only")
+    for root, dirs, files in os.walk(folder):
+        for entry in dirs + files:
+            if os.path.islink(os.path.join(root, entry)):
+                raise ArtifactError(f"{os.path.join(root, entry)}: is a symbolic link; versions hold plain"
+                                    " folders and files only")
+
+
 def _inside(folder: Path, rel: str) -> Path:
-    path = (folder / rel).resolve()
-    if folder.resolve() not in path.parents:
+    """``folder/rel`` for a plain relative path that stays inside the folder."""
+    parts = Path(rel).parts
+    if not parts or Path(rel).is_absolute() or any(p in (".", "..") for p in parts):
         raise ArtifactError(f"{folder}: manifest path {rel!r} escapes the version folder")
-    return path
+    return folder.joinpath(*parts)
+
+
+def _read_nofollow(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        raise ArtifactError(f"{path}: listed in the manifest but missing") from None
+    except OSError as exc:
+        raise ArtifactError(f"{path}: unreadable: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+def _load_view(folder: Path, entry: manifest_pb2.ViewFile) -> View:
+    path = _inside(folder, entry.path)
+    data = _read_nofollow(path)  # checksum and content from one read
+    actual = hashlib.sha256(data).hexdigest()
+    if actual != entry.sha256:
+        raise ArtifactError(f"{path}: checksum mismatch (manifest {entry.sha256[:12]}…, file {actual[:12]}…)")
+    return View(data, tuple(entry.script_hashes), entry.path)
 
 
 def _verify_checksum(path: Path, expected: str) -> None:
@@ -462,12 +594,25 @@ def _load_ids(folder: Path, entry: manifest_pb2.IdFile) -> IdMap:
         raise ArtifactError(f"{path}: {exc}") from None
 
 
-def load_version(folder: str | os.PathLike, *, mmap: bool = True) -> Artifact:
-    """Load one version folder, verifying it completely against its manifest."""
+def read_view(folder: str | os.PathLike, name: str) -> bytes | None:
+    """The verified bytes of one view of a published version, or None when it has none."""
     folder = Path(folder)
+    _refuse_links(folder)
+    entry = next((e for e in read_manifest(folder).views if e.name == name), None)
+    return _load_view(folder, entry).data if entry is not None else None
+
+
+def load_version(folder: str | os.PathLike, *, mmap: bool = True, views: bool = True) -> Artifact:
+    """Load one version folder, verifying it completely against its manifest.
+
+    ``views=False`` skips the view files (to redraw a report whose old copy is damaged).
+    """
+    folder = Path(folder)
+    _refuse_links(folder)
     manifest = read_manifest(folder)
     arrays = {Path(e.path).stem: _load_array(folder, e, mmap) for e in manifest.arrays}
     ids = {e.space: _load_ids(folder, e) for e in manifest.ids}
+    loaded_views = {e.name: _load_view(folder, e) for e in manifest.views} if views else {}
     return Artifact(
         kind=manifest.kind,
         arrays=arrays,
@@ -480,4 +625,5 @@ def load_version(folder: str | os.PathLike, *, mmap: bool = True) -> Artifact:
         version=manifest.version,
         created_at=manifest.created_at,
         path=folder,
+        views=loaded_views,
     )

@@ -21,33 +21,39 @@ import sys  # noqa: E402
 from typing import Sequence  # noqa: E402
 
 from ordrec.service.server import Server, ServerConfig  # noqa: E402
+from ordrec.service.streams import StreamLimits  # noqa: E402
 from ordrec.service.validation import Limits  # noqa: E402
 
 log = logging.getLogger("ordrec.service")
 
 
+_DEFAULTS = ServerConfig(registry="")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    d = _DEFAULTS
     p = argparse.ArgumentParser(prog="ordrec-serve", description="Serve ordrec models over gRPC.",
-                                epilog="Load test: ordrec-serve loadtest --help")
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--registry", required=True, help="registry directory the trainer publishes to")
-    p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
-    p.add_argument("--metrics-host", default="127.0.0.1", help="bind address of /metrics and /maps")
-    p.add_argument("--metrics-port", type=int, default=9095, help="HTTP port for /metrics (-1: off)")
-    p.add_argument("--workers", type=int, default=ServerConfig.workers, help="gRPC worker threads per process")
+    p.add_argument("--host", default=d.host, help="gRPC bind address")
+    p.add_argument("--port", type=int, default=d.port, help="gRPC port (0: pick a free one)")
+    p.add_argument("--metrics-host", default=d.metrics_host, help="bind address of /metrics, /healthz and /maps")
+    p.add_argument("--metrics-port", type=int, default=d.metrics_port,
+                   help="HTTP port for /metrics (0: pick a free one, -1: off)")
+    p.add_argument("--workers", type=int, default=d.workers, help="gRPC worker threads per process")
     p.add_argument("--processes", type=int, default=1,
                    help="server processes sharing the port (SO_REUSEPORT), each pinned to a core;"
                         " 0 = one per CPU this process may run on")
     p.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT (set for --processes)")
     p.add_argument("--cpu", type=int, help="pin this process to one CPU")
-    p.add_argument("--poll-interval", type=float, default=5.0,
+    p.add_argument("--poll-interval", type=float, default=d.poll_interval,
                    help="seconds between registry polls for new versions (0: never)")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument("--grace", type=float, default=d.grace, help="seconds in-flight calls get on SIGTERM")
     p.add_argument("--redis", dest="redis_url", metavar="URL",
                    help="redis://host:port/db for new-version news and seen items (optional)")
-    p.add_argument("--redis-timeout", type=float, default=0.05, help="seconds per Redis call (default 0.05)")
-    p.add_argument("--seen-ttl", type=int, default=30 * 86400,
-                   help="seconds a recorded interaction stays excluded (default 30 days)")
+    p.add_argument("--redis-timeout", type=float, default=d.redis_timeout, help="seconds per Redis call")
+    p.add_argument("--seen-ttl", type=int, default=d.seen_ttl,
+                   help="seconds a recorded interaction stays excluded")
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
@@ -55,9 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--switch-interval", type=float, default=None,
                    help="Python's GIL switch interval in seconds (sys.setswitchinterval; default 5 ms)")
     p.add_argument("--log-level", default="INFO")
-    for name, default in vars(Limits()).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, dest=name,
-                       help=f"request bound (default {default})")
+    streams = p.add_argument_group("streams and connections (docs/service.md, 'Streams')")
+    streams.add_argument("--max-streams", type=int, default=d.streams.max_streams,
+                         help="open streaming RPCs per process (health Watch included); keep below --workers")
+    streams.add_argument("--max-streams-per-connection", type=int, default=d.streams.max_streams_per_connection)
+    streams.add_argument("--stream-stall-seconds", type=float, default=d.streams.stall_seconds,
+                         help="end a stream whose reply the client has not taken for this long")
+    streams.add_argument("--stream-max-seconds", type=float, default=d.streams.max_seconds,
+                         help="end a stream open longer than this")
+    streams.add_argument("--max-connection-age", type=float, default=d.max_connection_age,
+                         help="seconds before a connection is asked to reconnect (GOAWAY)")
+    limits = p.add_argument_group("request bounds")
+    for name, default in vars(d.limits).items():
+        limits.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, dest=name)
     return p
 
 
@@ -66,11 +82,17 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
+    if args.max_streams >= args.workers:
+        raise ValueError(f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
+                         " or open streams could hold every worker")
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
+    streams = StreamLimits(max_streams=args.max_streams, max_streams_per_connection=args.max_streams_per_connection,
+                           stall_seconds=args.stream_stall_seconds, max_seconds=args.stream_max_seconds)
     return ServerConfig(
         registry=args.registry, host=args.host, port=args.port, metrics_host=args.metrics_host,
         metrics_port=args.metrics_port, workers=args.workers, poll_interval=args.poll_interval,
-        grace=args.grace, limits=limits, reuse_port=args.reuse_port, redis_url=args.redis_url, redis_timeout=args.redis_timeout,
+        grace=args.grace, limits=limits, streams=streams, max_connection_age=args.max_connection_age,
+        reuse_port=args.reuse_port, redis_url=args.redis_url, redis_timeout=args.redis_timeout,
         seen_ttl=args.seen_ttl, tls_cert=args.tls_cert, tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),
     )

@@ -22,6 +22,10 @@ class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class ResourceExhausted(ServiceError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 class FailedPrecondition(ServiceError):
     code = grpc.StatusCode.FAILED_PRECONDITION
 

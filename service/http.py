@@ -1,7 +1,9 @@
 """The HTTP side port: Prometheus ``/metrics``, ``/healthz`` and the map reports.
 
 ``/maps/<model>`` serves the HTML report of the served version of a map
-model (written by the trainer into the version folder as ``report.html``).
+model: the ``report.html`` view its manifest lists, verified and read once at
+load, under a Content-Security-Policy that runs only the scripts the manifest
+names. Nothing is read from disk per request.
 """
 from __future__ import annotations
 
@@ -19,6 +21,17 @@ from ordrec.service.store import ModelStore
 log = logging.getLogger("ordrec.http")
 REPORT_FILE = "report.html"
 _MAP_PATH = re.compile(r"^/maps/([a-z0-9][a-z0-9_.-]{0,63})/?$")
+_PAGE_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+}
+
+
+def content_security_policy(script_hashes: tuple[str, ...] = ()) -> str:
+    scripts = " ".join(f"'sha256-{h}'" for h in script_hashes) or "'none'"
+    return (f"default-src 'none'; script-src {scripts}; style-src 'unsafe-inline'; img-src data:;"
+            " base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -27,6 +40,10 @@ class _Handler(BaseHTTPRequestHandler):
     store: ModelStore
     healthy: Callable[[], bool]
     detail: Callable[[], dict]
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+        self._head_only = True
+        self.do_GET()
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's naming
         path = self.path.split("?", 1)[0]
@@ -47,24 +64,28 @@ class _Handler(BaseHTTPRequestHandler):
         links = "".join(
             f'<li><a href="/maps/{name}">{name}</a> ({m.kind} {m.version})</li>'
             for name, m in sorted(self.store.snapshot().items())
-            if m.index.artifact.path and (m.index.artifact.path / REPORT_FILE).exists()
+            if REPORT_FILE in m.index.artifact.views
         )
         return f"<!doctype html><title>ordrec maps</title><ul>{links or '<li>no map reports</li>'}</ul>".encode()
 
     def _send_report(self, name: str) -> None:
         model = self.store.snapshot().get(name)
-        path = model.index.artifact.path / REPORT_FILE if model and model.index.artifact.path else None
-        if path is None or not path.exists():
+        report = model.index.artifact.views.get(REPORT_FILE) if model else None
+        if report is None:
             self._send(404, f"no report for model {name!r}\n".encode(), "text/plain")
             return
-        self._send(200, path.read_bytes(), "text/html; charset=utf-8")
+        self._send(200, report.data, "text/html; charset=utf-8", content_security_policy(report.script_hashes))
 
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
+    def _send(self, status: int, body: bytes, content_type: str, policy: str | None = None) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Security-Policy", policy or content_security_policy())
+        for header, value in _PAGE_HEADERS.items():
+            self.send_header(header, value)
         self.end_headers()
-        self.wfile.write(body)
+        if not getattr(self, "_head_only", False):
+            self.wfile.write(body)
 
     def log_message(self, fmt: str, *args) -> None:  # quiet: access logs go to debug
         log.debug("%s %s", self.address_string(), fmt % args)

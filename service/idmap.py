@@ -13,11 +13,12 @@ class IdMap:
     an artifact that is indexed by this id space.
     """
 
-    __slots__ = ("_ids", "_index")
+    __slots__ = ("_ids", "_index", "_max_bytes")
 
     def __init__(self, ids: Sequence[str]):
         self._ids = list(ids)
         self._index = {external: row for row, external in enumerate(self._ids)}
+        self._max_bytes: int | None = None
         if len(self._index) != len(self._ids):
             seen: set[str] = set()
             dup = next(x for x in self._ids if x in seen or seen.add(x))
@@ -36,6 +37,7 @@ class IdMap:
         ids = cls.__new__(cls)
         ids._ids = list(index)
         ids._index = index
+        ids._max_bytes = None
         return ids, rows.astype(np.int32)
 
     def __len__(self) -> int:
@@ -53,6 +55,13 @@ class IdMap:
     @property
     def ids(self) -> list[str]:
         return self._ids
+
+    @property
+    def max_bytes(self) -> int:
+        """Length in UTF-8 bytes of the longest id (bounds the size of a reply)."""
+        if self._max_bytes is None:
+            self._max_bytes = max((len(x.encode("utf-8")) for x in self._ids), default=0)
+        return self._max_bytes
 
     def row(self, external: str) -> int:
         """Row number of ``external``, or -1 when it is unknown."""

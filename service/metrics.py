@@ -53,13 +53,25 @@ class Metrics:
                                  ("model", "rpc", "fallback"), registry=r)
         self.redis_up = Gauge("ordrec_redis_up", "1 when Redis answers, 0 when not (absent: not configured).",
                               registry=r)
+        self.open_streams = Gauge("ordrec_open_streams", "Streaming RPCs open now (health Watch included).",
+                                  registry=r)
+        self.streams_ended = Counter("ordrec_streams_ended_total",
+                                     "Streams the server ended: stalled (the client stopped reading) or expired.",
+                                     ("reason",), registry=r)
         self.models_loaded = Gauge("ordrec_models_loaded", "Number of models being served.", registry=r)
 
     def forget_model(self, name: str) -> None:
         """Drop the labelled series of a model before re-registering its new version."""
-        for labels in list(self.model_info._metrics):  # noqa: SLF001 - prometheus_client has no public API
-            if labels[0] == name:
-                self.model_info.remove(*labels)
+        self.model_info.remove_by_labels({"model": name})
+
+
+def _ended_code(context, failed: bool) -> grpc.StatusCode:
+    """The status of a call whose handler set none: the client's view when it left early."""
+    if not context.is_active():
+        remaining = context.time_remaining()
+        return (grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0
+                else grpc.StatusCode.CANCELLED)
+    return grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
 
 
 def _split_method(full_method: str) -> tuple[str, str]:
@@ -113,9 +125,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         return children[1]
 
     def _record(self, labels: tuple, handling, context, start: float, failed: bool) -> None:
-        code = context.code()
-        if code is None:
-            code = grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
+        code = context.code() or _ended_code(context, failed)
         key = (labels, code)
         handled = self._handled.get(key)
         if handled is None:

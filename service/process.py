@@ -21,7 +21,7 @@ class ServerProcess:
 
     def __init__(self, registry: str | os.PathLike, *extra_args: str, startup_timeout: float = 60.0,
                  log_path: str | os.PathLike | None = None, env: dict | None = None):
-        self.args = [sys.executable, "-m", "service", "--registry", str(registry), "--port", "0",
+        self.args = [sys.executable, "-m", "ordrec.service", "--registry", str(registry), "--port", "0",
                      "--metrics-port", "0", *extra_args]
         self.startup_timeout = startup_timeout
         self.log_path = Path(log_path) if log_path else None

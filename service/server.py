@@ -22,6 +22,7 @@ from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
 from ordrec.service.store import ModelStore, Reloader
+from ordrec.service.streams import StreamGuard, StreamLimits
 from ordrec.service.validation import Limits
 
 log = logging.getLogger("ordrec.service")
@@ -37,14 +38,19 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9095  # 0 disables the HTTP port
-    # Threads per process. Closed-loop Recommend with 64 calls in flight, one pinned
-    # process: 8 threads ~320 us of CPU per call, 16 ~296, 32 ~293, 1 ~450
-    # (grpcio parks a call's worker while its request arrives; more threads queue less).
+    metrics_port: int = 9095  # 0 picks a free port, -1 disables the HTTP port
+    # grpcio parks a call's worker while its request arrives, so more threads queue less
+    # (docs/service.md has the measured choice).
     workers: int = 16
     poll_interval: float = 5.0  # seconds between registry polls (0: never)
     grace: float = 10.0  # seconds in-flight calls get on SIGTERM
     limits: Limits = field(default_factory=Limits)
+    streams: StreamLimits = field(default_factory=StreamLimits)
+    # A connection is closed (GOAWAY, then cut after the grace) at this age, which ends
+    # anything a peer left hanging on it; clients reconnect transparently.
+    max_connection_age: float = 600.0
+    max_connection_age_grace: float = 30.0
+    max_streams_per_connection_http2: int = 100  # HTTP/2 concurrent streams, unary included
     reuse_port: bool = False
     redis_url: str | None = None
     redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
@@ -52,6 +58,16 @@ class ServerConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tokens: list[bytes] = field(default_factory=list)  # empty: no authentication
+
+
+class ListingHealthServicer(health.HealthServicer):
+    """The stock health servicer plus ``List`` (advertised by the proto, missing upstream)."""
+
+    def List(self, request, context):  # noqa: N802 - gRPC method name
+        with self._lock:
+            statuses = {name: health_pb2.HealthCheckResponse(status=status)
+                        for name, status in self._server_status.items()}
+        return health_pb2.HealthListResponse(statuses=statuses)
 
 
 class Server:
@@ -62,7 +78,7 @@ class Server:
         self._stopping = threading.Event()
         self._stopped = threading.Event()
         self.metrics = Metrics()
-        self.health = health.HealthServicer()
+        self.health = ListingHealthServicer()
         self.store = ModelStore(Registry(config.registry), self.metrics, on_change=self._update_health)
         self.seen = (RedisSeenStore(config.redis_url, self.metrics, config.redis_timeout, config.seen_ttl,
                                     on_change=self._update_health)
@@ -71,6 +87,7 @@ class Server:
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
         self.grpc_server: grpc.Server | None = None
+        self.stream_guard: StreamGuard | None = None
         self.http_server = None
         self.port = config.port
         self.metrics_port = config.metrics_port
@@ -105,11 +122,19 @@ class Server:
             ("grpc.max_receive_message_length", cfg.limits.max_message_bytes),
             ("grpc.max_send_message_length", cfg.limits.max_message_bytes),
             ("grpc.so_reuseport", 1 if cfg.reuse_port else 0),
+            ("grpc.max_connection_age_ms", int(cfg.max_connection_age * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(cfg.max_connection_age_grace * 1000)),
+            ("grpc.max_concurrent_streams", cfg.max_streams_per_connection_http2),
         ]
-        # Metrics outermost, so refused (UNAUTHENTICATED) calls are counted too.
+        # Metrics outermost, so refused (UNAUTHENTICATED) calls are counted too; the stream
+        # guard innermost, so a refused call never takes a stream slot.
         interceptors = [MetricsInterceptor(self.metrics)]
         if cfg.tokens:
             interceptors.append(TokenAuthInterceptor(cfg.tokens))
+        self.stream_guard = StreamGuard(cfg.streams,
+                                        on_cancel=lambda reason: self.metrics.streams_ended.labels(reason).inc())
+        self.metrics.open_streams.set_function(self.stream_guard.open_streams)
+        interceptors.append(self.stream_guard)
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
             interceptors=interceptors,
@@ -160,6 +185,8 @@ class Server:
             self.grpc_server.stop(self.config.grace if grace is None else grace).wait()
         if self.http_server is not None:
             self.http_server.shutdown()
+        if self.stream_guard is not None:
+            self.stream_guard.stop()
         log.info("stopped")
         self._stopped.set()
 

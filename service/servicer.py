@@ -19,7 +19,9 @@ from google.protobuf.message import DecodeError
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service import validation as v
-from ordrec.service.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from ordrec.service.errors import (
+    DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, ServiceError,
+)
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
 from ordrec.service.seen import SeenStore
@@ -67,6 +69,16 @@ def _check_request(request, context) -> None:
         raise DeadlineExceeded("the call's deadline passed before it was handled")
 
 
+def _fitting(reply, limits: v.Limits):
+    """``reply``, or ResourceExhausted when it is over the send limit: the status then
+    comes from here (and is counted), not from grpcio failing the send afterwards."""
+    size = reply.ByteSize()
+    if size > limits.max_message_bytes:
+        raise ResourceExhausted(f"the reply is {size:,} bytes, over the {limits.max_message_bytes:,}-byte"
+                                " message limit: ask for less")
+    return reply
+
+
 def rpc(method: Callable) -> Callable:
     """Map exceptions to status codes: the only place that does."""
 
@@ -74,7 +86,7 @@ def rpc(method: Callable) -> Callable:
     def unary(self, request, context):
         try:
             _check_request(request, context)
-            return method(self, request, context)
+            return _fitting(method(self, request, context), self.limits)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
         except Exception:  # noqa: BLE001
@@ -85,7 +97,8 @@ def rpc(method: Callable) -> Callable:
     def stream(self, request, context):
         try:
             _check_request(request, context)
-            yield from method(self, request, context)
+            for reply in method(self, request, context):
+                yield _fitting(reply, self.limits)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
         except Exception:  # noqa: BLE001
@@ -132,6 +145,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         candidates = _rows_or_not_found(index.items, candidate_ids, "candidate item ids") if candidate_ids else None
         if request.with_distribution and not hasattr(index, "distribution"):
             raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
+        n_levels = len(index.levels) if request.with_distribution else 0
+        answerable = len(candidates) if candidates is not None else len(index.items)
+        v.check_reply_fits(
+            v.recommend_reply_bytes(user_ids, min(n, answerable), index.items.max_bytes, n_levels),
+            f"{len(user_ids)} user_ids x n={n}{' with_distribution' if n_levels else ''}", lim)
         exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
 
         recent, degraded = self.seen.recent(user_ids) if exclude_seen else ({}, False)
@@ -252,6 +270,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         points = model.index.maps[space][entity]
         ids = v.id_list(request.ids, "ids", lim, lim.max_ids)
         page = v.bounded(request.page_size or 1000, "page_size", 1, lim.max_page_size)
+        v.check_reply_fits(page * v.scored_id_bytes(points.ids.max_bytes, points.dim),
+                           f"page_size={page} at {points.dim} dimensions", lim)
         rows = _rows_or_not_found(points.ids, ids, f"{entity} ids") if ids else np.arange(len(points.ids))
         wire_entity = _SPACE_ENTITY[entity]
         for start in range(0, max(rows.size, 1), page):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from ordrec.service.artifacts import ArtifactError, Registry
-from ordrec.service.errors import FailedPrecondition, InvalidArgument, Unavailable
+from ordrec.service.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from ordrec.service.metrics import Metrics
 from ordrec.service.models import build_index
 from ordrec.service.models.base import ModelIndex
@@ -79,7 +79,9 @@ class ModelStore:
         model = models.get(name)
         if model is None:
             loaded = ", ".join(sorted(models)) or "none"
-            raise Unavailable(f"model {name!r} is not loaded (loaded: {loaded})")
+            if self.registry.has_model(name):
+                raise Unavailable(f"model {name!r} is in the registry but not loaded yet (loaded: {loaded})")
+            raise NotFound(f"no model {name!r} in the registry (loaded: {loaded})")
         if rpc not in model.index.rpcs:
             raise FailedPrecondition(
                 f"model {name!r} is a {model.kind} model and does not answer {rpc}"

@@ -46,7 +46,7 @@ class Supervisor:
 
     def child_args(self, i: int) -> list[str]:
         metrics = self.metrics_port + i if self.metrics_port > 0 else self.metrics_port
-        args = [sys.executable, "-m", "service", *self.argv, "--processes", "1", "--reuse-port",
+        args = [sys.executable, "-m", "ordrec.service", *self.argv, "--processes", "1", "--reuse-port",
                 "--port", str(self.port), "--metrics-port", str(metrics)]
         if self.cpus[i] is not None:
             args += ["--cpu", str(self.cpus[i])]

@@ -25,6 +25,32 @@ class Limits:
     max_message_bytes: int = 4 * 1024 * 1024
 
 
+# Upper bounds on protobuf's framing: a field tag and length prefix, a float with its tag.
+_FRAME = 4
+_FLOAT = 5
+_REPLY_HEADROOM = 1024  # model name, version, levels
+
+
+def scored_id_bytes(id_bytes: int, n_floats: int = 0) -> int:
+    """Most bytes one ``ScoredId`` (with ``n_floats`` distribution values) takes in a reply."""
+    return _FRAME + _FRAME + id_bytes + _FLOAT + (_FRAME + 4 * n_floats if n_floats else 0)
+
+
+def check_reply_fits(reply_bytes: int, what: str, limits: Limits) -> None:
+    """Refuse, before any work, a request whose reply could exceed the message size limit."""
+    budget = limits.max_message_bytes - _REPLY_HEADROOM
+    if reply_bytes > budget:
+        raise InvalidArgument(
+            f"{what} would make a reply of up to {reply_bytes:,} bytes, over the"
+            f" {limits.max_message_bytes:,}-byte message limit: ask for less"
+        )
+
+
+def recommend_reply_bytes(user_ids: Sequence[str], n: int, item_id_bytes: int, n_levels: int) -> int:
+    per_user = _FRAME + _FRAME + _FRAME + n * scored_id_bytes(item_id_bytes, n_levels)
+    return sum(per_user + len(u.encode("utf-8")) for u in user_ids)
+
+
 def bounded(value: int, field: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidArgument(f"{field} must be between {low} and {high}, got {value}")

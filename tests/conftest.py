@@ -39,13 +39,13 @@ def data_file(*parts: str) -> Path:
 @pytest.fixture(scope="session")
 def sample_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sample")
-    run_cli(["trainer", "sample", "--out", str(out)])
+    run_cli(["ordrec.trainer", "sample", "--out", str(out)])
     return out
 
 
 def train_into(registry: Path, sample_dir: Path, models=SAMPLE_MODELS) -> Path:
     for name, kind, sample, flags in models:
-        result = run_cli(["trainer", "train", kind, "--data", str(sample_dir / sample), "--registry",
+        result = run_cli(["ordrec.trainer", "train", kind, "--data", str(sample_dir / sample), "--registry",
                           str(registry), "--name", name, *flags], check=False)
         assert result.returncode == 0, result.stderr
     return registry

@@ -124,7 +124,7 @@ def test_unknown_user_gets_flagged_popularity_fallback(stub):
     (pb.RecommendRequest(model="dcr", user_ids=[""], n=5), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
     (pb.RecommendRequest(model="dcr", user_ids=["x" * 1000], n=5), grpc.StatusCode.INVALID_ARGUMENT, "long"),
     (pb.RecommendRequest(model="Bad Name", user_ids=["u001"], n=5), grpc.StatusCode.INVALID_ARGUMENT, "model"),
-    (pb.RecommendRequest(model="absent", user_ids=["u001"], n=5), grpc.StatusCode.UNAVAILABLE, "not loaded"),
+    (pb.RecommendRequest(model="absent", user_ids=["u001"], n=5), grpc.StatusCode.NOT_FOUND, "no model 'absent'"),
     (pb.RecommendRequest(user_ids=["u001"], n=5), grpc.StatusCode.INVALID_ARGUMENT, "several models"),
     (pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5, candidate_item_ids=["zz"]),
      grpc.StatusCode.NOT_FOUND, "unknown candidate"),

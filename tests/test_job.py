@@ -260,7 +260,7 @@ def test_lock_prevents_overlapping_runs(sample, tmp_path, capsys):
 
 # --------------------------------------------------------- through the CLI
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "ordrec.trainer", *args], capture_output=True, text=True,
                           timeout=300)
 
 

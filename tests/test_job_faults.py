@@ -134,7 +134,7 @@ class CliRun:
     """The real CLI as a child; ``wait_started`` returns once the job has its lock and began."""
 
     def __init__(self, job: Path):
-        self.proc = subprocess.Popen([sys.executable, "-m", "trainer", "run", str(job)],
+        self.proc = subprocess.Popen([sys.executable, "-m", "ordrec.trainer", "run", str(job)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.started = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()

@@ -14,6 +14,7 @@ import pytest
 
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, is_version
 from ordrec.service.idmap import IdMap
+from ordrec.service.process import run_cli
 
 
 def make_artifact(seed: int = 0, n: int = 5) -> Artifact:
@@ -173,10 +174,8 @@ def test_object_array_smuggled_into_a_version_is_not_unpickled(tmp_path):
         registry.load("m")
 
 
-def test_writer_killed_mid_publish_leaves_no_visible_version(tmp_path):
-    """SIGKILL a publisher while it writes a large array: readers see only complete versions."""
-    registry = Registry(tmp_path)
-    first = registry.publish("m", make_artifact())
+def _paused_publisher(root) -> subprocess.Popen:
+    """A real publisher that stops for 30 s once it has written its first array."""
     script = textwrap.dedent(f"""
         import numpy as np, sys
         import ordrec.service.artifacts as a
@@ -190,11 +189,25 @@ def test_writer_killed_mid_publish_leaves_no_visible_version(tmp_path):
             return digest
         a._write_array = slow_write
         big = np.zeros((1000, 100), np.float32)
-        Registry({str(tmp_path)!r}).publish("m", Artifact("dcr", {{"big": big}}, {{"users": IdMap(["x"])}}))
+        Registry({str(root)!r}).publish("m", Artifact("dcr", {{"big": big}}, {{"users": IdMap(["x"])}}))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert "wrote" in proc.stdout.readline()
+    return proc
+
+
+def _age(paths, seconds: float) -> None:
+    old = time.time() - seconds
+    for path in paths:
+        os.utime(path, (old, old))
+
+
+def test_writer_killed_mid_publish_leaves_no_visible_version(tmp_path):
+    """SIGKILL a publisher while it writes a large array: readers see only complete versions."""
+    registry = Registry(tmp_path)
+    first = registry.publish("m", make_artifact())
+    proc = _paused_publisher(tmp_path)
     try:
-        assert "wrote" in proc.stdout.readline()
         assert registry.versions("m") == [first]  # the half-written version is invisible
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
@@ -204,11 +217,32 @@ def test_writer_killed_mid_publish_leaves_no_visible_version(tmp_path):
     assert registry.load("m").version == first
     leftovers = list((tmp_path / "m").glob(".tmp-*"))
     assert leftovers, "the killed writer's temporary folder should remain until pruned"
-    old = time.time() - 7200
-    for path in leftovers:
-        os.utime(path, (old, old))
+    _age(leftovers, 7200)
     registry.prune("m", keep=5)
     assert not list((tmp_path / "m").glob(".tmp-*"))
+
+
+def test_gc_and_the_next_publish_remove_only_what_dead_publishers_left(tmp_path):
+    registry = Registry(tmp_path)
+    registry.publish("m", make_artifact())
+    live = _paused_publisher(tmp_path)
+    try:
+        busy = list((tmp_path / "m").glob(".tmp-*"))
+        _age(busy, 7200)  # old, but its publisher still holds the lock
+        assert registry.gc() == []
+        registry.publish("m", make_artifact())  # a concurrent publish leaves it alone too
+        assert list((tmp_path / "m").glob(".tmp-*")) == busy
+        live.send_signal(signal.SIGKILL)
+        live.wait(10)
+    finally:
+        live.kill()
+    trash = tmp_path / "m" / ".trash-20260101T000000.000000Z-x"  # a prune killed mid-delete
+    trash.mkdir()
+    _age([trash], 60)
+    out = run_cli(["ordrec.trainer", "gc", "--registry", str(tmp_path)]).stdout
+    assert sorted(out.split()) == sorted(["removed", "removed", str(busy[0]), str(trash)])
+    assert not [p for p in (tmp_path / "m").iterdir() if p.name.startswith(".")]
+    assert len(registry.versions("m")) == 2
 
 
 def test_bad_model_names_are_refused(tmp_path):

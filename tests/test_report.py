@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, Registry
+from ordrec.service.artifacts import Artifact, ArtifactError, Registry, read_view
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import MapIndex, PointSet
 from ordrec.service.process import ServerProcess, run_cli
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.evaluation.report import PaperFigure
 from ordrec.trainer.report_html import (DEFAULT_MAX_POINTS, LABELS_FILE, MISSING_COLOUR, PALETTE, REPORT_FILE,
-                                 format_labels, map_views, read_labels, render_report, report_views,
+                                 format_labels, map_views, parse_labels, read_labels, render_report, report_views,
                                  write_report)
 
 VOID = {"meta", "link", "br", "img", "input", "hr", "col", "area", "base", "embed", "source", "wbr"}
@@ -415,22 +415,27 @@ def test_publish_with_views_then_write_report_keeps_labels(tmp_path):
     # a callable view is drawn with the version's name, version and created_at set
     version = registry.publish("films", artifact, views=lambda a: report_views(a, labels))
     folder = tmp_path / "reg" / "films" / version
-    first = (folder / REPORT_FILE).read_text(encoding="utf-8")
+    first = read_view(folder, REPORT_FILE).decode("utf-8")
     assert f"version <b>{version}</b>" in first and f"created {artifact.created_at}" in first
     assert "model <b>films</b>" in first and "Toy Story (1995) (item 1)" in first
-    assert read_labels(folder / LABELS_FILE) == labels
-    # regenerating (default: the live version) reuses the labels kept beside the report
-    (folder / REPORT_FILE).write_text("stale")
+    assert parse_labels(read_view(folder, LABELS_FILE), "labels") == labels
+    # regenerating (default: the live version) reuses the labels kept beside the report,
+    # and repairs a damaged report
+    damaged = registry.load("films").views[REPORT_FILE]
+    (folder / damaged.path).write_text("stale")
+    with pytest.raises(ArtifactError, match="checksum"):
+        registry.load("films")
     path = write_report(registry, "films")
-    assert path == folder / REPORT_FILE
+    assert path.parent == folder / "views" and path.name.endswith(REPORT_FILE)
     again = path.read_text(encoding="utf-8")
+    assert again == read_view(folder, REPORT_FILE).decode("utf-8")
     assert "Toy Story (1995) (item 1)" in again and artifact.created_at in again
     # a new labels file replaces the kept one
     new = tmp_path / "u.item"
     new.write_bytes("1|Jumanji (1995)|x\n".encode("latin-1"))
-    write_report(str(tmp_path / "reg"), "films", version, labels_path=new)
+    path = write_report(str(tmp_path / "reg"), "films", version, labels_path=new)
     assert "Jumanji (1995) (item 1)" in path.read_text(encoding="utf-8")
-    assert read_labels(folder / LABELS_FILE) == {"1": "Jumanji (1995)"}
+    assert parse_labels(read_view(folder, LABELS_FILE), "labels") == {"1": "Jumanji (1995)"}
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary left
     assert registry.load("films", version).kind == "coe"  # the version still verifies
 
@@ -439,8 +444,8 @@ def test_cli_report_rewrites_the_live_version(tmp_path):
     registry = Registry(tmp_path / "reg")
     registry.publish("kn", knnscal_artifact())
     version, _ = registry.live_version("kn")
-    out = run_cli(["trainer", "report", "--registry", str(tmp_path / "reg"), "--model", "kn"])
-    path = tmp_path / "reg" / "kn" / version / REPORT_FILE
+    out = run_cli(["ordrec.trainer", "report", "--registry", str(tmp_path / "reg"), "--model", "kn"])
+    path = tmp_path / "reg" / "kn" / version / registry.load("kn").views[REPORT_FILE].path
     assert out.stdout.strip() == str(path)
     assert parse(path.read_text(encoding="utf-8")).svgs["map-1"]["attrs"]["data-points"] == "40"
 
@@ -449,7 +454,7 @@ def test_service_serves_the_live_versions_report(tmp_path):
     registry = Registry(tmp_path / "reg")
     artifact = coe_artifact()
     registry.publish("films", artifact, views=report_views(artifact))  # a plain mapping works too
-    expected = (artifact.path / REPORT_FILE).read_bytes()
+    expected = read_view(artifact.path, REPORT_FILE)
     with ServerProcess(tmp_path / "reg") as server:
         with urllib.request.urlopen(f"{server.metrics_url}/maps/films", timeout=10) as reply:
             assert reply.status == 200 and reply.headers["Content-Type"].startswith("text/html")

@@ -9,7 +9,7 @@ from ordrec.service.process import run_cli
 
 
 def _train(*args):
-    return run_cli(["trainer", "train", *args], check=False)
+    return run_cli(["ordrec.trainer", "train", *args], check=False)
 
 
 def test_explicit_triple_files_train_coe_and_score(tmp_path):
@@ -49,16 +49,16 @@ def test_versions_pin_unpin_prune(sample_registry, tmp_path):
     artifact = Registry(sample_registry).load("dcr", mmap=False)
     versions = [registry.publish("dcr", artifact) for _ in range(3)]
     reg = ["--registry", str(registry.root)]
-    listing = run_cli(["trainer", "versions", *reg]).stdout
+    listing = run_cli(["ordrec.trainer", "versions", *reg]).stdout
     assert f"dcr\t{versions[-1]}\tlive:newest" in listing
-    run_cli(["trainer", "pin", *reg, "--model", "dcr", "--version", versions[0]])
+    run_cli(["ordrec.trainer", "pin", *reg, "--model", "dcr", "--version", versions[0]])
     assert registry.live_version("dcr") == (versions[0], "pinned")
-    assert "pinned" in run_cli(["trainer", "versions", *reg, "--model", "dcr"]).stdout
-    assert run_cli(["trainer", "prune", *reg, "--model", "dcr", "--keep", "1"]).returncode == 0
+    assert "pinned" in run_cli(["ordrec.trainer", "versions", *reg, "--model", "dcr"]).stdout
+    assert run_cli(["ordrec.trainer", "prune", *reg, "--model", "dcr", "--keep", "1"]).returncode == 0
     assert registry.versions("dcr") == [versions[0], versions[-1]]
-    run_cli(["trainer", "unpin", *reg, "--model", "dcr"])
+    run_cli(["ordrec.trainer", "unpin", *reg, "--model", "dcr"])
     assert registry.live_version("dcr") == (versions[-1], "newest")
-    bad = run_cli(["trainer", "pin", *reg, "--model", "dcr", "--version", "nope"], check=False)
+    bad = run_cli(["ordrec.trainer", "pin", *reg, "--model", "dcr", "--version", "nope"], check=False)
     assert bad.returncode != 0 and "unknown version" in bad.stderr
 
 
@@ -71,5 +71,5 @@ def test_map_models_publish_fit_metrics_and_a_report(sample_dir, tmp_path):
         assert result.returncode == 0, result.stderr
         artifact = Registry(registry).load(kind)
         assert 0.5 < artifact.metrics["preservation_h" if kind == "coe" else "preservation"] <= 1.0
-        report = (artifact.path / "report.html").read_text()
+        report = artifact.views["report.html"].data.decode()
         assert artifact.version in report and "preservation" in report

@@ -157,6 +157,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    for path in Registry(args.registry).gc():
+        print(f"removed {path}")
+    return EXIT_OK
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ordrec.trainer.job import run_job
 
@@ -246,6 +252,11 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     prune.add_argument("--model", required=True)
     prune.add_argument("--keep", type=int, required=True)
     prune.set_defaults(func=cmd_prune)
+
+    gc = sub.add_parser("gc", help="remove what killed publishers left (temporary folders no live"
+                                   " publisher holds); safe beside a running publish")
+    gc.add_argument("--registry", required=True)
+    gc.set_defaults(func=cmd_gc)
 
     run = sub.add_parser("run", help="a cron job described by a TOML file")
     run.add_argument("job")

@@ -21,6 +21,8 @@ one atomic rename. The service serves the live version's report at
 """
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import math
@@ -31,7 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact, Registry, write_view
+from ordrec.service.artifacts import Artifact, Registry, View, read_view, write_views
 from ordrec.service.models import index_class
 from ordrec.service.models.base import MapIndex
 from ordrec.trainer.data.types import DataError
@@ -119,7 +121,11 @@ def read_labels(path: str | os.PathLike) -> dict[str, str]:
     :class:`DataError` naming the file and line for a line without a
     separator, an empty id, or an id given two different labels.
     """
-    raw = Path(path).read_bytes()
+    return parse_labels(Path(path).read_bytes(), path)
+
+
+def parse_labels(raw: bytes, path: str | os.PathLike) -> dict[str, str]:
+    """:func:`read_labels` on bytes already read (``path`` names them in errors)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -583,6 +589,8 @@ _JS = r"""
   document.body.setAttribute("data-ready", "1");
 })();
 """
+# The report's one script, as the server's Content-Security-Policy names it.
+_JS_HASH = base64.b64encode(hashlib.sha256(_JS.encode("utf-8")).digest()).decode("ascii")
 
 
 def _ensure_map_index(artifact: Artifact, index) -> MapIndex:
@@ -671,7 +679,7 @@ Both axes share one scale.</p>
 
 
 def report_views(artifact: Artifact, labels: Mapping[str, str] | None = None,
-                 index: MapIndex | None = None) -> dict[str, bytes]:
+                 index: MapIndex | None = None) -> dict[str, View]:
     """Files to publish beside a version: ``report.html`` and, when labels
     are given, ``labels.tsv`` (so ``ordrec-train report`` can redraw the
     report with the same labels later).
@@ -681,9 +689,10 @@ def report_views(artifact: Artifact, labels: Mapping[str, str] | None = None,
 
         registry.publish(name, artifact, views=lambda a: report_views(a, labels))
     """
-    views = {REPORT_FILE: render_report(artifact, index, labels).encode("utf-8")}
+    views = {REPORT_FILE: View(render_report(artifact, index, labels).encode("utf-8"),
+                               script_hashes=(_JS_HASH,))}
     if labels:
-        views[LABELS_FILE] = format_labels(labels)
+        views[LABELS_FILE] = View(format_labels(labels))
     return views
 
 
@@ -691,21 +700,21 @@ def write_report(registry: Registry | str | os.PathLike, name: str, version: str
                  labels_path: str | os.PathLike | None = None) -> Path:
     """(Re)write ``report.html`` in a published version's folder (default: the live one).
 
-    Labels come from ``labels_path`` when given (and are kept as
-    ``labels.tsv`` beside the report for the next redraw), else from a
-    ``labels.tsv`` already in the version folder. Both files are replaced
-    atomically; returns the report's path.
+    Labels come from ``labels_path`` when given (and are kept as the
+    ``labels.tsv`` view for the next redraw), else from the version's
+    ``labels.tsv`` view. The manifest is replaced atomically after the new
+    files are written; returns the report's path.
     """
     if not isinstance(registry, Registry):
         registry = Registry(registry)
-    artifact = registry.load(name, version)
+    artifact = registry.load(name, version, views=False)  # the old report may be what is being repaired
     folder = artifact.path
     labels = None
     if labels_path is not None:
         labels = read_labels(labels_path)
-    elif (folder / LABELS_FILE).exists():
-        labels = read_labels(folder / LABELS_FILE)
+    else:
+        kept = read_view(folder, LABELS_FILE)
+        labels = parse_labels(kept, folder / LABELS_FILE) if kept is not None else None
     views = report_views(artifact, labels)
-    if labels_path is not None:
-        write_view(folder, LABELS_FILE, views[LABELS_FILE])
-    return write_view(folder, REPORT_FILE, views[REPORT_FILE])
+    manifest = write_views(folder, views)
+    return folder / next(e.path for e in manifest.views if e.name == REPORT_FILE)

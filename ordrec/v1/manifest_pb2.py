@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ordrec/v1/manifest.proto\x12\tordrec.v1\x1a\x1cgoogle/protobuf/struct.proto\"G\n\tArrayFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05\x64type\x18\x04 \x01(\t\"D\n\x06IdFile\x12\r\n\x05space\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\"\x93\x03\n\x08Manifest\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x12\n\ncreated_at\x18\x05 \x01(\t\x12\x14\n\x0c\x63ode_version\x18\x06 \x01(\t\x12\x30\n\x0fhyperparameters\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x10\x64\x61ta_fingerprint\x18\x08 \x01(\t\x12\x31\n\x07metrics\x18\t \x03(\x0b\x32 .ordrec.v1.Manifest.MetricsEntry\x12$\n\x06\x61rrays\x18\n \x03(\x0b\x32\x14.ordrec.v1.ArrayFile\x12\x1e\n\x03ids\x18\x0b \x03(\x0b\x32\x11.ordrec.v1.IdFile\x12+\n\nattributes\x18\x0c \x01(\x0b\x32\x17.google.protobuf.Struct\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18ordrec/v1/manifest.proto\x12\tordrec.v1\x1a\x1cgoogle/protobuf/struct.proto\"G\n\tArrayFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\r\n\x05\x64type\x18\x04 \x01(\t\"D\n\x06IdFile\x12\r\n\x05space\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\r\n\x05\x63ount\x18\x04 \x01(\x03\"M\n\x08ViewFile\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12\x0e\n\x06sha256\x18\x03 \x01(\t\x12\x15\n\rscript_hashes\x18\x04 \x03(\t\"\xb7\x03\n\x08Manifest\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\x05\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x12\n\ncreated_at\x18\x05 \x01(\t\x12\x14\n\x0c\x63ode_version\x18\x06 \x01(\t\x12\x30\n\x0fhyperparameters\x18\x07 \x01(\x0b\x32\x17.google.protobuf.Struct\x12\x18\n\x10\x64\x61ta_fingerprint\x18\x08 \x01(\t\x12\x31\n\x07metrics\x18\t \x03(\x0b\x32 .ordrec.v1.Manifest.MetricsEntry\x12$\n\x06\x61rrays\x18\n \x03(\x0b\x32\x14.ordrec.v1.ArrayFile\x12\x1e\n\x03ids\x18\x0b \x03(\x0b\x32\x11.ordrec.v1.IdFile\x12+\n\nattributes\x18\x0c \x01(\x0b\x32\x17.google.protobuf.Struct\x12\"\n\x05views\x18\r \x03(\x0b\x32\x13.ordrec.v1.ViewFile\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,8 +38,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ARRAYFILE']._serialized_end=140
   _globals['_IDFILE']._serialized_start=142
   _globals['_IDFILE']._serialized_end=210
-  _globals['_MANIFEST']._serialized_start=213
-  _globals['_MANIFEST']._serialized_end=616
-  _globals['_MANIFEST_METRICSENTRY']._serialized_start=570
-  _globals['_MANIFEST_METRICSENTRY']._serialized_end=616
+  _globals['_VIEWFILE']._serialized_start=212
+  _globals['_VIEWFILE']._serialized_end=289
+  _globals['_MANIFEST']._serialized_start=292
+  _globals['_MANIFEST']._serialized_end=731
+  _globals['_MANIFEST_METRICSENTRY']._serialized_start=685
+  _globals['_MANIFEST_METRICSENTRY']._serialized_end=731
 # @@protoc_insertion_point(module_scope)

@@ -31,8 +31,20 @@ class IdFile(_message.Message):
     count: int
     def __init__(self, space: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
 
+class ViewFile(_message.Message):
+    __slots__ = ("name", "path", "sha256", "script_hashes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_HASHES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    sha256: str
+    script_hashes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., script_hashes: _Optional[_Iterable[str]] = ...) -> None: ...
+
 class Manifest(_message.Message):
-    __slots__ = ("format", "name", "kind", "version", "created_at", "code_version", "hyperparameters", "data_fingerprint", "metrics", "arrays", "ids", "attributes")
+    __slots__ = ("format", "name", "kind", "version", "created_at", "code_version", "hyperparameters", "data_fingerprint", "metrics", "arrays", "ids", "attributes", "views")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +64,7 @@ class Manifest(_message.Message):
     ARRAYS_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
     format: int
     name: str
     kind: str
@@ -64,4 +77,5 @@ class Manifest(_message.Message):
     arrays: _containers.RepeatedCompositeFieldContainer[ArrayFile]
     ids: _containers.RepeatedCompositeFieldContainer[IdFile]
     attributes: _struct_pb2.Struct
-    def __init__(self, format: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., code_version: _Optional[str] = ..., hyperparameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., data_fingerprint: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., arrays: _Optional[_Iterable[_Union[ArrayFile, _Mapping]]] = ..., ids: _Optional[_Iterable[_Union[IdFile, _Mapping]]] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    views: _containers.RepeatedCompositeFieldContainer[ViewFile]
+    def __init__(self, format: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., code_version: _Optional[str] = ..., hyperparameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., data_fingerprint: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., arrays: _Optional[_Iterable[_Union[ArrayFile, _Mapping]]] = ..., ids: _Optional[_Iterable[_Union[IdFile, _Mapping]]] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., views: _Optional[_Iterable[_Union[ViewFile, _Mapping]]] = ...) -> None: ...
