@@ -1,22 +1,17 @@
 """Serving kernels: top-k selection, and the scoring passes that feed it.
 
-``np.argpartition`` plus a sort costs 31-44 us on 3,706 scores where the
-single-pass top-k kernel here costs ~4 us (``design.md``), and the service
-calls it on every request. Ties keep the lower index first, so answers are
-deterministic.
+The service selects a top-k on every request, so it is one single pass here
+rather than ``np.argpartition`` plus a sort, which costs several times more
+on a few thousand scores (``docs/architecture.md``). Ties keep the lower
+index first, so answers are deterministic.
 
 Every kernel on a request's path keeps the GIL when its work is short.
 Releasing the GIL for a few microseconds (a ``nogil`` kernel, a BLAS call,
 a numpy loop over more than a few hundred elements) hands it to one of the
-server's other threads, and the caller then waits to get it back: measured
-with 64 Recommend calls in flight on one unpinned server process, a
-``nogil`` top-k alone cost 297-364 us of CPU per call against 171-272 us
-holding the GIL, with more context switches per call. With all of these
-kernels, on a process pinned to one core, the CPU per call was unchanged
-within noise for Recommend and Tags and 30 % lower for Neighbors
-(``docs/service.md``, Scaling). Long products (a large
-catalogue) are the exception: there the other threads should run, so they
-release it.
+server's other threads, and the caller then waits to get it back, which
+costs more CPU per call than the work saved (``docs/service.md``, Scaling,
+has the measurements). Long products (a large catalogue) are the exception:
+there the other threads should run, so they release it.
 """
 from __future__ import annotations
 
@@ -25,9 +20,9 @@ from numba import njit
 
 # Above this k an insertion buffer stops paying off; numpy takes over.
 _KERNEL_MAX_K = 128
-# Products up to this many multiply-adds (~250 us here) keep the GIL; longer ones release it.
+# Products up to this many multiply-adds keep the GIL; longer ones release it.
 # A server process pinned to one core gains no parallelism from releasing it, only the
-# hand-off (up to ~150 us of CPU per call measured unpinned), so only long products let others in.
+# cost of the hand-off, so only products long enough to dwarf that let others in.
 _HOLD_GIL_MAX_WORK = 1 << 21
 
 

@@ -24,8 +24,8 @@ from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
 from ordrec.service.topk import nearest_brute_force, top_k
 
-# Maps up to this many points are searched by brute force instead of the KD-tree
-# (measured in 2-D: 39-43 us for 10,000 points, where the query costs ~20 us but releases the GIL).
+# Maps up to this many points are searched by brute force instead of the KD-tree: about as
+# cheap as the query at this size, and it keeps the GIL, which the query releases.
 BRUTE_FORCE_MAX_POINTS = 8192
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (rows, scores), best first
@@ -183,11 +183,9 @@ class PointSet:
     def nearest(self, point: np.ndarray, k: int, exclude: np.ndarray | None = None) -> Ranked:
         """The ``k`` nearest rows to ``point`` (skipping ``exclude``) with negative distances as scores.
 
-        Small maps are searched by brute force: on 2,625 points in 2-D it
-        costs about what a KD-tree query does in-process (11-16 us against
-        14-20 us), and unlike the query it keeps the GIL, which cut the CPU
-        per Neighbors call by ~30 % on a pinned server process with 64 calls
-        in flight (``service/topk.py``).
+        Small maps are searched by brute force: it costs about what a KD-tree
+        query does, and unlike the query it keeps the GIL, so a busy server
+        does not pay for handing the GIL over (``service/topk.py``).
         """
         if len(self.ids) <= BRUTE_FORCE_MAX_POINTS:
             return nearest_brute_force(self.coords, point, k, exclude)
@@ -202,7 +200,7 @@ class PointSet:
         else:
             exclude = None
         # Query k plus as many as may be excluded, then drop the excluded by binary search
-        # (np.isin costs ~20 us, a third of the call).
+        # (cheaper than np.isin, which would dominate the call).
         want = min(k + (0 if exclude is None else exclude.size), len(self.ids))
         if k <= 0 or want == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)

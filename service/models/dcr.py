@@ -16,8 +16,8 @@ constant goes into ``offset``, so one user's scores over all items are one
 matrix-vector product (a batch of users one matrix product) and top-N is a
 maximum-inner-product search followed by the shared numba top-k.
 
-Both DCR and Pairwise DCR use this index (the lead publishes the refined
-model under the name "pairwise_dcr"); the kind is "dcr" for both.
+Both DCR and Pairwise DCR use this index (a refined model is usually
+published under the name "pairwise_dcr"); the kind is "dcr" for both.
 """
 from __future__ import annotations
 

@@ -20,12 +20,12 @@ then refitted on all N ratings for those per-level epochs. The starting
 point, rank, noise and learning rate for each N are ``protocol_fit``'s:
 the item-marginal start (ours) at rank 40 where each user holds out fewer
 than 10 ratings (N < 40), the random start at rank 320 from there on, as
-chosen by the validation-only sweep ``--sweep`` (docs/dcr.md, pass 4).
+chosen by the validation-only sweep ``--sweep`` (docs/dcr.md).
 ``--init-grid``/``--rank-grid`` choose start and rank per run instead, by
 validation NDCG@10 over the hold-outs where >= 10 ratings per user are
-held out (``select``; pass 3's default). ``--init random --stop tol
---rank 40 --lr 0.05`` is the first session's fit (random start, training
-likelihood rule).
+held out (``select``). ``--init random --stop tol --rank 40 --lr 0.05``
+is the estimator's default training at rank 40 (random start,
+training-likelihood rule).
 
 Hyperparameters (``--tune``: lr x reg, then the pairwise learning rate) are
 chosen on a validation split carved from each user's N training ratings (a
@@ -249,7 +249,7 @@ INIT_STD = {"marginal": 0.02, "random": 0.1}  # the default noise for each start
 
 # The protocol's fit for each N, every value chosen by a validation-only sweep (``--sweep``:
 # validation NDCG@10 over three hold-outs carved from each run's training ratings, pooled over
-# the five runs of --seed 0 and of --seed 1; test ratings never computed; docs/dcr.md, pass 4).
+# the five runs of --seed 0 and of --seed 1; test ratings never computed; docs/changelog.md, DCR).
 # Where each user holds out fewer than 10 ratings (N < 40) the sweep ranked the item-marginal
 # start at rank 40 first (N = 10 and 20; lr and noise flat within 0.001, the argmax kept); where
 # 10 or more are held out, the random start at rank 320 (N = 50; rank 640 tied, the smaller kept).

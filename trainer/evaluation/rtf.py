@@ -48,7 +48,7 @@ MIX_GRID = tuple(round(0.1 * k, 1) for k in range(11))
 VALIDATION_SEED_OFFSET = 10_000  # the validation carve uses its own stream, not the test split's
 # Per-dims settings applied before any --per-dims (which override them): the
 # tag-factor L2 for RTF-64 was chosen on tuning posts carved from the training
-# posts (docs/rtf.md, follow-up 3); smaller dims keep the shared settings.
+# posts (docs/changelog.md, RTF); smaller dims keep the shared settings.
 DEFAULT_PER_DIMS = ("64:reg_tags=3e-6",)
 
 # Paper figures (Section 5, Fig. 8, text): AUC on Last.fm 10-core. The F1

@@ -92,14 +92,12 @@ def pointwise_step(u, v, label, lr, reg, floor, u_fixed, u_radius=0.0, sphere=Fa
     + b u`` (``c = 1 - lr reg``, ``b = lr g``), so the norms after it follow from
     ``u.v``, ``|u|^2`` and ``|v|^2`` before it (``|u'|^2 = c^2 |u|^2 + 2 c b u.v
     + b^2 |v|^2``): the first pass sums those three, and the second applies
-    step and projection together with no running sum. A sum in the update
-    loop made each iteration wait on the previous one: measured at rank 320,
-    one thread, 344 ns per step with it, 202-215 ns without (float64) and
-    136 ns in float32.
+    step and projection together with no running sum: a sum in the update
+    loop would make each iteration wait on the previous one's add.
     """
     if u_fixed == 0:
         # A literal start lets LLVM vectorise the loops (one starting at a
-        # run-time offset is about 1.5x slower per step).
+        # run-time offset vectorises worse).
         uv_f, uu_f, vv_f = 0.0, 0.0, 0.0
         uv, uu, vv = _inner_products(u, v, 0, u.shape[0])
     else:
@@ -165,9 +163,9 @@ def log_accumulate(prod, total, q):
 
     ``q`` in (0, 1]; the product is folded into ``total`` once it drops below
     1e-150 (so it never underflows for ``q >= 1e-150``), which takes one
-    ``log`` per about 50 steps at typical P instead of one per step (the
-    ``log`` was about 15% of an epoch). A ``q`` of 0 gives ``-inf`` as
-    ``log`` would.
+    ``log`` per about 50 steps at typical P instead of one per step (a
+    ``log`` per step is a noticeable share of an epoch). A ``q`` of 0 gives
+    ``-inf`` as ``log`` would.
     """
     prod *= q
     if prod < 1e-150:
@@ -271,9 +269,8 @@ def pointwise_loglik(U, V, user, item, level):
     """Log-likelihood per level of the given ratings (P clipped to [1e-12, 1]).
 
     Levels in parallel, as in the epochs: the validation-stopped fits call
-    this after every epoch, and single-threaded it cost more than the epoch
-    itself (1.8 s of a 3.7 s stopped fit at rank 320 on the Netflix-size
-    N = 50 set).
+    this after every epoch, and single-threaded it would cost more than the
+    epoch itself.
     """
     L = U.shape[1]
     out = np.zeros(L)
@@ -334,8 +331,7 @@ def pairwise_step(u, vi, vj, c, lr, lam, u_fixed, u_radius=0.0, sphere=False):
     d = 0.0
     nrm = 0.0
     # _pair_level_step computes these products again, from L1: keeping them from this
-    # pass instead measured 5.05 against 5.19 s for a rank-320 refinement, not worth
-    # the per-step scratch array.
+    # pass would need a per-step scratch array for no measurable gain.
     for t in range(u.shape[0]):
         uu, ui, uj, ii, jj, _ = _triple_products(u[t], vi[t], vj[t], 0, u.shape[1])
         d += c[t] * (ui - uj)

@@ -98,8 +98,8 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     ``np.zeros`` asks for transparent huge pages on large arrays, so writing a
     few scattered rows faults in and zeroes every 2 MB page around them. A
     protocol split keeps the whole user id map, so the rows with training
-    ratings are scattered: for 2,958 of 48,018 users at 4 x 320 float32 that
-    cost 0.43 s here, against 0.012 s from an anonymous mapping of 4 KB pages.
+    ratings are scattered; an anonymous mapping of 4 KB pages only pays for
+    the pages those rows touch.
     """
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
@@ -169,9 +169,7 @@ class _LevelStopper:
                  validation: Ratings | None, level_epochs):
         self.U, self.V, self.L = U, V, U.shape[1]
         # Snapshots hold only the users with training ratings: the other rows never change,
-        # and a protocol split keeps every user of the id map (16x the active ones at N=50
-        # on the Netflix-size set; with whole-slice copies its three stopped fits and the refit
-        # took 19.5 s, with these 13.3 s).
+        # and a protocol split keeps every user of the id map, many times the active ones.
         self.active = active
         self.validation = validation
         self.fixed = _int_list(level_epochs) if level_epochs is not None else None
@@ -286,8 +284,8 @@ class DCR(Estimator):
     order : {"user", "random"}
         Order of the SGA steps within an epoch. "user" (default): users in a
         fresh random order, each user's ratings together in a fresh random
-        order (``U_u`` stays in cache, about 2x faster on Netflix-sized
-        data); "random": a fresh random permutation of all ratings. Same
+        order (``U_u`` stays in cache for the user's ratings, so an epoch
+        costs less CPU); "random": a fresh random permutation of all ratings. Same
         steps, same objective; only the visiting order differs. The pairwise
         refinement likewise draws each user's pairs in a row ("user":
         exactly ``pairs_per_epoch * n_u`` draws for a user with ``n_u``
@@ -336,8 +334,7 @@ class DCR(Estimator):
         The hold-outs of ``early_stopping``.
     dtype : {"float32", "float64"}
         Type of the factors while training. float32 (default) halves the
-        memory traffic and doubles the SIMD lanes of the SGA steps (measured
-        at rank 320, one thread: 136 ns per step against 202-215 ns); the
+        memory traffic and doubles the SIMD lanes of the SGA steps; the
         artifact is float32 either way.
     seed : int
         Seed of the initialisation, the rating order and the pair sampling.
@@ -632,7 +629,7 @@ class DCR(Estimator):
             for epoch in range(int(self.pairwise_epochs)):
                 lr = float(self.pairwise_lr) / (1.0 + float(self.lr_decay) * epoch)
                 if self.order == "user":
-                    # Pairs grouped by user (about 1.7x faster on Netflix-sized data).
+                    # Pairs grouped by user: U_u stays in cache for the user's draws.
                     loss, _ = pairwise_epoch_by_user(
                         self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_, c, rng.permutation(active),
                         float(self.pairs_per_epoch), lr, float(self.pairwise_reg), u_fixed, u_radius, sphere,

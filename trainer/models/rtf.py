@@ -104,7 +104,7 @@ class RTF(Estimator):
         Step size ``alpha`` of Fig. 5. The paper used 0.1 on Last.fm with
         600 passes, more than a shared 2-core machine can afford. On a
         validation split of the HetRec Last.fm 10-core *training* posts
-        (never the test set; ``docs/rtf.md``), RTF-64 at 0.5 reached a higher
+        (never the test set; ``docs/changelog.md``, RTF), RTF-64 at 0.5 reached a higher
         validation AUC and F1 than at 1.0 (which over-fits within ~15 passes)
         in at most 60 passes; 2.0 and 5.0 collapse into saturated sigmoids.
     lr_decay : float
@@ -114,7 +114,7 @@ class RTF(Estimator):
         ``gamma`` (factors) and ``gamma_C`` (core) of Eq. 8 (paper: 1e-6 on
         Last.fm, 1e-5 on BibSonomy, for all of U, I, T and C). The defaults
         (1e-3 on U and I, 0 on C and T) won on a validation split of the
-        Last.fm 10-core *training* posts (``docs/rtf.md``): every post shrinks
+        Last.fm 10-core *training* posts (``docs/changelog.md``, RTF): every post shrinks
         all tag rows and the core, so any gamma there that keeps U and I in
         check flattens the tag scores and costs top-N precision.
     reg_tags : float or None
@@ -132,7 +132,7 @@ class RTF(Estimator):
         of the posts beyond the first round) to stop early on a plateau of
         their AUC; 0 trains on everything for ``iterations`` passes. 1,200
         (2 per user on the Last.fm 10-core) gave a smooth criterion on
-        tuning curves where 500 moved by ~1e-3 a pass (``docs/rtf.md``).
+        tuning curves where 500 moved by ~1e-3 a pass (``docs/changelog.md``, RTF).
     patience : int
         Stop after this many passes without a gain of the (smoothed)
         validation AUC of more than ``min_delta``; the best parameters seen
@@ -149,7 +149,7 @@ class RTF(Estimator):
         within ``eps`` of the highest seen. The validation AUC cannot tell the
         passes of a plateau apart, while the top of the lists keeps
         sharpening along it (F1@N rose for 60+ passes after the AUC peak on
-        tuning curves, ``docs/rtf.md``), so the latest is the better tie-break.
+        tuning curves, ``docs/changelog.md``, RTF), so the latest is the better tie-break.
     lr_drops : int
         Plateau learning-rate drops before stopping: when ``patience`` runs
         out and drops remain, the parameters of the best pass are restored,
@@ -166,7 +166,7 @@ class RTF(Estimator):
         rate, so a raw plateau can come long before the model has converged;
         the parameters kept are those of the pass where the smoothed value
         peaked. ``reproduce`` uses 8 (chosen on tuning curves of validation
-        posts, ``docs/rtf.md``); the default stays 1 because from a small
+        posts, ``docs/changelog.md``, RTF); the default stays 1 because from a small
         random start the AUC can sit at chance for 10+ passes (small data,
         small dims), where an average stops rising and patience runs out
         before learning starts.
