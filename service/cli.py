@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
     p.add_argument("--token-env", help="environment variable holding an accepted bearer token")
     p.add_argument("--switch-interval", type=float, default=None,
-                   help="Python's GIL switch interval in seconds (sys.setswitchinterval; default 5 ms)")
+                   help="Python's GIL switch interval in seconds (sys.setswitchinterval; Python's own default)")
     p.add_argument("--log-level", default="INFO")
     streams = p.add_argument_group("streams and connections (docs/service.md, 'Streams')")
     streams.add_argument("--max-streams", type=int, default=d.streams.max_streams,
@@ -114,7 +114,6 @@ def serve(args: argparse.Namespace) -> int:
     server.start()
     # The models and indices are long-lived: move them out of the collector's
     # view so full collections do not walk them while requests wait.
-    # (A larger gen-0 threshold measured worse: rarer but longer pauses.)
     gc.collect()
     gc.freeze()
     # A line a supervisor (or a test) can wait for.
@@ -123,9 +122,8 @@ def serve(args: argparse.Namespace) -> int:
     # The drain is over: every call finished within the grace period or was cancelled. A
     # handler thread can still be parked inside grpc (a stream's yield after its call was
     # cancelled blocks forever: grpc/grpc#22874), and a normal interpreter exit joins the
-    # RPC pool's threads, so it would hang. (In one clean-clone test run the server had not
-    # exited 60 s after SIGTERM; where it waited was not recorded.) Nothing is left to do at
-    # exit (Redis and HTTP are closed), so the process leaves without joining them.
+    # RPC pool's threads, so it would hang. Nothing is left to do at exit (Redis and HTTP
+    # are closed), so the process leaves without joining them.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

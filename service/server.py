@@ -40,7 +40,7 @@ class ServerConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9095  # 0 picks a free port, -1 disables the HTTP port
     # grpcio parks a call's worker while its request arrives, so more threads queue less
-    # (docs/service.md has the measured choice).
+    # (docs/service.md, Scaling).
     workers: int = 16
     poll_interval: float = 5.0  # seconds between registry polls (0: never)
     grace: float = 10.0  # seconds in-flight calls get on SIGTERM

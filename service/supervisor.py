@@ -3,7 +3,7 @@
 Each child is a full server (own models, reloader, metrics port) bound with
 SO_REUSEPORT, so the kernel spreads connections over them, and pinned to its
 own core: on small VMs waking a thread on the other core costs more than the
-work (``design.md``: two pinned processes reach ~1.7x one). The parent only
+work (docs/service.md, Scaling, has the measured figures). The parent only
 supervises: it restarts a child that dies, forwards SIGTERM so every child
 drains its in-flight calls, and exits 0 when they all did.
 
