@@ -1,6 +1,7 @@
 """External string ids at the edges, dense int32 indices inside."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -20,8 +21,7 @@ class IdMap:
         self._index = {external: row for row, external in enumerate(self._ids)}
         self._max_bytes: int | None = None
         if len(self._index) != len(self._ids):
-            seen: set[str] = set()
-            dup = next(x for x in self._ids if x in seen or seen.add(x))
+            dup = next(x for x, count in Counter(self._ids).items() if count > 1)
             raise ValueError(f"duplicate id {dup!r} in id map")
 
     @classmethod

@@ -91,7 +91,7 @@ class MetricsInterceptor(grpc.ServerInterceptor):
     def __init__(self, metrics: Metrics):
         self.metrics = metrics
         self._children: dict[tuple, tuple] = {}
-        self._handled: dict[tuple, object] = {}
+        self._handled: dict[tuple, Counter] = {}
         self._wrapped: dict[str, tuple] = {}  # method -> (registered handler, wrapped handler)
 
     def intercept_service(self, continuation, handler_call_details):

@@ -8,6 +8,8 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass, field
 
+from http.server import ThreadingHTTPServer
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -88,7 +90,7 @@ class Server:
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
         self.grpc_server: grpc.Server | None = None
         self.stream_guard: StreamGuard | None = None
-        self.http_server = None
+        self.http_server: ThreadingHTTPServer | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port
 

@@ -29,7 +29,7 @@ from ordrec.service.store import LoadedModel, ModelStore
 
 log = logging.getLogger("ordrec.service")
 
-_ENTITY_SPACE = {pb.ENTITY_ITEM: "items", pb.ENTITY_USER: "users", pb.ENTITY_ASPECT: "aspects"}
+_ENTITY_SPACE: dict[int, str] = {pb.ENTITY_ITEM: "items", pb.ENTITY_USER: "users", pb.ENTITY_ASPECT: "aspects"}
 _SPACE_ENTITY = {"items": pb.ENTITY_ITEM, "users": pb.ENTITY_USER, "aspects": pb.ENTITY_ASPECT,
                  "objects": pb.ENTITY_ITEM}
 _FALLBACK = {
@@ -161,8 +161,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         if known.size:
             answers = index.recommend_many(user_rows[known], n, excludes=[excludes[i] for i in known],
                                            candidates=candidates)
-            for i, answer in zip(known, answers):
-                ranked[i] = answer
+            for row, answer in zip(known.tolist(), answers):
+                ranked[row] = answer
         reply = pb.RecommendResponse(model=model.name, model_version=model.version,
                                      seen_filter_degraded=degraded)
         for i, uid in enumerate(user_ids):

@@ -39,7 +39,7 @@ class Supervisor:
         self.metrics_port = metrics_port
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
         self.cpus = [cpus[i % len(cpus)] for i in range(processes)]
-        self.children: list[subprocess.Popen | None] = [None] * processes
+        self.children: list[subprocess.Popen] = []
         self.metrics_ports = [0] * processes
         self._stopping = threading.Event()
         self._ready = [threading.Event() for _ in range(processes)]
@@ -55,10 +55,14 @@ class Supervisor:
     def _spawn(self, i: int) -> None:
         child = subprocess.Popen(self.child_args(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  bufsize=1)
-        self.children[i] = child
+        if i < len(self.children):
+            self.children[i] = child
+        else:
+            self.children.append(child)
         threading.Thread(target=self._pump, args=(i, child), daemon=True).start()
 
     def _pump(self, i: int, child: subprocess.Popen) -> None:
+        assert child.stdout is not None  # spawned with stdout=PIPE
         for line in child.stdout:
             match = _READY.search(line)
             if match:

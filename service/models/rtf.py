@@ -149,7 +149,7 @@ class Index(ModelIndex):
         if self.core.ndim != 3:
             raise ArtifactError(f"{d}: core must be 3-D, got shape {self.core.shape}")
         kU, kI, kT = self.core.shape
-        expect = {
+        expect: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {
             "user_factors": (self.user_factors, (len(self.users), kU)),
             "item_factors": (self.item_factors, (len(self.items), kI)),
             "tag_factors": (self.tag_factors, (len(self.tags_ids), kT)),

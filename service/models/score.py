@@ -111,7 +111,7 @@ class Index(MapIndex):
         """Angular similarity between every pair of aspects on the sphere."""
         return angular_similarity(self.aspect_points)
 
-    def value_labels(self, aspect: str) -> list[str] | None:
+    def value_labels(self, aspect: str) -> list[str | None] | None:
         """Each object's value of ``aspect`` as text (None when missing), to
         colour that aspect's map; None when the artifact has no codes."""
         if self.codes is None:
