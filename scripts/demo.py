@@ -1,10 +1,15 @@
-"""`make demo`: train on the built-in generated sample, serve it, query it, stop.
+"""`make demo`: train on the built-in generated sample, serve it, query it.
+
+On a terminal the server then keeps serving (the map URLs it printed stay
+live) until Ctrl-C; elsewhere (CI, a pipe) it stops at once and prints the
+command that serves the same registry. ``--serve`` / ``--no-serve`` choose.
 
 Everything lands under .demo/ (data, registry, server log); run it again to
 publish a new version next to the old ones.
 """
 from __future__ import annotations
 
+import argparse
 import shutil
 import sys
 from pathlib import Path
@@ -55,7 +60,29 @@ def run(args: list[str]) -> str:
     return result.stdout
 
 
-def main() -> int:
+def keep_serving(server: ServerProcess) -> None:
+    """Block until Ctrl-C (or the server exits by itself)."""
+    print(f"\nServing until Ctrl-C. Try, in another shell:\n"
+          f"  .venv/bin/ordrec-client --target {server.target} models\n"
+          f"  .venv/bin/ordrec-client --target {server.target} recommend --model dcr --user u002 --n 5", flush=True)
+    try:
+        server.proc.wait()
+    except KeyboardInterrupt:
+        pass
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--serve", action=argparse.BooleanOptionalAction, default=None,
+                   help="keep serving after the queries until Ctrl-C (default: when on a terminal)")
+    args = p.parse_args(argv)
+    if args.serve is None:
+        args.serve = sys.stdin.isatty() and sys.stdout.isatty()
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     shutil.rmtree(DATA, ignore_errors=True)
     step("Writing the built-in sample data")
     print(run(["ordrec.trainer", "sample", "--out", str(DATA)]), end="")
@@ -67,7 +94,7 @@ def main() -> int:
     step("Starting ordrec-serve on a free loopback port")
     with ServerProcess(REGISTRY, log_path=DEMO / "server.log") as server:
         print(f"serving on {server.target}, metrics on {server.metrics_url}/metrics")
-        client = ["ordrec.service.client", "--target", server.target]
+        client = ["ordrec.client_cli", "--target", server.target]
         step("ListModels")
         print(run([*client, "models"]), end="")
         for title, query in QUERIES:
@@ -76,6 +103,13 @@ def main() -> int:
         step("Map reports of the live versions (open in a browser while the server runs)")
         for name in ("coe", "score", "knnscal"):
             print(f"{server.metrics_url}/maps/{name}")
+        if args.serve:
+            keep_serving(server)
+        else:
+            print(f"\n(not on a terminal, so not serving on; to serve these models and open the reports:\n"
+                  f"  .venv/bin/ordrec-serve --registry {REGISTRY.relative_to(ROOT)} --port 50051 "
+                  f"--metrics-port 9095\n"
+                  f"  then http://127.0.0.1:9095/maps/coe )")
         step("Stopping the server (SIGTERM drains in-flight calls)")
     print(f"server exited with code {server.proc.returncode}; log in {DEMO / 'server.log'}")
     return server.proc.returncode

@@ -252,25 +252,32 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"cannot store {type(value).__name__} in a manifest")
 
 
+def _whole_as_int(value: Any) -> Any:
+    """Whole floats as ints, through lists and dicts: protobuf's Struct stores
+    every number as a double, but hyperparameters such as ranks are ints."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, list):
+        return [_whole_as_int(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _whole_as_int(v) for k, v in value.items()}
+    return value
+
+
 def _from_struct(msg: Struct) -> dict[str, Any]:
-    """A Struct as plain Python; protobuf stores every number as a double, so
-    whole numbers come back as ints (hyperparameters such as ranks are ints)."""
-
-    def restore(value: Any) -> Any:
-        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
-            return int(value)
-        if isinstance(value, list):
-            return [restore(v) for v in value]
-        if isinstance(value, dict):
-            return {k: restore(v) for k, v in value.items()}
-        return value
-
-    return restore(json_format.MessageToDict(msg))
+    """A Struct as plain Python, whole numbers as ints."""
+    return _whole_as_int(json_format.MessageToDict(msg))
 
 
 def _manifest_json(manifest: manifest_pb2.Manifest) -> bytes:
-    text = json_format.MessageToJson(manifest, preserving_proto_field_name=True, indent=2)
-    return (text + "\n").encode("utf-8")
+    # The Struct fields are written with whole numbers as ints ("rank": 20, not
+    # 20.0) for the people who read manifests; the parser reads both forms, so
+    # the format is unchanged and older manifests load as before.
+    data = json_format.MessageToDict(manifest, preserving_proto_field_name=True)
+    for key in ("hyperparameters", "attributes"):
+        if key in data:
+            data[key] = _whole_as_int(data[key])
+    return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
 class Registry:

@@ -47,3 +47,136 @@ def test_imports_resolve_to_the_source_folders():
 
     assert Path(ordrec.service.server.__file__).parent == ROOT / "service"
     assert Path(ordrec.trainer.cli.__file__).parent == ROOT / "trainer"
+
+
+# ------------------------------------------------- dependencies and extras
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    import re
+
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower().replace("_", "-") for r in requirements}
+
+
+def _third_party_imports(folder: Path) -> set[str]:
+    """Distributions whose modules the .py files under ``folder`` import (stdlib and ordrec left out)."""
+    import ast
+    from importlib.metadata import packages_distributions
+
+    dists = packages_distributions()
+    names: set[str] = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+    names -= set(sys.stdlib_module_names) | {"ordrec", "__future__"}
+    # A module that is not installed here (tomli on Python >= 3.11) keeps its own name.
+    return {d.lower().replace("_", "-") for n in names for d in dists.get(n, [n])}
+
+
+def test_the_base_install_is_what_serving_imports():
+    base = _requirement_names(_project()["dependencies"])
+    serving = _third_party_imports(ROOT / "service") | _third_party_imports(ROOT / "ordrec")
+    assert serving <= base, f"serving imports {serving - base}, not in the base dependencies"
+    assert {"scikit-learn", "tqdm"}.isdisjoint(base)  # the trainer's, in the train extra
+
+
+def test_the_train_extra_covers_what_only_the_trainer_imports():
+    project = _project()
+    available = _requirement_names(project["dependencies"] + project["optional-dependencies"]["train"])
+    trainer = _third_party_imports(ROOT / "trainer")
+    assert trainer <= available, f"the trainer imports {trainer - available}, in neither base nor train"
+    assert "ordrec[train]" in project["optional-dependencies"]["dev"]
+
+
+def _python(code: str) -> str:
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+# Importing these modules fails, as in an install without the train extra.
+_BLOCK_TRAIN_EXTRA = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("sklearn", "tqdm", "tomli"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_serving_imports_without_the_train_extra():
+    out = _python(_BLOCK_TRAIN_EXTRA + """
+import pkgutil, importlib, ordrec.service
+for m in pkgutil.walk_packages(ordrec.service.__path__, "ordrec.service."):
+    if not m.name.endswith(".__main__"):  # importing it would run the server
+        importlib.import_module(m.name)
+import ordrec.client_cli
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("sklearn", "tqdm", "ordrec") and "trainer" in m
+             or m.split(".")[0] in ("sklearn", "tqdm")))
+""")
+    assert out.strip() == "[]"
+
+
+def test_the_trainer_without_its_extra_says_what_to_install(tmp_path):
+    out = _python(_BLOCK_TRAIN_EXTRA + f"""
+import contextlib, io
+from ordrec.trainer.cli import main
+err = io.StringIO()
+with contextlib.redirect_stderr(err):
+    code = main(["reproduce", "knnscal", "--digits", "--runs", "1", "--k", "5"])
+print(code, err.getvalue())
+""")
+    assert out.startswith("1 ") and "pip install 'ordrec[train]'" in out
+
+
+def test_the_python_client_imports_only_grpc_and_the_generated_code():
+    out = _python("import sys, ordrec.client; print(sorted({m.split('.')[0] for m in sys.modules} & "
+                  "{'numpy', 'numba', 'scipy', 'redis', 'prometheus_client'}), "
+                  "sorted(m for m in sys.modules if m.startswith(('ordrec.service', 'ordrec.trainer'))))")
+    assert out.strip() == "[] []"
+
+
+# ---------------------------------------------------------- wheel and sdist
+def test_the_proto_copies_beside_the_generated_code_are_current():
+    sources = sorted((ROOT / "proto" / "ordrec" / "v1").glob("*.proto"))
+    assert sources
+    for source in sources:
+        copy = ROOT / "ordrec" / "v1" / source.name
+        assert copy.exists() and copy.read_bytes() == source.read_bytes(), f"run scripts/gen_proto.sh: {copy}"
+
+
+def test_license():
+    text = (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert _project()["license"] == "Apache-2.0" and _project()["license-files"] == ["LICENSE"]
+
+
+def test_the_sdist_builds_a_wheel_with_the_protos_and_the_license(tmp_path):
+    """``python -m build`` makes the sdist, then the wheel from the sdist (so the sdist is complete)."""
+    import subprocess
+    import tarfile
+    import zipfile
+
+    result = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path), str(ROOT)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "deprecated" not in (result.stdout + result.stderr).lower()
+    (wheel,) = tmp_path.glob("*.whl")
+    (sdist,) = tmp_path.glob("*.tar.gz")
+    names = zipfile.ZipFile(wheel).namelist()
+    protos = {p.name for p in (ROOT / "proto" / "ordrec" / "v1").glob("*.proto")}
+    assert {f"ordrec/v1/{p}" for p in protos} <= set(names)
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert "ordrec/client.py" in names and "ordrec/py.typed" in names
+    assert all(n.startswith(("ordrec/", "ordrec-")) for n in names), [n for n in names if not n.startswith("ordrec")]
+    with tarfile.open(sdist) as tar:
+        members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
+    assert {f"proto/ordrec/v1/{p}" for p in protos} <= members and "LICENSE" in members

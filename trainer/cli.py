@@ -29,6 +29,8 @@ from ordrec.trainer.data.types import DataError
 from ordrec.trainer.models import KINDS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
+# Modules of pyproject's `train` extra: a serving-only install lacks them.
+TRAIN_EXTRA_MODULES = ("sklearn", "tqdm", "tomli")
 
 log = logging.getLogger("ordrec.trainer")
 
@@ -88,7 +90,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
+    print(format_metrics(artifact.metrics, "  "))
     return EXIT_OK
+
+
+def format_metrics(metrics: dict[str, float], indent: str = "") -> str:
+    """``name=value`` pairs, sorted by name, four significant digits; "no metrics" when empty."""
+    return indent + (" ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "no metrics")
 
 
 MAP_KINDS = ("coe", "score", "knnscal")
@@ -125,6 +133,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _version_metrics(registry: Registry, name: str, version: str) -> str:
+    from ordrec.service.artifacts import read_manifest
+
+    try:  # the manifest only: listing does not verify every array
+        return format_metrics(dict(read_manifest(registry.root / name / version).metrics))
+    except ArtifactError as exc:
+        return f"unreadable manifest: {exc}"
+
+
 def cmd_versions(args: argparse.Namespace) -> int:
     registry = Registry(args.registry)
     for name in [args.model] if args.model else registry.models():
@@ -135,7 +152,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
             live, reason = None, ""
         for version in registry.versions(name):
             marks = [m for m, on in (("live:" + reason, version == live), ("pinned", version == pinned)) if on]
-            print(f"{name}\t{version}\t{' '.join(marks)}")
+            print(f"{name}\t{version}\t{' '.join(marks)}\t{_version_metrics(registry, name, version)}")
     return EXIT_OK
 
 
@@ -292,4 +309,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE if not isinstance(exc, ArtifactError) else EXIT_FAILED
     except FloatingPointError as exc:
         print(f"ordrec-train: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in TRAIN_EXTRA_MODULES:
+            raise
+        print(f"ordrec-train: {exc}: the trainer's dependencies are the `train` extra: "
+              f"pip install 'ordrec[train]'", file=sys.stderr)
         return EXIT_FAILED
