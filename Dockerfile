@@ -1,17 +1,20 @@
-# One image for both sides of ordrec:
-#   docker run IMAGE                                 -> ordrec-serve on /registry (the default command)
-#   docker run IMAGE ordrec-train run /jobs/job.toml -> a trainer job (cron)
+# The serving image, and with --build-arg EXTRAS=train the trainer's too:
+#   docker build -t ordrec .                                 serving only (no scikit-learn)
+#   docker build --build-arg EXTRAS=train -t ordrec-train .  serving + the trainer's dependencies
+#   docker run ordrec                                        -> ordrec-serve on /registry (the default command)
+#   docker run ordrec-train ordrec-train run /jobs/job.toml  -> a trainer job (cron)
 # Multi-stage: build the virtualenv with the compiler toolchain, ship only the venv.
 FROM python:3.11-slim AS build
+ARG EXTRAS=""
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/ordrec
 ENV PATH=/opt/ordrec/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE MANIFEST.in ./
 COPY ordrec ordrec
 COPY service service
 COPY trainer trainer
-RUN pip install .
+RUN pip install ".${EXTRAS:+[$EXTRAS]}"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --create-home --home-dir /srv/ordrec ordrec \
@@ -25,7 +28,7 @@ WORKDIR /srv/ordrec
 EXPOSE 50051 9095
 # The gRPC health service: SERVING once at least one model is loaded.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["ordrec-client", "--target", "127.0.0.1:50051", "--timeout", "2", "health"]
+    CMD ["ordrec-client", "--target", "127.0.0.1:50051", "--timeout", "2", "--wait", "0", "health"]
 # --processes 0: one server process per CPU the container may use, sharing the
 # port with SO_REUSEPORT and pinned to its core (README, Benchmarks: on 2 cores
 # two pinned processes served 2.1-2.6x one pinned process and 3.9-4.7x one unpinned

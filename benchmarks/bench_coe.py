@@ -1,9 +1,9 @@
 """COE benchmarks: training time / peak memory / triples per second, scaling, serving latency.
 
-    .venv/bin/python benchmarks/bench_coe.py train   --data /work/shared/data/ml-100k/u.data
+    .venv/bin/python benchmarks/bench_coe.py train   --data $ORDREC_DATA/ml-100k/u.data
     .venv/bin/python benchmarks/bench_coe.py scaling [--factors 1,10,100]
-    .venv/bin/python benchmarks/bench_coe.py latency --data /work/shared/data/ml-100k/u.data
-    .venv/bin/python benchmarks/bench_coe.py all     --data /work/shared/data/ml-100k/u.data
+    .venv/bin/python benchmarks/bench_coe.py latency --data $ORDREC_DATA/ml-100k/u.data
+    .venv/bin/python benchmarks/bench_coe.py all     --data $ORDREC_DATA/ml-100k/u.data
 
 Each memory figure comes from a fresh subprocess (peak RSS from getrusage),
 so one measurement does not inherit another's heap; the baseline RSS of the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 import resource
 import subprocess
 import sys
@@ -192,7 +193,7 @@ def main(argv=None) -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=("train", "scaling", "latency", "all"))
-    parser.add_argument("--data", default=os.path.join(os.environ.get("ORDREC_DATA", "/work/shared/data"),
+    parser.add_argument("--data", default=os.path.join(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
                                                        "ml-100k", "u.data"))
     parser.add_argument("--factors", default="1,10,100")
     parser.add_argument("--calls", type=int, default=2000)

@@ -1,6 +1,6 @@
 """DCR benchmarks: training time and memory, in-process Recommend latency, batch throughput.
 
-    .venv/bin/python benchmarks/bench_dcr.py [--data /work/shared/data/ml-100k/u.data]
+    .venv/bin/python benchmarks/bench_dcr.py [--data $ORDREC_DATA/ml-100k/u.data]
         [--epochs 100] [--tol 0.002] [--order user|random] [--ranks 40,20] [--repeats 3]
         [--specs ml-100k,netflix1m,netflix1m:20,netflix1m:50] [--no-pairwise] [--skip-train] [--skip-serve]
         [--init random|marginal] [--stop tol|validation] [--lr 0.05] [--folds 1]
@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 import resource
 import subprocess
 import sys
@@ -281,7 +282,7 @@ def main() -> None:
         print(json.dumps(train_child(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] == "True", int(sys.argv[5]))))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=os.path.join(os.environ.get("ORDREC_DATA", "/work/shared/data"),
+    parser.add_argument("--data", default=os.path.join(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
                                                        "ml-100k", "u.data"))
     parser.add_argument("--epochs", type=int, default=100, help="most DCR epochs (the protocol's 100)")
     parser.add_argument("--tol", type=float, default=0.002,

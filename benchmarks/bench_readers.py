@@ -1,6 +1,6 @@
 """Read speed and peak memory of the readers; prints a table.
 
-    .venv/bin/python benchmarks/bench_readers.py [--data /work/shared/data] [--lines 5000000] [--tmp DIR]
+    .venv/bin/python benchmarks/bench_readers.py [--data $ORDREC_DATA] [--lines 5000000] [--tmp DIR]
 
 Cases: the real MovieLens 100K ``u.data`` and Last.fm tags (when present); a
 generated MovieLens-10M-style ``ratings.dat`` (``::``, integer ids, 0.5-step
@@ -81,7 +81,7 @@ def generate(folder: Path, lines: int, seed: int = 0) -> tuple[Path, Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.environ.get("ORDREC_DATA", "/work/shared/data"))
+    parser.add_argument("--data", default=os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
     parser.add_argument("--lines", type=int, default=5_000_000)
     parser.add_argument("--tmp", default=None)
     parser.add_argument("--keep", default=None,

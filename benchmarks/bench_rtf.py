@@ -18,7 +18,7 @@ over the 10-core posts at each dims, timed over ``--epochs`` passes after a
 warm-up.
 
     .venv/bin/python benchmarks/bench_rtf.py
-    .venv/bin/python benchmarks/bench_rtf.py --data /work/shared/data/lastfm-tags/user_taggedartists.dat
+    .venv/bin/python benchmarks/bench_rtf.py --data $ORDREC_DATA/lastfm-tags/user_taggedartists.dat
 """
 from __future__ import annotations
 

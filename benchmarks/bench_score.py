@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 import sys
 import time
 
@@ -59,7 +60,7 @@ def latency(fn, n: int) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--zoo", default=os.path.join(os.environ.get("ORDREC_DATA", "/work/shared/data"),
+    parser.add_argument("--zoo", default=os.path.join(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
                                                       "zoo", "zoo.data"))
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--aspects", type=int, default=50)

@@ -9,7 +9,7 @@ and the validation posts are answered through the serving ``Index`` built from
 the in-memory artifact, with the popularity baselines on the same posts.
 The test posts are never read.
 
-    .venv/bin/python benchmarks/tune_rtf.py --data /work/shared/data/lastfm-tags/user_taggedartists.dat \
+    .venv/bin/python benchmarks/tune_rtf.py --data $ORDREC_DATA/lastfm-tags/user_taggedartists.dat \
         --dims 64 --learning-rate 0.5 --lr-decay 0 --reg 1e-3 --iterations 60 --patience 10
 """
 from __future__ import annotations

@@ -43,11 +43,11 @@ _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 # Connection options: (flags, keyword arguments, default). They are accepted
 # before the subcommand and after it, so `ordrec-client recommend ... --json` works.
 _CONNECTION = [
-    (("--target",), dict(metavar="HOST:PORT", help="the server's address"), DEFAULT_TARGET),
+    (("--target",), dict(metavar="HOST:PORT", help="the server's address; $ORDREC_TARGET when set"), None),
     (("--timeout",), dict(type=float, metavar="SECONDS", help="deadline of the call, retries included"), 10.0),
     (("--wait",), dict(type=float, metavar="SECONDS",
                        help="wait this long for the server to be ready (health SERVING) before the call; 0: "
-                            "do not wait"), 10.0),
+                            "do not wait"), 30.0),
     (("--retries",), dict(type=int, metavar="N", help="tries again on UNAVAILABLE, with backoff"), 3),
     (("--token",), dict(help="bearer token, when the server requires one (prefer --token-env: a command line "
                              "is visible to other users)"), None),
@@ -202,10 +202,12 @@ def _add_connection_options(parser: argparse.ArgumentParser, on_subcommand: bool
     group = parser.add_argument_group("connection and output")
     for flags, kwargs, default in _CONNECTION:
         kwargs = dict(kwargs)
+        if flags == ("--target",):
+            default = os.environ.get("ORDREC_TARGET") or DEFAULT_TARGET
         if on_subcommand:
             # SUPPRESS: a value given before the subcommand is not overwritten by the default here.
             kwargs["default"] = argparse.SUPPRESS
-            if kwargs.get("action") != "store_true":
+            if default not in (None, False, ""):
                 kwargs["help"] += f" (default: {default})"
         else:
             kwargs["default"] = default
@@ -309,6 +311,20 @@ def _token(args: argparse.Namespace) -> str | None:
     return args.token
 
 
+def wait_for_server(client: Client, args: argparse.Namespace) -> None:
+    """Wait up to ``--wait`` seconds for the server to be SERVING, saying so after the first second.
+
+    When it is not ready in time the call is made anyway, so that its own
+    status says why (UNAVAILABLE: connection refused, a TLS mismatch, ...).
+    """
+    quiet = min(args.wait, 1.0)
+    if args.wait <= 0 or client.wait_ready(quiet) or args.wait <= quiet:
+        return
+    print(f"ordrec-client: waiting up to {args.wait:g} s for the server at {args.target} to be ready",
+          file=sys.stderr, flush=True)
+    client.wait_ready(args.wait - quiet)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ordrec-client``; returns the exit code (the call's gRPC status code)."""
     parser = build_parser()
@@ -322,9 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     with client:
         try:
-            if args.wait > 0:
-                # Not ready in time: make the call anyway, so its own status says why.
-                client.wait_ready(args.wait)
+            wait_for_server(client, args)
             return args.func(client, args)
         except grpc.RpcError as exc:
             hint = "  (name one with --model)" if "name one in 'model'" in (exc.details() or "") else ""

@@ -106,7 +106,8 @@ def main(argv=None) -> int:
         if args.serve:
             keep_serving(server)
         else:
-            print(f"\n(not on a terminal, so not serving on; to serve these models and open the reports:\n"
+            print(f"\n(not on a terminal (or --no-serve), so the server stops now and these URLs with it;\n"
+                  f" `make demo` on a terminal keeps serving until Ctrl-C, or serve the registry yourself:\n"
                   f"  .venv/bin/ordrec-serve --registry {REGISTRY.relative_to(ROOT)} --port 50051 "
                   f"--metrics-port 9095\n"
                   f"  then http://127.0.0.1:9095/maps/coe )")

@@ -59,6 +59,7 @@ def test_a_client_started_before_the_server_waits_for_it(sample_registry):
         if client.poll() is None:
             client.kill()
     assert client.returncode == 0, err
+    assert "waiting up to 90 s" in err
     assert {m["name"] for m in json.loads(out)["models"]} == set(Registry(sample_registry).models())
 
 
@@ -254,7 +255,8 @@ def _subparsers(parser):
     return action.choices, action
 
 
-def test_every_subcommand_and_option_has_help():
+def test_every_subcommand_and_option_has_help(monkeypatch):
+    monkeypatch.delenv("ORDREC_TARGET", raising=False)
     parser = build_parser()
     choices, action = _subparsers(parser)
     assert set(choices) == {"health", "models", "recommend", "tags", "neighbors", "coordinates", "place", "record"}
@@ -266,3 +268,10 @@ def test_every_subcommand_and_option_has_help():
         assert "--json" in text and "(default: 127.0.0.1:50051)" in text, name
     assert "ordrec-loadtest" in parser.format_help()
     assert "(default: 10)" in choices["recommend"].format_help()
+
+
+def test_the_target_may_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("ORDREC_TARGET", "example.org:1234")
+    assert build_parser().parse_args(["models"]).target == "example.org:1234"
+    assert build_parser().parse_args(["models", "--target", "h:1"]).target == "h:1"
+    assert build_parser().parse_args(["--target", "h:2", "models"]).target == "h:2"

@@ -21,7 +21,7 @@ from ordrec.trainer.models import _coe_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COE, TripleSource, normalise
 
-DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def ratings_from(user, item, rating, n_users=None, n_items=None) -> Ratings:

@@ -16,7 +16,7 @@ from ordrec.trainer.evaluation.dcr import (
     fixed_scorer, item_means, ndcg_at_k, per_user_split, validation_split,
 )
 
-DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def ratings(seed=0, n_users=50, n_items=40):

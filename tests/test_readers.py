@@ -18,7 +18,7 @@ from ordrec.trainer.data.readers import (
 )
 from ordrec.trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
 
-DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def write(path: Path, text: str, encoding: str = "utf-8", newline: str = "\n") -> Path:

@@ -468,7 +468,7 @@ def test_read_labels_on_movielens_u_item():
     import os
     from pathlib import Path
 
-    path = Path(os.environ.get("ORDREC_DATA", "/work/shared/data")) / "ml-100k" / "u.item"
+    path = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "ml-100k" / "u.item"
     if not path.exists():
         pytest.skip(f"{path} is missing")
     labels = read_labels(path)

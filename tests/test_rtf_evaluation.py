@@ -18,7 +18,7 @@ from ordrec.trainer.evaluation import rtf as ev
 from ordrec.trainer.models.rtf import group_posts
 from ordrec.trainer.sample import planted_tags
 
-DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 LASTFM = DATA / "lastfm-tags" / "user_taggedartists.dat"
 
 

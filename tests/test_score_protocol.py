@@ -11,7 +11,7 @@ import pytest
 
 from ordrec.trainer.cli import main as cli_main
 
-DATA_ROOT = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
+DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def write_table(path: Path, n: int = 40, m: int = 4, seed: int = 0) -> None:
