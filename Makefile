@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Regenerate ordrec/ (the Python gRPC code) from proto/.
+# Regenerate ordrec/v1/ (the Python gRPC code, and copies of the .proto files to ship) from proto/.
 proto: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen_proto.sh
 

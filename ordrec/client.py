@@ -243,7 +243,9 @@ class Client:
         """``Coordinates``: the pages of map points, for ``ids`` or (when empty) the whole map.
 
         The call is retried on UNAVAILABLE only until its first page arrives,
-        so no page is ever repeated. ``timeout`` bounds the whole stream.
+        so no page is ever repeated. ``timeout`` bounds the whole stream. The
+        call starts at the first ``next()``; closing the iterator (or leaving
+        a ``for`` loop over it, in CPython) cancels the rest of the stream.
         """
         request = pb.CoordinatesRequest(model=model, space=space, entity=entity(entity_kind), ids=list(ids),
                                         page_size=page_size)
@@ -253,10 +255,12 @@ class Client:
             return stream, next(stream, None)
 
         stream, page = self._retrying(first_page, timeout)
-        if page is None:
-            return
-        yield page
-        yield from stream
+        try:
+            if page is not None:
+                yield page
+                yield from stream
+        finally:
+            stream.cancel()  # a consumer that stops early frees the server's stream slot at once
 
     def place(self, ranked_neighbor_ids: Sequence[str], *, model: str = "", k: int = 0,
               timeout: float | None = None) -> pb.PlaceResponse:

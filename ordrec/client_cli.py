@@ -12,6 +12,7 @@ otherwise; 2 for a malformed command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -146,12 +147,15 @@ def cmd_neighbors(client: Client, args: argparse.Namespace) -> int:
 def cmd_coordinates(client: Client, args: argparse.Namespace) -> int:
     points: list[pb.Point] = []
     head = None
-    for page in client.coordinates(args.ids or (), model=args.model, space=args.space, entity_kind=args.entity,
-                                   page_size=args.page_size):
-        head = head or page
-        points.extend(page.points)
-        if args.limit and len(points) >= args.limit:
-            break  # leaving the loop cancels the rest of the stream
+    pages = client.coordinates(args.ids or (), model=args.model, space=args.space, entity_kind=args.entity,
+                               page_size=args.page_size)
+    with contextlib.closing(pages):  # closing cancels the rest of the stream once --limit is reached
+        for page in pages:
+            if head is None:
+                head = page
+            points.extend(page.points)
+            if args.limit and len(points) >= args.limit:
+                break
     if args.limit:
         points = points[: args.limit]
     if args.json:

@@ -264,6 +264,7 @@ def test_every_subcommand_and_option_has_help(monkeypatch):
     for name, sub in choices.items():
         for option in sub._actions:
             assert option.help, (name, option.option_strings)
+            assert "" not in (option.choices or ()), (name, option.option_strings)  # no empty choice
         text = sub.format_help()
         assert "--json" in text and "(default: 127.0.0.1:50051)" in text, name
     assert "ordrec-loadtest" in parser.format_help()
