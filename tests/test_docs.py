@@ -106,8 +106,13 @@ def test_every_client_command_in_the_docs_parses():
 
 # ------------------------------------------------------- the README, pasted
 def test_the_readme_using_it_block_runs_as_pasted(tmp_path):
-    block = _sh_block(README.read_text(), "## Using it")
+    text = README.read_text()
+    block = _sh_block(text, "## Using it")
     assert ". .venv/bin/activate" in block and "ordrec-serve" in block and "&\n" in block
+    # The Python client example that follows, run while the server is still up.
+    example = text.split("## Using it\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "kill %1" in block and "from ordrec.client import Client" in example
+    block = block.replace("kill %1", f"python - <<'EOF'\n{example}EOF\nkill %1", 1)
     port, metrics_port = free_port(), free_port()
     script = (block.replace(". .venv/bin/activate", f"export PATH={shlex.quote(str(BIN))}:$PATH")
               .replace("50051", str(port)).replace("9095", str(metrics_port))
@@ -123,6 +128,7 @@ def test_the_readme_using_it_block_runs_as_pasted(tmp_path):
     assert "published dcr@" in out and "user u001" in out and '"neighbors": [' in out
     assert re.search(r"^dcr\t\S+\tlive:newest\t.*epochs_run=", out, re.M)  # versions shows metrics
     assert "pinned dcr to" in out and out.rstrip().endswith("server-exited-0")
+    assert re.search(r"^i\d+ \d", out, re.M)  # the Python example's "id score" lines
 
 
 # ---------------------------------------------------------------- make demo
