@@ -345,9 +345,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             wait_for_server(client, args)
             return args.func(client, args)
         except grpc.RpcError as exc:
-            hint = "  (name one with --model)" if "name one in 'model'" in (exc.details() or "") else ""
-            print(f"ordrec-client: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
+            print(f"ordrec-client: {exc.code().name}: {exc.details()}{_hint(exc, args)}", file=sys.stderr)
             return exc.code().value[0]
+
+
+def _hint(exc: grpc.RpcError, args: argparse.Namespace) -> str:
+    """What to do about the commonest errors, appended to the server's message."""
+    details = exc.details() or ""
+    if "name one in 'model'" in details:
+        return "  (name one with --model)"
+    if exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" in details.lower():
+        return f"  (is ordrec-serve running at {args.target}? waited {args.wait:g} s: --wait)"
+    return ""
 
 
 if __name__ == "__main__":

@@ -119,14 +119,13 @@ for m in pkgutil.walk_packages(ordrec.service.__path__, "ordrec.service."):
     if not m.name.endswith(".__main__"):  # importing it would run the server
         importlib.import_module(m.name)
 import ordrec.client_cli
-print(sorted(m for m in sys.modules if m.split(".")[0] in ("sklearn", "tqdm", "ordrec") and "trainer" in m
-             or m.split(".")[0] in ("sklearn", "tqdm")))
+print(sorted(m for m in sys.modules if m.startswith("ordrec.trainer") or m.split(".")[0] in ("sklearn", "tqdm")))
 """)
     assert out.strip() == "[]"
 
 
-def test_the_trainer_without_its_extra_says_what_to_install(tmp_path):
-    out = _python(_BLOCK_TRAIN_EXTRA + f"""
+def test_the_trainer_without_its_extra_says_what_to_install():
+    out = _python(_BLOCK_TRAIN_EXTRA + """
 import contextlib, io
 from ordrec.trainer.cli import main
 err = io.StringIO()
