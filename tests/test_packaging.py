@@ -179,3 +179,14 @@ def test_the_sdist_builds_a_wheel_with_the_protos_and_the_license(tmp_path):
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
     assert {f"proto/ordrec/v1/{p}" for p in protos} <= members and "LICENSE" in members
+
+
+def test_the_docker_build_copies_what_the_build_reads():
+    """No Docker engine here to build the image: at least its `pip install .` gets every file pyproject names."""
+    text = (ROOT / "Dockerfile").read_text()
+    copied = {word for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line
+              for word in line.split()[1:-1]}
+    project = _project()
+    assert {project["readme"], *project["license-files"], "pyproject.toml"} <= copied
+    assert set(SOURCE_ROOTS) and {str(v.relative_to(ROOT)) for v in SOURCE_ROOTS.values()} <= copied
+    assert 'pip install ".${EXTRAS:+[$EXTRAS]}"' in text and 'ARG EXTRAS=""' in text  # serving-only by default

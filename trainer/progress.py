@@ -6,6 +6,7 @@ bar's ``\\r`` redraws turn a log into one giant line.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import IO, Any
@@ -17,9 +18,16 @@ LOG_INTERVAL = 10.0
 
 def _is_terminal(stream: IO[str]) -> bool:
     try:
-        return stream.isatty()
+        if not stream.isatty():
+            return False
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
+    try:
+        # A pseudo-terminal of no width (e.g. under `script` without a window)
+        # would show an empty bar: plain lines there too.
+        return os.get_terminal_size(stream.fileno()).columns > 0
+    except (AttributeError, ValueError, OSError):  # a terminal whose size cannot be asked
+        return True
 
 
 def _format_stats(stats: dict[str, float]) -> str:
