@@ -109,14 +109,14 @@ def test_the_readme_using_it_block_runs_as_pasted(tmp_path):
     text = README.read_text()
     block = _sh_block(text, "## Using it")
     assert ". .venv/bin/activate" in block and "ordrec-serve" in block and "&\n" in block
+    assert "<" not in block  # no placeholder to fill in: it is pasted as it is
     # The Python client example that follows, run while the server is still up.
     example = text.split("## Using it\n", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert "kill %1" in block and "from ordrec.client import Client" in example
     block = block.replace("kill %1", f"python - <<'EOF'\n{example}EOF\nkill %1", 1)
     port, metrics_port = free_port(), free_port()
     script = (block.replace(". .venv/bin/activate", f"export PATH={shlex.quote(str(BIN))}:$PATH")
-              .replace("50051", str(port)).replace("9095", str(metrics_port))
-              .replace("<version>", '"$(ls registry/dcr | head -n 1)"'))
+              .replace("50051", str(port)).replace("9095", str(metrics_port)))
     # A failing step stops the script; the server is stopped whatever happens.
     script = ("set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + script
               + "wait %1 && echo server-exited-0\n")
