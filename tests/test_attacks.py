@@ -109,7 +109,9 @@ def test_open_and_stalled_streams_cannot_starve_unary_calls(attack_registry):
             for channel in channels:
                 channel.close()
         assert errors == []
-        p99 = float(np.quantile(latencies, 0.99))
+        p50, p99 = np.quantile(latencies, [0.5, 0.99])
+        print(f"Recommend under the stream flood: {len(latencies)} calls, p50 {p50 * 1e3:.2f} ms,"
+              f" p99 {p99 * 1e3:.2f} ms, 0 errors")
         assert len(latencies) > 100 and p99 < 0.050, (len(latencies), p99)
         assert metric(server, "grpc_server_handled_total", grpc_code="RESOURCE_EXHAUSTED") > 0
 
