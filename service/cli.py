@@ -1,4 +1,4 @@
-"""``ordrec-serve``: run the gRPC service (or ``ordrec-serve loadtest ...``).
+"""``ordrec-serve``: run the gRPC service (the load generator is ``ordrec-loadtest``).
 
 BLAS, OpenMP and numba threads are pinned to one per process before numpy is
 imported: requests run on the gRPC thread pool, and a BLAS call fanning out
@@ -28,7 +28,7 @@ log = logging.getLogger("ordrec.service")
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ordrec-serve", description="Serve ordrec models over gRPC.",
-                                epilog="Load test: ordrec-serve loadtest --help")
+                                epilog="Load test: ordrec-loadtest --help")
     p.add_argument("--registry", required=True, help="registry directory the trainer publishes to")
     p.add_argument("--host", default="127.0.0.1", help="gRPC bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (0: pick a free one)")
@@ -112,10 +112,6 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["loadtest"]:
-        from ordrec.service.loadtest import main as loadtest_main
-
-        return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -124,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.processes > 1:
         from ordrec.service.supervisor import Supervisor
 
-        passed_on = _without(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
+        passed_on = without_flags(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
         return Supervisor(passed_on, args.processes, args.host, args.port, args.metrics_port).run()
     try:
         return serve(args)
@@ -133,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(exc, ValueError) else 1
 
 
-def _without(argv: list[str], flags: set[str]) -> list[str]:
+def without_flags(argv: list[str], flags: set[str]) -> list[str]:
     """``argv`` minus the given value-taking flags (``--flag V`` or ``--flag=V``)."""
     out, skip = [], False
     for token in argv:

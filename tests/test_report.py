@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ordrec.service.artifacts import Artifact, Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import MapIndex, PointSet
-from ordrec.service.process import ServerProcess, run_cli
+from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.evaluation.report import PaperFigure
 from ordrec.trainer.report_html import (DEFAULT_MAX_POINTS, LABELS_FILE, MISSING_COLOUR, PALETTE, REPORT_FILE,
