@@ -16,8 +16,8 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models import index_class
 from ordrec.service.models.coe import Index
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.evaluation import coe as protocol
-from ordrec.trainer.models import _coe_kernels as K
+from ordrec.trainer.reproduce import coe as protocol
+from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COE, TripleSource, normalise
 

@@ -35,7 +35,7 @@ from ordrec.service.artifacts import Artifact, Registry, write_view
 from ordrec.service.models import index_class
 from ordrec.service.models.base import MapIndex
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.evaluation.report import PaperFigure
+from ordrec.trainer.reproduce.report import PaperFigure
 
 REPORT_FILE = "report.html"
 LABELS_FILE = "labels.tsv"

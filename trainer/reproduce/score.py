@@ -26,7 +26,8 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from ordrec.service.models.score import Index
 from ordrec.trainer.data.types import AttributeTable
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.evaluation.metrics import preservation
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.score import ScoreEstimator
 
 DEFAULT_RUNS = 5
@@ -90,66 +91,16 @@ def split_objects(table: AttributeTable, ratio: float, rng: np.random.Generator
 
 
 # -------------------------------------------------------------- preservation
-def _pair_distances(coords: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    diff = coords[rows][:, None, :] - coords[cols][None, :, :]
-    return np.sqrt(np.einsum("abk,abk->ab", diff, diff))
-
-
-def satisfied_triplets(coords: np.ndarray, values: np.ndarray, chunk: int = 256) -> tuple[int, int]:
-    """``(satisfied, total)`` over every triplet ``<i, j, k>`` of one aspect.
-
-    A triplet has i != j sharing a value (``values >= 0``; -1 is missing) and k
-    with another value; it is satisfied when ``d(j, i) < d(j, k)`` strictly
-    (Eq. 10). Counted per anchor j without listing triplets: the distances
-    from j to the other groups are sorted once, and a row-wise binary search
-    gives, for every same-group i, how many k lie strictly farther.
-    """
-    coords = np.asarray(coords, dtype=np.float64)
-    values = np.asarray(values)
-    valid = np.nonzero(values >= 0)[0]
-    vals = values[valid]
-    satisfied = total = 0
-    for v in np.unique(vals):
-        same, other = valid[vals == v], valid[vals != v]
-        n_s, n_o = same.size, other.size
-        if n_s < 2 or n_o == 0:
-            continue
-        total += n_s * (n_s - 1) * n_o
-        for start in range(0, n_s, chunk):
-            anchors = same[start : start + chunk]
-            to_other = np.sort(_pair_distances(coords, anchors, other), axis=1)
-            to_same = _pair_distances(coords, anchors, same)
-            # Offset each row into its own interval so one searchsorted on the
-            # flattened sorted rows works row by row (offsets are exact in
-            # float64 for equal values, so ties stay ties).
-            span = 2.0 * max(to_other.max(), to_same.max()) + 1.0
-            row = np.arange(anchors.size)
-            flat = (to_other + (row * span)[:, None]).ravel()
-            at_most = np.searchsorted(flat, to_same + (row * span)[:, None], side="right")
-            farther = n_o - (at_most - (row * n_o)[:, None])
-            # i == j (distance 0) is not a triplet: remove its term.
-            self_at_most = np.searchsorted(flat, row * span, side="right") - row * n_o
-            satisfied += int(farther.sum() - (n_o - self_at_most).sum())
-    return satisfied, total
-
-
-def preservation(index: Index, table: AttributeTable, observed: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per aspect of ``table`` (looked up by name in ``index``): preservation
-    over all triplets, and over the hidden ones (NaN when ``observed`` is None
-    or nothing is hidden)."""
-    n_asp = len(table.attributes)
-    overall, hidden = np.full(n_asp, np.nan), np.full(n_asp, np.nan)
-    for t, name in enumerate(table.attributes):
-        coords = index.map_coordinates(name)
-        sat, tot = satisfied_triplets(coords, table.codes[:, t])
-        overall[t] = sat / tot if tot else np.nan
-        if observed is not None:
-            seen = np.where(observed[:, t], table.codes[:, t], -1)
-            sat_o, tot_o = satisfied_triplets(coords, seen)
-            if tot > tot_o:
-                hidden[t] = (sat - sat_o) / (tot - tot_o)
-    return overall, hidden
+def fit_metrics(data, artifact) -> dict[str, float]:
+    """Per-aspect preservation (Eq. 10) of a published model on its own
+    training table, through the serving index, and their mean."""
+    if not isinstance(data, AttributeTable):
+        return {}
+    per_aspect, _ = preservation(Index.from_artifact(artifact), data)
+    out = {f"preservation_{name}": float(p) for name, p in zip(data.attributes, per_aspect) if np.isfinite(p)}
+    if out:
+        out["preservation"] = float(np.nanmean(per_aspect))
+    return out
 
 
 def nmi_matrix(table: AttributeTable) -> np.ndarray:

@@ -48,9 +48,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.models.dcr import Index
-from ordrec.trainer.cli import parse_value
+from ordrec.trainer.reproduce.params import parse_value
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.dcr import DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split
 
 DEFAULT_RUNS = 5
@@ -91,37 +92,6 @@ def per_user_split(data: Ratings, n_train: int, rng: np.random.Generator,
     train_rows = order[keep & (position < n_train)]
     test_rows = order[keep & (position >= n_train)]
     return data.subset(np.sort(train_rows)), data.subset(np.sort(test_rows))
-
-
-# ----------------------------------------------------------------- metric
-def ndcg_at_k(score_items, test: Ratings, k: int = K) -> float:
-    """Mean over users of NDCG@k over each user's test items.
-
-    ``score_items(user_row, item_rows) -> scores`` (higher is better); ties
-    keep the items' row order (a stable sort), identical for every method.
-    """
-    values = ndcg_values(score_items, test, k)
-    return float(np.mean(values)) if values.size else float("nan")
-
-
-def ndcg_values(score_items, test: Ratings, k: int = K) -> np.ndarray:
-    """NDCG@k of every user with a positive ideal DCG, in user-row order."""
-    order = np.lexsort((test.item, test.user))
-    users, items, ratings = test.user[order], test.item[order], test.rating[order].astype(np.float64)
-    bounds = np.flatnonzero(np.diff(users)) + 1
-    starts = np.concatenate([[0], bounds])
-    ends = np.concatenate([bounds, [users.size]])
-    discount = 1.0 / np.log2(np.arange(2, k + 2))
-    values = []
-    for lo, hi in zip(starts, ends):
-        gains = np.exp2(ratings[lo:hi]) - 1.0
-        scores = np.asarray(score_items(int(users[lo]), items[lo:hi].astype(np.int64)), dtype=np.float64)
-        top = np.argsort(-scores, kind="stable")[:k]
-        ideal = np.sort(gains)[::-1][:k]
-        idcg = float(ideal @ discount[: ideal.size])
-        if idcg > 0:
-            values.append(float(gains[top] @ discount[: top.size]) / idcg)
-    return np.asarray(values, dtype=np.float64)
 
 
 def serving_scorer(estimator: DCR):

@@ -45,8 +45,8 @@ import numpy as np
 
 from ordrec.service.models.coe import Index
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from ordrec.trainer.models import _coe_kernels as K
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
 
 DEFAULT_RUNS = 10
@@ -148,6 +148,18 @@ def protocol_values(data: Ratings, observed: np.ndarray) -> np.ndarray:
     """Per-rating z-scores with each user's observed moments (applied to hidden ratings too)."""
     mean, std = user_moments(data.user[observed], data.rating[observed].astype(np.float64), data.n_users)
     return zscore(data.user, data.rating.astype(np.float64), mean, std)
+
+
+def fit_metrics(data, artifact) -> dict[str, float]:
+    """Preservation and k-NN ratings of a published model on its own training
+    ratings (every triple observed), through the serving index; recorded with
+    the version and shown in its map report beside Table 3."""
+    if not isinstance(data, Ratings):
+        return {}
+    observed = np.ones(len(data), dtype=bool)
+    metrics = evaluate_index(Index.from_artifact(artifact), data, protocol_values(data, observed), observed)
+    keep = ("preservation_a", "preservation_b", "preservation_h", "knn1_h", "knn5_h")
+    return {k: float(metrics[k]) for k in keep if np.isfinite(metrics[k])}
 
 
 def fit_and_evaluate(params: dict, data: Ratings, values: np.ndarray,

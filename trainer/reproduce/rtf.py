@@ -34,7 +34,8 @@ import numpy as np
 from ordrec.service.models.rtf import Index
 from ordrec.service.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.evaluation.metrics import list_metrics
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.rtf import RTF, group_posts
 
 DEFAULT_RUNS = 3
@@ -175,29 +176,6 @@ def leave_one_post_out(data: TagAssignments, rng: np.random.Generator):
 
 
 # ---------------------------------------------------------------- metrics
-def precision_recall(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = MAX_N):
-    """Mean precision and recall at N = 1..max_n over test posts (paper Section 5.2).
-
-    A list shorter than N counts its missing slots as misses (precision
-    divides by N).
-    """
-    hits = np.zeros((len(top_lists), max_n))
-    sizes = np.array([max(t.size, 1) for t in truth], dtype=np.float64)
-    for k, (top, true) in enumerate(zip(top_lists, truth)):
-        hit = np.isin(top[:max_n], true).astype(np.float64)
-        hits[k, : hit.size] = hit
-    cum = np.cumsum(hits, axis=1)
-    ns = np.arange(1, max_n + 1)
-    precision = (cum / ns).mean(axis=0)
-    recall = (cum / sizes[:, None]).mean(axis=0)
-    return precision, recall
-
-
-def f1(precision: np.ndarray, recall: np.ndarray) -> np.ndarray:
-    denom = precision + recall
-    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
-
-
 class _TestSet:
     """Test posts translated into one index's rows (by external id)."""
 
@@ -223,7 +201,7 @@ class _TestSet:
 def evaluate_rtf(index: Index, tests: _TestSet) -> dict[str, float]:
     """Top-10 lists from ``Index.tags`` (the RPC's code) and AUC from ``Index.score_posts``."""
     lists = [index.tags(int(u), int(i), MAX_N)[0] for u, i in zip(tests.user_rows, tests.item_rows)]
-    out = _list_metrics(lists, tests.truth)
+    out = list_metrics(lists, tests.truth, MAX_N)
     known = (tests.user_rows >= 0) & (tests.item_rows >= 0)
     rows = np.flatnonzero(known)
     scores = index.score_posts(tests.user_rows[rows], tests.item_rows[rows])
@@ -268,7 +246,7 @@ def evaluate_baseline(index: Index, tests: _TestSet, kind: str, mix_weight: floa
         else:
             scores = index.popular_scores(kind.split("-")[1], int(u), int(i), mix_weight=mix_weight)
         lists.append(top_k(scores, MAX_N)[0])
-    return _list_metrics(lists, tests.truth)
+    return list_metrics(lists, tests.truth, MAX_N)
 
 
 def evaluate_npmax(index: Index, tests: _TestSet) -> dict[str, float]:
@@ -284,18 +262,7 @@ def evaluate_npmax(index: Index, tests: _TestSet) -> dict[str, float]:
     tiebreak = tiebreak / (tiebreak.max() + 1.0)
     for item in tests.item_ext:
         lists.append(top_k(by_item[int(item)] + tiebreak, MAX_N)[0])
-    return _list_metrics(lists, tests.truth)
-
-
-def _list_metrics(lists: list[np.ndarray], truth: list[np.ndarray]) -> dict[str, float]:
-    precision, recall = precision_recall(lists, truth)
-    scores = f1(precision, recall)
-    out: dict[str, float] = {}
-    for n in range(1, MAX_N + 1):
-        out[f"precision@{n}"] = float(precision[n - 1])
-        out[f"recall@{n}"] = float(recall[n - 1])
-        out[f"f1@{n}"] = float(scores[n - 1])
-    return out
+    return list_metrics(lists, tests.truth, MAX_N)
 
 
 def choose_mix_weight(train: TagAssignments, seed: int,
