@@ -40,6 +40,7 @@ import itertools
 import os
 import sys
 import time
+from typing import Mapping
 
 import numpy as np
 
@@ -292,6 +293,19 @@ def _params(function: str, args: argparse.Namespace) -> dict:
     if args.scale is not None:
         params["lam" if function == "sigmoid" else "alpha"] = args.scale
     return params
+
+
+def map_paper_figures(hyperparameters: Mapping, attributes: Mapping) -> list[PaperFigure]:
+    """The Table 3 row a published version is shown beside in its map report:
+    its probability function's (COE-S for sigmoid, COE-G for Gompertz), on
+    the metrics a version records (``fit_metrics``)."""
+    function = str(hyperparameters.get("function", "sigmoid"))
+    method = "COE-G" if function.startswith("gomp") else "COE-S"
+    shown = ("preservation_a", "preservation_b", "preservation_h", "prediction_a", "prediction_b",
+             "prediction_h", "knn1_h", "knn5_h")
+    setting = {"data": "ML-100K", "dim": 2, "triples": "full observed"}
+    return [PaperFigure(method, setting, metric, value, "Table 3")
+            for metric, value in zip(METRICS, _TABLE3[method]) if metric in shown]
 
 
 def paper_figures(dataset: str) -> list[PaperFigure]:
