@@ -32,9 +32,9 @@ def _rss_mb() -> float:
 
 
 def _ml100k(path: str):
-    from ordrec.trainer.reproduce.coe import _read_whitespace_ratings, paper_filter
+    from ordrec.trainer.reproduce.coe import read_whitespace_ratings, paper_filter
 
-    return paper_filter(_read_whitespace_ratings(path))
+    return paper_filter(read_whitespace_ratings(path))
 
 
 def _generated(factor: int, seed: int = 0):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ordrec.service.models.rtf import Index
 from ordrec.trainer.data.readers import read_input
-from ordrec.trainer.reproduce.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, _TestSet, evaluate_baseline,
+from ordrec.trainer.reproduce.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, HeldOutPosts, evaluate_baseline,
                                     evaluate_rtf, leave_one_post_out, p_core)
 from ordrec.trainer.models.rtf import RTF
 
@@ -80,7 +80,7 @@ def main() -> None:
     est.fit(fit_part, on_epoch=_curve_recorder(train, val, curve) if args.curve or args.trace else None)
     seconds = time.perf_counter() - started
     index = Index.from_artifact(est.to_artifact())
-    posts = _TestSet(train, val, index)
+    posts = HeldOutPosts(train, val, index)
     results = {f"RTF-{args.dims}": evaluate_rtf(index, posts)}
     if args.baselines:
         for kind in BASELINES:

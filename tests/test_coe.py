@@ -379,7 +379,7 @@ def test_ml100k_meets_table3_targets():
     path = DATA / "ml-100k" / "u.data"
     if not path.exists():
         pytest.skip(f"{path} missing (set ORDREC_DATA)")
-    data = protocol.paper_filter(protocol._read_whitespace_ratings(str(path)))
+    data = protocol.paper_filter(protocol.read_whitespace_ratings(str(path)))
     assert (data.n_users, data.n_items, len(data)) == (943, 1413, 99543)
     rng = np.random.default_rng([0, 0])
     observed = protocol.split_per_user(data.user, data.n_users, 0.8, rng)

@@ -247,14 +247,14 @@ def load_ratings(args: argparse.Namespace) -> Ratings:
     except ModuleNotFoundError as exc:  # reader not landed yet: plain "user item rating ..." lines
         if exc.name != "ordrec.trainer.data.readers":
             raise
-        return _read_whitespace_ratings(args.data)
+        return read_whitespace_ratings(args.data)
     data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     return data
 
 
-def _read_whitespace_ratings(path: str) -> Ratings:
+def read_whitespace_ratings(path: str) -> Ratings:
     from ordrec.service.idmap import IdMap
 
     cols = np.loadtxt(path, dtype=str, usecols=(0, 1, 2), ndmin=2)

@@ -176,7 +176,7 @@ def leave_one_post_out(data: TagAssignments, rng: np.random.Generator):
 
 
 # ---------------------------------------------------------------- metrics
-class _TestSet:
+class HeldOutPosts:
     """Test posts translated into one index's rows (by external id)."""
 
     def __init__(self, data: TagAssignments, test, index: Index):
@@ -198,7 +198,7 @@ class _TestSet:
         return self.user_rows.size
 
 
-def evaluate_rtf(index: Index, tests: _TestSet) -> dict[str, float]:
+def evaluate_rtf(index: Index, tests: HeldOutPosts) -> dict[str, float]:
     """Top-10 lists from ``Index.tags`` (the RPC's code) and AUC from ``Index.score_posts``."""
     lists = [index.tags(int(u), int(i), MAX_N)[0] for u, i in zip(tests.user_rows, tests.item_rows)]
     out = list_metrics(lists, tests.truth, MAX_N)
@@ -223,12 +223,12 @@ def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float
         index = Index.from_artifact(est.to_artifact())
     finally:
         est.core_, est.user_factors_, est.item_factors_, est.tag_factors_ = live
-    metrics = evaluate_rtf(index, _TestSet(core, test, index))
+    metrics = evaluate_rtf(index, HeldOutPosts(core, test, index))
     metrics["kept_pass"] = float(epoch)
     return metrics
 
 
-def evaluate_baseline(index: Index, tests: _TestSet, kind: str, mix_weight: float = 0.5
+def evaluate_baseline(index: Index, tests: HeldOutPosts, kind: str, mix_weight: float = 0.5
                       ) -> dict[str, float]:
     """Top-10 lists of a popularity baseline from the index's popularity arrays.
 
@@ -249,7 +249,7 @@ def evaluate_baseline(index: Index, tests: _TestSet, kind: str, mix_weight: floa
     return list_metrics(lists, tests.truth, MAX_N)
 
 
-def evaluate_npmax(index: Index, tests: _TestSet) -> dict[str, float]:
+def evaluate_npmax(index: Index, tests: HeldOutPosts) -> dict[str, float]:
     """npmax (paper Section 5.4.3): tag t scores |{u*: (u*, i, t) in S_test}|,
     ties by global training popularity. Peeks at the test set: reference only."""
     n_tags = len(index.tags_ids)
@@ -280,7 +280,7 @@ def choose_mix_weight(train: TagAssignments, seed: int,
     fit_part, val = leave_one_post_out(train, np.random.default_rng(seed + VALIDATION_SEED_OFFSET))
     est = RTF(dims=1, iterations=1, validation_posts=0, seed=seed, verbose=False).fit(fit_part)
     index = Index.from_artifact(est.to_artifact())
-    posts = _TestSet(train, val, index)
+    posts = HeldOutPosts(train, val, index)
     score = {w: np.mean([m for k, m in evaluate_baseline(index, posts, "pop-mix", w).items()
                          if k.startswith("f1@")]) for w in grid}
     return float(max(grid, key=lambda w: (score[w], -abs(w - 0.5))))
@@ -338,7 +338,7 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
             est.fit(train)
             seconds = time.perf_counter() - started
             index = Index.from_artifact(est.to_artifact())
-            tests = _TestSet(core, test, index)
+            tests = HeldOutPosts(core, test, index)
             metrics = evaluate_rtf(index, tests)
             metrics["train_seconds"] = seconds
             metrics["epochs"] = float(est.epochs_run_)
