@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -172,13 +173,9 @@ def run(args: argparse.Namespace) -> list[Row]:
     table = _load(args)
     where = os.path.abspath(args.data)
     dataset = os.path.basename(where if os.path.isdir(where) else os.path.dirname(where)) or "data"
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in METHODS:
-            raise ValueError(f"unknown mode {m!r}; known: {', '.join(METHODS)}")
+    modes = _modes(args.modes)
     ratios = [float(r) for r in str(args.ratio).split(",") if r.strip()]
     aspect_sets = [[a.strip() for a in spec.split(",") if a.strip()] for spec in (args.aspects or [""])]
-    verbose = not args.quiet
     rows: list[Row] = []
     paper: list[PaperFigure] = []
     for names in aspect_sets:
@@ -187,40 +184,66 @@ def run(args: argparse.Namespace) -> list[Row]:
         for ratio in ratios:
             setting = {"data": dataset, "aspects": label, "r": ratio}
             paper += _paper_figures(dataset, setting, sub.attributes, table.attributes)
-            per_mode = {m: {"preservation": [], "preservation_hidden": []} for m in modes}
-            per_aspect = {m: [] for m in modes}
-            related = []
-            for run_no in range(args.runs):
-                rng = np.random.default_rng([args.seed, run_no])
-                train, observed = split_objects(sub, ratio, rng)
-                for mode in modes:
-                    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, lr=args.lr,
-                                         epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                                         kappa=args.kappa, seed=int(rng.integers(2**31 - 1)),
-                                         verbose=verbose)
-                    est.fit(train)
-                    index = Index.from_artifact(est.to_artifact())
-                    overall, hidden = preservation(index, sub, observed if ratio < 1.0 else None)
-                    per_mode[mode]["preservation"].append(float(np.nanmean(overall)))
-                    per_aspect[mode].append(overall)
-                    if ratio < 1.0:
-                        per_mode[mode]["preservation_hidden"].append(float(np.nanmean(hidden)))
-                    if mode == "multi" and len(sub.attributes) > 3:  # Pearson over >= 3 others
-                        related.append(float(np.nanmedian(relatedness(index, sub))))
-            for mode in modes:
-                for metric, values in per_mode[mode].items():
-                    if values:
-                        rows.append(summarise(METHODS[mode], dataset, setting, metric, values))
-            if related:
-                rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", related))
-            if verbose:
-                _print_per_aspect(sub.attributes, modes, per_aspect, setting)
-                if related:
-                    print("relatedness median per run: " + " ".join(f"{v:.3f}" for v in related),
-                          file=sys.stderr)
+            rows += _setting_rows(args, sub, modes, ratio, setting)
     print_table(rows, paper, out=sys.stdout,
                 title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)")
     return rows
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    for m in modes:
+        if m not in METHODS:
+            raise ValueError(f"unknown mode {m!r}; known: {', '.join(METHODS)}")
+    return modes
+
+
+@dataclass
+class _Measured:
+    """One setting's per-run figures: mean preservation (all and hidden triplets)
+    and per-aspect preservation by mode, and the SCORE maps' relatedness."""
+
+    per_mode: dict[str, dict[str, list[float]]]
+    per_aspect: dict[str, list[np.ndarray]]
+    related: list[float] = field(default_factory=list)
+
+
+def _setting_rows(args: argparse.Namespace, sub: AttributeTable, modes: list[str], ratio: float,
+                  setting: dict) -> list[Row]:
+    """Every run of one aspect set at one split ratio, summarised per mode and metric."""
+    measured = _Measured({m: {"preservation": [], "preservation_hidden": []} for m in modes},
+                         {m: [] for m in modes})
+    for run_no in range(args.runs):
+        rng = np.random.default_rng([args.seed, run_no])
+        train, observed = split_objects(sub, ratio, rng)
+        for mode in modes:
+            _measure_mode(args, mode, train, sub, observed if ratio < 1.0 else None,
+                          int(rng.integers(2**31 - 1)), measured)
+    dataset = setting["data"]
+    rows = [summarise(METHODS[mode], dataset, setting, metric, values)
+            for mode in modes for metric, values in measured.per_mode[mode].items() if values]
+    if measured.related:
+        rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", measured.related))
+    if not args.quiet:
+        _print_per_aspect(sub.attributes, modes, measured.per_aspect, setting)
+        if measured.related:
+            print("relatedness median per run: " + " ".join(f"{v:.3f}" for v in measured.related), file=sys.stderr)
+    return rows
+
+
+def _measure_mode(args: argparse.Namespace, mode: str, train: AttributeTable, sub: AttributeTable,
+                  observed: np.ndarray | None, seed: int, measured: _Measured) -> None:
+    """Fit one mode on the run's training table and measure it through the serving index."""
+    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
+                         steps_per_epoch=args.steps_per_epoch, kappa=args.kappa, seed=seed, verbose=not args.quiet)
+    index = Index.from_artifact(est.fit(train).to_artifact())
+    overall, hidden = preservation(index, sub, observed)
+    measured.per_mode[mode]["preservation"].append(float(np.nanmean(overall)))
+    measured.per_aspect[mode].append(overall)
+    if observed is not None:
+        measured.per_mode[mode]["preservation_hidden"].append(float(np.nanmean(hidden)))
+    if mode == "multi" and len(sub.attributes) > 3:  # Pearson over >= 3 others
+        measured.related.append(float(np.nanmedian(relatedness(index, sub))))
 
 
 def _print_per_aspect(names, modes, per_aspect, setting) -> None:
