@@ -11,6 +11,7 @@ COPY pyproject.toml README.md ./
 COPY ordrec ordrec
 COPY service service
 COPY trainer trainer
+COPY tools tools
 RUN pip install .
 
 FROM python:3.11-slim

@@ -9,7 +9,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ordrec.service.process import ServerProcess, run_cli
+from ordrec.tools.process import ServerProcess, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / ".demo"

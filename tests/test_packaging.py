@@ -10,7 +10,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_ROOTS = {"ordrec": ROOT / "ordrec", "ordrec.service": ROOT / "service", "ordrec.trainer": ROOT / "trainer"}
+SOURCE_ROOTS = {"ordrec": ROOT / "ordrec", "ordrec.service": ROOT / "service", "ordrec.trainer": ROOT / "trainer",
+                "ordrec.tools": ROOT / "tools"}
 
 
 def _setuptools() -> dict:

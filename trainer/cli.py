@@ -18,15 +18,14 @@ error, 3 (``run`` only) rejected by the quality gate.
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import logging
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from ordrec.service.artifacts import ArtifactError, Registry
+from ordrec.service.models import kinds
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.models import KINDS
+from ordrec.trainer.reproduce.params import parse_assignments
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 
@@ -34,25 +33,6 @@ log = logging.getLogger("ordrec.trainer")
 
 
 # ----------------------------------------------------------------- helpers
-def parse_value(text: str) -> Any:
-    """A command-line value: a JSON scalar or list (``20``, ``0.05``, ``true``, ``[3,5]``), else the text."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["rank=20", "lr=0.05", "name=x"]`` -> typed dict (JSON scalars, else strings)."""
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"--set expects key=value, got {pair!r}")
-        params[key] = parse_value(text)
-    return params
-
-
 def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     parser.add_argument("--data", required=required, help="input file (or folder for some formats)")
     parser.add_argument("--format", default="auto",
@@ -60,10 +40,6 @@ def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True) -
                              "triples ... (default: detect from the file)")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip malformed lines instead of failing (their number is reported)")
-
-
-def protocol_module(kind: str):
-    return importlib.import_module(f"ordrec.trainer.evaluation.{kind}")
 
 
 # ----------------------------------------------------------------- commands
@@ -80,8 +56,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     estimator = estimator_cls().set_params(**params)  # names unknown parameters
     estimator.fit(data)
     artifact = estimator.to_artifact()
-    from ordrec.trainer.evaluation.fit import fit_metrics
-
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
     registry = Registry(args.registry)
@@ -91,15 +65,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-MAP_KINDS = ("coe", "score", "knnscal")
+def fit_metrics(kind: str, data, artifact) -> dict[str, float]:
+    """The protocol's measures of the fitted model on its own training data ({} when it has none)."""
+    measure = getattr(kinds.get(kind).protocol_module(), "fit_metrics", None)
+    return measure(data, artifact) if measure else {}
 
 
 def map_report_views(kind: str, labels_path: str | None):
     """For map models, the HTML report published beside the version (a callable,
     so the page shows the version it belongs to)."""
-    if kind not in MAP_KINDS:
+    if not kinds.get(kind).is_map:
         if labels_path:
-            raise ValueError(f"--labels is for map models ({', '.join(MAP_KINDS)}), not {kind}")
+            raise ValueError(f"--labels is for map models ({', '.join(kinds.map_names())}), not {kind}")
         return None
     from ordrec.trainer.report_html import read_labels, report_views
 
@@ -108,9 +85,9 @@ def map_report_views(kind: str, labels_path: str | None):
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from ordrec.trainer.evaluation.report import write_json
+    from ordrec.trainer.reproduce.report import write_json
 
-    rows = protocol_module(args.kind).run(args)
+    rows = kinds.get(args.kind).protocol_module().run(args)
     if args.json:
         write_json(rows, args.json)
         print(f"wrote {len(rows)} rows to {args.json}")
@@ -177,14 +154,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ parser
-PROTOCOL_HELP = {
-    "dcr": "DCR / Pairwise DCR: NDCG@10 with N training ratings per user (Table 2)",
-    "coe": "COE: preservation / prediction accuracy and k-NN ratings on ML-100K (Table 3)",
-    "rtf": "RTF: F1@1..10 and AUC of tag recommendation on a p-core (Section 5)",
-    "score": "SCORE: per-aspect preservation, split ratios, aspect relatedness (Table 1)",
-    "knnscal": "KNNSCAL: stress, order agreement, neighbour recall against reference embeddings",
-}
-
 
 def add_protocol_arguments(p: argparse.ArgumentParser, module) -> None:
     add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True))
@@ -199,7 +168,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser, module) -> None:
 def _reproduce_kind(argv: Sequence[str]) -> str | None:
     """The KIND of ``reproduce KIND ...`` in argv, if that is the command."""
     words = [a for a in argv if not a.startswith("-")]
-    return words[1] if len(words) >= 2 and words[0] == "reproduce" and words[1] in KINDS else None
+    return words[1] if len(words) >= 2 and words[0] == "reproduce" and words[1] in kinds.names() else None
 
 
 def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
@@ -208,7 +177,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="fit one model on a data file and publish it")
-    train.add_argument("kind", choices=KINDS)
+    train.add_argument("kind", choices=kinds.names())
     add_data_arguments(train)
     train.add_argument("--registry", required=True)
     train.add_argument("--name", help="model name in the registry (default: the kind)")
@@ -220,13 +189,13 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     reproduce = sub.add_parser("reproduce", help="run a paper's evaluation protocol")
-    kinds = reproduce.add_subparsers(dest="kind", required=True)
-    for kind in KINDS:
-        p = kinds.add_parser(kind, help=PROTOCOL_HELP[kind])
+    protocols = reproduce.add_subparsers(dest="kind", required=True)
+    for kind in kinds.names():
+        p = protocols.add_parser(kind, help=kinds.get(kind).summary)
         if kind == reproduce_kind:
             # Only the chosen protocol is imported: the others pull in their
             # models and kernels, which would slow every command's start-up.
-            add_protocol_arguments(p, protocol_module(kind))
+            add_protocol_arguments(p, kinds.get(kind).protocol_module())
 
     sample = sub.add_parser("sample", help="write the built-in generated sample data sets")
     sample.add_argument("--out", required=True)

@@ -157,34 +157,44 @@ def detect_format(path, shape: str) -> str:
     if not lines:
         raise DataError(path, None, "empty file (only blank lines)")
     sep = _separator(lines)
-    fields = splitter(sep)(lines[0]) if sep else [lines[0]]
-    ambiguous = DataError(path, None, f"cannot tell the format of this {shape} file; "
-                                      f"choose one with --format: {_choices(shape)}")
-    if sep is None:
-        raise ambiguous
-    if shape == "ratings":
-        if sep == "::":
-            return "ml-1m"
-        if _looks_like_header(fields, shape):
-            return "csv" if sep == "," else "tsv"
-        if sep == "\t" and len(fields) == 4:
-            return "ml-100k"
-        raise ambiguous
-    if shape == "tags":
-        if sep == "\t" and [_norm(f) for f in fields] == _LASTFM_HEADER:
-            return "lastfm-tags"
-        if sep in ",\t" and _looks_like_header(fields, shape):
-            return "csv" if sep == "," else "tsv"
-        raise ambiguous
-    if shape == "attributes":
-        if sep == "," and len(fields) == 18 and all(_is_int(f) for f in fields[1:]):
-            return "zoo"
-        if sep in ",\t" and len(fields) >= 2:
-            return "csv" if sep == "," else "tsv"
-        raise ambiguous
-    if sep in ",\t":  # neighbors
-        return "csv" if sep == "," else "tsv"
-    raise ambiguous
+    fmt = _FORMAT_BY_CONTENT[shape](sep, splitter(sep)(lines[0])) if sep else None
+    if fmt is None:
+        raise DataError(path, None, f"cannot tell the format of this {shape} file; "
+                                    f"choose one with --format: {_choices(shape)}")
+    return fmt
+
+
+def _delimited(sep: str) -> str:
+    return "csv" if sep == "," else "tsv"
+
+
+def _ratings_format(sep: str, fields: list[str]) -> str | None:
+    if sep == "::":
+        return "ml-1m"
+    if _looks_like_header(fields, "ratings"):
+        return _delimited(sep)
+    return "ml-100k" if sep == "\t" and len(fields) == 4 else None
+
+
+def _tags_format(sep: str, fields: list[str]) -> str | None:
+    if sep == "\t" and [_norm(f) for f in fields] == _LASTFM_HEADER:
+        return "lastfm-tags"
+    return _delimited(sep) if sep in ",\t" and _looks_like_header(fields, "tags") else None
+
+
+def _attributes_format(sep: str, fields: list[str]) -> str | None:
+    if sep == "," and len(fields) == 18 and all(_is_int(f) for f in fields[1:]):
+        return "zoo"
+    return _delimited(sep) if sep in ",\t" and len(fields) >= 2 else None
+
+
+def _neighbors_format(sep: str, fields: list[str]) -> str | None:
+    return _delimited(sep) if sep in ",\t" else None
+
+
+# The format a file's separator and first line show, per shape (None: cannot tell).
+_FORMAT_BY_CONTENT = {"ratings": _ratings_format, "tags": _tags_format, "attributes": _attributes_format,
+                      "neighbors": _neighbors_format}
 
 
 def _choose(path: str, shape: str, fmt: str | None) -> str:
@@ -401,20 +411,7 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) ->
     path = _resolve(path, "attributes")
     fmt = _choose(path, "attributes", fmt)
     problems = Problems(path, skip_bad_lines)
-    if fmt == "zoo":
-        sep, attributes, header_lines = ",", list(_ZOO_ATTRIBUTES), 0
-    else:
-        sep = "," if fmt == "csv" else "\t"
-        header = splitter(sep)(_first_line(path))
-        if len(header) < 2:
-            raise DataError(path, 1, f"expected a header 'id,<attribute>,...' with at least 2 columns, "
-                                     f"got {len(header)}")
-        attributes, header_lines = header[1:], 1
-        for name in attributes:
-            if not name or has_control(name):
-                raise DataError(path, 1, f"bad attribute name {name!r} in the header")
-        if len(set(attributes)) != len(attributes):
-            raise DataError(path, 1, f"repeated attribute name in the header {header}")
+    sep, attributes, header_lines = _attribute_header(path, fmt)
     n_fields = len(attributes) + 1
     split = splitter(sep)
     ids: list[str] = []
@@ -429,25 +426,9 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) ->
             what = "comma" if sep == "," else "tab"
             problems.bad(number, f"expected {n_fields} {what}-separated fields, got {len(fields)}")
             continue
-        if fmt == "zoo":
-            external, label = str(number), fields[0]
-            if not label or has_control(label):
-                problems.bad(number, f"bad animal name {label!r}")
-                continue
-        else:
-            external, label = fields[0], None
-            if not external:
-                problems.bad(number, "empty object id")
-                continue
-            if has_control(external):
-                problems.bad(number, f"object id {external!r} contains a line break or control character")
-                continue
-            if external in first_line_of:
-                problems.bad(number, f"duplicate object id {external!r}, already on line {first_line_of[external]}")
-                continue
-        bad = next((v for v in fields[1:] if has_control(v)), None)
-        if bad is not None:
-            problems.bad(number, f"value {bad!r} contains a line break or control character")
+        external, label, problem = _attribute_row(number, fields, fmt, first_line_of)
+        if problem:
+            problems.bad(number, problem)
             continue
         first_line_of[external] = number
         ids.append(external)
@@ -456,18 +437,61 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) ->
         cells.append(fields[1:])
     if not ids:
         raise DataError(path, None, "no data lines")
-    table = np.array(cells, dtype=object).reshape(len(ids), len(attributes))
+    codes, values = _encode_columns(np.array(cells, dtype=object).reshape(len(ids), len(attributes)))
+    return AttributeTable(IdMap(ids), list(attributes), codes, values, source=path,
+                          skipped_lines=problems.skipped, labels=labels if fmt == "zoo" else None)
+
+
+def _attribute_header(path: str, fmt: str) -> tuple[str, list[str], int]:
+    """``(separator, attribute names, header lines)`` of an attribute file."""
+    if fmt == "zoo":
+        return ",", list(_ZOO_ATTRIBUTES), 0
+    sep = "," if fmt == "csv" else "\t"
+    header = splitter(sep)(_first_line(path))
+    if len(header) < 2:
+        raise DataError(path, 1, f"expected a header 'id,<attribute>,...' with at least 2 columns, "
+                                 f"got {len(header)}")
+    attributes = header[1:]
+    for name in attributes:
+        if not name or has_control(name):
+            raise DataError(path, 1, f"bad attribute name {name!r} in the header")
+    if len(set(attributes)) != len(attributes):
+        raise DataError(path, 1, f"repeated attribute name in the header {header}")
+    return sep, attributes, 1
+
+
+def _attribute_row(number: int, fields: list[str], fmt: str,
+                   first_line_of: dict[str, int]) -> tuple[str, str | None, str | None]:
+    """``(object id, label, problem)`` of one data line (``problem`` None when it is good)."""
+    if fmt == "zoo":
+        external, label = str(number), fields[0]
+        if not label or has_control(label):
+            return external, label, f"bad animal name {label!r}"
+    else:
+        external, label = fields[0], None
+        if not external:
+            return external, label, "empty object id"
+        if has_control(external):
+            return external, label, f"object id {external!r} contains a line break or control character"
+        if external in first_line_of:
+            return external, label, f"duplicate object id {external!r}, already on line {first_line_of[external]}"
+    bad = next((v for v in fields[1:] if has_control(v)), None)
+    if bad is not None:
+        return external, label, f"value {bad!r} contains a line break or control character"
+    return external, label, None
+
+
+def _encode_columns(table: np.ndarray) -> tuple[np.ndarray, list[list[str]]]:
+    """Per column: its values in order (``_value_order``) and every cell's code (-1: missing)."""
     codes = np.empty(table.shape, dtype=np.int32)
     values: list[list[str]] = []
-    for a in range(len(attributes)):
+    for a in range(table.shape[1]):
         column = table[:, a]
-        present = sorted({v for v in column if v not in _MISSING})
-        order = _value_order(set(present))
+        order = _value_order({v for v in column if v not in _MISSING})
         index = {v: k for k, v in enumerate(order)}
         codes[:, a] = [index.get(v, -1) for v in column]
         values.append(order)
-    return AttributeTable(IdMap(ids), list(attributes), codes, values, source=path,
-                          skipped_lines=problems.skipped, labels=labels if fmt == "zoo" else None)
+    return codes, values
 
 
 # ------------------------------------------------------------------ neighbours
