@@ -65,7 +65,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, read_manifest, validate_model_name
 from ordrec.service.models.base import MapIndex
-from ordrec.trainer.data.types import DataError
+from ordrec.trainer.data.types import DataError, RatingScale
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
@@ -98,6 +98,7 @@ class DataSource:
     path: Path
     format: str = "auto"
     skip_bad_lines: bool = False
+    rating_scale: RatingScale | None = None  # ratings files only; None: the format's own
 
 
 @dataclass
@@ -238,12 +239,18 @@ def load_job(path: str | os.PathLike) -> JobConfig:
         where = f"data.{source_name}"
         if not _SOURCE_NAME_RE.match(source_name):
             raise c.fail(where, "a data source name is 1-64 letters, digits, '_' or '-'")
-        c.table(table, where, {"path", "format", "skip_bad_lines"}, {"path"})
+        c.table(table, where, {"path", "format", "skip_bad_lines", "rating_scale"}, {"path"})
+        scale = c.get(table, where, "rating_scale", str)
+        try:
+            scale = RatingScale.parse(scale) if scale is not None else None
+        except ValueError as exc:
+            raise c.fail(f"{where}.rating_scale", str(exc)) from None
         config.data[source_name] = DataSource(
             name=source_name,
             path=_resolve(base, c.get(table, where, "path", str)),
             format=c.get(table, where, "format", str, "auto"),
             skip_bad_lines=c.get(table, where, "skip_bad_lines", bool, False),
+            rating_scale=scale,
         )
 
     models = raw["models"]
@@ -270,6 +277,9 @@ def load_job(path: str | os.PathLike) -> JobConfig:
         if source not in config.data:
             raise c.fail(f"{where}.data", f"no [data.{source}] table (have: {', '.join(config.data)})")
         estimator = estimator_class(kind)
+        if config.data[source].rating_scale is not None and estimator.input_shape != "ratings":
+            raise c.fail(f"data.{source}.rating_scale", f"is for ratings data; model {model_name!r} ({kind})"
+                                                        f" reads {estimator.input_shape}")
         params = dict(c.table(table.get("params", {}), f"{where}.params", set(estimator.param_names())))
         if "verbose" in estimator.param_names():
             params.setdefault("verbose", False)  # progress bars are noise in a cron log
@@ -412,7 +422,8 @@ class _Job:
 
             source = self.config.data[model.data]
             t0 = time.perf_counter()
-            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines)
+            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines,
+                              rating_scale=source.rating_scale)
             skipped = getattr(data, "skipped_lines", 0)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
             self.say(model.name, "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",
