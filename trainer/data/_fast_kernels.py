@@ -101,30 +101,21 @@ def _parse_number(buf, start, end, integer):
     return True, -value if negative else value
 
 
-@njit(cache=True, inline="always")
-def _checked_field(buf, p, field_end, field, num_slot, num_int, num_scale, digits_max, out_num, row):
-    """Parse number field ``field`` into ``out_num`` and apply the field's rules; False to give up.
+@njit(cache=True)
+def _allowed(number, field, num_scale):
+    """Whether ``number`` lies on field ``field``'s scale (``num_scale[field]``: low, high, step; step 0: any)."""
+    step = num_scale[field, 2]
+    return step == 0 or _on_scale(number, num_scale[field, 0], num_scale[field, 1], step)
 
-    A number must lie on its scale when ``num_scale[field, 2]`` (the step) is
-    positive; a digits-only field (``digits_max[field] > 0``, a timestamp) is
-    1 to ``digits_max`` ASCII digits.
-    """
-    s = num_slot[field]
-    if s >= 0:
-        ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
-        if not ok:
+
+@njit(cache=True)
+def _is_timestamp(buf, start, end, most):
+    """1 to ``most`` ASCII digits in buf[start:end] (the per-line parser's timestamp rule)."""
+    if end - start < 1 or end - start > most:
+        return False
+    for t in range(start, end):
+        if buf[t] < 48 or buf[t] > 57:
             return False
-        if num_scale[field, 2] > 0 and not _on_scale(number, num_scale[field, 0], num_scale[field, 1],
-                                                     num_scale[field, 2]):
-            return False
-        out_num[row, s] = number
-    most = digits_max[field]
-    if most > 0:
-        if field_end - p < 1 or field_end - p > most:
-            return False
-        for t in range(p, field_end):
-            if buf[t] < 48 or buf[t] > 57:
-                return False
     return True
 
 
@@ -183,8 +174,13 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
                 if value < 0:
                     return row, line_start
                 out_ids[row, s] = value
-            if not _checked_field(buf, p, field_end, field, num_slot, num_int, num_scale, digits_max, out_num,
-                                  row):
+            s = num_slot[field]
+            if s >= 0:
+                ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
+                if not ok or not _allowed(number, field, num_scale):
+                    return row, line_start
+                out_num[row, s] = number
+            if digits_max[field] > 0 and not _is_timestamp(buf, p, field_end, digits_max[field]):
                 return row, line_start
             field += 1
             if at_eol:
@@ -240,8 +236,13 @@ def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, n
                         return row, line_start
                 out_start[row, s] = a
                 out_end[row, s] = b
-            if not _checked_field(buf, p, field_end, field, num_slot, num_int, num_scale, digits_max, out_num,
-                                  row):
+            s = num_slot[field]
+            if s >= 0:
+                ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
+                if not ok or not _allowed(number, field, num_scale):
+                    return row, line_start
+                out_num[row, s] = number
+            if digits_max[field] > 0 and not _is_timestamp(buf, p, field_end, digits_max[field]):
                 return row, line_start
             field += 1
             if at_eol:

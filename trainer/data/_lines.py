@@ -134,13 +134,17 @@ def iter_lines(path: str, encoding: str | None = None, problems: "Problems | Non
 
 
 def peek_lines(path: str, limit: int = 20) -> list[str]:
-    """The first ``limit`` non-blank lines (for format detection)."""
+    """The first ``limit`` non-blank lines (for format detection), passing over over-long ones."""
     out = []
-    for _, text in iter_lines(path, "latin-1"):
+    # Judging the format needs no over-long line; reading the data reports them.
+    too_long_lines = Problems(path, skip=True)
+    for _, text in iter_lines(path, "latin-1", too_long_lines):
         if text.strip():
             out.append(text)
             if len(out) >= limit:
                 break
+    if not out and too_long_lines.first:
+        raise too_long_lines.first
     return out
 
 
@@ -169,10 +173,13 @@ class Problems:
 
     def __init__(self, path: str, skip: bool):
         self.path, self.skip, self.skipped = path, skip, 0
+        self.first: DataError | None = None  # the first line skipped, as the error it would have been
 
     def bad(self, line: int | None, message: str) -> None:
+        error = DataError(self.path, line, message)
         if not self.skip:
-            raise DataError(self.path, line, message)
+            raise error
+        self.first = self.first or error
         self.skipped += 1
 
 
@@ -349,15 +356,21 @@ def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_
     )
 
 
-class _LineTooLong(Exception):
-    """A line over MAX_LINE_BYTES: the numba paths leave the file to the per-line parser."""
+def _rest_after_newline(f) -> bytes:
+    """Read past the next newline of ``f`` in blocks; the bytes after it in the last block."""
+    while True:
+        block = f.read(CHUNK_BYTES)
+        newline = block.find(b"\n")
+        if not block or newline >= 0:
+            return block[newline + 1:] if block else b""
 
 
 def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
     """``(number_of_lines, bytes)`` of whole lines after the header, about CHUNK_BYTES each.
 
-    Raises :class:`_LineTooLong` rather than gather a line longer than
-    :data:`MAX_LINE_BYTES` (plus one block) in memory.
+    A line longer than :data:`MAX_LINE_BYTES` that spans blocks is not
+    gathered: it is passed over and stands in as ``MAX_LINE_BYTES + 1``
+    spaces, which every parser judges too long, so line numbers stay right.
     """
     with open(path, "rb") as f:
         for _ in range(header_lines):
@@ -373,7 +386,9 @@ def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
             cut = block.rfind(b"\n") + 1
             if cut == 0:
                 if len(block) > MAX_LINE_BYTES:
-                    raise _LineTooLong()
+                    carry = _rest_after_newline(f)
+                    yield 1, b" " * (MAX_LINE_BYTES + 1) + b"\n"
+                    continue
                 carry = block
                 continue
             carry = block[cut:]
@@ -419,13 +434,10 @@ def parse_records_fast(path, sep, n_fields, columns, n_spaces, header_lines, dis
     layout = _layout(sep, n_fields, columns)
     if layout is None or _starts_with_bom(path):
         return None  # a BOM is rare; the per-line parser strips it
-    try:
-        records = _parse_integer_ids(path, n_fields, header_lines, sep == ",", layout, n_spaces)
-        if records is None:
-            records = _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct,
-                                      skip_bad_lines)
-    except _LineTooLong:
-        return None
+    records = _parse_integer_ids(path, n_fields, header_lines, sep == ",", layout, n_spaces)
+    if records is None:
+        records = _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct,
+                                  skip_bad_lines)
     if records is None or not _passes_checks(records, layout, columns, distinct):
         return None
     return records
