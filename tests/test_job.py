@@ -105,6 +105,8 @@ def test_valid_job_parses_with_defaults_and_relative_paths(tmp_path):
     ('path = "ratings.data"', 'path = "x"\nrating_scale = "5..1"', "data.r.rating_scale", "empty"),
     ('path = "ratings.data"', 'path = "x"\nrating_scale = "1-5"', "data.r.rating_scale", "LOW..HIGH"),
     ('path = "ratings.data"', 'path = "x"\nrating_scale = 5', "data.r.rating_scale", "must be a string"),
+    ('path = "ratings.data"', 'path = "x"\nformat = "triples"\nrating_scale = "1..5"', "data.r.rating_scale",
+     "not triples"),
     ('kind = "dcr"', 'kind = "svd"', "models[1] ('dcr').kind", "unknown kind"),
     ('data = "r"', 'data = "ratings"', "models[1] ('dcr').data", "no [data.ratings]"),
     ("rank = 4", "rnak = 4", "models[1] ('dcr').params.rnak", "unknown key"),

@@ -245,10 +245,13 @@ def load_job(path: str | os.PathLike) -> JobConfig:
             scale = RatingScale.parse(scale) if scale is not None else None
         except ValueError as exc:
             raise c.fail(f"{where}.rating_scale", str(exc)) from None
+        source_format = c.get(table, where, "format", str, "auto")
+        if scale is not None and source_format in ("triples", "triplets"):
+            raise c.fail(f"{where}.rating_scale", f"is for ratings files, not {source_format}")
         config.data[source_name] = DataSource(
             name=source_name,
             path=_resolve(base, c.get(table, where, "path", str)),
-            format=c.get(table, where, "format", str, "auto"),
+            format=source_format,
             skip_bad_lines=c.get(table, where, "skip_bad_lines", bool, False),
             rating_scale=scale,
         )

@@ -226,7 +226,7 @@ class AttributeTable:
         try:
             return self.attributes.index(name)
         except ValueError:
-            raise KeyError(f"no attribute {name!r}; have {', '.join(self.attributes)}") from None
+            raise KeyError(f"no attribute {excerpt(name)}; have {excerpt(', '.join(self.attributes))}") from None
 
 
 @dataclass
