@@ -226,7 +226,9 @@ class AttributeTable:
         try:
             return self.attributes.index(name)
         except ValueError:
-            raise KeyError(f"no attribute {excerpt(name)}; have {excerpt(', '.join(self.attributes))}") from None
+            # A longer excerpt than usual: the list of names is what the caller needs to see.
+            have = excerpt(", ".join(self.attributes), limit=4 * EXCERPT_CHARS)
+            raise KeyError(f"no attribute {excerpt(name)}; have {have}") from None
 
 
 @dataclass
