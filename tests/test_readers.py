@@ -757,3 +757,12 @@ def test_messages_quote_binary_input_as_a_short_excerpt(tmp_path, parser, name, 
     message = str(info.value)
     assert info.value.line == 2 and len(message) < len(path) + 200, message
     assert "\\x01\\x02binary\\x7f" in message and "characters)" in message and "\x01" not in message
+
+
+def test_a_huge_timestamp_hits_the_real_line_bound(tmp_path, parser):
+    assert _lines.MAX_LINE_BYTES == 1 << 20
+    path = str(write(tmp_path / "u.data", "1\t1\t5\t0\n2\t1\t4\t" + "7" * (2 << 20) + "\n3\t1\t3\t0\n"))
+    with pytest.raises(DataError) as info:
+        parser(path, "\t", 4, MOVIELENS_COLUMNS, 2)
+    assert info.value.line == 2 and info.value.reason == "line longer than 1048576 bytes (the line length limit)"
+    assert parser(path, "\t", 4, MOVIELENS_COLUMNS, 2, skip_bad_lines=True).numbers[0].tolist() == [5.0, 3.0]
