@@ -14,6 +14,7 @@ COPY pyproject.toml README.md LICENSE MANIFEST.in ./
 COPY ordrec ordrec
 COPY service service
 COPY trainer trainer
+COPY tools tools
 RUN pip install ".${EXTRAS:+[$EXTRAS]}"
 
 FROM python:3.11-slim

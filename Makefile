@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all proto proto-check redis browser h2load clean
+.PHONY: venv demo test test-slow test-all proto proto-check lint-imports redis browser h2load clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen_proto.sh --check
 
+# The import contracts of docs/layering.md ([tool.importlinter] in pyproject.toml).
+lint-imports: $(STAMP)
+	$(BIN)/python scripts/lint_imports.py
+
 redis:
 	@scripts/ensure_redis.sh
 
@@ -38,7 +42,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # The fast suite: unit, property, gradient, end-to-end (real server, real Redis).
-test: $(STAMP) redis browser h2load proto-check
+test: $(STAMP) redis browser h2load proto-check lint-imports
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Real-data quality tests (ORDREC_DATA points at the data sets; default ../shared/data).

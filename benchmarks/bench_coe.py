@@ -33,9 +33,9 @@ def _rss_mb() -> float:
 
 
 def _ml100k(path: str):
-    from ordrec.trainer.evaluation.coe import _read_whitespace_ratings, paper_filter
+    from ordrec.trainer.reproduce.coe import read_whitespace_ratings, paper_filter
 
-    return paper_filter(_read_whitespace_ratings(path))
+    return paper_filter(read_whitespace_ratings(path))
 
 
 def _generated(factor: int, seed: int = 0):
@@ -91,7 +91,7 @@ def _in_child(spec: dict) -> dict:
 
 # -------------------------------------------------------------- commands
 def bench_train(args) -> None:
-    from ordrec.trainer.evaluation.coe import DEFAULTS
+    from ordrec.trainer.reproduce.coe import DEFAULTS
 
     print("Training on ML-100K (filtered, all 99,543 ratings), tuned settings; each row a fresh process")
     print(f"{'function':10s} {'steps':>10s} {'fit s':>7s} {'triples/s':>11s} {'prep s':>7s} "
@@ -104,7 +104,7 @@ def bench_train(args) -> None:
 
 
 def bench_scaling(args) -> None:
-    from ordrec.trainer.evaluation.coe import DEFAULTS
+    from ordrec.trainer.reproduce.coe import DEFAULTS
 
     factors = [int(x) for x in args.factors.split(",")]
     print("Scaling: generated ratings, users x factor (items fixed at 1,413), 2,000,000 SGA steps each")
@@ -159,7 +159,7 @@ def bench_latency(args) -> None:
     from ordrec.service.artifacts import Artifact
     from ordrec.service.idmap import IdMap
     from ordrec.service.models.coe import Index
-    from ordrec.trainer.evaluation.coe import DEFAULTS
+    from ordrec.trainer.reproduce.coe import DEFAULTS
     from ordrec.trainer.models.coe import COE
 
     print("In-process latency (index methods on row numbers, no gRPC), microseconds")

@@ -13,7 +13,7 @@ ML-100K protocol's current fit (per-level epochs chosen on a validation
 hold-out, then a refit on all ratings: both stages timed);
 ``--tol 0 --order random`` gives the previous fixed-epoch random-order fit.
 ``--protocol`` times, on each ``netflix1m:N`` set, the fit the ML-100K
-protocol makes for that N (``trainer.evaluation.dcr.protocol_fit``: start,
+protocol makes for that N (``trainer.reproduce.dcr.protocol_fit``: start,
 rank, noise, lr; per-level epochs the median over ``--folds`` hold-outs,
 then the refit), and reports the refit on its own: the final model's
 training, which is what the paper's Table 3 times (its grid search is not
@@ -101,7 +101,7 @@ def load(spec: str) -> Ratings:
     if spec.startswith("netflix1m"):
         data = generated_ratings(*NETFLIX1M)
         if spec != "netflix1m":  # "netflix1m:N" = the protocol's training subset
-            from ordrec.trainer.evaluation.dcr import per_user_split
+            from ordrec.trainer.reproduce.dcr import per_user_split
 
             data, _ = per_user_split(data, int(spec.split(":")[1]), np.random.default_rng(0))
         return data
@@ -116,7 +116,7 @@ PAPER_TABLE3 = {"netflix1m:20": 1.05, "netflix1m:50": 2.31}  # DCR running time 
 def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
     """Runs in a fresh process: fit ``repeats`` times (refine once more each when
     ``pairwise``), return median times, epochs and memory."""
-    from ordrec.trainer.evaluation.dcr import median_epochs, validation_split
+    from ordrec.trainer.reproduce.dcr import median_epochs, validation_split
     from ordrec.trainer.models.dcr import DCR
 
     params = dict(params)
@@ -176,7 +176,7 @@ def bench_training(args) -> None:
     print("fit s = wall time of fit() (min in brackets); CPU s = user + system time of all its threads;"
           f" pairwise = refined() after it, {args.pairwise_epochs} epochs; paper s = Table 3 (DCR)")
     if args.protocol:
-        print("--protocol: each netflix1m:N set gets the ML-100K protocol's fit for N (trainer.evaluation.dcr."
+        print("--protocol: each netflix1m:N set gets the ML-100K protocol's fit for N (trainer.reproduce.dcr."
               "protocol_fit: start, rank, noise, lr), val_tol 0.01, per-level epochs the median over"
               f" {args.folds} hold-out(s), then the refit; --ranks/--init/--lr ignored")
     print("refit s / refit CPU s = the refit alone (the final model's training, what Table 3 times)")
@@ -192,7 +192,7 @@ def bench_training(args) -> None:
                           init=args.init, init_std=args.init_std, stop=args.stop, val_tol=args.val_tol,
                           patience=args.patience, folds=args.folds)
             if args.protocol:
-                from ordrec.trainer.evaluation.dcr import protocol_fit
+                from ordrec.trainer.reproduce.dcr import protocol_fit
 
                 if ":" not in spec:
                     print(f"{spec}: --protocol needs a netflix1m:N set")

@@ -39,7 +39,7 @@ def generated_graph(n: int, k: int, seed: int):
 
 
 def one(args) -> dict:
-    from ordrec.trainer.models import _knnscal_kernels as K
+    from ordrec.trainer.models import knnscal_kernels as K
     from ordrec.trainer.models.knnscal import KnnScal
 
     t0 = time.perf_counter()
@@ -70,10 +70,10 @@ def one(args) -> dict:
 def sweeps_only(args) -> None:
     """CPU time of ``--sweeps`` Gauss-Seidel sweeps on the generated E+, with the true
     points as X, in the input order and in Morton order; ``--kernels PATH`` adds
-    another version of ``_knnscal_kernels.py`` (e.g. an older commit's) for comparison."""
+    another version of ``knnscal_kernels.py`` (e.g. an older commit's) for comparison."""
     import importlib
 
-    from ordrec.trainer.models import _knnscal_kernels as K
+    from ordrec.trainer.models import knnscal_kernels as K
     from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, neighbor_csr
 
     n = int(args.sizes[0])
@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--sweeps-only", action="store_true",
                         help="time only the majorization sweeps at the first size (input vs Morton order)")
     parser.add_argument("--sweeps", type=int, default=5)
-    parser.add_argument("--kernels", help="with --sweeps-only: another _knnscal_kernels.py to compare")
+    parser.add_argument("--kernels", help="with --sweeps-only: another knnscal_kernels.py to compare")
     parser.add_argument("--table", nargs="+", metavar="JSON",
                         help="print the table from JSON lines saved from earlier runs (stderr), run nothing")
     args = parser.parse_args(argv)

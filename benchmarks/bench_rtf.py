@@ -31,7 +31,7 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.rtf import Index
 from ordrec.service.topk import top_k
-from ordrec.trainer.models import _rtf_kernels as K
+from ordrec.trainer.models import rtf_kernels as K
 
 
 def synthetic_index(dims: int, n_users: int, n_items: int, n_tags: int, seed: int = 0) -> Index:
@@ -110,7 +110,7 @@ def bench_latency(dims_list, n_tags: int, requests: int, naive_requests: int, se
 
 def bench_training(path: str, dims_list, epochs: int, core: int, seed: int) -> None:
     from ordrec.trainer.data.readers import read_input
-    from ordrec.trainer.evaluation.rtf import p_core
+    from ordrec.trainer.reproduce.rtf import p_core
     from ordrec.trainer.models.rtf import group_posts
 
     data = p_core(read_input("tags", path, "auto"), core)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from ordrec.service.artifacts import Registry  # noqa: E402
 from ordrec.service.idmap import IdMap  # noqa: E402
-from ordrec.service.process import ServerProcess  # noqa: E402
+from ordrec.tools.process import ServerProcess  # noqa: E402
 from ordrec.trainer.data.types import Ratings, TagAssignments  # noqa: E402
 from ordrec.trainer.models import estimator_class  # noqa: E402
 
@@ -85,7 +85,7 @@ def build_registry(root: Path, data: Path) -> Registry:
 def loadtest(proc: ServerProcess, registry: Path, mix: str, model_flag: list[str], rate: float, seconds: float,
              engine: str, arrivals: str) -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
-    cmd = [sys.executable, "-m", "ordrec.service", "loadtest", "--target", proc.target, "--registry", str(registry),
+    cmd = [sys.executable, "-m", "ordrec.tools.loadtest", "--target", proc.target, "--registry", str(registry),
            "--mix", mix, *model_flag, "--duration", str(seconds), "--engine", engine, "--connections", "8",
            "--concurrency", "64", "--processes", "1", "--metrics-url", proc.metrics_urls, "--json", str(out),
            "--arrivals", arrivals]

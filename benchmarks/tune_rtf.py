@@ -23,7 +23,7 @@ import numpy as np
 
 from ordrec.service.models.rtf import Index
 from ordrec.trainer.data.readers import read_input
-from ordrec.trainer.evaluation.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, _TestSet, evaluate_baseline,
+from ordrec.trainer.reproduce.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, HeldOutPosts, evaluate_baseline,
                                     evaluate_rtf, leave_one_post_out, p_core)
 from ordrec.trainer.models.rtf import RTF
 
@@ -80,7 +80,7 @@ def main() -> None:
     est.fit(fit_part, on_epoch=_curve_recorder(train, val, curve) if args.curve or args.trace else None)
     seconds = time.perf_counter() - started
     index = Index.from_artifact(est.to_artifact())
-    posts = _TestSet(train, val, index)
+    posts = HeldOutPosts(train, val, index)
     results = {f"RTF-{args.dims}": evaluate_rtf(index, posts)}
     if args.baselines:
         for kind in BASELINES:
@@ -113,7 +113,7 @@ def _curve_recorder(train, val, curve: list[dict]):
     """
     from ordrec.service.models.rtf import score_posts
     from ordrec.service.topk import top_k
-    from ordrec.trainer.evaluation.rtf import _list_metrics
+    from ordrec.trainer.evaluation.metrics import list_metrics
 
     post_user, post_item, indptr, tags = val
     state: dict = {}
@@ -134,7 +134,7 @@ def _curve_recorder(train, val, curve: list[dict]):
         scores = score_posts(est.core_, est.user_factors_[state["u"]], est.item_factors_[state["i"]],
                              est.tag_factors_)
         lists = [top_k(row, MAX_N)[0] for row in scores]
-        metrics = _list_metrics(lists, state["truth"])
+        metrics = list_metrics(lists, state["truth"])
         auc = float(np.nanmean(RTF.posts_auc(scores, state["t_indptr"], state["t_pos"])))
         curve.append({"epoch": epoch, "val_auc": record.get("val_auc"), "tune_auc": auc,
                       "lr": record.get("lr"),

@@ -19,11 +19,13 @@ retried with exponential backoff within the call's timeout.
 This module imports only grpc and the generated ``ordrec.v1`` code, so it is
 usable from an installation without the trainer's dependencies.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,14 +39,20 @@ DEFAULT_TARGET = "127.0.0.1:50051"
 
 # Entity names accepted wherever an ``Entity`` is asked for ("object" is the
 # name SCORE and KNNSCAL use for the rows of their maps; on the wire it is ITEM).
-ENTITIES = {"item": pb.ENTITY_ITEM, "user": pb.ENTITY_USER, "aspect": pb.ENTITY_ASPECT, "object": pb.ENTITY_ITEM}
+ENTITIES = {
+    "item": pb.ENTITY_ITEM,
+    "user": pb.ENTITY_USER,
+    "aspect": pb.ENTITY_ASPECT,
+    "object": pb.ENTITY_ITEM,
+}
 
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 _T = TypeVar("_T")
 
 
 def entity(value: str | int | None) -> int:
-    """An ``ordrec.v1.Entity`` from a name (``"item"``, ``"user"``, ``"aspect"``, ``"object"``), an enum value or None.
+    """An ``ordrec.v1.Entity`` from a name (``"item"``, ``"user"``, ``"aspect"``, ``"object"``),
+    an enum value, or None (unspecified).
 
     Raises
     ------
@@ -98,9 +106,18 @@ class Client:
         Seconds before the first retry; doubled for each further one, at most 2 s.
     """
 
-    def __init__(self, target: str = DEFAULT_TARGET, *, token: str | None = None, tls: bool = False,
-                 tls_ca: str | bytes | Path | None = None, tls_server_name: str | None = None,
-                 timeout: float = 10.0, retries: int = 3, backoff: float = 0.1):
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        token: str | None = None,
+        tls: bool = False,
+        tls_ca: str | bytes | Path | None = None,
+        tls_server_name: str | None = None,
+        timeout: float = 10.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+    ):
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         if retries < 0:
@@ -110,8 +127,9 @@ class Client:
         if tls or tls_ca is not None:
             roots = _read_pem(tls_ca) if tls_ca is not None else None
             options = [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else []
-            self.channel = grpc.secure_channel(target, grpc.ssl_channel_credentials(root_certificates=roots),
-                                               options=options)
+            self.channel = grpc.secure_channel(
+                target, grpc.ssl_channel_credentials(root_certificates=roots), options=options
+            )
         else:
             self.channel = grpc.insecure_channel(target)
         self._stub = recommender_pb2_grpc.RecommenderStub(self.channel)
@@ -122,7 +140,7 @@ class Client:
         """Close the channel."""
         self.channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -155,8 +173,9 @@ class Client:
             try:
                 # wait_for_ready: the call waits for the connection instead of
                 # failing at once while nothing listens on the port.
-                reply = self._health.Check(health_pb2.HealthCheckRequest(service=service), timeout=left,
-                                           wait_for_ready=True)
+                reply = self._health.Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=left, wait_for_ready=True
+                )
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return True
             except grpc.RpcError as exc:
@@ -191,9 +210,17 @@ class Client:
         """``ListModels``: what is served, which version, and why."""
         return self._unary(self._stub.ListModels, pb.ListModelsRequest(), timeout)
 
-    def recommend(self, user_ids: str | Sequence[str], *, model: str = "", n: int = 10,
-                  exclude_seen: bool | None = None, candidates: Iterable[str] = (),
-                  with_distribution: bool = False, timeout: float | None = None) -> pb.RecommendResponse:
+    def recommend(
+        self,
+        user_ids: str | Sequence[str],
+        *,
+        model: str = "",
+        n: int = 10,
+        exclude_seen: bool | None = None,
+        candidates: Iterable[str] = (),
+        with_distribution: bool = False,
+        timeout: float | None = None,
+    ) -> pb.RecommendResponse:
         """``Recommend``: the top ``n`` items for one user or a batch.
 
         Parameters
@@ -212,34 +239,64 @@ class Client:
             DCR only: return P(rating = level) with each item.
         """
         users = [user_ids] if isinstance(user_ids, str) else list(user_ids)
-        request = pb.RecommendRequest(model=model, user_ids=users, n=n, candidate_item_ids=list(candidates),
-                                      with_distribution=with_distribution)
+        request = pb.RecommendRequest(
+            model=model,
+            user_ids=users,
+            n=n,
+            candidate_item_ids=list(candidates),
+            with_distribution=with_distribution,
+        )
         if exclude_seen is not None:
             request.exclude_seen = exclude_seen
         return self._unary(self._stub.Recommend, request, timeout)
 
-    def tags(self, user_id: str, item_id: str, *, model: str = "", n: int = 10, exclude_own_tags: bool = False,
-             timeout: float | None = None) -> pb.TagsResponse:
+    def tags(
+        self,
+        user_id: str,
+        item_id: str,
+        *,
+        model: str = "",
+        n: int = 10,
+        exclude_own_tags: bool = False,
+        timeout: float | None = None,
+    ) -> pb.TagsResponse:
         """``Tags``: the top ``n`` tags for ``user_id`` tagging ``item_id`` (RTF)."""
-        request = pb.TagsRequest(model=model, user_id=user_id, item_id=item_id, n=n,
-                                 exclude_own_tags=exclude_own_tags)
+        request = pb.TagsRequest(
+            model=model, user_id=user_id, item_id=item_id, n=n, exclude_own_tags=exclude_own_tags
+        )
         return self._unary(self._stub.Tags, request, timeout)
 
-    def neighbors(self, id: str, *, model: str = "", space: str = "", from_entity: str | int | None = None,
-                  to_entity: str | int | None = None, k: int = 10,
-                  timeout: float | None = None) -> pb.NeighborsResponse:
+    def neighbors(
+        self,
+        id: str,
+        *,
+        model: str = "",
+        space: str = "",
+        from_entity: str | int | None = None,
+        to_entity: str | int | None = None,
+        k: int = 10,
+        timeout: float | None = None,
+    ) -> pb.NeighborsResponse:
         """``Neighbors``: the ``k`` nearest entities to ``id`` on a map (COE, SCORE, KNNSCAL).
 
         ``from_entity`` / ``to_entity`` take ``"item"``, ``"user"``, ``"aspect"``, ``"object"``
         or an ``Entity`` value; None is the model's default. ``space`` names a SCORE aspect map.
         """
-        request = pb.NeighborsRequest(model=model, space=space, id=id, k=k, from_entity=entity(from_entity),
-                                      to_entity=entity(to_entity))
+        request = pb.NeighborsRequest(
+            model=model, space=space, id=id, k=k, from_entity=entity(from_entity), to_entity=entity(to_entity)
+        )
         return self._unary(self._stub.Neighbors, request, timeout)
 
-    def coordinates(self, ids: Iterable[str] = (), *, model: str = "", space: str = "",
-                    entity_kind: str | int | None = None, page_size: int = 0,
-                    timeout: float | None = None) -> Iterator[pb.CoordinatesResponse]:
+    def coordinates(
+        self,
+        ids: Iterable[str] = (),
+        *,
+        model: str = "",
+        space: str = "",
+        entity_kind: str | int | None = None,
+        page_size: int = 0,
+        timeout: float | None = None,
+    ) -> Iterator[pb.CoordinatesResponse]:
         """``Coordinates``: the pages of map points, for ``ids`` or (when empty) the whole map.
 
         The call is retried on UNAVAILABLE only until its first page arrives,
@@ -247,8 +304,9 @@ class Client:
         call starts at the first ``next()``; closing the iterator (or leaving
         a ``for`` loop over it, in CPython) cancels the rest of the stream.
         """
-        request = pb.CoordinatesRequest(model=model, space=space, entity=entity(entity_kind), ids=list(ids),
-                                        page_size=page_size)
+        request = pb.CoordinatesRequest(
+            model=model, space=space, entity=entity(entity_kind), ids=list(ids), page_size=page_size
+        )
 
         def first_page(left: float):
             stream = self._stub.Coordinates(request, timeout=left, metadata=self._metadata)
@@ -262,15 +320,19 @@ class Client:
         finally:
             stream.cancel()  # a consumer that stops early frees the server's stream slot at once
 
-    def place(self, ranked_neighbor_ids: Sequence[str], *, model: str = "", k: int = 0,
-              timeout: float | None = None) -> pb.PlaceResponse:
+    def place(
+        self, ranked_neighbor_ids: Sequence[str], *, model: str = "", k: int = 0, timeout: float | None = None
+    ) -> pb.PlaceResponse:
         """``Place``: coordinates of a new vertex from its neighbours, nearest first (KNNSCAL)."""
         request = pb.PlaceRequest(model=model, ranked_neighbor_ids=list(ranked_neighbor_ids), k=k)
         return self._unary(self._stub.Place, request, timeout)
 
-    def record(self, user_id: str, item_ids: Iterable[str], *,
-               timeout: float | None = None) -> pb.RecordInteractionsResponse:
-        """``RecordInteractions``: items ``user_id`` saw since training, excluded by ``recommend`` (needs Redis).
+    def record(
+        self, user_id: str, item_ids: Iterable[str], *, timeout: float | None = None
+    ) -> pb.RecordInteractionsResponse:
+        """``RecordInteractions``: items ``user_id`` saw since training, left out by ``recommend``.
+
+        Needs a server started with Redis (FAILED_PRECONDITION otherwise).
 
         Recording is a set union on the server, so a retried call records nothing twice.
         """

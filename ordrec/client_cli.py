@@ -9,6 +9,7 @@ Exit codes: the gRPC status code of the call (0 OK, 3 INVALID_ARGUMENT,
 the table in docs/service.md); ``health`` exits 0 only when SERVING and 14
 otherwise; 2 for a malformed command line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,8 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import grpc
 from google.protobuf import json_format
@@ -36,7 +38,7 @@ examples:
   ordrec-client record --user u001 --item i001 --item i002
   ordrec-client --wait 0 health          (a probe: no waiting)
 
-Load tests: ordrec-loadtest (h2load-driven, its own --help).
+Load tests: ordrec-loadtest (see ordrec-loadtest --help).
 """
 
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
@@ -45,28 +47,57 @@ _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 # before the subcommand and after it, so `ordrec-client recommend ... --json` works.
 _CONNECTION = [
     (("--target",), dict(metavar="HOST:PORT", help="the server's address; $ORDREC_TARGET when set"), None),
-    (("--timeout",), dict(type=float, metavar="SECONDS", help="deadline of the call, retries included"), 10.0),
-    (("--wait",), dict(type=float, metavar="SECONDS",
-                       help="wait this long for the server to be ready (health SERVING) before the call; 0: "
-                            "do not wait"), 30.0),
+    (
+        ("--timeout",),
+        dict(type=float, metavar="SECONDS", help="deadline of the call, retries included"),
+        10.0,
+    ),
+    (
+        ("--wait",),
+        dict(
+            type=float,
+            metavar="SECONDS",
+            help="wait this long for the server to be ready (health SERVING) before the call; 0: do not wait",
+        ),
+        30.0,
+    ),
     (("--retries",), dict(type=int, metavar="N", help="tries again on UNAVAILABLE, with backoff"), 3),
-    (("--token",), dict(help="bearer token, when the server requires one (prefer --token-env: a command line "
-                             "is visible to other users)"), None),
+    (
+        ("--token",),
+        dict(
+            help="bearer token, when the server requires one (prefer --token-env: a command line "
+            "is visible to other users)"
+        ),
+        None,
+    ),
     (("--token-env",), dict(metavar="VAR", help="environment variable holding the bearer token"), None),
-    (("--tls",), dict(action="store_true", help="connect with TLS, trusting the system's root certificates"),
-     False),
-    (("--tls-ca",), dict(metavar="PEM", help="root certificate file to verify the server with (implies --tls)"),
-     None),
-    (("--tls-server-name",), dict(metavar="NAME", help="name the server's certificate is checked against, when "
-                                                       "it differs from the target's host"), None),
+    (
+        ("--tls",),
+        dict(action="store_true", help="connect with TLS, trusting the system's root certificates"),
+        False,
+    ),
+    (
+        ("--tls-ca",),
+        dict(metavar="PEM", help="root certificate file to verify the server with (implies --tls)"),
+        None,
+    ),
+    (
+        ("--tls-server-name",),
+        dict(
+            metavar="NAME",
+            help="name the server's certificate is checked against, when it differs from the target's host",
+        ),
+        None,
+    ),
     (("--json",), dict(action="store_true", help="print the reply as JSON (protobuf field names)"), False),
 ]
 
 
 # ------------------------------------------------------------------ output
 def _to_dict(message) -> dict[str, Any]:
-    return json_format.MessageToDict(message, preserving_proto_field_name=True,
-                                     always_print_fields_with_no_presence=True)
+    return json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def _print_json(value: Any) -> None:
@@ -107,17 +138,29 @@ def cmd_models(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_recommend(client: Client, args: argparse.Namespace) -> int:
-    reply = client.recommend(args.user, model=args.model, n=args.n, candidates=args.candidate or (),
-                             exclude_seen=False if args.include_seen else None,
-                             with_distribution=args.distribution)
+    reply = client.recommend(
+        args.user,
+        model=args.model,
+        n=args.n,
+        candidates=args.candidate or (),
+        exclude_seen=False if args.include_seen else None,
+        with_distribution=args.distribution,
+    )
     if args.json:
         _print_json(_to_dict(reply))
         return 0
-    print(f"model {reply.model}@{reply.model_version}" + (f"  levels={list(reply.levels)}" if reply.levels else ""))
+    print(
+        f"model {reply.model}@{reply.model_version}"
+        + (f"  levels={list(reply.levels)}" if reply.levels else "")
+    )
     if reply.seen_filter_degraded:
         print("(items recorded since training could not be excluded: Redis unreachable)")
     for result in reply.results:
-        note = "" if result.fallback == pb.FALLBACK_NONE else f"  (fallback: {pb.Fallback.Name(result.fallback)})"
+        note = (
+            ""
+            if result.fallback == pb.FALLBACK_NONE
+            else f"  (fallback: {pb.Fallback.Name(result.fallback)})"
+        )
         print(f"user {result.user_id}{note}")
         _print_scored(result.items)
     return 0
@@ -134,8 +177,14 @@ def cmd_tags(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_neighbors(client: Client, args: argparse.Namespace) -> int:
-    reply = client.neighbors(args.id, model=args.model, space=args.space, from_entity=args.from_entity,
-                             to_entity=args.to_entity, k=args.k)
+    reply = client.neighbors(
+        args.id,
+        model=args.model,
+        space=args.space,
+        from_entity=args.from_entity,
+        to_entity=args.to_entity,
+        k=args.k,
+    )
     if args.json:
         _print_json(_to_dict(reply))
         return 0
@@ -147,8 +196,9 @@ def cmd_neighbors(client: Client, args: argparse.Namespace) -> int:
 def cmd_coordinates(client: Client, args: argparse.Namespace) -> int:
     points: list[pb.Point] = []
     head = None
-    pages = client.coordinates(args.ids or (), model=args.model, space=args.space, entity_kind=args.entity,
-                               page_size=args.page_size)
+    pages = client.coordinates(
+        args.ids or (), model=args.model, space=args.space, entity_kind=args.entity, page_size=args.page_size
+    )
     with contextlib.closing(pages):  # closing cancels the rest of the stream once --limit is reached
         for page in pages:
             if head is None:
@@ -159,8 +209,14 @@ def cmd_coordinates(client: Client, args: argparse.Namespace) -> int:
     if args.limit:
         points = points[: args.limit]
     if args.json:
-        _print_json({"model": head.model if head else "", "model_version": head.model_version if head else "",
-                     "dim": head.dim if head else 0, "points": [_to_dict(p) for p in points]})
+        _print_json(
+            {
+                "model": head.model if head else "",
+                "model_version": head.model_version if head else "",
+                "dim": head.dim if head else 0,
+                "points": [_to_dict(p) for p in points],
+            }
+        )
         return 0
     for point in points:
         print(f"{point.id}\t" + "\t".join(f"{c:.5f}" for c in point.coords))
@@ -193,7 +249,11 @@ class _Defaults(argparse.HelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "(default" in text or action.default in (None, "", False, argparse.SUPPRESS) or not action.option_strings:
+        if (
+            "(default" in text
+            or action.default in (None, "", False, argparse.SUPPRESS)
+            or not action.option_strings
+        ):
             return text
         return text + " (default: %(default)s)"
 
@@ -219,13 +279,17 @@ def _add_connection_options(parser: argparse.ArgumentParser, on_subcommand: bool
 
 
 def _model_argument(parser: argparse.ArgumentParser, rpc: str) -> None:
-    parser.add_argument("--model", default="", help=f"registry name of the model; may be left out when exactly "
-                                                    f"one loaded model answers {rpc}")
+    parser.add_argument(
+        "--model",
+        default="",
+        help=f"registry name of the model; may be left out when exactly one loaded model answers {rpc}",
+    )
 
 
 def _subcommand(sub, name: str, func: Callable, help: str, description: str | None = None):
-    p = sub.add_parser(name, help=help, description=description or help, formatter_class=_Defaults,
-                       allow_abbrev=False)
+    p = sub.add_parser(
+        name, help=help, description=description or help, formatter_class=_Defaults, allow_abbrev=False
+    )
     p.set_defaults(func=func)
     _add_connection_options(p, on_subcommand=True)
     return p
@@ -233,74 +297,141 @@ def _subcommand(sub, name: str, func: Callable, help: str, description: str | No
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``ordrec-client`` argument parser."""
-    p = argparse.ArgumentParser(prog="ordrec-client", description=__doc__.split("\n\n", 1)[1].strip(),
-                                epilog=EXAMPLES, formatter_class=_Formatter, allow_abbrev=False)
+    p = argparse.ArgumentParser(
+        prog="ordrec-client",
+        description=__doc__.split("\n\n", 1)[1].strip(),
+        epilog=EXAMPLES,
+        formatter_class=_Formatter,
+        allow_abbrev=False,
+    )
     _add_connection_options(p, on_subcommand=False)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    h = _subcommand(sub, "health", cmd_health, "is the server SERVING (at least one model loaded)? exit 0 if so",
-                    "grpc.health.v1 Check. No token needed. Exit 0 when SERVING, 14 otherwise; use --wait 0 "
-                    "for a probe that answers at once.")
-    h.add_argument("--service", default="", help="health service name: '' (the server), ordrec.v1.Recommender, "
-                                                 "or ordrec.redis")
+    h = _subcommand(
+        sub,
+        "health",
+        cmd_health,
+        "is the server SERVING (at least one model loaded)? exit 0 if so",
+        "grpc.health.v1 Check. No token needed. Exit 0 when SERVING, 14 otherwise; use --wait 0 "
+        "for a probe that answers at once.",
+    )
+    h.add_argument(
+        "--service",
+        default="",
+        help="health service name: '' (the server), ordrec.v1.Recommender, or ordrec.redis",
+    )
 
-    _subcommand(sub, "models", cmd_models, "list the loaded models: version, why that version, RPCs, sizes, "
-                                           "metrics")
+    _subcommand(
+        sub, "models", cmd_models, "list the loaded models: version, why that version, RPCs, sizes, metrics"
+    )
 
-    r = _subcommand(sub, "recommend", cmd_recommend, "top-N items for one or more users (DCR, Pairwise DCR, COE)",
-                    "Top-N items per user. Training items (and items recorded since training) are left out; an "
-                    "unknown user gets the most popular items, flagged as a fallback.")
+    r = _subcommand(
+        sub,
+        "recommend",
+        cmd_recommend,
+        "top-N items for one or more users (DCR, Pairwise DCR, COE)",
+        "Top-N items per user. Training items (and items recorded since training) are left out; an "
+        "unknown user gets the most popular items, flagged as a fallback.",
+    )
     _model_argument(r, "Recommend")
     r.add_argument("--user", action="append", required=True, metavar="ID", help="user id; repeat for a batch")
     r.add_argument("--n", type=int, default=10, help="items per user")
-    r.add_argument("--candidate", action="append", metavar="ID",
-                   help="rank only these items; repeat for each (default: all items)")
+    r.add_argument(
+        "--candidate",
+        action="append",
+        metavar="ID",
+        help="rank only these items; repeat for each (default: all items)",
+    )
     r.add_argument("--include-seen", action="store_true", help="do not leave out the user's training items")
-    r.add_argument("--distribution", action="store_true",
-                   help="DCR: show P(rating = level) for each item")
+    r.add_argument("--distribution", action="store_true", help="DCR: show P(rating = level) for each item")
 
     t = _subcommand(sub, "tags", cmd_tags, "top-N tags for a user tagging an item (RTF)")
     _model_argument(t, "Tags")
     t.add_argument("--user", required=True, metavar="ID", help="the user doing the tagging")
     t.add_argument("--item", required=True, metavar="ID", help="the item being tagged")
     t.add_argument("--n", type=int, default=10, help="tags to return")
-    t.add_argument("--exclude-own", action="store_true",
-                   help="leave out tags this user already put on this item in the training data")
+    t.add_argument(
+        "--exclude-own",
+        action="store_true",
+        help="leave out tags this user already put on this item in the training data",
+    )
 
     entities = sorted(ENTITIES)
-    nb = _subcommand(sub, "neighbors", cmd_neighbors, "the k nearest entities on a map (COE, SCORE, KNNSCAL)",
-                     "The k nearest entities to --id. Scores are negative distances (higher is nearer).")
+    nb = _subcommand(
+        sub,
+        "neighbors",
+        cmd_neighbors,
+        "the k nearest entities on a map (COE, SCORE, KNNSCAL)",
+        "The k nearest entities to --id. Scores are negative distances (higher is nearer).",
+    )
     _model_argument(nb, "Neighbors")
     nb.add_argument("--id", required=True, help="the query entity's id")
-    nb.add_argument("--from", dest="from_entity", choices=entities, default=None,
-                    help="kind of the query entity (default: the model's, items for COE, objects for SCORE and "
-                         "KNNSCAL)")
-    nb.add_argument("--to", dest="to_entity", choices=entities, default=None,
-                    help="kind of entity to return (default: the same as --from)")
+    nb.add_argument(
+        "--from",
+        dest="from_entity",
+        choices=entities,
+        default=None,
+        help="kind of the query entity (default: the model's, items for COE, objects for SCORE and KNNSCAL)",
+    )
+    nb.add_argument(
+        "--to",
+        dest="to_entity",
+        choices=entities,
+        default=None,
+        help="kind of entity to return (default: the same as --from)",
+    )
     nb.add_argument("--space", default="", help="SCORE: the aspect whose map to search")
     nb.add_argument("--k", type=int, default=10, help="neighbours to return")
 
-    c = _subcommand(sub, "coordinates", cmd_coordinates, "map coordinates, for given ids or the whole map",
-                    "Map coordinates: one line per point (id, then coordinates), for --id or, without it, the "
-                    "whole map streamed in pages.")
+    c = _subcommand(
+        sub,
+        "coordinates",
+        cmd_coordinates,
+        "map coordinates, for given ids or the whole map",
+        "Map coordinates: one line per point (id, then coordinates), for --id or, without it, the "
+        "whole map streamed in pages.",
+    )
     _model_argument(c, "Coordinates")
-    c.add_argument("--id", dest="ids", action="append", metavar="ID",
-                   help="a point to look up; repeat for each (default: the whole map)")
-    c.add_argument("--entity", choices=entities, default=None,
-                   help="kind of points (default: the model's, items for COE, objects for SCORE and KNNSCAL)")
+    c.add_argument(
+        "--id",
+        dest="ids",
+        action="append",
+        metavar="ID",
+        help="a point to look up; repeat for each (default: the whole map)",
+    )
+    c.add_argument(
+        "--entity",
+        choices=entities,
+        default=None,
+        help="kind of points (default: the model's, items for COE, objects for SCORE and KNNSCAL)",
+    )
     c.add_argument("--space", default="", help="SCORE: the aspect's map")
     c.add_argument("--limit", type=int, default=0, help="stop after this many points (0: all)")
-    c.add_argument("--page-size", type=int, default=0, help="points per streamed message (0: the server's, 1000)")
+    c.add_argument(
+        "--page-size", type=int, default=0, help="points per streamed message (0: the server's, 1000)"
+    )
 
-    pl = _subcommand(sub, "place", cmd_place, "place a new vertex on a KNNSCAL map from its ranked neighbours")
+    pl = _subcommand(
+        sub, "place", cmd_place, "place a new vertex on a KNNSCAL map from its ranked neighbours"
+    )
     _model_argument(pl, "Place")
-    pl.add_argument("--neighbor", action="append", required=True, metavar="ID",
-                    help="a neighbour of the new vertex; repeat, nearest first")
+    pl.add_argument(
+        "--neighbor",
+        action="append",
+        required=True,
+        metavar="ID",
+        help="a neighbour of the new vertex; repeat, nearest first",
+    )
     pl.add_argument("--k", type=int, default=0, help="also return the new vertex's k nearest vertices")
 
-    rec = _subcommand(sub, "record", cmd_record, "record items a user interacted with since training (needs Redis)",
-                      "RecordInteractions: Recommend leaves these items out for the user. Needs a server started "
-                      "with --redis (FAILED_PRECONDITION, exit 9, otherwise).")
+    rec = _subcommand(
+        sub,
+        "record",
+        cmd_record,
+        "record items a user interacted with since training (needs Redis)",
+        "RecordInteractions: Recommend leaves these items out for the user. Needs a server started "
+        "with --redis (FAILED_PRECONDITION, exit 9, otherwise).",
+    )
     rec.add_argument("--user", required=True, metavar="ID", help="the user")
     rec.add_argument("--item", action="append", required=True, metavar="ID", help="an item; repeat for each")
     return p
@@ -324,8 +455,11 @@ def wait_for_server(client: Client, args: argparse.Namespace) -> None:
     quiet = min(args.wait, 1.0)
     if args.wait <= 0 or client.wait_ready(quiet) or args.wait <= quiet:
         return
-    print(f"ordrec-client: waiting up to {args.wait:g} s for the server at {args.target} to be ready",
-          file=sys.stderr, flush=True)
+    print(
+        f"ordrec-client: waiting up to {args.wait:g} s for the server at {args.target} to be ready",
+        file=sys.stderr,
+        flush=True,
+    )
     client.wait_ready(args.wait - quiet)
 
 
@@ -336,8 +470,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.timeout <= 0 or args.wait < 0 or args.retries < 0:
         parser.error("--timeout must be positive, --wait and --retries at least 0")
     try:
-        client = Client(args.target, token=_token(args), tls=args.tls, tls_ca=args.tls_ca,
-                        tls_server_name=args.tls_server_name, timeout=args.timeout, retries=args.retries)
+        client = Client(
+            args.target,
+            token=_token(args),
+            tls=args.tls,
+            tls_ca=args.tls_ca,
+            tls_server_name=args.tls_server_name,
+            timeout=args.timeout,
+            retries=args.retries,
+        )
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     with client:

@@ -10,11 +10,12 @@ publish a new version next to the old ones.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 from pathlib import Path
 
-from ordrec.service.process import ServerProcess, run_cli
+from ordrec.tools.process import ServerProcess, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / ".demo"
@@ -44,7 +45,8 @@ QUERIES = [
                                                       "--id", "o001", "--k", "5"]),
     ("Aspects related to 'habitat' (SCORE, angular closeness on the sphere)",
      ["neighbors", "--model", "score", "--from", "aspect", "--id", "habitat", "--k", "3"]),
-    ("Vertices nearest v001 on the KNNSCAL map", ["neighbors", "--model", "knnscal", "--id", "v001", "--k", "5"]),
+    ("Vertices nearest v001 on the KNNSCAL map",
+     ["neighbors", "--model", "knnscal", "--id", "v001", "--k", "5"]),
 ]
 
 
@@ -64,11 +66,10 @@ def keep_serving(server: ServerProcess) -> None:
     """Block until Ctrl-C (or the server exits by itself)."""
     print(f"\nServing until Ctrl-C. Try, in another shell:\n"
           f"  .venv/bin/ordrec-client --target {server.target} models\n"
-          f"  .venv/bin/ordrec-client --target {server.target} recommend --model dcr --user u002 --n 5", flush=True)
-    try:
+          f"  .venv/bin/ordrec-client --target {server.target} recommend --model dcr --user u002 --n 5",
+          flush=True)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C also reaches the server, which drains and exits
         server.proc.wait()
-    except KeyboardInterrupt:
-        pass
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -1,4 +1,4 @@
-"""``ordrec-serve``: run the gRPC service (or ``ordrec-serve loadtest ...``).
+"""``ordrec-serve``: run the gRPC service (the load generator is ``ordrec-loadtest``).
 
 BLAS, OpenMP and numba threads are pinned to one per process before numpy is
 imported: requests run on the gRPC thread pool, and a BLAS call fanning out
@@ -8,16 +8,19 @@ Scale out with more processes (``--processes``), not more threads per call.
 from __future__ import annotations
 
 import os
+import sys
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+# Only when this module starts the process: imported into a process whose numba already
+# runs a thread pool (a test, a notebook), a changed NUMBA_NUM_THREADS breaks its next compile.
+if "numpy" not in sys.modules and "numba" not in sys.modules:
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
-import sys  # noqa: E402
 from typing import Sequence  # noqa: E402
 
 from ordrec.service.server import Server, ServerConfig  # noqa: E402
@@ -33,7 +36,8 @@ _DEFAULTS = ServerConfig(registry="")
 def build_parser() -> argparse.ArgumentParser:
     d = _DEFAULTS
     p = argparse.ArgumentParser(prog="ordrec-serve", description="Serve ordrec models over gRPC.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                epilog="Load test: ordrec-loadtest --help")
     p.add_argument("--registry", required=True, help="registry directory the trainer publishes to")
     p.add_argument("--host", default=d.host, help="gRPC bind address")
     p.add_argument("--port", type=int, default=d.port, help="gRPC port (0: pick a free one)")
@@ -132,10 +136,6 @@ def serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["loadtest"]:
-        from ordrec.service.loadtest import main as loadtest_main
-
-        return loadtest_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -144,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.processes > 1:
         from ordrec.service.supervisor import Supervisor
 
-        passed_on = _without(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
+        passed_on = without_flags(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
         return Supervisor(passed_on, args.processes, args.host, args.port, args.metrics_port).run()
     try:
         return serve(args)
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2 if isinstance(exc, ValueError) else 1
 
 
-def _without(argv: list[str], flags: set[str]) -> list[str]:
+def without_flags(argv: list[str], flags: set[str]) -> list[str]:
     """``argv`` minus the given value-taking flags (``--flag V`` or ``--flag=V``)."""
     out, skip = [], False
     for token in argv:

@@ -23,7 +23,7 @@ import threading
 import time
 
 log = logging.getLogger("ordrec.supervisor")
-_READY = re.compile(r"ordrec-serve ready port=(\d+) metrics_port=(-?\d+)")
+READY_LINE = re.compile(r"ordrec-serve ready port=(\d+) metrics_port=(-?\d+)")
 
 
 def _free_port(host: str) -> int:
@@ -64,7 +64,7 @@ class Supervisor:
     def _pump(self, i: int, child: subprocess.Popen) -> None:
         assert child.stdout is not None  # spawned with stdout=PIPE
         for line in child.stdout:
-            match = _READY.search(line)
+            match = READY_LINE.search(line)
             if match:
                 self.metrics_ports[i] = int(match.group(2))
                 self._ready[i].set()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ordrec.service.process import run_cli
+from ordrec.tools.process import run_cli
 
 DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

@@ -1,6 +1,7 @@
 """``ordrec.client`` and ``ordrec-client`` against real server processes: waiting
 for a server that is not listening yet, every subcommand with --json, exit codes
 that are the gRPC status, tokens and TLS, and retries on UNAVAILABLE."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ import pytest
 from ordrec.client import Client, entity
 from ordrec.client_cli import build_parser, main
 from ordrec.service.artifacts import Registry
-from ordrec.service.process import ServerProcess
+from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from tests.conftest import free_port
@@ -47,9 +48,22 @@ def cli_json(capsys, server, *argv: str) -> dict:
 # ------------------------------------------------------------------ waiting
 def test_a_client_started_before_the_server_waits_for_it(sample_registry):
     port = free_port()
-    client = subprocess.Popen([sys.executable, "-m", "ordrec.client_cli", "--target", f"127.0.0.1:{port}",
-                               "--wait", "90", "models", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
+    client = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ordrec.client_cli",
+            "--target",
+            f"127.0.0.1:{port}",
+            "--wait",
+            "90",
+            "models",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         time.sleep(1.0)  # the client is up and finds nothing listening
         assert client.poll() is None, client.communicate()
@@ -65,8 +79,18 @@ def test_a_client_started_before_the_server_waits_for_it(sample_registry):
 
 def test_without_waiting_a_missing_server_is_unavailable_at_once(capsys):
     started = time.monotonic()
-    code, _, err = cli(capsys, "--target", f"127.0.0.1:{free_port()}", "--wait", "0", "--retries", "0",
-                       "--timeout", "20", "models")
+    code, _, err = cli(
+        capsys,
+        "--target",
+        f"127.0.0.1:{free_port()}",
+        "--wait",
+        "0",
+        "--retries",
+        "0",
+        "--timeout",
+        "20",
+        "models",
+    )
     assert code == grpc.StatusCode.UNAVAILABLE.value[0] == 14
     assert "UNAVAILABLE" in err and "is ordrec-serve running" in err and time.monotonic() - started < 10
 
@@ -90,42 +114,83 @@ def test_health_and_models(server, capsys, sample_registry):
 
 
 def test_recommend(server, capsys):
-    reply = cli_json(capsys, server, "recommend", "--model", "dcr", "--user", "u001", "--user", "nobody",
-                     "--n", "3", "--distribution")
+    reply = cli_json(
+        capsys,
+        server,
+        "recommend",
+        "--model",
+        "dcr",
+        "--user",
+        "u001",
+        "--user",
+        "nobody",
+        "--n",
+        "3",
+        "--distribution",
+    )
     known, unknown = reply["results"]
     assert len(known["items"]) == 3 and known["fallback"] == "FALLBACK_NONE"
     assert len(known["items"][0]["rating_distribution"]) == len(reply["levels"]) > 1
     assert unknown["fallback"] == "FALLBACK_POPULAR_GLOBAL"
-    candidates = cli_json(capsys, server, "recommend", "--model", "dcr", "--user", "u001", "--candidate", "i001",
-                          "--candidate", "i002", "--include-seen")
+    candidates = cli_json(
+        capsys,
+        server,
+        "recommend",
+        "--model",
+        "dcr",
+        "--user",
+        "u001",
+        "--candidate",
+        "i001",
+        "--candidate",
+        "i002",
+        "--include-seen",
+    )
     assert {i["id"] for i in candidates["results"][0]["items"]} == {"i001", "i002"}
 
 
 def test_tags_neighbors_coordinates_place(server, capsys):
     tags = cli_json(capsys, server, "tags", "--model", "rtf", "--user", "u001", "--item", "i001", "--n", "2")
     assert len(tags["tags"]) == 2
-    near = cli_json(capsys, server, "neighbors", "--model", "coe", "--id", "i001", "--from", "item", "--to",
-                    "user", "--k", "4")
+    near = cli_json(
+        capsys,
+        server,
+        "neighbors",
+        "--model",
+        "coe",
+        "--id",
+        "i001",
+        "--from",
+        "item",
+        "--to",
+        "user",
+        "--k",
+        "4",
+    )
     assert len(near["neighbors"]) == 4 and all(n["id"].startswith("u") for n in near["neighbors"])
     coords = cli_json(capsys, server, "coordinates", "--model", "knnscal", "--limit", "5")
     assert len(coords["points"]) == 5 and coords["dim"] == len(coords["points"][0]["coords"]) > 0
     some = cli_json(capsys, server, "coordinates", "--model", "knnscal", "--id", "v001", "--id", "v002")
     assert [p["id"] for p in some["points"]] == ["v001", "v002"]
-    placed = cli_json(capsys, server, "place", "--model", "knnscal", "--neighbor", "v001", "--neighbor", "v002",
-                      "--k", "3")
+    placed = cli_json(
+        capsys, server, "place", "--model", "knnscal", "--neighbor", "v001", "--neighbor", "v002", "--k", "3"
+    )
     assert len(placed["coords"]) == coords["dim"] and len(placed["neighbors"]) == 3
     code, out, _ = cli(capsys, "--target", server.target, "coordinates", "--model", "knnscal", "--limit", "2")
     assert code == 0 and len(out.splitlines()) == 2
 
 
 # ------------------------------------------------------- exit code = status
-@pytest.mark.parametrize("argv, status", [
-    (["neighbors", "--model", "coe", "--id", "no-such-item"], grpc.StatusCode.NOT_FOUND),
-    (["recommend", "--model", "no-such-model", "--user", "u001"], grpc.StatusCode.NOT_FOUND),
-    (["recommend", "--model", "dcr", "--user", "u001", "--n", "0"], grpc.StatusCode.INVALID_ARGUMENT),
-    (["tags", "--model", "dcr", "--user", "u001", "--item", "i001"], grpc.StatusCode.FAILED_PRECONDITION),
-    (["record", "--user", "u001", "--item", "i001"], grpc.StatusCode.FAILED_PRECONDITION),  # no Redis
-])
+@pytest.mark.parametrize(
+    "argv, status",
+    [
+        (["neighbors", "--model", "coe", "--id", "no-such-item"], grpc.StatusCode.NOT_FOUND),
+        (["recommend", "--model", "no-such-model", "--user", "u001"], grpc.StatusCode.NOT_FOUND),
+        (["recommend", "--model", "dcr", "--user", "u001", "--n", "0"], grpc.StatusCode.INVALID_ARGUMENT),
+        (["tags", "--model", "dcr", "--user", "u001", "--item", "i001"], grpc.StatusCode.FAILED_PRECONDITION),
+        (["record", "--user", "u001", "--item", "i001"], grpc.StatusCode.FAILED_PRECONDITION),  # no Redis
+    ],
+)
 def test_exit_code_is_the_grpc_status(server, capsys, argv, status):
     code, out, err = cli(capsys, "--target", server.target, *argv)
     assert code == status.value[0] and status.name in err and not out
@@ -140,9 +205,21 @@ def test_leaving_out_model_names_the_candidates(server, capsys):
 
 
 def test_the_console_script_exits_with_the_status(server):
-    result = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ordrec-client"), "--target",
-                             server.target, "neighbors", "--model", "coe", "--id", "no-such-item"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            os.path.join(os.path.dirname(sys.executable), "ordrec-client"),
+            "--target",
+            server.target,
+            "neighbors",
+            "--model",
+            "coe",
+            "--id",
+            "no-such-item",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 5, result.stderr
 
 
@@ -159,28 +236,62 @@ def test_record_with_redis(redis_server, sample_registry, capsys):
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_token_and_tls(sample_registry, tmp_path, capsys, monkeypatch):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKEN + "\n")
     monkeypatch.setenv("ORDREC_TEST_TOKEN", TOKEN)
-    with ServerProcess(sample_registry, "--tls-cert", str(cert), "--tls-key", str(key), "--token-file",
-                       str(tokens)) as proc:
+    with ServerProcess(
+        sample_registry, "--tls-cert", str(cert), "--tls-key", str(key), "--token-file", str(tokens)
+    ) as proc:
         tls = ["--tls-ca", str(cert), "--tls-server-name", "localhost", "--target", proc.target]
         code, _, err = cli(capsys, *tls, "models")
         assert code == grpc.StatusCode.UNAUTHENTICATED.value[0], err
         code, out, err = cli(capsys, *tls, "--token-env", "ORDREC_TEST_TOKEN", "models", "--json")
         assert code == 0 and json.loads(out)["models"], err
         # Without TLS the call cannot get through: UNAVAILABLE, not a hang.
-        code, _, _ = cli(capsys, "--target", proc.target, "--wait", "0", "--retries", "0", "--timeout", "3",
-                         "--token", TOKEN, "models")
+        code, _, _ = cli(
+            capsys,
+            "--target",
+            proc.target,
+            "--wait",
+            "0",
+            "--retries",
+            "0",
+            "--timeout",
+            "3",
+            "--token",
+            TOKEN,
+            "models",
+        )
         assert code in (grpc.StatusCode.UNAVAILABLE.value[0], grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
         # The Python API: the same options.
         with Client(f"localhost:{proc.port}", token=TOKEN, tls_ca=cert.read_bytes()) as client:
             assert client.wait_ready(10)
             assert client.recommend("u001", model="dcr", n=2).results[0].items
-            assert [p.id for page in client.coordinates(["v001"], model="knnscal") for p in page.points] == ["v001"]
+            assert [p.id for page in client.coordinates(["v001"], model="knnscal") for p in page.points] == [
+                "v001"
+            ]
 
 
 def test_an_unset_token_variable_is_a_usage_error(capsys, monkeypatch):
@@ -259,7 +370,16 @@ def test_every_subcommand_and_option_has_help(monkeypatch):
     monkeypatch.delenv("ORDREC_TARGET", raising=False)
     parser = build_parser()
     choices, action = _subparsers(parser)
-    assert set(choices) == {"health", "models", "recommend", "tags", "neighbors", "coordinates", "place", "record"}
+    assert set(choices) == {
+        "health",
+        "models",
+        "recommend",
+        "tags",
+        "neighbors",
+        "coordinates",
+        "place",
+        "record",
+    }
     assert all(c.help for c in action._choices_actions)
     for name, sub in choices.items():
         for option in sub._actions:

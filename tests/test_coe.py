@@ -16,8 +16,8 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models import index_class
 from ordrec.service.models.coe import Index
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.evaluation import coe as protocol
-from ordrec.trainer.models import _coe_kernels as K
+from ordrec.trainer.reproduce import coe as protocol
+from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COE, TripleSource, normalise
 
@@ -379,7 +379,7 @@ def test_ml100k_meets_table3_targets():
     path = DATA / "ml-100k" / "u.data"
     if not path.exists():
         pytest.skip(f"{path} missing (set ORDREC_DATA)")
-    data = protocol.paper_filter(protocol._read_whitespace_ratings(str(path)))
+    data = protocol.paper_filter(protocol.read_whitespace_ratings(str(path)))
     assert (data.n_users, data.n_items, len(data)) == (943, 1413, 99543)
     rng = np.random.default_rng([0, 0])
     observed = protocol.split_per_user(data.user, data.n_users, 0.8, rng)

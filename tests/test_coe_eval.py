@@ -36,7 +36,7 @@ def test_reproduce_cli_writes_the_contract_rows(tmp_path):
 
 
 def test_tune_per_split_uses_observed_ratings_only(tmp_path, capsys, monkeypatch):
-    from ordrec.trainer.evaluation import coe as protocol
+    from ordrec.trainer.reproduce import coe as protocol
 
     rng = np.random.default_rng(1)
     lines = [f"{u + 1}\t{i + 1}\t{int(rng.integers(1, 6))}\t0"

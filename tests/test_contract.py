@@ -8,9 +8,9 @@ import pytest
 from scipy.stats import kendalltau
 
 from ordrec.service.artifacts import Registry
-from ordrec.service.models import build_index
+from ordrec.service.models import build_index, kinds
 from ordrec.trainer import sample
-from ordrec.trainer.models import KINDS, estimator_class
+from ordrec.trainer.models import estimator_class
 
 
 def concordance(predicted: np.ndarray, truth: np.ndarray) -> float:
@@ -89,10 +89,10 @@ CASES = {"dcr": _dcr, "coe": _coe, "rtf": _rtf, "score": _score, "knnscal": _knn
 
 
 def test_every_kind_has_a_contract_case():
-    assert set(CASES) == set(KINDS)
+    assert set(CASES) == set(kinds.names())
 
 
-@pytest.fixture(scope="module", params=KINDS)
+@pytest.fixture(scope="module", params=kinds.names())
 def fitted(request):
     kind = request.param
     data, params, quality, threshold = CASES[kind]()

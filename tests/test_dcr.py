@@ -10,9 +10,10 @@ from ordrec.service.artifacts import Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.dcr import Index, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
-from ordrec.trainer.evaluation.dcr import fixed_scorer, item_means, ndcg_at_k, per_user_split
+from ordrec.trainer.evaluation.metrics import ndcg_at_k
+from ordrec.trainer.reproduce.dcr import fixed_scorer, item_means, per_user_split
 from ordrec.trainer.models import estimator_class
-from ordrec.trainer.models._dcr_kernels import (
+from ordrec.trainer.models.dcr_kernels import (
     pairwise_epoch_by_user, pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
     project, shuffle_segments,
 )

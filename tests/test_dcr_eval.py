@@ -12,7 +12,7 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models.dcr import Index
 from ordrec.trainer.cli import main
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.evaluation.dcr import (
+from ordrec.trainer.reproduce.dcr import (
     fixed_scorer, item_means, ndcg_at_k, per_user_split, validation_split,
 )
 
@@ -136,7 +136,7 @@ def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
 
 
 def test_select_takes_the_best_or_the_one_standard_error_candidate():
-    from ordrec.trainer.evaluation.dcr import fit_stopped, ndcg_values, select, validation_split
+    from ordrec.trainer.reproduce.dcr import fit_stopped, ndcg_values, select, validation_split
 
     data = ratings(5, n_users=40)
     base = dict(rank=2, epochs=4, lr=0.05, seed=1)
@@ -162,7 +162,7 @@ def test_select_takes_the_best_or_the_one_standard_error_candidate():
 
 
 def test_select_prefers_the_first_candidate_unless_another_wins_clearly():
-    from ordrec.trainer.evaluation.dcr import select
+    from ordrec.trainer.reproduce.dcr import select
 
     data = ratings(5, n_users=40)
     same = dict(init="marginal", init_std=0.02, rank=2)
@@ -173,7 +173,7 @@ def test_select_prefers_the_first_candidate_unless_another_wins_clearly():
 
 
 def test_reproduce_chooses_start_and_rank_only_with_ten_held_out_ratings(tmp_path, capsys):
-    from ordrec.trainer.evaluation.dcr import held_out
+    from ordrec.trainer.reproduce.dcr import held_out
 
     assert [held_out(n) for n in (10, 20, 39, 40, 50)] == [2, 5, 9, 10, 12]
     rng = np.random.default_rng(6)
@@ -194,7 +194,7 @@ def test_reproduce_chooses_start_and_rank_only_with_ten_held_out_ratings(tmp_pat
 
 
 def test_protocol_fit_is_the_item_marginal_start_below_ten_held_out_ratings_and_random_rank_320_above():
-    from ordrec.trainer.evaluation.dcr import LARGE_N_FIT, SMALL_N_FIT, protocol_fit
+    from ordrec.trainer.reproduce.dcr import LARGE_N_FIT, SMALL_N_FIT, protocol_fit
 
     for n in (10, 20, 39):
         assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_lr"} == SMALL_N_FIT
@@ -210,7 +210,7 @@ def test_protocol_fit_is_the_item_marginal_start_below_ten_held_out_ratings_and_
 
 
 def test_median_epochs_is_the_per_level_median_over_the_same_hold_outs():
-    from ordrec.trainer.evaluation.dcr import fit_stopped, median_epochs
+    from ordrec.trainer.reproduce.dcr import fit_stopped, median_epochs
 
     data = ratings(8, n_users=40)
     params = dict(rank=3, epochs=12, lr=0.05, init="random", init_std=0.1, seed=2, patience=3)
@@ -222,7 +222,7 @@ def test_median_epochs_is_the_per_level_median_over_the_same_hold_outs():
 
 
 def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
-    import ordrec.trainer.evaluation.dcr as protocol
+    import ordrec.trainer.reproduce.dcr as protocol
 
     path = write_udata(tmp_path, ratings(9, n_users=40))
     scored = []
@@ -254,7 +254,7 @@ def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
 
 
 def test_sweep_set_adds_a_parameter_to_every_candidate(tmp_path, monkeypatch):
-    import ordrec.trainer.evaluation.dcr as protocol
+    import ordrec.trainer.reproduce.dcr as protocol
 
     path = write_udata(tmp_path, ratings(9, n_users=30))
     fitted = []

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 
 from ordrec.service.models.dcr import Index
-from ordrec.trainer.evaluation.dcr import (
+from ordrec.trainer.reproduce.dcr import (
     fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
 )
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.models._dcr_kernels import pointwise_loglik
+from ordrec.trainer.models.dcr_kernels import pointwise_loglik
 from ordrec.trainer.models.dcr import DCR, holdouts, rating_levels
 
 from tests.test_dcr import make_ratings, planted

@@ -2,6 +2,7 @@
 pasted, every ``ordrec-client`` command shown parses, no page hard-codes a path
 of the developers' machines, the example job finds the shared data from any
 working directory, and ``make demo`` keeps its map URLs live until Ctrl-C."""
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,12 @@ def _sh_block(text: str, heading: str) -> str:
 def test_no_page_hard_codes_a_path_of_the_developers_machines():
     machine = "/" + "work" + "/"  # spelled so that this file does not match itself
     files = _pages() + list((ROOT / "examples").glob("*.toml")) + list((ROOT / "benchmarks").glob("*.py"))
-    offenders = [f"{path.relative_to(ROOT)}:{n}" for path in files
-                 for n, line in enumerate(path.read_text().splitlines(), 1) if machine in line]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in files
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if machine in line
+    ]
     assert not offenders
 
 
@@ -115,14 +120,21 @@ def test_the_readme_using_it_block_runs_as_pasted(tmp_path):
     assert "kill %1" in block and "from ordrec.client import Client" in example
     block = block.replace("kill %1", f"python - <<'EOF'\n{example}EOF\nkill %1", 1)
     port, metrics_port = free_port(), free_port()
-    script = (block.replace(". .venv/bin/activate", f"export PATH={shlex.quote(str(BIN))}:$PATH")
-              .replace("50051", str(port)).replace("9095", str(metrics_port)))
+    script = (
+        block.replace(". .venv/bin/activate", f"export PATH={shlex.quote(str(BIN))}:$PATH")
+        .replace("50051", str(port))
+        .replace("9095", str(metrics_port))
+    )
     # A failing step stops the script; the server is stopped whatever happens.
-    script = ("set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n" + script
-              + "wait %1 && echo server-exited-0\n")
+    script = (
+        "set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n"
+        + script
+        + "wait %1 && echo server-exited-0\n"
+    )
     env = {**os.environ, "ORDREC_TARGET": f"127.0.0.1:{port}"}
-    result = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "published dcr@" in out and "user u001" in out and '"neighbors": [' in out
@@ -145,8 +157,14 @@ def test_demo_serves_only_on_a_terminal_unless_told():
 
 @pytest.mark.slow
 def test_demo_keeps_its_map_urls_live_until_ctrl_c():
-    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "demo.py"), "--serve"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "scripts" / "demo.py"), "--serve"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     lines: list[str] = []
     try:
         deadline = time.monotonic() + 400

@@ -15,7 +15,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service.artifacts import Registry
-from ordrec.service.process import ServerProcess, wait_for
+from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.data.readers import read_ratings
 
 

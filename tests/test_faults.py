@@ -18,7 +18,7 @@ import pytest
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service.artifacts import Registry
-from ordrec.service.process import ServerProcess, wait_for
+from ordrec.tools.process import ServerProcess, wait_for
 
 
 class LoadLoop:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
-from ordrec.service.process import ServerProcess
+from ordrec.tools.process import ServerProcess
 
 DOCUMENTED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
               grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION}

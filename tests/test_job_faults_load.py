@@ -7,7 +7,7 @@ import signal
 import time
 
 from ordrec.service.artifacts import Registry
-from ordrec.service.process import ServerProcess, wait_for
+from ordrec.tools.process import ServerProcess, wait_for
 from tests.test_faults import LoadLoop
 from tests.test_job_faults import assert_intact, setup, start_paused_child  # noqa: F401 - fixture
 from ordrec.trainer.job import EXIT_PUBLISHED, run_job

@@ -16,7 +16,7 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import MapIndex, PointSet, RecommenderIndex
 from ordrec.service.models.knnscal import Index as KnnIndex
 from ordrec.trainer.data.types import AttributeTable, Ratings, TagAssignments
-from ordrec.trainer.evaluation import holdout
+from ordrec.trainer.evaluation import holdout, metrics
 from ordrec.trainer.sample import planted_neighbors
 
 
@@ -109,9 +109,9 @@ def test_ndcg_by_hand():
     ranked = np.array([3.0, 5.0, 1.0])
     dcg = 7 + 31 / math.log2(3) + 1 / 2
     idcg = 31 + 7 / math.log2(3) + 1 / 2
-    assert holdout._ndcg(ranked, 10) == pytest.approx(dcg / idcg)
-    assert holdout._ndcg(np.array([5.0, 3.0, 1.0]), 10) == pytest.approx(1.0)
-    assert holdout._ndcg(ranked, 1) == pytest.approx(7 / 31)
+    assert metrics.ndcg(ranked, 10) == pytest.approx(dcg / idcg)
+    assert metrics.ndcg(np.array([5.0, 3.0, 1.0]), 10) == pytest.approx(1.0)
+    assert metrics.ndcg(ranked, 1) == pytest.approx(7 / 31)
 
 
 class TableIndex(RecommenderIndex):

@@ -9,7 +9,7 @@ from sklearn.isotonic import isotonic_regression
 
 from ordrec.service.artifacts import Registry
 from ordrec.service.models.knnscal import Index, place_point, placement_stress
-from ordrec.trainer.models import _knnscal_kernels as K
+from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr
 
 

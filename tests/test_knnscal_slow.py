@@ -9,7 +9,7 @@ import argparse
 import pytest
 
 from ordrec.service.models.knnscal import Index
-from ordrec.trainer.evaluation.knnscal import load_problem, map_index, map_metrics, reference_map
+from ordrec.trainer.reproduce.knnscal import load_problem, map_index, map_metrics, reference_map
 from ordrec.trainer.models.knnscal import KnnScal
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ import shutil
 
 import pytest
 
-from ordrec.service import loadtest
-from ordrec.service.process import ServerProcess, run_cli
+from ordrec.tools import loadtest
+from ordrec.tools.process import ServerProcess, run_cli
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def h2load() -> None:
 
 def run_loadtest(server: ServerProcess, registry, tmp_path, *extra: str) -> dict:
     out = tmp_path / "summary.json"
-    result = run_cli(["ordrec.service", "loadtest", "--target", server.target, "--registry", str(registry),
+    result = run_cli(["ordrec.tools.loadtest", "--target", server.target, "--registry", str(registry),
                       "--recommend-model", "dcr", "--json", str(out), *extra], check=False)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "p99 ms" in result.stdout  # the printed table

@@ -1,13 +1,14 @@
 """What the trainer prints: progress drawn as a bar only on a terminal and as
 plain lines elsewhere, fit metrics after ``train``, each version's metrics in
 ``versions``, and manifests that write whole numbers as integers."""
+
 from __future__ import annotations
 
 import io
 import json
 
 from ordrec.service.artifacts import Registry
-from ordrec.service.process import run_cli
+from ordrec.tools.process import run_cli
 from ordrec.trainer.progress import Progress
 
 
@@ -54,8 +55,21 @@ def test_disabled_progress_writes_nothing():
 
 def test_train_prints_metrics_and_versions_lists_them(sample_dir, tmp_path):
     registry = tmp_path / "reg"
-    result = run_cli(["ordrec.trainer", "train", "coe", "--data", str(sample_dir / "ratings.data"), "--registry",
-                      str(registry), "--set", "epochs=2", "--set", "dim=2"])
+    result = run_cli(
+        [
+            "ordrec.trainer",
+            "train",
+            "coe",
+            "--data",
+            str(sample_dir / "ratings.data"),
+            "--registry",
+            str(registry),
+            "--set",
+            "epochs=2",
+            "--set",
+            "dim=2",
+        ]
+    )
     artifact = Registry(registry).load("coe")
     assert artifact.metrics
     published, metrics = result.stdout.splitlines()[:2]
@@ -70,8 +84,23 @@ def test_train_prints_metrics_and_versions_lists_them(sample_dir, tmp_path):
 
 def test_manifest_writes_whole_numbers_as_integers(sample_dir, tmp_path):
     registry = tmp_path / "reg"
-    run_cli(["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data"), "--registry",
-             str(registry), "--set", "rank=3", "--set", "epochs=2", "--set", "lr=0.5"])
+    run_cli(
+        [
+            "ordrec.trainer",
+            "train",
+            "dcr",
+            "--data",
+            str(sample_dir / "ratings.data"),
+            "--registry",
+            str(registry),
+            "--set",
+            "rank=3",
+            "--set",
+            "epochs=2",
+            "--set",
+            "lr=0.5",
+        ]
+    )
     artifact = Registry(registry).load("dcr")
     text = (artifact.path / "manifest.json").read_text()
     assert '"rank": 3,' in text or '"rank": 3\n' in text, text
@@ -84,8 +113,21 @@ def test_manifest_writes_whole_numbers_as_integers(sample_dir, tmp_path):
 def test_a_manifest_written_with_floats_still_loads(sample_dir, tmp_path):
     """Manifests published before integers were written as integers ("rank": 3.0) load the same."""
     registry = tmp_path / "reg"
-    run_cli(["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data"), "--registry",
-             str(registry), "--set", "rank=3", "--set", "epochs=2"])
+    run_cli(
+        [
+            "ordrec.trainer",
+            "train",
+            "dcr",
+            "--data",
+            str(sample_dir / "ratings.data"),
+            "--registry",
+            str(registry),
+            "--set",
+            "rank=3",
+            "--set",
+            "epochs=2",
+        ]
+    )
     path = Registry(registry).load("dcr").path / "manifest.json"
     path.write_text(path.read_text().replace('"rank": 3', '"rank": 3.0'))
     assert '"rank": 3.0' in path.read_text()

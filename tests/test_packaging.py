@@ -10,7 +10,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_ROOTS = {"ordrec": ROOT / "ordrec", "ordrec.service": ROOT / "service", "ordrec.trainer": ROOT / "trainer"}
+SOURCE_ROOTS = {"ordrec": ROOT / "ordrec", "ordrec.service": ROOT / "service", "ordrec.trainer": ROOT / "trainer",
+                "ordrec.tools": ROOT / "tools"}
 
 
 def _setuptools() -> dict:
@@ -80,7 +81,8 @@ def _third_party_imports(folder: Path) -> set[str]:
 
 def test_the_base_install_is_what_serving_imports():
     base = _requirement_names(_project()["dependencies"])
-    serving = _third_party_imports(ROOT / "service") | _third_party_imports(ROOT / "ordrec")
+    # The tools (ordrec-loadtest, the server harness) run beside a server, from the same install.
+    serving = set().union(*(_third_party_imports(ROOT / part) for part in ("service", "ordrec", "tools")))
     assert serving <= base, f"serving imports {serving - base}, not in the base dependencies"
     assert {"scikit-learn", "tqdm"}.isdisjoint(base)  # the trainer's, in the train extra
 
@@ -114,12 +116,14 @@ sys.meta_path.insert(0, Block())
 
 def test_serving_imports_without_the_train_extra():
     out = _python(_BLOCK_TRAIN_EXTRA + """
-import pkgutil, importlib, ordrec.service
-for m in pkgutil.walk_packages(ordrec.service.__path__, "ordrec.service."):
-    if not m.name.endswith(".__main__"):  # importing it would run the server
-        importlib.import_module(m.name)
+import pkgutil, importlib, ordrec.service, ordrec.tools
+for package in (ordrec.service, ordrec.tools):
+    for m in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        if not m.name.endswith(".__main__"):  # importing it would run the server
+            importlib.import_module(m.name)
 import ordrec.client_cli
-print(sorted(m for m in sys.modules if m.startswith("ordrec.trainer") or m.split(".")[0] in ("sklearn", "tqdm")))
+print(sorted(m for m in sys.modules
+             if m.startswith("ordrec.trainer") or m.split(".")[0] in ("sklearn", "tqdm")))
 """)
     assert out.strip() == "[]"
 
@@ -154,7 +158,8 @@ def test_the_proto_copies_beside_the_generated_code_are_current():
 
 def test_license():
     text = (ROOT / "LICENSE").read_text()
-    assert "Apache License" in text and "Version 2.0, January 2004" in text and "END OF TERMS AND CONDITIONS" in text
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+    assert "END OF TERMS AND CONDITIONS" in text
     assert _project()["license"] == "Apache-2.0" and _project()["license-files"] == ["LICENSE"]
 
 
@@ -175,18 +180,19 @@ def test_the_sdist_builds_a_wheel_with_the_protos_and_the_license(tmp_path):
     assert {f"ordrec/v1/{p}" for p in protos} <= set(names)
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "ordrec/client.py" in names and "ordrec/py.typed" in names
-    assert all(n.startswith(("ordrec/", "ordrec-")) for n in names), [n for n in names if not n.startswith("ordrec")]
+    assert all(n.startswith(("ordrec/", "ordrec-")) for n in names), [n for n in names if "ordrec" not in n]
     with tarfile.open(sdist) as tar:
         members = {m.split("/", 1)[1] for m in tar.getnames() if "/" in m}
     assert {f"proto/ordrec/v1/{p}" for p in protos} <= members and "LICENSE" in members
 
 
 def test_the_docker_build_copies_what_the_build_reads():
-    """No Docker engine here to build the image: at least its `pip install .` gets every file pyproject names."""
+    """No Docker engine here to build the image: at least `pip install .` gets every file pyproject names."""
     text = (ROOT / "Dockerfile").read_text()
     copied = {word for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line
               for word in line.split()[1:-1]}
     project = _project()
     assert {project["readme"], *project["license-files"], "pyproject.toml"} <= copied
     assert set(SOURCE_ROOTS) and {str(v.relative_to(ROOT)) for v in SOURCE_ROOTS.values()} <= copied
-    assert 'pip install ".${EXTRAS:+[$EXTRAS]}"' in text and 'ARG EXTRAS=""' in text  # serving-only by default
+    # Serving only by default; --build-arg EXTRAS=train adds the trainer's dependencies.
+    assert 'pip install ".${EXTRAS:+[$EXTRAS]}"' in text and 'ARG EXTRAS=""' in text

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from ordrec.service.artifacts import Registry
-from ordrec.service.process import ServerProcess
+from ordrec.tools.process import ServerProcess
 from ordrec.trainer.report_html import report_views
 
 pytestmark = pytest.mark.browser

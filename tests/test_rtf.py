@@ -8,7 +8,7 @@ from ordrec.service.artifacts import Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.rtf import Index
 from ordrec.trainer.data.types import TagAssignments
-from ordrec.trainer.models import _rtf_kernels as K
+from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts
 from ordrec.trainer.sample import planted_tags_with_truth
@@ -290,7 +290,7 @@ def test_rejects_wrong_input():
 
 
 def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypatch):
-    from ordrec.trainer.models import _rtf_kernels as K
+    from ordrec.trainer.models import rtf_kernels as K
 
     data, truth, train, _ = _split_planted(seed=1)
     kw = dict(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,

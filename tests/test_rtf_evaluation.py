@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.cli import build_parser, main
 from ordrec.trainer.data.types import TagAssignments
-from ordrec.trainer.evaluation import rtf as ev
+from ordrec.trainer.evaluation import metrics
+from ordrec.trainer.reproduce import rtf as ev
 from ordrec.trainer.models.rtf import group_posts
 from ordrec.trainer.sample import planted_tags
 
@@ -77,10 +78,10 @@ def test_leave_one_post_out_takes_one_whole_post_per_user():
 def test_precision_recall_and_f1_by_hand():
     lists = [np.array([1, 2, 3]), np.array([5, 6])]
     truth = [np.array([2, 9]), np.array([5])]
-    precision, recall = ev.precision_recall(lists, truth, max_n=3)
+    precision, recall = metrics.precision_recall(lists, truth, max_n=3)
     np.testing.assert_allclose(precision, [(0 + 1) / 2, (0.5 + 0.5) / 2, (1 / 3 + 1 / 3) / 2])
     np.testing.assert_allclose(recall, [(0 + 1) / 2, (0.5 + 1) / 2, (0.5 + 1) / 2])
-    f = ev.f1(precision, recall)
+    f = metrics.f1(precision, recall)
     np.testing.assert_allclose(f, 2 * precision * recall / (precision + recall))
 
 

@@ -12,7 +12,7 @@ from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index, index_class
 from ordrec.service.models.rtf import Index
-from ordrec.trainer.models import _rtf_kernels as K
+from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.sample import planted_tags
 

@@ -16,8 +16,10 @@ from ordrec.service.models import build_index
 from ordrec.service.models.score import Index, angular_similarity, tangent_basis
 from ordrec.trainer.data.triplets import ConditionalTriplets
 from ordrec.trainer.data.types import AttributeTable
-from ordrec.trainer.evaluation.score import preservation, relatedness, satisfied_triplets, split_objects
-from ordrec.trainer.models import _score_kernels as K
+from ordrec.trainer.evaluation.metrics import preservation
+from ordrec.trainer.models.score import satisfied_triplets
+from ordrec.trainer.reproduce.score import relatedness, split_objects
+from ordrec.trainer.models import score_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.score import GroupLayout, ScoreEstimator
 

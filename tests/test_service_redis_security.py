@@ -15,7 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service.artifacts import Registry
-from ordrec.service.process import ServerProcess, wait_for
+from ordrec.tools.process import ServerProcess, wait_for
 
 
 def recommend(stub, user="u001", n=10, **kw):

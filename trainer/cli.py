@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    ordrec-train train KIND --data PATH [--format F] --registry DIR [--name NAME] [--set k=v ...]
+    ordrec-train train KIND --data PATH [--format F] [--rating-scale S] --registry DIR [--name NAME] [--set k=v ...]
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
     ordrec-train versions --registry DIR [--model NAME]
@@ -18,15 +18,14 @@ error, 3 (``run`` only) rejected by the quality gate.
 from __future__ import annotations
 
 import argparse
-import importlib
-import json
 import logging
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from ordrec.service.artifacts import ArtifactError, Registry
-from ordrec.trainer.data.types import DataError
-from ordrec.trainer.models import KINDS
+from ordrec.service.models import kinds
+from ordrec.trainer.data.types import DataError, RatingScale
+from ordrec.trainer.reproduce.params import parse_assignments
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 # Modules of pyproject's `train` extra: a serving-only install lacks them.
@@ -36,36 +35,26 @@ log = logging.getLogger("ordrec.trainer")
 
 
 # ----------------------------------------------------------------- helpers
-def parse_value(text: str) -> Any:
-    """A command-line value: a JSON scalar or list (``20``, ``0.05``, ``true``, ``[3,5]``), else the text."""
+def rating_scale_argument(text: str) -> RatingScale:
+    """``--rating-scale`` as a :class:`RatingScale`; a bad one is a usage error naming the rule."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+        return RatingScale.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["rank=20", "lr=0.05", "name=x"]`` -> typed dict (JSON scalars, else strings)."""
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        if not sep or not key:
-            raise argparse.ArgumentTypeError(f"--set expects key=value, got {pair!r}")
-        params[key] = parse_value(text)
-    return params
-
-
-def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, ratings: bool = True) -> None:
+    """``--data``, ``--format``, ``--skip-bad-lines`` and, when the command may read ratings, ``--rating-scale``."""
     parser.add_argument("--data", required=required, help="input file (or folder for some formats)")
     parser.add_argument("--format", default="auto",
-                        help="input format: ml-100k, ml-1m, csv, tsv, lastfm-tags, zoo, neighbors, "
+                        help="input format: ml-100k, ml-1m, ml-10m, csv, tsv, lastfm-tags, zoo, neighbors, "
                              "triples ... (default: detect from the file)")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip malformed lines instead of failing (their number is reported)")
-
-
-def protocol_module(kind: str):
-    return importlib.import_module(f"ordrec.trainer.evaluation.{kind}")
+    if ratings:
+        parser.add_argument("--rating-scale", type=rating_scale_argument, metavar="LOW..HIGH[:STEP]",
+                            help="ratings allowed, e.g. 1..5 or 0.5..5:0.5 (default: the format's own; "
+                                 "ml-100k/ml-1m 1..5, ml-10m 0.5..5:0.5, csv/tsv any finite number)")
 
 
 # ----------------------------------------------------------------- commands
@@ -74,7 +63,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
-    data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines,
+                      rating_scale=args.rating_scale)
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     params = parse_assignments(args.set or [])
@@ -82,8 +72,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     estimator = estimator_cls().set_params(**params)  # names unknown parameters
     estimator.fit(data)
     artifact = estimator.to_artifact()
-    from ordrec.trainer.evaluation.fit import fit_metrics
-
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
     registry = Registry(args.registry)
@@ -94,20 +82,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def fit_metrics(kind: str, data, artifact) -> dict[str, float]:
+    """The protocol's measures of the fitted model on its own training data ({} when it has none)."""
+    measure = getattr(kinds.get(kind).protocol_module(), "fit_metrics", None)
+    return measure(data, artifact) if measure else {}
+
+
 def format_metrics(metrics: dict[str, float], indent: str = "") -> str:
     """``name=value`` pairs, sorted by name, four significant digits; "no metrics" when empty."""
     return indent + (" ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "no metrics")
 
 
-MAP_KINDS = ("coe", "score", "knnscal")
-
-
 def map_report_views(kind: str, labels_path: str | None):
     """For map models, the HTML report published beside the version (a callable,
     so the page shows the version it belongs to)."""
-    if kind not in MAP_KINDS:
+    if not kinds.get(kind).is_map:
         if labels_path:
-            raise ValueError(f"--labels is for map models ({', '.join(MAP_KINDS)}), not {kind}")
+            raise ValueError(f"--labels is for map models ({', '.join(kinds.map_names())}), not {kind}")
         return None
     from ordrec.trainer.report_html import read_labels, report_views
 
@@ -116,9 +107,9 @@ def map_report_views(kind: str, labels_path: str | None):
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from ordrec.trainer.evaluation.report import write_json
+    from ordrec.trainer.reproduce.report import write_json
 
-    rows = protocol_module(args.kind).run(args)
+    rows = kinds.get(args.kind).protocol_module().run(args)
     if args.json:
         write_json(rows, args.json)
         print(f"wrote {len(rows)} rows to {args.json}")
@@ -194,17 +185,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------ parser
-PROTOCOL_HELP = {
-    "dcr": "DCR / Pairwise DCR: NDCG@10 with N training ratings per user (Table 2)",
-    "coe": "COE: preservation / prediction accuracy and k-NN ratings on ML-100K (Table 3)",
-    "rtf": "RTF: F1@1..10 and AUC of tag recommendation on a p-core (Section 5)",
-    "score": "SCORE: per-aspect preservation, split ratios, aspect relatedness (Table 1)",
-    "knnscal": "KNNSCAL: stress, order agreement, neighbour recall against reference embeddings",
-}
 
-
-def add_protocol_arguments(p: argparse.ArgumentParser, module) -> None:
-    add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True))
+def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> None:
+    add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True),
+                       ratings=kinds.get(kind).input_shape == "ratings")
     p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the result rows to this JSON file")
@@ -216,7 +200,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser, module) -> None:
 def _reproduce_kind(argv: Sequence[str]) -> str | None:
     """The KIND of ``reproduce KIND ...`` in argv, if that is the command."""
     words = [a for a in argv if not a.startswith("-")]
-    return words[1] if len(words) >= 2 and words[0] == "reproduce" and words[1] in KINDS else None
+    return words[1] if len(words) >= 2 and words[0] == "reproduce" and words[1] in kinds.names() else None
 
 
 def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
@@ -225,7 +209,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="fit one model on a data file and publish it")
-    train.add_argument("kind", choices=KINDS)
+    train.add_argument("kind", choices=kinds.names())
     add_data_arguments(train)
     train.add_argument("--registry", required=True)
     train.add_argument("--name", help="model name in the registry (default: the kind)")
@@ -237,13 +221,13 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     reproduce = sub.add_parser("reproduce", help="run a paper's evaluation protocol")
-    kinds = reproduce.add_subparsers(dest="kind", required=True)
-    for kind in KINDS:
-        p = kinds.add_parser(kind, help=PROTOCOL_HELP[kind])
+    protocols = reproduce.add_subparsers(dest="kind", required=True)
+    for kind in kinds.names():
+        p = protocols.add_parser(kind, help=kinds.get(kind).summary)
         if kind == reproduce_kind:
             # Only the chosen protocol is imported: the others pull in their
             # models and kernels, which would slow every command's start-up.
-            add_protocol_arguments(p, protocol_module(kind))
+            add_protocol_arguments(p, kinds.get(kind).protocol_module(), kind)
 
     sample = sub.add_parser("sample", help="write the built-in generated sample data sets")
     sample.add_argument("--out", required=True)

@@ -56,7 +56,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 try:
     import tomllib
@@ -64,12 +64,10 @@ except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, read_manifest, validate_model_name
-from ordrec.service.models.base import MapIndex
-from ordrec.trainer.data.types import DataError
+from ordrec.service.models import kinds
+from ordrec.trainer.data.types import DataError, RatingScale
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
-KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
-MAP_KINDS = ("coe", "score", "knnscal")  # published with a map report (report.html)
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_HOLDOUT = 0.2
@@ -98,6 +96,7 @@ class DataSource:
     path: Path
     format: str = "auto"
     skip_bad_lines: bool = False
+    rating_scale: RatingScale | None = None  # ratings files only; None: the format's own
 
 
 @dataclass
@@ -142,41 +141,6 @@ _TYPES = {
 }
 
 
-class _Checker:
-    """Strict checks of one TOML table; every message names the file and the key."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def fail(self, where: str, message: str) -> JobError:
-        return JobError(f"{self.path}: {where}: {message}")
-
-    def table(self, value: Any, where: str, allowed: set[str], required: set[str] = frozenset()) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(where, f"must be a table, got {_describe(value)}")
-        unknown = sorted(set(value) - allowed)
-        if unknown:
-            raise self.fail(f"{where}.{unknown[0]}" if where else unknown[0],
-                            f"unknown key (allowed: {', '.join(sorted(allowed))})")
-        for key in sorted(required):
-            if key not in value:
-                raise self.fail(f"{where}.{key}" if where else key, "missing (required)")
-        return value
-
-    def get(self, table: dict, where: str, key: str, kind: type, default: Any = None) -> Any:
-        if key not in table:
-            return default
-        value = table[key]
-        ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        if not ok:
-            raise self.fail(f"{where}.{key}", f"must be {_TYPES[kind]}, got {_describe(value)}")
-        if kind is float and not math.isfinite(value):
-            raise self.fail(f"{where}.{key}", f"must be finite, got {value}")
-        return value
-
-
 def _describe(value: Any) -> str:
     names = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "a table",
              list: "an array"}
@@ -188,119 +152,225 @@ def _resolve(base: Path, text: str) -> Path:
     return path if path.is_absolute() else (base / path)
 
 
-def load_job(path: str | os.PathLike) -> JobConfig:
-    """Read and validate a job file; raise :class:`JobError` naming the file and key.
+# A check takes a value of the right type and returns what is wrong with it, or None.
+Check = Callable[[Any], "str | None"]
 
-    Relative paths in the file are relative to the file's own folder (cron
-    jobs run from an arbitrary working directory).
-    """
-    from ordrec.trainer.evaluation.holdout import METRICS
-    from ordrec.trainer.models import estimator_class
 
-    path = Path(path)
+def _rule(ok: Callable[[Any], bool], message: str | Callable[[Any], str]) -> Check:
+    return lambda value: None if ok(value) else (message(value) if callable(message) else message)
+
+
+_AT_LEAST_ONE = _rule(lambda v: v >= 1, "must be at least 1")
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a job-file table: its type (None: any), default, and value check."""
+
+    type: type | None
+    default: Any = None
+    required: bool = False
+    check: Check | None = None
+
+
+JOB_KEYS = {
+    "name": Key(str, required=True, check=_rule(
+        lambda v: _JOB_NAME_RE.match(v), lambda v: f"{v!r} must be 1-64 characters of letters, digits, '_', '-', '.'")),
+    "registry": Key(str, required=True),
+    "redis": Key(str, check=_rule(lambda v: re.match(r"^(redis|rediss|unix)://", v),
+                                  lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL")),
+    "redis_timeout": Key(float, DEFAULT_REDIS_TIMEOUT, check=_rule(lambda v: v > 0, "must be positive (seconds)")),
+    "keep": Key(int, check=_AT_LEAST_ONE),
+    "lock": Key(str),
+}
+SOURCE_KEYS = {
+    "path": Key(str, required=True),
+    "format": Key(str, "auto"),
+    "skip_bad_lines": Key(bool, False),
+    "rating_scale": Key(str),
+}
+MODEL_KEYS = {
+    "name": Key(str, required=True),
+    "kind": Key(str, required=True, check=_rule(
+        lambda v: v in kinds.names(), lambda v: f"unknown kind {v!r} (known: {', '.join(kinds.names())})")),
+    "data": Key(str, required=True),
+    "params": Key(dict, {}),
+    "gate": Key(dict, {}),
+    "refit": Key(bool, True),
+    "keep": Key(int, check=_AT_LEAST_ONE),
+    "labels": Key(str),
+}
+GATE_KEYS = {
+    "metric": Key(str),
+    "margin": Key(float, 0.0, check=_rule(lambda v: v >= 0,
+                                          "must be >= 0 (how much worse than live is still accepted)")),
+    "holdout": Key(float, DEFAULT_HOLDOUT, check=_rule(lambda v: 0.0 < v < 1.0,
+                                                       lambda v: f"must be a fraction in (0, 1), got {v}")),
+    "seed": Key(int, 0),
+}
+FILE_KEYS = {
+    "job": Key(dict, required=True),
+    "data": Key(dict, required=True),
+    "models": Key(None, required=True, check=_rule(lambda v: isinstance(v, list) and v,
+                                                   "must be a non-empty array of [[models]] tables")),
+}
+
+
+class _Checker:
+    """Strict checks of TOML tables against a schema; every message names the file and the key."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, message: str) -> JobError:
+        return JobError(f"{self.path}: {where}: {message}")
+
+    def keys(self, value: Any, where: str, allowed: Iterable[str], required: Iterable[str] = ()) -> dict:
+        """``value`` as a table with only ``allowed`` keys and every ``required`` one."""
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be a table, got {_describe(value)}")
+        allowed = set(allowed)
+        unknown = sorted(set(value) - allowed)
+        if unknown:
+            raise self.fail(_join(where, unknown[0]), f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        for key in sorted(required):
+            if key not in value:
+                raise self.fail(_join(where, key), "missing (required)")
+        return value
+
+    def table(self, value: Any, where: str, schema: dict[str, Key]) -> dict[str, Any]:
+        """Every key of ``schema``: checked value from ``value``, else its default."""
+        self.keys(value, where, schema, [k for k, key in schema.items() if key.required])
+        return {name: self.value(value, _join(where, name), name, key) for name, key in schema.items()}
+
+    def value(self, table: dict, where: str, name: str, key: Key) -> Any:
+        if name not in table:
+            return key.default
+        value = table[name]
+        if key.type is not None:
+            value = self._typed(value, where, key.type)
+        problem = key.check(value) if key.check else None
+        if problem:
+            raise self.fail(where, problem)
+        return value
+
+    def _typed(self, value: Any, where: str, kind: type) -> Any:
+        is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind is float and is_number:
+            value = float(value)
+            if not math.isfinite(value):
+                raise self.fail(where, f"must be finite, got {value}")
+            return value
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self.fail(where, f"must be {_TYPES[kind]}, got {_describe(value)}")
+        return value
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def _read_toml(path: Path) -> dict:
     try:
         with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
+            return tomllib.load(fh)
     except FileNotFoundError:
         raise JobError(f"{path}: job file not found") from None
     except OSError as exc:
         raise JobError(f"{path}: cannot read the job file: {exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise JobError(f"{path}: not valid TOML: {exc}") from None
-    base = path.resolve().parent
+
+
+def load_job(path: str | os.PathLike) -> JobConfig:
+    """Read and validate a job file; raise :class:`JobError` naming the file and key.
+
+    Relative paths in the file are relative to the file's own folder (cron
+    jobs run from an arbitrary working directory).
+    """
+    path = Path(path)
     c = _Checker(path)
-    c.table(raw, "", {"job", "data", "models"}, {"job", "data", "models"})
-
-    job = c.table(raw["job"], "job", {"name", "registry", "redis", "redis_timeout", "keep", "lock"},
-                  {"name", "registry"})
-    name = c.get(job, "job", "name", str)
-    if not _JOB_NAME_RE.match(name):
-        raise c.fail("job.name", f"{name!r} must be 1-64 characters of letters, digits, '_', '-', '.'")
-    registry = _resolve(base, c.get(job, "job", "registry", str))
-    redis = c.get(job, "job", "redis", str)
-    if redis is not None and not re.match(r"^(redis|rediss|unix)://", redis):
-        raise c.fail("job.redis", f"{redis!r} is not a redis://, rediss:// or unix:// URL")
-    redis_timeout = c.get(job, "job", "redis_timeout", float, DEFAULT_REDIS_TIMEOUT)
-    if redis_timeout <= 0:
-        raise c.fail("job.redis_timeout", "must be positive (seconds)")
-    keep = c.get(job, "job", "keep", int)
-    if keep is not None and keep < 1:
-        raise c.fail("job.keep", "must be at least 1")
-    lock = c.get(job, "job", "lock", str)
-    lock_path = _resolve(base, lock) if lock else registry / f".job-{name}.lock"
-    config = JobConfig(path=path, name=name, registry=registry, lock=lock_path, redis=redis,
-                       redis_timeout=redis_timeout, keep=keep)
-
-    sources = c.table(raw["data"], "data", set(raw["data"]) if isinstance(raw["data"], dict) else set())
-    if not sources:
-        raise c.fail("data", "names no data source (add a [data.<name>] table)")
-    for source_name, table in sources.items():
-        where = f"data.{source_name}"
-        if not _SOURCE_NAME_RE.match(source_name):
-            raise c.fail(where, "a data source name is 1-64 letters, digits, '_' or '-'")
-        c.table(table, where, {"path", "format", "skip_bad_lines"}, {"path"})
-        config.data[source_name] = DataSource(
-            name=source_name,
-            path=_resolve(base, c.get(table, where, "path", str)),
-            format=c.get(table, where, "format", str, "auto"),
-            skip_bad_lines=c.get(table, where, "skip_bad_lines", bool, False),
-        )
-
-    models = raw["models"]
-    if not isinstance(models, list) or not models:
-        raise c.fail("models", "must be a non-empty array of [[models]] tables")
-    seen_names: set[str] = set()
-    for position, table in enumerate(models, 1):
-        where = f"models[{position}]"
-        c.table(table, where, {"name", "kind", "data", "params", "gate", "refit", "keep", "labels"},
-                {"name", "kind", "data"})
-        model_name = c.get(table, where, "name", str)
-        where = f"models[{position}] ({model_name!r})"
-        try:
-            validate_model_name(model_name)
-        except ValueError as exc:
-            raise c.fail(f"{where}.name", str(exc)) from None
-        if model_name in seen_names:
-            raise c.fail(f"{where}.name", "two models share this registry name")
-        seen_names.add(model_name)
-        kind = c.get(table, where, "kind", str)
-        if kind not in KINDS:
-            raise c.fail(f"{where}.kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
-        source = c.get(table, where, "data", str)
-        if source not in config.data:
-            raise c.fail(f"{where}.data", f"no [data.{source}] table (have: {', '.join(config.data)})")
-        estimator = estimator_class(kind)
-        params = dict(c.table(table.get("params", {}), f"{where}.params", set(estimator.param_names())))
-        if "verbose" in estimator.param_names():
-            params.setdefault("verbose", False)  # progress bars are noise in a cron log
-        shape = estimator.input_shape
-        gate_table = c.table(table.get("gate", {}), f"{where}.gate", {"metric", "margin", "holdout", "seed"})
-        gwhere = f"{where}.gate"
-        metric = c.get(gate_table, gwhere, "metric", str, METRICS[shape][0])
-        if metric not in METRICS[shape]:
-            raise c.fail(f"{gwhere}.metric", f"{metric!r} is not a held-out metric of {kind} "
-                                             f"({shape} data): choose one of {', '.join(METRICS[shape])}")
-        margin = c.get(gate_table, gwhere, "margin", float, 0.0)
-        if margin < 0:
-            raise c.fail(f"{gwhere}.margin", "must be >= 0 (how much worse than live is still accepted)")
-        holdout = c.get(gate_table, gwhere, "holdout", float, DEFAULT_HOLDOUT)
-        if not 0.0 < holdout < 1.0:
-            raise c.fail(f"{gwhere}.holdout", f"must be a fraction in (0, 1), got {holdout}")
-        labels = c.get(table, where, "labels", str)
-        if labels is not None and kind not in MAP_KINDS:
-            raise c.fail(f"{where}.labels", f"display labels are for map models ({', '.join(MAP_KINDS)}),"
-                                            f" not {kind}")
-        model_keep = c.get(table, where, "keep", int, keep)
-        if model_keep is not None and model_keep < 1:
-            raise c.fail(f"{where}.keep", "must be at least 1")
-        config.models.append(ModelJob(
-            name=model_name, kind=kind, data=source, params=params,
-            gate=Gate(metric=metric, margin=margin, holdout=holdout,
-                      seed=c.get(gate_table, gwhere, "seed", int, 0)),
-            refit=c.get(table, where, "refit", bool, True), keep=model_keep,
-            labels=_resolve(base, labels) if labels else None,
-        ))
+    raw = c.table(_read_toml(path), "", FILE_KEYS)
+    base = path.resolve().parent
+    config = _job_config(c, path, base, c.table(raw["job"], "job", JOB_KEYS))
+    config.data = _data_sources(c, base, raw["data"])
+    names: set[str] = set()
+    for position, table in enumerate(raw["models"], 1):
+        model = _model_job(c, base, config, position, table)
+        if model.name in names:
+            raise c.fail(f"models[{position}] ({model.name!r}).name", "two models share this registry name")
+        names.add(model.name)
+        config.models.append(model)
     return config
+
+
+def _job_config(c: _Checker, path: Path, base: Path, job: dict) -> JobConfig:
+    registry = _resolve(base, job["registry"])
+    lock = _resolve(base, job["lock"]) if job["lock"] else registry / f".job-{job['name']}.lock"
+    return JobConfig(path=path, name=job["name"], registry=registry, lock=lock, redis=job["redis"],
+                     redis_timeout=job["redis_timeout"], keep=job["keep"])
+
+
+def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource]:
+    if not tables:
+        raise c.fail("data", "names no data source (add a [data.<name>] table)")
+    sources = {}
+    for name, table in tables.items():
+        where = f"data.{name}"
+        if not _SOURCE_NAME_RE.match(name):
+            raise c.fail(where, "a data source name is 1-64 letters, digits, '_' or '-'")
+        source = c.table(table, where, SOURCE_KEYS)
+        sources[name] = DataSource(name=name, path=_resolve(base, source["path"]), format=source["format"],
+                                   skip_bad_lines=source["skip_bad_lines"],
+                                   rating_scale=_rating_scale(c, where, source))
+    return sources
+
+
+def _rating_scale(c: _Checker, where: str, source: dict) -> RatingScale | None:
+    if source["rating_scale"] is None:
+        return None
+    if source["format"] in ("triples", "triplets"):
+        raise c.fail(f"{where}.rating_scale", f"is for ratings files, not {source['format']}")
+    try:
+        return RatingScale.parse(source["rating_scale"])
+    except ValueError as exc:
+        raise c.fail(f"{where}.rating_scale", str(exc)) from None
+
+
+def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table: Any) -> ModelJob:
+    from ordrec.trainer.evaluation.holdout import METRICS
+
+    c.keys(table, f"models[{position}]", MODEL_KEYS, [k for k, key in MODEL_KEYS.items() if key.required])
+    name = c.value(table, f"models[{position}].name", "name", MODEL_KEYS["name"])
+    where = f"models[{position}] ({name!r})"
+    try:
+        validate_model_name(name)
+    except ValueError as exc:
+        raise c.fail(f"{where}.name", str(exc)) from None
+    model = c.table(table, where, MODEL_KEYS)
+    kind = kinds.get(model["kind"])
+    if model["data"] not in config.data:
+        raise c.fail(f"{where}.data", f"no [data.{model['data']}] table (have: {', '.join(config.data)})")
+    if config.data[model["data"]].rating_scale is not None and kind.input_shape != "ratings":
+        raise c.fail(f"data.{model['data']}.rating_scale", f"is for ratings data; model {name!r} ({kind.name})"
+                                                           f" reads {kind.input_shape}")
+    estimator = kind.estimator_class()
+    params = dict(c.keys(model["params"], f"{where}.params", estimator.param_names()))
+    if "verbose" in estimator.param_names():
+        params.setdefault("verbose", False)  # progress bars are noise in a cron log
+    gate = c.table(model["gate"], f"{where}.gate", GATE_KEYS)
+    metrics = METRICS[kind.input_shape]
+    metric = gate["metric"] or metrics[0]
+    if metric not in metrics:
+        raise c.fail(f"{where}.gate.metric", f"{metric!r} is not a held-out metric of {kind.name} "
+                                             f"({kind.input_shape} data): choose one of {', '.join(metrics)}")
+    if model["labels"] is not None and not kind.is_map:
+        raise c.fail(f"{where}.labels", f"display labels are for map models ({', '.join(kinds.map_names())}),"
+                                        f" not {kind.name}")
+    return ModelJob(name=name, kind=kind.name, data=model["data"], params=params,
+                    gate=Gate(metric=metric, margin=gate["margin"], holdout=gate["holdout"], seed=gate["seed"]),
+                    refit=model["refit"], keep=config.keep if model["keep"] is None else model["keep"],
+                    labels=_resolve(base, model["labels"]) if model["labels"] else None)
 
 
 # -------------------------------------------------------------------- lock
@@ -412,7 +482,8 @@ class _Job:
 
             source = self.config.data[model.data]
             t0 = time.perf_counter()
-            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines)
+            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines,
+                              rating_scale=source.rating_scale)
             skipped = getattr(data, "skipped_lines", 0)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
             self.say(model.name, "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",
@@ -421,14 +492,12 @@ class _Job:
         return self._data[key]
 
     def run_model(self, model: ModelJob) -> Outcome:
-        from ordrec.service.models import index_class
         from ordrec.trainer.evaluation import holdout
-        from ordrec.trainer.models import estimator_class
 
         gate = model.gate
         out = Outcome(model.name, "failed", metric=gate.metric)
-        estimator_cls = estimator_class(model.kind)
-        index_cls = index_class(model.kind)
+        kind = kinds.get(model.kind)
+        estimator_cls, index_cls = kind.estimator_class(), kind.index_class()
         try:
             data = self.read(model, estimator_cls.input_shape)
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
@@ -479,7 +548,7 @@ class _Job:
         artifact.metrics.update({METRIC_PREFIX + k: float(v) for k, v in metrics.items()})
         artifact.metrics.update({METRIC_PREFIX + "fraction": gate.holdout, METRIC_PREFIX + "seed": gate.seed,
                                  METRIC_PREFIX + "refit": float(model.refit)})
-        views = self._report(model, index) if isinstance(index, MapIndex) else None
+        views = self._report(model, index) if kind.is_map else None
         out.version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
         out.status = "published"
         pinned = self.registry.pinned(model.name)

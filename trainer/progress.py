@@ -4,6 +4,7 @@ On a terminal it is a tqdm bar. Anywhere else (a pipe, a log file, cron) it
 is plain lines, one every ``interval`` seconds and one at the end, because a
 bar's ``\\r`` redraws turn a log into one giant line.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,14 @@ class Progress:
         Seconds between plain lines when ``stream`` is not a terminal.
     """
 
-    def __init__(self, label: str, total: int, enabled: bool = True, stream: IO[str] | None = None,
-                 interval: float = LOG_INTERVAL):
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        enabled: bool = True,
+        stream: IO[str] | None = None,
+        interval: float = LOG_INTERVAL,
+    ):
         self.label, self.total, self.enabled = label, max(int(total), 1), bool(enabled)
         self.stream = stream or sys.stderr
         self.interval = interval
@@ -66,7 +73,7 @@ class Progress:
 
             self._bar = tqdm(total=self.total, desc=label, file=self.stream, dynamic_ncols=True, leave=True)
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

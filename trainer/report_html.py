@@ -34,10 +34,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ordrec.service.artifacts import Artifact, Registry, View, read_view, write_views
-from ordrec.service.models import index_class
+from ordrec.service.models import index_class, kinds
 from ordrec.service.models.base import MapIndex
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.evaluation.report import PaperFigure
+from ordrec.trainer.reproduce.report import PaperFigure
 
 REPORT_FILE = "report.html"
 LABELS_FILE = "labels.tsv"
@@ -70,40 +70,13 @@ _ACCURACY_PREFIXES = ("preservation", "prediction", "order_agreement", "recall",
 # ------------------------------------------------------------ paper figures
 def paper_figures(kind: str, hyperparameters: Mapping | None = None,
                   attributes: Mapping | None = None) -> list[PaperFigure]:
-    """The paper's figures that a version of ``kind`` can be put beside.
-
-    COE: Table 3 (ML-100K, 2-D, full observed triples) for the version's
-    probability function (COE-S for sigmoid, COE-G for Gompertz). SCORE:
-    Table 1 (three aspects, preservation) for the version's mode (multiple
-    maps or one pooled map; the paper has no disjoint figure there). KNNSCAL:
-    the poster reports no table. Accuracies are fractions, as our metrics are.
-    """
-    hyperparameters = hyperparameters or {}
-    attributes = attributes or {}
-    if kind == "coe":
-        function = str(hyperparameters.get("function", "sigmoid"))
-        method = "COE-G" if function.startswith("gomp") else "COE-S"
-        table3 = {
-            "COE-S": (0.750, 0.650, 0.696, 0.640, 0.590, 0.614, 4.19, 3.92),
-            "COE-G": (0.750, 0.650, 0.696, 0.640, 0.590, 0.614, 4.15, 3.90),
-        }[method]
-        names = ("preservation_a", "preservation_b", "preservation_h", "prediction_a",
-                 "prediction_b", "prediction_h", "knn1_h", "knn5_h")
-        setting = {"data": "ML-100K", "dim": 2, "triples": "full observed"}
-        return [PaperFigure(method, setting, m, v, "Table 3") for m, v in zip(names, table3)]
-    if kind == "score":
-        mode = str(attributes.get("mode", hyperparameters.get("mode", "multi")))
-        method = {"multi": "SCORE (multi-map)", "single": "single map"}.get(mode)
-        if method is None:
-            return []
-        zoo, vote = (0.98, 0.89) if mode == "multi" else (0.82, 0.70)
-        aspects = {"Zoo": "type, legs, predator",
-                   "HouseVote": "immigration, education-spending, crime"}
-        return [PaperFigure(method, {"data": "Zoo", "aspects": aspects["Zoo"]}, "preservation", zoo,
-                            "Table 1"),
-                PaperFigure(method, {"data": "HouseVote", "aspects": aspects["HouseVote"]},
-                            "preservation", vote, "Table 1")]
-    return []
+    """The paper's figures that a version of ``kind`` can be put beside: its
+    protocol's ``map_paper_figures`` (KNNSCAL's poster reports no table).
+    Accuracies are fractions, as our metrics are."""
+    if kind not in kinds.names():  # a map drawn from a hand-made index
+        return []
+    figures = getattr(kinds.get(kind).protocol_module(), "map_paper_figures", None)
+    return figures(hyperparameters or {}, attributes or {}) if figures else []
 
 
 # -------------------------------------------------------------------- labels
@@ -273,72 +246,105 @@ def _value_colouring(index: MapIndex, artifact: Artifact, space: str, entity: st
 def map_views(artifact: Artifact, index: MapIndex, labels: Mapping[str, str] | None = None,
               max_points: int = DEFAULT_MAX_POINTS) -> list[MapView]:
     """Every map of ``index`` as drawable layers (projected, sampled, coloured, labelled)."""
-    labels = dict(labels or {})
-    default_entity = getattr(index, "default_entity", "items")
-    object_labels = artifact.attributes.get("object_labels")
+    names = _Names(dict(labels or {}), getattr(index, "default_entity", "items"),
+                   artifact.attributes.get("object_labels"))
+    return [_map_view(artifact, index, space, salt, names, max_points)
+            for salt, space in enumerate(_space_order(index))]
+
+
+@dataclass
+class _Names:
+    """Where a point's display name comes from: given labels for the map's main
+    entity, SCORE's ``object_labels`` for objects, else the external id."""
+
+    labels: dict[str, str]
+    default_entity: str
+    object_labels: list | None
+
+    def of(self, entity: str, ids: list[str], rows: np.ndarray, total: int) -> list[str]:
+        if entity == self.default_entity and self.labels:
+            return [self.labels.get(x, x) for x in ids]
+        if entity == "objects" and isinstance(self.object_labels, list) and len(self.object_labels) == total:
+            return [str(self.object_labels[r]) for r in rows]
+        return list(ids)
+
+
+def _space_order(index: MapIndex) -> list[str]:
+    """The index's spaces in its own order, then any other map; the shared map ("") first."""
     spaces = list(index.spaces())
     order = [s for s in spaces if s in index.maps] + [s for s in index.maps if s not in spaces]
     if not spaces and "" in index.maps:
         order = [""] + [s for s in order if s != ""]
-    views = []
-    for salt_space, space in enumerate(order):
-        by_entity = index.maps[space]
-        entities = list(by_entity)
-        totals = [len(by_entity[e].ids) for e in entities]
-        quota = _allocate(totals, max_points)
-        dim = next(iter(by_entity.values())).dim if by_entity else 2
-        drawn = {e: _sample_rows(t, q, salt_space * 97 + k)
-                 for k, (e, t, q) in enumerate(zip(entities, totals, quota))}
-        stacked = [by_entity[e].coords[drawn[e]] for e in entities]
-        all_coords = np.concatenate(stacked) if stacked else np.empty((0, dim))
-        centre, axes, projection = _projection(all_coords) if len(all_coords) else (
-            np.zeros(dim), np.eye(dim, 2), "empty map")
-        layers, legend, colour_note = [], [], ""
-        for e, total, part in zip(entities, totals, stacked):
-            rows = drawn[e]
-            points = by_entity[e]
-            mark, base_colour = ENTITY_STYLE.get(e, ("circle", "#4e79a7"))
-            ids = [points.ids.ids[r] for r in rows]
-            names = list(ids)
-            if e == default_entity and labels:
-                names = [labels.get(x, x) for x in ids]
-            elif e == "objects" and isinstance(object_labels, list) and len(object_labels) == total:
-                names = [str(object_labels[r]) for r in rows]
-            noun = ENTITY_NOUN.get(e, e)
-            hover = [f"{name} ({noun} {x})" if name != x else f"{noun} {x}" for name, x in zip(names, ids)]
-            colouring = _value_colouring(index, artifact, space, e, total)
-            if colouring is not None:
-                per_row, categories, colour_note = colouring
-                colour = {c: _colour_of(k, len(categories)) for k, c in enumerate(categories)}
-                values = [per_row[r] for r in rows]
-                colours = [colour.get(v, MISSING_COLOUR) if v is not None else MISSING_COLOUR
-                           for v in values]
-                what = space or "class"
-                hover = [f"{h} · {what} = {v if v is not None else 'missing'}" if space else f"{h} · {v}"
-                         for h, v in zip(hover, values)]
-                counts = {c: 0 for c in categories}
-                missing = 0
-                for v in values:
-                    if v is None or v not in counts:
-                        missing += 1
-                    else:
-                        counts[v] += 1
-                legend += [(mark, colour[c], c, counts[c]) for c in categories]
-                if missing:
-                    legend.append((mark, MISSING_COLOUR, "missing value", missing))
-            else:
-                colours = [base_colour] * len(rows)
-                legend.append((mark, base_colour, f"{e}", len(rows)))
-            xy = (part - centre) @ axes if len(part) else np.empty((0, 2))
-            text = names if len(rows) <= TEXT_LABEL_LIMIT and e == "aspects" else None
-            layers.append(Layer(e, mark, rows, total, xy, hover, colours, text))
-        if space:
-            title = f"aspect “{space}”"
+    return order
+
+
+def _map_title(artifact: Artifact, space: str) -> str:
+    if space:
+        return f"aspect “{space}”"
+    return {"coe": "users and items", "score": "the sphere: objects and aspects",
+            "knnscal": "objects"}.get(artifact.kind, "the map")
+
+
+def _map_view(artifact: Artifact, index: MapIndex, space: str, salt: int, names: _Names,
+              max_points: int) -> MapView:
+    """One map: each entity's points sampled to a share of ``max_points``, projected to 2-D."""
+    by_entity = index.maps[space]
+    entities = list(by_entity)
+    totals = [len(by_entity[e].ids) for e in entities]
+    quota = _allocate(totals, max_points)
+    dim = next(iter(by_entity.values())).dim if by_entity else 2
+    drawn = {e: _sample_rows(t, q, salt * 97 + k) for k, (e, t, q) in enumerate(zip(entities, totals, quota))}
+    stacked = [by_entity[e].coords[drawn[e]] for e in entities]
+    all_coords = np.concatenate(stacked) if stacked else np.empty((0, dim))
+    centre, axes, projection = _projection(all_coords) if len(all_coords) else (
+        np.zeros(dim), np.eye(dim, 2), "empty map")
+    layers, legend, colour_note = [], [], ""
+    for e, total, part in zip(entities, totals, stacked):
+        xy = (part - centre) @ axes if len(part) else np.empty((0, 2))
+        layer, entries, note = _layer(artifact, index, space, e, by_entity[e], drawn[e], total, xy, names)
+        layers.append(layer)
+        legend += entries
+        colour_note = note or colour_note
+    return MapView(space, _map_title(artifact, space), dim, projection, layers, legend, colour_note)
+
+
+def _layer(artifact: Artifact, index: MapIndex, space: str, entity: str, points, rows: np.ndarray, total: int,
+           xy: np.ndarray, names: _Names) -> tuple[Layer, list, str]:
+    """One entity's drawn points, its legend entries and the colouring note ("" when plain)."""
+    mark, base_colour = ENTITY_STYLE.get(entity, ("circle", "#4e79a7"))
+    ids = [points.ids.ids[r] for r in rows]
+    shown = names.of(entity, ids, rows, total)
+    noun = ENTITY_NOUN.get(entity, entity)
+    hover = [f"{name} ({noun} {x})" if name != x else f"{noun} {x}" for name, x in zip(shown, ids)]
+    colouring = _value_colouring(index, artifact, space, entity, total)
+    if colouring is None:
+        colours, legend, note = [base_colour] * len(rows), [(mark, base_colour, f"{entity}", len(rows))], ""
+    else:
+        colours, hover, legend, note = _coloured(colouring, rows, hover, mark, space)
+    text = shown if len(rows) <= TEXT_LABEL_LIMIT and entity == "aspects" else None
+    return Layer(entity, mark, rows, total, xy, hover, colours, text), legend, note
+
+
+def _coloured(colouring, rows: np.ndarray, hover: list[str], mark: str, space: str):
+    """Colours, hover texts and legend of a layer coloured by category (values or classes)."""
+    per_row, categories, note = colouring
+    colour = {c: _colour_of(k, len(categories)) for k, c in enumerate(categories)}
+    values = [per_row[r] for r in rows]
+    colours = [colour.get(v, MISSING_COLOUR) if v is not None else MISSING_COLOUR for v in values]
+    what = space or "class"
+    hover = [f"{h} · {what} = {v if v is not None else 'missing'}" if space else f"{h} · {v}"
+             for h, v in zip(hover, values)]
+    counts = {c: 0 for c in categories}
+    missing = 0
+    for v in values:
+        if v is None or v not in counts:
+            missing += 1
         else:
-            title = {"coe": "users and items", "score": "the sphere: objects and aspects",
-                     "knnscal": "objects"}.get(artifact.kind, "the map")
-        views.append(MapView(space, title, dim, projection, layers, legend, colour_note))
-    return views
+            counts[v] += 1
+    legend = [(mark, colour[c], c, counts[c]) for c in categories]
+    if missing:
+        legend.append((mark, MISSING_COLOUR, "missing value", missing))
+    return colours, hover, legend, note
 
 
 # ----------------------------------------------------------------- drawing

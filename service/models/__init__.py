@@ -1,21 +1,16 @@
-"""Model indices by kind. Each kind lives in its own module ``service.models.<kind>``
-exposing ``Index``; modules are imported on first use so a server that serves
-one kind does not pay for the others."""
+"""Serving indices by kind. Each built-in kind lives in its own module
+``service.models.<kind>`` exposing ``Index``; the kinds and where their
+indices live are registered in :mod:`ordrec.service.models.kinds`."""
 from __future__ import annotations
 
-import importlib
-
-from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.artifacts import Artifact
+from ordrec.service.models import kinds
 from ordrec.service.models.base import ModelIndex
-
-KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
 
 
 def index_class(kind: str) -> type[ModelIndex]:
-    if kind not in KINDS:
-        raise ArtifactError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
-    module = importlib.import_module(f"ordrec.service.models.{kind}")
-    return module.Index
+    """The serving index class of a registered kind (:class:`kinds.UnknownKind` otherwise)."""
+    return kinds.get(kind).index_class()
 
 
 def build_index(artifact: Artifact) -> ModelIndex:

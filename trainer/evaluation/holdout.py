@@ -1,7 +1,7 @@
 """Generic held-out metrics for the cron job's quality gate (``trainer.job``).
 
 These are *not* the papers' protocols (those live in
-``trainer/evaluation/<kind>.py``); they are one cheap, seeded measure per data
+``trainer/reproduce/<kind>.py``); they are one cheap, seeded measure per data
 family that ``ordrec-train run`` computes on every run so that a new version can
 be compared with the live one. Every metric scores through the serving index
 (``service.models.index_class(kind).from_artifact(estimator.to_artifact())``)
@@ -51,6 +51,7 @@ import numpy as np
 
 from ordrec.service.models.base import MapIndex, RecommenderIndex
 from ordrec.trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
+from ordrec.trainer.evaluation.metrics import f1, mean_or_nan, ndcg, order_agreement
 
 #: metric names each family computes; the first is the default gate metric
 METRICS: dict[str, tuple[str, ...]] = {
@@ -172,14 +173,6 @@ def split(data, fraction: float, seed: int):
 
 
 # ----------------------------------------------------------------- metrics
-def _ndcg(ratings_in_ranked_order: np.ndarray, k: int) -> float:
-    gains = np.power(2.0, ratings_in_ranked_order) - 1.0
-    discount = 1.0 / np.log2(np.arange(2, min(k, gains.size) + 2))
-    dcg = float(gains[:k] @ discount)
-    idcg = float(np.sort(gains)[::-1][:k] @ discount)
-    return dcg / idcg if idcg > 0 else float("nan")
-
-
 def evaluate_ratings(index: RecommenderIndex, test: Ratings, k: int = 10) -> dict[str, float]:
     """NDCG@k over each user's held-out items and hit rate@k over all unseen items."""
     user_rows = index.users.rows(test.users.ids)[test.user]
@@ -194,12 +187,12 @@ def evaluate_ratings(index: RecommenderIndex, test: Ratings, k: int = 10) -> dic
         user, items, ratings = int(u[lo]), i[lo:hi], r[lo:hi]
         if items.size >= 2 and np.unique(ratings).size >= 2:
             scores = np.asarray(index.score_items(user, items), dtype=np.float64)
-            ndcgs.append(_ndcg(ratings[np.argsort(-scores, kind="stable")], k))
+            ndcgs.append(ndcg(ratings[np.argsort(-scores, kind="stable")], k))
         top, _ = index.recommend(user, k, exclude=index.seen(user))
         hits.append(bool(np.isin(items, top).any()))
     return {
-        f"ndcg_at_{k}": float(np.mean(ndcgs)) if ndcgs else float("nan"),
-        f"hit_rate_at_{k}": float(np.mean(hits)) if hits else float("nan"),
+        f"ndcg_at_{k}": mean_or_nan(ndcgs),
+        f"hit_rate_at_{k}": mean_or_nan(hits),
         "ndcg_users": float(len(ndcgs)),
         "hit_rate_users": float(len(hits)),
         "unknown_share": float(1.0 - known.mean()) if known.size else 0.0,
@@ -228,7 +221,7 @@ def evaluate_tags(index, test: TagAssignments, k: int = 5) -> dict[str, float]:
     return {
         f"precision_at_{k}": p,
         f"recall_at_{k}": r,
-        f"f1_at_{k}": 2 * p * r / (p + r) if p + r > 0 else 0.0,
+        f"f1_at_{k}": float(f1(p, r)),
         "posts": float(posts.size),
         "fallback_share": fallbacks / posts.size,
     }
@@ -280,14 +273,11 @@ def evaluate_neighbors(index: MapIndex, test: NeighborLists, k: int = 10) -> dic
         m = min(k, listed.size)
         found, _ = index.neighbors("", entity, int(s), entity, m)
         recalls.append(np.isin(listed[:m], found).sum() / m)
-        d = np.linalg.norm(points.coords[listed] - points.coords[s], axis=1)
-        # listed is nearest first: pair (a, b) with a before b agrees when d_a < d_b
-        diff = d[None, :] - d[:, None]
-        upper = np.triu(np.ones_like(diff, dtype=bool), 1)
-        agree += float(np.sum(diff[upper] > 0) + 0.5 * np.sum(diff[upper] == 0))
-        pairs += int(upper.sum())
+        agreeing, listed_pairs = order_agreement(np.linalg.norm(points.coords[listed] - points.coords[s], axis=1))
+        agree += agreeing
+        pairs += listed_pairs
     return {
-        f"recall_at_{k}": float(np.mean(recalls)) if recalls else float("nan"),
+        f"recall_at_{k}": mean_or_nan(recalls),
         "order_agreement": agree / pairs if pairs else float("nan"),
         "lists": float(len(recalls)),
     }

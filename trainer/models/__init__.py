@@ -1,15 +1,12 @@
-"""The five models. Each lives in ``trainer.models.<kind>`` (its numba kernels
-beside it in ``trainer.models._<kind>_kernels``) and exposes ``Estimator``."""
+"""The estimators. Each built-in kind lives in ``trainer.models.<kind>`` (its
+numba kernels beside it in ``trainer.models.<kind>_kernels``) and exposes
+``Estimator``; the kinds are registered in :mod:`ordrec.service.models.kinds`."""
 from __future__ import annotations
 
-import importlib
-
+from ordrec.service.models import kinds
 from ordrec.trainer.models.base import Estimator
-
-KINDS = ("dcr", "coe", "rtf", "score", "knnscal")
 
 
 def estimator_class(kind: str) -> type[Estimator]:
-    if kind not in KINDS:
-        raise ValueError(f"unknown model kind {kind!r} (known: {', '.join(KINDS)})")
-    return importlib.import_module(f"ordrec.trainer.models.{kind}").Estimator
+    """The estimator class of a registered kind (:class:`kinds.UnknownKind`, a ValueError, otherwise)."""
+    return kinds.get(kind).estimator_class()

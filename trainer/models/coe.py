@@ -19,7 +19,7 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.models import _coe_kernels as K
+from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.base import Estimator, check_finite
 from ordrec.trainer.progress import Progress
 

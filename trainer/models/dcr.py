@@ -57,7 +57,7 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.dcr import RELEVANCE, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
-from ordrec.trainer.models._dcr_kernels import (
+from ordrec.trainer.models.dcr_kernels import (
     pairwise_epoch, pairwise_epoch_by_user, pointwise_epoch, pointwise_epoch_by_user, pointwise_loglik,
     shuffle_segments,
 )

@@ -81,7 +81,7 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
 from ordrec.trainer.data.types import DataError, NeighborLists
-from ordrec.trainer.models import _knnscal_kernels as K
+from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.base import Estimator, check_finite
 from ordrec.trainer.progress import Progress
 

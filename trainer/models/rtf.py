@@ -17,7 +17,7 @@ whole objective by finite differences).
   (``reg``).
 - Learning (Fig. 5, Section 4.4.2): stochastic gradient ascent, one step per
   post, with the fast gradient through ``q`` and ``v``
-  (``trainer.models._rtf_kernels``).
+  (``trainer.models.rtf_kernels``).
 
 Serving uses ``service.models.rtf.Index`` on the artifact this writes.
 """
@@ -31,7 +31,7 @@ from scipy.stats import rankdata
 from ordrec.service.artifacts import Artifact
 from ordrec.service.models.rtf import score_posts
 from ordrec.trainer.data.types import DataError, TagAssignments
-from ordrec.trainer.models import _rtf_kernels as K
+from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.base import Estimator, check_finite
 from ordrec.trainer.progress import Progress
 

@@ -38,13 +38,57 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.data.triplets import ConditionalTriplets
 from ordrec.trainer.data.types import AttributeTable
-from ordrec.trainer.models import _score_kernels as K
+from ordrec.trainer.models import score_kernels as K
 from ordrec.trainer.models.base import Estimator, check_finite
 from ordrec.trainer.progress import Progress
 
 MODES = ("multi", "single", "disjoint")
 # Exact training preservation costs O(objects^2) per aspect: recorded up to this size.
 PRESERVATION_MAX_OBJECTS = 5000
+
+
+# ------------------------------------------------------- preservation (Eq. 10)
+def _pair_distances(coords: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    diff = coords[rows][:, None, :] - coords[cols][None, :, :]
+    return np.sqrt(np.einsum("abk,abk->ab", diff, diff))
+
+
+def satisfied_triplets(coords: np.ndarray, values: np.ndarray, chunk: int = 256) -> tuple[int, int]:
+    """``(satisfied, total)`` over every triplet ``<i, j, k>`` of one aspect.
+
+    A triplet has i != j sharing a value (``values >= 0``; -1 is missing) and k
+    with another value; it is satisfied when ``d(j, i) < d(j, k)`` strictly
+    (Eq. 10). Counted per anchor j without listing triplets: the distances
+    from j to the other groups are sorted once, and a row-wise binary search
+    gives, for every same-group i, how many k lie strictly farther.
+    """
+    coords = np.asarray(coords, dtype=np.float64)
+    values = np.asarray(values)
+    valid = np.nonzero(values >= 0)[0]
+    vals = values[valid]
+    satisfied = total = 0
+    for v in np.unique(vals):
+        same, other = valid[vals == v], valid[vals != v]
+        n_s, n_o = same.size, other.size
+        if n_s < 2 or n_o == 0:
+            continue
+        total += n_s * (n_s - 1) * n_o
+        for start in range(0, n_s, chunk):
+            anchors = same[start : start + chunk]
+            to_other = np.sort(_pair_distances(coords, anchors, other), axis=1)
+            to_same = _pair_distances(coords, anchors, same)
+            # Offset each row into its own interval so one searchsorted on the
+            # flattened sorted rows works row by row (offsets are exact in
+            # float64 for equal values, so ties stay ties).
+            span = 2.0 * max(to_other.max(), to_same.max()) + 1.0
+            row = np.arange(anchors.size)
+            flat = (to_other + (row * span)[:, None]).ravel()
+            at_most = np.searchsorted(flat, to_same + (row * span)[:, None], side="right")
+            farther = n_o - (at_most - (row * n_o)[:, None])
+            # i == j (distance 0) is not a triplet: remove its term.
+            self_at_most = np.searchsorted(flat, row * span, side="right") - row * n_o
+            satisfied += int(farther.sum() - (n_o - self_at_most).sum())
+    return satisfied, total
 
 
 @dataclass
@@ -262,7 +306,6 @@ class ScoreEstimator(Estimator):
         """Per aspect, the exact preservation (Eq. 10) of every training
         triplet, measured on the serving index's maps (recorded as a metric)."""
         from ordrec.service.models.score import Index
-        from ordrec.trainer.evaluation.score import satisfied_triplets
 
         index = Index.from_artifact(self._artifact(metrics={}))
         out = np.full(len(self.aspects_), np.nan)

@@ -36,8 +36,8 @@ import numpy as np
 from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.knnscal import Index
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
-from ordrec.trainer.models import _knnscal_kernels as K
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
 
 DATA_REQUIRED = False
@@ -188,7 +188,7 @@ def reference_map(method: str, problem: Problem, dim: int, seed: int) -> np.ndar
 
 # ------------------------------------------------------------------- run
 def run(args) -> list[Row]:
-    from ordrec.trainer.cli import parse_assignments
+    from ordrec.trainer.reproduce.params import parse_assignments
 
     problem = load_problem(args)
     dim = int(args.dim)

@@ -20,13 +20,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
 from ordrec.service.models.score import Index
 from ordrec.trainer.data.types import AttributeTable
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.evaluation.metrics import preservation
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.score import ScoreEstimator
 
 DEFAULT_RUNS = 5
@@ -34,6 +37,11 @@ DATA_REQUIRED = True
 
 METHODS = {"multi": "SCORE (multi-map)", "single": "single map", "disjoint": "disjoint maps"}
 TABLE1_ZOO = ("type", "legs", "predator")
+# Table 1 of the paper: preservation with three aspects and every triplet (r = 1).
+TABLE1 = {
+    "Zoo": {"aspects": TABLE1_ZOO, "multi": 0.98, "single": 0.82},
+    "HouseVote": {"aspects": ("immigration", "education-spending", "crime"), "multi": 0.89, "single": 0.70},
+}
 
 
 # --------------------------------------------------------------- arguments
@@ -90,66 +98,16 @@ def split_objects(table: AttributeTable, ratio: float, rng: np.random.Generator
 
 
 # -------------------------------------------------------------- preservation
-def _pair_distances(coords: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    diff = coords[rows][:, None, :] - coords[cols][None, :, :]
-    return np.sqrt(np.einsum("abk,abk->ab", diff, diff))
-
-
-def satisfied_triplets(coords: np.ndarray, values: np.ndarray, chunk: int = 256) -> tuple[int, int]:
-    """``(satisfied, total)`` over every triplet ``<i, j, k>`` of one aspect.
-
-    A triplet has i != j sharing a value (``values >= 0``; -1 is missing) and k
-    with another value; it is satisfied when ``d(j, i) < d(j, k)`` strictly
-    (Eq. 10). Counted per anchor j without listing triplets: the distances
-    from j to the other groups are sorted once, and a row-wise binary search
-    gives, for every same-group i, how many k lie strictly farther.
-    """
-    coords = np.asarray(coords, dtype=np.float64)
-    values = np.asarray(values)
-    valid = np.nonzero(values >= 0)[0]
-    vals = values[valid]
-    satisfied = total = 0
-    for v in np.unique(vals):
-        same, other = valid[vals == v], valid[vals != v]
-        n_s, n_o = same.size, other.size
-        if n_s < 2 or n_o == 0:
-            continue
-        total += n_s * (n_s - 1) * n_o
-        for start in range(0, n_s, chunk):
-            anchors = same[start : start + chunk]
-            to_other = np.sort(_pair_distances(coords, anchors, other), axis=1)
-            to_same = _pair_distances(coords, anchors, same)
-            # Offset each row into its own interval so one searchsorted on the
-            # flattened sorted rows works row by row (offsets are exact in
-            # float64 for equal values, so ties stay ties).
-            span = 2.0 * max(to_other.max(), to_same.max()) + 1.0
-            row = np.arange(anchors.size)
-            flat = (to_other + (row * span)[:, None]).ravel()
-            at_most = np.searchsorted(flat, to_same + (row * span)[:, None], side="right")
-            farther = n_o - (at_most - (row * n_o)[:, None])
-            # i == j (distance 0) is not a triplet: remove its term.
-            self_at_most = np.searchsorted(flat, row * span, side="right") - row * n_o
-            satisfied += int(farther.sum() - (n_o - self_at_most).sum())
-    return satisfied, total
-
-
-def preservation(index: Index, table: AttributeTable, observed: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per aspect of ``table`` (looked up by name in ``index``): preservation
-    over all triplets, and over the hidden ones (NaN when ``observed`` is None
-    or nothing is hidden)."""
-    n_asp = len(table.attributes)
-    overall, hidden = np.full(n_asp, np.nan), np.full(n_asp, np.nan)
-    for t, name in enumerate(table.attributes):
-        coords = index.map_coordinates(name)
-        sat, tot = satisfied_triplets(coords, table.codes[:, t])
-        overall[t] = sat / tot if tot else np.nan
-        if observed is not None:
-            seen = np.where(observed[:, t], table.codes[:, t], -1)
-            sat_o, tot_o = satisfied_triplets(coords, seen)
-            if tot > tot_o:
-                hidden[t] = (sat - sat_o) / (tot - tot_o)
-    return overall, hidden
+def fit_metrics(data, artifact) -> dict[str, float]:
+    """Per-aspect preservation (Eq. 10) of a published model on its own
+    training table, through the serving index, and their mean."""
+    if not isinstance(data, AttributeTable):
+        return {}
+    per_aspect, _ = preservation(Index.from_artifact(artifact), data)
+    out = {f"preservation_{name}": float(p) for name, p in zip(data.attributes, per_aspect) if np.isfinite(p)}
+    if out:
+        out["preservation"] = float(np.nanmean(per_aspect))
+    return out
 
 
 def nmi_matrix(table: AttributeTable) -> np.ndarray:
@@ -179,14 +137,24 @@ def relatedness(index: Index, table: AttributeTable) -> np.ndarray:
     return out
 
 
+def map_paper_figures(hyperparameters: Mapping, attributes: Mapping) -> list[PaperFigure]:
+    """The Table 1 figures a published version is shown beside in its map
+    report: those of its mode (the paper has no disjoint-maps figure there)."""
+    mode = str(attributes.get("mode", hyperparameters.get("mode", "multi")))
+    if mode not in ("multi", "single"):
+        return []
+    return [PaperFigure(METHODS[mode], {"data": data, "aspects": ", ".join(row["aspects"])}, "preservation",
+                        row[mode], "Table 1") for data, row in TABLE1.items()]
+
+
 # ------------------------------------------------------------------- runner
 def _paper_figures(dataset: str, setting: dict, names: list[str], all_names: list[str]) -> list[PaperFigure]:
     if dataset != "zoo":
         return []
     figs = []
     if tuple(names) == TABLE1_ZOO and setting["r"] == 1.0:
-        figs += [PaperFigure(METHODS["multi"], setting, "preservation", 0.98, "Table 1"),
-                 PaperFigure(METHODS["single"], setting, "preservation", 0.82, "Table 1")]
+        figs += [PaperFigure(METHODS[mode], setting, "preservation", TABLE1["Zoo"][mode], "Table 1")
+                 for mode in ("multi", "single")]
     if sorted(names) == sorted(all_names):
         figs.append(PaperFigure(METHODS["multi"], setting, "relatedness_median", 0.34, "Fig. 6"))
     return figs
@@ -205,13 +173,9 @@ def run(args: argparse.Namespace) -> list[Row]:
     table = _load(args)
     where = os.path.abspath(args.data)
     dataset = os.path.basename(where if os.path.isdir(where) else os.path.dirname(where)) or "data"
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    for m in modes:
-        if m not in METHODS:
-            raise ValueError(f"unknown mode {m!r}; known: {', '.join(METHODS)}")
+    modes = _modes(args.modes)
     ratios = [float(r) for r in str(args.ratio).split(",") if r.strip()]
     aspect_sets = [[a.strip() for a in spec.split(",") if a.strip()] for spec in (args.aspects or [""])]
-    verbose = not args.quiet
     rows: list[Row] = []
     paper: list[PaperFigure] = []
     for names in aspect_sets:
@@ -220,40 +184,66 @@ def run(args: argparse.Namespace) -> list[Row]:
         for ratio in ratios:
             setting = {"data": dataset, "aspects": label, "r": ratio}
             paper += _paper_figures(dataset, setting, sub.attributes, table.attributes)
-            per_mode = {m: {"preservation": [], "preservation_hidden": []} for m in modes}
-            per_aspect = {m: [] for m in modes}
-            related = []
-            for run_no in range(args.runs):
-                rng = np.random.default_rng([args.seed, run_no])
-                train, observed = split_objects(sub, ratio, rng)
-                for mode in modes:
-                    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, lr=args.lr,
-                                         epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                                         kappa=args.kappa, seed=int(rng.integers(2**31 - 1)),
-                                         verbose=verbose)
-                    est.fit(train)
-                    index = Index.from_artifact(est.to_artifact())
-                    overall, hidden = preservation(index, sub, observed if ratio < 1.0 else None)
-                    per_mode[mode]["preservation"].append(float(np.nanmean(overall)))
-                    per_aspect[mode].append(overall)
-                    if ratio < 1.0:
-                        per_mode[mode]["preservation_hidden"].append(float(np.nanmean(hidden)))
-                    if mode == "multi" and len(sub.attributes) > 3:  # Pearson over >= 3 others
-                        related.append(float(np.nanmedian(relatedness(index, sub))))
-            for mode in modes:
-                for metric, values in per_mode[mode].items():
-                    if values:
-                        rows.append(summarise(METHODS[mode], dataset, setting, metric, values))
-            if related:
-                rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", related))
-            if verbose:
-                _print_per_aspect(sub.attributes, modes, per_aspect, setting)
-                if related:
-                    print("relatedness median per run: " + " ".join(f"{v:.3f}" for v in related),
-                          file=sys.stderr)
+            rows += _setting_rows(args, sub, modes, ratio, setting)
     print_table(rows, paper, out=sys.stdout,
                 title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)")
     return rows
+
+
+def _modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    for m in modes:
+        if m not in METHODS:
+            raise ValueError(f"unknown mode {m!r}; known: {', '.join(METHODS)}")
+    return modes
+
+
+@dataclass
+class _Measured:
+    """One setting's per-run figures: mean preservation (all and hidden triplets)
+    and per-aspect preservation by mode, and the SCORE maps' relatedness."""
+
+    per_mode: dict[str, dict[str, list[float]]]
+    per_aspect: dict[str, list[np.ndarray]]
+    related: list[float] = field(default_factory=list)
+
+
+def _setting_rows(args: argparse.Namespace, sub: AttributeTable, modes: list[str], ratio: float,
+                  setting: dict) -> list[Row]:
+    """Every run of one aspect set at one split ratio, summarised per mode and metric."""
+    measured = _Measured({m: {"preservation": [], "preservation_hidden": []} for m in modes},
+                         {m: [] for m in modes})
+    for run_no in range(args.runs):
+        rng = np.random.default_rng([args.seed, run_no])
+        train, observed = split_objects(sub, ratio, rng)
+        for mode in modes:
+            _measure_mode(args, mode, train, sub, observed if ratio < 1.0 else None,
+                          int(rng.integers(2**31 - 1)), measured)
+    dataset = setting["data"]
+    rows = [summarise(METHODS[mode], dataset, setting, metric, values)
+            for mode in modes for metric, values in measured.per_mode[mode].items() if values]
+    if measured.related:
+        rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", measured.related))
+    if not args.quiet:
+        _print_per_aspect(sub.attributes, modes, measured.per_aspect, setting)
+        if measured.related:
+            print("relatedness median per run: " + " ".join(f"{v:.3f}" for v in measured.related), file=sys.stderr)
+    return rows
+
+
+def _measure_mode(args: argparse.Namespace, mode: str, train: AttributeTable, sub: AttributeTable,
+                  observed: np.ndarray | None, seed: int, measured: _Measured) -> None:
+    """Fit one mode on the run's training table and measure it through the serving index."""
+    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
+                         steps_per_epoch=args.steps_per_epoch, kappa=args.kappa, seed=seed, verbose=not args.quiet)
+    index = Index.from_artifact(est.fit(train).to_artifact())
+    overall, hidden = preservation(index, sub, observed)
+    measured.per_mode[mode]["preservation"].append(float(np.nanmean(overall)))
+    measured.per_aspect[mode].append(overall)
+    if observed is not None:
+        measured.per_mode[mode]["preservation_hidden"].append(float(np.nanmean(hidden)))
+    if mode == "multi" and len(sub.attributes) > 3:  # Pearson over >= 3 others
+        measured.related.append(float(np.nanmedian(relatedness(index, sub))))
 
 
 def _print_per_aspect(names, modes, per_aspect, setting) -> None:

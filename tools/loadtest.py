@@ -1,4 +1,4 @@
-"""``ordrec-serve loadtest``: drive a running server and print QPS and latency.
+"""``ordrec-loadtest``: drive a running server and print QPS and latency.
 
 Two engines:
 
@@ -38,7 +38,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ordrec.service.cli import _without
+from ordrec.service.cli import without_flags
 
 RPCS = ("recommend", "tags", "neighbors", "coordinates", "listmodels")
 _PATHS = {
@@ -188,7 +188,7 @@ def run_python_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
     procs = []
     for w in range(workers):
         out = str(tmp / f"w{w}.npy")
-        cmd = [sys.executable, "-m", "ordrec.service.loadtest", "--worker", "--out", out, "--start-at", str(start_at),
+        cmd = [sys.executable, "-m", "ordrec.tools.loadtest", "--worker", "--out", out, "--start-at", str(start_at),
                "--worker-concurrency", str(max(1, args.concurrency // workers)),
                "--worker-rate", str(args.rate / workers if args.rate else 0), "--seed", str(args.seed + w),
                *args.passthrough]
@@ -322,7 +322,7 @@ def print_summary(label: str, summary: dict[str, float], errors: dict[str, int])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ordrec-serve loadtest", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="ordrec-loadtest", description=__doc__.split("\n")[0])
     p.add_argument("--target", default="127.0.0.1:50051")
     p.add_argument("--registry", required=True, help="the registry the server reads (for valid ids)")
     p.add_argument("--mix", default="recommend", help="e.g. recommend=8,neighbors=1,tags=1")
@@ -364,7 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         return run_worker(args)
     internal = {"--out", "--start-at", "--worker-concurrency", "--worker-rate", "--seed"}
-    args.passthrough = _without(argv, internal)
+    args.passthrough = without_flags(argv, internal)
     engine = run_h2load_engine if args.engine == "h2load" else run_python_engine
     latencies, errors, seconds = engine(args)
     summary = summarise(latencies, errors, seconds)

@@ -48,9 +48,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.models.dcr import Index
-from ordrec.trainer.cli import parse_value
+from ordrec.trainer.reproduce.params import parse_value
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.dcr import DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split
 
 DEFAULT_RUNS = 5
@@ -91,37 +92,6 @@ def per_user_split(data: Ratings, n_train: int, rng: np.random.Generator,
     train_rows = order[keep & (position < n_train)]
     test_rows = order[keep & (position >= n_train)]
     return data.subset(np.sort(train_rows)), data.subset(np.sort(test_rows))
-
-
-# ----------------------------------------------------------------- metric
-def ndcg_at_k(score_items, test: Ratings, k: int = K) -> float:
-    """Mean over users of NDCG@k over each user's test items.
-
-    ``score_items(user_row, item_rows) -> scores`` (higher is better); ties
-    keep the items' row order (a stable sort), identical for every method.
-    """
-    values = ndcg_values(score_items, test, k)
-    return float(np.mean(values)) if values.size else float("nan")
-
-
-def ndcg_values(score_items, test: Ratings, k: int = K) -> np.ndarray:
-    """NDCG@k of every user with a positive ideal DCG, in user-row order."""
-    order = np.lexsort((test.item, test.user))
-    users, items, ratings = test.user[order], test.item[order], test.rating[order].astype(np.float64)
-    bounds = np.flatnonzero(np.diff(users)) + 1
-    starts = np.concatenate([[0], bounds])
-    ends = np.concatenate([bounds, [users.size]])
-    discount = 1.0 / np.log2(np.arange(2, k + 2))
-    values = []
-    for lo, hi in zip(starts, ends):
-        gains = np.exp2(ratings[lo:hi]) - 1.0
-        scores = np.asarray(score_items(int(users[lo]), items[lo:hi].astype(np.int64)), dtype=np.float64)
-        top = np.argsort(-scores, kind="stable")[:k]
-        ideal = np.sort(gains)[::-1][:k]
-        idcg = float(ideal @ discount[: ideal.size])
-        if idcg > 0:
-            values.append(float(gains[top] @ discount[: top.size]) / idcg)
-    return np.asarray(values, dtype=np.float64)
 
 
 def serving_scorer(estimator: DCR):
@@ -341,65 +311,83 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
     choice read off the pooled figure is a data-set-level choice, like a
     development split's, not a per-run one.
     """
-    inits = _grid(args.init_grid, str) if args.init_grid else None
-    ranks = _grid(args.rank_grid, int) if args.rank_grid else None
-    lrs = _grid(args.sweep_lr) if args.sweep_lr else None
-    stds = _grid(args.sweep_init_std) if args.sweep_init_std else None
     seeds = _grid(args.sweep_seeds, int) if args.sweep_seeds else (args.seed,)
-    pair_lrs = _grid(args.sweep_pairwise_lr) if args.sweep_pairwise_lr else ()
     extra = [_sweep_setting(text) for text in args.sweep_set or ()]
-    base = dict(relevance=args.relevance, projection=args.projection, reg=args.reg, epochs=args.epochs,
-                tol=args.tol, order=args.order, lr_decay=args.lr_decay, init_shrinkage=args.init_shrinkage,
-                val_tol=args.val_tol)
-    results: dict[tuple[str, int], list[float]] = {}
+    results = _Results(log)
     for n in n_values:
-        fit_n = fit_for(n, args)
-        candidates = []
-        for init in inits or (fit_n["init"],):
-            default_std = fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
-            for rank, lr, std, *others in itertools.product(ranks or (fit_n["rank"],), lrs or (fit_n["lr"],),
-                                                            stds or (default_std,), *(values for _, values in extra)):
-                candidates.append(dict(init=init, rank=int(rank), lr=float(lr), init_std=float(std),
-                                       **{key: value for (key, _), value in zip(extra, others)}))
+        candidates = _sweep_candidates(args, fit_for(n, args), extra)
         for split_seed, run_index in itertools.product(seeds, range(args.runs)):
-            rng = np.random.default_rng([split_seed, n, run_index])
-            train, _ = per_user_split(data, n, rng)
-            seed = int(rng.integers(2**31 - 1))
-            val_rng = np.random.default_rng([split_seed, n, run_index, 2])
-            splits = holdouts(train, val_rng, args.select_folds)
-            for candidate in candidates:
-                params = dict(base, **candidate, seed=seed)
-                values: dict[str, list] = {}
-                method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std", *(k for k, _ in extra)])
-                for fit, val in splits:
-                    model, _ = fit_stopped(params, fit, val)
-                    values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
-                    # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
-                    for plr in pair_lrs:
-                        refined = model.refined(pairwise_lr=plr, pairwise_reg=args.pairwise_reg,
-                                                pairwise_epochs=args.pairwise_epochs)
-                        values.setdefault(f"Pairwise {method} pairwise_lr={plr}", []).append(
-                            ndcg_values(serving_scorer(refined), val))
-                for label, parts in values.items():
-                    results.setdefault((label, n), []).append(float(np.concatenate(parts).mean()))
-                    log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10"
-                        f" {results[(label, n)][-1]:.5f}")
-    rows = [summarise(method, name, {"N": n}, "val_ndcg@10", values) for (method, n), values in results.items()]
+            _sweep_run(args, data, n, split_seed, run_index, candidates, [k for k, _ in extra], results)
+    rows = results.rows(name, "val_ndcg@10")
     rows.sort(key=lambda r: (r.setting["N"], -r.mean))
     print_table(rows, [], out=sys.stdout, title=f"DCR validation sweep on {name}: validation NDCG@10 over"
                                                 f" {args.select_folds} hold-outs per run ({args.runs} runs x seeds"
                                                 f" {','.join(map(str, seeds))}; no test"
                                                 " ratings scored); best first")
-    # Paired over runs (same splits and hold-outs for every candidate): the difference to the
-    # N's best and its standard error, to tell a real preference from a tie.
+    _print_paired_differences(rows, results.values, n_values)
+    return rows
+
+
+def _base_params(args: argparse.Namespace) -> dict:
+    """The fit settings every candidate shares (the command line's)."""
+    return dict(relevance=args.relevance, projection=args.projection, reg=args.reg, epochs=args.epochs,
+                tol=args.tol, order=args.order, lr_decay=args.lr_decay, init_shrinkage=args.init_shrinkage,
+                val_tol=args.val_tol)
+
+
+def _sweep_candidates(args: argparse.Namespace, fit_n: dict, extra: list[tuple[str, tuple]]) -> list[dict]:
+    """Every start x rank x lr x init_std (x ``--sweep-set``) the sweep scores at one N."""
+    inits = _grid(args.init_grid, str) if args.init_grid else (fit_n["init"],)
+    ranks = _grid(args.rank_grid, int) if args.rank_grid else (fit_n["rank"],)
+    lrs = _grid(args.sweep_lr) if args.sweep_lr else (fit_n["lr"],)
+    stds = _grid(args.sweep_init_std) if args.sweep_init_std else None
+    candidates = []
+    for init in inits:
+        default_std = fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
+        for rank, lr, std, *others in itertools.product(ranks, lrs, stds or (default_std,),
+                                                        *(values for _, values in extra)):
+            candidates.append(dict(init=init, rank=int(rank), lr=float(lr), init_std=float(std),
+                                   **{key: value for (key, _), value in zip(extra, others)}))
+    return candidates
+
+
+def _sweep_run(args: argparse.Namespace, data: Ratings, n: int, split_seed: int, run_index: int,
+               candidates: list[dict], extra_keys: list[str], results: "_Results") -> None:
+    """One run of the sweep: every candidate on the run's hold-outs of its training ratings."""
+    rng = np.random.default_rng([split_seed, n, run_index])
+    train, _ = per_user_split(data, n, rng)
+    seed = int(rng.integers(2**31 - 1))
+    splits = holdouts(train, np.random.default_rng([split_seed, n, run_index, 2]), args.select_folds)
+    base = _base_params(args)
+    pair_lrs = _grid(args.sweep_pairwise_lr) if args.sweep_pairwise_lr else ()
+    for candidate in candidates:
+        method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std", *extra_keys])
+        values: dict[str, list] = {}
+        for fit, val in splits:
+            model, _ = fit_stopped(dict(base, **candidate, seed=seed), fit, val)
+            values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
+            # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
+            for plr in pair_lrs:
+                refined = model.refined(pairwise_lr=plr, pairwise_reg=args.pairwise_reg,
+                                        pairwise_epochs=args.pairwise_epochs)
+                values.setdefault(f"Pairwise {method} pairwise_lr={plr}", []).append(
+                    ndcg_values(serving_scorer(refined), val))
+        for label, parts in values.items():
+            value = float(np.concatenate(parts).mean())
+            results.record(label, n, value, log=False)
+            results.log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10 {value:.5f}")
+
+
+def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
+    """Paired over runs (same splits and hold-outs for every candidate): the difference to the
+    N's best and its standard error, to tell a real preference from a tie."""
     for n in n_values:
         ranked = [r for r in rows if r.setting["N"] == n]
-        best = np.asarray(results[(ranked[0].method, n)])
+        best = np.asarray(values[(ranked[0].method, n)])
         for r in ranked[1:]:
-            diff = np.asarray(results[(r.method, n)]) - best
+            diff = np.asarray(values[(r.method, n)]) - best
             se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else float("nan")
             print(f"N={n}: {r.method}: {diff.mean():+.5f} ± {se:.5f} (paired SE) vs {ranked[0].method}")
-    return rows
 
 
 def _sweep_setting(text: str) -> tuple[str, tuple]:
@@ -422,7 +410,8 @@ def _grid(text: str, cast=float) -> tuple:
 def load_ratings(args: argparse.Namespace) -> Ratings:
     from ordrec.trainer.data.readers import read_input
 
-    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines,
+                      rating_scale=getattr(args, "rating_scale", None))
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     return data
@@ -541,104 +530,158 @@ def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds:
     return dict(params, level_epochs=stopped_level_epochs(params, train, rng, folds))
 
 
+class _Results:
+    """Per-run values by (method, N), logged as they come."""
+
+    def __init__(self, log):
+        self.log = log
+        self.values: dict[tuple[str, int], list[float]] = {}
+
+    def record(self, method: str, n: int, value: float, note: str = "", log: bool = True) -> None:
+        self.values.setdefault((method, n), []).append(value)
+        if log:
+            self.log(f"N={n} run {len(self.values[(method, n)]) - 1}: {method} {value:.4f} {note}")
+
+    def rows(self, dataset: str, metric: str = METRIC) -> list[Row]:
+        return [summarise(method, dataset, {"N": n}, metric, values) for (method, n), values in self.values.items()]
+
+
+@dataclass
+class _Plan:
+    """What every run fits: the shared settings, the model families, the grids."""
+
+    base: dict
+    families: list[Family]
+    shrunk: bool
+    inits: tuple
+    ranks: tuple
+    grid: dict
+    pair_grid: dict | None
+
+
+def _plan(args: argparse.Namespace) -> _Plan:
+    inits = _grid(args.init_grid, str) if args.init_grid else ()
+    unknown_init = set(inits) - set(INIT_STD)
+    if unknown_init:
+        raise ValueError(f"unknown starting point(s) {sorted(unknown_init)} (known: marginal, random)")
+    variants = set(_grid(args.variants, str))
+    unknown = variants - {"shrunk", "bias"}
+    if unknown:
+        raise ValueError(f"unknown variant(s) {sorted(unknown)} (known: shrunk, bias)")
+    families = [Family("DCR", {})] + ([Family("DCR-bias", {"item_bias": args.item_bias})] if "bias" in variants
+                                      else [])
+    return _Plan(base=dict(_base_params(args), pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs),
+                 families=families, shrunk="shrunk" in variants, inits=inits,
+                 ranks=_grid(args.rank_grid, int) if args.rank_grid else (),
+                 grid={"lr": _grid(args.lr_grid), "reg": _grid(args.reg_grid)},
+                 pair_grid={"pairwise_lr": _grid(args.pairwise_lr_grid)} if args.pairwise else None)
+
+
+def _choices(args: argparse.Namespace, plan: _Plan, fit_n: dict) -> list[dict]:
+    """The start x rank candidates at one N (one, the protocol's, without grids)."""
+    def std_of(init: str) -> float:
+        if args.init_std is not None:
+            return args.init_std
+        return fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
+
+    return [dict(init=i, rank=r, init_std=std_of(i)) for i in (plan.inits or (fit_n["init"],))
+            for r in (plan.ranks or (fit_n["rank"],))]
+
+
+def _record_references(args: argparse.Namespace, results: _Results, n: int, run_index: int, n_items: int,
+                       train: Ratings, test: Ratings, beta: float) -> None:
+    results.record("Random", n, ndcg_at_k(fixed_scorer(
+        np.random.default_rng([args.seed, n, run_index, 7]).random(n_items)), test))
+    results.record("Item mean", n, ndcg_at_k(fixed_scorer(item_means(train, 0.0)), test))
+    results.record("Damped item mean", n, ndcg_at_k(fixed_scorer(item_means(train, beta)), test), f"(beta={beta:g})")
+
+
+def _chosen_params(args: argparse.Namespace, plan: _Plan, choices: list[dict], n: int, params: dict,
+                   pair_params: dict, train: Ratings, val_rng: np.random.Generator, log) -> tuple[dict, dict]:
+    """The family's fit for this run: tuned, selected, or with validation-chosen epochs."""
+    if args.tune:
+        return tune(train, val_rng, params, plan.grid, plan.pair_grid, log, stop=args.stop)
+    if args.stop == "validation" and len(choices) > 1 and held_out(n) >= K:
+        # Starting point and rank chosen per run by validation NDCG@10; each
+        # candidate's per-level epochs by validation log-likelihood.
+        return select(params, choices, train, val_rng, args.select_folds, log, args.select_rule), pair_params
+    if args.stop == "validation":
+        # Per-level epoch counts chosen on hold-outs of the training ratings (the
+        # median over --select-folds of them), then a refit on all N.
+        return median_epochs(params, train, val_rng, args.select_folds), pair_params
+    return params, pair_params
+
+
+def _record_family(args: argparse.Namespace, plan: _Plan, results: _Results, prefix: str, n: int, params: dict,
+                   pair_params: dict, shrinkage: float, train: Ratings, test: Ratings) -> None:
+    """Fit one family and record it, its shrunk serving and its pairwise refinement."""
+    model = DCR(**params).fit(train)
+    epochs = params.get("level_epochs") or model.epochs_run_
+    results.record(prefix, n, index_ndcg(model, test),
+                   f"({params_text(params, ['init', 'lr', 'reg', 'rank'])} epochs={epochs})")
+    if plan.shrunk:
+        model.item_shrinkage = shrinkage
+        results.record(prefix + "-shrunk", n, index_ndcg(model, test), f"(item_shrinkage={shrinkage:g})")
+        model.item_shrinkage = 0.0
+    if args.pairwise:
+        refined = model.refined(**pair_params)
+        results.record("Pairwise " + prefix, n, index_ndcg(refined, test),
+                       f"({params_text(pair_params, sorted(pair_params))})")
+        if plan.shrunk:
+            refined.item_shrinkage = shrinkage
+            results.record("Pairwise " + prefix + "-shrunk", n, index_ndcg(refined, test),
+                           f"(item_shrinkage={shrinkage:g})")
+
+
+def _protocol_run(args: argparse.Namespace, plan: _Plan, results: _Results, data: Ratings, n: int,
+                  run_index: int, choices: list[dict], n_base: dict) -> None:
+    """One run at one N: its split, the references, and every family."""
+    rng = np.random.default_rng([args.seed, n, run_index])
+    train, test = per_user_split(data, n, rng)
+    started = time.perf_counter()
+    beta = tune_shrinkage(train, np.random.default_rng([args.seed, n, run_index, 1]))
+    shrinkage = beta if args.tune else args.item_shrinkage
+    if not args.no_references:
+        _record_references(args, results, n, run_index, data.n_items, train, test, beta)
+    for family in plan.families:
+        seed = int(rng.integers(2**31 - 1))
+        val_rng = np.random.default_rng([args.seed, n, run_index, 2])
+        params, pair_params = _chosen_params(args, plan, choices, n, dict(n_base, **family.params, seed=seed),
+                                             {"pairwise_lr": n_base["pairwise_lr"]}, train, val_rng, results.log)
+        if args.grid_on_test and family.prefix == "DCR":
+            results.record("DCR (grid best on test)", n, grid_best_on_test(
+                dict(n_base, seed=seed), train, test, args.stop, val_rng), "(diagnostic: chosen on test)")
+        _record_family(args, plan, results, family.prefix, n, params, pair_params, shrinkage, train, test)
+    results.log(f"N={n} run {run_index}: {time.perf_counter() - started:.1f} s")
+
+
+def _paper_figures(name: str, n_values) -> list[PaperFigure]:
+    paper = [PaperFigure("DCR", {"N": n}, METRIC, v) for n, v in PAPER_DCR.get(name, {}).items() if n in n_values]
+    return paper + [PaperFigure("Pairwise DCR", {"N": n}, METRIC, v)
+                    for n, v in PAPER_PAIRWISE.get(name, {}).items() if n in n_values]
+
+
 def run(args: argparse.Namespace) -> list[Row]:
     data = load_ratings(args)
     name = dataset_name(args.data, args.dataset)
     n_values = _grid(args.n_train, int)
-    verbose = not args.quiet
-    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if verbose else (lambda msg: None)
+    log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if not args.quiet else (lambda msg: None)
     if args.sweep:
         return sweep(args, data, name, n_values, log)
-    inits = _grid(args.init_grid, str) if args.init_grid else ()
-    ranks = _grid(args.rank_grid, int) if args.rank_grid else ()
-    unknown_init = set(inits) - set(INIT_STD)
-    if unknown_init:
-        raise ValueError(f"unknown starting point(s) {sorted(unknown_init)} (known: marginal, random)")
-    base = dict(relevance=args.relevance, projection=args.projection,
-                reg=args.reg, epochs=args.epochs, tol=args.tol, order=args.order, lr_decay=args.lr_decay,
-                init_shrinkage=args.init_shrinkage,
-                val_tol=args.val_tol,
-                pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs)
-    names = set(_grid(args.variants, str))
-    unknown = names - {"shrunk", "bias"}
-    if unknown:
-        raise ValueError(f"unknown variant(s) {sorted(unknown)} (known: shrunk, bias)")
-    families = [Family("DCR", {})]
-    if "bias" in names:
-        families.append(Family("DCR-bias", {"item_bias": args.item_bias}))
-    shrunk = "shrunk" in names
-    grid = {"lr": _grid(args.lr_grid), "reg": _grid(args.reg_grid)}
-    pair_grid = {"pairwise_lr": _grid(args.pairwise_lr_grid)} if args.pairwise else None
-
-    results: dict[tuple[str, int], list[float]] = {}
-
-    def record(method: str, n: int, value: float, note: str = "") -> None:
-        results.setdefault((method, n), []).append(value)
-        log(f"N={n} run {len(results[(method, n)]) - 1}: {method} {value:.4f} {note}")
-
+    plan = _plan(args)
+    results = _Results(log)
     for n in n_values:
         fit_n = fit_for(n, args)
-        std_of = lambda init: args.init_std if args.init_std is not None else (  # noqa: E731
-            fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init])
-        choices = [dict(init=i, rank=r, init_std=std_of(i)) for i in (inits or (fit_n["init"],))
-                   for r in (ranks or (fit_n["rank"],))]
+        choices = _choices(args, plan, fit_n)
         # With explicit grids, the first candidate is fitted where no choice is made.
-        n_base = dict(dict(base, **fit_n), **choices[0])
+        n_base = dict(dict(plan.base, **fit_n), **choices[0])
         log(f"N={n}: {params_text(fit_n, sorted(fit_n))}"
             + (f"; start x rank chosen per run from {len(choices)} candidates" if len(choices) > 1 else ""))
         for run_index in range(args.runs):
-            rng = np.random.default_rng([args.seed, n, run_index])
-            train, test = per_user_split(data, n, rng)
-            started = time.perf_counter()
-            beta = tune_shrinkage(train, np.random.default_rng([args.seed, n, run_index, 1]))
-            shrinkage = beta if args.tune else args.item_shrinkage
-            if not args.no_references:
-                record("Random", n, ndcg_at_k(fixed_scorer(
-                    np.random.default_rng([args.seed, n, run_index, 7]).random(data.n_items)), test))
-                record("Item mean", n, ndcg_at_k(fixed_scorer(item_means(train, 0.0)), test))
-                record("Damped item mean", n, ndcg_at_k(fixed_scorer(item_means(train, beta)), test),
-                       f"(beta={beta:g})")
-            for family in families:
-                seed = int(rng.integers(2**31 - 1))
-                params = dict(n_base, **family.params, seed=seed)
-                pair_params = {"pairwise_lr": n_base["pairwise_lr"]}
-                val_rng = np.random.default_rng([args.seed, n, run_index, 2])
-                if args.tune:
-                    params, pair_params = tune(train, val_rng, params, grid, pair_grid, log, stop=args.stop)
-                elif args.stop == "validation" and len(choices) > 1 and held_out(n) >= K:
-                    # Starting point and rank chosen per run by validation NDCG@10; each
-                    # candidate's per-level epochs by validation log-likelihood.
-                    params = select(params, choices, train, val_rng, args.select_folds, log, args.select_rule)
-                elif args.stop == "validation":
-                    # Per-level epoch counts chosen on hold-outs of the training ratings (the
-                    # median over --select-folds of them), then a refit on all N.
-                    params = median_epochs(params, train, val_rng, args.select_folds)
-                if args.grid_on_test and family.prefix == "DCR":
-                    record("DCR (grid best on test)", n, grid_best_on_test(
-                        dict(n_base, seed=seed), train, test, args.stop, val_rng), "(diagnostic: chosen on test)")
-                model = DCR(**params).fit(train)
-                epochs = params.get("level_epochs") or model.epochs_run_
-                note = f"({params_text(params, ['init', 'lr', 'reg', 'rank'])} epochs={epochs})"
-                record(family.prefix, n, index_ndcg(model, test), note)
-                if shrunk:
-                    model.item_shrinkage = shrinkage
-                    record(family.prefix + "-shrunk", n, index_ndcg(model, test), f"(item_shrinkage={shrinkage:g})")
-                    model.item_shrinkage = 0.0
-                if args.pairwise:
-                    refined = model.refined(**pair_params)
-                    record("Pairwise " + family.prefix, n, index_ndcg(refined, test),
-                           f"({params_text(pair_params, sorted(pair_params))})")
-                    if shrunk:
-                        refined.item_shrinkage = shrinkage
-                        record("Pairwise " + family.prefix + "-shrunk", n, index_ndcg(refined, test),
-                               f"(item_shrinkage={shrinkage:g})")
-            log(f"N={n} run {run_index}: {time.perf_counter() - started:.1f} s")
-
-    rows = [summarise(method, name, {"N": n}, METRIC, values) for (method, n), values in results.items()]
-    paper = [PaperFigure("DCR", {"N": n}, METRIC, v) for n, v in PAPER_DCR.get(name, {}).items() if n in n_values]
-    paper += [PaperFigure("Pairwise DCR", {"N": n}, METRIC, v)
-              for n, v in PAPER_PAIRWISE.get(name, {}).items() if n in n_values]
+            _protocol_run(args, plan, results, data, n, run_index, choices, n_base)
+    rows = results.rows(name)
     rows.sort(key=lambda r: (r.setting["N"], r.method))
-    print_table(rows, paper, out=sys.stdout, title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
-                                   f" ({args.runs} runs; paper: Hu & Li 2017, Table 2)")
+    print_table(rows, _paper_figures(name, n_values), out=sys.stdout,
+                title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
+                      f" ({args.runs} runs; paper: Hu & Li 2017, Table 2)")
     return rows

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-_READY = re.compile(r"ordrec-serve ready port=(\d+) metrics_port=(-?\d+)")
+from ordrec.service.supervisor import READY_LINE
+
 _METRICS_PORTS = re.compile(r"metrics_ports=([\d,]+)")
 
 
@@ -41,7 +42,7 @@ class ServerProcess:
 
     @property
     def metrics_urls(self) -> str:
-        """Every process's metrics URL, comma-separated (``loadtest --metrics-url``)."""
+        """Every process's metrics URL, comma-separated (``ordrec-loadtest --metrics-url``)."""
         return ",".join(f"http://127.0.0.1:{p}" for p in self.metrics_ports or [self.metrics_port])
 
     def start(self) -> "ServerProcess":
@@ -61,7 +62,7 @@ class ServerProcess:
             if sink:
                 sink.write(line)
                 sink.flush()
-            match = _READY.search(line)
+            match = READY_LINE.search(line)
             if match:
                 self.port, self.metrics_port = int(match.group(1)), int(match.group(2))
                 ports = _METRICS_PORTS.search(line)

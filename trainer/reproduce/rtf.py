@@ -34,7 +34,8 @@ import numpy as np
 from ordrec.service.models.rtf import Index
 from ordrec.service.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
-from ordrec.trainer.evaluation.report import PaperFigure, Row, print_table, summarise
+from ordrec.trainer.evaluation.metrics import list_metrics
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.rtf import RTF, group_posts
 
 DEFAULT_RUNS = 3
@@ -175,30 +176,7 @@ def leave_one_post_out(data: TagAssignments, rng: np.random.Generator):
 
 
 # ---------------------------------------------------------------- metrics
-def precision_recall(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = MAX_N):
-    """Mean precision and recall at N = 1..max_n over test posts (paper Section 5.2).
-
-    A list shorter than N counts its missing slots as misses (precision
-    divides by N).
-    """
-    hits = np.zeros((len(top_lists), max_n))
-    sizes = np.array([max(t.size, 1) for t in truth], dtype=np.float64)
-    for k, (top, true) in enumerate(zip(top_lists, truth)):
-        hit = np.isin(top[:max_n], true).astype(np.float64)
-        hits[k, : hit.size] = hit
-    cum = np.cumsum(hits, axis=1)
-    ns = np.arange(1, max_n + 1)
-    precision = (cum / ns).mean(axis=0)
-    recall = (cum / sizes[:, None]).mean(axis=0)
-    return precision, recall
-
-
-def f1(precision: np.ndarray, recall: np.ndarray) -> np.ndarray:
-    denom = precision + recall
-    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
-
-
-class _TestSet:
+class HeldOutPosts:
     """Test posts translated into one index's rows (by external id)."""
 
     def __init__(self, data: TagAssignments, test, index: Index):
@@ -220,10 +198,10 @@ class _TestSet:
         return self.user_rows.size
 
 
-def evaluate_rtf(index: Index, tests: _TestSet) -> dict[str, float]:
+def evaluate_rtf(index: Index, tests: HeldOutPosts) -> dict[str, float]:
     """Top-10 lists from ``Index.tags`` (the RPC's code) and AUC from ``Index.score_posts``."""
     lists = [index.tags(int(u), int(i), MAX_N)[0] for u, i in zip(tests.user_rows, tests.item_rows)]
-    out = _list_metrics(lists, tests.truth)
+    out = list_metrics(lists, tests.truth, MAX_N)
     known = (tests.user_rows >= 0) & (tests.item_rows >= 0)
     rows = np.flatnonzero(known)
     scores = index.score_posts(tests.user_rows[rows], tests.item_rows[rows])
@@ -245,12 +223,12 @@ def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float
         index = Index.from_artifact(est.to_artifact())
     finally:
         est.core_, est.user_factors_, est.item_factors_, est.tag_factors_ = live
-    metrics = evaluate_rtf(index, _TestSet(core, test, index))
+    metrics = evaluate_rtf(index, HeldOutPosts(core, test, index))
     metrics["kept_pass"] = float(epoch)
     return metrics
 
 
-def evaluate_baseline(index: Index, tests: _TestSet, kind: str, mix_weight: float = 0.5
+def evaluate_baseline(index: Index, tests: HeldOutPosts, kind: str, mix_weight: float = 0.5
                       ) -> dict[str, float]:
     """Top-10 lists of a popularity baseline from the index's popularity arrays.
 
@@ -268,10 +246,10 @@ def evaluate_baseline(index: Index, tests: _TestSet, kind: str, mix_weight: floa
         else:
             scores = index.popular_scores(kind.split("-")[1], int(u), int(i), mix_weight=mix_weight)
         lists.append(top_k(scores, MAX_N)[0])
-    return _list_metrics(lists, tests.truth)
+    return list_metrics(lists, tests.truth, MAX_N)
 
 
-def evaluate_npmax(index: Index, tests: _TestSet) -> dict[str, float]:
+def evaluate_npmax(index: Index, tests: HeldOutPosts) -> dict[str, float]:
     """npmax (paper Section 5.4.3): tag t scores |{u*: (u*, i, t) in S_test}|,
     ties by global training popularity. Peeks at the test set: reference only."""
     n_tags = len(index.tags_ids)
@@ -284,18 +262,7 @@ def evaluate_npmax(index: Index, tests: _TestSet) -> dict[str, float]:
     tiebreak = tiebreak / (tiebreak.max() + 1.0)
     for item in tests.item_ext:
         lists.append(top_k(by_item[int(item)] + tiebreak, MAX_N)[0])
-    return _list_metrics(lists, tests.truth)
-
-
-def _list_metrics(lists: list[np.ndarray], truth: list[np.ndarray]) -> dict[str, float]:
-    precision, recall = precision_recall(lists, truth)
-    scores = f1(precision, recall)
-    out: dict[str, float] = {}
-    for n in range(1, MAX_N + 1):
-        out[f"precision@{n}"] = float(precision[n - 1])
-        out[f"recall@{n}"] = float(recall[n - 1])
-        out[f"f1@{n}"] = float(scores[n - 1])
-    return out
+    return list_metrics(lists, tests.truth, MAX_N)
 
 
 def choose_mix_weight(train: TagAssignments, seed: int,
@@ -313,7 +280,7 @@ def choose_mix_weight(train: TagAssignments, seed: int,
     fit_part, val = leave_one_post_out(train, np.random.default_rng(seed + VALIDATION_SEED_OFFSET))
     est = RTF(dims=1, iterations=1, validation_posts=0, seed=seed, verbose=False).fit(fit_part)
     index = Index.from_artifact(est.to_artifact())
-    posts = _TestSet(train, val, index)
+    posts = HeldOutPosts(train, val, index)
     score = {w: np.mean([m for k, m in evaluate_baseline(index, posts, "pop-mix", w).items()
                          if k.startswith("f1@")]) for w in grid}
     return float(max(grid, key=lambda w: (score[w], -abs(w - 0.5))))
@@ -332,93 +299,104 @@ def load(args: argparse.Namespace) -> TagAssignments:
 def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Row]:
     """Run the protocol, print the table beside the paper's figures, return the rows."""
     dims_list = [int(x) for x in str(args.dims).split(",") if x.strip()]
-    per_dims = parse_per_dims(list(DEFAULT_PER_DIMS) + list(getattr(args, "per_dims", []) or []))
     if data is None:
         data = load(args)
     core = p_core(data, int(args.core))
     if len(core) == 0:
         raise ValueError(f"the {args.core}-core of {args.data} is empty")
-    n_posts = group_posts(core.user, core.item, core.tag)[0].size
     dataset = f"{getattr(args, 'data', '') or data.source} {args.core}-core"
-    print(f"{args.core}-core: |S| {len(core):,}  |U| {len(core.users):,}  |I| {len(core.items):,}  "
-          f"|T| {len(core.tags):,}  |P_S| {n_posts:,}  (paper Last.fm 10-core: |S| 219,702, |U| 2,917, "
-          f"|I| 1,853, |T| 2,045, |P_S| 75,565)")
+    _print_core_sizes(core, args.core)
     per_method: dict[str, dict[str, list[float]]] = {}
-
-    def record(method: str, metrics: dict[str, float]) -> None:
-        bucket = per_method.setdefault(method, {})
-        for key, value in metrics.items():
-            bucket.setdefault(key, []).append(value)
-
     for run_no in range(int(args.runs)):
-        seed = int(args.seed) + run_no
-        rng = np.random.default_rng(seed)
-        train, test = leave_one_post_out(core, rng)
-        baseline_done = False
-        for dims in dims_list:
-            started = time.perf_counter()
-            settings = dict(learning_rate=args.learning_rate,
-                            lr_decay=args.lr_decay, reg=args.reg, reg_core=args.reg_core,
-                            reg_tags=args.reg_tags,
-                            iterations=args.iterations, init_std=args.init_std,
-                            validation_posts=args.validation_posts, patience=args.patience,
-                            smoothing=args.smoothing, min_iterations=args.min_iterations,
-                            lr_drops=getattr(args, "lr_drops", 0),
-                            lr_drop_factor=getattr(args, "lr_drop_factor", 0.5),
-                            keep_within=_keep_within(getattr(args, "keep_within", None)))
-            settings.update(per_dims.get(dims, {}))
-            est = RTF(dims=dims, seed=seed, verbose=not args.quiet, **settings)
-            est.fit(train)
-            seconds = time.perf_counter() - started
-            index = Index.from_artifact(est.to_artifact())
-            tests = _TestSet(core, test, index)
-            metrics = evaluate_rtf(index, tests)
-            metrics["train_seconds"] = seconds
-            metrics["epochs"] = float(est.epochs_run_)
-            metrics["seconds_per_epoch"] = seconds / max(est.epochs_run_, 1)
-            metrics["kept_pass"] = float(est.best_epoch_)
-            record(f"RTF-{dims}", metrics)
-            if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
-                first = evaluate_first_pass(est, core, test)
-                record(f"RTF-{dims}/first", first)
-                if not args.quiet:
-                    print(f"run {run_no + 1}/{args.runs} RTF-{dims}/first: auc {first['auc']:.4f} "
-                          f"f1@1 {first['f1@1']:.4f} f1@10 {first['f1@10']:.4f} "
-                          f"(pass {est.first_plateau_[0]})", file=sys.stderr)
-            if not args.quiet:
-                print(f"run {run_no + 1}/{args.runs} RTF-{dims}: auc {metrics['auc']:.4f} "
-                      f"f1@1 {metrics['f1@1']:.4f} f1@5 {metrics['f1@5']:.4f} f1@10 {metrics['f1@10']:.4f} "
-                      f"({est.epochs_run_} epochs, best {est.best_epoch_}, {seconds:.0f}s)", file=sys.stderr)
-            if not baseline_done:
-                # popularity arrays do not depend on the factors: any index of this split serves
-                for kind in BASELINES:
-                    record(kind, evaluate_baseline(index, tests, kind))
-                weight = choose_mix_weight(train, seed)
-                tuned = evaluate_baseline(index, tests, "pop-mix", mix_weight=weight)
-                tuned["mix_weight"] = weight
-                record(TUNED_MIX, tuned)
-                if not args.quiet:
-                    print(f"run {run_no + 1}/{args.runs} {TUNED_MIX}: item weight {weight:g} "
-                          f"(chosen on validation posts of the training set)", file=sys.stderr)
-                record("npmax", evaluate_npmax(index, tests))
-                baseline_done = True
-
-    setting = {"core": int(args.core)}
+        _protocol_run(args, core, run_no, dims_list, per_method)
     order = ([f"RTF-{d}" for d in dims_list] + [f"RTF-{d}/first" for d in dims_list]
              + list(BASELINES) + [TUNED_MIX, "npmax"])
     per_method = {m: per_method[m] for m in order if m in per_method}
-    rows: list[Row] = []
-    for method, metrics in per_method.items():
-        for metric, values in metrics.items():
-            if metric == "cold_posts" and not any(values):
-                continue
-            rows.append(summarise(method, dataset, setting, metric, values))
+    setting = {"core": int(args.core)}
+    rows = [summarise(method, dataset, setting, metric, values)
+            for method, metrics in per_method.items() for metric, values in metrics.items()
+            if not (metric == "cold_posts" and not any(values))]
     paper = [PaperFigure(f"RTF-{d}", setting, "auc", v, "Last.fm 10-core, Fig. 8 (read off the plot)")
              for d, v in PAPER_AUC.items() if d in dims_list]
     _print_f1_grid(per_method)
     shown = [r for r in rows if r.metric == "auc" or r.metric in ("f1@1", "f1@5", "f1@10")]
     print_table(shown, paper, out=sys.stdout, title=f"RTF on {dataset}: F1 and AUC (mean over runs)")
     return rows
+
+
+def _print_core_sizes(core: TagAssignments, p: int) -> None:
+    n_posts = group_posts(core.user, core.item, core.tag)[0].size
+    print(f"{p}-core: |S| {len(core):,}  |U| {len(core.users):,}  |I| {len(core.items):,}  "
+          f"|T| {len(core.tags):,}  |P_S| {n_posts:,}  (paper Last.fm 10-core: |S| 219,702, |U| 2,917, "
+          f"|I| 1,853, |T| 2,045, |P_S| 75,565)")
+
+
+def _record(per_method: dict[str, dict[str, list[float]]], method: str, metrics: dict[str, float]) -> None:
+    bucket = per_method.setdefault(method, {})
+    for key, value in metrics.items():
+        bucket.setdefault(key, []).append(value)
+
+
+def _say(args: argparse.Namespace, run_no: int, text: str) -> None:
+    if not args.quiet:
+        print(f"run {run_no + 1}/{args.runs} {text}", file=sys.stderr)
+
+
+def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
+    """RTF's settings from the command line, then the per-dims overrides."""
+    settings = dict(learning_rate=args.learning_rate, lr_decay=args.lr_decay, reg=args.reg, reg_core=args.reg_core,
+                    reg_tags=args.reg_tags, iterations=args.iterations, init_std=args.init_std,
+                    validation_posts=args.validation_posts, patience=args.patience, smoothing=args.smoothing,
+                    min_iterations=args.min_iterations, lr_drops=getattr(args, "lr_drops", 0),
+                    lr_drop_factor=getattr(args, "lr_drop_factor", 0.5),
+                    keep_within=_keep_within(getattr(args, "keep_within", None)))
+    per_dims = parse_per_dims(list(DEFAULT_PER_DIMS) + list(getattr(args, "per_dims", []) or []))
+    return dict(settings, **per_dims.get(dims, {}))
+
+
+def _protocol_run(args: argparse.Namespace, core: TagAssignments, run_no: int, dims_list: list[int],
+                  per_method: dict) -> None:
+    """One leave-one-post-out split: RTF at every dims, then the baselines."""
+    seed = int(args.seed) + run_no
+    train, test = leave_one_post_out(core, np.random.default_rng(seed))
+    for position, dims in enumerate(dims_list):
+        index, tests = _measure_rtf(args, core, train, test, run_no, seed, dims, per_method)
+        if position == 0:  # popularity arrays do not depend on the factors: any index of this split serves
+            _measure_baselines(args, train, run_no, seed, index, tests, per_method)
+
+
+def _measure_rtf(args: argparse.Namespace, core: TagAssignments, train: TagAssignments, test, run_no: int,
+                 seed: int, dims: int, per_method: dict):
+    """Fit RTF-dims on the split and record it (and its first pass when asked); returns its index and posts."""
+    started = time.perf_counter()
+    est = RTF(dims=dims, seed=seed, verbose=not args.quiet, **_fit_settings(args, dims)).fit(train)
+    seconds = time.perf_counter() - started
+    index = Index.from_artifact(est.to_artifact())
+    tests = HeldOutPosts(core, test, index)
+    metrics = dict(evaluate_rtf(index, tests), train_seconds=seconds, epochs=float(est.epochs_run_),
+                   seconds_per_epoch=seconds / max(est.epochs_run_, 1), kept_pass=float(est.best_epoch_))
+    _record(per_method, f"RTF-{dims}", metrics)
+    if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
+        first = evaluate_first_pass(est, core, test)
+        _record(per_method, f"RTF-{dims}/first", first)
+        _say(args, run_no, f"RTF-{dims}/first: auc {first['auc']:.4f} f1@1 {first['f1@1']:.4f} "
+                           f"f1@10 {first['f1@10']:.4f} (pass {est.first_plateau_[0]})")
+    _say(args, run_no, f"RTF-{dims}: auc {metrics['auc']:.4f} f1@1 {metrics['f1@1']:.4f} "
+                       f"f1@5 {metrics['f1@5']:.4f} f1@10 {metrics['f1@10']:.4f} "
+                       f"({est.epochs_run_} epochs, best {est.best_epoch_}, {seconds:.0f}s)")
+    return index, tests
+
+
+def _measure_baselines(args: argparse.Namespace, train: TagAssignments, run_no: int, seed: int, index: Index,
+                       tests: HeldOutPosts, per_method: dict) -> None:
+    for kind in BASELINES:
+        _record(per_method, kind, evaluate_baseline(index, tests, kind))
+    weight = choose_mix_weight(train, seed)
+    tuned = evaluate_baseline(index, tests, "pop-mix", mix_weight=weight)
+    tuned["mix_weight"] = weight
+    _record(per_method, TUNED_MIX, tuned)
+    _say(args, run_no, f"{TUNED_MIX}: item weight {weight:g} (chosen on validation posts of the training set)")
+    _record(per_method, "npmax", evaluate_npmax(index, tests))
 
 
 def _print_f1_grid(per_method: dict[str, dict[str, list[float]]], out=None) -> None:

@@ -1,0 +1,120 @@
+"""Reusable ranking and map metrics, one definition each.
+
+The cron job's held-out gate (:mod:`ordrec.trainer.evaluation.holdout`) and
+the papers' protocols (:mod:`ordrec.trainer.reproduce`) both measure with
+these. Scorers and indices are passed in, so every figure comes from the code
+that answers queries.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ordrec.trainer.data.types import AttributeTable, Ratings
+from ordrec.trainer.models.score import satisfied_triplets
+
+ScoreItems = Callable[[int, np.ndarray], np.ndarray]  # (user row, item rows) -> scores, higher is better
+
+
+# ------------------------------------------------------------------- ranking
+def ndcg(ratings_in_ranked_order: np.ndarray, k: int = 10) -> float:
+    """NDCG@k of one ranked list with gains ``2**rating - 1``; NaN when no item has a gain."""
+    gains = np.exp2(np.asarray(ratings_in_ranked_order, dtype=np.float64)) - 1.0
+    discount = 1.0 / np.log2(np.arange(2, min(k, gains.size) + 2))
+    idcg = float(np.sort(gains)[::-1][:k] @ discount)
+    return float(gains[:k] @ discount) / idcg if idcg > 0 else float("nan")
+
+
+def ndcg_values(score_items: ScoreItems, test: Ratings, k: int = 10) -> np.ndarray:
+    """NDCG@k of every user of ``test`` with a positive ideal DCG, in user-row order.
+
+    Each user's test items are ranked by ``score_items``; ties keep the items'
+    row order (a stable sort), identical for every method.
+    """
+    order = np.lexsort((test.item, test.user))
+    users, items, ratings = test.user[order], test.item[order], test.rating[order].astype(np.float64)
+    bounds = np.r_[0, np.flatnonzero(np.diff(users)) + 1, users.size] if users.size else np.array([0])
+    values = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        scores = np.asarray(score_items(int(users[lo]), items[lo:hi].astype(np.int64)), dtype=np.float64)
+        value = ndcg(ratings[lo:hi][np.argsort(-scores, kind="stable")], k)
+        if not np.isnan(value):
+            values.append(value)
+    return np.asarray(values, dtype=np.float64)
+
+
+def ndcg_at_k(score_items: ScoreItems, test: Ratings, k: int = 10) -> float:
+    """Mean over users of NDCG@k over each user's test items (see :func:`ndcg_values`)."""
+    return mean_or_nan(ndcg_values(score_items, test, k))
+
+
+def mean_or_nan(values) -> float:
+    """The mean, NaN for no values (a metric nobody could be measured on)."""
+    return float(np.mean(values)) if len(values) else float("nan")
+
+
+def precision_recall(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = 10):
+    """Mean precision and recall at N = 1..max_n over ranked lists and their true sets.
+
+    A list shorter than N counts its missing slots as misses (precision
+    divides by N).
+    """
+    hits = np.zeros((len(top_lists), max_n))
+    sizes = np.array([max(t.size, 1) for t in truth], dtype=np.float64)
+    for k, (top, true) in enumerate(zip(top_lists, truth)):
+        hit = np.isin(top[:max_n], true).astype(np.float64)
+        hits[k, : hit.size] = hit
+    cum = np.cumsum(hits, axis=1)
+    ns = np.arange(1, max_n + 1)
+    precision = (cum / ns).mean(axis=0)
+    recall = (cum / sizes[:, None]).mean(axis=0)
+    return precision, recall
+
+
+def f1(precision, recall):
+    """Harmonic mean of precision and recall, 0 where both are 0 (scalars or arrays)."""
+    precision, recall = np.asarray(precision, dtype=np.float64), np.asarray(recall, dtype=np.float64)
+    denom = precision + recall
+    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
+
+
+def list_metrics(lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = 10) -> dict[str, float]:
+    """``precision@N``, ``recall@N`` and ``f1@N`` for N = 1..max_n."""
+    precision, recall = precision_recall(lists, truth, max_n)
+    scores = f1(precision, recall)
+    out: dict[str, float] = {}
+    for n in range(1, max_n + 1):
+        out[f"precision@{n}"] = float(precision[n - 1])
+        out[f"recall@{n}"] = float(recall[n - 1])
+        out[f"f1@{n}"] = float(scores[n - 1])
+    return out
+
+
+def order_agreement(distances_in_listed_order: np.ndarray) -> tuple[float, int]:
+    """``(agreeing, pairs)``: pairs of a nearest-first list whose distances keep that order (ties one half)."""
+    d = np.asarray(distances_in_listed_order, dtype=np.float64)
+    diff = d[None, :] - d[:, None]
+    upper = np.triu(np.ones_like(diff, dtype=bool), 1)
+    return float(np.sum(diff[upper] > 0) + 0.5 * np.sum(diff[upper] == 0)), int(upper.sum())
+
+
+# ----------------------------------------------------------------------- maps
+def preservation(index, table: AttributeTable, observed: np.ndarray | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Per aspect of ``table`` (looked up by name in the map ``index``): the
+    share of conditional triplets the map preserves (SCORE Eq. 10) over all
+    triplets, and over the hidden ones (NaN when ``observed`` is None or
+    nothing is hidden)."""
+    n_asp = len(table.attributes)
+    overall, hidden = np.full(n_asp, np.nan), np.full(n_asp, np.nan)
+    for t, name in enumerate(table.attributes):
+        coords = index.map_coordinates(name)
+        sat, tot = satisfied_triplets(coords, table.codes[:, t])
+        overall[t] = sat / tot if tot else np.nan
+        if observed is not None:
+            seen = np.where(observed[:, t], table.codes[:, t], -1)
+            sat_o, tot_o = satisfied_triplets(coords, seen)
+            if tot > tot_o:
+                hidden[t] = (sat - sat_o) / (tot - tot_o)
+    return overall, hidden

@@ -1,0 +1,1 @@
+"""The papers' reproduction protocols, one module per model kind (``ordrec-train reproduce KIND``)."""
