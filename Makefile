@@ -23,7 +23,7 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen_proto.sh --check
 
-# The import contracts of docs/layering.md ([tool.importlinter] in pyproject.toml).
+# The import contracts of docs/architecture.md, "The parts" ([tool.importlinter] in pyproject.toml).
 lint-imports: $(STAMP)
 	$(BIN)/python scripts/lint_imports.py
 

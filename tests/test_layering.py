@@ -1,4 +1,4 @@
-"""The layering contract (docs/layering.md) beyond what import-linter sees:
+"""The layering contract (docs/architecture.md, "The parts") beyond what import-linter sees:
 tests, benchmarks and scripts use public names of ordrec only."""
 from __future__ import annotations
 
