@@ -22,7 +22,7 @@ def test_explicit_triple_files_train_coe_and_score(tmp_path):
                                 for _ in range(300)))
     registry = tmp_path / "reg"
     for kind, path, fmt in (("coe", triples, "triples"), ("score", triplets, "triplets")):
-        result = _train(kind, "--data", str(path), "--format", fmt, "--registry", str(registry), "--set", "epochs=2")
+        result = _train(kind, "--data", str(path), "--format", fmt, "--registry", str(registry), "--set", "max_iter=2")
         assert result.returncode == 0, result.stderr
     assert Registry(registry).models() == ["coe", "score"]
     wrong = _train("dcr", "--data", str(triples), "--format", "triplets", "--registry", str(registry))
@@ -67,7 +67,7 @@ def test_map_models_publish_fit_metrics_and_a_report(sample_dir, tmp_path):
     for kind, sample, flags in (("coe", "ratings.data", ["--labels", str(sample_dir / "items.txt")]),
                                 ("score", "attributes.csv", [])):
         result = _train(kind, "--data", str(sample_dir / sample), "--registry", str(registry),
-                        "--set", "epochs=3", *flags)
+                        "--set", "max_iter=3", *flags)
         assert result.returncode == 0, result.stderr
         artifact = Registry(registry).load(kind)
         assert 0.5 < artifact.metrics["preservation_h" if kind == "coe" else "preservation"] <= 1.0
