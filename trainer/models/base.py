@@ -50,7 +50,9 @@ class Options:
     """One of a fixed set of values (of ``type``)."""
 
     def __init__(self, type: type, options: set | frozenset | tuple | list):
-        self.type, self.options = type, tuple(options)
+        # A set is listed sorted, so the error message does not depend on hashing.
+        ordered = sorted(options, key=repr) if isinstance(options, (set, frozenset)) else options
+        self.type, self.options = type, tuple(ordered)
 
     def allows(self, value: Any) -> bool:
         return isinstance(value, self.type) and value in self.options

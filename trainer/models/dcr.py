@@ -21,7 +21,8 @@ ordered rating pairs of each user plus ``lambda * sum |U|^2 + |V|^2`` by
 stochastic gradient steps with the same projection. Pairs are sampled on the
 fly inside the kernel, never enumerated.
 
-Named variant beyond the paper (off by default, so ``DCR()`` is the paper's):
+Named variants beyond the paper (research options, :class:`ResearchOptions`,
+off by default, so ``DCR().fit(data)`` is the paper's):
 ``item_bias=s > 0`` freezes the first coordinate of every user vector at
 ``s`` (the rest projected onto the ball of radius ``sqrt(1 - s^2)``, so
 ``|U_u^t| <= 1`` still holds); the first item coordinate then acts as a
@@ -39,8 +40,9 @@ Starting point and stopping (choices the paper leaves open; the model,
 objective and SGA steps are the paper's either way): ``init="marginal"``
 starts every level at its damped item marginals instead of small random
 factors, and ``fit(data, validation=...)`` stops each level at the epoch of
-its best validation log-likelihood (``best_epochs_``, reusable as
-``level_epochs`` for a refit on all the ratings). Why: with a few ratings
+its best validation log-likelihood (``best_epochs_``, reusable as research
+``level_epochs`` for a refit on all the ratings; ``early_stopping=True`` does
+both inside ``fit``). Why: with a few ratings
 per user, the coordinates of ``U_u^t`` that the user's ratings never push
 keep their random initial values, which add user-specific noise to every
 item's score; and SGA from a random start must first grow the shared
