@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ordrec.service.artifacts import Artifact, Registry
 from ordrec.service.idmap import IdMap
-from ordrec.service.process import ServerProcess, wait_for
+from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 

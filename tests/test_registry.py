@@ -14,7 +14,7 @@ import pytest
 
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, is_version
 from ordrec.service.idmap import IdMap
-from ordrec.service.process import run_cli
+from ordrec.tools.process import run_cli
 
 
 def make_artifact(seed: int = 0, n: int = 5) -> Artifact:
