@@ -8,16 +8,19 @@ Scale out with more processes (``--processes``), not more threads per call.
 from __future__ import annotations
 
 import os
+import sys
 
-for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")
+# Only when this module starts the process: imported into a process whose numba already
+# runs a thread pool (a test, a notebook), a changed NUMBA_NUM_THREADS breaks its next compile.
+if "numpy" not in sys.modules and "numba" not in sys.modules:
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
-import sys  # noqa: E402
 from typing import Sequence  # noqa: E402
 
 from ordrec.service.server import Server, ServerConfig  # noqa: E402

@@ -251,6 +251,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         space = "" if request.from_entity == pb.ENTITY_ASPECT else self._space(model, request.space)
         source = self._entity(model, space, request.from_entity)
         target = self._entity(model, space, request.to_entity or request.from_entity)
+        target_ids = index.maps[space][target].ids
+        v.check_reply_fits(k * v.scored_id_bytes(target_ids.max_bytes), f"k={k}", lim)
         source_ids = index.maps[space][source].ids
         row = source_ids.row(query_id)
         if row < 0:
@@ -294,6 +296,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             raise InvalidArgument("ranked_neighbor_ids repeats an id")
         k = v.bounded(request.k, "k", 0, lim.max_k)
         points = index.maps[""][index.default_entity]
+        v.check_reply_fits(k * v.scored_id_bytes(points.ids.max_bytes), f"k={k}", lim)
         rows = _rows_or_not_found(points.ids, ranked, "neighbour ids")
         coords = index.place(rows)
         reply = pb.PlaceResponse(coords=np.asarray(coords).tolist(), model=model.name, model_version=model.version)

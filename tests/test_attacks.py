@@ -183,6 +183,23 @@ def test_a_reply_over_the_message_limit_is_refused_before_any_work(attack_regist
         assert len(fits.results) == 20 and all(r.items for r in fits.results)
 
 
+def test_every_rpc_with_a_sized_reply_checks_it_before_work(attack_registry):
+    with ServerProcess(attack_registry, "--max-message-bytes", "8192") as server, \
+            grpc.insecure_channel(server.target) as channel:
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+        calls = {
+            "k=1000": lambda k: stub.Neighbors(pb.NeighborsRequest(model="bigmap", id="item-00000001", k=k), timeout=5),
+            "page_size=5000": lambda k: list(stub.Coordinates(
+                pb.CoordinatesRequest(model="bigmap", page_size=k * 5), timeout=5)),
+        }
+        for field, call in calls.items():
+            with pytest.raises(grpc.RpcError) as info:
+                call(1000)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+        assert len(calls["k=1000"](10).neighbors) == 10
+        assert metric(server, "grpc_server_handled_total", grpc_code="RESOURCE_EXHAUSTED") == 0
+
+
 def test_client_mistakes_never_fire_the_documented_error_alert(attack_registry):
     alert = re.search(r'alert: OrdrecErrors.*?grpc_code=~"([^"]+)"', (ROOT / "docs" / "service.md").read_text(),
                       re.S).group(1)

@@ -13,6 +13,7 @@ from ordrec.service.artifacts import Registry
 from ordrec.service.models import build_index
 from ordrec.trainer.job import (EXIT_FAILED, EXIT_PUBLISHED, EXIT_REJECTED, EXIT_USAGE, JobError, gate_passes,
                          job_lock, load_job, run_job)
+from ordrec.trainer.data.types import RatingScale
 from ordrec.trainer.sample import write_samples
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -101,6 +102,11 @@ def test_valid_job_parses_with_defaults_and_relative_paths(tmp_path):
     ('registry = "reg"\n', '', "job.registry", "missing"),
     ('path = "ratings.data"', 'path = 3', "data.r.path", "must be a string"),
     ('path = "ratings.data"', 'path = "x"\nfromat = "csv"', "data.r.fromat", "unknown key"),
+    ('path = "ratings.data"', 'path = "x"\nrating_scale = "5..1"', "data.r.rating_scale", "empty"),
+    ('path = "ratings.data"', 'path = "x"\nrating_scale = "1-5"', "data.r.rating_scale", "LOW..HIGH"),
+    ('path = "ratings.data"', 'path = "x"\nrating_scale = 5', "data.r.rating_scale", "must be a string"),
+    ('path = "ratings.data"', 'path = "x"\nformat = "triples"\nrating_scale = "1..5"', "data.r.rating_scale",
+     "not triples"),
     ('kind = "dcr"', 'kind = "svd"', "models[1] ('dcr').kind", "unknown kind"),
     ('data = "r"', 'data = "ratings"', "models[1] ('dcr').data", "no [data.ratings]"),
     ("n_components = 4", "rnak = 4", "models[1] ('dcr').params.rnak", "unknown key"),
@@ -233,6 +239,27 @@ def test_failed_model_does_not_stop_the_others(sample, tmp_path, capsys):
     assert "model=broken result=failed" in err and "relevance" in err
     assert "model=dcr result=published" in err
     assert versions(registry, "broken") == [] and len(versions(registry)) == 1
+
+
+def test_rating_scale_is_only_for_models_reading_ratings(tmp_path):
+    text = VALID.replace('path = "ratings.data"', 'path = "tags.csv"\nrating_scale = "1..5"')
+    with pytest.raises(JobError, match=r"data\.r\.rating_scale: is for ratings data; model 'dcr' \(rtf\) reads tags"):
+        load_job(write_job(tmp_path, text.replace('kind = "dcr"', 'kind = "rtf"')))
+    assert load_job(write_job(tmp_path, text)).data["r"].rating_scale == RatingScale(1, 5)
+
+
+def test_rating_scale_in_the_data_section(sample, tmp_path, capsys):
+    registry = tmp_path / "registry"
+    text = job_text(sample, registry).replace('format = "ml-100k"\n', 'format = "ml-100k"\nrating_scale = "1..4"\n')
+    path = write_job(tmp_path, text)
+    assert load_job(path).data["ratings"].rating_scale == RatingScale(1, 4)
+    assert run_job(path) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "result=data_error" in err and "rating '5' is outside the rating scale 1..4" in err
+    assert f"{sample / 'ratings.data'}:" in err and versions(registry) == []
+    skipping = text.replace('rating_scale = "1..4"', 'rating_scale = "1..4"\nskip_bad_lines = true')
+    assert run_job(write_job(tmp_path, skipping, "skip.toml")) == EXIT_PUBLISHED
+    assert Registry(registry).load("dcr").attributes["levels"] == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_missing_data_is_a_data_error(sample, tmp_path, capsys):

@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 from ordrec.trainer.data import _lines
 from ordrec.trainer.data._lines import Column, parse_records
 from ordrec.trainer.data.readers import (
-    FORMATS, SHAPES, detect_format, read_attributes, read_input, read_neighbors, read_ratings, read_tags,
+    FORMATS, SHAPES, declared_scale, detect_format, read_attributes, read_input, read_neighbors, read_ratings,
+    read_tags,
 )
-from ordrec.trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
+from ordrec.trainer.data.types import (
+    EXCERPT_CHARS, AttributeTable, DataError, NeighborLists, RatingScale, Ratings, TagAssignments, excerpt,
+)
 
 DATA = Path(os.environ.get("ORDREC_DATA", "/work/shared/data"))
 
@@ -532,3 +535,234 @@ def test_real_zoo():
     assert a.labels.count("frog") == 2
     counts = np.bincount(a.codes[:, a.attribute_index("type")])
     assert counts.tolist() == [41, 20, 5, 13, 4, 8, 10]
+
+
+# ------------------------------------------------------------------ rating scales, timestamps, line bound
+@pytest.mark.parametrize("text,expected", [
+    ("1..5", RatingScale(1, 5, 1)),
+    ("0.5..5:0.5", RatingScale(0.5, 5, 0.5)),
+    (" 1 .. 10 : 1 ", RatingScale(1, 10, 1)),
+    ("-2..2", RatingScale(-2, 2, 1)),
+])
+def test_rating_scale_parses_and_prints(text, expected):
+    scale = RatingScale.parse(text)
+    assert scale == expected and RatingScale.parse(str(scale)) == scale
+
+
+@pytest.mark.parametrize("text,words", [
+    ("1..", "is not LOW..HIGH"), ("1-5", "is not LOW..HIGH"), ("a..b", "must be numbers"),
+    ("5..1", "empty"), ("1..5:0", "step must be positive"), ("1..5:-1", "step must be positive"),
+    ("1..4.5", "whole number of steps"), ("nan..5", "finite"), ("1..inf", "finite"), ("1..5:0.5:1", "numbers"),
+])
+def test_rating_scale_rejects_nonsense(text, words):
+    with pytest.raises(ValueError, match=words):
+        RatingScale.parse(text)
+
+
+def test_rating_scale_problem_names_range_and_step():
+    halves = RatingScale(0.5, 5, 0.5)
+    assert [halves.problem(x) for x in (0.5, 3.5, 5.0)] == [None, None, None]
+    assert "not on the rating scale 0.5..5:0.5" in halves.problem(3.25)
+    for outside in (0.0, 5.5, 99.0, -1.0, float("nan")):
+        assert "outside the rating scale" in halves.problem(outside)
+
+
+MOVIELENS_COLUMNS = [Column(0, "user", space=0), Column(1, "item", space=1),
+                     Column(2, "rating", kind="float", scale=RatingScale(1, 5)),
+                     Column(3, "timestamp", kind="timestamp")]
+
+
+@pytest.fixture(params=["numba", "per-line"])
+def parser(request, monkeypatch):
+    """``parse_records`` on one path only: "numba" fails the test if it hands the file to the per-line parser."""
+    if request.param == "numba":
+        def no_fallback(*args, **kwargs):
+            raise AssertionError("the numba path fell back to the per-line parser")
+
+        monkeypatch.setattr(_lines, "_parse_lines", no_fallback)
+        return lambda *a, **k: parse_records(*a, **k)
+    return lambda *a, **k: parse_records(*a, **k, fast=False)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ("9\t9\t99\t5", "rating '99' is outside the rating scale 1..5"),
+    ("9\t9\t-1\t5", "rating '-1' is outside the rating scale 1..5"),
+    ("9\t9\t0\t5", "rating '0' is outside the rating scale 1..5"),
+    ("9\t9\t3.5\t5", "rating '3.5' is not on the rating scale 1..5"),
+    ("9\t9\t3\tnot-a-time", "timestamp 'not-a-time' is not a non-negative integer of at most 20 digits"),
+    ("9\t9\t3\t-5", "timestamp '-5' is not a non-negative integer"),
+    ("9\t9\t3\t1.5", "timestamp '1.5' is not a non-negative integer"),
+    ("9\t9\t3\t" + "9" * 21, "is not a non-negative integer of at most 20 digits"),
+    ("9\t9\t3\t", "timestamp '' is not"),
+])
+def test_scale_and_timestamp_are_enforced_on_both_paths(tmp_path, parser, bad, message):
+    path = str(write(tmp_path / "u.data", f"1\t1\t5\t{'9' * 20}\n{bad}\n2\t1\t1\t0\n"))
+    with pytest.raises(DataError) as info:
+        parser(path, "\t", 4, MOVIELENS_COLUMNS, 2)
+    assert (info.value.line, info.value.path) == (2, path) and message in info.value.reason
+    kept = parser(path, "\t", 4, MOVIELENS_COLUMNS, 2, skip_bad_lines=True)
+    assert kept.skipped == 1 and kept.numbers[0].tolist() == [5.0, 1.0]
+    assert [kept.line(k) for k in range(2)] == [1, 3] and kept.spaces[0].ids == ["1", "2"]
+
+
+def test_half_star_scale_on_both_paths(tmp_path, parser):
+    cols = [Column(0, "user", space=0), Column(1, "item", space=1),
+            Column(2, "rating", kind="float", scale=RatingScale(0.5, 5, 0.5))]
+    path = str(write(tmp_path / "ratings.dat", "1::1::0.5::1\n1::2::4.5::1\n2::1::3.25::1\n2::2::5.5::1\n"))
+    with pytest.raises(DataError) as info:
+        parser(path, "::", 4, cols, 2)
+    assert info.value.line == 3 and "'3.25' is not on the rating scale 0.5..5:0.5" in info.value.reason
+    kept = parser(path, "::", 4, cols, 2, skip_bad_lines=True)
+    assert kept.skipped == 2 and kept.numbers[0].tolist() == [0.5, 4.5]
+
+
+def test_the_issue_file_is_rejected_or_trimmed_to_levels_1_to_5(tmp_path):
+    path = write(tmp_path / "u.data", "1\t1\t5\t100\n1\t2\t99\t100\n2\t1\t-1\t100\n2\t2\t3\t100\n")
+    err = error_of(read_ratings, path)
+    assert f"{path}:2: rating '99' is outside the rating scale 1..5" == str(err)
+    r = read_ratings(path, skip_bad_lines=True)
+    assert r.skipped_lines == 2 and sorted(set(r.rating.tolist())) == [3.0, 5.0]
+
+
+def test_declared_scales_per_format(tmp_path):
+    assert declared_scale("ml-100k") == declared_scale("ml-1m") == RatingScale(1, 5)
+    assert declared_scale("ml-10m") == RatingScale(0.5, 5, 0.5)
+    assert declared_scale("csv") is None and declared_scale("tsv") is None
+    halves = write(tmp_path / "ratings.dat", "1::1::3.5::1\n1::2::5::1\n")
+    assert "'3.5' is not on the rating scale 1..5" in error_of(read_ratings, halves, "ml-1m").reason
+    assert len(read_ratings(halves, "ml-10m")) == 2
+    assert len(read_ratings(halves)) == 2  # detected: ML-1M or ML-10M, so halves are allowed
+    assert "3.25" in error_of(read_ratings, write(tmp_path / "x.dat", "1::1::3.25::1\n"), "ml-10m").reason
+
+
+def test_csv_takes_any_number_unless_given_a_scale(tmp_path):
+    path = write(tmp_path / "r.csv", "user,item,rating\na,x,99\nb,x,-1.25\n")
+    assert [x for _, _, x in triples(read_ratings(path))] == [99.0, -1.25]
+    err = error_of(read_ratings, path, rating_scale="1..5")
+    assert err.line == 2 and "'99' is outside the rating scale 1..5" in err.reason
+    assert read_ratings(path, rating_scale=RatingScale(-2, 100, 0.25)).rating.tolist() == [99.0, -1.25]
+    tsv = write(tmp_path / "r.tsv", "user\titem\trating\na\tx\t7\n")
+    assert "outside" in error_of(read_input, "ratings", tsv, rating_scale="1..5").reason
+
+
+def test_a_given_scale_replaces_the_declared_one(tmp_path):
+    path = write(tmp_path / "u.data", "1\t1\t7\t0\n1\t2\t10\t0\n")
+    assert "outside the rating scale 1..5" in error_of(read_ratings, path).reason
+    assert read_ratings(path, rating_scale="1..10").rating.tolist() == [7.0, 10.0]
+
+
+def test_rating_scale_only_for_ratings(tmp_path):
+    with pytest.raises(ValueError, match="not tags"):
+        read_input("tags", write(tmp_path / "t.csv", "user,item,tag\na,b,c\n"), rating_scale="1..5")
+
+
+@pytest.mark.parametrize("header", ["user,item,rating,timestamp", "user,item,rating,ts", "ts,user,item,rating"])
+def test_csv_timestamp_column_is_checked_when_present(tmp_path, header):
+    order = header.split(",")
+    row = {"user": "a", "item": "b", "rating": "1"}
+    good = ",".join(row.get(c, "1600000000") for c in order)
+    bad = ",".join(row.get(c, "2020-01-01") for c in order).replace("a,", "c,", 1)
+    path = write(tmp_path / "r.csv", f"{header}\n{good}\n{bad}\n")
+    err = error_of(read_ratings, path)
+    assert err.line == 3 and "timestamp '2020-01-01' is not a non-negative integer" in err.reason
+    assert read_ratings(path, skip_bad_lines=True).skipped_lines == 1
+    assert len(read_ratings(write(tmp_path / "s.csv", "user,item,rating,when\na,b,1,2020-01-01\n"))) == 1
+
+
+@pytest.fixture
+def small_line_bound(monkeypatch):
+    monkeypatch.setattr(_lines, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(_lines, "CHUNK_BYTES", 100)  # a long line spans chunks
+
+
+@pytest.mark.parametrize("name,line", [("u.data", "1\t{pad}\t3\t0"), ("r.csv", "u,{pad},3")])
+def test_line_length_bound_on_both_paths(tmp_path, small_line_bound, parser, name, line):
+    sep, n = ("\t", 4) if name == "u.data" else (",", 3)
+    cols = MOVIELENS_COLUMNS[:n]
+    at_bound = line.format(pad="x" * (64 - len(line.format(pad=""))))
+    over = line.format(pad="y" * (65 - len(line.format(pad=""))))
+    far_over = line.format(pad="z" * 5000)
+    assert (len(at_bound), len(over)) == (64, 65)
+    path = str(write(tmp_path / name, f"{at_bound}\n{over}\n{far_over}\n{at_bound.replace('1', '2', 1)}\n"))
+    with pytest.raises(DataError) as info:
+        parser(path, sep, n, cols, 2)
+    assert info.value.line == 2 and "line longer than 64 bytes" in info.value.reason
+    kept = parser(path, sep, n, cols, 2, skip_bad_lines=True)
+    assert kept.skipped == 2 and [kept.line(k) for k in range(2)] == [1, 4]
+    assert kept.spaces[1].ids == ["x" * len(at_bound.split(sep)[1])]
+
+
+def test_readers_report_long_lines_with_file_and_line(tmp_path, small_line_bound):
+    long_header = "id," + ",".join(f"a{k}" for k in range(40))
+    assert error_of(read_attributes, write(tmp_path / "a.csv", long_header + "\n")).line == 1
+    tags = write(tmp_path / "t.csv", "user,item,tag\na,b,c\na,b," + "d" * 100 + "\n")
+    assert error_of(read_tags, tags).line == 3 and read_tags(tags, skip_bad_lines=True).skipped_lines == 1
+    from ordrec.trainer.data.triples import read_triples
+    from ordrec.trainer.data.triplets import read_triplets
+
+    triples_file = write(tmp_path / "coe.txt", "A u i j\nA u i " + "j" * 100 + "\n")
+    assert "line longer than 64 bytes" in error_of(read_triples, triples_file).reason
+    assert read_triples(triples_file, skip_bad_lines=True).skipped_lines == 1
+    triplets_file = write(tmp_path / "score.csv", "x,a,b,c\n" + "y" * 100 + ",a,b,c\n")
+    assert error_of(read_triplets, triplets_file).line == 2
+
+
+def test_a_long_line_is_never_held_whole(tmp_path, monkeypatch):
+    import tracemalloc
+
+    monkeypatch.setattr(_lines, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(_lines, "CHUNK_BYTES", 4096)
+    path = tmp_path / "r.csv"
+    with open(path, "wb") as f:
+        f.write(b"user,item,rating\na,b,1\nc,")
+        for _ in range(40):
+            f.write(b"d" * (1 << 20))  # one 40 MiB line
+        f.write(b",2\ne,f,3\n")
+    cols = MOVIELENS_COLUMNS[:3]
+    for fast in (True, False):
+        tracemalloc.start()
+        try:
+            kept = parse_records(str(path), ",", 3, cols, 2, header_lines=1, skip_bad_lines=True, fast=fast)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert kept.skipped == 1 and [kept.line(k) for k in range(2)] == [2, 4]
+        assert peak < 4 << 20, f"fast={fast}: peak {peak} bytes"
+
+
+# ------------------------------------------------------------------ short escaped excerpts
+def test_excerpt_is_short_escaped_and_marks_the_cut():
+    assert excerpt("x") == "'x'" and excerpt("tab\there") == "'tab\\there'"
+    binary = "\x00\x01\x9f" * 400
+    shown = excerpt(binary)
+    assert len(shown) <= EXCERPT_CHARS + 30 and shown.startswith("'\\x00\\x01\\x9f")
+    assert shown.endswith("... (1200 characters)")
+    assert not any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in shown)
+    assert excerpt("a" * EXCERPT_CHARS).endswith("characters)") and excerpt("a" * 78) == repr("a" * 78)
+
+
+@pytest.mark.parametrize("name,line", [
+    ("u.data", "1\t{junk}\t3\t0"),        # control bytes in an id
+    ("u.data", "1\t2\t{junk}\t0"),        # not a number
+    ("u.data", "1\t2\t3\t{junk}"),        # not a timestamp
+    ("r.csv", "u,{junk},3"),
+])
+def test_messages_quote_binary_input_as_a_short_excerpt(tmp_path, parser, name, line):
+    junk = "\x01\x02binary\x7f" * 120
+    sep, n = ("\t", 4) if name == "u.data" else (",", 3)
+    first = "1\t1\t1\t0\n" if name == "u.data" else "1,1,1\n"
+    path = str(write(tmp_path / name, first + line.format(junk=junk) + "\n"))
+    with pytest.raises(DataError) as info:
+        parser(path, sep, n, MOVIELENS_COLUMNS[:n], 2)
+    message = str(info.value)
+    assert info.value.line == 2 and len(message) < len(path) + 200, message
+    assert "\\x01\\x02binary\\x7f" in message and "characters)" in message and "\x01" not in message
+
+
+def test_a_huge_timestamp_hits_the_real_line_bound(tmp_path, parser):
+    assert _lines.MAX_LINE_BYTES == 1 << 20
+    path = str(write(tmp_path / "u.data", "1\t1\t5\t0\n2\t1\t4\t" + "7" * (2 << 20) + "\n3\t1\t3\t0\n"))
+    with pytest.raises(DataError) as info:
+        parser(path, "\t", 4, MOVIELENS_COLUMNS, 2)
+    assert info.value.line == 2 and info.value.reason == "line longer than 1048576 bytes (the line length limit)"
+    assert parser(path, "\t", 4, MOVIELENS_COLUMNS, 2, skip_bad_lines=True).numbers[0].tolist() == [5.0, 3.0]

@@ -73,3 +73,47 @@ def test_map_models_publish_fit_metrics_and_a_report(sample_dir, tmp_path):
         assert 0.5 < artifact.metrics["preservation_h" if kind == "coe" else "preservation"] <= 1.0
         report = artifact.views["report.html"].data.decode()
         assert artifact.version in report and "preservation" in report
+
+
+def test_ratings_off_the_declared_scale_fail_or_are_skipped(sample_dir, tmp_path):
+    data = tmp_path / "u.data"
+    good = (sample_dir / "ratings.data").read_text()
+    data.write_text(good + "90001\t90001\t99\t881250949\n90002\t90001\t-1\tnot-a-time\n")
+    registry = tmp_path / "reg"
+    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "epochs=2")
+    n_good = good.count("\n")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"{data}:{n_good + 1}: rating '99' is outside the rating scale 1..5" in result.stderr
+    assert not registry.exists() or Registry(registry).versions("dcr") == []
+    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "epochs=2",
+                    "--skip-bad-lines")
+    assert result.returncode == 0, result.stderr
+    assert f"skipped 2 malformed line(s) of {data}" in result.stderr
+    assert Registry(registry).load("dcr").attributes["levels"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def test_rating_scale_option(sample_dir, tmp_path):
+    data = tmp_path / "r.csv"
+    data.write_text("user,item,rating\n" + "".join(f"u{k % 7},i{k % 11},{k % 9 + 1}\n" for k in range(77)))
+    bad = _train("dcr", "--data", str(data), "--registry", str(tmp_path / "reg"), "--rating-scale", "1..5")
+    assert bad.returncode == 2 and f"{data}:7: rating '6' is outside the rating scale 1..5" in bad.stderr
+    usage = _train("dcr", "--data", str(data), "--registry", str(tmp_path / "reg"), "--rating-scale", "5..1")
+    assert usage.returncode == 2 and "--rating-scale" in usage.stderr and "empty" in usage.stderr
+    tags = _train("rtf", "--data", str(sample_dir / "tags.csv"), "--registry", str(tmp_path / "reg"),
+                  "--rating-scale", "1..5")
+    assert tags.returncode == 2 and "a rating scale is for ratings files, not tags" in tags.stderr
+
+
+def test_reproduce_takes_a_rating_scale_only_for_ratings_protocols():
+    from ordrec.trainer.cli import build_parser
+    from ordrec.trainer.data.types import RatingScale
+
+    for kind in ("dcr", "coe"):
+        args = build_parser(kind).parse_args(["reproduce", kind, "--data", "x", "--rating-scale", "0.5..5:0.5"])
+        assert args.rating_scale == RatingScale(0.5, 5, 0.5)
+
+    def protocol_help(kind):
+        reproduce = build_parser(kind)._subparsers._group_actions[0].choices["reproduce"]
+        return reproduce._subparsers._group_actions[0].choices[kind].format_help()
+
+    assert "--rating-scale" in protocol_help("dcr") and "--rating-scale" not in protocol_help("rtf")

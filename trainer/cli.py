@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    ordrec-train train KIND --data PATH [--format F] --registry DIR [--name NAME] [--set k=v ...]
+    ordrec-train train KIND --data PATH [--format F] [--rating-scale S] --registry DIR [--name NAME] [--set k=v ...]
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
     ordrec-train versions --registry DIR [--model NAME]
@@ -24,7 +24,7 @@ from typing import Sequence
 
 from ordrec.service.artifacts import ArtifactError, Registry
 from ordrec.service.models import kinds
-from ordrec.trainer.data.types import DataError
+from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -33,13 +33,26 @@ log = logging.getLogger("ordrec.trainer")
 
 
 # ----------------------------------------------------------------- helpers
-def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+def rating_scale_argument(text: str) -> RatingScale:
+    """``--rating-scale`` as a :class:`RatingScale`; a bad one is a usage error naming the rule."""
+    try:
+        return RatingScale.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, ratings: bool = True) -> None:
+    """``--data``, ``--format``, ``--skip-bad-lines`` and, when the command may read ratings, ``--rating-scale``."""
     parser.add_argument("--data", required=required, help="input file (or folder for some formats)")
     parser.add_argument("--format", default="auto",
-                        help="input format: ml-100k, ml-1m, csv, tsv, lastfm-tags, zoo, neighbors, "
+                        help="input format: ml-100k, ml-1m, ml-10m, csv, tsv, lastfm-tags, zoo, neighbors, "
                              "triples ... (default: detect from the file)")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip malformed lines instead of failing (their number is reported)")
+    if ratings:
+        parser.add_argument("--rating-scale", type=rating_scale_argument, metavar="LOW..HIGH[:STEP]",
+                            help="ratings allowed, e.g. 1..5 or 0.5..5:0.5 (default: the format's own; "
+                                 "ml-100k/ml-1m 1..5, ml-10m 0.5..5:0.5, csv/tsv any finite number)")
 
 
 # ----------------------------------------------------------------- commands
@@ -48,7 +61,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
-    data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines,
+                      rating_scale=args.rating_scale)
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     params = parse_assignments(args.set or [])
@@ -155,8 +169,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # ------------------------------------------------------------------ parser
 
-def add_protocol_arguments(p: argparse.ArgumentParser, module) -> None:
-    add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True))
+def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> None:
+    add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True),
+                       ratings=kinds.get(kind).input_shape == "ratings")
     p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the result rows to this JSON file")
@@ -196,7 +211,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         if kind == reproduce_kind:
             # Only the chosen protocol is imported: the others pull in their
             # models and kernels, which would slow every command's start-up.
-            add_protocol_arguments(p, kinds.get(kind).protocol_module())
+            add_protocol_arguments(p, kinds.get(kind).protocol_module(), kind)
 
     sample = sub.add_parser("sample", help="write the built-in generated sample data sets")
     sample.add_argument("--out", required=True)

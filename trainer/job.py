@@ -65,7 +65,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, read_manifest, validate_model_name
 from ordrec.service.models import kinds
-from ordrec.trainer.data.types import DataError
+from ordrec.trainer.data.types import DataError, RatingScale
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -96,6 +96,7 @@ class DataSource:
     path: Path
     format: str = "auto"
     skip_bad_lines: bool = False
+    rating_scale: RatingScale | None = None  # ratings files only; None: the format's own
 
 
 @dataclass
@@ -186,6 +187,7 @@ SOURCE_KEYS = {
     "path": Key(str, required=True),
     "format": Key(str, "auto"),
     "skip_bad_lines": Key(bool, False),
+    "rating_scale": Key(str),
 }
 MODEL_KEYS = {
     "name": Key(str, required=True),
@@ -319,8 +321,20 @@ def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource
             raise c.fail(where, "a data source name is 1-64 letters, digits, '_' or '-'")
         source = c.table(table, where, SOURCE_KEYS)
         sources[name] = DataSource(name=name, path=_resolve(base, source["path"]), format=source["format"],
-                                   skip_bad_lines=source["skip_bad_lines"])
+                                   skip_bad_lines=source["skip_bad_lines"],
+                                   rating_scale=_rating_scale(c, where, source))
     return sources
+
+
+def _rating_scale(c: _Checker, where: str, source: dict) -> RatingScale | None:
+    if source["rating_scale"] is None:
+        return None
+    if source["format"] in ("triples", "triplets"):
+        raise c.fail(f"{where}.rating_scale", f"is for ratings files, not {source['format']}")
+    try:
+        return RatingScale.parse(source["rating_scale"])
+    except ValueError as exc:
+        raise c.fail(f"{where}.rating_scale", str(exc)) from None
 
 
 def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table: Any) -> ModelJob:
@@ -337,6 +351,9 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
     kind = kinds.get(model["kind"])
     if model["data"] not in config.data:
         raise c.fail(f"{where}.data", f"no [data.{model['data']}] table (have: {', '.join(config.data)})")
+    if config.data[model["data"]].rating_scale is not None and kind.input_shape != "ratings":
+        raise c.fail(f"data.{model['data']}.rating_scale", f"is for ratings data; model {name!r} ({kind.name})"
+                                                           f" reads {kind.input_shape}")
     estimator = kind.estimator_class()
     params = dict(c.keys(model["params"], f"{where}.params", estimator.param_names()))
     if "verbose" in estimator.param_names():
@@ -465,7 +482,8 @@ class _Job:
 
             source = self.config.data[model.data]
             t0 = time.perf_counter()
-            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines)
+            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines,
+                              rating_scale=source.rating_scale)
             skipped = getattr(data, "skipped_lines", 0)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
             self.say(model.name, "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",

@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ordrec.trainer.data.types import on_scale
+
+_on_scale = njit(cache=True, inline="always")(on_scale)  # the per-line parser's own check
 _MAX_ID_DIGITS = 18  # stays below 2**63
 _MAX_NUMBER_DIGITS = 15  # mantissa < 2**53, so mantissa / 10**k is correctly rounded
 
@@ -99,7 +102,26 @@ def _parse_number(buf, start, end, integer):
 
 
 @njit(cache=True)
-def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, num_int, out_ids, out_num):
+def _allowed(number, field, num_scale):
+    """Whether ``number`` lies on field ``field``'s scale (``num_scale[field]``: low, high, step; step 0: any)."""
+    step = num_scale[field, 2]
+    return step == 0 or _on_scale(number, num_scale[field, 0], num_scale[field, 1], step)
+
+
+@njit(cache=True)
+def _is_timestamp(buf, start, end, most):
+    """1 to ``most`` ASCII digits in buf[start:end] (the per-line parser's timestamp rule)."""
+    if end - start < 1 or end - start > most:
+        return False
+    for t in range(start, end):
+        if buf[t] < 48 or buf[t] > 57:
+            return False
+    return True
+
+
+@njit(cache=True)
+def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, num_int, num_scale, digits_max,
+                        max_line, out_ids, out_num):
     """Parse whole lines of ``buf`` (uint8, ends with a newline).
 
     Parameters
@@ -118,6 +140,13 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
         ``out_num`` (decimal number) it goes to, or -1 to ignore the field.
     num_int : int64 array of length ``n_fields``
         1 where the number must be an integer (``int(text)`` rejects "1.0").
+    num_scale : float64 array (n_fields, 3)
+        ``low, high, step`` of a number field's scale; step 0 for none.
+    digits_max : int64 array of length ``n_fields``
+        For a field that must be 1 to ``digits_max`` ASCII digits (a
+        timestamp), that bound; 0 for other fields.
+    max_line : int
+        Give up at a line of more bytes (before its ``\\n``).
     out_ids : int64 array (rows, n_id_columns)
     out_num : float64 array (rows, n_number_columns)
 
@@ -148,11 +177,15 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
             s = num_slot[field]
             if s >= 0:
                 ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
-                if not ok:
+                if not ok or not _allowed(number, field, num_scale):
                     return row, line_start
                 out_num[row, s] = number
+            if digits_max[field] > 0 and not _is_timestamp(buf, p, field_end, digits_max[field]):
+                return row, line_start
             field += 1
             if at_eol:
+                if q - line_start > max_line:
+                    return row, line_start
                 p = q + 1
                 break
             p = q + step
@@ -163,8 +196,8 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
 
 
 @njit(cache=True)
-def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, num_slot, num_int,
-                     out_start, out_end, out_num):
+def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, num_slot, num_int, num_scale,
+                     digits_max, max_line, out_start, out_end, out_num):
     """Like :func:`parse_numeric_lines`, but ids may be any text: their byte ranges are returned.
 
     An id field is stripped of spaces (and of tabs when ``strip_tab``) at both
@@ -206,11 +239,15 @@ def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, n
             s = num_slot[field]
             if s >= 0:
                 ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
-                if not ok:
+                if not ok or not _allowed(number, field, num_scale):
                     return row, line_start
                 out_num[row, s] = number
+            if digits_max[field] > 0 and not _is_timestamp(buf, p, field_end, digits_max[field]):
+                return row, line_start
             field += 1
             if at_eol:
+                if q - line_start > max_line:
+                    return row, line_start
                 p = q + 1
                 break
             p = q + step

@@ -34,9 +34,15 @@ from ordrec.service.idmap import IdMap
 from ordrec.trainer.data._fast_kernels import (
     DENSE_LIMIT, first_appearance, grouped_duplicates, intern_ids, parse_numeric_lines, parse_text_lines,
 )
-from ordrec.trainer.data.types import DataError
+from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 
 CHUNK_BYTES = 1 << 24  # 16 MiB of lines per kernel call keeps memory bounded on 10M-line files
+#: The longest line any reader accepts, in bytes before its newline. Longer
+#: lines are errors (or skipped), read in bounded pieces and never held whole.
+MAX_LINE_BYTES = 1 << 20
+#: A timestamp field is 1 to this many ASCII digits (seconds since 1970 need 10).
+TIMESTAMP_DIGITS = 20
+_TIMESTAMP = re.compile(f"[0-9]{{1,{TIMESTAMP_DIGITS}}}")
 
 # Ids are written one per line into artifacts, so an id must not contain a line
 # break or any other control character (C0, DEL, C1, and the Unicode line and
@@ -80,17 +86,46 @@ def detect_encoding(path: str) -> str:
             return "latin-1"
 
 
-def iter_lines(path: str, encoding: str | None = None) -> Iterator[tuple[int, str]]:
+def too_long() -> str:
+    """The problem of a line longer than :data:`MAX_LINE_BYTES`."""
+    return f"line longer than {MAX_LINE_BYTES} bytes (the line length limit)"
+
+
+def _bounded_lines(f) -> Iterator[bytes | None]:
+    """Every line of binary file ``f`` with its newline, or None for a line over :data:`MAX_LINE_BYTES`.
+
+    ``readline`` with a limit reads a too-long line in pieces, so it is never
+    held whole in memory.
+    """
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = f.readline(MAX_LINE_BYTES)
+        yield None
+
+
+def iter_lines(path: str, encoding: str | None = None, problems: "Problems | None" = None
+               ) -> Iterator[tuple[int, str]]:
     """``(line_number, text)`` for every line, 1-based, without its ``\\n`` or ``\\r\\n``.
 
     Lines are split on ``\\n`` only, so a stray ``\\r`` inside a line stays in
-    the text (and is then reported as a control character in an id).
+    the text (and is then reported as a control character in an id). A line
+    longer than :data:`MAX_LINE_BYTES` goes to ``problems`` (raised when None).
     """
     encoding = encoding or detect_encoding(path)
     bom = encoding == "utf-8-sig"
     codec = "utf-8" if bom else encoding
+    problems = problems or Problems(path, skip=False)
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
+        for number, raw in enumerate(_bounded_lines(f), start=1):
+            if raw is None:
+                problems.bad(number, too_long())
+                continue
             if number == 1 and bom and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8):]
             if raw.endswith(b"\n"):
@@ -99,13 +134,17 @@ def iter_lines(path: str, encoding: str | None = None) -> Iterator[tuple[int, st
 
 
 def peek_lines(path: str, limit: int = 20) -> list[str]:
-    """The first ``limit`` non-blank lines (for format detection)."""
+    """The first ``limit`` non-blank lines (for format detection), passing over over-long ones."""
     out = []
-    for _, text in iter_lines(path, "latin-1"):
+    # Judging the format needs no over-long line; reading the data reports them.
+    too_long_lines = Problems(path, skip=True)
+    for _, text in iter_lines(path, "latin-1", too_long_lines):
         if text.strip():
             out.append(text)
             if len(out) >= limit:
                 break
+    if not out and too_long_lines.first:
+        raise too_long_lines.first
     return out
 
 
@@ -134,10 +173,13 @@ class Problems:
 
     def __init__(self, path: str, skip: bool):
         self.path, self.skip, self.skipped = path, skip, 0
+        self.first: DataError | None = None  # the first line skipped, as the error it would have been
 
     def bad(self, line: int | None, message: str) -> None:
+        error = DataError(self.path, line, message)
         if not self.skip:
-            raise DataError(self.path, line, message)
+            raise error
+        self.first = self.first or error
         self.skipped += 1
 
 
@@ -163,9 +205,14 @@ class Column:
 
     field: int
     name: str
-    kind: str = "id"  # "id", "float" or "int"
+    kind: str = "id"  # "id", "float", "int", or "timestamp" (checked, not kept)
     space: int = 0
     minimum: float | None = None  # numbers only
+    scale: RatingScale | None = None  # numbers only: the values allowed
+
+    @property
+    def is_number(self) -> bool:
+        return self.kind in ("float", "int")
 
 
 @dataclass
@@ -241,25 +288,33 @@ def check_fields(fields: list[str], n_fields: int, sep: str, columns: Sequence[C
             if not value:
                 return f"empty {c.name} id", []
             if (known is None or value not in known[c.space]) and has_control(value):
-                return f"{c.name} id {value!r} contains a line break or control character", []
+                return f"{c.name} id {excerpt(value)} contains a line break or control character", []
     if distinct is not None:
         a, b = columns[distinct[0]], columns[distinct[1]]
         if fields[a.field] == fields[b.field]:
-            return f"{b.name} {fields[b.field]!r} is the {a.name} itself (self-edge)", []
+            return f"{b.name} {excerpt(fields[b.field])} is the {a.name} itself (self-edge)", []
     values = []
     for c in columns:
         if c.kind == "id":
             continue
         text_value = fields[c.field]
+        if c.kind == "timestamp":
+            if not _TIMESTAMP.fullmatch(text_value):
+                return (f"{c.name} {excerpt(text_value)} is not a non-negative integer of at most "
+                        f"{TIMESTAMP_DIGITS} digits", [])
+            continue
         try:
             value = int(text_value) if c.kind == "int" else float(text_value)
         except ValueError:
             kind = "an integer" if c.kind == "int" else "a number"
-            return f"{c.name} {text_value!r} is not {kind}", []
+            return f"{c.name} {excerpt(text_value)} is not {kind}", []
         if c.kind == "float" and not math.isfinite(value):
-            return f"{c.name} {text_value!r} is not a finite number", []
+            return f"{c.name} {excerpt(text_value)} is not a finite number", []
         if c.minimum is not None and value < c.minimum:
-            return f"{c.name} {text_value!r} is below the minimum {c.minimum:g}", []
+            return f"{c.name} {excerpt(text_value)} is below the minimum {c.minimum:g}", []
+        off_scale = c.scale.problem(value) if c.scale is not None else None
+        if off_scale:
+            return f"{c.name} {excerpt(text_value)} {off_scale}", []
         values.append(value)
     return None, values
 
@@ -271,11 +326,11 @@ def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_
     spaces = [IdSpace() for _ in range(n_spaces)]
     known = [space.index for space in spaces]
     id_columns = [c for c in columns if c.kind == "id"]
-    num_columns = [c for c in columns if c.kind != "id"]
+    num_columns = [c for c in columns if c.is_number]
     id_out = [array("i") for _ in id_columns]
     num_out = [array("d") for _ in num_columns]
     lines = array("q")
-    for number, text in iter_lines(path, encoding):
+    for number, text in iter_lines(path, encoding, problems):
         if number <= header_lines or not text.strip():
             continue  # a blank line holds no data, so passing over it loses nothing
         fields = split(text)
@@ -301,8 +356,22 @@ def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_
     )
 
 
+def _rest_after_newline(f) -> bytes:
+    """Read past the next newline of ``f`` in blocks; the bytes after it in the last block."""
+    while True:
+        block = f.read(CHUNK_BYTES)
+        newline = block.find(b"\n")
+        if not block or newline >= 0:
+            return block[newline + 1:] if block else b""
+
+
 def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
-    """``(number_of_lines, bytes)`` of whole lines after the header, about CHUNK_BYTES each."""
+    """``(number_of_lines, bytes)`` of whole lines after the header, about CHUNK_BYTES each.
+
+    A line longer than :data:`MAX_LINE_BYTES` that spans blocks is not
+    gathered: it is passed over and stands in as ``MAX_LINE_BYTES + 1``
+    spaces, which every parser judges too long, so line numbers stay right.
+    """
     with open(path, "rb") as f:
         for _ in range(header_lines):
             f.readline()
@@ -316,6 +385,10 @@ def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
             block = carry + block
             cut = block.rfind(b"\n") + 1
             if cut == 0:
+                if len(block) > MAX_LINE_BYTES:
+                    carry = _rest_after_newline(f)
+                    yield 1, b" " * (MAX_LINE_BYTES + 1) + b"\n"
+                    continue
                 carry = block
                 continue
             carry = block[cut:]
@@ -328,7 +401,7 @@ def _layout(sep, n_fields, columns):
     if len(sep_bytes) not in (1, 2):
         return None
     id_columns = [c for c in columns if c.kind == "id"]
-    num_columns = [c for c in columns if c.kind != "id"]
+    num_columns = [c for c in columns if c.is_number]
     id_slot = np.full(n_fields, -1, dtype=np.int64)
     num_slot = np.full(n_fields, -1, dtype=np.int64)
     for slot, c in enumerate(id_columns):
@@ -336,10 +409,18 @@ def _layout(sep, n_fields, columns):
     for slot, c in enumerate(num_columns):
         num_slot[c.field] = slot
     num_int = np.zeros(n_fields, dtype=np.int64)
+    num_scale = np.zeros((n_fields, 3), dtype=np.float64)
     for c in num_columns:
         num_int[c.field] = c.kind == "int"
+        if c.scale is not None:
+            num_scale[c.field] = (c.scale.low, c.scale.high, c.scale.step)
+    digits_max = np.zeros(n_fields, dtype=np.int64)
+    for c in columns:
+        if c.kind == "timestamp":
+            digits_max[c.field] = TIMESTAMP_DIGITS
+    rules = (num_int, num_scale, digits_max)
     sep1 = sep_bytes[1] if len(sep_bytes) == 2 else 0
-    return sep_bytes[0], sep1, id_columns, num_columns, id_slot, num_slot, num_int
+    return sep_bytes[0], sep1, id_columns, num_columns, id_slot, num_slot, rules
 
 
 def _starts_with_bom(path: str) -> bool:
@@ -378,14 +459,14 @@ def _passes_checks(records: Records, layout, columns, distinct) -> bool:
 
 def _parse_integer_ids(path, n_fields, header_lines, no_quotes, layout, n_spaces) -> Records | None:
     """Canonical integer ids (MovieLens, Last.fm): parse, then number with a lookup table."""
-    sep0, sep1, id_columns, num_columns, id_slot, num_slot, num_int = layout
+    sep0, sep1, id_columns, num_columns, id_slot, num_slot, rules = layout
     id_parts, num_parts = [], []
     for n, data in _chunks(path, header_lines):
         buf = np.frombuffer(data, dtype=np.uint8)
         out_ids = np.empty((n, max(len(id_columns), 1)), dtype=np.int64)
         out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
-        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, num_int,
-                                         out_ids, out_num)
+        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, *rules,
+                                         MAX_LINE_BYTES, out_ids, out_num)
         if bail >= 0:
             return None
         # Narrow per chunk so a 10M-line file never holds all columns as int64.
@@ -454,7 +535,7 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
     few odd lines do not slow a big file down. Each distinct id is decoded
     once, in the file's encoding, and checked for control characters.
     """
-    sep0, sep1, id_columns, num_columns, id_slot, num_slot, num_int = layout
+    sep0, sep1, id_columns, num_columns, id_slot, num_slot, rules = layout
     n_id, n_num = len(id_columns), len(num_columns)
     encoding = detect_encoding(path)
     codec = "utf-8" if encoding == "utf-8-sig" else encoding
@@ -503,7 +584,7 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
         while pos < len(data):
             buf = whole[pos:]
             rows, bail = parse_text_lines(buf, n_fields, sep0, sep1, sep == ",", sep != "\t", id_slot, num_slot,
-                                          num_int, out_start, out_end, out_num)
+                                          *rules, MAX_LINE_BYTES, out_start, out_end, out_num)
             if rows:
                 intern(buf, out_start[:rows], out_end[:rows])
                 num_parts.append(out_num[:rows, :n_num].copy())
@@ -515,11 +596,9 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
             gaps = True
             start = pos + bail
             stop = data.index(b"\n", start)
-            raw = data[start:stop]
-            text = (raw[:-1] if raw.endswith(b"\r") else raw).decode(codec)
-            if text.strip():
-                fields = split(text)
-                problem, values = check_fields(fields, n_fields, sep, columns, distinct)
+            problem, fields, values = _judge_raw_line(data[start:stop], codec, split, n_fields, sep, columns,
+                                                      distinct)
+            if fields is not None:
                 if problem is not None:
                     if not skip_bad_lines:
                         # Report it only if no earlier line breaks a check made afterwards;
@@ -541,6 +620,19 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
             pos = stop + 1
         del out_start, out_end, out_num
     return records()
+
+
+def _judge_raw_line(raw: bytes, codec: str, split, n_fields, sep, columns, distinct):
+    """``(problem, fields, values)`` of one line the kernel did not take, judged as the per-line
+    parser judges it; ``fields`` is None for a blank line."""
+    if len(raw) > MAX_LINE_BYTES:
+        return too_long(), [], []
+    text = (raw[:-1] if raw.endswith(b"\r") else raw).decode(codec)
+    if not text.strip():
+        return None, None, []
+    fields = split(text)
+    problem, values = check_fields(fields, n_fields, sep, columns, distinct)
+    return problem, fields, values
 
 
 def find_duplicates(group: np.ndarray, n_groups: int, value: np.ndarray, n_values: int) -> np.ndarray:

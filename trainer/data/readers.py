@@ -15,7 +15,9 @@ Every reader takes ``fmt="auto"`` (detect from the file name, then from the
 content), ``skip_bad_lines`` (skip malformed lines and report how many in
 ``skipped_lines`` instead of failing) and raises :class:`DataError` naming the
 file, the 1-based line and what was wrong. External ids become dense int32
-rows in order of first appearance. See ``docs/data.md``.
+rows in order of first appearance. Ratings must lie on the format's declared
+:data:`RATING_SCALES` (or the ``rating_scale`` given); MovieLens timestamps
+must be non-negative integers. See ``docs/data.md``.
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ from ordrec.trainer.data._lines import (
     Column, Problems, check_path, find_duplicates, has_control, iter_lines,
     parse_records, peek_lines, splitter,
 )
-from ordrec.trainer.data.types import AttributeTable, DataError, NeighborLists, Ratings, TagAssignments
+from ordrec.trainer.data.types import (
+    AttributeTable, DataError, NeighborLists, RatingScale, Ratings, TagAssignments, excerpt,
+)
 
 SHAPES = ("ratings", "tags", "attributes", "neighbors")
 
@@ -48,6 +52,14 @@ FORMATS: dict[str, tuple[str, ...]] = {
     # Explicit judgements, read by their own modules (never detected: name them):
     "triples": ("ratings",),  # COE: "A u i j" / "B u v i" lines (trainer.data.triples)
     "triplets": ("attributes",),  # SCORE: "aspect,i,j,k" lines (trainer.data.triplets)
+}
+
+#: The ratings each MovieLens format may hold; csv/tsv declare none (any
+#: finite number) unless given ``rating_scale``.
+RATING_SCALES: dict[str, RatingScale] = {
+    "ml-100k": RatingScale(1, 5),
+    "ml-1m": RatingScale(1, 5),
+    "ml-10m": RatingScale(0.5, 5, 0.5),
 }
 
 # Well-known file names, checked before the content.
@@ -77,6 +89,8 @@ _COLUMN_NAMES = {
     "neighbor": {"neighbor", "neighbour", "neighborid", "neighbourid", "nbr", "to", "target", "dst"},
     "rank": {"rank", "position", "order"},
 }
+# csv/tsv columns validated as timestamps when present (same normalisation).
+_TIMESTAMP_NAMES = {"timestamp", "ts", "unixtime", "unixtimestamp", "epoch"}
 _ZOO_ATTRIBUTES = ["hair", "feathers", "eggs", "milk", "airborne", "aquatic", "predator", "toothed",
                    "backbone", "breathes", "venomous", "fins", "legs", "tail", "domestic", "catsize",
                    "type"]
@@ -217,7 +231,8 @@ def _first_line(path: str) -> str:
 def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[str, str] | None
                     ) -> tuple[list[str], list[int]]:
     """Header names of line 1 and the field index of each wanted column."""
-    header = splitter(sep)(_first_line(path))
+    line = _first_line(path)
+    header, shown = splitter(sep)(line), excerpt(line)
     if not any(header):
         raise DataError(path, 1, "expected a header line naming the columns, got a blank line")
     normalised = [_norm(h) for h in header]
@@ -228,18 +243,18 @@ def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[s
             matches = [i for i, h in enumerate(header) if h == name] or \
                       [i for i, h in enumerate(normalised) if h == _norm(name)]
             if not matches:
-                raise DataError(path, 1, f"no column {name!r} (given for {want}) in header {header}")
+                raise DataError(path, 1, f"no column {excerpt(name)} (given for {want}) in header {shown}")
         else:
             matches = [i for i, h in enumerate(normalised) if h in _COLUMN_NAMES[want]]
             if not matches:
-                raise DataError(path, 1, f"no {want} column in header {header}; expected one of "
+                raise DataError(path, 1, f"no {want} column in header {shown}; expected one of "
                                          f"{sorted(_COLUMN_NAMES[want])} or columns={{{want!r}: ...}}")
         if len(matches) > 1:
-            raise DataError(path, 1, f"several {want} columns in header {header}: "
-                                     f"{[header[i] for i in matches]}; pick one with columns=")
+            raise DataError(path, 1, f"several {want} columns in header {shown}: "
+                                     f"{', '.join(excerpt(header[i]) for i in matches)}; pick one with columns=")
         found.append(matches[0])
     if len(set(found)) != len(found):
-        raise DataError(path, 1, f"the same column is used twice among {wanted} in header {header}")
+        raise DataError(path, 1, f"the same column is used twice among {wanted} in header {shown}")
     return header, found
 
 
@@ -262,8 +277,26 @@ def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool
 
 
 # ------------------------------------------------------------------ ratings
+def declared_scale(fmt: str, detected: bool = False) -> RatingScale | None:
+    """The rating scale format ``fmt`` declares (None for csv/tsv: any finite number).
+
+    ``detected``: the format was told from the file, not named. ML-1M and
+    ML-10M share the name ``ratings.dat`` and the layout, so a detected
+    ``ml-1m`` gets the 10M scale (halves), which holds both.
+    """
+    if detected and fmt == "ml-1m":
+        return RATING_SCALES["ml-10m"]
+    return RATING_SCALES.get(fmt)
+
+
+def _timestamp_columns(header: list[str], taken: list[int]) -> list[Column]:
+    return [Column(i, "timestamp", kind="timestamp") for i, name in enumerate(header)
+            if i not in taken and _norm(name) in _TIMESTAMP_NAMES]
+
+
 def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
-                 columns: Mapping[str, str] | None = None) -> Ratings:
+                 columns: Mapping[str, str] | None = None,
+                 rating_scale: RatingScale | str | None = None) -> Ratings:
     """Read explicit ratings.
 
     Parameters
@@ -277,32 +310,41 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     columns : dict, optional
         For csv/tsv: header names of the ``"user"``, ``"item"`` and
         ``"rating"`` columns when they are not among the common names.
+    rating_scale : RatingScale or str, optional
+        The ratings allowed (``"1..5"``, ``"0.5..5:0.5"``); replaces the
+        format's declared scale (:func:`declared_scale`).
 
-    Ratings may be any finite numbers (MovieLens 10M uses 0.5 steps). A
-    repeated (user, item) pair is an error naming both lines.
+    A rating off the scale, a MovieLens timestamp that is not a non-negative
+    integer of at most 20 digits (likewise a csv/tsv column named like
+    ``timestamp``), a line over ``MAX_LINE_BYTES`` and a repeated (user,
+    item) pair (naming both lines) are errors.
     """
     path = _resolve(path, "ratings")
+    detected = fmt in (None, "", "auto")
     fmt = _choose(path, "ratings", fmt)
-    if fmt == "ml-100k":
-        sep, n_fields, header_lines, idx = "\t", 4, 0, [0, 1, 2]
-    elif fmt in ("ml-1m", "ml-10m"):
-        sep, n_fields, header_lines, idx = "::", 4, 0, [0, 1, 2]
+    if isinstance(rating_scale, str):
+        rating_scale = RatingScale.parse(rating_scale)
+    scale = rating_scale or declared_scale(fmt, detected)
+    if fmt in RATING_SCALES:
+        sep, n_fields, header_lines, idx = "\t" if fmt == "ml-100k" else "::", 4, 0, [0, 1, 2]
+        checked = [Column(3, "timestamp", kind="timestamp")]
     else:
         sep = "," if fmt == "csv" else "\t"
         header, idx = _header_columns(path, sep, ["user", "item", "rating"], columns)
         n_fields, header_lines = len(header), 1
+        checked = _timestamp_columns(header, idx)
     records = parse_records(
         path, sep, n_fields,
         [Column(idx[0], "user", space=0), Column(idx[1], "item", space=1),
-         Column(idx[2], "rating", kind="float")],
+         Column(idx[2], "rating", kind="float", scale=scale), *checked],
         n_spaces=2, header_lines=header_lines, skip_bad_lines=skip_bad_lines,
     )
     users, items = records.spaces
     user, item = records.ids
 
     def describe(r):
-        return (f"rating of item {items.external(int(records.ids[1][r]))!r} "
-                f"by user {users.external(int(records.ids[0][r]))!r}")
+        return (f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
+                f"by user {excerpt(users.external(int(records.ids[0][r])))}")
 
     skipped = records.skipped + _drop_duplicates(
         records, user, len(users), item, len(items), path, skip_bad_lines, describe)
@@ -351,10 +393,12 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     fmt = _choose(path, "tags", fmt)
     if fmt == "lastfm-tags":
         sep, n_fields, idx = "\t", 6, [0, 1, 2]
-        first = splitter(sep)(_first_line(path))
+        line = _first_line(path)
+        first = splitter(sep)(line)
         header_lines = 0 if all(_is_int(f) for f in first) else 1
         if header_lines and [_norm(f) for f in first] != _LASTFM_HEADER:
-            raise DataError(path, 1, f"expected the header 'userID artistID tagID day month year', got {first}")
+            raise DataError(path, 1, f"expected the header 'userID artistID tagID day month year', "
+                                     f"got {excerpt(line)}")
     else:
         sep = "," if fmt == "csv" else "\t"
         header, idx = _header_columns(path, sep, ["user", "item", "tag"], None)
@@ -368,8 +412,9 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     user, item, tag = records.ids
 
     def describe(r):
-        return (f"tag {tags.external(int(records.ids[2][r]))!r} on item "
-                f"{items.external(int(records.ids[1][r]))!r} by user {users.external(int(records.ids[0][r]))!r}")
+        return (f"tag {excerpt(tags.external(int(records.ids[2][r])))} on item "
+                f"{excerpt(items.external(int(records.ids[1][r])))} by user "
+                f"{excerpt(users.external(int(records.ids[0][r])))}")
 
     post = item.astype(np.int64) * max(len(tags), 1) + tag  # (item, tag) within a user
     skipped = records.skipped + _drop_duplicates(
@@ -418,7 +463,7 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) ->
     labels: list[str] = []
     cells: list[list[str]] = []
     first_line_of: dict[str, int] = {}
-    for number, text in iter_lines(path):
+    for number, text in iter_lines(path, problems=problems):
         if number <= header_lines or not text.strip():
             continue
         fields = split(text)
@@ -447,16 +492,17 @@ def _attribute_header(path: str, fmt: str) -> tuple[str, list[str], int]:
     if fmt == "zoo":
         return ",", list(_ZOO_ATTRIBUTES), 0
     sep = "," if fmt == "csv" else "\t"
-    header = splitter(sep)(_first_line(path))
+    line = _first_line(path)
+    header = splitter(sep)(line)
     if len(header) < 2:
         raise DataError(path, 1, f"expected a header 'id,<attribute>,...' with at least 2 columns, "
                                  f"got {len(header)}")
     attributes = header[1:]
     for name in attributes:
         if not name or has_control(name):
-            raise DataError(path, 1, f"bad attribute name {name!r} in the header")
+            raise DataError(path, 1, f"bad attribute name {excerpt(name)} in the header")
     if len(set(attributes)) != len(attributes):
-        raise DataError(path, 1, f"repeated attribute name in the header {header}")
+        raise DataError(path, 1, f"repeated attribute name in the header {excerpt(line)}")
     return sep, attributes, 1
 
 
@@ -466,18 +512,19 @@ def _attribute_row(number: int, fields: list[str], fmt: str,
     if fmt == "zoo":
         external, label = str(number), fields[0]
         if not label or has_control(label):
-            return external, label, f"bad animal name {label!r}"
+            return external, label, f"bad animal name {excerpt(label)}"
     else:
         external, label = fields[0], None
         if not external:
             return external, label, "empty object id"
         if has_control(external):
-            return external, label, f"object id {external!r} contains a line break or control character"
+            return external, label, f"object id {excerpt(external)} contains a line break or control character"
         if external in first_line_of:
-            return external, label, f"duplicate object id {external!r}, already on line {first_line_of[external]}"
+            return external, label, (f"duplicate object id {excerpt(external)}, already on line"
+                                     f" {first_line_of[external]}")
     bad = next((v for v in fields[1:] if has_control(v)), None)
     if bad is not None:
-        return external, label, f"value {bad!r} contains a line break or control character"
+        return external, label, f"value {excerpt(bad)} contains a line break or control character"
     return external, label, None
 
 
@@ -534,11 +581,11 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
 
     def by_rank(r):
         return (f"rank {int(records.numbers[0][r])} for source "
-                f"{vertices.external(int(records.ids[0][r]))!r}")
+                f"{excerpt(vertices.external(int(records.ids[0][r])))}")
 
     def by_neighbor(r):
-        return (f"neighbor {vertices.external(int(records.ids[1][r]))!r} for source "
-                f"{vertices.external(int(records.ids[0][r]))!r}")
+        return (f"neighbor {excerpt(vertices.external(int(records.ids[1][r])))} for source "
+                f"{excerpt(vertices.external(int(records.ids[0][r])))}")
 
     ranks = records.numbers[0].astype(np.int64)
     skipped += _drop_duplicates(records, records.ids[0], n, ranks, int(ranks.max()) + 1 if ranks.size else 1,
@@ -554,12 +601,20 @@ _READERS = {"ratings": read_ratings, "tags": read_tags, "attributes": read_attri
             "neighbors": read_neighbors}
 
 
-def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False):
-    """Read ``path`` as input ``shape`` ("ratings", "tags", "attributes" or "neighbors")."""
+def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False,
+               rating_scale: RatingScale | str | None = None):
+    """Read ``path`` as input ``shape`` ("ratings", "tags", "attributes" or "neighbors").
+
+    ``rating_scale`` is for ratings files (see :func:`read_ratings`); given
+    for any other input it is a ValueError rather than silently ignored.
+    """
     try:
         reader = _READERS[shape]
     except KeyError:
         raise ValueError(f"unknown input shape {shape!r}; expected one of {', '.join(SHAPES)}") from None
+    if rating_scale is not None and (shape != "ratings" or fmt == "triples"):
+        what = "triples" if shape == "ratings" else shape
+        raise ValueError(f"a rating scale is for ratings files, not {what}")
     if fmt in ("triples", "triplets"):
         if shape not in FORMATS[fmt]:
             raise ValueError(f"format {fmt!r} holds {FORMATS[fmt][0]} judgements, not {shape}")
@@ -570,4 +625,6 @@ def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False
         from ordrec.trainer.data.triplets import read_triplets
 
         return read_triplets(path, skip_bad_lines=skip_bad_lines)
+    if rating_scale is not None:
+        return read_ratings(path, fmt, skip_bad_lines=skip_bad_lines, rating_scale=rating_scale)
     return reader(path, fmt, skip_bad_lines=skip_bad_lines)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.idmap import IdMap
-from ordrec.trainer.data.types import DataError, _fingerprint
+from ordrec.trainer.data._lines import Problems, iter_lines
+from ordrec.trainer.data.types import DataError, _fingerprint, excerpt
 
 
 @dataclass
@@ -61,39 +62,36 @@ def read_triples(path: str, skip_bad_lines: bool = False) -> ExplicitTriples:
     users: dict[str, int] = {}
     items: dict[str, int] = {}
     kind, first, second, third = [], [], [], []
-    skipped = 0
-    with open(path, encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            text = line.split("#", 1)[0].strip()
-            if not text:
-                continue
-            fields = text.split()
-            problem = None
-            if len(fields) != 4:
-                problem = f"expected 4 fields (A|B and three ids), got {len(fields)}"
-            elif fields[0] not in ("A", "B", "a", "b"):
-                problem = f"first field must be A or B, got {fields[0]!r}"
-            elif fields[0] in ("A", "a") and fields[2] == fields[3]:
-                problem = f"type-A triple compares item {fields[2]!r} with itself"
-            elif fields[0] in ("B", "b") and fields[1] == fields[2]:
-                problem = f"type-B triple compares user {fields[1]!r} with itself"
-            if problem:
-                if skip_bad_lines:
-                    skipped += 1
-                    continue
-                raise DataError(path, line_no, problem)
-            if fields[0] in ("A", "a"):
-                kind.append(0)
-                first.append(users.setdefault(fields[1], len(users)))
-                second.append(items.setdefault(fields[2], len(items)))
-                third.append(items.setdefault(fields[3], len(items)))
-            else:
-                kind.append(1)
-                first.append(users.setdefault(fields[1], len(users)))
-                second.append(users.setdefault(fields[2], len(users)))
-                third.append(items.setdefault(fields[3], len(items)))
+    problems = Problems(str(path), skip_bad_lines)
+    for line_no, line in iter_lines(path, "utf-8", problems):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        fields = text.split()
+        problem = None
+        if len(fields) != 4:
+            problem = f"expected 4 fields (A|B and three ids), got {len(fields)}"
+        elif fields[0] not in ("A", "B", "a", "b"):
+            problem = f"first field must be A or B, got {excerpt(fields[0])}"
+        elif fields[0] in ("A", "a") and fields[2] == fields[3]:
+            problem = f"type-A triple compares item {excerpt(fields[2])} with itself"
+        elif fields[0] in ("B", "b") and fields[1] == fields[2]:
+            problem = f"type-B triple compares user {excerpt(fields[1])} with itself"
+        if problem:
+            problems.bad(line_no, problem)
+            continue
+        if fields[0] in ("A", "a"):
+            kind.append(0)
+            first.append(users.setdefault(fields[1], len(users)))
+            second.append(items.setdefault(fields[2], len(items)))
+            third.append(items.setdefault(fields[3], len(items)))
+        else:
+            kind.append(1)
+            first.append(users.setdefault(fields[1], len(users)))
+            second.append(users.setdefault(fields[2], len(users)))
+            third.append(items.setdefault(fields[3], len(items)))
     if not kind:
         raise DataError(path, None, "no triples found")
     as_array = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
     return ExplicitTriples(IdMap(list(users)), IdMap(list(items)), as_array(kind), as_array(first),
-                           as_array(second), as_array(third), source=str(path), skipped_lines=skipped)
+                           as_array(second), as_array(third), source=str(path), skipped_lines=problems.skipped)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.idmap import IdMap
+from ordrec.trainer.data._lines import Problems, iter_lines
 from ordrec.trainer.data.types import DataError, _fingerprint
 
 _SPLIT = re.compile(r"[,\t]")
@@ -48,35 +49,32 @@ def read_triplets(path: str, skip_bad_lines: bool = False) -> ConditionalTriplet
     aspects: dict[str, int] = {}
     objects: dict[str, int] = {}
     cols: list[list[int]] = [[], [], [], []]
-    skipped = 0
-    with open(path, encoding="utf-8") as fh:
-        for number, line in enumerate(fh, start=1):
-            text = line.strip()
-            if not text or text.startswith("#"):
-                continue
-            fields = [f.strip() for f in _SPLIT.split(text)]
-            if number == 1 and [f.lower() for f in fields] == ["aspect", "i", "j", "k"]:
-                continue
-            problem = None
-            if len(fields) != 4:
-                problem = f"expected 4 fields aspect,i,j,k, found {len(fields)}"
-            elif not all(fields):
-                problem = "empty field"
-            elif len({fields[1], fields[2], fields[3]}) != 3:
-                problem = "i, j and k must be three different objects"
-            if problem:
-                if skip_bad_lines:
-                    skipped += 1
-                    continue
-                raise DataError(path, number, problem)
-            cols[0].append(aspects.setdefault(fields[0], len(aspects)))
-            for c in (1, 2, 3):
-                cols[c].append(objects.setdefault(fields[c], len(objects)))
+    problems = Problems(str(path), skip_bad_lines)
+    for number, line in iter_lines(path, "utf-8", problems):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        fields = [f.strip() for f in _SPLIT.split(text)]
+        if number == 1 and [f.lower() for f in fields] == ["aspect", "i", "j", "k"]:
+            continue
+        problem = None
+        if len(fields) != 4:
+            problem = f"expected 4 fields aspect,i,j,k, found {len(fields)}"
+        elif not all(fields):
+            problem = "empty field"
+        elif len({fields[1], fields[2], fields[3]}) != 3:
+            problem = "i, j and k must be three different objects"
+        if problem:
+            problems.bad(number, problem)
+            continue
+        cols[0].append(aspects.setdefault(fields[0], len(aspects)))
+        for c in (1, 2, 3):
+            cols[c].append(objects.setdefault(fields[c], len(objects)))
     if not cols[0]:
         raise DataError(path, None, "no triplets")
     arrays = [np.asarray(c, dtype=np.int32) for c in cols]
     return ConditionalTriplets(IdMap(list(aspects)), IdMap(list(objects)), *arrays,
-                               source=str(path), skipped_lines=skipped)
+                               source=str(path), skipped_lines=problems.skipped)
 
 
 def write_triplets(path: str, data: ConditionalTriplets) -> None:

@@ -7,6 +7,8 @@ the number of observations (Netflix-sized inputs fit as compact arrays).
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +23,88 @@ class DataError(ValueError):
         self.path, self.line, self.reason = str(path), line, message
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
+
+
+#: Characters of input a message quotes at most (binary junk must not flood a log).
+EXCERPT_CHARS = 80
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` quoted for a message: ``repr`` escapes, at most about ``limit`` characters.
+
+    A longer text is cut and followed by ``...`` and its full length, so a
+    megabyte of binary input shows as one short, printable, unambiguous line.
+    """
+    quoted = repr(text)
+    if len(quoted) <= limit:
+        return quoted
+    keep = limit
+    while keep > 0 and len(repr(text[:keep])) > limit:
+        keep -= 1
+    return f"{text[:keep]!r}... ({len(text)} characters)"
+
+
+def on_scale(value: float, low: float, high: float, step: float) -> bool:
+    """Whether ``value`` is one of ``low, low + step, ..., high`` (NaN never is).
+
+    Plain arithmetic, so the numba kernels compile this very function and
+    agree with the per-line parser bit for bit.
+    """
+    if not (low <= value <= high):
+        return False
+    k = math.floor((value - low) / step + 0.5)
+    return abs(value - (low + k * step)) <= 1e-9 * step
+
+
+_SCALE_RE = re.compile(r"^\s*([^.:\s][^:]*?)\s*\.\.\s*([^:]+?)\s*(?::\s*(.+?)\s*)?$")
+
+
+@dataclass(frozen=True)
+class RatingScale:
+    """The ratings a data set may hold: ``low, low + step, ..., high``.
+
+    Written ``LOW..HIGH[:STEP]`` (step 1 when left out): ``1..5`` is
+    MovieLens 100K/1M, ``0.5..5:0.5`` MovieLens 10M.
+    """
+
+    low: float
+    high: float
+    step: float = 1.0
+
+    def __post_init__(self):
+        numbers = (self.low, self.high, self.step)
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in numbers):
+            raise ValueError(f"rating scale bounds and step must be finite numbers, got {numbers}")
+        if self.step <= 0:
+            raise ValueError(f"rating scale step must be positive, got {self.step:g}")
+        if self.high < self.low:
+            raise ValueError(f"rating scale {self.low:g}..{self.high:g} is empty (high below low)")
+        if not on_scale(self.high, self.low, self.high, self.step):
+            raise ValueError(f"rating scale {self}: {self.high:g} is not low plus a whole number of steps")
+
+    @classmethod
+    def parse(cls, text: str) -> "RatingScale":
+        """``"1..5"``, ``"0.5..5:0.5"`` -> :class:`RatingScale`; a clear ValueError otherwise."""
+        match = _SCALE_RE.match(text)
+        if not match:
+            raise ValueError(f"rating scale {excerpt(text)} is not LOW..HIGH or LOW..HIGH:STEP "
+                             "(e.g. 1..5 or 0.5..5:0.5)")
+        try:
+            low, high, step = (float(x) for x in (match[1], match[2], match[3] or "1"))
+        except ValueError:
+            raise ValueError(f"rating scale {excerpt(text)}: LOW, HIGH and STEP must be numbers") from None
+        return cls(low, high, step)
+
+    def __str__(self) -> str:
+        return f"{self.low:g}..{self.high:g}" + (f":{self.step:g}" if self.step != 1 else "")
+
+    def problem(self, value: float) -> str | None:
+        """Why ``value`` is not on the scale, or None when it is."""
+        if on_scale(value, self.low, self.high, self.step):
+            return None
+        if self.low <= value <= self.high:
+            return f"is not on the rating scale {self} (steps of {self.step:g})"
+        return f"is outside the rating scale {self}"
 
 
 def _fingerprint(*parts) -> str:
@@ -142,7 +226,9 @@ class AttributeTable:
         try:
             return self.attributes.index(name)
         except ValueError:
-            raise KeyError(f"no attribute {name!r}; have {', '.join(self.attributes)}") from None
+            # A longer excerpt than usual: the list of names is what the caller needs to see.
+            have = excerpt(", ".join(self.attributes), limit=4 * EXCERPT_CHARS)
+            raise KeyError(f"no attribute {excerpt(name)}; have {have}") from None
 
 
 @dataclass

@@ -424,7 +424,8 @@ def _grid(text: str, cast=float) -> tuple:
 def load_ratings(args: argparse.Namespace) -> Ratings:
     from ordrec.trainer.data.readers import read_input
 
-    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines,
+                      rating_scale=getattr(args, "rating_scale", None))
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     return data
