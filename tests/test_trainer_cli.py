@@ -80,12 +80,12 @@ def test_ratings_off_the_declared_scale_fail_or_are_skipped(sample_dir, tmp_path
     good = (sample_dir / "ratings.data").read_text()
     data.write_text(good + "90001\t90001\t99\t881250949\n90002\t90001\t-1\tnot-a-time\n")
     registry = tmp_path / "reg"
-    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "epochs=2")
+    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "max_iter=2")
     n_good = good.count("\n")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{data}:{n_good + 1}: rating '99' is outside the rating scale 1..5" in result.stderr
     assert not registry.exists() or Registry(registry).versions("dcr") == []
-    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "epochs=2",
+    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "max_iter=2",
                     "--skip-bad-lines")
     assert result.returncode == 0, result.stderr
     assert f"skipped 2 malformed line(s) of {data}" in result.stderr
