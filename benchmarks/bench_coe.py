@@ -72,7 +72,7 @@ def child_train(spec: dict) -> dict:
     params = dict(spec["params"])
     model = COE(**params)
     # warm-up: load or compile the kernels outside the timed fit
-    COE(**dict(params, epochs=1, steps_per_epoch=1000)).fit_triples(data, triples)
+    COE(**dict(params, max_iter=1, steps_per_epoch=1000)).fit_triples(data, triples)
     t0 = time.perf_counter()
     model.fit_triples(data, triples)
     fit = time.perf_counter() - t0
@@ -97,7 +97,7 @@ def bench_train(args) -> None:
     print(f"{'function':10s} {'steps':>10s} {'fit s':>7s} {'triples/s':>11s} {'prep s':>7s} "
           f"{'source MB':>9s} {'base RSS':>9s} {'peak RSS':>9s}")
     for function in ("sigmoid", "gompertz"):
-        params = dict(DEFAULTS[function], function=function, dim=2)
+        params = dict(DEFAULTS[function], function=function, n_components=2)
         r = _in_child({"data": args.data, "params": params})
         print(f"{function:10s} {r['steps']:10d} {r['fit_s']:7.2f} {r['triples_per_s']:11.3g} {r['prep_s']:7.2f} "
               f"{r['source_mb']:9.1f} {r['baseline_rss_mb']:8.0f}M {r['peak_rss_mb']:8.0f}M")
@@ -111,7 +111,7 @@ def bench_scaling(args) -> None:
     print(f"{'factor':>6s} {'ratings':>10s} {'type-A':>10s} {'type-B':>10s} {'source MB':>9s} "
           f"{'bytes/rating':>12s} {'peak RSS':>9s} {'prep s':>7s} {'triples/s':>10s}")
     for f in factors:
-        params = dict(DEFAULTS["sigmoid"], function="sigmoid", dim=2, epochs=1, steps_per_epoch=2_000_000)
+        params = dict(DEFAULTS["sigmoid"], function="sigmoid", n_components=2, max_iter=1, steps_per_epoch=2_000_000)
         r = _in_child({"factor": f, "params": params})
         print(f"{f:6d} {r['ratings']:10d} {r['type_a']:10.3g} {r['type_b']:10.3g} {r['source_mb']:9.1f} "
               f"{r['source_mb'] * 2**20 / r['ratings']:12.1f} {r['peak_rss_mb']:8.0f}M {r['prep_s']:7.2f} "
@@ -158,7 +158,7 @@ def _latency_rows(index, label: str, calls: int) -> None:
 def bench_latency(args) -> None:
     from ordrec.service.artifacts import Artifact
     from ordrec.service.idmap import IdMap
-    from ordrec.service.models.coe import Index
+    from ordrec.service.models.coe import COEIndex
     from ordrec.trainer.reproduce.coe import DEFAULTS
     from ordrec.trainer.models.coe import COE
 
@@ -166,7 +166,7 @@ def bench_latency(args) -> None:
     print(f"{'map':28s} {'query':32s} {'p50 us':>8s} {'p99 us':>8s} {'cpu p50':>8s} {'cpu p99':>8s}")
     data = _ml100k(args.data)
     model = COE(**dict(DEFAULTS["sigmoid"], function="sigmoid")).fit(data)
-    _latency_rows(Index.from_artifact(model.to_artifact()), "ML-100K (943 x 1,413)", args.calls)
+    _latency_rows(COEIndex.from_artifact(model.to_artifact()), "ML-100K (943 x 1,413)", args.calls)
 
     rng = np.random.default_rng(1)
     n_items, n_users, per_user = 1_000_000, 10_000, 50
@@ -181,7 +181,7 @@ def bench_latency(args) -> None:
                 "item_popularity": np.ones(n_items, np.float32)},
         ids={"users": IdMap([f"u{k}" for k in range(n_users)]), "items": IdMap([f"i{k}" for k in range(n_items)])},
     )
-    index = Index.from_artifact(artifact)
+    index = COEIndex.from_artifact(artifact)
     print(f"(generated map: {n_items:,} items, {n_users:,} users, {per_user} seen each;"
           f" ids + KD-trees built in {time.perf_counter() - t0:.1f}s)")
     _latency_rows(index, "generated (10,000 x 1e6)", args.calls)

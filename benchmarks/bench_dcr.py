@@ -31,7 +31,7 @@ starts. Data sets:
   (users with at least N + 10 ratings, N ratings each), which is what the
   paper's Table 3 times (1.05 s and 2.31 s).
 
-Serving: in-process ``Index.recommend`` (top-10, the user's training items
+Serving: in-process ``DCRIndex.recommend`` (top-10, the user's training items
 excluded) for the ML-100K model and for a 17,770-item catalogue (the Netflix
 item count) with random factors, p50/p99 over single calls, then
 ``recommend_many`` throughput in users per second.
@@ -60,7 +60,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from ordrec.service.artifacts import Artifact  # noqa: E402
 from ordrec.service.idmap import IdMap  # noqa: E402
-from ordrec.service.models.dcr import Index  # noqa: E402
+from ordrec.service.models.dcr import DCRIndex  # noqa: E402
 from ordrec.trainer.data.types import Ratings  # noqa: E402
 
 NETFLIX1M = (48_018, 1_777, 1_020_752)
@@ -116,18 +116,17 @@ PAPER_TABLE3 = {"netflix1m:20": 1.05, "netflix1m:50": 2.31}  # DCR running time 
 def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
     """Runs in a fresh process: fit ``repeats`` times (refine once more each when
     ``pairwise``), return median times, epochs and memory."""
-    from ordrec.trainer.reproduce.dcr import median_epochs, validation_split
-    from ordrec.trainer.models.dcr import DCR
+    from ordrec.trainer.reproduce.dcr import fit_dcr, median_epochs, validation_split
 
     params = dict(params)
     stop = params.pop("stop", "tol")
     folds = int(params.pop("folds", 1))
     data = load(spec)
     small = data.subset(np.arange(min(len(data), 1000)))
-    warm = DCR(**dict(params, epochs=2)).fit(small)
-    warm.refined(pairwise_epochs=1)
+    warm = fit_dcr(dict(params, max_iter=2), small)
+    warm.refined(pairwise_max_iter=1)
     if stop == "validation":
-        DCR(**dict(params, epochs=2)).fit(*validation_split(small, np.random.default_rng(0)))
+        fit_dcr(dict(params, max_iter=2), *validation_split(small, np.random.default_rng(0)))
     before = resource.getrusage(resource.RUSAGE_SELF)
     fits, fit_cpu, refines, refine_cpu, refits, refit_cpu, chosen_epochs = [], [], [], [], [], [], []
     for r in range(repeats):
@@ -136,14 +135,14 @@ def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
             # The protocol's fit: per-level epochs chosen on hold-outs of the ratings (the median
             # over ``folds`` of them), then a refit on all of them for those counts; both stages
             # are timed, and the refit (the final model's training) also on its own.
-            chosen = median_epochs(dict(params, seed=r), data, np.random.default_rng(r), folds)["level_epochs"]
+            chosen = median_epochs(dict(params, random_state=r), data, np.random.default_rng(r), folds)["level_epochs"]
             chosen_epochs.append(chosen)
             c1, t1 = time.process_time(), time.perf_counter()
-            model = DCR(**dict(params, seed=r, level_epochs=chosen)).fit(data)
+            model = fit_dcr(dict(params, random_state=r, level_epochs=chosen), data)
             refits.append(time.perf_counter() - t1)
             refit_cpu.append(time.process_time() - c1)
         else:
-            model = DCR(**dict(params, seed=r)).fit(data)
+            model = fit_dcr(dict(params, random_state=r), data)
         fits.append(time.perf_counter() - t0)
         fit_cpu.append(time.process_time() - c0)
         if pairwise:
@@ -187,8 +186,9 @@ def bench_training(args) -> None:
     print("-" * len(header))
     for spec in specs:
         for rank in args.ranks if not args.protocol else [None]:
-            params = dict(rank=rank, epochs=args.epochs, tol=args.tol, order=args.order, lr=args.lr, lr_decay=0.02,
-                          reg=0.001, pairwise_epochs=args.pairwise_epochs, pairwise_lr=0.01, seed=0,
+            params = dict(n_components=rank, max_iter=args.epochs, tol=args.tol, order=args.order,
+                          learning_rate=args.lr, learning_rate_decay=0.02, reg=0.001,
+                          pairwise_max_iter=args.pairwise_epochs, pairwise_learning_rate=0.01, random_state=0,
                           init=args.init, init_std=args.init_std, stop=args.stop, val_tol=args.val_tol,
                           patience=args.patience, folds=args.folds)
             if args.protocol:
@@ -198,7 +198,7 @@ def bench_training(args) -> None:
                     print(f"{spec}: --protocol needs a netflix1m:N set")
                     continue
                 params.update(protocol_fit(int(spec.split(":")[1])), stop="validation", val_tol=0.01)
-                rank = params["rank"]
+                rank = params["n_components"]
             out = subprocess.run([sys.executable, __file__, "--child", spec, json.dumps(params),
                                   str(args.pairwise), str(args.repeats)],
                                  capture_output=True, text=True, timeout=3600)
@@ -215,13 +215,13 @@ def bench_training(args) -> None:
                   f" {paper if paper else '':>7} {r['maxrss_mb']:>10.0f} {r['factors_mb']:>10.1f}", flush=True)
 
 
-def random_index(n_users: int, n_items: int, rank: int, levels: int = 5, seen: int = 50, seed: int = 0) -> Index:
+def random_index(n_users: int, n_items: int, rank: int, levels: int = 5, seen: int = 50, seed: int = 0) -> DCRIndex:
     rng = np.random.default_rng(seed)
     L = levels - 1
     U = rng.normal(size=(n_users, L * rank)).astype(np.float32) / np.sqrt(rank)
     V = rng.normal(size=(n_items, L * rank)).astype(np.float32) / np.sqrt(rank)
     indices = np.concatenate([rng.choice(n_items, seen, replace=False) for _ in range(n_users)])
-    return Index(Artifact("dcr", {
+    return DCRIndex(Artifact("dcr", {
         "user_factors": U, "item_factors": V,
         "seen_indptr": np.arange(0, seen * n_users + 1, seen, dtype=np.int64),
         "seen_indices": indices.astype(np.int32),
@@ -230,7 +230,7 @@ def random_index(n_users: int, n_items: int, rank: int, levels: int = 5, seen: i
         attributes={"levels": [1.0, 2.0, 3.0, 4.0, 5.0], "relevance": "linear", "rank": rank}))
 
 
-def latency(index: Index, calls: int, with_distribution: bool, seed: int = 1) -> tuple[float, float]:
+def latency(index: DCRIndex, calls: int, with_distribution: bool, seed: int = 1) -> tuple[float, float]:
     rng = np.random.default_rng(seed)
     users = rng.integers(0, len(index.users), calls)
     index.recommend(0, 10, exclude=index.seen(0))  # warm-up (numba top-k)
@@ -244,7 +244,7 @@ def latency(index: Index, calls: int, with_distribution: bool, seed: int = 1) ->
     return float(np.percentile(times, 50)) / 1e3, float(np.percentile(times, 99)) / 1e3
 
 
-def throughput(index: Index, batch: int, seconds: float = 2.0) -> float:
+def throughput(index: DCRIndex, batch: int, seconds: float = 2.0) -> float:
     rng = np.random.default_rng(2)
     done, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -256,14 +256,14 @@ def throughput(index: Index, batch: int, seconds: float = 2.0) -> float:
 
 def bench_serving(args) -> None:
     from ordrec.trainer.data.readers import read_ratings
-    from ordrec.trainer.models.dcr import DCR
+    from ordrec.trainer.models.dcr import DCR, ResearchOptions
 
     indexes = []
     data = read_ratings(args.data)
     for rank in args.ranks:
-        model = DCR(rank=rank, epochs=args.epochs, tol=args.tol, order=args.order, lr=0.05, lr_decay=0.02,
-                    seed=0).fit(data)
-        indexes.append((f"ml-100k ({len(data.items)} items)", rank, Index.from_artifact(model.to_artifact())))
+        model = DCR(n_components=rank, max_iter=args.epochs, tol=args.tol, learning_rate=0.05,
+                    learning_rate_decay=0.02, random_state=0).fit(data, research=ResearchOptions(order=args.order))
+        indexes.append((f"ml-100k ({len(data.items)} items)", rank, DCRIndex.from_artifact(model.to_artifact())))
         indexes.append(("17,770 items", rank, random_index(2_000, 17_770, rank)))
     print(f"\nIn-process Recommend, top-10 excluding seen items ({os.cpu_count()} cores shared with other work)")
     header = f"{'catalogue':<22} {'rank':>4} {'dims':>5} {'p50 us':>8} {'p99 us':>8} {'+dist p50':>10} {'+dist p99':>10} {'batch 64 users/s':>17} {'batch 512 users/s':>18}"

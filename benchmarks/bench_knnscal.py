@@ -46,7 +46,7 @@ def one(args) -> dict:
     graph = generated_graph(args.one, args.k, args.seed)
     gen_s = time.perf_counter() - t0
     params = json.loads(args.params)
-    est = KnnScal(dim=args.dim, max_iter=args.max_iter, tol=args.tol, seed=args.seed,
+    est = KnnScal(n_components=args.dim, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
                   verbose=args.verbose, **params)
     t0 = time.perf_counter()
     est.fit(graph)

@@ -1,6 +1,6 @@
 """RTF benchmarks: in-process Tags latency and training time per iteration.
 
-Latency (``Index.tags``, top-10, |T| = 2,045 as in the paper's Last.fm 10-core)
+Latency (``RTFIndex.tags``, top-10, |T| = 2,045 as in the paper's Last.fm 10-core)
 for three ways of scoring one post:
 
 - ``fast``: ``q = I[i] @ (U[u] @ C.reshape(kU, kI*kT)).reshape(kI, kT)``, ``T @ q``,
@@ -29,12 +29,12 @@ import numpy as np
 
 from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
-from ordrec.service.models.rtf import Index
+from ordrec.service.models.rtf import RTFIndex
 from ordrec.service.topk import top_k
 from ordrec.trainer.models import rtf_kernels as K
 
 
-def synthetic_index(dims: int, n_users: int, n_items: int, n_tags: int, seed: int = 0) -> Index:
+def synthetic_index(dims: int, n_users: int, n_items: int, n_tags: int, seed: int = 0) -> RTFIndex:
     """An RTF index of the given size with random factors (latency does not depend on values)."""
     rng = np.random.default_rng(seed)
     f = lambda *shape: rng.normal(0, 0.3, shape).astype(np.float32)  # noqa: E731
@@ -51,7 +51,7 @@ def synthetic_index(dims: int, n_users: int, n_items: int, n_tags: int, seed: in
     }
     ids = {"users": IdMap([f"u{k}" for k in range(n_users)]), "items": IdMap([f"i{k}" for k in range(n_items)]),
            "tags": IdMap([f"t{k}" for k in range(n_tags)])}
-    return Index.from_artifact(Artifact("rtf", arrays, ids))
+    return RTFIndex.from_artifact(Artifact("rtf", arrays, ids))
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float]:

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ordrec.service.idmap import IdMap  # noqa: E402
-from ordrec.service.models.score import Index  # noqa: E402
+from ordrec.service.models.score import SCOREIndex  # noqa: E402
 from ordrec.trainer.data.types import AttributeTable  # noqa: E402
 from ordrec.trainer.models.score import GroupLayout, ScoreEstimator  # noqa: E402
 
@@ -37,14 +37,14 @@ def generated_table(n_objects: int, n_aspects: int, seed: int = 0) -> AttributeT
                           codes, values, source="generated")
 
 
-def time_fit(table: AttributeTable, epochs: int, mode: str = "multi") -> tuple[float, int, float, Index, float]:
+def time_fit(table: AttributeTable, epochs: int, mode: str = "multi") -> tuple[float, int, float, SCOREIndex, float]:
     t0 = time.perf_counter()
-    est = ScoreEstimator(mode=mode, epochs=epochs, seed=0).fit(table)
+    est = ScoreEstimator(mode=mode, max_iter=epochs, random_state=0).fit(table)
     fit_s = time.perf_counter() - t0
     steps = epochs * (int(est.steps_per_epoch) or int(min(est.triplets_per_aspect_.sum(),
                                                           est.max_steps_per_epoch)))
     t0 = time.perf_counter()
-    index = Index.from_artifact(est.to_artifact())
+    index = SCOREIndex.from_artifact(est.to_artifact())
     build_s = time.perf_counter() - t0
     return fit_s, steps, float(est.triplets_per_aspect_.sum()), index, build_s
 
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000)
     args = parser.parse_args()
 
-    ScoreEstimator(epochs=1, seed=0).fit(generated_table(30, 3))  # compile / load the numba cache
+    ScoreEstimator(max_iter=1, random_state=0).fit(generated_table(30, 3))  # compile / load the numba cache
 
     tables = []
     if os.path.exists(args.zoo):

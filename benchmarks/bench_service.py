@@ -69,9 +69,9 @@ def build_registry(root: Path, data: Path) -> Registry:
     registry = Registry(root)
     r = ratings(data)
     fits = [
-        ("dcr", "dcr", r, {"rank": 20, "epochs": 5}),
-        ("coe", "coe", r, {"epochs": 3}),
-        ("rtf64", "rtf", lastfm_sized_tags(), {"dims": 64, "iterations": 1, "min_iterations": 1,
+        ("dcr", "dcr", r, {"n_components": 20, "max_iter": 5}),
+        ("coe", "coe", r, {"max_iter": 3}),
+        ("rtf64", "rtf", lastfm_sized_tags(), {"n_components": 64, "max_iter": 1, "min_iter": 1,
                                                 "verbose": False, "validation_posts": 100}),
     ]
     for name, kind, dataset, params in fits:

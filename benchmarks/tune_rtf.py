@@ -5,7 +5,7 @@ split (one test post per user) is made exactly as ``ordrec-train reproduce rtf``
 makes it, the test posts are thrown away, and one more post per user is carved
 out of the training posts as the validation set. RTF is trained on the rest
 (its own early stopping holds out a further ``--validation-posts`` of those)
-and the validation posts are answered through the serving ``Index`` built from
+and the validation posts are answered through the serving ``RTFIndex`` built from
 the in-memory artifact, with the popularity baselines on the same posts.
 The test posts are never read.
 
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from ordrec.service.models.rtf import Index
+from ordrec.service.models.rtf import RTFIndex
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.reproduce.rtf import (BASELINES, MAX_N, VALIDATION_SEED_OFFSET, HeldOutPosts, evaluate_baseline,
                                     evaluate_rtf, leave_one_post_out, p_core)
@@ -69,17 +69,18 @@ def main() -> None:
     fit_part, val = leave_one_post_out(train.compact(), np.random.default_rng(args.seed + VALIDATION_SEED_OFFSET))
     train = train.compact()
 
-    est = RTF(dims=args.dims, learning_rate=args.learning_rate, lr_decay=args.lr_decay, reg=args.reg,
-              reg_core=args.reg_core, reg_tags=args.reg_tags, iterations=args.iterations,
+    est = RTF(n_components=args.dims, learning_rate=args.learning_rate, learning_rate_decay=args.lr_decay,
+              reg=args.reg, reg_core=args.reg_core, reg_tags=args.reg_tags, max_iter=args.iterations,
               patience=args.iterations if args.curve else args.patience,
-              validation_posts=args.validation_posts, min_iterations=args.min_iterations,
-              smoothing=args.smoothing, init_std=args.init_std, lr_drops=args.lr_drops,
-              lr_drop_factor=args.lr_drop_factor, keep_within=args.keep_within, seed=args.seed, verbose=not args.quiet)
+              validation_posts=args.validation_posts, min_iter=args.min_iterations,
+              smoothing=args.smoothing, init_std=args.init_std, learning_rate_drops=args.lr_drops,
+              learning_rate_drop_factor=args.lr_drop_factor, keep_within=args.keep_within, random_state=args.seed,
+              verbose=not args.quiet)
     curve: list[dict] = []
     started = time.perf_counter()
     est.fit(fit_part, on_epoch=_curve_recorder(train, val, curve) if args.curve or args.trace else None)
     seconds = time.perf_counter() - started
-    index = Index.from_artifact(est.to_artifact())
+    index = RTFIndex.from_artifact(est.to_artifact())
     posts = HeldOutPosts(train, val, index)
     results = {f"RTF-{args.dims}": evaluate_rtf(index, posts)}
     if args.baselines:
@@ -107,7 +108,7 @@ def _curve_recorder(train, val, curve: list[dict]):
     """An ``on_epoch`` hook: F1@1..10 and AUC of the tuning posts after every pass.
 
     Uses the serving code's ``score_posts`` and ``top_k`` on the live
-    parameters (what ``Index.tags`` does, without building an index per pass);
+    parameters (what ``RTFIndex.tags`` does, without building an index per pass);
     tuning posts whose user or item the fit part lacks are left out here (the
     final table above includes them through the index's fallbacks).
     """

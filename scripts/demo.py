@@ -25,8 +25,8 @@ DATA, REGISTRY = DEMO / "data", DEMO / "registry"
 MODELS = [
     ("dcr", "dcr", "ratings.data", []),
     ("coe", "coe", "ratings.data", ["--labels", "items.txt"]),
-    ("rtf", "rtf", "tags.csv", ["--set", "dims=16", "--set", "iterations=30", "--set", "verbose=false"]),
-    ("score", "score", "attributes.csv", ["--set", "epochs=5"]),
+    ("rtf", "rtf", "tags.csv", ["--set", "n_components=16", "--set", "max_iter=30", "--set", "verbose=false"]),
+    ("score", "score", "attributes.csv", ["--set", "max_iter=5"]),
     ("knnscal", "knnscal", "neighbors.csv", []),
 ]
 # (title, client arguments) — one query per model, shown to the user.

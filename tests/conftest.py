@@ -18,12 +18,12 @@ DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[
 # Models trained on the built-in sample for end-to-end tests:
 # (registry name, kind, sample file, trainer flags)
 SAMPLE_MODELS = [
-    ("dcr", "dcr", "ratings.data", ["--set", "epochs=10"]),
-    ("pairwise_dcr", "dcr", "ratings.data", ["--set", "epochs=10", "--set", "pairwise=true"]),
-    ("coe", "coe", "ratings.data", ["--set", "epochs=5"]),
-    ("rtf", "rtf", "tags.csv", ["--set", "dims=8", "--set", "iterations=5", "--set", "min_iterations=1",
+    ("dcr", "dcr", "ratings.data", ["--set", "max_iter=10"]),
+    ("pairwise_dcr", "dcr", "ratings.data", ["--set", "max_iter=10", "--set", "pairwise=true"]),
+    ("coe", "coe", "ratings.data", ["--set", "max_iter=5"]),
+    ("rtf", "rtf", "tags.csv", ["--set", "n_components=8", "--set", "max_iter=5", "--set", "min_iter=1",
                                 "--set", "verbose=false"]),
-    ("score", "score", "attributes.csv", ["--set", "epochs=3", "--set", "max_steps_per_epoch=20000"]),
+    ("score", "score", "attributes.csv", ["--set", "max_iter=3", "--set", "max_steps_per_epoch=20000"]),
     ("knnscal", "knnscal", "neighbors.csv", ["--set", "max_iter=20"]),
 ]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ordrec.service.artifacts import Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import index_class
-from ordrec.service.models.coe import Index
+from ordrec.service.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.reproduce import coe as protocol
 from ordrec.trainer.models import coe_kernels as K
@@ -251,9 +251,9 @@ def test_planted_geometry_is_recovered():
     values = -np.linalg.norm(Xt[user] - Yt[item], axis=1)
     data = ratings_from(user, item, values, n_users, n_items)
     triples = TripleSource.build(data.user, data.item, values.astype(np.float32), n_users, n_items)
-    model = COE(dim=2, function="sigmoid", lam=4.0, eta=0.0, lr=0.1, epochs=60, seed=0)
+    model = COE(n_components=2, function="sigmoid", lam=4.0, eta=0.0, learning_rate=0.1, max_iter=60, random_state=0)
     model.fit_triples(data, triples)
-    index = Index.from_artifact(model.to_artifact())
+    index = COEIndex.from_artifact(model.to_artifact())
     metrics = protocol.evaluate_index(index, data, values.astype(np.float32), np.ones(len(data), bool))
     assert metrics["preservation_a"] > 0.95
     assert metrics["preservation_b"] > 0.95
@@ -268,7 +268,7 @@ def test_estimator_contract_and_determinism():
     assert estimator_class("coe") is COE
     rng = np.random.default_rng(3)
     data = random_ratings(rng)
-    params = dict(epochs=3, seed=4, function="gompertz")
+    params = dict(max_iter=3, random_state=4, function="gompertz")
     m1 = COE(**params).fit(data)
     m2 = COE(**params).fit(data)
     np.testing.assert_array_equal(m1.user_coords_, m2.user_coords_)
@@ -281,14 +281,14 @@ def test_estimator_contract_and_determinism():
 def test_divergence_is_reported():
     data = random_ratings(np.random.default_rng(0))
     with pytest.raises(FloatingPointError):
-        COE(lr=1e6, eta=1.0, epochs=2).fit(data)
+        COE(learning_rate=1e6, eta=1.0, max_iter=2).fit(data)
 
 
 def test_cooccurrence_source_fits():
     rng = np.random.default_rng(9)
     data = random_ratings(rng)
     data.rating[:] = rng.integers(1, 50, size=len(data))
-    model = COE(source="cooccurrence", epochs=2, dim=3).fit(data)
+    model = COE(source="cooccurrence", max_iter=2, n_components=3).fit(data)
     assert model.user_coords_.shape == (data.n_users, 3)
 
 
@@ -296,7 +296,7 @@ def test_cooccurrence_source_fits():
 @pytest.fixture(scope="module")
 def fitted():
     data = random_ratings(np.random.default_rng(21), n_users=40, n_items=60, per_user=12)
-    return data, COE(epochs=5, seed=1).fit(data)
+    return data, COE(max_iter=5, random_state=1).fit(data)
 
 
 def test_index_contract(fitted):
@@ -314,7 +314,7 @@ def test_index_contract(fitted):
 @given(st.integers(0, 39), st.integers(1, 70), st.booleans())
 def test_recommend_through_the_tree_equals_brute_force(fitted, user, n, exclude_seen):
     _, model = fitted
-    index = Index.from_artifact(model.to_artifact())
+    index = COEIndex.from_artifact(model.to_artifact())
     exclude = index.seen(user) if exclude_seen else None
     rows, scores = index.recommend(user, n, exclude=exclude)
     brute = index.score_users(np.array([user]))[0].astype(np.float64)
@@ -341,15 +341,15 @@ def test_index_refuses_inconsistent_artifacts(fitted):
     art = model.to_artifact()
     bad = dict(art.arrays, item_coords=np.zeros((60, 3), np.float32))
     with pytest.raises(ArtifactError, match="dimension"):
-        Index.from_artifact(type(art)(art.kind, bad, art.ids))
+        COEIndex.from_artifact(type(art)(art.kind, bad, art.ids))
     bad = dict(art.arrays, user_coords=np.full((40, 2), np.nan, np.float32))
     with pytest.raises(ArtifactError, match="NaN"):
-        Index.from_artifact(type(art)(art.kind, bad, art.ids))
+        COEIndex.from_artifact(type(art)(art.kind, bad, art.ids))
 
 
 def test_neighbors_between_entities(fitted):
     _, model = fitted
-    index = Index.from_artifact(model.to_artifact())
+    index = COEIndex.from_artifact(model.to_artifact())
     rows, scores = index.neighbors("", "items", 4, "users", 3)  # who would like item 4
     d = np.linalg.norm(index.user_coords - index.item_coords[4], axis=1)
     np.testing.assert_array_equal(rows, np.argsort(d)[:3])
@@ -364,8 +364,8 @@ def test_registry_round_trip(fitted, tmp_path):
     version = registry.publish("coe", model.to_artifact())
     loaded = registry.load("coe")
     assert loaded.version == version
-    a = Index.from_artifact(model.to_artifact())
-    b = Index.from_artifact(loaded)
+    a = COEIndex.from_artifact(model.to_artifact())
+    b = COEIndex.from_artifact(loaded)
     b.smoke()
     for user in range(5):
         np.testing.assert_array_equal(a.recommend(user, 10, exclude=a.seen(user))[0],
@@ -385,7 +385,7 @@ def test_ml100k_meets_table3_targets():
     observed = protocol.split_per_user(data.user, data.n_users, 0.8, rng)
     values = protocol.protocol_values(data, observed)
     for function in ("sigmoid", "gompertz"):
-        params = dict(protocol.DEFAULTS[function], function=function, dim=2)
+        params = dict(protocol.DEFAULTS[function], function=function, n_components=2)
         metrics, _ = protocol.fit_and_evaluate(params, data, values, observed)
         assert metrics["preservation_h"] >= 0.696, (function, metrics)
         assert metrics["prediction_h"] >= 0.614, (function, metrics)
@@ -415,14 +415,14 @@ def test_explicit_triples_file(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     triples = read_triples(str(path))
     assert len(triples) == 3000 and triples.n_users == 12 and triples.n_items == 15
-    model = COE(dim=2, lam=4.0, eta=0.0, epochs=30, seed=0).fit(triples)
+    model = COE(n_components=2, lam=4.0, eta=0.0, max_iter=30, random_state=0).fit(triples)
     X, Y = model.user_coords_, model.item_coords_
     a = triples.kind == 0
     d = lambda P, p, Q, q: np.linalg.norm(P[p] - Q[q], axis=1)  # noqa: E731
     ok_a = d(X, triples.first[a], Y, triples.second[a]) < d(X, triples.first[a], Y, triples.third[a])
     ok_b = d(X, triples.first[~a], Y, triples.third[~a]) < d(X, triples.second[~a], Y, triples.third[~a])
     assert ok_a.mean() > 0.95 and ok_b.mean() > 0.95
-    Index.from_artifact(model.to_artifact()).smoke()
+    COEIndex.from_artifact(model.to_artifact()).smoke()
 
     bad = tmp_path / "bad.tsv"
     bad.write_text("A u1 i1 i2\nC u1 i1 i2\nA u1 i3\n")

@@ -61,23 +61,23 @@ def knnscal_order(index, data, points) -> float:
 
 def _dcr():
     data, truth = sample.planted_ratings_with_truth(seed=1)
-    return data, {"epochs": 15}, lambda index: users_concordance(index, truth.latent()), 0.7
+    return data, {"max_iter": 15}, lambda index: users_concordance(index, truth.latent()), 0.7
 
 
 def _coe():
     data, truth = sample.planted_ratings_with_truth(seed=1)
-    return data, {"epochs": 10}, lambda index: users_concordance(index, truth.latent()), 0.6
+    return data, {"max_iter": 10}, lambda index: users_concordance(index, truth.latent()), 0.6
 
 
 def _rtf():
     data, truth = sample.planted_tags_with_truth(seed=1)
-    params = {"dims": 8, "iterations": 30, "verbose": False}
+    params = {"n_components": 8, "max_iter": 30, "verbose": False}
     return data, params, lambda index: rtf_concordance(index, data, truth), 0.65
 
 
 def _score():
     data, truth = sample.planted_attributes_with_truth(seed=1)
-    return data, {"epochs": 5}, lambda index: score_map_agreement(index, data, truth), 0.2
+    return data, {"max_iter": 5}, lambda index: score_map_agreement(index, data, truth), 0.2
 
 
 def _knnscal():
@@ -96,7 +96,7 @@ def test_every_kind_has_a_contract_case():
 def fitted(request):
     kind = request.param
     data, params, quality, threshold = CASES[kind]()
-    estimator = estimator_class(kind)(seed=3, **params)
+    estimator = estimator_class(kind)(random_state=3, **params)
     assert estimator.fit(data) is estimator
     return kind, data, params, estimator, quality, threshold
 
@@ -106,7 +106,7 @@ def test_estimator_conventions(fitted):
     cls = type(estimator)
     assert cls.kind == kind and cls.input_shape in ("ratings", "tags", "attributes", "neighbors")
     got = estimator.get_params()
-    assert set(got) == set(cls.param_names()) and "seed" in got
+    assert set(got) == set(cls.param_names()) and "random_state" in got
     assert cls(**got).get_params() == got  # hyperparameters only, stored as given
     for key, value in params.items():
         assert got[key] == value
@@ -114,7 +114,7 @@ def test_estimator_conventions(fitted):
 
 def test_same_seed_same_artifact(fitted):
     kind, data, params, estimator, _, _ = fitted
-    again = estimator_class(kind)(seed=3, **params).fit(data).to_artifact()
+    again = estimator_class(kind)(random_state=3, **params).fit(data).to_artifact()
     first = estimator.to_artifact()
     assert set(first.arrays) == set(again.arrays)
     for key in first.arrays:

@@ -8,16 +8,16 @@ from hypothesis import strategies as st
 
 from ordrec.service.artifacts import Registry
 from ordrec.service.idmap import IdMap
-from ordrec.service.models.dcr import Index, level_weights
+from ordrec.service.models.dcr import DCRIndex, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k
-from ordrec.trainer.reproduce.dcr import fixed_scorer, item_means, per_user_split
+from ordrec.trainer.reproduce.dcr import fit_dcr, fixed_scorer, item_means, per_user_split
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.dcr_kernels import (
     pairwise_epoch_by_user, pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
     project, shuffle_segments,
 )
-from ordrec.trainer.models.dcr import DCR, lazy_zeros, rating_levels, user_csr
+from ordrec.trainer.models.dcr import DCR, ResearchOptions, lazy_zeros, rating_levels, user_csr
 
 
 def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
@@ -200,7 +200,7 @@ def test_epoch_trains_only_the_levels_it_is_given():
 def test_float32_training_follows_the_float64_fit():
     """float32 factors (the default) change rounding, not the fit."""
     data = planted(2)
-    params = dict(rank=6, lr=0.05, epochs=15, tol=0.0, seed=1)
+    params = dict(n_components=6, learning_rate=0.05, max_iter=15, tol=0.0, random_state=1)
     single, double = DCR(**params).fit(data), DCR(dtype="float64", **params).fit(data)
     assert single.U_.dtype == np.float32 and double.U_.dtype == np.float64
     np.testing.assert_allclose(single.U_, double.U_, atol=1e-4)
@@ -222,8 +222,9 @@ def test_lazy_zeros_are_writable_zeros():
        st.sampled_from(["float32", "float64"]))
 def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     data = planted(seed, n_users=20, n_items=15, per_user=8)
-    model = DCR(rank=4, epochs=3, lr=0.5, item_bias=bias, projection=projection, seed=seed,
-                pairwise=True, pairwise_epochs=2, pairwise_lr=0.5, dtype=dtype).fit(data)
+    model = DCR(n_components=4, max_iter=3, learning_rate=0.5, random_state=seed, pairwise=True,
+                pairwise_max_iter=2, pairwise_learning_rate=0.5, dtype=dtype).fit(
+        data, research=ResearchOptions(item_bias=bias, projection=projection))
     rounding = 1e-6 if dtype == "float32" else 1e-9
     assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + rounding)
     assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + rounding)
@@ -236,8 +237,9 @@ def test_planted_low_rank_order_is_recovered(order):
     data = planted(1)
     rng = np.random.default_rng(0)
     train, test = per_user_split(data, 30, rng)
-    model = DCR(rank=8, epochs=60, lr=0.05, order=order, seed=0).fit(train)
-    index = Index.from_artifact(model.to_artifact())
+    model = DCR(n_components=8, max_iter=60, learning_rate=0.05, random_state=0).fit(
+        train, research=ResearchOptions(order=order))
+    index = DCRIndex.from_artifact(model.to_artifact())
     dcr = ndcg_at_k(index.score_items, test)
     random = ndcg_at_k(fixed_scorer(rng.random(data.n_items)), test)
     mean = ndcg_at_k(fixed_scorer(item_means(train, 5.0)), test)
@@ -257,7 +259,8 @@ def test_planted_low_rank_order_is_recovered(order):
 @pytest.mark.parametrize("order", ["user", "random"])
 def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs(order):
     data = planted(2, n_users=60, n_items=40, per_user=20)
-    model = DCR(rank=6, epochs=10, lr=0.05, order=order, seed=3).fit(data)
+    model = DCR(n_components=6, max_iter=10, learning_rate=0.05, random_state=3).fit(
+        data, research=ResearchOptions(order=order))
 
     def mean_pair_loss(m):
         c, _ = level_weights(m.levels_, m.relevance)
@@ -272,7 +275,7 @@ def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs(order):
                         count += 1
         return total / count
 
-    refined = model.refined(pairwise_epochs=10, pairwise_lr=0.05, pairwise_reg=0.0)
+    refined = model.refined(pairwise_max_iter=10, pairwise_learning_rate=0.05, pairwise_reg=0.0)
     assert mean_pair_loss(refined) < mean_pair_loss(model) - 0.01
     # the DCR fit it started from is untouched
     assert not np.shares_memory(refined.U_, model.U_)
@@ -298,9 +301,9 @@ def test_pairwise_by_user_draws_each_users_share_of_pairs():
 
 def test_same_seed_same_model_other_seed_other_model():
     data = planted(3, n_users=30, n_items=20, per_user=10)
-    a = DCR(rank=4, epochs=3, seed=5, pairwise=True, pairwise_epochs=2).fit(data)
-    b = DCR(rank=4, epochs=3, seed=5, pairwise=True, pairwise_epochs=2).fit(data)
-    c = DCR(rank=4, epochs=3, seed=6).fit(data)
+    a = DCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
+    b = DCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
+    c = DCR(n_components=4, max_iter=3, random_state=6).fit(data)
     np.testing.assert_array_equal(a.U_, b.U_)
     np.testing.assert_array_equal(a.V_, b.V_)
     assert not np.array_equal(a.U_[:, :, :], c.U_)
@@ -311,7 +314,8 @@ def test_divergence_is_reported_with_the_epoch(order):
     data = planted(4, n_users=10, n_items=10, per_user=5)
     with pytest.raises(FloatingPointError, match="epoch 0"):
         # finite but absurd: lr * reg overflows, the projection turns inf into NaN
-        DCR(rank=2, epochs=2, lr=1e300, reg=1e300, order=order).fit(data)
+        DCR(n_components=2, max_iter=2, learning_rate=1e300, reg=1e300).fit(
+            data, research=ResearchOptions(order=order))
 
 
 # ------------------------------------------------------------ rating order, stopping rule
@@ -358,10 +362,10 @@ def test_shuffle_segments_permutes_within_each_user_only():
 
 def test_stopping_rule_stops_at_the_first_small_gain():
     data = planted(5, n_users=60, n_items=40, per_user=20)
-    full = DCR(rank=4, epochs=80, tol=0.0, seed=2).fit(data)
+    full = DCR(n_components=4, max_iter=80, tol=0.0, random_state=2).fit(data)
     assert full.epochs_run_ == 80 and len(full.loglik_history_) == 80
     tol = 0.01
-    early = DCR(rank=4, epochs=80, tol=tol, seed=2).fit(data)
+    early = DCR(n_components=4, max_iter=80, tol=tol, random_state=2).fit(data)
     h = np.asarray(early.loglik_history_)
     assert 2 <= early.epochs_run_ < 80 and h.size == early.epochs_run_
     gains = np.diff(h) / np.abs(h[1:])
@@ -373,17 +377,17 @@ def test_stopping_rule_stops_at_the_first_small_gain():
 
 def test_users_and_items_without_training_ratings_are_served_at_one_half():
     data = make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [1, 5, 4, 2, 3], n_users=5, n_items=4)
-    model = DCR(rank=3, epochs=5, seed=0).fit(data)
+    model = DCR(n_components=3, max_iter=5, random_state=0).fit(data)
     assert np.all(model.U_[3:] == 0) and np.all(model.V_[3] == 0)
     assert np.any(model.U_[:3] != 0)
 
 
-@pytest.mark.parametrize("bad", [dict(relevance="cubic"), dict(rank=0), dict(item_bias=1.0),
-                                 dict(lr=float("nan")), dict(projection="cube"), dict(item_shrinkage=-1),
+@pytest.mark.parametrize("bad", [dict(relevance="cubic"), dict(n_components=0), dict(item_bias=1.0),
+                                 dict(learning_rate=float("nan")), dict(projection="cube"), dict(item_shrinkage=-1),
                                  dict(order="zigzag"), dict(tol=-1.0)])
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError):
-        DCR(**bad).fit(planted(0, n_users=5, n_items=5, per_user=3))
+        fit_dcr(bad, planted(0, n_users=5, n_items=5, per_user=3))  # DCR parameters or research options
 
 
 # ------------------------------------------------------------ rating scales
@@ -393,9 +397,9 @@ def test_half_star_scale_maps_to_ten_ordered_levels():
     assert levels.tolist() == values.tolist()
     assert index.tolist() == [0, 9, 4, 5]
     data = planted(5, n_users=40, n_items=30, per_user=15, values=tuple(values))
-    model = DCR(rank=4, epochs=5, seed=0).fit(data)
+    model = DCR(n_components=4, max_iter=5, random_state=0).fit(data)
     assert model.levels_.tolist() == values.tolist()
-    index = Index.from_artifact(model.to_artifact())
+    index = DCRIndex.from_artifact(model.to_artifact())
     items = np.arange(data.n_items)
     dist = index.distribution(0, items)
     assert dist.shape == (data.n_items, 10)
@@ -419,14 +423,13 @@ def test_explicit_levels_keep_unused_values_and_reject_strangers():
 # ------------------------------------------------------------ artifact
 def test_registry_round_trip_serves_the_same_scores(tmp_path):
     data = planted(6, n_users=30, n_items=25, per_user=10)
-    model = estimator_class("dcr")(rank=3, epochs=4, seed=1, pairwise=True, pairwise_epochs=2,
-                                   item_shrinkage=3.0)
-    model.fit(data)
+    model = estimator_class("dcr")(n_components=3, max_iter=4, random_state=1, pairwise=True, pairwise_max_iter=2)
+    model.fit(data, research=ResearchOptions(item_shrinkage=3.0))
     artifact = model.to_artifact()
     registry = Registry(tmp_path)
     registry.publish("pairwise_dcr", artifact)
     loaded = registry.load("pairwise_dcr")
-    a, b = Index.from_artifact(artifact), Index.from_artifact(loaded)
+    a, b = DCRIndex.from_artifact(artifact), DCRIndex.from_artifact(loaded)
     b.smoke()
     users = np.arange(data.n_users)
     np.testing.assert_array_equal(a.score_users(users), b.score_users(users))
@@ -440,10 +443,9 @@ def test_registry_round_trip_serves_the_same_scores(tmp_path):
 
 def test_item_shrinkage_scales_rare_items_toward_one_half():
     data = make_ratings([0, 0, 1, 1, 2], [0, 1, 0, 1, 1], [5, 1, 4, 2, 5], 3, 3)
-    model = DCR(rank=2, epochs=5, seed=0).fit(data)
+    model = DCR(n_components=2, max_iter=5, random_state=0).fit(data)
     plain = model.to_artifact().arrays["item_factors"]
-    model.item_shrinkage = 2.0
-    shrunk = model.to_artifact().arrays["item_factors"]
+    shrunk = model.with_research(item_shrinkage=2.0).to_artifact().arrays["item_factors"]
     counts = np.array([2, 3, 0])
     np.testing.assert_allclose(shrunk, plain * (counts / (counts + 2.0))[:, None], rtol=1e-6)
     assert np.all(plain[2] == 0)  # an item without training ratings carries no evidence

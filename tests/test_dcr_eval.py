@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ordrec.service.idmap import IdMap
-from ordrec.service.models.dcr import Index
+from ordrec.service.models.dcr import DCRIndex
 from ordrec.trainer.cli import main
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.reproduce.dcr import (
@@ -139,9 +139,9 @@ def test_select_takes_the_best_or_the_one_standard_error_candidate():
     from ordrec.trainer.reproduce.dcr import fit_stopped, ndcg_values, select, validation_split
 
     data = ratings(5, n_users=40)
-    base = dict(rank=2, epochs=4, lr=0.05, seed=1)
-    choices = [dict(init="marginal", init_std=0.02, rank=2), dict(init="random", init_std=0.3, rank=3),
-               dict(init="random", init_std=0.1, rank=4)]
+    base = dict(n_components=2, max_iter=4, learning_rate=0.05, random_state=1)
+    choices = [dict(init="marginal", init_std=0.02, n_components=2), dict(init="random", init_std=0.3, n_components=3),
+               dict(init="random", init_std=0.1, n_components=4)]
     chosen = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None, "one-se")
     top = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None, "best")
     rng = np.random.default_rng(7)
@@ -149,15 +149,15 @@ def test_select_takes_the_best_or_the_one_standard_error_candidate():
     values, epochs = [], []
     for choice in choices:
         fits = [fit_stopped(dict(base, **choice), f, v)[0] for f, v in splits]
-        values.append(np.concatenate([ndcg_values(Index.from_artifact(m.to_artifact()).score_items, v)
+        values.append(np.concatenate([ndcg_values(DCRIndex.from_artifact(m.to_artifact()).score_items, v)
                                       for m, (_, v) in zip(fits, splits)]))
         epochs.append(np.median([m.best_epochs_ for m in fits], axis=0).round().astype(int).tolist())
     best = int(np.argmax([v.mean() for v in values]))
     within = [j for j in range(3) if (values[best] - values[j]).mean()
               <= (values[best] - values[j]).std(ddof=1) / np.sqrt(values[j].size)]
-    assert (chosen["init"], chosen["rank"]) == (choices[within[0]]["init"], choices[within[0]]["rank"])
+    assert (chosen["init"], chosen["n_components"]) == (choices[within[0]]["init"], choices[within[0]]["n_components"])
     assert chosen["level_epochs"] == epochs[within[0]]
-    assert (top["init"], top["rank"], top["level_epochs"]) == (choices[best]["init"], choices[best]["rank"],
+    assert (top["init"], top["n_components"], top["level_epochs"]) == (choices[best]["init"], choices[best]["n_components"],
                                                                 epochs[best])
 
 
@@ -165,9 +165,9 @@ def test_select_prefers_the_first_candidate_unless_another_wins_clearly():
     from ordrec.trainer.reproduce.dcr import select
 
     data = ratings(5, n_users=40)
-    same = dict(init="marginal", init_std=0.02, rank=2)
+    same = dict(init="marginal", init_std=0.02, n_components=2)
     # identical candidates tie exactly: the first (simplest) is kept
-    chosen = select(dict(epochs=3, seed=1), [dict(same), dict(same, verbose=False)], data,
+    chosen = select(dict(max_iter=3, random_state=1), [dict(same), dict(same, verbose=False)], data,
                     np.random.default_rng(0), 2, lambda msg: None)
     assert "verbose" not in chosen and len(chosen["level_epochs"]) == 4
 
@@ -190,30 +190,30 @@ def test_reproduce_chooses_start_and_rank_only_with_ten_held_out_ratings(tmp_pat
     assert capsys.readouterr().err.count("    select ") == 4
     assert main(common + ["--n-train", "10"]) == 0
     log = capsys.readouterr().err
-    assert "    select " not in log and "init=marginal" in log and "rank=2" in log
+    assert "    select " not in log and "init=marginal" in log and "n_components=2" in log
 
 
 def test_protocol_fit_is_the_item_marginal_start_below_ten_held_out_ratings_and_random_rank_320_above():
     from ordrec.trainer.reproduce.dcr import LARGE_N_FIT, SMALL_N_FIT, protocol_fit
 
     for n in (10, 20, 39):
-        assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_lr"} == SMALL_N_FIT
+        assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_learning_rate"} == SMALL_N_FIT
         assert protocol_fit(n)["init"] == "marginal"
     for n in (40, 50, 100):
-        assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_lr"} == LARGE_N_FIT
-        assert (protocol_fit(n)["init"], protocol_fit(n)["rank"]) == ("random", 320)
+        assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_learning_rate"} == LARGE_N_FIT
+        assert (protocol_fit(n)["init"], protocol_fit(n)["n_components"]) == ("random", 320)
     # the pairwise learning rate of the nearest swept N
-    assert [protocol_fit(n)["pairwise_lr"] for n in (5, 10, 14, 16, 20, 34, 36, 50, 200)] == \
+    assert [protocol_fit(n)["pairwise_learning_rate"] for n in (5, 10, 14, 16, 20, 34, 36, 50, 200)] == \
         [0.005, 0.005, 0.005, 0.01, 0.01, 0.01, 0.02, 0.02, 0.02]
-    protocol_fit(50)["rank"] = 1  # a copy: the constants are not changed through it
-    assert LARGE_N_FIT["rank"] == 320
+    protocol_fit(50)["n_components"] = 1  # a copy: the constants are not changed through it
+    assert LARGE_N_FIT["n_components"] == 320
 
 
 def test_median_epochs_is_the_per_level_median_over_the_same_hold_outs():
     from ordrec.trainer.reproduce.dcr import fit_stopped, median_epochs
 
     data = ratings(8, n_users=40)
-    params = dict(rank=3, epochs=12, lr=0.05, init="random", init_std=0.1, seed=2, patience=3)
+    params = dict(n_components=3, max_iter=12, learning_rate=0.05, init="random", init_std=0.1, random_state=2, patience=3)
     got = median_epochs(params, data, np.random.default_rng(5), 3)
     rng = np.random.default_rng(5)
     epochs = [fit_stopped(params, *validation_split(data, rng))[0].best_epochs_ for _ in range(3)]
@@ -239,8 +239,8 @@ def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
                  "--sweep-pairwise-lr", "0.01", "--pairwise-epochs", "2",
                  "--select-folds", "2", "--epochs", "3", "--quiet", "--dataset", "tiny", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
-    fits = {"DCR init=marginal rank=2 lr=0.05 init_std=0.05", "DCR init=random rank=2 lr=0.05 init_std=0.1"}
-    assert {r["method"] for r in rows} == fits | {f"Pairwise {m} pairwise_lr=0.01" for m in fits}
+    fits = {"DCR init=marginal n_components=2 learning_rate=0.05 init_std=0.05", "DCR init=random n_components=2 learning_rate=0.05 init_std=0.1"}
+    assert {r["method"] for r in rows} == fits | {f"Pairwise {m} pairwise_learning_rate=0.01" for m in fits}
     assert all(r["metric"] == "val_ndcg@10" and r["runs"] == 2 for r in rows)
     # every scored list is a hold-out of the run's training ratings, never its test ratings
     per_run = 2 * 2 * 2  # candidates x folds x (fit, refined)

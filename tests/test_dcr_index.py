@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index, index_class
-from ordrec.service.models.dcr import Index, level_weights, monotone_distribution, relevance_values
+from ordrec.service.models.dcr import DCRIndex, level_weights, monotone_distribution, relevance_values
 
 
 def artifact(n_users=7, n_items=11, rank=3, levels=(1, 2, 3, 4, 5), relevance="linear", seed=0, **over):
@@ -36,7 +36,7 @@ def artifact(n_users=7, n_items=11, rank=3, levels=(1, 2, 3, 4, 5), relevance="l
                     attributes=attributes, **over)
 
 
-def brute_force_sc(index: Index, u: int) -> np.ndarray:
+def brute_force_sc(index: DCRIndex, u: int) -> np.ndarray:
     """Eq. 4 evaluated level by level, the slow way."""
     f = relevance_values(index.levels, index.relevance)
     p_ge = index.level_probabilities(u, np.arange(len(index.items)))
@@ -45,7 +45,7 @@ def brute_force_sc(index: Index, u: int) -> np.ndarray:
 
 @pytest.mark.parametrize("relevance", ["linear", "log", "exp"])
 def test_score_is_eq4_as_one_product(relevance):
-    index = Index.from_artifact(artifact(relevance=relevance))
+    index = DCRIndex.from_artifact(artifact(relevance=relevance))
     for u in range(len(index.users)):
         np.testing.assert_allclose(index.score_users(np.array([u]))[0], brute_force_sc(index, u), rtol=1e-5)
         items = np.array([4, 0, 9])
@@ -81,7 +81,7 @@ def test_recommend_is_the_exact_top_n_and_honours_exclude_and_candidates():
 
 
 def test_batch_equals_single_calls():
-    index = Index.from_artifact(artifact(n_items=30))
+    index = DCRIndex.from_artifact(artifact(n_items=30))
     users = np.array([0, 3, 3, 6])
     excludes = [index.seen(int(u)) for u in users]
     batch = index.recommend_many(users, 4, excludes=excludes)
@@ -92,7 +92,7 @@ def test_batch_equals_single_calls():
 
 
 def test_distribution_rows_are_distributions_and_eq3_when_monotone():
-    index = Index.from_artifact(artifact())
+    index = DCRIndex.from_artifact(artifact())
     dist = index.distribution(1, np.arange(11))
     assert dist.shape == (11, 5)
     assert np.all(dist >= 0) and np.allclose(dist.sum(axis=1), 1, atol=1e-6)
@@ -129,11 +129,11 @@ def test_popularity_fallback_and_registry_of_kinds():
 ])
 def test_bad_artifacts_are_refused_with_a_clear_error(change, match):
     with pytest.raises(ArtifactError, match=match):
-        Index.from_artifact(artifact(**change))
+        DCRIndex.from_artifact(artifact(**change))
 
 
 def test_wrong_kind_is_refused():
     a = artifact()
     a.kind = "coe"
     with pytest.raises(ArtifactError, match="expected kind"):
-        Index.from_artifact(a)
+        DCRIndex.from_artifact(a)

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ordrec.service.models.dcr import Index
+from ordrec.service.models.dcr import DCRIndex
 from ordrec.trainer.reproduce.dcr import (
-    fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
+    fit_dcr, fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
 )
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.models.dcr_kernels import pointwise_loglik
-from ordrec.trainer.models.dcr import DCR, holdouts, rating_levels
+from ordrec.trainer.models.dcr import DCR, ResearchOptions, holdouts, rating_levels
 
 from tests.test_dcr import make_ratings, planted
 
@@ -46,8 +46,8 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
     # one item nobody rated: it starts at the global marginal
     data = make_ratings(data.user, data.item, data.rating, data.n_users, data.n_items + 1)
     # float64 factors: the check is to 1e-9, below float32's resolution
-    model = DCR(rank=5, epochs=0, init="marginal", init_std=0.0, init_shrinkage=beta, item_bias=bias,
-                dtype="float64", seed=0).fit(data)
+    model = DCR(n_components=5, max_iter=0, init="marginal", init_std=0.0, dtype="float64", random_state=0).fit(
+        data, research=ResearchOptions(init_shrinkage=beta, item_bias=bias))
     want = damped_marginals(data, beta if beta > 0 else 1e-12)
     # 2P - 1 = U.V lives in the free coordinates' ball: radius sqrt(1 - s^2) under item_bias
     radius = np.sqrt(1 - bias ** 2)
@@ -62,7 +62,7 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
 def test_marginal_init_keeps_factors_in_the_ball():
     data = with_item_effects(2)
     for std in (0.0, 0.05, 0.3):
-        model = DCR(rank=6, epochs=0, init="marginal", init_std=std, seed=1).fit(data)
+        model = DCR(n_components=6, max_iter=0, init="marginal", init_std=std, random_state=1).fit(data)
         assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + 1e-9)
         assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + 1e-9)
 
@@ -72,7 +72,7 @@ def stopped_fit(data_seed: int, seed: int, epochs: int):
     gives up early; returns it, its fit part, its parameters and the validation
     labels as (users, items, levels)."""
     fit, val = validation_split(with_item_effects(data_seed), np.random.default_rng(0))
-    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=epochs, tol=0.0, seed=seed)
+    params = dict(n_components=4, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=epochs, tol=0.0, random_state=seed)
     model = DCR(patience=epochs, **params).fit(fit, validation=val)
     _, level = rating_levels(val.rating, model.levels_)
     return model, fit, val, params, (val.user.astype(np.int64), val.item.astype(np.int64), level)
@@ -81,7 +81,7 @@ def stopped_fit(data_seed: int, seed: int, epochs: int):
 def test_validation_stopping_keeps_each_levels_best_epoch():
     stopped, fit, _, params, (u, i, level) = stopped_fit(3, seed=3, epochs=25)
     # the trajectory: a fit of e epochs takes the first e steps of the longer one (same seed)
-    trajectory = [DCR(**dict(params, epochs=e)).fit(fit) for e in range(26)]
+    trajectory = [DCR(**dict(params, max_iter=e)).fit(fit) for e in range(26)]
     ll = np.array([pointwise_loglik(m.U_, m.V_, u, i, level) for m in trajectory])
     assert stopped.best_epochs_ == ll.argmax(axis=0).tolist()
     np.testing.assert_allclose(stopped.validation_loglik_, ll.max(axis=0))
@@ -93,7 +93,7 @@ def test_validation_stopping_keeps_each_levels_best_epoch():
 def test_patience_stops_once_no_level_improves():
     data = with_item_effects(4)
     fit, val = validation_split(data, np.random.default_rng(1))
-    model = DCR(rank=4, lr=0.1, init="marginal", init_std=0.05, epochs=200, patience=3, seed=0).fit(
+    model = DCR(n_components=4, learning_rate=0.1, init="marginal", init_std=0.05, max_iter=200, patience=3, random_state=0).fit(
         fit, validation=val)
     assert model.epochs_run_ < 200
     assert model.epochs_run_ == max(model.best_epochs_) + 3
@@ -102,14 +102,14 @@ def test_patience_stops_once_no_level_improves():
 def test_level_epochs_refit_takes_the_same_steps_as_the_stopped_fit():
     data = with_item_effects(5)
     fit, val = validation_split(data, np.random.default_rng(2))
-    params = dict(rank=4, lr=0.05, init="marginal", init_std=0.05, epochs=40, seed=4)
+    params = dict(n_components=4, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=40, random_state=4)
     stopped = DCR(**params).fit(fit, validation=val)
-    again = DCR(level_epochs=stopped.best_epochs_, **params).fit(fit)
+    again = DCR(**params).fit(fit, research=ResearchOptions(level_epochs=stopped.best_epochs_))
     assert again.best_epochs_ == stopped.best_epochs_
     np.testing.assert_array_equal(again.U_, stopped.U_)
     np.testing.assert_array_equal(again.V_, stopped.V_)
     # the counts also travel as a string (ordrec-train train --set level_epochs=...)
-    text = DCR(level_epochs=",".join(map(str, stopped.best_epochs_)), **params).fit(fit)
+    text = fit_dcr(dict(params, level_epochs=",".join(map(str, stopped.best_epochs_))), fit)
     np.testing.assert_array_equal(text.U_, stopped.U_)
 
 
@@ -120,22 +120,23 @@ def test_validation_stopping_still_learns_planted_personal_structure():
     rng = np.random.default_rng(0)
     train, test = per_user_split(data, 30, rng)
     fit, val = validation_split(train, np.random.default_rng(1))
-    params = dict(rank=8, lr=0.05, init="marginal", init_std=0.05, epochs=60, seed=0)
+    params = dict(n_components=8, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=60, random_state=0)
     stopped = DCR(**params).fit(fit, validation=val)
     assert min(stopped.best_epochs_) > 0
-    model = DCR(level_epochs=stopped.best_epochs_, **params).fit(train)
-    dcr = ndcg_at_k(Index.from_artifact(model.to_artifact()).score_items, test)
+    model = fit_dcr(dict(params, level_epochs=stopped.best_epochs_), train)
+    dcr = ndcg_at_k(DCRIndex.from_artifact(model.to_artifact()).score_items, test)
     mean = ndcg_at_k(fixed_scorer(item_means(train, 5.0)), test)
     assert dcr > mean + 0.05, (dcr, mean)
 
 
 def test_tune_with_validation_stopping_returns_level_epochs():
     data = with_item_effects(6)
-    base = dict(rank=3, epochs=15, init="marginal", init_std=0.05, seed=0)
-    best, pair = tune(data, np.random.default_rng(0), base, {"lr": (0.05, 0.02)}, {"pairwise_lr": (0.01,)},
+    base = dict(n_components=3, max_iter=15, init="marginal", init_std=0.05, random_state=0)
+    best, pair = tune(data, np.random.default_rng(0), base, {"learning_rate": (0.05, 0.02)},
+                      {"pairwise_learning_rate": (0.01,)},
                       lambda msg: None, stop="validation")
-    assert best["lr"] in (0.05, 0.02) and len(best["level_epochs"]) == 4
-    assert pair == {"pairwise_lr": 0.01}
+    assert best["learning_rate"] in (0.05, 0.02) and len(best["level_epochs"]) == 4
+    assert pair == {"pairwise_learning_rate": 0.01}
 
 
 @pytest.mark.parametrize("bad", [dict(init="zeros"), dict(patience=0), dict(level_epochs=[1, -1, 2, 3]),
@@ -143,13 +144,13 @@ def test_tune_with_validation_stopping_returns_level_epochs():
                                  dict(early_stopping=True, validation_folds=0)])
 def test_bad_init_and_stopping_parameters_are_refused(bad):
     with pytest.raises(ValueError):
-        DCR(**bad).fit(with_item_effects(0, n_users=10, n_items=8, per_user=5))
+        fit_dcr(bad, with_item_effects(0, n_users=10, n_items=8, per_user=5))  # parameters or research options
 
 
 def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_everything():
     data = planted(1)
-    params = dict(rank=8, lr=0.05, init="marginal", init_std=0.05, epochs=40, patience=3, seed=3)
-    model = DCR(early_stopping=True, validation_folds=3, pairwise=True, pairwise_epochs=2, **params).fit(data)
+    params = dict(n_components=8, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=40, patience=3, random_state=3)
+    model = DCR(early_stopping=True, validation_folds=3, pairwise=True, pairwise_max_iter=2, **params).fit(data)
     # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
     stops = [DCR(**params).fit(fit, validation=val).best_epochs_
              for fit, val in holdouts(data, np.random.default_rng([3, 1]), 3)]
@@ -158,29 +159,29 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
     metrics = model.to_artifact().metrics
     assert [metrics[f"epochs_level_{t}"] for t in (2, 3, 4, 5)] == want
     assert len({tuple(s) for s in stops}) > 1  # the folds disagree, so the median matters
-    by_hand = DCR(level_epochs=want, pairwise=True, pairwise_epochs=2, **params).fit(data)
+    by_hand = fit_dcr(dict(params, level_epochs=want, pairwise=True, pairwise_max_iter=2), data)
     np.testing.assert_array_equal(model.U_, by_hand.U_)
     np.testing.assert_array_equal(model.V_, by_hand.V_)
     # given counts or a validation set take precedence
-    assert DCR(early_stopping=True, level_epochs=[1, 1, 1, 1], **params).fit(data).chosen_level_epochs_ is None
+    assert fit_dcr(dict(params, early_stopping=True, level_epochs=[1, 1, 1, 1]), data).chosen_level_epochs_ is None
     # a rating value only one rating has, likely held out by some fold: the folds still fit every level
     rng = np.random.default_rng(0)
     user, item = np.repeat(np.arange(30), 6), np.tile(np.arange(6), 30)
     rating = rng.integers(2, 5, user.size)
     rating[0] = 5
-    rare = DCR(early_stopping=True, rank=2, epochs=3, seed=0).fit(make_ratings(user, item, rating))
+    rare = DCR(early_stopping=True, n_components=2, max_iter=3, random_state=0).fit(make_ratings(user, item, rating))
     assert len(rare.chosen_level_epochs_) == 3
     with pytest.raises(DataError, match="early_stopping holds out at least 2 ratings per user"):
-        DCR(early_stopping=True, rank=2).fit(make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1]))
+        DCR(early_stopping=True, n_components=2).fit(make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1]))
 
 
 def test_level_epochs_of_the_wrong_length_or_with_validation_are_refused():
     data = with_item_effects(7)
     fit, val = validation_split(data, np.random.default_rng(0))
     with pytest.raises(ValueError, match="one count per learned level"):
-        DCR(rank=3, level_epochs=[1, 2]).fit(fit)
+        fit_dcr(dict(n_components=3, level_epochs=[1, 2]), fit)
     with pytest.raises(ValueError, match="not both"):
-        DCR(rank=3, level_epochs=[1, 2, 3, 4]).fit(fit, validation=val)
+        fit_dcr(dict(n_components=3, level_epochs=[1, 2, 3, 4]), fit, val)
 
 
 def _stopping_rule(history, val_tol, patience):
@@ -199,7 +200,7 @@ def test_validation_history_is_the_trajectorys_loglik_and_val_tol_applies_the_ru
     full, fit, val, params, (u, i, level) = stopped_fit(8, seed=5, epochs=30)
     for e in (0, 7, 30):
         np.testing.assert_allclose(full.validation_history_[e],
-                                   pointwise_loglik(*(lambda m: (m.U_, m.V_))(DCR(**dict(params, epochs=e)).fit(fit)),
+                                   pointwise_loglik(*(lambda m: (m.U_, m.V_))(DCR(**dict(params, max_iter=e)).fit(fit)),
                                                     u, i, level))
     for val_tol in (0.0, 0.002, 0.02):
         model = DCR(patience=3, val_tol=val_tol, **params).fit(fit, validation=val)

@@ -17,8 +17,8 @@ from ordrec.trainer.data.types import RatingScale
 from ordrec.trainer.sample import write_samples
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-GOOD = "rank = 5, epochs = 8"
-BAD = "rank = 5, epochs = 0"  # random factors: a deliberately worse model
+GOOD = "n_components = 5, max_iter = 8"
+BAD = "n_components = 5, max_iter = 0"  # random factors: a deliberately worse model
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ path = "ratings.data"
 name = "dcr"
 kind = "dcr"
 data = "r"
-params = { rank = 4 }
+params = { n_components = 4 }
 gate = { metric = "hit_rate_at_10", margin = 0.05, holdout = 0.3, seed = 7 }
 """
 
@@ -87,7 +87,7 @@ def test_valid_job_parses_with_defaults_and_relative_paths(tmp_path):
     assert config.data["r"].format == "auto"
     assert config.lock == config.registry / ".job-nightly.lock"
     (model,) = config.models
-    assert model.params == {"rank": 4, "verbose": False}
+    assert model.params == {"n_components": 4, "verbose": False}
     assert (model.gate.metric, model.gate.margin, model.gate.holdout, model.gate.seed) == \
         ("hit_rate_at_10", 0.05, 0.3, 7)
     assert model.refit is True and model.keep is None and config.redis is None
@@ -109,7 +109,7 @@ def test_valid_job_parses_with_defaults_and_relative_paths(tmp_path):
      "not triples"),
     ('kind = "dcr"', 'kind = "svd"', "models[1] ('dcr').kind", "unknown kind"),
     ('data = "r"', 'data = "ratings"', "models[1] ('dcr').data", "no [data.ratings]"),
-    ("rank = 4", "rnak = 4", "models[1] ('dcr').params.rnak", "unknown key"),
+    ("n_components = 4", "rnak = 4", "models[1] ('dcr').params.rnak", "unknown key"),
     ('metric = "hit_rate_at_10"', 'metric = "f1_at_5"', "models[1] ('dcr').gate.metric", "ndcg_at_10"),
     ("margin = 0.05", "margin = -0.1", "models[1] ('dcr').gate.margin", ">= 0"),
     ("margin = 0.05", 'margin = "0.05"', "models[1] ('dcr').gate.margin", "must be a number"),
@@ -205,7 +205,7 @@ def test_live_version_without_metric_is_replaced_with_a_warning(sample, tmp_path
     from ordrec.trainer.models.dcr import DCR
 
     registry = tmp_path / "registry"
-    artifact = DCR(rank=3, epochs=1).fit(read_ratings(sample / "ratings.data", "ml-100k")).to_artifact()
+    artifact = DCR(n_components=3, max_iter=1).fit(read_ratings(sample / "ratings.data", "ml-100k")).to_artifact()
     outside = Registry(registry).publish("dcr", artifact)  # e.g. `ordrec-train train`
     assert run_job(write_job(tmp_path, job_text(sample, registry))) == EXIT_PUBLISHED
     assert "has no holdout_ndcg_at_10" in capsys.readouterr().err
@@ -231,8 +231,8 @@ def test_dry_run_and_no_refit(sample, tmp_path, capsys):
 
 def test_failed_model_does_not_stop_the_others(sample, tmp_path, capsys):
     registry = tmp_path / "registry"
-    text = job_text(sample, registry, 'rank = 5, epochs = 2, relevance = "bogus"', name="broken")
-    text += text[text.index("[[models]]"):].replace('"broken"', '"dcr"').replace('relevance = "bogus"', "seed = 3")
+    text = job_text(sample, registry, 'n_components = 5, max_iter = 2, relevance = "bogus"', name="broken")
+    text += text[text.index("[[models]]"):].replace('"broken"', '"dcr"').replace('relevance = "bogus"', "random_state = 3")
     path = write_job(tmp_path, text)
     assert run_job(path) == EXIT_FAILED
     err = capsys.readouterr().err

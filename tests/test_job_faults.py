@@ -64,7 +64,7 @@ format = "ml-100k"
 name = "dcr"
 kind = "dcr"
 data = "ratings"
-params = {{ rank = 4, epochs = 3 }}
+params = {{ n_components = 4, max_iter = 3 }}
 gate = {{ metric = "ndcg_at_10", margin = 1.0 }}
 """)
     assert run_job(job) == EXIT_PUBLISHED  # a live version to protect

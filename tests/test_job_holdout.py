@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import MapIndex, PointSet, RecommenderIndex
-from ordrec.service.models.knnscal import Index as KnnIndex
+from ordrec.service.models.knnscal import KNNSCALIndex as KnnIndex
 from ordrec.trainer.data.types import AttributeTable, Ratings, TagAssignments
 from ordrec.trainer.evaluation import holdout, metrics
 from ordrec.trainer.sample import planted_neighbors

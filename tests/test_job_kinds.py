@@ -18,10 +18,10 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 # kind: (sample file, tiny params, gate holdout)
 KINDS = {
-    "coe": ("ratings.data", "dim = 2, epochs = 2", 0.2),
-    "rtf": ("tags.csv", "dims = 4, iterations = 3", 0.5),
-    "score": ("attributes.csv", "n_components = 2, epochs = 2, steps_per_epoch = 2000", 0.1),
-    "knnscal": ("neighbors.csv", "dim = 2, max_iter = 3", 0.2),
+    "coe": ("ratings.data", "n_components = 2, max_iter = 2", 0.2),
+    "rtf": ("tags.csv", "n_components = 4, max_iter = 3", 0.5),
+    "score": ("attributes.csv", "n_components = 2, max_iter = 2, steps_per_epoch = 2000", 0.1),
+    "knnscal": ("neighbors.csv", "n_components = 2, max_iter = 3", 0.2),
 }
 
 

@@ -40,7 +40,7 @@ format = "ml-100k"
 name = "dcr"
 kind = "dcr"
 data = "ratings"
-params = {{ rank = 4, epochs = {epochs} }}
+params = {{ n_components = 4, max_iter = {epochs} }}
 gate = {{ metric = "ndcg_at_10", margin = 0.0 }}
 """)
     return path

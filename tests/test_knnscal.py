@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from sklearn.isotonic import isotonic_regression
 
 from ordrec.service.artifacts import Registry
-from ordrec.service.models.knnscal import Index, place_point, placement_stress
+from ordrec.service.models.knnscal import KNNSCALIndex, place_point, placement_stress
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr
 
@@ -169,7 +169,7 @@ def test_reordered_fit_is_returned_in_input_order(dim):
     # The loop runs on renumbered vertices; coordinates, E+ and disparities
     # must come back in the input's order, consistent with each other.
     points, graph = planted(300, dim, 8, seed=4)
-    fits = {r: KnnScal(dim=dim, seed=0, max_iter=60, reorder=r).fit(graph) for r in ("morton", "none")}
+    fits = {r: KnnScal(n_components=dim, random_state=0, max_iter=60, reorder=r).fit(graph) for r in ("morton", "none")}
     est = fits["morton"]
     last = est.stress_history_[-1][2]
     again = K.stress(est.coordinates_, est.plus_indptr_, est.plus_col_, est.plus_rnk_, est.q_,
@@ -192,7 +192,7 @@ def test_planted_configuration_is_recovered(dim):
     # weight on the lists than the defaults (chosen for high-dimensional data
     # such as digits, whose lists have nearly equal distances).
     points, graph = planted(200, dim, 10, seed=dim)
-    est = KnnScal(dim=dim, seed=0, edge_weight=5.0, rank_gap=0.5).fit(graph)
+    est = KnnScal(n_components=dim, random_state=0, edge_weight=5.0, rank_gap=0.5).fit(graph)
     oa = order_agreement(est.coordinates_, est)
     assert oa > 0.95, oa
     # Sanity: the truth itself scores (nearly) 1 under the same measure.
@@ -202,7 +202,7 @@ def test_planted_configuration_is_recovered(dim):
 def test_stress_history_is_monotone_and_stops_on_relative_change():
     # rank_gap = 0: every step is an exact minimisation, so all of the history falls.
     _, graph = planted(200, 2, 8, seed=7)
-    est = KnnScal(seed=1, tol=1e-2, max_iter=500, rank_gap=0.0).fit(graph)
+    est = KnnScal(random_state=1, tol=1e-2, max_iter=500, rank_gap=0.0).fit(graph)
     stresses = np.array([s for _, _, s in est.stress_history_])
     assert np.all(np.diff(stresses) <= 1e-12 * stresses[:-1])
     assert est.converged_ and est.n_iter_ < 500
@@ -213,7 +213,7 @@ def test_stress_history_is_monotone_and_stops_on_relative_change():
 @pytest.mark.parametrize("update", ["gauss-seidel", "jacobi"])
 def test_majorization_steps_fall_in_a_default_fit(update):
     _, graph = planted(150, 2, 8, seed=8)
-    est = KnnScal(seed=2, max_iter=40, update=update).fit(graph)
+    est = KnnScal(random_state=2, max_iter=40, update=update).fit(graph)
     h = est.stress_history_
     for (_, before_step, before), (_, step, after) in zip(h, h[1:]):
         if step == "majorize":
@@ -242,12 +242,12 @@ def test_csr_drops_self_loops_and_keeps_best_rank_of_duplicates():
 def test_registry_round_trip_and_placement(tmp_path):
     points, graph = planted(150, 2, 8, seed=11)
     graph.labels = (points[:, 0] > 0.5).astype(np.int64)
-    est = KnnScal(seed=0).fit(graph)
+    est = KnnScal(random_state=0).fit(graph)
     registry = Registry(tmp_path)
     version = registry.publish("knnscal", est.to_artifact())
     loaded = registry.load("knnscal")
     assert loaded.version == version
-    index = Index.from_artifact(loaded)
+    index = KNNSCALIndex.from_artifact(loaded)
     index.smoke()
     assert index.default_entity == "objects" and "Place" in index.rpcs
     np.testing.assert_allclose(index.points.coords, est.coordinates_)
@@ -291,7 +291,7 @@ def test_convergence_means_a_small_change_not_a_rise():
     from sklearn.preprocessing import StandardScaler
 
     features = StandardScaler().fit_transform(load_breast_cancer(return_X_y=True)[0])
-    est = KnnScal(seed=0, edge_weight=3.0, rank_gap=8.0, tol=1e-3, max_iter=300).fit(knn_lists(features, 10))
+    est = KnnScal(random_state=0, edge_weight=3.0, rank_gap=8.0, tol=1e-3, max_iter=300).fit(knn_lists(features, 10))
     iso = [s for _, step, s in est.stress_history_ if step == "isotonic"]
     assert est.n_iter_ > 5
     if est.converged_:

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from ordrec.service.models.knnscal import Index
+from ordrec.service.models.knnscal import KNNSCALIndex
 from ordrec.trainer.reproduce.knnscal import load_problem, map_index, map_metrics, reference_map
 from ordrec.trainer.models.knnscal import KnnScal
 
@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 def test_digits_order_agreement_and_recall_beat_isomap_and_spectral():
     args = argparse.Namespace(digits=True, k=10, seed=0, data=None)
     problem = load_problem(args)
-    est = KnnScal(seed=0).fit(problem.graph)
-    ours = map_metrics(problem, Index.from_artifact(est.to_artifact()))
+    est = KnnScal(random_state=0).fit(problem.graph)
+    ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
     for method in ("isomap", "spectral"):
         theirs = map_metrics(problem, map_index(problem, reference_map(method, problem, 2, 0)))
         assert ours["order_agreement"] > theirs["order_agreement"], (method, ours, theirs)

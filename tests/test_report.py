@@ -231,9 +231,9 @@ def test_page_references_no_url_and_needs_no_network():
 
 def test_score_has_one_map_per_aspect_coloured_by_value_and_the_sphere():
     artifact = score_artifact(n_objects=24)
-    from ordrec.service.models.score import Index
+    from ordrec.service.models.score import SCOREIndex
 
-    index = Index.from_artifact(artifact)
+    index = SCOREIndex.from_artifact(artifact)
     page = parse(render_report(artifact, index))
     aspects = artifact.ids["aspects"].ids
     assert len(page.svgs) == len(aspects) + 1  # one per aspect, then the sphere
@@ -325,7 +325,7 @@ def test_large_maps_are_capped_by_a_deterministic_sample_and_the_page_says_so():
 def test_cap_keeps_small_entities_whole():
     """Users (few) are all drawn; items (many) take the rest of the cap."""
     artifact = coe_artifact(n_users=40, n_items=3000)
-    views = map_views(artifact, __import__("ordrec.service.models.coe", fromlist=["Index"]).Index(artifact),
+    views = map_views(artifact, __import__("ordrec.service.models.coe", fromlist=["COEIndex"]).COEIndex(artifact),
                       max_points=1000)
     drawn = {layer.entity: len(layer.rows) for layer in views[0].layers}
     assert drawn == {"users": 40, "items": 960}

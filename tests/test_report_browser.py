@@ -234,8 +234,8 @@ def served(tmp_path_factory):
     registry = Registry(root)
     labels = {f"i{i:03d}": f"Item number {i}" for i in range(1, 201)}
     specs = {
-        "coe": (planted_ratings(), {"epochs": 10}, labels),
-        "score": (planted_attributes(), {"epochs": 8}, None),
+        "coe": (planted_ratings(), {"max_iter": 10}, labels),
+        "score": (planted_attributes(), {"max_iter": 8}, None),
         "knnscal": (planted_neighbors()[0], {"max_iter": 60}, None),
     }
     expected = {}

@@ -6,7 +6,7 @@ import pytest
 
 from ordrec.service.artifacts import Registry
 from ordrec.service.idmap import IdMap
-from ordrec.service.models.rtf import Index
+from ordrec.service.models.rtf import RTFIndex
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models import estimator_class
@@ -157,9 +157,9 @@ def test_recovers_planted_tensor_ranking():
     test = np.zeros(post_user.size, dtype=bool)
     test[rng.choice(post_user.size, size=60, replace=False)] = True
     train = data.subset(~np.repeat(test, np.diff(indptr)))
-    est = RTF(dims=6, learning_rate=1.0, init_std=0.3, iterations=80, validation_posts=30, patience=10,
-              seed=0, verbose=False).fit(train)
-    index = Index.from_artifact(est.to_artifact())
+    est = RTF(n_components=6, learning_rate=1.0, init_std=0.3, max_iter=80, validation_posts=30, patience=10,
+              random_state=0, verbose=False).fit(train)
+    index = RTFIndex.from_artifact(est.to_artifact())
     model_auc, pop_auc = [], []
     for u, i in zip(post_user[test], post_item[test]):
         ur, ir = index.users.row(f"u{u}"), index.items.row(f"i{i}")
@@ -181,8 +181,8 @@ def test_recovers_planted_tensor_ranking():
 
 def test_early_stopping_keeps_the_best_epoch():
     data, truth, train, _ = _split_planted(seed=1)
-    est = RTF(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
-              min_iterations=5, min_delta=1e-3, smoothing=1, seed=1, verbose=False).fit(train)
+    est = RTF(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
+              min_iter=5, min_delta=1e-3, smoothing=1, random_state=1, verbose=False).fit(train)
     assert est.epochs_run_ < 200
     best = max(h["val_auc"] for h in est.history_)
     assert est.to_artifact().metrics["validation_auc"] == pytest.approx(best)
@@ -192,8 +192,8 @@ def test_early_stopping_keeps_the_best_epoch():
 def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
     data, truth, train, _ = _split_planted(seed=1)
     window = 4
-    est = RTF(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
-              min_iterations=5, min_delta=1e-3, smoothing=window, seed=1, verbose=False).fit(train)
+    est = RTF(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
+              min_iter=5, min_delta=1e-3, smoothing=window, random_state=1, verbose=False).fit(train)
     raw = np.array([h["val_auc"] for h in est.history_])
     moving = np.array([raw[max(0, e - window + 1) : e + 1].mean() for e in range(raw.size)])
     np.testing.assert_allclose([h["val_auc_smoothed"] for h in est.history_], moving)
@@ -226,14 +226,14 @@ def test_validation_split_never_takes_a_users_last_post(n_val, n_posts):
 def test_divergence_is_reported():
     data, truth, train, _ = _split_planted(seed=2)
     with pytest.raises(FloatingPointError, match="diverged"):
-        RTF(dims=4, learning_rate=1e30, init_std=1.0, iterations=5, validation_posts=0,
+        RTF(n_components=4, learning_rate=1e30, init_std=1.0, max_iter=5, validation_posts=0,
             verbose=False).fit(train)
 
 
 def test_seed_makes_training_reproducible():
     data, truth, train, _ = _split_planted(seed=3)
-    a = RTF(dims=3, iterations=3, seed=7, verbose=False).fit(train)
-    b = RTF(dims=3, iterations=3, seed=7, verbose=False).fit(train)
+    a = RTF(n_components=3, max_iter=3, random_state=7, verbose=False).fit(train)
+    b = RTF(n_components=3, max_iter=3, random_state=7, verbose=False).fit(train)
     np.testing.assert_array_equal(a.core_, b.core_)
     np.testing.assert_array_equal(a.tag_factors_, b.tag_factors_)
 
@@ -242,31 +242,31 @@ def test_lr_decay_scales_later_passes():
     # pass e steps with learning_rate / (1 + lr_decay (e - 1)): with a huge decay
     # every pass after the first barely moves the parameters, without it they move
     data, truth, train, _ = _split_planted(seed=5)
-    kw = dict(dims=3, learning_rate=0.5, iterations=1, validation_posts=0, seed=3, verbose=False)
+    kw = dict(n_components=3, learning_rate=0.5, max_iter=1, validation_posts=0, random_state=3, verbose=False)
     one = RTF(**kw).fit(train)
-    frozen = RTF(**{**kw, "iterations": 4, "lr_decay": 1e9}).fit(train)
-    moving = RTF(**{**kw, "iterations": 4}).fit(train)
+    frozen = RTF(**{**kw, "max_iter": 4, "learning_rate_decay": 1e9}).fit(train)
+    moving = RTF(**{**kw, "max_iter": 4}).fit(train)
     assert np.abs(frozen.core_ - one.core_).max() < 1e-6
     assert np.abs(frozen.tag_factors_ - one.tag_factors_).max() < 1e-6
     assert np.abs(moving.core_ - one.core_).max() > 1e-3
-    with pytest.raises(ValueError, match="lr_decay"):
-        RTF(lr_decay=-0.1, verbose=False).fit(train)
+    with pytest.raises(ValueError, match="learning_rate_decay"):
+        RTF(learning_rate_decay=-0.1, verbose=False).fit(train)
 
 
 def test_estimator_contract_and_registry_round_trip(tmp_path):
     assert estimator_class("rtf") is RTF
     assert RTF.kind == "rtf" and RTF.input_shape == "tags"
-    assert RTF(dims=5).get_params()["dims"] == 5
+    assert RTF(n_components=5).get_params()["n_components"] == 5
     data, truth, train, _ = _split_planted(seed=4)
     train.tag_names = [f"name {t} ä" for t in range(len(train.tags))]
-    est = RTF(dims=(3, 4, 5), iterations=3, validation_posts=0, seed=0, verbose=False).fit(train)
+    est = RTF(n_components=(3, 4, 5), max_iter=3, validation_posts=0, random_state=0, verbose=False).fit(train)
     artifact = est.to_artifact()
     assert artifact.arrays["core"].shape == (3, 4, 5)
     registry = Registry(tmp_path)
     version = registry.publish("rtf", artifact)
     loaded = registry.load("rtf", version)
-    assert loaded.hyperparameters["dims"] == [3, 4, 5]
-    a, b = Index.from_artifact(artifact), Index.from_artifact(loaded)
+    assert loaded.hyperparameters["n_components"] == [3, 4, 5]
+    a, b = RTFIndex.from_artifact(artifact), RTFIndex.from_artifact(loaded)
     b.smoke()
     for u, i in [(0, 0), (3, 7), (-1, 2), (5, -1), (-1, -1)]:
         ra, sa, fa = a.tags(u, i, 7, exclude_own=True)
@@ -279,8 +279,8 @@ def test_estimator_contract_and_registry_round_trip(tmp_path):
 
 
 def test_rejects_wrong_input():
-    with pytest.raises(ValueError, match="dims"):
-        RTF(dims=(2, 3), verbose=False).fit(_split_planted()[2])
+    with pytest.raises(ValueError, match="n_components"):
+        RTF(n_components=(2, 3), verbose=False).fit(_split_planted()[2])
     with pytest.raises(TypeError):
         RTF(verbose=False).fit("not data")
     one_tag = TagAssignments(IdMap(["u"]), IdMap(["i"]), IdMap(["t"]), np.array([0], np.int32),
@@ -293,8 +293,8 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
     from ordrec.trainer.models import rtf_kernels as K
 
     data, truth, train, _ = _split_planted(seed=1)
-    kw = dict(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
-              min_iterations=5, min_delta=1e-3, smoothing=1, seed=1, verbose=False)
+    kw = dict(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
+              min_iter=5, min_delta=1e-3, smoothing=1, random_state=1, verbose=False)
     plain = RTF(**kw).fit(train)
     # record the core each pass starts from and the core each pass ends with
     starts, ends, real = [], [], K.sgd_epoch
@@ -306,7 +306,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
         return out
 
     monkeypatch.setattr(K, "sgd_epoch", spy)
-    dropped = RTF(**kw, lr_drops=2, lr_drop_factor=0.25).fit(train)
+    dropped = RTF(**kw, learning_rate_drops=2, learning_rate_drop_factor=0.25).fit(train)
     lrs = np.array([h["lr"] for h in dropped.history_])
     # identical until the first plateau, then at most two drops by the factor
     n = plain.epochs_run_
@@ -321,15 +321,15 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
             best, kept = h["val_auc"], e
     np.testing.assert_array_equal(starts[n], ends[kept - 1])
     assert not np.array_equal(starts[n], ends[n - 1])
-    with pytest.raises(ValueError, match="lr_drop_factor"):
-        RTF(lr_drop_factor=1.0, verbose=False).fit(train)
+    with pytest.raises(ValueError, match="learning_rate_drop_factor"):
+        RTF(learning_rate_drop_factor=1.0, verbose=False).fit(train)
 
 
 def test_keep_within_keeps_the_latest_pass_of_the_plateau():
     data, truth, train, _ = _split_planted(seed=1)
     window = 4
-    kw = dict(dims=4, learning_rate=1.0, init_std=0.3, iterations=200, validation_posts=30, patience=3,
-              min_iterations=5, min_delta=1e-3, smoothing=window, seed=1, verbose=False)
+    kw = dict(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
+              min_iter=5, min_delta=1e-3, smoothing=window, random_state=1, verbose=False)
     first = RTF(**kw).fit(train)
     eps = 2e-3
     cores = []

@@ -148,7 +148,7 @@ def test_per_dims_settings_reach_only_their_dims():
     with pytest.raises(ValueError, match="unknown RTF setting"):
         ev.parse_per_dims(["64:lr=0.1"])
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
-    rows = ev.run(_args(core=2, dims="3,4", iterations=6, per_dims=["4:iterations=2,validation_posts=0"]),
+    rows = ev.run(_args(core=2, dims="3,4", iterations=6, per_dims=["4:max_iter=2,validation_posts=0"]),
                   data=data)
     epochs = {r.method: r.mean for r in rows if r.metric == "epochs"}
     assert epochs["RTF-4"] == 2 and epochs["RTF-3"] > 2
@@ -215,9 +215,9 @@ def test_compare_first_pass_scores_the_default_rules_pass_of_the_same_run():
 
 def test_built_in_per_dims_settings_apply_first_and_yield_to_the_flag(monkeypatch):
     assert ev.parse_per_dims(list(ev.DEFAULT_PER_DIMS))[64] == {"reg_tags": 3e-6}
-    monkeypatch.setattr(ev, "DEFAULT_PER_DIMS", ("3:iterations=2,validation_posts=0",))
+    monkeypatch.setattr(ev, "DEFAULT_PER_DIMS", ("3:max_iter=2,validation_posts=0",))
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
     epochs = lambda rows: {r.method: r.mean for r in rows if r.metric == "epochs"}
     assert epochs(ev.run(_args(core=2, dims="3,4", iterations=6), data=data)) == {"RTF-3": 2, "RTF-4": 6}
-    over = ev.run(_args(core=2, dims="3", iterations=6, per_dims=["3:iterations=4"]), data=data)
+    over = ev.run(_args(core=2, dims="3", iterations=6, per_dims=["3:max_iter=4"]), data=data)
     assert epochs(over)["RTF-3"] == 4

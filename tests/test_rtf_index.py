@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index, index_class
-from ordrec.service.models.rtf import Index
+from ordrec.service.models.rtf import RTFIndex
 from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.sample import planted_tags
@@ -20,20 +20,20 @@ from ordrec.trainer.sample import planted_tags
 @pytest.fixture(scope="module")
 def fitted():
     data = planted_tags(n_users=40, n_items=30, n_tags=25, seed=3)
-    est = RTF(dims=(4, 5, 6), iterations=4, validation_posts=0, seed=0, verbose=False).fit(data)
+    est = RTF(n_components=(4, 5, 6), max_iter=4, validation_posts=0, random_state=0, verbose=False).fit(data)
     return data, est, est.to_artifact()
 
 
 def test_index_class_and_rpcs(fitted):
-    assert index_class("rtf") is Index
-    assert Index.rpcs == frozenset({"Tags"})
+    assert index_class("rtf") is RTFIndex
+    assert RTFIndex.rpcs == frozenset({"Tags"})
     index = build_index(fitted[2])  # smoke-tested
     assert index.sizes()["tags"] == 25
 
 
 def test_fast_path_equals_full_sum(fitted):
     _, est, artifact = fitted
-    index = Index.from_artifact(artifact)
+    index = RTFIndex.from_artifact(artifact)
     for u, i in [(0, 0), (7, 3), (39, 29)]:
         naive = K.naive_tag_scores(index.core.astype(np.float64), index.user_factors[u].astype(np.float64),
                                    index.item_factors[i].astype(np.float64), index.tag_factors.astype(np.float64))
@@ -46,7 +46,7 @@ def test_fast_path_equals_full_sum(fitted):
 
 
 def test_user_cache_is_bounded_and_warm_answers_match(fitted):
-    index = Index(fitted[2], cache_users=3)
+    index = RTFIndex(fitted[2], cache_users=3)
     cold = [index.tags(u, 1, 6) for u in range(8)]
     assert len(index.cache) == 3
     assert index.cache.misses == 8
@@ -62,7 +62,7 @@ def test_user_cache_is_bounded_and_warm_answers_match(fitted):
 
 
 def test_cache_is_thread_safe(fitted):
-    index = Index(fitted[2], cache_users=4)
+    index = RTFIndex(fitted[2], cache_users=4)
     want = {(u, i): index.tags(u, i, 5)[0].tolist() for u in range(12) for i in range(0, 30, 7)}
     index.cache.clear()
     errors = []
@@ -84,7 +84,7 @@ def test_cache_is_thread_safe(fitted):
 
 def test_fallbacks_follow_popularity(fitted):
     data, est, artifact = fitted
-    index = Index.from_artifact(artifact)
+    index = RTFIndex.from_artifact(artifact)
     # unknown user: the item's most used tags first, by training counts
     item = 2
     rows, scores, fallback = index.tags(-1, item, 3)
@@ -104,7 +104,7 @@ def test_fallbacks_follow_popularity(fitted):
 
 def test_popularity_arrays_count_training_posts(fitted):
     data, est, artifact = fitted
-    index = Index.from_artifact(artifact)
+    index = RTFIndex.from_artifact(artifact)
     compact = data.compact()
     trip = {(int(u), int(i), int(t)) for u, i, t in zip(compact.user, compact.item, compact.tag)}
     want = np.zeros(len(compact.tags))
@@ -123,7 +123,7 @@ def test_popularity_arrays_count_training_posts(fitted):
 
 def test_exclude_own_tags_removes_exactly_the_training_post(fitted):
     data, est, artifact = fitted
-    index = Index.from_artifact(artifact)
+    index = RTFIndex.from_artifact(artifact)
     compact = data.compact()
     u, i = int(compact.user[0]), int(compact.item[0])
     own = sorted({int(t) for uu, ii, t in zip(compact.user, compact.item, compact.tag) if uu == u and ii == i})
@@ -141,7 +141,7 @@ def test_exclude_own_tags_removes_exactly_the_training_post(fitted):
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(0, 40), u=st.integers(-1, 39), i=st.integers(-1, 29), exclude=st.booleans())
 def test_tags_answer_properties(fitted, n, u, i, exclude):
-    index = Index.from_artifact(fitted[2])
+    index = RTFIndex.from_artifact(fitted[2])
     rows, scores, fallback = index.tags(u, i, n, exclude_own=exclude)
     n_tags = len(index.tags_ids)
     assert fallback == {(True, True): "none", (False, True): "popular_item",
@@ -158,24 +158,24 @@ def test_corrupt_artifacts_are_refused(fitted):
     arrays = dict(artifact.arrays)
     arrays["tag_factors"] = arrays["tag_factors"][:-1]
     with pytest.raises(ArtifactError, match="tag_factors"):
-        Index.from_artifact(Artifact("rtf", arrays, artifact.ids))
+        RTFIndex.from_artifact(Artifact("rtf", arrays, artifact.ids))
     arrays = dict(artifact.arrays)
     bad = arrays["core"].copy()
     bad[0, 0, 0] = np.nan
     arrays["core"] = bad
     with pytest.raises(ArtifactError, match="NaN"):
-        Index.from_artifact(Artifact("rtf", arrays, artifact.ids))
+        RTFIndex.from_artifact(Artifact("rtf", arrays, artifact.ids))
     arrays = dict(artifact.arrays)
     tags = arrays["post_tags"].copy()
     tags[0] = 10_000
     arrays["post_tags"] = tags
     with pytest.raises(ArtifactError, match="post_tags"):
-        Index.from_artifact(Artifact("rtf", arrays, artifact.ids))
+        RTFIndex.from_artifact(Artifact("rtf", arrays, artifact.ids))
     with pytest.raises(ArtifactError, match="kind"):
-        Index.from_artifact(Artifact("dcr", artifact.arrays, artifact.ids))
+        RTFIndex.from_artifact(Artifact("dcr", artifact.arrays, artifact.ids))
 
 
 def test_tag_names_absent_means_none(fitted):
-    index = Index.from_artifact(fitted[2])
+    index = RTFIndex.from_artifact(fitted[2])
     assert index.tag_names([0]) is None
     assert isinstance(index.tags_ids, IdMap)

@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from ordrec.service.artifacts import ArtifactError, Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index
-from ordrec.service.models.score import Index, angular_similarity, tangent_basis
+from ordrec.service.models.score import SCOREIndex, angular_similarity, tangent_basis
 from ordrec.trainer.data.triplets import ConditionalTriplets
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation
@@ -186,15 +186,15 @@ def test_no_single_map_beats_the_conflict_bound(seed):
 @pytest.fixture(scope="module")
 def planted():
     table = product_design(3, 3)
-    fits = {mode: ScoreEstimator(mode=mode, epochs=10, seed=5).fit(table) for mode in ("multi", "single")}
+    fits = {mode: ScoreEstimator(mode=mode, max_iter=10, random_state=5).fit(table) for mode in ("multi", "single")}
     return table, fits
 
 
 def test_two_maps_satisfy_what_one_map_cannot(planted):
     table, fits = planted
     bound = single_map_bound(3, 3)  # 0.875
-    multi, _ = preservation(Index.from_artifact(fits["multi"].to_artifact()), table)
-    single, _ = preservation(Index.from_artifact(fits["single"].to_artifact()), table)
+    multi, _ = preservation(SCOREIndex.from_artifact(fits["multi"].to_artifact()), table)
+    single, _ = preservation(SCOREIndex.from_artifact(fits["single"].to_artifact()), table)
     assert single.mean() <= bound + 1e-12
     # A perfect multi-map solution exists (docstring of product_design); ask
     # for most of the gap between the single-map ceiling and 1.
@@ -204,7 +204,7 @@ def test_two_maps_satisfy_what_one_map_cannot(planted):
 
 def test_single_mode_shares_one_map(planted):
     _, fits = planted
-    index = Index.from_artifact(fits["single"].to_artifact())
+    index = SCOREIndex.from_artifact(fits["single"].to_artifact())
     np.testing.assert_array_equal(index.map_coordinates("row"), index.map_coordinates("col"))
     assert np.all((0 <= index.deltas) & (index.deltas <= 1))
 
@@ -212,7 +212,7 @@ def test_single_mode_shares_one_map(planted):
 def test_map_distances_are_the_model_distances(planted):
     _, fits = planted
     est = fits["multi"]
-    index = Index.from_artifact(est.to_artifact())
+    index = SCOREIndex.from_artifact(est.to_artifact())
     Y = est.Y_[0]
     for t, name in enumerate(index.spaces()):
         x = est.aspect_points[t]
@@ -254,8 +254,8 @@ def test_neighbors_on_an_aspect_map_are_the_nearest_points(planted):
 
 def test_related_aspects_follow_the_angle():
     table = table_from_codes(np.random.default_rng(4).integers(0, 3, size=(30, 5)))
-    est = ScoreEstimator(epochs=2, seed=1).fit(table)
-    index = Index.from_artifact(est.to_artifact())
+    est = ScoreEstimator(max_iter=2, random_state=1).fit(table)
+    index = SCOREIndex.from_artifact(est.to_artifact())
     rows, scores = index.related_aspects(0, 4)
     sim = angular_similarity(index.aspect_points)[0]
     np.testing.assert_array_equal(rows, np.argsort(-sim)[1:5])
@@ -265,11 +265,11 @@ def test_related_aspects_follow_the_angle():
 
 def test_disjoint_maps_share_nothing():
     table = product_design(2, 3)
-    est = ScoreEstimator(mode="disjoint", epochs=3, seed=2).fit(table)
+    est = ScoreEstimator(mode="disjoint", max_iter=3, random_state=2).fit(table)
     art = est.to_artifact()
     assert art.arrays["object_points"].shape == (2, 12, 3)
     np.testing.assert_array_equal(art.arrays["deltas"], 1.0)
-    index = Index.from_artifact(art)
+    index = SCOREIndex.from_artifact(art)
     assert "" not in index.maps and index.spaces() == ["row", "col"]
     with pytest.raises(KeyError):
         index.related_aspects(0, 1)
@@ -280,7 +280,7 @@ def test_index_refuses_inconsistent_arrays(planted):
     art = fits["multi"].to_artifact()
     art.arrays = dict(art.arrays, aspect_points=art.arrays["aspect_points"][:1])
     with pytest.raises(ArtifactError, match="aspect_points"):
-        Index.from_artifact(art)
+        SCOREIndex.from_artifact(art)
 
 
 # ---------------------------------------------------------------- estimator
@@ -291,8 +291,8 @@ def test_any_dimension_and_triplet_input():
     trip = np.array([rng.choice(n, 3, replace=False) for _ in range(500)])
     data = ConditionalTriplets(IdMap(["p", "q"]), IdMap([str(i) for i in range(n)]),
                                ta.astype(np.int32), *(trip[:, c].astype(np.int32) for c in range(3)))
-    est = ScoreEstimator(n_components=3, epochs=2, seed=0).fit(data)
-    index = Index.from_artifact(est.to_artifact())
+    est = ScoreEstimator(n_components=3, max_iter=2, random_state=0).fit(data)
+    index = SCOREIndex.from_artifact(est.to_artifact())
     assert index.map_coordinates("q").shape == (n, 3)
     assert "codes" not in est.to_artifact().arrays
 
@@ -300,7 +300,7 @@ def test_any_dimension_and_triplet_input():
 def test_divergence_is_reported_with_its_epoch():
     table = product_design(2, 2)
     with pytest.raises(FloatingPointError, match="epoch 0"):
-        ScoreEstimator(lr=np.inf, epochs=1).fit(table)
+        ScoreEstimator(learning_rate=1e100, kappa=1e300, max_iter=1).fit(table)  # finite, absurd (inf is refused)
 
 
 def test_estimator_contract_and_errors():
@@ -316,8 +316,8 @@ def test_estimator_contract_and_errors():
 
 def test_same_seed_same_model():
     table = product_design(2, 2)
-    a = ScoreEstimator(epochs=2, seed=3).fit(table)
-    b = ScoreEstimator(epochs=2, seed=3).fit(table)
+    a = ScoreEstimator(max_iter=2, random_state=3).fit(table)
+    b = ScoreEstimator(max_iter=2, random_state=3).fit(table)
     np.testing.assert_array_equal(a.Y_, b.Y_)
 
 
@@ -330,7 +330,7 @@ def test_split_keeps_a_fraction_per_aspect():
 
 def test_relatedness_is_a_correlation_per_aspect():
     table = table_from_codes(np.random.default_rng(9).integers(0, 3, size=(30, 4)))
-    index = Index.from_artifact(ScoreEstimator(epochs=1, seed=0).fit(table).to_artifact())
+    index = SCOREIndex.from_artifact(ScoreEstimator(max_iter=1, random_state=0).fit(table).to_artifact())
     r = relatedness(index, table)
     assert r.shape == (4,) and np.all(np.abs(r[np.isfinite(r)]) <= 1 + 1e-12)
 
@@ -342,7 +342,7 @@ def test_registry_round_trip(tmp_path, planted):
     registry = Registry(tmp_path)
     version = registry.publish("score-zoo", art)
     loaded = registry.load("score-zoo", version)
-    a, b = Index.from_artifact(art), build_index(loaded)
+    a, b = SCOREIndex.from_artifact(art), build_index(loaded)
     assert b.spaces() == a.spaces() and loaded.hyperparameters["mode"] == "multi"
     for space in a.spaces():
         np.testing.assert_array_equal(a.map_coordinates(space), b.map_coordinates(space))
@@ -356,8 +356,8 @@ def test_aspect_without_values_has_no_triplets():
     codes = np.array([[0, -1], [0, -1], [1, -1], [1, -1]])
     layout = GroupLayout.from_codes(codes)
     np.testing.assert_array_equal(layout.triplets_per_aspect(2), [8, 0])
-    est = ScoreEstimator(epochs=1, seed=0).fit(table_from_codes(codes))
-    index = Index.from_artifact(est.to_artifact())
+    est = ScoreEstimator(max_iter=1, random_state=0).fit(table_from_codes(codes))
+    index = SCOREIndex.from_artifact(est.to_artifact())
     assert index.map_coordinates("a1").shape == (4, 2)
     assert index.value_labels("a1") == [None] * 4
 
@@ -365,6 +365,6 @@ def test_aspect_without_values_has_no_triplets():
 def test_artifact_records_the_training_preservation(planted):
     table, fits = planted
     art = fits["multi"].to_artifact()
-    overall, _ = preservation(Index.from_artifact(art), table)
+    overall, _ = preservation(SCOREIndex.from_artifact(art), table)
     assert art.metrics["preservation"] == pytest.approx(overall.mean(), abs=1e-12)
     assert art.attributes["preservation_per_aspect"]["col"] == pytest.approx(overall[1], abs=1e-12)

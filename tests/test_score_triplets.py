@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.idmap import IdMap
-from ordrec.service.models.score import Index
+from ordrec.service.models.score import SCOREIndex
 from ordrec.trainer.data.triplets import ConditionalTriplets, read_triplets, write_triplets
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.models.score import ScoreEstimator
@@ -85,7 +85,7 @@ def test_fit_from_a_triplet_file_learns_the_orders(tmp_path):
     path = tmp_path / "grid.csv"
     path.write_text("\n".join(lines) + "\n")
     data = read_triplets(str(path))
-    index = Index.from_artifact(ScoreEstimator(epochs=10, seed=0).fit(data).to_artifact())
+    index = SCOREIndex.from_artifact(ScoreEstimator(max_iter=10, random_state=0).fit(data).to_artifact())
     agree = []
     for t, name in enumerate(data.aspects.ids):
         coords = index.map_coordinates(name)

@@ -22,7 +22,7 @@ def test_explicit_triple_files_train_coe_and_score(tmp_path):
                                 for _ in range(300)))
     registry = tmp_path / "reg"
     for kind, path, fmt in (("coe", triples, "triples"), ("score", triplets, "triplets")):
-        result = _train(kind, "--data", str(path), "--format", fmt, "--registry", str(registry), "--set", "epochs=2")
+        result = _train(kind, "--data", str(path), "--format", fmt, "--registry", str(registry), "--set", "max_iter=2")
         assert result.returncode == 0, result.stderr
     assert Registry(registry).models() == ["coe", "score"]
     wrong = _train("dcr", "--data", str(triples), "--format", "triplets", "--registry", str(registry))
@@ -67,7 +67,7 @@ def test_map_models_publish_fit_metrics_and_a_report(sample_dir, tmp_path):
     for kind, sample, flags in (("coe", "ratings.data", ["--labels", str(sample_dir / "items.txt")]),
                                 ("score", "attributes.csv", [])):
         result = _train(kind, "--data", str(sample_dir / sample), "--registry", str(registry),
-                        "--set", "epochs=3", *flags)
+                        "--set", "max_iter=3", *flags)
         assert result.returncode == 0, result.stderr
         artifact = Registry(registry).load(kind)
         assert 0.5 < artifact.metrics["preservation_h" if kind == "coe" else "preservation"] <= 1.0
@@ -80,12 +80,12 @@ def test_ratings_off_the_declared_scale_fail_or_are_skipped(sample_dir, tmp_path
     good = (sample_dir / "ratings.data").read_text()
     data.write_text(good + "90001\t90001\t99\t881250949\n90002\t90001\t-1\tnot-a-time\n")
     registry = tmp_path / "reg"
-    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "epochs=2")
+    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "max_iter=2")
     n_good = good.count("\n")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{data}:{n_good + 1}: rating '99' is outside the rating scale 1..5" in result.stderr
     assert not registry.exists() or Registry(registry).versions("dcr") == []
-    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "epochs=2",
+    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "max_iter=2",
                     "--skip-bad-lines")
     assert result.returncode == 0, result.stderr
     assert f"skipped 2 malformed line(s) of {data}" in result.stderr

@@ -29,9 +29,9 @@ class Estimator(EstimatorBase):
     kind = "toy"
     input_shape = "ratings"
 
-    def __init__(self, shrinkage: float = 5.0, seed: int = 0):
+    def __init__(self, *, shrinkage: float = 5.0, random_state: int = 0):
         self.shrinkage = shrinkage
-        self.seed = seed
+        self.random_state = random_state
 
     def fit(self, data: Ratings) -> "Estimator":
         counts = np.bincount(data.item, minlength=data.n_items).astype(np.float64)

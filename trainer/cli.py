@@ -68,7 +68,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     params = parse_assignments(args.set or [])
-    params.setdefault("seed", args.seed)
+    params.setdefault("random_state", args.seed)
     estimator = estimator_cls().set_params(**params)  # names unknown parameters
     estimator.fit(data)
     artifact = estimator.to_artifact()
@@ -214,7 +214,8 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     train.add_argument("--registry", required=True)
     train.add_argument("--name", help="model name in the registry (default: the kind)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="a hyperparameter")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=int, default=0,
+                       help="the estimator's random_state (unless --set random_state=...)")
     train.add_argument("--keep", type=int, default=None, help="retain only the newest K versions")
     train.add_argument("--labels", help="map models: display names for the report (MovieLens u.item, "
                                         "or 'id<TAB>label' / 'id|label' lines)")

@@ -224,7 +224,7 @@ def _colour_of(k: int, n: int) -> str:
 def _value_colouring(index: MapIndex, artifact: Artifact, space: str, entity: str, total: int):
     """(per-row category names or None, ordered category list, note) colouring this layer, or None.
 
-    SCORE aspect maps: the objects' value of that aspect (``Index.value_labels``,
+    SCORE aspect maps: the objects' value of that aspect (``SCOREIndex.value_labels``,
     the codes and value labels the artifact ships). KNNSCAL: the class labels
     the artifact may carry (array ``labels``).
     """
@@ -617,7 +617,7 @@ def render_report(artifact: Artifact, index: MapIndex | None = None,
     artifact:
         The version (published or in memory).
     index:
-        Its serving index; built with ``Index.from_artifact`` when omitted.
+        Its serving index; built with the kind's ``from_artifact`` when omitted.
     labels:
         Display labels of the map's main entity (``index.default_entity``:
         COE items, SCORE and KNNSCAL objects) by external id, e.g. movie titles

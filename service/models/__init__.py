@@ -1,5 +1,5 @@
 """Serving indices by kind. Each built-in kind lives in its own module
-``service.models.<kind>`` exposing ``Index``; the kinds and where their
+``service.models.<kind>`` exposing its index (``DCRIndex``, ``COEIndex``, ...); the kinds and where their
 indices live are registered in :mod:`ordrec.service.models.kinds`."""
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
 
 
-class Index(RecommenderIndex, MapIndex):
+class COEIndex(RecommenderIndex, MapIndex):
     """Users and items on one map (space ""), entities "users" and "items"."""
 
     kind = "coe"

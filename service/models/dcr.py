@@ -81,7 +81,7 @@ def monotone_distribution(p_ge: np.ndarray) -> np.ndarray:
     return (full[:, :-1] - full[:, 1:]).astype(np.float32)
 
 
-class Index(RecommenderIndex):
+class DCRIndex(RecommenderIndex):
     """Exact top-N by SC over all items (or given candidates)."""
 
     kind = "dcr"

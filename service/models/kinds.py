@@ -109,7 +109,8 @@ def map_names() -> tuple[str, ...]:
 
 
 def _builtin(name: str, summary: str) -> ModelKind:
-    return register(ModelKind(name, index=f"ordrec.service.models.{name}:Index",
+    # The serving index of kind "dcr" is ordrec.service.models.dcr:DCRIndex, and so on.
+    return register(ModelKind(name, index=f"ordrec.service.models.{name}:{name.upper()}Index",
                               estimator=f"ordrec.trainer.models.{name}:Estimator",
                               protocol=f"ordrec.trainer.reproduce.{name}", summary=summary))
 

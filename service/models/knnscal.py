@@ -74,7 +74,7 @@ def placement_stress(coords: np.ndarray, neighbor_rows: np.ndarray, rank_dispari
     return float(0.5 * np.sum((delta - d) ** 2))
 
 
-class Index(MapIndex):
+class KNNSCALIndex(MapIndex):
     """One map, space "", entity "objects"; adds ``place``."""
 
     kind = "knnscal"

@@ -98,7 +98,7 @@ class _LRU:
         return len(self._data)
 
 
-class Index(ModelIndex):
+class RTFIndex(ModelIndex):
     """Tags for a post; see the module docstring."""
 
     kind = "rtf"

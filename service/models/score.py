@@ -51,7 +51,7 @@ def angular_similarity(points: np.ndarray) -> np.ndarray:
     return 1.0 - np.arccos(cos) / np.pi
 
 
-class Index(MapIndex):
+class SCOREIndex(MapIndex):
     kind = "score"
     default_entity = "objects"
 

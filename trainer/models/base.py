@@ -1,7 +1,9 @@
-"""What every estimator shares: parameters, finiteness checks, progress."""
+"""What every estimator shares: parameters and their constraints, finiteness checks, progress."""
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from typing import Any, ClassVar
 
 import numpy as np
@@ -9,18 +11,115 @@ import numpy as np
 from ordrec.service.artifacts import Artifact
 
 
+class Interval:
+    """Numbers of ``type`` (``numbers.Integral`` or ``numbers.Real``) between ``low`` and ``high``.
+
+    ``None`` for a bound means unbounded on that side; ``closed`` is "both",
+    "left", "right" or "neither". Booleans are not numbers here, and a real
+    must be finite.
+    """
+
+    def __init__(self, type: type, low: float | None, high: float | None, *, closed: str = "both"):
+        if closed not in ("both", "left", "right", "neither"):
+            raise ValueError(f"closed must be 'both', 'left', 'right' or 'neither', got {closed!r}")
+        self.type, self.low, self.high, self.closed = type, low, high, closed
+
+    def allows(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, self.type):
+            return False
+        if not math.isfinite(float(value)):
+            return False
+        if self.low is not None:
+            if value < self.low or (value == self.low and self.closed in ("right", "neither")):
+                return False
+        if self.high is not None:
+            if value > self.high or (value == self.high and self.closed in ("left", "neither")):
+                return False
+        return True
+
+    def __str__(self) -> str:
+        kind = "an int" if self.type is numbers.Integral else "a finite number"
+        left = "[" if self.closed in ("both", "left") and self.low is not None else "("
+        right = "]" if self.closed in ("both", "right") and self.high is not None else ")"
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        return f"{kind} in {left}{low}, {high}{right}"
+
+
+class Options:
+    """One of a fixed set of values (of ``type``)."""
+
+    def __init__(self, type: type, options: set | frozenset | tuple | list):
+        # A set is listed sorted, so the error message does not depend on hashing.
+        ordered = sorted(options, key=repr) if isinstance(options, (set, frozenset)) else options
+        self.type, self.options = type, tuple(ordered)
+
+    def allows(self, value: Any) -> bool:
+        return isinstance(value, self.type) and value in self.options
+
+    def __str__(self) -> str:
+        return "one of " + ", ".join(repr(o) for o in self.options)
+
+
+def _allows(constraint: Any, value: Any) -> bool:
+    if constraint is None:
+        return value is None
+    if isinstance(constraint, (Interval, Options)):
+        return constraint.allows(value)
+    if constraint == "boolean":
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(constraint, type):
+        return isinstance(value, constraint) and not (constraint is not bool and isinstance(value, bool)
+                                                      and issubclass(constraint, numbers.Number))
+    raise TypeError(f"unknown parameter constraint {constraint!r}")
+
+
+def _describe(constraint: Any) -> str:
+    if constraint is None:
+        return "None"
+    if constraint == "boolean":
+        return "a bool"
+    if isinstance(constraint, type):
+        return f"an instance of {constraint.__name__}"
+    return str(constraint)
+
+
+def validate_params(owner: str, params: dict[str, Any], constraints: dict[str, list]) -> None:
+    """Check every value of ``params`` against ``constraints`` (name -> allowed forms, one of
+    which must match): a ValueError names the parameter, its value and what is allowed."""
+    for name, value in params.items():
+        allowed_forms = constraints.get(name)
+        if allowed_forms is None:
+            raise TypeError(f"{owner} declares no constraint for its parameter {name!r}")
+        if any(_allows(c, value) for c in allowed_forms):
+            continue
+        allowed = " or ".join(_describe(c) for c in allowed_forms)
+        raise ValueError(f"the {name!r} parameter of {owner} must be {allowed}; got {value!r}")
+
+
 class Estimator:
     """Base class in the scikit-learn style.
 
-    Hyperparameters are keyword arguments of ``__init__`` stored under the
-    same names and nothing else happens there; ``fit(data)`` learns and
+    Hyperparameters are keyword-only arguments of ``__init__`` stored under
+    the same names and nothing else happens there; each is declared in the
+    class's ``_parameter_constraints`` (parameter name -> list of allowed
+    forms: an :class:`Interval`, :class:`Options`, a type, "boolean" or
+    ``None``; a value must match one of them), which ``fit`` checks through
+    :meth:`_validate_params` before anything else. ``fit(data)`` learns and
     returns ``self``; ``to_artifact()`` packs the fitted model (with its id
     maps) for the registry. ``input_shape`` names the data shape ``fit``
     takes: "ratings", "tags", "attributes" or "neighbors".
+
+    The same thing has the same name across the estimators:
+    ``n_components`` (the embedding size), ``max_iter`` (epochs, passes or
+    outer iterations at most), ``learning_rate`` and its derived names
+    (``learning_rate_decay``, ``learning_rate_final``, ...), ``random_state``
+    (an int seed).
     """
 
     kind: ClassVar[str]
     input_shape: ClassVar[str]
+    _parameter_constraints: ClassVar[dict[str, list]] = {}
 
     @classmethod
     def param_names(cls) -> list[str]:
@@ -38,6 +137,12 @@ class Estimator:
         for name, value in params.items():
             setattr(self, name, value)
         return self
+
+    def _validate_params(self) -> None:
+        """Check every parameter against ``_parameter_constraints``: a ValueError names the
+        parameter, its value and what is allowed. Cross-parameter checks follow in each
+        estimator's own ``_validate_params``."""
+        validate_params(type(self).__name__, self.get_params(), self._parameter_constraints)
 
     def fit(self, data) -> "Estimator":  # pragma: no cover - interface
         raise NotImplementedError

@@ -12,6 +12,8 @@ memory is O(ratings), never O(triples).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import ClassVar
 
 import numpy as np
 
@@ -20,7 +22,7 @@ from ordrec.service.idmap import IdMap
 from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
-from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
 
 FUNCTIONS = {"sigmoid": K.SIGMOID, "gompertz": K.GOMPERTZ}
@@ -141,78 +143,86 @@ class COE(Estimator):
 
     Parameters
     ----------
-    dim : int
+    n_components : int, default 2
         D, the dimension of the shared space (2 or 3 for maps; any D works).
-    function : {"sigmoid", "gompertz"}
+    function : {"sigmoid", "gompertz"}, default "sigmoid"
         Triple probability: COE-S (Eq. 3.2) or COE-G (Eq. 3.3, a = 1, b = ln 2).
-    lam : float
+    lam : float, default 4.0
         lambda, the slope of the sigmoid (COE-S).
-    alpha : float
+    alpha : float, default 1.0
         alpha, the rate of the Gompertz function (COE-G).
-    eta : float
+    eta : float, default 0.01
         L2 weight from the N(0, gamma^2 I) priors (gamma = beta, Section 3.3).
-    lr : float
+    learning_rate : float, default 0.1
         Initial learning rate epsilon.
-    lr_final : float
-        Learning rate at the end of training, as a fraction of ``lr``; it
-        decays linearly across all steps (a decaying rate, Algorithm 1).
-    epochs : int
-        Number of passes; finiteness is checked after each.
-    steps_per_epoch : int
+    learning_rate_final_ratio : float, default 0.01
+        Learning rate at the end of training, as a fraction of
+        ``learning_rate``; it decays linearly across all steps (a decaying
+        rate, Algorithm 1).
+    max_iter : int, default 40
+        Number of epochs; finiteness is checked after each.
+    steps_per_epoch : int, default 0
         Triples drawn per epoch; 0 means one per observed rating.
-    type_a_share : float or None
+    type_a_share : float or None, default None
         Probability that a step draws a type-A triple. None draws uniformly
         over the whole triple set (T_A / (T_A + T_B)), as the paper does.
-    group_power : float
+    group_power : float, default 1.0
         Users (type A) and items (type B) are drawn with weight
         (their number of triples) ** group_power, then one of their triples
         uniformly. 1 is the paper's uniform draw over the triple set; below
         1 small groups get more steps (a deviation, see docs/coe.md).
-    source : {"ratings", "cooccurrence"}
+    source : {"ratings", "cooccurrence"}, default "ratings"
         How the values triples compare are made from the input: per-user
         z-scores of ratings, or per-user normalised co-occurrence counts.
-    init_scale : float
+    init_std : float, default 0.1
         Standard deviation of the initial coordinates.
-    seed : int
+    random_state : int, default 0
         Seeds the initialisation and the triple draws.
-    verbose : bool
+    verbose : bool, default False
         Progress line on stderr.
     """
 
     kind = "coe"
     input_shape = "ratings"
 
-    def __init__(self, dim: int = 2, function: str = "sigmoid", lam: float = 4.0,
-                 alpha: float = 1.0, eta: float = 0.01, lr: float = 0.1, lr_final: float = 0.01,
-                 epochs: int = 40, steps_per_epoch: int = 0, type_a_share: float | None = None,
-                 group_power: float = 1.0, source: str = "ratings", init_scale: float = 0.1, seed: int = 0,
-                 verbose: bool = False):
-        self.dim = dim
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "n_components": [Interval(Integral, 1, None)],
+        "function": [Options(str, set(FUNCTIONS))],
+        "lam": [Interval(Real, None, None)],
+        "alpha": [Interval(Real, None, None)],
+        "eta": [Interval(Real, 0, None)],
+        "learning_rate": [Interval(Real, 0, None, closed="neither")],
+        "learning_rate_final_ratio": [Interval(Real, 0, None)],
+        "max_iter": [Interval(Integral, 1, None)],
+        "steps_per_epoch": [Interval(Integral, 0, None)],
+        "type_a_share": [None, Interval(Real, 0, 1)],
+        "group_power": [Interval(Real, None, None)],
+        "source": [Options(str, set(SOURCES))],
+        "init_std": [Interval(Real, 0, None)],
+        "random_state": [Interval(Integral, 0, None)],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(self, *, n_components: int = 2, function: str = "sigmoid", lam: float = 4.0,
+                 alpha: float = 1.0, eta: float = 0.01, learning_rate: float = 0.1,
+                 learning_rate_final_ratio: float = 0.01, max_iter: int = 40, steps_per_epoch: int = 0,
+                 type_a_share: float | None = None, group_power: float = 1.0, source: str = "ratings",
+                 init_std: float = 0.1, random_state: int = 0, verbose: bool = False):
+        self.n_components = n_components
         self.function = function
         self.lam = lam
         self.alpha = alpha
         self.eta = eta
-        self.lr = lr
-        self.lr_final = lr_final
-        self.epochs = epochs
+        self.learning_rate = learning_rate
+        self.learning_rate_final_ratio = learning_rate_final_ratio
+        self.max_iter = max_iter
         self.steps_per_epoch = steps_per_epoch
         self.type_a_share = type_a_share
         self.group_power = group_power
         self.source = source
-        self.init_scale = init_scale
-        self.seed = seed
+        self.init_std = init_std
+        self.random_state = random_state
         self.verbose = verbose
-
-    # -------------------------------------------------------------- fitting
-    def _check(self) -> None:
-        if self.function not in FUNCTIONS:
-            raise ValueError(f"function must be one of {sorted(FUNCTIONS)}, got {self.function!r}")
-        if int(self.dim) < 1:
-            raise ValueError(f"dim must be >= 1, got {self.dim}")
-        if self.epochs < 1 or self.lr <= 0 or self.eta < 0:
-            raise ValueError("need epochs >= 1, lr > 0 and eta >= 0")
-        if self.type_a_share is not None and not 0.0 <= self.type_a_share <= 1.0:
-            raise ValueError(f"type_a_share must be in [0, 1], got {self.type_a_share}")
 
     @property
     def scale(self) -> float:
@@ -221,7 +231,7 @@ class COE(Estimator):
     def fit(self, data: Ratings | ExplicitTriples) -> "COE":
         """Fit on ratings (or co-occurrence counts) with triples drawn on the fly,
         or on an explicit triples file's :class:`ExplicitTriples` (drawn uniformly)."""
-        self._check()
+        self._validate_params()
         if isinstance(data, ExplicitTriples):
             return self.fit_explicit(data)
         values = normalise(data, self.source)
@@ -230,29 +240,29 @@ class COE(Estimator):
 
     def fit_triples(self, data: Ratings, triples: TripleSource) -> "COE":
         """Fit from a prepared :class:`TripleSource` (the evaluation reuses one per split)."""
-        self._check()
+        self._validate_params()
         self.users_, self.items_ = data.users, data.items
         self.n_type_a_, self.n_type_b_ = triples.n_type_a, triples.n_type_b
         if self.n_type_a_ + self.n_type_b_ == 0:
             raise ValueError("the data hold no triple: every user and item rates all its items alike")
         p_a = (self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
                if self.type_a_share is None else float(self.type_a_share))
-        rng = np.random.default_rng(self.seed)
-        X = rng.normal(0.0, self.init_scale, (data.n_users, int(self.dim)))
-        Y = rng.normal(0.0, self.init_scale, (data.n_items, int(self.dim)))
+        rng = np.random.default_rng(self.random_state)
+        X = rng.normal(0.0, self.init_std, (data.n_users, int(self.n_components)))
+        Y = rng.normal(0.0, self.init_std, (data.n_items, int(self.n_components)))
         steps = int(self.steps_per_epoch) or max(len(data), 1)
-        total = steps * int(self.epochs)
-        lr_end = self.lr * self.lr_final
+        total = steps * int(self.max_iter)
+        lr_end = self.learning_rate * self.learning_rate_final_ratio
         func = FUNCTIONS[self.function]
         arrays = triples.arrays(float(self.group_power))
         self.log_likelihood_ = []
-        with Progress("COE", self.epochs, enabled=self.verbose) as bar:
-            for epoch in range(int(self.epochs)):
-                # linear decay from lr to lr * lr_final over all steps
-                lr0 = self.lr + (lr_end - self.lr) * (epoch * steps / total)
-                lr1 = self.lr + (lr_end - self.lr) * ((epoch + 1) * steps / total)
+        with Progress("COE", self.max_iter, enabled=self.verbose) as bar:
+            for epoch in range(int(self.max_iter)):
+                # linear decay from learning_rate to learning_rate * learning_rate_final_ratio over all steps
+                lr0 = self.learning_rate + (lr_end - self.learning_rate) * (epoch * steps / total)
+                lr1 = self.learning_rate + (lr_end - self.learning_rate) * ((epoch + 1) * steps / total)
                 ll = K.sga_epoch(X, Y, *arrays, steps, p_a, func, self.scale,
-                                 float(self.eta), lr0, lr1, int(self.seed) * 1_000_003 + epoch)
+                                 float(self.eta), lr0, lr1, int(self.random_state) * 1_000_003 + epoch)
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 self.log_likelihood_.append(float(ll))
                 bar.update(1, lnP=ll)
@@ -265,26 +275,26 @@ class COE(Estimator):
 
     def fit_explicit(self, triples: ExplicitTriples) -> "COE":
         """Fit on given triples; each step draws one of them uniformly."""
-        self._check()
+        self._validate_params()
         if len(triples) == 0:
             raise ValueError("no triples to fit")
         self.users_, self.items_ = triples.users, triples.items
         self.n_type_a_ = int(np.count_nonzero(triples.kind == 0))
         self.n_type_b_ = len(triples) - self.n_type_a_
-        rng = np.random.default_rng(self.seed)
-        X = rng.normal(0.0, self.init_scale, (triples.n_users, int(self.dim)))
-        Y = rng.normal(0.0, self.init_scale, (triples.n_items, int(self.dim)))
+        rng = np.random.default_rng(self.random_state)
+        X = rng.normal(0.0, self.init_std, (triples.n_users, int(self.n_components)))
+        Y = rng.normal(0.0, self.init_std, (triples.n_items, int(self.n_components)))
         steps = int(self.steps_per_epoch) or len(triples)
-        total = steps * int(self.epochs)
-        lr_end = self.lr * self.lr_final
+        total = steps * int(self.max_iter)
+        lr_end = self.learning_rate * self.learning_rate_final_ratio
         self.log_likelihood_ = []
-        with Progress("COE", self.epochs, enabled=self.verbose) as bar:
-            for epoch in range(int(self.epochs)):
-                lr0 = self.lr + (lr_end - self.lr) * (epoch * steps / total)
-                lr1 = self.lr + (lr_end - self.lr) * ((epoch + 1) * steps / total)
+        with Progress("COE", self.max_iter, enabled=self.verbose) as bar:
+            for epoch in range(int(self.max_iter)):
+                lr0 = self.learning_rate + (lr_end - self.learning_rate) * (epoch * steps / total)
+                lr1 = self.learning_rate + (lr_end - self.learning_rate) * ((epoch + 1) * steps / total)
                 K.sga_explicit(X, Y, triples.kind, triples.first, triples.second, triples.third, steps,
                                FUNCTIONS[self.function], self.scale, float(self.eta), lr0, lr1,
-                               int(self.seed) * 1_000_003 + epoch)
+                               int(self.random_state) * 1_000_003 + epoch)
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 bar.update(1)
         self.user_coords_ = X.astype(np.float32)

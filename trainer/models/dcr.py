@@ -21,7 +21,8 @@ ordered rating pairs of each user plus ``lambda * sum |U|^2 + |V|^2`` by
 stochastic gradient steps with the same projection. Pairs are sampled on the
 fly inside the kernel, never enumerated.
 
-Named variant beyond the paper (off by default, so ``DCR()`` is the paper's):
+Named variants beyond the paper (research options, :class:`ResearchOptions`,
+off by default, so ``DCR().fit(data)`` is the paper's):
 ``item_bias=s > 0`` freezes the first coordinate of every user vector at
 ``s`` (the rest projected onto the ball of radius ``sqrt(1 - s^2)``, so
 ``|U_u^t| <= 1`` still holds); the first item coordinate then acts as a
@@ -39,8 +40,9 @@ Starting point and stopping (choices the paper leaves open; the model,
 objective and SGA steps are the paper's either way): ``init="marginal"``
 starts every level at its damped item marginals instead of small random
 factors, and ``fit(data, validation=...)`` stops each level at the epoch of
-its best validation log-likelihood (``best_epochs_``, reusable as
-``level_epochs`` for a refit on all the ratings). Why: with a few ratings
+its best validation log-likelihood (``best_epochs_``, reusable as research
+``level_epochs`` for a refit on all the ratings; ``early_stopping=True`` does
+both inside ``fit``). Why: with a few ratings
 per user, the coordinates of ``U_u^t`` that the user's ratings never push
 keep their random initial values, which add user-specific noise to every
 item's score; and SGA from a random start must first grow the shared
@@ -50,6 +52,9 @@ from __future__ import annotations
 
 import copy
 import mmap
+from dataclasses import asdict, dataclass, fields, replace
+from numbers import Integral, Real
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -61,7 +66,7 @@ from ordrec.trainer.models.dcr_kernels import (
     pairwise_epoch, pairwise_epoch_by_user, pointwise_epoch, pointwise_epoch_by_user, pointwise_loglik,
     shuffle_segments,
 )
-from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.progress import Progress
 
 
@@ -147,10 +152,12 @@ def median_level_epochs(epochs: list) -> list[int]:
 
 
 def stopped_level_epochs(params: dict, data: Ratings, rng: np.random.Generator, folds: int,
-                         fraction: float = 0.25) -> list[int]:
+                         fraction: float = 0.25, research: "ResearchOptions | None" = None) -> list[int]:
     """Per-level epoch counts for a refit on ``data``: each level's median over ``folds``
-    hold-outs (``holdouts``) of the epoch where DCR(**params) early-stopped on it."""
-    epochs = [DCR(**params).fit(fit, validation=val).best_epochs_
+    hold-outs (``holdouts``) of the epoch where DCR(**params) early-stopped on it
+    (fitted with ``research``; its ``level_epochs`` are ignored)."""
+    research = replace(research or ResearchOptions(), level_epochs=None)
+    epochs = [DCR(**params).fit(fit, validation=val, research=research).best_epochs_
               for fit, val in holdouts(data, rng, folds, fraction)]
     return median_level_epochs(epochs)
 
@@ -174,7 +181,7 @@ class _LevelStopper:
         self.validation = validation
         self.fixed = _int_list(level_epochs) if level_epochs is not None else None
         self.stopping = validation is not None or self.fixed is not None
-        self.epochs = int(model.epochs)
+        self.epochs = int(model.max_iter)
         self.patience = int(model.patience)
         self.val_tol = float(model.val_tol)
         self.saved: list = [None] * self.L
@@ -237,50 +244,19 @@ class _LevelStopper:
             self.model.validation_history_ = np.array(self.history)
 
 
-class DCR(Estimator):
-    """Decoupled Collaborative Ranking, optionally refined pairwise.
+@dataclass(frozen=True)
+class ResearchOptions:
+    """DCR's research-only knobs: the paper protocol's variants and sweeps, not the model's parameters.
 
-    Parameters
+    ``DCR()`` is the paper's model with the defaults here; the protocol
+    (``trainer/reproduce/dcr.py``) passes other values to
+    ``DCR.fit(data, research=ResearchOptions(...))``. The fitted model keeps
+    them as ``research_`` (``refined`` and ``to_artifact`` read them there),
+    and a manifest records the ones that differ from these defaults under
+    its ``research`` hyperparameter.
+
+    Attributes
     ----------
-    rank : int
-        Dimension of each level's factors (paper: 20 pointwise, 40 in Table 2).
-    levels : list of float or str, optional
-        The ordered rating values; default the distinct values in the data.
-    relevance : {"linear", "log", "exp"}
-        ``f`` in Eq. 2/4 (paper recommends linear).
-    lr : float
-        Initial SGA learning rate (paper: one of 0.05 ... 0.01).
-    lr_decay : float
-        Learning rate of epoch ``e`` is ``lr / (1 + lr_decay * e)``.
-    reg : float
-        L2 weight per example (paper: 0.01 or 0.001).
-    epochs : int
-        Passes over the ratings (every level sees every rating once a pass);
-        the most passes when ``tol > 0``.
-    init_std : float
-        Standard deviation of the random initial factors.
-    prob_floor : float
-        ``1/P`` in the gradient is capped at ``1/prob_floor`` (P reaches 0 on
-        the ball's boundary).
-    pairwise : bool
-        Refine with the pairwise loss of Section 4 after the pointwise fit.
-    pairwise_lr, pairwise_reg, pairwise_epochs : float, float, int
-        Step size, lambda of Eq. 5 and passes of the refinement.
-    pairs_per_epoch : float
-        Sampled pairs per refinement pass, as a multiple of the number of ratings.
-    item_bias : float
-        0 is the paper's DCR; ``s`` in (0, 1) freezes the first user
-        coordinate at ``s`` (a per-level item bias, see the module docstring).
-    item_shrinkage : float
-        0 is the paper's DCR; ``beta > 0`` serves ``V_i * n_i / (n_i + beta)``
-        (``n_i`` the item's training ratings), see the module docstring.
-    projection : {"ball", "sphere"}
-        "ball" projects onto ``|x| <= 1`` (the constraint of Eq. 1);
-        "sphere" rescales every updated vector to norm 1, the paper's literal
-        ``U <- U / |U|``.
-    popularity_shrinkage : float
-        Shrinkage ``beta`` of the damped item mean stored as ``item_popularity``
-        (the unknown-user fallback): ``(sum r + beta * mean) / (count + beta)``.
     order : {"user", "random"}
         Order of the SGA steps within an epoch. "user" (default): users in a
         fresh random order, each user's ratings together in a fresh random
@@ -291,15 +267,117 @@ class DCR(Estimator):
         exactly ``pairs_per_epoch * n_u`` draws for a user with ``n_u``
         ratings) or draws the first rating of every pair uniformly
         ("random": the same weighting in expectation).
-    tol : float
-        Stop before ``epochs`` once an epoch raises the training
+    projection : {"ball", "sphere"}
+        "ball" (default) projects onto ``|x| <= 1`` (the constraint of Eq. 1);
+        "sphere" rescales every updated vector to norm 1, the paper's literal
+        ``U <- U / |U|``.
+    prob_floor : float, default 1e-3
+        ``1/P`` in the gradient is capped at ``1/prob_floor`` (P reaches 0 on
+        the ball's boundary).
+    item_bias : float, default 0.0
+        0 is the paper's DCR; ``s`` in (0, 1) freezes the first user
+        coordinate at ``s`` (a per-level item bias, the DCR-bias variant, see
+        the module docstring).
+    item_shrinkage : float, default 0.0
+        0 is the paper's DCR; ``beta > 0`` serves ``V_i * n_i / (n_i + beta)``
+        (``n_i`` the item's training ratings; the -shrunk variants), see the
+        module docstring.
+    popularity_shrinkage : float, default 10.0
+        Shrinkage ``beta`` of the damped item mean stored as ``item_popularity``
+        (the unknown-user fallback): ``(sum r + beta * mean) / (count + beta)``.
+    init_shrinkage : float, default 10.0
+        ``beta`` of the damped marginals of ``init="marginal"``.
+    level_epochs : list of int or str, optional
+        Epochs per learned level (level ``t`` is frozen after
+        ``level_epochs[t]``; 0 keeps its initial factors); overrides
+        ``max_iter`` and ``tol``. ``fit(data, validation=...)`` chooses them
+        (``best_epochs_``); the protocol refits on all the ratings with them.
+        A string "3,5,2,4" is read as a list.
+    """
+
+    order: str = "user"
+    projection: str = "ball"
+    prob_floor: float = 1e-3
+    item_bias: float = 0.0
+    item_shrinkage: float = 0.0
+    popularity_shrinkage: float = 10.0
+    init_shrinkage: float = 10.0
+    level_epochs: Any = None
+
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "order": [Options(str, {"user", "random"})],
+        "projection": [Options(str, {"ball", "sphere"})],
+        "prob_floor": [Interval(Real, 0, None, closed="left")],
+        "item_bias": [Interval(Real, 0, 1, closed="left")],
+        "item_shrinkage": [Interval(Real, 0, None, closed="left")],
+        "popularity_shrinkage": [Interval(Real, 0, None, closed="left")],
+        "init_shrinkage": [Interval(Real, 0, None, closed="left")],
+        "level_epochs": [None, list, tuple, str],
+    }
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def split(cls, params: dict) -> tuple[dict, "ResearchOptions"]:
+        """A mixed dict of DCR parameters and research options as (DCR's, the options)."""
+        names = set(cls.names())
+        return ({k: v for k, v in params.items() if k not in names},
+                cls(**{k: v for k, v in params.items() if k in names}))
+
+    def validate(self) -> None:
+        validate_params("ResearchOptions", asdict(self), self._parameter_constraints)
+        if self.level_epochs is not None and any(int(e) < 0 for e in _int_list(self.level_epochs)):
+            raise ValueError("level_epochs must be non-negative epoch counts")
+
+    def changed(self) -> dict:
+        """The options that differ from the defaults (what a manifest records)."""
+        default = ResearchOptions()
+        return {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
+
+
+class DCR(Estimator):
+    """Decoupled Collaborative Ranking, optionally refined pairwise.
+
+    The paper protocol's research-only knobs (visiting order, projection,
+    variants, per-level epoch counts, ...) are not parameters of the model:
+    see :class:`ResearchOptions`.
+
+    Parameters
+    ----------
+    n_components : int, default 20
+        Dimension of each level's factors (paper: 20 pointwise, 40 in Table 2).
+    levels : list of float or str, optional
+        The ordered rating values; default the distinct values in the data.
+    relevance : {"linear", "log", "exp"}, default "linear"
+        ``f`` in Eq. 2/4 (paper recommends linear).
+    learning_rate : float, default 0.05
+        Initial SGA learning rate (paper: one of 0.05 ... 0.01).
+    learning_rate_decay : float, default 0.02
+        Learning rate of epoch ``e`` is ``learning_rate / (1 + learning_rate_decay * e)``.
+    reg : float, default 0.001
+        L2 weight per example (paper: 0.01 or 0.001).
+    max_iter : int, default 100
+        Passes over the ratings (every level sees every rating once a pass);
+        the most passes when ``tol > 0``.
+    init_std : float, default 0.1
+        Standard deviation of the random initial factors.
+    pairwise : bool, default False
+        Refine with the pairwise loss of Section 4 after the pointwise fit.
+    pairwise_learning_rate, pairwise_reg, pairwise_max_iter : float, float, int, default 0.01, 0.001, 20
+        Step size, lambda of Eq. 5 and passes of the refinement.
+    pairs_per_epoch : float, default 1.0
+        Sampled pairs per refinement pass, as a multiple of the number of ratings.
+    tol : float, default 0.002
+        Stop before ``max_iter`` once an epoch raises the training
         log-likelihood per rating by less than ``tol`` relative to its value
-        (0: always run ``epochs``). ``epochs_run_`` records the epochs done.
+        (0: always run ``max_iter``). ``epochs_run_`` records the epochs done.
         The default 0.002 is the largest of {0.01, 0.005, 0.003, 0.002, 0.001}
         whose validation NDCG@10 on ML-100K (N = 10, 20, 50; validation
         splits carved from the training ratings) matched 100 fixed epochs.
-    init : {"random", "marginal"}
-        "random" (default): zero-mean normal factors of standard deviation
+    init : {"random", "marginal"}, default "random"
+        "random": zero-mean normal factors of standard deviation
         ``init_std`` (the paper does not state its initialisation).
         "marginal" (ours): every level starts at its damped item marginals,
         ``P(r >= l_t) = (n_it + beta g_t) / (n_i + beta)``, through one
@@ -307,120 +385,108 @@ class DCR(Estimator):
         of ``init_std`` in the others; SGA then personalises it. Same model,
         objective and steps as the paper's; only the starting point differs.
         Items without training ratings stay at the global marginals ``g_t``
-        instead of 1/2.
-    init_shrinkage : float
-        ``beta`` of the damped marginals of ``init="marginal"``.
-    level_epochs : list of int, optional
-        Epochs per learned level (level ``t`` is frozen after
-        ``level_epochs[t]``; 0 keeps its initial factors); overrides
-        ``epochs`` and ``tol``. ``fit(data, validation=...)`` chooses them
-        (``best_epochs_``).
-    patience : int
-        With ``fit(..., validation=...)``: stop once no level's validation
+        instead of 1/2. (``beta``: ``ResearchOptions.init_shrinkage``.)
+    patience : int, default 5
+        With validation stopping (``early_stopping`` or
+        ``fit(..., validation=...)``): stop once no level's validation
         log-likelihood has improved for this many epochs.
-    val_tol : float
-        With ``fit(..., validation=...)``: an epoch counts as an improvement
+    val_tol : float, default 0.0
+        With validation stopping: an epoch counts as an improvement
         of a level only if it raises that level's validation log-likelihood
         by more than ``val_tol`` relative to the level's best so far (0: any
         gain counts).
-    early_stopping : bool
+    early_stopping : bool, default False
         Choose the per-level epoch counts inside ``fit`` (as the ML-100K
         protocol does): hold out ``validation_fraction`` of each user's
         ratings (at least 2) ``validation_folds`` times, early-stop every
         level on each hold-out, and train on all the ratings for each
         level's median stopping epoch (``chosen_level_epochs_``). Ignored
-        when ``level_epochs`` or ``fit(..., validation=...)`` is given.
-    validation_fraction, validation_folds : float, int
+        when ``fit(..., validation=...)`` or research ``level_epochs`` are given.
+    validation_fraction, validation_folds : float, int, default 0.25, 3
         The hold-outs of ``early_stopping``.
-    dtype : {"float32", "float64"}
-        Type of the factors while training. float32 (default) halves the
+    dtype : {"float32", "float64"}, default "float32"
+        Type of the factors while training. float32 halves the
         memory traffic and doubles the SIMD lanes of the SGA steps; the
         artifact is float32 either way.
-    seed : int
+    random_state : int, default 0
         Seed of the initialisation, the rating order and the pair sampling.
-    verbose : bool
+    verbose : bool, default False
         Progress line on stderr.
     """
 
     kind = "dcr"
     input_shape = "ratings"
 
-    def __init__(self, rank: int = 20, levels=None, relevance: str = "linear", lr: float = 0.05,
-                 lr_decay: float = 0.02, reg: float = 0.001, epochs: int = 100, init_std: float = 0.1,
-                 prob_floor: float = 1e-3, pairwise: bool = False, pairwise_lr: float = 0.01,
-                 pairwise_reg: float = 0.001, pairwise_epochs: int = 20, pairs_per_epoch: float = 1.0,
-                 item_bias: float = 0.0, item_shrinkage: float = 0.0, projection: str = "ball", popularity_shrinkage: float = 10.0,
-                 order: str = "user", tol: float = 0.002, init: str = "random",
-                 init_shrinkage: float = 10.0, level_epochs=None, patience: int = 5, val_tol: float = 0.0,
-                 early_stopping: bool = False, validation_fraction: float = 0.25, validation_folds: int = 3,
-                 dtype: str = "float32", seed: int = 0,
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "n_components": [Interval(Integral, 1, None)],
+        "levels": [None, list, tuple, str, np.ndarray],
+        "relevance": [Options(str, set(RELEVANCE))],
+        "learning_rate": [Interval(Real, 0, None)],
+        "learning_rate_decay": [Interval(Real, 0, None)],
+        "reg": [Interval(Real, 0, None)],
+        "max_iter": [Interval(Integral, 0, None)],
+        "init_std": [Interval(Real, 0, None)],
+        "pairwise": ["boolean"],
+        "pairwise_learning_rate": [Interval(Real, 0, None)],
+        "pairwise_reg": [Interval(Real, 0, None)],
+        "pairwise_max_iter": [Interval(Integral, 0, None)],
+        "pairs_per_epoch": [Interval(Real, 0, None)],
+        "tol": [Interval(Real, 0, None)],
+        "init": [Options(str, {"random", "marginal"})],
+        "patience": [Interval(Integral, 1, None)],
+        "val_tol": [Interval(Real, 0, None)],
+        "early_stopping": ["boolean"],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+        "validation_folds": [Interval(Integral, 1, None)],
+        "dtype": [Options(str, {"float32", "float64"})],
+        "random_state": [Interval(Integral, 0, None)],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(self, *, n_components: int = 20, levels=None, relevance: str = "linear",
+                 learning_rate: float = 0.05, learning_rate_decay: float = 0.02, reg: float = 0.001,
+                 max_iter: int = 100, init_std: float = 0.1, pairwise: bool = False,
+                 pairwise_learning_rate: float = 0.01, pairwise_reg: float = 0.001,
+                 pairwise_max_iter: int = 20,
+                 pairs_per_epoch: float = 1.0, tol: float = 0.002, init: str = "random", patience: int = 5,
+                 val_tol: float = 0.0, early_stopping: bool = False, validation_fraction: float = 0.25,
+                 validation_folds: int = 3, dtype: str = "float32", random_state: int = 0,
                  verbose: bool = False):
-        self.rank = rank
+        self.n_components = n_components
         self.levels = levels
         self.relevance = relevance
-        self.lr = lr
-        self.lr_decay = lr_decay
+        self.learning_rate = learning_rate
+        self.learning_rate_decay = learning_rate_decay
         self.reg = reg
-        self.epochs = epochs
+        self.max_iter = max_iter
         self.init_std = init_std
-        self.prob_floor = prob_floor
         self.pairwise = pairwise
-        self.pairwise_lr = pairwise_lr
+        self.pairwise_learning_rate = pairwise_learning_rate
         self.pairwise_reg = pairwise_reg
-        self.pairwise_epochs = pairwise_epochs
+        self.pairwise_max_iter = pairwise_max_iter
         self.pairs_per_epoch = pairs_per_epoch
-        self.item_bias = item_bias
-        self.item_shrinkage = item_shrinkage
-        self.projection = projection
-        self.popularity_shrinkage = popularity_shrinkage
-        self.order = order
         self.tol = tol
         self.init = init
-        self.init_shrinkage = init_shrinkage
-        self.level_epochs = level_epochs
         self.patience = patience
         self.val_tol = val_tol
         self.early_stopping = early_stopping
         self.validation_fraction = validation_fraction
         self.validation_folds = validation_folds
         self.dtype = dtype
-        self.seed = seed
+        self.random_state = random_state
         self.verbose = verbose
 
     # ------------------------------------------------------------ checks
-    def _check_params(self) -> None:
-        if self.relevance not in RELEVANCE:
-            raise ValueError(f"relevance must be one of {RELEVANCE}, got {self.relevance!r}")
-        if int(self.rank) < 1 or int(self.epochs) < 0 or int(self.pairwise_epochs) < 0:
-            raise ValueError("rank must be >= 1 and epochs >= 0")
-        if self.order not in ("user", "random"):
-            raise ValueError(f"order must be 'user' or 'random', got {self.order!r}")
-        if self.level_epochs is not None and any(int(e) < 0 for e in _int_list(self.level_epochs)):
-            raise ValueError("level_epochs must be non-negative epoch counts")
-        if int(self.patience) < 1:
-            raise ValueError("patience must be >= 1")
-        if not 0.0 < float(self.validation_fraction) < 1.0 or int(self.validation_folds) < 1:
-            raise ValueError("validation_fraction must be in (0, 1) and validation_folds >= 1")
-        if self.init not in ("random", "marginal"):
-            raise ValueError(f"init must be 'random' or 'marginal', got {self.init!r}")
-        if self.projection not in ("ball", "sphere"):
-            raise ValueError(f"projection must be 'ball' or 'sphere', got {self.projection!r}")
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if not (np.isfinite(float(self.item_shrinkage)) and float(self.item_shrinkage) >= 0):
-            raise ValueError("item_shrinkage must be a finite number >= 0")
-        if not 0.0 <= float(self.item_bias) < 1.0:
-            raise ValueError("item_bias must be in [0, 1)")
-        if self.item_bias and int(self.rank) < 2:
-            raise ValueError("item_bias needs rank >= 2 (one coordinate is the bias)")
-        for name in ("lr", "reg", "pairwise_lr", "pairwise_reg", "prob_floor", "init_std", "tol", "init_shrinkage",
-                     "val_tol"):
-            value = float(getattr(self, name))
-            if not np.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite non-negative number, got {value}")
+    def _validate_params(self, research: "ResearchOptions | None" = None) -> None:
+        super()._validate_params()
+        if research is not None:
+            research.validate()
+            if research.item_bias and int(self.n_components) < 2:
+                raise ValueError("item_bias needs n_components >= 2 (one coordinate is the bias)")
 
     # ------------------------------------------------------------ fitting
-    def fit(self, data: Ratings, validation: Ratings | None = None) -> "DCR":
+    def fit(self, data: Ratings, validation: Ratings | None = None, *,
+            research: ResearchOptions | None = None) -> "DCR":
         """Fit the per-level factors (and refine pairwise when ``pairwise``).
 
         ``validation`` (ratings on the same id maps, e.g. a hold-out carved
@@ -428,13 +494,18 @@ class DCR(Estimator):
         every epoch each level's validation log-likelihood is computed, each
         level keeps the factors of its best epoch (epoch 0 is the initial
         point), and training stops once no level has improved for
-        ``patience`` epochs (or at ``epochs``). ``best_epochs_`` records the
-        chosen epoch of each level; pass it as ``level_epochs`` to refit on
-        all the ratings for those counts. The training-likelihood rule
+        ``patience`` epochs (or at ``max_iter``). ``best_epochs_`` records the
+        chosen epoch of each level; pass it as research ``level_epochs`` to
+        refit on all the ratings for those counts. The training-likelihood rule
         ``tol`` is not used then. ``early_stopping=True`` does both steps
         itself when neither ``validation`` nor ``level_epochs`` is given.
+
+        ``research`` (the paper protocol's knobs, :class:`ResearchOptions`;
+        default: the paper's model) is kept as ``research_``.
         """
-        self._check_params()
+        research = ResearchOptions() if research is None else research
+        self._validate_params(research)
+        self.research_ = research
         if len(data) == 0:
             raise DataError(data.source, None, "no ratings to train on")
         # Before this fit allocates anything: early stopping fits the hold-outs first.
@@ -455,8 +526,8 @@ class DCR(Estimator):
         self.item_popularity_ = self._damped_mean(data, n_items)
         self.item_counts_ = np.bincount(item, minlength=n_items)
 
-        rng = np.random.default_rng(self.seed)
-        L, f = self.levels_.size - 1, int(self.rank)
+        rng = np.random.default_rng(self.random_state)
+        L, f = self.levels_.size - 1, int(self.n_components)
         # Random initial factors only for users and items with training ratings: the
         # others get no update and are served at zero (P = 1/2 at every level, no
         # evidence). Drawing 48k users' factors when a training subset has 10k users
@@ -470,9 +541,9 @@ class DCR(Estimator):
         u_fixed, u_radius = self._bias_setup(U, V)
         if self.init == "marginal":
             self._marginal_init(U, V, item, level, active, u_fixed)
-        sphere = self.projection == "sphere"
+        sphere = research.projection == "sphere"
         self.loglik_history_: list[float] = []
-        by_user = self.order == "user"
+        by_user = research.order == "user"
         stopper = _LevelStopper(self, U, V, active, data, validation, level_epochs)
         # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
         # reports its starting point's.
@@ -484,20 +555,20 @@ class DCR(Estimator):
             seg_levels = self.seen_levels_.copy()
         with Progress("DCR", stopper.epochs, self.verbose) as bar:
             for epoch in range(stopper.epochs):
-                lr = float(self.lr) / (1.0 + float(self.lr_decay) * epoch)
+                lr = float(self.learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
                 train = stopper.levels_to_train(epoch)
                 if by_user:
                     shuffle_segments(self.seen_indptr_, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
                     loglik, norms = pointwise_epoch_by_user(
                         U, V, self.seen_indptr_, seg_items, seg_levels, rng.permutation(active),
-                        lr, float(self.reg), float(self.prob_floor), u_fixed, u_radius, sphere, train)
+                        lr, float(self.reg), float(research.prob_floor), u_fixed, u_radius, sphere, train)
                     # Every updated vector's norm passes through this sum, so a NaN anywhere
                     # in the factors shows here without scanning U and V every epoch.
                     check_finite(epoch, loglik=loglik, factor_norms=norms)
                 else:
                     order = rng.permutation(len(data)).astype(np.int64)
                     loglik = pointwise_epoch(U, V, user, item, level, order, lr, float(self.reg),
-                                             float(self.prob_floor), u_fixed, u_radius, sphere, train)
+                                             float(research.prob_floor), u_fixed, u_radius, sphere, train)
                     check_finite(epoch, user_factors=U, item_factors=V)
                 # A frozen level keeps the likelihood of its last epoch.
                 self.loglik_[train] = loglik[train]
@@ -520,22 +591,23 @@ class DCR(Estimator):
         return self
 
     def _level_epochs(self, data: Ratings, validation: Ratings | None):
-        """The per-level epoch counts to train for: ``level_epochs``, or with
+        """The per-level epoch counts to train for: research ``level_epochs``, or with
         ``early_stopping`` (and no ``validation``) the median over
         ``validation_folds`` hold-outs of ``data`` of the validation-stopped
         epochs, recorded as ``chosen_level_epochs_``; None otherwise."""
         self.chosen_level_epochs_ = None
-        if self.level_epochs is not None or not self.early_stopping or validation is not None:
-            return self.level_epochs
+        given = self.research_.level_epochs
+        if given is not None or not self.early_stopping or validation is not None:
+            return given
         inner = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
         # Every user holds out at least 2 ratings, so users with 2 or fewer leave nothing behind.
         if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
             raise DataError(data.source, None, "early_stopping holds out at least 2 ratings per user, and no"
                                                " user has more than 2: nothing would be left to train on")
         # Its own random stream: the hold-outs do not shift the refit's initialisation.
-        rng = np.random.default_rng([int(self.seed), 1])
+        rng = np.random.default_rng([int(self.random_state), 1])
         self.chosen_level_epochs_ = stopped_level_epochs(inner, data, rng, int(self.validation_folds),
-                                                         float(self.validation_fraction))
+                                                         float(self.validation_fraction), self.research_)
         return self.chosen_level_epochs_
 
     def _converged(self) -> bool:
@@ -575,9 +647,9 @@ class DCR(Estimator):
         k0 = u_fixed
         if k0 >= f:
             raise ValueError("init='marginal' needs a free coordinate (rank > 1 with item_bias)")
-        beta = float(self.init_shrinkage)
+        beta = float(self.research_.init_shrinkage)
         counts = np.bincount(item, minlength=n_items).astype(np.float64)
-        radius = float(np.sqrt(1.0 - float(self.item_bias) ** 2)) if u_fixed else 1.0
+        radius = float(np.sqrt(1.0 - float(self.research_.item_bias) ** 2)) if u_fixed else 1.0
         # The user coordinate: the rest of the vector's norm budget (|U_u| = radius).
         noise_u = np.sum(U[:, :, k0 + 1:] ** 2, axis=2)
         a = np.sqrt(np.maximum(radius * radius - noise_u, 0.0))
@@ -591,7 +663,7 @@ class DCR(Estimator):
             target = 2.0 * p - 1.0
             if u_fixed:
                 # item_bias already contributes s * V_i0; leave the target to the free coordinate.
-                target = target - float(self.item_bias) * V[:, t, 0]
+                target = target - float(self.research_.item_bias) * V[:, t, 0]
             noise_v = np.sum(V[:, t, k0 + 1:] ** 2, axis=1)
             room = np.sqrt(np.maximum(1.0 - noise_v - (V[:, t, 0] ** 2 if u_fixed else 0.0), 0.0))
             V[:, t, k0] = np.clip(target / a_mean, -room, room)
@@ -601,7 +673,7 @@ class DCR(Estimator):
             X[:, :, start:] /= np.maximum(norm / bound, 1.0)
 
     def _bias_setup(self, U: np.ndarray, V: np.ndarray) -> tuple[int, float]:
-        s = float(self.item_bias)
+        s = float(self.research_.item_bias)
         if s <= 0.0:
             return 0, 1.0
         U[:, :, 0] = s
@@ -609,7 +681,7 @@ class DCR(Estimator):
         return 1, float(np.sqrt(1.0 - s * s))
 
     def _damped_mean(self, data: Ratings, n_items: int) -> np.ndarray:
-        beta = float(self.popularity_shrinkage)
+        beta = float(self.research_.popularity_shrinkage)
         mean = float(np.mean(data.rating))
         counts = np.bincount(data.item, minlength=n_items).astype(np.float64)
         sums = np.bincount(data.item, weights=data.rating.astype(np.float64), minlength=n_items)
@@ -620,15 +692,16 @@ class DCR(Estimator):
     def _refine(self, rng: np.random.Generator) -> None:
         """Pairwise DCR (Algorithm 1) with pairs sampled on the fly."""
         c, _ = level_weights(self.levels_, self.relevance)
-        u_fixed, u_radius = (1, float(np.sqrt(1 - self.item_bias ** 2))) if self.item_bias else (0, 1.0)
+        bias = float(self.research_.item_bias)
+        u_fixed, u_radius = (1, float(np.sqrt(1 - bias ** 2))) if bias else (0, 1.0)
         n_steps = int(round(float(self.pairs_per_epoch) * self.seen_indices_.size))
         items = self.seen_indices_.astype(np.int64)
-        sphere = self.projection == "sphere"
+        sphere = self.research_.projection == "sphere"
         active = np.flatnonzero(np.diff(self.seen_indptr_) > 1)
-        with Progress("Pairwise DCR", self.pairwise_epochs, self.verbose) as bar:
-            for epoch in range(int(self.pairwise_epochs)):
-                lr = float(self.pairwise_lr) / (1.0 + float(self.lr_decay) * epoch)
-                if self.order == "user":
+        with Progress("Pairwise DCR", self.pairwise_max_iter, self.verbose) as bar:
+            for epoch in range(int(self.pairwise_max_iter)):
+                lr = float(self.pairwise_learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
+                if self.research_.order == "user":
                     # Pairs grouped by user: U_u stays in cache for the user's draws.
                     loss, _ = pairwise_epoch_by_user(
                         self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_, c, rng.permutation(active),
@@ -646,16 +719,27 @@ class DCR(Estimator):
     def refined(self, **overrides) -> "DCR":
         """A copy of this fitted DCR refined pairwise (the DCR fit is not repeated).
 
-        ``overrides`` set the pairwise parameters (e.g. ``pairwise_lr``); the
-        copy has ``pairwise=True`` and its own seed stream.
+        ``overrides`` set the pairwise parameters (e.g. ``pairwise_learning_rate``);
+        the copy has ``pairwise=True``, the fit's ``research_`` and its own seed stream.
         """
         if not hasattr(self, "U_"):
             raise ValueError("fit the model before refining it")
         other = copy.copy(self)
         other.set_params(pairwise=True, **overrides)
         other.U_, other.V_ = self.U_.copy(), self.V_.copy()
-        other._check_params()
-        other._refine(np.random.default_rng([int(other.seed), 1]))
+        other._validate_params(other.research_)
+        other._refine(np.random.default_rng([int(other.random_state), 1]))
+        return other
+
+    def with_research(self, **changes) -> "DCR":
+        """A shallow copy of this fitted DCR whose ``research_`` has ``changes`` (e.g.
+        ``item_shrinkage``, applied when the artifact is written); the factors are shared."""
+        if not hasattr(self, "U_"):
+            raise ValueError("fit the model before changing its research options")
+        research = replace(self.research_, **changes)
+        self._validate_params(research)
+        other = copy.copy(self)
+        other.research_ = research
         return other
 
     def loglik(self, data: Ratings) -> np.ndarray:
@@ -671,12 +755,14 @@ class DCR(Estimator):
         params = {k: v for k, v in self.get_params().items() if k != "verbose"}
         if params["levels"] is not None:
             params["levels"] = [float(x) for x in self.levels_]
+        if self.research_.changed():
+            params["research"] = self.research_.changed()
         metrics = {f"train_loglik_level_{t + 2}": float(v) for t, v in enumerate(self.loglik_)}
-        metrics["epochs_run"] = float(getattr(self, "epochs_run_", self.epochs))
+        metrics["epochs_run"] = float(getattr(self, "epochs_run_", self.max_iter))
         # The epochs each level trained for, when they were given or chosen on validation.
         metrics.update({f"epochs_level_{t + 2}": float(e) for t, e in enumerate(getattr(self, "best_epochs_", None) or [])})
         item_factors = self.V_.reshape(self.V_.shape[0], L * f)
-        beta = float(self.item_shrinkage)
+        beta = float(self.research_.item_shrinkage)
         if beta > 0:
             counts = self.item_counts_.astype(np.float64)
             item_factors = item_factors * (counts / (counts + beta))[:, None]

@@ -71,7 +71,8 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from numbers import Integral, Real
+from typing import ClassVar, Sequence
 
 import numpy as np
 from scipy import sparse
@@ -82,7 +83,7 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
 from ordrec.trainer.data.types import DataError, NeighborLists
 from ordrec.trainer.models import knnscal_kernels as K
-from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
 
 
@@ -221,7 +222,7 @@ class KnnScal(Estimator):
 
     Parameters
     ----------
-    dim : int
+    n_components : int, default 2
         Map dimension (2 or 3 are the intended uses; any >= 1 works).
     nonedge_factor : float
         Non-edges sampled per source, as a multiple of q (the poster uses 5;
@@ -267,21 +268,42 @@ class KnnScal(Estimator):
         rows of X: the sweeps then read X from cache instead of from random
         memory. It changes the Gauss-Seidel visiting order, hence the exact
         iterates, not the method.
-    seed : int
+    random_state : int, default 0
         Seeds the non-edge sample and the landmarks / random start.
-    verbose : bool
+    verbose : bool, default False
         Progress line on stderr.
     """
 
     kind = "knnscal"
     input_shape = "neighbors"
 
-    def __init__(self, dim: int = 2, nonedge_factor: float = 20.0, sweeps: int = 5, max_iter: int = 200,
-                 tol: float = 1e-4, update: str = "gauss-seidel", init: str = "auto",
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "n_components": [Interval(Integral, 1, None)],
+        "nonedge_factor": [Interval(Real, 0, None)],
+        "sweeps": [Interval(Integral, 1, None)],
+        "max_iter": [Interval(Integral, 0, None)],
+        "tol": [Interval(Real, 0, None)],
+        "update": [Options(str, {"gauss-seidel", "jacobi"})],
+        "init": [Options(str, {"auto", "cmds", "landmark", "spectral", "random"})],
+        "initial_disparities": [Options(str, {"ranks", "isotonic"})],
+        "n_landmarks": [Interval(Integral, 1, None)],
+        "cmds_max_n": [Interval(Integral, 0, None)],
+        "edge_weight": [Interval(Real, 0, None)],
+        "rank_gap": [Interval(Real, 0, None)],
+        "hop2_fraction": [Interval(Real, 0, 1)],
+        "n_neighbors": [Interval(Integral, 1, None)],
+        "reorder": [Options(str, {"morton", "none"})],
+        "random_state": [Interval(Integral, 0, None)],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(self, *, n_components: int = 2, nonedge_factor: float = 20.0, sweeps: int = 5,
+                 max_iter: int = 200, tol: float = 1e-4, update: str = "gauss-seidel", init: str = "auto",
                  initial_disparities: str = "ranks", n_landmarks: int = 32, cmds_max_n: int = 500,
                  edge_weight: float = 1.0, rank_gap: float = 2.0, hop2_fraction: float = 1.0,
-                 n_neighbors: int = 10, reorder: str = "morton", seed: int = 0, verbose: bool = False):
-        self.dim = dim
+                 n_neighbors: int = 10, reorder: str = "morton", random_state: int = 0,
+                 verbose: bool = False):
+        self.n_components = n_components
         self.nonedge_factor = nonedge_factor
         self.sweeps = sweeps
         self.max_iter = max_iter
@@ -296,29 +318,14 @@ class KnnScal(Estimator):
         self.hop2_fraction = hop2_fraction
         self.n_neighbors = n_neighbors
         self.reorder = reorder
-        self.seed = seed
+        self.random_state = random_state
         self.verbose = verbose
-
-    # -------------------------------------------------------------- checks
-    def _check_params(self) -> None:
-        if int(self.dim) < 1:
-            raise ValueError(f"dim must be >= 1, got {self.dim}")
-        if self.update not in ("gauss-seidel", "jacobi"):
-            raise ValueError(f"update must be 'gauss-seidel' or 'jacobi', got {self.update!r}")
-        if self.init not in ("auto", "cmds", "landmark", "spectral", "random"):
-            raise ValueError(f"init must be auto, cmds, landmark, spectral or random, got {self.init!r}")
-        if self.initial_disparities not in ("ranks", "isotonic"):
-            raise ValueError(f"initial_disparities must be 'ranks' or 'isotonic', got {self.initial_disparities!r}")
-        if self.reorder not in ("morton", "none"):
-            raise ValueError(f"reorder must be 'morton' or 'none', got {self.reorder!r}")
-        if self.nonedge_factor < 0 or self.sweeps < 1 or self.max_iter < 0 or self.tol < 0:
-            raise ValueError("nonedge_factor >= 0, sweeps >= 1, max_iter >= 0 and tol >= 0 are required")
 
     # --------------------------------------------------------------- pieces
     def initial_configuration(self, indptr, col, rnk, n: int) -> np.ndarray:
         """Step 3: a configuration from the Delta_sym geodesics (unscaled)."""
-        rng = np.random.default_rng(self.seed)
-        dim = int(self.dim)
+        rng = np.random.default_rng(self.random_state)
+        dim = int(self.n_components)
         method = self.init
         if method == "auto":
             method = "cmds" if n <= self.cmds_max_n else "landmark"
@@ -331,7 +338,7 @@ class KnnScal(Estimator):
 
             A = G.copy()
             A.data = 1.0 / A.data
-            X = spectral_embedding(A, n_components=dim, random_state=int(self.seed), drop_first=True)
+            X = spectral_embedding(A, n_components=dim, random_state=int(self.random_state), drop_first=True)
         elif method == "cmds":
             X = classical_mds(csgraph.dijkstra(G, directed=True), dim)
         else:
@@ -390,7 +397,7 @@ class KnnScal(Estimator):
     # ------------------------------------------------------------------ fit
     def fit(self, data) -> "KnnScal":
         """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here)."""
-        self._check_params()
+        self._validate_params()
         if not isinstance(data, NeighborLists):
             data = knn_lists(np.asarray(data), int(self.n_neighbors))
         self.vertices_ = data.vertices
@@ -404,7 +411,8 @@ class KnnScal(Estimator):
         indptr, col, rnk = neighbor_csr(data)
         self.graph_ = (indptr, col, rnk)
         self.q_, self.plus_indptr_, self.plus_col_, self.plus_rnk_ = enlarged_edges(
-            indptr, col, rnk, n, float(self.nonedge_factor), int(self.seed), float(self.hop2_fraction))
+            indptr, col, rnk, n, float(self.nonedge_factor), int(self.random_state),
+            float(self.hop2_fraction))
         n_edges = int(col.shape[0])
         self.weight_total_ = float(self.edge_weight) * n_edges + (self.plus_col_.shape[0] - n_edges)
         timings["edges_s"] = time.perf_counter() - t0

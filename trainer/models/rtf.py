@@ -19,11 +19,12 @@ whole objective by finite differences).
   post, with the fast gradient through ``q`` and ``v``
   (``trainer.models.rtf_kernels``).
 
-Serving uses ``service.models.rtf.Index`` on the artifact this writes.
+Serving uses ``service.models.rtf.RTFIndex`` on the artifact this writes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from numbers import Integral, Real
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 from scipy.stats import rankdata
@@ -32,7 +33,7 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.models.rtf import score_posts
 from ordrec.trainer.data.types import DataError, TagAssignments
 from ordrec.trainer.models import rtf_kernels as K
-from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
 
 
@@ -97,18 +98,18 @@ class RTF(Estimator):
 
     Parameters
     ----------
-    dims : int or sequence of 3 ints
+    n_components : int or sequence of 3 ints, default 64
         ``(kU, kI, kT)``; one int means the same for all three (the paper's
         "RTF 8" ... "RTF 64").
-    learning_rate : float
+    learning_rate : float, default 0.5
         Step size ``alpha`` of Fig. 5. The paper used 0.1 on Last.fm with
         600 passes, more than a shared 2-core machine can afford. On a
         validation split of the HetRec Last.fm 10-core *training* posts
         (never the test set; ``docs/changelog.md``, RTF), RTF-64 at 0.5 reached a higher
         validation AUC and F1 than at 1.0 (which over-fits within ~15 passes)
         in at most 60 passes; 2.0 and 5.0 collapse into saturated sigmoids.
-    lr_decay : float
-        Pass ``e`` (from 1) steps with ``learning_rate / (1 + lr_decay (e - 1))``;
+    learning_rate_decay : float, default 0.0
+        Pass ``e`` (from 1) steps with ``learning_rate / (1 + learning_rate_decay (e - 1))``;
         0 keeps the rate constant (the paper's Fig. 5).
     reg, reg_core : float
         ``gamma`` (factors) and ``gamma_C`` (core) of Eq. 8 (paper: 1e-6 on
@@ -122,7 +123,7 @@ class RTF(Estimator):
         paper's single factor weight). Every post shrinks every tag row, so
         on the same scale this acts about |posts| / |posts per user| times
         harder than ``reg`` does on a user row.
-    iterations : int
+    max_iter : int, default 100
         Maximum passes over the posts (paper: 600 on Last.fm).
     init_std : float
         Standard deviation of the normal initialisation of every parameter.
@@ -130,14 +131,14 @@ class RTF(Estimator):
         Hold out up to this many training posts (one per user with at least
         two posts, then further rounds, never a user's last post, at most 5%
         of the posts beyond the first round) to stop early on a plateau of
-        their AUC; 0 trains on everything for ``iterations`` passes. 1,200
+        their AUC; 0 trains on everything for ``max_iter`` passes. 1,200
         (2 per user on the Last.fm 10-core) gave a smooth criterion on
         tuning curves where 500 moved by ~1e-3 a pass (``docs/changelog.md``, RTF).
     patience : int
         Stop after this many passes without a gain of the (smoothed)
         validation AUC of more than ``min_delta``; the best parameters seen
         are kept.
-    min_iterations : int
+    min_iter : int, default 10
         Never stop early before this many passes: from a small random start
         the validation AUC sits near 0.5 for a few passes (the gradient of a
         three-way product is cubic in the initial scale), which is no plateau.
@@ -150,14 +151,14 @@ class RTF(Estimator):
         passes of a plateau apart, while the top of the lists keeps
         sharpening along it (F1@N rose for 60+ passes after the AUC peak on
         tuning curves, ``docs/changelog.md``, RTF), so the latest is the better tie-break.
-    lr_drops : int
+    learning_rate_drops : int, default 0
         Plateau learning-rate drops before stopping: when ``patience`` runs
         out and drops remain, the parameters of the best pass are restored,
-        the learning rate is multiplied by ``lr_drop_factor`` and training
+        the learning rate is multiplied by ``learning_rate_drop_factor`` and training
         goes on; the next plateau (at the last rate) stops. 0 (the default)
         stops at the first plateau. A constant rate keeps SGD noisy around
         the validation-AUC peak; a smaller rate from the peak refines it.
-    lr_drop_factor : float
+    learning_rate_drop_factor : float, default 0.5
         Multiplier of the learning rate at each plateau drop, in (0, 1).
     smoothing : int
         Stop on the moving average of the last ``smoothing`` validation AUCs
@@ -175,92 +176,102 @@ class RTF(Estimator):
         cold start.
     dtype : str
         "float32" (fast, the default) or "float64" (for tests).
-    seed : int
-    verbose : bool
+    random_state : int, default 0
+        Seeds the initialisation, the validation hold-out and the SGD order.
+    verbose : bool, default True
         Progress bar with training and validation AUC on stderr.
     """
 
     kind = "rtf"
     input_shape = "tags"
 
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "n_components": [Interval(Integral, 1, None), list, tuple, str],
+        "learning_rate": [Interval(Real, 0, None, closed="neither")],
+        "learning_rate_decay": [Interval(Real, 0, None)],
+        "reg": [Interval(Real, 0, None)],
+        "reg_core": [Interval(Real, 0, None)],
+        "reg_tags": [None, Interval(Real, 0, None)],
+        "max_iter": [Interval(Integral, 1, None)],
+        "init_std": [Interval(Real, 0, None)],
+        "validation_posts": [Interval(Integral, 0, None)],
+        "patience": [Interval(Integral, 0, None)],
+        "min_iter": [Interval(Integral, 0, None)],
+        "min_delta": [Interval(Real, None, None)],
+        "smoothing": [Interval(Integral, 1, None)],
+        "keep_within": [None, Interval(Real, 0, None)],
+        "learning_rate_drops": [Interval(Integral, 0, None)],
+        "learning_rate_drop_factor": [Interval(Real, 0, 1, closed="neither")],
+        "popular_top": [Interval(Integral, 0, None)],
+        "dtype": [Options(str, {"float32", "float64"})],
+        "random_state": [Interval(Integral, 0, None)],
+        "verbose": ["boolean"],
+    }
+
     def __init__(
         self,
-        dims: Any = 64,
+        *,
+        n_components: Any = 64,
         learning_rate: float = 0.5,
-        lr_decay: float = 0.0,
+        learning_rate_decay: float = 0.0,
         reg: float = 1e-3,
         reg_core: float = 0.0,
         reg_tags: float | None = 0.0,
-        iterations: int = 100,
+        max_iter: int = 100,
         init_std: float = 0.1,
         validation_posts: int = 1200,
         patience: int = 5,
-        min_iterations: int = 10,
+        min_iter: int = 10,
         min_delta: float = 1e-4,
         smoothing: int = 1,
         keep_within: float | None = None,
-        lr_drops: int = 0,
-        lr_drop_factor: float = 0.5,
+        learning_rate_drops: int = 0,
+        learning_rate_drop_factor: float = 0.5,
         popular_top: int = 200,
         dtype: str = "float32",
-        seed: int = 0,
+        random_state: int = 0,
         verbose: bool = True,
     ):
-        self.dims = dims
+        self.n_components = n_components
         self.learning_rate = learning_rate
-        self.lr_decay = lr_decay
+        self.learning_rate_decay = learning_rate_decay
         self.reg = reg
         self.reg_core = reg_core
         self.reg_tags = reg_tags
-        self.iterations = iterations
+        self.max_iter = max_iter
         self.init_std = init_std
         self.validation_posts = validation_posts
         self.patience = patience
-        self.min_iterations = min_iterations
+        self.min_iter = min_iter
         self.min_delta = min_delta
         self.smoothing = smoothing
         self.keep_within = keep_within
-        self.lr_drops = lr_drops
-        self.lr_drop_factor = lr_drop_factor
+        self.learning_rate_drops = learning_rate_drops
+        self.learning_rate_drop_factor = learning_rate_drop_factor
         self.popular_top = popular_top
         self.dtype = dtype
-        self.seed = seed
+        self.random_state = random_state
         self.verbose = verbose
 
     # ------------------------------------------------------------- helpers
     def _dims(self) -> tuple[int, int, int]:
-        dims = self.dims
+        dims = self.n_components
         if isinstance(dims, str):
             dims = [int(x) for x in dims.split(",")]
         if np.isscalar(dims):
             dims = [int(dims)] * 3
         dims = tuple(int(x) for x in dims)
         if len(dims) != 3 or min(dims) < 1:
-            raise ValueError(f"dims must be a positive int or three positive ints, got {self.dims!r}")
+            raise ValueError("n_components must be a positive int or three positive ints,"
+                             f" got {self.n_components!r}")
         return dims
 
     def _reg_tags(self) -> float:
         return float(self.reg if self.reg_tags is None else self.reg_tags)
 
-    def _check_params(self) -> None:
-        if self.dtype not in ("float32", "float64"):
-            raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
-        if not (self.learning_rate > 0 and np.isfinite(self.learning_rate)):
-            raise ValueError("learning_rate must be positive")
-        if not (self.lr_decay >= 0 and np.isfinite(self.lr_decay)):
-            raise ValueError("lr_decay must be >= 0")
-        if self.reg < 0 or self.reg_core < 0 or self._reg_tags() < 0:
-            raise ValueError("reg, reg_core and reg_tags must be >= 0")
-        if int(self.iterations) < 1:
-            raise ValueError("iterations must be >= 1")
-        if int(self.smoothing) < 1:
-            raise ValueError("smoothing must be >= 1")
-        if self.keep_within is not None and not float(self.keep_within) >= 0:
-            raise ValueError("keep_within must be None or >= 0")
-        if int(self.lr_drops) < 0:
-            raise ValueError("lr_drops must be >= 0")
-        if not 0.0 < float(self.lr_drop_factor) < 1.0:
-            raise ValueError("lr_drop_factor must be in (0, 1)")
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        self._dims()  # an int, or three positive ints (a list, a tuple or "kU,kI,kT")
 
     @staticmethod
     def _split_validation(post_user: np.ndarray, n_val: int, rng: np.random.Generator) -> np.ndarray:
@@ -338,7 +349,7 @@ class RTF(Estimator):
             ``items_``, ``tags_``. For tuning curves (``benchmarks/tune_rtf.py``);
             training does not depend on it.
         """
-        self._check_params()
+        self._validate_params()
         if not isinstance(data, TagAssignments):
             raise TypeError(f"RTF needs TagAssignments, got {type(data).__name__}")
         if len(data) == 0:
@@ -346,7 +357,7 @@ class RTF(Estimator):
         data = data.compact()
         kU, kI, kT = self._dims()
         dtype = np.dtype(self.dtype)
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(self.random_state)
         n_users, n_items, n_tags = len(data.users), len(data.items), len(data.tags)
         if n_tags < 2:
             raise DataError(data.source, None, "need at least two distinct tags to rank")
@@ -372,20 +383,20 @@ class RTF(Estimator):
         window = int(self.smoothing)
         stale = 0
         drops = 0
-        # the rate of pass e is base / (1 + lr_decay (e - 1)); each plateau drop scales base
+        # the rate of pass e is base / (1 + learning_rate_decay (e - 1)); each plateau drop scales base
         base_lr = float(self.learning_rate)
         label = f"RTF-{kU}" if kU == kI == kT else f"RTF-{kU}x{kI}x{kT}"
-        with Progress(label, total=int(self.iterations), enabled=bool(self.verbose)) as bar:
-            for epoch in range(1, int(self.iterations) + 1):
+        with Progress(label, total=int(self.max_iter), enabled=bool(self.verbose)) as bar:
+            for epoch in range(1, int(self.max_iter) + 1):
                 order = rng.permutation(train_idx)
-                lr = base_lr / (1.0 + float(self.lr_decay) * (epoch - 1))
+                lr = base_lr / (1.0 + float(self.learning_rate_decay) * (epoch - 1))
                 smooth, train_auc = K.sgd_epoch(
                     C, U, I, T, post_user, post_item, tag_indptr, tags, order,
                     lr, float(self.reg), float(self.reg_core), self._reg_tags(),
                 )
                 check_finite(epoch, core=C, user_factors=U, item_factors=I, tag_factors=T)
                 record = {"epoch": epoch, "train_auc": float(train_auc), "smoothed_auc": float(smooth)}
-                if int(self.lr_drops):
+                if int(self.learning_rate_drops):
                     record["lr"] = lr
                 if val_idx.size:
                     scores = self._scores(post_user[val_idx], post_item[val_idx])
@@ -408,12 +419,12 @@ class RTF(Estimator):
                 if on_epoch is not None:
                     on_epoch(epoch, self, record)
                 bar.update(1, **{k: v for k, v in record.items() if k not in ("epoch", "lr")})
-                if val_idx.size and stale >= int(self.patience) and epoch >= int(self.min_iterations):
-                    if drops >= int(self.lr_drops):
+                if val_idx.size and stale >= int(self.patience) and epoch >= int(self.min_iter):
+                    if drops >= int(self.learning_rate_drops):
                         break
                     # plateau with drops left: back to the best pass, smaller steps from there
                     drops += 1
-                    base_lr *= float(self.lr_drop_factor)
+                    base_lr *= float(self.learning_rate_drop_factor)
                     for live, saved in zip((C, U, I, T), best[2]):
                         live[...] = saved
                     recent = list(best[3])

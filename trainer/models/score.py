@@ -31,6 +31,8 @@ The artifact always lists every aspect; in single mode they share one point.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import ClassVar
 
 import numpy as np
 
@@ -39,7 +41,7 @@ from ordrec.service.idmap import IdMap
 from ordrec.trainer.data.triplets import ConditionalTriplets
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.models import score_kernels as K
-from ordrec.trainer.models.base import Estimator, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
 
 MODES = ("multi", "single", "disjoint")
@@ -162,10 +164,10 @@ class ScoreEstimator(Estimator):
         See the module docstring.
     alpha : float
         Sigmoid scale of Eqs. 3 and 5 (paper: 30).
-    lr, lr_final : float
-        Learning rate, decayed linearly from ``lr`` to ``lr_final`` over all
-        steps (paper: 0.05, "decayed").
-    epochs : int
+    learning_rate, learning_rate_final : float, default 0.05, 0.0005
+        Learning rate, decayed linearly from ``learning_rate`` to
+        ``learning_rate_final`` over all steps (paper: 0.05, "decayed").
+    max_iter : int, default 20
         Number of epochs; finiteness is checked after each.
     steps_per_epoch : int
         SGD steps per epoch; 0 means one pass's worth (the number of training
@@ -177,42 +179,50 @@ class ScoreEstimator(Estimator):
         direction, default the last axis (paper: (0, 0, 1)).
     delta_init : float
         Initial delta_t (the prior is uniform on [0, 1]); disjoint mode uses 1.
-    seed : int
-    verbose : bool
+    random_state : int, default 0
+        Seeds the initialisation and the triplet draws.
+    verbose : bool, default False
         Progress line on stderr.
     """
 
     kind = "score"
     input_shape = "attributes"
 
-    def __init__(self, n_components=2, mode="multi", alpha=30.0, lr=0.05, lr_final=0.0005,
-                 epochs=20, steps_per_epoch=0, max_steps_per_epoch=2_000_000, kappa=0.0, mu=None,
-                 delta_init=0.5, seed=0, verbose=False):
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "n_components": [Interval(Integral, 1, None)],
+        "mode": [Options(str, set(MODES))],
+        "alpha": [Interval(Real, None, None)],
+        "learning_rate": [Interval(Real, 0, None)],
+        "learning_rate_final": [Interval(Real, 0, None)],
+        "max_iter": [Interval(Integral, 0, None)],
+        "steps_per_epoch": [Interval(Integral, 0, None)],
+        "max_steps_per_epoch": [Interval(Integral, 0, None)],
+        "kappa": [Interval(Real, None, None)],
+        "mu": [None, list, tuple, np.ndarray],
+        "delta_init": [Interval(Real, 0, 1)],
+        "random_state": [Interval(Integral, 0, None)],
+        "verbose": ["boolean"],
+    }
+
+    def __init__(self, *, n_components=2, mode="multi", alpha=30.0, learning_rate=0.05,
+                 learning_rate_final=0.0005, max_iter=20, steps_per_epoch=0, max_steps_per_epoch=2_000_000,
+                 kappa=0.0, mu=None,
+                 delta_init=0.5, random_state=0, verbose=False):
         self.n_components = n_components
         self.mode = mode
         self.alpha = alpha
-        self.lr = lr
-        self.lr_final = lr_final
-        self.epochs = epochs
+        self.learning_rate = learning_rate
+        self.learning_rate_final = learning_rate_final
+        self.max_iter = max_iter
         self.steps_per_epoch = steps_per_epoch
         self.max_steps_per_epoch = max_steps_per_epoch
         self.kappa = kappa
         self.mu = mu
         self.delta_init = delta_init
-        self.seed = seed
+        self.random_state = random_state
         self.verbose = verbose
 
     # ------------------------------------------------------------------ fit
-    def _check_params(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if int(self.n_components) < 1:
-            raise ValueError("n_components must be at least 1")
-        if not (0.0 <= float(self.delta_init) <= 1.0):
-            raise ValueError("delta_init must lie in [0, 1]")
-        if int(self.epochs) < 0 or int(self.steps_per_epoch) < 0:
-            raise ValueError("epochs and steps_per_epoch must be non-negative")
-
     def _mu(self, dim: int) -> np.ndarray:
         if self.mu is None:
             mu = np.zeros(dim)
@@ -225,7 +235,7 @@ class ScoreEstimator(Estimator):
 
     def fit(self, data) -> "ScoreEstimator":
         """Learn from an :class:`AttributeTable` or :class:`ConditionalTriplets`."""
-        self._check_params()
+        self._validate_params()
         if isinstance(data, AttributeTable):
             self.objects_, self.aspects_ = data.objects, IdMap(list(data.attributes))
             self.codes_ = np.ascontiguousarray(data.codes, dtype=np.int32)
@@ -265,15 +275,15 @@ class ScoreEstimator(Estimator):
         self.object_set_ = (np.arange(n_asp) if self.mode == "disjoint" else np.zeros(n_asp)).astype(np.int32)
         n_rows = int(aspect_row.max()) + 1
 
-        rng = np.random.default_rng(self.seed)
+        rng = np.random.default_rng(self.random_state)
         X = random_sphere(rng, n_rows, dim)
         Y = random_sphere(rng, n_sets * n_obj, dim)
         learn_delta = self.mode != "disjoint"
         delta = np.full(n_rows, float(self.delta_init) if learn_delta else 1.0)
         mu = self._mu(dim)
         steps = int(self.steps_per_epoch) or int(min(n_triplets, int(self.max_steps_per_epoch)))
-        epochs = int(self.epochs)
-        lr0, lr1 = float(self.lr), float(self.lr_final)
+        epochs = int(self.max_iter)
+        lr0, lr1 = float(self.learning_rate), float(self.learning_rate_final)
         self.loglik_ = []
         with Progress(f"SCORE[{self.mode}]", epochs, enabled=bool(self.verbose)) as bar:
             for epoch in range(epochs):
@@ -305,9 +315,9 @@ class ScoreEstimator(Estimator):
     def _training_preservation(self) -> np.ndarray:
         """Per aspect, the exact preservation (Eq. 10) of every training
         triplet, measured on the serving index's maps (recorded as a metric)."""
-        from ordrec.service.models.score import Index
+        from ordrec.service.models.score import SCOREIndex
 
-        index = Index.from_artifact(self._artifact(metrics={}))
+        index = SCOREIndex.from_artifact(self._artifact(metrics={}))
         out = np.full(len(self.aspects_), np.nan)
         for t, name in enumerate(self.aspects_.ids):
             sat, tot = satisfied_triplets(index.map_coordinates(name), self.codes_[:, t])

@@ -23,7 +23,7 @@
    those who rated it; averaged over users / items; H-mean of the two.
 
 Distances come from the serving index built from the in-memory artifact
-(``Index.from_artifact(estimator.to_artifact()).pair_scores``).
+(``COEIndex.from_artifact(estimator.to_artifact()).pair_scores``).
 
 Hyperparameters: ``--tune`` searches a small grid, separately for every
 split, on a validation split of that split's observed ratings only (each
@@ -44,7 +44,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ordrec.service.models.coe import Index
+from ordrec.service.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models import coe_kernels as K
@@ -64,8 +64,10 @@ _TABLE3 = {
 # Settings chosen by ``--tune`` on ML-100K validation splits (docs/changelog.md, COE, has the figures).
 # Found by: ordrec-train reproduce coe --data .../ml-100k/u.data --runs 1 --tune --no-references
 DEFAULTS = {
-    "sigmoid": dict(lam=4.0, eta=0.01, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=0.0),
-    "gompertz": dict(alpha=1.0, eta=0.01, lr=0.1, lr_final=0.01, epochs=40, type_a_share=None, group_power=0.0),
+    "sigmoid": dict(lam=4.0, eta=0.01, learning_rate=0.1, learning_rate_final_ratio=0.01, max_iter=40,
+                    type_a_share=None, group_power=0.0),
+    "gompertz": dict(alpha=1.0, eta=0.01, learning_rate=0.1, learning_rate_final_ratio=0.01, max_iter=40,
+                     type_a_share=None, group_power=0.0),
 }
 GRID = {
     "lam": [1.0, 2.0, 4.0],  # sigmoid slope
@@ -139,7 +141,8 @@ def evaluate_distances(data: Ratings, values: np.ndarray, observed: np.ndarray,
     return out
 
 
-def evaluate_index(index: Index, data: Ratings, values: np.ndarray, observed: np.ndarray) -> dict[str, float]:
+def evaluate_index(index: COEIndex, data: Ratings, values: np.ndarray,
+                   observed: np.ndarray) -> dict[str, float]:
     """Protocol metrics with distances answered by the serving index."""
     dist = -index.pair_scores(data.user.astype(np.int64), data.item.astype(np.int64))
     return evaluate_distances(data, values, observed, dist)
@@ -158,7 +161,8 @@ def fit_metrics(data, artifact) -> dict[str, float]:
     if not isinstance(data, Ratings):
         return {}
     observed = np.ones(len(data), dtype=bool)
-    metrics = evaluate_index(Index.from_artifact(artifact), data, protocol_values(data, observed), observed)
+    metrics = evaluate_index(COEIndex.from_artifact(artifact), data, protocol_values(data, observed),
+                             observed)
     keep = ("preservation_a", "preservation_b", "preservation_h", "knn1_h", "knn5_h")
     return {k: float(metrics[k]) for k in keep if np.isfinite(metrics[k])}
 
@@ -177,7 +181,7 @@ def fit_and_evaluate(params: dict, data: Ratings, values: np.ndarray,
     start, cpu = time.perf_counter(), time.process_time()
     model.fit_triples(train, triples)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    index = Index.from_artifact(model.to_artifact())
+    index = COEIndex.from_artifact(model.to_artifact())
     metrics = evaluate_index(index, data, values, observed)
     metrics["fit_cpu_seconds"] = cpu
     return metrics, seconds
@@ -187,7 +191,7 @@ def _warm_up(data: Ratings) -> None:
     """Load (or compile) the numba kernels once, so no run's fit time includes it."""
     head = data.subset(np.arange(min(len(data), 2000)))
     for function in FUNCTIONS:
-        COE(function=function, epochs=1, steps_per_epoch=100).fit(head)
+        COE(function=function, max_iter=1, steps_per_epoch=100).fit(head)
     K.concordant_pairs(np.array([0, 2], np.int64), np.zeros(2, np.float32), np.zeros(2))
     K.knn_mean_rating(np.array([0, 1], np.int64), np.zeros(1), np.zeros(1), 1)
 
@@ -285,9 +289,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _params(function: str, args: argparse.Namespace) -> dict:
-    params = dict(DEFAULTS[function], dim=args.dim, function=function,
+    params = dict(DEFAULTS[function], n_components=args.dim, function=function,
                   steps_per_epoch=args.steps_per_epoch)
-    for flag, name in (("epochs", "epochs"), ("lr", "lr"), ("lr_final", "lr_final"), ("eta", "eta"),
+    for flag, name in (("epochs", "max_iter"), ("lr", "learning_rate"),
+                       ("lr_final", "learning_rate_final_ratio"), ("eta", "eta"),
                        ("type_a_share", "type_a_share"), ("group_power", "group_power")):
         if getattr(args, flag) is not None:
             params[name] = getattr(args, flag)
@@ -344,8 +349,8 @@ def run(args: argparse.Namespace) -> list[Row]:
                                      np.random.default_rng([args.seed, 10_000 + run_no]), log)
                 chosen.setdefault(names[f], []).append(run_params[f])
         for f in functions:
-            metrics, secs = fit_and_evaluate(dict(run_params[f], seed=args.seed * 1000 + run_no), data, values,
-                                             observed)
+            run_seed = args.seed * 1000 + run_no
+            metrics, secs = fit_and_evaluate(dict(run_params[f], random_state=run_seed), data, values, observed)
             seconds.setdefault(names[f], []).append(secs)
             for metric, value in metrics.items():
                 per_run.setdefault(names[f], {}).setdefault(metric, []).append(value)

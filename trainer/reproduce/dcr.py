@@ -7,7 +7,7 @@ fewer are dropped. NDCG@10 per user over that user's test items only (gain
 the same items), averaged over users; mean and standard deviation over runs.
 
 DCR and Pairwise DCR are scored through the serving index built from the
-in-memory artifact (``Index.from_artifact(estimator.to_artifact())``) and its
+in-memory artifact (``DCRIndex.from_artifact(estimator.to_artifact())``) and its
 ``score_items``, so the figures come from the code that answers queries.
 Reference rows are computed the same way from fixed scores: random, item mean
 rating, and the damped item mean ``(sum r + beta * mean) / (count + beta)``.
@@ -47,12 +47,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.models.dcr import Index
+from ordrec.service.models.dcr import DCRIndex
 from ordrec.trainer.reproduce.params import parse_value
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
-from ordrec.trainer.models.dcr import DCR, holdouts, median_level_epochs, stopped_level_epochs, validation_split
+from ordrec.trainer.models.dcr import (
+    DCR, ResearchOptions, holdouts, median_level_epochs, stopped_level_epochs, validation_split,
+)
 
 DEFAULT_RUNS = 5
 METRIC = "ndcg@10"
@@ -96,7 +98,7 @@ def per_user_split(data: Ratings, n_train: int, rng: np.random.Generator,
 
 def serving_scorer(estimator: DCR):
     """``score_items`` of the serving index built from the in-memory artifact."""
-    return Index.from_artifact(estimator.to_artifact()).score_items
+    return DCRIndex.from_artifact(estimator.to_artifact()).score_items
 
 
 def index_ndcg(estimator: DCR, test: Ratings) -> float:
@@ -147,10 +149,17 @@ class Family:
     params: dict
 
 
+def fit_dcr(params: dict, data: Ratings, validation: Ratings | None = None) -> DCR:
+    """DCR fitted on ``data``; ``params`` mixes DCR's parameters and the protocol's research
+    options (``ResearchOptions``: order, projection, item_bias, level_epochs, ...)."""
+    model_params, research = ResearchOptions.split(params)
+    return DCR(**model_params).fit(data, validation=validation, research=research)
+
+
 def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
     """DCR fitted on ``fit`` with per-level early stopping on ``val``; its validation
     log-likelihood per rating (the stopping criterion, summed over levels)."""
-    model = DCR(**params).fit(fit, validation=val)
+    model = fit_dcr(params, fit, val)
     return model, float(sum(model.validation_loglik_)) / len(val)
 
 
@@ -179,7 +188,7 @@ def tune(train: Ratings, rng: np.random.Generator, base: dict, grid: dict,
             log(f"    tune {params_text(params, keys)}: val loglik {score:.4f} (level epochs {model.best_epochs_})")
             chosen = dict(params, level_epochs=model.best_epochs_)
         else:
-            model = DCR(**params).fit(fit)
+            model = fit_dcr(params, fit)
             score = index_ndcg(model, val)
             log(f"    tune {params_text(params, keys)}: val ndcg@10 {score:.4f}")
             chosen = params
@@ -208,10 +217,10 @@ def grid_best_on_test(base: dict, train: Ratings, test: Ratings, stop: str, rng:
     split = validation_split(train, rng) if stop == "validation" else None
     best = -np.inf
     for lr, reg in itertools.product(LR_GRID, REG_GRID):
-        params = dict(base, lr=lr, reg=reg)
+        params = dict(base, learning_rate=lr, reg=reg)
         if split is not None:
             params["level_epochs"] = fit_stopped(params, *split)[0].best_epochs_
-        best = max(best, index_ndcg(DCR(**params).fit(train), test))
+        best = max(best, index_ndcg(fit_dcr(params, train), test))
     return best
 
 
@@ -223,8 +232,8 @@ INIT_STD = {"marginal": 0.02, "random": 0.1}  # the default noise for each start
 # Where each user holds out fewer than 10 ratings (N < 40) the sweep ranked the item-marginal
 # start at rank 40 first (N = 10 and 20; lr and noise flat within 0.001, the argmax kept); where
 # 10 or more are held out, the random start at rank 320 (N = 50; rank 640 tied, the smaller kept).
-SMALL_N_FIT = dict(init="marginal", rank=40, init_std=0.05, lr=0.01)
-LARGE_N_FIT = dict(init="random", rank=320, init_std=0.1, lr=0.02)
+SMALL_N_FIT = dict(init="marginal", n_components=40, init_std=0.05, learning_rate=0.01)
+LARGE_N_FIT = dict(init="random", n_components=320, init_std=0.1, learning_rate=0.02)
 # The pairwise refinement's learning rate by the same sweep (--sweep-pairwise-lr) at each swept N;
 # other N take the nearest swept one. (At N = 10 the sweep prefers no refinement at all.)
 PAIRWISE_LR = {10: 0.005, 20: 0.01, 50: 0.02}
@@ -234,7 +243,8 @@ def protocol_fit(n_train: int) -> dict:
     """The starting point, rank, noise, learning rate and pairwise learning rate the protocol
     fits at ``n_train``."""
     nearest = min(PAIRWISE_LR, key=lambda swept: (abs(swept - n_train), swept))
-    return dict(LARGE_N_FIT if held_out(n_train) >= K else SMALL_N_FIT, pairwise_lr=PAIRWISE_LR[nearest])
+    return dict(LARGE_N_FIT if held_out(n_train) >= K else SMALL_N_FIT,
+                pairwise_learning_rate=PAIRWISE_LR[nearest])
 
 
 def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
@@ -330,23 +340,25 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
 
 def _base_params(args: argparse.Namespace) -> dict:
     """The fit settings every candidate shares (the command line's)."""
-    return dict(relevance=args.relevance, projection=args.projection, reg=args.reg, epochs=args.epochs,
-                tol=args.tol, order=args.order, lr_decay=args.lr_decay, init_shrinkage=args.init_shrinkage,
+    return dict(relevance=args.relevance, projection=args.projection, reg=args.reg, max_iter=args.epochs,
+                tol=args.tol, order=args.order, learning_rate_decay=args.lr_decay,
+                init_shrinkage=args.init_shrinkage,
                 val_tol=args.val_tol)
 
 
 def _sweep_candidates(args: argparse.Namespace, fit_n: dict, extra: list[tuple[str, tuple]]) -> list[dict]:
     """Every start x rank x lr x init_std (x ``--sweep-set``) the sweep scores at one N."""
     inits = _grid(args.init_grid, str) if args.init_grid else (fit_n["init"],)
-    ranks = _grid(args.rank_grid, int) if args.rank_grid else (fit_n["rank"],)
-    lrs = _grid(args.sweep_lr) if args.sweep_lr else (fit_n["lr"],)
+    ranks = _grid(args.rank_grid, int) if args.rank_grid else (fit_n["n_components"],)
+    lrs = _grid(args.sweep_lr) if args.sweep_lr else (fit_n["learning_rate"],)
     stds = _grid(args.sweep_init_std) if args.sweep_init_std else None
     candidates = []
     for init in inits:
         default_std = fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
         for rank, lr, std, *others in itertools.product(ranks, lrs, stds or (default_std,),
                                                         *(values for _, values in extra)):
-            candidates.append(dict(init=init, rank=int(rank), lr=float(lr), init_std=float(std),
+            candidates.append(dict(init=init, n_components=int(rank), learning_rate=float(lr),
+                                   init_std=float(std),
                                    **{key: value for (key, _), value in zip(extra, others)}))
     return candidates
 
@@ -361,16 +373,17 @@ def _sweep_run(args: argparse.Namespace, data: Ratings, n: int, split_seed: int,
     base = _base_params(args)
     pair_lrs = _grid(args.sweep_pairwise_lr) if args.sweep_pairwise_lr else ()
     for candidate in candidates:
-        method = "DCR " + params_text(candidate, ["init", "rank", "lr", "init_std", *extra_keys])
+        shown = ["init", "n_components", "learning_rate", "init_std", *extra_keys]
+        method = "DCR " + params_text(candidate, shown)
         values: dict[str, list] = {}
         for fit, val in splits:
-            model, _ = fit_stopped(dict(base, **candidate, seed=seed), fit, val)
+            model, _ = fit_stopped(dict(base, **candidate, random_state=seed), fit, val)
             values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
             # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
             for plr in pair_lrs:
-                refined = model.refined(pairwise_lr=plr, pairwise_reg=args.pairwise_reg,
-                                        pairwise_epochs=args.pairwise_epochs)
-                values.setdefault(f"Pairwise {method} pairwise_lr={plr}", []).append(
+                refined = model.refined(pairwise_learning_rate=plr, pairwise_reg=args.pairwise_reg,
+                                        pairwise_max_iter=args.pairwise_epochs)
+                values.setdefault(f"Pairwise {method} pairwise_learning_rate={plr}", []).append(
                     ndcg_values(serving_scorer(refined), val))
         for label, parts in values.items():
             value = float(np.concatenate(parts).mean())
@@ -393,8 +406,9 @@ def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
 def _sweep_setting(text: str) -> tuple[str, tuple]:
     """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
-    if not sep or not values or key not in DCR.param_names():
-        raise SystemExit(f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter")
+    if not sep or not values or key not in DCR.param_names() + ResearchOptions.names():
+        raise SystemExit(f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter"
+                         " or research option")
     return key, tuple(parse_value(v) for v in values.split(","))
 
 
@@ -482,7 +496,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --sweep: split seeds pooled (comma list; default --seed), e.g. 0,1")
     parser.add_argument("--sweep-pairwise-lr", default=None,
                         help="with --sweep: also refine every candidate pairwise with these learning rates"
-                             " (rows 'Pairwise DCR ... pairwise_lr=...')")
+                             " (rows 'Pairwise DCR ... pairwise_learning_rate=...')")
     parser.add_argument("--sweep-set", action="append", metavar="KEY=V1,V2",
                         help="with --sweep: another DCR parameter to sweep (repeatable), e.g. order=user,random")
     parser.add_argument("--sweep-lr", default=None, help="with --sweep: learning rates (default: the protocol's)")
@@ -518,16 +532,18 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
     if args.init:
         fit["init"] = args.init
         fit["init_std"] = INIT_STD[args.init]
-    for key in ("rank", "init_std", "lr", "pairwise_lr"):
-        if getattr(args, key) is not None:
-            fit[key] = getattr(args, key)
+    for flag, key in (("rank", "n_components"), ("init_std", "init_std"), ("lr", "learning_rate"),
+                      ("pairwise_lr", "pairwise_learning_rate")):
+        if getattr(args, flag) is not None:
+            fit[key] = getattr(args, flag)
     return fit
 
 
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    return dict(params, level_epochs=stopped_level_epochs(params, train, rng, folds))
+    model_params, research = ResearchOptions.split(params)
+    return dict(params, level_epochs=stopped_level_epochs(model_params, train, rng, folds, research=research))
 
 
 class _Results:
@@ -570,11 +586,13 @@ def _plan(args: argparse.Namespace) -> _Plan:
         raise ValueError(f"unknown variant(s) {sorted(unknown)} (known: shrunk, bias)")
     families = [Family("DCR", {})] + ([Family("DCR-bias", {"item_bias": args.item_bias})] if "bias" in variants
                                       else [])
-    return _Plan(base=dict(_base_params(args), pairwise_reg=args.pairwise_reg, pairwise_epochs=args.pairwise_epochs),
+    return _Plan(base=dict(_base_params(args), pairwise_reg=args.pairwise_reg,
+                           pairwise_max_iter=args.pairwise_epochs),
                  families=families, shrunk="shrunk" in variants, inits=inits,
                  ranks=_grid(args.rank_grid, int) if args.rank_grid else (),
-                 grid={"lr": _grid(args.lr_grid), "reg": _grid(args.reg_grid)},
-                 pair_grid={"pairwise_lr": _grid(args.pairwise_lr_grid)} if args.pairwise else None)
+                 grid={"learning_rate": _grid(args.lr_grid), "reg": _grid(args.reg_grid)},
+                 pair_grid=({"pairwise_learning_rate": _grid(args.pairwise_lr_grid)} if args.pairwise
+                            else None))
 
 
 def _choices(args: argparse.Namespace, plan: _Plan, fit_n: dict) -> list[dict]:
@@ -584,8 +602,8 @@ def _choices(args: argparse.Namespace, plan: _Plan, fit_n: dict) -> list[dict]:
             return args.init_std
         return fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
 
-    return [dict(init=i, rank=r, init_std=std_of(i)) for i in (plan.inits or (fit_n["init"],))
-            for r in (plan.ranks or (fit_n["rank"],))]
+    return [dict(init=i, n_components=r, init_std=std_of(i)) for i in (plan.inits or (fit_n["init"],))
+            for r in (plan.ranks or (fit_n["n_components"],))]
 
 
 def _record_references(args: argparse.Namespace, results: _Results, n: int, run_index: int, n_items: int,
@@ -615,21 +633,21 @@ def _chosen_params(args: argparse.Namespace, plan: _Plan, choices: list[dict], n
 def _record_family(args: argparse.Namespace, plan: _Plan, results: _Results, prefix: str, n: int, params: dict,
                    pair_params: dict, shrinkage: float, train: Ratings, test: Ratings) -> None:
     """Fit one family and record it, its shrunk serving and its pairwise refinement."""
-    model = DCR(**params).fit(train)
+    model = fit_dcr(params, train)
     epochs = params.get("level_epochs") or model.epochs_run_
     results.record(prefix, n, index_ndcg(model, test),
-                   f"({params_text(params, ['init', 'lr', 'reg', 'rank'])} epochs={epochs})")
+                   f"({params_text(params, ['init', 'learning_rate', 'reg', 'n_components'])}"
+                   f" epochs={epochs})")
     if plan.shrunk:
-        model.item_shrinkage = shrinkage
-        results.record(prefix + "-shrunk", n, index_ndcg(model, test), f"(item_shrinkage={shrinkage:g})")
-        model.item_shrinkage = 0.0
+        results.record(prefix + "-shrunk", n, index_ndcg(model.with_research(item_shrinkage=shrinkage), test),
+                       f"(item_shrinkage={shrinkage:g})")
     if args.pairwise:
         refined = model.refined(**pair_params)
         results.record("Pairwise " + prefix, n, index_ndcg(refined, test),
                        f"({params_text(pair_params, sorted(pair_params))})")
         if plan.shrunk:
-            refined.item_shrinkage = shrinkage
-            results.record("Pairwise " + prefix + "-shrunk", n, index_ndcg(refined, test),
+            results.record("Pairwise " + prefix + "-shrunk", n,
+                           index_ndcg(refined.with_research(item_shrinkage=shrinkage), test),
                            f"(item_shrinkage={shrinkage:g})")
 
 
@@ -646,11 +664,13 @@ def _protocol_run(args: argparse.Namespace, plan: _Plan, results: _Results, data
     for family in plan.families:
         seed = int(rng.integers(2**31 - 1))
         val_rng = np.random.default_rng([args.seed, n, run_index, 2])
-        params, pair_params = _chosen_params(args, plan, choices, n, dict(n_base, **family.params, seed=seed),
-                                             {"pairwise_lr": n_base["pairwise_lr"]}, train, val_rng, results.log)
+        params, pair_params = _chosen_params(
+            args, plan, choices, n, dict(n_base, **family.params, random_state=seed),
+            {"pairwise_learning_rate": n_base["pairwise_learning_rate"]}, train, val_rng, results.log)
         if args.grid_on_test and family.prefix == "DCR":
             results.record("DCR (grid best on test)", n, grid_best_on_test(
-                dict(n_base, seed=seed), train, test, args.stop, val_rng), "(diagnostic: chosen on test)")
+                dict(n_base, random_state=seed), train, test, args.stop, val_rng),
+                "(diagnostic: chosen on test)")
         _record_family(args, plan, results, family.prefix, n, params, pair_params, shrinkage, train, test)
     results.log(f"N={n} run {run_index}: {time.perf_counter() - started:.1f} s")
 

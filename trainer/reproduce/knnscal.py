@@ -4,7 +4,7 @@
 the directed k-NN graph of scikit-learn's bundled digits (1,797 points) and
 embeds it (``--sklearn breast_cancer|wine|iris``: another bundled set, standardised); ``--data PATH`` reads ranked neighbour lists instead
 (``source, neighbor, rank`` lines). Every map, ours and the reference
-methods', is scored through the serving index (``service.models.knnscal.Index``
+methods', is scored through the serving index (``service.models.knnscal.KNNSCALIndex``
 built from an in-memory artifact), by the same functions:
 
 - ``stress``: Kruskal's stress-1, sqrt(sum (d - dhat)^2 / sum d^2) over a
@@ -14,7 +14,7 @@ built from an in-memory artifact), by the same functions:
 - ``order_agreement``: over pairs j, k of a source's list with r_ij < r_ik,
   the fraction with d_ij < d_ik in the map;
 - ``recall@k``: the share of a vertex's k listed neighbours among its k
-  nearest on the map (``Index.neighbors``);
+  nearest on the map (``KNNSCALIndex.neighbors``);
 - with labels: ``label_acc@10``, the majority label of the 10 map
   neighbours against the vertex's own; with features: sklearn's
   ``trustworthiness`` at k.
@@ -35,7 +35,7 @@ import numpy as np
 
 from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
-from ordrec.service.models.knnscal import Index
+from ordrec.service.models.knnscal import KNNSCALIndex
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
@@ -119,11 +119,11 @@ def load_problem(args) -> Problem:
 
 
 # --------------------------------------------------------------- measures
-def map_index(problem: Problem, coords: np.ndarray) -> Index:
+def map_index(problem: Problem, coords: np.ndarray) -> KNNSCALIndex:
     """A serving index over any coordinates (reference maps have no placement table)."""
     artifact = Artifact(kind="knnscal", arrays={"coordinates": np.ascontiguousarray(coords, dtype=np.float64)},
                         ids={"objects": problem.graph.vertices})
-    return Index.from_artifact(artifact)
+    return KNNSCALIndex.from_artifact(artifact)
 
 
 def kruskal_stress(problem: Problem, coords: np.ndarray) -> float:
@@ -134,7 +134,7 @@ def kruskal_stress(problem: Problem, coords: np.ndarray) -> float:
     return float(np.sqrt(np.sum((d - fit) ** 2) / max(np.sum(d * d), 1e-300)))
 
 
-def map_metrics(problem: Problem, index: Index) -> dict[str, float]:
+def map_metrics(problem: Problem, index: KNNSCALIndex) -> dict[str, float]:
     """Every measure of one map, neighbour queries through ``index``."""
     coords = index.points.coords
     agree, pairs = K.order_counts(coords, problem.indptr, problem.col, problem.rnk, problem.q)
@@ -204,9 +204,9 @@ def run(args) -> list[Row]:
     for r in range(int(args.runs)):
         seed = int(args.seed) + r
         t0 = time.perf_counter()
-        est = KnnScal(dim=dim, seed=seed, verbose=verbose, **params).fit(problem.graph)
+        est = KnnScal(n_components=dim, random_state=seed, verbose=verbose, **params).fit(problem.graph)
         fit_s = time.perf_counter() - t0
-        index = Index.from_artifact(est.to_artifact())
+        index = KNNSCALIndex.from_artifact(est.to_artifact())
         index.smoke()
         metrics = map_metrics(problem, index)
         record("knnscal", metrics)

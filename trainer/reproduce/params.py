@@ -15,7 +15,7 @@ def parse_value(text: str) -> Any:
 
 
 def parse_assignments(pairs: Sequence[str]) -> dict[str, Any]:
-    """``["rank=20", "lr=0.05", "name=x"]`` -> typed dict (JSON scalars, else strings)."""
+    """``["n_components=20", "learning_rate=0.05", "name=x"]`` -> typed dict (JSON scalars, else strings)."""
     params: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")

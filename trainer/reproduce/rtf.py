@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from ordrec.service.models.rtf import Index
+from ordrec.service.models.rtf import RTFIndex
 from ordrec.service.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation.metrics import list_metrics
@@ -63,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iterations", type=int, default=80,
                         help="maximum passes over the posts (paper: 600; early stop on validation AUC)")
     parser.add_argument("--learning-rate", type=float, default=RTF().learning_rate)
-    parser.add_argument("--lr-decay", type=float, default=RTF().lr_decay,
-                        help="pass e uses learning_rate / (1 + lr_decay (e - 1))")
+    parser.add_argument("--lr-decay", type=float, default=RTF().learning_rate_decay,
+                        help="pass e uses learning_rate / (1 + learning_rate_decay (e - 1))")
     parser.add_argument("--reg", type=float, default=RTF().reg,
                         help="gamma, L2 on U and I (paper: 1e-6 on U, I, T)")
     parser.add_argument("--reg-core", type=float, default=RTF().reg_core,
@@ -81,10 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoothing", type=int, default=8,
                         help="early stop on the moving average of this many validation AUCs "
                              "(8: chosen on tuning curves of validation posts, docs/rtf.md)")
-    parser.add_argument("--min-iterations", type=int, default=RTF().min_iterations)
-    parser.add_argument("--lr-drops", type=int, default=RTF().lr_drops,
-                        help="plateau learning-rate drops before the early stop (RTF lr_drops)")
-    parser.add_argument("--lr-drop-factor", type=float, default=RTF().lr_drop_factor)
+    parser.add_argument("--min-iterations", type=int, default=RTF().min_iter)
+    parser.add_argument("--lr-drops", type=int, default=RTF().learning_rate_drops,
+                        help="plateau learning-rate drops before the early stop (RTF learning_rate_drops)")
+    parser.add_argument("--lr-drop-factor", type=float, default=RTF().learning_rate_drop_factor)
     parser.add_argument("--keep-within", type=float, default=1e-4,
                         help="keep the latest pass whose smoothed validation AUC is within this of "
                              "its best (1e-4, chosen on tuning curves, docs/rtf.md; a negative value "
@@ -100,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
     """``["64:reg_core=1e-6,learning_rate=0.25"]`` -> ``{64: {"reg_core": 1e-6, "learning_rate": 0.25}}``."""
     defaults = RTF().get_params()
-    allowed = set(defaults) - {"dims", "seed", "verbose", "dtype"}
+    allowed = set(defaults) - {"n_components", "random_state", "verbose", "dtype"}
     out: dict[int, dict[str, float]] = {}
     for spec in specs:
         dims, _, pairs = spec.partition(":")
@@ -179,7 +179,7 @@ def leave_one_post_out(data: TagAssignments, rng: np.random.Generator):
 class HeldOutPosts:
     """Test posts translated into one index's rows (by external id)."""
 
-    def __init__(self, data: TagAssignments, test, index: Index):
+    def __init__(self, data: TagAssignments, test, index: RTFIndex):
         post_user, post_item, indptr, tags = test
         self.user_rows = index.users.rows(data.users.externals(post_user))
         self.item_rows = index.items.rows(data.items.externals(post_item))
@@ -198,8 +198,8 @@ class HeldOutPosts:
         return self.user_rows.size
 
 
-def evaluate_rtf(index: Index, tests: HeldOutPosts) -> dict[str, float]:
-    """Top-10 lists from ``Index.tags`` (the RPC's code) and AUC from ``Index.score_posts``."""
+def evaluate_rtf(index: RTFIndex, tests: HeldOutPosts) -> dict[str, float]:
+    """Top-10 lists from ``RTFIndex.tags`` (the RPC's code) and AUC from ``RTFIndex.score_posts``."""
     lists = [index.tags(int(u), int(i), MAX_N)[0] for u, i in zip(tests.user_rows, tests.item_rows)]
     out = list_metrics(lists, tests.truth, MAX_N)
     known = (tests.user_rows >= 0) & (tests.item_rows >= 0)
@@ -220,7 +220,7 @@ def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float
     live = (est.core_, est.user_factors_, est.item_factors_, est.tag_factors_)
     est.core_, est.user_factors_, est.item_factors_, est.tag_factors_ = params
     try:
-        index = Index.from_artifact(est.to_artifact())
+        index = RTFIndex.from_artifact(est.to_artifact())
     finally:
         est.core_, est.user_factors_, est.item_factors_, est.tag_factors_ = live
     metrics = evaluate_rtf(index, HeldOutPosts(core, test, index))
@@ -228,7 +228,7 @@ def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float
     return metrics
 
 
-def evaluate_baseline(index: Index, tests: HeldOutPosts, kind: str, mix_weight: float = 0.5
+def evaluate_baseline(index: RTFIndex, tests: HeldOutPosts, kind: str, mix_weight: float = 0.5
                       ) -> dict[str, float]:
     """Top-10 lists of a popularity baseline from the index's popularity arrays.
 
@@ -249,7 +249,7 @@ def evaluate_baseline(index: Index, tests: HeldOutPosts, kind: str, mix_weight: 
     return list_metrics(lists, tests.truth, MAX_N)
 
 
-def evaluate_npmax(index: Index, tests: HeldOutPosts) -> dict[str, float]:
+def evaluate_npmax(index: RTFIndex, tests: HeldOutPosts) -> dict[str, float]:
     """npmax (paper Section 5.4.3): tag t scores |{u*: (u*, i, t) in S_test}|,
     ties by global training popularity. Peeks at the test set: reference only."""
     n_tags = len(index.tags_ids)
@@ -278,8 +278,8 @@ def choose_mix_weight(train: TagAssignments, seed: int,
     """
     train = train.compact()
     fit_part, val = leave_one_post_out(train, np.random.default_rng(seed + VALIDATION_SEED_OFFSET))
-    est = RTF(dims=1, iterations=1, validation_posts=0, seed=seed, verbose=False).fit(fit_part)
-    index = Index.from_artifact(est.to_artifact())
+    est = RTF(n_components=1, max_iter=1, validation_posts=0, random_state=seed, verbose=False).fit(fit_part)
+    index = RTFIndex.from_artifact(est.to_artifact())
     posts = HeldOutPosts(train, val, index)
     score = {w: np.mean([m for k, m in evaluate_baseline(index, posts, "pop-mix", w).items()
                          if k.startswith("f1@")]) for w in grid}
@@ -344,11 +344,12 @@ def _say(args: argparse.Namespace, run_no: int, text: str) -> None:
 
 def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
     """RTF's settings from the command line, then the per-dims overrides."""
-    settings = dict(learning_rate=args.learning_rate, lr_decay=args.lr_decay, reg=args.reg, reg_core=args.reg_core,
-                    reg_tags=args.reg_tags, iterations=args.iterations, init_std=args.init_std,
+    settings = dict(learning_rate=args.learning_rate, learning_rate_decay=args.lr_decay, reg=args.reg,
+                    reg_core=args.reg_core, reg_tags=args.reg_tags, max_iter=args.iterations,
+                    init_std=args.init_std,
                     validation_posts=args.validation_posts, patience=args.patience, smoothing=args.smoothing,
-                    min_iterations=args.min_iterations, lr_drops=getattr(args, "lr_drops", 0),
-                    lr_drop_factor=getattr(args, "lr_drop_factor", 0.5),
+                    min_iter=args.min_iterations, learning_rate_drops=getattr(args, "lr_drops", 0),
+                    learning_rate_drop_factor=getattr(args, "lr_drop_factor", 0.5),
                     keep_within=_keep_within(getattr(args, "keep_within", None)))
     per_dims = parse_per_dims(list(DEFAULT_PER_DIMS) + list(getattr(args, "per_dims", []) or []))
     return dict(settings, **per_dims.get(dims, {}))
@@ -369,9 +370,10 @@ def _measure_rtf(args: argparse.Namespace, core: TagAssignments, train: TagAssig
                  seed: int, dims: int, per_method: dict):
     """Fit RTF-dims on the split and record it (and its first pass when asked); returns its index and posts."""
     started = time.perf_counter()
-    est = RTF(dims=dims, seed=seed, verbose=not args.quiet, **_fit_settings(args, dims)).fit(train)
+    est = RTF(n_components=dims, random_state=seed, verbose=not args.quiet,
+              **_fit_settings(args, dims)).fit(train)
     seconds = time.perf_counter() - started
-    index = Index.from_artifact(est.to_artifact())
+    index = RTFIndex.from_artifact(est.to_artifact())
     tests = HeldOutPosts(core, test, index)
     metrics = dict(evaluate_rtf(index, tests), train_seconds=seconds, epochs=float(est.epochs_run_),
                    seconds_per_epoch=seconds / max(est.epochs_run_, 1), kept_pass=float(est.best_epoch_))
@@ -387,8 +389,8 @@ def _measure_rtf(args: argparse.Namespace, core: TagAssignments, train: TagAssig
     return index, tests
 
 
-def _measure_baselines(args: argparse.Namespace, train: TagAssignments, run_no: int, seed: int, index: Index,
-                       tests: HeldOutPosts, per_method: dict) -> None:
+def _measure_baselines(args: argparse.Namespace, train: TagAssignments, run_no: int, seed: int,
+                       index: RTFIndex, tests: HeldOutPosts, per_method: dict) -> None:
     for kind in BASELINES:
         _record(per_method, kind, evaluate_baseline(index, tests, kind))
     weight = choose_mix_weight(train, seed)

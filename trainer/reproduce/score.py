@@ -26,7 +26,7 @@ from typing import Mapping
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
-from ordrec.service.models.score import Index
+from ordrec.service.models.score import SCOREIndex
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
@@ -103,7 +103,7 @@ def fit_metrics(data, artifact) -> dict[str, float]:
     training table, through the serving index, and their mean."""
     if not isinstance(data, AttributeTable):
         return {}
-    per_aspect, _ = preservation(Index.from_artifact(artifact), data)
+    per_aspect, _ = preservation(SCOREIndex.from_artifact(artifact), data)
     out = {f"preservation_{name}": float(p) for name, p in zip(data.attributes, per_aspect) if np.isfinite(p)}
     if out:
         out["preservation"] = float(np.nanmean(per_aspect))
@@ -121,7 +121,7 @@ def nmi_matrix(table: AttributeTable) -> np.ndarray:
     return out
 
 
-def relatedness(index: Index, table: AttributeTable) -> np.ndarray:
+def relatedness(index: SCOREIndex, table: AttributeTable) -> np.ndarray:
     """Per aspect: Pearson correlation, over the other aspects, between
     angular similarity on the sphere and NMI (NaN where either is constant)."""
     rows = index.aspects.rows(table.attributes)
@@ -234,9 +234,10 @@ def _setting_rows(args: argparse.Namespace, sub: AttributeTable, modes: list[str
 def _measure_mode(args: argparse.Namespace, mode: str, train: AttributeTable, sub: AttributeTable,
                   observed: np.ndarray | None, seed: int, measured: _Measured) -> None:
     """Fit one mode on the run's training table and measure it through the serving index."""
-    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
-                         steps_per_epoch=args.steps_per_epoch, kappa=args.kappa, seed=seed, verbose=not args.quiet)
-    index = Index.from_artifact(est.fit(train).to_artifact())
+    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, learning_rate=args.lr,
+                         max_iter=args.epochs, steps_per_epoch=args.steps_per_epoch, kappa=args.kappa,
+                         random_state=seed, verbose=not args.quiet)
+    index = SCOREIndex.from_artifact(est.fit(train).to_artifact())
     overall, hidden = preservation(index, sub, observed)
     measured.per_mode[mode]["preservation"].append(float(np.nanmean(overall)))
     measured.per_aspect[mode].append(overall)
