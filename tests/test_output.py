@@ -65,9 +65,9 @@ def test_train_prints_metrics_and_versions_lists_them(sample_dir, tmp_path):
             "--registry",
             str(registry),
             "--set",
-            "epochs=2",
+            "max_iter=2",
             "--set",
-            "dim=2",
+            "n_components=2",
         ]
     )
     artifact = Registry(registry).load("coe")
@@ -94,24 +94,24 @@ def test_manifest_writes_whole_numbers_as_integers(sample_dir, tmp_path):
             "--registry",
             str(registry),
             "--set",
-            "rank=3",
+            "n_components=3",
             "--set",
-            "epochs=2",
+            "max_iter=2",
             "--set",
-            "lr=0.5",
+            "learning_rate=0.5",
         ]
     )
     artifact = Registry(registry).load("dcr")
     text = (artifact.path / "manifest.json").read_text()
-    assert '"rank": 3,' in text or '"rank": 3\n' in text, text
+    assert '"n_components": 3,' in text or '"n_components": 3\n' in text, text
     raw = json.loads(text)
-    assert raw["hyperparameters"]["rank"] == 3 and isinstance(raw["hyperparameters"]["rank"], int)
-    assert raw["hyperparameters"]["lr"] == 0.5
-    assert artifact.hyperparameters["rank"] == 3
+    assert raw["hyperparameters"]["n_components"] == 3 and isinstance(raw["hyperparameters"]["n_components"], int)
+    assert raw["hyperparameters"]["learning_rate"] == 0.5
+    assert artifact.hyperparameters["n_components"] == 3
 
 
 def test_a_manifest_written_with_floats_still_loads(sample_dir, tmp_path):
-    """Manifests published before integers were written as integers ("rank": 3.0) load the same."""
+    """Manifests published before integers were written as integers ("n_components": 3.0) load the same."""
     registry = tmp_path / "reg"
     run_cli(
         [
@@ -123,13 +123,14 @@ def test_a_manifest_written_with_floats_still_loads(sample_dir, tmp_path):
             "--registry",
             str(registry),
             "--set",
-            "rank=3",
+            "n_components=3",
             "--set",
-            "epochs=2",
+            "max_iter=2",
         ]
     )
     path = Registry(registry).load("dcr").path / "manifest.json"
-    path.write_text(path.read_text().replace('"rank": 3', '"rank": 3.0'))
-    assert '"rank": 3.0' in path.read_text()
+    path.write_text(path.read_text().replace('"n_components": 3', '"n_components": 3.0'))
+    assert '"n_components": 3.0' in path.read_text()
     artifact = Registry(registry).load("dcr")
-    assert artifact.hyperparameters["rank"] == 3 and isinstance(artifact.hyperparameters["rank"], int)
+    hyperparameters = artifact.hyperparameters
+    assert hyperparameters["n_components"] == 3 and isinstance(hyperparameters["n_components"], int)
