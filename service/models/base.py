@@ -22,6 +22,7 @@ from scipy.spatial import cKDTree
 
 from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
+from ordrec.service.rules import Eligible, ItemAttributes, block
 from ordrec.service.topk import nearest_brute_force, top_k
 
 # Maps up to this many points are searched by brute force instead of the KD-tree: about as
@@ -84,6 +85,8 @@ class RecommenderIndex(ModelIndex):
             raise ArtifactError(f"{artifact.describe()}: seen_indptr does not match the users")
         if self.popularity.shape != (len(self.items),):
             raise ArtifactError(f"{artifact.describe()}: item_popularity does not match the items")
+        # Filters (service/rules.py) are evaluated over these; a version without them has none.
+        self.item_attributes = ItemAttributes.from_artifact(artifact, len(self.items))
 
     # ----------------------------------------------------- model-specific part
     @abc.abstractmethod
@@ -106,15 +109,20 @@ class RecommenderIndex(ModelIndex):
         *,
         exclude: np.ndarray | None = None,
         candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
     ) -> Ranked:
         """The ``n`` best items for ``user_row``.
 
         ``exclude`` holds item rows never to return; ``candidates``, when
-        given, restricts the ranking to those item rows.
+        given, restricts the ranking to those item rows; ``eligible`` blocks
+        hidden and filtered-out items (``service/rules.py``). Masking happens
+        before the top-k, so ``n`` items come back whenever ``n`` are eligible.
         """
+        candidates = self._eligible_candidates(candidates, eligible)
         if candidates is not None:
             return self._rank_candidates(self.score_items(user_row, candidates), candidates, n, exclude)
         scores = self.score_users(np.array([user_row]))[0]
+        block(scores, eligible)
         return self._select(scores, n, exclude)
 
     def recommend_many(
@@ -124,23 +132,46 @@ class RecommenderIndex(ModelIndex):
         *,
         excludes: list[np.ndarray | None],
         candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
     ) -> list[Ranked]:
         """``recommend`` for several users, scored as one matrix product."""
+        candidates = self._eligible_candidates(candidates, eligible)
         if candidates is not None:
             return [
                 self.recommend(int(u), n, exclude=ex, candidates=candidates)
                 for u, ex in zip(user_rows, excludes)
             ]
         scores = self.score_users(np.asarray(user_rows))
-        return [self._select(row, n, ex) for row, ex in zip(scores, excludes)]
+        answers = []
+        for row, ex in zip(scores, excludes):
+            block(row, eligible)
+            answers.append(self._select(row, n, ex))
+        return answers
 
     def popular(
-        self, n: int, *, exclude: np.ndarray | None = None, candidates: np.ndarray | None = None
+        self, n: int, *, exclude: np.ndarray | None = None, candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
     ) -> Ranked:
         """The cold-start answer: items by training popularity."""
+        candidates = self._eligible_candidates(candidates, eligible)
         if candidates is not None:
             return self._rank_candidates(self.popularity[candidates], candidates, n, exclude)
-        return self._select(self.popularity.copy(), n, exclude)
+        scores = self.popularity.copy()
+        block(scores, eligible)
+        return self._select(scores, n, exclude)
+
+    @staticmethod
+    def _eligible_candidates(candidates: np.ndarray | None, eligible: Eligible | None) -> np.ndarray | None:
+        """The rows to score one by one, or None to score every item and mask.
+
+        With a selective filter (few eligible items) scoring only those rows
+        is cheaper than scoring all and masking most away.
+        """
+        if eligible is None:
+            return candidates
+        if candidates is not None:
+            return eligible.filter_candidates(candidates)
+        return eligible.rows if eligible.sparse else None
 
     @staticmethod
     def _select(scores: np.ndarray, n: int, exclude: np.ndarray | None) -> Ranked:
@@ -239,11 +270,17 @@ class MapIndex(ModelIndex):
         except KeyError:
             raise KeyError(f"entity {entity!r} on space {space!r}") from None
 
-    def neighbors(self, space: str, from_entity: str, row: int, to_entity: str, k: int) -> Ranked:
-        """The ``k`` entities of kind ``to_entity`` nearest to one of kind ``from_entity``."""
+    def neighbors(self, space: str, from_entity: str, row: int, to_entity: str, k: int,
+                  hidden: np.ndarray | None = None) -> Ranked:
+        """The ``k`` entities of kind ``to_entity`` nearest to one of kind ``from_entity``.
+
+        ``hidden`` holds target rows never to return (items an operator hid).
+        """
         source = self.point_set(space, from_entity)
         target = self.point_set(space, to_entity)
         exclude = np.array([row]) if from_entity == to_entity else None
+        if hidden is not None and hidden.size:
+            exclude = hidden if exclude is None else np.concatenate([exclude, hidden])
         return target.nearest(source.coords[row], k, exclude)
 
     def smoke(self) -> None:

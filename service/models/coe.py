@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ordrec.service.artifacts import Artifact, ArtifactError
+from ordrec.service.rules import Eligible
 from ordrec.service.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
 
 
@@ -65,19 +66,22 @@ class COEIndex(RecommenderIndex, MapIndex):
         *,
         exclude: np.ndarray | None = None,
         candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
     ) -> Ranked:
         """The ``n`` items nearest the user on the map (:meth:`PointSet.nearest`).
 
         ``exclude`` (e.g. the user's seen items) is skipped; with
         ``candidates`` only those items are ranked (by distance).
         """
-        if candidates is not None:
-            return super().recommend(user_row, n, exclude=exclude, candidates=candidates)
+        if candidates is not None or eligible is not None:
+            # rules mask dense scores (service/rules.py), which the map search has not got
+            return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
         return self.maps[""]["items"].nearest(self.user_coords[user_row], n, exclude)
 
-    def recommend_many(self, user_rows, n, *, excludes, candidates=None) -> list[Ranked]:
-        if candidates is not None:
-            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates)
+    def recommend_many(self, user_rows, n, *, excludes, candidates=None, eligible=None) -> list[Ranked]:
+        if candidates is not None or eligible is not None:
+            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates,
+                                          eligible=eligible)
         return [self.recommend(int(u), n, exclude=ex) for u, ex in zip(user_rows, excludes)]
 
     # -------------------------------------------------------------- smoke
