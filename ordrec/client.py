@@ -219,6 +219,8 @@ class Client:
         exclude_seen: bool | None = None,
         candidates: Iterable[str] = (),
         with_distribution: bool = False,
+        exclude: Iterable[str] = (),
+        filter: str = "",  # noqa: A002 - the request field's name
         timeout: float | None = None,
     ) -> pb.RecommendResponse:
         """``Recommend``: the top ``n`` items for one user or a batch.
@@ -237,6 +239,11 @@ class Client:
             When given, rank only these items.
         with_distribution : bool
             DCR only: return P(rating = level) with each item.
+        exclude : iterable of str
+            Items never to return in this call.
+        filter : str
+            Only items whose attributes pass it, e.g.
+            ``genre in ("Comedy", "Drama") and year >= 1990`` (docs/service.md, "Business rules").
         """
         users = [user_ids] if isinstance(user_ids, str) else list(user_ids)
         request = pb.RecommendRequest(
@@ -245,6 +252,8 @@ class Client:
             n=n,
             candidate_item_ids=list(candidates),
             with_distribution=with_distribution,
+            exclude_item_ids=list(exclude),
+            filter=filter,
         )
         if exclude_seen is not None:
             request.exclude_seen = exclude_seen
@@ -338,3 +347,22 @@ class Client:
         """
         request = pb.RecordInteractionsRequest(user_id=user_id, item_ids=list(item_ids))
         return self._unary(self._stub.RecordInteractions, request, timeout)
+
+    def hide(self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
+             ) -> pb.HideItemsResponse:
+        """``HideItems``: Recommend and Neighbors stop returning these items for ``model`` ("*": all models).
+
+        Ids the served version does not know are kept (counted in ``unknown``).
+        """
+        request = pb.HideItemsRequest(model=model, item_ids=list(item_ids))
+        return self._unary(self._stub.HideItems, request, timeout)
+
+    def unhide(self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
+               ) -> pb.HideItemsResponse:
+        """``UnhideItems``: undo :meth:`hide` for the same scope."""
+        request = pb.HideItemsRequest(model=model, item_ids=list(item_ids))
+        return self._unary(self._stub.UnhideItems, request, timeout)
+
+    def hidden(self, *, model: str = "", timeout: float | None = None) -> pb.ListHiddenResponse:
+        """``ListHidden``: hidden items by scope ("" every scope, "*" the all-models one, or a model's)."""
+        return self._unary(self._stub.ListHidden, pb.ListHiddenRequest(model=model), timeout)

@@ -145,6 +145,8 @@ def cmd_recommend(client: Client, args: argparse.Namespace) -> int:
         candidates=args.candidate or (),
         exclude_seen=False if args.include_seen else None,
         with_distribution=args.distribution,
+        exclude=args.exclude or (),
+        filter=args.filter,
     )
     if args.json:
         _print_json(_to_dict(reply))
@@ -155,6 +157,8 @@ def cmd_recommend(client: Client, args: argparse.Namespace) -> int:
     )
     if reply.seen_filter_degraded:
         print("(items recorded since training could not be excluded: Redis unreachable)")
+    if reply.rules_stale:
+        print("(hidden items may be out of date: Redis unreachable, the last known ones were applied)")
     for result in reply.results:
         note = (
             ""
@@ -240,6 +244,37 @@ def cmd_record(client: Client, args: argparse.Namespace) -> int:
         _print_json(_to_dict(reply))
     else:
         print(f"recorded {reply.recorded} new item(s) for {args.user}")
+    return 0
+
+
+def cmd_hide(client: Client, args: argparse.Namespace) -> int:
+    ids = list(args.item or ())
+    if args.file:
+        with open(args.file, encoding="utf-8") as lines:
+            ids += [line.strip() for line in lines if line.strip()]
+    change = client.hide if args.command == "hide" else client.unhide
+    reply = change(ids, model=args.model)
+    if args.json:
+        _print_json(_to_dict(reply))
+    else:
+        scope = "all models" if reply.model == "*" else reply.model
+        print(f"{args.command}: {reply.changed} of {len(ids)} item(s) changed for {scope};"
+              f" {reply.total} hidden now" + (f"; {reply.unknown} unknown to the served version"
+                                               if reply.unknown else ""))
+    return 0
+
+
+def cmd_hidden(client: Client, args: argparse.Namespace) -> int:
+    reply = client.hidden(model=args.model)
+    if args.json:
+        _print_json(_to_dict(reply))
+        return 0
+    if reply.rules_stale:
+        print("(may be out of date: Redis unreachable)")
+    for scope in reply.scopes:
+        print(f"{'all models' if scope.model == '*' else scope.model}: {scope.count} hidden")
+        for item in scope.item_ids:
+            print(f"  {item}")
     return 0
 
 
@@ -344,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--include-seen", action="store_true", help="do not leave out the user's training items")
     r.add_argument("--distribution", action="store_true", help="DCR: show P(rating = level) for each item")
+    r.add_argument("--exclude", action="append", metavar="ID", help="never return this item; repeat for each")
+    r.add_argument("--filter", default="", metavar="EXPR",
+                   help='only items whose attributes pass, e.g. \'genre in ("Comedy") and year >= 1990\'')
 
     t = _subcommand(sub, "tags", cmd_tags, "top-N tags for a user tagging an item (RTF)")
     _model_argument(t, "Tags")
@@ -434,6 +472,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rec.add_argument("--user", required=True, metavar="ID", help="the user")
     rec.add_argument("--item", action="append", required=True, metavar="ID", help="an item; repeat for each")
+
+    for name, helptext in (("hide", "hide items from Recommend and Neighbors, from the next request on"),
+                           ("unhide", "undo hide for the same scope")):
+        hd = _subcommand(sub, name, cmd_hide, helptext)
+        hd.add_argument("--model", default="*", help="a model name, or '*' for every model")
+        hd.add_argument("--item", action="append", metavar="ID", help="an item; repeat for each")
+        hd.add_argument("--file", help="item ids, one a line")
+    ls = _subcommand(sub, "hidden", cmd_hidden, "list hidden items by scope")
+    ls.add_argument("--model", default="", help="a model (its scope and the all-models one), '*', or '' (all)")
     return p
 
 

@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 from google.protobuf import json_format
@@ -40,6 +40,8 @@ from ordrec.service.idmap import IdMap
 FORMAT = 1
 MANIFEST = "manifest.json"
 PIN_FILE = "PINNED"
+HIDDEN_FILE = "HIDDEN"  # item ids an operator hid: <registry>/HIDDEN (all models), <registry>/<model>/HIDDEN
+ALL_MODELS = "*"  # the scope of <registry>/HIDDEN
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _ARRAY_NAME_RE = re.compile(r"^[a-z0-9_]{1,64}$")
 # Fixed width, so text order is time order: 20261125T223500.123456Z
@@ -334,6 +336,44 @@ class Registry:
         except FileNotFoundError:
             return
         _fsync_dir(folder)
+
+    # ---------------------------------------------------------- hidden items
+    def _hidden_path(self, scope: str) -> Path:
+        if scope == ALL_MODELS:
+            return self.root / HIDDEN_FILE
+        return self.root / validate_model_name(scope) / HIDDEN_FILE
+
+    def hidden(self, scope: str) -> frozenset[str]:
+        """Item ids hidden for ``scope`` (a model name, or ``ALL_MODELS``) without Redis."""
+        try:
+            text = self._hidden_path(scope).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return frozenset()
+        return frozenset(line for line in text.splitlines() if line)
+
+    def hidden_scopes(self) -> dict[str, frozenset[str]]:
+        """Every scope that has a HIDDEN file, with its ids."""
+        scopes = {ALL_MODELS: self.hidden(ALL_MODELS)}
+        for name in self.models():
+            scopes[name] = self.hidden(name)
+        return {scope: ids for scope, ids in scopes.items() if ids}
+
+    def hidden_token(self) -> tuple:
+        """Changes whenever a HIDDEN file does: what the server's poll compares."""
+        token = []
+        for path in [self.root / HIDDEN_FILE] + [self.root / n / HIDDEN_FILE for n in self.models()]:
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            token.append((str(path), st.st_mtime_ns, st.st_size, st.st_ino))
+        return tuple(token)
+
+    def set_hidden(self, scope: str, ids: Iterable[str]) -> None:
+        """Replace the hidden ids of ``scope`` atomically (like PINNED: a synced rename)."""
+        path = self._hidden_path(scope)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _replace_synced(path.parent, HIDDEN_FILE, "".join(f"{i}\n" for i in sorted(ids)).encode("utf-8"))
 
     # ------------------------------------------------------------ publishing
     def publish(self, name: str, artifact: Artifact, keep: int | None = None,

@@ -245,12 +245,20 @@ class Eligible:
     cached filter pays for it once.
     """
 
-    __slots__ = ("blocked", "_rows", "__weakref__")
+    __slots__ = ("blocked", "_rows", "_blocked_rows", "__weakref__")
 
     def __init__(self, blocked: np.ndarray):
         blocked.setflags(write=False)
         self.blocked = blocked
         self._rows: np.ndarray | None = None
+        self._blocked_rows: np.ndarray | None = None
+
+    @property
+    def blocked_rows(self) -> np.ndarray:
+        """The blocked rows (for searches that take a row list, e.g. Neighbors)."""
+        if self._blocked_rows is None:
+            self._blocked_rows = np.flatnonzero(self.blocked)
+        return self._blocked_rows
 
     @property
     def rows(self) -> np.ndarray:

@@ -17,9 +17,10 @@ from grpc_reflection.v1alpha import reflection
 from ordrec.v1 import recommender_pb2
 from ordrec.service import topk
 from ordrec.service.artifacts import Registry
+from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
-from ordrec.service.redis_state import RedisSeenStore, VersionListener
+from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
@@ -57,6 +58,8 @@ class ServerConfig:
     redis_url: str | None = None
     redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
     seen_ttl: int = 30 * 86400  # seconds a recorded interaction stays excluded
+    # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
+    hidden_interval: float = 0.2
     tls_cert: str | None = None
     tls_key: str | None = None
     tokens: list[bytes] = field(default_factory=list)  # empty: no authentication
@@ -88,11 +91,23 @@ class Server:
         # Polling is the fallback that always works; Redis news only wakes it early.
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
+        self.hidden, self.hidden_mirror = self._hidden_state(config)
         self.grpc_server: grpc.Server | None = None
         self.stream_guard: StreamGuard | None = None
         self.http_server: ThreadingHTTPServer | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port
+
+    @staticmethod
+    def _hidden_state(config: ServerConfig) -> tuple[HiddenState, RegistryBackend | None]:
+        """Hidden items in Redis (mirrored to the registry, read from there when Redis is down at
+        start-up), or in the registry followed by the poll."""
+        files = RegistryBackend(Registry(config.registry))
+        if not config.redis_url:
+            return HiddenState(files, config.poll_interval or 5.0), None
+        # Its own client with a longer timeout: it reads whole sets off the request path.
+        backend = RedisBackend(connect(config.redis_url, max(config.redis_timeout, 1.0)))
+        return HiddenState(backend, config.hidden_interval, fallback=files), files
 
     def serving(self) -> bool:
         return bool(self.store.snapshot())
@@ -142,7 +157,8 @@ class Server:
             interceptors=interceptors,
             options=options,
         )
-        add_to_server(RecommenderServicer(self.store, self.metrics, cfg.limits, self.seen), server)
+        add_to_server(RecommenderServicer(self.store, self.metrics, cfg.limits, self.seen,
+                                          self.hidden, self.hidden_mirror), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -157,6 +173,7 @@ class Server:
         self.reloader.start()
         if self.listener:
             self.listener.start()
+        self.hidden.start()
         models = ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items())) or "none"
         log.info("listening on %s:%d (metrics on %s:%s); serving %s", cfg.host, self.port,
                  cfg.metrics_host, self.metrics_port, models)
@@ -181,6 +198,7 @@ class Server:
         self.reloader.stop()
         if self.listener:
             self.listener.stop()
+        self.hidden.stop()
         if isinstance(self.seen, RedisSeenStore):
             self.seen.close()
         if self.grpc_server is not None:

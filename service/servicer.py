@@ -22,8 +22,11 @@ from ordrec.service import validation as v
 from ordrec.service.errors import (
     DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, ServiceError,
 )
+from ordrec.service.artifacts import ALL_MODELS
+from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
+from ordrec.service.rules import Eligible, FilterError, MAX_FILTER_CHARS, combine
 from ordrec.service.seen import SeenStore
 from ordrec.service.store import LoadedModel, ModelStore
 
@@ -127,8 +130,10 @@ def _rows_or_not_found(ids: IdMap, externals: list[str], what: str) -> np.ndarra
 
 
 class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
-    def __init__(self, store: ModelStore, metrics: Metrics, limits: v.Limits, seen: SeenStore):
+    def __init__(self, store: ModelStore, metrics: Metrics, limits: v.Limits, seen: SeenStore,
+                 hidden: HiddenState | None = None, hidden_mirror=None):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
+        self.hidden, self.hidden_mirror = hidden, hidden_mirror
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -143,6 +148,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         n = v.bounded(request.n, "n", 1, lim.max_n)
         candidate_ids = v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates)
         candidates = _rows_or_not_found(index.items, candidate_ids, "candidate item ids") if candidate_ids else None
+        exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
+        eligible = self._eligible(model, request.filter)
         if request.with_distribution and not hasattr(index, "distribution"):
             raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
         n_levels = len(index.levels) if request.with_distribution else 0
@@ -154,21 +161,22 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
 
         recent, degraded = self.seen.recent(user_ids) if exclude_seen else ({}, False)
         user_rows = index.users.rows(user_ids)
-        excludes = [self._exclusions(index, row, recent.get(uid), exclude_seen)
+        excluded = index.items.rows(exclude_ids) if exclude_ids else None
+        excludes = [self._exclusions(index, row, recent.get(uid), exclude_seen, excluded)
                     for uid, row in zip(user_ids, user_rows)]
         known = np.flatnonzero(user_rows >= 0)
         ranked: list = [None] * len(user_ids)
         if known.size:
             answers = index.recommend_many(user_rows[known], n, excludes=[excludes[i] for i in known],
-                                           candidates=candidates)
+                                           candidates=candidates, eligible=eligible)
             for row, answer in zip(known.tolist(), answers):
                 ranked[row] = answer
         reply = pb.RecommendResponse(model=model.name, model_version=model.version,
-                                     seen_filter_degraded=degraded)
+                                     seen_filter_degraded=degraded, rules_stale=self._rules_stale())
         for i, uid in enumerate(user_ids):
             result = reply.results.add(user_id=uid)
             if ranked[i] is None:
-                ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates)
+                ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates, eligible=eligible)
                 result.fallback = pb.FALLBACK_POPULAR_GLOBAL
                 self.metrics.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
             rows, scores = ranked[i]
@@ -182,18 +190,36 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         return reply
 
     @staticmethod
-    def _exclusions(index, user_row: int, recent_ids: list[str] | None, exclude_seen: bool):
-        if not exclude_seen:
-            return None
+    def _exclusions(index, user_row: int, recent_ids: list[str] | None, exclude_seen: bool,
+                    excluded: np.ndarray | None = None):
+        """Item rows one user's answer must skip: seen (training and recorded) and ``exclude_item_ids``."""
         parts = []
-        if user_row >= 0:
+        if excluded is not None:
+            parts.append(excluded[excluded >= 0])
+        if exclude_seen and user_row >= 0:
             parts.append(index.seen(int(user_row)))
-        if recent_ids:
+        if exclude_seen and recent_ids:
             rows = index.items.rows(recent_ids)
             parts.append(rows[rows >= 0])
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _eligible(self, model: LoadedModel, text: str) -> Eligible | None:
+        """Hidden items and the request's filter as one mask (``service/rules.py``)."""
+        filtered = None
+        if text:
+            if len(text) > MAX_FILTER_CHARS:
+                raise InvalidArgument(f"filter is {len(text)} characters long; the limit is {MAX_FILTER_CHARS}")
+            try:
+                filtered = model.index.item_attributes.eligible(text)
+            except FilterError as exc:
+                raise InvalidArgument(str(exc)) from None
+        hidden = self.hidden.mask(model.name, model.index.items) if self.hidden else None
+        return combine(hidden, filtered)
+
+    def _rules_stale(self) -> bool:
+        return bool(self.hidden and self.hidden.stale)
 
     # ----------------------------------------------------------------- Tags
     @rpc
@@ -257,8 +283,12 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         row = source_ids.row(query_id)
         if row < 0:
             raise NotFound(f"unknown {source[:-1]} id {query_id[:80]!r}")
-        rows, scores = index.neighbors(space, source, row, target, k)
-        reply = pb.NeighborsResponse(model=model.name, model_version=model.version)
+        hidden = None
+        if self.hidden and target in ("items", "objects"):  # hidden items never come back as neighbours
+            hidden = self.hidden.hidden_rows(model.name, target_ids)
+        rows, scores = index.neighbors(space, source, row, target, k, hidden=hidden)
+        reply = pb.NeighborsResponse(model=model.name, model_version=model.version,
+                                     rules_stale=self._rules_stale())
         _add_scored(reply.neighbors, index.maps[space][target].ids, rows, scores)
         return reply
 
@@ -326,6 +356,60 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             )
             info.sizes.update(model.index.sizes())
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
+        return reply
+
+
+    # ---------------------------------------------------------- hidden items
+    def _scope(self, name: str) -> str:
+        if name in ("", ALL_MODELS):
+            return ALL_MODELS
+        name = v.model_name(name)
+        if not self.store.registry.has_model(name):
+            raise NotFound(f"no model {name!r} in the registry")
+        return name
+
+    def _hidden_state(self) -> HiddenState:
+        if self.hidden is None:
+            raise FailedPrecondition("this server keeps no hidden items")
+        return self.hidden
+
+    def _unknown(self, scope: str, ids: list[str]) -> int:
+        """How many ids no served version of the scope knows (kept hidden all the same)."""
+        maps = [m.index.items for n, m in self.store.snapshot().items()
+                if hasattr(m.index, "items") and scope in (ALL_MODELS, n)]
+        return sum(1 for i in ids if not any(i in items for items in maps))
+
+    def _change_hidden(self, request: pb.HideItemsRequest, hide: bool) -> pb.HideItemsResponse:
+        lim = self.limits
+        state = self._hidden_state()
+        scope = self._scope(request.model)
+        ids = v.id_list(request.item_ids, "item_ids", lim, lim.max_candidates, min_count=1)
+        changed = state.change(scope, ids, hide, mirror=self.hidden_mirror)
+        total = len(state.sets().get(scope, ()))
+        log.info("%s %d item(s) for %s (%d changed)", "hid" if hide else "unhid", len(ids), scope, changed)
+        return pb.HideItemsResponse(changed=changed, unknown=self._unknown(scope, ids) if hide else 0,
+                                    total=total, model=scope)
+
+    @rpc
+    def HideItems(self, request: pb.HideItemsRequest, context) -> pb.HideItemsResponse:
+        return self._change_hidden(request, hide=True)
+
+    @rpc
+    def UnhideItems(self, request: pb.HideItemsRequest, context) -> pb.HideItemsResponse:
+        return self._change_hidden(request, hide=False)
+
+    @rpc
+    def ListHidden(self, request: pb.ListHiddenRequest, context) -> pb.ListHiddenResponse:
+        state = self._hidden_state()
+        sets = state.sets()
+        if request.model in ("", ALL_MODELS):
+            scopes = sorted(sets) if not request.model else [ALL_MODELS]
+        else:
+            scopes = [ALL_MODELS, self._scope(request.model)]
+        reply = pb.ListHiddenResponse(rules_stale=state.stale)
+        for scope in scopes:
+            ids = sorted(sets.get(scope, ()))
+            reply.scopes.add(model=scope, item_ids=ids[:self.limits.max_ids], count=len(ids))
         return reply
 
 

@@ -379,6 +379,9 @@ def test_every_subcommand_and_option_has_help(monkeypatch):
         "coordinates",
         "place",
         "record",
+        "hide",
+        "unhide",
+        "hidden",
     }
     assert all(c.help for c in action._choices_actions)
     for name, sub in choices.items():

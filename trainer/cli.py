@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from ordrec.service.artifacts import ArtifactError, Registry
@@ -74,12 +75,27 @@ def cmd_train(args: argparse.Namespace) -> int:
     artifact = estimator.to_artifact()
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
+    if args.item_attributes:
+        add_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
     registry = Registry(args.registry)
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
     print(format_metrics(artifact.metrics, "  "))
     return EXIT_OK
+
+
+def add_item_attributes(artifact, path: str, fmt: str = "auto") -> None:
+    """Publish an item metadata file's attributes inside the version (the service filters on them)."""
+    from ordrec.service.rules import ATTRIBUTES_KEY
+    from ordrec.trainer.data.item_attributes import read_item_attributes
+
+    if "items" not in artifact.ids:
+        raise ValueError(f"--item-attributes: a {artifact.kind} model has no items to describe")
+    table = read_item_attributes(path, fmt)
+    arrays, meta = table.to_artifact_parts(artifact.ids["items"])
+    artifact.arrays = {**artifact.arrays, **arrays}
+    artifact.attributes[ATTRIBUTES_KEY] = meta
 
 
 def fit_metrics(kind: str, data, artifact) -> dict[str, float]:
@@ -159,6 +175,56 @@ def cmd_unpin(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _hidden_backends(args: argparse.Namespace):
+    """Where hidden items live: Redis (mirrored to the registry) when given, else the registry."""
+    from ordrec.service.hidden import RedisBackend, RegistryBackend
+    from ordrec.service.redis_state import connect
+
+    files = RegistryBackend(Registry(args.registry))
+    if args.redis:
+        return RedisBackend(connect(args.redis, 5.0)), files
+    return files, None
+
+
+def _hidden_scope(args: argparse.Namespace) -> str:
+    from ordrec.service.artifacts import ALL_MODELS, validate_model_name
+
+    return ALL_MODELS if args.model in (None, "", ALL_MODELS) else validate_model_name(args.model)
+
+
+def cmd_hide(args: argparse.Namespace) -> int:
+    from ordrec.service.hidden import apply_change
+
+    ids = list(args.item_ids)
+    if args.file:
+        ids += [line.strip() for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not ids:
+        raise ValueError("no item ids given (arguments or --file)")
+    import redis
+
+    scope = _hidden_scope(args)
+    backend, mirror = _hidden_backends(args)
+    hide = args.command == "hide"
+    try:
+        changed = apply_change(backend, scope, ids, hide)
+    except redis.RedisError as exc:
+        print(f"ordrec-train: Redis is unreachable, nothing changed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if mirror is not None:  # the copy a replica reads when Redis is down at its start-up
+        apply_change(mirror, scope, ids, hide)
+    print(f"{'hid' if hide else 'unhid'} {changed} of {len(ids)} item(s) for"
+          f" {'all models' if scope == '*' else scope}")
+    return EXIT_OK
+
+
+def cmd_hidden(args: argparse.Namespace) -> int:
+    backend, _ = _hidden_backends(args)
+    for scope, ids in sorted(backend.read().items()):
+        if args.model in (None, "") or scope in ("*", args.model):
+            print(f"{scope}\t{len(ids)}\t{' '.join(sorted(ids)[:args.show])}")
+    return EXIT_OK
+
+
 def cmd_prune(args: argparse.Namespace) -> int:
     for version in Registry(args.registry).prune(args.model, args.keep):
         print(f"removed {args.model}@{version}")
@@ -217,6 +283,11 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0,
                        help="the estimator's random_state (unless --set random_state=...)")
     train.add_argument("--keep", type=int, default=None, help="retain only the newest K versions")
+    train.add_argument("--item-attributes", metavar="FILE",
+                       help="item metadata published in the version for Recommend's filter: MovieLens u.item"
+                            " or movies.dat (genre, year), or a csv 'id,<attribute>,...' (numeric or categorical,"
+                            " '|' between several values)")
+    train.add_argument("--item-attributes-format", default="auto", choices=("auto", "ml-100k", "ml-1m", "csv"))
     train.add_argument("--labels", help="map models: display names for the report (MovieLens u.item, "
                                         "or 'id<TAB>label' / 'id|label' lines)")
     train.set_defaults(func=cmd_train)
@@ -248,6 +319,22 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         if name == "pin":
             p.add_argument("--version", required=True)
         p.set_defaults(func=func)
+
+    for name, helptext in (("hide", "hide items from Recommend and Neighbors now, without retraining"),
+                           ("unhide", "undo hide")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--registry", required=True)
+        p.add_argument("--redis", metavar="URL", help="where the servers keep hidden items (else the registry)")
+        p.add_argument("--model", help="one model (default: all models, '*')")
+        p.add_argument("--file", help="item ids, one a line")
+        p.add_argument("item_ids", nargs="*")
+        p.set_defaults(func=cmd_hide)
+    hidden = sub.add_parser("hidden", help="list hidden items: scope, count, the first ids")
+    hidden.add_argument("--registry", required=True)
+    hidden.add_argument("--redis", metavar="URL")
+    hidden.add_argument("--model")
+    hidden.add_argument("--show", type=int, default=20, help="ids to print per scope")
+    hidden.set_defaults(func=cmd_hidden)
 
     prune = sub.add_parser("prune", help="delete all but the newest K versions (never the pinned one)")
     prune.add_argument("--registry", required=True)

@@ -42,20 +42,24 @@ class ScoredId(_message.Message):
     def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ...) -> None: ...
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("model", "user_ids", "n", "exclude_seen", "candidate_item_ids", "with_distribution")
+    __slots__ = ("model", "user_ids", "n", "exclude_seen", "candidate_item_ids", "with_distribution", "exclude_item_ids", "filter")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     USER_IDS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_SEEN_FIELD_NUMBER: _ClassVar[int]
     CANDIDATE_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     WITH_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
     model: str
     user_ids: _containers.RepeatedScalarFieldContainer[str]
     n: int
     exclude_seen: bool
     candidate_item_ids: _containers.RepeatedScalarFieldContainer[str]
     with_distribution: bool
-    def __init__(self, model: _Optional[str] = ..., user_ids: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., candidate_item_ids: _Optional[_Iterable[str]] = ..., with_distribution: _Optional[bool] = ...) -> None: ...
+    exclude_item_ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: str
+    def __init__(self, model: _Optional[str] = ..., user_ids: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., candidate_item_ids: _Optional[_Iterable[str]] = ..., with_distribution: _Optional[bool] = ..., exclude_item_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class UserRecommendations(_message.Message):
     __slots__ = ("user_id", "items", "fallback")
@@ -68,18 +72,20 @@ class UserRecommendations(_message.Message):
     def __init__(self, user_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., fallback: _Optional[_Union[Fallback, str]] = ...) -> None: ...
 
 class RecommendResponse(_message.Message):
-    __slots__ = ("results", "model", "model_version", "levels", "seen_filter_degraded")
+    __slots__ = ("results", "model", "model_version", "levels", "seen_filter_degraded", "rules_stale")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEVELS_FIELD_NUMBER: _ClassVar[int]
     SEEN_FILTER_DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    RULES_STALE_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[UserRecommendations]
     model: str
     model_version: str
     levels: _containers.RepeatedScalarFieldContainer[float]
     seen_filter_degraded: bool
-    def __init__(self, results: _Optional[_Iterable[_Union[UserRecommendations, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., levels: _Optional[_Iterable[float]] = ..., seen_filter_degraded: _Optional[bool] = ...) -> None: ...
+    rules_stale: bool
+    def __init__(self, results: _Optional[_Iterable[_Union[UserRecommendations, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., levels: _Optional[_Iterable[float]] = ..., seen_filter_degraded: _Optional[bool] = ..., rules_stale: _Optional[bool] = ...) -> None: ...
 
 class TagsRequest(_message.Message):
     __slots__ = ("model", "user_id", "item_id", "n", "exclude_own_tags")
@@ -124,14 +130,16 @@ class NeighborsRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., space: _Optional[str] = ..., id: _Optional[str] = ..., from_entity: _Optional[_Union[Entity, str]] = ..., to_entity: _Optional[_Union[Entity, str]] = ..., k: _Optional[int] = ...) -> None: ...
 
 class NeighborsResponse(_message.Message):
-    __slots__ = ("neighbors", "model", "model_version")
+    __slots__ = ("neighbors", "model", "model_version", "rules_stale")
     NEIGHBORS_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RULES_STALE_FIELD_NUMBER: _ClassVar[int]
     neighbors: _containers.RepeatedCompositeFieldContainer[ScoredId]
     model: str
     model_version: str
-    def __init__(self, neighbors: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+    rules_stale: bool
+    def __init__(self, neighbors: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., rules_stale: _Optional[bool] = ...) -> None: ...
 
 class CoordinatesRequest(_message.Message):
     __slots__ = ("model", "space", "entity", "ids", "page_size")
@@ -252,3 +260,47 @@ class ListModelsResponse(_message.Message):
     MODELS_FIELD_NUMBER: _ClassVar[int]
     models: _containers.RepeatedCompositeFieldContainer[ModelInfo]
     def __init__(self, models: _Optional[_Iterable[_Union[ModelInfo, _Mapping]]] = ...) -> None: ...
+
+class HideItemsRequest(_message.Message):
+    __slots__ = ("model", "item_ids")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    item_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model: _Optional[str] = ..., item_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HideItemsResponse(_message.Message):
+    __slots__ = ("changed", "unknown", "total", "model")
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    changed: int
+    unknown: int
+    total: int
+    model: str
+    def __init__(self, changed: _Optional[int] = ..., unknown: _Optional[int] = ..., total: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
+
+class ListHiddenRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class HiddenItems(_message.Message):
+    __slots__ = ("model", "item_ids", "count")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    item_ids: _containers.RepeatedScalarFieldContainer[str]
+    count: int
+    def __init__(self, model: _Optional[str] = ..., item_ids: _Optional[_Iterable[str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ListHiddenResponse(_message.Message):
+    __slots__ = ("scopes", "rules_stale")
+    SCOPES_FIELD_NUMBER: _ClassVar[int]
+    RULES_STALE_FIELD_NUMBER: _ClassVar[int]
+    scopes: _containers.RepeatedCompositeFieldContainer[HiddenItems]
+    rules_stale: bool
+    def __init__(self, scopes: _Optional[_Iterable[_Union[HiddenItems, _Mapping]]] = ..., rules_stale: _Optional[bool] = ...) -> None: ...

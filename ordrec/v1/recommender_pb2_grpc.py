@@ -69,6 +69,21 @@ class RecommenderStub:
                 request_serializer=ordrec_dot_v1_dot_recommender__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=ordrec_dot_v1_dot_recommender__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.HideItems = channel.unary_unary(
+                '/ordrec.v1.Recommender/HideItems',
+                request_serializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsRequest.SerializeToString,
+                response_deserializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsResponse.FromString,
+                _registered_method=True)
+        self.UnhideItems = channel.unary_unary(
+                '/ordrec.v1.Recommender/UnhideItems',
+                request_serializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsRequest.SerializeToString,
+                response_deserializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsResponse.FromString,
+                _registered_method=True)
+        self.ListHidden = channel.unary_unary(
+                '/ordrec.v1.Recommender/ListHidden',
+                request_serializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenRequest.SerializeToString,
+                response_deserializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenResponse.FromString,
+                _registered_method=True)
 
 
 class RecommenderServicer:
@@ -124,6 +139,28 @@ class RecommenderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def HideItems(self, request, context):
+        """Hide items from Recommend and Neighbors for one model or all models, from
+        the next request on, without retraining (docs/service.md, "Business rules").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnhideItems(self, request, context):
+        """Undo HideItems for the same scope.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListHidden(self, request, context):
+        """The hidden items, by scope.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecommenderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +198,21 @@ def add_RecommenderServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=ordrec_dot_v1_dot_recommender__pb2.ListModelsRequest.FromString,
                     response_serializer=ordrec_dot_v1_dot_recommender__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'HideItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.HideItems,
+                    request_deserializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsRequest.FromString,
+                    response_serializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsResponse.SerializeToString,
+            ),
+            'UnhideItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnhideItems,
+                    request_deserializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsRequest.FromString,
+                    response_serializer=ordrec_dot_v1_dot_recommender__pb2.HideItemsResponse.SerializeToString,
+            ),
+            'ListHidden': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHidden,
+                    request_deserializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenRequest.FromString,
+                    response_serializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +404,87 @@ class Recommender:
             '/ordrec.v1.Recommender/ListModels',
             ordrec_dot_v1_dot_recommender__pb2.ListModelsRequest.SerializeToString,
             ordrec_dot_v1_dot_recommender__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HideItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordrec.v1.Recommender/HideItems',
+            ordrec_dot_v1_dot_recommender__pb2.HideItemsRequest.SerializeToString,
+            ordrec_dot_v1_dot_recommender__pb2.HideItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnhideItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordrec.v1.Recommender/UnhideItems',
+            ordrec_dot_v1_dot_recommender__pb2.HideItemsRequest.SerializeToString,
+            ordrec_dot_v1_dot_recommender__pb2.HideItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListHidden(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordrec.v1.Recommender/ListHidden',
+            ordrec_dot_v1_dot_recommender__pb2.ListHiddenRequest.SerializeToString,
+            ordrec_dot_v1_dot_recommender__pb2.ListHiddenResponse.FromString,
             options,
             channel_credentials,
             insecure,

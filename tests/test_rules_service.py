@@ -1,0 +1,136 @@
+"""Business rules end to end: hidden items (Redis and registry), exclusions and filters,
+against real server processes, a real redis-server and the real CLIs."""
+from __future__ import annotations
+
+import time
+import zlib
+
+import grpc
+import pytest
+
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
+from ordrec.tools.process import ServerProcess, run_cli, wait_for
+
+from tests.conftest import train_into
+
+GENRES = ["Action", "Comedy", "Drama", "Horror"]
+
+
+def genre_of(item: str) -> str:
+    return GENRES[zlib.crc32(item.encode()) % len(GENRES)]
+
+
+@pytest.fixture(scope="module")
+def rules_registry(sample_dir, tmp_path_factory):
+    """dcr with item attributes (a csv) and coe, trained through the real CLI; private to these tests,
+    since hiding writes into the registry."""
+    items = [line.split("|")[0] for line in (sample_dir / "items.txt").read_text().splitlines() if line]
+    csv = tmp_path_factory.mktemp("meta") / "items.csv"
+    csv.write_text("item,genre,year,price\n" + "".join(
+        f"{i},{genre_of(i)}|Family,{1950 + k % 70},{5 + k % 30}\n" if k % 2 else f"{i},{genre_of(i)},{1950 + k % 70},"
+        f"{5 + k % 30}\n" for k, i in enumerate(items)))
+    registry = tmp_path_factory.mktemp("rules-registry")
+    return train_into(registry, sample_dir, [
+        ("dcr", "dcr", "ratings.data", ["--set", "max_iter=5", "--item-attributes", str(csv)]),
+        ("coe", "coe", "ratings.data", ["--set", "max_iter=3"]),
+    ])
+
+
+def stub_of(channel):
+    return recommender_pb2_grpc.RecommenderStub(channel)
+
+
+def recommended(stub, user="u001", n=10, model="dcr", **kw) -> list[str]:
+    reply = stub.Recommend(pb.RecommendRequest(model=model, user_ids=[user], n=n, **kw), timeout=5)
+    return [i.id for i in reply.results[0].items]
+
+
+def neighbours(stub, item: str, k=20) -> list[str]:
+    reply = stub.Neighbors(pb.NeighborsRequest(model="coe", id=item, k=k), timeout=5)
+    return [i.id for i in reply.neighbors]
+
+
+# ------------------------------------------------------------ filters, exclusions
+def test_filters_and_exclusions(rules_registry):
+    with ServerProcess(rules_registry, "--poll-interval", "0") as proc, grpc.insecure_channel(proc.target) as ch:
+        stub = stub_of(ch)
+        comedies = recommended(stub, n=15, filter='genre in ("Comedy", "Horror") and year >= 1960')
+        assert len(comedies) == 15 and all(genre_of(i) in ("Comedy", "Horror") for i in comedies)
+        # multi-valued: every odd item is also "Family"
+        family = recommended(stub, n=5, filter='genre = "Family" and price between 10 and 20')
+        assert len(family) == 5
+        plain = recommended(stub, n=10)
+        assert recommended(stub, n=8, exclude_item_ids=plain[:2] + ["not-an-item"]) == plain[2:10]
+        # an unknown user's popular fallback obeys the rules too
+        assert all(genre_of(i) == "Drama" for i in recommended(stub, user="newcomer", filter='genre = "Drama"'))
+        with pytest.raises(grpc.RpcError) as err:
+            recommended(stub, filter='year >= 1990 and genre in ("Comedy" "Drama")')
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "filter clause 2" in err.value.details() and 'genre in ("Comedy" "Drama")' in err.value.details()
+        with pytest.raises(grpc.RpcError) as err:
+            recommended(stub, filter='colour = "red"')
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no item attribute 'colour'" in \
+            err.value.details()
+
+
+# --------------------------------------------------------------- without Redis
+def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
+    with ServerProcess(rules_registry, "--poll-interval", "0.3") as a, \
+            ServerProcess(rules_registry, "--poll-interval", "0.3") as b, \
+            grpc.insecure_channel(a.target) as ca, grpc.insecure_channel(b.target) as cb:
+        sa, sb = stub_of(ca), stub_of(cb)
+        top = recommended(sa)
+        reply = sa.HideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3] + ["future-item"]), timeout=5)
+        assert (reply.changed, reply.unknown, reply.total) == (4, 1, 4)
+        assert not set(top[:3]) & set(recommended(sa))  # the very next request on this replica
+        wait_for(lambda: not set(top[:3]) & set(recommended(sb)), 3, what="replica b applies the hide")
+        assert (rules_registry / "dcr" / "HIDDEN").read_text().split() == sorted(top[:3] + ["future-item"])
+        # the all-models scope, written by the trainer's CLI, reaches Neighbors and Recommend
+        near = neighbours(sa, "i189")
+        run_cli(["ordrec.trainer", "hide", "--registry", str(rules_registry), near[0]])
+        for stub in (sa, sb):
+            wait_for(lambda: near[0] not in neighbours(stub, "i189") and near[0] not in recommended(stub, n=200),
+                     3, what="an all-models hide reaches Neighbors and Recommend")
+        assert neighbours(sa, "i189", k=19) == near[1:]
+        listed = {s.model: s.count for s in sa.ListHidden(pb.ListHiddenRequest(), timeout=5).scopes}
+        assert listed == {"*": 1, "dcr": 4}
+        sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3]), timeout=5)
+        run_cli(["ordrec.trainer", "unhide", "--registry", str(rules_registry), near[0]])
+        wait_for(lambda: recommended(sb) == top, 3, what="unhide")
+        sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=["future-item"]), timeout=5)
+
+
+# ------------------------------------------------------------------ with Redis
+def test_hidden_items_with_redis(rules_registry, redis_server):
+    args = ("--redis", redis_server.url, "--poll-interval", "0")
+    with ServerProcess(rules_registry, *args) as a, ServerProcess(rules_registry, *args) as b, \
+            grpc.insecure_channel(a.target) as ca, grpc.insecure_channel(b.target) as cb:
+        sa, sb = stub_of(ca), stub_of(cb)
+        top = recommended(sb)
+        # hide through the client CLI on replica a; replica b converges within a second
+        result = run_cli(["ordrec.client_cli", "--target", a.target, "hide", "--item", top[0], "--item", top[1]])
+        assert "2 of 2 item(s) changed for all models" in result.stdout
+        start = time.monotonic()
+        wait_for(lambda: not {top[0], top[1]} & set(recommended(sb)), 1.0, interval=0.02,
+                 what="replica b applies a hide within a second")
+        converged = time.monotonic() - start
+        assert converged < 1.0
+        reply = sb.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=5)
+        assert not reply.rules_stale
+        # Redis goes down: the hidden items stay hidden, the replies say the state may be stale
+        redis_server.stop()
+        wait_for(lambda: sb.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10),
+                                      timeout=5).rules_stale, 3, what="rules_stale")
+        for stub in (sa, sb):
+            assert not {top[0], top[1]} & set(recommended(stub, n=100))
+        with pytest.raises(grpc.RpcError) as err:
+            sa.HideItems(pb.HideItemsRequest(model="*", item_ids=[top[2]]), timeout=5)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        # a replica starting while Redis is down reads the registry copy, not an empty set
+        with ServerProcess(rules_registry, *args) as c, grpc.insecure_channel(c.target) as cc:
+            reply = stub_of(cc).Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=100), timeout=5)
+            assert reply.rules_stale and not {top[0], top[1]} & {i.id for i in reply.results[0].items}
+        redis_server.start()
+        wait_for(lambda: not sb.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10),
+                                          timeout=5).rules_stale, 5, what="fresh again")
