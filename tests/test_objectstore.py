@@ -6,6 +6,7 @@ import datetime as dt
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -181,3 +182,22 @@ def test_unfinished_versions_older_than_an_hour_are_the_only_garbage(s3_url, tmp
     assert registry.gc() == []  # uploaded just now
     assert S3Registry(s3_url, cache_dir=tmp_path, stale_seconds=0).gc() == [f"{s3_url}/m/{orphan}/"]
     assert f"{prefix}/m/PINNED.bak" in _keys(s3_url)
+
+
+def test_job_publishes_to_s3_and_gates_against_the_live_manifest(s3_url, sample_dir, tmp_path):
+    """``ordrec-train run`` with ``registry = "s3://..."``: publish, then a worse model is
+    rejected by comparing with the live version's manifest read from the store."""
+    from tests.test_job import BAD, GOOD, job_text, write_job
+    from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, load_job, run_job
+
+    lock = tmp_path / "job.lock"
+    good = write_job(tmp_path, job_text(sample_dir, s3_url, GOOD, extra_job=f'lock = "{lock}"'), "good.toml")
+    bad = write_job(tmp_path, job_text(sample_dir, s3_url, BAD), "bad.toml")
+    assert load_job(good).registry == s3_url  # not resolved as a path
+    assert str(load_job(bad).lock).startswith(tempfile.gettempdir())  # the default lock is local
+    assert run_job(good) == EXIT_PUBLISHED
+    registry = S3Registry(s3_url, cache_dir=tmp_path / "cache")
+    (first,) = registry.versions("dcr")
+    assert registry.manifest("dcr", first).metrics["holdout_ndcg_at_10"] > 0.5
+    assert run_job(bad) == EXIT_REJECTED
+    assert registry.versions("dcr") == [first]
