@@ -32,6 +32,10 @@ SERVICE_NAME = recommender_pb2.DESCRIPTOR.services_by_name["Recommender"].full_n
 # A health entry of its own, so probes can see Redis trouble while the
 # service itself stays SERVING (it fails open without Redis).
 REDIS_HEALTH = "ordrec.redis"
+# SERVING while the process answers at all, models or not: a liveness probe's target. The
+# overall status ("") waits for a loaded model, so it suits readiness, not liveness (an
+# empty registry would otherwise restart every replica in a loop).
+LIVENESS_HEALTH = "ordrec.liveness"
 
 
 @dataclass
@@ -112,6 +116,7 @@ class Server:
         status = serving if self.serving() else not_serving
         for service in ("", SERVICE_NAME):
             self.health.set(service, status)
+        self.health.set(LIVENESS_HEALTH, serving)
         if self.config.redis_url:
             self.health.set(REDIS_HEALTH, serving if self.seen.healthy() else not_serving)
 

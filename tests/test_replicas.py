@@ -213,3 +213,18 @@ def test_three_replicas_poll_without_redis_and_refuse_a_corrupt_version(s3_url, 
                 reply = recommender_pb2_grpc.RecommenderStub(channel).Recommend(
                     pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5), timeout=5)
             assert reply.model_version == new and len(reply.results[0].items) == 5
+
+
+def test_liveness_is_serving_before_any_model_readiness_is_not(tmp_path):
+    """The Deployment's probes: liveness on ``ordrec.liveness`` (the process answers),
+    readiness on ``""`` (a model is loaded). An empty registry must not restart pods."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with ServerProcess(tmp_path / "empty") as server, grpc.insecure_channel(server.target) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        def status(service: str) -> int:
+            return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+        assert status("") == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert status("ordrec.liveness") == health_pb2.HealthCheckResponse.SERVING
