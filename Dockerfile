@@ -12,7 +12,8 @@ COPY ordrec ordrec
 COPY service service
 COPY trainer trainer
 COPY tools tools
-RUN pip install .
+# The s3 extra (boto3): the image serves from and trains into s3:// registries too.
+RUN pip install ".[s3]"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --create-home --home-dir /srv/ordrec ordrec \
