@@ -70,6 +70,11 @@ STALE_SECONDS = 3600  # an unfinished version older than this has lost its publi
 CACHE_KEEP = 2  # cached versions kept per model: the one just loaded and the one it replaces
 
 
+class RegistryUnavailable(Exception):
+    """The store could not be reached or answered an error: nothing is known about the
+    version, so it is retried at the next poll rather than refused."""
+
+
 def is_object_store(location: str | os.PathLike) -> bool:
     return isinstance(location, str) and location.startswith(S3_SCHEME)
 
@@ -353,7 +358,13 @@ class S3Registry:
             version, _ = self.live_version(name)
         if not is_version(version):
             raise ArtifactError(f"{name}: {version!r} is not a version name")
-        folder = self.fetch(name, version)
+        try:
+            folder = self.fetch(name, version)
+        except ArtifactError:
+            raise
+        except Exception as exc:  # network, throttling, permissions: botocore's errors
+            raise RegistryUnavailable(f"{self.url}/{name}/{version}: download failed: "
+                                      f"{type(exc).__name__}: {exc}") from exc
         try:
             artifact = load_version(folder, mmap=mmap, views=views)
         except ArtifactError:

@@ -201,3 +201,30 @@ def test_job_publishes_to_s3_and_gates_against_the_live_manifest(s3_url, sample_
     assert registry.manifest("dcr", first).metrics["holdout_ndcg_at_10"] > 0.5
     assert run_job(bad) == EXIT_REJECTED
     assert registry.versions("dcr") == [first]
+
+
+def test_an_unreachable_store_is_retried_not_refused(s3_url, sample_registry, tmp_path):
+    """A download that fails for network reasons says nothing about the version: the
+    server keeps what it serves and loads the version at the next poll."""
+    from botocore.exceptions import EndpointConnectionError
+
+    from ordrec.service.metrics import Metrics
+    from ordrec.service.store import ModelStore
+
+    source = Registry(sample_registry).load("dcr", mmap=False)
+    publisher = S3Registry(s3_url, cache_dir=tmp_path / "pub")
+    first = publisher.publish("m", source)
+    registry = S3Registry(s3_url, cache_dir=tmp_path / "cache")
+    store = ModelStore(registry, Metrics())
+    assert store.refresh() == ["m"] and store.snapshot()["m"].version == first
+    second = publisher.publish("m", source)
+    download = registry.client.download_file
+
+    def unreachable(*args, **kwargs):
+        raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+
+    registry.client.download_file = unreachable
+    assert store.refresh() == [] and store.snapshot()["m"].version == first
+    assert store.refused() == {}
+    registry.client.download_file = download
+    assert store.refresh() == ["m"] and store.snapshot()["m"].version == second
