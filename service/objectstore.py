@@ -299,15 +299,20 @@ class S3Registry:
         for path in files:
             rel = path.relative_to(folder).as_posix()
             self.client.upload_file(str(path), self.bucket, self._key(name, version, rel))
+        key, body = self._key(name, version, MANIFEST), (folder / MANIFEST).read_bytes()
         try:
             # Last, and never over an existing manifest: this put is what publishes.
-            self.client.put_object(Bucket=self.bucket, Key=self._key(name, version, MANIFEST),
-                                   Body=(folder / MANIFEST).read_bytes(), IfNoneMatch="*")
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
         except Exception as exc:
             code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
             if code in ("PreconditionFailed", "412"):
                 raise ArtifactError(f"{self.url}/{name}/{version}: another publisher took this version") from None
-            raise
+            if code not in ("NotImplemented", "501"):
+                raise
+            # A store without conditional writes (older MinIO, Ceph): the version name is
+            # still unique to the microsecond and the job's lock keeps publishers apart.
+            log.warning("%s does not support conditional writes; publishing without them", self.url)
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
 
     # -------------------------------------------------------------- retention
     def prune(self, name: str, keep: int) -> list[str]:
@@ -383,16 +388,20 @@ class S3Registry:
         """
         model_dir = self.cache / validate_model_name(name)
         folder = model_dir / version
+        manifest_bytes = self._get(self._key(name, version, MANIFEST))
+        if manifest_bytes is None:
+            raise ArtifactError(f"{self.url}/{name}/{version}: missing manifest")
+        # The cached copy is trusted only with the store's own manifest: the checks at load
+        # compare the files with the cached manifest, so that manifest must be the real one.
         if (folder / MANIFEST).is_file():
-            return folder
-        model_dir.mkdir(parents=True, exist_ok=True)
+            if (folder / MANIFEST).read_bytes() == manifest_bytes:
+                return folder
+            shutil.rmtree(folder, ignore_errors=True)
+        self._make_private_dir(model_dir)
         self._remove_old_tmp(model_dir)
         tmp = model_dir / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
         tmp.mkdir()
         try:
-            manifest_bytes = self._get(self._key(name, version, MANIFEST))
-            if manifest_bytes is None:
-                raise ArtifactError(f"{self.url}/{name}/{version}: missing manifest")
             manifest = _parse_manifest(manifest_bytes, f"{self.url}/{name}/{version}/{MANIFEST}")
             for rel in manifest_paths(manifest):
                 target = _inside(tmp, rel)  # a hostile path cannot write outside the folder
@@ -417,6 +426,19 @@ class S3Registry:
             if _missing(exc):
                 raise ArtifactError(f"s3://{self.bucket}/{key}: listed in the manifest but missing") from None
             raise
+
+    @staticmethod
+    def _make_private_dir(path: Path) -> None:
+        """Create ``path`` (mode 0700) and refuse a cache folder another user owns: the
+        default cache may sit in a shared temporary directory."""
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for part in (path, *path.parents):
+            if part == part.parent or not part.exists():
+                break
+            if part.stat().st_uid != os.getuid() and part.stat().st_mode & 0o022:
+                raise ArtifactError(f"{part}: cache folder writable by others and not ours")
+            if part == Path(tempfile.gettempdir()) or part == Path.home():
+                break
 
     @staticmethod
     def _remove_old_tmp(model_dir: Path) -> None:

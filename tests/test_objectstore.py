@@ -3,6 +3,7 @@ a stand-in for S3 or MinIO (neither can be installed here)."""
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import signal
 import subprocess
 import sys
@@ -228,3 +229,21 @@ def test_an_unreachable_store_is_retried_not_refused(s3_url, sample_registry, tm
     assert store.refused() == {}
     registry.client.download_file = download
     assert store.refresh() == ["m"] and store.snapshot()["m"].version == second
+
+
+def test_a_cached_copy_is_used_only_with_the_stores_manifest(s3_url, tmp_path):
+    """A cache folder whose manifest differs from the store's (stale, or planted by
+    someone who can write the cache) is downloaded afresh, never trusted."""
+    registry = S3Registry(s3_url, cache_dir=tmp_path / "cache")
+    version = registry.publish("m", make_artifact(0))
+    folder = registry.fetch("m", version)
+    assert registry.fetch("m", version) == folder  # the same manifest: the cached copy serves
+    planted = registry.manifest("m", version)
+    users = next(e for e in planted.ids if e.space == "users")
+    users.count, users.sha256 = 1, hashlib.sha256(b"only\n").hexdigest()  # consistent with itself
+    from google.protobuf import json_format
+
+    (folder / "manifest.json").write_text(json_format.MessageToJson(planted))
+    (folder / "ids" / "users.txt").write_text("only\n")
+    loaded = registry.load("m", version)
+    assert len(loaded.ids["users"]) == 5  # the store's version, downloaded again
