@@ -164,6 +164,7 @@ class S3Registry:
         self.client = client if client is not None else _client()
         self.stale_seconds = stale_seconds
         base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.cache_root, self._default_cache = base, cache_dir is None
         self.cache = base / self.bucket / (self.prefix.replace("/", "_") or "_")
         self._known_models: frozenset[str] = frozenset()
 
@@ -427,17 +428,19 @@ class S3Registry:
                 raise ArtifactError(f"s3://{self.bucket}/{key}: listed in the manifest but missing") from None
             raise
 
-    @staticmethod
-    def _make_private_dir(path: Path) -> None:
-        """Create ``path`` (mode 0700) and refuse a cache folder another user owns: the
-        default cache may sit in a shared temporary directory."""
+    def _make_private_dir(self, path: Path) -> None:
+        """Create ``path`` (new folders mode 0700) and refuse a cache folder another user
+        owns: the default cache sits in the shared temporary directory, where anyone could
+        have created ``ordrec-cache-<uid>`` first."""
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         for part in (path, *path.parents):
-            if part == part.parent or not part.exists():
+            # An explicit --cache-dir (a Kubernetes volume, owned by root) is the operator's
+            # choice; what we create below it, and the default in the temp folder, must be ours.
+            if part == self.cache_root and not self._default_cache:
                 break
-            if part.stat().st_uid != os.getuid() and part.stat().st_mode & 0o022:
-                raise ArtifactError(f"{part}: cache folder writable by others and not ours")
-            if part == Path(tempfile.gettempdir()) or part == Path.home():
+            if part.stat().st_uid != os.getuid():
+                raise ArtifactError(f"{part}: the cache folder belongs to another user")
+            if part == self.cache_root:
                 break
 
     @staticmethod

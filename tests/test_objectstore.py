@@ -247,3 +247,12 @@ def test_a_cached_copy_is_used_only_with_the_stores_manifest(s3_url, tmp_path):
     (folder / "ids" / "users.txt").write_text("only\n")
     loaded = registry.load("m", version)
     assert len(loaded.ids["users"]) == 5  # the store's version, downloaded again
+
+
+def test_the_default_cache_lives_in_a_private_folder(s3_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    registry = S3Registry(s3_url)
+    registry.publish("m", make_artifact())
+    loaded = registry.load("m")
+    assert loaded.path.is_relative_to(tmp_path / "xdg" / "ordrec" / "registry")
+    assert (loaded.path.parent.stat().st_mode & 0o077) == 0
