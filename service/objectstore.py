@@ -38,6 +38,7 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -165,7 +166,8 @@ class S3Registry:
         self.stale_seconds = stale_seconds
         base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         self.cache_root, self._default_cache = base, cache_dir is None
-        self.cache = base / self.bucket / (self.prefix.replace("/", "_") or "_")
+        # One folder per bucket and prefix; quoted, so distinct prefixes never share a folder.
+        self.cache = base / self.bucket / (urllib.parse.quote(self.prefix, safe="") or "_")
         self._known_models: frozenset[str] = frozenset()
 
     @property
