@@ -321,6 +321,10 @@ class Registry:
             raise ArtifactError(f"{name}: no published version in {self.root}")
         return versions[-1], "newest"
 
+    def manifest(self, name: str, version: str) -> manifest_pb2.Manifest:
+        """The manifest of one version, read without loading it (as :class:`S3Registry` does)."""
+        return read_manifest(self.root / validate_model_name(name) / version)
+
     # --------------------------------------------------------------- pinning
     def pin(self, name: str, version: str) -> None:
         if version not in self.versions(name):

@@ -12,6 +12,9 @@ Subcommands::
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
 
+Every --registry takes a directory or ``s3://bucket/prefix`` (``pip install ordrec[s3]``;
+credentials and endpoint from the standard AWS environment and config).
+
 Exit codes: 0 success (for ``run``: published), 1 failure, 2 usage or data
 error, 3 (``run`` only) rejected by the quality gate.
 """
@@ -22,7 +25,9 @@ import logging
 import sys
 from typing import Sequence
 
-from ordrec.service.artifacts import ArtifactError, Registry
+from ordrec.service.artifacts import ArtifactError
+from ordrec.service.artifacts import Registry as LocalRegistry
+from ordrec.service.objectstore import open_registry as Registry  # a directory, or s3://bucket/prefix
 from ordrec.service.models import kinds
 from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
@@ -180,7 +185,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ordrec.trainer.report_html import write_report
 
-    print(write_report(Registry(args.registry), args.model, args.version, labels_path=args.labels))
+    registry = Registry(args.registry)
+    if not isinstance(registry, LocalRegistry):
+        # Versions in an object store are immutable once their manifest is up; a new
+        # report comes with the next publish (the job draws it for map models).
+        raise ValueError("report redraws a version in a local registry only; "
+                         "an s3:// version gets its report when it is published")
+    print(write_report(registry, args.model, args.version, labels_path=args.labels))
     return EXIT_OK
 
 
