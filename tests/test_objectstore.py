@@ -89,7 +89,7 @@ def test_versions_pin_prune_and_keep(s3_url, tmp_path):
 
 def test_cli_manages_an_s3_registry(s3_url, sample_dir, tmp_path):
     out = run_cli(["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data"),
-                   "--registry", s3_url, "--set", "epochs=2"]).stdout
+                   "--registry", s3_url, "--set", "max_iter=2"]).stdout
     assert f"to {s3_url}" in out
     listing = run_cli(["ordrec.trainer", "versions", "--registry", s3_url]).stdout
     assert "live:newest" in listing and listing.startswith("dcr\t")

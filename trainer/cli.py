@@ -27,7 +27,7 @@ from typing import Sequence
 
 from ordrec.service.artifacts import ArtifactError
 from ordrec.service.artifacts import Registry as LocalRegistry
-from ordrec.service.objectstore import open_registry as Registry  # a directory, or s3://bucket/prefix
+from ordrec.service.objectstore import open_registry  # a directory, or s3://bucket/prefix
 from ordrec.service.models import kinds
 from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
@@ -79,7 +79,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     artifact = estimator.to_artifact()
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
-    registry = Registry(args.registry)
+    registry = open_registry(args.registry)
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
@@ -129,17 +129,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _version_metrics(registry: Registry, name: str, version: str) -> str:
-    from ordrec.service.artifacts import read_manifest
-
+def _version_metrics(registry, name: str, version: str) -> str:
     try:  # the manifest only: listing does not verify every array
-        return format_metrics(dict(read_manifest(registry.root / name / version).metrics))
+        return format_metrics(dict(registry.manifest(name, version).metrics))
     except ArtifactError as exc:
         return f"unreadable manifest: {exc}"
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    registry = Registry(args.registry)
+    registry = open_registry(args.registry)
     for name in [args.model] if args.model else registry.models():
         pinned = registry.pinned(name)
         try:
@@ -153,25 +151,25 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    Registry(args.registry).pin(args.model, args.version)
+    open_registry(args.registry).pin(args.model, args.version)
     print(f"pinned {args.model} to {args.version}")
     return EXIT_OK
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
-    Registry(args.registry).unpin(args.model)
+    open_registry(args.registry).unpin(args.model)
     print(f"unpinned {args.model}: the newest version is live")
     return EXIT_OK
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    for version in Registry(args.registry).prune(args.model, args.keep):
+    for version in open_registry(args.registry).prune(args.model, args.keep):
         print(f"removed {args.model}@{version}")
     return EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    for path in Registry(args.registry).gc():
+    for path in open_registry(args.registry).gc():
         print(f"removed {path}")
     return EXIT_OK
 
@@ -185,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ordrec.trainer.report_html import write_report
 
-    registry = Registry(args.registry)
+    registry = open_registry(args.registry)
     if not isinstance(registry, LocalRegistry):
         # Versions in an object store are immutable once their manifest is up; a new
         # report comes with the next publish (the job draws it for map models).
