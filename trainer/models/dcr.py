@@ -53,6 +53,7 @@ import mmap
 
 import numpy as np
 
+from ordrec.service.ann import ANN_MIN_ITEMS, build_params, item_index
 from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.dcr import RELEVANCE, level_weights
@@ -338,6 +339,14 @@ class DCR(Estimator):
         artifact is float32 either way.
     seed : int
         Seed of the initialisation, the rating order and the pair sampling.
+    ann_min_items : int
+        Catalogues of at least this many items are published with an
+        approximate item index (``service/ann.py``, ``docs/catalog.md``) that
+        the server answers whole-catalogue Recommend from; smaller ones are
+        scored exactly.
+    ann_params : dict or None
+        The index's ``M``, ``ef_construction`` and ``ef_search``
+        (``service.ann.DEFAULT_PARAMS`` for the ones not given).
     verbose : bool
         Progress line on stderr.
     """
@@ -353,8 +362,8 @@ class DCR(Estimator):
                  order: str = "user", tol: float = 0.002, init: str = "random",
                  init_shrinkage: float = 10.0, level_epochs=None, patience: int = 5, val_tol: float = 0.0,
                  early_stopping: bool = False, validation_fraction: float = 0.25, validation_folds: int = 3,
-                 dtype: str = "float32", seed: int = 0,
-                 verbose: bool = False):
+                 dtype: str = "float32", seed: int = 0, ann_min_items: int = ANN_MIN_ITEMS,
+                 ann_params: dict | None = None, verbose: bool = False):
         self.rank = rank
         self.levels = levels
         self.relevance = relevance
@@ -385,6 +394,8 @@ class DCR(Estimator):
         self.validation_folds = validation_folds
         self.dtype = dtype
         self.seed = seed
+        self.ann_min_items = ann_min_items
+        self.ann_params = ann_params
         self.verbose = verbose
 
     # ------------------------------------------------------------ checks
@@ -405,6 +416,9 @@ class DCR(Estimator):
             raise ValueError(f"init must be 'random' or 'marginal', got {self.init!r}")
         if self.projection not in ("ball", "sphere"):
             raise ValueError(f"projection must be 'ball' or 'sphere', got {self.projection!r}")
+        if int(self.ann_min_items) < 1:
+            raise ValueError("ann_min_items must be >= 1")
+        build_params(self.ann_params)  # names an unknown or non-positive index parameter
         if self.dtype not in ("float32", "float64"):
             raise ValueError(f"dtype must be 'float32' or 'float64', got {self.dtype!r}")
         if not (np.isfinite(float(self.item_shrinkage)) and float(self.item_shrinkage) >= 0):
@@ -682,11 +696,15 @@ class DCR(Estimator):
             item_factors = item_factors * (counts / (counts + beta))[:, None]
         if self.pairwise:
             metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
+        item_factors = item_factors.astype(np.float32)
+        # A large catalogue gets an approximate item index, built when the version is published.
+        indexes = ({"items": item_index(item_factors, self.ann_params)}
+                   if item_factors.shape[0] >= int(self.ann_min_items) else {})
         return Artifact(
             kind=self.kind,
             arrays={
                 "user_factors": self.U_.reshape(n_users, L * f).astype(np.float32),
-                "item_factors": item_factors.astype(np.float32),
+                "item_factors": item_factors,
                 "seen_indptr": self.seen_indptr_.astype(np.int64),
                 "seen_indices": self.seen_indices_.astype(np.int32),
                 "item_popularity": self.item_popularity_,
@@ -701,6 +719,7 @@ class DCR(Estimator):
                 "pairwise": bool(self.pairwise),
             },
             data_fingerprint=self.data_fingerprint_,
+            indexes=indexes,
         )
 
 
