@@ -20,6 +20,7 @@ eligible items exist.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,9 @@ def write_index(vectors: np.ndarray, path: Path, params: dict[str, int]) -> None
         ``M`` and ``ef_construction`` (see :data:`DEFAULT_PARAMS`).
     """
     faiss = _faiss()
+    # Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
+    # an index for serving (AnnSearch.open) sets this process's faiss to one thread.
+    faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     index = faiss.IndexHNSWFlat(vectors.shape[1], int(params["M"]), faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = int(params["ef_construction"])
@@ -125,7 +129,8 @@ class AnnSearch:
             raise ArtifactError(f"{entry.path}: not an inner-product HNSW index")
         if index.ntotal != n_items or index.d != dim:
             raise ArtifactError(f"{entry.path}: indexes {index.ntotal} x {index.d}, the items are {n_items} x {dim}")
-        # One thread per search: the server's processes are pinned one per core.
+        # One thread per search (a request is one query; the server's processes are pinned
+        # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation.
         faiss.omp_set_num_threads(1)
         try:
             params = build_params(entry.params)
