@@ -31,10 +31,9 @@ from ordrec.service.artifacts import ArtifactError, SearchIndex
 
 LIBRARY = "faiss-hnsw-ip"
 
-# Catalogues below this many items are scored exactly: there one exact pass stays within the
-# 1 ms budget and is no more than about twice the graph search, needs no build and is never
-# approximate (docs/catalog.md has the crossover measurements; MovieLens and Netflix sizes
-# stay exact).
+# Catalogues below this many items are scored exactly: there the exact pass stays within the
+# latency budget and close to the graph search, needs no build and is never approximate
+# (docs/catalog.md has the crossover measurements; MovieLens and Netflix sizes stay exact).
 ANN_MIN_ITEMS = 30_000
 # Graph degree and build breadth (M, efConstruction) and the search breadth (efSearch).
 # On the planted 10^6-item catalogue ef_search 64 already reaches recall@10 0.99; 128 keeps
@@ -42,7 +41,7 @@ ANN_MIN_ITEMS = 30_000
 DEFAULT_PARAMS = {"M": 32, "ef_construction": 128, "ef_search": 128}
 # The search breadth grows by this factor when a filtered search finds too few items ...
 _GROWTH = 4
-# ... up to this breadth; beyond it the exact pass is cheaper than a wider graph walk.
+# ... up to this breadth; wider walks cost about what the exact pass does (docs/catalog.md).
 _MAX_EF = 4096
 # Exclusions above this fraction of the catalogue go straight to the exact pass: a graph
 # search that must skip most of what it visits degrades towards a full scan anyway.

@@ -15,7 +15,7 @@ from ordrec.service import ann
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index
-from ordrec.service.process import ServerProcess
+from ordrec.service.process import ServerProcess, run_cli
 from ordrec.trainer import sample
 from ordrec.trainer.models.dcr import DCR
 from ordrec.v1 import recommender_pb2 as pb
@@ -148,15 +148,22 @@ def test_index_over_other_items_is_refused(tmp_path):
         build_index(reg.load("big"))
 
 
-def test_trainer_publishes_an_index_from_ann_min_items():
-    data = sample.planted_ratings(seed=1)
-    model = DCR(rank=4, epochs=2, ann_params=SMALL_GRAPH, ann_min_items=len(data.items)).fit(data)
-    (entry,) = model.to_artifact().indexes.values()
+def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
+    # Through the CLI's publish path (and out of process: a fit here would start numba's
+    # thread pool inside the test session).
+    for name, min_items in (("big", 10), ("small", 10**6)):
+        result = run_cli(["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data"),
+                          "--registry", str(tmp_path), "--name", name, "--set", "epochs=2",
+                          "--set", f"ann_min_items={min_items}", "--set", f"ann_params={json.dumps(SMALL_GRAPH)}"],
+                         check=False)
+        assert result.returncode == 0, result.stderr
+    reg = Registry(tmp_path)
+    (entry,) = reg.load("big").indexes.values()
     assert entry.library == ann.LIBRARY and entry.params == SMALL_GRAPH
-    model.set_params(ann_min_items=len(data.items) + 1)
-    assert model.to_artifact().indexes == {}
-    with pytest.raises(ValueError, match="unknown index parameter"):
-        DCR(ann_params={"efSearch": 3}).fit(data)
+    assert build_index(reg.load("big")).search == "faiss-hnsw-ip M=12 ef_search=32"
+    assert reg.load("small").indexes == {}
+    with pytest.raises(ValueError, match="unknown index parameter"):  # refused before any fitting
+        DCR(ann_params={"efSearch": 3}).fit(sample.planted_ratings(seed=1))
 
 
 def test_list_models_and_metrics_say_which_index_serves(registry):
