@@ -13,7 +13,8 @@ memory-mapped file (shared between the server's processes through the page
 cache), only the graph is read into memory, and nothing is unpickled.
 
 Semantics match exact scoring: excluded items are filtered inside the graph
-search (faiss's ID selector), never returned; when the search comes back
+search (faiss's ID selector), never returned, and the search breadth grows
+by their number (they crowd the user's best region); when the search comes back
 with fewer than ``n`` eligible items the breadth grows, and past a bound the
 caller's exact path answers, so ``n`` results come back whenever ``n``
 eligible items exist.
@@ -174,7 +175,9 @@ class AnnSearch:
             batch = faiss.IDSelectorBatch(np.ascontiguousarray(exclude, dtype=np.int64))
             selector = faiss.IDSelectorNot(batch)
             params.sel = selector
-        ef = max(self.ef_search, want)
+        # Excluded items are mostly the user's own best (the training items the model fits), so
+        # a filtered walk must step over them: widen it by their number, as over-fetching would.
+        ef = min(max(self.ef_search + excluded, want), _MAX_EF)
         while ef <= _MAX_EF:
             params.efSearch = ef
             scores, rows = self.index.search(query, want, params=params)
