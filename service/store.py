@@ -151,6 +151,9 @@ class ModelStore:
         m = self.metrics
         m.forget_model(name)
         m.model_info.labels(name, model.kind, model.version, model.reason.split(":")[0]).set(1)
+        search = getattr(model.index, "search", "")
+        if search:
+            m.model_search.labels(name, search).set(1)
         m.model_created.labels(name).set(_created_timestamp(model.created_at))
         m.model_loaded.labels(name).set(model.loaded_at)
         m.load_seconds.labels(name).set(model.load_seconds)
