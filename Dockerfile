@@ -15,7 +15,8 @@ COPY ordrec ordrec
 COPY service service
 COPY trainer trainer
 COPY tools tools
-RUN pip install ".${EXTRAS:+[$EXTRAS]}"
+# The s3 extra (boto3) is always in: the image serves from and trains into s3:// registries too.
+RUN pip install ".[s3${EXTRAS:+,$EXTRAS}]"
 
 FROM python:3.11-slim
 RUN useradd --system --uid 10001 --create-home --home-dir /srv/ordrec ordrec \

@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all proto proto-check lint-imports redis browser h2load clean
+.PHONY: venv demo test test-slow test-all proto proto-check lint-imports deploy-check redis browser h2load clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ proto-check: $(STAMP)
 lint-imports: $(STAMP)
 	$(BIN)/python scripts/lint_imports.py
 
+# Render deploy/ (kubectl kustomize, or a built-in renderer without kubectl) and validate every
+# object offline against the Kubernetes schemas (kubernetes-validate) and deploy/'s own rules.
+deploy-check: $(STAMP)
+	$(BIN)/python scripts/deploy_check.py
+
 redis:
 	@scripts/ensure_redis.sh
 
@@ -42,7 +47,7 @@ demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
 # The fast suite: unit, property, gradient, end-to-end (real server, real Redis).
-test: $(STAMP) redis browser h2load proto-check lint-imports
+test: $(STAMP) redis browser h2load proto-check lint-imports deploy-check
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # Real-data quality tests (ORDREC_DATA points at the data sets; default ../shared/data).

@@ -6,6 +6,7 @@ Layout::
     <registry>/<model-name>/<version>/arrays/*.npy    arrays, loaded with mmap, never pickled
     <registry>/<model-name>/<version>/ids/*.txt       external ids, one a line, row order
     <registry>/<model-name>/<version>/views/*         files for people (the map report), checksummed
+    <registry>/<model-name>/<version>/indexes/*       search indices (service/ann.py), checksummed
     <registry>/<model-name>/PINNED                    optional: the pinned version
 
 Publishing writes into a hidden temporary sibling folder, fsyncs every file
@@ -49,6 +50,7 @@ _VERSION_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
 _VERSION_FMT = "%Y%m%dT%H%M%S.%fZ"
 _VIEW_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 VIEWS_DIR = "views"
+INDEXES_DIR = "indexes"
 _CHUNK = 1 << 20
 
 
@@ -125,6 +127,7 @@ class Artifact:
     created_at: str = ""
     path: Path | None = None
     views: dict[str, View] = field(default_factory=dict)  # verified and read at load
+    indexes: dict[str, SearchIndex] = field(default_factory=dict)  # verified at load, opened by the index
 
     def array(self, key: str) -> np.ndarray:
         try:
@@ -180,6 +183,22 @@ class View:
 
 
 ViewSource = Mapping[str, "bytes | View"]
+
+
+@dataclass(frozen=True)
+class SearchIndex:
+    """A search index file published in a version (``service/ann.py``), checksummed in the
+    manifest like the arrays.
+
+    In the trainer, ``write`` builds the file at a given path when the version is
+    published (so an artifact that is only evaluated never pays for the build). Once
+    published or loaded, ``path`` is the verified file inside the version folder.
+    """
+
+    library: str
+    params: dict[str, Any]
+    write: Callable[[Path], None] | None = None
+    path: Path | None = None
 
 
 def _as_view(value: bytes | View) -> View:
@@ -323,6 +342,10 @@ class Registry:
             raise ArtifactError(f"{name}: no published version in {self.root}")
         return versions[-1], "newest"
 
+    def manifest(self, name: str, version: str) -> manifest_pb2.Manifest:
+        """The manifest of one version, read without loading it (as :class:`S3Registry` does)."""
+        return read_manifest(self.root / validate_model_name(name) / version)
+
     # --------------------------------------------------------------- pinning
     def pin(self, name: str, version: str) -> None:
         if version not in self.versions(name):
@@ -412,6 +435,9 @@ class Registry:
             os.close(lock)
         artifact.name, artifact.version = name, version
         artifact.created_at, artifact.path = manifest.created_at, folder / version
+        for entry in manifest.indexes:
+            artifact.indexes[entry.name] = dataclasses.replace(artifact.indexes[entry.name],
+                                                               path=folder / version / entry.path)
         if keep is not None:
             self.prune(name, keep)
         return version
@@ -446,9 +472,29 @@ class Registry:
             rel = f"ids/{space}.txt"
             digest = _write_synced(tmp / rel, _encode_ids(space, ids))
             manifest.ids.add(space=space, path=rel, sha256=digest, count=len(ids))
+        self._write_indexes(tmp, manifest, artifact)
         _fsync_dir(tmp / "arrays")
         _fsync_dir(tmp / "ids")
         return manifest
+
+    @staticmethod
+    def _write_indexes(tmp: Path, manifest: manifest_pb2.Manifest, artifact: Artifact) -> None:
+        if not artifact.indexes:
+            return
+        (tmp / INDEXES_DIR).mkdir()
+        for key, index in sorted(artifact.indexes.items()):
+            if not _ARRAY_NAME_RE.match(key) or not _ARRAY_NAME_RE.match(index.library.replace("-", "_")):
+                raise ArtifactError(f"index {key!r} ({index.library!r}) must match {_ARRAY_NAME_RE.pattern}")
+            if index.write is None:
+                raise ArtifactError(f"index {key!r} has nothing to write")
+            rel = f"{INDEXES_DIR}/{key}.{index.library}"
+            index.write(tmp / rel)
+            with open(tmp / rel, "rb+") as fh:
+                os.fsync(fh.fileno())
+            entry = manifest.indexes.add(name=key, path=rel, sha256=_sha256_file(tmp / rel),
+                                         library=index.library, size_bytes=(tmp / rel).stat().st_size)
+            entry.params.CopyFrom(_struct(index.params))
+        _fsync_dir(tmp / INDEXES_DIR)
 
     def _rename_into_place(self, tmp: Path, folder: Path, manifest: manifest_pb2.Manifest,
                            views_of: Callable[[str], ViewSource]) -> str:
@@ -641,6 +687,12 @@ def _load_ids(folder: Path, entry: manifest_pb2.IdFile) -> IdMap:
         raise ArtifactError(f"{path}: {exc}") from None
 
 
+def _load_index(folder: Path, entry: manifest_pb2.IndexFile) -> SearchIndex:
+    path = _inside(folder, entry.path)
+    _verify_checksum(path, entry.sha256)
+    return SearchIndex(library=entry.library, params=_from_struct(entry.params), path=path)
+
+
 def read_view(folder: str | os.PathLike, name: str) -> bytes | None:
     """The verified bytes of one view of a published version, or None when it has none."""
     folder = Path(folder)
@@ -660,6 +712,7 @@ def load_version(folder: str | os.PathLike, *, mmap: bool = True, views: bool = 
     arrays = {Path(e.path).stem: _load_array(folder, e, mmap) for e in manifest.arrays}
     ids = {e.space: _load_ids(folder, e) for e in manifest.ids}
     loaded_views = {e.name: _load_view(folder, e) for e in manifest.views} if views else {}
+    indexes = {e.name: _load_index(folder, e) for e in manifest.indexes}
     return Artifact(
         kind=manifest.kind,
         arrays=arrays,
@@ -673,4 +726,5 @@ def load_version(folder: str | os.PathLike, *, mmap: bool = True, views: bool = 
         created_at=manifest.created_at,
         path=folder,
         views=loaded_views,
+        indexes=indexes,
     )

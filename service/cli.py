@@ -38,7 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ordrec-serve", description="Serve ordrec models over gRPC.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                 epilog="Load test: ordrec-loadtest --help")
-    p.add_argument("--registry", required=True, help="registry directory the trainer publishes to")
+    p.add_argument("--registry", required=True,
+                   help="registry the trainer publishes to: a directory, or s3://bucket/prefix (credentials and"
+                        " endpoint from the standard AWS environment and config, e.g. AWS_ENDPOINT_URL)")
+    p.add_argument("--cache-dir", help="local folder an s3:// registry's versions are downloaded to and"
+                                       " memory-mapped from (default: $XDG_CACHE_HOME/ordrec/registry, else"
+                                       " <temp>/ordrec-cache-<uid>)")
     p.add_argument("--host", default=d.host, help="gRPC bind address")
     p.add_argument("--port", type=int, default=d.port, help="gRPC port (0: pick a free one)")
     p.add_argument("--metrics-host", default=d.metrics_host, help="bind address of /metrics, /healthz and /maps")
@@ -93,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     streams = StreamLimits(max_streams=args.max_streams, max_streams_per_connection=args.max_streams_per_connection,
                            stall_seconds=args.stream_stall_seconds, max_seconds=args.stream_max_seconds)
     return ServerConfig(
-        registry=args.registry, host=args.host, port=args.port, metrics_host=args.metrics_host,
+        registry=args.registry, cache_dir=args.cache_dir, host=args.host, port=args.port, metrics_host=args.metrics_host,
         metrics_port=args.metrics_port, workers=args.workers, poll_interval=args.poll_interval,
         grace=args.grace, limits=limits, streams=streams, max_connection_age=args.max_connection_age,
         reuse_port=args.reuse_port, redis_url=args.redis_url, redis_timeout=args.redis_timeout,

@@ -68,6 +68,29 @@ class RegistryBackend:
             return abs(len(after) - len(before))
 
 
+class NoBackend:
+    """A registry that cannot hold hidden items (an s3:// one): nothing hidden, changes refused."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def token(self) -> object:
+        return None
+
+    def read(self) -> Sets:
+        return {}
+
+    def change(self, scope: str, ids: Iterable[str], hide: bool) -> int:
+        raise FailedPrecondition(self.why)
+
+
+def registry_backend(registry) -> RegistryBackend | NoBackend:
+    """Hidden items in a local registry's files; an object-store registry needs Redis for them."""
+    if isinstance(registry, Registry):
+        return RegistryBackend(registry)
+    return NoBackend(f"hidden items with the registry {registry!r} need Redis (--redis)")
+
+
 class RedisBackend:
     """Hidden ids in Redis sets, shared by every replica."""
 

@@ -33,6 +33,10 @@ class Metrics:
                                   _GRPC_LABELS, buckets=_LATENCY_BUCKETS, registry=r)
         self.model_info = Gauge("ordrec_model_info", "1 for the version of each model being served.",
                                 ("model", "kind", "version", "reason"), registry=r)
+        self.model_search = Gauge("ordrec_model_search_info",
+                                  "1 for what answers a served model's Recommend over the whole catalogue:"
+                                  " 'exact' or the approximate index with its parameters.",
+                                  ("model", "search"), registry=r)
         self.model_created = Gauge("ordrec_model_created_timestamp_seconds",
                                    "When the served version was trained (alert on its age).",
                                    ("model",), registry=r)
@@ -63,6 +67,7 @@ class Metrics:
     def forget_model(self, name: str) -> None:
         """Drop the labelled series of a model before re-registering its new version."""
         self.model_info.remove_by_labels({"model": name})
+        self.model_search.remove_by_labels({"model": name})
 
 
 def _ended_code(context, failed: bool) -> grpc.StatusCode:

@@ -16,8 +16,8 @@ from grpc_reflection.v1alpha import reflection
 
 from ordrec.v1 import recommender_pb2
 from ordrec.service import topk
-from ordrec.service.artifacts import Registry
-from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
+from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend, registry_backend
+from ordrec.service.objectstore import open_registry
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
@@ -33,11 +33,16 @@ SERVICE_NAME = recommender_pb2.DESCRIPTOR.services_by_name["Recommender"].full_n
 # A health entry of its own, so probes can see Redis trouble while the
 # service itself stays SERVING (it fails open without Redis).
 REDIS_HEALTH = "ordrec.redis"
+# SERVING while the process answers at all, models or not: a liveness probe's target. The
+# overall status ("") waits for a loaded model, so it suits readiness, not liveness (an
+# empty registry would otherwise restart every replica in a loop).
+LIVENESS_HEALTH = "ordrec.liveness"
 
 
 @dataclass
 class ServerConfig:
-    registry: str
+    registry: str  # a directory, or s3://bucket/prefix
+    cache_dir: str | None = None  # where an s3:// registry's versions are downloaded (None: the default)
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_host: str = "127.0.0.1"
@@ -84,7 +89,7 @@ class Server:
         self._stopped = threading.Event()
         self.metrics = Metrics()
         self.health = ListingHealthServicer()
-        self.store = ModelStore(Registry(config.registry), self.metrics, on_change=self._update_health)
+        self.store = ModelStore(open_registry(config.registry, config.cache_dir), self.metrics, on_change=self._update_health)
         self.seen = (RedisSeenStore(config.redis_url, self.metrics, config.redis_timeout, config.seen_ttl,
                                     on_change=self._update_health)
                      if config.redis_url else SeenStore())
@@ -98,16 +103,16 @@ class Server:
         self.port = config.port
         self.metrics_port = config.metrics_port
 
-    @staticmethod
-    def _hidden_state(config: ServerConfig) -> tuple[HiddenState, RegistryBackend | None]:
+    def _hidden_state(self, config: ServerConfig) -> tuple[HiddenState, object]:
         """Hidden items in Redis (mirrored to the registry, read from there when Redis is down at
         start-up), or in the registry followed by the poll."""
-        files = RegistryBackend(Registry(config.registry))
+        files = registry_backend(self.store.registry)
         if not config.redis_url:
             return HiddenState(files, config.poll_interval or 5.0), None
         # Its own client with a longer timeout: it reads whole sets off the request path.
         backend = RedisBackend(connect(config.redis_url, max(config.redis_timeout, 1.0)))
-        return HiddenState(backend, config.hidden_interval, fallback=files), files
+        mirror = files if isinstance(files, RegistryBackend) else None
+        return HiddenState(backend, config.hidden_interval, fallback=mirror), mirror
 
     def serving(self) -> bool:
         return bool(self.store.snapshot())
@@ -126,6 +131,7 @@ class Server:
         status = serving if self.serving() else not_serving
         for service in ("", SERVICE_NAME):
             self.health.set(service, status)
+        self.health.set(LIVENESS_HEALTH, serving)
         if self.config.redis_url:
             self.health.set(REDIS_HEALTH, serving if self.seen.healthy() else not_serving)
 

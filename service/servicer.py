@@ -352,7 +352,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             info = reply.models.add(
                 name=name, kind=model.kind, version=model.version, created_at=model.created_at,
                 loaded_at=model.loaded_at, reason=model.reason, rpcs=sorted(model.index.rpcs),
-                spaces=model.index.spaces(),
+                spaces=model.index.spaces(), index=getattr(model.index, "search", ""),
             )
             info.sizes.update(model.index.sizes())
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})

@@ -20,6 +20,7 @@ from ordrec.service.errors import FailedPrecondition, InvalidArgument, NotFound,
 from ordrec.service.metrics import Metrics
 from ordrec.service.models import build_index
 from ordrec.service.models.base import ModelIndex
+from ordrec.service.objectstore import RegistryUnavailable
 
 log = logging.getLogger("ordrec.service")
 
@@ -120,6 +121,10 @@ class ModelStore:
         try:
             artifact = self.registry.load(name, version)
             index = build_index(artifact)
+        except RegistryUnavailable as exc:
+            # Says nothing about the version: try again at the next poll, keep serving meanwhile.
+            log.warning("could not fetch %s@%s, retrying at the next poll: %s", name, version, exc)
+            return False
         except Exception as exc:  # noqa: BLE001 - any failure refuses the version, the old one stays
             error = f"{type(exc).__name__}: {exc}"
             self._refused[(name, version)] = error
@@ -146,6 +151,9 @@ class ModelStore:
         m = self.metrics
         m.forget_model(name)
         m.model_info.labels(name, model.kind, model.version, model.reason.split(":")[0]).set(1)
+        search = getattr(model.index, "search", "")
+        if search:
+            m.model_search.labels(name, search).set(1)
         m.model_created.labels(name).set(_created_timestamp(model.created_at))
         m.model_loaded.labels(name).set(model.loaded_at)
         m.load_seconds.labels(name).set(model.load_seconds)

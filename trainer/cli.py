@@ -12,6 +12,9 @@ Subcommands::
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
 
+Every --registry takes a directory or ``s3://bucket/prefix`` (``pip install ordrec[s3]``;
+credentials and endpoint from the standard AWS environment and config).
+
 Exit codes: 0 success (for ``run``: published), 1 failure, 2 usage or data
 error, 3 (``run`` only) rejected by the quality gate.
 """
@@ -23,7 +26,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ordrec.service.artifacts import ArtifactError, Registry
+from ordrec.service.artifacts import ArtifactError
+from ordrec.service.artifacts import Registry as LocalRegistry
+from ordrec.service.objectstore import open_registry  # a directory, or s3://bucket/prefix
 from ordrec.service.models import kinds
 from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
@@ -77,7 +82,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         artifact.metrics.setdefault(metric, value)
     if args.item_attributes:
         add_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
-    registry = Registry(args.registry)
+    registry = open_registry(args.registry)
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
@@ -140,17 +145,15 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _version_metrics(registry: Registry, name: str, version: str) -> str:
-    from ordrec.service.artifacts import read_manifest
-
+def _version_metrics(registry, name: str, version: str) -> str:
     try:  # the manifest only: listing does not verify every array
-        return format_metrics(dict(read_manifest(registry.root / name / version).metrics))
+        return format_metrics(dict(registry.manifest(name, version).metrics))
     except ArtifactError as exc:
         return f"unreadable manifest: {exc}"
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    registry = Registry(args.registry)
+    registry = open_registry(args.registry)
     for name in [args.model] if args.model else registry.models():
         pinned = registry.pinned(name)
         try:
@@ -164,25 +167,25 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    Registry(args.registry).pin(args.model, args.version)
+    open_registry(args.registry).pin(args.model, args.version)
     print(f"pinned {args.model} to {args.version}")
     return EXIT_OK
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
-    Registry(args.registry).unpin(args.model)
+    open_registry(args.registry).unpin(args.model)
     print(f"unpinned {args.model}: the newest version is live")
     return EXIT_OK
 
 
 def _hidden_backends(args: argparse.Namespace):
     """Where hidden items live: Redis (mirrored to the registry) when given, else the registry."""
-    from ordrec.service.hidden import RedisBackend, RegistryBackend
+    from ordrec.service.hidden import RedisBackend, RegistryBackend, registry_backend
     from ordrec.service.redis_state import connect
 
-    files = RegistryBackend(Registry(args.registry))
+    files = registry_backend(open_registry(args.registry))
     if args.redis:
-        return RedisBackend(connect(args.redis, 5.0)), files
+        return RedisBackend(connect(args.redis, 5.0)), files if isinstance(files, RegistryBackend) else None
     return files, None
 
 
@@ -205,10 +208,15 @@ def cmd_hide(args: argparse.Namespace) -> int:
     scope = _hidden_scope(args)
     backend, mirror = _hidden_backends(args)
     hide = args.command == "hide"
+    from ordrec.service.errors import ServiceError
+
     try:
         changed = apply_change(backend, scope, ids, hide)
     except redis.RedisError as exc:
         print(f"ordrec-train: Redis is unreachable, nothing changed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except ServiceError as exc:
+        print(f"ordrec-train: {exc}", file=sys.stderr)
         return EXIT_FAILED
     if mirror is not None:  # the copy a replica reads when Redis is down at its start-up
         apply_change(mirror, scope, ids, hide)
@@ -226,13 +234,13 @@ def cmd_hidden(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    for version in Registry(args.registry).prune(args.model, args.keep):
+    for version in open_registry(args.registry).prune(args.model, args.keep):
         print(f"removed {args.model}@{version}")
     return EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    for path in Registry(args.registry).gc():
+    for path in open_registry(args.registry).gc():
         print(f"removed {path}")
     return EXIT_OK
 
@@ -246,7 +254,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ordrec.trainer.report_html import write_report
 
-    print(write_report(Registry(args.registry), args.model, args.version, labels_path=args.labels))
+    registry = open_registry(args.registry)
+    if not isinstance(registry, LocalRegistry):
+        # Versions in an object store are immutable once their manifest is up; a new
+        # report comes with the next publish (the job draws it for map models).
+        raise ValueError("report redraws a version in a local registry only; "
+                         "an s3:// version gets its report when it is published")
+    print(write_report(registry, args.model, args.version, labels_path=args.labels))
     return EXIT_OK
 
 

@@ -52,6 +52,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -63,7 +64,8 @@ try:
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry, read_manifest, validate_model_name
+from ordrec.service.artifacts import Artifact, ArtifactError, Registry, validate_model_name
+from ordrec.service.objectstore import S3Registry, is_object_store, open_registry
 from ordrec.service.models import kinds
 from ordrec.trainer.data.types import DataError, RatingScale
 
@@ -123,7 +125,7 @@ class ModelJob:
 class JobConfig:
     path: Path
     name: str
-    registry: Path
+    registry: Path | str  # a directory, or s3://bucket/prefix
     lock: Path
     redis: str | None = None
     redis_timeout: float = DEFAULT_REDIS_TIMEOUT
@@ -305,8 +307,16 @@ def load_job(path: str | os.PathLike) -> JobConfig:
 
 
 def _job_config(c: _Checker, path: Path, base: Path, job: dict) -> JobConfig:
-    registry = _resolve(base, job["registry"])
-    lock = _resolve(base, job["lock"]) if job["lock"] else registry / f".job-{job['name']}.lock"
+    registry: Path | str
+    if is_object_store(job["registry"]):
+        registry = job["registry"]
+        # An object store takes no flock: the default lock is local (the CronJob's
+        # concurrencyPolicy: Forbid keeps runs apart across machines).
+        default_lock = Path(tempfile.gettempdir()) / f"ordrec-job-{job['name']}.lock"
+    else:
+        registry = _resolve(base, job["registry"])
+        default_lock = registry / f".job-{job['name']}.lock"
+    lock = _resolve(base, job["lock"]) if job["lock"] else default_lock
     return JobConfig(path=path, name=job["name"], registry=registry, lock=lock, redis=job["redis"],
                      redis_timeout=job["redis_timeout"], keep=job["keep"])
 
@@ -423,14 +433,14 @@ class LiveFigure:
     seed: float | None = None
 
 
-def live_figure(registry: Registry, name: str, metric: str) -> LiveFigure:
+def live_figure(registry: Registry | S3Registry, name: str, metric: str) -> LiveFigure:
     """The live version's stored held-out metric, from its manifest alone (no arrays read)."""
     try:
         version, reason = registry.live_version(name)
     except ArtifactError:
         return LiveFigure(None, "no live version")
     try:
-        metrics = read_manifest(registry.root / name / version).metrics
+        metrics = registry.manifest(name, version).metrics
     except ArtifactError as exc:
         return LiveFigure(version, f"live manifest unreadable ({exc})")
     key = METRIC_PREFIX + metric
@@ -467,7 +477,7 @@ class _Job:
     def __init__(self, config: JobConfig, dry_run: bool):
         self.config = config
         self.dry_run = dry_run
-        self.registry = Registry(config.registry)
+        self.registry = open_registry(config.registry)
         self._data: dict[str, Any] = {}
 
     def say(self, model: str | None, message: str, *args, level: int = logging.INFO,

@@ -43,8 +43,24 @@ class ViewFile(_message.Message):
     script_hashes: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., script_hashes: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class IndexFile(_message.Message):
+    __slots__ = ("name", "path", "sha256", "library", "params", "size_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    LIBRARY_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    sha256: str
+    library: str
+    params: _struct_pb2.Struct
+    size_bytes: int
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ..., sha256: _Optional[str] = ..., library: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+
 class Manifest(_message.Message):
-    __slots__ = ("format", "name", "kind", "version", "created_at", "code_version", "hyperparameters", "data_fingerprint", "metrics", "arrays", "ids", "attributes", "views")
+    __slots__ = ("format", "name", "kind", "version", "created_at", "code_version", "hyperparameters", "data_fingerprint", "metrics", "arrays", "ids", "attributes", "views", "indexes")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +81,7 @@ class Manifest(_message.Message):
     IDS_FIELD_NUMBER: _ClassVar[int]
     ATTRIBUTES_FIELD_NUMBER: _ClassVar[int]
     VIEWS_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
     format: int
     name: str
     kind: str
@@ -78,4 +95,5 @@ class Manifest(_message.Message):
     ids: _containers.RepeatedCompositeFieldContainer[IdFile]
     attributes: _struct_pb2.Struct
     views: _containers.RepeatedCompositeFieldContainer[ViewFile]
-    def __init__(self, format: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., code_version: _Optional[str] = ..., hyperparameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., data_fingerprint: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., arrays: _Optional[_Iterable[_Union[ArrayFile, _Mapping]]] = ..., ids: _Optional[_Iterable[_Union[IdFile, _Mapping]]] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., views: _Optional[_Iterable[_Union[ViewFile, _Mapping]]] = ...) -> None: ...
+    indexes: _containers.RepeatedCompositeFieldContainer[IndexFile]
+    def __init__(self, format: _Optional[int] = ..., name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., code_version: _Optional[str] = ..., hyperparameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., data_fingerprint: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., arrays: _Optional[_Iterable[_Union[ArrayFile, _Mapping]]] = ..., ids: _Optional[_Iterable[_Union[IdFile, _Mapping]]] = ..., attributes: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., views: _Optional[_Iterable[_Union[ViewFile, _Mapping]]] = ..., indexes: _Optional[_Iterable[_Union[IndexFile, _Mapping]]] = ...) -> None: ...

@@ -218,7 +218,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "kind", "version", "created_at", "loaded_at", "reason", "rpcs", "sizes", "metrics", "spaces")
+    __slots__ = ("name", "kind", "version", "created_at", "loaded_at", "reason", "rpcs", "sizes", "metrics", "spaces", "index")
     class SizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +243,7 @@ class ModelInfo(_message.Message):
     SIZES_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     SPACES_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     version: str
@@ -253,7 +254,8 @@ class ModelInfo(_message.Message):
     sizes: _containers.ScalarMap[str, int]
     metrics: _containers.ScalarMap[str, float]
     spaces: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., loaded_at: _Optional[float] = ..., reason: _Optional[str] = ..., rpcs: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Mapping[str, int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., spaces: _Optional[_Iterable[str]] = ...) -> None: ...
+    index: str
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., loaded_at: _Optional[float] = ..., reason: _Optional[str] = ..., rpcs: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Mapping[str, int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., spaces: _Optional[_Iterable[str]] = ..., index: _Optional[str] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

@@ -72,6 +72,9 @@ class RecommenderIndex(ModelIndex):
     """Top-N items for a user: the one ``recommend`` signature of every model."""
 
     rpcs = frozenset({"Recommend"})
+    # What answers recommend() over the whole catalogue (ListModels, metrics): every
+    # kind scores exactly unless it opens an approximate index (service/ann.py).
+    search: str = "exact"
 
     def __init__(self, artifact: Artifact):
         super().__init__(artifact)

@@ -18,13 +18,18 @@ maximum-inner-product search followed by the shared numba top-k.
 
 Both DCR and Pairwise DCR use this index (a refined model is usually
 published under the name "pairwise_dcr"); the kind is "dcr" for both.
+
+A version with an item index (``indexes["items"]``, published by the trainer
+for catalogues of ``ann_min_items`` items or more) answers whole-catalogue
+top-N from it (``service/ann.py``); candidate lists, the per-item scores and
+``distribution`` stay exact.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ordrec.service.artifacts import Artifact, ArtifactError
-from ordrec.service.models.base import RecommenderIndex, check_finite
+from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.topk import affine_scores
 
 RELEVANCE = ("linear", "log", "exp")
@@ -116,25 +121,70 @@ class DCRIndex(RecommenderIndex):
         self.weights = c
         self.offset = np.float32(offset)
         self._user_raw = user
-        # Fold the level weights into the user side once: scoring is then a plain product.
-        scale = np.repeat(c, self.rank).astype(np.float32)
-        self._user = np.ascontiguousarray(user * scale[None, :])
+        # The level weights fold into the user side, so scoring is a plain product. They are
+        # folded per request rather than into a copy: at a million users a folded copy would
+        # double the user factors' memory, for one row multiply a request.
+        self._scale = np.repeat(c, self.rank).astype(np.float32)
         self._item = np.ascontiguousarray(item)
+        self.ann = self._open_ann(artifact, width)
+        if self.ann is not None:
+            self.search = self.ann.description
+
+    @staticmethod
+    def _open_ann(artifact: Artifact, width: int):
+        entry = artifact.indexes.get("items")
+        if entry is None or entry.path is None:  # none, or an in-memory artifact not yet published
+            return None
+        from ordrec.service.ann import AnnSearch  # imports faiss: only for versions that need it
+
+        try:
+            return AnnSearch.open(entry, len(artifact.ids["items"]), width)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{artifact.describe()}: {exc}") from None
+
+    def folded(self, user_rows: np.ndarray) -> np.ndarray:
+        """User factors with the level weights folded in, shape ``(len(user_rows), width)``."""
+        return self._user_raw[np.asarray(user_rows, dtype=np.int64)] * self._scale
 
     # ------------------------------------------------------------ scoring
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(user_rows, dtype=np.int64)
         if rows.size == 1:
             # one user (the usual request): one pass holding the GIL (service/topk.py)
-            return affine_scores(self._item, self._user[int(rows[0])], self.offset)[None, :]
-        scores = self._user[rows] @ self._item.T
+            return affine_scores(self._item, self.folded(rows)[0], self.offset)[None, :]
+        scores = self.folded(rows) @ self._item.T
         scores += self.offset
         return scores
 
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
-        scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ self._user[int(user_row)]
+        scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ self.folded([user_row])[0]
         scores += self.offset
         return scores
+
+    # ---------------------------------------------------- approximate top-N
+    def recommend(self, user_row: int, n: int, *, exclude: np.ndarray | None = None,
+                  candidates: np.ndarray | None = None) -> Ranked:
+        if self.ann is None or candidates is not None:
+            return super().recommend(user_row, n, exclude=exclude, candidates=candidates)
+        return self._recommend_ann(user_row, n, exclude)
+
+    def recommend_many(self, user_rows: np.ndarray, n: int, *, excludes: list[np.ndarray | None],
+                       candidates: np.ndarray | None = None) -> list[Ranked]:
+        if self.ann is None or candidates is not None:
+            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates)
+        # One graph search per user: each has its own exclusions, which faiss takes per call.
+        return [self._recommend_ann(int(u), n, ex) for u, ex in zip(user_rows, excludes)]
+
+    def recommend_exact(self, user_row: int, n: int, *, exclude: np.ndarray | None = None) -> Ranked:
+        """Top-N by scoring every item (what the index approximates)."""
+        return super().recommend(user_row, n, exclude=exclude)
+
+    def _recommend_ann(self, user_row: int, n: int, exclude: np.ndarray | None) -> Ranked:
+        found = self.ann.search(self.folded([user_row])[0], n, exclude)
+        if found is None:  # too many exclusions for the graph: score every item
+            return self.recommend_exact(user_row, n, exclude=exclude)
+        rows, products = found
+        return rows, products + self.offset
 
     def level_probabilities(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """The learned ``P(r >= l_t)`` for t = 2..S, shape ``(len(item_rows), S - 1)``, unclipped."""

@@ -58,6 +58,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ordrec.service.ann import ANN_MIN_ITEMS, build_params, item_index
 from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.dcr import RELEVANCE, level_weights
@@ -410,6 +411,14 @@ class DCR(Estimator):
         artifact is float32 either way.
     random_state : int, default 0
         Seed of the initialisation, the rating order and the pair sampling.
+    ann_min_items : int, default 30000
+        Catalogues of at least this many items are published with an
+        approximate item index (``service/ann.py``, ``docs/catalog.md``) that
+        the server answers whole-catalogue Recommend from; smaller ones are
+        scored exactly.
+    ann_params : dict or None, default None
+        The index's ``M``, ``ef_construction`` and ``ef_search``
+        (``service.ann.DEFAULT_PARAMS`` for the ones not given).
     verbose : bool, default False
         Progress line on stderr.
     """
@@ -440,6 +449,8 @@ class DCR(Estimator):
         "validation_folds": [Interval(Integral, 1, None)],
         "dtype": [Options(str, {"float32", "float64"})],
         "random_state": [Interval(Integral, 0, None)],
+        "ann_min_items": [Interval(Integral, 1, None)],
+        "ann_params": [None, dict],
         "verbose": ["boolean"],
     }
 
@@ -451,7 +462,7 @@ class DCR(Estimator):
                  pairs_per_epoch: float = 1.0, tol: float = 0.002, init: str = "random", patience: int = 5,
                  val_tol: float = 0.0, early_stopping: bool = False, validation_fraction: float = 0.25,
                  validation_folds: int = 3, dtype: str = "float32", random_state: int = 0,
-                 verbose: bool = False):
+                 ann_min_items: int = ANN_MIN_ITEMS, ann_params: dict | None = None, verbose: bool = False):
         self.n_components = n_components
         self.levels = levels
         self.relevance = relevance
@@ -474,11 +485,14 @@ class DCR(Estimator):
         self.validation_folds = validation_folds
         self.dtype = dtype
         self.random_state = random_state
+        self.ann_min_items = ann_min_items
+        self.ann_params = ann_params
         self.verbose = verbose
 
     # ------------------------------------------------------------ checks
     def _validate_params(self, research: "ResearchOptions | None" = None) -> None:
         super()._validate_params()
+        build_params(self.ann_params)  # names an unknown or non-positive index parameter
         if research is not None:
             research.validate()
             if research.item_bias and int(self.n_components) < 2:
@@ -768,11 +782,15 @@ class DCR(Estimator):
             item_factors = item_factors * (counts / (counts + beta))[:, None]
         if self.pairwise:
             metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
+        item_factors = item_factors.astype(np.float32)
+        # A large catalogue gets an approximate item index, built when the version is published.
+        indexes = ({"items": item_index(item_factors, self.ann_params)}
+                   if item_factors.shape[0] >= int(self.ann_min_items) else {})
         return Artifact(
             kind=self.kind,
             arrays={
                 "user_factors": self.U_.reshape(n_users, L * f).astype(np.float32),
-                "item_factors": item_factors.astype(np.float32),
+                "item_factors": item_factors,
                 "seen_indptr": self.seen_indptr_.astype(np.int64),
                 "seen_indices": self.seen_indices_.astype(np.int32),
                 "item_popularity": self.item_popularity_,
@@ -787,6 +805,7 @@ class DCR(Estimator):
                 "pairwise": bool(self.pairwise),
             },
             data_fingerprint=self.data_fingerprint_,
+            indexes=indexes,
         )
 
 

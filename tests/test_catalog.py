@@ -1,0 +1,179 @@
+"""Large catalogues (issue 17): the approximate item index published with a DCR
+version, verified at load, and answering Recommend with exact scoring's semantics."""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ordrec.service import ann
+from ordrec.service.artifacts import Artifact, ArtifactError, Registry
+from ordrec.service.idmap import IdMap
+from ordrec.service.models import build_index
+from ordrec.service.process import ServerProcess, run_cli
+from ordrec.trainer import sample
+from ordrec.trainer.models.dcr import DCR
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
+
+N_ITEMS, N_USERS, RANK, LEVELS = 3000, 200, 6, [1.0, 2.0, 3.0, 4.0, 5.0]
+SMALL_GRAPH = {"M": 12, "ef_construction": 40, "ef_search": 32}
+
+
+def clustered_artifact(seed: int = 0, with_index: bool = True) -> Artifact:
+    """A DCR artifact whose item factors form clusters (as trained ones do), inside the unit ball."""
+    rng = np.random.default_rng(seed)
+    width = (len(LEVELS) - 1) * RANK
+    centers = rng.normal(size=(20, width))
+    items = centers[rng.integers(0, 20, N_ITEMS)] + 0.7 * rng.normal(size=(N_ITEMS, width))
+    items *= rng.uniform(0.1, 1.0, (N_ITEMS, 1)) / np.linalg.norm(items, axis=1, keepdims=True)
+    users = centers[rng.integers(0, 20, N_USERS)] + rng.normal(size=(N_USERS, width))
+    users /= np.linalg.norm(users, axis=1, keepdims=True)
+    seen = np.sort(rng.choice(N_ITEMS, (N_USERS, 10)), axis=1)
+    items = items.astype(np.float32)
+    return Artifact(
+        kind="dcr",
+        arrays={"user_factors": users.astype(np.float32), "item_factors": items,
+                "seen_indptr": np.arange(0, N_USERS * 10 + 1, 10, dtype=np.int64),
+                "seen_indices": seen.reshape(-1).astype(np.int32),
+                "item_popularity": rng.random(N_ITEMS).astype(np.float32)},
+        ids={"users": IdMap([f"u{i}" for i in range(N_USERS)]), "items": IdMap([f"i{i}" for i in range(N_ITEMS)])},
+        attributes={"levels": LEVELS, "relevance": "linear", "rank": RANK, "pairwise": False},
+        indexes={"items": ann.item_index(items, SMALL_GRAPH)} if with_index else {},
+    )
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    reg = Registry(tmp_path_factory.mktemp("catalog"))
+    reg.publish("big", clustered_artifact())
+    reg.publish("small", clustered_artifact(with_index=False))
+    return reg
+
+
+@pytest.fixture(scope="module")
+def served(registry):
+    return build_index(registry.load("big"))
+
+
+def test_publish_lists_the_index_with_its_checksum_and_load_opens_it(registry, served):
+    folder = registry.root / "big" / registry.versions("big")[-1]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (entry,) = manifest["indexes"]
+    assert entry["name"] == "items" and entry["library"] == ann.LIBRARY and len(entry["sha256"]) == 64
+    assert (folder / entry["path"]).stat().st_size == int(entry["size_bytes"])
+    assert entry["params"] == {k: float(v) for k, v in SMALL_GRAPH.items()}
+    assert served.ann is not None and served.search == "faiss-hnsw-ip M=12 ef_search=32"
+    assert build_index(registry.load("small")).search == "exact"
+
+
+def test_index_answers_close_to_exact(served):
+    hits = 0
+    for user in range(N_USERS):
+        rows, scores = served.recommend(user, 10, exclude=served.seen(user))
+        exact_rows, _ = served.recommend_exact(user, 10, exclude=served.seen(user))
+        hits += np.intersect1d(rows, exact_rows).size
+        # the scores are the model's scores of those items, best first
+        np.testing.assert_allclose(scores, served.score_items(user, rows), rtol=1e-5, atol=1e-5)
+    assert hits / (10 * N_USERS) >= 0.9
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(user=st.integers(0, N_USERS - 1), n=st.integers(1, 120),
+       excluded=st.one_of(st.integers(0, 140), st.integers(140, N_ITEMS)), seed=st.integers(0, 2**31))
+def test_no_excluded_item_and_n_results_whenever_n_are_eligible(served, user, n, excluded, seed):
+    # Exclusions from the user's own best items (the hardest case for a graph walk) and at random,
+    # from none up to the whole catalogue (beyond MAX_EXCLUDED_FRACTION the exact pass answers).
+    rng = np.random.default_rng(seed)
+    best, _ = served.recommend_exact(user, min(excluded, N_ITEMS))
+    pool = np.concatenate([best[: excluded // 2], rng.integers(0, N_ITEMS, excluded)])
+    exclude = rng.permutation(pool)[:excluded]
+    rows, scores = served.recommend(user, n, exclude=exclude)
+    eligible = N_ITEMS - np.unique(exclude).size
+    assert rows.size == min(n, eligible)
+    assert not np.isin(rows, exclude).any()
+    assert np.unique(rows).size == rows.size
+    assert np.all(np.diff(scores) <= 1e-6)
+    np.testing.assert_allclose(scores, served.score_items(user, rows), rtol=1e-5, atol=1e-5)
+    many = served.recommend_many(np.array([user, user]), n, excludes=[exclude, None])
+    np.testing.assert_array_equal(many[0][0], rows)
+    assert many[1][0].size == min(n, N_ITEMS)
+
+
+def test_the_graph_answers_small_exclusions_and_the_exact_pass_large_ones(served, monkeypatch):
+    calls = []
+
+    def counted_exact(self, *args, **kwargs):
+        calls.append(1)
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+
+    monkeypatch.setattr(type(served), "recommend_exact", counted_exact)
+    served.recommend(0, 10, exclude=np.arange(10))
+    assert calls == []
+    served.recommend(0, 10, exclude=np.arange(int(ann.MAX_EXCLUDED_FRACTION * N_ITEMS) + 1))
+    assert calls == [1]
+
+
+def test_candidate_lists_are_scored_exactly(served):
+    candidates = np.arange(0, N_ITEMS, 7)
+    rows, scores = served.recommend(3, 5, exclude=candidates[:2], candidates=candidates)
+    exact = served.score_items(3, candidates)
+    exact[:2] = -np.inf
+    np.testing.assert_array_equal(rows, candidates[np.argsort(-exact, kind="stable")[:5]])
+
+
+def test_tampered_index_file_is_refused_at_load(tmp_path):
+    reg = Registry(tmp_path)
+    version = reg.publish("big", clustered_artifact())
+    path = next((tmp_path / "big" / version / "indexes").iterdir())
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="checksum mismatch"):
+        reg.load("big")
+
+
+def test_index_over_other_items_is_refused(tmp_path):
+    artifact = clustered_artifact()
+    other = artifact.arrays["item_factors"][:-1]
+    artifact.indexes = {"items": ann.item_index(other, SMALL_GRAPH)}
+    reg = Registry(tmp_path)
+    reg.publish("big", artifact)
+    with pytest.raises(ArtifactError, match="indexes 2999"):
+        build_index(reg.load("big"))
+
+
+def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
+    # Through the CLI's publish path (and out of process: a fit here would start numba's
+    # thread pool inside the test session).
+    for name, min_items in (("big", 10), ("small", 10**6)):
+        result = run_cli(["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data"),
+                          "--registry", str(tmp_path), "--name", name, "--set", "max_iter=2",
+                          "--set", f"ann_min_items={min_items}", "--set", f"ann_params={json.dumps(SMALL_GRAPH)}"],
+                         check=False)
+        assert result.returncode == 0, result.stderr
+    reg = Registry(tmp_path)
+    (entry,) = reg.load("big").indexes.values()
+    assert entry.library == ann.LIBRARY and entry.params == SMALL_GRAPH
+    assert build_index(reg.load("big")).search == "faiss-hnsw-ip M=12 ef_search=32"
+    assert reg.load("small").indexes == {}
+    with pytest.raises(ValueError, match="unknown index parameter"):  # refused before any fitting
+        DCR(ann_params={"efSearch": 3}).fit(sample.planted_ratings(seed=1))
+
+
+def test_list_models_and_metrics_say_which_index_serves(registry):
+    with ServerProcess(registry.root) as server, grpc.insecure_channel(server.target) as channel:
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+        models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
+        assert models["big"].index == "faiss-hnsw-ip M=12 ef_search=32"
+        assert models["small"].index == "exact"
+        reply = stub.Recommend(pb.RecommendRequest(model="big", user_ids=["u1", "u2"], n=10), timeout=10)
+        assert [len(r.items) for r in reply.results] == [10, 10]
+        metrics = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
+        assert 'ordrec_model_search_info{model="big",search="faiss-hnsw-ip M=12 ef_search=32"} 1.0' in metrics
+        assert 'ordrec_model_search_info{model="small",search="exact"} 1.0' in metrics
