@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ordrec.service.artifacts import ArtifactError, SearchIndex
+from ordrec.service.rules import Eligible
 
 LIBRARY = "faiss-hnsw-ip"
 
@@ -140,7 +141,8 @@ class AnnSearch:
         ef = params["ef_search"]
         return cls(index, n_items, ef, f"{LIBRARY} M={params['M']} ef_search={ef}")
 
-    def search(self, query: np.ndarray, n: int, exclude: np.ndarray | None) -> Ranked | None:
+    def search(self, query: np.ndarray, n: int, exclude: np.ndarray | None,
+               eligible: Eligible | None = None) -> Ranked | None:
         """The ``n`` best item rows for ``query`` with their inner products, best first.
 
         Parameters
@@ -151,6 +153,9 @@ class AnnSearch:
             Results wanted.
         exclude : ndarray of int or None
             Item rows never to return (any order, repeats allowed).
+        eligible : Eligible or None
+            Hidden and filtered-out items (``service/rules.py``), skipped inside
+            the walk through a bitmap selector, like ``exclude``.
 
         Returns
         -------
@@ -163,6 +168,10 @@ class AnnSearch:
         if exclude is not None and exclude.size:
             exclude = np.unique(exclude)
         excluded = 0 if exclude is None else exclude.size
+        if eligible is not None:
+            # (an excluded row may also be blocked: then fewer are skipped than counted, and the
+            # walk is only wider than it needs to be)
+            excluded += eligible.blocked_rows.size
         want = min(n, self.n_items - excluded)
         if want <= 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
@@ -171,9 +180,9 @@ class AnnSearch:
         query = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         params = faiss.SearchParametersHNSW()
         if excluded:
-            # faiss holds raw pointers: these locals keep both selectors alive through the searches.
-            batch = faiss.IDSelectorBatch(np.ascontiguousarray(exclude, dtype=np.int64))
-            selector = faiss.IDSelectorNot(batch)
+            # faiss holds raw pointers: these locals keep every selector alive through the searches.
+            skip = _skip_selectors(faiss, exclude, eligible)
+            selector = faiss.IDSelectorNot(skip[-1])
             params.sel = selector
         # Excluded items are mostly the user's own best (the training items the model fits), so
         # a filtered walk must step over them: widen it by their number, as over-fetching would.
@@ -186,3 +195,20 @@ class AnnSearch:
                 return rows.astype(np.int64), scores.astype(np.float32)
             ef *= _GROWTH
         return None
+
+
+def _skip_selectors(faiss, exclude: np.ndarray | None, eligible: Eligible | None) -> list:
+    """Selectors of the rows to skip, the last one the union (earlier ones kept alive with it)."""
+    parts = []
+    if exclude is not None and exclude.size:
+        parts.append(faiss.IDSelectorBatch(np.ascontiguousarray(exclude, dtype=np.int64)))
+    if eligible is not None and eligible.blocked_rows.size:
+        bits = eligible.packed_bits
+        parts.append(faiss.IDSelectorBitmap(eligible.blocked.size, faiss.swig_ptr(bits)))
+        parts.append(bits)  # the bitmap selector points into this array
+    selectors = [p for p in parts if not isinstance(p, np.ndarray)]
+    if len(selectors) == 2:
+        parts.append(faiss.IDSelectorOr(selectors[0], selectors[1]))
+    else:
+        parts.append(selectors[0])
+    return parts

@@ -245,13 +245,21 @@ class Eligible:
     cached filter pays for it once.
     """
 
-    __slots__ = ("blocked", "_rows", "_blocked_rows", "__weakref__")
+    __slots__ = ("blocked", "_rows", "_blocked_rows", "_bits", "__weakref__")
 
     def __init__(self, blocked: np.ndarray):
         blocked.setflags(write=False)
         self.blocked = blocked
         self._rows: np.ndarray | None = None
         self._blocked_rows: np.ndarray | None = None
+        self._bits: np.ndarray | None = None
+
+    @property
+    def packed_bits(self) -> np.ndarray:
+        """``blocked`` as a little-endian bitmap (faiss's ``IDSelectorBitmap``), packed once."""
+        if self._bits is None:
+            self._bits = np.packbits(self.blocked, bitorder="little")
+        return self._bits
 
     @property
     def blocked_rows(self) -> np.ndarray:

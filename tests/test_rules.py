@@ -176,3 +176,49 @@ def test_selective_filter_scores_only_the_eligible_rows(index):
     rows, scores = index.recommend(0, 5, eligible=sparse)
     assert rows.tolist() == [7]
     np.testing.assert_allclose(scores, index.score_items(0, np.array([7])), rtol=1e-6)
+
+
+# ---------------------------------------------------- the approximate item index
+@pytest.fixture(scope="module")
+def graph_served(tmp_path_factory):
+    from tests.test_catalog import clustered_artifact
+
+    registry = Registry(tmp_path_factory.mktemp("rules-catalog"))
+    registry.publish("big", clustered_artifact())
+    served = build_index(registry.load("big"))
+    assert served.ann is not None
+    return served
+
+
+@settings(max_examples=100, deadline=None)
+@given(user=st.integers(0, 199), n=st.integers(1, 120), blocked_share=st.sampled_from([0.0, 0.01, 0.04, 0.5, 0.97]),
+       seed=st.integers(0, 2**31))
+def test_the_graph_path_honours_the_rules(graph_served, user, n, blocked_share, seed):
+    served = graph_served
+    n_items = len(served.items)
+    rng = np.random.default_rng(seed)
+    # block some of the user's own best items (the hard case for a walk) and some at random
+    best, _ = served.recommend_exact(user, 20)
+    blocked = rng.random(n_items) < blocked_share
+    blocked[best[: int(20 * blocked_share) + 1]] = blocked_share > 0
+    eligible = Eligible(blocked) if blocked.any() else None
+    exclude = served.seen(user)
+    rows, scores = served.recommend(user, n, exclude=exclude, eligible=eligible)
+    allowed = ~blocked
+    allowed[exclude] = False
+    assert rows.size == min(n, int(allowed.sum()))
+    assert allowed[rows].all()
+    np.testing.assert_allclose(scores, served.score_items(user, rows), rtol=1e-5, atol=1e-5)
+    assert np.all(np.diff(scores) <= 1e-6)
+
+
+def test_the_graph_path_stays_close_to_exact_with_hidden_items(graph_served):
+    served = graph_served
+    rng = np.random.default_rng(1)
+    eligible = Eligible(rng.random(len(served.items)) < 0.03)  # under ann.MAX_EXCLUDED_FRACTION: the graph answers
+    hits = 0
+    for user in range(100):
+        rows, _ = served.recommend(user, 10, exclude=served.seen(user), eligible=eligible)
+        exact, _ = served.recommend_exact(user, 10, exclude=served.seen(user), eligible=eligible)
+        hits += np.intersect1d(rows, exact).size
+    assert hits / 1000 >= 0.9

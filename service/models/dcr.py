@@ -30,6 +30,7 @@ import numpy as np
 
 from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite
+from ordrec.service.rules import Eligible
 from ordrec.service.topk import affine_scores
 
 RELEVANCE = ("linear", "log", "exp")
@@ -163,26 +164,33 @@ class DCRIndex(RecommenderIndex):
 
     # ---------------------------------------------------- approximate top-N
     def recommend(self, user_row: int, n: int, *, exclude: np.ndarray | None = None,
-                  candidates: np.ndarray | None = None) -> Ranked:
-        if self.ann is None or candidates is not None:
-            return super().recommend(user_row, n, exclude=exclude, candidates=candidates)
-        return self._recommend_ann(user_row, n, exclude)
+                  candidates: np.ndarray | None = None, eligible: Eligible | None = None) -> Ranked:
+        if not self._graph_answers(candidates, eligible):
+            return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
+        return self._recommend_ann(user_row, n, exclude, eligible)
 
     def recommend_many(self, user_rows: np.ndarray, n: int, *, excludes: list[np.ndarray | None],
-                       candidates: np.ndarray | None = None) -> list[Ranked]:
-        if self.ann is None or candidates is not None:
-            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates)
+                       candidates: np.ndarray | None = None, eligible: Eligible | None = None) -> list[Ranked]:
+        if not self._graph_answers(candidates, eligible):
+            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
         # One graph search per user: each has its own exclusions, which faiss takes per call.
-        return [self._recommend_ann(int(u), n, ex) for u, ex in zip(user_rows, excludes)]
+        return [self._recommend_ann(int(u), n, ex, eligible) for u, ex in zip(user_rows, excludes)]
 
-    def recommend_exact(self, user_row: int, n: int, *, exclude: np.ndarray | None = None) -> Ranked:
+    def _graph_answers(self, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
+        """Whether the item index answers: not for candidate lists, and not when the rules leave
+        few items (scoring just those is cheaper than a graph walk that skips the rest)."""
+        return self.ann is not None and candidates is None and (eligible is None or not eligible.sparse)
+
+    def recommend_exact(self, user_row: int, n: int, *, exclude: np.ndarray | None = None,
+                        eligible: Eligible | None = None) -> Ranked:
         """Top-N by scoring every item (what the index approximates)."""
-        return super().recommend(user_row, n, exclude=exclude)
+        return super().recommend(user_row, n, exclude=exclude, eligible=eligible)
 
-    def _recommend_ann(self, user_row: int, n: int, exclude: np.ndarray | None) -> Ranked:
-        found = self.ann.search(self.folded([user_row])[0], n, exclude)
+    def _recommend_ann(self, user_row: int, n: int, exclude: np.ndarray | None,
+                       eligible: Eligible | None = None) -> Ranked:
+        found = self.ann.search(self.folded([user_row])[0], n, exclude, eligible)
         if found is None:  # too many exclusions for the graph: score every item
-            return self.recommend_exact(user_row, n, exclude=exclude)
+            return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)
         rows, products = found
         return rows, products + self.offset
 
