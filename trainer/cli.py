@@ -81,26 +81,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
     if args.item_attributes:
-        add_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
+        from ordrec.trainer.data.item_attributes import attach_item_attributes
+
+        attach_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
     registry = open_registry(args.registry)
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
     print(format_metrics(artifact.metrics, "  "))
     return EXIT_OK
-
-
-def add_item_attributes(artifact, path: str, fmt: str = "auto") -> None:
-    """Publish an item metadata file's attributes inside the version (the service filters on them)."""
-    from ordrec.service.rules import ATTRIBUTES_KEY
-    from ordrec.trainer.data.item_attributes import read_item_attributes
-
-    if "items" not in artifact.ids:
-        raise ValueError(f"--item-attributes: a {artifact.kind} model has no items to describe")
-    table = read_item_attributes(path, fmt)
-    arrays, meta = table.to_artifact_parts(artifact.ids["items"])
-    artifact.arrays = {**artifact.arrays, **arrays}
-    artifact.attributes[ATTRIBUTES_KEY] = meta
 
 
 def fit_metrics(kind: str, data, artifact) -> dict[str, float]:

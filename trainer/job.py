@@ -119,6 +119,7 @@ class ModelJob:
     refit: bool = True
     keep: int | None = None
     labels: Path | None = None
+    item_attributes: Path | None = None  # published in the version for Recommend's filter
 
 
 @dataclass
@@ -201,6 +202,7 @@ MODEL_KEYS = {
     "refit": Key(bool, True),
     "keep": Key(int, check=_AT_LEAST_ONE),
     "labels": Key(str),
+    "item_attributes": Key(str),
 }
 GATE_KEYS = {
     "metric": Key(str),
@@ -377,10 +379,13 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
     if model["labels"] is not None and not kind.is_map:
         raise c.fail(f"{where}.labels", f"display labels are for map models ({', '.join(kinds.map_names())}),"
                                         f" not {kind.name}")
+    if model["item_attributes"] is not None and kind.input_shape != "ratings":
+        raise c.fail(f"{where}.item_attributes", f"item attributes are for recommenders (ratings data), not {kind.name}")
     return ModelJob(name=name, kind=kind.name, data=model["data"], params=params,
                     gate=Gate(metric=metric, margin=gate["margin"], holdout=gate["holdout"], seed=gate["seed"]),
                     refit=model["refit"], keep=config.keep if model["keep"] is None else model["keep"],
-                    labels=_resolve(base, model["labels"]) if model["labels"] else None)
+                    labels=_resolve(base, model["labels"]) if model["labels"] else None,
+                    item_attributes=_resolve(base, model["item_attributes"]) if model["item_attributes"] else None)
 
 
 # -------------------------------------------------------------------- lock
@@ -559,6 +564,10 @@ class _Job:
         artifact.metrics.update({METRIC_PREFIX + "fraction": gate.holdout, METRIC_PREFIX + "seed": gate.seed,
                                  METRIC_PREFIX + "refit": float(model.refit)})
         views = self._report(model, index) if kind.is_map else None
+        if model.item_attributes:
+            from ordrec.trainer.data.item_attributes import attach_item_attributes
+
+            attach_item_attributes(artifact, model.item_attributes)
         out.version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
         out.status = "published"
         pinned = self.registry.pinned(model.name)

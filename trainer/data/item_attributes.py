@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
-from ordrec.service.rules import encode_item_attributes
+from ordrec.service.rules import ATTRIBUTES_KEY, encode_item_attributes
 
 ML100K_GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
                  "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi",
@@ -157,3 +158,12 @@ def _read_csv(text: str, path: str) -> ItemAttributeTable:
             table.categorical[name] = {i: [p.strip() for p in v.split("|") if p.strip()]
                                        for i, v in by_item.items()}
     return table
+
+
+def attach_item_attributes(artifact: Artifact, path: str | os.PathLike, fmt: str = "auto") -> None:
+    """Publish a metadata file's attributes inside the version (the service filters on them)."""
+    if "items" not in artifact.ids:
+        raise ItemAttributeError(f"item attributes: a {artifact.kind} model has no items to describe")
+    arrays, meta = read_item_attributes(path, fmt).to_artifact_parts(artifact.ids["items"])
+    artifact.arrays = {**artifact.arrays, **arrays}
+    artifact.attributes[ATTRIBUTES_KEY] = meta
