@@ -296,12 +296,6 @@ def combine(*parts: Eligible | None) -> Eligible | None:
     return Eligible(blocked)
 
 
-def block(scores: np.ndarray, eligible: Eligible | None) -> None:
-    """Set the scores of blocked items to -inf in place (top-k then skips them)."""
-    if eligible is not None:
-        np.copyto(scores, -np.inf, where=eligible.blocked)
-
-
 # --------------------------------------------------------------------- parsing
 @dataclass(frozen=True)
 class Clause:

@@ -22,7 +22,7 @@ from scipy.spatial import cKDTree
 
 from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
-from ordrec.service.rules import Eligible, ItemAttributes, block
+from ordrec.service.rules import Eligible, ItemAttributes
 from ordrec.service.topk import nearest_brute_force, top_k
 
 # Maps up to this many points are searched by brute force instead of the KD-tree: about as
@@ -125,8 +125,7 @@ class RecommenderIndex(ModelIndex):
         if candidates is not None:
             return self._rank_candidates(self.score_items(user_row, candidates), candidates, n, exclude)
         scores = self.score_users(np.array([user_row]))[0]
-        block(scores, eligible)
-        return self._select(scores, n, exclude)
+        return self._select(scores, n, exclude, eligible)
 
     def recommend_many(
         self,
@@ -145,11 +144,7 @@ class RecommenderIndex(ModelIndex):
                 for u, ex in zip(user_rows, excludes)
             ]
         scores = self.score_users(np.asarray(user_rows))
-        answers = []
-        for row, ex in zip(scores, excludes):
-            block(row, eligible)
-            answers.append(self._select(row, n, ex))
-        return answers
+        return [self._select(row, n, ex, eligible) for row, ex in zip(scores, excludes)]
 
     def popular(
         self, n: int, *, exclude: np.ndarray | None = None, candidates: np.ndarray | None = None,
@@ -159,9 +154,7 @@ class RecommenderIndex(ModelIndex):
         candidates = self._eligible_candidates(candidates, eligible)
         if candidates is not None:
             return self._rank_candidates(self.popularity[candidates], candidates, n, exclude)
-        scores = self.popularity.copy()
-        block(scores, eligible)
-        return self._select(scores, n, exclude)
+        return self._select(self.popularity.copy(), n, exclude, eligible)
 
     @staticmethod
     def _eligible_candidates(candidates: np.ndarray | None, eligible: Eligible | None) -> np.ndarray | None:
@@ -177,8 +170,9 @@ class RecommenderIndex(ModelIndex):
         return eligible.rows if eligible.sparse else None
 
     @staticmethod
-    def _select(scores: np.ndarray, n: int, exclude: np.ndarray | None) -> Ranked:
-        return top_k(scores, n, exclude)
+    def _select(scores: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None) -> Ranked:
+        # the mask is applied inside the top-k pass (service/topk.py says why)
+        return top_k(scores, n, exclude, None if eligible is None else eligible.blocked)
 
     @staticmethod
     def _rank_candidates(
