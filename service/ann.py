@@ -17,7 +17,10 @@ search (faiss's ID selector), never returned, and the search breadth grows
 by their number (they crowd the user's best region); when the search comes back
 with fewer than ``n`` eligible items the breadth grows, and past a bound the
 caller's exact path answers, so ``n`` results come back whenever ``n``
-eligible items exist.
+eligible items exist. Hidden and filtered-out items (``service/rules.py``)
+are skipped the same way, through a bitmap selector joined with the
+exclusions; being spread over the catalogue rather than crowded near the
+user, they widen the walk by the inverse of the eligible share.
 """
 from __future__ import annotations
 
@@ -48,6 +51,9 @@ _MAX_EF = 4096
 # Exclusions above this fraction of the catalogue go straight to the exact pass: a graph
 # search that must skip most of what it visits degrades towards a full scan anyway.
 MAX_EXCLUDED_FRACTION = 0.05
+# Below this share of eligible items (hidden or filtered out: service/rules.py) the caller
+# scores the eligible rows exactly; the graph walk would visit mostly blocked ones.
+MIN_ELIGIBLE_FRACTION = 0.1
 
 Ranked = tuple[np.ndarray, np.ndarray]
 
@@ -168,25 +174,27 @@ class AnnSearch:
         if exclude is not None and exclude.size:
             exclude = np.unique(exclude)
         excluded = 0 if exclude is None else exclude.size
-        if eligible is not None:
-            # (an excluded row may also be blocked: then fewer are skipped than counted, and the
-            # walk is only wider than it needs to be)
-            excluded += eligible.blocked_rows.size
-        want = min(n, self.n_items - excluded)
+        blocked = 0 if eligible is None else eligible.blocked_rows.size
+        also_excluded = excluded if blocked == 0 or not excluded else int((~eligible.blocked[exclude]).sum())
+        left = self.n_items - blocked - also_excluded
+        want = min(n, left)
         if want <= 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
-        if excluded > MAX_EXCLUDED_FRACTION * self.n_items:
+        if excluded > MAX_EXCLUDED_FRACTION * self.n_items or left < MIN_ELIGIBLE_FRACTION * self.n_items:
             return None
         query = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
         params = faiss.SearchParametersHNSW()
-        if excluded:
+        if excluded or blocked:
             # faiss holds raw pointers: these locals keep every selector alive through the searches.
             skip = _skip_selectors(faiss, exclude, eligible)
             selector = faiss.IDSelectorNot(skip[-1])
             params.sel = selector
         # Excluded items are mostly the user's own best (the training items the model fits), so
         # a filtered walk must step over them: widen it by their number, as over-fetching would.
-        ef = min(max(self.ef_search + excluded, want), _MAX_EF)
+        # Blocked items (hidden, filtered out) are spread over the catalogue instead: the walk
+        # meets about one eligible item per 1/share visited, so it widens by that factor.
+        share = left / self.n_items
+        ef = min(max(int((self.ef_search + excluded) / share), want), _MAX_EF)
         while ef <= _MAX_EF:
             params.efSearch = ef
             scores, rows = self.index.search(query, want, params=params)

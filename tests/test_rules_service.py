@@ -116,6 +116,7 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
                  what="replica b applies a hide within a second")
         converged = time.monotonic() - start
         assert converged < 1.0
+        print(f"replica b applied the hide after {converged:.3f} s")
         reply = sb.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=5)
         assert not reply.rules_stale
         # Redis goes down: the hidden items stay hidden, the replies say the state may be stale
