@@ -255,10 +255,10 @@ class Eligible:
         self._bits: np.ndarray | None = None
 
     @property
-    def packed_bits(self) -> np.ndarray:
-        """``blocked`` as a little-endian bitmap (faiss's ``IDSelectorBitmap``), packed once."""
+    def allowed_bits(self) -> np.ndarray:
+        """The eligible rows as a little-endian bitmap (faiss's ``IDSelectorBitmap``), packed once."""
         if self._bits is None:
-            self._bits = np.packbits(self.blocked, bitorder="little")
+            self._bits = np.packbits(~self.blocked, bitorder="little")
         return self._bits
 
     @property

@@ -212,13 +212,18 @@ def test_the_graph_path_honours_the_rules(graph_served, user, n, blocked_share, 
     assert np.all(np.diff(scores) <= 1e-6)
 
 
-def test_the_graph_path_stays_close_to_exact_with_hidden_items(graph_served):
+@pytest.mark.parametrize("share", [0.03, 0.5, 0.85])
+def test_the_graph_path_stays_close_to_exact_with_hidden_items(graph_served, monkeypatch, share):
     served = graph_served
     rng = np.random.default_rng(1)
-    eligible = Eligible(rng.random(len(served.items)) < 0.03)  # under ann.MAX_EXCLUDED_FRACTION: the graph answers
+    eligible = Eligible(rng.random(len(served.items)) < share)
+    exact_calls = []
+    monkeypatch.setattr(served, "recommend_exact", lambda *a, **k: exact_calls.append(1) or type(served)
+                        .recommend_exact(served, *a, **k))
     hits = 0
     for user in range(100):
         rows, _ = served.recommend(user, 10, exclude=served.seen(user), eligible=eligible)
-        exact, _ = served.recommend_exact(user, 10, exclude=served.seen(user), eligible=eligible)
+        assert not exact_calls  # the graph answered
+        exact, _ = type(served).recommend_exact(served, user, 10, exclude=served.seen(user), eligible=eligible)
         hits += np.intersect1d(rows, exact).size
     assert hits / 1000 >= 0.9
