@@ -63,6 +63,10 @@ class Metrics:
                                      "Streams the server ended: stalled (the client stopped reading) or expired.",
                                      ("reason",), registry=r)
         self.models_loaded = Gauge("ordrec_models_loaded", "Number of models being served.", registry=r)
+        self.hidden_items = Gauge("ordrec_hidden_items", "Item ids hidden, all scopes together.", registry=r)
+        self.rules_stale = Gauge("ordrec_rules_stale",
+                                 "1 while the hidden items cannot be refreshed (the last known ones apply).",
+                                 registry=r)
 
     def forget_model(self, name: str) -> None:
         """Drop the labelled series of a model before re-registering its new version."""

@@ -97,6 +97,8 @@ class Server:
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
         self.hidden, self.hidden_mirror = self._hidden_state(config)
+        self.metrics.hidden_items.set_function(lambda: sum(map(len, self.hidden.sets().values())))
+        self.metrics.rules_stale.set_function(lambda: float(self.hidden.stale))
         self.grpc_server: grpc.Server | None = None
         self.stream_guard: StreamGuard | None = None
         self.http_server: ThreadingHTTPServer | None = None

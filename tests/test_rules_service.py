@@ -3,11 +3,13 @@ against real server processes, a real redis-server and the real CLIs."""
 from __future__ import annotations
 
 import time
+import urllib.request
 import zlib
 
 import grpc
 import pytest
 
+from ordrec.client import Client
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
@@ -35,6 +37,11 @@ def rules_registry(sample_dir, tmp_path_factory):
         ("dcr", "dcr", "ratings.data", ["--set", "max_iter=5", "--item-attributes", str(csv)]),
         ("coe", "coe", "ratings.data", ["--set", "max_iter=3"]),
     ])
+
+
+def _metric(proc, name):
+    text = urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5).read().decode()
+    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def stub_of(channel):
@@ -99,6 +106,14 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
         run_cli(["ordrec.trainer", "unhide", "--registry", str(rules_registry), near[0]])
         wait_for(lambda: recommended(sb) == top, 3, what="unhide")
         sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=["future-item"]), timeout=5)
+        for bad, code in ((pb.HideItemsRequest(model="dcr"), grpc.StatusCode.INVALID_ARGUMENT),
+                          (pb.HideItemsRequest(model="Bad Name", item_ids=["x"]), grpc.StatusCode.INVALID_ARGUMENT),
+                          (pb.HideItemsRequest(model="absent", item_ids=["x"]), grpc.StatusCode.NOT_FOUND),
+                          (pb.HideItemsRequest(model="*", item_ids=["x" * 300]), grpc.StatusCode.INVALID_ARGUMENT)):
+            with pytest.raises(grpc.RpcError) as err:
+                sa.HideItems(bad, timeout=5)
+            assert err.value.code() == code, bad
+        assert not (rules_registry / "HIDDEN").read_text().strip()
 
 
 # ------------------------------------------------------------------ with Redis
@@ -108,6 +123,11 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
             grpc.insecure_channel(a.target) as ca, grpc.insecure_channel(b.target) as cb:
         sa, sb = stub_of(ca), stub_of(cb)
         top = recommended(sb)
+        # the Python client
+        with Client(a.target, timeout=5) as client:
+            assert client.hide([top[5]], model="dcr").changed == 1
+            assert [s.count for s in client.hidden(model="dcr").scopes] == [0, 1]
+            assert client.unhide([top[5]], model="dcr").total == 0
         # hide through the client CLI on replica a; replica b converges within a second
         result = run_cli(["ordrec.client_cli", "--target", a.target, "hide", "--item", top[0], "--item", top[1]])
         assert "2 of 2 item(s) changed for all models" in result.stdout
@@ -125,6 +145,7 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
                                       timeout=5).rules_stale, 3, what="rules_stale")
         for stub in (sa, sb):
             assert not {top[0], top[1]} & set(recommended(stub, n=100))
+        assert _metric(b, "ordrec_rules_stale") == 1 and _metric(b, "ordrec_hidden_items") == 2
         with pytest.raises(grpc.RpcError) as err:
             sa.HideItems(pb.HideItemsRequest(model="*", item_ids=[top[2]]), timeout=5)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
