@@ -50,7 +50,7 @@ from catalog_data import catalog_artifact  # noqa: E402
 from ordrec.service import ann  # noqa: E402
 from ordrec.service.artifacts import Registry, SearchIndex  # noqa: E402
 from ordrec.service.models import build_index  # noqa: E402
-from ordrec.service.process import ServerProcess, wait_for  # noqa: E402
+from ordrec.tools.process import ServerProcess, wait_for  # noqa: E402
 from ordrec.service.topk import warm_up  # noqa: E402
 
 TARGETS = "targets at 10^6 items: recall@10 >= 0.95, in-process p50 <= 1 ms, gRPC >= 2,000 QPS with p99 <= 10 ms, " \

@@ -15,7 +15,7 @@ from ordrec.service import ann
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index
-from ordrec.service.process import ServerProcess, run_cli
+from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer import sample
 from ordrec.trainer.models.dcr import DCR
 from ordrec.v1 import recommender_pb2 as pb
