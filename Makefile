@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all proto proto-check lint-imports deploy-check redis browser h2load clean
+.PHONY: venv demo test test-slow test-all proto proto-check lint lint-imports deploy-check redis browser h2load clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,12 @@ proto: $(STAMP)
 # Fails when the committed generated code is stale.
 proto-check: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen_proto.sh --check
+
+# Format, lint, types and import contracts: what CI checks before the tests.
+lint: $(STAMP) lint-imports
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # The import contracts of docs/architecture.md, "The parts" ([tool.importlinter] in pyproject.toml).
 lint-imports: $(STAMP)

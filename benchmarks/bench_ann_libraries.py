@@ -12,6 +12,7 @@ against exact top-10 and single-thread p50/p99 of one query. Queries are
 user vectors with DCR's level weights folded in; recall is on raw index
 answers (no exact re-ranking).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,8 +37,10 @@ CONFIGS = {
     "hnswlib-ip": ("hnswlib", {"M": 32, "ef_construction": 128}),
     "usearch-ip-f32": ("usearch", {"connectivity": 32, "expansion_add": 128, "dtype": "f32"}),
     "usearch-ip-f16": ("usearch", {"connectivity": 32, "expansion_add": 128, "dtype": "f16"}),
-    "usearch-l2-reduction": ("usearch", {"connectivity": 32, "expansion_add": 128, "dtype": "f32",
-                                         "reduction": True}),
+    "usearch-l2-reduction": (
+        "usearch",
+        {"connectivity": 32, "expansion_add": 128, "dtype": "f32", "reduction": True},
+    ),
 }
 EFS = (32, 64, 128, 256)
 
@@ -50,9 +53,9 @@ def rss_mb() -> float:
 def exact_top10(items: np.ndarray, queries: np.ndarray) -> np.ndarray:
     out = np.empty((len(queries), 10), np.int64)
     for start in range(0, len(queries), 64):
-        s = queries[start:start + 64] @ items.T
+        s = queries[start : start + 64] @ items.T
         top = np.argpartition(-s, 10, axis=1)[:, :10]
-        out[start:start + 64] = top
+        out[start : start + 64] = top
     return out
 
 
@@ -128,8 +131,13 @@ class Usearch:
 
         self.Index = Index
         self.reduction = reduction
-        self.kw = dict(ndim=dim + reduction, metric="l2sq" if reduction else "ip", dtype=dtype,
-                       connectivity=connectivity, expansion_add=expansion_add)
+        self.kw = dict(
+            ndim=dim + reduction,
+            metric="l2sq" if reduction else "ip",
+            dtype=dtype,
+            connectivity=connectivity,
+            expansion_add=expansion_add,
+        )
 
     def build(self, items):
         if self.reduction:
@@ -192,11 +200,20 @@ def query_child(name: str, n_items: int, n_queries: int, seed: int, path: str) -
             got = wrapper.query(q, 10)
             times.append(time.perf_counter() - t0)
             hits += np.intersect1d(got, t).size
-        rows.append({"ef": ef, "recall": hits / truth.size,
-                     "p50_us": float(np.percentile(times, 50) * 1e6),
-                     "p99_us": float(np.percentile(times, 99) * 1e6)})
-    return {"load_s": load, "rss_loaded_mb": loaded_rss, "rss_after_queries_mb": rss_mb() - before,
-            "rows": rows}
+        rows.append(
+            {
+                "ef": ef,
+                "recall": hits / truth.size,
+                "p50_us": float(np.percentile(times, 50) * 1e6),
+                "p99_us": float(np.percentile(times, 99) * 1e6),
+            }
+        )
+    return {
+        "load_s": load,
+        "rss_loaded_mb": loaded_rss,
+        "rss_after_queries_mb": rss_mb() - before,
+        "rows": rows,
+    }
 
 
 def run_child(*argv: str) -> dict:
@@ -207,7 +224,9 @@ def run_child(*argv: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--configs", default=",".join(CONFIGS))
@@ -222,10 +241,14 @@ def main() -> None:
     if args.query_child:
         print(json.dumps(query_child(args.query_child, args.items, args.queries, args.seed, args.path)))
         return
-    print(f"# {args.items:,} items x 200 dims, {args.queries} queries, recall@10 vs exact; "
-          f"single-thread query latency; build on {os.cpu_count()} threads; loadavg {os.getloadavg()[0]:.2f}")
-    print("| library / config | build s | file MB | load s | RSS after load MB | RSS after queries MB "
-          "| ef | recall@10 | p50 us | p99 us |")
+    print(
+        f"# {args.items:,} items x 200 dims, {args.queries} queries, recall@10 vs exact; "
+        f"single-thread query latency; build on {os.cpu_count()} threads; loadavg {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        "| library / config | build s | file MB | load s | RSS after load MB | RSS after queries MB "
+        "| ef | recall@10 | p50 us | p99 us |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.configs.split(","):
         common = ["--items", str(args.items), "--queries", str(args.queries), "--seed", str(args.seed)]
@@ -238,10 +261,18 @@ def main() -> None:
                 print(f"| {name} | failed: {exc} |")
                 continue
         for i, row in enumerate(r["rows"]):
-            head = (f"| {name} | {r['build_s']:.1f} | {r['file_mb']:.0f} | {r['load_s']:.2f} | "
-                    f"{r['rss_loaded_mb']:.0f} | {r['rss_after_queries_mb']:.0f} |") if i == 0 else "| | | | | | |"
-            print(f"{head} {row['ef']} | {row['recall']:.3f} | {row['p50_us']:.0f} | {row['p99_us']:.0f} |",
-                  flush=True)
+            head = (
+                (
+                    f"| {name} | {r['build_s']:.1f} | {r['file_mb']:.0f} | {r['load_s']:.2f} | "
+                    f"{r['rss_loaded_mb']:.0f} | {r['rss_after_queries_mb']:.0f} |"
+                )
+                if i == 0
+                else "| | | | | | |"
+            )
+            print(
+                f"{head} {row['ef']} | {row['recall']:.3f} | {row['p50_us']:.0f} | {row['p99_us']:.0f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -10,16 +10,17 @@ so one measurement does not inherit another's heap; the baseline RSS of the
 interpreter with numpy/numba/scipy loaded is printed beside it. Timings on a
 shared 2-core machine are noisy: read them as orders of magnitude.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-from pathlib import Path
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +34,7 @@ def _rss_mb() -> float:
 
 
 def _ml100k(path: str):
-    from ordrec.trainer.reproduce.coe import read_whitespace_ratings, paper_filter
+    from ordrec.trainer.reproduce.coe import paper_filter, read_whitespace_ratings
 
     return paper_filter(read_whitespace_ratings(path))
 
@@ -54,8 +55,9 @@ def _generated(factor: int, seed: int = 0):
     pop = 1.0 / np.arange(1, n_items + 1) ** 0.8
     item = rng.choice(n_items, size=user.size, p=pop / pop.sum()).astype(np.int32)
     rating = rng.integers(1, 6, size=user.size).astype(np.float32)
-    return Ratings(IdMap([str(u) for u in range(n_users)]), IdMap([str(i) for i in range(n_items)]),
-                   user, item, rating)
+    return Ratings(
+        IdMap([str(u) for u in range(n_users)]), IdMap([str(i) for i in range(n_items)]), user, item, rating
+    )
 
 
 # ------------------------------------------------------------ child runs
@@ -76,16 +78,31 @@ def child_train(spec: dict) -> dict:
     t0 = time.perf_counter()
     model.fit_triples(data, triples)
     fit = time.perf_counter() - t0
-    return {"ratings": len(data), "users": data.n_users, "items": data.n_items,
-            "type_a": triples.n_type_a, "type_b": triples.n_type_b,
-            "source_mb": triples.nbytes() / 2**20, "prep_s": prep, "fit_s": fit, "steps": model.steps_,
-            "triples_per_s": model.steps_ / fit, "baseline_rss_mb": baseline,
-            "data_rss_mb": after_data, "peak_rss_mb": _rss_mb()}
+    return {
+        "ratings": len(data),
+        "users": data.n_users,
+        "items": data.n_items,
+        "type_a": triples.n_type_a,
+        "type_b": triples.n_type_b,
+        "source_mb": triples.nbytes() / 2**20,
+        "prep_s": prep,
+        "fit_s": fit,
+        "steps": model.steps_,
+        "triples_per_s": model.steps_ / fit,
+        "baseline_rss_mb": baseline,
+        "data_rss_mb": after_data,
+        "peak_rss_mb": _rss_mb(),
+    }
 
 
 def _in_child(spec: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__, "_child", json.dumps(spec)], check=True,
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, __file__, "_child", json.dumps(spec)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -94,13 +111,17 @@ def bench_train(args) -> None:
     from ordrec.trainer.reproduce.coe import DEFAULTS
 
     print("Training on ML-100K (filtered, all 99,543 ratings), tuned settings; each row a fresh process")
-    print(f"{'function':10s} {'steps':>10s} {'fit s':>7s} {'triples/s':>11s} {'prep s':>7s} "
-          f"{'source MB':>9s} {'base RSS':>9s} {'peak RSS':>9s}")
+    print(
+        f"{'function':10s} {'steps':>10s} {'fit s':>7s} {'triples/s':>11s} {'prep s':>7s} "
+        f"{'source MB':>9s} {'base RSS':>9s} {'peak RSS':>9s}"
+    )
     for function in ("sigmoid", "gompertz"):
         params = dict(DEFAULTS[function], function=function, n_components=2)
         r = _in_child({"data": args.data, "params": params})
-        print(f"{function:10s} {r['steps']:10d} {r['fit_s']:7.2f} {r['triples_per_s']:11.3g} {r['prep_s']:7.2f} "
-              f"{r['source_mb']:9.1f} {r['baseline_rss_mb']:8.0f}M {r['peak_rss_mb']:8.0f}M")
+        print(
+            f"{function:10s} {r['steps']:10d} {r['fit_s']:7.2f} {r['triples_per_s']:11.3g} {r['prep_s']:7.2f} "
+            f"{r['source_mb']:9.1f} {r['baseline_rss_mb']:8.0f}M {r['peak_rss_mb']:8.0f}M"
+        )
 
 
 def bench_scaling(args) -> None:
@@ -108,14 +129,20 @@ def bench_scaling(args) -> None:
 
     factors = [int(x) for x in args.factors.split(",")]
     print("Scaling: generated ratings, users x factor (items fixed at 1,413), 2,000,000 SGA steps each")
-    print(f"{'factor':>6s} {'ratings':>10s} {'type-A':>10s} {'type-B':>10s} {'source MB':>9s} "
-          f"{'bytes/rating':>12s} {'peak RSS':>9s} {'prep s':>7s} {'triples/s':>10s}")
+    print(
+        f"{'factor':>6s} {'ratings':>10s} {'type-A':>10s} {'type-B':>10s} {'source MB':>9s} "
+        f"{'bytes/rating':>12s} {'peak RSS':>9s} {'prep s':>7s} {'triples/s':>10s}"
+    )
     for f in factors:
-        params = dict(DEFAULTS["sigmoid"], function="sigmoid", n_components=2, max_iter=1, steps_per_epoch=2_000_000)
+        params = dict(
+            DEFAULTS["sigmoid"], function="sigmoid", n_components=2, max_iter=1, steps_per_epoch=2_000_000
+        )
         r = _in_child({"factor": f, "params": params})
-        print(f"{f:6d} {r['ratings']:10d} {r['type_a']:10.3g} {r['type_b']:10.3g} {r['source_mb']:9.1f} "
-              f"{r['source_mb'] * 2**20 / r['ratings']:12.1f} {r['peak_rss_mb']:8.0f}M {r['prep_s']:7.2f} "
-              f"{r['triples_per_s']:10.3g}")
+        print(
+            f"{f:6d} {r['ratings']:10d} {r['type_a']:10.3g} {r['type_b']:10.3g} {r['source_mb']:9.1f} "
+            f"{r['source_mb'] * 2**20 / r['ratings']:12.1f} {r['peak_rss_mb']:8.0f}M {r['prep_s']:7.2f} "
+            f"{r['triples_per_s']:10.3g}"
+        )
 
 
 def _percentiles(fn, calls: int) -> tuple[float, float, float, float]:
@@ -143,8 +170,9 @@ def _latency_rows(index, label: str, calls: int) -> None:
     for _ in range(200):  # warm up
         index.recommend(int(users[0]), 10, exclude=index.seen(int(users[0])))
     cases = {
-        "Recommend n=10 (exclude seen)": lambda k: index.recommend(int(users[k]), 10,
-                                                                    exclude=index.seen(int(users[k]))),
+        "Recommend n=10 (exclude seen)": lambda k: index.recommend(
+            int(users[k]), 10, exclude=index.seen(int(users[k]))
+        ),
         "Neighbors item->items k=10": lambda k: index.neighbors("", "items", int(items[k]), "items", 10),
         "Neighbors user->users k=10": lambda k: index.neighbors("", "users", int(users[k]), "users", 10),
         "Neighbors item->users k=10": lambda k: index.neighbors("", "items", int(items[k]), "users", 10),
@@ -159,8 +187,8 @@ def bench_latency(args) -> None:
     from ordrec.service.artifacts import Artifact
     from ordrec.service.idmap import IdMap
     from ordrec.service.models.coe import COEIndex
-    from ordrec.trainer.reproduce.coe import DEFAULTS
     from ordrec.trainer.models.coe import COE
+    from ordrec.trainer.reproduce.coe import DEFAULTS
 
     print("In-process latency (index methods on row numbers, no gRPC), microseconds")
     print(f"{'map':28s} {'query':32s} {'p50 us':>8s} {'p99 us':>8s} {'cpu p50':>8s} {'cpu p99':>8s}")
@@ -174,16 +202,23 @@ def bench_latency(args) -> None:
     t0 = time.perf_counter()
     artifact = Artifact(
         kind="coe",
-        arrays={"user_coords": rng.normal(size=(n_users, 2)).astype(np.float32),
-                "item_coords": rng.normal(size=(n_items, 2)).astype(np.float32),
-                "seen_indptr": np.arange(0, n_users * per_user + 1, per_user, dtype=np.int64),
-                "seen_indices": seen.ravel(),
-                "item_popularity": np.ones(n_items, np.float32)},
-        ids={"users": IdMap([f"u{k}" for k in range(n_users)]), "items": IdMap([f"i{k}" for k in range(n_items)])},
+        arrays={
+            "user_coords": rng.normal(size=(n_users, 2)).astype(np.float32),
+            "item_coords": rng.normal(size=(n_items, 2)).astype(np.float32),
+            "seen_indptr": np.arange(0, n_users * per_user + 1, per_user, dtype=np.int64),
+            "seen_indices": seen.ravel(),
+            "item_popularity": np.ones(n_items, np.float32),
+        },
+        ids={
+            "users": IdMap([f"u{k}" for k in range(n_users)]),
+            "items": IdMap([f"i{k}" for k in range(n_items)]),
+        },
     )
     index = COEIndex.from_artifact(artifact)
-    print(f"(generated map: {n_items:,} items, {n_users:,} users, {per_user} seen each;"
-          f" ids + KD-trees built in {time.perf_counter() - t0:.1f}s)")
+    print(
+        f"(generated map: {n_items:,} items, {n_users:,} users, {per_user} seen each;"
+        f" ids + KD-trees built in {time.perf_counter() - t0:.1f}s)"
+    )
     _latency_rows(index, "generated (10,000 x 1e6)", args.calls)
 
 
@@ -193,8 +228,14 @@ def main(argv=None) -> None:
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("what", choices=("train", "scaling", "latency", "all"))
-    parser.add_argument("--data", default=os.path.join(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
-                                                       "ml-100k", "u.data"))
+    parser.add_argument(
+        "--data",
+        default=os.path.join(
+            os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
+            "ml-100k",
+            "u.data",
+        ),
+    )
     parser.add_argument("--factors", default="1,10,100")
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args(argv)

@@ -36,16 +36,17 @@ excluded) for the ML-100K model and for a 17,770-item catalogue (the Netflix
 item count) with random factors, p50/p99 over single calls, then
 ``recommend_many`` throughput in users per second.
 """
+
 from __future__ import annotations
 
 import argparse
 import json
 import os
-from pathlib import Path
 import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 # One BLAS thread: on 2 shared cores a multi-threaded gemv is 10-30x slower
 # (threads wait for a busy core); set before numpy loads. Numba's training
@@ -93,8 +94,13 @@ def generated_ratings(n_users: int, n_items: int, n_ratings: int, seed: int = 0)
     x = np.einsum("nk,nk->n", A[user], B[item]) + rng.normal(size=n_items)[item]
     cuts = np.quantile(x, np.cumsum([0.06, 0.11, 0.27, 0.34]))
     rating = (np.digitize(x, cuts) + 1).astype(np.float32)
-    return Ratings(IdMap([str(i) for i in range(n_users)]), IdMap([str(i) for i in range(n_items)]),
-                   user.astype(np.int32), item.astype(np.int32), rating)
+    return Ratings(
+        IdMap([str(i) for i in range(n_users)]),
+        IdMap([str(i) for i in range(n_items)]),
+        user.astype(np.int32),
+        item.astype(np.int32),
+        rating,
+    )
 
 
 def load(spec: str) -> Ratings:
@@ -135,7 +141,9 @@ def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
             # The protocol's fit: per-level epochs chosen on hold-outs of the ratings (the median
             # over ``folds`` of them), then a refit on all of them for those counts; both stages
             # are timed, and the refit (the final model's training) also on its own.
-            chosen = median_epochs(dict(params, random_state=r), data, np.random.default_rng(r), folds)["level_epochs"]
+            chosen = median_epochs(dict(params, random_state=r), data, np.random.default_rng(r), folds)[
+                "level_epochs"
+            ]
             chosen_epochs.append(chosen)
             c1, t1 = time.process_time(), time.perf_counter()
             model = fit_dcr(dict(params, random_state=r, level_epochs=chosen), data)
@@ -152,12 +160,21 @@ def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
             refine_cpu.append(time.process_time() - c0)
     after = resource.getrusage(resource.RUSAGE_SELF)
     med = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
-    return {"ratings": len(data), "users_with_ratings": int(np.unique(data.user).size),
-            "epochs_run": (str(model.best_epochs_) if stop == "validation" else int(model.epochs_run_)),
-            "refit_seconds": med(refits), "refit_cpu_seconds": med(refit_cpu), "seconds": med(fits), "seconds_min": min(fits),
-            "cpu_seconds": med(fit_cpu), "pairwise_seconds": med(refines), "pairwise_cpu_seconds": med(refine_cpu),
-            "maxrss_mb": after.ru_maxrss / 1024, "rss_growth_mb": (after.ru_maxrss - before.ru_maxrss) / 1024,
-            "factors_mb": (model.U_.nbytes + model.V_.nbytes) / 2**20}
+    return {
+        "ratings": len(data),
+        "users_with_ratings": int(np.unique(data.user).size),
+        "epochs_run": (str(model.best_epochs_) if stop == "validation" else int(model.epochs_run_)),
+        "refit_seconds": med(refits),
+        "refit_cpu_seconds": med(refit_cpu),
+        "seconds": med(fits),
+        "seconds_min": min(fits),
+        "cpu_seconds": med(fit_cpu),
+        "pairwise_seconds": med(refines),
+        "pairwise_cpu_seconds": med(refine_cpu),
+        "maxrss_mb": after.ru_maxrss / 1024,
+        "rss_growth_mb": (after.ru_maxrss - before.ru_maxrss) / 1024,
+        "factors_mb": (model.U_.nbytes + model.V_.nbytes) / 2**20,
+    }
 
 
 def bench_training(args) -> None:
@@ -165,32 +182,56 @@ def bench_training(args) -> None:
     if args.protocol:
         print(f"\nTraining ({os.cpu_count()} cores shared with other work): DCR, the ML-100K protocol's fit")
     else:
-        print(f"\nTraining ({os.cpu_count()} cores shared with other work): DCR"
-              f" (lr {args.lr}, lr_decay 0.02, reg 0.001, at most {args.epochs} epochs, order {args.order},"
-              f" init {args.init} (noise {args.init_std}), "
-              + (f"tol {args.tol}" if args.stop == "tol" else
-                 f"per-level epochs on {args.folds} validation hold-out(s) (val_tol {args.val_tol}, patience"
-                 f" {args.patience}) then a refit on all ratings (fit s = both; refit s = the refit)")
-              + f"); median of {args.repeats} fits")
-    print("fit s = wall time of fit() (min in brackets); CPU s = user + system time of all its threads;"
-          f" pairwise = refined() after it, {args.pairwise_epochs} epochs; paper s = Table 3 (DCR)")
+        print(
+            f"\nTraining ({os.cpu_count()} cores shared with other work): DCR"
+            f" (lr {args.lr}, lr_decay 0.02, reg 0.001, at most {args.epochs} epochs, order {args.order},"
+            f" init {args.init} (noise {args.init_std}), "
+            + (
+                f"tol {args.tol}"
+                if args.stop == "tol"
+                else f"per-level epochs on {args.folds} validation hold-out(s) (val_tol {args.val_tol}, patience"
+                f" {args.patience}) then a refit on all ratings (fit s = both; refit s = the refit)"
+            )
+            + f"); median of {args.repeats} fits"
+        )
+    print(
+        "fit s = wall time of fit() (min in brackets); CPU s = user + system time of all its threads;"
+        f" pairwise = refined() after it, {args.pairwise_epochs} epochs; paper s = Table 3 (DCR)"
+    )
     if args.protocol:
-        print("--protocol: each netflix1m:N set gets the ML-100K protocol's fit for N (trainer.reproduce.dcr."
-              "protocol_fit: start, rank, noise, lr), val_tol 0.01, per-level epochs the median over"
-              f" {args.folds} hold-out(s), then the refit; --ranks/--init/--lr ignored")
+        print(
+            "--protocol: each netflix1m:N set gets the ML-100K protocol's fit for N (trainer.reproduce.dcr."
+            "protocol_fit: start, rank, noise, lr), val_tol 0.01, per-level epochs the median over"
+            f" {args.folds} hold-out(s), then the refit; --ranks/--init/--lr ignored"
+        )
     print("refit s / refit CPU s = the refit alone (the final model's training, what Table 3 times)")
-    header = (f"{'data':<16} {'ratings':>9} {'rank':>4} {'epochs':>18} {'fit s':>14} {'refit s':>7} {'CPU s':>6}"
-              f" {'refit CPU s':>11} {'pairwise s':>10} {'CPU s':>6} {'paper s':>7} {'max RSS MB':>10}"
-              f" {'factors MB':>10}")
+    header = (
+        f"{'data':<16} {'ratings':>9} {'rank':>4} {'epochs':>18} {'fit s':>14} {'refit s':>7} {'CPU s':>6}"
+        f" {'refit CPU s':>11} {'pairwise s':>10} {'CPU s':>6} {'paper s':>7} {'max RSS MB':>10}"
+        f" {'factors MB':>10}"
+    )
     print(header)
     print("-" * len(header))
     for spec in specs:
         for rank in args.ranks if not args.protocol else [None]:
-            params = dict(n_components=rank, max_iter=args.epochs, tol=args.tol, order=args.order,
-                          learning_rate=args.lr, learning_rate_decay=0.02, reg=0.001,
-                          pairwise_max_iter=args.pairwise_epochs, pairwise_learning_rate=0.01, random_state=0,
-                          init=args.init, init_std=args.init_std, stop=args.stop, val_tol=args.val_tol,
-                          patience=args.patience, folds=args.folds)
+            params = dict(
+                n_components=rank,
+                max_iter=args.epochs,
+                tol=args.tol,
+                order=args.order,
+                learning_rate=args.lr,
+                learning_rate_decay=0.02,
+                reg=0.001,
+                pairwise_max_iter=args.pairwise_epochs,
+                pairwise_learning_rate=0.01,
+                random_state=0,
+                init=args.init,
+                init_std=args.init_std,
+                stop=args.stop,
+                val_tol=args.val_tol,
+                patience=args.patience,
+                folds=args.folds,
+            )
             if args.protocol:
                 from ordrec.trainer.reproduce.dcr import protocol_fit
 
@@ -199,9 +240,20 @@ def bench_training(args) -> None:
                     continue
                 params.update(protocol_fit(int(spec.split(":")[1])), stop="validation", val_tol=0.01)
                 rank = params["n_components"]
-            out = subprocess.run([sys.executable, __file__, "--child", spec, json.dumps(params),
-                                  str(args.pairwise), str(args.repeats)],
-                                 capture_output=True, text=True, timeout=3600)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    spec,
+                    json.dumps(params),
+                    str(args.pairwise),
+                    str(args.repeats),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=3600,
+            )
             if out.returncode:
                 print(f"{spec}: child failed\n{out.stderr[-2000:]}")
                 continue
@@ -209,25 +261,40 @@ def bench_training(args) -> None:
             name = os.path.basename(os.path.dirname(spec)) if os.path.sep in spec else spec
             paper = PAPER_TABLE3.get(spec)
             fit = f"{r['seconds']:.2f} ({r['seconds_min']:.2f})"
-            print(f"{name:<16} {r['ratings']:>9,} {rank:>4} {r['epochs_run']:>18} {fit:>14} {r['refit_seconds']:>7.2f}"
-                  f" {r['cpu_seconds']:>6.2f} {r['refit_cpu_seconds']:>11.2f}"
-                  f" {r['pairwise_seconds']:>10.2f} {r['pairwise_cpu_seconds']:>6.2f}"
-                  f" {paper if paper else '':>7} {r['maxrss_mb']:>10.0f} {r['factors_mb']:>10.1f}", flush=True)
+            print(
+                f"{name:<16} {r['ratings']:>9,} {rank:>4} {r['epochs_run']:>18} {fit:>14} {r['refit_seconds']:>7.2f}"
+                f" {r['cpu_seconds']:>6.2f} {r['refit_cpu_seconds']:>11.2f}"
+                f" {r['pairwise_seconds']:>10.2f} {r['pairwise_cpu_seconds']:>6.2f}"
+                f" {paper if paper else '':>7} {r['maxrss_mb']:>10.0f} {r['factors_mb']:>10.1f}",
+                flush=True,
+            )
 
 
-def random_index(n_users: int, n_items: int, rank: int, levels: int = 5, seen: int = 50, seed: int = 0) -> DCRIndex:
+def random_index(
+    n_users: int, n_items: int, rank: int, levels: int = 5, seen: int = 50, seed: int = 0
+) -> DCRIndex:
     rng = np.random.default_rng(seed)
     L = levels - 1
     U = rng.normal(size=(n_users, L * rank)).astype(np.float32) / np.sqrt(rank)
     V = rng.normal(size=(n_items, L * rank)).astype(np.float32) / np.sqrt(rank)
     indices = np.concatenate([rng.choice(n_items, seen, replace=False) for _ in range(n_users)])
-    return DCRIndex(Artifact("dcr", {
-        "user_factors": U, "item_factors": V,
-        "seen_indptr": np.arange(0, seen * n_users + 1, seen, dtype=np.int64),
-        "seen_indices": indices.astype(np.int32),
-        "item_popularity": rng.random(n_items).astype(np.float32),
-    }, {"users": IdMap([str(i) for i in range(n_users)]), "items": IdMap([str(i) for i in range(n_items)])},
-        attributes={"levels": [1.0, 2.0, 3.0, 4.0, 5.0], "relevance": "linear", "rank": rank}))
+    return DCRIndex(
+        Artifact(
+            "dcr",
+            {
+                "user_factors": U,
+                "item_factors": V,
+                "seen_indptr": np.arange(0, seen * n_users + 1, seen, dtype=np.int64),
+                "seen_indices": indices.astype(np.int32),
+                "item_popularity": rng.random(n_items).astype(np.float32),
+            },
+            {
+                "users": IdMap([str(i) for i in range(n_users)]),
+                "items": IdMap([str(i) for i in range(n_items)]),
+            },
+            attributes={"levels": [1.0, 2.0, 3.0, 4.0, 5.0], "relevance": "linear", "rank": rank},
+        )
+    )
 
 
 def latency(index: DCRIndex, calls: int, with_distribution: bool, seed: int = 1) -> tuple[float, float]:
@@ -261,55 +328,107 @@ def bench_serving(args) -> None:
     indexes = []
     data = read_ratings(args.data)
     for rank in args.ranks:
-        model = DCR(n_components=rank, max_iter=args.epochs, tol=args.tol, learning_rate=0.05,
-                    learning_rate_decay=0.02, random_state=0).fit(data, research=ResearchOptions(order=args.order))
-        indexes.append((f"ml-100k ({len(data.items)} items)", rank, DCRIndex.from_artifact(model.to_artifact())))
+        model = DCR(
+            n_components=rank,
+            max_iter=args.epochs,
+            tol=args.tol,
+            learning_rate=0.05,
+            learning_rate_decay=0.02,
+            random_state=0,
+        ).fit(data, research=ResearchOptions(order=args.order))
+        indexes.append(
+            (f"ml-100k ({len(data.items)} items)", rank, DCRIndex.from_artifact(model.to_artifact()))
+        )
         indexes.append(("17,770 items", rank, random_index(2_000, 17_770, rank)))
-    print(f"\nIn-process Recommend, top-10 excluding seen items ({os.cpu_count()} cores shared with other work)")
-    header = f"{'catalogue':<22} {'rank':>4} {'dims':>5} {'p50 us':>8} {'p99 us':>8} {'+dist p50':>10} {'+dist p99':>10} {'batch 64 users/s':>17} {'batch 512 users/s':>18}"
+    print(
+        f"\nIn-process Recommend, top-10 excluding seen items ({os.cpu_count()} cores shared with other work)"
+    )
+    header = (
+        f"{'catalogue':<22} {'rank':>4} {'dims':>5} {'p50 us':>8} {'p99 us':>8} {'+dist p50':>10}"
+        f" {'+dist p99':>10} {'batch 64 users/s':>17} {'batch 512 users/s':>18}"
+    )
     print(header)
     print("-" * len(header))
     for name, rank, index in indexes:
         p50, p99 = latency(index, args.calls, False)
         d50, d99 = latency(index, args.calls, True)
         t64, t512 = throughput(index, 64), throughput(index, 512)
-        print(f"{name:<22} {rank:>4} {index._item.shape[1]:>5} {p50:>8.1f} {p99:>8.1f} {d50:>10.1f} {d99:>10.1f}"
-              f" {t64:>17,.0f} {t512:>18,.0f}", flush=True)
+        print(
+            f"{name:<22} {rank:>4} {index._item.shape[1]:>5} {p50:>8.1f} {p99:>8.1f} {d50:>10.1f} {d99:>10.1f}"
+            f" {t64:>17,.0f} {t512:>18,.0f}",
+            flush=True,
+        )
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(train_child(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] == "True", int(sys.argv[5]))))
+        print(
+            json.dumps(
+                train_child(sys.argv[2], json.loads(sys.argv[3]), sys.argv[4] == "True", int(sys.argv[5]))
+            )
+        )
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=os.path.join(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
-                                                       "ml-100k", "u.data"))
+    parser.add_argument(
+        "--data",
+        default=os.path.join(
+            os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
+            "ml-100k",
+            "u.data",
+        ),
+    )
     parser.add_argument("--epochs", type=int, default=100, help="most DCR epochs (the protocol's 100)")
-    parser.add_argument("--tol", type=float, default=0.002,
-                        help="stopping rule of the protocol (relative training log-likelihood gain); 0: all epochs")
+    parser.add_argument(
+        "--tol",
+        type=float,
+        default=0.002,
+        help="stopping rule of the protocol (relative training log-likelihood gain); 0: all epochs",
+    )
     parser.add_argument("--order", default="user", choices=("user", "random"))
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--init", default="random", choices=("random", "marginal"))
     parser.add_argument("--init-std", type=float, default=None, help="default 0.1 random, 0.02 marginal")
-    parser.add_argument("--stop", default="tol", choices=("tol", "validation"),
-                        help="validation: the ML-100K protocol's per-level early stopping plus refit (both timed)")
-    parser.add_argument("--val-tol", type=float, default=0.0,
-                        help="with --stop validation: least relative gain of a level's validation log-likelihood"
-                             " that counts as an improvement (0: any gain)")
-    parser.add_argument("--patience", type=int, default=5, help="with --stop validation: epochs without improvement")
-    parser.add_argument("--folds", type=int, default=1,
-                        help="with --stop validation: hold-outs whose per-level median epochs the refit uses"
-                             " (the protocol's 3)")
-    parser.add_argument("--protocol", action="store_true",
-                        help="time the ML-100K protocol's fit for each netflix1m:N set (its start, rank, noise"
-                             " and lr for N; val_tol 0.01; --folds hold-outs; the refit timed on its own)")
+    parser.add_argument(
+        "--stop",
+        default="tol",
+        choices=("tol", "validation"),
+        help="validation: the ML-100K protocol's per-level early stopping plus refit (both timed)",
+    )
+    parser.add_argument(
+        "--val-tol",
+        type=float,
+        default=0.0,
+        help="with --stop validation: least relative gain of a level's validation log-likelihood"
+        " that counts as an improvement (0: any gain)",
+    )
+    parser.add_argument(
+        "--patience", type=int, default=5, help="with --stop validation: epochs without improvement"
+    )
+    parser.add_argument(
+        "--folds",
+        type=int,
+        default=1,
+        help="with --stop validation: hold-outs whose per-level median epochs the refit uses"
+        " (the protocol's 3)",
+    )
+    parser.add_argument(
+        "--protocol",
+        action="store_true",
+        help="time the ML-100K protocol's fit for each netflix1m:N set (its start, rank, noise"
+        " and lr for N; val_tol 0.01; --folds hold-outs; the refit timed on its own)",
+    )
     parser.add_argument("--pairwise-epochs", type=int, default=20, help="the protocol's 20")
     parser.add_argument("--repeats", type=int, default=3, help="fits per configuration (median reported)")
     parser.add_argument("--ranks", default="40,20", help="ranks per level (the protocol's 40 first)")
     parser.add_argument("--calls", type=int, default=3000)
-    parser.add_argument("--specs", default="ml-100k,netflix1m,netflix1m:20,netflix1m:50",
-                        help="training sets: ml-100k (--data), netflix1m (generated), netflix1m:N (its N-per-user subset)")
-    parser.add_argument("--no-pairwise", dest="pairwise", action="store_false", help="skip the refinement timing")
+    parser.add_argument(
+        "--specs",
+        default="ml-100k,netflix1m,netflix1m:20,netflix1m:50",
+        help="training sets: ml-100k (--data), netflix1m (generated), netflix1m:N (its N-per-user subset)",
+    )
+    parser.add_argument(
+        "--no-pairwise", dest="pairwise", action="store_false", help="skip the refinement timing"
+    )
     parser.add_argument("--skip-train", action="store_true")
     parser.add_argument("--skip-serve", action="store_true")
     args = parser.parse_args()

@@ -3,6 +3,7 @@ scoring, exclusion, top-k and reply building, for one user per call.
 
     python benchmarks/bench_handler.py --registry REGISTRY [--model dcr] [--calls 5000]
 """
+
 from __future__ import annotations
 
 import os
@@ -12,13 +13,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import time  # noqa: E402
 
-from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 from ordrec.service.artifacts import Registry  # noqa: E402
 from ordrec.service.metrics import Metrics  # noqa: E402
 from ordrec.service.seen import SeenStore  # noqa: E402
 from ordrec.service.servicer import RecommenderServicer  # noqa: E402
 from ordrec.service.store import ModelStore  # noqa: E402
 from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 
 class _Context:
@@ -43,8 +44,10 @@ def main() -> int:
     store.refresh([args.model])
     servicer = RecommenderServicer(store, metrics, Limits(), SeenStore())
     users = store.snapshot()[args.model].index.users.ids
-    requests = [pb.RecommendRequest(model=args.model, user_ids=[users[i % len(users)]], n=10)
-                for i in range(args.calls)]
+    requests = [
+        pb.RecommendRequest(model=args.model, user_ids=[users[i % len(users)]], n=10)
+        for i in range(args.calls)
+    ]
     context = _Context()
     for request in requests[:500]:  # warm up
         servicer.Recommend(request, context)
@@ -56,7 +59,9 @@ def main() -> int:
     times.sort()
     pick = lambda q: times[int(q * (len(times) - 1))] * 1e6  # noqa: E731
     print(f"{'model':<10} {'calls':>6} {'mean us':>8} {'p50 us':>7} {'p99 us':>7}")
-    print(f"{args.model:<10} {len(times):>6} {sum(times) / len(times) * 1e6:>8.1f} {pick(0.5):>7.1f} {pick(0.99):>7.1f}")
+    print(
+        f"{args.model:<10} {len(times):>6} {sum(times) / len(times) * 1e6:>8.1f} {pick(0.5):>7.1f} {pick(0.99):>7.1f}"
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ O(n k log k).
 
 Timings on a shared machine are wall-clock under whatever else is running.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,23 +47,36 @@ def one(args) -> dict:
     graph = generated_graph(args.one, args.k, args.seed)
     gen_s = time.perf_counter() - t0
     params = json.loads(args.params)
-    est = KnnScal(n_components=args.dim, max_iter=args.max_iter, tol=args.tol, random_state=args.seed,
-                  verbose=args.verbose, **params)
+    est = KnnScal(
+        n_components=args.dim,
+        max_iter=args.max_iter,
+        tol=args.tol,
+        random_state=args.seed,
+        verbose=args.verbose,
+        **params,
+    )
     t0 = time.perf_counter()
     est.fit(graph)
     fit_s = time.perf_counter() - t0
     indptr, col, rnk = est.graph_
     agree, pairs = K.order_counts(est.coordinates_, indptr, col, rnk, est.q_)
     return {
-        "n": args.one, "k": args.k, "entries": int(est.plus_col_.shape[0]),
-        "generate_s": gen_s, "edges_s": est.timings_["edges_s"], "init_s": est.timings_["init_s"],
+        "n": args.one,
+        "k": args.k,
+        "entries": int(est.plus_col_.shape[0]),
+        "generate_s": gen_s,
+        "edges_s": est.timings_["edges_s"],
+        "init_s": est.timings_["init_s"],
         "reorder_s": est.timings_.get("reorder_s", 0.0),
-        "iterations": est.n_iter_, "converged": bool(est.converged_),
+        "iterations": est.n_iter_,
+        "converged": bool(est.converged_),
         "per_iter_s": float(np.median(est.iteration_seconds_)) if est.n_iter_ else float("nan"),
         "per_iter_min_s": float(np.min(est.iteration_seconds_)) if est.n_iter_ else float("nan"),
-        "iterations_s": est.timings_["iterations_s"], "fit_s": fit_s,
+        "iterations_s": est.timings_["iterations_s"],
+        "fit_s": fit_s,
         "cpu_per_iter_s": est.timings_["iterations_cpu_s"] / max(est.n_iter_, 1),
-        "stress": est.stress_, "order_agreement": agree / max(pairs, 1),
+        "stress": est.stress_,
+        "order_agreement": agree / max(pairs, 1),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
     }
 
@@ -83,7 +97,8 @@ def sweeps_only(args) -> None:
     params = json.loads(args.params)
     est = KnnScal(**params)
     est.q_, est.plus_indptr_, est.plus_col_, est.plus_rnk_ = enlarged_edges(
-        indptr, col, rnk, n, float(est.nonedge_factor), args.seed, float(est.hop2_fraction))
+        indptr, col, rnk, n, float(est.nonedge_factor), args.seed, float(est.hop2_fraction)
+    )
     kernels = {"current": K}
     if args.kernels:
         # A plain import (not exec of a spec) so that numba's on-disk cache can find the module again.
@@ -99,7 +114,17 @@ def sweeps_only(args) -> None:
             est._relabel(order)
         in_ptr, in_src, in_entry = K.incoming(est.plus_indptr_, est.plus_col_, n)
         delta = 0.01 * np.sqrt(est.plus_rnk_.astype(np.float64))
-        common = (est.plus_indptr_, est.plus_col_, est.plus_rnk_, est.q_, 1.0, delta, in_ptr, in_src, in_entry)
+        common = (
+            est.plus_indptr_,
+            est.plus_col_,
+            est.plus_rnk_,
+            est.q_,
+            1.0,
+            delta,
+            in_ptr,
+            in_src,
+            in_entry,
+        )
         for name, mod in kernels.items():
             mod.majorize_gauss_seidel(X.copy(), *common, 1)  # compile / warm up
             Y = X.copy()
@@ -119,12 +144,19 @@ def main(argv=None) -> int:
     parser.add_argument("--params", default="{}", help="extra KNNSCAL hyperparameters as JSON")
     parser.add_argument("--verbose", action="store_true")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size
-    parser.add_argument("--sweeps-only", action="store_true",
-                        help="time only the majorization sweeps at the first size (input vs Morton order)")
+    parser.add_argument(
+        "--sweeps-only",
+        action="store_true",
+        help="time only the majorization sweeps at the first size (input vs Morton order)",
+    )
     parser.add_argument("--sweeps", type=int, default=5)
     parser.add_argument("--kernels", help="with --sweeps-only: another knnscal_kernels.py to compare")
-    parser.add_argument("--table", nargs="+", metavar="JSON",
-                        help="print the table from JSON lines saved from earlier runs (stderr), run nothing")
+    parser.add_argument(
+        "--table",
+        nargs="+",
+        metavar="JSON",
+        help="print the table from JSON lines saved from earlier runs (stderr), run nothing",
+    )
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(args)))
@@ -137,27 +169,73 @@ def main(argv=None) -> int:
         for path in args.table:
             with open(path) as f:
                 results += [json.loads(line) for line in f if line.startswith("{")]
-    for n in ([] if args.table else args.sizes):
-        cmd = [sys.executable, __file__, "--one", str(int(n)), "--k", str(args.k), "--dim", str(args.dim),
-               "--max-iter", str(args.max_iter), "--tol", str(args.tol), "--seed", str(args.seed),
-               "--params", args.params] + (["--verbose"] if args.verbose else [])
+    for n in [] if args.table else args.sizes:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            str(int(n)),
+            "--k",
+            str(args.k),
+            "--dim",
+            str(args.dim),
+            "--max-iter",
+            str(args.max_iter),
+            "--tol",
+            str(args.tol),
+            "--seed",
+            str(args.seed),
+            "--params",
+            args.params,
+        ] + (["--verbose"] if args.verbose else [])
         out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
         results.append(json.loads(out.strip().splitlines()[-1]))
         print(json.dumps(results[-1]), file=sys.stderr)
-    header = ("n", "|E+|", "gen s", "E+ s", "init s", "reorder s", "iters", "conv", "s/iter", "CPU s/iter",
-              "us/iter/(n k log2 k)", "CPU us/iter/(n k log2 k)", "to conv s", "fit s", "peak RSS MB", "order agr.")
+    header = (
+        "n",
+        "|E+|",
+        "gen s",
+        "E+ s",
+        "init s",
+        "reorder s",
+        "iters",
+        "conv",
+        "s/iter",
+        "CPU s/iter",
+        "us/iter/(n k log2 k)",
+        "CPU us/iter/(n k log2 k)",
+        "to conv s",
+        "fit s",
+        "peak RSS MB",
+        "order agr.",
+    )
+
     def cpu(r, fmt, scale):  # runs recorded before CPU time was measured have none
         return fmt.format(scale * r["cpu_per_iter_s"]) if "cpu_per_iter_s" in r else "-"
 
     rows = []
     for r in results:
         unit = r["n"] * r["k"] * math.log2(r["k"])
-        rows.append((f"{r['n']:,}", f"{r['entries']:,}", f"{r['generate_s']:.1f}", f"{r['edges_s']:.1f}",
-                     f"{r['init_s']:.1f}", f"{r['reorder_s']:.1f}", str(r["iterations"]), "yes" if r["converged"] else "no",
-                     f"{r['per_iter_s']:.3f}", cpu(r, "{:.3f}", 1.0), f"{1e6 * r['per_iter_s'] / unit:.4f}",
-                     cpu(r, "{:.4f}", 1e6 / unit),
-                     f"{r['iterations_s']:.1f}", f"{r['fit_s']:.1f}", f"{r['peak_rss_mb']:.0f}",
-                     f"{r['order_agreement']:.4f}"))
+        rows.append(
+            (
+                f"{r['n']:,}",
+                f"{r['entries']:,}",
+                f"{r['generate_s']:.1f}",
+                f"{r['edges_s']:.1f}",
+                f"{r['init_s']:.1f}",
+                f"{r['reorder_s']:.1f}",
+                str(r["iterations"]),
+                "yes" if r["converged"] else "no",
+                f"{r['per_iter_s']:.3f}",
+                cpu(r, "{:.3f}", 1.0),
+                f"{1e6 * r['per_iter_s'] / unit:.4f}",
+                cpu(r, "{:.4f}", 1e6 / unit),
+                f"{r['iterations_s']:.1f}",
+                f"{r['fit_s']:.1f}",
+                f"{r['peak_rss_mb']:.0f}",
+                f"{r['order_agreement']:.4f}",
+            )
+        )
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
     print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
     for row in rows:

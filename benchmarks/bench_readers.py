@@ -13,6 +13,7 @@ numba kernels ("first"); "again" is a second read in the same process.
 Generated files go to ``--keep`` (kept and reused) or to a temporary folder
 under ``--tmp`` that is deleted afterwards.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,13 @@ print(json.dumps({"seconds": seconds, "again": again, "rss_mb": rss, "records": 
 
 
 def run_case(kind: str, path: Path, fast: bool = True) -> dict:
-    out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(path), "1" if fast else "0"],
-                         check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, kind, str(path), "1" if fast else "0"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,20 +78,36 @@ def generate(folder: Path, lines: int, seed: int = 0) -> tuple[Path, Path]:
         f_csv.write("user,item,rating\n")
         for s in range(0, lines, block):
             sl = slice(s, s + block)
-            f_dat.write("".join(f"{u}::{i}::{r:g}::{t}\n" for u, i, r, t in
-                                zip(user[sl].tolist(), item[sl].tolist(), rating[sl].tolist(), stamp[sl].tolist())))
-            f_csv.write("".join(f"u{u},i{i},{r:g}\n" for u, i, r in
-                                zip(user[sl].tolist(), item[sl].tolist(), rating[sl].tolist())))
+            f_dat.write(
+                "".join(
+                    f"{u}::{i}::{r:g}::{t}\n"
+                    for u, i, r, t in zip(
+                        user[sl].tolist(), item[sl].tolist(), rating[sl].tolist(), stamp[sl].tolist()
+                    )
+                )
+            )
+            f_csv.write(
+                "".join(
+                    f"u{u},i{i},{r:g}\n"
+                    for u, i, r in zip(user[sl].tolist(), item[sl].tolist(), rating[sl].tolist())
+                )
+            )
     return dat, csv
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    parser.add_argument(
+        "--data",
+        default=os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
+    )
     parser.add_argument("--lines", type=int, default=5_000_000)
     parser.add_argument("--tmp", default=None)
-    parser.add_argument("--keep", default=None,
-                        help="folder to write the generated files to and keep (reused when already there)")
+    parser.add_argument(
+        "--keep",
+        default=None,
+        help="folder to write the generated files to and keep (reused when already there)",
+    )
     args = parser.parse_args()
 
     cases = []
@@ -93,7 +115,9 @@ def main() -> None:
     if (data / "ml-100k" / "u.data").exists():
         cases.append(("ml-100k u.data", "ratings", data / "ml-100k" / "u.data", True))
     if (data / "lastfm-tags" / "user_taggedartists.dat").exists():
-        cases.append(("lastfm user_taggedartists.dat", "tags", data / "lastfm-tags" / "user_taggedartists.dat", True))
+        cases.append(
+            ("lastfm user_taggedartists.dat", "tags", data / "lastfm-tags" / "user_taggedartists.dat", True)
+        )
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
@@ -106,18 +130,24 @@ def main() -> None:
             dat, csv = generate(folder, args.lines)
             marker.touch()
             verb = "generated"
-        print(f"{verb} {args.lines:,} lines in {time.perf_counter() - start:.1f} s "
-              f"({dat.stat().st_size / 1e6:.0f} MB ratings.dat, {csv.stat().st_size / 1e6:.0f} MB csv)")
+        print(
+            f"{verb} {args.lines:,} lines in {time.perf_counter() - start:.1f} s "
+            f"({dat.stat().st_size / 1e6:.0f} MB ratings.dat, {csv.stat().st_size / 1e6:.0f} MB csv)"
+        )
         cases += [
             (f"generated ratings.dat, {args.lines:,} lines (integer ids)", "ratings", dat, True),
             (f"generated csv, string ids, {args.lines:,} lines (text ids)", "ratings", csv, True),
             (f"generated ratings.dat, {args.lines:,} lines, per-line parser", "ratings", dat, False),
         ]
-        print(f"{'case':<58} {'records':>11} {'first s':>8} {'again s':>8} {'lines/s':>11} {'peak RSS MB':>12}")
+        print(
+            f"{'case':<58} {'records':>11} {'first s':>8} {'again s':>8} {'lines/s':>11} {'peak RSS MB':>12}"
+        )
         for name, kind, path, fast in cases:
             r = run_case(kind, path, fast)
-            print(f"{name:<58} {r['records']:>11,} {r['seconds']:>8.2f} {r['again']:>8.2f} "
-                  f"{r['records'] / r['again']:>11,.0f} {r['rss_mb']:>12,.0f}")
+            print(
+                f"{name:<58} {r['records']:>11,} {r['seconds']:>8.2f} {r['again']:>8.2f} "
+                f"{r['records'] / r['again']:>11,.0f} {r['rss_mb']:>12,.0f}"
+            )
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ warm-up.
     .venv/bin/python benchmarks/bench_rtf.py
     .venv/bin/python benchmarks/bench_rtf.py --data $ORDREC_DATA/lastfm-tags/user_taggedartists.dat
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,18 +40,27 @@ def synthetic_index(dims: int, n_users: int, n_items: int, n_tags: int, seed: in
     rng = np.random.default_rng(seed)
     f = lambda *shape: rng.normal(0, 0.3, shape).astype(np.float32)  # noqa: E731
     arrays = {
-        "core": f(dims, dims, dims), "user_factors": f(n_users, dims), "item_factors": f(n_items, dims),
+        "core": f(dims, dims, dims),
+        "user_factors": f(n_users, dims),
+        "item_factors": f(n_items, dims),
         "tag_factors": f(n_tags, dims),
         "tag_popularity": rng.integers(1, 100, n_tags).astype(np.float32),
-        "user_tag_indptr": np.zeros(n_users + 1, np.int64), "user_tag_indices": np.zeros(0, np.int32),
+        "user_tag_indptr": np.zeros(n_users + 1, np.int64),
+        "user_tag_indices": np.zeros(0, np.int32),
         "user_tag_counts": np.zeros(0, np.float32),
-        "item_tag_indptr": np.zeros(n_items + 1, np.int64), "item_tag_indices": np.zeros(0, np.int32),
+        "item_tag_indptr": np.zeros(n_items + 1, np.int64),
+        "item_tag_indices": np.zeros(0, np.int32),
         "item_tag_counts": np.zeros(0, np.float32),
-        "post_indptr": np.zeros(n_users + 1, np.int64), "post_items": np.zeros(0, np.int32),
-        "post_tag_indptr": np.zeros(1, np.int64), "post_tags": np.zeros(0, np.int32),
+        "post_indptr": np.zeros(n_users + 1, np.int64),
+        "post_items": np.zeros(0, np.int32),
+        "post_tag_indptr": np.zeros(1, np.int64),
+        "post_tags": np.zeros(0, np.int32),
     }
-    ids = {"users": IdMap([f"u{k}" for k in range(n_users)]), "items": IdMap([f"i{k}" for k in range(n_items)]),
-           "tags": IdMap([f"t{k}" for k in range(n_tags)])}
+    ids = {
+        "users": IdMap([f"u{k}" for k in range(n_users)]),
+        "items": IdMap([f"i{k}" for k in range(n_items)]),
+        "tags": IdMap([f"t{k}" for k in range(n_tags)]),
+    }
     return RTFIndex.from_artifact(Artifact("rtf", arrays, ids))
 
 
@@ -60,9 +70,13 @@ def _percentiles(samples: list[float]) -> tuple[float, float]:
 
 
 def bench_latency(dims_list, n_tags: int, requests: int, naive_requests: int, seed: int) -> None:
-    print(f"Tags latency, in-process, top-10, |T| = {n_tags:,} (microseconds; 2 shared cores, other jobs running)")
-    print(f"{'model':<8}{'fast p50':>10}{'fast p99':>10}{'cache p50':>11}{'cache p99':>11}"
-          f"{'naive p50':>12}{'naive p99':>12}{'naive/fast':>12}{'paper':>9}")
+    print(
+        f"Tags latency, in-process, top-10, |T| = {n_tags:,} (microseconds; 2 shared cores, other jobs running)"
+    )
+    print(
+        f"{'model':<8}{'fast p50':>10}{'fast p99':>10}{'cache p50':>11}{'cache p99':>11}"
+        f"{'naive p50':>12}{'naive p99':>12}{'naive/fast':>12}{'paper':>9}"
+    )
     paper = {16: "1.1 ms", 64: "12.4 ms"}
     paper_us = {16: 1100.0, 64: 12400.0}
     rng = np.random.default_rng(seed)
@@ -95,29 +109,37 @@ def bench_latency(dims_list, n_tags: int, requests: int, naive_requests: int, se
         K.naive_tag_scores(index.core, index.user_factors[0], index.item_factors[0], index.tag_factors[:2])
         for u, i in zip(users[:naive_requests], items[:naive_requests]):
             t0 = time.perf_counter()
-            scores = K.naive_tag_scores(index.core, index.user_factors[u], index.item_factors[i], index.tag_factors)
+            scores = K.naive_tag_scores(
+                index.core, index.user_factors[u], index.item_factors[i], index.tag_factors
+            )
             top_k(scores, 10)
             naive.append(time.perf_counter() - t0)
         f50, f99 = _percentiles(fast)
         w50, w99 = _percentiles(warm)
         n50, n99 = _percentiles(naive)
-        print(f"RTF-{dims:<4}{f50:>10.1f}{f99:>10.1f}{w50:>11.1f}{w99:>11.1f}{n50:>12.0f}{n99:>12.0f}"
-              f"{n50 / f50:>11.0f}x{paper.get(dims, '-'):>9}")
+        print(
+            f"RTF-{dims:<4}{f50:>10.1f}{f99:>10.1f}{w50:>11.1f}{w99:>11.1f}{n50:>12.0f}{n99:>12.0f}"
+            f"{n50 / f50:>11.0f}x{paper.get(dims, '-'):>9}"
+        )
         if dims in paper_us:
-            print(f"  RTF-{dims}: paper / ours (p50) = {paper_us[dims] / f50:.0f}x cold, "
-                  f"{paper_us[dims] / w50:.0f}x with a warm user cache")
+            print(
+                f"  RTF-{dims}: paper / ours (p50) = {paper_us[dims] / f50:.0f}x cold, "
+                f"{paper_us[dims] / w50:.0f}x with a warm user cache"
+            )
 
 
 def bench_training(path: str, dims_list, epochs: int, core: int, seed: int) -> None:
     from ordrec.trainer.data.readers import read_input
-    from ordrec.trainer.reproduce.rtf import p_core
     from ordrec.trainer.models.rtf import group_posts
+    from ordrec.trainer.reproduce.rtf import p_core
 
     data = p_core(read_input("tags", path, "auto"), core)
     post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)
     rng = np.random.default_rng(seed)
-    print(f"\nTraining, {core}-core of {path}: {post_user.size:,} posts, {len(data.tags):,} tags "
-          f"(float32, one thread, 2 shared cores)")
+    print(
+        f"\nTraining, {core}-core of {path}: {post_user.size:,} posts, {len(data.tags):,} tags "
+        f"(float32, one thread, 2 shared cores)"
+    )
     print(f"{'model':<8}{'s/iteration':>13}{'us/post':>10}")
     for dims in dims_list:
         C = rng.normal(0, 0.1, (dims, dims, dims)).astype(np.float32)

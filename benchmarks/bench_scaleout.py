@@ -10,6 +10,7 @@ local registry and, when boto3 and moto are installed, into moto's S3 server on 
 network one). Each load runs in a fresh process, which reports its resident memory
 (VmRSS) before and after, and the seconds each step took.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,21 +54,29 @@ def synthetic_dcr(n: int, rank: int, levels: int, seed: int = 0) -> Artifact:
     width = (levels - 1) * rank
     return Artifact(
         kind="dcr",
-        arrays={"user_factors": rng.normal(0, 0.1, (n, width)).astype(np.float32),
-                "item_factors": rng.normal(0, 0.1, (n, width)).astype(np.float32),
-                "seen_indptr": np.zeros(n + 1, np.int64),
-                "seen_indices": np.zeros(0, np.int64),
-                "item_popularity": rng.random(n).astype(np.float32)},
-        ids={"users": IdMap([f"user{i:09d}" for i in range(n)]),
-             "items": IdMap([f"item{i:09d}" for i in range(n)])},
+        arrays={
+            "user_factors": rng.normal(0, 0.1, (n, width)).astype(np.float32),
+            "item_factors": rng.normal(0, 0.1, (n, width)).astype(np.float32),
+            "seen_indptr": np.zeros(n + 1, np.int64),
+            "seen_indices": np.zeros(0, np.int64),
+            "item_popularity": rng.random(n).astype(np.float32),
+        },
+        ids={
+            "users": IdMap([f"user{i:09d}" for i in range(n)]),
+            "items": IdMap([f"item{i:09d}" for i in range(n)]),
+        },
         attributes={"levels": [float(v) for v in range(1, levels + 1)], "rank": rank, "relevance": "linear"},
     )
 
 
 def measure(registry: str, cache: str, env: dict) -> dict:
-    out = subprocess.run([sys.executable, "-c", LOADER, registry, cache], capture_output=True, text=True,
-                         env={**os.environ, **env, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"},
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", LOADER, registry, cache],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env, "OPENBLAS_NUM_THREADS": "1", "NUMBA_NUM_THREADS": "1"},
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -80,10 +89,18 @@ def moto_env() -> tuple[subprocess.Popen | None, dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
-           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
     for _ in range(100):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -102,7 +119,9 @@ def main() -> None:
     args = p.parse_args()
     proc, env = moto_env()
     try:
-        print("| users = items | files MB | RSS growth MB (local) | load s | index+smoke s | S3 fetch+load s |")
+        print(
+            "| users = items | files MB | RSS growth MB (local) | load s | index+smoke s | S3 fetch+load s |"
+        )
         print("|---|---|---|---|---|---|")
         for n in (int(s) for s in args.sizes.split(",")):
             with tempfile.TemporaryDirectory() as tmp:
@@ -121,9 +140,14 @@ def main() -> None:
                     S3Registry(f"s3://{bucket}/reg", cache_dir=Path(tmp) / "pub").publish("dcr", artifact)
                     s3 = measure(f"s3://{bucket}/reg", str(Path(tmp) / "cache"), env)
                 grow = (local["rss_loaded"] - local["rss_base"]) / 1e6
-                s3_text = f"{s3['load_s'] + s3['index_s']:.2f} ({s3['load_s']:.2f} fetch+verify)" if s3 else "-"
-                print(f"| {n:,} | {size / 1e6:.0f} | {grow:.0f} | {local['load_s']:.2f} | {local['index_s']:.2f} "
-                      f"| {s3_text} |", flush=True)
+                s3_text = (
+                    f"{s3['load_s'] + s3['index_s']:.2f} ({s3['load_s']:.2f} fetch+verify)" if s3 else "-"
+                )
+                print(
+                    f"| {n:,} | {size / 1e6:.0f} | {grow:.0f} | {local['load_s']:.2f} | {local['index_s']:.2f} "
+                    f"| {s3_text} |",
+                    flush=True,
+                )
     finally:
         if proc is not None:
             proc.terminate()

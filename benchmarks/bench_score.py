@@ -10,13 +10,14 @@ aspects on the sphere. Not a timed test: numbers depend on the machine and its
 load. The first fit of a process pays numba's compile (or cache load); it is
 warmed up on a tiny table and excluded.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -33,16 +34,24 @@ def generated_table(n_objects: int, n_aspects: int, seed: int = 0) -> AttributeT
     n_values = rng.integers(2, 9, size=n_aspects)
     codes = np.stack([rng.integers(0, v, size=n_objects) for v in n_values], axis=1).astype(np.int32)
     values = [[str(v) for v in range(int(n))] for n in n_values]
-    return AttributeTable(IdMap([f"o{i}" for i in range(n_objects)]), [f"a{t}" for t in range(n_aspects)],
-                          codes, values, source="generated")
+    return AttributeTable(
+        IdMap([f"o{i}" for i in range(n_objects)]),
+        [f"a{t}" for t in range(n_aspects)],
+        codes,
+        values,
+        source="generated",
+    )
 
 
-def time_fit(table: AttributeTable, epochs: int, mode: str = "multi") -> tuple[float, int, float, SCOREIndex, float]:
+def time_fit(
+    table: AttributeTable, epochs: int, mode: str = "multi"
+) -> tuple[float, int, float, SCOREIndex, float]:
     t0 = time.perf_counter()
     est = ScoreEstimator(mode=mode, max_iter=epochs, random_state=0).fit(table)
     fit_s = time.perf_counter() - t0
-    steps = epochs * (int(est.steps_per_epoch) or int(min(est.triplets_per_aspect_.sum(),
-                                                          est.max_steps_per_epoch)))
+    steps = epochs * (
+        int(est.steps_per_epoch) or int(min(est.triplets_per_aspect_.sum(), est.max_steps_per_epoch))
+    )
     t0 = time.perf_counter()
     index = SCOREIndex.from_artifact(est.to_artifact())
     build_s = time.perf_counter() - t0
@@ -60,8 +69,14 @@ def latency(fn, n: int) -> tuple[float, float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--zoo", default=os.path.join(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
-                                                      "zoo", "zoo.data"))
+    parser.add_argument(
+        "--zoo",
+        default=os.path.join(
+            os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"),
+            "zoo",
+            "zoo.data",
+        ),
+    )
     parser.add_argument("--objects", type=int, default=10_000)
     parser.add_argument("--aspects", type=int, default=50)
     parser.add_argument("--epochs", type=int, default=20)
@@ -89,25 +104,30 @@ def main() -> None:
     for name, table in tables:
         fit_s, steps, n_trip, index, build_s = time_fit(table, args.epochs)
         results.append((name, table, index))
-        lines.append((name, f"{n_trip:.3g}", f"{steps:.3g}", f"{fit_s:.1f}", f"{steps / fit_s:.3g}",
-                      f"{build_s:.3f}"))
+        lines.append(
+            (name, f"{n_trip:.3g}", f"{steps:.3g}", f"{fit_s:.1f}", f"{steps / fit_s:.3g}", f"{build_s:.3f}")
+        )
     _print(header, lines)
     print(f"(layout of the generated table's groups: {layout_s:.2f} s, data generation included)")
 
     print(f"\nin-process queries, {args.queries} each (k = 10), microseconds")
     header = ("data", "query", "p50 us", "p99 us", "mean us")
     lines = []
-    for name, table, index in results:
+    for name, _table, index in results:
         spaces = index.spaces()
         n_obj = len(index.objects)
         rng = np.random.default_rng(1)
         rows = rng.integers(0, n_obj, size=args.queries)
         aspects = rng.integers(0, len(spaces), size=args.queries)
-        stats = latency(lambda q: index.neighbors(spaces[aspects[q]], "objects", int(rows[q]), "objects", 10),
-                        args.queries)
+        stats = latency(
+            lambda q: index.neighbors(spaces[aspects[q]], "objects", int(rows[q]), "objects", 10),  # noqa: B023 - called within this iteration
+            args.queries,
+        )
         lines.append((name, "Neighbors on an aspect map", *(f"{v:.1f}" for v in stats)))
-        stats = latency(lambda q: index.related_aspects(int(aspects[q]), min(10, len(spaces) - 1)),
-                        args.queries)
+        stats = latency(
+            lambda q: index.related_aspects(int(aspects[q]), min(10, len(spaces) - 1)),  # noqa: B023 - called within this iteration
+            args.queries,
+        )
         lines.append((name, "related aspects (sphere)", *(f"{v:.1f}" for v in stats)))
     _print(header, lines)
 

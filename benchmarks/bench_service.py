@@ -15,6 +15,7 @@ Two arrival patterns at the same offered rate: ``aligned`` (one h2load whose
 8) and ``staggered`` (one h2load per connection at a random phase, like
 independent clients). Errors are counted on every server process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,15 @@ def lastfm_sized_tags(seed: int = 0) -> TagAssignments:
     t = np.concatenate([rng.choice(n_tags, size=k, replace=False, p=popularity) for k in per])
     keys = np.unique(np.stack([u, i, t], 1), axis=0)
     ids = lambda prefix, n: IdMap([f"{prefix}{x}" for x in range(n)])  # noqa: E731
-    return TagAssignments(ids("u", 2_917), ids("i", 1_853), ids("t", n_tags), keys[:, 0].astype(np.int32),
-                          keys[:, 1].astype(np.int32), keys[:, 2].astype(np.int32), source="generated")
+    return TagAssignments(
+        ids("u", 2_917),
+        ids("i", 1_853),
+        ids("t", n_tags),
+        keys[:, 0].astype(np.int32),
+        keys[:, 1].astype(np.int32),
+        keys[:, 2].astype(np.int32),
+        source="generated",
+    )
 
 
 def build_registry(root: Path, data: Path) -> Registry:
@@ -71,8 +79,12 @@ def build_registry(root: Path, data: Path) -> Registry:
     fits = [
         ("dcr", "dcr", r, {"n_components": 20, "max_iter": 5}),
         ("coe", "coe", r, {"max_iter": 3}),
-        ("rtf64", "rtf", lastfm_sized_tags(), {"n_components": 64, "max_iter": 1, "min_iter": 1,
-                                                "verbose": False, "validation_posts": 100}),
+        (
+            "rtf64",
+            "rtf",
+            lastfm_sized_tags(),
+            {"n_components": 64, "max_iter": 1, "min_iter": 1, "verbose": False, "validation_posts": 100},
+        ),
     ]
     for name, kind, dataset, params in fits:
         start = time.perf_counter()
@@ -82,13 +94,45 @@ def build_registry(root: Path, data: Path) -> Registry:
     return registry
 
 
-def loadtest(proc: ServerProcess, registry: Path, mix: str, model_flag: list[str], rate: float, seconds: float,
-             engine: str, arrivals: str) -> dict:
+def loadtest(
+    proc: ServerProcess,
+    registry: Path,
+    mix: str,
+    model_flag: list[str],
+    rate: float,
+    seconds: float,
+    engine: str,
+    arrivals: str,
+) -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
-    cmd = [sys.executable, "-m", "ordrec.tools.loadtest", "--target", proc.target, "--registry", str(registry),
-           "--mix", mix, *model_flag, "--duration", str(seconds), "--engine", engine, "--connections", "8",
-           "--concurrency", "64", "--processes", "1", "--metrics-url", proc.metrics_urls, "--json", str(out),
-           "--arrivals", arrivals]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ordrec.tools.loadtest",
+        "--target",
+        proc.target,
+        "--registry",
+        str(registry),
+        "--mix",
+        mix,
+        *model_flag,
+        "--duration",
+        str(seconds),
+        "--engine",
+        engine,
+        "--connections",
+        "8",
+        "--concurrency",
+        "64",
+        "--processes",
+        "1",
+        "--metrics-url",
+        proc.metrics_urls,
+        "--json",
+        str(out),
+        "--arrivals",
+        arrivals,
+    ]
     if rate:
         cmd += ["--rate", str(rate)]
     subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=seconds + 120)
@@ -109,18 +153,26 @@ def main() -> int:
     p.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     p.add_argument("--seconds", type=float, default=8)
     p.add_argument("--rates", default="1000,2000,3000,4000,5000,6000,7000,8000")
-    p.add_argument("--configs", default="1,1:pinned,2",
-                   help="server set-ups: N processes, or 1:pinned (one process pinned to CPU 0)")
+    p.add_argument(
+        "--configs",
+        default="1,1:pinned,2",
+        help="server set-ups: N processes, or 1:pinned (one process pinned to CPU 0)",
+    )
     p.add_argument("--engine", default="h2load", choices=("h2load", "python"))
     p.add_argument("--p99-ms", type=float, default=10.0)
-    p.add_argument("--arrivals", default="aligned,staggered",
-                   help="h2load arrival patterns to run: aligned (bursts of 8), staggered (random phases)")
+    p.add_argument(
+        "--arrivals",
+        default="aligned,staggered",
+        help="h2load arrival patterns to run: aligned (bursts of 8), staggered (random phases)",
+    )
     p.add_argument("--at", type=float, default=4000, help="also report p99 at this offered rate")
     args = p.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
-    workload = [("Recommend (DCR, n=10)", "recommend", ["--recommend-model", "dcr"]),
-                ("Tags (RTF64, n=10)", "tags", ["--tags-model", "rtf64"]),
-                ("Neighbors (COE, k=10)", "neighbors", ["--neighbors-model", "coe"])]
+    workload = [
+        ("Recommend (DCR, n=10)", "recommend", ["--recommend-model", "dcr"]),
+        ("Tags (RTF64, n=10)", "tags", ["--tags-model", "rtf64"]),
+        ("Neighbors (COE, k=10)", "neighbors", ["--neighbors-model", "coe"]),
+    ]
     reference = machine_reference()
     with tempfile.TemporaryDirectory() as tmp:
         registry = build_registry(Path(tmp) / "registry", Path(args.data))
@@ -136,25 +188,42 @@ def main() -> int:
                 saturated = {}  # unpaced runs have no arrival pattern: one per RPC
                 for arrivals in args.arrivals.split(","):
                     for label, mix, flag in workload:
-                        best, at = ladder(proc, registry.root, mix, flag, rates, args, arrivals, config, label)
+                        best, at = ladder(
+                            proc, registry.root, mix, flag, rates, args, arrivals, config, label
+                        )
                         if label not in saturated:
-                            saturated[label] = loadtest(proc, registry.root, mix, flag, 0, args.seconds,
-                                                        args.engine, "aligned")
+                            saturated[label] = loadtest(
+                                proc, registry.root, mix, flag, 0, args.seconds, args.engine, "aligned"
+                            )
                         rows.append((config, arrivals, label, best, at, saturated[label]))
     print_rows(rows, args)
-    print(f"machine reference: a 1e7-iteration Python loop took {reference:.2f} s before the run "
-          f"and {machine_reference():.2f} s after")
+    print(
+        f"machine reference: a 1e7-iteration Python loop took {reference:.2f} s before the run "
+        f"and {machine_reference():.2f} s after"
+    )
     return 0
 
 
-def ladder(proc: ServerProcess, registry: Path, mix: str, flag: list[str], rates: list[float],
-           args: argparse.Namespace, arrivals: str, config: str, label: str) -> tuple:
+def ladder(
+    proc: ServerProcess,
+    registry: Path,
+    mix: str,
+    flag: list[str],
+    rates: list[float],
+    args: argparse.Namespace,
+    arrivals: str,
+    config: str,
+    label: str,
+) -> tuple:
     """Raise the offered rate until p99 or errors fail: the best passing run and the one at ``--at``."""
     best, at = None, None
     for rate in rates:
         result = loadtest(proc, registry, mix, flag, rate, args.seconds, args.engine, arrivals)
-        print(f"  {config:<9} {arrivals:<9} {label:<24} rate {rate:>6.0f}: qps {result['qps']:>6.0f} "
-              f"p99 {result['p99_ms']:6.2f} ms errors {result['errors']}", file=sys.stderr)
+        print(
+            f"  {config:<9} {arrivals:<9} {label:<24} rate {rate:>6.0f}: qps {result['qps']:>6.0f} "
+            f"p99 {result['p99_ms']:6.2f} ms errors {result['errors']}",
+            file=sys.stderr,
+        )
         if rate == args.at:
             at = result
         if result["errors"] or result["p99_ms"] > args.p99_ms:
@@ -166,15 +235,21 @@ def ladder(proc: ServerProcess, registry: Path, mix: str, flag: list[str], rates
 def print_rows(rows: list, args: argparse.Namespace) -> None:
     nan = float("nan")
     empty = {"qps": 0, "p50_ms": nan, "p90_ms": nan, "p99_ms": nan, "errors": "-"}
-    print(f"\nHighest offered rate with p99 <= {args.p99_ms:g} ms and zero errors "
-          f"({args.engine}, {args.seconds:g} s per step, 8 connections; errors summed over all processes)")
-    print(f"{'processes':>10} {'arrivals':<9} {'RPC':<24} {'QPS':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}"
-          f" {'errors':>6}  {f'p99 @{args.at:g}':>10}  {'saturated QPS':>13} {'p99 ms':>7}")
+    print(
+        f"\nHighest offered rate with p99 <= {args.p99_ms:g} ms and zero errors "
+        f"({args.engine}, {args.seconds:g} s per step, 8 connections; errors summed over all processes)"
+    )
+    print(
+        f"{'processes':>10} {'arrivals':<9} {'RPC':<24} {'QPS':>7} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7}"
+        f" {'errors':>6}  {f'p99 @{args.at:g}':>10}  {'saturated QPS':>13} {'p99 ms':>7}"
+    )
     for processes, arrivals, label, best, at, sat in rows:
         b = best or empty
         at_p99 = f"{at['p99_ms']:.2f}" if at else "-"
-        print(f"{processes:>10} {arrivals:<9} {label:<24} {b['qps']:>7.0f} {b['p50_ms']:>7.2f} {b['p90_ms']:>7.2f} "
-              f"{b['p99_ms']:>7.2f} {b['errors']:>6}  {at_p99:>10}  {sat['qps']:>13.0f} {sat['p99_ms']:>7.2f}")
+        print(
+            f"{processes:>10} {arrivals:<9} {label:<24} {b['qps']:>7.0f} {b['p50_ms']:>7.2f} {b['p90_ms']:>7.2f} "
+            f"{b['p99_ms']:>7.2f} {b['errors']:>6}  {at_p99:>10}  {sat['qps']:>13.0f} {sat['p99_ms']:>7.2f}"
+        )
 
 
 if __name__ == "__main__":

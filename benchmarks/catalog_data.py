@@ -7,6 +7,7 @@ sit near the unit ball's boundary while rarely rated ones stay near the
 origin. Approximate search is much easier on noise than on such data (or
 much harder, depending on the library), so recall is measured on this.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,9 @@ def _unit_rows(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
 
-def planted_factors(n: int, centers: np.ndarray, rng: np.random.Generator, spread: float,
-                    popularity_norm: bool) -> np.ndarray:
+def planted_factors(
+    n: int, centers: np.ndarray, rng: np.random.Generator, spread: float, popularity_norm: bool
+) -> np.ndarray:
     """``n`` rows of per-level factors drawn around the given cluster centres.
 
     Parameters
@@ -71,8 +73,9 @@ def planted_centers(clusters: int, levels: int, rank: int, rng: np.random.Genera
     return _unit_rows(base + 0.5 * rng.normal(size=(clusters, levels, rank)))
 
 
-def planted_catalog(n_items: int, n_users: int, rank: int = 40, levels: int = 5, clusters: int = 512,
-                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def planted_catalog(
+    n_items: int, n_users: int, rank: int = 40, levels: int = 5, clusters: int = 512, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """(user_factors, item_factors) of a DCR-shaped model with planted clusters, float32."""
     rng = np.random.default_rng(seed)
     centers = planted_centers(clusters, levels, rank, rng)
@@ -90,8 +93,9 @@ def folded_queries(users: np.ndarray, levels: np.ndarray = LEVELS) -> np.ndarray
     return np.ascontiguousarray(users * np.repeat(c, rank).astype(np.float32)[None, :])
 
 
-def catalog_artifact(n_items: int, n_users: int, rank: int = 40, seen_per_user: int = 20,
-                     seed: int = 0) -> Artifact:
+def catalog_artifact(
+    n_items: int, n_users: int, rank: int = 40, seen_per_user: int = 20, seed: int = 0
+) -> Artifact:
     """A DCR artifact over a planted catalogue (6 rating values, so 5 learned levels x ``rank``)."""
     users, items = planted_catalog(n_items, n_users, rank=rank, seed=seed)
     rng = np.random.default_rng(seed + 1)
@@ -99,10 +103,16 @@ def catalog_artifact(n_items: int, n_users: int, rank: int = 40, seen_per_user: 
     seen_indptr = np.arange(0, n_users * seen_per_user + 1, seen_per_user, dtype=np.int64)
     return Artifact(
         kind="dcr",
-        arrays={"user_factors": users, "item_factors": items, "seen_indptr": seen_indptr,
-                "seen_indices": seen.reshape(-1).astype(np.int32),
-                "item_popularity": rng.random(n_items, dtype=np.float32)},
-        ids={"users": IdMap([f"u{i}" for i in range(n_users)]),
-             "items": IdMap([f"i{i}" for i in range(n_items)])},
+        arrays={
+            "user_factors": users,
+            "item_factors": items,
+            "seen_indptr": seen_indptr,
+            "seen_indices": seen.reshape(-1).astype(np.int32),
+            "item_popularity": rng.random(n_items, dtype=np.float32),
+        },
+        ids={
+            "users": IdMap([f"u{i}" for i in range(n_users)]),
+            "items": IdMap([f"i{i}" for i in range(n_items)]),
+        },
         attributes={"levels": LEVELS.tolist(), "relevance": "linear", "rank": rank, "pairwise": False},
     )

@@ -13,6 +13,7 @@
 
 Exit status 0 when everything holds; the problems are printed otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,9 @@ import base64
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
@@ -174,8 +176,10 @@ def policy_problems(objects: list[dict], complete: bool) -> list[str]:
     cron = by_kind.get("CronJob", {}).get("ordrec-train")
     if cron is None or cron["spec"].get("concurrencyPolicy") != "Forbid":
         problems.append("CronJob ordrec-train must exist with concurrencyPolicy: Forbid")
-    elif cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][:2] != \
-            ["ordrec-train", "run"]:
+    elif cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["args"][:2] != [
+        "ordrec-train",
+        "run",
+    ]:
         problems.append("CronJob ordrec-train must run `ordrec-train run`")
     if complete:
         # kubectl renames a generated Secret (hash suffix) and rewrites its references alike.
@@ -208,9 +212,11 @@ def check(folder: Path) -> list[str]:
     objects, how = render(folder)
     complete = folder.parent.name == "overlays"
     problems = schema_problems(objects) + policy_problems(objects, complete)
-    print(f"{folder.relative_to(ROOT)}: {len(objects)} objects rendered with {how}, "
-          f"validated against Kubernetes {', '.join(KUBERNETES_VERSIONS)}: "
-          f"{'ok' if not problems else f'{len(problems)} problem(s)'}")
+    print(
+        f"{folder.relative_to(ROOT)}: {len(objects)} objects rendered with {how}, "
+        f"validated against Kubernetes {', '.join(KUBERNETES_VERSIONS)}: "
+        f"{'ok' if not problems else f'{len(problems)} problem(s)'}"
+    )
     return problems
 
 

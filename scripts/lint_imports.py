@@ -5,6 +5,7 @@ maps them into the ``ordrec`` namespace; import-linter reads packages from one
 folder tree, so this lays the installed tree out as symlinks in a temporary
 folder (from pyproject's package-dir) and runs ``lint-imports`` over it.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,7 +41,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ordrec-lint-") as tmp:
         lay_out(package_dir, Path(tmp))
         env = {**os.environ, "PYTHONPATH": tmp}
-        return subprocess.run([str(lint), "--config", str(pyproject), "--no-cache"], cwd=tmp, env=env).returncode
+        return subprocess.run(
+            [str(lint), "--config", str(pyproject), "--no-cache"], cwd=tmp, env=env
+        ).returncode
 
 
 if __name__ == "__main__":

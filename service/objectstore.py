@@ -344,14 +344,16 @@ class S3Registry:
 
     def _remove_stale(self, name: str) -> list[str]:
         groups: dict[str, list[dict]] = {}
+        files: dict[str, set[str]] = {}
         for obj in self._objects(name):
             parts = self._version_of(name, obj["Key"])
             if parts:
                 groups.setdefault(parts[0], []).append(obj)
+                files.setdefault(parts[0], set()).add(parts[1])
         cutoff = time.time() - self.stale_seconds
         removed = []
         for version, objs in sorted(groups.items()):
-            if any(self._version_of(name, o["Key"])[1] == MANIFEST for o in objs):
+            if MANIFEST in files[version]:
                 continue
             if max(o["LastModified"].timestamp() for o in objs) > cutoff:
                 continue  # a publisher may still be uploading

@@ -1,5 +1,6 @@
 """Shared fixtures: the built-in sample trained into a registry, a real server
 process, a real redis-server on a free loopback port, and the data path."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,12 @@ SAMPLE_MODELS = [
     ("dcr", "dcr", "ratings.data", ["--set", "max_iter=10"]),
     ("pairwise_dcr", "dcr", "ratings.data", ["--set", "max_iter=10", "--set", "pairwise=true"]),
     ("coe", "coe", "ratings.data", ["--set", "max_iter=5"]),
-    ("rtf", "rtf", "tags.csv", ["--set", "n_components=8", "--set", "max_iter=5", "--set", "min_iter=1",
-                                "--set", "verbose=false"]),
+    (
+        "rtf",
+        "rtf",
+        "tags.csv",
+        ["--set", "n_components=8", "--set", "max_iter=5", "--set", "min_iter=1", "--set", "verbose=false"],
+    ),
     ("score", "score", "attributes.csv", ["--set", "max_iter=3", "--set", "max_steps_per_epoch=20000"]),
     ("knnscal", "knnscal", "neighbors.csv", ["--set", "max_iter=20"]),
 ]
@@ -46,8 +51,21 @@ def sample_dir(tmp_path_factory) -> Path:
 
 def train_into(registry: Path, sample_dir: Path, models=SAMPLE_MODELS) -> Path:
     for name, kind, sample, flags in models:
-        result = run_cli(["ordrec.trainer", "train", kind, "--data", str(sample_dir / sample), "--registry",
-                          str(registry), "--name", name, *flags], check=False)
+        result = run_cli(
+            [
+                "ordrec.trainer",
+                "train",
+                kind,
+                "--data",
+                str(sample_dir / sample),
+                "--registry",
+                str(registry),
+                "--name",
+                name,
+                *flags,
+            ],
+            check=False,
+        )
         assert result.returncode == 0, result.stderr
     return registry
 
@@ -75,11 +93,24 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self) -> "RedisServer":
+    def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -122,15 +153,22 @@ class MotoServer:
     @property
     def env(self) -> dict[str, str]:
         """What a client process needs: the endpoint and throwaway credentials."""
-        return {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "testing",
-                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                "AWS_EC2_METADATA_DISABLED": "true"}
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
 
-    def start(self) -> "MotoServer":
+    def start(self) -> MotoServer:
         import sys
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

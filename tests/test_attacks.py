@@ -4,11 +4,11 @@ Each scenario failed on the server before the hardening it names (issue 15) and 
 keep passing: stream floods and stalled readers, a tampered registry, replies over the
 message limit, cancellations counted as errors, unknown models, Health/List.
 """
+
 from __future__ import annotations
 
 import os
 import re
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -33,11 +33,17 @@ def big_map(n_items: int = 20_000, seed: int = 0) -> Artifact:
     n_users = 10
     return Artifact(
         kind="coe",
-        arrays={"user_coords": rng.normal(size=(n_users, 2)), "item_coords": rng.normal(size=(n_items, 2)),
-                "seen_indptr": np.zeros(n_users + 1, np.int64), "seen_indices": np.zeros(0, np.int32),
-                "item_popularity": np.ones(n_items, np.float32)},
-        ids={"users": IdMap([f"u{u}" for u in range(n_users)]),
-             "items": IdMap([f"item-{i:08d}" for i in range(n_items)])},
+        arrays={
+            "user_coords": rng.normal(size=(n_users, 2)),
+            "item_coords": rng.normal(size=(n_items, 2)),
+            "seen_indptr": np.zeros(n_users + 1, np.int64),
+            "seen_indices": np.zeros(0, np.int32),
+            "item_popularity": np.ones(n_items, np.float32),
+        },
+        ids={
+            "users": IdMap([f"u{u}" for u in range(n_users)]),
+            "items": IdMap([f"item-{i:08d}" for i in range(n_items)]),
+        },
         hyperparameters={"dim": 2, "function": "sigmoid"},
     )
 
@@ -61,9 +67,9 @@ def metric(server: ServerProcess, name: str, **labels: str) -> float:
     text = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5).read().decode()
     total = 0.0
     for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            if all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
+        named = line.startswith(name + "{") or line.startswith(name + " ")
+        if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
     return total
 
 
@@ -91,15 +97,20 @@ def test_open_and_stalled_streams_cannot_starve_unary_calls(attack_registry):
         channels = [grpc.insecure_channel(server.target, options=STALLED_READER) for _ in range(15)]
         try:
             calls = []
-            for i, channel in enumerate(channels[:5]):  # 50 Coordinates streams nobody reads
+            for channel in channels[:5]:  # 50 Coordinates streams nobody reads
                 stub = recommender_pb2_grpc.RecommenderStub(channel)
-                calls += [stub.Coordinates(pb.CoordinatesRequest(model="bigmap", page_size=1), timeout=60)
-                          for _ in range(10)]
+                calls += [
+                    stub.Coordinates(pb.CoordinatesRequest(model="bigmap", page_size=1), timeout=60)
+                    for _ in range(10)
+                ]
             for channel in channels[5:]:  # 200 health Watch streams, no token needed
                 stub = health_pb2_grpc.HealthStub(channel)
                 calls += [stub.Watch(watch, timeout=60) for _ in range(20)]
-            wait_for(lambda: metric(server, "grpc_server_started_total", grpc_type="server_stream") >= 16, 10,
-                     what="the streams to reach the server")
+            wait_for(
+                lambda: metric(server, "grpc_server_started_total", grpc_type="server_stream") >= 16,
+                10,
+                what="the streams to reach the server",
+            )
             latencies, errors = recommend_latencies(server.target, seconds=5)
             health = health_pb2_grpc.HealthStub(channels[-1]).Check(watch, timeout=2)
             assert health.status == health_pb2.HealthCheckResponse.SERVING
@@ -110,34 +121,49 @@ def test_open_and_stalled_streams_cannot_starve_unary_calls(attack_registry):
                 channel.close()
         assert errors == []
         p50, p99 = np.quantile(latencies, [0.5, 0.99])
-        print(f"Recommend under the stream flood: {len(latencies)} calls, p50 {p50 * 1e3:.2f} ms,"
-              f" p99 {p99 * 1e3:.2f} ms, 0 errors")
+        print(
+            f"Recommend under the stream flood: {len(latencies)} calls, p50 {p50 * 1e3:.2f} ms,"
+            f" p99 {p99 * 1e3:.2f} ms, 0 errors"
+        )
         assert len(latencies) > 100 and p99 < 0.050, (len(latencies), p99)
         assert metric(server, "grpc_server_handled_total", grpc_code="RESOURCE_EXHAUSTED") > 0
 
 
 def test_a_stream_the_client_stopped_reading_is_ended_and_its_slot_freed(attack_registry):
     args = ("--max-streams", "2", "--stream-stall-seconds", "1")
-    with ServerProcess(attack_registry, *args) as server, \
-            grpc.insecure_channel(server.target, options=STALLED_READER) as stalled, \
-            grpc.insecure_channel(server.target) as reader:
+    with (
+        ServerProcess(attack_registry, *args) as server,
+        grpc.insecure_channel(server.target, options=STALLED_READER) as stalled,
+        grpc.insecure_channel(server.target) as reader,
+    ):
         stub = recommender_pb2_grpc.RecommenderStub(stalled)
-        calls = [stub.Coordinates(pb.CoordinatesRequest(model="bigmap", page_size=1), timeout=60)
-                 for _ in range(2)]
-        wait_for(lambda: metric(server, "ordrec_streams_ended_total", reason="stalled") == 2, 15,
-                 what="the stalled streams to be ended")
+        calls = [
+            stub.Coordinates(pb.CoordinatesRequest(model="bigmap", page_size=1), timeout=60) for _ in range(2)
+        ]
+        wait_for(
+            lambda: metric(server, "ordrec_streams_ended_total", reason="stalled") == 2,
+            15,
+            what="the stalled streams to be ended",
+        )
         wait_for(lambda: metric(server, "ordrec_open_streams") == 0, 5, what="their slots to be freed")
-        pages = list(recommender_pb2_grpc.RecommenderStub(reader).Coordinates(
-            pb.CoordinatesRequest(model="bigmap", page_size=5000), timeout=30))
+        pages = list(
+            recommender_pb2_grpc.RecommenderStub(reader).Coordinates(
+                pb.CoordinatesRequest(model="bigmap", page_size=5000), timeout=30
+            )
+        )
         assert sum(len(p.points) for p in pages) == 20_000
         for call in calls:
             call.cancel()
 
 
 def test_a_stream_open_too_long_is_ended(attack_registry):
-    with ServerProcess(attack_registry, "--stream-max-seconds", "1") as server, \
-            grpc.insecure_channel(server.target) as channel:
-        watch = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""), timeout=30)
+    with (
+        ServerProcess(attack_registry, "--stream-max-seconds", "1") as server,
+        grpc.insecure_channel(server.target) as channel,
+    ):
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=""), timeout=30
+        )
         assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
         start = time.monotonic()
         with pytest.raises(grpc.RpcError) as info:
@@ -156,12 +182,16 @@ def test_the_server_refuses_a_stream_limit_that_could_take_every_worker(attack_r
 def test_a_cancelled_stream_is_counted_cancelled_not_unknown(attack_registry):
     with ServerProcess(attack_registry) as server, grpc.insecure_channel(server.target) as channel:
         call = recommender_pb2_grpc.RecommenderStub(channel).Coordinates(
-            pb.CoordinatesRequest(model="bigmap", page_size=10), timeout=30)
+            pb.CoordinatesRequest(model="bigmap", page_size=10), timeout=30
+        )
         next(call)
         call.cancel()
         labels = {"grpc_method": "Coordinates"}
-        wait_for(lambda: metric(server, "grpc_server_handled_total", grpc_code="CANCELLED", **labels) == 1, 10,
-                 what="the cancelled stream to be counted")
+        wait_for(
+            lambda: metric(server, "grpc_server_handled_total", grpc_code="CANCELLED", **labels) == 1,
+            10,
+            what="the cancelled stream to be counted",
+        )
         assert metric(server, "grpc_server_handled_total", grpc_code="UNKNOWN", **labels) == 0
 
 
@@ -178,19 +208,25 @@ def test_a_reply_over_the_message_limit_is_refused_before_any_work(attack_regist
         assert "user_ids x n=1000 with_distribution" in info.value.details()
         assert metric(server, "grpc_server_handled_total", grpc_method="Recommend", grpc_code="OK") == 0
         # the same request within the limit is answered in full
-        fits = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=users[:20], n=1000,
-                                                  with_distribution=True), timeout=30)
+        fits = stub.Recommend(
+            pb.RecommendRequest(model="dcr", user_ids=users[:20], n=1000, with_distribution=True), timeout=30
+        )
         assert len(fits.results) == 20 and all(r.items for r in fits.results)
 
 
 def test_every_rpc_with_a_sized_reply_checks_it_before_work(attack_registry):
-    with ServerProcess(attack_registry, "--max-message-bytes", "8192") as server, \
-            grpc.insecure_channel(server.target) as channel:
+    with (
+        ServerProcess(attack_registry, "--max-message-bytes", "8192") as server,
+        grpc.insecure_channel(server.target) as channel,
+    ):
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         calls = {
-            "k=1000": lambda k: stub.Neighbors(pb.NeighborsRequest(model="bigmap", id="item-00000001", k=k), timeout=5),
-            "page_size=5000": lambda k: list(stub.Coordinates(
-                pb.CoordinatesRequest(model="bigmap", page_size=k * 5), timeout=5)),
+            "k=1000": lambda k: stub.Neighbors(
+                pb.NeighborsRequest(model="bigmap", id="item-00000001", k=k), timeout=5
+            ),
+            "page_size=5000": lambda k: list(
+                stub.Coordinates(pb.CoordinatesRequest(model="bigmap", page_size=k * 5), timeout=5)
+            ),
         }
         for field, call in calls.items():
             with pytest.raises(grpc.RpcError) as info:
@@ -201,8 +237,9 @@ def test_every_rpc_with_a_sized_reply_checks_it_before_work(attack_registry):
 
 
 def test_client_mistakes_never_fire_the_documented_error_alert(attack_registry):
-    alert = re.search(r'alert: OrdrecErrors.*?grpc_code=~"([^"]+)"', (ROOT / "docs" / "service.md").read_text(),
-                      re.S).group(1)
+    alert = re.search(
+        r'alert: OrdrecErrors.*?grpc_code=~"([^"]+)"', (ROOT / "docs" / "service.md").read_text(), re.S
+    ).group(1)
     mistakes = [
         lambda s: s.Recommend(pb.RecommendRequest(model="absent", user_ids=["u1"], n=3), timeout=5),
         lambda s: s.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u1"], n=0), timeout=5),
@@ -266,9 +303,14 @@ def test_report_is_served_from_the_verified_copy_with_a_strict_policy(tmp_path):
             policy = reply.headers["Content-Security-Policy"]
         assert "default-src 'none'" in policy and f"'sha256-{report.script_hashes[0]}'" in policy
         assert "unsafe-inline" not in policy.split("script-src", 1)[1].split(";", 1)[0]
-        head = urllib.request.urlopen(urllib.request.Request(f"{server.metrics_url}/maps/films", method="HEAD"),
-                                      timeout=10)
-        assert head.status == 200 and head.read() == b"" and int(head.headers["Content-Length"]) == len(report.data)
+        head = urllib.request.urlopen(
+            urllib.request.Request(f"{server.metrics_url}/maps/films", method="HEAD"), timeout=10
+        )
+        assert (
+            head.status == 200
+            and head.read() == b""
+            and int(head.headers["Content-Length"]) == len(report.data)
+        )
 
 
 @pytest.mark.parametrize("tamper", ["report_symlink", "report_edited", "version_symlink"])
@@ -278,8 +320,11 @@ def test_a_tampered_version_is_refused_and_the_old_one_keeps_serving(tmp_path, t
     with ServerProcess(registry.root, "--poll-interval", "0.2") as server:
         good = urllib.request.urlopen(f"{server.metrics_url}/maps/films", timeout=10).read()
         second = publish_map_with_report_unloaded(registry, tamper, tmp_path)
-        wait_for(lambda: metric(server, "ordrec_model_load_failures_total", model="films") == 1, 15,
-                 what="the tampered version to be refused")
+        wait_for(
+            lambda: metric(server, "ordrec_model_load_failures_total", model="films") == 1,
+            15,
+            what="the tampered version to be refused",
+        )
         assert urllib.request.urlopen(f"{server.metrics_url}/maps/films", timeout=10).read() == good
         assert first.name != second
         assert "root:" not in good.decode("utf-8", "replace")

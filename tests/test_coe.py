@@ -1,5 +1,6 @@
 """COE: gradients, triple counting and sampling, exact accuracy counting, planted geometry,
 serving index and registry round trip. Real-data checks are marked slow."""
+
 from __future__ import annotations
 
 import itertools
@@ -16,10 +17,10 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models import index_class
 from ordrec.service.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.reproduce import coe as protocol
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COE, TripleSource, normalise
+from ordrec.trainer.reproduce import coe as protocol
 
 DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -29,8 +30,13 @@ def ratings_from(user, item, rating, n_users=None, n_items=None) -> Ratings:
     item = np.asarray(item, dtype=np.int32)
     n_users = n_users or int(user.max()) + 1
     n_items = n_items or int(item.max()) + 1
-    return Ratings(IdMap([f"u{k}" for k in range(n_users)]), IdMap([f"i{k}" for k in range(n_items)]),
-                   user, item, np.asarray(rating, dtype=np.float32))
+    return Ratings(
+        IdMap([f"u{k}" for k in range(n_users)]),
+        IdMap([f"i{k}" for k in range(n_items)]),
+        user,
+        item,
+        np.asarray(rating, dtype=np.float32),
+    )
 
 
 def random_ratings(rng, n_users=30, n_items=25, per_user=10, levels=5) -> Ratings:
@@ -108,10 +114,26 @@ def test_one_step_moves_along_the_gradient_with_the_prior():
         grad = K.triple_gradient(X, Y, kind, *triple, K.GOMPERTZ, 1.5)
         X2, Y2 = X.copy(), Y.copy()
         arr = lambda v: np.array([v], dtype=np.int64)  # noqa: E731
-        K.sga_explicit(X2, Y2, arr(kind), arr(triple[0]), arr(triple[1]), arr(triple[2]), 1,
-                       K.GOMPERTZ, 1.5, eta, lr, lr, 0)
-        points = [(X, X2, triple[0]), (Y, Y2, triple[1]), (Y, Y2, triple[2])] if kind == 0 else \
-            [(X, X2, triple[0]), (X, X2, triple[1]), (Y, Y2, triple[2])]
+        K.sga_explicit(
+            X2,
+            Y2,
+            arr(kind),
+            arr(triple[0]),
+            arr(triple[1]),
+            arr(triple[2]),
+            1,
+            K.GOMPERTZ,
+            1.5,
+            eta,
+            lr,
+            lr,
+            0,
+        )
+        points = (
+            [(X, X2, triple[0]), (Y, Y2, triple[1]), (Y, Y2, triple[2])]
+            if kind == 0
+            else [(X, X2, triple[0]), (X, X2, triple[1]), (Y, Y2, triple[2])]
+        )
         for row, (before, after, r) in enumerate(points):
             np.testing.assert_allclose(after[r], before[r] + lr * (grad[row] - eta * before[r]))
 
@@ -232,8 +254,9 @@ def test_split_and_filter():
     mask = protocol.split_per_user(data.user, data.n_users, 0.8, rng)
     assert np.all(np.bincount(data.user[mask], minlength=12) == 16)
     # a user with 19 ratings goes; items rated fewer than 4 times go
-    extra = ratings_from(np.r_[data.user, [12] * 19], np.r_[data.item, np.arange(19)],
-                         np.r_[data.rating, np.ones(19)], 13, 40)
+    extra = ratings_from(
+        np.r_[data.user, [12] * 19], np.r_[data.item, np.arange(19)], np.r_[data.rating, np.ones(19)], 13, 40
+    )
     kept = protocol.paper_filter(extra)
     assert "u12" not in kept.users
     assert np.bincount(kept.item).min() >= 4
@@ -251,15 +274,18 @@ def test_planted_geometry_is_recovered():
     values = -np.linalg.norm(Xt[user] - Yt[item], axis=1)
     data = ratings_from(user, item, values, n_users, n_items)
     triples = TripleSource.build(data.user, data.item, values.astype(np.float32), n_users, n_items)
-    model = COE(n_components=2, function="sigmoid", lam=4.0, eta=0.0, learning_rate=0.1, max_iter=60, random_state=0)
+    model = COE(
+        n_components=2, function="sigmoid", lam=4.0, eta=0.0, learning_rate=0.1, max_iter=60, random_state=0
+    )
     model.fit_triples(data, triples)
     index = COEIndex.from_artifact(model.to_artifact())
     metrics = protocol.evaluate_index(index, data, values.astype(np.float32), np.ones(len(data), bool))
     assert metrics["preservation_a"] > 0.95
     assert metrics["preservation_b"] > 0.95
     # and the random floor is near one half, so the bar means something
-    noise = protocol.evaluate_distances(data, values.astype(np.float32), np.ones(len(data), bool),
-                                        rng.random(len(data)))
+    noise = protocol.evaluate_distances(
+        data, values.astype(np.float32), np.ones(len(data), bool), rng.random(len(data))
+    )
     assert noise["preservation_h"] < 0.6
 
 
@@ -368,8 +394,9 @@ def test_registry_round_trip(fitted, tmp_path):
     b = COEIndex.from_artifact(loaded)
     b.smoke()
     for user in range(5):
-        np.testing.assert_array_equal(a.recommend(user, 10, exclude=a.seen(user))[0],
-                                      b.recommend(user, 10, exclude=b.seen(user))[0])
+        np.testing.assert_array_equal(
+            a.recommend(user, 10, exclude=a.seen(user))[0], b.recommend(user, 10, exclude=b.seen(user))[0]
+        )
     np.testing.assert_array_equal(b.item_coords, model.item_coords_.astype(np.float64))
 
 

@@ -1,4 +1,5 @@
 """COE protocol through the CLI on a small generated ratings file (u.data layout)."""
+
 from __future__ import annotations
 
 import json
@@ -20,14 +21,37 @@ def test_reproduce_cli_writes_the_contract_rows(tmp_path):
     data = tmp_path / "u.data"
     data.write_text("\n".join(lines) + "\n")
     out = tmp_path / "rows.json"
-    code = main(["reproduce", "coe", "--data", str(data), "--format", "ml-100k", "--runs", "2",
-                 "--json", str(out), "--quiet", "--epochs", "10"])
+    code = main(
+        [
+            "reproduce",
+            "coe",
+            "--data",
+            str(data),
+            "--format",
+            "ml-100k",
+            "--runs",
+            "2",
+            "--json",
+            str(out),
+            "--quiet",
+            "--epochs",
+            "10",
+        ]
+    )
     assert code == 0
     rows = json.loads(out.read_text())
     by = {(r["method"], r["metric"]): r for r in rows}
     for method in ("COE-S", "COE-G", "random", "popularity"):
-        for metric in ("preservation_a", "preservation_b", "preservation_h", "prediction_a",
-                       "prediction_b", "prediction_h", "knn1_h", "knn5_h"):
+        for metric in (
+            "preservation_a",
+            "preservation_b",
+            "preservation_h",
+            "prediction_a",
+            "prediction_b",
+            "prediction_h",
+            "knn1_h",
+            "knn5_h",
+        ):
             assert by[(method, metric)]["runs"] == 2
     assert abs(by[("random", "preservation_h")]["mean"] - 0.5) < 0.1
     for method in ("COE-S", "COE-G"):
@@ -39,8 +63,11 @@ def test_tune_per_split_uses_observed_ratings_only(tmp_path, capsys, monkeypatch
     from ordrec.trainer.reproduce import coe as protocol
 
     rng = np.random.default_rng(1)
-    lines = [f"{u + 1}\t{i + 1}\t{int(rng.integers(1, 6))}\t0"
-             for u in range(40) for i in rng.choice(30, 22, replace=False)]
+    lines = [
+        f"{u + 1}\t{i + 1}\t{int(rng.integers(1, 6))}\t0"
+        for u in range(40)
+        for i in rng.choice(30, 22, replace=False)
+    ]
     data = tmp_path / "u.data"
     data.write_text("\n".join(lines) + "\n")
     seen_sizes = []
@@ -59,9 +86,31 @@ def test_tune_per_split_uses_observed_ratings_only(tmp_path, capsys, monkeypatch
 
     monkeypatch.setattr(protocol, "tune", spy)
     monkeypatch.setattr(protocol, "fit_and_evaluate", fit_spy)
-    monkeypatch.setattr(protocol, "GRID", {"lam": [1.0, 4.0], "alpha": [1.0], "eta": [0.0], "group_power": [1.0, 0.0]})
-    assert main(["reproduce", "coe", "--data", str(data), "--format", "ml-100k", "--runs", "2", "--quiet",
-                 "--epochs", "3", "--function", "sigmoid", "--tune", "--no-references"]) == 0
+    monkeypatch.setattr(
+        protocol, "GRID", {"lam": [1.0, 4.0], "alpha": [1.0], "eta": [0.0], "group_power": [1.0, 0.0]}
+    )
+    assert (
+        main(
+            [
+                "reproduce",
+                "coe",
+                "--data",
+                str(data),
+                "--format",
+                "ml-100k",
+                "--runs",
+                "2",
+                "--quiet",
+                "--epochs",
+                "3",
+                "--function",
+                "sigmoid",
+                "--tune",
+                "--no-references",
+            ]
+        )
+        == 0
+    )
     assert "tuned per split" in capsys.readouterr().out
     # one tuning per split, each given the full data and that split's observed mask (80 %)
     assert len(seen_sizes) == 2

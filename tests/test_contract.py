@@ -1,6 +1,7 @@
 """The contract every model passes, through the same generic path the CLI uses:
 estimator conventions, determinism, a registry round trip into the serving
 index, and recovery of a planted structure whose right answer is known."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -55,7 +56,9 @@ def knnscal_order(index, data, points) -> float:
     the planted points themselves: 1)."""
     served = index.maps[""]["objects"]
     _, near = served.tree.query(served.coords, k=11)
-    hits = [len(set(near[s, 1:]) & set(data.neighbor[data.source == s])) / 10 for s in range(len(data.vertices))]
+    hits = [
+        len(set(near[s, 1:]) & set(data.neighbor[data.source == s])) / 10 for s in range(len(data.vertices))
+    ]
     return float(np.mean(hits))
 
 

@@ -1,4 +1,5 @@
 """DCR / Pairwise DCR trainer: gradients, projection, planted structure, scales, round trip."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,20 +12,32 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models.dcr import DCRIndex, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k
-from ordrec.trainer.reproduce.dcr import fit_dcr, fixed_scorer, item_means, per_user_split
 from ordrec.trainer.models import estimator_class
-from ordrec.trainer.models.dcr_kernels import (
-    pairwise_epoch_by_user, pairwise_loss, pairwise_step, pointwise_epoch, pointwise_epoch_by_user, pointwise_objective, pointwise_step,
-    project, shuffle_segments,
-)
 from ordrec.trainer.models.dcr import DCR, ResearchOptions, lazy_zeros, rating_levels, user_csr
+from ordrec.trainer.models.dcr_kernels import (
+    pairwise_epoch_by_user,
+    pairwise_loss,
+    pairwise_step,
+    pointwise_epoch,
+    pointwise_epoch_by_user,
+    pointwise_objective,
+    pointwise_step,
+    project,
+    shuffle_segments,
+)
+from ordrec.trainer.reproduce.dcr import fit_dcr, fixed_scorer, item_means, per_user_split
 
 
 def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
     n_users = n_users or int(np.max(user)) + 1
     n_items = n_items or int(np.max(item)) + 1
-    return Ratings(IdMap([f"u{i}" for i in range(n_users)]), IdMap([f"i{i}" for i in range(n_items)]),
-                   np.asarray(user, np.int32), np.asarray(item, np.int32), np.asarray(rating, np.float32))
+    return Ratings(
+        IdMap([f"u{i}" for i in range(n_users)]),
+        IdMap([f"i{i}" for i in range(n_items)]),
+        np.asarray(user, np.int32),
+        np.asarray(item, np.int32),
+        np.asarray(rating, np.float32),
+    )
 
 
 def planted(seed=0, n_users=120, n_items=80, per_user=40, rank=3, values=(1, 2, 3, 4, 5)):
@@ -133,8 +146,13 @@ def test_project_ball_is_the_euclidean_projection(values, radius):
 
 
 @settings(deadline=None)
-@given(st.integers(0, 2**32 - 1), st.floats(0.05, 3.0), st.sampled_from([0, 1]), st.booleans(),
-       st.sampled_from([0, 1]))
+@given(
+    st.integers(0, 2**32 - 1),
+    st.floats(0.05, 3.0),
+    st.sampled_from([0, 1]),
+    st.booleans(),
+    st.sampled_from([0, 1]),
+)
 def test_projecting_step_is_the_bare_step_then_the_projection(seed, scale, u_fixed, sphere, label):
     """The epochs' fused step (norms from inner products, projection in the
     update pass) equals the gradient step followed by an explicit projection."""
@@ -144,7 +162,7 @@ def test_projecting_step_is_the_bare_step_then_the_projection(seed, scale, u_fix
     bare_u, bare_v, fused_u, fused_v = u.copy(), v.copy(), u.copy(), v.copy()
     q1, nu1, nv1 = pointwise_step(bare_u, bare_v, label, 0.3, 0.01, 1e-3, u_fixed)
     assert nu1 == pytest.approx(np.sum(bare_u[u_fixed:] ** 2), rel=1e-9, abs=1e-12)
-    assert nv1 == pytest.approx(np.sum(bare_v ** 2), rel=1e-9, abs=1e-12)
+    assert nv1 == pytest.approx(np.sum(bare_v**2), rel=1e-9, abs=1e-12)
     project(bare_u, u_fixed, radius, sphere)
     project(bare_v, 0, 1.0, sphere)
     q2, nu2, nv2 = pointwise_step(fused_u, fused_v, label, 0.3, 0.01, 1e-3, u_fixed, radius, sphere)
@@ -186,7 +204,9 @@ def test_epoch_trains_only_the_levels_it_is_given():
     args = (0.1, 0.01, 1e-3, 0, 1.0, False)
     U_all, V_all, U_some, V_some = U0.copy(), V0.copy(), U0.copy(), V0.copy()
     ll_all, _ = pointwise_epoch_by_user(U_all, V_all, indptr, items, levels, order, *args, np.arange(L))
-    ll_some, _ = pointwise_epoch_by_user(U_some, V_some, indptr, items, levels, order, *args, np.array([1, 3]))
+    ll_some, _ = pointwise_epoch_by_user(
+        U_some, V_some, indptr, items, levels, order, *args, np.array([1, 3])
+    )
     for t in (1, 3):
         np.testing.assert_array_equal(U_some[:, t], U_all[:, t])
         np.testing.assert_array_equal(V_some[:, t], V_all[:, t])
@@ -218,13 +238,24 @@ def test_lazy_zeros_are_writable_zeros():
 
 # ------------------------------------------------------------ training
 @settings(max_examples=6, deadline=None)
-@given(st.integers(0, 10_000), st.sampled_from([0.0, 0.6]), st.sampled_from(["ball", "sphere"]),
-       st.sampled_from(["float32", "float64"]))
+@given(
+    st.integers(0, 10_000),
+    st.sampled_from([0.0, 0.6]),
+    st.sampled_from(["ball", "sphere"]),
+    st.sampled_from(["float32", "float64"]),
+)
 def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     data = planted(seed, n_users=20, n_items=15, per_user=8)
-    model = DCR(n_components=4, max_iter=3, learning_rate=0.5, random_state=seed, pairwise=True,
-                pairwise_max_iter=2, pairwise_learning_rate=0.5, dtype=dtype).fit(
-        data, research=ResearchOptions(item_bias=bias, projection=projection))
+    model = DCR(
+        n_components=4,
+        max_iter=3,
+        learning_rate=0.5,
+        random_state=seed,
+        pairwise=True,
+        pairwise_max_iter=2,
+        pairwise_learning_rate=0.5,
+        dtype=dtype,
+    ).fit(data, research=ResearchOptions(item_bias=bias, projection=projection))
     rounding = 1e-6 if dtype == "float32" else 1e-9
     assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + rounding)
     assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + rounding)
@@ -238,7 +269,8 @@ def test_planted_low_rank_order_is_recovered(order):
     rng = np.random.default_rng(0)
     train, test = per_user_split(data, 30, rng)
     model = DCR(n_components=8, max_iter=60, learning_rate=0.05, random_state=0).fit(
-        train, research=ResearchOptions(order=order))
+        train, research=ResearchOptions(order=order)
+    )
     index = DCRIndex.from_artifact(model.to_artifact())
     dcr = ndcg_at_k(index.score_items, test)
     random = ndcg_at_k(fixed_scorer(rng.random(data.n_items)), test)
@@ -260,7 +292,8 @@ def test_planted_low_rank_order_is_recovered(order):
 def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs(order):
     data = planted(2, n_users=60, n_items=40, per_user=20)
     model = DCR(n_components=6, max_iter=10, learning_rate=0.05, random_state=3).fit(
-        data, research=ResearchOptions(order=order))
+        data, research=ResearchOptions(order=order)
+    )
 
     def mean_pair_loss(m):
         c, _ = level_weights(m.levels_, m.relevance)
@@ -292,8 +325,9 @@ def test_pairwise_by_user_draws_each_users_share_of_pairs():
     U, V = rng.normal(0, 0.3, (5, 2, 3)), rng.normal(0, 0.3, (items.size, 2, 3))
     c = np.array([0.5, 0.5])
     U3 = U[3].copy()
-    _, taken = pairwise_epoch_by_user(U, V, indptr, items, levels, c, np.array([4, 0, 2, 1]), 2.0, 0.05, 0.0,
-                                      0, 1.0, False, 1)
+    _, taken = pairwise_epoch_by_user(
+        U, V, indptr, items, levels, c, np.array([4, 0, 2, 1]), 2.0, 0.05, 0.0, 0, 1.0, False, 1
+    )
     assert taken == 2 * (2 + 3 + 4 + 5)
     np.testing.assert_array_equal(U[3], U3)  # not in the order (and one rating): untouched
     assert np.all(np.linalg.norm(U, axis=2) <= 1 + 1e-12) and np.all(np.linalg.norm(V, axis=2) <= 1 + 1e-12)
@@ -315,7 +349,8 @@ def test_divergence_is_reported_with_the_epoch(order):
     with pytest.raises(FloatingPointError, match="epoch 0"):
         # finite but absurd: lr * reg overflows, the projection turns inf into NaN
         DCR(n_components=2, max_iter=2, learning_rate=1e300, reg=1e300).fit(
-            data, research=ResearchOptions(order=order))
+            data, research=ResearchOptions(order=order)
+        )
 
 
 # ------------------------------------------------------------ rating order, stopping rule
@@ -382,9 +417,19 @@ def test_users_and_items_without_training_ratings_are_served_at_one_half():
     assert np.any(model.U_[:3] != 0)
 
 
-@pytest.mark.parametrize("bad", [dict(relevance="cubic"), dict(n_components=0), dict(item_bias=1.0),
-                                 dict(learning_rate=float("nan")), dict(projection="cube"), dict(item_shrinkage=-1),
-                                 dict(order="zigzag"), dict(tol=-1.0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(relevance="cubic"),
+        dict(n_components=0),
+        dict(item_bias=1.0),
+        dict(learning_rate=float("nan")),
+        dict(projection="cube"),
+        dict(item_shrinkage=-1),
+        dict(order="zigzag"),
+        dict(tol=-1.0),
+    ],
+)
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError):
         fit_dcr(bad, planted(0, n_users=5, n_items=5, per_user=3))  # DCR parameters or research options
@@ -423,7 +468,9 @@ def test_explicit_levels_keep_unused_values_and_reject_strangers():
 # ------------------------------------------------------------ artifact
 def test_registry_round_trip_serves_the_same_scores(tmp_path):
     data = planted(6, n_users=30, n_items=25, per_user=10)
-    model = estimator_class("dcr")(n_components=3, max_iter=4, random_state=1, pairwise=True, pairwise_max_iter=2)
+    model = estimator_class("dcr")(
+        n_components=3, max_iter=4, random_state=1, pairwise=True, pairwise_max_iter=2
+    )
     model.fit(data, research=ResearchOptions(item_shrinkage=3.0))
     artifact = model.to_artifact()
     registry = Registry(tmp_path)

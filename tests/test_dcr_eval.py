@@ -1,4 +1,5 @@
 """DCR protocol: splits, NDCG@10, the reproduce command, and (slow) ML-100K."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,11 @@ from ordrec.service.models.dcr import DCRIndex
 from ordrec.trainer.cli import main
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.reproduce.dcr import (
-    fixed_scorer, item_means, ndcg_at_k, per_user_split, validation_split,
+    fixed_scorer,
+    item_means,
+    ndcg_at_k,
+    per_user_split,
+    validation_split,
 )
 
 DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -26,8 +31,13 @@ def ratings(seed=0, n_users=50, n_items=40):
     item = np.concatenate([rng.choice(n_items, c, replace=False) for c in counts])
     quality = rng.normal(size=n_items)
     rating = np.clip(np.round(3 + quality[item] + 0.5 * rng.normal(size=user.size)), 1, 5)
-    return Ratings(IdMap([f"u{i}" for i in range(n_users)]), IdMap([f"i{i}" for i in range(n_items)]),
-                   user.astype(np.int32), item.astype(np.int32), rating.astype(np.float32))
+    return Ratings(
+        IdMap([f"u{i}" for i in range(n_users)]),
+        IdMap([f"i{i}" for i in range(n_items)]),
+        user.astype(np.int32),
+        item.astype(np.int32),
+        rating.astype(np.float32),
+    )
 
 
 def test_per_user_split_takes_n_and_drops_short_users():
@@ -60,8 +70,9 @@ def test_validation_split_is_carved_from_training_only():
 def test_ndcg_is_one_for_the_ideal_order_and_matches_a_hand_computation():
     users = IdMap(["a"])
     items = IdMap([str(i) for i in range(4)])
-    test = Ratings(users, items, np.zeros(4, np.int32), np.arange(4, dtype=np.int32),
-                   np.array([3, 5, 1, 4], np.float32))
+    test = Ratings(
+        users, items, np.zeros(4, np.int32), np.arange(4, dtype=np.int32), np.array([3, 5, 1, 4], np.float32)
+    )
     assert ndcg_at_k(fixed_scorer(np.array([3.0, 5, 1, 4])), test) == pytest.approx(1.0)
     worst = ndcg_at_k(fixed_scorer(np.array([4.0, 1, 5, 2])), test)  # order 2, 0, 3, 1
     gains = np.exp2([1, 3, 4, 5]) - 1
@@ -89,26 +100,75 @@ def write_udata(directory: Path, data: Ratings) -> Path:
 def test_reproduce_command_writes_rows(tmp_path, capsys):
     path = write_udata(tmp_path, ratings(3, n_users=40))
     out = tmp_path / "rows.json"
-    code = main(["reproduce", "dcr", "--data", str(path), "--n-train", "5", "--runs", "2", "--pairwise",
-                 "--variants", "shrunk", "--rank", "3", "--epochs", "3", "--pairwise-epochs", "2",
-                 "--json", str(out), "--quiet", "--dataset", "tiny"])
+    code = main(
+        [
+            "reproduce",
+            "dcr",
+            "--data",
+            str(path),
+            "--n-train",
+            "5",
+            "--runs",
+            "2",
+            "--pairwise",
+            "--variants",
+            "shrunk",
+            "--rank",
+            "3",
+            "--epochs",
+            "3",
+            "--pairwise-epochs",
+            "2",
+            "--json",
+            str(out),
+            "--quiet",
+            "--dataset",
+            "tiny",
+        ]
+    )
     assert code == 0
     rows = json.loads(out.read_text())
     methods = {r["method"] for r in rows}
-    assert {"DCR", "Pairwise DCR", "DCR-shrunk", "Pairwise DCR-shrunk", "Random", "Item mean",
-            "Damped item mean"} <= methods
+    assert {
+        "DCR",
+        "Pairwise DCR",
+        "DCR-shrunk",
+        "Pairwise DCR-shrunk",
+        "Random",
+        "Item mean",
+        "Damped item mean",
+    } <= methods
     for r in rows:
         assert r["setting"] == {"N": 5} and r["metric"] == "ndcg@10" and r["runs"] == 2
         assert 0 < r["mean"] <= 1
     assert "DCR protocol on tiny" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fit", [["--init", "random", "--stop", "tol"], ["--init", "marginal", "--stop", "validation"]])
+@pytest.mark.parametrize(
+    "fit", [["--init", "random", "--stop", "tol"], ["--init", "marginal", "--stop", "validation"]]
+)
 def test_reproduce_grid_on_test_is_a_separate_diagnostic_row(tmp_path, fit):
     path = write_udata(tmp_path, ratings(4, n_users=30))
     out, plain = tmp_path / "rows.json", tmp_path / "plain.json"
-    common = ["reproduce", "dcr", "--data", str(path), "--n-train", "5", "--runs", "1", "--rank", "2",
-              "--epochs", "3", "--quiet", "--dataset", "tiny", "--no-references", *fit]
+    common = [
+        "reproduce",
+        "dcr",
+        "--data",
+        str(path),
+        "--n-train",
+        "5",
+        "--runs",
+        "1",
+        "--rank",
+        "2",
+        "--epochs",
+        "3",
+        "--quiet",
+        "--dataset",
+        "tiny",
+        "--no-references",
+        *fit,
+    ]
     assert main(common + ["--grid-on-test", "--json", str(out)]) == 0
     assert main(common + ["--json", str(plain)]) == 0
     rows = {r["method"]: r["mean"] for r in json.loads(out.read_text())}
@@ -123,8 +183,27 @@ def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
     if not path.exists():
         pytest.skip(f"{path} missing (set ORDREC_DATA)")
     out = tmp_path / "rows.json"
-    assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "20,50", "--runs", "1", "--pairwise",
-                 "--variants", "shrunk", "--json", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "dcr",
+                "--data",
+                str(path),
+                "--n-train",
+                "20,50",
+                "--runs",
+                "1",
+                "--pairwise",
+                "--variants",
+                "shrunk",
+                "--json",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     got = {(r["method"], r["setting"]["N"]): r["mean"] for r in json.loads(out.read_text())}
     for n in (20, 50):
         assert got[("DCR", n)] > got[("Item mean", n)] and got[("DCR", n)] > got[("Random", n)] + 0.05
@@ -140,8 +219,11 @@ def test_select_takes_the_best_or_the_one_standard_error_candidate():
 
     data = ratings(5, n_users=40)
     base = dict(n_components=2, max_iter=4, learning_rate=0.05, random_state=1)
-    choices = [dict(init="marginal", init_std=0.02, n_components=2), dict(init="random", init_std=0.3, n_components=3),
-               dict(init="random", init_std=0.1, n_components=4)]
+    choices = [
+        dict(init="marginal", init_std=0.02, n_components=2),
+        dict(init="random", init_std=0.3, n_components=3),
+        dict(init="random", init_std=0.1, n_components=4),
+    ]
     chosen = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None, "one-se")
     top = select(base, choices, data, np.random.default_rng(7), 2, lambda msg: None, "best")
     rng = np.random.default_rng(7)
@@ -149,16 +231,32 @@ def test_select_takes_the_best_or_the_one_standard_error_candidate():
     values, epochs = [], []
     for choice in choices:
         fits = [fit_stopped(dict(base, **choice), f, v)[0] for f, v in splits]
-        values.append(np.concatenate([ndcg_values(DCRIndex.from_artifact(m.to_artifact()).score_items, v)
-                                      for m, (_, v) in zip(fits, splits)]))
+        values.append(
+            np.concatenate(
+                [
+                    ndcg_values(DCRIndex.from_artifact(m.to_artifact()).score_items, v)
+                    for m, (_, v) in zip(fits, splits)
+                ]
+            )
+        )
         epochs.append(np.median([m.best_epochs_ for m in fits], axis=0).round().astype(int).tolist())
     best = int(np.argmax([v.mean() for v in values]))
-    within = [j for j in range(3) if (values[best] - values[j]).mean()
-              <= (values[best] - values[j]).std(ddof=1) / np.sqrt(values[j].size)]
-    assert (chosen["init"], chosen["n_components"]) == (choices[within[0]]["init"], choices[within[0]]["n_components"])
+    within = [
+        j
+        for j in range(3)
+        if (values[best] - values[j]).mean()
+        <= (values[best] - values[j]).std(ddof=1) / np.sqrt(values[j].size)
+    ]
+    assert (chosen["init"], chosen["n_components"]) == (
+        choices[within[0]]["init"],
+        choices[within[0]]["n_components"],
+    )
     assert chosen["level_epochs"] == epochs[within[0]]
-    assert (top["init"], top["n_components"], top["level_epochs"]) == (choices[best]["init"], choices[best]["n_components"],
-                                                                epochs[best])
+    assert (top["init"], top["n_components"], top["level_epochs"]) == (
+        choices[best]["init"],
+        choices[best]["n_components"],
+        epochs[best],
+    )
 
 
 def test_select_prefers_the_first_candidate_unless_another_wins_clearly():
@@ -167,8 +265,14 @@ def test_select_prefers_the_first_candidate_unless_another_wins_clearly():
     data = ratings(5, n_users=40)
     same = dict(init="marginal", init_std=0.02, n_components=2)
     # identical candidates tie exactly: the first (simplest) is kept
-    chosen = select(dict(max_iter=3, random_state=1), [dict(same), dict(same, verbose=False)], data,
-                    np.random.default_rng(0), 2, lambda msg: None)
+    chosen = select(
+        dict(max_iter=3, random_state=1),
+        [dict(same), dict(same, verbose=False)],
+        data,
+        np.random.default_rng(0),
+        2,
+        lambda msg: None,
+    )
     assert "verbose" not in chosen and len(chosen["level_epochs"]) == 4
 
 
@@ -181,11 +285,37 @@ def test_reproduce_chooses_start_and_rank_only_with_ten_held_out_ratings(tmp_pat
     user = np.repeat(np.arange(n_users), per_user)
     item = np.concatenate([rng.choice(n_items, per_user, replace=False) for _ in range(n_users)])
     rating = np.clip(np.round(3 + rng.normal(size=n_items)[item] + 0.5 * rng.normal(size=user.size)), 1, 5)
-    path = write_udata(tmp_path, Ratings(IdMap([f"u{i}" for i in range(n_users)]), IdMap([f"i{i}" for i in range(n_items)]),
-                                         user.astype(np.int32), item.astype(np.int32), rating.astype(np.float32)))
-    common = ["reproduce", "dcr", "--data", str(path), "--runs", "1", "--epochs", "2", "--init-grid",
-              "marginal,random", "--rank-grid", "2,3", "--select-folds", "2", "--val-tol", "0.001",
-              "--no-references", "--dataset", "tiny"]
+    path = write_udata(
+        tmp_path,
+        Ratings(
+            IdMap([f"u{i}" for i in range(n_users)]),
+            IdMap([f"i{i}" for i in range(n_items)]),
+            user.astype(np.int32),
+            item.astype(np.int32),
+            rating.astype(np.float32),
+        ),
+    )
+    common = [
+        "reproduce",
+        "dcr",
+        "--data",
+        str(path),
+        "--runs",
+        "1",
+        "--epochs",
+        "2",
+        "--init-grid",
+        "marginal,random",
+        "--rank-grid",
+        "2,3",
+        "--select-folds",
+        "2",
+        "--val-tol",
+        "0.001",
+        "--no-references",
+        "--dataset",
+        "tiny",
+    ]
     assert main(common + ["--n-train", "40"]) == 0
     assert capsys.readouterr().err.count("    select ") == 4
     assert main(common + ["--n-train", "10"]) == 0
@@ -203,8 +333,17 @@ def test_protocol_fit_is_the_item_marginal_start_below_ten_held_out_ratings_and_
         assert {k: v for k, v in protocol_fit(n).items() if k != "pairwise_learning_rate"} == LARGE_N_FIT
         assert (protocol_fit(n)["init"], protocol_fit(n)["n_components"]) == ("random", 320)
     # the pairwise learning rate of the nearest swept N
-    assert [protocol_fit(n)["pairwise_learning_rate"] for n in (5, 10, 14, 16, 20, 34, 36, 50, 200)] == \
-        [0.005, 0.005, 0.005, 0.01, 0.01, 0.01, 0.02, 0.02, 0.02]
+    assert [protocol_fit(n)["pairwise_learning_rate"] for n in (5, 10, 14, 16, 20, 34, 36, 50, 200)] == [
+        0.005,
+        0.005,
+        0.005,
+        0.01,
+        0.01,
+        0.01,
+        0.02,
+        0.02,
+        0.02,
+    ]
     protocol_fit(50)["n_components"] = 1  # a copy: the constants are not changed through it
     assert LARGE_N_FIT["n_components"] == 320
 
@@ -213,7 +352,15 @@ def test_median_epochs_is_the_per_level_median_over_the_same_hold_outs():
     from ordrec.trainer.reproduce.dcr import fit_stopped, median_epochs
 
     data = ratings(8, n_users=40)
-    params = dict(n_components=3, max_iter=12, learning_rate=0.05, init="random", init_std=0.1, random_state=2, patience=3)
+    params = dict(
+        n_components=3,
+        max_iter=12,
+        learning_rate=0.05,
+        init="random",
+        init_std=0.1,
+        random_state=2,
+        patience=3,
+    )
     got = median_epochs(params, data, np.random.default_rng(5), 3)
     rng = np.random.default_rng(5)
     epochs = [fit_stopped(params, *validation_split(data, rng))[0].best_epochs_ for _ in range(3)]
@@ -234,22 +381,59 @@ def test_sweep_scores_only_held_out_training_ratings(tmp_path, monkeypatch):
 
     monkeypatch.setattr(protocol, "ndcg_values", spy)
     out = tmp_path / "sweep.json"
-    assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "2", "--sweep",
-                 "--init-grid", "marginal,random", "--rank-grid", "2", "--sweep-lr", "0.05",
-                 "--sweep-pairwise-lr", "0.01", "--pairwise-epochs", "2",
-                 "--select-folds", "2", "--epochs", "3", "--quiet", "--dataset", "tiny", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "dcr",
+                "--data",
+                str(path),
+                "--n-train",
+                "8",
+                "--runs",
+                "2",
+                "--sweep",
+                "--init-grid",
+                "marginal,random",
+                "--rank-grid",
+                "2",
+                "--sweep-lr",
+                "0.05",
+                "--sweep-pairwise-lr",
+                "0.01",
+                "--pairwise-epochs",
+                "2",
+                "--select-folds",
+                "2",
+                "--epochs",
+                "3",
+                "--quiet",
+                "--dataset",
+                "tiny",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())
-    fits = {"DCR init=marginal n_components=2 learning_rate=0.05 init_std=0.05", "DCR init=random n_components=2 learning_rate=0.05 init_std=0.1"}
+    fits = {
+        "DCR init=marginal n_components=2 learning_rate=0.05 init_std=0.05",
+        "DCR init=random n_components=2 learning_rate=0.05 init_std=0.1",
+    }
     assert {r["method"] for r in rows} == fits | {f"Pairwise {m} pairwise_learning_rate=0.01" for m in fits}
     assert all(r["metric"] == "val_ndcg@10" and r["runs"] == 2 for r in rows)
     # every scored list is a hold-out of the run's training ratings, never its test ratings
     per_run = 2 * 2 * 2  # candidates x folds x (fit, refined)
     assert len(scored) == 2 * per_run
     for run_index in range(2):
-        train, test = per_user_split(protocol.load_ratings(type("A", (), dict(
-            data=str(path), format="auto", skip_bad_lines=False))()), 8, np.random.default_rng([0, 8, run_index]))
+        train, test = per_user_split(
+            protocol.load_ratings(type("A", (), dict(data=str(path), format="auto", skip_bad_lines=False))()),
+            8,
+            np.random.default_rng([0, 8, run_index]),
+        )
         train_pairs = set(zip(train.user.tolist(), train.item.tolist()))
-        for pairs in scored[run_index * per_run:(run_index + 1) * per_run]:
+        for pairs in scored[run_index * per_run : (run_index + 1) * per_run]:
             assert pairs and pairs <= train_pairs
 
 
@@ -266,20 +450,65 @@ def test_sweep_set_adds_a_parameter_to_every_candidate(tmp_path, monkeypatch):
 
     monkeypatch.setattr(protocol, "fit_stopped", spy)
     out = tmp_path / "sweep.json"
-    assert main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "1", "--sweep",
-                 "--rank-grid", "2", "--sweep-set", "order=user,random", "--sweep-set", "prob_floor=0.01",
-                 "--sweep-set", "pairwise=false",
-                 "--select-folds", "1", "--epochs", "2", "--quiet", "--dataset", "tiny", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "reproduce",
+                "dcr",
+                "--data",
+                str(path),
+                "--n-train",
+                "8",
+                "--runs",
+                "1",
+                "--sweep",
+                "--rank-grid",
+                "2",
+                "--sweep-set",
+                "order=user,random",
+                "--sweep-set",
+                "prob_floor=0.01",
+                "--sweep-set",
+                "pairwise=false",
+                "--select-folds",
+                "1",
+                "--epochs",
+                "2",
+                "--quiet",
+                "--dataset",
+                "tiny",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     # values read as --set reads them: "false" is the boolean, not a (truthy) string
     assert sorted(fitted) == [("random", 0.01, False), ("user", 0.01, False)]
     methods = {r["method"] for r in json.loads(out.read_text())}
-    assert {" ".join(m.split()[-3:]) for m in methods} == {"order=user prob_floor=0.01 pairwise=False",
-                                                          "order=random prob_floor=0.01 pairwise=False"}
+    assert {" ".join(m.split()[-3:]) for m in methods} == {
+        "order=user prob_floor=0.01 pairwise=False",
+        "order=random prob_floor=0.01 pairwise=False",
+    }
 
 
 @pytest.mark.parametrize("bad", ["order", "nonsense=1,2", "order="])
 def test_sweep_set_refuses_what_is_not_a_dcr_parameter_list(tmp_path, bad):
     path = write_udata(tmp_path, ratings(9, n_users=30))
     with pytest.raises(SystemExit, match="--sweep-set"):
-        main(["reproduce", "dcr", "--data", str(path), "--n-train", "8", "--runs", "1", "--sweep",
-              "--sweep-set", bad, "--quiet"])
+        main(
+            [
+                "reproduce",
+                "dcr",
+                "--data",
+                str(path),
+                "--n-train",
+                "8",
+                "--runs",
+                "1",
+                "--sweep",
+                "--sweep-set",
+                bad,
+                "--quiet",
+            ]
+        )

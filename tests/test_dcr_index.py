@@ -1,4 +1,5 @@
 """DCR serving index: one matrix product, exclusion, candidates, batch, distributions, bad artifacts."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,9 +32,16 @@ def artifact(n_users=7, n_items=11, rank=3, levels=(1, 2, 3, 4, 5), relevance="l
     arrays.update(over.pop("arrays", {}))
     attributes = {"levels": [float(x) for x in levels], "relevance": relevance, "rank": rank}
     attributes.update(over.pop("attributes", {}))
-    return Artifact("dcr", arrays, {"users": IdMap([f"u{i}" for i in range(n_users)]),
-                                    "items": IdMap([f"i{i}" for i in range(n_items)])},
-                    attributes=attributes, **over)
+    return Artifact(
+        "dcr",
+        arrays,
+        {
+            "users": IdMap([f"u{i}" for i in range(n_users)]),
+            "items": IdMap([f"i{i}" for i in range(n_items)]),
+        },
+        attributes=attributes,
+        **over,
+    )
 
 
 def brute_force_sc(index: DCRIndex, u: int) -> np.ndarray:
@@ -119,14 +127,17 @@ def test_popularity_fallback_and_registry_of_kinds():
     assert rows.tolist() == np.argsort(-index.popularity, kind="stable")[:3].tolist()
 
 
-@pytest.mark.parametrize("change,match", [
-    (dict(arrays={"user_factors": np.zeros((7, 5), np.float32)}), "do not match"),
-    (dict(arrays={"item_factors": np.full((11, 12), np.nan, np.float32)}), "NaN"),
-    (dict(attributes={"levels": [3.0, 2.0, 1.0]}), "increasing"),
-    (dict(attributes={"levels": [5.0]}), "increasing"),
-    (dict(attributes={"relevance": "cubic"}), "relevance"),
-    (dict(attributes={"rank": "x"}), "attribute"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        (dict(arrays={"user_factors": np.zeros((7, 5), np.float32)}), "do not match"),
+        (dict(arrays={"item_factors": np.full((11, 12), np.nan, np.float32)}), "NaN"),
+        (dict(attributes={"levels": [3.0, 2.0, 1.0]}), "increasing"),
+        (dict(attributes={"levels": [5.0]}), "increasing"),
+        (dict(attributes={"relevance": "cubic"}), "relevance"),
+        (dict(attributes={"rank": "x"}), "attribute"),
+    ],
+)
 def test_bad_artifacts_are_refused_with_a_clear_error(change, match):
     with pytest.raises(ArtifactError, match=match):
         DCRIndex.from_artifact(artifact(**change))

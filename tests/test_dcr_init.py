@@ -1,17 +1,23 @@
 """DCR: the item-marginal initialisation and per-level early stopping on validation."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from ordrec.service.models.dcr import DCRIndex
-from ordrec.trainer.reproduce.dcr import (
-    fit_dcr, fixed_scorer, item_means, ndcg_at_k, per_user_split, tune, validation_split,
-)
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.models.dcr_kernels import pointwise_loglik
 from ordrec.trainer.models.dcr import DCR, ResearchOptions, holdouts, rating_levels
-
+from ordrec.trainer.models.dcr_kernels import pointwise_loglik
+from ordrec.trainer.reproduce.dcr import (
+    fit_dcr,
+    fixed_scorer,
+    item_means,
+    ndcg_at_k,
+    per_user_split,
+    tune,
+    validation_split,
+)
 from tests.test_dcr import make_ratings, planted
 
 
@@ -46,11 +52,12 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
     # one item nobody rated: it starts at the global marginal
     data = make_ratings(data.user, data.item, data.rating, data.n_users, data.n_items + 1)
     # float64 factors: the check is to 1e-9, below float32's resolution
-    model = DCR(n_components=5, max_iter=0, init="marginal", init_std=0.0, dtype="float64", random_state=0).fit(
-        data, research=ResearchOptions(init_shrinkage=beta, item_bias=bias))
+    model = DCR(
+        n_components=5, max_iter=0, init="marginal", init_std=0.0, dtype="float64", random_state=0
+    ).fit(data, research=ResearchOptions(init_shrinkage=beta, item_bias=bias))
     want = damped_marginals(data, beta if beta > 0 else 1e-12)
     # 2P - 1 = U.V lives in the free coordinates' ball: radius sqrt(1 - s^2) under item_bias
-    radius = np.sqrt(1 - bias ** 2)
+    radius = np.sqrt(1 - bias**2)
     want = (np.clip(2 * want - 1, -radius, radius) + 1) / 2
     p = (np.einsum("ulf,ilf->uil", model.U_, model.V_) + 1) / 2
     for u in (0, 7, data.n_users - 1):
@@ -72,7 +79,15 @@ def stopped_fit(data_seed: int, seed: int, epochs: int):
     gives up early; returns it, its fit part, its parameters and the validation
     labels as (users, items, levels)."""
     fit, val = validation_split(with_item_effects(data_seed), np.random.default_rng(0))
-    params = dict(n_components=4, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=epochs, tol=0.0, random_state=seed)
+    params = dict(
+        n_components=4,
+        learning_rate=0.05,
+        init="marginal",
+        init_std=0.05,
+        max_iter=epochs,
+        tol=0.0,
+        random_state=seed,
+    )
     model = DCR(patience=epochs, **params).fit(fit, validation=val)
     _, level = rating_levels(val.rating, model.levels_)
     return model, fit, val, params, (val.user.astype(np.int64), val.item.astype(np.int64), level)
@@ -93,8 +108,15 @@ def test_validation_stopping_keeps_each_levels_best_epoch():
 def test_patience_stops_once_no_level_improves():
     data = with_item_effects(4)
     fit, val = validation_split(data, np.random.default_rng(1))
-    model = DCR(n_components=4, learning_rate=0.1, init="marginal", init_std=0.05, max_iter=200, patience=3, random_state=0).fit(
-        fit, validation=val)
+    model = DCR(
+        n_components=4,
+        learning_rate=0.1,
+        init="marginal",
+        init_std=0.05,
+        max_iter=200,
+        patience=3,
+        random_state=0,
+    ).fit(fit, validation=val)
     assert model.epochs_run_ < 200
     assert model.epochs_run_ == max(model.best_epochs_) + 3
 
@@ -102,7 +124,9 @@ def test_patience_stops_once_no_level_improves():
 def test_level_epochs_refit_takes_the_same_steps_as_the_stopped_fit():
     data = with_item_effects(5)
     fit, val = validation_split(data, np.random.default_rng(2))
-    params = dict(n_components=4, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=40, random_state=4)
+    params = dict(
+        n_components=4, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=40, random_state=4
+    )
     stopped = DCR(**params).fit(fit, validation=val)
     again = DCR(**params).fit(fit, research=ResearchOptions(level_epochs=stopped.best_epochs_))
     assert again.best_epochs_ == stopped.best_epochs_
@@ -120,7 +144,9 @@ def test_validation_stopping_still_learns_planted_personal_structure():
     rng = np.random.default_rng(0)
     train, test = per_user_split(data, 30, rng)
     fit, val = validation_split(train, np.random.default_rng(1))
-    params = dict(n_components=8, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=60, random_state=0)
+    params = dict(
+        n_components=8, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=60, random_state=0
+    )
     stopped = DCR(**params).fit(fit, validation=val)
     assert min(stopped.best_epochs_) > 0
     model = fit_dcr(dict(params, level_epochs=stopped.best_epochs_), train)
@@ -132,28 +158,56 @@ def test_validation_stopping_still_learns_planted_personal_structure():
 def test_tune_with_validation_stopping_returns_level_epochs():
     data = with_item_effects(6)
     base = dict(n_components=3, max_iter=15, init="marginal", init_std=0.05, random_state=0)
-    best, pair = tune(data, np.random.default_rng(0), base, {"learning_rate": (0.05, 0.02)},
-                      {"pairwise_learning_rate": (0.01,)},
-                      lambda msg: None, stop="validation")
+    best, pair = tune(
+        data,
+        np.random.default_rng(0),
+        base,
+        {"learning_rate": (0.05, 0.02)},
+        {"pairwise_learning_rate": (0.01,)},
+        lambda msg: None,
+        stop="validation",
+    )
     assert best["learning_rate"] in (0.05, 0.02) and len(best["level_epochs"]) == 4
     assert pair == {"pairwise_learning_rate": 0.01}
 
 
-@pytest.mark.parametrize("bad", [dict(init="zeros"), dict(patience=0), dict(level_epochs=[1, -1, 2, 3]),
-                                 dict(init_shrinkage=-1.0), dict(early_stopping=True, validation_fraction=1.0),
-                                 dict(early_stopping=True, validation_folds=0)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(init="zeros"),
+        dict(patience=0),
+        dict(level_epochs=[1, -1, 2, 3]),
+        dict(init_shrinkage=-1.0),
+        dict(early_stopping=True, validation_fraction=1.0),
+        dict(early_stopping=True, validation_folds=0),
+    ],
+)
 def test_bad_init_and_stopping_parameters_are_refused(bad):
     with pytest.raises(ValueError):
-        fit_dcr(bad, with_item_effects(0, n_users=10, n_items=8, per_user=5))  # parameters or research options
+        fit_dcr(
+            bad, with_item_effects(0, n_users=10, n_items=8, per_user=5)
+        )  # parameters or research options
 
 
 def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_everything():
     data = planted(1)
-    params = dict(n_components=8, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=40, patience=3, random_state=3)
-    model = DCR(early_stopping=True, validation_folds=3, pairwise=True, pairwise_max_iter=2, **params).fit(data)
+    params = dict(
+        n_components=8,
+        learning_rate=0.05,
+        init="marginal",
+        init_std=0.05,
+        max_iter=40,
+        patience=3,
+        random_state=3,
+    )
+    model = DCR(early_stopping=True, validation_folds=3, pairwise=True, pairwise_max_iter=2, **params).fit(
+        data
+    )
     # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
-    stops = [DCR(**params).fit(fit, validation=val).best_epochs_
-             for fit, val in holdouts(data, np.random.default_rng([3, 1]), 3)]
+    stops = [
+        DCR(**params).fit(fit, validation=val).best_epochs_
+        for fit, val in holdouts(data, np.random.default_rng([3, 1]), 3)
+    ]
     want = [int(e) for e in np.median(np.array(stops), axis=0).round()]
     assert model.chosen_level_epochs_ == want == model.best_epochs_
     metrics = model.to_artifact().metrics
@@ -163,16 +217,23 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
     np.testing.assert_array_equal(model.U_, by_hand.U_)
     np.testing.assert_array_equal(model.V_, by_hand.V_)
     # given counts or a validation set take precedence
-    assert fit_dcr(dict(params, early_stopping=True, level_epochs=[1, 1, 1, 1]), data).chosen_level_epochs_ is None
+    assert (
+        fit_dcr(dict(params, early_stopping=True, level_epochs=[1, 1, 1, 1]), data).chosen_level_epochs_
+        is None
+    )
     # a rating value only one rating has, likely held out by some fold: the folds still fit every level
     rng = np.random.default_rng(0)
     user, item = np.repeat(np.arange(30), 6), np.tile(np.arange(6), 30)
     rating = rng.integers(2, 5, user.size)
     rating[0] = 5
-    rare = DCR(early_stopping=True, n_components=2, max_iter=3, random_state=0).fit(make_ratings(user, item, rating))
+    rare = DCR(early_stopping=True, n_components=2, max_iter=3, random_state=0).fit(
+        make_ratings(user, item, rating)
+    )
     assert len(rare.chosen_level_epochs_) == 3
     with pytest.raises(DataError, match="early_stopping holds out at least 2 ratings per user"):
-        DCR(early_stopping=True, n_components=2).fit(make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1]))
+        DCR(early_stopping=True, n_components=2).fit(
+            make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1])
+        )
 
 
 def test_level_epochs_of_the_wrong_length_or_with_validation_are_refused():
@@ -199,9 +260,12 @@ def _stopping_rule(history, val_tol, patience):
 def test_validation_history_is_the_trajectorys_loglik_and_val_tol_applies_the_rule():
     full, fit, val, params, (u, i, level) = stopped_fit(8, seed=5, epochs=30)
     for e in (0, 7, 30):
-        np.testing.assert_allclose(full.validation_history_[e],
-                                   pointwise_loglik(*(lambda m: (m.U_, m.V_))(DCR(**dict(params, max_iter=e)).fit(fit)),
-                                                    u, i, level))
+        np.testing.assert_allclose(
+            full.validation_history_[e],
+            pointwise_loglik(
+                *(lambda m: (m.U_, m.V_))(DCR(**dict(params, max_iter=e)).fit(fit)), u, i, level
+            ),
+        )
     for val_tol in (0.0, 0.002, 0.02):
         model = DCR(patience=3, val_tol=val_tol, **params).fit(fit, validation=val)
         epochs, stop = _stopping_rule(full.validation_history_, val_tol, 3)

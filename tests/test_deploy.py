@@ -1,5 +1,6 @@
 """deploy/: the Kubernetes manifests render, validate offline against the Kubernetes schemas
 (``kubernetes-validate``), and keep what docs/deploy.md promises (``make deploy-check``)."""
+
 from __future__ import annotations
 
 import copy
@@ -56,8 +57,13 @@ def test_the_checks_catch_what_they_claim_to(checker):
     service = next(o for o in broken if o["kind"] == "Service" and o["metadata"]["name"] == "ordrec-serve")
     del service["spec"]["clusterIP"]
     problems = "\n".join(checker.policy_problems(broken, complete=True))
-    for words in ("readinessProbe must be a native grpc probe", "readOnlyRootFilesystem",
-                  "resources.limits.memory", "concurrencyPolicy: Forbid", "headless"):
+    for words in (
+        "readinessProbe must be a native grpc probe",
+        "readOnlyRootFilesystem",
+        "resources.limits.memory",
+        "concurrencyPolicy: Forbid",
+        "headless",
+    ):
         assert words in problems
 
 
@@ -75,14 +81,17 @@ def test_the_builtin_renderer_matches_kubectl(checker):
             base = name.rsplit("-", 1)[0]
             return base if name not in names and base in names else name
 
-        assert sorted((o["kind"], o["metadata"]["name"]) for o in ours) == \
-            sorted((o["kind"], unhashed(o)) for o in theirs)
+        assert sorted((o["kind"], o["metadata"]["name"]) for o in ours) == sorted(
+            (o["kind"], unhashed(o)) for o in theirs
+        )
         by_key = {(o["kind"], o["metadata"]["name"]): o for o in ours}
         for obj in theirs:
             mine = by_key[(obj["kind"], unhashed(obj))]
             assert mine.get("metadata", {}).get("namespace") == obj["metadata"].get("namespace")
             assert mine["metadata"].get("labels") == obj["metadata"].get("labels")
-            assert [c["image"] for c in checker.containers(mine)] == [c["image"] for c in checker.containers(obj)]
+            assert [c["image"] for c in checker.containers(mine)] == [
+                c["image"] for c in checker.containers(obj)
+            ]
 
 
 def test_the_configmap_job_file_is_a_valid_job(checker, tmp_path):

@@ -1,6 +1,7 @@
 """End to end: the sample trained through the CLI, ``ordrec-serve`` as a real
 subprocess on a free loopback port, every implemented RPC over gRPC, health,
 reflection, /metrics, and a clean SIGTERM exit."""
+
 from __future__ import annotations
 
 import re
@@ -12,11 +13,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from ordrec.v1 import recommender_pb2 as pb
-from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service.artifacts import Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.data.readers import read_ratings
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,8 @@ def test_health_is_serving(channel):
     reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     reply = health_pb2_grpc.HealthStub(channel).Check(
-        health_pb2.HealthCheckRequest(service="ordrec.v1.Recommender"), timeout=5)
+        health_pb2.HealthCheckRequest(service="ordrec.v1.Recommender"), timeout=5
+    )
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
@@ -80,14 +82,16 @@ def test_recommend_excludes_training_items_and_ranks_by_score(stub, sample_ratin
     user_row = sample_ratings.users.row("u001")
     seen = set(sample_ratings.items.externals(sample_ratings.item[sample_ratings.user == user_row]))
     assert not seen & {i.id for i in result.items}
-    with_seen = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=500, exclude_seen=False),
-                               timeout=5)
+    with_seen = stub.Recommend(
+        pb.RecommendRequest(model="dcr", user_ids=["u001"], n=500, exclude_seen=False), timeout=5
+    )
     assert seen <= {i.id for i in with_seen.results[0].items}
 
 
 def test_recommend_distribution_is_a_distribution(stub):
-    reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u002"], n=5, with_distribution=True),
-                           timeout=5)
+    reply = stub.Recommend(
+        pb.RecommendRequest(model="dcr", user_ids=["u002"], n=5, with_distribution=True), timeout=5
+    )
     assert list(reply.levels) == [1.0, 2.0, 3.0, 4.0, 5.0]
     for item in reply.results[0].items:
         probs = np.array(item.rating_distribution)
@@ -105,8 +109,12 @@ def test_recommend_batch_equals_single_calls(stub):
 
 def test_recommend_ranks_only_candidates(stub, sample_ratings):
     candidates = sample_ratings.items.ids[:7]
-    reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=3,
-                                               candidate_item_ids=candidates, exclude_seen=False), timeout=5)
+    reply = stub.Recommend(
+        pb.RecommendRequest(
+            model="dcr", user_ids=["u001"], n=3, candidate_item_ids=candidates, exclude_seen=False
+        ),
+        timeout=5,
+    )
     got = [i.id for i in reply.results[0].items]
     assert len(got) == 3 and set(got) <= set(candidates)
 
@@ -117,31 +125,62 @@ def test_unknown_user_gets_flagged_popularity_fallback(stub):
     assert reply.results[1].fallback == pb.FALLBACK_NONE
 
 
-@pytest.mark.parametrize("request_, code, message", [
-    (pb.RecommendRequest(model="dcr", user_ids=["u001"], n=0), grpc.StatusCode.INVALID_ARGUMENT, "n must be"),
-    (pb.RecommendRequest(model="dcr", user_ids=["u001"], n=100000), grpc.StatusCode.INVALID_ARGUMENT, "n must"),
-    (pb.RecommendRequest(model="dcr", user_ids=[], n=5), grpc.StatusCode.INVALID_ARGUMENT, "user_ids"),
-    (pb.RecommendRequest(model="dcr", user_ids=[""], n=5), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
-    (pb.RecommendRequest(model="dcr", user_ids=["x" * 1000], n=5), grpc.StatusCode.INVALID_ARGUMENT, "long"),
-    (pb.RecommendRequest(model="Bad Name", user_ids=["u001"], n=5), grpc.StatusCode.INVALID_ARGUMENT, "model"),
-    (pb.RecommendRequest(model="absent", user_ids=["u001"], n=5), grpc.StatusCode.NOT_FOUND, "no model 'absent'"),
-    (pb.RecommendRequest(user_ids=["u001"], n=5), grpc.StatusCode.INVALID_ARGUMENT, "several models"),
-    (pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5, candidate_item_ids=["zz"]),
-     grpc.StatusCode.NOT_FOUND, "unknown candidate"),
-])
+@pytest.mark.parametrize(
+    "request_, code, message",
+    [
+        (
+            pb.RecommendRequest(model="dcr", user_ids=["u001"], n=0),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "n must be",
+        ),
+        (
+            pb.RecommendRequest(model="dcr", user_ids=["u001"], n=100000),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "n must",
+        ),
+        (pb.RecommendRequest(model="dcr", user_ids=[], n=5), grpc.StatusCode.INVALID_ARGUMENT, "user_ids"),
+        (pb.RecommendRequest(model="dcr", user_ids=[""], n=5), grpc.StatusCode.INVALID_ARGUMENT, "empty"),
+        (
+            pb.RecommendRequest(model="dcr", user_ids=["x" * 1000], n=5),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "long",
+        ),
+        (
+            pb.RecommendRequest(model="Bad Name", user_ids=["u001"], n=5),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "model",
+        ),
+        (
+            pb.RecommendRequest(model="absent", user_ids=["u001"], n=5),
+            grpc.StatusCode.NOT_FOUND,
+            "no model 'absent'",
+        ),
+        (pb.RecommendRequest(user_ids=["u001"], n=5), grpc.StatusCode.INVALID_ARGUMENT, "several models"),
+        (
+            pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5, candidate_item_ids=["zz"]),
+            grpc.StatusCode.NOT_FOUND,
+            "unknown candidate",
+        ),
+    ],
+)
 def test_recommend_bad_input_gets_the_right_status(stub, request_, code, message):
     got, details = code_of(lambda: stub.Recommend(request_, timeout=5))
     assert got == code and message in details
 
 
 def test_rpc_the_model_cannot_answer(stub):
-    got, details = code_of(lambda: stub.Tags(pb.TagsRequest(model="dcr", user_id="u", item_id="i", n=3), timeout=5))
+    got, details = code_of(
+        lambda: stub.Tags(pb.TagsRequest(model="dcr", user_id="u", item_id="i", n=3), timeout=5)
+    )
     assert got == grpc.StatusCode.FAILED_PRECONDITION and "does not answer Tags" in details
 
 
 def test_record_interactions_without_redis(stub):
-    got, details = code_of(lambda: stub.RecordInteractions(
-        pb.RecordInteractionsRequest(user_id="u001", item_ids=["i001"]), timeout=5))
+    got, details = code_of(
+        lambda: stub.RecordInteractions(
+            pb.RecordInteractionsRequest(user_id="u001", item_ids=["i001"]), timeout=5
+        )
+    )
     assert got == grpc.StatusCode.FAILED_PRECONDITION and "Redis" in details
 
 
@@ -164,8 +203,15 @@ def test_metrics_count_calls_by_method_and_code(server, stub):
     after = urllib.request.urlopen(url, timeout=5).read().decode()
     ok = dict(grpc_method="Recommend", grpc_code="OK")
     bad = dict(grpc_method="Recommend", grpc_code="INVALID_ARGUMENT")
-    assert _metric(after, "grpc_server_handled_total", **ok) - _metric(before, "grpc_server_handled_total", **ok) == 3
-    assert _metric(after, "grpc_server_handled_total", **bad) - _metric(before, "grpc_server_handled_total", **bad) == 1
+    assert (
+        _metric(after, "grpc_server_handled_total", **ok) - _metric(before, "grpc_server_handled_total", **ok)
+        == 3
+    )
+    assert (
+        _metric(after, "grpc_server_handled_total", **bad)
+        - _metric(before, "grpc_server_handled_total", **bad)
+        == 1
+    )
     assert _metric(after, "grpc_server_handling_seconds_count", grpc_method="Recommend") >= 4
     assert re.search(r'ordrec_model_info\{.*model="dcr".*\} 1\.0', after)
     assert _metric(after, "ordrec_index_size", model="dcr", space="items") > 0
@@ -203,23 +249,30 @@ def sample_tags(sample_dir):
 
 
 def test_tags_for_a_known_post(stub, sample_tags):
-    user, item = sample_tags.users.external(int(sample_tags.user[0])), sample_tags.items.external(int(sample_tags.item[0]))
+    user, item = (
+        sample_tags.users.external(int(sample_tags.user[0])),
+        sample_tags.items.external(int(sample_tags.item[0])),
+    )
     reply = stub.Tags(pb.TagsRequest(model="rtf", user_id=user, item_id=item, n=5), timeout=5)
     assert reply.fallback == pb.FALLBACK_NONE and len(reply.tags) == 5
     scores = [t.score for t in reply.tags]
     assert scores == sorted(scores, reverse=True)
     post = (sample_tags.user == sample_tags.user[0]) & (sample_tags.item == sample_tags.item[0])
     own = set(sample_tags.tags.externals(sample_tags.tag[post]))
-    all_tags = stub.Tags(pb.TagsRequest(model="rtf", user_id=user, item_id=item, n=1000, exclude_own_tags=True),
-                         timeout=5)
+    all_tags = stub.Tags(
+        pb.TagsRequest(model="rtf", user_id=user, item_id=item, n=1000, exclude_own_tags=True), timeout=5
+    )
     assert not own & {t.id for t in all_tags.tags}
     assert len(all_tags.tags) == len(sample_tags.tags) - len(own)
 
 
 def test_tags_cold_start_fallbacks(stub, sample_tags):
     user, item = sample_tags.users.ids[0], sample_tags.items.ids[0]
-    cases = [("stranger", item, pb.FALLBACK_POPULAR_ITEM), (user, "new-item", pb.FALLBACK_POPULAR_USER),
-             ("stranger", "new-item", pb.FALLBACK_POPULAR_GLOBAL)]
+    cases = [
+        ("stranger", item, pb.FALLBACK_POPULAR_ITEM),
+        (user, "new-item", pb.FALLBACK_POPULAR_USER),
+        ("stranger", "new-item", pb.FALLBACK_POPULAR_GLOBAL),
+    ]
     for u, i, fallback in cases:
         reply = stub.Tags(pb.TagsRequest(model="rtf", user_id=u, item_id=i, n=3), timeout=5)
         assert reply.fallback == fallback and len(reply.tags) == 3
@@ -234,10 +287,14 @@ def test_coe_neighbors_all_directions(stub, sample_ratings):
     item, user = sample_ratings.items.ids[0], sample_ratings.users.ids[0]
     items = _neighbors(stub, model="coe", id=item, from_entity=pb.ENTITY_ITEM, k=5)
     assert len(items) == 5 and item not in {n.id for n in items}
-    assert all(n.score <= 0 for n in items) and [n.score for n in items] == sorted((n.score for n in items), reverse=True)
+    assert all(n.score <= 0 for n in items) and [n.score for n in items] == sorted(
+        (n.score for n in items), reverse=True
+    )
     users = _neighbors(stub, model="coe", id=item, from_entity=pb.ENTITY_ITEM, to_entity=pb.ENTITY_USER, k=4)
     assert {n.id for n in users} <= set(sample_ratings.users.ids) and len(users) == 4
-    near_items = _neighbors(stub, model="coe", id=user, from_entity=pb.ENTITY_USER, to_entity=pb.ENTITY_ITEM, k=4)
+    near_items = _neighbors(
+        stub, model="coe", id=user, from_entity=pb.ENTITY_USER, to_entity=pb.ENTITY_ITEM, k=4
+    )
     assert {n.id for n in near_items} <= set(sample_ratings.items.ids)
     got, _ = code_of(lambda: _neighbors(stub, model="coe", id="missing", k=3))
     assert got == grpc.StatusCode.NOT_FOUND
@@ -248,7 +305,9 @@ def test_coe_neighbors_all_directions(stub, sample_ratings):
 def test_coe_recommend_is_nearest_unseen_items(stub, sample_ratings):
     reply = stub.Recommend(pb.RecommendRequest(model="coe", user_ids=["u001"], n=5), timeout=5)
     items = reply.results[0].items
-    near = _neighbors(stub, model="coe", id="u001", from_entity=pb.ENTITY_USER, to_entity=pb.ENTITY_ITEM, k=200)
+    near = _neighbors(
+        stub, model="coe", id="u001", from_entity=pb.ENTITY_USER, to_entity=pb.ENTITY_ITEM, k=200
+    )
     user_row = sample_ratings.users.row("u001")
     seen = set(sample_ratings.items.externals(sample_ratings.item[sample_ratings.user == user_row]))
     expected = [n.id for n in near if n.id not in seen][:5]
@@ -257,7 +316,10 @@ def test_coe_recommend_is_nearest_unseen_items(stub, sample_ratings):
 
 def test_score_aspect_maps_and_related_aspects(stub, sample_dir):
     header = (sample_dir / "attributes.csv").read_text().splitlines()[0].split(",")
-    aspects, first_object = header[1:], (sample_dir / "attributes.csv").read_text().splitlines()[1].split(",")[0]
+    aspects, first_object = (
+        header[1:],
+        (sample_dir / "attributes.csv").read_text().splitlines()[1].split(",")[0],
+    )
     models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models}
     assert set(models["score"].spaces) == set(aspects)
     near = _neighbors(stub, model="score", space=aspects[0], id=first_object, k=5)
@@ -271,16 +333,22 @@ def test_score_aspect_maps_and_related_aspects(stub, sample_dir):
 
 
 def test_coordinates_stream_the_whole_map_in_pages(stub, sample_ratings):
-    pages = list(stub.Coordinates(pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, page_size=64),
-                                  timeout=5))
+    pages = list(
+        stub.Coordinates(pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, page_size=64), timeout=5)
+    )
     assert [len(p.points) for p in pages[:-1]] == [64] * (len(pages) - 1)
     points = [pt for p in pages for pt in p.points]
     assert {pt.id for pt in points} == set(sample_ratings.items.ids)
     assert all(len(pt.coords) == pages[0].dim == 2 for pt in points)
-    by_id = list(stub.Coordinates(pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, ids=["i002", "i001"]),
-                                  timeout=5))
+    by_id = list(
+        stub.Coordinates(
+            pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, ids=["i002", "i001"]), timeout=5
+        )
+    )
     assert [pt.id for pt in by_id[0].points] == ["i002", "i001"]
-    got, _ = code_of(lambda: list(stub.Coordinates(pb.CoordinatesRequest(model="coe", ids=["nope"]), timeout=5)))
+    got, _ = code_of(
+        lambda: list(stub.Coordinates(pb.CoordinatesRequest(model="coe", ids=["nope"]), timeout=5))
+    )
     assert got == grpc.StatusCode.NOT_FOUND
 
 
@@ -297,7 +365,9 @@ def test_knnscal_neighbors_and_place(stub, sample_dir):
     placed = stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=ranked, k=10), timeout=5)
     assert len(placed.coords) == 2 and len(placed.neighbors) == 10
     assert len({n.id for n in placed.neighbors} & set(ranked)) >= 5
-    got, _ = code_of(lambda: stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=["zz"]), timeout=5))
+    got, _ = code_of(
+        lambda: stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=["zz"]), timeout=5)
+    )
     assert got == grpc.StatusCode.NOT_FOUND
     got, _ = code_of(lambda: stub.Place(pb.PlaceRequest(model="knnscal", ranked_neighbor_ids=[]), timeout=5))
     assert got == grpc.StatusCode.INVALID_ARGUMENT
@@ -309,9 +379,12 @@ def test_tags_carry_display_names_when_the_data_has_them(tmp_path):
 
     data = planted_tags(seed=2)
     data.tag_names = [f"name of {t}" for t in data.tags.ids]
-    artifact = estimator_class("rtf")(n_components=4, max_iter=2, min_iter=1, verbose=False).fit(data).to_artifact()
+    artifact = (
+        estimator_class("rtf")(n_components=4, max_iter=2, min_iter=1, verbose=False).fit(data).to_artifact()
+    )
     Registry(tmp_path).publish("rtf", artifact)
     with ServerProcess(tmp_path) as proc, grpc.insecure_channel(proc.target) as ch:
         reply = recommender_pb2_grpc.RecommenderStub(ch).Tags(
-            pb.TagsRequest(user_id=data.users.ids[0], item_id=data.items.ids[0], n=3), timeout=5)
+            pb.TagsRequest(user_id=data.users.ids[0], item_id=data.items.ids[0], n=3), timeout=5
+        )
     assert [t.label for t in reply.tags] == [f"name of {t.id}" for t in reply.tags]

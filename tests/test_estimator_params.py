@@ -1,5 +1,6 @@
 """The estimator conventions shared by every kind: keyword-only parameters, one
 declared constraint per parameter, and a ValueError naming parameter, value and rule."""
+
 from __future__ import annotations
 
 import inspect
@@ -39,11 +40,20 @@ def test_same_thing_same_name():
         assert "learning_rate" in estimator_class(kind).param_names()
 
 
-@pytest.mark.parametrize("kind,name,value", [
-    ("dcr", "n_components", 0), ("dcr", "relevance", "cubic"), ("dcr", "learning_rate", float("nan")),
-    ("coe", "max_iter", 0), ("coe", "function", "tanh"), ("rtf", "learning_rate_drop_factor", 1.0),
-    ("score", "delta_init", 1.5), ("knnscal", "update", "newton"), ("knnscal", "n_components", True),
-])
+@pytest.mark.parametrize(
+    "kind,name,value",
+    [
+        ("dcr", "n_components", 0),
+        ("dcr", "relevance", "cubic"),
+        ("dcr", "learning_rate", float("nan")),
+        ("coe", "max_iter", 0),
+        ("coe", "function", "tanh"),
+        ("rtf", "learning_rate_drop_factor", 1.0),
+        ("score", "delta_init", 1.5),
+        ("knnscal", "update", "newton"),
+        ("knnscal", "n_components", True),
+    ],
+)
 def test_a_bad_value_names_the_parameter_the_value_and_the_rule(kind, name, value):
     cls = estimator_class(kind)
     with pytest.raises(ValueError) as error:
@@ -56,12 +66,16 @@ def test_interval_and_options():
     assert Interval(Integral, 1, None).allows(3) and not Interval(Integral, 1, None).allows(0)
     assert not Interval(Integral, 0, None).allows(True)  # a bool is not a count
     assert Interval(Integral, 0, None).allows(np.int64(4)) and not Interval(Integral, 0, None).allows(2.0)
-    assert not Interval(Real, 0, None).allows(float("inf")) and not Interval(Real, 0, None).allows(float("nan"))
+    assert not Interval(Real, 0, None).allows(float("inf")) and not Interval(Real, 0, None).allows(
+        float("nan")
+    )
     half_open = Interval(Real, 0, 1, closed="left")
     assert half_open.allows(0.0) and not half_open.allows(1.0)
     assert str(half_open) == "a finite number in [0, 1)"
     assert str(Options(str, {"b", "a"})) == "one of 'a', 'b'"
-    with pytest.raises(ValueError, match=r"the 'x' parameter of T must be None or an int in \[1, inf\); got 0"):
+    with pytest.raises(
+        ValueError, match=r"the 'x' parameter of T must be None or an int in \[1, inf\); got 0"
+    ):
         validate_params("T", {"x": 0}, {"x": [None, Interval(Integral, 1, None)]})
     with pytest.raises(TypeError, match="declares no constraint"):
         validate_params("T", {"y": 0}, {})

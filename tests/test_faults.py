@@ -3,6 +3,7 @@
 Bounded in time and loopback only. Kill-the-trainer-mid-publish lives with
 the job tests (tests/test_job*.py) and the registry tests.
 """
+
 from __future__ import annotations
 
 import signal
@@ -15,10 +16,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from ordrec.v1 import recommender_pb2 as pb
-from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service.artifacts import Registry
 from ordrec.tools.process import ServerProcess, wait_for
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
 
 
 class LoadLoop:
@@ -41,8 +42,10 @@ class LoadLoop:
             while not self.stop_event.is_set():
                 start = time.monotonic()
                 try:
-                    reply = stub.Recommend(pb.RecommendRequest(model=self.model, user_ids=[users[n % len(users)]],
-                                                               n=10), timeout=10)
+                    reply = stub.Recommend(
+                        pb.RecommendRequest(model=self.model, user_ids=[users[n % len(users)]], n=10),
+                        timeout=10,
+                    )
                     assert len(reply.results[0].items) == 10
                     with self._lock:
                         self.ok += 1
@@ -52,7 +55,7 @@ class LoadLoop:
                         self.failures.append((start, f"{exc.code().name}: {exc.details()}"))
                 n += 1
 
-    def __enter__(self) -> "LoadLoop":
+    def __enter__(self) -> LoadLoop:
         for t in self.threads:
             t.start()
         wait_for(lambda: self.ok > 20, 30, what="load to start")
@@ -66,8 +69,11 @@ class LoadLoop:
 
 def _metric(proc, name: str) -> float:
     text = urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
 
 
 def _copy_registry(source: Path, target: Path, names=("dcr",)) -> Registry:
@@ -109,16 +115,28 @@ def test_corrupt_version_under_load_is_refused(sample_registry, tmp_path):
         assert load.failures == [], load.failures[:5]
         assert load.versions == {good}
         with grpc.insecure_channel(proc.target) as ch:
-            models = recommender_pb2_grpc.RecommenderStub(ch).ListModels(pb.ListModelsRequest(), timeout=5).models
+            models = (
+                recommender_pb2_grpc.RecommenderStub(ch).ListModels(pb.ListModelsRequest(), timeout=5).models
+            )
         (dcr,) = [m for m in models if m.name == "dcr"]
-        assert dcr.version == good and dcr.reason.startswith(f"kept: {bad} refused") and "checksum" in dcr.reason
+        assert (
+            dcr.version == good and dcr.reason.startswith(f"kept: {bad} refused") and "checksum" in dcr.reason
+        )
         assert any("refused dcr@" + bad in line for line in proc.output)
         # A good version after the bad one is picked up.
         newer = registry.publish("dcr", registry.load("dcr", good, mmap=False))
         with grpc.insecure_channel(proc.target) as ch:
             stub = recommender_pb2_grpc.RecommenderStub(ch)
-            wait_for(lambda: stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=3),
-                                            timeout=5).model_version == newer, 20, what="newer good version")
+            wait_for(
+                lambda: (
+                    stub.Recommend(
+                        pb.RecommendRequest(model="dcr", user_ids=["u001"], n=3), timeout=5
+                    ).model_version
+                    == newer
+                ),
+                20,
+                what="newer good version",
+            )
 
 
 def test_redis_restart_under_load(redis_server, sample_registry, tmp_path):
@@ -142,8 +160,10 @@ def _exit_code_or_stacks(proc: ServerProcess, timeout: float) -> int:
     except subprocess.TimeoutExpired:
         proc.proc.send_signal(signal.SIGUSR1)
         time.sleep(2)
-        pytest.fail(f"the server did not exit {timeout} s after SIGTERM; its last output:\n"
-                    + "".join(proc.output[-150:]))
+        pytest.fail(
+            f"the server did not exit {timeout} s after SIGTERM; its last output:\n"
+            + "".join(proc.output[-150:])
+        )
 
 
 def test_sigterm_under_load_drains_in_flight_calls(sample_registry, tmp_path):
@@ -159,8 +179,9 @@ def test_sigterm_under_load_drains_in_flight_calls(sample_registry, tmp_path):
             with grpc.insecure_channel(proc.target) as ch:
                 stub = recommender_pb2_grpc.RecommenderStub(ch)
                 try:
-                    for page in stub.Coordinates(pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM,
-                                                                       page_size=1), timeout=60):
+                    for page in stub.Coordinates(
+                        pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, page_size=1), timeout=60
+                    ):
                         streamed.extend(p.id for p in page.points)
                         started.set()
                         time.sleep(0.01)
@@ -193,13 +214,18 @@ def test_pin_and_unpin_are_picked_up_live_under_load(sample_registry, tmp_path):
     registry = _copy_registry(sample_registry, tmp_path / "reg")
     old = registry.versions("dcr")[-1]
     new = registry.publish("dcr", registry.load("dcr", mmap=False))
-    with ServerProcess(registry.root, "--poll-interval", "0.1") as proc, grpc.insecure_channel(proc.target) as ch:
+    with (
+        ServerProcess(registry.root, "--poll-interval", "0.1") as proc,
+        grpc.insecure_channel(proc.target) as ch,
+    ):
         stub = recommender_pb2_grpc.RecommenderStub(ch)
         served = lambda: {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models}["dcr"]  # noqa: E731
         assert (served().version, served().reason) == (new, "newest")
         with LoadLoop(proc.target) as load:
             registry.pin("dcr", old)  # rollback
-            wait_for(lambda: (served().version, served().reason) == (old, "pinned"), 20, what="pinned version")
+            wait_for(
+                lambda: (served().version, served().reason) == (old, "pinned"), 20, what="pinned version"
+            )
             registry.unpin("dcr")
             wait_for(lambda: (served().version, served().reason) == (new, "newest"), 20, what="newest again")
         assert load.failures == [] and {old, new} <= load.versions

@@ -1,5 +1,6 @@
 """Random and malformed requests to every RPC of a real server: only documented
 status codes come back, and the server stays up and correct."""
+
 from __future__ import annotations
 
 import grpc
@@ -8,14 +9,21 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
-from ordrec.tools.process import ServerProcess
 
-DOCUMENTED = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-              grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION}
+DOCUMENTED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.FAILED_PRECONDITION,
+}
 MODELS = ["", "dcr", "pairwise_dcr", "coe", "rtf", "score", "knnscal", "absent", "Bad Name", "x" * 70]
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +41,7 @@ def stub(server):
 text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300)
 known_ids = st.sampled_from(["u001", "u002", "i001", "i002", "o001", "v001", "t001", "kind", "legs", ""])
 ids = st.one_of(known_ids, text)
-int32 = st.integers(-2**31, 2**31 - 1)
+int32 = st.integers(-(2**31), 2**31 - 1)
 small = st.one_of(st.integers(-5, 50), int32)
 entity = st.one_of(st.sampled_from([0, 1, 2, 3]), st.integers(-100, 100))
 
@@ -51,11 +59,23 @@ def call_status(fn) -> grpc.StatusCode:
 
 
 @SETTINGS
-@given(model=st.sampled_from(MODELS), users=st.lists(ids, max_size=5), n=small, exclude=st.booleans(),
-       candidates=st.lists(ids, max_size=4), dist=st.booleans())
+@given(
+    model=st.sampled_from(MODELS),
+    users=st.lists(ids, max_size=5),
+    n=small,
+    exclude=st.booleans(),
+    candidates=st.lists(ids, max_size=4),
+    dist=st.booleans(),
+)
 def test_recommend(stub, model, users, n, exclude, candidates, dist):
-    req = pb.RecommendRequest(model=model, user_ids=users, n=n, candidate_item_ids=candidates,
-                              with_distribution=dist, exclude_seen=exclude)
+    req = pb.RecommendRequest(
+        model=model,
+        user_ids=users,
+        n=n,
+        candidate_item_ids=candidates,
+        with_distribution=dist,
+        exclude_seen=exclude,
+    )
     assert call_status(lambda: stub.Recommend(req, timeout=10)) in DOCUMENTED
 
 
@@ -86,24 +106,38 @@ def test_tags(stub, model, user, item, n, own):
 
 
 @SETTINGS
-@given(model=st.sampled_from(MODELS), space=st.one_of(st.sampled_from(["", "kind", "legs"]), text), id_=ids,
-       src=entity, dst=entity, k=small)
+@given(
+    model=st.sampled_from(MODELS),
+    space=st.one_of(st.sampled_from(["", "kind", "legs"]), text),
+    id_=ids,
+    src=entity,
+    dst=entity,
+    k=small,
+)
 def test_neighbors(stub, model, space, id_, src, dst, k):
     req = pb.NeighborsRequest(model=model, space=space, id=id_, from_entity=src, to_entity=dst, k=k)
     assert call_status(lambda: stub.Neighbors(req, timeout=10)) in DOCUMENTED
 
 
 @SETTINGS
-@given(model=st.sampled_from(MODELS), space=st.sampled_from(["", "kind", "x"]), ent=entity,
-       id_list=st.lists(ids, max_size=4), page=small)
+@given(
+    model=st.sampled_from(MODELS),
+    space=st.sampled_from(["", "kind", "x"]),
+    ent=entity,
+    id_list=st.lists(ids, max_size=4),
+    page=small,
+)
 def test_coordinates(stub, model, space, ent, id_list, page):
     req = pb.CoordinatesRequest(model=model, space=space, entity=ent, ids=id_list, page_size=page)
     assert call_status(lambda: stub.Coordinates(req, timeout=10)) in DOCUMENTED
 
 
 @SETTINGS
-@given(model=st.sampled_from(MODELS), ranked=st.lists(st.one_of(st.sampled_from(["v001", "v002", "v003"]), ids),
-                                                   max_size=6), k=small)
+@given(
+    model=st.sampled_from(MODELS),
+    ranked=st.lists(st.one_of(st.sampled_from(["v001", "v002", "v003"]), ids), max_size=6),
+    k=small,
+)
 def test_place(stub, model, ranked, k):
     req = pb.PlaceRequest(model=model, ranked_neighbor_ids=ranked, k=k)
     assert call_status(lambda: stub.Place(req, timeout=10)) in DOCUMENTED
@@ -117,8 +151,12 @@ def test_record_interactions(stub, user, items):
 
 
 @SETTINGS
-@given(body=st.binary(max_size=200), method=st.sampled_from(
-    ["Recommend", "Tags", "Neighbors", "Place", "RecordInteractions", "ListModels", "Coordinates"]))
+@given(
+    body=st.binary(max_size=200),
+    method=st.sampled_from(
+        ["Recommend", "Tags", "Neighbors", "Place", "RecordInteractions", "ListModels", "Coordinates"]
+    ),
+)
 def test_raw_bytes(server, body, method):
     with grpc.insecure_channel(server.target) as ch:
         path = f"/ordrec.v1.Recommender/{method}"

@@ -1,5 +1,6 @@
 """``ordrec-train run JOB.toml``: schema validation, the quality gate, exit codes
 through the real CLI, the lock, dry runs. Data: the built-in planted sample."""
+
 from __future__ import annotations
 
 import math
@@ -11,9 +12,18 @@ import pytest
 
 from ordrec.service.artifacts import Registry
 from ordrec.service.models import build_index
-from ordrec.trainer.job import (EXIT_FAILED, EXIT_PUBLISHED, EXIT_REJECTED, EXIT_USAGE, JobError, gate_passes,
-                         job_lock, load_job, run_job)
 from ordrec.trainer.data.types import RatingScale
+from ordrec.trainer.job import (
+    EXIT_FAILED,
+    EXIT_PUBLISHED,
+    EXIT_REJECTED,
+    EXIT_USAGE,
+    JobError,
+    gate_passes,
+    job_lock,
+    load_job,
+    run_job,
+)
 from ordrec.trainer.sample import write_samples
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -28,8 +38,16 @@ def sample(tmp_path_factory) -> Path:
     return out
 
 
-def job_text(sample: Path, registry: Path, params: str = GOOD, margin: float = 0.0, extra_job: str = "",
-             name: str = "dcr", kind: str = "dcr", gate_extra: str = "") -> str:
+def job_text(
+    sample: Path,
+    registry: Path,
+    params: str = GOOD,
+    margin: float = 0.0,
+    extra_job: str = "",
+    name: str = "dcr",
+    kind: str = "dcr",
+    gate_extra: str = "",
+) -> str:
     return f"""
 [job]
 name = "test-job"
@@ -37,7 +55,7 @@ registry = "{registry}"
 {extra_job}
 
 [data.ratings]
-path = "{sample / 'ratings.data'}"
+path = "{sample / "ratings.data"}"
 format = "ml-100k"
 
 [[models]]
@@ -88,38 +106,49 @@ def test_valid_job_parses_with_defaults_and_relative_paths(tmp_path):
     assert config.lock == config.registry / ".job-nightly.lock"
     (model,) = config.models
     assert model.params == {"n_components": 4, "verbose": False}
-    assert (model.gate.metric, model.gate.margin, model.gate.holdout, model.gate.seed) == \
-        ("hit_rate_at_10", 0.05, 0.3, 7)
+    assert (model.gate.metric, model.gate.margin, model.gate.holdout, model.gate.seed) == (
+        "hit_rate_at_10",
+        0.05,
+        0.3,
+        7,
+    )
     assert model.refit is True and model.keep is None and config.redis is None
 
 
-@pytest.mark.parametrize("old, new, key, words", [
-    ('name = "nightly"', 'name = "nightly"\nregsitry = "x"', "job.regsitry", "unknown key"),
-    ('registry = "reg"\n', 'registry = "reg"\nkeep = "5"\n', "job.keep", "must be an integer"),
-    ('registry = "reg"\n', 'registry = "reg"\nkeep = true\n', "job.keep", "must be an integer"),
-    ('registry = "reg"\n', 'registry = "reg"\nkeep = 0\n', "job.keep", "at least 1"),
-    ('registry = "reg"\n', 'registry = "reg"\nredis = "http://x"\n', "job.redis", "redis://"),
-    ('registry = "reg"\n', '', "job.registry", "missing"),
-    ('path = "ratings.data"', 'path = 3', "data.r.path", "must be a string"),
-    ('path = "ratings.data"', 'path = "x"\nfromat = "csv"', "data.r.fromat", "unknown key"),
-    ('path = "ratings.data"', 'path = "x"\nrating_scale = "5..1"', "data.r.rating_scale", "empty"),
-    ('path = "ratings.data"', 'path = "x"\nrating_scale = "1-5"', "data.r.rating_scale", "LOW..HIGH"),
-    ('path = "ratings.data"', 'path = "x"\nrating_scale = 5', "data.r.rating_scale", "must be a string"),
-    ('path = "ratings.data"', 'path = "x"\nformat = "triples"\nrating_scale = "1..5"', "data.r.rating_scale",
-     "not triples"),
-    ('kind = "dcr"', 'kind = "svd"', "models[1] ('dcr').kind", "unknown kind"),
-    ('data = "r"', 'data = "ratings"', "models[1] ('dcr').data", "no [data.ratings]"),
-    ("n_components = 4", "rnak = 4", "models[1] ('dcr').params.rnak", "unknown key"),
-    ('metric = "hit_rate_at_10"', 'metric = "f1_at_5"', "models[1] ('dcr').gate.metric", "ndcg_at_10"),
-    ("margin = 0.05", "margin = -0.1", "models[1] ('dcr').gate.margin", ">= 0"),
-    ("margin = 0.05", 'margin = "0.05"', "models[1] ('dcr').gate.margin", "must be a number"),
-    ("holdout = 0.3", "holdout = 1.0", "models[1] ('dcr').gate.holdout", "(0, 1)"),
-    ("seed = 7", "seed = 7.5", "models[1] ('dcr').gate.seed", "must be an integer"),
-    ("seed = 7", "sede = 7", "models[1] ('dcr').gate.sede", "unknown key"),
-    ('name = "dcr"', 'name = "Bad Name"', "models[1] ('Bad Name').name", "model name"),
-    ('name = "dcr"', 'name = "dcr"\nrefit = "yes"', "models[1] ('dcr').refit", "true or false"),
-    ('name = "dcr"', 'name = "dcr"\nlabels = "u.item"', "models[1] ('dcr').labels", "map models"),
-])
+@pytest.mark.parametrize(
+    "old, new, key, words",
+    [
+        ('name = "nightly"', 'name = "nightly"\nregsitry = "x"', "job.regsitry", "unknown key"),
+        ('registry = "reg"\n', 'registry = "reg"\nkeep = "5"\n', "job.keep", "must be an integer"),
+        ('registry = "reg"\n', 'registry = "reg"\nkeep = true\n', "job.keep", "must be an integer"),
+        ('registry = "reg"\n', 'registry = "reg"\nkeep = 0\n', "job.keep", "at least 1"),
+        ('registry = "reg"\n', 'registry = "reg"\nredis = "http://x"\n', "job.redis", "redis://"),
+        ('registry = "reg"\n', "", "job.registry", "missing"),
+        ('path = "ratings.data"', "path = 3", "data.r.path", "must be a string"),
+        ('path = "ratings.data"', 'path = "x"\nfromat = "csv"', "data.r.fromat", "unknown key"),
+        ('path = "ratings.data"', 'path = "x"\nrating_scale = "5..1"', "data.r.rating_scale", "empty"),
+        ('path = "ratings.data"', 'path = "x"\nrating_scale = "1-5"', "data.r.rating_scale", "LOW..HIGH"),
+        ('path = "ratings.data"', 'path = "x"\nrating_scale = 5', "data.r.rating_scale", "must be a string"),
+        (
+            'path = "ratings.data"',
+            'path = "x"\nformat = "triples"\nrating_scale = "1..5"',
+            "data.r.rating_scale",
+            "not triples",
+        ),
+        ('kind = "dcr"', 'kind = "svd"', "models[1] ('dcr').kind", "unknown kind"),
+        ('data = "r"', 'data = "ratings"', "models[1] ('dcr').data", "no [data.ratings]"),
+        ("n_components = 4", "rnak = 4", "models[1] ('dcr').params.rnak", "unknown key"),
+        ('metric = "hit_rate_at_10"', 'metric = "f1_at_5"', "models[1] ('dcr').gate.metric", "ndcg_at_10"),
+        ("margin = 0.05", "margin = -0.1", "models[1] ('dcr').gate.margin", ">= 0"),
+        ("margin = 0.05", 'margin = "0.05"', "models[1] ('dcr').gate.margin", "must be a number"),
+        ("holdout = 0.3", "holdout = 1.0", "models[1] ('dcr').gate.holdout", "(0, 1)"),
+        ("seed = 7", "seed = 7.5", "models[1] ('dcr').gate.seed", "must be an integer"),
+        ("seed = 7", "sede = 7", "models[1] ('dcr').gate.sede", "unknown key"),
+        ('name = "dcr"', 'name = "Bad Name"', "models[1] ('Bad Name').name", "model name"),
+        ('name = "dcr"', 'name = "dcr"\nrefit = "yes"', "models[1] ('dcr').refit", "true or false"),
+        ('name = "dcr"', 'name = "dcr"\nlabels = "u.item"', "models[1] ('dcr').labels", "map models"),
+    ],
+)
 def test_schema_errors_name_the_file_and_key(tmp_path, old, new, key, words):
     assert old in VALID
     path = write_job(tmp_path, VALID.replace(old, new, 1))
@@ -134,7 +163,7 @@ def test_schema_structural_errors(tmp_path):
         "unknown top-level": (VALID + "\n[extra]\nx = 1\n", "extra"),
         "not toml": ("[job\nname=", "not valid TOML"),
         "no models": (VALID.split("[[models]]")[0], "models: missing"),
-        "duplicate names": (VALID + VALID[VALID.index("[[models]]"):], "share this registry name"),
+        "duplicate names": (VALID + VALID[VALID.index("[[models]]") :], "share this registry name"),
         "models not an array": ("models = 3\n" + VALID.split("[[models]]")[0], "models: must be"),
     }
     for what, (text, words) in cases.items():
@@ -180,7 +209,7 @@ def test_gate_accepts_good_rejects_bad_and_margin_admits_it(sample, tmp_path, ca
     assert live.metrics["holdout_refit"] == 1.0
     build_index(live)  # the published version serves
     # refit on all the data: the published seen items are the whole data set
-    assert live.array("seen_indices").size == sum(1 for _ in open(sample / "ratings.data"))
+    assert live.array("seen_indices").size == len((sample / "ratings.data").read_bytes().splitlines())
 
     capsys.readouterr()
     assert run_job(bad) == EXIT_REJECTED
@@ -196,8 +225,10 @@ def test_gate_accepts_good_rejects_bad_and_margin_admits_it(sample, tmp_path, ca
     # ... and the good model is then compared with that (bad) live version and wins.
     assert run_job(good) == EXIT_PUBLISHED
     newest = Registry(registry).load("dcr")
-    assert newest.metrics["holdout_ndcg_at_10"] > Registry(registry).load("dcr", versions(registry)[1]) \
-        .metrics["holdout_ndcg_at_10"]
+    assert (
+        newest.metrics["holdout_ndcg_at_10"]
+        > Registry(registry).load("dcr", versions(registry)[1]).metrics["holdout_ndcg_at_10"]
+    )
 
 
 def test_live_version_without_metric_is_replaced_with_a_warning(sample, tmp_path, capsys):
@@ -205,7 +236,9 @@ def test_live_version_without_metric_is_replaced_with_a_warning(sample, tmp_path
     from ordrec.trainer.models.dcr import DCR
 
     registry = tmp_path / "registry"
-    artifact = DCR(n_components=3, max_iter=1).fit(read_ratings(sample / "ratings.data", "ml-100k")).to_artifact()
+    artifact = (
+        DCR(n_components=3, max_iter=1).fit(read_ratings(sample / "ratings.data", "ml-100k")).to_artifact()
+    )
     outside = Registry(registry).publish("dcr", artifact)  # e.g. `ordrec-train train`
     assert run_job(write_job(tmp_path, job_text(sample, registry))) == EXIT_PUBLISHED
     assert "has no holdout_ndcg_at_10" in capsys.readouterr().err
@@ -214,15 +247,19 @@ def test_live_version_without_metric_is_replaced_with_a_warning(sample, tmp_path
 
 def test_dry_run_and_no_refit(sample, tmp_path, capsys):
     registry = tmp_path / "registry"
-    path = write_job(tmp_path, job_text(sample, registry, gate_extra="").replace(
-        'data = "ratings"\n', 'data = "ratings"\nrefit = false\nkeep = 1\n'))
+    path = write_job(
+        tmp_path,
+        job_text(sample, registry, gate_extra="").replace(
+            'data = "ratings"\n', 'data = "ratings"\nrefit = false\nkeep = 1\n'
+        ),
+    )
     assert run_job(path, dry_run=True) == EXIT_PUBLISHED
     assert "result=would_publish" in capsys.readouterr().err
     assert versions(registry) == []
     assert run_job(path) == EXIT_PUBLISHED
     published = Registry(registry).load("dcr")
     assert published.metrics["holdout_refit"] == 0.0
-    n_ratings = sum(1 for _ in open(sample / "ratings.data"))
+    n_ratings = len((sample / "ratings.data").read_bytes().splitlines())
     # the model measured on the training part is what was published: the held-out ratings are unseen
     assert published.array("seen_indices").size < n_ratings
     assert run_job(path) == EXIT_PUBLISHED
@@ -232,7 +269,11 @@ def test_dry_run_and_no_refit(sample, tmp_path, capsys):
 def test_failed_model_does_not_stop_the_others(sample, tmp_path, capsys):
     registry = tmp_path / "registry"
     text = job_text(sample, registry, 'n_components = 5, max_iter = 2, relevance = "bogus"', name="broken")
-    text += text[text.index("[[models]]"):].replace('"broken"', '"dcr"').replace('relevance = "bogus"', "random_state = 3")
+    text += (
+        text[text.index("[[models]]") :]
+        .replace('"broken"', '"dcr"')
+        .replace('relevance = "bogus"', "random_state = 3")
+    )
     path = write_job(tmp_path, text)
     assert run_job(path) == EXIT_FAILED
     err = capsys.readouterr().err
@@ -243,14 +284,18 @@ def test_failed_model_does_not_stop_the_others(sample, tmp_path, capsys):
 
 def test_rating_scale_is_only_for_models_reading_ratings(tmp_path):
     text = VALID.replace('path = "ratings.data"', 'path = "tags.csv"\nrating_scale = "1..5"')
-    with pytest.raises(JobError, match=r"data\.r\.rating_scale: is for ratings data; model 'dcr' \(rtf\) reads tags"):
+    with pytest.raises(
+        JobError, match=r"data\.r\.rating_scale: is for ratings data; model 'dcr' \(rtf\) reads tags"
+    ):
         load_job(write_job(tmp_path, text.replace('kind = "dcr"', 'kind = "rtf"')))
     assert load_job(write_job(tmp_path, text)).data["r"].rating_scale == RatingScale(1, 5)
 
 
 def test_rating_scale_in_the_data_section(sample, tmp_path, capsys):
     registry = tmp_path / "registry"
-    text = job_text(sample, registry).replace('format = "ml-100k"\n', 'format = "ml-100k"\nrating_scale = "1..4"\n')
+    text = job_text(sample, registry).replace(
+        'format = "ml-100k"\n', 'format = "ml-100k"\nrating_scale = "1..4"\n'
+    )
     path = write_job(tmp_path, text)
     assert load_job(path).data["ratings"].rating_scale == RatingScale(1, 4)
     assert run_job(path) == EXIT_USAGE
@@ -279,16 +324,22 @@ def test_lock_prevents_overlapping_runs(sample, tmp_path, capsys):
         assert versions(registry) == []
     assert run_job(path) == EXIT_PUBLISHED  # released: the next run proceeds
 
-    blocked = write_job(tmp_path, job_text(sample, registry).replace(
-        f'registry = "{registry}"', f'registry = "{registry}"\nlock = "{path}/not-a-folder/x.lock"'), "b.toml")
+    blocked = write_job(
+        tmp_path,
+        job_text(sample, registry).replace(
+            f'registry = "{registry}"', f'registry = "{registry}"\nlock = "{path}/not-a-folder/x.lock"'
+        ),
+        "b.toml",
+    )
     assert run_job(blocked) == EXIT_FAILED  # the lock's folder cannot exist under a file
     assert "cannot take the lock" in capsys.readouterr().err
 
 
 # --------------------------------------------------------- through the CLI
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ordrec.trainer", *args], capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ordrec.trainer", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_exit_codes_through_the_real_cli(sample, tmp_path):

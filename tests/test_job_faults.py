@@ -9,6 +9,7 @@
 - SIGKILL of the real CLI at seeded random moments of its work (after the
   interpreter start: reading, fitting, evaluating, refitting, publishing).
 """
+
 from __future__ import annotations
 
 import os
@@ -57,7 +58,7 @@ name = "fault-job"
 registry = "{registry}"
 
 [data.ratings]
-path = "{sample / 'ratings.data'}"
+path = "{sample / "ratings.data"}"
 format = "ml-100k"
 
 [[models]]
@@ -86,8 +87,12 @@ def assert_intact(registry: Path, name: str = "dcr") -> list[str]:
 
 
 def start_paused_child(job: Path) -> subprocess.Popen:
-    child = subprocess.Popen([sys.executable, "-c", PAUSING_CHILD, str(job)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", PAUSING_CHILD, str(job)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = threading.Event()
 
     def watch():
@@ -134,8 +139,12 @@ class CliRun:
     """The real CLI as a child; ``wait_started`` returns once the job has its lock and began."""
 
     def __init__(self, job: Path):
-        self.proc = subprocess.Popen([sys.executable, "-m", "ordrec.trainer", "run", str(job)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ordrec.trainer", "run", str(job)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.started = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()
 

@@ -1,6 +1,7 @@
 """Kill the trainer mid-publish while a client runs throughout: no request
 fails, the server never sees the half-written version, and the next run's
 version is picked up live (issue 8, "Load and faults")."""
+
 from __future__ import annotations
 
 import signal
@@ -8,9 +9,9 @@ import time
 
 from ordrec.service.artifacts import Registry
 from ordrec.tools.process import ServerProcess, wait_for
+from ordrec.trainer.job import EXIT_PUBLISHED, run_job
 from tests.test_faults import LoadLoop
 from tests.test_job_faults import assert_intact, setup, start_paused_child  # noqa: F401 - fixture
-from ordrec.trainer.job import EXIT_PUBLISHED, run_job
 
 
 def test_sigkill_mid_publish_under_load_fails_no_request(setup):  # noqa: F811 - the fixture

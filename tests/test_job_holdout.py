@@ -2,6 +2,7 @@
 split invariants as property tests, metrics against oracle and anti-oracle
 indices (with id maps in another order than the data's, so a wrong id
 translation cannot pass)."""
+
 from __future__ import annotations
 
 import math
@@ -32,8 +33,12 @@ def random_ratings(n_users: int, n_items: int, density: float, seed: int) -> tup
 
 # ------------------------------------------------------------------ splits
 @settings(max_examples=40, deadline=None)
-@given(n_users=st.integers(1, 15), density=st.floats(0.05, 1.0), fraction=st.floats(0.01, 0.99),
-       seed=st.integers(0, 2**31 - 1))
+@given(
+    n_users=st.integers(1, 15),
+    density=st.floats(0.05, 1.0),
+    fraction=st.floats(0.01, 0.99),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_ratings_split_is_a_per_user_partition(n_users, density, fraction, seed):
     data, _ = random_ratings(n_users, 12, density, seed)
     train, test = holdout.split(data, fraction, seed)
@@ -55,9 +60,14 @@ def test_tags_split_holds_out_one_whole_post_per_chosen_user(seed, fraction):
     rng = np.random.default_rng(seed)
     n = 300
     user, item, tag = rng.integers(0, 8, n), rng.integers(0, 6, n), rng.integers(0, 10, n)
-    data = TagAssignments(IdMap([f"u{k}" for k in range(8)]), IdMap([f"i{k}" for k in range(6)]),
-                          IdMap([f"t{k}" for k in range(10)]), user.astype(np.int32),
-                          item.astype(np.int32), tag.astype(np.int32))
+    data = TagAssignments(
+        IdMap([f"u{k}" for k in range(8)]),
+        IdMap([f"i{k}" for k in range(6)]),
+        IdMap([f"t{k}" for k in range(10)]),
+        user.astype(np.int32),
+        item.astype(np.int32),
+        tag.astype(np.int32),
+    )
     train, test = holdout.split(data, fraction, seed)
     assert len(train) + len(test) == len(data)
     posts = lambda d: set(zip(d.user.tolist(), d.item.tolist()))  # noqa: E731
@@ -74,8 +84,9 @@ def test_tags_split_holds_out_one_whole_post_per_chosen_user(seed, fraction):
 def test_attribute_split_masks_exactly_the_held_out_cells():
     rng = np.random.default_rng(3)
     codes = rng.integers(-1, 4, (30, 5)).astype(np.int32)
-    data = AttributeTable(IdMap([f"o{k}" for k in range(30)]), list("abcde"), codes,
-                          [["w", "x", "y", "z"]] * 5)
+    data = AttributeTable(
+        IdMap([f"o{k}" for k in range(30)]), list("abcde"), codes, [["w", "x", "y", "z"]] * 5
+    )
     train, cells = holdout.split(data, 0.25, 0)
     known = int((codes >= 0).sum())
     assert len(cells) == math.floor(0.25 * known + 0.5)
@@ -140,9 +151,15 @@ def table_index(train: Ratings, data_table: np.ndarray, seed: int = 0) -> TableI
     order = np.lexsort((item, user))
     indptr = np.zeros(len(users) + 1, dtype=np.int64)
     np.cumsum(np.bincount(user, minlength=len(users)), out=indptr[1:])
-    artifact = Artifact("table", {"seen_indptr": indptr, "seen_indices": item[order].astype(np.int32),
-                                  "item_popularity": np.zeros(len(items), np.float32)},
-                        {"users": users, "items": items})
+    artifact = Artifact(
+        "table",
+        {
+            "seen_indptr": indptr,
+            "seen_indices": item[order].astype(np.int32),
+            "item_popularity": np.zeros(len(items), np.float32),
+        },
+        {"users": users, "items": items},
+    )
     return TableIndex(artifact, data_table[pu][:, pi])
 
 
@@ -212,17 +229,25 @@ class FixedTags:
         self.answer = tags.rows(answer)
 
     def tags(self, user_row, item_row, n):
-        return self.answer[:n], np.zeros(min(n, self.answer.size), np.float32), \
-            "none" if user_row >= 0 and item_row >= 0 else "popular_item"
+        return (
+            self.answer[:n],
+            np.zeros(min(n, self.answer.size), np.float32),
+            "none" if user_row >= 0 and item_row >= 0 else "popular_item",
+        )
 
 
 def test_tag_metrics_by_hand():
     tags = IdMap([f"t{k}" for k in range(8)])
     # post (u0, i0) has tags t0, t1; post (u1, i0) has t2, t3, t4, t5 (data ids in another order)
     data_tags = IdMap(["t5", "t4", "t3", "t2", "t1", "t0"])
-    test = TagAssignments(IdMap(["u1", "u0", "u9"]), IdMap(["i0"]), data_tags,
-                          np.array([1, 1, 0, 0, 0, 0], np.int32), np.zeros(6, np.int32),
-                          np.array([5, 4, 3, 2, 1, 0], np.int32))
+    test = TagAssignments(
+        IdMap(["u1", "u0", "u9"]),
+        IdMap(["i0"]),
+        data_tags,
+        np.array([1, 1, 0, 0, 0, 0], np.int32),
+        np.zeros(6, np.int32),
+        np.array([5, 4, 3, 2, 1, 0], np.int32),
+    )
     result = holdout.evaluate(FixedTags(tags, ["t0", "t2", "t6", "t7", "t3"]), test)
     # post u0: hits {t0} -> P 1/5, R 1/2; post u1: hits {t2, t3} -> P 2/5, R 2/4
     p, r = (0.2 + 0.4) / 2, (0.5 + 0.5) / 2

@@ -2,6 +2,7 @@
 index and its held-out family (tiny hyperparameters: this checks the
 plumbing, not the quality). The whole ``examples/nightly.toml`` with its real
 hyperparameters runs under ``-m slow``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -51,7 +52,7 @@ kind = "{kind}"
 data = "d"
 params = {{ {params} }}
 gate = {{ holdout = {share} }}
-{'labels = "' + str(sample / 'items.txt') + '"' if kind == "coe" else ""}
+{'labels = "' + str(sample / "items.txt") + '"' if kind == "coe" else ""}
 """)
     assert run_job(job) == EXIT_PUBLISHED, capsys.readouterr().err
     (model,) = load_job(job).models

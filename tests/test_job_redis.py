@@ -1,4 +1,5 @@
 """The job's Redis notification against a real redis-server, and Redis being down."""
+
 from __future__ import annotations
 
 import json
@@ -28,12 +29,12 @@ def job(tmp_path: Path, sample: Path, url: str, epochs: int = 5, name: str = "jo
     path.write_text(f"""
 [job]
 name = "redis-job"
-registry = "{tmp_path / 'registry'}"
+registry = "{tmp_path / "registry"}"
 redis = "{url}"
 redis_timeout = 0.5
 
 [data.ratings]
-path = "{sample / 'ratings.data'}"
+path = "{sample / "ratings.data"}"
 format = "ml-100k"
 
 [[models]]

@@ -1,6 +1,7 @@
 """One list of model kinds: a sixth kind added by registration alone is
 trained, published, served and evaluated by the unchanged CLI, job, server
 and protocol runner."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,6 @@ from ordrec.trainer.job import EXIT_PUBLISHED, run_job
 from ordrec.trainer.models import estimator_class
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
-
 from tests import toy_kind
 
 
@@ -62,15 +62,21 @@ def test_a_sixth_kind_trains_publishes_serves_and_evaluates(toy, sample_dir, tmp
     registry = tmp_path / "registry"
 
     # trained and published by the CLI
-    assert main(["train", "toy", "--data", str(data_path), "--registry", str(registry),
-                 "--set", "shrinkage=2.0"]) == 0
+    assert (
+        main(
+            ["train", "toy", "--data", str(data_path), "--registry", str(registry), "--set", "shrinkage=2.0"]
+        )
+        == 0
+    )
     artifact = Registry(registry).load("toy")
     assert artifact.kind == "toy" and artifact.hyperparameters["shrinkage"] == 2.0
 
     # evaluated on a held-out part and published by the cron job
     job = tmp_path / "job.toml"
-    job.write_text(f'[job]\nname = "toy"\nregistry = "{registry}"\n\n[data.r]\npath = "{data_path}"\n\n'
-                   '[[models]]\nname = "toy-job"\nkind = "toy"\ndata = "r"\n')
+    job.write_text(
+        f'[job]\nname = "toy"\nregistry = "{registry}"\n\n[data.r]\npath = "{data_path}"\n\n'
+        '[[models]]\nname = "toy-job"\nkind = "toy"\ndata = "r"\n'
+    )
     assert run_job(job) == EXIT_PUBLISHED, capsys.readouterr().err
     metrics = Registry(registry).load("toy-job").metrics
     assert 0.0 < metrics["holdout_ndcg_at_10"] <= 1.0 and 0.0 <= metrics["holdout_hit_rate_at_10"] <= 1.0

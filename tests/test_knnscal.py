@@ -1,4 +1,5 @@
 """KNNSCAL: kernels (PAV, gradient, majorization), planted recovery, serving round trip."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,7 +60,7 @@ def test_isotonic_rows_is_per_source_fit_with_ties_ordered_by_distance():
         expect[order] = isotonic_regression(d[a:b][order])
         np.testing.assert_allclose(delta[a:b], expect, atol=1e-12)
         # the fit is monotone in rank
-        for r1, r2, x1, x2 in zip(prnk[a:b], prnk[a + 1:b], delta[a:b], delta[a + 1:b]):
+        for r1, r2, x1, x2 in zip(prnk[a:b], prnk[a + 1 : b], delta[a:b], delta[a + 1 : b]):
             if r1 < r2:
                 assert x1 <= x2 + 1e-12
 
@@ -70,8 +71,8 @@ def test_nonedges_are_distinct_non_neighbours_of_rank_q():
     q, ptr, pcol, prnk, *_ = random_graph(n=n, k=k, seed=1, factor=5.0, hop2=0.5)
     assert q == k + 1
     for i in range(n):
-        row = pcol[ptr[i]:ptr[i + 1]]
-        ranks = prnk[ptr[i]:ptr[i + 1]]
+        row = pcol[ptr[i] : ptr[i + 1]]
+        ranks = prnk[ptr[i] : ptr[i + 1]]
         assert row.size == k + 5 * q
         assert np.unique(row).size == row.size and i not in row
         assert np.all(ranks[:k] == np.arange(1, k + 1)) and np.all(ranks[k:] == q)
@@ -80,7 +81,7 @@ def test_nonedges_are_distinct_non_neighbours_of_rank_q():
 def test_nonedges_on_a_small_graph_take_every_candidate():
     q, ptr, pcol, prnk, *_ = random_graph(n=8, k=3, seed=2, factor=5.0)
     for i in range(8):
-        row = pcol[ptr[i]:ptr[i + 1]]
+        row = pcol[ptr[i] : ptr[i + 1]]
         assert sorted(row) == [j for j in range(8) if j != i]
 
 
@@ -100,7 +101,9 @@ def test_gradient_matches_finite_differences():
             Xp, Xm = X.copy(), X.copy()
             Xp[i, c] += h
             Xm[i, c] -= h
-            num = (K.stress(Xp, ptr, pcol, prnk, q, W, delta) - K.stress(Xm, ptr, pcol, prnk, q, W, delta)) / (2 * h)
+            num = (
+                K.stress(Xp, ptr, pcol, prnk, q, W, delta) - K.stress(Xm, ptr, pcol, prnk, q, W, delta)
+            ) / (2 * h)
             assert abs(num - g[i, c]) < 1e-5 * max(1.0, abs(num))
 
 
@@ -145,7 +148,7 @@ def test_permute_rows_moves_whole_rows_and_inverts(seed):
     order = np.random.default_rng(seed).permutation(30)
     new_ptr, src = K.permute_rows(ptr, order)
     for r, v in enumerate(order):
-        np.testing.assert_array_equal(pcol[src[new_ptr[r]:new_ptr[r + 1]]], pcol[ptr[v]:ptr[v + 1]])
+        np.testing.assert_array_equal(pcol[src[new_ptr[r] : new_ptr[r + 1]]], pcol[ptr[v] : ptr[v + 1]])
     pos = np.empty(30, np.int64)
     pos[order] = np.arange(30)
     back_ptr, back = K.permute_rows(new_ptr, pos)
@@ -169,11 +172,21 @@ def test_reordered_fit_is_returned_in_input_order(dim):
     # The loop runs on renumbered vertices; coordinates, E+ and disparities
     # must come back in the input's order, consistent with each other.
     points, graph = planted(300, dim, 8, seed=4)
-    fits = {r: KnnScal(n_components=dim, random_state=0, max_iter=60, reorder=r).fit(graph) for r in ("morton", "none")}
+    fits = {
+        r: KnnScal(n_components=dim, random_state=0, max_iter=60, reorder=r).fit(graph)
+        for r in ("morton", "none")
+    }
     est = fits["morton"]
     last = est.stress_history_[-1][2]
-    again = K.stress(est.coordinates_, est.plus_indptr_, est.plus_col_, est.plus_rnk_, est.q_,
-                     float(est.edge_weight), est.disparities_)
+    again = K.stress(
+        est.coordinates_,
+        est.plus_indptr_,
+        est.plus_col_,
+        est.plus_rnk_,
+        est.q_,
+        float(est.edge_weight),
+        est.disparities_,
+    )
     assert abs(again - last) <= 1e-9 * last
     np.testing.assert_array_equal(np.diff(est.plus_indptr_), np.diff(fits["none"].plus_indptr_))
     oa = {r: order_agreement(f.coordinates_, f) for r, f in fits.items()}
@@ -231,8 +244,12 @@ def test_csr_drops_self_loops_and_keeps_best_rank_of_duplicates():
     from ordrec.service.idmap import IdMap
     from ordrec.trainer.data.types import NeighborLists
 
-    g = NeighborLists(IdMap(["a", "b", "c"]), np.array([0, 0, 0, 1], np.int32),
-                      np.array([0, 2, 2, 0], np.int32), np.array([1, 3, 2, 1], np.int32))
+    g = NeighborLists(
+        IdMap(["a", "b", "c"]),
+        np.array([0, 0, 0, 1], np.int32),
+        np.array([0, 2, 2, 0], np.int32),
+        np.array([1, 3, 2, 1], np.int32),
+    )
     indptr, col, rnk = neighbor_csr(g)
     assert list(indptr) == [0, 1, 2, 2]
     assert list(col) == [2, 0] and list(rnk) == [2, 1]
@@ -256,11 +273,13 @@ def test_registry_round_trip_and_placement(tmp_path):
     assert 3 not in rows and np.all(np.diff(scores) <= 0)
     # Placing vertex 3 from its own ranked list lands close to where training put it.
     indptr, col, _ = est.graph_
-    ranked = col[indptr[3]:indptr[4]]
+    ranked = col[indptr[3] : indptr[4]]
     x = index.place(ranked)
     np.testing.assert_allclose(x, est.place(ranked))
     np.testing.assert_allclose(x, est.place([graph.vertices.external(r) for r in ranked]))
-    typical = np.median(np.linalg.norm(est.coordinates_[col] - est.coordinates_[np.repeat(np.arange(150), 8)], axis=1))
+    typical = np.median(
+        np.linalg.norm(est.coordinates_[col] - est.coordinates_[np.repeat(np.arange(150), 8)], axis=1)
+    )
     assert np.linalg.norm(x - est.coordinates_[3]) < typical
 
 
@@ -291,7 +310,9 @@ def test_convergence_means_a_small_change_not_a_rise():
     from sklearn.preprocessing import StandardScaler
 
     features = StandardScaler().fit_transform(load_breast_cancer(return_X_y=True)[0])
-    est = KnnScal(random_state=0, edge_weight=3.0, rank_gap=8.0, tol=1e-3, max_iter=300).fit(knn_lists(features, 10))
+    est = KnnScal(random_state=0, edge_weight=3.0, rank_gap=8.0, tol=1e-3, max_iter=300).fit(
+        knn_lists(features, 10)
+    )
     iso = [s for _, step, s in est.stress_history_ if step == "isotonic"]
     assert est.n_iter_ > 5
     if est.converged_:

@@ -2,6 +2,7 @@
 
 Digits ships with scikit-learn, so no ORDREC_DATA path is needed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -9,8 +10,8 @@ import argparse
 import pytest
 
 from ordrec.service.models.knnscal import KNNSCALIndex
-from ordrec.trainer.reproduce.knnscal import load_problem, map_index, map_metrics, reference_map
 from ordrec.trainer.models.knnscal import KnnScal
+from ordrec.trainer.reproduce.knnscal import load_problem, map_index, map_metrics, reference_map
 
 pytestmark = pytest.mark.slow
 

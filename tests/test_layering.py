@@ -1,5 +1,6 @@
 """The layering contract (docs/architecture.md, "The parts") beyond what import-linter sees:
 tests, benchmarks and scripts use public names of ordrec only."""
+
 from __future__ import annotations
 
 import ast
@@ -35,10 +36,15 @@ def private_imports(source: str) -> list[str]:
 
 
 def test_the_check_sees_private_modules_and_names():
-    assert private_imports("from ordrec.trainer.models import _x_kernels as K") == ["ordrec.trainer.models._x_kernels"]
+    assert private_imports("from ordrec.trainer.models import _x_kernels as K") == [
+        "ordrec.trainer.models._x_kernels"
+    ]
     assert private_imports("from ordrec.trainer.reproduce.rtf import _TestSet, run") == [
-        "ordrec.trainer.reproduce.rtf._TestSet"]
-    assert private_imports("import ordrec.service._hidden\nfrom ordrec import __version__") == ["ordrec.service._hidden"]
+        "ordrec.trainer.reproduce.rtf._TestSet"
+    ]
+    assert private_imports("import ordrec.service._hidden\nfrom ordrec import __version__") == [
+        "ordrec.service._hidden"
+    ]
 
 
 def test_tests_benchmarks_and_scripts_import_only_public_names():

@@ -5,6 +5,7 @@ sent, honour the offered rate, and count gRPC errors on every process that
 shares the port (h2load cannot read status trailers; the counts come from
 each server's ``/metrics``).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,21 @@ def h2load() -> None:
 
 def run_loadtest(server: ServerProcess, registry, tmp_path, *extra: str) -> dict:
     out = tmp_path / "summary.json"
-    result = run_cli(["ordrec.tools.loadtest", "--target", server.target, "--registry", str(registry),
-                      "--recommend-model", "dcr", "--json", str(out), *extra], check=False)
+    result = run_cli(
+        [
+            "ordrec.tools.loadtest",
+            "--target",
+            server.target,
+            "--registry",
+            str(registry),
+            "--recommend-model",
+            "dcr",
+            "--json",
+            str(out),
+            *extra,
+        ],
+        check=False,
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     assert "p99 ms" in result.stdout  # the printed table
     return json.loads(out.read_text())
@@ -37,8 +51,21 @@ def run_loadtest(server: ServerProcess, registry, tmp_path, *extra: str) -> dict
 
 def test_python_engine_paces_open_loop_and_sees_no_errors(sample_registry, tmp_path):
     with ServerProcess(sample_registry) as server:
-        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "python", "--rate", "100",
-                               "--duration", "2", "--concurrency", "4", "--connections", "2")
+        summary = run_loadtest(
+            server,
+            sample_registry,
+            tmp_path,
+            "--engine",
+            "python",
+            "--rate",
+            "100",
+            "--duration",
+            "2",
+            "--concurrency",
+            "4",
+            "--connections",
+            "2",
+        )
     assert summary["errors"] == 0
     assert 150 <= summary["requests"] <= 210  # 100 QPS for 2 s, open loop
     assert 0 < summary["p50_ms"] <= summary["p90_ms"] <= summary["p99_ms"] <= summary["max_ms"]
@@ -47,8 +74,19 @@ def test_python_engine_paces_open_loop_and_sees_no_errors(sample_registry, tmp_p
 def test_python_engine_counts_error_statuses(sample_registry, tmp_path):
     with ServerProcess(sample_registry) as server:
         # n above the server's bound: every call is INVALID_ARGUMENT
-        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "python", "--rate", "50",
-                               "--duration", "1", "--n", "100000")
+        summary = run_loadtest(
+            server,
+            sample_registry,
+            tmp_path,
+            "--engine",
+            "python",
+            "--rate",
+            "50",
+            "--duration",
+            "1",
+            "--n",
+            "100000",
+        )
     assert summary["errors_by_code"].get("INVALID_ARGUMENT", 0) == summary["errors"] > 0
 
 
@@ -56,9 +94,27 @@ def test_python_engine_counts_error_statuses(sample_registry, tmp_path):
 def test_h2load_counts_errors_on_every_process(h2load, sample_registry, tmp_path, arrivals):
     with ServerProcess(sample_registry, "--processes", "2") as server:
         assert len(server.metrics_ports) == 2
-        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "h2load", "--rate", "200",
-                               "--duration", "2", "--connections", "8", "--concurrency", "8",
-                               "--metrics-url", server.metrics_urls, "--arrivals", arrivals, "--n", "100000")
+        summary = run_loadtest(
+            server,
+            sample_registry,
+            tmp_path,
+            "--engine",
+            "h2load",
+            "--rate",
+            "200",
+            "--duration",
+            "2",
+            "--connections",
+            "8",
+            "--concurrency",
+            "8",
+            "--metrics-url",
+            server.metrics_urls,
+            "--arrivals",
+            arrivals,
+            "--n",
+            "100000",
+        )
     # Every request failed; only the sum over both processes can account for all of them.
     assert summary["errors_by_code"]["INVALID_ARGUMENT"] == summary["requests"]
     assert 300 <= summary["requests"] <= 420  # 200 QPS for 2 s
@@ -66,9 +122,25 @@ def test_h2load_counts_errors_on_every_process(h2load, sample_registry, tmp_path
 
 def test_h2load_staggered_rate_is_the_offered_rate(h2load, sample_registry, tmp_path):
     with ServerProcess(sample_registry) as server:
-        summary = run_loadtest(server, sample_registry, tmp_path, "--engine", "h2load", "--rate", "400",
-                               "--duration", "2", "--connections", "4", "--concurrency", "8",
-                               "--metrics-url", server.metrics_urls, "--arrivals", "staggered")
+        summary = run_loadtest(
+            server,
+            sample_registry,
+            tmp_path,
+            "--engine",
+            "h2load",
+            "--rate",
+            "400",
+            "--duration",
+            "2",
+            "--connections",
+            "4",
+            "--concurrency",
+            "8",
+            "--metrics-url",
+            server.metrics_urls,
+            "--arrivals",
+            "staggered",
+        )
     assert summary["errors"] == 0
     assert 600 <= summary["requests"] <= 840
 

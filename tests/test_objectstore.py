@@ -1,5 +1,6 @@
 """The S3 registry against a real S3 HTTP endpoint: moto's standalone server on loopback,
 a stand-in for S3 or MinIO (neither can be installed here)."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -88,8 +89,19 @@ def test_versions_pin_prune_and_keep(s3_url, tmp_path):
 
 
 def test_cli_manages_an_s3_registry(s3_url, sample_dir, tmp_path):
-    out = run_cli(["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data"),
-                   "--registry", s3_url, "--set", "max_iter=2"]).stdout
+    out = run_cli(
+        [
+            "ordrec.trainer",
+            "train",
+            "dcr",
+            "--data",
+            str(sample_dir / "ratings.data"),
+            "--registry",
+            s3_url,
+            "--set",
+            "max_iter=2",
+        ]
+    ).stdout
     assert f"to {s3_url}" in out
     listing = run_cli(["ordrec.trainer", "versions", "--registry", s3_url]).stdout
     assert "live:newest" in listing and listing.startswith("dcr\t")
@@ -166,8 +178,11 @@ def test_missing_object_and_hostile_paths_are_refused(s3_url, tmp_path):
     hostile.arrays[0].path = "../../escape.npy"
     from google.protobuf import json_format
 
-    _client().put_object(Bucket=bucket, Key=f"{prefix}/m/{version}/manifest.json",
-                         Body=json_format.MessageToJson(hostile).encode())
+    _client().put_object(
+        Bucket=bucket,
+        Key=f"{prefix}/m/{version}/manifest.json",
+        Body=json_format.MessageToJson(hostile).encode(),
+    )
     with pytest.raises(ArtifactError, match="escapes"):
         registry.load("m")
     assert not list((tmp_path / "cache").rglob("escape.npy"))
@@ -188,8 +203,8 @@ def test_unfinished_versions_older_than_an_hour_are_the_only_garbage(s3_url, tmp
 def test_job_publishes_to_s3_and_gates_against_the_live_manifest(s3_url, sample_dir, tmp_path):
     """``ordrec-train run`` with ``registry = "s3://..."``: publish, then a worse model is
     rejected by comparing with the live version's manifest read from the store."""
-    from tests.test_job import BAD, GOOD, job_text, write_job
     from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, load_job, run_job
+    from tests.test_job import BAD, GOOD, job_text, write_job
 
     lock = tmp_path / "job.lock"
     good = write_job(tmp_path, job_text(sample_dir, s3_url, GOOD, extra_job=f'lock = "{lock}"'), "good.toml")

@@ -105,7 +105,9 @@ def test_manifest_writes_whole_numbers_as_integers(sample_dir, tmp_path):
     text = (artifact.path / "manifest.json").read_text()
     assert '"n_components": 3,' in text or '"n_components": 3\n' in text, text
     raw = json.loads(text)
-    assert raw["hyperparameters"]["n_components"] == 3 and isinstance(raw["hyperparameters"]["n_components"], int)
+    assert raw["hyperparameters"]["n_components"] == 3 and isinstance(
+        raw["hyperparameters"]["n_components"], int
+    )
     assert raw["hyperparameters"]["learning_rate"] == 0.5
     assert artifact.hyperparameters["n_components"] == 3
 

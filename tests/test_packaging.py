@@ -1,4 +1,5 @@
 """The installed layout: one `ordrec` namespace, every package folder listed."""
+
 from __future__ import annotations
 
 import sys
@@ -10,8 +11,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_ROOTS = {"ordrec": ROOT / "ordrec", "ordrec.service": ROOT / "service", "ordrec.trainer": ROOT / "trainer",
-                "ordrec.tools": ROOT / "tools"}
+SOURCE_ROOTS = {
+    "ordrec": ROOT / "ordrec",
+    "ordrec.service": ROOT / "service",
+    "ordrec.trainer": ROOT / "trainer",
+    "ordrec.tools": ROOT / "tools",
+}
 
 
 def _setuptools() -> dict:
@@ -94,7 +99,9 @@ def test_the_train_extra_covers_what_only_the_trainer_imports():
     available = _requirement_names(project["dependencies"] + project["optional-dependencies"]["train"])
     trainer = _third_party_imports(ROOT / "trainer")
     assert trainer <= available, f"the trainer imports {trainer - available}, in neither base nor train"
-    assert any(dep.startswith("ordrec[") and "train" in dep for dep in project["optional-dependencies"]["dev"])
+    assert any(
+        dep.startswith("ordrec[") and "train" in dep for dep in project["optional-dependencies"]["dev"]
+    )
 
 
 def _python(code: str) -> str:
@@ -117,7 +124,9 @@ sys.meta_path.insert(0, Block())
 
 
 def test_serving_imports_without_the_train_extra():
-    out = _python(_BLOCK_TRAIN_EXTRA + """
+    out = _python(
+        _BLOCK_TRAIN_EXTRA
+        + """
 import pkgutil, importlib, ordrec.service, ordrec.tools
 for package in (ordrec.service, ordrec.tools):
     for m in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
@@ -126,26 +135,32 @@ for package in (ordrec.service, ordrec.tools):
 import ordrec.client_cli
 print(sorted(m for m in sys.modules
              if m.startswith("ordrec.trainer") or m.split(".")[0] in ("sklearn", "tqdm")))
-""")
+"""
+    )
     assert out.strip() == "[]"
 
 
 def test_the_trainer_without_its_extra_says_what_to_install():
-    out = _python(_BLOCK_TRAIN_EXTRA + """
+    out = _python(
+        _BLOCK_TRAIN_EXTRA
+        + """
 import contextlib, io
 from ordrec.trainer.cli import main
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
     code = main(["reproduce", "knnscal", "--digits", "--runs", "1", "--k", "5"])
 print(code, err.getvalue())
-""")
+"""
+    )
     assert out.startswith("1 ") and "pip install 'ordrec[train]'" in out
 
 
 def test_the_python_client_imports_only_grpc_and_the_generated_code():
-    out = _python("import sys, ordrec.client; print(sorted({m.split('.')[0] for m in sys.modules} & "
-                  "{'numpy', 'numba', 'scipy', 'redis', 'prometheus_client'}), "
-                  "sorted(m for m in sys.modules if m.startswith(('ordrec.service', 'ordrec.trainer'))))")
+    out = _python(
+        "import sys, ordrec.client; print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'numpy', 'numba', 'scipy', 'redis', 'prometheus_client'}), "
+        "sorted(m for m in sys.modules if m.startswith(('ordrec.service', 'ordrec.trainer'))))"
+    )
     assert out.strip() == "[] []"
 
 
@@ -171,8 +186,12 @@ def test_the_sdist_builds_a_wheel_with_the_protos_and_the_license(tmp_path):
     import tarfile
     import zipfile
 
-    result = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path), str(ROOT)],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "deprecated" not in (result.stdout + result.stderr).lower()
     (wheel,) = tmp_path.glob("*.whl")
@@ -191,8 +210,12 @@ def test_the_sdist_builds_a_wheel_with_the_protos_and_the_license(tmp_path):
 def test_the_docker_build_copies_what_the_build_reads():
     """No Docker engine here to build the image: at least `pip install .` gets every file pyproject names."""
     text = (ROOT / "Dockerfile").read_text()
-    copied = {word for line in text.splitlines() if line.startswith("COPY ") and "--from" not in line
-              for word in line.split()[1:-1]}
+    copied = {
+        word
+        for line in text.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for word in line.split()[1:-1]
+    }
     project = _project()
     assert {project["readme"], *project["license-files"], "pyproject.toml"} <= copied
     assert set(SOURCE_ROOTS) and {str(v.relative_to(ROOT)) for v in SOURCE_ROOTS.values()} <= copied

@@ -1,6 +1,7 @@
 """Readers: every format, detection, every error kind (file + line), skipping,
 CRLF, latin-1, duplicates, the fast path against the per-line parser, and a
 round-trip property test. Real files under $ORDREC_DATA in the slow tests."""
+
 from __future__ import annotations
 
 import os
@@ -14,11 +15,25 @@ from hypothesis import strategies as st
 from ordrec.trainer.data import _lines
 from ordrec.trainer.data._lines import Column, parse_records
 from ordrec.trainer.data.readers import (
-    FORMATS, SHAPES, declared_scale, detect_format, read_attributes, read_input, read_neighbors, read_ratings,
+    FORMATS,
+    SHAPES,
+    declared_scale,
+    detect_format,
+    read_attributes,
+    read_input,
+    read_neighbors,
+    read_ratings,
     read_tags,
 )
 from ordrec.trainer.data.types import (
-    EXCERPT_CHARS, AttributeTable, DataError, NeighborLists, RatingScale, Ratings, TagAssignments, excerpt,
+    EXCERPT_CHARS,
+    AttributeTable,
+    DataError,
+    NeighborLists,
+    Ratings,
+    RatingScale,
+    TagAssignments,
+    excerpt,
 )
 
 DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -41,7 +56,9 @@ def error_of(fn, *args, **kwargs) -> DataError:
 
 # ------------------------------------------------------------------ ratings formats
 def test_ml100k_tab_format(tmp_path):
-    path = write(tmp_path / "u.data", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n196\t377\t1\t878887116\n")
+    path = write(
+        tmp_path / "u.data", "196\t242\t3\t881250949\n186\t302\t3\t891717742\n196\t377\t1\t878887116\n"
+    )
     r = read_ratings(path)
     assert isinstance(r, Ratings)
     assert triples(r) == [("196", "242", 3.0), ("186", "302", 3.0), ("196", "377", 1.0)]
@@ -56,11 +73,14 @@ def test_ml1m_double_colon_format_with_half_stars(tmp_path):
     assert triples(r) == [("1", "1193", 5.0), ("1", "661", 3.5), ("2", "1193", 0.5)]
 
 
-@pytest.mark.parametrize("header,sep", [
-    ("userId,movieId,rating,timestamp", ","),
-    ("user_id,item_id,score,ts", ","),
-    ("User ID\tItem\tRating", "\t"),
-])
+@pytest.mark.parametrize(
+    "header,sep",
+    [
+        ("userId,movieId,rating,timestamp", ","),
+        ("user_id,item_id,score,ts", ","),
+        ("User ID\tItem\tRating", "\t"),
+    ],
+)
 def test_csv_tsv_common_header_names(tmp_path, header, sep):
     n = len(header.split(sep))
     rows = [["a", "x", "4.5", "9"], ["b", "x", "2", "9"], ["a", "y", "1", "9"]]
@@ -124,17 +144,20 @@ def test_folder_with_a_well_known_file(tmp_path):
 
 
 # ------------------------------------------------------------------ errors (file + line + what)
-@pytest.mark.parametrize("name,text,line,message", [
-    ("u.data", "1\t2\t3\t4\n1\t2\t3\n", 2, "expected 4 tab-separated fields, got 3"),
-    ("u.data", "1\t2\t3\t4\n1\t3\tx\t4\n", 2, "rating 'x' is not a number"),
-    ("u.data", "1\t2\t3\t4\n1\t3\tnan\t4\n", 2, "rating 'nan' is not a finite number"),
-    ("u.data", "1\t2\t3\t4\n1\t5\t3\t4\n\t5\t3\t4\n", 3, "empty user id"),
-    ("u.data", "1\t\t3\t4\n", 1, "empty item id"),
-    ("ratings.dat", "1::2::3::4\n1::2::3\n", 2, "expected 4 '::'-separated fields, got 3"),
-    ("r.csv", "user,item,rating\na,b,1\na,c\n", 3, "expected 3 comma-separated fields, got 2"),
-    ("u.data", "1\t2\t3\t4\nbad\x01id\t2\t3\t4\n", 2, "contains a line break or control character"),
-    ("u.data", "1\t2\t3\t4\n1\tx\ry\t3\t4\n", 2, "contains a line break or control character"),
-])
+@pytest.mark.parametrize(
+    "name,text,line,message",
+    [
+        ("u.data", "1\t2\t3\t4\n1\t2\t3\n", 2, "expected 4 tab-separated fields, got 3"),
+        ("u.data", "1\t2\t3\t4\n1\t3\tx\t4\n", 2, "rating 'x' is not a number"),
+        ("u.data", "1\t2\t3\t4\n1\t3\tnan\t4\n", 2, "rating 'nan' is not a finite number"),
+        ("u.data", "1\t2\t3\t4\n1\t5\t3\t4\n\t5\t3\t4\n", 3, "empty user id"),
+        ("u.data", "1\t\t3\t4\n", 1, "empty item id"),
+        ("ratings.dat", "1::2::3::4\n1::2::3\n", 2, "expected 4 '::'-separated fields, got 3"),
+        ("r.csv", "user,item,rating\na,b,1\na,c\n", 3, "expected 3 comma-separated fields, got 2"),
+        ("u.data", "1\t2\t3\t4\nbad\x01id\t2\t3\t4\n", 2, "contains a line break or control character"),
+        ("u.data", "1\t2\t3\t4\n1\tx\ry\t3\t4\n", 2, "contains a line break or control character"),
+    ],
+)
 def test_rating_errors_name_file_line_and_problem(tmp_path, name, text, line, message):
     path = write(tmp_path / name, text)
     err = error_of(read_ratings, path)
@@ -160,12 +183,14 @@ def test_empty_and_header_only_and_missing_files(tmp_path):
 
 
 def test_skip_bad_lines_counts_them(tmp_path):
-    text = ("1\t2\t3\t4\n"
-            "1\t2\n"           # too few fields
-            "1\t3\tx\t4\n"     # not a number
-            "\t3\t3\t4\n"      # empty id
-            "1\t2\t5\t4\n"     # duplicate of line 1
-            "2\t2\t1\t4\n")
+    text = (
+        "1\t2\t3\t4\n"
+        "1\t2\n"  # too few fields
+        "1\t3\tx\t4\n"  # not a number
+        "\t3\t3\t4\n"  # empty id
+        "1\t2\t5\t4\n"  # duplicate of line 1
+        "2\t2\t1\t4\n"
+    )
     path = write(tmp_path / "u.data", text)
     with pytest.raises(DataError):
         read_ratings(path)
@@ -175,34 +200,49 @@ def test_skip_bad_lines_counts_them(tmp_path):
 
 
 # ------------------------------------------------------------------ detection
-@pytest.mark.parametrize("name,text,shape,expected", [
-    ("u.data", "1\t2\t3\t4\n", "ratings", "ml-100k"),
-    ("u1.base", "1\t2\t3\t4\n", "ratings", "ml-100k"),
-    ("ratings.dat", "1::2::3::4\n", "ratings", "ml-1m"),
-    ("x.txt", "1\t2\t3\t4\n", "ratings", "ml-100k"),
-    ("x.txt", "1::2::3::4\n", "ratings", "ml-1m"),
-    ("x.txt", "userId,movieId,rating\n1,2,3\n", "ratings", "csv"),
-    ("x.txt", "user\titem\trating\n1\t2\t3\n", "ratings", "tsv"),
-    ("user_taggedartists.dat", "userID\tartistID\ttagID\tday\tmonth\tyear\n2\t52\t13\t1\t4\t2009\n", "tags",
-     "lastfm-tags"),
-    ("t.txt", "userID\tartistID\ttagID\tday\tmonth\tyear\n2\t52\t13\t1\t4\t2009\n", "tags", "lastfm-tags"),
-    ("t.txt", "user,item,tag\na,b,c\n", "tags", "csv"),
-    ("zoo.data", "frog,0,0,1,0,0,1,1,1,1,1,0,0,4,0,0,0,5\n", "attributes", "zoo"),
-    ("a.txt", "frog,0,0,1,0,0,1,1,1,1,1,0,0,4,0,0,0,5\n", "attributes", "zoo"),
-    ("a.txt", "id,colour,size\nx,red,big\n", "attributes", "csv"),
-    ("n.txt", "a\tb\t1\n", "neighbors", "tsv"),
-    ("n.txt", "source,neighbor,rank\na,b,1\n", "neighbors", "csv"),
-])
+@pytest.mark.parametrize(
+    "name,text,shape,expected",
+    [
+        ("u.data", "1\t2\t3\t4\n", "ratings", "ml-100k"),
+        ("u1.base", "1\t2\t3\t4\n", "ratings", "ml-100k"),
+        ("ratings.dat", "1::2::3::4\n", "ratings", "ml-1m"),
+        ("x.txt", "1\t2\t3\t4\n", "ratings", "ml-100k"),
+        ("x.txt", "1::2::3::4\n", "ratings", "ml-1m"),
+        ("x.txt", "userId,movieId,rating\n1,2,3\n", "ratings", "csv"),
+        ("x.txt", "user\titem\trating\n1\t2\t3\n", "ratings", "tsv"),
+        (
+            "user_taggedartists.dat",
+            "userID\tartistID\ttagID\tday\tmonth\tyear\n2\t52\t13\t1\t4\t2009\n",
+            "tags",
+            "lastfm-tags",
+        ),
+        (
+            "t.txt",
+            "userID\tartistID\ttagID\tday\tmonth\tyear\n2\t52\t13\t1\t4\t2009\n",
+            "tags",
+            "lastfm-tags",
+        ),
+        ("t.txt", "user,item,tag\na,b,c\n", "tags", "csv"),
+        ("zoo.data", "frog,0,0,1,0,0,1,1,1,1,1,0,0,4,0,0,0,5\n", "attributes", "zoo"),
+        ("a.txt", "frog,0,0,1,0,0,1,1,1,1,1,0,0,4,0,0,0,5\n", "attributes", "zoo"),
+        ("a.txt", "id,colour,size\nx,red,big\n", "attributes", "csv"),
+        ("n.txt", "a\tb\t1\n", "neighbors", "tsv"),
+        ("n.txt", "source,neighbor,rank\na,b,1\n", "neighbors", "csv"),
+    ],
+)
 def test_detection(tmp_path, name, text, shape, expected):
     assert detect_format(write(tmp_path / name, text), shape) == expected
 
 
-@pytest.mark.parametrize("text,shape", [
-    ("1,2,3,4\n", "ratings"),             # comma without a header: columns unknown
-    ("1 2 3 4\n", "ratings"),             # no separator we know
-    ("a,b\n", "tags"),                    # no header naming user/item/tag
-    ("1\t2\t3\n", "ratings"),             # 3 tab fields without header
-])
+@pytest.mark.parametrize(
+    "text,shape",
+    [
+        ("1,2,3,4\n", "ratings"),  # comma without a header: columns unknown
+        ("1 2 3 4\n", "ratings"),  # no separator we know
+        ("a,b\n", "tags"),  # no header naming user/item/tag
+        ("1\t2\t3\n", "ratings"),  # 3 tab fields without header
+    ],
+)
 def test_ambiguous_detection_lists_the_choices(tmp_path, text, shape):
     err = error_of(detect_format, write(tmp_path / "data.txt", text), shape)
     assert "--format" in err.reason
@@ -228,13 +268,20 @@ def test_read_input_dispatches_by_shape(tmp_path):
 
 
 # ------------------------------------------------------------------ tags
-LASTFM = "userID\tartistID\ttagID\tday\tmonth\tyear\n2\t52\t13\t1\t4\t2009\n2\t52\t15\t1\t4\t2009\n3\t60\t13\t1\t5\t2010\n"
+LASTFM = (
+    "userID\tartistID\ttagID\tday\tmonth\tyear\n"
+    "2\t52\t13\t1\t4\t2009\n2\t52\t15\t1\t4\t2009\n3\t60\t13\t1\t5\t2010\n"
+)
 
 
 def test_lastfm_tags_crlf_with_latin1_tag_names(tmp_path):
     write(tmp_path / "user_taggedartists.dat", LASTFM, newline="\r\n")
-    write(tmp_path / "tags.dat", "tagID\ttagValue\n13\tchillout\n15\tmüsica 80's\n99\tunused\n",
-          encoding="latin-1", newline="\r\n")
+    write(
+        tmp_path / "tags.dat",
+        "tagID\ttagValue\n13\tchillout\n15\tmüsica 80's\n99\tunused\n",
+        encoding="latin-1",
+        newline="\r\n",
+    )
     t = read_tags(tmp_path / "user_taggedartists.dat")
     assert t.users.ids == ["2", "3"] and t.items.ids == ["52", "60"] and t.tags.ids == ["13", "15"]
     assert t.tag_names == ["chillout", "müsica 80's"]
@@ -263,10 +310,12 @@ def test_tags_csv_duplicates_and_errors(tmp_path):
 
 
 # ------------------------------------------------------------------ attributes
-ZOO = ("aardvark,1,0,0,1,0,0,1,1,1,1,0,0,4,0,0,1,1\n"
-       "frog,0,0,1,0,0,1,1,1,1,1,0,0,4,0,0,0,5\n"
-       "frog,0,0,1,0,0,1,1,1,1,1,1,0,4,0,0,0,5\n"
-       "octopus,0,0,1,0,0,1,1,0,0,0,0,0,8,0,0,1,7\n")
+ZOO = (
+    "aardvark,1,0,0,1,0,0,1,1,1,1,0,0,4,0,0,1,1\n"
+    "frog,0,0,1,0,0,1,1,1,1,1,0,0,4,0,0,0,5\n"
+    "frog,0,0,1,0,0,1,1,1,1,1,1,0,4,0,0,0,5\n"
+    "octopus,0,0,1,0,0,1,1,0,0,0,0,0,8,0,0,1,7\n"
+)
 
 
 def test_zoo_ids_are_line_numbers_and_names_are_labels(tmp_path):
@@ -304,19 +353,22 @@ def test_neighbors_with_and_without_header(tmp_path):
     assert m.rank.dtype == np.int32
 
 
-@pytest.mark.parametrize("text,line,message", [
-    ("a,b,1\na,a,2\n", 2, "self-edge"),
-    ("a,b,1\na,c,0\n", 2, "rank '0' is below the minimum 1"),
-    ("a,b,1\na,c,1.5\n", 2, "rank '1.5' is not an integer"),
-    ("a,b,1\na,c,1\n", 2, "duplicate rank 1 for source 'a', already on line 1"),
-    ("a,b,1\na,b,2\n", 2, "duplicate neighbor 'b' for source 'a', already on line 1"),
-    ("1,2,1\n1,1,2\n", 2, "self-edge"),  # numeric ids (fast path) give the same errors
-    ("1,2,1\n1,3,1\n", 2, "duplicate rank 1 for source '1'"),
-    ("1,2,1\n1,3,2.0\n", 2, "rank '2.0' is not an integer"),
-    ("a,b,1\na,c,2.0\n", 2, "rank '2.0' is not an integer"),
-    ("a,b,1\nc,d\n", 2, "expected 3 comma-separated fields, got 2"),
-    ("a\tb\t1\nc\td\tfirst\n", 2, "rank 'first' is not an integer"),
-])
+@pytest.mark.parametrize(
+    "text,line,message",
+    [
+        ("a,b,1\na,a,2\n", 2, "self-edge"),
+        ("a,b,1\na,c,0\n", 2, "rank '0' is below the minimum 1"),
+        ("a,b,1\na,c,1.5\n", 2, "rank '1.5' is not an integer"),
+        ("a,b,1\na,c,1\n", 2, "duplicate rank 1 for source 'a', already on line 1"),
+        ("a,b,1\na,b,2\n", 2, "duplicate neighbor 'b' for source 'a', already on line 1"),
+        ("1,2,1\n1,1,2\n", 2, "self-edge"),  # numeric ids (fast path) give the same errors
+        ("1,2,1\n1,3,1\n", 2, "duplicate rank 1 for source '1'"),
+        ("1,2,1\n1,3,2.0\n", 2, "rank '2.0' is not an integer"),
+        ("a,b,1\na,c,2.0\n", 2, "rank '2.0' is not an integer"),
+        ("a,b,1\nc,d\n", 2, "expected 3 comma-separated fields, got 2"),
+        ("a\tb\t1\nc\td\tfirst\n", 2, "rank 'first' is not an integer"),
+    ],
+)
 def test_neighbor_errors(tmp_path, text, line, message):
     err = error_of(read_neighbors, write(tmp_path / "n.csv", text))
     assert err.line == line and message in err.reason
@@ -348,20 +400,26 @@ def test_fast_path_equals_per_line_parser_across_chunks(tmp_path, monkeypatch):
 
 
 def same_records(a, b) -> bool:
-    return (a.spaces == b.spaces and all(np.array_equal(x, y) for x, y in zip(a.ids, b.ids))
-            and all(np.array_equal(x, y) for x, y in zip(a.numbers, b.numbers)))
+    return (
+        a.spaces == b.spaces
+        and all(np.array_equal(x, y) for x, y in zip(a.ids, b.ids))
+        and all(np.array_equal(x, y) for x, y in zip(a.numbers, b.numbers))
+    )
 
 
-@pytest.mark.parametrize("body,engine", [
-    ("1\t2\t3\t4\n", "integer-ids"),
-    ("1\t2\t3\t4\n 1\t2 \t3\t4\n", "text-ids"),   # spaces around ids are stripped by every parser
-    ("01\t2\t3\t4\n1\t2\t3\t4\n", "text-ids"),     # "01" is not the integer 1
-    ("u1\ti1\t3\t4\r\nu2\ti1\t5\t4\r\n", "text-ids"),
-    ("1\t2\t3.\t4\n", "text-ids"),                  # numbers other than [-]d+[.d+]: that line in Python
-    ("1\t2\t1e3\t4\n2\t2\t3\t4\n", "text-ids"),
-    ("1\t2\t3\t4\n\n2\t2\t3\t4\n", "text-ids"),    # blank line
-    ("\ufeff1\t2\t3\t4\n", "per-line"),              # byte-order mark
-])
+@pytest.mark.parametrize(
+    "body,engine",
+    [
+        ("1\t2\t3\t4\n", "integer-ids"),
+        ("1\t2\t3\t4\n 1\t2 \t3\t4\n", "text-ids"),  # spaces around ids are stripped by every parser
+        ("01\t2\t3\t4\n1\t2\t3\t4\n", "text-ids"),  # "01" is not the integer 1
+        ("u1\ti1\t3\t4\r\nu2\ti1\t5\t4\r\n", "text-ids"),
+        ("1\t2\t3.\t4\n", "text-ids"),  # numbers other than [-]d+[.d+]: that line in Python
+        ("1\t2\t1e3\t4\n2\t2\t3\t4\n", "text-ids"),
+        ("1\t2\t3\t4\n\n2\t2\t3\t4\n", "text-ids"),  # blank line
+        ("\ufeff1\t2\t3\t4\n", "per-line"),  # byte-order mark
+    ],
+)
 def test_numba_parsers_agree_with_per_line_parser(tmp_path, body, engine):
     cols = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "rating", kind="float")]
     path = str(write(tmp_path / "u.data", body))
@@ -379,20 +437,27 @@ def test_text_ids_across_chunks_with_a_shared_space(tmp_path, monkeypatch):
         a, b = rng.choice(len(names) - 1, 2, replace=False)
         lines.append(f"{names[a]},{names[b]},{k + 1}\n")
     path = str(write(tmp_path / "n.csv", "".join(lines), encoding="latin-1"))
-    cols = [Column(0, "source", space=0), Column(1, "neighbor", space=0), Column(2, "rank", kind="int", minimum=1)]
+    cols = [
+        Column(0, "source", space=0),
+        Column(1, "neighbor", space=0),
+        Column(2, "rank", kind="int", minimum=1),
+    ]
     fast = parse_records(path, ",", 3, cols, 1, distinct=(0, 1))
     slow = parse_records(path, ",", 3, cols, 1, distinct=(0, 1), fast=False)
     assert fast.engine == "text-ids" and same_records(fast, slow)
     assert "w0é" in fast.spaces[0] or "w1é" in fast.spaces[0]
 
 
-@pytest.mark.parametrize("text,engine", [
-    ('user,item,rating\n"a",b,1\nc,"d,e",2\n', "text-ids"),  # quoted lines go through csv rules
-    ("user,item,rating\na,b\u0085c,1\n", "per-line"),        # C1 control: the per-line parser reports it
-    ("user,item,rating\na,b\u0085c,1\nx,y,bad\n", "per-line"),  # ... before the later bad line
-    ("user,item,rating\na,tab\tin,1\n", "per-line"),        # ASCII control byte inside an id
-    ("user,item,rating\nä,ö,1\n", "text-ids"),
-])
+@pytest.mark.parametrize(
+    "text,engine",
+    [
+        ('user,item,rating\n"a",b,1\nc,"d,e",2\n', "text-ids"),  # quoted lines go through csv rules
+        ("user,item,rating\na,b\u0085c,1\n", "per-line"),  # C1 control: the per-line parser reports it
+        ("user,item,rating\na,b\u0085c,1\nx,y,bad\n", "per-line"),  # ... before the later bad line
+        ("user,item,rating\na,tab\tin,1\n", "per-line"),  # ASCII control byte inside an id
+        ("user,item,rating\nä,ö,1\n", "text-ids"),
+    ],
+)
 def test_text_id_path_gives_up_where_it_must(tmp_path, text, engine):
     cols = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "rating", kind="float")]
     path = str(write(tmp_path / "r.csv", text))
@@ -412,13 +477,12 @@ def test_text_id_path_gives_up_where_it_must(tmp_path, text, engine):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), min_size=1, max_size=60),
-       st.booleans())
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), min_size=1, max_size=60), st.booleans())
 def test_find_duplicates_matches_brute_force(pairs, sorted_path):
     group = np.array([g for g, _ in pairs], dtype=np.int32)
     value = np.array([v for _, v in pairs], dtype=np.int64)
     if sorted_path:  # force the sort-based branch used for huge value ranges
-        old, _lines.DENSE_LIMIT = _lines.DENSE_LIMIT, -10**9
+        old, _lines.DENSE_LIMIT = _lines.DENSE_LIMIT, -(10**9)
     try:
         found = _lines.find_duplicates(group, 6, value, 8)
     finally:
@@ -435,10 +499,10 @@ def test_find_duplicates_matches_brute_force(pairs, sorted_path):
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.integers(-10**6, 10**6), st.integers(0, 6)), min_size=1, max_size=40))
+@given(st.lists(st.tuples(st.integers(-(10**6), 10**6), st.integers(0, 6)), min_size=1, max_size=40))
 def test_fast_number_parsing_equals_python_float(tmp_path, numbers):
     # Ratings with up to 6 decimals: the kernel's value must be exactly float(text).
-    texts = [f"{m / 10 ** d:.{d}f}" for m, d in numbers]
+    texts = [f"{m / 10**d:.{d}f}" for m, d in numbers]
     path = write(tmp_path / "u.data", "".join(f"{k}\t1\t{t}\t0\n" for k, t in enumerate(texts)))
     cols = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "rating", kind="float")]
     fast = parse_records(str(path), "\t", 4, cols, 2)
@@ -446,13 +510,39 @@ def test_fast_number_parsing_equals_python_float(tmp_path, numbers):
     assert fast.numbers[0].tolist() == [float(t) for t in texts]
 
 
-_piece = st.sampled_from(["1", "2", "17", "007", "u1", "ä", " 3", "3 ", "", "x y", '"q"', "é", "\u0085",
-                          "-1", "2.5", "3.", "1e3", "nan", "\x01", "\u2028"])
+_piece = st.sampled_from(
+    [
+        "1",
+        "2",
+        "17",
+        "007",
+        "u1",
+        "ä",
+        " 3",
+        "3 ",
+        "",
+        "x y",
+        '"q"',
+        "é",
+        "\u0085",
+        "-1",
+        "2.5",
+        "3.",
+        "1e3",
+        "nan",
+        "\x01",
+        "\u2028",
+    ]
+)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(lines=st.lists(st.one_of(st.lists(_piece, min_size=3, max_size=5), st.just([])), min_size=1, max_size=12),
-       sep=st.sampled_from(["\t", ",", "::"]), crlf=st.booleans(), skip=st.booleans())
+@given(
+    lines=st.lists(st.one_of(st.lists(_piece, min_size=3, max_size=5), st.just([])), min_size=1, max_size=12),
+    sep=st.sampled_from(["\t", ",", "::"]),
+    crlf=st.booleans(),
+    skip=st.booleans(),
+)
 def test_fast_routes_match_the_per_line_parser_on_messy_files(tmp_path, monkeypatch, lines, sep, crlf, skip):
     """Differential fuzz: read_ratings with the numba parsers == read_ratings with only the per-line parser."""
     import ordrec.trainer.data.readers as readers
@@ -477,20 +567,36 @@ def test_fast_routes_match_the_per_line_parser_on_messy_files(tmp_path, monkeypa
 
 
 # ------------------------------------------------------------------ round trip property
-_id_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"),
-                                          blacklist_characters=',"\u0085'),
-                   min_size=1, max_size=6).map(str.strip).filter(bool)
+_id_text = (
+    st.text(
+        alphabet=st.characters(
+            blacklist_categories=("Cc", "Cs", "Zl", "Zp"), blacklist_characters=',"\u0085'
+        ),
+        min_size=1,
+        max_size=6,
+    )
+    .map(str.strip)
+    .filter(bool)
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.lists(st.tuples(_id_text, _id_text, st.integers(1, 10).map(lambda x: x / 2)),
-                     min_size=1, max_size=30, unique_by=lambda t: (t[0], t[1])),
-       sep=st.sampled_from([",", "\t"]))
+@given(
+    data=st.lists(
+        st.tuples(_id_text, _id_text, st.integers(1, 10).map(lambda x: x / 2)),
+        min_size=1,
+        max_size=30,
+        unique_by=lambda t: (t[0], t[1]),
+    ),
+    sep=st.sampled_from([",", "\t"]),
+)
 def test_round_trip_property(tmp_path, data, sep):
     if sep == "\t":
         data = [t for t in data if "\t" not in t[0] + t[1]] or [("a", "b", 1.0)]
     path = tmp_path / ("r.csv" if sep == "," else "r.tsv")
-    write(path, "user" + sep + "item" + sep + "rating\n" + "".join(f"{u}{sep}{i}{sep}{r}\n" for u, i, r in data))
+    write(
+        path, "user" + sep + "item" + sep + "rating\n" + "".join(f"{u}{sep}{i}{sep}{r}\n" for u, i, r in data)
+    )
     r = read_ratings(path)
     assert triples(r) == [(u, i, float(x)) for u, i, x in data]
     # Numbering is first appearance, hence deterministic.
@@ -498,8 +604,14 @@ def test_round_trip_property(tmp_path, data, sep):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(1, 5)),
-                min_size=1, max_size=40, unique_by=lambda t: (t[0], t[1])))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(1, 5)),
+        min_size=1,
+        max_size=40,
+        unique_by=lambda t: (t[0], t[1]),
+    )
+)
 def test_round_trip_numeric_ml100k(tmp_path, data):
     path = write(tmp_path / "u.data", "".join(f"{u}\t{i}\t{r}\t0\n" for u, i, r in data))
     assert triples(read_ratings(path)) == [(str(u), str(i), float(r)) for u, i, r in data]
@@ -538,22 +650,35 @@ def test_real_zoo():
 
 
 # ------------------------------------------------------------------ rating scales, timestamps, line bound
-@pytest.mark.parametrize("text,expected", [
-    ("1..5", RatingScale(1, 5, 1)),
-    ("0.5..5:0.5", RatingScale(0.5, 5, 0.5)),
-    (" 1 .. 10 : 1 ", RatingScale(1, 10, 1)),
-    ("-2..2", RatingScale(-2, 2, 1)),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("1..5", RatingScale(1, 5, 1)),
+        ("0.5..5:0.5", RatingScale(0.5, 5, 0.5)),
+        (" 1 .. 10 : 1 ", RatingScale(1, 10, 1)),
+        ("-2..2", RatingScale(-2, 2, 1)),
+    ],
+)
 def test_rating_scale_parses_and_prints(text, expected):
     scale = RatingScale.parse(text)
     assert scale == expected and RatingScale.parse(str(scale)) == scale
 
 
-@pytest.mark.parametrize("text,words", [
-    ("1..", "is not LOW..HIGH"), ("1-5", "is not LOW..HIGH"), ("a..b", "must be numbers"),
-    ("5..1", "empty"), ("1..5:0", "step must be positive"), ("1..5:-1", "step must be positive"),
-    ("1..4.5", "whole number of steps"), ("nan..5", "finite"), ("1..inf", "finite"), ("1..5:0.5:1", "numbers"),
-])
+@pytest.mark.parametrize(
+    "text,words",
+    [
+        ("1..", "is not LOW..HIGH"),
+        ("1-5", "is not LOW..HIGH"),
+        ("a..b", "must be numbers"),
+        ("5..1", "empty"),
+        ("1..5:0", "step must be positive"),
+        ("1..5:-1", "step must be positive"),
+        ("1..4.5", "whole number of steps"),
+        ("nan..5", "finite"),
+        ("1..inf", "finite"),
+        ("1..5:0.5:1", "numbers"),
+    ],
+)
 def test_rating_scale_rejects_nonsense(text, words):
     with pytest.raises(ValueError, match=words):
         RatingScale.parse(text)
@@ -567,15 +692,19 @@ def test_rating_scale_problem_names_range_and_step():
         assert "outside the rating scale" in halves.problem(outside)
 
 
-MOVIELENS_COLUMNS = [Column(0, "user", space=0), Column(1, "item", space=1),
-                     Column(2, "rating", kind="float", scale=RatingScale(1, 5)),
-                     Column(3, "timestamp", kind="timestamp")]
+MOVIELENS_COLUMNS = [
+    Column(0, "user", space=0),
+    Column(1, "item", space=1),
+    Column(2, "rating", kind="float", scale=RatingScale(1, 5)),
+    Column(3, "timestamp", kind="timestamp"),
+]
 
 
 @pytest.fixture(params=["numba", "per-line"])
 def parser(request, monkeypatch):
     """``parse_records`` on one path only: "numba" fails the test if it hands the file to the per-line parser."""
     if request.param == "numba":
+
         def no_fallback(*args, **kwargs):
             raise AssertionError("the numba path fell back to the per-line parser")
 
@@ -584,17 +713,20 @@ def parser(request, monkeypatch):
     return lambda *a, **k: parse_records(*a, **k, fast=False)
 
 
-@pytest.mark.parametrize("bad,message", [
-    ("9\t9\t99\t5", "rating '99' is outside the rating scale 1..5"),
-    ("9\t9\t-1\t5", "rating '-1' is outside the rating scale 1..5"),
-    ("9\t9\t0\t5", "rating '0' is outside the rating scale 1..5"),
-    ("9\t9\t3.5\t5", "rating '3.5' is not on the rating scale 1..5"),
-    ("9\t9\t3\tnot-a-time", "timestamp 'not-a-time' is not a non-negative integer of at most 20 digits"),
-    ("9\t9\t3\t-5", "timestamp '-5' is not a non-negative integer"),
-    ("9\t9\t3\t1.5", "timestamp '1.5' is not a non-negative integer"),
-    ("9\t9\t3\t" + "9" * 21, "is not a non-negative integer of at most 20 digits"),
-    ("9\t9\t3\t", "timestamp '' is not"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("9\t9\t99\t5", "rating '99' is outside the rating scale 1..5"),
+        ("9\t9\t-1\t5", "rating '-1' is outside the rating scale 1..5"),
+        ("9\t9\t0\t5", "rating '0' is outside the rating scale 1..5"),
+        ("9\t9\t3.5\t5", "rating '3.5' is not on the rating scale 1..5"),
+        ("9\t9\t3\tnot-a-time", "timestamp 'not-a-time' is not a non-negative integer of at most 20 digits"),
+        ("9\t9\t3\t-5", "timestamp '-5' is not a non-negative integer"),
+        ("9\t9\t3\t1.5", "timestamp '1.5' is not a non-negative integer"),
+        ("9\t9\t3\t" + "9" * 21, "is not a non-negative integer of at most 20 digits"),
+        ("9\t9\t3\t", "timestamp '' is not"),
+    ],
+)
 def test_scale_and_timestamp_are_enforced_on_both_paths(tmp_path, parser, bad, message):
     path = str(write(tmp_path / "u.data", f"1\t1\t5\t{'9' * 20}\n{bad}\n2\t1\t1\t0\n"))
     with pytest.raises(DataError) as info:
@@ -606,8 +738,11 @@ def test_scale_and_timestamp_are_enforced_on_both_paths(tmp_path, parser, bad, m
 
 
 def test_half_star_scale_on_both_paths(tmp_path, parser):
-    cols = [Column(0, "user", space=0), Column(1, "item", space=1),
-            Column(2, "rating", kind="float", scale=RatingScale(0.5, 5, 0.5))]
+    cols = [
+        Column(0, "user", space=0),
+        Column(1, "item", space=1),
+        Column(2, "rating", kind="float", scale=RatingScale(0.5, 5, 0.5)),
+    ]
     path = str(write(tmp_path / "ratings.dat", "1::1::0.5::1\n1::2::4.5::1\n2::1::3.25::1\n2::2::5.5::1\n"))
     with pytest.raises(DataError) as info:
         parser(path, "::", 4, cols, 2)
@@ -656,7 +791,9 @@ def test_rating_scale_only_for_ratings(tmp_path):
         read_input("tags", write(tmp_path / "t.csv", "user,item,tag\na,b,c\n"), rating_scale="1..5")
 
 
-@pytest.mark.parametrize("header", ["user,item,rating,timestamp", "user,item,rating,ts", "ts,user,item,rating"])
+@pytest.mark.parametrize(
+    "header", ["user,item,rating,timestamp", "user,item,rating,ts", "ts,user,item,rating"]
+)
 def test_csv_timestamp_column_is_checked_when_present(tmp_path, header):
     order = header.split(",")
     row = {"user": "a", "item": "b", "rating": "1"}
@@ -741,12 +878,15 @@ def test_excerpt_is_short_escaped_and_marks_the_cut():
     assert excerpt("a" * EXCERPT_CHARS).endswith("characters)") and excerpt("a" * 78) == repr("a" * 78)
 
 
-@pytest.mark.parametrize("name,line", [
-    ("u.data", "1\t{junk}\t3\t0"),        # control bytes in an id
-    ("u.data", "1\t2\t{junk}\t0"),        # not a number
-    ("u.data", "1\t2\t3\t{junk}"),        # not a timestamp
-    ("r.csv", "u,{junk},3"),
-])
+@pytest.mark.parametrize(
+    "name,line",
+    [
+        ("u.data", "1\t{junk}\t3\t0"),  # control bytes in an id
+        ("u.data", "1\t2\t{junk}\t0"),  # not a number
+        ("u.data", "1\t2\t3\t{junk}"),  # not a timestamp
+        ("r.csv", "u,{junk},3"),
+    ],
+)
 def test_messages_quote_binary_input_as_a_short_excerpt(tmp_path, parser, name, line):
     junk = "\x01\x02binary\x7f" * 120
     sep, n = ("\t", 4) if name == "u.data" else (",", 3)
@@ -764,5 +904,7 @@ def test_a_huge_timestamp_hits_the_real_line_bound(tmp_path, parser):
     path = str(write(tmp_path / "u.data", "1\t1\t5\t0\n2\t1\t4\t" + "7" * (2 << 20) + "\n3\t1\t3\t0\n"))
     with pytest.raises(DataError) as info:
         parser(path, "\t", 4, MOVIELENS_COLUMNS, 2)
-    assert info.value.line == 2 and info.value.reason == "line longer than 1048576 bytes (the line length limit)"
+    assert (
+        info.value.line == 2 and info.value.reason == "line longer than 1048576 bytes (the line length limit)"
+    )
     assert parser(path, "\t", 4, MOVIELENS_COLUMNS, 2, skip_bad_lines=True).numbers[0].tolist() == [5.0, 3.0]

@@ -1,4 +1,5 @@
 """The artifact registry: atomic publish, verification on load, retention, pinning."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,10 @@ def make_artifact(seed: int = 0, n: int = 5) -> Artifact:
     rng = np.random.default_rng(seed)
     return Artifact(
         kind="dcr",
-        arrays={"user_factors": rng.normal(size=(n, 3)).astype(np.float32),
-                "counts": np.arange(n, dtype=np.int32)},
+        arrays={
+            "user_factors": rng.normal(size=(n, 3)).astype(np.float32),
+            "counts": np.arange(n, dtype=np.int32),
+        },
         ids={"users": IdMap([f"u{i}" for i in range(n)]), "items": IdMap(["a", "b"])},
         hyperparameters={"rank": 3, "lr": 0.05, "name": "x"},
         metrics={"ndcg@10": 0.71},
@@ -124,12 +127,15 @@ def test_manifest_lying_about_dtype_is_refused(tmp_path):
         registry.load("m")
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda m: m.update(surprise=1), "invalid manifest"),
-    (lambda m: m.update(format=99), "format 99"),
-    (lambda m: m.update(version="20000101T000000.000000Z"), "folder is"),
-    (lambda m: m["arrays"][0].update(path="../../etc/passwd"), "escapes"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda m: m.update(surprise=1), "invalid manifest"),
+        (lambda m: m.update(format=99), "format 99"),
+        (lambda m: m.update(version="20000101T000000.000000Z"), "folder is"),
+        (lambda m: m["arrays"][0].update(path="../../etc/passwd"), "escapes"),
+    ],
+)
 def test_bad_manifests_are_refused(tmp_path, change, message):
     registry = Registry(tmp_path)
     registry.publish("m", make_artifact())
@@ -166,6 +172,7 @@ def test_object_array_smuggled_into_a_version_is_not_unpickled(tmp_path):
 
     def fix_checksum(manifest):
         import hashlib
+
         entry = next(a for a in manifest["arrays"] if a["path"].endswith("counts.npy"))
         entry["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
 

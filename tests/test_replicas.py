@@ -1,6 +1,7 @@
 """Many replicas on one registry: three real ``ordrec-serve`` processes on their own ports
 share one S3 registry (moto's S3 server on loopback, a stand-in for S3 or MinIO) and one
 real redis-server, as three pods of a Deployment would."""
+
 from __future__ import annotations
 
 import json
@@ -11,12 +12,12 @@ import urllib.request
 import grpc
 import pytest
 
-from ordrec.v1 import recommender_pb2 as pb
-from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service.artifacts import Registry
 from ordrec.service.objectstore import S3Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.notify import notify_published
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.redis
@@ -25,12 +26,19 @@ pytestmark = pytest.mark.redis
 # across them, and retry a call that a dying replica failed with UNAVAILABLE.
 SERVICE_CONFIG = {
     "loadBalancingConfig": [{"round_robin": {}}],
-    "methodConfig": [{
-        "name": [{"service": "ordrec.v1.Recommender"}],
-        "timeout": "10s",
-        "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.05s", "maxBackoff": "0.5s",
-                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
-    }],
+    "methodConfig": [
+        {
+            "name": [{"service": "ordrec.v1.Recommender"}],
+            "timeout": "10s",
+            "retryPolicy": {
+                "maxAttempts": 5,
+                "initialBackoff": "0.05s",
+                "maxBackoff": "0.5s",
+                "backoffMultiplier": 2,
+                "retryableStatusCodes": ["UNAVAILABLE"],
+            },
+        }
+    ],
 }
 
 
@@ -43,13 +51,23 @@ class Replicas:
         self.procs: list[ServerProcess | None] = [None] * n
 
     def start(self, i: int) -> ServerProcess:
-        proc = ServerProcess(self.registry, "--port", str(self.ports[i]), "--cache-dir",
-                             str(self.tmp_path / f"cache-{i}"), "--workers", "8", "--max-streams", "4",
-                             *self.args, log_path=self.tmp_path / f"replica-{i}.log")
+        proc = ServerProcess(
+            self.registry,
+            "--port",
+            str(self.ports[i]),
+            "--cache-dir",
+            str(self.tmp_path / f"cache-{i}"),
+            "--workers",
+            "8",
+            "--max-streams",
+            "4",
+            *self.args,
+            log_path=self.tmp_path / f"replica-{i}.log",
+        )
         self.procs[i] = proc.start()
         return proc
 
-    def __enter__(self) -> "Replicas":
+    def __enter__(self) -> Replicas:
         for i in range(len(self.ports)):
             self.start(i)
         return self
@@ -93,9 +111,13 @@ def _recommends_answered(proc: ServerProcess) -> float:
     """Recommend calls this replica process answered OK (its own counter: a restart starts at 0)."""
     with urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5) as reply:
         lines = reply.read().decode().splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith("grpc_server_handled_total{") and 'grpc_method="Recommend"' in line
-               and 'grpc_code="OK"' in line)
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("grpc_server_handled_total{")
+        and 'grpc_method="Recommend"' in line
+        and 'grpc_code="OK"' in line
+    )
 
 
 class RoundRobinLoad:
@@ -104,9 +126,13 @@ class RoundRobinLoad:
     def __init__(self, target: str, threads: int = 2):
         # A short reconnect backoff, so a restarted replica gets calls within a second or so
         # (gRPC's default starts at 1 s and grows to 120 s).
-        options = [("grpc.lb_policy_name", "round_robin"), ("grpc.enable_retries", 1),
-                   ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.max_reconnect_backoff_ms", 1000),
-                   ("grpc.service_config", json.dumps(SERVICE_CONFIG))]
+        options = [
+            ("grpc.lb_policy_name", "round_robin"),
+            ("grpc.enable_retries", 1),
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.service_config", json.dumps(SERVICE_CONFIG)),
+        ]
         self.channel = grpc.insecure_channel(target, options=options)
         self.stub = recommender_pb2_grpc.RecommenderStub(self.channel)
         self.stop_event = threading.Event()
@@ -119,8 +145,9 @@ class RoundRobinLoad:
         n = i
         while not self.stop_event.is_set():
             try:
-                reply = self.stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=[f"u{1 + n % 40:03d}"],
-                                                                n=10))
+                reply = self.stub.Recommend(
+                    pb.RecommendRequest(model="dcr", user_ids=[f"u{1 + n % 40:03d}"], n=10)
+                )
                 assert len(reply.results[0].items) == 10
                 with self._lock:
                     self.ok += 1
@@ -129,7 +156,7 @@ class RoundRobinLoad:
                     self.failures.append(f"{exc.code().name}: {exc.details()}")
             n += 2
 
-    def __enter__(self) -> "RoundRobinLoad":
+    def __enter__(self) -> RoundRobinLoad:
         for t in self.threads:
             t.start()
         wait_for(lambda: self.ok > 20, 30, what="load to start")
@@ -143,7 +170,8 @@ class RoundRobinLoad:
 
 
 def test_three_replicas_take_a_version_through_redis_and_survive_rolling_kills(
-        s3_url, redis_server, source, tmp_path):
+    s3_url, redis_server, source, tmp_path
+):
     registry = S3Registry(s3_url, cache_dir=tmp_path / "publisher")
     first = registry.publish("dcr", source)
     # A poll interval far longer than the bound, so only Redis news can meet it.
@@ -166,8 +194,11 @@ def test_three_replicas_take_a_version_through_redis_and_survive_rolling_kills(
                 replicas.start(i)  # same port, as a restarted pod keeps its Service
                 assert _models(replicas.ports[i])["dcr"].version == new  # it came back on the newest
                 # The client balances onto the restarted replica again (after its reconnect backoff).
-                wait_for(lambda p=replicas.procs[i]: _recommends_answered(p) > 30, 30,
-                         what=f"replica {i} to answer calls after its restart")
+                wait_for(
+                    lambda p=replicas.procs[i]: _recommends_answered(p) > 30,
+                    30,
+                    what=f"replica {i} to answer calls after its restart",
+                )
         assert load.failures == [], load.failures[:5]
         print(f"round_robin client: {load.ok} calls, 0 failed, across 3 SIGKILLs and restarts")
 
@@ -180,7 +211,9 @@ def test_three_replicas_poll_without_redis_and_refuse_a_corrupt_version(s3_url, 
         new = registry.publish("dcr", source)
         start = time.monotonic()
         seconds = _seconds_until_all_serve(replicas, new, start, timeout=10)
-        print(f"polling every {interval} s -> all three replicas serve {new}: {[f'{s:.3f}' for s in seconds]} s")
+        print(
+            f"polling every {interval} s -> all three replicas serve {new}: {[f'{s:.3f}' for s in seconds]} s"
+        )
         # One interval until the next poll, plus the download, verification and smoke query.
         assert max(seconds) < interval + 1.5
         assert first != new
@@ -211,7 +244,8 @@ def test_three_replicas_poll_without_redis_and_refuse_a_corrupt_version(s3_url, 
             assert info.version == new and "checksum mismatch" in info.reason
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 reply = recommender_pb2_grpc.RecommenderStub(channel).Recommend(
-                    pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5), timeout=5)
+                    pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5), timeout=5
+                )
             assert reply.model_version == new and len(reply.results[0].items) == 5
 
 

@@ -5,6 +5,7 @@ The artifacts are made by hand for the real serving indices (COE, SCORE,
 KNNSCAL), so the report is checked against the very ``maps`` the service
 answers from; the headless-browser test is tests/test_report_browser.py.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,10 +22,21 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import MapIndex, PointSet
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer.data.types import DataError
+from ordrec.trainer.report_html import (
+    DEFAULT_MAX_POINTS,
+    LABELS_FILE,
+    MISSING_COLOUR,
+    PALETTE,
+    REPORT_FILE,
+    format_labels,
+    map_views,
+    parse_labels,
+    read_labels,
+    render_report,
+    report_views,
+    write_report,
+)
 from ordrec.trainer.reproduce.report import PaperFigure
-from ordrec.trainer.report_html import (DEFAULT_MAX_POINTS, LABELS_FILE, MISSING_COLOUR, PALETTE, REPORT_FILE,
-                                 format_labels, map_views, parse_labels, read_labels, render_report, report_views,
-                                 write_report)
 
 VOID = {"meta", "link", "br", "img", "input", "hr", "col", "area", "base", "embed", "source", "wbr"}
 # SVG elements our page may write self-closed (<rect/>) inside legend swatches.
@@ -115,11 +127,17 @@ def coe_artifact(n_users=30, n_items=20, seed=0, metrics=None, function="sigmoid
     indptr[1:] = np.cumsum([len(s) for s in seen])
     return Artifact(
         kind="coe",
-        arrays={"user_coords": rng.normal(size=(n_users, 2)), "item_coords": rng.normal(size=(n_items, 2)),
-                "seen_indptr": indptr, "seen_indices": np.concatenate(seen).astype(np.int32),
-                "item_popularity": np.ones(n_items, np.float32)},
-        ids={"users": IdMap([str(u + 1) for u in range(n_users)]),
-             "items": IdMap([str(i + 1) for i in range(n_items)])},
+        arrays={
+            "user_coords": rng.normal(size=(n_users, 2)),
+            "item_coords": rng.normal(size=(n_items, 2)),
+            "seen_indptr": indptr,
+            "seen_indices": np.concatenate(seen).astype(np.int32),
+            "item_popularity": np.ones(n_items, np.float32),
+        },
+        ids={
+            "users": IdMap([str(u + 1) for u in range(n_users)]),
+            "items": IdMap([str(i + 1) for i in range(n_items)]),
+        },
         hyperparameters={"dim": 2, "function": function},
         metrics=dict(metrics or {}),
     )
@@ -139,10 +157,13 @@ def score_artifact(n_objects=24, seed=0, mode="multi", with_labels=True) -> Arti
         attributes["object_labels"] = [f"animal {o}" for o in range(n_objects)]
     return Artifact(
         kind="score",
-        arrays={"object_points": y / np.linalg.norm(y, axis=2, keepdims=True),
-                "aspect_points": x / np.linalg.norm(x, axis=1, keepdims=True),
-                "aspect_object_set": np.zeros(len(aspects), np.int32),
-                "deltas": np.full(len(aspects), 0.5), "codes": codes},
+        arrays={
+            "object_points": y / np.linalg.norm(y, axis=2, keepdims=True),
+            "aspect_points": x / np.linalg.norm(x, axis=1, keepdims=True),
+            "aspect_object_set": np.zeros(len(aspects), np.int32),
+            "deltas": np.full(len(aspects), 0.5),
+            "codes": codes,
+        },
         ids={"objects": IdMap([f"o{o:03d}" for o in range(n_objects)]), "aspects": IdMap(aspects)},
         hyperparameters={"mode": mode},
         attributes=attributes,
@@ -154,8 +175,11 @@ def knnscal_artifact(n=40, seed=0) -> Artifact:
     rng = np.random.default_rng(seed)
     return Artifact(
         kind="knnscal",
-        arrays={"coordinates": rng.normal(size=(n, 2)), "labels": np.arange(n, dtype=np.int64) % 3,
-                "rank_disparity": np.linspace(0.0, 2.0, 6)},
+        arrays={
+            "coordinates": rng.normal(size=(n, 2)),
+            "labels": np.arange(n, dtype=np.int64) % 3,
+            "rank_disparity": np.linspace(0.0, 2.0, 6),
+        },
         ids={"objects": IdMap([f"v{v:03d}" for v in range(n)])},
         metrics={"stress": 0.01, "order_agreement": 0.9},
     )
@@ -173,8 +197,9 @@ class ToyIndex(MapIndex):
 
 
 def toy_artifact(coords: np.ndarray) -> Artifact:
-    return Artifact(kind="toy", arrays={"coords": coords},
-                    ids={"objects": IdMap([f"p{k}" for k in range(len(coords))])})
+    return Artifact(
+        kind="toy", arrays={"coords": coords}, ids={"objects": IdMap([f"p{k}" for k in range(len(coords))])}
+    )
 
 
 # -------------------------------------------------------------------- tests
@@ -225,7 +250,7 @@ def test_page_references_no_url_and_needs_no_network():
     assert not re.search(r"https?:|ftp:|//[a-z0-9]", text, re.I)
     for attr in re.findall(r'(?:src|href)="([^"]*)"', text):
         assert attr.startswith("data:"), attr
-    assert "<link rel=\"stylesheet\"" not in text and "@import" not in text and "url(" not in text
+    assert '<link rel="stylesheet"' not in text and "@import" not in text and "url(" not in text
     assert "<script src" not in text
 
 
@@ -297,8 +322,9 @@ def test_coe_metrics_sit_beside_table_3_for_the_versions_function():
     assert "COE-S, data=ML-100K" in text
     gompertz = render_report(coe_artifact(metrics=metrics, function="gompertz"))
     assert "COE-G, data=ML-100K" in gompertz and "<td>knn1_h</td><td>4.2</td><td>4.15</td>" in gompertz
-    own = render_report(coe_artifact(metrics={"auc": 0.5}),
-                        paper=[PaperFigure("X", {"data": "d"}, "auc", 0.75, "Table 9")])
+    own = render_report(
+        coe_artifact(metrics={"auc": 0.5}), paper=[PaperFigure("X", {"data": "d"}, "auc", 0.75, "Table 9")]
+    )
     assert "<td>auc</td><td>0.5</td><td>0.75</td>" in own and "Table 9" in own and "Table 3" not in own
 
 
@@ -325,8 +351,11 @@ def test_large_maps_are_capped_by_a_deterministic_sample_and_the_page_says_so():
 def test_cap_keeps_small_entities_whole():
     """Users (few) are all drawn; items (many) take the rest of the cap."""
     artifact = coe_artifact(n_users=40, n_items=3000)
-    views = map_views(artifact, __import__("ordrec.service.models.coe", fromlist=["COEIndex"]).COEIndex(artifact),
-                      max_points=1000)
+    views = map_views(
+        artifact,
+        __import__("ordrec.service.models.coe", fromlist=["COEIndex"]).COEIndex(artifact),
+        max_points=1000,
+    )
     drawn = {layer.entity: len(layer.rows) for layer in views[0].layers}
     assert drawn == {"users": 40, "items": 960}
 
@@ -356,8 +385,14 @@ def test_non_map_models_are_refused():
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(0, 60), dim=st.integers(1, 4), cap=st.integers(1, 80), spread=st.sampled_from([0.0, 1e-9, 1.0, 1e6]),
-       names=st.lists(st.text(min_size=1, max_size=12), min_size=60, max_size=60), seed=st.integers(0, 2**31 - 1))
+@given(
+    n=st.integers(0, 60),
+    dim=st.integers(1, 4),
+    cap=st.integers(1, 80),
+    spread=st.sampled_from([0.0, 1e-9, 1.0, 1e6]),
+    names=st.lists(st.text(min_size=1, max_size=12), min_size=60, max_size=60),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_any_map_gives_a_well_formed_page_with_the_capped_count(n, dim, cap, spread, names, seed):
     coords = np.random.default_rng(seed).normal(size=(n, dim)) * spread + 3.0
     artifact = toy_artifact(coords)
@@ -369,8 +404,11 @@ def test_any_map_gives_a_well_formed_page_with_the_capped_count(n, dim, cap, spr
     for mark in marks:
         x, y = position(mark)
         assert 0 <= x <= 560 and 0 <= y <= 440  # finite and inside the plot box
-        row = int(mark["title"].rsplit("(object p", 1)[-1].rstrip(")")) if "(object p" in mark["title"] \
+        row = (
+            int(mark["title"].rsplit("(object p", 1)[-1].rstrip(")"))
+            if "(object p" in mark["title"]
             else int(mark["title"].rsplit("object p", 1)[-1])
+        )
         assert mark["title"].startswith(labels[f"p{row}"]) or labels[f"p{row}"] == f"p{row}"
     assert not re.search(r"(?:src|href)=\"(?!data:)", text)
 
@@ -378,8 +416,10 @@ def test_any_map_gives_a_well_formed_page_with_the_capped_count(n, dim, cap, spr
 # ------------------------------------------------------------------ labels
 def test_read_labels_formats(tmp_path):
     item = tmp_path / "u.item"
-    item.write_bytes("1|Toy Story (1995)|01-Jan-1995||http://x|0|0\n"
-                     "543|Misérables, Les (1995)|01-Jan-1995||http://y|0|1\n".encode("latin-1"))
+    item.write_bytes(
+        "1|Toy Story (1995)|01-Jan-1995||http://x|0|0\n"
+        "543|Misérables, Les (1995)|01-Jan-1995||http://y|0|1\n".encode("latin-1")
+    )
     assert read_labels(item) == {"1": "Toy Story (1995)", "543": "Misérables, Les (1995)"}
     tsv = tmp_path / "labels.tsv"
     tsv.write_text("# comment\n\nv1\tfirst one\textra\nv2\tsecond\n", encoding="utf-8")
@@ -468,7 +508,11 @@ def test_read_labels_on_movielens_u_item():
     import os
     from pathlib import Path
 
-    path = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "ml-100k" / "u.item"
+    path = (
+        Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+        / "ml-100k"
+        / "u.item"
+    )
     if not path.exists():
         pytest.skip(f"{path} is missing")
     labels = read_labels(path)

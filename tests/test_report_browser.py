@@ -11,9 +11,11 @@ screenshot per model is saved under test-artifacts/.
 
 Skips when Chromium is missing unless ORDREC_REQUIRE_BROWSER is set.
 """
+
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -36,9 +38,19 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--mute-audio", "--window-size=1280,900"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--mute-audio",
+    "--window-size=1280,900",
+]
 
 
 def chromium_binary() -> str:
@@ -47,8 +59,9 @@ def chromium_binary() -> str:
         if path:
             return path
     if os.environ.get("ORDREC_REQUIRE_BROWSER"):
-        pytest.fail("ORDREC_REQUIRE_BROWSER is set but chromium is not installed "
-                    "(run scripts/ensure_chromium.sh)")
+        pytest.fail(
+            "ORDREC_REQUIRE_BROWSER is set but chromium is not installed (run scripts/ensure_chromium.sh)"
+        )
     pytest.skip("chromium is not installed (scripts/ensure_chromium.sh installs it)")
 
 
@@ -63,9 +76,13 @@ class WebSocket:
         host, _, port = hostport.partition(":")
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.sock.sendall((f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nUpgrade: websocket\r\n"
-                           f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-                           "Sec-WebSocket-Version: 13\r\n\r\n").encode())
+        self.sock.sendall(
+            (
+                f"GET /{path} HTTP/1.1\r\nHost: {hostport}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                "Sec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         head = b""
         while b"\r\n\r\n" not in head:
             chunk = self.sock.recv(4096)
@@ -124,10 +141,8 @@ class WebSocket:
                 return message.decode()
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._send_frame(0x8, b"")
-        except OSError:
-            pass
         self.sock.close()
 
 
@@ -180,8 +195,10 @@ class Page:
             elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
                 found.append(json.dumps(params.get("args"))[:500])
             elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
-                found.append(f"{params['entry'].get('source')}: {params['entry'].get('text')} "
-                             f"{params['entry'].get('url', '')}")
+                found.append(
+                    f"{params['entry'].get('source')}: {params['entry'].get('text')} "
+                    f"{params['entry'].get('url', '')}"
+                )
         return found
 
     def mouse(self, kind: str, x: float, y: float, **extra) -> None:
@@ -192,9 +209,11 @@ class Page:
 def browser():
     binary = chromium_binary()
     profile = tempfile.mkdtemp(prefix="ordrec-chromium-")
-    proc = subprocess.Popen([binary, *CHROMIUM_FLAGS, "--remote-debugging-port=0",
-                             f"--user-data-dir={profile}", "about:blank"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [binary, *CHROMIUM_FLAGS, "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         port_file = Path(profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 30
@@ -271,19 +290,27 @@ def test_report_in_headless_chromium(browser, served, kind):
 
         # Real input events on the first map: hover shows the mark's label,
         # wheel zooms around the pointer, drag pans.
-        box = page.eval("(() => { const r = document.querySelector('#map-1').getBoundingClientRect();"
-                        " return [r.left, r.top, r.width, r.height]; })()")
+        box = page.eval(
+            "(() => { const r = document.querySelector('#map-1').getBoundingClientRect();"
+            " return [r.left, r.top, r.width, r.height]; })()"
+        )
         cx, cy = box[0] + box[2] / 2, box[1] + box[3] / 2
         first = "document.querySelector('#map-1 .pt')"
-        where = (f"(() => {{ const r = {first}.getBoundingClientRect();"
-                 " return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+        where = (
+            f"(() => {{ const r = {first}.getBoundingClientRect();"
+            " return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+        )
         before = np.array(page.eval(where))
         page.mouse("mouseMoved", *before)
-        tip = page.eval("(() => { const t = document.querySelector('#map-1').parentNode.querySelector('.tip');"
-                        " return [t.style.display, t.textContent]; })()")
+        tip = page.eval(
+            "(() => { const t = document.querySelector('#map-1').parentNode.querySelector('.tip');"
+            " return [t.style.display, t.textContent]; })()"
+        )
         # the mark under the pointer (the first mark, or one drawn over it)
-        title = page.eval(f"document.elementFromPoint({before[0]}, {before[1]})"
-                          ".closest('.pt').querySelector('title').textContent")
+        title = page.eval(
+            f"document.elementFromPoint({before[0]}, {before[1]})"
+            ".closest('.pt').querySelector('title').textContent"
+        )
         assert tip == ["block", title] and title
         page.mouse("mouseWheel", cx, cy, deltaX=0, deltaY=-400)
         page.eval("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
@@ -303,8 +330,9 @@ def test_report_in_headless_chromium(browser, served, kind):
         assert float(page.eval("document.querySelector('#map-1').dataset.k")) == pytest.approx(k)
 
         if kind == "coe":
-            item_titles = page.eval("[...document.querySelectorAll('#map-1 .e-items title')]"
-                                    ".map(t => t.textContent)")
+            item_titles = page.eval(
+                "[...document.querySelectorAll('#map-1 .e-items title')].map(t => t.textContent)"
+            )
             assert all(t.startswith("Item number ") for t in item_titles)
         assert page.errors() == []
     finally:
@@ -315,8 +343,8 @@ def test_harness_sees_a_broken_page(browser, tmp_path):
     """The checks above can fail: a report whose mark count disagrees with its
     data-points is reported by the page's own check as an uncaught error, and
     the harness sees it (so "no console errors" is a real assertion)."""
-    from tests.test_report import knnscal_artifact
     from ordrec.trainer.report_html import render_report
+    from tests.test_report import knnscal_artifact
 
     text = render_report(knnscal_artifact(n=40)).replace('data-points="40"', 'data-points="41"', 1)
     broken = tmp_path / "broken.html"

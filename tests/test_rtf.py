@@ -1,4 +1,5 @@
 """RTF trainer: gradient of the whole objective, SGD step, planted recovery, artifact."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +9,8 @@ from ordrec.service.artifacts import Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.rtf import RTFIndex
 from ordrec.trainer.data.types import TagAssignments
-from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models import estimator_class
+from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts
 from ordrec.trainer.sample import planted_tags_with_truth
 
@@ -38,7 +39,9 @@ def _objective_numpy(C, U, I, T, post_user, post_item, indptr, tags, reg, reg_co
         neg = np.setdiff1d(np.arange(T.shape[0]), pos)
         d = y[pos][:, None] - y[neg][None, :]
         total += np.mean(1.0 / (1.0 + np.exp(-d)))
-        total -= reg_core * np.sum(C**2) + reg * (np.sum(U[u] ** 2) + np.sum(I[i] ** 2)) + reg_tags * np.sum(T**2)
+        total -= (
+            reg_core * np.sum(C**2) + reg * (np.sum(U[u] ** 2) + np.sum(I[i] ** 2)) + reg_tags * np.sum(T**2)
+        )
     return total
 
 
@@ -74,8 +77,12 @@ def test_one_sgd_step_is_an_ascent_step_along_the_gradient():
     params, (pu, pi, indptr, tags) = _tiny_problem(seed=2)
     regs, lr = (0.02, 0.03, 0.01), 1e-3
     for p in range(pu.size):
-        one = (pu[p : p + 1], pi[p : p + 1], np.array([0, indptr[p + 1] - indptr[p]]),
-               tags[indptr[p] : indptr[p + 1]])
+        one = (
+            pu[p : p + 1],
+            pi[p : p + 1],
+            np.array([0, indptr[p + 1] - indptr[p]]),
+            tags[indptr[p] : indptr[p + 1]],
+        )
         before = [x.copy() for x in params]
         grads = K.gradient(*before, *one, *regs)
         after = [x.copy() for x in params]
@@ -108,15 +115,17 @@ def test_posts_auc_counts_pairs_with_ties_as_half():
 
 
 def test_group_posts_dedupes_and_sorts():
-    pu, pi, indptr, tags = group_posts(np.array([2, 0, 2, 0, 2]), np.array([1, 5, 1, 5, 0]),
-                                       np.array([3, 1, 3, 0, 4]))
+    pu, pi, indptr, tags = group_posts(
+        np.array([2, 0, 2, 0, 2]), np.array([1, 5, 1, 5, 0]), np.array([3, 1, 3, 0, 4])
+    )
     assert pu.tolist() == [0, 2, 2] and pi.tolist() == [5, 0, 1]
     assert [tags[indptr[p] : indptr[p + 1]].tolist() for p in range(3)] == [[0, 1], [4], [3]]
 
 
 def _split_planted(seed=0):
-    data, truth = planted_tags_with_truth(n_users=120, n_items=80, n_tags=30, rank=3,
-                                          posts_per_user=(10, 16), tags_per_post=(2, 4), seed=seed)
+    data, truth = planted_tags_with_truth(
+        n_users=120, n_items=80, n_tags=30, rank=3, posts_per_user=(10, 16), tags_per_post=(2, 4), seed=seed
+    )
     post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)
     rng = np.random.default_rng(seed)
     test = np.zeros(post_user.size, dtype=bool)
@@ -142,8 +151,15 @@ def _planted_tucker(seed=0, n_users=60, n_items=50, n_tags=25, k=3, posts_per_us
         for i in rng.choice(n_items, size=posts_per_user, replace=False):
             rows += [(u, i, t) for t in np.argsort(-truth(u, i))[:tags_per_post]]
     user, item, tag = (np.array(x, dtype=np.int32) for x in zip(*rows))
-    data = TagAssignments(IdMap([f"u{x}" for x in range(n_users)]), IdMap([f"i{x}" for x in range(n_items)]),
-                          IdMap([f"t{x}" for x in range(n_tags)]), user, item, tag, source="planted")
+    data = TagAssignments(
+        IdMap([f"u{x}" for x in range(n_users)]),
+        IdMap([f"i{x}" for x in range(n_items)]),
+        IdMap([f"t{x}" for x in range(n_tags)]),
+        user,
+        item,
+        tag,
+        source="planted",
+    )
     return data, truth
 
 
@@ -157,8 +173,16 @@ def test_recovers_planted_tensor_ranking():
     test = np.zeros(post_user.size, dtype=bool)
     test[rng.choice(post_user.size, size=60, replace=False)] = True
     train = data.subset(~np.repeat(test, np.diff(indptr)))
-    est = RTF(n_components=6, learning_rate=1.0, init_std=0.3, max_iter=80, validation_posts=30, patience=10,
-              random_state=0, verbose=False).fit(train)
+    est = RTF(
+        n_components=6,
+        learning_rate=1.0,
+        init_std=0.3,
+        max_iter=80,
+        validation_posts=30,
+        patience=10,
+        random_state=0,
+        verbose=False,
+    ).fit(train)
     index = RTFIndex.from_artifact(est.to_artifact())
     model_auc, pop_auc = [], []
     for u, i in zip(post_user[test], post_item[test]):
@@ -181,8 +205,19 @@ def test_recovers_planted_tensor_ranking():
 
 def test_early_stopping_keeps_the_best_epoch():
     data, truth, train, _ = _split_planted(seed=1)
-    est = RTF(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
-              min_iter=5, min_delta=1e-3, smoothing=1, random_state=1, verbose=False).fit(train)
+    est = RTF(
+        n_components=4,
+        learning_rate=1.0,
+        init_std=0.3,
+        max_iter=200,
+        validation_posts=30,
+        patience=3,
+        min_iter=5,
+        min_delta=1e-3,
+        smoothing=1,
+        random_state=1,
+        verbose=False,
+    ).fit(train)
     assert est.epochs_run_ < 200
     best = max(h["val_auc"] for h in est.history_)
     assert est.to_artifact().metrics["validation_auc"] == pytest.approx(best)
@@ -192,8 +227,19 @@ def test_early_stopping_keeps_the_best_epoch():
 def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
     data, truth, train, _ = _split_planted(seed=1)
     window = 4
-    est = RTF(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
-              min_iter=5, min_delta=1e-3, smoothing=window, random_state=1, verbose=False).fit(train)
+    est = RTF(
+        n_components=4,
+        learning_rate=1.0,
+        init_std=0.3,
+        max_iter=200,
+        validation_posts=30,
+        patience=3,
+        min_iter=5,
+        min_delta=1e-3,
+        smoothing=window,
+        random_state=1,
+        verbose=False,
+    ).fit(train)
     raw = np.array([h["val_auc"] for h in est.history_])
     moving = np.array([raw[max(0, e - window + 1) : e + 1].mean() for e in range(raw.size)])
     np.testing.assert_allclose([h["val_auc_smoothed"] for h in est.history_], moving)
@@ -226,8 +272,9 @@ def test_validation_split_never_takes_a_users_last_post(n_val, n_posts):
 def test_divergence_is_reported():
     data, truth, train, _ = _split_planted(seed=2)
     with pytest.raises(FloatingPointError, match="diverged"):
-        RTF(n_components=4, learning_rate=1e30, init_std=1.0, max_iter=5, validation_posts=0,
-            verbose=False).fit(train)
+        RTF(
+            n_components=4, learning_rate=1e30, init_std=1.0, max_iter=5, validation_posts=0, verbose=False
+        ).fit(train)
 
 
 def test_seed_makes_training_reproducible():
@@ -242,7 +289,9 @@ def test_lr_decay_scales_later_passes():
     # pass e steps with learning_rate / (1 + lr_decay (e - 1)): with a huge decay
     # every pass after the first barely moves the parameters, without it they move
     data, truth, train, _ = _split_planted(seed=5)
-    kw = dict(n_components=3, learning_rate=0.5, max_iter=1, validation_posts=0, random_state=3, verbose=False)
+    kw = dict(
+        n_components=3, learning_rate=0.5, max_iter=1, validation_posts=0, random_state=3, verbose=False
+    )
     one = RTF(**kw).fit(train)
     frozen = RTF(**{**kw, "max_iter": 4, "learning_rate_decay": 1e9}).fit(train)
     moving = RTF(**{**kw, "max_iter": 4}).fit(train)
@@ -259,7 +308,9 @@ def test_estimator_contract_and_registry_round_trip(tmp_path):
     assert RTF(n_components=5).get_params()["n_components"] == 5
     data, truth, train, _ = _split_planted(seed=4)
     train.tag_names = [f"name {t} ä" for t in range(len(train.tags))]
-    est = RTF(n_components=(3, 4, 5), max_iter=3, validation_posts=0, random_state=0, verbose=False).fit(train)
+    est = RTF(n_components=(3, 4, 5), max_iter=3, validation_posts=0, random_state=0, verbose=False).fit(
+        train
+    )
     artifact = est.to_artifact()
     assert artifact.arrays["core"].shape == (3, 4, 5)
     registry = Registry(tmp_path)
@@ -283,8 +334,14 @@ def test_rejects_wrong_input():
         RTF(n_components=(2, 3), verbose=False).fit(_split_planted()[2])
     with pytest.raises(TypeError):
         RTF(verbose=False).fit("not data")
-    one_tag = TagAssignments(IdMap(["u"]), IdMap(["i"]), IdMap(["t"]), np.array([0], np.int32),
-                             np.array([0], np.int32), np.array([0], np.int32))
+    one_tag = TagAssignments(
+        IdMap(["u"]),
+        IdMap(["i"]),
+        IdMap(["t"]),
+        np.array([0], np.int32),
+        np.array([0], np.int32),
+        np.array([0], np.int32),
+    )
     with pytest.raises(ValueError, match="two distinct tags"):
         RTF(verbose=False).fit(one_tag)
 
@@ -293,8 +350,19 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
     from ordrec.trainer.models import rtf_kernels as K
 
     data, truth, train, _ = _split_planted(seed=1)
-    kw = dict(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
-              min_iter=5, min_delta=1e-3, smoothing=1, random_state=1, verbose=False)
+    kw = dict(
+        n_components=4,
+        learning_rate=1.0,
+        init_std=0.3,
+        max_iter=200,
+        validation_posts=30,
+        patience=3,
+        min_iter=5,
+        min_delta=1e-3,
+        smoothing=1,
+        random_state=1,
+        verbose=False,
+    )
     plain = RTF(**kw).fit(train)
     # record the core each pass starts from and the core each pass ends with
     starts, ends, real = [], [], K.sgd_epoch
@@ -328,12 +396,25 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
 def test_keep_within_keeps_the_latest_pass_of_the_plateau():
     data, truth, train, _ = _split_planted(seed=1)
     window = 4
-    kw = dict(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, validation_posts=30, patience=3,
-              min_iter=5, min_delta=1e-3, smoothing=window, random_state=1, verbose=False)
+    kw = dict(
+        n_components=4,
+        learning_rate=1.0,
+        init_std=0.3,
+        max_iter=200,
+        validation_posts=30,
+        patience=3,
+        min_iter=5,
+        min_delta=1e-3,
+        smoothing=window,
+        random_state=1,
+        verbose=False,
+    )
     first = RTF(**kw).fit(train)
     eps = 2e-3
     cores = []
-    latest = RTF(**kw, keep_within=eps).fit(train, on_epoch=lambda e, est, rec: cores.append(est.core_.copy()))
+    latest = RTF(**kw, keep_within=eps).fit(
+        train, on_epoch=lambda e, est, rec: cores.append(est.core_.copy())
+    )
     # same training and the same stop; only the kept pass differs
     assert [h["val_auc"] for h in latest.history_] == [h["val_auc"] for h in first.history_]
     moving = np.array([h["val_auc_smoothed"] for h in latest.history_])

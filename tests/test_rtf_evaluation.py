@@ -1,4 +1,5 @@
 """RTF protocol: p-core, leave-one-post-out, metrics, the reproduce contract."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,8 @@ from ordrec.service.idmap import IdMap
 from ordrec.trainer.cli import build_parser, main
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation import metrics
-from ordrec.trainer.reproduce import rtf as ev
 from ordrec.trainer.models.rtf import group_posts
+from ordrec.trainer.reproduce import rtf as ev
 from ordrec.trainer.sample import planted_tags
 
 DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -55,12 +56,22 @@ def test_p_core_is_a_fixed_point_with_every_entity_in_p_posts(seed, p):
 
 def test_p_core_prunes_iteratively():
     # user 2 has one post; removing it drops tag 3 below 2 posts, then item 1 ...
-    rows = [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1), (0, 2, 0), (1, 2, 1), (0, 2, 1), (1, 2, 0),
-            (2, 1, 3), (0, 1, 3)]
+    rows = [
+        (0, 0, 0),
+        (0, 0, 1),
+        (1, 0, 0),
+        (1, 0, 1),
+        (0, 2, 0),
+        (1, 2, 1),
+        (0, 2, 1),
+        (1, 2, 0),
+        (2, 1, 3),
+        (0, 1, 3),
+    ]
     core = ev.p_core(_tags(rows), 2)
-    assert sorted(zip(core.users.externals(core.user), core.items.externals(core.item),
-                      core.tags.externals(core.tag))) == sorted(
-        (f"u{u}", f"i{i}", f"t{t}") for u, i, t in rows[:8])
+    assert sorted(
+        zip(core.users.externals(core.user), core.items.externals(core.item), core.tags.externals(core.tag))
+    ) == sorted((f"u{u}", f"i{i}", f"t{t}") for u, i, t in rows[:8])
 
 
 def test_leave_one_post_out_takes_one_whole_post_per_user():
@@ -100,8 +111,16 @@ def test_run_reports_the_contract_rows(capsys):
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
     rows = ev.run(_args(core=2, dims="3,5", iterations=6, runs=2), data=data)
     methods = {r.method for r in rows}
-    assert methods == {"RTF-3", "RTF-5", "pop-global", "pop-item", "pop-user", "pop-mix", "pop-mix-val",
-                       "npmax"}
+    assert methods == {
+        "RTF-3",
+        "RTF-5",
+        "pop-global",
+        "pop-item",
+        "pop-user",
+        "pop-mix",
+        "pop-mix-val",
+        "npmax",
+    }
     by = {(r.method, r.metric): r for r in rows}
     for method in methods:
         for n in range(1, 11):
@@ -144,12 +163,15 @@ def test_mix_weight_is_chosen_on_training_posts_toward_the_informative_side(by_i
 
 def test_per_dims_settings_reach_only_their_dims():
     assert ev.parse_per_dims(["64:reg_core=1e-6,learning_rate=0.25", "8:patience=3"]) == {
-        64: {"reg_core": 1e-6, "learning_rate": 0.25}, 8: {"patience": 3}}
+        64: {"reg_core": 1e-6, "learning_rate": 0.25},
+        8: {"patience": 3},
+    }
     with pytest.raises(ValueError, match="unknown RTF setting"):
         ev.parse_per_dims(["64:lr=0.1"])
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
-    rows = ev.run(_args(core=2, dims="3,4", iterations=6, per_dims=["4:max_iter=2,validation_posts=0"]),
-                  data=data)
+    rows = ev.run(
+        _args(core=2, dims="3,4", iterations=6, per_dims=["4:max_iter=2,validation_posts=0"]), data=data
+    )
     epochs = {r.method: r.mean for r in rows if r.metric == "epochs"}
     assert epochs["RTF-4"] == 2 and epochs["RTF-3"] > 2
 
@@ -166,8 +188,22 @@ def test_npmax_peeks_and_beats_item_popularity_on_its_own_test_set():
 
 def test_cli_registers_reproduce_rtf(tmp_path):
     parser = build_parser("rtf")
-    args = parser.parse_args(["reproduce", "rtf", "--data", "x", "--dims", "8,64", "--core", "5",
-                              "--iterations", "7", "--learning-rate", "0.3"])
+    args = parser.parse_args(
+        [
+            "reproduce",
+            "rtf",
+            "--data",
+            "x",
+            "--dims",
+            "8,64",
+            "--core",
+            "5",
+            "--iterations",
+            "7",
+            "--learning-rate",
+            "0.3",
+        ]
+    )
     assert args.dims == "8,64" and args.core == 5 and args.iterations == 7 and args.learning_rate == 0.3
     assert args.runs == ev.DEFAULT_RUNS
 
@@ -179,7 +215,13 @@ def test_lastfm_10_core_statistics():
 
     core = ev.p_core(read_input("tags", str(LASTFM), "auto"), 10)
     n_posts = group_posts(core.user, core.item, core.tag)[0].size
-    assert (len(core), len(core.users), len(core.items), len(core.tags), n_posts) == (87285, 614, 1457, 814, 32805)
+    assert (len(core), len(core.users), len(core.items), len(core.tags), n_posts) == (
+        87285,
+        614,
+        1457,
+        814,
+        32805,
+    )
     assert core.tag_names is not None and len(core.tag_names) == len(core.tags)
     for counts in _post_counts(core):
         assert counts.min() >= 10
@@ -189,8 +231,23 @@ def test_lastfm_10_core_statistics():
 @pytest.mark.skipif(not LASTFM.exists(), reason=f"no Last.fm data at {LASTFM}")
 def test_lastfm_reproduce_small_rtf_beats_global_popularity(tmp_path):
     out = tmp_path / "rtf.json"
-    code = main(["reproduce", "rtf", "--data", str(LASTFM), "--dims", "8", "--iterations", "15",
-                 "--runs", "1", "--quiet", "--json", str(out)])
+    code = main(
+        [
+            "reproduce",
+            "rtf",
+            "--data",
+            str(LASTFM),
+            "--dims",
+            "8",
+            "--iterations",
+            "15",
+            "--runs",
+            "1",
+            "--quiet",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = {(r["method"], r["metric"]): r["mean"] for r in json.loads(out.read_text())}
     assert rows[("RTF-8", "auc")] > 0.9
@@ -200,8 +257,9 @@ def test_lastfm_reproduce_small_rtf_beats_global_popularity(tmp_path):
 
 def test_compare_first_pass_scores_the_default_rules_pass_of_the_same_run():
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
-    common = dict(core=2, dims="3", iterations=25, patience=2, min_iterations=3, smoothing=1,
-                  validation_posts=40)
+    common = dict(
+        core=2, dims="3", iterations=25, patience=2, min_iterations=3, smoothing=1, validation_posts=40
+    )
     plain = {(r.method, r.metric): r.mean for r in ev.run(_args(**common, keep_within=-1.0), data=data)}
     rows = ev.run(_args(**common, keep_within=1.0, compare_first_pass=True), data=data)
     by = {(r.method, r.metric): r.mean for r in rows}
@@ -217,7 +275,10 @@ def test_built_in_per_dims_settings_apply_first_and_yield_to_the_flag(monkeypatc
     assert ev.parse_per_dims(list(ev.DEFAULT_PER_DIMS))[64] == {"reg_tags": 3e-6}
     monkeypatch.setattr(ev, "DEFAULT_PER_DIMS", ("3:max_iter=2,validation_posts=0",))
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
-    epochs = lambda rows: {r.method: r.mean for r in rows if r.metric == "epochs"}
+
+    def epochs(rows):
+        return {r.method: r.mean for r in rows if r.metric == "epochs"}
+
     assert epochs(ev.run(_args(core=2, dims="3,4", iterations=6), data=data)) == {"RTF-3": 2, "RTF-4": 6}
     over = ev.run(_args(core=2, dims="3", iterations=6, per_dims=["3:max_iter=4"]), data=data)
     assert epochs(over)["RTF-3"] == 4

@@ -1,4 +1,5 @@
 """RTF serving index: fast path vs the full sum, user cache, fallbacks, own-tag exclusion."""
+
 from __future__ import annotations
 
 import threading
@@ -35,8 +36,12 @@ def test_fast_path_equals_full_sum(fitted):
     _, est, artifact = fitted
     index = RTFIndex.from_artifact(artifact)
     for u, i in [(0, 0), (7, 3), (39, 29)]:
-        naive = K.naive_tag_scores(index.core.astype(np.float64), index.user_factors[u].astype(np.float64),
-                                   index.item_factors[i].astype(np.float64), index.tag_factors.astype(np.float64))
+        naive = K.naive_tag_scores(
+            index.core.astype(np.float64),
+            index.user_factors[u].astype(np.float64),
+            index.item_factors[i].astype(np.float64),
+            index.tag_factors.astype(np.float64),
+        )
         np.testing.assert_allclose(index.scores(u, i), naive, rtol=1e-4, atol=1e-6)
         batch = index.score_posts(np.array([u]), np.array([i]))[0]
         np.testing.assert_allclose(batch, naive, rtol=1e-4, atol=1e-6)
@@ -126,7 +131,9 @@ def test_exclude_own_tags_removes_exactly_the_training_post(fitted):
     index = RTFIndex.from_artifact(artifact)
     compact = data.compact()
     u, i = int(compact.user[0]), int(compact.item[0])
-    own = sorted({int(t) for uu, ii, t in zip(compact.user, compact.item, compact.tag) if uu == u and ii == i})
+    own = sorted(
+        {int(t) for uu, ii, t in zip(compact.user, compact.item, compact.tag) if uu == u and ii == i}
+    )
     assert index.own_tags(u, i).tolist() == own
     n = len(index.tags_ids)
     rows, _, _ = index.tags(u, i, n, exclude_own=True)
@@ -144,8 +151,15 @@ def test_tags_answer_properties(fitted, n, u, i, exclude):
     index = RTFIndex.from_artifact(fitted[2])
     rows, scores, fallback = index.tags(u, i, n, exclude_own=exclude)
     n_tags = len(index.tags_ids)
-    assert fallback == {(True, True): "none", (False, True): "popular_item",
-                        (True, False): "popular_user", (False, False): "popular_global"}[(u >= 0, i >= 0)]
+    assert (
+        fallback
+        == {
+            (True, True): "none",
+            (False, True): "popular_item",
+            (True, False): "popular_user",
+            (False, False): "popular_global",
+        }[(u >= 0, i >= 0)]
+    )
     excluded = index.own_tags(u, i).size if (exclude and u >= 0 and i >= 0) else 0
     assert rows.size == min(n, n_tags - excluded)
     assert len(set(rows.tolist())) == rows.size

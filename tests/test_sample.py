@@ -1,5 +1,6 @@
 """The built-in sample: deterministic per seed, planted structure present, and
 the files it writes read back through the readers equal the in-memory data."""
+
 from __future__ import annotations
 
 import time
@@ -9,29 +10,54 @@ import pytest
 
 from ordrec.trainer.data.readers import read_attributes, read_neighbors, read_ratings, read_tags
 from ordrec.trainer.sample import (
-    planted_attributes, planted_attributes_with_truth, planted_neighbors, planted_ratings,
-    planted_ratings_with_truth, planted_tags, planted_tags_with_truth, write_samples,
+    planted_attributes,
+    planted_attributes_with_truth,
+    planted_neighbors,
+    planted_ratings,
+    planted_ratings_with_truth,
+    planted_tags,
+    planted_tags_with_truth,
+    write_samples,
 )
 
 
 def same_ratings(a, b):
-    return (a.users == b.users and a.items == b.items and np.array_equal(a.user, b.user)
-            and np.array_equal(a.item, b.item) and np.array_equal(a.rating, b.rating))
+    return (
+        a.users == b.users
+        and a.items == b.items
+        and np.array_equal(a.user, b.user)
+        and np.array_equal(a.item, b.item)
+        and np.array_equal(a.rating, b.rating)
+    )
 
 
 def same_tags(a, b):
-    return (a.users == b.users and a.items == b.items and a.tags == b.tags and np.array_equal(a.user, b.user)
-            and np.array_equal(a.item, b.item) and np.array_equal(a.tag, b.tag))
+    return (
+        a.users == b.users
+        and a.items == b.items
+        and a.tags == b.tags
+        and np.array_equal(a.user, b.user)
+        and np.array_equal(a.item, b.item)
+        and np.array_equal(a.tag, b.tag)
+    )
 
 
 def same_attributes(a, b):
-    return (a.objects == b.objects and a.attributes == b.attributes and a.values == b.values
-            and np.array_equal(a.codes, b.codes))
+    return (
+        a.objects == b.objects
+        and a.attributes == b.attributes
+        and a.values == b.values
+        and np.array_equal(a.codes, b.codes)
+    )
 
 
 def same_neighbors(a, b):
-    return (a.vertices == b.vertices and np.array_equal(a.source, b.source)
-            and np.array_equal(a.neighbor, b.neighbor) and np.array_equal(a.rank, b.rank))
+    return (
+        a.vertices == b.vertices
+        and np.array_equal(a.source, b.source)
+        and np.array_equal(a.neighbor, b.neighbor)
+        and np.array_equal(a.rank, b.rank)
+    )
 
 
 def test_deterministic_per_seed_and_different_across_seeds():
@@ -58,8 +84,9 @@ def test_ratings_shape_and_planted_truth():
     expected = truth.expected_rating()[r.user, r.item]
     assert truth.user_factors.shape == (r.n_users, 3) and truth.item_factors.shape == (r.n_items, 3)
     corr = np.corrcoef(expected, r.rating)[0, 1]
-    shuffled = np.corrcoef(truth.expected_rating()[np.random.default_rng(0).permutation(r.user), r.item],
-                           r.rating)[0, 1]
+    shuffled = np.corrcoef(
+        truth.expected_rating()[np.random.default_rng(0).permutation(r.user), r.item], r.rating
+    )[0, 1]
     assert corr > 0.6 and corr > shuffled + 0.3
 
 

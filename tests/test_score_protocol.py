@@ -1,5 +1,6 @@
 """The SCORE reproduce protocol: the CLI end to end on a small generated
 table, and (slow) the paper's Zoo figures on the real data."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,25 @@ def test_reproduce_writes_the_three_methods(tmp_path, capsys):
     data.parent.mkdir()
     write_table(data)
     out = tmp_path / "rows.json"
-    code = cli_main(["reproduce", "score", "--data", str(data), "--format", "csv", "--runs", "2",
-                     "--epochs", "2", "--ratio", "1,0.5", "--quiet", "--json", str(out)])
+    code = cli_main(
+        [
+            "reproduce",
+            "score",
+            "--data",
+            str(data),
+            "--format",
+            "csv",
+            "--runs",
+            "2",
+            "--epochs",
+            "2",
+            "--ratio",
+            "1,0.5",
+            "--quiet",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = json.loads(out.read_text())
     methods = {r["method"] for r in rows}
@@ -48,8 +66,21 @@ def test_reproduce_writes_the_three_methods(tmp_path, capsys):
 def test_unknown_aspect_is_a_usage_error(tmp_path, capsys):
     data = tmp_path / "table.csv"
     write_table(data)
-    code = cli_main(["reproduce", "score", "--data", str(data), "--format", "csv", "--runs", "1",
-                     "--aspects", "att0,nope", "--quiet"])
+    code = cli_main(
+        [
+            "reproduce",
+            "score",
+            "--data",
+            str(data),
+            "--format",
+            "csv",
+            "--runs",
+            "1",
+            "--aspects",
+            "att0,nope",
+            "--quiet",
+        ]
+    )
     assert code == 2 and "nope" in capsys.readouterr().err
 
 
@@ -64,9 +95,28 @@ def _zoo() -> Path:
 @pytest.mark.slow
 def test_zoo_table1_multiple_maps_beat_one_map(tmp_path):
     out = tmp_path / "t1.json"
-    assert cli_main(["reproduce", "score", "--data", str(_zoo()), "--aspects", "type,legs,predator",
-                     "--ratio", "1", "--runs", "2", "--modes", "multi,single", "--quiet",
-                     "--json", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "reproduce",
+                "score",
+                "--data",
+                str(_zoo()),
+                "--aspects",
+                "type,legs,predator",
+                "--ratio",
+                "1",
+                "--runs",
+                "2",
+                "--modes",
+                "multi,single",
+                "--quiet",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = {r["method"]: r["mean"] for r in json.loads(out.read_text()) if r["metric"] == "preservation"}
     assert rows["SCORE (multi-map)"] >= 0.98  # paper Table 1: 0.98
     assert rows["single map"] < 0.9  # paper: 0.82
@@ -75,8 +125,24 @@ def test_zoo_table1_multiple_maps_beat_one_map(tmp_path):
 @pytest.mark.slow
 def test_zoo_all_aspects_half_split_score_wins(tmp_path):
     out = tmp_path / "all.json"
-    assert cli_main(["reproduce", "score", "--data", str(_zoo()), "--ratio", "0.5", "--runs", "2",
-                     "--quiet", "--json", str(out)]) == 0
+    assert (
+        cli_main(
+            [
+                "reproduce",
+                "score",
+                "--data",
+                str(_zoo()),
+                "--ratio",
+                "0.5",
+                "--runs",
+                "2",
+                "--quiet",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(out.read_text())
     pres = {r["method"]: r["mean"] for r in rows if r["metric"] == "preservation"}
     assert pres["SCORE (multi-map)"] > max(pres["single map"], pres["disjoint maps"])

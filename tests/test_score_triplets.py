@@ -1,4 +1,5 @@
 """The conditional-triplet file reader (``aspect,i,j,k``) and SCORE trained from it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,11 +26,14 @@ def test_reads_header_comments_tabs_and_ids(tmp_path):
     np.testing.assert_array_equal(data.counts(), [1, 1])
 
 
-@pytest.mark.parametrize("line, message", [
-    ("a,1,2", "expected 4 fields"),
-    ("a,1,1,2", "three different objects"),
-    ("a,,2,3", "empty field"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("a,1,2", "expected 4 fields"),
+        ("a,1,1,2", "three different objects"),
+        ("a,,2,3", "empty field"),
+    ],
+)
 def test_bad_lines_name_file_and_line(tmp_path, line, message):
     path = tmp_path / "bad.csv"
     path.write_text(f"a,1,2,3\n{line}\n")
@@ -48,8 +52,13 @@ def test_empty_file_is_an_error(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["p", "q", "r s"]), st.permutations(["x1", "x2", "x3", "x4"])),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["p", "q", "r s"]), st.permutations(["x1", "x2", "x3", "x4"])),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_write_then_read_round_trip(tmp_path_factory, rows):
     aspects, aspect_rows = IdMap.from_values(a for a, _ in rows)
     objects = IdMap(["x1", "x2", "x3", "x4"])
@@ -61,8 +70,10 @@ def test_write_then_read_round_trip(tmp_path_factory, rows):
     assert back.aspects.ids == data.aspects.ids
 
     def named(d):
-        return [(d.aspects.ids[t], d.objects.ids[i], d.objects.ids[j], d.objects.ids[k])
-                for t, i, j, k in zip(d.aspect, d.i, d.j, d.k)]
+        return [
+            (d.aspects.ids[t], d.objects.ids[i], d.objects.ids[j], d.objects.ids[k])
+            for t, i, j, k in zip(d.aspect, d.i, d.j, d.k)
+        ]
 
     assert named(back) == named(data)
 
@@ -90,7 +101,7 @@ def test_fit_from_a_triplet_file_learns_the_orders(tmp_path):
     for t, name in enumerate(data.aspects.ids):
         coords = index.map_coordinates(name)
         sel = data.aspect == t
-        d = lambda a, b: np.linalg.norm(coords[a] - coords[b], axis=1)  # noqa: E731
-        agree.append(np.mean(d(data.i[sel], data.j[sel]) < d(data.j[sel], data.k[sel])))
+        i, j, k = coords[data.i[sel]], coords[data.j[sel]], coords[data.k[sel]]
+        agree.append(np.mean(np.linalg.norm(i - j, axis=1) < np.linalg.norm(j - k, axis=1)))
     # Random maps agree with half; the orders are one-dimensional and consistent.
     assert min(agree) > 0.85, agree

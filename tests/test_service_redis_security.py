@@ -1,5 +1,6 @@
 """Redis (seen items, version news, failing open) and security (tokens, TLS),
 against real server processes and a real redis-server on loopback."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,10 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ordrec.v1 import recommender_pb2 as pb
-from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service.artifacts import Registry
 from ordrec.tools.process import ServerProcess, wait_for
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
 
 
 def recommend(stub, user="u001", n=10, **kw):
@@ -33,8 +34,9 @@ def test_recorded_interactions_are_excluded(redis_server_process):
     with grpc.insecure_channel(proc.target) as ch:
         stub = recommender_pb2_grpc.RecommenderStub(ch)
         before = [i.id for i in recommend(stub).results[0].items]
-        reply = stub.RecordInteractions(pb.RecordInteractionsRequest(user_id="u001", item_ids=before[:3]),
-                                        timeout=5)
+        reply = stub.RecordInteractions(
+            pb.RecordInteractionsRequest(user_id="u001", item_ids=before[:3]), timeout=5
+        )
         assert reply.recorded == 3
         after = recommend(stub)
         assert not after.seen_filter_degraded
@@ -43,7 +45,9 @@ def test_recorded_interactions_are_excluded(redis_server_process):
         assert ids[:7] == before[3:10]  # the rest keep their order
         # an unknown user's recorded items are excluded from the fallback too
         popular = [i.id for i in recommend(stub, user="newcomer", n=5).results[0].items]
-        stub.RecordInteractions(pb.RecordInteractionsRequest(user_id="newcomer", item_ids=popular[:1]), timeout=5)
+        stub.RecordInteractions(
+            pb.RecordInteractionsRequest(user_id="newcomer", item_ids=popular[:1]), timeout=5
+        )
         assert popular[0] not in [i.id for i in recommend(stub, user="newcomer", n=5).results[0].items]
 
 
@@ -60,8 +64,10 @@ def test_redis_down_fails_open_and_recovers(redis_server_process):
     with grpc.insecure_channel(proc.target) as ch:
         stub = recommender_pb2_grpc.RecommenderStub(ch)
         health = health_pb2_grpc.HealthStub(ch)
-        redis_health = lambda: health.Check(health_pb2.HealthCheckRequest(service="ordrec.redis"),  # noqa: E731
-                                            timeout=5).status
+
+        def redis_health():
+            return health.Check(health_pb2.HealthCheckRequest(service="ordrec.redis"), timeout=5).status
+
         assert _metric_value(proc, "ordrec_redis_up") == 1
         server.stop()
         # Answers keep coming while Redis is down, flagged as degraded.
@@ -72,9 +78,13 @@ def test_redis_down_fails_open_and_recovers(redis_server_process):
         assert redis_health() == health_pb2.HealthCheckResponse.NOT_SERVING
         overall = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
         assert overall == health_pb2.HealthCheckResponse.SERVING
-        assert "redis: down" in urllib.request.urlopen(proc.metrics_url + "/healthz", timeout=5).read().decode()
+        assert (
+            "redis: down" in urllib.request.urlopen(proc.metrics_url + "/healthz", timeout=5).read().decode()
+        )
         with pytest.raises(grpc.RpcError) as info:
-            stub.RecordInteractions(pb.RecordInteractionsRequest(user_id="u001", item_ids=["i001"]), timeout=5)
+            stub.RecordInteractions(
+                pb.RecordInteractionsRequest(user_id="u001", item_ids=["i001"]), timeout=5
+            )
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         server.start()  # back on the same port (the fixture stops it at the end)
         wait_for(lambda: not recommend(stub).seen_filter_degraded, 15, what="recovery")
@@ -102,10 +112,16 @@ TOKEN = "s3cret-token-for-tests-0123456789"
 def test_bearer_token_required(sample_registry, tmp_path):
     token_file = tmp_path / "tokens"
     token_file.write_text("an-older-rotated-token-abcdef\n" + TOKEN + "\n")
-    with ServerProcess(sample_registry, "--token-file", str(token_file)) as proc, \
-            grpc.insecure_channel(proc.target) as ch:
+    with (
+        ServerProcess(sample_registry, "--token-file", str(token_file)) as proc,
+        grpc.insecure_channel(proc.target) as ch,
+    ):
         stub = recommender_pb2_grpc.RecommenderStub(ch)
-        for metadata in ([], [("authorization", "Bearer wrong-token-wrong-token")], [("authorization", TOKEN)]):
+        for metadata in (
+            [],
+            [("authorization", "Bearer wrong-token-wrong-token")],
+            [("authorization", TOKEN)],
+        ):
             with pytest.raises(grpc.RpcError) as info:
                 stub.ListModels(pb.ListModelsRequest(), timeout=5, metadata=metadata)
             assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -124,17 +140,40 @@ def test_bearer_token_required(sample_registry, tmp_path):
 def test_short_or_missing_tokens_refuse_to_start(sample_registry, tmp_path):
     token_file = tmp_path / "tokens"
     token_file.write_text("short\n")
-    result = subprocess.run([*ServerProcess(sample_registry).args, "--token-file", str(token_file)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*ServerProcess(sample_registry).args, "--token-file", str(token_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "at least 16 characters" in result.stderr
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls(sample_registry, tmp_path):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
     with ServerProcess(sample_registry, "--tls-cert", str(cert), "--tls-key", str(key)) as proc:
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
         with grpc.secure_channel(f"localhost:{proc.port}", credentials) as ch:

@@ -1,4 +1,5 @@
 """Top-k selection and id maps: property tests against plain numpy."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,8 @@ from ordrec.service.models.base import PointSet
 from ordrec.service.topk import affine_scores, nearest_brute_force, top_k
 
 scores_strategy = hnp.arrays(
-    np.float32, st.integers(0, 300),
+    np.float32,
+    st.integers(0, 300),
     elements=st.one_of(st.floats(-1e6, 1e6, width=32), st.just(float("-inf"))),
 )
 
@@ -61,8 +63,10 @@ def test_idmap_refuses_duplicates():
 @settings(max_examples=100, deadline=None)
 @given(scores=scores_strategy, k=st.integers(1, 20), data=st.data())
 def test_top_k_exclude_is_minus_infinity(scores, k, data):
-    exclude = np.array(data.draw(st.lists(st.integers(0, max(scores.size - 1, 0)), max_size=10))
-                       if scores.size else [], dtype=np.int64)
+    exclude = np.array(
+        data.draw(st.lists(st.integers(0, max(scores.size - 1, 0)), max_size=10)) if scores.size else [],
+        dtype=np.int64,
+    )
     masked = scores.copy()
     masked[exclude] = -np.inf
     expected = reference_top_k(masked, k)

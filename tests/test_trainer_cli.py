@@ -1,5 +1,6 @@
 """ordrec-train as a user runs it: explicit judgement files, data errors naming
 file and line, and the version-management commands."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,11 +19,17 @@ def test_explicit_triple_files_train_coe_and_score(tmp_path):
     lines = [f"A u{u} i{i} i{j}" for u, i, j in rng.integers(0, 20, (300, 3)) if i != j]
     lines += [f"B u{u} u{v} i{i}" for u, v, i in rng.integers(0, 20, (300, 3)) if u != v]
     triples.write_text("\n".join(lines) + "\n")
-    triplets.write_text("".join(f"asp{rng.integers(0, 2)},{','.join(f'o{x}' for x in rng.choice(15, 3, replace=False))}\n"
-                                for _ in range(300)))
+    triplets.write_text(
+        "".join(
+            f"asp{rng.integers(0, 2)},{','.join(f'o{x}' for x in rng.choice(15, 3, replace=False))}\n"
+            for _ in range(300)
+        )
+    )
     registry = tmp_path / "reg"
     for kind, path, fmt in (("coe", triples, "triples"), ("score", triplets, "triplets")):
-        result = _train(kind, "--data", str(path), "--format", fmt, "--registry", str(registry), "--set", "max_iter=2")
+        result = _train(
+            kind, "--data", str(path), "--format", fmt, "--registry", str(registry), "--set", "max_iter=2"
+        )
         assert result.returncode == 0, result.stderr
     assert Registry(registry).models() == ["coe", "score"]
     wrong = _train("dcr", "--data", str(triples), "--format", "triplets", "--registry", str(registry))
@@ -39,8 +46,15 @@ def test_bad_data_fails_with_file_and_line(tmp_path):
 
 
 def test_unknown_hyperparameter_is_a_clear_error(sample_dir, tmp_path):
-    result = _train("dcr", "--data", str(sample_dir / "ratings.data"), "--registry", str(tmp_path / "r"),
-                    "--set", "rnak=3")
+    result = _train(
+        "dcr",
+        "--data",
+        str(sample_dir / "ratings.data"),
+        "--registry",
+        str(tmp_path / "r"),
+        "--set",
+        "rnak=3",
+    )
     assert result.returncode != 0 and "rnak" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -64,10 +78,20 @@ def test_versions_pin_unpin_prune(sample_registry, tmp_path):
 
 def test_map_models_publish_fit_metrics_and_a_report(sample_dir, tmp_path):
     registry = tmp_path / "reg"
-    for kind, sample, flags in (("coe", "ratings.data", ["--labels", str(sample_dir / "items.txt")]),
-                                ("score", "attributes.csv", [])):
-        result = _train(kind, "--data", str(sample_dir / sample), "--registry", str(registry),
-                        "--set", "max_iter=3", *flags)
+    for kind, sample, flags in (
+        ("coe", "ratings.data", ["--labels", str(sample_dir / "items.txt")]),
+        ("score", "attributes.csv", []),
+    ):
+        result = _train(
+            kind,
+            "--data",
+            str(sample_dir / sample),
+            "--registry",
+            str(registry),
+            "--set",
+            "max_iter=3",
+            *flags,
+        )
         assert result.returncode == 0, result.stderr
         artifact = Registry(registry).load(kind)
         assert 0.5 < artifact.metrics["preservation_h" if kind == "coe" else "preservation"] <= 1.0
@@ -85,8 +109,9 @@ def test_ratings_off_the_declared_scale_fail_or_are_skipped(sample_dir, tmp_path
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"{data}:{n_good + 1}: rating '99' is outside the rating scale 1..5" in result.stderr
     assert not registry.exists() or Registry(registry).versions("dcr") == []
-    result = _train("dcr", "--data", str(data), "--registry", str(registry), "--set", "max_iter=2",
-                    "--skip-bad-lines")
+    result = _train(
+        "dcr", "--data", str(data), "--registry", str(registry), "--set", "max_iter=2", "--skip-bad-lines"
+    )
     assert result.returncode == 0, result.stderr
     assert f"skipped 2 malformed line(s) of {data}" in result.stderr
     assert Registry(registry).load("dcr").attributes["levels"] == [1.0, 2.0, 3.0, 4.0, 5.0]
@@ -99,8 +124,15 @@ def test_rating_scale_option(sample_dir, tmp_path):
     assert bad.returncode == 2 and f"{data}:7: rating '6' is outside the rating scale 1..5" in bad.stderr
     usage = _train("dcr", "--data", str(data), "--registry", str(tmp_path / "reg"), "--rating-scale", "5..1")
     assert usage.returncode == 2 and "--rating-scale" in usage.stderr and "empty" in usage.stderr
-    tags = _train("rtf", "--data", str(sample_dir / "tags.csv"), "--registry", str(tmp_path / "reg"),
-                  "--rating-scale", "1..5")
+    tags = _train(
+        "rtf",
+        "--data",
+        str(sample_dir / "tags.csv"),
+        "--registry",
+        str(tmp_path / "reg"),
+        "--rating-scale",
+        "1..5",
+    )
     assert tags.returncode == 2 and "a rating scale is for ratings files, not tags" in tags.stderr
 
 
@@ -109,7 +141,9 @@ def test_reproduce_takes_a_rating_scale_only_for_ratings_protocols():
     from ordrec.trainer.data.types import RatingScale
 
     for kind in ("dcr", "coe"):
-        args = build_parser(kind).parse_args(["reproduce", kind, "--data", "x", "--rating-scale", "0.5..5:0.5"])
+        args = build_parser(kind).parse_args(
+            ["reproduce", kind, "--data", "x", "--rating-scale", "0.5..5:0.5"]
+        )
         assert args.rating_scale == RatingScale(0.5, 5, 0.5)
 
     def protocol_help(kind):

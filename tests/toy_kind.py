@@ -4,6 +4,7 @@ serving index and its protocol, registered by one call (``TOY``).
 The model is a damped item mean: every user gets the items with the highest
 ``sum of ratings / (count + shrinkage)``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,13 @@ from ordrec.trainer.evaluation.metrics import ndcg_at_k
 from ordrec.trainer.models.base import Estimator as EstimatorBase
 from ordrec.trainer.reproduce.report import Row, summarise
 
-TOY = ModelKind("toy", index="tests.toy_kind:Index", estimator="tests.toy_kind:Estimator",
-                protocol="tests.toy_kind", summary="toy: NDCG@10 of damped item means on a held-out split")
+TOY = ModelKind(
+    "toy",
+    index="tests.toy_kind:Index",
+    estimator="tests.toy_kind:Estimator",
+    protocol="tests.toy_kind",
+    summary="toy: NDCG@10 of damped item means on a held-out split",
+)
 
 
 # ---------------------------------------------------------------- estimator
@@ -33,7 +39,7 @@ class Estimator(EstimatorBase):
         self.shrinkage = shrinkage
         self.random_state = random_state
 
-    def fit(self, data: Ratings) -> "Estimator":
+    def fit(self, data: Ratings) -> Estimator:
         counts = np.bincount(data.item, minlength=data.n_items).astype(np.float64)
         sums = np.bincount(data.item, weights=data.rating, minlength=data.n_items)
         self.item_score_ = (sums / (counts + self.shrinkage)).astype(np.float32)
@@ -45,11 +51,17 @@ class Estimator(EstimatorBase):
         return self
 
     def to_artifact(self) -> Artifact:
-        return Artifact(kind=self.kind, ids={"users": self.users_, "items": self.items_},
-                        arrays={"item_score": self.item_score_, "seen_indptr": self.seen_indptr_.astype(np.int64),
-                                "seen_indices": self.seen_indices_.astype(np.int32),
-                                "item_popularity": self.popularity_},
-                        hyperparameters=self.get_params())
+        return Artifact(
+            kind=self.kind,
+            ids={"users": self.users_, "items": self.items_},
+            arrays={
+                "item_score": self.item_score_,
+                "seen_indptr": self.seen_indptr_.astype(np.int64),
+                "seen_indices": self.seen_indices_.astype(np.int32),
+                "item_popularity": self.popularity_,
+            },
+            hyperparameters=self.get_params(),
+        )
 
 
 # -------------------------------------------------------------------- index
@@ -86,4 +98,3 @@ def run(args: argparse.Namespace) -> list[Row]:
         index = Index.from_artifact(Estimator(shrinkage=args.shrinkage).fit(train).to_artifact())
         values.append(ndcg_at_k(index.score_items, test))  # the split keeps the id maps: rows agree
     return [summarise("toy", "data", {"shrinkage": args.shrinkage}, "ndcg@10", values)]
-

@@ -17,6 +17,7 @@ the ids files of each model's live version.
 Both engines are bounded by ``--duration`` and stop by themselves; targets
 must be loopback addresses.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -89,8 +90,9 @@ class RequestMaker:
         if rpc == "recommend":
             return pb.RecommendRequest(model=a.recommend_model, user_ids=[pick(self.users)], n=a.n)
         if rpc == "tags":
-            return pb.TagsRequest(model=a.tags_model, user_id=pick(self.tag_users), item_id=pick(self.tag_items),
-                                  n=a.n)
+            return pb.TagsRequest(
+                model=a.tags_model, user_id=pick(self.tag_users), item_id=pick(self.tag_items), n=a.n
+            )
         if rpc == "neighbors":
             return pb.NeighborsRequest(model=a.neighbors_model, id=pick(self.neighbor_ids), k=a.n)
         if rpc == "coordinates":
@@ -174,8 +176,9 @@ def run_worker(args: argparse.Namespace) -> int:
         time.sleep(0.001)
     # perf_counter deadline from the shared wall-clock start
     deadline_pc = time.perf_counter() + (deadline - time.time())
-    latencies, errors = asyncio.run(_worker_loop(args, args.seed, deadline_pc, args.worker_rate,
-                                                 args.worker_concurrency))
+    latencies, errors = asyncio.run(
+        _worker_loop(args, args.seed, deadline_pc, args.worker_rate, args.worker_concurrency)
+    )
     np.save(args.out, latencies, allow_pickle=False)
     Path(args.out + ".json").write_text(json.dumps(errors))
     return 0
@@ -188,10 +191,23 @@ def run_python_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
     procs = []
     for w in range(workers):
         out = str(tmp / f"w{w}.npy")
-        cmd = [sys.executable, "-m", "ordrec.tools.loadtest", "--worker", "--out", out, "--start-at", str(start_at),
-               "--worker-concurrency", str(max(1, args.concurrency // workers)),
-               "--worker-rate", str(args.rate / workers if args.rate else 0), "--seed", str(args.seed + w),
-               *args.passthrough]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ordrec.tools.loadtest",
+            "--worker",
+            "--out",
+            out,
+            "--start-at",
+            str(start_at),
+            "--worker-concurrency",
+            str(max(1, args.concurrency // workers)),
+            "--worker-rate",
+            str(args.rate / workers if args.rate else 0),
+            "--seed",
+            str(args.seed + w),
+            *args.passthrough,
+        ]
         procs.append(subprocess.Popen(cmd))
     for p in procs:
         p.wait(timeout=args.duration + 120)
@@ -226,11 +242,27 @@ def _handled_counts(metrics_urls: str) -> dict[str, float]:
     return counts
 
 
-def _h2load_cmd(args: argparse.Namespace, body: Path, log: Path, url: str, connections: int,
-                threads: int, rate: float) -> list[str]:
-    cmd = ["h2load", "-D", str(max(1, round(args.duration))), "-c", str(connections),
-           "-m", str(max(1, args.concurrency // max(1, args.connections))), "-t", str(threads),
-           "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers", f"--log-file={log}"]
+def _h2load_cmd(
+    args: argparse.Namespace, body: Path, log: Path, url: str, connections: int, threads: int, rate: float
+) -> list[str]:
+    cmd = [
+        "h2load",
+        "-D",
+        str(max(1, round(args.duration))),
+        "-c",
+        str(connections),
+        "-m",
+        str(max(1, args.concurrency // max(1, args.connections))),
+        "-t",
+        str(threads),
+        "-d",
+        str(body),
+        "-H",
+        "content-type: application/grpc",
+        "-H",
+        "te: trailers",
+        f"--log-file={log}",
+    ]
     if rate:
         cmd.append(f"--rps={rate / connections:.3f}")
     return cmd + [url]
@@ -258,8 +290,14 @@ def _run_h2load(args: argparse.Namespace, body: Path, tmp: Path, url: str) -> li
         for i, offset in enumerate(offsets):
             time.sleep(max(0.0, start + offset - time.perf_counter()))
             logs.append(tmp / f"log{i}.tsv")
-            procs.append(subprocess.Popen(_h2load_cmd(args, body, logs[-1], url, 1, 1, args.rate / clients),
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            procs.append(
+                subprocess.Popen(
+                    _h2load_cmd(args, body, logs[-1], url, 1, 1, args.rate / clients),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
     failed = []
     for proc in procs:
         output, _ = proc.communicate(timeout=args.duration + 60)
@@ -308,15 +346,25 @@ def run_h2load_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
 def summarise(latencies: np.ndarray, errors: dict[str, int], seconds: float) -> dict[str, float]:
     ms = latencies * 1e3
     pct = np.percentile(ms, [50, 90, 99]) if ms.size else [float("nan")] * 3
-    return {"requests": int(ms.size), "errors": int(sum(errors.values())), "qps": ms.size / seconds,
-            "p50_ms": float(pct[0]), "p90_ms": float(pct[1]), "p99_ms": float(pct[2]),
-            "max_ms": float(ms.max()) if ms.size else float("nan")}
+    return {
+        "requests": int(ms.size),
+        "errors": int(sum(errors.values())),
+        "qps": ms.size / seconds,
+        "p50_ms": float(pct[0]),
+        "p90_ms": float(pct[1]),
+        "p99_ms": float(pct[2]),
+        "max_ms": float(ms.max()) if ms.size else float("nan"),
+    }
 
 
 def print_summary(label: str, summary: dict[str, float], errors: dict[str, int]) -> None:
-    print(f"{'run':<28} {'requests':>9} {'QPS':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}")
-    print(f"{label:<28} {summary['requests']:>9} {summary['qps']:>8.0f} {summary['p50_ms']:>8.2f} "
-          f"{summary['p90_ms']:>8.2f} {summary['p99_ms']:>8.2f} {summary['max_ms']:>8.2f} {summary['errors']:>7}")
+    print(
+        f"{'run':<28} {'requests':>9} {'QPS':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}"
+    )
+    print(
+        f"{label:<28} {summary['requests']:>9} {summary['qps']:>8.0f} {summary['p50_ms']:>8.2f} "
+        f"{summary['p90_ms']:>8.2f} {summary['p99_ms']:>8.2f} {summary['max_ms']:>8.2f} {summary['errors']:>7}"
+    )
     if errors:
         print("errors by status: " + ", ".join(f"{k}={v}" for k, v in sorted(errors.items())))
 
@@ -336,11 +384,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, default=10.0, help="seconds (bounded: at most 600)")
     p.add_argument("--processes", type=int, default=1, help="client processes (python) / threads (h2load)")
     p.add_argument("--engine", choices=("python", "h2load"), default="python")
-    p.add_argument("--metrics-url", help="server's metrics base URL(s), comma-separated when several processes "
-                   "share the port (h2load engine: counts errors)")
-    p.add_argument("--arrivals", choices=("aligned", "staggered"), default="aligned",
-                   help="h2load with --rate: every connection's timer firing together (bursts), or one "
-                        "h2load per connection started at random phases (smooth load)")
+    p.add_argument(
+        "--metrics-url",
+        help="server's metrics base URL(s), comma-separated when several processes "
+        "share the port (h2load engine: counts errors)",
+    )
+    p.add_argument(
+        "--arrivals",
+        choices=("aligned", "staggered"),
+        default="aligned",
+        help="h2load with --rate: every connection's timer firing together (bursts), or one "
+        "h2load per connection started at random phases (smooth load)",
+    )
     p.add_argument("--timeout", type=float, default=5.0)
     p.add_argument("--token")
     p.add_argument("--seed", type=int, default=0)
@@ -368,10 +423,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = run_h2load_engine if args.engine == "h2load" else run_python_engine
     latencies, errors, seconds = engine(args)
     summary = summarise(latencies, errors, seconds)
-    label = args.label or f"{args.engine} {args.mix} c={args.concurrency}" + (f" r={args.rate:g}" if args.rate else "")
+    label = args.label or f"{args.engine} {args.mix} c={args.concurrency}" + (
+        f" r={args.rate:g}" if args.rate else ""
+    )
     print_summary(label, summary, errors)
     if args.json:
-        Path(args.json).write_text(json.dumps({"label": label, **summary, "errors_by_code": errors}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"label": label, **summary, "errors_by_code": errors}, indent=2)
+        )
     return 0
 
 

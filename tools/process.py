@@ -1,7 +1,9 @@
 """Run ``ordrec-serve`` as a real subprocess: used by the demo, the end-to-end
 and fault tests, and the load benchmarks."""
+
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -9,8 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ordrec.service.supervisor import READY_LINE
 
@@ -20,10 +22,26 @@ _METRICS_PORTS = re.compile(r"metrics_ports=([\d,]+)")
 class ServerProcess:
     """``with ServerProcess(registry) as server: ... server.target ...``"""
 
-    def __init__(self, registry: str | os.PathLike, *extra_args: str, startup_timeout: float = 60.0,
-                 log_path: str | os.PathLike | None = None, env: dict | None = None):
-        self.args = [sys.executable, "-m", "ordrec.service", "--registry", str(registry), "--port", "0",
-                     "--metrics-port", "0", *extra_args]
+    def __init__(
+        self,
+        registry: str | os.PathLike,
+        *extra_args: str,
+        startup_timeout: float = 60.0,
+        log_path: str | os.PathLike | None = None,
+        env: dict | None = None,
+    ):
+        self.args = [
+            sys.executable,
+            "-m",
+            "ordrec.service",
+            "--registry",
+            str(registry),
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            *extra_args,
+        ]
         self.startup_timeout = startup_timeout
         self.log_path = Path(log_path) if log_path else None
         self.env = {**os.environ, **(env or {})}
@@ -45,9 +63,10 @@ class ServerProcess:
         """Every process's metrics URL, comma-separated (``ordrec-loadtest --metrics-url``)."""
         return ",".join(f"http://127.0.0.1:{p}" for p in self.metrics_ports or [self.metrics_port])
 
-    def start(self) -> "ServerProcess":
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=self.env, bufsize=1)
+    def start(self) -> ServerProcess:
+        self.proc = subprocess.Popen(
+            self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env, bufsize=1
+        )
         ready = threading.Event()
         threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
         if not ready.wait(self.startup_timeout) or not self.port:
@@ -56,21 +75,21 @@ class ServerProcess:
         return self
 
     def _pump(self, ready: threading.Event) -> None:
-        sink = open(self.log_path, "a") if self.log_path else None
-        for line in self.proc.stdout:
-            self.output.append(line)
-            if sink:
-                sink.write(line)
-                sink.flush()
-            match = READY_LINE.search(line)
-            if match:
-                self.port, self.metrics_port = int(match.group(1)), int(match.group(2))
-                ports = _METRICS_PORTS.search(line)
-                self.metrics_ports = [int(p) for p in ports.group(1).split(",")] if ports else [self.metrics_port]
-                ready.set()
+        with open(self.log_path, "a") if self.log_path else contextlib.nullcontext() as sink:
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if sink:
+                    sink.write(line)
+                    sink.flush()
+                match = READY_LINE.search(line)
+                if match:
+                    self.port, self.metrics_port = int(match.group(1)), int(match.group(2))
+                    ports = _METRICS_PORTS.search(line)
+                    self.metrics_ports = (
+                        [int(p) for p in ports.group(1).split(",")] if ports else [self.metrics_port]
+                    )
+                    ready.set()
         ready.set()  # the process exited
-        if sink:
-            sink.close()
 
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM, then wait for the graceful exit; returns the exit code."""
@@ -89,7 +108,7 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -19,6 +19,7 @@ failure is logged as a warning and :func:`notify_published` returns False.
 The service side (``service/``) subscribes to the same channel and reads the
 same keys; the names here are the contract and must not change.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ def message(name: str, version: str) -> str:
     return json.dumps({"model": name, "version": version}, separators=(",", ":"))
 
 
-def notify_published(url: str, name: str, version: str, timeout: float = DEFAULT_TIMEOUT,
-                     logger: logging.Logger | None = None) -> bool:
+def notify_published(
+    url: str, name: str, version: str, timeout: float = DEFAULT_TIMEOUT, logger: logging.Logger | None = None
+) -> bool:
     """Set the version key and publish the message; True on success.
 
     Never raises for Redis or network trouble (nor for a malformed URL, which
@@ -58,8 +60,13 @@ def notify_published(url: str, name: str, version: str, timeout: float = DEFAULT
         logger.warning("redis notification skipped for %s@%s: %s", name, version, exc)
         return False
     try:
-        client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                      retry=Retry(NoBackoff(), 0), retry_on_timeout=False)
+        client = redis.Redis.from_url(
+            url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+        )
     except (ValueError, redis.RedisError) as exc:
         logger.warning("redis notification skipped for %s@%s: bad URL %s (%s)", name, version, url, exc)
         return False
@@ -67,11 +74,22 @@ def notify_published(url: str, name: str, version: str, timeout: float = DEFAULT
         client.set(version_key(name), version)
         receivers = client.publish(CHANNEL, message(name, version))
     except (redis.RedisError, OSError) as exc:
-        logger.warning("redis notification failed for %s@%s (%s: %s); replicas will pick the version"
-                       " up at their next registry poll", name, version, type(exc).__name__, exc)
+        logger.warning(
+            "redis notification failed for %s@%s (%s: %s); replicas will pick the version"
+            " up at their next registry poll",
+            name,
+            version,
+            type(exc).__name__,
+            exc,
+        )
         return False
     finally:
         client.close()
-    logger.info("notified redis: %s=%s, published on %s to %d subscriber(s)",
-                version_key(name), version, CHANNEL, receivers)
+    logger.info(
+        "notified redis: %s=%s, published on %s to %d subscriber(s)",
+        version_key(name),
+        version,
+        CHANNEL,
+        receivers,
+    )
     return True

@@ -19,6 +19,7 @@ to ``Registry.publish(..., views=...)`` so a version and its report appear in
 one atomic rename. The service serves the live version's report at
 ``/maps/<model>`` on its metrics port.
 """
+
 from __future__ import annotations
 
 import base64
@@ -27,9 +28,9 @@ import html
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -49,8 +50,18 @@ WIDTH, HEIGHT, PAD = 560.0, 440.0, 18.0
 MARK_SIZE = 4.0  # radius of a circle / half side of a square, in SVG units
 
 # Tableau 10: distinguishable, colour-blind friendlier than the default cycles.
-PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
-           "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
+PALETTE = [
+    "#4e79a7",
+    "#f28e2b",
+    "#e15759",
+    "#76b7b2",
+    "#59a14f",
+    "#edc948",
+    "#b07aa1",
+    "#ff9da7",
+    "#9c755f",
+    "#bab0ac",
+]
 MISSING_COLOUR = "#c8c8c8"
 ENTITY_STYLE = {  # mark and colour when a map is not coloured by a value
     "users": ("circle", "#4e79a7"),
@@ -63,13 +74,20 @@ ENTITY_NOUN = {"users": "user", "items": "item", "objects": "object", "aspects":
 TEXT_LABEL_LIMIT = 40
 
 # Metrics that are fractions in [0, 1]; the papers print them as percentages.
-_ACCURACY_PREFIXES = ("preservation", "prediction", "order_agreement", "recall", "knn_accuracy",
-                      "trustworthiness")
+_ACCURACY_PREFIXES = (
+    "preservation",
+    "prediction",
+    "order_agreement",
+    "recall",
+    "knn_accuracy",
+    "trustworthiness",
+)
 
 
 # ------------------------------------------------------------ paper figures
-def paper_figures(kind: str, hyperparameters: Mapping | None = None,
-                  attributes: Mapping | None = None) -> list[PaperFigure]:
+def paper_figures(
+    kind: str, hyperparameters: Mapping | None = None, attributes: Mapping | None = None
+) -> list[PaperFigure]:
     """The paper's figures that a version of ``kind`` can be put beside: its
     protocol's ``map_paper_figures`` (KNNSCAL's poster reports no table).
     Accuracies are fractions, as our metrics are."""
@@ -185,8 +203,10 @@ def _projection(coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
         if axes[np.argmax(np.abs(axes[:, a])), a] < 0:
             axes[:, a] = -axes[:, a]
     kept = float(var[:2].sum() / var.sum()) if var.sum() > 0 else 1.0
-    text = (f"a PCA projection of the {dim}-D coordinates onto their first two principal axes "
-            f"({100 * kept:.1f} % of the variance); distances on it are approximate")
+    text = (
+        f"a PCA projection of the {dim}-D coordinates onto their first two principal axes "
+        f"({100 * kept:.1f} % of the variance); distances on it are approximate"
+    )
     return centre, axes, text
 
 
@@ -243,13 +263,22 @@ def _value_colouring(index: MapIndex, artifact: Artifact, space: str, entity: st
     return None
 
 
-def map_views(artifact: Artifact, index: MapIndex, labels: Mapping[str, str] | None = None,
-              max_points: int = DEFAULT_MAX_POINTS) -> list[MapView]:
+def map_views(
+    artifact: Artifact,
+    index: MapIndex,
+    labels: Mapping[str, str] | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> list[MapView]:
     """Every map of ``index`` as drawable layers (projected, sampled, coloured, labelled)."""
-    names = _Names(dict(labels or {}), getattr(index, "default_entity", "items"),
-                   artifact.attributes.get("object_labels"))
-    return [_map_view(artifact, index, space, salt, names, max_points)
-            for salt, space in enumerate(_space_order(index))]
+    names = _Names(
+        dict(labels or {}),
+        getattr(index, "default_entity", "items"),
+        artifact.attributes.get("object_labels"),
+    )
+    return [
+        _map_view(artifact, index, space, salt, names, max_points)
+        for salt, space in enumerate(_space_order(index))
+    ]
 
 
 @dataclass
@@ -281,12 +310,14 @@ def _space_order(index: MapIndex) -> list[str]:
 def _map_title(artifact: Artifact, space: str) -> str:
     if space:
         return f"aspect “{space}”"
-    return {"coe": "users and items", "score": "the sphere: objects and aspects",
-            "knnscal": "objects"}.get(artifact.kind, "the map")
+    return {"coe": "users and items", "score": "the sphere: objects and aspects", "knnscal": "objects"}.get(
+        artifact.kind, "the map"
+    )
 
 
-def _map_view(artifact: Artifact, index: MapIndex, space: str, salt: int, names: _Names,
-              max_points: int) -> MapView:
+def _map_view(
+    artifact: Artifact, index: MapIndex, space: str, salt: int, names: _Names, max_points: int
+) -> MapView:
     """One map: each entity's points sampled to a share of ``max_points``, projected to 2-D."""
     by_entity = index.maps[space]
     entities = list(by_entity)
@@ -296,8 +327,9 @@ def _map_view(artifact: Artifact, index: MapIndex, space: str, salt: int, names:
     drawn = {e: _sample_rows(t, q, salt * 97 + k) for k, (e, t, q) in enumerate(zip(entities, totals, quota))}
     stacked = [by_entity[e].coords[drawn[e]] for e in entities]
     all_coords = np.concatenate(stacked) if stacked else np.empty((0, dim))
-    centre, axes, projection = _projection(all_coords) if len(all_coords) else (
-        np.zeros(dim), np.eye(dim, 2), "empty map")
+    centre, axes, projection = (
+        _projection(all_coords) if len(all_coords) else (np.zeros(dim), np.eye(dim, 2), "empty map")
+    )
     layers, legend, colour_note = [], [], ""
     for e, total, part in zip(entities, totals, stacked):
         xy = (part - centre) @ axes if len(part) else np.empty((0, 2))
@@ -308,8 +340,17 @@ def _map_view(artifact: Artifact, index: MapIndex, space: str, salt: int, names:
     return MapView(space, _map_title(artifact, space), dim, projection, layers, legend, colour_note)
 
 
-def _layer(artifact: Artifact, index: MapIndex, space: str, entity: str, points, rows: np.ndarray, total: int,
-           xy: np.ndarray, names: _Names) -> tuple[Layer, list, str]:
+def _layer(
+    artifact: Artifact,
+    index: MapIndex,
+    space: str,
+    entity: str,
+    points,
+    rows: np.ndarray,
+    total: int,
+    xy: np.ndarray,
+    names: _Names,
+) -> tuple[Layer, list, str]:
     """One entity's drawn points, its legend entries and the colouring note ("" when plain)."""
     mark, base_colour = ENTITY_STYLE.get(entity, ("circle", "#4e79a7"))
     ids = [points.ids.ids[r] for r in rows]
@@ -332,8 +373,10 @@ def _coloured(colouring, rows: np.ndarray, hover: list[str], mark: str, space: s
     values = [per_row[r] for r in rows]
     colours = [colour.get(v, MISSING_COLOUR) if v is not None else MISSING_COLOUR for v in values]
     what = space or "class"
-    hover = [f"{h} · {what} = {v if v is not None else 'missing'}" if space else f"{h} · {v}"
-             for h, v in zip(hover, values)]
+    hover = [
+        f"{h} · {what} = {v if v is not None else 'missing'}" if space else f"{h} · {v}"
+        for h, v in zip(hover, values)
+    ]
     counts = {c: 0 for c in categories}
     missing = 0
     for v in values:
@@ -365,20 +408,25 @@ def _mark(mark: str, x: float, y: float, colour: str, cls: str, hover: str) -> s
     title = f"<title>{html.escape(hover)}</title>"
     r = MARK_SIZE
     if mark == "square":
-        return (f'<rect class="{cls}" x="{x - r:.2f}" y="{y - r:.2f}" width="{2 * r:.2f}" '
-                f'height="{2 * r:.2f}" fill="{colour}">{title}</rect>')
+        return (
+            f'<rect class="{cls}" x="{x - r:.2f}" y="{y - r:.2f}" width="{2 * r:.2f}" '
+            f'height="{2 * r:.2f}" fill="{colour}">{title}</rect>'
+        )
     if mark == "diamond":
         d = 1.8 * r
-        return (f'<path class="{cls}" data-x="{x:.2f}" data-y="{y:.2f}" '
-                f'd="M{x:.2f} {y - d:.2f}l{d:.2f} {d:.2f}l{-d:.2f} {d:.2f}l{-d:.2f} {-d:.2f}z" '
-                f'fill="{colour}">{title}</path>')
+        return (
+            f'<path class="{cls}" data-x="{x:.2f}" data-y="{y:.2f}" '
+            f'd="M{x:.2f} {y - d:.2f}l{d:.2f} {d:.2f}l{-d:.2f} {d:.2f}l{-d:.2f} {-d:.2f}z" '
+            f'fill="{colour}">{title}</path>'
+        )
     return f'<circle class="{cls}" cx="{x:.2f}" cy="{y:.2f}" r="{r:.2f}" fill="{colour}">{title}</circle>'
 
 
 def _legend_swatch(mark: str, colour: str) -> str:
-    inner = {"square": f'<rect x="2" y="2" width="8" height="8" fill="{colour}"/>',
-             "diamond": f'<path d="M6 0.5l5.5 5.5l-5.5 5.5l-5.5-5.5z" fill="{colour}"/>'}.get(
-        mark, f'<circle cx="6" cy="6" r="4.5" fill="{colour}"/>')
+    inner = {
+        "square": f'<rect x="2" y="2" width="8" height="8" fill="{colour}"/>',
+        "diamond": f'<path d="M6 0.5l5.5 5.5l-5.5 5.5l-5.5-5.5z" fill="{colour}"/>',
+    }.get(mark, f'<circle cx="6" cy="6" r="4.5" fill="{colour}"/>')
     return f'<svg class="sw" width="12" height="12" viewBox="0 0 12 12" aria-hidden="true">{inner}</svg>'
 
 
@@ -399,14 +447,18 @@ def _svg(view: MapView, number: int) -> str:
                 x, y = ox + scale * dx, oy - scale * dy
                 # labels in the right quarter go to the left of their mark, so they stay in the box
                 shift, anchor = (-8, "end") if x > 0.75 * WIDTH else (8, "start")
-                texts.append(f'<text class="lbl" x="{x + shift:.2f}" y="{y + 5:.2f}" data-x="{x:.2f}" '
-                             f'data-y="{y:.2f}" data-dx="{shift}" text-anchor="{anchor}">'
-                             f'{html.escape(name)}</text>')
+                texts.append(
+                    f'<text class="lbl" x="{x + shift:.2f}" y="{y + 5:.2f}" data-x="{x:.2f}" '
+                    f'data-y="{y:.2f}" data-dx="{shift}" text-anchor="{anchor}">'
+                    f"{html.escape(name)}</text>"
+                )
     aria = html.escape(f"map {number}: {view.title}, {n_points} points")
-    return (f'<svg class="scatter" id="map-{number}" viewBox="0 0 {WIDTH:.0f} {HEIGHT:.0f}" '
-            f'data-points="{n_points}" data-k="1" role="img" aria-label="{aria}">'
-            f'<rect class="bg" x="0" y="0" width="{WIDTH:.0f}" height="{HEIGHT:.0f}"/>'
-            f'<g class="points">{"".join(parts)}</g><g class="labels">{"".join(texts)}</g></svg>')
+    return (
+        f'<svg class="scatter" id="map-{number}" viewBox="0 0 {WIDTH:.0f} {HEIGHT:.0f}" '
+        f'data-points="{n_points}" data-k="1" role="img" aria-label="{aria}">'
+        f'<rect class="bg" x="0" y="0" width="{WIDTH:.0f}" height="{HEIGHT:.0f}"/>'
+        f'<g class="points">{"".join(parts)}</g><g class="labels">{"".join(texts)}</g></svg>'
+    )
 
 
 def _fmt(value: float) -> str:
@@ -432,7 +484,7 @@ def _metrics_table(artifact: Artifact, paper: Sequence[PaperFigure]) -> str:
     metrics = {k: float(v) for k, v in artifact.metrics.items()}
     names = list(dict.fromkeys(list(metrics) + [p.metric for p in paper]))
     if not names:
-        return "<p class=\"note\">This version records no evaluation metrics.</p>"
+        return '<p class="note">This version records no evaluation metrics.</p>'
 
     def source(p: PaperFigure) -> str:
         return f"{p.method}, {_setting(p.setting)}" + (f" ({p.note})" if p.note else "")
@@ -449,27 +501,38 @@ def _metrics_table(artifact: Artifact, paper: Sequence[PaperFigure]) -> str:
             if not one_source:
                 cells.append("" if p is None else html.escape(source(p)))
             rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    head = "<th>metric</th><th>this version</th><th>paper</th>" + ("" if one_source else "<th>paper source</th>")
-    caption = (f"<p class=\"note\">Paper figures: {html.escape(sources[0])}.</p>"
-               if one_source and sources else "")
-    caveat = ("" if not paper else
-              "<p class=\"note\">The paper's figures are for the paper's data set and protocol; "
-              "this version's metrics are for its own data and evaluation, so compare them only "
-              "when those match.</p>")
-    return (caption + f"<table class=\"metrics\"><thead><tr>{head}</tr></thead><tbody>" + "".join(rows)
-            + "</tbody></table>" + caveat)
+    head = "<th>metric</th><th>this version</th><th>paper</th>" + (
+        "" if one_source else "<th>paper source</th>"
+    )
+    caption = (
+        f'<p class="note">Paper figures: {html.escape(sources[0])}.</p>' if one_source and sources else ""
+    )
+    caveat = (
+        ""
+        if not paper
+        else "<p class=\"note\">The paper's figures are for the paper's data set and protocol; "
+        "this version's metrics are for its own data and evaluation, so compare them only "
+        "when those match.</p>"
+    )
+    return (
+        caption
+        + f'<table class="metrics"><thead><tr>{head}</tr></thead><tbody>'
+        + "".join(rows)
+        + "</tbody></table>"
+        + caveat
+    )
 
 
 def _kv_table(data: Mapping) -> str:
     if not data:
-        return "<p class=\"note\">none</p>"
+        return '<p class="note">none</p>'
     rows = []
     for key, value in data.items():
         text = json.dumps(value, default=str) if not isinstance(value, str) else value
         if len(text) > 300:
             text = text[:300] + " …"
         rows.append(f"<tr><th>{html.escape(str(key))}</th><td>{html.escape(text)}</td></tr>")
-    return "<table class=\"kv\">" + "".join(rows) + "</table>"
+    return '<table class="kv">' + "".join(rows) + "</table>"
 
 
 _CSS = """
@@ -607,9 +670,13 @@ def _ensure_map_index(artifact: Artifact, index) -> MapIndex:
     return index
 
 
-def render_report(artifact: Artifact, index: MapIndex | None = None,
-                  labels: Mapping[str, str] | None = None, paper: list | None = None,
-                  max_points: int = DEFAULT_MAX_POINTS) -> str:
+def render_report(
+    artifact: Artifact,
+    index: MapIndex | None = None,
+    labels: Mapping[str, str] | None = None,
+    paper: list | None = None,
+    max_points: int = DEFAULT_MAX_POINTS,
+) -> str:
     """One self-contained HTML page showing every map of a version.
 
     Parameters
@@ -643,20 +710,22 @@ def render_report(artifact: Artifact, index: MapIndex | None = None,
             shown = len(layer.rows)
             noun = layer.entity
             if shown < layer.total:
-                counts.append(f"{shown:,} of {layer.total:,} {noun} (a deterministic random sample, "
-                              f"seed {SAMPLE_SEED}; the cap is {max_points:,} points per map)")
+                counts.append(
+                    f"{shown:,} of {layer.total:,} {noun} (a deterministic random sample, "
+                    f"seed {SAMPLE_SEED}; the cap is {max_points:,} points per map)"
+                )
             else:
                 counts.append(f"{shown:,} {noun}")
-        legend = "".join(f"<span>{_legend_swatch(m, c)}{esc(t)} ({n:,})</span>"
-                         for m, c, t, n in view.legend)
+        legend = "".join(f"<span>{_legend_swatch(m, c)}{esc(t)} ({n:,})</span>" for m, c, t, n in view.legend)
         sections.append(
             f'<section class="map" data-space="{esc(view.space)}">'
             f'<div class="tools"><button type="button" data-reset="map-{number}">reset view</button></div>'
             f"<h2>{number}. {esc(view.title)}</h2>"
             f'<p class="note">{esc("; ".join(counts))}. Drawn: {esc(view.projection)}.'
-            f'{" " + esc(view.colour_note) + "." if view.colour_note else ""}</p>'
+            f"{' ' + esc(view.colour_note) + '.' if view.colour_note else ''}</p>"
             f'<div class="plot">{_svg(view, number)}<div class="tip"></div></div>'
-            f'<div class="legend">{legend}</div></section>')
+            f'<div class="legend">{legend}</div></section>'
+        )
     shape = ", ".join(f"{space}: {len(ids):,}" for space, ids in artifact.ids.items())
     created = artifact.created_at or "not published"
     version = artifact.version or "in memory"
@@ -669,23 +738,24 @@ def render_report(artifact: Artifact, index: MapIndex | None = None,
 <body data-kind="{esc(artifact.kind)}" data-maps="{len(views)}">
 <h1>{esc(name)} <span class="note">({esc(artifact.kind)} maps)</span></h1>
 <p class="meta">model <b>{esc(name)}</b> · kind <b>{esc(artifact.kind)}</b> · version <b>{esc(version)}</b>
- · created {esc(created)} · ids {esc(shape)}{(' · data ' + esc(artifact.data_fingerprint[:16])) if artifact.data_fingerprint else ''}</p>
+ · created {esc(created)} · ids {esc(shape)}{(" · data " + esc(artifact.data_fingerprint[:16])) if artifact.data_fingerprint else ""}</p>
 <p class="note">Wheel to zoom around the pointer, drag to pan, double-click or “reset view” to go back;
-hover a mark for its label. {len(views)} map{'s' if len(views) != 1 else ''}; marks:
-circle = {'user' if artifact.kind == 'coe' else 'object'}{', square = item' if artifact.kind == 'coe' else ''}{', diamond = aspect' if artifact.kind == 'score' else ''}.
+hover a mark for its label. {len(views)} map{"s" if len(views) != 1 else ""}; marks:
+circle = {"user" if artifact.kind == "coe" else "object"}{", square = item" if artifact.kind == "coe" else ""}{", diamond = aspect" if artifact.kind == "score" else ""}.
 Both axes share one scale.</p>
-<div class="maps">{''.join(sections)}
+<div class="maps">{"".join(sections)}
 <section class="panel" id="metrics"><h2>Evaluation metrics of this version</h2>{_metrics_table(artifact, paper)}
 <details><summary>hyperparameters</summary>{_kv_table(artifact.hyperparameters)}</details>
-<details><summary>attributes</summary>{_kv_table({k: v for k, v in artifact.attributes.items() if k != 'object_labels'})}</details></section></div>
+<details><summary>attributes</summary>{_kv_table({k: v for k, v in artifact.attributes.items() if k != "object_labels"})}</details></section></div>
 <script>{_JS}</script>
 </body></html>
 """
     return page
 
 
-def report_views(artifact: Artifact, labels: Mapping[str, str] | None = None,
-                 index: MapIndex | None = None) -> dict[str, View]:
+def report_views(
+    artifact: Artifact, labels: Mapping[str, str] | None = None, index: MapIndex | None = None
+) -> dict[str, View]:
     """Files to publish beside a version: ``report.html`` and, when labels
     are given, ``labels.tsv`` (so ``ordrec-train report`` can redraw the
     report with the same labels later).
@@ -695,15 +765,20 @@ def report_views(artifact: Artifact, labels: Mapping[str, str] | None = None,
 
         registry.publish(name, artifact, views=lambda a: report_views(a, labels))
     """
-    views = {REPORT_FILE: View(render_report(artifact, index, labels).encode("utf-8"),
-                               script_hashes=(_JS_HASH,))}
+    views = {
+        REPORT_FILE: View(render_report(artifact, index, labels).encode("utf-8"), script_hashes=(_JS_HASH,))
+    }
     if labels:
         views[LABELS_FILE] = View(format_labels(labels))
     return views
 
 
-def write_report(registry: Registry | str | os.PathLike, name: str, version: str | None = None,
-                 labels_path: str | os.PathLike | None = None) -> Path:
+def write_report(
+    registry: Registry | str | os.PathLike,
+    name: str,
+    version: str | None = None,
+    labels_path: str | os.PathLike | None = None,
+) -> Path:
     """(Re)write ``report.html`` in a published version's folder (default: the live one).
 
     Labels come from ``labels_path`` when given (and are kept as the

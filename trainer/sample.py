@@ -10,6 +10,7 @@ model recovers it.
 readers in :mod:`trainer.data.readers` read back unchanged (same ids, same
 order, same values); ``ordrec-train sample --out DIR`` calls it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -140,8 +141,10 @@ class PlantedTags:
 
     def scores(self, user_row: int, item_row: int) -> np.ndarray:
         """Noiseless score of every tag for the post ``(user_row, item_row)``."""
-        return (self.tag_user_factors @ self.user_factors[user_row]
-                + self.tag_item_factors @ self.item_factors[item_row])
+        return (
+            self.tag_user_factors @ self.user_factors[user_row]
+            + self.tag_item_factors @ self.item_factors[item_row]
+        )
 
 
 def planted_tags_with_truth(
@@ -187,8 +190,9 @@ def planted_tags_with_truth(
     tag_map, tag_rows = IdMap.from_values(tag_names[t] for t in tags)
     order = lambda ids: np.array([int(x[1:]) - 1 for x in ids])  # noqa: E731
     data = TagAssignments(user_map, item_map, tag_map, user_rows, item_rows, tag_rows, source="sample:tags")
-    truth = PlantedTags(uf[order(user_map.ids)], itf[order(item_map.ids)],
-                        tuf[order(tag_map.ids)], tif[order(tag_map.ids)])
+    truth = PlantedTags(
+        uf[order(user_map.ids)], itf[order(item_map.ids)], tuf[order(tag_map.ids)], tif[order(tag_map.ids)]
+    )
     return data, truth
 
 
@@ -277,8 +281,9 @@ def planted_attributes(n_objects: int = 80, n_groups: int = 4, seed: int = 0) ->
 
 
 # ---------------------------------------------------------------- neighbours
-def planted_neighbors(n: int = 300, k: int = 10, seed: int = 0, n_clusters: int = 5
-                      ) -> tuple[NeighborLists, np.ndarray]:
+def planted_neighbors(
+    n: int = 300, k: int = 10, seed: int = 0, n_clusters: int = 5
+) -> tuple[NeighborLists, np.ndarray]:
     """Points in 2-D Gaussian clusters and their exact directed k-NN lists.
 
     Returns the lists (ranks 1..k, rank 1 nearest, ties broken by row; labels
@@ -305,8 +310,14 @@ def planted_neighbors(n: int = 300, k: int = 10, seed: int = 0, n_clusters: int 
     interleaved[0::2], interleaved[1::2] = source, neighbor
     vertices, rows = IdMap.from_values(names[v] for v in interleaved)
     order = np.array([int(x[1:]) - 1 for x in vertices.ids])
-    data = NeighborLists(vertices, rows[0::2].copy(), rows[1::2].copy(), rank,
-                         path="sample:neighbors", labels=cluster[order].astype(np.int32))
+    data = NeighborLists(
+        vertices,
+        rows[0::2].copy(),
+        rows[1::2].copy(),
+        rank,
+        path="sample:neighbors",
+        labels=cluster[order].astype(np.int32),
+    )
     return data, points[order]
 
 

@@ -58,7 +58,7 @@ class ModelKind:
     def index_class(self) -> type:
         return resolve(self.index)
 
-    def estimator_class(self) -> type:
+    def estimator_class(self) -> Any:
         return resolve(self.estimator)
 
     def protocol_module(self):

@@ -43,6 +43,7 @@ Families, by the estimator's ``input_shape``:
 
 Every metric is higher-is-better and in [0, 1].
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -140,8 +141,14 @@ def split_attributes(data: AttributeTable, fraction: float, seed: int) -> tuple[
     obj, asp = obj[pick], asp[pick]
     train_codes = codes.copy()
     train_codes[obj, asp] = -1
-    train = AttributeTable(data.objects, list(data.attributes), train_codes.astype(np.int32),
-                           [list(v) for v in data.values], data.source, labels=data.labels)
+    train = AttributeTable(
+        data.objects,
+        list(data.attributes),
+        train_codes.astype(np.int32),
+        [list(v) for v in data.values],
+        data.source,
+        labels=data.labels,
+    )
     return train, HeldOutCells(train, obj, asp, codes[obj, asp])
 
 
@@ -155,8 +162,14 @@ def split_neighbors(data: NeighborLists, fraction: float, seed: int) -> tuple[Ne
     test = held[data.source]
 
     def part(mask):
-        return NeighborLists(data.vertices, data.source[mask], data.neighbor[mask], data.rank[mask],
-                             data.path, labels=data.labels)
+        return NeighborLists(
+            data.vertices,
+            data.source[mask],
+            data.neighbor[mask],
+            data.rank[mask],
+            data.path,
+            labels=data.labels,
+        )
 
     return part(~test), part(test)
 
@@ -165,8 +178,12 @@ def split(data, fraction: float, seed: int):
     """``(train, test)`` for any input shape; seeded, so a run is reproducible."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"holdout fraction must be in (0, 1), got {fraction}")
-    for cls, func in ((Ratings, split_ratings), (TagAssignments, split_tags),
-                      (AttributeTable, split_attributes), (NeighborLists, split_neighbors)):
+    for cls, func in (
+        (Ratings, split_ratings),
+        (TagAssignments, split_tags),
+        (AttributeTable, split_attributes),
+        (NeighborLists, split_neighbors),
+    ):
         if isinstance(data, cls):
             return func(data, fraction, seed)
     raise TypeError(f"no holdout split for {type(data).__name__}")
@@ -227,8 +244,9 @@ def evaluate_tags(index, test: TagAssignments, k: int = 5) -> dict[str, float]:
     }
 
 
-def evaluate_attributes(index: MapIndex, test: HeldOutCells, seed: int = 0,
-                        per_cell: int = TRIPLETS_PER_CELL) -> dict[str, float]:
+def evaluate_attributes(
+    index: MapIndex, test: HeldOutCells, seed: int = 0, per_cell: int = TRIPLETS_PER_CELL
+) -> dict[str, float]:
     """Triplet preservation of held-out cells on their aspect's map."""
     rng = np.random.default_rng([seed, 1])
     train = test.table
@@ -273,7 +291,9 @@ def evaluate_neighbors(index: MapIndex, test: NeighborLists, k: int = 10) -> dic
         m = min(k, listed.size)
         found, _ = index.neighbors("", entity, int(s), entity, m)
         recalls.append(np.isin(listed[:m], found).sum() / m)
-        agreeing, listed_pairs = order_agreement(np.linalg.norm(points.coords[listed] - points.coords[s], axis=1))
+        agreeing, listed_pairs = order_agreement(
+            np.linalg.norm(points.coords[listed] - points.coords[s], axis=1)
+        )
         agree += agreeing
         pairs += listed_pairs
     return {

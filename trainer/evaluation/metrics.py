@@ -5,9 +5,10 @@ the papers' protocols (:mod:`ordrec.trainer.reproduce`) both measure with
 these. Scorers and indices are passed in, so every figure comes from the code
 that answers queries.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -100,8 +101,9 @@ def order_agreement(distances_in_listed_order: np.ndarray) -> tuple[float, int]:
 
 
 # ----------------------------------------------------------------------- maps
-def preservation(index, table: AttributeTable, observed: np.ndarray | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def preservation(
+    index, table: AttributeTable, observed: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Per aspect of ``table`` (looked up by name in the map ``index``): the
     share of conditional triplets the map preserves (SCORE Eq. 10) over all
     triplets, and over the hidden ones (NaN when ``observed`` is None or

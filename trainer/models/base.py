@@ -1,4 +1,5 @@
 """What every estimator shares: parameters and their constraints, finiteness checks, progress."""
+
 from __future__ import annotations
 
 import inspect
@@ -29,13 +30,13 @@ class Interval:
             return False
         if not math.isfinite(float(value)):
             return False
-        if self.low is not None:
-            if value < self.low or (value == self.low and self.closed in ("right", "neither")):
-                return False
-        if self.high is not None:
-            if value > self.high or (value == self.high and self.closed in ("left", "neither")):
-                return False
-        return True
+        below = self.low is not None and (
+            value < self.low or (value == self.low and self.closed in ("right", "neither"))
+        )
+        above = self.high is not None and (
+            value > self.high or (value == self.high and self.closed in ("left", "neither"))
+        )
+        return not (below or above)
 
     def __str__(self) -> str:
         kind = "an int" if self.type is numbers.Integral else "a finite number"
@@ -69,8 +70,9 @@ def _allows(constraint: Any, value: Any) -> bool:
     if constraint == "boolean":
         return isinstance(value, (bool, np.bool_))
     if isinstance(constraint, type):
-        return isinstance(value, constraint) and not (constraint is not bool and isinstance(value, bool)
-                                                      and issubclass(constraint, numbers.Number))
+        return isinstance(value, constraint) and not (
+            constraint is not bool and isinstance(value, bool) and issubclass(constraint, numbers.Number)
+        )
     raise TypeError(f"unknown parameter constraint {constraint!r}")
 
 
@@ -124,16 +126,19 @@ class Estimator:
     @classmethod
     def param_names(cls) -> list[str]:
         params = inspect.signature(cls.__init__).parameters.values()
-        return [p.name for p in params if p.name != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return [
+            p.name for p in params if p.name != "self" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
 
     def get_params(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.param_names()}
 
-    def set_params(self, **params: Any) -> "Estimator":
+    def set_params(self, **params: Any) -> Estimator:
         unknown = set(params) - set(self.param_names())
         if unknown:
-            raise ValueError(f"{type(self).__name__} has no parameter(s) {sorted(unknown)};"
-                             f" known: {self.param_names()}")
+            raise ValueError(
+                f"{type(self).__name__} has no parameter(s) {sorted(unknown)}; known: {self.param_names()}"
+            )
         for name, value in params.items():
             setattr(self, name, value)
         return self
@@ -144,7 +149,7 @@ class Estimator:
         estimator's own ``_validate_params``."""
         validate_params(type(self).__name__, self.get_params(), self._parameter_constraints)
 
-    def fit(self, data) -> "Estimator":  # pragma: no cover - interface
+    def fit(self, data) -> Estimator:  # pragma: no cover - interface
         raise NotImplementedError
 
     def to_artifact(self) -> Artifact:  # pragma: no cover - interface

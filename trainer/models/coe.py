@@ -9,6 +9,7 @@ and nearer than other users to the items the user likes more than they do
 Triples are drawn on the fly from compact rating arrays (``TripleSource``):
 memory is O(ratings), never O(triples).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,7 +19,6 @@ from typing import ClassVar
 import numpy as np
 
 from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
 from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
@@ -39,8 +39,12 @@ def grouped(group: np.ndarray, member: np.ndarray, values: np.ndarray, n_groups:
     order = np.lexsort((values, group))
     indptr = np.zeros(n_groups + 1, dtype=np.int64)
     np.cumsum(np.bincount(group, minlength=n_groups), out=indptr[1:])
-    return (indptr, np.ascontiguousarray(member[order], dtype=np.int32),
-            np.ascontiguousarray(values[order], dtype=np.float32), order)
+    return (
+        indptr,
+        np.ascontiguousarray(member[order], dtype=np.int32),
+        np.ascontiguousarray(values[order], dtype=np.float32),
+        order,
+    )
 
 
 def normalise(ratings: Ratings, source: str) -> np.ndarray:
@@ -101,12 +105,21 @@ class TripleSource:
     b_count: np.ndarray
 
     @classmethod
-    def build(cls, user: np.ndarray, item: np.ndarray, values: np.ndarray,
-              n_users: int, n_items: int) -> "TripleSource":
+    def build(
+        cls, user: np.ndarray, item: np.ndarray, values: np.ndarray, n_users: int, n_items: int
+    ) -> TripleSource:
         a_indptr, a_items, a_values, _ = grouped(user, item, values, n_users)
         b_indptr, b_users, b_values, _ = grouped(item, user, values, n_items)
-        return cls(a_indptr, a_items, a_values, K.group_triple_counts(a_indptr, a_values),
-                   b_indptr, b_users, b_values, K.group_triple_counts(b_indptr, b_values))
+        return cls(
+            a_indptr,
+            a_items,
+            a_values,
+            K.group_triple_counts(a_indptr, a_values),
+            b_indptr,
+            b_users,
+            b_values,
+            K.group_triple_counts(b_indptr, b_values),
+        )
 
     @property
     def n_type_a(self) -> int:
@@ -123,15 +136,23 @@ class TripleSource:
     def _cumulative(count: np.ndarray, power: float) -> np.ndarray:
         weight = count.astype(np.float64)
         if power != 1.0:
-            weight = np.where(count > 0, weight ** power, 0.0)
+            weight = np.where(count > 0, weight**power, 0.0)
         cum = np.zeros(count.shape[0] + 1)
         np.cumsum(weight, out=cum[1:])
         return cum
 
     def arrays(self, group_power: float = 1.0):
         """Kernel arguments; groups drawn with weight count**group_power (1: uniform over triples)."""
-        return (self.a_indptr, self.a_items, self.a_values, self._cumulative(self.a_count, group_power),
-                self.b_indptr, self.b_users, self.b_values, self._cumulative(self.b_count, group_power))
+        return (
+            self.a_indptr,
+            self.a_items,
+            self.a_values,
+            self._cumulative(self.a_count, group_power),
+            self.b_indptr,
+            self.b_users,
+            self.b_values,
+            self._cumulative(self.b_count, group_power),
+        )
 
     def sample(self, n: int, p_a: float, seed: int, group_power: float = 1.0):
         """``n`` triples drawn exactly as training draws them: (kind, first, second, third)."""
@@ -203,11 +224,25 @@ class COE(Estimator):
         "verbose": ["boolean"],
     }
 
-    def __init__(self, *, n_components: int = 2, function: str = "sigmoid", lam: float = 4.0,
-                 alpha: float = 1.0, eta: float = 0.01, learning_rate: float = 0.1,
-                 learning_rate_final_ratio: float = 0.01, max_iter: int = 40, steps_per_epoch: int = 0,
-                 type_a_share: float | None = None, group_power: float = 1.0, source: str = "ratings",
-                 init_std: float = 0.1, random_state: int = 0, verbose: bool = False):
+    def __init__(
+        self,
+        *,
+        n_components: int = 2,
+        function: str = "sigmoid",
+        lam: float = 4.0,
+        alpha: float = 1.0,
+        eta: float = 0.01,
+        learning_rate: float = 0.1,
+        learning_rate_final_ratio: float = 0.01,
+        max_iter: int = 40,
+        steps_per_epoch: int = 0,
+        type_a_share: float | None = None,
+        group_power: float = 1.0,
+        source: str = "ratings",
+        init_std: float = 0.1,
+        random_state: int = 0,
+        verbose: bool = False,
+    ):
         self.n_components = n_components
         self.function = function
         self.lam = lam
@@ -228,7 +263,7 @@ class COE(Estimator):
     def scale(self) -> float:
         return float(self.lam if self.function == "sigmoid" else self.alpha)
 
-    def fit(self, data: Ratings | ExplicitTriples) -> "COE":
+    def fit(self, data: Ratings | ExplicitTriples) -> COE:
         """Fit on ratings (or co-occurrence counts) with triples drawn on the fly,
         or on an explicit triples file's :class:`ExplicitTriples` (drawn uniformly)."""
         self._validate_params()
@@ -238,15 +273,18 @@ class COE(Estimator):
         triples = TripleSource.build(data.user, data.item, values, data.n_users, data.n_items)
         return self.fit_triples(data, triples)
 
-    def fit_triples(self, data: Ratings, triples: TripleSource) -> "COE":
+    def fit_triples(self, data: Ratings, triples: TripleSource) -> COE:
         """Fit from a prepared :class:`TripleSource` (the evaluation reuses one per split)."""
         self._validate_params()
         self.users_, self.items_ = data.users, data.items
         self.n_type_a_, self.n_type_b_ = triples.n_type_a, triples.n_type_b
         if self.n_type_a_ + self.n_type_b_ == 0:
             raise ValueError("the data hold no triple: every user and item rates all its items alike")
-        p_a = (self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
-               if self.type_a_share is None else float(self.type_a_share))
+        p_a = (
+            self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
+            if self.type_a_share is None
+            else float(self.type_a_share)
+        )
         rng = np.random.default_rng(self.random_state)
         X = rng.normal(0.0, self.init_std, (data.n_users, int(self.n_components)))
         Y = rng.normal(0.0, self.init_std, (data.n_items, int(self.n_components)))
@@ -261,8 +299,19 @@ class COE(Estimator):
                 # linear decay from learning_rate to learning_rate * learning_rate_final_ratio over all steps
                 lr0 = self.learning_rate + (lr_end - self.learning_rate) * (epoch * steps / total)
                 lr1 = self.learning_rate + (lr_end - self.learning_rate) * ((epoch + 1) * steps / total)
-                ll = K.sga_epoch(X, Y, *arrays, steps, p_a, func, self.scale,
-                                 float(self.eta), lr0, lr1, int(self.random_state) * 1_000_003 + epoch)
+                ll = K.sga_epoch(
+                    X,
+                    Y,
+                    *arrays,
+                    steps,
+                    p_a,
+                    func,
+                    self.scale,
+                    float(self.eta),
+                    lr0,
+                    lr1,
+                    int(self.random_state) * 1_000_003 + epoch,
+                )
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 self.log_likelihood_.append(float(ll))
                 bar.update(1, lnP=ll)
@@ -273,7 +322,7 @@ class COE(Estimator):
         self._fingerprint = data.fingerprint()
         return self
 
-    def fit_explicit(self, triples: ExplicitTriples) -> "COE":
+    def fit_explicit(self, triples: ExplicitTriples) -> COE:
         """Fit on given triples; each step draws one of them uniformly."""
         self._validate_params()
         if len(triples) == 0:
@@ -292,9 +341,21 @@ class COE(Estimator):
             for epoch in range(int(self.max_iter)):
                 lr0 = self.learning_rate + (lr_end - self.learning_rate) * (epoch * steps / total)
                 lr1 = self.learning_rate + (lr_end - self.learning_rate) * ((epoch + 1) * steps / total)
-                K.sga_explicit(X, Y, triples.kind, triples.first, triples.second, triples.third, steps,
-                               FUNCTIONS[self.function], self.scale, float(self.eta), lr0, lr1,
-                               int(self.random_state) * 1_000_003 + epoch)
+                K.sga_explicit(
+                    X,
+                    Y,
+                    triples.kind,
+                    triples.first,
+                    triples.second,
+                    triples.third,
+                    steps,
+                    FUNCTIONS[self.function],
+                    self.scale,
+                    float(self.eta),
+                    lr0,
+                    lr1,
+                    int(self.random_state) * 1_000_003 + epoch,
+                )
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 bar.update(1)
         self.user_coords_ = X.astype(np.float32)
@@ -327,8 +388,11 @@ class COE(Estimator):
             },
             ids={"users": self.users_, "items": self.items_},
             hyperparameters={k: v for k, v in self.get_params().items() if k != "verbose"},
-            attributes={"type_a_triples": self.n_type_a_, "type_b_triples": self.n_type_b_,
-                        "steps": self.steps_},
+            attributes={
+                "type_a_triples": self.n_type_a_,
+                "type_b_triples": self.n_type_b_,
+                "steps": self.steps_,
+            },
             data_fingerprint=self._fingerprint,
         )
 

@@ -14,6 +14,7 @@ Memory is O(ratings) whatever the number of triples (Netflix: 1e8 ratings,
 
 Function codes: 0 = sigmoid (COE-S, Eq. 3.2), 1 = Gompertz (COE-G, Eq. 3.3).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -189,8 +190,7 @@ def _draw_pair(start, end, values):
 
 
 @njit(cache=True)
-def sample_triples(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum,
-                   n, p_a, seed):
+def sample_triples(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum, n, p_a, seed):
     """``n`` triples drawn as ``sga_epoch`` draws them (for tests and diagnostics).
 
     Returns (kind, first, second, third) int64 arrays: type A (kind 0)
@@ -220,8 +220,26 @@ def sample_triples(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_valu
 
 
 @njit(cache=True)
-def sga_epoch(X, Y, a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum,
-              n_steps, p_a, func, scale, eta, lr_start, lr_end, seed):
+def sga_epoch(
+    X,
+    Y,
+    a_indptr,
+    a_items,
+    a_values,
+    a_cum,
+    b_indptr,
+    b_users,
+    b_values,
+    b_cum,
+    n_steps,
+    p_a,
+    func,
+    scale,
+    eta,
+    lr_start,
+    lr_end,
+    seed,
+):
     """``n_steps`` steps of stochastic gradient ascent (Algorithm 1), in place.
 
     Each step draws a type (A with probability ``p_a``), a group (user for

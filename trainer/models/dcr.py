@@ -48,6 +48,7 @@ keep their random initial values, which add user-specific noise to every
 item's score; and SGA from a random start must first grow the shared
 item-effect direction that an item mean gets for free.
 """
+
 from __future__ import annotations
 
 import copy
@@ -60,14 +61,17 @@ import numpy as np
 
 from ordrec.service.ann import ANN_MIN_ITEMS, build_params, item_index
 from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
 from ordrec.service.models.dcr import RELEVANCE, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.models.dcr_kernels import (
-    pairwise_epoch, pairwise_epoch_by_user, pointwise_epoch, pointwise_epoch_by_user, pointwise_loglik,
+    pairwise_epoch,
+    pairwise_epoch_by_user,
+    pointwise_epoch,
+    pointwise_epoch_by_user,
+    pointwise_loglik,
     shuffle_segments,
 )
-from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.progress import Progress
 
 
@@ -128,8 +132,9 @@ def _int_list(values) -> list[int]:
     return [int(x) for x in values]
 
 
-def validation_split(train: Ratings, rng: np.random.Generator, fraction: float = 0.25,
-                     minimum: int = 2) -> tuple[Ratings, Ratings]:
+def validation_split(
+    train: Ratings, rng: np.random.Generator, fraction: float = 0.25, minimum: int = 2
+) -> tuple[Ratings, Ratings]:
     """Hold out ``max(minimum, fraction * n_u)`` of each user's training ratings."""
     counts = np.bincount(train.user, minlength=train.n_users)
     held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
@@ -141,8 +146,9 @@ def validation_split(train: Ratings, rng: np.random.Generator, fraction: float =
     return train.subset(np.sort(order[~is_val])), train.subset(np.sort(order[is_val]))
 
 
-def holdouts(train: Ratings, rng: np.random.Generator, folds: int,
-             fraction: float = 0.25) -> list[tuple[Ratings, Ratings]]:
+def holdouts(
+    train: Ratings, rng: np.random.Generator, folds: int, fraction: float = 0.25
+) -> list[tuple[Ratings, Ratings]]:
     """``folds`` (at least one) ``validation_split`` hold-outs of ``train``, drawn in turn from ``rng``."""
     return [validation_split(train, rng, fraction) for _ in range(max(1, int(folds)))]
 
@@ -152,14 +158,22 @@ def median_level_epochs(epochs: list) -> list[int]:
     return [int(e) for e in np.median(np.array(epochs), axis=0).round()]
 
 
-def stopped_level_epochs(params: dict, data: Ratings, rng: np.random.Generator, folds: int,
-                         fraction: float = 0.25, research: "ResearchOptions | None" = None) -> list[int]:
+def stopped_level_epochs(
+    params: dict,
+    data: Ratings,
+    rng: np.random.Generator,
+    folds: int,
+    fraction: float = 0.25,
+    research: ResearchOptions | None = None,
+) -> list[int]:
     """Per-level epoch counts for a refit on ``data``: each level's median over ``folds``
     hold-outs (``holdouts``) of the epoch where DCR(**params) early-stopped on it
     (fitted with ``research``; its ``level_epochs`` are ignored)."""
     research = replace(research or ResearchOptions(), level_epochs=None)
-    epochs = [DCR(**params).fit(fit, validation=val, research=research).best_epochs_
-              for fit, val in holdouts(data, rng, folds, fraction)]
+    epochs = [
+        DCR(**params).fit(fit, validation=val, research=research).best_epochs_
+        for fit, val in holdouts(data, rng, folds, fraction)
+    ]
     return median_level_epochs(epochs)
 
 
@@ -173,8 +187,16 @@ class _LevelStopper:
     each keeps a copy of its slices at its best epoch, put back at the end.
     """
 
-    def __init__(self, model: "DCR", U: np.ndarray, V: np.ndarray, active: np.ndarray, data: Ratings,
-                 validation: Ratings | None, level_epochs):
+    def __init__(
+        self,
+        model: DCR,
+        U: np.ndarray,
+        V: np.ndarray,
+        active: np.ndarray,
+        data: Ratings,
+        validation: Ratings | None,
+        level_epochs,
+    ):
         self.U, self.V, self.L = U, V, U.shape[1]
         # Snapshots hold only the users with training ratings: the other rows never change,
         # and a protocol split keeps every user of the id map, many times the active ones.
@@ -190,7 +212,9 @@ class _LevelStopper:
             if validation is not None:
                 raise ValueError("give either level_epochs or validation, not both")
             if len(self.fixed) != self.L:
-                raise ValueError(f"level_epochs needs one count per learned level ({self.L}), got {self.fixed}")
+                raise ValueError(
+                    f"level_epochs needs one count per learned level ({self.L}), got {self.fixed}"
+                )
             self.epochs = max(self.fixed)
             self.best_epochs = list(self.fixed)
         elif validation is not None:
@@ -321,11 +345,13 @@ class ResearchOptions:
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def split(cls, params: dict) -> tuple[dict, "ResearchOptions"]:
+    def split(cls, params: dict) -> tuple[dict, ResearchOptions]:
         """A mixed dict of DCR parameters and research options as (DCR's, the options)."""
         names = set(cls.names())
-        return ({k: v for k, v in params.items() if k not in names},
-                cls(**{k: v for k, v in params.items() if k in names}))
+        return (
+            {k: v for k, v in params.items() if k not in names},
+            cls(**{k: v for k, v in params.items() if k in names}),
+        )
 
     def validate(self) -> None:
         validate_params("ResearchOptions", asdict(self), self._parameter_constraints)
@@ -454,15 +480,35 @@ class DCR(Estimator):
         "verbose": ["boolean"],
     }
 
-    def __init__(self, *, n_components: int = 20, levels=None, relevance: str = "linear",
-                 learning_rate: float = 0.05, learning_rate_decay: float = 0.02, reg: float = 0.001,
-                 max_iter: int = 100, init_std: float = 0.1, pairwise: bool = False,
-                 pairwise_learning_rate: float = 0.01, pairwise_reg: float = 0.001,
-                 pairwise_max_iter: int = 20,
-                 pairs_per_epoch: float = 1.0, tol: float = 0.002, init: str = "random", patience: int = 5,
-                 val_tol: float = 0.0, early_stopping: bool = False, validation_fraction: float = 0.25,
-                 validation_folds: int = 3, dtype: str = "float32", random_state: int = 0,
-                 ann_min_items: int = ANN_MIN_ITEMS, ann_params: dict | None = None, verbose: bool = False):
+    def __init__(
+        self,
+        *,
+        n_components: int = 20,
+        levels=None,
+        relevance: str = "linear",
+        learning_rate: float = 0.05,
+        learning_rate_decay: float = 0.02,
+        reg: float = 0.001,
+        max_iter: int = 100,
+        init_std: float = 0.1,
+        pairwise: bool = False,
+        pairwise_learning_rate: float = 0.01,
+        pairwise_reg: float = 0.001,
+        pairwise_max_iter: int = 20,
+        pairs_per_epoch: float = 1.0,
+        tol: float = 0.002,
+        init: str = "random",
+        patience: int = 5,
+        val_tol: float = 0.0,
+        early_stopping: bool = False,
+        validation_fraction: float = 0.25,
+        validation_folds: int = 3,
+        dtype: str = "float32",
+        random_state: int = 0,
+        ann_min_items: int = ANN_MIN_ITEMS,
+        ann_params: dict | None = None,
+        verbose: bool = False,
+    ):
         self.n_components = n_components
         self.levels = levels
         self.relevance = relevance
@@ -490,7 +536,7 @@ class DCR(Estimator):
         self.verbose = verbose
 
     # ------------------------------------------------------------ checks
-    def _validate_params(self, research: "ResearchOptions | None" = None) -> None:
+    def _validate_params(self, research: ResearchOptions | None = None) -> None:
         super()._validate_params()
         build_params(self.ann_params)  # names an unknown or non-positive index parameter
         if research is not None:
@@ -499,8 +545,9 @@ class DCR(Estimator):
                 raise ValueError("item_bias needs n_components >= 2 (one coordinate is the bias)")
 
     # ------------------------------------------------------------ fitting
-    def fit(self, data: Ratings, validation: Ratings | None = None, *,
-            research: ResearchOptions | None = None) -> "DCR":
+    def fit(
+        self, data: Ratings, validation: Ratings | None = None, *, research: ResearchOptions | None = None
+    ) -> DCR:
         """Fit the per-level factors (and refine pairwise when ``pairwise``).
 
         ``validation`` (ratings on the same id maps, e.g. a hold-out carved
@@ -536,7 +583,8 @@ class DCR(Estimator):
         user = np.ascontiguousarray(data.user, dtype=np.int64)
         item = np.ascontiguousarray(data.item, dtype=np.int64)
         self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
-            n_users, user, item.astype(np.int32), level)
+            n_users, user, item.astype(np.int32), level
+        )
         self.item_popularity_ = self._damped_mean(data, n_items)
         self.item_counts_ = np.bincount(item, minlength=n_items)
 
@@ -561,8 +609,9 @@ class DCR(Estimator):
         stopper = _LevelStopper(self, U, V, active, data, validation, level_epochs)
         # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
         # reports its starting point's.
-        self.loglik_ = (pointwise_loglik(U, V, user, item, level) if 0 in (stopper.fixed or [])
-                        else np.full(L, np.nan))
+        self.loglik_ = (
+            pointwise_loglik(U, V, user, item, level) if 0 in (stopper.fixed or []) else np.full(L, np.nan)
+        )
         if by_user:
             # Working copies: shuffle_segments permutes them in place every epoch.
             seg_items = self.seen_indices_.astype(np.int64)
@@ -574,15 +623,40 @@ class DCR(Estimator):
                 if by_user:
                     shuffle_segments(self.seen_indptr_, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
                     loglik, norms = pointwise_epoch_by_user(
-                        U, V, self.seen_indptr_, seg_items, seg_levels, rng.permutation(active),
-                        lr, float(self.reg), float(research.prob_floor), u_fixed, u_radius, sphere, train)
+                        U,
+                        V,
+                        self.seen_indptr_,
+                        seg_items,
+                        seg_levels,
+                        rng.permutation(active),
+                        lr,
+                        float(self.reg),
+                        float(research.prob_floor),
+                        u_fixed,
+                        u_radius,
+                        sphere,
+                        train,
+                    )
                     # Every updated vector's norm passes through this sum, so a NaN anywhere
                     # in the factors shows here without scanning U and V every epoch.
                     check_finite(epoch, loglik=loglik, factor_norms=norms)
                 else:
                     order = rng.permutation(len(data)).astype(np.int64)
-                    loglik = pointwise_epoch(U, V, user, item, level, order, lr, float(self.reg),
-                                             float(research.prob_floor), u_fixed, u_radius, sphere, train)
+                    loglik = pointwise_epoch(
+                        U,
+                        V,
+                        user,
+                        item,
+                        level,
+                        order,
+                        lr,
+                        float(self.reg),
+                        float(research.prob_floor),
+                        u_fixed,
+                        u_radius,
+                        sphere,
+                        train,
+                    )
                     check_finite(epoch, user_factors=U, item_factors=V)
                 # A frozen level keeps the likelihood of its last epoch.
                 self.loglik_[train] = loglik[train]
@@ -616,12 +690,17 @@ class DCR(Estimator):
         inner = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
         # Every user holds out at least 2 ratings, so users with 2 or fewer leave nothing behind.
         if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
-            raise DataError(data.source, None, "early_stopping holds out at least 2 ratings per user, and no"
-                                               " user has more than 2: nothing would be left to train on")
+            raise DataError(
+                data.source,
+                None,
+                "early_stopping holds out at least 2 ratings per user, and no"
+                " user has more than 2: nothing would be left to train on",
+            )
         # Its own random stream: the hold-outs do not shift the refit's initialisation.
         rng = np.random.default_rng([int(self.random_state), 1])
-        self.chosen_level_epochs_ = stopped_level_epochs(inner, data, rng, int(self.validation_folds),
-                                                         float(self.validation_fraction), self.research_)
+        self.chosen_level_epochs_ = stopped_level_epochs(
+            inner, data, rng, int(self.validation_folds), float(self.validation_fraction), self.research_
+        )
         return self.chosen_level_epochs_
 
     def _converged(self) -> bool:
@@ -639,8 +718,15 @@ class DCR(Estimator):
             return False
         return (h[-1] - h[-2]) < float(self.tol) * abs(h[-1])
 
-    def _marginal_init(self, U: np.ndarray, V: np.ndarray, item: np.ndarray, level: np.ndarray,
-                       active: np.ndarray, u_fixed: int) -> None:
+    def _marginal_init(
+        self,
+        U: np.ndarray,
+        V: np.ndarray,
+        item: np.ndarray,
+        level: np.ndarray,
+        active: np.ndarray,
+        u_fixed: int,
+    ) -> None:
         """Start every level at the damped item-marginal model (``init="marginal"``; ours).
 
         Level ``t``'s item marginal ``p_it = (n_it + beta g_t) / (n_i + beta)``,
@@ -665,7 +751,7 @@ class DCR(Estimator):
         counts = np.bincount(item, minlength=n_items).astype(np.float64)
         radius = float(np.sqrt(1.0 - float(self.research_.item_bias) ** 2)) if u_fixed else 1.0
         # The user coordinate: the rest of the vector's norm budget (|U_u| = radius).
-        noise_u = np.sum(U[:, :, k0 + 1:] ** 2, axis=2)
+        noise_u = np.sum(U[:, :, k0 + 1 :] ** 2, axis=2)
         a = np.sqrt(np.maximum(radius * radius - noise_u, 0.0))
         U[:, :, k0] = a
         a_mean = float(a[active].mean()) if active.size else radius
@@ -678,7 +764,7 @@ class DCR(Estimator):
             if u_fixed:
                 # item_bias already contributes s * V_i0; leave the target to the free coordinate.
                 target = target - float(self.research_.item_bias) * V[:, t, 0]
-            noise_v = np.sum(V[:, t, k0 + 1:] ** 2, axis=1)
+            noise_v = np.sum(V[:, t, k0 + 1 :] ** 2, axis=1)
             room = np.sqrt(np.maximum(1.0 - noise_v - (V[:, t, 0] ** 2 if u_fixed else 0.0), 0.0))
             V[:, t, k0] = np.clip(target / a_mean, -room, room)
         # A large init_std can draw noise outside the ball on its own: project it back.
@@ -707,7 +793,7 @@ class DCR(Estimator):
         """Pairwise DCR (Algorithm 1) with pairs sampled on the fly."""
         c, _ = level_weights(self.levels_, self.relevance)
         bias = float(self.research_.item_bias)
-        u_fixed, u_radius = (1, float(np.sqrt(1 - bias ** 2))) if bias else (0, 1.0)
+        u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
         n_steps = int(round(float(self.pairs_per_epoch) * self.seen_indices_.size))
         items = self.seen_indices_.astype(np.int64)
         sphere = self.research_.projection == "sphere"
@@ -718,19 +804,43 @@ class DCR(Estimator):
                 if self.research_.order == "user":
                     # Pairs grouped by user: U_u stays in cache for the user's draws.
                     loss, _ = pairwise_epoch_by_user(
-                        self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_, c, rng.permutation(active),
-                        float(self.pairs_per_epoch), lr, float(self.pairwise_reg), u_fixed, u_radius, sphere,
-                        int(rng.integers(2**31 - 1)))
+                        self.U_,
+                        self.V_,
+                        self.seen_indptr_,
+                        items,
+                        self.seen_levels_,
+                        c,
+                        rng.permutation(active),
+                        float(self.pairs_per_epoch),
+                        lr,
+                        float(self.pairwise_reg),
+                        u_fixed,
+                        u_radius,
+                        sphere,
+                        int(rng.integers(2**31 - 1)),
+                    )
                 else:
-                    loss, _ = pairwise_epoch(self.U_, self.V_, self.seen_indptr_, items, self.seen_levels_,
-                                             c, n_steps, lr, float(self.pairwise_reg), u_fixed, u_radius,
-                                             sphere, int(rng.integers(2**31 - 1)))
+                    loss, _ = pairwise_epoch(
+                        self.U_,
+                        self.V_,
+                        self.seen_indptr_,
+                        items,
+                        self.seen_levels_,
+                        c,
+                        n_steps,
+                        lr,
+                        float(self.pairwise_reg),
+                        u_fixed,
+                        u_radius,
+                        sphere,
+                        int(rng.integers(2**31 - 1)),
+                    )
                 # Users with fewer than 2 ratings draw no pairs, so their rows never change.
                 check_finite(epoch, user_factors=self.U_[active], item_factors=self.V_)
                 self.pairwise_loss_ = float(loss)
                 bar.update(1, loss=float(loss))
 
-    def refined(self, **overrides) -> "DCR":
+    def refined(self, **overrides) -> DCR:
         """A copy of this fitted DCR refined pairwise (the DCR fit is not repeated).
 
         ``overrides`` set the pairwise parameters (e.g. ``pairwise_learning_rate``);
@@ -745,7 +855,7 @@ class DCR(Estimator):
         other._refine(np.random.default_rng([int(other.random_state), 1]))
         return other
 
-    def with_research(self, **changes) -> "DCR":
+    def with_research(self, **changes) -> DCR:
         """A shallow copy of this fitted DCR whose ``research_`` has ``changes`` (e.g.
         ``item_shrinkage``, applied when the artifact is written); the factors are shared."""
         if not hasattr(self, "U_"):
@@ -759,7 +869,9 @@ class DCR(Estimator):
     def loglik(self, data: Ratings) -> np.ndarray:
         """Per-level log-likelihood of ``data`` (same id maps) under the fitted factors."""
         _, level = rating_levels(data.rating, self.levels_, data.source)
-        return pointwise_loglik(self.U_, self.V_, data.user.astype(np.int64), data.item.astype(np.int64), level)
+        return pointwise_loglik(
+            self.U_, self.V_, data.user.astype(np.int64), data.item.astype(np.int64), level
+        )
 
     # ------------------------------------------------------------ artifact
     def to_artifact(self) -> Artifact:
@@ -774,7 +886,12 @@ class DCR(Estimator):
         metrics = {f"train_loglik_level_{t + 2}": float(v) for t, v in enumerate(self.loglik_)}
         metrics["epochs_run"] = float(getattr(self, "epochs_run_", self.max_iter))
         # The epochs each level trained for, when they were given or chosen on validation.
-        metrics.update({f"epochs_level_{t + 2}": float(e) for t, e in enumerate(getattr(self, "best_epochs_", None) or [])})
+        metrics.update(
+            {
+                f"epochs_level_{t + 2}": float(e)
+                for t, e in enumerate(getattr(self, "best_epochs_", None) or [])
+            }
+        )
         item_factors = self.V_.reshape(self.V_.shape[0], L * f)
         beta = float(self.research_.item_shrinkage)
         if beta > 0:
@@ -784,8 +901,11 @@ class DCR(Estimator):
             metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
         item_factors = item_factors.astype(np.float32)
         # A large catalogue gets an approximate item index, built when the version is published.
-        indexes = ({"items": item_index(item_factors, self.ann_params)}
-                   if item_factors.shape[0] >= int(self.ann_min_items) else {})
+        indexes = (
+            {"items": item_index(item_factors, self.ann_params)}
+            if item_factors.shape[0] >= int(self.ann_min_items)
+            else {}
+        )
         return Artifact(
             kind=self.kind,
             arrays={

@@ -12,6 +12,7 @@ place; by default *without* projecting, so a finite-difference test can
 compare the step with the objective's gradient. The epoch kernels pass the
 radius, and the steps project in the same pass.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -228,8 +229,9 @@ def shuffle_segments(indptr, items, levels, seed):
 
 
 @njit(cache=True, parallel=True, fastmath=FAST)
-def pointwise_epoch_by_user(U, V, indptr, items, levels, user_order, lr, reg, floor, u_fixed, u_radius, sphere,
-                            train_levels):
+def pointwise_epoch_by_user(
+    U, V, indptr, items, levels, user_order, lr, reg, floor, u_fixed, u_radius, sphere, train_levels
+):
     """One SGA pass for the levels ``train_levels``, the ratings grouped by user (levels in parallel).
 
     The same steps as ``pointwise_epoch`` (``pointwise_step``, then the
@@ -369,7 +371,14 @@ def _pair_level_step(ut, it, jt, D, S, u_fixed, u_radius, sphere):
     si = projection_scale(ni, 1.0, sphere) if u_radius > 0.0 else 1.0
     sj = projection_scale(nj, 1.0, sphere) if u_radius > 0.0 else 1.0
     real = ut.dtype.type  # the factors' type: no float64 round trip per coordinate
-    uD, uS, iD, iS, jD, jS = real(su * D), real(su * S), real(si * D), real(si * S), real(sj * D), real(sj * S)
+    uD, uS, iD, iS, jD, jS = (
+        real(su * D),
+        real(su * S),
+        real(si * D),
+        real(si * S),
+        real(sj * D),
+        real(sj * S),
+    )
     for k in range(u_fixed):  # frozen user coordinates: the items only
         uk = ut[k]
         it[k] = iD * it[k] + iS * uk
@@ -470,8 +479,9 @@ def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_
 
 
 @njit(cache=True, fastmath=FAST)
-def pairwise_epoch_by_user(U, V, indptr, items, levels, c, user_order, pairs_per_rating, lr, lam, u_fixed,
-                           u_radius, sphere, seed):
+def pairwise_epoch_by_user(
+    U, V, indptr, items, levels, c, user_order, pairs_per_rating, lr, lam, u_fixed, u_radius, sphere, seed
+):
     """``pairwise_epoch`` with the pairs grouped by user.
 
     Users in the order ``user_order``; user ``u`` with ``n_u`` ratings gets
@@ -494,8 +504,9 @@ def pairwise_epoch_by_user(U, V, indptr, items, levels, c, user_order, pairs_per
         draws = int(pairs_per_rating * (hi - lo) + 0.5)
         for _ in range(draws):
             a = np.random.randint(lo, hi)
-            loss, took = _pair_step_from(U, V, items, levels, u, lo, hi, a, c, lr, lam, u_fixed, u_radius,
-                                         sphere)
+            loss, took = _pair_step_from(
+                U, V, items, levels, u, lo, hi, a, c, lr, lam, u_fixed, u_radius, sphere
+            )
             total += loss
             taken += took
     return total / max(taken, 1), taken

@@ -68,11 +68,13 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
   algorithm is the poster's;
 - ``edge_weight``: the general weights of sigma_a; 1 (the poster's 0/1) by default.
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from numbers import Integral, Real
-from typing import ClassVar, Sequence
+from typing import ClassVar
 
 import numpy as np
 from scipy import sparse
@@ -88,8 +90,13 @@ from ordrec.trainer.progress import Progress
 
 
 # ------------------------------------------------------------------ inputs
-def knn_lists(features: np.ndarray, k: int, ids: Sequence[str] | None = None,
-              labels: np.ndarray | None = None, path: str = "") -> NeighborLists:
+def knn_lists(
+    features: np.ndarray,
+    k: int,
+    ids: Sequence[str] | None = None,
+    labels: np.ndarray | None = None,
+    path: str = "",
+) -> NeighborLists:
     """The directed exact k-NN lists of a feature matrix (Euclidean; rank 1 nearest, self excluded)."""
     from sklearn.neighbors import NearestNeighbors
 
@@ -107,8 +114,14 @@ def knn_lists(features: np.ndarray, k: int, ids: Sequence[str] | None = None,
     source = np.repeat(np.arange(n, dtype=np.int32), k)
     rank = np.tile(np.arange(1, k + 1, dtype=np.int32), n)
     vertices = IdMap([str(i) for i in range(n)] if ids is None else list(ids))
-    return NeighborLists(vertices, source, rows.ravel().astype(np.int32), rank, path=path,
-                         labels=None if labels is None else np.asarray(labels))
+    return NeighborLists(
+        vertices,
+        source,
+        rows.ravel().astype(np.int32),
+        rank,
+        path=path,
+        labels=None if labels is None else np.asarray(labels),
+    )
 
 
 def neighbor_csr(data: NeighborLists) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -142,8 +155,15 @@ def neighbor_csr(data: NeighborLists) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return indptr, nbr.astype(np.int32), rnk.astype(np.int32)
 
 
-def enlarged_edges(indptr: np.ndarray, col: np.ndarray, rnk: np.ndarray, n: int,
-                   nonedge_factor: float, seed: int, hop2_fraction: float = 0.0):
+def enlarged_edges(
+    indptr: np.ndarray,
+    col: np.ndarray,
+    rnk: np.ndarray,
+    n: int,
+    nonedge_factor: float,
+    seed: int,
+    hop2_fraction: float = 0.0,
+):
     """E+ = E plus ``round(nonedge_factor * q)`` random non-edges of rank q per source.
 
     Returns ``(q, plus_indptr, plus_col, plus_rnk)``.
@@ -205,7 +225,7 @@ def landmark_mds(G: sparse.csr_matrix, dim: int, n_landmarks: int, rng: np.rando
         nearest[chosen] = -1.0
         landmark = int(np.argmax(nearest))  # inf first: reach every component
     D = _fill_disconnected(D)
-    D2 = D ** 2
+    D2 = D**2
     DL = D2[:, chosen]
     DL = 0.5 * (DL + DL.T)
     mean = DL.mean(axis=0)
@@ -297,12 +317,27 @@ class KnnScal(Estimator):
         "verbose": ["boolean"],
     }
 
-    def __init__(self, *, n_components: int = 2, nonedge_factor: float = 20.0, sweeps: int = 5,
-                 max_iter: int = 200, tol: float = 1e-4, update: str = "gauss-seidel", init: str = "auto",
-                 initial_disparities: str = "ranks", n_landmarks: int = 32, cmds_max_n: int = 500,
-                 edge_weight: float = 1.0, rank_gap: float = 2.0, hop2_fraction: float = 1.0,
-                 n_neighbors: int = 10, reorder: str = "morton", random_state: int = 0,
-                 verbose: bool = False):
+    def __init__(
+        self,
+        *,
+        n_components: int = 2,
+        nonedge_factor: float = 20.0,
+        sweeps: int = 5,
+        max_iter: int = 200,
+        tol: float = 1e-4,
+        update: str = "gauss-seidel",
+        init: str = "auto",
+        initial_disparities: str = "ranks",
+        n_landmarks: int = 32,
+        cmds_max_n: int = 500,
+        edge_weight: float = 1.0,
+        rank_gap: float = 2.0,
+        hop2_fraction: float = 1.0,
+        n_neighbors: int = 10,
+        reorder: str = "morton",
+        random_state: int = 0,
+        verbose: bool = False,
+    ):
         self.n_components = n_components
         self.nonedge_factor = nonedge_factor
         self.sweeps = sweeps
@@ -376,8 +411,15 @@ class KnnScal(Estimator):
         return K.stress(X, self.plus_indptr_, self.plus_col_, *self._weights(), delta)
 
     def _majorize(self, X: np.ndarray, delta: np.ndarray, sweeps: int) -> np.ndarray:
-        args = (self.plus_indptr_, self.plus_col_, *self._weights(), delta,
-                self.in_indptr_, self.in_src_, self.in_entry_)
+        args = (
+            self.plus_indptr_,
+            self.plus_col_,
+            *self._weights(),
+            delta,
+            self.in_indptr_,
+            self.in_src_,
+            self.in_entry_,
+        )
         if self.update == "jacobi":
             return K.majorize_jacobi(X, *args, sweeps)
         K.majorize_gauss_seidel(X, *args, sweeps)
@@ -386,8 +428,16 @@ class KnnScal(Estimator):
     def _isotonic(self, X: np.ndarray, delta: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
         if d is None:
             d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
-        K.isotonic_rows(self.plus_indptr_, self.plus_rnk_, self.q_, float(self.edge_weight),
-                        float(self.rank_gap), d, delta, self.perm_)
+        K.isotonic_rows(
+            self.plus_indptr_,
+            self.plus_rnk_,
+            self.q_,
+            float(self.edge_weight),
+            float(self.rank_gap),
+            d,
+            delta,
+            self.perm_,
+        )
         return self._normalise(delta)
 
     def normalised_stress(self, raw: float) -> float:
@@ -395,7 +445,7 @@ class KnnScal(Estimator):
         return 2.0 * raw / self.weight_total_
 
     # ------------------------------------------------------------------ fit
-    def fit(self, data) -> "KnnScal":
+    def fit(self, data) -> KnnScal:
         """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here)."""
         self._validate_params()
         if not isinstance(data, NeighborLists):
@@ -411,8 +461,8 @@ class KnnScal(Estimator):
         indptr, col, rnk = neighbor_csr(data)
         self.graph_ = (indptr, col, rnk)
         self.q_, self.plus_indptr_, self.plus_col_, self.plus_rnk_ = enlarged_edges(
-            indptr, col, rnk, n, float(self.nonedge_factor), int(self.random_state),
-            float(self.hop2_fraction))
+            indptr, col, rnk, n, float(self.nonedge_factor), int(self.random_state), float(self.hop2_fraction)
+        )
         n_edges = int(col.shape[0])
         self.weight_total_ = float(self.edge_weight) * n_edges + (self.plus_col_.shape[0] - n_edges)
         timings["edges_s"] = time.perf_counter() - t0
@@ -452,13 +502,13 @@ class KnnScal(Estimator):
         with Progress("KNNSCAL", total=int(self.max_iter), enabled=bool(self.verbose)) as bar:
             for it in range(1, int(self.max_iter) + 1):
                 t_it = time.perf_counter()
-                X = self._majorize(X, delta, int(self.sweeps))               # 4a
+                X = self._majorize(X, delta, int(self.sweeps))  # 4a
                 # One pass over X for the distances; both stresses and the
                 # isotonic fit read them sequentially.
                 d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
                 s_major = K.stress_from_distances(d, *self._weights(), delta)
                 check_finite(it, coordinates=X)
-                delta = self._isotonic(X, delta, d)                          # 4b, 4c
+                delta = self._isotonic(X, delta, d)  # 4b, 4c
                 s_iso = K.stress_from_distances(d, *self._weights(), delta)
                 del d
                 check_finite(it, disparities=delta)
@@ -527,8 +577,11 @@ class KnnScal(Estimator):
             ids={"objects": self.vertices_},
             hyperparameters=self.get_params(),
             metrics={"stress": float(self.stress_), "n_iter": float(self.n_iter_)},
-            attributes={"q": int(self.q_), "n_entries": int(self.plus_col_.shape[0]),
-                        "converged": bool(self.converged_)},
+            attributes={
+                "q": int(self.q_),
+                "n_entries": int(self.plus_col_.shape[0]),
+                "converged": bool(self.converged_),
+            },
             data_fingerprint=self.data_fingerprint_,
         )
 

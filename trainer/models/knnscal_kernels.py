@@ -10,6 +10,7 @@ that involves it, in O(in + out degree).
 Everything here takes arrays and scalars and returns arrays: no Python
 objects, so the kernels compile once (``cache=True``) and run at C speed.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -289,8 +290,9 @@ def majorize_gauss_seidel(X, indptr, col, rnk, q, edge_weight, delta, in_ptr, in
     in_delta, in_w = _incoming_terms(delta, rnk, q, edge_weight, in_entry)
     for _ in range(sweeps):
         for i in range(n):
-            gamma = _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src,
-                                in_delta, in_w, acc)
+            gamma = _point_step(
+                X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_delta, in_w, acc
+            )
             if gamma > 0:
                 for c in range(dim):
                     X[i, c] += acc[c] / gamma
@@ -310,8 +312,9 @@ def majorize_jacobi(X, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, 
     for _ in range(sweeps):
         Xn = X.copy()
         for i in range(n):
-            gamma = _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src,
-                                in_delta, in_w, acc)
+            gamma = _point_step(
+                X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_delta, in_w, acc
+            )
             if gamma > 0:
                 for c in range(dim):
                     Xn[i, c] += acc[c] / (2.0 * gamma)

@@ -21,10 +21,12 @@ whole objective by finite differences).
 
 Serving uses ``service.models.rtf.RTFIndex`` on the artifact this writes.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from numbers import Integral, Real
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy.stats import rankdata
@@ -35,7 +37,6 @@ from ordrec.trainer.data.types import DataError, TagAssignments
 from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
-
 
 # Beyond one post per user, the stopping set may take at most this share of
 # all posts (Last.fm 10-core: 1,200 of ~32,000 training posts is 3.7%).
@@ -262,8 +263,9 @@ class RTF(Estimator):
             dims = [int(dims)] * 3
         dims = tuple(int(x) for x in dims)
         if len(dims) != 3 or min(dims) < 1:
-            raise ValueError("n_components must be a positive int or three positive ints,"
-                             f" got {self.n_components!r}")
+            raise ValueError(
+                f"n_components must be a positive int or three positive ints, got {self.n_components!r}"
+            )
         return dims
 
     def _reg_tags(self) -> float:
@@ -329,12 +331,12 @@ class RTF(Estimator):
     def _scores(self, post_user: np.ndarray, post_item: np.ndarray) -> np.ndarray:
         """Tag scores of the given posts from the current parameters, by the
         serving code's batched fast path (``T @ q``)."""
-        return score_posts(self.core_, self.user_factors_[post_user], self.item_factors_[post_item],
-                           self.tag_factors_)
+        return score_posts(
+            self.core_, self.user_factors_[post_user], self.item_factors_[post_item], self.tag_factors_
+        )
 
     # ---------------------------------------------------------------- fit
-    def fit(self, data: TagAssignments, on_epoch: Callable[[int, "RTF", dict], None] | None = None
-            ) -> "RTF":
+    def fit(self, data: TagAssignments, on_epoch: Callable[[int, RTF, dict], None] | None = None) -> RTF:
         """Learn ``C, U, I, T`` by per-post stochastic gradient ascent (Fig. 5).
 
         Parameters
@@ -391,8 +393,19 @@ class RTF(Estimator):
                 order = rng.permutation(train_idx)
                 lr = base_lr / (1.0 + float(self.learning_rate_decay) * (epoch - 1))
                 smooth, train_auc = K.sgd_epoch(
-                    C, U, I, T, post_user, post_item, tag_indptr, tags, order,
-                    lr, float(self.reg), float(self.reg_core), self._reg_tags(),
+                    C,
+                    U,
+                    I,
+                    T,
+                    post_user,
+                    post_item,
+                    tag_indptr,
+                    tags,
+                    order,
+                    lr,
+                    float(self.reg),
+                    float(self.reg_core),
+                    self._reg_tags(),
                 )
                 check_finite(epoch, core=C, user_factors=U, item_factors=I, tag_factors=T)
                 record = {"epoch": epoch, "train_auc": float(train_auc), "smoothed_auc": float(smooth)}
@@ -470,8 +483,12 @@ class RTF(Estimator):
             "item_factors": np.ascontiguousarray(self.item_factors_, dtype=np.float32),
             "tag_factors": np.ascontiguousarray(self.tag_factors_, dtype=np.float32),
             "tag_popularity": tag_pop,
-            "user_tag_indptr": u_ptr, "user_tag_indices": u_tags, "user_tag_counts": u_counts,
-            "item_tag_indptr": i_ptr, "item_tag_indices": i_tags, "item_tag_counts": i_counts,
+            "user_tag_indptr": u_ptr,
+            "user_tag_indices": u_tags,
+            "user_tag_counts": u_counts,
+            "item_tag_indptr": i_ptr,
+            "item_tag_indices": i_tags,
+            "item_tag_counts": i_counts,
             "post_indptr": np.cumsum(post_indptr),
             "post_items": self.post_item_.astype(np.int32),
             "post_tag_indptr": self.tag_indptr_.astype(np.int64),
@@ -481,8 +498,11 @@ class RTF(Estimator):
             arrays["tag_name_bytes"], arrays["tag_name_offsets"] = _encode_names(list(self.tag_names_))
         last = self.history_[-1]
         best = next((h for h in self.history_ if h["epoch"] == self.best_epoch_), last)
-        metrics = {"train_auc": best["train_auc"], "epochs": float(self.epochs_run_),
-                   "best_epoch": float(self.best_epoch_)}
+        metrics = {
+            "train_auc": best["train_auc"],
+            "epochs": float(self.epochs_run_),
+            "best_epoch": float(self.best_epoch_),
+        }
         if "val_auc" in best:
             metrics["validation_auc"] = best["val_auc"]
         kU, kI, kT = self.core_.shape
@@ -492,10 +512,14 @@ class RTF(Estimator):
             ids={"users": self.users_, "items": self.items_, "tags": self.tags_},
             hyperparameters=self.get_params(),
             metrics=metrics,
-            attributes={"dims": [kU, kI, kT], "posts": int(self.post_user_.size),
-                        "tag_assignments": int(self.tags_in_posts_.size), "source": self.source_,
-                        "wire_tag_ids": "external tag ids of the data (tag names, when the data "
-                                        "has them, are in tag_name_bytes/offsets)"},
+            attributes={
+                "dims": [kU, kI, kT],
+                "posts": int(self.post_user_.size),
+                "tag_assignments": int(self.tags_in_posts_.size),
+                "source": self.source_,
+                "wire_tag_ids": "external tag ids of the data (tag names, when the data "
+                "has them, are in tag_name_bytes/offsets)",
+            },
             data_fingerprint=self.fingerprint_,
         )
 

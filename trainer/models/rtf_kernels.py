@@ -31,6 +31,7 @@ gradients never loop over pairs times kT.
 All kernels take arrays and scalars and return arrays; they are generic in
 the float type (float64 for gradient tests, float32 for fast training).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -135,8 +136,14 @@ def _post_workspace(C, n_tags):
     """Scratch arrays ``_post_terms`` fills for one post, allocated once per
     call and reused for every post: ``M (kI, kT), q, y, wsum, v, is_pos``."""
     kU, kI, kT = C.shape
-    return (np.empty((kI, kT), dtype=C.dtype), np.empty(kT, dtype=C.dtype), np.empty(n_tags, dtype=C.dtype),
-            np.empty(n_tags, dtype=C.dtype), np.empty(kT, dtype=C.dtype), np.zeros(n_tags, dtype=np.bool_))
+    return (
+        np.empty((kI, kT), dtype=C.dtype),
+        np.empty(kT, dtype=C.dtype),
+        np.empty(n_tags, dtype=C.dtype),
+        np.empty(n_tags, dtype=C.dtype),
+        np.empty(kT, dtype=C.dtype),
+        np.zeros(n_tags, dtype=np.bool_),
+    )
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "arcp"})

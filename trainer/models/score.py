@@ -28,6 +28,7 @@ Modes (``mode``):
 
 The artifact always lists every aspect; in single mode they share one point.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -111,7 +112,7 @@ class GroupLayout:
     group_cum: np.ndarray
 
     @classmethod
-    def from_codes(cls, codes: np.ndarray) -> "GroupLayout":
+    def from_codes(cls, codes: np.ndarray) -> GroupLayout:
         codes = np.asarray(codes)
         n_aspects = codes.shape[1]
         members, aspect_start = [], [0]
@@ -131,9 +132,14 @@ class GroupLayout:
             members.append(objs)
             base += n_t
             aspect_start.append(base)
-        return cls(_concat(members, np.int64), np.asarray(aspect_start, np.int64),
-                   _concat(g_start, np.int64), _concat(g_end, np.int64), _concat(g_aspect, np.int64),
-                   np.cumsum(_concat(g_count, np.float64)))
+        return cls(
+            _concat(members, np.int64),
+            np.asarray(aspect_start, np.int64),
+            _concat(g_start, np.int64),
+            _concat(g_end, np.int64),
+            _concat(g_aspect, np.int64),
+            np.cumsum(_concat(g_count, np.float64)),
+        )
 
     def triplets_per_aspect(self, n_aspects: int) -> np.ndarray:
         counts = np.diff(np.concatenate([[0.0], self.group_cum]))
@@ -204,10 +210,23 @@ class ScoreEstimator(Estimator):
         "verbose": ["boolean"],
     }
 
-    def __init__(self, *, n_components=2, mode="multi", alpha=30.0, learning_rate=0.05,
-                 learning_rate_final=0.0005, max_iter=20, steps_per_epoch=0, max_steps_per_epoch=2_000_000,
-                 kappa=0.0, mu=None,
-                 delta_init=0.5, random_state=0, verbose=False):
+    def __init__(
+        self,
+        *,
+        n_components=2,
+        mode="multi",
+        alpha=30.0,
+        learning_rate=0.05,
+        learning_rate_final=0.0005,
+        max_iter=20,
+        steps_per_epoch=0,
+        max_steps_per_epoch=2_000_000,
+        kappa=0.0,
+        mu=None,
+        delta_init=0.5,
+        random_state=0,
+        verbose=False,
+    ):
         self.n_components = n_components
         self.mode = mode
         self.alpha = alpha
@@ -233,7 +252,7 @@ class ScoreEstimator(Estimator):
             raise ValueError(f"mu must be a non-zero vector of length {dim}")
         return mu / np.linalg.norm(mu)
 
-    def fit(self, data) -> "ScoreEstimator":
+    def fit(self, data) -> ScoreEstimator:
         """Learn from an :class:`AttributeTable` or :class:`ConditionalTriplets`."""
         self._validate_params()
         if isinstance(data, AttributeTable):
@@ -247,8 +266,9 @@ class ScoreEstimator(Estimator):
         elif isinstance(data, ConditionalTriplets):
             self.objects_, self.aspects_ = data.objects, data.aspects
             self.codes_, self.values_, self.labels_, self.layout_ = None, None, None, None
-            self.triplets_ = tuple(np.ascontiguousarray(a, dtype=np.int64)
-                                   for a in (data.aspect, data.i, data.j, data.k))
+            self.triplets_ = tuple(
+                np.ascontiguousarray(a, dtype=np.int64) for a in (data.aspect, data.i, data.j, data.k)
+            )
             per_aspect = data.counts().astype(np.float64)
         else:
             raise TypeError(f"SCORE fits an AttributeTable or ConditionalTriplets, not {type(data).__name__}")
@@ -256,8 +276,10 @@ class ScoreEstimator(Estimator):
         n_obj, n_asp = len(self.objects_), len(self.aspects_)
         n_triplets = float(per_aspect.sum())
         if n_triplets <= 0:
-            raise ValueError("the data hold no triplet: every aspect needs two objects sharing a value"
-                             " and one with another value")
+            raise ValueError(
+                "the data hold no triplet: every aspect needs two objects sharing a value"
+                " and one with another value"
+            )
         self.triplets_per_aspect_ = per_aspect
         dim = int(self.n_components) + 1
 
@@ -293,15 +315,48 @@ class ScoreEstimator(Estimator):
                 seed = int(rng.integers(2**31 - 1))
                 if self.layout_ is not None:
                     L = self.layout_
-                    ll = K.group_epoch(X, Y, delta, self.aspect_row_, object_offset, L.members,
-                                       L.aspect_start, L.group_start, L.group_end, L.group_aspect,
-                                       L.group_cum, steps, a, b, float(self.alpha), float(self.kappa),
-                                       mu, learn_delta, seed)
+                    ll = K.group_epoch(
+                        X,
+                        Y,
+                        delta,
+                        self.aspect_row_,
+                        object_offset,
+                        L.members,
+                        L.aspect_start,
+                        L.group_start,
+                        L.group_end,
+                        L.group_aspect,
+                        L.group_cum,
+                        steps,
+                        a,
+                        b,
+                        float(self.alpha),
+                        float(self.kappa),
+                        mu,
+                        learn_delta,
+                        seed,
+                    )
                 else:
                     ta, ti, tj, tk = self.triplets_
-                    ll = K.triplet_epoch(X, Y, delta, self.aspect_row_, object_offset, ta, ti, tj, tk,
-                                         steps, a, b, float(self.alpha), float(self.kappa), mu,
-                                         learn_delta, seed)
+                    ll = K.triplet_epoch(
+                        X,
+                        Y,
+                        delta,
+                        self.aspect_row_,
+                        object_offset,
+                        ta,
+                        ti,
+                        tj,
+                        tk,
+                        steps,
+                        a,
+                        b,
+                        float(self.alpha),
+                        float(self.kappa),
+                        mu,
+                        learn_delta,
+                        seed,
+                    )
                 check_finite(epoch, aspect_points=X, object_points=Y, deltas=delta)
                 self.loglik_.append(float(ll))
                 bar.update(1, loglik=ll)
@@ -356,8 +411,11 @@ class ScoreEstimator(Estimator):
             "aspect_object_set": self.object_set_,
             "deltas": np.ascontiguousarray(self.deltas, dtype=np.float64),
         }
-        attributes = {"mode": self.mode, "n_components": int(self.n_components),
-                      "triplets_per_aspect": [float(c) for c in self.triplets_per_aspect_]}
+        attributes = {
+            "mode": self.mode,
+            "n_components": int(self.n_components),
+            "triplets_per_aspect": [float(c) for c in self.triplets_per_aspect_],
+        }
         if self.codes_ is not None:
             arrays["codes"] = self.codes_
             attributes["values"] = {name: vals for name, vals in zip(self.aspects_.ids, self.values_)}
@@ -366,13 +424,19 @@ class ScoreEstimator(Estimator):
             pres = getattr(self, "train_preservation_", None)
             if pres is not None:
                 attributes["preservation_per_aspect"] = {
-                    name: (None if np.isnan(v) else float(v)) for name, v in zip(self.aspects_.ids, pres)}
+                    name: (None if np.isnan(v) else float(v)) for name, v in zip(self.aspects_.ids, pres)
+                }
         params = self.get_params()
         params["mu"] = None if self.mu is None else [float(v) for v in self.mu]
-        return Artifact(kind=self.kind, arrays=arrays,
-                        ids={"objects": self.objects_, "aspects": self.aspects_},
-                        hyperparameters=params, metrics=metrics, attributes=attributes,
-                        data_fingerprint=self.fingerprint_)
+        return Artifact(
+            kind=self.kind,
+            arrays=arrays,
+            ids={"objects": self.objects_, "aspects": self.aspects_},
+            hyperparameters=params,
+            metrics=metrics,
+            attributes=attributes,
+            data_fingerprint=self.fingerprint_,
+        )
 
 
 Estimator = ScoreEstimator

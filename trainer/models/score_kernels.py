@@ -13,6 +13,7 @@ Conventions shared by every kernel:
   multi-map (identity, offset 0), single pooled map (every aspect -> row 0) and
   disjoint maps (own aspect row, own copy of the objects).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -141,9 +142,27 @@ def _draw_group_triplet(members, aspect_start, group_start, group_end, group_asp
 
 
 @njit(cache=True)
-def group_epoch(X, Y, delta, aspect_row, object_offset, members, aspect_start,
-                group_start, group_end, group_aspect, group_cum,
-                n_steps, lr0, lr1, alpha, kappa, mu, learn_delta, seed):
+def group_epoch(
+    X,
+    Y,
+    delta,
+    aspect_row,
+    object_offset,
+    members,
+    aspect_start,
+    group_start,
+    group_end,
+    group_aspect,
+    group_cum,
+    n_steps,
+    lr0,
+    lr1,
+    alpha,
+    kappa,
+    mu,
+    learn_delta,
+    seed,
+):
     """``n_steps`` SGD steps on triplets drawn uniformly from an attribute table.
 
     ``members`` lists, per aspect, its objects sorted by value group
@@ -164,17 +183,51 @@ def group_epoch(X, Y, delta, aspect_row, object_offset, members, aspect_start,
     acc = 0.0
     for step in range(n_steps):
         lr = lr0 + (lr1 - lr0) * step / n_steps
-        t, i, j, k = _draw_group_triplet(members, aspect_start, group_start, group_end,
-                                         group_aspect, group_cum)
+        t, i, j, k = _draw_group_triplet(
+            members, aspect_start, group_start, group_end, group_aspect, group_cum
+        )
         off = object_offset[t]
-        acc += _sgd_step(X, Y, delta, aspect_row[t], off + i, off + j, off + k,
-                         alpha, lr, kappa, mu, learn_delta, gx, gi, gj, gk)
+        acc += _sgd_step(
+            X,
+            Y,
+            delta,
+            aspect_row[t],
+            off + i,
+            off + j,
+            off + k,
+            alpha,
+            lr,
+            kappa,
+            mu,
+            learn_delta,
+            gx,
+            gi,
+            gj,
+            gk,
+        )
     return acc / max(n_steps, 1)
 
 
 @njit(cache=True)
-def triplet_epoch(X, Y, delta, aspect_row, object_offset, ta, ti, tj, tk,
-                  n_steps, lr0, lr1, alpha, kappa, mu, learn_delta, seed):
+def triplet_epoch(
+    X,
+    Y,
+    delta,
+    aspect_row,
+    object_offset,
+    ta,
+    ti,
+    tj,
+    tk,
+    n_steps,
+    lr0,
+    lr1,
+    alpha,
+    kappa,
+    mu,
+    learn_delta,
+    seed,
+):
     """``n_steps`` SGD steps on triplets drawn uniformly (with replacement)
     from explicit arrays ``(ta, ti, tj, tk)``; otherwise as :func:`group_epoch`."""
     np.random.seed(seed)
@@ -190,21 +243,37 @@ def triplet_epoch(X, Y, delta, aspect_row, object_offset, ta, ti, tj, tk,
         p = np.random.randint(n)
         t = ta[p]
         off = object_offset[t]
-        acc += _sgd_step(X, Y, delta, aspect_row[t], off + ti[p], off + tj[p], off + tk[p],
-                         alpha, lr, kappa, mu, learn_delta, gx, gi, gj, gk)
+        acc += _sgd_step(
+            X,
+            Y,
+            delta,
+            aspect_row[t],
+            off + ti[p],
+            off + tj[p],
+            off + tk[p],
+            alpha,
+            lr,
+            kappa,
+            mu,
+            learn_delta,
+            gx,
+            gi,
+            gj,
+            gk,
+        )
     return acc / max(n_steps, 1)
 
 
 @njit(cache=True)
-def sample_group_triplets(members, aspect_start, group_start, group_end, group_aspect,
-                          group_cum, n, seed):
+def sample_group_triplets(members, aspect_start, group_start, group_end, group_aspect, group_cum, n, seed):
     """Draw ``n`` triplets exactly as :func:`group_epoch` does, as arrays
     ``(n, 4)`` of (aspect, i, j, k); used to test the sampler."""
     np.random.seed(seed)
     out = np.empty((n, 4), dtype=np.int64)
     for step in range(n):
-        t, i, j, k = _draw_group_triplet(members, aspect_start, group_start, group_end,
-                                         group_aspect, group_cum)
+        t, i, j, k = _draw_group_triplet(
+            members, aspect_start, group_start, group_end, group_aspect, group_cum
+        )
         out[step, 0] = t
         out[step, 1] = i
         out[step, 2] = j

@@ -33,6 +33,7 @@ model with the winner; no split's hidden ratings reach its tuning. Without
 ``--tune`` the module's ``DEFAULTS`` (found that way on the first split) are
 used.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,19 +41,31 @@ import itertools
 import os
 import sys
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
 from ordrec.service.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 10
-METRICS = ("preservation_a", "preservation_b", "preservation_h", "prediction_a", "prediction_b",
-           "prediction_h", "knn1_users", "knn1_items", "knn1_h", "knn5_users", "knn5_items", "knn5_h")
+METRICS = (
+    "preservation_a",
+    "preservation_b",
+    "preservation_h",
+    "prediction_a",
+    "prediction_b",
+    "prediction_h",
+    "knn1_users",
+    "knn1_items",
+    "knn1_h",
+    "knn5_users",
+    "knn5_items",
+    "knn5_h",
+)
 
 # Table 3 of the paper (ML-100K, full observed triples, 2-D); accuracies as fractions.
 _TABLE3 = {
@@ -64,10 +77,24 @@ _TABLE3 = {
 # Settings chosen by ``--tune`` on ML-100K validation splits (docs/changelog.md, COE, has the figures).
 # Found by: ordrec-train reproduce coe --data .../ml-100k/u.data --runs 1 --tune --no-references
 DEFAULTS = {
-    "sigmoid": dict(lam=4.0, eta=0.01, learning_rate=0.1, learning_rate_final_ratio=0.01, max_iter=40,
-                    type_a_share=None, group_power=0.0),
-    "gompertz": dict(alpha=1.0, eta=0.01, learning_rate=0.1, learning_rate_final_ratio=0.01, max_iter=40,
-                     type_a_share=None, group_power=0.0),
+    "sigmoid": dict(
+        lam=4.0,
+        eta=0.01,
+        learning_rate=0.1,
+        learning_rate_final_ratio=0.01,
+        max_iter=40,
+        type_a_share=None,
+        group_power=0.0,
+    ),
+    "gompertz": dict(
+        alpha=1.0,
+        eta=0.01,
+        learning_rate=0.1,
+        learning_rate_final_ratio=0.01,
+        max_iter=40,
+        type_a_share=None,
+        group_power=0.0,
+    ),
 }
 GRID = {
     "lam": [1.0, 2.0, 4.0],  # sigmoid slope
@@ -103,8 +130,14 @@ def _hmean(a: float, b: float) -> float:
     return 0.0 if a + b <= 0 else 2 * a * b / (a + b)
 
 
-def _accuracies(group: np.ndarray, member: np.ndarray, values: np.ndarray, dist: np.ndarray,
-                observed: np.ndarray, n_groups: int) -> tuple[float, float]:
+def _accuracies(
+    group: np.ndarray,
+    member: np.ndarray,
+    values: np.ndarray,
+    dist: np.ndarray,
+    observed: np.ndarray,
+    n_groups: int,
+) -> tuple[float, float]:
     """(preservation, prediction) for one triple type, averaged over groups."""
     indptr, _, z_sorted, order = grouped(group, member, values, n_groups)
     pairs_all, good_all = K.concordant_pairs(indptr, z_sorted, dist[order])
@@ -118,8 +151,9 @@ def _accuracies(group: np.ndarray, member: np.ndarray, values: np.ndarray, dist:
     return pres, pred
 
 
-def _knn(group: np.ndarray, member: np.ndarray, rating: np.ndarray, dist: np.ndarray,
-         n_groups: int, k: int) -> float:
+def _knn(
+    group: np.ndarray, member: np.ndarray, rating: np.ndarray, dist: np.ndarray, n_groups: int, k: int
+) -> float:
     order = np.lexsort((member, group))  # fixed member order, so distance ties break the same way
     indptr = np.zeros(n_groups + 1, dtype=np.int64)
     np.cumsum(np.bincount(group, minlength=n_groups), out=indptr[1:])
@@ -127,13 +161,20 @@ def _knn(group: np.ndarray, member: np.ndarray, rating: np.ndarray, dist: np.nda
     return float(np.nanmean(means))
 
 
-def evaluate_distances(data: Ratings, values: np.ndarray, observed: np.ndarray,
-                       dist: np.ndarray) -> dict[str, float]:
+def evaluate_distances(
+    data: Ratings, values: np.ndarray, observed: np.ndarray, dist: np.ndarray
+) -> dict[str, float]:
     """All protocol metrics from one distance per rating (``dist[r]`` = |x_u - y_i| of rating r)."""
     pa, qa = _accuracies(data.user, data.item, values, dist, observed, data.n_users)
     pb, qb = _accuracies(data.item, data.user, values, dist, observed, data.n_items)
-    out = {"preservation_a": pa, "preservation_b": pb, "preservation_h": _hmean(pa, pb),
-           "prediction_a": qa, "prediction_b": qb, "prediction_h": _hmean(qa, qb)}
+    out = {
+        "preservation_a": pa,
+        "preservation_b": pb,
+        "preservation_h": _hmean(pa, pb),
+        "prediction_a": qa,
+        "prediction_b": qb,
+        "prediction_h": _hmean(qa, qb),
+    }
     for k in (1, 5):
         users = _knn(data.user, data.item, data.rating, dist, data.n_users, k)
         items = _knn(data.item, data.user, data.rating, dist, data.n_items, k)
@@ -141,8 +182,9 @@ def evaluate_distances(data: Ratings, values: np.ndarray, observed: np.ndarray,
     return out
 
 
-def evaluate_index(index: COEIndex, data: Ratings, values: np.ndarray,
-                   observed: np.ndarray) -> dict[str, float]:
+def evaluate_index(
+    index: COEIndex, data: Ratings, values: np.ndarray, observed: np.ndarray
+) -> dict[str, float]:
     """Protocol metrics with distances answered by the serving index."""
     dist = -index.pair_scores(data.user.astype(np.int64), data.item.astype(np.int64))
     return evaluate_distances(data, values, observed, dist)
@@ -161,14 +203,16 @@ def fit_metrics(data, artifact) -> dict[str, float]:
     if not isinstance(data, Ratings):
         return {}
     observed = np.ones(len(data), dtype=bool)
-    metrics = evaluate_index(COEIndex.from_artifact(artifact), data, protocol_values(data, observed),
-                             observed)
+    metrics = evaluate_index(
+        COEIndex.from_artifact(artifact), data, protocol_values(data, observed), observed
+    )
     keep = ("preservation_a", "preservation_b", "preservation_h", "knn1_h", "knn5_h")
     return {k: float(metrics[k]) for k in keep if np.isfinite(metrics[k])}
 
 
-def fit_and_evaluate(params: dict, data: Ratings, values: np.ndarray,
-                     observed: np.ndarray) -> tuple[dict[str, float], float]:
+def fit_and_evaluate(
+    params: dict, data: Ratings, values: np.ndarray, observed: np.ndarray
+) -> tuple[dict[str, float], float]:
     """Fit COE on the observed triples, evaluate through the serving index; (metrics, fit seconds).
 
     The metrics include ``fit_cpu_seconds`` (process CPU time of the fit);
@@ -196,8 +240,9 @@ def _warm_up(data: Ratings) -> None:
     K.knn_mean_rating(np.array([0, 1], np.int64), np.zeros(1), np.zeros(1), 1)
 
 
-def reference_distances(name: str, data: Ratings, observed: np.ndarray, rng: np.random.Generator,
-                        dim: int) -> np.ndarray:
+def reference_distances(
+    name: str, data: Ratings, observed: np.ndarray, rng: np.random.Generator, dim: int
+) -> np.ndarray:
     """Floors: ``random`` coordinates; ``popularity``: items on rings by mean observed rating.
 
     The popularity layout puts every item at distance (best mean - its mean)
@@ -222,8 +267,9 @@ def reference_distances(name: str, data: Ratings, observed: np.ndarray, rng: np.
 
 
 # ------------------------------------------------------------------ tuning
-def tune(function: str, base: dict, data: Ratings, observed: np.ndarray, rng: np.random.Generator,
-         log) -> dict:
+def tune(
+    function: str, base: dict, data: Ratings, observed: np.ndarray, rng: np.random.Generator, log
+) -> dict:
     """Grid search on a validation split carved from the observed ratings only."""
     obs_rows = np.flatnonzero(observed)
     sub = data.subset(obs_rows)
@@ -236,8 +282,10 @@ def tune(function: str, base: dict, data: Ratings, observed: np.ndarray, rng: np
         metrics, seconds = fit_and_evaluate(params, sub, values, inner)
         # the paper's "first and main metric" is preservation (Section 5.1)
         score = metrics["preservation_h"]
-        log(f"  tune {function} {scale_name}={scale} eta={eta} group_power={power}: "
-            f"val pres H {metrics['preservation_h']:.4f} pred H {metrics['prediction_h']:.4f} ({seconds:.1f}s)")
+        log(
+            f"  tune {function} {scale_name}={scale} eta={eta} group_power={power}: "
+            f"val pres H {metrics['preservation_h']:.4f} pred H {metrics['prediction_h']:.4f} ({seconds:.1f}s)"
+        )
         if score > best_score:
             best, best_score = params, score
     log(f"  tuned {function}: {best}")
@@ -252,8 +300,13 @@ def load_ratings(args: argparse.Namespace) -> Ratings:
         if exc.name != "ordrec.trainer.data.readers":
             raise
         return read_whitespace_ratings(args.data)
-    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines,
-                      rating_scale=getattr(args, "rating_scale", None))
+    data = read_input(
+        "ratings",
+        args.data,
+        args.format,
+        skip_bad_lines=args.skip_bad_lines,
+        rating_scale=getattr(args, "rating_scale", None),
+    )
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     return data
@@ -272,28 +325,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--function", choices=("sigmoid", "gompertz", "both"), default="both")
     parser.add_argument("--dim", type=int, default=2, help="dimension of the map (paper: 2)")
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
-    parser.add_argument("--tune", action="store_true",
-                        help="per split, grid-search lambda/alpha, eta and group_power on a validation"
-                             " split of that split's observed ratings")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="per split, grid-search lambda/alpha, eta and group_power on a validation"
+        " split of that split's observed ratings",
+    )
     parser.add_argument("--epochs", type=int, help="override the tuned default")
     parser.add_argument("--lr", type=float, help="initial learning rate (default: tuned)")
     parser.add_argument("--lr-final", type=float, help="final learning rate as a fraction of --lr")
     parser.add_argument("--eta", type=float, help="L2 weight (default: tuned)")
     parser.add_argument("--scale", type=float, help="lambda (sigmoid) or alpha (Gompertz)")
-    parser.add_argument("--type-a-share", type=float,
-                        help="probability of drawing a type-A triple (default: uniform over triples)")
-    parser.add_argument("--group-power", type=float,
-                        help="draw users/items with weight (triples)**p; 1 = uniform over triples (paper)")
+    parser.add_argument(
+        "--type-a-share",
+        type=float,
+        help="probability of drawing a type-A triple (default: uniform over triples)",
+    )
+    parser.add_argument(
+        "--group-power",
+        type=float,
+        help="draw users/items with weight (triples)**p; 1 = uniform over triples (paper)",
+    )
     parser.add_argument("--steps-per-epoch", type=int, default=0, help="0: one per observed rating")
     parser.add_argument("--no-references", action="store_true", help="skip the random/popularity rows")
 
 
 def _params(function: str, args: argparse.Namespace) -> dict:
-    params = dict(DEFAULTS[function], n_components=args.dim, function=function,
-                  steps_per_epoch=args.steps_per_epoch)
-    for flag, name in (("epochs", "max_iter"), ("lr", "learning_rate"),
-                       ("lr_final", "learning_rate_final_ratio"), ("eta", "eta"),
-                       ("type_a_share", "type_a_share"), ("group_power", "group_power")):
+    params = dict(
+        DEFAULTS[function], n_components=args.dim, function=function, steps_per_epoch=args.steps_per_epoch
+    )
+    for flag, name in (
+        ("epochs", "max_iter"),
+        ("lr", "learning_rate"),
+        ("lr_final", "learning_rate_final_ratio"),
+        ("eta", "eta"),
+        ("type_a_share", "type_a_share"),
+        ("group_power", "group_power"),
+    ):
         if getattr(args, flag) is not None:
             params[name] = getattr(args, flag)
     if args.scale is not None:
@@ -307,11 +375,22 @@ def map_paper_figures(hyperparameters: Mapping, attributes: Mapping) -> list[Pap
     the metrics a version records (``fit_metrics``)."""
     function = str(hyperparameters.get("function", "sigmoid"))
     method = "COE-G" if function.startswith("gomp") else "COE-S"
-    shown = ("preservation_a", "preservation_b", "preservation_h", "prediction_a", "prediction_b",
-             "prediction_h", "knn1_h", "knn5_h")
+    shown = (
+        "preservation_a",
+        "preservation_b",
+        "preservation_h",
+        "prediction_a",
+        "prediction_b",
+        "prediction_h",
+        "knn1_h",
+        "knn5_h",
+    )
     setting = {"data": "ML-100K", "dim": 2, "triples": "full observed"}
-    return [PaperFigure(method, setting, metric, value, "Table 3")
-            for metric, value in zip(METRICS, _TABLE3[method]) if metric in shown]
+    return [
+        PaperFigure(method, setting, metric, value, "Table 3")
+        for metric, value in zip(METRICS, _TABLE3[method])
+        if metric in shown
+    ]
 
 
 def paper_figures(dataset: str) -> list[PaperFigure]:
@@ -345,17 +424,22 @@ def run(args: argparse.Namespace) -> list[Row]:
         run_params = dict(params)
         if args.tune:
             for f in functions:
-                run_params[f] = tune(f, params[f], data, observed,
-                                     np.random.default_rng([args.seed, 10_000 + run_no]), log)
+                run_params[f] = tune(
+                    f, params[f], data, observed, np.random.default_rng([args.seed, 10_000 + run_no]), log
+                )
                 chosen.setdefault(names[f], []).append(run_params[f])
         for f in functions:
             run_seed = args.seed * 1000 + run_no
-            metrics, secs = fit_and_evaluate(dict(run_params[f], random_state=run_seed), data, values, observed)
+            metrics, secs = fit_and_evaluate(
+                dict(run_params[f], random_state=run_seed), data, values, observed
+            )
             seconds.setdefault(names[f], []).append(secs)
             for metric, value in metrics.items():
                 per_run.setdefault(names[f], {}).setdefault(metric, []).append(value)
-            log(f"run {run_no + 1}/{args.runs} {names[f]}: pres H {metrics['preservation_h']:.4f} "
-                f"pred H {metrics['prediction_h']:.4f} knn1 H {metrics['knn1_h']:.3f} fit {secs:.2f}s")
+            log(
+                f"run {run_no + 1}/{args.runs} {names[f]}: pres H {metrics['preservation_h']:.4f} "
+                f"pred H {metrics['prediction_h']:.4f} knn1 H {metrics['knn1_h']:.3f} fit {secs:.2f}s"
+            )
         if not args.no_references:
             for ref in ("random", "popularity"):
                 dist = reference_distances(ref, data, observed, rng, args.dim)
@@ -368,16 +452,24 @@ def run(args: argparse.Namespace) -> list[Row]:
         if method in seconds:
             rows.append(summarise(method, dataset, setting, "fit_seconds", seconds[method]))
             rows.append(summarise(method, dataset, setting, "fit_cpu_seconds", metrics["fit_cpu_seconds"]))
-    print_table(rows, paper_figures(dataset),
-                title=f"COE on {dataset} ({data.n_users} users, {data.n_items} items, {len(data)} ratings),"
-                      f" {args.runs} random 80/20 splits; paper: Table 3")
+    print_table(
+        rows,
+        paper_figures(dataset),
+        title=f"COE on {dataset} ({data.n_users} users, {data.n_items} items, {len(data)} ratings),"
+        f" {args.runs} random 80/20 splits; paper: Table 3",
+    )
     for f in functions:
         if args.tune:
             picks: dict[str, int] = {}
             for p in chosen[names[f]]:
-                key = ", ".join(f"{k}={p[k]}" for k in ("lam" if f == "sigmoid" else "alpha", "eta", "group_power"))
+                key = ", ".join(
+                    f"{k}={p[k]}" for k in ("lam" if f == "sigmoid" else "alpha", "eta", "group_power")
+                )
                 picks[key] = picks.get(key, 0) + 1
-            print(f"{names[f]} tuned per split: " + "; ".join(f"{k} ({n} of {args.runs})" for k, n in picks.items()))
+            print(
+                f"{names[f]} tuned per split: "
+                + "; ".join(f"{k} ({n} of {args.runs})" for k, n in picks.items())
+            )
         else:
             print(f"{names[f]} hyperparameters: {params[f]}")
     return rows

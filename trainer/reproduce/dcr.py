@@ -36,6 +36,7 @@ the same way, averaged over five such hold-outs, and is also the
 ``--grid-on-test`` adds a diagnostic row only: the paper's grid judged on
 the test ratings, as the paper reports its figures.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,13 +49,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.models.dcr import DCRIndex
-from ordrec.trainer.reproduce.params import parse_value
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
-from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.dcr import (
-    DCR, ResearchOptions, holdouts, median_level_epochs, stopped_level_epochs, validation_split,
+    DCR,
+    ResearchOptions,
+    holdouts,
+    median_level_epochs,
+    stopped_level_epochs,
+    validation_split,
 )
+from ordrec.trainer.reproduce.params import parse_value
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 5
 METRIC = "ndcg@10"
@@ -78,8 +84,9 @@ SHRINKAGE_GRID = (0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
 
 
 # ----------------------------------------------------------------- splits
-def per_user_split(data: Ratings, n_train: int, rng: np.random.Generator,
-                   min_rest: int = 10) -> tuple[Ratings, Ratings]:
+def per_user_split(
+    data: Ratings, n_train: int, rng: np.random.Generator, min_rest: int = 10
+) -> tuple[Ratings, Ratings]:
     """``n_train`` random ratings of each user for training, the rest for test.
 
     Users with fewer than ``n_train + min_rest`` ratings are dropped from
@@ -128,8 +135,10 @@ def tune_shrinkage(train: Ratings, rng: np.random.Generator, folds: int = 5) -> 
     several costs nothing since the damped mean needs no fitting.
     """
     splits = holdouts(train, rng, folds)
-    results = [(float(np.mean([ndcg_at_k(fixed_scorer(item_means(fit, b)), val) for fit, val in splits])), -b)
-               for b in SHRINKAGE_GRID]
+    results = [
+        (float(np.mean([ndcg_at_k(fixed_scorer(item_means(fit, b)), val) for fit, val in splits])), -b)
+        for b in SHRINKAGE_GRID
+    ]
     return -max(results)[1]
 
 
@@ -163,9 +172,16 @@ def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
     return model, float(sum(model.validation_loglik_)) / len(val)
 
 
-def tune(train: Ratings, rng: np.random.Generator, base: dict, grid: dict,
-         pairwise_grid: dict | None, log, stop: str = "tol",
-         split: tuple[Ratings, Ratings] | None = None) -> tuple[dict, dict]:
+def tune(
+    train: Ratings,
+    rng: np.random.Generator,
+    base: dict,
+    grid: dict,
+    pairwise_grid: dict | None,
+    log,
+    stop: str = "tol",
+    split: tuple[Ratings, Ratings] | None = None,
+) -> tuple[dict, dict]:
     """Hyperparameters on a validation split of the training ratings.
 
     First the fit grid (lr x reg, the paper's Section 5.3 grid), then (for
@@ -185,7 +201,9 @@ def tune(train: Ratings, rng: np.random.Generator, base: dict, grid: dict,
         params = dict(base, **dict(zip(keys, values)))
         if stop == "validation":
             model, score = fit_stopped(params, fit, val)
-            log(f"    tune {params_text(params, keys)}: val loglik {score:.4f} (level epochs {model.best_epochs_})")
+            log(
+                f"    tune {params_text(params, keys)}: val loglik {score:.4f} (level epochs {model.best_epochs_})"
+            )
             chosen = dict(params, level_epochs=model.best_epochs_)
         else:
             model = fit_dcr(params, fit)
@@ -207,7 +225,9 @@ def tune(train: Ratings, rng: np.random.Generator, base: dict, grid: dict,
     return best, best_pair
 
 
-def grid_best_on_test(base: dict, train: Ratings, test: Ratings, stop: str, rng: np.random.Generator) -> float:
+def grid_best_on_test(
+    base: dict, train: Ratings, test: Ratings, stop: str, rng: np.random.Generator
+) -> float:
     """Diagnostic: the best test NDCG@10 over the paper's whole lr x reg grid.
 
     The paper reports "the best ranking performance" over this grid, i.e. a
@@ -243,8 +263,9 @@ def protocol_fit(n_train: int) -> dict:
     """The starting point, rank, noise, learning rate and pairwise learning rate the protocol
     fits at ``n_train``."""
     nearest = min(PAIRWISE_LR, key=lambda swept: (abs(swept - n_train), swept))
-    return dict(LARGE_N_FIT if held_out(n_train) >= K else SMALL_N_FIT,
-                pairwise_learning_rate=PAIRWISE_LR[nearest])
+    return dict(
+        LARGE_N_FIT if held_out(n_train) >= K else SMALL_N_FIT, pairwise_learning_rate=PAIRWISE_LR[nearest]
+    )
 
 
 def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
@@ -263,8 +284,15 @@ def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
     return max(minimum, int(np.floor(fraction * n_train)))
 
 
-def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Generator, folds: int,
-           log, rule: str = "best") -> dict:
+def select(
+    params: dict,
+    choices: list[dict],
+    train: Ratings,
+    rng: np.random.Generator,
+    folds: int,
+    log,
+    rule: str = "best",
+) -> dict:
     """A candidate (starting point, rank) by validation NDCG@10, one-standard-error rule.
 
     Every candidate is fitted on ``folds`` hold-outs of the training ratings
@@ -291,8 +319,10 @@ def select(params: dict, choices: list[dict], train: Ratings, rng: np.random.Gen
             epochs.append(model.best_epochs_)
         values = np.concatenate(values)
         level_epochs = median_level_epochs(epochs)
-        log(f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {values.mean():.4f}"
-            f" (level epochs {level_epochs})")
+        log(
+            f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {values.mean():.4f}"
+            f" (level epochs {level_epochs})"
+        )
         fitted.append((dict(candidate, level_epochs=level_epochs), values))
     best = max(range(len(fitted)), key=lambda j: fitted[j][1].mean())
     if rule == "best":
@@ -330,20 +360,32 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
             _sweep_run(args, data, n, split_seed, run_index, candidates, [k for k, _ in extra], results)
     rows = results.rows(name, "val_ndcg@10")
     rows.sort(key=lambda r: (r.setting["N"], -r.mean))
-    print_table(rows, [], out=sys.stdout, title=f"DCR validation sweep on {name}: validation NDCG@10 over"
-                                                f" {args.select_folds} hold-outs per run ({args.runs} runs x seeds"
-                                                f" {','.join(map(str, seeds))}; no test"
-                                                " ratings scored); best first")
+    print_table(
+        rows,
+        [],
+        out=sys.stdout,
+        title=f"DCR validation sweep on {name}: validation NDCG@10 over"
+        f" {args.select_folds} hold-outs per run ({args.runs} runs x seeds"
+        f" {','.join(map(str, seeds))}; no test"
+        " ratings scored); best first",
+    )
     _print_paired_differences(rows, results.values, n_values)
     return rows
 
 
 def _base_params(args: argparse.Namespace) -> dict:
     """The fit settings every candidate shares (the command line's)."""
-    return dict(relevance=args.relevance, projection=args.projection, reg=args.reg, max_iter=args.epochs,
-                tol=args.tol, order=args.order, learning_rate_decay=args.lr_decay,
-                init_shrinkage=args.init_shrinkage,
-                val_tol=args.val_tol)
+    return dict(
+        relevance=args.relevance,
+        projection=args.projection,
+        reg=args.reg,
+        max_iter=args.epochs,
+        tol=args.tol,
+        order=args.order,
+        learning_rate_decay=args.lr_decay,
+        init_shrinkage=args.init_shrinkage,
+        val_tol=args.val_tol,
+    )
 
 
 def _sweep_candidates(args: argparse.Namespace, fit_n: dict, extra: list[tuple[str, tuple]]) -> list[dict]:
@@ -355,16 +397,31 @@ def _sweep_candidates(args: argparse.Namespace, fit_n: dict, extra: list[tuple[s
     candidates = []
     for init in inits:
         default_std = fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
-        for rank, lr, std, *others in itertools.product(ranks, lrs, stds or (default_std,),
-                                                        *(values for _, values in extra)):
-            candidates.append(dict(init=init, n_components=int(rank), learning_rate=float(lr),
-                                   init_std=float(std),
-                                   **{key: value for (key, _), value in zip(extra, others)}))
+        for rank, lr, std, *others in itertools.product(
+            ranks, lrs, stds or (default_std,), *(values for _, values in extra)
+        ):
+            candidates.append(
+                dict(
+                    init=init,
+                    n_components=int(rank),
+                    learning_rate=float(lr),
+                    init_std=float(std),
+                    **{key: value for (key, _), value in zip(extra, others)},
+                )
+            )
     return candidates
 
 
-def _sweep_run(args: argparse.Namespace, data: Ratings, n: int, split_seed: int, run_index: int,
-               candidates: list[dict], extra_keys: list[str], results: "_Results") -> None:
+def _sweep_run(
+    args: argparse.Namespace,
+    data: Ratings,
+    n: int,
+    split_seed: int,
+    run_index: int,
+    candidates: list[dict],
+    extra_keys: list[str],
+    results: _Results,
+) -> None:
     """One run of the sweep: every candidate on the run's hold-outs of its training ratings."""
     rng = np.random.default_rng([split_seed, n, run_index])
     train, _ = per_user_split(data, n, rng)
@@ -381,10 +438,14 @@ def _sweep_run(args: argparse.Namespace, data: Ratings, n: int, split_seed: int,
             values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
             # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
             for plr in pair_lrs:
-                refined = model.refined(pairwise_learning_rate=plr, pairwise_reg=args.pairwise_reg,
-                                        pairwise_max_iter=args.pairwise_epochs)
+                refined = model.refined(
+                    pairwise_learning_rate=plr,
+                    pairwise_reg=args.pairwise_reg,
+                    pairwise_max_iter=args.pairwise_epochs,
+                )
                 values.setdefault(f"Pairwise {method} pairwise_learning_rate={plr}", []).append(
-                    ndcg_values(serving_scorer(refined), val))
+                    ndcg_values(serving_scorer(refined), val)
+                )
         for label, parts in values.items():
             value = float(np.concatenate(parts).mean())
             results.record(label, n, value, log=False)
@@ -407,8 +468,9 @@ def _sweep_setting(text: str) -> tuple[str, tuple]:
     """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
     if not sep or not values or key not in DCR.param_names() + ResearchOptions.names():
-        raise SystemExit(f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter"
-                         " or research option")
+        raise SystemExit(
+            f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter or research option"
+        )
     return key, tuple(parse_value(v) for v in values.split(","))
 
 
@@ -424,8 +486,13 @@ def _grid(text: str, cast=float) -> tuple:
 def load_ratings(args: argparse.Namespace) -> Ratings:
     from ordrec.trainer.data.readers import read_input
 
-    data = read_input("ratings", args.data, args.format, skip_bad_lines=args.skip_bad_lines,
-                      rating_scale=getattr(args, "rating_scale", None))
+    data = read_input(
+        "ratings",
+        args.data,
+        args.format,
+        skip_bad_lines=args.skip_bad_lines,
+        rating_scale=getattr(args, "rating_scale", None),
+    )
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     return data
@@ -445,85 +512,166 @@ def dataset_name(path: str, explicit: str | None) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-train", default="10,20,50", help="training ratings per user (comma list)")
     parser.add_argument("--pairwise", action="store_true", help="also refine DCR pairwise (Pairwise DCR)")
-    parser.add_argument("--variants", default="",
-                        help="named variants beyond the paper, comma list: 'shrunk' (DCR-shrunk: rare items'"
-                             " factors shrunk when served), 'bias' (DCR-bias: a per-level item bias coordinate)")
+    parser.add_argument(
+        "--variants",
+        default="",
+        help="named variants beyond the paper, comma list: 'shrunk' (DCR-shrunk: rare items'"
+        " factors shrunk when served), 'bias' (DCR-bias: a per-level item bias coordinate)",
+    )
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
-    parser.add_argument("--rank", type=int, default=None,
-                        help="rank per level (paper's Table 2: 40); default: the protocol's for each N"
-                             " (40 for N < 40, 320 from N = 40; chosen by --sweep)")
+    parser.add_argument(
+        "--rank",
+        type=int,
+        default=None,
+        help="rank per level (paper's Table 2: 40); default: the protocol's for each N"
+        " (40 for N < 40, 320 from N = 40; chosen by --sweep)",
+    )
     parser.add_argument("--relevance", default="linear", choices=("linear", "log", "exp"))
     parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
-    parser.add_argument("--lr", type=float, default=None,
-                        help="initial learning rate (without --tune); default: the protocol's for each N"
-                             " (0.01 for N < 40, 0.02 from N = 40; chosen by --sweep)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="initial learning rate (without --tune); default: the protocol's for each N"
+        " (0.01 for N < 40, 0.02 from N = 40; chosen by --sweep)",
+    )
     parser.add_argument("--reg", type=float, default=0.001, help="L2 weight (without --tune)")
     parser.add_argument("--epochs", type=int, default=100, help="most epochs (all of them with --tol 0)")
-    parser.add_argument("--tol", type=float, default=0.002,
-                        help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)")
-    parser.add_argument("--init", default=None, choices=("marginal", "random"),
-                        help="initial factors: every level at its damped item marginals plus small noise"
-                             " (ours) or small random factors (zero mean); default: the protocol's for each N"
-                             " (marginal for N < 40, random from N = 40; chosen by --sweep)")
-    parser.add_argument("--init-std", type=float, default=None,
-                        help="noise of the initial factors (default: the protocol's, 0.05 marginal for N < 40,"
-                             " 0.1 random from N = 40; 0.02 marginal / 0.1 random with --init)")
-    parser.add_argument("--init-shrinkage", type=float, default=10.0,
-                        help="beta of the damped per-level item marginals of --init marginal")
-    parser.add_argument("--stop", default="validation", choices=("validation", "tol"),
-                        help="validation: per-level early stopping on the log-likelihood of a validation split"
-                             " carved from the training ratings, then a refit on all of them for those epoch"
-                             " counts (default); tol: the training-likelihood rule --tol")
-    parser.add_argument("--init-grid", default=None,
-                        help="with --stop validation: starting points to choose from per run by validation"
-                             " NDCG@10 where >= 10 ratings per user are held out (comma list; default: none,"
-                             " the protocol's fit for each N); with --sweep: the starting points swept")
-    parser.add_argument("--rank-grid", default=None,
-                        help="as --init-grid, for the rank (e.g. 40,160,320)")
-    parser.add_argument("--val-tol", type=float, default=0.01,
-                        help="with --stop validation: a level's validation log-likelihood must rise by more"
-                             " than this (relative) to count as an improvement (default 0.01; 0: any rise)")
-    parser.add_argument("--select-rule", default="best", choices=("best", "one-se"),
-                        help="best validation NDCG@10, or the first candidate within one standard error of it")
-    parser.add_argument("--select-folds", type=int, default=3,
-                        help="hold-outs of the training ratings: per-level epochs are the median over them,"
-                             " and the --init-grid/--rank-grid choice averages over them")
-    parser.add_argument("--sweep", action="store_true",
-                        help="validation-only sweep: for every N and run, fit every candidate of --init-grid x"
-                             " --rank-grid x --sweep-lr x --sweep-init-std on the --select-folds hold-outs and"
-                             " print its validation NDCG@10 pooled over runs and folds (test ratings unused)")
-    parser.add_argument("--sweep-seeds", default=None,
-                        help="with --sweep: split seeds pooled (comma list; default --seed), e.g. 0,1")
-    parser.add_argument("--sweep-pairwise-lr", default=None,
-                        help="with --sweep: also refine every candidate pairwise with these learning rates"
-                             " (rows 'Pairwise DCR ... pairwise_learning_rate=...')")
-    parser.add_argument("--sweep-set", action="append", metavar="KEY=V1,V2",
-                        help="with --sweep: another DCR parameter to sweep (repeatable), e.g. order=user,random")
-    parser.add_argument("--sweep-lr", default=None, help="with --sweep: learning rates (default: the protocol's)")
-    parser.add_argument("--sweep-init-std", default=None,
-                        help="with --sweep: initial noise values (default: the protocol's for each start)")
-    parser.add_argument("--order", default="user", choices=("user", "random"),
-                        help="SGA order: ratings grouped by user (default, faster) or one random permutation")
+    parser.add_argument(
+        "--tol",
+        type=float,
+        default=0.002,
+        help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)",
+    )
+    parser.add_argument(
+        "--init",
+        default=None,
+        choices=("marginal", "random"),
+        help="initial factors: every level at its damped item marginals plus small noise"
+        " (ours) or small random factors (zero mean); default: the protocol's for each N"
+        " (marginal for N < 40, random from N = 40; chosen by --sweep)",
+    )
+    parser.add_argument(
+        "--init-std",
+        type=float,
+        default=None,
+        help="noise of the initial factors (default: the protocol's, 0.05 marginal for N < 40,"
+        " 0.1 random from N = 40; 0.02 marginal / 0.1 random with --init)",
+    )
+    parser.add_argument(
+        "--init-shrinkage",
+        type=float,
+        default=10.0,
+        help="beta of the damped per-level item marginals of --init marginal",
+    )
+    parser.add_argument(
+        "--stop",
+        default="validation",
+        choices=("validation", "tol"),
+        help="validation: per-level early stopping on the log-likelihood of a validation split"
+        " carved from the training ratings, then a refit on all of them for those epoch"
+        " counts (default); tol: the training-likelihood rule --tol",
+    )
+    parser.add_argument(
+        "--init-grid",
+        default=None,
+        help="with --stop validation: starting points to choose from per run by validation"
+        " NDCG@10 where >= 10 ratings per user are held out (comma list; default: none,"
+        " the protocol's fit for each N); with --sweep: the starting points swept",
+    )
+    parser.add_argument("--rank-grid", default=None, help="as --init-grid, for the rank (e.g. 40,160,320)")
+    parser.add_argument(
+        "--val-tol",
+        type=float,
+        default=0.01,
+        help="with --stop validation: a level's validation log-likelihood must rise by more"
+        " than this (relative) to count as an improvement (default 0.01; 0: any rise)",
+    )
+    parser.add_argument(
+        "--select-rule",
+        default="best",
+        choices=("best", "one-se"),
+        help="best validation NDCG@10, or the first candidate within one standard error of it",
+    )
+    parser.add_argument(
+        "--select-folds",
+        type=int,
+        default=3,
+        help="hold-outs of the training ratings: per-level epochs are the median over them,"
+        " and the --init-grid/--rank-grid choice averages over them",
+    )
+    parser.add_argument(
+        "--sweep",
+        action="store_true",
+        help="validation-only sweep: for every N and run, fit every candidate of --init-grid x"
+        " --rank-grid x --sweep-lr x --sweep-init-std on the --select-folds hold-outs and"
+        " print its validation NDCG@10 pooled over runs and folds (test ratings unused)",
+    )
+    parser.add_argument(
+        "--sweep-seeds",
+        default=None,
+        help="with --sweep: split seeds pooled (comma list; default --seed), e.g. 0,1",
+    )
+    parser.add_argument(
+        "--sweep-pairwise-lr",
+        default=None,
+        help="with --sweep: also refine every candidate pairwise with these learning rates"
+        " (rows 'Pairwise DCR ... pairwise_learning_rate=...')",
+    )
+    parser.add_argument(
+        "--sweep-set",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="with --sweep: another DCR parameter to sweep (repeatable), e.g. order=user,random",
+    )
+    parser.add_argument(
+        "--sweep-lr", default=None, help="with --sweep: learning rates (default: the protocol's)"
+    )
+    parser.add_argument(
+        "--sweep-init-std",
+        default=None,
+        help="with --sweep: initial noise values (default: the protocol's for each start)",
+    )
+    parser.add_argument(
+        "--order",
+        default="user",
+        choices=("user", "random"),
+        help="SGA order: ratings grouped by user (default, faster) or one random permutation",
+    )
     parser.add_argument("--lr-decay", type=float, default=0.02)
-    parser.add_argument("--pairwise-lr", type=float, default=None,
-                        help="(without --tune) default: the protocol's for each N (0.005 / 0.01 / 0.02 at"
-                             " N = 10 / 20 / 50, nearest for other N; chosen by --sweep --sweep-pairwise-lr)")
+    parser.add_argument(
+        "--pairwise-lr",
+        type=float,
+        default=None,
+        help="(without --tune) default: the protocol's for each N (0.005 / 0.01 / 0.02 at"
+        " N = 10 / 20 / 50, nearest for other N; chosen by --sweep --sweep-pairwise-lr)",
+    )
     parser.add_argument("--pairwise-reg", type=float, default=0.001)
     parser.add_argument("--pairwise-epochs", type=int, default=20)
     parser.add_argument("--item-bias", type=float, default=0.7, help="s of the DCR-bias variant")
-    parser.add_argument("--item-shrinkage", type=float, default=5.0,
-                        help="beta of the -shrunk variants (with --tune: the damped mean's tuned beta)")
-    parser.add_argument("--tune", action="store_true",
-                        help="choose lr x reg, the pairwise lr and the shrinkage per run on a validation"
-                             " split of the training ratings")
+    parser.add_argument(
+        "--item-shrinkage",
+        type=float,
+        default=5.0,
+        help="beta of the -shrunk variants (with --tune: the damped mean's tuned beta)",
+    )
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="choose lr x reg, the pairwise lr and the shrinkage per run on a validation"
+        " split of the training ratings",
+    )
     parser.add_argument("--lr-grid", default="0.05,0.03,0.01")
     parser.add_argument("--reg-grid", default=",".join(map(str, REG_GRID)))
     parser.add_argument("--pairwise-lr-grid", default="0.05,0.02,0.01")
     parser.add_argument("--no-references", action="store_true", help="skip the random / item mean rows")
-    parser.add_argument("--grid-on-test", action="store_true",
-                        help="diagnostic only: also a row 'DCR (grid best on test)', the best of the paper's"
-                             " full lr x reg grid judged on the TEST ratings (as the paper reports its figures);"
-                             " never used to choose anything else")
+    parser.add_argument(
+        "--grid-on-test",
+        action="store_true",
+        help="diagnostic only: also a row 'DCR (grid best on test)', the best of the paper's"
+        " full lr x reg grid judged on the TEST ratings (as the paper reports its figures);"
+        " never used to choose anything else",
+    )
 
 
 def fit_for(n: int, args: argparse.Namespace) -> dict:
@@ -532,8 +680,12 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
     if args.init:
         fit["init"] = args.init
         fit["init_std"] = INIT_STD[args.init]
-    for flag, key in (("rank", "n_components"), ("init_std", "init_std"), ("lr", "learning_rate"),
-                      ("pairwise_lr", "pairwise_learning_rate")):
+    for flag, key in (
+        ("rank", "n_components"),
+        ("init_std", "init_std"),
+        ("lr", "learning_rate"),
+        ("pairwise_lr", "pairwise_learning_rate"),
+    ):
         if getattr(args, flag) is not None:
             fit[key] = getattr(args, flag)
     return fit
@@ -559,7 +711,10 @@ class _Results:
             self.log(f"N={n} run {len(self.values[(method, n)]) - 1}: {method} {value:.4f} {note}")
 
     def rows(self, dataset: str, metric: str = METRIC) -> list[Row]:
-        return [summarise(method, dataset, {"N": n}, metric, values) for (method, n), values in self.values.items()]
+        return [
+            summarise(method, dataset, {"N": n}, metric, values)
+            for (method, n), values in self.values.items()
+        ]
 
 
 @dataclass
@@ -584,38 +739,67 @@ def _plan(args: argparse.Namespace) -> _Plan:
     unknown = variants - {"shrunk", "bias"}
     if unknown:
         raise ValueError(f"unknown variant(s) {sorted(unknown)} (known: shrunk, bias)")
-    families = [Family("DCR", {})] + ([Family("DCR-bias", {"item_bias": args.item_bias})] if "bias" in variants
-                                      else [])
-    return _Plan(base=dict(_base_params(args), pairwise_reg=args.pairwise_reg,
-                           pairwise_max_iter=args.pairwise_epochs),
-                 families=families, shrunk="shrunk" in variants, inits=inits,
-                 ranks=_grid(args.rank_grid, int) if args.rank_grid else (),
-                 grid={"learning_rate": _grid(args.lr_grid), "reg": _grid(args.reg_grid)},
-                 pair_grid=({"pairwise_learning_rate": _grid(args.pairwise_lr_grid)} if args.pairwise
-                            else None))
+    families = [Family("DCR", {})] + (
+        [Family("DCR-bias", {"item_bias": args.item_bias})] if "bias" in variants else []
+    )
+    return _Plan(
+        base=dict(_base_params(args), pairwise_reg=args.pairwise_reg, pairwise_max_iter=args.pairwise_epochs),
+        families=families,
+        shrunk="shrunk" in variants,
+        inits=inits,
+        ranks=_grid(args.rank_grid, int) if args.rank_grid else (),
+        grid={"learning_rate": _grid(args.lr_grid), "reg": _grid(args.reg_grid)},
+        pair_grid=({"pairwise_learning_rate": _grid(args.pairwise_lr_grid)} if args.pairwise else None),
+    )
 
 
 def _choices(args: argparse.Namespace, plan: _Plan, fit_n: dict) -> list[dict]:
     """The start x rank candidates at one N (one, the protocol's, without grids)."""
+
     def std_of(init: str) -> float:
         if args.init_std is not None:
             return args.init_std
         return fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
 
-    return [dict(init=i, n_components=r, init_std=std_of(i)) for i in (plan.inits or (fit_n["init"],))
-            for r in (plan.ranks or (fit_n["n_components"],))]
+    return [
+        dict(init=i, n_components=r, init_std=std_of(i))
+        for i in (plan.inits or (fit_n["init"],))
+        for r in (plan.ranks or (fit_n["n_components"],))
+    ]
 
 
-def _record_references(args: argparse.Namespace, results: _Results, n: int, run_index: int, n_items: int,
-                       train: Ratings, test: Ratings, beta: float) -> None:
-    results.record("Random", n, ndcg_at_k(fixed_scorer(
-        np.random.default_rng([args.seed, n, run_index, 7]).random(n_items)), test))
+def _record_references(
+    args: argparse.Namespace,
+    results: _Results,
+    n: int,
+    run_index: int,
+    n_items: int,
+    train: Ratings,
+    test: Ratings,
+    beta: float,
+) -> None:
+    results.record(
+        "Random",
+        n,
+        ndcg_at_k(fixed_scorer(np.random.default_rng([args.seed, n, run_index, 7]).random(n_items)), test),
+    )
     results.record("Item mean", n, ndcg_at_k(fixed_scorer(item_means(train, 0.0)), test))
-    results.record("Damped item mean", n, ndcg_at_k(fixed_scorer(item_means(train, beta)), test), f"(beta={beta:g})")
+    results.record(
+        "Damped item mean", n, ndcg_at_k(fixed_scorer(item_means(train, beta)), test), f"(beta={beta:g})"
+    )
 
 
-def _chosen_params(args: argparse.Namespace, plan: _Plan, choices: list[dict], n: int, params: dict,
-                   pair_params: dict, train: Ratings, val_rng: np.random.Generator, log) -> tuple[dict, dict]:
+def _chosen_params(
+    args: argparse.Namespace,
+    plan: _Plan,
+    choices: list[dict],
+    n: int,
+    params: dict,
+    pair_params: dict,
+    train: Ratings,
+    val_rng: np.random.Generator,
+    log,
+) -> tuple[dict, dict]:
     """The family's fit for this run: tuned, selected, or with validation-chosen epochs."""
     if args.tune:
         return tune(train, val_rng, params, plan.grid, plan.pair_grid, log, stop=args.stop)
@@ -630,29 +814,61 @@ def _chosen_params(args: argparse.Namespace, plan: _Plan, choices: list[dict], n
     return params, pair_params
 
 
-def _record_family(args: argparse.Namespace, plan: _Plan, results: _Results, prefix: str, n: int, params: dict,
-                   pair_params: dict, shrinkage: float, train: Ratings, test: Ratings) -> None:
+def _record_family(
+    args: argparse.Namespace,
+    plan: _Plan,
+    results: _Results,
+    prefix: str,
+    n: int,
+    params: dict,
+    pair_params: dict,
+    shrinkage: float,
+    train: Ratings,
+    test: Ratings,
+) -> None:
     """Fit one family and record it, its shrunk serving and its pairwise refinement."""
     model = fit_dcr(params, train)
     epochs = params.get("level_epochs") or model.epochs_run_
-    results.record(prefix, n, index_ndcg(model, test),
-                   f"({params_text(params, ['init', 'learning_rate', 'reg', 'n_components'])}"
-                   f" epochs={epochs})")
+    results.record(
+        prefix,
+        n,
+        index_ndcg(model, test),
+        f"({params_text(params, ['init', 'learning_rate', 'reg', 'n_components'])} epochs={epochs})",
+    )
     if plan.shrunk:
-        results.record(prefix + "-shrunk", n, index_ndcg(model.with_research(item_shrinkage=shrinkage), test),
-                       f"(item_shrinkage={shrinkage:g})")
+        results.record(
+            prefix + "-shrunk",
+            n,
+            index_ndcg(model.with_research(item_shrinkage=shrinkage), test),
+            f"(item_shrinkage={shrinkage:g})",
+        )
     if args.pairwise:
         refined = model.refined(**pair_params)
-        results.record("Pairwise " + prefix, n, index_ndcg(refined, test),
-                       f"({params_text(pair_params, sorted(pair_params))})")
+        results.record(
+            "Pairwise " + prefix,
+            n,
+            index_ndcg(refined, test),
+            f"({params_text(pair_params, sorted(pair_params))})",
+        )
         if plan.shrunk:
-            results.record("Pairwise " + prefix + "-shrunk", n,
-                           index_ndcg(refined.with_research(item_shrinkage=shrinkage), test),
-                           f"(item_shrinkage={shrinkage:g})")
+            results.record(
+                "Pairwise " + prefix + "-shrunk",
+                n,
+                index_ndcg(refined.with_research(item_shrinkage=shrinkage), test),
+                f"(item_shrinkage={shrinkage:g})",
+            )
 
 
-def _protocol_run(args: argparse.Namespace, plan: _Plan, results: _Results, data: Ratings, n: int,
-                  run_index: int, choices: list[dict], n_base: dict) -> None:
+def _protocol_run(
+    args: argparse.Namespace,
+    plan: _Plan,
+    results: _Results,
+    data: Ratings,
+    n: int,
+    run_index: int,
+    choices: list[dict],
+    n_base: dict,
+) -> None:
     """One run at one N: its split, the references, and every family."""
     rng = np.random.default_rng([args.seed, n, run_index])
     train, test = per_user_split(data, n, rng)
@@ -665,20 +881,36 @@ def _protocol_run(args: argparse.Namespace, plan: _Plan, results: _Results, data
         seed = int(rng.integers(2**31 - 1))
         val_rng = np.random.default_rng([args.seed, n, run_index, 2])
         params, pair_params = _chosen_params(
-            args, plan, choices, n, dict(n_base, **family.params, random_state=seed),
-            {"pairwise_learning_rate": n_base["pairwise_learning_rate"]}, train, val_rng, results.log)
+            args,
+            plan,
+            choices,
+            n,
+            dict(n_base, **family.params, random_state=seed),
+            {"pairwise_learning_rate": n_base["pairwise_learning_rate"]},
+            train,
+            val_rng,
+            results.log,
+        )
         if args.grid_on_test and family.prefix == "DCR":
-            results.record("DCR (grid best on test)", n, grid_best_on_test(
-                dict(n_base, random_state=seed), train, test, args.stop, val_rng),
-                "(diagnostic: chosen on test)")
+            results.record(
+                "DCR (grid best on test)",
+                n,
+                grid_best_on_test(dict(n_base, random_state=seed), train, test, args.stop, val_rng),
+                "(diagnostic: chosen on test)",
+            )
         _record_family(args, plan, results, family.prefix, n, params, pair_params, shrinkage, train, test)
     results.log(f"N={n} run {run_index}: {time.perf_counter() - started:.1f} s")
 
 
 def _paper_figures(name: str, n_values) -> list[PaperFigure]:
-    paper = [PaperFigure("DCR", {"N": n}, METRIC, v) for n, v in PAPER_DCR.get(name, {}).items() if n in n_values]
-    return paper + [PaperFigure("Pairwise DCR", {"N": n}, METRIC, v)
-                    for n, v in PAPER_PAIRWISE.get(name, {}).items() if n in n_values]
+    paper = [
+        PaperFigure("DCR", {"N": n}, METRIC, v) for n, v in PAPER_DCR.get(name, {}).items() if n in n_values
+    ]
+    return paper + [
+        PaperFigure("Pairwise DCR", {"N": n}, METRIC, v)
+        for n, v in PAPER_PAIRWISE.get(name, {}).items()
+        if n in n_values
+    ]
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -695,13 +927,19 @@ def run(args: argparse.Namespace) -> list[Row]:
         choices = _choices(args, plan, fit_n)
         # With explicit grids, the first candidate is fitted where no choice is made.
         n_base = dict(dict(plan.base, **fit_n), **choices[0])
-        log(f"N={n}: {params_text(fit_n, sorted(fit_n))}"
-            + (f"; start x rank chosen per run from {len(choices)} candidates" if len(choices) > 1 else ""))
+        log(
+            f"N={n}: {params_text(fit_n, sorted(fit_n))}"
+            + (f"; start x rank chosen per run from {len(choices)} candidates" if len(choices) > 1 else "")
+        )
         for run_index in range(args.runs):
             _protocol_run(args, plan, results, data, n, run_index, choices, n_base)
     rows = results.rows(name)
     rows.sort(key=lambda r: (r.setting["N"], r.method))
-    print_table(rows, _paper_figures(name, n_values), out=sys.stdout,
-                title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
-                      f" ({args.runs} runs; paper: Hu & Li 2017, Table 2)")
+    print_table(
+        rows,
+        _paper_figures(name, n_values),
+        out=sys.stdout,
+        title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
+        f" ({args.runs} runs; paper: Hu & Li 2017, Table 2)",
+    )
     return rows

@@ -2,7 +2,8 @@
 
 ``ordrec-train reproduce knnscal --digits --k 10 [--dim 2] [--json OUT]`` builds
 the directed k-NN graph of scikit-learn's bundled digits (1,797 points) and
-embeds it (``--sklearn breast_cancer|wine|iris``: another bundled set, standardised); ``--data PATH`` reads ranked neighbour lists instead
+embeds it (``--sklearn breast_cancer|wine|iris``: another bundled set, standardised);
+``--data PATH`` reads ranked neighbour lists instead
 (``source, neighbor, rank`` lines). Every map, ours and the reference
 methods', is scored through the serving index (``service.models.knnscal.KNNSCALIndex``
 built from an in-memory artifact), by the same functions:
@@ -24,6 +25,7 @@ Reference rows: sklearn SpectralEmbedding, Isomap and t-SNE on the features
 graph only. The "paper" column holds the figures the issue measured for the
 references (there is no accuracy table in the poster).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,11 +36,10 @@ import time
 import numpy as np
 
 from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
 from ordrec.service.models.knnscal import KNNSCALIndex
-from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DATA_REQUIRED = False
 DEFAULT_RUNS = 3
@@ -54,18 +55,32 @@ ISSUE_FIGURES = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--digits", action="store_true",
-                        help="use the directed k-NN graph of sklearn's bundled digits (1,797 points)")
-    parser.add_argument("--sklearn", choices=sorted(SKLEARN_SETS), default=None,
-                        help="another bundled sklearn set (standardised features), e.g. to choose"
-                             " hyperparameters on a graph other than digits")
+    parser.add_argument(
+        "--digits",
+        action="store_true",
+        help="use the directed k-NN graph of sklearn's bundled digits (1,797 points)",
+    )
+    parser.add_argument(
+        "--sklearn",
+        choices=sorted(SKLEARN_SETS),
+        default=None,
+        help="another bundled sklearn set (standardised features), e.g. to choose"
+        " hyperparameters on a graph other than digits",
+    )
     parser.add_argument("--k", type=int, default=10, help="neighbours per list (digits) and k of recall@k")
     parser.add_argument("--dim", type=int, default=2, help="map dimension")
-    parser.add_argument("--references", default=None,
-                        help="comma-separated reference methods (spectral, isomap, tsne; '' for none);"
-                             " default: all three with features (--digits), spectral for a bare graph")
-    parser.add_argument("--param", action="append", metavar="KEY=VALUE",
-                        help="a KNNSCAL hyperparameter (repeatable), e.g. --param edge_weight=5")
+    parser.add_argument(
+        "--references",
+        default=None,
+        help="comma-separated reference methods (spectral, isomap, tsne; '' for none);"
+        " default: all three with features (--digits), spectral for a bare graph",
+    )
+    parser.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a KNNSCAL hyperparameter (repeatable), e.g. --param edge_weight=5",
+    )
 
 
 # ------------------------------------------------------------------ data
@@ -78,14 +93,19 @@ class Problem:
         self.indptr, self.col, self.rnk = neighbor_csr(graph)
         # Uniform non-edges (the poster's), fixed seed: the same E+ scores every map.
         self.q, self.plus_indptr, self.plus_col, self.plus_rnk = enlarged_edges(
-            self.indptr, self.col, self.rnk, self.n, 5.0, seed + 7919, 0.0)
+            self.indptr, self.col, self.rnk, self.n, 5.0, seed + 7919, 0.0
+        )
         self.labels = None if graph.labels is None else np.asarray(graph.labels)
 
 
 # Bundled sklearn data sets: loader name, and whether to standardise the
 # features (digits are pixels on one scale; the others mix units).
-SKLEARN_SETS = {"digits": ("load_digits", False), "breast_cancer": ("load_breast_cancer", True),
-                "wine": ("load_wine", True), "iris": ("load_iris", True)}
+SKLEARN_SETS = {
+    "digits": ("load_digits", False),
+    "breast_cancer": ("load_breast_cancer", True),
+    "wine": ("load_wine", True),
+    "iris": ("load_iris", True),
+}
 
 
 def load_problem(args) -> Problem:
@@ -98,8 +118,9 @@ def load_problem(args) -> Problem:
         features, labels = getattr(datasets, loader)(return_X_y=True)
         features = np.asarray(features, dtype=np.float64)
         if standardise:
-            features = (features - features.mean(axis=0)) / np.where(features.std(axis=0) > 0,
-                                                                     features.std(axis=0), 1.0)
+            features = (features - features.mean(axis=0)) / np.where(
+                features.std(axis=0) > 0, features.std(axis=0), 1.0
+            )
         graph = knn_lists(features, k, labels=labels, path=f"sklearn:{name}")
         return Problem(graph, name, k, features=features, seed=args.seed)
     if args.digits or name == "digits":
@@ -121,16 +142,27 @@ def load_problem(args) -> Problem:
 # --------------------------------------------------------------- measures
 def map_index(problem: Problem, coords: np.ndarray) -> KNNSCALIndex:
     """A serving index over any coordinates (reference maps have no placement table)."""
-    artifact = Artifact(kind="knnscal", arrays={"coordinates": np.ascontiguousarray(coords, dtype=np.float64)},
-                        ids={"objects": problem.graph.vertices})
+    artifact = Artifact(
+        kind="knnscal",
+        arrays={"coordinates": np.ascontiguousarray(coords, dtype=np.float64)},
+        ids={"objects": problem.graph.vertices},
+    )
     return KNNSCALIndex.from_artifact(artifact)
 
 
 def kruskal_stress(problem: Problem, coords: np.ndarray) -> float:
     d = K.entry_distances(coords, problem.plus_indptr, problem.plus_col)
     fit = np.empty_like(d)
-    K.isotonic_rows(problem.plus_indptr, problem.plus_rnk, problem.q, 1.0, 0.0, d, fit,
-                    K.row_positions(problem.plus_indptr))
+    K.isotonic_rows(
+        problem.plus_indptr,
+        problem.plus_rnk,
+        problem.q,
+        1.0,
+        0.0,
+        d,
+        fit,
+        K.row_positions(problem.plus_indptr),
+    )
     return float(np.sqrt(np.sum((d - fit) ** 2) / max(np.sum(d * d), 1e-300)))
 
 
@@ -144,7 +176,7 @@ def map_metrics(problem: Problem, index: KNNSCALIndex) -> dict[str, float]:
     label_hits = 0
     for i in range(problem.n):
         rows, _ = index.neighbors("", "objects", i, "objects", max(k, 10))
-        own = problem.col[problem.indptr[i]:problem.indptr[i + 1]]
+        own = problem.col[problem.indptr[i] : problem.indptr[i + 1]]
         hits += np.intersect1d(rows[:k], own[:k]).size
         listed += min(k, own.size)
         if problem.labels is not None:
@@ -173,12 +205,14 @@ def reference_map(method: str, problem: Problem, dim: int, seed: int) -> np.ndar
             raise ValueError(f"reference {method!r} needs features; a graph alone supports 'spectral'")
         adjacency = symmetric_graph(problem.indptr, problem.col, problem.rnk, problem.n)
         adjacency.data[:] = 1.0
-        return manifold.SpectralEmbedding(n_components=dim, affinity="precomputed",
-                                          random_state=seed).fit_transform(adjacency)
+        return manifold.SpectralEmbedding(
+            n_components=dim, affinity="precomputed", random_state=seed
+        ).fit_transform(adjacency)
     X = problem.features
     if method == "spectral":
-        return manifold.SpectralEmbedding(n_components=dim, n_neighbors=problem.k,
-                                          random_state=seed).fit_transform(X)
+        return manifold.SpectralEmbedding(
+            n_components=dim, n_neighbors=problem.k, random_state=seed
+        ).fit_transform(X)
     if method == "isomap":
         return manifold.Isomap(n_neighbors=problem.k, n_components=dim).fit_transform(X)
     if method == "tsne":
@@ -211,9 +245,12 @@ def run(args) -> list[Row]:
         metrics = map_metrics(problem, index)
         record("knnscal", metrics)
         if verbose:
-            print(f"knnscal run {r + 1}: {est.n_iter_} iterations in {fit_s:.1f}s"
-                  f" (converged={est.converged_}), fitted stress {est.stress_:.5f}, "
-                  + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+            print(
+                f"knnscal run {r + 1}: {est.n_iter_} iterations in {fit_s:.1f}s"
+                f" (converged={est.converged_}), fitted stress {est.stress_:.5f}, "
+                + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+                file=sys.stderr,
+            )
         references = args.references
         if references is None:
             references = "spectral,isomap,tsne" if problem.features is not None else "spectral"
@@ -223,16 +260,29 @@ def run(args) -> list[Row]:
             metrics = map_metrics(problem, map_index(problem, coords))
             record(method, metrics)
             if verbose:
-                print(f"{method} run {r + 1} ({time.perf_counter() - t0:.1f}s): "
-                      + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()), file=sys.stderr)
+                print(
+                    f"{method} run {r + 1} ({time.perf_counter() - t0:.1f}s): "
+                    + ", ".join(f"{k}={v:.4f}" for k, v in metrics.items()),
+                    file=sys.stderr,
+                )
 
-    rows = [summarise(method, problem.name, setting, name, values)
-            for method, by_metric in per_method.items() for name, values in by_metric.items()]
+    rows = [
+        summarise(method, problem.name, setting, name, values)
+        for method, by_metric in per_method.items()
+        for name, values in by_metric.items()
+    ]
     paper = []
     if problem.name == "digits" and problem.k == 10 and dim == 2:
-        paper = [PaperFigure(method, setting, metric, value, note="measured for issue 7")
-                 for method, figures in ISSUE_FIGURES.items() if method in per_method or method == "umap"
-                 for metric, value in figures.items()]
-    print_table(rows, paper, title=f"KNNSCAL on {problem.name} (n={problem.n}, k={problem.k}, dim={dim});"
-                                   " 'paper' column = reference figures quoted in issue 7")
+        paper = [
+            PaperFigure(method, setting, metric, value, note="measured for issue 7")
+            for method, figures in ISSUE_FIGURES.items()
+            if method in per_method or method == "umap"
+            for metric, value in figures.items()
+        ]
+    print_table(
+        rows,
+        paper,
+        title=f"KNNSCAL on {problem.name} (n={problem.n}, k={problem.k}, dim={dim});"
+        " 'paper' column = reference figures quoted in issue 7",
+    )
     return rows

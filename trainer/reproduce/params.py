@@ -1,9 +1,11 @@
 """Typed ``key=value`` settings from the command line (``--set``, sweep and reference settings)."""
+
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 
 def parse_value(text: str) -> Any:

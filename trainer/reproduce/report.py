@@ -5,13 +5,15 @@ the paper's figures; ``write_json`` writes the rows as a JSON list of
 ``{"method", "dataset", "setting", "metric", "mean", "std", "runs"}`` with
 lower-case metric names (``ndcg@10``, ``f1@5``, ``auc``, ``preservation_h``).
 """
+
 from __future__ import annotations
 
 import json
 import math
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Sequence, TextIO
+from typing import TextIO
 
 import numpy as np
 
@@ -34,8 +36,15 @@ class Row:
 def summarise(method: str, dataset: str, setting: dict, metric: str, values: Sequence[float]) -> Row:
     """One row from per-run values: mean and (population) standard deviation."""
     values = np.asarray(values, dtype=np.float64)
-    return Row(method, dataset, dict(setting), metric.lower(), float(values.mean()),
-               float(values.std()), int(values.size))
+    return Row(
+        method,
+        dataset,
+        dict(setting),
+        metric.lower(),
+        float(values.mean()),
+        float(values.std()),
+        int(values.size),
+    )
 
 
 @dataclass
@@ -65,8 +74,9 @@ def _fmt(value: float) -> str:
     return f"{value:.4f}" if abs(value) < 100 else f"{value:.1f}"
 
 
-def print_table(rows: Iterable[Row], paper: Iterable[PaperFigure] = (), out: TextIO | None = None,
-                title: str = "") -> None:
+def print_table(
+    rows: Iterable[Row], paper: Iterable[PaperFigure] = (), out: TextIO | None = None, title: str = ""
+) -> None:
     """Rows grouped by setting and metric, the paper's figure (when it has one) beside ours."""
     out = out or sys.stdout  # looked up per call, so captured or redirected stdout works
     rows = list(rows)

@@ -23,6 +23,7 @@ Protocol (paper Section 5, ``docs/algorithms.md`` section 2):
    carved from the training posts (``choose_mix_weight``), the way RTF's
    settings were chosen; ``pop-mix`` keeps the plain mean (weight 0.5).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,8 @@ from ordrec.service.models.rtf import RTFIndex
 from ordrec.service.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation.metrics import list_metrics
-from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.rtf import RTF, group_posts
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 3
 DATA_REQUIRED = True
@@ -60,41 +61,83 @@ PAPER_AUC = {8: 0.993, 64: 0.995}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--core", type=int, default=10, help="p of the p-core (paper: 10 on Last.fm)")
     parser.add_argument("--dims", default="8,16,32,64", help="comma-separated RTF dimensions")
-    parser.add_argument("--iterations", type=int, default=80,
-                        help="maximum passes over the posts (paper: 600; early stop on validation AUC)")
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        default=80,
+        help="maximum passes over the posts (paper: 600; early stop on validation AUC)",
+    )
     parser.add_argument("--learning-rate", type=float, default=RTF().learning_rate)
-    parser.add_argument("--lr-decay", type=float, default=RTF().learning_rate_decay,
-                        help="pass e uses learning_rate / (1 + learning_rate_decay (e - 1))")
-    parser.add_argument("--reg", type=float, default=RTF().reg,
-                        help="gamma, L2 on U and I (paper: 1e-6 on U, I, T)")
-    parser.add_argument("--reg-core", type=float, default=RTF().reg_core,
-                        help="gamma_C, L2 on the core (paper: 1e-6)")
-    parser.add_argument("--reg-tags", type=float, default=RTF().reg_tags,
-                        help="gamma_T, L2 on the tag factors (paper: the same as gamma)")
+    parser.add_argument(
+        "--lr-decay",
+        type=float,
+        default=RTF().learning_rate_decay,
+        help="pass e uses learning_rate / (1 + learning_rate_decay (e - 1))",
+    )
+    parser.add_argument(
+        "--reg", type=float, default=RTF().reg, help="gamma, L2 on U and I (paper: 1e-6 on U, I, T)"
+    )
+    parser.add_argument(
+        "--reg-core", type=float, default=RTF().reg_core, help="gamma_C, L2 on the core (paper: 1e-6)"
+    )
+    parser.add_argument(
+        "--reg-tags",
+        type=float,
+        default=RTF().reg_tags,
+        help="gamma_T, L2 on the tag factors (paper: the same as gamma)",
+    )
     parser.add_argument("--init-std", type=float, default=RTF().init_std)
-    parser.add_argument("--validation-posts", type=int, default=RTF().validation_posts,
-                        help="training posts held out for early stopping (0: none)")
-    parser.add_argument("--per-dims", action="append", default=[], metavar="DIMS:KEY=VALUE,...",
-                        help="override settings for one dims, e.g. 64:reg_core=1e-6,learning_rate=0.25 "
-                             "(repeatable; keys are RTF hyperparameters; applied after the built-in "
-                             f"{', '.join(DEFAULT_PER_DIMS)})")
-    parser.add_argument("--smoothing", type=int, default=8,
-                        help="early stop on the moving average of this many validation AUCs "
-                             "(8: chosen on tuning curves of validation posts, docs/rtf.md)")
+    parser.add_argument(
+        "--validation-posts",
+        type=int,
+        default=RTF().validation_posts,
+        help="training posts held out for early stopping (0: none)",
+    )
+    parser.add_argument(
+        "--per-dims",
+        action="append",
+        default=[],
+        metavar="DIMS:KEY=VALUE,...",
+        help="override settings for one dims, e.g. 64:reg_core=1e-6,learning_rate=0.25 "
+        "(repeatable; keys are RTF hyperparameters; applied after the built-in "
+        f"{', '.join(DEFAULT_PER_DIMS)})",
+    )
+    parser.add_argument(
+        "--smoothing",
+        type=int,
+        default=8,
+        help="early stop on the moving average of this many validation AUCs "
+        "(8: chosen on tuning curves of validation posts, docs/rtf.md)",
+    )
     parser.add_argument("--min-iterations", type=int, default=RTF().min_iter)
-    parser.add_argument("--lr-drops", type=int, default=RTF().learning_rate_drops,
-                        help="plateau learning-rate drops before the early stop (RTF learning_rate_drops)")
+    parser.add_argument(
+        "--lr-drops",
+        type=int,
+        default=RTF().learning_rate_drops,
+        help="plateau learning-rate drops before the early stop (RTF learning_rate_drops)",
+    )
     parser.add_argument("--lr-drop-factor", type=float, default=RTF().learning_rate_drop_factor)
-    parser.add_argument("--keep-within", type=float, default=1e-4,
-                        help="keep the latest pass whose smoothed validation AUC is within this of "
-                             "its best (1e-4, chosen on tuning curves, docs/rtf.md; a negative value "
-                             "keeps the pass of the last min_delta gain, the estimator's default)")
-    parser.add_argument("--compare-first-pass", action="store_true",
-                        help="with --keep-within, also report each RTF at the pass the default rule "
-                             "keeps (method 'RTF-<dims>/first'): same training run, paired comparison")
-    parser.add_argument("--patience", type=int, default=20,
-                        help="passes without validation-AUC gain before stopping (20 gives "
-                             "--keep-within room to find the end of the plateau; 10 in run D)")
+    parser.add_argument(
+        "--keep-within",
+        type=float,
+        default=1e-4,
+        help="keep the latest pass whose smoothed validation AUC is within this of "
+        "its best (1e-4, chosen on tuning curves, docs/rtf.md; a negative value "
+        "keeps the pass of the last min_delta gain, the estimator's default)",
+    )
+    parser.add_argument(
+        "--compare-first-pass",
+        action="store_true",
+        help="with --keep-within, also report each RTF at the pass the default rule "
+        "keeps (method 'RTF-<dims>/first'): same training run, paired comparison",
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=20,
+        help="passes without validation-AUC gain before stopping (20 gives "
+        "--keep-within room to find the end of the plateau; 10 in run D)",
+    )
 
 
 def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
@@ -144,9 +187,16 @@ def p_core(data: TagAssignments, p: int) -> TagAssignments:
         if not bad.any():
             break
         keep &= ~bad
-    core = TagAssignments(data.users, data.items, data.tags, user[keep].astype(np.int32),
-                          item[keep].astype(np.int32), tag[keep].astype(np.int32), data.source,
-                          tag_names=data.tag_names)
+    core = TagAssignments(
+        data.users,
+        data.items,
+        data.tags,
+        user[keep].astype(np.int32),
+        item[keep].astype(np.int32),
+        tag[keep].astype(np.int32),
+        data.source,
+        tag_names=data.tag_names,
+    )
     return core.compact()
 
 
@@ -164,9 +214,14 @@ def leave_one_post_out(data: TagAssignments, rng: np.random.Generator):
     per_post = np.diff(indptr)
     entry_test = np.repeat(is_test, per_post)
     train = TagAssignments(
-        data.users, data.items, data.tags,
-        np.repeat(post_user, per_post)[~entry_test], np.repeat(post_item, per_post)[~entry_test],
-        tags[~entry_test], data.source, tag_names=data.tag_names,
+        data.users,
+        data.items,
+        data.tags,
+        np.repeat(post_user, per_post)[~entry_test],
+        np.repeat(post_item, per_post)[~entry_test],
+        tags[~entry_test],
+        data.source,
+        tag_names=data.tag_names,
     )
     test_lengths = per_post[picks]
     test_indptr = np.zeros(picks.size + 1, dtype=np.int64)
@@ -228,8 +283,9 @@ def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float
     return metrics
 
 
-def evaluate_baseline(index: RTFIndex, tests: HeldOutPosts, kind: str, mix_weight: float = 0.5
-                      ) -> dict[str, float]:
+def evaluate_baseline(
+    index: RTFIndex, tests: HeldOutPosts, kind: str, mix_weight: float = 0.5
+) -> dict[str, float]:
     """Top-10 lists of a popularity baseline from the index's popularity arrays.
 
     An unknown item or user gives that part no counts, so the list falls back
@@ -241,8 +297,9 @@ def evaluate_baseline(index: RTFIndex, tests: HeldOutPosts, kind: str, mix_weigh
         if (kind == "pop-item" and i < 0) or (kind == "pop-user" and u < 0):
             scores = index.popular_scores("global")
         elif kind == "pop-mix" and (u < 0 or i < 0):
-            scores = index.popular_scores("item" if i >= 0 else "user" if u >= 0 else "global",
-                                          int(u), int(i))
+            scores = index.popular_scores(
+                "item" if i >= 0 else "user" if u >= 0 else "global", int(u), int(i)
+            )
         else:
             scores = index.popular_scores(kind.split("-")[1], int(u), int(i), mix_weight=mix_weight)
         lists.append(top_k(scores, MAX_N)[0])
@@ -265,8 +322,7 @@ def evaluate_npmax(index: RTFIndex, tests: HeldOutPosts) -> dict[str, float]:
     return list_metrics(lists, tests.truth, MAX_N)
 
 
-def choose_mix_weight(train: TagAssignments, seed: int,
-                      grid: tuple[float, ...] = MIX_GRID) -> float:
+def choose_mix_weight(train: TagAssignments, seed: int, grid: tuple[float, ...] = MIX_GRID) -> float:
     """The item weight of ``pop-mix`` with the best mean F1@1..10 on validation posts.
 
     One more post per user is carved out of the *training* posts (as
@@ -281,8 +337,12 @@ def choose_mix_weight(train: TagAssignments, seed: int,
     est = RTF(n_components=1, max_iter=1, validation_posts=0, random_state=seed, verbose=False).fit(fit_part)
     index = RTFIndex.from_artifact(est.to_artifact())
     posts = HeldOutPosts(train, val, index)
-    score = {w: np.mean([m for k, m in evaluate_baseline(index, posts, "pop-mix", w).items()
-                         if k.startswith("f1@")]) for w in grid}
+    score = {
+        w: np.mean(
+            [m for k, m in evaluate_baseline(index, posts, "pop-mix", w).items() if k.startswith("f1@")]
+        )
+        for w in grid
+    }
     return float(max(grid, key=lambda w: (score[w], -abs(w - 0.5))))
 
 
@@ -309,15 +369,25 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
     per_method: dict[str, dict[str, list[float]]] = {}
     for run_no in range(int(args.runs)):
         _protocol_run(args, core, run_no, dims_list, per_method)
-    order = ([f"RTF-{d}" for d in dims_list] + [f"RTF-{d}/first" for d in dims_list]
-             + list(BASELINES) + [TUNED_MIX, "npmax"])
+    order = (
+        [f"RTF-{d}" for d in dims_list]
+        + [f"RTF-{d}/first" for d in dims_list]
+        + list(BASELINES)
+        + [TUNED_MIX, "npmax"]
+    )
     per_method = {m: per_method[m] for m in order if m in per_method}
     setting = {"core": int(args.core)}
-    rows = [summarise(method, dataset, setting, metric, values)
-            for method, metrics in per_method.items() for metric, values in metrics.items()
-            if not (metric == "cold_posts" and not any(values))]
-    paper = [PaperFigure(f"RTF-{d}", setting, "auc", v, "Last.fm 10-core, Fig. 8 (read off the plot)")
-             for d, v in PAPER_AUC.items() if d in dims_list]
+    rows = [
+        summarise(method, dataset, setting, metric, values)
+        for method, metrics in per_method.items()
+        for metric, values in metrics.items()
+        if not (metric == "cold_posts" and not any(values))
+    ]
+    paper = [
+        PaperFigure(f"RTF-{d}", setting, "auc", v, "Last.fm 10-core, Fig. 8 (read off the plot)")
+        for d, v in PAPER_AUC.items()
+        if d in dims_list
+    ]
     _print_f1_grid(per_method)
     shown = [r for r in rows if r.metric == "auc" or r.metric in ("f1@1", "f1@5", "f1@10")]
     print_table(shown, paper, out=sys.stdout, title=f"RTF on {dataset}: F1 and AUC (mean over runs)")
@@ -326,9 +396,11 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
 
 def _print_core_sizes(core: TagAssignments, p: int) -> None:
     n_posts = group_posts(core.user, core.item, core.tag)[0].size
-    print(f"{p}-core: |S| {len(core):,}  |U| {len(core.users):,}  |I| {len(core.items):,}  "
-          f"|T| {len(core.tags):,}  |P_S| {n_posts:,}  (paper Last.fm 10-core: |S| 219,702, |U| 2,917, "
-          f"|I| 1,853, |T| 2,045, |P_S| 75,565)")
+    print(
+        f"{p}-core: |S| {len(core):,}  |U| {len(core.users):,}  |I| {len(core.items):,}  "
+        f"|T| {len(core.tags):,}  |P_S| {n_posts:,}  (paper Last.fm 10-core: |S| 219,702, |U| 2,917, "
+        f"|I| 1,853, |T| 2,045, |P_S| 75,565)"
+    )
 
 
 def _record(per_method: dict[str, dict[str, list[float]]], method: str, metrics: dict[str, float]) -> None:
@@ -344,19 +416,29 @@ def _say(args: argparse.Namespace, run_no: int, text: str) -> None:
 
 def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
     """RTF's settings from the command line, then the per-dims overrides."""
-    settings = dict(learning_rate=args.learning_rate, learning_rate_decay=args.lr_decay, reg=args.reg,
-                    reg_core=args.reg_core, reg_tags=args.reg_tags, max_iter=args.iterations,
-                    init_std=args.init_std,
-                    validation_posts=args.validation_posts, patience=args.patience, smoothing=args.smoothing,
-                    min_iter=args.min_iterations, learning_rate_drops=getattr(args, "lr_drops", 0),
-                    learning_rate_drop_factor=getattr(args, "lr_drop_factor", 0.5),
-                    keep_within=_keep_within(getattr(args, "keep_within", None)))
+    settings = dict(
+        learning_rate=args.learning_rate,
+        learning_rate_decay=args.lr_decay,
+        reg=args.reg,
+        reg_core=args.reg_core,
+        reg_tags=args.reg_tags,
+        max_iter=args.iterations,
+        init_std=args.init_std,
+        validation_posts=args.validation_posts,
+        patience=args.patience,
+        smoothing=args.smoothing,
+        min_iter=args.min_iterations,
+        learning_rate_drops=getattr(args, "lr_drops", 0),
+        learning_rate_drop_factor=getattr(args, "lr_drop_factor", 0.5),
+        keep_within=_keep_within(getattr(args, "keep_within", None)),
+    )
     per_dims = parse_per_dims(list(DEFAULT_PER_DIMS) + list(getattr(args, "per_dims", []) or []))
     return dict(settings, **per_dims.get(dims, {}))
 
 
-def _protocol_run(args: argparse.Namespace, core: TagAssignments, run_no: int, dims_list: list[int],
-                  per_method: dict) -> None:
+def _protocol_run(
+    args: argparse.Namespace, core: TagAssignments, run_no: int, dims_list: list[int], per_method: dict
+) -> None:
     """One leave-one-post-out split: RTF at every dims, then the baselines."""
     seed = int(args.seed) + run_no
     train, test = leave_one_post_out(core, np.random.default_rng(seed))
@@ -366,38 +448,69 @@ def _protocol_run(args: argparse.Namespace, core: TagAssignments, run_no: int, d
             _measure_baselines(args, train, run_no, seed, index, tests, per_method)
 
 
-def _measure_rtf(args: argparse.Namespace, core: TagAssignments, train: TagAssignments, test, run_no: int,
-                 seed: int, dims: int, per_method: dict):
+def _measure_rtf(
+    args: argparse.Namespace,
+    core: TagAssignments,
+    train: TagAssignments,
+    test,
+    run_no: int,
+    seed: int,
+    dims: int,
+    per_method: dict,
+):
     """Fit RTF-dims on the split and record it (and its first pass when asked); returns its index and posts."""
     started = time.perf_counter()
-    est = RTF(n_components=dims, random_state=seed, verbose=not args.quiet,
-              **_fit_settings(args, dims)).fit(train)
+    est = RTF(n_components=dims, random_state=seed, verbose=not args.quiet, **_fit_settings(args, dims)).fit(
+        train
+    )
     seconds = time.perf_counter() - started
     index = RTFIndex.from_artifact(est.to_artifact())
     tests = HeldOutPosts(core, test, index)
-    metrics = dict(evaluate_rtf(index, tests), train_seconds=seconds, epochs=float(est.epochs_run_),
-                   seconds_per_epoch=seconds / max(est.epochs_run_, 1), kept_pass=float(est.best_epoch_))
+    metrics = dict(
+        evaluate_rtf(index, tests),
+        train_seconds=seconds,
+        epochs=float(est.epochs_run_),
+        seconds_per_epoch=seconds / max(est.epochs_run_, 1),
+        kept_pass=float(est.best_epoch_),
+    )
     _record(per_method, f"RTF-{dims}", metrics)
     if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
         first = evaluate_first_pass(est, core, test)
         _record(per_method, f"RTF-{dims}/first", first)
-        _say(args, run_no, f"RTF-{dims}/first: auc {first['auc']:.4f} f1@1 {first['f1@1']:.4f} "
-                           f"f1@10 {first['f1@10']:.4f} (pass {est.first_plateau_[0]})")
-    _say(args, run_no, f"RTF-{dims}: auc {metrics['auc']:.4f} f1@1 {metrics['f1@1']:.4f} "
-                       f"f1@5 {metrics['f1@5']:.4f} f1@10 {metrics['f1@10']:.4f} "
-                       f"({est.epochs_run_} epochs, best {est.best_epoch_}, {seconds:.0f}s)")
+        _say(
+            args,
+            run_no,
+            f"RTF-{dims}/first: auc {first['auc']:.4f} f1@1 {first['f1@1']:.4f} "
+            f"f1@10 {first['f1@10']:.4f} (pass {est.first_plateau_[0]})",
+        )
+    _say(
+        args,
+        run_no,
+        f"RTF-{dims}: auc {metrics['auc']:.4f} f1@1 {metrics['f1@1']:.4f} "
+        f"f1@5 {metrics['f1@5']:.4f} f1@10 {metrics['f1@10']:.4f} "
+        f"({est.epochs_run_} epochs, best {est.best_epoch_}, {seconds:.0f}s)",
+    )
     return index, tests
 
 
-def _measure_baselines(args: argparse.Namespace, train: TagAssignments, run_no: int, seed: int,
-                       index: RTFIndex, tests: HeldOutPosts, per_method: dict) -> None:
+def _measure_baselines(
+    args: argparse.Namespace,
+    train: TagAssignments,
+    run_no: int,
+    seed: int,
+    index: RTFIndex,
+    tests: HeldOutPosts,
+    per_method: dict,
+) -> None:
     for kind in BASELINES:
         _record(per_method, kind, evaluate_baseline(index, tests, kind))
     weight = choose_mix_weight(train, seed)
     tuned = evaluate_baseline(index, tests, "pop-mix", mix_weight=weight)
     tuned["mix_weight"] = weight
     _record(per_method, TUNED_MIX, tuned)
-    _say(args, run_no, f"{TUNED_MIX}: item weight {weight:g} (chosen on validation posts of the training set)")
+    _say(
+        args, run_no, f"{TUNED_MIX}: item weight {weight:g} (chosen on validation posts of the training set)"
+    )
     _record(per_method, "npmax", evaluate_npmax(index, tests))
 
 

@@ -15,13 +15,14 @@ Zoo, paper Table 1 (``--aspects type,legs,predator --ratio 1``): multi-map
 0.98, single map 0.82. Fig. 5 (all aspects, r = 0.5): SCORE above the
 disjoint and pooled baselines; Fig. 6: median relatedness 0.34.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
@@ -29,8 +30,8 @@ from sklearn.metrics import normalized_mutual_info_score
 from ordrec.service.models.score import SCOREIndex
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation
-from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 from ordrec.trainer.models.score import ScoreEstimator
+from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 5
 DATA_REQUIRED = True
@@ -46,16 +47,28 @@ TABLE1 = {
 
 # --------------------------------------------------------------- arguments
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--aspects", action="append", metavar="A,B,C",
-                        help="comma-separated attribute names to model together (default: all);"
-                             " repeat the flag for several aspect sets")
-    parser.add_argument("--ratio", default="0.5",
-                        help="split ratio(s) r, comma-separated (1 = all triplets; default 0.5)")
-    parser.add_argument("--modes", default="multi,single,disjoint",
-                        help="which of multi,single,disjoint to fit (default: all three)")
+    parser.add_argument(
+        "--aspects",
+        action="append",
+        metavar="A,B,C",
+        help="comma-separated attribute names to model together (default: all);"
+        " repeat the flag for several aspect sets",
+    )
+    parser.add_argument(
+        "--ratio", default="0.5", help="split ratio(s) r, comma-separated (1 = all triplets; default 0.5)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="multi,single,disjoint",
+        help="which of multi,single,disjoint to fit (default: all three)",
+    )
     parser.add_argument("--epochs", type=int, default=20, help="SGD epochs per fit (default 20)")
-    parser.add_argument("--steps-per-epoch", type=int, default=0,
-                        help="SGD steps per epoch (default: the number of training triplets, capped)")
+    parser.add_argument(
+        "--steps-per-epoch",
+        type=int,
+        default=0,
+        help="SGD steps per epoch (default: the number of training triplets, capped)",
+    )
     parser.add_argument("--dim", type=int, default=2, help="K, the dimension of each map (default 2)")
     parser.add_argument("--alpha", type=float, default=30.0, help="sigmoid scale (paper: 30)")
     parser.add_argument("--lr", type=float, default=0.05, help="initial learning rate (paper: 0.05)")
@@ -71,13 +84,19 @@ def select_aspects(table: AttributeTable, names: list[str] | None) -> AttributeT
         cols = [table.attribute_index(n) for n in names]
     except KeyError as exc:  # a usage error for the CLI, with the names it knows
         raise ValueError(exc.args[0]) from None
-    return AttributeTable(table.objects, [table.attributes[c] for c in cols],
-                          np.ascontiguousarray(table.codes[:, cols]), [table.values[c] for c in cols],
-                          source=table.source, labels=table.labels)
+    return AttributeTable(
+        table.objects,
+        [table.attributes[c] for c in cols],
+        np.ascontiguousarray(table.codes[:, cols]),
+        [table.values[c] for c in cols],
+        source=table.source,
+        labels=table.labels,
+    )
 
 
-def split_objects(table: AttributeTable, ratio: float, rng: np.random.Generator
-                  ) -> tuple[AttributeTable, np.ndarray]:
+def split_objects(
+    table: AttributeTable, ratio: float, rng: np.random.Generator
+) -> tuple[AttributeTable, np.ndarray]:
     """Per aspect, keep the values of ``round(ratio * n)`` random objects among
     the ``n`` that have one and mark the rest missing, so only triplets among
     sampled objects can be drawn. Returns the training table and the
@@ -92,8 +111,9 @@ def split_objects(table: AttributeTable, ratio: float, rng: np.random.Generator
             observed[:, t] = False
             observed[keep, t] = True
     codes = np.where(observed, table.codes, -1).astype(np.int32)
-    train = AttributeTable(table.objects, list(table.attributes), codes, table.values,
-                           source=table.source, labels=table.labels)
+    train = AttributeTable(
+        table.objects, list(table.attributes), codes, table.values, source=table.source, labels=table.labels
+    )
     return train, observed
 
 
@@ -143,8 +163,16 @@ def map_paper_figures(hyperparameters: Mapping, attributes: Mapping) -> list[Pap
     mode = str(attributes.get("mode", hyperparameters.get("mode", "multi")))
     if mode not in ("multi", "single"):
         return []
-    return [PaperFigure(METHODS[mode], {"data": data, "aspects": ", ".join(row["aspects"])}, "preservation",
-                        row[mode], "Table 1") for data, row in TABLE1.items()]
+    return [
+        PaperFigure(
+            METHODS[mode],
+            {"data": data, "aspects": ", ".join(row["aspects"])},
+            "preservation",
+            row[mode],
+            "Table 1",
+        )
+        for data, row in TABLE1.items()
+    ]
 
 
 # ------------------------------------------------------------------- runner
@@ -153,8 +181,10 @@ def _paper_figures(dataset: str, setting: dict, names: list[str], all_names: lis
         return []
     figs = []
     if tuple(names) == TABLE1_ZOO and setting["r"] == 1.0:
-        figs += [PaperFigure(METHODS[mode], setting, "preservation", TABLE1["Zoo"][mode], "Table 1")
-                 for mode in ("multi", "single")]
+        figs += [
+            PaperFigure(METHODS[mode], setting, "preservation", TABLE1["Zoo"][mode], "Table 1")
+            for mode in ("multi", "single")
+        ]
     if sorted(names) == sorted(all_names):
         figs.append(PaperFigure(METHODS["multi"], setting, "relatedness_median", 0.34, "Fig. 6"))
     return figs
@@ -185,8 +215,12 @@ def run(args: argparse.Namespace) -> list[Row]:
             setting = {"data": dataset, "aspects": label, "r": ratio}
             paper += _paper_figures(dataset, setting, sub.attributes, table.attributes)
             rows += _setting_rows(args, sub, modes, ratio, setting)
-    print_table(rows, paper, out=sys.stdout,
-                title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)")
+    print_table(
+        rows,
+        paper,
+        out=sys.stdout,
+        title="SCORE: preservation accuracy of conditional triplets (paper: Le & Lauw 2019)",
+    )
     return rows
 
 
@@ -208,35 +242,66 @@ class _Measured:
     related: list[float] = field(default_factory=list)
 
 
-def _setting_rows(args: argparse.Namespace, sub: AttributeTable, modes: list[str], ratio: float,
-                  setting: dict) -> list[Row]:
+def _setting_rows(
+    args: argparse.Namespace, sub: AttributeTable, modes: list[str], ratio: float, setting: dict
+) -> list[Row]:
     """Every run of one aspect set at one split ratio, summarised per mode and metric."""
-    measured = _Measured({m: {"preservation": [], "preservation_hidden": []} for m in modes},
-                         {m: [] for m in modes})
+    measured = _Measured(
+        {m: {"preservation": [], "preservation_hidden": []} for m in modes}, {m: [] for m in modes}
+    )
     for run_no in range(args.runs):
         rng = np.random.default_rng([args.seed, run_no])
         train, observed = split_objects(sub, ratio, rng)
         for mode in modes:
-            _measure_mode(args, mode, train, sub, observed if ratio < 1.0 else None,
-                          int(rng.integers(2**31 - 1)), measured)
+            _measure_mode(
+                args,
+                mode,
+                train,
+                sub,
+                observed if ratio < 1.0 else None,
+                int(rng.integers(2**31 - 1)),
+                measured,
+            )
     dataset = setting["data"]
-    rows = [summarise(METHODS[mode], dataset, setting, metric, values)
-            for mode in modes for metric, values in measured.per_mode[mode].items() if values]
+    rows = [
+        summarise(METHODS[mode], dataset, setting, metric, values)
+        for mode in modes
+        for metric, values in measured.per_mode[mode].items()
+        if values
+    ]
     if measured.related:
         rows.append(summarise(METHODS["multi"], dataset, setting, "relatedness_median", measured.related))
     if not args.quiet:
         _print_per_aspect(sub.attributes, modes, measured.per_aspect, setting)
         if measured.related:
-            print("relatedness median per run: " + " ".join(f"{v:.3f}" for v in measured.related), file=sys.stderr)
+            print(
+                "relatedness median per run: " + " ".join(f"{v:.3f}" for v in measured.related),
+                file=sys.stderr,
+            )
     return rows
 
 
-def _measure_mode(args: argparse.Namespace, mode: str, train: AttributeTable, sub: AttributeTable,
-                  observed: np.ndarray | None, seed: int, measured: _Measured) -> None:
+def _measure_mode(
+    args: argparse.Namespace,
+    mode: str,
+    train: AttributeTable,
+    sub: AttributeTable,
+    observed: np.ndarray | None,
+    seed: int,
+    measured: _Measured,
+) -> None:
     """Fit one mode on the run's training table and measure it through the serving index."""
-    est = ScoreEstimator(n_components=args.dim, mode=mode, alpha=args.alpha, learning_rate=args.lr,
-                         max_iter=args.epochs, steps_per_epoch=args.steps_per_epoch, kappa=args.kappa,
-                         random_state=seed, verbose=not args.quiet)
+    est = ScoreEstimator(
+        n_components=args.dim,
+        mode=mode,
+        alpha=args.alpha,
+        learning_rate=args.lr,
+        max_iter=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        kappa=args.kappa,
+        random_state=seed,
+        verbose=not args.quiet,
+    )
     index = SCOREIndex.from_artifact(est.fit(train).to_artifact())
     overall, hidden = preservation(index, sub, observed)
     measured.per_mode[mode]["preservation"].append(float(np.nanmean(overall)))
@@ -253,5 +318,7 @@ def _print_per_aspect(names, modes, per_aspect, setting) -> None:
     width = max(len(n) for n in names)
     print("  ".join(["aspect".ljust(width)] + [METHODS[m] for m in modes]), file=sys.stderr)
     for t, name in enumerate(names):
-        print("  ".join([name.ljust(width)] + [f"{means[m][t]:.4f}".ljust(len(METHODS[m])) for m in modes]),
-              file=sys.stderr)
+        print(
+            "  ".join([name.ljust(width)] + [f"{means[m][t]:.4f}".ljust(len(METHODS[m])) for m in modes]),
+            file=sys.stderr,
+        )
