@@ -14,6 +14,7 @@ user's training items excluded. Rows:
 Rows take turns call by call, so a machine whose speed drifts (shared
 cores) biases them alike.
 """
+
 from __future__ import annotations
 
 import os
@@ -29,7 +30,6 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 from ordrec.service import ann  # noqa: E402
 from ordrec.service.artifacts import ALL_MODELS, Artifact, Registry  # noqa: E402
 from ordrec.service.hidden import HiddenState, RegistryBackend  # noqa: E402
@@ -40,6 +40,7 @@ from ordrec.service.seen import SeenStore  # noqa: E402
 from ordrec.service.servicer import RecommenderServicer  # noqa: E402
 from ordrec.service.store import ModelStore  # noqa: E402
 from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 LEVELS, RANK, N_USERS = [1.0, 2.0, 3.0, 4.0, 5.0], 10, 1000
 
@@ -67,14 +68,25 @@ def artifact(n_items: int, with_index: bool, seed: int = 0) -> Artifact:
     users /= np.linalg.norm(users, axis=1, keepdims=True)
     items = items.astype(np.float32)
     arrays, meta = encode_item_attributes(
-        [{"name": "bucket", "type": "numeric", "values": rng.integers(0, 100, n_items).astype(float)}], n_items)
-    arrays.update({"user_factors": users.astype(np.float32), "item_factors": items,
-                   "seen_indptr": np.arange(0, N_USERS * 20 + 1, 20, dtype=np.int64),
-                   "seen_indices": np.sort(rng.choice(n_items, (N_USERS, 20)), axis=1).reshape(-1),
-                   "item_popularity": rng.random(n_items).astype(np.float32)})
+        [{"name": "bucket", "type": "numeric", "values": rng.integers(0, 100, n_items).astype(float)}],
+        n_items,
+    )
+    arrays.update(
+        {
+            "user_factors": users.astype(np.float32),
+            "item_factors": items,
+            "seen_indptr": np.arange(0, N_USERS * 20 + 1, 20, dtype=np.int64),
+            "seen_indices": np.sort(rng.choice(n_items, (N_USERS, 20)), axis=1).reshape(-1),
+            "item_popularity": rng.random(n_items).astype(np.float32),
+        }
+    )
     return Artifact(
-        kind="dcr", arrays=arrays,
-        ids={"users": IdMap([f"u{i}" for i in range(N_USERS)]), "items": IdMap([f"i{i}" for i in range(n_items)])},
+        kind="dcr",
+        arrays=arrays,
+        ids={
+            "users": IdMap([f"u{i}" for i in range(N_USERS)]),
+            "items": IdMap([f"i{i}" for i in range(n_items)]),
+        },
         attributes={"levels": LEVELS, "relevance": "linear", "rank": RANK, "item_attributes": meta},
         indexes={"items": ann.item_index(items)} if with_index else {},
     )
@@ -91,7 +103,9 @@ def servicers(root: Path, n_items: int, model: str) -> dict[str, tuple[Recommend
     for label, count in (("hidden 0", 0), ("hidden 10^3", 1000), ("hidden 10^5", 100_000)):
         hidden_registry = Registry(root / f"hidden-{count}")
         if count:
-            hidden_registry.set_hidden(ALL_MODELS, (f"i{i}" for i in rng.choice(n_items, count, replace=False)))
+            hidden_registry.set_hidden(
+                ALL_MODELS, (f"i{i}" for i in rng.choice(n_items, count, replace=False))
+            )
         state = HiddenState(RegistryBackend(hidden_registry), 3600)
         rows[label] = (RecommenderServicer(store, metrics, Limits(), SeenStore(), state), "")
     rows["filter 1 %"] = (rows["hidden 0"][0], "bucket = 7")
@@ -124,7 +138,9 @@ def report(title: str, times: dict[str, list[float]]) -> None:
     for label, values in times.items():
         values = sorted(values)
         p50, p99 = statistics.median(values), values[int(0.99 * (len(values) - 1))]
-        print(f"{label:<14} {len(values):>6} {p50 * 1e6:>8.0f} {p99 * 1e6:>8.0f} {100 * (p50 / base - 1):>+12.1f}%")
+        print(
+            f"{label:<14} {len(values):>6} {p50 * 1e6:>8.0f} {p99 * 1e6:>8.0f} {100 * (p50 / base - 1):>+12.1f}%"
+        )
 
 
 def main() -> int:
@@ -143,8 +159,11 @@ def main() -> int:
             print(f"built the item index over {args.items:,} items in {time.perf_counter() - t0:.0f} s")
         for model in ("exact", "graph") if args.ann else ("exact",):
             times = measure(servicers(root, args.items, model), model, args.calls)
-            report(f"Recommend handler, {model} search, {args.items:,} items x {(len(LEVELS) - 1) * RANK} dims,"
-                   f" n=10", times)
+            report(
+                f"Recommend handler, {model} search, {args.items:,} items x {(len(LEVELS) - 1) * RANK} dims,"
+                f" n=10",
+                times,
+            )
     return 0
 
 

@@ -175,7 +175,9 @@ class AnnSearch:
             exclude = np.unique(exclude)
         excluded = 0 if exclude is None else exclude.size
         blocked = 0 if eligible is None else eligible.blocked_rows.size
-        also_excluded = excluded if blocked == 0 or not excluded else int((~eligible.blocked[exclude]).sum())
+        also_excluded = excluded  # excluded rows that are not blocked anyway
+        if eligible is not None and blocked and exclude is not None and excluded:
+            also_excluded = int((~eligible.blocked[exclude]).sum())
         left = self.n_items - blocked - also_excluded
         want = min(n, left)
         if want <= 0:

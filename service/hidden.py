@@ -16,11 +16,13 @@ last known sets stay in force, never an empty one, and :attr:`HiddenState.stale`
 tells the replies (``rules_stale``). Requests pay one mask lookup: the mask
 over a model's item rows is built once per (version, change) and cached.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import numpy as np
 import redis
@@ -105,7 +107,8 @@ class RedisBackend:
         pipe = self.client.pipeline(transaction=True)
         for scope in scopes:
             pipe.smembers(HIDDEN_KEY.format(scope))
-        return {scope: frozenset(ids) for scope, ids in zip(scopes, pipe.execute()) if ids}
+        # the client decodes responses (redis_state.connect), so scopes and ids are str
+        return {str(scope): frozenset(ids) for scope, ids in zip(scopes, pipe.execute(), strict=True) if ids}
 
     def change(self, scope: str, ids: Iterable[str], hide: bool) -> int:
         ids = list(ids)
@@ -121,7 +124,9 @@ class RedisBackend:
 def apply_change(backend: Backend, scope: str, ids: Iterable[str], hide: bool, chunk: int = 10_000) -> int:
     """Hide or unhide ``ids`` in chunks (a Redis command per 10^4 ids); the number that changed."""
     ids = list(dict.fromkeys(ids))
-    return sum(backend.change(scope, ids[i:i + chunk], hide) for i in range(0, len(ids), chunk)) if ids else 0
+    return (
+        sum(backend.change(scope, ids[i : i + chunk], hide) for i in range(0, len(ids), chunk)) if ids else 0
+    )
 
 
 class HiddenState:
@@ -217,8 +222,12 @@ class HiddenState:
                     self._token = token
             except (redis.RedisError, OSError) as exc:
                 if not self._stale:
-                    log.warning("hidden items: cannot read the shared state (%s); the last known"
-                                " %d id(s) stay hidden", exc, sum(map(len, self._sets.values())))
+                    log.warning(
+                        "hidden items: cannot read the shared state (%s); the last known"
+                        " %d id(s) stay hidden",
+                        exc,
+                        sum(map(len, self._sets.values())),
+                    )
                 self._stale = True
                 return False
             if self._stale:

@@ -25,13 +25,15 @@ Keywords are case-insensitive; attribute names are not. A clause that cannot
 be parsed or does not fit its attribute raises :class:`FilterError` naming
 the clause (its number and text).
 """
+
 from __future__ import annotations
 
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +58,9 @@ def _array_prefix(position: int) -> str:
     return f"itemattr_{position}"
 
 
-def encode_item_attributes(columns: Sequence[Mapping[str, Any]], n_items: int
-                           ) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
+def encode_item_attributes(
+    columns: Sequence[Mapping[str, Any]], n_items: int
+) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
     """Pack attribute columns over item rows into artifact arrays and manifest metadata.
 
     Parameters
@@ -96,8 +99,9 @@ def encode_item_attributes(columns: Sequence[Mapping[str, Any]], n_items: int
             code_of = {v: i for i, v in enumerate(vocabulary)}
             indptr = np.zeros(n_items + 1, dtype=np.int64)
             indptr[1:] = np.cumsum([len(set(item_values)) for item_values in values])
-            codes = np.array([code_of[v] for item_values in values for v in sorted(set(item_values))],
-                             dtype=np.int32)
+            codes = np.array(
+                [code_of[v] for item_values in values for v in sorted(set(item_values))], dtype=np.int32
+            )
             arrays[f"{prefix}_indptr"], arrays[f"{prefix}_codes"] = indptr, codes
             meta.append({"name": name, "type": "categorical", "values": vocabulary})
         else:
@@ -132,7 +136,7 @@ class ItemAttributes:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_artifact(cls, artifact: Artifact, n_items: int) -> "ItemAttributes":
+    def from_artifact(cls, artifact: Artifact, n_items: int) -> ItemAttributes:
         """Read the attributes a version publishes (none: an empty set); ArtifactError on a bad one."""
         meta = artifact.attributes.get(ATTRIBUTES_KEY) or []
         columns: dict[str, _Numeric | _Categorical] = {}
@@ -156,8 +160,12 @@ class ItemAttributes:
     def _categorical(artifact: Artifact, prefix: str, vocabulary: list[str], n_items: int) -> _Categorical:
         indptr = np.asarray(artifact.array(f"{prefix}_indptr"), dtype=np.int64)
         codes = np.asarray(artifact.array(f"{prefix}_codes"), dtype=np.int32)
-        if (indptr.shape != (n_items + 1,) or indptr[0] != 0 or np.any(np.diff(indptr) < 0)
-                or indptr[-1] != codes.size):
+        if (
+            indptr.shape != (n_items + 1,)
+            or indptr[0] != 0
+            or np.any(np.diff(indptr) < 0)
+            or indptr[-1] != codes.size
+        ):
             raise ValueError(f"{prefix}: indptr does not match {n_items} items and {codes.size} codes")
         if codes.size and (codes.min() < 0 or codes.max() >= len(vocabulary)):
             raise ValueError(f"{prefix}: codes outside the {len(vocabulary)} values")
@@ -165,10 +173,15 @@ class ItemAttributes:
         return _Categorical({v: i for i, v in enumerate(vocabulary)}, codes, entry_item)
 
     def describe(self) -> str:
-        return ", ".join(f"{n} ({'numeric' if isinstance(c, _Numeric) else 'categorical'})"
-                         for n, c in sorted(self.columns.items())) or "none"
+        return (
+            ", ".join(
+                f"{n} ({'numeric' if isinstance(c, _Numeric) else 'categorical'})"
+                for n, c in sorted(self.columns.items())
+            )
+            or "none"
+        )
 
-    def eligible(self, text: str) -> "Eligible":
+    def eligible(self, text: str) -> Eligible:
         """The items ``text`` lets through, cached: a shop sends the same few filters again and again."""
         with self._lock:
             hit = self._cache.get(text)
@@ -185,24 +198,25 @@ class ItemAttributes:
                 self._cache.popitem(last=False)
         return result
 
-    def _evaluate(self, clause: "Clause") -> np.ndarray:
+    def _evaluate(self, clause: Clause) -> np.ndarray:
         column = self.columns.get(clause.name)
         if column is None:
-            raise FilterError(f"{clause.where()}: no item attribute {clause.name!r}"
-                              f" (this version has: {self.describe()})")
+            raise FilterError(
+                f"{clause.where()}: no item attribute {clause.name!r} (this version has: {self.describe()})"
+            )
         if isinstance(column, _Numeric):
             return _numeric_clause(clause, column.values)
         return _categorical_clause(clause, column, self.n_items)
 
 
-def _numbers(clause: "Clause") -> list[float]:
+def _numbers(clause: Clause) -> list[float]:
     bad = [v for v in clause.values if not isinstance(v, float)]
     if bad:
         raise FilterError(f"{clause.where()}: {clause.name!r} is numeric, {bad[0]!r} is not a number")
     return list(clause.values)
 
 
-def _numeric_clause(clause: "Clause", values: np.ndarray) -> np.ndarray:
+def _numeric_clause(clause: Clause, values: np.ndarray) -> np.ndarray:
     numbers = _numbers(clause)
     op = clause.op
     with np.errstate(invalid="ignore"):
@@ -216,19 +230,24 @@ def _numeric_clause(clause: "Clause", values: np.ndarray) -> np.ndarray:
 
 
 _COMPARE: dict[str, Callable[[np.ndarray, float], np.ndarray]] = {
-    "=": np.equal, "!=": lambda a, b: ~np.equal(a, b), ">=": np.greater_equal, ">": np.greater,
-    "<=": np.less_equal, "<": np.less,
+    "=": np.equal,
+    "!=": lambda a, b: ~np.equal(a, b),
+    ">=": np.greater_equal,
+    ">": np.greater,
+    "<=": np.less_equal,
+    "<": np.less,
 }
 
 
-def _categorical_clause(clause: "Clause", column: _Categorical, n_items: int) -> np.ndarray:
+def _categorical_clause(clause: Clause, column: _Categorical, n_items: int) -> np.ndarray:
     op = clause.op
     if op not in ("in", "not in", "=", "!="):
         raise FilterError(f"{clause.where()}: {clause.name!r} is categorical: use in, not in, = or !=")
     numbers = [v for v in clause.values if isinstance(v, float)]
     if numbers:
-        raise FilterError(f"{clause.where()}: {clause.name!r} is categorical, quote its values"
-                          f" ({numbers[0]:g} is a number)")
+        raise FilterError(
+            f"{clause.where()}: {clause.name!r} is categorical, quote its values ({numbers[0]:g} is a number)"
+        )
     # A value this version does not know matches nothing: it may come with the next version.
     wanted = [column.vocabulary[v] for v in clause.values if v in column.vocabulary]
     hit = np.zeros(n_items, dtype=bool)
@@ -309,13 +328,16 @@ class Clause:
         return f"filter clause {self.number} ({self.text!r})"
 
 
-_TOKEN_RE = re.compile(r"""
+_TOKEN_RE = re.compile(
+    r"""
     \s*(?:
       (?P<string>"[^"]*"|'[^']*')
     | (?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
     | (?P<op>!=|>=|<=|=|>|<|\(|\)|,)
     | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
-    )""", re.VERBOSE)
+    )""",
+    re.VERBOSE,
+)
 
 
 @dataclass(frozen=True)
@@ -342,7 +364,7 @@ def _tokens(text: str) -> list[_Token]:
             out.append(_Token("bad", text[start], start, start + 1))
             pos = start + 1
             continue
-        kind = match.lastgroup
+        kind = match.lastgroup or "bad"  # every alternative is a named group: never None
         out.append(_Token(kind, match.group(kind), match.start(kind), match.end()))
         pos = match.end()
     out.append(_Token("end", "", len(text), len(text)))
@@ -369,7 +391,7 @@ class _Parser:
         # to the next "and" (or the end), so a broken clause is shown whole
         rest = self.text[end:]
         cut = re.search(r"\band\b", rest, re.IGNORECASE)
-        return (self.text[start:end] + (rest[:cut.start()] if cut else rest)).strip()
+        return (self.text[start:end] + (rest[: cut.start()] if cut else rest)).strip()
 
     def fail(self, number: int, start: int, why: str) -> FilterError:
         return FilterError(f"filter clause {number} ({self.clause_text(start)!r}): {why}")
@@ -384,8 +406,11 @@ class _Parser:
             if token.kind == "end":
                 return clauses
             if token.keyword != "and":
-                raise self.fail(len(clauses), self.tokens[self.pos - 2].start if self.pos >= 2 else 0,
-                                f"expected 'and' or the end, found {token.text!r}")
+                raise self.fail(
+                    len(clauses),
+                    self.tokens[self.pos - 2].start if self.pos >= 2 else 0,
+                    f"expected 'and' or the end, found {token.text!r}",
+                )
 
     def clause(self, number: int) -> Clause:
         start = self.peek().start
@@ -408,15 +433,20 @@ class _Parser:
             if not (isinstance(low, float) and isinstance(high, float)):
                 raise self.fail(number, start, "between takes two numbers")
             if low > high:
-                raise self.fail(number, start, f"between {low:g} and {high:g}: the low end is above the high end")
+                raise self.fail(
+                    number, start, f"between {low:g} and {high:g}: the low end is above the high end"
+                )
             values = (low, high)
         elif op in _COMPARE:
             values = (self.value(number, start),)
             if op not in ("=", "!=") and not isinstance(values[0], float):
                 raise self.fail(number, start, f"{op} takes a number")
         else:
-            raise self.fail(number, start, f"expected in, not in, between, =, !=, >=, >, <= or <;"
-                                           f" found {op_token.text or 'the end'!r}")
+            raise self.fail(
+                number,
+                start,
+                f"expected in, not in, between, =, !=, >=, >, <= or <; found {op_token.text or 'the end'!r}",
+            )
         return Clause(number, self.clause_text(start), name.text, op, values)
 
     def value(self, number: int, start: int) -> str | float:
@@ -425,7 +455,9 @@ class _Parser:
             return float(token.text)
         if token.kind == "string":
             return token.text[1:-1]
-        raise self.fail(number, start, f"expected a number or a quoted value, found {token.text or 'the end'!r}")
+        raise self.fail(
+            number, start, f"expected a number or a quoted value, found {token.text or 'the end'!r}"
+        )
 
     def value_list(self, number: int, start: int) -> tuple:
         if self.take().text != "(":

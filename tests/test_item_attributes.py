@@ -1,4 +1,5 @@
 """Item metadata readers (MovieLens u.item / movies.dat, typed csv) and their path into a version."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,6 @@ from ordrec.service.models import build_index
 from ordrec.trainer.data.item_attributes import ItemAttributeError, read_item_attributes
 from ordrec.trainer.job import run_job
 from ordrec.trainer.sample import write_samples
-
 from tests.conftest import data_file
 
 
@@ -24,19 +24,26 @@ def test_ml100k_u_item_gives_genres_and_years():
 
 def test_ml100k_format_errors_name_the_line(tmp_path):
     path = tmp_path / "u.item"
-    path.write_bytes(b"1|Toy Story (1995)|01-Jan-1995||http://x|0|0|0|1|1|1|0|0|0|0|0|0|0|0|0|0|0|0|0\n"
-                     b"2|GoldenEye (1995)|01-Jan-1995||http://x|0|1\n")
+    path.write_bytes(
+        b"1|Toy Story (1995)|01-Jan-1995||http://x|0|0|0|1|1|1|0|0|0|0|0|0|0|0|0|0|0|0|0\n"
+        b"2|GoldenEye (1995)|01-Jan-1995||http://x|0|1\n"
+    )
     with pytest.raises(ItemAttributeError, match=r"u.item:2: expected 24"):
         read_item_attributes(path)
 
 
 def test_movies_dat_gives_genres_and_the_year_in_the_title(tmp_path):
     path = tmp_path / "movies.dat"
-    path.write_bytes("1::Toy Story (1995)::Animation|Children's|Comedy\n2::Jumanji (1995)::Adventure\n"
-                     "3::Am\xe9lie::Comedy|Romance\n".encode("latin-1"))
+    path.write_bytes(
+        "1::Toy Story (1995)::Animation|Children's|Comedy\n2::Jumanji (1995)::Adventure\n"
+        "3::Am\xe9lie::Comedy|Romance\n".encode("latin-1")
+    )
     table = read_item_attributes(path)
-    assert table.categorical["genre"] == {"1": ["Animation", "Children's", "Comedy"], "2": ["Adventure"],
-                                          "3": ["Comedy", "Romance"]}
+    assert table.categorical["genre"] == {
+        "1": ["Animation", "Children's", "Comedy"],
+        "2": ["Adventure"],
+        "3": ["Comedy", "Romance"],
+    }
     assert table.numeric["year"] == {"1": 1995.0, "2": 1995.0}
 
 
@@ -59,15 +66,17 @@ def test_the_cron_job_publishes_item_attributes(tmp_path):
     sample = tmp_path / "sample"
     write_samples(sample)
     items = [line.split("|")[0] for line in (sample / "items.txt").read_text().splitlines() if line]
-    (tmp_path / "items.csv").write_text("item,year\n" + "".join(f"{i},{1900 + k}\n" for k, i in enumerate(items)))
+    (tmp_path / "items.csv").write_text(
+        "item,year\n" + "".join(f"{i},{1900 + k}\n" for k, i in enumerate(items))
+    )
     job = tmp_path / "job.toml"
     job.write_text(f"""
 [job]
 name = "attrs"
-registry = "{tmp_path / 'registry'}"
+registry = "{tmp_path / "registry"}"
 
 [data.ratings]
-path = "{sample / 'ratings.data'}"
+path = "{sample / "ratings.data"}"
 format = "ml-100k"
 
 [[models]]
@@ -82,5 +91,6 @@ gate = {{ holdout = 0.2 }}
     index = build_index(Registry(tmp_path / "registry").load("dcr"))
     eligible = index.item_attributes.eligible("year >= 1950")
     years = {i: 1900 + k for k, i in enumerate(items)}
-    assert {index.items.external(int(r)) for r in eligible.rows} == \
-        {i for i in index.items.ids if years.get(i, 0) >= 1950}
+    assert {index.items.external(int(r)) for r in eligible.rows} == {
+        i for i in index.items.ids if years.get(i, 0) >= 1950
+    }

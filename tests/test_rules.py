@@ -1,4 +1,5 @@
 """Business rules: the filter language, attribute arrays, and eligibility against exact scoring."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,12 @@ from ordrec.service.artifacts import Artifact, ArtifactError, Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index
 from ordrec.service.rules import (
-    FilterError, Eligible, combine, encode_item_attributes, hidden_mask, parse_filter,
+    Eligible,
+    FilterError,
+    combine,
+    encode_item_attributes,
+    hidden_mask,
+    parse_filter,
 )
 
 GENRES = ["Action", "Comedy", "Drama", "Horror"]
@@ -22,9 +28,11 @@ def columns(n_items: int, seed: int = 0) -> list[dict]:
     year[::7] = np.nan  # some items have no year
     price = np.round(rng.uniform(1, 40, n_items), 2)
     genre = [sorted(set(rng.choice(GENRES, rng.integers(0, 3)).tolist())) for _ in range(n_items)]
-    return [{"name": "year", "type": "numeric", "values": year},
-            {"name": "price", "type": "numeric", "values": price},
-            {"name": "genre", "type": "categorical", "values": genre}]
+    return [
+        {"name": "year", "type": "numeric", "values": year},
+        {"name": "price", "type": "numeric", "values": price},
+        {"name": "genre", "type": "categorical", "values": genre},
+    ]
 
 
 def dcr_artifact(n_users=6, n_items=60, rank=3, seed=0) -> Artifact:
@@ -33,17 +41,24 @@ def dcr_artifact(n_users=6, n_items=60, rank=3, seed=0) -> Artifact:
     width = (len(levels) - 1) * rank
     cols = columns(n_items, seed)
     arrays, meta = encode_item_attributes(cols, n_items)
-    arrays.update({
-        "user_factors": (rng.normal(size=(n_users, width)) / 3).astype(np.float32),
-        "item_factors": (rng.normal(size=(n_items, width)) / 3).astype(np.float32),
-        "seen_indptr": np.arange(0, 2 * n_users + 1, 2, dtype=np.int64),
-        "seen_indices": rng.integers(0, n_items, 2 * n_users).astype(np.int32),
-        "item_popularity": rng.random(n_items).astype(np.float32),
-    })
-    return Artifact("dcr", arrays, {"users": IdMap([f"u{i}" for i in range(n_users)]),
-                                    "items": IdMap([f"i{i}" for i in range(n_items)])},
-                    attributes={"levels": list(levels), "relevance": "linear", "rank": rank,
-                                "item_attributes": meta})
+    arrays.update(
+        {
+            "user_factors": (rng.normal(size=(n_users, width)) / 3).astype(np.float32),
+            "item_factors": (rng.normal(size=(n_items, width)) / 3).astype(np.float32),
+            "seen_indptr": np.arange(0, 2 * n_users + 1, 2, dtype=np.int64),
+            "seen_indices": rng.integers(0, n_items, 2 * n_users).astype(np.int32),
+            "item_popularity": rng.random(n_items).astype(np.float32),
+        }
+    )
+    return Artifact(
+        "dcr",
+        arrays,
+        {
+            "users": IdMap([f"u{i}" for i in range(n_users)]),
+            "items": IdMap([f"i{i}" for i in range(n_items)]),
+        },
+        attributes={"levels": list(levels), "relevance": "linear", "rank": rank, "item_attributes": meta},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,19 +75,25 @@ def cols():
 def test_parse_the_documented_example():
     clauses = parse_filter('genre in ("Comedy","Drama") and year >= 1990 AND price between 5 and 20')
     assert [(c.name, c.op, c.values) for c in clauses] == [
-        ("genre", "in", ("Comedy", "Drama")), ("year", ">=", (1990.0,)), ("price", "between", (5.0, 20.0))]
+        ("genre", "in", ("Comedy", "Drama")),
+        ("year", ">=", (1990.0,)),
+        ("price", "between", (5.0, 20.0)),
+    ]
     assert clauses[2].text == "price between 5 and 20"
 
 
-@pytest.mark.parametrize("text, clause, why", [
-    ('genre in ("Comedy" "Drama")', "clause 1 ('genre in (\"Comedy\" \"Drama\")')", "expected ',' or ')'"),
-    ("year >= 1990 and price >= cheap", "clause 2 ('price >= cheap')", "expected a number"),
-    ("year >= 1990 and price between 20 and 5", "clause 2", "low end is above"),
-    ("year >= 1990 price < 3", "clause 1", "expected 'and' or the end"),
-    ('year > "new"', "clause 1", "takes a number"),
-    ("and year > 3", "clause 1", "expected an attribute name"),
-    ("year ~ 3", "clause 1", "expected in, not in"),
-])
+@pytest.mark.parametrize(
+    "text, clause, why",
+    [
+        ('genre in ("Comedy" "Drama")', 'clause 1 (\'genre in ("Comedy" "Drama")\')', "expected ',' or ')'"),
+        ("year >= 1990 and price >= cheap", "clause 2 ('price >= cheap')", "expected a number"),
+        ("year >= 1990 and price between 20 and 5", "clause 2", "low end is above"),
+        ("year >= 1990 price < 3", "clause 1", "expected 'and' or the end"),
+        ('year > "new"', "clause 1", "takes a number"),
+        ("and year > 3", "clause 1", "expected an attribute name"),
+        ("year ~ 3", "clause 1", "expected in, not in"),
+    ],
+)
 def test_syntax_errors_name_the_clause(text, clause, why):
     with pytest.raises(FilterError) as err:
         parse_filter(text)
@@ -119,13 +140,21 @@ def test_attributes_survive_the_registry(tmp_path):
     loaded = build_index(registry.load("dcr"))
     fresh = build_index(dcr_artifact())
     text = 'genre in ("Drama") and price < 30'
-    np.testing.assert_array_equal(loaded.item_attributes.eligible(text).blocked,
-                                  fresh.item_attributes.eligible(text).blocked)
+    np.testing.assert_array_equal(
+        loaded.item_attributes.eligible(text).blocked, fresh.item_attributes.eligible(text).blocked
+    )
 
 
 # ------------------------------------------------------- eligibility vs exact
-FILTERS = ["", 'genre in ("Comedy", "Drama")', "year >= 1990", "price between 5 and 20",
-           'genre = "Horror" and price < 10', "year < 1960", 'genre not in ("Action") and year >= 1980']
+FILTERS = [
+    "",
+    'genre in ("Comedy", "Drama")',
+    "year >= 1990",
+    "price between 5 and 20",
+    'genre = "Horror" and price < 10',
+    "year < 1960",
+    'genre not in ("Action") and year >= 1980',
+]
 
 
 def exact_answer(index, user, n, blocked, exclude):
@@ -139,18 +168,26 @@ def exact_answer(index, user, n, blocked, exclude):
 
 
 @settings(max_examples=150, deadline=None)
-@given(user=st.integers(0, 5), n=st.integers(1, 60), filter_text=st.sampled_from(FILTERS),
-       hidden=st.sets(st.integers(0, 70), max_size=40), excluded=st.sets(st.integers(0, 59), max_size=20),
-       batch=st.booleans())
-def test_no_returned_item_is_hidden_excluded_or_filtered_out(index, user, n, filter_text, hidden, excluded,
-                                                             batch):
+@given(
+    user=st.integers(0, 5),
+    n=st.integers(1, 60),
+    filter_text=st.sampled_from(FILTERS),
+    hidden=st.sets(st.integers(0, 70), max_size=40),
+    excluded=st.sets(st.integers(0, 59), max_size=20),
+    batch=st.booleans(),
+)
+def test_no_returned_item_is_hidden_excluded_or_filtered_out(
+    index, user, n, filter_text, hidden, excluded, batch
+):
     ids = frozenset(f"i{h}" for h in hidden)  # i60.. are unknown to this version: ignored
-    eligible = combine(hidden_mask(index.items, [ids]),
-                       index.item_attributes.eligible(filter_text) if filter_text else None)
+    eligible = combine(
+        hidden_mask(index.items, [ids]), index.item_attributes.eligible(filter_text) if filter_text else None
+    )
     exclude = np.array(sorted(excluded), dtype=np.int64)
     if batch:
-        rows, _ = index.recommend_many(np.array([user, user]), n, excludes=[exclude, exclude],
-                                       eligible=eligible)[1]
+        rows, _ = index.recommend_many(
+            np.array([user, user]), n, excludes=[exclude, exclude], eligible=eligible
+        )[1]
     else:
         rows, _ = index.recommend(user, n, exclude=exclude, eligible=eligible)
     blocked = eligible.blocked.copy() if eligible is not None else np.zeros(len(index.items), bool)
@@ -191,8 +228,12 @@ def graph_served(tmp_path_factory):
 
 
 @settings(max_examples=100, deadline=None)
-@given(user=st.integers(0, 199), n=st.integers(1, 120), blocked_share=st.sampled_from([0.0, 0.01, 0.04, 0.5, 0.97]),
-       seed=st.integers(0, 2**31))
+@given(
+    user=st.integers(0, 199),
+    n=st.integers(1, 120),
+    blocked_share=st.sampled_from([0.0, 0.01, 0.04, 0.5, 0.97]),
+    seed=st.integers(0, 2**31),
+)
 def test_the_graph_path_honours_the_rules(graph_served, user, n, blocked_share, seed):
     served = graph_served
     n_items = len(served.items)
@@ -218,12 +259,17 @@ def test_the_graph_path_stays_close_to_exact_with_hidden_items(graph_served, mon
     rng = np.random.default_rng(1)
     eligible = Eligible(rng.random(len(served.items)) < share)
     exact_calls = []
-    monkeypatch.setattr(served, "recommend_exact", lambda *a, **k: exact_calls.append(1) or type(served)
-                        .recommend_exact(served, *a, **k))
+    monkeypatch.setattr(
+        served,
+        "recommend_exact",
+        lambda *a, **k: exact_calls.append(1) or type(served).recommend_exact(served, *a, **k),
+    )
     hits = 0
     for user in range(100):
         rows, _ = served.recommend(user, 10, exclude=served.seen(user), eligible=eligible)
         assert not exact_calls  # the graph answered
-        exact, _ = type(served).recommend_exact(served, user, 10, exclude=served.seen(user), eligible=eligible)
+        exact, _ = type(served).recommend_exact(
+            served, user, 10, exclude=served.seen(user), eligible=eligible
+        )
         hits += np.intersect1d(rows, exact).size
     assert hits / 1000 >= 0.9

@@ -1,5 +1,6 @@
 """Business rules end to end: hidden items (Redis and registry), exclusions and filters,
 against real server processes, a real redis-server and the real CLIs."""
+
 from __future__ import annotations
 
 import time
@@ -10,10 +11,9 @@ import grpc
 import pytest
 
 from ordrec.client import Client
+from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
-from ordrec.tools.process import ServerProcess, run_cli, wait_for
-
 from tests.conftest import train_into
 
 GENRES = ["Action", "Comedy", "Drama", "Horror"]
@@ -29,14 +29,24 @@ def rules_registry(sample_dir, tmp_path_factory):
     since hiding writes into the registry."""
     items = [line.split("|")[0] for line in (sample_dir / "items.txt").read_text().splitlines() if line]
     csv = tmp_path_factory.mktemp("meta") / "items.csv"
-    csv.write_text("item,genre,year,price\n" + "".join(
-        f"{i},{genre_of(i)}|Family,{1950 + k % 70},{5 + k % 30}\n" if k % 2 else f"{i},{genre_of(i)},{1950 + k % 70},"
-        f"{5 + k % 30}\n" for k, i in enumerate(items)))
+    csv.write_text(
+        "item,genre,year,price\n"
+        + "".join(
+            f"{i},{genre_of(i)}|Family,{1950 + k % 70},{5 + k % 30}\n"
+            if k % 2
+            else f"{i},{genre_of(i)},{1950 + k % 70},{5 + k % 30}\n"
+            for k, i in enumerate(items)
+        )
+    )
     registry = tmp_path_factory.mktemp("rules-registry")
-    return train_into(registry, sample_dir, [
-        ("dcr", "dcr", "ratings.data", ["--set", "max_iter=5", "--item-attributes", str(csv)]),
-        ("coe", "coe", "ratings.data", ["--set", "max_iter=3"]),
-    ])
+    return train_into(
+        registry,
+        sample_dir,
+        [
+            ("dcr", "dcr", "ratings.data", ["--set", "max_iter=5", "--item-attributes", str(csv)]),
+            ("coe", "coe", "ratings.data", ["--set", "max_iter=3"]),
+        ],
+    )
 
 
 def _metric(proc, name):
@@ -60,7 +70,10 @@ def neighbours(stub, item: str, k=20) -> list[str]:
 
 # ------------------------------------------------------------ filters, exclusions
 def test_filters_and_exclusions(rules_registry):
-    with ServerProcess(rules_registry, "--poll-interval", "0") as proc, grpc.insecure_channel(proc.target) as ch:
+    with (
+        ServerProcess(rules_registry, "--poll-interval", "0") as proc,
+        grpc.insecure_channel(proc.target) as ch,
+    ):
         stub = stub_of(ch)
         comedies = recommended(stub, n=15, filter='genre in ("Comedy", "Horror") and year >= 1960')
         assert len(comedies) == 15 and all(genre_of(i) in ("Comedy", "Horror") for i in comedies)
@@ -70,22 +83,31 @@ def test_filters_and_exclusions(rules_registry):
         plain = recommended(stub, n=10)
         assert recommended(stub, n=8, exclude_item_ids=plain[:2] + ["not-an-item"]) == plain[2:10]
         # an unknown user's popular fallback obeys the rules too
-        assert all(genre_of(i) == "Drama" for i in recommended(stub, user="newcomer", filter='genre = "Drama"'))
+        assert all(
+            genre_of(i) == "Drama" for i in recommended(stub, user="newcomer", filter='genre = "Drama"')
+        )
         with pytest.raises(grpc.RpcError) as err:
             recommended(stub, filter='year >= 1990 and genre in ("Comedy" "Drama")')
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "filter clause 2" in err.value.details() and 'genre in ("Comedy" "Drama")' in err.value.details()
+        assert (
+            "filter clause 2" in err.value.details() and 'genre in ("Comedy" "Drama")' in err.value.details()
+        )
         with pytest.raises(grpc.RpcError) as err:
             recommended(stub, filter='colour = "red"')
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "no item attribute 'colour'" in \
-            err.value.details()
+        assert (
+            err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            and "no item attribute 'colour'" in err.value.details()
+        )
 
 
 # --------------------------------------------------------------- without Redis
 def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
-    with ServerProcess(rules_registry, "--poll-interval", "0.3") as a, \
-            ServerProcess(rules_registry, "--poll-interval", "0.3") as b, \
-            grpc.insecure_channel(a.target) as ca, grpc.insecure_channel(b.target) as cb:
+    with (
+        ServerProcess(rules_registry, "--poll-interval", "0.3") as a,
+        ServerProcess(rules_registry, "--poll-interval", "0.3") as b,
+        grpc.insecure_channel(a.target) as ca,
+        grpc.insecure_channel(b.target) as cb,
+    ):
         sa, sb = stub_of(ca), stub_of(cb)
         top = recommended(sa)
         reply = sa.HideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3] + ["future-item"]), timeout=5)
@@ -97,8 +119,13 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
         near = neighbours(sa, "i189")
         run_cli(["ordrec.trainer", "hide", "--registry", str(rules_registry), near[0]])
         for stub in (sa, sb):
-            wait_for(lambda: near[0] not in neighbours(stub, "i189") and near[0] not in recommended(stub, n=200),
-                     3, what="an all-models hide reaches Neighbors and Recommend")
+            wait_for(
+                lambda stub=stub: (
+                    near[0] not in neighbours(stub, "i189") and near[0] not in recommended(stub, n=200)
+                ),
+                3,
+                what="an all-models hide reaches Neighbors and Recommend",
+            )
         assert neighbours(sa, "i189", k=19) == near[1:]
         listed = {s.model: s.count for s in sa.ListHidden(pb.ListHiddenRequest(), timeout=5).scopes}
         assert listed == {"*": 1, "dcr": 4}
@@ -106,10 +133,12 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
         run_cli(["ordrec.trainer", "unhide", "--registry", str(rules_registry), near[0]])
         wait_for(lambda: recommended(sb) == top, 3, what="unhide")
         sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=["future-item"]), timeout=5)
-        for bad, code in ((pb.HideItemsRequest(model="dcr"), grpc.StatusCode.INVALID_ARGUMENT),
-                          (pb.HideItemsRequest(model="Bad Name", item_ids=["x"]), grpc.StatusCode.INVALID_ARGUMENT),
-                          (pb.HideItemsRequest(model="absent", item_ids=["x"]), grpc.StatusCode.NOT_FOUND),
-                          (pb.HideItemsRequest(model="*", item_ids=["x" * 300]), grpc.StatusCode.INVALID_ARGUMENT)):
+        for bad, code in (
+            (pb.HideItemsRequest(model="dcr"), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.HideItemsRequest(model="Bad Name", item_ids=["x"]), grpc.StatusCode.INVALID_ARGUMENT),
+            (pb.HideItemsRequest(model="absent", item_ids=["x"]), grpc.StatusCode.NOT_FOUND),
+            (pb.HideItemsRequest(model="*", item_ids=["x" * 300]), grpc.StatusCode.INVALID_ARGUMENT),
+        ):
             with pytest.raises(grpc.RpcError) as err:
                 sa.HideItems(bad, timeout=5)
             assert err.value.code() == code, bad
@@ -119,8 +148,12 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
 # ------------------------------------------------------------------ with Redis
 def test_hidden_items_with_redis(rules_registry, redis_server):
     args = ("--redis", redis_server.url, "--poll-interval", "0")
-    with ServerProcess(rules_registry, *args) as a, ServerProcess(rules_registry, *args) as b, \
-            grpc.insecure_channel(a.target) as ca, grpc.insecure_channel(b.target) as cb:
+    with (
+        ServerProcess(rules_registry, *args) as a,
+        ServerProcess(rules_registry, *args) as b,
+        grpc.insecure_channel(a.target) as ca,
+        grpc.insecure_channel(b.target) as cb,
+    ):
         sa, sb = stub_of(ca), stub_of(cb)
         top = recommended(sb)
         # the Python client
@@ -129,11 +162,17 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
             assert [s.count for s in client.hidden(model="dcr").scopes] == [0, 1]
             assert client.unhide([top[5]], model="dcr").total == 0
         # hide through the client CLI on replica a; replica b converges within a second
-        result = run_cli(["ordrec.client_cli", "--target", a.target, "hide", "--item", top[0], "--item", top[1]])
+        result = run_cli(
+            ["ordrec.client_cli", "--target", a.target, "hide", "--item", top[0], "--item", top[1]]
+        )
         assert "2 of 2 item(s) changed for all models" in result.stdout
         start = time.monotonic()
-        wait_for(lambda: not {top[0], top[1]} & set(recommended(sb)), 1.0, interval=0.02,
-                 what="replica b applies a hide within a second")
+        wait_for(
+            lambda: not {top[0], top[1]} & set(recommended(sb)),
+            1.0,
+            interval=0.02,
+            what="replica b applies a hide within a second",
+        )
         converged = time.monotonic() - start
         assert converged < 1.0
         print(f"replica b applied the hide after {converged:.3f} s")
@@ -141,8 +180,13 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
         assert not reply.rules_stale
         # Redis goes down: the hidden items stay hidden, the replies say the state may be stale
         redis_server.stop()
-        wait_for(lambda: sb.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10),
-                                      timeout=5).rules_stale, 3, what="rules_stale")
+        wait_for(
+            lambda: (
+                sb.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=5).rules_stale
+            ),
+            3,
+            what="rules_stale",
+        )
         for stub in (sa, sb):
             assert not {top[0], top[1]} & set(recommended(stub, n=100))
         assert _metric(b, "ordrec_rules_stale") == 1 and _metric(b, "ordrec_hidden_items") == 2
@@ -151,8 +195,17 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         # a replica starting while Redis is down reads the registry copy, not an empty set
         with ServerProcess(rules_registry, *args) as c, grpc.insecure_channel(c.target) as cc:
-            reply = stub_of(cc).Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=100), timeout=5)
+            reply = stub_of(cc).Recommend(
+                pb.RecommendRequest(model="dcr", user_ids=["u001"], n=100), timeout=5
+            )
             assert reply.rules_stale and not {top[0], top[1]} & {i.id for i in reply.results[0].items}
         redis_server.start()
-        wait_for(lambda: not sb.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10),
-                                          timeout=5).rules_stale, 5, what="fresh again")
+        wait_for(
+            lambda: (
+                not sb.Recommend(
+                    pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=5
+                ).rules_stale
+            ),
+            5,
+            what="fresh again",
+        )

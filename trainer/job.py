@@ -380,7 +380,8 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         raise c.fail(f"{where}.labels", f"display labels are for map models ({', '.join(kinds.map_names())}),"
                                         f" not {kind.name}")
     if model["item_attributes"] is not None and kind.input_shape != "ratings":
-        raise c.fail(f"{where}.item_attributes", f"item attributes are for recommenders (ratings data), not {kind.name}")
+        raise c.fail(f"{where}.item_attributes",
+                     f"item attributes are for recommenders (ratings data), not {kind.name}")
     return ModelJob(name=name, kind=kind.name, data=model["data"], params=params,
                     gate=Gate(metric=metric, margin=gate["margin"], holdout=gate["holdout"], seed=gate["seed"]),
                     refit=model["refit"], keep=config.keep if model["keep"] is None else model["keep"],

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ordrec.service.artifacts import Artifact, ArtifactError
-from ordrec.service.rules import Eligible
 from ordrec.service.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
+from ordrec.service.rules import Eligible
 
 
 class COEIndex(RecommenderIndex, MapIndex):

@@ -143,7 +143,7 @@ class DCRIndex(RecommenderIndex):
         except ArtifactError as exc:
             raise ArtifactError(f"{artifact.describe()}: {exc}") from None
 
-    def folded(self, user_rows: np.ndarray) -> np.ndarray:
+    def folded(self, user_rows: np.ndarray | list[int]) -> np.ndarray:
         """User factors with the level weights folded in, shape ``(len(user_rows), width)``."""
         return self._user_raw[np.asarray(user_rows, dtype=np.int64)] * self._scale
 

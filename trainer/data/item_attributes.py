@@ -15,6 +15,7 @@ The columns are packed over the version's item rows by
 ``ordrec.service.rules.encode_item_attributes`` (the format lives with the
 code that reads it back); items the file does not list have no values.
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,9 +32,27 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.idmap import IdMap
 from ordrec.service.rules import ATTRIBUTES_KEY, encode_item_attributes
 
-ML100K_GENRES = ["unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary",
-                 "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi",
-                 "Thriller", "War", "Western"]
+ML100K_GENRES = [
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+]
 FORMATS = ("auto", "ml-100k", "ml-1m", "csv")
 _YEAR_IN_TITLE = re.compile(r"\((\d{4})\)\s*$")
 _NAME_CLEAN = re.compile(r"[^A-Za-z0-9_]")
@@ -58,8 +77,13 @@ class ItemAttributeTable:
         ids = items.ids
         columns: list[dict[str, Any]] = []
         for name, by_item in self.numeric.items():
-            columns.append({"name": name, "type": "numeric",
-                            "values": np.array([by_item.get(i, np.nan) for i in ids], dtype=np.float64)})
+            columns.append(
+                {
+                    "name": name,
+                    "type": "numeric",
+                    "values": np.array([by_item.get(i, np.nan) for i in ids], dtype=np.float64),
+                }
+            )
         for name, by_item in self.categorical.items():
             columns.append({"name": name, "type": "categorical", "values": [by_item.get(i, []) for i in ids]})
         return encode_item_attributes(columns, len(ids))
@@ -95,8 +119,10 @@ def _read_ml100k(text: str, path: str) -> ItemAttributeTable:
             continue
         fields = line.split("|")
         if len(fields) != 5 + len(ML100K_GENRES):
-            raise ItemAttributeError(f"{path}:{number}: expected {5 + len(ML100K_GENRES)} '|'-separated fields,"
-                                     f" found {len(fields)}")
+            raise ItemAttributeError(
+                f"{path}:{number}: expected {5 + len(ML100K_GENRES)} '|'-separated fields,"
+                f" found {len(fields)}"
+            )
         item, date, flags = fields[0], fields[2], fields[5:]
         if date.strip():
             year = date.strip()[-4:]
@@ -116,7 +142,9 @@ def _read_ml1m(text: str, path: str) -> ItemAttributeTable:
             continue
         fields = line.split("::")
         if len(fields) != 3:
-            raise ItemAttributeError(f"{path}:{number}: expected 'id::title::genres', found {len(fields)} fields")
+            raise ItemAttributeError(
+                f"{path}:{number}: expected 'id::title::genres', found {len(fields)} fields"
+            )
         item, title, genres = fields
         match = _YEAR_IN_TITLE.search(title)
         if match:
@@ -139,7 +167,9 @@ def _read_csv(text: str, path: str) -> ItemAttributeTable:
     header = [h.strip() for h in rows[0]]
     names = [_NAME_CLEAN.sub("_", h) for h in header[1:]]
     if len(set(names)) != len(names) or any(not n or n[0].isdigit() for n in names):
-        raise ItemAttributeError(f"{path}:1: attribute names must be distinct and start with a letter: {names}")
+        raise ItemAttributeError(
+            f"{path}:1: attribute names must be distinct and start with a letter: {names}"
+        )
     cells: dict[str, dict[str, str]] = {n: {} for n in names}
     for number, row in enumerate(rows[1:], 2):
         if not row or not any(c.strip() for c in row):
@@ -155,8 +185,9 @@ def _read_csv(text: str, path: str) -> ItemAttributeTable:
         if by_item and all(_is_number(v) for v in by_item.values()):
             table.numeric[name] = {i: float(v) for i, v in by_item.items()}
         else:
-            table.categorical[name] = {i: [p.strip() for p in v.split("|") if p.strip()]
-                                       for i, v in by_item.items()}
+            table.categorical[name] = {
+                i: [p.strip() for p in v.split("|") if p.strip()] for i, v in by_item.items()
+            }
     return table
 
 
