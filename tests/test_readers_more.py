@@ -1,0 +1,146 @@
+"""Readers of issue 20: MovieLens ``tags.dat`` (``ml-tags``), headerless attribute
+tables with column names, and Parquet ratings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ordrec.service.artifacts import Registry
+from ordrec.tools.process import run_cli
+from ordrec.trainer.data.readers import (
+    FORMATS,
+    detect_format,
+    read_attributes,
+    read_input,
+    read_ratings,
+    read_tags,
+    split_ml_tag,
+)
+from ordrec.trainer.data.types import DataError
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+def error_of(fn, *args, **kwargs) -> DataError:
+    with pytest.raises(DataError) as info:
+        fn(*args, **kwargs)
+    return info.value
+
+
+# ------------------------------------------------------------------ MovieLens tags.dat
+ML_TAGS = (
+    "15::4973::excellent!::1215184630\n"
+    "20::1747::Dustin Hoffman::1188263867\n"
+    "20::1747::politics::1188263880\n"
+    "25::5952::Lord of the Rings:: The Two Towers::1162160415\n"  # '::' inside the tag
+    "25::6:::)::1162160415\n"  # a tag that starts with ':'
+    "31::6::foo:::1162160416\n"  # a tag that ends with ':'
+    "\n"
+    "31::4973::  Excellent! ::1162160417\n"  # case kept, outer spaces stripped
+)
+
+
+def test_ml_tags_keep_double_colons_inside_the_tag(tmp_path):
+    t = read_tags(write(tmp_path / "tags.dat", ML_TAGS))
+    assert t.users.ids == ["15", "20", "25", "31"]
+    assert t.items.ids == ["4973", "1747", "5952", "6"]
+    assert t.tags.ids == [
+        "excellent!",
+        "Dustin Hoffman",
+        "politics",
+        "Lord of the Rings:: The Two Towers",
+        ":)",
+        "foo:",
+        "Excellent!",
+    ]
+    assert list(t.tag) == [0, 1, 2, 3, 4, 5, 6] and list(t.user) == [0, 1, 1, 2, 2, 3, 3]
+    assert t.tag_names is None and t.skipped_lines == 0
+
+
+def test_split_ml_tag_fields():
+    assert split_ml_tag("1::2::a::b::c::3") == ["1", "2", "a::b::c", "3"]
+    assert split_ml_tag("1::2::3") == ["1", "2", "3"]  # too few: the caller reports the count
+    assert split_ml_tag("1") == ["1"]
+
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("1::2::rock::12x", "timestamp '12x' is not a non-negative integer"),
+        ("1::2::rock::-5", "timestamp '-5' is not a non-negative integer"),
+        ("1::2::rock", "expected 4 '::'-separated fields, got 3"),
+        ("1::2::::5", "empty tag id"),
+        ("::2::rock::5", "empty user id"),
+        ("1::2::ro\x07ck::5", "contains a line break or control character"),
+    ],
+)
+def test_ml_tags_bad_lines_name_file_and_line(tmp_path, line, message):
+    path = write(tmp_path / "tags.dat", "1::2::pop::5\n" + line + "\n3::4::pop::6\n")
+    err = error_of(read_tags, path)
+    assert err.path == str(path) and err.line == 2 and message in err.reason
+    t = read_tags(path, skip_bad_lines=True)
+    assert len(t) == 2 and t.skipped_lines == 1
+
+
+def test_ml_tags_duplicates_as_for_csv(tmp_path):
+    path = write(tmp_path / "tags.dat", "1::2::pop::5\n1::2::rock::6\n1::2::pop::7\n")
+    err = error_of(read_tags, path)
+    assert err.line == 3 and "already on line 1" in err.reason and "'pop'" in err.reason
+    t = read_tags(path, skip_bad_lines=True)
+    assert len(t) == 2 and t.skipped_lines == 1
+    # Case-sensitive: "Pop" is another tag, not a duplicate.
+    assert len(read_tags(write(tmp_path / "c.dat", "1::2::pop::5\n1::2::Pop::6\n"), "ml-tags")) == 2
+
+
+def test_ml_tags_detection(tmp_path):
+    assert "ml-tags" in FORMATS and FORMATS["ml-tags"] == ("tags",)
+    named = write(tmp_path / "tags.dat", "1::2::pop::5\n")
+    assert detect_format(named, "tags") == "ml-tags"
+    other = write(tmp_path / "my_tags.txt", "1::2::pop::5\n")  # no name to go by: the '::' tells
+    assert detect_format(other, "tags") == "ml-tags"
+    assert len(read_input("tags", other)) == 1
+    # A folder with tags.dat reads it; beside user_taggedartists.dat it is Last.fm's names file.
+    assert len(read_tags(tmp_path)) == 1
+    write(tmp_path / "user_taggedartists.dat", "2\t52\t13\t1\t4\t2009\n")
+    t = read_tags(tmp_path)
+    assert t.items.ids == ["52"] and t.tag_names == ["13"]  # tags.dat is no tagID<TAB>name file
+    err = error_of(read_ratings, named, "ml-tags")
+    assert "not ratings" in err.reason
+
+
+def _train(*args):
+    return run_cli(["ordrec.trainer", "train", *args], check=False)
+
+
+def test_rtf_trains_on_movielens_tags_dat(tmp_path):
+    rng = np.random.default_rng(0)
+    words = ["funny", "Funny", "sci-fi", "based on a book", "Star Wars:: Episode IV", "dark", "classic"]
+    lines = {
+        f"{u}::{i}::{words[w]}::{1162160415 + k}"
+        for k, (u, i, w) in enumerate(
+            zip(rng.integers(1, 30, 600), rng.integers(1, 40, 600), rng.integers(0, 7, 600))
+        )
+    }
+    # Drop repeats of (user, item, tag) that differ only in timestamp.
+    seen, unique = set(), []
+    for line in sorted(lines):
+        key = line.rsplit("::", 1)[0]
+        if key not in seen:
+            seen.add(key)
+            unique.append(line)
+    data = tmp_path / "ml-10M100K" / "tags.dat"
+    data.parent.mkdir()
+    data.write_text("\n".join(unique) + "\n")
+    registry = tmp_path / "reg"
+    result = _train("rtf", "--data", str(data), "--set", "max_iter=2", "--registry", str(registry))
+    assert result.returncode == 0, result.stderr
+    assert Registry(registry).models() == ["rtf"]
+    bad = write(tmp_path / "tags.dat", "1::2::pop::5\n1::2::rock::yesterday\n")
+    result = _train("rtf", "--data", str(bad), "--set", "max_iter=2", "--registry", str(registry))
+    assert result.returncode == 2 and f"{bad}:2" in result.stderr and "yesterday" in result.stderr
