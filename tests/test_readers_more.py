@@ -144,3 +144,70 @@ def test_rtf_trains_on_movielens_tags_dat(tmp_path):
     bad = write(tmp_path / "tags.dat", "1::2::pop::5\n1::2::rock::yesterday\n")
     result = _train("rtf", "--data", str(bad), "--set", "max_iter=2", "--registry", str(registry))
     assert result.returncode == 2 and f"{bad}:2" in result.stderr and "yesterday" in result.stderr
+
+
+# ------------------------------------------------------------------ headerless attribute tables
+CAR = "vhigh,vhigh,2,2,small,low,unacc\nlow,med,4,more,big,high,vgood\n\nlow,?,4,4,big,high,good\n"
+CAR_NAMES = ["buying", "maint", "doors", "persons", "lug_boot", "safety", "class"]
+
+
+def test_headerless_attributes_with_names_use_line_numbers(tmp_path):
+    path = write(tmp_path / "car.data", CAR)
+    a = read_attributes(path, column_names=CAR_NAMES)
+    assert a.objects.ids == ["1", "2", "4"]  # line numbers: the blank line 3 holds no object
+    assert a.attributes == CAR_NAMES and a.labels is None
+    maint = a.attribute_index("maint")
+    assert a.values[maint] == ["med", "vhigh"] and list(a.codes[:, maint]) == [1, 0, -1]  # '?' is missing
+    assert a.values[a.attribute_index("doors")] == ["2", "4"]
+    # The same through read_input and as "a,b,c" text (what --columns passes).
+    b = read_input("attributes", path, column_names=",".join(CAR_NAMES))
+    assert b.objects.ids == a.objects.ids and np.array_equal(a.codes, b.codes)
+
+
+def test_headerless_attributes_without_names(tmp_path):
+    # Without names, line 1 is the header and the first column the id, as before: a UCI
+    # table read so fails on its repeated values, with the way out in the message.
+    err = error_of(read_attributes, write(tmp_path / "car.data", CAR))
+    assert err.line == 1 and "repeated attribute name" in err.reason and "--columns" in err.reason
+    a = read_attributes(write(tmp_path / "h.csv", "id,color,size\nx,red,big\ny,blue,big\n"))
+    assert a.objects.ids == ["x", "y"] and a.attributes == ["color", "size"]
+
+
+def test_headerless_attributes_name_count_and_bad_names(tmp_path):
+    path = write(tmp_path / "car.data", CAR)
+    err = error_of(read_attributes, path, column_names=CAR_NAMES[:-1])
+    assert err.path == str(path) and err.line == 1
+    assert (
+        "expected 6 comma-separated fields (one per column name given" in err.reason and "got 7" in err.reason
+    )
+    short = write(tmp_path / "short.data", "a,b,c\na,b\na,b,c\n")
+    err = error_of(read_attributes, short, column_names=["x", "y", "z"])
+    assert err.line == 2 and "got 2" in err.reason
+    kept = read_attributes(short, column_names=["x", "y", "z"], skip_bad_lines=True)
+    assert kept.objects.ids == ["1", "3"] and kept.skipped_lines == 1
+    assert "repeated column name" in error_of(read_attributes, path, column_names=["a", "a"]).reason
+    assert "bad column name" in error_of(read_attributes, path, column_names=["a", ""]).reason
+    zoo = write(tmp_path / "zoo.data", "frog" + ",0" * 17 + "\n")
+    assert "not zoo" in error_of(read_attributes, zoo, column_names=["x"]).reason
+    with pytest.raises(ValueError, match="not ratings"):
+        read_input("ratings", path, column_names=["x"])
+
+
+def test_headerless_attributes_tsv(tmp_path):
+    a = read_attributes(
+        write(tmp_path / "t.tsv", "red\tsmall\nblue\tbig\n"), "tsv", column_names=["color", "size"]
+    )
+    assert a.objects.ids == ["1", "2"] and a.values == [["blue", "red"], ["big", "small"]]
+
+
+def test_score_trains_on_a_headerless_table_through_the_cli(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [",".join(f"{c}{rng.integers(0, 3)}" for c in "abcd") for _ in range(40)]
+    data = write(tmp_path / "objects.data", "\n".join(rows) + "\n")
+    registry = tmp_path / "reg"
+    args = ("--data", str(data), "--set", "max_iter=2", "--registry", str(registry))
+    result = _train("score", *args, "--columns", "w,x,y,z")
+    assert result.returncode == 0, result.stderr
+    assert Registry(registry).models() == ["score"]
+    result = _train("score", *args, "--columns", "w,x,y")
+    assert result.returncode == 2 and f"{data}:1" in result.stderr and "got 4" in result.stderr

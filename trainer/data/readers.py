@@ -572,6 +572,10 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
                           skipped_lines=problems.skipped, labels=labels if fmt == "zoo" else None)
 
 
+# A headerless table (UCI style) read without names trips the header checks; say what to do.
+_NO_HEADER_HINT = "; a table without a header line needs its column names (column_names=, --columns)"
+
+
 def _attribute_header(path: str, fmt: str) -> tuple[str, list[str], int]:
     """``(separator, attribute names, header lines)`` of an attribute file."""
     if fmt == "zoo":
@@ -587,7 +591,7 @@ def _attribute_header(path: str, fmt: str) -> tuple[str, list[str], int]:
         if not name or has_control(name):
             raise DataError(path, 1, f"bad attribute name {excerpt(name)} in the header")
     if len(set(attributes)) != len(attributes):
-        raise DataError(path, 1, f"repeated attribute name in the header {excerpt(line)}")
+        raise DataError(path, 1, f"repeated attribute name in the header {excerpt(line)}{_NO_HEADER_HINT}")
     return sep, attributes, 1
 
 
