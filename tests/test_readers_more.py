@@ -211,3 +211,109 @@ def test_score_trains_on_a_headerless_table_through_the_cli(tmp_path):
     assert Registry(registry).models() == ["score"]
     result = _train("score", *args, "--columns", "w,x,y")
     assert result.returncode == 2 and f"{data}:1" in result.stderr and "got 4" in result.stderr
+
+
+# ------------------------------------------------------------------ Parquet ratings
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+def parquet(path: Path, **columns) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def test_parquet_ratings_round_trip_like_csv(tmp_path):
+    users, items, ratings = ["u1", "u2", "u1", "u3"], [10, 10, 20, 30], [5, 3, 4, 1]
+    path = parquet(tmp_path / "r.parquet", UserId=users, movieId=items, Rating=ratings, ts=[1, 2, 3, 4])
+    assert detect_format(path, "ratings") == "parquet" and FORMATS["parquet"] == ("ratings",)
+    r = read_ratings(path)
+    csv = write(
+        tmp_path / "r.csv",
+        "user,item,rating\n" + "".join(f"{u},{i},{x}\n" for u, i, x in zip(users, items, ratings)),
+    )
+    c = read_ratings(csv)
+    assert r.users.ids == c.users.ids == ["u1", "u2", "u3"] and r.items.ids == c.items.ids == [
+        "10",
+        "20",
+        "30",
+    ]
+    assert (
+        np.array_equal(r.user, c.user)
+        and np.array_equal(r.item, c.item)
+        and np.array_equal(r.rating, c.rating)
+    )
+    assert r.rating.dtype == np.float32 and r.skipped_lines == 0
+    # columns= names odd columns; dictionary-encoded strings and large strings read too.
+    odd = tmp_path / "odd.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "who": pa.array(users).dictionary_encode(),
+                "what": pa.array(["a", "b", "c", "d"], pa.large_string()),
+                "x": [1.5, 2, 3, 4],
+            }
+        ),
+        odd,
+    )
+    r = read_ratings(odd, columns={"user": "who", "item": "what", "rating": "x"})
+    assert r.users.ids == ["u1", "u2", "u3"] and r.items.ids == ["a", "b", "c", "d"]
+    assert list(r.rating) == [1.5, 2, 3, 4]
+
+
+def test_parquet_column_and_type_errors(tmp_path):
+    err = error_of(read_ratings, parquet(tmp_path / "a.parquet", user=[1], movie=[2], stars_given=[3]))
+    assert "no rating column in the Parquet columns" in err.reason and err.line is None
+    err = error_of(read_ratings, parquet(tmp_path / "b.parquet", user=[1.5], item=[2], rating=[3]))
+    assert "column 'user' (user) is double; user ids must be strings or integers" in err.reason
+    err = error_of(read_ratings, parquet(tmp_path / "c.parquet", user=[1], item=[2], rating=["5"]))
+    assert "column 'rating' (rating) is string; ratings must be numbers" in err.reason
+    err = error_of(
+        read_ratings, parquet(tmp_path / "d.parquet", user=[1], item=[2], rating=[3], timestamp=["x"])
+    )
+    assert "(timestamp) is string" in err.reason
+    not_parquet = write(tmp_path / "e.parquet", "user,item,rating\n1,2,3\n")
+    assert "not a readable Parquet file" in error_of(read_ratings, not_parquet).reason
+    assert "not tags" in error_of(read_tags, not_parquet).reason
+
+
+@pytest.mark.parametrize(
+    "columns,row,message",
+    [
+        ({"user": ["a", None, "c"]}, 2, "empty user id (null)"),
+        ({"item": ["x", "y", ""]}, 3, "empty item id"),
+        ({"item": ["x", "y\n", "z"]}, 2, "item id 'y\\n' contains a line break"),
+        ({"rating": [4.0, None, 3.0]}, 2, "rating is missing (null)"),
+        ({"rating": [4.0, float("nan"), 3.0]}, 2, "rating nan is not a finite number"),
+        ({"rating": [4.0, 6.0, 3.0]}, 2, "rating 6 is outside the rating scale 1..5"),
+        ({"rating": [4.0, 2.5, 3.0]}, 2, "rating 2.5 is not on the rating scale 1..5"),
+        ({"ts": [1, -3, 2]}, 2, "timestamp -3 is not a non-negative integer"),
+        ({"item": ["x", "y", "x"]}, 3, "duplicate rating of item 'x' by user 'a', already in row 1"),
+    ],
+)
+def test_parquet_row_errors_name_the_row(tmp_path, columns, row, message):
+    table = {"user": ["a", "b", "a"], "item": ["x", "y", "z"], "rating": [4.0, 5.0, 3.0], "ts": [1, 2, 3]}
+    path = parquet(tmp_path / "r.parquet", **{**table, **columns})
+    err = error_of(read_ratings, path, rating_scale="1..5")
+    assert err.row == row and err.line is None and message in err.reason
+    assert str(err).startswith(f"{path}: row {row}: ")
+    kept = read_ratings(path, rating_scale="1..5", skip_bad_lines=True)
+    assert len(kept) == 2 and kept.skipped_lines == 1
+
+
+def test_parquet_scale_from_the_cli_and_half_steps(tmp_path):
+    path = parquet(tmp_path / "r.parquet", user=[1, 2], item=[1, 1], rating=[0.5, 4.5])
+    assert list(read_ratings(path, rating_scale="0.5..5:0.5").rating) == [0.5, 4.5]
+    assert list(read_ratings(path).rating) == [0.5, 4.5]  # no declared scale: any finite number
+    result = _train("dcr", "--data", str(path), "--rating-scale", "1..5", "--registry", str(tmp_path / "reg"))
+    assert (
+        result.returncode == 2
+        and f"{path}: row 1: rating 0.5 is outside the rating scale 1..5" in result.stderr
+    )
+
+
+def test_parquet_without_pyarrow_says_which_extra(tmp_path, monkeypatch):
+    path = parquet(tmp_path / "r.parquet", user=[1], item=[2], rating=[3])
+    monkeypatch.setitem(__import__("sys").modules, "pyarrow.parquet", None)
+    err = error_of(read_ratings, path)
+    assert "pip install 'ordrec[parquet]'" in err.reason

@@ -10,6 +10,7 @@ format                 shape           file
 ``ml-tags``            tags            MovieLens 10M ``tags.dat``: ``user::item::tag::timestamp``
 ``zoo``                attributes      UCI ``zoo.data``: name + 17 categorical attributes
 ``neighbors``          neighbors       ``source,neighbor,rank`` (comma or tab, header optional)
+``parquet``            ratings         ``*.parquet`` (pyarrow, the ``parquet`` extra): columns named as in csv
 =====================  ==============  ==============================================
 
 Every reader takes ``fmt="auto"`` (detect from the file name, then from the
@@ -52,6 +53,7 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "ml-tags": ("tags",),
     "zoo": ("attributes",),
     "neighbors": ("neighbors",),
+    "parquet": ("ratings",),
     # Explicit judgements, read by their own modules (never detected: name them):
     "triples": ("ratings",),  # COE: "A u i j" / "B u v i" lines (trainer.data.triples)
     "triplets": ("attributes",),  # SCORE: "aspect,i,j,k" lines (trainer.data.triplets)
@@ -170,6 +172,10 @@ def detect_format(path, shape: str) -> str:
         raise ValueError(f"unknown input shape {shape!r}; expected one of {', '.join(SHAPES)}")
     path = _resolve(path, shape)
     name = os.path.basename(path).lower()
+    if name.endswith(".parquet"):
+        if shape in FORMATS["parquet"]:
+            return "parquet"
+        raise DataError(path, None, f"Parquet files are read as ratings, not {shape}")
     for pattern, fmt in _FILE_NAMES:
         if pattern.fullmatch(name) and shape in FORMATS[fmt]:
             return fmt
@@ -240,9 +246,18 @@ def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[s
                     ) -> tuple[list[str], list[int]]:
     """Header names of line 1 and the field index of each wanted column."""
     line = _first_line(path)
-    header, shown = splitter(sep)(line), excerpt(line)
+    header = splitter(sep)(line)
     if not any(header):
         raise DataError(path, 1, "expected a header line naming the columns, got a blank line")
+    return header, _match_columns(path, 1, header, f"header {excerpt(line)}", wanted, overrides)
+
+
+def _match_columns(path: str, line: int | None, header: list[str], shown: str, wanted: list[str],
+                   overrides: Mapping[str, str] | None) -> list[int]:
+    """The index in ``header`` of each wanted column, by the common names or ``overrides``.
+
+    ``shown`` is how messages name the header (``header 'a,b'``, or a Parquet file's columns).
+    """
     normalised = [_norm(h) for h in header]
     found = []
     for want in wanted:
@@ -251,31 +266,36 @@ def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[s
             matches = [i for i, h in enumerate(header) if h == name] or \
                       [i for i, h in enumerate(normalised) if h == _norm(name)]
             if not matches:
-                raise DataError(path, 1, f"no column {excerpt(name)} (given for {want}) in header {shown}")
+                raise DataError(path, line, f"no column {excerpt(name)} (given for {want}) in {shown}")
         else:
             matches = [i for i, h in enumerate(normalised) if h in _COLUMN_NAMES[want]]
             if not matches:
-                raise DataError(path, 1, f"no {want} column in header {shown}; expected one of "
+                raise DataError(path, line, f"no {want} column in {shown}; expected one of "
                                          f"{sorted(_COLUMN_NAMES[want])} or columns={{{want!r}: ...}}")
         if len(matches) > 1:
-            raise DataError(path, 1, f"several {want} columns in header {shown}: "
+            raise DataError(path, line, f"several {want} columns in {shown}: "
                                      f"{', '.join(excerpt(header[i]) for i in matches)}; pick one with columns=")
         found.append(matches[0])
     if len(set(found)) != len(found):
-        raise DataError(path, 1, f"the same column is used twice among {wanted} in header {shown}")
-    return header, found
+        raise DataError(path, line, f"the same column is used twice among {wanted} in {shown}")
+    return found
 
 
-def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool, describe) -> int:
+def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool, describe,
+                     unit: str = "line") -> int:
     """Raise on the first repeated (group, value) pair, naming both lines, or drop the repeats.
 
-    Returns how many records were dropped.
+    ``unit="row"``: the records are Parquet rows, named as such. Returns how
+    many records were dropped.
     """
     pairs = find_duplicates(group, n_groups, value, n_values)
     if pairs.shape[0] == 0:
         return 0
     if not skip:
         later, earlier = (int(x) for x in pairs[0])
+        if unit == "row":
+            raise DataError(path, None, f"duplicate {describe(later)}, already in row {records.line(earlier)}",
+                            row=records.line(later))
         raise DataError(path, records.line(later),
                         f"duplicate {describe(later)}, already on line {records.line(earlier)}")
     mask = np.ones(group.size, dtype=bool)
@@ -311,12 +331,15 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     ----------
     path : str or Path
         The file (or a folder holding ``u.data`` or ``ratings.dat``).
-    fmt : {"auto", "ml-100k", "ml-1m", "ml-10m", "csv", "tsv"}
+    fmt : {"auto", "ml-100k", "ml-1m", "ml-10m", "csv", "tsv", "parquet"}
+        ``parquet`` (detected by the ``.parquet`` suffix) needs pyarrow (the
+        ``parquet`` extra): columns are found as in csv, ids must be strings
+        or integers and ratings numbers, and errors name the 1-based row.
     skip_bad_lines : bool
         Skip malformed lines (and later duplicates) and count them in
         ``skipped_lines`` instead of raising.
     columns : dict, optional
-        For csv/tsv: header names of the ``"user"``, ``"item"`` and
+        For csv/tsv/parquet: header (column) names of the ``"user"``, ``"item"`` and
         ``"rating"`` columns when they are not among the common names.
     rating_scale : RatingScale or str, optional
         The ratings allowed (``"1..5"``, ``"0.5..5:0.5"``); replaces the
@@ -333,6 +356,8 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     if isinstance(rating_scale, str):
         rating_scale = RatingScale.parse(rating_scale)
     scale = rating_scale or declared_scale(fmt, detected)
+    if fmt == "parquet":
+        return _read_parquet_ratings(path, columns, scale, skip_bad_lines)
     if fmt in RATING_SCALES:
         sep, n_fields, header_lines, idx = "\t" if fmt == "ml-100k" else "::", 4, 0, [0, 1, 2]
         checked = [Column(3, "timestamp", kind="timestamp")]
@@ -356,6 +381,29 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
 
     skipped = records.skipped + _drop_duplicates(
         records, user, len(users), item, len(items), path, skip_bad_lines, describe)
+    return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
+                   source=path, skipped_lines=skipped)
+
+
+def _read_parquet_ratings(path: str, columns: Mapping[str, str] | None, scale: RatingScale | None,
+                          skip_bad_lines: bool) -> Ratings:
+    """Ratings of a Parquet file: columns by the csv rules, rows checked, repeats as for csv."""
+    from ordrec.trainer.data import parquet
+
+    header = parquet.parquet_columns(path)
+    shown = f"the Parquet columns {excerpt(', '.join(header))}"
+    idx = _match_columns(path, None, header, shown, ["user", "item", "rating"], columns)
+    stamps = [header[c.field] for c in _timestamp_columns(header, idx)]
+    records = parquet.read_parquet_records(path, [header[i] for i in idx], stamps, scale, skip_bad_lines)
+    users, items = records.spaces
+
+    def describe(r):
+        return (f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
+                f"by user {excerpt(users.external(int(records.ids[0][r])))}")
+
+    skipped = records.skipped + _drop_duplicates(
+        records, records.ids[0], len(users), records.ids[1], len(items), path, skip_bad_lines, describe,
+        unit="row")
     return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
                    source=path, skipped_lines=skipped)
 
