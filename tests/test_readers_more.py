@@ -213,6 +213,33 @@ def test_score_trains_on_a_headerless_table_through_the_cli(tmp_path):
     assert result.returncode == 2 and f"{data}:1" in result.stderr and "got 4" in result.stderr
 
 
+JOB = """
+[job]
+name = "nightly"
+registry = "reg"
+
+[data.cars]
+path = "car.data"
+{columns}
+
+[[models]]
+name = "score"
+kind = "score"
+data = "cars"
+"""
+
+
+def test_job_key_columns(tmp_path):
+    from ordrec.trainer.job import JobError, load_job
+
+    job = write(tmp_path / "job.toml", JOB.format(columns='columns = ["buying", "maint"]'))
+    assert load_job(job).data["cars"].columns == ["buying", "maint"]
+    assert load_job(write(tmp_path / "j0.toml", JOB.format(columns=""))).data["cars"].columns is None
+    with pytest.raises(JobError) as err:
+        load_job(write(tmp_path / "j2.toml", JOB.format(columns="columns = [1, 2]")))
+    assert "data.cars.columns" in str(err.value) and "list of column names" in str(err.value)
+
+
 # ------------------------------------------------------------------ Parquet ratings
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

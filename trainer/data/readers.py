@@ -19,7 +19,10 @@ content), ``skip_bad_lines`` (skip malformed lines and report how many in
 file, the 1-based line and what was wrong. External ids become dense int32
 rows in order of first appearance. Ratings must lie on the format's declared
 :data:`RATING_SCALES` (or the ``rating_scale`` given); MovieLens timestamps
-must be non-negative integers. See ``docs/data.md``.
+must be non-negative integers. Attribute tables without a header or id
+column take ``column_names`` (ids are then line numbers, as for ``zoo``).
+Parquet has rows, not lines: its errors name the 1-based row
+(:mod:`trainer.data.parquet`). See ``docs/data.md``.
 """
 from __future__ import annotations
 
