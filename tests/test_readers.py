@@ -255,7 +255,8 @@ def test_explicit_format_overrides_name_and_is_checked(tmp_path):
     assert triples(read_ratings(path, "csv")) == [("a", "b", 1.0)]
     assert "not ratings" in str(error_of(read_ratings, path, "zoo"))
     assert "unknown format" in str(error_of(read_ratings, path, "avro"))
-    assert "not a readable Parquet file" in str(error_of(read_ratings, path, "parquet"))  # named, then checked
+    # A named format is taken, then the file is checked against it.
+    assert "not a readable Parquet file" in str(error_of(read_ratings, path, "parquet"))
 
 
 def test_read_input_dispatches_by_shape(tmp_path):
