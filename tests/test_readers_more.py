@@ -213,6 +213,17 @@ def test_score_trains_on_a_headerless_table_through_the_cli(tmp_path):
     assert result.returncode == 2 and f"{data}:1" in result.stderr and "got 4" in result.stderr
 
 
+def test_reproduce_score_takes_columns_too(tmp_path):
+    rng = np.random.default_rng(1)
+    rows = [",".join(f"{c}{rng.integers(0, 3)}" for c in "abcd") for _ in range(40)]
+    data = write(tmp_path / "objects.data", "\n".join(rows) + "\n")
+    args = ["ordrec.trainer", "reproduce", "score", "--data", str(data), "--runs", "1", "--quiet"]
+    result = run_cli([*args, "--columns", "w,x,y,z"], check=False)
+    assert result.returncode == 0 and "aspects=all(4)" in result.stdout, result.stderr
+    result = run_cli([*args, "--columns", "w,x"], check=False)
+    assert result.returncode == 2 and f"{data}:1" in result.stderr
+
+
 JOB = """
 [job]
 name = "nightly"
