@@ -317,3 +317,29 @@ def test_convergence_means_a_small_change_not_a_rise():
     assert est.n_iter_ > 5
     if est.converged_:
         assert abs(iso[-2] - iso[-1]) / iso[-2] < 1e-3
+
+
+def test_the_protocol_reports_recall_at_10_whatever_k_is():
+    from ordrec.trainer.reproduce import knnscal as protocol
+
+    rng = np.random.default_rng(0)
+    features = np.concatenate([rng.normal(size=(30, 3)), rng.normal(size=(30, 3)) + 8.0])
+    graph = knn_lists(features, 4)
+    problem = protocol.Problem(graph, "two-blobs", 4, features=features)
+    # A map that is the features' first two coordinates keeps each blob's neighbours close.
+    index = protocol.map_index(problem, features[:, :2])
+    metrics = protocol.map_metrics(problem, index)
+    ten = knn_lists(features, 10)
+    expected = np.mean(
+        [
+            np.intersect1d(
+                index.neighbors("", "objects", i, "objects", 10)[0], ten.neighbor[ten.source == i]
+            ).size
+            / 10
+            for i in range(problem.n)
+        ]
+    )
+    assert metrics["recall@4"] > 0 and metrics["recall@10"] == pytest.approx(expected)
+    # Lists shorter than 10 without features: no recall@10 to report.
+    no_features = protocol.map_metrics(protocol.Problem(graph, "lists", 4), index)
+    assert "recall@10" not in no_features

@@ -254,7 +254,9 @@ def test_explicit_format_overrides_name_and_is_checked(tmp_path):
     path = write(tmp_path / "u.data", "user,item,rating\na,b,1\n")
     assert triples(read_ratings(path, "csv")) == [("a", "b", 1.0)]
     assert "not ratings" in str(error_of(read_ratings, path, "zoo"))
-    assert "unknown format" in str(error_of(read_ratings, path, "parquet"))
+    assert "unknown format" in str(error_of(read_ratings, path, "avro"))
+    # A named format is taken, then the file is checked against it.
+    assert "not a readable Parquet file" in str(error_of(read_ratings, path, "parquet"))
 
 
 def test_read_input_dispatches_by_shape(tmp_path):

@@ -57,6 +57,8 @@ def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, r
                              "triples ... (default: detect from the file)")
     parser.add_argument("--skip-bad-lines", action="store_true",
                         help="skip malformed lines instead of failing (their number is reported)")
+    parser.add_argument("--columns", metavar="A,B,...",
+                        help="attribute tables without a header or id column: the column names (ids are line numbers)")
     if ratings:
         parser.add_argument("--rating-scale", type=rating_scale_argument, metavar="LOW..HIGH[:STEP]",
                             help="ratings allowed, e.g. 1..5 or 0.5..5:0.5 (default: the format's own; "
@@ -70,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     estimator_cls = estimator_class(args.kind)
     data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines,
-                      rating_scale=args.rating_scale)
+                      rating_scale=args.rating_scale, column_names=args.columns)
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     params = parse_assignments(args.set or [])

@@ -99,6 +99,7 @@ class DataSource:
     format: str = "auto"
     skip_bad_lines: bool = False
     rating_scale: RatingScale | None = None  # ratings files only; None: the format's own
+    columns: list[str] | str | None = None  # headerless attribute tables: the column names
 
 
 @dataclass
@@ -191,6 +192,8 @@ SOURCE_KEYS = {
     "format": Key(str, "auto"),
     "skip_bad_lines": Key(bool, False),
     "rating_scale": Key(str),
+    "columns": Key(None, check=_rule(lambda v: isinstance(v, str) or (isinstance(v, list) and all(
+        isinstance(x, str) for x in v)), 'must be a list of column names, e.g. ["color", "size"]')),
 }
 MODEL_KEYS = {
     "name": Key(str, required=True),
@@ -334,7 +337,7 @@ def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource
         source = c.table(table, where, SOURCE_KEYS)
         sources[name] = DataSource(name=name, path=_resolve(base, source["path"]), format=source["format"],
                                    skip_bad_lines=source["skip_bad_lines"],
-                                   rating_scale=_rating_scale(c, where, source))
+                                   rating_scale=_rating_scale(c, where, source), columns=source["columns"])
     return sources
 
 
@@ -499,7 +502,7 @@ class _Job:
             source = self.config.data[model.data]
             t0 = time.perf_counter()
             data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines,
-                              rating_scale=source.rating_scale)
+                              rating_scale=source.rating_scale, column_names=source.columns)
             skipped = getattr(data, "skipped_lines", 0)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
             self.say(model.name, "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",

@@ -7,8 +7,10 @@ format                 shape           file
 ``ml-1m`` / ``ml-10m`` ratings         MovieLens 1M/10M ``ratings.dat``: ``user::item::rating::timestamp``
 ``csv`` / ``tsv``      every shape     header row naming the columns
 ``lastfm-tags``        tags            HetRec Last.fm ``user_taggedartists.dat`` (+ ``tags.dat``)
+``ml-tags``            tags            MovieLens 10M ``tags.dat``: ``user::item::tag::timestamp``
 ``zoo``                attributes      UCI ``zoo.data``: name + 17 categorical attributes
 ``neighbors``          neighbors       ``source,neighbor,rank`` (comma or tab, header optional)
+``parquet``            ratings         ``*.parquet`` (pyarrow, the ``parquet`` extra): columns named as in csv
 =====================  ==============  ==============================================
 
 Every reader takes ``fmt="auto"`` (detect from the file name, then from the
@@ -17,20 +19,24 @@ content), ``skip_bad_lines`` (skip malformed lines and report how many in
 file, the 1-based line and what was wrong. External ids become dense int32
 rows in order of first appearance. Ratings must lie on the format's declared
 :data:`RATING_SCALES` (or the ``rating_scale`` given); MovieLens timestamps
-must be non-negative integers. See ``docs/data.md``.
+must be non-negative integers. Attribute tables without a header or id
+column take ``column_names`` (ids are then line numbers, as for ``zoo``).
+Parquet has rows, not lines: its errors name the 1-based row
+(:mod:`trainer.data.parquet`). See ``docs/data.md``.
 """
 from __future__ import annotations
 
 import math
 import os
 import re
-from typing import Mapping
+from array import array
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.data._lines import (
-    Column, Problems, check_path, find_duplicates, has_control, iter_lines,
+    Column, IdSpace, Problems, Records, check_fields, check_path, find_duplicates, has_control, iter_lines,
     parse_records, peek_lines, splitter,
 )
 from ordrec.trainer.data.types import (
@@ -47,8 +53,10 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "csv": SHAPES,
     "tsv": SHAPES,
     "lastfm-tags": ("tags",),
+    "ml-tags": ("tags",),
     "zoo": ("attributes",),
     "neighbors": ("neighbors",),
+    "parquet": ("ratings",),
     # Explicit judgements, read by their own modules (never detected: name them):
     "triples": ("ratings",),  # COE: "A u i j" / "B u v i" lines (trainer.data.triples)
     "triplets": ("attributes",),  # SCORE: "aspect,i,j,k" lines (trainer.data.triplets)
@@ -67,12 +75,13 @@ _FILE_NAMES = [
     (re.compile(r"u\d?\.data|u\d\.(base|test)|u[ab]\.(base|test)"), "ml-100k"),
     (re.compile(r"ratings\.dat"), "ml-1m"),
     (re.compile(r"user_taggedartists\.dat"), "lastfm-tags"),
+    (re.compile(r"tags\.dat"), "ml-tags"),
     (re.compile(r"zoo\.data"), "zoo"),
 ]
 # What to look for when --data is a folder.
 _FOLDER_FILES = {
     "ratings": ("u.data", "ratings.dat"),
-    "tags": ("user_taggedartists.dat",),
+    "tags": ("user_taggedartists.dat", "tags.dat"),
     "attributes": ("zoo.data",),
     "neighbors": (),
 }
@@ -123,6 +132,8 @@ def _resolve(path, shape: str) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
         found = [os.path.join(path, n) for n in _FOLDER_FILES[shape] if os.path.isfile(os.path.join(path, n))]
+        if shape == "tags" and len(found) == 2:
+            found = found[:1]  # beside user_taggedartists.dat, tags.dat is Last.fm's tag names, not data
         if len(found) != 1:
             wanted = ", ".join(_FOLDER_FILES[shape]) or "no well-known file name"
             raise DataError(path, None, f"is a folder; for {shape} it must hold exactly one of: {wanted}"
@@ -164,6 +175,10 @@ def detect_format(path, shape: str) -> str:
         raise ValueError(f"unknown input shape {shape!r}; expected one of {', '.join(SHAPES)}")
     path = _resolve(path, shape)
     name = os.path.basename(path).lower()
+    if name.endswith(".parquet"):
+        if shape in FORMATS["parquet"]:
+            return "parquet"
+        raise DataError(path, None, f"Parquet files are read as ratings, not {shape}")
     for pattern, fmt in _FILE_NAMES:
         if pattern.fullmatch(name) and shape in FORMATS[fmt]:
             return fmt
@@ -191,6 +206,8 @@ def _ratings_format(sep: str, fields: list[str]) -> str | None:
 
 
 def _tags_format(sep: str, fields: list[str]) -> str | None:
+    if sep == "::":
+        return "ml-tags"
     if sep == "\t" and [_norm(f) for f in fields] == _LASTFM_HEADER:
         return "lastfm-tags"
     return _delimited(sep) if sep in ",\t" and _looks_like_header(fields, "tags") else None
@@ -232,9 +249,18 @@ def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[s
                     ) -> tuple[list[str], list[int]]:
     """Header names of line 1 and the field index of each wanted column."""
     line = _first_line(path)
-    header, shown = splitter(sep)(line), excerpt(line)
+    header = splitter(sep)(line)
     if not any(header):
         raise DataError(path, 1, "expected a header line naming the columns, got a blank line")
+    return header, _match_columns(path, 1, header, f"header {excerpt(line)}", wanted, overrides)
+
+
+def _match_columns(path: str, line: int | None, header: list[str], shown: str, wanted: list[str],
+                   overrides: Mapping[str, str] | None) -> list[int]:
+    """The index in ``header`` of each wanted column, by the common names or ``overrides``.
+
+    ``shown`` is how messages name the header (``header 'a,b'``, or a Parquet file's columns).
+    """
     normalised = [_norm(h) for h in header]
     found = []
     for want in wanted:
@@ -243,31 +269,36 @@ def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[s
             matches = [i for i, h in enumerate(header) if h == name] or \
                       [i for i, h in enumerate(normalised) if h == _norm(name)]
             if not matches:
-                raise DataError(path, 1, f"no column {excerpt(name)} (given for {want}) in header {shown}")
+                raise DataError(path, line, f"no column {excerpt(name)} (given for {want}) in {shown}")
         else:
             matches = [i for i, h in enumerate(normalised) if h in _COLUMN_NAMES[want]]
             if not matches:
-                raise DataError(path, 1, f"no {want} column in header {shown}; expected one of "
+                raise DataError(path, line, f"no {want} column in {shown}; expected one of "
                                          f"{sorted(_COLUMN_NAMES[want])} or columns={{{want!r}: ...}}")
         if len(matches) > 1:
-            raise DataError(path, 1, f"several {want} columns in header {shown}: "
+            raise DataError(path, line, f"several {want} columns in {shown}: "
                                      f"{', '.join(excerpt(header[i]) for i in matches)}; pick one with columns=")
         found.append(matches[0])
     if len(set(found)) != len(found):
-        raise DataError(path, 1, f"the same column is used twice among {wanted} in header {shown}")
-    return header, found
+        raise DataError(path, line, f"the same column is used twice among {wanted} in {shown}")
+    return found
 
 
-def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool, describe) -> int:
+def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool, describe,
+                     unit: str = "line") -> int:
     """Raise on the first repeated (group, value) pair, naming both lines, or drop the repeats.
 
-    Returns how many records were dropped.
+    ``unit="row"``: the records are Parquet rows, named as such. Returns how
+    many records were dropped.
     """
     pairs = find_duplicates(group, n_groups, value, n_values)
     if pairs.shape[0] == 0:
         return 0
     if not skip:
         later, earlier = (int(x) for x in pairs[0])
+        if unit == "row":
+            raise DataError(path, None, f"duplicate {describe(later)}, already in row {records.line(earlier)}",
+                            row=records.line(later))
         raise DataError(path, records.line(later),
                         f"duplicate {describe(later)}, already on line {records.line(earlier)}")
     mask = np.ones(group.size, dtype=bool)
@@ -303,12 +334,15 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     ----------
     path : str or Path
         The file (or a folder holding ``u.data`` or ``ratings.dat``).
-    fmt : {"auto", "ml-100k", "ml-1m", "ml-10m", "csv", "tsv"}
+    fmt : {"auto", "ml-100k", "ml-1m", "ml-10m", "csv", "tsv", "parquet"}
+        ``parquet`` (detected by the ``.parquet`` suffix) needs pyarrow (the
+        ``parquet`` extra): columns are found as in csv, ids must be strings
+        or integers and ratings numbers, and errors name the 1-based row.
     skip_bad_lines : bool
         Skip malformed lines (and later duplicates) and count them in
         ``skipped_lines`` instead of raising.
     columns : dict, optional
-        For csv/tsv: header names of the ``"user"``, ``"item"`` and
+        For csv/tsv/parquet: header (column) names of the ``"user"``, ``"item"`` and
         ``"rating"`` columns when they are not among the common names.
     rating_scale : RatingScale or str, optional
         The ratings allowed (``"1..5"``, ``"0.5..5:0.5"``); replaces the
@@ -325,6 +359,8 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     if isinstance(rating_scale, str):
         rating_scale = RatingScale.parse(rating_scale)
     scale = rating_scale or declared_scale(fmt, detected)
+    if fmt == "parquet":
+        return _read_parquet_ratings(path, columns, scale, skip_bad_lines)
     if fmt in RATING_SCALES:
         sep, n_fields, header_lines, idx = "\t" if fmt == "ml-100k" else "::", 4, 0, [0, 1, 2]
         checked = [Column(3, "timestamp", kind="timestamp")]
@@ -348,6 +384,29 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
 
     skipped = records.skipped + _drop_duplicates(
         records, user, len(users), item, len(items), path, skip_bad_lines, describe)
+    return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
+                   source=path, skipped_lines=skipped)
+
+
+def _read_parquet_ratings(path: str, columns: Mapping[str, str] | None, scale: RatingScale | None,
+                          skip_bad_lines: bool) -> Ratings:
+    """Ratings of a Parquet file: columns by the csv rules, rows checked, repeats as for csv."""
+    from ordrec.trainer.data import parquet
+
+    header = parquet.parquet_columns(path)
+    shown = f"the Parquet columns {excerpt(', '.join(header))}"
+    idx = _match_columns(path, None, header, shown, ["user", "item", "rating"], columns)
+    stamps = [header[c.field] for c in _timestamp_columns(header, idx)]
+    records = parquet.read_parquet_records(path, [header[i] for i in idx], stamps, scale, skip_bad_lines)
+    users, items = records.spaces
+
+    def describe(r):
+        return (f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
+                f"by user {excerpt(users.external(int(records.ids[0][r])))}")
+
+    skipped = records.skipped + _drop_duplicates(
+        records, records.ids[0], len(users), records.ids[1], len(items), path, skip_bad_lines, describe,
+        unit="row")
     return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
                    source=path, skipped_lines=skipped)
 
@@ -376,8 +435,14 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     Parameters
     ----------
     path : str or Path
-        The file (or a folder holding ``user_taggedartists.dat``).
-    fmt : {"auto", "lastfm-tags", "csv", "tsv"}
+        The file (or a folder holding ``user_taggedartists.dat`` or a
+        MovieLens ``tags.dat``).
+    fmt : {"auto", "lastfm-tags", "ml-tags", "csv", "tsv"}
+        ``ml-tags``: MovieLens ``user::item::tag::timestamp``. The tag is the
+        text between the second ``::`` and the last one, so tags holding
+        ``::`` (44 lines of ML-10M) survive; it is kept as written (case and
+        inner spaces), stripped of surrounding spaces and tabs, and is its
+        own name. The timestamp is checked as for ratings.
     skip_bad_lines : bool
         Skip malformed lines (and later duplicates), counting them.
     tag_names : None, False, path or mapping
@@ -391,23 +456,10 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     """
     path = _resolve(path, "tags")
     fmt = _choose(path, "tags", fmt)
-    if fmt == "lastfm-tags":
-        sep, n_fields, idx = "\t", 6, [0, 1, 2]
-        line = _first_line(path)
-        first = splitter(sep)(line)
-        header_lines = 0 if all(_is_int(f) for f in first) else 1
-        if header_lines and [_norm(f) for f in first] != _LASTFM_HEADER:
-            raise DataError(path, 1, f"expected the header 'userID artistID tagID day month year', "
-                                     f"got {excerpt(line)}")
+    if fmt == "ml-tags":
+        records = _parse_ml_tags(path, skip_bad_lines)
     else:
-        sep = "," if fmt == "csv" else "\t"
-        header, idx = _header_columns(path, sep, ["user", "item", "tag"], None)
-        n_fields, header_lines = len(header), 1
-    records = parse_records(
-        path, sep, n_fields,
-        [Column(idx[0], "user", space=0), Column(idx[1], "item", space=1), Column(idx[2], "tag", space=2)],
-        n_spaces=3, header_lines=header_lines, skip_bad_lines=skip_bad_lines,
-    )
+        records = _parse_tag_columns(path, fmt, skip_bad_lines)
     users, items, tags = records.spaces
     user, item, tag = records.ids
 
@@ -431,6 +483,77 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
                           source=path, skipped_lines=skipped, tag_names=names)
 
 
+#: The fields of a MovieLens tags line, checked by the per-line parser's own rules.
+_ML_TAG_COLUMNS = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "tag", space=2),
+                   Column(3, "timestamp", kind="timestamp")]
+
+
+def split_ml_tag(text: str) -> list[str]:
+    """``[user, item, tag, timestamp]`` of one MovieLens tags line (fewer fields when it has too few ``::``).
+
+    The tag is everything between the second ``::`` and the last, so a tag
+    holding ``::`` (or ending in ``:``, as in ``foo:::1234``) stays whole.
+    """
+    user, sep1, rest = text.partition("::")
+    item, sep2, rest = rest.partition("::")
+    tag, sep3, stamp = rest.rpartition("::")
+    fields = [user, item, tag, stamp] if sep3 else [user, item, rest][: 1 + bool(sep1) + bool(sep2)]
+    return [f.strip(" \t") for f in fields]
+
+
+def _parse_ml_tags(path: str, skip_bad_lines: bool) -> Records:
+    """Records (user, item, tag) of a MovieLens ``tags.dat``, line by line.
+
+    The numba kernels split on every separator, which a tag holding ``::``
+    defeats; ML-10M has 95,580 tag lines, so the per-line parser is quick enough.
+    """
+    problems = Problems(path, skip_bad_lines)
+    spaces = [IdSpace() for _ in range(3)]
+    known = [space.index for space in spaces]
+    rows: list[array] = [array("i") for _ in range(3)]
+    lines = array("q")
+    for number, text in iter_lines(path, problems=problems):
+        if not text.strip():
+            continue
+        fields = split_ml_tag(text)
+        problem, _ = check_fields(fields, 4, "::", _ML_TAG_COLUMNS, None, known)
+        if problem is not None:
+            problems.bad(number, problem)
+            continue
+        for out, space, value in zip(rows, spaces, fields):
+            out.append(space.add(value))
+        lines.append(number)
+    if not lines:
+        raise DataError(path, None, "no data lines" + (f" ({problems.skipped} skipped as bad)"
+                                                      if problems.skipped else ""))
+    return Records(spaces=[s.idmap() for s in spaces],
+                   ids=[np.frombuffer(a, dtype=np.int32).copy() for a in rows], numbers=[],
+                   first_line=int(lines[0]), lines=np.frombuffer(lines, dtype=np.int64).copy(),
+                   skipped=problems.skipped)
+
+
+def _parse_tag_columns(path: str, fmt: str, skip_bad_lines: bool) -> Records:
+    """Records (user, item, tag) of a Last.fm or csv/tsv tags file."""
+    if fmt == "lastfm-tags":
+        sep, n_fields, idx = "\t", 6, [0, 1, 2]
+        line = _first_line(path)
+        first = splitter(sep)(line)
+        header_lines = 0 if all(_is_int(f) for f in first) else 1
+        if header_lines and [_norm(f) for f in first] != _LASTFM_HEADER:
+            raise DataError(path, 1, f"expected the header 'userID artistID tagID day month year', "
+                                     f"got {excerpt(line)}")
+    else:
+        sep = "," if fmt == "csv" else "\t"
+        header, idx = _header_columns(path, sep, ["user", "item", "tag"], None)
+        n_fields, header_lines = len(header), 1
+    records = parse_records(
+        path, sep, n_fields,
+        [Column(idx[0], "user", space=0), Column(idx[1], "item", space=1), Column(idx[2], "tag", space=2)],
+        n_spaces=3, header_lines=header_lines, skip_bad_lines=skip_bad_lines,
+    )
+    return records
+
+
 # ------------------------------------------------------------------ attributes
 def _value_order(values: set[str]) -> list[str]:
     """Values of one attribute in a fixed order: numerically when all are numbers, else as text."""
@@ -439,7 +562,8 @@ def _value_order(values: set[str]) -> list[str]:
     return sorted(values)
 
 
-def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> AttributeTable:
+def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
+                    column_names: Sequence[str] | None = None) -> AttributeTable:
     """Read an object-attribute table (categorical attributes).
 
     ``zoo``: UCI ``zoo.data``, no header, 18 comma-separated fields. The
@@ -450,14 +574,25 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) ->
     ``csv`` / ``tsv``: a header whose first column is the object id and the
     rest attribute names; an empty cell or ``?`` is a missing value (code -1).
 
+    ``column_names`` (csv/tsv only): the file has no header and no id column
+    (UCI style); every field is an attribute, named in order by
+    ``column_names``, and the object id is the 1-based line number as a
+    string, as for ``zoo`` (so skipping a bad line renumbers nothing). A line
+    whose field count differs from the names is an error naming the line.
+
     Each attribute's values are listed in sorted order (numerically when they
     are all numbers), and ``codes`` index into them.
     """
     path = _resolve(path, "attributes")
     fmt = _choose(path, "attributes", fmt)
     problems = Problems(path, skip_bad_lines)
-    sep, attributes, header_lines = _attribute_header(path, fmt)
-    n_fields = len(attributes) + 1
+    headerless = column_names is not None
+    if headerless:
+        sep, attributes, header_lines = _named_columns(path, fmt, column_names)
+    else:
+        sep, attributes, header_lines = _attribute_header(path, fmt)
+    first_value = 0 if headerless else 1  # field of the first attribute
+    n_fields = len(attributes) + first_value
     split = splitter(sep)
     ids: list[str] = []
     labels: list[str] = []
@@ -469,9 +604,10 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) ->
         fields = split(text)
         if len(fields) != n_fields:
             what = "comma" if sep == "," else "tab"
-            problems.bad(number, f"expected {n_fields} {what}-separated fields, got {len(fields)}")
+            given = f" (one per column name given, {excerpt(','.join(attributes))})" if headerless else ""
+            problems.bad(number, f"expected {n_fields} {what}-separated fields{given}, got {len(fields)}")
             continue
-        external, label, problem = _attribute_row(number, fields, fmt, first_line_of)
+        external, label, problem = _attribute_row(number, fields, fmt, first_line_of, headerless)
         if problem:
             problems.bad(number, problem)
             continue
@@ -479,12 +615,16 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False) ->
         ids.append(external)
         if label is not None:
             labels.append(label)
-        cells.append(fields[1:])
+        cells.append(fields[first_value:])
     if not ids:
         raise DataError(path, None, "no data lines")
     codes, values = _encode_columns(np.array(cells, dtype=object).reshape(len(ids), len(attributes)))
     return AttributeTable(IdMap(ids), list(attributes), codes, values, source=path,
                           skipped_lines=problems.skipped, labels=labels if fmt == "zoo" else None)
+
+
+# A headerless table (UCI style) read without names trips the header checks; say what to do.
+_NO_HEADER_HINT = "; a table without a header line needs its column names (column_names=, --columns)"
 
 
 def _attribute_header(path: str, fmt: str) -> tuple[str, list[str], int]:
@@ -502,14 +642,34 @@ def _attribute_header(path: str, fmt: str) -> tuple[str, list[str], int]:
         if not name or has_control(name):
             raise DataError(path, 1, f"bad attribute name {excerpt(name)} in the header")
     if len(set(attributes)) != len(attributes):
-        raise DataError(path, 1, f"repeated attribute name in the header {excerpt(line)}")
+        raise DataError(path, 1, f"repeated attribute name in the header {excerpt(line)}{_NO_HEADER_HINT}")
     return sep, attributes, 1
 
 
-def _attribute_row(number: int, fields: list[str], fmt: str,
-                   first_line_of: dict[str, int]) -> tuple[str, str | None, str | None]:
+def _named_columns(path: str, fmt: str, names: Sequence[str]) -> tuple[str, list[str], int]:
+    """``(separator, attribute names, header lines)`` of a headerless table named by ``column_names``."""
+    if isinstance(names, str):
+        names = names.split(",")  # "a,b,c", as --columns takes it
+    names = [n.strip() for n in names]
+    if fmt not in ("csv", "tsv"):
+        raise DataError(path, None, f"column names are for headerless csv/tsv tables, not {fmt}")
+    if not names:
+        raise DataError(path, None, "no column names given")
+    for name in names:
+        if not name or has_control(name):
+            raise DataError(path, None, f"bad column name {excerpt(name)} among the names given")
+    if len(set(names)) != len(names):
+        raise DataError(path, None, f"repeated column name among the names given: {excerpt(','.join(names))}")
+    return ("," if fmt == "csv" else "\t"), names, 0
+
+
+def _attribute_row(number: int, fields: list[str], fmt: str, first_line_of: dict[str, int],
+                   headerless: bool = False) -> tuple[str, str | None, str | None]:
     """``(object id, label, problem)`` of one data line (``problem`` None when it is good)."""
-    if fmt == "zoo":
+    values = fields if headerless else fields[1:]
+    if headerless:
+        external, label = str(number), None
+    elif fmt == "zoo":
         external, label = str(number), fields[0]
         if not label or has_control(label):
             return external, label, f"bad animal name {excerpt(label)}"
@@ -522,7 +682,7 @@ def _attribute_row(number: int, fields: list[str], fmt: str,
         if external in first_line_of:
             return external, label, (f"duplicate object id {excerpt(external)}, already on line"
                                      f" {first_line_of[external]}")
-    bad = next((v for v in fields[1:] if has_control(v)), None)
+    bad = next((v for v in values if has_control(v)), None)
     if bad is not None:
         return external, label, f"value {excerpt(bad)} contains a line break or control character"
     return external, label, None
@@ -602,11 +762,13 @@ _READERS = {"ratings": read_ratings, "tags": read_tags, "attributes": read_attri
 
 
 def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False,
-               rating_scale: RatingScale | str | None = None):
+               rating_scale: RatingScale | str | None = None, column_names: Sequence[str] | None = None):
     """Read ``path`` as input ``shape`` ("ratings", "tags", "attributes" or "neighbors").
 
-    ``rating_scale`` is for ratings files (see :func:`read_ratings`); given
-    for any other input it is a ValueError rather than silently ignored.
+    ``rating_scale`` is for ratings files (see :func:`read_ratings`) and
+    ``column_names`` for headerless attribute tables (see
+    :func:`read_attributes`); given for any other input either is a
+    ValueError rather than silently ignored.
     """
     try:
         reader = _READERS[shape]
@@ -615,6 +777,9 @@ def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False
     if rating_scale is not None and (shape != "ratings" or fmt == "triples"):
         what = "triples" if shape == "ratings" else shape
         raise ValueError(f"a rating scale is for ratings files, not {what}")
+    if column_names is not None and (shape != "attributes" or fmt == "triplets"):
+        what = "triplets" if shape == "attributes" else shape
+        raise ValueError(f"column names are for headerless attribute tables, not {what}")
     if fmt in ("triples", "triplets"):
         if shape not in FORMATS[fmt]:
             raise ValueError(f"format {fmt!r} holds {FORMATS[fmt][0]} judgements, not {shape}")
@@ -627,4 +792,6 @@ def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False
         return read_triplets(path, skip_bad_lines=skip_bad_lines)
     if rating_scale is not None:
         return read_ratings(path, fmt, skip_bad_lines=skip_bad_lines, rating_scale=rating_scale)
+    if column_names is not None:
+        return read_attributes(path, fmt, skip_bad_lines=skip_bad_lines, column_names=column_names)
     return reader(path, fmt, skip_bad_lines=skip_bad_lines)

@@ -17,11 +17,16 @@ from ordrec.service.idmap import IdMap
 
 
 class DataError(ValueError):
-    """Bad input data; the message names the file, the line and what was wrong."""
+    """Bad input data; the message names the file, the line and what was wrong.
 
-    def __init__(self, path: str, line: int | None, message: str):
-        self.path, self.line, self.reason = str(path), line, message
+    Files without lines (Parquet) name the 1-based ``row`` instead: ``file: row N: ...``.
+    """
+
+    def __init__(self, path: str, line: int | None, message: str, *, row: int | None = None):
+        self.path, self.line, self.row, self.reason = str(path), line, row, message
         where = f"{path}:{line}" if line is not None else str(path)
+        if line is None and row is not None:
+            where += f": row {row}"
         super().__init__(f"{where}: {message}")
 
 

@@ -193,7 +193,13 @@ def _paper_figures(dataset: str, setting: dict, names: list[str], all_names: lis
 def _load(args) -> AttributeTable:
     from ordrec.trainer.data.readers import read_input
 
-    table = read_input("attributes", args.data, args.format, skip_bad_lines=args.skip_bad_lines)
+    table = read_input(
+        "attributes",
+        args.data,
+        args.format,
+        skip_bad_lines=args.skip_bad_lines,
+        column_names=getattr(args, "columns", None),
+    )
     if not isinstance(table, AttributeTable):
         raise ValueError(f"the SCORE protocol needs an attribute table, got {type(table).__name__}")
     return table

@@ -1,0 +1,190 @@
+"""Parquet ratings (the format warehouses export), read through pyarrow.
+
+pyarrow is optional (``pip install 'ordrec[parquet]'``) and imported only
+when a Parquet file is read. Columns are found by the csv header rules
+(:func:`trainer.data.readers.read_ratings`), then checked by type: ids are
+strings or integers (integers become their decimal text, so ``7`` and
+``"7"`` are the same id), ratings are numbers. Values are checked row by row
+as the line readers check lines, and an error names the file and the 1-based
+row (``file: row N: ...``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data._lines import TIMESTAMP_DIGITS, Records, has_control
+from ordrec.trainer.data.types import DataError, RatingScale, excerpt
+
+# One check over a whole column: the rows it fails, and the message for a failing row.
+Check = tuple[np.ndarray, Callable[[int], str]]
+
+
+def _pyarrow(path: str):
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(path, None, "reading Parquet needs pyarrow: pip install 'ordrec[parquet]'") from None
+    return pa, pc, pq
+
+
+def parquet_columns(path: str) -> list[str]:
+    """The column names of a Parquet file (its schema only is read)."""
+    pa, _, pq = _pyarrow(path)
+    try:
+        return list(pq.read_schema(path).names)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(path, None, f"not a readable Parquet file: {exc}") from None
+
+
+def read_columns(path: str, names: list[str]) -> list[Any]:
+    """The named columns as single pyarrow arrays (dictionary-encoded columns decoded)."""
+    pa, _, pq = _pyarrow(path)
+    try:
+        table = pq.read_table(path, columns=names)
+    except (pa.ArrowException, OSError) as exc:
+        raise DataError(path, None, f"not a readable Parquet file: {exc}") from None
+    out = []
+    for name in names:
+        column = table.column(name).combine_chunks()
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        out.append(column)
+    return out
+
+
+def _type_problem(pa, column, role: str) -> str | None:
+    kind = column.type
+    if role in ("user", "item"):
+        ok = pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+        return None if ok else f"is {kind}; {role} ids must be strings or integers"
+    if role == "rating":
+        ok = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
+        return None if ok else f"is {kind}; ratings must be numbers"
+    ok = pa.types.is_integer(kind) or pa.types.is_timestamp(kind)
+    return None if ok else f"is {kind}; a timestamp must be an integer or a Parquet timestamp"
+
+
+def check_types(path: str, names: list[str], roles: list[str], columns: list[Any]) -> None:
+    """Raise naming the first column whose type cannot hold its role."""
+    pa, _, _ = _pyarrow(path)
+    for name, role, column in zip(names, roles, columns):
+        problem = _type_problem(pa, column, role)
+        if problem:
+            raise DataError(path, None, f"column {excerpt(name)} ({role}) {problem}")
+
+
+def _id_checks(pc, column, role: str) -> list[Check]:
+    """Null, empty and control-character ids: judged once per distinct value."""
+    encoded = pc.dictionary_encode(column.cast("string"))
+    values = encoded.dictionary.to_pylist()
+    codes = encoded.indices.to_numpy(zero_copy_only=False)
+    null = np.asarray(encoded.is_null())
+    bad_values = [k for k, v in enumerate(values) if not v or has_control(v)]
+    bad = np.isin(codes, bad_values) & ~null
+
+    def why(row: int) -> str:
+        value = values[int(codes[row])]
+        if not value:
+            return f"empty {role} id"
+        return f"{role} id {excerpt(value)} contains a line break or control character"
+
+    return [(null, lambda row: f"empty {role} id (null)"), (bad, why)]
+
+
+def _rating_checks(ratings: np.ndarray, null: np.ndarray, scale: RatingScale | None) -> list[Check]:
+    finite = np.isfinite(ratings)
+    checks: list[Check] = [
+        (null, lambda row: "rating is missing (null)"),
+        (~finite & ~null, lambda row: f"rating {float(ratings[row])!r} is not a finite number"),
+    ]
+    if scale is not None:
+        # RatingScale.problem per distinct value: the same rule (types.on_scale) as every other reader.
+        distinct = np.unique(ratings[finite & ~null])
+        off = [v for v in distinct.tolist() if scale.problem(v)]
+        checks.append(
+            (
+                np.isin(ratings, off) & finite & ~null,
+                lambda row: f"rating {float(ratings[row]):g} {scale.problem(float(ratings[row]))}",
+            )
+        )
+    return checks
+
+
+def _timestamp_checks(pa, column) -> list[Check]:
+    null = np.asarray(column.is_null())
+    checks: list[Check] = [(null, lambda row: "timestamp is missing (null)")]
+    if pa.types.is_integer(column.type):
+        stamps = column.fill_null(0).to_numpy()
+        # An int64 has at most 19 digits, within TIMESTAMP_DIGITS; only the sign can be wrong.
+        assert TIMESTAMP_DIGITS >= 19
+        checks.append((stamps < 0, lambda row: f"timestamp {int(stamps[row])} is not a non-negative integer"))
+    return checks
+
+
+def first_problem(checks: list[Check]) -> tuple[np.ndarray, int | None, str | None]:
+    """``(bad rows mask, first bad row, its problem)``; the problem is the first check it fails."""
+    bad = np.zeros(checks[0][0].shape, dtype=bool)
+    for mask, _ in checks:
+        bad |= mask
+    if not bad.any():
+        return bad, None, None
+    row = int(np.argmax(bad))
+    message = next(why(row) for mask, why in checks if mask[row])
+    return bad, row, message
+
+
+def read_parquet_records(
+    path: str, names: list[str], timestamps: list[str], scale: RatingScale | None, skip_bad_lines: bool
+) -> Records:
+    """Records (user, item, rating) of a Parquet file; ``names`` are the user, item and rating columns.
+
+    ``Records.line`` gives 1-based row numbers. A bad row raises
+    ``DataError`` naming it, or is dropped and counted when ``skip_bad_lines``.
+    """
+    pa, pc, _ = _pyarrow(path)
+    roles = ["user", "item", "rating"] + ["timestamp"] * len(timestamps)
+    columns = read_columns(path, names + timestamps)
+    check_types(path, names + timestamps, roles, columns)
+    if len(columns[0]) == 0:
+        raise DataError(path, None, "no data rows")
+    user, item, rating = columns[:3]
+    rating_null = np.asarray(rating.is_null())
+    ratings = rating.cast(pa.float64()).fill_null(math.nan).to_numpy()
+    checks = (
+        _id_checks(pc, user, "user")
+        + _id_checks(pc, item, "item")
+        + _rating_checks(ratings, rating_null, scale)
+    )
+    for column in columns[3:]:
+        checks += _timestamp_checks(pa, column)
+    bad, row, message = first_problem(checks)
+    if row is not None and not skip_bad_lines:
+        raise DataError(path, None, message, row=row + 1)
+    keep = ~bad
+    if not keep.any():
+        raise DataError(path, None, f"no data rows ({int(bad.sum())} skipped as bad)")
+    mask = pa.array(keep)
+    spaces, ids = [], []
+    for column in (user, item):
+        # dictionary_encode numbers values in order of first appearance, as the line readers do.
+        encoded = pc.dictionary_encode(column.filter(mask).cast("string"))
+        spaces.append(IdMap(encoded.dictionary.to_pylist()))
+        ids.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32))
+    rows = np.flatnonzero(keep).astype(np.int64) + 1
+    return Records(
+        spaces=spaces,
+        ids=ids,
+        numbers=[ratings[keep]],
+        first_line=1,
+        lines=None if row is None else rows,
+        skipped=int(bad.sum()),
+        engine="parquet",
+    )
