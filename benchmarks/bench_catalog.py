@@ -23,6 +23,7 @@ per epoch.
 h2load repeats one request body, so each gRPC run asks for one user's top-10
 over and over (the in-process rows use a different user per call).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,11 +51,13 @@ from catalog_data import catalog_artifact  # noqa: E402
 from ordrec.service import ann  # noqa: E402
 from ordrec.service.artifacts import Registry, SearchIndex  # noqa: E402
 from ordrec.service.models import build_index  # noqa: E402
-from ordrec.tools.process import ServerProcess, wait_for  # noqa: E402
 from ordrec.service.topk import warm_up  # noqa: E402
+from ordrec.tools.process import ServerProcess, wait_for  # noqa: E402
 
-TARGETS = "targets at 10^6 items: recall@10 >= 0.95, in-process p50 <= 1 ms, gRPC >= 2,000 QPS with p99 <= 10 ms, " \
-          "reload <= 10 s with no failed request, server memory <= 2x item-factor bytes"
+TARGETS = (
+    "targets at 10^6 items: recall@10 >= 0.95, in-process p50 <= 1 ms, gRPC >= 2,000 QPS with p99 <= 10 ms, "
+    "reload <= 10 s with no failed request, server memory <= 2x item-factor bytes"
+)
 
 
 # ------------------------------------------------------------------ serving
@@ -74,7 +77,10 @@ def timed_index(item_factors: np.ndarray, params: dict) -> tuple[SearchIndex, li
 def publish_pair(root: Path, n_items: int, n_users: int, params: dict) -> tuple[Registry, Registry, float]:
     """Registries "exact" and "ann" holding the same factors, without and with the index."""
     artifact = catalog_artifact(n_items, n_users)
-    exact, approx = Registry(root / "exact"), Registry(root / "ann"),
+    exact, approx = (
+        Registry(root / "exact"),
+        Registry(root / "ann"),
+    )
     exact.publish("catalog", artifact)
     artifact.indexes = {}
     entry, took = timed_index(artifact.arrays["item_factors"], params)
@@ -104,8 +110,13 @@ def in_process_on(index, users: np.ndarray, calls: int) -> dict:
         t0 = time.perf_counter()
         index.recommend(int(user), 10)
         unfiltered.append(time.perf_counter() - t0)
-    return {"index": index, "answers": answers, "p50_ms": np.percentile(times, 50) * 1e3,
-            "p99_ms": np.percentile(times, 99) * 1e3, "p50_unfiltered_ms": np.percentile(unfiltered, 50) * 1e3}
+    return {
+        "index": index,
+        "answers": answers,
+        "p50_ms": np.percentile(times, 50) * 1e3,
+        "p99_ms": np.percentile(times, 99) * 1e3,
+        "p50_unfiltered_ms": np.percentile(unfiltered, 50) * 1e3,
+    }
 
 
 def heavy_exclusions(index, users: np.ndarray, calls: int, excluded: int) -> dict[str, dict]:
@@ -118,8 +129,11 @@ def heavy_exclusions(index, users: np.ndarray, calls: int, excluded: int) -> dic
     import faiss
 
     rng = np.random.default_rng(2)
-    out: dict[str, dict] = {"exact": {"answers": [], "times": []}, "filtered": {"answers": [], "times": []},
-                            "over-fetch": {"answers": [], "times": []}}
+    out: dict[str, dict] = {
+        "exact": {"answers": [], "times": []},
+        "filtered": {"answers": [], "times": []},
+        "over-fetch": {"answers": [], "times": []},
+    }
     for user in users[:calls]:
         user = int(user)
         best, _ = index.recommend_exact(user, excluded // 2)
@@ -147,8 +161,12 @@ def recall(answers: list[np.ndarray], truth: list[np.ndarray]) -> float:
 
 def server_memory_mb(supervisor_pid: int) -> tuple[float, float]:
     """(PSS, RSS) summed over the supervisor and its server processes, in MB."""
-    pids = [supervisor_pid] + [int(p) for p in subprocess.run(
-        ["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True).stdout.split()]
+    pids = [supervisor_pid] + [
+        int(p)
+        for p in subprocess.run(
+            ["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True
+        ).stdout.split()
+    ]
     pss = rss = 0.0
     for pid in pids:
         try:
@@ -173,23 +191,32 @@ def republish(registry: Registry) -> None:
     """A new version with the same content, its index file copied (not rebuilt)."""
     artifact = registry.load("catalog")
     entry = artifact.indexes["items"]
-    artifact.indexes = {"items": SearchIndex(entry.library, entry.params,
-                                             write=lambda path: shutil.copyfile(entry.path, path))}
+    artifact.indexes = {
+        "items": SearchIndex(
+            entry.library, entry.params, write=lambda path: shutil.copyfile(entry.path, path)
+        )
+    }
     registry.publish("catalog", artifact)
 
 
 def over_grpc(registry: Registry, args, with_reload: bool) -> dict:
     flag = ["--recommend-model", "catalog"]
     out: dict = {}
-    with ServerProcess(registry.root, "--processes", "2", "--poll-interval", "1",
-                       startup_timeout=600) as server:
+    with ServerProcess(
+        registry.root, "--processes", "2", "--poll-interval", "1", startup_timeout=600
+    ) as server:
         loadtest(server, registry.root, "recommend", flag, 100, 2, "h2load", "staggered")  # warm up
         sat = loadtest(server, registry.root, "recommend", flag, 0, args.seconds, "h2load", "aligned")
         # A rate far above what the server sustains only measures the queue: offer at most 80 % of it.
         out["rate"] = rate = min(args.rate, max(10.0, round(0.8 * sat["qps"], -1)))
         fixed = loadtest(server, registry.root, "recommend", flag, rate, args.seconds, "h2load", "staggered")
-        out.update(qps=sat["qps"], sat_p99=sat["p99_ms"], rate_p50=fixed["p50_ms"], rate_p99=fixed["p99_ms"],
-                   errors=describe_errors(sat, fixed))
+        out.update(
+            qps=sat["qps"],
+            sat_p99=sat["p99_ms"],
+            rate_p50=fixed["p50_ms"],
+            rate_p99=fixed["p99_ms"],
+            errors=describe_errors(sat, fixed),
+        )
         out["pss_mb"], out["rss_mb"] = server_memory_mb(server.proc.pid)
         if with_reload:
             out.update(reload(server, registry, args, flag))
@@ -211,8 +238,11 @@ def reload(server: ServerProcess, registry: Registry, args, flag: list[str]) -> 
     """Publish a new version under the fixed-rate load; time until every process serves it."""
     seconds = max(20.0, 2 * args.seconds)
     result: dict = {}
-    load = threading.Thread(target=lambda: result.update(
-        loadtest(server, registry.root, "recommend", flag, args.rate, seconds, "h2load", "staggered")))
+    load = threading.Thread(
+        target=lambda: result.update(
+            loadtest(server, registry.root, "recommend", flag, args.rate, seconds, "h2load", "staggered")
+        )
+    )
     load.start()
     time.sleep(2)
     republish(registry)
@@ -231,9 +261,12 @@ def bench_size(n_items: int, args) -> None:
     try:
         start = time.perf_counter()
         exact_reg, ann_reg, build_s = publish_pair(root, n_items, n_users, params)
-        print(f"# {n_items:,} items x 200 dims ({item_mb:.0f} MB of item factors), {n_users:,} users, "
-              f"20 training items each; published in {time.perf_counter() - start:.0f} s; "
-              f"loadavg {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"# {n_items:,} items x 200 dims ({item_mb:.0f} MB of item factors), {n_users:,} users, "
+            f"20 training items each; published in {time.perf_counter() - start:.0f} s; "
+            f"loadavg {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         users = np.random.default_rng(1).integers(0, n_users, args.calls)
         warm_up()  # compile or load the numba kernels before any row is timed
         exact = in_process(exact_reg, users, args.calls)
@@ -248,30 +281,44 @@ def bench_size(n_items: int, args) -> None:
         for name, r in rows.items():
             built = f"{build_s:.1f}" if r is approx else "-"
             loaded = f"{r['load_s']:.2f}" if "load_s" in r else "-"
-            print(f"| {name} | {built} | {loaded} | "
-                  f"{recall(r['answers'], exact['answers']):.3f} | "
-                  f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p50_unfiltered_ms']:.3f} |", flush=True)
+            print(
+                f"| {name} | {built} | {loaded} | "
+                f"{recall(r['answers'], exact['answers']):.3f} | "
+                f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {r['p50_unfiltered_ms']:.3f} |",
+                flush=True,
+            )
         if args.heavy:
             heavy = heavy_exclusions(approx["index"], users, min(args.calls, 300), args.heavy)
-            print(f"| {args.heavy} items excluded per user | recall@10 | p50 ms | p99 ms |\n|---|---:|---:|---:|")
+            print(
+                f"| {args.heavy} items excluded per user | recall@10 | p50 ms | p99 ms |\n|---|---:|---:|---:|"
+            )
             for name, r in heavy.items():
-                print(f"| {name} | {recall(r['answers'], heavy['exact']['answers']):.3f} | "
-                      f"{np.percentile(r['times'], 50) * 1e3:.3f} | {np.percentile(r['times'], 99) * 1e3:.3f} |",
-                      flush=True)
+                print(
+                    f"| {name} | {recall(r['answers'], heavy['exact']['answers']):.3f} | "
+                    f"{np.percentile(r['times'], 50) * 1e3:.3f} | {np.percentile(r['times'], 99) * 1e3:.3f} |",
+                    flush=True,
+                )
         del exact, approx, rows
         if args.skip_grpc:
             return
-        print("| search (gRPC, 2 processes) | saturated QPS | p99 ms there | offered QPS | p50 / p99 ms there "
-              "| errors | server PSS MB (x item bytes) | RSS MB | reload s | errors in reload | p99 ms in reload |")
+        print(
+            "| search (gRPC, 2 processes) | saturated QPS | p99 ms there | offered QPS | p50 / p99 ms there "
+            "| errors | server PSS MB (x item bytes) | RSS MB | reload s | errors in reload | p99 ms in reload |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, reg in (("exact", exact_reg), ("index", ann_reg)):
             g = over_grpc(reg, args, with_reload=name == "index" and not args.skip_reload)
-            tail = (f"{g['reload_s']:.1f} | {g['reload_errors']} | {g['reload_p99']:.2f}" if "reload_s" in g
-                    else "- | - | -")
-            print(f"| {name} | {g['qps']:.0f} | {g['sat_p99']:.2f} | {g['rate']:.0f} | "
-                  f"{g['rate_p50']:.2f} / {g['rate_p99']:.2f} | "
-                  f"{g['errors']} | {g['pss_mb']:.0f} ({g['pss_mb'] / item_mb:.2f}x) | {g['rss_mb']:.0f} | {tail} |",
-                  flush=True)
+            tail = (
+                f"{g['reload_s']:.1f} | {g['reload_errors']} | {g['reload_p99']:.2f}"
+                if "reload_s" in g
+                else "- | - | -"
+            )
+            print(
+                f"| {name} | {g['qps']:.0f} | {g['sat_p99']:.2f} | {g['rate']:.0f} | "
+                f"{g['rate_p50']:.2f} / {g['rate_p99']:.2f} | "
+                f"{g['errors']} | {g['pss_mb']:.0f} ({g['pss_mb'] / item_mb:.2f}x) | {g['rss_mb']:.0f} | {tail} |",
+                flush=True,
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -304,12 +351,13 @@ def planted_ratings(n_users: int, n_items: int, n_ratings: int, seed: int = 0):
     b = (centers[rng.integers(0, 64, n_items)] + rng.normal(size=(n_items, 8))).astype(np.float32)
     x = np.empty(user.size, np.float32)
     for s in range(0, user.size, 1 << 20):
-        x[s:s + (1 << 20)] = np.einsum("nk,nk->n", a[user[s:s + (1 << 20)]], b[item[s:s + (1 << 20)]])
+        x[s : s + (1 << 20)] = np.einsum("nk,nk->n", a[user[s : s + (1 << 20)]], b[item[s : s + (1 << 20)]])
     x += rng.normal(size=n_items).astype(np.float32)[item] + rng.normal(size=user.size).astype(np.float32)
     cuts = np.quantile(x, np.cumsum([0.05, 0.08, 0.2, 0.3, 0.22]))
     rating = (np.digitize(x, cuts) + 1).astype(np.float32)
-    return Ratings(IdMap([str(i) for i in range(n_users)]), IdMap([str(i) for i in range(n_items)]),
-                   user, item, rating)
+    return Ratings(
+        IdMap([str(i) for i in range(n_users)]), IdMap([str(i) for i in range(n_items)]), user, item, rating
+    )
 
 
 class EpochClock:
@@ -336,18 +384,26 @@ class EpochClock:
         self.last = now
 
 
-def bench_training(spec: str, epochs: int, pairwise_epochs: int, publish: str | None,
-                   item_shrinkage: float = 0.0) -> None:
+def bench_training(
+    spec: str, epochs: int, pairwise_epochs: int, publish: str | None, item_shrinkage: float = 0.0
+) -> None:
     import ordrec.trainer.models.dcr as dcr_module
 
     n_users, n_items, n_ratings = (int(float(x)) for x in spec.split(","))
     start = time.perf_counter()
     data = planted_ratings(n_users, n_items, n_ratings)
-    print(f"# training: {len(data):,} ratings, {n_users:,} users, {n_items:,} items generated in "
-          f"{time.perf_counter() - start:.0f} s; DCR rank 40, 5 levels; loadavg {os.getloadavg()[0]:.2f}")
+    print(
+        f"# training: {len(data):,} ratings, {n_users:,} users, {n_items:,} items generated in "
+        f"{time.perf_counter() - start:.0f} s; DCR rank 40, 5 levels; loadavg {os.getloadavg()[0]:.2f}"
+    )
     dcr_module.Progress = EpochClock
-    model = dcr_module.DCR(n_components=40, max_iter=epochs, tol=0.0, pairwise=pairwise_epochs > 0,
-                           pairwise_max_iter=pairwise_epochs)
+    model = dcr_module.DCR(
+        n_components=40,
+        max_iter=epochs,
+        tol=0.0,
+        pairwise=pairwise_epochs > 0,
+        pairwise_max_iter=pairwise_epochs,
+    )
     start = time.perf_counter()
     model.fit(data, research=dcr_module.ResearchOptions(item_shrinkage=item_shrinkage))
     fit = time.perf_counter() - start
@@ -357,13 +413,16 @@ def bench_training(spec: str, epochs: int, pairwise_epochs: int, publish: str | 
     for label, seconds, rss, peak in EpochClock.log:
         counts[label] = counts.get(label, 0) + 1
         print(f"| {label} | {counts[label]} | {seconds:.1f} | {rss:.2f} | {peak:.2f} |")
-    print(f"whole fit {fit:.0f} s (setup included); peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"whole fit {fit:.0f} s (setup included); peak RSS {peak_gb:.2f} GB")
     if publish:
         del data
         start = time.perf_counter()
         version = Registry(publish).publish("trained", model.to_artifact())
-        print(f"published {publish}/trained/{version} with its item index in {time.perf_counter() - start:.0f} s; "
-              f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB")
+        print(
+            f"published {publish}/trained/{version} with its item index in {time.perf_counter() - start:.0f} s; "
+            f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GB"
+        )
 
 
 def bench_trained(root: str, calls: int, ef_sweep: str) -> None:
@@ -374,8 +433,10 @@ def bench_trained(root: str, calls: int, ef_sweep: str) -> None:
     """
     start = time.perf_counter()
     index = build_index(Registry(root).load("trained"))
-    print(f"# trained model in {root}: {len(index.items):,} items, served by {index.search}, "
-          f"loaded in {time.perf_counter() - start:.1f} s")
+    print(
+        f"# trained model in {root}: {len(index.items):,} items, served by {index.search}, "
+        f"loaded in {time.perf_counter() - start:.1f} s"
+    )
     users = np.random.default_rng(1).integers(0, len(index.users), calls)
     users = users[np.linalg.norm(index.folded(users), axis=1) > 0]
     truth, exact_times = [], []
@@ -385,17 +446,24 @@ def bench_trained(root: str, calls: int, ef_sweep: str) -> None:
         exact_times.append(time.perf_counter() - t0)
         truth.append(rows)
     print(f"| search ({users.size} users) | recall@10 | p50 ms | p99 ms |\n|---|---:|---:|---:|")
-    print(f"| exact | 1.000 | {np.percentile(exact_times, 50) * 1e3:.3f} | "
-          f"{np.percentile(exact_times, 99) * 1e3:.3f} |")
+    print(
+        f"| exact | 1.000 | {np.percentile(exact_times, 50) * 1e3:.3f} | "
+        f"{np.percentile(exact_times, 99) * 1e3:.3f} |"
+    )
     for ef in [index.ann.ef_search] + [int(e) for e in ef_sweep.split(",") if e]:
         index.ann.ef_search = ef
         r = in_process_on(index, users, users.size)
-        print(f"| {index.search}, searched at ef_search={ef} | {recall(r['answers'], truth):.3f} | "
-              f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} |", flush=True)
+        print(
+            f"| {index.search}, searched at ef_search={ef} | {recall(r['answers'], truth):.3f} | "
+            f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} |",
+            flush=True,
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--sizes", default="100000,1000000", help="catalogue sizes, comma-separated")
     parser.add_argument("--quick", action="store_true", help="10^5 items only, short runs")
     parser.add_argument("--users", type=int, default=100_000, help="users per catalogue (at most its items)")
@@ -405,16 +473,24 @@ def main() -> None:
     parser.add_argument("--M", type=int, default=ann.DEFAULT_PARAMS["M"])
     parser.add_argument("--ef-construction", type=int, default=ann.DEFAULT_PARAMS["ef_construction"])
     parser.add_argument("--ef-search", type=int, default=ann.DEFAULT_PARAMS["ef_search"])
-    parser.add_argument("--ef-sweep", default="32,64,256", help="also search the loaded index at these ef_search")
-    parser.add_argument("--heavy", type=int, default=500,
-                        help="exclusions per user of the filtered / over-fetch comparison (0: skip it)")
+    parser.add_argument(
+        "--ef-sweep", default="32,64,256", help="also search the loaded index at these ef_search"
+    )
+    parser.add_argument(
+        "--heavy",
+        type=int,
+        default=500,
+        help="exclusions per user of the filtered / over-fetch comparison (0: skip it)",
+    )
     parser.add_argument("--skip-grpc", action="store_true")
     parser.add_argument("--skip-reload", action="store_true")
     parser.add_argument("--skip-serve", action="store_true", help="only the training run")
     parser.add_argument("--train", help="USERS,ITEMS,RATINGS: time DCR training at that size")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--pairwise-epochs", type=int, default=2)
-    parser.add_argument("--item-shrinkage", type=float, default=0.0, help="with --train: DCR's item_shrinkage")
+    parser.add_argument(
+        "--item-shrinkage", type=float, default=0.0, help="with --train: DCR's item_shrinkage"
+    )
     parser.add_argument("--publish", help="with --train: publish the fitted model (and its index) here")
     parser.add_argument("--trained", help="measure recall and latency on the model --publish wrote here")
     parser.add_argument("--tmp", default=None, help="where the registries go (needs ~3x the item bytes)")

@@ -348,8 +348,9 @@ class Client:
         request = pb.RecordInteractionsRequest(user_id=user_id, item_ids=list(item_ids))
         return self._unary(self._stub.RecordInteractions, request, timeout)
 
-    def hide(self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
-             ) -> pb.HideItemsResponse:
+    def hide(
+        self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
+    ) -> pb.HideItemsResponse:
         """``HideItems``: Recommend and Neighbors stop returning these items for ``model`` ("*": all models).
 
         Ids the served version does not know are kept (counted in ``unknown``).
@@ -357,8 +358,9 @@ class Client:
         request = pb.HideItemsRequest(model=model, item_ids=list(item_ids))
         return self._unary(self._stub.HideItems, request, timeout)
 
-    def unhide(self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
-               ) -> pb.HideItemsResponse:
+    def unhide(
+        self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
+    ) -> pb.HideItemsResponse:
         """``UnhideItems``: undo :meth:`hide` for the same scope."""
         request = pb.HideItemsRequest(model=model, item_ids=list(item_ids))
         return self._unary(self._stub.UnhideItems, request, timeout)

@@ -258,9 +258,11 @@ def cmd_hide(client: Client, args: argparse.Namespace) -> int:
         _print_json(_to_dict(reply))
     else:
         scope = "all models" if reply.model == "*" else reply.model
-        print(f"{args.command}: {reply.changed} of {len(ids)} item(s) changed for {scope};"
-              f" {reply.total} hidden now" + (f"; {reply.unknown} unknown to the served version"
-                                               if reply.unknown else ""))
+        print(
+            f"{args.command}: {reply.changed} of {len(ids)} item(s) changed for {scope};"
+            f" {reply.total} hidden now"
+            + (f"; {reply.unknown} unknown to the served version" if reply.unknown else "")
+        )
     return 0
 
 
@@ -380,8 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--include-seen", action="store_true", help="do not leave out the user's training items")
     r.add_argument("--distribution", action="store_true", help="DCR: show P(rating = level) for each item")
     r.add_argument("--exclude", action="append", metavar="ID", help="never return this item; repeat for each")
-    r.add_argument("--filter", default="", metavar="EXPR",
-                   help='only items whose attributes pass, e.g. \'genre in ("Comedy") and year >= 1990\'')
+    r.add_argument(
+        "--filter",
+        default="",
+        metavar="EXPR",
+        help="only items whose attributes pass, e.g. 'genre in (\"Comedy\") and year >= 1990'",
+    )
 
     t = _subcommand(sub, "tags", cmd_tags, "top-N tags for a user tagging an item (RTF)")
     _model_argument(t, "Tags")
@@ -473,14 +479,18 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--user", required=True, metavar="ID", help="the user")
     rec.add_argument("--item", action="append", required=True, metavar="ID", help="an item; repeat for each")
 
-    for name, helptext in (("hide", "hide items from Recommend and Neighbors, from the next request on"),
-                           ("unhide", "undo hide for the same scope")):
+    for name, helptext in (
+        ("hide", "hide items from Recommend and Neighbors, from the next request on"),
+        ("unhide", "undo hide for the same scope"),
+    ):
         hd = _subcommand(sub, name, cmd_hide, helptext)
         hd.add_argument("--model", default="*", help="a model name, or '*' for every model")
         hd.add_argument("--item", action="append", metavar="ID", help="an item; repeat for each")
         hd.add_argument("--file", help="item ids, one a line")
     ls = _subcommand(sub, "hidden", cmd_hidden, "list hidden items by scope")
-    ls.add_argument("--model", default="", help="a model (its scope and the all-models one), '*', or '' (all)")
+    ls.add_argument(
+        "--model", default="", help="a model (its scope and the all-models one), '*', or '' (all)"
+    )
     return p
 
 

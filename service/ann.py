@@ -22,6 +22,7 @@ are skipped the same way, through a bitmap selector joined with the
 exclusions; being spread over the catalogue rather than crowded near the
 user, they widen the walk by the inverse of the eligible share.
 """
+
 from __future__ import annotations
 
 import os
@@ -104,8 +105,9 @@ def write_index(vectors: np.ndarray, path: Path, params: dict[str, int]) -> None
 def item_index(item_factors: np.ndarray, params: dict[str, Any] | None = None) -> SearchIndex:
     """The artifact entry for an item index, built when the version is published."""
     merged = build_params(params)
-    return SearchIndex(library=LIBRARY, params=merged,
-                       write=lambda path: write_index(item_factors, path, merged))
+    return SearchIndex(
+        library=LIBRARY, params=merged, write=lambda path: write_index(item_factors, path, merged)
+    )
 
 
 @dataclass
@@ -122,7 +124,7 @@ class AnnSearch:
     description: str
 
     @classmethod
-    def open(cls, entry: SearchIndex, n_items: int, dim: int) -> "AnnSearch":
+    def open(cls, entry: SearchIndex, n_items: int, dim: int) -> AnnSearch:
         """Open a verified index file (memory-mapped) and check it matches the item factors."""
         if entry.library != LIBRARY:
             raise ArtifactError(f"index library {entry.library!r} is not {LIBRARY!r}")
@@ -136,7 +138,9 @@ class AnnSearch:
         if not isinstance(index, faiss.IndexHNSWFlat) or index.metric_type != faiss.METRIC_INNER_PRODUCT:
             raise ArtifactError(f"{entry.path}: not an inner-product HNSW index")
         if index.ntotal != n_items or index.d != dim:
-            raise ArtifactError(f"{entry.path}: indexes {index.ntotal} x {index.d}, the items are {n_items} x {dim}")
+            raise ArtifactError(
+                f"{entry.path}: indexes {index.ntotal} x {index.d}, the items are {n_items} x {dim}"
+            )
         # One thread per search (a request is one query; the server's processes are pinned
         # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation.
         faiss.omp_set_num_threads(1)
@@ -147,8 +151,9 @@ class AnnSearch:
         ef = params["ef_search"]
         return cls(index, n_items, ef, f"{LIBRARY} M={params['M']} ef_search={ef}")
 
-    def search(self, query: np.ndarray, n: int, exclude: np.ndarray | None,
-               eligible: Eligible | None = None) -> Ranked | None:
+    def search(
+        self, query: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None
+    ) -> Ranked | None:
         """The ``n`` best item rows for ``query`` with their inner products, best first.
 
         Parameters

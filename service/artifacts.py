@@ -15,6 +15,7 @@ half-written version. Loading verifies every checksum, shape and dtype
 against the manifest, refuses symbolic links anywhere in a version, and
 raises :class:`ArtifactError` on any mismatch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,16 +28,17 @@ import re
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Struct
 
-from ordrec.v1 import manifest_pb2
 from ordrec.service.idmap import IdMap
+from ordrec.v1 import manifest_pb2
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -399,8 +401,13 @@ class Registry:
         _replace_synced(path.parent, HIDDEN_FILE, "".join(f"{i}\n" for i in sorted(ids)).encode("utf-8"))
 
     # ------------------------------------------------------------ publishing
-    def publish(self, name: str, artifact: Artifact, keep: int | None = None,
-                views: ViewSource | Callable[[Artifact], ViewSource] | None = None) -> str:
+    def publish(
+        self,
+        name: str,
+        artifact: Artifact,
+        keep: int | None = None,
+        views: ViewSource | Callable[[Artifact], ViewSource] | None = None,
+    ) -> str:
         """Write ``artifact`` as a new version of ``name`` atomically; return the version.
 
         ``views`` are files for people published in the same rename (e.g.
@@ -423,8 +430,15 @@ class Registry:
 
             def views_of(version: str) -> ViewSource:
                 if callable(views):
-                    return views(dataclasses.replace(artifact, name=name, version=version,
-                                                     created_at=manifest.created_at, path=folder / version))
+                    return views(
+                        dataclasses.replace(
+                            artifact,
+                            name=name,
+                            version=version,
+                            created_at=manifest.created_at,
+                            path=folder / version,
+                        )
+                    )
                 return views or {}
 
             version = self._rename_into_place(tmp, folder, manifest, views_of)
@@ -436,8 +450,9 @@ class Registry:
         artifact.name, artifact.version = name, version
         artifact.created_at, artifact.path = manifest.created_at, folder / version
         for entry in manifest.indexes:
-            artifact.indexes[entry.name] = dataclasses.replace(artifact.indexes[entry.name],
-                                                               path=folder / version / entry.path)
+            artifact.indexes[entry.name] = dataclasses.replace(
+                artifact.indexes[entry.name], path=folder / version / entry.path
+            )
         if keep is not None:
             self.prune(name, keep)
         return version
@@ -491,13 +506,19 @@ class Registry:
             index.write(tmp / rel)
             with open(tmp / rel, "rb+") as fh:
                 os.fsync(fh.fileno())
-            entry = manifest.indexes.add(name=key, path=rel, sha256=_sha256_file(tmp / rel),
-                                         library=index.library, size_bytes=(tmp / rel).stat().st_size)
+            entry = manifest.indexes.add(
+                name=key,
+                path=rel,
+                sha256=_sha256_file(tmp / rel),
+                library=index.library,
+                size_bytes=(tmp / rel).stat().st_size,
+            )
             entry.params.CopyFrom(_struct(index.params))
         _fsync_dir(tmp / INDEXES_DIR)
 
-    def _rename_into_place(self, tmp: Path, folder: Path, manifest: manifest_pb2.Manifest,
-                           views_of: Callable[[str], ViewSource]) -> str:
+    def _rename_into_place(
+        self, tmp: Path, folder: Path, manifest: manifest_pb2.Manifest, views_of: Callable[[str], ViewSource]
+    ) -> str:
         for _ in range(100):
             version = self._next_version(folder)
             manifest.version = version
@@ -570,7 +591,9 @@ class Registry:
         return removed
 
     # ---------------------------------------------------------------- loading
-    def load(self, name: str, version: str | None = None, *, mmap: bool = True, views: bool = True) -> Artifact:
+    def load(
+        self, name: str, version: str | None = None, *, mmap: bool = True, views: bool = True
+    ) -> Artifact:
         """Load and verify a version (default: the live one)."""
         if version is None:
             version, _ = self.live_version(name)
@@ -618,8 +641,10 @@ def _refuse_links(folder: Path) -> None:
     for root, dirs, files in os.walk(folder):
         for entry in dirs + files:
             if os.path.islink(os.path.join(root, entry)):
-                raise ArtifactError(f"{os.path.join(root, entry)}: is a symbolic link; versions hold plain"
-                                    " folders and files only")
+                raise ArtifactError(
+                    f"{os.path.join(root, entry)}: is a symbolic link; versions hold plain"
+                    " folders and files only"
+                )
 
 
 def _inside(folder: Path, rel: str) -> Path:

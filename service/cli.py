@@ -5,6 +5,7 @@ imported: requests run on the gRPC thread pool, and a BLAS call fanning out
 over both cores of a small machine costs more in wake-ups than it saves.
 Scale out with more processes (``--processes``), not more threads per call.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
-from typing import Sequence  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
 
 from ordrec.service.server import Server, ServerConfig  # noqa: E402
 from ordrec.service.streams import StreamLimits  # noqa: E402
@@ -35,51 +36,101 @@ _DEFAULTS = ServerConfig(registry="")
 
 def build_parser() -> argparse.ArgumentParser:
     d = _DEFAULTS
-    p = argparse.ArgumentParser(prog="ordrec-serve", description="Serve ordrec models over gRPC.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                epilog="Load test: ordrec-loadtest --help")
-    p.add_argument("--registry", required=True,
-                   help="registry the trainer publishes to: a directory, or s3://bucket/prefix (credentials and"
-                        " endpoint from the standard AWS environment and config, e.g. AWS_ENDPOINT_URL)")
-    p.add_argument("--cache-dir", help="local folder an s3:// registry's versions are downloaded to and"
-                                       " memory-mapped from (default: $XDG_CACHE_HOME/ordrec/registry, else"
-                                       " <temp>/ordrec-cache-<uid>)")
+    p = argparse.ArgumentParser(
+        prog="ordrec-serve",
+        description="Serve ordrec models over gRPC.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="Load test: ordrec-loadtest --help",
+    )
+    p.add_argument(
+        "--registry",
+        required=True,
+        help="registry the trainer publishes to: a directory, or s3://bucket/prefix (credentials and"
+        " endpoint from the standard AWS environment and config, e.g. AWS_ENDPOINT_URL)",
+    )
+    p.add_argument(
+        "--cache-dir",
+        help="local folder an s3:// registry's versions are downloaded to and"
+        " memory-mapped from (default: $XDG_CACHE_HOME/ordrec/registry, else"
+        " <temp>/ordrec-cache-<uid>)",
+    )
     p.add_argument("--host", default=d.host, help="gRPC bind address")
     p.add_argument("--port", type=int, default=d.port, help="gRPC port (0: pick a free one)")
-    p.add_argument("--metrics-host", default=d.metrics_host, help="bind address of /metrics, /healthz and /maps")
-    p.add_argument("--metrics-port", type=int, default=d.metrics_port,
-                   help="HTTP port for /metrics (0: pick a free one, -1: off)")
+    p.add_argument(
+        "--metrics-host", default=d.metrics_host, help="bind address of /metrics, /healthz and /maps"
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=d.metrics_port,
+        help="HTTP port for /metrics (0: pick a free one, -1: off)",
+    )
     p.add_argument("--workers", type=int, default=d.workers, help="gRPC worker threads per process")
-    p.add_argument("--processes", type=int, default=1,
-                   help="server processes sharing the port (SO_REUSEPORT), each pinned to a core;"
-                        " 0 = one per CPU this process may run on")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="server processes sharing the port (SO_REUSEPORT), each pinned to a core;"
+        " 0 = one per CPU this process may run on",
+    )
     p.add_argument("--reuse-port", action="store_true", help="bind with SO_REUSEPORT (set for --processes)")
     p.add_argument("--cpu", type=int, help="pin this process to one CPU")
-    p.add_argument("--poll-interval", type=float, default=d.poll_interval,
-                   help="seconds between registry polls for new versions (0: never)")
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=d.poll_interval,
+        help="seconds between registry polls for new versions (0: never)",
+    )
     p.add_argument("--grace", type=float, default=d.grace, help="seconds in-flight calls get on SIGTERM")
-    p.add_argument("--redis", dest="redis_url", metavar="URL",
-                   help="redis://host:port/db for new-version news and seen items (optional)")
+    p.add_argument(
+        "--redis",
+        dest="redis_url",
+        metavar="URL",
+        help="redis://host:port/db for new-version news and seen items (optional)",
+    )
     p.add_argument("--redis-timeout", type=float, default=d.redis_timeout, help="seconds per Redis call")
-    p.add_argument("--seen-ttl", type=int, default=d.seen_ttl,
-                   help="seconds a recorded interaction stays excluded")
+    p.add_argument(
+        "--seen-ttl", type=int, default=d.seen_ttl, help="seconds a recorded interaction stays excluded"
+    )
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
     p.add_argument("--token-env", help="environment variable holding an accepted bearer token")
-    p.add_argument("--switch-interval", type=float, default=None,
-                   help="Python's GIL switch interval in seconds (sys.setswitchinterval; Python's own default)")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="Python's GIL switch interval in seconds (sys.setswitchinterval; Python's own default)",
+    )
     p.add_argument("--log-level", default="INFO")
     streams = p.add_argument_group("streams and connections (docs/service.md, 'Streams')")
-    streams.add_argument("--max-streams", type=int, default=d.streams.max_streams,
-                         help="open streaming RPCs per process (health Watch included); keep below --workers")
-    streams.add_argument("--max-streams-per-connection", type=int, default=d.streams.max_streams_per_connection)
-    streams.add_argument("--stream-stall-seconds", type=float, default=d.streams.stall_seconds,
-                         help="end a stream whose reply the client has not taken for this long")
-    streams.add_argument("--stream-max-seconds", type=float, default=d.streams.max_seconds,
-                         help="end a stream open longer than this")
-    streams.add_argument("--max-connection-age", type=float, default=d.max_connection_age,
-                         help="seconds before a connection is asked to reconnect (GOAWAY)")
+    streams.add_argument(
+        "--max-streams",
+        type=int,
+        default=d.streams.max_streams,
+        help="open streaming RPCs per process (health Watch included); keep below --workers",
+    )
+    streams.add_argument(
+        "--max-streams-per-connection", type=int, default=d.streams.max_streams_per_connection
+    )
+    streams.add_argument(
+        "--stream-stall-seconds",
+        type=float,
+        default=d.streams.stall_seconds,
+        help="end a stream whose reply the client has not taken for this long",
+    )
+    streams.add_argument(
+        "--stream-max-seconds",
+        type=float,
+        default=d.streams.max_seconds,
+        help="end a stream open longer than this",
+    )
+    streams.add_argument(
+        "--max-connection-age",
+        type=float,
+        default=d.max_connection_age,
+        help="seconds before a connection is asked to reconnect (GOAWAY)",
+    )
     limits = p.add_argument_group("request bounds")
     for name, default in vars(d.limits).items():
         limits.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, dest=name)
@@ -92,17 +143,36 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
     if args.max_streams >= args.workers:
-        raise ValueError(f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
-                         " or open streams could hold every worker")
+        raise ValueError(
+            f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
+            " or open streams could hold every worker"
+        )
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
-    streams = StreamLimits(max_streams=args.max_streams, max_streams_per_connection=args.max_streams_per_connection,
-                           stall_seconds=args.stream_stall_seconds, max_seconds=args.stream_max_seconds)
+    streams = StreamLimits(
+        max_streams=args.max_streams,
+        max_streams_per_connection=args.max_streams_per_connection,
+        stall_seconds=args.stream_stall_seconds,
+        max_seconds=args.stream_max_seconds,
+    )
     return ServerConfig(
-        registry=args.registry, cache_dir=args.cache_dir, host=args.host, port=args.port, metrics_host=args.metrics_host,
-        metrics_port=args.metrics_port, workers=args.workers, poll_interval=args.poll_interval,
-        grace=args.grace, limits=limits, streams=streams, max_connection_age=args.max_connection_age,
-        reuse_port=args.reuse_port, redis_url=args.redis_url, redis_timeout=args.redis_timeout,
-        seen_ttl=args.seen_ttl, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        registry=args.registry,
+        cache_dir=args.cache_dir,
+        host=args.host,
+        port=args.port,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        workers=args.workers,
+        poll_interval=args.poll_interval,
+        grace=args.grace,
+        limits=limits,
+        streams=streams,
+        max_connection_age=args.max_connection_age,
+        reuse_port=args.reuse_port,
+        redis_url=args.redis_url,
+        redis_timeout=args.redis_timeout,
+        seen_ttl=args.seen_ttl,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),
     )
 
@@ -142,8 +212,9 @@ def serve(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.processes == 0:
         args.processes = len(os.sched_getaffinity(0))
     if args.processes > 1:

@@ -1,4 +1,5 @@
 """Service errors and the one place they become gRPC status codes."""
+
 from __future__ import annotations
 
 import grpc

@@ -5,13 +5,14 @@ model: the ``report.html`` view its manifest lists, verified and read once at
 load, under a Content-Security-Policy that runs only the scripts the manifest
 names. Nothing is read from disk per request.
 """
+
 from __future__ import annotations
 
 import logging
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -30,8 +31,10 @@ _PAGE_HEADERS = {
 
 def content_security_policy(script_hashes: tuple[str, ...] = ()) -> str:
     scripts = " ".join(f"'sha256-{h}'" for h in script_hashes) or "'none'"
-    return (f"default-src 'none'; script-src {scripts}; style-src 'unsafe-inline'; img-src data:;"
-            " base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return (
+        f"default-src 'none'; script-src {scripts}; style-src 'unsafe-inline'; img-src data:;"
+        " base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -66,7 +69,9 @@ class _Handler(BaseHTTPRequestHandler):
             for name, m in sorted(self.store.snapshot().items())
             if REPORT_FILE in m.index.artifact.views
         )
-        return f"<!doctype html><title>ordrec maps</title><ul>{links or '<li>no map reports</li>'}</ul>".encode()
+        return (
+            f"<!doctype html><title>ordrec maps</title><ul>{links or '<li>no map reports</li>'}</ul>".encode()
+        )
 
     def _send_report(self, name: str) -> None:
         model = self.store.snapshot().get(name)
@@ -74,7 +79,9 @@ class _Handler(BaseHTTPRequestHandler):
         if report is None:
             self._send(404, f"no report for model {name!r}\n".encode(), "text/plain")
             return
-        self._send(200, report.data, "text/html; charset=utf-8", content_security_policy(report.script_hashes))
+        self._send(
+            200, report.data, "text/html; charset=utf-8", content_security_policy(report.script_hashes)
+        )
 
     def _send(self, status: int, body: bytes, content_type: str, policy: str | None = None) -> None:
         self.send_response(status)
@@ -91,10 +98,24 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), fmt % args)
 
 
-def start_http_server(host: str, port: int, metrics: Metrics, store: ModelStore,
-                      healthy: Callable[[], bool], detail: Callable[[], dict]) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"metrics": metrics, "store": store,
-                                             "healthy": staticmethod(healthy), "detail": staticmethod(detail)})
+def start_http_server(
+    host: str,
+    port: int,
+    metrics: Metrics,
+    store: ModelStore,
+    healthy: Callable[[], bool],
+    detail: Callable[[], dict],
+) -> ThreadingHTTPServer:
+    handler = type(
+        "Handler",
+        (_Handler,),
+        {
+            "metrics": metrics,
+            "store": store,
+            "healthy": staticmethod(healthy),
+            "detail": staticmethod(detail),
+        },
+    )
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="ordrec-http", daemon=True).start()

@@ -1,8 +1,9 @@
 """External string ids at the edges, dense int32 indices inside."""
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -25,15 +26,13 @@ class IdMap:
             raise ValueError(f"duplicate id {dup!r} in id map")
 
     @classmethod
-    def from_values(cls, values: Iterable[str]) -> tuple["IdMap", np.ndarray]:
+    def from_values(cls, values: Iterable[str]) -> tuple[IdMap, np.ndarray]:
         """Map a column of external ids, numbering them in order of first appearance.
 
         Returns the map and the column as int32 row numbers.
         """
         index: dict[str, int] = {}
-        rows = np.fromiter(
-            (index.setdefault(v, len(index)) for v in values), dtype=np.int64
-        )
+        rows = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64)
         ids = cls.__new__(cls)
         ids._ids = list(index)
         ids._index = index
@@ -79,6 +78,6 @@ class IdMap:
         ids = self._ids
         return [ids[r] for r in rows]
 
-    def subset(self, rows: np.ndarray) -> "IdMap":
+    def subset(self, rows: np.ndarray) -> IdMap:
         """The map restricted to ``rows``, renumbered in that order."""
         return IdMap([self._ids[r] for r in rows])

@@ -5,6 +5,7 @@ existing dashboards and alerts work unchanged:
 ``grpc_server_started_total``, ``grpc_server_handled_total{grpc_code}``,
 ``grpc_server_handling_seconds`` (histogram).
 """
+
 from __future__ import annotations
 
 import time
@@ -13,7 +14,20 @@ import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
 )
 _GRPC_LABELS = ("grpc_type", "grpc_service", "grpc_method")
 
@@ -24,49 +38,90 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.started = Counter("grpc_server_started_total", "RPCs started on the server.",
-                               _GRPC_LABELS, registry=r)
-        self.handled = Counter("grpc_server_handled_total", "RPCs completed on the server, by status code.",
-                               _GRPC_LABELS + ("grpc_code",), registry=r)
-        self.handling = Histogram("grpc_server_handling_seconds",
-                                  "Time to handle an RPC on the server (seconds).",
-                                  _GRPC_LABELS, buckets=_LATENCY_BUCKETS, registry=r)
-        self.model_info = Gauge("ordrec_model_info", "1 for the version of each model being served.",
-                                ("model", "kind", "version", "reason"), registry=r)
-        self.model_search = Gauge("ordrec_model_search_info",
-                                  "1 for what answers a served model's Recommend over the whole catalogue:"
-                                  " 'exact' or the approximate index with its parameters.",
-                                  ("model", "search"), registry=r)
-        self.model_created = Gauge("ordrec_model_created_timestamp_seconds",
-                                   "When the served version was trained (alert on its age).",
-                                   ("model",), registry=r)
-        self.model_loaded = Gauge("ordrec_model_loaded_timestamp_seconds",
-                                  "When this replica loaded the served version.", ("model",), registry=r)
-        self.load_seconds = Gauge("ordrec_model_load_seconds",
-                                  "Time to load, verify and smoke-test the served version.",
-                                  ("model",), registry=r)
-        self.load_failures = Counter("ordrec_model_load_failures_total",
-                                     "Versions refused at load (verification or smoke query failed).",
-                                     ("model",), registry=r)
-        self.reloads = Counter("ordrec_model_reloads_total", "Versions swapped in while serving.",
-                               ("model",), registry=r)
-        self.index_size = Gauge("ordrec_index_size", "Entries in a served model's id space.",
-                                ("model", "space"), registry=r)
-        self.fallbacks = Counter("ordrec_fallback_total",
-                                 "Answers that used a fallback instead of the personalised model.",
-                                 ("model", "rpc", "fallback"), registry=r)
-        self.redis_up = Gauge("ordrec_redis_up", "1 when Redis answers, 0 when not (absent: not configured).",
-                              registry=r)
-        self.open_streams = Gauge("ordrec_open_streams", "Streaming RPCs open now (health Watch included).",
-                                  registry=r)
-        self.streams_ended = Counter("ordrec_streams_ended_total",
-                                     "Streams the server ended: stalled (the client stopped reading) or expired.",
-                                     ("reason",), registry=r)
+        self.started = Counter(
+            "grpc_server_started_total", "RPCs started on the server.", _GRPC_LABELS, registry=r
+        )
+        self.handled = Counter(
+            "grpc_server_handled_total",
+            "RPCs completed on the server, by status code.",
+            _GRPC_LABELS + ("grpc_code",),
+            registry=r,
+        )
+        self.handling = Histogram(
+            "grpc_server_handling_seconds",
+            "Time to handle an RPC on the server (seconds).",
+            _GRPC_LABELS,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.model_info = Gauge(
+            "ordrec_model_info",
+            "1 for the version of each model being served.",
+            ("model", "kind", "version", "reason"),
+            registry=r,
+        )
+        self.model_search = Gauge(
+            "ordrec_model_search_info",
+            "1 for what answers a served model's Recommend over the whole catalogue:"
+            " 'exact' or the approximate index with its parameters.",
+            ("model", "search"),
+            registry=r,
+        )
+        self.model_created = Gauge(
+            "ordrec_model_created_timestamp_seconds",
+            "When the served version was trained (alert on its age).",
+            ("model",),
+            registry=r,
+        )
+        self.model_loaded = Gauge(
+            "ordrec_model_loaded_timestamp_seconds",
+            "When this replica loaded the served version.",
+            ("model",),
+            registry=r,
+        )
+        self.load_seconds = Gauge(
+            "ordrec_model_load_seconds",
+            "Time to load, verify and smoke-test the served version.",
+            ("model",),
+            registry=r,
+        )
+        self.load_failures = Counter(
+            "ordrec_model_load_failures_total",
+            "Versions refused at load (verification or smoke query failed).",
+            ("model",),
+            registry=r,
+        )
+        self.reloads = Counter(
+            "ordrec_model_reloads_total", "Versions swapped in while serving.", ("model",), registry=r
+        )
+        self.index_size = Gauge(
+            "ordrec_index_size", "Entries in a served model's id space.", ("model", "space"), registry=r
+        )
+        self.fallbacks = Counter(
+            "ordrec_fallback_total",
+            "Answers that used a fallback instead of the personalised model.",
+            ("model", "rpc", "fallback"),
+            registry=r,
+        )
+        self.redis_up = Gauge(
+            "ordrec_redis_up", "1 when Redis answers, 0 when not (absent: not configured).", registry=r
+        )
+        self.open_streams = Gauge(
+            "ordrec_open_streams", "Streaming RPCs open now (health Watch included).", registry=r
+        )
+        self.streams_ended = Counter(
+            "ordrec_streams_ended_total",
+            "Streams the server ended: stalled (the client stopped reading) or expired.",
+            ("reason",),
+            registry=r,
+        )
         self.models_loaded = Gauge("ordrec_models_loaded", "Number of models being served.", registry=r)
         self.hidden_items = Gauge("ordrec_hidden_items", "Item ids hidden, all scopes together.", registry=r)
-        self.rules_stale = Gauge("ordrec_rules_stale",
-                                 "1 while the hidden items cannot be refreshed (the last known ones apply).",
-                                 registry=r)
+        self.rules_stale = Gauge(
+            "ordrec_rules_stale",
+            "1 while the hidden items cannot be refreshed (the last known ones apply).",
+            registry=r,
+        )
 
     def forget_model(self, name: str) -> None:
         """Drop the labelled series of a model before re-registering its new version."""
@@ -78,8 +133,11 @@ def _ended_code(context, failed: bool) -> grpc.StatusCode:
     """The status of a call whose handler set none: the client's view when it left early."""
     if not context.is_active():
         remaining = context.time_remaining()
-        return (grpc.StatusCode.DEADLINE_EXCEEDED if remaining is not None and remaining <= 0
-                else grpc.StatusCode.CANCELLED)
+        return (
+            grpc.StatusCode.DEADLINE_EXCEEDED
+            if remaining is not None and remaining <= 0
+            else grpc.StatusCode.CANCELLED
+        )
     return grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
 
 
@@ -112,7 +170,9 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         if cached is not None and cached[0] is handler:
             return cached[1]
         wrapped = self._wrap(handler, method)
-        if cached is None:  # the first handler seen for a method; a per-call one (an auth refusal) is not kept
+        if (
+            cached is None
+        ):  # the first handler seen for a method; a per-call one (an auth refusal) is not kept
             self._wrapped[method] = (handler, wrapped)
         return wrapped
 
@@ -121,8 +181,9 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         if handler.unary_unary:
             return handler._replace(unary_unary=self._unary(handler.unary_unary, ("unary", service, method)))
         if handler.unary_stream:
-            return handler._replace(unary_stream=self._stream(handler.unary_stream,
-                                                              ("server_stream", service, method)))
+            return handler._replace(
+                unary_stream=self._stream(handler.unary_stream, ("server_stream", service, method))
+            )
         return handler
 
     def _start(self, labels: tuple):

@@ -30,6 +30,7 @@ ordrec[s3]``). Credentials, region and endpoint come from boto3's standard chain
 or instance metadata, and ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_S3`` for MinIO or
 another S3-compatible store. Nothing is read from a job file or a flag.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -40,13 +41,13 @@ import tempfile
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from ordrec.v1 import manifest_pb2
 from ordrec.service.artifacts import (
     _NAME_RE,
     _TMP_PREFIX,
@@ -63,6 +64,7 @@ from ordrec.service.artifacts import (
     load_version,
     validate_model_name,
 )
+from ordrec.v1 import manifest_pb2
 
 log = logging.getLogger("ordrec.registry")
 
@@ -99,7 +101,7 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/some/prefix`` as ``("bucket", "some/prefix")`` (no slashes at the ends)."""
     if not url.startswith(S3_SCHEME):
         raise ValueError(f"{url!r} is not an s3:// URL")
-    bucket, _, prefix = url[len(S3_SCHEME):].partition("/")
+    bucket, _, prefix = url[len(S3_SCHEME) :].partition("/")
     if not bucket:
         raise ValueError(f"{url!r} names no bucket (s3://bucket/prefix)")
     return bucket, prefix.strip("/")
@@ -158,8 +160,13 @@ class S3Registry:
         Age after which :meth:`gc` deletes an unfinished version.
     """
 
-    def __init__(self, url: str, cache_dir: str | os.PathLike | None = None, client: Any = None,
-                 stale_seconds: float = STALE_SECONDS):
+    def __init__(
+        self,
+        url: str,
+        cache_dir: str | os.PathLike | None = None,
+        client: Any = None,
+        stale_seconds: float = STALE_SECONDS,
+    ):
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_s3_url(url)
         self.client = client if client is not None else _client()
@@ -198,7 +205,7 @@ class S3Registry:
 
     def _delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1,000 keys
-            batch = [{"Key": k} for k in keys[start:start + 1000]]
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
             self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
 
     # --------------------------------------------------------------- listing
@@ -223,7 +230,7 @@ class S3Registry:
 
     def _version_of(self, name: str, key: str) -> tuple[str, str] | None:
         """(version, path inside it) for a key under ``<model>/<version>/``, else None."""
-        rest = key[len(self._key(name)) + 1:]
+        rest = key[len(self._key(name)) + 1 :]
         version, _, path = rest.partition("/")
         return (version, path) if path and is_version(version) else None
 
@@ -271,14 +278,21 @@ class S3Registry:
     def pin(self, name: str, version: str) -> None:
         if version not in self.versions(name):
             raise ArtifactError(f"{name}: cannot pin unknown version {version!r}")
-        self.client.put_object(Bucket=self.bucket, Key=self._key(name, PIN_FILE), Body=(version + "\n").encode())
+        self.client.put_object(
+            Bucket=self.bucket, Key=self._key(name, PIN_FILE), Body=(version + "\n").encode()
+        )
 
     def unpin(self, name: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(validate_model_name(name), PIN_FILE))
 
     # ------------------------------------------------------------ publishing
-    def publish(self, name: str, artifact: Artifact, keep: int | None = None,
-                views: ViewSource | Callable[[Artifact], ViewSource] | None = None) -> str:
+    def publish(
+        self,
+        name: str,
+        artifact: Artifact,
+        keep: int | None = None,
+        views: ViewSource | Callable[[Artifact], ViewSource] | None = None,
+    ) -> str:
         """Upload ``artifact`` as a new version of ``name``: every file, then the manifest; return the version.
 
         The version is staged by the local registry's own ``publish`` in a temporary
@@ -309,7 +323,9 @@ class S3Registry:
         except Exception as exc:
             code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
             if code in ("PreconditionFailed", "412"):
-                raise ArtifactError(f"{self.url}/{name}/{version}: another publisher took this version") from None
+                raise ArtifactError(
+                    f"{self.url}/{name}/{version}: another publisher took this version"
+                ) from None
             if code not in ("NotImplemented", "501"):
                 raise
             # A store without conditional writes (older MinIO, Ceph): the version name is
@@ -328,8 +344,11 @@ class S3Registry:
             # Manifests first: each version disappears at once, then its files go.
             self._delete([self._key(name, v, MANIFEST) for v in doomed])
             gone = set(doomed)
-            rest = [o["Key"] for o in self._objects(name)
-                    if (self._version_of(name, o["Key"]) or ("", ""))[0] in gone]
+            rest = [
+                o["Key"]
+                for o in self._objects(name)
+                if (self._version_of(name, o["Key"]) or ("", ""))[0] in gone
+            ]
             self._delete(rest)
         self._remove_stale(name)
         return doomed
@@ -362,7 +381,9 @@ class S3Registry:
         return removed
 
     # ---------------------------------------------------------------- loading
-    def load(self, name: str, version: str | None = None, *, mmap: bool = True, views: bool = True) -> Artifact:
+    def load(
+        self, name: str, version: str | None = None, *, mmap: bool = True, views: bool = True
+    ) -> Artifact:
         """Download a version into the cache (unless there already), verify it completely, load it."""
         if version is None:
             version, _ = self.live_version(name)
@@ -373,8 +394,9 @@ class S3Registry:
         except ArtifactError:
             raise
         except Exception as exc:  # network, throttling, permissions: botocore's errors
-            raise RegistryUnavailable(f"{self.url}/{name}/{version}: download failed: "
-                                      f"{type(exc).__name__}: {exc}") from exc
+            raise RegistryUnavailable(
+                f"{self.url}/{name}/{version}: download failed: {type(exc).__name__}: {exc}"
+            ) from exc
         try:
             artifact = load_version(folder, mmap=mmap, views=views)
         except ArtifactError:
@@ -494,5 +516,3 @@ class _StagingRegistry(Registry):
             newest = _dt.datetime.strptime(self._newest, _VERSION_FMT)
             now = max(now, newest + _dt.timedelta(microseconds=1))
         return now.strftime(_VERSION_FMT)
-
-

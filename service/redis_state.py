@@ -16,12 +16,13 @@ items are still excluded; the reply says ``seen_filter_degraded``), the
 ``ordrec_redis_up`` gauge drops to 0, and a circuit breaker keeps requests
 from each paying a timeout until a background probe sees Redis again.
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import redis
 
@@ -37,15 +38,27 @@ CHANNEL = "ordrec:models"
 
 
 def connect(url: str, timeout: float) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                health_check_interval=0, decode_responses=True)
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        health_check_interval=0,
+        decode_responses=True,
+    )
 
 
 class RedisSeenStore(SeenStore):
     """Seen items in Redis sets, failing open while Redis is unreachable."""
 
-    def __init__(self, url: str, metrics: Metrics, timeout: float = 0.05, seen_ttl: int = 30 * 86400,
-                 on_change: Callable[[], None] | None = None, probe_interval: float = 0.5):
+    def __init__(
+        self,
+        url: str,
+        metrics: Metrics,
+        timeout: float = 0.05,
+        seen_ttl: int = 30 * 86400,
+        on_change: Callable[[], None] | None = None,
+        probe_interval: float = 0.5,
+    ):
         self.client = connect(url, timeout)
         self.metrics = metrics
         self.on_change = None  # set after the first probe: the owner is still being built
@@ -157,4 +170,3 @@ def _describe(data) -> str:
         return f"{body['model']}@{body['version']}"
     except (TypeError, ValueError, KeyError):
         return str(data)[:100]
-

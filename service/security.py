@@ -5,6 +5,7 @@ old and new together) or an environment variable, and are compared in
 constant time. The health service stays open so orchestrators can probe
 without credentials; everything else (reflection included) needs a token.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -48,12 +49,14 @@ def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler
     if handler.unary_unary:
         return handler._replace(unary_unary=abort)
     if handler.unary_stream:
+
         def abort_stream(request, context):
             abort(request, context)
             yield  # pragma: no cover - abort raises
 
         return handler._replace(unary_stream=abort_stream)
     if handler.stream_stream:
+
         def abort_bidi(requests, context):
             abort(None, context)
             yield  # pragma: no cover
@@ -79,7 +82,7 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
             if key == "authorization":
                 text = value if isinstance(value, str) else value.decode("latin-1")
                 if text.startswith("Bearer "):
-                    presented = text[len("Bearer "):].strip().encode()
+                    presented = text[len("Bearer ") :].strip().encode()
         if not presented:
             return _deny(handler, "missing bearer token (metadata 'authorization: Bearer <token>')")
         if not _token_matches(presented, self.tokens):

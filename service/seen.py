@@ -5,9 +5,10 @@ Without Redis there is nothing recorded since training: the training items
 answers FAILED_PRECONDITION. The Redis-backed store lives in
 ``service.redis_state``.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ordrec.service.errors import FailedPrecondition
 

@@ -1,5 +1,6 @@
 """Assembling and running one server process: gRPC, health, reflection, metrics,
 reloading, graceful shutdown."""
+
 from __future__ import annotations
 
 import logging
@@ -7,19 +8,17 @@ import signal
 import threading
 from concurrent import futures
 from dataclasses import dataclass, field
-
 from http.server import ThreadingHTTPServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ordrec.v1 import recommender_pb2
 from ordrec.service import topk
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend, registry_backend
-from ordrec.service.objectstore import open_registry
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
+from ordrec.service.objectstore import open_registry
 from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
@@ -27,6 +26,7 @@ from ordrec.service.servicer import RecommenderServicer, add_to_server
 from ordrec.service.store import ModelStore, Reloader
 from ordrec.service.streams import StreamGuard, StreamLimits
 from ordrec.service.validation import Limits
+from ordrec.v1 import recommender_pb2
 
 log = logging.getLogger("ordrec.service")
 SERVICE_NAME = recommender_pb2.DESCRIPTOR.services_by_name["Recommender"].full_name
@@ -75,8 +75,10 @@ class ListingHealthServicer(health.HealthServicer):
 
     def List(self, request, context):  # noqa: N802 - gRPC method name
         with self._lock:
-            statuses = {name: health_pb2.HealthCheckResponse(status=status)
-                        for name, status in self._server_status.items()}
+            statuses = {
+                name: health_pb2.HealthCheckResponse(status=status)
+                for name, status in self._server_status.items()
+            }
         return health_pb2.HealthListResponse(statuses=statuses)
 
 
@@ -89,10 +91,20 @@ class Server:
         self._stopped = threading.Event()
         self.metrics = Metrics()
         self.health = ListingHealthServicer()
-        self.store = ModelStore(open_registry(config.registry, config.cache_dir), self.metrics, on_change=self._update_health)
-        self.seen = (RedisSeenStore(config.redis_url, self.metrics, config.redis_timeout, config.seen_ttl,
-                                    on_change=self._update_health)
-                     if config.redis_url else SeenStore())
+        self.store = ModelStore(
+            open_registry(config.registry, config.cache_dir), self.metrics, on_change=self._update_health
+        )
+        self.seen = (
+            RedisSeenStore(
+                config.redis_url,
+                self.metrics,
+                config.redis_timeout,
+                config.seen_ttl,
+                on_change=self._update_health,
+            )
+            if config.redis_url
+            else SeenStore()
+        )
         # Polling is the fallback that always works; Redis news only wakes it early.
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
@@ -120,8 +132,10 @@ class Server:
         return bool(self.store.snapshot())
 
     def health_detail(self) -> dict[str, str]:
-        detail = {"models": ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items()))
-                  or "none loaded"}
+        detail = {
+            "models": ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items()))
+            or "none loaded"
+        }
         if self.config.redis_url:
             detail["redis"] = "up" if self.seen.healthy() else "down (seen filter failing open)"
         return detail
@@ -129,7 +143,10 @@ class Server:
     def _update_health(self) -> None:
         if self._stopping.is_set():
             return
-        serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+        serving, not_serving = (
+            health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
         status = serving if self.serving() else not_serving
         for service in ("", SERVICE_NAME):
             self.health.set(service, status)
@@ -137,7 +154,7 @@ class Server:
         if self.config.redis_url:
             self.health.set(REDIS_HEALTH, serving if self.seen.healthy() else not_serving)
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         cfg = self.config
         self._update_health()
         topk.warm_up()  # compiled (or loaded from numba's cache) before the first request, not during it
@@ -156,8 +173,9 @@ class Server:
         interceptors = [MetricsInterceptor(self.metrics)]
         if cfg.tokens:
             interceptors.append(TokenAuthInterceptor(cfg.tokens))
-        self.stream_guard = StreamGuard(cfg.streams,
-                                        on_cancel=lambda reason: self.metrics.streams_ended.labels(reason).inc())
+        self.stream_guard = StreamGuard(
+            cfg.streams, on_cancel=lambda reason: self.metrics.streams_ended.labels(reason).inc()
+        )
         self.metrics.open_streams.set_function(self.stream_guard.open_streams)
         interceptors.append(self.stream_guard)
         server = grpc.server(
@@ -165,32 +183,50 @@ class Server:
             interceptors=interceptors,
             options=options,
         )
-        add_to_server(RecommenderServicer(self.store, self.metrics, cfg.limits, self.seen,
-                                          self.hidden, self.hidden_mirror), server)
+        add_to_server(
+            RecommenderServicer(
+                self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror
+            ),
+            server,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME), server)
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
         self.port = self._bind(server, cfg.host, cfg.port)
         server.start()
         self.grpc_server = server
         if cfg.metrics_port >= 0:
-            self.http_server = start_http_server(cfg.metrics_host, cfg.metrics_port, self.metrics,
-                                                 self.store, self.serving, self.health_detail)
+            self.http_server = start_http_server(
+                cfg.metrics_host, cfg.metrics_port, self.metrics, self.store, self.serving, self.health_detail
+            )
             self.metrics_port = self.http_server.server_address[1]
         self.reloader.start()
         if self.listener:
             self.listener.start()
         self.hidden.start()
         models = ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items())) or "none"
-        log.info("listening on %s:%d (metrics on %s:%s); serving %s", cfg.host, self.port,
-                 cfg.metrics_host, self.metrics_port, models)
+        log.info(
+            "listening on %s:%d (metrics on %s:%s); serving %s",
+            cfg.host,
+            self.port,
+            cfg.metrics_host,
+            self.metrics_port,
+            models,
+        )
         return self
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if self.config.tls_cert:
-            bound = server.add_secure_port(address, server_credentials(self.config.tls_cert, self.config.tls_key))
+            bound = server.add_secure_port(
+                address, server_credentials(self.config.tls_cert, self.config.tls_key)
+            )
         else:
             bound = server.add_insecure_port(address)
         if bound == 0:

@@ -5,36 +5,50 @@ status codes in one place, :func:`rpc`: a :class:`ServiceError` carries its
 code and a message for the caller; anything else is logged with its stack
 and answered INTERNAL without one.
 """
+
 from __future__ import annotations
 
 import functools
 import inspect
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from ordrec.v1 import recommender_pb2 as pb
-from ordrec.v1 import recommender_pb2_grpc
 from ordrec.service import validation as v
-from ordrec.service.errors import (
-    DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, ServiceError,
-)
 from ordrec.service.artifacts import ALL_MODELS
+from ordrec.service.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+)
 from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
-from ordrec.service.rules import Eligible, FilterError, MAX_FILTER_CHARS, combine
+from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.seen import SeenStore
 from ordrec.service.store import LoadedModel, ModelStore
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
 
 log = logging.getLogger("ordrec.service")
 
-_ENTITY_SPACE: dict[int, str] = {pb.ENTITY_ITEM: "items", pb.ENTITY_USER: "users", pb.ENTITY_ASPECT: "aspects"}
-_SPACE_ENTITY = {"items": pb.ENTITY_ITEM, "users": pb.ENTITY_USER, "aspects": pb.ENTITY_ASPECT,
-                 "objects": pb.ENTITY_ITEM}
+_ENTITY_SPACE: dict[int, str] = {
+    pb.ENTITY_ITEM: "items",
+    pb.ENTITY_USER: "users",
+    pb.ENTITY_ASPECT: "aspects",
+}
+_SPACE_ENTITY = {
+    "items": pb.ENTITY_ITEM,
+    "users": pb.ENTITY_USER,
+    "aspects": pb.ENTITY_ASPECT,
+    "objects": pb.ENTITY_ITEM,
+}
 _FALLBACK = {
     "none": pb.FALLBACK_NONE,
     "popular_global": pb.FALLBACK_POPULAR_GLOBAL,
@@ -77,8 +91,10 @@ def _fitting(reply, limits: v.Limits):
     comes from here (and is counted), not from grpcio failing the send afterwards."""
     size = reply.ByteSize()
     if size > limits.max_message_bytes:
-        raise ResourceExhausted(f"the reply is {size:,} bytes, over the {limits.max_message_bytes:,}-byte"
-                                " message limit: ask for less")
+        raise ResourceExhausted(
+            f"the reply is {size:,} bytes, over the {limits.max_message_bytes:,}-byte"
+            " message limit: ask for less"
+        )
     return reply
 
 
@@ -130,8 +146,15 @@ def _rows_or_not_found(ids: IdMap, externals: list[str], what: str) -> np.ndarra
 
 
 class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
-    def __init__(self, store: ModelStore, metrics: Metrics, limits: v.Limits, seen: SeenStore,
-                 hidden: HiddenState | None = None, hidden_mirror=None):
+    def __init__(
+        self,
+        store: ModelStore,
+        metrics: Metrics,
+        limits: v.Limits,
+        seen: SeenStore,
+        hidden: HiddenState | None = None,
+        hidden_mirror=None,
+    ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
 
@@ -147,7 +170,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
         n = v.bounded(request.n, "n", 1, lim.max_n)
         candidate_ids = v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates)
-        candidates = _rows_or_not_found(index.items, candidate_ids, "candidate item ids") if candidate_ids else None
+        candidates = (
+            _rows_or_not_found(index.items, candidate_ids, "candidate item ids") if candidate_ids else None
+        )
         exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
         eligible = self._eligible(model, request.filter)
         if request.with_distribution and not hasattr(index, "distribution"):
@@ -156,23 +181,36 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         answerable = len(candidates) if candidates is not None else len(index.items)
         v.check_reply_fits(
             v.recommend_reply_bytes(user_ids, min(n, answerable), index.items.max_bytes, n_levels),
-            f"{len(user_ids)} user_ids x n={n}{' with_distribution' if n_levels else ''}", lim)
+            f"{len(user_ids)} user_ids x n={n}{' with_distribution' if n_levels else ''}",
+            lim,
+        )
         exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
 
         recent, degraded = self.seen.recent(user_ids) if exclude_seen else ({}, False)
         user_rows = index.users.rows(user_ids)
         excluded = index.items.rows(exclude_ids) if exclude_ids else None
-        excludes = [self._exclusions(index, row, recent.get(uid), exclude_seen, excluded)
-                    for uid, row in zip(user_ids, user_rows)]
+        excludes = [
+            self._exclusions(index, row, recent.get(uid), exclude_seen, excluded)
+            for uid, row in zip(user_ids, user_rows)
+        ]
         known = np.flatnonzero(user_rows >= 0)
         ranked: list = [None] * len(user_ids)
         if known.size:
-            answers = index.recommend_many(user_rows[known], n, excludes=[excludes[i] for i in known],
-                                           candidates=candidates, eligible=eligible)
+            answers = index.recommend_many(
+                user_rows[known],
+                n,
+                excludes=[excludes[i] for i in known],
+                candidates=candidates,
+                eligible=eligible,
+            )
             for row, answer in zip(known.tolist(), answers):
                 ranked[row] = answer
-        reply = pb.RecommendResponse(model=model.name, model_version=model.version,
-                                     seen_filter_degraded=degraded, rules_stale=self._rules_stale())
+        reply = pb.RecommendResponse(
+            model=model.name,
+            model_version=model.version,
+            seen_filter_degraded=degraded,
+            rules_stale=self._rules_stale(),
+        )
         for i, uid in enumerate(user_ids):
             result = reply.results.add(user_id=uid)
             if ranked[i] is None:
@@ -190,8 +228,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         return reply
 
     @staticmethod
-    def _exclusions(index, user_row: int, recent_ids: list[str] | None, exclude_seen: bool,
-                    excluded: np.ndarray | None = None):
+    def _exclusions(
+        index,
+        user_row: int,
+        recent_ids: list[str] | None,
+        exclude_seen: bool,
+        excluded: np.ndarray | None = None,
+    ):
         """Item rows one user's answer must skip: seen (training and recorded) and ``exclude_item_ids``."""
         parts = []
         if excluded is not None:
@@ -210,7 +253,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         filtered = None
         if text:
             if len(text) > MAX_FILTER_CHARS:
-                raise InvalidArgument(f"filter is {len(text)} characters long; the limit is {MAX_FILTER_CHARS}")
+                raise InvalidArgument(
+                    f"filter is {len(text)} characters long; the limit is {MAX_FILTER_CHARS}"
+                )
             try:
                 filtered = model.index.item_attributes.eligible(text)
             except FilterError as exc:
@@ -230,8 +275,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         user = v.one_id(request.user_id, "user_id", lim)
         item = v.one_id(request.item_id, "item_id", lim)
         n = v.bounded(request.n, "n", 1, lim.max_n)
-        rows, scores, fallback = index.tags(index.users.row(user), index.items.row(item), n,
-                                            exclude_own=request.exclude_own_tags)
+        rows, scores, fallback = index.tags(
+            index.users.row(user), index.items.row(item), n, exclude_own=request.exclude_own_tags
+        )
         if fallback != "none":
             self.metrics.fallbacks.labels(model.name, "Tags", fallback).inc()
         reply = pb.TagsResponse(fallback=_FALLBACK[fallback], model=model.name, model_version=model.version)
@@ -287,8 +333,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         if self.hidden and target in ("items", "objects"):  # hidden items never come back as neighbours
             hidden = self.hidden.hidden_rows(model.name, target_ids)
         rows, scores = index.neighbors(space, source, row, target, k, hidden=hidden)
-        reply = pb.NeighborsResponse(model=model.name, model_version=model.version,
-                                     rules_stale=self._rules_stale())
+        reply = pb.NeighborsResponse(
+            model=model.name, model_version=model.version, rules_stale=self._rules_stale()
+        )
         _add_scored(reply.neighbors, index.maps[space][target].ids, rows, scores)
         return reply
 
@@ -302,14 +349,17 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         points = model.index.maps[space][entity]
         ids = v.id_list(request.ids, "ids", lim, lim.max_ids)
         page = v.bounded(request.page_size or 1000, "page_size", 1, lim.max_page_size)
-        v.check_reply_fits(page * v.scored_id_bytes(points.ids.max_bytes, points.dim),
-                           f"page_size={page} at {points.dim} dimensions", lim)
+        v.check_reply_fits(
+            page * v.scored_id_bytes(points.ids.max_bytes, points.dim),
+            f"page_size={page} at {points.dim} dimensions",
+            lim,
+        )
         rows = _rows_or_not_found(points.ids, ids, f"{entity} ids") if ids else np.arange(len(points.ids))
         wire_entity = _SPACE_ENTITY[entity]
         for start in range(0, max(rows.size, 1), page):
             if not context.is_active():  # the client went away or its deadline passed
                 return
-            chunk = rows[start:start + page]
+            chunk = rows[start : start + page]
             reply = pb.CoordinatesResponse(dim=points.dim, model=model.name, model_version=model.version)
             for r, coords in zip(chunk, points.coords[chunk]):
                 reply.points.add(id=points.ids.external(int(r)), entity=wire_entity, coords=coords.tolist())
@@ -329,7 +379,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         v.check_reply_fits(k * v.scored_id_bytes(points.ids.max_bytes), f"k={k}", lim)
         rows = _rows_or_not_found(points.ids, ranked, "neighbour ids")
         coords = index.place(rows)
-        reply = pb.PlaceResponse(coords=np.asarray(coords).tolist(), model=model.name, model_version=model.version)
+        reply = pb.PlaceResponse(
+            coords=np.asarray(coords).tolist(), model=model.name, model_version=model.version
+        )
         if k:
             near, scores = points.nearest(np.asarray(coords, dtype=np.float64), k)
             _add_scored(reply.neighbors, points.ids, near, scores)
@@ -350,14 +402,19 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         for name, model in sorted(self.store.snapshot().items()):
             artifact = model.index.artifact
             info = reply.models.add(
-                name=name, kind=model.kind, version=model.version, created_at=model.created_at,
-                loaded_at=model.loaded_at, reason=model.reason, rpcs=sorted(model.index.rpcs),
-                spaces=model.index.spaces(), index=getattr(model.index, "search", ""),
+                name=name,
+                kind=model.kind,
+                version=model.version,
+                created_at=model.created_at,
+                loaded_at=model.loaded_at,
+                reason=model.reason,
+                rpcs=sorted(model.index.rpcs),
+                spaces=model.index.spaces(),
+                index=getattr(model.index, "search", ""),
             )
             info.sizes.update(model.index.sizes())
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
         return reply
-
 
     # ---------------------------------------------------------- hidden items
     def _scope(self, name: str) -> str:
@@ -375,8 +432,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
 
     def _unknown(self, scope: str, ids: list[str]) -> int:
         """How many ids no served version of the scope knows (kept hidden all the same)."""
-        maps = [m.index.items for n, m in self.store.snapshot().items()
-                if hasattr(m.index, "items") and scope in (ALL_MODELS, n)]
+        maps = [
+            m.index.items
+            for n, m in self.store.snapshot().items()
+            if hasattr(m.index, "items") and scope in (ALL_MODELS, n)
+        ]
         return sum(1 for i in ids if not any(i in items for items in maps))
 
     def _change_hidden(self, request: pb.HideItemsRequest, hide: bool) -> pb.HideItemsResponse:
@@ -387,8 +447,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         changed = state.change(scope, ids, hide, mirror=self.hidden_mirror)
         total = len(state.sets().get(scope, ()))
         log.info("%s %d item(s) for %s (%d changed)", "hid" if hide else "unhid", len(ids), scope, changed)
-        return pb.HideItemsResponse(changed=changed, unknown=self._unknown(scope, ids) if hide else 0,
-                                    total=total, model=scope)
+        return pb.HideItemsResponse(
+            changed=changed, unknown=self._unknown(scope, ids) if hide else 0, total=total, model=scope
+        )
 
     @rpc
     def HideItems(self, request: pb.HideItemsRequest, context) -> pb.HideItemsResponse:
@@ -409,7 +470,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         reply = pb.ListHiddenResponse(rules_stale=state.stale)
         for scope in scopes:
             ids = sorted(sets.get(scope, ()))
-            reply.scopes.add(model=scope, item_ids=ids[:self.limits.max_ids], count=len(ids))
+            reply.scopes.add(model=scope, item_ids=ids[: self.limits.max_ids], count=len(ids))
         return reply
 
 
@@ -418,8 +479,11 @@ def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
     service = pb.DESCRIPTOR.services_by_name["Recommender"]
     handlers = {}
     for method in service.methods:
-        factory = (grpc.unary_stream_rpc_method_handler if method.server_streaming
-                   else grpc.unary_unary_rpc_method_handler)
+        factory = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
         handlers[method.name] = factory(
             getattr(servicer, method.name),
             request_deserializer=lenient_deserializer(getattr(pb, method.input_type.name)),

@@ -6,14 +6,15 @@ smoke query happen off the request path (at start-up, or on the reloader
 thread); only then is the reference swapped, by replacing the whole mapping
 (an atomic assignment under the GIL, so readers need no lock).
 """
+
 from __future__ import annotations
 
 import datetime as _dt
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Callable, Iterable
 
 from ordrec.service.artifacts import ArtifactError, Registry
 from ordrec.service.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
@@ -111,8 +112,12 @@ class ModelStore:
         current = self._models.get(name)
         if current is not None and current.version == version:
             if current.reason != reason:  # pinned <-> newest on the same version
-                self._install(name, LoadedModel(name, version, reason, current.index,
-                                                current.loaded_at, current.load_seconds))
+                self._install(
+                    name,
+                    LoadedModel(
+                        name, version, reason, current.index, current.loaded_at, current.load_seconds
+                    ),
+                )
                 return True
             return False
         if (name, version) in self._refused:
@@ -130,11 +135,20 @@ class ModelStore:
             self._refused[(name, version)] = error
             self.metrics.load_failures.labels(name).inc()
             kept = f"kept: {version} refused ({error[:200]})"
-            log.error("refused %s@%s: %s%s", name, version, error,
-                      f"; still serving {current.version}" if current else "")
+            log.error(
+                "refused %s@%s: %s%s",
+                name,
+                version,
+                error,
+                f"; still serving {current.version}" if current else "",
+            )
             if current is not None:
-                self._install(name, LoadedModel(name, current.version, kept, current.index,
-                                                current.loaded_at, current.load_seconds))
+                self._install(
+                    name,
+                    LoadedModel(
+                        name, current.version, kept, current.index, current.loaded_at, current.load_seconds
+                    ),
+                )
             return False
         seconds = time.perf_counter() - start
         loaded = LoadedModel(name, version, reason, index, time.time(), seconds)

@@ -8,14 +8,15 @@ server and ``max_streams_per_connection`` per connection (the rest are refused
 RESOURCE_EXHAUSTED at once), and a watchdog cancels a stream whose reply the
 client has not taken for ``stall_seconds`` or that has lived ``max_seconds``.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import grpc
 
@@ -49,8 +50,9 @@ class _Stream:
 class StreamGuard(grpc.ServerInterceptor):
     """Admission and a watchdog for every server-streaming and bidi RPC."""
 
-    def __init__(self, limits: StreamLimits, on_cancel: Callable[[str], None] | None = None,
-                 check_every: float = 0.5):
+    def __init__(
+        self, limits: StreamLimits, on_cancel: Callable[[str], None] | None = None, check_every: float = 0.5
+    ):
         self.limits = limits
         self._lock = threading.Lock()
         self._open: set[_Stream] = set()
@@ -82,8 +84,10 @@ class StreamGuard(grpc.ServerInterceptor):
         def guarded(request, context):
             stream = self._admit(context)
             if stream is None:
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              "too many open streams on this server or connection; retry later")
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    "too many open streams on this server or connection; retry later",
+                )
             context.add_callback(lambda: self._release(stream))
             try:
                 yield from self._tracked(stream, behavior(request, context))
@@ -103,8 +107,10 @@ class StreamGuard(grpc.ServerInterceptor):
     def _admit(self, context) -> _Stream | None:
         connection = context.peer()
         with self._lock:
-            if (len(self._open) >= self.limits.max_streams
-                    or self._per_connection[connection] >= self.limits.max_streams_per_connection):
+            if (
+                len(self._open) >= self.limits.max_streams
+                or self._per_connection[connection] >= self.limits.max_streams_per_connection
+            ):
                 return None
             stream = _Stream(context, connection)
             self._open.add(stream)
@@ -138,7 +144,9 @@ class StreamGuard(grpc.ServerInterceptor):
             for stream in self._open:
                 waiting = stream.waiting_since
                 if waiting is not None and now - waiting > limits.stall_seconds:
-                    overdue.append((stream, "stalled", f"the client took no reply for {limits.stall_seconds:g} s"))
+                    overdue.append(
+                        (stream, "stalled", f"the client took no reply for {limits.stall_seconds:g} s")
+                    )
                 elif now - stream.started > limits.max_seconds:
                     overdue.append((stream, "expired", f"open longer than {limits.max_seconds:g} s"))
         return overdue

@@ -10,6 +10,7 @@ drains its in-flight calls, and exits 0 when they all did.
 SO_REUSEPORT balances per connection, not per request: clients should open
 several connections (most load balancers and gRPC pools do).
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,15 +47,27 @@ class Supervisor:
 
     def child_args(self, i: int) -> list[str]:
         metrics = self.metrics_port + i if self.metrics_port > 0 else self.metrics_port
-        args = [sys.executable, "-m", "ordrec.service", *self.argv, "--processes", "1", "--reuse-port",
-                "--port", str(self.port), "--metrics-port", str(metrics)]
+        args = [
+            sys.executable,
+            "-m",
+            "ordrec.service",
+            *self.argv,
+            "--processes",
+            "1",
+            "--reuse-port",
+            "--port",
+            str(self.port),
+            "--metrics-port",
+            str(metrics),
+        ]
         if self.cpus[i] is not None:
             args += ["--cpu", str(self.cpus[i])]
         return args
 
     def _spawn(self, i: int) -> None:
-        child = subprocess.Popen(self.child_args(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 bufsize=1)
+        child = subprocess.Popen(
+            self.child_args(i), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+        )
         if i < len(self.children):
             self.children[i] = child
         else:
@@ -83,8 +96,11 @@ class Supervisor:
                     print(f"ordrec-serve: process {i} failed to start", file=sys.stderr)
                     return 1
         ports = ",".join(str(p) for p in self.metrics_ports)
-        print(f"ordrec-serve ready port={self.port} metrics_port={self.metrics_ports[0]} "
-              f"processes={self.processes} metrics_ports={ports}", flush=True)
+        print(
+            f"ordrec-serve ready port={self.port} metrics_port={self.metrics_ports[0]} "
+            f"processes={self.processes} metrics_ports={ports}",
+            flush=True,
+        )
         while not self._stopping.wait(0.5):
             for i, child in enumerate(self.children):
                 if child.poll() is not None:

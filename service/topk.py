@@ -13,6 +13,7 @@ costs more CPU per call than the work saved (``docs/service.md``, Scaling,
 has the measurements). Long products (a large catalogue) are the exception:
 there the other threads should run, so they release it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -88,8 +89,9 @@ def _exclude_kernel(scores, rows):
         scores[r] = -np.inf
 
 
-def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None,
-          blocked: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def top_k(
+    scores: np.ndarray, k: int, exclude: np.ndarray | None = None, blocked: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Indices and values of the ``k`` largest finite-or-+inf scores, best first.
 
     Entries equal to ``-inf`` or NaN are never returned; ``exclude`` rows are
@@ -158,8 +160,9 @@ def _negative_squared_distances(coords, point):
     return out
 
 
-def nearest_brute_force(coords: np.ndarray, point: np.ndarray, k: int,
-                        exclude: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def nearest_brute_force(
+    coords: np.ndarray, point: np.ndarray, k: int, exclude: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The ``k`` rows of ``coords`` (float64) nearest ``point``, as (rows, negative distances).
 
     One pass holding the GIL: on small maps it is cheaper than a KD-tree

@@ -1,10 +1,11 @@
 """Request bounds and field checks. Every failure is an :class:`InvalidArgument`
 whose message names the field, the value and the allowed range."""
+
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ordrec.service.errors import InvalidArgument
 
@@ -60,9 +61,7 @@ def bounded(value: int, field: str, low: int, high: int) -> int:
 def model_name(value: str) -> str:
     """An empty name (pick the only suitable model) or a registry folder name."""
     if value and not _MODEL_RE.match(value):
-        raise InvalidArgument(
-            f"model {value[:80]!r} is not a model name (1-64 of a-z, 0-9, '_', '-', '.')"
-        )
+        raise InvalidArgument(f"model {value[:80]!r} is not a model name (1-64 of a-z, 0-9, '_', '-', '.')")
     return value
 
 
@@ -74,7 +73,9 @@ def one_id(value: str, field: str, limits: Limits) -> str:
     return value
 
 
-def id_list(values: Sequence[str], field: str, limits: Limits, max_count: int, min_count: int = 0) -> list[str]:
+def id_list(
+    values: Sequence[str], field: str, limits: Limits, max_count: int, min_count: int = 0
+) -> list[str]:
     if not min_count <= len(values) <= max_count:
         raise InvalidArgument(f"{field} must hold between {min_count} and {max_count} ids, got {len(values)}")
     for value in values:

@@ -1,5 +1,6 @@
 """Large catalogues (issue 17): the approximate item index published with a DCR
 version, verified at load, and answering Recommend with exact scoring's semantics."""
+
 from __future__ import annotations
 
 import json
@@ -38,11 +39,17 @@ def clustered_artifact(seed: int = 0, with_index: bool = True) -> Artifact:
     items = items.astype(np.float32)
     return Artifact(
         kind="dcr",
-        arrays={"user_factors": users.astype(np.float32), "item_factors": items,
-                "seen_indptr": np.arange(0, N_USERS * 10 + 1, 10, dtype=np.int64),
-                "seen_indices": seen.reshape(-1).astype(np.int32),
-                "item_popularity": rng.random(N_ITEMS).astype(np.float32)},
-        ids={"users": IdMap([f"u{i}" for i in range(N_USERS)]), "items": IdMap([f"i{i}" for i in range(N_ITEMS)])},
+        arrays={
+            "user_factors": users.astype(np.float32),
+            "item_factors": items,
+            "seen_indptr": np.arange(0, N_USERS * 10 + 1, 10, dtype=np.int64),
+            "seen_indices": seen.reshape(-1).astype(np.int32),
+            "item_popularity": rng.random(N_ITEMS).astype(np.float32),
+        },
+        ids={
+            "users": IdMap([f"u{i}" for i in range(N_USERS)]),
+            "items": IdMap([f"i{i}" for i in range(N_ITEMS)]),
+        },
         attributes={"levels": LEVELS, "relevance": "linear", "rank": RANK, "pairwise": False},
         indexes={"items": ann.item_index(items, SMALL_GRAPH)} if with_index else {},
     )
@@ -84,8 +91,12 @@ def test_index_answers_close_to_exact(served):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(user=st.integers(0, N_USERS - 1), n=st.integers(1, 120),
-       excluded=st.one_of(st.integers(0, 140), st.integers(140, N_ITEMS)), seed=st.integers(0, 2**31))
+@given(
+    user=st.integers(0, N_USERS - 1),
+    n=st.integers(1, 120),
+    excluded=st.one_of(st.integers(0, 140), st.integers(140, N_ITEMS)),
+    seed=st.integers(0, 2**31),
+)
 def test_no_excluded_item_and_n_results_whenever_n_are_eligible(served, user, n, excluded, seed):
     # Exclusions from the user's own best items (the hardest case for a graph walk) and at random,
     # from none up to the whole catalogue (beyond MAX_EXCLUDED_FRACTION the exact pass answers).
@@ -152,10 +163,26 @@ def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
     # Through the CLI's publish path (and out of process: a fit here would start numba's
     # thread pool inside the test session).
     for name, min_items in (("big", 10), ("small", 10**6)):
-        result = run_cli(["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data"),
-                          "--registry", str(tmp_path), "--name", name, "--set", "max_iter=2",
-                          "--set", f"ann_min_items={min_items}", "--set", f"ann_params={json.dumps(SMALL_GRAPH)}"],
-                         check=False)
+        result = run_cli(
+            [
+                "ordrec.trainer",
+                "train",
+                "dcr",
+                "--data",
+                str(sample_dir / "ratings.data"),
+                "--registry",
+                str(tmp_path),
+                "--name",
+                name,
+                "--set",
+                "max_iter=2",
+                "--set",
+                f"ann_min_items={min_items}",
+                "--set",
+                f"ann_params={json.dumps(SMALL_GRAPH)}",
+            ],
+            check=False,
+        )
         assert result.returncode == 0, result.stderr
     reg = Registry(tmp_path)
     (entry,) = reg.load("big").indexes.values()

@@ -79,13 +79,31 @@ def test_recommend(stub, model, users, n, exclude, candidates, dist):
     assert call_status(lambda: stub.Recommend(req, timeout=10)) in DOCUMENTED
 
 
-filters = st.one_of(st.sampled_from(['genre in ("Comedy")', "year >= 1990", "a in (", "x between 3 and 1", "and",
-                                     '"', "year >= 1e999", "y not in (1, 'a') and z != -.5"]), text)
+filters = st.one_of(
+    st.sampled_from(
+        [
+            'genre in ("Comedy")',
+            "year >= 1990",
+            "a in (",
+            "x between 3 and 1",
+            "and",
+            '"',
+            "year >= 1e999",
+            "y not in (1, 'a') and z != -.5",
+        ]
+    ),
+    text,
+)
 
 
 @SETTINGS
-@given(model=st.sampled_from(MODELS), users=st.lists(ids, max_size=3), n=small, filter_=filters,
-       exclude=st.lists(ids, max_size=4))
+@given(
+    model=st.sampled_from(MODELS),
+    users=st.lists(ids, max_size=3),
+    n=small,
+    filter_=filters,
+    exclude=st.lists(ids, max_size=4),
+)
 def test_recommend_rules(stub, model, users, n, filter_, exclude):
     req = pb.RecommendRequest(model=model, user_ids=users, n=n, filter=filter_, exclude_item_ids=exclude)
     assert call_status(lambda: stub.Recommend(req, timeout=10)) in DOCUMENTED

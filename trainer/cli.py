@@ -18,18 +18,19 @@ credentials and endpoint from the standard AWS environment and config).
 Exit codes: 0 success (for ``run``: published), 1 failure, 2 usage or data
 error, 3 (``run`` only) rejected by the quality gate.
 """
+
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ordrec.service.artifacts import ArtifactError
 from ordrec.service.artifacts import Registry as LocalRegistry
-from ordrec.service.objectstore import open_registry  # a directory, or s3://bucket/prefix
 from ordrec.service.models import kinds
+from ordrec.service.objectstore import open_registry  # a directory, or s3://bucket/prefix
 from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
 
@@ -52,17 +53,30 @@ def rating_scale_argument(text: str) -> RatingScale:
 def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, ratings: bool = True) -> None:
     """``--data``, ``--format``, ``--skip-bad-lines`` and, when the command may read ratings, ``--rating-scale``."""
     parser.add_argument("--data", required=required, help="input file (or folder for some formats)")
-    parser.add_argument("--format", default="auto",
-                        help="input format: ml-100k, ml-1m, ml-10m, csv, tsv, lastfm-tags, zoo, neighbors, "
-                             "triples ... (default: detect from the file)")
-    parser.add_argument("--skip-bad-lines", action="store_true",
-                        help="skip malformed lines instead of failing (their number is reported)")
-    parser.add_argument("--columns", metavar="A,B,...",
-                        help="attribute tables without a header or id column: the column names (ids are line numbers)")
+    parser.add_argument(
+        "--format",
+        default="auto",
+        help="input format: ml-100k, ml-1m, ml-10m, csv, tsv, lastfm-tags, zoo, neighbors, "
+        "triples ... (default: detect from the file)",
+    )
+    parser.add_argument(
+        "--skip-bad-lines",
+        action="store_true",
+        help="skip malformed lines instead of failing (their number is reported)",
+    )
+    parser.add_argument(
+        "--columns",
+        metavar="A,B,...",
+        help="attribute tables without a header or id column: the column names (ids are line numbers)",
+    )
     if ratings:
-        parser.add_argument("--rating-scale", type=rating_scale_argument, metavar="LOW..HIGH[:STEP]",
-                            help="ratings allowed, e.g. 1..5 or 0.5..5:0.5 (default: the format's own; "
-                                 "ml-100k/ml-1m 1..5, ml-10m 0.5..5:0.5, csv/tsv any finite number)")
+        parser.add_argument(
+            "--rating-scale",
+            type=rating_scale_argument,
+            metavar="LOW..HIGH[:STEP]",
+            help="ratings allowed, e.g. 1..5 or 0.5..5:0.5 (default: the format's own; "
+            "ml-100k/ml-1m 1..5, ml-10m 0.5..5:0.5, csv/tsv any finite number)",
+        )
 
 
 # ----------------------------------------------------------------- commands
@@ -71,8 +85,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
-    data = read_input(estimator_cls.input_shape, args.data, args.format, skip_bad_lines=args.skip_bad_lines,
-                      rating_scale=args.rating_scale, column_names=args.columns)
+    data = read_input(
+        estimator_cls.input_shape,
+        args.data,
+        args.format,
+        skip_bad_lines=args.skip_bad_lines,
+        rating_scale=args.rating_scale,
+        column_names=args.columns,
+    )
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
     params = parse_assignments(args.set or [])
@@ -152,7 +172,9 @@ def cmd_versions(args: argparse.Namespace) -> int:
         except ArtifactError:
             live, reason = None, ""
         for version in registry.versions(name):
-            marks = [m for m, on in (("live:" + reason, version == live), ("pinned", version == pinned)) if on]
+            marks = [
+                m for m, on in (("live:" + reason, version == live), ("pinned", version == pinned)) if on
+            ]
             print(f"{name}\t{version}\t{' '.join(marks)}\t{_version_metrics(registry, name, version)}")
     return EXIT_OK
 
@@ -191,7 +213,9 @@ def cmd_hide(args: argparse.Namespace) -> int:
 
     ids = list(args.item_ids)
     if args.file:
-        ids += [line.strip() for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()]
+        ids += [
+            line.strip() for line in Path(args.file).read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
     if not ids:
         raise ValueError("no item ids given (arguments or --file)")
     import redis
@@ -211,8 +235,10 @@ def cmd_hide(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if mirror is not None:  # the copy a replica reads when Redis is down at its start-up
         apply_change(mirror, scope, ids, hide)
-    print(f"{'hid' if hide else 'unhid'} {changed} of {len(ids)} item(s) for"
-          f" {'all models' if scope == '*' else scope}")
+    print(
+        f"{'hid' if hide else 'unhid'} {changed} of {len(ids)} item(s) for"
+        f" {'all models' if scope == '*' else scope}"
+    )
     return EXIT_OK
 
 
@@ -220,7 +246,7 @@ def cmd_hidden(args: argparse.Namespace) -> int:
     backend, _ = _hidden_backends(args)
     for scope, ids in sorted(backend.read().items()):
         if args.model in (None, "") or scope in ("*", args.model):
-            print(f"{scope}\t{len(ids)}\t{' '.join(sorted(ids)[:args.show])}")
+            print(f"{scope}\t{len(ids)}\t{' '.join(sorted(ids)[: args.show])}")
     return EXIT_OK
 
 
@@ -249,17 +275,21 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not isinstance(registry, LocalRegistry):
         # Versions in an object store are immutable once their manifest is up; a new
         # report comes with the next publish (the job draws it for map models).
-        raise ValueError("report redraws a version in a local registry only; "
-                         "an s3:// version gets its report when it is published")
+        raise ValueError(
+            "report redraws a version in a local registry only; "
+            "an s3:// version gets its report when it is published"
+        )
     print(write_report(registry, args.model, args.version, labels_path=args.labels))
     return EXIT_OK
 
 
 # ------------------------------------------------------------------ parser
 
+
 def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> None:
-    add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True),
-                       ratings=kinds.get(kind).input_shape == "ratings")
+    add_data_arguments(
+        p, required=getattr(module, "DATA_REQUIRED", True), ratings=kinds.get(kind).input_shape == "ratings"
+    )
     p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the result rows to this JSON file")
@@ -285,16 +315,25 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     train.add_argument("--registry", required=True)
     train.add_argument("--name", help="model name in the registry (default: the kind)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="a hyperparameter")
-    train.add_argument("--seed", type=int, default=0,
-                       help="the estimator's random_state (unless --set random_state=...)")
+    train.add_argument(
+        "--seed", type=int, default=0, help="the estimator's random_state (unless --set random_state=...)"
+    )
     train.add_argument("--keep", type=int, default=None, help="retain only the newest K versions")
-    train.add_argument("--item-attributes", metavar="FILE",
-                       help="item metadata published in the version for Recommend's filter: MovieLens u.item"
-                            " or movies.dat (genre, year), or a csv 'id,<attribute>,...' (numeric or categorical,"
-                            " '|' between several values)")
-    train.add_argument("--item-attributes-format", default="auto", choices=("auto", "ml-100k", "ml-1m", "csv"))
-    train.add_argument("--labels", help="map models: display names for the report (MovieLens u.item, "
-                                        "or 'id<TAB>label' / 'id|label' lines)")
+    train.add_argument(
+        "--item-attributes",
+        metavar="FILE",
+        help="item metadata published in the version for Recommend's filter: MovieLens u.item"
+        " or movies.dat (genre, year), or a csv 'id,<attribute>,...' (numeric or categorical,"
+        " '|' between several values)",
+    )
+    train.add_argument(
+        "--item-attributes-format", default="auto", choices=("auto", "ml-100k", "ml-1m", "csv")
+    )
+    train.add_argument(
+        "--labels",
+        help="map models: display names for the report (MovieLens u.item, "
+        "or 'id<TAB>label' / 'id|label' lines)",
+    )
     train.set_defaults(func=cmd_train)
 
     reproduce = sub.add_parser("reproduce", help="run a paper's evaluation protocol")
@@ -316,8 +355,10 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     versions.add_argument("--model")
     versions.set_defaults(func=cmd_versions)
 
-    for name, func, helptext in (("pin", cmd_pin, "serve this version until unpinned"),
-                                 ("unpin", cmd_unpin, "serve the newest version again")):
+    for name, func, helptext in (
+        ("pin", cmd_pin, "serve this version until unpinned"),
+        ("unpin", cmd_unpin, "serve the newest version again"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--registry", required=True)
         p.add_argument("--model", required=True)
@@ -325,11 +366,15 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
             p.add_argument("--version", required=True)
         p.set_defaults(func=func)
 
-    for name, helptext in (("hide", "hide items from Recommend and Neighbors now, without retraining"),
-                           ("unhide", "undo hide")):
+    for name, helptext in (
+        ("hide", "hide items from Recommend and Neighbors now, without retraining"),
+        ("unhide", "undo hide"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--registry", required=True)
-        p.add_argument("--redis", metavar="URL", help="where the servers keep hidden items (else the registry)")
+        p.add_argument(
+            "--redis", metavar="URL", help="where the servers keep hidden items (else the registry)"
+        )
         p.add_argument("--model", help="one model (default: all models, '*')")
         p.add_argument("--file", help="item ids, one a line")
         p.add_argument("item_ids", nargs="*")
@@ -347,25 +392,33 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     prune.add_argument("--keep", type=int, required=True)
     prune.set_defaults(func=cmd_prune)
 
-    gc = sub.add_parser("gc", help="remove what killed publishers left (temporary folders no live"
-                                   " publisher holds); safe beside a running publish")
+    gc = sub.add_parser(
+        "gc",
+        help="remove what killed publishers left (temporary folders no live"
+        " publisher holds); safe beside a running publish",
+    )
     gc.add_argument("--registry", required=True)
     gc.set_defaults(func=cmd_gc)
 
     run = sub.add_parser("run", help="a cron job described by a TOML file")
     run.add_argument("job")
-    run.add_argument("--dry-run", action="store_true",
-                     help="train, evaluate and gate, but never publish or notify")
-    run.add_argument("--only", action="append", metavar="MODEL",
-                     help="run only this model of the job (repeatable)")
+    run.add_argument(
+        "--dry-run", action="store_true", help="train, evaluate and gate, but never publish or notify"
+    )
+    run.add_argument(
+        "--only", action="append", metavar="MODEL", help="run only this model of the job (repeatable)"
+    )
     run.set_defaults(func=cmd_run)
 
     report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")
     report.add_argument("--registry", required=True)
     report.add_argument("--model", required=True)
     report.add_argument("--version")
-    report.add_argument("--labels", help="display names (MovieLens u.item, or 'id<TAB>label' / 'id|label' lines);"
-                                         " default: the labels published with the version")
+    report.add_argument(
+        "--labels",
+        help="display names (MovieLens u.item, or 'id<TAB>label' / 'id|label' lines);"
+        " default: the labels published with the version",
+    )
     report.set_defaults(func=cmd_report)
     return parser
 
@@ -374,8 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_reproduce_kind(argv))
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return args.func(args)
     except DataError as exc:
@@ -390,6 +445,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in TRAIN_EXTRA_MODULES:
             raise
-        print(f"ordrec-train: {exc}: the trainer's dependencies are the `train` extra: "
-              f"pip install 'ordrec[train]'", file=sys.stderr)
+        print(
+            f"ordrec-train: {exc}: the trainer's dependencies are the `train` extra: "
+            f"pip install 'ordrec[train]'",
+            file=sys.stderr,
+        )
         return EXIT_FAILED

@@ -42,6 +42,7 @@ A crash at any point leaves the registry as it was: ``Registry.publish``
 writes into a hidden temporary folder and renames it into place, and the job
 writes nothing else into the registry except its lock file.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -54,10 +55,11 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 try:
     import tomllib
@@ -65,8 +67,8 @@ except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, validate_model_name
-from ordrec.service.objectstore import S3Registry, is_object_store, open_registry
 from ordrec.service.models import kinds
+from ordrec.service.objectstore import S3Registry, is_object_store, open_registry
 from ordrec.trainer.data.types import DataError, RatingScale
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -146,8 +148,14 @@ _TYPES = {
 
 
 def _describe(value: Any) -> str:
-    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", dict: "a table",
-             list: "an array"}
+    names = {
+        str: "a string",
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        dict: "a table",
+        list: "an array",
+    }
     return f"{names.get(type(value), type(value).__name__)} ({value!r})"[:120]
 
 
@@ -178,12 +186,25 @@ class Key:
 
 
 JOB_KEYS = {
-    "name": Key(str, required=True, check=_rule(
-        lambda v: _JOB_NAME_RE.match(v), lambda v: f"{v!r} must be 1-64 characters of letters, digits, '_', '-', '.'")),
+    "name": Key(
+        str,
+        required=True,
+        check=_rule(
+            lambda v: _JOB_NAME_RE.match(v),
+            lambda v: f"{v!r} must be 1-64 characters of letters, digits, '_', '-', '.'",
+        ),
+    ),
     "registry": Key(str, required=True),
-    "redis": Key(str, check=_rule(lambda v: re.match(r"^(redis|rediss|unix)://", v),
-                                  lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL")),
-    "redis_timeout": Key(float, DEFAULT_REDIS_TIMEOUT, check=_rule(lambda v: v > 0, "must be positive (seconds)")),
+    "redis": Key(
+        str,
+        check=_rule(
+            lambda v: re.match(r"^(redis|rediss|unix)://", v),
+            lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL",
+        ),
+    ),
+    "redis_timeout": Key(
+        float, DEFAULT_REDIS_TIMEOUT, check=_rule(lambda v: v > 0, "must be positive (seconds)")
+    ),
     "keep": Key(int, check=_AT_LEAST_ONE),
     "lock": Key(str),
 }
@@ -192,13 +213,23 @@ SOURCE_KEYS = {
     "format": Key(str, "auto"),
     "skip_bad_lines": Key(bool, False),
     "rating_scale": Key(str),
-    "columns": Key(None, check=_rule(lambda v: isinstance(v, str) or (isinstance(v, list) and all(
-        isinstance(x, str) for x in v)), 'must be a list of column names, e.g. ["color", "size"]')),
+    "columns": Key(
+        None,
+        check=_rule(
+            lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
+            'must be a list of column names, e.g. ["color", "size"]',
+        ),
+    ),
 }
 MODEL_KEYS = {
     "name": Key(str, required=True),
-    "kind": Key(str, required=True, check=_rule(
-        lambda v: v in kinds.names(), lambda v: f"unknown kind {v!r} (known: {', '.join(kinds.names())})")),
+    "kind": Key(
+        str,
+        required=True,
+        check=_rule(
+            lambda v: v in kinds.names(), lambda v: f"unknown kind {v!r} (known: {', '.join(kinds.names())})"
+        ),
+    ),
     "data": Key(str, required=True),
     "params": Key(dict, {}),
     "gate": Key(dict, {}),
@@ -209,17 +240,24 @@ MODEL_KEYS = {
 }
 GATE_KEYS = {
     "metric": Key(str),
-    "margin": Key(float, 0.0, check=_rule(lambda v: v >= 0,
-                                          "must be >= 0 (how much worse than live is still accepted)")),
-    "holdout": Key(float, DEFAULT_HOLDOUT, check=_rule(lambda v: 0.0 < v < 1.0,
-                                                       lambda v: f"must be a fraction in (0, 1), got {v}")),
+    "margin": Key(
+        float, 0.0, check=_rule(lambda v: v >= 0, "must be >= 0 (how much worse than live is still accepted)")
+    ),
+    "holdout": Key(
+        float,
+        DEFAULT_HOLDOUT,
+        check=_rule(lambda v: 0.0 < v < 1.0, lambda v: f"must be a fraction in (0, 1), got {v}"),
+    ),
     "seed": Key(int, 0),
 }
 FILE_KEYS = {
     "job": Key(dict, required=True),
     "data": Key(dict, required=True),
-    "models": Key(None, required=True, check=_rule(lambda v: isinstance(v, list) and v,
-                                                   "must be a non-empty array of [[models]] tables")),
+    "models": Key(
+        None,
+        required=True,
+        check=_rule(lambda v: isinstance(v, list) and v, "must be a non-empty array of [[models]] tables"),
+    ),
 }
 
 
@@ -322,8 +360,15 @@ def _job_config(c: _Checker, path: Path, base: Path, job: dict) -> JobConfig:
         registry = _resolve(base, job["registry"])
         default_lock = registry / f".job-{job['name']}.lock"
     lock = _resolve(base, job["lock"]) if job["lock"] else default_lock
-    return JobConfig(path=path, name=job["name"], registry=registry, lock=lock, redis=job["redis"],
-                     redis_timeout=job["redis_timeout"], keep=job["keep"])
+    return JobConfig(
+        path=path,
+        name=job["name"],
+        registry=registry,
+        lock=lock,
+        redis=job["redis"],
+        redis_timeout=job["redis_timeout"],
+        keep=job["keep"],
+    )
 
 
 def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource]:
@@ -335,9 +380,14 @@ def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource
         if not _SOURCE_NAME_RE.match(name):
             raise c.fail(where, "a data source name is 1-64 letters, digits, '_' or '-'")
         source = c.table(table, where, SOURCE_KEYS)
-        sources[name] = DataSource(name=name, path=_resolve(base, source["path"]), format=source["format"],
-                                   skip_bad_lines=source["skip_bad_lines"],
-                                   rating_scale=_rating_scale(c, where, source), columns=source["columns"])
+        sources[name] = DataSource(
+            name=name,
+            path=_resolve(base, source["path"]),
+            format=source["format"],
+            skip_bad_lines=source["skip_bad_lines"],
+            rating_scale=_rating_scale(c, where, source),
+            columns=source["columns"],
+        )
     return sources
 
 
@@ -367,8 +417,10 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
     if model["data"] not in config.data:
         raise c.fail(f"{where}.data", f"no [data.{model['data']}] table (have: {', '.join(config.data)})")
     if config.data[model["data"]].rating_scale is not None and kind.input_shape != "ratings":
-        raise c.fail(f"data.{model['data']}.rating_scale", f"is for ratings data; model {name!r} ({kind.name})"
-                                                           f" reads {kind.input_shape}")
+        raise c.fail(
+            f"data.{model['data']}.rating_scale",
+            f"is for ratings data; model {name!r} ({kind.name}) reads {kind.input_shape}",
+        )
     estimator = kind.estimator_class()
     params = dict(c.keys(model["params"], f"{where}.params", estimator.param_names()))
     if "verbose" in estimator.param_names():
@@ -377,19 +429,32 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
     metrics = METRICS[kind.input_shape]
     metric = gate["metric"] or metrics[0]
     if metric not in metrics:
-        raise c.fail(f"{where}.gate.metric", f"{metric!r} is not a held-out metric of {kind.name} "
-                                             f"({kind.input_shape} data): choose one of {', '.join(metrics)}")
+        raise c.fail(
+            f"{where}.gate.metric",
+            f"{metric!r} is not a held-out metric of {kind.name} "
+            f"({kind.input_shape} data): choose one of {', '.join(metrics)}",
+        )
     if model["labels"] is not None and not kind.is_map:
-        raise c.fail(f"{where}.labels", f"display labels are for map models ({', '.join(kinds.map_names())}),"
-                                        f" not {kind.name}")
+        raise c.fail(
+            f"{where}.labels",
+            f"display labels are for map models ({', '.join(kinds.map_names())}), not {kind.name}",
+        )
     if model["item_attributes"] is not None and kind.input_shape != "ratings":
-        raise c.fail(f"{where}.item_attributes",
-                     f"item attributes are for recommenders (ratings data), not {kind.name}")
-    return ModelJob(name=name, kind=kind.name, data=model["data"], params=params,
-                    gate=Gate(metric=metric, margin=gate["margin"], holdout=gate["holdout"], seed=gate["seed"]),
-                    refit=model["refit"], keep=config.keep if model["keep"] is None else model["keep"],
-                    labels=_resolve(base, model["labels"]) if model["labels"] else None,
-                    item_attributes=_resolve(base, model["item_attributes"]) if model["item_attributes"] else None)
+        raise c.fail(
+            f"{where}.item_attributes",
+            f"item attributes are for recommenders (ratings data), not {kind.name}",
+        )
+    return ModelJob(
+        name=name,
+        kind=kind.name,
+        data=model["data"],
+        params=params,
+        gate=Gate(metric=metric, margin=gate["margin"], holdout=gate["holdout"], seed=gate["seed"]),
+        refit=model["refit"],
+        keep=config.keep if model["keep"] is None else model["keep"],
+        labels=_resolve(base, model["labels"]) if model["labels"] else None,
+        item_attributes=_resolve(base, model["item_attributes"]) if model["item_attributes"] else None,
+    )
 
 
 # -------------------------------------------------------------------- lock
@@ -455,8 +520,13 @@ def live_figure(registry: Registry | S3Registry, name: str, metric: str) -> Live
     key = METRIC_PREFIX + metric
     if key not in metrics:
         return LiveFigure(version, f"live version has no {key} (published outside a job?)")
-    return LiveFigure(version, reason, float(metrics[key]), metrics.get(METRIC_PREFIX + "fraction"),
-                      metrics.get(METRIC_PREFIX + "seed"))
+    return LiveFigure(
+        version,
+        reason,
+        float(metrics[key]),
+        metrics.get(METRIC_PREFIX + "fraction"),
+        metrics.get(METRIC_PREFIX + "seed"),
+    )
 
 
 # -------------------------------------------------------------------- run
@@ -474,8 +544,12 @@ class Outcome:
 
     @property
     def exit_code(self) -> int:
-        return {"published": EXIT_PUBLISHED, "would_publish": EXIT_PUBLISHED, "rejected": EXIT_REJECTED,
-                "data_error": EXIT_USAGE}.get(self.status, EXIT_FAILED)
+        return {
+            "published": EXIT_PUBLISHED,
+            "would_publish": EXIT_PUBLISHED,
+            "rejected": EXIT_REJECTED,
+            "data_error": EXIT_USAGE,
+        }.get(self.status, EXIT_FAILED)
 
 
 def _fmt(value: float | None) -> str:
@@ -489,8 +563,9 @@ class _Job:
         self.registry = open_registry(config.registry)
         self._data: dict[str, Any] = {}
 
-    def say(self, model: str | None, message: str, *args, level: int = logging.INFO,
-            exc_info: bool = False) -> None:
+    def say(
+        self, model: str | None, message: str, *args, level: int = logging.INFO, exc_info: bool = False
+    ) -> None:
         prefix = f"job={self.config.name}" + (f" model={model}" if model else "")
         log.log(level, prefix + " " + message, *args, exc_info=exc_info)
 
@@ -501,12 +576,26 @@ class _Job:
 
             source = self.config.data[model.data]
             t0 = time.perf_counter()
-            data = read_input(shape, source.path, source.format, skip_bad_lines=source.skip_bad_lines,
-                              rating_scale=source.rating_scale, column_names=source.columns)
+            data = read_input(
+                shape,
+                source.path,
+                source.format,
+                skip_bad_lines=source.skip_bad_lines,
+                rating_scale=source.rating_scale,
+                column_names=source.columns,
+            )
             skipped = getattr(data, "skipped_lines", 0)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
-            self.say(model.name, "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",
-                     source.name, source.path, source.format, size, skipped, time.perf_counter() - t0)
+            self.say(
+                model.name,
+                "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",
+                source.name,
+                source.path,
+                source.format,
+                size,
+                skipped,
+                time.perf_counter() - t0,
+            )
             self._data[key] = data
         return self._data[key]
 
@@ -525,35 +614,56 @@ class _Job:
         train, test = holdout.split(data, gate.holdout, gate.seed)
         t0 = time.perf_counter()
         estimator = estimator_cls(**model.params).fit(train)
-        self.say(model.name, "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
-                 model.kind, gate.holdout, gate.seed, time.perf_counter() - t0)
+        self.say(
+            model.name,
+            "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
+            model.kind,
+            gate.holdout,
+            gate.seed,
+            time.perf_counter() - t0,
+        )
         artifact = estimator.to_artifact()
         index = index_cls.from_artifact(artifact)
         index.smoke()
         metrics = holdout.evaluate(index, test, gate.seed)
-        self.say(model.name, "evaluated on held-out part: %s",
-                 " ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        self.say(
+            model.name, "evaluated on held-out part: %s", " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+        )
         out.new = metrics[gate.metric]
         if not math.isfinite(out.new):
-            out.message = (f"{gate.metric} is undefined on the held-out part (too little data for a"
-                           f" {gate.holdout:g} holdout?)")
+            out.message = (
+                f"{gate.metric} is undefined on the held-out part (too little data for a"
+                f" {gate.holdout:g} holdout?)"
+            )
             return out
 
         live = live_figure(self.registry, model.name, gate.metric)
         out.live, out.live_version = live.value, live.version
         if live.value is not None and (live.fraction != gate.holdout or live.seed != gate.seed):
-            self.say(model.name, "live %s was measured with holdout=%s seed=%s, this run uses %g/%d:"
-                     " the figures are not strictly comparable", live.version, live.fraction, live.seed,
-                     gate.holdout, gate.seed, level=logging.WARNING)
+            self.say(
+                model.name,
+                "live %s was measured with holdout=%s seed=%s, this run uses %g/%d:"
+                " the figures are not strictly comparable",
+                live.version,
+                live.fraction,
+                live.seed,
+                gate.holdout,
+                gate.seed,
+                level=logging.WARNING,
+            )
         if live.value is None and live.version is not None:
             self.say(model.name, "gate has nothing to compare with: %s", live.reason, level=logging.WARNING)
         if not gate_passes(out.new, live.value, gate.margin):
             out.status = "rejected"
             out.message = f"{gate.metric} {out.new:.4f} < live {live.value:.4f} - margin {gate.margin:g}"
             return out
-        out.message = ("no live version" if live.version is None else
-                       f"{gate.metric} {out.new:.4f} >= live {_fmt(live.value)} - margin {gate.margin:g}"
-                       if live.value is not None else live.reason)
+        out.message = (
+            "no live version"
+            if live.version is None
+            else f"{gate.metric} {out.new:.4f} >= live {_fmt(live.value)} - margin {gate.margin:g}"
+            if live.value is not None
+            else live.reason
+        )
         if self.dry_run:
             out.status = "would_publish"
             return out
@@ -565,8 +675,13 @@ class _Job:
             index.smoke()
             self.say(model.name, "refit part=all seconds=%.1f", time.perf_counter() - t0)
         artifact.metrics.update({METRIC_PREFIX + k: float(v) for k, v in metrics.items()})
-        artifact.metrics.update({METRIC_PREFIX + "fraction": gate.holdout, METRIC_PREFIX + "seed": gate.seed,
-                                 METRIC_PREFIX + "refit": float(model.refit)})
+        artifact.metrics.update(
+            {
+                METRIC_PREFIX + "fraction": gate.holdout,
+                METRIC_PREFIX + "seed": gate.seed,
+                METRIC_PREFIX + "refit": float(model.refit),
+            }
+        )
         views = self._report(model, index) if kind.is_map else None
         if model.item_attributes:
             from ordrec.trainer.data.item_attributes import attach_item_attributes
@@ -576,8 +691,13 @@ class _Job:
         out.status = "published"
         pinned = self.registry.pinned(model.name)
         if pinned:
-            self.say(model.name, "is pinned to %s: version %s is stored but not served until unpinned",
-                     pinned, out.version, level=logging.WARNING)
+            self.say(
+                model.name,
+                "is pinned to %s: version %s is stored but not served until unpinned",
+                pinned,
+                out.version,
+                level=logging.WARNING,
+            )
         if self.config.redis:
             from ordrec.trainer.notify import notify_published
 
@@ -590,6 +710,7 @@ class _Job:
         A report that cannot be drawn is logged and left out: it is a view for
         people and must not keep a model that passed its gate from serving.
         """
+
         def views(artifact: Artifact) -> dict[str, bytes]:
             try:
                 from ordrec.trainer.report_html import read_labels, report_views
@@ -597,8 +718,9 @@ class _Job:
                 labels = read_labels(model.labels) if model.labels else None
                 return report_views(artifact, labels, index=index)
             except Exception as exc:  # noqa: BLE001 - see the docstring
-                self.say(model.name, "map report left out: %s: %s", type(exc).__name__, exc,
-                         level=logging.WARNING)
+                self.say(
+                    model.name, "map report left out: %s: %s", type(exc).__name__, exc, level=logging.WARNING
+                )
                 return {}
 
         return views
@@ -618,16 +740,33 @@ class _Job:
                 # Expected failures have messages an operator can act on; anything else is a
                 # bug and its traceback belongs in the cron log.
                 expected = isinstance(exc, (FloatingPointError, ArtifactError, ValueError, OSError))
-                self.say(model.name, "failed: %s: %s", type(exc).__name__, exc, level=logging.ERROR,
-                         exc_info=not expected)
-                out = Outcome(model.name, "failed", metric=model.gate.metric,
-                              message=f"{type(exc).__name__}: {exc}")
+                self.say(
+                    model.name,
+                    "failed: %s: %s",
+                    type(exc).__name__,
+                    exc,
+                    level=logging.ERROR,
+                    exc_info=not expected,
+                )
+                out = Outcome(
+                    model.name, "failed", metric=model.gate.metric, message=f"{type(exc).__name__}: {exc}"
+                )
             out.seconds = time.perf_counter() - t0
             level = logging.INFO if out.exit_code in (EXIT_PUBLISHED, EXIT_REJECTED) else logging.ERROR
-            self.say(model.name, "result=%s metric=%s new=%s live=%s live_version=%s version=%s"
-                     " margin=%g seconds=%.1f (%s)", out.status, out.metric, _fmt(out.new), _fmt(out.live),
-                     out.live_version or "-", out.version or "-", model.gate.margin, out.seconds,
-                     out.message or "ok", level=level)
+            self.say(
+                model.name,
+                "result=%s metric=%s new=%s live=%s live_version=%s version=%s margin=%g seconds=%.1f (%s)",
+                out.status,
+                out.metric,
+                _fmt(out.new),
+                _fmt(out.live),
+                out.live_version or "-",
+                out.version or "-",
+                model.gate.margin,
+                out.seconds,
+                out.message or "ok",
+                level=level,
+            )
             outcomes.append(out)
         return outcomes
 
@@ -677,8 +816,14 @@ def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | No
         if threading_is_main():
             previous = signal.signal(signal.SIGTERM, _on_sigterm)
         t0 = time.perf_counter()
-        log.info("job=%s start file=%s registry=%s models=%d%s", config.name, config.path, config.registry,
-                 len(config.models), " dry_run=true" if dry_run else "")
+        log.info(
+            "job=%s start file=%s registry=%s models=%d%s",
+            config.name,
+            config.path,
+            config.registry,
+            len(config.models),
+            " dry_run=true" if dry_run else "",
+        )
         try:
             with job_lock(config.lock, config.name):
                 outcomes = _Job(config, dry_run).run(only)
@@ -693,11 +838,17 @@ def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | No
             log.error("job=%s terminated by %s; the registry keeps only complete versions", config.name, what)
             return EXIT_FAILED
         code = exit_code(outcomes)
-        counts = {s: sum(o.status == s for o in outcomes)
-                  for s in ("published", "would_publish", "rejected", "failed", "data_error")}
-        log.info("job=%s done exit=%d %s seconds=%.1f", config.name, code,
-                 " ".join(f"{k}={v}" for k, v in counts.items() if v or k in ("published", "rejected")),
-                 time.perf_counter() - t0)
+        counts = {
+            s: sum(o.status == s for o in outcomes)
+            for s in ("published", "would_publish", "rejected", "failed", "data_error")
+        }
+        log.info(
+            "job=%s done exit=%d %s seconds=%.1f",
+            config.name,
+            code,
+            " ".join(f"{k}={v}" for k, v in counts.items() if v or k in ("published", "rejected")),
+            time.perf_counter() - t0,
+        )
         return code
     finally:
         if previous is not None:

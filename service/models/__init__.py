@@ -1,6 +1,7 @@
 """Serving indices by kind. Each built-in kind lives in its own module
 ``service.models.<kind>`` exposing its index (``DCRIndex``, ``COEIndex``, ...); the kinds and where their
 indices live are registered in :mod:`ordrec.service.models.kinds`."""
+
 from __future__ import annotations
 
 from ordrec.service.artifacts import Artifact

@@ -12,6 +12,7 @@ Three families share this module:
   ``coordinates`` over named spaces and entity kinds, with KD-trees;
 - the RTF index adds ``tags``; the KNNSCAL index adds ``place``.
 """
+
 from __future__ import annotations
 
 import abc
@@ -42,7 +43,7 @@ class ModelIndex(abc.ABC):
         self.artifact = artifact
 
     @classmethod
-    def from_artifact(cls, artifact: Artifact) -> "ModelIndex":
+    def from_artifact(cls, artifact: Artifact) -> ModelIndex:
         if artifact.kind != cls.kind:
             raise ArtifactError(f"{artifact.describe()}: expected kind {cls.kind!r}")
         return cls(artifact)
@@ -147,7 +148,11 @@ class RecommenderIndex(ModelIndex):
         return [self._select(row, n, ex, eligible) for row, ex in zip(scores, excludes)]
 
     def popular(
-        self, n: int, *, exclude: np.ndarray | None = None, candidates: np.ndarray | None = None,
+        self,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
         eligible: Eligible | None = None,
     ) -> Ranked:
         """The cold-start answer: items by training popularity."""
@@ -170,7 +175,9 @@ class RecommenderIndex(ModelIndex):
         return eligible.rows if eligible.sparse else None
 
     @staticmethod
-    def _select(scores: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None) -> Ranked:
+    def _select(
+        scores: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None
+    ) -> Ranked:
         # the mask is applied inside the top-k pass (service/topk.py says why)
         return top_k(scores, n, exclude, None if eligible is None else eligible.blocked)
 
@@ -267,8 +274,9 @@ class MapIndex(ModelIndex):
         except KeyError:
             raise KeyError(f"entity {entity!r} on space {space!r}") from None
 
-    def neighbors(self, space: str, from_entity: str, row: int, to_entity: str, k: int,
-                  hidden: np.ndarray | None = None) -> Ranked:
+    def neighbors(
+        self, space: str, from_entity: str, row: int, to_entity: str, k: int, hidden: np.ndarray | None = None
+    ) -> Ranked:
         """The ``k`` entities of kind ``to_entity`` nearest to one of kind ``from_entity``.
 
         ``hidden`` holds target rows never to return (items an operator hid).

@@ -6,6 +6,7 @@ of scoring the whole catalogue; ``score_users`` / ``score_items`` /
 ``pair_scores`` compute the same distances densely for batch work and for
 the trainer's evaluation, so reported accuracies come from this code.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -80,8 +81,9 @@ class COEIndex(RecommenderIndex, MapIndex):
 
     def recommend_many(self, user_rows, n, *, excludes, candidates=None, eligible=None) -> list[Ranked]:
         if candidates is not None or eligible is not None:
-            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates,
-                                          eligible=eligible)
+            return super().recommend_many(
+                user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible
+            )
         return [self.recommend(int(u), n, exclude=ex) for u, ex in zip(user_rows, excludes)]
 
     # -------------------------------------------------------------- smoke
@@ -94,7 +96,9 @@ class COEIndex(RecommenderIndex, MapIndex):
             rows, scores = self.recommend(0, n)
             brute = np.sort(self.score_users(np.array([0]))[0])[::-1][:n]
             if not np.allclose(scores, brute, atol=1e-4):
-                raise ArtifactError(f"{self.artifact.describe()}: map search and brute-force distances disagree")
+                raise ArtifactError(
+                    f"{self.artifact.describe()}: map search and brute-force distances disagree"
+                )
         # cross-entity queries: items near a user, users near an item
         if len(self.users) and len(self.items):
             self.neighbors("", "users", 0, "items", 1)

@@ -24,6 +24,7 @@ for catalogues of ``ann_min_items`` items or more) answers whole-catalogue
 top-N from it (``service/ann.py``); candidate lists, the per-item scores and
 ``distribution`` stay exact.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -163,16 +164,32 @@ class DCRIndex(RecommenderIndex):
         return scores
 
     # ---------------------------------------------------- approximate top-N
-    def recommend(self, user_row: int, n: int, *, exclude: np.ndarray | None = None,
-                  candidates: np.ndarray | None = None, eligible: Eligible | None = None) -> Ranked:
+    def recommend(
+        self,
+        user_row: int,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
+    ) -> Ranked:
         if not self._graph_answers(candidates, eligible):
             return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
         return self._recommend_ann(user_row, n, exclude, eligible)
 
-    def recommend_many(self, user_rows: np.ndarray, n: int, *, excludes: list[np.ndarray | None],
-                       candidates: np.ndarray | None = None, eligible: Eligible | None = None) -> list[Ranked]:
+    def recommend_many(
+        self,
+        user_rows: np.ndarray,
+        n: int,
+        *,
+        excludes: list[np.ndarray | None],
+        candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
+    ) -> list[Ranked]:
         if not self._graph_answers(candidates, eligible):
-            return super().recommend_many(user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
+            return super().recommend_many(
+                user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible
+            )
         # One graph search per user: each has its own exclusions, which faiss takes per call.
         return [self._recommend_ann(int(u), n, ex, eligible) for u, ex in zip(user_rows, excludes)]
 
@@ -181,13 +198,15 @@ class DCRIndex(RecommenderIndex):
         few items (scoring just those is cheaper than a graph walk that skips the rest)."""
         return self.ann is not None and candidates is None and (eligible is None or not eligible.sparse)
 
-    def recommend_exact(self, user_row: int, n: int, *, exclude: np.ndarray | None = None,
-                        eligible: Eligible | None = None) -> Ranked:
+    def recommend_exact(
+        self, user_row: int, n: int, *, exclude: np.ndarray | None = None, eligible: Eligible | None = None
+    ) -> Ranked:
         """Top-N by scoring every item (what the index approximates)."""
         return super().recommend(user_row, n, exclude=exclude, eligible=eligible)
 
-    def _recommend_ann(self, user_row: int, n: int, exclude: np.ndarray | None,
-                       eligible: Eligible | None = None) -> Ranked:
+    def _recommend_ann(
+        self, user_row: int, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None
+    ) -> Ranked:
         found = self.ann.search(self.folded([user_row])[0], n, exclude, eligible)
         if found is None:  # too many exclusions for the graph: score every item
             return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)

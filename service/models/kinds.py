@@ -9,6 +9,7 @@ its parts: the data shape ``fit`` takes is the estimator's ``input_shape``,
 and a kind is a map when its index is a
 :class:`~ordrec.service.models.base.MapIndex`.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -110,9 +111,15 @@ def map_names() -> tuple[str, ...]:
 
 def _builtin(name: str, summary: str) -> ModelKind:
     # The serving index of kind "dcr" is ordrec.service.models.dcr:DCRIndex, and so on.
-    return register(ModelKind(name, index=f"ordrec.service.models.{name}:{name.upper()}Index",
-                              estimator=f"ordrec.trainer.models.{name}:Estimator",
-                              protocol=f"ordrec.trainer.reproduce.{name}", summary=summary))
+    return register(
+        ModelKind(
+            name,
+            index=f"ordrec.service.models.{name}:{name.upper()}Index",
+            estimator=f"ordrec.trainer.models.{name}:Estimator",
+            protocol=f"ordrec.trainer.reproduce.{name}",
+            summary=summary,
+        )
+    )
 
 
 _builtin("dcr", "DCR / Pairwise DCR: NDCG@10 with N training ratings per user (Table 2)")

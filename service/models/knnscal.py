@@ -15,6 +15,7 @@ vertex from its ranked neighbour list with a few majorization steps for that
 point alone, everything else fixed (:func:`place_point`); the trainer's
 ``Estimator.place`` calls the same function.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -64,8 +65,9 @@ def place_point(
     return x
 
 
-def placement_stress(coords: np.ndarray, neighbor_rows: np.ndarray, rank_disparity: np.ndarray,
-                     x: np.ndarray) -> float:
+def placement_stress(
+    coords: np.ndarray, neighbor_rows: np.ndarray, rank_disparity: np.ndarray, x: np.ndarray
+) -> float:
     """The stress that :func:`place_point` lowers, for a candidate position ``x``."""
     rows = np.asarray(neighbor_rows, dtype=np.int64)
     q = rank_disparity.shape[0] - 1

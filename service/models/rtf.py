@@ -26,6 +26,7 @@ Cold start (the reply's ``fallback``):
 Popularity scores are counts plus a global tie-break below one, so they are
 higher-is-better like the model's.
 """
+
 from __future__ import annotations
 
 import threading
@@ -41,8 +42,9 @@ from ordrec.service.topk import affine_scores, top_k
 FALLBACKS = ("none", "popular_global", "popular_item", "popular_user")
 
 
-def score_posts(core: np.ndarray, user_vecs: np.ndarray, item_vecs: np.ndarray,
-                tag_factors: np.ndarray, chunk: int = 256) -> np.ndarray:
+def score_posts(
+    core: np.ndarray, user_vecs: np.ndarray, item_vecs: np.ndarray, tag_factors: np.ndarray, chunk: int = 256
+) -> np.ndarray:
     """Scores of every tag for a batch of posts, shape (n_posts, n_tags).
 
     ``user_vecs[n]`` and ``item_vecs[n]`` are the factor rows of post ``n``.
@@ -130,8 +132,9 @@ class RTFIndex(ModelIndex):
         self._validate()
         kU, kI, kT = self.core.shape
         # rows (c, a), columns b: C x1 U[u] comes out transposed, (kT, kI), ready for q = M^T I[i]
-        self._core_by_user = np.ascontiguousarray(self.core.transpose(2, 1, 0).reshape(kT * kI, kU),
-                                                  dtype=np.float32)
+        self._core_by_user = np.ascontiguousarray(
+            self.core.transpose(2, 1, 0).reshape(kT * kI, kU), dtype=np.float32
+        )
         self.dims = (kU, kI, kT)
         # global tie-break for popularity lists, strictly below one count
         self._global_tiebreak = self.tag_popularity / (float(self.tag_popularity.max(initial=0.0)) + 1.0)
@@ -190,8 +193,12 @@ class RTFIndex(ModelIndex):
 
     def score_posts(self, user_rows: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         """Batched ``scores`` for many posts (evaluation), shape (n, n_tags)."""
-        return score_posts(self.core, self.user_factors[np.asarray(user_rows)],
-                           self.item_factors[np.asarray(item_rows)], self.tag_factors)
+        return score_posts(
+            self.core,
+            self.user_factors[np.asarray(user_rows)],
+            self.item_factors[np.asarray(item_rows)],
+            self.tag_factors,
+        )
 
     def own_tags(self, user_row: int, item_row: int) -> np.ndarray:
         """Tag rows the user put on that item in the training data (empty if none)."""
@@ -202,8 +209,9 @@ class RTFIndex(ModelIndex):
         return np.empty(0, dtype=np.int64)
 
     # ------------------------------------------------------------ popularity
-    def popular_scores(self, kind: str, user_row: int = -1, item_row: int = -1, *,
-                       mix_weight: float = 0.5) -> np.ndarray:
+    def popular_scores(
+        self, kind: str, user_row: int = -1, item_row: int = -1, *, mix_weight: float = 0.5
+    ) -> np.ndarray:
         """Dense popularity scores of every tag (higher is better).
 
         ``kind`` is "global", "item", "user" (counts in that item's / user's
@@ -215,16 +223,26 @@ class RTFIndex(ModelIndex):
         if kind == "global":
             return self.tag_popularity.copy()
         if kind == "item":
-            return self._owner_counts(self.item_tag_indptr, self.item_tag_indices,
-                                      self.item_tag_counts, item_row) + self._global_tiebreak
+            return (
+                self._owner_counts(
+                    self.item_tag_indptr, self.item_tag_indices, self.item_tag_counts, item_row
+                )
+                + self._global_tiebreak
+            )
         if kind == "user":
-            return self._owner_counts(self.user_tag_indptr, self.user_tag_indices,
-                                      self.user_tag_counts, user_row) + self._global_tiebreak
+            return (
+                self._owner_counts(
+                    self.user_tag_indptr, self.user_tag_indices, self.user_tag_counts, user_row
+                )
+                + self._global_tiebreak
+            )
         if kind == "mix":
-            item = self._owner_counts(self.item_tag_indptr, self.item_tag_indices,
-                                      self.item_tag_counts, item_row)
-            user = self._owner_counts(self.user_tag_indptr, self.user_tag_indices,
-                                      self.user_tag_counts, user_row)
+            item = self._owner_counts(
+                self.item_tag_indptr, self.item_tag_indices, self.item_tag_counts, item_row
+            )
+            user = self._owner_counts(
+                self.user_tag_indptr, self.user_tag_indices, self.user_tag_counts, user_row
+            )
             w = float(mix_weight)
             mix = w * item / max(float(item.sum()), 1.0) + (1.0 - w) * user / max(float(user.sum()), 1.0)
             return mix + 1e-6 * self._global_tiebreak
@@ -237,8 +255,9 @@ class RTFIndex(ModelIndex):
         return out
 
     # ------------------------------------------------------------------ RPC
-    def tags(self, user_row: int, item_row: int, n: int, *, exclude_own: bool = False
-             ) -> tuple[np.ndarray, np.ndarray, str]:
+    def tags(
+        self, user_row: int, item_row: int, n: int, *, exclude_own: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, str]:
         """The ``n`` best tags for a post; -1 for an unknown user or item.
 
         Returns ``(tag_rows, scores, fallback)`` best first, fallback one of

@@ -15,6 +15,7 @@ Spaces:
 
 Scores on the wire are negative distances (higher is better).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -90,8 +91,7 @@ class SCOREIndex(MapIndex):
             coords = Y[sets[t]] @ self.bases[t]
             self.maps[name] = {"objects": PointSet(self.objects, coords)}
         if Y.shape[0] == 1:  # one shared sphere: objects and aspects in R^(K+1)
-            self.maps[""] = {"objects": PointSet(self.objects, Y[0]),
-                             "aspects": PointSet(self.aspects, X)}
+            self.maps[""] = {"objects": PointSet(self.objects, Y[0]), "aspects": PointSet(self.aspects, X)}
 
     # ------------------------------------------------------------ queries
     def spaces(self) -> list[str]:

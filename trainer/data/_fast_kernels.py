@@ -7,6 +7,7 @@ caller can fall back to the exact per-line parser, which is the authority on
 what is an error. Whatever this kernel accepts, the per-line parser accepts
 with the same result.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -97,7 +98,7 @@ def _parse_number(buf, start, end, integer):
             return False, 0.0
     if p != end or digits > _MAX_NUMBER_DIGITS:
         return False, 0.0
-    value = mantissa / (10.0 ** frac)
+    value = mantissa / (10.0**frac)
     return True, -value if negative else value
 
 
@@ -120,8 +121,21 @@ def _is_timestamp(buf, start, end, most):
 
 
 @njit(cache=True)
-def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, num_int, num_scale, digits_max,
-                        max_line, out_ids, out_num):
+def parse_numeric_lines(
+    buf,
+    n_fields,
+    sep0,
+    sep1,
+    no_quotes,
+    id_slot,
+    num_slot,
+    num_int,
+    num_scale,
+    digits_max,
+    max_line,
+    out_ids,
+    out_num,
+):
     """Parse whole lines of ``buf`` (uint8, ends with a newline).
 
     Parameters
@@ -196,8 +210,23 @@ def parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot,
 
 
 @njit(cache=True)
-def parse_text_lines(buf, n_fields, sep0, sep1, no_quotes, strip_tab, id_slot, num_slot, num_int, num_scale,
-                     digits_max, max_line, out_start, out_end, out_num):
+def parse_text_lines(
+    buf,
+    n_fields,
+    sep0,
+    sep1,
+    no_quotes,
+    strip_tab,
+    id_slot,
+    num_slot,
+    num_int,
+    num_scale,
+    digits_max,
+    max_line,
+    out_start,
+    out_end,
+    out_num,
+):
     """Like :func:`parse_numeric_lines`, but ids may be any text: their byte ranges are returned.
 
     An id field is stripped of spaces (and of tabs when ``strip_tab``) at both

@@ -17,6 +17,7 @@ be sure to match it (a BOM, a C1 control inside an id, a check that fails
 after the kernel), so whatever they return, the per-line parser returns too,
 and their errors are its errors (tests/test_readers.py checks both ways).
 """
+
 from __future__ import annotations
 
 import codecs
@@ -25,14 +26,19 @@ import math
 import os
 import re
 from array import array
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.data._fast_kernels import (
-    DENSE_LIMIT, first_appearance, grouped_duplicates, intern_ids, parse_numeric_lines, parse_text_lines,
+    DENSE_LIMIT,
+    first_appearance,
+    grouped_duplicates,
+    intern_ids,
+    parse_numeric_lines,
+    parse_text_lines,
 )
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 
@@ -109,8 +115,9 @@ def _bounded_lines(f) -> Iterator[bytes | None]:
         yield None
 
 
-def iter_lines(path: str, encoding: str | None = None, problems: "Problems | None" = None
-               ) -> Iterator[tuple[int, str]]:
+def iter_lines(
+    path: str, encoding: str | None = None, problems: Problems | None = None
+) -> Iterator[tuple[int, str]]:
     """``(line_number, text)`` for every line, 1-based, without its ``\\n`` or ``\\r\\n``.
 
     Lines are split on ``\\n`` only, so a stray ``\\r`` inside a line stays in
@@ -127,7 +134,7 @@ def iter_lines(path: str, encoding: str | None = None, problems: "Problems | Non
                 problems.bad(number, too_long())
                 continue
             if number == 1 and bom and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8):]
+                raw = raw[len(codecs.BOM_UTF8) :]
             if raw.endswith(b"\n"):
                 raw = raw[:-2] if raw.endswith(b"\r\n") else raw[:-1]
             yield number, raw.decode(codec)
@@ -155,16 +162,20 @@ def splitter(sep: str):
     ``::`` files never quote.
     """
     if sep == ",":
+
         def split(line: str) -> list[str]:
             if '"' in line:
                 return [f.strip(" \t") for f in next(csv.reader([line]))]
             return [f.strip(" \t") for f in line.split(",")]
     elif sep == "\t":
+
         def split(line: str) -> list[str]:
             return [f.strip(" ") for f in line.split("\t")]
     else:
+
         def split(line: str) -> list[str]:
             return [f.strip(" \t") for f in line.split(sep)]
+
     return split
 
 
@@ -264,17 +275,24 @@ def parse_records(
     must differ on every line (no self-edges).
     """
     if fast:
-        records = parse_records_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct,
-                                     skip_bad_lines)
+        records = parse_records_fast(
+            path, sep, n_fields, columns, n_spaces, header_lines, distinct, skip_bad_lines
+        )
         if records is not None:
             return records
-    return _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines,
-                        distinct, encoding)
+    return _parse_lines(
+        path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct, encoding
+    )
 
 
-def check_fields(fields: list[str], n_fields: int, sep: str, columns: Sequence[Column],
-                 distinct: tuple[int, int] | None, known: list[dict] | None = None
-                 ) -> tuple[str | None, list]:
+def check_fields(
+    fields: list[str],
+    n_fields: int,
+    sep: str,
+    columns: Sequence[Column],
+    distinct: tuple[int, int] | None,
+    known: list[dict] | None = None,
+) -> tuple[str | None, list]:
     """``(problem, numbers)`` for one split line, as the per-line parser judges it.
 
     ``known``: per id space, ids already accepted (their control-character
@@ -300,8 +318,11 @@ def check_fields(fields: list[str], n_fields: int, sep: str, columns: Sequence[C
         text_value = fields[c.field]
         if c.kind == "timestamp":
             if not _TIMESTAMP.fullmatch(text_value):
-                return (f"{c.name} {excerpt(text_value)} is not a non-negative integer of at most "
-                        f"{TIMESTAMP_DIGITS} digits", [])
+                return (
+                    f"{c.name} {excerpt(text_value)} is not a non-negative integer of at most "
+                    f"{TIMESTAMP_DIGITS} digits",
+                    [],
+                )
             continue
         try:
             value = int(text_value) if c.kind == "int" else float(text_value)
@@ -319,8 +340,9 @@ def check_fields(fields: list[str], n_fields: int, sep: str, columns: Sequence[C
     return None, values
 
 
-def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct,
-                 encoding) -> Records:
+def _parse_lines(
+    path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct, encoding
+) -> Records:
     problems = Problems(path, skip_bad_lines)
     split = splitter(sep)
     spaces = [IdSpace() for _ in range(n_spaces)]
@@ -344,8 +366,11 @@ def _parse_lines(path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_
             out.append(value)
         lines.append(number)
     if not lines:
-        raise DataError(path, None, "no data lines" + (f" ({problems.skipped} skipped as bad)"
-                                                      if problems.skipped else ""))
+        raise DataError(
+            path,
+            None,
+            "no data lines" + (f" ({problems.skipped} skipped as bad)" if problems.skipped else ""),
+        )
     return Records(
         spaces=[s.idmap() for s in spaces],
         ids=[np.frombuffer(a, dtype=np.int32).copy() for a in id_out],
@@ -362,7 +387,7 @@ def _rest_after_newline(f) -> bytes:
         block = f.read(CHUNK_BYTES)
         newline = block.find(b"\n")
         if not block or newline >= 0:
-            return block[newline + 1:] if block else b""
+            return block[newline + 1 :] if block else b""
 
 
 def _chunks(path: str, header_lines: int) -> Iterator[tuple[int, bytes]]:
@@ -428,16 +453,18 @@ def _starts_with_bom(path: str) -> bool:
         return f.read(3) == codecs.BOM_UTF8
 
 
-def parse_records_fast(path, sep, n_fields, columns, n_spaces, header_lines, distinct, skip_bad_lines
-                       ) -> Records | None:
+def parse_records_fast(
+    path, sep, n_fields, columns, n_spaces, header_lines, distinct, skip_bad_lines
+) -> Records | None:
     """The numba paths: integer ids, then text ids; None when the per-line parser must read the file."""
     layout = _layout(sep, n_fields, columns)
     if layout is None or _starts_with_bom(path):
         return None  # a BOM is rare; the per-line parser strips it
     records = _parse_integer_ids(path, n_fields, header_lines, sep == ",", layout, n_spaces)
     if records is None:
-        records = _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct,
-                                  skip_bad_lines)
+        records = _parse_text_ids(
+            path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct, skip_bad_lines
+        )
     if records is None or not _passes_checks(records, layout, columns, distinct):
         return None
     return records
@@ -465,8 +492,9 @@ def _parse_integer_ids(path, n_fields, header_lines, no_quotes, layout, n_spaces
         buf = np.frombuffer(data, dtype=np.uint8)
         out_ids = np.empty((n, max(len(id_columns), 1)), dtype=np.int64)
         out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
-        rows, bail = parse_numeric_lines(buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, *rules,
-                                         MAX_LINE_BYTES, out_ids, out_num)
+        rows, bail = parse_numeric_lines(
+            buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, *rules, MAX_LINE_BYTES, out_ids, out_num
+        )
         if bail >= 0:
             return None
         # Narrow per chunk so a 10M-line file never holds all columns as int64.
@@ -497,8 +525,14 @@ def _parse_integer_ids(path, n_fields, header_lines, no_quotes, layout, n_spaces
         for j, s in enumerate(slots):
             rows_out[s] = np.ascontiguousarray(rows[:, j])
         spaces.append(IdMap([str(v) for v in unique.tolist()]))
-    return Records(spaces=spaces, ids=rows_out, numbers=numbers, first_line=header_lines + 1, fast=True,
-                   engine="integer-ids")
+    return Records(
+        spaces=spaces,
+        ids=rows_out,
+        numbers=numbers,
+        first_line=header_lines + 1,
+        fast=True,
+        engine="integer-ids",
+    )
 
 
 class _Interner:
@@ -514,7 +548,8 @@ class _Interner:
     def add(self, buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         rows = np.empty(starts.shape, dtype=np.int32)
         self.n, self.slots, self.uhash, self.arena, self.offsets = intern_ids(
-            buf, starts, ends, self.slots, self.uhash, self.arena, self.offsets, self.n, rows)
+            buf, starts, ends, self.slots, self.uhash, self.arena, self.offsets, self.n, rows
+        )
         return rows
 
     def ids(self, codec: str) -> list[str]:
@@ -523,8 +558,9 @@ class _Interner:
         return [data[a:b].decode(codec) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct, skip_bad_lines
-                    ) -> Records | None:
+def _parse_text_ids(
+    path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct, skip_bad_lines
+) -> Records | None:
     """Any ids: the kernel returns byte ranges, hashed into id spaces; odd lines go through Python.
 
     The kernel stops at each line it does not take (a quote, a blank line, an
@@ -552,8 +588,9 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
     def intern(buf, starts, ends):
         for space, slots in enumerate(space_slots):
             if slots:
-                got = interners[space].add(buf, np.ascontiguousarray(starts[:, slots]),
-                                           np.ascontiguousarray(ends[:, slots]))
+                got = interners[space].add(
+                    buf, np.ascontiguousarray(starts[:, slots]), np.ascontiguousarray(ends[:, slots])
+                )
                 for j, s in enumerate(slots):
                     row_parts[s].append(np.ascontiguousarray(got[:, j]))
 
@@ -572,7 +609,9 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
             numbers=[np.concatenate([p[:, s] for p in num_parts]) for s in range(n_num)],
             first_line=header_lines + 1,
             lines=np.concatenate(line_parts) if gaps else None,
-            skipped=problems.skipped, fast=True, engine="text-ids",
+            skipped=problems.skipped,
+            fast=True,
+            engine="text-ids",
         )
 
     for n, data in _chunks(path, header_lines):
@@ -583,8 +622,21 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
         pos = 0
         while pos < len(data):
             buf = whole[pos:]
-            rows, bail = parse_text_lines(buf, n_fields, sep0, sep1, sep == ",", sep != "\t", id_slot, num_slot,
-                                          *rules, MAX_LINE_BYTES, out_start, out_end, out_num)
+            rows, bail = parse_text_lines(
+                buf,
+                n_fields,
+                sep0,
+                sep1,
+                sep == ",",
+                sep != "\t",
+                id_slot,
+                num_slot,
+                *rules,
+                MAX_LINE_BYTES,
+                out_start,
+                out_end,
+                out_num,
+            )
             if rows:
                 intern(buf, out_start[:rows], out_end[:rows])
                 num_parts.append(out_num[:rows, :n_num].copy())
@@ -596,8 +648,9 @@ def _parse_text_ids(path, sep, n_fields, header_lines, layout, n_spaces, columns
             gaps = True
             start = pos + bail
             stop = data.index(b"\n", start)
-            problem, fields, values = _judge_raw_line(data[start:stop], codec, split, n_fields, sep, columns,
-                                                      distinct)
+            problem, fields, values = _judge_raw_line(
+                data[start:stop], codec, split, n_fields, sep, columns, distinct
+            )
             if fields is not None:
                 if problem is not None:
                     if not skip_bad_lines:

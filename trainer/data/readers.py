@@ -24,23 +24,40 @@ column take ``column_names`` (ids are then line numbers, as for ``zoo``).
 Parquet has rows, not lines: its errors name the 1-based row
 (:mod:`trainer.data.parquet`). See ``docs/data.md``.
 """
+
 from __future__ import annotations
 
 import math
 import os
 import re
 from array import array
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.data._lines import (
-    Column, IdSpace, Problems, Records, check_fields, check_path, find_duplicates, has_control, iter_lines,
-    parse_records, peek_lines, splitter,
+    Column,
+    IdSpace,
+    Problems,
+    Records,
+    check_fields,
+    check_path,
+    find_duplicates,
+    has_control,
+    iter_lines,
+    parse_records,
+    peek_lines,
+    splitter,
 )
 from ordrec.trainer.data.types import (
-    AttributeTable, DataError, NeighborLists, RatingScale, Ratings, TagAssignments, excerpt,
+    AttributeTable,
+    DataError,
+    NeighborLists,
+    Ratings,
+    RatingScale,
+    TagAssignments,
+    excerpt,
 )
 
 SHAPES = ("ratings", "tags", "attributes", "neighbors")
@@ -90,8 +107,26 @@ _FOLDER_FILES = {
 # dropping "_", "-" and spaces (so user_id, userId and "User ID" all match).
 _COLUMN_NAMES = {
     "user": {"user", "userid", "uid", "users", "username", "customerid", "reviewerid"},
-    "item": {"item", "itemid", "iid", "items", "movie", "movieid", "artist", "artistid", "product",
-             "productid", "asin", "song", "songid", "book", "bookid", "isbn", "resource", "resourceid"},
+    "item": {
+        "item",
+        "itemid",
+        "iid",
+        "items",
+        "movie",
+        "movieid",
+        "artist",
+        "artistid",
+        "product",
+        "productid",
+        "asin",
+        "song",
+        "songid",
+        "book",
+        "bookid",
+        "isbn",
+        "resource",
+        "resourceid",
+    },
     "rating": {"rating", "ratings", "score", "stars", "value", "overall"},
     "tag": {"tag", "tagid", "tags", "tagname", "tagvalue"},
     "source": {"source", "sourceid", "src", "from", "vertex", "query", "node"},
@@ -100,9 +135,25 @@ _COLUMN_NAMES = {
 }
 # csv/tsv columns validated as timestamps when present (same normalisation).
 _TIMESTAMP_NAMES = {"timestamp", "ts", "unixtime", "unixtimestamp", "epoch"}
-_ZOO_ATTRIBUTES = ["hair", "feathers", "eggs", "milk", "airborne", "aquatic", "predator", "toothed",
-                   "backbone", "breathes", "venomous", "fins", "legs", "tail", "domestic", "catsize",
-                   "type"]
+_ZOO_ATTRIBUTES = [
+    "hair",
+    "feathers",
+    "eggs",
+    "milk",
+    "airborne",
+    "aquatic",
+    "predator",
+    "toothed",
+    "backbone",
+    "breathes",
+    "venomous",
+    "fins",
+    "legs",
+    "tail",
+    "domestic",
+    "catsize",
+    "type",
+]
 _LASTFM_HEADER = ["userid", "artistid", "tagid", "day", "month", "year"]
 _MISSING = {"", "?"}
 
@@ -136,8 +187,11 @@ def _resolve(path, shape: str) -> str:
             found = found[:1]  # beside user_taggedartists.dat, tags.dat is Last.fm's tag names, not data
         if len(found) != 1:
             wanted = ", ".join(_FOLDER_FILES[shape]) or "no well-known file name"
-            raise DataError(path, None, f"is a folder; for {shape} it must hold exactly one of: {wanted}"
-                            " (or pass the file itself)")
+            raise DataError(
+                path,
+                None,
+                f"is a folder; for {shape} it must hold exactly one of: {wanted} (or pass the file itself)",
+            )
         path = found[0]
     return check_path(path)
 
@@ -158,8 +212,11 @@ def _separator(lines: list[str]) -> str | None:
 
 
 def _looks_like_header(fields: list[str], shape: str) -> bool:
-    known = {"ratings": ("user", "item", "rating"), "tags": ("user", "item", "tag"),
-             "neighbors": ("source", "neighbor", "rank")}[shape]
+    known = {
+        "ratings": ("user", "item", "rating"),
+        "tags": ("user", "item", "tag"),
+        "neighbors": ("source", "neighbor", "rank"),
+    }[shape]
     if any(_norm(f) in _COLUMN_NAMES[k] for f in fields for k in known):
         return True
     return shape != "tags" and not any(_is_number(f) for f in fields)
@@ -188,8 +245,11 @@ def detect_format(path, shape: str) -> str:
     sep = _separator(lines)
     fmt = _FORMAT_BY_CONTENT[shape](sep, splitter(sep)(lines[0])) if sep else None
     if fmt is None:
-        raise DataError(path, None, f"cannot tell the format of this {shape} file; "
-                                    f"choose one with --format: {_choices(shape)}")
+        raise DataError(
+            path,
+            None,
+            f"cannot tell the format of this {shape} file; choose one with --format: {_choices(shape)}",
+        )
     return fmt
 
 
@@ -224,8 +284,12 @@ def _neighbors_format(sep: str, fields: list[str]) -> str | None:
 
 
 # The format a file's separator and first line show, per shape (None: cannot tell).
-_FORMAT_BY_CONTENT = {"ratings": _ratings_format, "tags": _tags_format, "attributes": _attributes_format,
-                      "neighbors": _neighbors_format}
+_FORMAT_BY_CONTENT = {
+    "ratings": _ratings_format,
+    "tags": _tags_format,
+    "attributes": _attributes_format,
+    "neighbors": _neighbors_format,
+}
 
 
 def _choose(path: str, shape: str, fmt: str | None) -> str:
@@ -234,8 +298,11 @@ def _choose(path: str, shape: str, fmt: str | None) -> str:
     if fmt not in FORMATS:
         raise DataError(path, None, f"unknown format {fmt!r}; choose one of: {', '.join(FORMATS)}")
     if shape not in FORMATS[fmt]:
-        raise DataError(path, None, f"format {fmt!r} holds {', '.join(FORMATS[fmt])}, not {shape}; "
-                                    f"choose one of: {_choices(shape)}")
+        raise DataError(
+            path,
+            None,
+            f"format {fmt!r} holds {', '.join(FORMATS[fmt])}, not {shape}; choose one of: {_choices(shape)}",
+        )
     return fmt
 
 
@@ -245,8 +312,9 @@ def _first_line(path: str) -> str:
     raise DataError(path, None, "empty file")
 
 
-def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[str, str] | None
-                    ) -> tuple[list[str], list[int]]:
+def _header_columns(
+    path: str, sep: str, wanted: list[str], overrides: Mapping[str, str] | None
+) -> tuple[list[str], list[int]]:
     """Header names of line 1 and the field index of each wanted column."""
     line = _first_line(path)
     header = splitter(sep)(line)
@@ -255,8 +323,14 @@ def _header_columns(path: str, sep: str, wanted: list[str], overrides: Mapping[s
     return header, _match_columns(path, 1, header, f"header {excerpt(line)}", wanted, overrides)
 
 
-def _match_columns(path: str, line: int | None, header: list[str], shown: str, wanted: list[str],
-                   overrides: Mapping[str, str] | None) -> list[int]:
+def _match_columns(
+    path: str,
+    line: int | None,
+    header: list[str],
+    shown: str,
+    wanted: list[str],
+    overrides: Mapping[str, str] | None,
+) -> list[int]:
     """The index in ``header`` of each wanted column, by the common names or ``overrides``.
 
     ``shown`` is how messages name the header (``header 'a,b'``, or a Parquet file's columns).
@@ -266,26 +340,36 @@ def _match_columns(path: str, line: int | None, header: list[str], shown: str, w
     for want in wanted:
         if overrides and want in overrides:
             name = overrides[want]
-            matches = [i for i, h in enumerate(header) if h == name] or \
-                      [i for i, h in enumerate(normalised) if h == _norm(name)]
+            matches = [i for i, h in enumerate(header) if h == name] or [
+                i for i, h in enumerate(normalised) if h == _norm(name)
+            ]
             if not matches:
                 raise DataError(path, line, f"no column {excerpt(name)} (given for {want}) in {shown}")
         else:
             matches = [i for i, h in enumerate(normalised) if h in _COLUMN_NAMES[want]]
             if not matches:
-                raise DataError(path, line, f"no {want} column in {shown}; expected one of "
-                                         f"{sorted(_COLUMN_NAMES[want])} or columns={{{want!r}: ...}}")
+                raise DataError(
+                    path,
+                    line,
+                    f"no {want} column in {shown}; expected one of "
+                    f"{sorted(_COLUMN_NAMES[want])} or columns={{{want!r}: ...}}",
+                )
         if len(matches) > 1:
-            raise DataError(path, line, f"several {want} columns in {shown}: "
-                                     f"{', '.join(excerpt(header[i]) for i in matches)}; pick one with columns=")
+            raise DataError(
+                path,
+                line,
+                f"several {want} columns in {shown}: "
+                f"{', '.join(excerpt(header[i]) for i in matches)}; pick one with columns=",
+            )
         found.append(matches[0])
     if len(set(found)) != len(found):
         raise DataError(path, line, f"the same column is used twice among {wanted} in {shown}")
     return found
 
 
-def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool, describe,
-                     unit: str = "line") -> int:
+def _drop_duplicates(
+    records, group, n_groups, value, n_values, path, skip: bool, describe, unit: str = "line"
+) -> int:
     """Raise on the first repeated (group, value) pair, naming both lines, or drop the repeats.
 
     ``unit="row"``: the records are Parquet rows, named as such. Returns how
@@ -297,10 +381,15 @@ def _drop_duplicates(records, group, n_groups, value, n_values, path, skip: bool
     if not skip:
         later, earlier = (int(x) for x in pairs[0])
         if unit == "row":
-            raise DataError(path, None, f"duplicate {describe(later)}, already in row {records.line(earlier)}",
-                            row=records.line(later))
-        raise DataError(path, records.line(later),
-                        f"duplicate {describe(later)}, already on line {records.line(earlier)}")
+            raise DataError(
+                path,
+                None,
+                f"duplicate {describe(later)}, already in row {records.line(earlier)}",
+                row=records.line(later),
+            )
+        raise DataError(
+            path, records.line(later), f"duplicate {describe(later)}, already on line {records.line(earlier)}"
+        )
     mask = np.ones(group.size, dtype=bool)
     mask[pairs[:, 0]] = False
     records.keep(mask)
@@ -321,13 +410,21 @@ def declared_scale(fmt: str, detected: bool = False) -> RatingScale | None:
 
 
 def _timestamp_columns(header: list[str], taken: list[int]) -> list[Column]:
-    return [Column(i, "timestamp", kind="timestamp") for i, name in enumerate(header)
-            if i not in taken and _norm(name) in _TIMESTAMP_NAMES]
+    return [
+        Column(i, "timestamp", kind="timestamp")
+        for i, name in enumerate(header)
+        if i not in taken and _norm(name) in _TIMESTAMP_NAMES
+    ]
 
 
-def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
-                 columns: Mapping[str, str] | None = None,
-                 rating_scale: RatingScale | str | None = None) -> Ratings:
+def read_ratings(
+    path,
+    fmt: str = "auto",
+    *,
+    skip_bad_lines: bool = False,
+    columns: Mapping[str, str] | None = None,
+    rating_scale: RatingScale | str | None = None,
+) -> Ratings:
     """Read explicit ratings.
 
     Parameters
@@ -370,26 +467,45 @@ def read_ratings(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
         n_fields, header_lines = len(header), 1
         checked = _timestamp_columns(header, idx)
     records = parse_records(
-        path, sep, n_fields,
-        [Column(idx[0], "user", space=0), Column(idx[1], "item", space=1),
-         Column(idx[2], "rating", kind="float", scale=scale), *checked],
-        n_spaces=2, header_lines=header_lines, skip_bad_lines=skip_bad_lines,
+        path,
+        sep,
+        n_fields,
+        [
+            Column(idx[0], "user", space=0),
+            Column(idx[1], "item", space=1),
+            Column(idx[2], "rating", kind="float", scale=scale),
+            *checked,
+        ],
+        n_spaces=2,
+        header_lines=header_lines,
+        skip_bad_lines=skip_bad_lines,
     )
     users, items = records.spaces
     user, item = records.ids
 
     def describe(r):
-        return (f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
-                f"by user {excerpt(users.external(int(records.ids[0][r])))}")
+        return (
+            f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
+            f"by user {excerpt(users.external(int(records.ids[0][r])))}"
+        )
 
     skipped = records.skipped + _drop_duplicates(
-        records, user, len(users), item, len(items), path, skip_bad_lines, describe)
-    return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
-                   source=path, skipped_lines=skipped)
+        records, user, len(users), item, len(items), path, skip_bad_lines, describe
+    )
+    return Ratings(
+        users,
+        items,
+        records.ids[0],
+        records.ids[1],
+        records.numbers[0].astype(np.float32),
+        source=path,
+        skipped_lines=skipped,
+    )
 
 
-def _read_parquet_ratings(path: str, columns: Mapping[str, str] | None, scale: RatingScale | None,
-                          skip_bad_lines: bool) -> Ratings:
+def _read_parquet_ratings(
+    path: str, columns: Mapping[str, str] | None, scale: RatingScale | None, skip_bad_lines: bool
+) -> Ratings:
     """Ratings of a Parquet file: columns by the csv rules, rows checked, repeats as for csv."""
     from ordrec.trainer.data import parquet
 
@@ -401,14 +517,31 @@ def _read_parquet_ratings(path: str, columns: Mapping[str, str] | None, scale: R
     users, items = records.spaces
 
     def describe(r):
-        return (f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
-                f"by user {excerpt(users.external(int(records.ids[0][r])))}")
+        return (
+            f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
+            f"by user {excerpt(users.external(int(records.ids[0][r])))}"
+        )
 
     skipped = records.skipped + _drop_duplicates(
-        records, records.ids[0], len(users), records.ids[1], len(items), path, skip_bad_lines, describe,
-        unit="row")
-    return Ratings(users, items, records.ids[0], records.ids[1], records.numbers[0].astype(np.float32),
-                   source=path, skipped_lines=skipped)
+        records,
+        records.ids[0],
+        len(users),
+        records.ids[1],
+        len(items),
+        path,
+        skip_bad_lines,
+        describe,
+        unit="row",
+    )
+    return Ratings(
+        users,
+        items,
+        records.ids[0],
+        records.ids[1],
+        records.numbers[0].astype(np.float32),
+        source=path,
+        skipped_lines=skipped,
+    )
 
 
 # ------------------------------------------------------------------ tags
@@ -428,8 +561,13 @@ def _read_tag_names(path: str) -> dict[str, str]:
     return names
 
 
-def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
-              tag_names: str | os.PathLike | Mapping[str, str] | bool | None = None) -> TagAssignments:
+def read_tags(
+    path,
+    fmt: str = "auto",
+    *,
+    skip_bad_lines: bool = False,
+    tag_names: str | os.PathLike | Mapping[str, str] | bool | None = None,
+) -> TagAssignments:
     """Read tag assignments (user, item, tag).
 
     Parameters
@@ -464,13 +602,16 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     user, item, tag = records.ids
 
     def describe(r):
-        return (f"tag {excerpt(tags.external(int(records.ids[2][r])))} on item "
-                f"{excerpt(items.external(int(records.ids[1][r])))} by user "
-                f"{excerpt(users.external(int(records.ids[0][r])))}")
+        return (
+            f"tag {excerpt(tags.external(int(records.ids[2][r])))} on item "
+            f"{excerpt(items.external(int(records.ids[1][r])))} by user "
+            f"{excerpt(users.external(int(records.ids[0][r])))}"
+        )
 
     post = item.astype(np.int64) * max(len(tags), 1) + tag  # (item, tag) within a user
     skipped = records.skipped + _drop_duplicates(
-        records, user, len(users), post, len(items) * max(len(tags), 1), path, skip_bad_lines, describe)
+        records, user, len(users), post, len(items) * max(len(tags), 1), path, skip_bad_lines, describe
+    )
 
     names = None
     if tag_names is None and fmt == "lastfm-tags":
@@ -479,13 +620,26 @@ def read_tags(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     if tag_names is not None and tag_names is not False:
         mapping = tag_names if isinstance(tag_names, Mapping) else _read_tag_names(os.fspath(tag_names))
         names = [mapping.get(t, t) for t in tags.ids]
-    return TagAssignments(users, items, tags, records.ids[0], records.ids[1], records.ids[2],
-                          source=path, skipped_lines=skipped, tag_names=names)
+    return TagAssignments(
+        users,
+        items,
+        tags,
+        records.ids[0],
+        records.ids[1],
+        records.ids[2],
+        source=path,
+        skipped_lines=skipped,
+        tag_names=names,
+    )
 
 
 #: The fields of a MovieLens tags line, checked by the per-line parser's own rules.
-_ML_TAG_COLUMNS = [Column(0, "user", space=0), Column(1, "item", space=1), Column(2, "tag", space=2),
-                   Column(3, "timestamp", kind="timestamp")]
+_ML_TAG_COLUMNS = [
+    Column(0, "user", space=0),
+    Column(1, "item", space=1),
+    Column(2, "tag", space=2),
+    Column(3, "timestamp", kind="timestamp"),
+]
 
 
 def split_ml_tag(text: str) -> list[str]:
@@ -524,12 +678,19 @@ def _parse_ml_tags(path: str, skip_bad_lines: bool) -> Records:
             out.append(space.add(value))
         lines.append(number)
     if not lines:
-        raise DataError(path, None, "no data lines" + (f" ({problems.skipped} skipped as bad)"
-                                                      if problems.skipped else ""))
-    return Records(spaces=[s.idmap() for s in spaces],
-                   ids=[np.frombuffer(a, dtype=np.int32).copy() for a in rows], numbers=[],
-                   first_line=int(lines[0]), lines=np.frombuffer(lines, dtype=np.int64).copy(),
-                   skipped=problems.skipped)
+        raise DataError(
+            path,
+            None,
+            "no data lines" + (f" ({problems.skipped} skipped as bad)" if problems.skipped else ""),
+        )
+    return Records(
+        spaces=[s.idmap() for s in spaces],
+        ids=[np.frombuffer(a, dtype=np.int32).copy() for a in rows],
+        numbers=[],
+        first_line=int(lines[0]),
+        lines=np.frombuffer(lines, dtype=np.int64).copy(),
+        skipped=problems.skipped,
+    )
 
 
 def _parse_tag_columns(path: str, fmt: str, skip_bad_lines: bool) -> Records:
@@ -540,16 +701,21 @@ def _parse_tag_columns(path: str, fmt: str, skip_bad_lines: bool) -> Records:
         first = splitter(sep)(line)
         header_lines = 0 if all(_is_int(f) for f in first) else 1
         if header_lines and [_norm(f) for f in first] != _LASTFM_HEADER:
-            raise DataError(path, 1, f"expected the header 'userID artistID tagID day month year', "
-                                     f"got {excerpt(line)}")
+            raise DataError(
+                path, 1, f"expected the header 'userID artistID tagID day month year', got {excerpt(line)}"
+            )
     else:
         sep = "," if fmt == "csv" else "\t"
         header, idx = _header_columns(path, sep, ["user", "item", "tag"], None)
         n_fields, header_lines = len(header), 1
     records = parse_records(
-        path, sep, n_fields,
+        path,
+        sep,
+        n_fields,
         [Column(idx[0], "user", space=0), Column(idx[1], "item", space=1), Column(idx[2], "tag", space=2)],
-        n_spaces=3, header_lines=header_lines, skip_bad_lines=skip_bad_lines,
+        n_spaces=3,
+        header_lines=header_lines,
+        skip_bad_lines=skip_bad_lines,
     )
     return records
 
@@ -562,8 +728,9 @@ def _value_order(values: set[str]) -> list[str]:
     return sorted(values)
 
 
-def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
-                    column_names: Sequence[str] | None = None) -> AttributeTable:
+def read_attributes(
+    path, fmt: str = "auto", *, skip_bad_lines: bool = False, column_names: Sequence[str] | None = None
+) -> AttributeTable:
     """Read an object-attribute table (categorical attributes).
 
     ``zoo``: UCI ``zoo.data``, no header, 18 comma-separated fields. The
@@ -619,8 +786,15 @@ def read_attributes(path, fmt: str = "auto", *, skip_bad_lines: bool = False,
     if not ids:
         raise DataError(path, None, "no data lines")
     codes, values = _encode_columns(np.array(cells, dtype=object).reshape(len(ids), len(attributes)))
-    return AttributeTable(IdMap(ids), list(attributes), codes, values, source=path,
-                          skipped_lines=problems.skipped, labels=labels if fmt == "zoo" else None)
+    return AttributeTable(
+        IdMap(ids),
+        list(attributes),
+        codes,
+        values,
+        source=path,
+        skipped_lines=problems.skipped,
+        labels=labels if fmt == "zoo" else None,
+    )
 
 
 # A headerless table (UCI style) read without names trips the header checks; say what to do.
@@ -635,8 +809,9 @@ def _attribute_header(path: str, fmt: str) -> tuple[str, list[str], int]:
     line = _first_line(path)
     header = splitter(sep)(line)
     if len(header) < 2:
-        raise DataError(path, 1, f"expected a header 'id,<attribute>,...' with at least 2 columns, "
-                                 f"got {len(header)}")
+        raise DataError(
+            path, 1, f"expected a header 'id,<attribute>,...' with at least 2 columns, got {len(header)}"
+        )
     attributes = header[1:]
     for name in attributes:
         if not name or has_control(name):
@@ -663,8 +838,9 @@ def _named_columns(path: str, fmt: str, names: Sequence[str]) -> tuple[str, list
     return ("," if fmt == "csv" else "\t"), names, 0
 
 
-def _attribute_row(number: int, fields: list[str], fmt: str, first_line_of: dict[str, int],
-                   headerless: bool = False) -> tuple[str, str | None, str | None]:
+def _attribute_row(
+    number: int, fields: list[str], fmt: str, first_line_of: dict[str, int], headerless: bool = False
+) -> tuple[str, str | None, str | None]:
     """``(object id, label, problem)`` of one data line (``problem`` None when it is good)."""
     values = fields if headerless else fields[1:]
     if headerless:
@@ -678,10 +854,17 @@ def _attribute_row(number: int, fields: list[str], fmt: str, first_line_of: dict
         if not external:
             return external, label, "empty object id"
         if has_control(external):
-            return external, label, f"object id {excerpt(external)} contains a line break or control character"
+            return (
+                external,
+                label,
+                f"object id {excerpt(external)} contains a line break or control character",
+            )
         if external in first_line_of:
-            return external, label, (f"duplicate object id {excerpt(external)}, already on line"
-                                     f" {first_line_of[external]}")
+            return (
+                external,
+                label,
+                (f"duplicate object id {excerpt(external)}, already on line {first_line_of[external]}"),
+            )
     bad = next((v for v in values if has_control(v)), None)
     if bad is not None:
         return external, label, f"value {excerpt(bad)} contains a line break or control character"
@@ -726,10 +909,18 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
         header, idx = _header_columns(path, sep, ["source", "neighbor", "rank"], None)
         header_lines, n_fields = 1, len(header)
     records = parse_records(
-        path, sep, n_fields,
-        [Column(idx[0], "source", space=0), Column(idx[1], "neighbor", space=0),
-         Column(idx[2], "rank", kind="int", minimum=1)],
-        n_spaces=1, header_lines=header_lines, skip_bad_lines=skip_bad_lines, distinct=(0, 1),
+        path,
+        sep,
+        n_fields,
+        [
+            Column(idx[0], "source", space=0),
+            Column(idx[1], "neighbor", space=0),
+            Column(idx[2], "rank", kind="int", minimum=1),
+        ],
+        n_spaces=1,
+        header_lines=header_lines,
+        skip_bad_lines=skip_bad_lines,
+        distinct=(0, 1),
     )
     vertices = records.spaces[0]
     n = max(len(vertices), 1)
@@ -740,29 +931,58 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
         raise DataError(path, records.line(big), f"rank {int(rank[big])} is too large")
 
     def by_rank(r):
-        return (f"rank {int(records.numbers[0][r])} for source "
-                f"{excerpt(vertices.external(int(records.ids[0][r])))}")
+        return (
+            f"rank {int(records.numbers[0][r])} for source "
+            f"{excerpt(vertices.external(int(records.ids[0][r])))}"
+        )
 
     def by_neighbor(r):
-        return (f"neighbor {excerpt(vertices.external(int(records.ids[1][r])))} for source "
-                f"{excerpt(vertices.external(int(records.ids[0][r])))}")
+        return (
+            f"neighbor {excerpt(vertices.external(int(records.ids[1][r])))} for source "
+            f"{excerpt(vertices.external(int(records.ids[0][r])))}"
+        )
 
     ranks = records.numbers[0].astype(np.int64)
-    skipped += _drop_duplicates(records, records.ids[0], n, ranks, int(ranks.max()) + 1 if ranks.size else 1,
-                                path, skip_bad_lines, by_rank)
-    skipped += _drop_duplicates(records, records.ids[0], n, records.ids[1], n,
-                                path, skip_bad_lines, by_neighbor)
-    return NeighborLists(vertices, records.ids[0], records.ids[1], records.numbers[0].astype(np.int32),
-                         path=path, skipped_lines=skipped)
+    skipped += _drop_duplicates(
+        records,
+        records.ids[0],
+        n,
+        ranks,
+        int(ranks.max()) + 1 if ranks.size else 1,
+        path,
+        skip_bad_lines,
+        by_rank,
+    )
+    skipped += _drop_duplicates(
+        records, records.ids[0], n, records.ids[1], n, path, skip_bad_lines, by_neighbor
+    )
+    return NeighborLists(
+        vertices,
+        records.ids[0],
+        records.ids[1],
+        records.numbers[0].astype(np.int32),
+        path=path,
+        skipped_lines=skipped,
+    )
 
 
 # ------------------------------------------------------------------ dispatch
-_READERS = {"ratings": read_ratings, "tags": read_tags, "attributes": read_attributes,
-            "neighbors": read_neighbors}
+_READERS = {
+    "ratings": read_ratings,
+    "tags": read_tags,
+    "attributes": read_attributes,
+    "neighbors": read_neighbors,
+}
 
 
-def read_input(shape: str, path, fmt: str = "auto", skip_bad_lines: bool = False,
-               rating_scale: RatingScale | str | None = None, column_names: Sequence[str] | None = None):
+def read_input(
+    shape: str,
+    path,
+    fmt: str = "auto",
+    skip_bad_lines: bool = False,
+    rating_scale: RatingScale | str | None = None,
+    column_names: Sequence[str] | None = None,
+):
     """Read ``path`` as input ``shape`` ("ratings", "tags", "attributes" or "neighbors").
 
     ``rating_scale`` is for ratings files (see :func:`read_ratings`) and

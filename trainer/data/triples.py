@@ -9,6 +9,7 @@ A triples file has one triple a line, fields separated by tabs or spaces,
 Ids are external strings. Unlike triples derived from ratings, these are
 given one by one, so memory is proportional to their number.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -93,5 +94,13 @@ def read_triples(path: str, skip_bad_lines: bool = False) -> ExplicitTriples:
     if not kind:
         raise DataError(path, None, "no triples found")
     as_array = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
-    return ExplicitTriples(IdMap(list(users)), IdMap(list(items)), as_array(kind), as_array(first),
-                           as_array(second), as_array(third), source=str(path), skipped_lines=problems.skipped)
+    return ExplicitTriples(
+        IdMap(list(users)),
+        IdMap(list(items)),
+        as_array(kind),
+        as_array(first),
+        as_array(second),
+        as_array(third),
+        source=str(path),
+        skipped_lines=problems.skipped,
+    )

@@ -5,6 +5,7 @@ under ``aspect``, object ``j`` is more similar to ``i`` than to ``k``. Blank
 lines and lines starting with ``#`` are ignored; a first line
 ``aspect,i,j,k`` is taken as a header. Ids are external strings.
 """
+
 from __future__ import annotations
 
 import re
@@ -73,8 +74,9 @@ def read_triplets(path: str, skip_bad_lines: bool = False) -> ConditionalTriplet
     if not cols[0]:
         raise DataError(path, None, "no triplets")
     arrays = [np.asarray(c, dtype=np.int32) for c in cols]
-    return ConditionalTriplets(IdMap(list(aspects)), IdMap(list(objects)), *arrays,
-                               source=str(path), skipped_lines=problems.skipped)
+    return ConditionalTriplets(
+        IdMap(list(aspects)), IdMap(list(objects)), *arrays, source=str(path), skipped_lines=problems.skipped
+    )
 
 
 def write_triplets(path: str, data: ConditionalTriplets) -> None:

@@ -4,6 +4,7 @@ Every shape keeps external ids in :class:`~service.idmap.IdMap` objects and
 the observations as parallel int32 index arrays, so memory is proportional to
 the number of observations (Netflix-sized inputs fit as compact arrays).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -88,12 +89,13 @@ class RatingScale:
             raise ValueError(f"rating scale {self}: {self.high:g} is not low plus a whole number of steps")
 
     @classmethod
-    def parse(cls, text: str) -> "RatingScale":
+    def parse(cls, text: str) -> RatingScale:
         """``"1..5"``, ``"0.5..5:0.5"`` -> :class:`RatingScale`; a clear ValueError otherwise."""
         match = _SCALE_RE.match(text)
         if not match:
-            raise ValueError(f"rating scale {excerpt(text)} is not LOW..HIGH or LOW..HIGH:STEP "
-                             "(e.g. 1..5 or 0.5..5:0.5)")
+            raise ValueError(
+                f"rating scale {excerpt(text)} is not LOW..HIGH or LOW..HIGH:STEP (e.g. 1..5 or 0.5..5:0.5)"
+            )
         try:
             low, high, step = (float(x) for x in (match[1], match[2], match[3] or "1"))
         except ValueError:
@@ -154,14 +156,18 @@ class Ratings:
     def n_items(self) -> int:
         return len(self.items)
 
-    def subset(self, mask_or_rows: np.ndarray) -> "Ratings":
+    def subset(self, mask_or_rows: np.ndarray) -> Ratings:
         """The selected observations, keeping the same id maps."""
         return Ratings(
-            self.users, self.items, self.user[mask_or_rows], self.item[mask_or_rows],
-            self.rating[mask_or_rows], self.source,
+            self.users,
+            self.items,
+            self.user[mask_or_rows],
+            self.item[mask_or_rows],
+            self.rating[mask_or_rows],
+            self.source,
         )
 
-    def compact(self) -> "Ratings":
+    def compact(self) -> Ratings:
         """Drop users and items with no observation left, renumbering the rest."""
         user, users = _compact(self.user, self.users)
         item, items = _compact(self.item, self.items)
@@ -189,13 +195,19 @@ class TagAssignments:
     def __len__(self) -> int:
         return int(self.user.shape[0])
 
-    def subset(self, mask_or_rows: np.ndarray) -> "TagAssignments":
+    def subset(self, mask_or_rows: np.ndarray) -> TagAssignments:
         return TagAssignments(
-            self.users, self.items, self.tags, self.user[mask_or_rows], self.item[mask_or_rows],
-            self.tag[mask_or_rows], self.source, tag_names=self.tag_names,
+            self.users,
+            self.items,
+            self.tags,
+            self.user[mask_or_rows],
+            self.item[mask_or_rows],
+            self.tag[mask_or_rows],
+            self.source,
+            tag_names=self.tag_names,
         )
 
-    def compact(self) -> "TagAssignments":
+    def compact(self) -> TagAssignments:
         user, users = _compact(self.user, self.users)
         item, items = _compact(self.item, self.items)
         used_tags = np.unique(self.tag)
