@@ -402,13 +402,19 @@ class DCR(Estimator):
         rest (for the epochs of the full fit, ``best_epochs_``, when it has
         them), refine a copy, and score both on the held-out ratings by
         NDCG@10 through the serving index (as the protocols score). The full
-        fit is refined only if the refined copies' NDCG@10, pooled over the
-        folds' users, beats the pointwise one by more than ``pairwise_margin``;
-        otherwise the pointwise model is kept. ``pairwise_kept_`` records the
-        decision and ``pairwise_val_ndcg_`` the two scores. False: always refine
-        (the paper's Pairwise DCR).
+        fit is refined only if the gain (refined minus pointwise NDCG@10, each
+        user's averaged over the folds, then over users) exceeds
+        ``pairwise_margin + pairwise_confidence * SE`` (SE: the standard error
+        of that mean over users); otherwise the pointwise model is kept.
+        ``pairwise_kept_`` records the decision and ``pairwise_val_ndcg_`` the
+        pointwise and refined NDCG@10 and the SE. False: always refine (the
+        paper's Pairwise DCR).
     pairwise_margin : float, default 0.0
         The validation NDCG@10 gain the refinement must exceed to be kept.
+    pairwise_confidence : float, default 2.0
+        Standard errors of the gain it must exceed besides (0: any gain above
+        the margin keeps it). A gain within the noise of a few held-out
+        ratings per user is not taken as one.
     pairs_per_epoch : float, default 1.0
         Sampled pairs per refinement pass, as a multiple of the number of ratings.
     tol : float, default 0.002
@@ -482,6 +488,7 @@ class DCR(Estimator):
         "pairwise_max_iter": [Interval(Integral, 0, None)],
         "pairwise_validation": ["boolean"],
         "pairwise_margin": [Interval(Real, 0, None)],
+        "pairwise_confidence": [Interval(Real, 0, None)],
         "pairs_per_epoch": [Interval(Real, 0, None)],
         "tol": [Interval(Real, 0, None)],
         "init": [Options(str, {"random", "marginal"})],
@@ -514,6 +521,7 @@ class DCR(Estimator):
         pairwise_max_iter: int = 20,
         pairwise_validation: bool = True,
         pairwise_margin: float = 0.0,
+        pairwise_confidence: float = 2.0,
         pairs_per_epoch: float = 1.0,
         tol: float = 0.002,
         init: str = "random",
@@ -542,6 +550,7 @@ class DCR(Estimator):
         self.pairwise_max_iter = pairwise_max_iter
         self.pairwise_validation = pairwise_validation
         self.pairwise_margin = pairwise_margin
+        self.pairwise_confidence = pairwise_confidence
         self.pairs_per_epoch = pairs_per_epoch
         self.tol = tol
         self.init = init
@@ -696,7 +705,7 @@ class DCR(Estimator):
         self.U_, self.V_ = U, V
         self.pairwise_loss_ = float("nan")
         self.pairwise_kept_: bool | None = None
-        self.pairwise_val_ndcg_: tuple[float, float] | None = None
+        self.pairwise_val_ndcg_: tuple[float, float, float] | None = None
         if self.pairwise:
             if self.pairwise_validation:
                 self.pairwise_val_ndcg_ = self._refinement_scores(data)
@@ -892,9 +901,10 @@ class DCR(Estimator):
         exact.ann_min_items = np.iinfo(np.int64).max
         return ndcg_values(DCRIndex.from_artifact(exact.to_artifact()).score_items, validation, k)
 
-    def _refinement_scores(self, data: Ratings, **overrides) -> tuple[float, float]:
+    def _refinement_scores(self, data: Ratings, **overrides) -> tuple[float, float, float]:
         """Validation NDCG@10 of the pointwise fit and of its refinement (with ``overrides``),
-        each pooled over the users of ``validation_folds`` hold-outs of ``data``."""
+        each user's averaged over ``validation_folds`` hold-outs of ``data`` then over users,
+        and the standard error over users of the refinement's gain."""
         if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
             raise DataError(
                 data.source,
@@ -912,10 +922,18 @@ class DCR(Estimator):
             model = DCR(**params).fit(fit, research=research)
             pointwise.append(model.validation_ndcg_values(val))
             refined.append(model.refined(**overrides).validation_ndcg_values(val))
-        return float(np.mean(np.concatenate(pointwise))), float(np.mean(np.concatenate(refined)))
+        if len({v.size for v in pointwise}) == 1:
+            # Every fold holds out ratings of the same users: average each user's over folds.
+            point, pair = np.mean(pointwise, axis=0), np.mean(refined, axis=0)
+        else:  # a user without gain in some fold (e.g. a rating of 0): pair within folds
+            point, pair = np.concatenate(pointwise), np.concatenate(refined)
+        gain = pair - point
+        se = float(np.std(gain, ddof=1) / np.sqrt(gain.size)) if gain.size > 1 else float("inf")
+        return float(point.mean()), float(pair.mean()), se
 
-    def _refinement_wins(self, pointwise: float, refined: float) -> bool:
-        return bool(refined - pointwise > float(self.pairwise_margin))
+    def _refinement_wins(self, pointwise: float, refined: float, se: float) -> bool:
+        threshold = float(self.pairwise_margin) + float(self.pairwise_confidence) * se
+        return bool(refined - pointwise > threshold)
 
     def refined_on_validation(self, data: Ratings, **overrides) -> DCR:
         """Like :meth:`refined`, but the refinement is kept only where it wins on validation
@@ -987,7 +1005,8 @@ class DCR(Estimator):
             metrics["pairwise_kept"] = float(True if kept is None else kept)
             scores = getattr(self, "pairwise_val_ndcg_", None)
             if scores is not None:
-                metrics["val_ndcg@10_pointwise"], metrics["val_ndcg@10_pairwise"] = map(float, scores)
+                metrics["val_ndcg@10_pointwise"], metrics["val_ndcg@10_pairwise"] = map(float, scores[:2])
+                metrics["val_ndcg@10_gain_se"] = float(scores[2])
         item_factors = item_factors.astype(np.float32)
         # A large catalogue gets an approximate item index, built when the version is published.
         indexes = (

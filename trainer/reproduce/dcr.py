@@ -881,13 +881,13 @@ def _pairwise(
         results.record("Pairwise " + prefix, n, index_ndcg(always, test), f"({note})")
         return always
     chosen = model.refined_on_validation(train, **pair_params)
-    point, pair = chosen.pairwise_val_ndcg_
+    point, pair, se = chosen.pairwise_val_ndcg_
     verdict = "kept" if chosen.pairwise_kept_ else "dropped, pointwise model served"
     results.record(
         "Pairwise " + prefix,
         n,
         index_ndcg(always if chosen.pairwise_kept_ else model, test),
-        f"({note}; refinement {verdict}: val ndcg@10 {point:.4f} -> {pair:.4f})",
+        f"({note}; refinement {verdict}: val ndcg@10 {point:.4f} -> {pair:.4f}, gain SE {se:.4f})",
     )
     results.kept.setdefault(("Pairwise " + prefix, n), []).append(bool(chosen.pairwise_kept_))
     results.record(f"Pairwise {prefix} (always refined)", n, index_ndcg(always, test), f"({note})")
