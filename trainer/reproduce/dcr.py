@@ -648,6 +648,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pairwise-reg", type=float, default=0.001)
     parser.add_argument(
+        "--pairwise-folds",
+        type=int,
+        default=3,
+        help="with --pairwise: hold-outs of the training ratings on which the refinement must win",
+    )
+    parser.add_argument(
         "--pairwise-always",
         action="store_true",
         help="with --pairwise: refine unconditionally (the paper's Pairwise DCR) instead of keeping"
@@ -880,7 +886,9 @@ def _pairwise(
     if args.pairwise_always:
         results.record("Pairwise " + prefix, n, index_ndcg(always, test), f"({note})")
         return always
-    chosen = model.refined_on_validation(train, **pair_params)
+    chosen = model.set_params(validation_folds=args.pairwise_folds).refined_on_validation(
+        train, **pair_params
+    )
     point, pair, se = chosen.pairwise_val_ndcg_
     verdict = "kept" if chosen.pairwise_kept_ else "dropped, pointwise model served"
     results.record(
