@@ -650,7 +650,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--pairwise-folds",
         type=int,
-        default=3,
+        default=5,
         help="with --pairwise: hold-outs of the training ratings on which the refinement must win",
     )
     parser.add_argument(
