@@ -496,3 +496,58 @@ def test_item_shrinkage_scales_rare_items_toward_one_half():
     counts = np.array([2, 3, 0])
     np.testing.assert_allclose(shrunk, plain * (counts / (counts + 2.0))[:, None], rtol=1e-6)
     assert np.all(plain[2] == 0)  # an item without training ratings carries no evidence
+
+
+def _pairwise_params(**changes):
+    return dict(
+        dict(n_components=6, max_iter=30, learning_rate=0.05, random_state=0, pairwise=True), **changes
+    )
+
+
+def test_a_refinement_that_hurts_on_validation_is_dropped():
+    """A refinement forced far off (a huge step and penalty) loses on the hold-outs: the
+    fit keeps the pointwise factors, exactly those of the same fit without refinement."""
+    data = planted(4, n_users=80, n_items=50, per_user=24)
+    hurt = dict(pairwise_learning_rate=50.0, pairwise_reg=5.0, pairwise_max_iter=5)
+    model = DCR(**_pairwise_params(**hurt)).fit(data)
+    assert model.pairwise_kept_ is False
+    point, pair, se = model.pairwise_val_ndcg_
+    assert pair < point
+    plain = DCR(**_pairwise_params(pairwise=False)).fit(data)
+    np.testing.assert_array_equal(model.U_, plain.U_)
+    np.testing.assert_array_equal(model.V_, plain.V_)
+    artifact = model.to_artifact()
+    assert artifact.metrics["pairwise_kept"] == 0.0
+    assert artifact.attributes["pairwise_kept"] is False
+    # the same decision after the fit, as the protocol takes it
+    chosen = plain.refined_on_validation(data, **hurt)
+    assert chosen.pairwise_kept_ is False and chosen.pairwise
+    np.testing.assert_array_equal(chosen.U_, plain.U_)
+    # without validation the refinement is applied regardless
+    forced = DCR(**_pairwise_params(**hurt, pairwise_validation=False)).fit(data)
+    assert forced.pairwise_kept_ is True and not np.array_equal(forced.U_, plain.U_)
+
+
+def test_a_refinement_that_helps_on_validation_is_kept():
+    """From an under-trained pointwise fit (one small step), a sound refinement raises
+    validation NDCG@10 and is kept."""
+    data = planted(5, n_users=80, n_items=50, per_user=24)
+    params = _pairwise_params(
+        max_iter=1, learning_rate=0.001, pairwise_learning_rate=0.1, pairwise_max_iter=20, pairwise_reg=0.0
+    )
+    model = DCR(**params).fit(data)
+    point, pair, se = model.pairwise_val_ndcg_
+    assert model.pairwise_kept_ is True and pair > point + 2 * se
+    plain = DCR(**dict(params, pairwise=False)).fit(data)
+    assert not np.array_equal(model.U_, plain.U_)
+    assert model.to_artifact().metrics["pairwise_kept"] == 1.0
+    chosen = plain.refined_on_validation(data)
+    assert chosen.pairwise_kept_ is True
+    np.testing.assert_array_equal(chosen.U_, plain.refined().U_)
+
+
+def test_refined_on_validation_needs_the_fitted_ratings():
+    data = planted(6, n_users=20, n_items=15, per_user=8)
+    model = DCR(n_components=3, max_iter=2).fit(data)
+    with pytest.raises(ValueError, match="fitted on"):
+        model.refined_on_validation(planted(7, n_users=20, n_items=15, per_user=8))

@@ -209,7 +209,9 @@ def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
         assert got[("DCR", n)] > got[("Item mean", n)] and got[("DCR", n)] > got[("Random", n)] + 0.05
     # At N = 50 the personal part carries (N = 10 / 20 margins are within one run's noise):
     # the refinement and the shrinkage both help, and DCR beats the damped item mean.
-    assert got[("Pairwise DCR", 50)] > got[("DCR", 50)]
+    assert got[("Pairwise DCR (always refined)", 50)] > got[("DCR", 50)]
+    # kept only where it wins on validation: never below the pointwise model it started from
+    assert got[("Pairwise DCR", 50)] >= got[("DCR", 50)]
     assert got[("DCR-shrunk", 50)] > got[("DCR", 50)]
     assert got[("DCR", 50)] > got[("Damped item mean", 50)]
 

@@ -61,7 +61,7 @@ import numpy as np
 
 from ordrec.service.ann import ANN_MIN_ITEMS, build_params, item_index
 from ordrec.service.artifacts import Artifact
-from ordrec.service.models.dcr import RELEVANCE, level_weights
+from ordrec.service.models.dcr import RELEVANCE, DCRIndex, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.models.dcr_kernels import (
@@ -72,6 +72,7 @@ from ordrec.trainer.models.dcr_kernels import (
     pointwise_loglik,
     shuffle_segments,
 )
+from ordrec.trainer.models.ranking import ndcg_values
 from ordrec.trainer.progress import Progress
 
 
@@ -394,6 +395,26 @@ class DCR(Estimator):
         Refine with the pairwise loss of Section 4 after the pointwise fit.
     pairwise_learning_rate, pairwise_reg, pairwise_max_iter : float, float, int, default 0.01, 0.001, 20
         Step size, lambda of Eq. 5 and passes of the refinement.
+    pairwise_validation : bool, default True
+        With ``pairwise``: keep the refinement only where it helps. Hold out
+        ``validation_fraction`` of each user's ratings (at least 2)
+        ``validation_folds`` times; on each, fit the pointwise model on the
+        rest (for the epochs of the full fit, ``best_epochs_``, when it has
+        them), refine a copy, and score both on the held-out ratings by
+        NDCG@10 through the serving index (as the protocols score). The full
+        fit is refined only if the gain (refined minus pointwise NDCG@10, each
+        user's averaged over the folds, then over users) exceeds
+        ``pairwise_margin + pairwise_confidence * SE`` (SE: the standard error
+        of that mean over users); otherwise the pointwise model is kept.
+        ``pairwise_kept_`` records the decision and ``pairwise_val_ndcg_`` the
+        pointwise and refined NDCG@10 and the SE. False: always refine (the
+        paper's Pairwise DCR).
+    pairwise_margin : float, default 0.0
+        The validation NDCG@10 gain the refinement must exceed to be kept.
+    pairwise_confidence : float, default 2.0
+        Standard errors of the gain it must exceed besides (0: any gain above
+        the margin keeps it). A gain within the noise of a few held-out
+        ratings per user is not taken as one.
     pairs_per_epoch : float, default 1.0
         Sampled pairs per refinement pass, as a multiple of the number of ratings.
     tol : float, default 0.002
@@ -465,6 +486,9 @@ class DCR(Estimator):
         "pairwise_learning_rate": [Interval(Real, 0, None)],
         "pairwise_reg": [Interval(Real, 0, None)],
         "pairwise_max_iter": [Interval(Integral, 0, None)],
+        "pairwise_validation": ["boolean"],
+        "pairwise_margin": [Interval(Real, 0, None)],
+        "pairwise_confidence": [Interval(Real, 0, None)],
         "pairs_per_epoch": [Interval(Real, 0, None)],
         "tol": [Interval(Real, 0, None)],
         "init": [Options(str, {"random", "marginal"})],
@@ -495,6 +519,9 @@ class DCR(Estimator):
         pairwise_learning_rate: float = 0.01,
         pairwise_reg: float = 0.001,
         pairwise_max_iter: int = 20,
+        pairwise_validation: bool = True,
+        pairwise_margin: float = 0.0,
+        pairwise_confidence: float = 2.0,
         pairs_per_epoch: float = 1.0,
         tol: float = 0.002,
         init: str = "random",
@@ -521,6 +548,9 @@ class DCR(Estimator):
         self.pairwise_learning_rate = pairwise_learning_rate
         self.pairwise_reg = pairwise_reg
         self.pairwise_max_iter = pairwise_max_iter
+        self.pairwise_validation = pairwise_validation
+        self.pairwise_margin = pairwise_margin
+        self.pairwise_confidence = pairwise_confidence
         self.pairs_per_epoch = pairs_per_epoch
         self.tol = tol
         self.init = init
@@ -674,8 +704,16 @@ class DCR(Estimator):
             V[self.item_counts_ == 0] = 0.0
         self.U_, self.V_ = U, V
         self.pairwise_loss_ = float("nan")
+        self.pairwise_kept_: bool | None = None
+        self.pairwise_val_ndcg_: tuple[float, float, float] | None = None
         if self.pairwise:
-            self._refine(rng)
+            if self.pairwise_validation:
+                self.pairwise_val_ndcg_ = self._refinement_scores(data)
+                self.pairwise_kept_ = self._refinement_wins(*self.pairwise_val_ndcg_)
+            else:
+                self.pairwise_kept_ = True
+            if self.pairwise_kept_:
+                self._refine(rng)
         return self
 
     def _level_epochs(self, data: Ratings, validation: Ratings | None):
@@ -853,6 +891,70 @@ class DCR(Estimator):
         other.U_, other.V_ = self.U_.copy(), self.V_.copy()
         other._validate_params(other.research_)
         other._refine(np.random.default_rng([int(other.random_state), 1]))
+        other.pairwise_kept_, other.pairwise_val_ndcg_ = True, None
+        return other
+
+    def validation_ndcg_values(self, validation: Ratings, k: int = 10) -> np.ndarray:
+        """Per-user NDCG@k of ``validation`` (same id maps), scored by the serving index
+        built from this model's artifact, as the protocols score (no approximate index)."""
+        exact = copy.copy(self)
+        exact.ann_min_items = np.iinfo(np.int64).max
+        return ndcg_values(DCRIndex.from_artifact(exact.to_artifact()).score_items, validation, k)
+
+    def _refinement_scores(self, data: Ratings, **overrides) -> tuple[float, float, float]:
+        """Validation NDCG@10 of the pointwise fit and of its refinement (with ``overrides``),
+        each user's averaged over ``validation_folds`` hold-outs of ``data`` then over users,
+        and the standard error over users of the refinement's gain."""
+        if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
+            raise DataError(
+                data.source,
+                None,
+                "pairwise_validation holds out at least 2 ratings per user, and no"
+                " user has more than 2: nothing would be left to train on",
+            )
+        params = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
+        # The epochs of the full fit when it had per-level counts; else its stopping rule.
+        research = replace(self.research_, level_epochs=getattr(self, "best_epochs_", None))
+        # Its own random stream: the hold-outs shift neither the fit nor the refinement.
+        rng = np.random.default_rng([int(self.random_state), 3])
+        pointwise, refined = [], []
+        for fit, val in holdouts(data, rng, int(self.validation_folds), float(self.validation_fraction)):
+            model = DCR(**params).fit(fit, research=research)
+            pointwise.append(model.validation_ndcg_values(val))
+            refined.append(model.refined(**overrides).validation_ndcg_values(val))
+        if len({v.size for v in pointwise}) == 1:
+            # Every fold holds out ratings of the same users: average each user's over folds.
+            point, pair = np.mean(pointwise, axis=0), np.mean(refined, axis=0)
+        else:  # a user without gain in some fold (e.g. a rating of 0): pair within folds
+            point, pair = np.concatenate(pointwise), np.concatenate(refined)
+        gain = pair - point
+        se = float(np.std(gain, ddof=1) / np.sqrt(gain.size)) if gain.size > 1 else float("inf")
+        return float(point.mean()), float(pair.mean()), se
+
+    def _refinement_wins(self, pointwise: float, refined: float, se: float) -> bool:
+        threshold = float(self.pairwise_margin) + float(self.pairwise_confidence) * se
+        return bool(refined - pointwise > threshold)
+
+    def refined_on_validation(self, data: Ratings, **overrides) -> DCR:
+        """Like :meth:`refined`, but the refinement is kept only where it wins on validation
+        (``pairwise_validation``'s rule, on hold-outs of ``data``, the ratings this model was
+        fitted on); otherwise a copy with the pointwise factors. The copy has ``pairwise=True``
+        and records ``pairwise_kept_`` and ``pairwise_val_ndcg_``."""
+        if not hasattr(self, "U_"):
+            raise ValueError("fit the model before refining it")
+        if data.fingerprint() != self.data_fingerprint_:
+            raise ValueError("refined_on_validation needs the ratings the model was fitted on")
+        scores = self._refinement_scores(data, **overrides)
+        if self._refinement_wins(*scores):
+            other = self.refined(**overrides)
+            other.pairwise_kept_ = True
+        else:
+            other = copy.copy(self)
+            other.set_params(pairwise=True, **overrides)
+            other._validate_params(other.research_)
+            other.pairwise_loss_ = float("nan")
+            other.pairwise_kept_ = False
+        other.pairwise_val_ndcg_ = scores
         return other
 
     def with_research(self, **changes) -> DCR:
@@ -899,6 +1001,12 @@ class DCR(Estimator):
             item_factors = item_factors * (counts / (counts + beta))[:, None]
         if self.pairwise:
             metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
+            kept = getattr(self, "pairwise_kept_", None)
+            metrics["pairwise_kept"] = float(True if kept is None else kept)
+            scores = getattr(self, "pairwise_val_ndcg_", None)
+            if scores is not None:
+                metrics["val_ndcg@10_pointwise"], metrics["val_ndcg@10_pairwise"] = map(float, scores[:2])
+                metrics["val_ndcg@10_gain_se"] = float(scores[2])
         item_factors = item_factors.astype(np.float32)
         # A large catalogue gets an approximate item index, built when the version is published.
         indexes = (
@@ -923,6 +1031,8 @@ class DCR(Estimator):
                 "relevance": self.relevance,
                 "rank": int(f),
                 "pairwise": bool(self.pairwise),
+                # False: the refinement lost on validation and the pointwise factors are served.
+                "pairwise_kept": bool(self.pairwise and getattr(self, "pairwise_kept_", None) is not False),
             },
             data_fingerprint=self.data_fingerprint_,
             indexes=indexes,
