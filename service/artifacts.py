@@ -303,7 +303,44 @@ def _manifest_json(manifest: manifest_pb2.Manifest) -> bytes:
     return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-class Registry:
+class LiveVersions:
+    """Which version is live, the same for every registry backend.
+
+    A backend provides ``models()``, ``versions(name)``, ``pinned(name)`` and
+    ``root`` (where it lives, for messages).
+    """
+
+    def live_version(self, name: str) -> tuple[str, str]:
+        """The version a server should serve, and why ("pinned" or "newest")."""
+        pinned = self.pinned(name)  # type: ignore[attr-defined]
+        versions = self.versions(name)  # type: ignore[attr-defined]
+        if pinned is not None:
+            if pinned not in versions:
+                raise ArtifactError(f"{name}: pinned version {pinned} does not exist")
+            return pinned, "pinned"
+        if not versions:
+            raise ArtifactError(f"{name}: no published version in {self.root}")  # type: ignore[attr-defined]
+        return versions[-1], "newest"
+
+    def iter_live(self) -> Iterator[tuple[str, str, str]]:
+        """(name, version, reason) for every model with a live version."""
+        for name in self.models():  # type: ignore[attr-defined]
+            try:
+                version, reason = self.live_version(name)
+            except ArtifactError:
+                continue
+            yield name, version, reason
+
+    def requested_version(self, name: str, version: str | None) -> str:
+        """``version``, checked, or the live one when it is None."""
+        if version is None:
+            version, _ = self.live_version(name)
+        if not is_version(version):
+            raise ArtifactError(f"{name}: {version!r} is not a version name")
+        return version
+
+
+class Registry(LiveVersions):
     """A directory of models, each a folder of immutable versions."""
 
     def __init__(self, root: str | os.PathLike):
@@ -331,18 +368,6 @@ class Registry:
         except FileNotFoundError:
             return None
         return version or None
-
-    def live_version(self, name: str) -> tuple[str, str]:
-        """The version a server should serve, and why ("pinned" or "newest")."""
-        pinned = self.pinned(name)
-        if pinned is not None:
-            if pinned not in self.versions(name):
-                raise ArtifactError(f"{name}: pinned version {pinned} does not exist")
-            return pinned, "pinned"
-        versions = self.versions(name)
-        if not versions:
-            raise ArtifactError(f"{name}: no published version in {self.root}")
-        return versions[-1], "newest"
 
     def manifest(self, name: str, version: str) -> manifest_pb2.Manifest:
         """The manifest of one version, read without loading it (as :class:`S3Registry` does)."""
@@ -595,20 +620,8 @@ class Registry:
         self, name: str, version: str | None = None, *, mmap: bool = True, views: bool = True
     ) -> Artifact:
         """Load and verify a version (default: the live one)."""
-        if version is None:
-            version, _ = self.live_version(name)
-        if not is_version(version):
-            raise ArtifactError(f"{name}: {version!r} is not a version name")
+        version = self.requested_version(name, version)
         return load_version(self.root / validate_model_name(name) / version, mmap=mmap, views=views)
-
-    def iter_live(self) -> Iterator[tuple[str, str, str]]:
-        """(name, version, reason) for every model with a live version."""
-        for name in self.models():
-            try:
-                version, reason = self.live_version(name)
-            except ArtifactError:
-                continue
-            yield name, version, reason
 
 
 def read_manifest(folder: Path) -> manifest_pb2.Manifest:

@@ -57,6 +57,7 @@ from ordrec.service.artifacts import (
     PIN_FILE,
     Artifact,
     ArtifactError,
+    LiveVersions,
     Registry,
     ViewSource,
     _inside,
@@ -144,7 +145,7 @@ def _missing(exc: Exception) -> bool:
     return code in ("404", "NoSuchKey", "NotFound")
 
 
-class S3Registry:
+class S3Registry(LiveVersions):
     """The registry interface of :class:`~ordrec.service.artifacts.Registry` over S3.
 
     Parameters
@@ -247,26 +248,6 @@ class S3Registry:
         data = self._get(self._key(validate_model_name(name), PIN_FILE))
         version = data.decode("utf-8", "replace").strip() if data else ""
         return version or None
-
-    def live_version(self, name: str) -> tuple[str, str]:
-        """The version a server should serve, and why ("pinned" or "newest")."""
-        pinned = self.pinned(name)
-        versions = self.versions(name)
-        if pinned is not None:
-            if pinned not in versions:
-                raise ArtifactError(f"{name}: pinned version {pinned} does not exist")
-            return pinned, "pinned"
-        if not versions:
-            raise ArtifactError(f"{name}: no published version in {self.url}")
-        return versions[-1], "newest"
-
-    def iter_live(self) -> Iterator[tuple[str, str, str]]:
-        for name in self.models():
-            try:
-                version, reason = self.live_version(name)
-            except ArtifactError:
-                continue
-            yield name, version, reason
 
     def manifest(self, name: str, version: str) -> manifest_pb2.Manifest:
         data = self._get(self._key(validate_model_name(name), version, MANIFEST))
@@ -385,10 +366,7 @@ class S3Registry:
         self, name: str, version: str | None = None, *, mmap: bool = True, views: bool = True
     ) -> Artifact:
         """Download a version into the cache (unless there already), verify it completely, load it."""
-        if version is None:
-            version, _ = self.live_version(name)
-        if not is_version(version):
-            raise ArtifactError(f"{name}: {version!r} is not a version name")
+        version = self.requested_version(name, version)
         try:
             folder = self.fetch(name, version)
         except ArtifactError:

@@ -76,6 +76,34 @@ def sample_registry(sample_dir, tmp_path_factory) -> Path:
     return train_into(tmp_path_factory.mktemp("registry"), sample_dir)
 
 
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A throw-away key and certificate for ``localhost`` (openssl), as ``(key, cert)``."""
+    key, cert = folder / "key.pem", folder / "cert.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return key, cert
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from ordrec.service.artifacts import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
-from tests.conftest import free_port
+from tests.conftest import free_port, self_signed_cert
 
 TOKEN = "client-test-token-0123456789abcdef"
 
@@ -235,29 +235,7 @@ def test_record_with_redis(redis_server, sample_registry, capsys):
 # ------------------------------------------------------------- token, TLS
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_token_and_tls(sample_registry, tmp_path, capsys, monkeypatch):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    key, cert = self_signed_cert(tmp_path)
     tokens = tmp_path / "tokens"
     tokens.write_text(TOKEN + "\n")
     monkeypatch.setenv("ORDREC_TEST_TOKEN", TOKEN)

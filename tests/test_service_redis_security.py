@@ -17,6 +17,7 @@ from ordrec.service.artifacts import Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.conftest import self_signed_cert
 
 
 def recommend(stub, user="u001", n=10, **kw):
@@ -151,29 +152,7 @@ def test_short_or_missing_tokens_refuse_to_start(sample_registry, tmp_path):
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls(sample_registry, tmp_path):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    key, cert = self_signed_cert(tmp_path)
     with ServerProcess(sample_registry, "--tls-cert", str(cert), "--tls-key", str(key)) as proc:
         credentials = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
         with grpc.secure_channel(f"localhost:{proc.port}", credentials) as ch:
