@@ -10,7 +10,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/ordrec
 ENV PATH=/opt/ordrec/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml README.md LICENSE MANIFEST.in ./
+COPY pyproject.toml setup.py README.md LICENSE MANIFEST.in ./
+COPY proto proto
 COPY ordrec ordrec
 COPY service service
 COPY trainer trainer

@@ -7,7 +7,8 @@ user's training items excluded. Rows:
 - ``plain``: the handler as before this issue (no hidden-items state at all);
 - ``hidden 0 / 10^3 / 10^5``: a registry-backed hidden set of that size for all models;
 - ``filter 1 %``: a filter that 1 % of the items pass (no hidden items);
-- with ``--ann``: the same rows through the faiss item index (built here; slow to build).
+- with ``--ann``: the same rows through the faiss item index (built here; slow to build), with
+  each row's recall@10 against the exact search under the same rules.
 
     python benchmarks/bench_rules.py [--items 200000] [--calls 2000] [--ann]
 
@@ -43,6 +44,8 @@ from ordrec.service.validation import Limits  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 LEVELS, RANK, N_USERS = [1.0, 2.0, 3.0, 4.0, 5.0], 10, 1000
+# Calls per row whose answers are checked against the exact search (after the warm-up).
+RECALL_CALLS = 300
 
 
 class _Context:
@@ -92,12 +95,12 @@ def artifact(n_items: int, with_index: bool, seed: int = 0) -> Artifact:
     )
 
 
-def servicers(root: Path, n_items: int, model: str) -> dict[str, tuple[RecommenderServicer, str]]:
-    """One servicer per row, all over the same loaded version; each hidden row has its own registry
+def servicers(root: Path, n_items: int, models: list[str]) -> dict[str, tuple[RecommenderServicer, str]]:
+    """One servicer per row, all over the same loaded versions; each hidden row has its own registry
     folder for the HIDDEN file (so the sets differ) but shares the model store."""
     metrics = Metrics()
     store = ModelStore(Registry(root / "registry"), metrics)
-    store.refresh([model])
+    store.refresh(models)
     rows = {"plain": (RecommenderServicer(store, metrics, Limits(), SeenStore()), "")}
     rng = np.random.default_rng(1)
     for label, count in (("hidden 0", 0), ("hidden 10^3", 1000), ("hidden 10^5", 100_000)):
@@ -112,11 +115,13 @@ def servicers(root: Path, n_items: int, model: str) -> dict[str, tuple[Recommend
     return rows
 
 
-def measure(rows: dict, model: str, calls: int) -> dict[str, list[float]]:
+def measure(rows: dict, model: str, calls: int) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Per-call latencies of each row, the rows taking turns call by call (a shared machine's
-    drift then biases them alike)."""
+    drift then biases them alike), and for the graph search each row's recall@10 against the
+    exact search under the same rules."""
     context = _Context()
     times: dict[str, list[float]] = {label: [] for label in rows}
+    found: dict[str, list[float]] = {label: [] for label in rows}
     for k in range(calls + 50):  # the first 50 warm up (numba, the filter's cache, the masks)
         for r, (label, (servicer, text)) in enumerate(rows.items()):
             # each row its own user at a time: a user just queried by another row would find
@@ -128,18 +133,24 @@ def measure(rows: dict, model: str, calls: int) -> dict[str, list[float]]:
             if k >= 50:
                 times[label].append(time.perf_counter() - start)
             assert len(reply.results[0].items) == 10
-    return times
+            if model != "exact" and k < 50 + RECALL_CALLS:
+                request.model = "exact"
+                truth = {item.id for item in servicer.Recommend(request, context).results[0].items}
+                found[label].append(len(truth & {item.id for item in reply.results[0].items}) / 10)
+    return times, {label: statistics.mean(values) for label, values in found.items() if values}
 
 
-def report(title: str, times: dict[str, list[float]]) -> None:
+def report(title: str, times: dict[str, list[float]], recall: dict[str, float]) -> None:
     base = statistics.median(times["plain"])
     print(f"\n{title}")
-    print(f"{'row':<14} {'calls':>6} {'p50 us':>8} {'p99 us':>8} {'p50 vs plain':>13}")
+    print(f"{'row':<14} {'calls':>6} {'p50 us':>8} {'p99 us':>8} {'p50 vs plain':>13} {'recall@10':>10}")
     for label, values in times.items():
         values = sorted(values)
         p50, p99 = statistics.median(values), values[int(0.99 * (len(values) - 1))]
+        hit = f"{recall[label]:.3f}" if label in recall else "exact"
         print(
-            f"{label:<14} {len(values):>6} {p50 * 1e6:>8.0f} {p99 * 1e6:>8.0f} {100 * (p50 / base - 1):>+12.1f}%"
+            f"{label:<14} {len(values):>6} {p50 * 1e6:>8.0f} {p99 * 1e6:>8.0f}"
+            f" {100 * (p50 / base - 1):>+12.1f}% {hit:>10}"
         )
 
 
@@ -157,12 +168,14 @@ def main() -> int:
             t0 = time.perf_counter()
             registry.publish("graph", artifact(args.items, with_index=True))
             print(f"built the item index over {args.items:,} items in {time.perf_counter() - t0:.0f} s")
-        for model in ("exact", "graph") if args.ann else ("exact",):
-            times = measure(servicers(root, args.items, model), model, args.calls)
+        models = ["exact", "graph"] if args.ann else ["exact"]
+        for model in models:
+            times, recall = measure(servicers(root, args.items, models), model, args.calls)
             report(
                 f"Recommend handler, {model} search, {args.items:,} items x {(len(LEVELS) - 1) * RANK} dims,"
                 f" n=10",
                 times,
+                recall,
             )
     return 0
 

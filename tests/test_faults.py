@@ -20,19 +20,16 @@ from ordrec.service.artifacts import Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.background_load import BackgroundLoad
 
 
-class LoadLoop:
+class LoadLoop(BackgroundLoad):
     """Threads calling Recommend back to back; records every failure with its start time."""
 
     def __init__(self, target: str, threads: int = 4, model: str = "dcr"):
         self.target, self.model = target, model
-        self.stop_event = threading.Event()
-        self.ok = 0
-        self.failures: list[tuple[float, str]] = []
         self.versions: set[str] = set()
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+        super().__init__(threads)
 
     def _run(self, i: int) -> None:
         users = [f"u{n:03d}" for n in range(1, 50)]
@@ -54,17 +51,6 @@ class LoadLoop:
                     with self._lock:
                         self.failures.append((start, f"{exc.code().name}: {exc.details()}"))
                 n += 1
-
-    def __enter__(self) -> LoadLoop:
-        for t in self.threads:
-            t.start()
-        wait_for(lambda: self.ok > 20, 30, what="load to start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(15)
 
 
 def _metric(proc, name: str) -> float:

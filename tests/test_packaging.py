@@ -167,12 +167,11 @@ def test_the_python_client_imports_only_grpc_and_the_generated_code():
 
 
 # ---------------------------------------------------------- wheel and sdist
-def test_the_proto_copies_beside_the_generated_code_are_current():
+def test_the_proto_files_live_once_in_proto():
+    """The wheel gets them from proto/ at build time (setup.py), so the tree holds no copy to go stale."""
     sources = sorted((ROOT / "proto" / "ordrec" / "v1").glob("*.proto"))
     assert sources
-    for source in sources:
-        copy = ROOT / "ordrec" / "v1" / source.name
-        assert copy.exists() and copy.read_bytes() == source.read_bytes(), f"run scripts/gen_proto.sh: {copy}"
+    assert not list((ROOT / "ordrec").rglob("*.proto"))
 
 
 def test_license():
@@ -219,7 +218,7 @@ def test_the_docker_build_copies_what_the_build_reads():
         for word in line.split()[1:-1]
     }
     project = _project()
-    assert {project["readme"], *project["license-files"], "pyproject.toml"} <= copied
+    assert {project["readme"], *project["license-files"], "pyproject.toml", "setup.py", "proto"} <= copied
     assert set(SOURCE_ROOTS) and {str(v.relative_to(ROOT)) for v in SOURCE_ROOTS.values()} <= copied
     # Serving (and s3:// registries) by default; --build-arg EXTRAS=train adds the trainer's dependencies.
     assert 'pip install ".[s3${EXTRAS:+,$EXTRAS}]"' in text and 'ARG EXTRAS=""' in text

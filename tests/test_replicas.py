@@ -5,7 +5,6 @@ real redis-server, as three pods of a Deployment would."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 
@@ -18,6 +17,7 @@ from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.notify import notify_published
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.background_load import BackgroundLoad
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.redis
@@ -120,7 +120,7 @@ def _recommends_answered(proc: ServerProcess) -> float:
     )
 
 
-class RoundRobinLoad:
+class RoundRobinLoad(BackgroundLoad):
     """Threads sending Recommend through one round_robin channel over every replica."""
 
     def __init__(self, target: str, threads: int = 2):
@@ -135,11 +135,7 @@ class RoundRobinLoad:
         ]
         self.channel = grpc.insecure_channel(target, options=options)
         self.stub = recommender_pb2_grpc.RecommenderStub(self.channel)
-        self.stop_event = threading.Event()
-        self.ok = 0
-        self.failures: list[str] = []
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
+        super().__init__(threads)
 
     def _run(self, i: int) -> None:
         n = i
@@ -156,16 +152,7 @@ class RoundRobinLoad:
                     self.failures.append(f"{exc.code().name}: {exc.details()}")
             n += 2
 
-    def __enter__(self) -> RoundRobinLoad:
-        for t in self.threads:
-            t.start()
-        wait_for(lambda: self.ok > 20, 30, what="load to start")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop_event.set()
-        for t in self.threads:
-            t.join(15)
+    def close(self) -> None:
         self.channel.close()
 
 

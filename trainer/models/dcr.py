@@ -726,14 +726,7 @@ class DCR(Estimator):
         if given is not None or not self.early_stopping or validation is not None:
             return given
         inner = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
-        # Every user holds out at least 2 ratings, so users with 2 or fewer leave nothing behind.
-        if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
-            raise DataError(
-                data.source,
-                None,
-                "early_stopping holds out at least 2 ratings per user, and no"
-                " user has more than 2: nothing would be left to train on",
-            )
+        _require_ratings_to_hold_out(data, "early_stopping")
         # Its own random stream: the hold-outs do not shift the refit's initialisation.
         rng = np.random.default_rng([int(self.random_state), 1])
         self.chosen_level_epochs_ = stopped_level_epochs(
@@ -905,13 +898,7 @@ class DCR(Estimator):
         """Validation NDCG@10 of the pointwise fit and of its refinement (with ``overrides``),
         each user's averaged over ``validation_folds`` hold-outs of ``data`` then over users,
         and the standard error over users of the refinement's gain."""
-        if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
-            raise DataError(
-                data.source,
-                None,
-                "pairwise_validation holds out at least 2 ratings per user, and no"
-                " user has more than 2: nothing would be left to train on",
-            )
+        _require_ratings_to_hold_out(data, "pairwise_validation")
         params = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
         # The epochs of the full fit when it had per-level counts; else its stopping rule.
         research = replace(self.research_, level_epochs=getattr(self, "best_epochs_", None))
@@ -1040,3 +1027,14 @@ class DCR(Estimator):
 
 
 Estimator = DCR
+
+
+def _require_ratings_to_hold_out(data: Ratings, option: str) -> None:
+    """Every user holds out at least 2 ratings, so users with 2 or fewer leave nothing behind."""
+    if not np.any(np.bincount(data.user, minlength=data.n_users) > 2):
+        raise DataError(
+            data.source,
+            None,
+            f"{option} holds out at least 2 ratings per user, and no"
+            " user has more than 2: nothing would be left to train on",
+        )
