@@ -52,6 +52,8 @@ _MAX_EF = 4096
 # Exclusions above this fraction of the catalogue go straight to the exact pass: a graph
 # search that must skip most of what it visits degrades towards a full scan anyway.
 MAX_EXCLUDED_FRACTION = 0.05
+# Down to this share of eligible items a filtered walk keeps its breadth (service/ann.py, search).
+ELIGIBLE_SHARE_NOT_WIDENED = 0.5
 # Below this share of eligible items (hidden or filtered out: service/rules.py) the caller
 # scores the eligible rows exactly; the graph walk would visit mostly blocked ones.
 MIN_ELIGIBLE_FRACTION = 0.1
@@ -151,6 +153,17 @@ class AnnSearch:
         ef = params["ef_search"]
         return cls(index, n_items, ef, f"{LIBRARY} M={params['M']} ef_search={ef}")
 
+    def vectors(self) -> np.ndarray:
+        """The indexed item vectors, read-only, shape ``(n_items, d)``: a view of the index's own
+        memory-mapped storage, so the server holds the item factors once, not twice. Valid as long
+        as this object lives."""
+        faiss = _faiss()
+        storage = faiss.downcast_index(self.index.storage)
+        n, d = storage.ntotal, storage.d
+        view = faiss.rev_swig_ptr(storage.get_xb(), n * d).reshape(n, d)
+        view.flags.writeable = False
+        return view
+
     def search(
         self, query: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None
     ) -> Ranked | None:
@@ -198,9 +211,12 @@ class AnnSearch:
         # Excluded items are mostly the user's own best (the training items the model fits), so
         # a filtered walk must step over them: widen it by their number, as over-fetching would.
         # Blocked items (hidden, filtered out) are spread over the catalogue instead: the walk
-        # meets about one eligible item per 1/share visited, so it widens by that factor.
+        # meets about one eligible item per 1/share visited. While at least half are eligible
+        # the walk's breadth already holds enough of them (recall unchanged, docs/catalog.md);
+        # below that it widens so the eligible candidates stay at half the breadth.
         share = left / self.n_items
-        ef = min(max(int((self.ef_search + excluded) / share), want), _MAX_EF)
+        widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / share)
+        ef = min(max(int((self.ef_search + excluded) * widen), want), _MAX_EF)
         while ef <= _MAX_EF:
             params.efSearch = ef
             scores, rows = self.index.search(query, want, params=params)

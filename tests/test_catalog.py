@@ -159,6 +159,24 @@ def test_index_over_other_items_is_refused(tmp_path):
         build_index(reg.load("big"))
 
 
+def test_index_over_other_vectors_of_the_same_shape_is_refused(tmp_path):
+    artifact = clustered_artifact()
+    other = artifact.arrays["item_factors"].copy()
+    other[::7] *= 0.5  # every 7th row: the spot check of a spread of rows meets some
+    artifact.indexes = {"items": ann.item_index(other, SMALL_GRAPH)}
+    reg = Registry(tmp_path)
+    reg.publish("big", artifact)
+    with pytest.raises(ArtifactError, match="does not hold the version's item factors"):
+        build_index(reg.load("big"))
+
+
+def test_exact_scoring_reads_the_index_copy_of_the_item_factors(served):
+    """Held once: the exact path scores from the index's memory-mapped vectors, equal to the version's."""
+    assert np.shares_memory(served._item, served.ann.vectors())
+    assert np.array_equal(served._item, served.artifact.array("item_factors"))
+    assert not served._item.flags.writeable
+
+
 def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
     # Through the CLI's publish path (and out of process: a fit here would start numba's
     # thread pool inside the test session).

@@ -64,9 +64,14 @@ class ModelIndex(abc.ABC):
         return []
 
 
-def check_finite(name: str, array: np.ndarray) -> None:
-    if not np.all(np.isfinite(array)):
-        raise ArtifactError(f"array {name!r} holds NaN or infinite values")
+def check_finite(name: str, array: np.ndarray, block_bytes: int = 1 << 24) -> None:
+    """Fails on any NaN or infinity, reading ``array`` in blocks of rows so that a large
+    (memory-mapped) array needs no temporary of its own size."""
+    rows = max(1, block_bytes // max(1, array[:1].nbytes)) if array.ndim else 1
+    for start in range(0, max(1, len(array)) if array.ndim else 1, rows):
+        block = array[start : start + rows] if array.ndim else array
+        if not np.all(np.isfinite(block)):
+            raise ArtifactError(f"array {name!r} holds NaN or infinite values")
 
 
 class RecommenderIndex(ModelIndex):

@@ -118,7 +118,6 @@ class DCRIndex(RecommenderIndex):
                 f" {len(self.users)} users, {len(self.items)} items, {n_levels} levels x rank {self.rank}"
             )
         check_finite("user_factors", user)
-        check_finite("item_factors", item)
         self.n_levels = n_levels
         self.weights = c
         self.offset = np.float32(offset)
@@ -127,10 +126,16 @@ class DCRIndex(RecommenderIndex):
         # folded per request rather than into a copy: at a million users a folded copy would
         # double the user factors' memory, for one row multiply a request.
         self._scale = np.repeat(c, self.rank).astype(np.float32)
-        self._item = np.ascontiguousarray(item)
         self.ann = self._open_ann(artifact, width)
-        if self.ann is not None:
+        if self.ann is None:
+            self._item = np.ascontiguousarray(item)
+        else:
             self.search = self.ann.description
+            # Exact scoring reads the index's copy of the item factors: the version's own
+            # file is never paged in, so the factors are resident once.
+            self._item = self.ann.vectors()
+            _check_same_rows(artifact, item, self._item)
+        check_finite("item_factors", self._item)
 
     @staticmethod
     def _open_ann(artifact: Artifact, width: int):
@@ -228,3 +233,11 @@ class DCRIndex(RecommenderIndex):
         dist = self.distribution(0, np.arange(min(3, len(self.items))))
         if not (np.all(np.isfinite(dist)) and np.allclose(dist.sum(axis=1), 1.0, atol=1e-4)):
             raise ArtifactError(f"{self.artifact.describe()}: smoke distribution is not a distribution")
+
+
+def _check_same_rows(artifact: Artifact, item: np.ndarray, indexed: np.ndarray, sample: int = 64) -> None:
+    """The item index must hold the version's item factors: compare a spread of rows (reading a
+    few pages of the factor file rather than all of it)."""
+    rows = np.unique(np.linspace(0, len(item) - 1, num=min(sample, len(item)), dtype=np.int64))
+    if not np.array_equal(item[rows], indexed[rows]):
+        raise ArtifactError(f"{artifact.describe()}: the item index does not hold the version's item factors")
