@@ -103,6 +103,7 @@ def loadtest(
     seconds: float,
     engine: str,
     arrivals: str,
+    connections: int = 8,
 ) -> dict:
     out = Path(tempfile.mkstemp(suffix=".json")[1])
     cmd = [
@@ -121,7 +122,7 @@ def loadtest(
         "--engine",
         engine,
         "--connections",
-        "8",
+        str(connections),
         "--concurrency",
         "64",
         "--processes",

@@ -306,11 +306,18 @@ def _manifest_json(manifest: manifest_pb2.Manifest) -> bytes:
 
 
 class LiveVersions:
-    """Which version is live, the same for every registry backend.
+    """Which version is live, and which items are hidden, the same for every registry backend.
 
-    A backend provides ``models()``, ``versions(name)``, ``pinned(name)`` and
-    ``root`` (where it lives, for messages).
+    A backend provides ``models()``, ``versions(name)``, ``pinned(name)``,
+    ``hidden(scope)`` and ``root`` (where it lives, for messages).
     """
+
+    def hidden_scopes(self) -> dict[str, frozenset[str]]:
+        """Every scope that has a HIDDEN file, with its ids."""
+        scopes = {ALL_MODELS: self.hidden(ALL_MODELS)}  # type: ignore[attr-defined]
+        for name in self.models():  # type: ignore[attr-defined]
+            scopes[name] = self.hidden(name)  # type: ignore[attr-defined]
+        return {scope: ids for scope, ids in scopes.items() if ids}
 
     def live_version(self, name: str) -> tuple[str, str]:
         """The version a server should serve, and why ("pinned" or "newest")."""
@@ -402,13 +409,6 @@ class Registry(LiveVersions):
         except FileNotFoundError:
             return frozenset()
         return frozenset(line for line in text.splitlines() if line)
-
-    def hidden_scopes(self) -> dict[str, frozenset[str]]:
-        """Every scope that has a HIDDEN file, with its ids."""
-        scopes = {ALL_MODELS: self.hidden(ALL_MODELS)}
-        for name in self.models():
-            scopes[name] = self.hidden(name)
-        return {scope: ids for scope, ids in scopes.items() if ids}
 
     def hidden_token(self) -> tuple:
         """Changes whenever a HIDDEN file does: what the server's poll compares."""

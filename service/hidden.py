@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 import redis
 
-from ordrec.service.artifacts import ALL_MODELS, Registry
+from ordrec.service.artifacts import ALL_MODELS
 from ordrec.service.errors import FailedPrecondition, Unavailable
 from ordrec.service.idmap import IdMap
 from ordrec.service.rules import Eligible, hidden_mask
@@ -48,10 +48,20 @@ class Backend(Protocol):
     def change(self, scope: str, ids: Iterable[str], hide: bool) -> int: ...
 
 
-class RegistryBackend:
-    """Hidden ids in the registry's HIDDEN files (deployments without Redis)."""
+class HiddenFiles(Protocol):
+    """What a registry (a folder, ``Registry``, or an object store, ``S3Registry``) offers."""
 
-    def __init__(self, registry: Registry):
+    def hidden(self, scope: str) -> frozenset[str]: ...
+    def hidden_scopes(self) -> Sets: ...
+    def hidden_token(self) -> object: ...
+    def set_hidden(self, scope: str, ids: Iterable[str]) -> None: ...
+
+
+class RegistryBackend:
+    """Hidden ids in the registry's HIDDEN files (deployments without Redis, and the mirror
+    read at start-up while Redis is down)."""
+
+    def __init__(self, registry: HiddenFiles):
         self.registry = registry
         self._lock = threading.Lock()  # one writer per process; cross-process writers are rare (operators)
 
@@ -68,29 +78,6 @@ class RegistryBackend:
             if after != before:
                 self.registry.set_hidden(scope, after)
             return abs(len(after) - len(before))
-
-
-class NoBackend:
-    """A registry that cannot hold hidden items (an s3:// one): nothing hidden, changes refused."""
-
-    def __init__(self, why: str):
-        self.why = why
-
-    def token(self) -> object:
-        return None
-
-    def read(self) -> Sets:
-        return {}
-
-    def change(self, scope: str, ids: Iterable[str], hide: bool) -> int:
-        raise FailedPrecondition(self.why)
-
-
-def registry_backend(registry) -> RegistryBackend | NoBackend:
-    """Hidden items in a local registry's files; an object-store registry needs Redis for them."""
-    if isinstance(registry, Registry):
-        return RegistryBackend(registry)
-    return NoBackend(f"hidden items with the registry {registry!r} need Redis (--redis)")
 
 
 class RedisBackend:

@@ -106,7 +106,7 @@ class PackedIds(Sequence[str]):
     def __len__(self) -> int:
         return self._n
 
-    def __getitem__(self, row):  # type: ignore[override]
+    def __getitem__(self, row):
         if isinstance(row, slice):
             return [self[r] for r in range(*row.indices(self._n))]
         if row < 0:

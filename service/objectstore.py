@@ -41,7 +41,7 @@ import tempfile
 import time
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,9 @@ from ordrec.service.artifacts import (
     _NAME_RE,
     _TMP_PREFIX,
     _VERSION_FMT,
+    ALL_MODELS,
     FORMAT,
+    HIDDEN_FILE,
     MANIFEST,
     PIN_FILE,
     Artifact,
@@ -265,6 +267,35 @@ class S3Registry(LiveVersions):
 
     def unpin(self, name: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(validate_model_name(name), PIN_FILE))
+
+    # ---------------------------------------------------------- hidden items
+    def _hidden_key(self, scope: str) -> str:
+        return (
+            self._key(HIDDEN_FILE)
+            if scope == ALL_MODELS
+            else self._key(validate_model_name(scope), HIDDEN_FILE)
+        )
+
+    def hidden(self, scope: str) -> frozenset[str]:
+        """Item ids hidden for ``scope`` (a model name, or ``ALL_MODELS``) without Redis."""
+        data = self._get(self._hidden_key(scope))
+        return frozenset(line for line in data.decode("utf-8").splitlines() if line) if data else frozenset()
+
+    def hidden_token(self) -> tuple:
+        """The HIDDEN objects' ETags: changes whenever one does (what the server's poll compares)."""
+        token = []
+        for key in [self._hidden_key(ALL_MODELS)] + [self._hidden_key(n) for n in self.models()]:
+            try:
+                token.append((key, self.client.head_object(Bucket=self.bucket, Key=key)["ETag"]))
+            except Exception as exc:  # botocore's ClientError
+                if not _missing(exc):
+                    raise
+        return tuple(token)
+
+    def set_hidden(self, scope: str, ids: Iterable[str]) -> None:
+        """Replace the hidden ids of ``scope`` (one PUT: readers see the old or the new list)."""
+        body = "".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")
+        self.client.put_object(Bucket=self.bucket, Key=self._hidden_key(scope), Body=body)
 
     # ------------------------------------------------------------ publishing
     def publish(

@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ordrec.service import topk
-from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend, registry_backend
+from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
@@ -120,13 +120,12 @@ class Server:
     def _hidden_state(self, config: ServerConfig) -> tuple[HiddenState, object]:
         """Hidden items in Redis (mirrored to the registry, read from there when Redis is down at
         start-up), or in the registry followed by the poll."""
-        files = registry_backend(self.store.registry)
+        files = RegistryBackend(self.store.registry)
         if not config.redis_url:
             return HiddenState(files, config.poll_interval or 5.0), None
         # Its own client with a longer timeout: it reads whole sets off the request path.
         backend = RedisBackend(connect(config.redis_url, max(config.redis_timeout, 1.0)))
-        mirror = files if isinstance(files, RegistryBackend) else None
-        return HiddenState(backend, config.hidden_interval, fallback=mirror), mirror
+        return HiddenState(backend, config.hidden_interval, fallback=files), files
 
     def serving(self) -> bool:
         return bool(self.store.snapshot())

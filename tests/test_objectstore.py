@@ -271,3 +271,42 @@ def test_the_default_cache_lives_in_a_private_folder(s3_url, tmp_path, monkeypat
     loaded = registry.load("m")
     assert loaded.path.is_relative_to(tmp_path / "xdg" / "ordrec" / "registry")
     assert (loaded.path.parent.stat().st_mode & 0o077) == 0
+
+
+def test_hidden_items_live_in_the_store_without_redis(s3_url, sample_dir, tmp_path):
+    """No Redis: a hide through the server or the trainer's CLI goes into the store's HIDDEN objects,
+    and every replica reading the store follows it at its poll."""
+    import grpc
+
+    from ordrec.tools.process import ServerProcess, wait_for
+    from ordrec.v1 import recommender_pb2 as pb
+    from ordrec.v1 import recommender_pb2_grpc
+
+    train = ["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data")]
+    run_cli([*train, "--registry", s3_url, "--set", "max_iter=2"])
+    flags = ["--poll-interval", "0.5"]
+    with (
+        ServerProcess(s3_url, *flags, "--cache-dir", str(tmp_path / "a")) as a,
+        ServerProcess(s3_url, *flags, "--cache-dir", str(tmp_path / "b")) as b,
+        grpc.insecure_channel(a.target) as ca,
+        grpc.insecure_channel(b.target) as cb,
+    ):
+        sa, sb = recommender_pb2_grpc.RecommenderStub(ca), recommender_pb2_grpc.RecommenderStub(cb)
+
+        def top(stub) -> list[str]:
+            reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=5)
+            return [i.id for i in reply.results[0].items]
+
+        before = top(sa)
+        assert sa.HideItems(pb.HideItemsRequest(model="dcr", item_ids=before[:2]), timeout=5).changed == 2
+        assert not set(before[:2]) & set(top(sa))
+        wait_for(lambda: not set(before[:2]) & set(top(sb)), 5, what="replica b follows the store")
+        run_cli(["ordrec.trainer", "hide", "--registry", s3_url, before[2]])  # all models
+        wait_for(lambda: before[2] not in top(sa) and before[2] not in top(sb), 5, what="the CLI's hide")
+        assert S3Registry(s3_url).hidden_scopes() == {
+            "*": frozenset(before[2:3]),
+            "dcr": frozenset(before[:2]),
+        }
+        run_cli(["ordrec.trainer", "unhide", "--registry", s3_url, "--model", "dcr", *before[:2]])
+        run_cli(["ordrec.trainer", "unhide", "--registry", s3_url, before[2]])
+        wait_for(lambda: top(sa) == before and top(sb) == before, 5, what="unhide")

@@ -229,17 +229,37 @@ def _grpc_frame(message) -> bytes:
     return struct.pack(">BI", 0, len(body)) + body
 
 
-def _handled_counts(metrics_urls: str) -> dict[str, float]:
-    """``grpc_server_handled_total`` by code, summed over every server process
-    (``metrics_urls``: comma-separated, one per process sharing the port)."""
-    counts: dict[str, float] = {}
+def _handled_by_process(metrics_urls: str) -> list[dict[str, float]]:
+    """``grpc_server_handled_total`` by code, per server process (``metrics_urls``:
+    comma-separated, one per process sharing the port)."""
+    out = []
     for url in metrics_urls.split(","):
         text = urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=5).read().decode()
+        counts: dict[str, float] = {}
         for line in text.splitlines():
             if line.startswith("grpc_server_handled_total{"):
                 code = line.split('grpc_code="', 1)[1].split('"', 1)[0]
                 counts[code] = counts.get(code, 0.0) + float(line.rsplit(" ", 1)[1])
-    return counts
+        out.append(counts)
+    return out
+
+
+def _handled_counts(metrics_urls: str) -> dict[str, float]:
+    """``grpc_server_handled_total`` by code, summed over every server process."""
+    total: dict[str, float] = {}
+    for counts in _handled_by_process(metrics_urls):
+        for code, n in counts.items():
+            total[code] = total.get(code, 0.0) + n
+    return total
+
+
+def process_shares(before: list[dict[str, float]], after: list[dict[str, float]]) -> list[float]:
+    """Each server process's share of the calls it answered OK between two scrapes: the kernel
+    spreads connections, not calls, over processes sharing a port, so a few connections can
+    load one process far more than the other."""
+    done = [a.get("OK", 0.0) - b.get("OK", 0.0) for a, b in zip(before, after)]
+    total = sum(done)
+    return [d / total for d in done] if total else []
 
 
 def _h2load_cmd(
@@ -357,7 +377,7 @@ def summarise(latencies: np.ndarray, errors: dict[str, int], seconds: float) -> 
     }
 
 
-def print_summary(label: str, summary: dict[str, float], errors: dict[str, int]) -> None:
+def print_summary(label: str, summary: dict, errors: dict[str, int]) -> None:
     print(
         f"{'run':<28} {'requests':>9} {'QPS':>8} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>7}"
     )
@@ -367,6 +387,8 @@ def print_summary(label: str, summary: dict[str, float], errors: dict[str, int])
     )
     if errors:
         print("errors by status: " + ", ".join(f"{k}={v}" for k, v in sorted(errors.items())))
+    if len(summary.get("process_shares") or []) > 1:
+        print("calls per server process: " + ", ".join(f"{s:.0%}" for s in summary["process_shares"]))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -421,8 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     internal = {"--out", "--start-at", "--worker-concurrency", "--worker-rate", "--seed"}
     args.passthrough = without_flags(argv, internal)
     engine = run_h2load_engine if args.engine == "h2load" else run_python_engine
+    before = _handled_by_process(args.metrics_url) if args.metrics_url else []
     latencies, errors, seconds = engine(args)
     summary = summarise(latencies, errors, seconds)
+    if args.metrics_url:
+        summary["process_shares"] = process_shares(before, _handled_by_process(args.metrics_url))
     label = args.label or f"{args.engine} {args.mix} c={args.concurrency}" + (
         f" r={args.rate:g}" if args.rate else ""
     )

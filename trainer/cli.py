@@ -193,12 +193,12 @@ def cmd_unpin(args: argparse.Namespace) -> int:
 
 def _hidden_backends(args: argparse.Namespace):
     """Where hidden items live: Redis (mirrored to the registry) when given, else the registry."""
-    from ordrec.service.hidden import RedisBackend, RegistryBackend, registry_backend
+    from ordrec.service.hidden import RedisBackend, RegistryBackend
     from ordrec.service.redis_state import connect
 
-    files = registry_backend(open_registry(args.registry))
+    files = RegistryBackend(open_registry(args.registry))
     if args.redis:
-        return RedisBackend(connect(args.redis, 5.0)), files if isinstance(files, RegistryBackend) else None
+        return RedisBackend(connect(args.redis, 5.0)), files
     return files, None
 
 
