@@ -365,6 +365,10 @@ class Client:
         request = pb.HideItemsRequest(model=model, item_ids=list(item_ids))
         return self._unary(self._stub.UnhideItems, request, timeout)
 
-    def hidden(self, *, model: str = "", timeout: float | None = None) -> pb.ListHiddenResponse:
-        """``ListHidden``: hidden items by scope ("" every scope, "*" the all-models one, or a model's)."""
-        return self._unary(self._stub.ListHidden, pb.ListHiddenRequest(model=model), timeout)
+    def hidden(
+        self, *, model: str = "", after_item_id: str = "", timeout: float | None = None
+    ) -> pb.ListHiddenResponse:
+        """``ListHidden``: hidden items by scope ("" every scope, "*" the all-models one, or a model's),
+        a page of at most the server's ``--max-ids`` ids each, after ``after_item_id``."""
+        request = pb.ListHiddenRequest(model=model, after_item_id=after_item_id)
+        return self._unary(self._stub.ListHidden, request, timeout)

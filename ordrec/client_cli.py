@@ -267,7 +267,7 @@ def cmd_hide(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_hidden(client: Client, args: argparse.Namespace) -> int:
-    reply = client.hidden(model=args.model)
+    reply = client.hidden(model=args.model, after_item_id=args.after)
     if args.json:
         _print_json(_to_dict(reply))
         return 0
@@ -491,6 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument(
         "--model", default="", help="a model (its scope and the all-models one), '*', or '' (all)"
     )
+    ls.add_argument("--after", default="", metavar="ID", help="the next page: ids sorting after this one")
     return p
 
 

@@ -8,6 +8,8 @@ and answered INTERNAL without one.
 
 from __future__ import annotations
 
+import bisect
+
 import functools
 import inspect
 import logging
@@ -468,9 +470,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         else:
             scopes = [ALL_MODELS, self._scope(request.model)]
         reply = pb.ListHiddenResponse(rules_stale=state.stale)
+        after = request.after_item_id
         for scope in scopes:
             ids = sorted(sets.get(scope, ()))
-            reply.scopes.add(model=scope, item_ids=ids[: self.limits.max_ids], count=len(ids))
+            start = bisect.bisect_right(ids, after) if after else 0
+            reply.scopes.add(model=scope, item_ids=ids[start : start + self.limits.max_ids], count=len(ids))
         return reply
 
 

@@ -209,3 +209,22 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
             5,
             what="fresh again",
         )
+
+
+def test_list_hidden_pages_through_a_long_list(tmp_path):
+    """Each scope's reply holds at most --max-ids ids; ``after_item_id`` asks for the next page."""
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    ids = [f"item{i:02d}" for i in range(10)]
+    with ServerProcess(registry, "--max-ids", "4") as server, Client(server.target, timeout=5) as client:
+        for start in range(0, 10, 4):
+            client.hide(ids[start : start + 4])
+        pages, after = [], ""
+        while True:
+            (scope,) = client.hidden(model="*", after_item_id=after).scopes
+            assert scope.count == 10
+            if not scope.item_ids:
+                break
+            pages.append(list(scope.item_ids))
+            after = scope.item_ids[-1]
+        assert pages == [ids[0:4], ids[4:8], ids[8:10]]

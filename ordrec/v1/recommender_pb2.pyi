@@ -284,10 +284,12 @@ class HideItemsResponse(_message.Message):
     def __init__(self, changed: _Optional[int] = ..., unknown: _Optional[int] = ..., total: _Optional[int] = ..., model: _Optional[str] = ...) -> None: ...
 
 class ListHiddenRequest(_message.Message):
-    __slots__ = ("model",)
+    __slots__ = ("model", "after_item_id")
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    AFTER_ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     model: str
-    def __init__(self, model: _Optional[str] = ...) -> None: ...
+    after_item_id: str
+    def __init__(self, model: _Optional[str] = ..., after_item_id: _Optional[str] = ...) -> None: ...
 
 class HiddenItems(_message.Message):
     __slots__ = ("model", "item_ids", "count")
