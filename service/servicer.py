@@ -9,7 +9,6 @@ and answered INTERNAL without one.
 from __future__ import annotations
 
 import bisect
-
 import functools
 import inspect
 import logging
