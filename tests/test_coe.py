@@ -109,7 +109,7 @@ def test_one_step_moves_along_the_gradient_with_the_prior():
     rng = np.random.default_rng(1)
     X = rng.normal(size=(2, 2))
     Y = rng.normal(size=(2, 2))
-    lr, eta = 1e-3, 0.1
+    lr, reg = 1e-3, 0.1
     for kind, triple in ((0, (0, 0, 1)), (1, (0, 1, 1))):
         grad = K.triple_gradient(X, Y, kind, *triple, K.GOMPERTZ, 1.5)
         X2, Y2 = X.copy(), Y.copy()
@@ -124,7 +124,7 @@ def test_one_step_moves_along_the_gradient_with_the_prior():
             1,
             K.GOMPERTZ,
             1.5,
-            eta,
+            reg,
             lr,
             lr,
             0,
@@ -135,7 +135,7 @@ def test_one_step_moves_along_the_gradient_with_the_prior():
             else [(X, X2, triple[0]), (X, X2, triple[1]), (Y, Y2, triple[2])]
         )
         for row, (before, after, r) in enumerate(points):
-            np.testing.assert_allclose(after[r], before[r] + lr * (grad[row] - eta * before[r]))
+            np.testing.assert_allclose(after[r], before[r] + lr * (grad[row] - reg * before[r]))
 
 
 # ------------------------------------------------------ counting and sampling
@@ -275,7 +275,7 @@ def test_planted_geometry_is_recovered():
     data = ratings_from(user, item, values, n_users, n_items)
     triples = TripleSource.build(data.user, data.item, values.astype(np.float32), n_users, n_items)
     model = COE(
-        n_components=2, function="sigmoid", lam=4.0, eta=0.0, learning_rate=0.1, max_iter=60, random_state=0
+        n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1, max_iter=60, random_state=0
     )
     model.fit_triples(data, triples)
     index = COEIndex.from_artifact(model.to_artifact())
@@ -307,7 +307,7 @@ def test_estimator_contract_and_determinism():
 def test_divergence_is_reported():
     data = random_ratings(np.random.default_rng(0))
     with pytest.raises(FloatingPointError):
-        COE(learning_rate=1e6, eta=1.0, max_iter=2).fit(data)
+        COE(learning_rate=1e6, reg=1.0, max_iter=2).fit(data)
 
 
 def test_cooccurrence_source_fits():
@@ -442,7 +442,7 @@ def test_explicit_triples_file(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     triples = read_triples(str(path))
     assert len(triples) == 3000 and triples.n_users == 12 and triples.n_items == 15
-    model = COE(n_components=2, lam=4.0, eta=0.0, max_iter=30, random_state=0).fit(triples)
+    model = COE(n_components=2, lam=4.0, reg=0.0, max_iter=30, random_state=0).fit(triples)
     X, Y = model.user_coords_, model.item_coords_
     a = triples.kind == 0
     d = lambda P, p, Q, q: np.linalg.norm(P[p] - Q[q], axis=1)  # noqa: E731

@@ -87,7 +87,7 @@ def test_tune_per_split_uses_observed_ratings_only(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(protocol, "tune", spy)
     monkeypatch.setattr(protocol, "fit_and_evaluate", fit_spy)
     monkeypatch.setattr(
-        protocol, "GRID", {"lam": [1.0, 4.0], "alpha": [1.0], "eta": [0.0], "group_power": [1.0, 0.0]}
+        protocol, "GRID", {"lam": [1.0, 4.0], "alpha": [1.0], "reg": [0.0], "group_power": [1.0, 0.0]}
     )
     assert (
         main(

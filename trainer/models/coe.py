@@ -172,7 +172,7 @@ class COE(Estimator):
         lambda, the slope of the sigmoid (COE-S).
     alpha : float, default 1.0
         alpha, the rate of the Gompertz function (COE-G).
-    eta : float, default 0.01
+    reg : float, default 0.01
         L2 weight from the N(0, gamma^2 I) priors (gamma = beta, Section 3.3).
     learning_rate : float, default 0.1
         Initial learning rate epsilon.
@@ -211,7 +211,7 @@ class COE(Estimator):
         "function": [Options(str, set(FUNCTIONS))],
         "lam": [Interval(Real, None, None)],
         "alpha": [Interval(Real, None, None)],
-        "eta": [Interval(Real, 0, None)],
+        "reg": [Interval(Real, 0, None)],
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
         "learning_rate_final_ratio": [Interval(Real, 0, None)],
         "max_iter": [Interval(Integral, 1, None)],
@@ -231,7 +231,7 @@ class COE(Estimator):
         function: str = "sigmoid",
         lam: float = 4.0,
         alpha: float = 1.0,
-        eta: float = 0.01,
+        reg: float = 0.01,
         learning_rate: float = 0.1,
         learning_rate_final_ratio: float = 0.01,
         max_iter: int = 40,
@@ -247,7 +247,7 @@ class COE(Estimator):
         self.function = function
         self.lam = lam
         self.alpha = alpha
-        self.eta = eta
+        self.reg = reg
         self.learning_rate = learning_rate
         self.learning_rate_final_ratio = learning_rate_final_ratio
         self.max_iter = max_iter
@@ -307,7 +307,7 @@ class COE(Estimator):
                     p_a,
                     func,
                     self.scale,
-                    float(self.eta),
+                    float(self.reg),
                     lr0,
                     lr1,
                     int(self.random_state) * 1_000_003 + epoch,
@@ -351,7 +351,7 @@ class COE(Estimator):
                     steps,
                     FUNCTIONS[self.function],
                     self.scale,
-                    float(self.eta),
+                    float(self.reg),
                     lr0,
                     lr1,
                     int(self.random_state) * 1_000_003 + epoch,

@@ -137,17 +137,17 @@ def _gradient_into(X, Y, kind, a, b, c, func, scale, out):
 
 
 @njit(cache=True, inline="always")
-def _step(X, Y, kind, a, b, c, func, scale, eta, lr, grad):
-    """One ascent step on one triple: each of its points moves by lr * (grad ln P - eta * point)."""
+def _step(X, Y, kind, a, b, c, func, scale, reg, lr, grad):
+    """One ascent step on one triple: each of its points moves by lr * (grad ln P - reg * point)."""
     _gradient_into(X, Y, kind, a, b, c, func, scale, grad)
     if kind == 0:
         P0, P1, P2 = X[a], Y[b], Y[c]
     else:
         P0, P1, P2 = X[a], X[b], Y[c]
     for k in range(X.shape[1]):
-        P0[k] += lr * (grad[0, k] - eta * P0[k])
-        P1[k] += lr * (grad[1, k] - eta * P1[k])
-        P2[k] += lr * (grad[2, k] - eta * P2[k])
+        P0[k] += lr * (grad[0, k] - reg * P0[k])
+        P1[k] += lr * (grad[1, k] - reg * P1[k])
+        P2[k] += lr * (grad[2, k] - reg * P2[k])
 
 
 # ---------------------------------------------------------------- sampling
@@ -235,7 +235,7 @@ def sga_epoch(
     p_a,
     func,
     scale,
-    eta,
+    reg,
     lr_start,
     lr_end,
     seed,
@@ -247,7 +247,7 @@ def sga_epoch(
     ``*_cum``, and one of the group's triples uniformly; with weights = triple
     counts and ``p_a`` = T_A / (T_A + T_B) that is the paper's uniform draw
     over the triple set. It then moves the triple's three points by
-    ``lr * (grad ln P - eta * point)``.
+    ``lr * (grad ln P - reg * point)``.
     The learning rate falls linearly from ``lr_start`` to ``lr_end`` over the
     epoch (the caller decays it across epochs). Returns the mean ln P of the
     drawn triples (before their step) as a progress statistic.
@@ -272,7 +272,7 @@ def sga_epoch(
             i = _draw_group(b_cum, total_b)
             p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
             a, b, c = b_users[p], b_users[q], i
-        _step(X, Y, kind, a, b, c, func, scale, eta, lr, grad)
+        _step(X, Y, kind, a, b, c, func, scale, reg, lr, grad)
         if t % 64 == 0:  # a cheap running estimate of the objective
             log_sum += triple_log_prob(X, Y, kind, a, b, c, func, scale)
     n_logged = (n_steps + 63) // 64
@@ -280,7 +280,7 @@ def sga_epoch(
 
 
 @njit(cache=True)
-def sga_explicit(X, Y, kind, first, second, third, n_steps, func, scale, eta, lr_start, lr_end, seed):
+def sga_explicit(X, Y, kind, first, second, third, n_steps, func, scale, reg, lr_start, lr_end, seed):
     """SGA over an explicit list of triples (a triples file), drawn uniformly."""
     np.random.seed(seed)
     D = X.shape[1]
@@ -293,7 +293,7 @@ def sga_explicit(X, Y, kind, first, second, third, n_steps, func, scale, eta, lr
             r = n - 1
         k_ = kind[r]
         a, b, c = first[r], second[r], third[r]
-        _step(X, Y, k_, a, b, c, func, scale, eta, lr, grad)
+        _step(X, Y, k_, a, b, c, func, scale, reg, lr, grad)
 
 
 # --------------------------------------------------------------- evaluation

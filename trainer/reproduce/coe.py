@@ -79,7 +79,7 @@ _TABLE3 = {
 DEFAULTS = {
     "sigmoid": dict(
         lam=4.0,
-        eta=0.01,
+        reg=0.01,
         learning_rate=0.1,
         learning_rate_final_ratio=0.01,
         max_iter=40,
@@ -88,7 +88,7 @@ DEFAULTS = {
     ),
     "gompertz": dict(
         alpha=1.0,
-        eta=0.01,
+        reg=0.01,
         learning_rate=0.1,
         learning_rate_final_ratio=0.01,
         max_iter=40,
@@ -99,7 +99,7 @@ DEFAULTS = {
 GRID = {
     "lam": [1.0, 2.0, 4.0],  # sigmoid slope
     "alpha": [0.5, 1.0, 2.0],  # Gompertz rate: its penalty side is steep, so smaller values
-    "eta": [0.0, 0.001, 0.01],
+    "reg": [0.0, 0.001, 0.01],
     "group_power": [1.0, 0.5, 0.0],
 }
 
@@ -277,13 +277,13 @@ def tune(
     values = protocol_values(sub, inner)
     scale_name = "lam" if function == "sigmoid" else "alpha"
     best, best_score = None, -1.0
-    for scale, eta, power in itertools.product(GRID[scale_name], GRID["eta"], GRID["group_power"]):
-        params = dict(base, **{scale_name: scale, "eta": eta, "group_power": power})
+    for scale, reg, power in itertools.product(GRID[scale_name], GRID["reg"], GRID["group_power"]):
+        params = dict(base, **{scale_name: scale, "reg": reg, "group_power": power})
         metrics, seconds = fit_and_evaluate(params, sub, values, inner)
         # the paper's "first and main metric" is preservation (Section 5.1)
         score = metrics["preservation_h"]
         log(
-            f"  tune {function} {scale_name}={scale} eta={eta} group_power={power}: "
+            f"  tune {function} {scale_name}={scale} reg={reg} group_power={power}: "
             f"val pres H {metrics['preservation_h']:.4f} pred H {metrics['prediction_h']:.4f} ({seconds:.1f}s)"
         )
         if score > best_score:
@@ -328,13 +328,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tune",
         action="store_true",
-        help="per split, grid-search lambda/alpha, eta and group_power on a validation"
+        help="per split, grid-search lambda/alpha, reg (L2 weight) and group_power on a validation"
         " split of that split's observed ratings",
     )
     parser.add_argument("--epochs", type=int, help="override the tuned default")
     parser.add_argument("--lr", type=float, help="initial learning rate (default: tuned)")
     parser.add_argument("--lr-final", type=float, help="final learning rate as a fraction of --lr")
-    parser.add_argument("--eta", type=float, help="L2 weight (default: tuned)")
+    parser.add_argument("--reg", type=float, help="L2 weight (default: tuned)")
     parser.add_argument("--scale", type=float, help="lambda (sigmoid) or alpha (Gompertz)")
     parser.add_argument(
         "--type-a-share",
@@ -358,7 +358,7 @@ def _params(function: str, args: argparse.Namespace) -> dict:
         ("epochs", "max_iter"),
         ("lr", "learning_rate"),
         ("lr_final", "learning_rate_final_ratio"),
-        ("eta", "eta"),
+        ("reg", "reg"),
         ("type_a_share", "type_a_share"),
         ("group_power", "group_power"),
     ):
@@ -463,7 +463,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             picks: dict[str, int] = {}
             for p in chosen[names[f]]:
                 key = ", ".join(
-                    f"{k}={p[k]}" for k in ("lam" if f == "sigmoid" else "alpha", "eta", "group_power")
+                    f"{k}={p[k]}" for k in ("lam" if f == "sigmoid" else "alpha", "reg", "group_power")
                 )
                 picks[key] = picks.get(key, 0) + 1
             print(
