@@ -24,9 +24,7 @@ import logging  # noqa: E402
 import signal  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from ordrec.service.server import Server, ServerConfig  # noqa: E402
-from ordrec.service.streams import StreamLimits  # noqa: E402
-from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.service.config import Limits, ServerConfig, StreamLimits  # noqa: E402
 
 log = logging.getLogger("ordrec.service")
 
@@ -179,6 +177,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
 def serve(args: argparse.Namespace) -> int:
     import numba
+
+    from ordrec.service.server import Server
 
     numba.set_num_threads(1)
     if args.switch_interval:

@@ -7,7 +7,6 @@ import logging
 import signal
 import threading
 from concurrent import futures
-from dataclasses import dataclass, field
 from http.server import ThreadingHTTPServer
 
 import grpc
@@ -15,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ordrec.service import topk
+from ordrec.service.config import ServerConfig
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
@@ -24,8 +24,7 @@ from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
 from ordrec.service.store import ModelStore, Reloader
-from ordrec.service.streams import StreamGuard, StreamLimits
-from ordrec.service.validation import Limits
+from ordrec.service.streams import StreamGuard
 from ordrec.v1 import recommender_pb2
 
 log = logging.getLogger("ordrec.service")
@@ -37,37 +36,6 @@ REDIS_HEALTH = "ordrec.redis"
 # overall status ("") waits for a loaded model, so it suits readiness, not liveness (an
 # empty registry would otherwise restart every replica in a loop).
 LIVENESS_HEALTH = "ordrec.liveness"
-
-
-@dataclass
-class ServerConfig:
-    registry: str  # a directory, or s3://bucket/prefix
-    cache_dir: str | None = None  # where an s3:// registry's versions are downloaded (None: the default)
-    host: str = "127.0.0.1"
-    port: int = 50051
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9095  # 0 picks a free port, -1 disables the HTTP port
-    # grpcio parks a call's worker while its request arrives, so more threads queue less
-    # (docs/service.md, Scaling).
-    workers: int = 16
-    poll_interval: float = 5.0  # seconds between registry polls (0: never)
-    grace: float = 10.0  # seconds in-flight calls get on SIGTERM
-    limits: Limits = field(default_factory=Limits)
-    streams: StreamLimits = field(default_factory=StreamLimits)
-    # A connection is closed (GOAWAY, then cut after the grace) at this age, which ends
-    # anything a peer left hanging on it; clients reconnect transparently.
-    max_connection_age: float = 600.0
-    max_connection_age_grace: float = 30.0
-    max_streams_per_connection_http2: int = 100  # HTTP/2 concurrent streams, unary included
-    reuse_port: bool = False
-    redis_url: str | None = None
-    redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
-    seen_ttl: int = 30 * 86400  # seconds a recorded interaction stays excluded
-    # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
-    hidden_interval: float = 0.2
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tokens: list[bytes] = field(default_factory=list)  # empty: no authentication
 
 
 class ListingHealthServicer(health.HealthServicer):

@@ -16,25 +16,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import grpc
 
+from ordrec.service.config import StreamLimits
+
 log = logging.getLogger("ordrec.service")
-
-
-@dataclass(frozen=True)
-class StreamLimits:
-    max_streams: int = 4  # per server; keep well below the worker count
-    max_streams_per_connection: int = 2
-    stall_seconds: float = 10.0  # a reply not taken by the client for this long ends the stream
-    max_seconds: float = 300.0  # no stream lives longer; clients resume with a new call
-
-    def __post_init__(self) -> None:
-        if self.max_streams < 1 or self.max_streams_per_connection < 1:
-            raise ValueError("stream limits must be at least 1")
-        if self.stall_seconds <= 0 or self.max_seconds <= 0:
-            raise ValueError("stream time limits must be positive")
 
 
 class _Stream:

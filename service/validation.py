@@ -5,25 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from ordrec.service.config import Limits
 from ordrec.service.errors import InvalidArgument
 
 _MODEL_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Upper bounds on request fields; each is a flag of ``ordrec-serve``."""
-
-    max_n: int = 1000  # Recommend n, Tags n
-    max_k: int = 1000  # Neighbors k, Place k
-    max_batch: int = 1000  # user ids in one Recommend
-    max_candidates: int = 100_000  # candidate_item_ids in one Recommend
-    max_ids: int = 10_000  # ids in Coordinates, items in RecordInteractions, ranked neighbours in Place
-    max_id_length: int = 256
-    max_page_size: int = 10_000
-    max_message_bytes: int = 4 * 1024 * 1024
 
 
 # Upper bounds on protobuf's framing: a field tag and length prefix, a float with its tag.

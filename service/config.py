@@ -1,0 +1,69 @@
+"""The server's settings and their defaults, in one place.
+
+Imports nothing heavy: ``ordrec-serve`` builds its command line from these
+defaults, and a supervising process (``--processes``) never loads numpy,
+numba or the models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on request fields; each is a flag of ``ordrec-serve``."""
+
+    max_n: int = 1000  # Recommend n, Tags n
+    max_k: int = 1000  # Neighbors k, Place k
+    max_batch: int = 1000  # user ids in one Recommend
+    max_candidates: int = 100_000  # candidate_item_ids in one Recommend
+    max_ids: int = 10_000  # ids in Coordinates, items in RecordInteractions, ranked neighbours in Place
+    max_id_length: int = 256
+    max_page_size: int = 10_000
+    max_message_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    max_streams: int = 4  # per server; keep well below the worker count
+    max_streams_per_connection: int = 2
+    stall_seconds: float = 10.0  # a reply not taken by the client for this long ends the stream
+    max_seconds: float = 300.0  # no stream lives longer; clients resume with a new call
+
+    def __post_init__(self) -> None:
+        if self.max_streams < 1 or self.max_streams_per_connection < 1:
+            raise ValueError("stream limits must be at least 1")
+        if self.stall_seconds <= 0 or self.max_seconds <= 0:
+            raise ValueError("stream time limits must be positive")
+
+
+@dataclass
+class ServerConfig:
+    registry: str  # a directory, or s3://bucket/prefix
+    cache_dir: str | None = None  # where an s3:// registry's versions are downloaded (None: the default)
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9095  # 0 picks a free port, -1 disables the HTTP port
+    # grpcio parks a call's worker while its request arrives, so more threads queue less
+    # (docs/service.md, Scaling).
+    workers: int = 16
+    poll_interval: float = 5.0  # seconds between registry polls (0: never)
+    grace: float = 10.0  # seconds in-flight calls get on SIGTERM
+    limits: Limits = field(default_factory=Limits)
+    streams: StreamLimits = field(default_factory=StreamLimits)
+    # A connection is closed (GOAWAY, then cut after the grace) at this age, which ends
+    # anything a peer left hanging on it; clients reconnect transparently.
+    max_connection_age: float = 600.0
+    max_connection_age_grace: float = 30.0
+    max_streams_per_connection_http2: int = 100  # HTTP/2 concurrent streams, unary included
+    reuse_port: bool = False
+    redis_url: str | None = None
+    redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
+    seen_ttl: int = 30 * 86400  # seconds a recorded interaction stays excluded
+    # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
+    hidden_interval: float = 0.2
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tokens: list[bytes] = field(default_factory=list)  # empty: no authentication
