@@ -149,24 +149,26 @@ def test_tampered_index_file_is_refused_at_load(tmp_path):
         reg.load("big")
 
 
-def test_index_over_other_items_is_refused(tmp_path):
-    artifact = clustered_artifact()
-    other = artifact.arrays["item_factors"][:-1]
-    artifact.indexes = {"items": ann.item_index(other, SMALL_GRAPH)}
-    reg = Registry(tmp_path)
-    reg.publish("big", artifact)
-    with pytest.raises(ArtifactError, match="indexes 2999"):
-        build_index(reg.load("big"))
-
-
-def test_index_over_other_vectors_of_the_same_shape_is_refused(tmp_path):
-    artifact = clustered_artifact()
-    other = artifact.arrays["item_factors"].copy()
+def _other_vectors(items: np.ndarray, how: str) -> np.ndarray:
+    if how == "fewer rows":
+        return items[:-1]
+    other = items.copy()
     other[::7] *= 0.5  # every 7th row: the spot check of a spread of rows meets some
-    artifact.indexes = {"items": ann.item_index(other, SMALL_GRAPH)}
+    return other
+
+
+@pytest.mark.parametrize(
+    "how, error",
+    [("fewer rows", "indexes 2999"), ("other values", "does not hold the version's item factors")],
+)
+def test_index_over_other_items_is_refused(tmp_path, how, error):
+    artifact = clustered_artifact()
+    artifact.indexes = {
+        "items": ann.item_index(_other_vectors(artifact.arrays["item_factors"], how), SMALL_GRAPH)
+    }
     reg = Registry(tmp_path)
     reg.publish("big", artifact)
-    with pytest.raises(ArtifactError, match="does not hold the version's item factors"):
+    with pytest.raises(ArtifactError, match=error):
         build_index(reg.load("big"))
 
 
