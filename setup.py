@@ -18,6 +18,7 @@ class BuildPyWithProtos(build_py):
     def run(self):
         super().run()
         target = Path(self.build_lib, "ordrec", "v1")
+        self.mkpath(str(target))  # an editable build copies no package files there
         for source in sorted(PROTO_SOURCES.glob("*.proto")):
             self.copy_file(str(source), str(target / source.name))
 
