@@ -26,6 +26,7 @@ import ipaddress
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import struct
@@ -265,10 +266,17 @@ def process_shares(before: list[dict[str, float]], after: list[dict[str, float]]
 def _h2load_cmd(
     args: argparse.Namespace, body: Path, log: Path, url: str, connections: int, threads: int, rate: float
 ) -> list[str]:
+    # At a fixed rate, a request count rather than a duration: h2load then waits for every
+    # answer, where a duration's end resets the calls still in flight (the server counts
+    # them CANCELLED, which is not a failure of the server).
+    length = (
+        ["-n", str(max(connections, round(rate * args.duration)))]
+        if rate
+        else ["-D", str(max(1, round(args.duration)))]
+    )
     cmd = [
         "h2load",
-        "-D",
-        str(max(1, round(args.duration))),
+        *length,
         "-c",
         str(connections),
         "-m",
@@ -288,8 +296,9 @@ def _h2load_cmd(
     return cmd + [url]
 
 
-def _run_h2load(args: argparse.Namespace, body: Path, tmp: Path, url: str) -> list[Path]:
-    """Start the load and return the latency logs.
+def _run_h2load(args: argparse.Namespace, body: Path, tmp: Path, url: str) -> tuple[list[Path], int]:
+    """Start the load; return the latency logs and how many calls were still in flight when a
+    duration-bound run stopped (h2load resets them; the server counts them CANCELLED).
 
     ``aligned``: one h2load with every connection in one event loop. With
     ``--rps`` its per-connection timers fire together, so requests arrive in
@@ -318,14 +327,21 @@ def _run_h2load(args: argparse.Namespace, body: Path, tmp: Path, url: str) -> li
                     text=True,
                 )
             )
-    failed = []
+    failed, in_flight = [], 0
     for proc in procs:
         output, _ = proc.communicate(timeout=args.duration + 60)
         if proc.returncode != 0:
             failed.append(output)
+        in_flight += _started_not_done(output)
     if failed:
         raise SystemExit("h2load failed:\n" + "\n".join(failed))
-    return logs
+    return logs, in_flight
+
+
+def _started_not_done(output: str) -> int:
+    """From h2load's "requests: N total, N started, N done, ..." line."""
+    found = re.search(r"requests: \d+ total, (\d+) started, (\d+) done", output)
+    return int(found.group(1)) - int(found.group(2)) if found else 0
 
 
 def _read_h2load_log(log: Path) -> np.ndarray:
@@ -349,11 +365,14 @@ def run_h2load_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
     body.write_bytes(_grpc_frame(maker.make(rpc)))  # h2load repeats one body: one fixed request
     host, port = args.target.rsplit(":", 1)
     before = _handled_counts(args.metrics_url)
-    logs = _run_h2load(args, body, tmp, f"http://{host}:{port}{_PATHS[rpc]}")
+    logs, in_flight = _run_h2load(args, body, tmp, f"http://{host}:{port}{_PATHS[rpc]}")
     after = _handled_counts(args.metrics_url)
     rows = np.concatenate([_read_h2load_log(log) for log in logs])
     latencies = rows[:, 2] / 1e6
     errors = {code: int(after.get(code, 0) - before.get(code, 0)) for code in after if code != "OK"}
+    # Calls h2load itself reset at the end of a duration-bound run are not the server's failures
+    # (those it had not started count nowhere, so only a surplus is reported).
+    errors["CANCELLED"] = max(0, errors.get("CANCELLED", 0) - in_flight)
     errors = {code: n for code, n in errors.items() if n}
     http_errors = int(np.sum(rows[:, 1] != 200))
     if http_errors:
