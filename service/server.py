@@ -19,7 +19,7 @@ from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend, re
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
-from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
+from ordrec.service.redis_state import DEFAULT_EVENTS_MAXLEN, RedisSeenStore, VersionListener, connect
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
@@ -63,6 +63,7 @@ class ServerConfig:
     redis_url: str | None = None
     redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
     seen_ttl: int = 30 * 86400  # seconds a recorded interaction stays excluded
+    events_maxlen: int = DEFAULT_EVENTS_MAXLEN  # ordrec:events keeps about this many entries
     # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
     hidden_interval: float = 0.2
     tls_cert: str | None = None
@@ -101,6 +102,7 @@ class Server:
                 config.redis_timeout,
                 config.seen_ttl,
                 on_change=self._update_health,
+                events_maxlen=config.events_maxlen,
             )
             if config.redis_url
             else SeenStore()
