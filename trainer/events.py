@@ -118,39 +118,48 @@ def merge(latest: dict[tuple[str, str], Event], events: Iterable[Event]) -> None
 
 
 # ------------------------------------------------------------------ stream
-def read_pages(client, after: str | None, page: int = DEFAULT_PAGE) -> Iterator[list[tuple[str, dict]]]:
-    """Entries of ``ordrec:events`` after id ``after`` (all with None), ``page`` at a time."""
+def read_pages(client, after: str | None, page: int = DEFAULT_PAGE) -> Iterator[tuple[list, int | None]]:
+    """Pages of ``ordrec:events`` entries after id ``after`` (all with None), the last one short.
+
+    Each page comes with the stream's ``entries-added`` (Redis >= 7, else None)
+    read in the same MULTI/EXEC: after the short last page it is the position
+    of the last entry read in the stream's whole history.
+    """
     start = "-" if after is None else f"({after}"
     while True:
-        entries = client.xrange(EVENTS_STREAM, min=start, max="+", count=page)
-        if entries:
-            yield entries
+        pipe = client.pipeline(transaction=True)
+        pipe.xrange(EVENTS_STREAM, min=start, max="+", count=page)
+        pipe.xinfo_stream(EVENTS_STREAM)
+        entries, info = pipe.execute(raise_on_error=False)
+        if isinstance(entries, Exception):
+            raise entries
+        yield entries, None if isinstance(info, Exception) else info.get("entries-added")
         if len(entries) < page:
             return
         start = f"({entries[-1][0]}"
 
 
-def trimmed_after(client, after: str | None) -> str | None:
-    """The newest trimmed (or deleted) entry id when it is after ``after``, else None.
+def lost_after(client, position: int | None) -> int:
+    """How many entries after history position ``position`` are no longer in the stream.
 
-    Redis 7 keeps ``max-deleted-entry-id`` per stream: above the checkpoint, it
-    means entries the job never read are gone.
+    Trimming (and XDEL) remove entries from the stream but not from
+    ``entries-added``, so ``entries-added - length`` entries are gone; those
+    past the checkpoint's position were never read. A stream that is missing
+    or counts fewer entries than the checkpoint was reset: -1.
     """
     try:
         info = client.xinfo_stream(EVENTS_STREAM)
-    except Exception as exc:  # redis' ResponseError: the stream does not exist yet
-        if "no such key" in str(exc).lower():
-            return None
-        raise
-    deleted = info.get("max-deleted-entry-id")
-    if deleted is None:
-        log.warning("redis < 7 reports no max-deleted-entry-id: trimmed events cannot be detected")
-        return None
-    if stream_id(deleted) == (0, 0):
-        return None
-    if after is None or stream_id(deleted) > stream_id(after):
-        return deleted
-    return None
+    except Exception as exc:  # redis' ResponseError: the stream does not exist (yet, or any more)
+        if "no such key" not in str(exc).lower():
+            raise
+        return -1 if position else 0
+    added = info.get("entries-added")
+    if added is None:
+        log.warning("redis < 7 reports no entries-added: trimmed events cannot be detected")
+        return 0
+    if position is not None and added < position:
+        return -1
+    return max(0, added - info["length"] - (position or 0))
 
 
 # ------------------------------------------------------------- checkpoint
@@ -160,6 +169,7 @@ class Checkpoint:
 
     last_id: str | None = None
     latest: dict[tuple[str, str], Event] = field(default_factory=dict)
+    position: int | None = None  # the stream's entries-added when last_id was read (see lost_after)
 
     def encode(self) -> tuple[bytes, str]:
         """The accumulated file (sorted, so equal contents give equal bytes) and its sha256."""
@@ -176,8 +186,11 @@ def load_checkpoint(registry, model: str) -> Checkpoint:
     where = f"{registry.root}/{model}/{CHECKPOINT_FILE}"
     try:
         head = json.loads(raw)
-        last_id, path, sha = head["last_id"], head["file"], head["sha256"]
-        stream_id(last_id)
+        last_id, path, sha, position = head["last_id"], head["file"], head["sha256"], head.get("position")
+        if last_id is not None:  # None: published before the stream had any entry
+            stream_id(last_id)
+        if position is not None and not isinstance(position, int):
+            raise TypeError(f"position {position!r} is not an integer")
     except (ValueError, KeyError, TypeError) as exc:
         raise EventsError(
             f"{where}: damaged ({exc}); restore it or delete it to re-read the stream"
@@ -191,7 +204,7 @@ def load_checkpoint(registry, model: str) -> Checkpoint:
         merge(latest, (Event.from_json(json.loads(line)) for line in data.decode("utf-8").splitlines()))
     except (ValueError, KeyError, TypeError) as exc:
         raise EventsError(f"{registry.root}/{model}/{path}: unreadable ({exc})") from None
-    return Checkpoint(last_id, latest)
+    return Checkpoint(last_id, latest, position)
 
 
 def save_checkpoint(registry, model: str, checkpoint: Checkpoint) -> None:
@@ -205,6 +218,7 @@ def save_checkpoint(registry, model: str, checkpoint: Checkpoint) -> None:
     registry.write_model_file(model, path, data)
     head = {
         "last_id": checkpoint.last_id,
+        "position": checkpoint.position,
         "file": path,
         "sha256": sha,
         "events": len(checkpoint.latest),
@@ -237,27 +251,37 @@ class EventFeed:
         self.page, self.on_trimmed = page, on_trimmed
         self.counts = Counts()
         self.checkpoint = load_checkpoint(registry, model)
-        self.next = Checkpoint(self.checkpoint.last_id, dict(self.checkpoint.latest))
+        self.next = Checkpoint(
+            self.checkpoint.last_id, dict(self.checkpoint.latest), self.checkpoint.position
+        )
 
     def read(self) -> None:
         """Merge the entries after the checkpoint into :attr:`next` (nothing is stored yet)."""
         import redis
 
         try:
-            self._check_trimmed()
-            for entries in read_pages(self.client, self.checkpoint.last_id, self.page):
+            self._check_lost()
+            for entries, added in read_pages(self.client, self.checkpoint.last_id, self.page):
                 merge(self.next.latest, self._parse(entries))
-                self.next.last_id = entries[-1][0]
+                if entries:
+                    self.next.last_id = entries[-1][0]
+                if added is not None:
+                    self.next.position = added
         except redis.RedisError as exc:
             raise EventsError(f"cannot read {EVENTS_STREAM}: {exc}") from None
 
-    def _check_trimmed(self) -> None:
-        gone = trimmed_after(self.client, self.checkpoint.last_id)
-        if gone is None:
+    def _check_lost(self) -> None:
+        lost = lost_after(self.client, self.checkpoint.position)
+        if lost == 0:
             return
         since = self.checkpoint.last_id
+        what = (
+            "the stream was reset (deleted, or Redis lost its data)"
+            if lost < 0
+            else f"{lost} entries were trimmed"
+        )
         message = (
-            f"{EVENTS_STREAM}: entries up to {gone} were trimmed"
+            f"{EVENTS_STREAM}: {what}"
             + (f" after this model's checkpoint {since}" if since else " before this model's first run")
             + ": they are lost to training (raise ordrec-serve --events-maxlen or run the job more often)"
         )
@@ -362,7 +386,7 @@ def export(client, out: str, since: str | None = None, fmt: str = "csv", page: i
             writer = csv.writer(fh) if fmt == "csv" else None
             if writer:
                 writer.writerow(EXPORT_COLUMNS)
-            for entries in read_pages(client, since, page):
+            for entries, _ in read_pages(client, since, page):
                 for entry_id, fields in entries:
                     row = {"id": entry_id, **fields}
                     if writer:
@@ -370,7 +394,7 @@ def export(client, out: str, since: str | None = None, fmt: str = "csv", page: i
                     else:
                         fh.write(json.dumps({c: row[c] for c in EXPORT_COLUMNS if c in row}) + "\n")
                 count += len(entries)
-                last = entries[-1][0]
+                last = entries[-1][0] if entries else last
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, out)
