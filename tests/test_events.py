@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import redis
 
+from ordrec.client import Client
 from ordrec.service.artifacts import Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.objectstore import S3Registry
@@ -428,3 +429,8 @@ def test_record_interactions_checks_values_and_records_in_one_transaction(
         code, _ = status(lambda: record(model="nope", interactions=[pb.Interaction(item_id="i1", value=3)]))
         assert code == grpc.StatusCode.NOT_FOUND
         assert len(client.xrange(EVENTS_STREAM)) == 4  # refused requests record nothing
+
+        with Client(proc.target) as sdk:  # the Python client's ratings
+            assert sdk.record("fan", ratings={"i005": 5.0}, model="dcr").recorded == 1
+        (_, fields), *_ = client.xrevrange(EVENTS_STREAM, count=1)
+        assert fields == {"user": "fan", "item": "i005", "ts": fields["ts"], "value": "5.0", "model": "dcr"}
