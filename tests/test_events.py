@@ -232,13 +232,17 @@ def test_untrimmed_stream_passes_the_trim_check(client, tmp_path):
     assert feed.counts.read == 3
 
 
+def export(url: str, *args: str):
+    return run_cli(["ordrec.trainer", "events", "export", "--redis", url, *args], check=False)
+
+
 def test_export_writes_every_entry_as_recorded(client, redis_server, tmp_path):
     first = xadd(client, "u", "a", 4, model="dcr")
     xadd(client, "u", "a", 5)
     last = xadd(client, "v", "b")
     out = tmp_path / "events.csv"
-    done = run_cli(["ordrec.trainer", "events", "export", "--redis", redis_server.url, "--out", str(out)])
-    assert f"wrote 3 events to {out}; last id {last}" in done.stdout
+    done = export(redis_server.url, "--out", str(out))
+    assert done.returncode == 0 and f"wrote 3 events to {out}; last id {last}" in done.stdout
     rows = list(csv.DictReader(out.open()))
     assert [(r["user"], r["item"], r["value"], r["model"]) for r in rows] == [
         ("u", "a", "4", "dcr"),
@@ -246,61 +250,35 @@ def test_export_writes_every_entry_as_recorded(client, redis_server, tmp_path):
         ("v", "b", "", ""),
     ]
     jsonl = tmp_path / "events.jsonl"
-    args = ["--out", str(jsonl), "--since", first, "--format", "jsonl"]
-    run_cli(["ordrec.trainer", "events", "export", "--redis", redis_server.url, *args])
+    assert (
+        export(redis_server.url, "--out", str(jsonl), "--since", first, "--format", "jsonl").returncode == 0
+    )
     lines = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert [(x["user"], x.get("value")) for x in lines] == [("u", "5"), ("v", None)]
 
 
 def test_export_refuses_a_bad_since_and_reports_redis_down(redis_server, tmp_path):
     out = tmp_path / "x.csv"
-    bad = run_cli(
-        [
-            "ordrec.trainer",
-            "events",
-            "export",
-            "--redis",
-            redis_server.url,
-            "--out",
-            str(out),
-            "--since",
-            "x",
-        ],
-        check=False,
-    )
+    bad = export(redis_server.url, "--out", str(out), "--since", "x")
     assert bad.returncode == 2 and "'x' is not a stream id" in bad.stderr
     redis_server.stop()
-    down = run_cli(
-        [
-            "ordrec.trainer",
-            "events",
-            "export",
-            "--redis",
-            redis_server.url,
-            "--out",
-            str(out),
-            "--timeout",
-            "1",
-        ],
-        check=False,
-    )
+    down = export(redis_server.url, "--out", str(out), "--timeout", "1")
     assert down.returncode == 1 and "cannot read the events" in down.stderr
     assert not out.exists() and not list(tmp_path.glob(".ordrec-export-*"))
 
 
 # ------------------------------------------------------------------- job
-def events_job(tmp_path: Path, sample: Path, url: str, margin: float = 1.0, extra: str = "") -> Path:
-    path = tmp_path / "job.toml"
+def write_job(folder: Path, sample: Path, events: str = "", margin: float = 1.0) -> Path:
+    """A job training one small DCR on the sample ratings into ``folder/registry``;
+    ``events`` is the body of its ``[events]`` table (none when empty)."""
+    path = folder / "job.toml"
+    events_table = f"[events]\n{events}\n" if events else ""
     path.write_text(f"""
 [job]
 name = "events-job"
-registry = "{tmp_path / "registry"}"
+registry = "{folder / "registry"}"
 
-[events]
-redis = "{url}"
-timeout = 1
-{extra}
-
+{events_table}
 [data.ratings]
 path = "{sample / "ratings.data"}"
 format = "ml-100k"
@@ -315,70 +293,51 @@ gate = {{ metric = "ndcg_at_10", margin = {margin} }}
     return path
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory) -> Path:
-    from ordrec.trainer.sample import write_samples
-
-    out = tmp_path_factory.mktemp("sample")
-    write_samples(out)
-    return out
+def events_job(tmp_path: Path, sample: Path, url: str, margin: float = 1.0, extra: str = "") -> Path:
+    return write_job(tmp_path, sample, f'redis = "{url}"\ntimeout = 1\n{extra}', margin)
 
 
-def test_the_job_trains_on_events_and_advances_the_checkpoint(client, redis_server, sample, tmp_path):
+def test_the_job_trains_on_events_and_advances_the_checkpoint(client, redis_server, sample_dir, tmp_path):
     for n in range(3):
         xadd(client, "newcomer", f"i{n + 1:03d}", n + 3)
     last = xadd(client, "newcomer", "brand-new-item", 5)
-    assert run_job(events_job(tmp_path, sample, redis_server.url)) == EXIT_PUBLISHED
+    assert run_job(events_job(tmp_path, sample_dir, redis_server.url)) == EXIT_PUBLISHED
     registry = Registry(tmp_path / "registry")
     artifact = registry.load("dcr")
     assert "newcomer" in artifact.ids["users"] and "brand-new-item" in artifact.ids["items"]
     assert artifact.attributes["rating_scale"] == {"low": 1, "high": 5, "step": 1}
     checkpoint = load_checkpoint(registry, "dcr")
     assert checkpoint.last_id == last and len(checkpoint.latest) == 4
-    assert run_job(events_job(tmp_path, sample, redis_server.url)) == EXIT_PUBLISHED  # nothing new
+    assert run_job(events_job(tmp_path, sample_dir, redis_server.url)) == EXIT_PUBLISHED  # nothing new
     assert load_checkpoint(registry, "dcr").latest == checkpoint.latest
 
 
-def test_a_gate_rejection_or_a_failure_leaves_the_checkpoint(client, redis_server, sample, tmp_path):
+def test_a_gate_rejection_or_a_failure_leaves_the_checkpoint(client, redis_server, sample_dir, tmp_path):
     registry = Registry(tmp_path / "registry")
     live = make_artifact()
     live.metrics = {"holdout_ndcg_at_10": 2.0}  # unbeatable
     registry.publish("dcr", live)
     xadd(client, "newcomer", "i001", 4)
-    assert run_job(events_job(tmp_path, sample, redis_server.url, margin=0.0)) == EXIT_REJECTED
+    assert run_job(events_job(tmp_path, sample_dir, redis_server.url, margin=0.0)) == EXIT_REJECTED
     assert registry.read_model_file("dcr", CHECKPOINT_FILE) is None
     redis_server.stop()
-    assert run_job(events_job(tmp_path, sample, redis_server.url)) == EXIT_FAILED
+    assert run_job(events_job(tmp_path, sample_dir, redis_server.url)) == EXIT_FAILED
     assert registry.read_model_file("dcr", CHECKPOINT_FILE) is None
     assert len(registry.versions("dcr")) == 1
 
 
-def test_events_table_is_checked(tmp_path, sample, capsys):
-    path = events_job(tmp_path, sample, "redis://127.0.0.1:1/0", extra='on_trimmed = "ignore"')
+def test_events_table_is_checked(tmp_path, sample_dir, capsys):
+    path = events_job(tmp_path, sample_dir, "redis://127.0.0.1:1/0", extra='on_trimmed = "ignore"')
     assert run_job(path) == EXIT_USAGE
     assert 'events.on_trimmed: \'ignore\' must be "fail" or "warn"' in capsys.readouterr().err
 
 
 # ------------------------------------------------------ RecordInteractions
 @pytest.fixture(scope="module")
-def scaled_registry(sample, tmp_path_factory) -> Path:
+def scaled_registry(sample_dir, tmp_path_factory) -> Path:
     """A registry whose dcr version stores its rating scale (1..5), published by the job."""
     folder = tmp_path_factory.mktemp("scaled")
-    job = folder / "job.toml"
-    job.write_text(f"""
-[job]
-name = "scaled"
-registry = "{folder / "registry"}"
-[data.ratings]
-path = "{sample / "ratings.data"}"
-format = "ml-100k"
-[[models]]
-name = "dcr"
-kind = "dcr"
-data = "ratings"
-params = {{ n_components = 4, max_iter = 3 }}
-""")
-    assert run_job(job) == EXIT_PUBLISHED
+    assert run_job(write_job(folder, sample_dir)) == EXIT_PUBLISHED
     return folder / "registry"
 
 

@@ -25,6 +25,7 @@ from ordrec.trainer.events import load_checkpoint
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from tests.conftest import RedisServer
+from tests.test_events import write_job
 
 pytestmark = pytest.mark.redis
 
@@ -41,39 +42,9 @@ def aof_redis(tmp_path):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def sample(tmp_path_factory) -> Path:
-    from ordrec.trainer.sample import write_samples
-
-    out = tmp_path_factory.mktemp("sample")
-    write_samples(out)
-    return out
-
-
 def job_file(tmp_path: Path, sample: Path, url: str) -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[job]
-name = "loop"
-registry = "{tmp_path / "registry"}"
-
-[events]
-redis = "{url}"
-timeout = 2
-page = 7  # several pages per run
-
-[data.ratings]
-path = "{sample / "ratings.data"}"
-format = "ml-100k"
-
-[[models]]
-name = "dcr"
-kind = "dcr"
-data = "ratings"
-params = {{ n_components = 4, max_iter = 3 }}
-gate = {{ metric = "ndcg_at_10", margin = 1.0 }}  # every run publishes: the loop, not the gate, is tested
-""")
-    return path
+    # margin 1: every run publishes, the loop (not the gate) is under test; page 7: several pages a run
+    return write_job(tmp_path, sample, f'redis = "{url}"\ntimeout = 2\npage = 7', margin=1.0)
 
 
 def run_job(job: Path) -> int:
@@ -135,8 +106,8 @@ def live_version(stub) -> str:
     return model.version
 
 
-def test_new_users_reach_the_next_version_and_the_checkpoint_advances(aof_redis, sample, tmp_path):
-    job = job_file(tmp_path, sample, aof_redis.url)
+def test_new_users_reach_the_next_version_and_the_checkpoint_advances(aof_redis, sample_dir, tmp_path):
+    job = job_file(tmp_path, sample_dir, aof_redis.url)
     assert run_job(job) == 0  # the base version; no stream yet
     registry = Registry(tmp_path / "registry")
     assert load_checkpoint(registry, "dcr").last_id is None
@@ -156,12 +127,12 @@ def test_new_users_reach_the_next_version_and_the_checkpoint_advances(aof_redis,
         (result,) = reply.results
         assert result.fallback == pb.FALLBACK_NONE  # a known user now, not the popularity list
         assert {s.id for s in result.items}.isdisjoint({"i001", "i010", "item-never-trained"})
-    assert_trained_exactly(registry, sample, recorder.expected, client)
+    assert_trained_exactly(registry, sample_dir, recorder.expected, client)
 
 
-def test_killing_redis_and_the_job_loses_nothing_and_counts_nothing_twice(aof_redis, sample, tmp_path):
+def test_killing_redis_and_the_job_loses_nothing_and_counts_nothing_twice(aof_redis, sample_dir, tmp_path):
     rng = random.Random(SEED)
-    job = job_file(tmp_path, sample, aof_redis.url)
+    job = job_file(tmp_path, sample_dir, aof_redis.url)
     assert run_job(job) == 0
     registry = Registry(tmp_path / "registry")
     client = redis.Redis.from_url(aof_redis.url, decode_responses=True)
@@ -172,7 +143,12 @@ def test_killing_redis_and_the_job_loses_nothing_and_counts_nothing_twice(aof_re
     ):
         recorder = Recorder(recommender_pb2_grpc.RecommenderStub(channel))
         for round_ in range(ROUNDS):
-            killer = threading.Timer(rng.uniform(0.0, 0.5), restart_redis, (aof_redis, kills))
+            if round_ == 0:  # down before the first call: the retry path is certainly taken
+                aof_redis.kill()
+                kills["redis"] += 1
+                killer = threading.Timer(0.3, aof_redis.start)
+            else:  # down at a random moment, maybe inside a MULTI/EXEC
+                killer = threading.Timer(rng.uniform(0.0, 0.5), restart_redis, (aof_redis, kills))
             killer.start()
             for n in range(15):
                 ratings = {f"i{rng.randrange(1, 60):03d}": float(rng.randint(1, 5)) for _ in range(2)}
@@ -188,8 +164,8 @@ def test_killing_redis_and_the_job_loses_nothing_and_counts_nothing_twice(aof_re
             break
     else:
         pytest.fail("the job never succeeded after the interruptions")
-    assert_trained_exactly(registry, sample, recorder.expected, client)
-    assert recorder.retries > 0  # the kills did land on recording calls
+    assert_trained_exactly(registry, sample_dir, recorder.expected, client)
+    assert recorder.retries > 0  # Redis was down under recording calls
 
 
 def restart_redis(server: RedisServer, kills: dict) -> None:
