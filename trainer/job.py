@@ -5,7 +5,9 @@ the registry, an optional Redis and, per model, a quality gate. For every
 model the job
 
 1. reads its data source (``trainer.data.readers.read_input``; each source is
-   read once per run even when several models use it);
+   read once per run even when several models use it) and, with an
+   ``[events]`` table, merges a ratings model's recorded interactions since its
+   checkpoint into it (:mod:`trainer.events`);
 2. splits off a seeded held-out part (:func:`trainer.evaluation.holdout.split`);
 3. fits the estimator on the rest;
 4. scores the held-out part through the *serving* index built from the
@@ -40,7 +42,8 @@ source could not be read. When several models disagree the worst wins:
 
 A crash at any point leaves the registry as it was: ``Registry.publish``
 writes into a hidden temporary folder and renames it into place, and the job
-writes nothing else into the registry except its lock file.
+writes nothing else into the registry except its lock file and, after a
+publish, a model's events checkpoint (each file replaced atomically).
 """
 
 from __future__ import annotations
