@@ -23,7 +23,7 @@ usable from an installation without the trainer's dependencies.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -337,15 +337,27 @@ class Client:
         return self._unary(self._stub.Place, request, timeout)
 
     def record(
-        self, user_id: str, item_ids: Iterable[str], *, timeout: float | None = None
+        self,
+        user_id: str,
+        item_ids: Iterable[str] = (),
+        *,
+        ratings: Mapping[str, float] | None = None,
+        model: str = "",
+        timeout: float | None = None,
     ) -> pb.RecordInteractionsResponse:
-        """``RecordInteractions``: items ``user_id`` saw since training, left out by ``recommend``.
+        """``RecordInteractions``: what ``user_id`` did, left out by ``recommend`` at once and
+        trained on by the next ``ordrec-train run`` with ``[events]``.
 
-        Needs a server started with Redis (FAILED_PRECONDITION otherwise).
+        ``ratings`` maps items to values on ``model``'s rating scale (INVALID_ARGUMENT
+        otherwise). Needs a server started with Redis (FAILED_PRECONDITION otherwise).
 
-        Recording is a set union on the server, so a retried call records nothing twice.
+        A retried call may repeat an entry in the stream; training merges by (user, item),
+        so nothing counts twice.
         """
-        request = pb.RecordInteractionsRequest(user_id=user_id, item_ids=list(item_ids))
+        interactions = [pb.Interaction(item_id=i, value=v) for i, v in (ratings or {}).items()]
+        request = pb.RecordInteractionsRequest(
+            user_id=user_id, item_ids=list(item_ids), interactions=interactions, model=model
+        )
         return self._unary(self._stub.RecordInteractions, request, timeout)
 
     def hide(

@@ -36,6 +36,7 @@ examples:
   ordrec-client coordinates --model knnscal --limit 5 --json
   ordrec-client place --model knnscal --neighbor v001 --neighbor v002 --k 3
   ordrec-client record --user u001 --item i001 --item i002
+  ordrec-client record --user u001 --rating i003=4 --rating i004=1.5
   ordrec-client --wait 0 health          (a probe: no waiting)
 
 Load tests: ordrec-loadtest (see ordrec-loadtest --help).
@@ -238,8 +239,20 @@ def cmd_place(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def _rating(text: str) -> tuple[str, float]:
+    item, sep, value = text.rpartition("=")
+    try:
+        return (item, float(value)) if sep and item else _bad_rating(text)
+    except ValueError:
+        return _bad_rating(text)
+
+
+def _bad_rating(text: str):
+    raise argparse.ArgumentTypeError(f"{text!r} is not ITEM=VALUE (e.g. i001=4)")
+
+
 def cmd_record(client: Client, args: argparse.Namespace) -> int:
-    reply = client.record(args.user, args.item)
+    reply = client.record(args.user, args.item or (), ratings=dict(args.rating or ()), model=args.model)
     if args.json:
         _print_json(_to_dict(reply))
     else:
@@ -473,11 +486,20 @@ def build_parser() -> argparse.ArgumentParser:
         "record",
         cmd_record,
         "record items a user interacted with since training (needs Redis)",
-        "RecordInteractions: Recommend leaves these items out for the user. Needs a server started "
-        "with --redis (FAILED_PRECONDITION, exit 9, otherwise).",
+        "RecordInteractions: Recommend leaves these items out for the user, and the next training"
+        " job with [events] trains on them. Needs a server started with --redis"
+        " (FAILED_PRECONDITION, exit 9, otherwise).",
     )
     rec.add_argument("--user", required=True, metavar="ID", help="the user")
-    rec.add_argument("--item", action="append", required=True, metavar="ID", help="an item; repeat for each")
+    rec.add_argument("--item", action="append", metavar="ID", help="an item; repeat for each")
+    rec.add_argument(
+        "--rating",
+        action="append",
+        type=_rating,
+        metavar="ITEM=VALUE",
+        help="an item and its rating on the model's scale; repeat for each",
+    )
+    _model_argument(rec, "Recommend")
 
     for name, helptext in (
         ("hide", "hide items from Recommend and Neighbors, from the next request on"),

@@ -48,6 +48,18 @@ ALL_MODELS = "*"  # the scope of <registry>/HIDDEN
 # Id spaces this large load packed (service/idmap.py): a tenth of the memory, lookups a few us slower.
 PACKED_MIN_IDS = 100_000
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+# Files beside a model's versions (e.g. the training job's events checkpoint): plain names,
+# at most one folder deep, never hidden, so they never look like a version or a temporary folder.
+_MODEL_FILE_RE = re.compile(r"^[A-Z0-9_]{1,64}$|^[a-z]{1,32}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def validate_model_file(path: str) -> str:
+    """``path`` if it may name a file beside a model's versions, else ValueError."""
+    if not _MODEL_FILE_RE.match(path) or ".." in path:
+        raise ValueError(f"{path!r} is not a model file name (NAME, or folder/name)")
+    return path
+
+
 _ARRAY_NAME_RE = re.compile(r"^[a-z0-9_]{1,64}$")
 # Fixed width, so text order is time order: 20261125T223500.123456Z
 _VERSION_RE = re.compile(r"^\d{8}T\d{6}\.\d{6}Z$")
@@ -395,6 +407,32 @@ class Registry(LiveVersions):
         except FileNotFoundError:
             return
         _fsync_dir(folder)
+
+    # ----------------------------------------------------- model side files
+    def read_model_file(self, name: str, path: str) -> bytes | None:
+        """A file beside the versions of ``name`` (see :func:`validate_model_file`), or None."""
+        try:
+            return (self.root / validate_model_name(name) / validate_model_file(path)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_model_file(self, name: str, path: str, data: bytes) -> None:
+        """Replace that file atomically (a synced rename, like PINNED)."""
+        target = self.root / validate_model_name(name) / validate_model_file(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _replace_synced(target.parent, target.name, data)
+
+    def delete_model_file(self, name: str, path: str) -> None:
+        (self.root / validate_model_name(name) / validate_model_file(path)).unlink(missing_ok=True)
+
+    def model_files(self, name: str, folder: str) -> list[str]:
+        """``folder/<file>`` paths of the files in one side folder of ``name``."""
+        where = self.root / validate_model_name(name) / folder
+        if not where.is_dir():
+            return []
+        return sorted(
+            f"{folder}/{p.name}" for p in where.iterdir() if p.is_file() and not p.name.startswith(".")
+        )
 
     # ---------------------------------------------------------- hidden items
     def _hidden_path(self, scope: str) -> Path:

@@ -32,6 +32,13 @@ log = logging.getLogger("ordrec.service")
 _DEFAULTS = ServerConfig(registry="")
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = _DEFAULTS
     p = argparse.ArgumentParser(
@@ -89,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-timeout", type=float, default=d.redis_timeout, help="seconds per Redis call")
     p.add_argument(
         "--seen-ttl", type=int, default=d.seen_ttl, help="seconds a recorded interaction stays excluded"
+    )
+    p.add_argument(
+        "--events-maxlen",
+        type=_positive_int,
+        default=d.events_maxlen,
+        help="entries the ordrec:events stream keeps (about; older ones are trimmed): the"
+        " training job must run before this many new interactions arrive",
     )
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
@@ -169,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         redis_url=args.redis_url,
         redis_timeout=args.redis_timeout,
         seen_ttl=args.seen_ttl,
+        events_maxlen=args.events_maxlen,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),

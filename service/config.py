@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Entries the ordrec:events stream keeps (approximately): about 64 MB of Redis at 10-character ids.
+DEFAULT_EVENTS_MAXLEN = 1_000_000
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -62,6 +65,7 @@ class ServerConfig:
     redis_url: str | None = None
     redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
     seen_ttl: int = 30 * 86400  # seconds a recorded interaction stays excluded
+    events_maxlen: int = DEFAULT_EVENTS_MAXLEN  # ordrec:events keeps about this many entries
     # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
     hidden_interval: float = 0.2
     tls_cert: str | None = None

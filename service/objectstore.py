@@ -65,6 +65,7 @@ from ordrec.service.artifacts import (
     _inside,
     is_version,
     load_version,
+    validate_model_file,
     validate_model_name,
 )
 from ordrec.v1 import manifest_pb2
@@ -296,6 +297,28 @@ class S3Registry(LiveVersions):
         """Replace the hidden ids of ``scope`` (one PUT: readers see the old or the new list)."""
         body = "".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")
         self.client.put_object(Bucket=self.bucket, Key=self._hidden_key(scope), Body=body)
+
+    # ----------------------------------------------------- model side files
+    def read_model_file(self, name: str, path: str) -> bytes | None:
+        return self._get(self._key(validate_model_name(name), validate_model_file(path)))
+
+    def write_model_file(self, name: str, path: str, data: bytes) -> None:
+        """One PUT: an object is replaced whole, so readers see the old or the new file."""
+        key = self._key(validate_model_name(name), validate_model_file(path))
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data)
+
+    def delete_model_file(self, name: str, path: str) -> None:
+        key = self._key(validate_model_name(name), validate_model_file(path))
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def model_files(self, name: str, folder: str) -> list[str]:
+        prefix = self._key(validate_model_name(name), folder) + "/"
+        return sorted(
+            folder + "/" + obj["Key"][len(prefix) :]
+            for page in self._list(prefix)
+            for obj in page.get("Contents", [])
+            if "/" not in obj["Key"][len(prefix) :]
+        )
 
     # ------------------------------------------------------------ publishing
     def publish(

@@ -4,6 +4,11 @@ Keys (shared with the trainer's ``trainer/notify.py``):
 
 - ``ordrec:seen:<user id>``: a set of item ids recorded by RecordInteractions,
   expiring ``seen_ttl`` seconds after the last write;
+- ``ordrec:ratings:<user id>``: a hash item id -> latest recorded value (text),
+  same expiry (what fold-in reads);
+- stream ``ordrec:events``: one entry per recorded item (fields ``user``,
+  ``item``, ``ts`` and, when given, ``value`` and ``model``), trimmed to about
+  ``events_maxlen`` entries: what the training job reads (``trainer/events.py``);
 - ``ordrec:model:<name>:version``: the newest published version (durable);
 - channel ``ordrec:models``: a message per publish.
 
@@ -26,13 +31,16 @@ from collections.abc import Callable, Sequence
 
 import redis
 
+from ordrec.service.config import DEFAULT_EVENTS_MAXLEN
 from ordrec.service.errors import Unavailable
 from ordrec.service.metrics import Metrics
-from ordrec.service.seen import SeenStore
+from ordrec.service.seen import Recorded, SeenStore
 
 log = logging.getLogger("ordrec.redis")
 
 SEEN_KEY = "ordrec:seen:{}"
+RATINGS_KEY = "ordrec:ratings:{}"
+EVENTS_STREAM = "ordrec:events"
 VERSION_KEY = "ordrec:model:{}:version"
 CHANNEL = "ordrec:models"
 
@@ -58,8 +66,10 @@ class RedisSeenStore(SeenStore):
         seen_ttl: int = 30 * 86400,
         on_change: Callable[[], None] | None = None,
         probe_interval: float = 0.5,
+        events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
     ):
         self.client = connect(url, timeout)
+        self.events_maxlen = events_maxlen
         self.metrics = metrics
         self.on_change = None  # set after the first probe: the owner is still being built
         self.seen_ttl = seen_ttl
@@ -115,18 +125,34 @@ class RedisSeenStore(SeenStore):
             return {}, True
         return {u: list(m) for u, m in zip(user_ids, members) if m}, False
 
-    def record(self, user_id: str, item_ids: Sequence[str]) -> int:
-        key = SEEN_KEY.format(user_id)
+    def record(self, user_id: str, interactions: Sequence[Recorded]) -> int:
+        """One MULTI/EXEC: the stream entries, the seen set and the latest ratings.
+
+        It returns once EXEC has answered, so with ``appendfsync always`` an
+        acknowledged interaction is on disk.
+        """
+        seen_key, ratings_key = SEEN_KEY.format(user_id), RATINGS_KEY.format(user_id)
+        ratings = {i.item: repr(i.value) for i in interactions if i.value is not None}
         try:
             pipe = self.client.pipeline(transaction=True)
-            pipe.sadd(key, *item_ids)
-            pipe.expire(key, self.seen_ttl)
-            added, _ = pipe.execute()
+            for interaction in interactions:
+                pipe.xadd(
+                    EVENTS_STREAM,
+                    interaction.stream_fields(user_id),
+                    maxlen=self.events_maxlen,
+                    approximate=True,
+                )
+            pipe.sadd(seen_key, *{i.item for i in interactions})
+            pipe.expire(seen_key, self.seen_ttl)
+            if ratings:
+                pipe.hset(ratings_key, mapping=ratings)
+                pipe.expire(ratings_key, self.seen_ttl)
+            results = pipe.execute()
         except redis.RedisError as exc:
             self._set_up(False)
-            # The caller must know nothing was stored, so it can retry.
-            raise Unavailable(f"Redis is unreachable, interactions not recorded: {exc}") from None
-        return int(added)
+            # The caller must know the outcome is unknown, so it can retry (a re-read is idempotent).
+            raise Unavailable(f"Redis is unreachable, interactions may not be recorded: {exc}") from None
+        return int(results[len(interactions)])
 
 
 class VersionListener(threading.Thread):

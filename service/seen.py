@@ -9,8 +9,28 @@ answers FAILED_PRECONDITION. The Redis-backed store lives in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ordrec.service.errors import FailedPrecondition
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One interaction to record: the item, its optional rating, when, and the model it is for."""
+
+    item: str
+    timestamp: float
+    value: float | None = None
+    model: str | None = None
+
+    def stream_fields(self, user_id: str) -> dict[str, str]:
+        """The ``ordrec:events`` entry: ``value`` and ``model`` only when given."""
+        fields = {"user": user_id, "item": self.item, "ts": repr(self.timestamp)}
+        if self.value is not None:
+            fields["value"] = repr(self.value)
+        if self.model:
+            fields["model"] = self.model
+        return fields
 
 
 class SeenStore:
@@ -20,7 +40,8 @@ class SeenStore:
         """Items recorded per user since training, and whether the lookup failed open."""
         return {}, False
 
-    def record(self, user_id: str, item_ids: Sequence[str]) -> int:
+    def record(self, user_id: str, interactions: Sequence[Recorded]) -> int:
+        """Store ``interactions`` durably; the number of items new to the user's seen set."""
         raise FailedPrecondition("RecordInteractions needs Redis: start ordrec-serve with --redis URL")
 
     def healthy(self) -> bool:

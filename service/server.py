@@ -69,6 +69,7 @@ class Server:
                 config.redis_timeout,
                 config.seen_ttl,
                 on_change=self._update_health,
+                events_maxlen=config.events_maxlen,
             )
             if config.redis_url
             else SeenStore()

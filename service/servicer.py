@@ -12,6 +12,7 @@ import bisect
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Callable
 
 import grpc
@@ -32,7 +33,7 @@ from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
 from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
-from ordrec.service.seen import SeenStore
+from ordrec.service.seen import Recorded, SeenStore
 from ordrec.service.store import LoadedModel, ModelStore
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
@@ -393,8 +394,37 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     def RecordInteractions(self, request: pb.RecordInteractionsRequest, context):
         lim = self.limits
         user = v.one_id(request.user_id, "user_id", lim)
-        items = v.id_list(request.item_ids, "item_ids", lim, lim.max_ids, min_count=1)
-        return pb.RecordInteractionsResponse(recorded=self.seen.record(user, items))
+        v.id_list(request.item_ids, "item_ids", lim, lim.max_ids)
+        count = len(request.item_ids) + len(request.interactions)
+        if not 1 <= count <= lim.max_ids:
+            raise InvalidArgument(
+                f"item_ids and interactions must hold between 1 and {lim.max_ids} items together, got {count}"
+            )
+        interactions = self._interactions(request, time.time())
+        return pb.RecordInteractionsResponse(recorded=self.seen.record(user, interactions))
+
+    def _interactions(self, request: pb.RecordInteractionsRequest, now: float) -> list[Recorded]:
+        """The request's items, values checked against the model's rating scale.
+
+        Unknown users and items are kept: they are the next training's new ids.
+        """
+        lim = self.limits
+        valued = any(i.HasField("value") for i in request.interactions)
+        # A value is a rating on one model's scale; the event names that model for the trainer.
+        model = self._model(request.model, "Recommend") if valued or request.model else None
+        name = model.name if model else None
+        recorded = [Recorded(item, now, model=name) for item in request.item_ids]
+        for position, interaction in enumerate(request.interactions):
+            where = f"interactions[{position}]"
+            item = v.one_id(interaction.item_id, f"{where}.item_id", lim)
+            value = interaction.value if interaction.HasField("value") else None
+            if value is not None:
+                assert model is not None  # resolved above whenever a value is given
+                v.rating(value, f"{where} (item {item[:80]!r})", model.name, model.index.artifact.attributes)
+            ts = interaction.timestamp if interaction.HasField("timestamp") else now
+            v.timestamp(ts, f"{where}.timestamp")
+            recorded.append(Recorded(item, ts, value, name))
+        return recorded
 
     # ----------------------------------------------------------- ListModels
     @rpc

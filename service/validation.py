@@ -3,11 +3,14 @@ whose message names the field, the value and the allowed range."""
 
 from __future__ import annotations
 
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ordrec.service.config import Limits
 from ordrec.service.errors import InvalidArgument
+from ordrec.service.scale import scale_problem, stored_scale
 
 _MODEL_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
@@ -67,3 +70,22 @@ def id_list(
     for value in values:
         one_id(value, f"an entry of {field}", limits)
     return list(values)
+
+
+def rating(value: float, where: str, model: str, attributes: Mapping[str, Any]) -> float:
+    """A recorded value on the rating scale in a model's ``attributes`` (any finite number
+    when the model stored none)."""
+    if not math.isfinite(value):
+        raise InvalidArgument(f"{where}: value {value} is not a finite number")
+    scale = stored_scale(attributes)
+    problem = scale_problem(value, *scale) if scale else None
+    if problem:
+        raise InvalidArgument(f"{where}: value {value:g} {problem} of model {model!r}")
+    return value
+
+
+def timestamp(value: float, field: str) -> float:
+    """Unix seconds: finite and not negative."""
+    if not (math.isfinite(value) and value >= 0):
+        raise InvalidArgument(f"{field} must be unix seconds (finite, >= 0), got {value}")
+    return value

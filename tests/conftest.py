@@ -111,11 +111,19 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A throwaway redis-server on loopback, no persistence."""
+    """A throwaway redis-server on loopback: no persistence, or with ``aof_dir`` an
+    append-only file synced on every write (``appendfsync always``), so a SIGKILL
+    (:meth:`kill`) loses nothing acknowledged and :meth:`start` replays it."""
 
-    def __init__(self, port: int | None = None):
+    def __init__(self, port: int | None = None, aof_dir: Path | None = None):
         self.port = port or free_port()
+        self.aof_dir = aof_dir
         self.proc: subprocess.Popen | None = None
+
+    def _persistence(self) -> list[str]:
+        if self.aof_dir is None:
+            return ["--appendonly", "no"]
+        return ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.aof_dir)]
 
     @property
     def url(self) -> str:
@@ -131,8 +139,7 @@ class RedisServer:
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "no",
+                *self._persistence(),
                 "--protected-mode",
                 "yes",
             ],
@@ -151,6 +158,12 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash or an OOM kill does."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
             self.proc.wait(10)
 
 
@@ -212,6 +225,12 @@ class MotoServer:
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash or an OOM kill does."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
             self.proc.wait(10)
 
 

@@ -14,6 +14,7 @@ from concurrent import futures
 
 import grpc
 import pytest
+import redis
 
 from ordrec.client import Client, entity
 from ordrec.client_cli import build_parser, main
@@ -230,6 +231,13 @@ def test_record_with_redis(redis_server, sample_registry, capsys):
         assert cli_json(capsys, proc, "record", "--user", "u001", "--item", top) == {"recorded": 1}
         after = cli_json(capsys, proc, "recommend", "--model", "dcr", "--user", "u001", "--n", "5")
         assert top not in [i["id"] for i in after["results"][0]["items"]]
+        rated = cli_json(capsys, proc, "record", "--user", "u002", "--rating", "i001=4", "--model", "dcr")
+        assert rated == {"recorded": 1}
+        ratings = redis.Redis.from_url(redis_server.url, decode_responses=True).hgetall("ordrec:ratings:u002")
+        assert ratings == {"i001": "4.0"}
+        with pytest.raises(SystemExit) as info:
+            cli(capsys, "--target", proc.target, "record", "--user", "u002", "--rating", "i001")
+        assert info.value.code == 2 and "'i001' is not ITEM=VALUE" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------- token, TLS

@@ -11,6 +11,7 @@ Subcommands::
     ordrec-train prune --registry DIR --model NAME --keep K
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
+    ordrec-train events export --redis URL --out FILE [--since ID] [--format csv|jsonl]
 
 Every --registry takes a directory or ``s3://bucket/prefix`` (``pip install ordrec[s3]``;
 credentials and endpoint from the standard AWS environment and config).
@@ -268,6 +269,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_job(args.job, dry_run=args.dry_run, only=args.only)
 
 
+def cmd_events_export(args: argparse.Namespace) -> int:
+    import redis
+
+    from ordrec.service.redis_state import connect
+    from ordrec.trainer.events import export
+
+    try:
+        count, last = export(connect(args.redis, args.timeout), args.out, args.since, args.format)
+    except redis.RedisError as exc:
+        print(f"ordrec-train: error: cannot read the events from {args.redis}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"wrote {count} events to {args.out}; last id {last or '-'} (pass it as --since next time)")
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from ordrec.trainer.report_html import write_report
 
@@ -409,6 +425,16 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         "--only", action="append", metavar="MODEL", help="run only this model of the job (repeatable)"
     )
     run.set_defaults(func=cmd_run)
+
+    events = sub.add_parser("events", help="recorded interactions (the ordrec:events stream)")
+    events_sub = events.add_subparsers(dest="events_command", required=True)
+    export = events_sub.add_parser("export", help="write the recorded events to a file for a warehouse")
+    export.add_argument("--redis", required=True, metavar="URL")
+    export.add_argument("--out", required=True, help="the file (replaced atomically)")
+    export.add_argument("--since", metavar="ID", help="only entries after this stream id (exclusive)")
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    export.add_argument("--timeout", type=float, default=10.0, help="seconds per Redis call")
+    export.set_defaults(func=cmd_events_export)
 
     report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")
     report.add_argument("--registry", required=True)

@@ -5,7 +5,9 @@ the registry, an optional Redis and, per model, a quality gate. For every
 model the job
 
 1. reads its data source (``trainer.data.readers.read_input``; each source is
-   read once per run even when several models use it);
+   read once per run even when several models use it) and, with an
+   ``[events]`` table, merges a ratings model's recorded interactions since its
+   checkpoint into it (:mod:`trainer.events`);
 2. splits off a seeded held-out part (:func:`trainer.evaluation.holdout.split`);
 3. fits the estimator on the rest;
 4. scores the held-out part through the *serving* index built from the
@@ -40,7 +42,8 @@ source could not be read. When several models disagree the worst wins:
 
 A crash at any point leaves the registry as it was: ``Registry.publish``
 writes into a hidden temporary folder and renames it into place, and the job
-writes nothing else into the registry except its lock file.
+writes nothing else into the registry except its lock file and, after a
+publish, a model's events checkpoint (each file replaced atomically).
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ except ImportError:  # pragma: no cover - Python 3.10
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, validate_model_name
 from ordrec.service.models import kinds
 from ordrec.service.objectstore import S3Registry, is_object_store, open_registry
+from ordrec.service.scale import SCALE_ATTRIBUTE
 from ordrec.trainer.data.types import DataError, RatingScale
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -76,6 +80,7 @@ _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SOURCE_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_HOLDOUT = 0.2
 DEFAULT_REDIS_TIMEOUT = 1.0
+DEFAULT_EVENTS_TIMEOUT = 10.0
 METRIC_PREFIX = "holdout_"
 
 log = logging.getLogger("ordrec.job")
@@ -126,6 +131,16 @@ class ModelJob:
 
 
 @dataclass
+class EventsSource:
+    """``[events]``: recorded interactions read from Redis and merged into every ratings model's data."""
+
+    redis: str
+    timeout: float = DEFAULT_EVENTS_TIMEOUT
+    page: int = 1000
+    on_trimmed: str = "fail"  # or "warn": train without entries trimmed after the checkpoint
+
+
+@dataclass
 class JobConfig:
     path: Path
     name: str
@@ -134,6 +149,7 @@ class JobConfig:
     redis: str | None = None
     redis_timeout: float = DEFAULT_REDIS_TIMEOUT
     keep: int | None = None
+    events: EventsSource | None = None
     data: dict[str, DataSource] = field(default_factory=dict)
     models: list[ModelJob] = field(default_factory=list)
 
@@ -173,6 +189,7 @@ def _rule(ok: Callable[[Any], bool], message: str | Callable[[Any], str]) -> Che
 
 
 _AT_LEAST_ONE = _rule(lambda v: v >= 1, "must be at least 1")
+_POSITIVE_SECONDS = _rule(lambda v: v > 0, "must be positive (seconds)")
 
 
 @dataclass(frozen=True)
@@ -185,6 +202,10 @@ class Key:
     check: Check | None = None
 
 
+_REDIS_URL = _rule(
+    lambda v: re.match(r"^(redis|rediss|unix)://", v),
+    lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL",
+)
 JOB_KEYS = {
     "name": Key(
         str,
@@ -195,18 +216,18 @@ JOB_KEYS = {
         ),
     ),
     "registry": Key(str, required=True),
-    "redis": Key(
-        str,
-        check=_rule(
-            lambda v: re.match(r"^(redis|rediss|unix)://", v),
-            lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL",
-        ),
-    ),
-    "redis_timeout": Key(
-        float, DEFAULT_REDIS_TIMEOUT, check=_rule(lambda v: v > 0, "must be positive (seconds)")
-    ),
+    "redis": Key(str, check=_REDIS_URL),
+    "redis_timeout": Key(float, DEFAULT_REDIS_TIMEOUT, check=_POSITIVE_SECONDS),
     "keep": Key(int, check=_AT_LEAST_ONE),
     "lock": Key(str),
+}
+EVENTS_KEYS = {
+    "redis": Key(str, required=True, check=_REDIS_URL),
+    "timeout": Key(float, DEFAULT_EVENTS_TIMEOUT, check=_POSITIVE_SECONDS),
+    "page": Key(int, 1000, check=_AT_LEAST_ONE),
+    "on_trimmed": Key(
+        str, "fail", check=_rule(lambda v: v in ("fail", "warn"), lambda v: f'{v!r} must be "fail" or "warn"')
+    ),
 }
 SOURCE_KEYS = {
     "path": Key(str, required=True),
@@ -253,6 +274,7 @@ GATE_KEYS = {
 FILE_KEYS = {
     "job": Key(dict, required=True),
     "data": Key(dict, required=True),
+    "events": Key(dict),
     "models": Key(
         None,
         required=True,
@@ -339,6 +361,8 @@ def load_job(path: str | os.PathLike) -> JobConfig:
     base = path.resolve().parent
     config = _job_config(c, path, base, c.table(raw["job"], "job", JOB_KEYS))
     config.data = _data_sources(c, base, raw["data"])
+    if raw["events"] is not None:
+        config.events = EventsSource(**c.table(raw["events"], "events", EVENTS_KEYS))
     names: set[str] = set()
     for position, table in enumerate(raw["models"], 1):
         model = _model_job(c, base, config, position, table)
@@ -562,6 +586,7 @@ class _Job:
         self.dry_run = dry_run
         self.registry = open_registry(config.registry)
         self._data: dict[str, Any] = {}
+        self._redis: Any = None  # the [events] connection, opened on first use
 
     def say(
         self, model: str | None, message: str, *args, level: int = logging.INFO, exc_info: bool = False
@@ -599,6 +624,39 @@ class _Job:
             self._data[key] = data
         return self._data[key]
 
+    def scale(self, model: ModelJob) -> RatingScale | None:
+        """The rating scale of a ratings model's data (None: any finite number)."""
+        from ordrec.trainer.data.readers import ratings_scale
+
+        source = self.config.data[model.data]
+        return ratings_scale(source.path, source.format, source.rating_scale)
+
+    def events_feed(self, model: ModelJob, shape: str):
+        """The model's recorded interactions since its checkpoint, read; None without ``[events]``."""
+        events = self.config.events
+        if events is None or shape != "ratings":
+            return None
+        from ordrec.service.redis_state import connect
+        from ordrec.trainer.events import EventFeed
+
+        if self._redis is None:
+            self._redis = connect(events.redis, events.timeout)
+        feed = EventFeed(self.registry, model.name, self._redis, events.page, events.on_trimmed)
+        feed.read()
+        return feed
+
+    def commit_events(self, model: ModelJob, feed, version: str) -> None:
+        from ordrec.trainer.events import EventsError
+
+        try:
+            feed.commit()
+        except Exception as exc:
+            raise EventsError(
+                f"version {version} is published but the events checkpoint was not advanced"
+                f" (the next run reads the same events again): {type(exc).__name__}: {exc}"
+            ) from exc
+        self.say(model.name, "events checkpoint advanced to %s", feed.next.last_id or "-")
+
     def run_model(self, model: ModelJob) -> Outcome:
         from ordrec.trainer.evaluation import holdout
 
@@ -608,8 +666,13 @@ class _Job:
         estimator_cls, index_cls = kind.estimator_class(), kind.index_class()
         try:
             data = self.read(model, estimator_cls.input_shape)
+            scale = self.scale(model) if estimator_cls.input_shape == "ratings" else None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise DataError(str(self.config.data[model.data].path), None, f"cannot read: {exc}") from None
+        feed = self.events_feed(model, estimator_cls.input_shape)
+        if feed is not None:
+            data = feed.apply(data, scale)
+            self.say(model.name, feed.summary())
 
         train, test = holdout.split(data, gate.holdout, gate.seed)
         t0 = time.perf_counter()
@@ -682,12 +745,16 @@ class _Job:
                 METRIC_PREFIX + "refit": float(model.refit),
             }
         )
+        if scale is not None:
+            artifact.attributes[SCALE_ATTRIBUTE] = scale.as_attribute()  # checks recorded values
         views = self._report(model, index) if kind.is_map else None
         if model.item_attributes:
             from ordrec.trainer.data.item_attributes import attach_item_attributes
 
             attach_item_attributes(artifact, model.item_attributes)
         out.version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
+        if feed is not None:
+            self.commit_events(model, feed, out.version)
         out.status = "published"
         pinned = self.registry.pinned(model.name)
         if pinned:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bordrec/v1/recommender.proto\x12\tordrec.v1\"Q\n\x08ScoredId\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x1b\n\x13rating_distribution\x18\x03 \x03(\x02\x12\r\n\x05label\x18\x04 \x01(\t\"\xcb\x01\n\x10RecommendRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08user_ids\x18\x02 \x03(\t\x12\t\n\x01n\x18\x03 \x01(\x05\x12\x19\n\x0c\x65xclude_seen\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\x12\x63\x61ndidate_item_ids\x18\x05 \x03(\t\x12\x19\n\x11with_distribution\x18\x06 \x01(\x08\x12\x18\n\x10\x65xclude_item_ids\x18\x07 \x03(\t\x12\x0e\n\x06\x66ilter\x18\x08 \x01(\tB\x0f\n\r_exclude_seen\"q\n\x13UserRecommendations\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\"\n\x05items\x18\x02 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12%\n\x08\x66\x61llback\x18\x03 \x01(\x0e\x32\x13.ordrec.v1.Fallback\"\xad\x01\n\x11RecommendResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.ordrec.v1.UserRecommendations\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x0e\n\x06levels\x18\x04 \x03(\x02\x12\x1c\n\x14seen_filter_degraded\x18\x05 \x01(\x08\x12\x13\n\x0brules_stale\x18\x06 \x01(\x08\"c\n\x0bTagsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x0f\n\x07item_id\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x18\n\x10\x65xclude_own_tags\x18\x05 \x01(\x08\"~\n\x0cTagsResponse\x12!\n\x04tags\x18\x01 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12%\n\x08\x66\x61llback\x18\x02 \x01(\x0e\x32\x13.ordrec.v1.Fallback\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"\x95\x01\n\x10NeighborsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05space\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12&\n\x0b\x66rom_entity\x18\x04 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12$\n\tto_entity\x18\x05 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12\t\n\x01k\x18\x06 \x01(\x05\"v\n\x11NeighborsResponse\x12&\n\tneighbors\x18\x01 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x13\n\x0brules_stale\x18\x04 \x01(\x08\"u\n\x12\x43oordinatesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05space\x18\x02 \x01(\t\x12!\n\x06\x65ntity\x18\x03 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12\x0b\n\x03ids\x18\x04 \x03(\t\x12\x11\n\tpage_size\x18\x05 \x01(\x05\"F\n\x05Point\x12\n\n\x02id\x18\x01 \x01(\t\x12!\n\x06\x65ntity\x18\x02 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12\x0e\n\x06\x63oords\x18\x03 \x03(\x02\"j\n\x13\x43oordinatesResponse\x12 \n\x06points\x18\x01 \x03(\x0b\x32\x10.ordrec.v1.Point\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"E\n\x0cPlaceRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1b\n\x13ranked_neighbor_ids\x18\x02 \x03(\t\x12\t\n\x01k\x18\x03 \x01(\x05\"m\n\rPlaceResponse\x12\x0e\n\x06\x63oords\x18\x01 \x03(\x02\x12&\n\tneighbors\x18\x02 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\">\n\x19RecordInteractionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\t\".\n\x1aRecordInteractionsResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x05\"\x13\n\x11ListModelsRequest\"\xde\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\ncreated_at\x18\x04 \x01(\t\x12\x11\n\tloaded_at\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0c\n\x04rpcs\x18\x07 \x03(\t\x12.\n\x05sizes\x18\x08 \x03(\x0b\x32\x1f.ordrec.v1.ModelInfo.SizesEntry\x12\x32\n\x07metrics\x18\t \x03(\x0b\x32!.ordrec.v1.ModelInfo.MetricsEntry\x12\x0e\n\x06spaces\x18\n \x03(\t\x12\r\n\x05index\x18\x0b \x01(\t\x1a,\n\nSizesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.ordrec.v1.ModelInfo\"3\n\x10HideItemsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\t\"S\n\x11HideItemsResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x03\x12\x0f\n\x07unknown\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\x12\r\n\x05model\x18\x04 \x01(\t\"9\n\x11ListHiddenRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rafter_item_id\x18\x02 \x01(\t\"=\n\x0bHiddenItems\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"Q\n\x12ListHiddenResponse\x12&\n\x06scopes\x18\x01 \x03(\x0b\x32\x16.ordrec.v1.HiddenItems\x12\x13\n\x0brules_stale\x18\x02 \x01(\x08*U\n\x06\x45ntity\x12\x16\n\x12\x45NTITY_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x45NTITY_ITEM\x10\x01\x12\x0f\n\x0b\x45NTITY_USER\x10\x02\x12\x11\n\rENTITY_ASPECT\x10\x03*p\n\x08\x46\x61llback\x12\x11\n\rFALLBACK_NONE\x10\x00\x12\x1b\n\x17\x46\x41LLBACK_POPULAR_GLOBAL\x10\x01\x12\x19\n\x15\x46\x41LLBACK_POPULAR_ITEM\x10\x02\x12\x19\n\x15\x46\x41LLBACK_POPULAR_USER\x10\x03\x32\xed\x05\n\x0bRecommender\x12\x46\n\tRecommend\x12\x1b.ordrec.v1.RecommendRequest\x1a\x1c.ordrec.v1.RecommendResponse\x12\x37\n\x04Tags\x12\x16.ordrec.v1.TagsRequest\x1a\x17.ordrec.v1.TagsResponse\x12\x46\n\tNeighbors\x12\x1b.ordrec.v1.NeighborsRequest\x1a\x1c.ordrec.v1.NeighborsResponse\x12N\n\x0b\x43oordinates\x12\x1d.ordrec.v1.CoordinatesRequest\x1a\x1e.ordrec.v1.CoordinatesResponse0\x01\x12:\n\x05Place\x12\x17.ordrec.v1.PlaceRequest\x1a\x18.ordrec.v1.PlaceResponse\x12\x61\n\x12RecordInteractions\x12$.ordrec.v1.RecordInteractionsRequest\x1a%.ordrec.v1.RecordInteractionsResponse\x12I\n\nListModels\x12\x1c.ordrec.v1.ListModelsRequest\x1a\x1d.ordrec.v1.ListModelsResponse\x12\x46\n\tHideItems\x12\x1b.ordrec.v1.HideItemsRequest\x1a\x1c.ordrec.v1.HideItemsResponse\x12H\n\x0bUnhideItems\x12\x1b.ordrec.v1.HideItemsRequest\x1a\x1c.ordrec.v1.HideItemsResponse\x12I\n\nListHidden\x12\x1c.ordrec.v1.ListHiddenRequest\x1a\x1d.ordrec.v1.ListHiddenResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bordrec/v1/recommender.proto\x12\tordrec.v1\"Q\n\x08ScoredId\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x02\x12\x1b\n\x13rating_distribution\x18\x03 \x03(\x02\x12\r\n\x05label\x18\x04 \x01(\t\"\xcb\x01\n\x10RecommendRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08user_ids\x18\x02 \x03(\t\x12\t\n\x01n\x18\x03 \x01(\x05\x12\x19\n\x0c\x65xclude_seen\x18\x04 \x01(\x08H\x00\x88\x01\x01\x12\x1a\n\x12\x63\x61ndidate_item_ids\x18\x05 \x03(\t\x12\x19\n\x11with_distribution\x18\x06 \x01(\x08\x12\x18\n\x10\x65xclude_item_ids\x18\x07 \x03(\t\x12\x0e\n\x06\x66ilter\x18\x08 \x01(\tB\x0f\n\r_exclude_seen\"q\n\x13UserRecommendations\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\"\n\x05items\x18\x02 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12%\n\x08\x66\x61llback\x18\x03 \x01(\x0e\x32\x13.ordrec.v1.Fallback\"\xad\x01\n\x11RecommendResponse\x12/\n\x07results\x18\x01 \x03(\x0b\x32\x1e.ordrec.v1.UserRecommendations\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x0e\n\x06levels\x18\x04 \x03(\x02\x12\x1c\n\x14seen_filter_degraded\x18\x05 \x01(\x08\x12\x13\n\x0brules_stale\x18\x06 \x01(\x08\"c\n\x0bTagsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x0f\n\x07item_id\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x18\n\x10\x65xclude_own_tags\x18\x05 \x01(\x08\"~\n\x0cTagsResponse\x12!\n\x04tags\x18\x01 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12%\n\x08\x66\x61llback\x18\x02 \x01(\x0e\x32\x13.ordrec.v1.Fallback\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"\x95\x01\n\x10NeighborsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05space\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\x12&\n\x0b\x66rom_entity\x18\x04 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12$\n\tto_entity\x18\x05 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12\t\n\x01k\x18\x06 \x01(\x05\"v\n\x11NeighborsResponse\x12&\n\tneighbors\x18\x01 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12\r\n\x05model\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\t\x12\x13\n\x0brules_stale\x18\x04 \x01(\x08\"u\n\x12\x43oordinatesRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05space\x18\x02 \x01(\t\x12!\n\x06\x65ntity\x18\x03 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12\x0b\n\x03ids\x18\x04 \x03(\t\x12\x11\n\tpage_size\x18\x05 \x01(\x05\"F\n\x05Point\x12\n\n\x02id\x18\x01 \x01(\t\x12!\n\x06\x65ntity\x18\x02 \x01(\x0e\x32\x11.ordrec.v1.Entity\x12\x0e\n\x06\x63oords\x18\x03 \x03(\x02\"j\n\x13\x43oordinatesResponse\x12 \n\x06points\x18\x01 \x03(\x0b\x32\x10.ordrec.v1.Point\x12\x0b\n\x03\x64im\x18\x02 \x01(\x05\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"E\n\x0cPlaceRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1b\n\x13ranked_neighbor_ids\x18\x02 \x03(\t\x12\t\n\x01k\x18\x03 \x01(\x05\"m\n\rPlaceResponse\x12\x0e\n\x06\x63oords\x18\x01 \x03(\x02\x12&\n\tneighbors\x18\x02 \x03(\x0b\x32\x13.ordrec.v1.ScoredId\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmodel_version\x18\x04 \x01(\t\"b\n\x0bInteraction\x12\x0f\n\x07item_id\x18\x01 \x01(\t\x12\x12\n\x05value\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\ttimestamp\x18\x03 \x01(\x01H\x01\x88\x01\x01\x42\x08\n\x06_valueB\x0c\n\n_timestamp\"{\n\x19RecordInteractionsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\t\x12,\n\x0cinteractions\x18\x03 \x03(\x0b\x32\x16.ordrec.v1.Interaction\x12\r\n\x05model\x18\x04 \x01(\t\".\n\x1aRecordInteractionsResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x05\"\x13\n\x11ListModelsRequest\"\xde\x02\n\tModelInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12\x12\n\ncreated_at\x18\x04 \x01(\t\x12\x11\n\tloaded_at\x18\x05 \x01(\x01\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0c\n\x04rpcs\x18\x07 \x03(\t\x12.\n\x05sizes\x18\x08 \x03(\x0b\x32\x1f.ordrec.v1.ModelInfo.SizesEntry\x12\x32\n\x07metrics\x18\t \x03(\x0b\x32!.ordrec.v1.ModelInfo.MetricsEntry\x12\x0e\n\x06spaces\x18\n \x03(\t\x12\r\n\x05index\x18\x0b \x01(\t\x1a,\n\nSizesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\":\n\x12ListModelsResponse\x12$\n\x06models\x18\x01 \x03(\x0b\x32\x14.ordrec.v1.ModelInfo\"3\n\x10HideItemsRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\t\"S\n\x11HideItemsResponse\x12\x0f\n\x07\x63hanged\x18\x01 \x01(\x03\x12\x0f\n\x07unknown\x18\x02 \x01(\x03\x12\r\n\x05total\x18\x03 \x01(\x03\x12\r\n\x05model\x18\x04 \x01(\t\"9\n\x11ListHiddenRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x15\n\rafter_item_id\x18\x02 \x01(\t\"=\n\x0bHiddenItems\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08item_ids\x18\x02 \x03(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\x03\"Q\n\x12ListHiddenResponse\x12&\n\x06scopes\x18\x01 \x03(\x0b\x32\x16.ordrec.v1.HiddenItems\x12\x13\n\x0brules_stale\x18\x02 \x01(\x08*U\n\x06\x45ntity\x12\x16\n\x12\x45NTITY_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x45NTITY_ITEM\x10\x01\x12\x0f\n\x0b\x45NTITY_USER\x10\x02\x12\x11\n\rENTITY_ASPECT\x10\x03*p\n\x08\x46\x61llback\x12\x11\n\rFALLBACK_NONE\x10\x00\x12\x1b\n\x17\x46\x41LLBACK_POPULAR_GLOBAL\x10\x01\x12\x19\n\x15\x46\x41LLBACK_POPULAR_ITEM\x10\x02\x12\x19\n\x15\x46\x41LLBACK_POPULAR_USER\x10\x03\x32\xed\x05\n\x0bRecommender\x12\x46\n\tRecommend\x12\x1b.ordrec.v1.RecommendRequest\x1a\x1c.ordrec.v1.RecommendResponse\x12\x37\n\x04Tags\x12\x16.ordrec.v1.TagsRequest\x1a\x17.ordrec.v1.TagsResponse\x12\x46\n\tNeighbors\x12\x1b.ordrec.v1.NeighborsRequest\x1a\x1c.ordrec.v1.NeighborsResponse\x12N\n\x0b\x43oordinates\x12\x1d.ordrec.v1.CoordinatesRequest\x1a\x1e.ordrec.v1.CoordinatesResponse0\x01\x12:\n\x05Place\x12\x17.ordrec.v1.PlaceRequest\x1a\x18.ordrec.v1.PlaceResponse\x12\x61\n\x12RecordInteractions\x12$.ordrec.v1.RecordInteractionsRequest\x1a%.ordrec.v1.RecordInteractionsResponse\x12I\n\nListModels\x12\x1c.ordrec.v1.ListModelsRequest\x1a\x1d.ordrec.v1.ListModelsResponse\x12\x46\n\tHideItems\x12\x1b.ordrec.v1.HideItemsRequest\x1a\x1c.ordrec.v1.HideItemsResponse\x12H\n\x0bUnhideItems\x12\x1b.ordrec.v1.HideItemsRequest\x1a\x1c.ordrec.v1.HideItemsResponse\x12I\n\nListHidden\x12\x1c.ordrec.v1.ListHiddenRequest\x1a\x1d.ordrec.v1.ListHiddenResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELINFO_SIZESENTRY']._serialized_options = b'8\001'
   _globals['_MODELINFO_METRICSENTRY']._loaded_options = None
   _globals['_MODELINFO_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_ENTITY']._serialized_start=2493
-  _globals['_ENTITY']._serialized_end=2578
-  _globals['_FALLBACK']._serialized_start=2580
-  _globals['_FALLBACK']._serialized_end=2692
+  _globals['_ENTITY']._serialized_start=2654
+  _globals['_ENTITY']._serialized_end=2739
+  _globals['_FALLBACK']._serialized_start=2741
+  _globals['_FALLBACK']._serialized_end=2853
   _globals['_SCOREDID']._serialized_start=42
   _globals['_SCOREDID']._serialized_end=123
   _globals['_RECOMMENDREQUEST']._serialized_start=126
@@ -65,30 +65,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEREQUEST']._serialized_end=1491
   _globals['_PLACERESPONSE']._serialized_start=1493
   _globals['_PLACERESPONSE']._serialized_end=1602
-  _globals['_RECORDINTERACTIONSREQUEST']._serialized_start=1604
-  _globals['_RECORDINTERACTIONSREQUEST']._serialized_end=1666
-  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_start=1668
-  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_end=1714
-  _globals['_LISTMODELSREQUEST']._serialized_start=1716
-  _globals['_LISTMODELSREQUEST']._serialized_end=1735
-  _globals['_MODELINFO']._serialized_start=1738
-  _globals['_MODELINFO']._serialized_end=2088
-  _globals['_MODELINFO_SIZESENTRY']._serialized_start=1996
-  _globals['_MODELINFO_SIZESENTRY']._serialized_end=2040
-  _globals['_MODELINFO_METRICSENTRY']._serialized_start=2042
-  _globals['_MODELINFO_METRICSENTRY']._serialized_end=2088
-  _globals['_LISTMODELSRESPONSE']._serialized_start=2090
-  _globals['_LISTMODELSRESPONSE']._serialized_end=2148
-  _globals['_HIDEITEMSREQUEST']._serialized_start=2150
-  _globals['_HIDEITEMSREQUEST']._serialized_end=2201
-  _globals['_HIDEITEMSRESPONSE']._serialized_start=2203
-  _globals['_HIDEITEMSRESPONSE']._serialized_end=2286
-  _globals['_LISTHIDDENREQUEST']._serialized_start=2288
-  _globals['_LISTHIDDENREQUEST']._serialized_end=2345
-  _globals['_HIDDENITEMS']._serialized_start=2347
-  _globals['_HIDDENITEMS']._serialized_end=2408
-  _globals['_LISTHIDDENRESPONSE']._serialized_start=2410
-  _globals['_LISTHIDDENRESPONSE']._serialized_end=2491
-  _globals['_RECOMMENDER']._serialized_start=2695
-  _globals['_RECOMMENDER']._serialized_end=3444
+  _globals['_INTERACTION']._serialized_start=1604
+  _globals['_INTERACTION']._serialized_end=1702
+  _globals['_RECORDINTERACTIONSREQUEST']._serialized_start=1704
+  _globals['_RECORDINTERACTIONSREQUEST']._serialized_end=1827
+  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_start=1829
+  _globals['_RECORDINTERACTIONSRESPONSE']._serialized_end=1875
+  _globals['_LISTMODELSREQUEST']._serialized_start=1877
+  _globals['_LISTMODELSREQUEST']._serialized_end=1896
+  _globals['_MODELINFO']._serialized_start=1899
+  _globals['_MODELINFO']._serialized_end=2249
+  _globals['_MODELINFO_SIZESENTRY']._serialized_start=2157
+  _globals['_MODELINFO_SIZESENTRY']._serialized_end=2201
+  _globals['_MODELINFO_METRICSENTRY']._serialized_start=2203
+  _globals['_MODELINFO_METRICSENTRY']._serialized_end=2249
+  _globals['_LISTMODELSRESPONSE']._serialized_start=2251
+  _globals['_LISTMODELSRESPONSE']._serialized_end=2309
+  _globals['_HIDEITEMSREQUEST']._serialized_start=2311
+  _globals['_HIDEITEMSREQUEST']._serialized_end=2362
+  _globals['_HIDEITEMSRESPONSE']._serialized_start=2364
+  _globals['_HIDEITEMSRESPONSE']._serialized_end=2447
+  _globals['_LISTHIDDENREQUEST']._serialized_start=2449
+  _globals['_LISTHIDDENREQUEST']._serialized_end=2506
+  _globals['_HIDDENITEMS']._serialized_start=2508
+  _globals['_HIDDENITEMS']._serialized_end=2569
+  _globals['_LISTHIDDENRESPONSE']._serialized_start=2571
+  _globals['_LISTHIDDENRESPONSE']._serialized_end=2652
+  _globals['_RECOMMENDER']._serialized_start=2856
+  _globals['_RECOMMENDER']._serialized_end=3605
 # @@protoc_insertion_point(module_scope)

@@ -199,13 +199,27 @@ class PlaceResponse(_message.Message):
     model_version: str
     def __init__(self, coords: _Optional[_Iterable[float]] = ..., neighbors: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
 
+class Interaction(_message.Message):
+    __slots__ = ("item_id", "value", "timestamp")
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    item_id: str
+    value: float
+    timestamp: float
+    def __init__(self, item_id: _Optional[str] = ..., value: _Optional[float] = ..., timestamp: _Optional[float] = ...) -> None: ...
+
 class RecordInteractionsRequest(_message.Message):
-    __slots__ = ("user_id", "item_ids")
+    __slots__ = ("user_id", "item_ids", "interactions", "model")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    INTERACTIONS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     item_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, user_id: _Optional[str] = ..., item_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    interactions: _containers.RepeatedCompositeFieldContainer[Interaction]
+    model: str
+    def __init__(self, user_id: _Optional[str] = ..., item_ids: _Optional[_Iterable[str]] = ..., interactions: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class RecordInteractionsResponse(_message.Message):
     __slots__ = ("recorded",)

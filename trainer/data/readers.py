@@ -409,6 +409,17 @@ def declared_scale(fmt: str, detected: bool = False) -> RatingScale | None:
     return RATING_SCALES.get(fmt)
 
 
+def ratings_scale(
+    path, fmt: str = "auto", rating_scale: RatingScale | str | None = None
+) -> RatingScale | None:
+    """The scale :func:`read_ratings` checks ``path``'s ratings against (None: any finite number)."""
+    detected = fmt in (None, "", "auto")
+    fmt = _choose(_resolve(path, "ratings"), "ratings", fmt)
+    if isinstance(rating_scale, str):
+        rating_scale = RatingScale.parse(rating_scale)
+    return rating_scale or declared_scale(fmt, detected)
+
+
 def _timestamp_columns(header: list[str], taken: list[int]) -> list[Column]:
     return [
         Column(i, "timestamp", kind="timestamp")
@@ -451,11 +462,8 @@ def read_ratings(
     item) pair (naming both lines) are errors.
     """
     path = _resolve(path, "ratings")
-    detected = fmt in (None, "", "auto")
+    scale = ratings_scale(path, fmt, rating_scale)
     fmt = _choose(path, "ratings", fmt)
-    if isinstance(rating_scale, str):
-        rating_scale = RatingScale.parse(rating_scale)
-    scale = rating_scale or declared_scale(fmt, detected)
     if fmt == "parquet":
         return _read_parquet_ratings(path, columns, scale, skip_bad_lines)
     if fmt in RATING_SCALES:

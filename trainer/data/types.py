@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ordrec.service.idmap import IdMap
+from ordrec.service.scale import on_scale, scale_problem, scale_text
 
 
 class DataError(ValueError):
@@ -48,18 +49,6 @@ def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
     while keep > 0 and len(repr(text[:keep])) > limit:
         keep -= 1
     return f"{text[:keep]!r}... ({len(text)} characters)"
-
-
-def on_scale(value: float, low: float, high: float, step: float) -> bool:
-    """Whether ``value`` is one of ``low, low + step, ..., high`` (NaN never is).
-
-    Plain arithmetic, so the numba kernels compile this very function and
-    agree with the per-line parser bit for bit.
-    """
-    if not (low <= value <= high):
-        return False
-    k = math.floor((value - low) / step + 0.5)
-    return abs(value - (low + k * step)) <= 1e-9 * step
 
 
 _SCALE_RE = re.compile(r"^\s*([^.:\s][^:]*?)\s*\.\.\s*([^:]+?)\s*(?::\s*(.+?)\s*)?$")
@@ -103,15 +92,15 @@ class RatingScale:
         return cls(low, high, step)
 
     def __str__(self) -> str:
-        return f"{self.low:g}..{self.high:g}" + (f":{self.step:g}" if self.step != 1 else "")
+        return scale_text(self.low, self.high, self.step)
 
     def problem(self, value: float) -> str | None:
         """Why ``value`` is not on the scale, or None when it is."""
-        if on_scale(value, self.low, self.high, self.step):
-            return None
-        if self.low <= value <= self.high:
-            return f"is not on the rating scale {self} (steps of {self.step:g})"
-        return f"is outside the rating scale {self}"
+        return scale_problem(value, self.low, self.high, self.step)
+
+    def as_attribute(self) -> dict[str, float]:
+        """The form a model's ``attributes[SCALE_ATTRIBUTE]`` stores (read by the service)."""
+        return {"low": self.low, "high": self.high, "step": self.step}
 
 
 def _fingerprint(*parts) -> str:
