@@ -92,6 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seen-ttl", type=int, default=d.seen_ttl, help="seconds a recorded interaction stays excluded"
     )
+    p.add_argument(
+        "--online-sample-rate",
+        type=float,
+        default=d.online_sample_rate,
+        help="share of Recommend answers sampled into Redis for the online evaluation (0: off)",
+    )
+    p.add_argument(
+        "--online-window",
+        type=int,
+        default=d.online_window,
+        help="seconds after a sampled answer in which an interaction with one of its items is a hit",
+    )
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
@@ -142,6 +154,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
+    if not 0.0 <= args.online_sample_rate <= 1.0:
+        raise ValueError(f"--online-sample-rate must be in [0, 1], got {args.online_sample_rate}")
+    if args.online_window < 1:
+        raise ValueError(f"--online-window must be at least 1 second, got {args.online_window}")
     if args.max_streams >= args.workers:
         raise ValueError(
             f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
@@ -171,6 +187,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         redis_url=args.redis_url,
         redis_timeout=args.redis_timeout,
         seen_ttl=args.seen_ttl,
+        online_sample_rate=args.online_sample_rate,
+        online_window=args.online_window,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),

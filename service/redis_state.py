@@ -4,6 +4,8 @@ Keys (shared with the trainer's ``trainer/notify.py``):
 
 - ``ordrec:seen:<user id>``: a set of item ids recorded by RecordInteractions,
   expiring ``seen_ttl`` seconds after the last write;
+- ``ordrec:ratings:<user id>``: a hash item id -> latest recorded rating, read by
+  Recommend to fold in users the served version has not seen;
 - ``ordrec:model:<name>:version``: the newest published version (durable);
 - channel ``ordrec:models``: a message per publish.
 
@@ -33,6 +35,7 @@ from ordrec.service.seen import SeenStore
 log = logging.getLogger("ordrec.redis")
 
 SEEN_KEY = "ordrec:seen:{}"
+RATINGS_KEY = "ordrec:ratings:{}"
 VERSION_KEY = "ordrec:model:{}:version"
 CHANNEL = "ordrec:models"
 
@@ -114,6 +117,20 @@ class RedisSeenStore(SeenStore):
             self._set_up(False)
             return {}, True
         return {u: list(m) for u, m in zip(user_ids, members) if m}, False
+
+    def ratings(self, user_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        if not self._up.is_set():
+            return {}
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for user in user_ids:
+                pipe.hgetall(RATINGS_KEY.format(user))
+            found = pipe.execute()
+        except redis.RedisError as exc:
+            log.debug("ratings lookup failed: %s", exc)
+            self._set_up(False)
+            return {}
+        return {u: r for u, r in zip(user_ids, found) if r}
 
     def record(self, user_id: str, item_ids: Sequence[str]) -> int:
         key = SEEN_KEY.format(user_id)

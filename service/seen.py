@@ -20,6 +20,10 @@ class SeenStore:
         """Items recorded per user since training, and whether the lookup failed open."""
         return {}, False
 
+    def ratings(self, user_ids: Sequence[str]) -> dict[str, dict[str, str]]:
+        """Ratings recorded per user (item id -> value as text), for fold-in; users without any left out."""
+        return {}
+
     def record(self, user_id: str, item_ids: Sequence[str]) -> int:
         raise FailedPrecondition("RecordInteractions needs Redis: start ordrec-serve with --redis URL")
 
