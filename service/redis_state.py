@@ -36,6 +36,7 @@ log = logging.getLogger("ordrec.redis")
 
 SEEN_KEY = "ordrec:seen:{}"
 RATINGS_KEY = "ordrec:ratings:{}"
+MAX_FOLD_IN_RATINGS = 200
 VERSION_KEY = "ordrec:model:{}:version"
 CHANNEL = "ordrec:models"
 
@@ -104,33 +105,30 @@ class RedisSeenStore(SeenStore):
         self._stop.set()
 
     # ------------------------------------------------------------ the store
-    def recent(self, user_ids: Sequence[str]) -> tuple[dict[str, list[str]], bool]:
+    def lookup(
+        self, seen_for: Sequence[str], ratings_for: Sequence[str] = ()
+    ) -> tuple[dict[str, list[str]], dict[str, dict[str, str]], bool]:
+        if not seen_for and not ratings_for:
+            return {}, {}, False
         if not self._up.is_set():
-            return {}, True  # circuit open: do not pay a timeout per request
+            return {}, {}, True  # circuit open: do not pay a timeout per request
         try:
             pipe = self.client.pipeline(transaction=False)
-            for user in user_ids:
+            for user in seen_for:
                 pipe.smembers(SEEN_KEY.format(user))
-            members = pipe.execute()
+            for user in ratings_for:
+                # At most MAX_FOLD_IN_RATINGS (all of them when there are no more), so a
+                # heavy user's read and solve stay bounded.
+                pipe.hrandfield(RATINGS_KEY.format(user), MAX_FOLD_IN_RATINGS, withvalues=True)
+            found = pipe.execute()
         except redis.RedisError as exc:
             log.debug("seen lookup failed: %s", exc)
             self._set_up(False)
-            return {}, True
-        return {u: list(m) for u, m in zip(user_ids, members) if m}, False
-
-    def ratings(self, user_ids: Sequence[str]) -> dict[str, dict[str, str]]:
-        if not self._up.is_set():
-            return {}
-        try:
-            pipe = self.client.pipeline(transaction=False)
-            for user in user_ids:
-                pipe.hgetall(RATINGS_KEY.format(user))
-            found = pipe.execute()
-        except redis.RedisError as exc:
-            log.debug("ratings lookup failed: %s", exc)
-            self._set_up(False)
-            return {}
-        return {u: r for u, r in zip(user_ids, found) if r}
+            return {}, {}, True
+        members, rated = found[: len(seen_for)], found[len(seen_for) :]
+        recent = {u: list(m) for u, m in zip(seen_for, members) if m}
+        ratings = {u: dict(zip(r[::2], r[1::2])) for u, r in zip(ratings_for, rated) if r}
+        return recent, ratings, False
 
     def record(self, user_id: str, item_ids: Sequence[str]) -> int:
         key = SEEN_KEY.format(user_id)

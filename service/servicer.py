@@ -208,17 +208,24 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             groups.setdefault(model.version, (model, []))[1].append(position)
         for model, positions in groups.values():
             self._check_recommend(model, call, [user_ids[p] for p in positions])
-        recent, degraded = self.seen.recent(user_ids) if call.exclude_seen else ({}, False)
+        recent, ratings, degraded = self.seen.lookup(
+            user_ids if call.exclude_seen else [], self._fold_in_candidates(groups.values(), user_ids)
+        )
         reply = pb.RecommendResponse(
             model=live.name,
             model_version=next(iter(groups)) if len(groups) == 1 else live.version,
-            seen_filter_degraded=degraded,
+            seen_filter_degraded=degraded and call.exclude_seen,
             rules_stale=self._rules_stale(),
         )
         results = [reply.results.add(user_id=uid) for uid in user_ids]
         for model, positions in groups.values():
             self._recommend_group(
-                model, call, [user_ids[p] for p in positions], [results[p] for p in positions], recent
+                model,
+                call,
+                [user_ids[p] for p in positions],
+                [results[p] for p in positions],
+                recent,
+                ratings,
             )
         if call.with_distribution:
             reply.levels.extend(float(x) for x in live.index.levels)
@@ -244,6 +251,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         user_ids: list[str],
         results: list,
         recent: dict[str, list[str]],
+        ratings: dict[str, dict[str, str]],
     ) -> None:
         """Fill ``results`` (one per user, in order) with ``model``'s answers."""
         index, n = model.index, call.n
@@ -271,7 +279,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             )
             for row, answer in zip(known.tolist(), answers):
                 ranked[row] = answer
-        folded = self._fold_in(index, [uid for uid, row in zip(user_ids, user_rows) if row < 0])
+        folded = self._fold_in(
+            index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
+        )
         m = self.metrics
         m.recommended_users.labels(model.name, model.version).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
@@ -300,15 +310,26 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
 
-    def _fold_in(self, index, user_ids: list[str]) -> dict[str, np.ndarray]:
-        """The :meth:`fold_in` vectors of the users the version has not seen and who have
-        recorded ratings of items it knows (the rest get the popularity list)."""
-        if not user_ids or not index.folds_in:
-            return {}
+    @staticmethod
+    def _fold_in_candidates(groups, user_ids: list[str]) -> list[str]:
+        """The users whose recorded ratings Recommend reads: those the version answering
+        them has not seen, when its kind folds in."""
+        return [
+            user_ids[p]
+            for model, positions in groups
+            if model.index.folds_in
+            for p in positions
+            if model.index.users.row(user_ids[p]) < 0
+        ]
+
+    @staticmethod
+    def _fold_in(index, ratings: dict[str, dict[str, str]]) -> dict[str, np.ndarray]:
+        """The :meth:`fold_in` vectors of users from their recorded ratings of items the
+        version knows (users with none get the popularity list)."""
         vectors = {}
-        for uid, ratings in self.seen.ratings(user_ids).items():
-            rows = index.items.rows(list(ratings))
-            values = np.array([_rating(text) for text in ratings.values()], dtype=np.float64)
+        for uid, rated in ratings.items():
+            rows = index.items.rows(list(rated))
+            values = np.array([_rating(text) for text in rated.values()], dtype=np.float64)
             usable = (rows >= 0) & np.isfinite(values)
             if usable.any():
                 vectors[uid] = index.fold_in(rows[usable], values[usable])

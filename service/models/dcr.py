@@ -170,13 +170,14 @@ class DCRIndex(RecommenderIndex):
         L, f, k = self.n_levels, self.rank, self._frozen
         level = np.abs(np.asarray(values, dtype=np.float64)[:, None] - self.levels[None, :]).argmin(axis=1)
         target = 2.0 * (level[:, None] >= np.arange(1, L + 1)[None, :]) - 1.0
-        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, L, f).astype(np.float64)
-        residual = target - np.einsum("mlk,lk->ml", v, self._mean_user)
-        free = v[:, :, k:]
-        gram = np.einsum("mlk,mlj->lkj", free, free) + FOLD_IN_PRIOR * np.eye(f - k)
-        rhs = np.einsum("mlk,ml->lk", free, residual)
+        # Level-major (L, f, m) so the per-level products are batched matrix products.
+        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, L, f).transpose(1, 2, 0)
+        v = v.astype(np.float64)
+        residual = target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]  # (L, m)
+        free = v[:, k:, :]
+        gram = free @ free.transpose(0, 2, 1) + FOLD_IN_PRIOR * np.eye(f - k)
         u = self._mean_user.copy()
-        u[:, k:] += np.linalg.solve(gram, rhs[..., None])[..., 0]
+        u[:, k:] += np.linalg.solve(gram, free @ residual[..., None])[..., 0]
         norms = np.linalg.norm(u[:, k:], axis=1, keepdims=True)
         u[:, k:] *= np.minimum(1.0, self._radius / np.maximum(norms, 1e-12))
         return u.reshape(-1).astype(np.float32)
