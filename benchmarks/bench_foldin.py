@@ -27,6 +27,7 @@ from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
 import redis  # noqa: E402
+from bench_handler import _Context  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 from ordrec.service.artifacts import Registry  # noqa: E402
 from ordrec.service.metrics import Metrics  # noqa: E402
@@ -37,17 +38,6 @@ from ordrec.service.validation import Limits  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 RATING_COUNTS = (10, 50, 200)
-
-
-class _Context:
-    def time_remaining(self):
-        return None
-
-    def is_active(self):
-        return True
-
-    def abort(self, code, message):
-        raise RuntimeError(f"{code}: {message}")
 
 
 @contextmanager

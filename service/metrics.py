@@ -124,37 +124,33 @@ class Metrics:
         )
 
         # Per served version: the traffic of a split, and the online evaluation (service/online.py).
-        self.recommended_users = Counter(
+        def versioned(kind, name: str, text: str):
+            return kind(name, text, ("model", "version"), registry=r)
+
+        self.recommended_users = versioned(
+            Counter,
             "ordrec_recommend_users_total",
             "Users answered by Recommend, per model and version (a split's shares).",
-            ("model", "version"),
-            registry=r,
         )
-        self.folded_in = Counter(
+        self.folded_in = versioned(
+            Counter,
             "ordrec_fold_in_total",
             "Recommend answers for users the version has not seen, personalised from their"
             " recorded ratings instead of the popularity list.",
-            ("model", "version"),
-            registry=r,
         )
-        self.online_served = Counter(
-            "ordrec_online_served_total",
-            "Recommended items sampled for the online evaluation.",
-            ("model", "version"),
-            registry=r,
+        self.online_served = versioned(
+            Counter, "ordrec_online_served_total", "Recommended items sampled for the online evaluation."
         )
-        self.online_hits = Counter(
+        self.online_hits = versioned(
+            Counter,
             "ordrec_online_hits_total",
             "Sampled recommended items the user then interacted with within the window (each once).",
-            ("model", "version"),
-            registry=r,
         )
-        self.online_hit_rate = Gauge(
+        self.online_hit_rate = versioned(
+            Gauge,
             "ordrec_online_hit_rate",
             "online hits / online served on this replica since the version was loaded"
             " (across replicas: sum(rate(hits)) / sum(rate(served))).",
-            ("model", "version"),
-            registry=r,
         )
         self.online_dropped = Counter(
             "ordrec_online_dropped_total",
