@@ -149,6 +149,17 @@ class _RecommendCall:
     filter: str
 
 
+@dataclass(frozen=True)
+class _VersionGroup:
+    """The users of one Recommend request that one version answers (positions in the
+    request), with the request's candidates and rules resolved for that version."""
+
+    model: LoadedModel
+    positions: list[int]
+    candidates: np.ndarray | None
+    eligible: Eligible | None
+
+
 def _rating(text: str) -> float:
     """A recorded rating (text in Redis) as a number; NaN when it is not one."""
     try:
@@ -202,28 +213,27 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             filter=request.filter,
         )
         # A split sends each user to one version, always the same (store.for_user).
-        groups: dict[str, tuple[LoadedModel, list[int]]] = {}
+        by_version: dict[str, tuple[LoadedModel, list[int]]] = {}
         for position, uid in enumerate(user_ids):
             model = self.store.for_user(live, uid)
-            groups.setdefault(model.version, (model, []))[1].append(position)
-        for model, positions in groups.values():
-            self._check_recommend(model, call, [user_ids[p] for p in positions])
+            by_version.setdefault(model.version, (model, []))[1].append(position)
+        groups = [self._group(model, call, positions, user_ids) for model, positions in by_version.values()]
         recent, ratings, degraded = self.seen.lookup(
-            user_ids if call.exclude_seen else [], self._fold_in_candidates(groups.values(), user_ids)
+            user_ids if call.exclude_seen else [], self._fold_in_candidates(groups, user_ids)
         )
         reply = pb.RecommendResponse(
             model=live.name,
-            model_version=next(iter(groups)) if len(groups) == 1 else live.version,
+            model_version=groups[0].model.version if len(groups) == 1 else live.version,
             seen_filter_degraded=degraded and call.exclude_seen,
             rules_stale=self._rules_stale(),
         )
         results = [reply.results.add(user_id=uid) for uid in user_ids]
-        for model, positions in groups.values():
+        for group in groups:
             self._recommend_group(
-                model,
+                group,
                 call,
-                [user_ids[p] for p in positions],
-                [results[p] for p in positions],
+                [user_ids[p] for p in group.positions],
+                [results[p] for p in group.positions],
                 recent,
                 ratings,
             )
@@ -231,36 +241,40 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             reply.levels.extend(float(x) for x in live.index.levels)
         return reply
 
-    def _check_recommend(self, model: LoadedModel, call: _RecommendCall, user_ids: list[str]) -> None:
-        """Refuse, before any work, a request this version cannot answer or whose reply would not fit."""
+    def _group(self, model: LoadedModel, call: _RecommendCall, positions: list[int], user_ids: list[str]):
+        """The users one version answers, with its view of the request; refuses, before any
+        work, a request it cannot answer or whose reply would not fit."""
         index, lim = model.index, self.limits
-        if call.with_distribution and not hasattr(index, "distribution"):
-            raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
-        n_levels = len(index.levels) if call.with_distribution else 0
-        answerable = len(call.candidate_ids) if call.candidate_ids else len(index.items)
-        v.check_reply_fits(
-            v.recommend_reply_bytes(user_ids, min(call.n, answerable), index.items.max_bytes, n_levels),
-            f"{len(user_ids)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
-            lim,
-        )
-
-    def _recommend_group(
-        self,
-        model: LoadedModel,
-        call: _RecommendCall,
-        user_ids: list[str],
-        results: list,
-        recent: dict[str, list[str]],
-        ratings: dict[str, dict[str, str]],
-    ) -> None:
-        """Fill ``results`` (one per user, in order) with ``model``'s answers."""
-        index, n = model.index, call.n
         candidates = (
             _rows_or_not_found(index.items, call.candidate_ids, "candidate item ids")
             if call.candidate_ids
             else None
         )
         eligible = self._eligible(model, call.filter)
+        if call.with_distribution and not hasattr(index, "distribution"):
+            raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
+        n_levels = len(index.levels) if call.with_distribution else 0
+        answerable = len(candidates) if candidates is not None else len(index.items)
+        users = [user_ids[p] for p in positions]
+        v.check_reply_fits(
+            v.recommend_reply_bytes(users, min(call.n, answerable), index.items.max_bytes, n_levels),
+            f"{len(users)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
+            lim,
+        )
+        return _VersionGroup(model, positions, candidates, eligible)
+
+    def _recommend_group(
+        self,
+        group: _VersionGroup,
+        call: _RecommendCall,
+        user_ids: list[str],
+        results: list,
+        recent: dict[str, list[str]],
+        ratings: dict[str, dict[str, str]],
+    ) -> None:
+        """Fill ``results`` (one per user, in order) with the group's version's answers."""
+        model, candidates, eligible = group.model, group.candidates, group.eligible
+        index, n = model.index, call.n
         user_rows = index.users.rows(user_ids)
         excluded = index.items.rows(call.exclude_ids) if call.exclude_ids else None
         excludes = [
@@ -311,15 +325,15 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
 
     @staticmethod
-    def _fold_in_candidates(groups, user_ids: list[str]) -> list[str]:
+    def _fold_in_candidates(groups: list[_VersionGroup], user_ids: list[str]) -> list[str]:
         """The users whose recorded ratings Recommend reads: those the version answering
         them has not seen, when its kind folds in."""
         return [
             user_ids[p]
-            for model, positions in groups
-            if model.index.folds_in
-            for p in positions
-            if model.index.users.row(user_ids[p]) < 0
+            for group in groups
+            if group.model.index.folds_in
+            for p in group.positions
+            if group.model.index.users.row(user_ids[p]) < 0
         ]
 
     @staticmethod

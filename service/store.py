@@ -225,8 +225,12 @@ class ModelStore:
             self._set_candidate(name, Candidate(current.model, wanted.share))
             return True
         loaded = self._load(name, wanted.candidate, "candidate")
-        self._set_candidate(name, Candidate(loaded, wanted.share) if loaded else None)
-        return loaded is not None or current is not None
+        if loaded is None:  # refused, or the store unreachable: no split until it loads
+            if current is not None:
+                self._set_candidate(name, None)
+            return current is not None
+        self._set_candidate(name, Candidate(loaded, wanted.share))
+        return True
 
     def _wanted_split(self, name: str) -> Split | None:
         """The registry's split of ``name`` when it names a version other than the served one."""

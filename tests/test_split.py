@@ -181,3 +181,23 @@ def test_a_split_against_a_real_server_and_the_cli(sample_registry, tmp_path):
 
 def _model_info(stub) -> pb.ModelInfo:
     return next(m for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models if m.name == "dcr")
+
+
+def test_a_refused_candidate_leaves_every_user_on_the_live_version(tmp_path, caplog):
+    registry = Registry(tmp_path)
+    v1, v2, _ = publish_versions(registry)
+    registry.pin("dcr", v1)
+    registry.set_split("dcr", v2, 0.5)
+    (tmp_path / "dcr" / v2 / "arrays" / "item_factors.npy").write_bytes(b"corrupt")
+    metrics = Metrics()
+    store = ModelStore(registry, metrics)
+    assert store.refresh() == ["dcr"]
+    live = store.snapshot()["dcr"]
+    assert store.candidate("dcr") is None and {store.for_user(live, f"u{k}").version for k in range(50)} == {
+        v1
+    }
+    assert metrics.registry.get_sample_value("ordrec_model_load_failures_total", {"model": "dcr"}) == 1
+    caplog.clear()
+    with caplog.at_level("INFO", logger="ordrec.service"):
+        assert store.refresh() == []  # refused once, never retried, nothing logged again
+    assert not caplog.records
