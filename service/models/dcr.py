@@ -220,7 +220,10 @@ class DCRIndex(RecommenderIndex):
     ) -> Ranked:
         if not self._graph_answers(candidates, eligible):
             return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
-        return self.recommend_for(self._user_raw[int(user_row)], n, exclude=exclude, eligible=eligible)
+        found = self._graph_search(self._user_raw[int(user_row)], n, exclude, eligible)
+        if found is None:  # too many exclusions for the graph: score every item
+            return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)
+        return found
 
     def recommend_for(
         self,
@@ -232,12 +235,21 @@ class DCRIndex(RecommenderIndex):
         eligible: Eligible | None = None,
     ) -> Ranked:
         if self._graph_answers(candidates, eligible):
-            found = self.ann.search(vector * self._scale, n, exclude, eligible)
+            found = self._graph_search(vector, n, exclude, eligible)
             if found is not None:
-                rows, products = found
-                return rows, products + self.offset
-            # too many exclusions for the graph: score every item
+                return found
         return super().recommend_for(vector, n, exclude=exclude, candidates=candidates, eligible=eligible)
+
+    def _graph_search(
+        self, vector: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None
+    ) -> Ranked | None:
+        """The item index's top-n for raw user factors; None when there are too many
+        exclusions for the graph."""
+        found = self.ann.search(vector * self._scale, n, exclude, eligible)
+        if found is None:
+            return None
+        rows, products = found
+        return rows, products + self.offset
 
     def recommend_many(
         self,
