@@ -240,9 +240,6 @@ class ModelStore:
         except ArtifactError as exc:
             log.error("ignoring the split of %s: %s", name, exc)
             return None
-        except RegistryUnavailable:
-            current = self._candidates.get(name)
-            return Split(current.model.version, current.share) if current else None
         if split is None or live is None or split.candidate == live.version:
             return None
         return split
