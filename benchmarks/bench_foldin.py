@@ -5,7 +5,8 @@ In-process handler (no gRPC) with the Redis seen store, one user per call. Rows:
 - ``popularity (reference)``: a new user answered from the popularity list with no
   ratings lookup: what such a user cost before fold-in;
 - ``no ratings``: the same user now (the seen lookup's round trip also asks for ratings);
-- ``fold-in, R ratings``: a new user with R recorded ratings (read, solve, score);
+- ``fold-in, R recorded``: a new user with R recorded ratings (read at most
+  ``MAX_FOLD_IN_RATINGS`` of them, solve, score);
 - ``solve only, R ratings``: ``index.fold_in`` alone (what a per-user cache could save).
 
     python benchmarks/bench_foldin.py --registry REGISTRY [--model dcr] [--redis URL] [--calls 3000]
@@ -128,7 +129,7 @@ def main() -> int:
                 mapping={index.items.ids[i]: f"{x:g}" for i, x in zip(items.tolist(), values.tolist())},
             )
             assert recommend(user)().results[0].folded_in
-            print(row(f"fold-in, {items.size} ratings", timed(recommend(user), args.calls), ref_p50))
+            print(row(f"fold-in, {items.size} recorded", timed(recommend(user), args.calls), ref_p50))
             print(
                 row(
                     f"solve only, {items.size} ratings",

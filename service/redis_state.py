@@ -36,7 +36,7 @@ log = logging.getLogger("ordrec.redis")
 
 SEEN_KEY = "ordrec:seen:{}"
 RATINGS_KEY = "ordrec:ratings:{}"
-MAX_FOLD_IN_RATINGS = 200
+MAX_FOLD_IN_RATINGS = 50
 VERSION_KEY = "ordrec:model:{}:version"
 CHANNEL = "ordrec:models"
 

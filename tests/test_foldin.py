@@ -173,3 +173,21 @@ def test_the_server_folds_in_new_users_with_recorded_ratings(sample_registry, re
         assert all(abs(sum(i.rating_distribution) - 1.0) < 1e-4 for i in with_dist.items)
         known = _recommend(stub, "u001")
         assert not known.folded_in and known.fallback == pb.FALLBACK_NONE
+
+
+def test_at_most_the_capped_number_of_ratings_is_read(redis_server):
+    from ordrec.service.metrics import Metrics
+    from ordrec.service.redis_state import MAX_FOLD_IN_RATINGS, RATINGS_KEY, RedisSeenStore
+
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.hset(RATINGS_KEY.format("heavy"), mapping={f"i{k}": "4" for k in range(MAX_FOLD_IN_RATINGS + 30)})
+    client.hset(RATINGS_KEY.format("light"), mapping={"i1": "5", "i2": "1"})
+    client.sadd("ordrec:seen:light", "i1")
+    seen = RedisSeenStore(redis_server.url, Metrics(), timeout=1.0)
+    try:
+        recent, ratings, degraded = seen.lookup(["light"], ["heavy", "light", "nobody"])
+    finally:
+        seen.close()
+    assert not degraded and recent == {"light": ["i1"]}
+    assert ratings["light"] == {"i1": "5", "i2": "1"} and "nobody" not in ratings
+    assert len(ratings["heavy"]) == MAX_FOLD_IN_RATINGS and set(ratings["heavy"].values()) == {"4"}
