@@ -8,6 +8,7 @@ Layout::
     <registry>/<model-name>/<version>/views/*         files for people (the map report), checksummed
     <registry>/<model-name>/<version>/indexes/*       search indices (service/ann.py), checksummed
     <registry>/<model-name>/PINNED                    optional: the pinned version
+    <registry>/<model-name>/SPLIT                     optional: a candidate version and its share of users
 
 Publishing writes into a hidden temporary sibling folder, fsyncs every file
 and the folder, then renames it into place, so a reader never sees a
@@ -43,6 +44,7 @@ from ordrec.v1 import manifest_pb2
 FORMAT = 1
 MANIFEST = "manifest.json"
 PIN_FILE = "PINNED"
+SPLIT_FILE = "SPLIT"  # JSON {"candidate": version, "share": fraction}: see LiveVersions.split
 HIDDEN_FILE = "HIDDEN"  # item ids an operator hid: <registry>/HIDDEN (all models), <registry>/<model>/HIDDEN
 ALL_MODELS = "*"  # the scope of <registry>/HIDDEN
 # Id spaces this large load packed (service/idmap.py): a tenth of the memory, lookups a few us slower.
@@ -317,11 +319,39 @@ def _manifest_json(manifest: manifest_pb2.Manifest) -> bytes:
     return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
 
 
-class LiveVersions:
-    """Which version is live, and which items are hidden, the same for every registry backend.
+@dataclass(frozen=True)
+class Split:
+    """A share of users sent to a candidate version beside the live one."""
 
-    A backend provides ``models()``, ``versions(name)``, ``pinned(name)``,
-    ``hidden(scope)`` and ``root`` (where it lives, for messages).
+    candidate: str
+    share: float
+
+    def __post_init__(self) -> None:
+        if not is_version(self.candidate):
+            raise ArtifactError(f"split candidate {self.candidate!r} is not a version name")
+        if not 0.0 < self.share <= 1.0:
+            raise ArtifactError(f"split share {self.share!r} must be in (0, 1]")
+
+    def to_json(self) -> bytes:
+        return (json.dumps({"candidate": self.candidate, "share": self.share}) + "\n").encode()
+
+    @classmethod
+    def parse(cls, data: bytes, where: str) -> Split:
+        try:
+            body = json.loads(data.decode("utf-8"))
+            return cls(str(body["candidate"]), float(body["share"]))
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError) as exc:
+            raise ArtifactError(f"{where}: not a split ({type(exc).__name__}: {exc})") from None
+
+
+class LiveVersions:
+    """Which version is live (pinned or split) and which items are hidden, the same for every
+    registry backend.
+
+    A backend provides ``models()``, ``versions(name)``, ``root`` (where it lives, for
+    messages) and three primitives on the small files beside a model's versions:
+    ``read_model_file(name, filename)`` (None when absent), ``write_model_file(name,
+    filename, data)`` (atomic) and ``delete_model_file(name, filename)``; and ``hidden(scope)``.
     """
 
     def hidden_scopes(self) -> dict[str, frozenset[str]]:
@@ -333,7 +363,7 @@ class LiveVersions:
 
     def live_version(self, name: str) -> tuple[str, str]:
         """The version a server should serve, and why ("pinned" or "newest")."""
-        pinned = self.pinned(name)  # type: ignore[attr-defined]
+        pinned = self.pinned(name)
         versions = self.versions(name)  # type: ignore[attr-defined]
         if pinned is not None:
             if pinned not in versions:
@@ -360,6 +390,64 @@ class LiveVersions:
             raise ArtifactError(f"{name}: {version!r} is not a version name")
         return version
 
+    # --------------------------------------------------------------- pinning
+    def pinned(self, name: str) -> str | None:
+        data = self.read_model_file(validate_model_name(name), PIN_FILE)  # type: ignore[attr-defined]
+        version = data.decode("utf-8", "replace").strip() if data else ""
+        return version or None
+
+    def pin(self, name: str, version: str) -> None:
+        if version not in self.versions(name):  # type: ignore[attr-defined]
+            raise ArtifactError(f"{name}: cannot pin unknown version {version!r}")
+        self.write_model_file(name, PIN_FILE, (version + "\n").encode())  # type: ignore[attr-defined]
+
+    def unpin(self, name: str) -> None:
+        self.delete_model_file(validate_model_name(name), PIN_FILE)  # type: ignore[attr-defined]
+
+    # -------------------------------------------------------------- splitting
+    def split(self, name: str) -> Split | None:
+        """The model's split, or None; a malformed SPLIT file is an :class:`ArtifactError`."""
+        data = self.read_model_file(validate_model_name(name), SPLIT_FILE)  # type: ignore[attr-defined]
+        return Split.parse(data, f"{self.root}/{name}/{SPLIT_FILE}") if data else None  # type: ignore[attr-defined]
+
+    def set_split(self, name: str, candidate: str, share: float) -> Split:
+        """Send ``share`` of the users to ``candidate``; the rest keep the live version."""
+        split = Split(candidate, float(share))
+        if candidate not in self.versions(name):  # type: ignore[attr-defined]
+            raise ArtifactError(f"{name}: no version {candidate!r} to split to")
+        live, _ = self.live_version(name)
+        if candidate == live:
+            raise ArtifactError(f"{name}: {candidate} is already the live version")
+        self.write_model_file(name, SPLIT_FILE, split.to_json())  # type: ignore[attr-defined]
+        return split
+
+    def clear_split(self, name: str) -> None:
+        self.delete_model_file(validate_model_name(name), SPLIT_FILE)  # type: ignore[attr-defined]
+
+    def promote(self, name: str) -> str:
+        """Make the split's candidate the live version (pinned), end the split; return it.
+
+        PINNED is written first: a reader between the two writes sees the candidate
+        live and a split to the live version, which serves every user the candidate.
+        """
+        split = self.split(name)
+        if split is None:
+            raise ArtifactError(f"{name}: no split to promote")
+        self.pin(name, split.candidate)
+        self.clear_split(name)
+        return split.candidate
+
+    def protected(self, name: str) -> set[str]:
+        """Versions pruning must keep: the pinned one and a split's candidate."""
+        kept = {self.pinned(name)}
+        try:
+            split = self.split(name)
+        except ArtifactError:
+            split = None
+        if split is not None:
+            kept.add(split.candidate)
+        return {v for v in kept if v}
+
 
 class Registry(LiveVersions):
     """A directory of models, each a folder of immutable versions."""
@@ -382,33 +470,11 @@ class Registry(LiveVersions):
             return []
         return sorted(p.name for p in folder.iterdir() if p.is_dir() and is_version(p.name))
 
-    def pinned(self, name: str) -> str | None:
-        pin = self.root / validate_model_name(name) / PIN_FILE
-        try:
-            version = pin.read_text().strip()
-        except FileNotFoundError:
-            return None
-        return version or None
-
     def manifest(self, name: str, version: str) -> manifest_pb2.Manifest:
         """The manifest of one version, read without loading it (as :class:`S3Registry` does)."""
         return read_manifest(self.root / validate_model_name(name) / version)
 
-    # --------------------------------------------------------------- pinning
-    def pin(self, name: str, version: str) -> None:
-        if version not in self.versions(name):
-            raise ArtifactError(f"{name}: cannot pin unknown version {version!r}")
-        _replace_synced(self.root / name, PIN_FILE, (version + "\n").encode())
-
-    def unpin(self, name: str) -> None:
-        folder = self.root / validate_model_name(name)
-        try:
-            (folder / PIN_FILE).unlink()
-        except FileNotFoundError:
-            return
-        _fsync_dir(folder)
-
-    # ----------------------------------------------------- model side files
+    # ------------------------------------- model side files (PINNED, SPLIT, events)
     def read_model_file(self, name: str, path: str) -> bytes | None:
         """A file beside the versions of ``name`` (see :func:`validate_model_file`), or None."""
         try:
@@ -423,7 +489,12 @@ class Registry(LiveVersions):
         _replace_synced(target.parent, target.name, data)
 
     def delete_model_file(self, name: str, path: str) -> None:
-        (self.root / validate_model_name(name) / validate_model_file(path)).unlink(missing_ok=True)
+        target = self.root / validate_model_name(name) / validate_model_file(path)
+        try:
+            target.unlink()
+        except FileNotFoundError:
+            return
+        _fsync_dir(target.parent)
 
     def model_files(self, name: str, folder: str) -> list[str]:
         """``folder/<file>`` paths of the files in one side folder of ``name``."""
@@ -612,12 +683,13 @@ class Registry(LiveVersions):
 
     # -------------------------------------------------------------- retention
     def prune(self, name: str, keep: int) -> list[str]:
-        """Delete all but the newest ``keep`` versions (never the pinned one); return what went."""
+        """Delete all but the newest ``keep`` versions (never the pinned one nor a split's
+        candidate); return what went."""
         if keep < 1:
             raise ValueError("keep must be at least 1")
         folder = self.root / validate_model_name(name)
-        pinned = self.pinned(name)
-        doomed = [v for v in self.versions(name)[:-keep] if v != pinned]
+        kept = self.protected(name)
+        doomed = [v for v in self.versions(name)[:-keep] if v not in kept]
         for version in doomed:
             # Rename first so a concurrent reader never sees a half-deleted version.
             trash = folder / f"{_TRASH_PREFIX}{version}-{uuid.uuid4().hex}"

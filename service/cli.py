@@ -104,6 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="entries the ordrec:events stream keeps (about; older ones are trimmed): the"
         " training job must run before this many new interactions arrive",
     )
+    p.add_argument(
+        "--online-sample-rate",
+        type=float,
+        default=d.online_sample_rate,
+        help="share of Recommend answers sampled into Redis for the online evaluation (0: off)",
+    )
+    p.add_argument(
+        "--online-window",
+        type=int,
+        default=d.online_window,
+        help="seconds after a sampled answer in which an interaction with one of its items is a hit",
+    )
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
@@ -154,6 +166,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
+    if not 0.0 <= args.online_sample_rate <= 1.0:
+        raise ValueError(f"--online-sample-rate must be in [0, 1], got {args.online_sample_rate}")
+    if args.online_window < 1:
+        raise ValueError(f"--online-window must be at least 1 second, got {args.online_window}")
     if args.max_streams >= args.workers:
         raise ValueError(
             f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
@@ -184,6 +200,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         redis_timeout=args.redis_timeout,
         seen_ttl=args.seen_ttl,
         events_maxlen=args.events_maxlen,
+        online_sample_rate=args.online_sample_rate,
+        online_window=args.online_window,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),

@@ -66,6 +66,8 @@ class ServerConfig:
     redis_timeout: float = 0.05  # seconds; Redis is an optimisation, never worth a slow answer
     seen_ttl: int = 30 * 86400  # seconds a recorded interaction stays excluded
     events_maxlen: int = DEFAULT_EVENTS_MAXLEN  # ordrec:events keeps about this many entries
+    online_sample_rate: float = 0.1  # share of Recommend answers sampled for the online evaluation
+    online_window: int = 86400  # seconds after a sampled answer in which an interaction is a hit
     # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
     hidden_interval: float = 0.2
     tls_cert: str | None = None

@@ -123,10 +123,66 @@ class Metrics:
             registry=r,
         )
 
+        # Per served version: the traffic of a split, and the online evaluation (service/online.py).
+        def versioned(kind, name: str, text: str):
+            return kind(name, text, ("model", "version"), registry=r)
+
+        self.recommended_users = versioned(
+            Counter,
+            "ordrec_recommend_users_total",
+            "Users answered by Recommend, per model and version (a split's shares).",
+        )
+        self.folded_in = versioned(
+            Counter,
+            "ordrec_fold_in_total",
+            "Recommend answers for users the version has not seen, personalised from their"
+            " recorded ratings instead of the popularity list.",
+        )
+        self.online_served = versioned(
+            Counter, "ordrec_online_served_total", "Recommended items sampled for the online evaluation."
+        )
+        self.online_hits = versioned(
+            Counter,
+            "ordrec_online_hits_total",
+            "Sampled recommended items the user then interacted with within the window (each once).",
+        )
+        self.online_hit_rate = versioned(
+            Gauge,
+            "ordrec_online_hit_rate",
+            "online hits / online served on this replica since the version was loaded"
+            " (across replicas: sum(rate(hits)) / sum(rate(served))).",
+        )
+        self.online_dropped = Counter(
+            "ordrec_online_dropped_total",
+            "Samples dropped: the writer's queue was full or Redis failed.",
+            registry=r,
+        )
+        self._versioned = (
+            self.recommended_users,
+            self.folded_in,
+            self.online_served,
+            self.online_hits,
+            self.online_hit_rate,
+        )
+
     def forget_model(self, name: str) -> None:
         """Drop the labelled series of a model before re-registering its new version."""
         self.model_info.remove_by_labels({"model": name})
         self.model_search.remove_by_labels({"model": name})
+
+    def forget_versions(self, name: str, served: set[str]) -> None:
+        """Drop the per-version series of ``name``'s versions no longer served."""
+        for metric in self._versioned:
+            for labels in _label_sets(metric):
+                if labels.get("model") == name and labels.get("version") not in served:
+                    metric.remove_by_labels(labels)
+
+
+def _label_sets(metric) -> list[dict[str, str]]:
+    """The label values of every child of a labelled metric (from its samples: the
+    children are not listed publicly)."""
+    seen = {tuple(sorted(s.labels.items())) for family in metric.collect() for s in family.samples}
+    return [dict(labels) for labels in seen]
 
 
 def _ended_code(context, failed: bool) -> grpc.StatusCode:

@@ -6,6 +6,7 @@ Layout under ``s3://<bucket>/<prefix>``, the same as the local registry's::
     <prefix>/<model>/<version>/arrays/*.npy     every file the manifest lists, written first
     <prefix>/<model>/<version>/...
     <prefix>/<model>/PINNED                     optional: the pinned version
+    <prefix>/<model>/SPLIT                      optional: a candidate version and its share
 
 Object stores have no rename, so atomicity comes from order: a publisher stages the
 version in a local folder (the local registry's own code writes it, so the files and
@@ -56,7 +57,6 @@ from ordrec.service.artifacts import (
     FORMAT,
     HIDDEN_FILE,
     MANIFEST,
-    PIN_FILE,
     Artifact,
     ArtifactError,
     LiveVersions,
@@ -247,27 +247,11 @@ class S3Registry(LiveVersions):
                 found.append(parts[0])
         return sorted(found)
 
-    def pinned(self, name: str) -> str | None:
-        data = self._get(self._key(validate_model_name(name), PIN_FILE))
-        version = data.decode("utf-8", "replace").strip() if data else ""
-        return version or None
-
     def manifest(self, name: str, version: str) -> manifest_pb2.Manifest:
         data = self._get(self._key(validate_model_name(name), version, MANIFEST))
         if data is None:
             raise ArtifactError(f"{self.url}/{name}/{version}: missing manifest")
         return _parse_manifest(data, f"{self.url}/{name}/{version}/{MANIFEST}")
-
-    # --------------------------------------------------------------- pinning
-    def pin(self, name: str, version: str) -> None:
-        if version not in self.versions(name):
-            raise ArtifactError(f"{name}: cannot pin unknown version {version!r}")
-        self.client.put_object(
-            Bucket=self.bucket, Key=self._key(name, PIN_FILE), Body=(version + "\n").encode()
-        )
-
-    def unpin(self, name: str) -> None:
-        self.client.delete_object(Bucket=self.bucket, Key=self._key(validate_model_name(name), PIN_FILE))
 
     # ---------------------------------------------------------- hidden items
     def _hidden_key(self, scope: str) -> str:
@@ -298,7 +282,7 @@ class S3Registry(LiveVersions):
         body = "".join(f"{i}\n" for i in sorted(ids)).encode("utf-8")
         self.client.put_object(Bucket=self.bucket, Key=self._hidden_key(scope), Body=body)
 
-    # ----------------------------------------------------- model side files
+    # ------------------------------------- model side files (PINNED, SPLIT, events)
     def read_model_file(self, name: str, path: str) -> bytes | None:
         return self._get(self._key(validate_model_name(name), validate_model_file(path)))
 
@@ -370,11 +354,12 @@ class S3Registry(LiveVersions):
 
     # -------------------------------------------------------------- retention
     def prune(self, name: str, keep: int) -> list[str]:
-        """Delete all but the newest ``keep`` versions (never the pinned one); return what went."""
+        """Delete all but the newest ``keep`` versions (never the pinned one nor a split's
+        candidate); return what went."""
         if keep < 1:
             raise ValueError("keep must be at least 1")
-        pinned = self.pinned(name)
-        doomed = [v for v in self.versions(name)[:-keep] if v != pinned]
+        kept = self.protected(name)
+        doomed = [v for v in self.versions(name)[:-keep] if v not in kept]
         if doomed:
             # Manifests first: each version disappears at once, then its files go.
             self._delete([self._key(name, v, MANIFEST) for v in doomed])

@@ -5,7 +5,7 @@ Keys (shared with the trainer's ``trainer/notify.py``):
 - ``ordrec:seen:<user id>``: a set of item ids recorded by RecordInteractions,
   expiring ``seen_ttl`` seconds after the last write;
 - ``ordrec:ratings:<user id>``: a hash item id -> latest recorded value (text),
-  same expiry (what fold-in reads);
+  same expiry; Recommend reads it to fold in users the served version has not seen;
 - stream ``ordrec:events``: one entry per recorded item (fields ``user``,
   ``item``, ``ts`` and, when given, ``value`` and ``model``), trimmed to about
   ``events_maxlen`` entries: what the training job reads (``trainer/events.py``);
@@ -41,6 +41,7 @@ log = logging.getLogger("ordrec.redis")
 SEEN_KEY = "ordrec:seen:{}"
 RATINGS_KEY = "ordrec:ratings:{}"
 EVENTS_STREAM = "ordrec:events"
+MAX_FOLD_IN_RATINGS = 50
 VERSION_KEY = "ordrec:model:{}:version"
 CHANNEL = "ordrec:models"
 
@@ -111,19 +112,30 @@ class RedisSeenStore(SeenStore):
         self._stop.set()
 
     # ------------------------------------------------------------ the store
-    def recent(self, user_ids: Sequence[str]) -> tuple[dict[str, list[str]], bool]:
+    def lookup(
+        self, seen_for: Sequence[str], ratings_for: Sequence[str] = ()
+    ) -> tuple[dict[str, list[str]], dict[str, dict[str, str]], bool]:
+        if not seen_for and not ratings_for:
+            return {}, {}, False
         if not self._up.is_set():
-            return {}, True  # circuit open: do not pay a timeout per request
+            return {}, {}, True  # circuit open: do not pay a timeout per request
         try:
             pipe = self.client.pipeline(transaction=False)
-            for user in user_ids:
+            for user in seen_for:
                 pipe.smembers(SEEN_KEY.format(user))
-            members = pipe.execute()
+            for user in ratings_for:
+                # At most MAX_FOLD_IN_RATINGS (all of them when there are no more), so a
+                # heavy user's read and solve stay bounded.
+                pipe.hrandfield(RATINGS_KEY.format(user), MAX_FOLD_IN_RATINGS, withvalues=True)
+            found = pipe.execute()
         except redis.RedisError as exc:
             log.debug("seen lookup failed: %s", exc)
             self._set_up(False)
-            return {}, True
-        return {u: list(m) for u, m in zip(user_ids, members) if m}, False
+            return {}, {}, True
+        members, rated = found[: len(seen_for)], found[len(seen_for) :]
+        recent = {u: list(m) for u, m in zip(seen_for, members) if m}
+        ratings = {u: dict(zip(r[::2], r[1::2])) for u, r in zip(ratings_for, rated) if r}
+        return recent, ratings, False
 
     def record(self, user_id: str, interactions: Sequence[Recorded]) -> int:
         """One MULTI/EXEC: the stream entries, the seen set and the latest ratings.

@@ -36,9 +36,13 @@ class Recorded:
 class SeenStore:
     """The no-Redis store: nothing recorded, never degraded."""
 
-    def recent(self, user_ids: Sequence[str]) -> tuple[dict[str, list[str]], bool]:
-        """Items recorded per user since training, and whether the lookup failed open."""
-        return {}, False
+    def lookup(
+        self, seen_for: Sequence[str], ratings_for: Sequence[str] = ()
+    ) -> tuple[dict[str, list[str]], dict[str, dict[str, str]], bool]:
+        """In one round trip: items recorded per user of ``seen_for`` since training, ratings
+        recorded per user of ``ratings_for`` (item id -> value as text, for fold-in; users
+        without any left out), and whether the lookup failed open."""
+        return {}, {}, False
 
     def record(self, user_id: str, interactions: Sequence[Recorded]) -> int:
         """Store ``interactions`` durably; the number of items new to the user's seen set."""

@@ -19,6 +19,7 @@ from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
+from ordrec.service.online import NoOnlineEvaluation, OnlineEvaluation
 from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
@@ -77,6 +78,7 @@ class Server:
         # Polling is the fallback that always works; Redis news only wakes it early.
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
+        self.online = self._online_evaluation(config)
         self.hidden, self.hidden_mirror = self._hidden_state(config)
         self.metrics.hidden_items.set_function(lambda: sum(map(len, self.hidden.sets().values())))
         self.metrics.rules_stale.set_function(lambda: float(self.hidden.stale))
@@ -85,6 +87,24 @@ class Server:
         self.http_server: ThreadingHTTPServer | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port
+
+    def _online_evaluation(self, config: ServerConfig) -> NoOnlineEvaluation:
+        """Sampling and hit counting in Redis (service/online.py); off without Redis."""
+        if not config.redis_url or config.online_sample_rate <= 0:
+            return NoOnlineEvaluation()
+        store = self.store
+
+        def recommenders() -> list[str]:
+            return [n for n, m in store.snapshot().items() if "Recommend" in m.index.rpcs]
+
+        return OnlineEvaluation(
+            connect(config.redis_url, max(config.redis_timeout, 1.0)),
+            self.metrics,
+            recommenders,
+            store.loaded_versions,
+            config.online_sample_rate,
+            config.online_window,
+        )
 
     def _hidden_state(self, config: ServerConfig) -> tuple[HiddenState, object]:
         """Hidden items in Redis (mirrored to the registry, read from there when Redis is down at
@@ -153,7 +173,7 @@ class Server:
         )
         add_to_server(
             RecommenderServicer(
-                self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror
+                self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror, self.online
             ),
             server,
         )
@@ -211,6 +231,7 @@ class Server:
         if self.listener:
             self.listener.stop()
         self.hidden.stop()
+        self.online.stop()
         if isinstance(self.seen, RedisSeenStore):
             self.seen.close()
         if self.grpc_server is not None:

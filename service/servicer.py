@@ -14,6 +14,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -32,6 +33,7 @@ from ordrec.service.errors import (
 from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
+from ordrec.service.online import NoOnlineEvaluation
 from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.seen import Recorded, SeenStore
 from ordrec.service.store import LoadedModel, ModelStore
@@ -137,6 +139,37 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
         add(id=externals[row], score=score)
 
 
+@dataclass(frozen=True)
+class _RecommendCall:
+    """What a Recommend request asks, validated once for every version that answers it."""
+
+    n: int
+    candidate_ids: list[str]
+    exclude_ids: list[str]
+    exclude_seen: bool
+    with_distribution: bool
+    filter: str
+
+
+@dataclass(frozen=True)
+class _VersionGroup:
+    """The users of one Recommend request that one version answers (positions in the
+    request), with the request's candidates and rules resolved for that version."""
+
+    model: LoadedModel
+    positions: list[int]
+    candidates: np.ndarray | None
+    eligible: Eligible | None
+
+
+def _rating(text: str) -> float:
+    """A recorded rating (text in Redis) as a number; NaN when it is not one."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
 def _rows_or_not_found(ids: IdMap, externals: list[str], what: str) -> np.ndarray:
     rows = ids.rows(externals)
     missing = [e for e, r in zip(externals, rows) if r < 0]
@@ -156,9 +189,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         seen: SeenStore,
         hidden: HiddenState | None = None,
         hidden_mirror=None,
+        online: NoOnlineEvaluation | None = None,
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
+        self.online = online or NoOnlineEvaluation()
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -167,32 +202,85 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     @rpc
     def Recommend(self, request: pb.RecommendRequest, context) -> pb.RecommendResponse:
         lim = self.limits
-        model = self._model(request.model, "Recommend")
-        index = model.index
+        live = self._model(request.model, "Recommend")
         user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
-        n = v.bounded(request.n, "n", 1, lim.max_n)
-        candidate_ids = v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates)
-        candidates = (
-            _rows_or_not_found(index.items, candidate_ids, "candidate item ids") if candidate_ids else None
+        call = _RecommendCall(
+            n=v.bounded(request.n, "n", 1, lim.max_n),
+            candidate_ids=v.id_list(
+                request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates
+            ),
+            exclude_ids=v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates),
+            exclude_seen=request.exclude_seen if request.HasField("exclude_seen") else True,
+            with_distribution=request.with_distribution,
+            filter=request.filter,
         )
-        exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
-        eligible = self._eligible(model, request.filter)
-        if request.with_distribution and not hasattr(index, "distribution"):
+        # A split sends each user to one version, always the same (store.for_user).
+        by_version: dict[str, tuple[LoadedModel, list[int]]] = {}
+        for position, uid in enumerate(user_ids):
+            model = self.store.for_user(live, uid)
+            by_version.setdefault(model.version, (model, []))[1].append(position)
+        groups = [self._group(model, call, positions, user_ids) for model, positions in by_version.values()]
+        recent, ratings, degraded = self.seen.lookup(
+            user_ids if call.exclude_seen else [], self._fold_in_candidates(groups, user_ids)
+        )
+        reply = pb.RecommendResponse(
+            model=live.name,
+            model_version=groups[0].model.version if len(groups) == 1 else live.version,
+            seen_filter_degraded=degraded and call.exclude_seen,
+            rules_stale=self._rules_stale(),
+        )
+        results = [reply.results.add(user_id=uid) for uid in user_ids]
+        for group in groups:
+            self._recommend_group(
+                group,
+                call,
+                [user_ids[p] for p in group.positions],
+                [results[p] for p in group.positions],
+                recent,
+                ratings,
+            )
+        if call.with_distribution:
+            reply.levels.extend(float(x) for x in live.index.levels)
+        return reply
+
+    def _group(self, model: LoadedModel, call: _RecommendCall, positions: list[int], user_ids: list[str]):
+        """The users one version answers, with its view of the request; refuses, before any
+        work, a request it cannot answer or whose reply would not fit."""
+        index, lim = model.index, self.limits
+        candidates = (
+            _rows_or_not_found(index.items, call.candidate_ids, "candidate item ids")
+            if call.candidate_ids
+            else None
+        )
+        eligible = self._eligible(model, call.filter)
+        if call.with_distribution and not hasattr(index, "distribution"):
             raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
-        n_levels = len(index.levels) if request.with_distribution else 0
+        n_levels = len(index.levels) if call.with_distribution else 0
         answerable = len(candidates) if candidates is not None else len(index.items)
+        users = [user_ids[p] for p in positions]
         v.check_reply_fits(
-            v.recommend_reply_bytes(user_ids, min(n, answerable), index.items.max_bytes, n_levels),
-            f"{len(user_ids)} user_ids x n={n}{' with_distribution' if n_levels else ''}",
+            v.recommend_reply_bytes(users, min(call.n, answerable), index.items.max_bytes, n_levels),
+            f"{len(users)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
             lim,
         )
-        exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
+        return _VersionGroup(model, positions, candidates, eligible)
 
-        recent, degraded = self.seen.recent(user_ids) if exclude_seen else ({}, False)
+    def _recommend_group(
+        self,
+        group: _VersionGroup,
+        call: _RecommendCall,
+        user_ids: list[str],
+        results: list,
+        recent: dict[str, list[str]],
+        ratings: dict[str, dict[str, str]],
+    ) -> None:
+        """Fill ``results`` (one per user, in order) with the group's version's answers."""
+        model, candidates, eligible = group.model, group.candidates, group.eligible
+        index, n = model.index, call.n
         user_rows = index.users.rows(user_ids)
-        excluded = index.items.rows(exclude_ids) if exclude_ids else None
+        excluded = index.items.rows(call.exclude_ids) if call.exclude_ids else None
         excludes = [
-            self._exclusions(index, row, recent.get(uid), exclude_seen, excluded)
+            self._exclusions(index, row, recent.get(uid), call.exclude_seen, excluded)
             for uid, row in zip(user_ids, user_rows)
         ]
         known = np.flatnonzero(user_rows >= 0)
@@ -207,27 +295,61 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             )
             for row, answer in zip(known.tolist(), answers):
                 ranked[row] = answer
-        reply = pb.RecommendResponse(
-            model=model.name,
-            model_version=model.version,
-            seen_filter_degraded=degraded,
-            rules_stale=self._rules_stale(),
+        folded = self._fold_in(
+            index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
         )
-        for i, uid in enumerate(user_ids):
-            result = reply.results.add(user_id=uid)
-            if ranked[i] is None:
+        m = self.metrics
+        m.recommended_users.labels(model.name, model.version).inc(len(user_ids))
+        for i, (uid, result) in enumerate(zip(user_ids, results)):
+            result.model_version = model.version
+            vector = folded.get(uid)
+            if vector is not None:
+                ranked[i] = index.recommend_for(
+                    vector, n, exclude=excludes[i], candidates=candidates, eligible=eligible
+                )
+                result.folded_in = True
+                m.folded_in.labels(model.name, model.version).inc()
+            elif ranked[i] is None:
                 ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates, eligible=eligible)
                 result.fallback = pb.FALLBACK_POPULAR_GLOBAL
-                self.metrics.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
+                m.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
             rows, scores = ranked[i]
             _add_scored(result.items, index.items, rows, scores)
-            if request.with_distribution and user_rows[i] >= 0:
-                dist = index.distribution(int(user_rows[i]), rows)
+            if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
+                dist = (
+                    index.distribution(int(user_rows[i]), rows)
+                    if vector is None
+                    else index.distribution_for(vector, rows)
+                )
                 for item, probs in zip(result.items, dist):
                     item.rating_distribution.extend(probs.tolist())
-        if request.with_distribution:
-            reply.levels.extend(float(x) for x in index.levels)
-        return reply
+            if self.online.wants_sample():
+                self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
+
+    @staticmethod
+    def _fold_in_candidates(groups: list[_VersionGroup], user_ids: list[str]) -> list[str]:
+        """The users whose recorded ratings Recommend reads: those the version answering
+        them has not seen, when its kind folds in."""
+        return [
+            user_ids[p]
+            for group in groups
+            if group.model.index.folds_in
+            for p in group.positions
+            if group.model.index.users.row(user_ids[p]) < 0
+        ]
+
+    @staticmethod
+    def _fold_in(index, ratings: dict[str, dict[str, str]]) -> dict[str, np.ndarray]:
+        """The :meth:`fold_in` vectors of users from their recorded ratings of items the
+        version knows (users with none get the popularity list)."""
+        vectors = {}
+        for uid, rated in ratings.items():
+            rows = index.items.rows(list(rated))
+            values = np.array([_rating(text) for text in rated.values()], dtype=np.float64)
+            usable = (rows >= 0) & np.isfinite(values)
+            if usable.any():
+                vectors[uid] = index.fold_in(rows[usable], values[usable])
+        return vectors
 
     @staticmethod
     def _exclusions(
@@ -273,8 +395,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     def Tags(self, request: pb.TagsRequest, context) -> pb.TagsResponse:
         lim = self.limits
         model = self._model(request.model, "Tags")
-        index = model.index
         user = v.one_id(request.user_id, "user_id", lim)
+        model = self.store.for_user(model, user)
+        index = model.index
         item = v.one_id(request.item_id, "item_id", lim)
         n = v.bounded(request.n, "n", 1, lim.max_n)
         rows, scores, fallback = index.tags(
@@ -401,7 +524,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 f"item_ids and interactions must hold between 1 and {lim.max_ids} items together, got {count}"
             )
         interactions = self._interactions(request, time.time())
-        return pb.RecordInteractionsResponse(recorded=self.seen.record(user, interactions))
+        recorded = self.seen.record(user, interactions)
+        self.online.observe(user, [i.item for i in interactions])
+        return pb.RecordInteractionsResponse(recorded=recorded)
 
     def _interactions(self, request: pb.RecordInteractionsRequest, now: float) -> list[Recorded]:
         """The request's items, values checked against the model's rating scale.
@@ -443,6 +568,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 spaces=model.index.spaces(),
                 index=getattr(model.index, "search", ""),
             )
+            candidate = self.store.candidate(name)
+            if candidate is not None:
+                info.candidate_version, info.candidate_share = candidate.model.version, candidate.share
             info.sizes.update(model.index.sizes())
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
         return reply

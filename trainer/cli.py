@@ -8,6 +8,8 @@ Subcommands::
     ordrec-train versions --registry DIR [--model NAME]
     ordrec-train pin --registry DIR --model NAME --version V
     ordrec-train unpin --registry DIR --model NAME
+    ordrec-train split MODEL --registry DIR --candidate V --share S   (or --off)
+    ordrec-train promote MODEL --registry DIR   the split's candidate becomes the (pinned) live version
     ordrec-train prune --registry DIR --model NAME --keep K
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
@@ -168,13 +170,23 @@ def cmd_versions(args: argparse.Namespace) -> int:
     registry = open_registry(args.registry)
     for name in [args.model] if args.model else registry.models():
         pinned = registry.pinned(name)
+        split = registry.split(name)
         try:
             live, reason = registry.live_version(name)
         except ArtifactError:
             live, reason = None, ""
         for version in registry.versions(name):
             marks = [
-                m for m, on in (("live:" + reason, version == live), ("pinned", version == pinned)) if on
+                m
+                for m, on in (
+                    ("live:" + reason, version == live),
+                    ("pinned", version == pinned),
+                    (
+                        f"candidate:{split.share:g}" if split else "",
+                        bool(split) and version == split.candidate,
+                    ),
+                )
+                if on
             ]
             print(f"{name}\t{version}\t{' '.join(marks)}\t{_version_metrics(registry, name, version)}")
     return EXIT_OK
@@ -189,6 +201,46 @@ def cmd_pin(args: argparse.Namespace) -> int:
 def cmd_unpin(args: argparse.Namespace) -> int:
     open_registry(args.registry).unpin(args.model)
     print(f"unpinned {args.model}: the newest version is live")
+    return EXIT_OK
+
+
+def share_argument(text: str) -> float:
+    """``--share`` as a fraction in (0, 1]; anything else is a usage error."""
+    try:
+        share = float(text)
+    except ValueError:
+        share = float("nan")
+    if not 0.0 < share <= 1.0:
+        raise argparse.ArgumentTypeError(f"share must be a number in (0, 1], got {text!r}")
+    return share
+
+
+def cmd_split(args: argparse.Namespace) -> int:
+    registry = open_registry(args.registry)
+    if args.off:
+        registry.clear_split(args.model)
+        print(f"no split for {args.model}: every user gets the live version")
+        return EXIT_OK
+    if not args.candidate or args.share is None:
+        raise ValueError("split needs --candidate V and --share S (or --off)")
+    split = registry.set_split(args.model, args.candidate, args.share)
+    live, reason = registry.live_version(args.model)
+    print(
+        f"split {args.model}: {split.share:.1%} of users to {split.candidate}, the rest to {live} ({reason})"
+    )
+    if reason != "pinned":
+        print(
+            f"warning: {args.model} is not pinned, so the next publish replaces {live} as the live"
+            f" side of the split; pin it to keep the comparison: ordrec-train pin --model {args.model}"
+            f" --version {live}",
+            file=sys.stderr,
+        )
+    return EXIT_OK
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    version = open_registry(args.registry).promote(args.model)
+    print(f"promoted {args.model}@{version}: pinned and live for every user (unpin to follow new versions)")
     return EXIT_OK
 
 
@@ -381,6 +433,18 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         if name == "pin":
             p.add_argument("--version", required=True)
         p.set_defaults(func=func)
+
+    split = sub.add_parser("split", help="send a share of users to a candidate version (stable per user)")
+    split.add_argument("model")
+    split.add_argument("--registry", required=True)
+    split.add_argument("--candidate", metavar="VERSION", help="the version to compare with the live one")
+    split.add_argument("--share", type=share_argument, help="share of users in (0, 1], e.g. 0.1")
+    split.add_argument("--off", action="store_true", help="end the split: every user gets the live version")
+    split.set_defaults(func=cmd_split)
+    promote = sub.add_parser("promote", help="make the split's candidate the live version (pinned)")
+    promote.add_argument("model")
+    promote.add_argument("--registry", required=True)
+    promote.set_defaults(func=cmd_promote)
 
     for name, helptext in (
         ("hide", "hide items from Recommend and Neighbors now, without retraining"),

@@ -62,14 +62,18 @@ class RecommendRequest(_message.Message):
     def __init__(self, model: _Optional[str] = ..., user_ids: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., candidate_item_ids: _Optional[_Iterable[str]] = ..., with_distribution: _Optional[bool] = ..., exclude_item_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[str] = ...) -> None: ...
 
 class UserRecommendations(_message.Message):
-    __slots__ = ("user_id", "items", "fallback")
+    __slots__ = ("user_id", "items", "fallback", "folded_in", "model_version")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    FOLDED_IN_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     items: _containers.RepeatedCompositeFieldContainer[ScoredId]
     fallback: Fallback
-    def __init__(self, user_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., fallback: _Optional[_Union[Fallback, str]] = ...) -> None: ...
+    folded_in: bool
+    model_version: str
+    def __init__(self, user_id: _Optional[str] = ..., items: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., fallback: _Optional[_Union[Fallback, str]] = ..., folded_in: _Optional[bool] = ..., model_version: _Optional[str] = ...) -> None: ...
 
 class RecommendResponse(_message.Message):
     __slots__ = ("results", "model", "model_version", "levels", "seen_filter_degraded", "rules_stale")
@@ -232,7 +236,7 @@ class ListModelsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "kind", "version", "created_at", "loaded_at", "reason", "rpcs", "sizes", "metrics", "spaces", "index")
+    __slots__ = ("name", "kind", "version", "created_at", "loaded_at", "reason", "rpcs", "sizes", "metrics", "spaces", "index", "candidate_version", "candidate_share")
     class SizesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +262,8 @@ class ModelInfo(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     SPACES_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANDIDATE_SHARE_FIELD_NUMBER: _ClassVar[int]
     name: str
     kind: str
     version: str
@@ -269,7 +275,9 @@ class ModelInfo(_message.Message):
     metrics: _containers.ScalarMap[str, float]
     spaces: _containers.RepeatedScalarFieldContainer[str]
     index: str
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., loaded_at: _Optional[float] = ..., reason: _Optional[str] = ..., rpcs: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Mapping[str, int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., spaces: _Optional[_Iterable[str]] = ..., index: _Optional[str] = ...) -> None: ...
+    candidate_version: str
+    candidate_share: float
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[str] = ..., version: _Optional[str] = ..., created_at: _Optional[str] = ..., loaded_at: _Optional[float] = ..., reason: _Optional[str] = ..., rpcs: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Mapping[str, int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., spaces: _Optional[_Iterable[str]] = ..., index: _Optional[str] = ..., candidate_version: _Optional[str] = ..., candidate_share: _Optional[float] = ...) -> None: ...
 
 class ListModelsResponse(_message.Message):
     __slots__ = ("models",)

@@ -81,6 +81,7 @@ class RecommenderIndex(ModelIndex):
     # What answers recommend() over the whole catalogue (ListModels, metrics): every
     # kind scores exactly unless it opens an approximate index (service/ann.py).
     search: str = "exact"
+    folds_in: ClassVar[bool] = False  # whether fold_in places users the version has not seen
 
     def __init__(self, artifact: Artifact):
         super().__init__(artifact)
@@ -105,6 +106,32 @@ class RecommenderIndex(ModelIndex):
     @abc.abstractmethod
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """Scores of the given items for one user (higher is better)."""
+
+    # ------------------------------------------------------------- fold-in
+    def fold_in(self, item_rows: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+        """The model's representation of a user it has not seen, from their ratings of
+        ``item_rows`` with everything else fixed; None for kinds that cannot (they answer
+        such users with :meth:`popular`)."""
+        return None
+
+    def score_vector(self, vector: np.ndarray, item_rows: np.ndarray | None = None) -> np.ndarray:
+        """Scores of every item (or ``item_rows``) for a user given by a :meth:`fold_in` vector."""
+        raise NotImplementedError(f"{self.kind} has no fold-in")
+
+    def recommend_for(
+        self,
+        vector: np.ndarray,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
+    ) -> Ranked:
+        """:meth:`recommend` for a user given by a :meth:`fold_in` vector instead of a row."""
+        candidates = self._eligible_candidates(candidates, eligible)
+        if candidates is not None:
+            return self._rank_candidates(self.score_vector(vector, candidates), candidates, n, exclude)
+        return self._select(self.score_vector(vector), n, exclude, eligible)
 
     # ------------------------------------------------------------ shared part
     def seen(self, user_row: int) -> np.ndarray:

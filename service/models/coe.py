@@ -20,6 +20,7 @@ class COEIndex(RecommenderIndex, MapIndex):
     """Users and items on one map (space ""), entities "users" and "items"."""
 
     kind = "coe"
+    folds_in = True
     rpcs = RecommenderIndex.rpcs | MapIndex.rpcs
 
     def __init__(self, artifact: Artifact):
@@ -51,8 +52,26 @@ class COEIndex(RecommenderIndex, MapIndex):
 
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """Negative distances from one user to the given items (float32)."""
-        diff = self.item_coords[np.asarray(item_rows, dtype=np.int64)] - self.user_coords[user_row]
+        return self.score_vector(self.user_coords[user_row], item_rows)
+
+    def score_vector(self, vector: np.ndarray, item_rows: np.ndarray | None = None) -> np.ndarray:
+        """Negative distances from a point on the map to every item (or ``item_rows``), float32."""
+        items = (
+            self.item_coords if item_rows is None else self.item_coords[np.asarray(item_rows, dtype=np.int64)]
+        )
+        diff = items - vector
         return (-np.sqrt(np.einsum("id,id->i", diff, diff))).astype(np.float32)
+
+    def fold_in(self, item_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """A point on the fixed map for a user it has not seen: the centroid of their rated
+        items weighted by how far above their own mean each rating is (the trainer compares
+        ratings within a user, as z-scores); equal weights when all their ratings are equal."""
+        values = np.asarray(values, dtype=np.float64)
+        weights = np.maximum(values - values.mean(), 0.0)
+        if not weights.any():
+            weights = np.ones_like(values)
+        points = self.item_coords[np.asarray(item_rows, dtype=np.int64)]
+        return weights @ points / weights.sum()
 
     def pair_scores(self, user_rows: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         """Negative distance of each (user, item) pair, float64 (evaluation over all ratings)."""
@@ -74,10 +93,23 @@ class COEIndex(RecommenderIndex, MapIndex):
         ``exclude`` (e.g. the user's seen items) is skipped; with
         ``candidates`` only those items are ranked (by distance).
         """
+        return self.recommend_for(
+            self.user_coords[user_row], n, exclude=exclude, candidates=candidates, eligible=eligible
+        )
+
+    def recommend_for(
+        self,
+        vector: np.ndarray,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
+    ) -> Ranked:
         if candidates is not None or eligible is not None:
             # rules mask dense scores (service/rules.py), which the map search has not got
-            return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
-        return self.maps[""]["items"].nearest(self.user_coords[user_row], n, exclude)
+            return super().recommend_for(vector, n, exclude=exclude, candidates=candidates, eligible=eligible)
+        return self.maps[""]["items"].nearest(vector, n, exclude)
 
     def recommend_many(self, user_rows, n, *, excludes, candidates=None, eligible=None) -> list[Ranked]:
         if candidates is not None or eligible is not None:

@@ -35,6 +35,9 @@ from ordrec.service.rules import Eligible
 from ordrec.service.topk import affine_scores
 
 RELEVANCE = ("linear", "log", "exp")
+# Fold-in's pull toward the mean trained user, in ratings' worth: with a few ratings the
+# directions they do not span keep the population's item effect instead of falling to 0.
+FOLD_IN_PRIOR = 1.0
 
 
 def relevance_values(levels: np.ndarray, relevance: str) -> np.ndarray:
@@ -92,6 +95,7 @@ class DCRIndex(RecommenderIndex):
     """Exact top-N by SC over all items (or given candidates)."""
 
     kind = "dcr"
+    folds_in = True
 
     def __init__(self, artifact: Artifact):
         super().__init__(artifact)
@@ -126,6 +130,10 @@ class DCRIndex(RecommenderIndex):
         # folded per request rather than into a copy: at a million users a folded copy would
         # double the user factors' memory, for one row multiply a request.
         self._scale = np.repeat(c, self.rank).astype(np.float32)
+        self._mean_user = (
+            user.mean(axis=0, dtype=np.float64) if len(self.users) else np.zeros(width)
+        ).reshape(n_levels, self.rank)
+        self._frozen, self._radius = self._user_constraint(artifact)
         self.ann = self._open_ann(artifact, width)
         if self.ann is None:
             self._item = np.ascontiguousarray(item)
@@ -149,6 +157,36 @@ class DCRIndex(RecommenderIndex):
         except ArtifactError as exc:
             raise ArtifactError(f"{artifact.describe()}: {exc}") from None
 
+    @staticmethod
+    def _user_constraint(artifact: Artifact) -> tuple[int, float]:
+        """Frozen leading user coordinates and the radius of the rest (the ``item_bias``
+        research option freezes the first at ``s``, the rest in the ball of ``sqrt(1 - s^2)``)."""
+        research = artifact.hyperparameters.get("research") or {}
+        bias = float(research.get("item_bias", 0.0) or 0.0) if isinstance(research, dict) else 0.0
+        return (1, float(np.sqrt(max(1.0 - bias * bias, 0.0)))) if bias > 0 else (0, 1.0)
+
+    def fold_in(self, item_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Raw user factors fitted to one user's ratings with the item factors fixed.
+
+        Level ``t``'s target for ``u^t . v_i^t`` is ``2 [r_i >= l_t] - 1`` (since
+        ``P(r >= l_t) = (u.v + 1) / 2``): a ridge regression per level toward the mean
+        trained user (``FOLD_IN_PRIOR``), then the model's bound ``|u^t| <= 1``.
+        """
+        L, f, k = self.n_levels, self.rank, self._frozen
+        level = np.abs(np.asarray(values, dtype=np.float64)[:, None] - self.levels[None, :]).argmin(axis=1)
+        target = 2.0 * (level[:, None] >= np.arange(1, L + 1)[None, :]) - 1.0
+        # Level-major (L, f, m) so the per-level products are batched matrix products.
+        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, L, f).transpose(1, 2, 0)
+        v = v.astype(np.float64)
+        residual = target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]  # (L, m)
+        free = v[:, k:, :]
+        gram = free @ free.transpose(0, 2, 1) + FOLD_IN_PRIOR * np.eye(f - k)
+        u = self._mean_user.copy()
+        u[:, k:] += np.linalg.solve(gram, free @ residual[..., None])[..., 0]
+        norms = np.linalg.norm(u[:, k:], axis=1, keepdims=True)
+        u[:, k:] *= np.minimum(1.0, self._radius / np.maximum(norms, 1e-12))
+        return u.reshape(-1).astype(np.float32)
+
     def folded(self, user_rows: np.ndarray | list[int]) -> np.ndarray:
         """User factors with the level weights folded in, shape ``(len(user_rows), width)``."""
         return self._user_raw[np.asarray(user_rows, dtype=np.int64)] * self._scale
@@ -157,14 +195,21 @@ class DCRIndex(RecommenderIndex):
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
         rows = np.asarray(user_rows, dtype=np.int64)
         if rows.size == 1:
-            # one user (the usual request): one pass holding the GIL (service/topk.py)
-            return affine_scores(self._item, self.folded(rows)[0], self.offset)[None, :]
+            return self.score_vector(self._user_raw[rows[0]])[None, :]
         scores = self.folded(rows) @ self._item.T
         scores += self.offset
         return scores
 
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
-        scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ self.folded([user_row])[0]
+        return self.score_vector(self._user_raw[int(user_row)], item_rows)
+
+    def score_vector(self, vector: np.ndarray, item_rows: np.ndarray | None = None) -> np.ndarray:
+        """Scores for raw user factors (a row of ``user_factors`` or a :meth:`fold_in`)."""
+        folded = vector * self._scale
+        if item_rows is None:
+            # one user (the usual request): one pass holding the GIL (service/topk.py)
+            return affine_scores(self._item, folded, self.offset)
+        scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ folded
         scores += self.offset
         return scores
 
@@ -180,7 +225,36 @@ class DCRIndex(RecommenderIndex):
     ) -> Ranked:
         if not self._graph_answers(candidates, eligible):
             return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
-        return self._recommend_ann(user_row, n, exclude, eligible)
+        found = self._graph_search(self._user_raw[int(user_row)], n, exclude, eligible)
+        if found is None:  # too many exclusions for the graph: score every item
+            return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)
+        return found
+
+    def recommend_for(
+        self,
+        vector: np.ndarray,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
+    ) -> Ranked:
+        if self._graph_answers(candidates, eligible):
+            found = self._graph_search(vector, n, exclude, eligible)
+            if found is not None:
+                return found
+        return super().recommend_for(vector, n, exclude=exclude, candidates=candidates, eligible=eligible)
+
+    def _graph_search(
+        self, vector: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None
+    ) -> Ranked | None:
+        """The item index's top-n for raw user factors; None when there are too many
+        exclusions for the graph."""
+        found = self.ann.search(vector * self._scale, n, exclude, eligible)
+        if found is None:
+            return None
+        rows, products = found
+        return rows, products + self.offset
 
     def recommend_many(
         self,
@@ -196,7 +270,9 @@ class DCRIndex(RecommenderIndex):
                 user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible
             )
         # One graph search per user: each has its own exclusions, which faiss takes per call.
-        return [self._recommend_ann(int(u), n, ex, eligible) for u, ex in zip(user_rows, excludes)]
+        return [
+            self.recommend(int(u), n, exclude=ex, eligible=eligible) for u, ex in zip(user_rows, excludes)
+        ]
 
     def _graph_answers(self, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
         """Whether the item index answers: not for candidate lists, and not when the rules leave
@@ -209,24 +285,22 @@ class DCRIndex(RecommenderIndex):
         """Top-N by scoring every item (what the index approximates)."""
         return super().recommend(user_row, n, exclude=exclude, eligible=eligible)
 
-    def _recommend_ann(
-        self, user_row: int, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None
-    ) -> Ranked:
-        found = self.ann.search(self.folded([user_row])[0], n, exclude, eligible)
-        if found is None:  # too many exclusions for the graph: score every item
-            return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)
-        rows, products = found
-        return rows, products + self.offset
-
     def level_probabilities(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """The learned ``P(r >= l_t)`` for t = 2..S, shape ``(len(item_rows), S - 1)``, unclipped."""
-        u = self._user_raw[int(user_row)].reshape(self.n_levels, self.rank)
+        return self._level_probabilities(self._user_raw[int(user_row)], item_rows)
+
+    def _level_probabilities(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
+        u = vector.reshape(self.n_levels, self.rank)
         v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, self.n_levels, self.rank)
         return 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
 
     def distribution(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """``P(r = l)`` for every level, shape ``(len(item_rows), S)`` (see ``monotone_distribution``)."""
         return monotone_distribution(self.level_probabilities(user_row, item_rows))
+
+    def distribution_for(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
+        """:meth:`distribution` for raw user factors (a :meth:`fold_in`)."""
+        return monotone_distribution(self._level_probabilities(vector, item_rows))
 
     def smoke(self) -> None:
         super().smoke()
