@@ -35,6 +35,7 @@ from ordrec.trainer.events import (
 from ordrec.trainer.job import EXIT_FAILED, EXIT_PUBLISHED, EXIT_REJECTED, EXIT_USAGE, run_job
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.test_job import job_text
 from tests.test_registry import make_artifact
 
 pytestmark = pytest.mark.redis
@@ -272,24 +273,12 @@ def write_job(folder: Path, sample: Path, events: str = "", margin: float = 1.0)
     """A job training one small DCR on the sample ratings into ``folder/registry``;
     ``events`` is the body of its ``[events]`` table (none when empty)."""
     path = folder / "job.toml"
-    events_table = f"[events]\n{events}\n" if events else ""
-    path.write_text(f"""
-[job]
-name = "events-job"
-registry = "{folder / "registry"}"
-
-{events_table}
-[data.ratings]
-path = "{sample / "ratings.data"}"
-format = "ml-100k"
-
-[[models]]
-name = "dcr"
-kind = "dcr"
-data = "ratings"
-params = {{ n_components = 4, max_iter = 3 }}
-gate = {{ metric = "ndcg_at_10", margin = {margin} }}
-""")
+    events_table = f"\n[events]\n{events}\n" if events else ""
+    path.write_text(
+        job_text(
+            sample, folder / "registry", "n_components = 4, max_iter = 3", margin, extra_job=events_table
+        )
+    )
     return path
 
 

@@ -128,10 +128,24 @@ class RecommenderIndex(ModelIndex):
         eligible: Eligible | None = None,
     ) -> Ranked:
         """:meth:`recommend` for a user given by a :meth:`fold_in` vector instead of a row."""
+        found = self._search_vector(vector, n, exclude, candidates, eligible)
+        if found is not None:
+            return found
         candidates = self._eligible_candidates(candidates, eligible)
         if candidates is not None:
             return self._rank_candidates(self.score_vector(vector, candidates), candidates, n, exclude)
         return self._select(self.score_vector(vector), n, exclude, eligible)
+
+    def _search_vector(
+        self,
+        vector: np.ndarray,
+        n: int,
+        exclude: np.ndarray | None,
+        candidates: np.ndarray | None,
+        eligible: Eligible | None,
+    ) -> Ranked | None:
+        """A kind's own search (an index) for :meth:`recommend_for`; None: score every item."""
+        return None
 
     # ------------------------------------------------------------ shared part
     def seen(self, user_row: int) -> np.ndarray:

@@ -97,18 +97,9 @@ class COEIndex(RecommenderIndex, MapIndex):
             self.user_coords[user_row], n, exclude=exclude, candidates=candidates, eligible=eligible
         )
 
-    def recommend_for(
-        self,
-        vector: np.ndarray,
-        n: int,
-        *,
-        exclude: np.ndarray | None = None,
-        candidates: np.ndarray | None = None,
-        eligible: Eligible | None = None,
-    ) -> Ranked:
+    def _search_vector(self, vector, n, exclude, candidates, eligible) -> Ranked | None:
         if candidates is not None or eligible is not None:
-            # rules mask dense scores (service/rules.py), which the map search has not got
-            return super().recommend_for(vector, n, exclude=exclude, candidates=candidates, eligible=eligible)
+            return None  # rules mask dense scores (service/rules.py), which the map search has not got
         return self.maps[""]["items"].nearest(vector, n, exclude)
 
     def recommend_many(self, user_rows, n, *, excludes, candidates=None, eligible=None) -> list[Ranked]:

@@ -230,20 +230,10 @@ class DCRIndex(RecommenderIndex):
             return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)
         return found
 
-    def recommend_for(
-        self,
-        vector: np.ndarray,
-        n: int,
-        *,
-        exclude: np.ndarray | None = None,
-        candidates: np.ndarray | None = None,
-        eligible: Eligible | None = None,
-    ) -> Ranked:
-        if self._graph_answers(candidates, eligible):
-            found = self._graph_search(vector, n, exclude, eligible)
-            if found is not None:
-                return found
-        return super().recommend_for(vector, n, exclude=exclude, candidates=candidates, eligible=eligible)
+    def _search_vector(self, vector, n, exclude, candidates, eligible) -> Ranked | None:
+        if not self._graph_answers(candidates, eligible):
+            return None
+        return self._graph_search(vector, n, exclude, eligible)
 
     def _graph_search(
         self, vector: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None
