@@ -28,13 +28,10 @@ from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
 import redis  # noqa: E402
-from bench_handler import _Context  # noqa: E402  (run as a script: benchmarks/ is on the path)
+from bench_handler import _Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
-from ordrec.service.artifacts import Registry  # noqa: E402
-from ordrec.service.metrics import Metrics  # noqa: E402
 from ordrec.service.redis_state import RATINGS_KEY, RedisSeenStore  # noqa: E402
 from ordrec.service.servicer import RecommenderServicer  # noqa: E402
-from ordrec.service.store import ModelStore  # noqa: E402
 from ordrec.service.validation import Limits  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
@@ -94,9 +91,7 @@ def main() -> int:
     p.add_argument("--redis", help="redis://host:port/db (default: start a throwaway redis-server)")
     p.add_argument("--calls", type=int, default=3000)
     args = p.parse_args()
-    metrics = Metrics()
-    store = ModelStore(Registry(args.registry), metrics)
-    store.refresh([args.model])
+    metrics, store = loaded_store(args.registry, args.model)
     index = store.snapshot()[args.model].index
     rng = np.random.default_rng(0)
     context = _Context()

@@ -33,15 +33,21 @@ class _Context:
         raise RuntimeError(f"{code}: {message}")
 
 
+def loaded_store(registry: str, model: str) -> tuple[Metrics, ModelStore]:
+    """The server's model store over ``registry`` with ``model`` loaded, and its metrics."""
+    metrics = Metrics()
+    store = ModelStore(Registry(registry), metrics)
+    store.refresh([model])
+    return metrics, store
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--registry", required=True)
     p.add_argument("--model", default="dcr")
     p.add_argument("--calls", type=int, default=5000)
     args = p.parse_args()
-    metrics = Metrics()
-    store = ModelStore(Registry(args.registry), metrics)
-    store.refresh([args.model])
+    metrics, store = loaded_store(args.registry, args.model)
     servicer = RecommenderServicer(store, metrics, Limits(), SeenStore())
     users = store.snapshot()[args.model].index.users.ids
     requests = [

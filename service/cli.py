@@ -104,17 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="entries the ordrec:events stream keeps (about; older ones are trimmed): the"
         " training job must run before this many new interactions arrive",
     )
-    p.add_argument(
+    online = p.add_argument_group("online evaluation, with --redis (docs/service.md)")
+    online.add_argument(
         "--online-sample-rate",
         type=float,
         default=d.online_sample_rate,
-        help="share of Recommend answers sampled into Redis for the online evaluation (0: off)",
+        help="share of Recommend answers sampled (0: off)",
     )
-    p.add_argument(
+    online.add_argument(
         "--online-window",
         type=int,
         default=d.online_window,
-        help="seconds after a sampled answer in which an interaction with one of its items is a hit",
+        help="seconds in which an interaction with a sampled answer's item is a hit",
     )
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
