@@ -102,6 +102,7 @@ def _args(**over):
     args = parser.parse_args([])
     args.runs, args.seed, args.quiet, args.data = 1, 0, True, "planted"
     args.format, args.skip_bad_lines = "auto", False
+    args.grid_validation = False  # RTF-val has its own tests (tests/test_rtf_grid.py)
     for key, value in over.items():
         setattr(args, key, value)
     return args
