@@ -240,6 +240,7 @@ def test_lastfm_reproduce_small_rtf_beats_global_popularity(tmp_path):
             str(LASTFM),
             "--dims",
             "8",
+            "--no-grid-validation",  # RTF-val's grid: tests/test_rtf_grid.py
             "--iterations",
             "15",
             "--runs",

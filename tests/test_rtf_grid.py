@@ -8,7 +8,7 @@ import argparse
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import ArtifactError
+from ordrec.service.artifacts import ArtifactError, Registry
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.rtf import RTFIndex
 from ordrec.service.topk import top_k
@@ -88,7 +88,7 @@ def test_planted_three_way_tags_choose_dims_3_and_keep_rtf(three_way):
     assert artifact.metrics["grid_n_components"] == 3.0 and artifact.metrics["grid_kept"] == 1.0
 
 
-def test_item_only_tags_fall_back_to_pop_mix_and_the_index_serves_it():
+def test_item_only_tags_fall_back_to_pop_mix_and_the_index_serves_it(tmp_path):
     data = _item_only_tags(seed=2)
     est = RTF(grid_validation=True, grid_n_components=(2, 4), grid_reg=(1e-3,), random_state=0, **FAST).fit(
         data
@@ -99,7 +99,10 @@ def test_item_only_tags_fall_back_to_pop_mix_and_the_index_serves_it():
     artifact = est.to_artifact()
     assert artifact.attributes["serves"] == "pop-mix"
     assert artifact.attributes["mix_weight"] == est.mix_weight_
-    index = RTFIndex.from_artifact(artifact)
+    registry = Registry(tmp_path)  # what the server loads: the published version
+    index = RTFIndex.from_artifact(registry.load("rtf", registry.publish("rtf", artifact)))
+    index.smoke()
+    assert index.serves == "pop-mix" and index.mix_weight == est.mix_weight_
     for u, i in [(0, 0), (5, 7), (33, 21)]:
         rows, _, fallback = index.tags(u, i, 5)
         want = top_k(index.popular_scores("mix", u, i, mix_weight=est.mix_weight_), 5)[0]
