@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -401,27 +402,30 @@ def _protocol_run(
     """One leave-one-post-out split: RTF at every dims, the validated RTF, then the baselines."""
     seed = int(args.seed) + run_no
     train, test = leave_one_post_out(core, np.random.default_rng(seed))
+    split = Split(core, train, test, run_no, seed)
     for dims in dims_list:
-        index, tests = _measure_rtf(args, core, train, test, run_no, seed, dims, per_method)
+        index, tests = _measure_rtf(args, split, dims, per_method)
     if getattr(args, "grid_validation", False):
-        index, tests = _measure_validated(args, core, train, test, run_no, seed, per_method)
+        index, tests = _measure_validated(args, split, per_method)
     # popularity arrays do not depend on the factors: any index of this split serves
     _measure_baselines(args, train, run_no, seed, index, tests, per_method)
 
 
-def _measure_rtf(
-    args: argparse.Namespace,
-    core: TagAssignments,
-    train: TagAssignments,
-    test,
-    run_no: int,
-    seed: int,
-    dims: int,
-    per_method: dict,
-):
+class Split(NamedTuple):
+    """One run's leave-one-post-out split of the p-core, and its seed."""
+
+    core: TagAssignments
+    train: TagAssignments
+    test: tuple
+    run_no: int
+    seed: int
+
+
+def _measure_rtf(args: argparse.Namespace, split: Split, dims: int, per_method: dict):
     """Fit RTF-dims on the split and record it (and its first pass when asked); returns its index and posts."""
-    est = RTF(n_components=dims, random_state=seed, verbose=not args.quiet, **_fit_settings(args, dims))
-    index, tests, metrics, seconds = _fit_and_serve(est, core, train, test)
+    core, test, run_no = split.core, split.test, split.run_no
+    est = RTF(n_components=dims, random_state=split.seed, verbose=not args.quiet, **_fit_settings(args, dims))
+    index, tests, metrics, seconds = _fit_and_serve(est, split)
     _record(per_method, f"RTF-{dims}", metrics)
     if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
         first = evaluate_first_pass(est, core, test)
@@ -442,13 +446,13 @@ def _measure_rtf(
     return index, tests
 
 
-def _fit_and_serve(est: RTF, core: TagAssignments, train: TagAssignments, test):
-    """Fit ``est`` on ``train``, build its serving index, score the test posts through it."""
+def _fit_and_serve(est: RTF, split: Split):
+    """Fit ``est`` on the split's training posts, build its serving index, score the test posts through it."""
     started = time.perf_counter()
-    est.fit(train)
+    est.fit(split.train)
     seconds = time.perf_counter() - started
     index = RTFIndex.from_artifact(est.to_artifact())
-    tests = HeldOutPosts(core, test, index)
+    tests = HeldOutPosts(split.core, split.test, index)
     metrics = dict(
         evaluate_rtf(index, tests),
         train_seconds=seconds,
@@ -459,25 +463,17 @@ def _fit_and_serve(est: RTF, core: TagAssignments, train: TagAssignments, test):
     return index, tests, metrics, seconds
 
 
-def _measure_validated(
-    args: argparse.Namespace,
-    core: TagAssignments,
-    train: TagAssignments,
-    test,
-    run_no: int,
-    seed: int,
-    per_method: dict,
-):
+def _measure_validated(args: argparse.Namespace, split: Split, per_method: dict):
     """Fit RTF with ``grid_validation`` on the split, record it and print its choice."""
     est = RTF(
         grid_validation=True,
         grid_n_components=tuple(int(x) for x in str(args.grid_dims).split(",") if x.strip()),
         grid_reg=tuple(float(x) for x in str(args.grid_reg).split(",") if x.strip()),
-        random_state=seed,
+        random_state=split.seed,
         verbose=not args.quiet,
         **_shared_settings(args),
     )
-    index, tests, metrics, seconds = _fit_and_serve(est, core, train, test)
+    index, tests, metrics, seconds = _fit_and_serve(est, split)
     rtf_f1, mix_f1, se = est.grid_val_f1_
     chosen = est.chosen_params_
     metrics.update(
@@ -496,7 +492,7 @@ def _measure_validated(
     )
     # printed even with --quiet: the choice is part of the result
     print(
-        f"run {run_no + 1}/{args.runs} {VALIDATED}: {verdict}; validation F1@1..10 "
+        f"run {split.run_no + 1}/{args.runs} {VALIDATED}: {verdict}; validation F1@1..10 "
         f"(dims/reg: F1) {candidates}; pop-mix {mix_f1:.4f}; gain {rtf_f1 - mix_f1:+.4f} "
         f"(2 SE {2 * se:.4f}); test f1@1 {metrics['f1@1']:.4f} f1@10 {metrics['f1@10']:.4f} "
         f"({seconds:.0f}s)",
