@@ -28,12 +28,12 @@ from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.reproduce.rtf import (
     BASELINES,
     MAX_N,
-    VALIDATION_SEED_OFFSET,
     HeldOutPosts,
     evaluate_baseline,
     evaluate_rtf,
     leave_one_post_out,
     p_core,
+    validation_carve,
 )
 
 
@@ -90,10 +90,7 @@ def main() -> None:
 
     core = p_core(read_input("tags", args.data, args.format), args.core)
     train, _test = leave_one_post_out(core, np.random.default_rng(args.seed))  # test posts: discarded
-    fit_part, val = leave_one_post_out(
-        train.compact(), np.random.default_rng(args.seed + VALIDATION_SEED_OFFSET)
-    )
-    train = train.compact()
+    train, fit_part, val = validation_carve(train, args.seed)
 
     est = RTF(
         n_components=args.dims,

@@ -102,6 +102,7 @@ def _args(**over):
     args = parser.parse_args([])
     args.runs, args.seed, args.quiet, args.data = 1, 0, True, "planted"
     args.format, args.skip_bad_lines = "auto", False
+    args.grid_validation = False  # RTF-val has its own tests (tests/test_rtf_grid.py)
     for key, value in over.items():
         setattr(args, key, value)
     return args
@@ -239,6 +240,7 @@ def test_lastfm_reproduce_small_rtf_beats_global_popularity(tmp_path):
             str(LASTFM),
             "--dims",
             "8",
+            "--no-grid-validation",  # RTF-val's grid: tests/test_rtf_grid.py
             "--iterations",
             "15",
             "--runs",

@@ -25,6 +25,12 @@ Cold start (the reply's ``fallback``):
 
 Popularity scores are counts plus a global tie-break below one, so they are
 higher-is-better like the model's.
+
+What answers a known (user, item) is the artifact's ``serves`` attribute:
+"rtf" (the factors, the default) or "pop-mix" (the item/user popularity mix at
+the artifact's ``mix_weight``), written when the trainer's ``grid_validation``
+found no RTF that clearly beats the mix on validation posts. The reply's
+fallback stays "none" either way: it is the model the trainer chose.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from ordrec.service.models.base import ModelIndex, check_finite
 from ordrec.service.topk import affine_scores, top_k
 
 FALLBACKS = ("none", "popular_global", "popular_item", "popular_user")
+SERVES = ("rtf", "pop-mix")
 
 
 def score_posts(
@@ -129,6 +136,8 @@ class RTFIndex(ModelIndex):
         self.post_items = np.asarray(a("post_items"), dtype=np.int64)
         self.post_tag_indptr = np.asarray(a("post_tag_indptr"), dtype=np.int64)
         self.post_tags = np.asarray(a("post_tags"), dtype=np.int64)
+        self.serves = str(artifact.attributes.get("serves", "rtf"))
+        self.mix_weight = float(artifact.attributes.get("mix_weight", 0.5))
         self._validate()
         kU, kI, kT = self.core.shape
         # rows (c, a), columns b: C x1 U[u] comes out transposed, (kT, kI), ready for q = M^T I[i]
@@ -165,6 +174,10 @@ class RTFIndex(ModelIndex):
         for name, (array, shape) in expect.items():
             if array.shape != shape:
                 raise ArtifactError(f"{d}: {name} has shape {array.shape}, expected {shape}")
+        if self.serves not in SERVES:
+            raise ArtifactError(f"{d}: serves must be one of {SERVES}, got {self.serves!r}")
+        if not 0.0 <= self.mix_weight <= 1.0:
+            raise ArtifactError(f"{d}: mix_weight must be in [0, 1], got {self.mix_weight}")
         for name in ("core", "user_factors", "item_factors", "tag_factors"):
             check_finite(name, getattr(self, name))
         n_tags = len(self.tags_ids)
@@ -187,12 +200,19 @@ class RTFIndex(ModelIndex):
         return m_t
 
     def scores(self, user_row: int, item_row: int) -> np.ndarray:
-        """Every tag's score ``y(u, i, :) = T @ (C x1 U[u] x2 I[i])`` (float32, new array)."""
+        """Every tag's score ``y(u, i, :) = T @ (C x1 U[u] x2 I[i])`` (float32, new array),
+        or the popularity mix when the artifact serves "pop-mix"."""
+        if self.serves == "pop-mix":
+            return self.popular_scores("mix", user_row, item_row, mix_weight=self.mix_weight)
         q = affine_scores(self.user_core(user_row), self.item_factors[item_row])
         return affine_scores(self.tag_factors, q)
 
     def score_posts(self, user_rows: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         """Batched ``scores`` for many posts (evaluation), shape (n, n_tags)."""
+        if self.serves == "pop-mix":
+            return np.array([self.scores(int(u), int(i)) for u, i in zip(user_rows, item_rows)]).reshape(
+                -1, len(self.tags_ids)
+            )
         return score_posts(
             self.core,
             self.user_factors[np.asarray(user_rows)],

@@ -12,8 +12,15 @@ import numpy as np
 
 from ordrec.trainer.data.types import AttributeTable, Ratings
 
-# One NDCG for the protocols and the estimators' validation choices (re-exported here).
-from ordrec.trainer.models.ranking import ScoreItems, ndcg, ndcg_values  # noqa: F401
+# One NDCG, one precision/recall/F1 for the protocols and the estimators' validation choices
+# (re-exported here).
+from ordrec.trainer.models.ranking import (  # noqa: F401
+    ScoreItems,
+    f1,
+    ndcg,
+    ndcg_values,
+    precision_recall,
+)
 from ordrec.trainer.models.score import satisfied_triplets
 
 
@@ -26,31 +33,6 @@ def ndcg_at_k(score_items: ScoreItems, test: Ratings, k: int = 10) -> float:
 def mean_or_nan(values) -> float:
     """The mean, NaN for no values (a metric nobody could be measured on)."""
     return float(np.mean(values)) if len(values) else float("nan")
-
-
-def precision_recall(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = 10):
-    """Mean precision and recall at N = 1..max_n over ranked lists and their true sets.
-
-    A list shorter than N counts its missing slots as misses (precision
-    divides by N).
-    """
-    hits = np.zeros((len(top_lists), max_n))
-    sizes = np.array([max(t.size, 1) for t in truth], dtype=np.float64)
-    for k, (top, true) in enumerate(zip(top_lists, truth)):
-        hit = np.isin(top[:max_n], true).astype(np.float64)
-        hits[k, : hit.size] = hit
-    cum = np.cumsum(hits, axis=1)
-    ns = np.arange(1, max_n + 1)
-    precision = (cum / ns).mean(axis=0)
-    recall = (cum / sizes[:, None]).mean(axis=0)
-    return precision, recall
-
-
-def f1(precision, recall):
-    """Harmonic mean of precision and recall, 0 where both are 0 (scalars or arrays)."""
-    precision, recall = np.asarray(precision, dtype=np.float64), np.asarray(recall, dtype=np.float64)
-    denom = precision + recall
-    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)
 
 
 def list_metrics(lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = 10) -> dict[str, float]:

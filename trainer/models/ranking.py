@@ -1,7 +1,8 @@
-"""NDCG@k of scored test items: the ranking measure the protocols report and the
-estimators use for choices made on validation ratings (e.g. DCR keeping its pairwise
-refinement). It sits with the models so that both layers share one implementation;
-``ordrec.trainer.evaluation.metrics`` re-exports it."""
+"""NDCG@k of scored test items, and precision, recall and F1 of top-N lists: the
+ranking measures the protocols report and the estimators use for choices made on
+validation data (DCR keeping its pairwise refinement, RTF choosing its dimension).
+They sit with the models so that both layers share one implementation;
+``ordrec.trainer.evaluation.metrics`` re-exports them."""
 
 from __future__ import annotations
 
@@ -38,3 +39,44 @@ def ndcg_values(score_items: ScoreItems, test: Ratings, k: int = 10) -> np.ndarr
         if not np.isnan(value):
             values.append(value)
     return np.asarray(values, dtype=np.float64)
+
+
+def _cumulative_hits(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int):
+    """Per list, its hits among the first N entries for N = 1..max_n, and its true-set size (at least 1)."""
+    hits = np.zeros((len(top_lists), max_n))
+    sizes = np.array([max(t.size, 1) for t in truth], dtype=np.float64)
+    for k, (top, true) in enumerate(zip(top_lists, truth)):
+        hit = np.isin(top[:max_n], true).astype(np.float64)
+        hits[k, : hit.size] = hit
+    return np.cumsum(hits, axis=1), sizes
+
+
+def precision_recall(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = 10):
+    """Mean precision and recall at N = 1..max_n over ranked lists and their true sets.
+
+    A list shorter than N counts its missing slots as misses (precision
+    divides by N).
+    """
+    cum, sizes = _cumulative_hits(top_lists, truth, max_n)
+    ns = np.arange(1, max_n + 1)
+    precision = (cum / ns).mean(axis=0)
+    recall = (cum / sizes[:, None]).mean(axis=0)
+    return precision, recall
+
+
+def per_list_f1(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int = 10) -> np.ndarray:
+    """F1@N of every list on its own, shape (lists, max_n): ``2 hits / (N + |truth|)``.
+
+    For paired comparisons of two methods on the same lists (standard errors
+    over lists); the protocols report the F1 of the averaged precision and
+    recall (:func:`precision_recall`, :func:`f1`).
+    """
+    cum, sizes = _cumulative_hits(top_lists, truth, max_n)
+    return 2.0 * cum / (np.arange(1, max_n + 1)[None, :] + sizes[:, None])
+
+
+def f1(precision, recall):
+    """Harmonic mean of precision and recall, 0 where both are 0 (scalars or arrays)."""
+    precision, recall = np.asarray(precision, dtype=np.float64), np.asarray(recall, dtype=np.float64)
+    denom = precision + recall
+    return np.where(denom > 0, 2 * precision * recall / np.where(denom > 0, denom, 1), 0.0)

@@ -24,6 +24,7 @@ Serving uses ``service.models.rtf.RTFIndex`` on the artifact this writes.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -32,38 +33,25 @@ import numpy as np
 from scipy.stats import rankdata
 
 from ordrec.service.artifacts import Artifact
-from ordrec.service.models.rtf import score_posts
+from ordrec.service.models.rtf import RTFIndex, score_posts
 from ordrec.trainer.data.types import DataError, TagAssignments
 from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
+from ordrec.trainer.models.ranking import per_list_f1
+from ordrec.trainer.models.rtf_selection import (
+    MAX_N,
+    HeldOutPosts,
+    best_mix_weight,
+    group_posts,
+    popularity_lists,
+    served_lists,
+    validation_carve,
+)
 from ordrec.trainer.progress import Progress
 
 # Beyond one post per user, the stopping set may take at most this share of
 # all posts (Last.fm 10-core: 1,200 of ~32,000 training posts is 3.7%).
 EXTRA_VALIDATION_SHARE = 0.05
-
-
-def group_posts(user: np.ndarray, item: np.ndarray, tag: np.ndarray):
-    """Group tag assignments into posts.
-
-    Returns ``(post_user, post_item, tag_indptr, tags)``: posts sorted by
-    (user, item), each post's distinct tags sorted in
-    ``tags[tag_indptr[p]:tag_indptr[p+1]]``. Duplicate triples count once.
-    """
-    user = np.asarray(user, dtype=np.int64)
-    item = np.asarray(item, dtype=np.int64)
-    tag = np.asarray(tag, dtype=np.int64)
-    if user.size == 0:
-        empty = np.empty(0, np.int32)
-        return empty, empty, np.zeros(1, np.int64), empty
-    order = np.lexsort((tag, item, user))
-    u, i, t = user[order], item[order], tag[order]
-    dup = np.zeros(u.size, dtype=bool)
-    dup[1:] = (u[1:] == u[:-1]) & (i[1:] == i[:-1]) & (t[1:] == t[:-1])
-    u, i, t = u[~dup], i[~dup], t[~dup]
-    starts = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (i[1:] != i[:-1])])
-    indptr = np.r_[starts, u.size].astype(np.int64)
-    return u[starts].astype(np.int32), i[starts].astype(np.int32), indptr, t.astype(np.int32)
 
 
 def _csr_top_lists(owner: np.ndarray, tag: np.ndarray, n_owners: int, n_tags: int, top: int):
@@ -172,6 +160,39 @@ class RTF(Estimator):
         random start the AUC can sit at chance for 10+ passes (small data,
         small dims), where an average stops rising and patience runs out
         before learning starts.
+    grid_validation : bool, default False
+        Choose ``n_components`` and ``reg`` on validation posts instead of
+        taking them as given, and keep RTF only where it clearly beats the
+        popularity mix. One post of every user is carved out of the
+        training posts (``rtf_selection.validation_carve``, the carve of the
+        protocol's ``pop-mix-val``); every candidate of ``grid_n_components``
+        x ``grid_reg`` is fitted on the rest (with this estimator's other
+        settings, its own early stopping included) and scored on the carved
+        posts through the serving index, by F1@1..10 averaged over N (each
+        post's F1 on its own). ``pop-mix`` is scored on the same posts at its
+        item weight chosen there (``best_mix_weight``). The best candidate is
+        refitted on all the posts only if its gain over ``pop-mix`` exceeds
+        ``grid_margin + grid_confidence * SE`` (SE: the standard error of the
+        paired per-post gain); otherwise the artifact serves ``pop-mix`` at
+        the chosen weight (``RTFIndex`` answers Tags with it) and no RTF is
+        refitted. A hard choice rather than a blend: both sides are models
+        the index already serves, and a blend would need a weight on a
+        score scale that differs between fits. ``grid_kept_`` records the
+        decision, ``grid_val_f1_`` the two validation figures and the SE,
+        ``grid_scores_`` every candidate, ``mix_weight_`` the weight.
+        ``n_components`` and ``reg`` are then ignored.
+    grid_n_components : sequence of int, default (16, 64)
+        Candidate dims (each the same for U, I, T): a small and the
+        largest of the paper's, since which wins depends on the data
+        (RTF-16 lost to pop-mix on a small held-out set where RTF-64 tied).
+    grid_reg : sequence of float, default (1e-4, 1e-3)
+        Candidate ``reg`` (L2 on U and I): the default and a tenth of it.
+    grid_margin : float, default 0.0
+        The validation gain over ``pop-mix`` RTF must exceed to be served.
+    grid_confidence : float, default 2.0
+        Standard errors of the gain it must exceed besides: the best of
+        several candidates is chosen on the same posts, and a gain within
+        the noise of ~600 posts is not taken as one.
     popular_top : int
         Length of the per-user and per-item popular-tag lists shipped for
         cold start.
@@ -203,6 +224,11 @@ class RTF(Estimator):
         "keep_within": [None, Interval(Real, 0, None)],
         "learning_rate_drops": [Interval(Integral, 0, None)],
         "learning_rate_drop_factor": [Interval(Real, 0, 1, closed="neither")],
+        "grid_validation": ["boolean"],
+        "grid_n_components": [list, tuple],
+        "grid_reg": [list, tuple],
+        "grid_margin": [Interval(Real, None, None)],
+        "grid_confidence": [Interval(Real, 0, None)],
         "popular_top": [Interval(Integral, 0, None)],
         "dtype": [Options(str, {"float32", "float64"})],
         "random_state": [Interval(Integral, 0, None)],
@@ -228,6 +254,11 @@ class RTF(Estimator):
         keep_within: float | None = None,
         learning_rate_drops: int = 0,
         learning_rate_drop_factor: float = 0.5,
+        grid_validation: bool = False,
+        grid_n_components: tuple[int, ...] = (16, 64),
+        grid_reg: tuple[float, ...] = (1e-4, 1e-3),
+        grid_margin: float = 0.0,
+        grid_confidence: float = 2.0,
         popular_top: int = 200,
         dtype: str = "float32",
         random_state: int = 0,
@@ -249,6 +280,11 @@ class RTF(Estimator):
         self.keep_within = keep_within
         self.learning_rate_drops = learning_rate_drops
         self.learning_rate_drop_factor = learning_rate_drop_factor
+        self.grid_validation = grid_validation
+        self.grid_n_components = grid_n_components
+        self.grid_reg = grid_reg
+        self.grid_margin = grid_margin
+        self.grid_confidence = grid_confidence
         self.popular_top = popular_top
         self.dtype = dtype
         self.random_state = random_state
@@ -274,6 +310,14 @@ class RTF(Estimator):
     def _validate_params(self) -> None:
         super()._validate_params()
         self._dims()  # an int, or three positive ints (a list, a tuple or "kU,kI,kT")
+        if self.grid_validation:
+            dims, regs = list(self.grid_n_components), list(self.grid_reg)
+            if not dims or not all(
+                isinstance(d, Integral) and not isinstance(d, bool) and d >= 1 for d in dims
+            ):
+                raise ValueError(f"grid_n_components must be positive ints, got {self.grid_n_components!r}")
+            if not regs or not all(isinstance(r, Real) and np.isfinite(r) and r >= 0 for r in regs):
+                raise ValueError(f"grid_reg must be non-negative numbers, got {self.grid_reg!r}")
 
     @staticmethod
     def _split_validation(post_user: np.ndarray, n_val: int, rng: np.random.Generator) -> np.ndarray:
@@ -349,7 +393,8 @@ class RTF(Estimator):
             the current parameters in ``core_``, ``user_factors_``, ...
             (live arrays: copy what you keep) and the ids in ``users_``,
             ``items_``, ``tags_``. For tuning curves (``benchmarks/tune_rtf.py``);
-            training does not depend on it.
+            training does not depend on it. With ``grid_validation``, only
+            the refit on all the posts calls it.
         """
         self._validate_params()
         if not isinstance(data, TagAssignments):
@@ -357,12 +402,84 @@ class RTF(Estimator):
         if len(data) == 0:
             raise DataError(data.source, None, "no tag assignments to train on")
         data = data.compact()
+        if len(data.tags) < 2:
+            raise DataError(data.source, None, "need at least two distinct tags to rank")
+        if self.grid_validation:
+            return self._fit_on_validation(data, on_epoch)
+        return self._fit_factors(data, on_epoch)
+
+    # ------------------------------------------------------ grid validation
+    def _candidate(self, n_components: int, reg: float) -> RTF:
+        """An unfitted RTF with this one's settings at one grid point."""
+        return RTF(
+            **dict(self.get_params(), n_components=int(n_components), reg=float(reg), grid_validation=False)
+        )
+
+    def _fit_on_validation(self, data: TagAssignments, on_epoch) -> RTF:
+        """``grid_validation``: choose on carved posts, then refit the winner on all the
+        posts, or serve ``pop-mix`` when no candidate clearly beats it."""
+        candidates, popmix = self._score_grid(data)
+        best = max(candidates, key=lambda c: c["val_f1"])  # ties: the first in grid order
+        gain = best.pop("per_post") - popmix
+        for other in candidates:
+            other.pop("per_post", None)
+        se = float(np.std(gain, ddof=1) / np.sqrt(gain.size)) if gain.size > 1 else float("inf")
+        self.grid_scores_ = candidates
+        self.grid_val_f1_ = (best["val_f1"], float(popmix.mean()), se)
+        self.grid_kept_ = bool(gain.mean() > float(self.grid_margin) + float(self.grid_confidence) * se)
+        self.chosen_params_ = {"n_components": best["n_components"], "reg": best["reg"]}
+        if not self.grid_kept_:
+            self._keep_popularity_only(data)
+            return self
+        fitted = self._candidate(best["n_components"], best["reg"])._fit_factors(data, on_epoch)
+        self.__dict__.update({k: v for k, v in vars(fitted).items() if k.endswith("_")})
+        return self
+
+    def _score_grid(self, data: TagAssignments) -> tuple[list[dict], np.ndarray]:
+        """Every candidate fitted on the carved training data and scored on the carved posts
+        (per-post F1 averaged over N = 1..10), and ``pop-mix`` at its best weight there."""
+        data, fit_part, held = validation_carve(data, int(self.random_state))
+        candidates: list[dict] = []
+        for dims, reg in itertools.product(self.grid_n_components, self.grid_reg):
+            est = self._candidate(dims, reg).fit(fit_part)
+            index = RTFIndex.from_artifact(est.to_artifact())
+            posts = HeldOutPosts(data, held, index)  # every candidate has fit_part's id maps
+            per_post = per_list_f1(served_lists(index, posts), posts.truth, MAX_N).mean(axis=1)
+            candidates.append(
+                {
+                    "n_components": int(dims),
+                    "reg": float(reg),
+                    "val_f1": float(per_post.mean()),
+                    "best_epoch": int(est.best_epoch_),
+                    "per_post": per_post,
+                }
+            )
+        self.mix_weight_ = best_mix_weight(index, posts)
+        mix_lists = popularity_lists(index, posts, "pop-mix", self.mix_weight_)
+        return candidates, per_list_f1(mix_lists, posts.truth, MAX_N).mean(axis=1)
+
+    def _keep_popularity_only(self, data: TagAssignments) -> None:
+        """The fallback: no factors worth serving; a 1 x 1 x 1 zero model keeps the artifact's
+        shape, and ``serves`` tells the index to answer with ``pop-mix``."""
+        self.core_ = np.zeros((1, 1, 1), dtype=np.float32)
+        self.user_factors_ = np.zeros((len(data.users), 1), dtype=np.float32)
+        self.item_factors_ = np.zeros((len(data.items), 1), dtype=np.float32)
+        self.tag_factors_ = np.zeros((len(data.tags), 1), dtype=np.float32)
+        self.users_, self.items_, self.tags_ = data.users, data.items, data.tags
+        self.history_, self.best_epoch_, self.epochs_run_ = [], 0, 0
+        self._keep_posts(data, *group_posts(data.user, data.item, data.tag))
+
+    def serves(self) -> str:
+        """What the index answers Tags with: "rtf", or "pop-mix" after a ``grid_validation`` fallback."""
+        return "pop-mix" if getattr(self, "grid_kept_", None) is False else "rtf"
+
+    # ---------------------------------------------------------- factors
+    def _fit_factors(self, data: TagAssignments, on_epoch) -> RTF:
+        """The fit at ``n_components`` and ``reg`` on compacted ``data``."""
         kU, kI, kT = self._dims()
         dtype = np.dtype(self.dtype)
         rng = np.random.default_rng(self.random_state)
         n_users, n_items, n_tags = len(data.users), len(data.items), len(data.tags)
-        if n_tags < 2:
-            raise DataError(data.source, None, "need at least two distinct tags to rank")
 
         post_user, post_item, tag_indptr, tags = group_posts(data.user, data.item, data.tag)
         val = self._split_validation(post_user, int(self.validation_posts), rng)
@@ -452,16 +569,40 @@ class RTF(Estimator):
         self.history_ = history
         self.best_epoch_ = best[1] if best[2] is not None else history[-1]["epoch"]
         self.epochs_run_ = history[-1]["epoch"]
+        self._keep_posts(data, post_user, post_item, tag_indptr, tags)
+        return self
 
-        # what serving needs besides the factors: popularity for cold start, own tags
+    def _keep_posts(self, data: TagAssignments, post_user, post_item, tag_indptr, tags) -> None:
+        """What serving needs besides the factors: popularity for cold start, own tags."""
         self.tag_names_ = data.tag_names
         self.post_user_, self.post_item_ = post_user, post_item
         self.tag_indptr_, self.tags_in_posts_ = tag_indptr, tags
         self.source_ = data.source
         self.fingerprint_ = data.fingerprint()
-        return self
 
     # ------------------------------------------------------------ artifact
+    def _artifact_metrics(self) -> dict[str, float]:
+        """Training figures of the kept pass, and the ``grid_validation`` choice."""
+        metrics = {"epochs": float(self.epochs_run_), "best_epoch": float(self.best_epoch_)}
+        if self.history_:
+            best = next((h for h in self.history_ if h["epoch"] == self.best_epoch_), self.history_[-1])
+            metrics["train_auc"] = best["train_auc"]
+            if "val_auc" in best:
+                metrics["validation_auc"] = best["val_auc"]
+        if getattr(self, "grid_val_f1_", None) is not None:
+            rtf_f1, mix_f1, se = self.grid_val_f1_
+            metrics.update(
+                {
+                    "grid_kept": float(self.grid_kept_),
+                    "grid_n_components": float(self.chosen_params_["n_components"]),
+                    "grid_reg": float(self.chosen_params_["reg"]),
+                    "val_f1_rtf": rtf_f1,
+                    "val_f1_pop_mix": mix_f1,
+                    "val_f1_gain_se": se,
+                }
+            )
+        return metrics
+
     def to_artifact(self) -> Artifact:
         """Pack factors, popularity lists and training posts for ``service.models.rtf``."""
         if not hasattr(self, "core_"):
@@ -496,15 +637,7 @@ class RTF(Estimator):
         }
         if self.tag_names_ is not None:
             arrays["tag_name_bytes"], arrays["tag_name_offsets"] = _encode_names(list(self.tag_names_))
-        last = self.history_[-1]
-        best = next((h for h in self.history_ if h["epoch"] == self.best_epoch_), last)
-        metrics = {
-            "train_auc": best["train_auc"],
-            "epochs": float(self.epochs_run_),
-            "best_epoch": float(self.best_epoch_),
-        }
-        if "val_auc" in best:
-            metrics["validation_auc"] = best["val_auc"]
+        metrics = self._artifact_metrics()
         kU, kI, kT = self.core_.shape
         return Artifact(
             kind=self.kind,
@@ -517,6 +650,9 @@ class RTF(Estimator):
                 "posts": int(self.post_user_.size),
                 "tag_assignments": int(self.tags_in_posts_.size),
                 "source": self.source_,
+                # "pop-mix": grid_validation found no RTF that clearly beats it; the index serves it
+                "serves": self.serves(),
+                "mix_weight": float(getattr(self, "mix_weight_", 0.5)),
                 "wire_tag_ids": "external tag ids of the data (tag names, when the data "
                 "has them, are in tag_name_bytes/offsets)",
             },

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,17 +38,26 @@ from ordrec.service.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation.metrics import list_metrics
 from ordrec.trainer.models.rtf import RTF, group_posts
+from ordrec.trainer.models.rtf_selection import (
+    MAX_N,
+    MIX_GRID,
+    HeldOutPosts,
+    best_mix_weight,
+    leave_one_post_out,
+    popularity_lists,
+    served_lists,
+    validation_carve,
+)
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 3
 DATA_REQUIRED = True
-MAX_N = 10
 BASELINES = ("pop-global", "pop-item", "pop-user", "pop-mix")
 # pop-mix with its item weight chosen per run on validation posts carved from
 # the training posts (never the test posts), like RTF's own settings
 TUNED_MIX = "pop-mix-val"
-MIX_GRID = tuple(round(0.1 * k, 1) for k in range(11))
-VALIDATION_SEED_OFFSET = 10_000  # the validation carve uses its own stream, not the test split's
+# RTF with its dims and reg chosen per run on validation posts (RTF grid_validation)
+VALIDATED = "RTF-val"
 # Per-dims settings applied before any --per-dims (which override them): the
 # tag-factor L2 for RTF-64 was chosen on tuning posts carved from the training
 # posts (docs/changelog.md, RTF); smaller dims keep the shared settings.
@@ -132,6 +142,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "keeps (method 'RTF-<dims>/first'): same training run, paired comparison",
     )
     parser.add_argument(
+        "--grid-validation",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=f"also report {VALIDATED}: RTF(grid_validation=True), dims and reg chosen per run on "
+        "validation posts carved from the training posts, pop-mix served where no candidate "
+        "clearly beats it",
+    )
+    parser.add_argument(
+        "--grid-dims",
+        default=",".join(str(d) for d in RTF().grid_n_components),
+        help=f"{VALIDATED}'s candidate dims",
+    )
+    parser.add_argument(
+        "--grid-reg",
+        default=",".join(f"{r:g}" for r in RTF().grid_reg),
+        help=f"{VALIDATED}'s candidate reg (L2 on U and I)",
+    )
+    parser.add_argument(
         "--patience",
         type=int,
         default=20,
@@ -200,63 +228,10 @@ def p_core(data: TagAssignments, p: int) -> TagAssignments:
     return core.compact()
 
 
-def leave_one_post_out(data: TagAssignments, rng: np.random.Generator):
-    """Per user, one random post into the test set.
-
-    Returns ``(train, test)`` where ``train`` is a ``TagAssignments`` and
-    ``test`` is ``(post_user, post_item, tag_indptr, tags)`` in ``data``'s rows.
-    """
-    post_user, post_item, indptr, tags = group_posts(data.user, data.item, data.tag)
-    users, starts, counts = np.unique(post_user, return_index=True, return_counts=True)
-    picks = starts + (rng.random(users.size) * counts).astype(np.int64)
-    is_test = np.zeros(post_user.size, dtype=bool)
-    is_test[picks] = True
-    per_post = np.diff(indptr)
-    entry_test = np.repeat(is_test, per_post)
-    train = TagAssignments(
-        data.users,
-        data.items,
-        data.tags,
-        np.repeat(post_user, per_post)[~entry_test],
-        np.repeat(post_item, per_post)[~entry_test],
-        tags[~entry_test],
-        data.source,
-        tag_names=data.tag_names,
-    )
-    test_lengths = per_post[picks]
-    test_indptr = np.zeros(picks.size + 1, dtype=np.int64)
-    test_indptr[1:] = np.cumsum(test_lengths)
-    test_tags = np.concatenate([tags[indptr[p] : indptr[p + 1]] for p in picks]) if picks.size else tags[:0]
-    return train, (post_user[picks], post_item[picks], test_indptr, test_tags)
-
-
 # ---------------------------------------------------------------- metrics
-class HeldOutPosts:
-    """Test posts translated into one index's rows (by external id)."""
-
-    def __init__(self, data: TagAssignments, test, index: RTFIndex):
-        post_user, post_item, indptr, tags = test
-        self.user_rows = index.users.rows(data.users.externals(post_user))
-        self.item_rows = index.items.rows(data.items.externals(post_item))
-        # test tags in the index's tag rows; a tag the training set lost is a
-        # certain miss (it stays in the recall denominator)
-        self.truth = []
-        self.known_truth = []
-        for p in range(post_user.size):
-            ext = data.tags.externals(tags[indptr[p] : indptr[p + 1]])
-            rows = index.tags_ids.rows(ext)
-            self.truth.append(np.where(rows >= 0, rows, -1 - np.arange(rows.size)))
-            self.known_truth.append(rows[rows >= 0])
-        self.item_ext = np.asarray(post_item)
-
-    def __len__(self) -> int:
-        return self.user_rows.size
-
-
 def evaluate_rtf(index: RTFIndex, tests: HeldOutPosts) -> dict[str, float]:
     """Top-10 lists from ``RTFIndex.tags`` (the RPC's code) and AUC from ``RTFIndex.score_posts``."""
-    lists = [index.tags(int(u), int(i), MAX_N)[0] for u, i in zip(tests.user_rows, tests.item_rows)]
-    out = list_metrics(lists, tests.truth, MAX_N)
+    out = list_metrics(served_lists(index, tests), tests.truth, MAX_N)
     known = (tests.user_rows >= 0) & (tests.item_rows >= 0)
     rows = np.flatnonzero(known)
     scores = index.score_posts(tests.user_rows[rows], tests.item_rows[rows])
@@ -286,24 +261,9 @@ def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float
 def evaluate_baseline(
     index: RTFIndex, tests: HeldOutPosts, kind: str, mix_weight: float = 0.5
 ) -> dict[str, float]:
-    """Top-10 lists of a popularity baseline from the index's popularity arrays.
-
-    An unknown item or user gives that part no counts, so the list falls back
-    on the global order (the tie-break every popularity score carries).
-    ``mix_weight`` is the item's share in ``pop-mix`` (the user's is the rest).
-    """
-    lists = []
-    for u, i in zip(tests.user_rows, tests.item_rows):
-        if (kind == "pop-item" and i < 0) or (kind == "pop-user" and u < 0):
-            scores = index.popular_scores("global")
-        elif kind == "pop-mix" and (u < 0 or i < 0):
-            scores = index.popular_scores(
-                "item" if i >= 0 else "user" if u >= 0 else "global", int(u), int(i)
-            )
-        else:
-            scores = index.popular_scores(kind.split("-")[1], int(u), int(i), mix_weight=mix_weight)
-        lists.append(top_k(scores, MAX_N)[0])
-    return list_metrics(lists, tests.truth, MAX_N)
+    """Top-10 lists of a popularity baseline from the index's popularity arrays
+    (``rtf_selection.popularity_lists``); ``mix_weight`` is the item's share in ``pop-mix``."""
+    return list_metrics(popularity_lists(index, tests, kind, mix_weight), tests.truth, MAX_N)
 
 
 def evaluate_npmax(index: RTFIndex, tests: HeldOutPosts) -> dict[str, float]:
@@ -325,25 +285,18 @@ def evaluate_npmax(index: RTFIndex, tests: HeldOutPosts) -> dict[str, float]:
 def choose_mix_weight(train: TagAssignments, seed: int, grid: tuple[float, ...] = MIX_GRID) -> float:
     """The item weight of ``pop-mix`` with the best mean F1@1..10 on validation posts.
 
-    One more post per user is carved out of the *training* posts (as
-    ``benchmarks/tune_rtf.py`` carves RTF's tuning posts); popularity is
-    counted on the rest and the grid is scored on the carved posts. The test
-    posts are never read. The popularity arrays come from the serving index of
-    a one-pass, one-dimensional RTF fitted on the rest: only its popularity
-    arrays are used, so the counting code is the one that serves.
+    One more post per user is carved out of the *training* posts
+    (``validation_carve``, the carve ``RTF(grid_validation=True)`` makes for the
+    same seed, so its fallback is this baseline); popularity is counted on the
+    rest and the grid is scored on the carved posts. The test posts are never
+    read. The popularity arrays come from the serving index of a one-pass,
+    one-dimensional RTF fitted on the rest: only its popularity arrays are
+    used, so the counting code is the one that serves.
     """
-    train = train.compact()
-    fit_part, val = leave_one_post_out(train, np.random.default_rng(seed + VALIDATION_SEED_OFFSET))
+    train, fit_part, val = validation_carve(train, seed)
     est = RTF(n_components=1, max_iter=1, validation_posts=0, random_state=seed, verbose=False).fit(fit_part)
     index = RTFIndex.from_artifact(est.to_artifact())
-    posts = HeldOutPosts(train, val, index)
-    score = {
-        w: np.mean(
-            [m for k, m in evaluate_baseline(index, posts, "pop-mix", w).items() if k.startswith("f1@")]
-        )
-        for w in grid
-    }
-    return float(max(grid, key=lambda w: (score[w], -abs(w - 0.5))))
+    return best_mix_weight(index, HeldOutPosts(train, val, index), grid)
 
 
 # -------------------------------------------------------------------- run
@@ -359,6 +312,8 @@ def load(args: argparse.Namespace) -> TagAssignments:
 def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Row]:
     """Run the protocol, print the table beside the paper's figures, return the rows."""
     dims_list = [int(x) for x in str(args.dims).split(",") if x.strip()]
+    if not dims_list and not getattr(args, "grid_validation", False):
+        raise ValueError("nothing to fit: give --dims or --grid-validation")
     if data is None:
         data = load(args)
     core = p_core(data, int(args.core))
@@ -372,6 +327,7 @@ def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Ro
     order = (
         [f"RTF-{d}" for d in dims_list]
         + [f"RTF-{d}/first" for d in dims_list]
+        + [VALIDATED]
         + list(BASELINES)
         + [TUNED_MIX, "npmax"]
     )
@@ -416,7 +372,13 @@ def _say(args: argparse.Namespace, run_no: int, text: str) -> None:
 
 def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
     """RTF's settings from the command line, then the per-dims overrides."""
-    settings = dict(
+    per_dims = parse_per_dims(list(DEFAULT_PER_DIMS) + list(getattr(args, "per_dims", []) or []))
+    return dict(_shared_settings(args), **per_dims.get(dims, {}))
+
+
+def _shared_settings(args: argparse.Namespace) -> dict:
+    """RTF's settings from the command line, for every dims."""
+    return dict(
         learning_rate=args.learning_rate,
         learning_rate_decay=args.lr_decay,
         reg=args.reg,
@@ -432,47 +394,38 @@ def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
         learning_rate_drop_factor=getattr(args, "lr_drop_factor", 0.5),
         keep_within=_keep_within(getattr(args, "keep_within", None)),
     )
-    per_dims = parse_per_dims(list(DEFAULT_PER_DIMS) + list(getattr(args, "per_dims", []) or []))
-    return dict(settings, **per_dims.get(dims, {}))
 
 
 def _protocol_run(
     args: argparse.Namespace, core: TagAssignments, run_no: int, dims_list: list[int], per_method: dict
 ) -> None:
-    """One leave-one-post-out split: RTF at every dims, then the baselines."""
+    """One leave-one-post-out split: RTF at every dims, the validated RTF, then the baselines."""
     seed = int(args.seed) + run_no
     train, test = leave_one_post_out(core, np.random.default_rng(seed))
-    for position, dims in enumerate(dims_list):
-        index, tests = _measure_rtf(args, core, train, test, run_no, seed, dims, per_method)
-        if position == 0:  # popularity arrays do not depend on the factors: any index of this split serves
-            _measure_baselines(args, train, run_no, seed, index, tests, per_method)
+    split = Split(core, train, test, run_no, seed)
+    for dims in dims_list:
+        index, tests = _measure_rtf(args, split, dims, per_method)
+    if getattr(args, "grid_validation", False):
+        index, tests = _measure_validated(args, split, per_method)
+    # popularity arrays do not depend on the factors: any index of this split serves
+    _measure_baselines(args, train, run_no, seed, index, tests, per_method)
 
 
-def _measure_rtf(
-    args: argparse.Namespace,
-    core: TagAssignments,
-    train: TagAssignments,
-    test,
-    run_no: int,
-    seed: int,
-    dims: int,
-    per_method: dict,
-):
+class Split(NamedTuple):
+    """One run's leave-one-post-out split of the p-core, and its seed."""
+
+    core: TagAssignments
+    train: TagAssignments
+    test: tuple
+    run_no: int
+    seed: int
+
+
+def _measure_rtf(args: argparse.Namespace, split: Split, dims: int, per_method: dict):
     """Fit RTF-dims on the split and record it (and its first pass when asked); returns its index and posts."""
-    started = time.perf_counter()
-    est = RTF(n_components=dims, random_state=seed, verbose=not args.quiet, **_fit_settings(args, dims)).fit(
-        train
-    )
-    seconds = time.perf_counter() - started
-    index = RTFIndex.from_artifact(est.to_artifact())
-    tests = HeldOutPosts(core, test, index)
-    metrics = dict(
-        evaluate_rtf(index, tests),
-        train_seconds=seconds,
-        epochs=float(est.epochs_run_),
-        seconds_per_epoch=seconds / max(est.epochs_run_, 1),
-        kept_pass=float(est.best_epoch_),
-    )
+    core, test, run_no = split.core, split.test, split.run_no
+    est = RTF(n_components=dims, random_state=split.seed, verbose=not args.quiet, **_fit_settings(args, dims))
+    index, tests, metrics, seconds = _fit_and_serve(est, split)
     _record(per_method, f"RTF-{dims}", metrics)
     if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
         first = evaluate_first_pass(est, core, test)
@@ -489,6 +442,61 @@ def _measure_rtf(
         f"RTF-{dims}: auc {metrics['auc']:.4f} f1@1 {metrics['f1@1']:.4f} "
         f"f1@5 {metrics['f1@5']:.4f} f1@10 {metrics['f1@10']:.4f} "
         f"({est.epochs_run_} epochs, best {est.best_epoch_}, {seconds:.0f}s)",
+    )
+    return index, tests
+
+
+def _fit_and_serve(est: RTF, split: Split):
+    """Fit ``est`` on the split's training posts, build its serving index, score the test posts through it."""
+    started = time.perf_counter()
+    est.fit(split.train)
+    seconds = time.perf_counter() - started
+    index = RTFIndex.from_artifact(est.to_artifact())
+    tests = HeldOutPosts(split.core, split.test, index)
+    metrics = dict(
+        evaluate_rtf(index, tests),
+        train_seconds=seconds,
+        epochs=float(est.epochs_run_),
+        seconds_per_epoch=seconds / max(est.epochs_run_, 1),
+        kept_pass=float(est.best_epoch_),
+    )
+    return index, tests, metrics, seconds
+
+
+def _measure_validated(args: argparse.Namespace, split: Split, per_method: dict):
+    """Fit RTF with ``grid_validation`` on the split, record it and print its choice."""
+    est = RTF(
+        grid_validation=True,
+        grid_n_components=tuple(int(x) for x in str(args.grid_dims).split(",") if x.strip()),
+        grid_reg=tuple(float(x) for x in str(args.grid_reg).split(",") if x.strip()),
+        random_state=split.seed,
+        verbose=not args.quiet,
+        **_shared_settings(args),
+    )
+    index, tests, metrics, seconds = _fit_and_serve(est, split)
+    rtf_f1, mix_f1, se = est.grid_val_f1_
+    chosen = est.chosen_params_
+    metrics.update(
+        kept=float(est.grid_kept_),
+        chosen_dims=float(chosen["n_components"]),
+        chosen_reg=float(chosen["reg"]),
+        mix_weight=float(est.mix_weight_),
+    )
+    _record(per_method, VALIDATED, metrics)
+    candidates = ", ".join(f"{c['n_components']}/{c['reg']:g}: {c['val_f1']:.4f}" for c in est.grid_scores_)
+    verdict = (
+        f"serves RTF-{chosen['n_components']} reg {chosen['reg']:g}"
+        if est.grid_kept_
+        else f"falls back to pop-mix at item weight {est.mix_weight_:g} "
+        f"(best RTF-{chosen['n_components']} reg {chosen['reg']:g} not clearly better)"
+    )
+    # printed even with --quiet: the choice is part of the result
+    print(
+        f"run {split.run_no + 1}/{args.runs} {VALIDATED}: {verdict}; validation F1@1..10 "
+        f"(dims/reg: F1) {candidates}; pop-mix {mix_f1:.4f}; gain {rtf_f1 - mix_f1:+.4f} "
+        f"(2 SE {2 * se:.4f}); test f1@1 {metrics['f1@1']:.4f} f1@10 {metrics['f1@10']:.4f} "
+        f"({seconds:.0f}s)",
+        file=sys.stderr,
     )
     return index, tests
 
