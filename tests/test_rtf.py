@@ -213,7 +213,7 @@ def test_early_stopping_keeps_the_best_epoch():
         validation_posts=30,
         patience=3,
         min_iter=5,
-        min_delta=1e-3,
+        val_tol=1e-3,
         smoothing=1,
         random_state=1,
         verbose=False,
@@ -235,7 +235,7 @@ def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
         validation_posts=30,
         patience=3,
         min_iter=5,
-        min_delta=1e-3,
+        val_tol=1e-3,
         smoothing=window,
         random_state=1,
         verbose=False,
@@ -243,7 +243,7 @@ def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
     raw = np.array([h["val_auc"] for h in est.history_])
     moving = np.array([raw[max(0, e - window + 1) : e + 1].mean() for e in range(raw.size)])
     np.testing.assert_allclose([h["val_auc_smoothed"] for h in est.history_], moving)
-    # the kept pass is the first whose moving average beat every earlier one by min_delta
+    # the kept pass is the first whose moving average beat every earlier one by val_tol
     best, kept = -np.inf, 0
     for e, m in enumerate(moving, start=1):
         if m > best + 1e-3:
@@ -358,7 +358,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
         validation_posts=30,
         patience=3,
         min_iter=5,
-        min_delta=1e-3,
+        val_tol=1e-3,
         smoothing=1,
         random_state=1,
         verbose=False,
@@ -382,7 +382,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
     assert np.all(lrs[:n] == 1.0) and dropped.epochs_run_ > n
     assert np.all(np.diff(lrs) <= 0) and set(lrs) <= {1.0, 0.25, 0.0625} and lrs[-1] < 1.0
     # the first pass after a drop starts from the parameters of the best pass so far
-    # (min_delta rule), not from where the plateau left them
+    # (val_tol rule), not from where the plateau left them
     best, kept = -np.inf, 0
     for e, h in enumerate(dropped.history_[:n], start=1):
         if h["val_auc"] > best + 1e-3:
@@ -404,7 +404,7 @@ def test_keep_within_keeps_the_latest_pass_of_the_plateau():
         validation_posts=30,
         patience=3,
         min_iter=5,
-        min_delta=1e-3,
+        val_tol=1e-3,
         smoothing=window,
         random_state=1,
         verbose=False,

@@ -125,16 +125,18 @@ class RTF(Estimator):
         tuning curves where 500 moved by ~1e-3 a pass (``docs/changelog.md``, RTF).
     patience : int
         Stop after this many passes without a gain of the (smoothed)
-        validation AUC of more than ``min_delta``; the best parameters seen
+        validation AUC of more than ``val_tol``; the best parameters seen
         are kept.
     min_iter : int, default 10
         Never stop early before this many passes: from a small random start
         the validation AUC sits near 0.5 for a few passes (the gradient of a
         three-way product is cubic in the initial scale), which is no plateau.
-    min_delta : float
+    val_tol : float, default 1e-4
+        The least gain of the validation AUC (absolute) that counts; DCR's
+        ``val_tol`` is the same threshold on its validation likelihood.
     keep_within : float or None
         Which pass of the plateau to keep. None (the default): the pass where
-        the criterion last gained ``min_delta`` (the first pass of the
+        the criterion last gained ``val_tol`` (the first pass of the
         plateau). A number ``eps``: the *latest* pass whose criterion is
         within ``eps`` of the highest seen. The validation AUC cannot tell the
         passes of a plateau apart, while the top of the lists keeps
@@ -219,7 +221,7 @@ class RTF(Estimator):
         "validation_posts": [Interval(Integral, 0, None)],
         "patience": [Interval(Integral, 0, None)],
         "min_iter": [Interval(Integral, 0, None)],
-        "min_delta": [Interval(Real, None, None)],
+        "val_tol": [Interval(Real, None, None)],
         "smoothing": [Interval(Integral, 1, None)],
         "keep_within": [None, Interval(Real, 0, None)],
         "learning_rate_drops": [Interval(Integral, 0, None)],
@@ -249,7 +251,7 @@ class RTF(Estimator):
         validation_posts: int = 1200,
         patience: int = 5,
         min_iter: int = 10,
-        min_delta: float = 1e-4,
+        val_tol: float = 1e-4,
         smoothing: int = 1,
         keep_within: float | None = None,
         learning_rate_drops: int = 0,
@@ -275,7 +277,7 @@ class RTF(Estimator):
         self.validation_posts = validation_posts
         self.patience = patience
         self.min_iter = min_iter
-        self.min_delta = min_delta
+        self.val_tol = val_tol
         self.smoothing = smoothing
         self.keep_within = keep_within
         self.learning_rate_drops = learning_rate_drops
@@ -536,7 +538,7 @@ class RTF(Estimator):
                     criterion = float(np.mean(recent))
                     if window > 1:
                         record["val_auc_smoothed"] = criterion
-                    if criterion > best[0] + float(self.min_delta):
+                    if criterion > best[0] + float(self.val_tol):
                         best = (criterion, epoch, (C.copy(), U.copy(), I.copy(), T.copy()), list(recent))
                         stale = 0
                     else:

@@ -133,7 +133,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1e-4,
         help="keep the latest pass whose smoothed validation AUC is within this of "
         "its best (1e-4, chosen on tuning curves, docs/rtf.md; a negative value "
-        "keeps the pass of the last min_delta gain, the estimator's default)",
+        "keeps the pass of the last val_tol gain, the estimator's default)",
     )
     parser.add_argument(
         "--compare-first-pass",
