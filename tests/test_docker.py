@@ -28,7 +28,9 @@ LOCKS = {"serve": ["s3"], "train": ["s3", "train"]}
 def _instructions(text: str) -> list[str]:
     """The Dockerfile's instructions, continuation lines joined, comments dropped."""
     joined = re.sub(r"\\\n(\s*#.*\n)*", " ", text)
-    return [line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [
+        line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def _final_stage() -> list[str]:
@@ -51,7 +53,9 @@ def _locked(name: str) -> dict[str, list[Requirement]]:
     for entry in entries:
         if not entry.strip() or entry.lstrip().startswith("#"):
             continue
-        assert re.search(r"--hash=sha256:[0-9a-f]{64}", entry), f"requirements/{name}.txt: no hash in {entry!r}"
+        assert re.search(r"--hash=sha256:[0-9a-f]{64}", entry), (
+            f"requirements/{name}.txt: no hash in {entry!r}"
+        )
         req = Requirement(entry.split(" --hash")[0].strip())
         assert str(req.specifier).startswith("=="), f"requirements/{name}.txt: {req} is not pinned"
         locked.setdefault(canonicalize_name(req.name), []).append(req)

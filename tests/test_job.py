@@ -357,7 +357,9 @@ def test_a_lock_refused_for_permissions_says_what_to_do(sample, tmp_path, capsys
     owner = f"{registry.stat().st_uid}:{registry.stat().st_gid}"
     assert f"cannot take the lock {lock}: [Errno 13] Permission denied" in err
     assert f"runs as uid {os.getuid()} (gid {os.getgid()}), which cannot write in {registry}" in err
-    assert f"docker run --user {owner} ..." in err and f"chown -R {os.getuid()}:{os.getgid()} {registry}" in err
+    assert (
+        f"docker run --user {owner} ..." in err and f"chown -R {os.getuid()}:{os.getgid()} {registry}" in err
+    )
     assert versions(registry) == []
 
 
