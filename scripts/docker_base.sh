@@ -18,7 +18,7 @@ root=$(mktemp -d "${TMPDIR:-/tmp}/ordrec-base.XXXXXX")
 cleanup() {
     # debootstrap mounts /proc (and more) in the target while it works; an interrupted run
     # leaves them mounted, and rm must never descend into them.
-    grep -o " $root/[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l
+    { grep -o " $root/[^ ]*" /proc/mounts || true; } | sort -r | xargs -r -n1 umount -l
     rm -rf --one-file-system "$root"
 }
 trap cleanup EXIT
