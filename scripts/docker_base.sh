@@ -8,8 +8,10 @@ set -euo pipefail
 name=${BASE_IMAGE:-ordrec-base:bookworm}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 suite=${DEBIAN_SUITE:-bookworm}
+ca_bundle=${CA_BUNDLE-/etc/ssl/certs/ca-certificates.crt}
 
 die() { echo "docker-base: $*" >&2; exit 1; }
+[ -z "$ca_bundle" ] || [ -r "$ca_bundle" ] || die "CA_BUNDLE=$ca_bundle cannot be read"
 [ "$(id -u)" = 0 ] || die "debootstrap needs root: run as root (or sudo make docker-base)"
 command -v debootstrap >/dev/null || die "debootstrap is not installed: apt-get install -y debootstrap"
 docker info >/dev/null 2>&1 || die "no Docker daemon answers (docker info): start dockerd first"
@@ -24,6 +26,12 @@ cleanup() {
 trap cleanup EXIT
 echo "docker-base: debootstrap $suite from $mirror into $root" >&2
 debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates "$suite" "$root" "$mirror" >&2
+# pip uses its own CA list unless told otherwise: give it this machine's bundle, so a build
+# behind a TLS-intercepting proxy trusts what the host trusts (CA_BUNDLE= keeps Debian's).
+if [ -n "$ca_bundle" ]; then
+    cp "$ca_bundle" "$root/etc/ssl/certs/ca-certificates.crt"
+    printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$root/etc/pip.conf"
+fi
 # Package caches and lists are not needed at run time, and every layer on top copies them.
 rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
 tar -C "$root" -c . | docker import - "$name" >/dev/null
