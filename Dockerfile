@@ -27,17 +27,6 @@ RUN useradd --system --uid 10001 --create-home --home-dir /srv/ordrec ordrec \
     && mkdir /registry && chown ordrec /registry \
     && python3 -m venv /opt/ordrec \
     && pip install --no-deps --require-hashes -r "/opt/ordrec-locks/${EXTRAS:-serve}.txt"
-COPY --from=source /src /src
-WORKDIR /src
-# The s3 extra (boto3) is always in: the image serves from and trains into s3:// registries too.
-# The serving kernels are compiled here into NUMBA_CACHE_DIR, so a container starts without
-# compiling; the cache stays writable by any uid (numba skips a cache it cannot write).
-RUN pip install ".[s3${EXTRAS:+,$EXTRAS}]" --no-deps --no-build-isolation \
-    && pip check \
-    && cd / && rm -rf /src \
-    && python3 -c "from ordrec.service.topk import warm_up; warm_up()" \
-    && chmod -R a+rwX "$NUMBA_CACHE_DIR"
-USER ordrec
 WORKDIR /srv/ordrec
 # gRPC, and the metrics ports: process i of --processes N listens on 9095+i (up to 16 CPUs here).
 EXPOSE 50051 9095-9110
@@ -52,3 +41,16 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
 # from outside, run with --metrics-host 0.0.0.0 and publish 9095+i for each process.
 CMD ["ordrec-serve", "--registry", "/registry", "--host", "0.0.0.0", "--port", "50051", \
      "--metrics-host", "127.0.0.1", "--metrics-port", "9095", "--processes", "0"]
+# Everything above is cached while the locks are unchanged: a source edit reruns the three
+# steps below (the settings stay above them for that reason).
+COPY --from=source /src /src
+# The s3 extra (boto3) is always in: the image serves from and trains into s3:// registries too.
+# The serving kernels are compiled here into NUMBA_CACHE_DIR, so a container starts without
+# compiling; the cache stays writable by any uid (numba skips a cache it cannot write).
+RUN cd /src \
+    && pip install ".[s3${EXTRAS:+,$EXTRAS}]" --no-deps --no-build-isolation \
+    && pip check \
+    && cd / && rm -rf /src \
+    && python3 -c "from ordrec.service.topk import warm_up; warm_up()" \
+    && chmod -R a+rwX "$NUMBA_CACHE_DIR"
+USER ordrec

@@ -93,6 +93,13 @@ def test_dependencies_are_installed_from_the_lock_before_the_source_is_copied():
     assert copies == ["COPY requirements/serve.txt requirements/train.txt /opt/ordrec-locks/"]
 
 
+def test_a_source_edit_reruns_only_the_last_steps():
+    """Settings (EXPOSE, CMD, ...) sit above the source copy, so they stay cached too."""
+    stage = _final_stage()
+    after = stage[_index(stage, r"^COPY --from=source ") :]
+    assert [line.split()[0] for line in after] == ["COPY", "RUN", "USER"]
+
+
 def test_the_source_stage_copies_only_what_the_build_reads():
     """An edit elsewhere (docs, tests) must not invalidate the image's source layers."""
     lines = _instructions(DOCKERFILE)
