@@ -96,6 +96,12 @@ query() {
         || fail "metrics on the container's loopback (127.0.0.1:9095)"
 }
 
+cache_was_used() {  # the warm start loaded every kernel: numba wrote nothing new into the image's cache
+    local new
+    new=$(docker diff "$server" | grep "^A /opt/ordrec/numba-cache/" || true)
+    [ -z "$new" ] || fail "the server compiled kernels despite the image's numba cache: $new"
+}
+
 wait_healthy() {  # the image's HEALTHCHECK (every 10 s) reports healthy
     for _ in $(seq 30); do
         [ "$(docker inspect -f '{{.State.Health.Status}}' "$server")" = healthy ] && return 0
@@ -125,6 +131,7 @@ train ordrec-train run /work/job.toml || fail "ordrec-train run (as $me)"
 step "serve with the image's numba cache"
 timings+=("start to SERVING, numba cache in the image: $(serve) s")
 query
+cache_was_used
 wait_healthy
 stop
 
