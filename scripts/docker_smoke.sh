@@ -17,6 +17,7 @@ network=(${DOCKER_NETWORK:+--network "$DOCKER_NETWORK"})
 base=(${BASE:+--build-arg "BASE=$BASE"})
 me="$(id -u):$(id -g)"
 work=$(mktemp -d "${TMPDIR:-/tmp}/ordrec-docker-smoke.XXXXXX")
+chmod 755 "$work" # as a folder made with mkdir: other uids may read it, only its owner write
 server="ordrec-smoke-$$"
 timings=()
 
@@ -40,6 +41,7 @@ build() {  # build TAG [docker build args...]
     t0=$(now)
     docker build "${network[@]}" "${base[@]}" "$@" -t "$tag" . || fail "docker build -t $tag"
     timings+=("build $tag: $(since "$t0") s")
+    step "${timings[-1]}"
 }
 
 train() {  # the trainer image as the host user, so it may write the host-made registry
