@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from ordrec.service import topk
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import PointSet
-from ordrec.service import topk
 from ordrec.service.topk import affine_scores, nearest_brute_force, top_k
 
 scores_strategy = hnp.arrays(
