@@ -5,7 +5,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow test-all proto proto-check lint lint-imports deploy-check redis browser h2load clean
+.PHONY: venv demo test test-slow test-all proto proto-check lint lint-imports deploy-check redis browser h2load \
+	lock docker-base docker-smoke clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +38,27 @@ lint-imports: $(STAMP)
 # object offline against the Kubernetes schemas (kubernetes-validate) and deploy/'s own rules.
 deploy-check: $(STAMP)
 	$(BIN)/python scripts/deploy_check.py
+
+# The Docker image's dependencies, pinned with hashes (docs/docker.md): run after changing
+# pyproject.toml's dependencies or extras, and commit requirements/*.txt.
+UV_VERSION := 0.13.9
+LOCK := $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --generate-hashes \
+	--custom-compile-command "make lock" pyproject.toml requirements/build.in --extra s3
+lock: $(STAMP)
+	$(BIN)/pip install --quiet "uv==$(UV_VERSION)"
+	$(LOCK) -o requirements/serve.txt
+	$(LOCK) --extra train -o requirements/train.txt
+
+# A Debian bookworm base image made with debootstrap (root), for when Docker Hub is out of reach:
+# then `make docker-smoke BASE=ordrec-base:bookworm`.
+docker-base:
+	scripts/docker_base.sh
+
+# Build the images, train the sample in a container, serve it, health check, query, stop (docs/docker.md).
+# Slow (minutes): not part of `make test`. BASE=image overrides the pinned base; DOCKER_NETWORK=host
+# where the daemon has no bridge.
+docker-smoke:
+	scripts/docker_smoke.sh
 
 redis:
 	@scripts/ensure_redis.sh

@@ -165,6 +165,7 @@ def policy_problems(objects: list[dict], complete: bool) -> list[str]:
     for probe in ("readinessProbe", "livenessProbe"):
         if container.get(probe, {}).get("grpc", {}).get("port") != 50051:
             problems.append(f"ordrec-serve: {probe} must be a native grpc probe on port 50051")
+    problems += _metrics_problems(serve["spec"]["template"], container)
     service = by_kind.get("Service", {}).get("ordrec-serve")
     if service is None or service["spec"].get("clusterIP") != "None":
         problems.append("Service ordrec-serve must be headless (clusterIP: None) for client-side balancing")
@@ -187,6 +188,30 @@ def policy_problems(objects: list[dict], complete: bool) -> list[str]:
             name = volume.get("secret", {}).get("secretName")
             if name and name not in by_kind.get("Secret", {}):
                 problems.append(f"ordrec-serve mounts Secret {name}, which the installation does not create")
+    return problems
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    return next((a.split("=", 1)[1] for a in args if a.startswith(f"{name}=")), None)
+
+
+def _metrics_problems(template: dict, container: dict) -> list[str]:
+    """The image binds metrics to loopback; a pod must choose the pod's address on purpose, on
+    the port Prometheus is told to scrape (one process per pod: one metrics port)."""
+    args = container.get("args", [])
+    problems = []
+    if _flag(args, "--metrics-host") != "0.0.0.0":
+        problems.append("ordrec-serve: pass --metrics-host=0.0.0.0, or the scraper cannot reach /metrics")
+    port = _flag(args, "--metrics-port")
+    annotated = template.get("metadata", {}).get("annotations", {}).get("prometheus.io/port")
+    declared = {str(p["containerPort"]) for p in container.get("ports", []) if p.get("name") == "metrics"}
+    if port is None or annotated != port or declared != {port}:
+        problems.append(
+            f"ordrec-serve: --metrics-port ({port}), the prometheus.io/port annotation ({annotated}) "
+            f"and the container port named metrics ({', '.join(sorted(declared)) or 'none'}) must agree"
+        )
+    if _flag(args, "--processes") != "1":
+        problems.append("ordrec-serve: --processes=1 (a CPU quota, not a cpuset; one metrics port per pod)")
     return problems
 
 

@@ -16,6 +16,8 @@ there the other threads should run, so they release it.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from numba import njit
 
@@ -173,13 +175,30 @@ def nearest_brute_force(
     return rows, (-np.sqrt(-neg_sq)).astype(np.float32)
 
 
+def _both(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``array`` writable and read-only (as a memory-mapped artifact is)."""
+    read_only = array.view()
+    read_only.flags.writeable = False
+    return array, read_only
+
+
 def warm_up() -> None:
-    """Compile (or load from cache) the kernels for the dtypes the service uses."""
+    """Compile (or load from cache) the kernels for the arrays the service passes them.
+
+    Memory-mapped artifacts are read-only arrays, which numba types apart from
+    writable ones: each mix of the two is a kernel of its own, compiled here
+    rather than on the first request that meets it.
+    """
     for dtype in (np.float32, np.float64):
-        _top_k_kernel(np.zeros(4, dtype=dtype), 2)
-        _top_k_masked_kernel(np.zeros(4, dtype=dtype), np.zeros(4, dtype=np.bool_), 2)
-        _exclude_kernel(np.zeros(4, dtype=dtype), np.zeros(1, np.int64))
-    matrix, vector = np.zeros((2, 2), np.float32), np.zeros(2, np.float32)
-    _affine_holding_gil(matrix, vector, np.float32(0))
-    _affine_releasing_gil(matrix, vector, np.float32(0))
-    _negative_squared_distances(np.zeros((2, 2)), np.zeros(2))
+        scores = np.zeros(4, dtype=dtype)
+        _top_k_kernel(scores, 2)
+        _top_k_masked_kernel(scores, np.zeros(4, dtype=np.bool_), 2)
+        for rows in _both(np.zeros(1, np.int64)):
+            _exclude_kernel(scores, rows)
+    for matrix, vector in itertools.product(
+        _both(np.zeros((2, 2), np.float32)), _both(np.zeros(2, np.float32))
+    ):
+        _affine_holding_gil(matrix, vector, np.float32(0))
+        _affine_releasing_gil(matrix, vector, np.float32(0))
+    for coords, point in itertools.product(_both(np.zeros((2, 2))), _both(np.zeros(2))):
+        _negative_squared_distances(coords, point)

@@ -56,6 +56,8 @@ def test_the_checks_catch_what_they_claim_to(checker):
     cron["spec"]["concurrencyPolicy"] = "Allow"
     service = next(o for o in broken if o["kind"] == "Service" and o["metadata"]["name"] == "ordrec-serve")
     del service["spec"]["clusterIP"]
+    container["args"] = [a for a in container["args"] if not a.startswith("--metrics-host=")]
+    container["args"] = [a.replace("--metrics-port=9095", "--metrics-port=9096") for a in container["args"]]
     problems = "\n".join(checker.policy_problems(broken, complete=True))
     for words in (
         "readinessProbe must be a native grpc probe",
@@ -63,6 +65,8 @@ def test_the_checks_catch_what_they_claim_to(checker):
         "resources.limits.memory",
         "concurrencyPolicy: Forbid",
         "headless",
+        "pass --metrics-host=0.0.0.0",
+        "--metrics-port (9096), the prometheus.io/port annotation (9095)",
     ):
         assert words in problems
 

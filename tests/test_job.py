@@ -3,7 +3,9 @@ through the real CLI, the lock, dry runs. Data: the built-in planted sample."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 
 from ordrec.service.artifacts import Registry
 from ordrec.service.models import build_index
+from ordrec.trainer import job as job_module
 from ordrec.trainer.data.types import RatingScale
 from ordrec.trainer.job import (
     EXIT_FAILED,
@@ -22,6 +25,7 @@ from ordrec.trainer.job import (
     gate_passes,
     job_lock,
     load_job,
+    lock_failure,
     run_job,
 )
 from ordrec.trainer.sample import write_samples
@@ -333,6 +337,35 @@ def test_lock_prevents_overlapping_runs(sample, tmp_path, capsys):
     )
     assert run_job(blocked) == EXIT_FAILED  # the lock's folder cannot exist under a file
     assert "cannot take the lock" in capsys.readouterr().err
+
+
+def test_a_lock_refused_for_permissions_says_what_to_do(sample, tmp_path, capsys, monkeypatch):
+    """A registry made on the host by another user: the error names the uid, the folder and the fixes."""
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    path = write_job(tmp_path, job_text(sample, registry))
+    lock = load_job(path).lock
+
+    @contextlib.contextmanager
+    def refused(path, name):  # the tests run as root here, which no permission bit stops
+        raise PermissionError(13, "Permission denied", str(path))
+        yield
+
+    monkeypatch.setattr(job_module, "job_lock", refused)
+    assert run_job(path) == EXIT_FAILED
+    err = capsys.readouterr().err
+    owner = f"{registry.stat().st_uid}:{registry.stat().st_gid}"
+    assert f"cannot take the lock {lock}: [Errno 13] Permission denied" in err
+    assert f"runs as uid {os.getuid()} (gid {os.getgid()}), which cannot write in {registry}" in err
+    assert (
+        f"docker run --user {owner} ..." in err and f"chown -R {os.getuid()}:{os.getgid()} {registry}" in err
+    )
+    assert versions(registry) == []
+
+
+def test_other_lock_failures_keep_the_plain_message(tmp_path):
+    text = lock_failure(tmp_path / "x.lock", FileNotFoundError(2, "No such file or directory"))
+    assert text == f"cannot take the lock {tmp_path / 'x.lock'}: [Errno 2] No such file or directory"
 
 
 # --------------------------------------------------------- through the CLI

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from ordrec.service import topk
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import PointSet
 from ordrec.service.topk import affine_scores, nearest_brute_force, top_k
@@ -101,3 +102,29 @@ def test_brute_force_and_kd_tree_nearest_agree(n, dim, k, seed):
     np.testing.assert_allclose(-tree, expected, rtol=1e-5, atol=1e-6)
     assert not set(brute_rows.tolist()) & set(exclude.tolist())
     assert not set(tree_rows.tolist()) & set(exclude.tolist())
+
+
+def test_warm_up_compiles_what_read_only_artifacts_need():
+    """Memory-mapped factors are read-only arrays, a type of their own to numba: warm_up must
+    compile those kernels too, or the first request (or the server's start) compiles them."""
+    topk.warm_up()
+    kernels = (
+        topk._affine_holding_gil,
+        topk._affine_releasing_gil,
+        topk._negative_squared_distances,
+        topk._exclude_kernel,
+    )
+    compiled = [len(k.signatures) for k in kernels]
+
+    def read_only(array):
+        array.flags.writeable = False
+        return array
+
+    matrix = read_only(np.ones((3, 2), np.float32))
+    affine_scores(matrix, np.ones(2, np.float32))
+    affine_scores(matrix, read_only(np.ones(2, np.float32)))
+    affine_scores(np.ones((3, 2), np.float32), read_only(np.ones(2, np.float32)))
+    nearest_brute_force(read_only(np.ones((3, 2))), read_only(np.ones(2)), 1)
+    nearest_brute_force(read_only(np.ones((3, 2))), np.ones(2), 1)
+    top_k(np.ones(3, np.float32), 1, exclude=read_only(np.zeros(1, np.int64)))
+    assert [len(k.signatures) for k in kernels] == compiled

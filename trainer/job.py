@@ -508,6 +508,29 @@ def job_lock(path: Path, job_name: str) -> Iterator[None]:
         os.close(fd)
 
 
+def lock_failure(path: Path, exc: OSError) -> str:
+    """The error line for a lock that could not be taken; a permission error says what to do.
+
+    The usual cause is a container's user (the image's uid 10001) meeting a
+    registry folder made on the host by another user.
+    """
+    text = f"cannot take the lock {path}: {exc}"
+    if not isinstance(exc, PermissionError):
+        return text
+    folder = path.parent
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        stat = folder.stat()
+        owner = f"{stat.st_uid}:{stat.st_gid}"
+    except OSError:
+        owner = "OWNER_UID:OWNER_GID"
+    return (
+        f"{text}; this job runs as uid {uid} (gid {gid}), which cannot write in {folder} "
+        f"(owned by {owner}): run the job as the folder's owner (Docker: "
+        f"`docker run --user {owner} ...`), or let uid {uid} write there (`chown -R {uid}:{gid} {folder}`)"
+    )
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -898,7 +921,7 @@ def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | No
             log.error("job=%s %s", config.name, exc)
             return EXIT_FAILED
         except OSError as exc:  # models catch their own errors: this is the lock file itself
-            log.error("job=%s cannot take the lock %s: %s", config.name, config.lock, exc)
+            log.error("job=%s %s", config.name, lock_failure(config.lock, exc))
             return EXIT_FAILED
         except (Terminated, KeyboardInterrupt) as exc:
             what = "SIGTERM" if isinstance(exc, Terminated) else "an interrupt"
