@@ -402,3 +402,28 @@ def test_isotonic_start_keeps_the_start_and_converges_sooner_than_rank_dispariti
     assert fits["isotonic"].converged_
     assert fits["isotonic"].n_iter_ < fits["ranks"].n_iter_, {s: f.n_iter_ for s, f in fits.items()}
     assert oa["isotonic"] >= oa["ranks"] - 0.005, oa
+
+
+@pytest.mark.parametrize(
+    ("param", "expected"),
+    [([], {"knnscal", "knnscal-poster-start"}), (["initial_disparities=ranks"], {"knnscal"})],
+)
+def test_the_protocol_shows_the_posters_start_next_to_the_default(param, expected):
+    import argparse
+
+    from ordrec.trainer.reproduce import knnscal as protocol
+
+    args = argparse.Namespace(
+        digits=False,
+        sklearn="iris",
+        k=5,
+        dim=2,
+        seed=0,
+        data=None,
+        runs=1,
+        quiet=True,
+        references="",
+        param=param + ["max_iter=5"],
+    )
+    rows = protocol.run(args)
+    assert {row.method for row in rows} == expected
