@@ -242,17 +242,20 @@ def _incoming_terms(delta, rnk, q, edge_weight, in_entry):
 
 
 @njit(cache=True, inline="always")
-def _accumulate(X, i, j, w, dl, acc):
-    """acc += w (delta/d - 1)(X_i - X_j) for one entry touching i."""
+def _accumulate(X, i, Y, j, w, dl, acc):
+    """acc += w (delta/d - 1)(X_i - Y_j), d = ||X_i - Y_j||, for one entry touching i.
+
+    ``Y`` is X itself, or (across blocks of a parallel sweep) X as the sweep found it.
+    """
     dim = X.shape[1]
     s = 0.0
     for c in range(dim):
-        diff = X[i, c] - X[j, c]
+        diff = X[i, c] - Y[j, c]
         s += diff * diff
     d = np.sqrt(s)
     ratio = dl / d if d > _EPS else 0.0
     for c in range(dim):
-        acc[c] += w * (ratio - 1.0) * (X[i, c] - X[j, c])
+        acc[c] += w * (ratio - 1.0) * (X[i, c] - Y[j, c])
 
 
 @njit(cache=True)
@@ -270,10 +273,10 @@ def _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, i
     gamma = 0.0
     for e in range(indptr[i], indptr[i + 1]):
         w = edge_weight if rnk[e] < q else 1.0
-        _accumulate(X, i, col[e], w, delta[e], acc)
+        _accumulate(X, i, X, col[e], w, delta[e], acc)
         gamma += w
     for p in range(in_ptr[i], in_ptr[i + 1]):
-        _accumulate(X, i, in_src[p], in_w[p], in_delta[p], acc)
+        _accumulate(X, i, X, in_src[p], in_w[p], in_delta[p], acc)
         gamma += in_w[p]
     return gamma
 
@@ -300,24 +303,10 @@ def _accumulate_split(X, X_old, i, j, w, dl, lo, hi, acc):
     blocks that move at the same time.
     """
     if lo <= j < hi:
-        _accumulate(X, i, j, w, dl, acc)
+        _accumulate(X, i, X, j, w, dl, acc)
         return w
-    _accumulate_between(X, X_old, i, j, w, dl, acc)
+    _accumulate(X, i, X_old, j, w, dl, acc)  # X_i has not moved yet in this sweep
     return 2.0 * w
-
-
-@njit(cache=True, inline="always")
-def _accumulate_between(X, X_old, i, j, w, dl, acc):
-    """acc += w (delta/d - 1)(X_i - X_old_j), d = ||X_i - X_old_j|| (X_i has not moved yet)."""
-    dim = X.shape[1]
-    s = 0.0
-    for c in range(dim):
-        diff = X[i, c] - X_old[j, c]
-        s += diff * diff
-    d = np.sqrt(s)
-    ratio = dl / d if d > _EPS else 0.0
-    for c in range(dim):
-        acc[c] += w * (ratio - 1.0) * (X[i, c] - X_old[j, c])
 
 
 @njit(cache=True, parallel=True)
