@@ -66,7 +66,14 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
   ring in arbitrary order (order agreement fell while the stress fell). A
   minimum gap between consecutive ranks fixes that; with ``rank_gap = 0`` the
   algorithm is the poster's;
-- ``edge_weight``: the general weights of sigma_a; 1 (the poster's 0/1) by default.
+- ``edge_weight``: the general weights of sigma_a; 1 (the poster's 0/1) by default;
+- ``initial_disparities="isotonic"``: the loop starts from the isotonic fit of
+  the start's distances, not from Delta = min(r_ij, q) (poster, step 2),
+  which asks the k-th neighbour to sit almost as far as a non-edge and so
+  undoes the start's local order before rebuilding it slowly;
+- ``block_size``: the Gauss-Seidel sweep runs on contiguous vertex blocks in
+  parallel with a split majorizer between blocks (still monotone; see
+  ``knnscal_kernels.majorize_blocks``).
 """
 
 from __future__ import annotations
@@ -498,7 +505,7 @@ class KnnScal(Estimator):
         self.perm_ = K.row_positions(self.plus_indptr_)
         timings["reorder_s"] = time.perf_counter() - t0
 
-        # Step 2: Delta = min(r_ij, q) on E+, normalised; or the isotonic fit of the start.
+        # Step 2: the isotonic fit of the start (default), or the poster's Delta = min(r_ij, q); normalised.
         if self.initial_disparities == "ranks":
             delta = self._normalise(self.plus_rnk_.astype(np.float64))
         else:
