@@ -343,3 +343,87 @@ def test_the_protocol_reports_recall_at_10_whatever_k_is():
     # Lists shorter than 10 without features: no recall@10 to report.
     no_features = protocol.map_metrics(protocol.Problem(graph, "lists", 4), index)
     assert "recall@10" not in no_features
+
+
+# ------------------------------------------------------------- parallel sweeps
+@pytest.mark.parametrize("n_blocks", [2, 5])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_block_sweeps_never_increase_stress(n_blocks, seed):
+    # Blocks move at the same time, each reading the others' rows as the sweep
+    # found them: the split majorizer must still make every sweep monotone.
+    q, ptr, pcol, prnk, in_ptr, in_src, in_entry = random_graph(n=60, k=5, seed=seed)
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((60, 2))
+    delta = rng.uniform(0.1, 3.0, size=pcol.size)
+    before = K.stress(X, ptr, pcol, prnk, q, W, delta)
+    for _ in range(30):
+        K.majorize_blocks(X, ptr, pcol, prnk, q, W, delta, in_ptr, in_src, in_entry, 1, n_blocks)
+        after = K.stress(X, ptr, pcol, prnk, q, W, delta)
+        assert after <= before * (1 + 1e-12)
+        before = after
+
+
+def test_one_block_is_gauss_seidel_and_blocks_read_the_sweep_start():
+    q, ptr, pcol, prnk, in_ptr, in_src, in_entry = random_graph(n=30, k=4, seed=6)
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((30, 2))
+    delta = rng.uniform(0.5, 2.0, size=pcol.size)
+    args = (ptr, pcol, prnk, q, W, delta, in_ptr, in_src, in_entry, 1)
+    # As many blocks as vertices: every entry crosses blocks, so one sweep is
+    # the simultaneous step -gradient / (2 gamma): the poster's Jacobi step.
+    jacobi = K.majorize_jacobi(X.copy(), *args)
+    every_vertex = X.copy()
+    K.majorize_blocks(every_vertex, *args, 30)
+    np.testing.assert_allclose(every_vertex, jacobi, atol=1e-12)
+    one_block, seidel = X.copy(), X.copy()
+    K.majorize_blocks(one_block, *args, 1)
+    K.majorize_gauss_seidel(seidel, *args)
+    np.testing.assert_array_equal(one_block, seidel)
+    assert np.abs(one_block - jacobi).max() > 1e-3
+
+
+def test_blocked_fit_matches_the_sequential_fit():
+    _, graph = planted(400, 2, 8, seed=9)
+    fits = [KnnScal(random_state=0, max_iter=60, block_size=b).fit(graph) for b in (400, 100)]
+    oa = [order_agreement(f.coordinates_, f) for f in fits]
+    assert abs(oa[0] - oa[1]) < 0.01, oa
+
+
+def test_isotonic_start_keeps_the_start_and_converges_sooner_than_rank_disparities():
+    # Rank disparities put the k-th neighbour at k/q of the non-edges'
+    # distance, which undoes the start's local structure (order agreement
+    # first falls, then climbs back slowly).
+    _, graph = planted(300, 2, 10, seed=10)
+    fits = {
+        start: KnnScal(random_state=0, initial_disparities=start, tol=1e-3, max_iter=400).fit(graph)
+        for start in ("isotonic", "ranks")
+    }
+    oa = {start: order_agreement(f.coordinates_, f) for start, f in fits.items()}
+    assert fits["isotonic"].converged_
+    assert fits["isotonic"].n_iter_ < fits["ranks"].n_iter_, {s: f.n_iter_ for s, f in fits.items()}
+    assert oa["isotonic"] >= oa["ranks"] - 0.005, oa
+
+
+@pytest.mark.parametrize(
+    ("param", "expected"),
+    [([], {"knnscal", "knnscal-poster-start"}), (["initial_disparities=ranks"], {"knnscal"})],
+)
+def test_the_protocol_shows_the_posters_start_next_to_the_default(param, expected):
+    import argparse
+
+    from ordrec.trainer.reproduce import knnscal as protocol
+
+    args = argparse.Namespace(
+        digits=False,
+        sklearn="iris",
+        k=5,
+        dim=2,
+        seed=0,
+        data=None,
+        runs=1,
+        quiet=True,
+        references="",
+        param=param + ["max_iter=5"],
+    )
+    rows = protocol.run(args)
+    assert {row.method for row in rows} == expected

@@ -66,7 +66,14 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
   ring in arbitrary order (order agreement fell while the stress fell). A
   minimum gap between consecutive ranks fixes that; with ``rank_gap = 0`` the
   algorithm is the poster's;
-- ``edge_weight``: the general weights of sigma_a; 1 (the poster's 0/1) by default.
+- ``edge_weight``: the general weights of sigma_a; 1 (the poster's 0/1) by default;
+- ``initial_disparities="isotonic"``: the loop starts from the isotonic fit of
+  the start's distances, not from Delta = min(r_ij, q) (poster, step 2),
+  which asks the k-th neighbour to sit almost as far as a non-edge and so
+  undoes the start's local order before rebuilding it slowly;
+- ``block_size``: the Gauss-Seidel sweep runs on contiguous vertex blocks in
+  parallel with a split majorizer between blocks (still monotone; see
+  ``knnscal_kernels.majorize_blocks``).
 """
 
 from __future__ import annotations
@@ -273,9 +280,13 @@ class KnnScal(Estimator):
     init : {"auto", "cmds", "landmark", "random"}
         Initial configuration from Delta_sym geodesics; "auto" is classical
         MDS up to ``cmds_max_n`` vertices and landmark MDS above.
-    initial_disparities : {"ranks", "isotonic"}
-        "ranks": Delta = min(r_ij, q) as in the poster; "isotonic": start
-        from the isotonic fit of the initial configuration's distances.
+    initial_disparities : {"isotonic", "ranks"}
+        "isotonic" (default): start from the isotonic fit of the initial
+        configuration's distances; "ranks": Delta = min(r_ij, q) as in the
+        poster (step 2). Rank disparities put a source's last neighbour at
+        k/q of its non-edges' distance, so the first sweeps undo the local
+        structure of the start and the fit needs several times more
+        iterations to a lower order agreement (``docs/knnscal.md``).
     n_landmarks, cmds_max_n : int
         Landmark MDS size, and the largest n for dense classical MDS.
     n_neighbors : int
@@ -288,6 +299,12 @@ class KnnScal(Estimator):
         rows of X: the sweeps then read X from cache instead of from random
         memory. It changes the Gauss-Seidel visiting order, hence the exact
         iterates, not the method.
+    block_size : int
+        Vertices per block of the parallel Gauss-Seidel sweep: the (Morton
+        ordered) vertices are cut into ceil(n / block_size) contiguous blocks
+        swept at the same time, each reading the others as the sweep found
+        them (still monotone, see ``knnscal_kernels.majorize_blocks``). One
+        block below ``block_size`` vertices: plain Gauss-Seidel.
     random_state : int, default 0
         Seeds the non-edge sample and the landmarks / random start.
     verbose : bool, default False
@@ -313,6 +330,7 @@ class KnnScal(Estimator):
         "hop2_fraction": [Interval(Real, 0, 1)],
         "n_neighbors": [Interval(Integral, 1, None)],
         "reorder": [Options(str, {"morton", "none"})],
+        "block_size": [Interval(Integral, 1, None)],
         "random_state": [Interval(Integral, 0, None)],
         "verbose": ["boolean"],
     }
@@ -327,7 +345,7 @@ class KnnScal(Estimator):
         tol: float = 1e-4,
         update: str = "gauss-seidel",
         init: str = "auto",
-        initial_disparities: str = "ranks",
+        initial_disparities: str = "isotonic",
         n_landmarks: int = 32,
         cmds_max_n: int = 500,
         edge_weight: float = 1.0,
@@ -335,6 +353,7 @@ class KnnScal(Estimator):
         hop2_fraction: float = 1.0,
         n_neighbors: int = 10,
         reorder: str = "morton",
+        block_size: int = 50_000,
         random_state: int = 0,
         verbose: bool = False,
     ):
@@ -353,6 +372,7 @@ class KnnScal(Estimator):
         self.hop2_fraction = hop2_fraction
         self.n_neighbors = n_neighbors
         self.reorder = reorder
+        self.block_size = block_size
         self.random_state = random_state
         self.verbose = verbose
 
@@ -422,8 +442,12 @@ class KnnScal(Estimator):
         )
         if self.update == "jacobi":
             return K.majorize_jacobi(X, *args, sweeps)
-        K.majorize_gauss_seidel(X, *args, sweeps)
+        K.majorize_blocks(X, *args, sweeps, self._n_blocks(X.shape[0]))
         return X
+
+    def _n_blocks(self, n: int) -> int:
+        """Parallel Gauss-Seidel blocks: one per ``block_size`` vertices (fixed by n, not by the threads)."""
+        return max(1, -(-n // int(self.block_size)))
 
     def _isotonic(self, X: np.ndarray, delta: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
         if d is None:
@@ -481,7 +505,7 @@ class KnnScal(Estimator):
         self.perm_ = K.row_positions(self.plus_indptr_)
         timings["reorder_s"] = time.perf_counter() - t0
 
-        # Step 2: Delta = min(r_ij, q) on E+, normalised; or the isotonic fit of the start.
+        # Step 2: the isotonic fit of the start (default), or the poster's Delta = min(r_ij, q); normalised.
         if self.initial_disparities == "ranks":
             delta = self._normalise(self.plus_rnk_.astype(np.float64))
         else:

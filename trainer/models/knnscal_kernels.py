@@ -14,9 +14,11 @@ objects, so the kernels compile once (``cache=True``) and run at C speed.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 _EPS = 1e-12
+# Row chunks of the parallel per-source fit: enough for any thread count, few enough to keep buffers cheap.
+_ROW_CHUNKS = 256
 
 
 # ---------------------------------------------------------------- E+ set-up
@@ -145,12 +147,12 @@ def incoming(indptr, col, n):
 
 
 # ------------------------------------------------------------ distances, stress
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def entry_distances(X, indptr, col):
-    """d_ij(X) for every entry of E+."""
+    """d_ij(X) for every entry of E+ (rows in parallel: each writes only its own entries)."""
     n, dim = X.shape
     d = np.empty(col.shape[0], dtype=np.float64)
-    for i in range(n):
+    for i in prange(n):
         for e in range(indptr[i], indptr[i + 1]):
             j = col[e]
             s = 0.0
@@ -220,7 +222,7 @@ def stress_gradient(X, indptr, col, rnk, q, edge_weight, delta):
 
 
 # ---------------------------------------------------------------- majorization
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def _incoming_terms(delta, rnk, q, edge_weight, in_entry):
     """delta_e and w_e of every incoming entry, in incoming order.
 
@@ -232,7 +234,7 @@ def _incoming_terms(delta, rnk, q, edge_weight, in_entry):
     m = in_entry.shape[0]
     in_delta = np.empty(m, dtype=np.float64)
     in_w = np.empty(m, dtype=np.float64)
-    for p in range(m):
+    for p in prange(m):
         e = in_entry[p]
         in_delta[p] = delta[e]
         in_w[p] = edge_weight if rnk[e] < q else 1.0
@@ -240,17 +242,20 @@ def _incoming_terms(delta, rnk, q, edge_weight, in_entry):
 
 
 @njit(cache=True, inline="always")
-def _accumulate(X, i, j, w, dl, acc):
-    """acc += w (delta/d - 1)(X_i - X_j) for one entry touching i."""
+def _accumulate(X, i, Y, j, w, dl, acc):
+    """acc += w (delta/d - 1)(X_i - Y_j), d = ||X_i - Y_j||, for one entry touching i.
+
+    ``Y`` is X itself, or (across blocks of a parallel sweep) X as the sweep found it.
+    """
     dim = X.shape[1]
     s = 0.0
     for c in range(dim):
-        diff = X[i, c] - X[j, c]
+        diff = X[i, c] - Y[j, c]
         s += diff * diff
     d = np.sqrt(s)
     ratio = dl / d if d > _EPS else 0.0
     for c in range(dim):
-        acc[c] += w * (ratio - 1.0) * (X[i, c] - X[j, c])
+        acc[c] += w * (ratio - 1.0) * (X[i, c] - Y[j, c])
 
 
 @njit(cache=True)
@@ -268,10 +273,10 @@ def _point_step(X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, i
     gamma = 0.0
     for e in range(indptr[i], indptr[i + 1]):
         w = edge_weight if rnk[e] < q else 1.0
-        _accumulate(X, i, col[e], w, delta[e], acc)
+        _accumulate(X, i, X, col[e], w, delta[e], acc)
         gamma += w
     for p in range(in_ptr[i], in_ptr[i + 1]):
-        _accumulate(X, i, in_src[p], in_w[p], in_delta[p], acc)
+        _accumulate(X, i, X, in_src[p], in_w[p], in_delta[p], acc)
         gamma += in_w[p]
     return gamma
 
@@ -285,17 +290,57 @@ def majorize_gauss_seidel(X, indptr, col, rnk, q, edge_weight, delta, in_ptr, in
     whose minimiser is X_i <- Y_i + (1/gamma_i) sum_e (delta_e/d_e - 1)(Y_i - X_j).
     Each vertex move therefore never increases the stress, and neither does a sweep.
     """
+    majorize_blocks(X, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_entry, sweeps, 1)
+
+
+@njit(cache=True, inline="always")
+def _accumulate_split(X, X_old, i, j, w, dl, lo, hi, acc):
+    """One entry's term of a block sweep; returns its curvature.
+
+    Within the block [lo, hi): the Gauss-Seidel term (current X_j, curvature w).
+    Across blocks: X_j as the sweep found it, curvature 2 w, since
+    ||a - b||^2 <= 2 ||a||^2 + 2 ||b||^2 makes the majorizer separable between
+    blocks that move at the same time.
+    """
+    if lo <= j < hi:
+        _accumulate(X, i, X, j, w, dl, acc)
+        return w
+    _accumulate(X, i, X_old, j, w, dl, acc)  # X_i has not moved yet in this sweep
+    return 2.0 * w
+
+
+@njit(cache=True, parallel=True)
+def majorize_blocks(X, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_entry, sweeps, n_blocks):
+    """Gauss-Seidel within ``n_blocks`` contiguous vertex blocks, the blocks in parallel.
+
+    Each block sweeps its vertices in order, reading its own rows as they move
+    and the other blocks' rows as they were at the start of the sweep. Between
+    blocks every entry's majorizer is split (curvature 2 w, see
+    :func:`_accumulate_split`), so the sum of the block majorizers is a
+    majorizer of sigma_a that the blocks minimise independently: every sweep
+    is still monotone. The result depends on ``n_blocks``, not on the threads.
+    With one block this is plain Gauss-Seidel.
+    """
     n, dim = X.shape
-    acc = np.empty(dim, dtype=np.float64)
     in_delta, in_w = _incoming_terms(delta, rnk, q, edge_weight, in_entry)
     for _ in range(sweeps):
-        for i in range(n):
-            gamma = _point_step(
-                X, i, indptr, col, rnk, q, edge_weight, delta, in_ptr, in_src, in_delta, in_w, acc
-            )
-            if gamma > 0:
+        X_old = X.copy() if n_blocks > 1 else X
+        for b in prange(n_blocks):
+            lo = b * n // n_blocks
+            hi = (b + 1) * n // n_blocks
+            acc = np.empty(dim, dtype=np.float64)
+            for i in range(lo, hi):
                 for c in range(dim):
-                    X[i, c] += acc[c] / gamma
+                    acc[c] = 0.0
+                gamma = 0.0
+                for e in range(indptr[i], indptr[i + 1]):
+                    w = edge_weight if rnk[e] < q else 1.0
+                    gamma += _accumulate_split(X, X_old, i, col[e], w, delta[e], lo, hi, acc)
+                for p in range(in_ptr[i], in_ptr[i + 1]):
+                    gamma += _accumulate_split(X, X_old, i, in_src[p], in_w[p], in_delta[p], lo, hi, acc)
+                if gamma > 0:
+                    for c in range(dim):
+                        X[i, c] += acc[c] / gamma
 
 
 @njit(cache=True)
@@ -436,7 +481,7 @@ def row_positions(indptr):
     return perm
 
 
-@njit(cache=True)
+@njit(cache=True, parallel=True)
 def isotonic_rows(indptr, rnk, q, edge_weight, gap, d, delta, perm):
     """Per source: delta <- the monotone (in rank) least-squares fit of d (step 4b).
 
@@ -459,44 +504,54 @@ def isotonic_rows(indptr, rnk, q, edge_weight, gap, d, delta, perm):
     maxlen = 0
     for i in range(n):
         maxlen = max(maxlen, indptr[i + 1] - indptr[i])
-    order = np.empty(maxlen, dtype=np.int64)
-    y = np.empty(maxlen, dtype=np.float64)
-    w = np.empty(maxlen, dtype=np.float64)
-    shift = np.empty(maxlen, dtype=np.float64)
-    for i in range(n):
-        a, b = indptr[i], indptr[i + 1]
-        m = b - a
+    # Rows are independent: chunks of them run in parallel, each with its own buffers.
+    n_chunks = min(n, _ROW_CHUNKS)
+    for chunk in prange(n_chunks):
+        order = np.empty(maxlen, dtype=np.int64)
+        y = np.empty(maxlen, dtype=np.float64)
+        w = np.empty(maxlen, dtype=np.float64)
+        shift = np.empty(maxlen, dtype=np.float64)
+        for i in range(chunk * n // n_chunks, (chunk + 1) * n // n_chunks):
+            _isotonic_row(
+                indptr[i], indptr[i + 1], rnk, q, edge_weight, gap, d, delta, perm, order, y, w, shift
+            )
+
+
+@njit(cache=True)
+def _isotonic_row(a, b, rnk, q, edge_weight, gap, d, delta, perm, order, y, w, shift):
+    """The monotone fit of one source's entries ``a:b`` (see :func:`isotonic_rows`)."""
+    m = b - a
+    for t in range(m):
+        order[t] = a + perm[a + t]
+    g = 0
+    while g < m:
+        h = g + 1
+        while h < m and rnk[a + h] == rnk[a + g]:
+            h += 1
+        if h - g > 1:
+            _sort_small(d, order[g:h])
+        g = h
+    eps = 0.0
+    if gap > 0.0:
+        ne = 0
+        dsum = 0.0
         for t in range(m):
-            order[t] = a + perm[a + t]
-        g = 0
-        while g < m:
-            h = g + 1
-            while h < m and rnk[a + h] == rnk[a + g]:
-                h += 1
-            if h - g > 1:
-                _sort_small(d, order[g:h])
-            g = h
-        eps = 0.0
-        if gap > 0.0:
-            ne = 0
-            dsum = 0.0
-            for t in range(m):
-                if rnk[a + t] < q:
-                    ne += 1
-                    dsum += d[a + t]
-            if ne > 0:
-                eps = gap * dsum / ne / ne
-        cum = 0.0
-        for t in range(m):
-            if t > 0 and rnk[a + t] != rnk[a + t - 1]:
-                cum += eps
-            shift[t] = cum
-            y[t] = d[order[t]] - cum
-            w[t] = edge_weight if rnk[a + t] < q else 1.0
-        fit = pav(y[:m], w[:m])
-        for t in range(m):
-            delta[order[t]] = fit[t] + shift[t]
-            perm[a + t] = order[t] - a
+            if rnk[a + t] < q:
+                ne += 1
+                dsum += d[a + t]
+        if ne > 0:
+            eps = gap * dsum / ne / ne
+    cum = 0.0
+    for t in range(m):
+        if t > 0 and rnk[a + t] != rnk[a + t - 1]:
+            cum += eps
+        shift[t] = cum
+        y[t] = d[order[t]] - cum
+        w[t] = edge_weight if rnk[a + t] < q else 1.0
+    fit = pav(y[:m], w[:m])
+    for t in range(m):
+        delta[order[t]] = fit[t] + shift[t]
+        perm[a + t] = order[t] - a
 
 
 # ------------------------------------------------------------------ measures
