@@ -121,11 +121,15 @@ def test_new_users_reach_the_next_version_and_the_checkpoint_advances(aof_redis,
         recorder = Recorder(stub)
         for n in range(5):
             recorder.record(f"new-{n}", {"i001": 5.0, f"i{n + 10:03d}": 4.0, "item-never-trained": 1.0})
+        # before any training: folded in from the recorded ratings, not the popularity list
+        (folded,) = stub.Recommend(pb.RecommendRequest(user_ids=["new-0"], n=5), timeout=5).results
+        assert folded.folded_in and len(folded.items) == 5
+        assert {s.id for s in folded.items}.isdisjoint({"i001", "i010", "item-never-trained"})
         assert run_job(job) == 0
         wait_for(lambda: live_version(stub) != first, timeout=30, what="the new version to load")
         reply = stub.Recommend(pb.RecommendRequest(user_ids=["new-0"], n=5), timeout=5)
         (result,) = reply.results
-        assert result.fallback == pb.FALLBACK_NONE  # a known user now, not the popularity list
+        assert result.fallback == pb.FALLBACK_NONE and not result.folded_in  # a known user now
         assert {s.id for s in result.items}.isdisjoint({"i001", "i010", "item-never-trained"})
     assert_trained_exactly(registry, sample_dir, recorder.expected, client)
 
