@@ -137,7 +137,9 @@ def test_new_users_reach_the_next_version_and_the_checkpoint_advances(aof_redis,
 def test_killing_redis_and_the_job_loses_nothing_and_counts_nothing_twice(aof_redis, sample_dir, tmp_path):
     rng = random.Random(SEED)
     job = job_file(tmp_path, sample_dir, aof_redis.url)
+    started = time.monotonic()
     assert run_job(job) == 0
+    job_seconds = time.monotonic() - started  # kill moments scale with this machine's speed
     registry = Registry(tmp_path / "registry")
     client = redis.Redis.from_url(aof_redis.url, decode_responses=True)
     kills = {"redis": 0, "job": 0}
@@ -161,7 +163,7 @@ def test_killing_redis_and_the_job_loses_nothing_and_counts_nothing_twice(aof_re
                     recorder.record(user, {item: float(rng.randint(1, 5))})
                 recorder.record(f"r{round_}-user{n}", ratings)
             killer.join()
-            interrupt_a_job(job, aof_redis, rng, kills)
+            interrupt_a_job(job, aof_redis, rng, kills, job_seconds, kill_the_job=round_ == 0)
     assert kills["job"] >= 1 and kills["redis"] >= ROUNDS
     for _ in range(3):  # Redis may still be coming back
         if run_job(job) == 0:
@@ -179,15 +181,18 @@ def restart_redis(server: RedisServer, kills: dict) -> None:
     server.start()
 
 
-def interrupt_a_job(job: Path, server: RedisServer, rng: random.Random, kills: dict) -> None:
-    """Run the job and, at a random moment, SIGKILL it or kill Redis under it; or let it finish."""
+def interrupt_a_job(
+    job: Path, server: RedisServer, rng: random.Random, kills: dict, seconds: float, kill_the_job: bool
+) -> None:
+    """Run the job and, at a random moment of a run that takes about ``seconds``, SIGKILL it or kill
+    Redis under it, or let it finish; ``kill_the_job`` kills it within the first half of its run."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "ordrec.trainer", "run", str(job)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    time.sleep(rng.uniform(0.0, 4.0))
-    what = rng.choice(["job", "job", "redis", "none"])
+    time.sleep(rng.uniform(0.0, seconds * (0.5 if kill_the_job else 1.0)))
+    what = "job" if kill_the_job else rng.choice(["job", "job", "redis", "none"])
     if what == "job" and proc.poll() is None:
         proc.kill()
         kills["job"] += 1
