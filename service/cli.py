@@ -39,6 +39,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = _DEFAULTS
     p = argparse.ArgumentParser(
@@ -105,18 +112,21 @@ def build_parser() -> argparse.ArgumentParser:
         " training job must run before this many new interactions arrive",
     )
     online = p.add_argument_group("online evaluation, with --redis (docs/service.md)")
-    online.add_argument(
-        "--online-sample-rate",
-        type=float,
-        default=d.online_sample_rate,
-        help="share of Recommend answers sampled (0: off)",
-    )
-    online.add_argument(
-        "--online-window",
-        type=int,
-        default=d.online_window,
-        help="seconds in which an interaction with a sampled answer's item is a hit",
-    )
+    for flag, kind, default, text in (
+        (
+            "--online-sample-rate",
+            _fraction,
+            d.online_sample_rate,
+            "share of Recommend answers sampled (0: off)",
+        ),
+        (
+            "--online-window",
+            _positive_int,
+            d.online_window,
+            "seconds in which a served item's interaction is a hit",
+        ),
+    ):
+        online.add_argument(flag, type=kind, default=default, help=text)
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")

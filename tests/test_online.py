@@ -161,3 +161,19 @@ def test_without_redis_the_online_evaluation_is_off(sample_registry):
         stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=10)
         assert _metric(server, "ordrec_recommend_users_total") == 1
         assert _metric(server, "ordrec_online_served_total") == 0
+
+
+@pytest.mark.parametrize(
+    "flag, value, error",
+    [
+        ("--online-sample-rate", "1.5", "must be between 0 and 1"),
+        ("--online-sample-rate", "-0.1", "must be between 0 and 1"),
+        ("--online-window", "0", "must be at least 1"),
+    ],
+)
+def test_the_server_refuses_online_settings_out_of_range(flag, value, error, capsys):
+    from ordrec.service.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--registry", "r", flag, value])
+    assert exit_.value.code == 2 and error in capsys.readouterr().err
