@@ -46,7 +46,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from bench_service import loadtest  # noqa: E402
-from catalog_data import catalog_artifact  # noqa: E402
+from catalog_data import catalog_artifact, folded_queries  # noqa: E402
 
 from ordrec.service import ann  # noqa: E402
 from ordrec.service.artifacts import Registry, SearchIndex  # noqa: E402
@@ -61,9 +61,11 @@ TARGETS = (
 
 
 # ------------------------------------------------------------------ serving
-def timed_index(item_factors: np.ndarray, params: dict) -> tuple[SearchIndex, list[float]]:
-    """The item index entry, recording how long its build takes when published."""
-    entry = ann.item_index(item_factors, params)
+def timed_index(
+    item_factors: np.ndarray, params: dict, queries: ann.Queries
+) -> tuple[SearchIndex, list[float]]:
+    """The item index entry, recording how long its build (and calibration) takes when published."""
+    entry = ann.item_index(item_factors, params, queries)
     took: list[float] = []
 
     def write(path: Path) -> None:
@@ -74,7 +76,22 @@ def timed_index(item_factors: np.ndarray, params: dict) -> tuple[SearchIndex, li
     return SearchIndex(entry.library, entry.params, write=write), took
 
 
-def publish_pair(root: Path, n_items: int, n_users: int, params: dict) -> tuple[Registry, Registry, float]:
+def calibration_queries(artifact, avoid: np.ndarray) -> ann.Queries:
+    """Folded factors and training items of 200 users outside the measured ones, as the
+    trainer calibrates on its own users."""
+    n_users = len(artifact.ids["users"])
+    pool = np.setdiff1d(np.arange(n_users), avoid)
+    users = np.sort(
+        np.random.default_rng(2).choice(pool, min(len(pool), ann.CALIBRATION_QUERIES), replace=False)
+    )
+    indptr, indices = artifact.arrays["seen_indptr"], artifact.arrays["seen_indices"]
+    seen = [indices[indptr[u] : indptr[u + 1]].astype(np.int64) for u in users]
+    return ann.Queries(folded_queries(artifact.arrays["user_factors"][users]), seen)
+
+
+def publish_pair(
+    root: Path, n_items: int, n_users: int, params: dict, measured: np.ndarray
+) -> tuple[Registry, Registry, float]:
     """Registries "exact" and "ann" holding the same factors, without and with the index."""
     artifact = catalog_artifact(n_items, n_users)
     exact, approx = (
@@ -83,7 +100,8 @@ def publish_pair(root: Path, n_items: int, n_users: int, params: dict) -> tuple[
     )
     exact.publish("catalog", artifact)
     artifact.indexes = {}
-    entry, took = timed_index(artifact.arrays["item_factors"], params)
+    queries = calibration_queries(artifact, measured)
+    entry, took = timed_index(artifact.arrays["item_factors"], params, queries)
     artifact.indexes = {"items": entry}
     approx.publish("catalog", artifact)
     return exact, approx, took[0]
@@ -233,10 +251,22 @@ def over_grpc(registry: Registry, args, with_reload: bool) -> dict:
             busiest=max(fixed.get("process_shares") or [float("nan")]),
         )
         out["pss_mb"], out["rss_mb"] = server_memory_mb(server.proc.pid)
+        ask_distinct_users(server, args.distinct_users)
+        out["pss_distinct_mb"], _ = server_memory_mb(server.proc.pid)
         if with_reload:
             out.update(reload(server, registry, args, flag))
             out["pss_after_reload_mb"], _ = server_memory_mb(server.proc.pid)
     return out
+
+
+def ask_distinct_users(server: ServerProcess, count: int) -> None:
+    """Top-10 for ``count`` different users (100 a call): the h2load runs repeat one user, so
+    memory measured after them would miss the rows that other users' answers touch."""
+    from ordrec.client import Client
+
+    with Client(server.target, timeout=60) as client:
+        for start in range(0, count, 100):
+            client.recommend([f"u{u}" for u in range(start, start + 100)], model="catalog", n=10)
 
 
 def describe_errors(*runs: dict) -> str:
@@ -280,19 +310,26 @@ def reload(server: ServerProcess, registry: Registry, args, flag: list[str]) -> 
 
 def bench_size(n_items: int, args) -> None:
     n_users = min(n_items, args.users)
-    params = {"M": args.M, "ef_construction": args.ef_construction, "ef_search": args.ef_search}
+    params = ann.build_params(
+        {
+            "M": args.M,
+            "ef_construction": args.ef_construction,
+            "ef_search": args.ef_search if args.ef_search == "auto" else int(args.ef_search),
+            "storage": args.storage,
+        }
+    )
     item_mb = n_items * 200 * 4 / 2**20
     root = Path(tempfile.mkdtemp(prefix="ordrec-catalog-", dir=args.tmp))
+    users = np.random.default_rng(1).integers(0, n_users, args.calls)
     try:
         start = time.perf_counter()
-        exact_reg, ann_reg, build_s = publish_pair(root, n_items, n_users, params)
+        exact_reg, ann_reg, build_s = publish_pair(root, n_items, n_users, params, users)
         print(
             f"# {n_items:,} items x 200 dims ({item_mb:.0f} MB of item factors), {n_users:,} users, "
             f"20 training items each; published in {time.perf_counter() - start:.0f} s; "
-            f"loadavg {os.getloadavg()[0]:.2f}",
+            f"index {ann_reg.load('catalog').indexes['items'].params}; loadavg {os.getloadavg()[0]:.2f}",
             flush=True,
         )
-        users = np.random.default_rng(1).integers(0, n_users, args.calls)
         warm_up()  # compile or load the numba kernels before any row is timed
         exact = in_process(exact_reg, users, args.calls)
         approx = in_process(ann_reg, users, args.calls)
@@ -301,7 +338,9 @@ def bench_size(n_items: int, args) -> None:
             # the same loaded graph searched wider or narrower than the published ef_search
             approx["index"].ann.ef_search = ef
             rows[f"  same index, ef_search={ef}"] = in_process_on(approx["index"], users, args.calls)
-        print("| search | build s | load s | recall@10 | p50 ms | p99 ms | p50 ms, no exclusions |")
+        print(
+            "| search | build (+ calibration) s | load s | recall@10 | p50 ms | p99 ms | p50 ms, no exclusions |"
+        )
         print("|---|---:|---:|---:|---:|---:|---:|")
         for name, r in rows.items():
             built = f"{build_s:.1f}" if r is approx else "-"
@@ -329,9 +368,10 @@ def bench_size(n_items: int, args) -> None:
         print(
             f"| search (gRPC, 2 processes, {args.connections} connections) | saturated QPS | p99 ms there "
             "| offered QPS | p50 / p99 ms there | busiest process's share there "
-            "| errors | server PSS MB (x item bytes) | RSS MB | reload s | errors in reload | p99 ms in reload |"
+            f"| errors | server PSS MB (x item bytes) | PSS MB after {args.distinct_users:,} distinct users "
+            "| RSS MB | reload s | errors in reload | p99 ms in reload |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, reg in (("exact", exact_reg), ("index", ann_reg)):
             g = over_grpc(reg, args, with_reload=name == "index" and not args.skip_reload)
             tail = (
@@ -342,7 +382,8 @@ def bench_size(n_items: int, args) -> None:
             print(
                 f"| {name} | {g['qps']:.0f} | {g['sat_p99']:.2f} | {g['rate']:.0f} | "
                 f"{g['rate_p50']:.2f} / {g['rate_p99']:.2f} | {g['busiest']:.0%} | "
-                f"{g['errors']} | {g['pss_mb']:.0f} ({g['pss_mb'] / item_mb:.2f}x) | {g['rss_mb']:.0f} | {tail} |",
+                f"{g['errors']} | {g['pss_mb']:.0f} ({g['pss_mb'] / item_mb:.2f}x) | "
+                f"{g['pss_distinct_mb']:.0f} ({g['pss_distinct_mb'] / item_mb:.2f}x) | {g['rss_mb']:.0f} | {tail} |",
                 flush=True,
             )
     finally:
@@ -504,7 +545,10 @@ def main() -> None:
     )
     parser.add_argument("--M", type=int, default=ann.DEFAULT_PARAMS["M"])
     parser.add_argument("--ef-construction", type=int, default=ann.DEFAULT_PARAMS["ef_construction"])
-    parser.add_argument("--ef-search", type=int, default=ann.DEFAULT_PARAMS["ef_search"])
+    parser.add_argument(
+        "--ef-search", default=ann.DEFAULT_PARAMS["ef_search"], help='"auto" (calibrated) or a breadth'
+    )
+    parser.add_argument("--storage", choices=ann.STORAGES, default=ann.DEFAULT_PARAMS["storage"])
     parser.add_argument(
         "--ef-sweep", default="32,64,256", help="also search the loaded index at these ef_search"
     )
@@ -513,6 +557,12 @@ def main() -> None:
         type=int,
         default=500,
         help="exclusions per user of the filtered / over-fetch comparison (0: skip it)",
+    )
+    parser.add_argument(
+        "--distinct-users",
+        type=int,
+        default=20_000,
+        help="users asked once each before the second memory reading",
     )
     parser.add_argument("--skip-grpc", action="store_true")
     parser.add_argument("--skip-reload", action="store_true")

@@ -3,12 +3,22 @@
 DCR's serving index folds the level weights into the user side, so its top-N
 is a maximum-inner-product search over the item factors. Exact search reads
 every item once per request; above ``ann_min_items`` items the trainer also
-publishes a graph index (faiss ``IndexHNSWFlat`` with the inner-product metric)
-inside the version, and the server answers from it. Why faiss and these
-parameters: ``docs/catalog.md`` (the measured library comparison).
+publishes a graph index (faiss HNSW with the inner-product metric) inside the
+version, and the server answers from it. Why faiss and these parameters:
+``docs/catalog.md`` (the measured library comparison).
+
+The graph's vectors are stored as 8-bit scalar codes (``storage="sq8"``, a
+quarter of the float bytes): the walk compares codes, and its best
+``RERANK_FACTOR * n`` candidates are re-scored exactly from the version's float
+item factors, which stay in their memory-mapped file and are read row by row.
+``storage="flat"`` keeps float vectors in the graph (then exact scoring reads
+them there). The search breadth ``ef_search`` is calibrated when the index is
+built: the smallest breadth of :data:`EF_LADDER` whose recall@10 against exact
+scoring, measured on the model's own users as served, reaches
+``recall_target``; the manifest keeps the breadth and the recall it measured.
 
 The file is written with ``faiss.write_index`` and opened with
-``faiss.read_index(path, IO_FLAG_MMAP_IFC)``: the vectors stay in the
+``faiss.read_index(path, IO_FLAG_MMAP_IFC)``: the codes stay in the
 memory-mapped file (shared between the server's processes through the page
 cache), only the graph is read into memory, and nothing is unpickled.
 
@@ -26,6 +36,7 @@ user, they widen the walk by the inverse of the eligible share.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ordrec.service.artifacts import ArtifactError, SearchIndex
+from ordrec.service.mapped import FileRows
 from ordrec.service.rules import Eligible
 
 LIBRARY = "faiss-hnsw-ip"
@@ -41,10 +53,24 @@ LIBRARY = "faiss-hnsw-ip"
 # latency budget and close to the graph search, needs no build and is never approximate
 # (docs/catalog.md has the crossover measurements; MovieLens and Netflix sizes stay exact).
 ANN_MIN_ITEMS = 30_000
-# Graph degree and build breadth (M, efConstruction) and the search breadth (efSearch).
-# On the planted 10^6-item catalogue ef_search 64 already reaches recall@10 0.99; 128 keeps
-# a margin for harder factors (those trained on sparse data are: docs/catalog.md).
-DEFAULT_PARAMS = {"M": 32, "ef_construction": 128, "ef_search": 128}
+# Graph degree and build breadth (M, efConstruction), the search breadth (efSearch: "auto"
+# calibrates it at build time to reach recall_target), and how the graph stores its vectors.
+DEFAULT_PARAMS: dict[str, Any] = {
+    "M": 32,
+    "ef_construction": 128,
+    "ef_search": "auto",
+    "storage": "sq8",
+    "recall_target": 0.97,
+}
+STORAGES = ("flat", "sq8")
+# Breadths tried by the calibration, narrowest first; the widest stays below _MAX_EF.
+EF_LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# The breadth of an "auto" index built without queries to calibrate on.
+UNCALIBRATED_EF_SEARCH = 128
+# Users the calibration measures recall on (a standard error of about 0.004 at recall 0.97).
+CALIBRATION_QUERIES = 200
+# With quantised storage the walk returns this many times n candidates for the exact re-score.
+RERANK_FACTOR = 2
 # The search breadth grows by this factor when a filtered search finds too few items ...
 _GROWTH = 4
 # ... up to this breadth; wider walks cost about what the exact pass does (docs/catalog.md).
@@ -68,21 +94,49 @@ def _faiss():
     return faiss
 
 
-def build_params(params: dict[str, Any] | None = None) -> dict[str, int]:
-    """Defaults overridden by ``params``; unknown names are an error."""
+def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Defaults overridden by ``params``; an unknown name or a bad value is a ValueError.
+
+    A published index's parameters also hold ``calibrated_recall`` (what the
+    calibration measured at the breadth it chose).
+    """
     merged = dict(DEFAULT_PARAMS)
     for key, value in (params or {}).items():
-        if key not in DEFAULT_PARAMS:
+        if key not in DEFAULT_PARAMS and key != "calibrated_recall":
             raise ValueError(f"unknown index parameter {key!r} (known: {', '.join(DEFAULT_PARAMS)})")
+        merged[key] = value
+    for key in ("M", "ef_construction", "ef_search"):
+        value = merged[key]
+        if key == "ef_search" and value == "auto":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+            raise ValueError(f"index parameter {key} must be an integer >= 1, got {value!r}")
         merged[key] = int(value)
-    for key, value in merged.items():
-        if value < 1:
-            raise ValueError(f"index parameter {key} must be >= 1, got {value}")
+    if merged["storage"] not in STORAGES:
+        raise ValueError(
+            f"index parameter storage must be one of {', '.join(STORAGES)}, got {merged['storage']!r}"
+        )
+    for key in ("recall_target", "calibrated_recall"):
+        value = merged.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+            raise ValueError(f"index parameter {key} must be in (0, 1], got {value!r}")
     return merged
 
 
-def write_index(vectors: np.ndarray, path: Path, params: dict[str, int]) -> None:
-    """Build the graph over ``vectors`` (rows are ids) and write it to ``path``.
+@dataclass(frozen=True)
+class Queries:
+    """What the calibration searches with: query vectors as served (e.g. DCR's folded user
+    factors) and, per query, the item rows the server would exclude (or None)."""
+
+    vectors: np.ndarray
+    excludes: list[np.ndarray] | None = None
+
+
+def write_index(
+    vectors: np.ndarray, path: Path, params: dict[str, Any], queries: Queries | None = None
+) -> None:
+    """Build the graph over ``vectors`` (rows are ids), write it to ``path`` and, when
+    ``params["ef_search"]`` is ``"auto"``, calibrate the breadth in ``params``.
 
     Parameters
     ----------
@@ -91,25 +145,77 @@ def write_index(vectors: np.ndarray, path: Path, params: dict[str, int]) -> None
     path : Path
         Where to write (faiss's own format, no pickle).
     params : dict
-        ``M`` and ``ef_construction`` (see :data:`DEFAULT_PARAMS`).
+        :func:`build_params` output. Completed in place by the calibration:
+        ``ef_search`` becomes the breadth chosen and ``calibrated_recall`` its
+        measured recall (:data:`UNCALIBRATED_EF_SEARCH` when there are no queries).
+    queries : Queries or None, default None
+        The calibration's queries.
     """
     faiss = _faiss()
     # Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
     # an index for serving (AnnSearch.open) sets this process's faiss to one thread.
     faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    index = faiss.IndexHNSWFlat(vectors.shape[1], int(params["M"]), faiss.METRIC_INNER_PRODUCT)
+    d, m = vectors.shape[1], int(params["M"])
+    if params["storage"] == "sq8":
+        index = faiss.IndexHNSWSQ(d, faiss.ScalarQuantizer.QT_8bit, m, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)  # per-dimension ranges of the codes
+    else:
+        index = faiss.IndexHNSWFlat(d, m, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = int(params["ef_construction"])
     index.add(vectors)
     faiss.write_index(index, str(path))
+    if params["ef_search"] == "auto":
+        params["ef_search"] = UNCALIBRATED_EF_SEARCH
+        if queries is not None and len(queries.vectors):
+            entry = SearchIndex(LIBRARY, params, path=path)
+            params["ef_search"], params["calibrated_recall"] = calibrate(
+                AnnSearch.open(entry, vectors), queries
+            )
 
 
-def item_index(item_factors: np.ndarray, params: dict[str, Any] | None = None) -> SearchIndex:
-    """The artifact entry for an item index, built when the version is published."""
+def item_index(
+    item_factors: np.ndarray, params: dict[str, Any] | None = None, queries: Queries | None = None
+) -> SearchIndex:
+    """The artifact entry for an item index, built (and calibrated on ``queries``) when the
+    version is published."""
     merged = build_params(params)
     return SearchIndex(
-        library=LIBRARY, params=merged, write=lambda path: write_index(item_factors, path, merged)
+        library=LIBRARY, params=merged, write=lambda path: write_index(item_factors, path, merged, queries)
     )
+
+
+def calibrate(search: AnnSearch, queries: Queries, n: int = 10) -> tuple[int, float]:
+    """The narrowest breadth of :data:`EF_LADDER` whose recall@n against exact scoring reaches
+    the index's ``recall_target``, and that recall; the widest breadth when none does."""
+    truth = [exact_top(search.vectors(), q, n, ex) for q, ex in _with_excludes(queries)]
+    target = float(search.params["recall_target"])
+    recall = 0.0
+    for ef in EF_LADDER:
+        search.ef_search = ef
+        found = [search.search(q, n, ex) for q, ex in _with_excludes(queries)]
+        # None: the server's exact pass answers that user (too many exclusions), exactly.
+        hits = [t.size if f is None else np.intersect1d(f[0], t).size for f, t in zip(found, truth)]
+        recall = float(np.sum(hits) / max(1, sum(t.size for t in truth)))
+        if recall >= target:
+            break
+    return search.ef_search, round(recall, 4)
+
+
+def _with_excludes(queries: Queries) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    if queries.excludes is None:
+        return ((q, None) for q in queries.vectors)
+    return zip(queries.vectors, queries.excludes)
+
+
+def exact_top(vectors: np.ndarray, query: np.ndarray, n: int, exclude: np.ndarray | None) -> np.ndarray:
+    """Rows of the n largest inner products with ``query``, ``exclude`` left out."""
+    scores = np.asarray(vectors @ np.asarray(query, dtype=np.float32), dtype=np.float64)
+    if exclude is not None and exclude.size:
+        scores[exclude] = -np.inf
+    n = min(n, int(np.isfinite(scores).sum()))
+    top = np.argpartition(-scores, n - 1)[:n] if n else np.empty(0, np.int64)
+    return top[np.argsort(-scores[top], kind="stable")]
 
 
 @dataclass
@@ -123,11 +229,29 @@ class AnnSearch:
     index: Any
     n_items: int
     ef_search: int
-    description: str
+    params: dict[str, Any]
+    # The float item vectors exact scoring reads: the graph's own storage when it is flat, else
+    # the version's memory-mapped item factors ...
+    item_vectors: np.ndarray
+    # ... and the version's item factors as the re-score reads them (file reads, not the mapping).
+    item_rows: FileRows
+
+    @property
+    def quantised(self) -> bool:
+        return self.params["storage"] != "flat"
+
+    @property
+    def description(self) -> str:
+        """What ListModels and the metrics show: the library, graph, breadth, storage and the
+        recall the calibration measured."""
+        text = f"{LIBRARY} M={self.params['M']} ef_search={self.ef_search} storage={self.params['storage']}"
+        recall = self.params.get("calibrated_recall")
+        return text if recall is None else f"{text} recall@10={recall:.3f}"
 
     @classmethod
-    def open(cls, entry: SearchIndex, n_items: int, dim: int) -> AnnSearch:
-        """Open a verified index file (memory-mapped) and check it matches the item factors."""
+    def open(cls, entry: SearchIndex, items: np.ndarray) -> AnnSearch:
+        """Open a verified index file (memory-mapped) and check it holds ``items``, the
+        version's float item factors, shape ``(n_items, d)``."""
         if entry.library != LIBRARY:
             raise ArtifactError(f"index library {entry.library!r} is not {LIBRARY!r}")
         if entry.path is None:
@@ -137,8 +261,10 @@ class AnnSearch:
             index = faiss.read_index(str(entry.path), faiss.IO_FLAG_MMAP_IFC)
         except RuntimeError as exc:
             raise ArtifactError(f"{entry.path}: not a faiss index: {str(exc).splitlines()[0]}") from None
-        if not isinstance(index, faiss.IndexHNSWFlat) or index.metric_type != faiss.METRIC_INNER_PRODUCT:
-            raise ArtifactError(f"{entry.path}: not an inner-product HNSW index")
+        storage = _storage_of(faiss, index)
+        if storage is None or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise ArtifactError(f"{entry.path}: not an inner-product HNSW index over float or 8-bit vectors")
+        n_items, dim = items.shape
         if index.ntotal != n_items or index.d != dim:
             raise ArtifactError(
                 f"{entry.path}: indexes {index.ntotal} x {index.d}, the items are {n_items} x {dim}"
@@ -147,22 +273,39 @@ class AnnSearch:
         # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation.
         faiss.omp_set_num_threads(1)
         try:
-            params = build_params(entry.params)
+            # The file says how it stores vectors (versions older than the storage parameter are flat).
+            params = build_params({**entry.params, "storage": storage})
         except ValueError as exc:
             raise ArtifactError(f"{entry.path}: {exc}") from None
-        ef = params["ef_search"]
-        return cls(index, n_items, ef, f"{LIBRARY} M={params['M']} ef_search={ef}")
+        if params["ef_search"] == "auto":
+            raise ArtifactError(f"{entry.path}: ef_search was never calibrated")
+        held = _storage_view(faiss, index) if storage == "flat" else items
+        search = cls(index, n_items, params["ef_search"], params, held, FileRows(items))
+        search.check_holds(entry.path)
+        return search
+
+    def check_holds(self, path: Path | None, sample: int = 64) -> None:
+        """The graph must be built over the version's item factors: compare a spread of rows
+        with the stored vectors, or with their stored codes."""
+        n = self.n_items
+        rows = np.unique(np.linspace(0, n - 1, num=min(sample, n), dtype=np.int64))
+        wanted = np.ascontiguousarray(self.item_rows.take(rows), dtype=np.float32)
+        if self.quantised:
+            faiss = _faiss()
+            storage = faiss.downcast_index(self.index.storage)
+            codes = faiss.rev_swig_ptr(storage.codes.data(), storage.ntotal * storage.code_size)
+            stored = codes.reshape(storage.ntotal, storage.code_size)[rows]
+            same = np.array_equal(storage.sa_encode(wanted), stored)
+        else:
+            same = np.array_equal(wanted, self.item_vectors[rows])
+        if not same:
+            raise ArtifactError(f"{path}: the item index does not hold the version's item factors")
 
     def vectors(self) -> np.ndarray:
-        """The indexed item vectors, read-only, shape ``(n_items, d)``: a view of the index's own
-        memory-mapped storage, so the server holds the item factors once, not twice. Valid as long
-        as this object lives."""
-        faiss = _faiss()
-        storage = faiss.downcast_index(self.index.storage)
-        n, d = storage.ntotal, storage.d
-        view = faiss.rev_swig_ptr(storage.get_xb(), n * d).reshape(n, d)
-        view.flags.writeable = False
-        return view
+        """The float item vectors, read-only, shape ``(n_items, d)``: a flat graph's own
+        memory-mapped storage (so the server holds the item factors once, not twice), else the
+        version's item factors. Valid as long as this object lives."""
+        return self.item_vectors
 
     def search(
         self, query: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None
@@ -216,15 +359,41 @@ class AnnSearch:
         # below that it widens so the eligible candidates stay at half the breadth.
         share = left / self.n_items
         widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / share)
-        ef = min(max(int((self.ef_search + excluded) * widen), want), _MAX_EF)
+        fetch = min(RERANK_FACTOR * want, left) if self.quantised else want
+        ef = min(max(int((self.ef_search + excluded) * widen), fetch), _MAX_EF)
         while ef <= _MAX_EF:
             params.efSearch = ef
-            scores, rows = self.index.search(query, want, params=params)
+            scores, rows = self.index.search(query, fetch, params=params)
             rows, scores = rows[0], scores[0]
             if (rows >= 0).all():  # faiss pads with -1 when the walk found fewer eligible items
-                return rows.astype(np.int64), scores.astype(np.float32)
+                return self._exact_order(rows, query[0], want) if self.quantised else (rows, scores)
             ef *= _GROWTH
         return None
+
+    def _exact_order(self, rows: np.ndarray, query: np.ndarray, want: int) -> Ranked:
+        """The ``want`` best of the walk's candidates by their exact inner products."""
+        rows = np.sort(rows)  # ascending rows read the factor file in order
+        products = self.item_rows.take(rows) @ query
+        best = np.argsort(-products, kind="stable")[:want]
+        return rows[best], products[best].astype(np.float32)
+
+
+def _storage_of(faiss, index) -> str | None:
+    if isinstance(index, faiss.IndexHNSWFlat):
+        return "flat"
+    if isinstance(index, faiss.IndexHNSWSQ):
+        quantizer = faiss.downcast_index(index.storage).sq
+        return "sq8" if quantizer.qtype == faiss.ScalarQuantizer.QT_8bit else None
+    return None
+
+
+def _storage_view(faiss, index) -> np.ndarray:
+    """A flat graph's float vectors as a read-only array over the index's own memory."""
+    storage = faiss.downcast_index(index.storage)
+    n, d = storage.ntotal, storage.d
+    view = faiss.rev_swig_ptr(storage.get_xb(), n * d).reshape(n, d)
+    view.flags.writeable = False
+    return view
 
 
 def _selectors(faiss, exclude: np.ndarray | None, eligible: Eligible | None) -> list:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
+import faiss
 import grpc
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ordrec.service import ann
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry
+from ordrec.service.artifacts import Artifact, ArtifactError, Registry, SearchIndex
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index
 from ordrec.tools.process import ServerProcess, run_cli
@@ -24,9 +26,10 @@ from ordrec.v1 import recommender_pb2_grpc
 
 N_ITEMS, N_USERS, RANK, LEVELS = 3000, 200, 6, [1.0, 2.0, 3.0, 4.0, 5.0]
 SMALL_GRAPH = {"M": 12, "ef_construction": 40, "ef_search": 32}
+SMALL_GRAPH_SERVES = "faiss-hnsw-ip M=12 ef_search=32 storage=sq8"  # ListModels' and the metric's text
 
 
-def clustered_artifact(seed: int = 0, with_index: bool = True) -> Artifact:
+def clustered_artifact(seed: int = 0, with_index: bool = True, graph: dict | None = None) -> Artifact:
     """A DCR artifact whose item factors form clusters (as trained ones do), inside the unit ball."""
     rng = np.random.default_rng(seed)
     width = (len(LEVELS) - 1) * RANK
@@ -51,7 +54,7 @@ def clustered_artifact(seed: int = 0, with_index: bool = True) -> Artifact:
             "items": IdMap([f"i{i}" for i in range(N_ITEMS)]),
         },
         attributes={"levels": LEVELS, "relevance": "linear", "rank": RANK, "pairwise": False},
-        indexes={"items": ann.item_index(items, SMALL_GRAPH)} if with_index else {},
+        indexes={"items": ann.item_index(items, graph or SMALL_GRAPH)} if with_index else {},
     )
 
 
@@ -59,23 +62,27 @@ def clustered_artifact(seed: int = 0, with_index: bool = True) -> Artifact:
 def registry(tmp_path_factory):
     reg = Registry(tmp_path_factory.mktemp("catalog"))
     reg.publish("big", clustered_artifact())
+    reg.publish("big_flat", clustered_artifact(graph={**SMALL_GRAPH, "storage": "flat"}))
     reg.publish("small", clustered_artifact(with_index=False))
     return reg
 
 
-@pytest.fixture(scope="module")
-def served(registry):
-    return build_index(registry.load("big"))
+@pytest.fixture(scope="module", params=["sq8", "flat"])
+def served(registry, request):
+    """The index over 8-bit codes re-scored exactly (the default), and over float vectors."""
+    return build_index(registry.load("big" if request.param == "sq8" else "big_flat"))
 
 
-def test_publish_lists_the_index_with_its_checksum_and_load_opens_it(registry, served):
+def test_publish_lists_the_index_with_its_checksum_and_load_opens_it(registry):
+    served = build_index(registry.load("big"))
     folder = registry.root / "big" / registry.versions("big")[-1]
     manifest = json.loads((folder / "manifest.json").read_text())
     (entry,) = manifest["indexes"]
     assert entry["name"] == "items" and entry["library"] == ann.LIBRARY and len(entry["sha256"]) == 64
     assert (folder / entry["path"]).stat().st_size == int(entry["size_bytes"])
-    assert entry["params"] == {k: float(v) for k, v in SMALL_GRAPH.items()}
-    assert served.ann is not None and served.search == "faiss-hnsw-ip M=12 ef_search=32"
+    published = ann.build_params(SMALL_GRAPH)  # the defaults of what the test leaves out, e.g. storage
+    assert entry["params"] == {k: v if isinstance(v, str) else float(v) for k, v in published.items()}
+    assert served.ann is not None and served.search == SMALL_GRAPH_SERVES
     assert build_index(registry.load("small")).search == "exact"
 
 
@@ -184,28 +191,136 @@ def _other_vectors(items: np.ndarray, how: str) -> np.ndarray:
     "how, error",
     [("fewer rows", "indexes 2999"), ("other values", "does not hold the version's item factors")],
 )
-def test_index_over_other_items_is_refused(tmp_path, how, error):
+@pytest.mark.parametrize("storage", ["sq8", "flat"])
+def test_index_over_other_items_is_refused(tmp_path, how, error, storage):
     artifact = clustered_artifact()
-    artifact.indexes = {
-        "items": ann.item_index(_other_vectors(artifact.arrays["item_factors"], how), SMALL_GRAPH)
-    }
+    graph = {**SMALL_GRAPH, "storage": storage}
+    artifact.indexes = {"items": ann.item_index(_other_vectors(artifact.arrays["item_factors"], how), graph)}
     reg = Registry(tmp_path)
     reg.publish("big", artifact)
     with pytest.raises(ArtifactError, match=error):
         build_index(reg.load("big"))
 
 
-def test_exact_scoring_reads_the_index_copy_of_the_item_factors(served):
-    """Held once: the exact path scores from the index's memory-mapped vectors, equal to the version's."""
-    assert np.shares_memory(served._item, served.ann.vectors())
-    assert np.array_equal(served._item, served.artifact.array("item_factors"))
+def test_exact_scoring_reads_the_float_vectors_the_index_holds_or_re_scores_with(served):
+    """Held once: a flat graph's exact path scores from the graph's own memory-mapped vectors;
+    a quantised graph holds one byte per dimension and both paths read the version's factor file."""
+    version = served.artifact.array("item_factors")
+    assert np.array_equal(served._item, version)
     assert not served._item.flags.writeable
+    storage = faiss.downcast_index(served.ann.index.storage)
+    if served.ann.quantised:
+        assert np.shares_memory(served._item, version) and storage.code_size == version.shape[1]
+    else:
+        assert not np.shares_memory(served._item, version)
+        assert served._item.ctypes.data == storage.get_xb().__int__()
+
+
+def test_calibration_picks_the_narrowest_breadth_that_reaches_the_recall_target(tmp_path):
+    artifact = clustered_artifact(with_index=False)
+    items = artifact.arrays["item_factors"]
+    users, seen = _served_queries(artifact)
+    params = ann.build_params({"M": 8, "ef_construction": 40, "recall_target": 0.9})
+    ann.write_index(items, tmp_path / "g", params, ann.Queries(users, seen))
+    chosen, recall = params["ef_search"], params["calibrated_recall"]
+    assert chosen in ann.EF_LADDER and recall >= 0.9
+    search = ann.AnnSearch.open(SearchIndex(ann.LIBRARY, params, path=tmp_path / "g"), items)
+    assert _recall(search, users, seen) == pytest.approx(recall, abs=1e-4)  # what it measured is what serves
+    narrower = ann.EF_LADDER.index(chosen) - 1
+    if narrower >= 0:  # one step narrower misses the target
+        search.ef_search = ann.EF_LADDER[narrower]
+        assert _recall(search, users, seen) < 0.9
+    assert search.description.endswith(f"ef_search={chosen} storage=sq8 recall@10={recall:.3f}")
+
+
+def test_calibration_that_cannot_reach_the_target_keeps_the_widest_breadth_and_says_its_recall(
+    tmp_path, monkeypatch
+):
+    artifact = clustered_artifact(with_index=False)
+    users, seen = _served_queries(artifact)
+    monkeypatch.setattr(ann, "EF_LADDER", (1, 2))
+    params = ann.build_params({"M": 4, "ef_construction": 8, "recall_target": 1.0})
+    ann.write_index(artifact.arrays["item_factors"], tmp_path / "g", params, ann.Queries(users, seen))
+    assert params["ef_search"] == 2 and params["calibrated_recall"] < 1.0
+
+
+def test_an_index_built_without_queries_searches_at_the_uncalibrated_breadth(tmp_path):
+    params = ann.build_params({"M": 8, "ef_construction": 40})
+    ann.write_index(clustered_artifact(with_index=False).arrays["item_factors"], tmp_path / "g", params)
+    assert params["ef_search"] == ann.UNCALIBRATED_EF_SEARCH and "calibrated_recall" not in params
+
+
+@pytest.mark.parametrize(
+    "bad, error",
+    [
+        ({"storage": "pq"}, "storage must be one of flat, sq8"),
+        ({"ef_search": "wide"}, "ef_search must be an integer"),
+        ({"ef_search": 1.5}, "ef_search must be an integer"),
+        ({"recall_target": 0.0}, "recall_target must be in"),
+        ({"M": True}, "M must be an integer"),
+    ],
+)
+def test_bad_index_parameters_are_refused_by_name(bad, error):
+    with pytest.raises(ValueError, match=error):
+        ann.build_params(bad)
+
+
+def test_loading_a_quantised_version_leaves_its_float_factors_unmapped(tmp_path):
+    """The graph re-scores a few rows per request: the load must not page the factor file into
+    the server (finiteness and the spot check read it with file reads and a few rows)."""
+    rng = np.random.default_rng(0)
+    artifact = clustered_artifact(with_index=False)
+    # 19 MB: the kernel maps up to 64 KiB around each page a read faults in, so a smaller file
+    # would be mapped whole by the spot check alone.
+    items = rng.normal(size=(200_000, artifact.arrays["item_factors"].shape[1])).astype(np.float32)
+    items /= 2 * np.linalg.norm(items, axis=1, keepdims=True)
+    artifact.arrays["item_factors"] = items
+    artifact.arrays["item_popularity"] = rng.random(len(items)).astype(np.float32)
+    artifact.ids["items"] = IdMap([f"i{i}" for i in range(len(items))])
+    artifact.indexes = {"items": ann.item_index(items, {"M": 8, "ef_construction": 20, "ef_search": 16})}
+    reg = Registry(tmp_path)
+    reg.publish("big", artifact)
+    served = build_index(reg.load("big"))
+    served.recommend(0, 10, exclude=served.seen(0))
+    resident = _resident_kib("item_factors.npy")
+    assert 0 < resident <= 0.5 * items.nbytes / 1024, resident  # a spread of rows, not the file
+
+
+def _resident_kib(file_name: str) -> int:
+    total, current = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and ":" in head[3]:  # a mapping's first line
+            current = len(head) > 5 and head[5].endswith(file_name)
+        elif current and head[0] == "Rss:":
+            total += int(head[1])
+    return total
+
+
+def _served_queries(artifact: Artifact) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Folded user factors and each user's training items, as the DCR index searches."""
+    index = build_index(artifact)
+    users = artifact.arrays["user_factors"] * index._scale
+    return users, [index.seen(u) for u in range(len(users))]
+
+
+def _recall(search, users: np.ndarray, seen: list[np.ndarray]) -> float:
+    hits = [
+        np.intersect1d(search.search(q, 10, ex)[0], ann.exact_top(search.vectors(), q, 10, ex)).size
+        for q, ex in zip(users, seen)
+    ]
+    return float(np.mean(hits)) / 10
 
 
 def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
     # Through the CLI's publish path (and out of process: a fit here would start numba's
     # thread pool inside the test session).
-    for name, min_items in (("big", 10), ("small", 10**6)):
+    calibrated = {"M": 12, "ef_construction": 40}  # ef_search "auto", recall_target 0.97
+    for name, min_items, graph in (
+        ("big", 10, SMALL_GRAPH),
+        ("small", 10**6, SMALL_GRAPH),
+        ("auto", 10, calibrated),
+    ):
         result = run_cli(
             [
                 "ordrec.trainer",
@@ -222,16 +337,23 @@ def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
                 "--set",
                 f"ann_min_items={min_items}",
                 "--set",
-                f"ann_params={json.dumps(SMALL_GRAPH)}",
+                f"ann_params={json.dumps(graph)}",
             ],
             check=False,
         )
         assert result.returncode == 0, result.stderr
     reg = Registry(tmp_path)
     (entry,) = reg.load("big").indexes.values()
-    assert entry.library == ann.LIBRARY and entry.params == SMALL_GRAPH
-    assert build_index(reg.load("big")).search == "faiss-hnsw-ip M=12 ef_search=32"
+    assert entry.library == ann.LIBRARY and entry.params == ann.build_params(SMALL_GRAPH)
+    assert build_index(reg.load("big")).search == SMALL_GRAPH_SERVES
     assert reg.load("small").indexes == {}
+    # Calibrated on the trained users: the breadth chosen and the recall it measured are published.
+    (entry,) = reg.load("auto").indexes.values()
+    assert entry.params["ef_search"] in ann.EF_LADDER and 0.0 < entry.params["calibrated_recall"] <= 1.0
+    served = build_index(reg.load("auto"))
+    assert served.search.endswith(f"recall@10={entry.params['calibrated_recall']:.3f}")
+    if entry.params["ef_search"] > ann.EF_LADDER[0]:
+        assert entry.params["calibrated_recall"] >= ann.DEFAULT_PARAMS["recall_target"]
     with pytest.raises(ValueError, match="unknown index parameter"):  # refused before any fitting
         DCR(ann_params={"efSearch": 3}).fit(sample.planted_ratings(seed=1))
 
@@ -240,10 +362,10 @@ def test_list_models_and_metrics_say_which_index_serves(registry):
     with ServerProcess(registry.root) as server, grpc.insecure_channel(server.target) as channel:
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         models = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
-        assert models["big"].index == "faiss-hnsw-ip M=12 ef_search=32"
+        assert models["big"].index == SMALL_GRAPH_SERVES
         assert models["small"].index == "exact"
         reply = stub.Recommend(pb.RecommendRequest(model="big", user_ids=["u1", "u2"], n=10), timeout=10)
         assert [len(r.items) for r in reply.results] == [10, 10]
         metrics = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
-        assert 'ordrec_model_search_info{model="big",search="faiss-hnsw-ip M=12 ef_search=32"} 1.0' in metrics
+        assert f'ordrec_model_search_info{{model="big",search="{SMALL_GRAPH_SERVES}"}} 1.0' in metrics
         assert 'ordrec_model_search_info{model="small",search="exact"} 1.0' in metrics

@@ -23,6 +23,7 @@ from scipy.spatial import cKDTree
 
 from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
+from ordrec.service.mapped import row_blocks
 from ordrec.service.rules import Eligible, ItemAttributes
 from ordrec.service.topk import nearest_brute_force, top_k
 
@@ -65,11 +66,9 @@ class ModelIndex(abc.ABC):
 
 
 def check_finite(name: str, array: np.ndarray, block_bytes: int = 1 << 24) -> None:
-    """Fails on any NaN or infinity, reading ``array`` in blocks of rows so that a large
-    (memory-mapped) array needs no temporary of its own size."""
-    rows = max(1, block_bytes // max(1, array[:1].nbytes)) if array.ndim else 1
-    for start in range(0, max(1, len(array)) if array.ndim else 1, rows):
-        block = array[start : start + rows] if array.ndim else array
+    """Fails on any NaN or infinity, reading ``array`` in blocks of rows (``service/mapped.py``),
+    so a large memory-mapped array needs no temporary of its own size and is not mapped in."""
+    for block in row_blocks(array, block_bytes):
         if not np.all(np.isfinite(block)):
             raise ArtifactError(f"array {name!r} holds NaN or infinite values")
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ordrec.service.artifacts import Artifact, ArtifactError
-from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite
+from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite, row_blocks
 from ordrec.service.rules import Eligible
 from ordrec.service.topk import affine_scores
 
@@ -130,30 +130,27 @@ class DCRIndex(RecommenderIndex):
         # folded per request rather than into a copy: at a million users a folded copy would
         # double the user factors' memory, for one row multiply a request.
         self._scale = np.repeat(c, self.rank).astype(np.float32)
-        self._mean_user = (
-            user.mean(axis=0, dtype=np.float64) if len(self.users) else np.zeros(width)
-        ).reshape(n_levels, self.rank)
+        self._mean_user = _column_mean(user).reshape(n_levels, self.rank)
         self._frozen, self._radius = self._user_constraint(artifact)
-        self.ann = self._open_ann(artifact, width)
+        self.ann = self._open_ann(artifact, item)
         if self.ann is None:
             self._item = np.ascontiguousarray(item)
         else:
             self.search = self.ann.description
-            # Exact scoring reads the index's copy of the item factors: the version's own
-            # file is never paged in, so the factors are resident once.
+            # Exact scoring reads the float vectors the index re-scores with: a flat graph's own
+            # copy (the version's file is then never paged in) or the version's file, mapped.
             self._item = self.ann.vectors()
-            _check_same_rows(artifact, item, self._item)
         check_finite("item_factors", self._item)
 
     @staticmethod
-    def _open_ann(artifact: Artifact, width: int):
+    def _open_ann(artifact: Artifact, item: np.ndarray):
         entry = artifact.indexes.get("items")
         if entry is None or entry.path is None:  # none, or an in-memory artifact not yet published
             return None
         from ordrec.service.ann import AnnSearch  # imports faiss: only for versions that need it
 
         try:
-            return AnnSearch.open(entry, len(artifact.ids["items"]), width)
+            return AnnSearch.open(entry, item)
         except ArtifactError as exc:
             raise ArtifactError(f"{artifact.describe()}: {exc}") from None
 
@@ -299,9 +296,10 @@ class DCRIndex(RecommenderIndex):
             raise ArtifactError(f"{self.artifact.describe()}: smoke distribution is not a distribution")
 
 
-def _check_same_rows(artifact: Artifact, item: np.ndarray, indexed: np.ndarray, sample: int = 64) -> None:
-    """The item index must hold the version's item factors: compare a spread of rows (reading a
-    few pages of the factor file rather than all of it)."""
-    rows = np.unique(np.linspace(0, len(item) - 1, num=min(sample, len(item)), dtype=np.int64))
-    if not np.array_equal(item[rows], indexed[rows]):
-        raise ArtifactError(f"{artifact.describe()}: the item index does not hold the version's item factors")
+def _column_mean(array: np.ndarray) -> np.ndarray:
+    """The mean row (float64; zeros when there are none), read in blocks (:func:`row_blocks`)
+    so that a server's load leaves the user factors unmapped until requests need them."""
+    total = np.zeros(array.shape[1], dtype=np.float64)
+    for block in row_blocks(array):
+        total += block.sum(axis=0, dtype=np.float64)
+    return total / max(1, len(array))

@@ -59,7 +59,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ordrec.service.ann import ANN_MIN_ITEMS, build_params, item_index
+from ordrec.service.ann import ANN_MIN_ITEMS, CALIBRATION_QUERIES, Queries, build_params, item_index
 from ordrec.service.artifacts import Artifact
 from ordrec.service.models.dcr import RELEVANCE, DCRIndex, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
@@ -464,7 +464,10 @@ class DCR(Estimator):
         the server answers whole-catalogue Recommend from; smaller ones are
         scored exactly.
     ann_params : dict or None, default None
-        The index's ``M``, ``ef_construction`` and ``ef_search``
+        The index's ``M``, ``ef_construction``, ``ef_search`` (``"auto"``:
+        the narrowest breadth whose recall@10 on a sample of the trained users,
+        as served, reaches ``recall_target``), ``storage`` (``"sq8"``: 8-bit
+        codes re-scored exactly; ``"flat"``) and ``recall_target``
         (``service.ann.DEFAULT_PARAMS`` for the ones not given).
     verbose : bool, default False
         Progress line on stderr.
@@ -955,6 +958,20 @@ class DCR(Estimator):
         other.research_ = research
         return other
 
+    def _calibration_queries(self) -> Queries:
+        """A seeded sample of the trained users as the server searches for them: factors with
+        the level weights folded in, their training items excluded."""
+        n_users, L, f = self.U_.shape
+        rng = np.random.default_rng([int(self.random_state), 2])
+        users = np.sort(rng.choice(n_users, min(n_users, CALIBRATION_QUERIES), replace=False))
+        c, _ = level_weights(self.levels_, self.relevance)
+        folded = self.U_[users].reshape(len(users), L * f) * np.repeat(c, f)[None, :]
+        seen = [
+            self.seen_indices_[self.seen_indptr_[u] : self.seen_indptr_[u + 1]].astype(np.int64)
+            for u in users
+        ]
+        return Queries(folded.astype(np.float32), seen)
+
     def loglik(self, data: Ratings) -> np.ndarray:
         """Per-level log-likelihood of ``data`` (same id maps) under the fitted factors."""
         _, level = rating_levels(data.rating, self.levels_, data.source)
@@ -997,7 +1014,7 @@ class DCR(Estimator):
         item_factors = item_factors.astype(np.float32)
         # A large catalogue gets an approximate item index, built when the version is published.
         indexes = (
-            {"items": item_index(item_factors, self.ann_params)}
+            {"items": item_index(item_factors, self.ann_params, self._calibration_queries())}
             if item_factors.shape[0] >= int(self.ann_min_items)
             else {}
         )

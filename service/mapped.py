@@ -1,0 +1,89 @@
+"""Reading memory-mapped arrays without mapping their pages into the process.
+
+A version's arrays are memory-mapped (``service/artifacts.py``). Touching a
+mapped page makes it part of the server's resident memory, and on kernels
+with large page-cache folios one touched row can map megabytes around it.
+A pass over a whole array at load (finiteness, a mean) and the few rows a
+quantised graph re-scores per request are therefore read with plain file
+reads: the pages stay in the kernel's page cache (shared, reclaimable) and
+out of the server's mappings.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator
+
+import numpy as np
+
+from ordrec.service.artifacts import ArtifactError
+
+
+def row_blocks(array: np.ndarray, block_bytes: int = 1 << 24) -> Iterator[np.ndarray]:
+    """``array`` in blocks of whole rows, each at most about ``block_bytes``; a memory-mapped
+    array is read from its file, not through its mapping."""
+    if not array.ndim:
+        yield array
+        return
+    rows = max(1, block_bytes // max(1, array[:1].nbytes))
+    backing = _file_backing(array)
+    if backing is None:
+        for start in range(0, len(array), rows):
+            yield array[start : start + rows]
+        return
+    filename, offset = backing
+    row_shape, per_row = array.shape[1:], int(np.prod(array.shape[1:], dtype=np.int64))
+    with open(filename, "rb") as fh:
+        for start in range(0, len(array), rows):
+            count = min(rows, len(array) - start)
+            fh.seek(offset + start * per_row * array.itemsize)
+            block = np.fromfile(fh, dtype=array.dtype, count=count * per_row)
+            if block.size != count * per_row:
+                raise ArtifactError(f"{filename}: shorter than its array")
+            yield block.reshape((count, *row_shape))
+
+
+def _file_backing(array: np.ndarray) -> tuple[str, int] | None:
+    """(file, byte offset) of a C-contiguous array that is a whole ``np.memmap`` (or a view of
+    all of one), else None."""
+    base: object = array
+    while isinstance(base, np.ndarray):
+        if isinstance(base, np.memmap) and base.filename and isinstance(base.base, mmap.mmap):
+            whole = (
+                array.flags.c_contiguous
+                and array.nbytes == base.nbytes
+                and array.dtype == base.dtype
+                and array.__array_interface__["data"][0] == base.__array_interface__["data"][0]
+            )
+            return (base.filename, int(base.offset)) if whole else None
+        base = base.base
+    return None
+
+
+class FileRows:
+    """Rows of a memory-mapped 2-D array read with ``pread`` (or indexed, for an array that
+    is not file-backed). Open for the life of the object; thread-safe (no file position)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        backing = _file_backing(array) if array.ndim == 2 else None
+        self._fd = -1
+        if backing is not None:
+            filename, self._offset = backing
+            self._fd = os.open(filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            self._row_bytes = array.shape[1] * array.itemsize
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """``array[rows]`` as a new array."""
+        if self._fd < 0:
+            return np.asarray(self.array[rows])
+        size = self._row_bytes
+        data = b"".join(os.pread(self._fd, size, self._offset + int(r) * size) for r in rows)
+        if len(data) != size * len(rows):
+            raise ArtifactError("a memory-mapped array's file is shorter than the array")
+        return np.frombuffer(data, dtype=self.array.dtype).reshape(len(rows), self.array.shape[1])
+
+    def __del__(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
