@@ -188,7 +188,7 @@ def item_index(
 def calibrate(search: AnnSearch, queries: Queries, n: int = 10) -> tuple[int, float]:
     """The narrowest breadth of :data:`EF_LADDER` whose recall@n against exact scoring reaches
     the index's ``recall_target``, and that recall; the widest breadth when none does."""
-    truth = [exact_top(search.vectors(), q, n, ex) for q, ex in _with_excludes(queries)]
+    truth = exact_tops(search.vectors(), queries, n)
     target = float(search.params["recall_target"])
     recall = 0.0
     for ef in EF_LADDER:
@@ -208,9 +208,19 @@ def _with_excludes(queries: Queries) -> Iterator[tuple[np.ndarray, np.ndarray | 
     return zip(queries.vectors, queries.excludes)
 
 
-def exact_top(vectors: np.ndarray, query: np.ndarray, n: int, exclude: np.ndarray | None) -> np.ndarray:
-    """Rows of the n largest inner products with ``query``, ``exclude`` left out."""
-    scores = np.asarray(vectors @ np.asarray(query, dtype=np.float32), dtype=np.float64)
+def exact_tops(vectors: np.ndarray, queries: Queries, n: int, block: int = 32) -> list[np.ndarray]:
+    """Per query, the rows of the n largest inner products with its exclusions left out (a block
+    of queries per pass over ``vectors``)."""
+    pairs = list(_with_excludes(queries))
+    tops = []
+    for start in range(0, len(pairs), block):
+        chunk = pairs[start : start + block]
+        scores = vectors @ np.stack([q for q, _ in chunk]).astype(np.float32).T
+        tops += [_top_rows(scores[:, i].astype(np.float64), n, ex) for i, (_, ex) in enumerate(chunk)]
+    return tops
+
+
+def _top_rows(scores: np.ndarray, n: int, exclude: np.ndarray | None) -> np.ndarray:
     if exclude is not None and exclude.size:
         scores[exclude] = -np.inf
     n = min(n, int(np.isfinite(scores).sum()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from collections.abc import Iterator
 
 import numpy as np
@@ -73,6 +74,7 @@ class FileRows:
             filename, self._offset = backing
             self._fd = os.open(filename, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             self._row_bytes = array.shape[1] * array.itemsize
+            weakref.finalize(self, os.close, self._fd)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """``array[rows]`` as a new array."""
@@ -83,7 +85,3 @@ class FileRows:
         if len(data) != size * len(rows):
             raise ArtifactError("a memory-mapped array's file is shorter than the array")
         return np.frombuffer(data, dtype=self.array.dtype).reshape(len(rows), self.array.shape[1])
-
-    def __del__(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
