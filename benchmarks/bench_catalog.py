@@ -7,13 +7,16 @@
 
 For each generated catalogue (planted clusters shaped like a trained DCR:
 200 folded dimensions, ``benchmarks/catalog_data.py``) two versions are
-published, one scored exactly and one with the item index, and the script
-prints for both: index build time, load time, recall@10 against this run's
-exact answers (training items excluded, as served), in-process p50/p99 of
-``Index.recommend``; then over gRPC with the service's usual layout
-(``--processes 2``, one pinned process per core): saturated QPS, p50/p99 at
-a fixed offered rate, server memory (PSS summed over the processes, beside
-the item factors' bytes), and a hot reload of a new version under that load
+published, one scored exactly and one with the item index (its breadth
+calibrated on 200 users outside the measured ones, as the trainer does), and
+the script prints for both: index build (+ calibration) time, load time,
+recall@10 against this run's exact answers (training items excluded, as
+served), in-process p50/p99 of ``Index.recommend``; then over gRPC with the
+service's usual layout (``--processes 2``, one pinned process per core):
+saturated QPS, p50/p99 at a fixed offered rate, server memory (PSS summed
+over the processes, beside the item factors' bytes; again after
+``--distinct-users`` users were each asked once, since the h2load runs
+repeat one user), and a hot reload of a new version under that load
 (seconds until every process serves it, failed requests).
 
 ``--train USERS,ITEMS,RATINGS`` fits DCR (and Pairwise DCR) on generated
