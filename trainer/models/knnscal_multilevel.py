@@ -1,0 +1,173 @@
+"""Multilevel start of KNNSCAL: fit a coarser graph, prolong, then refine.
+
+The majorization sweeps move one vertex at a time against its neighbours,
+so they fix local order quickly but need many iterations to straighten
+distortions that span many vertices (the landmark-MDS start leaves those).
+A coarse graph with a few times fewer vertices has the same large-scale
+shape at a fraction of the cost per iteration, so its fit removes them
+cheaply (the classic multigrid argument).
+
+Coarsening (all O(n k) memory):
+
+1. the coarse vertices are a maximal independent set of the symmetrised
+   k-NN graph, drawn greedily in a random order, so every other vertex has
+   a coarse vertex among its own neighbours;
+2. each coarse vertex's ranked list is its ``k`` nearest other coarse
+   vertices by graph geodesic over Delta_sym = min(r_ij, r_ji) (the lengths
+   of the single-level start), found by a Dijkstra search stopped after
+   ``k`` coarse vertices: the coarse graph is again a ranked k-NN graph;
+3. the coarse graph is fitted by :class:`KnnScal` itself (recursively, until
+   a level has at most ``multilevel_min_n`` vertices, which starts from
+   landmark MDS);
+4. each fine vertex starts at its coarse vertex, or at the mean of the coarse
+   vertices among its neighbours weighted by 1 / Delta_sym.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+
+import numpy as np
+from numba import njit
+
+from ordrec.service.idmap import IdMap
+from ordrec.trainer.data.types import NeighborLists
+
+
+@njit(cache=True)
+def maximal_independent_set(g_indptr, g_col, seed):
+    """A maximal independent set of an undirected CSR graph, greedy in a random order.
+
+    Returns a boolean mask. Every unselected vertex has a selected neighbour
+    (maximality), and no two selected vertices are neighbours.
+    """
+    n = g_indptr.shape[0] - 1
+    np.random.seed(seed)
+    order = np.random.permutation(n)
+    selected = np.zeros(n, dtype=np.bool_)
+    blocked = np.zeros(n, dtype=np.bool_)
+    for v in order:
+        if blocked[v]:
+            continue
+        selected[v] = True
+        for e in range(g_indptr[v], g_indptr[v + 1]):
+            blocked[g_col[e]] = True
+    return selected
+
+
+@njit(cache=True)
+def coarse_neighbour_lists(g_indptr, g_col, g_len, coarse_id, n_coarse, k):
+    """Each coarse vertex's ``k`` geodesically nearest coarse vertices (Dijkstra, stopped early).
+
+    ``coarse_id[v]`` is v's coarse number or -1. Returns ``(source, neighbour,
+    rank)`` in coarse numbers, rank 1 nearest; a coarse vertex in a small
+    component gets fewer than ``k``. Memory: two length-n arrays reused by
+    every search (reset through the list of touched vertices).
+    """
+    n = g_indptr.shape[0] - 1
+    dist = np.full(n, np.inf)
+    done = np.zeros(n, dtype=np.bool_)
+    touched = np.empty(n, dtype=np.int64)
+    src = np.empty(n_coarse * k, dtype=np.int32)
+    nbr = np.empty(n_coarse * k, dtype=np.int32)
+    rnk = np.empty(n_coarse * k, dtype=np.int32)
+    out = 0
+    for s in range(n):
+        if coarse_id[s] < 0:
+            continue
+        n_touched = 0
+        found = 0
+        dist[s] = 0.0
+        touched[n_touched] = s
+        n_touched += 1
+        heap = [(0.0, s)]
+        while len(heap) > 0 and found < k:
+            dv, v = heapq.heappop(heap)
+            if done[v]:
+                continue
+            done[v] = True
+            if v != s and coarse_id[v] >= 0:
+                src[out] = coarse_id[s]
+                nbr[out] = coarse_id[v]
+                found += 1
+                rnk[out] = found
+                out += 1
+            for e in range(g_indptr[v], g_indptr[v + 1]):
+                u = g_col[e]
+                du = dv + g_len[e]
+                if du < dist[u]:
+                    if dist[u] == np.inf:
+                        touched[n_touched] = u
+                        n_touched += 1
+                    dist[u] = du
+                    heapq.heappush(heap, (du, u))
+        for t in range(n_touched):
+            dist[touched[t]] = np.inf
+            done[touched[t]] = False
+    return src[:out], nbr[:out], rnk[:out]
+
+
+@njit(cache=True)
+def prolong(X_coarse, coarse_id, g_indptr, g_col, g_len):
+    """Fine coordinates: a coarse vertex keeps its place; any other vertex goes to the
+    mean of the coarse vertices among its neighbours, weighted by 1 / Delta_sym."""
+    n = g_indptr.shape[0] - 1
+    dim = X_coarse.shape[1]
+    X = np.zeros((n, dim))
+    for v in range(n):
+        if coarse_id[v] >= 0:
+            X[v] = X_coarse[coarse_id[v]]
+            continue
+        total = 0.0
+        for e in range(g_indptr[v], g_indptr[v + 1]):
+            c = coarse_id[g_col[e]]
+            if c >= 0:
+                w = 1.0 / g_len[e]
+                total += w
+                for a in range(dim):
+                    X[v, a] += w * X_coarse[c, a]
+        if total > 0:
+            for a in range(dim):
+                X[v, a] /= total
+    return X
+
+
+def coarse_graph(G, k: int, seed: int) -> tuple[np.ndarray, NeighborLists]:
+    """The coarse level of the symmetric graph ``G`` (CSR, lengths Delta_sym).
+
+    Returns ``(coarse_id, lists)``: each fine vertex's coarse number (-1 if it
+    is not coarse) and the coarse ranked k-NN lists.
+    """
+    indptr = G.indptr.astype(np.int64)
+    col = G.indices.astype(np.int64)
+    length = G.data.astype(np.float64)
+    selected = maximal_independent_set(indptr, col, np.int64(seed))
+    n_coarse = int(selected.sum())
+    coarse_id = np.full(G.shape[0], -1, dtype=np.int64)
+    coarse_id[selected] = np.arange(n_coarse)
+    src, nbr, rnk = coarse_neighbour_lists(indptr, col, length, coarse_id, n_coarse, int(k))
+    lists = NeighborLists(IdMap([str(i) for i in range(n_coarse)]), src, nbr, rnk)
+    return coarse_id, lists
+
+
+def multilevel_start(estimator, G, k: int) -> np.ndarray:
+    """Step 3 by coarsening: fit the coarse graph with ``estimator``'s settings, prolong it.
+
+    ``G`` is the fine symmetric graph (:func:`knnscal.symmetric_graph`), ``k``
+    the fine lists' length (the coarse lists get as many).
+    """
+    t0 = time.perf_counter()
+    coarse_id, lists = coarse_graph(G, k, int(estimator.random_state))
+    estimator._log(
+        f"coarsened {G.shape[0]:,} -> {len(lists.vertices):,} vertices in {time.perf_counter() - t0:.1f} s"
+    )
+    coarse = estimator.coarse_estimator()
+    coarse.fit(lists)
+    return prolong(
+        coarse.coordinates_,
+        coarse_id,
+        G.indptr.astype(np.int64),
+        G.indices.astype(np.int64),
+        G.data.astype(np.float64),
+    )
