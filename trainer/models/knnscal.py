@@ -278,9 +278,11 @@ class KnnScal(Estimator):
     update : {"gauss-seidel", "jacobi"}
         Vertex-at-a-time majorization (default) or the poster's simultaneous
         diagonal majorization; both are monotone (see the module docstring).
-    init : {"auto", "cmds", "landmark", "random"}
-        Initial configuration from Delta_sym geodesics; "auto" is classical
-        MDS up to ``cmds_max_n`` vertices and landmark MDS above.
+    init : {"auto", "multilevel", "cmds", "landmark", "spectral", "random"}
+        Initial configuration from Delta_sym geodesics; "auto" (= "multilevel")
+        is classical MDS up to ``cmds_max_n`` vertices, landmark MDS up to
+        ``multilevel_min_n`` and above that the multilevel start: the fit of
+        a coarser graph (``knnscal_multilevel``), prolonged.
     initial_disparities : {"isotonic", "ranks"}
         "isotonic" (default): start from the isotonic fit of the initial
         configuration's distances; "ranks": Delta = min(r_ij, q) as in the
@@ -290,6 +292,10 @@ class KnnScal(Estimator):
         iterations to a lower order agreement (``docs/knnscal.md``).
     n_landmarks, cmds_max_n : int
         Landmark MDS size, and the largest n for dense classical MDS.
+    multilevel_min_n : int
+        The multilevel start coarsens graphs of more vertices than this
+        (each level has about 7 times fewer vertices on a 10-NN graph); a
+        level this small or smaller starts from (landmark) MDS.
     n_neighbors : int
         k of the k-NN lists built when ``fit`` gets a feature matrix.
     reorder : {"morton", "none"}
@@ -349,7 +355,7 @@ class KnnScal(Estimator):
         init: str = "auto",
         initial_disparities: str = "isotonic",
         n_landmarks: int = 32,
-        multilevel_min_n: int = 20_000,
+        multilevel_min_n: int = 5_000,
         cmds_max_n: int = 500,
         edge_weight: float = 1.0,
         rank_gap: float = 2.0,
@@ -387,7 +393,7 @@ class KnnScal(Estimator):
         dim = int(self.n_components)
         method = self.init
         if method == "auto":
-            method = "cmds" if n <= self.cmds_max_n else "landmark"
+            method = "multilevel"
         if method == "random":
             return rng.standard_normal((n, dim))
         if method == "multilevel" and n <= self.multilevel_min_n:
@@ -439,9 +445,12 @@ class KnnScal(Estimator):
         return delta
 
     def _log(self, message: str) -> None:
-        """One flushed line on stderr when ``verbose``: a long fit shows where its time goes as it runs."""
+        """One flushed line on stderr when ``verbose``: a long fit shows where its time goes as it runs.
+
+        Each line ends with the process's CPU time so far, steadier than wall time on a shared machine.
+        """
         if self.verbose:
-            print(f"KNNSCAL {message}", file=sys.stderr, flush=True)
+            print(f"KNNSCAL {message} [CPU {time.process_time():.1f} s]", file=sys.stderr, flush=True)
 
     def _weights(self):
         return self.plus_rnk_, self.q_, float(self.edge_weight)
@@ -561,8 +570,7 @@ class KnnScal(Estimator):
                 history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
                 iter_times.append(time.perf_counter() - t_it)
                 self._log(
-                    f"iteration {it}: {iter_times[-1]:.2f} s, CPU {time.process_time() - cpu0:.1f} s so far,"
-                    f" stress {self.normalised_stress(s_iso):.6f}"
+                    f"n={n:,}: iteration {it} {iter_times[-1]:.2f} s, stress {self.normalised_stress(s_iso):.6f}"
                 )
                 bar.update(1, stress=self.normalised_stress(s_iso))
                 # |change|: with rank gaps the disparity step can raise the

@@ -29,7 +29,8 @@ import heapq
 import time
 
 import numpy as np
-from numba import njit
+import numba
+from numba import njit, prange
 
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.data.types import NeighborLists
@@ -57,55 +58,76 @@ def maximal_independent_set(g_indptr, g_col, seed):
 
 
 @njit(cache=True)
-def coarse_neighbour_lists(g_indptr, g_col, g_len, coarse_id, n_coarse, k):
+def _nearest_coarse(s, k, g_indptr, g_col, g_len, coarse_id, dist, done, touched, nbr):
+    """Dijkstra from ``s`` until ``k`` other coarse vertices are settled; writes their
+    coarse numbers to ``nbr`` nearest first and returns how many were found.
+
+    ``dist`` (all inf) and ``done`` (all False) are restored before returning.
+    """
+    n_touched = 0
+    found = 0
+    dist[s] = 0.0
+    touched[n_touched] = s
+    n_touched += 1
+    heap = [(0.0, s)]
+    while len(heap) > 0 and found < k:
+        dv, v = heapq.heappop(heap)
+        if done[v]:
+            continue
+        done[v] = True
+        if v != s and coarse_id[v] >= 0:
+            nbr[found] = coarse_id[v]
+            found += 1
+        for e in range(g_indptr[v], g_indptr[v + 1]):
+            u = g_col[e]
+            du = dv + g_len[e]
+            if du < dist[u]:
+                if dist[u] == np.inf:
+                    touched[n_touched] = u
+                    n_touched += 1
+                dist[u] = du
+                heapq.heappush(heap, (du, u))
+    for t in range(n_touched):
+        dist[touched[t]] = np.inf
+        done[touched[t]] = False
+    return found
+
+
+@njit(cache=True, parallel=True)
+def coarse_neighbour_lists(g_indptr, g_col, g_len, coarse_id, n_coarse, k, n_chunks):
     """Each coarse vertex's ``k`` geodesically nearest coarse vertices (Dijkstra, stopped early).
 
     ``coarse_id[v]`` is v's coarse number or -1. Returns ``(source, neighbour,
     rank)`` in coarse numbers, rank 1 nearest; a coarse vertex in a small
-    component gets fewer than ``k``. Memory: two length-n arrays reused by
+    component gets fewer than ``k``. The searches run in ``n_chunks`` parallel
+    chunks (one per thread); memory: per chunk, three length-n arrays reused by
     every search (reset through the list of touched vertices).
     """
     n = g_indptr.shape[0] - 1
-    dist = np.full(n, np.inf)
-    done = np.zeros(n, dtype=np.bool_)
-    touched = np.empty(n, dtype=np.int64)
-    src = np.empty(n_coarse * k, dtype=np.int32)
-    nbr = np.empty(n_coarse * k, dtype=np.int32)
-    rnk = np.empty(n_coarse * k, dtype=np.int32)
+    fine_of = np.flatnonzero(coarse_id >= 0)
+    slots = np.empty((n_coarse, k), dtype=np.int32)
+    found = np.zeros(n_coarse, dtype=np.int64)
+    n_chunks = max(1, min(n_coarse, n_chunks))
+    for chunk in prange(n_chunks):
+        dist = np.full(n, np.inf)
+        done = np.zeros(n, dtype=np.bool_)
+        touched = np.empty(n, dtype=np.int64)
+        for c in range(chunk * n_coarse // n_chunks, (chunk + 1) * n_coarse // n_chunks):
+            found[c] = _nearest_coarse(
+                fine_of[c], k, g_indptr, g_col, g_len, coarse_id, dist, done, touched, slots[c]
+            )
+    total = int(found.sum())
+    src = np.empty(total, dtype=np.int32)
+    nbr = np.empty(total, dtype=np.int32)
+    rnk = np.empty(total, dtype=np.int32)
     out = 0
-    for s in range(n):
-        if coarse_id[s] < 0:
-            continue
-        n_touched = 0
-        found = 0
-        dist[s] = 0.0
-        touched[n_touched] = s
-        n_touched += 1
-        heap = [(0.0, s)]
-        while len(heap) > 0 and found < k:
-            dv, v = heapq.heappop(heap)
-            if done[v]:
-                continue
-            done[v] = True
-            if v != s and coarse_id[v] >= 0:
-                src[out] = coarse_id[s]
-                nbr[out] = coarse_id[v]
-                found += 1
-                rnk[out] = found
-                out += 1
-            for e in range(g_indptr[v], g_indptr[v + 1]):
-                u = g_col[e]
-                du = dv + g_len[e]
-                if du < dist[u]:
-                    if dist[u] == np.inf:
-                        touched[n_touched] = u
-                        n_touched += 1
-                    dist[u] = du
-                    heapq.heappush(heap, (du, u))
-        for t in range(n_touched):
-            dist[touched[t]] = np.inf
-            done[touched[t]] = False
-    return src[:out], nbr[:out], rnk[:out]
+    for c in range(n_coarse):
+        for r in range(found[c]):
+            src[out] = c
+            nbr[out] = slots[c, r]
+            rnk[out] = r + 1
+            out += 1
+    return src, nbr, rnk
 
 
 @njit(cache=True)
@@ -146,7 +168,9 @@ def coarse_graph(G, k: int, seed: int) -> tuple[np.ndarray, NeighborLists]:
     n_coarse = int(selected.sum())
     coarse_id = np.full(G.shape[0], -1, dtype=np.int64)
     coarse_id[selected] = np.arange(n_coarse)
-    src, nbr, rnk = coarse_neighbour_lists(indptr, col, length, coarse_id, n_coarse, int(k))
+    src, nbr, rnk = coarse_neighbour_lists(
+        indptr, col, length, coarse_id, n_coarse, int(k), numba.get_num_threads()
+    )
     lists = NeighborLists(IdMap([str(i) for i in range(n_coarse)]), src, nbr, rnk)
     return coarse_id, lists
 
