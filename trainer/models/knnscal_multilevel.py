@@ -28,8 +28,8 @@ from __future__ import annotations
 import heapq
 import time
 
-import numpy as np
 import numba
+import numpy as np
 from numba import njit, prange
 
 from ordrec.service.idmap import IdMap
