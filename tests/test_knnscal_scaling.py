@@ -1,4 +1,5 @@
-"""KNNSCAL's multilevel start: coarsening, coarse lists, prolongation, planted recovery."""
+"""KNNSCAL at scale: the multilevel start (coarsening, coarse lists, prolongation, planted
+recovery) and the per-phase progress lines."""
 
 from __future__ import annotations
 
@@ -92,3 +93,16 @@ def test_small_graphs_skip_the_coarse_level():
         KnnScal(init=init, multilevel_min_n=200, max_iter=5).fit(graph) for init in ("multilevel", "auto")
     ]
     np.testing.assert_array_equal(fits[0].coordinates_, fits[1].coordinates_)
+
+
+def test_verbose_fit_prints_every_phase_and_iteration_as_it_goes(capsys):
+    _, graph, _ = planted_graph(300, 6, seed=7)
+    est = KnnScal(init="multilevel", multilevel_min_n=100, max_iter=3, tol=0, verbose=True).fit(graph)
+    err = capsys.readouterr().err
+    for phase in ("n=300 |E+|=", "coarsened 300 ->", "n=300: start", "n=300: reorder"):
+        assert phase in err, phase
+    for it in range(1, est.n_iter_ + 1):
+        assert f"n=300: iteration {it} " in err
+    assert err.count("[CPU ") >= 4 + est.n_iter_
+    KnnScal(max_iter=2).fit(graph)
+    assert "KNNSCAL n=" not in capsys.readouterr().err
