@@ -570,7 +570,7 @@ class KnnScal(Estimator):
                 history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
                 iter_times.append(time.perf_counter() - t_it)
                 self._log(
-                    f"n={n:,}: iteration {it} {iter_times[-1]:.2f} s, stress {self.normalised_stress(s_iso):.6f}"
+                    f"n={n:,}: iteration {it} {iter_times[-1]:.2f} s, stress {self.normalised_stress(s_iso):.6g}"
                 )
                 bar.update(1, stress=self.normalised_stress(s_iso))
                 # |change|: with rank gaps the disparity step can raise the
