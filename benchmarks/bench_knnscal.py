@@ -11,7 +11,9 @@ quality (order agreement) of the fit stopped at ``--tol``.
     .venv/bin/python benchmarks/bench_knnscal.py --sizes 10000 100000 1000000
 
 Timings on a shared machine are wall-clock under whatever else is running;
-the CPU columns are steadier.
+the CPU columns are steadier. Each fit prints its phases and iterations on
+stderr as it goes (``--quiet``: only the table), so a long run shows where
+its time goes even if it is stopped.
 """
 
 from __future__ import annotations
