@@ -20,7 +20,8 @@ Coarsening (all O(n k) memory):
    a level has at most ``multilevel_min_n`` vertices, which starts from
    landmark MDS);
 4. each fine vertex starts at its coarse vertex, or at the mean of the coarse
-   vertices among its neighbours weighted by 1 / Delta_sym.
+   vertices at most two edges away, weighted by 1 / (path length over
+   Delta_sym).
 """
 
 from __future__ import annotations
@@ -130,25 +131,51 @@ def coarse_neighbour_lists(g_indptr, g_col, g_len, coarse_id, n_coarse, k, n_chu
     return src, nbr, rnk
 
 
+@njit(cache=True, inline="always")
+def _reach(c, path_length, length, reached, m):
+    """Record a path of ``path_length`` to coarse vertex ``c`` (-1: not coarse); returns the count reached."""
+    if c < 0:
+        return m
+    if length[c] == np.inf:
+        reached[m] = c
+        m += 1
+    length[c] = min(length[c], path_length)
+    return m
+
+
 @njit(cache=True)
 def prolong(X_coarse, coarse_id, g_indptr, g_col, g_len):
     """Fine coordinates: a coarse vertex keeps its place; any other vertex goes to the
-    mean of the coarse vertices among its neighbours, weighted by 1 / Delta_sym."""
+    mean of the coarse vertices at most two edges away, weighted by 1 / (their
+    shortest such path's Delta_sym length).
+
+    Two hops rather than one: a vertex has only one or two coarse neighbours,
+    so one hop puts many vertices on the same few points and the fine fit
+    spends its first iterations separating them.
+    """
     n = g_indptr.shape[0] - 1
     dim = X_coarse.shape[1]
     X = np.zeros((n, dim))
+    length = np.full(X_coarse.shape[0], np.inf)  # per coarse vertex, reset after each v
+    reached = np.empty(X_coarse.shape[0], dtype=np.int64)
     for v in range(n):
         if coarse_id[v] >= 0:
             X[v] = X_coarse[coarse_id[v]]
             continue
-        total = 0.0
+        m = 0
         for e in range(g_indptr[v], g_indptr[v + 1]):
-            c = coarse_id[g_col[e]]
-            if c >= 0:
-                w = 1.0 / g_len[e]
-                total += w
-                for a in range(dim):
-                    X[v, a] += w * X_coarse[c, a]
+            u = g_col[e]
+            m = _reach(coarse_id[u], g_len[e], length, reached, m)
+            for f in range(g_indptr[u], g_indptr[u + 1]):
+                m = _reach(coarse_id[g_col[f]], g_len[e] + g_len[f], length, reached, m)
+        total = 0.0
+        for t in range(m):
+            c = reached[t]
+            w = 1.0 / length[c]
+            total += w
+            for a in range(dim):
+                X[v, a] += w * X_coarse[c, a]
+            length[c] = np.inf
         if total > 0:
             for a in range(dim):
                 X[v, a] /= total
