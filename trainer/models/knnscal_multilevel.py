@@ -149,9 +149,9 @@ def prolong(X_coarse, coarse_id, g_indptr, g_col, g_len):
     mean of the coarse vertices at most two edges away, weighted by 1 / (their
     shortest such path's Delta_sym length).
 
-    Two hops rather than one: a vertex has only one or two coarse neighbours,
-    so one hop puts many vertices on the same few points and the fine fit
-    spends its first iterations separating them.
+    Two hops rather than one: a vertex has few coarse neighbours, so one hop
+    puts many vertices on the same few points and the fine fit spends its
+    first iterations separating them.
     """
     n = g_indptr.shape[0] - 1
     dim = X_coarse.shape[1]
