@@ -109,3 +109,24 @@ def test_verbose_fit_prints_every_phase_and_iteration_as_it_goes(capsys):
     assert err.count("[CPU ") >= 4 + est.n_iter_
     KnnScal(max_iter=2).fit(graph)
     assert "KNNSCAL n=" not in capsys.readouterr().err
+
+
+def test_a_graph_that_does_not_coarsen_gets_the_landmark_start():
+    # A star: the independent set is its centre alone or all its leaves.
+    from ordrec.service.idmap import IdMap
+    from ordrec.trainer.data.types import NeighborLists
+
+    n = 40
+    leaves = np.arange(1, n, dtype=np.int32)
+    source = np.concatenate([np.zeros(5, np.int32), leaves])
+    neighbor = np.concatenate([leaves[:5], np.zeros(n - 1, np.int32)])
+    rank = np.concatenate([np.arange(1, 6), np.ones(n - 1)]).astype(np.int32)
+    graph = NeighborLists(IdMap([str(i) for i in range(n)]), source, neighbor, rank)
+    csr = neighbor_csr(graph)
+    starts = [
+        KnnScal(init=init, multilevel_min_n=3).initial_configuration(*csr, n)
+        for init in ("multilevel", "landmark")
+    ]
+    # Equal up to the start's 1e-6 jitter (drawn from another point of the random stream).
+    np.testing.assert_allclose(starts[0], starts[1], atol=1e-5 * starts[1].std())
+    assert KnnScal(init="multilevel", multilevel_min_n=3, max_iter=3).fit(graph).coordinates_.shape == (n, 2)

@@ -35,6 +35,7 @@ from numba import njit, prange
 
 from ordrec.service.idmap import IdMap
 from ordrec.trainer.data.types import NeighborLists
+from ordrec.trainer.models.knnscal import landmark_mds
 
 
 @njit(cache=True)
@@ -202,17 +203,29 @@ def coarse_graph(G, k: int, seed: int) -> tuple[np.ndarray, NeighborLists]:
     return coarse_id, lists
 
 
+def coarsens(n: int, lists: NeighborLists) -> bool:
+    """Whether a coarse level is worth fitting: at most half the vertices (so the
+    levels shrink geometrically), at least 3 of them, and some edges between them.
+    A star, say, does not coarsen: its centre alone, or all its leaves."""
+    n_coarse = len(lists.vertices)
+    return 3 <= n_coarse <= n // 2 and lists.source.size > 0
+
+
 def multilevel_start(estimator, G, k: int) -> np.ndarray:
     """Step 3 by coarsening: fit the coarse graph with ``estimator``'s settings, prolong it.
 
     ``G`` is the fine symmetric graph (:func:`knnscal.symmetric_graph`), ``k``
-    the fine lists' length (the coarse lists get as many).
+    the fine lists' length (the coarse lists get as many). A graph that does
+    not coarsen (:func:`coarsens`) gets the landmark-MDS start instead.
     """
     t0 = time.perf_counter()
     coarse_id, lists = coarse_graph(G, k, int(estimator.random_state))
     estimator._log(
         f"coarsened {G.shape[0]:,} -> {len(lists.vertices):,} vertices in {time.perf_counter() - t0:.1f} s"
     )
+    if not coarsens(G.shape[0], lists):
+        rng = np.random.default_rng(estimator.random_state)
+        return landmark_mds(G, int(estimator.n_components), int(estimator.n_landmarks), rng)
     coarse = estimator.coarse_estimator()
     coarse.fit(lists)
     return prolong(
