@@ -11,7 +11,9 @@ quality (order agreement) of the fit stopped at ``--tol``.
     .venv/bin/python benchmarks/bench_knnscal.py --sizes 10000 100000 1000000
 
 Timings on a shared machine are wall-clock under whatever else is running;
-the CPU columns are steadier.
+the CPU columns are steadier. Each fit prints its phases and iterations on
+stderr as it goes (``--quiet``: only the table), so a long run shows where
+its time goes even if it is stopped.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def one(args) -> dict:
     t0 = time.perf_counter()
     graph = generated_graph(args.one, args.k, args.seed)
     gen_s = time.perf_counter() - t0
+    if args.verbose:
+        print(
+            f"n={args.one:,} tol={args.tol:g}: graph generated in {gen_s:.1f} s", file=sys.stderr, flush=True
+        )
     params = json.loads(args.params)
     est = KnnScal(
         n_components=args.dim,
@@ -162,7 +168,7 @@ def run_one_size(args, n: int, tol: float, max_iter: int) -> dict:
         str(args.seed),
         "--params",
         args.params,
-    ] + (["--verbose"] if args.verbose else [])
+    ] + ([] if args.verbose else ["--quiet"])
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -187,7 +193,12 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--params", default=json.dumps(DEFAULT_PARAMS), help="KNNSCAL hyperparameters as JSON"
     )
-    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument(
+        "--quiet",
+        dest="verbose",
+        action="store_false",
+        help="no phase and iteration lines on stderr (by default each fit prints them as it goes)",
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # child mode: one size
     parser.add_argument(
         "--sweeps-only",

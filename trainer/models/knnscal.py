@@ -78,6 +78,7 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 from numbers import Integral, Real
@@ -277,9 +278,11 @@ class KnnScal(Estimator):
     update : {"gauss-seidel", "jacobi"}
         Vertex-at-a-time majorization (default) or the poster's simultaneous
         diagonal majorization; both are monotone (see the module docstring).
-    init : {"auto", "cmds", "landmark", "random"}
-        Initial configuration from Delta_sym geodesics; "auto" is classical
-        MDS up to ``cmds_max_n`` vertices and landmark MDS above.
+    init : {"auto", "multilevel", "cmds", "landmark", "spectral", "random"}
+        Initial configuration from Delta_sym geodesics; "auto" (= "multilevel")
+        is classical MDS up to ``cmds_max_n`` vertices, landmark MDS up to
+        ``multilevel_min_n`` and above that the multilevel start: the fit of
+        a coarser graph (``knnscal_multilevel``), prolonged.
     initial_disparities : {"isotonic", "ranks"}
         "isotonic" (default): start from the isotonic fit of the initial
         configuration's distances; "ranks": Delta = min(r_ij, q) as in the
@@ -289,6 +292,10 @@ class KnnScal(Estimator):
         iterations to a lower order agreement (``docs/knnscal.md``).
     n_landmarks, cmds_max_n : int
         Landmark MDS size, and the largest n for dense classical MDS.
+    multilevel_min_n : int
+        The multilevel start coarsens graphs of more vertices than this
+        (each level has about 7 times fewer vertices on a 10-NN graph); a
+        level this small or smaller starts from (landmark) MDS.
     n_neighbors : int
         k of the k-NN lists built when ``fit`` gets a feature matrix.
     reorder : {"morton", "none"}
@@ -321,9 +328,10 @@ class KnnScal(Estimator):
         "max_iter": [Interval(Integral, 0, None)],
         "tol": [Interval(Real, 0, None)],
         "update": [Options(str, {"gauss-seidel", "jacobi"})],
-        "init": [Options(str, {"auto", "cmds", "landmark", "spectral", "random"})],
+        "init": [Options(str, {"auto", "cmds", "landmark", "spectral", "random", "multilevel"})],
         "initial_disparities": [Options(str, {"ranks", "isotonic"})],
         "n_landmarks": [Interval(Integral, 1, None)],
+        "multilevel_min_n": [Interval(Integral, 3, None)],
         "cmds_max_n": [Interval(Integral, 0, None)],
         "edge_weight": [Interval(Real, 0, None)],
         "rank_gap": [Interval(Real, 0, None)],
@@ -347,6 +355,7 @@ class KnnScal(Estimator):
         init: str = "auto",
         initial_disparities: str = "isotonic",
         n_landmarks: int = 32,
+        multilevel_min_n: int = 5_000,
         cmds_max_n: int = 500,
         edge_weight: float = 1.0,
         rank_gap: float = 2.0,
@@ -366,6 +375,7 @@ class KnnScal(Estimator):
         self.init = init
         self.initial_disparities = initial_disparities
         self.n_landmarks = n_landmarks
+        self.multilevel_min_n = multilevel_min_n
         self.cmds_max_n = cmds_max_n
         self.edge_weight = edge_weight
         self.rank_gap = rank_gap
@@ -383,11 +393,17 @@ class KnnScal(Estimator):
         dim = int(self.n_components)
         method = self.init
         if method == "auto":
-            method = "cmds" if n <= self.cmds_max_n else "landmark"
+            method = "multilevel"
         if method == "random":
             return rng.standard_normal((n, dim))
+        if method == "multilevel" and n <= self.multilevel_min_n:
+            method = "cmds" if n <= self.cmds_max_n else "landmark"
         G = symmetric_graph(indptr, col, rnk, n)
-        if method == "spectral":
+        if method == "multilevel":
+            from ordrec.trainer.models.knnscal_multilevel import multilevel_start
+
+            X = multilevel_start(self, G, int(rnk.max()))
+        elif method == "spectral":
             # Laplacian eigenmap of the symmetrised graph with affinity 1 / Delta_sym.
             from sklearn.manifold import spectral_embedding
 
@@ -402,6 +418,10 @@ class KnnScal(Estimator):
         # (d = 0 has no direction for the majorization step).
         scale = X.std() if X.std() > 0 else 1.0
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
+
+    def coarse_estimator(self) -> KnnScal:
+        """The estimator of the next coarser level of the multilevel start: the same settings."""
+        return KnnScal(**self.get_params())
 
     def _relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
         """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
@@ -423,6 +443,14 @@ class KnnScal(Estimator):
             raise FloatingPointError("all disparities are zero: the configuration collapsed")
         delta *= np.sqrt(self.weight_total_ / norm2)
         return delta
+
+    def _log(self, message: str) -> None:
+        """One flushed line on stderr when ``verbose``: a long fit shows where its time goes as it runs.
+
+        Each line ends with the process's CPU time so far, steadier than wall time on a shared machine.
+        """
+        if self.verbose:
+            print(f"KNNSCAL {message} [CPU {time.process_time():.1f} s]", file=sys.stderr, flush=True)
 
     def _weights(self):
         return self.plus_rnk_, self.q_, float(self.edge_weight)
@@ -490,10 +518,12 @@ class KnnScal(Estimator):
         n_edges = int(col.shape[0])
         self.weight_total_ = float(self.edge_weight) * n_edges + (self.plus_col_.shape[0] - n_edges)
         timings["edges_s"] = time.perf_counter() - t0
+        self._log(f"n={n:,} |E+|={self.plus_col_.shape[0]:,}: edges {timings['edges_s']:.1f} s")
 
         t0 = time.perf_counter()
         X = np.ascontiguousarray(self.initial_configuration(indptr, col, rnk, n), dtype=np.float64)
         timings["init_s"] = time.perf_counter() - t0
+        self._log(f"n={n:,}: start ({self.init}) {timings['init_s']:.1f} s")
 
         t0 = time.perf_counter()
         order = None
@@ -504,6 +534,7 @@ class KnnScal(Estimator):
         self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
         self.perm_ = K.row_positions(self.plus_indptr_)
         timings["reorder_s"] = time.perf_counter() - t0
+        self._log(f"n={n:,}: reorder {timings['reorder_s']:.1f} s")
 
         # Step 2: the isotonic fit of the start (default), or the poster's Delta = min(r_ij, q); normalised.
         if self.initial_disparities == "ranks":
@@ -538,6 +569,9 @@ class KnnScal(Estimator):
                 check_finite(it, disparities=delta)
                 history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
                 iter_times.append(time.perf_counter() - t_it)
+                self._log(
+                    f"n={n:,}: iteration {it} {iter_times[-1]:.2f} s, stress {self.normalised_stress(s_iso):.6g}"
+                )
                 bar.update(1, stress=self.normalised_stress(s_iso))
                 # |change|: with rank gaps the disparity step can raise the
                 # stress, and a rise is not convergence.
