@@ -92,6 +92,7 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
 from ordrec.trainer.data.types import DataError, NeighborLists
 from ordrec.trainer.models import knnscal_kernels as K
+from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
 
@@ -331,6 +332,9 @@ class KnnScal(Estimator):
         "n_neighbors": [Interval(Integral, 1, None)],
         "reorder": [Options(str, {"morton", "none"})],
         "block_size": [Interval(Integral, 1, None)],
+        "neighbor_embedding": [Options(str, {"auto", "exact", "sampled", "none"})],
+        "ne_exact_max_n": [Interval(Integral, 0, None)],
+        "ne_rank_decay": [Interval(Real, 0, None)],
         "random_state": [Interval(Integral, 0, None)],
         "verbose": ["boolean"],
     }
@@ -354,6 +358,9 @@ class KnnScal(Estimator):
         n_neighbors: int = 10,
         reorder: str = "morton",
         block_size: int = 50_000,
+        neighbor_embedding: str = "none",
+        ne_exact_max_n: int = 10_000,
+        ne_rank_decay: float = 0.0,
         random_state: int = 0,
         verbose: bool = False,
     ):
@@ -373,6 +380,9 @@ class KnnScal(Estimator):
         self.n_neighbors = n_neighbors
         self.reorder = reorder
         self.block_size = block_size
+        self.neighbor_embedding = neighbor_embedding
+        self.ne_exact_max_n = ne_exact_max_n
+        self.ne_rank_decay = ne_rank_decay
         self.random_state = random_state
         self.verbose = verbose
 
@@ -402,6 +412,20 @@ class KnnScal(Estimator):
         # (d = 0 has no direction for the majorization step).
         scale = X.std() if X.std() > 0 else 1.0
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
+
+    def _neighbor_embedding(self, X, indptr, col, rnk, n: int) -> np.ndarray:
+        """Refine the start by t-SNE on the graph's rank affinities (``knnscal_local``)."""
+        method = self.neighbor_embedding
+        if method == "none":
+            return X
+        if method == "auto":
+            method = "exact" if n <= self.ne_exact_max_n else "sampled"
+        P = L.rank_affinities(indptr, col, rnk, n, float(self.ne_rank_decay))
+        # t-SNE's start scale: a spread of 1e-4, so early exaggeration forms the clusters.
+        Y = 1e-4 * (X - X.mean(axis=0)) / max(float(X[:, 0].std()), 1e-300)
+        if method == "exact":
+            return L.tsne_exact(Y, P)
+        return L.neighbor_embedding_sampled(Y * 1e4, P, seed=int(self.random_state))
 
     def _relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
         """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
@@ -493,6 +517,7 @@ class KnnScal(Estimator):
 
         t0 = time.perf_counter()
         X = np.ascontiguousarray(self.initial_configuration(indptr, col, rnk, n), dtype=np.float64)
+        X = self._neighbor_embedding(X, indptr, col, rnk, n)
         timings["init_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
