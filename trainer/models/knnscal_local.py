@@ -212,3 +212,47 @@ def neighbor_embedding_sampled(
         np.int64(seed),
     )
     return Y - Y.mean(axis=0)
+
+
+# ------------------------------------------------------- graph-only validation
+def graph_agreement(
+    X: np.ndarray, indptr: np.ndarray, col: np.ndarray, rnk: np.ndarray
+) -> tuple[float, float]:
+    """(order agreement, recall@k) of map X against the graph itself; no features.
+
+    Order agreement: over pairs of a source's list with r_ij < r_ik, the share
+    with d_ij < d_ik. Recall@k: the share of each source's k_i listed
+    neighbours among its k_i nearest on the map (k-d tree; O(n k log n)).
+    """
+    from scipy.spatial import cKDTree
+
+    from ordrec.trainer.models.knnscal_kernels import order_counts
+
+    q = int(rnk.max()) + 1
+    agree, pairs = order_counts(X, indptr, col, rnk, q)
+    k = int(np.diff(indptr).max())
+    _, near = cKDTree(X).query(X, k=min(k + 1, X.shape[0]))
+    return agree / max(pairs, 1), _listed_share(near, indptr, col)
+
+
+@njit(cache=True)
+def _listed_share(near, indptr, col):
+    """Share of listed neighbours among each source's first k_i map neighbours (self skipped)."""
+    hits = 0
+    listed = 0
+    for i in range(indptr.shape[0] - 1):
+        k_i = indptr[i + 1] - indptr[i]
+        taken = 0
+        for t in range(near.shape[1]):
+            j = near[i, t]
+            if j == i:
+                continue
+            if taken == k_i:
+                break
+            taken += 1
+            for e in range(indptr[i], indptr[i + 1]):
+                if col[e] == j:
+                    hits += 1
+                    break
+        listed += k_i
+    return hits / max(listed, 1)
