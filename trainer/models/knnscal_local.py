@@ -46,6 +46,16 @@ def rank_affinities(
 
 
 # ------------------------------------------------------------------ exact KL
+@njit(cache=True, inline="always")
+def _sq_dist(Y, i, j):
+    """||y_i - y_j||^2."""
+    d2 = 0.0
+    for c in range(Y.shape[1]):
+        diff = Y[i, c] - Y[j, c]
+        d2 += diff * diff
+    return d2
+
+
 @njit(cache=True, parallel=True)
 def _repulsion(Y, rep):
     """rep_i = sum_j w_ij^2 (y_i - y_j) with w = 1 / (1 + d^2); returns Z = sum_{i != j} w_ij."""
@@ -58,10 +68,7 @@ def _repulsion(Y, rep):
         for j in range(n):
             if j == i:
                 continue
-            d2 = 0.0
-            for c in range(dim):
-                diff = Y[i, c] - Y[j, c]
-                d2 += diff * diff
+            d2 = _sq_dist(Y, i, j)
             w = 1.0 / (1.0 + d2)
             z += w
             for c in range(dim):
@@ -80,10 +87,7 @@ def kl_gradient_exact(Y, p_indptr, p_col, p_val, exaggeration, grad):
             grad[i, c] = -grad[i, c] / z
         for e in range(p_indptr[i], p_indptr[i + 1]):
             j = p_col[e]
-            d2 = 0.0
-            for c in range(dim):
-                diff = Y[i, c] - Y[j, c]
-                d2 += diff * diff
+            d2 = _sq_dist(Y, i, j)
             coef = exaggeration * p_val[e] / (1.0 + d2)
             for c in range(dim):
                 grad[i, c] += coef * (Y[i, c] - Y[j, c])
@@ -99,19 +103,13 @@ def kl_divergence_exact(Y, p_indptr, p_col, p_val):
     for i in range(n):
         for j in range(n):
             if j != i:
-                d2 = 0.0
-                for c in range(dim):
-                    diff = Y[i, c] - Y[j, c]
-                    d2 += diff * diff
+                d2 = _sq_dist(Y, i, j)
                 z += 1.0 / (1.0 + d2)
     kl = 0.0
     for i in range(n):
         for e in range(p_indptr[i], p_indptr[i + 1]):
             j = p_col[e]
-            d2 = 0.0
-            for c in range(dim):
-                diff = Y[i, c] - Y[j, c]
-                d2 += diff * diff
+            d2 = _sq_dist(Y, i, j)
             if p_val[e] > 0:
                 kl += p_val[e] * np.log(p_val[e] * z * (1.0 + d2))
     return kl
@@ -165,10 +163,7 @@ def _sgd_epochs(Y, heads, tails, weights, n_epochs, negatives, exaggeration, exa
             next_use[e] += period[e]
             i = heads[e]
             j = tails[e]
-            d2 = 0.0
-            for c in range(dim):
-                diff = Y[i, c] - Y[j, c]
-                d2 += diff * diff
+            d2 = _sq_dist(Y, i, j)
             coef = -2.0 * strength / (1.0 + d2)
             for c in range(dim):
                 g = min(4.0, max(-4.0, coef * (Y[i, c] - Y[j, c])))
@@ -178,10 +173,7 @@ def _sgd_epochs(Y, heads, tails, weights, n_epochs, negatives, exaggeration, exa
                 k = np.random.randint(0, n)
                 if k == i:
                     continue
-                d2 = 0.0
-                for c in range(dim):
-                    diff = Y[i, c] - Y[k, c]
-                    d2 += diff * diff
+                d2 = _sq_dist(Y, i, k)
                 coef = 2.0 / ((0.001 + d2) * (1.0 + d2))
                 for c in range(dim):
                     g = min(4.0, max(-4.0, coef * (Y[i, c] - Y[k, c])))
