@@ -538,7 +538,7 @@ class KnnScal(Estimator):
         if not isinstance(data, NeighborLists):
             data = knn_lists(np.asarray(data), int(self.n_neighbors))
         self._fit_from_start(data)
-        if self.refinement == "validated" and self.neighbor_embedding_used_:
+        if self.neighbor_embedding_used_ and np.isfinite(self.graph_score_):  # validated
             geodesic = type(self)(**{**self.get_params(), "neighbor_embedding": "none"})._fit_from_start(data)
             if geodesic.graph_score_ > self.graph_score_:
                 fitted = {name: value for name, value in vars(geodesic).items() if name.endswith("_")}
