@@ -655,7 +655,8 @@ class KnnScal(Estimator):
         themselves (``knnscal_local.graph_agreement``), never features. The
         stress optimum is not the best map by those measures on every graph,
         so the refinement must earn its place. A start that wins gets its own
-        isotonic disparities back (step 2). Sets ``refined_``.
+        isotonic disparities back (step 2). Sets ``refined_``; ``stress_`` and
+        ``stress_history_`` still describe the iterations.
         """
         self.refined_ = True
         if start is None:
