@@ -406,7 +406,11 @@ def test_isotonic_start_keeps_the_start_and_converges_sooner_than_rank_dispariti
 
 @pytest.mark.parametrize(
     ("param", "expected"),
-    [([], {"knnscal", "knnscal-poster-start"}), (["initial_disparities=ranks"], {"knnscal"})],
+    [
+        ([], {"knnscal", "knnscal-geodesic-start", "knnscal-poster-start"}),
+        (["initial_disparities=ranks"], {"knnscal"}),
+        (["neighbor_embedding=none"], {"knnscal"}),
+    ],
 )
 def test_the_protocol_shows_the_posters_start_next_to_the_default(param, expected):
     import argparse

@@ -25,3 +25,17 @@ def test_digits_order_agreement_and_recall_beat_isomap_and_spectral():
         theirs = map_metrics(problem, map_index(problem, reference_map(method, problem, 2, 0)))
         assert ours["order_agreement"] > theirs["order_agreement"], (method, ours, theirs)
         assert ours["recall@10"] > theirs["recall@10"], (method, ours, theirs)
+
+
+# t-SNE on the digits features, the issue's figures for `reproduce knnscal --digits --k 5`.
+TSNE_DIGITS_5NN = {"order_agreement": 0.715, "recall@5": 0.588}
+
+
+def test_digits_5nn_order_agreement_and_recall_reach_tsne():
+    # Issue 21 item 1: the default from the graph alone against t-SNE from the features.
+    args = argparse.Namespace(digits=True, k=5, seed=0, data=None)
+    problem = load_problem(args)
+    est = KnnScal(random_state=0).fit(problem.graph)
+    ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
+    for metric, tsne in TSNE_DIGITS_5NN.items():
+        assert ours[metric] > tsne, (metric, ours, tsne)

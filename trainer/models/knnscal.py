@@ -71,6 +71,13 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
   the start's distances, not from Delta = min(r_ij, q) (poster, step 2),
   which asks the k-th neighbour to sit almost as far as a non-edge and so
   undoes the start's local order before rebuilding it slowly;
+- ``neighbor_embedding`` and ``refinement="validated"``: for n up to
+  ``ne_exact_max_n`` the start is t-SNE on the graph's rank affinities, and
+  the fit returns whichever of that start, its stress refinement and the
+  geodesic start's refinement fits the lists best (order agreement plus
+  recall@k against the graph itself). The least-squares stress trades a
+  source's nearest neighbours for the order of its farther entries, so on
+  clustered graphs its optimum scores below the neighbour embedding;
 - ``block_size``: the Gauss-Seidel sweep runs on contiguous vertex blocks in
   parallel with a split majorizer between blocks (still monotone; see
   ``knnscal_kernels.majorize_blocks``).
@@ -93,6 +100,7 @@ from ordrec.service.idmap import IdMap
 from ordrec.service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
 from ordrec.trainer.data.types import DataError, NeighborLists
 from ordrec.trainer.models import knnscal_kernels as K
+from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
 
@@ -312,6 +320,26 @@ class KnnScal(Estimator):
         swept at the same time, each reading the others as the sweep found
         them (still monotone, see ``knnscal_kernels.majorize_blocks``). One
         block below ``block_size`` vertices: plain Gauss-Seidel.
+    neighbor_embedding : {"auto", "exact", "sampled", "none"}
+        Refine the geodesic start by t-SNE on the graph alone
+        (``knnscal_local``): affinities from the ranks, Student-t map
+        similarities, KL objective with early exaggeration. "exact" is the
+        O(n^2)-per-iteration gradient; "sampled" attracts along edges and
+        repels uniform non-edges (negative sampling, O(|E|) per epoch); "auto"
+        is "exact" up to ``ne_exact_max_n`` vertices and "none" above.
+    ne_exact_max_n : int
+        Largest n for the exact neighbour embedding under "auto".
+    ne_rank_decay : float
+        p_j|i proportional to exp(-ne_rank_decay (r_ij - 1) / k_i) over i's
+        list (0: uniform over the list). Chosen on breast_cancer 10-NN
+        (``docs/knnscal.md``).
+    refinement : {"validated", "always"}
+        "validated": up to ``ne_exact_max_n`` vertices, keep the stress
+        iterations' map only if it fits the graph (order agreement + recall@k
+        against the lists) at least as well as its start, and with a
+        neighbour-embedding start also fit from the geodesic start and keep
+        the better map; "always" (and any larger graph): the iterations' map,
+        as in the poster.
     random_state : int, default 0
         Seeds the non-edge sample and the landmarks / random start.
     verbose : bool, default False
@@ -339,6 +367,10 @@ class KnnScal(Estimator):
         "n_neighbors": [Interval(Integral, 1, None)],
         "reorder": [Options(str, {"morton", "none"})],
         "block_size": [Interval(Integral, 1, None)],
+        "neighbor_embedding": [Options(str, {"auto", "exact", "sampled", "none"})],
+        "ne_exact_max_n": [Interval(Integral, 0, None)],
+        "ne_rank_decay": [Interval(Real, 0, None)],
+        "refinement": [Options(str, {"always", "validated"})],
         "random_state": [Interval(Integral, 0, None)],
         "verbose": ["boolean"],
     }
@@ -363,6 +395,10 @@ class KnnScal(Estimator):
         n_neighbors: int = 10,
         reorder: str = "morton",
         block_size: int = 50_000,
+        neighbor_embedding: str = "auto",
+        ne_exact_max_n: int = 5_000,
+        ne_rank_decay: float = 2.0,
+        refinement: str = "validated",
         random_state: int = 0,
         verbose: bool = False,
     ):
@@ -383,6 +419,10 @@ class KnnScal(Estimator):
         self.n_neighbors = n_neighbors
         self.reorder = reorder
         self.block_size = block_size
+        self.neighbor_embedding = neighbor_embedding
+        self.ne_exact_max_n = ne_exact_max_n
+        self.ne_rank_decay = ne_rank_decay
+        self.refinement = refinement
         self.random_state = random_state
         self.verbose = verbose
 
@@ -420,8 +460,26 @@ class KnnScal(Estimator):
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
 
     def coarse_estimator(self) -> KnnScal:
-        """The estimator of the next coarser level of the multilevel start: the same settings."""
-        return KnnScal(**self.get_params())
+        """The estimator of the next coarser level of the multilevel start: the same settings,
+        with the geodesic start at the coarsest level (the neighbour embedding tears the evenly
+        sampled manifolds a coarsened graph stands for, and its O(n^2) start would be paid there)."""
+        return KnnScal(**{**self.get_params(), "neighbor_embedding": "none"})
+
+    def _neighbor_embedding(self, X, indptr, col, rnk, n: int) -> np.ndarray:
+        """Refine the start by t-SNE on the graph's rank affinities (``knnscal_local``)."""
+        method = self.neighbor_embedding
+        if method == "auto":
+            # The exact gradient is O(n^2) per iteration; above the cut the geodesic start stays.
+            method = "exact" if n <= self.ne_exact_max_n else "none"
+        self.neighbor_embedding_used_ = method != "none"
+        if method == "none":
+            return X
+        P = L.rank_affinities(indptr, col, rnk, n, float(self.ne_rank_decay))
+        # t-SNE's start scale: a spread of 1e-4, so early exaggeration forms the clusters.
+        Y = 1e-4 * (X - X.mean(axis=0)) / max(float(X[:, 0].std()), 1e-300)
+        if method == "exact":
+            return L.tsne_exact(Y, P)
+        return L.neighbor_embedding_sampled(Y * 1e4, P, seed=int(self.random_state))
 
     def _relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
         """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
@@ -498,10 +556,27 @@ class KnnScal(Estimator):
 
     # ------------------------------------------------------------------ fit
     def fit(self, data) -> KnnScal:
-        """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here)."""
+        """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here).
+
+        With a neighbour-embedding start and ``refinement="validated"`` the fit
+        also runs from the geodesic start alone and keeps whichever map fits
+        the graph better (``graph_score_``): the neighbour embedding tears
+        an evenly sampled manifold into pieces that the stress cannot rejoin,
+        the geodesic start keeps it whole but loses clusters' neighbours.
+        """
         self._validate_params()
         if not isinstance(data, NeighborLists):
             data = knn_lists(np.asarray(data), int(self.n_neighbors))
+        self._fit_from_start(data)
+        if self.neighbor_embedding_used_ and np.isfinite(self.graph_score_):  # validated
+            geodesic = type(self)(**{**self.get_params(), "neighbor_embedding": "none"})._fit_from_start(data)
+            if geodesic.graph_score_ > self.graph_score_:
+                fitted = {name: value for name, value in vars(geodesic).items() if name.endswith("_")}
+                vars(self).update(fitted)
+        return self
+
+    def _fit_from_start(self, data: NeighborLists) -> KnnScal:
+        """One fit: start (step 3, optionally the neighbour embedding), then the stress iterations."""
         self.vertices_ = data.vertices
         self.labels_ = data.labels
         self.data_fingerprint_ = data.fingerprint()
@@ -522,6 +597,7 @@ class KnnScal(Estimator):
 
         t0 = time.perf_counter()
         X = np.ascontiguousarray(self.initial_configuration(indptr, col, rnk, n), dtype=np.float64)
+        X = self._neighbor_embedding(X, indptr, col, rnk, n)
         timings["init_s"] = time.perf_counter() - t0
         self._log(f"n={n:,}: start ({self.init}) {timings['init_s']:.1f} s")
 
@@ -547,6 +623,9 @@ class KnnScal(Estimator):
         X *= float(np.sum(w * delta * d)) / max(float(np.sum(w * d * d)), 1e-300)
         del w, d
         check_finite(0, coordinates=X, disparities=delta)
+        # Validation is for the small-n path: its k-d tree queries would add time at 10^6 vertices.
+        validate = self.refinement == "validated" and n <= self.ne_exact_max_n
+        start = X.copy() if validate else None
 
         history = [(0, "init", self._stress(X, delta))]
         t0 = time.perf_counter()
@@ -581,6 +660,7 @@ class KnnScal(Estimator):
                 prev = s_iso
         timings["iterations_s"] = time.perf_counter() - t0
         timings["iterations_cpu_s"] = time.process_time() - cpu0
+        X, delta = self._validated(X, delta, start, order)
         del self.in_indptr_, self.in_src_, self.in_entry_, self.perm_
         if order is not None:
             # Back to the input's vertex order: vertex order[r] sits at row r.
@@ -603,6 +683,30 @@ class KnnScal(Estimator):
         table[1:] = np.maximum.accumulate(np.where(counts[1:] > 0, table[1:], 0.0))
         self.rank_disparity_ = table
         return self
+
+    def _validated(self, X, delta, start, order):
+        """``refinement="validated"``: keep the iterations' map only if it fits the graph at least as well as the start.
+
+        "Fits the graph": order agreement plus recall@k against the ranked lists
+        themselves (``knnscal_local.graph_agreement``), never features. The
+        stress optimum is not the best map by those measures on every graph,
+        so the refinement must earn its place. A start that wins gets its own
+        isotonic disparities back (step 2). Sets ``refined_``; ``stress_`` and
+        ``stress_history_`` still describe the iterations.
+        """
+        self.refined_ = True
+        if start is None:
+            self.graph_score_ = float("nan")
+            return X, delta
+        # The graph is in input order; X may be in the Morton order (row r = vertex order[r]).
+        inverse = np.arange(X.shape[0]) if order is None else np.argsort(order)
+        refined = sum(L.graph_agreement(X[inverse], *self.graph_))
+        started = sum(L.graph_agreement(start[inverse], *self.graph_))
+        self.graph_score_ = max(refined, started)
+        if refined >= started:
+            return X, delta
+        self.refined_ = False
+        return start, self._isotonic(start, delta)
 
     # -------------------------------------------------------------- outputs
     def place(self, ranked_neighbors: Sequence, steps: int = DEFAULT_PLACE_STEPS) -> np.ndarray:

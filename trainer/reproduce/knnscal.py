@@ -24,9 +24,13 @@ built from an in-memory artifact), by the same functions:
   neighbours against the vertex's own; with features: sklearn's
   ``trustworthiness`` at k.
 
-Two KNNSCAL rows unless ``--param initial_disparities=...`` picks one:
-``knnscal`` (the defaults) and ``knnscal-poster-start``, the same fit from
-the poster's step 2 disparities Delta = min(r_ij, q).
+Three KNNSCAL rows unless a ``--param`` picks the start
+(``initial_disparities``, ``neighbor_embedding`` or ``refinement``):
+``knnscal`` (the defaults: neighbour-embedding start, validated
+refinement), ``knnscal-geodesic-start`` (the previous default: geodesic
+start, isotonic start disparities, every refinement kept) and
+``knnscal-poster-start``, the poster's protocol (geodesic start, step 2's
+disparities Delta = min(r_ij, q)).
 
 Reference rows: sklearn SpectralEmbedding, Isomap and t-SNE on the features
 (digits); on a graph without features, SpectralEmbedding on the symmetrised
@@ -244,6 +248,10 @@ def reference_map(method: str, problem: Problem, dim: int, seed: int) -> np.ndar
 
 # ------------------------------------------------------------------- run
 POSTER_START = "knnscal-poster-start"
+GEODESIC_START = "knnscal-geodesic-start"
+PREVIOUS_DEFAULT = {"neighbor_embedding": "none", "refinement": "always"}
+# Parameters that pick the start; with any of them given only the asked-for fit runs.
+START_PARAMETERS = {"initial_disparities", "neighbor_embedding", "refinement"}
 
 
 def fit_and_score(problem: Problem, method: str, params: dict, dim: int, seed: int, run: int, verbose: bool):
@@ -279,9 +287,11 @@ def run(args) -> list[Row]:
 
     verbose = not args.quiet
     variants = {"knnscal": params}
-    if "initial_disparities" not in params:
-        # The poster's step 2 (Delta = min(r, q)) next to the default start.
-        variants[POSTER_START] = {**params, "initial_disparities": "ranks"}
+    if not START_PARAMETERS & params.keys():
+        # The previous default (geodesic start, every refinement kept) and the
+        # poster's protocol (that start with step 2's Delta = min(r, q)) next to the default.
+        variants[GEODESIC_START] = {**params, **PREVIOUS_DEFAULT}
+        variants[POSTER_START] = {**params, **PREVIOUS_DEFAULT, "initial_disparities": "ranks"}
     for r in range(int(args.runs)):
         seed = int(args.seed) + r
         for method, variant in variants.items():

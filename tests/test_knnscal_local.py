@@ -1,0 +1,121 @@
+"""KNNSCAL's neighbour-embedding start and local term (``knnscal_local``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ordrec.trainer.models import knnscal_local as L
+from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
+
+
+def clusters(n_per=40, n_clusters=4, dim=8, k=6, seed=0):
+    """Planted clusters in `dim` dimensions, far apart, and their exact k-NN lists."""
+    rng = np.random.default_rng(seed)
+    centres = 6.0 * rng.standard_normal((n_clusters, dim))
+    points = np.concatenate([c + rng.standard_normal((n_per, dim)) for c in centres])
+    labels = np.repeat(np.arange(n_clusters), n_per)
+    return points, knn_lists(points, k, labels=labels)
+
+
+def affinities(graph, decay=2.0):
+    indptr, col, rnk = neighbor_csr(graph)
+    n = len(graph.vertices)
+    return L.rank_affinities(indptr, col, rnk, n, decay)
+
+
+def test_rank_affinities_are_symmetric_sum_to_one_on_the_symmetrised_graph():
+    _, graph = clusters(n_per=10, n_clusters=2)
+    P = affinities(graph, decay=2.0)
+    assert abs(P.sum() - 1.0) < 1e-12
+    assert abs(P - P.T).max() < 1e-15
+    indptr, col, _ = neighbor_csr(graph)
+    src = np.repeat(np.arange(20), np.diff(indptr))
+    support = {(int(a), int(b)) for a, b in zip(src, col)} | {(int(b), int(a)) for a, b in zip(src, col)}
+    assert set(zip(*map(list, P.nonzero()))) == support
+
+
+def test_rank_affinities_fall_with_rank_unless_the_decay_is_zero():
+    # Vertex 0 lists 1, 2, 3 in that order; 1, 2 and 3 list only vertex 4.
+    indptr = np.array([0, 3, 4, 5, 6, 6])
+    col = np.array([1, 2, 3, 4, 4, 4], dtype=np.int32)
+    rnk = np.array([1, 2, 3, 1, 1, 1], dtype=np.int32)
+    P = L.rank_affinities(indptr, col, rnk, 5, 2.0)
+    assert P[0, 1] > P[0, 2] > P[0, 3] > 0
+    flat = L.rank_affinities(indptr, col, rnk, 5, 0.0)
+    assert flat[0, 1] == flat[0, 2] == flat[0, 3]
+
+
+def test_exact_kl_gradient_matches_finite_differences():
+    _, graph = clusters(n_per=8, n_clusters=2, dim=4, k=4, seed=1)
+    P = affinities(graph)
+    Y = np.random.default_rng(1).standard_normal((16, 2))
+    args = (P.indptr.astype(np.int64), P.indices.astype(np.int64), P.data)
+    grad = np.zeros_like(Y)
+    L.kl_gradient_exact(Y, *args, 1.0, grad)
+    h = 1e-6
+    for i in range(0, 16, 3):
+        for c in range(2):
+            Yp, Ym = Y.copy(), Y.copy()
+            Yp[i, c] += h
+            Ym[i, c] -= h
+            num = (L.kl_divergence_exact(Yp, *args) - L.kl_divergence_exact(Ym, *args)) / (2 * h)
+            assert abs(num - grad[i, c]) < 1e-6 * max(1.0, abs(num)), (i, c, num, grad[i, c])
+
+
+def test_exact_neighbor_embedding_lowers_kl_and_separates_clusters():
+    points, graph = clusters()
+    P = affinities(graph)
+    start = 1e-4 * np.random.default_rng(0).standard_normal((points.shape[0], 2))
+    Y = L.tsne_exact(start, P, n_iter=300, exaggeration_iter=100)
+    args = (P.indptr.astype(np.int64), P.indices.astype(np.int64), P.data)
+    assert L.kl_divergence_exact(Y, *args) < 0.5 * L.kl_divergence_exact(start, *args)
+    assert label_accuracy(Y, graph.labels) > 0.95
+
+
+def test_sampled_neighbor_embedding_separates_clusters():
+    points, graph = clusters()
+    start = np.random.default_rng(0).standard_normal((points.shape[0], 2))
+    Y = L.neighbor_embedding_sampled(start, affinities(graph), n_epochs=200, seed=3)
+    assert label_accuracy(start, graph.labels) < 0.6
+    assert label_accuracy(Y, graph.labels) > 0.95
+
+
+def label_accuracy(Y, labels, k=5):
+    """Share of points whose k map neighbours' majority label is their own."""
+    d = ((Y[:, None, :] - Y[None, :, :]) ** 2).sum(-1)
+    np.fill_diagonal(d, np.inf)
+    near = np.argsort(d, axis=1)[:, :k]
+    votes = [np.bincount(labels[row]).argmax() for row in near]
+    return float(np.mean(np.array(votes) == labels))
+
+
+# ------------------------------------------------------------- validation
+def test_validated_refinement_never_scores_below_its_start():
+    _, graph = clusters(n_per=40, n_clusters=4, dim=10, k=8, seed=6)
+    start = KnnScal(random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=0).fit(graph)
+    always = KnnScal(
+        random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=40, refinement="always"
+    ).fit(graph)
+    validated = KnnScal(
+        random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=40, refinement="validated"
+    ).fit(graph)
+    score = lambda est: sum(L.graph_agreement(est.coordinates_, *est.graph_))  # noqa: E731
+    assert score(validated) == max(score(start), score(always))
+    assert validated.refined_ == (score(always) >= score(start))
+
+
+def test_graph_agreement_of_the_truth_on_an_embeddable_graph_is_one():
+    points = np.random.default_rng(0).uniform(size=(80, 2))
+    graph = knn_lists(points, 6)
+    oa, recall = L.graph_agreement(points, *neighbor_csr(graph))
+    assert oa == 1.0 and recall == 1.0
+    shuffled = np.random.default_rng(1).permutation(points)
+    assert max(L.graph_agreement(shuffled, *neighbor_csr(graph))) < 0.7
+
+
+def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before():
+    _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
+    small_cut = KnnScal(random_state=0, max_iter=20, ne_exact_max_n=10).fit(graph)
+    previous = KnnScal(random_state=0, max_iter=20, neighbor_embedding="none", refinement="always").fit(graph)
+    assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.graph_score_)
+    np.testing.assert_array_equal(small_cut.coordinates_, previous.coordinates_)
