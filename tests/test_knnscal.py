@@ -12,6 +12,7 @@ from ordrec.service.artifacts import Registry
 from ordrec.service.models.knnscal import KNNSCALIndex, place_point, placement_stress
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr
+from tests.gradient_check import assert_gradient
 
 
 def order_agreement(X, est):
@@ -95,16 +96,7 @@ def test_gradient_matches_finite_differences():
     X = rng.standard_normal((25, 3))
     delta = rng.uniform(0.5, 2.0, size=pcol.size)
     g = K.stress_gradient(X, ptr, pcol, prnk, q, W, delta)
-    h = 1e-6
-    for i in range(0, 25, 4):
-        for c in range(3):
-            Xp, Xm = X.copy(), X.copy()
-            Xp[i, c] += h
-            Xm[i, c] -= h
-            num = (
-                K.stress(Xp, ptr, pcol, prnk, q, W, delta) - K.stress(Xm, ptr, pcol, prnk, q, W, delta)
-            ) / (2 * h)
-            assert abs(num - g[i, c]) < 1e-5 * max(1.0, abs(num))
+    assert_gradient(lambda Y: K.stress(Y, ptr, pcol, prnk, q, W, delta), X, g, range(0, 25, 4), rel=1e-5)
 
 
 def test_jacobi_step_is_minus_gradient_over_twice_gamma():
