@@ -46,6 +46,7 @@ import numpy as np
 from ordrec.service.artifacts import ArtifactError, SearchIndex
 from ordrec.service.mapped import FileRows
 from ordrec.service.rules import Eligible
+from ordrec.service.topk import top_k
 
 LIBRARY = "faiss-hnsw-ip"
 
@@ -216,16 +217,8 @@ def exact_tops(vectors: np.ndarray, queries: Queries, n: int, block: int = 32) -
     for start in range(0, len(pairs), block):
         chunk = pairs[start : start + block]
         scores = vectors @ np.stack([q for q, _ in chunk]).astype(np.float32).T
-        tops += [_top_rows(scores[:, i].astype(np.float64), n, ex) for i, (_, ex) in enumerate(chunk)]
+        tops += [top_k(np.ascontiguousarray(scores[:, i]), n, ex)[0] for i, (_, ex) in enumerate(chunk)]
     return tops
-
-
-def _top_rows(scores: np.ndarray, n: int, exclude: np.ndarray | None) -> np.ndarray:
-    if exclude is not None and exclude.size:
-        scores[exclude] = -np.inf
-    n = min(n, int(np.isfinite(scores).sum()))
-    top = np.argpartition(-scores, n - 1)[:n] if n else np.empty(0, np.int64)
-    return top[np.argsort(-scores[top], kind="stable")]
 
 
 @dataclass

@@ -121,7 +121,6 @@ class DCRIndex(RecommenderIndex):
                 f"{artifact.describe()}: factors {user.shape} / {item.shape} do not match"
                 f" {len(self.users)} users, {len(self.items)} items, {n_levels} levels x rank {self.rank}"
             )
-        check_finite("user_factors", user)
         self.n_levels = n_levels
         self.weights = c
         self.offset = np.float32(offset)
@@ -130,7 +129,7 @@ class DCRIndex(RecommenderIndex):
         # folded per request rather than into a copy: at a million users a folded copy would
         # double the user factors' memory, for one row multiply a request.
         self._scale = np.repeat(c, self.rank).astype(np.float32)
-        self._mean_user = _column_mean(user).reshape(n_levels, self.rank)
+        self._mean_user = _finite_column_mean("user_factors", user).reshape(n_levels, self.rank)
         self._frozen, self._radius = self._user_constraint(artifact)
         self.ann = self._open_ann(artifact, item)
         if self.ann is None:
@@ -296,10 +295,12 @@ class DCRIndex(RecommenderIndex):
             raise ArtifactError(f"{self.artifact.describe()}: smoke distribution is not a distribution")
 
 
-def _column_mean(array: np.ndarray) -> np.ndarray:
-    """The mean row (float64; zeros when there are none), read in blocks (:func:`row_blocks`)
-    so that a server's load leaves the user factors unmapped until requests need them."""
+def _finite_column_mean(name: str, array: np.ndarray) -> np.ndarray:
+    """The mean row (float64; zeros when there are none), failing on any NaN or infinity: one
+    pass in blocks read from the file (:func:`row_blocks`), so a server's load leaves the user
+    factors unmapped until requests need them."""
     total = np.zeros(array.shape[1], dtype=np.float64)
     for block in row_blocks(array):
+        check_finite(name, block)
         total += block.sum(axis=0, dtype=np.float64)
     return total / max(1, len(array))

@@ -459,11 +459,12 @@ class KnnScal(Estimator):
         scale = X.std() if X.std() > 0 else 1.0
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
 
-    def coarse_estimator(self) -> KnnScal:
-        """The estimator of the next coarser level of the multilevel start: the same settings,
-        with the geodesic start at the coarsest level (the neighbour embedding tears the evenly
-        sampled manifolds a coarsened graph stands for, and its O(n^2) start would be paid there)."""
-        return KnnScal(**{**self.get_params(), "neighbor_embedding": "none"})
+    def geodesic_estimator(self) -> KnnScal:
+        """The same settings without the neighbour-embedding start: the validated fit's second
+        candidate, and the estimator of the multilevel start's coarser levels (the neighbour
+        embedding tears the evenly sampled manifolds a coarsened graph stands for, and its
+        O(n^2) start would be paid there)."""
+        return type(self)(**{**self.get_params(), "neighbor_embedding": "none"})
 
     def _neighbor_embedding(self, X, indptr, col, rnk, n: int) -> np.ndarray:
         """Refine the start by t-SNE on the graph's rank affinities (``knnscal_local``)."""
@@ -569,7 +570,7 @@ class KnnScal(Estimator):
             data = knn_lists(np.asarray(data), int(self.n_neighbors))
         self._fit_from_start(data)
         if self.neighbor_embedding_used_ and np.isfinite(self.graph_score_):  # validated
-            geodesic = type(self)(**{**self.get_params(), "neighbor_embedding": "none"})._fit_from_start(data)
+            geodesic = self.geodesic_estimator()._fit_from_start(data)
             if geodesic.graph_score_ > self.graph_score_:
                 fitted = {name: value for name, value in vars(geodesic).items() if name.endswith("_")}
                 vars(self).update(fitted)

@@ -226,7 +226,7 @@ def multilevel_start(estimator, G, k: int) -> np.ndarray:
     if not coarsens(G.shape[0], lists):
         rng = np.random.default_rng(estimator.random_state)
         return landmark_mds(G, int(estimator.n_components), int(estimator.n_landmarks), rng)
-    coarse = estimator.coarse_estimator()
+    coarse = estimator.geodesic_estimator()
     coarse.fit(lists)
     return prolong(
         coarse.coordinates_,
