@@ -64,8 +64,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "recall_target": 0.97,
 }
 STORAGES = ("flat", "sq8")
-# Breadths tried by the calibration, narrowest first; the widest stays below _MAX_EF.
-EF_LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)
+# Breadths tried by the calibration, narrowest first; the widest stays below _MAX_EF. Steps of
+# about 1.5x: the walk's cost grows with its breadth, so a step too wide is paid on every call.
+EF_LADDER = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 # The breadth of an "auto" index built without queries to calibrate on.
 UNCALIBRATED_EF_SEARCH = 128
 # Users the calibration measures recall on (a standard error of about 0.004 at recall 0.97).
@@ -335,8 +336,8 @@ class AnnSearch:
             every item.
         """
         faiss = _faiss()
-        if exclude is not None and exclude.size:
-            exclude = np.unique(exclude)
+        if exclude is not None and exclude.size > 1 and not (exclude[1:] > exclude[:-1]).all():
+            exclude = np.unique(exclude)  # the training items alone arrive sorted and distinct
         excluded = 0 if exclude is None else exclude.size
         blocked = 0 if eligible is None else eligible.blocked_rows.size
         also_excluded = excluded  # excluded rows that are not blocked anyway

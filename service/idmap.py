@@ -174,6 +174,9 @@ class PackedIdMap(IdMap):
         out = np.full(len(externals), -1, dtype=np.int64)
         if not len(self._hashes) or not externals:
             return out
+        if len(externals) == 1:  # the usual request (one user): a bisect, not the array machinery
+            out[0] = self.row(externals[0])
+            return out
         hashes = np.frombuffer(self._hashes, dtype=np.int64)
         keys = np.fromiter(map(hash, externals), np.int64, len(externals))
         at = np.minimum(np.searchsorted(hashes, keys), len(hashes) - 1)

@@ -28,6 +28,7 @@ def test_packed_answers_as_the_plain_map(ids, queries):
     asked = queries + ids[::2]
     assert small.rows(asked).tolist() == plain.rows(asked).tolist()
     assert [small.row(x) for x in asked] == [plain.row(x) for x in asked]
+    assert [small.rows([x]).tolist() for x in asked] == [[plain.row(x)] for x in asked]  # one id
     assert [x in small for x in asked] == [x in plain for x in asked]
     assert small.max_bytes == plain.max_bytes
     rows = np.arange(len(ids))[::-1]
