@@ -204,6 +204,22 @@ def calibrate(search: AnnSearch, queries: Queries, n: int = 10) -> tuple[int, fl
     return search.ef_search, round(recall, 4)
 
 
+def calibration_warnings(indexes: dict[str, SearchIndex]) -> list[str]:
+    """For the operator publishing a version: each calibrated index that missed its
+    ``recall_target`` even at the widest breadth (it serves, at that breadth and recall)."""
+    warnings = []
+    for name, entry in sorted(indexes.items()):
+        recall, target = entry.params.get("calibrated_recall"), entry.params.get("recall_target")
+        if entry.library == LIBRARY and recall is not None and target is not None and recall < target:
+            warnings.append(
+                f"index {name!r} reaches recall@10 {recall:.3f} at its widest breadth"
+                f" (ef_search {entry.params['ef_search']}), below its recall_target {target}: Recommend"
+                " answers approximately; set ann_min_items above the catalogue's size to score it"
+                " exactly (docs/catalog.md)"
+            )
+    return warnings
+
+
 def _with_excludes(queries: Queries) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
     if queries.excludes is None:
         return ((q, None) for q in queries.vectors)

@@ -243,6 +243,11 @@ def test_calibration_that_cannot_reach_the_target_keeps_the_widest_breadth_and_s
     params = ann.build_params({"M": 4, "ef_construction": 8, "recall_target": 1.0})
     ann.write_index(artifact.arrays["item_factors"], tmp_path / "g", params, ann.Queries(users, seen))
     assert params["ef_search"] == 2 and params["calibrated_recall"] < 1.0
+    (warning,) = ann.calibration_warnings({"items": SearchIndex(ann.LIBRARY, params)})
+    assert f"recall@10 {params['calibrated_recall']:.3f}" in warning and "recall_target 1.0" in warning
+    met = {**params, "recall_target": params["calibrated_recall"]}
+    assert ann.calibration_warnings({"items": SearchIndex(ann.LIBRARY, met)}) == []
+    assert ann.calibration_warnings({"items": SearchIndex(ann.LIBRARY, ann.build_params(SMALL_GRAPH))}) == []
 
 
 def test_an_index_built_without_queries_searches_at_the_uncalibrated_breadth(tmp_path):

@@ -30,6 +30,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ordrec.service.ann import calibration_warnings
 from ordrec.service.artifacts import ArtifactError
 from ordrec.service.artifacts import Registry as LocalRegistry
 from ordrec.service.models import kinds
@@ -113,6 +114,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
+    for warning in calibration_warnings(artifact.indexes):
+        print(f"warning: {name}@{version}: {warning}", file=sys.stderr)
     print(format_metrics(artifact.metrics, "  "))
     return EXIT_OK
 

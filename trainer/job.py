@@ -69,6 +69,7 @@ try:
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from ordrec.service.ann import calibration_warnings
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry, validate_model_name
 from ordrec.service.models import kinds
 from ordrec.service.objectstore import S3Registry, is_object_store, open_registry
@@ -776,6 +777,8 @@ class _Job:
 
             attach_item_attributes(artifact, model.item_attributes)
         out.version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
+        for warning in calibration_warnings(artifact.indexes):
+            self.say(model.name, "version %s: %s", out.version, warning, level=logging.WARNING)
         if feed is not None:
             self.commit_events(model, feed, out.version)
         out.status = "published"
