@@ -202,3 +202,24 @@ def test_the_local_term_keeps_more_listed_neighbours_and_order_than_the_plain_st
     plain_oa, plain_recall = L.graph_agreement(plain.coordinates_, *plain.graph_)
     local_oa, local_recall = L.graph_agreement(local.coordinates_, *local.graph_)
     assert local_oa > plain_oa and local_recall > plain_recall + 0.01
+
+
+def test_the_exact_kl_gradient_does_not_depend_on_the_thread_count():
+    # A rounding difference in Z becomes another map after t-SNE's iterations.
+    import numba
+    import pytest
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs at least two numba threads")
+    _, graph = clusters(n_per=50, n_clusters=4, dim=6, k=8, seed=3)
+    P = affinities(graph)
+    Y = np.random.default_rng(3).standard_normal((200, 2))
+    args = (P.indptr.astype(np.int64), P.indices.astype(np.int64), P.data, 1.0)
+    results = []
+    for threads in (1, numba.config.NUMBA_NUM_THREADS):
+        numba.set_num_threads(threads)
+        grad = np.zeros_like(Y)
+        results.append((L.kl_gradient_exact(Y, *args, grad), grad))
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert results[0][0] == results[1][0]
+    np.testing.assert_array_equal(results[0][1], results[1][1])

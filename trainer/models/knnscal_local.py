@@ -74,7 +74,18 @@ def _repulsion(Y, rep):
             for c in range(dim):
                 rep[i, c] += w * w * (Y[i, c] - Y[j, c])
         z_row[i] = z
-    return z_row.sum()
+    return _in_order_sum(z_row)
+
+
+@njit(cache=True)
+def _in_order_sum(values):
+    """Sum from first to last. Inside a parallel function numba turns ``array.sum()`` into a
+    reduction split by thread, whose rounding then depends on the thread count; t-SNE's
+    iterations amplify that difference into another map."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
 
 
 @njit(cache=True, parallel=True)
@@ -100,7 +111,7 @@ def kl_gradient_exact(Y, p_indptr, p_col, p_val, exaggeration, grad):
                 grad[i, c] += coef * (Y[i, c] - Y[j, c])
         for c in range(dim):
             grad[i, c] *= 4.0
-    return kl_row.sum()
+    return _in_order_sum(kl_row)
 
 
 @njit(cache=True)
@@ -162,6 +173,19 @@ class LocalStress:
     start the KL term sits at the embedding's own optimum. W = sum w makes
     sigma_a / W a per-entry quantity, so ``weight`` does not grow with |E+|.
     The KL is exact, O(n^2) per evaluation: for the small-n path only.
+
+    Parameters
+    ----------
+    stress_args : tuple
+        (indptr, col, rnk, q, edge_weight) of E+, as the stress kernels take them.
+    P : scipy.sparse.csr_matrix
+        Symmetric affinities summing to 1, in the same vertex order as E+.
+    scale : float
+        Factor from the stress's units to the neighbour embedding's.
+    weight : float
+        The KL's weight.
+    total : float
+        W = sum w over E+.
     """
 
     def __init__(self, stress_args: tuple, P: sparse.csr_matrix, scale: float, weight: float, total: float):
