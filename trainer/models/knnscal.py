@@ -540,7 +540,7 @@ class KnnScal(Estimator):
         P follows the vertices into the Morton order; the KL is taken at the
         neighbour embedding's own scale, where that start is its optimum.
         """
-        P = getattr(self, "affinities_", None)
+        P = self.affinities_
         if P is None or float(self.local_weight) <= 0:
             return None
         if order is not None:
@@ -718,7 +718,7 @@ class KnnScal(Estimator):
         timings["iterations_s"] = time.perf_counter() - t0
         timings["iterations_cpu_s"] = time.process_time() - cpu0
         X, delta = self._validated(X, delta, start, order)
-        del self.in_indptr_, self.in_src_, self.in_entry_, self.perm_
+        del self.in_indptr_, self.in_src_, self.in_entry_, self.perm_, self.affinities_
         if order is not None:
             # Back to the input's vertex order: vertex order[r] sits at row r.
             pos = np.empty(n, dtype=np.int64)
