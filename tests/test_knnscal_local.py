@@ -113,3 +113,113 @@ def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before()
     previous = KnnScal(random_state=0, max_iter=20, neighbor_embedding="none", refinement="always").fit(graph)
     assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.graph_score_)
     np.testing.assert_array_equal(small_cut.coordinates_, previous.coordinates_)
+
+
+# ------------------------------------------------------------- local term
+def local_problem(weight=0.05, seed=2):
+    """A small fitted E+ and a LocalStress over it, at a random configuration."""
+    _, graph = clusters(n_per=8, n_clusters=2, dim=4, k=4, seed=seed)
+    est = KnnScal(random_state=0, neighbor_embedding="none", max_iter=0, reorder="none").fit(graph)
+    local = L.LocalStress(
+        (est.plus_indptr_, est.plus_col_, *est._weights()), affinities(graph), 3.0, weight, est.weight_total_
+    )
+    X = np.random.default_rng(seed).standard_normal((16, 2))
+    return local, X, est.disparities_
+
+
+def test_local_objective_gradient_matches_finite_differences():
+    local, X, delta = local_problem()
+    _, grad = local.value_and_gradient(X, delta)
+    assert_gradient(lambda Z: local.value_and_gradient(Z, delta)[0], X, grad, range(0, 16, 3), rel=1e-6)
+
+
+def test_local_objective_is_the_stress_per_weight_plus_the_weighted_kl_at_the_embedding_scale():
+    local, X, delta = local_problem(weight=0.5)
+    stress_only = L.LocalStress(
+        (local.indptr, local.col, local.rnk, local.q, local.edge_weight),
+        affinities_of(local),
+        3.0,
+        0.0,
+        local.total,
+    )
+    kl = L.kl_divergence_exact(3.0 * X, *local.p)
+    assert (
+        abs(local.value_and_gradient(X, delta)[0] - stress_only.value_and_gradient(X, delta)[0] - 0.5 * kl)
+        < 1e-12
+    )
+
+
+def affinities_of(local):
+    from scipy import sparse
+
+    indptr, col, val = local.p
+    return sparse.csr_matrix((val, col, indptr))
+
+
+def test_local_descent_never_raises_the_objective_and_lowers_it_from_a_random_start():
+    local, X, delta = local_problem()
+    values = [local.value_and_gradient(X, delta)[0]]
+    for _ in range(4):
+        X = local.descend(X, delta, 3)
+        values.append(local.value_and_gradient(X, delta)[0])
+    assert all(b <= a for a, b in zip(values, values[1:]))
+    assert values[-1] < 0.9 * values[0]
+
+
+def test_with_a_local_term_no_configuration_step_raises_the_fit_objective():
+    _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
+    est = KnnScal(random_state=0, neighbor_embedding="exact", local_weight=0.05, max_iter=15, tol=0.0).fit(
+        graph
+    )
+    history = est.local_history_
+    assert [stage for _, stage, _ in history[1:3]] == ["step", "isotonic"]
+    steps = [
+        (before, after) for (_, _, before), (_, stage, after) in zip(history, history[1:]) if stage == "step"
+    ]
+    assert len(steps) == 15 and all(after <= before for before, after in steps)
+
+
+def test_local_weight_zero_is_the_plain_stress_loop():
+    _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 10, "refinement": "always"}
+    plain = KnnScal(local_weight=0.0, **common).fit(graph)
+    local = KnnScal(local_weight=0.05, **common).fit(graph)
+    assert plain.local_history_ == [] and len(local.local_history_) > 1
+    assert not np.array_equal(plain.coordinates_, local.coordinates_)
+
+
+def test_the_local_term_keeps_more_listed_neighbours_and_order_than_the_plain_stress_from_one_start():
+    _, graph = clusters(n_per=40, n_clusters=4, dim=10, k=8, seed=6)
+    common = {
+        "random_state": 0,
+        "neighbor_embedding": "exact",
+        "max_iter": 100,
+        "tol": 0.0,
+        "refinement": "always",
+    }
+    plain = KnnScal(local_weight=0.0, **common).fit(graph)
+    local = KnnScal(local_weight=0.003, **common).fit(graph)
+    plain_oa, plain_recall = L.graph_agreement(plain.coordinates_, *plain.graph_)
+    local_oa, local_recall = L.graph_agreement(local.coordinates_, *local.graph_)
+    assert local_oa > plain_oa and local_recall > plain_recall + 0.01
+
+
+def test_the_exact_kl_gradient_does_not_depend_on_the_thread_count():
+    # A rounding difference in Z becomes another map after t-SNE's iterations.
+    import numba
+    import pytest
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("needs at least two numba threads")
+    _, graph = clusters(n_per=50, n_clusters=4, dim=6, k=8, seed=3)
+    P = affinities(graph)
+    Y = np.random.default_rng(3).standard_normal((200, 2))
+    args = (P.indptr.astype(np.int64), P.indices.astype(np.int64), P.data, 1.0)
+    results = []
+    for threads in (1, numba.config.NUMBA_NUM_THREADS):
+        numba.set_num_threads(threads)
+        grad = np.zeros_like(Y)
+        results.append((L.kl_gradient_exact(Y, *args, grad), grad))
+    numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+    assert results[0][0] == results[1][0]
+    np.testing.assert_array_equal(results[0][1], results[1][1])

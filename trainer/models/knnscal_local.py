@@ -74,25 +74,44 @@ def _repulsion(Y, rep):
             for c in range(dim):
                 rep[i, c] += w * w * (Y[i, c] - Y[j, c])
         z_row[i] = z
-    return z_row.sum()
+    return _in_order_sum(z_row)
+
+
+@njit(cache=True)
+def _in_order_sum(values):
+    """Sum from first to last. Inside a parallel function numba turns ``array.sum()`` into a
+    reduction split by thread, whose rounding then depends on the thread count; t-SNE's
+    iterations amplify that difference into another map."""
+    total = 0.0
+    for v in values:
+        total += v
+    return total
 
 
 @njit(cache=True, parallel=True)
 def kl_gradient_exact(Y, p_indptr, p_col, p_val, exaggeration, grad):
-    """t-SNE's gradient 4 sum_j (a p_ij - q_ij) w_ij (y_i - y_j) into ``grad`` (a = exaggeration)."""
+    """t-SNE's gradient 4 sum_j (a p_ij - q_ij) w_ij (y_i - y_j) into ``grad`` (a = exaggeration).
+
+    Returns KL(P || Q) at Y (without exaggeration; P sums to 1): the same
+    pass gives Z, so the value costs O(|P|) more, and a line search needs it.
+    """
     n, dim = Y.shape
     z = _repulsion(Y, grad)
+    kl_row = np.zeros(n)
     for i in prange(n):
         for c in range(dim):
             grad[i, c] = -grad[i, c] / z
         for e in range(p_indptr[i], p_indptr[i + 1]):
             j = p_col[e]
             d2 = _sq_dist(Y, i, j)
+            if p_val[e] > 0:
+                kl_row[i] += p_val[e] * np.log(p_val[e] * z * (1.0 + d2))
             coef = exaggeration * p_val[e] / (1.0 + d2)
             for c in range(dim):
                 grad[i, c] += coef * (Y[i, c] - Y[j, c])
         for c in range(dim):
             grad[i, c] *= 4.0
+    return _in_order_sum(kl_row)
 
 
 @njit(cache=True)
@@ -141,6 +160,70 @@ def tsne_exact(
         update = momentum * update - lr * gains * grad
         Y += update
     return Y - Y.mean(axis=0)
+
+
+# ------------------------------------------------------------- local term
+class LocalStress:
+    """The configuration step's objective with a local term: sigma_a(X) / W + weight * KL(P || Q(scale X)).
+
+    sigma_a alone trades a source's nearest neighbours for the order of its
+    farther entries; t-SNE's KL on the graph's affinities (attraction along
+    the edges, repulsion from every vertex) holds the neighbours. ``scale``
+    maps the stress's units back to the neighbour embedding's, so at the
+    start the KL term sits at the embedding's own optimum. W = sum w makes
+    sigma_a / W a per-entry quantity, so ``weight`` does not grow with |E+|.
+    The KL is exact, O(n^2) per evaluation: for the small-n path only.
+
+    Parameters
+    ----------
+    stress_args : tuple
+        (indptr, col, rnk, q, edge_weight) of E+, as the stress kernels take them.
+    P : scipy.sparse.csr_matrix
+        Symmetric affinities summing to 1, in the same vertex order as E+.
+    scale : float
+        Factor from the stress's units to the neighbour embedding's.
+    weight : float
+        The KL's weight.
+    total : float
+        W = sum w over E+.
+    """
+
+    def __init__(self, stress_args: tuple, P: sparse.csr_matrix, scale: float, weight: float, total: float):
+        self.indptr, self.col, self.rnk, self.q, self.edge_weight = stress_args
+        self.p = (P.indptr.astype(np.int64), P.indices.astype(np.int64), P.data.astype(np.float64))
+        self.scale, self.weight, self.total = float(scale), float(weight), float(total)
+
+    def value_and_gradient(self, X: np.ndarray, delta: np.ndarray) -> tuple[float, np.ndarray]:
+        """The objective and its gradient with respect to X (disparities ``delta`` fixed)."""
+        from ordrec.trainer.models import knnscal_kernels as K
+
+        args = (self.indptr, self.col, self.rnk, self.q, self.edge_weight, delta)
+        value = K.stress(X, *args) / self.total
+        grad = K.stress_gradient(X, *args) / self.total
+        kl_grad = np.empty_like(X)
+        kl = kl_gradient_exact(np.ascontiguousarray(self.scale * X), *self.p, 1.0, kl_grad)
+        return value + self.weight * kl, grad + (self.weight * self.scale) * kl_grad
+
+    def descend(self, X: np.ndarray, delta: np.ndarray, steps: int) -> np.ndarray:
+        """``steps`` L-BFGS iterations on X with ``delta`` fixed; never returns a worse X.
+
+        Every accepted step satisfies the line search's sufficient-decrease
+        (Armijo) condition, so the objective does not rise; the final check
+        only guards against a line search that stops without a step.
+        """
+        from scipy.optimize import minimize
+
+        shape = X.shape
+
+        def fun(flat):
+            value, grad = self.value_and_gradient(flat.reshape(shape), delta)
+            return value, grad.ravel()
+
+        start = fun(X.ravel())[0]
+        result = minimize(fun, X.ravel(), jac=True, method="L-BFGS-B", options={"maxiter": int(steps)})
+        if not result.fun <= start:
+            return X
+        return np.ascontiguousarray(result.x.reshape(shape))
 
 
 # ------------------------------------------------------------- sampled (O(|E|))
