@@ -13,7 +13,8 @@ the script prints for both: index build (+ calibration) time, load time,
 recall@10 against this run's exact answers (training items excluded, as
 served), in-process p50/p99 of ``Index.recommend``; then over gRPC with the
 service's usual layout (``--processes 2``, one pinned process per core):
-saturated QPS, p50/p99 at a fixed offered rate, server memory (PSS summed
+saturated QPS, p50/p99 at a fixed offered rate and the CPU per call the
+servers and the load generator (same cores) spent there, server memory (PSS summed
 over the processes, beside the item factors' bytes; again after
 ``--distinct-users`` users were each asked once, since the h2load runs
 repeat one user), and a hot reload of a new version under that load
@@ -180,16 +181,34 @@ def recall(answers: list[np.ndarray], truth: list[np.ndarray]) -> float:
     return float(np.mean([np.intersect1d(a, t).size / max(1, t.size) for a, t in zip(answers, truth)]))
 
 
+def server_pids(supervisor_pid: int) -> list[int]:
+    """The supervisor and its server processes."""
+    found = subprocess.run(["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True)
+    return [supervisor_pid] + [int(p) for p in found.stdout.split()]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used so far (the ones still running)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def load_generator_cpu_seconds() -> float:
+    """CPU of this process's finished children: the h2load processes a load test ran."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
 def server_memory_mb(supervisor_pid: int) -> tuple[float, float]:
     """(PSS, RSS) summed over the supervisor and its server processes, in MB."""
-    pids = [supervisor_pid] + [
-        int(p)
-        for p in subprocess.run(
-            ["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True
-        ).stdout.split()
-    ]
     pss = rss = 0.0
-    for pid in pids:
+    for pid in server_pids(supervisor_pid):
         try:
             text = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:
@@ -234,6 +253,9 @@ def over_grpc(registry: Registry, args, with_reload: bool) -> dict:
         )
         # A rate far above what the server sustains only measures the queue: offer at most 80 % of it.
         out["rate"] = rate = min(args.rate, max(10.0, round(0.8 * sat["qps"], -1)))
+        # Where the machine's CPU goes at that rate: the servers' and the load generator's (same cores).
+        pids = server_pids(server.proc.pid)
+        server_cpu, load_cpu = cpu_seconds(pids), load_generator_cpu_seconds()
         fixed = loadtest(
             server,
             registry.root,
@@ -245,6 +267,9 @@ def over_grpc(registry: Registry, args, with_reload: bool) -> dict:
             "staggered",
             args.connections,
         )
+        calls = max(1, fixed["requests"])
+        out["server_ms"] = (cpu_seconds(pids) - server_cpu) / calls * 1e3
+        out["load_ms"] = (load_generator_cpu_seconds() - load_cpu) / calls * 1e3
         out.update(
             qps=sat["qps"],
             sat_p99=sat["p99_ms"],
@@ -370,11 +395,12 @@ def bench_size(n_items: int, args) -> None:
             return
         print(
             f"| search (gRPC, 2 processes, {args.connections} connections) | saturated QPS | p99 ms there "
-            "| offered QPS | p50 / p99 ms there | busiest process's share there "
+            "| offered QPS | p50 / p99 ms there | CPU ms per call there: servers + h2load "
+            "| busiest process's share there "
             f"| errors | server PSS MB (x item bytes) | PSS MB after {args.distinct_users:,} distinct users "
             "| RSS MB | reload s | errors in reload | p99 ms in reload |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, reg in (("exact", exact_reg), ("index", ann_reg)):
             g = over_grpc(reg, args, with_reload=name == "index" and not args.skip_reload)
             tail = (
@@ -384,7 +410,8 @@ def bench_size(n_items: int, args) -> None:
             )
             print(
                 f"| {name} | {g['qps']:.0f} | {g['sat_p99']:.2f} | {g['rate']:.0f} | "
-                f"{g['rate_p50']:.2f} / {g['rate_p99']:.2f} | {g['busiest']:.0%} | "
+                f"{g['rate_p50']:.2f} / {g['rate_p99']:.2f} | {g['server_ms']:.3f} + {g['load_ms']:.3f} | "
+                f"{g['busiest']:.0%} | "
                 f"{g['errors']} | {g['pss_mb']:.0f} ({g['pss_mb'] / item_mb:.2f}x) | "
                 f"{g['pss_distinct_mb']:.0f} ({g['pss_distinct_mb'] / item_mb:.2f}x) | {g['rss_mb']:.0f} | {tail} |",
                 flush=True,
