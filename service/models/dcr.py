@@ -30,7 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from ordrec.service.artifacts import Artifact, ArtifactError
-from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite, row_blocks
+from ordrec.service.mapped import row_blocks
+from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.rules import Eligible
 from ordrec.service.topk import affine_scores
 
