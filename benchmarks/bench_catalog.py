@@ -154,8 +154,9 @@ def heavy_exclusions(index, users: np.ndarray, calls: int, excluded: int) -> dic
     out: dict[str, dict] = {
         "exact": {"answers": [], "times": []},
         "filtered": {"answers": [], "times": []},
-        "over-fetch": {"answers": [], "times": []},
     }
+    if index.ann.structure == "hnsw":
+        out["over-fetch"] = {"answers": [], "times": []}
     for user in users[:calls]:
         user = int(user)
         best, _ = index.recommend_exact(user, excluded // 2)
@@ -168,7 +169,7 @@ def heavy_exclusions(index, users: np.ndarray, calls: int, excluded: int) -> dic
                 rows, _ = index.recommend(user, 10, exclude=exclude)
             else:
                 params = faiss.SearchParametersHNSW()
-                params.efSearch = max(index.ann.ef_search, 10 + exclude.size)
+                params.efSearch = max(index.ann.breadth, 10 + exclude.size)
                 _, found = index.ann.index.search(index.folded([user]), 10 + exclude.size, params=params)
                 found = found[0][found[0] >= 0]
                 rows = found[~np.isin(found, exclude)][:10]
@@ -338,14 +339,18 @@ def reload(server: ServerProcess, registry: Registry, args, flag: list[str]) -> 
 
 def bench_size(n_items: int, args) -> None:
     n_users = min(n_items, args.users)
+    breadth = args.breadth if args.breadth == "auto" else int(args.breadth)
     params = ann.build_params(
-        {
+        {"structure": "ivf", "nprobe": breadth}
+        if args.structure == "ivf"
+        else {
             "M": args.M,
             "ef_construction": args.ef_construction,
-            "ef_search": args.ef_search if args.ef_search == "auto" else int(args.ef_search),
+            "ef_search": breadth,
             "storage": args.storage,
         }
     )
+    key = ann.breadth_key(params)
     item_mb = n_items * 200 * 4 / 2**20
     root = Path(tempfile.mkdtemp(prefix="ordrec-catalog-", dir=args.tmp))
     users = np.random.default_rng(1).integers(0, n_users, args.calls)
@@ -362,10 +367,10 @@ def bench_size(n_items: int, args) -> None:
         exact = in_process(exact_reg, users, args.calls)
         approx = in_process(ann_reg, users, args.calls)
         rows = {"exact": exact, approx["index"].search: approx}
-        for ef in (int(e) for e in args.ef_sweep.split(",") if e):
-            # the same loaded graph searched wider or narrower than the published ef_search
-            approx["index"].ann.ef_search = ef
-            rows[f"  same index, ef_search={ef}"] = in_process_on(approx["index"], users, args.calls)
+        for b in (int(e) for e in args.sweep.split(",") if e):
+            # the same loaded index searched wider or narrower than the published breadth
+            approx["index"].ann.breadth = b
+            rows[f"  same index, {key}={b}"] = in_process_on(approx["index"], users, args.calls)
         print(
             "| search | build (+ calibration) s | load s | recall@10 | p50 ms | p99 ms | p50 ms, no exclusions |"
         )
@@ -522,7 +527,7 @@ def bench_training(
         )
 
 
-def bench_trained(root: str, calls: int, ef_sweep: str) -> None:
+def bench_trained(root: str, calls: int, sweep: str) -> None:
     """Recall and latency of the index on a trained model's own factors (``--train ... --publish``).
 
     Users whose folded factors are zero (no training ratings) are left out: every item ties
@@ -547,11 +552,12 @@ def bench_trained(root: str, calls: int, ef_sweep: str) -> None:
         f"| exact | 1.000 | {np.percentile(exact_times, 50) * 1e3:.3f} | "
         f"{np.percentile(exact_times, 99) * 1e3:.3f} |"
     )
-    for ef in [index.ann.ef_search] + [int(e) for e in ef_sweep.split(",") if e]:
-        index.ann.ef_search = ef
+    key = ann.breadth_key(index.ann.params)
+    for breadth in [index.ann.breadth] + [int(e) for e in sweep.split(",") if e]:
+        index.ann.breadth = breadth
         r = in_process_on(index, users, users.size)
         print(
-            f"| {index.search}, searched at ef_search={ef} | {recall(r['answers'], truth):.3f} | "
+            f"| {index.search}, searched at {key}={breadth} | {recall(r['answers'], truth):.3f} | "
             f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} |",
             flush=True,
         )
@@ -576,11 +582,23 @@ def main() -> None:
     parser.add_argument("--M", type=int, default=ann.DEFAULT_PARAMS["M"])
     parser.add_argument("--ef-construction", type=int, default=ann.DEFAULT_PARAMS["ef_construction"])
     parser.add_argument(
-        "--ef-search", default=ann.DEFAULT_PARAMS["ef_search"], help='"auto" (calibrated) or a breadth'
+        "--structure",
+        choices=list(ann.STRUCTURES),
+        default="hnsw",
+        help="graph (hnsw) or inverted file (ivf)",
+    )
+    parser.add_argument(
+        "--breadth",
+        "--ef-search",
+        default="auto",
+        help='ef_search or nprobe: "auto" (calibrated) or a number',
     )
     parser.add_argument("--storage", choices=ann.STORAGES, default=ann.DEFAULT_PARAMS["storage"])
     parser.add_argument(
-        "--ef-sweep", default="32,64,256", help="also search the loaded index at these ef_search"
+        "--sweep",
+        "--ef-sweep",
+        default="32,64,256",
+        help="also search the loaded index at these breadths (ef_search or nprobe)",
     )
     parser.add_argument(
         "--heavy",
@@ -616,7 +634,7 @@ def main() -> None:
     if args.train:
         bench_training(args.train, args.epochs, args.pairwise_epochs, args.publish, args.item_shrinkage)
     if args.trained:
-        bench_trained(args.trained, args.calls, args.ef_sweep)
+        bench_trained(args.trained, args.calls, args.sweep)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,15 @@ eligible items exist. Hidden and filtered-out items (``service/rules.py``)
 are skipped the same way, through a bitmap selector joined with the
 exclusions; being spread over the catalogue rather than crowded near the
 user, they widen the walk by the inverse of the eligible share.
+
+``structure="ivf"`` builds an inverted file instead (faiss
+``IndexIVFPQFastScan``: ``nlist`` k-means lists, 4-bit product codes of two
+dimensions each, scanned with SIMD lookup tables). Its codes are an eighth of
+the float bytes, so the server holds them in memory and re-scores
+``IVF_RERANK_FACTOR * n`` candidates from the version's mapped float factors;
+``nprobe``, the lists scanned, is calibrated like ``ef_search`` and grows the
+same way when a filtered scan finds too few items. Which to use: measured in
+``docs/catalog.md``.
 """
 
 from __future__ import annotations
@@ -49,6 +58,7 @@ from ordrec.service.rules import Eligible
 from ordrec.service.topk import top_k
 
 LIBRARY = "faiss-hnsw-ip"
+IVF_LIBRARY = "faiss-ivf-ip"
 
 # Catalogues below this many items are scored exactly: there the exact pass stays within the
 # latency budget and close to the graph search, needs no build and is never approximate
@@ -57,6 +67,7 @@ ANN_MIN_ITEMS = 30_000
 # Graph degree and build breadth (M, efConstruction), the search breadth (efSearch: "auto"
 # calibrates it at build time to reach recall_target), and how the graph stores its vectors.
 DEFAULT_PARAMS: dict[str, Any] = {
+    "structure": "hnsw",
     "M": 32,
     "ef_construction": 128,
     "ef_search": "auto",
@@ -64,6 +75,23 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "recall_target": 0.97,
 }
 STORAGES = ("flat", "sq8")
+# The inverted file's lists ("auto": about 4 sqrt(n), a power of two, at least 39 training
+# items per list as faiss's k-means wants), the lists scanned (calibrated like ef_search), and
+# how many times n candidates its codes choose for the exact re-score.
+IVF_DEFAULT_PARAMS: dict[str, Any] = {
+    "structure": "ivf",
+    "nlist": "auto",
+    "nprobe": "auto",
+    "rerank": 10,
+    "recall_target": 0.97,
+}
+STRUCTURES = {"hnsw": DEFAULT_PARAMS, "ivf": IVF_DEFAULT_PARAMS}
+# Lists scanned by the calibration, fewest first (the widest is capped at nlist).
+NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
+# The scan of an "auto" inverted file built without queries to calibrate on.
+UNCALIBRATED_NPROBE = 32
+# Items per list the k-means trains on (faiss warns below 39).
+IVF_TRAIN_PER_LIST = 64
 # Breadths tried by the calibration, narrowest first; the widest stays below _MAX_EF. Steps of
 # about 1.5x: the walk's cost grows with its breadth, so a step too wide is paid on every call.
 EF_LADDER = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -97,24 +125,39 @@ def _faiss():
 
 
 def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Defaults overridden by ``params``; an unknown name or a bad value is a ValueError.
+    """Defaults of the chosen ``structure`` ("hnsw" unless given) overridden by ``params``;
+    an unknown name or a bad value is a ValueError.
 
     A published index's parameters also hold ``calibrated_recall`` (what the
     calibration measured at the breadth it chose).
     """
-    merged = dict(DEFAULT_PARAMS)
-    for key, value in (params or {}).items():
-        if key not in DEFAULT_PARAMS and key != "calibrated_recall":
-            raise ValueError(f"unknown index parameter {key!r} (known: {', '.join(DEFAULT_PARAMS)})")
+    params = params or {}
+    structure = params.get("structure", "hnsw")
+    if structure not in STRUCTURES:
+        raise ValueError(
+            f"index parameter structure must be one of {', '.join(STRUCTURES)}, got {structure!r}"
+        )
+    defaults = STRUCTURES[structure]
+    merged = dict(defaults)
+    for key, value in params.items():
+        if key not in defaults and key != "calibrated_recall":
+            raise ValueError(
+                f"unknown index parameter {key!r} for structure {structure} (known: {', '.join(defaults)})"
+            )
         merged[key] = value
-    for key in ("M", "ef_construction", "ef_search"):
+    integers, may_be_auto = (
+        (("M", "ef_construction", "ef_search"), ("ef_search",))
+        if structure == "hnsw"
+        else (("nlist", "nprobe", "rerank"), ("nlist", "nprobe"))
+    )
+    for key in integers:
         value = merged[key]
-        if key == "ef_search" and value == "auto":
+        if key in may_be_auto and value == "auto":
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
             raise ValueError(f"index parameter {key} must be an integer >= 1, got {value!r}")
         merged[key] = int(value)
-    if merged["storage"] not in STORAGES:
+    if structure == "hnsw" and merged["storage"] not in STORAGES:
         raise ValueError(
             f"index parameter storage must be one of {', '.join(STORAGES)}, got {merged['storage']!r}"
         )
@@ -123,6 +166,24 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
             raise ValueError(f"index parameter {key} must be in (0, 1], got {value!r}")
     return merged
+
+
+def library_of(params: dict[str, Any]) -> str:
+    """The manifest's library name for an index of these parameters."""
+    return IVF_LIBRARY if params.get("structure") == "ivf" else LIBRARY
+
+
+def breadth_key(params: dict[str, Any]) -> str:
+    """The parameter the calibration chooses: the graph's ``ef_search`` or the lists'
+    ``nprobe``."""
+    return "nprobe" if params.get("structure") == "ivf" else "ef_search"
+
+
+def auto_nlist(n_items: int) -> int:
+    """About 4 sqrt(n) lists, a power of two, with enough items per list to train on."""
+    wanted = 4 * np.sqrt(max(n_items, 1))
+    trainable = max(1, n_items // 39)
+    return int(2 ** np.floor(np.log2(max(1, min(wanted, trainable)))))
 
 
 @dataclass(frozen=True)
@@ -137,8 +198,8 @@ class Queries:
 def write_index(
     vectors: np.ndarray, path: Path, params: dict[str, Any], queries: Queries | None = None
 ) -> None:
-    """Build the graph over ``vectors`` (rows are ids), write it to ``path`` and, when
-    ``params["ef_search"]`` is ``"auto"``, calibrate the breadth in ``params``.
+    """Build the index over ``vectors`` (rows are ids), write it to ``path`` and, when its
+    breadth (``ef_search`` or ``nprobe``) is ``"auto"``, calibrate it in ``params``.
 
     Parameters
     ----------
@@ -147,9 +208,10 @@ def write_index(
     path : Path
         Where to write (faiss's own format, no pickle).
     params : dict
-        :func:`build_params` output. Completed in place by the calibration:
-        ``ef_search`` becomes the breadth chosen and ``calibrated_recall`` its
-        measured recall (:data:`UNCALIBRATED_EF_SEARCH` when there are no queries).
+        :func:`build_params` output. Completed in place: an ``"auto"`` ``nlist`` becomes
+        :func:`auto_nlist`, the breadth becomes the one chosen and ``calibrated_recall`` its
+        measured recall (:data:`UNCALIBRATED_EF_SEARCH` or :data:`UNCALIBRATED_NPROBE` when
+        there are no queries).
     queries : Queries or None, default None
         The calibration's queries.
     """
@@ -158,6 +220,21 @@ def write_index(
     # an index for serving (AnnSearch.open) sets this process's faiss to one thread.
     faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    index = (
+        _build_ivf(faiss, vectors, params)
+        if params["structure"] == "ivf"
+        else _build_hnsw(faiss, vectors, params)
+    )
+    faiss.write_index(index, str(path))
+    key = breadth_key(params)
+    if params[key] == "auto":
+        params[key] = UNCALIBRATED_NPROBE if key == "nprobe" else UNCALIBRATED_EF_SEARCH
+        if queries is not None and len(queries.vectors):
+            entry = SearchIndex(library_of(params), params, path=path)
+            params[key], params["calibrated_recall"] = calibrate(AnnSearch.open(entry, vectors), queries)
+
+
+def _build_hnsw(faiss, vectors: np.ndarray, params: dict[str, Any]):
     d, m = vectors.shape[1], int(params["M"])
     if params["storage"] == "sq8":
         index = faiss.IndexHNSWSQ(d, faiss.ScalarQuantizer.QT_8bit, m, faiss.METRIC_INNER_PRODUCT)
@@ -166,14 +243,45 @@ def write_index(
         index = faiss.IndexHNSWFlat(d, m, faiss.METRIC_INNER_PRODUCT)
     index.hnsw.efConstruction = int(params["ef_construction"])
     index.add(vectors)
-    faiss.write_index(index, str(path))
-    if params["ef_search"] == "auto":
-        params["ef_search"] = UNCALIBRATED_EF_SEARCH
-        if queries is not None and len(queries.vectors):
-            entry = SearchIndex(LIBRARY, params, path=path)
-            params["ef_search"], params["calibrated_recall"] = calibrate(
-                AnnSearch.open(entry, vectors), queries
-            )
+    return index
+
+
+def _build_ivf(faiss, vectors: np.ndarray, params: dict[str, Any]):
+    n, d = vectors.shape
+    if params["nlist"] == "auto":
+        params["nlist"] = auto_nlist(n)
+    nlist = int(params["nlist"])
+    if nlist > n:
+        raise ValueError(f"index parameter nlist {nlist} is above the {n} items")
+    # The lists' centroids are found by a small graph (many lists: a flat scan of them would cost
+    # more than the codes it selects); two dimensions per 4-bit code, or one when d is odd.
+    quantizer = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexIVFPQFastScan(
+        quantizer, d, nlist, d // 2 if d % 2 == 0 else d, 4, faiss.METRIC_INNER_PRODUCT
+    )
+    sample = min(n, IVF_TRAIN_PER_LIST * nlist)
+    rows = np.sort(np.random.default_rng(0).choice(n, sample, replace=False))
+    index.train(vectors[rows])
+    index.add(vectors)
+    return index
+
+
+def _ivf_holds(faiss, index, rows: np.ndarray, wanted: np.ndarray) -> bool:
+    """Whether the inverted file stores ``wanted`` as its ``rows``: each row scored against its
+    own vector through the file's codes and through codes made now in an empty copy of the
+    file (same lists, same quantiser), which agree exactly when the codes do."""
+    probe = faiss.clone_index(index)
+    probe.reset()
+    probe.add_with_ids(wanted, rows)
+
+    def own_scores(ivf) -> np.ndarray:
+        params = faiss.SearchParametersIVF()
+        params.nprobe, params.sel = ivf.nlist, faiss.IDSelectorArray(rows)
+        scores, found = ivf.search(wanted, len(rows), params=params)
+        hit = found == rows[:, None]
+        return np.where(hit.any(axis=1), scores[np.arange(len(rows)), hit.argmax(axis=1)], np.nan)
+
+    return np.array_equal(own_scores(index), own_scores(probe), equal_nan=False)
 
 
 def item_index(
@@ -183,25 +291,28 @@ def item_index(
     version is published."""
     merged = build_params(params)
     return SearchIndex(
-        library=LIBRARY, params=merged, write=lambda path: write_index(item_factors, path, merged, queries)
+        library=library_of(merged),
+        params=merged,
+        write=lambda path: write_index(item_factors, path, merged, queries),
     )
 
 
 def calibrate(search: AnnSearch, queries: Queries, n: int = 10) -> tuple[int, float]:
-    """The narrowest breadth of :data:`EF_LADDER` whose recall@n against exact scoring reaches
-    the index's ``recall_target``, and that recall; the widest breadth when none does."""
+    """The narrowest breadth of the index's ladder (:data:`EF_LADDER`, or
+    :data:`NPROBE_LADDER` up to its lists) whose recall@n against exact scoring reaches the
+    index's ``recall_target``, and that recall; the widest breadth when none does."""
     truth = exact_tops(search.vectors(), queries, n)
     target = float(search.params["recall_target"])
     recall = 0.0
-    for ef in EF_LADDER:
-        search.ef_search = ef
+    for breadth in search.ladder():
+        search.breadth = breadth
         found = [search.search(q, n, ex) for q, ex in _with_excludes(queries)]
         # None: the server's exact pass answers that user (too many exclusions), exactly.
         hits = [t.size if f is None else np.intersect1d(f[0], t).size for f, t in zip(found, truth)]
         recall = float(np.sum(hits) / max(1, sum(t.size for t in truth)))
         if recall >= target:
             break
-    return search.ef_search, round(recall, 4)
+    return search.breadth, round(recall, 4)
 
 
 def calibration_warnings(indexes: dict[str, SearchIndex]) -> list[str]:
@@ -210,10 +321,16 @@ def calibration_warnings(indexes: dict[str, SearchIndex]) -> list[str]:
     warnings = []
     for name, entry in sorted(indexes.items()):
         recall, target = entry.params.get("calibrated_recall"), entry.params.get("recall_target")
-        if entry.library == LIBRARY and recall is not None and target is not None and recall < target:
+        if (
+            entry.library in (LIBRARY, IVF_LIBRARY)
+            and recall is not None
+            and target is not None
+            and recall < target
+        ):
+            key = breadth_key(entry.params)
             warnings.append(
                 f"index {name!r} reaches recall@10 {recall:.3f} at its widest breadth"
-                f" (ef_search {entry.params['ef_search']}), below its recall_target {target}: Recommend"
+                f" ({key} {entry.params[key]}), below its recall_target {target}: Recommend"
                 " answers approximately; set ann_min_items above the catalogue's size to score it"
                 " exactly (docs/catalog.md)"
             )
@@ -248,32 +365,52 @@ class AnnSearch:
 
     index: Any
     n_items: int
-    ef_search: int
+    # The search breadth: the graph walk's ef_search, or the inverted file's lists scanned.
+    breadth: int
     params: dict[str, Any]
     # The float item vectors exact scoring reads: the graph's own storage when it is flat, else
     # the version's memory-mapped item factors ...
     item_vectors: np.ndarray
-    # ... and the version's item factors as the re-score reads them (file reads, not the mapping).
+    # ... and the version's item factors as the graph's re-score reads them (file reads, not the
+    # mapping: the graph itself is most of the memory, so the floats stay in the page cache).
     item_rows: FileRows
 
     @property
+    def structure(self) -> str:
+        return str(self.params["structure"])
+
+    @property
     def quantised(self) -> bool:
-        return self.params["storage"] != "flat"
+        return self.structure == "ivf" or self.params["storage"] != "flat"
+
+    @property
+    def max_breadth(self) -> int:
+        return int(self.params["nlist"]) if self.structure == "ivf" else _MAX_EF
+
+    def ladder(self) -> tuple[int, ...]:
+        """The breadths the calibration tries, narrowest first."""
+        if self.structure == "ivf":
+            return tuple(b for b in NPROBE_LADDER if b < self.max_breadth) + (self.max_breadth,)
+        return EF_LADDER
 
     @property
     def description(self) -> str:
-        """What ListModels and the metrics show: the library, graph, breadth, storage and the
-        recall the calibration measured."""
-        text = f"{LIBRARY} M={self.params['M']} ef_search={self.ef_search} storage={self.params['storage']}"
-        recall = self.params.get("calibrated_recall")
+        """What ListModels and the metrics show: the library, structure, breadth, storage and
+        the recall the calibration measured."""
+        p = self.params
+        if self.structure == "ivf":
+            text = f"{IVF_LIBRARY} nlist={p['nlist']} nprobe={self.breadth} storage=pq4 rerank={p['rerank']}"
+        else:
+            text = f"{LIBRARY} M={p['M']} ef_search={self.breadth} storage={p['storage']}"
+        recall = p.get("calibrated_recall")
         return text if recall is None else f"{text} recall@10={recall:.3f}"
 
     @classmethod
     def open(cls, entry: SearchIndex, items: np.ndarray) -> AnnSearch:
         """Open a verified index file (memory-mapped) and check it holds ``items``, the
         version's float item factors, shape ``(n_items, d)``."""
-        if entry.library != LIBRARY:
-            raise ArtifactError(f"index library {entry.library!r} is not {LIBRARY!r}")
+        if entry.library not in (LIBRARY, IVF_LIBRARY):
+            raise ArtifactError(f"index library {entry.library!r} is not {LIBRARY!r} or {IVF_LIBRARY!r}")
         if entry.path is None:
             raise ArtifactError("index has no file (not published)")
         faiss = _faiss()
@@ -283,7 +420,12 @@ class AnnSearch:
             raise ArtifactError(f"{entry.path}: not a faiss index: {str(exc).splitlines()[0]}") from None
         storage = _storage_of(faiss, index)
         if storage is None or index.metric_type != faiss.METRIC_INNER_PRODUCT:
-            raise ArtifactError(f"{entry.path}: not an inner-product HNSW index over float or 8-bit vectors")
+            raise ArtifactError(
+                f"{entry.path}: not an inner-product HNSW index over float or 8-bit vectors, nor an"
+                " inner-product inverted file of 4-bit codes"
+            )
+        if (storage == "pq4") != (entry.library == IVF_LIBRARY):
+            raise ArtifactError(f"{entry.path}: the file is not a {entry.library} index")
         n_items, dim = items.shape
         if index.ntotal != n_items or index.d != dim:
             raise ArtifactError(
@@ -294,24 +436,31 @@ class AnnSearch:
         faiss.omp_set_num_threads(1)
         try:
             # The file says how it stores vectors (versions older than the storage parameter are flat).
-            params = build_params({**entry.params, "storage": storage})
+            params = build_params({**entry.params, "storage": storage} if storage != "pq4" else entry.params)
         except ValueError as exc:
             raise ArtifactError(f"{entry.path}: {exc}") from None
-        if params["ef_search"] == "auto":
-            raise ArtifactError(f"{entry.path}: ef_search was never calibrated")
+        key = breadth_key(params)
+        if params[key] == "auto" or params.get("nlist") == "auto":
+            raise ArtifactError(f"{entry.path}: {key} was never calibrated")
+        if storage == "pq4" and index.nlist != params["nlist"]:
+            raise ArtifactError(
+                f"{entry.path}: the file has {index.nlist} lists, the manifest says {params['nlist']}"
+            )
         held = _storage_view(faiss, index) if storage == "flat" else items
-        search = cls(index, n_items, params["ef_search"], params, held, FileRows(items))
+        search = cls(index, n_items, params[key], params, held, FileRows(items))
         search.check_holds(entry.path)
         return search
 
     def check_holds(self, path: Path | None, sample: int = 64) -> None:
-        """The graph must be built over the version's item factors: compare a spread of rows
+        """The index must be built over the version's item factors: compare a spread of rows
         with the stored vectors, or with their stored codes."""
         n = self.n_items
         rows = np.unique(np.linspace(0, n - 1, num=min(sample, n), dtype=np.int64))
         wanted = np.ascontiguousarray(self.item_rows.take(rows), dtype=np.float32)
-        if self.quantised:
-            faiss = _faiss()
+        faiss = _faiss()
+        if self.structure == "ivf":
+            same = _ivf_holds(faiss, self.index, rows, wanted)
+        elif self.quantised:
             storage = faiss.downcast_index(self.index.storage)
             codes = faiss.rev_swig_ptr(storage.codes.data(), storage.ntotal * storage.code_size)
             stored = codes.reshape(storage.ntotal, storage.code_size)[rows]
@@ -342,12 +491,12 @@ class AnnSearch:
             Item rows never to return (any order, repeats allowed).
         eligible : Eligible or None
             Hidden and filtered-out items (``service/rules.py``), skipped inside
-            the walk through a bitmap selector, like ``exclude``.
+            the search through a bitmap selector, like ``exclude``.
 
         Returns
         -------
         (rows, products) or None
-            ``min(n, eligible)`` rows and their inner products; None when the graph
+            ``min(n, eligible)`` rows and their inner products; None when the index
             cannot give that many eligible items cheaply and the caller should score
             every item.
         """
@@ -366,39 +515,70 @@ class AnnSearch:
         if excluded > MAX_EXCLUDED_FRACTION * self.n_items or left < MIN_ELIGIBLE_FRACTION * self.n_items:
             return None
         query = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
-        params = faiss.SearchParametersHNSW()
-        if excluded or blocked:
-            # faiss holds raw pointers: these locals keep every selector alive through the searches.
-            selectors = _selectors(faiss, exclude, eligible)
-            params.sel = selectors[-1]
-        # Excluded items are mostly the user's own best (the training items the model fits), so
-        # a filtered walk must step over them: widen it by their number, as over-fetching would.
-        # Blocked items (hidden, filtered out) are spread over the catalogue instead: the walk
-        # meets about one eligible item per 1/share visited. While at least half are eligible
-        # the walk's breadth already holds enough of them (recall unchanged, docs/catalog.md);
-        # below that it widens so the eligible candidates stay at half the breadth.
-        share = left / self.n_items
-        widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / share)
-        fetch = min(RERANK_FACTOR * want, left) if self.quantised else want
-        ef = min(max(int((self.ef_search + excluded) * widen), fetch), _MAX_EF)
-        while ef <= _MAX_EF:
-            params.efSearch = ef
-            scores, rows = self.index.search(query, fetch, params=params)
+        # faiss holds raw pointers: these locals keep every selector alive through the searches.
+        selectors = _selectors(faiss, exclude, eligible) if excluded or blocked else [None]
+        # Blocked items (hidden, filtered out) are spread over the catalogue: a search meets
+        # about one eligible item per 1/share visited. While at least half are eligible the
+        # breadth already holds enough of them (recall unchanged, docs/catalog.md); below that
+        # it widens so the eligible candidates stay at half the breadth.
+        widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / (left / self.n_items))
+        fetch = min(self._rerank_factor() * want, left) if self.quantised else want
+        breadth = self._first_breadth(excluded, widen, fetch, left)
+        while breadth <= self.max_breadth:
+            scores, rows = self.index.search(
+                query, fetch, params=self._search_params(faiss, breadth, selectors[-1])
+            )
             rows, scores = rows[0], scores[0]
-            if (rows >= 0).all():  # faiss pads with -1 when the walk found fewer eligible items
+            if (rows >= 0).all():  # faiss pads with -1 when the search found fewer eligible items
                 return self._exact_order(rows, query[0], want) if self.quantised else (rows, scores)
-            ef *= _GROWTH
+            if breadth == self.max_breadth:
+                break
+            breadth = min(breadth * _GROWTH, self.max_breadth)
         return None
 
+    def _rerank_factor(self) -> int:
+        return int(self.params["rerank"]) if self.structure == "ivf" else RERANK_FACTOR
+
+    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
+        if self.structure == "ivf":
+            per_list = self.n_items / self.max_breadth
+            # Excluded items crowd the user's best lists: scan as many more lists as they fill,
+            # and enough lists to hold twice the candidates wanted (lists differ in size).
+            crowded = (self.breadth + excluded / per_list) * widen
+            holding = 2 * fetch / (per_list * left / self.n_items)
+            return min(int(np.ceil(max(crowded, holding))), self.max_breadth)
+        # Excluded items are mostly the user's own best (the training items the model fits), so
+        # a filtered walk must step over them: widen it by their number, as over-fetching would.
+        return min(max(int((self.breadth + excluded) * widen), fetch), _MAX_EF)
+
+    def _search_params(self, faiss, breadth: int, selector):
+        if self.structure == "ivf":
+            params = faiss.SearchParametersIVF()
+            params.nprobe = breadth
+            walk = faiss.SearchParametersHNSW()  # the walk over the lists' centroids
+            walk.efSearch = max(2 * breadth, 16)
+            params.quantizer_params = walk  # faiss's wrapper keeps a reference, as for sel
+        else:
+            params = faiss.SearchParametersHNSW()
+            params.efSearch = breadth
+        if selector is not None:
+            params.sel = selector
+        return params
+
     def _exact_order(self, rows: np.ndarray, query: np.ndarray, want: int) -> Ranked:
-        """The ``want`` best of the walk's candidates by their exact inner products."""
+        """The ``want`` best of the search's candidates by their exact inner products."""
         rows = np.sort(rows)  # ascending rows read the factor file in order
-        products = self.item_rows.take(rows) @ query
+        # The inverted file's codes are small, so its floats may stay mapped in memory; the
+        # graph's re-score reads them from the file instead (see item_rows).
+        vectors = self.item_vectors[rows] if self.structure == "ivf" else self.item_rows.take(rows)
+        products = vectors @ query
         best = np.argsort(-products, kind="stable")[:want]
         return rows[best], products[best].astype(np.float32)
 
 
 def _storage_of(faiss, index) -> str | None:
+    if isinstance(index, faiss.IndexIVFPQFastScan):
+        return "pq4" if index.pq.nbits == 4 else None
     if isinstance(index, faiss.IndexHNSWFlat):
         return "flat"
     if isinstance(index, faiss.IndexHNSWSQ):

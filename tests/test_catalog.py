@@ -27,6 +27,7 @@ from ordrec.v1 import recommender_pb2_grpc
 N_ITEMS, N_USERS, RANK, LEVELS = 3000, 200, 6, [1.0, 2.0, 3.0, 4.0, 5.0]
 SMALL_GRAPH = {"M": 12, "ef_construction": 40, "ef_search": 32}
 SMALL_GRAPH_SERVES = "faiss-hnsw-ip M=12 ef_search=32 storage=sq8"  # ListModels' and the metric's text
+SMALL_IVF = {"structure": "ivf", "nlist": 32, "nprobe": 6}
 
 
 def clustered_artifact(seed: int = 0, with_index: bool = True, graph: dict | None = None) -> Artifact:
@@ -63,14 +64,16 @@ def registry(tmp_path_factory):
     reg = Registry(tmp_path_factory.mktemp("catalog"))
     reg.publish("big", clustered_artifact())
     reg.publish("big_flat", clustered_artifact(graph={**SMALL_GRAPH, "storage": "flat"}))
+    reg.publish("big_ivf", clustered_artifact(graph=SMALL_IVF))
     reg.publish("small", clustered_artifact(with_index=False))
     return reg
 
 
-@pytest.fixture(scope="module", params=["sq8", "flat"])
+@pytest.fixture(scope="module", params=["sq8", "flat", "ivf"])
 def served(registry, request):
-    """The index over 8-bit codes re-scored exactly (the default), and over float vectors."""
-    return build_index(registry.load("big" if request.param == "sq8" else "big_flat"))
+    """The graph over 8-bit codes re-scored exactly (the default), over float vectors, and the
+    inverted file of 4-bit codes re-scored exactly."""
+    return build_index(registry.load({"sq8": "big", "flat": "big_flat", "ivf": "big_ivf"}[request.param]))
 
 
 def test_publish_lists_the_index_with_its_checksum_and_load_opens_it(registry):
@@ -95,6 +98,18 @@ def test_index_answers_close_to_exact(served):
         # the scores are the model's scores of those items, best first
         np.testing.assert_allclose(scores, served.score_items(user, rows), rtol=1e-5, atol=1e-5)
     assert hits / (10 * N_USERS) >= 0.9
+
+
+def test_excluding_a_users_best_items_widens_the_search_so_recall_holds(served):
+    # The excluded items crowd the region the search starts from (the graph's entry, the
+    # inverted file's nearest lists): the search must reach past them.
+    hits = 0
+    for user in range(0, N_USERS, 4):
+        best, _ = served.recommend_exact(user, 60)
+        rows, _ = served.recommend(user, 10, exclude=best)
+        exact_rows, _ = served.recommend_exact(user, 10, exclude=best)
+        hits += np.intersect1d(rows, exact_rows).size
+    assert hits / (10 * len(range(0, N_USERS, 4))) >= 0.9
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -191,10 +206,10 @@ def _other_vectors(items: np.ndarray, how: str) -> np.ndarray:
     "how, error",
     [("fewer rows", "indexes 2999"), ("other values", "does not hold the version's item factors")],
 )
-@pytest.mark.parametrize("storage", ["sq8", "flat"])
+@pytest.mark.parametrize("storage", ["sq8", "flat", "ivf"])
 def test_index_over_other_items_is_refused(tmp_path, how, error, storage):
     artifact = clustered_artifact()
-    graph = {**SMALL_GRAPH, "storage": storage}
+    graph = SMALL_IVF if storage == "ivf" else {**SMALL_GRAPH, "storage": storage}
     artifact.indexes = {"items": ann.item_index(_other_vectors(artifact.arrays["item_factors"], how), graph)}
     reg = Registry(tmp_path)
     reg.publish("big", artifact)
@@ -208,6 +223,9 @@ def test_exact_scoring_reads_the_float_vectors_the_index_holds_or_re_scores_with
     version = served.artifact.array("item_factors")
     assert np.array_equal(served._item, version)
     assert not served._item.flags.writeable
+    if served.ann.structure == "ivf":  # 4-bit codes: half a byte per dimension, floats from the version
+        assert np.shares_memory(served._item, version) and served.ann.index.code_size <= version.shape[1]
+        return
     storage = faiss.downcast_index(served.ann.index.storage)
     if served.ann.quantised:
         assert np.shares_memory(served._item, version) and storage.code_size == version.shape[1]
@@ -228,10 +246,43 @@ def test_calibration_picks_the_narrowest_breadth_that_reaches_the_recall_target(
     assert _recall(search, users, seen) == pytest.approx(recall, abs=1e-4)  # what it measured is what serves
     narrower = ann.EF_LADDER.index(chosen) - 1
     assert narrower >= 0  # a target above the narrowest breadth's recall, so the next check means something
-    search.ef_search = ann.EF_LADDER[narrower]
+    search.breadth = ann.EF_LADDER[narrower]
     assert _recall(search, users, seen) < 0.99  # one step narrower misses the target
-    search.ef_search = chosen
+    search.breadth = chosen
     assert search.description.endswith(f"ef_search={chosen} storage=sq8 recall@10={recall:.3f}")
+
+
+def test_the_inverted_file_calibrates_the_lists_it_scans_like_the_graph_its_breadth(tmp_path):
+    artifact = clustered_artifact(with_index=False)
+    items = artifact.arrays["item_factors"]
+    users, seen = _served_queries(artifact)
+    params = ann.build_params({"structure": "ivf", "recall_target": 0.99})
+    ann.write_index(items, tmp_path / "f", params, ann.Queries(users, seen))
+    assert params["nlist"] == ann.auto_nlist(N_ITEMS) == 64  # 4 sqrt(3000) = 219, but 39 items a list
+    chosen, recall = params["nprobe"], params["calibrated_recall"]
+    assert recall >= 0.99
+    search = ann.AnnSearch.open(SearchIndex(ann.IVF_LIBRARY, params, path=tmp_path / "f"), items)
+    assert _recall(search, users, seen) == pytest.approx(recall, abs=1e-4)
+    ladder = search.ladder()
+    assert ladder[-1] == 64 and chosen in ladder and ladder.index(chosen) > 0
+    search.breadth = ladder[ladder.index(chosen) - 1]
+    assert _recall(search, users, seen) < 0.99  # one step fewer lists misses the target
+    search.breadth = chosen
+    assert (
+        search.description
+        == f"faiss-ivf-ip nlist=64 nprobe={chosen} storage=pq4 rerank=10 recall@10={recall:.3f}"
+    )
+
+
+def test_an_index_file_of_the_other_structure_is_refused(tmp_path):
+    artifact = clustered_artifact(with_index=False)
+    items = artifact.arrays["item_factors"]
+    params = ann.build_params(SMALL_IVF)
+    ann.write_index(items, tmp_path / "f", params)
+    with pytest.raises(ArtifactError, match="not a faiss-hnsw-ip index"):
+        ann.AnnSearch.open(
+            SearchIndex(ann.LIBRARY, ann.build_params(SMALL_GRAPH), path=tmp_path / "f"), items
+        )
 
 
 def test_calibration_that_cannot_reach_the_target_keeps_the_widest_breadth_and_says_its_recall(
@@ -264,6 +315,10 @@ def test_an_index_built_without_queries_searches_at_the_uncalibrated_breadth(tmp
         ({"ef_search": 1.5}, "ef_search must be an integer"),
         ({"recall_target": 0.0}, "recall_target must be in"),
         ({"M": True}, "M must be an integer"),
+        ({"structure": "lsh"}, "structure must be one of hnsw, ivf"),
+        ({"structure": "ivf", "M": 32}, "unknown index parameter 'M' for structure ivf"),
+        ({"structure": "ivf", "nprobe": 0}, "nprobe must be an integer >= 1"),
+        ({"structure": "ivf", "rerank": "auto"}, "rerank must be an integer"),
     ],
 )
 def test_bad_index_parameters_are_refused_by_name(bad, error):
