@@ -266,6 +266,14 @@ def _build_ivf(faiss, vectors: np.ndarray, params: dict[str, Any]):
     return index
 
 
+def _map_in(array: np.ndarray, page: int = 4096) -> None:
+    """Touch every page of a mapped array once: the inverted file re-scores its candidates
+    from the mapping, and a page first touched inside a request costs that request a fault."""
+    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
+    if flat is not None:
+        int(flat[::page].sum())
+
+
 def _ivf_holds(faiss, index, rows: np.ndarray, wanted: np.ndarray) -> bool:
     """Whether the inverted file stores ``wanted`` as its ``rows``: each row scored against its
     own vector through the file's codes and through codes made now in an empty copy of the
@@ -449,6 +457,8 @@ class AnnSearch:
         held = _storage_view(faiss, index) if storage == "flat" else items
         search = cls(index, n_items, params[key], params, held, FileRows(items))
         search.check_holds(entry.path)
+        if storage == "pq4":
+            _map_in(items)
         return search
 
     def check_holds(self, path: Path | None, sample: int = 64) -> None:
@@ -542,9 +552,10 @@ class AnnSearch:
     def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
         if self.structure == "ivf":
             per_list = self.n_items / self.max_breadth
-            # Excluded items crowd the user's best lists: scan as many more lists as they fill,
-            # and enough lists to hold twice the candidates wanted (lists differ in size).
-            crowded = (self.breadth + excluded / per_list) * widen
+            # Excluded items are mostly the user's best, so the candidates wanted rank deeper by
+            # their number: scan lists in proportion to that depth; and enough lists to hold
+            # twice the candidates (lists differ in size).
+            crowded = self.breadth * (fetch + excluded) / fetch * widen
             holding = 2 * fetch / (per_list * left / self.n_items)
             return min(int(np.ceil(max(crowded, holding))), self.max_breadth)
         # Excluded items are mostly the user's own best (the training items the model fits), so

@@ -326,9 +326,16 @@ def test_bad_index_parameters_are_refused_by_name(bad, error):
         ann.build_params(bad)
 
 
-def test_loading_a_quantised_version_leaves_its_float_factors_unmapped(tmp_path):
+@pytest.mark.parametrize("structure", ["hnsw", "ivf"])
+def test_loading_maps_the_float_factors_only_where_the_index_re_scores_from_the_mapping(
+    tmp_path, structure, monkeypatch
+):
     """The graph re-scores a few rows per request: the load must not page the factor file into
-    the server (finiteness and the spot check read it with file reads and a few rows)."""
+    the server (finiteness and the spot check read it with file reads and a few rows). The
+    inverted file re-scores ten times more rows from the mapping: it maps them all at load, so
+    no request pays for a page's first touch."""
+    mapped_in = []
+    monkeypatch.setattr(ann, "_map_in", lambda array: mapped_in.append(array.shape))
     rng = np.random.default_rng(0)
     artifact = clustered_artifact(with_index=False)
     # 19 MB: the kernel maps up to 64 KiB around each page a read faults in, so a smaller file
@@ -338,13 +345,30 @@ def test_loading_a_quantised_version_leaves_its_float_factors_unmapped(tmp_path)
     artifact.arrays["item_factors"] = items
     artifact.arrays["item_popularity"] = rng.random(len(items)).astype(np.float32)
     artifact.ids["items"] = IdMap([f"i{i}" for i in range(len(items))])
-    artifact.indexes = {"items": ann.item_index(items, {"M": 8, "ef_construction": 20, "ef_search": 16})}
+    params = (
+        {"structure": "ivf", "nprobe": 4}
+        if structure == "ivf"
+        else {"M": 8, "ef_construction": 20, "ef_search": 16}
+    )
+    artifact.indexes = {"items": ann.item_index(items, params)}
     reg = Registry(tmp_path)
     reg.publish("big", artifact)
     served = build_index(reg.load("big"))
+    assert mapped_in == ([items.shape] if structure == "ivf" else [])
+    if structure == "ivf":
+        return
     served.recommend(0, 10, exclude=served.seen(0))
     resident = _resident_kib("item_factors.npy")
     assert 0 < resident <= 0.5 * items.nbytes / 1024, resident  # a spread of rows, not the file
+
+
+def test_map_in_makes_every_page_of_a_mapped_array_resident(tmp_path):
+    path = tmp_path / "item_factors.npy"
+    np.save(path, np.ones((100_000, 50), np.float32))  # 19 MB
+    mapped = np.load(path, mmap_mode="r")
+    assert _resident_kib("item_factors.npy") == 0
+    ann._map_in(mapped)
+    assert _resident_kib("item_factors.npy") >= 0.99 * mapped.nbytes / 1024
 
 
 def _resident_kib(file_name: str) -> int:
