@@ -532,7 +532,7 @@ class AnnSearch:
         # breadth already holds enough of them (recall unchanged, docs/catalog.md); below that
         # it widens so the eligible candidates stay at half the breadth.
         widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / (left / self.n_items))
-        fetch = min(self._rerank_factor() * want, left) if self.quantised else want
+        fetch = self._candidates(want, excluded, left)
         breadth = self._first_breadth(excluded, widen, fetch, left)
         while breadth <= self.max_breadth:
             scores, rows = self.index.search(
@@ -546,8 +546,15 @@ class AnnSearch:
             breadth = min(breadth * _GROWTH, self.max_breadth)
         return None
 
-    def _rerank_factor(self) -> int:
-        return int(self.params["rerank"]) if self.structure == "ivf" else RERANK_FACTOR
+    def _candidates(self, want: int, excluded: int, left: int) -> int:
+        """How many items the search returns: ``want`` from exact storage, more for the
+        exact re-score from codes. The inverted file's 4-bit codes blur the close scores
+        below the excluded best items, so it re-scores one more candidate per exclusion."""
+        if not self.quantised:
+            return want
+        if self.structure == "ivf":
+            return min(int(self.params["rerank"]) * want + excluded, left)
+        return min(RERANK_FACTOR * want, left)
 
     def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
         if self.structure == "ivf":

@@ -366,7 +366,7 @@ def test_map_in_makes_every_page_of_a_mapped_array_resident(tmp_path):
     path = tmp_path / "item_factors.npy"
     np.save(path, np.ones((100_000, 50), np.float32))  # 19 MB
     mapped = np.load(path, mmap_mode="r")
-    assert _resident_kib("item_factors.npy") == 0
+    assert _resident_kib("item_factors.npy") < 0.05 * mapped.nbytes / 1024  # the header's pages
     ann._map_in(mapped)
     assert _resident_kib("item_factors.npy") >= 0.99 * mapped.nbytes / 1024
 
