@@ -404,6 +404,7 @@ def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
         ("big", 10, SMALL_GRAPH),
         ("small", 10**6, SMALL_GRAPH),
         ("auto", 10, calibrated),
+        ("ivf", 10, {"structure": "ivf"}),
     ):
         result = run_cli(
             [
@@ -438,6 +439,14 @@ def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
     assert served.search.endswith(f"recall@10={entry.params['calibrated_recall']:.3f}")
     if entry.params["ef_search"] > ann.EF_LADDER[0]:
         assert entry.params["calibrated_recall"] >= ann.DEFAULT_PARAMS["recall_target"]
+    (entry,) = reg.load("ivf").indexes.values()
+    assert entry.library == ann.IVF_LIBRARY and entry.params["nlist"] == ann.auto_nlist(
+        len(reg.load("ivf").ids["items"])
+    )
+    assert 0.0 < entry.params["calibrated_recall"] <= 1.0
+    assert build_index(reg.load("ivf")).search.startswith(
+        f"faiss-ivf-ip nlist={entry.params['nlist']} nprobe="
+    )
     with pytest.raises(ValueError, match="unknown index parameter"):  # refused before any fitting
         DCR(ann_params={"efSearch": 3}).fit(sample.planted_ratings(seed=1))
 

@@ -464,11 +464,15 @@ class DCR(Estimator):
         the server answers whole-catalogue Recommend from; smaller ones are
         scored exactly.
     ann_params : dict or None, default None
-        The index's ``M``, ``ef_construction``, ``ef_search`` (``"auto"``:
-        the narrowest breadth whose recall@10 on a sample of the trained users,
+        The index's ``structure`` (``"hnsw"``, a graph; ``"ivf"``, an inverted
+        file of 4-bit codes: faster to build, see ``docs/catalog.md``). For the
+        graph: ``M``, ``ef_construction``, ``ef_search`` (``"auto"``: the
+        narrowest breadth whose recall@10 on a sample of the trained users,
         as served, reaches ``recall_target``), ``storage`` (``"sq8"``: 8-bit
         codes re-scored exactly; ``"flat"``) and ``recall_target``
-        (``service.ann.DEFAULT_PARAMS`` for the ones not given).
+        (``service.ann.DEFAULT_PARAMS`` for the ones not given); for the
+        inverted file: ``nlist``, ``nprobe`` (``"auto"``, calibrated the same
+        way), ``rerank`` and ``recall_target`` (``service.ann.IVF_DEFAULT_PARAMS``).
     verbose : bool, default False
         Progress line on stderr.
     """
