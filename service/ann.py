@@ -276,21 +276,27 @@ def _map_in(array: np.ndarray, page: int = 4096) -> None:
 
 
 def _ivf_holds(faiss, index, rows: np.ndarray, wanted: np.ndarray) -> bool:
-    """Whether the inverted file stores ``wanted`` as its ``rows``: each row scored against its
-    own vector through the file's codes and through codes made now in an empty copy of the
-    file (same lists, same quantiser), which agree exactly when the codes do."""
+    """Whether the inverted file stores ``wanted`` as its ``rows``: each row scored against a
+    seeded random query (never zero, unlike some items) through the file's codes and through
+    codes made now in an empty copy of the file (same lists, same quantiser), which agree
+    exactly when the codes do."""
     probe = faiss.clone_index(index)
     probe.reset()
     probe.add_with_ids(wanted, rows)
+    queries = np.random.default_rng(0).standard_normal(wanted.shape).astype(np.float32)
 
     def own_scores(ivf) -> np.ndarray:
         params = faiss.SearchParametersIVF()
         params.nprobe, params.sel = ivf.nlist, faiss.IDSelectorArray(rows)
-        scores, found = ivf.search(wanted, len(rows), params=params)
+        walk = faiss.SearchParametersHNSW()  # wide enough to reach every list's centroid
+        walk.efSearch = 2 * ivf.nlist
+        params.quantizer_params = walk
+        scores, found = ivf.search(queries, len(rows), params=params)
         hit = found == rows[:, None]
         return np.where(hit.any(axis=1), scores[np.arange(len(rows)), hit.argmax(axis=1)], np.nan)
 
-    return np.array_equal(own_scores(index), own_scores(probe), equal_nan=False)
+    stored, made_now = own_scores(index), own_scores(probe)
+    return not np.isnan(stored).any() and np.array_equal(stored, made_now)
 
 
 def item_index(

@@ -274,6 +274,18 @@ def test_the_inverted_file_calibrates_the_lists_it_scans_like_the_graph_its_brea
     )
 
 
+def test_an_inverted_file_over_items_with_zero_factors_loads(tmp_path):
+    # A trained model leaves never-rated items at zero: the load check must still verify them.
+    artifact = clustered_artifact(with_index=False)
+    items = artifact.arrays["item_factors"]
+    items[::7] = 0.0
+    artifact.indexes = {"items": ann.item_index(items, SMALL_IVF)}
+    reg = Registry(tmp_path)
+    reg.publish("big", artifact)
+    served = build_index(reg.load("big"))
+    assert served.search.startswith("faiss-ivf-ip") and served.recommend(0, 10)[0].size == 10
+
+
 def test_an_index_file_of_the_other_structure_is_refused(tmp_path):
     artifact = clustered_artifact(with_index=False)
     items = artifact.arrays["item_factors"]
