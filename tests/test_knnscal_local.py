@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
@@ -44,6 +45,23 @@ def test_rank_affinities_fall_with_rank_unless_the_decay_is_zero():
     assert P[0, 1] > P[0, 2] > P[0, 3] > 0
     flat = L.rank_affinities(indptr, col, rnk, 5, 0.0)
     assert flat[0, 1] == flat[0, 2] == flat[0, 3]
+
+
+def test_auto_rank_decay_grows_with_the_longest_list_and_is_two_at_k_ten():
+    for k, decay in ((5, 1.5), (10, 2.0), (20, 3.0)):
+        _, graph = clusters(n_per=15, n_clusters=2, k=k)
+        assert KnnScal(ne_rank_decay="auto").rank_decay(neighbor_csr(graph)[0]) == decay
+    assert KnnScal(ne_rank_decay=0.5).rank_decay(neighbor_csr(graph)[0]) == 0.5
+    with pytest.raises(ValueError, match="ne_rank_decay"):
+        KnnScal(ne_rank_decay="wide").fit(graph)
+
+
+def test_auto_rank_decay_at_k_ten_gives_the_fixed_decay_two_map():
+    _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=10, seed=7)
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "ne_starts": 1}
+    auto = KnnScal(ne_rank_decay="auto", **common).fit(graph)
+    fixed = KnnScal(ne_rank_decay=2.0, **common).fit(graph)
+    np.testing.assert_array_equal(auto.coordinates_, fixed.coordinates_)
 
 
 def test_exact_kl_gradient_matches_finite_differences():
@@ -120,7 +138,7 @@ def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
     indptr, col, rnk = neighbor_csr(graph)
     est = KnnScal(**common)
     start = est.initial_configuration(indptr, col, rnk, 90, seed=None if kept == 0 else (0, kept))
-    alone = est._embed("exact", start, affinities(graph))
+    alone = est._embed("exact", start, affinities(graph, decay=est.rank_decay(indptr)))
     assert sum(L.graph_agreement(alone, indptr, col, rnk)) == several.ne_scores_[kept]
     assert sum(L.graph_agreement(several.coordinates_, indptr, col, rnk)) == several.ne_scores_[kept]
 
@@ -220,6 +238,7 @@ def test_the_local_term_keeps_more_listed_neighbours_and_order_than_the_plain_st
     common = {
         "random_state": 0,
         "neighbor_embedding": "exact",
+        "ne_starts": 1,  # the start this comparison was written for
         "max_iter": 100,
         "tol": 0.0,
         "refinement": "always",

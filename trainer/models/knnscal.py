@@ -339,10 +339,12 @@ class KnnScal(Estimator):
         graph, as ``refinement="validated"`` scores) is kept. t-SNE's
         optimiser is chaotic, so the starts land on different maps; the kept
         start scores at least the first one's. 1: a single start.
-    ne_rank_decay : float
+    ne_rank_decay : float or "auto"
         p_j|i proportional to exp(-ne_rank_decay (r_ij - 1) / k_i) over i's
-        list (0: uniform over the list). Chosen on breast_cancer 10-NN
-        (``docs/knnscal.md``).
+        list (0: uniform over the list). 2 was chosen on breast_cancer 10-NN.
+        "auto": 1 + k / 10 for lists of at most k entries (2 at k = 10), so a
+        longer list keeps more of its order in the weights; measured, not the
+        default (``docs/knnscal.md``, Known gaps).
     local_weight : float
         With an exact neighbour-embedding start and a weight > 0, step 4a
         minimises sigma_a / sum w + local_weight * KL(P || Q) (the start's
@@ -388,7 +390,7 @@ class KnnScal(Estimator):
         "neighbor_embedding": [Options(str, {"auto", "exact", "sampled", "none"})],
         "ne_exact_max_n": [Interval(Integral, 0, None)],
         "ne_starts": [Interval(Integral, 1, None)],
-        "ne_rank_decay": [Interval(Real, 0, None)],
+        "ne_rank_decay": [Interval(Real, 0, None), Options(str, {"auto"})],
         "local_weight": [Interval(Real, 0, None)],
         "refinement": [Options(str, {"always", "validated"})],
         "random_state": [Interval(Integral, 0, None)],
@@ -418,7 +420,7 @@ class KnnScal(Estimator):
         neighbor_embedding: str = "auto",
         ne_exact_max_n: int = 5_000,
         ne_starts: int = 4,
-        ne_rank_decay: float = 2.0,
+        ne_rank_decay: float | str = 2.0,
         local_weight: float = 0.003,
         refinement: str = "validated",
         random_state: int = 0,
@@ -508,7 +510,7 @@ class KnnScal(Estimator):
         self.affinities_ = None
         if method == "none":
             return X
-        P = L.rank_affinities(indptr, col, rnk, n, float(self.ne_rank_decay))
+        P = L.rank_affinities(indptr, col, rnk, n, self.rank_decay(indptr))
         if method == "exact":
             self.affinities_ = P  # the local term's P (its KL is exact, O(n^2), like this start's)
         best, scores = None, []
@@ -526,6 +528,12 @@ class KnnScal(Estimator):
         self.ne_start_ = int(np.argmax(self.ne_scores_))
         self._log(f"n={n:,}: neighbour embeddings scored {', '.join(f'{v:.4f}' for v in scores)}")
         return best
+
+    def rank_decay(self, indptr: np.ndarray) -> float:
+        """The rank affinities' decay: ``ne_rank_decay``, or under "auto" 1 + k / 10 (k the longest list)."""
+        if self.ne_rank_decay == "auto":
+            return 1.0 + int(np.diff(indptr).max()) / 10.0
+        return float(self.ne_rank_decay)
 
     def _embed(self, method: str, X: np.ndarray, P: sparse.csr_matrix) -> np.ndarray:
         """One neighbour embedding of P from the geodesic start X."""
