@@ -143,6 +143,14 @@ def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
     assert sum(L.graph_agreement(several.coordinates_, indptr, col, rnk)) == several.ne_scores_[kept]
 
 
+def test_several_starts_give_the_same_map_for_the_same_seed():
+    _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
+    common = {"random_state": 0, "ne_starts": 3, "max_iter": 5}
+    np.testing.assert_array_equal(
+        KnnScal(**common).fit(graph).coordinates_, KnnScal(**common).fit(graph).coordinates_
+    )
+
+
 def test_graph_agreement_of_the_truth_on_an_embeddable_graph_is_one():
     points = np.random.default_rng(0).uniform(size=(80, 2))
     graph = knn_lists(points, 6)
