@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
@@ -44,6 +45,23 @@ def test_rank_affinities_fall_with_rank_unless_the_decay_is_zero():
     assert P[0, 1] > P[0, 2] > P[0, 3] > 0
     flat = L.rank_affinities(indptr, col, rnk, 5, 0.0)
     assert flat[0, 1] == flat[0, 2] == flat[0, 3]
+
+
+def test_auto_rank_decay_grows_with_the_longest_list_and_is_two_at_k_ten():
+    for k, decay in ((5, 1.5), (10, 2.0), (20, 3.0)):
+        _, graph = clusters(n_per=15, n_clusters=2, k=k)
+        assert KnnScal(ne_rank_decay="auto").rank_decay(neighbor_csr(graph)[0]) == decay
+    assert KnnScal(ne_rank_decay=0.5).rank_decay(neighbor_csr(graph)[0]) == 0.5
+    with pytest.raises(ValueError, match="ne_rank_decay"):
+        KnnScal(ne_rank_decay="wide").fit(graph)
+
+
+def test_auto_rank_decay_at_k_ten_gives_the_fixed_decay_two_map():
+    _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=10, seed=7)
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "ne_starts": 1}
+    auto = KnnScal(ne_rank_decay="auto", **common).fit(graph)
+    fixed = KnnScal(ne_rank_decay=2.0, **common).fit(graph)
+    np.testing.assert_array_equal(auto.coordinates_, fixed.coordinates_)
 
 
 def test_exact_kl_gradient_matches_finite_differences():
@@ -96,6 +114,41 @@ def test_validated_refinement_never_scores_below_its_start():
     score = lambda est: sum(L.graph_agreement(est.coordinates_, *est.graph_))  # noqa: E731
     assert score(validated) == max(score(start), score(always))
     assert validated.refined_ == (score(always) >= score(start))
+
+
+def test_several_neighbor_embedding_starts_keep_the_best_scoring_one():
+    _, graph = clusters(n_per=40, n_clusters=4, dim=10, k=8, seed=6)
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0}
+    single = KnnScal(ne_starts=1, **common).fit(graph)
+    several = KnnScal(ne_starts=4, **common).fit(graph)
+    assert several.ne_scores_.shape == (4,) and np.unique(several.ne_scores_).size > 1  # the starts differ
+    assert several.ne_scores_[0] == single.ne_scores_[0]  # the first start is the single start
+    assert several.ne_start_ == int(np.argmax(several.ne_scores_))
+    # With no iterations the validation picks between the kept start and the geodesic start, so the
+    # ensemble's score is the maximum over a superset of the single start's candidates.
+    assert several.graph_score_ >= several.ne_scores_.max() - 1e-12
+    assert several.graph_score_ >= single.graph_score_
+
+
+def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
+    _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "refinement": "always"}
+    several = KnnScal(ne_starts=3, **common).fit(graph)
+    kept = several.ne_start_
+    indptr, col, rnk = neighbor_csr(graph)
+    est = KnnScal(**common)
+    start = est.initial_configuration(indptr, col, rnk, 90, seed=None if kept == 0 else (0, kept))
+    alone = est._embed("exact", start, affinities(graph, decay=est.rank_decay(indptr)))
+    assert sum(L.graph_agreement(alone, indptr, col, rnk)) == several.ne_scores_[kept]
+    assert sum(L.graph_agreement(several.coordinates_, indptr, col, rnk)) == several.ne_scores_[kept]
+
+
+def test_several_starts_give_the_same_map_for_the_same_seed():
+    _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
+    common = {"random_state": 0, "ne_starts": 3, "max_iter": 5}
+    np.testing.assert_array_equal(
+        KnnScal(**common).fit(graph).coordinates_, KnnScal(**common).fit(graph).coordinates_
+    )
 
 
 def test_graph_agreement_of_the_truth_on_an_embeddable_graph_is_one():
@@ -193,6 +246,7 @@ def test_the_local_term_keeps_more_listed_neighbours_and_order_than_the_plain_st
     common = {
         "random_state": 0,
         "neighbor_embedding": "exact",
+        "ne_starts": 1,  # the start this comparison was written for
         "max_iter": 100,
         "tol": 0.0,
         "refinement": "always",

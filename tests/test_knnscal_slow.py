@@ -27,15 +27,21 @@ def test_digits_order_agreement_and_recall_beat_isomap_and_spectral():
         assert ours["recall@10"] > theirs["recall@10"], (method, ours, theirs)
 
 
-# t-SNE on the digits features, the issue's figures for `reproduce knnscal --digits --k 5`.
-TSNE_DIGITS_5NN = {"order_agreement": 0.715, "recall@5": 0.588}
+# t-SNE on the digits features (sklearn, init="pca", seed 0): the issue's figures for
+# `reproduce knnscal --digits --k 5`, and that command's measurement at --k 20.
+TSNE_DIGITS = {
+    5: {"order_agreement": 0.715, "recall@5": 0.588},
+    20: {"order_agreement": 0.7008, "recall@20": 0.6028},
+}
 
 
-def test_digits_5nn_order_agreement_and_recall_reach_tsne():
-    # Issue 21 item 1: the default from the graph alone against t-SNE from the features.
-    args = argparse.Namespace(digits=True, k=5, seed=0, data=None)
+@pytest.mark.parametrize("k", sorted(TSNE_DIGITS))
+def test_digits_order_agreement_and_recall_reach_tsne(k):
+    # Issue 21 item 1: the default from the graph alone against t-SNE from the features
+    # (at k = 20 the OA margin is 0.0005, reached with several neighbour-embedding starts).
+    args = argparse.Namespace(digits=True, k=k, seed=0, data=None)
     problem = load_problem(args)
     est = KnnScal(random_state=0).fit(problem.graph)
     ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
-    for metric, tsne in TSNE_DIGITS_5NN.items():
+    for metric, tsne in TSNE_DIGITS[k].items():
         assert ours[metric] > tsne, (metric, ours, tsne)
