@@ -374,8 +374,11 @@ def exact_tops(vectors: np.ndarray, queries: Queries, n: int, block: int = 32) -
 class AnnSearch:
     """An opened item index answering top-N by inner product with exclusions.
 
-    Read-only once opened, like every serving index: ``search`` allocates its
-    own parameters per call, so threads share it without locks.
+    :meth:`open` picks the structure's class (:class:`GraphSearch`,
+    :class:`InvertedFileSearch`); what differs between them (breadths, candidates,
+    re-score, load check) is theirs, the search loop is here. Read-only once
+    opened, like every serving index: ``search`` allocates its own parameters
+    per call, so threads share it without locks.
     """
 
     index: Any
@@ -396,29 +399,25 @@ class AnnSearch:
 
     @property
     def quantised(self) -> bool:
-        return self.structure == "ivf" or self.params["storage"] != "flat"
+        raise NotImplementedError
 
     @property
     def max_breadth(self) -> int:
-        return int(self.params["nlist"]) if self.structure == "ivf" else _MAX_EF
+        raise NotImplementedError
 
     def ladder(self) -> tuple[int, ...]:
         """The breadths the calibration tries, narrowest first."""
-        if self.structure == "ivf":
-            return tuple(b for b in NPROBE_LADDER if b < self.max_breadth) + (self.max_breadth,)
-        return EF_LADDER
+        raise NotImplementedError
 
     @property
     def description(self) -> str:
         """What ListModels and the metrics show: the library, structure, breadth, storage and
         the recall the calibration measured."""
-        p = self.params
-        if self.structure == "ivf":
-            text = f"{IVF_LIBRARY} nlist={p['nlist']} nprobe={self.breadth} storage=pq4 rerank={p['rerank']}"
-        else:
-            text = f"{LIBRARY} M={p['M']} ef_search={self.breadth} storage={p['storage']}"
-        recall = p.get("calibrated_recall")
-        return text if recall is None else f"{text} recall@10={recall:.3f}"
+        recall = self.params.get("calibrated_recall")
+        return self._what() if recall is None else f"{self._what()} recall@10={recall:.3f}"
+
+    def _what(self) -> str:
+        raise NotImplementedError
 
     @classmethod
     def open(cls, entry: SearchIndex, items: np.ndarray) -> AnnSearch:
@@ -462,11 +461,14 @@ class AnnSearch:
                 f"{entry.path}: the file has {index.nlist} lists, the manifest says {params['nlist']}"
             )
         held = _storage_view(faiss, index) if storage == "flat" else items
-        search = cls(index, n_items, params[key], params, held, FileRows(items))
+        kind: type[AnnSearch] = InvertedFileSearch if storage == "pq4" else GraphSearch
+        search = kind(index, n_items, params[key], params, held, FileRows(items))
         search.check_holds(entry.path)
-        if storage == "pq4":
-            _map_in(items)
+        search._ready()
         return search
+
+    def _ready(self) -> None:
+        """What the structure does once its file is verified, before it serves."""
 
     def check_holds(self, path: Path | None, sample: int = 64) -> None:
         """The index must be built over the version's item factors: compare a spread of rows
@@ -474,18 +476,13 @@ class AnnSearch:
         n = self.n_items
         rows = np.unique(np.linspace(0, n - 1, num=min(sample, n), dtype=np.int64))
         wanted = np.ascontiguousarray(self.item_rows.take(rows), dtype=np.float32)
-        faiss = _faiss()
-        if self.structure == "ivf":
-            same = _ivf_holds(faiss, self.index, rows, wanted)
-        elif self.quantised:
-            storage = faiss.downcast_index(self.index.storage)
-            codes = faiss.rev_swig_ptr(storage.codes.data(), storage.ntotal * storage.code_size)
-            stored = codes.reshape(storage.ntotal, storage.code_size)[rows]
-            same = np.array_equal(storage.sa_encode(wanted), stored)
-        else:
-            same = np.array_equal(wanted, self.item_vectors[rows])
+        same = self._stores(rows, wanted)
         if not same:
             raise ArtifactError(f"{path}: the item index does not hold the version's item factors")
+
+    def _stores(self, rows: np.ndarray, wanted: np.ndarray) -> bool:
+        """Whether the index stores ``wanted`` (float rows) as its ``rows``."""
+        raise NotImplementedError
 
     def vectors(self) -> np.ndarray:
         """The float item vectors, read-only, shape ``(n_items, d)``: a flat graph's own
@@ -543,7 +540,7 @@ class AnnSearch:
         breadth = self._first_breadth(excluded, widen, fetch, left)
         while breadth <= self.max_breadth:
             scores, rows = self.index.search(
-                query, fetch, params=self._search_params(faiss, breadth, selectors[-1])
+                query, fetch, params=self._with_selector(self._search_params(faiss, breadth), selectors[-1])
             )
             rows, scores = rows[0], scores[0]
             if (rows >= 0).all():  # faiss pads with -1 when the search found fewer eligible items
@@ -553,52 +550,128 @@ class AnnSearch:
             breadth = min(breadth * _GROWTH, self.max_breadth)
         return None
 
-    def _candidates(self, want: int, excluded: int, left: int) -> int:
-        """How many items the search returns: ``want`` from exact storage, more for the
-        exact re-score from codes. The inverted file's 4-bit codes blur the close scores
-        below the excluded best items, so it re-scores one more candidate per exclusion."""
-        if not self.quantised:
-            return want
-        if self.structure == "ivf":
-            return min(int(self.params["rerank"]) * want + excluded, left)
-        return min(RERANK_FACTOR * want, left)
-
-    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
-        if self.structure == "ivf":
-            per_list = self.n_items / self.max_breadth
-            # Excluded items are mostly the user's best, so the candidates wanted rank deeper by
-            # their number: scan lists in proportion to that depth; and enough lists to hold
-            # twice the candidates (lists differ in size).
-            crowded = self.breadth * (fetch + excluded) / fetch * widen
-            holding = 2 * fetch / (per_list * left / self.n_items)
-            return min(int(np.ceil(max(crowded, holding))), self.max_breadth)
-        # Excluded items are mostly the user's own best (the training items the model fits), so
-        # a filtered walk must step over them: widen it by their number, as over-fetching would.
-        return min(max(int((self.breadth + excluded) * widen), fetch), _MAX_EF)
-
-    def _search_params(self, faiss, breadth: int, selector):
-        if self.structure == "ivf":
-            params = faiss.SearchParametersIVF()
-            params.nprobe = breadth
-            walk = faiss.SearchParametersHNSW()  # the walk over the lists' centroids
-            walk.efSearch = max(2 * breadth, 16)
-            params.quantizer_params = walk  # faiss's wrapper keeps a reference, as for sel
-        else:
-            params = faiss.SearchParametersHNSW()
-            params.efSearch = breadth
+    @staticmethod
+    def _with_selector(params, selector):
         if selector is not None:
             params.sel = selector
         return params
 
+    def _candidates(self, want: int, excluded: int, left: int) -> int:
+        """How many items the search returns (more than ``want`` for an exact re-score)."""
+        raise NotImplementedError
+
+    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
+        raise NotImplementedError
+
+    def _search_params(self, faiss, breadth: int):
+        raise NotImplementedError
+
+    def _rescore_vectors(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
     def _exact_order(self, rows: np.ndarray, query: np.ndarray, want: int) -> Ranked:
         """The ``want`` best of the search's candidates by their exact inner products."""
         rows = np.sort(rows)  # ascending rows read the factor file in order
-        # The inverted file's codes are small, so its floats may stay mapped in memory; the
-        # graph's re-score reads them from the file instead (see item_rows).
-        vectors = self.item_vectors[rows] if self.structure == "ivf" else self.item_rows.take(rows)
-        products = vectors @ query
+        products = self._rescore_vectors(rows) @ query
         best = np.argsort(-products, kind="stable")[:want]
         return rows[best], products[best].astype(np.float32)
+
+
+class GraphSearch(AnnSearch):
+    """faiss HNSW: a walk over the graph, its vectors as floats or 8-bit codes."""
+
+    @property
+    def quantised(self) -> bool:
+        return self.params["storage"] != "flat"
+
+    @property
+    def max_breadth(self) -> int:
+        return _MAX_EF
+
+    def ladder(self) -> tuple[int, ...]:
+        return EF_LADDER
+
+    def _what(self) -> str:
+        p = self.params
+        return f"{LIBRARY} M={p['M']} ef_search={self.breadth} storage={p['storage']}"
+
+    def _stores(self, rows: np.ndarray, wanted: np.ndarray) -> bool:
+        if not self.quantised:
+            return np.array_equal(wanted, self.item_vectors[rows])
+        faiss = _faiss()
+        storage = faiss.downcast_index(self.index.storage)
+        codes = faiss.rev_swig_ptr(storage.codes.data(), storage.ntotal * storage.code_size)
+        stored = codes.reshape(storage.ntotal, storage.code_size)[rows]
+        return np.array_equal(storage.sa_encode(wanted), stored)
+
+    def _candidates(self, want: int, excluded: int, left: int) -> int:
+        return min(RERANK_FACTOR * want, left) if self.quantised else want
+
+    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
+        # Excluded items are mostly the user's own best (the training items the model fits), so
+        # a filtered walk must step over them: widen it by their number, as over-fetching would.
+        return min(max(int((self.breadth + excluded) * widen), fetch), _MAX_EF)
+
+    def _search_params(self, faiss, breadth: int):
+        params = faiss.SearchParametersHNSW()
+        params.efSearch = breadth
+        return params
+
+    def _rescore_vectors(self, rows: np.ndarray) -> np.ndarray:
+        # File reads, not the mapping: the graph is most of the memory, the floats stay in the
+        # page cache (see item_rows).
+        return self.item_rows.take(rows)
+
+
+class InvertedFileSearch(AnnSearch):
+    """faiss IVF with 4-bit fast-scan codes: the lists nearest the query, scanned."""
+
+    @property
+    def quantised(self) -> bool:
+        return True
+
+    @property
+    def max_breadth(self) -> int:
+        return int(self.params["nlist"])
+
+    def ladder(self) -> tuple[int, ...]:
+        return tuple(b for b in NPROBE_LADDER if b < self.max_breadth) + (self.max_breadth,)
+
+    def _what(self) -> str:
+        p = self.params
+        return f"{IVF_LIBRARY} nlist={p['nlist']} nprobe={self.breadth} storage=pq4 rerank={p['rerank']}"
+
+    def _ready(self) -> None:
+        _map_in(self.item_vectors)
+
+    def _stores(self, rows: np.ndarray, wanted: np.ndarray) -> bool:
+        return _ivf_holds(_faiss(), self.index, rows, wanted)
+
+    def _candidates(self, want: int, excluded: int, left: int) -> int:
+        # The 4-bit codes blur the close scores below a user's excluded best items, so one
+        # more candidate is re-scored per exclusion.
+        return min(int(self.params["rerank"]) * want + excluded, left)
+
+    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
+        per_list = self.n_items / self.max_breadth
+        # Excluded items are mostly the user's best, so the candidates wanted rank deeper by
+        # their number: scan lists in proportion to that depth; and enough lists to hold
+        # twice the candidates (lists differ in size).
+        crowded = self.breadth * (fetch + excluded) / fetch * widen
+        holding = 2 * fetch / (per_list * left / self.n_items)
+        return min(int(np.ceil(max(crowded, holding))), self.max_breadth)
+
+    def _search_params(self, faiss, breadth: int):
+        params = faiss.SearchParametersIVF()
+        params.nprobe = breadth
+        walk = faiss.SearchParametersHNSW()  # the walk over the lists' centroids
+        walk.efSearch = max(2 * breadth, 16)
+        params.quantizer_params = walk  # faiss's wrapper keeps a reference, as for sel
+        return params
+
+    def _rescore_vectors(self, rows: np.ndarray) -> np.ndarray:
+        # The codes are small, so the floats stay mapped in memory (mapped in at load).
+        return self.item_vectors[rows]
 
 
 def _storage_of(faiss, index) -> str | None:
