@@ -35,8 +35,8 @@ user, they widen the walk by the inverse of the eligible share.
 ``structure="ivf"`` builds an inverted file instead (faiss
 ``IndexIVFPQFastScan``: ``nlist`` k-means lists, 4-bit product codes of two
 dimensions each, scanned with SIMD lookup tables). Its codes are an eighth of
-the float bytes, so the server holds them in memory and re-scores
-``IVF_RERANK_FACTOR * n`` candidates from the version's mapped float factors;
+the float bytes, so the server holds them in memory and re-scores ``rerank``
+x n candidates (plus one per exclusion) from the version's mapped float factors;
 ``nprobe``, the lists scanned, is calibrated like ``ef_search`` and grows the
 same way when a filtered scan finds too few items. Which to use: measured in
 ``docs/catalog.md``.
@@ -48,7 +48,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -85,7 +85,6 @@ IVF_DEFAULT_PARAMS: dict[str, Any] = {
     "rerank": 10,
     "recall_target": 0.97,
 }
-STRUCTURES = {"hnsw": DEFAULT_PARAMS, "ivf": IVF_DEFAULT_PARAMS}
 # Lists scanned by the calibration, fewest first (the widest is capped at nlist).
 NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 # The scan of an "auto" inverted file built without queries to calibrate on.
@@ -138,27 +137,22 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
         raise ValueError(
             f"index parameter structure must be one of {', '.join(STRUCTURES)}, got {structure!r}"
         )
-    defaults = STRUCTURES[structure]
-    merged = dict(defaults)
+    kind = STRUCTURES[structure]
+    merged = dict(kind.defaults)
     for key, value in params.items():
-        if key not in defaults and key != "calibrated_recall":
+        if key not in kind.defaults and key != "calibrated_recall":
             raise ValueError(
-                f"unknown index parameter {key!r} for structure {structure} (known: {', '.join(defaults)})"
+                f"unknown index parameter {key!r} for structure {structure} (known: {', '.join(kind.defaults)})"
             )
         merged[key] = value
-    integers, may_be_auto = (
-        (("M", "ef_construction", "ef_search"), ("ef_search",))
-        if structure == "hnsw"
-        else (("nlist", "nprobe", "rerank"), ("nlist", "nprobe"))
-    )
-    for key in integers:
+    for key in kind.integer_params:
         value = merged[key]
-        if key in may_be_auto and value == "auto":
+        if key in kind.auto_params and value == "auto":
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
             raise ValueError(f"index parameter {key} must be an integer >= 1, got {value!r}")
         merged[key] = int(value)
-    if structure == "hnsw" and merged["storage"] not in STORAGES:
+    if "storage" in kind.defaults and merged["storage"] not in STORAGES:
         raise ValueError(
             f"index parameter storage must be one of {', '.join(STORAGES)}, got {merged['storage']!r}"
         )
@@ -169,15 +163,20 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
     return merged
 
 
+def _kind(params: dict[str, Any]) -> type[AnnSearch]:
+    """The search class of an index of these (merged) parameters."""
+    return STRUCTURES[params.get("structure", "hnsw")]
+
+
 def library_of(params: dict[str, Any]) -> str:
     """The manifest's library name for an index of these parameters."""
-    return IVF_LIBRARY if params.get("structure") == "ivf" else LIBRARY
+    return _kind(params).library
 
 
 def breadth_key(params: dict[str, Any]) -> str:
     """The parameter the calibration chooses: the graph's ``ef_search`` or the lists'
     ``nprobe``."""
-    return "nprobe" if params.get("structure") == "ivf" else "ef_search"
+    return _kind(params).breadth_param
 
 
 def auto_nlist(n_items: int) -> int:
@@ -221,17 +220,13 @@ def write_index(
     # an index for serving (AnnSearch.open) sets this process's faiss to one thread.
     faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    index = (
-        _build_ivf(faiss, vectors, params)
-        if params["structure"] == "ivf"
-        else _build_hnsw(faiss, vectors, params)
-    )
-    faiss.write_index(index, str(path))
-    key = breadth_key(params)
+    kind = _kind(params)
+    faiss.write_index(kind.build(faiss, vectors, params), str(path))
+    key = kind.breadth_param
     if params[key] == "auto":
-        params[key] = UNCALIBRATED_NPROBE if key == "nprobe" else UNCALIBRATED_EF_SEARCH
+        params[key] = kind.uncalibrated
         if queries is not None and len(queries.vectors):
-            entry = SearchIndex(library_of(params), params, path=path)
+            entry = SearchIndex(kind.library, params, path=path)
             params[key], params["calibrated_recall"] = calibrate(AnnSearch.open(entry, vectors), queries)
 
 
@@ -336,12 +331,7 @@ def calibration_warnings(indexes: dict[str, SearchIndex]) -> list[str]:
     warnings = []
     for name, entry in sorted(indexes.items()):
         recall, target = entry.params.get("calibrated_recall"), entry.params.get("recall_target")
-        if (
-            entry.library in (LIBRARY, IVF_LIBRARY)
-            and recall is not None
-            and target is not None
-            and recall < target
-        ):
+        if entry.library in _BY_LIBRARY and recall is not None and target is not None and recall < target:
             key = breadth_key(entry.params)
             warnings.append(
                 f"index {name!r} reaches recall@10 {recall:.3f} at its widest breadth"
@@ -381,6 +371,17 @@ class AnnSearch:
     per call, so threads share it without locks.
     """
 
+    # What the structure is called in manifests, its parameters (defaults, integers, those that
+    # may be "auto"), the one the calibration chooses and its value without calibration, the
+    # storages its files may hold, and how it is built.
+    library: ClassVar[str]
+    defaults: ClassVar[dict[str, Any]]
+    integer_params: ClassVar[tuple[str, ...]]
+    auto_params: ClassVar[tuple[str, ...]]
+    breadth_param: ClassVar[str]
+    uncalibrated: ClassVar[int]
+    storages: ClassVar[tuple[str, ...]]
+
     index: Any
     n_items: int
     # The search breadth: the graph walk's ef_search, or the inverted file's lists scanned.
@@ -392,6 +393,11 @@ class AnnSearch:
     # ... and the version's item factors as the graph's re-score reads them (file reads, not the
     # mapping: the graph itself is most of the memory, so the floats stay in the page cache).
     item_rows: FileRows
+
+    @staticmethod
+    def build(faiss, vectors: np.ndarray, params: dict[str, Any]) -> Any:
+        """The faiss index over ``vectors`` (completes ``"auto"`` build parameters in place)."""
+        raise NotImplementedError
 
     @property
     def structure(self) -> str:
@@ -423,8 +429,11 @@ class AnnSearch:
     def open(cls, entry: SearchIndex, items: np.ndarray) -> AnnSearch:
         """Open a verified index file (memory-mapped) and check it holds ``items``, the
         version's float item factors, shape ``(n_items, d)``."""
-        if entry.library not in (LIBRARY, IVF_LIBRARY):
-            raise ArtifactError(f"index library {entry.library!r} is not {LIBRARY!r} or {IVF_LIBRARY!r}")
+        kind = _BY_LIBRARY.get(entry.library)
+        if kind is None:
+            raise ArtifactError(
+                f"index library {entry.library!r} is not one of {', '.join(map(repr, _BY_LIBRARY))}"
+            )
         if entry.path is None:
             raise ArtifactError("index has no file (not published)")
         faiss = _faiss()
@@ -438,7 +447,7 @@ class AnnSearch:
                 f"{entry.path}: not an inner-product HNSW index over float or 8-bit vectors, nor an"
                 " inner-product inverted file of 4-bit codes"
             )
-        if (storage == "pq4") != (entry.library == IVF_LIBRARY):
+        if storage not in kind.storages:
             raise ArtifactError(f"{entry.path}: the file is not a {entry.library} index")
         n_items, dim = items.shape
         if index.ntotal != n_items or index.d != dim:
@@ -450,19 +459,16 @@ class AnnSearch:
         faiss.omp_set_num_threads(1)
         try:
             # The file says how it stores vectors (versions older than the storage parameter are flat).
-            params = build_params({**entry.params, "storage": storage} if storage != "pq4" else entry.params)
+            params = build_params(
+                {**entry.params, "storage": storage} if "storage" in kind.defaults else entry.params
+            )
         except ValueError as exc:
             raise ArtifactError(f"{entry.path}: {exc}") from None
-        key = breadth_key(params)
-        if params[key] == "auto" or params.get("nlist") == "auto":
-            raise ArtifactError(f"{entry.path}: {key} was never calibrated")
-        if storage == "pq4" and index.nlist != params["nlist"]:
-            raise ArtifactError(
-                f"{entry.path}: the file has {index.nlist} lists, the manifest says {params['nlist']}"
-            )
+        for key in kind.auto_params:
+            if params[key] == "auto":
+                raise ArtifactError(f"{entry.path}: {key} was never calibrated")
         held = _storage_view(faiss, index) if storage == "flat" else items
-        kind: type[AnnSearch] = InvertedFileSearch if storage == "pq4" else GraphSearch
-        search = kind(index, n_items, params[key], params, held, FileRows(items))
+        search = kind(index, n_items, params[kind.breadth_param], params, held, FileRows(items))
         search.check_holds(entry.path)
         search._ready()
         return search
@@ -580,6 +586,18 @@ class AnnSearch:
 class GraphSearch(AnnSearch):
     """faiss HNSW: a walk over the graph, its vectors as floats or 8-bit codes."""
 
+    library = LIBRARY
+    defaults = DEFAULT_PARAMS
+    integer_params = ("M", "ef_construction", "ef_search")
+    auto_params = ("ef_search",)
+    breadth_param = "ef_search"
+    uncalibrated = UNCALIBRATED_EF_SEARCH
+    storages = STORAGES
+
+    @staticmethod
+    def build(faiss, vectors: np.ndarray, params: dict[str, Any]):
+        return _build_hnsw(faiss, vectors, params)
+
     @property
     def quantised(self) -> bool:
         return self.params["storage"] != "flat"
@@ -625,6 +643,25 @@ class GraphSearch(AnnSearch):
 
 class InvertedFileSearch(AnnSearch):
     """faiss IVF with 4-bit fast-scan codes: the lists nearest the query, scanned."""
+
+    library = IVF_LIBRARY
+    defaults = IVF_DEFAULT_PARAMS
+    integer_params = ("nlist", "nprobe", "rerank")
+    auto_params = ("nlist", "nprobe")
+    breadth_param = "nprobe"
+    uncalibrated = UNCALIBRATED_NPROBE
+    storages = ("pq4",)
+
+    @staticmethod
+    def build(faiss, vectors: np.ndarray, params: dict[str, Any]):
+        return _build_ivf(faiss, vectors, params)
+
+    def check_holds(self, path: Path | None, sample: int = 64) -> None:
+        if self.index.nlist != self.params["nlist"]:
+            raise ArtifactError(
+                f"{path}: the file has {self.index.nlist} lists, the manifest says {self.params['nlist']}"
+            )
+        super().check_holds(path, sample)
 
     @property
     def quantised(self) -> bool:
@@ -672,6 +709,11 @@ class InvertedFileSearch(AnnSearch):
     def _rescore_vectors(self, rows: np.ndarray) -> np.ndarray:
         # The codes are small, so the floats stay mapped in memory (mapped in at load).
         return self.item_vectors[rows]
+
+
+# The one place that names the structures: ``ann_params["structure"]`` and the manifest's library.
+STRUCTURES: dict[str, type[AnnSearch]] = {"hnsw": GraphSearch, "ivf": InvertedFileSearch}
+_BY_LIBRARY = {kind.library: kind for kind in STRUCTURES.values()}
 
 
 def _storage_of(faiss, index) -> str | None:
