@@ -299,6 +299,18 @@ def graph_agreement(
     with d_ij < d_ik. Recall@k: the share of each source's k_i listed
     neighbours among its k_i nearest on the map (k-d tree; O(n k log n)).
     """
+    order, recall, _ = graph_measures(X, indptr, col, rnk)
+    return order, recall
+
+
+def graph_measures(X: np.ndarray, indptr: np.ndarray, col: np.ndarray, rnk: np.ndarray) -> np.ndarray:
+    """Order agreement, recall@k and the nearer half's recall of map X against the graph.
+
+    The nearer half's recall: the share of each source's first ceil(k_i / 2)
+    listed neighbours among its ceil(k_i / 2) nearest on the map (rows are
+    sorted by rank), so a map cannot trade a source's nearest neighbours for
+    its farther ones unseen.
+    """
     from scipy.spatial import cKDTree
 
     from ordrec.trainer.models.knnscal_kernels import order_counts
@@ -307,27 +319,37 @@ def graph_agreement(
     agree, pairs = order_counts(X, indptr, col, rnk, q)
     k = int(np.diff(indptr).max())
     _, near = cKDTree(X).query(X, k=min(k + 1, X.shape[0]))
-    return agree / max(pairs, 1), _listed_share(near, indptr, col)
+    return np.array(
+        [
+            agree / max(pairs, 1),
+            _listed_share(near, indptr, col, False),
+            _listed_share(near, indptr, col, True),
+        ]
+    )
 
 
 @njit(cache=True)
-def _listed_share(near, indptr, col):
-    """Share of listed neighbours among each source's first k_i map neighbours (self skipped)."""
+def _listed_share(near, indptr, col, nearer_half):
+    """Share of listed neighbours among each source's first m_i map neighbours (self skipped).
+
+    m_i = k_i, or with ``nearer_half`` ceil(k_i / 2), counting only the first m_i listed.
+    """
     hits = 0
     listed = 0
     for i in range(indptr.shape[0] - 1):
         k_i = indptr[i + 1] - indptr[i]
+        m_i = (k_i + 1) // 2 if nearer_half else k_i
         taken = 0
         for t in range(near.shape[1]):
             j = near[i, t]
             if j == i:
                 continue
-            if taken == k_i:
+            if taken == m_i:
                 break
             taken += 1
-            for e in range(indptr[i], indptr[i + 1]):
+            for e in range(indptr[i], indptr[i] + m_i):
                 if col[e] == j:
                     hits += 1
                     break
-        listed += k_i
+        listed += m_i
     return hits / max(listed, 1)
