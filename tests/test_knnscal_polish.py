@@ -89,6 +89,21 @@ def test_polish_keeps_no_round_that_lowers_a_measure():
     assert polished is None and measures.shape == (3, 3)
 
 
+def test_polish_gives_up_when_no_round_has_passed_the_guard():
+    graph = square(n=100, k=6, seed=3)
+    points = np.random.default_rng(3).uniform(size=(100, 2))  # exact: no round can pass
+    polished, measures = P.polish(
+        points, *neighbor_csr(graph), rounds=P.GIVE_UP_AFTER + 5, sharpness=30.0, seed=0
+    )
+    assert polished is None and measures.shape == (P.GIVE_UP_AFTER, 3)
+    # A round that passes early keeps the polish going to the last round.
+    distorted = points + 0.03 * np.random.default_rng(5).standard_normal(points.shape)
+    kept, measures = P.polish(
+        distorted, *neighbor_csr(graph), rounds=P.GIVE_UP_AFTER + 2, sharpness=30.0, seed=0
+    )
+    assert kept is not None and measures.shape == (P.GIVE_UP_AFTER + 2, 3)
+
+
 def test_fit_keeps_the_polish_only_where_no_measure_falls():
     graph = square()
     common = {"random_state": 0, "max_iter": 30}

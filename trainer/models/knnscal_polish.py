@@ -31,6 +31,9 @@ from ordrec.trainer.models.knnscal_local import graph_measures
 STEPS_PER_ROUND = 5
 NEAR_CANDIDATES = 20
 RANDOM_CANDIDATES = 10
+# Where the polish helps, a round passes the guard by the 4th (selection graphs); where none has
+# by the 10th, none did in 30 rounds either, so the rest would be paid for nothing.
+GIVE_UP_AFTER = 10
 
 
 @njit(cache=True)
@@ -151,8 +154,9 @@ def polish(
     half's recall), one row per round. "Best" is the highest order agreement
     + recall@k among the rounds that lower none of the three below X's own
     and raise that sum; None if no round qualifies. The sum alone would let a
-    round trade one measure for another. The map is returned at X's scale
-    (the loss is scale-free).
+    round trade one measure for another. If none has qualified after
+    ``GIVE_UP_AFTER`` rounds the polish stops there. The map is returned at
+    X's scale (the loss is scale-free).
     """
     n = X.shape[0]
     rng = np.random.default_rng(seed)
@@ -169,4 +173,6 @@ def polish(
         measures.append(graph_measures(Y, indptr, col, rnk))
         if np.all(measures[-1] >= floor) and measures[-1][:2].sum() > best_score:
             best, best_score = Y * spread, float(measures[-1][:2].sum())
+        if best is None and len(measures) >= GIVE_UP_AFTER:
+            break
     return best, np.array(measures).reshape(-1, 3)
