@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.artifacts import Registry
@@ -244,6 +244,7 @@ def test_lazy_zeros_are_writable_zeros():
     st.sampled_from(["ball", "sphere"]),
     st.sampled_from(["float32", "float64"]),
 )
+@example(seed=178, bias=0.6, projection="sphere", dtype="float32")  # |U| = 1 + 10 float32 eps, found by hypothesis
 def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     data = planted(seed, n_users=20, n_items=15, per_user=8)
     model = DCR(
@@ -256,7 +257,10 @@ def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
         pairwise_learning_rate=0.5,
         dtype=dtype,
     ).fit(data, research=ResearchOptions(item_bias=bias, projection=projection))
-    rounding = 1e-6 if dtype == "float32" else 1e-9
+    # The steps rescale by a norm predicted from float32 inner products, whose terms cancel when the
+    # step is large: up to 43 float32 eps (5.1e-6) over 800 fits of this test's settings. An
+    # unprojected step of this learning rate leaves the ball by far more than 1e-4.
+    rounding = 1e-4 if dtype == "float32" else 1e-9
     assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + rounding)
     assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + rounding)
     if bias:

@@ -7,8 +7,9 @@ descent on a logistic surrogate over ordinal triplets (i, a, b), each one saying
 "a is nearer to i than b":
 
 - order: a and b both listed by i, a ranked before b (weight 1 / #pairs);
-- recall: a listed by i, b not, b one of i's ``near`` nearest unlisted vertices
-  on the current map or one of ``draws`` uniform ones (weight 1 / #triplets).
+- recall: a listed by i, b not, b one of i's ``NEAR_CANDIDATES`` nearest
+  unlisted vertices on the current map or one of ``RANDOM_CANDIDATES``
+  uniform draws (weight 1 / #triplets).
 
 The loss of a triplet is log(1 + exp(s (d_ia - d_ib) / (d_ia + d_ib))), where s
 is ``sharpness``. The ratio makes it scale-free, so the map cannot shrink or
@@ -16,7 +17,8 @@ grow its way to a lower loss. The map moves, so the unlisted candidates are
 drawn again each round. The polish returns the round with the best graph
 score among those that lower none of order agreement, recall@k and the
 nearer half's recall below the map it started from, so a kept polish is at
-least as good on all three.
+least as good on all three. Where no round has passed after
+``GIVE_UP_AFTER``, the polish stops.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from ordrec.trainer.models.knnscal_local import graph_measures
 STEPS_PER_ROUND = 5
 NEAR_CANDIDATES = 20
 RANDOM_CANDIDATES = 10
-# Where the polish helps, a round passes the guard by the 4th (selection graphs); where none has
-# by the 10th, none did in 30 rounds either, so the rest would be paid for nothing.
+# On the ten graphs checked, a round passed the guard by the 4th wherever one passed in 30
+# (docs/knnscal.md, "Against t-SNE"); the rest would be paid for nothing.
 GIVE_UP_AFTER = 10
 
 
