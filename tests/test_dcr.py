@@ -244,7 +244,9 @@ def test_lazy_zeros_are_writable_zeros():
     st.sampled_from(["ball", "sphere"]),
     st.sampled_from(["float32", "float64"]),
 )
-@example(seed=178, bias=0.6, projection="sphere", dtype="float32")  # |U| = 1 + 10 float32 eps, found by hypothesis
+@example(
+    seed=178, bias=0.6, projection="sphere", dtype="float32"
+)  # |U| = 1 + 10 float32 eps, found by hypothesis
 def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     data = planted(seed, n_users=20, n_items=15, per_user=8)
     model = DCR(
