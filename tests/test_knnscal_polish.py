@@ -74,9 +74,10 @@ def test_polish_raises_both_measures_of_a_distorted_map_of_an_embeddable_graph()
     points = np.random.default_rng(0).uniform(size=(150, 2))  # square()'s own points
     distorted = points + 0.03 * np.random.default_rng(5).standard_normal(points.shape)
     before = np.array(L.graph_agreement(distorted, indptr, col, rnk))
-    polished, measures = P.polish(distorted, indptr, col, rnk, rounds=6, sharpness=30.0, seed=0)
+    polished, measures, kept = P.polish(distorted, indptr, col, rnk, rounds=6, sharpness=30.0, seed=0)
     assert measures.shape == (6, 3)
     after = L.graph_measures(polished, indptr, col, rnk)
+    assert after == pytest.approx(measures[kept])  # the map returned is the round it names
     assert after[:2].sum() == pytest.approx(measures[:, :2].sum(axis=1).max())
     assert np.all(after[:2] > before + 0.02)
 
@@ -85,20 +86,20 @@ def test_polish_keeps_no_round_that_lowers_a_measure():
     # A map that already fits the graph exactly: every round can only lose, so none is kept.
     graph = square(n=100, k=6, seed=3)
     points = np.random.default_rng(3).uniform(size=(100, 2))
-    polished, measures = P.polish(points, *neighbor_csr(graph), rounds=3, sharpness=30.0, seed=0)
-    assert polished is None and measures.shape == (3, 3)
+    polished, measures, kept = P.polish(points, *neighbor_csr(graph), rounds=3, sharpness=30.0, seed=0)
+    assert polished is None and kept is None and measures.shape == (3, 3)
 
 
 def test_polish_gives_up_when_no_round_has_passed_the_guard():
     graph = square(n=100, k=6, seed=3)
     points = np.random.default_rng(3).uniform(size=(100, 2))  # exact: no round can pass
-    polished, measures = P.polish(
+    polished, measures, _ = P.polish(
         points, *neighbor_csr(graph), rounds=P.GIVE_UP_AFTER + 5, sharpness=30.0, seed=0
     )
     assert polished is None and measures.shape == (P.GIVE_UP_AFTER, 3)
     # A round that passes early keeps the polish going to the last round.
     distorted = points + 0.03 * np.random.default_rng(5).standard_normal(points.shape)
-    kept, measures = P.polish(
+    kept, measures, _ = P.polish(
         distorted, *neighbor_csr(graph), rounds=P.GIVE_UP_AFTER + 2, sharpness=30.0, seed=0
     )
     assert kept is not None and measures.shape == (P.GIVE_UP_AFTER + 2, 3)

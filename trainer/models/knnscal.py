@@ -646,7 +646,10 @@ class KnnScal(Estimator):
         """Parallel Gauss-Seidel blocks: one per ``block_size`` vertices (fixed by n, not by the threads)."""
         return max(1, -(-n // int(self.block_size)))
 
-    def _isotonic(self, X: np.ndarray, delta: np.ndarray, d: np.ndarray | None = None) -> np.ndarray:
+    def _isotonic(
+        self, X: np.ndarray, delta: np.ndarray, d: np.ndarray | None = None, perm: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Steps 4b-c into ``delta``; ``perm`` (``isotonic_rows``' start order in each row) defaults to the fit's."""
         if d is None:
             d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
         K.isotonic_rows(
@@ -657,7 +660,7 @@ class KnnScal(Estimator):
             float(self.rank_gap),
             d,
             delta,
-            self.perm_,
+            self.perm_ if perm is None else perm,
         )
         return self._normalise(delta)
 
@@ -827,7 +830,7 @@ class KnnScal(Estimator):
         self.polish_scores_ = np.empty((0, 3))
         if not np.isfinite(self.graph_score_) or int(self.polish_rounds) == 0:
             return
-        X, self.polish_scores_ = polish(
+        X, self.polish_scores_, kept = polish(
             self.coordinates_,
             *self.graph_,
             rounds=int(self.polish_rounds),
@@ -837,11 +840,9 @@ class KnnScal(Estimator):
         if X is None:
             self._log("polish: no round raised the score without lowering a measure; the map stays")
             return
-        score = float(sum(L.graph_agreement(X, *self.graph_)))
-        self._log(f"polish: kept, score {self.graph_score_:.4f} -> {score:.4f}")
-        self.perm_ = K.row_positions(self.plus_indptr_)
-        delta = self._isotonic(X, self.disparities_.copy())
-        del self.perm_
+        score = float(self.polish_scores_[kept, :2].sum())
+        self._log(f"polish: round {kept + 1} kept, score {self.graph_score_:.4f} -> {score:.4f}")
+        delta = self._isotonic(X, self.disparities_.copy(), perm=K.row_positions(self.plus_indptr_))
         self.coordinates_ = np.ascontiguousarray(X * self._to_stress_units(X, delta))
         self.disparities_ = delta
         self.rank_disparity_ = self._rank_table(delta)

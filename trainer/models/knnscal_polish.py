@@ -148,11 +148,12 @@ def polish(
     rounds: int,
     sharpness: float,
     seed,
-) -> tuple[np.ndarray | None, np.ndarray]:
+) -> tuple[np.ndarray | None, np.ndarray, int | None]:
     """Polish map X (input vertex order) against its graph.
 
-    Returns the best round's map and every round's measures
-    (``knnscal_local.graph_measures``: order agreement, recall@k, the nearer
+    Returns the best round's map, every round's measures and the best
+    round's row among them (None with no map). The measures are
+    ``knnscal_local.graph_measures`` (order agreement, recall@k, the nearer
     half's recall), one row per round. "Best" is the highest order agreement
     + recall@k among the rounds that lower none of the three below X's own
     and raise that sum; None if no round qualifies. The sum alone would let a
@@ -166,7 +167,7 @@ def polish(
     floor = graph_measures(X, indptr, col, rnk)
     spread = max(float(X.std()), 1e-300)
     Y = np.ascontiguousarray(X / spread)
-    best, best_score, measures = None, float(floor[:2].sum()), []
+    best, best_round, best_score, measures = None, None, float(floor[:2].sum()), []
     for _ in range(int(rounds)):
         _, near = cKDTree(Y).query(Y, k=min(n, k + NEAR_CANDIDATES + 1))
         draws = rng.integers(0, n, size=(n, RANDOM_CANDIDATES))
@@ -174,7 +175,7 @@ def polish(
         Y = _round(Y, triplets, float(sharpness))
         measures.append(graph_measures(Y, indptr, col, rnk))
         if np.all(measures[-1] >= floor) and measures[-1][:2].sum() > best_score:
-            best, best_score = Y * spread, float(measures[-1][:2].sum())
+            best, best_round, best_score = Y * spread, len(measures) - 1, float(measures[-1][:2].sum())
         if best is None and len(measures) >= GIVE_UP_AFTER:
             break
-    return best, np.array(measures).reshape(-1, 3)
+    return best, np.array(measures).reshape(-1, 3), best_round
