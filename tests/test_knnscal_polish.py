@@ -22,13 +22,7 @@ def square(n=150, k=8, seed=0):
 
 
 def round_triplets(graph, X, seed=0):
-    indptr, col, rnk = neighbor_csr(graph)
-    n = X.shape[0]
-    from scipy.spatial import cKDTree
-
-    _, near = cKDTree(X).query(X, k=min(n, 6 + P.NEAR_CANDIDATES + 1))
-    draws = np.random.default_rng(seed).integers(0, n, size=(n, P.RANDOM_CANDIDATES))
-    return P.polish_triplets(near.astype(np.int64), draws, indptr, col, rnk, P.NEAR_CANDIDATES)
+    return P.round_triplets(X, *neighbor_csr(graph), np.random.default_rng(seed))
 
 
 def test_triplet_loss_gradient_matches_finite_differences():

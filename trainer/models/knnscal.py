@@ -512,8 +512,9 @@ class KnnScal(Estimator):
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
 
     def geodesic_estimator(self) -> KnnScal:
-        """The same settings without the neighbour-embedding start: the validated fit's second
-        candidate, and the estimator of the multilevel start's coarser levels (the neighbour
+        """The same settings without the neighbour-embedding start and without the polish (step 5
+        runs once, on the winner): the validated fit's second candidate, and the estimator of the
+        multilevel start's coarser levels (the neighbour
         embedding tears the evenly sampled manifolds a coarsened graph stands for, and its
         O(n^2) start would be paid there)."""
         return type(self)(**{**self.get_params(), "neighbor_embedding": "none", "polish_rounds": 0})

@@ -127,6 +127,15 @@ def polish_triplets(near, draws, indptr, col, rnk, n_near):
     return head, nearer, farther, weight
 
 
+def round_triplets(Y: np.ndarray, indptr, col, rnk, rng: np.random.Generator) -> tuple:
+    """One round's triplets for map Y: its own nearest unlisted vertices, and fresh uniform draws."""
+    n = Y.shape[0]
+    k = int(np.diff(indptr).max())
+    _, near = cKDTree(Y).query(Y, k=min(n, k + NEAR_CANDIDATES + 1))
+    draws = rng.integers(0, n, size=(n, RANDOM_CANDIDATES))
+    return polish_triplets(near.astype(np.int64), draws, indptr, col, rnk, NEAR_CANDIDATES)
+
+
 def _round(X: np.ndarray, triplets: tuple, sharpness: float) -> np.ndarray:
     """``STEPS_PER_ROUND`` L-BFGS steps on the triplet loss."""
     grad = np.empty_like(X)
@@ -161,18 +170,13 @@ def polish(
     ``GIVE_UP_AFTER`` rounds the polish stops there. The map is returned at
     X's scale (the loss is scale-free).
     """
-    n = X.shape[0]
     rng = np.random.default_rng(seed)
-    k = int(np.diff(indptr).max())
     floor = graph_measures(X, indptr, col, rnk)
     spread = max(float(X.std()), 1e-300)
     Y = np.ascontiguousarray(X / spread)
     best, best_round, best_score, measures = None, None, float(floor[:2].sum()), []
     for _ in range(int(rounds)):
-        _, near = cKDTree(Y).query(Y, k=min(n, k + NEAR_CANDIDATES + 1))
-        draws = rng.integers(0, n, size=(n, RANDOM_CANDIDATES))
-        triplets = polish_triplets(near.astype(np.int64), draws, indptr, col, rnk, NEAR_CANDIDATES)
-        Y = _round(Y, triplets, float(sharpness))
+        Y = _round(Y, round_triplets(Y, indptr, col, rnk, rng), float(sharpness))
         measures.append(graph_measures(Y, indptr, col, rnk))
         if np.all(measures[-1] >= floor) and measures[-1][:2].sum() > best_score:
             best, best_round, best_score = Y * spread, len(measures) - 1, float(measures[-1][:2].sum())
