@@ -240,7 +240,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 ratings,
             )
         if call.with_distribution:
-            reply.levels.extend(float(x) for x in live.index.levels)
+            reply.levels.extend(float(x) for x in live.index.rating_levels)
         return reply
 
     def _group(self, model: LoadedModel, call: _RecommendCall, positions: list[int], user_ids: list[str]):
@@ -255,7 +255,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         eligible = self._eligible(model, call.filter)
         if call.with_distribution and not hasattr(index, "distribution"):
             raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
-        n_levels = len(index.levels) if call.with_distribution else 0
+        n_levels = len(index.rating_levels) if call.with_distribution else 0
         answerable = len(candidates) if candidates is not None else len(index.items)
         users = [user_ids[p] for p in positions]
         v.check_reply_fits(

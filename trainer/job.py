@@ -555,6 +555,18 @@ class LiveFigure:
     seed: float | None = None
 
 
+def below_popularity(metrics: dict[str, float]) -> str | None:
+    """Why a recommender is refused whatever the live version: its served top-10 finds fewer of
+    the held-out liked items than the most-rated items do (None when it does not, or when the
+    held-out part has no liked item to measure it by)."""
+    new, popular = metrics.get("topn_recall_at_10"), metrics.get("popularity_recall_at_10")
+    if new is None or popular is None or not (math.isfinite(new) and math.isfinite(popular)):
+        return None
+    if new >= popular:
+        return None
+    return f"topn_recall_at_10 {new:.4f} < popularity's {popular:.4f} on the held-out part"
+
+
 def live_figure(registry: Registry | S3Registry, name: str, metric: str) -> LiveFigure:
     """The live version's stored held-out metric, from its manifest alone (no arrays read)."""
     try:
@@ -724,6 +736,11 @@ class _Job:
             )
             return out
 
+        below = below_popularity(metrics)
+        if below:
+            out.status = "rejected"
+            out.message = below
+            return out
         live = live_figure(self.registry, model.name, gate.metric)
         out.live, out.live_version = live.value, live.version
         if live.value is not None and (live.fraction != gate.holdout or live.seed != gate.seed):

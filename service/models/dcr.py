@@ -107,8 +107,10 @@ class DCRIndex(RecommenderIndex):
             self.rank = int(attrs["rank"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{artifact.describe()}: bad or missing attribute ({exc})") from None
+        # levels[0] is "not rated" in a top-N-aware version: scored, but not a rating to predict.
+        self.unrated_level = bool(attrs.get("unrated_level", False))
         n_levels = self.levels.size - 1
-        if n_levels < 1 or np.any(np.diff(self.levels) <= 0):
+        if n_levels < 1 + self.unrated_level or np.any(np.diff(self.levels) <= 0):
             raise ArtifactError(f"{artifact.describe()}: levels must be >= 2 increasing values")
         try:
             c, offset = level_weights(self.levels, self.relevance)
@@ -123,6 +125,7 @@ class DCRIndex(RecommenderIndex):
                 f" {len(self.users)} users, {len(self.items)} items, {n_levels} levels x rank {self.rank}"
             )
         self.n_levels = n_levels
+        self.rating_levels = self.levels[1:] if self.unrated_level else self.levels
         self.weights = c
         self.offset = np.float32(offset)
         self._user_raw = user
@@ -273,13 +276,18 @@ class DCRIndex(RecommenderIndex):
         return super().recommend(user_row, n, exclude=exclude, eligible=eligible)
 
     def level_probabilities(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
-        """The learned ``P(r >= l_t)`` for t = 2..S, shape ``(len(item_rows), S - 1)``, unclipped."""
+        """The learned ``P(r >= l_t)`` for t = 2..S of the rating values, shape
+        ``(len(item_rows), S - 1)``, unclipped; given a rating in a top-N-aware version."""
         return self._level_probabilities(self._user_raw[int(user_row)], item_rows)
 
     def _level_probabilities(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         u = vector.reshape(self.n_levels, self.rank)
         v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, self.n_levels, self.rank)
-        return 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
+        p = 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
+        if not self.unrated_level:
+            return p
+        # P(r >= l | rated) = P(r >= l) / P(rated): levels >= l are inside "rated".
+        return p[:, 1:] / np.clip(p[:, :1], 1e-6, None)
 
     def distribution(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """``P(r = l)`` for every level, shape ``(len(item_rows), S)`` (see ``monotone_distribution``)."""
