@@ -4,8 +4,6 @@ serving index and registry round trip. Real-data checks are marked slow."""
 from __future__ import annotations
 
 import itertools
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +19,7 @@ from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COE, TripleSource, normalise
 from ordrec.trainer.reproduce import coe as protocol
-
-DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from tests.conftest import data_file
 
 
 def ratings_from(user, item, rating, n_users=None, n_items=None) -> Ratings:
@@ -403,9 +400,7 @@ def test_registry_round_trip(fitted, tmp_path):
 # ------------------------------------------------------------------ real data
 @pytest.mark.slow
 def test_ml100k_meets_table3_targets():
-    path = DATA / "ml-100k" / "u.data"
-    if not path.exists():
-        pytest.skip(f"{path} missing (set ORDREC_DATA)")
+    path = data_file("ml-100k", "u.data")
     data = protocol.paper_filter(protocol.read_whitespace_ratings(str(path)))
     assert (data.n_users, data.n_items, len(data)) == (943, 1413, 99543)
     rng = np.random.default_rng([0, 0])

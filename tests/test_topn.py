@@ -178,3 +178,77 @@ def test_reproduce_topn_names_a_bad_set(tmp_path, capsys):
                 "coe.x=3",
             ]
         )
+
+
+# ---------------------------------------------------------------- job gate
+def popular_picks(path, seed=0, n_users=300, n_items=500, per_user=10) -> None:
+    """Users pick mostly the popular items (Zipf) and rate them 4 (or 3); the rare items they
+    rate 5. The paper's DCR fills the top with the rare items; what users pick is popular."""
+    rng = np.random.default_rng(seed)
+    weights = 1.0 / (1.0 + np.arange(n_items))
+    lines = []
+    for u in range(n_users):
+        for i in rng.choice(n_items, per_user, replace=False, p=weights / weights.sum()):
+            rating = 5 if i >= 100 else rng.choice([3, 4], p=[0.2, 0.8])
+            lines.append(f"{u + 1}\t{i + 1}\t{rating}\t0\n")
+    path.write_text("".join(lines))
+
+
+@pytest.mark.parametrize("floor", [True, False])
+def test_job_refuses_a_recommender_below_popularity(tmp_path, capsys, floor):
+    from ordrec.service.artifacts import Registry
+    from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, run_job
+
+    popular_picks(tmp_path / "r.data")
+    job = tmp_path / "job.toml"
+    # the paper's DCR orders by the rating it predicts: the rare items first
+    job.write_text(
+        f"""[job]
+name = "floor"
+registry = "{tmp_path / "reg"}"
+[data.ratings]
+path = "{tmp_path / "r.data"}"
+format = "ml-100k"
+[[models]]
+name = "dcr"
+kind = "dcr"
+data = "ratings"
+params = {{ unrated_share = 0.0, n_components = 4 }}
+gate = {{ popularity_floor = {str(floor).lower()} }}
+"""
+    )
+    code = run_job(job)
+    log = capsys.readouterr().err
+    assert "topn_recall_at_10" in log and "< popularity's" in log
+    if floor:
+        assert code == EXIT_REJECTED and "result=rejected" in log
+        assert not (tmp_path / "reg").exists() or Registry(tmp_path / "reg").versions("dcr") == []
+    else:
+        assert code == EXIT_PUBLISHED and "published anyway" in log
+        metrics = Registry(tmp_path / "reg").load("dcr").metrics
+        assert metrics["holdout_topn_recall_at_10"] < metrics["holdout_popularity_recall_at_10"]
+
+
+def test_job_publishes_the_top_n_dcr_above_popularity(tmp_path):
+    from ordrec.service.artifacts import Registry
+    from ordrec.trainer.job import EXIT_PUBLISHED, run_job
+
+    popular_picks(tmp_path / "r.data")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f"""[job]
+name = "floor"
+registry = "{tmp_path / "reg"}"
+[data.ratings]
+path = "{tmp_path / "r.data"}"
+format = "ml-100k"
+[[models]]
+name = "dcr"
+kind = "dcr"
+data = "ratings"
+params = {{ n_components = 8 }}
+"""
+    )
+    assert run_job(job) == EXIT_PUBLISHED
+    metrics = Registry(tmp_path / "reg").load("dcr").metrics
+    assert metrics["holdout_topn_recall_at_10"] >= metrics["holdout_popularity_recall_at_10"]

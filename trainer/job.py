@@ -116,6 +116,9 @@ class Gate:
     margin: float = 0.0
     holdout: float = DEFAULT_HOLDOUT
     seed: int = 0
+    # Refuse a recommender whose served top 10 finds fewer held-out liked items than the
+    # most-rated items do; false for a version published for its map, not for Recommend.
+    popularity_floor: bool = True
 
 
 @dataclass
@@ -271,6 +274,7 @@ GATE_KEYS = {
         check=_rule(lambda v: 0.0 < v < 1.0, lambda v: f"must be a fraction in (0, 1), got {v}"),
     ),
     "seed": Key(int, 0),
+    "popularity_floor": Key(bool, True),
 }
 FILE_KEYS = {
     "job": Key(dict, required=True),
@@ -474,7 +478,13 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         kind=kind.name,
         data=model["data"],
         params=params,
-        gate=Gate(metric=metric, margin=gate["margin"], holdout=gate["holdout"], seed=gate["seed"]),
+        gate=Gate(
+            metric=metric,
+            margin=gate["margin"],
+            holdout=gate["holdout"],
+            seed=gate["seed"],
+            popularity_floor=gate["popularity_floor"],
+        ),
         refit=model["refit"],
         keep=config.keep if model["keep"] is None else model["keep"],
         labels=_resolve(base, model["labels"]) if model["labels"] else None,
@@ -737,7 +747,11 @@ class _Job:
             return out
 
         below = below_popularity(metrics)
-        if below:
+        if below and not gate.popularity_floor:
+            self.say(
+                model.name, "%s (popularity_floor = false: published anyway)", below, level=logging.WARNING
+            )
+        elif below:
             out.status = "rejected"
             out.message = below
             return out

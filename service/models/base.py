@@ -81,6 +81,7 @@ class RecommenderIndex(ModelIndex):
     # kind scores exactly unless it opens an approximate index (service/ann.py).
     search: str = "exact"
     folds_in: ClassVar[bool] = False  # whether fold_in places users the version has not seen
+    folds_in_picks: bool = False  # whether fold_in takes interactions without a rating (NaN values)
 
     def __init__(self, artifact: Artifact):
         super().__init__(artifact)

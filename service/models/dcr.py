@@ -126,6 +126,8 @@ class DCRIndex(RecommenderIndex):
             )
         self.n_levels = n_levels
         self.rating_levels = self.levels[1:] if self.unrated_level else self.levels
+        # Interactions without a rating (NaN values) fold in as "picked" in a top-N-aware version.
+        self.folds_in_picks = self.unrated_level
         self.weights = c
         self.offset = np.float32(offset)
         self._user_raw = user
@@ -170,15 +172,24 @@ class DCRIndex(RecommenderIndex):
 
         Level ``t``'s target for ``u^t . v_i^t`` is ``2 [r_i >= l_t] - 1`` (since
         ``P(r >= l_t) = (u.v + 1) / 2``): a ridge regression per level toward the mean
-        trained user (``FOLD_IN_PRIOR``), then the model's bound ``|u^t| <= 1``.
+        trained user (``FOLD_IN_PRIOR``), then the model's bound ``|u^t| <= 1``. In a
+        top-N-aware version a NaN value is an interaction without a rating: "picked", a
+        target of the "not rated" level only (see :attr:`folds_in_picks`).
         """
         L, f, k = self.n_levels, self.rank, self._frozen
-        level = np.abs(np.asarray(values, dtype=np.float64)[:, None] - self.levels[None, :]).argmin(axis=1)
+        values = np.asarray(values, dtype=np.float64)
+        rated = np.isfinite(values)
+        level = np.abs(np.where(rated, values, self.levels[-1])[:, None] - self.levels[None, :]).argmin(
+            axis=1
+        )
         target = 2.0 * (level[:, None] >= np.arange(1, L + 1)[None, :]) - 1.0
+        # Which (item, level) targets are known: every level of a rating; a pick's first level.
+        known = np.repeat(rated[:, None], L, axis=1)
+        known[:, 0] |= self.unrated_level
         # Level-major (L, f, m) so the per-level products are batched matrix products.
         v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, L, f).transpose(1, 2, 0)
-        v = v.astype(np.float64)
-        residual = target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]  # (L, m)
+        v = v.astype(np.float64) * known.T[:, None, :]  # an unknown target adds nothing
+        residual = (target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]) * known.T  # (L, m)
         free = v[:, k:, :]
         gram = free @ free.transpose(0, 2, 1) + FOLD_IN_PRIOR * np.eye(f - k)
         u = self._mean_user.copy()

@@ -109,9 +109,7 @@ def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np
 PAPER_PARAMS = {
     "unrated_share": 0.0,
     "n_components": 20,
-    "max_iter": 100,
     "tol": 0.002,
-    "pairwise_learning_rate": 0.01,
 }
 
 
@@ -402,7 +400,7 @@ class DCR(Estimator):
         ``unrated_share`` freshly drawn unrated items per rating at that
         level (the pairwise refinement then also orders rated over unrated).
         0 is the paper's DCR, which orders only the items a user rated.
-    unrated_power : float, default 0.75
+    unrated_power : float, default 0.5
         Unrated items are drawn with probability proportional to their
         training rating count to this power (0: uniform).
     levels : list of float or str, optional
@@ -415,14 +413,14 @@ class DCR(Estimator):
         Learning rate of epoch ``e`` is ``learning_rate / (1 + learning_rate_decay * e)``.
     reg : float, default 0.001
         L2 weight per example (paper: 0.01 or 0.001).
-    max_iter : int, default 60
+    max_iter : int, default 100
         Passes over the ratings (every level sees every rating once a pass);
         the most passes when ``tol > 0``.
     init_std : float, default 0.1
         Standard deviation of the random initial factors.
     pairwise : bool, default False
         Refine with the pairwise loss of Section 4 after the pointwise fit.
-    pairwise_learning_rate, pairwise_reg, pairwise_max_iter : float, float, int, default 0.003, 0.001, 20
+    pairwise_learning_rate, pairwise_reg, pairwise_max_iter : float, float, int, default 0.01, 0.001, 20
         Step size, lambda of Eq. 5 and passes of the refinement.
     pairwise_validation : bool, default True
         With ``pairwise``: keep the refinement only where it helps. Hold out
@@ -548,16 +546,16 @@ class DCR(Estimator):
         *,
         n_components: int = 50,
         unrated_share: float = 1.0,
-        unrated_power: float = 0.75,
+        unrated_power: float = 0.5,
         levels=None,
         relevance: str = "linear",
         learning_rate: float = 0.05,
         learning_rate_decay: float = 0.02,
         reg: float = 0.001,
-        max_iter: int = 60,
+        max_iter: int = 100,
         init_std: float = 0.1,
         pairwise: bool = False,
-        pairwise_learning_rate: float = 0.003,
+        pairwise_learning_rate: float = 0.01,
         pairwise_reg: float = 0.001,
         pairwise_max_iter: int = 20,
         pairwise_validation: bool = True,

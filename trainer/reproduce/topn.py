@@ -143,31 +143,27 @@ def served_lists(index: RecommenderIndex, users: np.ndarray, n: int) -> np.ndarr
     return lists
 
 
-def folded_lists(index: RecommenderIndex, split: Split, users: np.ndarray, n: int) -> tuple[np.ndarray, str]:
-    """Top ``n`` for users the fit never saw, from their training ratings, as the server answers
-    such a user: folded in where the kind can, else its popularity fallback."""
+def folded_lists(
+    index: RecommenderIndex, split: Split, users: np.ndarray, n: int, *, with_ratings: bool = True
+) -> tuple[np.ndarray, str]:
+    """Top ``n`` for users the fit never saw, from their training ratings (or, without
+    ``with_ratings``, only which items they interacted with), as the server answers such a
+    user: folded in where the kind can, else its popularity fallback."""
     lists = np.full((users.size, n), -1, dtype=np.int64)
     by_user = _rows_by_user(split.train, users)
+    folds = index.folds_in and (with_ratings or index.folds_in_picks)
     for k, u in enumerate(users):
         items, values = by_user[int(u)]
-        vector = index.fold_in(items, values) if index.folds_in else None
+        values = values if with_ratings else np.full(values.shape, np.nan)
+        vector = index.fold_in(items, values) if folds else None
         found, _ = (
             index.recommend_for(vector, n, exclude=items)
             if vector is not None
             else index.popular(n, exclude=items)
         )
         lists[k, : found.size] = found
-    return lists, "fold-in" if index.folds_in else "fallback"
-
-
-def fallback_lists(index: RecommenderIndex, split: Split, users: np.ndarray, n: int) -> np.ndarray:
-    """Top ``n`` of the kind's popularity fallback (a user with no history), rated items excluded."""
-    by_user = _rows_by_user(split.train, users)
-    lists = np.full((users.size, n), -1, dtype=np.int64)
-    for k, u in enumerate(users):
-        found, _ = index.popular(n, exclude=by_user[int(u)][0])
-        lists[k, : found.size] = found
-    return lists
+    how = "fold-in" if folds else "fallback"
+    return lists, how if with_ratings else f"{how} from interactions"
 
 
 def _rows_by_user(data: Ratings, users: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -315,8 +311,8 @@ def run(args: argparse.Namespace) -> list[Row]:
             log(
                 f"run {run_no + 1}/{args.runs} {name}: recall@10 {metrics['recall@10']:.4f} fit {seconds:.1f}s"
             )
-            if new.users.size:
-                lists, how = folded_lists(index, split, new.users, 20)
+            for with_ratings in (True, False) if new.users.size else ():
+                lists, how = folded_lists(index, split, new.users, 20, with_ratings=with_ratings)
                 record(f"{name} ({how}, new users)", topn_metrics(lists, new, split.fit))
     rows = [
         summarise(method, dataset, setting, metric, per_run)
@@ -332,11 +328,11 @@ def print_topn(rows: list[Row], values: dict[str, dict[str, list[float]]], datas
     metrics = [m for m in METRICS if any(m in v for v in values.values())]
     ease = values.get("ease", {}).get("recall@10")
     print(f"\nTop-N on {dataset} (mean over {len(next(iter(values.values()))['recall@10'])} runs)")
-    header = f"{'method':<34}" + "".join(f"{m:>18}" for m in metrics) + f"{'min recall@10':>15}"
+    header = f"{'method':<46}" + "".join(f"{m:>18}" for m in metrics) + f"{'min recall@10':>15}"
     header += f"{'/ EASE':>8}" if ease else ""
     print(header)
     for method, by_metric in values.items():
-        line = f"{method:<34}" + "".join(
+        line = f"{method:<46}" + "".join(
             f"{np.mean(by_metric[m]):>11.4f} ±{np.std(by_metric[m]):.3f}" if m in by_metric else f"{'-':>18}"
             for m in metrics
         )
