@@ -155,7 +155,8 @@ def test_reproduce_topn_writes_rows_for_models_and_references(tmp_path):
     rows = json.loads(out.read_text())
     methods = {r["method"] for r in rows}
     assert {"dcr", "dcr_paper", "popularity", "ease", "dcr (fold-in, new users)"} <= methods
-    recall = {r["method"]: r for r in rows if r["metric"] == "recall@10"}
+    recall = {r["method"]: r for r in rows if r["metric"] == "recall@10" and "seed" not in r["setting"]}
+    assert {r["setting"]["seed"] for r in rows if r["method"] == "dcr" and "seed" in r["setting"]} == {0, 1}
     assert all(r["runs"] == 2 for r in recall.values())
     assert recall["dcr"]["mean"] > recall["popularity"]["mean"]
 

@@ -314,10 +314,16 @@ def run(args: argparse.Namespace) -> list[Row]:
             for with_ratings in (True, False) if new.users.size else ():
                 lists, how = folded_lists(index, split, new.users, 20, with_ratings=with_ratings)
                 record(f"{name} ({how}, new users)", topn_metrics(lists, new, split.fit))
+    # The mean over runs, then each run alone (its seed in the setting): claims hold per seed.
     rows = [
         summarise(method, dataset, setting, metric, per_run)
         for method, by_metric in values.items()
         for metric, per_run in by_metric.items()
+    ] + [
+        summarise(method, dataset, dict(setting, seed=args.seed + run_no), metric, [value])
+        for method, by_metric in values.items()
+        for metric, per_run in by_metric.items()
+        for run_no, value in enumerate(per_run)
     ]
     print_topn(rows, values, dataset)
     return rows
