@@ -24,7 +24,7 @@ import logging  # noqa: E402
 import signal  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from ordrec.service.config import Limits, ServerConfig, StreamLimits  # noqa: E402
+from ordrec.service.config import HttpSettings, Limits, ServerConfig, StreamLimits  # noqa: E402
 
 log = logging.getLogger("ordrec.service")
 
@@ -76,6 +76,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.metrics_port,
         help="HTTP port for /metrics (0: pick a free one, -1: off)",
+    )
+    http = p.add_argument_group("the HTTP port's JSON API (POST /v1/<Rpc>) and pages (docs/service.md)")
+    http.add_argument(
+        "--http-read-timeout",
+        type=float,
+        default=d.http.read_timeout,
+        help="seconds a client gets to send a whole request (and an idle connection its next one)",
+    )
+    http.add_argument(
+        "--http-max-connections",
+        type=_positive_int,
+        default=d.http.max_connections,
+        help="connections open at once; over it the oldest one still sending is closed",
+    )
+    http.add_argument(
+        "--http-cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an origin (https://shop.example) whose pages may call the JSON API from a browser;"
+        " repeat for several, '*' for any (default: none, same origin only)",
     )
     p.add_argument("--workers", type=int, default=d.workers, help="gRPC worker threads per process")
     p.add_argument(
@@ -200,6 +221,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        http=HttpSettings(
+            read_timeout=args.http_read_timeout,
+            max_connections=args.http_max_connections,
+            cors_origins=tuple(args.http_cors_origin),
+        ),
         workers=args.workers,
         poll_interval=args.poll_interval,
         grace=args.grace,

@@ -15,6 +15,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ordrec.service import mapped, topk
 from ordrec.service.config import ServerConfig
+from ordrec.service.gateway import JsonGateway
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
@@ -24,6 +25,7 @@ from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
+from ordrec.service.status_page import StatusPage
 from ordrec.service.store import ModelStore, Reloader
 from ordrec.service.streams import StreamGuard
 from ordrec.v1 import recommender_pb2
@@ -85,6 +87,7 @@ class Server:
         self.grpc_server: grpc.Server | None = None
         self.stream_guard: StreamGuard | None = None
         self.http_server: ThreadingHTTPServer | None = None
+        self.status_page: StatusPage | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port
 
@@ -172,12 +175,10 @@ class Server:
             interceptors=interceptors,
             options=options,
         )
-        add_to_server(
-            RecommenderServicer(
-                self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror, self.online
-            ),
-            server,
+        servicer = RecommenderServicer(
+            self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror, self.online
         )
+        add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
@@ -191,8 +192,20 @@ class Server:
         server.start()
         self.grpc_server = server
         if cfg.metrics_port >= 0:
+            self.status_page = StatusPage(
+                self.store, self.metrics, self.serving, self.health_detail, self.hidden
+            )
+            self.status_page.window.start()
             self.http_server = start_http_server(
-                cfg.metrics_host, cfg.metrics_port, self.metrics, self.store, self.serving, self.health_detail
+                cfg.metrics_host,
+                cfg.metrics_port,
+                self.metrics,
+                self.store,
+                self.serving,
+                self.health_detail,
+                gateway=JsonGateway(servicer, self.metrics, cfg.tokens),
+                status_page=self.status_page,
+                settings=cfg.http,
             )
             self.metrics_port = self.http_server.server_address[1]
         self.reloader.start()
@@ -239,6 +252,9 @@ class Server:
             self.grpc_server.stop(self.config.grace if grace is None else grace).wait()
         if self.http_server is not None:
             self.http_server.shutdown()
+            self.http_server.server_close()
+        if self.status_page is not None:
+            self.status_page.window.stop()
         if self.stream_guard is not None:
             self.stream_guard.stop()
         log.info("stopped")
