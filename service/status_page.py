@@ -182,7 +182,8 @@ _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#1d1d1f;background:#fff}
 h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.1em;margin:1.4em 0 .4em}
 table{border-collapse:collapse}th,td{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:left}
-th{background:#f3f3f5}td{font-variant-numeric:tabular-nums}.meta,.empty{color:#666}
+th{background:#f3f3f5}td{font-variant-numeric:tabular-nums;white-space:nowrap}
+td:last-child{white-space:normal;max-width:36em}.meta,.empty{color:#666}
 .bad{color:#b00020;font-weight:600}.ok{color:#17702f;font-weight:600}
 """
 
@@ -292,14 +293,20 @@ class StatusPage:
         return "<h2>Models</h2>" + _table(headings, rows, "no model loaded")
 
     def _gate(self) -> str:
+        """One row per version: the gate's held-out figures as columns, other metrics after."""
+        versions = self._versions()
+        gate = sorted(
+            {n for m, _, _ in versions for n in m.index.artifact.metrics if n.startswith(GATE_PREFIX)}
+        )
         rows = []
-        for model, role, _ in self._versions():
+        for model, role, _ in versions:
             figures = model.index.artifact.metrics
-            for name in sorted(figures, key=lambda n: (not n.startswith(GATE_PREFIX), n)):
-                rows.append((model.name, role, model.version, name, _number(float(figures[name]))))
-        return (
-            "<h2>Evaluation (each version's manifest; <code>holdout_*</code>: the training job's gate)</h2>"
-            + _table(("model", "role", "version", "metric", "value"), rows, "no version records metrics")
+            others = " ".join(f"{n}={_number(float(v))}" for n, v in sorted(figures.items()) if n not in gate)
+            shown = [_number(float(figures[n])) if n in figures else "" for n in gate]
+            rows.append((model.name, role, model.version, *shown, others))
+        headings = ("model", "role", "version", *(n.removeprefix(GATE_PREFIX) for n in gate), "other metrics")
+        return "<h2>Evaluation (each version's manifest: the training job's gate, held-out)</h2>" + _table(
+            headings, rows, "no version records metrics"
         )
 
     def _traffic(self) -> str:

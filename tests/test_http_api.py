@@ -307,7 +307,7 @@ def test_status_page_escapes_everything_and_shows_the_split():
     assert (
         "<td>candidate</td><td>v2</td><td>20%</td>" in page and "<td>live</td><td>v1</td><td>80%</td>" in page
     )
-    assert "<td>holdout_ndcg_at_10</td><td>0.5</td>" in page and "<td>0.125</td>" in page
+    assert "<th>ndcg_at_10</th>" in page and "<td>v2</td><td>0.5</td>" in page and "<td>0.125</td>" in page
     assert "stale" in page and "<td>2</td>" in page
 
 
