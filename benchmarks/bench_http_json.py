@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import time
-from collections.abc import Callable
+import sys
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -19,27 +19,17 @@ from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 
-WARM_UP = 200
-
-
-def timed(call: Callable[[], None], calls: int) -> list[float]:
-    for _ in range(WARM_UP):
-        call()
-    seconds = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        call()
-        seconds.append(time.perf_counter() - start)
-    return seconds
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_foldin import timed  # noqa: E402 - warm-up, then one time per call
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--registry", required=True)
     parser.add_argument("--model", default="dcr")
-    parser.add_argument("--user", default="u001")
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
+    args.user = "u001"  # a user of the built-in sample
     body = {"model": args.model, "userIds": [args.user], "n": 10}
     with ServerProcess(args.registry) as server:
         with grpc.insecure_channel(server.target) as channel:

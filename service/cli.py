@@ -78,18 +78,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP port for /metrics (0: pick a free one, -1: off)",
     )
     http = p.add_argument_group("the HTTP port's JSON API (POST /v1/<Rpc>) and pages (docs/service.md)")
-    http.add_argument(
-        "--http-read-timeout",
-        type=float,
-        default=d.http.read_timeout,
-        help="seconds a client gets to send a whole request (and an idle connection its next one)",
-    )
-    http.add_argument(
-        "--http-max-connections",
-        type=_positive_int,
-        default=d.http.max_connections,
-        help="connections open at once; over it the oldest one still sending is closed",
-    )
+    for flag, kind, default, text in (
+        (
+            "--http-read-timeout",
+            float,
+            d.http.read_timeout,
+            "seconds a client gets to send a whole request (and an idle connection its next one)",
+        ),
+        (
+            "--http-max-connections",
+            _positive_int,
+            d.http.max_connections,
+            "connections open at once; over it the oldest one still sending is closed",
+        ),
+    ):
+        http.add_argument(flag, type=kind, default=default, help=text)
     http.add_argument(
         "--http-cors-origin",
         action="append",
