@@ -39,6 +39,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0.0 <= value <= 1.0:
@@ -81,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, kind, default, text in (
         (
             "--http-read-timeout",
-            float,
+            _positive_seconds,
             d.http.read_timeout,
             "seconds a client gets to send a whole request (and an idle connection its next one)",
         ),

@@ -21,6 +21,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -158,6 +159,15 @@ class HttpServer(ThreadingHTTPServer):
             pass
         self.metrics.http_requests.labels("(connection)", "503").inc()
         self.shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that left or stopped reading (the write timed out) is routine: logged at
+        debug, not as a traceback on stderr (socketserver's default)."""
+        error = sys.exc_info()[1]
+        if isinstance(error, OSError):
+            log.debug("HTTP connection from %s ended: %s", client_address[0], error)
+        else:
+            log.error("HTTP request from %s failed", client_address[0], exc_info=error)
 
     def server_close(self) -> None:
         self.deadlines.stop()

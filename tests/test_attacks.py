@@ -569,3 +569,55 @@ def test_http_connection_flood_cannot_lock_out_a_client(http_server):
     assert max(peak, during) - before <= HTTP_MAX_CONNECTIONS + 4, (before, peak, during)
     refused = metric(http_server, "ordrec_http_requests_total", handler="(connection)")
     print(f"200 idle connections: threads {before} -> {peak}; {refused:.0f} refused with 503")
+
+
+def test_http_readers_that_stall_a_big_reply_hold_their_slot_only_for_the_timeout(attack_registry):
+    """Connections being answered are never evicted: with every slot held by a client
+    that stopped reading a large reply, a newcomer is refused 503 at once, and the slots
+    come back when the reply's write times out (a debug line, not a traceback)."""
+    args = ("--http-read-timeout", "2", "--http-max-connections", "2")
+    users = [f"new-user-{i}" for i in range(150)]  # popularity fallback: 150 x 1000 items
+    body = json.dumps({"model": "bigmap", "userIds": users, "n": 1000}).encode()
+    head = (
+        "POST /v1/Recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with ServerProcess(attack_registry, *args) as server:
+        reply, full = post_raw(server, head.removesuffix("\r\n\r\n"), body, wait=30)  # read whole
+        assert status_of(reply) == 200 and len(reply) > 8 << 20, len(reply)
+        stalled = []
+        for _ in range(2):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", http_port(server)))
+            sock.sendall(head.encode() + body)
+            stalled.append(sock)
+        sent = time.monotonic()
+        try:
+            time.sleep(0.5)  # both are being answered: the replies fill the socket buffers
+            reply, seconds = post_raw(server, "GET /healthz HTTP/1.1\r\nHost: x")
+            assert status_of(reply) == 503 and json_of(reply)["status"] == "UNAVAILABLE", reply[:200]
+            assert seconds < 1.0
+
+            def answered() -> bool:
+                try:
+                    return list_models_works(server)
+                except urllib.error.HTTPError as exc:
+                    assert exc.code == 503
+                    return False
+                except urllib.error.URLError:  # refused and closed before the request was sent
+                    return False
+
+            wait_for(answered, 10, interval=0.25, what="a slot to free")
+            held = time.monotonic() - sent
+        finally:
+            for sock in stalled:
+                sock.close()
+        # the answer's own time, then the reply's 2 s write timeout, and the slot is free
+        assert held < full + 2 + 2, (held, full)
+        print(
+            f"a {len(reply) >> 20} MB JSON reply took {full:.1f} s; stalled readers held their slots {held:.1f} s"
+        )
+        assert metric(server, "ordrec_http_requests_total", handler="(connection)", code="503") >= 1
+        assert server.terminate() == 0
+    assert "Traceback" not in "".join(server.output)
