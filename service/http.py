@@ -355,7 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
         if length > limit:
             raise HttpError(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"the body is {length:,} bytes, over the {limit:,}-byte message limit (--max-message-bytes)",
+                f"the body is {length:,} bytes, over the JSON API's {limit:,}-byte limit (--http-max-message-bytes)",
                 413,
             )
         chunks, received, stalled = [], 0, False

@@ -3,6 +3,7 @@ reloading, graceful shutdown."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -175,10 +176,12 @@ class Server:
             interceptors=interceptors,
             options=options,
         )
-        servicer = RecommenderServicer(
-            self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror, self.online
+        add_to_server(
+            RecommenderServicer(
+                self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror, self.online
+            ),
+            server,
         )
-        add_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
@@ -203,7 +206,7 @@ class Server:
                 self.store,
                 self.serving,
                 self.health_detail,
-                gateway=JsonGateway(servicer, self.metrics, cfg.tokens),
+                gateway=JsonGateway(self._json_servicer(), self.metrics, cfg.tokens),
                 status_page=self.status_page,
                 settings=cfg.http,
             )
@@ -222,6 +225,16 @@ class Server:
             models,
         )
         return self
+
+    def _json_servicer(self) -> RecommenderServicer:
+        """The servicer the JSON API calls: the same state and rules, the JSON message limit
+        (``--http-max-message-bytes``, at most gRPC's) instead of gRPC's."""
+        cfg = self.config
+        limit = min(cfg.http.max_message_bytes, cfg.limits.max_message_bytes)
+        limits = dataclasses.replace(cfg.limits, max_message_bytes=limit)
+        return RecommenderServicer(
+            self.store, self.metrics, limits, self.seen, self.hidden, self.hidden_mirror, self.online
+        )
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
