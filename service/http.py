@@ -348,6 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
             raise HttpError(invalid, f"the body must be {JSON_TYPE} (UTF-8), not {shown!r}", 415)
         if self.headers.get("Transfer-Encoding"):
             raise HttpError(invalid, "send the body with a Content-Length, not a Transfer-Encoding", 411)
+        if len(self.headers.get_all("Content-Length", [])) > 1:
+            raise HttpError(invalid, "the request has more than one Content-Length", 400)
         text = self.headers.get("Content-Length", "0")  # none and no Transfer-Encoding: no body
         if not text.strip().isdigit():
             raise HttpError(invalid, f"Content-Length {text[:40]!r} is not a byte count", 400)

@@ -463,6 +463,8 @@ def test_http_chunked_and_malformed_lengths_are_refused(http_server):
     base = "POST /v1/ListModels HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     chunked, _ = post_raw(http_server, base + "Transfer-Encoding: chunked", b"2\r\n{}\r\n0\r\n\r\n")
     assert status_of(chunked) == 411
+    twice, _ = post_raw(http_server, base + "Content-Length: 2\r\nContent-Length: 40", b"{}")
+    assert status_of(twice) == 400 and b"more than one Content-Length" in twice
     for length in ("-1", "0x10", "1e3", "99999999999999999999999"):
         reply, _ = post_raw(http_server, base + f"Content-Length: {length}", b"{}")
         assert status_of(reply) in (400, 413), (length, reply[:200])
