@@ -7,10 +7,12 @@ numba or the models.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 # Entries the ordrec:events stream keeps (approximately): about 64 MB of Redis at 10-character ids.
 DEFAULT_EVENTS_MAXLEN = 1_000_000
+_ORIGIN = re.compile(r"^https?://[^/\s]+$")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,34 @@ class StreamLimits:
             raise ValueError("stream time limits must be positive")
 
 
+@dataclass(frozen=True)
+class HttpSettings:
+    """The HTTP port's own bounds (the JSON API's bodies are bounded by ``max_message_bytes``)."""
+
+    # seconds a client gets to send a whole request (line, headers and body), and an idle
+    # keep-alive connection to send its next one; a stalled client is then cut off
+    read_timeout: float = 10.0
+    max_connections: int = 64  # open at once; over it the oldest still sending is closed
+    # the JSON API's message limit (request body, and the reply as protobuf would size it,
+    # checked before any work as gRPC's is): below gRPC's, because writing a reply as JSON
+    # costs about 100 times the CPU of protobuf (3 s for a 3.3 MB Recommend reply)
+    max_message_bytes: int = 1024 * 1024
+    cors_origins: tuple[str, ...] = ()  # origins whose pages may call the JSON API ("*": any)
+
+    def __post_init__(self) -> None:
+        if self.read_timeout <= 0:
+            raise ValueError(f"the HTTP read timeout must be positive, got {self.read_timeout}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(
+                f"the HTTP message limit must be at least 1024 bytes, got {self.max_message_bytes}"
+            )
+        if self.max_connections < 1:
+            raise ValueError(f"the HTTP connection limit must be at least 1, got {self.max_connections}")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.match(origin):
+                raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port] (no path)")
+
+
 @dataclass
 class ServerConfig:
     registry: str  # a directory, or s3://bucket/prefix
@@ -49,6 +79,7 @@ class ServerConfig:
     port: int = 50051
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9095  # 0 picks a free port, -1 disables the HTTP port
+    http: HttpSettings = field(default_factory=HttpSettings)  # the HTTP port's JSON API and pages
     # grpcio parks a call's worker while its request arrives, so more threads queue less
     # (docs/service.md, Scaling).
     workers: int = 16

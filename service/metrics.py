@@ -123,6 +123,14 @@ class Metrics:
             registry=r,
         )
 
+        self.http_requests = Counter(
+            "ordrec_http_requests_total",
+            "Requests on the HTTP port by handler (a fixed set: /v1/<Rpc>, /, /metrics, ...)"
+            " and HTTP status; JSON calls also count in grpc_server_* like gRPC calls.",
+            ("handler", "code"),
+            registry=r,
+        )
+
         # Per served version: the traffic of a split, and the online evaluation (service/online.py).
         def versioned(kind, name: str, text: str):
             return kind(name, text, ("model", "version"), registry=r)

@@ -3,6 +3,7 @@ reloading, graceful shutdown."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -15,6 +16,7 @@ from grpc_reflection.v1alpha import reflection
 
 from ordrec.service import mapped, topk
 from ordrec.service.config import ServerConfig
+from ordrec.service.gateway import JsonGateway
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
 from ordrec.service.metrics import Metrics, MetricsInterceptor
@@ -24,6 +26,7 @@ from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
+from ordrec.service.status_page import StatusPage
 from ordrec.service.store import ModelStore, Reloader
 from ordrec.service.streams import StreamGuard
 from ordrec.v1 import recommender_pb2
@@ -85,6 +88,7 @@ class Server:
         self.grpc_server: grpc.Server | None = None
         self.stream_guard: StreamGuard | None = None
         self.http_server: ThreadingHTTPServer | None = None
+        self.status_page: StatusPage | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port
 
@@ -191,8 +195,20 @@ class Server:
         server.start()
         self.grpc_server = server
         if cfg.metrics_port >= 0:
+            self.status_page = StatusPage(
+                self.store, self.metrics, self.serving, self.health_detail, self.hidden
+            )
+            self.status_page.window.start()
             self.http_server = start_http_server(
-                cfg.metrics_host, cfg.metrics_port, self.metrics, self.store, self.serving, self.health_detail
+                cfg.metrics_host,
+                cfg.metrics_port,
+                self.metrics,
+                self.store,
+                self.serving,
+                self.health_detail,
+                gateway=JsonGateway(self._json_servicer(), self.metrics, cfg.tokens),
+                status_page=self.status_page,
+                settings=cfg.http,
             )
             self.metrics_port = self.http_server.server_address[1]
         self.reloader.start()
@@ -209,6 +225,16 @@ class Server:
             models,
         )
         return self
+
+    def _json_servicer(self) -> RecommenderServicer:
+        """The servicer the JSON API calls: the same state and rules, the JSON message limit
+        (``--http-max-message-bytes``, at most gRPC's) instead of gRPC's."""
+        cfg = self.config
+        limit = min(cfg.http.max_message_bytes, cfg.limits.max_message_bytes)
+        limits = dataclasses.replace(cfg.limits, max_message_bytes=limit)
+        return RecommenderServicer(
+            self.store, self.metrics, limits, self.seen, self.hidden, self.hidden_mirror, self.online
+        )
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -239,6 +265,9 @@ class Server:
             self.grpc_server.stop(self.config.grace if grace is None else grace).wait()
         if self.http_server is not None:
             self.http_server.shutdown()
+            self.http_server.server_close()
+        if self.status_page is not None:
+            self.status_page.window.stop()
         if self.stream_guard is not None:
             self.stream_guard.stop()
         log.info("stopped")
