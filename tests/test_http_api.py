@@ -281,8 +281,15 @@ class _Store:
         return self.candidates.get(name)
 
 
-def _loaded(name: str, version: str, reason: str, metrics: dict) -> LoadedModel:
-    artifact = SimpleNamespace(metrics=metrics, data_fingerprint="ab" * 32, created_at="2026-11-26T10:00:00Z")
+def _loaded(
+    name: str, version: str, reason: str, metrics: dict, attributes: dict | None = None
+) -> LoadedModel:
+    artifact = SimpleNamespace(
+        metrics=metrics,
+        data_fingerprint="ab" * 32,
+        created_at="2026-11-26T10:00:00Z",
+        attributes=attributes or {},
+    )
     index = SimpleNamespace(kind="dcr", artifact=artifact, search="exact")
     return LoadedModel(name, version, reason, index, loaded_at=1.8e9, load_seconds=0.1)
 
@@ -290,7 +297,9 @@ def _loaded(name: str, version: str, reason: str, metrics: dict) -> LoadedModel:
 def test_status_page_escapes_everything_and_shows_the_split():
     evil = "<script>alert(1)</script>"
     live = _loaded("dcr", "v1", f"kept: v3 refused ({evil})", {"holdout_ndcg_at_10": 0.25})
-    candidate = _loaded("dcr", "v2", "candidate", {"holdout_ndcg_at_10": 0.5, evil: 1.0})
+    candidate = _loaded(
+        "dcr", "v2", "candidate", {"holdout_ndcg_at_10": 0.5, evil: 1.0}, {"trained_by": f"job {evil}"}
+    )
     metrics = Metrics()
     metrics.online_hit_rate.labels("dcr", "v2").set(0.125)
     hidden = SimpleNamespace(sets=lambda: {evil: {"a", "b"}}, stale=True)
@@ -311,6 +320,7 @@ def test_status_page_escapes_everything_and_shows_the_split():
     )
     assert "<th>ndcg_at_10</th>" in page and "<td>v2</td><td>0.5</td>" in page and "<td>0.125</td>" in page
     assert "stale" in page and "<td>2</td>" in page
+    assert "<td>job &lt;script&gt;" in page and "<td>by hand (ordrec-train train)</td>" in page
 
 
 def test_traffic_window_rates_come_from_the_metrics():

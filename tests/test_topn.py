@@ -226,7 +226,9 @@ gate = {{ popularity_floor = {str(floor).lower()} }}
         assert not (tmp_path / "reg").exists() or Registry(tmp_path / "reg").versions("dcr") == []
     else:
         assert code == EXIT_PUBLISHED and "published anyway" in log
-        metrics = Registry(tmp_path / "reg").load("dcr").metrics
+        published = Registry(tmp_path / "reg").load("dcr")
+        assert published.attributes["trained_by"] == "job floor"  # the status page's "trained by"
+        metrics = published.metrics
         assert metrics["holdout_topn_recall_at_10"] < metrics["holdout_popularity_recall_at_10"]
 
 
