@@ -154,9 +154,49 @@ class TripleSource:
             self._cumulative(self.b_count, group_power),
         )
 
-    def sample(self, n: int, p_a: float, seed: int, group_power: float = 1.0):
-        """``n`` triples drawn exactly as training draws them: (kind, first, second, third)."""
-        return K.sample_triples(*self.arrays(group_power), n, p_a, seed)
+    def unrated_arrays(self, power: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Kernel arguments of rated-over-unrated draws: ``(user_cum, seen, item_cum)``.
+
+        ``seen``: each user's items sorted by id (membership by binary search),
+        rows as in ``a_indptr``. ``item_cum``: prefix sums of the weights
+        (ratings per item) ** power, the distribution unrated items are drawn
+        from. ``user_cum``: prefix sums of the users' rating counts (a draw is
+        uniform over the ratings), 0 for a user who rated every item of
+        positive weight, so a draw always finds an unrated item.
+        """
+        n_users, n_items = self.a_indptr.shape[0] - 1, self.b_indptr.shape[0] - 1
+        counts = np.diff(self.a_indptr)
+        owner = np.repeat(np.arange(n_users), counts)
+        order = np.lexsort((self.a_items, owner))
+        seen = np.ascontiguousarray(self.a_items[order], dtype=np.int32)
+        weight = np.diff(self.b_indptr).astype(np.float64) ** float(power)
+        item_cum = np.zeros(n_items + 1)
+        np.cumsum(weight, out=item_cum[1:])
+        owner = owner[order]
+        distinct = np.ones(seen.shape[0], dtype=bool)
+        distinct[1:] = (seen[1:] != seen[:-1]) | (owner[1:] != owner[:-1])
+        rated_positive = np.bincount(owner[distinct & (weight[seen] > 0)], minlength=n_users)
+        eligible = rated_positive < np.count_nonzero(weight > 0)
+        user_cum = np.zeros(n_users + 1)
+        np.cumsum(np.where(eligible, counts, 0).astype(np.float64), out=user_cum[1:])
+        return user_cum, seen, item_cum
+
+    def sample(
+        self,
+        n: int,
+        p_a: float,
+        seed: int,
+        group_power: float = 1.0,
+        p_unrated: float = 0.0,
+        unrated_power: float = 0.0,
+    ):
+        """``n`` triples drawn exactly as training draws them: (kind, first, second, third).
+
+        Kind 2 marks a rated-over-unrated triple (probability ``p_unrated``).
+        """
+        return K.sample_triples(
+            *self.arrays(group_power), n, p_a, seed, p_unrated, *self.unrated_arrays(unrated_power)
+        )
 
 
 class COE(Estimator):
@@ -192,6 +232,17 @@ class COE(Estimator):
         (their number of triples) ** group_power, then one of their triples
         uniformly. 1 is the paper's uniform draw over the triple set; below
         1 small groups get more steps (a deviation, see docs/coe.md).
+    unrated_share : float, default 0.0
+        Probability that a step draws a rated-over-unrated triple ``<u, i, j>``
+        instead of one of the paper's triples: i is one of u's ratings drawn
+        uniformly over all ratings, j an item u did not rate, drawn afresh
+        at every step with weight (ratings of j) ** ``unrated_power``. It
+        teaches the map which items a user would pick at all, which the
+        top-N question (Recommend over the whole catalogue) needs; 0 is the
+        paper's objective (see docs/coe.md, Top-N).
+    unrated_power : float, default 0.5
+        Exponent on item popularity for drawing the unrated item: 0 draws
+        uniformly over the catalogue, 1 proportionally to rating counts.
     source : {"ratings", "cooccurrence"}, default "ratings"
         How the values triples compare are made from the input: per-user
         z-scores of ratings, or per-user normalised co-occurrence counts.
@@ -218,6 +269,8 @@ class COE(Estimator):
         "steps_per_epoch": [Interval(Integral, 0, None)],
         "type_a_share": [None, Interval(Real, 0, 1)],
         "group_power": [Interval(Real, None, None)],
+        "unrated_share": [Interval(Real, 0, 1)],
+        "unrated_power": [Interval(Real, 0, None)],
         "source": [Options(str, set(SOURCES))],
         "init_std": [Interval(Real, 0, None)],
         "random_state": [Interval(Integral, 0, None)],
@@ -238,6 +291,8 @@ class COE(Estimator):
         steps_per_epoch: int = 0,
         type_a_share: float | None = None,
         group_power: float = 1.0,
+        unrated_share: float = 0.0,
+        unrated_power: float = 0.5,
         source: str = "ratings",
         init_std: float = 0.1,
         random_state: int = 0,
@@ -254,6 +309,8 @@ class COE(Estimator):
         self.steps_per_epoch = steps_per_epoch
         self.type_a_share = type_a_share
         self.group_power = group_power
+        self.unrated_share = unrated_share
+        self.unrated_power = unrated_power
         self.source = source
         self.init_std = init_std
         self.random_state = random_state
@@ -278,8 +335,12 @@ class COE(Estimator):
         self._validate_params()
         self.users_, self.items_ = data.users, data.items
         self.n_type_a_, self.n_type_b_ = triples.n_type_a, triples.n_type_b
+        p_unrated = float(self.unrated_share)
         if self.n_type_a_ + self.n_type_b_ == 0:
-            raise ValueError("the data hold no triple: every user and item rates all its items alike")
+            if p_unrated == 0:
+                raise ValueError("the data hold no triple: every user and item rates all its items alike")
+            p_unrated = 1.0  # only rated-over-unrated triples exist
+        unrated = self._unrated_arrays(triples, p_unrated)
         p_a = (
             self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
             if self.type_a_share is None
@@ -311,6 +372,8 @@ class COE(Estimator):
                     lr0,
                     lr1,
                     int(self.random_state) * 1_000_003 + epoch,
+                    p_unrated,
+                    *unrated,
                 )
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 self.log_likelihood_.append(float(ll))
@@ -321,6 +384,15 @@ class COE(Estimator):
         self._seen = (data.user, data.item, data.rating)
         self._fingerprint = data.fingerprint()
         return self
+
+    def _unrated_arrays(self, triples: TripleSource, p_unrated: float):
+        """The kernel's unrated-draw arrays, or typed placeholders when no step draws one."""
+        if p_unrated == 0:
+            return np.zeros(1), np.zeros(0, dtype=np.int32), np.zeros(1)
+        user_cum, seen, item_cum = triples.unrated_arrays(float(self.unrated_power))
+        if user_cum[-1] == 0:
+            raise ValueError("unrated_share > 0 needs a user with an unrated item of positive weight")
+        return user_cum, seen, item_cum
 
     def fit_explicit(self, triples: ExplicitTriples) -> COE:
         """Fit on given triples; each step draws one of them uniformly."""

@@ -189,33 +189,119 @@ def _draw_pair(start, end, values):
     return q, p
 
 
+@njit(cache=True, inline="always")
+def _is_rated(seen, start, end, item):
+    """Whether ``item`` is among ``seen[start:end]`` (sorted item ids of one user)."""
+    pos = start + np.searchsorted(seen[start:end], item)
+    return pos < end and seen[pos] == item
+
+
+@njit(cache=True, inline="always")
+def _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum):
+    """A rated-over-unrated triple ``<u, i, j>``: u rated i, never rated j.
+
+    The user is drawn with weight ``user_cum`` (its rating count, 0 for a user
+    with no unrated item of positive weight), one of the user's ratings
+    uniformly, and j with weight ``item_cum`` (popularity ** power) among the
+    items the user did not rate, by rejection; the caller's weights guarantee
+    an unrated item of positive weight exists, so the loop ends.
+    """
+    u = _draw_group(user_cum, user_cum[user_cum.shape[0] - 1])
+    start, end = a_indptr[u], a_indptr[u + 1]
+    p = start + np.int64(np.random.random() * (end - start))
+    if p >= end:
+        p = end - 1
+    total = item_cum[item_cum.shape[0] - 1]
+    while True:
+        j = _draw_group(item_cum, total)
+        if not _is_rated(seen, start, end, j):
+            return u, a_items[p], j
+
+
+@njit(cache=True, inline="always")
+def _draw_triple(
+    a_indptr,
+    a_items,
+    a_values,
+    a_cum,
+    total_a,
+    b_indptr,
+    b_users,
+    b_values,
+    b_cum,
+    total_b,
+    p_a,
+    p_unrated,
+    user_cum,
+    seen,
+    item_cum,
+):
+    """One triple as (kind, first, second, third); kind 0 = A, 1 = B, 2 = A against an unrated item.
+
+    With ``p_unrated == 0`` no random number is spent on the unrated choice,
+    so the paper's draws are exactly those of a build without it.
+    """
+    if p_unrated > 0.0 and (p_unrated >= 1.0 or np.random.random() < p_unrated):
+        u, i, j = _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum)
+        return 2, u, i, j
+    if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
+        u = _draw_group(a_cum, total_a)
+        p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
+        return 0, u, a_items[p], a_items[q]
+    i = _draw_group(b_cum, total_b)
+    p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
+    return 1, b_users[p], b_users[q], i
+
+
 @njit(cache=True)
-def sample_triples(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum, n, p_a, seed):
+def sample_triples(
+    a_indptr,
+    a_items,
+    a_values,
+    a_cum,
+    b_indptr,
+    b_users,
+    b_values,
+    b_cum,
+    n,
+    p_a,
+    seed,
+    p_unrated,
+    user_cum,
+    seen,
+    item_cum,
+):
     """``n`` triples drawn as ``sga_epoch`` draws them (for tests and diagnostics).
 
     Returns (kind, first, second, third) int64 arrays: type A (kind 0)
     ``<u, i, j>`` with u preferring i; type B (kind 1) ``<u, v, i>`` with u
-    liking i more than v does.
+    liking i more than v does; kind 2 ``<u, i, j>`` with u having rated i
+    and not j (drawn with probability ``p_unrated``).
     """
     np.random.seed(seed)
-    n_a_groups = a_indptr.shape[0] - 1
-    n_b_groups = b_indptr.shape[0] - 1
-    total_a = a_cum[n_a_groups]
-    total_b = b_cum[n_b_groups]
+    total_a, total_b = a_cum[a_cum.shape[0] - 1], b_cum[b_cum.shape[0] - 1]
     kind = np.zeros(n, dtype=np.int64)
     first = np.zeros(n, dtype=np.int64)
     second = np.zeros(n, dtype=np.int64)
     third = np.zeros(n, dtype=np.int64)
     for t in range(n):
-        if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
-            u = _draw_group(a_cum, total_a)
-            p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
-            first[t], second[t], third[t] = u, a_items[p], a_items[q]
-        else:
-            i = _draw_group(b_cum, total_b)
-            p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
-            kind[t] = 1
-            first[t], second[t], third[t] = b_users[p], b_users[q], i
+        kind[t], first[t], second[t], third[t] = _draw_triple(
+            a_indptr,
+            a_items,
+            a_values,
+            a_cum,
+            total_a,
+            b_indptr,
+            b_users,
+            b_values,
+            b_cum,
+            total_b,
+            p_a,
+            p_unrated,
+            user_cum,
+            seen,
+            item_cum,
+        )
     return kind, first, second, third
 
 
@@ -239,6 +325,10 @@ def sga_epoch(
     lr_start,
     lr_end,
     seed,
+    p_unrated,
+    user_cum,
+    seen,
+    item_cum,
 ):
     """``n_steps`` steps of stochastic gradient ascent (Algorithm 1), in place.
 
@@ -246,7 +336,11 @@ def sga_epoch(
     A, item for B) with probability proportional to its weight in
     ``*_cum``, and one of the group's triples uniformly; with weights = triple
     counts and ``p_a`` = T_A / (T_A + T_B) that is the paper's uniform draw
-    over the triple set. It then moves the triple's three points by
+    over the triple set. With probability ``p_unrated`` the step instead
+    draws a rated-over-unrated triple (``_draw_unrated_triple``: one of the
+    ratings, an item the user did not rate with weight ``item_cum``), a
+    type-A triple whose far item is unrated (top-N training, docs/coe.md).
+    It then moves the triple's three points by
     ``lr * (grad ln P - reg * point)``.
     The learning rate falls linearly from ``lr_start`` to ``lr_end`` over the
     epoch (the caller decays it across epochs). Returns the mean ln P of the
@@ -254,24 +348,30 @@ def sga_epoch(
     """
     np.random.seed(seed)
     D = X.shape[1]
-    n_a_groups = a_indptr.shape[0] - 1
-    n_b_groups = b_indptr.shape[0] - 1
-    total_a = a_cum[n_a_groups]
-    total_b = b_cum[n_b_groups]
+    total_a, total_b = a_cum[a_cum.shape[0] - 1], b_cum[b_cum.shape[0] - 1]
     grad = np.zeros((3, D))
     log_sum = 0.0
     for t in range(n_steps):
         lr = lr_start + (lr_end - lr_start) * (t / n_steps)
-        if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
-            kind = 0
-            u = _draw_group(a_cum, total_a)
-            p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
-            a, b, c = u, a_items[p], a_items[q]
-        else:
-            kind = 1
-            i = _draw_group(b_cum, total_b)
-            p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
-            a, b, c = b_users[p], b_users[q], i
+        kind, a, b, c = _draw_triple(
+            a_indptr,
+            a_items,
+            a_values,
+            a_cum,
+            total_a,
+            b_indptr,
+            b_users,
+            b_values,
+            b_cum,
+            total_b,
+            p_a,
+            p_unrated,
+            user_cum,
+            seen,
+            item_cum,
+        )
+        if kind == 2:
+            kind = 0  # geometrically a type-A triple
         _step(X, Y, kind, a, b, c, func, scale, reg, lr, grad)
         if t % 64 == 0:  # a cheap running estimate of the objective
             log_sum += triple_log_prob(X, Y, kind, a, b, c, func, scale)
