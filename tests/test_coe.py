@@ -23,6 +23,8 @@ from ordrec.trainer.models.coe import COE, TripleSource, normalise
 from ordrec.trainer.reproduce import coe as protocol
 
 DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+# The paper's objective (the estimator defaults are the top-N settings, docs/coe.md).
+PAPER = dict(unrated_share=0.0, type_a_share=None)
 
 
 def ratings_from(user, item, rating, n_users=None, n_items=None) -> Ratings:
@@ -275,7 +277,7 @@ def test_planted_geometry_is_recovered():
     data = ratings_from(user, item, values, n_users, n_items)
     triples = TripleSource.build(data.user, data.item, values.astype(np.float32), n_users, n_items)
     model = COE(
-        n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1, max_iter=60, random_state=0
+        **PAPER, n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1, max_iter=60, random_state=0
     )
     model.fit_triples(data, triples)
     index = COEIndex.from_artifact(model.to_artifact())
@@ -365,10 +367,11 @@ def test_index_refuses_inconsistent_artifacts(fitted):
 
     _, model = fitted
     art = model.to_artifact()
-    bad = dict(art.arrays, item_coords=np.zeros((60, 3), np.float32))
+    dim = art.arrays["user_coords"].shape[1]
+    bad = dict(art.arrays, item_coords=np.zeros((60, dim + 1), np.float32))
     with pytest.raises(ArtifactError, match="dimension"):
         COEIndex.from_artifact(type(art)(art.kind, bad, art.ids))
-    bad = dict(art.arrays, user_coords=np.full((40, 2), np.nan, np.float32))
+    bad = dict(art.arrays, user_coords=np.full((40, dim), np.nan, np.float32))
     with pytest.raises(ArtifactError, match="NaN"):
         COEIndex.from_artifact(type(art)(art.kind, bad, art.ids))
 
