@@ -276,9 +276,8 @@ def test_planted_geometry_is_recovered():
     values = -np.linalg.norm(Xt[user] - Yt[item], axis=1)
     data = ratings_from(user, item, values, n_users, n_items)
     triples = TripleSource.build(data.user, data.item, values.astype(np.float32), n_users, n_items)
-    model = COE(
-        **PAPER, n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1, max_iter=60, random_state=0
-    )
+    paper_2d = dict(PAPER, n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1)
+    model = COE(**paper_2d, max_iter=60, random_state=0)
     model.fit_triples(data, triples)
     index = COEIndex.from_artifact(model.to_artifact())
     metrics = protocol.evaluate_index(index, data, values.astype(np.float32), np.ones(len(data), bool))

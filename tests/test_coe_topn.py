@@ -65,7 +65,9 @@ def test_unrated_draws_follow_ratings_and_popularity_power():
         assert all((int(u), int(i)) in rated for u, i in zip(first, second))
         assert not any((int(u), int(j)) in rated for u, j in zip(first, third))
         # the exact probability of every (user, rated item, unrated item) cell
-        eligible = [u for u in range(n_users) if any((u, j) not in rated and weight[j] > 0 for j in range(n_items))]
+        eligible = [
+            u for u in range(n_users) if any((u, j) not in rated and weight[j] > 0 for j in range(n_items))
+        ]
         assert 0 not in eligible if power > 0 else 0 in eligible
         n_eligible = sum(int(np.sum(data.user == u)) for u in eligible)
         counts = {}
@@ -112,7 +114,8 @@ def test_an_unrated_step_follows_the_finite_difference_gradient(func):
             only = np.zeros_like(user_cum)
             only[user + 1 :] = 1.0  # draw this user only
             X2, Y2 = X.copy(), Y.copy()
-            K.sga_epoch(X2, Y2, *source.arrays(), 1, 0.5, func, scale, reg, lr, lr, 0, 1.0, only, seen, item_cum)
+            unrated = (only, seen, item_cum)
+            K.sga_epoch(X2, Y2, source.arrays(), 1, 0.5, func, scale, reg, lr, lr, 0, 1.0, unrated)
             for M, M2, r in ((X, X2, user), (Y, Y2, 0), (Y, Y2, 1)):
                 for k in range(dim):
                     old = M[r, k]
@@ -122,7 +125,9 @@ def test_an_unrated_step_follows_the_finite_difference_gradient(func):
                     down = K.triple_log_prob(X, Y, 0, user, 0, 1, func, scale)
                     M[r, k] = old
                     slope = (up - down) / (2 * h)
-                    assert M2[r, k] - M[r, k] == pytest.approx(lr * (slope - reg * M[r, k]), rel=1e-5, abs=1e-11)
+                    assert M2[r, k] - M[r, k] == pytest.approx(
+                        lr * (slope - reg * M[r, k]), rel=1e-5, abs=1e-11
+                    )
             other = 1 - user
             np.testing.assert_array_equal(X2[other], X[other])  # nothing else moves
 
@@ -180,11 +185,17 @@ def planted_taste_groups(seed: int, n_users=240, n_items=120, n_groups=4, per_us
     user, item, rating = [], [], []
     for u in range(n_users):
         own = np.flatnonzero(group_of_item == u % n_groups)
-        liked = rng.choice(own, size=per_user * 3 // 4, replace=False, p=popularity[own] / popularity[own].sum())
+        liked = rng.choice(
+            own, size=per_user * 3 // 4, replace=False, p=popularity[own] / popularity[own].sum()
+        )
         rest = np.setdiff1d(np.arange(n_items), liked)
-        other = rng.choice(rest, size=per_user - liked.size, replace=False, p=popularity[rest] / popularity[rest].sum())
+        other = rng.choice(
+            rest, size=per_user - liked.size, replace=False, p=popularity[rest] / popularity[rest].sum()
+        )
         item += list(liked) + list(other)
-        rating += list(rng.integers(4, 6, liked.size)) + list(np.where(group_of_item[other] == u % n_groups, 4, rng.integers(1, 4, other.size)))
+        rating += list(rng.integers(4, 6, liked.size)) + list(
+            np.where(group_of_item[other] == u % n_groups, 4, rng.integers(1, 4, other.size))
+        )
         user += [u] * per_user
     return ratings_from(user, item, rating, n_users, n_items)
 

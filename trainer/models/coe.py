@@ -194,9 +194,8 @@ class TripleSource:
 
         Kind 2 marks a rated-over-unrated triple (probability ``p_unrated``).
         """
-        return K.sample_triples(
-            *self.arrays(group_power), n, p_a, seed, p_unrated, *self.unrated_arrays(unrated_power)
-        )
+        unrated = self.unrated_arrays(unrated_power)
+        return K.sample_triples(self.arrays(group_power), n, p_a, seed, p_unrated, unrated)
 
 
 class COE(Estimator):
@@ -374,7 +373,7 @@ class COE(Estimator):
                 ll = K.sga_epoch(
                     X,
                     Y,
-                    *arrays,
+                    arrays,
                     steps,
                     p_a,
                     func,
@@ -384,7 +383,7 @@ class COE(Estimator):
                     lr1,
                     int(self.random_state) * 1_000_003 + epoch,
                     p_unrated,
-                    *unrated,
+                    unrated,
                 )
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 self.log_likelihood_.append(float(ll))

@@ -219,31 +219,21 @@ def _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum):
 
 
 @njit(cache=True, inline="always")
-def _draw_triple(
-    a_indptr,
-    a_items,
-    a_values,
-    a_cum,
-    total_a,
-    b_indptr,
-    b_users,
-    b_values,
-    b_cum,
-    total_b,
-    p_a,
-    p_unrated,
-    user_cum,
-    seen,
-    item_cum,
-):
+def _draw_triple(source, p_a, p_unrated, unrated):
     """One triple as (kind, first, second, third); kind 0 = A, 1 = B, 2 = A against an unrated item.
 
-    With ``p_unrated == 0`` no random number is spent on the unrated choice,
-    so the paper's draws are exactly those of a build without it.
+    ``source``: the eight arrays of ``TripleSource.arrays``; ``unrated``: the
+    three of ``TripleSource.unrated_arrays``. With ``p_unrated == 0`` no
+    random number is spent on the unrated choice, so the paper's draws are
+    exactly those of a build without it.
     """
+    a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum = source
     if p_unrated > 0.0 and (p_unrated >= 1.0 or np.random.random() < p_unrated):
+        user_cum, seen, item_cum = unrated
         u, i, j = _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum)
         return 2, u, i, j
+    total_a = a_cum[a_cum.shape[0] - 1]
+    total_b = b_cum[b_cum.shape[0] - 1]
     if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
         u = _draw_group(a_cum, total_a)
         p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
@@ -254,23 +244,7 @@ def _draw_triple(
 
 
 @njit(cache=True)
-def sample_triples(
-    a_indptr,
-    a_items,
-    a_values,
-    a_cum,
-    b_indptr,
-    b_users,
-    b_values,
-    b_cum,
-    n,
-    p_a,
-    seed,
-    p_unrated,
-    user_cum,
-    seen,
-    item_cum,
-):
+def sample_triples(source, n, p_a, seed, p_unrated, unrated):
     """``n`` triples drawn as ``sga_epoch`` draws them (for tests and diagnostics).
 
     Returns (kind, first, second, third) int64 arrays: type A (kind 0)
@@ -279,67 +253,28 @@ def sample_triples(
     and not j (drawn with probability ``p_unrated``).
     """
     np.random.seed(seed)
-    total_a, total_b = a_cum[a_cum.shape[0] - 1], b_cum[b_cum.shape[0] - 1]
     kind = np.zeros(n, dtype=np.int64)
     first = np.zeros(n, dtype=np.int64)
     second = np.zeros(n, dtype=np.int64)
     third = np.zeros(n, dtype=np.int64)
     for t in range(n):
-        kind[t], first[t], second[t], third[t] = _draw_triple(
-            a_indptr,
-            a_items,
-            a_values,
-            a_cum,
-            total_a,
-            b_indptr,
-            b_users,
-            b_values,
-            b_cum,
-            total_b,
-            p_a,
-            p_unrated,
-            user_cum,
-            seen,
-            item_cum,
-        )
+        kind[t], first[t], second[t], third[t] = _draw_triple(source, p_a, p_unrated, unrated)
     return kind, first, second, third
 
 
 @njit(cache=True)
-def sga_epoch(
-    X,
-    Y,
-    a_indptr,
-    a_items,
-    a_values,
-    a_cum,
-    b_indptr,
-    b_users,
-    b_values,
-    b_cum,
-    n_steps,
-    p_a,
-    func,
-    scale,
-    reg,
-    lr_start,
-    lr_end,
-    seed,
-    p_unrated,
-    user_cum,
-    seen,
-    item_cum,
-):
+def sga_epoch(X, Y, source, n_steps, p_a, func, scale, reg, lr_start, lr_end, seed, p_unrated, unrated):
     """``n_steps`` steps of stochastic gradient ascent (Algorithm 1), in place.
 
     Each step draws a type (A with probability ``p_a``), a group (user for
     A, item for B) with probability proportional to its weight in
-    ``*_cum``, and one of the group's triples uniformly; with weights = triple
-    counts and ``p_a`` = T_A / (T_A + T_B) that is the paper's uniform draw
-    over the triple set. With probability ``p_unrated`` the step instead
-    draws a rated-over-unrated triple (``_draw_unrated_triple``: one of the
-    ratings, an item the user did not rate with weight ``item_cum``), a
-    type-A triple whose far item is unrated (top-N training, docs/coe.md).
+    the ``*_cum`` arrays of ``source`` (``TripleSource.arrays``), and one of
+    the group's triples uniformly; with weights = triple counts and
+    ``p_a`` = T_A / (T_A + T_B) that is the paper's uniform draw over the
+    triple set. With probability ``p_unrated`` the step instead draws a
+    rated-over-unrated triple (``_draw_unrated_triple`` with the arrays
+    ``unrated``, ``TripleSource.unrated_arrays``), a type-A triple whose far
+    item the user did not rate (top-N training, docs/coe.md).
     It then moves the triple's three points by
     ``lr * (grad ln P - reg * point)``.
     The learning rate falls linearly from ``lr_start`` to ``lr_end`` over the
@@ -347,29 +282,11 @@ def sga_epoch(
     drawn triples (before their step) as a progress statistic.
     """
     np.random.seed(seed)
-    D = X.shape[1]
-    total_a, total_b = a_cum[a_cum.shape[0] - 1], b_cum[b_cum.shape[0] - 1]
-    grad = np.zeros((3, D))
+    grad = np.zeros((3, X.shape[1]))
     log_sum = 0.0
     for t in range(n_steps):
         lr = lr_start + (lr_end - lr_start) * (t / n_steps)
-        kind, a, b, c = _draw_triple(
-            a_indptr,
-            a_items,
-            a_values,
-            a_cum,
-            total_a,
-            b_indptr,
-            b_users,
-            b_values,
-            b_cum,
-            total_b,
-            p_a,
-            p_unrated,
-            user_cum,
-            seen,
-            item_cum,
-        )
+        kind, a, b, c = _draw_triple(source, p_a, p_unrated, unrated)
         if kind == 2:
             kind = 0  # geometrically a type-A triple
         _step(X, Y, kind, a, b, c, func, scale, reg, lr, grad)
