@@ -219,11 +219,19 @@ def _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum):
 
 
 @njit(cache=True, inline="always")
-def _draw_triple(source, p_a, p_unrated, unrated):
+def _totals(source):
+    """Total group weight of type A and of type B (the last prefix sums)."""
+    a_cum, b_cum = source[3], source[7]
+    return a_cum[a_cum.shape[0] - 1], b_cum[b_cum.shape[0] - 1]
+
+
+@njit(cache=True, inline="always")
+def _draw_triple(source, totals, p_a, p_unrated, unrated):
     """One triple as (kind, first, second, third); kind 0 = A, 1 = B, 2 = A against an unrated item.
 
     ``source``: the eight arrays of ``TripleSource.arrays``; ``unrated``: the
-    three of ``TripleSource.unrated_arrays``. With ``p_unrated == 0`` no
+    three of ``TripleSource.unrated_arrays``; ``totals``: the type-A and
+    type-B weight totals (``_totals``, hoisted out of the loop). With ``p_unrated == 0`` no
     random number is spent on the unrated choice, so the paper's draws are
     exactly those of a build without it.
     """
@@ -232,8 +240,7 @@ def _draw_triple(source, p_a, p_unrated, unrated):
         user_cum, seen, item_cum = unrated
         u, i, j = _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum)
         return 2, u, i, j
-    total_a = a_cum[a_cum.shape[0] - 1]
-    total_b = b_cum[b_cum.shape[0] - 1]
+    total_a, total_b = totals
     if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
         u = _draw_group(a_cum, total_a)
         p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
@@ -253,12 +260,13 @@ def sample_triples(source, n, p_a, seed, p_unrated, unrated):
     and not j (drawn with probability ``p_unrated``).
     """
     np.random.seed(seed)
+    totals = _totals(source)
     kind = np.zeros(n, dtype=np.int64)
     first = np.zeros(n, dtype=np.int64)
     second = np.zeros(n, dtype=np.int64)
     third = np.zeros(n, dtype=np.int64)
     for t in range(n):
-        kind[t], first[t], second[t], third[t] = _draw_triple(source, p_a, p_unrated, unrated)
+        kind[t], first[t], second[t], third[t] = _draw_triple(source, totals, p_a, p_unrated, unrated)
     return kind, first, second, third
 
 
@@ -282,11 +290,12 @@ def sga_epoch(X, Y, source, n_steps, p_a, func, scale, reg, lr_start, lr_end, se
     drawn triples (before their step) as a progress statistic.
     """
     np.random.seed(seed)
+    totals = _totals(source)
     grad = np.zeros((3, X.shape[1]))
     log_sum = 0.0
     for t in range(n_steps):
         lr = lr_start + (lr_end - lr_start) * (t / n_steps)
-        kind, a, b, c = _draw_triple(source, p_a, p_unrated, unrated)
+        kind, a, b, c = _draw_triple(source, totals, p_a, p_unrated, unrated)
         if kind == 2:
             kind = 0  # geometrically a type-A triple
         _step(X, Y, kind, a, b, c, func, scale, reg, lr, grad)
