@@ -4,15 +4,12 @@ paper's path left unchanged, and planted taste groups recovered above popularity
 from __future__ import annotations
 
 import hashlib
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.coe import COEIndex
-from ordrec.trainer.data.readers import read_ratings
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.models import coe_kernels as K
@@ -230,46 +227,3 @@ def test_top_n_coe_puts_held_out_liked_items_above_popularity():
     paper_recall = recall_at_10(paper, popularity, train, test)
     assert topn > pop + 0.2, (topn, pop)
     assert topn > paper_recall, (topn, paper_recall)
-
-
-# ------------------------------------------------------------------ real data
-DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-
-
-def top_n_figures(scores: np.ndarray, train: Ratings, test: Ratings) -> tuple[float, float]:
-    """Recall@10 and NDCG@10 (binary gain) of liked held-out items (>= 4), training items excluded."""
-    scores = scores.astype(np.float64)
-    scores[train.user, train.item] = -np.inf
-    top = np.argsort(-scores, axis=1)[:, :10]
-    gain = 1 / np.log2(np.arange(2, 12))
-    recall, ndcg = [], []
-    for u in np.unique(test.user[test.rating >= 4]):
-        liked = test.item[(test.user == u) & (test.rating >= 4)]
-        hit = np.isin(top[u], liked)
-        recall.append(hit.sum() / min(10, liked.size))
-        ndcg.append((hit * gain).sum() / gain[: min(10, liked.size)].sum())
-    return float(np.mean(recall)), float(np.mean(ndcg))
-
-
-@pytest.mark.slow
-def test_ml100k_top_n_beats_popularity_and_nears_ease():
-    """docs/coe.md Top-N, seed 0: the defaults above popularity on recall@10 and NDCG@10, and
-    at least 0.9 of EASE's recall@10 (lambda 300)."""
-    path = DATA / "ml-100k" / "u.data"
-    if not DATA.exists():
-        pytest.skip(f"{DATA} missing (set ORDREC_DATA)")
-    assert path.exists(), f"{path} missing although {DATA} exists"
-    train, test = split_ratings(read_ratings(str(path)), 0.2, seed=0)
-    everyone = np.arange(train.n_users)
-    popularity = np.bincount(train.item, minlength=train.n_items).astype(np.float64)
-    pop = top_n_figures(np.tile(popularity, (train.n_users, 1)), train, test)
-    X = np.zeros((train.n_users, train.n_items))
-    X[train.user, train.item] = 1.0
-    P = np.linalg.inv(X.T @ X + 300.0 * np.eye(train.n_items))
-    B = -P / np.diag(P)
-    np.fill_diagonal(B, 0.0)
-    ease = top_n_figures(X @ B, train, test)
-    served = COEIndex.from_artifact(COE().fit(train).to_artifact())
-    coe = top_n_figures(served.score_users(everyone), train, test)
-    assert coe[0] > pop[0] and coe[1] > pop[1], (coe, pop)
-    assert coe[0] >= 0.9 * ease[0], (coe, ease)

@@ -43,6 +43,7 @@ from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
 from ordrec.trainer.models.dcr import PAPER_PARAMS
+from ordrec.trainer.reproduce.coe import DEFAULTS as COE_PAPER
 from ordrec.trainer.reproduce.params import parse_value
 from ordrec.trainer.reproduce.report import Row, summarise
 
@@ -59,7 +60,7 @@ MODELS = {
     "coe": ("coe", {}),
     "dcr_paper": ("dcr", PAPER_PARAMS),
     "pairwise_dcr_paper": ("dcr", {**PAPER_PARAMS, "pairwise": True}),
-    "coe_paper": ("coe", {"unrated_share": 0.0, "n_components": 2}),
+    "coe_paper": ("coe", {**COE_PAPER["sigmoid"], "n_components": 2}),
 }
 
 
