@@ -79,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, default=d.workers, help="gRPC worker threads per process")
     p.add_argument(
+        "--batch-max-size",
+        type=_positive_int,
+        default=d.batch_max_size,
+        help="users of concurrent Recommend calls scored together at most (1: no batching)",
+    )
+    p.add_argument(
+        "--batch-max-queue",
+        type=int,
+        default=d.batch_max_queue,
+        help="Recommend calls that may wait for the scorer; more are refused RESOURCE_EXHAUSTED at once"
+        " (a waiting call holds a worker, so --workers bounds it too)",
+    )
+    p.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -186,6 +199,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
             " or open streams could hold every worker"
         )
+    if args.batch_max_queue < 0:
+        raise ValueError(f"--batch-max-queue must be at least 0, got {args.batch_max_queue}")
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
     streams = StreamLimits(
         max_streams=args.max_streams,
@@ -201,6 +216,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
         workers=args.workers,
+        batch_max_size=args.batch_max_size,
+        batch_max_queue=args.batch_max_queue,
         poll_interval=args.poll_interval,
         grace=args.grace,
         limits=limits,

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 
 # Entries the ordrec:events stream keeps (approximately): about 64 MB of Redis at 10-character ids.
 DEFAULT_EVENTS_MAXLEN = 1_000_000
+# Recommend's dynamic batching (service/batching.py): users scored together at most, and calls
+# that may wait for the scorer before more are refused RESOURCE_EXHAUSTED (docs/serving-cost.md).
+DEFAULT_BATCH_MAX_SIZE = 64
+DEFAULT_BATCH_MAX_QUEUE = 64
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,8 @@ class ServerConfig:
     # grpcio parks a call's worker while its request arrives, so more threads queue less
     # (docs/service.md, Scaling).
     workers: int = 16
+    batch_max_size: int = DEFAULT_BATCH_MAX_SIZE
+    batch_max_queue: int = DEFAULT_BATCH_MAX_QUEUE
     poll_interval: float = 5.0  # seconds between registry polls (0: never)
     grace: float = 10.0  # seconds in-flight calls get on SIGTERM
     limits: Limits = field(default_factory=Limits)

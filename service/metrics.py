@@ -123,6 +123,26 @@ class Metrics:
             registry=r,
         )
 
+        self.batch_users = Histogram(
+            "ordrec_recommend_batch_users",
+            "Users scored together in one Recommend batch (concurrent calls batched dynamically).",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "ordrec_recommend_queue_seconds",
+            "Time a Recommend call waited for the scorer before its batch was scored (seconds).",
+            buckets=(0.00005,) + _LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.shed = Counter(
+            "ordrec_recommend_shed_total",
+            "Recommend calls refused before scoring: the queue was full (RESOURCE_EXHAUSTED)"
+            " or their deadline passed while they waited (DEADLINE_EXCEEDED).",
+            ("reason",),
+            registry=r,
+        )
+
         # Per served version: the traffic of a split, and the online evaluation (service/online.py).
         def versioned(kind, name: str, text: str):
             return kind(name, text, ("model", "version"), registry=r)

@@ -14,6 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ordrec.service import mapped, topk
+from ordrec.service.batching import BatchObserver, RecommendBatcher
 from ordrec.service.config import ServerConfig
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
@@ -37,6 +38,16 @@ REDIS_HEALTH = "ordrec.redis"
 # overall status ("") waits for a loaded model, so it suits readiness, not liveness (an
 # empty registry would otherwise restart every replica in a loop).
 LIVENESS_HEALTH = "ordrec.liveness"
+
+
+def batch_observer(metrics: Metrics) -> BatchObserver:
+    """The batcher's reports as Prometheus metrics (children looked up once, not per call)."""
+    shed = {reason: metrics.shed.labels(reason) for reason in ("queue_full", "deadline")}
+    return BatchObserver(
+        batch_users=metrics.batch_users.observe,
+        queue_seconds=metrics.queue_seconds.observe,
+        shed=lambda reason: shed[reason].inc(),
+    )
 
 
 class ListingHealthServicer(health.HealthServicer):
@@ -174,7 +185,16 @@ class Server:
         )
         add_to_server(
             RecommenderServicer(
-                self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror, self.online
+                self.store,
+                self.metrics,
+                cfg.limits,
+                self.seen,
+                self.hidden,
+                self.hidden_mirror,
+                self.online,
+                batcher=RecommendBatcher(
+                    cfg.batch_max_size, cfg.batch_max_queue, batch_observer(self.metrics)
+                ),
             ),
             server,
         )

@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from ordrec.service import validation as v
 from ordrec.service.artifacts import ALL_MODELS
+from ordrec.service.batching import RecommendBatcher
 from ordrec.service.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -190,10 +191,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         hidden: HiddenState | None = None,
         hidden_mirror=None,
         online: NoOnlineEvaluation | None = None,
+        batcher: RecommendBatcher | None = None,
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
         self.online = online or NoOnlineEvaluation()
+        # None: each call scores on its own (the path the batched one must equal, in tests).
+        self.batcher = batcher
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -230,6 +234,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             rules_stale=self._rules_stale(),
         )
         results = [reply.results.add(user_id=uid) for uid in user_ids]
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
         for group in groups:
             self._recommend_group(
                 group,
@@ -238,6 +244,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 [results[p] for p in group.positions],
                 recent,
                 ratings,
+                deadline,
             )
         if call.with_distribution:
             reply.levels.extend(float(x) for x in live.index.levels)
@@ -273,6 +280,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         results: list,
         recent: dict[str, list[str]],
         ratings: dict[str, dict[str, str]],
+        deadline: float | None = None,
     ) -> None:
         """Fill ``results`` (one per user, in order) with the group's version's answers."""
         model, candidates, eligible = group.model, group.candidates, group.eligible
@@ -286,12 +294,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         known = np.flatnonzero(user_rows >= 0)
         ranked: list = [None] * len(user_ids)
         if known.size:
-            answers = index.recommend_many(
-                user_rows[known],
-                n,
-                excludes=[excludes[i] for i in known],
-                candidates=candidates,
-                eligible=eligible,
+            answers = self._score_known(
+                index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, deadline
             )
             for row, answer in zip(known.tolist(), answers):
                 ranked[row] = answer
@@ -325,6 +329,15 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                     item.rating_distribution.extend(probs.tolist())
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
+
+    def _score_known(self, index, rows, n, excludes, candidates, eligible, deadline) -> list:
+        """The index's answers for users it knows: batched with concurrent calls when a batcher
+        is set (``service/batching.py``), else scored on this call's own."""
+        if self.batcher is None:
+            return index.recommend_many(rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
+        return self.batcher.recommend(
+            index, rows, n, excludes=excludes, candidates=candidates, eligible=eligible, deadline=deadline
+        )
 
     @staticmethod
     def _fold_in_candidates(groups: list[_VersionGroup], user_ids: list[str]) -> list[str]:

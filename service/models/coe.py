@@ -109,6 +109,13 @@ class COEIndex(RecommenderIndex, MapIndex):
             )
         return [self.recommend(int(u), n, exclude=ex) for u, ex in zip(user_rows, excludes)]
 
+    def recommend_batch(self, user_rows, ns, excludes, eligibles) -> list[Ranked]:
+        # The map search answers each user (as recommend does), not a dense pass.
+        return [
+            self.recommend(int(u), int(n), exclude=ex, eligible=el)
+            for u, n, ex, el in zip(user_rows, ns, excludes, eligibles)
+        ]
+
     # -------------------------------------------------------------- smoke
     def smoke(self) -> None:
         RecommenderIndex.smoke(self)

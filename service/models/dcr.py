@@ -33,7 +33,7 @@ from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.mapped import row_blocks
 from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.rules import Eligible
-from ordrec.service.topk import affine_scores
+from ordrec.service.topk import affine_rows
 
 RELEVANCE = ("linear", "log", "exp")
 # Fold-in's pull toward the mean trained user, in ratings' worth: with a few ratings the
@@ -190,12 +190,8 @@ class DCRIndex(RecommenderIndex):
 
     # ------------------------------------------------------------ scoring
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(user_rows, dtype=np.int64)
-        if rows.size == 1:
-            return self.score_vector(self._user_raw[rows[0]])[None, :]
-        scores = self.folded(rows) @ self._item.T
-        scores += self.offset
-        return scores
+        # One kernel for one user or a batch, so a batched call scores exactly as a lone one.
+        return affine_rows(self._item, self.folded(user_rows), self.offset)
 
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         return self.score_vector(self._user_raw[int(user_row)], item_rows)
@@ -204,8 +200,8 @@ class DCRIndex(RecommenderIndex):
         """Scores for raw user factors (a row of ``user_factors`` or a :meth:`fold_in`)."""
         folded = vector * self._scale
         if item_rows is None:
-            # one user (the usual request): one pass holding the GIL (service/topk.py)
-            return affine_scores(self._item, folded, self.offset)
+            # one pass holding the GIL when short (service/topk.py), as for a row of the user factors
+            return affine_rows(self._item, folded.reshape(1, -1), self.offset)[0]
         scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ folded
         scores += self.offset
         return scores
@@ -259,6 +255,21 @@ class DCRIndex(RecommenderIndex):
         # One graph search per user: each has its own exclusions, which faiss takes per call.
         return [
             self.recommend(int(u), n, exclude=ex, eligible=eligible) for u, ex in zip(user_rows, excludes)
+        ]
+
+    def recommend_batch(
+        self,
+        user_rows: np.ndarray,
+        ns: np.ndarray,
+        excludes: list[np.ndarray | None],
+        eligibles: list[Eligible | None],
+    ) -> list[Ranked]:
+        if self.ann is None:
+            return super().recommend_batch(user_rows, ns, excludes, eligibles)
+        # The item index takes exclusions per search (faiss): one search per user.
+        return [
+            self.recommend(int(u), int(n), exclude=ex, eligible=el)
+            for u, n, ex, el in zip(user_rows, ns, excludes, eligibles)
         ]
 
     def _graph_answers(self, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
