@@ -9,7 +9,7 @@ once, and a batch is whatever queued while the previous one was scored.
 
 The scorer is not a thread of its own (waking one costs more than a small
 batch's work on these machines): the calling threads take turns. The one that
-finds the scorer free leads; the others wait on their own event; when a batch
+finds the scorer free leads; the others wait on their own lock; when a batch
 is done its leader wakes the callers it answered and hands the lead to the
 oldest call still queued, which scores the next batch. Every waiting call is
 woken exactly once, with its answer or with the lead.
@@ -19,6 +19,12 @@ RESOURCE_EXHAUSTED at once (a full queue only grows the tail), and a call
 whose deadline passed while it waited is answered DEADLINE_EXCEEDED without
 being scored. A batch holds at most ``max_batch`` users (a single call with
 more is scored alone).
+
+Only versions that score densely and dearly queue (``min_work``: the
+multiply-adds of one user's pass, ``RecommenderIndex.scoring_work``). On
+ML-100K (1,682 items x 80) a queued call's sleep and wake-up cost more than
+the shared pass saves, and the approximate index searches each user on its
+own; their calls score on their own threads, as without a batcher.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.config import DEFAULT_BATCH_MAX_QUEUE, DEFAULT_BATCH_MAX_SIZE
+from ordrec.service.config import DEFAULT_BATCH_MAX_QUEUE, DEFAULT_BATCH_MAX_SIZE, DEFAULT_BATCH_MIN_WORK
 from ordrec.service.errors import DeadlineExceeded, ResourceExhausted
 from ordrec.service.models.base import Ranked, RecommenderIndex
 from ordrec.service.rules import Eligible
@@ -66,7 +72,9 @@ class _Call:
         self.queued_at = 0.0
         self.answers: list[Ranked] | None = None
         self.error: Exception | None = None
-        self.ready: threading.Event | None = None
+        # Held while the call waits; released once, with its answer or the lead. A bare lock
+        # (C code) rather than an Event, whose wait and set run Python code under the GIL.
+        self.ready: threading.Lock | None = None
         self.leads = False
 
     def outcome(self) -> list[Ranked]:
@@ -93,10 +101,11 @@ class RecommendBatcher:
         max_batch: int = DEFAULT_BATCH_MAX_SIZE,
         max_queue: int = DEFAULT_BATCH_MAX_QUEUE,
         observer: BatchObserver | None = None,
+        min_work: int = DEFAULT_BATCH_MIN_WORK,
     ):
-        if max_batch < 1 or max_queue < 0:
-            raise ValueError("max_batch must be at least 1 and max_queue at least 0")
-        self.max_batch, self.max_queue = max_batch, max_queue
+        if max_batch < 1 or max_queue < 0 or min_work < 0:
+            raise ValueError("max_batch must be at least 1, max_queue and min_work at least 0")
+        self.max_batch, self.max_queue, self.min_work = max_batch, max_queue, min_work
         self.observer = observer or BatchObserver()
         self._lock = threading.Lock()
         self._queue: deque[_Call] = deque()
@@ -120,7 +129,14 @@ class RecommendBatcher:
         """``index.recommend_many(user_rows, n, ...)``, scored with whatever else is queued.
 
         ``deadline`` is a ``time.monotonic()`` instant after which the call is not scored.
+        A version whose one-user pass costs less than ``min_work`` multiply-adds (or that
+        searches per user) is scored on the caller's thread: queueing costs it more than
+        sharing a pass saves (docs/serving-cost.md).
         """
+        if index.scoring_work() < self.min_work:
+            return index.recommend_many(
+                user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible
+            )
         call = _Call(index, user_rows, n, excludes, candidates, eligible, deadline)
         with self._lock:
             leads = not self._busy
@@ -132,11 +148,12 @@ class RecommendBatcher:
                     f"the Recommend queue is full ({self.max_queue} calls waiting); retry with backoff"
                 )
             else:
-                call.ready = threading.Event()
+                call.ready = threading.Lock()
+                call.ready.acquire()
                 call.queued_at = time.monotonic()
                 self._queue.append(call)
         if not leads:
-            call.ready.wait()  # type: ignore[union-attr]  # set just above for a queued call
+            call.ready.acquire()  # type: ignore[union-attr]  # made just above for a queued call
             if not call.leads:
                 return call.outcome()
         self._lead(call)
@@ -150,7 +167,7 @@ class RecommendBatcher:
         finally:
             for call in batch:
                 if call is not first and call.ready is not None:
-                    call.ready.set()
+                    call.ready.release()
             self._pass_lead()
 
     def _take(self, first: _Call) -> list[_Call]:
@@ -171,7 +188,7 @@ class RecommendBatcher:
                 return
             following = self._queue.popleft()
         following.leads = True
-        following.ready.set()  # type: ignore[union-attr]  # every queued call has its event
+        following.ready.release()  # type: ignore[union-attr]  # every queued call has its lock
 
     def _score(self, batch: list[_Call]) -> None:
         now = time.monotonic()
@@ -181,10 +198,8 @@ class RecommendBatcher:
                 call.error = DeadlineExceeded("the call's deadline passed while it waited to be scored")
                 self.observer.shed("deadline")
                 continue
-            if call.queued_at:
+            if call.queued_at:  # a call that found the scorer free waited for nothing
                 self.observer.queue_seconds(now - call.queued_at)
-            else:
-                self.observer.queue_seconds(0.0)
             live.append(call)
         if not live:
             return
@@ -205,6 +220,12 @@ def _score_version(calls: list[_Call]) -> None:
     """Answer calls to one model version: those without candidate lists in one
     ``recommend_batch``, those with one (a small list, scored exactly) one by one."""
     index = calls[0].index
+    if len(calls) == 1:  # a call alone (low load): the same answers, without gathering
+        call = calls[0]
+        call.answers = index.recommend_many(
+            call.user_rows, call.n, excludes=call.excludes, candidates=call.candidates, eligible=call.eligible
+        )
+        return
     shared = [c for c in calls if c.candidates is None]
     for call in calls:
         if call.candidates is not None:

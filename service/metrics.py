@@ -131,7 +131,8 @@ class Metrics:
         )
         self.queue_seconds = Histogram(
             "ordrec_recommend_queue_seconds",
-            "Time a Recommend call waited for the scorer before its batch was scored (seconds).",
+            "Time a queued Recommend call waited for the scorer before its batch was scored"
+            " (seconds; calls that found the scorer free are not counted).",
             buckets=(0.00005,) + _LATENCY_BUCKETS,
             registry=r,
         )
@@ -241,7 +242,10 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
+        return self.counted(handler, handler_call_details.method)
+
+    def counted(self, handler, method: str):
+        """``handler`` wrapped to count and time its calls (cached per method)."""
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]

@@ -198,6 +198,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         self.online = online or NoOnlineEvaluation()
         # None: each call scores on its own (the path the batched one must equal, in tests).
         self.batcher = batcher
+        self._counters: dict[tuple[str, str, int], object] = {}
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -220,7 +221,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         )
         # A split sends each user to one version, always the same (store.for_user).
         by_version: dict[str, tuple[LoadedModel, list[int]]] = {}
-        for position, uid in enumerate(user_ids):
+        if self.store.candidate(live.name) is None:  # no split: every user to the live version
+            by_version[live.version] = (live, list(range(len(user_ids))))
+        for position, uid in enumerate(user_ids if not by_version else ()):
             model = self.store.for_user(live, uid)
             by_version.setdefault(model.version, (model, []))[1].append(position)
         groups = [self._group(model, call, positions, user_ids) for model, positions in by_version.values()]
@@ -291,19 +294,27 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             self._exclusions(index, row, recent.get(uid), call.exclude_seen, excluded)
             for uid, row in zip(user_ids, user_rows)
         ]
-        known = np.flatnonzero(user_rows >= 0)
-        ranked: list = [None] * len(user_ids)
-        if known.size:
-            answers = self._score_known(
-                index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, deadline
+        ranked: list
+        if (user_rows >= 0).all():  # the usual case: every user known, no gathering
+            ranked = self._score_known(index, user_rows, n, excludes, candidates, eligible, deadline)
+        else:
+            known = np.flatnonzero(user_rows >= 0)
+            ranked = [None] * len(user_ids)
+            if known.size:
+                answers = self._score_known(
+                    index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, deadline
+                )
+                for row, answer in zip(known.tolist(), answers):
+                    ranked[row] = answer
+        folded = (
+            self._fold_in(
+                index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
             )
-            for row, answer in zip(known.tolist(), answers):
-                ranked[row] = answer
-        folded = self._fold_in(
-            index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
+            if ratings
+            else {}
         )
         m = self.metrics
-        m.recommended_users.labels(model.name, model.version).inc(len(user_ids))
+        self._users_counter(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
             result.model_version = model.version
             vector = folded.get(uid)
@@ -329,6 +340,19 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                     item.rating_distribution.extend(probs.tolist())
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
+
+    def _users_counter(self, model: LoadedModel):
+        """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
+        loaded version (``labels()`` costs microseconds on every call)."""
+        key = (model.name, model.version, id(model.index))
+        child = self._counters.get(key)
+        if child is None:
+            child = self.metrics.recommended_users.labels(model.name, model.version)
+            # a few versions per model are served at a time; old versions' entries go in bulk
+            counters = dict(self._counters) if len(self._counters) < 64 else {}
+            counters[key] = child
+            self._counters = counters  # replaced whole, like the store's mapping
+        return child
 
     def _score_known(self, index, rows, n, excludes, candidates, eligible, deadline) -> list:
         """The index's answers for users it knows: batched with concurrent calls when a batcher

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ordrec.service.artifacts import ALL_MODELS, Artifact, Registry
 from ordrec.service.batching import BatchObserver, RecommendBatcher
-from ordrec.service.config import Limits
+from ordrec.service.config import DEFAULT_BATCH_MIN_WORK, Limits
 from ordrec.service.errors import DeadlineExceeded, ResourceExhausted, ServiceError
 from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
@@ -66,6 +66,9 @@ class _Stall:
 
     def __init__(self):
         self.entered, self.release = threading.Event(), threading.Event()
+
+    def scoring_work(self):
+        return 1 << 40  # dear enough to be batched whatever min_work is
 
     def recommend_many(self, rows, n, *, excludes, candidates=None, eligible=None):
         self.entered.set()
@@ -172,7 +175,7 @@ def test_batched_servicer_answers_exactly_what_the_unbatched_one_does(
 ):
     state = HiddenState(_FixedHidden(hidden), interval=3600)
     sizes: list[int] = []
-    batcher = RecommendBatcher(max_batch, max_queue=100, observer=BatchObserver(batch_users=sizes.append))
+    batcher = RecommendBatcher(max_batch, 100, BatchObserver(batch_users=sizes.append), min_work=0)
     batched = RecommenderServicer(store, Metrics(), Limits(), SeenStore(), state, batcher=batcher)
     alone = RecommenderServicer(store, Metrics(), Limits(), SeenStore(), state)
     want = [alone.Recommend(r, _Context()) for r in requests]
@@ -192,7 +195,7 @@ def test_batched_servicer_answers_exactly_what_the_unbatched_one_does(
 def test_a_full_queue_is_refused_at_once_and_later_calls_are_served():
     index = build_index(dcr_artifact(n_users=N_USERS, n_items=N_ITEMS, seed=3))
     shed: list[str] = []
-    batcher = RecommendBatcher(max_batch=64, max_queue=2, observer=BatchObserver(shed=shed.append))
+    batcher = RecommendBatcher(64, 2, BatchObserver(shed=shed.append), min_work=0)
     stall, holder = _hold_scorer(batcher)
     results: list = [None, None]
 
@@ -221,7 +224,7 @@ def test_a_full_queue_is_refused_at_once_and_later_calls_are_served():
 def test_a_call_whose_deadline_passed_while_queued_is_not_scored():
     index = build_index(dcr_artifact(n_users=N_USERS, n_items=N_ITEMS, seed=3))
     shed: list[str] = []
-    batcher = RecommendBatcher(max_batch=64, max_queue=8, observer=BatchObserver(shed=shed.append))
+    batcher = RecommendBatcher(64, 8, BatchObserver(shed=shed.append), min_work=0)
     stall, holder = _hold_scorer(batcher)
     outcome: dict[str, object] = {}
 
@@ -245,11 +248,24 @@ def test_a_call_whose_deadline_passed_while_queued_is_not_scored():
     np.testing.assert_array_equal(outcome["patient"][0][0], index.recommend(1, 3)[0])
 
 
+def test_a_version_too_cheap_to_batch_is_scored_on_the_callers_thread():
+    index = build_index(dcr_artifact(n_users=N_USERS, n_items=N_ITEMS, seed=3))
+    assert 0 < index.scoring_work() < DEFAULT_BATCH_MIN_WORK  # 80 items x 12: far below
+    batcher = RecommendBatcher(64, 0)  # a queue of none: any queued call would be refused
+    stall, holder = _hold_scorer(batcher)
+    rows, _ = batcher.recommend(index, np.array([2]), 4, excludes=[None])[0]  # not refused, not waiting
+    np.testing.assert_array_equal(rows, index.recommend(2, 4)[0])
+    stall.release.set()
+    holder.join(10)
+
+
 def test_settings_are_checked():
     with pytest.raises(ValueError):
         RecommendBatcher(max_batch=0)
     with pytest.raises(ValueError):
         RecommendBatcher(max_queue=-1)
+    with pytest.raises(ValueError):
+        RecommendBatcher(min_work=-1)
 
 
 # -------------------------------------------------------------- a real server
@@ -287,7 +303,9 @@ def test_server_sheds_load_with_resource_exhausted_and_drops_expired_calls(tmp_p
     registry = Registry(tmp_path / "registry")
     registry.publish("big", _large_dcr(1000, 30_000))
     users = [f"u{i}" for i in range(1000)]
-    with ServerProcess(registry.root, "--batch-max-queue", "1", "--batch-max-size", "1000") as server:
+    with ServerProcess(
+        registry.root, "--batch-max-queue", "1", "--batch-max-size", "1000", "--batch-min-work", "0"
+    ) as server:
         channel = grpc.insecure_channel(server.target)
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         stub.Recommend(pb.RecommendRequest(model="big", user_ids=users[:1], n=5), timeout=30)  # warm

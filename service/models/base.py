@@ -192,6 +192,11 @@ class RecommenderIndex(ModelIndex):
         scores = self.score_users(np.asarray(user_rows))
         return [self._select(row, n, ex, eligible) for row, ex in zip(scores, excludes)]
 
+    def scoring_work(self) -> int:
+        """Multiply-adds of one user's whole-catalogue scoring pass, which a batch shares: 0 for
+        kinds that answer each user with a search of their own (nothing to share)."""
+        return 0
+
     def recommend_batch(
         self,
         user_rows: np.ndarray,

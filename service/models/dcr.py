@@ -257,6 +257,10 @@ class DCRIndex(RecommenderIndex):
             self.recommend(int(u), n, exclude=ex, eligible=eligible) for u, ex in zip(user_rows, excludes)
         ]
 
+    def scoring_work(self) -> int:
+        # The item index answers each user with a search of its own.
+        return 0 if self.ann is not None else int(self._item.size)
+
     def recommend_batch(
         self,
         user_rows: np.ndarray,
