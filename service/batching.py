@@ -61,14 +61,18 @@ class _Call:
         "leads",
     )
 
-    def __init__(self, index, user_rows, n, excludes, candidates, eligible, deadline):
-        self.index: RecommenderIndex = index
-        self.user_rows: np.ndarray = user_rows
-        self.n: int = n
-        self.excludes: list[np.ndarray | None] = excludes
-        self.candidates: np.ndarray | None = candidates
-        self.eligible: Eligible | None = eligible
-        self.deadline: float | None = deadline
+    def __init__(
+        self,
+        index: RecommenderIndex,
+        user_rows: np.ndarray,
+        n: int,
+        excludes: list[np.ndarray | None],
+        candidates: np.ndarray | None,
+        eligible: Eligible | None,
+        deadline: float | None,
+    ) -> None:
+        self.index, self.user_rows, self.n, self.excludes = index, user_rows, n, excludes
+        self.candidates, self.eligible, self.deadline = candidates, eligible, deadline
         self.queued_at = 0.0
         self.answers: list[Ranked] | None = None
         self.error: Exception | None = None

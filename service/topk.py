@@ -118,43 +118,13 @@ def top_k(
     return chosen.astype(np.int64), scores[chosen]
 
 
-# fastmath (reassociation) lets the dot product vectorise; it must be on the
-# compiled entry points, since the inlined body takes its caller's flags.
-@njit(cache=True, inline="always")
-def _affine_body(matrix, vector, offset):
-    out = np.empty(matrix.shape[0], dtype=np.float32)
-    for i in range(matrix.shape[0]):
-        acc = np.float32(0.0)
-        for j in range(matrix.shape[1]):
-            acc += matrix[i, j] * vector[j]
-        out[i] = acc + offset
-    return out
-
-
-@njit(cache=True, fastmath=True)
-def _affine_holding_gil(matrix, vector, offset):
-    return _affine_body(matrix, vector, offset)
-
-
-@njit(cache=True, fastmath=True, nogil=True)
-def _affine_releasing_gil(matrix, vector, offset):
-    return _affine_body(matrix, vector, offset)
-
-
-def affine_scores(matrix: np.ndarray, vector: np.ndarray, offset: float = 0.0) -> np.ndarray:
-    """``matrix @ vector + offset`` as a new float32 array (both float32, C-contiguous).
-
-    Numerically a plain dot product per row (summed in any order, like BLAS).
-    """
-    kernel = _affine_holding_gil if matrix.size <= _HOLD_GIL_MAX_WORK else _affine_releasing_gil
-    return kernel(matrix, vector, np.float32(offset))
-
-
 # Items scored per block of the batched product: a block's rows stay in cache while every
 # user of the batch reads them (a batch reads the item matrix once, not once per user).
 _ROWS_PER_BLOCK = 256
 
 
+# fastmath (reassociation) lets the dot product vectorise; it must be on the
+# compiled entry points, since the inlined body takes its caller's flags.
 @njit(cache=True, inline="always")
 def _affine_rows_body(matrix, vectors, offset):
     n_items, n_users = matrix.shape[0], vectors.shape[0]
@@ -179,6 +149,12 @@ def _affine_rows_holding_gil(matrix, vectors, offset):
 @njit(cache=True, fastmath=True, nogil=True)
 def _affine_rows_releasing_gil(matrix, vectors, offset):
     return _affine_rows_body(matrix, vectors, offset)
+
+
+def affine_scores(matrix: np.ndarray, vector: np.ndarray, offset: float = 0.0) -> np.ndarray:
+    """``matrix @ vector + offset`` as a new float32 array (both float32, C-contiguous):
+    :func:`affine_rows` of one vector."""
+    return affine_rows(matrix, vector.reshape(1, -1), offset)[0]
 
 
 def affine_rows(matrix: np.ndarray, vectors: np.ndarray, offset: float = 0.0) -> np.ndarray:
@@ -272,8 +248,6 @@ def warm_up() -> None:
     for matrix, vector in itertools.product(
         _both(np.zeros((2, 2), np.float32)), _both(np.zeros(2, np.float32))
     ):
-        _affine_holding_gil(matrix, vector, np.float32(0))
-        _affine_releasing_gil(matrix, vector, np.float32(0))
         _affine_rows_holding_gil(matrix, vector.reshape(1, -1), np.float32(0))
         _affine_rows_releasing_gil(matrix, vector.reshape(1, -1), np.float32(0))
     for dtype in (np.float32, np.float64):

@@ -197,6 +197,11 @@ class RecommenderIndex(ModelIndex):
         kinds that answer each user with a search of their own (nothing to share)."""
         return 0
 
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        """Whether a user under these rules is ranked from the whole-catalogue scores (which a
+        batch computes once), not by a search of its own or over the few eligible rows."""
+        return self._eligible_candidates(None, eligible) is None
+
     def recommend_batch(
         self,
         user_rows: np.ndarray,
@@ -212,7 +217,7 @@ class RecommenderIndex(ModelIndex):
         answers: list[Ranked] = [None] * len(eligibles)  # type: ignore[list-item]
         dense = []
         for b, eligible in enumerate(eligibles):
-            if self._eligible_candidates(None, eligible) is None:  # not a selective filter
+            if self._shares_pass(eligible):
                 dense.append(b)
             else:
                 answers[b] = self.recommend(

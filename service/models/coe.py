@@ -109,12 +109,8 @@ class COEIndex(RecommenderIndex, MapIndex):
             )
         return [self.recommend(int(u), n, exclude=ex) for u, ex in zip(user_rows, excludes)]
 
-    def recommend_batch(self, user_rows, ns, excludes, eligibles) -> list[Ranked]:
-        # The map search answers each user (as recommend does), not a dense pass.
-        return [
-            self.recommend(int(u), int(n), exclude=ex, eligible=el)
-            for u, n, ex, el in zip(user_rows, ns, excludes, eligibles)
-        ]
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        return False  # the map search answers each user (as recommend does), not a dense pass
 
     # -------------------------------------------------------------- smoke
     def smoke(self) -> None:

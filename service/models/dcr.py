@@ -261,20 +261,10 @@ class DCRIndex(RecommenderIndex):
         # The item index answers each user with a search of its own.
         return 0 if self.ann is not None else int(self._item.size)
 
-    def recommend_batch(
-        self,
-        user_rows: np.ndarray,
-        ns: np.ndarray,
-        excludes: list[np.ndarray | None],
-        eligibles: list[Eligible | None],
-    ) -> list[Ranked]:
-        if self.ann is None:
-            return super().recommend_batch(user_rows, ns, excludes, eligibles)
-        # The item index takes exclusions per search (faiss): one search per user.
-        return [
-            self.recommend(int(u), int(n), exclude=ex, eligible=el)
-            for u, n, ex, el in zip(user_rows, ns, excludes, eligibles)
-        ]
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        # The item index answers each user with a search of its own (faiss takes exclusions per
+        # search).
+        return self.ann is None and super()._shares_pass(eligible)
 
     def _graph_answers(self, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
         """Whether the item index answers: not for candidate lists, and not when the rules leave
