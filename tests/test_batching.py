@@ -26,7 +26,7 @@ from ordrec.service.rules import combine, hidden_mask
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer
 from ordrec.service.store import ModelStore
-from ordrec.tools.process import ServerProcess
+from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from tests.test_rules import FILTERS, dcr_artifact
@@ -142,7 +142,7 @@ def test_recommend_batch_answers_what_each_user_gets_alone(users, data):
 
 # ------------------------------------------------------------- through the servicer
 request_strategy = st.builds(
-    lambda users, n, excluded, filter_text, candidates, distribution: pb.RecommendRequest(
+    lambda users, n, excluded, filter_text, candidates, distribution, seen: pb.RecommendRequest(
         model="dcr",
         user_ids=users,
         n=n,
@@ -150,6 +150,7 @@ request_strategy = st.builds(
         filter=filter_text,
         candidate_item_ids=candidates,
         with_distribution=distribution,
+        exclude_seen=seen,
     ),
     users=st.lists(
         st.sampled_from([f"u{i}" for i in range(N_USERS)] + ["nobody"]), min_size=1, max_size=4, unique=True
@@ -161,6 +162,7 @@ request_strategy = st.builds(
         st.just([]), st.lists(st.sampled_from([f"i{i}" for i in range(N_ITEMS)]), min_size=1, max_size=12)
     ),
     distribution=st.booleans(),
+    seen=st.booleans(),
 )
 
 
@@ -340,3 +342,12 @@ def test_server_sheds_load_with_resource_exhausted_and_drops_expired_calls(tmp_p
     assert shed.get("deadline", 0) > 0, shed
     assert codes.get("OK", 0) > 0
     assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}, codes
+
+
+@pytest.mark.parametrize("flag", ["--batch-max-size", "--batch-max-queue", "--batch-min-work"])
+def test_negative_batching_settings_are_refused_naming_the_flags(tmp_path, flag):
+    result = run_cli(
+        ["ordrec.service", "--registry", str(tmp_path), "--metrics-port", "-1", flag, "-1"], check=False
+    )
+    assert result.returncode == 2
+    assert flag in result.stderr and "at least 0" in result.stderr
