@@ -38,7 +38,6 @@ from ordrec.service.online import NoOnlineEvaluation
 from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.seen import Recorded, SeenStore
 from ordrec.service.store import LoadedModel, ModelStore
-from ordrec.service.wire import RecommendReply, UserAnswer, recommend_reply_bytes
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 
@@ -93,10 +92,9 @@ def _check_request(request, context) -> None:
 
 
 def _fitting(reply, limits: v.Limits):
-    """``reply`` (a message, or its bytes), or ResourceExhausted when it is over the send
-    limit: the status then comes from here (and is counted), not from grpcio failing the send
-    afterwards."""
-    size = len(reply) if isinstance(reply, bytes) else reply.ByteSize()
+    """``reply``, or ResourceExhausted when it is over the send limit: the status then
+    comes from here (and is counted), not from grpcio failing the send afterwards."""
+    size = reply.ByteSize()
     if size > limits.max_message_bytes:
         raise ResourceExhausted(
             f"the reply is {size:,} bytes, over the {limits.max_message_bytes:,}-byte"
@@ -140,29 +138,6 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
     add, externals = container.add, ids.ids
     for row, score in zip(rows.tolist(), scores.tolist()):
         add(id=externals[row], score=score)
-
-
-def _reply_message(reply: RecommendReply) -> pb.RecommendResponse:
-    """The ``RecommendResponse`` message of ``reply`` (``service/wire.py`` writes its bytes)."""
-    message = pb.RecommendResponse(
-        model=reply.model,
-        model_version=reply.model_version,
-        seen_filter_degraded=reply.seen_filter_degraded,
-        rules_stale=reply.rules_stale,
-        levels=reply.levels,
-    )
-    for answer in reply.answers:
-        result = message.results.add(
-            user_id=answer.user_id,
-            model_version=answer.version,
-            fallback=answer.fallback,
-            folded_in=answer.folded_in,
-        )
-        _add_scored(result.items, answer.ids, answer.rows, answer.scores)
-        if answer.distribution is not None:
-            for item, probs in zip(result.items, answer.distribution):
-                item.rating_distribution.extend(probs.tolist())
-    return message
 
 
 class _RecommendCall(NamedTuple):
@@ -230,16 +205,6 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     # ------------------------------------------------------------ Recommend
     @rpc
     def Recommend(self, request: pb.RecommendRequest, context) -> pb.RecommendResponse:
-        """The reply as a message (in-process callers; the server sends :meth:`RecommendWire`)."""
-        return _reply_message(self._recommend(request, context))
-
-    @rpc
-    def RecommendWire(self, request: pb.RecommendRequest, context) -> bytes:
-        """:meth:`Recommend`'s reply as serialised bytes, written without building the message
-        (``service/wire.py``): what the server registers for the RPC."""
-        return recommend_reply_bytes(self._recommend(request, context))
-
-    def _recommend(self, request: pb.RecommendRequest, context) -> RecommendReply:
         lim = self.limits
         live = self._model(request.model, "Recommend")
         user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
@@ -264,23 +229,28 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         recent, ratings, degraded = self.seen.lookup(
             user_ids if call.exclude_seen else [], self._fold_in_candidates(groups, user_ids)
         )
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
-        answers: list = [None] * len(user_ids)
-        for group in groups:
-            found = self._recommend_group(
-                group, call, [user_ids[p] for p in group.positions], recent, ratings, deadline
-            )
-            for position, answer in zip(group.positions, found):
-                answers[position] = answer
-        return RecommendReply(
+        reply = pb.RecommendResponse(
             model=live.name,
             model_version=groups[0].model.version if len(groups) == 1 else live.version,
             seen_filter_degraded=degraded and call.exclude_seen,
             rules_stale=self._rules_stale(),
-            answers=answers,
-            levels=[float(x) for x in live.index.levels] if call.with_distribution else [],
         )
+        results = [reply.results.add(user_id=uid) for uid in user_ids]
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
+        for group in groups:
+            self._recommend_group(
+                group,
+                call,
+                [user_ids[p] for p in group.positions],
+                [results[p] for p in group.positions],
+                recent,
+                ratings,
+                deadline,
+            )
+        if call.with_distribution:
+            reply.levels.extend(float(x) for x in live.index.levels)
+        return reply
 
     def _group(self, model: LoadedModel, call: _RecommendCall, positions: list[int], user_ids: list[str]):
         """The users one version answers, with its view of the request; refuses, before any
@@ -309,11 +279,12 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         group: _VersionGroup,
         call: _RecommendCall,
         user_ids: list[str],
+        results: list,
         recent: dict[str, list[str]],
         ratings: dict[str, dict[str, str]],
         deadline: float | None = None,
-    ) -> list[UserAnswer]:
-        """The group's version's answers, one per user, in order."""
+    ) -> None:
+        """Fill ``results`` (one per user, in order) with the group's version's answers."""
         model, candidates, eligible = group.model, group.candidates, group.eligible
         index, n = model.index, call.n
         user_rows = index.users.rows(user_ids)
@@ -343,33 +314,31 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         )
         m = self.metrics
         self._users_counter(model).inc(len(user_ids))
-        answers = []
-        for i, uid in enumerate(user_ids):
+        for i, (uid, result) in enumerate(zip(user_ids, results)):
+            result.model_version = model.version
             vector = folded.get(uid)
-            fallback = pb.FALLBACK_NONE
             if vector is not None:
                 ranked[i] = index.recommend_for(
                     vector, n, exclude=excludes[i], candidates=candidates, eligible=eligible
                 )
+                result.folded_in = True
                 m.folded_in.labels(model.name, model.version).inc()
             elif ranked[i] is None:
                 ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates, eligible=eligible)
-                fallback = pb.FALLBACK_POPULAR_GLOBAL
+                result.fallback = pb.FALLBACK_POPULAR_GLOBAL
                 m.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
             rows, scores = ranked[i]
-            dist = None
+            _add_scored(result.items, index.items, rows, scores)
             if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
                 dist = (
                     index.distribution(int(user_rows[i]), rows)
                     if vector is None
                     else index.distribution_for(vector, rows)
                 )
-            answers.append(
-                UserAnswer(uid, model.version, index.items, rows, scores, fallback, vector is not None, dist)
-            )
+                for item, probs in zip(result.items, dist):
+                    item.rating_distribution.extend(probs.tolist())
             if self.online.wants_sample():
-                self.online.sample(model.name, model.version, uid, index.items.externals(rows.tolist()))
-        return answers
+                self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
 
     def _users_counter(self, model: LoadedModel):
         """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
@@ -702,11 +671,6 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         return reply
 
 
-def _as_sent(reply: bytes) -> bytes:
-    """The serializer of a reply that is already bytes."""
-    return reply
-
-
 def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
     """Register every RPC of the service descriptor with lenient request decoding."""
     service = pb.DESCRIPTOR.services_by_name["Recommender"]
@@ -717,15 +681,9 @@ def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
             if method.server_streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        behaviour, serializer = (
-            getattr(servicer, method.name),
-            getattr(pb, method.output_type.name).SerializeToString,
-        )
-        if method.name == "Recommend":  # its reply is written as bytes (service/wire.py)
-            behaviour, serializer = servicer.RecommendWire, _as_sent
         handlers[method.name] = factory(
-            behaviour,
+            getattr(servicer, method.name),
             request_deserializer=lenient_deserializer(getattr(pb, method.input_type.name)),
-            response_serializer=serializer,
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
