@@ -236,8 +236,6 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             rules_stale=self._rules_stale(),
         )
         results = [reply.results.add(user_id=uid) for uid in user_ids]
-        remaining = context.time_remaining()
-        deadline = None if remaining is None else time.monotonic() + remaining
         for group in groups:
             self._recommend_group(
                 group,
@@ -246,7 +244,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 [results[p] for p in group.positions],
                 recent,
                 ratings,
-                deadline,
+                context,
             )
         if call.with_distribution:
             reply.levels.extend(float(x) for x in live.index.levels)
@@ -282,7 +280,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         results: list,
         recent: dict[str, list[str]],
         ratings: dict[str, dict[str, str]],
-        deadline: float | None = None,
+        context,
     ) -> None:
         """Fill ``results`` (one per user, in order) with the group's version's answers."""
         model, candidates, eligible = group.model, group.candidates, group.eligible
@@ -295,13 +293,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         ]
         ranked: list
         if (user_rows >= 0).all():  # the usual case: every user known, no gathering
-            ranked = self._score_known(index, user_rows, n, excludes, candidates, eligible, deadline)
+            ranked = self._score_known(index, user_rows, n, excludes, candidates, eligible, context)
         else:
             known = np.flatnonzero(user_rows >= 0)
             ranked = [None] * len(user_ids)
             if known.size:
                 answers = self._score_known(
-                    index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, deadline
+                    index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, context
                 )
                 for row, answer in zip(known.tolist(), answers):
                     ranked[row] = answer
@@ -353,13 +351,22 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             self._counters = counters  # replaced whole, like the store's mapping
         return child
 
-    def _score_known(self, index, rows, n, excludes, candidates, eligible, deadline) -> list:
-        """The index's answers for users it knows: batched with concurrent calls when a batcher
-        is set (``service/batching.py``), else scored on this call's own."""
-        if self.batcher is None:
+    def _score_known(self, index, rows, n, excludes, candidates, eligible, context) -> list:
+        """The index's answers for users it knows: batched with concurrent calls when the
+        version's scoring pass is dear enough (``service/batching.py``), else scored on this
+        call's own thread."""
+        batcher = self.batcher
+        if batcher is None or index.scoring_work() < batcher.min_work:
             return index.recommend_many(rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
-        return self.batcher.recommend(
-            index, rows, n, excludes=excludes, candidates=candidates, eligible=eligible, deadline=deadline
+        remaining = context.time_remaining()
+        return batcher.recommend(
+            index,
+            rows,
+            n,
+            excludes=excludes,
+            candidates=candidates,
+            eligible=eligible,
+            deadline=None if remaining is None else time.monotonic() + remaining,
         )
 
     @staticmethod
