@@ -117,6 +117,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workers", type=int, default=d.workers, help="gRPC worker threads per process")
     p.add_argument(
+        "--batch-max-size",
+        type=int,
+        default=d.batch_max_size,
+        help="users of concurrent Recommend calls scored together at most (0: no batching, each"
+        " call scores on its own and --batch-max-queue does not apply)",
+    )
+    p.add_argument(
+        "--batch-max-queue",
+        type=int,
+        default=d.batch_max_queue,
+        help="Recommend calls that may wait for the scorer; more are refused RESOURCE_EXHAUSTED at once"
+        " (a waiting call holds a worker, so --workers bounds it too)",
+    )
+    p.add_argument(
+        "--batch-min-work",
+        type=int,
+        default=d.batch_min_work,
+        help="batch only versions whose one-user scoring pass costs at least this many"
+        " multiply-adds (items x factor width; 0: every version, approximate indexes included)",
+    )
+    p.add_argument(
         "--processes",
         type=int,
         default=1,
@@ -224,6 +245,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
             " or open streams could hold every worker"
         )
+    if min(args.batch_max_size, args.batch_max_queue, args.batch_min_work) < 0:
+        raise ValueError("--batch-max-size, --batch-max-queue and --batch-min-work must be at least 0")
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
     streams = StreamLimits(
         max_streams=args.max_streams,
@@ -245,6 +268,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             cors_origins=tuple(args.http_cors_origin),
         ),
         workers=args.workers,
+        batch_max_size=args.batch_max_size,
+        batch_max_queue=args.batch_max_queue,
+        batch_min_work=args.batch_min_work,
         poll_interval=args.poll_interval,
         grace=args.grace,
         limits=limits,

@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 # Entries the ordrec:events stream keeps (approximately): about 64 MB of Redis at 10-character ids.
 DEFAULT_EVENTS_MAXLEN = 1_000_000
 _ORIGIN = re.compile(r"^https?://[^/\s]+$")
+# Recommend's dynamic batching (service/batching.py): users scored together at most, and calls
+# that may wait for the scorer before more are refused RESOURCE_EXHAUSTED (docs/serving-cost.md).
+DEFAULT_BATCH_MAX_SIZE = 64
+DEFAULT_BATCH_MAX_QUEUE = 64
+# ... and only versions whose one-user scoring pass costs at least this many multiply-adds
+# (ML-100K's 1,682 x 80 does not; a 10^5 x 200 exact catalogue does).
+DEFAULT_BATCH_MIN_WORK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,9 @@ class ServerConfig:
     # grpcio parks a call's worker while its request arrives, so more threads queue less
     # (docs/service.md, Scaling).
     workers: int = 16
+    batch_max_size: int = DEFAULT_BATCH_MAX_SIZE
+    batch_max_queue: int = DEFAULT_BATCH_MAX_QUEUE
+    batch_min_work: int = DEFAULT_BATCH_MIN_WORK
     poll_interval: float = 5.0  # seconds between registry polls (0: never)
     grace: float = 10.0  # seconds in-flight calls get on SIGTERM
     limits: Limits = field(default_factory=Limits)

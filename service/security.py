@@ -88,7 +88,13 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(_OPEN_PREFIXES):
+        if handler is None:
+            return None
+        return self.checked(handler, handler_call_details)
+
+    def checked(self, handler: grpc.RpcMethodHandler, handler_call_details) -> grpc.RpcMethodHandler:
+        """``handler`` when the call may proceed, else one that refuses it UNAUTHENTICATED."""
+        if handler_call_details.method.startswith(_OPEN_PREFIXES):
             return handler
         authorization = None
         for key, value in handler_call_details.invocation_metadata or ():

@@ -15,10 +15,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ordrec.service import mapped, topk
+from ordrec.service.batching import BatchObserver, RecommendBatcher
 from ordrec.service.config import ServerConfig
 from ordrec.service.gateway import JsonGateway
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
+from ordrec.service.interceptor import ServerInterceptor
 from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
 from ordrec.service.online import NoOnlineEvaluation, OnlineEvaluation
@@ -40,6 +42,16 @@ REDIS_HEALTH = "ordrec.redis"
 # overall status ("") waits for a loaded model, so it suits readiness, not liveness (an
 # empty registry would otherwise restart every replica in a loop).
 LIVENESS_HEALTH = "ordrec.liveness"
+
+
+def batch_observer(metrics: Metrics) -> BatchObserver:
+    """The batcher's reports as Prometheus metrics (children looked up once, not per call)."""
+    shed = {reason: metrics.shed.labels(reason) for reason in ("queue_full", "deadline")}
+    return BatchObserver(
+        batch_users=metrics.batch_users.observe,
+        queue_seconds=metrics.queue_seconds.observe,
+        shed=lambda reason: shed[reason].inc(),
+    )
 
 
 class ListingHealthServicer(health.HealthServicer):
@@ -161,16 +173,17 @@ class Server:
             ("grpc.max_connection_age_grace_ms", int(cfg.max_connection_age_grace * 1000)),
             ("grpc.max_concurrent_streams", cfg.max_streams_per_connection_http2),
         ]
-        # Metrics outermost, so refused (UNAUTHENTICATED) calls are counted too; the stream
-        # guard innermost, so a refused call never takes a stream slot.
-        interceptors = [MetricsInterceptor(self.metrics)]
-        if cfg.tokens:
-            interceptors.append(TokenAuthInterceptor(cfg.tokens))
         self.stream_guard = StreamGuard(
             cfg.streams, on_cancel=lambda reason: self.metrics.streams_ended.labels(reason).inc()
         )
         self.metrics.open_streams.set_function(self.stream_guard.open_streams)
-        interceptors.append(self.stream_guard)
+        interceptors = [
+            ServerInterceptor(
+                MetricsInterceptor(self.metrics),
+                self.stream_guard,
+                TokenAuthInterceptor(cfg.tokens) if cfg.tokens else None,
+            )
+        ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
             interceptors=interceptors,
@@ -178,7 +191,18 @@ class Server:
         )
         add_to_server(
             RecommenderServicer(
-                self.store, self.metrics, cfg.limits, self.seen, self.hidden, self.hidden_mirror, self.online
+                self.store,
+                self.metrics,
+                cfg.limits,
+                self.seen,
+                self.hidden,
+                self.hidden_mirror,
+                self.online,
+                batcher=RecommendBatcher(
+                    cfg.batch_max_size, cfg.batch_max_queue, batch_observer(self.metrics), cfg.batch_min_work
+                )
+                if cfg.batch_max_size
+                else None,
             ),
             server,
         )

@@ -119,6 +119,9 @@ class COEIndex(RecommenderIndex, MapIndex):
             )
         return [self.recommend(int(u), n, exclude=ex) for u, ex in zip(user_rows, excludes)]
 
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        return False  # the map search answers each user (as recommend does), not a dense pass
+
     # -------------------------------------------------------------- smoke
     def smoke(self) -> None:
         RecommenderIndex.smoke(self)
