@@ -226,9 +226,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             model = self.store.for_user(live, uid)
             by_version.setdefault(model.version, (model, []))[1].append(position)
         groups = [self._group(model, call, positions, user_ids) for model, positions in by_version.values()]
-        recent, ratings, degraded = self.seen.lookup(
-            user_ids if call.exclude_seen else [], self._fold_in_candidates(groups, user_ids)
-        )
+        newcomers = self._fold_in_candidates(groups, user_ids)
+        # A newcomer's recorded items are fold-in evidence too (picks), even without exclude_seen.
+        recent, ratings, degraded = self.seen.lookup(user_ids if call.exclude_seen else newcomers, newcomers)
         reply = pb.RecommendResponse(
             model=live.name,
             model_version=groups[0].model.version if len(groups) == 1 else live.version,
@@ -303,13 +303,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 )
                 for row, answer in zip(known.tolist(), answers):
                     ranked[row] = answer
-        folded = (
-            self._fold_in(
-                index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
-            )
-            if ratings
-            else {}
-        )
+        folded = self._fold_in(index, self._fold_in_evidence(index, user_ids, user_rows, ratings, recent))
         m = self.metrics
         self._users_counter(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
@@ -382,14 +376,30 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         ]
 
     @staticmethod
+    def _fold_in_evidence(index, user_ids, user_rows, ratings, recent) -> dict[str, dict[str, str]]:
+        """What each user the version has not seen recorded: item id -> rating text, and where
+        the version folds in picks (top-N models) the items recorded without a rating as ""."""
+        evidence = {}
+        for uid, row in zip(user_ids, user_rows):
+            if row >= 0:
+                continue
+            recorded = dict(ratings.get(uid, {}))
+            if index.folds_in_picks:
+                recorded.update({item: "" for item in recent.get(uid, ()) if item not in recorded})
+            if recorded:
+                evidence[uid] = recorded
+        return evidence
+
+    @staticmethod
     def _fold_in(index, ratings: dict[str, dict[str, str]]) -> dict[str, np.ndarray]:
         """The :meth:`fold_in` vectors of users from their recorded ratings of items the
-        version knows (users with none get the popularity list)."""
+        version knows, and their picks without a rating where it takes them (NaN values;
+        users with neither get the popularity list)."""
         vectors = {}
         for uid, rated in ratings.items():
             rows = index.items.rows(list(rated))
             values = np.array([_rating(text) for text in rated.values()], dtype=np.float64)
-            usable = (rows >= 0) & np.isfinite(values)
+            usable = (rows >= 0) & (np.isfinite(values) | index.folds_in_picks)
             if usable.any():
                 vectors[uid] = index.fold_in(rows[usable], values[usable])
         return vectors
