@@ -1,0 +1,436 @@
+"""DCR fitted data-parallel on a Dask cluster: stratified SGD (DSGD, Gemulla et al., KDD 2011).
+
+Users are split into ``W`` blocks and items into ``W`` blocks (random, balanced by rating
+count). An epoch is ``W`` sub-epochs; in sub-epoch ``s`` the stratum of user block ``w`` is
+item block ``(w + s) mod W``. The ``W`` strata of a sub-epoch share no user and no item, so
+their SGA steps touch disjoint factor rows: running them in parallel gives exactly what the
+sequential algorithm gives when it visits the ratings in that order (the stratum order), and
+DSGD converges under the same step-size conditions as SGD (Gemulla et al., Theorem 1).
+
+Each stratum is trained by the single-process kernel (``pointwise_epoch_by_user``: the same
+``pointwise_step`` with its projection, levels in parallel threads) on the block's own CSR.
+The top-N model's unrated items are drawn inside the stratum from its item block only: user
+``u`` draws ``unrated_share * n_u * m_b / m`` of them there (``m_b`` the block's share of the
+sampling weight), so over an epoch every user gets the single-process fit's count and item
+distribution.
+
+Fault tolerance: every stratum task is pure (copies its inputs, returns new blocks), so Dask
+may rerun it anywhere (``retries``). The driver holds the factors of the last completed epoch;
+when the engine loses data or a worker mid-epoch, the epoch is redone from them (at most
+``max_restarts`` times). The fitted estimator (and so its artifact) exists only once every
+epoch has completed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.models.base import check_finite
+from ordrec.trainer.models.dcr import DCR, user_csr
+from ordrec.trainer.models.dcr_kernels import (
+    join_unrated,
+    pointwise_epoch_by_user,
+    shuffle_segments,
+    stochastic_counts,
+)
+
+LOCAL_PREFIX = "local:"
+# Engine failures that redo an epoch from the driver's factors (a lost worker, lost data,
+# a dropped connection); anything else (a diverged fit, a bug) is raised at once.
+ENGINE_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+
+
+def engine_errors() -> tuple[type[BaseException], ...]:
+    """The exception types that mean the engine lost work, not that the fit failed."""
+    from distributed import KilledWorker
+    from distributed.client import FutureCancelledError
+
+    return (*ENGINE_ERRORS, KilledWorker, FutureCancelledError)
+
+
+# ------------------------------------------------------------------ blocks
+def balanced_blocks(counts: np.ndarray, n_blocks: int, rng: np.random.Generator) -> np.ndarray:
+    """Block of every row: rows in a random order cut into ``n_blocks`` runs of about equal
+    ``counts`` (ratings), so the strata of a sub-epoch take about equal time."""
+    order = rng.permutation(counts.size)
+    cumulative = np.cumsum(counts[order], dtype=np.float64)
+    total = cumulative[-1] if cumulative.size else 0.0
+    block = np.empty(counts.size, dtype=np.int64)
+    if total <= 0:
+        block[order] = np.arange(counts.size) % n_blocks
+        return block
+    block[order] = np.minimum((cumulative - 0.5 * counts[order]) * n_blocks // total, n_blocks - 1)
+    return block
+
+
+def strata(n_blocks: int, sub_epoch: int) -> list[tuple[int, int]]:
+    """The (user block, item block) pairs of ``sub_epoch``: block ``w`` meets ``(w + s) mod W``."""
+    return [(w, (w + sub_epoch) % n_blocks) for w in range(n_blocks)]
+
+
+@dataclass
+class RatingBlock:
+    """The ratings of one stratum as a CSR over the block's own rows (users of user block ``w``,
+    items of item block ``b``, both numbered from 0 in the order of ``users``/``items``)."""
+
+    indptr: np.ndarray
+    items: np.ndarray  # int32, sorted within each user's segment
+    levels: np.ndarray
+    user_total: np.ndarray  # each block user's training ratings over all item blocks
+    item_weight: np.ndarray  # the unrated sampler's weight of each item of the block
+    weight_share: float  # the block's share of the whole catalogue's weight
+
+
+def split_blocks(
+    user: np.ndarray,
+    item: np.ndarray,
+    level: np.ndarray,
+    user_block: np.ndarray,
+    item_block: np.ndarray,
+    item_weight: np.ndarray,
+    n_blocks: int,
+) -> tuple[list[np.ndarray], list[np.ndarray], dict[tuple[int, int], RatingBlock]]:
+    """The rows of every user and item block, and the ``W x W`` rating blocks."""
+    users = [np.flatnonzero(user_block == w) for w in range(n_blocks)]
+    items = [np.flatnonzero(item_block == b) for b in range(n_blocks)]
+    local_user = np.empty(user_block.size, dtype=np.int64)
+    local_item = np.empty(item_block.size, dtype=np.int64)
+    for rows, in_block in ((users, local_user), (items, local_item)):
+        for block in rows:
+            in_block[block] = np.arange(block.size)
+    user_total = np.bincount(user, minlength=user_block.size)
+    total_weight = float(item_weight.sum())
+    key = user_block[user] * n_blocks + item_block[item]
+    order = np.argsort(key, kind="stable")
+    bounds = np.searchsorted(key[order], np.arange(n_blocks * n_blocks + 1))
+    blocks = {}
+    for w in range(n_blocks):
+        for b in range(n_blocks):
+            part = order[bounds[w * n_blocks + b] : bounds[w * n_blocks + b + 1]]
+            indptr, seg_items, seg_levels = user_csr(
+                users[w].size, local_user[user[part]], local_item[item[part]].astype(np.int32), level[part]
+            )
+            weight = item_weight[items[b]]
+            blocks[w, b] = RatingBlock(
+                indptr,
+                seg_items,
+                seg_levels,
+                user_total[users[w]],
+                weight,
+                float(weight.sum()) / total_weight if total_weight > 0 else 0.0,
+            )
+    return users, items, blocks
+
+
+# ------------------------------------------------------------------ the stratum task
+@njit(cache=True)
+def stratum_with_unrated(indptr, items, levels, want, cdf, seed):
+    """The block's ratings joined by ``want[u]`` (rounded stochastically) unrated items of the
+    block per user, drawn from ``cdf`` (the block's items only)."""
+    np.random.seed(seed)
+    return join_unrated(indptr, items, levels, stochastic_counts(want), cdf)
+
+
+@dataclass(frozen=True)
+class StepParams:
+    """What every stratum of an epoch shares: the SGA step and the top-N sampler."""
+
+    lr: float
+    reg: float
+    floor: float
+    u_fixed: int
+    u_radius: float
+    sphere: bool
+    train_levels: np.ndarray
+    unrated_share: float
+
+
+def train_stratum(
+    U: np.ndarray, V: np.ndarray, block: RatingBlock, step: StepParams, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """One stratum's SGA pass (``pointwise_epoch_by_user`` on the block's CSR), on copies of
+    the block's factors: returns ``(U, V, loglik per level, norms per level, examples)``.
+
+    Pure, so the engine may run it again anywhere after a lost worker.
+    """
+    U, V = U.copy(), V.copy()
+    if step.unrated_share > 0 and block.weight_share > 0:
+        want = step.unrated_share * block.weight_share * block.user_total.astype(np.float64)
+        indptr, items, levels = stratum_with_unrated(
+            block.indptr, block.items, block.levels, want, np.cumsum(block.item_weight), seed
+        )
+    else:
+        indptr, items, levels = block.indptr, block.items.astype(np.int64), block.levels.copy()
+    rng = np.random.default_rng(seed)
+    shuffle_segments(indptr, items, levels, int(rng.integers(2**31 - 1)))
+    active = np.flatnonzero(np.diff(indptr) > 0)
+    loglik, norms = pointwise_epoch_by_user(
+        U,
+        V,
+        indptr,
+        items,
+        levels,
+        rng.permutation(active),
+        step.lr,
+        step.reg,
+        step.floor,
+        step.u_fixed,
+        step.u_radius,
+        step.sphere,
+        step.train_levels,
+    )
+    return U, V, loglik, norms, int(items.size)
+
+
+# ------------------------------------------------------------------ the fit
+class DistributedFit:
+    """Fits a :class:`DCR` by DSGD on a Dask ``client`` (or :class:`InProcess`); ``fit(data)``
+    returns the estimator,
+    fitted as ``DCR.fit`` fits it (same attributes, so the same artifact).
+
+    ``blocks`` (default: the cluster's worker threads) is ``W``. The initial factors, levels
+    and training CSR are the single-process fit's (a fit of 0 epochs); the epochs then run as
+    strata on the cluster. Fixed epochs (``max_iter``) and the ``tol`` rule are supported;
+    validation stopping, per-level epochs, the "random" visiting order and the pairwise
+    refinement are not (a ValueError names the option).
+
+    ``on_sub_epoch(epoch, sub_epoch)`` is called on the driver before each sub-epoch is
+    submitted (progress, or a test that kills a worker mid-fit). ``restarts_`` counts the
+    epochs redone after an engine failure and ``epoch_seconds_`` times each epoch.
+    """
+
+    def __init__(
+        self,
+        estimator: DCR,
+        client,
+        *,
+        blocks: int | None = None,
+        retries: int = 2,
+        max_restarts: int = 3,
+        on_sub_epoch: Callable[[int, int], None] | None = None,
+    ):
+        self.estimator = estimator
+        self.client = client
+        self.blocks = blocks
+        self.retries = retries
+        self.max_restarts = max_restarts
+        self.on_sub_epoch = on_sub_epoch
+
+    def _check(self, model: DCR) -> None:
+        unsupported = {
+            "pairwise": model.pairwise,
+            "early_stopping": model.early_stopping,
+        }
+        for name, value in unsupported.items():
+            if value:
+                raise ValueError(f"the distributed DCR fit does not support {name}=True (fit it in one process)")
+        if self.blocks is not None and (isinstance(self.blocks, bool) or int(self.blocks) < 1):
+            raise ValueError(f"blocks must be a positive number of blocks, got {self.blocks!r}")
+
+    def n_blocks(self) -> int:
+        """``W``: as given, else the cluster's worker threads (at least 1)."""
+        if self.blocks is not None:
+            return int(self.blocks)
+        threads = sum(self.client.nthreads().values())
+        return max(1, int(threads))
+
+    def fit(self, data: Ratings) -> DCR:
+        model = self.estimator
+        self._check(model)
+        epochs = int(model.max_iter)
+        # The single-process fit's set-up: levels, training CSR, popularity, initial factors.
+        model.set_params(max_iter=0)
+        try:
+            model.fit(data)
+        finally:
+            model.set_params(max_iter=epochs)
+        if model.research_.order != "user":
+            raise ValueError('the distributed DCR fit visits ratings by user: research order must be "user"')
+        W = self.n_blocks()
+        rng = np.random.default_rng([int(model.random_state), 4])
+        # The fit's training CSR: levels as it numbers them ("not rated" is level 0, top-N).
+        indptr = model.seen_indptr_
+        user = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
+        item, level = model.seen_indices_.astype(np.int64), model.seen_levels_
+        weight = model.item_counts_.astype(np.float64) ** float(model.unrated_power)
+        user_block = balanced_blocks(np.diff(model.seen_indptr_), W, rng)
+        item_block = balanced_blocks(model.item_counts_, W, rng)
+        users, items, blocks = split_blocks(user, item, level, user_block, item_block, weight, W)
+        U, V = model.U_, model.V_
+        L = U.shape[1]
+        model.loglik_ = np.full(L, np.nan)
+        model.loglik_history_ = []
+        self.restarts_ = 0
+        self.epoch_seconds_: list[float] = []
+        scattered = self._scatter(blocks)
+        for epoch in range(epochs):
+            t0 = time.perf_counter()
+            step = self._step(model, epoch)
+            seeds = rng.integers(2**31 - 1, size=(W, W))
+            while True:
+                try:
+                    loglik, norms, examples = self._epoch(U, V, users, items, scattered, step, seeds, epoch, W)
+                    break
+                except engine_errors():
+                    if self.restarts_ >= self.max_restarts:
+                        raise
+                    # Redo the epoch from the factors of the last completed one, with the
+                    # rating blocks placed anew (a lost worker takes its copies with it).
+                    self.restarts_ += 1
+                    scattered = self._scatter(blocks)
+            check_finite(epoch, loglik=loglik, factor_norms=norms)
+            model.loglik_ = loglik
+            model.loglik_history_.append(float(loglik.sum()) / max(examples, 1))
+            self.epoch_seconds_.append(time.perf_counter() - t0)
+            if model._converged():
+                break
+        model.epochs_run_ = len(model.loglik_history_)
+        active = np.flatnonzero(np.diff(model.seen_indptr_) > 0)
+        check_finite(model.epochs_run_ - 1, user_factors=U[active], item_factors=V)
+        if model.init != "marginal":
+            V[model.item_counts_ == 0] = 0.0  # items without ratings keep no evidence, as in DCR.fit
+        return model
+
+    @staticmethod
+    def _step(model: DCR, epoch: int) -> StepParams:
+        bias = float(model.research_.item_bias)
+        L = model.U_.shape[1]
+        return StepParams(
+            lr=float(model.learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch),
+            reg=float(model.reg),
+            floor=float(model.research_.prob_floor),
+            u_fixed=1 if bias else 0,
+            u_radius=float(np.sqrt(1.0 - bias * bias)),
+            sphere=model.research_.projection == "sphere",
+            train_levels=np.arange(L, dtype=np.int64),
+            unrated_share=float(model.unrated_share),
+        )
+
+    def _scatter(self, blocks: dict[tuple[int, int], RatingBlock]) -> dict:
+        keys = list(blocks)
+        futures = self.client.scatter([blocks[k] for k in keys], hash=False)
+        return dict(zip(keys, futures))
+
+    def _epoch(self, U, V, users, items, scattered, step, seeds, epoch, W):
+        """Run the ``W`` sub-epochs of one epoch. The factor blocks stay futures between the
+        sub-epochs, held where they were computed: a user block stays with its chain and an
+        item block moves to the stratum that reads it next (DSGD's rotation). ``U`` and ``V``
+        are written only once the whole epoch has completed."""
+        u_blocks = self.client.scatter([U[rows] for rows in users], hash=False)
+        v_blocks = self.client.scatter([V[rows] for rows in items], hash=False)
+        loglik = np.zeros(U.shape[1])
+        norms = np.zeros(U.shape[1])
+        examples = 0
+        for s in range(W):
+            if self.on_sub_epoch is not None:
+                self.on_sub_epoch(epoch, s)
+            results = []
+            for w, b in strata(W, s):
+                out = self.client.submit(
+                    train_stratum,
+                    u_blocks[w],
+                    v_blocks[b],
+                    scattered[w, b],
+                    step,
+                    int(seeds[w, b]),
+                    retries=self.retries,
+                    pure=False,
+                )
+                u_blocks[w] = self.client.submit(_pick, out, 0, pure=False)
+                v_blocks[b] = self.client.submit(_pick, out, 1, pure=False)
+                results.append(self.client.submit(_stats, out, pure=False))
+            # One sub-epoch at a time: the next one's strata read this one's item blocks.
+            for ll, nr, n in self.client.gather(results):
+                loglik += ll
+                norms += nr
+                examples += n
+        for rows, block in zip(users, self.client.gather(u_blocks)):
+            U[rows] = block
+        for rows, block in zip(items, self.client.gather(v_blocks)):
+            V[rows] = block
+        return loglik, norms, examples
+
+
+def _pick(result: tuple, index: int):
+    """One element of a stratum's result (so the factor blocks move on their own)."""
+    return result[index]
+
+
+def _stats(result: tuple) -> tuple[np.ndarray, np.ndarray, int]:
+    """A stratum's log-likelihood, norms and example count (small, gathered every sub-epoch)."""
+    return result[2], result[3], result[4]
+
+
+class InProcess:
+    """The engine interface ``DistributedFit`` uses (scatter, submit, gather, nthreads), run in
+    this process one stratum after the other: the sequential algorithm on DSGD's visiting
+    order, which the cluster's result must equal."""
+
+    def scatter(self, values: list, hash: bool = False) -> list:
+        return list(values)
+
+    def submit(self, function: Callable, *args, retries: int = 0, pure: bool = False):
+        return function(*args)
+
+    def gather(self, values: list) -> list:
+        return list(values)
+
+    def nthreads(self) -> dict[str, int]:
+        return {"in-process": 1}
+
+
+# ------------------------------------------------------------------ clusters
+def local_cluster_size(address: str) -> int | None:
+    """``N`` of ``local:N`` (a LocalCluster of N single-threaded worker processes), else None."""
+    if not address.startswith(LOCAL_PREFIX):
+        return None
+    text = address[len(LOCAL_PREFIX) :]
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"cluster {address!r}: local:N needs a positive worker count N, e.g. local:2")
+    return int(text)
+
+
+@contextlib.contextmanager
+def cluster_client(address: str) -> Iterator:
+    """A Dask client of the scheduler at ``address`` (``tcp://host:8786``), or of a local
+    cluster of ``N`` single-threaded worker processes (``local:N``, started and stopped here).
+    Each local worker runs numba on one thread: one CPU per worker."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:
+        raise ValueError("the distributed fit needs Dask: pip install 'ordrec[distributed]'") from exc
+    n = local_cluster_size(address)
+    if n is None:
+        try:
+            client = Client(address, timeout="30s")
+        except (OSError, TimeoutError) as exc:
+            raise ValueError(f"cluster {address!r} is unreachable: {type(exc).__name__}: {exc}") from exc
+        with client:
+            yield client
+        return
+    env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    with (
+        LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, env=env
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+def fit_on_cluster(estimator, data: Ratings, address: str) -> DCR:
+    """``estimator.fit(data)`` by DSGD on the cluster at ``address`` (``cluster_client``), as
+    ``ordrec-train train dcr --cluster`` and a job's ``cluster`` key do: only DCR fits there,
+    and an unreachable scheduler is a ValueError naming the address."""
+    if not isinstance(estimator, DCR):
+        raise ValueError(f"--cluster / cluster fits DCR only, not {type(estimator).__name__}")
+    local_cluster_size(address)  # names a malformed local:N before anything starts
+    with cluster_client(address) as client:
+        return DistributedFit(estimator, client).fit(data)
