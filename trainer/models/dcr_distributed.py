@@ -201,8 +201,8 @@ class DistributedFit:
     validation stopping, per-level epochs, the "random" visiting order and the pairwise
     refinement are not (a ValueError names the option).
 
-    ``on_sub_epoch(epoch, sub_epoch)`` is called on the driver before each sub-epoch is
-    submitted (progress, or a test that kills a worker mid-fit). ``restarts_`` counts the
+    ``on_sub_epoch(epoch, sub_epoch)`` is called on the driver before each sub-epoch's strata
+    are submitted (a test kills a worker from it, mid-fit). ``restarts_`` counts the
     epochs redone after an engine failure and ``epoch_seconds_`` times each epoch.
     """
 
@@ -319,19 +319,18 @@ class DistributedFit:
         return dict(zip(keys, futures))
 
     def _epoch(self, U, V, users, items, scattered, step, seeds, epoch, W):
-        """Run the ``W`` sub-epochs of one epoch. The factor blocks stay futures between the
-        sub-epochs, held where they were computed: a user block stays with its chain and an
-        item block moves to the stratum that reads it next (DSGD's rotation). ``U`` and ``V``
-        are written only once the whole epoch has completed."""
-        u_blocks = self.client.scatter([U[rows] for rows in users], hash=False)
-        v_blocks = self.client.scatter([V[rows] for rows in items], hash=False)
-        loglik = np.zeros(U.shape[1])
-        norms = np.zeros(U.shape[1])
-        examples = 0
+        """Submit the ``W`` sub-epochs of one epoch and gather its result. The factor blocks
+        stay futures between the sub-epochs, held where they were computed: a user block stays
+        with its chain and an item block moves to the stratum that reads it next (DSGD's
+        rotation). Sub-epoch ``s + 1``'s strata depend on the blocks of sub-epoch ``s``, so the
+        engine needs no barrier in between. ``U`` and ``V`` are written only once the whole
+        epoch has completed."""
+        factors = self.client.scatter([U[rows] for rows in users] + [V[rows] for rows in items], hash=False)
+        u_blocks, v_blocks = factors[:W], factors[W:]
+        stats = []
         for s in range(W):
             if self.on_sub_epoch is not None:
                 self.on_sub_epoch(epoch, s)
-            results = []
             for w, b in strata(W, s):
                 out = self.client.submit(
                     train_stratum,
@@ -345,15 +344,18 @@ class DistributedFit:
                 )
                 u_blocks[w] = self.client.submit(_pick, out, 0, pure=False)
                 v_blocks[b] = self.client.submit(_pick, out, 1, pure=False)
-                results.append(self.client.submit(_stats, out, pure=False))
-            # One sub-epoch at a time: the next one's strata read this one's item blocks.
-            for ll, nr, n in self.client.gather(results):
-                loglik += ll
-                norms += nr
-                examples += n
-        for rows, block in zip(users, self.client.gather(u_blocks)):
+                stats.append(self.client.submit(_stats, out, pure=False))
+        done = self.client.gather([*stats, *u_blocks, *v_blocks])
+        loglik = np.zeros(U.shape[1])
+        norms = np.zeros(U.shape[1])
+        examples = 0
+        for ll, nr, n in done[: len(stats)]:
+            loglik += ll
+            norms += nr
+            examples += n
+        for rows, block in zip(users, done[len(stats) : len(stats) + W]):
             U[rows] = block
-        for rows, block in zip(items, self.client.gather(v_blocks)):
+        for rows, block in zip(items, done[len(stats) + W :]):
             V[rows] = block
         return loglik, norms, examples
 
