@@ -184,3 +184,73 @@ def test_a_worker_killed_mid_fit_does_not_lose_the_fit(client):
     single = DCR(**PARAMS).fit(train)
     (n1, r1), (n2, r2) = held_out(single, test), held_out(model, test)
     assert abs(n1 - n2) <= TOLERANCE and abs(r1 - r2) <= TOLERANCE, (n1, n2, r1, r2, fit.restarts_)
+
+
+# ------------------------------------------------------------------ the CLI and the cron job
+def test_the_cli_refuses_a_bad_cluster_or_a_kind_it_cannot_fit(tmp_path, capsys):
+    from ordrec.trainer.cli import EXIT_USAGE, main
+    from ordrec.trainer.sample import write_samples
+
+    write_samples(tmp_path)
+    common = ["--data", str(tmp_path / "ratings.data"), "--registry", str(tmp_path / "reg")]
+    assert main(["train", "dcr", *common, "--cluster", "local:0"]) == EXIT_USAGE
+    assert "local:N needs a positive worker count" in capsys.readouterr().err
+    assert main(["train", "rtf", *common, "--cluster", "local:1"]) == EXIT_USAGE
+    assert "is for dcr models, not rtf" in capsys.readouterr().err
+    assert not (tmp_path / "reg").exists() or not any((tmp_path / "reg").iterdir())
+
+
+@pytest.mark.parametrize(
+    "kind, cluster, words",
+    [("rtf", "local:2", "is for dcr models, not rtf"), ("dcr", "local:zero", "local:N needs a positive")],
+)
+def test_a_job_cluster_key_is_checked_when_the_file_is_read(tmp_path, kind, cluster, words):
+    from ordrec.trainer.job import JobError, load_job
+
+    text = f"""
+[job]
+name = "nightly"
+registry = "reg"
+[data.r]
+path = "ratings.data"
+[[models]]
+name = "m"
+kind = "{kind}"
+data = "r"
+cluster = "{cluster}"
+"""
+    (tmp_path / "job.toml").write_text(text)
+    with pytest.raises(JobError, match=r"models\[1\] \('m'\)\.cluster") as err:
+        load_job(tmp_path / "job.toml")
+    assert words in str(err.value)
+    (tmp_path / "job.toml").write_text(text.replace(kind, "dcr").replace(cluster, "tcp://sched:8786"))
+    assert load_job(tmp_path / "job.toml").models[0].cluster == "tcp://sched:8786"
+
+
+@pytest.mark.slow  # starts its own cluster (about 20 s here)
+def test_the_cron_job_fits_on_the_cluster_and_publishes(tmp_path):
+    from ordrec.service.artifacts import Registry
+    from ordrec.trainer.job import EXIT_PUBLISHED, run_job
+    from ordrec.trainer.sample import write_samples
+
+    write_samples(tmp_path)
+    (tmp_path / "job.toml").write_text(f"""
+[job]
+name = "nightly"
+registry = "{tmp_path / "reg"}"
+[data.r]
+path = "{tmp_path / "ratings.data"}"
+format = "ml-100k"
+[[models]]
+name = "dcr"
+kind = "dcr"
+data = "r"
+refit = false
+cluster = "local:2"
+params = {{ n_components = 8, max_iter = 8 }}
+[models.gate]
+popularity_floor = false
+""")
+    assert run_job(tmp_path / "job.toml") == EXIT_PUBLISHED
+    version = Registry(tmp_path / "reg").load("dcr")
+    assert version.metrics["epochs_run"] == 8 and version.metrics["holdout_ndcg_at_10"] > 0.5

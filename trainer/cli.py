@@ -89,6 +89,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
+    if args.cluster:
+        from ordrec.trainer.models.dcr_distributed import check_cluster
+
+        check_cluster(args.kind, args.cluster)  # before the data is read
     data = read_input(
         estimator_cls.input_shape,
         args.data,

@@ -499,12 +499,10 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
 
 def _check_cluster(c: _Checker, where: str, kind: str, address: str) -> None:
     """A ``cluster`` key: DCR only, and a well-formed ``local:N``."""
-    from ordrec.trainer.models.dcr_distributed import local_cluster_size
+    from ordrec.trainer.models.dcr_distributed import check_cluster
 
-    if kind != "dcr":
-        raise c.fail(where, f"the distributed fit is for dcr models, not {kind}")
     try:
-        local_cluster_size(address)
+        check_cluster(kind, address)
     except ValueError as exc:
         raise c.fail(where, str(exc)) from None
 

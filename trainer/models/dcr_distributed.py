@@ -427,12 +427,18 @@ def cluster_client(address: str) -> Iterator:
         yield client
 
 
+def check_cluster(kind: str, address: str) -> None:
+    """A ValueError unless models of ``kind`` can fit on ``address``: DCR only, and a
+    well-formed ``local:N`` (checked before any data is read)."""
+    if kind != DCR.kind:
+        raise ValueError(f"the distributed fit is for dcr models, not {kind}")
+    local_cluster_size(address)
+
+
 def fit_on_cluster(estimator, data: Ratings, address: str) -> DCR:
     """``estimator.fit(data)`` by DSGD on the cluster at ``address`` (``cluster_client``), as
-    ``ordrec-train train dcr --cluster`` and a job's ``cluster`` key do: only DCR fits there,
-    and an unreachable scheduler is a ValueError naming the address."""
-    if not isinstance(estimator, DCR):
-        raise ValueError(f"--cluster / cluster fits DCR only, not {type(estimator).__name__}")
-    local_cluster_size(address)  # names a malformed local:N before anything starts
+    ``ordrec-train train dcr --cluster`` and a job's ``cluster`` key do; an unreachable
+    scheduler is a ValueError naming the address."""
+    check_cluster(getattr(estimator, "kind", type(estimator).__name__), address)
     with cluster_client(address) as client:
         return DistributedFit(estimator, client).fit(data)
