@@ -230,7 +230,9 @@ class DistributedFit:
         }
         for name, value in unsupported.items():
             if value:
-                raise ValueError(f"the distributed DCR fit does not support {name}=True (fit it in one process)")
+                raise ValueError(
+                    f"the distributed DCR fit does not support {name}=True (fit it in one process)"
+                )
         if self.blocks is not None and (isinstance(self.blocks, bool) or int(self.blocks) < 1):
             raise ValueError(f"blocks must be a positive number of blocks, got {self.blocks!r}")
 
@@ -276,7 +278,9 @@ class DistributedFit:
             seeds = rng.integers(2**31 - 1, size=(W, W))
             while True:
                 try:
-                    loglik, norms, examples = self._epoch(U, V, users, items, scattered, step, seeds, epoch, W)
+                    loglik, norms, examples = self._epoch(
+                        U, V, users, items, scattered, step, seeds, epoch, W
+                    )
                     break
                 except engine_errors():
                     if self.restarts_ >= self.max_restarts:
