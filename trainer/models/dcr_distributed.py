@@ -15,10 +15,10 @@ sampling weight), so over an epoch every user gets the single-process fit's coun
 distribution.
 
 Fault tolerance: every stratum task is pure (copies its inputs, returns new blocks), so Dask
-may rerun it anywhere (``retries``). The driver holds the factors of the last completed epoch;
-when the engine loses data or a worker mid-epoch, the epoch is redone from them (at most
-``max_restarts`` times). The fitted estimator (and so its artifact) exists only once every
-epoch has completed.
+may rerun it anywhere (``retries``). The driver holds the factors of the last checkpoint
+(every epoch by default); when the engine loses data or a worker, the epochs since are redone
+from them (at most ``max_restarts`` times), with the same seeds, so to the same result. The
+fitted estimator (and so its artifact) exists only once every epoch has completed.
 """
 
 from __future__ import annotations
@@ -201,6 +201,11 @@ class DistributedFit:
     validation stopping, per-level epochs, the "random" visiting order and the pairwise
     refinement are not (a ValueError names the option).
 
+    The factors stay on the cluster between epochs; every ``checkpoint_every`` epochs (and
+    after the last) the driver gathers them, and an engine failure redoes the epochs since
+    that checkpoint (``max_restarts`` times at most). Every epoch's seeds depend only on
+    ``random_state`` and the epoch, so a redone fit equals an undisturbed one.
+
     ``on_sub_epoch(epoch, sub_epoch)`` is called on the driver before each sub-epoch's strata
     are submitted (a test kills a worker from it, mid-fit). ``restarts_`` counts the
     epochs redone after an engine failure and ``epoch_seconds_`` times each epoch.
@@ -214,6 +219,7 @@ class DistributedFit:
         blocks: int | None = None,
         retries: int = 2,
         max_restarts: int = 3,
+        checkpoint_every: int = 1,
         on_sub_epoch: Callable[[int, int], None] | None = None,
     ):
         self.estimator = estimator
@@ -221,6 +227,7 @@ class DistributedFit:
         self.blocks = blocks
         self.retries = retries
         self.max_restarts = max_restarts
+        self.checkpoint_every = checkpoint_every
         self.on_sub_epoch = on_sub_epoch
 
     def _check(self, model: DCR) -> None:
@@ -266,34 +273,40 @@ class DistributedFit:
         item_block = balanced_blocks(model.item_counts_, W, rng)
         users, items, blocks = split_blocks(user, item, level, user_block, item_block, weight, W)
         U, V = model.U_, model.V_
-        L = U.shape[1]
-        model.loglik_ = np.full(L, np.nan)
+        model.loglik_ = np.full(U.shape[1], np.nan)
         model.loglik_history_ = []
         self.restarts_ = 0
         self.epoch_seconds_: list[float] = []
         scattered = self._scatter(blocks)
-        for epoch in range(epochs):
+        factors = self._place(U, V, users, items)
+        checkpoint = epoch = 0  # U and V hold the factors after `checkpoint` epochs
+        while epoch < epochs:
             t0 = time.perf_counter()
-            step = self._step(model, epoch)
-            seeds = rng.integers(2**31 - 1, size=(W, W))
-            while True:
-                try:
-                    loglik, norms, examples = self._epoch(
-                        U, V, users, items, scattered, step, seeds, epoch, W
-                    )
-                    break
-                except engine_errors():
-                    if self.restarts_ >= self.max_restarts:
-                        raise
-                    # Redo the epoch from the factors of the last completed one, with the
-                    # rating blocks placed anew (a lost worker takes its copies with it).
-                    self.restarts_ += 1
-                    scattered = self._scatter(blocks)
-            check_finite(epoch, loglik=loglik, factor_norms=norms)
-            model.loglik_ = loglik
-            model.loglik_history_.append(float(loglik.sum()) / max(examples, 1))
+            try:
+                factors, stats = self._submit_epoch(factors, scattered, self._step(model, epoch), epoch, W)
+                loglik, norms, examples = _summed(self.client.gather(stats))
+                check_finite(epoch, loglik=loglik, factor_norms=norms)
+                epoch += 1
+                model.loglik_ = loglik
+                model.loglik_history_.append(float(loglik.sum()) / max(examples, 1))
+                last = epoch == epochs or model._converged()
+                if last or epoch - checkpoint >= int(self.checkpoint_every):
+                    self._collect(U, V, users, items, factors)
+                    checkpoint = epoch
+            except engine_errors():
+                if self.restarts_ >= self.max_restarts:
+                    raise
+                # Redo from the factors of the last checkpoint, with the rating blocks placed
+                # anew (a lost worker takes its copies with it). Every epoch's seeds depend on
+                # the epoch alone, so the redone epochs equal the lost ones.
+                self.restarts_ += 1
+                epoch = checkpoint
+                del model.loglik_history_[checkpoint:], self.epoch_seconds_[checkpoint:]
+                scattered = self._scatter(blocks)
+                factors = self._place(U, V, users, items)
+                continue
             self.epoch_seconds_.append(time.perf_counter() - t0)
-            if model._converged():
+            if last:
                 break
         model.epochs_run_ = len(model.loglik_history_)
         active = np.flatnonzero(np.diff(model.seen_indptr_) > 0)
@@ -322,15 +335,31 @@ class DistributedFit:
         futures = self.client.scatter([blocks[k] for k in keys], hash=False)
         return dict(zip(keys, futures))
 
-    def _epoch(self, U, V, users, items, scattered, step, seeds, epoch, W):
-        """Submit the ``W`` sub-epochs of one epoch and gather its result. The factor blocks
-        stay futures between the sub-epochs, held where they were computed: a user block stays
-        with its chain and an item block moves to the stratum that reads it next (DSGD's
-        rotation). Sub-epoch ``s + 1``'s strata depend on the blocks of sub-epoch ``s``, so the
-        engine needs no barrier in between. ``U`` and ``V`` are written only once the whole
-        epoch has completed."""
-        factors = self.client.scatter([U[rows] for rows in users] + [V[rows] for rows in items], hash=False)
-        u_blocks, v_blocks = factors[:W], factors[W:]
+    def _place(self, U, V, users, items) -> tuple[list, list]:
+        """The user and item blocks of the factors, sent to the cluster."""
+        W = len(users)
+        placed = self.client.scatter([U[rows] for rows in users] + [V[rows] for rows in items], hash=False)
+        return placed[:W], placed[W:]
+
+    def _collect(self, U, V, users, items, factors: tuple[list, list]) -> None:
+        """Write the cluster's factor blocks into the driver's ``U`` and ``V`` (a checkpoint)."""
+        u_blocks, v_blocks = factors
+        done = self.client.gather([*u_blocks, *v_blocks])
+        for rows, block in zip(users, done[: len(users)]):
+            U[rows] = block
+        for rows, block in zip(items, done[len(users) :]):
+            V[rows] = block
+
+    def _submit_epoch(self, factors: tuple[list, list], scattered, step: StepParams, epoch: int, W: int):
+        """Submit the ``W`` sub-epochs of one epoch: the new factor blocks (futures) and each
+        stratum's statistics. The blocks stay on the cluster, held where they were computed: a
+        user block stays with its chain and an item block moves to the stratum that reads it
+        next (DSGD's rotation). Sub-epoch ``s + 1``'s strata depend on sub-epoch ``s``'s
+        blocks, so the engine needs no barrier in between."""
+        u_blocks, v_blocks = list(factors[0]), list(factors[1])
+        seeds = np.random.default_rng([int(self.estimator.random_state), 4, epoch]).integers(
+            2**31 - 1, size=(W, W)
+        )
         stats = []
         for s in range(W):
             if self.on_sub_epoch is not None:
@@ -349,19 +378,14 @@ class DistributedFit:
                 u_blocks[w] = self.client.submit(_pick, out, 0, pure=False)
                 v_blocks[b] = self.client.submit(_pick, out, 1, pure=False)
                 stats.append(self.client.submit(_stats, out, pure=False))
-        done = self.client.gather([*stats, *u_blocks, *v_blocks])
-        loglik = np.zeros(U.shape[1])
-        norms = np.zeros(U.shape[1])
-        examples = 0
-        for ll, nr, n in done[: len(stats)]:
-            loglik += ll
-            norms += nr
-            examples += n
-        for rows, block in zip(users, done[len(stats) : len(stats) + W]):
-            U[rows] = block
-        for rows, block in zip(items, done[len(stats) + W :]):
-            V[rows] = block
-        return loglik, norms, examples
+        return (u_blocks, v_blocks), stats
+
+
+def _summed(stats: list) -> tuple[np.ndarray, np.ndarray, int]:
+    """The strata's log-likelihoods and norms per level, and their examples, summed."""
+    loglik = np.sum([ll for ll, _, _ in stats], axis=0)
+    norms = np.sum([nr for _, nr, _ in stats], axis=0)
+    return loglik, norms, int(sum(n for _, _, n in stats))
 
 
 def _pick(result: tuple, index: int):
@@ -424,7 +448,7 @@ def cluster_client(address: str) -> Iterator:
     env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     with (
         LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None, env=env
+            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0", env=env
         ) as cluster,
         Client(cluster) as client,
     ):
