@@ -206,24 +206,16 @@ def test_the_cli_refuses_a_bad_cluster_or_a_kind_it_cannot_fit(tmp_path, capsys)
 )
 def test_a_job_cluster_key_is_checked_when_the_file_is_read(tmp_path, kind, cluster, words):
     from ordrec.trainer.job import JobError, load_job
+    from tests.test_job import VALID
 
-    text = f"""
-[job]
-name = "nightly"
-registry = "reg"
-[data.r]
-path = "ratings.data"
-[[models]]
-name = "m"
-kind = "{kind}"
-data = "r"
-cluster = "{cluster}"
-"""
+    text = VALID.replace('kind = "dcr"', f'kind = "{kind}"\ncluster = "{cluster}"')
     (tmp_path / "job.toml").write_text(text)
-    with pytest.raises(JobError, match=r"models\[1\] \('m'\)\.cluster") as err:
+    with pytest.raises(JobError, match=r"models\[1\] \('dcr'\)\.cluster") as err:
         load_job(tmp_path / "job.toml")
     assert words in str(err.value)
-    (tmp_path / "job.toml").write_text(text.replace(kind, "dcr").replace(cluster, "tcp://sched:8786"))
+    (tmp_path / "job.toml").write_text(
+        text.replace(f'"{kind}"', '"dcr"').replace(cluster, "tcp://sched:8786")
+    )
     assert load_job(tmp_path / "job.toml").models[0].cluster == "tcp://sched:8786"
 
 

@@ -445,6 +445,8 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         raise c.fail(f"{where}.name", str(exc)) from None
     model = c.table(table, where, MODEL_KEYS)
     kind = kinds.get(model["kind"])
+    if model["cluster"] is not None:
+        _check_cluster(c, f"{where}.cluster", kind.name, model["cluster"])
     if model["data"] not in config.data:
         raise c.fail(f"{where}.data", f"no [data.{model['data']}] table (have: {', '.join(config.data)})")
     if config.data[model["data"]].rating_scale is not None and kind.input_shape != "ratings":
@@ -475,8 +477,6 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
             f"{where}.item_attributes",
             f"item attributes are for recommenders (ratings data), not {kind.name}",
         )
-    if model["cluster"] is not None:
-        _check_cluster(c, f"{where}.cluster", kind.name, model["cluster"])
     return ModelJob(
         name=name,
         kind=kind.name,
