@@ -235,3 +235,10 @@ def test_the_cron_job_fits_on_the_cluster_and_publishes(tmp_path):
     assert run_job(tmp_path / "job.toml") == EXIT_PUBLISHED
     version = Registry(tmp_path / "reg").load("dcr")
     assert version.metrics["epochs_run"] == 8 and version.metrics["holdout_ndcg_at_10"] > 0.5
+
+
+@pytest.mark.parametrize("option, value", [("blocks", 0), ("blocks", True), ("checkpoint_every", 0)])
+def test_bad_fit_settings_are_refused_by_name(option, value):
+    _, train, _ = data_and_split()
+    with pytest.raises(ValueError, match=f"{option} must be a positive int"):
+        DistributedFit(DCR(max_iter=1), InProcess(), **{option: value}).fit(train)

@@ -158,7 +158,9 @@ def train_stratum(
     """One stratum's SGA pass (``pointwise_epoch_by_user`` on the block's CSR), on copies of
     the block's factors: returns ``(U, V, loglik per level, norms per level, examples)``.
 
-    Pure, so the engine may run it again anywhere after a lost worker.
+    The visiting order comes from ``numpy.random.default_rng(seed)``: its first draw seeds
+    ``shuffle_segments``, its next permutes the block's users (the unrated draws are seeded
+    with ``seed`` itself). Pure, so the engine may run it again anywhere, to the same result.
     """
     U, V = U.copy(), V.copy()
     if step.unrated_share > 0 and block.weight_share > 0:
@@ -192,14 +194,13 @@ def train_stratum(
 # ------------------------------------------------------------------ the fit
 class DistributedFit:
     """Fits a :class:`DCR` by DSGD on a Dask ``client`` (or :class:`InProcess`); ``fit(data)``
-    returns the estimator,
-    fitted as ``DCR.fit`` fits it (same attributes, so the same artifact).
+    returns the estimator fitted as ``DCR.fit`` fits it (same attributes, same artifact).
 
     ``blocks`` (default: the cluster's worker threads) is ``W``. The initial factors, levels
     and training CSR are the single-process fit's (a fit of 0 epochs); the epochs then run as
     strata on the cluster. Fixed epochs (``max_iter``) and the ``tol`` rule are supported;
-    validation stopping, per-level epochs, the "random" visiting order and the pairwise
-    refinement are not (a ValueError names the option).
+    ``early_stopping``, the "random" visiting order and the pairwise refinement are not (a
+    ValueError names the option), and ``fit`` takes no validation set.
 
     The factors stay on the cluster between epochs; every ``checkpoint_every`` epochs (and
     after the last) the driver gathers them, and an engine failure redoes the epochs since
@@ -240,8 +241,10 @@ class DistributedFit:
                 raise ValueError(
                     f"the distributed DCR fit does not support {name}=True (fit it in one process)"
                 )
-        if self.blocks is not None and (isinstance(self.blocks, bool) or int(self.blocks) < 1):
-            raise ValueError(f"blocks must be a positive number of blocks, got {self.blocks!r}")
+        for name in ("blocks", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
 
     def n_blocks(self) -> int:
         """``W``: as given, else the cluster's worker threads (at least 1)."""
