@@ -3,6 +3,7 @@
 Subcommands::
 
     ordrec-train train KIND --data PATH [--format F] [--rating-scale S] --registry DIR [--name NAME] [--set k=v ...]
+                       [--cluster tcp://HOST:8786 | local:N]   (dcr: fit data-parallel on Dask)
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
     ordrec-train versions --registry DIR [--model NAME]
