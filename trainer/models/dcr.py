@@ -1082,7 +1082,8 @@ class DCR(Estimator):
             counts = self.item_counts_.astype(np.float64)
             item_factors = item_factors * (counts / (counts + beta))[:, None]
         if self.pairwise:
-            metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
+            if np.isfinite(self.pairwise_loss_):  # NaN: the refinement lost on validation, never ran
+                metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
             kept = getattr(self, "pairwise_kept_", None)
             metrics["pairwise_kept"] = float(True if kept is None else kept)
             scores = getattr(self, "pairwise_val_ndcg_", None)
