@@ -38,7 +38,7 @@ from ordrec.service.metrics import Metrics
 from ordrec.service.online import NoOnlineEvaluation
 from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.seen import Recorded, SeenStore
-from ordrec.service.similar import similar_items
+from ordrec.service.similar import MAX_BASKET, similar_items
 from ordrec.service.store import LoadedModel, ModelStore
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
@@ -708,7 +708,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         lim = self.limits
         model = self._model(request.model, "SimilarItems")
         index = model.index
-        query_ids = v.id_list(request.item_ids, "item_ids", lim, lim.max_candidates, min_count=1)
+        query_ids = v.id_list(request.item_ids, "item_ids", lim, MAX_BASKET, min_count=1)
         n = v.bounded(request.n, "n", 1, lim.max_n)
         exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
         settings = _diversify_settings(request)

@@ -25,6 +25,9 @@ from ordrec.service.models.dcr import DCRIndex
 from ordrec.service.rules import Eligible
 from ordrec.service.topk import affine_scores, top_k
 
+# Most items in one SimilarItems basket (a cart or a session): COE scores each against the map.
+MAX_BASKET = 1000
+
 
 def _require_kind(index: RecommenderIndex) -> None:
     if not isinstance(index, (DCRIndex, COEIndex)):

@@ -31,7 +31,10 @@ def coe_artifact(n_users=5, n_items=60, seed=0, item_coords=None, seen=None) -> 
             "seen_indices": np.concatenate(seen).astype(np.int32),
             "item_popularity": np.ones(len(coords), np.float32),
         },
-        {"users": IdMap([f"u{i}" for i in range(n_users)]), "items": IdMap([f"i{i}" for i in range(len(coords))])},
+        {
+            "users": IdMap([f"u{i}" for i in range(n_users)]),
+            "items": IdMap([f"i{i}" for i in range(len(coords))]),
+        },
         hyperparameters={"dim": 2, "function": "sigmoid"},
     )
 
