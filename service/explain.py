@@ -56,33 +56,33 @@ def _weights(
     return np.zeros((item_rows.size, history.size)), np.zeros((item_rows.size, history.size))
 
 
-def explain(
-    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, k: int
-) -> list[list[Reason]]:
+def explain(index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, k: int) -> list[list[Reason]]:
     """Up to ``k`` reasons for each of ``item_rows``, largest share first (module docstring)."""
     item_rows = np.asarray(item_rows, dtype=np.int64)
-    history = np.unique(np.asarray(history, dtype=np.int64))
+    history = np.asarray(history, dtype=np.int64)
+    if history.size > 1 and not (history[1:] > history[:-1]).all():
+        history = np.unique(history)  # training items arrive sorted and distinct
     if k <= 0 or item_rows.size == 0 or history.size == 0:
         return [[] for _ in range(item_rows.size)]
     sim, weight = _weights(index, item_rows, history)
-    weight = np.where(item_rows[:, None] == history[None, :], 0.0, weight)
+    weight[item_rows[:, None] == history[None, :]] = 0.0
     totals = weight.sum(axis=1)
     take = min(k, history.size)
-    reasons = []
-    for i in range(item_rows.size):
-        row_weight = weight[i]
-        best = (
-            np.argpartition(-row_weight, take - 1)[:take] if take < history.size else np.arange(history.size)
-        )
-        best = best[np.lexsort((history[best], -row_weight[best]))]
-        reasons.append(
-            [
-                Reason(int(history[j]), float(row_weight[j] / totals[i]), float(sim[i, j]))
-                for j in best.tolist()
-                if row_weight[j] > 0
-            ]
-        )
-    return reasons
+    # The k largest weights of each row (a partition), then those k in order, largest first.
+    best = np.argpartition(-weight, take - 1, axis=1)[:, :take] if take < history.size else None
+    if best is None:
+        best = np.broadcast_to(np.arange(history.size), weight.shape)
+    chosen = np.take_along_axis(weight, best, axis=1)
+    order = np.argsort(-chosen, axis=1, kind="stable")
+    best, chosen = np.take_along_axis(best, order, axis=1), np.take_along_axis(chosen, order, axis=1)
+    shares = (chosen / np.where(totals > 0, totals, 1.0)[:, None]).tolist()
+    sims = np.take_along_axis(sim, best, axis=1).tolist()
+    rows = history[best].tolist()
+    positive = (chosen > 0).tolist()
+    return [
+        [Reason(r, sh, si) for r, sh, si, ok in zip(rows[i], shares[i], sims[i], positive[i]) if ok]
+        for i in range(item_rows.size)
+    ]
 
 
 def explain_count(value: int) -> int:
