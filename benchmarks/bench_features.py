@@ -7,6 +7,7 @@ throwaway registry and calls the in-process Recommend handler (no gRPC), one use
 - the trade-off table: NDCG@10 (binary gain: held-out ratings >= 4, ranked over every item the
   user did not rate in training) and intra-list diversity (mean ``1 - cosine`` under the
   level-weighted inner product, ``service/similar.py``) at several diversity settings;
+- the same four rows over gRPC against an ``ordrec-serve`` process;
 - SimilarItems p50 (one item, n = 10).
 
     python benchmarks/bench_features.py --data $ORDREC_DATA/ml-100k/u.data [--max-iter 100] [--calls 2000]
@@ -22,6 +23,7 @@ import argparse  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_handler import _Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
@@ -30,10 +32,12 @@ from ordrec.service.seen import SeenStore  # noqa: E402
 from ordrec.service.servicer import RecommenderServicer  # noqa: E402
 from ordrec.service.similar import intra_list_diversity  # noqa: E402
 from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.tools.process import ServerProcess  # noqa: E402
 from ordrec.trainer.data.readers import read_input  # noqa: E402
 from ordrec.trainer.evaluation.holdout import split_ratings  # noqa: E402
 from ordrec.trainer.models.dcr import DCR  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
+from ordrec.v1 import recommender_pb2_grpc  # noqa: E402
 
 DIVERSITIES = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
@@ -57,6 +61,24 @@ def ndcg_at_10(ranked: list[str], liked: set[str]) -> float:
     gains = [1.0 / np.log2(rank + 2) for rank, item in enumerate(ranked[:10]) if item in liked]
     ideal = sum(1.0 / np.log2(rank + 2) for rank in range(min(10, len(liked))))
     return float(sum(gains) / ideal)
+
+
+def grpc_table(registry: str, users: list[str], settings: dict, calls: int) -> None:
+    """The same settings through a real server process over gRPC (one connection, sequential calls)."""
+    print("\nRecommend over gRPC (ordrec-serve process, sequential calls), n = 10")
+    print(f"{'setting':<28} {'p50 us':>8} {'p99 us':>8} {'p50 vs plain':>13}")
+    with ServerProcess(registry) as server, grpc.insecure_channel(server.target) as channel:
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+        plain = None
+        for label, extra in settings.items():
+            requests = [
+                pb.RecommendRequest(model="dcr", user_ids=[users[i % len(users)]], n=10, **extra)
+                for i in range(calls)
+            ]
+            times = timed(lambda request: stub.Recommend(request, timeout=10), requests)
+            p50 = quantile(times, 0.5)
+            plain = plain or p50
+            print(f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%")
 
 
 def main() -> int:
@@ -101,6 +123,7 @@ def main() -> int:
             p50 = quantile(times, 0.5)
             plain = plain or p50
             print(f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%")
+        grpc_table(folder, users, settings, args.calls)
         items = index.items.ids
         similar = [
             pb.SimilarItemsRequest(model="dcr", item_ids=[items[i % len(items)]], n=10)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.models.base import RecommenderIndex
@@ -56,7 +57,33 @@ def _weights(
     return np.zeros((item_rows.size, history.size)), np.zeros((item_rows.size, history.size))
 
 
-def explain(index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, k: int) -> list[list[Reason]]:
+@njit(cache=True)
+def _best_reasons(weight, item_rows, history, k):
+    """Per row of ``weight``: the positions of its ``k`` largest positive weights (largest first,
+    the earlier position among equals; -1 pads) and the row's total, the recommended item's own
+    history entry left out of both. One pass: sorting every row costs more than the products."""
+    n, m = weight.shape
+    best = np.full((n, k), -1, np.int64)
+    totals = np.zeros(n)
+    for i in range(n):
+        for j in range(m):
+            w = weight[i, j]
+            if w <= 0 or history[j] == item_rows[i]:
+                continue
+            totals[i] += w
+            pos = k
+            while pos > 0 and (best[i, pos - 1] < 0 or w > weight[i, best[i, pos - 1]]):
+                pos -= 1
+            if pos < k:
+                for q in range(k - 1, pos, -1):
+                    best[i, q] = best[i, q - 1]
+                best[i, pos] = j
+    return best, totals
+
+
+def explain(
+    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, k: int
+) -> list[list[Reason]]:
     """Up to ``k`` reasons for each of ``item_rows``, largest share first (module docstring)."""
     item_rows = np.asarray(item_rows, dtype=np.int64)
     history = np.asarray(history, dtype=np.int64)
@@ -65,24 +92,23 @@ def explain(index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray,
     if k <= 0 or item_rows.size == 0 or history.size == 0:
         return [[] for _ in range(item_rows.size)]
     sim, weight = _weights(index, item_rows, history)
-    weight[item_rows[:, None] == history[None, :]] = 0.0
-    totals = weight.sum(axis=1)
-    take = min(k, history.size)
-    # The k largest weights of each row (a partition), then those k in order, largest first.
-    best = np.argpartition(-weight, take - 1, axis=1)[:, :take] if take < history.size else None
-    if best is None:
-        best = np.broadcast_to(np.arange(history.size), weight.shape)
-    chosen = np.take_along_axis(weight, best, axis=1)
-    order = np.argsort(-chosen, axis=1, kind="stable")
-    best, chosen = np.take_along_axis(best, order, axis=1), np.take_along_axis(chosen, order, axis=1)
-    shares = (chosen / np.where(totals > 0, totals, 1.0)[:, None]).tolist()
-    sims = np.take_along_axis(sim, best, axis=1).tolist()
-    rows = history[best].tolist()
-    positive = (chosen > 0).tolist()
-    return [
-        [Reason(r, sh, si) for r, sh, si, ok in zip(rows[i], shares[i], sims[i], positive[i]) if ok]
-        for i in range(item_rows.size)
-    ]
+    best, totals = _best_reasons(np.ascontiguousarray(weight, dtype=np.float64), item_rows, history, k)
+    reasons = []
+    for i, positions in enumerate(best.tolist()):
+        total = totals[i]
+        reasons.append(
+            [
+                Reason(int(history[j]), float(weight[i, j] / total), float(sim[i, j]))
+                for j in positions
+                if j >= 0
+            ]
+        )
+    return reasons
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernel before the first request."""
+    _best_reasons(np.ones((1, 2)), np.zeros(1, np.int64), np.arange(2, dtype=np.int64), 1)
 
 
 def explain_count(value: int) -> int:

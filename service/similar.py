@@ -96,9 +96,9 @@ def pairwise_similarity(index: RecommenderIndex, rows: np.ndarray) -> np.ndarray
     _require_kind(index)
     rows = np.asarray(rows, dtype=np.int64)
     if isinstance(index, DCRIndex):
-        x = index.item_factors[rows].astype(np.float64) * np.sqrt(index.level_scale)
+        x = index.item_factors[rows] * np.sqrt(index.level_scale)
         x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-        return x @ x.T
+        return (x @ x.T).astype(np.float64)
     assert isinstance(index, COEIndex)
     points = index.item_coords[rows]
     diff = points[:, None, :] - points[None, :, :]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.artifacts import Artifact, Registry
-from ordrec.service.diversity import AttributeCap, Diversify, mmr_order, rerank
+from ordrec.service.diversity import AttributeCap, Diversify, mmr_compiled, mmr_order, rerank
 from ordrec.service.explain import explain
 from ordrec.service.idmap import IdMap
 from ordrec.service.models import build_index
@@ -230,3 +230,21 @@ def test_the_attribute_cap_is_honoured(limit, weight, user):
             counts[v] = counts.get(v, 0) + 1
     assert max(counts.values(), default=0) <= limit
     assert len(set(rows.tolist())) == len(rows) and set(rows.tolist()) <= set(pool[0].tolist())
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    size=st.integers(1, 40),
+    n=st.integers(1, 40),
+    weight=st.floats(0, 1),
+    seed=st.integers(0, 2**31),
+)
+def test_the_compiled_mmr_picks_what_the_reference_picks(size, n, weight, seed):
+    rng = np.random.default_rng(seed)
+    relevance = np.sort(rng.normal(size=size))[::-1]
+    x = rng.normal(size=(size, 3))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    similarity = x @ x.T
+    assert mmr_compiled(relevance, similarity, weight, n).tolist() == mmr_order(
+        relevance, similarity, weight, n
+    )
