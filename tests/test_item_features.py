@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, Registry
+from ordrec.service.artifacts import Artifact
 from ordrec.service.diversity import AttributeCap, Diversify, mmr_compiled, mmr_order, rerank
 from ordrec.service.explain import explain
 from ordrec.service.idmap import IdMap
@@ -95,13 +95,9 @@ def test_filters_from_attributes_are_honoured():
 # ---------------------------------------------------- the approximate item index
 @pytest.fixture(scope="module")
 def graph_served(tmp_path_factory):
-    from tests.test_catalog import clustered_artifact
+    from tests.test_catalog import served_clustered
 
-    registry = Registry(tmp_path_factory.mktemp("similar-catalog"))
-    registry.publish("big", clustered_artifact())
-    served = build_index(registry.load("big"))
-    assert served.ann is not None
-    return served
+    return served_clustered(tmp_path_factory.mktemp("similar-catalog"))
 
 
 def exact_basket_scores(served, query) -> np.ndarray:

@@ -118,3 +118,18 @@ def test_bad_settings_are_invalid_argument_naming_the_field(client, kwargs, fiel
         with pytest.raises(grpc.RpcError) as info:
             client.similar("i001", model="dcr", n=5, **kwargs)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+
+
+def test_a_folded_in_user_is_explained_by_the_items_recorded_for_them(sample_registry, redis_server):
+    """A real server and redis-server: a new user's recorded items are their history."""
+    with (
+        ServerProcess(sample_registry, "--redis", redis_server.url, "--poll-interval", "0") as server,
+        Client(server.target, timeout=20) as client,
+    ):
+        assert client.wait_ready(30)
+        client.record("newcomer", ratings={"i001": 5, "i002": 4, "i003": 2}, model="dcr")
+        for model in ("dcr", "coe"):
+            answer = client.recommend("newcomer", model=model, n=5, explain=2).results[0]
+            assert answer.folded_in
+            named = {why.id for item in answer.items for why in item.explanations}
+            assert named and named <= {"i001", "i002", "i003"}
