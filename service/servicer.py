@@ -14,7 +14,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 
 from ordrec.service import validation as v
 from ordrec.service.artifacts import ALL_MODELS
+from ordrec.service.batching import RecommendBatcher
 from ordrec.service.diversity import Diversify, rerank, settings_from_request
 from ordrec.service.errors import (
     DeadlineExceeded,
@@ -182,9 +183,9 @@ def _add_explanations(items, ids: IdMap, reasons) -> None:
             item.explanations.add(id=externals[reason.row], share=reason.share, similarity=reason.similarity)
 
 
-@dataclass(frozen=True)
-class _RecommendCall:
-    """What a Recommend request asks, validated once for every version that answers it."""
+class _RecommendCall(NamedTuple):
+    """What a Recommend request asks, validated once for every version that answers it (a
+    named tuple: built on every call, several times cheaper than a frozen dataclass)."""
 
     n: int
     candidate_ids: list[str]
@@ -201,8 +202,7 @@ class _RecommendCall:
         return self.diversify.pool_size(self.n)
 
 
-@dataclass(frozen=True)
-class _VersionGroup:
+class _VersionGroup(NamedTuple):
     """The users of one Recommend request that one version answers (positions in the
     request), with the request's candidates and rules resolved for that version."""
 
@@ -240,10 +240,14 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         hidden: HiddenState | None = None,
         hidden_mirror=None,
         online: NoOnlineEvaluation | None = None,
+        batcher: RecommendBatcher | None = None,
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
         self.online = online or NoOnlineEvaluation()
+        # None: each call scores on its own (the path the batched one must equal, in tests).
+        self.batcher = batcher
+        self._counters: dict[tuple[str, str, int], object] = {}
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -268,7 +272,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         )
         # A split sends each user to one version, always the same (store.for_user).
         by_version: dict[str, tuple[LoadedModel, list[int]]] = {}
-        for position, uid in enumerate(user_ids):
+        if self.store.candidate(live.name) is None:  # no split: every user to the live version
+            by_version[live.version] = (live, list(range(len(user_ids))))
+        for position, uid in enumerate(user_ids if not by_version else ()):
             model = self.store.for_user(live, uid)
             by_version.setdefault(model.version, (model, []))[1].append(position)
         groups = [self._group(model, call, positions, user_ids) for model, positions in by_version.values()]
@@ -290,6 +296,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 [results[p] for p in group.positions],
                 recent,
                 ratings,
+                context,
             )
         if call.with_distribution:
             reply.levels.extend(float(x) for x in live.index.rating_levels)
@@ -332,6 +339,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         results: list,
         recent: dict[str, list[str]],
         ratings: dict[str, dict[str, str]],
+        context,
     ) -> None:
         """Fill ``results`` (one per user, in order) with the group's version's answers."""
         model, candidates, eligible = group.model, group.candidates, group.eligible
@@ -342,23 +350,27 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             self._exclusions(index, row, recent.get(uid), call.exclude_seen, excluded)
             for uid, row in zip(user_ids, user_rows)
         ]
-        known = np.flatnonzero(user_rows >= 0)
-        ranked: list = [None] * len(user_ids)
-        if known.size:
-            answers = index.recommend_many(
-                user_rows[known],
-                n,
-                excludes=[excludes[i] for i in known],
-                candidates=candidates,
-                eligible=eligible,
+        ranked: list
+        if (user_rows >= 0).all():  # the usual case: every user known, no gathering
+            ranked = self._score_known(index, user_rows, n, excludes, candidates, eligible, context)
+        else:
+            known = np.flatnonzero(user_rows >= 0)
+            ranked = [None] * len(user_ids)
+            if known.size:
+                answers = self._score_known(
+                    index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, context
+                )
+                for row, answer in zip(known.tolist(), answers):
+                    ranked[row] = answer
+        folded = (
+            self._fold_in(
+                index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
             )
-            for row, answer in zip(known.tolist(), answers):
-                ranked[row] = answer
-        folded = self._fold_in(
-            index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
+            if ratings
+            else {}
         )
         m = self.metrics
-        m.recommended_users.labels(model.name, model.version).inc(len(user_ids))
+        self._users_counter(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
             result.model_version = model.version
             vector = folded.get(uid)
@@ -393,6 +405,37 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                     item.rating_distribution.extend(probs.tolist())
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
+
+    def _users_counter(self, model: LoadedModel):
+        """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
+        loaded version (``labels()`` costs microseconds on every call)."""
+        key = (model.name, model.version, id(model.index))
+        child = self._counters.get(key)
+        if child is None:
+            child = self.metrics.recommended_users.labels(model.name, model.version)
+            # a few versions per model are served at a time; old versions' entries go in bulk
+            counters = dict(self._counters) if len(self._counters) < 64 else {}
+            counters[key] = child
+            self._counters = counters  # replaced whole, like the store's mapping
+        return child
+
+    def _score_known(self, index, rows, n, excludes, candidates, eligible, context) -> list:
+        """The index's answers for users it knows: batched with concurrent calls when the
+        version's scoring pass is dear enough (``service/batching.py``), else scored on this
+        call's own thread."""
+        batcher = self.batcher
+        if batcher is None or index.scoring_work() < batcher.min_work:
+            return index.recommend_many(rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
+        remaining = context.time_remaining()
+        return batcher.recommend(
+            index,
+            rows,
+            n,
+            excludes=excludes,
+            candidates=candidates,
+            eligible=eligible,
+            deadline=None if remaining is None else time.monotonic() + remaining,
+        )
 
     @staticmethod
     def _fold_in_candidates(groups: list[_VersionGroup], user_ids: list[str]) -> list[str]:

@@ -155,7 +155,8 @@ def test_reproduce_topn_writes_rows_for_models_and_references(tmp_path):
     rows = json.loads(out.read_text())
     methods = {r["method"] for r in rows}
     assert {"dcr", "dcr_paper", "popularity", "ease", "dcr (fold-in, new users)"} <= methods
-    recall = {r["method"]: r for r in rows if r["metric"] == "recall@10"}
+    recall = {r["method"]: r for r in rows if r["metric"] == "recall@10" and "seed" not in r["setting"]}
+    assert {r["setting"]["seed"] for r in rows if r["method"] == "dcr" and "seed" in r["setting"]} == {0, 1}
     assert all(r["runs"] == 2 for r in recall.values())
     assert recall["dcr"]["mean"] > recall["popularity"]["mean"]
 
@@ -225,7 +226,9 @@ gate = {{ popularity_floor = {str(floor).lower()} }}
         assert not (tmp_path / "reg").exists() or Registry(tmp_path / "reg").versions("dcr") == []
     else:
         assert code == EXIT_PUBLISHED and "published anyway" in log
-        metrics = Registry(tmp_path / "reg").load("dcr").metrics
+        published = Registry(tmp_path / "reg").load("dcr")
+        assert published.attributes["trained_by"] == "job floor"  # the status page's "trained by"
+        metrics = published.metrics
         assert metrics["holdout_topn_recall_at_10"] < metrics["holdout_popularity_recall_at_10"]
 
 
@@ -252,3 +255,18 @@ params = {{ n_components = 8 }}
     assert run_job(job) == EXIT_PUBLISHED
     metrics = Registry(tmp_path / "reg").load("dcr").metrics
     assert metrics["holdout_topn_recall_at_10"] >= metrics["holdout_popularity_recall_at_10"]
+
+
+@pytest.mark.parametrize("kind", ["dcr", "coe"])
+def test_a_new_user_folds_in_from_interactions_without_ratings(kind):
+    from ordrec.service.models import kinds
+
+    data = picked_by_taste(seed=4)
+    params = {"dcr": dict(n_components=8), "coe": dict(n_components=8, max_iter=30)}[kind]
+    estimator = kinds.get(kind).estimator_class()(**params, random_state=0).fit(data)
+    index = kinds.get(kind).index_class().from_artifact(estimator.to_artifact())
+    assert index.folds_in_picks
+    picked = np.arange(4, 40, 2)  # group 0's items: a new user of group 0 who rated none of them
+    found, _ = index.recommend_for(index.fold_in(picked, np.full(picked.size, np.nan)), 10, exclude=picked)
+    tasted = found[found >= 4]  # past the four decoys everyone rated (COE keeps them near everyone)
+    assert tasted.size >= 5 and np.mean(tasted % 2 == 0) >= 0.9  # the rest of group 0

@@ -800,6 +800,7 @@ class _Job:
                 METRIC_PREFIX + "refit": float(model.refit),
             }
         )
+        artifact.attributes["trained_by"] = f"job {self.config.name}"  # the status page shows it
         if scale is not None:
             artifact.attributes[SCALE_ATTRIBUTE] = scale.as_attribute()  # checks recorded values
         views = self._report(model, index) if kind.is_map else None

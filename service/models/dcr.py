@@ -33,7 +33,7 @@ from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.mapped import row_blocks
 from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.rules import Eligible
-from ordrec.service.topk import affine_scores
+from ordrec.service.topk import affine_rows
 
 RELEVANCE = ("linear", "log", "exp")
 # Fold-in's pull toward the mean trained user, in ratings' worth: with a few ratings the
@@ -214,12 +214,8 @@ class DCRIndex(RecommenderIndex):
 
     # ------------------------------------------------------------ scoring
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(user_rows, dtype=np.int64)
-        if rows.size == 1:
-            return self.score_vector(self._user_raw[rows[0]])[None, :]
-        scores = self.folded(rows) @ self._item.T
-        scores += self.offset
-        return scores
+        # One kernel for one user or a batch, so a batched call scores exactly as a lone one.
+        return affine_rows(self._item, self.folded(user_rows), self.offset)
 
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         return self.score_vector(self._user_raw[int(user_row)], item_rows)
@@ -228,8 +224,8 @@ class DCRIndex(RecommenderIndex):
         """Scores for raw user factors (a row of ``user_factors`` or a :meth:`fold_in`)."""
         folded = vector * self._scale
         if item_rows is None:
-            # one user (the usual request): one pass holding the GIL (service/topk.py)
-            return affine_scores(self._item, folded, self.offset)
+            # one pass holding the GIL when short (service/topk.py), as for a row of the user factors
+            return affine_rows(self._item, folded.reshape(1, -1), self.offset)[0]
         scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ folded
         scores += self.offset
         return scores
@@ -284,6 +280,15 @@ class DCRIndex(RecommenderIndex):
         return [
             self.recommend(int(u), n, exclude=ex, eligible=eligible) for u, ex in zip(user_rows, excludes)
         ]
+
+    def scoring_work(self) -> int:
+        # The item index answers each user with a search of its own.
+        return 0 if self.ann is not None else int(self._item.size)
+
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        # The item index answers each user with a search of its own (faiss takes exclusions per
+        # search).
+        return self.ann is None and super()._shares_pass(eligible)
 
     def _graph_answers(self, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
         """Whether the item index answers: not for candidate lists, and not when the rules leave
