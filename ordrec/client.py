@@ -406,7 +406,8 @@ class Client:
     def hide(
         self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
     ) -> pb.HideItemsResponse:
-        """``HideItems``: Recommend and Neighbors stop returning these items for ``model`` ("*": all models).
+        """``HideItems``: Recommend, SimilarItems and Neighbors stop returning these items for
+        ``model`` ("*": all models).
 
         Ids the served version does not know are kept (counted in ``unknown``).
         """

@@ -133,3 +133,20 @@ def test_a_folded_in_user_is_explained_by_the_items_recorded_for_them(sample_reg
             assert answer.folded_in
             named = {why.id for item in answer.items for why in item.explanations}
             assert named and named <= {"i001", "i002", "i003"}
+
+
+def test_hidden_items_never_come_back_as_similar_items(sample_registry, tmp_path):
+    """HideItems (kept in a private registry: no Redis) applies to SimilarItems from the next call."""
+    source, private = Registry(sample_registry), Registry(tmp_path)
+    for name in ("dcr", "coe"):
+        private.publish(name, source.load(name, mmap=False))
+    with (
+        ServerProcess(tmp_path, "--poll-interval", "0.2") as server,
+        Client(server.target, timeout=20) as client,
+    ):
+        assert client.wait_ready(30)
+        before = {m: [i.id for i in client.similar("i001", model=m, n=5).items] for m in ("dcr", "coe")}
+        client.hide([before["dcr"][0], before["coe"][0]])
+        for model, ids in before.items():
+            after = [i.id for i in client.similar("i001", model=model, n=5).items]
+            assert ids[0] not in after and len(after) == 5
