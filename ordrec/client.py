@@ -221,6 +221,9 @@ class Client:
         with_distribution: bool = False,
         exclude: Iterable[str] = (),
         filter: str = "",  # noqa: A002 - the request field's name
+        explain: int = 0,
+        diversity: float = 0.0,
+        max_per_attribute: tuple[str, int] | None = None,
         timeout: float | None = None,
     ) -> pb.RecommendResponse:
         """``Recommend``: the top ``n`` items for one user or a batch.
@@ -244,6 +247,13 @@ class Client:
         filter : str
             Only items whose attributes pass it, e.g.
             ``genre in ("Comedy", "Drama") and year >= 1990`` (docs/service.md, "Business rules").
+        explain : int
+            Up to this many items of the user's history with each result, each with its share
+            (``ScoredId.explanations``); 0 for none.
+        diversity : float
+            0 (the model's ranking) to 1: re-rank the model's top 5n by maximal marginal relevance.
+        max_per_attribute : (attribute, m), optional
+            At most ``m`` results per value of that item attribute (e.g. ``("genre", 2)``).
         """
         users = [user_ids] if isinstance(user_ids, str) else list(user_ids)
         request = pb.RecommendRequest(
@@ -254,10 +264,43 @@ class Client:
             with_distribution=with_distribution,
             exclude_item_ids=list(exclude),
             filter=filter,
+            explain=explain,
+            diversity=diversity,
         )
+        if max_per_attribute is not None:
+            request.max_per_attribute.attribute, request.max_per_attribute.max = max_per_attribute
         if exclude_seen is not None:
             request.exclude_seen = exclude_seen
         return self._unary(self._stub.Recommend, request, timeout)
+
+    def similar(
+        self,
+        item_ids: str | Sequence[str],
+        *,
+        model: str = "",
+        n: int = 10,
+        exclude: Iterable[str] = (),
+        filter: str = "",  # noqa: A002 - the request field's name
+        diversity: float = 0.0,
+        max_per_attribute: tuple[str, int] | None = None,
+        timeout: float | None = None,
+    ) -> pb.SimilarItemsResponse:
+        """``SimilarItems``: the ``n`` items most similar to one item, or to a basket of items
+        (by the mean similarity), by the model's own item similarity (DCR, Pairwise DCR, COE).
+
+        ``exclude``, ``filter``, ``diversity`` and ``max_per_attribute`` work as in :meth:`recommend`.
+        """
+        request = pb.SimilarItemsRequest(
+            model=model,
+            item_ids=[item_ids] if isinstance(item_ids, str) else list(item_ids),
+            n=n,
+            exclude_item_ids=list(exclude),
+            filter=filter,
+            diversity=diversity,
+        )
+        if max_per_attribute is not None:
+            request.max_per_attribute.attribute, request.max_per_attribute.max = max_per_attribute
+        return self._unary(self._stub.SimilarItems, request, timeout)
 
     def tags(
         self,
@@ -363,7 +406,8 @@ class Client:
     def hide(
         self, item_ids: Iterable[str], *, model: str = "*", timeout: float | None = None
     ) -> pb.HideItemsResponse:
-        """``HideItems``: Recommend and Neighbors stop returning these items for ``model`` ("*": all models).
+        """``HideItems``: Recommend, SimilarItems and Neighbors stop returning these items for
+        ``model`` ("*": all models).
 
         Ids the served version does not know are kept (counted in ``unknown``).
         """

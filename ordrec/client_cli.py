@@ -31,6 +31,8 @@ EXAMPLES = """\
 examples:
   ordrec-client models
   ordrec-client recommend --model dcr --user u001 --n 5 --distribution
+  ordrec-client recommend --model dcr --user u001 --n 5 --explain 2 --diversity 0.3
+  ordrec-client similar --model dcr --item i001 --item i002 --n 5
   ordrec-client tags --model rtf --user u001 --item i001 --n 5
   ordrec-client neighbors --model coe --id i001 --from item --to user --k 5
   ordrec-client coordinates --model knnscal --limit 5 --json
@@ -112,6 +114,8 @@ def _print_scored(rows: Iterable[pb.ScoredId], indent: str = "  ") -> None:
             extra = "  P(r)=[" + ", ".join(f"{p:.2f}" for p in item.rating_distribution) + "]"
         name = f" ({item.label})" if item.label else ""
         print(f"{indent}{rank:>3}. {item.id:<24} {item.score:+.4f}{name}{extra}")
+        for why in item.explanations:
+            print(f"{indent}       because of {why.id:<20} share {why.share:.2f}")
 
 
 # ---------------------------------------------------------------- commands
@@ -148,6 +152,9 @@ def cmd_recommend(client: Client, args: argparse.Namespace) -> int:
         with_distribution=args.distribution,
         exclude=args.exclude or (),
         filter=args.filter,
+        explain=args.explain,
+        diversity=args.diversity,
+        max_per_attribute=args.max_per_attribute,
     )
     if args.json:
         _print_json(_to_dict(reply))
@@ -169,6 +176,55 @@ def cmd_recommend(client: Client, args: argparse.Namespace) -> int:
         print(f"user {result.user_id}{note}")
         _print_scored(result.items)
     return 0
+
+
+def cmd_similar(client: Client, args: argparse.Namespace) -> int:
+    reply = client.similar(
+        args.item,
+        model=args.model,
+        n=args.n,
+        exclude=args.exclude or (),
+        filter=args.filter,
+        diversity=args.diversity,
+        max_per_attribute=args.max_per_attribute,
+    )
+    if args.json:
+        _print_json(_to_dict(reply))
+        return 0
+    print(f"model {reply.model}@{reply.model_version}")
+    if reply.unknown_item_ids:
+        print(f"(not known to this version, ignored: {', '.join(reply.unknown_item_ids)})")
+    if reply.rules_stale:
+        print("(hidden items may be out of date: Redis unreachable, the last known ones were applied)")
+    _print_scored(reply.items)
+    return 0
+
+
+def _attribute_cap(text: str) -> tuple[str, int]:
+    """``--max-per-attribute NAME=M``."""
+    name, sep, count = text.rpartition("=")
+    try:
+        if not sep or not name:
+            raise ValueError
+        return name, int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected NAME=M (e.g. genre=2), got {text!r}") from None
+
+
+def _diversity_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--diversity",
+        type=float,
+        default=0.0,
+        metavar="LAMBDA",
+        help="0 (the model's ranking) to 1: re-rank the top 5n by maximal marginal relevance",
+    )
+    parser.add_argument(
+        "--max-per-attribute",
+        type=_attribute_cap,
+        metavar="NAME=M",
+        help="at most M results per value of item attribute NAME, e.g. genre=2",
+    )
 
 
 def cmd_tags(client: Client, args: argparse.Namespace) -> int:
@@ -401,6 +457,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="EXPR",
         help="only items whose attributes pass, e.g. 'genre in (\"Comedy\") and year >= 1990'",
     )
+    r.add_argument(
+        "--explain",
+        type=int,
+        default=0,
+        metavar="K",
+        help="show up to K items of the user's history that explain each result, with their shares",
+    )
+    _diversity_options(r)
+
+    si = _subcommand(
+        sub,
+        "similar",
+        cmd_similar,
+        "items most similar to an item or a basket of items (DCR, Pairwise DCR, COE)",
+        "The items nearest to one item, or to several (by the mean similarity), by the model's own "
+        "item similarity; the query items, hidden items and --exclude never come back.",
+    )
+    _model_argument(si, "SimilarItems")
+    si.add_argument(
+        "--item", action="append", required=True, metavar="ID", help="item id; repeat for a basket"
+    )
+    si.add_argument("--n", type=int, default=10, help="items to return")
+    si.add_argument(
+        "--exclude", action="append", metavar="ID", help="never return this item; repeat for each"
+    )
+    si.add_argument("--filter", default="", metavar="EXPR", help="only items whose attributes pass")
+    _diversity_options(si)
 
     t = _subcommand(sub, "tags", cmd_tags, "top-N tags for a user tagging an item (RTF)")
     _model_argument(t, "Tags")

@@ -198,6 +198,20 @@ class ItemAttributes:
                 self._cache.popitem(last=False)
         return result
 
+    def item_values(self, name: str, rows: np.ndarray) -> list[tuple[float | int, ...]]:
+        """Each row's values of attribute ``name`` (categorical: value codes; numeric: the
+        number, none when missing); FilterError when the version has no such attribute."""
+        column = self.columns.get(name)
+        if column is None:
+            raise FilterError(f"no item attribute {name!r} (this version has: {self.describe()})")
+        rows = np.asarray(rows, dtype=np.int64)
+        if isinstance(column, _Numeric):
+            return [() if np.isnan(x) else (float(x),) for x in column.values[rows].tolist()]
+        starts = np.searchsorted(column.entry_item, rows, side="left")
+        ends = np.searchsorted(column.entry_item, rows, side="right")
+        codes = column.codes
+        return [tuple(codes[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]
+
     def _evaluate(self, clause: Clause) -> np.ndarray:
         column = self.columns.get(clause.name)
         if column is None:

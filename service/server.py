@@ -14,7 +14,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ordrec.service import mapped, topk
+from ordrec.service import diversity, explain, mapped, topk
 from ordrec.service.batching import BatchObserver, RecommendBatcher
 from ordrec.service.config import ServerConfig
 from ordrec.service.gateway import JsonGateway
@@ -163,6 +163,8 @@ class Server:
         self._update_health()
         topk.warm_up()  # compiled (or loaded from numba's cache) before the first request, not during it
         mapped.warm_up()
+        diversity.warm_up()  # the request features' kernels (service/diversity.py, explain.py)
+        explain.warm_up()
         self.store.refresh()
         self._update_health()
         options = [

@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from ordrec.service import validation as v
 from ordrec.service.artifacts import ALL_MODELS
 from ordrec.service.batching import RecommendBatcher
+from ordrec.service.diversity import Diversify, rerank, settings_from_request
 from ordrec.service.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -31,12 +32,14 @@ from ordrec.service.errors import (
     ResourceExhausted,
     ServiceError,
 )
+from ordrec.service.explain import explain, explain_count
 from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
 from ordrec.service.online import NoOnlineEvaluation
 from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.seen import Recorded, SeenStore
+from ordrec.service.similar import MAX_BASKET, similar_items
 from ordrec.service.store import LoadedModel, ModelStore
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
@@ -140,6 +143,46 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
         add(id=externals[row], score=score)
 
 
+def _diversify_settings(request) -> Diversify:
+    """The request's ``diversity`` and ``max_per_attribute``, checked."""
+    cap = request.max_per_attribute
+    return settings_from_request(
+        request.diversity, cap.attribute, cap.max, request.HasField("max_per_attribute")
+    )
+
+
+def _diversified(index, pool, n: int, settings: Diversify):
+    """``n`` of the pool re-ranked for diversity; a cap on an unknown attribute is INVALID_ARGUMENT."""
+    try:
+        return rerank(index, pool, n, settings)
+    except FilterError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def _check_cap(index, settings: Diversify) -> None:
+    """Refuse, before any work, a ``max_per_attribute`` on an attribute the version has not got."""
+    cap = settings.cap
+    if cap is not None and cap.attribute not in index.item_attributes.columns:
+        raise InvalidArgument(
+            f"max_per_attribute.attribute: no item attribute {cap.attribute[:80]!r}"
+            f" (this version has: {index.item_attributes.describe()})"
+        )
+
+
+def _recorded_rows(index, rated: dict[str, str]) -> np.ndarray:
+    """Rows of a folded-in user's recorded items the version knows (their history)."""
+    rows = index.items.rows(list(rated))
+    return rows[rows >= 0]
+
+
+def _add_explanations(items, ids: IdMap, reasons) -> None:
+    """Attach each result's reasons (``service/explain.py``) as ``ScoredId.explanations``."""
+    externals = ids.ids
+    for item, why in zip(items, reasons):
+        for reason in why:
+            item.explanations.add(id=externals[reason.row], share=reason.share, similarity=reason.similarity)
+
+
 class _RecommendCall(NamedTuple):
     """What a Recommend request asks, validated once for every version that answers it (a
     named tuple: built on every call, several times cheaper than a frozen dataclass)."""
@@ -150,6 +193,13 @@ class _RecommendCall(NamedTuple):
     exclude_seen: bool
     with_distribution: bool
     filter: str
+    explain: int = 0
+    diversify: Diversify = Diversify()
+
+    @property
+    def fetch_n(self) -> int:
+        """Items each user's ranking asks the index for: a pool when diversity re-ranks it."""
+        return self.diversify.pool_size(self.n)
 
 
 class _VersionGroup(NamedTuple):
@@ -217,6 +267,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             exclude_seen=request.exclude_seen if request.HasField("exclude_seen") else True,
             with_distribution=request.with_distribution,
             filter=request.filter,
+            explain=explain_count(request.explain),
+            diversify=_diversify_settings(request),
         )
         # A split sends each user to one version, always the same (store.for_user).
         by_version: dict[str, tuple[LoadedModel, list[int]]] = {}
@@ -270,6 +322,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             f"{len(users)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
             lim,
         )
+        _check_cap(index, call.diversify)
+        if call.explain:
+            v.check_reply_fits(
+                len(users) * call.n * call.explain * v.scored_id_bytes(index.items.max_bytes, 1),
+                f"{len(users)} user_ids x n={call.n} x explain={call.explain}",
+                lim,
+            )
         return _VersionGroup(model, positions, candidates, eligible)
 
     def _recommend_group(
@@ -284,7 +343,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     ) -> None:
         """Fill ``results`` (one per user, in order) with the group's version's answers."""
         model, candidates, eligible = group.model, group.candidates, group.eligible
-        index, n = model.index, call.n
+        index, n = model.index, call.fetch_n
         user_rows = index.users.rows(user_ids)
         excluded = index.items.rows(call.exclude_ids) if call.exclude_ids else None
         excludes = [
@@ -320,7 +379,16 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 result.fallback = pb.FALLBACK_POPULAR_GLOBAL
                 m.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
             rows, scores = ranked[i]
+            # --- request features (service/diversity.py, service/explain.py)
+            if call.diversify.active:
+                rows, scores = _diversified(index, (rows, scores), call.n, call.diversify)
             _add_scored(result.items, index.items, rows, scores)
+            if call.explain and (user_rows[i] >= 0 or vector is not None):
+                history = (
+                    index.seen(int(user_rows[i])) if vector is None else _recorded_rows(index, ratings[uid])
+                )
+                _add_explanations(result.items, index.items, explain(index, rows, history, call.explain))
+            # ---
             if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
                 dist = (
                     index.distribution(int(user_rows[i]), rows)
@@ -685,6 +753,46 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             ids = sorted(sets.get(scope, ()))
             start = bisect.bisect_right(ids, after) if after else 0
             reply.scopes.add(model=scope, item_ids=ids[start : start + self.limits.max_ids], count=len(ids))
+        return reply
+
+    # --------------------------------------------------------- SimilarItems
+    @rpc
+    def SimilarItems(self, request: pb.SimilarItemsRequest, context) -> pb.SimilarItemsResponse:
+        lim = self.limits
+        model = self._model(request.model, "SimilarItems")
+        index = model.index
+        query_ids = v.id_list(request.item_ids, "item_ids", lim, MAX_BASKET, min_count=1)
+        n = v.bounded(request.n, "n", 1, lim.max_n)
+        exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
+        settings = _diversify_settings(request)
+        _check_cap(index, settings)
+        rows = index.items.rows(query_ids)
+        unknown = [i for i, r in zip(query_ids, rows) if r < 0]
+        v.check_reply_fits(
+            n * v.scored_id_bytes(index.items.max_bytes) + sum(len(u.encode("utf-8")) + 8 for u in unknown),
+            f"n={n}",
+            lim,
+        )
+        if len(unknown) == len(query_ids):
+            raise NotFound(
+                f"none of item_ids is known to model {model.name!r} (first: {query_ids[0][:80]!r})"
+            )
+        excluded = index.items.rows(exclude_ids) if exclude_ids else None
+        pool = similar_items(
+            index,
+            rows[rows >= 0],
+            settings.pool_size(n),
+            exclude=None if excluded is None else excluded[excluded >= 0],
+            eligible=self._eligible(model, request.filter),
+        )
+        found, scores = _diversified(index, pool, n, settings)
+        reply = pb.SimilarItemsResponse(
+            model=model.name,
+            model_version=model.version,
+            rules_stale=self._rules_stale(),
+            unknown_item_ids=unknown,
+        )
+        _add_scored(reply.items, index.items, found, scores)
         return reply
 
 

@@ -243,6 +243,46 @@ def test_every_rpc_with_a_sized_reply_checks_it_before_work(attack_registry):
         assert metric(server, "grpc_server_handled_total", grpc_code="RESOURCE_EXHAUSTED") == 0
 
 
+def test_feature_settings_are_bounded_before_work(attack_registry):
+    """Explanations, diversity and SimilarItems baskets: oversized or out-of-range settings are
+    INVALID_ARGUMENT naming the field, and the largest allowed basket is answered quickly."""
+    users = [f"attacker-{i:04d}" for i in range(1000)]
+    with ServerProcess(attack_registry) as server, grpc.insecure_channel(server.target) as channel:
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+        refused = {
+            "explain=20": pb.RecommendRequest(model="dcr", user_ids=users, n=1000, explain=20),
+            "explain must be": pb.RecommendRequest(model="dcr", user_ids=["u001"], n=5, explain=10**6),
+            "diversity must be": pb.RecommendRequest(
+                model="dcr", user_ids=["u001"], n=5, diversity=float("inf")
+            ),
+            "max_per_attribute.attribute is": pb.RecommendRequest(
+                model="dcr",
+                user_ids=["u001"],
+                n=5,
+                max_per_attribute=pb.AttributeCap(attribute="g" * 10**5, max=1),
+            ),
+        }
+        for field, request in refused.items():
+            start = time.perf_counter()
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Recommend(request, timeout=10)
+            assert time.perf_counter() - start < 0.5
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in info.value.details()
+        too_many = pb.SimilarItemsRequest(
+            model="bigmap", item_ids=[f"item-{i:08d}" for i in range(5000)], n=5
+        )
+        with pytest.raises(grpc.RpcError) as info:
+            stub.SimilarItems(too_many, timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "item_ids" in info.value.details()
+        largest = pb.SimilarItemsRequest(
+            model="bigmap", item_ids=[f"item-{i:08d}" for i in range(1000)], n=1000
+        )
+        start = time.perf_counter()
+        reply = stub.SimilarItems(largest, timeout=10)
+        assert len(reply.items) == 1000 and time.perf_counter() - start < 3
+        assert metric(server, "grpc_server_handled_total", grpc_code="INTERNAL") == 0
+
+
 def test_client_mistakes_never_fire_the_documented_error_alert(attack_registry):
     alert = re.search(
         r'alert: OrdrecErrors.*?grpc_code=~"([^"]+)"', (ROOT / "docs" / "service.md").read_text(), re.S

@@ -59,6 +59,15 @@ def clustered_artifact(seed: int = 0, with_index: bool = True, graph: dict | Non
     )
 
 
+def served_clustered(folder: Path):
+    """The default clustered catalogue published into ``folder`` and loaded, with its item index."""
+    registry = Registry(folder)
+    registry.publish("big", clustered_artifact())
+    served = build_index(registry.load("big"))
+    assert served.ann is not None
+    return served
+
+
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     reg = Registry(tmp_path_factory.mktemp("catalog"))

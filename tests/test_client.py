@@ -150,6 +150,48 @@ def test_recommend(server, capsys):
     assert {i["id"] for i in candidates["results"][0]["items"]} == {"i001", "i002"}
 
 
+def test_similar_and_recommend_features(server, capsys):
+    similar = cli_json(
+        capsys, server, "similar", "--model", "coe", "--item", "i001", "--item", "i002", "--n", "4"
+    )
+    assert len(similar["items"]) == 4 and not {"i001", "i002"} & {i["id"] for i in similar["items"]}
+    explained = cli_json(
+        capsys,
+        server,
+        "recommend",
+        "--model",
+        "dcr",
+        "--user",
+        "u001",
+        "--n",
+        "3",
+        "--explain",
+        "2",
+        "--diversity",
+        "0.3",
+    )
+    assert len(explained["results"][0]["items"]) == 3
+    assert any(item["explanations"] for item in explained["results"][0]["items"])
+    code, out, _ = cli(
+        capsys,
+        "--target",
+        server.target,
+        "recommend",
+        "--model",
+        "dcr",
+        "--user",
+        "u001",
+        "--n",
+        "2",
+        "--explain",
+        "1",
+    )
+    assert code == 0 and "because of" in out
+    with pytest.raises(SystemExit) as bad:  # a bad command line: argparse's exit 2
+        main(["--target", server.target, "similar", "--item", "i001", "--max-per-attribute", "genre"])
+    assert bad.value.code == 2 and "NAME=M" in capsys.readouterr().err
+
+
 def test_tags_neighbors_coordinates_place(server, capsys):
     tags = cli_json(capsys, server, "tags", "--model", "rtf", "--user", "u001", "--item", "i001", "--n", "2")
     assert len(tags["tags"]) == 2
@@ -368,6 +410,7 @@ def test_every_subcommand_and_option_has_help(monkeypatch):
         "hide",
         "unhide",
         "hidden",
+        "similar",
     }
     assert all(c.help for c in action._choices_actions)
     for name, sub in choices.items():

@@ -327,7 +327,7 @@ def fitted():
 def test_index_contract(fitted):
     _, model = fitted
     index = index_class("coe").from_artifact(model.to_artifact())
-    assert index.rpcs == frozenset({"Recommend", "Neighbors", "Coordinates"})
+    assert index.rpcs == frozenset({"Recommend", "SimilarItems", "Neighbors", "Coordinates"})
     index.smoke()
     scores = index.score_users(np.array([0, 3]))
     assert scores.shape == (2, 60) and scores.dtype == np.float32

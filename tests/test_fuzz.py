@@ -109,6 +109,47 @@ def test_recommend_rules(stub, model, users, n, filter_, exclude):
     assert call_status(lambda: stub.Recommend(req, timeout=10)) in DOCUMENTED
 
 
+floats = st.one_of(st.floats(-0.5, 1.5), st.floats(allow_nan=True, allow_infinity=True, width=32))
+caps = st.one_of(st.none(), st.tuples(st.one_of(st.sampled_from(["genre", ""]), text), small))
+
+
+def _with_cap(request, cap):
+    if cap is not None:
+        request.max_per_attribute.attribute, request.max_per_attribute.max = cap
+    return request
+
+
+@SETTINGS
+@given(
+    model=st.sampled_from(MODELS),
+    users=st.lists(ids, max_size=3),
+    n=small,
+    explain=small,
+    diversity=floats,
+    cap=caps,
+)
+def test_recommend_features(stub, model, users, n, explain, diversity, cap):
+    req = pb.RecommendRequest(model=model, user_ids=users, n=n, explain=explain, diversity=diversity)
+    assert call_status(lambda: stub.Recommend(_with_cap(req, cap), timeout=10)) in DOCUMENTED
+
+
+@SETTINGS
+@given(
+    model=st.sampled_from(MODELS),
+    items=st.lists(ids, max_size=4),
+    n=small,
+    exclude=st.lists(ids, max_size=4),
+    filter_=filters,
+    diversity=floats,
+    cap=caps,
+)
+def test_similar_items(stub, model, items, n, exclude, filter_, diversity, cap):
+    req = pb.SimilarItemsRequest(
+        model=model, item_ids=items, n=n, exclude_item_ids=exclude, filter=filter_, diversity=diversity
+    )
+    assert call_status(lambda: stub.SimilarItems(_with_cap(req, cap), timeout=10)) in DOCUMENTED
+
+
 @SETTINGS
 @given(model=st.one_of(st.sampled_from(MODELS + ["*"]), text))
 def test_list_hidden(stub, model):
@@ -172,7 +213,16 @@ def test_record_interactions(stub, user, items):
 @given(
     body=st.binary(max_size=200),
     method=st.sampled_from(
-        ["Recommend", "Tags", "Neighbors", "Place", "RecordInteractions", "ListModels", "Coordinates"]
+        [
+            "Recommend",
+            "Tags",
+            "Neighbors",
+            "Place",
+            "RecordInteractions",
+            "ListModels",
+            "Coordinates",
+            "SimilarItems",
+        ]
     ),
 )
 def test_raw_bytes(server, body, method):

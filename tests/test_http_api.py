@@ -125,6 +125,12 @@ CASES: dict[str, list[dict]] = {
         {"model": "dcr", "userIds": ["u001"], "n": 0},  # INVALID_ARGUMENT
         {"model": "rtf", "userIds": ["u001"], "n": 3},  # FAILED_PRECONDITION: RTF does not recommend
         {"model": "nosuchmodel", "userIds": ["u001"], "n": 3},  # NOT_FOUND
+        {"model": "dcr", "userIds": ["u001"], "n": 4, "explain": 2, "diversity": 0.3},
+        {"model": "dcr", "userIds": ["u001"], "n": 4, "diversity": 2},  # INVALID_ARGUMENT
+    ],
+    "SimilarItems": [
+        {"model": "coe", "itemIds": ["i001", "i002"], "n": 4, "excludeItemIds": ["i003"]},
+        {"model": "dcr", "itemIds": ["not-an-item"], "n": 4},  # NOT_FOUND
     ],
     "Tags": [
         {"model": "rtf", "userId": "u001", "itemId": "i139", "n": 3},

@@ -218,13 +218,9 @@ def test_selective_filter_scores_only_the_eligible_rows(index):
 # ---------------------------------------------------- the approximate item index
 @pytest.fixture(scope="module")
 def graph_served(tmp_path_factory):
-    from tests.test_catalog import clustered_artifact
+    from tests.test_catalog import served_clustered
 
-    registry = Registry(tmp_path_factory.mktemp("rules-catalog"))
-    registry.publish("big", clustered_artifact())
-    served = build_index(registry.load("big"))
-    assert served.ann is not None
-    return served
+    return served_clustered(tmp_path_factory.mktemp("rules-catalog"))
 
 
 @settings(max_examples=100, deadline=None)

@@ -30,19 +30,39 @@ FALLBACK_POPULAR_ITEM: Fallback
 FALLBACK_POPULAR_USER: Fallback
 
 class ScoredId(_message.Message):
-    __slots__ = ("id", "score", "rating_distribution", "label")
+    __slots__ = ("id", "score", "rating_distribution", "label", "explanations")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RATING_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
+    EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     rating_distribution: _containers.RepeatedScalarFieldContainer[float]
     label: str
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ...) -> None: ...
+    explanations: _containers.RepeatedCompositeFieldContainer[Explanation]
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ..., explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ...) -> None: ...
+
+class Explanation(_message.Message):
+    __slots__ = ("id", "share", "similarity")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    share: float
+    similarity: float
+    def __init__(self, id: _Optional[str] = ..., share: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
+
+class AttributeCap(_message.Message):
+    __slots__ = ("attribute", "max")
+    ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    MAX_FIELD_NUMBER: _ClassVar[int]
+    attribute: str
+    max: int
+    def __init__(self, attribute: _Optional[str] = ..., max: _Optional[int] = ...) -> None: ...
 
 class RecommendRequest(_message.Message):
-    __slots__ = ("model", "user_ids", "n", "exclude_seen", "candidate_item_ids", "with_distribution", "exclude_item_ids", "filter")
+    __slots__ = ("model", "user_ids", "n", "exclude_seen", "candidate_item_ids", "with_distribution", "exclude_item_ids", "filter", "explain", "diversity", "max_per_attribute")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     USER_IDS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +71,9 @@ class RecommendRequest(_message.Message):
     WITH_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     EXCLUDE_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
     FILTER_FIELD_NUMBER: _ClassVar[int]
+    EXPLAIN_FIELD_NUMBER: _ClassVar[int]
+    DIVERSITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_PER_ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
     model: str
     user_ids: _containers.RepeatedScalarFieldContainer[str]
     n: int
@@ -59,7 +82,10 @@ class RecommendRequest(_message.Message):
     with_distribution: bool
     exclude_item_ids: _containers.RepeatedScalarFieldContainer[str]
     filter: str
-    def __init__(self, model: _Optional[str] = ..., user_ids: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., candidate_item_ids: _Optional[_Iterable[str]] = ..., with_distribution: _Optional[bool] = ..., exclude_item_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[str] = ...) -> None: ...
+    explain: int
+    diversity: float
+    max_per_attribute: AttributeCap
+    def __init__(self, model: _Optional[str] = ..., user_ids: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., exclude_seen: _Optional[bool] = ..., candidate_item_ids: _Optional[_Iterable[str]] = ..., with_distribution: _Optional[bool] = ..., exclude_item_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[str] = ..., explain: _Optional[int] = ..., diversity: _Optional[float] = ..., max_per_attribute: _Optional[_Union[AttributeCap, _Mapping]] = ...) -> None: ...
 
 class UserRecommendations(_message.Message):
     __slots__ = ("user_id", "items", "fallback", "folded_in", "model_version")
@@ -330,3 +356,35 @@ class ListHiddenResponse(_message.Message):
     scopes: _containers.RepeatedCompositeFieldContainer[HiddenItems]
     rules_stale: bool
     def __init__(self, scopes: _Optional[_Iterable[_Union[HiddenItems, _Mapping]]] = ..., rules_stale: _Optional[bool] = ...) -> None: ...
+
+class SimilarItemsRequest(_message.Message):
+    __slots__ = ("model", "item_ids", "n", "exclude_item_ids", "filter", "diversity", "max_per_attribute")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDE_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    DIVERSITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_PER_ATTRIBUTE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    item_ids: _containers.RepeatedScalarFieldContainer[str]
+    n: int
+    exclude_item_ids: _containers.RepeatedScalarFieldContainer[str]
+    filter: str
+    diversity: float
+    max_per_attribute: AttributeCap
+    def __init__(self, model: _Optional[str] = ..., item_ids: _Optional[_Iterable[str]] = ..., n: _Optional[int] = ..., exclude_item_ids: _Optional[_Iterable[str]] = ..., filter: _Optional[str] = ..., diversity: _Optional[float] = ..., max_per_attribute: _Optional[_Union[AttributeCap, _Mapping]] = ...) -> None: ...
+
+class SimilarItemsResponse(_message.Message):
+    __slots__ = ("items", "model", "model_version", "rules_stale", "unknown_item_ids")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RULES_STALE_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_ITEM_IDS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ScoredId]
+    model: str
+    model_version: str
+    rules_stale: bool
+    unknown_item_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, items: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., rules_stale: _Optional[bool] = ..., unknown_item_ids: _Optional[_Iterable[str]] = ...) -> None: ...

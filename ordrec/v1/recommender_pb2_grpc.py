@@ -84,6 +84,11 @@ class RecommenderStub:
                 request_serializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenRequest.SerializeToString,
                 response_deserializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenResponse.FromString,
                 _registered_method=True)
+        self.SimilarItems = channel.unary_unary(
+                '/ordrec.v1.Recommender/SimilarItems',
+                request_serializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsRequest.SerializeToString,
+                response_deserializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsResponse.FromString,
+                _registered_method=True)
 
 
 class RecommenderServicer:
@@ -161,6 +166,14 @@ class RecommenderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SimilarItems(self, request, context):
+        """Items most similar to one item or a basket of items, by the model's own item
+        similarity (DCR, Pairwise DCR, COE; docs/service.md, "Similar items").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecommenderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -213,6 +226,11 @@ def add_RecommenderServicer_to_server(servicer, server):
                     servicer.ListHidden,
                     request_deserializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenRequest.FromString,
                     response_serializer=ordrec_dot_v1_dot_recommender__pb2.ListHiddenResponse.SerializeToString,
+            ),
+            'SimilarItems': grpc.unary_unary_rpc_method_handler(
+                    servicer.SimilarItems,
+                    request_deserializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsRequest.FromString,
+                    response_serializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -485,6 +503,33 @@ class Recommender:
             '/ordrec.v1.Recommender/ListHidden',
             ordrec_dot_v1_dot_recommender__pb2.ListHiddenRequest.SerializeToString,
             ordrec_dot_v1_dot_recommender__pb2.ListHiddenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SimilarItems(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordrec.v1.Recommender/SimilarItems',
+            ordrec_dot_v1_dot_recommender__pb2.SimilarItemsRequest.SerializeToString,
+            ordrec_dot_v1_dot_recommender__pb2.SimilarItemsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -76,7 +76,7 @@ def check_finite(name: str, array: np.ndarray, block_bytes: int = 1 << 24) -> No
 class RecommenderIndex(ModelIndex):
     """Top-N items for a user: the one ``recommend`` signature of every model."""
 
-    rpcs = frozenset({"Recommend"})
+    rpcs = frozenset({"Recommend", "SimilarItems"})
     # What answers recommend() over the whole catalogue (ListModels, metrics): every
     # kind scores exactly unless it opens an approximate index (service/ann.py).
     search: str = "exact"

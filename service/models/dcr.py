@@ -147,6 +147,16 @@ class DCRIndex(RecommenderIndex):
             self._item = self.ann.vectors()
         check_finite("item_factors", self._item)
 
+    @property
+    def item_factors(self) -> np.ndarray:
+        """The item factors exact scoring reads, ``(n_items, levels x rank)`` float32."""
+        return self._item
+
+    @property
+    def level_scale(self) -> np.ndarray:
+        """Each factor column's level weight ``c_t`` (what the user side is multiplied by)."""
+        return self._scale
+
     @staticmethod
     def _open_ann(artifact: Artifact, item: np.ndarray):
         entry = artifact.indexes.get("items")
