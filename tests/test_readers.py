@@ -4,7 +4,6 @@ round-trip property test. Real files under $ORDREC_DATA in the slow tests."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +34,7 @@ from ordrec.trainer.data.types import (
     TagAssignments,
     excerpt,
 )
-
-DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from tests.conftest import data_file
 
 
 def write(path: Path, text: str, encoding: str = "utf-8", newline: str = "\n") -> Path:
@@ -621,10 +619,7 @@ def test_round_trip_numeric_ml100k(tmp_path, data):
 
 # ------------------------------------------------------------------ real data
 def real(*parts) -> Path:
-    path = DATA.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"real data not found at {path} (set ORDREC_DATA)")
-    return path
+    return data_file(*parts)
 
 
 @pytest.mark.slow

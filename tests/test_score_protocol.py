@@ -4,15 +4,13 @@ table, and (slow) the paper's Zoo figures on the real data."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ordrec.trainer.cli import main as cli_main
-
-DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from tests.conftest import data_file
 
 
 def write_table(path: Path, n: int = 40, m: int = 4, seed: int = 0) -> None:
@@ -86,10 +84,7 @@ def test_unknown_aspect_is_a_usage_error(tmp_path, capsys):
 
 # ------------------------------------------------------------------ real data
 def _zoo() -> Path:
-    path = DATA_ROOT / "zoo" / "zoo.data"
-    if not path.exists():
-        pytest.skip(f"real data not found at {path} (set ORDREC_DATA)")
-    return path
+    return data_file("zoo", "zoo.data")
 
 
 @pytest.mark.slow
