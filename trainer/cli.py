@@ -395,6 +395,29 @@ def format_erasure(report, redis_given: bool) -> str:
     return "\n".join(lines)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Top-N of every (or every listed) user from one version, to a file (``trainer/export.py``)."""
+    from ordrec.trainer.export import export, export_format, read_users
+
+    export_format(args.out)  # a bad extension fails before any work
+    if args.n < 1:
+        raise ValueError(f"--n must be at least 1, got {args.n}")
+    users = read_users(args.users) if args.users else None
+    hidden = None
+    if args.redis:
+        from ordrec.service.hidden import RedisBackend
+        from ordrec.service.redis_state import connect
+
+        hidden = RedisBackend(connect(args.redis, 10.0))
+    registry = open_registry(args.registry)
+    summary = export(registry, args.model, args.n, args.out, users, args.version, hidden, args.batch)
+    print(
+        f"wrote {summary.rows} recommendations for {summary.users} users to {args.out}"
+        f" ({summary.fallbacks} fallback, {summary.forgotten} forgotten)"
+    )
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from ordrec.trainer.report_html import write_report
 
@@ -570,6 +593,23 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     )
     forget.add_argument("--reason", help="why, e.g. the request's ticket (logged with the id's sha256)")
     forget.set_defaults(func=cmd_forget)
+
+    ex = sub.add_parser(
+        "export", help="write the top-N of every user (or a list) from a version, as Recommend answers"
+    )
+    ex.add_argument("model")
+    ex.add_argument("--registry", required=True)
+    ex.add_argument("--n", type=int, default=100, help="items per user")
+    ex.add_argument("--out", required=True, help="FILE.csv, FILE.jsonl or FILE.parquet (replaced atomically)")
+    ex.add_argument(
+        "--users", metavar="FILE", help="user ids, one a line (default: every user of the version)"
+    )
+    ex.add_argument("--version", help="the version (default: the live one)")
+    ex.add_argument(
+        "--redis", metavar="URL", help="read hidden items from the servers' Redis (else the registry)"
+    )
+    ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
+    ex.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")
     report.add_argument("--registry", required=True)
