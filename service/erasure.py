@@ -7,7 +7,8 @@ In order (every step is idempotent, so a failed erasure is simply asked again):
 2. Redis: the seen set ``ordrec:seen:<id>``, the recorded ratings
    ``ordrec:ratings:<id>``, the online-evaluation keys ``ordrec:served:<model>:<id>``
    and the user's entries of the stream ``ordrec:events`` (XDEL, counted in
-   ``ordrec:events:erased`` so the trainer does not take them for trimmed ones);
+   ``ordrec:events:erased`` so the trainer does not take them for trimmed ones;
+   the stream is then copied afresh, as XDEL leaves the bytes in place);
 3. the registry: the user's events in every model's accumulated events file
    (the checkpoint is rewritten), and every version whose user ids name them,
    unless it is live, pinned or a split's candidate (then it is *pending*: the
@@ -103,7 +104,10 @@ def erase_from_redis(
     if served:
         report.served_keys += int(client.delete(*served))
     doomed, last = stream_entries_of(client, user_id, after)
-    report.stream_entries += delete_stream_entries(client, doomed)
+    deleted = delete_stream_entries(client, doomed)
+    if deleted:
+        compact_stream(client)
+    report.stream_entries += deleted
     return last
 
 
@@ -139,6 +143,47 @@ def delete_stream_entries(client: redis.Redis, ids: list[str]) -> int:
     for start in range(0, len(ids), _PAGE):
         removed += int(client.eval(_XDEL_COUNTED, 2, EVENTS_STREAM, ERASED_KEY, *ids[start : start + _PAGE]))
     return removed
+
+
+# The tail recorded since the copy began, the stream's counters, then the swap: one atomic step.
+_SWAP_COMPACTED = """
+local tail = redis.call('XRANGE', KEYS[1], ARGV[1], '+')
+for _, entry in ipairs(tail) do redis.call('XADD', KEYS[2], entry[1], unpack(entry[2])) end
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+local info = redis.call('XINFO', 'STREAM', KEYS[1])
+local field = {}
+for i = 1, #info, 2 do field[info[i]] = info[i + 1] end
+redis.call('XSETID', KEYS[2], field['last-generated-id'], 'ENTRIESADDED', field['entries-added'],
+    'MAXDELETEDID', field['max-deleted-entry-id'])
+redis.call('RENAME', KEYS[2], KEYS[1])
+return #tail
+"""
+
+
+def compact_stream(client: redis.Redis) -> None:
+    """Copy ``ordrec:events`` into a fresh stream and swap it in.
+
+    XDEL only marks an entry deleted: its bytes stay in the stream's node (and
+    so in DUMP, snapshots and the append-only file) until every entry of that
+    node is gone. The copy holds the surviving entries only, under the same ids
+    and counters, so the trainer's checkpoints stay valid. The bulk is copied
+    page by page; what arrives meanwhile is copied in the atomic swap.
+    """
+    copy = EVENTS_STREAM + ":compacting"
+    client.delete(copy)
+    start, last = "-", None
+    while True:
+        entries = client.xrange(EVENTS_STREAM, min=start, max="+", count=_PAGE)
+        pipe = client.pipeline(transaction=False)
+        for entry_id, fields in entries:
+            pipe.xadd(copy, fields, id=entry_id)
+        pipe.execute()
+        if entries:
+            last = entries[-1][0]
+            start = f"({last}"
+        if len(entries) < _PAGE:
+            break
+    client.eval(_SWAP_COMPACTED, 2, EVENTS_STREAM, copy, "-" if last is None else f"({last}")
 
 
 def rewrite_redis_files(client: redis.Redis) -> str:

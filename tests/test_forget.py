@@ -1,0 +1,245 @@
+"""Forgetting a user end to end: a real ``ordrec-serve``, a real redis-server with its
+append-only file, a moto S3 registry and real ``ordrec-train run`` jobs with ``[events]``.
+
+The user is in the operator's ratings file and recorded interactions through the
+server; after ``ordrec-client forget`` and the next training no object in the
+registry, no Redis key, value or stream entry, no file of Redis on disk, no export
+and no server log line holds their id, and their answer is the fallback's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import boto3
+import grpc
+import pytest
+import redis
+
+from ordrec.client import Client
+from ordrec.service.objectstore import parse_s3_url
+from ordrec.tools.process import ServerProcess, run_cli, wait_for
+from ordrec.v1 import recommender_pb2 as pb
+from tests.conftest import RedisServer
+from tests.test_job import job_text
+
+pytestmark = pytest.mark.redis
+
+USER = "erase-me-7f3a"  # distinctive: a substring search cannot hit it by chance
+KEPT = "keep-me-51c9"  # recorded alike and never forgotten: the searches can find what is there
+
+
+@pytest.fixture
+def aof_redis(tmp_path):
+    folder = tmp_path / "aof"
+    folder.mkdir()
+    server = RedisServer(aof_dir=folder).start()
+    yield server
+    server.stop()
+
+
+def ratings_with_user(sample: Path, folder: Path) -> Path:
+    """The operator's input: the sample ratings plus a few of USER's."""
+    lines = (sample / "ratings.data").read_text()
+    extra = "".join(f"{USER}\ti{n:03d}\t{1 + n % 5}\t88125000{n}\n" for n in range(1, 9))
+    path = folder / "ratings.data"
+    path.write_text(lines + extra)
+    return path
+
+
+def write_job(folder: Path, ratings: Path, registry: str, url: str) -> Path:
+    # Path() would fold s3:// into s3:/, hence the placeholder
+    text = job_text(ratings.parent, Path("REGISTRY"), "n_components = 4, max_iter = 3", 1.0)
+    text = text.replace('registry = "REGISTRY"', f'registry = "{registry}"\nlock = "{folder / "job.lock"}"')
+    path = folder / "job.toml"
+    path.write_text(text + f'\n[events]\nredis = "{url}"\ntimeout = 2\n')
+    return path
+
+
+def run_job(job: Path) -> str:
+    result = run_cli(["ordrec.trainer", "run", str(job)], check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+def s3_objects(url: str) -> dict[str, bytes]:
+    bucket, prefix = parse_s3_url(url)
+    s3 = boto3.session.Session().client("s3")
+    keys = [
+        o["Key"]
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket)
+        for o in page.get("Contents", [])
+    ]
+    return {k: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys if k.startswith(prefix)}
+
+
+def redis_dump(client: redis.Redis) -> list[bytes]:
+    """Every key, every value (DUMP) and every stream entry, as bytes."""
+    found = []
+    for key in client.scan_iter(count=1000):
+        found += [key, client.dump(key) or b""]
+        if client.type(key) == b"stream":
+            for entry_id, fields in client.xrange(key):
+                found += [entry_id, *fields.keys(), *fields.values()]
+    return found
+
+
+def aof_files(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def holding(blobs, needle: str) -> list:
+    return [b for b in blobs if needle.encode() in (b if isinstance(b, bytes) else str(b).encode())]
+
+
+def wait_rewritten(client: redis.Redis) -> None:
+    def done() -> bool:
+        info = client.info("persistence")
+        return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+
+    wait_for(done, timeout=30, what="the append-only file rewrite")
+
+
+def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
+    aof_redis, s3_url, sample_dir, tmp_path
+):
+    ratings = ratings_with_user(sample_dir, tmp_path)
+    job = write_job(tmp_path, ratings, s3_url, aof_redis.url)
+    run_job(job)  # version 1: USER from the ratings file
+    raw = redis.Redis.from_url(aof_redis.url)
+    cache = tmp_path / "cache"
+    with (
+        ServerProcess(
+            s3_url,
+            "--redis",
+            aof_redis.url,
+            "--poll-interval",
+            "0.2",
+            "--online-sample-rate",
+            "1",
+            "--cache-dir",
+            str(cache),
+        ) as proc,
+        Client(proc.target, timeout=10) as client,
+    ):
+        for user in (USER, KEPT):
+            client.record(user, ratings={"i020": 5.0, "i021": 4.0, "i022": 1.0}, model="dcr")
+            client.recommend(user, model="dcr", n=5)  # sampled: an online-evaluation key
+        first = client.models().models[0].version
+        run_job(job)  # version 2: trained on the recorded events too
+        wait_for(lambda: client.models().models[0].version != first, timeout=30, what="version 2 to load")
+        assert holding(s3_objects(s3_url).values(), USER) and holding(redis_dump(raw), USER)
+        assert holding(aof_files(aof_redis.aof_dir).values(), USER)  # the searches find what is there
+
+        started = time.monotonic()
+        out = run_cli(
+            [
+                "ordrec.client_cli",
+                "--target",
+                proc.target,
+                "forget",
+                "--user",
+                USER,
+                "--reason",
+                "ticket 123",
+                "--json",
+            ]
+        )
+        erased = time.monotonic() - started
+        reply = json.loads(out.stdout)
+        counts = {
+            k: int(reply[k])
+            for k in ("stream_entries", "seen_items", "ratings", "served_keys", "checkpoint_events")
+        }
+        assert counts == {
+            "stream_entries": 3,
+            "seen_items": 3,
+            "ratings": 3,
+            "served_keys": 1,
+            "checkpoint_events": 3,
+        }
+        assert len(reply["versions_removed"]) == 1 and len(reply["versions_pending"]) == 1  # v1 gone, v2 live
+        assert reply["redis_rewrite"] == "append-only file rewrite started"
+
+        unknown = client.recommend("never-seen-user", model="dcr", n=10).results[0]
+        answer = client.recommend(USER, model="dcr", n=10).results[0]
+        assert answer.fallback == pb.FALLBACK_POPULAR_GLOBAL and not answer.folded_in
+        assert [(i.id, i.score) for i in answer.items] == [(i.id, i.score) for i in unknown.items]
+        assert client.record(USER, ["i030"]).forgotten  # nothing recorded any more
+        print(
+            f"time to erasure (ForgetUser call through the CLI, answers are the fallback's): {erased:.2f} s"
+        )
+
+        log = run_job(job)  # version 3: trained without USER; version 2 removed
+        assert "forgotten users=1 rows=8 dropped" in log and "forgotten=0" in log
+        wait_for(lambda: client.models().models[0].version not in (first,), timeout=30, what="version 3")
+        live = client.models().models[0].version
+        answer = client.recommend(USER, model="dcr", n=10).results[0]
+        assert answer.fallback == pb.FALLBACK_POPULAR_GLOBAL
+        run_cli(
+            [
+                "ordrec.trainer",
+                "export",
+                "dcr",
+                "--registry",
+                s3_url,
+                "--n",
+                "5",
+                "--out",
+                str(tmp_path / "recs.jsonl"),
+            ]
+        )
+        run_cli(
+            [
+                "ordrec.trainer",
+                "events",
+                "export",
+                "--redis",
+                aof_redis.url,
+                "--out",
+                str(tmp_path / "events.csv"),
+            ]
+        )
+        server_log = "".join(proc.output)
+    wait_rewritten(raw)
+
+    objects = s3_objects(s3_url)
+    assert not [k for k, body in objects.items() if USER.encode() in k.encode() + body]
+    assert [k for k, body in objects.items() if KEPT.encode() in body]  # kept users stay
+    assert live in {k.split("/")[2] for k in objects if k.count("/") > 2}
+    assert not holding(redis_dump(raw), USER) and holding(redis_dump(raw), KEPT)
+    assert not [p for p, body in aof_files(aof_redis.aof_dir).items() if USER.encode() in body]
+    exports = [(tmp_path / "recs.jsonl").read_text(), (tmp_path / "events.csv").read_text()]
+    assert KEPT in exports[0] and KEPT in exports[1] and not holding(exports, USER)
+    assert USER not in server_log and "ticket 123" in server_log
+
+
+def test_forget_is_refused_with_a_clear_status_for_bad_requests(sample_registry):
+    with ServerProcess(sample_registry) as proc, grpc.insecure_channel(proc.target) as channel:
+        stub = pb_stub(channel)
+        for request, field in (
+            (pb.ForgetUserRequest(user_id=""), "user_id"),
+            (pb.ForgetUserRequest(user_id="x" * 5000), "user_id"),
+            (pb.ForgetUserRequest(user_id="u001", reason="line\nbreak"), "reason"),
+            (pb.ForgetUserRequest(user_id="u001", reason="r" * 2000), "reason"),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ForgetUser(request, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+
+
+def test_forget_needs_the_token_when_the_server_has_tokens(sample_registry, tmp_path):
+    tokens = tmp_path / "tokens"
+    tokens.write_text("a-token-of-at-least-16-chars\n")
+    with ServerProcess(sample_registry, "--token-file", str(tokens)) as proc:
+        with Client(proc.target, timeout=10, retries=0) as client, pytest.raises(grpc.RpcError) as err:
+            client.forget("u001")
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def pb_stub(channel):
+    from ordrec.v1 import recommender_pb2_grpc
+
+    return recommender_pb2_grpc.RecommenderStub(channel)
