@@ -410,7 +410,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         hidden = RedisBackend(connect(args.redis, 10.0))
     registry = open_registry(args.registry)
-    summary = export(registry, args.model, args.n, args.out, users, args.version, hidden, args.batch)
+    if args.workers < 1 or args.batch < 1:
+        raise ValueError("--workers and --batch must be at least 1")
+    summary = export(
+        registry, args.model, args.n, args.out, users, args.version, hidden, args.batch, workers=args.workers
+    )
     print(
         f"wrote {summary.rows} recommendations for {summary.users} users to {args.out}"
         f" ({summary.fallbacks} fallback, {summary.forgotten} forgotten)"
@@ -609,6 +613,12 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         "--redis", metavar="URL", help="read hidden items from the servers' Redis (else the registry)"
     )
     ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
+    ex.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes scoring batches (each maps the version; 2 on 2 cores)",
+    )
     ex.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")

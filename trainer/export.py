@@ -42,13 +42,15 @@ DEFAULT_BATCH = 1000
 
 
 @dataclass
-class Answer:
-    """One user's top-N: item ids and scores (higher is better), and whether it is the fallback."""
+class Batch:
+    """Top-N of a batch of users: item rows and scores (``-1`` / NaN past the items there
+    were), and which answers are the fallback."""
 
-    user: str
-    items: list[str]
-    scores: list[float]
-    fallback: bool
+    users: list[str]
+    items: np.ndarray  # int64, (users, n)
+    scores: np.ndarray  # float64, (users, n)
+    fallback: np.ndarray  # bool, (users,)
+    forgotten: int = 0  # users of the batch the version knows but who were forgotten
 
 
 @dataclass
@@ -97,66 +99,83 @@ def _id_problem(line: str, max_length: int) -> str | None:
     return None
 
 
-def answers(
-    registry,
-    model: str,
-    n: int,
-    users: list[str] | None,
-    version: str | None = None,
-    hidden=None,
-    batch: int = DEFAULT_BATCH,
-) -> tuple[Iterator[list[Answer]], int, ExportSummary]:
-    """Batches of answers, how many users there will be, and the summary they fill in."""
+@dataclass
+class _Scorer:
+    """What scoring needs, in the exporting process or in each worker."""
+
+    index: Any
+    n: int
+    eligible: Any
+    forgotten: frozenset[str]
+
+    def batch(self, users: list[str]) -> Batch:
+        """The batch's answers: ``recommend_many`` for known users, the fallback for the rest."""
+        index, n = self.index, self.n
+        rows = index.users.rows(users)
+        forgotten = 0
+        if self.forgotten:
+            gone = np.array([user_digest(u) in self.forgotten for u in users], dtype=bool)
+            forgotten = int((gone & (rows >= 0)).sum())
+            rows[gone] = -1
+        items = np.full((len(users), n), -1, dtype=np.int64)
+        scores = np.full((len(users), n), np.nan, dtype=np.float64)
+        known = np.flatnonzero(rows >= 0)
+        found = (
+            index.recommend_many(
+                rows[known], n, excludes=[index.seen(int(rows[i])) for i in known], eligible=self.eligible
+            )
+            if known.size
+            else []
+        )
+        for i, (item_rows, item_scores) in zip(known.tolist(), found):
+            items[i, : len(item_rows)], scores[i, : len(item_rows)] = item_rows, item_scores
+        fallback = rows < 0
+        if fallback.any():
+            item_rows, item_scores = index.popular(n, eligible=self.eligible)
+            items[fallback, : len(item_rows)], scores[fallback, : len(item_rows)] = item_rows, item_scores
+        return Batch(users, items, scores, fallback, forgotten)
+
+
+def _scorer(registry, model: str, n: int, version: str | None, hidden_sets, forgotten) -> _Scorer:
     index = build_index(registry.load(model, version))
     if not hasattr(index, "recommend_many"):
         raise ValueError(f"model {model!r} ({index.kind}) does not answer Recommend")
-    sets = (hidden or RegistryBackend(registry)).read()
-    eligible = hidden_mask(index.items, [sets.get(ALL_MODELS, frozenset()), sets.get(model, frozenset())])
-    forgotten = read_forgotten(registry)
-    summary = ExportSummary()
-    if users is None:
-        kept = [u for u in index.users.ids if not (forgotten and user_digest(u) in forgotten)]
-        summary.forgotten = len(index.users) - len(kept)
-        users = kept
-    total = len(users)
-
-    def batches() -> Iterator[list[Answer]]:
-        for start in range(0, total, batch):
-            chunk = users[start : start + batch]
-            rows = index.users.rows(chunk)
-            if forgotten:
-                gone = np.array([user_digest(u) in forgotten for u in chunk], dtype=bool)
-                summary.forgotten += int((gone & (rows >= 0)).sum())
-                rows[gone] = -1
-            yield _answer_batch(index, chunk, rows, n, eligible, summary)
-
-    return batches(), total, summary
+    hidden = [hidden_sets.get(ALL_MODELS, frozenset()), hidden_sets.get(model, frozenset())]
+    return _Scorer(index, n, hidden_mask(index.items, hidden), forgotten)
 
 
-def _answer_batch(
-    index, users: list[str], rows: np.ndarray, n: int, eligible, summary: ExportSummary
-) -> list[Answer]:
-    known = np.flatnonzero(rows >= 0)
-    ranked: list[Any] = [None] * len(users)
-    if known.size:
-        found = index.recommend_many(
-            rows[known], n, excludes=[index.seen(int(rows[i])) for i in known], eligible=eligible
-        )
-        for i, answer in zip(known.tolist(), found):
-            ranked[i] = answer
-    popular = None
-    out = []
-    for i, user in enumerate(users):
-        fallback = ranked[i] is None
-        if fallback:
-            popular = popular or index.popular(n, eligible=eligible)
-            ranked[i] = popular
-        item_rows, scores = ranked[i]
-        out.append(Answer(user, index.items.externals(item_rows.tolist()), scores.tolist(), fallback))
-        summary.rows += len(item_rows)
-    summary.users += len(users)
-    summary.fallbacks += sum(a.fallback for a in out)
-    return out
+_WORKER: dict[str, _Scorer] = {}
+
+
+def _start_worker(location: str, model: str, n: int, version: str, hidden_sets, forgotten) -> None:
+    from ordrec.service.objectstore import open_registry
+
+    _WORKER["scorer"] = _scorer(open_registry(location), model, n, version, hidden_sets, forgotten)
+
+
+def _worker_batch(users: list[str]) -> Batch:
+    return _WORKER["scorer"].batch(users)
+
+
+def _batches(scorer: _Scorer, chunks: list[list[str]], workers: int, start_args: tuple) -> Iterator[Batch]:
+    """The chunks' answers in order: here, or in ``workers`` processes (each loads the
+    version itself, memory-mapped), at most two chunks a worker in flight."""
+    if workers <= 1 or len(chunks) <= 1:
+        yield from map(scorer.batch, chunks)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_start_worker, initargs=start_args
+    ) as pool:
+        pending = [pool.submit(_worker_batch, chunk) for chunk in chunks[: 2 * workers]]
+        for position in range(len(chunks)):
+            batch = pending.pop(0).result()
+            if position + 2 * workers < len(chunks):
+                pending.append(pool.submit(_worker_batch, chunks[position + 2 * workers]))
+            yield batch
 
 
 def export(
@@ -169,18 +188,32 @@ def export(
     hidden=None,
     batch: int = DEFAULT_BATCH,
     progress: bool = True,
+    workers: int = 1,
 ) -> ExportSummary:
     """Write the answers to ``out`` atomically (see the module docstring); the summary."""
     fmt = export_format(out)
-    batches, total, summary = answers(registry, model, n, users, version, hidden, batch)
+    version = registry.requested_version(model, version)
+    hidden_sets = (hidden or RegistryBackend(registry)).read()
+    forgotten = read_forgotten(registry)
+    scorer = _scorer(registry, model, n, version, hidden_sets, forgotten)
+    summary = ExportSummary()
+    if users is None:
+        users = [u for u in scorer.index.users.ids if not (forgotten and user_digest(u) in forgotten)]
+        summary.forgotten = len(scorer.index.users) - len(users)
+    chunks = [users[start : start + batch] for start in range(0, len(users), batch)]
+    start_args = (str(registry.root), model, n, version, hidden_sets, forgotten)
+    item_ids = np.array(scorer.index.items.ids, dtype=object)
     folder = os.path.dirname(os.path.abspath(out))
     fd, tmp = tempfile.mkstemp(prefix=".ordrec-export-", dir=folder)
     try:
-        with os.fdopen(fd, "wb") as fh, Progress(f"export {model}", total, enabled=progress) as bar:
+        with os.fdopen(fd, "wb") as fh, Progress(f"export {model}", len(users), enabled=progress) as bar:
             writer = _WRITERS[fmt](fh)
-            for chunk in batches:
-                writer.write(chunk)
-                bar.update(len(chunk))
+            for answered in _batches(scorer, chunks, workers, start_args):
+                summary.rows += writer.write(answered, item_ids)
+                summary.users += len(answered.users)
+                summary.fallbacks += int(answered.fallback.sum())
+                summary.forgotten += answered.forgotten
+                bar.update(len(answered.users))
             writer.close()
             fh.flush()
             os.fsync(fh.fileno())
@@ -191,6 +224,19 @@ def export(
     return summary
 
 
+def _long(batch: Batch, item_ids: np.ndarray) -> dict[str, np.ndarray]:
+    """One entry per (user, rank): the columns of the csv and parquet files."""
+    valid = batch.items >= 0
+    counts = valid.sum(axis=1)
+    return {
+        "user": np.repeat(np.array(batch.users, dtype=object), counts),
+        "rank": np.cumsum(valid, axis=1, dtype=np.int32)[valid],
+        "item": item_ids[batch.items[valid]],
+        "score": batch.scores[valid],
+        "fallback": np.repeat(batch.fallback, counts),
+    }
+
+
 class _CsvWriter:
     def __init__(self, fh: IO[bytes]):
         import io
@@ -199,12 +245,13 @@ class _CsvWriter:
         self.csv = csv.writer(self.text)
         self.csv.writerow(["user", "rank", "item", "score", "fallback"])
 
-    def write(self, chunk: list[Answer]) -> None:
+    def write(self, batch: Batch, item_ids: np.ndarray) -> int:
+        c = _long(batch, item_ids)
+        scores = map(repr, c["score"].tolist())  # repr: the exact float back
         self.csv.writerows(
-            (a.user, rank, item, repr(score), int(a.fallback))
-            for a in chunk
-            for rank, (item, score) in enumerate(zip(a.items, a.scores), 1)
+            zip(c["user"], c["rank"].tolist(), c["item"], scores, c["fallback"].astype(int).tolist())
         )
+        return len(c["user"])
 
     def close(self) -> None:
         self.text.flush()
@@ -215,14 +262,22 @@ class _JsonlWriter:
     def __init__(self, fh: IO[bytes]):
         self.fh = fh
 
-    def write(self, chunk: list[Answer]) -> None:
-        self.fh.write(
-            "".join(
-                json.dumps({"user": a.user, "fallback": a.fallback, "items": a.items, "scores": a.scores})
-                + "\n"
-                for a in chunk
-            ).encode("utf-8")
-        )
+    def write(self, batch: Batch, item_ids: np.ndarray) -> int:
+        lines, rows = [], 0
+        for user, items, scores, fallback in zip(
+            batch.users, batch.items, batch.scores, batch.fallback.tolist()
+        ):
+            valid = items >= 0
+            rows += int(valid.sum())
+            record = {
+                "user": user,
+                "fallback": fallback,
+                "items": item_ids[items[valid]].tolist(),
+                "scores": scores[valid].tolist(),
+            }
+            lines.append(json.dumps(record) + "\n")
+        self.fh.write("".join(lines).encode("utf-8"))
+        return rows
 
     def close(self) -> None:
         pass
@@ -247,16 +302,10 @@ class _ParquetWriter:
         )
         self.writer = pq.ParquetWriter(fh, self.schema)
 
-    def write(self, chunk: list[Answer]) -> None:
-        counts = [len(a.items) for a in chunk]
-        columns = {
-            "user": np.repeat(np.array([a.user for a in chunk], dtype=object), counts),
-            "rank": np.concatenate([np.arange(1, c + 1, dtype=np.int32) for c in counts]) if chunk else [],
-            "item": [item for a in chunk for item in a.items],
-            "score": [score for a in chunk for score in a.scores],
-            "fallback": np.repeat([a.fallback for a in chunk], counts),
-        }
+    def write(self, batch: Batch, item_ids: np.ndarray) -> int:
+        columns = _long(batch, item_ids)
         self.writer.write_table(self.pa.table(columns, schema=self.schema))
+        return len(columns["user"])
 
     def close(self) -> None:
         self.writer.close()
