@@ -27,6 +27,7 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import redis
 
@@ -128,13 +129,19 @@ def stream_entries_of(client: redis.Redis, user_id: str, after: str | None) -> t
     """Ids of the user's ``ordrec:events`` entries after ``after`` (all with None), and the last id read."""
     start, doomed, last = "-" if after in (None, "-") else f"({after}", [], after
     while True:
-        entries = client.xrange(EVENTS_STREAM, min=start, max="+", count=_PAGE)
+        entries = _page(client, start)
         doomed += [entry_id for entry_id, fields in entries if fields.get("user") == user_id]
         if entries:
             last = entries[-1][0]
             start = f"({last}"
         if len(entries) < _PAGE:
             return doomed, last
+
+
+def _page(client: redis.Redis, start: str) -> list[tuple[str, dict[str, str]]]:
+    """One page of ``ordrec:events`` from ``start`` (the client decodes responses to str)."""
+    entries = client.xrange(EVENTS_STREAM, min=start, max="+", count=_PAGE)
+    return cast("list[tuple[str, dict[str, str]]]", entries or [])
 
 
 def delete_stream_entries(client: redis.Redis, ids: list[str]) -> int:
@@ -173,10 +180,10 @@ def compact_stream(client: redis.Redis) -> None:
     client.delete(copy)
     start, last = "-", None
     while True:
-        entries = client.xrange(EVENTS_STREAM, min=start, max="+", count=_PAGE)
+        entries = _page(client, start)
         pipe = client.pipeline(transaction=False)
         for entry_id, fields in entries:
-            pipe.xadd(copy, fields, id=entry_id)
+            pipe.xadd(copy, cast(dict, fields), id=entry_id)
         pipe.execute()
         if entries:
             last = entries[-1][0]

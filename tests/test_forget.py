@@ -22,22 +22,12 @@ from ordrec.client import Client
 from ordrec.service.objectstore import parse_s3_url
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
-from tests.conftest import RedisServer
 from tests.test_job import job_text
 
 pytestmark = pytest.mark.redis
 
 USER = "erase-me-7f3a"  # distinctive: a substring search cannot hit it by chance
 KEPT = "keep-me-51c9"  # recorded alike and never forgotten: the searches can find what is there
-
-
-@pytest.fixture
-def aof_redis(tmp_path):
-    folder = tmp_path / "aof"
-    folder.mkdir()
-    server = RedisServer(aof_dir=folder).start()
-    yield server
-    server.stop()
 
 
 def ratings_with_user(sample: Path, folder: Path) -> Path:

@@ -381,32 +381,23 @@ def export(client, out: str, since: str | None = None, fmt: str = "csv", page: i
     id back as ``since`` to export only what is new.
     """
     import csv
-    import os
-    import tempfile
+
+    from ordrec.trainer.atomic import atomic_output
 
     if since is not None:
         stream_id(since)
-    folder = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix=".ordrec-export-", dir=folder)
     count, last = 0, since
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh) if fmt == "csv" else None
-            if writer:
-                writer.writerow(EXPORT_COLUMNS)
-            for entries, _ in read_pages(client, since, page):
-                for entry_id, fields in entries:
-                    row = {"id": entry_id, **fields}
-                    if writer:
-                        writer.writerow([row.get(c, "") for c in EXPORT_COLUMNS])
-                    else:
-                        fh.write(json.dumps({c: row[c] for c in EXPORT_COLUMNS if c in row}) + "\n")
-                count += len(entries)
-                last = entries[-1][0] if entries else last
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_output(out, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh) if fmt == "csv" else None
+        if writer:
+            writer.writerow(EXPORT_COLUMNS)
+        for entries, _ in read_pages(client, since, page):
+            for entry_id, fields in entries:
+                row = {"id": entry_id, **fields}
+                if writer:
+                    writer.writerow([row.get(c, "") for c in EXPORT_COLUMNS])
+                else:
+                    fh.write(json.dumps({c: row[c] for c in EXPORT_COLUMNS if c in row}) + "\n")
+            count += len(entries)
+            last = entries[-1][0] if entries else last
     return count, last

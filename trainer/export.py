@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from ordrec.service.forgotten import read_forgotten, user_digest
 from ordrec.service.hidden import RegistryBackend
 from ordrec.service.models import build_index
 from ordrec.service.rules import hidden_mask
+from ordrec.trainer.atomic import atomic_output
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.progress import Progress
 
@@ -203,24 +203,18 @@ def export(
     chunks = [users[start : start + batch] for start in range(0, len(users), batch)]
     start_args = (str(registry.root), model, n, version, hidden_sets, forgotten)
     item_ids = np.array(scorer.index.items.ids, dtype=object)
-    folder = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix=".ordrec-export-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh, Progress(f"export {model}", len(users), enabled=progress) as bar:
-            writer = _WRITERS[fmt](fh)
-            for answered in _batches(scorer, chunks, workers, start_args):
-                summary.rows += writer.write(answered, item_ids)
-                summary.users += len(answered.users)
-                summary.fallbacks += int(answered.fallback.sum())
-                summary.forgotten += answered.forgotten
-                bar.update(len(answered.users))
-            writer.close()
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with (
+        atomic_output(out) as fh,
+        Progress(f"export {model}", len(users), enabled=progress) as bar,
+    ):
+        writer = _WRITERS[fmt](fh)
+        for answered in _batches(scorer, chunks, workers, start_args):
+            summary.rows += writer.write(answered, item_ids)
+            summary.users += len(answered.users)
+            summary.fallbacks += int(answered.fallback.sum())
+            summary.forgotten += answered.forgotten
+            bar.update(len(answered.users))
+        writer.close()
     return summary
 
 
