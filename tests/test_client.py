@@ -368,6 +368,7 @@ def test_every_subcommand_and_option_has_help(monkeypatch):
         "hide",
         "unhide",
         "hidden",
+        "forget",
     }
     assert all(c.help for c in action._choices_actions)
     for name, sub in choices.items():

@@ -233,3 +233,39 @@ def pb_stub(channel):
     from ordrec.v1 import recommender_pb2_grpc
 
     return recommender_pb2_grpc.RecommenderStub(channel)
+
+
+def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tmp_path):
+    """``ordrec-train forget`` on a local registry, no Redis: the server reads FORGOTTEN at its
+    poll; the older version naming the user goes, the live one is pending; the next
+    ``ordrec-train train`` drops the user's rows and removes it."""
+    registry = tmp_path / "registry"
+    train = [
+        "ordrec.trainer",
+        "train",
+        "dcr",
+        "--data",
+        str(sample_dir / "ratings.data"),
+        "--registry",
+        str(registry),
+    ]
+    run_cli([*train, "--set", "max_iter=2"])
+    run_cli([*train, "--set", "max_iter=2"])
+    with ServerProcess(registry, "--poll-interval", "0.2") as proc, Client(proc.target, timeout=10) as client:
+        before = client.recommend("u001", model="dcr", n=5).results[0]
+        assert before.fallback == pb.FALLBACK_NONE
+        out = run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"]).stdout
+        assert "versions removed 1" in out and "pending" in out and "u001" not in out
+        wait_for(
+            lambda: (
+                client.recommend("u001", model="dcr", n=5).results[0].fallback == pb.FALLBACK_POPULAR_GLOBAL
+            ),
+            timeout=10,
+            what="the FORGOTTEN list to reach the server",
+        )
+        assert client.record("u001", ["i001"]).forgotten  # answered before Redis is needed
+    result = run_cli([*train, "--set", "max_iter=2"])
+    assert "dropped" in result.stderr and "removed dcr@" in result.stdout
+    files = [p for p in registry.rglob("*") if p.is_file()]
+    assert not [p for p in files if b"u001\n" in p.read_bytes()]
+    assert [p for p in files if b"u002\n" in p.read_bytes()]  # the search finds a kept user
