@@ -218,6 +218,11 @@ def test_forget_is_refused_with_a_clear_status_for_bad_requests(sample_registry)
             with pytest.raises(grpc.RpcError) as err:
                 stub.ForgetUser(request, timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
+        raw = channel.unary_unary("/ordrec.v1.Recommender/ForgetUser")  # bytes in, bytes out
+        for garbage in (b"\xff\xff\xff", b"\x0a\xff\x01", b"\x12" + b"\x80" * 11):
+            with pytest.raises(grpc.RpcError) as err:
+                raw(garbage, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, garbage
 
 
 def test_forget_needs_the_token_when_the_server_has_tokens(sample_registry, tmp_path):
