@@ -13,8 +13,10 @@ import pytest
 
 from ordrec.client import Client
 from ordrec.tools.process import ServerProcess, run_cli
+from tests.conftest import train_into
 
 N = 7
+DCR = ("dcr", "dcr", "ratings.data", ["--set", "max_iter=3"])
 
 
 def read_export(path: Path) -> dict[str, tuple[list[str], list[float], bool]]:
@@ -48,20 +50,7 @@ def read_export(path: Path) -> dict[str, tuple[list[str], list[float], bool]]:
 
 @pytest.fixture(scope="module")
 def registry(sample_dir, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("export-registry")
-    run_cli(
-        [
-            "ordrec.trainer",
-            "train",
-            "dcr",
-            "--data",
-            str(sample_dir / "ratings.data"),
-            "--registry",
-            str(root),
-            "--set",
-            "max_iter=3",
-        ]
-    )
+    root = train_into(tmp_path_factory.mktemp("export-registry"), sample_dir, [DCR])
     run_cli(
         ["ordrec.trainer", "hide", "--registry", str(root), "i164", "i043"]
     )  # popular items: in many top-N
@@ -94,9 +83,9 @@ def test_every_format_round_trips_to_the_recommend_answers(registry, tmp_path, s
         reply = client.recommend(list(exported), model="dcr", n=N)
     for result in reply.results:
         items, scores, fallback = exported[result.user_id]
-        assert items == [i.id for i in result.items] and scores == pytest.approx(
-            [i.score for i in result.items]
-        )
+        served = [(i.id, i.score) for i in result.items]
+        assert items == [i for i, _ in served], (result.user_id, list(zip(items, scores)), served)
+        assert scores == pytest.approx([s for _, s in served])
         assert fallback == (result.fallback != 0)
         assert not {"i164", "i043"} & set(items)  # hidden
     assert exported["not-a-user"][2] and not exported["u001"][2]
