@@ -13,7 +13,8 @@ In order (every step is idempotent, so a failed erasure is simply asked again):
    (the checkpoint is rewritten), and every version whose user ids name them,
    unless it is live, pinned or a split's candidate (then it is *pending*: the
    next published version replaces it and the job deletes it, ``trainer/forgetting.py``);
-4. Redis again, for what was recorded while steps 1-3 ran, then a rewrite of its
+4. Redis again, at least a second after step 1 (when every replica has reloaded the
+   list), for what was recorded or sampled meanwhile, then a rewrite of its
    append-only file and snapshot, so the deleted commands leave the disk too.
 
 Nothing here logs or stores the id itself: only its sha256.
@@ -25,6 +26,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import cast
@@ -42,6 +44,8 @@ CHECKPOINT_FILE = "EVENTS_CHECKPOINT"  # <registry>/<model>/EVENTS_CHECKPOINT (t
 EVENTS_FOLDER = "events"  # <registry>/<model>/events/<sha256>.jsonl
 ERASED_KEY = "ordrec:events:erased"  # stream entries erasures deleted (not trimmed: trainer/events.py)
 USER_SPACE = "users"  # the id space of a version that names users
+# Seconds every replica needs to reload the list through Redis (--hidden-interval, 0.2 s, with room).
+SETTLE_SECONDS = 1.0
 _PAGE = 1000
 _SERVED_PREFIX = SERVED_KEY.split("{}")[0]
 # XDEL and the count in one step, so the trainer never sees a deletion it cannot explain.
@@ -66,11 +70,18 @@ class Erasure:
     redis_rewrite: str = ""
 
 
-def erase_user(user_id: str, registry, redis_client: redis.Redis | None = None) -> Erasure:
-    """Forget ``user_id`` (see the module docstring); raises on the first step that fails."""
+def erase_user(
+    user_id: str, registry, redis_client: redis.Redis | None = None, settle: float = SETTLE_SECONDS
+) -> Erasure:
+    """Forget ``user_id`` (see the module docstring); raises on the first step that fails.
+
+    The last Redis pass waits until ``settle`` seconds after the list was written, so
+    what a replica that had not reloaded it yet recorded or sampled meanwhile goes too.
+    """
     digest = user_digest(user_id)
     primary, files = backends(registry, redis_client)
     report = Erasure(digest, already_forgotten=add_digest(primary, files, digest))
+    listed = time.monotonic()
     last_id = erase_from_redis(redis_client, user_id, report) if redis_client is not None else None
     for name in registry.models():
         report.checkpoint_events += erase_from_checkpoint(registry, name, user_id)
@@ -78,6 +89,7 @@ def erase_user(user_id: str, registry, redis_client: redis.Redis | None = None) 
         report.versions_removed += [f"{name}@{v}" for v in removed]
         report.versions_pending += [f"{name}@{v}" for v in pending]
     if redis_client is not None:
+        time.sleep(max(0.0, listed + settle - time.monotonic()))
         erase_from_redis(redis_client, user_id, report, after=last_id or "-")
         report.redis_rewrite = rewrite_redis_files(redis_client)
     return report

@@ -1,4 +1,4 @@
-"""Forgetting a user end to end: a real ``ordrec-serve``, a real redis-server with its
+"""Forgetting a user end to end: two ``ordrec-serve`` replicas, a real redis-server with its
 append-only file, a moto S3 registry and real ``ordrec-train run`` jobs with ``[events]``.
 
 The user is in the operator's ratings file and recorded interactions through the
@@ -82,6 +82,12 @@ def aof_files(folder: Path) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
+def replica(registry: str, redis_url: str, cache: Path) -> ServerProcess:
+    """One of the replicas sharing the S3 registry and Redis, sampling every answer."""
+    options = ["--redis", redis_url, "--poll-interval", "0.2", "--online-sample-rate", "1"]
+    return ServerProcess(registry, *options, "--cache-dir", str(cache))
+
+
 def holding(blobs, needle: str) -> list:
     return [b for b in blobs if needle.encode() in (b if isinstance(b, bytes) else str(b).encode())]
 
@@ -101,27 +107,22 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
     job = write_job(tmp_path, ratings, s3_url, aof_redis.url)
     run_job(job)  # version 1: USER from the ratings file
     raw = redis.Redis.from_url(aof_redis.url)
-    cache = tmp_path / "cache"
     with (
-        ServerProcess(
-            s3_url,
-            "--redis",
-            aof_redis.url,
-            "--poll-interval",
-            "0.2",
-            "--online-sample-rate",
-            "1",
-            "--cache-dir",
-            str(cache),
-        ) as proc,
+        replica(s3_url, aof_redis.url, tmp_path / "cache") as proc,
+        replica(s3_url, aof_redis.url, tmp_path / "cache-2") as other,
         Client(proc.target, timeout=10) as client,
+        Client(other.target, timeout=10) as other_client,
     ):
         for user in (USER, KEPT):
             client.record(user, ratings={"i020": 5.0, "i021": 4.0, "i022": 1.0}, model="dcr")
             client.recommend(user, model="dcr", n=5)  # sampled: an online-evaluation key
         first = client.models().models[0].version
         run_job(job)  # version 2: trained on the recorded events too
-        wait_for(lambda: client.models().models[0].version != first, timeout=30, what="version 2 to load")
+        for each in (client, other_client):
+            wait_for(
+                lambda c=each: c.models().models[0].version != first, timeout=30, what="version 2 to load"
+            )
+        assert other_client.recommend(USER, model="dcr", n=10).results[0].fallback == pb.FALLBACK_NONE
         assert holding(s3_objects(s3_url).values(), USER) and holding(redis_dump(raw), USER)
         assert holding(aof_files(aof_redis.aof_dir).values(), USER)  # the searches find what is there
 
@@ -140,6 +141,14 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
             ]
         )
         erased = time.monotonic() - started
+        # the other replica: answers the user as unknown within --hidden-interval (0.2 s)
+        wait_for(
+            lambda: other_client.recommend(USER, model="dcr", n=10).results[0].fallback != pb.FALLBACK_NONE,
+            timeout=2,
+            interval=0.01,
+            what="the other replica to forget the user",
+        )
+        propagated = time.monotonic() - started - erased
         reply = json.loads(out.stdout)
         counts = {
             k: int(reply[k])
@@ -160,9 +169,7 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
         assert answer.fallback == pb.FALLBACK_POPULAR_GLOBAL and not answer.folded_in
         assert [(i.id, i.score) for i in answer.items] == [(i.id, i.score) for i in unknown.items]
         assert client.record(USER, ["i030"]).forgotten  # nothing recorded any more
-        print(
-            f"time to erasure (ForgetUser call through the CLI, answers are the fallback's): {erased:.2f} s"
-        )
+        print(f"time to erasure: the CLI's call {erased:.2f} s, the other replica {propagated:.3f} s later")
 
         log = run_job(job)  # version 3: trained without USER; version 2 removed
         assert "forgotten users=1 rows=8 dropped" in log and "forgotten=0" in log
@@ -194,7 +201,7 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
                 str(tmp_path / "events.csv"),
             ]
         )
-        server_log = "".join(proc.output)
+        server_log = "".join(proc.output + other.output)
     wait_rewritten(raw)
 
     objects = s3_objects(s3_url)
