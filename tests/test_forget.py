@@ -274,3 +274,20 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
     files = [p for p in registry.rglob("*") if p.is_file()]
     assert not [p for p in files if b"u001\n" in p.read_bytes()]
     assert [p for p in files if b"u002\n" in p.read_bytes()]  # the search finds a kept user
+
+
+def test_a_forgotten_user_leaves_the_maps(sample_dir, tmp_path):
+    """COE's map: Neighbors from the user is NOT_FOUND, it never returns them, Coordinates
+    leaves them out (the version itself still names them: it is the live one, pending)."""
+    registry = train_into(
+        tmp_path / "registry", sample_dir, [("coe", "coe", "ratings.data", ["--set", "max_iter=2"])]
+    )
+    run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"])
+    with ServerProcess(registry) as proc, Client(proc.target, timeout=10) as client:
+        with pytest.raises(grpc.RpcError) as err:
+            client.neighbors("u001", model="coe", from_entity="user", to_entity="user", k=5)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+        near = client.neighbors("u002", model="coe", from_entity="user", to_entity="user", k=299)
+        assert len(near.neighbors) >= 297 and "u001" not in {n.id for n in near.neighbors}
+        points = [p.id for page in client.coordinates(model="coe", entity_kind="user") for p in page.points]
+        assert len(points) == 299 and "u001" not in points
