@@ -23,7 +23,7 @@ from ordrec.service.artifacts import Registry
 from ordrec.service.objectstore import parse_s3_url
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
-from tests.conftest import train_into
+from tests.conftest import SAMPLE_MODELS, train_into
 from tests.test_job import job_text
 
 pytestmark = pytest.mark.redis
@@ -276,14 +276,22 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
     assert [p for p in files if b"u002\n" in p.read_bytes()]  # the search finds a kept user
 
 
-def test_a_forgotten_user_leaves_the_maps(sample_dir, tmp_path):
+def test_a_forgotten_user_leaves_the_maps_and_gets_cold_start_tags(sample_dir, tmp_path):
     """COE's map: Neighbors from the user is NOT_FOUND, it never returns them, Coordinates
-    leaves them out (the version itself still names them: it is the live one, pending)."""
+    leaves them out; RTF's Tags answer them as a new user (the versions themselves still
+    name them: they are the live ones, pending)."""
+    rtf = next(m for m in SAMPLE_MODELS if m[0] == "rtf")
     registry = train_into(
-        tmp_path / "registry", sample_dir, [("coe", "coe", "ratings.data", ["--set", "max_iter=2"])]
+        tmp_path / "registry", sample_dir, [("coe", "coe", "ratings.data", ["--set", "max_iter=2"]), rtf]
     )
-    run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"])
-    with ServerProcess(registry) as proc, Client(proc.target, timeout=10) as client:
+    with ServerProcess(registry, "--poll-interval", "0.2") as proc, Client(proc.target, timeout=10) as client:
+        assert client.tags("u001", "i139", model="rtf", n=3).fallback == pb.FALLBACK_NONE
+        run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"])
+        wait_for(
+            lambda: client.tags("u001", "i139", model="rtf", n=3).fallback != pb.FALLBACK_NONE,
+            timeout=10,
+            what="the list to reach the server",
+        )
         with pytest.raises(grpc.RpcError) as err:
             client.neighbors("u001", model="coe", from_entity="user", to_entity="user", k=5)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
