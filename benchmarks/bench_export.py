@@ -72,10 +72,9 @@ def main() -> None:
         print(f"load average at the end: {os.getloadavg()[0]:.1f} (the machine is shared)")
 
 
-def row(path: str, detail: str, users: int, seconds: float, cpu: float) -> None:
-    print(
-        f"| {path} {detail} | {users:,} | {seconds:.1f} | {users / seconds:,.0f} | {cpu:.1f} | {users / cpu:,.0f} |"
-    )
+def row(path: str, detail: str, users: int, seconds: float, cpu: float | None) -> None:
+    per_cpu = f"{cpu:.1f} | {users / cpu:,.0f}" if cpu else "– | –"
+    print(f"| {path} {detail} | {users:,} | {seconds:.1f} | {users / seconds:,.0f} | {per_cpu} |")
 
 
 def cpu_seconds() -> float:
