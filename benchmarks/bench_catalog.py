@@ -35,7 +35,6 @@ import os
 import re
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -49,7 +48,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from bench_service import loadtest  # noqa: E402
+from bench_service import (  # noqa: E402
+    BARE_MODULE,
+    cpu_seconds,
+    load_generator_cpu_seconds,
+    loadtest,
+    server_pids,
+)
 from catalog_data import catalog_artifact, folded_queries  # noqa: E402
 
 from ordrec.service import ann  # noqa: E402
@@ -182,30 +187,6 @@ def recall(answers: list[np.ndarray], truth: list[np.ndarray]) -> float:
     return float(np.mean([np.intersect1d(a, t).size / max(1, t.size) for a, t in zip(answers, truth)]))
 
 
-def server_pids(supervisor_pid: int) -> list[int]:
-    """The supervisor and its server processes."""
-    found = subprocess.run(["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True)
-    return [supervisor_pid] + [int(p) for p in found.stdout.split()]
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU the processes have used so far (the ones still running)."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
-    return total / os.sysconf("SC_CLK_TCK")
-
-
-def load_generator_cpu_seconds() -> float:
-    """CPU of this process's finished children: the h2load processes a load test ran."""
-    times = os.times()
-    return times.children_user + times.children_system
-
-
 def server_memory_mb(supervisor_pid: int) -> tuple[float, float]:
     """(PSS, RSS) summed over the supervisor and its server processes, in MB."""
     pss = rss = 0.0
@@ -240,11 +221,21 @@ def republish(registry: Registry) -> None:
     registry.publish("catalog", artifact)
 
 
-def over_grpc(registry: Registry, args, with_reload: bool) -> dict:
+def over_grpc(
+    registry: Registry, args, with_reload: bool, bare: bool = False, rate: float | None = None
+) -> dict:
+    """One server over ``registry`` (``bare``: the bare grpcio yardstick, tools/bare_server.py)
+    under h2load: saturated, then at ``rate`` (None: ``--rate``, at most 80 % of saturation)."""
     flag = ["--recommend-model", "catalog"]
     out: dict = {}
+    server_args = ["--model", "catalog"] if bare else ["--poll-interval", "1"]
     with ServerProcess(
-        registry.root, "--processes", "2", "--poll-interval", "1", startup_timeout=600
+        registry.root,
+        "--processes",
+        "2",
+        *server_args,
+        startup_timeout=600,
+        module=BARE_MODULE if bare else "ordrec.service",
     ) as server:
         loadtest(
             server, registry.root, "recommend", flag, 100, 2, "h2load", "staggered", args.connections
@@ -253,7 +244,7 @@ def over_grpc(registry: Registry, args, with_reload: bool) -> dict:
             server, registry.root, "recommend", flag, 0, args.seconds, "h2load", "aligned", args.connections
         )
         # A rate far above what the server sustains only measures the queue: offer at most 80 % of it.
-        out["rate"] = rate = min(args.rate, max(10.0, round(0.8 * sat["qps"], -1)))
+        out["rate"] = rate = rate or min(args.rate, max(10.0, round(0.8 * sat["qps"], -1)))
         # Where the machine's CPU goes at that rate: the servers' and the load generator's (same cores).
         pids = server_pids(server.proc.pid)
         server_cpu, load_cpu = cpu_seconds(pids), load_generator_cpu_seconds()
@@ -280,7 +271,8 @@ def over_grpc(registry: Registry, args, with_reload: bool) -> dict:
             busiest=max(fixed.get("process_shares") or [float("nan")]),
         )
         out["pss_mb"], out["rss_mb"] = server_memory_mb(server.proc.pid)
-        ask_distinct_users(server, args.distinct_users)
+        if not bare:
+            ask_distinct_users(server, args.distinct_users)
         out["pss_distinct_mb"], _ = server_memory_mb(server.proc.pid)
         if with_reload:
             out.update(reload(server, registry, args, flag))
@@ -408,21 +400,34 @@ def bench_size(n_items: int, args) -> None:
         print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for name, reg in (("exact", exact_reg), ("index", ann_reg)):
             g = over_grpc(reg, args, with_reload=name == "index" and not args.skip_reload)
-            tail = (
-                f"{g['reload_s']:.1f} | {g['reload_errors']} | {g['reload_p99']:.2f}"
-                if "reload_s" in g
-                else "- | - | -"
-            )
+            print_grpc_row(name, g, item_mb)
+            # The yardstick beside it, same run, same offered rate: grpcio answering a constant reply.
+            bare = over_grpc(reg, args, with_reload=False, bare=True, rate=g["rate"])
+            print_grpc_row("  bare grpcio, same rate", bare, item_mb)
             print(
-                f"| {name} | {g['qps']:.0f} | {g['sat_p99']:.2f} | {g['rate']:.0f} | "
-                f"{g['rate_p50']:.2f} / {g['rate_p99']:.2f} | {g['server_ms']:.3f} + {g['load_ms']:.3f} | "
-                f"{g['busiest']:.0%} | "
-                f"{g['errors']} | {g['pss_mb']:.0f} ({g['pss_mb'] / item_mb:.2f}x) | "
-                f"{g['pss_distinct_mb']:.0f} ({g['pss_distinct_mb'] / item_mb:.2f}x) | {g['rss_mb']:.0f} | {tail} |",
+                f"|   ordrec / bare grpcio | {g['qps'] / bare['qps']:.2f} of its saturated QPS "
+                f"| | | | {g['server_ms'] / bare['server_ms']:.2f}x its server CPU per call | | | | | | | | |",
                 flush=True,
             )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def print_grpc_row(name: str, g: dict, item_mb: float) -> None:
+    """One row of the gRPC table."""
+    tail = (
+        f"{g['reload_s']:.1f} | {g['reload_errors']} | {g['reload_p99']:.2f}"
+        if "reload_s" in g
+        else "- | - | -"
+    )
+    print(
+        f"| {name} | {g['qps']:.0f} | {g['sat_p99']:.2f} | {g['rate']:.0f} | "
+        f"{g['rate_p50']:.2f} / {g['rate_p99']:.2f} | {g['server_ms']:.3f} + {g['load_ms']:.3f} | "
+        f"{g['busiest']:.0%} | "
+        f"{g['errors']} | {g['pss_mb']:.0f} ({g['pss_mb'] / item_mb:.2f}x) | "
+        f"{g['pss_distinct_mb']:.0f} ({g['pss_distinct_mb'] / item_mb:.2f}x) | {g['rss_mb']:.0f} | {tail} |",
+        flush=True,
+    )
 
 
 # ----------------------------------------------------------------- training

@@ -1,5 +1,6 @@
 """In-process cost of the Recommend handler (no gRPC): validation, id lookup,
-scoring, exclusion, top-k and reply building, for one user per call.
+scoring, exclusion, top-k and reply building, for one user per call, through the
+dynamic batcher as the server runs it (``--batch-max-size 0``: without it).
 
     python benchmarks/bench_handler.py --registry REGISTRY [--model dcr] [--calls 5000]
 """
@@ -14,8 +15,11 @@ import argparse  # noqa: E402
 import time  # noqa: E402
 
 from ordrec.service.artifacts import Registry  # noqa: E402
+from ordrec.service.batching import RecommendBatcher  # noqa: E402
+from ordrec.service.config import DEFAULT_BATCH_MAX_SIZE  # noqa: E402
 from ordrec.service.metrics import Metrics  # noqa: E402
 from ordrec.service.seen import SeenStore  # noqa: E402
+from ordrec.service.server import batch_observer  # noqa: E402
 from ordrec.service.servicer import RecommenderServicer  # noqa: E402
 from ordrec.service.store import ModelStore  # noqa: E402
 from ordrec.service.validation import Limits  # noqa: E402
@@ -46,9 +50,15 @@ def main() -> int:
     p.add_argument("--registry", required=True)
     p.add_argument("--model", default="dcr")
     p.add_argument("--calls", type=int, default=5000)
+    p.add_argument("--batch-max-size", type=int, default=DEFAULT_BATCH_MAX_SIZE)
     args = p.parse_args()
     metrics, store = loaded_store(args.registry, args.model)
-    servicer = RecommenderServicer(store, metrics, Limits(), SeenStore())
+    batcher = (
+        RecommendBatcher(args.batch_max_size, observer=batch_observer(metrics))
+        if args.batch_max_size
+        else None
+    )
+    servicer = RecommenderServicer(store, metrics, Limits(), SeenStore(), batcher=batcher)
     users = store.snapshot()[args.model].index.users.ids
     requests = [
         pb.RecommendRequest(model=args.model, user_ids=[users[i % len(users)]], n=10)

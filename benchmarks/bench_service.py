@@ -14,12 +14,21 @@ Two arrival patterns at the same offered rate: ``aligned`` (one h2load whose
 8 connections' request timers fire together, so requests arrive in bursts of
 8) and ``staggered`` (one h2load per connection at a random phase, like
 independent clients). Errors are counted on every server process.
+
+Beside the Recommend rows, the same run measures a bare grpcio server
+(``tools/bare_server.py``: the same grpcio server and process layout answering
+a constant reply of 10 item ids) and ordrec-serve again: saturated QPS, p50/p99
+and server CPU per answered call at the offered rates, and the ratios.
+``--versus-bare 1000,2000`` runs only that comparison (DCR alone, short):
+
+    python benchmarks/bench_service.py --versus-bare 1000,2000 --configs 2 --seconds 5
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -73,7 +82,7 @@ def lastfm_sized_tags(seed: int = 0) -> TagAssignments:
     )
 
 
-def build_registry(root: Path, data: Path) -> Registry:
+def build_registry(root: Path, data: Path, only: str | None = None) -> Registry:
     registry = Registry(root)
     r = ratings(data)
     fits = [
@@ -87,6 +96,8 @@ def build_registry(root: Path, data: Path) -> Registry:
         ),
     ]
     for name, kind, dataset, params in fits:
+        if only and name != only:
+            continue
         start = time.perf_counter()
         artifact = estimator_class(kind)(**params).fit(dataset).to_artifact()
         registry.publish(name, artifact)
@@ -140,6 +151,100 @@ def loadtest(
     return json.loads(out.read_text())
 
 
+BARE_MODULE = "ordrec.tools.bare_server"
+
+
+def server_pids(supervisor_pid: int) -> list[int]:
+    """The supervisor and its server processes."""
+    found = subprocess.run(["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True)
+    return [supervisor_pid] + [int(p) for p in found.stdout.split()]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU the processes have used so far (the ones still running)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def load_generator_cpu_seconds() -> float:
+    """CPU of this process's finished children: the h2load processes a load test ran."""
+    times = os.times()
+    return times.children_user + times.children_system
+
+
+def measured(proc: ServerProcess, run) -> dict:
+    """``run()``'s load test result plus the servers' CPU per answered call (ms) while it ran."""
+    pids = server_pids(proc.proc.pid)
+    before = cpu_seconds(pids)
+    result = run()
+    result["server_ms"] = (cpu_seconds(pids) - before) / max(1, result["requests"]) * 1e3
+    return result
+
+
+def versus_bare(registry: Path, processes: str, rates: list[float], args: argparse.Namespace) -> list[tuple]:
+    """Recommend (DCR) on ordrec-serve and on the bare grpcio server (tools/bare_server.py: same
+    grpcio server and layout, a constant reply of n items) in the same run: saturated QPS, then
+    p50/p99 and server CPU per call at each offered rate."""
+    flag = ["--recommend-model", "dcr"]
+    rows = []
+    variants = [(f"ordrec {' '.join(extra)}".strip(), "ordrec.service", extra) for extra in args.server_args]
+    for label, module, extra in [*variants, ("bare grpcio", BARE_MODULE, ["--model", "dcr"])]:
+        with ServerProcess(registry, "--processes", processes, *extra, module=module) as proc:
+            loadtest(proc, registry, "recommend", flag, 1000, 2, args.engine, "staggered")  # warm-up
+            sat = measured(
+                proc,
+                lambda: loadtest(proc, registry, "recommend", flag, 0, args.seconds, args.engine, "aligned"),
+            )
+            at = [
+                measured(
+                    proc,
+                    lambda rate=rate: loadtest(
+                        proc, registry, "recommend", flag, rate, args.seconds, args.engine, "staggered"
+                    ),
+                )
+                for rate in rates
+            ]
+        rows.append((processes, label, sat, at))
+        print(f"  {processes} x {label}: saturated {sat['qps']:.0f} QPS", file=sys.stderr)
+    return rows
+
+
+def _at_cell(result: dict) -> str:
+    return f"{result['p50_ms']:.2f} / {result['p99_ms']:.2f}, {result['server_ms']:.3f}"
+
+
+def print_versus(rows: list[tuple], rates: list[float], args: argparse.Namespace) -> None:
+    print(
+        f"\nRecommend (DCR, n=10) against a bare grpcio server in the same run ({args.engine}, "
+        f"{args.seconds:g} s per step, 8 connections; CPU: the server processes' per answered call)"
+    )
+    head = " ".join(f"{f'@{r:g}: p50 / p99 ms, CPU ms':>30}" for r in rates)
+    print(f"{'processes':>9} {'server':<30} {'saturated QPS':>13} {'CPU ms':>7} {head} {'errors':>6}")
+    for processes, label, sat, at in rows:
+        cells = " ".join(f"{_at_cell(a):>30}" for a in at)
+        errors = sat["errors"] + sum(a["errors"] for a in at)
+        print(f"{processes:>9} {label:<30} {sat['qps']:>13.0f} {sat['server_ms']:>7.3f} {cells} {errors:>6}")
+    by_config: dict[str, dict[str, tuple]] = {}
+    for processes, label, sat, at in rows:
+        by_config.setdefault(processes, {})[label] = (sat, at)
+    for processes, pair in by_config.items():
+        bare, bare_at = pair.pop("bare grpcio")
+        for label, (ours, ours_at) in pair.items():
+            cpu = ", ".join(
+                f"{o['server_ms'] / b['server_ms']:.2f}x at {r:g}" for r, o, b in zip(rates, ours_at, bare_at)
+            )
+            print(
+                f"{processes} processes: {label} / bare grpcio = {ours['qps'] / bare['qps']:.2f} of saturated"
+                f" QPS; server CPU per call {ours['server_ms'] / bare['server_ms']:.2f}x saturated, {cpu}"
+            )
+
+
 def machine_reference(loops: int = 10_000_000) -> float:
     """Seconds for a fixed pure-Python loop: these VMs' speed drifts by tens of
     per cent between hours, so each table says how fast the machine was."""
@@ -167,7 +272,20 @@ def main() -> int:
         help="h2load arrival patterns to run: aligned (bursts of 8), staggered (random phases)",
     )
     p.add_argument("--at", type=float, default=4000, help="also report p99 at this offered rate")
+    p.add_argument(
+        "--versus-bare",
+        metavar="RATES",
+        help="only Recommend against the bare grpcio server, same run, at these offered rates"
+        " (e.g. 1000,2000), for each of --configs' process counts",
+    )
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="extra ordrec-serve flags, space-separated; several variants (each its own row)"
+        " separated by ';', e.g. ';--batch-max-size 0'",
+    )
     args = p.parse_args()
+    args.server_args = [variant.split() for variant in args.server_args.split(";")]
     rates = [float(x) for x in args.rates.split(",")]
     workload = [
         ("Recommend (DCR, n=10)", "recommend", ["--recommend-model", "dcr"]),
@@ -175,6 +293,19 @@ def main() -> int:
         ("Neighbors (COE, k=10)", "neighbors", ["--neighbors-model", "coe"]),
     ]
     reference = machine_reference()
+    if args.versus_bare:
+        versus_rates = [float(x) for x in args.versus_bare.split(",") if x]
+        with tempfile.TemporaryDirectory() as tmp:
+            registry = build_registry(Path(tmp) / "registry", Path(args.data), only="dcr")
+            rows = []
+            for processes in args.configs.split(","):
+                rows += versus_bare(registry.root, processes, versus_rates, args)
+        print_versus(rows, versus_rates, args)
+        print(
+            f"machine reference: {reference:.2f} s before, {machine_reference():.2f} s after; "
+            f"loadavg {os.getloadavg()[0]:.2f} at the end"
+        )
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         registry = build_registry(Path(tmp) / "registry", Path(args.data))
         rows = []
@@ -197,7 +328,12 @@ def main() -> int:
                                 proc, registry.root, mix, flag, 0, args.seconds, args.engine, "aligned"
                             )
                         rows.append((config, arrivals, label, best, at, saturated[label]))
+        # The same-run yardstick beside the Recommend rows: the bare grpcio server.
+        versus = []
+        for config in args.configs.split(","):
+            versus += versus_bare(registry.root, config.partition(":")[0], [args.at], args)
     print_rows(rows, args)
+    print_versus(versus, [args.at], args)
     print(
         f"machine reference: a 1e7-iteration Python loop took {reference:.2f} s before the run "
         f"and {machine_reference():.2f} s after"

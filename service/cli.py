@@ -24,7 +24,7 @@ import logging  # noqa: E402
 import signal  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 
-from ordrec.service.config import Limits, ServerConfig, StreamLimits  # noqa: E402
+from ordrec.service.config import HttpSettings, Limits, ServerConfig, StreamLimits  # noqa: E402
 
 log = logging.getLogger("ordrec.service")
 
@@ -36,6 +36,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
 
@@ -77,7 +84,59 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.metrics_port,
         help="HTTP port for /metrics (0: pick a free one, -1: off)",
     )
+    http = p.add_argument_group("the HTTP port's JSON API (POST /v1/<Rpc>) and pages (docs/service.md)")
+    for flag, kind, default, text in (
+        (
+            "--http-read-timeout",
+            _positive_seconds,
+            d.http.read_timeout,
+            "seconds a client gets to send a whole request (and an idle connection its next one)",
+        ),
+        (
+            "--http-max-connections",
+            _positive_int,
+            d.http.max_connections,
+            "connections open at once; over it the oldest one still sending is closed",
+        ),
+        (
+            "--http-max-message-bytes",
+            _positive_int,
+            d.http.max_message_bytes,
+            "the JSON API's request body and reply limit (the reply sized as protobuf, checked"
+            " before any work); below --max-message-bytes: JSON costs ~100x the CPU to write",
+        ),
+    ):
+        http.add_argument(flag, type=kind, default=default, help=text)
+    http.add_argument(
+        "--http-cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="an origin (https://shop.example) whose pages may call the JSON API from a browser;"
+        " repeat for several, '*' for any (default: none, same origin only)",
+    )
     p.add_argument("--workers", type=int, default=d.workers, help="gRPC worker threads per process")
+    p.add_argument(
+        "--batch-max-size",
+        type=int,
+        default=d.batch_max_size,
+        help="users of concurrent Recommend calls scored together at most (0: no batching, each"
+        " call scores on its own and --batch-max-queue does not apply)",
+    )
+    p.add_argument(
+        "--batch-max-queue",
+        type=int,
+        default=d.batch_max_queue,
+        help="Recommend calls that may wait for the scorer; more are refused RESOURCE_EXHAUSTED at once"
+        " (a waiting call holds a worker, so --workers bounds it too)",
+    )
+    p.add_argument(
+        "--batch-min-work",
+        type=int,
+        default=d.batch_min_work,
+        help="batch only versions whose one-user scoring pass costs at least this many"
+        " multiply-adds (items x factor width; 0: every version, approximate indexes included)",
+    )
     p.add_argument(
         "--processes",
         type=int,
@@ -186,6 +245,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
             " or open streams could hold every worker"
         )
+    if min(args.batch_max_size, args.batch_max_queue, args.batch_min_work) < 0:
+        raise ValueError("--batch-max-size, --batch-max-queue and --batch-min-work must be at least 0")
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
     streams = StreamLimits(
         max_streams=args.max_streams,
@@ -200,7 +261,16 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         port=args.port,
         metrics_host=args.metrics_host,
         metrics_port=args.metrics_port,
+        http=HttpSettings(
+            read_timeout=args.http_read_timeout,
+            max_connections=args.http_max_connections,
+            max_message_bytes=args.http_max_message_bytes,
+            cors_origins=tuple(args.http_cors_origin),
+        ),
         workers=args.workers,
+        batch_max_size=args.batch_max_size,
+        batch_max_queue=args.batch_max_queue,
+        batch_min_work=args.batch_min_work,
         poll_interval=args.poll_interval,
         grace=args.grace,
         limits=limits,

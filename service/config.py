@@ -7,10 +7,19 @@ numba or the models.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 # Entries the ordrec:events stream keeps (approximately): about 64 MB of Redis at 10-character ids.
 DEFAULT_EVENTS_MAXLEN = 1_000_000
+_ORIGIN = re.compile(r"^https?://[^/\s]+$")
+# Recommend's dynamic batching (service/batching.py): users scored together at most, and calls
+# that may wait for the scorer before more are refused RESOURCE_EXHAUSTED (docs/serving-cost.md).
+DEFAULT_BATCH_MAX_SIZE = 64
+DEFAULT_BATCH_MAX_QUEUE = 64
+# ... and only versions whose one-user scoring pass costs at least this many multiply-adds
+# (ML-100K's 1,682 x 80 does not; a 10^5 x 200 exact catalogue does).
+DEFAULT_BATCH_MIN_WORK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,34 @@ class StreamLimits:
             raise ValueError("stream time limits must be positive")
 
 
+@dataclass(frozen=True)
+class HttpSettings:
+    """The HTTP port's own bounds (the JSON API's bodies are bounded by ``max_message_bytes``)."""
+
+    # seconds a client gets to send a whole request (line, headers and body), and an idle
+    # keep-alive connection to send its next one; a stalled client is then cut off
+    read_timeout: float = 10.0
+    max_connections: int = 64  # open at once; over it the oldest still sending is closed
+    # the JSON API's message limit (request body, and the reply as protobuf would size it,
+    # checked before any work as gRPC's is): below gRPC's, because writing a reply as JSON
+    # costs about 100 times the CPU of protobuf (3 s for a 3.3 MB Recommend reply)
+    max_message_bytes: int = 1024 * 1024
+    cors_origins: tuple[str, ...] = ()  # origins whose pages may call the JSON API ("*": any)
+
+    def __post_init__(self) -> None:
+        if self.read_timeout <= 0:
+            raise ValueError(f"the HTTP read timeout must be positive, got {self.read_timeout}")
+        if self.max_message_bytes < 1024:
+            raise ValueError(
+                f"the HTTP message limit must be at least 1024 bytes, got {self.max_message_bytes}"
+            )
+        if self.max_connections < 1:
+            raise ValueError(f"the HTTP connection limit must be at least 1, got {self.max_connections}")
+        for origin in self.cors_origins:
+            if origin != "*" and not _ORIGIN.match(origin):
+                raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port] (no path)")
+
+
 @dataclass
 class ServerConfig:
     registry: str  # a directory, or s3://bucket/prefix
@@ -49,9 +86,13 @@ class ServerConfig:
     port: int = 50051
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9095  # 0 picks a free port, -1 disables the HTTP port
+    http: HttpSettings = field(default_factory=HttpSettings)  # the HTTP port's JSON API and pages
     # grpcio parks a call's worker while its request arrives, so more threads queue less
     # (docs/service.md, Scaling).
     workers: int = 16
+    batch_max_size: int = DEFAULT_BATCH_MAX_SIZE
+    batch_max_queue: int = DEFAULT_BATCH_MAX_QUEUE
+    batch_min_work: int = DEFAULT_BATCH_MIN_WORK
     poll_interval: float = 5.0  # seconds between registry polls (0: never)
     grace: float = 10.0  # seconds in-flight calls get on SIGTERM
     limits: Limits = field(default_factory=Limits)

@@ -123,6 +123,34 @@ class Metrics:
             registry=r,
         )
 
+        self.http_requests = Counter(
+            "ordrec_http_requests_total",
+            "Requests on the HTTP port by handler (a fixed set: /v1/<Rpc>, /, /metrics, ...)"
+            " and HTTP status; JSON calls also count in grpc_server_* like gRPC calls.",
+            ("handler", "code"),
+            registry=r,
+        )
+        self.batch_users = Histogram(
+            "ordrec_recommend_batch_users",
+            "Users scored together in one Recommend batch (concurrent calls batched dynamically).",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "ordrec_recommend_queue_seconds",
+            "Time a queued Recommend call waited for the scorer before its batch was scored"
+            " (seconds; calls that found the scorer free are not counted).",
+            buckets=(0.00005,) + _LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.shed = Counter(
+            "ordrec_recommend_shed_total",
+            "Recommend calls refused before scoring: the queue was full (RESOURCE_EXHAUSTED)"
+            " or their deadline passed while they waited (DEADLINE_EXCEEDED).",
+            ("reason",),
+            registry=r,
+        )
+
         # Per served version: the traffic of a split, and the online evaluation (service/online.py).
         def versioned(kind, name: str, text: str):
             return kind(name, text, ("model", "version"), registry=r)
@@ -221,7 +249,10 @@ class MetricsInterceptor(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
-        method = handler_call_details.method
+        return self.counted(handler, handler_call_details.method)
+
+    def counted(self, handler, method: str):
+        """``handler`` wrapped to count and time its calls (cached per method)."""
         cached = self._wrapped.get(method)
         if cached is not None and cached[0] is handler:
             return cached[1]

@@ -65,6 +65,19 @@ def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler
     return handler._replace(stream_unary=lambda requests, context: abort(None, context))
 
 
+def bearer_refusal(authorization: str | bytes | None, tokens: list[bytes], where: str) -> str | None:
+    """Why an ``authorization`` value (``Bearer <token>``) is refused, or None when it
+    holds an accepted token: the one check of gRPC metadata and HTTP headers alike.
+    ``where`` names the carrier in the message (e.g. "metadata", "header")."""
+    raw = authorization if isinstance(authorization, bytes) else (authorization or "").encode()
+    presented = raw[len(b"Bearer ") :].strip() if raw.startswith(b"Bearer ") else b""
+    if not presented:
+        return f"missing bearer token ({where} 'authorization: Bearer <token>')"
+    if not _token_matches(presented, tokens):
+        return "invalid bearer token"
+    return None
+
+
 class TokenAuthInterceptor(grpc.ServerInterceptor):
     """``authorization: Bearer <token>`` on every call but health checks."""
 
@@ -75,19 +88,20 @@ class TokenAuthInterceptor(grpc.ServerInterceptor):
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(_OPEN_PREFIXES):
+        if handler is None:
+            return None
+        return self.checked(handler, handler_call_details)
+
+    def checked(self, handler: grpc.RpcMethodHandler, handler_call_details) -> grpc.RpcMethodHandler:
+        """``handler`` when the call may proceed, else one that refuses it UNAUTHENTICATED."""
+        if handler_call_details.method.startswith(_OPEN_PREFIXES):
             return handler
-        presented = b""
+        authorization = None
         for key, value in handler_call_details.invocation_metadata or ():
             if key == "authorization":
-                text = value if isinstance(value, str) else value.decode("latin-1")
-                if text.startswith("Bearer "):
-                    presented = text[len("Bearer ") :].strip().encode()
-        if not presented:
-            return _deny(handler, "missing bearer token (metadata 'authorization: Bearer <token>')")
-        if not _token_matches(presented, self.tokens):
-            return _deny(handler, "invalid bearer token")
-        return handler
+                authorization = value
+        refusal = bearer_refusal(authorization, self.tokens, "metadata")
+        return handler if refusal is None else _deny(handler, refusal)
 
 
 def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:

@@ -3,6 +3,7 @@ reloading, graceful shutdown."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -14,11 +15,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ordrec.service import mapped, topk
+from ordrec.service.batching import BatchObserver, RecommendBatcher
 from ordrec.service.config import ServerConfig
 from ordrec.service.forgotten import ForgetfulSeen, ForgottenUsers
 from ordrec.service.forgotten import backends as forgotten_backends
+from ordrec.service.gateway import JsonGateway
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
+from ordrec.service.interceptor import ServerInterceptor
 from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
 from ordrec.service.online import NoOnlineEvaluation, OnlineEvaluation
@@ -26,6 +30,7 @@ from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
+from ordrec.service.status_page import StatusPage
 from ordrec.service.store import ModelStore, Reloader
 from ordrec.service.streams import StreamGuard
 from ordrec.v1 import recommender_pb2
@@ -39,6 +44,16 @@ REDIS_HEALTH = "ordrec.redis"
 # overall status ("") waits for a loaded model, so it suits readiness, not liveness (an
 # empty registry would otherwise restart every replica in a loop).
 LIVENESS_HEALTH = "ordrec.liveness"
+
+
+def batch_observer(metrics: Metrics) -> BatchObserver:
+    """The batcher's reports as Prometheus metrics (children looked up once, not per call)."""
+    shed = {reason: metrics.shed.labels(reason) for reason in ("queue_full", "deadline")}
+    return BatchObserver(
+        batch_users=metrics.batch_users.observe,
+        queue_seconds=metrics.queue_seconds.observe,
+        shed=lambda reason: shed[reason].inc(),
+    )
 
 
 class ListingHealthServicer(health.HealthServicer):
@@ -88,6 +103,7 @@ class Server:
         self.grpc_server: grpc.Server | None = None
         self.stream_guard: StreamGuard | None = None
         self.http_server: ThreadingHTTPServer | None = None
+        self.status_page: StatusPage | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port
 
@@ -171,16 +187,17 @@ class Server:
             ("grpc.max_connection_age_grace_ms", int(cfg.max_connection_age_grace * 1000)),
             ("grpc.max_concurrent_streams", cfg.max_streams_per_connection_http2),
         ]
-        # Metrics outermost, so refused (UNAUTHENTICATED) calls are counted too; the stream
-        # guard innermost, so a refused call never takes a stream slot.
-        interceptors = [MetricsInterceptor(self.metrics)]
-        if cfg.tokens:
-            interceptors.append(TokenAuthInterceptor(cfg.tokens))
         self.stream_guard = StreamGuard(
             cfg.streams, on_cancel=lambda reason: self.metrics.streams_ended.labels(reason).inc()
         )
         self.metrics.open_streams.set_function(self.stream_guard.open_streams)
-        interceptors.append(self.stream_guard)
+        interceptors = [
+            ServerInterceptor(
+                MetricsInterceptor(self.metrics),
+                self.stream_guard,
+                TokenAuthInterceptor(cfg.tokens) if cfg.tokens else None,
+            )
+        ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
             interceptors=interceptors,
@@ -195,6 +212,11 @@ class Server:
                 self.hidden,
                 self.hidden_mirror,
                 self.online,
+                batcher=RecommendBatcher(
+                    cfg.batch_max_size, cfg.batch_max_queue, batch_observer(self.metrics), cfg.batch_min_work
+                )
+                if cfg.batch_max_size
+                else None,
                 forgotten=self.forgotten,
                 forget_client=self.forget_client,
             ),
@@ -213,8 +235,20 @@ class Server:
         server.start()
         self.grpc_server = server
         if cfg.metrics_port >= 0:
+            self.status_page = StatusPage(
+                self.store, self.metrics, self.serving, self.health_detail, self.hidden
+            )
+            self.status_page.window.start()
             self.http_server = start_http_server(
-                cfg.metrics_host, cfg.metrics_port, self.metrics, self.store, self.serving, self.health_detail
+                cfg.metrics_host,
+                cfg.metrics_port,
+                self.metrics,
+                self.store,
+                self.serving,
+                self.health_detail,
+                gateway=JsonGateway(self._json_servicer(), self.metrics, cfg.tokens),
+                status_page=self.status_page,
+                settings=cfg.http,
             )
             self.metrics_port = self.http_server.server_address[1]
         self.reloader.start()
@@ -232,6 +266,16 @@ class Server:
             models,
         )
         return self
+
+    def _json_servicer(self) -> RecommenderServicer:
+        """The servicer the JSON API calls: the same state and rules, the JSON message limit
+        (``--http-max-message-bytes``, at most gRPC's) instead of gRPC's."""
+        cfg = self.config
+        limit = min(cfg.http.max_message_bytes, cfg.limits.max_message_bytes)
+        limits = dataclasses.replace(cfg.limits, max_message_bytes=limit)
+        return RecommenderServicer(
+            self.store, self.metrics, limits, self.seen, self.hidden, self.hidden_mirror, self.online
+        )
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -263,6 +307,9 @@ class Server:
             self.grpc_server.stop(self.config.grace if grace is None else grace).wait()
         if self.http_server is not None:
             self.http_server.shutdown()
+            self.http_server.server_close()
+        if self.status_page is not None:
+            self.status_page.window.stop()
         if self.stream_guard is not None:
             self.stream_guard.stop()
         log.info("stopped")

@@ -15,7 +15,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import grpc
 import numpy as np
@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 
 from ordrec.service import validation as v
 from ordrec.service.artifacts import ALL_MODELS, ArtifactError
+from ordrec.service.batching import RecommendBatcher
 from ordrec.service.erasure import erase_user
 from ordrec.service.errors import (
     DeadlineExceeded,
@@ -145,9 +146,9 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
         add(id=externals[row], score=score)
 
 
-@dataclass(frozen=True)
-class _RecommendCall:
-    """What a Recommend request asks, validated once for every version that answers it."""
+class _RecommendCall(NamedTuple):
+    """What a Recommend request asks, validated once for every version that answers it (a
+    named tuple: built on every call, several times cheaper than a frozen dataclass)."""
 
     n: int
     candidate_ids: list[str]
@@ -157,8 +158,7 @@ class _RecommendCall:
     filter: str
 
 
-@dataclass(frozen=True)
-class _VersionGroup:
+class _VersionGroup(NamedTuple):
     """The users of one Recommend request that one version answers (positions in the
     request), with the request's candidates and rules resolved for that version."""
 
@@ -196,12 +196,16 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         hidden: HiddenState | None = None,
         hidden_mirror=None,
         online: NoOnlineEvaluation | None = None,
+        batcher: RecommendBatcher | None = None,
         forgotten: ForgottenUsers | None = None,
         forget_client=None,
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
         self.online = online or NoOnlineEvaluation()
+        # None: each call scores on its own (the path the batched one must equal, in tests).
+        self.batcher = batcher
+        self._counters: dict[tuple[str, str, int], object] = {}
         # Forgotten users are answered as unknown; ForgetUser erases through forget_client (Redis).
         self.forgotten, self.forget_client = forgotten, forget_client
 
@@ -226,13 +230,15 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         )
         # A split sends each user to one version, always the same (store.for_user).
         by_version: dict[str, tuple[LoadedModel, list[int]]] = {}
-        for position, uid in enumerate(user_ids):
+        if self.store.candidate(live.name) is None:  # no split: every user to the live version
+            by_version[live.version] = (live, list(range(len(user_ids))))
+        for position, uid in enumerate(user_ids if not by_version else ()):
             model = self.store.for_user(live, uid)
             by_version.setdefault(model.version, (model, []))[1].append(position)
         groups = [self._group(model, call, positions, user_ids) for model, positions in by_version.values()]
-        recent, ratings, degraded = self.seen.lookup(
-            user_ids if call.exclude_seen else [], self._fold_in_candidates(groups, user_ids)
-        )
+        newcomers = self._fold_in_candidates(groups, user_ids)
+        # A newcomer's recorded items are fold-in evidence too (picks), even without exclude_seen.
+        recent, ratings, degraded = self.seen.lookup(user_ids if call.exclude_seen else newcomers, newcomers)
         reply = pb.RecommendResponse(
             model=live.name,
             model_version=groups[0].model.version if len(groups) == 1 else live.version,
@@ -248,9 +254,10 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 [results[p] for p in group.positions],
                 recent,
                 ratings,
+                context,
             )
         if call.with_distribution:
-            reply.levels.extend(float(x) for x in live.index.levels)
+            reply.levels.extend(float(x) for x in live.index.rating_levels)
         return reply
 
     def _group(self, model: LoadedModel, call: _RecommendCall, positions: list[int], user_ids: list[str]):
@@ -265,7 +272,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         eligible = self._eligible(model, call.filter)
         if call.with_distribution and not hasattr(index, "distribution"):
             raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
-        n_levels = len(index.levels) if call.with_distribution else 0
+        n_levels = len(index.rating_levels) if call.with_distribution else 0
         answerable = len(candidates) if candidates is not None else len(index.items)
         users = [user_ids[p] for p in positions]
         v.check_reply_fits(
@@ -283,6 +290,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         results: list,
         recent: dict[str, list[str]],
         ratings: dict[str, dict[str, str]],
+        context,
     ) -> None:
         """Fill ``results`` (one per user, in order) with the group's version's answers."""
         model, candidates, eligible = group.model, group.candidates, group.eligible
@@ -295,23 +303,21 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             self._exclusions(index, row, recent.get(uid), call.exclude_seen, excluded)
             for uid, row in zip(user_ids, user_rows)
         ]
-        known = np.flatnonzero(user_rows >= 0)
-        ranked: list = [None] * len(user_ids)
-        if known.size:
-            answers = index.recommend_many(
-                user_rows[known],
-                n,
-                excludes=[excludes[i] for i in known],
-                candidates=candidates,
-                eligible=eligible,
-            )
-            for row, answer in zip(known.tolist(), answers):
-                ranked[row] = answer
-        folded = self._fold_in(
-            index, {u: ratings[u] for u, r in zip(user_ids, user_rows) if r < 0 and u in ratings}
-        )
+        ranked: list
+        if (user_rows >= 0).all():  # the usual case: every user known, no gathering
+            ranked = self._score_known(index, user_rows, n, excludes, candidates, eligible, context)
+        else:
+            known = np.flatnonzero(user_rows >= 0)
+            ranked = [None] * len(user_ids)
+            if known.size:
+                answers = self._score_known(
+                    index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, context
+                )
+                for row, answer in zip(known.tolist(), answers):
+                    ranked[row] = answer
+        folded = self._fold_in(index, self._fold_in_evidence(index, user_ids, user_rows, ratings, recent))
         m = self.metrics
-        m.recommended_users.labels(model.name, model.version).inc(len(user_ids))
+        self._users_counter(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
             result.model_version = model.version
             vector = folded.get(uid)
@@ -338,6 +344,37 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
 
+    def _users_counter(self, model: LoadedModel):
+        """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
+        loaded version (``labels()`` costs microseconds on every call)."""
+        key = (model.name, model.version, id(model.index))
+        child = self._counters.get(key)
+        if child is None:
+            child = self.metrics.recommended_users.labels(model.name, model.version)
+            # a few versions per model are served at a time; old versions' entries go in bulk
+            counters = dict(self._counters) if len(self._counters) < 64 else {}
+            counters[key] = child
+            self._counters = counters  # replaced whole, like the store's mapping
+        return child
+
+    def _score_known(self, index, rows, n, excludes, candidates, eligible, context) -> list:
+        """The index's answers for users it knows: batched with concurrent calls when the
+        version's scoring pass is dear enough (``service/batching.py``), else scored on this
+        call's own thread."""
+        batcher = self.batcher
+        if batcher is None or index.scoring_work() < batcher.min_work:
+            return index.recommend_many(rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
+        remaining = context.time_remaining()
+        return batcher.recommend(
+            index,
+            rows,
+            n,
+            excludes=excludes,
+            candidates=candidates,
+            eligible=eligible,
+            deadline=None if remaining is None else time.monotonic() + remaining,
+        )
+
     @staticmethod
     def _fold_in_candidates(groups: list[_VersionGroup], user_ids: list[str]) -> list[str]:
         """The users whose recorded ratings Recommend reads: those the version answering
@@ -351,14 +388,30 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         ]
 
     @staticmethod
+    def _fold_in_evidence(index, user_ids, user_rows, ratings, recent) -> dict[str, dict[str, str]]:
+        """What each user the version has not seen recorded: item id -> rating text, and where
+        the version folds in picks (top-N models) the items recorded without a rating as ""."""
+        evidence = {}
+        for uid, row in zip(user_ids, user_rows):
+            if row >= 0:
+                continue
+            recorded = dict(ratings.get(uid, {}))
+            if index.folds_in_picks:
+                recorded.update({item: "" for item in recent.get(uid, ()) if item not in recorded})
+            if recorded:
+                evidence[uid] = recorded
+        return evidence
+
+    @staticmethod
     def _fold_in(index, ratings: dict[str, dict[str, str]]) -> dict[str, np.ndarray]:
         """The :meth:`fold_in` vectors of users from their recorded ratings of items the
-        version knows (users with none get the popularity list)."""
+        version knows, and their picks without a rating where it takes them (NaN values;
+        users with neither get the popularity list)."""
         vectors = {}
         for uid, rated in ratings.items():
             rows = index.items.rows(list(rated))
             values = np.array([_rating(text) for text in rated.values()], dtype=np.float64)
-            usable = (rows >= 0) & np.isfinite(values)
+            usable = (rows >= 0) & (np.isfinite(values) | index.folds_in_picks)
             if usable.any():
                 vectors[uid] = index.fold_in(rows[usable], values[usable])
         return vectors

@@ -61,6 +61,10 @@ class StreamGuard(grpc.ServerInterceptor):
         handler = continuation(handler_call_details)
         if handler is None:
             return None
+        return self.admitted(handler)
+
+    def admitted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """A streaming ``handler`` behind admission and the watchdog; unary ones unchanged."""
         if handler.unary_stream:
             return handler._replace(unary_stream=self._guarded(handler.unary_stream))
         if handler.stream_stream:

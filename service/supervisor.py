@@ -34,8 +34,16 @@ def _free_port(host: str) -> int:
 
 
 class Supervisor:
-    def __init__(self, argv: list[str], processes: int, host: str, port: int, metrics_port: int):
-        self.argv, self.processes = argv, processes
+    def __init__(
+        self,
+        argv: list[str],
+        processes: int,
+        host: str,
+        port: int,
+        metrics_port: int,
+        module: str = "ordrec.service",
+    ):
+        self.argv, self.processes, self.module = argv, processes, module
         self.port = port or _free_port(host)
         self.metrics_port = metrics_port
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
@@ -50,7 +58,7 @@ class Supervisor:
         args = [
             sys.executable,
             "-m",
-            "ordrec.service",
+            self.module,
             *self.argv,
             "--processes",
             "1",

@@ -118,36 +118,86 @@ def top_k(
     return chosen.astype(np.int64), scores[chosen]
 
 
+# Items scored per block of the batched product: a block's rows stay in cache while every
+# user of the batch reads them (a batch reads the item matrix once, not once per user).
+_ROWS_PER_BLOCK = 256
+
+
 # fastmath (reassociation) lets the dot product vectorise; it must be on the
 # compiled entry points, since the inlined body takes its caller's flags.
 @njit(cache=True, inline="always")
-def _affine_body(matrix, vector, offset):
-    out = np.empty(matrix.shape[0], dtype=np.float32)
-    for i in range(matrix.shape[0]):
-        acc = np.float32(0.0)
-        for j in range(matrix.shape[1]):
-            acc += matrix[i, j] * vector[j]
-        out[i] = acc + offset
+def _affine_rows_body(matrix, vectors, offset):
+    n_items, n_users = matrix.shape[0], vectors.shape[0]
+    out = np.empty((n_users, n_items), dtype=np.float32)
+    for start in range(0, n_items, _ROWS_PER_BLOCK):
+        stop = min(start + _ROWS_PER_BLOCK, n_items)
+        for b in range(n_users):
+            for i in range(start, stop):
+                # The same dot product, summed in the same order, for any batch size.
+                acc = np.float32(0.0)
+                for j in range(matrix.shape[1]):
+                    acc += matrix[i, j] * vectors[b, j]
+                out[b, i] = acc + offset
     return out
 
 
 @njit(cache=True, fastmath=True)
-def _affine_holding_gil(matrix, vector, offset):
-    return _affine_body(matrix, vector, offset)
+def _affine_rows_holding_gil(matrix, vectors, offset):
+    return _affine_rows_body(matrix, vectors, offset)
 
 
 @njit(cache=True, fastmath=True, nogil=True)
-def _affine_releasing_gil(matrix, vector, offset):
-    return _affine_body(matrix, vector, offset)
+def _affine_rows_releasing_gil(matrix, vectors, offset):
+    return _affine_rows_body(matrix, vectors, offset)
 
 
 def affine_scores(matrix: np.ndarray, vector: np.ndarray, offset: float = 0.0) -> np.ndarray:
-    """``matrix @ vector + offset`` as a new float32 array (both float32, C-contiguous).
+    """``matrix @ vector + offset`` as a new float32 array (both float32, C-contiguous):
+    :func:`affine_rows` of one vector."""
+    return affine_rows(matrix, vector.reshape(1, -1), offset)[0]
 
-    Numerically a plain dot product per row (summed in any order, like BLAS).
+
+def affine_rows(matrix: np.ndarray, vectors: np.ndarray, offset: float = 0.0) -> np.ndarray:
+    """``vectors @ matrix.T + offset``, shape ``(len(vectors), len(matrix))``, float32.
+
+    A user's row is bitwise the same whatever else is in the batch, so a
+    dynamically batched Recommend answers exactly what a call of its own would.
     """
-    kernel = _affine_holding_gil if matrix.size <= _HOLD_GIL_MAX_WORK else _affine_releasing_gil
-    return kernel(matrix, vector, np.float32(offset))
+    work = matrix.size * vectors.shape[0]
+    kernel = _affine_rows_holding_gil if work <= _HOLD_GIL_MAX_WORK else _affine_rows_releasing_gil
+    return kernel(matrix, vectors, np.float32(offset))
+
+
+@njit(cache=True)
+def _top_k_rows_kernel(scores, ks, blocked, masked):
+    count = np.zeros(scores.shape[0], dtype=np.int64)
+    best_idx = np.empty((scores.shape[0], max(1, ks.max())), dtype=np.int64)
+    best_val = np.empty((scores.shape[0], max(1, ks.max())), dtype=scores.dtype)
+    for b in range(scores.shape[0]):
+        if masked:
+            idx, val = _top_k_masked_kernel(scores[b], blocked, ks[b])
+        else:
+            idx, val = _top_k_kernel(scores[b], ks[b])
+        count[b] = idx.size
+        best_idx[b, : idx.size] = idx
+        best_val[b, : idx.size] = val
+    return best_idx, best_val, count
+
+
+def top_k_rows(
+    scores: np.ndarray, ks: np.ndarray, blocked: np.ndarray | None = None
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """:func:`top_k` of every row of ``scores`` (its own ``k`` each, one ``blocked`` mask for
+    all) in one kernel call; the same answers, row by row, as :func:`top_k`."""
+    ks = np.asarray(ks, dtype=np.int64)
+    if scores.shape[0] == 0:
+        return []
+    if ks.max() > _KERNEL_MAX_K or ks.min() <= 0 or scores.shape[1] == 0:
+        return [top_k(row, int(k), None, blocked) for row, k in zip(scores, ks)]
+    masked = blocked is not None
+    mask = blocked if masked else np.zeros(0, dtype=np.bool_)
+    idx, val, count = _top_k_rows_kernel(scores, ks, mask, masked)
+    return [(idx[b, : count[b]], val[b, : count[b]]) for b in range(scores.shape[0])]
 
 
 @njit(cache=True)
@@ -198,7 +248,10 @@ def warm_up() -> None:
     for matrix, vector in itertools.product(
         _both(np.zeros((2, 2), np.float32)), _both(np.zeros(2, np.float32))
     ):
-        _affine_holding_gil(matrix, vector, np.float32(0))
-        _affine_releasing_gil(matrix, vector, np.float32(0))
+        _affine_rows_holding_gil(matrix, vector.reshape(1, -1), np.float32(0))
+        _affine_rows_releasing_gil(matrix, vector.reshape(1, -1), np.float32(0))
+    for dtype in (np.float32, np.float64):
+        for blocked in _both(np.zeros(4, dtype=np.bool_)):
+            _top_k_rows_kernel(np.zeros((1, 4), dtype=dtype), np.ones(1, np.int64), blocked, True)
     for coords, point in itertools.product(_both(np.zeros((2, 2))), _both(np.zeros(2))):
         _negative_squared_distances(coords, point)

@@ -35,10 +35,13 @@ SAMPLE_MODELS = [
 
 
 def data_file(*parts: str) -> Path:
-    """A real data file, or skip the test when the data sets are not here."""
+    """A real data file. Skips when the data sets are not here at all; fails when they are but
+    this file is missing (a renamed or lost file must not turn a claim's test into a skip)."""
     path = DATA_ROOT.joinpath(*parts)
+    if not DATA_ROOT.is_dir():
+        pytest.skip(f"real data not found at {DATA_ROOT} (set ORDREC_DATA)")
     if not path.exists():
-        pytest.skip(f"real data not found at {path} (set ORDREC_DATA)")
+        pytest.fail(f"{path} is missing from the data sets at {DATA_ROOT}")
     return path
 
 

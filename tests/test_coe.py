@@ -4,8 +4,6 @@ serving index and registry round trip. Real-data checks are marked slow."""
 from __future__ import annotations
 
 import itertools
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +19,10 @@ from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COE, TripleSource, normalise
 from ordrec.trainer.reproduce import coe as protocol
+from tests.conftest import data_file
 
-DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+# The paper's objective (the estimator defaults are the top-N settings, docs/coe.md).
+PAPER = dict(unrated_share=0.0, type_a_share=None)
 
 
 def ratings_from(user, item, rating, n_users=None, n_items=None) -> Ratings:
@@ -274,9 +274,8 @@ def test_planted_geometry_is_recovered():
     values = -np.linalg.norm(Xt[user] - Yt[item], axis=1)
     data = ratings_from(user, item, values, n_users, n_items)
     triples = TripleSource.build(data.user, data.item, values.astype(np.float32), n_users, n_items)
-    model = COE(
-        n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1, max_iter=60, random_state=0
-    )
+    paper_2d = dict(PAPER, n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1)
+    model = COE(**paper_2d, max_iter=60, random_state=0)
     model.fit_triples(data, triples)
     index = COEIndex.from_artifact(model.to_artifact())
     metrics = protocol.evaluate_index(index, data, values.astype(np.float32), np.ones(len(data), bool))
@@ -365,10 +364,11 @@ def test_index_refuses_inconsistent_artifacts(fitted):
 
     _, model = fitted
     art = model.to_artifact()
-    bad = dict(art.arrays, item_coords=np.zeros((60, 3), np.float32))
+    dim = art.arrays["user_coords"].shape[1]
+    bad = dict(art.arrays, item_coords=np.zeros((60, dim + 1), np.float32))
     with pytest.raises(ArtifactError, match="dimension"):
         COEIndex.from_artifact(type(art)(art.kind, bad, art.ids))
-    bad = dict(art.arrays, user_coords=np.full((40, 2), np.nan, np.float32))
+    bad = dict(art.arrays, user_coords=np.full((40, dim), np.nan, np.float32))
     with pytest.raises(ArtifactError, match="NaN"):
         COEIndex.from_artifact(type(art)(art.kind, bad, art.ids))
 
@@ -403,9 +403,7 @@ def test_registry_round_trip(fitted, tmp_path):
 # ------------------------------------------------------------------ real data
 @pytest.mark.slow
 def test_ml100k_meets_table3_targets():
-    path = DATA / "ml-100k" / "u.data"
-    if not path.exists():
-        pytest.skip(f"{path} missing (set ORDREC_DATA)")
+    path = data_file("ml-100k", "u.data")
     data = protocol.paper_filter(protocol.read_whitespace_ratings(str(path)))
     assert (data.n_users, data.n_items, len(data)) == (943, 1413, 99543)
     rng = np.random.default_rng([0, 0])

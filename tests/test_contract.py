@@ -68,8 +68,11 @@ def _dcr():
 
 
 def _coe():
+    # the rating order is the paper's objective; the defaults' top-N objective (which items a
+    # user picks at all) has its planted test in tests/test_coe_topn.py
     data, truth = sample.planted_ratings_with_truth(seed=1)
-    return data, {"max_iter": 10}, lambda index: users_concordance(index, truth.latent()), 0.6
+    params = {"max_iter": 10, "n_components": 2, "unrated_share": 0.0, "type_a_share": None}
+    return data, params, lambda index: users_concordance(index, truth.latent()), 0.6
 
 
 def _rtf():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 from hypothesis import example, given, settings
@@ -13,7 +15,7 @@ from ordrec.service.models.dcr import DCRIndex, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k
 from ordrec.trainer.models import estimator_class
-from ordrec.trainer.models.dcr import DCR, ResearchOptions, lazy_zeros, rating_levels, user_csr
+from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, ResearchOptions, lazy_zeros, rating_levels, user_csr
 from ordrec.trainer.models.dcr_kernels import (
     pairwise_epoch_by_user,
     pairwise_loss,
@@ -26,6 +28,9 @@ from ordrec.trainer.models.dcr_kernels import (
     shuffle_segments,
 )
 from ordrec.trainer.reproduce.dcr import fit_dcr, fixed_scorer, item_means, per_user_split
+
+# These tests hold the paper's DCR (the estimator's defaults are the top-N model's).
+PaperDCR = functools.partial(DCR, **PAPER_PARAMS)
 
 
 def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
@@ -221,7 +226,7 @@ def test_float32_training_follows_the_float64_fit():
     """float32 factors (the default) change rounding, not the fit."""
     data = planted(2)
     params = dict(n_components=6, learning_rate=0.05, max_iter=15, tol=0.0, random_state=1)
-    single, double = DCR(**params).fit(data), DCR(dtype="float64", **params).fit(data)
+    single, double = PaperDCR(**params).fit(data), PaperDCR(dtype="float64", **params).fit(data)
     assert single.U_.dtype == np.float32 and double.U_.dtype == np.float64
     np.testing.assert_allclose(single.U_, double.U_, atol=1e-4)
     np.testing.assert_allclose(single.V_, double.V_, atol=1e-4)
@@ -249,7 +254,7 @@ def test_lazy_zeros_are_writable_zeros():
 )  # |U| = 1 + 10 float32 eps, found by hypothesis
 def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     data = planted(seed, n_users=20, n_items=15, per_user=8)
-    model = DCR(
+    model = PaperDCR(
         n_components=4,
         max_iter=3,
         learning_rate=0.5,
@@ -274,7 +279,7 @@ def test_planted_low_rank_order_is_recovered(order):
     data = planted(1)
     rng = np.random.default_rng(0)
     train, test = per_user_split(data, 30, rng)
-    model = DCR(n_components=8, max_iter=60, learning_rate=0.05, random_state=0).fit(
+    model = PaperDCR(n_components=8, max_iter=60, learning_rate=0.05, random_state=0).fit(
         train, research=ResearchOptions(order=order)
     )
     index = DCRIndex.from_artifact(model.to_artifact())
@@ -297,7 +302,7 @@ def test_planted_low_rank_order_is_recovered(order):
 @pytest.mark.parametrize("order", ["user", "random"])
 def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs(order):
     data = planted(2, n_users=60, n_items=40, per_user=20)
-    model = DCR(n_components=6, max_iter=10, learning_rate=0.05, random_state=3).fit(
+    model = PaperDCR(n_components=6, max_iter=10, learning_rate=0.05, random_state=3).fit(
         data, research=ResearchOptions(order=order)
     )
 
@@ -341,9 +346,9 @@ def test_pairwise_by_user_draws_each_users_share_of_pairs():
 
 def test_same_seed_same_model_other_seed_other_model():
     data = planted(3, n_users=30, n_items=20, per_user=10)
-    a = DCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
-    b = DCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
-    c = DCR(n_components=4, max_iter=3, random_state=6).fit(data)
+    a = PaperDCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
+    b = PaperDCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
+    c = PaperDCR(n_components=4, max_iter=3, random_state=6).fit(data)
     np.testing.assert_array_equal(a.U_, b.U_)
     np.testing.assert_array_equal(a.V_, b.V_)
     assert not np.array_equal(a.U_[:, :, :], c.U_)
@@ -354,7 +359,7 @@ def test_divergence_is_reported_with_the_epoch(order):
     data = planted(4, n_users=10, n_items=10, per_user=5)
     with pytest.raises(FloatingPointError, match="epoch 0"):
         # finite but absurd: lr * reg overflows, the projection turns inf into NaN
-        DCR(n_components=2, max_iter=2, learning_rate=1e300, reg=1e300).fit(
+        PaperDCR(n_components=2, max_iter=2, learning_rate=1e300, reg=1e300).fit(
             data, research=ResearchOptions(order=order)
         )
 
@@ -403,10 +408,10 @@ def test_shuffle_segments_permutes_within_each_user_only():
 
 def test_stopping_rule_stops_at_the_first_small_gain():
     data = planted(5, n_users=60, n_items=40, per_user=20)
-    full = DCR(n_components=4, max_iter=80, tol=0.0, random_state=2).fit(data)
+    full = PaperDCR(n_components=4, max_iter=80, tol=0.0, random_state=2).fit(data)
     assert full.epochs_run_ == 80 and len(full.loglik_history_) == 80
     tol = 0.01
-    early = DCR(n_components=4, max_iter=80, tol=tol, random_state=2).fit(data)
+    early = PaperDCR(n_components=4, max_iter=80, tol=tol, random_state=2).fit(data)
     h = np.asarray(early.loglik_history_)
     assert 2 <= early.epochs_run_ < 80 and h.size == early.epochs_run_
     gains = np.diff(h) / np.abs(h[1:])
@@ -418,7 +423,7 @@ def test_stopping_rule_stops_at_the_first_small_gain():
 
 def test_users_and_items_without_training_ratings_are_served_at_one_half():
     data = make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [1, 5, 4, 2, 3], n_users=5, n_items=4)
-    model = DCR(n_components=3, max_iter=5, random_state=0).fit(data)
+    model = PaperDCR(n_components=3, max_iter=5, random_state=0).fit(data)
     assert np.all(model.U_[3:] == 0) and np.all(model.V_[3] == 0)
     assert np.any(model.U_[:3] != 0)
 
@@ -448,7 +453,7 @@ def test_half_star_scale_maps_to_ten_ordered_levels():
     assert levels.tolist() == values.tolist()
     assert index.tolist() == [0, 9, 4, 5]
     data = planted(5, n_users=40, n_items=30, per_user=15, values=tuple(values))
-    model = DCR(n_components=4, max_iter=5, random_state=0).fit(data)
+    model = PaperDCR(n_components=4, max_iter=5, random_state=0).fit(data)
     assert model.levels_.tolist() == values.tolist()
     index = DCRIndex.from_artifact(model.to_artifact())
     items = np.arange(data.n_items)
@@ -486,7 +491,9 @@ def test_registry_round_trip_serves_the_same_scores(tmp_path):
     b.smoke()
     users = np.arange(data.n_users)
     np.testing.assert_array_equal(a.score_users(users), b.score_users(users))
-    assert loaded.attributes["levels"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    # the default (top-N) model scores "not rated" as the level below the lowest rating
+    assert loaded.attributes["levels"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert loaded.attributes["unrated_level"] is True and b.rating_levels.tolist() == [1, 2, 3, 4, 5]
     assert loaded.attributes["relevance"] == "linear"
     assert loaded.hyperparameters["pairwise"] is True
     # seen items are each user's training items
@@ -496,7 +503,7 @@ def test_registry_round_trip_serves_the_same_scores(tmp_path):
 
 def test_item_shrinkage_scales_rare_items_toward_one_half():
     data = make_ratings([0, 0, 1, 1, 2], [0, 1, 0, 1, 1], [5, 1, 4, 2, 5], 3, 3)
-    model = DCR(n_components=2, max_iter=5, random_state=0).fit(data)
+    model = PaperDCR(n_components=2, max_iter=5, random_state=0).fit(data)
     plain = model.to_artifact().arrays["item_factors"]
     shrunk = model.with_research(item_shrinkage=2.0).to_artifact().arrays["item_factors"]
     counts = np.array([2, 3, 0])
@@ -515,11 +522,11 @@ def test_a_refinement_that_hurts_on_validation_is_dropped():
     fit keeps the pointwise factors, exactly those of the same fit without refinement."""
     data = planted(4, n_users=80, n_items=50, per_user=24)
     hurt = dict(pairwise_learning_rate=50.0, pairwise_reg=5.0, pairwise_max_iter=5)
-    model = DCR(**_pairwise_params(**hurt)).fit(data)
+    model = PaperDCR(**_pairwise_params(**hurt)).fit(data)
     assert model.pairwise_kept_ is False
     point, pair, se = model.pairwise_val_ndcg_
     assert pair < point
-    plain = DCR(**_pairwise_params(pairwise=False)).fit(data)
+    plain = PaperDCR(**_pairwise_params(pairwise=False)).fit(data)
     np.testing.assert_array_equal(model.U_, plain.U_)
     np.testing.assert_array_equal(model.V_, plain.V_)
     artifact = model.to_artifact()
@@ -530,7 +537,7 @@ def test_a_refinement_that_hurts_on_validation_is_dropped():
     assert chosen.pairwise_kept_ is False and chosen.pairwise
     np.testing.assert_array_equal(chosen.U_, plain.U_)
     # without validation the refinement is applied regardless
-    forced = DCR(**_pairwise_params(**hurt, pairwise_validation=False)).fit(data)
+    forced = PaperDCR(**_pairwise_params(**hurt, pairwise_validation=False)).fit(data)
     assert forced.pairwise_kept_ is True and not np.array_equal(forced.U_, plain.U_)
 
 
@@ -541,10 +548,10 @@ def test_a_refinement_that_helps_on_validation_is_kept():
     params = _pairwise_params(
         max_iter=1, learning_rate=0.001, pairwise_learning_rate=0.1, pairwise_max_iter=20, pairwise_reg=0.0
     )
-    model = DCR(**params).fit(data)
+    model = PaperDCR(**params).fit(data)
     point, pair, se = model.pairwise_val_ndcg_
     assert model.pairwise_kept_ is True and pair > point + 2 * se
-    plain = DCR(**dict(params, pairwise=False)).fit(data)
+    plain = PaperDCR(**dict(params, pairwise=False)).fit(data)
     assert not np.array_equal(model.U_, plain.U_)
     assert model.to_artifact().metrics["pairwise_kept"] == 1.0
     chosen = plain.refined_on_validation(data)
@@ -554,6 +561,6 @@ def test_a_refinement_that_helps_on_validation_is_kept():
 
 def test_refined_on_validation_needs_the_fitted_ratings():
     data = planted(6, n_users=20, n_items=15, per_user=8)
-    model = DCR(n_components=3, max_iter=2).fit(data)
+    model = PaperDCR(n_components=3, max_iter=2).fit(data)
     with pytest.raises(ValueError, match="fitted on"):
         model.refined_on_validation(planted(7, n_users=20, n_items=15, per_user=8))

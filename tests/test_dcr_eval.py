@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +19,7 @@ from ordrec.trainer.reproduce.dcr import (
     per_user_split,
     validation_split,
 )
-
-DATA = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+from tests.conftest import data_file
 
 
 def ratings(seed=0, n_users=50, n_items=40):
@@ -179,9 +177,7 @@ def test_reproduce_grid_on_test_is_a_separate_diagnostic_row(tmp_path, fit):
 
 @pytest.mark.slow
 def test_ml100k_dcr_ranks_better_than_item_means(tmp_path):
-    path = DATA / "ml-100k" / "u.data"
-    if not path.exists():
-        pytest.skip(f"{path} missing (set ORDREC_DATA)")
+    path = data_file("ml-100k", "u.data")
     out = tmp_path / "rows.json"
     assert (
         main(

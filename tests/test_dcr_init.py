@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
 from ordrec.service.models.dcr import DCRIndex
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.models.dcr import DCR, ResearchOptions, holdouts, rating_levels
+from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, ResearchOptions, holdouts, rating_levels
 from ordrec.trainer.models.dcr_kernels import pointwise_loglik
 from ordrec.trainer.reproduce.dcr import (
     fit_dcr,
@@ -19,6 +21,9 @@ from ordrec.trainer.reproduce.dcr import (
     validation_split,
 )
 from tests.test_dcr import make_ratings, planted
+
+# These tests hold the paper's DCR (the estimator's defaults are the top-N model's).
+PaperDCR = functools.partial(DCR, **PAPER_PARAMS)
 
 
 def with_item_effects(seed=0, n_users=80, n_items=50, per_user=25):
@@ -52,7 +57,7 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
     # one item nobody rated: it starts at the global marginal
     data = make_ratings(data.user, data.item, data.rating, data.n_users, data.n_items + 1)
     # float64 factors: the check is to 1e-9, below float32's resolution
-    model = DCR(
+    model = PaperDCR(
         n_components=5, max_iter=0, init="marginal", init_std=0.0, dtype="float64", random_state=0
     ).fit(data, research=ResearchOptions(init_shrinkage=beta, item_bias=bias))
     want = damped_marginals(data, beta if beta > 0 else 1e-12)
@@ -69,7 +74,7 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
 def test_marginal_init_keeps_factors_in_the_ball():
     data = with_item_effects(2)
     for std in (0.0, 0.05, 0.3):
-        model = DCR(n_components=6, max_iter=0, init="marginal", init_std=std, random_state=1).fit(data)
+        model = PaperDCR(n_components=6, max_iter=0, init="marginal", init_std=std, random_state=1).fit(data)
         assert np.all(np.linalg.norm(model.U_, axis=2) <= 1 + 1e-9)
         assert np.all(np.linalg.norm(model.V_, axis=2) <= 1 + 1e-9)
 
@@ -88,7 +93,7 @@ def stopped_fit(data_seed: int, seed: int, epochs: int):
         tol=0.0,
         random_state=seed,
     )
-    model = DCR(patience=epochs, **params).fit(fit, validation=val)
+    model = PaperDCR(patience=epochs, **params).fit(fit, validation=val)
     _, level = rating_levels(val.rating, model.levels_)
     return model, fit, val, params, (val.user.astype(np.int64), val.item.astype(np.int64), level)
 
@@ -96,7 +101,7 @@ def stopped_fit(data_seed: int, seed: int, epochs: int):
 def test_validation_stopping_keeps_each_levels_best_epoch():
     stopped, fit, _, params, (u, i, level) = stopped_fit(3, seed=3, epochs=25)
     # the trajectory: a fit of e epochs takes the first e steps of the longer one (same seed)
-    trajectory = [DCR(**dict(params, max_iter=e)).fit(fit) for e in range(26)]
+    trajectory = [PaperDCR(**dict(params, max_iter=e)).fit(fit) for e in range(26)]
     ll = np.array([pointwise_loglik(m.U_, m.V_, u, i, level) for m in trajectory])
     assert stopped.best_epochs_ == ll.argmax(axis=0).tolist()
     np.testing.assert_allclose(stopped.validation_loglik_, ll.max(axis=0))
@@ -108,7 +113,7 @@ def test_validation_stopping_keeps_each_levels_best_epoch():
 def test_patience_stops_once_no_level_improves():
     data = with_item_effects(4)
     fit, val = validation_split(data, np.random.default_rng(1))
-    model = DCR(
+    model = PaperDCR(
         n_components=4,
         learning_rate=0.1,
         init="marginal",
@@ -127,8 +132,8 @@ def test_level_epochs_refit_takes_the_same_steps_as_the_stopped_fit():
     params = dict(
         n_components=4, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=40, random_state=4
     )
-    stopped = DCR(**params).fit(fit, validation=val)
-    again = DCR(**params).fit(fit, research=ResearchOptions(level_epochs=stopped.best_epochs_))
+    stopped = PaperDCR(**params).fit(fit, validation=val)
+    again = PaperDCR(**params).fit(fit, research=ResearchOptions(level_epochs=stopped.best_epochs_))
     assert again.best_epochs_ == stopped.best_epochs_
     np.testing.assert_array_equal(again.U_, stopped.U_)
     np.testing.assert_array_equal(again.V_, stopped.V_)
@@ -147,7 +152,7 @@ def test_validation_stopping_still_learns_planted_personal_structure():
     params = dict(
         n_components=8, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=60, random_state=0
     )
-    stopped = DCR(**params).fit(fit, validation=val)
+    stopped = PaperDCR(**params).fit(fit, validation=val)
     assert min(stopped.best_epochs_) > 0
     model = fit_dcr(dict(params, level_epochs=stopped.best_epochs_), train)
     dcr = ndcg_at_k(DCRIndex.from_artifact(model.to_artifact()).score_items, test)
@@ -200,12 +205,12 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
         patience=3,
         random_state=3,
     )
-    model = DCR(early_stopping=True, validation_folds=3, pairwise=True, pairwise_max_iter=2, **params).fit(
-        data
-    )
+    model = PaperDCR(
+        early_stopping=True, validation_folds=3, pairwise=True, pairwise_max_iter=2, **params
+    ).fit(data)
     # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
     stops = [
-        DCR(**params).fit(fit, validation=val).best_epochs_
+        PaperDCR(**params).fit(fit, validation=val).best_epochs_
         for fit, val in holdouts(data, np.random.default_rng([3, 1]), 3)
     ]
     want = [int(e) for e in np.median(np.array(stops), axis=0).round()]
@@ -226,12 +231,12 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
     user, item = np.repeat(np.arange(30), 6), np.tile(np.arange(6), 30)
     rating = rng.integers(2, 5, user.size)
     rating[0] = 5
-    rare = DCR(early_stopping=True, n_components=2, max_iter=3, random_state=0).fit(
+    rare = PaperDCR(early_stopping=True, n_components=2, max_iter=3, random_state=0).fit(
         make_ratings(user, item, rating)
     )
     assert len(rare.chosen_level_epochs_) == 3
     with pytest.raises(DataError, match="early_stopping holds out at least 2 ratings per user"):
-        DCR(early_stopping=True, n_components=2).fit(
+        PaperDCR(early_stopping=True, n_components=2).fit(
             make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1])
         )
 
@@ -263,14 +268,14 @@ def test_validation_history_is_the_trajectorys_loglik_and_val_tol_applies_the_ru
         np.testing.assert_allclose(
             full.validation_history_[e],
             pointwise_loglik(
-                *(lambda m: (m.U_, m.V_))(DCR(**dict(params, max_iter=e)).fit(fit)), u, i, level
+                *(lambda m: (m.U_, m.V_))(PaperDCR(**dict(params, max_iter=e)).fit(fit)), u, i, level
             ),
         )
     for val_tol in (0.0, 0.002, 0.02):
-        model = DCR(patience=3, val_tol=val_tol, **params).fit(fit, validation=val)
+        model = PaperDCR(patience=3, val_tol=val_tol, **params).fit(fit, validation=val)
         epochs, stop = _stopping_rule(full.validation_history_, val_tol, 3)
         assert model.best_epochs_ == epochs
         assert model.epochs_run_ == stop
     # a tolerance nothing can clear keeps every level at its start
-    none = DCR(patience=2, val_tol=10.0, **params).fit(fit, validation=val)
+    none = PaperDCR(patience=2, val_tol=10.0, **params).fit(fit, validation=val)
     assert none.best_epochs_ == [0, 0, 0, 0] and none.epochs_run_ == 2

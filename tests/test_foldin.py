@@ -175,6 +175,28 @@ def test_the_server_folds_in_new_users_with_recorded_ratings(sample_registry, re
         assert not known.folded_in and known.fallback == pb.FALLBACK_NONE
 
 
+def test_the_server_folds_in_new_users_from_interactions_without_ratings(sample_registry, redis_server):
+    """A newcomer who only clicked (RecordInteractions without values) is folded in by the
+    top-N versions (DCR and COE take picks), not answered with the popularity list."""
+    with (
+        ServerProcess(sample_registry, "--redis", redis_server.url, "--poll-interval", "0") as server,
+        grpc.insecure_channel(server.target) as channel,
+    ):
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+        clicked = [i.id for i in _recommend(stub, "u001").items][:3]
+        for model in ("dcr", "coe"):
+            assert _recommend(stub, f"clicker-{model}", model).fallback == pb.FALLBACK_POPULAR_GLOBAL
+            stub.RecordInteractions(
+                pb.RecordInteractionsRequest(user_id=f"clicker-{model}", item_ids=clicked, model=model),
+                timeout=10,
+            )
+            for exclude_seen in (True, False):
+                answer = _recommend(stub, f"clicker-{model}", model, exclude_seen=exclude_seen)
+                assert answer.folded_in and answer.fallback == pb.FALLBACK_NONE, (model, exclude_seen)
+                if exclude_seen:  # what they clicked is not offered back
+                    assert set(clicked).isdisjoint(i.id for i in answer.items)
+
+
 def test_at_most_the_capped_number_of_ratings_is_read(redis_server):
     from ordrec.service.metrics import Metrics
     from ordrec.service.redis_state import MAX_FOLD_IN_RATINGS, RATINGS_KEY, RedisSeenStore

@@ -308,7 +308,9 @@ def test_rating_scale_in_the_data_section(sample, tmp_path, capsys):
     assert f"{sample / 'ratings.data'}:" in err and versions(registry) == []
     skipping = text.replace('rating_scale = "1..4"', 'rating_scale = "1..4"\nskip_bad_lines = true')
     assert run_job(write_job(tmp_path, skipping, "skip.toml")) == EXIT_PUBLISHED
-    assert Registry(registry).load("dcr").attributes["levels"] == [1.0, 2.0, 3.0, 4.0]
+    published = Registry(registry).load("dcr").attributes
+    # the scale's values, below them "not rated" (the top-N model's lowest level)
+    assert published["levels"] == [0.0, 1.0, 2.0, 3.0, 4.0] and published["unrated_level"] is True
 
 
 def test_missing_data_is_a_data_error(sample, tmp_path, capsys):

@@ -37,6 +37,7 @@ from ordrec.trainer.report_html import (
     write_report,
 )
 from ordrec.trainer.reproduce.report import PaperFigure
+from tests.conftest import data_file
 
 VOID = {"meta", "link", "br", "img", "input", "hr", "col", "area", "base", "embed", "source", "wbr"}
 # SVG elements our page may write self-closed (<rect/>) inside legend swatches.
@@ -505,16 +506,8 @@ def test_service_serves_the_live_versions_report(tmp_path):
 
 @pytest.mark.slow
 def test_read_labels_on_movielens_u_item():
-    import os
-    from pathlib import Path
 
-    path = (
-        Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-        / "ml-100k"
-        / "u.item"
-    )
-    if not path.exists():
-        pytest.skip(f"{path} is missing")
+    path = data_file("ml-100k", "u.item")
     labels = read_labels(path)
     assert len(labels) == 1682 and labels["1"] == "Toy Story (1995)"
     assert labels["543"] == "Misérables, Les (1995)"  # latin-1, as the data README says

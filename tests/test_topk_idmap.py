@@ -11,7 +11,7 @@ from hypothesis.extra import numpy as hnp
 from ordrec.service import topk
 from ordrec.service.idmap import IdMap
 from ordrec.service.models.base import PointSet
-from ordrec.service.topk import affine_scores, nearest_brute_force, top_k
+from ordrec.service.topk import affine_scores, nearest_brute_force, top_k, top_k_rows
 
 scores_strategy = hnp.arrays(
     np.float32,
@@ -109,8 +109,9 @@ def test_warm_up_compiles_what_read_only_artifacts_need():
     compile those kernels too, or the first request (or the server's start) compiles them."""
     topk.warm_up()
     kernels = (
-        topk._affine_holding_gil,
-        topk._affine_releasing_gil,
+        topk._affine_rows_holding_gil,
+        topk._affine_rows_releasing_gil,
+        topk._top_k_rows_kernel,
         topk._negative_squared_distances,
         topk._exclude_kernel,
     )
@@ -127,4 +128,5 @@ def test_warm_up_compiles_what_read_only_artifacts_need():
     nearest_brute_force(read_only(np.ones((3, 2))), read_only(np.ones(2)), 1)
     nearest_brute_force(read_only(np.ones((3, 2))), np.ones(2), 1)
     top_k(np.ones(3, np.float32), 1, exclude=read_only(np.zeros(1, np.int64)))
+    top_k_rows(np.ones((2, 3), np.float32), np.ones(2, np.int64), read_only(np.zeros(3, bool)))
     assert [len(k.signatures) for k in kernels] == compiled

@@ -114,7 +114,7 @@ def test_ratings_off_the_declared_scale_fail_or_are_skipped(sample_dir, tmp_path
     )
     assert result.returncode == 0, result.stderr
     assert f"skipped 2 malformed line(s) of {data}" in result.stderr
-    assert Registry(registry).load("dcr").attributes["levels"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert Registry(registry).load("dcr").attributes["levels"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
 
 
 def test_rating_scale_option(sample_dir, tmp_path):

@@ -29,11 +29,14 @@ class ServerProcess:
         startup_timeout: float = 60.0,
         log_path: str | os.PathLike | None = None,
         env: dict | None = None,
+        module: str = "ordrec.service",
     ):
+        # ``module``: another server speaking ordrec-serve's flags and ready line
+        # (``ordrec.tools.bare_server``, the benchmarks' yardstick).
         self.args = [
             sys.executable,
             "-m",
-            "ordrec.service",
+            module,
             "--registry",
             str(registry),
             "--port",

@@ -158,7 +158,7 @@ def map_report_views(kind: str, labels_path: str | None):
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from ordrec.trainer.reproduce.report import write_json
 
-    rows = kinds.get(args.kind).protocol_module().run(args)
+    rows = protocol_module(args.kind).run(args)
     if args.json:
         write_json(rows, args.json)
         print(f"wrote {len(rows)} rows to {args.json}")
@@ -440,10 +440,27 @@ def cmd_report(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ parser
 
 
+# Protocols over several kinds (``reproduce NAME``): module and summary.
+PROTOCOLS = {
+    "topn": (
+        "ordrec.trainer.reproduce.topn",
+        "every recommender's full-catalogue top-N (recall, NDCG, coverage) beside popularity and EASE",
+    ),
+}
+
+
+def protocol_module(name: str):
+    """The module of ``reproduce NAME``: a kind's paper protocol, or one of ``PROTOCOLS``."""
+    return kinds.resolve(PROTOCOLS[name][0]) if name in PROTOCOLS else kinds.get(name).protocol_module()
+
+
+def protocol_summary(name: str) -> str:
+    return PROTOCOLS[name][1] if name in PROTOCOLS else kinds.get(name).summary
+
+
 def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> None:
-    add_data_arguments(
-        p, required=getattr(module, "DATA_REQUIRED", True), ratings=kinds.get(kind).input_shape == "ratings"
-    )
+    ratings = kind in PROTOCOLS or kinds.get(kind).input_shape == "ratings"
+    add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True), ratings=ratings)
     p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the result rows to this JSON file")
@@ -455,7 +472,8 @@ def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> Non
 def _reproduce_kind(argv: Sequence[str]) -> str | None:
     """The KIND of ``reproduce KIND ...`` in argv, if that is the command."""
     words = [a for a in argv if not a.startswith("-")]
-    return words[1] if len(words) >= 2 and words[0] == "reproduce" and words[1] in kinds.names() else None
+    known = (*kinds.names(), *PROTOCOLS)
+    return words[1] if len(words) >= 2 and words[0] == "reproduce" and words[1] in known else None
 
 
 def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
@@ -492,12 +510,12 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
 
     reproduce = sub.add_parser("reproduce", help="run a paper's evaluation protocol")
     protocols = reproduce.add_subparsers(dest="kind", required=True)
-    for kind in kinds.names():
-        p = protocols.add_parser(kind, help=kinds.get(kind).summary)
+    for kind in (*kinds.names(), *PROTOCOLS):
+        p = protocols.add_parser(kind, help=protocol_summary(kind))
         if kind == reproduce_kind:
             # Only the chosen protocol is imported: the others pull in their
             # models and kernels, which would slow every command's start-up.
-            add_protocol_arguments(p, kinds.get(kind).protocol_module(), kind)
+            add_protocol_arguments(p, protocol_module(kind), kind)
 
     sample = sub.add_parser("sample", help="write the built-in generated sample data sets")
     sample.add_argument("--out", required=True)

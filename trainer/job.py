@@ -116,6 +116,9 @@ class Gate:
     margin: float = 0.0
     holdout: float = DEFAULT_HOLDOUT
     seed: int = 0
+    # Refuse a recommender whose served top 10 finds fewer held-out liked items than the
+    # most-rated items do; false for a version published for its map, not for Recommend.
+    popularity_floor: bool = True
 
 
 @dataclass
@@ -271,6 +274,7 @@ GATE_KEYS = {
         check=_rule(lambda v: 0.0 < v < 1.0, lambda v: f"must be a fraction in (0, 1), got {v}"),
     ),
     "seed": Key(int, 0),
+    "popularity_floor": Key(bool, True),
 }
 FILE_KEYS = {
     "job": Key(dict, required=True),
@@ -474,7 +478,13 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         kind=kind.name,
         data=model["data"],
         params=params,
-        gate=Gate(metric=metric, margin=gate["margin"], holdout=gate["holdout"], seed=gate["seed"]),
+        gate=Gate(
+            metric=metric,
+            margin=gate["margin"],
+            holdout=gate["holdout"],
+            seed=gate["seed"],
+            popularity_floor=gate["popularity_floor"],
+        ),
         refit=model["refit"],
         keep=config.keep if model["keep"] is None else model["keep"],
         labels=_resolve(base, model["labels"]) if model["labels"] else None,
@@ -553,6 +563,18 @@ class LiveFigure:
     value: float | None = None
     fraction: float | None = None
     seed: float | None = None
+
+
+def below_popularity(metrics: dict[str, float]) -> str | None:
+    """Why a recommender is refused whatever the live version: its served top-10 finds fewer of
+    the held-out liked items than the most-rated items do (None when it does not, or when the
+    held-out part has no liked item to measure it by)."""
+    new, popular = metrics.get("topn_recall_at_10"), metrics.get("popularity_recall_at_10")
+    if new is None or popular is None or not (math.isfinite(new) and math.isfinite(popular)):
+        return None
+    if new >= popular:
+        return None
+    return f"topn_recall_at_10 {new:.4f} < popularity's {popular:.4f} on the held-out part"
 
 
 def live_figure(registry: Registry | S3Registry, name: str, metric: str) -> LiveFigure:
@@ -770,6 +792,15 @@ class _Job:
             )
             return out
 
+        below = below_popularity(metrics)
+        if below and not gate.popularity_floor:
+            self.say(
+                model.name, "%s (popularity_floor = false: published anyway)", below, level=logging.WARNING
+            )
+        elif below:
+            out.status = "rejected"
+            out.message = below
+            return out
         live = live_figure(self.registry, model.name, gate.metric)
         out.live, out.live_version = live.value, live.version
         if live.value is not None and (live.fraction != gate.holdout or live.seed != gate.seed):
@@ -815,6 +846,7 @@ class _Job:
                 METRIC_PREFIX + "refit": float(model.refit),
             }
         )
+        artifact.attributes["trained_by"] = f"job {self.config.name}"  # the status page shows it
         if scale is not None:
             artifact.attributes[SCALE_ATTRIBUTE] = scale.as_attribute()  # checks recorded values
         views = self._report(model, index) if kind.is_map else None

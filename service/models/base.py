@@ -25,7 +25,7 @@ from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.idmap import IdMap
 from ordrec.service.mapped import row_blocks
 from ordrec.service.rules import Eligible, ItemAttributes
-from ordrec.service.topk import nearest_brute_force, top_k
+from ordrec.service.topk import nearest_brute_force, top_k, top_k_rows
 
 # Maps up to this many points are searched by brute force instead of the KD-tree: about as
 # cheap as the query at this size, and it keeps the GIL, which the query releases.
@@ -81,6 +81,7 @@ class RecommenderIndex(ModelIndex):
     # kind scores exactly unless it opens an approximate index (service/ann.py).
     search: str = "exact"
     folds_in: ClassVar[bool] = False  # whether fold_in places users the version has not seen
+    folds_in_picks: bool = False  # whether fold_in takes interactions without a rating (NaN values)
 
     def __init__(self, artifact: Artifact):
         super().__init__(artifact)
@@ -192,6 +193,50 @@ class RecommenderIndex(ModelIndex):
         scores = self.score_users(np.asarray(user_rows))
         return [self._select(row, n, ex, eligible) for row, ex in zip(scores, excludes)]
 
+    def scoring_work(self) -> int:
+        """Multiply-adds of one user's whole-catalogue scoring pass, which a batch shares: 0 for
+        kinds that answer each user with a search of their own (nothing to share)."""
+        return 0
+
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        """Whether a user under these rules is ranked from the whole-catalogue scores (which a
+        batch computes once), not by a search of its own or over the few eligible rows."""
+        return self._eligible_candidates(None, eligible) is None
+
+    def recommend_batch(
+        self,
+        user_rows: np.ndarray,
+        ns: np.ndarray,
+        excludes: list[np.ndarray | None],
+        eligibles: list[Eligible | None],
+    ) -> list[Ranked]:
+        """Whole-catalogue :meth:`recommend` for several users, each with its own ``n``,
+        exclusions and rules (users of concurrent calls, ``service/batching.py``): one scoring
+        pass, exclusions set in one step, one selection kernel per distinct rule set. Every
+        answer is what :meth:`recommend` gives that user alone (users whose rules leave few
+        items are ranked over those alone, as there)."""
+        answers: list[Ranked] = [None] * len(eligibles)  # type: ignore[list-item]
+        dense = []
+        for b, eligible in enumerate(eligibles):
+            if self._shares_pass(eligible):
+                dense.append(b)
+            else:
+                answers[b] = self.recommend(
+                    int(user_rows[b]), int(ns[b]), exclude=excludes[b], eligible=eligible
+                )
+        if not dense:
+            return answers
+        rows = np.asarray(user_rows, dtype=np.int64)
+        every = len(dense) == len(eligibles)
+        scores = self.score_users(rows if every else rows[dense])
+        exclude_rows(scores, excludes if every else [excludes[b] for b in dense])
+        found = select_by_rules(
+            scores, np.asarray(ns)[dense], eligibles if every else [eligibles[b] for b in dense]
+        )
+        for b, answer in zip(dense, found):
+            answers[b] = answer
+        return answers
+
     def popular(
         self,
         n: int,
@@ -242,6 +287,31 @@ class RecommenderIndex(ModelIndex):
             raise ArtifactError(f"{self.artifact.describe()}: smoke query returned nothing")
         if not np.all(np.isfinite(scores)):
             raise ArtifactError(f"{self.artifact.describe()}: smoke query returned non-finite scores")
+
+
+def exclude_rows(scores: np.ndarray, excludes: list[np.ndarray | None]) -> None:
+    """Set each row's excluded items to ``-inf`` in place, all rows in one assignment."""
+    parts = [(b, ex) for b, ex in enumerate(excludes) if ex is not None and ex.size]
+    if parts:
+        rows = np.concatenate([np.full(ex.size, b, dtype=np.int64) for b, ex in parts])
+        scores[rows, np.concatenate([ex for _, ex in parts])] = -np.inf
+
+
+def select_by_rules(scores: np.ndarray, ns: np.ndarray, eligibles: list[Eligible | None]) -> list[Ranked]:
+    """Each row's top ``ns[b]`` skipping what ``eligibles[b]`` blocks: one kernel call per
+    distinct rule set (usually one: the hidden items, or none)."""
+    ns = np.asarray(ns, dtype=np.int64)
+    by_rules: dict[int, list[int]] = {}
+    for b, eligible in enumerate(eligibles):
+        by_rules.setdefault(id(eligible), []).append(b)
+    answers: list[Ranked] = [None] * len(eligibles)  # type: ignore[list-item]
+    for rows in by_rules.values():
+        eligible = eligibles[rows[0]]
+        picked = scores if len(rows) == len(eligibles) else scores[rows]
+        found = top_k_rows(picked, ns[rows], None if eligible is None else eligible.blocked)
+        for b, answer in zip(rows, found):
+            answers[b] = answer
+    return answers
 
 
 class PointSet:

@@ -37,6 +37,10 @@ class COEIndex(RecommenderIndex, MapIndex):
         }
         self.user_coords = self.maps[""]["users"].coords
         self.item_coords = self.maps[""]["items"].coords
+        # A map trained to put users near what they picked (rated-over-unrated triples) places a
+        # new user from interactions without a rating too.
+        unrated = artifact.hyperparameters.get("unrated_share", 0.0)
+        self.folds_in_picks = isinstance(unrated, (int, float)) and unrated > 0
 
     @property
     def dim(self) -> int:
@@ -65,11 +69,17 @@ class COEIndex(RecommenderIndex, MapIndex):
     def fold_in(self, item_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
         """A point on the fixed map for a user it has not seen: the centroid of their rated
         items weighted by how far above their own mean each rating is (the trainer compares
-        ratings within a user, as z-scores); equal weights when all their ratings are equal."""
+        ratings within a user, as z-scores); equal weights when all their ratings are equal.
+        An interaction without a rating (NaN) weighs as much as the user's mean weight."""
         values = np.asarray(values, dtype=np.float64)
-        weights = np.maximum(values - values.mean(), 0.0)
+        rated = np.isfinite(values)
+        weights = np.zeros_like(values)
+        if rated.any():
+            weights[rated] = np.maximum(values[rated] - values[rated].mean(), 0.0)
         if not weights.any():
             weights = np.ones_like(values)
+        elif not rated.all():
+            weights[~rated] = weights[rated].mean()
         points = self.item_coords[np.asarray(item_rows, dtype=np.int64)]
         return weights @ points / weights.sum()
 
@@ -108,6 +118,9 @@ class COEIndex(RecommenderIndex, MapIndex):
                 user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible
             )
         return [self.recommend(int(u), n, exclude=ex) for u, ex in zip(user_rows, excludes)]
+
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        return False  # the map search answers each user (as recommend does), not a dense pass
 
     # -------------------------------------------------------------- smoke
     def smoke(self) -> None:

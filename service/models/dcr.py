@@ -33,7 +33,7 @@ from ordrec.service.artifacts import Artifact, ArtifactError
 from ordrec.service.mapped import row_blocks
 from ordrec.service.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.rules import Eligible
-from ordrec.service.topk import affine_scores
+from ordrec.service.topk import affine_rows
 
 RELEVANCE = ("linear", "log", "exp")
 # Fold-in's pull toward the mean trained user, in ratings' worth: with a few ratings the
@@ -107,8 +107,10 @@ class DCRIndex(RecommenderIndex):
             self.rank = int(attrs["rank"])
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{artifact.describe()}: bad or missing attribute ({exc})") from None
+        # levels[0] is "not rated" in a top-N-aware version: scored, but not a rating to predict.
+        self.unrated_level = bool(attrs.get("unrated_level", False))
         n_levels = self.levels.size - 1
-        if n_levels < 1 or np.any(np.diff(self.levels) <= 0):
+        if n_levels < 1 + self.unrated_level or np.any(np.diff(self.levels) <= 0):
             raise ArtifactError(f"{artifact.describe()}: levels must be >= 2 increasing values")
         try:
             c, offset = level_weights(self.levels, self.relevance)
@@ -123,6 +125,9 @@ class DCRIndex(RecommenderIndex):
                 f" {len(self.users)} users, {len(self.items)} items, {n_levels} levels x rank {self.rank}"
             )
         self.n_levels = n_levels
+        self.rating_levels = self.levels[1:] if self.unrated_level else self.levels
+        # Interactions without a rating (NaN values) fold in as "picked" in a top-N-aware version.
+        self.folds_in_picks = self.unrated_level
         self.weights = c
         self.offset = np.float32(offset)
         self._user_raw = user
@@ -167,15 +172,24 @@ class DCRIndex(RecommenderIndex):
 
         Level ``t``'s target for ``u^t . v_i^t`` is ``2 [r_i >= l_t] - 1`` (since
         ``P(r >= l_t) = (u.v + 1) / 2``): a ridge regression per level toward the mean
-        trained user (``FOLD_IN_PRIOR``), then the model's bound ``|u^t| <= 1``.
+        trained user (``FOLD_IN_PRIOR``), then the model's bound ``|u^t| <= 1``. In a
+        top-N-aware version a NaN value is an interaction without a rating: "picked", a
+        target of the "not rated" level only (see :attr:`folds_in_picks`).
         """
         L, f, k = self.n_levels, self.rank, self._frozen
-        level = np.abs(np.asarray(values, dtype=np.float64)[:, None] - self.levels[None, :]).argmin(axis=1)
+        values = np.asarray(values, dtype=np.float64)
+        rated = np.isfinite(values)
+        level = np.abs(np.where(rated, values, self.levels[-1])[:, None] - self.levels[None, :]).argmin(
+            axis=1
+        )
         target = 2.0 * (level[:, None] >= np.arange(1, L + 1)[None, :]) - 1.0
+        # Which (item, level) targets are known: every level of a rating; a pick's first level.
+        known = np.repeat(rated[:, None], L, axis=1)
+        known[:, 0] |= self.unrated_level
         # Level-major (L, f, m) so the per-level products are batched matrix products.
         v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, L, f).transpose(1, 2, 0)
-        v = v.astype(np.float64)
-        residual = target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]  # (L, m)
+        v = v.astype(np.float64) * known.T[:, None, :]  # an unknown target adds nothing
+        residual = (target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]) * known.T  # (L, m)
         free = v[:, k:, :]
         gram = free @ free.transpose(0, 2, 1) + FOLD_IN_PRIOR * np.eye(f - k)
         u = self._mean_user.copy()
@@ -190,12 +204,8 @@ class DCRIndex(RecommenderIndex):
 
     # ------------------------------------------------------------ scoring
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
-        rows = np.asarray(user_rows, dtype=np.int64)
-        if rows.size == 1:
-            return self.score_vector(self._user_raw[rows[0]])[None, :]
-        scores = self.folded(rows) @ self._item.T
-        scores += self.offset
-        return scores
+        # One kernel for one user or a batch, so a batched call scores exactly as a lone one.
+        return affine_rows(self._item, self.folded(user_rows), self.offset)
 
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         return self.score_vector(self._user_raw[int(user_row)], item_rows)
@@ -204,8 +214,8 @@ class DCRIndex(RecommenderIndex):
         """Scores for raw user factors (a row of ``user_factors`` or a :meth:`fold_in`)."""
         folded = vector * self._scale
         if item_rows is None:
-            # one user (the usual request): one pass holding the GIL (service/topk.py)
-            return affine_scores(self._item, folded, self.offset)
+            # one pass holding the GIL when short (service/topk.py), as for a row of the user factors
+            return affine_rows(self._item, folded.reshape(1, -1), self.offset)[0]
         scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ folded
         scores += self.offset
         return scores
@@ -261,6 +271,15 @@ class DCRIndex(RecommenderIndex):
             self.recommend(int(u), n, exclude=ex, eligible=eligible) for u, ex in zip(user_rows, excludes)
         ]
 
+    def scoring_work(self) -> int:
+        # The item index answers each user with a search of its own.
+        return 0 if self.ann is not None else int(self._item.size)
+
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        # The item index answers each user with a search of its own (faiss takes exclusions per
+        # search).
+        return self.ann is None and super()._shares_pass(eligible)
+
     def _graph_answers(self, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
         """Whether the item index answers: not for candidate lists, and not when the rules leave
         few items (scoring just those is cheaper than a graph walk that skips the rest)."""
@@ -273,13 +292,18 @@ class DCRIndex(RecommenderIndex):
         return super().recommend(user_row, n, exclude=exclude, eligible=eligible)
 
     def level_probabilities(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
-        """The learned ``P(r >= l_t)`` for t = 2..S, shape ``(len(item_rows), S - 1)``, unclipped."""
+        """The learned ``P(r >= l_t)`` for t = 2..S of the rating values, shape
+        ``(len(item_rows), S - 1)``, unclipped; given a rating in a top-N-aware version."""
         return self._level_probabilities(self._user_raw[int(user_row)], item_rows)
 
     def _level_probabilities(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         u = vector.reshape(self.n_levels, self.rank)
         v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, self.n_levels, self.rank)
-        return 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
+        p = 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
+        if not self.unrated_level:
+            return p
+        # P(r >= l | rated) = P(r >= l) / P(rated): levels >= l are inside "rated".
+        return p[:, 1:] / np.clip(p[:, :1], 1e-6, None)
 
     def distribution(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """``P(r = l)`` for every level, shape ``(len(item_rows), S)`` (see ``monotone_distribution``)."""

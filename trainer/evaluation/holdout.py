@@ -21,6 +21,10 @@ Families, by the estimator's ``input_shape``:
     would only dilute the gate). ``hit_rate_at_10``: share of users with a
     held-out item for whom at least one of them is in ``recommend(user, 10,
     exclude=seen)``, the top 10 of all items they had not rated in training.
+    ``topn_recall_at_10``: recall@10 of the held-out *liked* items (the top two
+    rating values of the data, 4 and 5 on 1..5) in that top 10 (``reproduce
+    topn``'s measure), and ``popularity_recall_at_10`` the same of the most-rated
+    training items: the job refuses a version below popularity on it.
 ``tags`` (RTF)
     Split: for a ``fraction`` share of the users with at least two posts, one
     random post (all its tags) is held out: leave-one-post-out.
@@ -51,12 +55,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.models.base import MapIndex, RecommenderIndex
+from ordrec.service.topk import top_k
 from ordrec.trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
 from ordrec.trainer.evaluation.metrics import f1, mean_or_nan, ndcg, order_agreement
+from ordrec.trainer.models.ranking import served_recall_values
 
 #: metric names each family computes; the first is the default gate metric
 METRICS: dict[str, tuple[str, ...]] = {
-    "ratings": ("ndcg_at_10", "hit_rate_at_10"),
+    "ratings": ("ndcg_at_10", "hit_rate_at_10", "topn_recall_at_10", "popularity_recall_at_10"),
     "tags": ("f1_at_5", "precision_at_5", "recall_at_5"),
     "attributes": ("triplet_accuracy",),
     "neighbors": ("recall_at_10", "order_agreement"),
@@ -207,12 +213,41 @@ def evaluate_ratings(index: RecommenderIndex, test: Ratings, k: int = 10) -> dic
             ndcgs.append(ndcg(ratings[np.argsort(-scores, kind="stable")], k))
         top, _ = index.recommend(user, k, exclude=index.seen(user))
         hits.append(bool(np.isin(items, top).any()))
+    served = Ratings(index.users, index.items, u, i, r.astype(np.float32))
     return {
         f"ndcg_at_{k}": mean_or_nan(ndcgs),
         f"hit_rate_at_{k}": mean_or_nan(hits),
+        **topn_figures(index, served, liked_threshold(test.rating), k),
         "ndcg_users": float(len(ndcgs)),
         "hit_rate_users": float(len(hits)),
         "unknown_share": float(1.0 - known.mean()) if known.size else 0.0,
+    }
+
+
+def liked_threshold(ratings: np.ndarray) -> float:
+    """The second-highest rating value present: held-out ratings at or above it are liked."""
+    values = np.unique(np.asarray(ratings, dtype=np.float64))
+    return float(values[-2] if values.size >= 2 else values[-1]) if values.size else float("nan")
+
+
+class PopularityLists:
+    """The most-rated training items as a top-N list, excluding each user's own (the reference)."""
+
+    def __init__(self, index: RecommenderIndex):
+        self.seen = index.seen
+        self.counts = np.bincount(index.seen_indices, minlength=len(index.items)).astype(np.float32)
+
+    def recommend_many(self, user_rows: np.ndarray, n: int, *, excludes: list) -> list:
+        return [top_k(self.counts, n, exclude) for exclude in excludes]
+
+
+def topn_figures(index: RecommenderIndex, test: Ratings, threshold: float, k: int = 10) -> dict[str, float]:
+    """Served recall@k of the liked held-out items (rows of ``index``), beside popularity's."""
+    return {
+        f"topn_recall_at_{k}": mean_or_nan(served_recall_values(index, test, threshold, k)),
+        f"popularity_recall_at_{k}": mean_or_nan(
+            served_recall_values(PopularityLists(index), test, threshold, k)
+        ),
     }
 
 

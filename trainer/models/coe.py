@@ -154,21 +154,67 @@ class TripleSource:
             self._cumulative(self.b_count, group_power),
         )
 
-    def sample(self, n: int, p_a: float, seed: int, group_power: float = 1.0):
-        """``n`` triples drawn exactly as training draws them: (kind, first, second, third)."""
-        return K.sample_triples(*self.arrays(group_power), n, p_a, seed)
+    def unrated_arrays(self, power: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Kernel arguments of rated-over-unrated draws: ``(user_cum, seen, item_cum)``.
+
+        ``seen``: each user's items sorted by id (membership by binary search),
+        rows as in ``a_indptr``. ``item_cum``: prefix sums of the weights
+        (ratings per item) ** power, the distribution unrated items are drawn
+        from. ``user_cum``: prefix sums of the users' rating counts (a draw is
+        uniform over the ratings), 0 for a user who rated every item of
+        positive weight, so a draw always finds an unrated item.
+        """
+        n_users, n_items = self.a_indptr.shape[0] - 1, self.b_indptr.shape[0] - 1
+        counts = np.diff(self.a_indptr)
+        owner = np.repeat(np.arange(n_users), counts)
+        order = np.lexsort((self.a_items, owner))
+        seen = np.ascontiguousarray(self.a_items[order], dtype=np.int32)
+        weight = np.diff(self.b_indptr).astype(np.float64) ** float(power)
+        item_cum = np.zeros(n_items + 1)
+        np.cumsum(weight, out=item_cum[1:])
+        owner = owner[order]
+        distinct = np.ones(seen.shape[0], dtype=bool)
+        distinct[1:] = (seen[1:] != seen[:-1]) | (owner[1:] != owner[:-1])
+        rated_positive = np.bincount(owner[distinct & (weight[seen] > 0)], minlength=n_users)
+        eligible = rated_positive < np.count_nonzero(weight > 0)
+        user_cum = np.zeros(n_users + 1)
+        np.cumsum(np.where(eligible, counts, 0).astype(np.float64), out=user_cum[1:])
+        return user_cum, seen, item_cum
+
+    def sample(
+        self,
+        n: int,
+        p_a: float,
+        seed: int,
+        group_power: float = 1.0,
+        p_unrated: float = 0.0,
+        unrated_power: float = 0.0,
+    ):
+        """``n`` triples drawn exactly as training draws them: (kind, first, second, third).
+
+        Kind 2 marks a rated-over-unrated triple (probability ``p_unrated``).
+        """
+        unrated = self.unrated_arrays(unrated_power)
+        return K.sample_triples(self.arrays(group_power), n, p_a, seed, p_unrated, unrated)
 
 
 class COE(Estimator):
     """Collaborative Ordinal Embedding, fitted by stochastic gradient ascent.
 
+    The defaults are the top-N settings Recommend serves (64-D, type-A and
+    rated-over-unrated triples, chosen on a validation split, docs/coe.md
+    "Top-N"); the paper's 2-D map objective is ``n_components=2,
+    unrated_share=0, type_a_share=None`` (``ordrec-train reproduce coe``
+    passes its settings explicitly).
+
     Parameters
     ----------
-    n_components : int, default 2
-        D, the dimension of the shared space (2 or 3 for maps; any D works).
+    n_components : int, default 64
+        D, the dimension of the shared space (2 or 3 for maps, as in the
+        paper; 64 for top-N recommendation).
     function : {"sigmoid", "gompertz"}, default "sigmoid"
         Triple probability: COE-S (Eq. 3.2) or COE-G (Eq. 3.3, a = 1, b = ln 2).
-    lam : float, default 4.0
+    lam : float, default 3.0
         lambda, the slope of the sigmoid (COE-S).
     alpha : float, default 1.0
         alpha, the rate of the Gompertz function (COE-G).
@@ -180,18 +226,33 @@ class COE(Estimator):
         Learning rate at the end of training, as a fraction of
         ``learning_rate``; it decays linearly across all steps (a decaying
         rate, Algorithm 1).
-    max_iter : int, default 40
+    max_iter : int, default 120
         Number of epochs; finiteness is checked after each.
     steps_per_epoch : int, default 0
         Triples drawn per epoch; 0 means one per observed rating.
-    type_a_share : float or None, default None
-        Probability that a step draws a type-A triple. None draws uniformly
-        over the whole triple set (T_A / (T_A + T_B)), as the paper does.
+    type_a_share : float or None, default 1.0
+        Among the paper's triples, the probability that a step draws a
+        type-A one. None draws uniformly over the whole triple set
+        (T_A / (T_A + T_B)), as the paper does; 1 (type A only) measured
+        better for top-N.
     group_power : float, default 1.0
         Users (type A) and items (type B) are drawn with weight
         (their number of triples) ** group_power, then one of their triples
         uniformly. 1 is the paper's uniform draw over the triple set; below
         1 small groups get more steps (a deviation, see docs/coe.md).
+    unrated_share : float, default 0.8
+        Probability that a step draws a rated-over-unrated triple ``<u, i, j>``
+        instead of one of the paper's triples: i is one of u's ratings drawn
+        uniformly over all ratings, j an item u did not rate, drawn afresh
+        at every step with weight (ratings of j) ** ``unrated_power``. It
+        teaches the map which items a user would pick at all, which the
+        top-N question (Recommend over the whole catalogue) needs; 0 is the
+        paper's objective (see docs/coe.md, Top-N). Ignored when fitting an
+        explicit triples file (no ratings tell rated from unrated).
+    unrated_power : float, default 0.0
+        Exponent on item popularity (training ratings per item) for drawing
+        the unrated item: 0 draws uniformly over the catalogue (so popular
+        items end up near users), 1 proportionally to rating counts.
     source : {"ratings", "cooccurrence"}, default "ratings"
         How the values triples compare are made from the input: per-user
         z-scores of ratings, or per-user normalised co-occurrence counts.
@@ -218,6 +279,8 @@ class COE(Estimator):
         "steps_per_epoch": [Interval(Integral, 0, None)],
         "type_a_share": [None, Interval(Real, 0, 1)],
         "group_power": [Interval(Real, None, None)],
+        "unrated_share": [Interval(Real, 0, 1)],
+        "unrated_power": [Interval(Real, 0, None)],
         "source": [Options(str, set(SOURCES))],
         "init_std": [Interval(Real, 0, None)],
         "random_state": [Interval(Integral, 0, None)],
@@ -227,17 +290,19 @@ class COE(Estimator):
     def __init__(
         self,
         *,
-        n_components: int = 2,
+        n_components: int = 64,
         function: str = "sigmoid",
-        lam: float = 4.0,
+        lam: float = 3.0,
         alpha: float = 1.0,
         reg: float = 0.01,
         learning_rate: float = 0.1,
         learning_rate_final_ratio: float = 0.01,
-        max_iter: int = 40,
+        max_iter: int = 120,
         steps_per_epoch: int = 0,
-        type_a_share: float | None = None,
+        type_a_share: float | None = 1.0,
         group_power: float = 1.0,
+        unrated_share: float = 0.8,
+        unrated_power: float = 0.0,
         source: str = "ratings",
         init_std: float = 0.1,
         random_state: int = 0,
@@ -254,6 +319,8 @@ class COE(Estimator):
         self.steps_per_epoch = steps_per_epoch
         self.type_a_share = type_a_share
         self.group_power = group_power
+        self.unrated_share = unrated_share
+        self.unrated_power = unrated_power
         self.source = source
         self.init_std = init_std
         self.random_state = random_state
@@ -278,8 +345,12 @@ class COE(Estimator):
         self._validate_params()
         self.users_, self.items_ = data.users, data.items
         self.n_type_a_, self.n_type_b_ = triples.n_type_a, triples.n_type_b
+        p_unrated = float(self.unrated_share)
         if self.n_type_a_ + self.n_type_b_ == 0:
-            raise ValueError("the data hold no triple: every user and item rates all its items alike")
+            if p_unrated == 0:
+                raise ValueError("the data hold no triple: every user and item rates all its items alike")
+            p_unrated = 1.0  # only rated-over-unrated triples exist
+        unrated = self._unrated_arrays(triples, p_unrated)
         p_a = (
             self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
             if self.type_a_share is None
@@ -302,7 +373,7 @@ class COE(Estimator):
                 ll = K.sga_epoch(
                     X,
                     Y,
-                    *arrays,
+                    arrays,
                     steps,
                     p_a,
                     func,
@@ -311,6 +382,8 @@ class COE(Estimator):
                     lr0,
                     lr1,
                     int(self.random_state) * 1_000_003 + epoch,
+                    p_unrated,
+                    unrated,
                 )
                 check_finite(epoch, user_coords=X, item_coords=Y)
                 self.log_likelihood_.append(float(ll))
@@ -321,6 +394,15 @@ class COE(Estimator):
         self._seen = (data.user, data.item, data.rating)
         self._fingerprint = data.fingerprint()
         return self
+
+    def _unrated_arrays(self, triples: TripleSource, p_unrated: float):
+        """The kernel's unrated-draw arrays, or typed placeholders when no step draws one."""
+        if p_unrated == 0:
+            return np.zeros(1), np.zeros(0, dtype=np.int32), np.zeros(1)
+        user_cum, seen, item_cum = triples.unrated_arrays(float(self.unrated_power))
+        if user_cum[-1] == 0:
+            raise ValueError("unrated_share > 0 needs a user with an unrated item of positive weight")
+        return user_cum, seen, item_cum
 
     def fit_explicit(self, triples: ExplicitTriples) -> COE:
         """Fit on given triples; each step draws one of them uniformly."""

@@ -189,89 +189,115 @@ def _draw_pair(start, end, values):
     return q, p
 
 
+@njit(cache=True, inline="always")
+def _is_rated(seen, start, end, item):
+    """Whether ``item`` is among ``seen[start:end]`` (sorted item ids of one user)."""
+    pos = start + np.searchsorted(seen[start:end], item)
+    return pos < end and seen[pos] == item
+
+
+@njit(cache=True, inline="always")
+def _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum):
+    """A rated-over-unrated triple ``<u, i, j>``: u rated i, never rated j.
+
+    The user is drawn with weight ``user_cum`` (its rating count, 0 for a user
+    with no unrated item of positive weight), one of the user's ratings
+    uniformly, and j with weight ``item_cum`` (popularity ** power) among the
+    items the user did not rate, by rejection; the caller's weights guarantee
+    an unrated item of positive weight exists, so the loop ends.
+    """
+    u = _draw_group(user_cum, user_cum[user_cum.shape[0] - 1])
+    start, end = a_indptr[u], a_indptr[u + 1]
+    p = start + np.int64(np.random.random() * (end - start))
+    if p >= end:
+        p = end - 1
+    total = item_cum[item_cum.shape[0] - 1]
+    while True:
+        j = _draw_group(item_cum, total)
+        if not _is_rated(seen, start, end, j):
+            return u, a_items[p], j
+
+
+@njit(cache=True, inline="always")
+def _totals(source):
+    """Total group weight of type A and of type B (the last prefix sums)."""
+    a_cum, b_cum = source[3], source[7]
+    return a_cum[a_cum.shape[0] - 1], b_cum[b_cum.shape[0] - 1]
+
+
+@njit(cache=True, inline="always")
+def _draw_triple(source, totals, p_a, p_unrated, unrated):
+    """One triple as (kind, first, second, third); kind 0 = A, 1 = B, 2 = A against an unrated item.
+
+    ``source``: the eight arrays of ``TripleSource.arrays``; ``unrated``: the
+    three of ``TripleSource.unrated_arrays``; ``totals``: the type-A and
+    type-B weight totals (``_totals``, hoisted out of the loop). With ``p_unrated == 0`` no
+    random number is spent on the unrated choice, so the paper's draws are
+    exactly those of a build without it.
+    """
+    a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum = source
+    if p_unrated > 0.0 and (p_unrated >= 1.0 or np.random.random() < p_unrated):
+        user_cum, seen, item_cum = unrated
+        u, i, j = _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum)
+        return 2, u, i, j
+    total_a, total_b = totals
+    if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
+        u = _draw_group(a_cum, total_a)
+        p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
+        return 0, u, a_items[p], a_items[q]
+    i = _draw_group(b_cum, total_b)
+    p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
+    return 1, b_users[p], b_users[q], i
+
+
 @njit(cache=True)
-def sample_triples(a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum, n, p_a, seed):
+def sample_triples(source, n, p_a, seed, p_unrated, unrated):
     """``n`` triples drawn as ``sga_epoch`` draws them (for tests and diagnostics).
 
     Returns (kind, first, second, third) int64 arrays: type A (kind 0)
     ``<u, i, j>`` with u preferring i; type B (kind 1) ``<u, v, i>`` with u
-    liking i more than v does.
+    liking i more than v does; kind 2 ``<u, i, j>`` with u having rated i
+    and not j (drawn with probability ``p_unrated``).
     """
     np.random.seed(seed)
-    n_a_groups = a_indptr.shape[0] - 1
-    n_b_groups = b_indptr.shape[0] - 1
-    total_a = a_cum[n_a_groups]
-    total_b = b_cum[n_b_groups]
+    totals = _totals(source)
     kind = np.zeros(n, dtype=np.int64)
     first = np.zeros(n, dtype=np.int64)
     second = np.zeros(n, dtype=np.int64)
     third = np.zeros(n, dtype=np.int64)
     for t in range(n):
-        if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
-            u = _draw_group(a_cum, total_a)
-            p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
-            first[t], second[t], third[t] = u, a_items[p], a_items[q]
-        else:
-            i = _draw_group(b_cum, total_b)
-            p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
-            kind[t] = 1
-            first[t], second[t], third[t] = b_users[p], b_users[q], i
+        kind[t], first[t], second[t], third[t] = _draw_triple(source, totals, p_a, p_unrated, unrated)
     return kind, first, second, third
 
 
 @njit(cache=True)
-def sga_epoch(
-    X,
-    Y,
-    a_indptr,
-    a_items,
-    a_values,
-    a_cum,
-    b_indptr,
-    b_users,
-    b_values,
-    b_cum,
-    n_steps,
-    p_a,
-    func,
-    scale,
-    reg,
-    lr_start,
-    lr_end,
-    seed,
-):
+def sga_epoch(X, Y, source, n_steps, p_a, func, scale, reg, lr_start, lr_end, seed, p_unrated, unrated):
     """``n_steps`` steps of stochastic gradient ascent (Algorithm 1), in place.
 
     Each step draws a type (A with probability ``p_a``), a group (user for
     A, item for B) with probability proportional to its weight in
-    ``*_cum``, and one of the group's triples uniformly; with weights = triple
-    counts and ``p_a`` = T_A / (T_A + T_B) that is the paper's uniform draw
-    over the triple set. It then moves the triple's three points by
+    the ``*_cum`` arrays of ``source`` (``TripleSource.arrays``), and one of
+    the group's triples uniformly; with weights = triple counts and
+    ``p_a`` = T_A / (T_A + T_B) that is the paper's uniform draw over the
+    triple set. With probability ``p_unrated`` the step instead draws a
+    rated-over-unrated triple (``_draw_unrated_triple`` with the arrays
+    ``unrated``, ``TripleSource.unrated_arrays``), a type-A triple whose far
+    item the user did not rate (top-N training, docs/coe.md).
+    It then moves the triple's three points by
     ``lr * (grad ln P - reg * point)``.
     The learning rate falls linearly from ``lr_start`` to ``lr_end`` over the
     epoch (the caller decays it across epochs). Returns the mean ln P of the
     drawn triples (before their step) as a progress statistic.
     """
     np.random.seed(seed)
-    D = X.shape[1]
-    n_a_groups = a_indptr.shape[0] - 1
-    n_b_groups = b_indptr.shape[0] - 1
-    total_a = a_cum[n_a_groups]
-    total_b = b_cum[n_b_groups]
-    grad = np.zeros((3, D))
+    totals = _totals(source)
+    grad = np.zeros((3, X.shape[1]))
     log_sum = 0.0
     for t in range(n_steps):
         lr = lr_start + (lr_end - lr_start) * (t / n_steps)
-        if total_b == 0 or (total_a > 0 and np.random.random() < p_a):
-            kind = 0
-            u = _draw_group(a_cum, total_a)
-            p, q = _draw_pair(a_indptr[u], a_indptr[u + 1], a_values)
-            a, b, c = u, a_items[p], a_items[q]
-        else:
-            kind = 1
-            i = _draw_group(b_cum, total_b)
-            p, q = _draw_pair(b_indptr[i], b_indptr[i + 1], b_values)
-            a, b, c = b_users[p], b_users[q], i
+        kind, a, b, c = _draw_triple(source, totals, p_a, p_unrated, unrated)
+        if kind == 2:
+            kind = 0  # geometrically a type-A triple
         _step(X, Y, kind, a, b, c, func, scale, reg, lr, grad)
         if t % 64 == 0:  # a cheap running estimate of the objective
             log_sum += triple_log_prob(X, Y, kind, a, b, c, func, scale)

@@ -510,3 +510,65 @@ def pairwise_epoch_by_user(
             total += loss
             taken += took
     return total / max(taken, 1), taken
+
+
+@njit(cache=True)
+def _rated(sorted_items, lo, hi, item):
+    """Whether ``item`` is in the sorted segment ``sorted_items[lo:hi]`` (binary search)."""
+    end = hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sorted_items[mid] < item:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo < end and sorted_items[lo] == item
+
+
+@njit(cache=True)
+def with_unrated(indptr, sorted_items, levels, share, cdf, seed):
+    """Each user's ratings and ``share * n_u`` unrated items at level 0.
+
+    The top-N-aware DCR's "not rated" level (``levels`` of the ratings are
+    1 and up): user ``u``'s segment
+    (``sorted_items[indptr[u]:indptr[u + 1]]``, sorted) is followed by items
+    drawn from ``cdf`` (the cumulative sampling distribution over items) that
+    the user did not rate, redrawn up to 8 times on a rated one; the count is
+    rounded stochastically so every user gets ``share`` per rating on
+    average. Returns the new CSR ``(indptr, items, levels)``.
+    """
+    np.random.seed(seed)
+    n_users = indptr.shape[0] - 1
+    counts = np.zeros(n_users, dtype=np.int64)
+    for u in range(n_users):
+        want = share * (indptr[u + 1] - indptr[u])
+        counts[u] = int(want)
+        if np.random.random() < want - int(want):
+            counts[u] += 1
+    out_ptr = np.zeros(n_users + 1, dtype=np.int64)
+    for u in range(n_users):
+        out_ptr[u + 1] = out_ptr[u] + indptr[u + 1] - indptr[u] + counts[u]
+    out_items = np.empty(out_ptr[-1], dtype=np.int64)
+    out_levels = np.empty(out_ptr[-1], dtype=levels.dtype)
+    for u in range(n_users):
+        lo, hi, p = indptr[u], indptr[u + 1], out_ptr[u]
+        for q in range(lo, hi):
+            out_items[p] = sorted_items[q]
+            out_levels[p] = levels[q]
+            p += 1
+        for _ in range(counts[u]):
+            item = -1
+            for _try in range(8):
+                draw = np.searchsorted(cdf, np.random.random() * cdf[-1], side="right")
+                draw = min(draw, cdf.shape[0] - 1)
+                if not _rated(sorted_items, lo, hi, draw):
+                    item = draw
+                    break
+            if item >= 0:
+                out_items[p] = item
+                out_levels[p] = 0
+                p += 1
+        # A draw rejected 8 times leaves the segment short: the next one starts here.
+        out_ptr[u + 1] = p
+    n = out_ptr[n_users]
+    return out_ptr, out_items[:n], out_levels[:n]

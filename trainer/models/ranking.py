@@ -41,6 +41,28 @@ def ndcg_values(score_items: ScoreItems, test: Ratings, k: int = 10) -> np.ndarr
     return np.asarray(values, dtype=np.float64)
 
 
+def topn_recall(found: np.ndarray, relevant: np.ndarray, k: int) -> float:
+    """Relevant items among the first ``k`` found, over ``min(k, len(relevant))`` (full marks
+    are reachable however few items are relevant)."""
+    return float(np.isin(found[:k], relevant).sum()) / min(k, relevant.size)
+
+
+def served_recall_values(index, test: Ratings, threshold: float, k: int = 10) -> np.ndarray:
+    """Per user with a held-out rating at or above ``threshold``: :func:`topn_recall` of the
+    ``k`` items ``index`` recommends among all the user did not train on (``index.seen``)."""
+    liked = np.asarray(test.rating, dtype=np.float64) >= threshold - 1e-9
+    users, items = test.user[liked].astype(np.int64), test.item[liked].astype(np.int64)
+    order = np.argsort(users, kind="stable")
+    users, items = users[order], items[order]
+    rows, starts = np.unique(users, return_index=True)
+    lists = index.recommend_many(rows, k, excludes=[index.seen(int(u)) for u in rows])
+    bounds = np.r_[starts, users.size]
+    return np.array(
+        [topn_recall(found, items[lo:hi], k) for (found, _), lo, hi in zip(lists, bounds[:-1], bounds[1:])],
+        dtype=np.float64,
+    )
+
+
 def _cumulative_hits(top_lists: list[np.ndarray], truth: list[np.ndarray], max_n: int):
     """Per list, its hits among the first N entries for N = 1..max_n, and its true-set size (at least 1)."""
     hits = np.zeros((len(top_lists), max_n))

@@ -85,6 +85,7 @@ DEFAULTS = {
         max_iter=40,
         type_a_share=None,
         group_power=0.0,
+        unrated_share=0.0,
     ),
     "gompertz": dict(
         alpha=1.0,
@@ -94,6 +95,7 @@ DEFAULTS = {
         max_iter=40,
         type_a_share=None,
         group_power=0.0,
+        unrated_share=0.0,
     ),
 }
 GRID = {

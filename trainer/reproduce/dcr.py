@@ -53,6 +53,7 @@ from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
 from ordrec.trainer.models.dcr import (
     DCR,
+    PAPER_PARAMS,
     ResearchOptions,
     holdouts,
     median_level_epochs,
@@ -161,7 +162,7 @@ class Family:
 def fit_dcr(params: dict, data: Ratings, validation: Ratings | None = None) -> DCR:
     """DCR fitted on ``data``; ``params`` mixes DCR's parameters and the protocol's research
     options (``ResearchOptions``: order, projection, item_bias, level_epochs, ...)."""
-    model_params, research = ResearchOptions.split(params)
+    model_params, research = ResearchOptions.split(dict(PAPER_PARAMS, **params))
     return DCR(**model_params).fit(data, validation=validation, research=research)
 
 
@@ -706,7 +707,7 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    model_params, research = ResearchOptions.split(params)
+    model_params, research = ResearchOptions.split(dict(PAPER_PARAMS, **params))
     return dict(params, level_epochs=stopped_level_epochs(model_params, train, rng, folds, research=research))
 
 
@@ -985,6 +986,8 @@ def run(args: argparse.Namespace) -> list[Row]:
         _paper_figures(name, n_values),
         out=sys.stdout,
         title=f"DCR protocol on {name}: NDCG@10, N training ratings per user"
-        f" ({args.runs} runs; paper: Hu & Li 2017, Table 2)",
+        f" ({args.runs} runs; paper: Hu & Li 2017, Table 2). The paper's objective"
+        " (unrated_share=0: only the rated items are ordered); the top-N model Recommend"
+        " serves by default is measured by `reproduce topn`",
     )
     return rows

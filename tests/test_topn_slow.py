@@ -1,0 +1,52 @@
+"""The README's top-N claims on ML-100K, asserted by the README's own command (slow: it fits)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ordrec.trainer.cli import main
+from tests.conftest import data_file
+
+pytestmark = pytest.mark.slow
+
+MODELS = ("dcr", "pairwise_dcr", "coe")
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    """``ordrec-train reproduce topn --data u.data --runs 5 --fold-in 0.1`` (the README's)."""
+    out = tmp_path_factory.mktemp("topn") / "rows.json"
+    argv = ["reproduce", "topn", "--data", str(data_file("ml-100k", "u.data")), "--runs", "5"]
+    assert main([*argv, "--fold-in", "0.1", "--quiet", "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def per_run(rows, method, metric) -> np.ndarray:
+    """The figure of each of the five seeds (the rows whose setting names a seed)."""
+    found = {
+        r["setting"]["seed"]: r["mean"]
+        for r in rows
+        if r["method"] == method and r["metric"] == metric and "seed" in r["setting"]
+    }
+    assert sorted(found) == [0, 1, 2, 3, 4]
+    return np.array([found[s] for s in sorted(found)])
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("metric", ["recall@10", "ndcg@10"])
+def test_every_recommender_beats_popularity_on_every_seed(rows, model, metric):
+    assert np.all(per_run(rows, model, metric) > per_run(rows, "popularity", metric))
+
+
+def test_the_best_recommender_reaches_nine_tenths_of_ease(rows):
+    ease = per_run(rows, "ease", "recall@10").mean()
+    assert max(per_run(rows, m, "recall@10").mean() for m in MODELS) >= 0.9 * ease
+
+
+def test_new_users_folded_in_beat_popularity_on_every_seed(rows):
+    popular = per_run(rows, "popularity (new users)", "recall@10")
+    for method in ("dcr (fold-in, new users)", "dcr (fold-in from interactions, new users)"):
+        assert np.all(per_run(rows, method, "recall@10") > popular)

@@ -1,0 +1,349 @@
+"""Top-N protocol: what ``Recommend`` serves, scored on held-out ratings.
+
+The papers' protocols order the items a user rated; a shop asks for the top
+N of *all* items the user has not rated. Per run (seed), each user's ratings
+are split at random (``--test-fraction`` held out, ``split_ratings``); the
+relevant items are the held-out ratings at or above ``--threshold``. Every
+model is fitted on the training part with its estimator defaults (what
+``ordrec-train train KIND`` publishes), packed into its artifact and asked
+through its serving index for the top N of all items, the user's training
+items excluded (``index.recommend(row, n, exclude=index.seen(row))``).
+
+Metrics per user with at least one relevant item, averaged over users:
+recall@N = relevant items found / min(N, relevant), NDCG@N with binary gain;
+beside them catalogue coverage (distinct items in all top-10 lists / items)
+and the share of recommended items among the 10 % most popular.
+
+References fitted on the same split: popularity (training rating counts),
+EASE (Steck 2019; its L2 weight chosen on a validation split carved from the
+training part only) and, when the ``baselines`` extra is installed,
+implicit's ALS (factors and weight chosen the same way).
+
+``--fold-in`` adds the cold-start rows: a seeded share of users is left out
+of the fit entirely and served as the server serves a user it has not seen:
+folded in from their training ratings (``index.fold_in``) where the kind
+can, else the kind's popularity fallback (``index.popular``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from ordrec.service.models import kinds
+from ordrec.service.models.base import RecommenderIndex
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.evaluation.holdout import split_ratings
+from ordrec.trainer.evaluation.topn import TopN, topn_metrics
+from ordrec.trainer.models.dcr import PAPER_PARAMS
+from ordrec.trainer.reproduce.coe import DEFAULTS as COE_PAPER
+from ordrec.trainer.reproduce.params import parse_value
+from ordrec.trainer.reproduce.report import Row, summarise
+
+DEFAULT_RUNS = 5
+DEFAULT_MODELS = ("dcr", "pairwise_dcr", "coe")
+REFERENCES = ("popularity", "ease", "als")
+METRICS = ("recall@10", "ndcg@10", "recall@20", "coverage@10", "popular_share@10")
+EASE_GRID = (50.0, 100.0, 200.0, 300.0, 500.0, 1000.0)
+ALS_GRID = ((64, 0.1), (64, 1.0), (128, 1.0), (128, 10.0))
+# The models of the list: the registered kind each is fitted as, and its settings beyond the defaults.
+MODELS = {
+    "dcr": ("dcr", {}),
+    "pairwise_dcr": ("dcr", {"pairwise": True}),
+    "coe": ("coe", {}),
+    "dcr_paper": ("dcr", PAPER_PARAMS),
+    "pairwise_dcr_paper": ("dcr", {**PAPER_PARAMS, "pairwise": True}),
+    "coe_paper": ("coe", {**COE_PAPER["sigmoid"], "n_components": 2}),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--models",
+        default=",".join(DEFAULT_MODELS),
+        help=f"comma-separated, of {', '.join(MODELS)} (the _paper ones: the papers' objectives)",
+    )
+    parser.add_argument(
+        "--references", default=",".join(REFERENCES), help="comma-separated, of " + ", ".join(REFERENCES)
+    )
+    parser.add_argument(
+        "--threshold", type=float, default=4.0, help="held-out ratings at or above are relevant"
+    )
+    parser.add_argument(
+        "--test-fraction", type=float, default=0.2, help="share of each user's ratings held out"
+    )
+    parser.add_argument(
+        "--fold-in",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="also leave this share of users out of the fit and serve them as new users (fold-in / fallback)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="MODEL.KEY=VALUE",
+        help="a hyperparameter of one model of the list, e.g. dcr.n_components=50",
+    )
+    parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
+
+
+@dataclass
+class Split:
+    """One run's data: the fit part, the held-out part and the users served as new (if any)."""
+
+    train: Ratings
+    test: Ratings
+    new_users: np.ndarray  # user rows left out of the fit (fold-in rows)
+
+    @property
+    def fit(self) -> Ratings:
+        if self.new_users.size == 0:
+            return self.train
+        return self.train.subset(~np.isin(self.train.user, self.new_users))
+
+
+def make_split(data: Ratings, test_fraction: float, new_share: float, seed: int) -> Split:
+    train, test = split_ratings(data, test_fraction, seed)
+    rng = np.random.default_rng([seed, 7])
+    users = np.unique(train.user)
+    new = np.sort(rng.choice(users, int(round(new_share * users.size)), replace=False))
+    return Split(train, test, new.astype(np.int64))
+
+
+def model_settings(names: list[str], assignments: list[str]) -> dict[str, dict]:
+    """Each listed model's estimator settings: the list's own, then ``--set MODEL.KEY=VALUE``."""
+    settings = {name: dict(MODELS[name][1]) for name in names}
+    for text in assignments:
+        target, eq, value = text.partition("=")
+        model, dot, key = target.partition(".")
+        if not (eq and dot and key):
+            raise SystemExit(f"--set {text!r}: expected MODEL.KEY=VALUE")
+        if model not in settings:
+            raise SystemExit(f"--set {text!r}: {model!r} is not in --models ({', '.join(settings)})")
+        settings[model][key] = parse_value(value)
+    return settings
+
+
+# ------------------------------------------------------------------ scorers
+def served_lists(index: RecommenderIndex, users: np.ndarray, n: int) -> np.ndarray:
+    """Each user's top ``n`` as Recommend serves it: the serving index, training items excluded."""
+    lists = np.full((users.size, n), -1, dtype=np.int64)
+    for k, (found, _) in enumerate(
+        index.recommend_many(users, n, excludes=[index.seen(int(u)) for u in users])
+    ):
+        lists[k, : found.size] = found
+    return lists
+
+
+def folded_lists(
+    index: RecommenderIndex, split: Split, users: np.ndarray, n: int, *, with_ratings: bool = True
+) -> tuple[np.ndarray, str]:
+    """Top ``n`` for users the fit never saw, from their training ratings (or, without
+    ``with_ratings``, only which items they interacted with), as the server answers such a
+    user: folded in where the kind can, else its popularity fallback."""
+    lists = np.full((users.size, n), -1, dtype=np.int64)
+    by_user = _rows_by_user(split.train, users)
+    folds = index.folds_in and (with_ratings or index.folds_in_picks)
+    for k, u in enumerate(users):
+        items, values = by_user[int(u)]
+        values = values if with_ratings else np.full(values.shape, np.nan)
+        vector = index.fold_in(items, values) if folds else None
+        found, _ = (
+            index.recommend_for(vector, n, exclude=items)
+            if vector is not None
+            else index.popular(n, exclude=items)
+        )
+        lists[k, : found.size] = found
+    how = "fold-in" if folds else "fallback"
+    return lists, how if with_ratings else f"{how} from interactions"
+
+
+def _rows_by_user(data: Ratings, users: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    keep = np.isin(data.user, users)
+    user, item, rating = data.user[keep], data.item[keep].astype(np.int64), data.rating[keep]
+    order = np.argsort(user, kind="stable")
+    user, item, rating = user[order], item[order], rating[order]
+    bounds = np.searchsorted(user, users), np.searchsorted(user, users, side="right")
+    return {int(u): (item[lo:hi], rating[lo:hi]) for u, lo, hi in zip(users, *bounds)}
+
+
+def score_lists(scores: np.ndarray, train: Ratings, users: np.ndarray, n: int) -> np.ndarray:
+    """Top ``n`` of dense reference scores (users x items), the users' training items excluded."""
+    scores = np.array(scores, dtype=np.float64)
+    rated = sp.csr_matrix(
+        (np.ones(len(train)), (train.user, train.item)), shape=(train.n_users, train.n_items)
+    )[users]
+    scores[rated.nonzero()] = -np.inf
+    top = np.argpartition(-scores, n, axis=1)[:, :n]
+    order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(top, order, axis=1)
+
+
+# --------------------------------------------------------------- references
+def interactions(data: Ratings) -> sp.csr_matrix:
+    """The users x items matrix of training ratings as ones (what was picked)."""
+    x = sp.csr_matrix(
+        (np.ones(len(data), np.float64), (data.user, data.item)), shape=(data.n_users, data.n_items)
+    )
+    x.data[:] = 1.0
+    return x
+
+
+def popularity_scores(train: Ratings) -> Callable[[np.ndarray], np.ndarray]:
+    counts = np.bincount(train.item, minlength=train.n_items).astype(np.float64)
+    return lambda users: np.tile(counts, (users.size, 1))
+
+
+def ease_scores(train: Ratings, l2: float) -> Callable[[np.ndarray], np.ndarray]:
+    """EASE (Steck, WWW 2019): B = I - P diagMat(1 / diag(P)), P = (X'X + l2 I)^-1, diag(B) = 0."""
+    x = interactions(train)
+    gram = (x.T @ x).toarray()
+    gram[np.diag_indices_from(gram)] += l2
+    p = np.linalg.inv(gram)
+    b = p / -np.diag(p)
+    b[np.diag_indices_from(b)] = 0.0
+    return lambda users: np.asarray(x[users] @ b)
+
+
+def als_scores(train: Ratings, factors: int, l2: float, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+    """implicit's ALS (Hu, Koren & Volinsky 2008) on the picked matrix (the ``baselines`` extra)."""
+    from implicit.cpu.als import AlternatingLeastSquares
+
+    model = AlternatingLeastSquares(
+        factors=factors, regularization=l2, iterations=15, random_state=seed, calculate_training_loss=False
+    )
+    model.fit(interactions(train).tocsr().astype(np.float32) * 10.0, show_progress=False)
+    user_factors, item_factors = np.asarray(model.user_factors), np.asarray(model.item_factors)
+    return lambda users: user_factors[users] @ item_factors.T
+
+
+def reference_scorer(name: str, train: Ratings, threshold: float, seed: int, log) -> Callable | None:
+    """The reference's scorer, its settings chosen on a validation split of ``train`` only."""
+    if name == "popularity":
+        return popularity_scores(train)
+    if name == "als":
+        try:
+            import implicit  # noqa: F401
+        except ImportError:
+            log("als: implicit is not installed (pip install 'ordrec[baselines]'); row skipped")
+            return None
+    fit, val = split_ratings(train, 0.2, seed + 100)
+    grid = EASE_GRID if name == "ease" else ALS_GRID
+    make = (
+        (lambda data, g: ease_scores(data, g))
+        if name == "ease"
+        else (lambda data, g: als_scores(data, g[0], g[1], seed))
+    )
+    truth = TopN.from_ratings(val, threshold)
+    chosen = max(
+        grid,
+        key=lambda g: topn_metrics(score_lists(make(fit, g)(truth.users), fit, truth.users, 10), truth, fit)[
+            "recall@10"
+        ],
+    )
+    log(f"{name}: chosen on validation {chosen}")
+    return make(train, chosen)
+
+
+# ---------------------------------------------------------------------- run
+def fit_index(kind_name: str, params: dict, data: Ratings, seed: int) -> tuple[RecommenderIndex, float]:
+    kind = kinds.get(kind_name)
+    started = time.perf_counter()
+    estimator = kind.estimator_class()(**dict(params, random_state=seed))
+    estimator.fit(data)
+    index = kind.index_class().from_artifact(estimator.to_artifact())
+    return index, time.perf_counter() - started
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    from ordrec.trainer.reproduce.dcr import load_ratings
+
+    data = load_ratings(args)
+    dataset = args.dataset or os.path.basename(os.path.dirname(os.path.abspath(args.data))) or "data"
+    log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    models = [m for m in args.models.split(",") if m]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise SystemExit(f"--models: unknown {', '.join(unknown)} (known: {', '.join(MODELS)})")
+    references = [r for r in args.references.split(",") if r]
+    if any(r not in REFERENCES for r in references):
+        raise SystemExit(f"--references: known are {', '.join(REFERENCES)}")
+    settings = model_settings(models, args.set)
+    setting = {"threshold": args.threshold, "test_fraction": args.test_fraction}
+    values: dict[str, dict[str, list[float]]] = {}
+
+    def record(method: str, metrics: dict[str, float]) -> None:
+        for metric, value in metrics.items():
+            values.setdefault(method, {}).setdefault(metric, []).append(value)
+
+    for run_no in range(args.runs):
+        seed = args.seed + run_no
+        split = make_split(data, args.test_fraction, args.fold_in, seed)
+        truth = TopN.from_ratings(split.test, args.threshold)
+        known = truth.without(split.new_users)
+        new = truth.only(split.new_users)
+        for name in references:
+            scorer = reference_scorer(name, split.fit, args.threshold, seed, log)
+            if scorer is None:
+                continue
+            record(
+                name,
+                topn_metrics(score_lists(scorer(known.users), split.fit, known.users, 20), known, split.fit),
+            )
+            if new.users.size and name == "popularity":
+                record(
+                    f"{name} (new users)",
+                    topn_metrics(score_lists(scorer(new.users), split.train, new.users, 20), new, split.fit),
+                )
+        for name in models:
+            kind, params = MODELS[name][0], settings[name]
+            index, seconds = fit_index(kind, params, split.fit, seed)
+            metrics = topn_metrics(served_lists(index, known.users, 20), known, split.fit)
+            record(name, dict(metrics, fit_seconds=seconds))
+            log(
+                f"run {run_no + 1}/{args.runs} {name}: recall@10 {metrics['recall@10']:.4f} fit {seconds:.1f}s"
+            )
+            for with_ratings in (True, False) if new.users.size else ():
+                lists, how = folded_lists(index, split, new.users, 20, with_ratings=with_ratings)
+                record(f"{name} ({how}, new users)", topn_metrics(lists, new, split.fit))
+    # The mean over runs, then each run alone (its seed in the setting): claims hold per seed.
+    rows = [
+        summarise(method, dataset, setting, metric, per_run)
+        for method, by_metric in values.items()
+        for metric, per_run in by_metric.items()
+    ] + [
+        summarise(method, dataset, dict(setting, seed=args.seed + run_no), metric, [value])
+        for method, by_metric in values.items()
+        for metric, per_run in by_metric.items()
+        for run_no, value in enumerate(per_run)
+    ]
+    print_topn(rows, values, dataset)
+    return rows
+
+
+def print_topn(rows: list[Row], values: dict[str, dict[str, list[float]]], dataset: str) -> None:
+    """One line per method: each metric's mean over runs (and recall@10's lowest run)."""
+    metrics = [m for m in METRICS if any(m in v for v in values.values())]
+    ease = values.get("ease", {}).get("recall@10")
+    print(f"\nTop-N on {dataset} (mean over {len(next(iter(values.values()))['recall@10'])} runs)")
+    header = f"{'method':<46}" + "".join(f"{m:>18}" for m in metrics) + f"{'min recall@10':>15}"
+    header += f"{'/ EASE':>8}" if ease else ""
+    print(header)
+    for method, by_metric in values.items():
+        line = f"{method:<46}" + "".join(
+            f"{np.mean(by_metric[m]):>11.4f} ±{np.std(by_metric[m]):.3f}" if m in by_metric else f"{'-':>18}"
+            for m in metrics
+        )
+        line += f"{min(by_metric['recall@10']):>15.4f}"
+        if ease and len(by_metric["recall@10"]) == len(ease):
+            line += f"{np.mean(by_metric['recall@10']) / np.mean(ease):>8.2f}"
+        print(line)
