@@ -47,7 +47,7 @@ LOCK := $(BIN)/uv pip compile --quiet --universal --python-version 3.11 --genera
 lock: $(STAMP)
 	$(BIN)/pip install --quiet "uv==$(UV_VERSION)"
 	$(LOCK) -o requirements/serve.txt
-	$(LOCK) --extra train -o requirements/train.txt
+	$(LOCK) --extra train --extra distributed -o requirements/train.txt
 
 # A Debian bookworm base image made with debootstrap (root), for when Docker Hub is out of reach:
 # then `make docker-smoke BASE=ordrec-base:bookworm`.

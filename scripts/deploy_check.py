@@ -182,12 +182,30 @@ def policy_problems(objects: list[dict], complete: bool) -> list[str]:
         "run",
     ]:
         problems.append("CronJob ordrec-train must run `ordrec-train run`")
+    problems += _training_cluster_problems(by_kind)
     if complete:
         # kubectl renames a generated Secret (hash suffix) and rewrites its references alike.
         for volume in serve["spec"]["template"]["spec"]["volumes"]:
             name = volume.get("secret", {}).get("secretName")
             if name and name not in by_kind.get("Secret", {}):
                 problems.append(f"ordrec-serve mounts Secret {name}, which the installation does not create")
+    return problems
+
+
+def _training_cluster_problems(by_kind: dict[str, dict[str, dict]]) -> list[str]:
+    """The Dask training cluster, where installed: workers of one thread whose numba uses one
+    thread too (one stratum per CPU), and a scheduler Service on the port the job names."""
+    worker = by_kind.get("Deployment", {}).get("ordrec-dask-worker")
+    if worker is None:
+        return []
+    problems = []
+    container = worker["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    if _flag(container.get("args", []), "--nthreads") != "1" or env.get("NUMBA_NUM_THREADS") != "1":
+        problems.append("ordrec-dask-worker: --nthreads=1 and NUMBA_NUM_THREADS=1 (one CPU per worker)")
+    service = by_kind.get("Service", {}).get("ordrec-dask-scheduler")
+    if service is None or 8786 not in {p["port"] for p in service["spec"]["ports"]}:
+        problems.append("ordrec-dask-worker needs the Service ordrec-dask-scheduler on port 8786")
     return problems
 
 

@@ -22,7 +22,7 @@ DOCKERFILE = (ROOT / "Dockerfile").read_text()
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # The Python the locks are resolved for (`make lock`: --python-version 3.11): both bases have 3.11.
 LOCK_PYTHON = {"python_version": "3.11", "python_full_version": "3.11.2"}
-LOCKS = {"serve": ["s3"], "train": ["s3", "train"]}
+LOCKS = {"serve": ["s3"], "train": ["s3", "train", "distributed"]}  # the train image is also a Dask worker
 
 
 def _instructions(text: str) -> list[str]:

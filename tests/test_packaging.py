@@ -99,6 +99,9 @@ def test_the_train_extra_covers_what_only_the_trainer_imports():
     available = _requirement_names(project["dependencies"] + project["optional-dependencies"]["train"])
     # pyarrow is imported only when a .parquet file is read (trainer/data/parquet.py): its own extra.
     available |= _requirement_names(project["optional-dependencies"]["parquet"])
+    # Likewise implicit (reproduce topn's baseline) and Dask (the distributed DCR fit, --cluster).
+    for extra in ("baselines", "distributed"):
+        available |= _requirement_names(project["optional-dependencies"][extra])
     trainer = _third_party_imports(ROOT / "trainer")
     assert trainer <= available, f"the trainer imports {trainer - available}, in neither base nor train"
     assert any(

@@ -3,6 +3,7 @@
 Subcommands::
 
     ordrec-train train KIND --data PATH [--format F] [--rating-scale S] --registry DIR [--name NAME] [--set k=v ...]
+                       [--cluster tcp://HOST:8786 | local:N]   (dcr: fit data-parallel on Dask)
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
     ordrec-train versions --registry DIR [--model NAME]
@@ -92,6 +93,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
+    if args.cluster:
+        from ordrec.trainer.models.dcr_distributed import check_cluster
+
+        check_cluster(args.kind, args.cluster)  # before the data is read
     data = read_input(
         estimator_cls.input_shape,
         args.data,
@@ -109,7 +114,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     params = parse_assignments(args.set or [])
     params.setdefault("random_state", args.seed)
     estimator = estimator_cls().set_params(**params)  # names unknown parameters
-    estimator.fit(data)
+    if args.cluster:
+        from ordrec.trainer.models.dcr_distributed import fit_on_cluster
+
+        fit_on_cluster(estimator, data, args.cluster)
+    else:
+        estimator.fit(data)
     artifact = estimator.to_artifact()
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
@@ -491,6 +501,12 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         "--seed", type=int, default=0, help="the estimator's random_state (unless --set random_state=...)"
     )
     train.add_argument("--keep", type=int, default=None, help="retain only the newest K versions")
+    train.add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        help="dcr only: fit data-parallel on a Dask cluster, a scheduler address (tcp://host:8786)"
+        " or local:N (N single-threaded worker processes here); pip install 'ordrec[distributed]'",
+    )
     train.add_argument(
         "--item-attributes",
         metavar="FILE",

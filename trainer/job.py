@@ -132,6 +132,7 @@ class ModelJob:
     keep: int | None = None
     labels: Path | None = None
     item_attributes: Path | None = None  # published in the version for Recommend's filter
+    cluster: str | None = None  # dcr: fit data-parallel on this Dask cluster (tcp://..., local:N)
 
 
 @dataclass
@@ -262,6 +263,7 @@ MODEL_KEYS = {
     "keep": Key(int, check=_AT_LEAST_ONE),
     "labels": Key(str),
     "item_attributes": Key(str),
+    "cluster": Key(str),
 }
 GATE_KEYS = {
     "metric": Key(str),
@@ -443,6 +445,8 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         raise c.fail(f"{where}.name", str(exc)) from None
     model = c.table(table, where, MODEL_KEYS)
     kind = kinds.get(model["kind"])
+    if model["cluster"] is not None:
+        _check_cluster(c, f"{where}.cluster", kind.name, model["cluster"])
     if model["data"] not in config.data:
         raise c.fail(f"{where}.data", f"no [data.{model['data']}] table (have: {', '.join(config.data)})")
     if config.data[model["data"]].rating_scale is not None and kind.input_shape != "ratings":
@@ -489,7 +493,18 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         keep=config.keep if model["keep"] is None else model["keep"],
         labels=_resolve(base, model["labels"]) if model["labels"] else None,
         item_attributes=_resolve(base, model["item_attributes"]) if model["item_attributes"] else None,
+        cluster=model["cluster"],
     )
+
+
+def _check_cluster(c: _Checker, where: str, kind: str, address: str) -> None:
+    """A ``cluster`` key: DCR only, and a well-formed ``local:N``."""
+    from ordrec.trainer.models.dcr_distributed import check_cluster
+
+    try:
+        check_cluster(kind, address)
+    except ValueError as exc:
+        raise c.fail(where, str(exc)) from None
 
 
 # -------------------------------------------------------------------- lock
@@ -749,6 +764,17 @@ class _Job:
             ) from exc
         self.say(model.name, "events checkpoint advanced to %s", feed.next.last_id or "-")
 
+    def fit(self, model: ModelJob, estimator_cls, data):
+        """A fresh estimator fitted on ``data``: in this process, or on the model's ``cluster``
+        (nothing is published until the fit has completed either way)."""
+        estimator = estimator_cls(**model.params)
+        if model.cluster is None:
+            return estimator.fit(data)
+        from ordrec.trainer.models.dcr_distributed import fit_on_cluster
+
+        self.say(model.name, "fitting on cluster %s", model.cluster)
+        return fit_on_cluster(estimator, data, model.cluster)
+
     def run_model(self, model: ModelJob) -> Outcome:
         from ordrec.trainer.evaluation import holdout
 
@@ -768,7 +794,7 @@ class _Job:
 
         train, test = holdout.split(data, gate.holdout, gate.seed)
         t0 = time.perf_counter()
-        estimator = estimator_cls(**model.params).fit(train)
+        estimator = self.fit(model, estimator_cls, train)
         self.say(
             model.name,
             "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
@@ -834,7 +860,7 @@ class _Job:
 
         if model.refit:
             t0 = time.perf_counter()
-            artifact = estimator_cls(**model.params).fit(data).to_artifact()
+            artifact = self.fit(model, estimator_cls, data).to_artifact()
             index = index_cls.from_artifact(artifact)
             index.smoke()
             self.say(model.name, "refit part=all seconds=%.1f", time.perf_counter() - t0)

@@ -538,13 +538,28 @@ def with_unrated(indptr, sorted_items, levels, share, cdf, seed):
     average. Returns the new CSR ``(indptr, items, levels)``.
     """
     np.random.seed(seed)
-    n_users = indptr.shape[0] - 1
-    counts = np.zeros(n_users, dtype=np.int64)
-    for u in range(n_users):
-        want = share * (indptr[u + 1] - indptr[u])
-        counts[u] = int(want)
-        if np.random.random() < want - int(want):
+    want = share * (indptr[1:] - indptr[:-1])
+    return join_unrated(indptr, sorted_items, levels, stochastic_counts(want), cdf)
+
+
+@njit(cache=True)
+def stochastic_counts(want):
+    """``want`` (non-negative) rounded stochastically to integers: up with probability the
+    fraction, so each count's mean is ``want``. Draws from numba's seeded stream."""
+    counts = np.zeros(want.shape[0], dtype=np.int64)
+    for u in range(want.shape[0]):
+        counts[u] = int(want[u])
+        if np.random.random() < want[u] - int(want[u]):
             counts[u] += 1
+    return counts
+
+
+@njit(cache=True)
+def join_unrated(indptr, sorted_items, levels, counts, cdf):
+    """The CSR ``indptr, sorted_items, levels`` with ``counts[u]`` items drawn from ``cdf`` that
+    user ``u`` did not rate appended to its segment at level 0 (``with_unrated``'s join; draws
+    from numba's stream as seeded by the caller). An item of zero weight is never drawn."""
+    n_users = indptr.shape[0] - 1
     out_ptr = np.zeros(n_users + 1, dtype=np.int64)
     for u in range(n_users):
         out_ptr[u + 1] = out_ptr[u] + indptr[u + 1] - indptr[u] + counts[u]
