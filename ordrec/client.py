@@ -421,6 +421,16 @@ class Client:
         request = pb.HideItemsRequest(model=model, item_ids=list(item_ids))
         return self._unary(self._stub.UnhideItems, request, timeout)
 
+    def forget(
+        self, user_id: str, *, reason: str = "", timeout: float | None = None
+    ) -> pb.ForgetUserResponse:
+        """``ForgetUser``: erase ``user_id`` everywhere (GDPR Art. 17); answered as unknown from now on.
+
+        Safe to repeat: a retried or repeated call finishes what an interrupted one began.
+        """
+        request = pb.ForgetUserRequest(user_id=user_id, reason=reason)
+        return self._unary(self._stub.ForgetUser, request, timeout)
+
     def hidden(
         self, *, model: str = "", after_item_id: str = "", timeout: float | None = None
     ) -> pb.ListHiddenResponse:

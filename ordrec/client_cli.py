@@ -335,6 +335,27 @@ def cmd_hide(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_forget(client: Client, args: argparse.Namespace) -> int:
+    reply = client.forget(args.user, reason=args.reason)
+    if args.json:
+        _print_json(_to_dict(reply))
+        return 0
+    again = " (already forgotten: finished what was left)" if reply.already_forgotten else ""
+    print(f"forgot user sha256={reply.user_digest}{again}")
+    print(
+        f"  redis: seen items {reply.seen_items}, ratings {reply.ratings}, online keys {reply.served_keys},"
+        f" stream entries {reply.stream_entries}"
+    )
+    print(
+        f"  registry: checkpoint events {reply.checkpoint_events}, versions removed {len(reply.versions_removed)}"
+    )
+    for version in reply.versions_pending:
+        print(f"  pending until the next published version replaces it: {version}")
+    if reply.redis_rewrite:
+        print(f"  redis files: {reply.redis_rewrite}")
+    return 0
+
+
 def cmd_hidden(client: Client, args: argparse.Namespace) -> int:
     reply = client.hidden(model=args.model, after_item_id=args.after)
     if args.json:
@@ -592,6 +613,19 @@ def build_parser() -> argparse.ArgumentParser:
         hd.add_argument("--model", default="*", help="a model name, or '*' for every model")
         hd.add_argument("--item", action="append", metavar="ID", help="an item; repeat for each")
         hd.add_argument("--file", help="item ids, one a line")
+    fg = _subcommand(
+        sub,
+        "forget",
+        cmd_forget,
+        "erase a user everywhere (GDPR Art. 17); answered as unknown from now on",
+        "ForgetUser: removes the user's recorded interactions (Redis, the events stream, the registry's"
+        " events), the versions naming them that are no longer live, and keeps them out of every later"
+        " answer and training. Safe to repeat.",
+    )
+    fg.add_argument("--user", required=True, metavar="ID", help="the user to erase")
+    fg.add_argument(
+        "--reason", default="", help="why, e.g. the request's ticket (logged, with the id's sha256)"
+    )
     ls = _subcommand(sub, "hidden", cmd_hidden, "list hidden items by scope")
     ls.add_argument(
         "--model", default="", help="a model (its scope and the all-models one), '*', or '' (all)"

@@ -74,6 +74,7 @@ _CHUNK = 1 << 20
 
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
+_ROOT_FILE_RE = re.compile(r"^[A-Z][A-Z_]{0,63}$")
 _NEW_TMP_SECONDS = 10
 
 
@@ -118,6 +119,13 @@ def validate_model_name(name: str) -> str:
             " starting with a letter or digit"
         )
     return name
+
+
+def validate_root_file(filename: str) -> str:
+    """A registry-level file's name: capitals and underscores (``FORGOTTEN``), nothing else."""
+    if not _ROOT_FILE_RE.match(filename):
+        raise ArtifactError(f"{filename!r} is not a registry-level file name (A-Z and _)")
+    return filename
 
 
 def is_version(text: str) -> bool:
@@ -437,6 +445,14 @@ class LiveVersions:
         self.clear_split(name)
         return split.candidate
 
+    def check_deletable(self, name: str, version: str) -> None:
+        """ArtifactError unless ``version`` exists and is neither live nor protected."""
+        if version not in self.versions(name):  # type: ignore[attr-defined]
+            raise ArtifactError(f"{name}: no version {version!r}")
+        live, _ = self.live_version(name)
+        if version == live or version in self.protected(name):
+            raise ArtifactError(f"{name}@{version} is live, pinned or a split's candidate: not deleted")
+
     def protected(self, name: str) -> set[str]:
         """Versions pruning must keep: the pinned one and a split's candidate."""
         kept = {self.pinned(name)}
@@ -504,6 +520,35 @@ class Registry(LiveVersions):
         return sorted(
             f"{folder}/{p.name}" for p in where.iterdir() if p.is_file() and not p.name.startswith(".")
         )
+
+    def read_version_file(self, name: str, version: str, path: str) -> bytes | None:
+        """One file of a published version as stored (not verified), or None."""
+        folder = self.root / validate_model_name(name) / version
+        try:
+            return _inside(folder, path).read_bytes() if is_version(version) else None
+        except FileNotFoundError:
+            return None
+
+    # ------------------------------------------ registry-level files (FORGOTTEN)
+    def read_root_file(self, filename: str) -> bytes | None:
+        """A file at the registry's top (e.g. ``FORGOTTEN``), or None."""
+        try:
+            return (self.root / validate_root_file(filename)).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_root_file(self, filename: str, data: bytes) -> None:
+        """Replace that file atomically (a synced rename, like PINNED)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        _replace_synced(self.root, validate_root_file(filename), data)
+
+    def root_file_token(self, filename: str) -> object:
+        """Changes whenever the file does: what a server's poll compares."""
+        try:
+            st = (self.root / validate_root_file(filename)).stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
 
     # ---------------------------------------------------------- hidden items
     def _hidden_path(self, scope: str) -> Path:
@@ -691,12 +736,22 @@ class Registry(LiveVersions):
         kept = self.protected(name)
         doomed = [v for v in self.versions(name)[:-keep] if v not in kept]
         for version in doomed:
-            # Rename first so a concurrent reader never sees a half-deleted version.
-            trash = folder / f"{_TRASH_PREFIX}{version}-{uuid.uuid4().hex}"
-            os.rename(folder / version, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            self._remove_version(folder, version)
         self._remove_abandoned(folder)
         return doomed
+
+    def delete_version(self, name: str, version: str) -> None:
+        """Delete one version (never the live one, the pinned one nor a split's candidate)."""
+        self.check_deletable(name, version)
+        self._remove_version(self.root / validate_model_name(name), version)
+
+    @staticmethod
+    def _remove_version(folder: Path, version: str) -> None:
+        # Rename first so a concurrent reader never sees a half-deleted version.
+        trash = folder / f"{_TRASH_PREFIX}{version}-{uuid.uuid4().hex}"
+        os.rename(folder / version, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        _fsync_dir(folder)
 
     def gc(self) -> list[Path]:
         """Remove what killed publishers and pruners left behind in every model; return it."""

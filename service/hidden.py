@@ -34,10 +34,7 @@ from ordrec.service.rules import Eligible, hidden_mask
 
 log = logging.getLogger("ordrec.hidden")
 
-HIDDEN_KEY = "ordrec:hidden:{}"
-SCOPES_KEY = "ordrec:hidden:scopes"
-GENERATION_KEY = "ordrec:hidden:generation"
-CHANNEL = "ordrec:hidden"
+CHANNEL = "ordrec:hidden"  # also the prefix of the keys (RedisBackend)
 
 Sets = dict[str, frozenset[str]]
 
@@ -81,29 +78,36 @@ class RegistryBackend:
 
 
 class RedisBackend:
-    """Hidden ids in Redis sets, shared by every replica."""
+    """Hidden ids in Redis sets, shared by every replica.
 
-    def __init__(self, client: redis.Redis):
+    ``prefix`` names the keys (``<prefix>:<scope>``, ``<prefix>:scopes``,
+    ``<prefix>:generation``, channel ``<prefix>``): ``ordrec:hidden`` for hidden
+    items, ``ordrec:forgotten`` for forgotten users (``service/forgotten.py``).
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str = CHANNEL):
         self.client = client
+        self.set_key, self.scopes_key = prefix + ":{}", prefix + ":scopes"
+        self.generation_key, self.channel = prefix + ":generation", prefix
 
     def token(self) -> object:
-        return self.client.get(GENERATION_KEY)
+        return self.client.get(self.generation_key)
 
     def read(self) -> Sets:
-        scopes = sorted(self.client.smembers(SCOPES_KEY))
+        scopes = sorted(self.client.smembers(self.scopes_key))
         pipe = self.client.pipeline(transaction=True)
         for scope in scopes:
-            pipe.smembers(HIDDEN_KEY.format(scope))
+            pipe.smembers(self.set_key.format(scope))
         # the client decodes responses (redis_state.connect), so scopes and ids are str
         return {str(scope): frozenset(ids) for scope, ids in zip(scopes, pipe.execute(), strict=True) if ids}
 
     def change(self, scope: str, ids: Iterable[str], hide: bool) -> int:
         ids = list(ids)
         pipe = self.client.pipeline(transaction=True)
-        (pipe.sadd if hide else pipe.srem)(HIDDEN_KEY.format(scope), *ids)
-        pipe.sadd(SCOPES_KEY, scope)
-        pipe.incr(GENERATION_KEY)
-        pipe.publish(CHANNEL, scope)
+        (pipe.sadd if hide else pipe.srem)(self.set_key.format(scope), *ids)
+        pipe.sadd(self.scopes_key, scope)
+        pipe.incr(self.generation_key)
+        pipe.publish(self.channel, scope)
         changed = pipe.execute()[0]
         return int(changed)
 

@@ -67,6 +67,7 @@ from ordrec.service.artifacts import (
     load_version,
     validate_model_file,
     validate_model_name,
+    validate_root_file,
 )
 from ordrec.v1 import manifest_pb2
 
@@ -253,6 +254,31 @@ class S3Registry(LiveVersions):
             raise ArtifactError(f"{self.url}/{name}/{version}: missing manifest")
         return _parse_manifest(data, f"{self.url}/{name}/{version}/{MANIFEST}")
 
+    def read_version_file(self, name: str, version: str, path: str) -> bytes | None:
+        """One file of a version as stored (not verified), or None."""
+        if not is_version(version):
+            return None
+        _inside(Path("/"), path)  # a hostile path cannot name another key
+        return self._get(self._key(validate_model_name(name), version, path))
+
+    # ------------------------------------------ registry-level files (FORGOTTEN)
+    def read_root_file(self, filename: str) -> bytes | None:
+        return self._get(self._key(validate_root_file(filename)))
+
+    def write_root_file(self, filename: str, data: bytes) -> None:
+        """One PUT: readers see the old or the new file."""
+        self.client.put_object(Bucket=self.bucket, Key=self._key(validate_root_file(filename)), Body=data)
+
+    def root_file_token(self, filename: str) -> object:
+        """The object's ETag (None when absent): changes whenever it does."""
+        try:
+            key = self._key(validate_root_file(filename))
+            return self.client.head_object(Bucket=self.bucket, Key=key)["ETag"]
+        except Exception as exc:  # botocore's ClientError
+            if _missing(exc):
+                return None
+            raise
+
     # ---------------------------------------------------------- hidden items
     def _hidden_key(self, scope: str) -> str:
         return (
@@ -360,18 +386,25 @@ class S3Registry(LiveVersions):
             raise ValueError("keep must be at least 1")
         kept = self.protected(name)
         doomed = [v for v in self.versions(name)[:-keep] if v not in kept]
-        if doomed:
-            # Manifests first: each version disappears at once, then its files go.
-            self._delete([self._key(name, v, MANIFEST) for v in doomed])
-            gone = set(doomed)
-            rest = [
-                o["Key"]
-                for o in self._objects(name)
-                if (self._version_of(name, o["Key"]) or ("", ""))[0] in gone
-            ]
-            self._delete(rest)
+        self._remove_versions(name, doomed)
         self._remove_stale(name)
         return doomed
+
+    def delete_version(self, name: str, version: str) -> None:
+        """Delete one version (never the live one, the pinned one nor a split's candidate)."""
+        self.check_deletable(name, version)
+        self._remove_versions(name, [version])
+
+    def _remove_versions(self, name: str, doomed: list[str]) -> None:
+        if not doomed:
+            return
+        # Manifests first: each version disappears at once, then its files go.
+        self._delete([self._key(name, v, MANIFEST) for v in doomed])
+        gone = set(doomed)
+        rest = [
+            o["Key"] for o in self._objects(name) if (self._version_of(name, o["Key"]) or ("", ""))[0] in gone
+        ]
+        self._delete(rest)
 
     def gc(self) -> list[str]:
         """Delete the objects of versions that never got (or lost) their manifest and are

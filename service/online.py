@@ -87,6 +87,7 @@ class OnlineEvaluation(NoOnlineEvaluation):
         window: int,
         queue_size: int = 10_000,
         clock: Callable[[], float] = time.time,
+        skip_user: Callable[[str], bool] | None = None,
     ):
         if not 0.0 <= sample_rate <= 1.0:
             raise ValueError(f"the online sample rate must be in [0, 1], got {sample_rate}")
@@ -95,6 +96,8 @@ class OnlineEvaluation(NoOnlineEvaluation):
         self.client, self.metrics = client, metrics
         self.models, self.served_versions = models, served_versions
         self.sample_rate, self.window, self.clock = sample_rate, window, clock
+        # Forgotten users (service/forgotten.py) are never sampled: checked when queued and written.
+        self.skip_user = skip_user or (lambda user_id: False)
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._totals: dict[tuple[str, str], list[int]] = {}  # (model, version) -> [served, hits]
         self._lock = threading.Lock()
@@ -106,7 +109,7 @@ class OnlineEvaluation(NoOnlineEvaluation):
         return self.sample_rate > 0 and (self.sample_rate >= 1.0 or random.random() < self.sample_rate)
 
     def sample(self, model: str, version: str, user_id: str, item_ids: Sequence[str]) -> None:
-        if not item_ids:
+        if not item_ids or self.skip_user(user_id):
             return
         try:
             self._queue.put_nowait((model, version, user_id, tuple(item_ids), self.clock()))
@@ -124,7 +127,7 @@ class OnlineEvaluation(NoOnlineEvaluation):
             batch = [self._queue.get()]
             while len(batch) < _BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            samples = [s for s in batch if s is not None]
+            samples = [s for s in batch if s is not None and not self.skip_user(s[2])]
             try:
                 if samples:
                     self._write(samples)

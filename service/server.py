@@ -17,6 +17,8 @@ from grpc_reflection.v1alpha import reflection
 from ordrec.service import diversity, explain, mapped, topk
 from ordrec.service.batching import BatchObserver, RecommendBatcher
 from ordrec.service.config import ServerConfig
+from ordrec.service.forgotten import ForgetfulSeen, ForgottenUsers
+from ordrec.service.forgotten import backends as forgotten_backends
 from ordrec.service.gateway import JsonGateway
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
@@ -93,6 +95,7 @@ class Server:
         # Polling is the fallback that always works; Redis news only wakes it early.
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
+        self.forgotten, self.forget_client = self._forgotten_users(config)
         self.online = self._online_evaluation(config)
         self.hidden, self.hidden_mirror = self._hidden_state(config)
         self.metrics.hidden_items.set_function(lambda: sum(map(len, self.hidden.sets().values())))
@@ -120,7 +123,18 @@ class Server:
             store.loaded_versions,
             config.online_sample_rate,
             config.online_window,
+            skip_user=self.forgotten.contains,
         )
+
+    def _forgotten_users(self, config: ServerConfig) -> tuple[ForgottenUsers, object]:
+        """The FORGOTTEN list (service/forgotten.py): read like the hidden items; and the Redis
+        client ForgetUser erases with (None without Redis)."""
+        if not config.redis_url:
+            primary, _ = forgotten_backends(self.store.registry)
+            return ForgottenUsers(primary, config.poll_interval or 5.0), None
+        client = connect(config.redis_url, max(config.redis_timeout, 1.0))
+        primary, files = forgotten_backends(self.store.registry, client)
+        return ForgottenUsers(primary, config.hidden_interval, fallback=files), client
 
     def _hidden_state(self, config: ServerConfig) -> tuple[HiddenState, object]:
         """Hidden items in Redis (mirrored to the registry, read from there when Redis is down at
@@ -196,7 +210,7 @@ class Server:
                 self.store,
                 self.metrics,
                 cfg.limits,
-                self.seen,
+                ForgetfulSeen(self.seen, self.forgotten),
                 self.hidden,
                 self.hidden_mirror,
                 self.online,
@@ -205,6 +219,8 @@ class Server:
                 )
                 if cfg.batch_max_size
                 else None,
+                forgotten=self.forgotten,
+                forget_client=self.forget_client,
             ),
             server,
         )
@@ -241,6 +257,7 @@ class Server:
         if self.listener:
             self.listener.start()
         self.hidden.start()
+        self.forgotten.start()
         models = ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items())) or "none"
         log.info(
             "listening on %s:%d (metrics on %s:%s); serving %s",
@@ -284,6 +301,7 @@ class Server:
         if self.listener:
             self.listener.stop()
         self.hidden.stop()
+        self.forgotten.stop()
         self.online.stop()
         if isinstance(self.seen, RedisSeenStore):
             self.seen.close()

@@ -9,6 +9,7 @@ and answered INTERNAL without one.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import inspect
 import logging
@@ -18,12 +19,14 @@ from typing import NamedTuple
 
 import grpc
 import numpy as np
+import redis
 from google.protobuf.message import DecodeError
 
 from ordrec.service import validation as v
-from ordrec.service.artifacts import ALL_MODELS
+from ordrec.service.artifacts import ALL_MODELS, ArtifactError
 from ordrec.service.batching import RecommendBatcher
 from ordrec.service.diversity import Diversify, rerank, settings_from_request
+from ordrec.service.erasure import erase_user
 from ordrec.service.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -31,11 +34,14 @@ from ordrec.service.errors import (
     NotFound,
     ResourceExhausted,
     ServiceError,
+    Unavailable,
 )
 from ordrec.service.explain import explain, explain_count
+from ordrec.service.forgotten import ForgottenUsers
 from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
+from ordrec.service.objectstore import RegistryUnavailable
 from ordrec.service.online import NoOnlineEvaluation
 from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.seen import Recorded, SeenStore
@@ -241,6 +247,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         hidden_mirror=None,
         online: NoOnlineEvaluation | None = None,
         batcher: RecommendBatcher | None = None,
+        forgotten: ForgottenUsers | None = None,
+        forget_client=None,
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
@@ -248,6 +256,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         # None: each call scores on its own (the path the batched one must equal, in tests).
         self.batcher = batcher
         self._counters: dict[tuple[str, str, int], object] = {}
+        # Forgotten users are answered as unknown; ForgetUser erases through forget_client (Redis).
+        self.forgotten, self.forget_client = forgotten, forget_client
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -345,6 +355,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         model, candidates, eligible = group.model, group.candidates, group.eligible
         index, n = model.index, call.fetch_n
         user_rows = index.users.rows(user_ids)
+        if self.forgotten is not None:
+            user_rows = self.forgotten.unknown(user_ids, user_rows)
         excluded = index.items.rows(call.exclude_ids) if call.exclude_ids else None
         excludes = [
             self._exclusions(index, row, recent.get(uid), call.exclude_seen, excluded)
@@ -521,8 +533,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         index = model.index
         item = v.one_id(request.item_id, "item_id", lim)
         n = v.bounded(request.n, "n", 1, lim.max_n)
+        user_row = -1 if self._forgotten(user) else index.users.row(user)
         rows, scores, fallback = index.tags(
-            index.users.row(user), index.items.row(item), n, exclude_own=request.exclude_own_tags
+            user_row, index.items.row(item), n, exclude_own=request.exclude_own_tags
         )
         if fallback != "none":
             self.metrics.fallbacks.labels(model.name, "Tags", fallback).inc()
@@ -573,11 +586,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         v.check_reply_fits(k * v.scored_id_bytes(target_ids.max_bytes), f"k={k}", lim)
         source_ids = index.maps[space][source].ids
         row = source_ids.row(query_id)
-        if row < 0:
+        if row < 0 or (source == "users" and self._forgotten(query_id)):
             raise NotFound(f"unknown {source[:-1]} id {query_id[:80]!r}")
         hidden = None
         if self.hidden and target in ("items", "objects"):  # hidden items never come back as neighbours
             hidden = self.hidden.hidden_rows(model.name, target_ids)
+        if target == "users" and self.forgotten is not None and self.forgotten.digests():
+            hidden = self.forgotten.rows(target_ids)  # nor forgotten users
         rows, scores = index.neighbors(space, source, row, target, k, hidden=hidden)
         reply = pb.NeighborsResponse(
             model=model.name, model_version=model.version, rules_stale=self._rules_stale()
@@ -601,6 +616,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             lim,
         )
         rows = _rows_or_not_found(points.ids, ids, f"{entity} ids") if ids else np.arange(len(points.ids))
+        if entity == "users" and self.forgotten is not None and self.forgotten.digests():
+            rows = rows[~np.isin(rows, self.forgotten.rows(points.ids))]  # forgotten users are not on the map
         wire_entity = _SPACE_ENTITY[entity]
         for start in range(0, max(rows.size, 1), page):
             if not context.is_active():  # the client went away or its deadline passed
@@ -645,6 +662,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 f"item_ids and interactions must hold between 1 and {lim.max_ids} items together, got {count}"
             )
         interactions = self._interactions(request, time.time())
+        if self._forgotten(user):
+            return pb.RecordInteractionsResponse(recorded=0, forgotten=True)
         recorded = self.seen.record(user, interactions)
         self.online.observe(user, [i.item for i in interactions])
         return pb.RecordInteractionsResponse(recorded=recorded)
@@ -794,6 +813,37 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         )
         _add_scored(reply.items, index.items, found, scores)
         return reply
+
+    # ------------------------------------------------------------ ForgetUser
+    def _forgotten(self, user_id: str) -> bool:
+        return self.forgotten is not None and self.forgotten.contains(user_id)
+
+    @rpc
+    def ForgetUser(self, request: pb.ForgetUserRequest, context) -> pb.ForgetUserResponse:
+        user = v.one_id(request.user_id, "user_id", self.limits)
+        reason = v.note(request.reason, "reason")
+        if self.forgotten is None:
+            raise FailedPrecondition("this server keeps no FORGOTTEN list")
+        try:
+            report = erase_user(user, self.store.registry, self.forget_client)
+        except redis.RedisError as exc:
+            raise Unavailable(f"Redis is unreachable, the erasure is incomplete (ask again): {exc}") from None
+        except RegistryUnavailable as exc:
+            raise Unavailable(
+                f"the registry is unreachable, the erasure is incomplete (ask again): {exc}"
+            ) from None
+        except (OSError, ArtifactError) as exc:
+            raise FailedPrecondition(f"cannot write the registry, the erasure is incomplete: {exc}") from None
+        self.forgotten.refresh()
+        log.info(
+            "forgot user sha256=%s reason=%r stream_entries=%d versions_removed=%d pending=%d",
+            report.user_digest,
+            reason,
+            report.stream_entries,
+            len(report.versions_removed),
+            len(report.versions_pending),
+        )
+        return pb.ForgetUserResponse(**dataclasses.asdict(report))
 
 
 def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:

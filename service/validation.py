@@ -89,3 +89,16 @@ def timestamp(value: float, field: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise InvalidArgument(f"{field} must be unix seconds (finite, >= 0), got {value}")
     return value
+
+
+MAX_NOTE_CHARS = 1000
+
+
+def note(value: str, field: str) -> str:
+    """A free-text note for the log (a reason, a ticket): at most 1,000 printable characters,
+    so it can neither flood nor forge log lines."""
+    if len(value) > MAX_NOTE_CHARS:
+        raise InvalidArgument(f"{field} is {len(value)} characters long; the limit is {MAX_NOTE_CHARS}")
+    if not value.isprintable():
+        raise InvalidArgument(f"{field} holds control characters (line breaks, tabs, ...)")
+    return value

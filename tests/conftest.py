@@ -170,13 +170,29 @@ class RedisServer:
             self.proc.wait(10)
 
 
-@pytest.fixture
-def redis_server():
+def require_redis_server() -> None:
+    """Skip the test when redis-server is not installed (fail where it is required)."""
     if shutil.which("redis-server") is None:
         if os.environ.get("ORDREC_REQUIRE_REDIS"):
             pytest.fail("redis-server is required (ORDREC_REQUIRE_REDIS is set) but not installed")
         pytest.skip("redis-server not installed (make test installs it)")
+
+
+@pytest.fixture
+def redis_server():
+    require_redis_server()
     server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def aof_redis(tmp_path):
+    """A redis-server writing an append-only file synced on every write (in ``tmp_path/aof``)."""
+    require_redis_server()
+    folder = tmp_path / "aof"
+    folder.mkdir()
+    server = RedisServer(aof_dir=folder).start()
     yield server
     server.stop()
 

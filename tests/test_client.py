@@ -411,6 +411,7 @@ def test_every_subcommand_and_option_has_help(monkeypatch):
         "unhide",
         "hidden",
         "similar",
+        "forget",
     }
     assert all(c.help for c in action._choices_actions)
     for name, sub in choices.items():

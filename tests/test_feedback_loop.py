@@ -33,15 +33,6 @@ ROUNDS = 4
 SEED = 18
 
 
-@pytest.fixture
-def aof_redis(tmp_path):
-    folder = tmp_path / "aof"
-    folder.mkdir()
-    server = RedisServer(aof_dir=folder).start()
-    yield server
-    server.stop()
-
-
 def job_file(tmp_path: Path, sample: Path, url: str) -> Path:
     # margin 1: every run publishes, the loop (not the gate) is under test; page 7: several pages a run
     return write_job(tmp_path, sample, f'redis = "{url}"\ntimeout = 2\npage = 7', margin=1.0)

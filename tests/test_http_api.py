@@ -146,6 +146,8 @@ CASES: dict[str, list[dict]] = {
     "HideItems": [{"model": "dcr", "itemIds": []}],  # INVALID_ARGUMENT: no ids
     "UnhideItems": [{"model": "dcr", "itemIds": ["never-hidden"]}],
     "ListHidden": [{}, {"model": "dcr"}],
+    # errors only: an erasure changes the registry, and a repeated one answers already_forgotten
+    "ForgetUser": [{"userId": ""}, {"userId": "u001", "reason": "line\nbreak"}],  # INVALID_ARGUMENT
 }
 
 

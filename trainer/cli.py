@@ -15,6 +15,8 @@ Subcommands::
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
     ordrec-train events export --redis URL --out FILE [--since ID] [--format csv|jsonl]
+    ordrec-train forget --registry DIR --user ID [--redis URL] [--reason TEXT]   erase a user everywhere
+    ordrec-train export MODEL --registry DIR --n N --out FILE.parquet|csv|jsonl [--users FILE] [--version V]
 
 Every --registry takes a directory or ``s3://bucket/prefix`` (``pip install ordrec[s3]``;
 credentials and endpoint from the standard AWS environment and config).
@@ -87,6 +89,7 @@ def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, r
 # ----------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.data.readers import read_input
+    from ordrec.trainer.forgetting import apply_forgotten, purge_after_publish
     from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
@@ -104,6 +107,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
+    registry = open_registry(args.registry)
+    data, dropped, _ = apply_forgotten(data, registry)
+    if dropped.rows:
+        print(f"dropped {dropped.rows} row(s) of {dropped.users} forgotten user(s)", file=sys.stderr)
     params = parse_assignments(args.set or [])
     params.setdefault("random_state", args.seed)
     estimator = estimator_cls().set_params(**params)  # names unknown parameters
@@ -120,10 +127,14 @@ def cmd_train(args: argparse.Namespace) -> int:
         from ordrec.trainer.data.item_attributes import attach_item_attributes
 
         attach_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
-    registry = open_registry(args.registry)
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
+    removed, pending = purge_after_publish(registry, name)
+    for gone in removed:
+        print(f"removed {name}@{gone}: it names a forgotten user")
+    for kept in pending:
+        print(f"warning: {name}@{kept} names a forgotten user but is pinned or a candidate", file=sys.stderr)
     for warning in calibration_warnings(artifact.indexes):
         print(f"warning: {name}@{version}: {warning}", file=sys.stderr)
     print(format_metrics(artifact.metrics, "  "))
@@ -349,6 +360,78 @@ def cmd_events_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_forget(args: argparse.Namespace) -> int:
+    """Erase a user everywhere (``service/erasure.py``); prints what went, never the id again."""
+    import redis
+
+    from ordrec.service.erasure import erase_user
+    from ordrec.service.redis_state import connect
+
+    user = args.user.strip()
+    if not user or "\n" in user:
+        raise ValueError("--user: give one user id (not empty, no line breaks)")
+    try:
+        report = erase_user(
+            user, open_registry(args.registry), connect(args.redis, 10.0) if args.redis else None
+        )
+    except redis.RedisError as exc:
+        print(
+            f"ordrec-train: Redis is unreachable, erasure incomplete (run it again): {exc}", file=sys.stderr
+        )
+        return EXIT_FAILED
+    log.info("forgot user sha256=%s reason=%r", report.user_digest, args.reason or "")
+    print(format_erasure(report, redis_given=bool(args.redis)))
+    return EXIT_OK
+
+
+def format_erasure(report, redis_given: bool) -> str:
+    """The erasure's counts as lines for a terminal or a ticket."""
+    lines = [
+        f"forgot user sha256={report.user_digest}"
+        + (" (already on the FORGOTTEN list)" if report.already_forgotten else ""),
+        f"  redis: seen items {report.seen_items}, ratings {report.ratings}, online keys {report.served_keys},"
+        f" stream entries {report.stream_entries}"
+        if redis_given
+        else "  redis: not given (--redis URL)",
+        f"  registry: checkpoint events {report.checkpoint_events}, versions removed {len(report.versions_removed)}"
+        + "".join(f"\n    removed {v}" for v in report.versions_removed),
+    ]
+    lines += [
+        f"  pending (live, pinned or candidate; the next published version removes it): {v}"
+        for v in report.versions_pending
+    ]
+    if report.redis_rewrite:
+        lines.append(f"  redis files: {report.redis_rewrite}")
+    return "\n".join(lines)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Top-N of every (or every listed) user from one version, to a file (``trainer/export.py``)."""
+    from ordrec.trainer.export import export, export_format, read_users
+
+    export_format(args.out)  # a bad extension fails before any work
+    if args.n < 1:
+        raise ValueError(f"--n must be at least 1, got {args.n}")
+    users = read_users(args.users) if args.users else None
+    hidden = None
+    if args.redis:
+        from ordrec.service.hidden import RedisBackend
+        from ordrec.service.redis_state import connect
+
+        hidden = RedisBackend(connect(args.redis, 10.0))
+    registry = open_registry(args.registry)
+    if args.workers < 1 or args.batch < 1:
+        raise ValueError("--workers and --batch must be at least 1")
+    summary = export(
+        registry, args.model, args.n, args.out, users, args.version, hidden, args.batch, workers=args.workers
+    )
+    print(
+        f"wrote {summary.rows} recommendations for {summary.users} users to {args.out}"
+        f" ({summary.fallbacks} fallback, {summary.forgotten} forgotten)"
+    )
+    return EXIT_OK
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from ordrec.trainer.report_html import write_report
 
@@ -536,6 +619,41 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     export.add_argument("--timeout", type=float, default=10.0, help="seconds per Redis call")
     export.set_defaults(func=cmd_events_export)
+
+    forget = sub.add_parser(
+        "forget",
+        help="erase a user everywhere (GDPR Art. 17): Redis, events, registry, answers, later training",
+    )
+    forget.add_argument("--registry", required=True)
+    forget.add_argument("--user", required=True, metavar="ID", help="the user id to erase")
+    forget.add_argument(
+        "--redis", metavar="URL", help="the servers' Redis (else only the registry is erased)"
+    )
+    forget.add_argument("--reason", help="why, e.g. the request's ticket (logged with the id's sha256)")
+    forget.set_defaults(func=cmd_forget)
+
+    ex = sub.add_parser(
+        "export", help="write the top-N of every user (or a list) from a version, as Recommend answers"
+    )
+    ex.add_argument("model")
+    ex.add_argument("--registry", required=True)
+    ex.add_argument("--n", type=int, default=100, help="items per user")
+    ex.add_argument("--out", required=True, help="FILE.csv, FILE.jsonl or FILE.parquet (replaced atomically)")
+    ex.add_argument(
+        "--users", metavar="FILE", help="user ids, one a line (default: every user of the version)"
+    )
+    ex.add_argument("--version", help="the version (default: the live one)")
+    ex.add_argument(
+        "--redis", metavar="URL", help="read hidden items from the servers' Redis (else the registry)"
+    )
+    ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
+    ex.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes scoring batches (each maps the version; 2 on 2 cores)",
+    )
+    ex.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")
     report.add_argument("--registry", required=True)

@@ -21,7 +21,6 @@ idempotent: nothing is lost and nothing counts twice.
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
 import logging
@@ -33,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
+from ordrec.service.erasure import CHECKPOINT_FILE, ERASED_KEY, write_checkpoint
+from ordrec.service.forgotten import read_forgotten, user_digest
 from ordrec.service.idmap import IdMap
 from ordrec.service.redis_state import EVENTS_STREAM
 from ordrec.trainer.data.types import Ratings, RatingScale
 
-CHECKPOINT_FILE = "EVENTS_CHECKPOINT"
-EVENTS_FOLDER = "events"
 DEFAULT_PAGE = 1000
 _ID_RE = re.compile(r"^(\d{1,20})-(\d{1,20})$")
 
@@ -144,8 +143,11 @@ def lost_after(client, position: int | None) -> int:
 
     Trimming (and XDEL) remove entries from the stream but not from
     ``entries-added``, so ``entries-added - length`` entries are gone; those
-    past the checkpoint's position were never read. A stream that is missing
-    or counts fewer entries than the checkpoint was reset: -1.
+    past the checkpoint's position were never read. Entries a ForgetUser
+    deleted (counted in ``ordrec:events:erased``) are not lost: they are left
+    out of the count (it may then miss trimmed entries as many as those erased
+    before the checkpoint: a warning not given, never a false one). A stream
+    that is missing or counts fewer entries than the checkpoint was reset: -1.
     """
     try:
         info = client.xinfo_stream(EVENTS_STREAM)
@@ -159,7 +161,8 @@ def lost_after(client, position: int | None) -> int:
         return 0
     if position is not None and added < position:
         return -1
-    return max(0, added - info["length"] - (position or 0))
+    erased = int(client.get(ERASED_KEY) or 0)
+    return max(0, added - info["length"] - erased - (position or 0))
 
 
 # ------------------------------------------------------------- checkpoint
@@ -213,21 +216,9 @@ def save_checkpoint(registry, model: str, checkpoint: Checkpoint) -> None:
     Each write is atomic; a crash between them leaves the old checkpoint valid
     (an unreferenced file is removed by the next save).
     """
-    data, sha = checkpoint.encode()
-    path = f"{EVENTS_FOLDER}/{sha}.jsonl"
-    registry.write_model_file(model, path, data)
-    head = {
-        "last_id": checkpoint.last_id,
-        "position": checkpoint.position,
-        "file": path,
-        "sha256": sha,
-        "events": len(checkpoint.latest),
-        "updated_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    registry.write_model_file(model, CHECKPOINT_FILE, (json.dumps(head, indent=2) + "\n").encode())
-    for old in registry.model_files(model, EVENTS_FOLDER):
-        if old != path:
-            registry.delete_model_file(model, old)
+    data, _ = checkpoint.encode()
+    head = {"last_id": checkpoint.last_id, "position": checkpoint.position, "events": len(checkpoint.latest)}
+    write_checkpoint(registry, model, head, data)
 
 
 # --------------------------------------------------------------- the feed
@@ -241,6 +232,7 @@ class Counts:
     without_value: int = 0  # accumulated events skipped: a ratings model needs a value
     off_scale: int = 0  # accumulated events skipped: value not on the data's rating scale
     trained: int = 0  # accumulated events in the training data
+    forgotten: int = 0  # accumulated events of forgotten users, dropped
 
 
 class EventFeed:
@@ -304,8 +296,18 @@ class EventFeed:
                 continue
             yield event
 
+    def forget(self, digests: frozenset[str]) -> int:
+        """Drop forgotten users' events from :attr:`next` (so the next checkpoint never
+        holds them again); return how many went."""
+        doomed = [key for key in self.next.latest if user_digest(key[0]) in digests] if digests else []
+        for key in doomed:
+            del self.next.latest[key]
+        return len(doomed)
+
     def apply(self, base: Ratings, scale: RatingScale | None) -> Ratings:
-        """``base`` with every accumulated event that has a value on ``scale`` merged in."""
+        """``base`` with every accumulated event that has a value on ``scale`` merged in
+        (forgotten users' events dropped first)."""
+        self.counts.forgotten += self.forget(read_forgotten(self.registry))
         usable = []
         for event in self.next.latest.values():
             if event.value is None:
@@ -318,7 +320,12 @@ class EventFeed:
         return with_events(base, usable)
 
     def commit(self) -> None:
-        """Advance the checkpoint: call only after the version trained on :attr:`next` is published."""
+        """Advance the checkpoint: call only after the version trained on :attr:`next` is published.
+
+        The FORGOTTEN list is read again, so a user forgotten while the job ran
+        does not come back in the checkpoint.
+        """
+        self.counts.forgotten += self.forget(read_forgotten(self.registry))
         save_checkpoint(self.registry, self.model, self.next)
 
     def summary(self) -> str:
@@ -327,6 +334,7 @@ class EventFeed:
             f"events since={self.checkpoint.last_id or '-'} until={self.next.last_id or '-'} read={c.read}"
             f" accumulated={len(self.next.latest)} trained={c.trained} without_value={c.without_value}"
             f" off_scale={c.off_scale} malformed={c.malformed} other_model={c.other_model}"
+            f" forgotten={c.forgotten}"
         )
 
 
@@ -373,32 +381,23 @@ def export(client, out: str, since: str | None = None, fmt: str = "csv", page: i
     id back as ``since`` to export only what is new.
     """
     import csv
-    import os
-    import tempfile
+
+    from ordrec.trainer.atomic import atomic_output
 
     if since is not None:
         stream_id(since)
-    folder = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix=".ordrec-export-", dir=folder)
     count, last = 0, since
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh) if fmt == "csv" else None
-            if writer:
-                writer.writerow(EXPORT_COLUMNS)
-            for entries, _ in read_pages(client, since, page):
-                for entry_id, fields in entries:
-                    row = {"id": entry_id, **fields}
-                    if writer:
-                        writer.writerow([row.get(c, "") for c in EXPORT_COLUMNS])
-                    else:
-                        fh.write(json.dumps({c: row[c] for c in EXPORT_COLUMNS if c in row}) + "\n")
-                count += len(entries)
-                last = entries[-1][0] if entries else last
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with atomic_output(out, "w", encoding="utf-8", newline="") as fh:
+        writer = csv.writer(fh) if fmt == "csv" else None
+        if writer:
+            writer.writerow(EXPORT_COLUMNS)
+        for entries, _ in read_pages(client, since, page):
+            for entry_id, fields in entries:
+                row = {"id": entry_id, **fields}
+                if writer:
+                    writer.writerow([row.get(c, "") for c in EXPORT_COLUMNS])
+                else:
+                    fh.write(json.dumps({c: row[c] for c in EXPORT_COLUMNS if c in row}) + "\n")
+            count += len(entries)
+            last = entries[-1][0] if entries else last
     return count, last

@@ -671,6 +671,7 @@ class _Job:
                 column_names=source.columns,
             )
             skipped = getattr(data, "skipped_lines", 0)
+            data = self.forget(model, data)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
             self.say(
                 model.name,
@@ -684,6 +685,51 @@ class _Job:
             )
             self._data[key] = data
         return self._data[key]
+
+    def forget(self, model: ModelJob, data):
+        """``data`` without the registry's FORGOTTEN users, the counts logged."""
+        from ordrec.trainer.forgetting import apply_forgotten
+
+        data, dropped, listed = apply_forgotten(data, self.registry)
+        self.say(
+            model.name,
+            "forgotten users=%d rows=%d dropped (FORGOTTEN lists %d)",
+            dropped.users,
+            dropped.rows,
+            listed,
+        )
+        return data
+
+    def purge_forgotten(self, model: ModelJob) -> None:
+        """After a publish: delete the model's versions that still name a forgotten user."""
+        from ordrec.trainer.forgetting import purge_after_publish
+
+        try:
+            removed, pending = purge_after_publish(self.registry, model.name)
+        except Exception as exc:  # noqa: BLE001 - the version is published; the next run retries
+            self.say(
+                model.name,
+                "versions naming forgotten users not removed (the next run tries again): %s: %s",
+                type(exc).__name__,
+                exc,
+                level=logging.ERROR,
+            )
+            return
+        if removed:
+            self.say(
+                model.name,
+                "removed %d version(s) naming forgotten users: %s",
+                len(removed),
+                " ".join(removed),
+            )
+        if pending:
+            self.say(
+                model.name,
+                "version(s) %s name forgotten users but are live, pinned or a split's candidate:"
+                " kept until a version without them replaces them",
+                " ".join(pending),
+                level=logging.WARNING,
+            )
 
     def scale(self, model: ModelJob) -> RatingScale | None:
         """The rating scale of a ratings model's data (None: any finite number)."""
@@ -840,6 +886,7 @@ class _Job:
         if feed is not None:
             self.commit_events(model, feed, out.version)
         out.status = "published"
+        self.purge_forgotten(model)
         pinned = self.registry.pinned(model.name)
         if pinned:
             self.say(

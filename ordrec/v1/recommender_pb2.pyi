@@ -252,10 +252,12 @@ class RecordInteractionsRequest(_message.Message):
     def __init__(self, user_id: _Optional[str] = ..., item_ids: _Optional[_Iterable[str]] = ..., interactions: _Optional[_Iterable[_Union[Interaction, _Mapping]]] = ..., model: _Optional[str] = ...) -> None: ...
 
 class RecordInteractionsResponse(_message.Message):
-    __slots__ = ("recorded",)
+    __slots__ = ("recorded", "forgotten")
     RECORDED_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     recorded: int
-    def __init__(self, recorded: _Optional[int] = ...) -> None: ...
+    forgotten: bool
+    def __init__(self, recorded: _Optional[int] = ..., forgotten: _Optional[bool] = ...) -> None: ...
 
 class ListModelsRequest(_message.Message):
     __slots__ = ()
@@ -388,3 +390,35 @@ class SimilarItemsResponse(_message.Message):
     rules_stale: bool
     unknown_item_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, items: _Optional[_Iterable[_Union[ScoredId, _Mapping]]] = ..., model: _Optional[str] = ..., model_version: _Optional[str] = ..., rules_stale: _Optional[bool] = ..., unknown_item_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ForgetUserRequest(_message.Message):
+    __slots__ = ("user_id", "reason")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    reason: str
+    def __init__(self, user_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ForgetUserResponse(_message.Message):
+    __slots__ = ("user_digest", "already_forgotten", "seen_items", "ratings", "served_keys", "stream_entries", "checkpoint_events", "versions_removed", "versions_pending", "redis_rewrite")
+    USER_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
+    SEEN_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    RATINGS_FIELD_NUMBER: _ClassVar[int]
+    SERVED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_PENDING_FIELD_NUMBER: _ClassVar[int]
+    REDIS_REWRITE_FIELD_NUMBER: _ClassVar[int]
+    user_digest: str
+    already_forgotten: bool
+    seen_items: int
+    ratings: int
+    served_keys: int
+    stream_entries: int
+    checkpoint_events: int
+    versions_removed: _containers.RepeatedScalarFieldContainer[str]
+    versions_pending: _containers.RepeatedScalarFieldContainer[str]
+    redis_rewrite: str
+    def __init__(self, user_digest: _Optional[str] = ..., already_forgotten: _Optional[bool] = ..., seen_items: _Optional[int] = ..., ratings: _Optional[int] = ..., served_keys: _Optional[int] = ..., stream_entries: _Optional[int] = ..., checkpoint_events: _Optional[int] = ..., versions_removed: _Optional[_Iterable[str]] = ..., versions_pending: _Optional[_Iterable[str]] = ..., redis_rewrite: _Optional[str] = ...) -> None: ...

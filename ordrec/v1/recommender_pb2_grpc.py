@@ -89,6 +89,11 @@ class RecommenderStub:
                 request_serializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsRequest.SerializeToString,
                 response_deserializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsResponse.FromString,
                 _registered_method=True)
+        self.ForgetUser = channel.unary_unary(
+                '/ordrec.v1.Recommender/ForgetUser',
+                request_serializer=ordrec_dot_v1_dot_recommender__pb2.ForgetUserRequest.SerializeToString,
+                response_deserializer=ordrec_dot_v1_dot_recommender__pb2.ForgetUserResponse.FromString,
+                _registered_method=True)
 
 
 class RecommenderServicer:
@@ -174,6 +179,17 @@ class RecommenderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetUser(self, request, context):
+        """Erase a user (GDPR Art. 17): their recorded interactions in Redis and the
+        events stream, their events in the registry's checkpoints, the versions
+        that name them (those no longer live), and from now on their answers (the
+        fallback, as for an unknown user) and every later training
+        (docs/operations.md, "Forgetting a user").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RecommenderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -231,6 +247,11 @@ def add_RecommenderServicer_to_server(servicer, server):
                     servicer.SimilarItems,
                     request_deserializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsRequest.FromString,
                     response_serializer=ordrec_dot_v1_dot_recommender__pb2.SimilarItemsResponse.SerializeToString,
+            ),
+            'ForgetUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetUser,
+                    request_deserializer=ordrec_dot_v1_dot_recommender__pb2.ForgetUserRequest.FromString,
+                    response_serializer=ordrec_dot_v1_dot_recommender__pb2.ForgetUserResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -530,6 +551,33 @@ class Recommender:
             '/ordrec.v1.Recommender/SimilarItems',
             ordrec_dot_v1_dot_recommender__pb2.SimilarItemsRequest.SerializeToString,
             ordrec_dot_v1_dot_recommender__pb2.SimilarItemsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ordrec.v1.Recommender/ForgetUser',
+            ordrec_dot_v1_dot_recommender__pb2.ForgetUserRequest.SerializeToString,
+            ordrec_dot_v1_dot_recommender__pb2.ForgetUserResponse.FromString,
             options,
             channel_credentials,
             insecure,
