@@ -177,6 +177,7 @@ def test_reproduce_grid_on_test_is_a_separate_diagnostic_row(tmp_path, fit):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole reproduce run: minutes on an idle machine, more on a busy one
 def test_ml100k_dcr_meets_table_2_with_the_readmes_command(tmp_path):
     """README: `reproduce dcr --data u.data --n-train 10,20,50 --runs 5 --pairwise` (seed 0) puts
     DCR at or above Table 2 at every N and Pairwise DCR above DCR at every N."""

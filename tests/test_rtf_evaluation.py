@@ -224,6 +224,7 @@ def test_lastfm_10_core_statistics():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # a whole reproduce run: minutes on an idle machine, more on a busy one
 def test_lastfm_rtf_64_is_ahead_of_pop_mix_at_n_1_to_9_on_a_fresh_seed(tmp_path):
     """README / docs/rtf.md run E: RTF-64 ahead of the better of pop-mix and pop-mix-val at
     N = 1..9 on every one of the fresh seeds 6-14 (and AUC near 0.989): seed 6, RTF-64 alone."""

@@ -12,7 +12,8 @@ import pytest
 from ordrec.trainer.cli import main
 from tests.conftest import data_file
 
-pytestmark = pytest.mark.slow
+# A whole reproduce run (five seeds): minutes on an idle machine, more on a busy one.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MODELS = ("dcr", "pairwise_dcr", "coe")
 
