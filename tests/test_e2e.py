@@ -339,7 +339,8 @@ def test_coordinates_stream_the_whole_map_in_pages(stub, sample_ratings):
     assert [len(p.points) for p in pages[:-1]] == [64] * (len(pages) - 1)
     points = [pt for p in pages for pt in p.points]
     assert {pt.id for pt in points} == set(sample_ratings.items.ids)
-    assert all(len(pt.coords) == pages[0].dim == 2 for pt in points)
+    # the sample's COE is the default top-N model (64-D, docs/coe.md)
+    assert all(len(pt.coords) == pages[0].dim == 64 for pt in points)
     by_id = list(
         stub.Coordinates(
             pb.CoordinatesRequest(model="coe", entity=pb.ENTITY_ITEM, ids=["i002", "i001"]), timeout=5

@@ -9,25 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.artifacts import Registry
 from ordrec.service.models.dcr import DCRIndex
 from ordrec.trainer.cli import main
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
+from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, run_job
 from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS
 from ordrec.trainer.models.dcr_kernels import with_unrated
 from ordrec.trainer.models.ranking import served_recall_values
+from tests.test_dcr import make_ratings
 
-
-def ratings(user, item, rating, n_users, n_items) -> Ratings:
-    return Ratings(
-        IdMap([f"u{k}" for k in range(n_users)]),
-        IdMap([f"i{k}" for k in range(n_items)]),
-        np.asarray(user, np.int32),
-        np.asarray(item, np.int32),
-        np.asarray(rating, np.float32),
-    )
+ratings = make_ratings
 
 
 def picked_by_taste(seed=0, n_users=120, n_items=80, per_user=12) -> Ratings:
@@ -195,14 +189,10 @@ def popular_picks(path, seed=0, n_users=300, n_items=500, per_user=10) -> None:
     path.write_text("".join(lines))
 
 
-@pytest.mark.parametrize("floor", [True, False])
-def test_job_refuses_a_recommender_below_popularity(tmp_path, capsys, floor):
-    from ordrec.service.artifacts import Registry
-    from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, run_job
-
+def popular_picks_job(tmp_path, params: str, gate: str = "{}"):
+    """A job named "floor" training one DCR on :func:`popular_picks` data."""
     popular_picks(tmp_path / "r.data")
     job = tmp_path / "job.toml"
-    # the paper's DCR orders by the rating it predicts: the rare items first
     job.write_text(
         f"""[job]
 name = "floor"
@@ -214,9 +204,18 @@ format = "ml-100k"
 name = "dcr"
 kind = "dcr"
 data = "ratings"
-params = {{ unrated_share = 0.0, n_components = 4 }}
-gate = {{ popularity_floor = {str(floor).lower()} }}
+params = {{ {params} }}
+gate = {gate}
 """
+    )
+    return job
+
+
+@pytest.mark.parametrize("floor", [True, False])
+def test_job_refuses_a_recommender_below_popularity(tmp_path, capsys, floor):
+    # the paper's DCR orders by the rating it predicts: the rare items first
+    job = popular_picks_job(
+        tmp_path, "unrated_share = 0.0, n_components = 4", f"{{ popularity_floor = {str(floor).lower()} }}"
     )
     code = run_job(job)
     log = capsys.readouterr().err
@@ -233,26 +232,7 @@ gate = {{ popularity_floor = {str(floor).lower()} }}
 
 
 def test_job_publishes_the_top_n_dcr_above_popularity(tmp_path):
-    from ordrec.service.artifacts import Registry
-    from ordrec.trainer.job import EXIT_PUBLISHED, run_job
-
-    popular_picks(tmp_path / "r.data")
-    job = tmp_path / "job.toml"
-    job.write_text(
-        f"""[job]
-name = "floor"
-registry = "{tmp_path / "reg"}"
-[data.ratings]
-path = "{tmp_path / "r.data"}"
-format = "ml-100k"
-[[models]]
-name = "dcr"
-kind = "dcr"
-data = "ratings"
-params = {{ n_components = 8 }}
-"""
-    )
-    assert run_job(job) == EXIT_PUBLISHED
+    assert run_job(popular_picks_job(tmp_path, "n_components = 8")) == EXIT_PUBLISHED
     metrics = Registry(tmp_path / "reg").load("dcr").metrics
     assert metrics["holdout_topn_recall_at_10"] >= metrics["holdout_popularity_recall_at_10"]
 
