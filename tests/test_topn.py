@@ -250,3 +250,9 @@ def test_a_new_user_folds_in_from_interactions_without_ratings(kind):
     found, _ = index.recommend_for(index.fold_in(picked, np.full(picked.size, np.nan)), 10, exclude=picked)
     tasted = found[found >= 4]  # past the four decoys everyone rated (COE keeps them near everyone)
     assert tasted.size >= 5 and np.mean(tasted % 2 == 0) >= 0.9  # the rest of group 0
+
+
+def test_log_relevance_is_refused_before_fitting_when_not_rated_sits_at_zero():
+    with pytest.raises(ValueError, match="relevance='log'.*not rated"):
+        DCR(relevance="log", max_iter=1).fit(picked_by_taste(seed=5))
+    DCR(**PAPER_PARAMS, relevance="log", max_iter=1).fit(picked_by_taste(seed=5))  # the paper's: fine

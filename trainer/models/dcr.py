@@ -650,6 +650,11 @@ class DCR(Estimator):
         self.levels_, level = rating_levels(data.rating, levels, data.source)
         if self._unrated:
             self.levels_, level = unrated_levels(self.levels_), level + 1
+            if self.relevance == "log" and self.levels_[0] <= 0:
+                raise ValueError(
+                    f"relevance='log' needs positive values, and 'not rated' sits at {self.levels_[0]:g}"
+                    " below the lowest rating: use 'linear' or 'exp', or unrated_share=0"
+                )
         self.users_, self.items_ = data.users, data.items
         self.data_fingerprint_ = data.fingerprint()
         n_users, n_items = data.n_users, data.n_items
