@@ -28,6 +28,7 @@ can, else the kind's popularity fallback (``index.popular``).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -226,32 +227,31 @@ def als_scores(train: Ratings, factors: int, l2: float, seed: int) -> Callable[[
     return lambda users: user_factors[users] @ item_factors.T
 
 
+# The tuned references: their grid and how one setting is fitted (settings chosen on validation).
+TUNED = {
+    "ease": (EASE_GRID, lambda data, l2, seed: ease_scores(data, l2)),
+    "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, *setting, seed)),
+}
+
+
 def reference_scorer(name: str, train: Ratings, threshold: float, seed: int, log) -> Callable | None:
     """The reference's scorer, its settings chosen on a validation split of ``train`` only."""
     if name == "popularity":
         return popularity_scores(train)
-    if name == "als":
-        try:
-            import implicit  # noqa: F401
-        except ImportError:
-            log("als: implicit is not installed (pip install 'ordrec[baselines]'); row skipped")
-            return None
+    if name == "als" and importlib.util.find_spec("implicit") is None:
+        log("als: implicit is not installed (pip install 'ordrec[baselines]'); row skipped")
+        return None
+    grid, fit_one = TUNED[name]
     fit, val = split_ratings(train, 0.2, seed + 100)
-    grid = EASE_GRID if name == "ease" else ALS_GRID
-    make = (
-        (lambda data, g: ease_scores(data, g))
-        if name == "ease"
-        else (lambda data, g: als_scores(data, g[0], g[1], seed))
-    )
     truth = TopN.from_ratings(val, threshold)
-    chosen = max(
-        grid,
-        key=lambda g: topn_metrics(score_lists(make(fit, g)(truth.users), fit, truth.users, 10), truth, fit)[
-            "recall@10"
-        ],
-    )
+
+    def validation_recall(setting) -> float:
+        lists = score_lists(fit_one(fit, setting, seed)(truth.users), fit, truth.users, 10)
+        return topn_metrics(lists, truth, fit)["recall@10"]
+
+    chosen = max(grid, key=validation_recall)
     log(f"{name}: chosen on validation {chosen}")
-    return make(train, chosen)
+    return fit_one(train, chosen, seed)
 
 
 # ---------------------------------------------------------------------- run
