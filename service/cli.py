@@ -18,6 +18,7 @@ if "numpy" not in sys.modules and "numba" not in sys.modules:
         os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import math  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
@@ -41,7 +42,7 @@ def _positive_int(text: str) -> int:
 
 def _positive_seconds(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
@@ -186,6 +187,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     ):
         online.add_argument(flag, type=kind, default=default, help=text)
+    trending = p.add_argument_group("trending, with --redis (docs/service.md, 'Trending')")
+    trending.add_argument(
+        "--trending",
+        metavar="NAME",
+        default=d.trending,
+        help="model name whose Recommend answers the trending items ('': none); unknown users"
+        " of every model fall back to trending when it has data",
+    )
+    for flag, default, text in (
+        ("--trending-half-life", d.trending_half_life, "seconds that halve an interaction's weight"),
+        ("--trending-window", d.trending_window, "seconds after its last interaction an item leaves"),
+    ):
+        trending.add_argument(flag, type=_positive_seconds, default=default, help=text)
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
@@ -247,6 +261,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         )
     if min(args.batch_max_size, args.batch_max_queue, args.batch_min_work) < 0:
         raise ValueError("--batch-max-size, --batch-max-queue and --batch-min-work must be at least 0")
+    if args.trending:
+        from ordrec.service.errors import InvalidArgument
+        from ordrec.service.validation import model_name
+
+        try:
+            model_name(args.trending)  # the name a client would send
+        except InvalidArgument as exc:
+            raise ValueError(f"--trending: {exc}") from None
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
     streams = StreamLimits(
         max_streams=args.max_streams,
@@ -283,6 +305,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         events_maxlen=args.events_maxlen,
         online_sample_rate=args.online_sample_rate,
         online_window=args.online_window,
+        trending=args.trending,
+        trending_half_life=args.trending_half_life,
+        trending_window=args.trending_window,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),

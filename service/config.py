@@ -109,6 +109,9 @@ class ServerConfig:
     events_maxlen: int = DEFAULT_EVENTS_MAXLEN  # ordrec:events keeps about this many entries
     online_sample_rate: float = 0.1  # share of Recommend answers sampled for the online evaluation
     online_window: int = 86400  # seconds after a sampled answer in which an interaction is a hit
+    trending: str = "trending"  # model name answering with trending items ("": none; needs Redis)
+    trending_half_life: float = 86400.0  # seconds that halve a recorded interaction's trending weight
+    trending_window: float = 7 * 86400.0  # seconds after its last interaction an item leaves trending
     # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
     hidden_interval: float = 0.2
     tls_cert: str | None = None

@@ -9,6 +9,8 @@ Keys (shared with the trainer's ``trainer/notify.py``):
 - stream ``ordrec:events``: one entry per recorded item (fields ``user``,
   ``item``, ``ts`` and, when given, ``value`` and ``model``), trimmed to about
   ``events_maxlen`` entries: what the training job reads (``trainer/events.py``);
+- ``ordrec:trending``, ``ordrec:trending:last``, ``ordrec:trending:epoch``: time-decayed
+  popularity of the recorded items (``service/trending.py``);
 - ``ordrec:model:<name>:version``: the newest published version (durable);
 - channel ``ordrec:models``: a message per publish.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import redis
@@ -35,6 +38,7 @@ from ordrec.service.config import DEFAULT_EVENTS_MAXLEN
 from ordrec.service.errors import Unavailable
 from ordrec.service.metrics import Metrics
 from ordrec.service.seen import Recorded, SeenStore
+from ordrec.service.trending import TrendingSettings, TrendingWriter
 
 log = logging.getLogger("ordrec.redis")
 
@@ -68,8 +72,11 @@ class RedisSeenStore(SeenStore):
         on_change: Callable[[], None] | None = None,
         probe_interval: float = 0.5,
         events_maxlen: int = DEFAULT_EVENTS_MAXLEN,
+        trending: TrendingSettings | None = None,
     ):
         self.client = connect(url, timeout)
+        # None: interactions do not feed trending (service/trending.py)
+        self.trending = TrendingWriter(self.client, trending) if trending else None
         self.events_maxlen = events_maxlen
         self.metrics = metrics
         self.on_change = None  # set after the first probe: the owner is still being built
@@ -156,6 +163,8 @@ class RedisSeenStore(SeenStore):
                 )
             pipe.sadd(seen_key, *{i.item for i in interactions})
             pipe.expire(seen_key, self.seen_ttl)
+            if self.trending:
+                self.trending.add(pipe, [(i.item, i.timestamp) for i in interactions], time.time())
             if ratings:
                 pipe.hset(ratings_key, mapping=ratings)
                 pipe.expire(ratings_key, self.seen_ttl)

@@ -27,6 +27,7 @@ from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
 from ordrec.service.online import NoOnlineEvaluation, OnlineEvaluation
 from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
+from ordrec.service.trending import TrendingIndex, TrendingSettings
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
@@ -88,10 +89,12 @@ class Server:
                 config.seen_ttl,
                 on_change=self._update_health,
                 events_maxlen=config.events_maxlen,
+                trending=TrendingSettings(config.trending_half_life, config.trending_window),
             )
             if config.redis_url
             else SeenStore()
         )
+        self.trending = self._trending_index(config)
         # Polling is the fallback that always works; Redis news only wakes it early.
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
@@ -106,6 +109,13 @@ class Server:
         self.status_page: StatusPage | None = None
         self.port = config.port
         self.metrics_port = config.metrics_port
+
+    def _trending_index(self, config: ServerConfig) -> TrendingIndex | None:
+        """Trending read from the seen store's Redis (service/trending.py); None without Redis."""
+        if not isinstance(self.seen, RedisSeenStore):
+            return None
+        settings = TrendingSettings(config.trending_half_life, config.trending_window)
+        return TrendingIndex(self.seen.client, settings, healthy=self.seen.healthy)
 
     def _online_evaluation(self, config: ServerConfig) -> NoOnlineEvaluation:
         """Sampling and hit counting in Redis (service/online.py); off without Redis."""
@@ -221,6 +231,8 @@ class Server:
                 else None,
                 forgotten=self.forgotten,
                 forget_client=self.forget_client,
+                trending=self.trending,
+                trending_name=cfg.trending,
             ),
             server,
         )
@@ -276,7 +288,15 @@ class Server:
         limit = min(cfg.http.max_message_bytes, cfg.limits.max_message_bytes)
         limits = dataclasses.replace(cfg.limits, max_message_bytes=limit)
         return RecommenderServicer(
-            self.store, self.metrics, limits, self.seen, self.hidden, self.hidden_mirror, self.online
+            self.store,
+            self.metrics,
+            limits,
+            self.seen,
+            self.hidden,
+            self.hidden_mirror,
+            self.online,
+            trending=self.trending,
+            trending_name=cfg.trending,
         )
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:

@@ -47,6 +47,7 @@ from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combin
 from ordrec.service.seen import Recorded, SeenStore
 from ordrec.service.similar import MAX_BASKET, similar_items
 from ordrec.service.store import LoadedModel, ModelStore
+from ordrec.service.trending import EMPTY, Trending, TrendingIndex, check_model_request, ranked_rows
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 
@@ -69,6 +70,31 @@ _FALLBACK = {
     "popular_item": pb.FALLBACK_POPULAR_ITEM,
     "popular_user": pb.FALLBACK_POPULAR_USER,
 }
+
+
+_FALLBACK_LABEL = {pb.FALLBACK_TRENDING: "trending", pb.FALLBACK_POPULAR_GLOBAL: "popular_global"}
+
+
+class _ColdStart:
+    """Unknown users' answer from trending, read (and mapped to the version's item rows) once
+    per call and only when some user needs it."""
+
+    def __init__(self, trending: TrendingIndex | None, items: IdMap, candidates, eligible: Eligible | None):
+        self.index, self.items, self.candidates, self.eligible = trending, items, candidates, eligible
+        self._found: tuple[Trending, np.ndarray] | None = None
+
+    def trending(self, n: int, exclude: np.ndarray | None):
+        """The first ``n`` eligible trending items as (rows, scores); None when nothing is trending."""
+        if self.index is None:
+            return None
+        if self._found is None:
+            current = self.index.current()
+            self._found = (current, self.items.rows(current.item_ids) if len(current) else np.zeros(0, np.int64))
+        current, rows = self._found
+        if not len(current):
+            return None
+        blocked = None if self.eligible is None else self.eligible.blocked
+        return ranked_rows(current, rows, n, exclude, self.candidates, blocked)
 
 
 class Undecodable:
@@ -249,6 +275,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         batcher: RecommendBatcher | None = None,
         forgotten: ForgottenUsers | None = None,
         forget_client=None,
+        trending: TrendingIndex | None = None,
+        trending_name: str = "",
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
@@ -258,6 +286,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         self._counters: dict[tuple[str, str, int], object] = {}
         # Forgotten users are answered as unknown; ForgetUser erases through forget_client (Redis).
         self.forgotten, self.forget_client = forgotten, forget_client
+        # Trending (service/trending.py): unknown users' fallback, and a model name of its own.
+        self.trending, self.trending_name = trending, trending_name
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -266,6 +296,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     @rpc
     def Recommend(self, request: pb.RecommendRequest, context) -> pb.RecommendResponse:
         lim = self.limits
+        if self._is_trending_model(request.model):
+            return self._recommend_trending(request)
         live = self._model(request.model, "Recommend")
         user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
         call = _RecommendCall(
@@ -375,6 +407,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 for row, answer in zip(known.tolist(), answers):
                     ranked[row] = answer
         folded = self._fold_in(index, self._fold_in_evidence(index, user_ids, user_rows, ratings, recent))
+        cold = _ColdStart(self.trending, index.items, candidates, eligible)
         m = self.metrics
         self._users_counter(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
@@ -387,9 +420,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 result.folded_in = True
                 m.folded_in.labels(model.name, model.version).inc()
             elif ranked[i] is None:
-                ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates, eligible=eligible)
-                result.fallback = pb.FALLBACK_POPULAR_GLOBAL
-                m.fallbacks.labels(model.name, "Recommend", "popular_global").inc()
+                ranked[i] = cold.trending(n, excludes[i])  # None: nothing trending (or no Redis)
+                result.fallback = pb.FALLBACK_TRENDING if ranked[i] is not None else pb.FALLBACK_POPULAR_GLOBAL
+                if ranked[i] is None:
+                    ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates, eligible=eligible)
+                m.fallbacks.labels(model.name, "Recommend", _FALLBACK_LABEL[result.fallback]).inc()
             rows, scores = ranked[i]
             # --- request features (service/diversity.py, service/explain.py)
             if call.diversify.active:
@@ -691,6 +726,41 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             recorded.append(Recorded(item, ts, value, name))
         return recorded
 
+    # ------------------------------------------------------------- Trending
+    def _is_trending_model(self, name: str) -> bool:
+        """Whether ``name`` asks for the trending model (a registry model of that name wins)."""
+        return (
+            self.trending is not None
+            and bool(self.trending_name)
+            and name == self.trending_name
+            and name not in self.store.snapshot()
+        )
+
+    def _recommend_trending(self, request: pb.RecommendRequest) -> pb.RecommendResponse:
+        """Every user gets the trending items, minus exclusions, recorded items and hidden ones."""
+        lim = self.limits
+        user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
+        n = v.bounded(request.n, "n", 1, lim.max_n)
+        candidates = set(v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates))
+        excluded = set(v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates))
+        check_model_request(request)
+        exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
+        excluded |= self.hidden.sets().get(ALL_MODELS, set()) if self.hidden else set()
+        recent, _, degraded = self.seen.lookup(user_ids if exclude_seen else [])
+        current = self.trending.current() if self.trending else EMPTY
+        reply = pb.RecommendResponse(
+            model=self.trending_name, seen_filter_degraded=degraded and exclude_seen
+        )
+        for uid in user_ids:
+            result = reply.results.add(user_id=uid)
+            skip = excluded | set(recent.get(uid, ()))
+            for item, score in zip(current.item_ids, current.scores.tolist()):
+                if len(result.items) == n:
+                    break
+                if item not in skip and (not candidates or item in candidates):
+                    result.items.add(id=item, score=score)
+        return reply
+
     # ----------------------------------------------------------- ListModels
     @rpc
     def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
@@ -713,6 +783,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 info.candidate_version, info.candidate_share = candidate.model.version, candidate.share
             info.sizes.update(model.index.sizes())
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
+        if self.trending is not None and self.trending_name and self.trending_name not in self.store.snapshot():
+            reply.models.add(name=self.trending_name, kind="trending", rpcs=["Recommend"])
         return reply
 
     # ---------------------------------------------------------- hidden items

@@ -20,6 +20,7 @@ class Fallback(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FALLBACK_POPULAR_GLOBAL: _ClassVar[Fallback]
     FALLBACK_POPULAR_ITEM: _ClassVar[Fallback]
     FALLBACK_POPULAR_USER: _ClassVar[Fallback]
+    FALLBACK_TRENDING: _ClassVar[Fallback]
 ENTITY_UNSPECIFIED: Entity
 ENTITY_ITEM: Entity
 ENTITY_USER: Entity
@@ -28,6 +29,7 @@ FALLBACK_NONE: Fallback
 FALLBACK_POPULAR_GLOBAL: Fallback
 FALLBACK_POPULAR_ITEM: Fallback
 FALLBACK_POPULAR_USER: Fallback
+FALLBACK_TRENDING: Fallback
 
 class ScoredId(_message.Message):
     __slots__ = ("id", "score", "rating_distribution", "label", "explanations")
