@@ -216,8 +216,9 @@ def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh
         assert _rec(stub, "u001").fallback == pb.FALLBACK_NONE  # known users keep their model's answer
 
         model = _rec(stub, "anyone", model="trending")
-        assert [i.id for i in model.items] == [hot, warm, cold, "not-in-any-model"]
-        assert [i.id for i in _rec(stub, "f1", model="trending").items] == [cold, "not-in-any-model"]
+        ids = [i.id for i in model.items]
+        assert ids[:2] == [hot, warm] and set(ids[2:]) == {cold, "not-in-any-model"}  # a tie at 1
+        assert {i.id for i in _rec(stub, "f1", model="trending").items} == {cold, "not-in-any-model"}
         assert [i.id for i in _rec(stub, "f1", model="trending", exclude_seen=False).items][:2] == [hot, warm]
         assert [i.id for i in _rec(stub, "x", model="trending", candidate_item_ids=[cold, warm]).items] == [
             warm,
