@@ -18,10 +18,10 @@ if "numpy" not in sys.modules and "numba" not in sys.modules:
         os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import math  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
+import math  # noqa: E402
 import signal  # noqa: E402
 from collections.abc import Sequence  # noqa: E402
 

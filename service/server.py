@@ -27,13 +27,13 @@ from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
 from ordrec.service.online import NoOnlineEvaluation, OnlineEvaluation
 from ordrec.service.redis_state import RedisSeenStore, VersionListener, connect
-from ordrec.service.trending import TrendingIndex, TrendingSettings
 from ordrec.service.security import TokenAuthInterceptor, server_credentials
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer, add_to_server
 from ordrec.service.status_page import StatusPage
 from ordrec.service.store import ModelStore, Reloader
 from ordrec.service.streams import StreamGuard
+from ordrec.service.trending import TrendingIndex, TrendingSettings
 from ordrec.v1 import recommender_pb2
 
 log = logging.getLogger("ordrec.service")

@@ -89,7 +89,10 @@ class _ColdStart:
             return None
         if self._found is None:
             current = self.index.current()
-            self._found = (current, self.items.rows(current.item_ids) if len(current) else np.zeros(0, np.int64))
+            self._found = (
+                current,
+                self.items.rows(current.item_ids) if len(current) else np.zeros(0, np.int64),
+            )
         current, rows = self._found
         if not len(current):
             return None
@@ -421,9 +424,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 m.folded_in.labels(model.name, model.version).inc()
             elif ranked[i] is None:
                 ranked[i] = cold.trending(n, excludes[i])  # None: nothing trending (or no Redis)
-                result.fallback = pb.FALLBACK_TRENDING if ranked[i] is not None else pb.FALLBACK_POPULAR_GLOBAL
+                result.fallback = (
+                    pb.FALLBACK_TRENDING if ranked[i] is not None else pb.FALLBACK_POPULAR_GLOBAL
+                )
                 if ranked[i] is None:
-                    ranked[i] = index.popular(n, exclude=excludes[i], candidates=candidates, eligible=eligible)
+                    ranked[i] = index.popular(
+                        n, exclude=excludes[i], candidates=candidates, eligible=eligible
+                    )
                 m.fallbacks.labels(model.name, "Recommend", _FALLBACK_LABEL[result.fallback]).inc()
             rows, scores = ranked[i]
             # --- request features (service/diversity.py, service/explain.py)
@@ -748,9 +755,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         excluded |= self.hidden.sets().get(ALL_MODELS, set()) if self.hidden else set()
         recent, _, degraded = self.seen.lookup(user_ids if exclude_seen else [])
         current = self.trending.current() if self.trending else EMPTY
-        reply = pb.RecommendResponse(
-            model=self.trending_name, seen_filter_degraded=degraded and exclude_seen
-        )
+        reply = pb.RecommendResponse(model=self.trending_name, seen_filter_degraded=degraded and exclude_seen)
         for uid in user_ids:
             result = reply.results.add(user_id=uid)
             skip = excluded | set(recent.get(uid, ()))
@@ -783,7 +788,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 info.candidate_version, info.candidate_share = candidate.model.version, candidate.share
             info.sizes.update(model.index.sizes())
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
-        if self.trending is not None and self.trending_name and self.trending_name not in self.store.snapshot():
+        if (
+            self.trending is not None
+            and self.trending_name
+            and self.trending_name not in self.store.snapshot()
+        ):
             reply.models.add(name=self.trending_name, kind="trending", rpcs=["Recommend"])
         return reply
 

@@ -64,7 +64,8 @@ for i = 6, #ARGV, 2 do
   redis.call('ZINCRBY', KEYS[1], string.format('%.17g', 2 ^ ((ts - epoch) / half_life)), ARGV[i])
   redis.call('ZADD', KEYS[2], 'GT', string.format('%.17g', ts), ARGV[i])
 end
-local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. string.format('%.17g', now - window), 'LIMIT', 0, prune)
+local cutoff = '(' .. string.format('%.17g', now - window)
+local stale = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', cutoff, 'LIMIT', 0, prune)
 if #stale > 0 then
   redis.call('ZREM', KEYS[1], unpack(stale))
   redis.call('ZREM', KEYS[2], unpack(stale))
@@ -177,7 +178,11 @@ def decayed(
     cutoff = now - settings.window
     # A reader whose clock is behind the writer's: counts as of the epoch (never overflows).
     factor = 2.0 ** min((epoch - now) / settings.half_life, 0.0)
-    kept = [(item, score * factor) for (item, score), seen in zip(ranked, last) if seen is not None and seen >= cutoff]
+    kept = [
+        (item, score * factor)
+        for (item, score), seen in zip(ranked, last)
+        if seen is not None and seen >= cutoff
+    ]
     return Trending([i for i, _ in kept], np.array([s for _, s in kept], dtype=np.float32))
 
 

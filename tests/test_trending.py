@@ -52,7 +52,9 @@ def fresh(redis_server):
 
 
 def _read(url: str, settings: TrendingSettings) -> Trending:
-    return TrendingIndex(redis.Redis.from_url(url, decode_responses=True), settings, cache_seconds=0).current()
+    return TrendingIndex(
+        redis.Redis.from_url(url, decode_responses=True), settings, cache_seconds=0
+    ).current()
 
 
 def test_an_old_burst_ranks_below_a_recent_touch_by_the_half_life_math(fresh):
@@ -205,7 +207,11 @@ def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh
         assert _rec(stub, "stranger").fallback == pb.FALLBACK_POPULAR_GLOBAL  # nothing recorded yet
         catalogue = [i.id for i in _rec(stub, "u001").items]
         hot, warm, cold = catalogue[:3]
-        for user, items in (("f1", [hot, warm]), ("f2", [hot]), ("f3", [hot, warm, cold, "not-in-any-model"])):
+        for user, items in (
+            ("f1", [hot, warm]),
+            ("f2", [hot]),
+            ("f3", [hot, warm, cold, "not-in-any-model"]),
+        ):
             stub.RecordInteractions(pb.RecordInteractionsRequest(user_id=user, item_ids=items), timeout=10)
         answer = _until(lambda: (r := _rec(stub, "stranger")).fallback == pb.FALLBACK_TRENDING and r)
         assert answer, "the unknown user never got the trending fallback"
