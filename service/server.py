@@ -115,7 +115,7 @@ class Server:
         if not isinstance(self.seen, RedisSeenStore):
             return None
         settings = TrendingSettings(config.trending_half_life, config.trending_window)
-        return TrendingIndex(self.seen.client, settings, healthy=self.seen.healthy)
+        return TrendingIndex(self.seen.client, settings, healthy=self.seen.healthy, name=config.trending)
 
     def _online_evaluation(self, config: ServerConfig) -> NoOnlineEvaluation:
         """Sampling and hit counting in Redis (service/online.py); off without Redis."""
@@ -232,7 +232,6 @@ class Server:
                 forgotten=self.forgotten,
                 forget_client=self.forget_client,
                 trending=self.trending,
-                trending_name=cfg.trending,
             ),
             server,
         )
@@ -287,17 +286,8 @@ class Server:
         cfg = self.config
         limit = min(cfg.http.max_message_bytes, cfg.limits.max_message_bytes)
         limits = dataclasses.replace(cfg.limits, max_message_bytes=limit)
-        return RecommenderServicer(
-            self.store,
-            self.metrics,
-            limits,
-            self.seen,
-            self.hidden,
-            self.hidden_mirror,
-            self.online,
-            trending=self.trending,
-            trending_name=cfg.trending,
-        )
+        state = (self.seen, self.hidden, self.hidden_mirror, self.online)
+        return RecommenderServicer(self.store, self.metrics, limits, *state, trending=self.trending)
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -279,7 +279,6 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         forgotten: ForgottenUsers | None = None,
         forget_client=None,
         trending: TrendingIndex | None = None,
-        trending_name: str = "",
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
@@ -290,7 +289,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         # Forgotten users are answered as unknown; ForgetUser erases through forget_client (Redis).
         self.forgotten, self.forget_client = forgotten, forget_client
         # Trending (service/trending.py): unknown users' fallback, and a model name of its own.
-        self.trending, self.trending_name = trending, trending_name
+        self.trending = trending
+        self.trending_name = trending.name if trending else ""
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)

@@ -130,7 +130,9 @@ class TrendingIndex:
         cache_seconds: float = 1.0,
         clock: Callable[[], float] = time.time,
         top: int = TOP_ITEMS,
+        name: str = "",
     ):
+        self.name = name  # the model name answering with this list ("": none)
         self.client, self.settings, self.healthy = client, settings, healthy
         self.cache_seconds, self.clock, self.top = cache_seconds, clock, top
         self._lock = threading.Lock()
