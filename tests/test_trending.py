@@ -240,9 +240,18 @@ def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh
         with pytest.raises(grpc.RpcError) as err:
             _rec(stub, "anyone", model="trending", filter="genre = 'x'")
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "filter" in err.value.details()
-        with pytest.raises(grpc.RpcError) as err:
-            stub.Recommend(pb.RecommendRequest(model="trending", user_ids=[], n=10), timeout=10)
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        for bad, field in (
+            (pb.RecommendRequest(model="trending", user_ids=[], n=10), "user_ids"),
+            (pb.RecommendRequest(model="trending", user_ids=["u"], n=0), "n"),
+            (pb.RecommendRequest(model="trending", user_ids=["u"], n=10**9), "n"),
+            (pb.RecommendRequest(model="trending", user_ids=["x" * 100_000], n=10), "user_ids"),
+            (pb.RecommendRequest(model="trending", user_ids=["u"], n=5, explain=3), "explain"),
+            (pb.RecommendRequest(model="trending", user_ids=["u"], n=5, diversity=0.5), "diversity"),
+        ):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Recommend(bad, timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, field
+            assert field in err.value.details()
 
 
 def test_redis_down_the_fallback_is_popularity(sample_registry, redis_server):
