@@ -54,7 +54,8 @@ def test_with_unrated_keeps_the_ratings_and_adds_only_unrated_items(segments, sh
     items = np.concatenate([np.sort(s) for s in segments] + [np.zeros(0)]).astype(np.int32)
     levels = np.random.default_rng(seed).integers(1, 6, items.size).astype(np.int32)
     cdf = np.cumsum(np.random.default_rng(seed + 1).random(n_items) + 0.01)
-    out_ptr, out_items, out_levels = with_unrated(indptr, items, levels, share, cdf, seed)
+    want = share * np.diff(indptr).astype(np.float64)
+    out_ptr, out_items, out_levels = with_unrated(indptr, items, levels, want, cdf, seed)
     assert out_ptr[0] == 0 and out_ptr[-1] == out_items.size == out_levels.size
     for u, segment in enumerate(segments):
         got, lv = out_items[out_ptr[u] : out_ptr[u + 1]], out_levels[out_ptr[u] : out_ptr[u + 1]]
@@ -71,7 +72,8 @@ def test_with_unrated_draws_share_per_rating_in_proportion_to_the_weights():
     indptr = np.arange(0, n_users * per_user + 1, per_user, dtype=np.int64)
     items = np.tile(np.arange(per_user, dtype=np.int32), n_users)  # everyone rated items 0..4
     weights = np.r_[np.zeros(per_user), np.arange(1, n_items - per_user + 1)].astype(float)
-    _, out_items, out_levels = with_unrated(indptr, items, np.ones_like(items), 1.5, np.cumsum(weights), 7)
+    want = 1.5 * np.diff(indptr).astype(np.float64)
+    _, out_items, out_levels = with_unrated(indptr, items, np.ones_like(items), want, np.cumsum(weights), 7)
     drawn = out_items[out_levels == 0]
     assert abs(drawn.size - 1.5 * items.size) < 0.05 * items.size
     freq = np.bincount(drawn, minlength=n_items)[per_user:] / drawn.size

@@ -784,7 +784,7 @@ class DCR(Estimator):
             self.seen_indptr_,
             self.seen_indices_,
             self.seen_levels_,
-            float(self.unrated_share),
+            float(self.unrated_share) * np.diff(self.seen_indptr_).astype(np.float64),
             np.cumsum(weights),
             int(rng.integers(2**31 - 1)),
         )

@@ -29,17 +29,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models.base import check_finite
 from ordrec.trainer.models.dcr import DCR, user_csr
-from ordrec.trainer.models.dcr_kernels import (
-    join_unrated,
-    pointwise_epoch_by_user,
-    shuffle_segments,
-    stochastic_counts,
-)
+from ordrec.trainer.models.dcr_kernels import pointwise_epoch_by_user, shuffle_segments, with_unrated
 
 LOCAL_PREFIX = "local:"
 # Engine failures that redo an epoch from the driver's factors (a lost worker, lost data,
@@ -130,14 +124,6 @@ def split_blocks(
 
 
 # ------------------------------------------------------------------ the stratum task
-@njit(cache=True)
-def stratum_with_unrated(indptr, items, levels, want, cdf, seed):
-    """The block's ratings joined by ``want[u]`` (rounded stochastically) unrated items of the
-    block per user, drawn from ``cdf`` (the block's items only)."""
-    np.random.seed(seed)
-    return join_unrated(indptr, items, levels, stochastic_counts(want), cdf)
-
-
 @dataclass(frozen=True)
 class StepParams:
     """What every stratum of an epoch shares: the SGA step and the top-N sampler."""
@@ -165,7 +151,7 @@ def train_stratum(
     U, V = U.copy(), V.copy()
     if step.unrated_share > 0 and block.weight_share > 0:
         want = step.unrated_share * block.weight_share * block.user_total.astype(np.float64)
-        indptr, items, levels = stratum_with_unrated(
+        indptr, items, levels = with_unrated(
             block.indptr, block.items, block.levels, want, np.cumsum(block.item_weight), seed
         )
     else:

@@ -526,19 +526,19 @@ def _rated(sorted_items, lo, hi, item):
 
 
 @njit(cache=True)
-def with_unrated(indptr, sorted_items, levels, share, cdf, seed):
-    """Each user's ratings and ``share * n_u`` unrated items at level 0.
+def with_unrated(indptr, sorted_items, levels, want, cdf, seed):
+    """Each user's ratings and ``want[u]`` unrated items at level 0.
 
     The top-N-aware DCR's "not rated" level (``levels`` of the ratings are
     1 and up): user ``u``'s segment
     (``sorted_items[indptr[u]:indptr[u + 1]]``, sorted) is followed by items
     drawn from ``cdf`` (the cumulative sampling distribution over items) that
-    the user did not rate, redrawn up to 8 times on a rated one; the count is
-    rounded stochastically so every user gets ``share`` per rating on
-    average. Returns the new CSR ``(indptr, items, levels)``.
+    the user did not rate, redrawn up to 8 times on a rated one; ``want`` is
+    rounded stochastically, so each user gets ``want[u]`` on average (the fit
+    asks ``unrated_share`` per rating; a DSGD stratum its block's share of
+    that). Returns the new CSR ``(indptr, items, levels)``.
     """
     np.random.seed(seed)
-    want = share * (indptr[1:] - indptr[:-1])
     return join_unrated(indptr, sorted_items, levels, stochastic_counts(want), cdf)
 
 
