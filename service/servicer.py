@@ -409,8 +409,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 )
                 for row, answer in zip(known.tolist(), answers):
                     ranked[row] = answer
-        folded = self._fold_in(index, self._fold_in_evidence(index, user_ids, user_rows, ratings, recent))
-        cold = _ColdStart(self.trending, index.items, candidates, eligible)
+        evidence = self._fold_in_evidence(index, user_ids, user_rows, ratings, recent)
+        folded = self._fold_in(index, evidence)
+        cold = None  # built for the first user with nothing to fold in (most calls have none)
         m = self.metrics
         self._users_counter(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
@@ -423,6 +424,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 result.folded_in = True
                 m.folded_in.labels(model.name, model.version).inc()
             elif ranked[i] is None:
+                cold = cold or _ColdStart(self.trending, index.items, candidates, eligible)
                 ranked[i] = cold.trending(n, excludes[i])  # None: nothing trending (or no Redis)
                 result.fallback = (
                     pb.FALLBACK_TRENDING if ranked[i] is not None else pb.FALLBACK_POPULAR_GLOBAL
@@ -439,7 +441,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             _add_scored(result.items, index.items, rows, scores)
             if call.explain and (user_rows[i] >= 0 or vector is not None):
                 history = (
-                    index.seen(int(user_rows[i])) if vector is None else _recorded_rows(index, ratings[uid])
+                    index.seen(int(user_rows[i])) if vector is None else _recorded_rows(index, evidence[uid])
                 )
                 _add_explanations(result.items, index.items, explain(index, rows, history, call.explain))
             # ---

@@ -195,6 +195,9 @@ def test_the_server_folds_in_new_users_from_interactions_without_ratings(sample_
                 assert answer.folded_in and answer.fallback == pb.FALLBACK_NONE, (model, exclude_seen)
                 if exclude_seen:  # what they clicked is not offered back
                     assert set(clicked).isdisjoint(i.id for i in answer.items)
+            explained = _recommend(stub, f"clicker-{model}", model, explain=2)  # explained by the clicks
+            reasons = {e.id for item in explained.items for e in item.explanations}
+            assert explained.folded_in and reasons and reasons <= set(clicked)
 
 
 def test_at_most_the_capped_number_of_ratings_is_read(redis_server):
