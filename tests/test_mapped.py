@@ -1,4 +1,4 @@
-"""Reading memory-mapped arrays through their files (service/mapped.py)."""
+"""Reading memory-mapped arrays through their files (service/storage/mapped.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import ArtifactError
-from ordrec.service.mapped import FileRows, row_blocks
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.mapped import FileRows, row_blocks
 
 
 def _memmap(tmp_path, array: np.ndarray, header: int = 0) -> np.memmap:
