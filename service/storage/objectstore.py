@@ -166,6 +166,7 @@ class S3Registry(LiveVersions):
         stale_seconds: float = STALE_SECONDS,
     ):
         self.url = url.rstrip("/")
+        self.root = self.url  # where it lives, for messages
         self.bucket, self.prefix = parse_s3_url(url)
         self.client = client if client is not None else _client()
         self.stale_seconds = stale_seconds
@@ -174,10 +175,6 @@ class S3Registry(LiveVersions):
         # One folder per bucket and prefix; quoted, so distinct prefixes never share a folder.
         self.cache = base / self.bucket / (urllib.parse.quote(self.prefix, safe="") or "_")
         self._known_models: frozenset[str] = frozenset()
-
-    @property
-    def root(self) -> str:
-        return self.url
 
     def __repr__(self) -> str:
         return f"S3Registry({self.url!r})"
@@ -371,32 +368,19 @@ class S3Registry(LiveVersions):
             self.client.put_object(Bucket=self.bucket, Key=key, Body=body)
 
     # -------------------------------------------------------------- retention
-    def prune(self, name: str, keep: int) -> list[str]:
-        """Delete all but the newest ``keep`` versions (never the pinned one nor a split's
-        candidate); return what went."""
-        if keep < 1:
-            raise ValueError("keep must be at least 1")
-        kept = self.protected(name)
-        doomed = [v for v in self.versions(name)[:-keep] if v not in kept]
-        self._remove_versions(name, doomed)
-        self._remove_stale(name)
-        return doomed
-
-    def delete_version(self, name: str, version: str) -> None:
-        """Delete one version (never the live one, the pinned one nor a split's candidate)."""
-        self.check_deletable(name, version)
-        self._remove_versions(name, [version])
-
-    def _remove_versions(self, name: str, doomed: list[str]) -> None:
-        if not doomed:
+    def _remove_versions(self, name: str, versions: list[str]) -> None:
+        if not versions:
             return
         # Manifests first: each version disappears at once, then its files go.
-        self._delete([self._key(name, v, MANIFEST) for v in doomed])
-        gone = set(doomed)
+        self._delete([self._key(name, v, MANIFEST) for v in versions])
+        gone = set(versions)
         rest = [
             o["Key"] for o in self._objects(name) if (self._version_of(name, o["Key"]) or ("", ""))[0] in gone
         ]
         self._delete(rest)
+
+    def _remove_leftovers(self, name: str) -> None:
+        self._remove_stale(name)
 
     def gc(self) -> list[str]:
         """Delete the objects of versions that never got (or lost) their manifest and are

@@ -350,23 +350,13 @@ class Registry(LiveVersions):
         return now.strftime(_VERSION_FMT)
 
     # -------------------------------------------------------------- retention
-    def prune(self, name: str, keep: int) -> list[str]:
-        """Delete all but the newest ``keep`` versions (never the pinned one nor a split's
-        candidate); return what went."""
-        if keep < 1:
-            raise ValueError("keep must be at least 1")
+    def _remove_versions(self, name: str, versions: list[str]) -> None:
         folder = self.root / validate_model_name(name)
-        kept = self.protected(name)
-        doomed = [v for v in self.versions(name)[:-keep] if v not in kept]
-        for version in doomed:
+        for version in versions:
             self._remove_version(folder, version)
-        self._remove_abandoned(folder)
-        return doomed
 
-    def delete_version(self, name: str, version: str) -> None:
-        """Delete one version (never the live one, the pinned one nor a split's candidate)."""
-        self.check_deletable(name, version)
-        self._remove_version(self.root / validate_model_name(name), version)
+    def _remove_leftovers(self, name: str) -> None:
+        self._remove_abandoned(self.root / validate_model_name(name))
 
     @staticmethod
     def _remove_version(folder: Path, version: str) -> None:
