@@ -61,7 +61,7 @@ def test_row_blocks_read_the_whole_array_through_the_file(tmp_path):
 def test_warm_up_compiles_the_row_reader():
     # In a fresh process: here the tests above have compiled it already.
     code = (
-        "from ordrec.service import mapped; assert not mapped._read_rows.signatures; mapped.warm_up(); "
+        "from ordrec.service.storage import mapped; assert not mapped._read_rows.signatures; mapped.warm_up(); "
         "print(len(mapped._read_rows.signatures))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
