@@ -255,3 +255,18 @@ def warm_up() -> None:
             _top_k_rows_kernel(np.zeros((1, 4), dtype=dtype), np.ones(1, np.int64), blocked, True)
     for coords, point in itertools.product(_both(np.zeros((2, 2))), _both(np.zeros(2))):
         _negative_squared_distances(coords, point)
+
+
+def compiled_signatures() -> dict[str, int]:
+    """How many argument-type signatures each kernel has compiled: what :func:`warm_up`
+    covered, so a check can tell that a request compiles nothing more."""
+    kernels = (
+        _top_k_kernel,
+        _top_k_masked_kernel,
+        _exclude_kernel,
+        _affine_rows_holding_gil,
+        _affine_rows_releasing_gil,
+        _top_k_rows_kernel,
+        _negative_squared_distances,
+    )
+    return {kernel.__name__: len(kernel.signatures) for kernel in kernels}
