@@ -20,6 +20,7 @@ import itertools
 
 import numpy as np
 from numba import njit
+from numba.core.dispatcher import Dispatcher
 
 # Above this k an insertion buffer stops paying off; numpy takes over.
 _KERNEL_MAX_K = 128
@@ -258,15 +259,6 @@ def warm_up() -> None:
 
 
 def compiled_signatures() -> dict[str, int]:
-    """How many argument-type signatures each kernel has compiled: what :func:`warm_up`
-    covered, so a check can tell that a request compiles nothing more."""
-    kernels = (
-        _top_k_kernel,
-        _top_k_masked_kernel,
-        _exclude_kernel,
-        _affine_rows_holding_gil,
-        _affine_rows_releasing_gil,
-        _top_k_rows_kernel,
-        _negative_squared_distances,
-    )
-    return {kernel.__name__: len(kernel.signatures) for kernel in kernels}
+    """How many argument-type signatures each of this module's kernels has compiled: what
+    :func:`warm_up` covered, so a check can tell that a request compiles nothing more."""
+    return {name: len(value.signatures) for name, value in globals().items() if isinstance(value, Dispatcher)}
