@@ -233,7 +233,9 @@ def test_exact_scoring_reads_the_float_vectors_the_index_holds_or_re_scores_with
     assert np.array_equal(served.item_factors, version)
     assert not served.item_factors.flags.writeable
     if served.ann.structure == "ivf":  # 4-bit codes: half a byte per dimension, floats from the version
-        assert np.shares_memory(served.item_factors, version) and served.ann.index.code_size <= version.shape[1]
+        assert (
+            np.shares_memory(served.item_factors, version) and served.ann.index.code_size <= version.shape[1]
+        )
         return
     storage = faiss.downcast_index(served.ann.index.storage)
     if served.ann.quantised:
@@ -348,9 +350,7 @@ def test_bad_index_parameters_are_refused_by_name(bad, error):
 
 
 @pytest.mark.parametrize("structure", ["hnsw", "ivf"])
-def test_loading_maps_the_float_factors_only_where_the_index_re_scores_from_the_mapping(
-    tmp_path, structure
-):
+def test_loading_maps_the_float_factors_only_where_the_index_re_scores_from_the_mapping(tmp_path, structure):
     """The graph re-scores a few rows per request: the load must not page the factor file into
     the server (finiteness and the spot check read it with file reads and a few rows). The
     inverted file re-scores ten times more rows from the mapping: it maps them all at load, so

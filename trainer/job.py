@@ -285,7 +285,9 @@ FILE_KEYS = {
     "models": Key(
         None,
         required=True,
-        check=_rule(lambda v: isinstance(v, list) and len(v) > 0, "must be a non-empty array of [[models]] tables"),
+        check=_rule(
+            lambda v: isinstance(v, list) and len(v) > 0, "must be a non-empty array of [[models]] tables"
+        ),
     ),
 }
 
