@@ -39,14 +39,7 @@ SKIPPED_TOKENS = {
     tokenize.ENCODING,
     tokenize.ENDMARKER,
 }
-
-
-@dataclass(frozen=True)
-class Line:
-    """One kept code line: where it is and its tokens joined by single spaces."""
-
-    number: int
-    text: str
+Line = tuple[int, str]  # a kept code line: its number and its tokens joined by single spaces
 
 
 @dataclass(frozen=True)
@@ -108,7 +101,7 @@ def code_lines(source: str) -> list[Line]:
         if token.type not in SKIPPED_TOKENS:
             by_line[token.start[0]].append(token.string)
     return [
-        Line(number, " ".join(tokens))
+        (number, " ".join(tokens))
         for number, tokens in sorted(by_line.items())
         if number not in skip and not _trivial(tokens)
     ]
@@ -116,7 +109,7 @@ def code_lines(source: str) -> list[Line]:
 
 def _windows(lines: list[Line]) -> Iterator[tuple[int, tuple[str, ...]]]:
     for start in range(len(lines) - MIN_LINES + 1):
-        yield start, tuple(line.text for line in lines[start : start + MIN_LINES])
+        yield start, tuple(text for _, text in lines[start : start + MIN_LINES])
 
 
 def shared_blocks(files: dict[str, list[Line]]) -> list[Shared]:
@@ -148,9 +141,9 @@ def _runs(
         last = length + MIN_LINES - 2
         yield Shared(
             a,
-            (files[a][i].number, files[a][i + last].number),
+            (files[a][i][0], files[a][i + last][0]),
             b,
-            (files[b][j].number, files[b][j + last].number),
+            (files[b][j][0], files[b][j + last][0]),
         )
 
 
