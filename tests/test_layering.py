@@ -136,7 +136,7 @@ def test_the_check_sees_private_attributes_however_they_are_reached():
 index.item_factors, index._item, topk._exclude_kernel.signatures
 getattr(est, "_embed"), setattr(ann, "_map_in", None), getattr(est, "coordinates_")
 monkeypatch.setattr(ann, "_map_in", print)
-monkeypatch.setattr("ordrec.service.topk._exclude_kernel", print)
+monkeypatch.setattr("ordrec.service.indices.topk._exclude_kernel", print)
 monkeypatch.setattr("builtins.hash", print), served.__class__
 class Fake:
     def method(self, other):
