@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ordrec.service.indices.ann import calibration_warnings
@@ -210,7 +210,7 @@ class Key:
 
 
 _REDIS_URL = _rule(
-    lambda v: re.match(r"^(redis|rediss|unix)://", v),
+    lambda v: re.match(r"^(redis|rediss|unix)://", v) is not None,
     lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL",
 )
 JOB_KEYS = {
@@ -218,7 +218,7 @@ JOB_KEYS = {
         str,
         required=True,
         check=_rule(
-            lambda v: _JOB_NAME_RE.match(v),
+            lambda v: _JOB_NAME_RE.match(v) is not None,
             lambda v: f"{v!r} must be 1-64 characters of letters, digits, '_', '-', '.'",
         ),
     ),
@@ -287,7 +287,9 @@ FILE_KEYS = {
     "models": Key(
         None,
         required=True,
-        check=_rule(lambda v: isinstance(v, list) and v, "must be a non-empty array of [[models]] tables"),
+        check=_rule(
+            lambda v: isinstance(v, list) and len(v) > 0, "must be a non-empty array of [[models]] tables"
+        ),
     ),
 }
 
@@ -648,7 +650,7 @@ class _Job:
         self.config = config
         self.dry_run = dry_run
         self.registry = open_registry(config.registry)
-        self._data: dict[str, Any] = {}
+        self._data: dict[tuple[str, str], Any] = {}  # (data source, input shape) -> what was read
         self._redis: Any = None  # the [events] connection, opened on first use
 
     def say(

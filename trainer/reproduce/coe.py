@@ -49,6 +49,7 @@ from ordrec.service.indices.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
+from ordrec.trainer.reproduce.dcr import load_ratings
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 10
@@ -295,25 +296,6 @@ def tune(
 
 
 # ------------------------------------------------------------------- CLI
-def load_ratings(args: argparse.Namespace) -> Ratings:
-    try:
-        from ordrec.trainer.data.readers import read_input
-    except ModuleNotFoundError as exc:  # reader not landed yet: plain "user item rating ..." lines
-        if exc.name != "ordrec.trainer.data.readers":
-            raise
-        return read_whitespace_ratings(args.data)
-    data = read_input(
-        "ratings",
-        args.data,
-        args.format,
-        skip_bad_lines=args.skip_bad_lines,
-        rating_scale=getattr(args, "rating_scale", None),
-    )
-    if getattr(data, "skipped_lines", 0):
-        print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
-    return data
-
-
 def read_whitespace_ratings(path: str) -> Ratings:
     from ordrec.service.storage.idmap import IdMap
 
