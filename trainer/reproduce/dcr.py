@@ -55,6 +55,8 @@ from ordrec.trainer.models.dcr import (
     DCR,
     PAPER_PARAMS,
     ResearchOptions,
+    ValidatedRefinement,
+    ValidationStopping,
     holdouts,
     median_level_epochs,
     stopped_level_epochs,
@@ -104,14 +106,15 @@ def per_user_split(
     return data.subset(np.sort(train_rows)), data.subset(np.sort(test_rows))
 
 
-def serving_scorer(estimator: DCR):
+def serving_scorer(estimator: DCR, item_shrinkage: float = 0.0):
     """``score_items`` of the serving index built from the in-memory artifact."""
-    return DCRIndex.from_artifact(estimator.to_artifact()).score_items
+    return DCRIndex.from_artifact(estimator.to_artifact(item_shrinkage=item_shrinkage)).score_items
 
 
-def index_ndcg(estimator: DCR, test: Ratings) -> float:
-    """NDCG@10 scored by the serving index built from the in-memory artifact."""
-    return ndcg_at_k(serving_scorer(estimator), test)
+def index_ndcg(estimator: DCR, test: Ratings, item_shrinkage: float = 0.0) -> float:
+    """NDCG@10 scored by the serving index built from the in-memory artifact (its items'
+    factors shrunk by ``item_shrinkage``, the -shrunk rows)."""
+    return ndcg_at_k(serving_scorer(estimator, item_shrinkage), test)
 
 
 # ----------------------------------------------------------- references
@@ -159,11 +162,25 @@ class Family:
     params: dict
 
 
+STOPPING = {"patience": "patience", "val_tol": "tol"}  # protocol setting -> ValidationStopping field
+
+
+def split_params(params: dict) -> tuple[dict, ResearchOptions, ValidationStopping]:
+    """The protocol's mixed settings (over ``PAPER_PARAMS``) as DCR's parameters, its research
+    options (``ResearchOptions``: order, projection, item_bias, level_epochs, ...) and the
+    validation stopping rule (``patience``, ``val_tol``)."""
+    mixed = dict(PAPER_PARAMS, **params)
+    stopping = ValidationStopping(
+        **{field: mixed.pop(name) for name, field in STOPPING.items() if name in mixed}
+    )
+    model_params, research = ResearchOptions.split(mixed)
+    return model_params, research, stopping
+
+
 def fit_dcr(params: dict, data: Ratings, validation: Ratings | None = None) -> DCR:
-    """DCR fitted on ``data``; ``params`` mixes DCR's parameters and the protocol's research
-    options (``ResearchOptions``: order, projection, item_bias, level_epochs, ...)."""
-    model_params, research = ResearchOptions.split(dict(PAPER_PARAMS, **params))
-    return DCR(**model_params).fit(data, validation=validation, research=research)
+    """DCR fitted on ``data`` from the protocol's mixed settings (``split_params``)."""
+    model_params, research, stopping = split_params(params)
+    return DCR(**model_params).fit(data, validation=validation, research=research, stopping=stopping)
 
 
 def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
@@ -468,7 +485,7 @@ def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
 def _sweep_setting(text: str) -> tuple[str, tuple]:
     """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
-    if not sep or not values or key not in DCR.param_names() + ResearchOptions.names():
+    if not sep or not values or key not in DCR.param_names() + ResearchOptions.names() + list(STOPPING):
         raise SystemExit(
             f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter or research option"
         )
@@ -707,8 +724,9 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    model_params, research = ResearchOptions.split(dict(PAPER_PARAMS, **params))
-    return dict(params, level_epochs=stopped_level_epochs(model_params, train, rng, folds, research=research))
+    model_params, research, stopping = split_params(params)
+    epochs = stopped_level_epochs(model_params, train, rng, folds, research=research, stopping=stopping)
+    return dict(params, level_epochs=epochs)
 
 
 class _Results:
@@ -854,7 +872,7 @@ def _record_family(
         results.record(
             prefix + "-shrunk",
             n,
-            index_ndcg(model.with_research(item_shrinkage=shrinkage), test),
+            index_ndcg(model, test, item_shrinkage=shrinkage),
             f"(item_shrinkage={shrinkage:g})",
         )
     if args.pairwise:
@@ -863,7 +881,7 @@ def _record_family(
             results.record(
                 "Pairwise " + prefix + "-shrunk",
                 n,
-                index_ndcg(refined.with_research(item_shrinkage=shrinkage), test),
+                index_ndcg(refined, test, item_shrinkage=shrinkage),
                 f"(item_shrinkage={shrinkage:g})",
             )
 
@@ -879,7 +897,7 @@ def _pairwise(
     test: Ratings,
 ) -> DCR:
     """The ``Pairwise prefix`` row: the refinement kept only where it raises validation
-    NDCG@10 on hold-outs of the training ratings (``DCR.refined_on_validation``), else the
+    NDCG@10 on hold-outs of the training ratings (``ValidatedRefinement.refine``), else the
     pointwise model; ``--pairwise-always`` refines unconditionally (the paper's). With
     validation, the unconditional refinement is also recorded (``... (always refined)``)."""
     note = params_text(pair_params, sorted(pair_params))
@@ -887,9 +905,7 @@ def _pairwise(
     if args.pairwise_always:
         results.record("Pairwise " + prefix, n, index_ndcg(always, test), f"({note})")
         return always
-    chosen = model.set_params(validation_folds=args.pairwise_folds).refined_on_validation(
-        train, **pair_params
-    )
+    chosen = ValidatedRefinement(model, folds=args.pairwise_folds).refine(model, train, **pair_params)
     point, pair, se = chosen.pairwise_val_ndcg_
     verdict = "kept" if chosen.pairwise_kept_ else "dropped, pointwise model served"
     results.record(
