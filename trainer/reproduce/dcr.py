@@ -62,7 +62,7 @@ from ordrec.trainer.models.dcr import (
     stopped_level_epochs,
     validation_split,
 )
-from ordrec.trainer.reproduce.params import parse_value
+from ordrec.trainer.reproduce.params import add_param_flags, given_params, parse_value
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 5
@@ -262,6 +262,50 @@ def grid_best_on_test(
     return best
 
 
+# The protocol's settings a flag may change (``--name-with-dashes``, named as the parameter):
+# its help, and the value taken when the flag is not given (None: the protocol's for each N).
+FLAG_HELP = {
+    "n_components": "rank per level (paper's Table 2: 40); default: the protocol's for each N"
+    " (40 for N < 40, 320 from N = 40; chosen by --sweep)",
+    "learning_rate": "initial learning rate (without --tune); default: the protocol's for each N"
+    " (0.01 for N < 40, 0.02 from N = 40; chosen by --sweep)",
+    "reg": "L2 weight (without --tune; default 0.001)",
+    "max_iter": "most epochs (all of them with --tol 0; default 100)",
+    "tol": "stop once an epoch gains less than this relative training log-likelihood"
+    " (0: fixed epochs; default 0.002)",
+    "init": "initial factors: every level at its damped item marginals plus small noise"
+    " (ours) or small random factors (zero mean); default: the protocol's for each N"
+    " (marginal for N < 40, random from N = 40; chosen by --sweep)",
+    "init_std": "noise of the initial factors (default: the protocol's, 0.05 marginal for N < 40,"
+    " 0.1 random from N = 40; 0.02 marginal / 0.1 random with --init)",
+    "val_tol": "with --stop validation: a level's validation log-likelihood must rise by more"
+    " than this (relative) to count as an improvement (default 0.01; 0: any rise)",
+    "order": "SGA order: ratings grouped by user (default, faster) or one random permutation",
+    "learning_rate_decay": "learning rate of epoch e is learning_rate / (1 + decay * e) (default 0.02)",
+    "pairwise_learning_rate": "(without --tune) default: the protocol's for each N (0.005 / 0.01 / 0.02"
+    " at N = 10 / 20 / 50, nearest for other N; chosen by --sweep --sweep-pairwise-lr)",
+    "pairwise_max_iter": "passes of the pairwise refinement (default 20)",
+}
+FLAG_CONSTRAINTS = {
+    **DCR._parameter_constraints,
+    **ResearchOptions._parameter_constraints,
+    "val_tol": ValidationStopping._parameter_constraints["tol"],
+}
+PROTOCOL_DEFAULTS = {
+    "reg": 0.001,
+    "max_iter": 100,
+    "tol": 0.002,
+    "val_tol": 0.01,
+    "order": "user",
+    "learning_rate_decay": 0.02,
+    "pairwise_max_iter": 20,
+}
+# Settings of the protocol no flag changes (the paper's, or the variants' own).
+FIXED = dict(relevance="linear", projection="ball", init_shrinkage=10.0, pairwise_reg=0.001)
+ITEM_BIAS = 0.7  # s of the DCR-bias variant
+TUNE_LR_GRID = (0.05, 0.03, 0.01)
+TUNE_PAIRWISE_LR_GRID = (0.05, 0.02, 0.01)
+
 INIT_STD = {"marginal": 0.02, "random": 0.1}  # the default noise for each starting point (--init given)
 
 # The protocol's fit for each N, every value chosen by a validation-only sweep (``--sweep``:
@@ -394,16 +438,18 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
 def _base_params(args: argparse.Namespace) -> dict:
     """The fit settings every candidate shares (the command line's)."""
     return dict(
-        relevance=args.relevance,
-        projection=args.projection,
-        reg=args.reg,
-        max_iter=args.epochs,
-        tol=args.tol,
-        order=args.order,
-        learning_rate_decay=args.lr_decay,
-        init_shrinkage=args.init_shrinkage,
-        val_tol=args.val_tol,
+        FIXED,
+        **{
+            name: setting(args, name)
+            for name in ("reg", "max_iter", "tol", "order", "learning_rate_decay", "val_tol")
+        },
     )
+
+
+def setting(args: argparse.Namespace, name: str):
+    """A protocol setting: its flag's value when given, else the protocol's default."""
+    given = getattr(args, name)
+    return PROTOCOL_DEFAULTS[name] if given is None else given
 
 
 def _sweep_candidates(args: argparse.Namespace, fit_n: dict, extra: list[tuple[str, tuple]]) -> list[dict]:
@@ -458,8 +504,8 @@ def _sweep_run(
             for plr in pair_lrs:
                 refined = model.refined(
                     pairwise_learning_rate=plr,
-                    pairwise_reg=args.pairwise_reg,
-                    pairwise_max_iter=args.pairwise_epochs,
+                    pairwise_reg=FIXED["pairwise_reg"],
+                    pairwise_max_iter=setting(args, "pairwise_max_iter"),
                 )
                 values.setdefault(f"Pairwise {method} pairwise_learning_rate={plr}", []).append(
                     ndcg_values(serving_scorer(refined), val)
@@ -537,51 +583,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " factors shrunk when served), 'bias' (DCR-bias: a per-level item bias coordinate)",
     )
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
-    parser.add_argument(
-        "--rank",
-        type=int,
-        default=None,
-        help="rank per level (paper's Table 2: 40); default: the protocol's for each N"
-        " (40 for N < 40, 320 from N = 40; chosen by --sweep)",
-    )
-    parser.add_argument("--relevance", default="linear", choices=("linear", "log", "exp"))
-    parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
-    parser.add_argument(
-        "--lr",
-        type=float,
-        default=None,
-        help="initial learning rate (without --tune); default: the protocol's for each N"
-        " (0.01 for N < 40, 0.02 from N = 40; chosen by --sweep)",
-    )
-    parser.add_argument("--reg", type=float, default=0.001, help="L2 weight (without --tune)")
-    parser.add_argument("--epochs", type=int, default=100, help="most epochs (all of them with --tol 0)")
-    parser.add_argument(
-        "--tol",
-        type=float,
-        default=0.002,
-        help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)",
-    )
-    parser.add_argument(
-        "--init",
-        default=None,
-        choices=("marginal", "random"),
-        help="initial factors: every level at its damped item marginals plus small noise"
-        " (ours) or small random factors (zero mean); default: the protocol's for each N"
-        " (marginal for N < 40, random from N = 40; chosen by --sweep)",
-    )
-    parser.add_argument(
-        "--init-std",
-        type=float,
-        default=None,
-        help="noise of the initial factors (default: the protocol's, 0.05 marginal for N < 40,"
-        " 0.1 random from N = 40; 0.02 marginal / 0.1 random with --init)",
-    )
-    parser.add_argument(
-        "--init-shrinkage",
-        type=float,
-        default=10.0,
-        help="beta of the damped per-level item marginals of --init marginal",
-    )
+    add_param_flags(parser, FLAG_CONSTRAINTS, FLAG_HELP, FLAG_HELP)
     parser.add_argument(
         "--stop",
         default="validation",
@@ -598,13 +600,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " the protocol's fit for each N); with --sweep: the starting points swept",
     )
     parser.add_argument("--rank-grid", default=None, help="as --init-grid, for the rank (e.g. 40,160,320)")
-    parser.add_argument(
-        "--val-tol",
-        type=float,
-        default=0.01,
-        help="with --stop validation: a level's validation log-likelihood must rise by more"
-        " than this (relative) to count as an improvement (default 0.01; 0: any rise)",
-    )
     parser.add_argument(
         "--select-rule",
         default="best",
@@ -651,21 +646,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --sweep: initial noise values (default: the protocol's for each start)",
     )
     parser.add_argument(
-        "--order",
-        default="user",
-        choices=("user", "random"),
-        help="SGA order: ratings grouped by user (default, faster) or one random permutation",
-    )
-    parser.add_argument("--lr-decay", type=float, default=0.02)
-    parser.add_argument(
-        "--pairwise-lr",
-        type=float,
-        default=None,
-        help="(without --tune) default: the protocol's for each N (0.005 / 0.01 / 0.02 at"
-        " N = 10 / 20 / 50, nearest for other N; chosen by --sweep --sweep-pairwise-lr)",
-    )
-    parser.add_argument("--pairwise-reg", type=float, default=0.001)
-    parser.add_argument(
         "--pairwise-folds",
         type=int,
         default=5,
@@ -677,8 +657,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --pairwise: refine unconditionally (the paper's Pairwise DCR) instead of keeping"
         " the refinement only where it raises validation NDCG@10 on hold-outs of the training ratings",
     )
-    parser.add_argument("--pairwise-epochs", type=int, default=20)
-    parser.add_argument("--item-bias", type=float, default=0.7, help="s of the DCR-bias variant")
     parser.add_argument(
         "--item-shrinkage",
         type=float,
@@ -691,9 +669,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="choose lr x reg, the pairwise lr and the shrinkage per run on a validation"
         " split of the training ratings",
     )
-    parser.add_argument("--lr-grid", default="0.05,0.03,0.01")
-    parser.add_argument("--reg-grid", default=",".join(map(str, REG_GRID)))
-    parser.add_argument("--pairwise-lr-grid", default="0.05,0.02,0.01")
     parser.add_argument("--no-references", action="store_true", help="skip the random / item mean rows")
     parser.add_argument(
         "--grid-on-test",
@@ -705,19 +680,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fit_for(n: int, args: argparse.Namespace) -> dict:
-    """The protocol's fit at ``n`` (``protocol_fit``) with any explicit ``--init/--rank/--init-std/--lr``."""
+    """The protocol's fit at ``n`` (``protocol_fit``) with any explicit ``--init``,
+    ``--n-components``, ``--init-std``, ``--learning-rate`` or ``--pairwise-learning-rate``."""
     fit = protocol_fit(n)
     if args.init:
         fit["init"] = args.init
         fit["init_std"] = INIT_STD[args.init]
-    for flag, key in (
-        ("rank", "n_components"),
-        ("init_std", "init_std"),
-        ("lr", "learning_rate"),
-        ("pairwise_lr", "pairwise_learning_rate"),
-    ):
-        if getattr(args, flag) is not None:
-            fit[key] = getattr(args, flag)
+    for key in ("n_components", "init_std", "learning_rate", "pairwise_learning_rate"):
+        if getattr(args, key) is not None:
+            fit[key] = getattr(args, key)
     return fit
 
 
@@ -773,16 +744,16 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if unknown:
         raise ValueError(f"unknown variant(s) {sorted(unknown)} (known: shrunk, bias)")
     families = [Family("DCR", {})] + (
-        [Family("DCR-bias", {"item_bias": args.item_bias})] if "bias" in variants else []
+        [Family("DCR-bias", {"item_bias": ITEM_BIAS})] if "bias" in variants else []
     )
     return _Plan(
-        base=dict(_base_params(args), pairwise_reg=args.pairwise_reg, pairwise_max_iter=args.pairwise_epochs),
+        base=dict(_base_params(args), pairwise_max_iter=setting(args, "pairwise_max_iter")),
         families=families,
         shrunk="shrunk" in variants,
         inits=inits,
         ranks=_grid(args.rank_grid, int) if args.rank_grid else (),
-        grid={"learning_rate": _grid(args.lr_grid), "reg": _grid(args.reg_grid)},
-        pair_grid=({"pairwise_learning_rate": _grid(args.pairwise_lr_grid)} if args.pairwise else None),
+        grid={"learning_rate": TUNE_LR_GRID, "reg": REG_GRID},
+        pair_grid=({"pairwise_learning_rate": TUNE_PAIRWISE_LR_GRID} if args.pairwise else None),
     )
 
 
@@ -974,6 +945,7 @@ def _paper_figures(name: str, n_values) -> list[PaperFigure]:
 
 
 def run(args: argparse.Namespace) -> list[Row]:
+    given_params(args, "DCR", FLAG_CONSTRAINTS, FLAG_HELP)  # a bad value names its parameter
     data = load_ratings(args)
     name = dataset_name(args.data, args.dataset)
     n_values = _grid(args.n_train, int)
