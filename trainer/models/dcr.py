@@ -28,22 +28,18 @@ off by default, so ``DCR().fit(data)`` is the paper's):
 ``|U_u^t| <= 1`` still holds); the first item coordinate then acts as a
 per-level item bias ``s * V_i0^t`` that every user shares, which the
 unconstrained factors have to learn from scratch in plain DCR.
-``item_shrinkage=beta > 0`` serves each item's factors scaled by
-``n_i / (n_i + beta)`` (``n_i`` its training ratings): an item seen once
-would otherwise sit on the ball's boundary, fitted to that one rating, and
-rank as confidently as a well-known one; shrinking pulls its P(r >= l_t)
-toward 1/2 like a damped mean pulls a rare item's mean toward the prior.
-It is applied when the artifact is written, so training (and the pairwise
-refinement) are unchanged and serving stays one matrix product.
+A serving choice of ``to_artifact``, ``item_shrinkage=beta > 0``, serves each
+item's factors scaled by ``n_i / (n_i + beta)`` (``n_i`` its training
+ratings): an item seen once would otherwise sit on the ball's boundary and
+rank as confidently as a well-known one; training is unchanged.
 
 Starting point and stopping (choices the paper leaves open; the model,
 objective and SGA steps are the paper's either way): ``init="marginal"``
 starts every level at its damped item marginals instead of small random
 factors, and ``fit(data, validation=...)`` stops each level at the epoch of
 its best validation log-likelihood (``best_epochs_``, reusable as research
-``level_epochs`` for a refit on all the ratings; ``early_stopping=True`` does
-both inside ``fit``). Why: with a few ratings
-per user, the coordinates of ``U_u^t`` that the user's ratings never push
+``level_epochs`` for a refit on all the ratings; :class:`EarlyStoppedDCR`
+does both). Why: with a few ratings per user, the coordinates of ``U_u^t`` that the user's ratings never push
 keep their random initial values, which add user-specific noise to every
 item's score; and SGA from a random start must first grow the shared
 item-effect direction that an item mean gets for free.
@@ -452,7 +448,7 @@ class DCR(Estimator):
         log-likelihood per rating by less than ``tol`` relative to its value
         (0: always run ``max_iter``; the top-N model's freshly drawn unrated
         items make that likelihood noisy). ``epochs_run_`` records the epochs
-        done. The paper protocol uses 0.002 (docs/dcr.md).
+        done.
     init : {"random", "marginal"}, default "random"
         "random": zero-mean normal factors of standard deviation
         ``init_std`` (the paper does not state its initialisation).
@@ -584,116 +580,19 @@ class DCR(Estimator):
         self.research_ = research
         if len(data) == 0:
             raise DataError(data.source, None, "no ratings to train on")
-        level_epochs = research.level_epochs
-        # Without given levels, a validation split's ratings count too: a value that only
-        # held-out ratings have would otherwise be refused as unknown.
-        levels = self.levels
-        if levels is None and validation is not None:
-            levels = np.union1d(data.rating, validation.rating)
-        self.levels_, level = rating_levels(data.rating, levels, data.source)
-        if self._unrated:
-            self.levels_, level = unrated_levels(self.levels_), level + 1
-            if self.relevance == "log" and self.levels_[0] <= 0:
-                raise ValueError(
-                    f"relevance='log' needs positive values, and 'not rated' sits at {self.levels_[0]:g}"
-                    " below the lowest rating: use 'linear' or 'exp', or unrated_share=0"
-                )
-        self.users_, self.items_ = data.users, data.items
-        self.data_fingerprint_ = data.fingerprint()
-        n_users, n_items = data.n_users, data.n_items
-        user = np.ascontiguousarray(data.user, dtype=np.int64)
-        item = np.ascontiguousarray(data.item, dtype=np.int64)
-        self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
-            n_users, user, item.astype(np.int32), level
-        )
-        self.item_counts_ = np.bincount(item, minlength=n_items)
-        # The unknown-user fallback: what is picked most (top-N), or the damped mean rating (paper).
-        self.item_popularity_ = (
-            self.item_counts_.astype(np.float32) if self._unrated else self._damped_mean(data, n_items)
-        )
-
+        user, item, level = self._index_ratings(data, validation)
         rng = np.random.default_rng(self.random_state)
-        L, f = self.levels_.size - 1, int(self.n_components)
-        # Random initial factors only for users and items with training ratings: the
-        # others get no update and are served at zero (P = 1/2 at every level, no
-        # evidence). Drawing 48k users' factors when a training subset has 10k users
-        # costs more than a whole epoch.
-        active = np.flatnonzero(np.diff(self.seen_indptr_) > 0)
-        rated = np.flatnonzero(self.item_counts_ > 0)
-        U = lazy_zeros((n_users, L, f), self.dtype)
-        V = np.zeros((n_items, L, f), dtype=self.dtype)
-        U[active] = rng.normal(0.0, self.init_std, size=(active.size, L, f))
-        V[rated] = rng.normal(0.0, self.init_std, size=(rated.size, L, f))
-        u_fixed, u_radius = self._bias_setup(U, V)
-        if self.init == "marginal":
-            self._marginal_init(U, V, item, level, active, u_fixed)
-        sphere = research.projection == "sphere"
-        self.loglik_history_: list[float] = []
-        by_user = research.order == "user"
-        stopper = _LevelStopper(self, U, V, active, data, validation, level_epochs, stopping)
+        U, V, active, (u_fixed, u_radius) = self._initial_factors(rng, item, level)
+        stopper = _LevelStopper(self, U, V, active, data, validation, research.level_epochs, stopping)
         # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
         # reports its starting point's.
         self.loglik_ = (
-            pointwise_loglik(U, V, user, item, level) if 0 in (stopper.fixed or []) else np.full(L, np.nan)
+            pointwise_loglik(U, V, user, item, level)
+            if 0 in (stopper.fixed or [])
+            else np.full(U.shape[1], np.nan)
         )
-        if by_user and not self._unrated:
-            # Working copies: shuffle_segments permutes them in place every epoch.
-            indptr = self.seen_indptr_
-            seg_items = self.seen_indices_.astype(np.int64)
-            seg_levels = self.seen_levels_.copy()
-        with Progress("DCR", stopper.epochs, self.verbose) as bar:
-            for epoch in range(stopper.epochs):
-                lr = float(self.learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
-                train = stopper.levels_to_train(epoch)
-                if self._unrated:
-                    indptr, seg_items, seg_levels = self._with_unrated(rng)
-                    if not by_user:
-                        user = np.repeat(np.arange(n_users, dtype=np.int64), np.diff(indptr))
-                        item, level = seg_items, seg_levels
-                if by_user:
-                    shuffle_segments(indptr, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
-                    loglik, norms = pointwise_epoch_by_user(
-                        U,
-                        V,
-                        indptr,
-                        seg_items,
-                        seg_levels,
-                        rng.permutation(active),
-                        lr,
-                        float(self.reg),
-                        float(research.prob_floor),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        train,
-                    )
-                    # Every updated vector's norm passes through this sum, so a NaN anywhere
-                    # in the factors shows here without scanning U and V every epoch.
-                    check_finite(epoch, loglik=loglik, factor_norms=norms)
-                else:
-                    order = rng.permutation(len(user)).astype(np.int64)
-                    loglik = pointwise_epoch(
-                        U,
-                        V,
-                        user,
-                        item,
-                        level,
-                        order,
-                        lr,
-                        float(self.reg),
-                        float(research.prob_floor),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        train,
-                    )
-                    check_finite(epoch, user_factors=U, item_factors=V)
-                # A frozen level keeps the likelihood of its last epoch.
-                self.loglik_[train] = loglik[train]
-                self.loglik_history_.append(float(self.loglik_.sum()) / len(seg_levels if by_user else level))
-                bar.update(1, loglik=self.loglik_history_[-1])
-                if stopper.after_epoch(epoch + 1) if stopper.stopping else self._converged():
-                    break
+        self.loglik_history_: list[float] = []
+        _fit_pointwise(self, U, V, user, item, level, active, rng, stopper, u_fixed, u_radius)
         self.epochs_run_ = len(self.loglik_history_)
         stopper.restore()
         # Rows without training ratings were never updated.
@@ -712,6 +611,60 @@ class DCR(Estimator):
             self.pairwise_kept_ = True
             self._refine(rng)
         return self
+
+    def _index_ratings(
+        self, data: Ratings, validation: Ratings | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fit's levels, id maps, per-user training CSR, item counts and popularity fallback;
+        each rating's user, item and 0-based level."""
+        # Without given levels, a validation split's ratings count too: a value that only
+        # held-out ratings have would otherwise be refused as unknown.
+        levels = self.levels
+        if levels is None and validation is not None:
+            levels = np.union1d(data.rating, validation.rating)
+        self.levels_, level = rating_levels(data.rating, levels, data.source)
+        if self._unrated:
+            self.levels_, level = unrated_levels(self.levels_), level + 1
+            if self.relevance == "log" and self.levels_[0] <= 0:
+                raise ValueError(
+                    f"relevance='log' needs positive values, and 'not rated' sits at {self.levels_[0]:g}"
+                    " below the lowest rating: use 'linear' or 'exp', or unrated_share=0"
+                )
+        self.users_, self.items_ = data.users, data.items
+        self.data_fingerprint_ = data.fingerprint()
+        user = np.ascontiguousarray(data.user, dtype=np.int64)
+        item = np.ascontiguousarray(data.item, dtype=np.int64)
+        self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
+            data.n_users, user, item.astype(np.int32), level
+        )
+        self.item_counts_ = np.bincount(item, minlength=data.n_items)
+        # The unknown-user fallback: what is picked most (top-N), or the damped mean rating (paper).
+        self.item_popularity_ = (
+            self.item_counts_.astype(np.float32) if self._unrated else self._damped_mean(data, data.n_items)
+        )
+        return user, item, level
+
+    def _initial_factors(
+        self, rng: np.random.Generator, item: np.ndarray, level: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, float]]:
+        """The starting U and V, the users with training ratings, and the frozen user coordinates
+        and radius of ``item_bias``."""
+        n_users, n_items = self.seen_indptr_.size - 1, self.item_counts_.size
+        L, f = self.levels_.size - 1, int(self.n_components)
+        # Random initial factors only for users and items with training ratings: the
+        # others get no update and are served at zero (P = 1/2 at every level, no
+        # evidence). Drawing 48k users' factors when a training subset has 10k users
+        # costs more than a whole epoch.
+        active = np.flatnonzero(np.diff(self.seen_indptr_) > 0)
+        rated = np.flatnonzero(self.item_counts_ > 0)
+        U = lazy_zeros((n_users, L, f), self.dtype)
+        V = np.zeros((n_items, L, f), dtype=self.dtype)
+        U[active] = rng.normal(0.0, self.init_std, size=(active.size, L, f))
+        V[rated] = rng.normal(0.0, self.init_std, size=(rated.size, L, f))
+        u_fixed, u_radius = self._bias_setup(U, V)
+        if self.init == "marginal":
+            self._marginal_init(U, V, item, level, active, u_fixed)
+        return U, V, active, (u_fixed, u_radius)
 
     @property
     def _unrated(self) -> bool:
@@ -1007,6 +960,86 @@ class DCR(Estimator):
             data_fingerprint=self.data_fingerprint_,
             indexes=indexes,
         )
+
+
+def _fit_pointwise(
+    model: DCR,
+    U: np.ndarray,
+    V: np.ndarray,
+    user: np.ndarray,
+    item: np.ndarray,
+    level: np.ndarray,
+    active: np.ndarray,
+    rng: np.random.Generator,
+    stopper: _LevelStopper,
+    u_fixed: int,
+    u_radius: float,
+) -> None:
+    """DCR's pointwise fit (Eq. 1 by projected SGA, levels in parallel): epochs over the
+    ratings (joined by fresh unrated draws when top-N-aware) until the stopper or ``tol``
+    says stop; records each epoch's training log-likelihood in ``model.loglik_history_``."""
+    research = model.research_
+    n_users = U.shape[0]
+    sphere = research.projection == "sphere"
+    by_user = research.order == "user"
+    if by_user and not model._unrated:
+        # Working copies: shuffle_segments permutes them in place every epoch.
+        indptr = model.seen_indptr_
+        seg_items = model.seen_indices_.astype(np.int64)
+        seg_levels = model.seen_levels_.copy()
+    with Progress("DCR", stopper.epochs, model.verbose) as bar:
+        for epoch in range(stopper.epochs):
+            lr = float(model.learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
+            train = stopper.levels_to_train(epoch)
+            if model._unrated:
+                indptr, seg_items, seg_levels = model._with_unrated(rng)
+                if not by_user:
+                    user = np.repeat(np.arange(n_users, dtype=np.int64), np.diff(indptr))
+                    item, level = seg_items, seg_levels
+            if by_user:
+                shuffle_segments(indptr, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
+                loglik, norms = pointwise_epoch_by_user(
+                    U,
+                    V,
+                    indptr,
+                    seg_items,
+                    seg_levels,
+                    rng.permutation(active),
+                    lr,
+                    float(model.reg),
+                    float(research.prob_floor),
+                    u_fixed,
+                    u_radius,
+                    sphere,
+                    train,
+                )
+                # Every updated vector's norm passes through this sum, so a NaN anywhere
+                # in the factors shows here without scanning U and V every epoch.
+                check_finite(epoch, loglik=loglik, factor_norms=norms)
+            else:
+                order = rng.permutation(len(user)).astype(np.int64)
+                loglik = pointwise_epoch(
+                    U,
+                    V,
+                    user,
+                    item,
+                    level,
+                    order,
+                    lr,
+                    float(model.reg),
+                    float(research.prob_floor),
+                    u_fixed,
+                    u_radius,
+                    sphere,
+                    train,
+                )
+                check_finite(epoch, user_factors=U, item_factors=V)
+            # A frozen level keeps the likelihood of its last epoch.
+            model.loglik_[train] = loglik[train]
+            model.loglik_history_.append(float(model.loglik_.sum()) / len(seg_levels if by_user else level))
+            bar.update(1, loglik=model.loglik_history_[-1])
+            if stopper.after_epoch(epoch + 1) if stopper.stopping else model._converged():
+                break
 
 
 def check_serving(item_shrinkage: float, ann_min_items: int, ann_params: dict | None) -> None:
