@@ -210,7 +210,8 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
         max_iter=40,
         random_state=3,
     )
-    stopped = EarlyStoppedDCR(PaperDCR(pairwise=True, pairwise_max_iter=2, **params), folds=3, patience=3)
+    rule = ValidationStopping(patience=3)
+    stopped = EarlyStoppedDCR(PaperDCR(pairwise=True, pairwise_max_iter=2, **params), folds=3, stopping=rule)
     model = stopped.fit(data).best_estimator_
     # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
     stops = [
@@ -243,9 +244,18 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
         )
 
 
-@pytest.mark.parametrize("bad", [dict(folds=0), dict(fraction=1.0), dict(patience=0), dict(tol=-1.0)])
-def test_early_stopped_dcr_refuses_bad_settings_by_name(bad):
-    with pytest.raises(ValueError, match=repr(next(iter(bad)))):
+@pytest.mark.parametrize(
+    "bad,name",
+    [
+        (dict(folds=0), "folds"),
+        (dict(fraction=1.0), "fraction"),
+        (dict(stopping=ValidationStopping(patience=0)), "patience"),
+        (dict(stopping=ValidationStopping(tol=-1.0)), "tol"),
+        (dict(stopping=5), "stopping"),
+    ],
+)
+def test_early_stopped_dcr_refuses_bad_settings_by_name(bad, name):
+    with pytest.raises(ValueError, match=repr(name)):
         EarlyStoppedDCR(PaperDCR(n_components=2), **bad).fit(
             with_item_effects(0, n_users=10, n_items=8, per_user=5)
         )

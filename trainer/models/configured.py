@@ -114,8 +114,7 @@ def _dcr(params: dict[str, Any]) -> Configured:
         )
         turned_on.append("pairwise")
     if selection["early_stopping"]:
-        estimator = EarlyStoppedDCR(
-            estimator, patience=selection["patience"], tol=selection["val_tol"], **holdout
-        )
+        rule = ValidationStopping(patience=selection["patience"], tol=selection["val_tol"])
+        estimator = EarlyStoppedDCR(estimator, stopping=rule, **holdout)
         turned_on.append("early_stopping")
     return Configured(estimator, serving, tuple(turned_on))

@@ -980,7 +980,8 @@ def _fit_pointwise(
     says stop; records each epoch's training log-likelihood in ``model.loglik_history_``."""
     research = model.research_
     n_users = U.shape[0]
-    sphere = research.projection == "sphere"
+    # The arguments every epoch's SGA kernel shares: L2 weight, 1/P cap, projection.
+    step = (float(model.reg), float(research.prob_floor), u_fixed, u_radius, research.projection == "sphere")
     by_user = research.order == "user"
     if by_user and not model._unrated:
         # Working copies: shuffle_segments permutes them in place every epoch.
@@ -999,40 +1000,14 @@ def _fit_pointwise(
             if by_user:
                 shuffle_segments(indptr, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
                 loglik, norms = pointwise_epoch_by_user(
-                    U,
-                    V,
-                    indptr,
-                    seg_items,
-                    seg_levels,
-                    rng.permutation(active),
-                    lr,
-                    float(model.reg),
-                    float(research.prob_floor),
-                    u_fixed,
-                    u_radius,
-                    sphere,
-                    train,
+                    U, V, indptr, seg_items, seg_levels, rng.permutation(active), lr, *step, train
                 )
                 # Every updated vector's norm passes through this sum, so a NaN anywhere
                 # in the factors shows here without scanning U and V every epoch.
                 check_finite(epoch, loglik=loglik, factor_norms=norms)
             else:
                 order = rng.permutation(len(user)).astype(np.int64)
-                loglik = pointwise_epoch(
-                    U,
-                    V,
-                    user,
-                    item,
-                    level,
-                    order,
-                    lr,
-                    float(model.reg),
-                    float(research.prob_floor),
-                    u_fixed,
-                    u_radius,
-                    sphere,
-                    train,
-                )
+                loglik = pointwise_epoch(U, V, user, item, level, order, lr, *step, train)
                 check_finite(epoch, user_factors=U, item_factors=V)
             # A frozen level keeps the likelihood of its last epoch.
             model.loglik_[train] = loglik[train]
@@ -1094,7 +1069,29 @@ def refinement_scores(
     return np.concatenate(pointwise), np.concatenate(refined)
 
 
-class ValidatedRefinement:
+class _HoldOutSelection:
+    """A model-selection wrapper: its ``estimator`` and the ``folds`` hold-outs of ``fraction``
+    of each user's ratings (at least 2) its choice is made on; serves ``best_estimator_``."""
+
+    _parameter_constraints: ClassVar[dict[str, list]] = HOLD_OUT_CONSTRAINTS
+    best_estimator_: DCR
+
+    def __init__(self, estimator: Any, folds: int, fraction: float):
+        self.estimator = estimator
+        self.folds = folds
+        self.fraction = fraction
+
+    def _validate_params(self) -> None:
+        """Every setting against the class's constraints (a ValueError names the bad one)."""
+        params = {k: getattr(self, k) for k in self._parameter_constraints}
+        validate_params(type(self).__name__, params, self._parameter_constraints)
+
+    def to_artifact(self, **serving) -> Artifact:
+        """The served model's artifact, with ``DCR.to_artifact``'s serving choices."""
+        return self.best_estimator_.to_artifact(**serving)
+
+
+class ValidatedRefinement(_HoldOutSelection):
     """Pairwise DCR kept only where it wins on validation, wrapping a DCR as GridSearchCV wraps
     an estimator.
 
@@ -1134,15 +1131,9 @@ class ValidatedRefinement:
         margin: float = 0.0,
         confidence: float = 2.0,
     ):
-        self.estimator = estimator
-        self.folds = folds
-        self.fraction = fraction
+        super().__init__(estimator, folds, fraction)
         self.margin = margin
         self.confidence = confidence
-
-    def _validate_params(self) -> None:
-        params = {k: getattr(self, k) for k in self._parameter_constraints}
-        validate_params(type(self).__name__, params, self._parameter_constraints)
 
     def decide(self, model: DCR, data: Ratings, **overrides) -> tuple[Gain, tuple[float, float, float]]:
         """Whether refining the fitted ``model`` (with ``overrides``) wins on hold-outs of
@@ -1152,20 +1143,13 @@ class ValidatedRefinement:
         gain = significant_gain(pair - point, margin=float(self.margin), confidence=float(self.confidence))
         return gain, (float(point.mean()), float(pair.mean()), gain.se)
 
-    def fit(
-        self,
-        data: Ratings,
-        validation: Ratings | None = None,
-        *,
-        research: ResearchOptions | None = None,
-        stopping: ValidationStopping | None = None,
-    ) -> ValidatedRefinement:
-        """Fit the pointwise DCR, then refine it (continuing its random stream) if that wins;
-        the served model is ``best_estimator_``."""
+    def fit(self, data: Ratings, validation: Ratings | None = None, **fit_params: Any) -> ValidatedRefinement:
+        """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it
+        (continuing its random stream) if that wins; the served model is ``best_estimator_``."""
         self._validate_params()
         model = copy.copy(self.estimator).set_params(pairwise=False)
         assert isinstance(model, DCR)
-        model.fit(data, validation, research=research, stopping=stopping)
+        model.fit(data, validation, **fit_params)
         gain, scores = self.decide(model, data)
         chosen = model._pairwise_copy()
         if gain.kept:
@@ -1189,57 +1173,43 @@ class ValidatedRefinement:
         chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
         return chosen
 
-    def to_artifact(self, **serving) -> Artifact:
-        return self.best_estimator_.to_artifact(**serving)
 
-
-class EarlyStoppedDCR:
+class EarlyStoppedDCR(_HoldOutSelection):
     """DCR whose per-level epoch counts are chosen on validation, wrapping a DCR (or a
     :class:`ValidatedRefinement` of one) as GridSearchCV wraps an estimator.
 
     ``folds`` times, ``fraction`` of each user's ratings (at least 2) are held out and every
-    level of the pointwise model is early-stopped on them (:class:`ValidationStopping` of
-    ``patience`` and ``tol``); the estimator is then fitted on all the ratings for each
-    level's median stopping epoch (``chosen_level_epochs_``). Given research
-    ``level_epochs`` are used as they are.
+    level of the pointwise model is early-stopped on them by the ``stopping`` rule; the
+    estimator is then fitted on all the ratings for each level's median stopping epoch
+    (``chosen_level_epochs_``). Given research ``level_epochs`` are used as they are.
 
     Parameters
     ----------
     estimator : DCR or ValidatedRefinement
         The model fitted on all the ratings.
+    stopping : ValidationStopping, optional
+        When a hold-out fit stops (default: ``ValidationStopping()``, patience 5, tol 0).
     folds : int, default 3
         Hold-outs the epochs are chosen on.
     fraction : float, default 0.25
         Share of each user's ratings held out (at least 2).
-    patience : int, default 5
-        Epochs without improvement of any level before a hold-out fit stops.
-    tol : float, default 0.0
-        Relative rise of a level's validation log-likelihood that counts as improvement.
     """
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         **HOLD_OUT_CONSTRAINTS,
-        **{name: forms for name, forms in ValidationStopping._parameter_constraints.items()},
+        "stopping": [None, ValidationStopping],
     }
 
     def __init__(
         self,
         estimator: DCR | ValidatedRefinement,
         *,
+        stopping: ValidationStopping | None = None,
         folds: int = 3,
         fraction: float = 0.25,
-        patience: int = 5,
-        tol: float = 0.0,
     ):
-        self.estimator = estimator
-        self.folds = folds
-        self.fraction = fraction
-        self.patience = patience
-        self.tol = tol
-
-    def _validate_params(self) -> None:
-        params = {k: getattr(self, k) for k in self._parameter_constraints}
-        validate_params(type(self).__name__, params, self._parameter_constraints)
+        super().__init__(estimator, folds, fraction)
+        self.stopping = stopping
 
     @property
     def model(self) -> DCR:
@@ -1250,6 +1220,8 @@ class EarlyStoppedDCR:
     def fit(self, data: Ratings, *, research: ResearchOptions | None = None) -> EarlyStoppedDCR:
         """Choose the per-level epochs on hold-outs of ``data``, then fit on all of it."""
         self._validate_params()
+        if self.stopping is not None:
+            self.stopping.validate()
         research = ResearchOptions() if research is None else research
         model = self.model
         model._validate_params(research)
@@ -1264,15 +1236,12 @@ class EarlyStoppedDCR:
                 int(self.folds),
                 float(self.fraction),
                 research,
-                ValidationStopping(int(self.patience), float(self.tol)),
+                self.stopping,
             )
             research = replace(research, level_epochs=self.chosen_level_epochs_)
         fitted = copy.copy(self.estimator).fit(data, research=research)
         self.best_estimator_ = fitted.best_estimator_ if isinstance(fitted, ValidatedRefinement) else fitted
         return self
-
-    def to_artifact(self, **serving) -> Artifact:
-        return self.best_estimator_.to_artifact(**serving)
 
 
 Estimator = DCR
