@@ -118,7 +118,7 @@ def paper_filter(data: Ratings, min_user: int = 20, min_item: int = 4) -> Rating
 
 def split_per_user(user: np.ndarray, n_users: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
     """Boolean mask: ``round(fraction * n_u)`` random ratings of every user are True (observed)."""
-    key = rng.random(user.shape[0])
+    key = rng.random(len(user))
     order = np.lexsort((key, user))
     counts = np.bincount(user, minlength=n_users)
     starts = np.zeros(n_users + 1, dtype=np.int64)
@@ -279,7 +279,8 @@ def tune(
     inner = split_per_user(sub.user, data.n_users, 0.8, rng)
     values = protocol_values(sub, inner)
     scale_name = "lam" if function == "sigmoid" else "alpha"
-    best, best_score = None, -1.0
+    best: dict | None = None
+    best_score = -1.0
     for scale, reg, power in itertools.product(GRID[scale_name], GRID["reg"], GRID["group_power"]):
         params = dict(base, **{scale_name: scale, "reg": reg, "group_power": power})
         metrics, seconds = fit_and_evaluate(params, sub, values, inner)
@@ -291,6 +292,8 @@ def tune(
         )
         if score > best_score:
             best, best_score = params, score
+    if best is None:
+        raise ValueError(f"no {function} grid point scored a preservation (empty validation split?)")
     log(f"  tuned {function}: {best}")
     return best
 
@@ -441,9 +444,9 @@ def run(args: argparse.Namespace) -> list[Row]:
                 for metric, value in evaluate_distances(data, values, observed, dist).items():
                     per_run.setdefault(ref, {}).setdefault(metric, []).append(value)
     rows = []
-    for method, metrics in per_run.items():
+    for method, figures in per_run.items():
         for metric in METRICS:
-            rows.append(summarise(method, dataset, setting, metric, metrics[metric]))
+            rows.append(summarise(method, dataset, setting, metric, figures[metric]))
         if method in seconds:
             rows.append(summarise(method, dataset, setting, "fit_seconds", seconds[method]))
             rows.append(summarise(method, dataset, setting, "fit_cpu_seconds", metrics["fit_cpu_seconds"]))

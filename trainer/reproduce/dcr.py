@@ -232,6 +232,8 @@ def tune(
             best, best_score, best_model = chosen, score, model
     best_pair: dict = {}
     if pairwise_grid:
+        if best_model is None:
+            raise ValueError("the fit grid is empty: no model to refine")
         pkeys = sorted(pairwise_grid)
         pair_score = -np.inf
         for values in itertools.product(*(pairwise_grid[k] for k in pkeys)):
@@ -374,12 +376,12 @@ def select(
     fitted = []
     for choice in choices:
         candidate = dict(params, **choice)
-        values, epochs = [], []
+        parts, epochs = [], []
         for fit, val in splits:
             model, _ = fit_stopped(candidate, fit, val)
-            values.append(ndcg_values(serving_scorer(model), val))
+            parts.append(ndcg_values(serving_scorer(model), val))
             epochs.append(model.best_epochs_)
-        values = np.concatenate(values)
+        values = np.concatenate(parts)
         level_epochs = median_level_epochs(epochs)
         log(
             f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {values.mean():.4f}"

@@ -237,7 +237,7 @@ def als_scores(train: Ratings, factors: int, l2: float, seed: int) -> Callable[[
 # The tuned references: their grid and how one setting is fitted (settings chosen on validation).
 TUNED = {
     "ease": (EASE_GRID, lambda data, l2, seed: ease_scores(data, l2)),
-    "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, *setting, seed)),
+    "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, setting[0], setting[1], seed)),
 }
 
 
