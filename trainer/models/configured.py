@@ -19,9 +19,11 @@ from ordrec.trainer.models.base import validate_params
 from ordrec.trainer.models.dcr import (
     DCR,
     SERVING_CONSTRAINTS,
+    SERVING_DEFAULTS,
     EarlyStoppedDCR,
     ValidatedRefinement,
     ValidationStopping,
+    check_serving,
 )
 
 # DCR's model selection under its flat names: wrapper parameter -> flat name, and the defaults.
@@ -104,6 +106,7 @@ def _dcr(params: dict[str, Any]) -> Configured:
     validate_params("DCR", selection, DCR_SELECTION_CONSTRAINTS)
     serving = {name: params.pop(name) for name in DCR_SERVING if name in params}
     validate_params("DCR", serving, SERVING_CONSTRAINTS)
+    check_serving(**dict(SERVING_DEFAULTS, **serving))  # an unknown index setting, before any fitting
     model = DCR(**params)
     holdout = dict(folds=selection["validation_folds"], fraction=selection["validation_fraction"])
     estimator: Any = model

@@ -1033,6 +1033,9 @@ SERVING_CONSTRAINTS: dict[str, list] = {
     "ann_params": [None, dict],
 }
 
+# ``DCR.to_artifact``'s serving choices when not given.
+SERVING_DEFAULTS: dict[str, Any] = {"item_shrinkage": 0.0, "ann_min_items": ANN_MIN_ITEMS, "ann_params": None}
+
 HOLD_OUT_CONSTRAINTS: dict[str, list] = {
     "folds": [Interval(Integral, 1, None)],
     "fraction": [Interval(Real, 0, 1, closed="neither")],
