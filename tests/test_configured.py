@@ -50,6 +50,11 @@ def test_the_serving_choices_reach_the_artifact():
         rtol=1e-6,
     )
     assert shrunk.to_artifact().hyperparameters["item_shrinkage"] == 2.0
+    stopped = configure("dcr", {"n_components": 2, "max_iter": 2, "early_stopping": True, "val_tol": 0.01})
+    recorded = stopped.fit(data).to_artifact().hyperparameters
+    assert (
+        recorded["early_stopping"] is True and recorded["val_tol"] == 0.01 and recorded["n_components"] == 2
+    )
 
 
 @pytest.mark.parametrize(

@@ -469,6 +469,7 @@ def protocol_summary(name: str) -> str:
 
 def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> None:
     ratings = kind in PROTOCOLS or kinds.get(kind).input_shape == "ratings"
+    p.allow_abbrev = False  # a retired flag (--rank) must not pass as the prefix of another (--rank-grid)
     add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True), ratings=ratings)
     p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
     p.add_argument("--seed", type=int, default=0)

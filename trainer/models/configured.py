@@ -57,6 +57,9 @@ class Configured:
     estimator: Any
     serving: dict[str, Any] = field(default_factory=dict)
     selection: tuple[str, ...] = ()  # the model-selection settings turned on, by flat name
+    recorded: dict[str, Any] = field(
+        default_factory=dict
+    )  # given selection/serving settings, for the manifest
 
     def fit(self, data: Any) -> Configured:
         self.estimator.fit(data)
@@ -75,7 +78,11 @@ class Configured:
         return self
 
     def to_artifact(self) -> Artifact:
-        return self.estimator.to_artifact(**self.serving)
+        """The fitted model's artifact; its manifest also records the selection and serving
+        settings given (beside the estimator's own parameters)."""
+        artifact = self.estimator.to_artifact(**self.serving)
+        artifact.hyperparameters.update(self.recorded)
+        return artifact
 
 
 def accepted_params(kind: str) -> list[str]:
@@ -102,6 +109,7 @@ def _plain(kind: str) -> Callable[[dict[str, Any]], Configured]:
 def _dcr(params: dict[str, Any]) -> Configured:
     """DCR, wrapped in ``ValidatedRefinement`` (with ``pairwise`` unless ``pairwise_validation``
     is false) and in ``EarlyStoppedDCR`` (with ``early_stopping``)."""
+    recorded = {name: params[name] for name in [*DCR_SELECTION, *DCR_SERVING] if name in params}
     selection = {name: params.pop(name, default) for name, default in DCR_SELECTION.items()}
     validate_params("DCR", selection, DCR_SELECTION_CONSTRAINTS)
     serving = {name: params.pop(name) for name in DCR_SERVING if name in params}
@@ -120,4 +128,4 @@ def _dcr(params: dict[str, Any]) -> Configured:
         rule = ValidationStopping(patience=selection["patience"], tol=selection["val_tol"])
         estimator = EarlyStoppedDCR(estimator, stopping=rule, **holdout)
         turned_on.append("early_stopping")
-    return Configured(estimator, serving, tuple(turned_on))
+    return Configured(estimator, serving, tuple(turned_on), recorded)

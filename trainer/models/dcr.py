@@ -1172,7 +1172,11 @@ class ValidatedRefinement(_HoldOutSelection):
         if data.fingerprint() != model.data_fingerprint_:
             raise ValueError("ValidatedRefinement.refine needs the ratings the model was fitted on")
         gain, scores = self.decide(model, data, **overrides)
-        chosen = model.refined(**overrides) if gain.kept else model._pairwise_copy(**overrides)
+        if gain.kept:
+            chosen = model.refined(**overrides)
+        else:  # the pointwise factors, served as they are
+            chosen = model._pairwise_copy(**overrides)
+            chosen.pairwise_loss_ = float("nan")
         chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
         return chosen
 
