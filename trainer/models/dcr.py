@@ -769,57 +769,8 @@ class DCR(Estimator):
         return damped.astype(np.float32)
 
     def _refine(self, rng: np.random.Generator) -> None:
-        """Pairwise DCR (Algorithm 1) with pairs sampled on the fly."""
-        c, _ = level_weights(self.levels_, self.relevance)
-        bias = float(self.research_.item_bias)
-        u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
-        indptr, items, levels = self.seen_indptr_, self.seen_indices_.astype(np.int64), self.seen_levels_
-        sphere = self.research_.projection == "sphere"
-        active = np.flatnonzero(np.diff(self.seen_indptr_) > (0 if self._unrated else 1))
-        with Progress("Pairwise DCR", self.pairwise_max_iter, self.verbose) as bar:
-            for epoch in range(int(self.pairwise_max_iter)):
-                lr = float(self.pairwise_learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
-                if self._unrated:  # rated over unrated pairs too, from a fresh draw
-                    indptr, items, levels = self._with_unrated(rng)
-                n_steps = int(round(float(self.pairs_per_epoch) * items.size))
-                if self.research_.order == "user":
-                    # Pairs grouped by user: U_u stays in cache for the user's draws.
-                    loss, _ = pairwise_epoch_by_user(
-                        self.U_,
-                        self.V_,
-                        indptr,
-                        items,
-                        levels,
-                        c,
-                        rng.permutation(active),
-                        float(self.pairs_per_epoch),
-                        lr,
-                        float(self.pairwise_reg),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        int(rng.integers(2**31 - 1)),
-                    )
-                else:
-                    loss, _ = pairwise_epoch(
-                        self.U_,
-                        self.V_,
-                        indptr,
-                        items,
-                        levels,
-                        c,
-                        n_steps,
-                        lr,
-                        float(self.pairwise_reg),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        int(rng.integers(2**31 - 1)),
-                    )
-                # Users with fewer than 2 ratings draw no pairs, so their rows never change.
-                check_finite(epoch, user_factors=self.U_[active], item_factors=self.V_)
-                self.pairwise_loss_ = float(loss)
-                bar.update(1, loss=float(loss))
+        """Pairwise DCR (Algorithm 1) on this fit's factors, in place (``_fit_pairwise``)."""
+        _fit_pairwise(self, rng)
 
     def refined(self, **overrides) -> DCR:
         """A copy of this fitted DCR refined pairwise (the DCR fit is not repeated).
@@ -1015,6 +966,40 @@ def _fit_pointwise(
             bar.update(1, loglik=model.loglik_history_[-1])
             if stopper.after_epoch(epoch + 1) if stopper.stopping else model._converged():
                 break
+
+
+def _fit_pairwise(model: DCR, rng: np.random.Generator) -> None:
+    """Pairwise DCR (Algorithm 1, Eq. 5-7) by projected SGD on ``model.U_``/``V_`` in place, pairs
+    sampled on the fly (rated over unrated too when top-N-aware); ``model.pairwise_loss_`` is
+    the last pass's loss."""
+    c, _ = level_weights(model.levels_, model.relevance)
+    bias = float(model.research_.item_bias)
+    u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
+    indptr, items, levels = model.seen_indptr_, model.seen_indices_.astype(np.int64), model.seen_levels_
+    # The arguments every pass's kernel shares: lambda of Eq. 5, the frozen coordinates, projection.
+    step = (float(model.pairwise_reg), u_fixed, u_radius, model.research_.projection == "sphere")
+    active = np.flatnonzero(np.diff(model.seen_indptr_) > (0 if model._unrated else 1))
+    U, V = model.U_, model.V_
+    with Progress("Pairwise DCR", model.pairwise_max_iter, model.verbose) as bar:
+        for epoch in range(int(model.pairwise_max_iter)):
+            lr = float(model.pairwise_learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
+            if model._unrated:  # rated over unrated pairs too, from a fresh draw
+                indptr, items, levels = model._with_unrated(rng)
+            n_steps = int(round(float(model.pairs_per_epoch) * items.size))
+            if model.research_.order == "user":
+                # Pairs grouped by user: U_u stays in cache for the user's draws.
+                order, share = rng.permutation(active), float(model.pairs_per_epoch)
+                loss, _ = pairwise_epoch_by_user(
+                    U, V, indptr, items, levels, c, order, share, lr, *step, int(rng.integers(2**31 - 1))
+                )
+            else:
+                loss, _ = pairwise_epoch(
+                    U, V, indptr, items, levels, c, n_steps, lr, *step, int(rng.integers(2**31 - 1))
+                )
+            # Users with fewer than 2 ratings draw no pairs, so their rows never change.
+            check_finite(epoch, user_factors=U[active], item_factors=V)
+            model.pairwise_loss_ = float(loss)
+            bar.update(1, loss=float(loss))
 
 
 def check_serving(item_shrinkage: float, ann_min_items: int, ann_params: dict | None) -> None:
