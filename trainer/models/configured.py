@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ordrec.service.artifacts import Artifact
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.base import validate_params

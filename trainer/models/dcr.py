@@ -55,9 +55,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ordrec.service.ann import ANN_MIN_ITEMS, CALIBRATION_QUERIES, Queries, build_params, item_index
-from ordrec.service.artifacts import Artifact
-from ordrec.service.models.dcr import RELEVANCE, DCRIndex, level_weights
+from ordrec.service.indices.ann import ANN_MIN_ITEMS, CALIBRATION_QUERIES, Queries, build_params, item_index
+from ordrec.service.indices.models.dcr import RELEVANCE, DCRIndex, level_weights
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.models.dcr_kernels import (
@@ -843,7 +843,7 @@ class DCR(Estimator):
         ``item_shrinkage`` (``beta >= 0``) serves each item's factors scaled by
         ``n_i / (n_i + beta)`` (``n_i`` its training ratings; the -shrunk variants).
         Catalogues of at least ``ann_min_items`` items get an approximate item index
-        (``service/ann.py``, ``docs/catalog.md``) of ``ann_params`` (``structure``
+        (``service/indices/ann.py``, ``docs/catalog.md``) of ``ann_params`` (``structure``
         ``"hnsw"`` or ``"ivf"`` and its settings); smaller ones are scored exactly.
         """
         if not hasattr(self, "U_"):
