@@ -21,7 +21,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer import sample
-from ordrec.trainer.models.dcr import DCR
+from ordrec.trainer.models.configured import configure
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 
@@ -459,7 +459,7 @@ def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
         f"faiss-ivf-ip nlist={entry.params['nlist']} nprobe="
     )
     with pytest.raises(ValueError, match="unknown index parameter"):  # refused before any fitting
-        DCR(ann_params={"efSearch": 3}).fit(sample.planted_ratings(seed=1))
+        configure("dcr", {"ann_params": {"efSearch": 3}}).fit(sample.planted_ratings(seed=1))
 
 
 def test_list_models_and_metrics_say_which_index_serves(registry):

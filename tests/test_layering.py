@@ -74,7 +74,6 @@ PENDING = {
     ("tests/test_readers.py", "_parse_lines"),
     ("tests/test_rtf.py", "_split_validation"),
     ("tests/test_rtf_grid.py", "_fit_factors"),
-    ("tests/test_score.py", "_sgd_step"),
 }
 NAMED_ACCESS = {"getattr", "setattr", "hasattr", "delattr"}  # also monkeypatch.setattr/delattr
 

@@ -458,8 +458,10 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
             f"data.{model['data']}.rating_scale",
             f"is for ratings data; model {name!r} ({kind.name}) reads {kind.input_shape}",
         )
+    from ordrec.trainer.models.configured import accepted_params
+
     estimator = kind.estimator_class()
-    params = dict(c.keys(model["params"], f"{where}.params", estimator.param_names()))
+    params = dict(c.keys(model["params"], f"{where}.params", accepted_params(kind.name)))
     if "verbose" in estimator.param_names():
         params.setdefault("verbose", False)  # progress bars are noise in a cron log
     gate = c.table(model["gate"], f"{where}.gate", GATE_KEYS)
@@ -769,15 +771,16 @@ class _Job:
         self.say(model.name, "events checkpoint advanced to %s", feed.next.last_id or "-")
 
     def fit(self, model: ModelJob, estimator_cls, data):
-        """A fresh estimator fitted on ``data``: in this process, or on the model's ``cluster``
-        (nothing is published until the fit has completed either way)."""
-        estimator = estimator_cls(**model.params)
-        if model.cluster is None:
-            return estimator.fit(data)
-        from ordrec.trainer.models.dcr_distributed import fit_on_cluster
+        """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
+        on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
+        the fit has completed either way)."""
+        from ordrec.trainer.models.configured import configure
 
+        configured = configure(model.kind, model.params)
+        if model.cluster is None:
+            return configured.fit(data)
         self.say(model.name, "fitting on cluster %s", model.cluster)
-        return fit_on_cluster(estimator, data, model.cluster)
+        return configured.fit_on_cluster(data, model.cluster)
 
     def run_model(self, model: ModelJob) -> Outcome:
         from ordrec.trainer.evaluation import holdout
