@@ -200,6 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("--trending-window", d.trending_window, "seconds after its last interaction an item leaves"),
     ):
         trending.add_argument(flag, type=_positive_seconds, default=default, help=text)
+    p.add_argument(
+        "--fresh-interval",
+        type=float,
+        default=d.fresh_interval,
+        metavar="SECONDS",
+        help="with --redis: seconds between reads of the interactions with items the served versions"
+        " were not trained on, which Recommend then serves (docs/service.md, 'Fresh items'); 0: off",
+    )
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
@@ -308,6 +316,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         trending=args.trending,
         trending_half_life=args.trending_half_life,
         trending_window=args.trending_window,
+        fresh_interval=args.fresh_interval,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),

@@ -112,13 +112,20 @@ def warm_up() -> None:
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
 
 
-def rerank(index: RecommenderIndex, pool: Ranked, n: int, settings: Diversify) -> Ranked:
+def rerank(
+    index: RecommenderIndex, pool: Ranked, n: int, settings: Diversify, fresh: np.ndarray | None = None
+) -> Ranked:
     """The ``n`` items of ``pool`` that ``settings`` choose, in their order; fewer when the
-    cap leaves fewer. ``FilterError`` when the capped attribute does not exist."""
+    cap leaves fewer. ``FilterError`` when the capped attribute does not exist. Rows past the
+    version's items are fresh items (factors ``fresh``; no attribute values, so never capped)."""
     rows, scores = pool
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
-    similarity = pairwise_similarity(index, rows) if settings.weight > 0 else np.zeros((rows.size, rows.size))
+    similarity = (
+        pairwise_similarity(index, rows, fresh)
+        if settings.weight > 0
+        else np.zeros((rows.size, rows.size))
+    )
     allowed = None
     if settings.cap is not None:
         allowed = _capped(index, rows, settings.cap)
@@ -132,10 +139,16 @@ def rerank(index: RecommenderIndex, pool: Ranked, n: int, settings: Diversify) -
 
 def _capped(index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap):
     """A veto: an item any of whose values already has ``cap.limit`` chosen items."""
+    trained = rows < len(index.items)
     try:
-        values = index.item_attributes.item_values(cap.attribute, rows)
+        known = index.item_attributes.item_values(cap.attribute, rows[trained])
     except FilterError as exc:
         raise FilterError(f"max_per_attribute: {exc}") from None
+    values = known
+    if not trained.all():
+        values = [()] * rows.size
+        for position, found in zip(np.flatnonzero(trained).tolist(), known):
+            values[position] = found
     counts: dict[float | int, int] = {}
 
     def allowed(position: int, chosen: list[int]) -> bool:

@@ -26,6 +26,7 @@ from ordrec.service.errors import InvalidArgument
 from ordrec.service.models.base import RecommenderIndex
 from ordrec.service.models.coe import COEIndex
 from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.similar import item_vectors
 
 # Keeps COE's inverse distance finite for a history item on the recommended item's spot.
 EPS = 1e-6
@@ -43,15 +44,16 @@ class Reason:
 
 
 def _weights(
-    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray
+    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, fresh: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(similarity, weight) of each (recommended, history) pair, shape ``(n, m)``."""
     if isinstance(index, DCRIndex):
         factors = index.item_factors
-        sim = (factors[item_rows] * index.level_scale) @ factors[history].T
+        sim = (item_vectors(index, item_rows, fresh) * index.level_scale) @ factors[history].T
         return sim, np.maximum(sim, 0.0)
     if isinstance(index, COEIndex):
-        diff = index.item_coords[item_rows][:, None, :] - index.item_coords[history][None, :, :]
+        points = item_vectors(index, item_rows, fresh)
+        diff = points[:, None, :] - index.item_coords[history][None, :, :]
         distance = np.sqrt(np.einsum("nmd,nmd->nm", diff, diff))
         return -distance, 1.0 / (distance + EPS)
     return np.zeros((item_rows.size, history.size)), np.zeros((item_rows.size, history.size))
@@ -82,16 +84,21 @@ def _best_reasons(weight, item_rows, history, k):
 
 
 def explain(
-    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, k: int
+    index: RecommenderIndex,
+    item_rows: np.ndarray,
+    history: np.ndarray,
+    k: int,
+    fresh: np.ndarray | None = None,
 ) -> list[list[Reason]]:
-    """Up to ``k`` reasons for each of ``item_rows``, largest share first (module docstring)."""
+    """Up to ``k`` reasons for each of ``item_rows``, largest share first (module docstring);
+    rows past the version's items are fresh items (``service/similar.py``, ``item_vectors``)."""
     item_rows = np.asarray(item_rows, dtype=np.int64)
     history = np.asarray(history, dtype=np.int64)
     if history.size > 1 and not (history[1:] > history[:-1]).all():
         history = np.unique(history)  # training items arrive sorted and distinct
     if k <= 0 or item_rows.size == 0 or history.size == 0:
         return [[] for _ in range(item_rows.size)]
-    sim, weight = _weights(index, item_rows, history)
+    sim, weight = _weights(index, item_rows, history, fresh)
     best, totals = _best_reasons(np.ascontiguousarray(weight, dtype=np.float64), item_rows, history, k)
     reasons = []
     for i, positions in enumerate(best.tolist()):

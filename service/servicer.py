@@ -38,6 +38,7 @@ from ordrec.service.errors import (
 )
 from ordrec.service.explain import explain, explain_count
 from ordrec.service.forgotten import ForgottenUsers
+from ordrec.service.fresh import FreshItems, FreshOverlay, FreshRules, fresh_top, merge_fresh
 from ordrec.service.hidden import HiddenState
 from ordrec.service.idmap import IdMap
 from ordrec.service.metrics import Metrics
@@ -45,7 +46,7 @@ from ordrec.service.objectstore import RegistryUnavailable
 from ordrec.service.online import NoOnlineEvaluation
 from ordrec.service.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.seen import Recorded, SeenStore
-from ordrec.service.similar import MAX_BASKET, similar_items
+from ordrec.service.similar import MAX_BASKET, item_vectors, similar_items
 from ordrec.service.store import LoadedModel, ModelStore
 from ordrec.service.trending import EMPTY, Trending, TrendingIndex, check_model_request, ranked_rows
 from ordrec.v1 import recommender_pb2 as pb
@@ -186,10 +187,10 @@ def _diversify_settings(request) -> Diversify:
     )
 
 
-def _diversified(index, pool, n: int, settings: Diversify):
+def _diversified(index, pool, n: int, settings: Diversify, fresh: FreshOverlay | None = None):
     """``n`` of the pool re-ranked for diversity; a cap on an unknown attribute is INVALID_ARGUMENT."""
     try:
-        return rerank(index, pool, n, settings)
+        return rerank(index, pool, n, settings, None if fresh is None else fresh.factors)
     except FilterError as exc:
         raise InvalidArgument(str(exc)) from None
 
@@ -208,6 +209,13 @@ def _recorded_rows(index, rated: dict[str, str]) -> np.ndarray:
     """Rows of a folded-in user's recorded items the version knows (their history)."""
     rows = index.items.rows(list(rated))
     return rows[rows >= 0]
+
+
+def _add_scored_fresh(container, ids: IdMap, fresh: FreshOverlay, rows: np.ndarray, scores: np.ndarray) -> None:
+    """:func:`_add_scored` for answers holding fresh items (rows past the version's), flagged."""
+    add = container.add
+    for row, external, score in zip(rows.tolist(), fresh.external(rows, ids.ids), scores.tolist()):
+        add(id=external, score=score, fresh=row >= fresh.base)
 
 
 def _add_explanations(items, ids: IdMap, reasons) -> None:
@@ -245,6 +253,24 @@ class _VersionGroup(NamedTuple):
     positions: list[int]
     candidates: np.ndarray | None
     eligible: Eligible | None
+    fresh: FreshOverlay | None = None
+
+
+def _known_or_fresh_rows(ids: IdMap, fresh: FreshOverlay, externals: list[str]) -> np.ndarray:
+    """Rows of the trained items of a candidate list; NotFound for an id neither trained nor fresh."""
+    rows = ids.rows(externals)
+    fresh_ids = set(fresh.ids)
+    missing = [e for e, r in zip(externals, rows) if r < 0 and e not in fresh_ids]
+    if missing:
+        _rows_or_not_found(ids, missing, "candidate item ids")
+    return rows[rows >= 0]
+
+
+def _distribution(index, vector: np.ndarray, rows: np.ndarray, fresh: FreshOverlay | None) -> np.ndarray:
+    """The rating distribution of a user vector over ``rows`` (fresh items' from their factors)."""
+    if fresh is None or not (rows >= fresh.base).any():
+        return index.distribution_for(vector, rows)
+    return index.distribution_of_factors(vector, item_vectors(index, rows, fresh.factors))
 
 
 def _rating(text: str) -> float:
@@ -279,6 +305,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         forgotten: ForgottenUsers | None = None,
         forget_client=None,
         trending: TrendingIndex | None = None,
+        fresh: FreshItems | None = None,
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
@@ -291,6 +318,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         # Trending (service/trending.py): unknown users' fallback, and a model name of its own.
         self.trending = trending
         self.trending_name = trending.name if trending else ""
+        # Items the served versions were not trained on, folded in from recorded ratings.
+        self.fresh = fresh
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -351,30 +380,36 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         """The users one version answers, with its view of the request; refuses, before any
         work, a request it cannot answer or whose reply would not fit."""
         index, lim = model.index, self.limits
-        candidates = (
-            _rows_or_not_found(index.items, call.candidate_ids, "candidate item ids")
-            if call.candidate_ids
-            else None
-        )
+        fresh = self.fresh.overlay(index) if self.fresh is not None else None
+        candidates = None
+        if call.candidate_ids:
+            candidates = (
+                _rows_or_not_found(index.items, call.candidate_ids, "candidate item ids")
+                if fresh is None
+                else _known_or_fresh_rows(index.items, fresh, call.candidate_ids)
+            )
         eligible = self._eligible(model, call.filter)
         if call.with_distribution and not hasattr(index, "distribution"):
             raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
         n_levels = len(index.rating_levels) if call.with_distribution else 0
         answerable = len(candidates) if candidates is not None else len(index.items)
+        id_bytes = index.items.max_bytes
+        if fresh is not None:
+            answerable, id_bytes = answerable + len(fresh), max(id_bytes, fresh.max_bytes)
         users = [user_ids[p] for p in positions]
         v.check_reply_fits(
-            v.recommend_reply_bytes(users, min(call.n, answerable), index.items.max_bytes, n_levels),
+            v.recommend_reply_bytes(users, min(call.n, answerable), id_bytes, n_levels),
             f"{len(users)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
             lim,
         )
         _check_cap(index, call.diversify)
         if call.explain:
             v.check_reply_fits(
-                len(users) * call.n * call.explain * v.scored_id_bytes(index.items.max_bytes, 1),
+                len(users) * call.n * call.explain * v.scored_id_bytes(id_bytes, 1),
                 f"{len(users)} user_ids x n={call.n} x explain={call.explain}",
                 lim,
             )
-        return _VersionGroup(model, positions, candidates, eligible)
+        return _VersionGroup(model, positions, candidates, eligible, fresh)
 
     def _recommend_group(
         self,
@@ -435,26 +470,47 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                     )
                 m.fallbacks.labels(model.name, "Recommend", _FALLBACK_LABEL[result.fallback]).inc()
             rows, scores = ranked[i]
+            fresh = group.fresh if user_rows[i] >= 0 or vector is not None else None
+            if fresh is not None:  # service/fresh.py: only versions with fresh items come here
+                vector = index.user_vector(int(user_rows[i])) if vector is None else vector
+                rules = self._fresh_rules(model, call, recent.get(uid))
+                rows, scores = merge_fresh((rows, scores), fresh_top(index, fresh, vector, n, rules), n)
             # --- request features (service/diversity.py, service/explain.py)
             if call.diversify.active:
-                rows, scores = _diversified(index, (rows, scores), call.n, call.diversify)
-            _add_scored(result.items, index.items, rows, scores)
+                rows, scores = _diversified(index, (rows, scores), call.n, call.diversify, fresh)
+            if fresh is None:
+                _add_scored(result.items, index.items, rows, scores)
+            else:
+                _add_scored_fresh(result.items, index.items, fresh, rows, scores)
             if call.explain and (user_rows[i] >= 0 or vector is not None):
                 history = (
-                    index.seen(int(user_rows[i])) if vector is None else _recorded_rows(index, evidence[uid])
+                    index.seen(int(user_rows[i])) if uid not in evidence else _recorded_rows(index, evidence[uid])
                 )
-                _add_explanations(result.items, index.items, explain(index, rows, history, call.explain))
+                reasons = explain(index, rows, history, call.explain, None if fresh is None else fresh.factors)
+                _add_explanations(result.items, index.items, reasons)
             # ---
             if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
                 dist = (
                     index.distribution(int(user_rows[i]), rows)
                     if vector is None
-                    else index.distribution_for(vector, rows)
+                    else _distribution(index, vector, rows, fresh)
                 )
                 for item, probs in zip(result.items, dist):
                     item.rating_distribution.extend(probs.tolist())
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
+
+    def _fresh_rules(self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None) -> FreshRules:
+        """What a user's fresh items must honour: hidden items, exclusions, their recorded
+        items, the candidate list; a filter leaves none (fresh items have no attributes)."""
+        sets = self.hidden.sets() if self.hidden else {}
+        blocked = (
+            sets.get(ALL_MODELS, frozenset()),
+            sets.get(model.name, frozenset()),
+            frozenset(call.exclude_ids),
+            frozenset(recent_ids or ()) if call.exclude_seen else frozenset(),
+        )
+        return FreshRules(blocked, frozenset(call.candidate_ids) if call.candidate_ids else None, bool(call.filter))
 
     def _users_counter(self, model: LoadedModel):
         """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
