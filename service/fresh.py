@@ -22,7 +22,7 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,6 +107,15 @@ class FreshEvidence:
         if changed:
             self._publish()
         return read
+
+    def add_entries(self, entries: Iterable[dict[str, str]]) -> None:
+        """Take events (fields ``user``, ``item`` and optionally ``value``, as in the stream)
+        without Redis: what :meth:`refresh` does with what it reads (benchmarks, tests)."""
+        changed = False
+        for fields in entries:
+            changed |= self._add(fields)
+        if changed:
+            self._publish()
 
     def _add(self, fields: dict[str, str]) -> bool:
         """Keep one stream entry when its item is fresh; whether the evidence changed."""
