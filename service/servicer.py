@@ -36,7 +36,7 @@ from ordrec.service.errors import (
     ServiceError,
     Unavailable,
 )
-from ordrec.service.explain import explain, explain_count
+from ordrec.service.explain import Explained, explain_count, explained
 from ordrec.service.forgotten import ForgottenUsers
 from ordrec.service.fresh import FreshItems, FreshOverlay, FreshRules, fresh_top, merge_fresh
 from ordrec.service.hidden import HiddenState
@@ -218,12 +218,16 @@ def _add_scored_fresh(container, ids: IdMap, fresh: FreshOverlay, rows: np.ndarr
         add(id=external, score=score, fresh=row >= fresh.base)
 
 
-def _add_explanations(items, ids: IdMap, reasons) -> None:
+def _add_explanations(items, ids: IdMap, reasons: Explained) -> None:
     """Attach each result's reasons (``service/explain.py``) as ``ScoredId.explanations``."""
     externals = ids.ids
-    for item, why in zip(items, reasons):
-        for reason in why:
-            item.explanations.add(id=externals[reason.row], share=reason.share, similarity=reason.similarity)
+    for item, rows, shares, sims in zip(
+        items, reasons.rows.tolist(), reasons.shares.tolist(), reasons.similarities.tolist()
+    ):
+        add = item.explanations.add
+        for row, share, sim in zip(rows, shares, sims):
+            if row >= 0:
+                add(id=externals[row], share=share, similarity=sim)
 
 
 class _RecommendCall(NamedTuple):
@@ -486,7 +490,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 history = (
                     index.seen(int(user_rows[i])) if uid not in evidence else _recorded_rows(index, evidence[uid])
                 )
-                reasons = explain(index, rows, history, call.explain, None if fresh is None else fresh.factors)
+                reasons = explained(index, rows, history, call.explain, None if fresh is None else fresh.factors)
                 _add_explanations(result.items, index.items, reasons)
             # ---
             if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
