@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 import pytest
 import redis
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.artifacts import Registry
@@ -298,3 +298,82 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
         assert _until(lambda: served[0] not in {i.id for i in top("u1")})
         redis_server.stop()  # fails open: the fresh items already read keep being served
         assert any(i.fresh for i in top("u1"))
+
+
+# ------------------------------------------------------------------- attacks
+def test_garbage_stream_entries_are_skipped_or_taken_as_picks(registry):
+    """Entries the stream may hold from older writers or by hand: no user or item is skipped; a
+    value that is not a finite number counts as an interaction without a rating."""
+    evidence = FreshEvidence(None, known=lambda item: False)
+    evidence.add_entries(
+        [
+            {"item": "new"},
+            {"user": "u0"},
+            {"user": "u0", "item": "new", "value": "five"},
+            {"user": "u1", "item": "new", "value": "inf"},
+            {"user": "u2", "item": "new", "value": "nan"},
+            {"user": "nobody", "item": "unrated-by-known", "value": "5"},
+            {"user": "u3", "item": "x" * 10_000, "value": "5"},
+        ]
+    )
+    assert set(evidence.current().items) == {"new", "unrated-by-known", "x" * 10_000}
+    handler = RecommenderServicer(
+        _store(registry), Metrics(), Limits(), SeenStore(), fresh=FreshItems(evidence)
+    )
+    for user in ("u0", "u150"):
+        items = recommend(handler, user, n=50).items
+        assert all(np.isfinite(i.score) for i in items)
+        assert "unrated-by-known" not in {i.id for i in items}  # no rater the version knows
+
+
+def _store(registry) -> ModelStore:
+    store = ModelStore(Registry(registry), Metrics())
+    store.refresh()
+    return store
+
+
+ids = st.one_of(st.sampled_from(["i0", "i40", "i41", "i95", "i149", "no-such", ""]), st.text(max_size=30))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=st.sampled_from(["dcr", "coe", "dcr_groups"]),
+    n=st.integers(-2, 60),
+    exclude=st.lists(ids, max_size=5),
+    candidates=st.lists(ids, max_size=5),
+    explain=st.integers(-1, 25),
+    diversity=st.floats(allow_nan=True, allow_infinity=True, width=32),
+    filter_=st.sampled_from(["", "group = 0", "group in (", "nope = 1"]),
+    distribution=st.booleans(),
+)
+def test_fuzzed_requests_with_fresh_items_get_an_answer_or_a_clear_error(
+    fuzz_handler, model, n, exclude, candidates, explain, diversity, filter_, distribution
+):
+    request = pb.RecommendRequest(
+        model=model,
+        user_ids=["u0"],
+        n=n,
+        exclude_item_ids=exclude,
+        candidate_item_ids=candidates,
+        explain=explain,
+        diversity=diversity,
+        filter=filter_,
+        with_distribution=distribution and model != "coe",
+    )
+    try:
+        result = fuzz_handler.Recommend(request, Context()).results[0]
+    except _Aborted as exc:
+        assert exc.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), exc
+        return
+    served = [i.id for i in result.items]
+    assert len(served) == len(set(served)) <= n
+    assert not set(served) & set(exclude)
+    if candidates:
+        assert set(served) <= set(candidates)
+    if filter_:
+        assert not any(i.fresh for i in result.items)
+
+
+@pytest.fixture(scope="module")
+def fuzz_handler(registry, planted):
+    return servicer(registry, planted)
