@@ -28,7 +28,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import redis
 
+from ordrec.service.item_attributes import ItemAttributeTable
 from ordrec.service.models.base import Ranked, RecommenderIndex
+from ordrec.service.rules import FilterError
+from ordrec.service.similar import item_vectors
 
 log = logging.getLogger("ordrec.fresh")
 
@@ -189,6 +192,17 @@ class FreshOverlay:
         return [trained_ids[r] if r < self.base else self.ids[r - self.base] for r in rows.tolist()]
 
 
+def _categorical_items(attributes: ItemAttributeTable | None) -> list[str]:
+    """Items a file gives categorical values, in file order (what attribute-only fresh items
+    can be placed by)."""
+    if attributes is None:
+        return []
+    listed: dict[str, None] = {}
+    for by_item in attributes.categorical.values():
+        listed.update((item, None) for item, values in by_item.items() if values)
+    return list(listed)
+
+
 def _rating(text: str) -> float:
     """A recorded rating (text) as a number; NaN for an interaction without one."""
     try:
@@ -209,8 +223,13 @@ class FreshItems:
         evidence: FreshEvidence,
         unknown_users: Callable[[list[str], np.ndarray], np.ndarray] | None = None,
         max_versions: int = 8,
+        attributes: ItemAttributeTable | None = None,
     ):
         self.evidence, self.unknown_users, self.max_versions = evidence, unknown_users, max_versions
+        # A newer item-attributes file: its items no version knows and nobody rated yet are
+        # placed at the mean of the trained items sharing their attribute values.
+        self.attributes = attributes
+        self._listed = _categorical_items(attributes)
         self._lock = threading.Lock()
         # id(index) -> (index, generation, overlay or None, item -> (stamp, factors or None))
         self._built: dict[int, tuple[RecommenderIndex, int, FreshOverlay | None, dict]] = {}
@@ -218,7 +237,7 @@ class FreshItems:
     def overlay(self, index: RecommenderIndex) -> FreshOverlay | None:
         """The version's fresh items; None when it has none (or its kind does not fold items in)."""
         current = self.evidence.current()
-        if not current.items or not index.folds_in:
+        if not (current.items or self._listed) or not index.folds_in:
             return None
         built = self._built.get(id(index))
         if built is not None and built[0] is index and built[1] == current.generation:
@@ -240,12 +259,37 @@ class FreshItems:
                 continue  # this version was trained on it
             before = previous.get(item)
             factors = before[1] if before is not None and before[0] == found.stamp else self._fold(index, found)
+            if factors is None and self.attributes is not None:  # no rater the version knows
+                factors = self._by_attributes(index, item)
             per_item[item] = (found.stamp, factors)
+        for item in self._listed:
+            if item not in per_item and len(per_item) < self.evidence.max_items and index.items.row(item) < 0:
+                before = previous.get(item)
+                per_item[item] = (-1, before[1] if before is not None else self._by_attributes(index, item))
         usable = [(item, f) for item, (_, f) in per_item.items() if f is not None]
         if not usable:
             return None, per_item
         ids = [item for item, _ in usable]
         return FreshOverlay(ids, np.stack([f for _, f in usable]), len(index.items)), per_item
+
+    def _by_attributes(self, index: RecommenderIndex, item: str) -> np.ndarray | None:
+        """The mean representation of the version's items sharing the item's categorical
+        values (a value of each of its attributes); None when none does."""
+        assert self.attributes is not None
+        clauses = []
+        for name, by_item in self.attributes.categorical.items():
+            values = [v for v in by_item.get(item, ()) if '"' not in v]
+            if values and name in index.item_attributes.columns:
+                clauses.append(f"{name} in (" + ", ".join(f'"{v}"' for v in values) + ")")
+        if not clauses:
+            return None
+        try:
+            rows = np.flatnonzero(index.item_attributes.allowed(" and ".join(clauses)))
+        except FilterError:
+            return None  # a value the version's attributes cannot take
+        if rows.size == 0:
+            return None
+        return item_vectors(index, rows).astype(np.float64).mean(axis=0).astype(np.float32)
 
     def _fold(self, index: RecommenderIndex, found: ItemEvidence) -> np.ndarray | None:
         """One item's factors from the raters the version knows; None when there are none."""

@@ -34,6 +34,7 @@ from ordrec.service.status_page import StatusPage
 from ordrec.service.store import ModelStore, Reloader
 from ordrec.service.streams import StreamGuard
 from ordrec.service.fresh import FreshEvidence, FreshItems, known_to_all
+from ordrec.service.item_attributes import read_item_attributes
 from ordrec.service.trending import TrendingIndex, TrendingSettings
 from ordrec.v1 import recommender_pb2
 
@@ -132,7 +133,10 @@ class Server:
         evidence = FreshEvidence(
             self.seen.client, known_to_all(recommenders), self.seen.healthy, config.fresh_interval
         )
-        return FreshItems(evidence, self.forgotten.unknown)
+        attributes = None
+        if config.fresh_item_attributes:
+            attributes = read_item_attributes(config.fresh_item_attributes)
+        return FreshItems(evidence, self.forgotten.unknown, attributes=attributes)
 
     def _online_evaluation(self, config: ServerConfig) -> NoOnlineEvaluation:
         """Sampling and hit counting in Redis (service/online.py); off without Redis."""

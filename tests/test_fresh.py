@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from ordrec.service.artifacts import Registry
 from ordrec.service.config import Limits
+from ordrec.service.cli import build_parser, config_from_args
 from ordrec.service.fresh import FreshEvidence, FreshItems, merge_fresh
+from ordrec.service.item_attributes import read_item_attributes
 from ordrec.service.metrics import Metrics
 from ordrec.service.models import build_index
 from ordrec.service.models.coe import COEIndex
@@ -67,8 +69,9 @@ def registry(planted, tmp_path_factory):
     target.publish("dcr", DCR(n_components=8, max_iter=30, random_state=0).fit(planted.training).to_artifact())
     target.publish("coe", COE(random_state=0).fit(planted.training).to_artifact())
     grouped = target.load("dcr", mmap=False)
-    groups = [float(planted.group_of[i]) for i in grouped.ids["items"].ids]
-    arrays, meta = encode_item_attributes([{"name": "group", "type": "numeric", "values": groups}], len(groups))
+    groups = [[f"g{planted.group_of[i]}"] for i in grouped.ids["items"].ids]
+    column = {"name": "group", "type": "categorical", "values": groups}
+    arrays, meta = encode_item_attributes([column], len(groups))
     grouped.arrays.update(arrays)
     grouped.attributes[ATTRIBUTES_KEY] = meta
     target.publish("dcr_groups", grouped)
@@ -194,7 +197,7 @@ def test_fresh_items_honour_exclusions_candidates_filters_explanations_and_diver
         recommend(handler, user, candidate_item_ids=[fresh_served[0], "no-such-item"])
     assert unknown.value.code == grpc.StatusCode.NOT_FOUND and "no-such-item" in str(unknown.value)
     # fresh items have no attributes, so a filter never lets one through
-    filtered = recommend(handler, user, "dcr_groups", n=30, filter="group in (0, 1, 2)").items
+    filtered = recommend(handler, user, "dcr_groups", n=30, filter='group in ("g0", "g1", "g2")').items
     assert filtered and not any(i.fresh for i in filtered)
     assert any(i.fresh for i in recommend(handler, user, "dcr_groups", n=30).items)
     explained = recommend(handler, user, n=30, explain=2, diversity=0.5).items
@@ -343,7 +346,7 @@ ids = st.one_of(st.sampled_from(["i0", "i40", "i41", "i95", "i149", "no-such", "
     candidates=st.lists(ids, max_size=5),
     explain=st.integers(-1, 25),
     diversity=st.floats(allow_nan=True, allow_infinity=True, width=32),
-    filter_=st.sampled_from(["", "group = 0", "group in (", "nope = 1"]),
+    filter_=st.sampled_from(["", 'group = "g0"', "group in (", "nope = 1", "group > 1"]),
     distribution=st.booleans(),
 )
 def test_fuzzed_requests_with_fresh_items_get_an_answer_or_a_clear_error(
@@ -377,3 +380,37 @@ def test_fuzzed_requests_with_fresh_items_get_an_answer_or_a_clear_error(
 @pytest.fixture(scope="module")
 def fuzz_handler(registry, planted):
     return servicer(registry, planted)
+
+
+def test_an_unrated_new_item_with_attributes_sits_among_the_items_sharing_them(registry, planted, tmp_path):
+    """A newer item-attributes file lists a new item nobody rated: it gets the mean factors of
+    the version's items with its values and reaches the users of that group."""
+    listing = tmp_path / "items.csv"
+    listing.write_text("id,group\nbrand-new,g1\nno-match,g9\ni0,g0\n")
+    table = read_item_attributes(listing)
+    handler = RecommenderServicer(
+        _store(registry),
+        Metrics(),
+        Limits(),
+        SeenStore(),
+        fresh=FreshItems(FreshEvidence(None, known=lambda item: False), attributes=table),
+    )
+    reach = {}
+    for user in ("u100", "u101", "u102", "u0", "u1", "u2"):
+        items = recommend(handler, user, "dcr_groups", n=40).items
+        assert "no-match" not in {i.id for i in items}  # no trained item shares its value
+        assert all(i.fresh == (i.id == "brand-new") for i in items)  # i0 is trained: not fresh
+        reach[user] = "brand-new" in {i.id for i in items}
+    assert reach["u100"] and reach["u101"] and reach["u102"]  # group 1's users
+    assert not (reach["u0"] or reach["u1"] or reach["u2"])
+    # the plain version has no attributes to match: the item is not served there
+    assert "brand-new" not in {i.id for i in recommend(handler, "u100", "dcr", n=40).items}
+
+
+def test_a_bad_attributes_file_or_interval_stops_the_start_naming_it(tmp_path):
+    bad = tmp_path / "items.csv"
+    bad.write_text("id,group\nx,g1,extra\n")
+    with pytest.raises(ValueError, match=r"items.csv:2: 3 fields"):
+        config_from_args(build_parser().parse_args(["--registry", str(tmp_path), "--fresh-item-attributes", str(bad)]))
+    with pytest.raises(ValueError, match="--fresh-interval"):
+        config_from_args(build_parser().parse_args(["--registry", str(tmp_path), "--fresh-interval", "nan"]))

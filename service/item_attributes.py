@@ -13,7 +13,9 @@ Three formats, detected from the file name unless given:
 
 The columns are packed over the version's item rows by
 ``ordrec.service.rules.encode_item_attributes`` (the format lives with the
-code that reads it back); items the file does not list have no values.
+code that reads it back); items the file does not list have no values. The
+trainer publishes them with a version; the server reads a newer file for the
+items no version was trained on yet (``service/fresh.py``).
 """
 
 from __future__ import annotations
