@@ -187,6 +187,20 @@ class FreshOverlay:
     def __len__(self) -> int:
         return len(self.ids)
 
+    @functools.cached_property
+    def position(self) -> dict[str, int]:
+        """Fresh item id -> its position in ``ids``."""
+        return {item: j for j, item in enumerate(self.ids)}
+
+    def positions(self, item_ids: Collection[str]) -> list[int]:
+        """Positions of those of ``item_ids`` that are fresh items (walking the shorter side:
+        a hidden set may be large, the overlay too)."""
+        if len(item_ids) <= len(self.ids):
+            found = (self.position.get(item) for item in item_ids)
+            return [j for j in found if j is not None]
+        lookup = item_ids if isinstance(item_ids, (set, frozenset)) else set(item_ids)
+        return [j for j, item in enumerate(self.ids) if item in lookup]
+
     def external(self, rows: np.ndarray, trained_ids: list[str]) -> list[str]:
         """External ids of merged rows (trained items and fresh ones)."""
         return [trained_ids[r] if r < self.base else self.ids[r - self.base] for r in rows.tolist()]
@@ -322,13 +336,13 @@ def fresh_top(
     if rules.filtered:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     scores = index.score_factors(vector, overlay.factors)
-    allowed = np.array(
-        [
-            not any(item in ids for ids in rules.blocked_ids) and (rules.candidate_ids is None or item in rules.candidate_ids)
-            for item in overlay.ids
-        ],
-        dtype=bool,
-    )
+    allowed = np.ones(len(overlay), dtype=bool)
+    if rules.candidate_ids is not None:
+        allowed[:] = False
+        allowed[overlay.positions(rules.candidate_ids)] = True
+    for ids in rules.blocked_ids:
+        if ids:
+            allowed[overlay.positions(ids)] = False
     positions = np.flatnonzero(allowed)
     best = positions[np.argsort(-scores[positions], kind="stable")[:n]]
     return best + overlay.base, scores[best]

@@ -509,12 +509,12 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         items, the candidate list; a filter leaves none (fresh items have no attributes)."""
         sets = self.hidden.sets() if self.hidden else {}
         blocked = (
-            sets.get(ALL_MODELS, frozenset()),
-            sets.get(model.name, frozenset()),
-            frozenset(call.exclude_ids),
-            frozenset(recent_ids or ()) if call.exclude_seen else frozenset(),
+            sets.get(ALL_MODELS, ()),
+            sets.get(model.name, ()),
+            call.exclude_ids,
+            (recent_ids or ()) if call.exclude_seen else (),
         )
-        return FreshRules(blocked, frozenset(call.candidate_ids) if call.candidate_ids else None, bool(call.filter))
+        return FreshRules(blocked, call.candidate_ids or None, bool(call.filter))
 
     def _users_counter(self, model: LoadedModel):
         """``ordrec_recommend_users_total`` of the model's version, its child looked up once per

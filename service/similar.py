@@ -113,8 +113,8 @@ def pairwise_similarity(
     ``1 - d / d_max`` over these rows (COE); ``fresh`` as in :func:`item_vectors`."""
     vectors = item_vectors(index, rows, fresh)
     if isinstance(index, DCRIndex):
-        x = vectors * np.sqrt(index.level_scale)
-        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        x = vectors * index.root_level_scale
+        x /= np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x)), 1e-12)[:, None]
         return (x @ x.T).astype(np.float64)
     points = vectors
     diff = points[:, None, :] - points[None, :, :]

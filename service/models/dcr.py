@@ -159,6 +159,12 @@ class DCRIndex(RecommenderIndex):
         """Each factor column's level weight ``c_t`` (what the user side is multiplied by)."""
         return self._scale
 
+    @functools.cached_property
+    def root_level_scale(self) -> np.ndarray:
+        """``sqrt(c_t)`` per factor column: item factors times it have the level-weighted inner
+        product as their plain one (the cosine of diversity, ``service/similar.py``)."""
+        return np.sqrt(self._scale)
+
     @staticmethod
     def _open_ann(artifact: Artifact, item: np.ndarray):
         entry = artifact.indexes.get("items")
