@@ -77,25 +77,34 @@ def evidence_of(planted: PlantedFresh | None) -> FreshEvidence:
     return evidence
 
 
+def top_n(servicer: RecommenderServicer, model: str, planted: PlantedFresh):
+    """``recommend(user, n)`` for :func:`caught`: item ids, the user's recorded items excluded."""
+
+    def top(user: str, n: int) -> list[str]:
+        request = pb.RecommendRequest(
+            model=model, user_ids=[user], n=n, exclude_item_ids=planted.recorded_by(user)
+        )
+        return [i.id for i in servicer.Recommend(request, Context()).results[0].items]
+
+    return top
+
+
 def catch_table(store: ModelStore, planted: PlantedFresh) -> None:
     settings = {
         "without the overlay": None,
         "with the overlay": FreshItems(evidence_of(planted)),
         "overlay, factors shuffled": ShuffledFresh(evidence_of(planted)),
     }
-    print(f"{len(planted.liked_held_out())} liked held-out interactions with {len(planted.fresh_ids)} fresh items")
+    print(
+        f"{len(planted.liked_held_out())} liked held-out interactions with {len(planted.fresh_ids)} fresh items"
+    )
     print(f"{'model':<6} {'setting':<28} {'caught@10':>10} {'caught@20':>10}")
     for model in ("dcr", "coe"):
         for label, fresh in settings.items():
-            servicer = handler(store, fresh)
-
-            def top(user: str, n: int) -> list[str]:
-                request = pb.RecommendRequest(
-                    model=model, user_ids=[user], n=n, exclude_item_ids=planted.recorded_by(user)
-                )
-                return [i.id for i in servicer.Recommend(request, Context()).results[0].items]
-
-            print(f"{model:<6} {label:<28} {caught(planted, top, 10):>10.3f} {caught(planted, top, 20):>10.3f}")
+            top = top_n(handler(store, fresh), model, planted)
+            print(
+                f"{model:<6} {label:<28} {caught(planted, top, 10):>10.3f} {caught(planted, top, 20):>10.3f}"
+            )
 
 
 def cost_table(store: ModelStore, planted: PlantedFresh, calls: int) -> None:
@@ -130,7 +139,9 @@ def main() -> int:
     planted = planted_fresh(seed=0)
     with tempfile.TemporaryDirectory() as folder:
         registry = Registry(folder)
-        registry.publish("dcr", DCR(n_components=8, max_iter=30, random_state=0).fit(planted.training).to_artifact())
+        registry.publish(
+            "dcr", DCR(n_components=8, max_iter=30, random_state=0).fit(planted.training).to_artifact()
+        )
         registry.publish("coe", COE(random_state=0).fit(planted.training).to_artifact())
         store = ModelStore(registry, Metrics())
         store.refresh()

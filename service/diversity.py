@@ -122,9 +122,7 @@ def rerank(
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
     similarity = (
-        pairwise_similarity(index, rows, fresh)
-        if settings.weight > 0
-        else np.zeros((rows.size, rows.size))
+        pairwise_similarity(index, rows, fresh) if settings.weight > 0 else np.zeros((rows.size, rows.size))
     )
     allowed = None
     if settings.cap is not None:

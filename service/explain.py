@@ -71,7 +71,8 @@ def _weights(
         sim = (item_vectors(index, item_rows, fresh) * index.level_scale) @ index.item_factors[history].T
         return sim, np.maximum(sim, 0.0)
     points = item_vectors(index, item_rows, fresh)
-    diff = points[:, None, :] - index.item_coords[history][None, :, :]  # type: ignore[union-attr]
+    assert isinstance(index, COEIndex)
+    diff = points[:, None, :] - index.item_coords[history][None, :, :]
     distance = np.sqrt(np.einsum("nmd,nmd->nm", diff, diff))
     return -distance, 1.0 / (distance + EPS)
 
@@ -126,8 +127,11 @@ def explained(
         return Explained(none, np.zeros(none.shape), np.zeros(none.shape))
     sim, weight = _weights(index, item_rows, history, fresh)
     best, shares, sims = _best_reasons(
-        np.ascontiguousarray(weight, dtype=np.float64), np.ascontiguousarray(sim, dtype=np.float64),
-        item_rows, history, k,
+        np.ascontiguousarray(weight, dtype=np.float64),
+        np.ascontiguousarray(sim, dtype=np.float64),
+        item_rows,
+        history,
+        k,
     )
     rows = np.where(best >= 0, history[np.maximum(best, 0)], -1)
     return Explained(rows, shares, sims)

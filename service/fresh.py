@@ -24,6 +24,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import redis
@@ -98,7 +99,10 @@ class FreshEvidence:
         changed = False
         try:
             for _ in range(MAX_READS):
-                entries = self.client.xrange(EVENTS_STREAM, min=f"({self._cursor}", count=READ_BATCH)
+                entries = cast(
+                    list[tuple[str, dict[str, str]]],
+                    self.client.xrange(EVENTS_STREAM, min=f"({self._cursor}", count=READ_BATCH) or [],
+                )
                 for entry_id, fields in entries:
                     self._cursor = entry_id
                     changed |= self._add(fields)
@@ -272,7 +276,9 @@ class FreshItems:
             if index.items.row(item) >= 0:
                 continue  # this version was trained on it
             before = previous.get(item)
-            factors = before[1] if before is not None and before[0] == found.stamp else self._fold(index, found)
+            factors = (
+                before[1] if before is not None and before[0] == found.stamp else self._fold(index, found)
+            )
             if factors is None and self.attributes is not None:  # no rater the version knows
                 factors = self._by_attributes(index, item)
             per_item[item] = (found.stamp, factors)

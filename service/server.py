@@ -19,10 +19,12 @@ from ordrec.service.batching import BatchObserver, RecommendBatcher
 from ordrec.service.config import ServerConfig
 from ordrec.service.forgotten import ForgetfulSeen, ForgottenUsers
 from ordrec.service.forgotten import backends as forgotten_backends
+from ordrec.service.fresh import FreshEvidence, FreshItems, known_to_all
 from ordrec.service.gateway import JsonGateway
 from ordrec.service.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.http import start_http_server
 from ordrec.service.interceptor import ServerInterceptor
+from ordrec.service.item_attributes import read_item_attributes
 from ordrec.service.metrics import Metrics, MetricsInterceptor
 from ordrec.service.objectstore import open_registry
 from ordrec.service.online import NoOnlineEvaluation, OnlineEvaluation
@@ -33,8 +35,6 @@ from ordrec.service.servicer import RecommenderServicer, add_to_server
 from ordrec.service.status_page import StatusPage
 from ordrec.service.store import ModelStore, Reloader
 from ordrec.service.streams import StreamGuard
-from ordrec.service.fresh import FreshEvidence, FreshItems, known_to_all
-from ordrec.service.item_attributes import read_item_attributes
 from ordrec.service.trending import TrendingIndex, TrendingSettings
 from ordrec.v1 import recommender_pb2
 

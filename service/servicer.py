@@ -211,7 +211,9 @@ def _recorded_rows(index, rated: dict[str, str]) -> np.ndarray:
     return rows[rows >= 0]
 
 
-def _add_scored_fresh(container, ids: IdMap, fresh: FreshOverlay, rows: np.ndarray, scores: np.ndarray) -> None:
+def _add_scored_fresh(
+    container, ids: IdMap, fresh: FreshOverlay, rows: np.ndarray, scores: np.ndarray
+) -> None:
     """:func:`_add_scored` for answers holding fresh items (rows past the version's), flagged."""
     add = container.add
     for row, external, score in zip(rows.tolist(), fresh.external(rows, ids.ids), scores.tolist()):
@@ -488,9 +490,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 _add_scored_fresh(result.items, index.items, fresh, rows, scores)
             if call.explain and (user_rows[i] >= 0 or vector is not None):
                 history = (
-                    index.seen(int(user_rows[i])) if uid not in evidence else _recorded_rows(index, evidence[uid])
+                    index.seen(int(user_rows[i]))
+                    if uid not in evidence
+                    else _recorded_rows(index, evidence[uid])
                 )
-                reasons = explained(index, rows, history, call.explain, None if fresh is None else fresh.factors)
+                reasons = explained(
+                    index, rows, history, call.explain, None if fresh is None else fresh.factors
+                )
                 _add_explanations(result.items, index.items, reasons)
             # ---
             if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
@@ -504,7 +510,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
 
-    def _fresh_rules(self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None) -> FreshRules:
+    def _fresh_rules(
+        self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None
+    ) -> FreshRules:
         """What a user's fresh items must honour: hidden items, exclusions, their recorded
         items, the candidate list; a filter leaves none (fresh items have no attributes)."""
         sets = self.hidden.sets() if self.hidden else {}

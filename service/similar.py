@@ -94,7 +94,7 @@ def item_vectors(index: RecommenderIndex, rows: np.ndarray, fresh: np.ndarray | 
     """The item factors (DCR) or map points (COE) of ``rows``; rows past the version's items
     are fresh items, row ``len(items) + j`` being ``fresh[j]`` (``service/fresh.py``)."""
     _require_kind(index)
-    trained = index.item_factors if isinstance(index, DCRIndex) else index.item_coords  # type: ignore[union-attr]
+    trained = index.item_factors if isinstance(index, DCRIndex) else index.item_coords
     rows = np.asarray(rows, dtype=np.int64)
     if fresh is None or rows.size == 0 or rows.max() < trained.shape[0]:
         return trained[rows]

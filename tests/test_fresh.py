@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.artifacts import Registry
-from ordrec.service.config import Limits
 from ordrec.service.cli import build_parser, config_from_args
+from ordrec.service.config import Limits
 from ordrec.service.fresh import FreshEvidence, FreshItems, merge_fresh
 from ordrec.service.item_attributes import read_item_attributes
 from ordrec.service.metrics import Metrics
@@ -66,7 +66,9 @@ def registry(planted, tmp_path_factory):
 
     path = tmp_path_factory.mktemp("fresh-registry")
     target = Registry(path)
-    target.publish("dcr", DCR(n_components=8, max_iter=30, random_state=0).fit(planted.training).to_artifact())
+    target.publish(
+        "dcr", DCR(n_components=8, max_iter=30, random_state=0).fit(planted.training).to_artifact()
+    )
     target.publish("coe", COE(random_state=0).fit(planted.training).to_artifact())
     grouped = target.load("dcr", mmap=False)
     groups = [[f"g{planted.group_of[i]}"] for i in grouped.ids["items"].ids]
@@ -411,6 +413,8 @@ def test_a_bad_attributes_file_or_interval_stops_the_start_naming_it(tmp_path):
     bad = tmp_path / "items.csv"
     bad.write_text("id,group\nx,g1,extra\n")
     with pytest.raises(ValueError, match=r"items.csv:2: 3 fields"):
-        config_from_args(build_parser().parse_args(["--registry", str(tmp_path), "--fresh-item-attributes", str(bad)]))
+        config_from_args(
+            build_parser().parse_args(["--registry", str(tmp_path), "--fresh-item-attributes", str(bad)])
+        )
     with pytest.raises(ValueError, match="--fresh-interval"):
         config_from_args(build_parser().parse_args(["--registry", str(tmp_path), "--fresh-interval", "nan"]))
