@@ -29,7 +29,7 @@ import time  # noqa: E402
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_handler import _Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
+from bench_handler import Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 from ordrec.service.artifacts import Registry  # noqa: E402
 from ordrec.service.fresh import FreshEvidence, FreshItems  # noqa: E402
@@ -120,7 +120,7 @@ def main() -> int:
         metrics, store = loaded_store(folder, "dcr")
         servicer = RecommenderServicer(store, metrics, Limits(), SeenStore())
         index = store.snapshot()["dcr"].index
-        context = _Context()
+        context = Context()
         recommend = lambda request: servicer.Recommend(request, context)  # noqa: E731
         users = index.users.ids
 

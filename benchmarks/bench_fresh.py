@@ -30,6 +30,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
+from bench_handler import Context  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 from ordrec.service.artifacts import Registry  # noqa: E402
 from ordrec.service.config import Limits  # noqa: E402
@@ -42,17 +43,6 @@ from ordrec.trainer.models.coe import COE  # noqa: E402
 from ordrec.trainer.models.dcr import DCR  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 from tests.fresh_planted import PlantedFresh, caught, planted_fresh, stream_entries  # noqa: E402
-
-
-class Context:
-    def time_remaining(self):
-        return None
-
-    def is_active(self):
-        return True
-
-    def abort(self, code, message):
-        raise RuntimeError(f"{code}: {message}")
 
 
 class ShuffledFresh(FreshItems):

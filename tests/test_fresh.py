@@ -7,8 +7,6 @@ from training; the users who should get a fresh item are those of its group.
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import numpy as np
 import pytest
@@ -33,22 +31,24 @@ from ordrec.service.store import ModelStore
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.conftest import wait_until
 from tests.fresh_planted import PlantedFresh, caught, planted_fresh, stream_entries
 from tests.test_dcr_index import artifact as dcr_artifact
 
 
 class Context:
-    def time_remaining(self):
-        return None
+    """A gRPC context stand-in for the in-process handler: no deadline, and ``abort`` raises
+    :class:`Aborted` carrying the status code."""
 
-    def is_active(self):
-        return True
+    time_remaining = staticmethod(lambda: None)
+    is_active = staticmethod(lambda: True)
 
-    def abort(self, code, message):
-        raise _Aborted(code, message)
+    @staticmethod
+    def abort(code, message):
+        raise Aborted(code, message)
 
 
-class _Aborted(Exception):
+class Aborted(Exception):
     def __init__(self, code, message):
         super().__init__(f"{code}: {message}")
         self.code = code
@@ -195,7 +195,7 @@ def test_fresh_items_honour_exclusions_candidates_filters_explanations_and_diver
     some_trained = [i.id for i in recommend(handler, user, n=30).items if not i.fresh][:3]
     listed = recommend(handler, user, n=10, candidate_item_ids=[fresh_served[0], *some_trained]).items
     assert {i.id for i in listed} == {fresh_served[0], *some_trained}
-    with pytest.raises(_Aborted) as unknown:
+    with pytest.raises(Aborted) as unknown:
         recommend(handler, user, candidate_item_ids=[fresh_served[0], "no-such-item"])
     assert unknown.value.code == grpc.StatusCode.NOT_FOUND and "no-such-item" in str(unknown.value)
     # fresh items have no attributes, so a filter never lets one through
@@ -256,15 +256,6 @@ def test_evidence_is_read_from_the_stream_bounded_and_fails_open(redis_server):
 
 
 # ---------------------------------------------------------- end to end, real processes
-def _until(check, seconds: float = 10.0):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
-
-
 def test_a_real_server_serves_items_recorded_after_training(registry, planted, redis_server):
     """RecordInteractions of known users' ratings of new items, through a real server and
     redis-server, turn into Recommend answers for the other users of the items' groups."""
@@ -294,13 +285,13 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
                 ),
                 timeout=10,
             )
-        assert _until(lambda: any(i.fresh for i in top("u1")))
+        assert wait_until(lambda: any(i.fresh for i in top("u1")), 10.0)
         share = caught(planted, lambda user, n: [i.id for i in top(user, n)], 20)
         assert share > 0.8, share
         served = [i.id for i in top("u1") if i.fresh]
         assert all(planted.group_of[i] == planted.group_of["u1"] for i in served)
         stub.HideItems(pb.HideItemsRequest(item_ids=served[:1]), timeout=10)
-        assert _until(lambda: served[0] not in {i.id for i in top("u1")})
+        assert wait_until(lambda: served[0] not in {i.id for i in top("u1")}, 10.0)
         redis_server.stop()  # fails open: the fresh items already read keep being served
         assert any(i.fresh for i in top("u1"))
 
@@ -367,7 +358,7 @@ def test_fuzzed_requests_with_fresh_items_get_an_answer_or_a_clear_error(
     )
     try:
         result = fuzz_handler.Recommend(request, Context()).results[0]
-    except _Aborted as exc:
+    except Aborted as exc:
         assert exc.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), exc
         return
     served = [i.id for i in result.items]
