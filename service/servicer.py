@@ -857,6 +857,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             if candidate is not None:
                 info.candidate_version, info.candidate_share = candidate.model.version, candidate.share
             info.sizes.update(model.index.sizes())
+            overlay = (
+                self.fresh.overlay(model.index)
+                if self.fresh is not None and "Recommend" in model.index.rpcs
+                else None
+            )
+            if overlay is not None:  # items served before the next training (service/fresh.py)
+                info.sizes["fresh_items"] = len(overlay)
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
         if (
             self.trending is not None

@@ -286,6 +286,8 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
                 timeout=10,
             )
         assert wait_until(lambda: any(i.fresh for i in top("u1")), 10.0)
+        listed = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
+        assert listed["dcr"].sizes["fresh_items"] == len(planted.fresh_ids)
         share = caught(planted, lambda user, n: [i.id for i in top(user, n)], 20)
         assert share > 0.8, share
         served = [i.id for i in top("u1") if i.fresh]
