@@ -233,7 +233,8 @@ class FreshItems:
     """Per-version overlays of the fresh items, rebuilt from :class:`FreshEvidence` on change.
 
     ``unknown_users(user_ids, rows)`` marks users whose evidence must not count (forgotten
-    users, ``service/forgotten.py``) by setting their row to -1.
+    users, ``service/forgotten.py``) by setting their row to -1; ``users_token()`` returns an
+    object that changes when those users do (the FORGOTTEN list), which rebuilds every item.
     """
 
     def __init__(
@@ -242,30 +243,34 @@ class FreshItems:
         unknown_users: Callable[[list[str], np.ndarray], np.ndarray] | None = None,
         max_versions: int = 8,
         attributes: ItemAttributeTable | None = None,
+        users_token: Callable[[], object] = lambda: None,
     ):
+        self.users_token = users_token
         self.evidence, self.unknown_users, self.max_versions = evidence, unknown_users, max_versions
         # A newer item-attributes file: its items no version knows and nobody rated yet are
         # placed at the mean of the trained items sharing their attribute values.
         self.attributes = attributes
         self._listed = _categorical_items(attributes)
         self._lock = threading.Lock()
-        # id(index) -> (index, generation, overlay or None, item -> (stamp, factors or None))
-        self._built: dict[int, tuple[RecommenderIndex, int, FreshOverlay | None, dict]] = {}
+        # id(index) -> (index, (generation, users token), overlay or None, item -> (stamp, factors))
+        self._built: dict[int, tuple[RecommenderIndex, tuple, FreshOverlay | None, dict]] = {}
 
     def overlay(self, index: RecommenderIndex) -> FreshOverlay | None:
         """The version's fresh items; None when it has none (or its kind does not fold items in)."""
         current = self.evidence.current()
         if not (current.items or self._listed) or not index.folds_in:
             return None
+        token = self.users_token()
         built = self._built.get(id(index))
-        if built is not None and built[0] is index and built[1] == current.generation:
+        if built is not None and built[0] is index and built[1] == (current.generation, token):
             return built[2]
         with self._lock:
             built = self._built.get(id(index))
-            per_item = built[3] if built is not None and built[0] is index else {}
+            reusable = built is not None and built[0] is index and built[1][1] is token
+            per_item = built[3] if reusable else {}
             overlay, per_item = self._build(index, current, per_item)
             versions = dict(self._built) if len(self._built) < self.max_versions else {}
-            versions[id(index)] = (index, current.generation, overlay, per_item)
+            versions[id(index)] = (index, (current.generation, token), overlay, per_item)
             self._built = versions
             return overlay
 

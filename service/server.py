@@ -136,7 +136,9 @@ class Server:
         attributes = None
         if config.fresh_item_attributes:
             attributes = read_item_attributes(config.fresh_item_attributes)
-        return FreshItems(evidence, self.forgotten.unknown, attributes=attributes)
+        return FreshItems(
+            evidence, self.forgotten.unknown, attributes=attributes, users_token=self.forgotten.digests
+        )
 
     def _online_evaluation(self, config: ServerConfig) -> NoOnlineEvaluation:
         """Sampling and hit counting in Redis (service/online.py); off without Redis."""

@@ -411,3 +411,21 @@ def test_a_bad_attributes_file_or_interval_stops_the_start_naming_it(tmp_path):
         )
     with pytest.raises(ValueError, match="--fresh-interval"):
         config_from_args(build_parser().parse_args(["--registry", str(tmp_path), "--fresh-interval", "nan"]))
+
+
+def test_forgetting_the_only_rater_removes_the_item_at_once(registry):
+    """The overlay is rebuilt when the FORGOTTEN list changes, not only when evidence does."""
+    forgotten: set[str] = set()
+
+    def unknown(users: list[str], rows: np.ndarray) -> np.ndarray:
+        return np.where([u in forgotten for u in users], -1, rows)
+
+    evidence = FreshEvidence(None, known=lambda item: False)
+    evidence.add_entries([{"user": "u0", "item": "solo", "value": "5"}])
+    fresh = FreshItems(evidence, unknown, users_token=lambda: frozenset(forgotten))
+    index = _store(registry).snapshot()["dcr"].index
+    overlay = fresh.overlay(index)
+    assert overlay is not None and overlay.ids == ["solo"]
+    assert fresh.overlay(index) is overlay  # cached while nothing changes
+    forgotten.add("u0")
+    assert fresh.overlay(index) is None
