@@ -266,8 +266,9 @@ class FreshItems:
             return built[2]
         with self._lock:
             built = self._built.get(id(index))
-            reusable = built is not None and built[0] is index and built[1][1] is token
-            per_item = built[3] if reusable else {}
+            per_item = {}
+            if built is not None and built[0] is index and built[1][1] is token:
+                per_item = built[3]
             overlay, per_item = self._build(index, current, per_item)
             versions = dict(self._built) if len(self._built) < self.max_versions else {}
             versions[id(index)] = (index, (current.generation, token), overlay, per_item)
