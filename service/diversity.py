@@ -19,7 +19,8 @@ from numba import njit
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.models.base import Ranked, RecommenderIndex
 from ordrec.service.rules import FilterError
-from ordrec.service.similar import pairwise_similarity
+from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.similar import item_vectors, pairwise_similarity
 
 # How many times n items the model ranks for the re-ranking to choose from.
 POOL_FACTOR = 5
@@ -97,6 +98,54 @@ def _mmr_kernel(relevance, similarity, weight, n):
     return order
 
 
+@njit(cache=True, fastmath=True)
+def _mmr_cosine_kernel(x, relevance, weight, n):
+    """:func:`_mmr_kernel` with the similarity the cosine of rows of ``x``, computed only
+    between each picked row and the rows still open (``n x pool`` products instead of the
+    pool's whole matrix; fastmath lets the products vectorise)."""
+    size, width = x.shape
+    norms = np.empty(size)
+    for j in range(size):
+        total = 0.0
+        for d in range(width):
+            total += x[j, d] * x[j, d]
+        norms[j] = max(np.sqrt(total), 1e-12)
+    low, high = relevance.min(), relevance.max()
+    span = high - low
+    penalty = np.zeros(size)
+    taken = np.zeros(size, np.bool_)
+    order = np.empty(min(n, size), np.int64)
+    for step in range(order.size):
+        best, best_value = -1, -np.inf
+        for j in range(size):
+            if taken[j]:
+                continue
+            rel = (relevance[j] - low) / span if span > 0 else 0.0
+            value = (1.0 - weight) * rel - weight * penalty[j]
+            if best < 0 or value > best_value:
+                best, best_value = j, value
+        taken[best] = True
+        order[step] = best
+        for j in range(size):
+            if taken[j]:
+                continue
+            total = 0.0
+            for d in range(width):
+                total += x[best, d] * x[j, d]
+            similarity = total / (norms[best] * norms[j])
+            if step == 0 or similarity > penalty[j]:
+                penalty[j] = similarity
+    return order
+
+
+def mmr_cosine(relevance: np.ndarray, vectors: np.ndarray, weight: float, n: int) -> np.ndarray:
+    """:func:`mmr_compiled` over the cosine similarities of ``vectors``' rows, without forming
+    their matrix (DCR's uncapped path: the level-weighted cosine, ``service/similar.py``)."""
+    return _mmr_cosine_kernel(
+        np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(relevance, np.float64), float(weight), n
+    )
+
+
 def mmr_compiled(relevance: np.ndarray, similarity: np.ndarray, weight: float, n: int) -> np.ndarray:
     """:func:`mmr_order` without a veto, as a numba kernel (the path of every uncapped request)."""
     return _mmr_kernel(
@@ -110,6 +159,7 @@ def mmr_compiled(relevance: np.ndarray, similarity: np.ndarray, weight: float, n
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel before the first request."""
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
+    mmr_cosine(np.ones(2), np.eye(2), 0.5, 1)
 
 
 def rerank(
@@ -121,6 +171,10 @@ def rerank(
     rows, scores = pool
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
+    if settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
+        vectors = item_vectors(index, rows, fresh) * index.root_level_scale
+        order = mmr_cosine(np.asarray(scores, np.float64), vectors, settings.weight, n)
+        return rows[order], scores[order]
     similarity = (
         pairwise_similarity(index, rows, fresh) if settings.weight > 0 else np.zeros((rows.size, rows.size))
     )
