@@ -18,8 +18,8 @@ from numba import njit
 
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.models.base import Ranked, RecommenderIndex
-from ordrec.service.rules import FilterError
 from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.rules import FilterError
 from ordrec.service.similar import item_vectors, pairwise_similarity
 
 # How many times n items the model ranks for the re-ranking to choose from.
