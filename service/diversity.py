@@ -72,44 +72,21 @@ def mmr_order(
     return chosen
 
 
-@njit(cache=True)
-def _mmr_kernel(relevance, similarity, weight, n):
-    """:func:`mmr_order` without a veto, compiled (the same picks, ties to the earlier position)."""
-    size = relevance.size
-    low, high = relevance.min(), relevance.max()
-    span = high - low
-    penalty = np.zeros(size)
-    taken = np.zeros(size, np.bool_)
-    order = np.empty(min(n, size), np.int64)
-    for step in range(order.size):
-        best, best_value = -1, -np.inf
-        for j in range(size):
-            if taken[j]:
-                continue
-            rel = (relevance[j] - low) / span if span > 0 else 0.0
-            value = (1.0 - weight) * rel - weight * penalty[j]
-            if best < 0 or value > best_value:
-                best, best_value = j, value
-        taken[best] = True
-        order[step] = best
-        for j in range(size):
-            if step == 0 or similarity[best, j] > penalty[j]:
-                penalty[j] = similarity[best, j]
-    return order
-
-
 @njit(cache=True, fastmath=True)
-def _mmr_cosine_kernel(x, relevance, weight, n):
-    """:func:`_mmr_kernel` with the similarity the cosine of rows of ``x``, computed only
-    between each picked row and the rows still open (``n x pool`` products instead of the
-    pool's whole matrix; fastmath lets the products vectorise)."""
-    size, width = x.shape
-    norms = np.empty(size)
-    for j in range(size):
-        total = 0.0
-        for d in range(width):
-            total += x[j, d] * x[j, d]
-        norms[j] = max(np.sqrt(total), 1e-12)
+def _mmr_kernel(relevance, similarity, x, weight, n):
+    """:func:`mmr_order` without a veto, compiled (the same picks, ties to the earlier position).
+    The similarity is ``similarity`` or, when ``x`` has rows, the cosine of its rows computed
+    only between each pick and the open items (``n x pool`` products, not the whole matrix;
+    fastmath lets them vectorise)."""
+    size = relevance.size
+    cosine = x.shape[0] > 0
+    norms = np.ones(size)
+    if cosine:
+        for j in range(size):
+            total = 0.0
+            for d in range(x.shape[1]):
+                total += x[j, d] * x[j, d]
+            norms[j] = max(np.sqrt(total), 1e-12)
     low, high = relevance.min(), relevance.max()
     span = high - low
     penalty = np.zeros(size)
@@ -129,20 +106,23 @@ def _mmr_cosine_kernel(x, relevance, weight, n):
         for j in range(size):
             if taken[j]:
                 continue
-            total = 0.0
-            for d in range(width):
-                total += x[best, d] * x[j, d]
-            similarity = total / (norms[best] * norms[j])
-            if step == 0 or similarity > penalty[j]:
-                penalty[j] = similarity
+            if cosine:
+                total = 0.0
+                for d in range(x.shape[1]):
+                    total += x[best, d] * x[j, d]
+                sim = total / (norms[best] * norms[j])
+            else:
+                sim = similarity[best, j]
+            if step == 0 or sim > penalty[j]:
+                penalty[j] = sim
     return order
 
 
 def mmr_cosine(relevance: np.ndarray, vectors: np.ndarray, weight: float, n: int) -> np.ndarray:
     """:func:`mmr_compiled` over the cosine similarities of ``vectors``' rows, without forming
     their matrix (DCR's uncapped path: the level-weighted cosine, ``service/similar.py``)."""
-    return _mmr_cosine_kernel(
-        np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(relevance, np.float64), float(weight), n
+    return _mmr_kernel(
+        np.asarray(relevance, np.float64), np.zeros((0, 0)), np.ascontiguousarray(vectors), float(weight), n
     )
 
 
@@ -151,6 +131,7 @@ def mmr_compiled(relevance: np.ndarray, similarity: np.ndarray, weight: float, n
     return _mmr_kernel(
         np.asarray(relevance, np.float64),
         np.ascontiguousarray(similarity, dtype=np.float64),
+        np.zeros((0, 0)),
         float(weight),
         n,
     )
@@ -159,7 +140,7 @@ def mmr_compiled(relevance: np.ndarray, similarity: np.ndarray, weight: float, n
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel before the first request."""
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
-    mmr_cosine(np.ones(2), np.eye(2), 0.5, 1)
+    mmr_cosine(np.ones(2), np.eye(2, dtype=np.float32), 0.5, 1)  # DCR's factors are float32
 
 
 def rerank(
