@@ -32,13 +32,13 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_handler import Context  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
-from ordrec.service.artifacts import Registry  # noqa: E402
 from ordrec.service.config import Limits  # noqa: E402
 from ordrec.service.fresh import FreshEvidence, FreshItems, FreshOverlay  # noqa: E402
+from ordrec.service.live.seen import SeenStore  # noqa: E402
 from ordrec.service.metrics import Metrics  # noqa: E402
-from ordrec.service.seen import SeenStore  # noqa: E402
-from ordrec.service.servicer import RecommenderServicer  # noqa: E402
-from ordrec.service.store import ModelStore  # noqa: E402
+from ordrec.service.serving.servicer import RecommenderServicer  # noqa: E402
+from ordrec.service.serving.store import ModelStore  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.trainer.models.coe import COE  # noqa: E402
 from ordrec.trainer.models.dcr import DCR  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402

@@ -1,7 +1,7 @@
 """Fresh items: items a served version was not trained on, served before the next training.
 
 RecordInteractions writes every interaction to the ``ordrec:events`` stream
-(``service/redis_state.py``). :class:`FreshEvidence` reads that stream on a timer, from where it
+(``service/live/redis_state.py``). :class:`FreshEvidence` reads that stream on a timer, from where it
 left off, and keeps what users recorded for items the loaded versions do not know: per item,
 user id -> rating text ("" for an interaction without a rating), the latest per user. It is
 bounded (:data:`MAX_FRESH_ITEMS` items, the least recently touched dropped first;
@@ -29,14 +29,14 @@ from typing import cast
 import numpy as np
 import redis
 
+from ordrec.service.indices.models.base import Ranked, RecommenderIndex
+from ordrec.service.indices.rules import FilterError
+from ordrec.service.indices.similar import item_vectors
 from ordrec.service.item_attributes import ItemAttributeTable
-from ordrec.service.models.base import Ranked, RecommenderIndex
-from ordrec.service.rules import FilterError
-from ordrec.service.similar import item_vectors
 
 log = logging.getLogger("ordrec.fresh")
 
-EVENTS_STREAM = "ordrec:events"  # the stream RecordInteractions writes (service/redis_state.py)
+EVENTS_STREAM = "ordrec:events"  # the stream RecordInteractions writes (service/live/redis_state.py)
 MAX_FRESH_ITEMS = 1000
 MAX_RATERS = 200
 READ_BATCH = 5000  # stream entries per read; a refresh reads at most MAX_READS batches
@@ -233,7 +233,7 @@ class FreshItems:
     """Per-version overlays of the fresh items, rebuilt from :class:`FreshEvidence` on change.
 
     ``unknown_users(user_ids, rows)`` marks users whose evidence must not count (forgotten
-    users, ``service/forgotten.py``) by setting their row to -1; ``users_token()`` returns an
+    users, ``service/live/forgotten.py``) by setting their row to -1; ``users_token()`` returns an
     object that changes when those users do (the FORGOTTEN list), which rebuilds every item.
     """
 

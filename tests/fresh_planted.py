@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import Ratings
 
 Event = tuple[str, str, float]  # (user id, item id, rating)

@@ -14,20 +14,20 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.cli import build_parser, config_from_args
 from ordrec.service.config import Limits
 from ordrec.service.fresh import FreshEvidence, FreshItems, merge_fresh
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.models.coe import COEIndex
+from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.indices.rules import ATTRIBUTES_KEY, encode_item_attributes
 from ordrec.service.item_attributes import read_item_attributes
+from ordrec.service.live.redis_state import RedisSeenStore
+from ordrec.service.live.seen import Recorded, SeenStore
 from ordrec.service.metrics import Metrics
-from ordrec.service.models import build_index
-from ordrec.service.models.coe import COEIndex
-from ordrec.service.models.dcr import DCRIndex
-from ordrec.service.redis_state import RedisSeenStore
-from ordrec.service.rules import ATTRIBUTES_KEY, encode_item_attributes
-from ordrec.service.seen import Recorded, SeenStore
-from ordrec.service.servicer import RecommenderServicer
-from ordrec.service.store import ModelStore
+from ordrec.service.serving.cli import build_parser, config_from_args
+from ordrec.service.serving.servicer import RecommenderServicer
+from ordrec.service.serving.store import ModelStore
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
