@@ -3,7 +3,10 @@
 Trains DCR (the default, top-N-aware estimator) on a per-user 80/20 split, publishes it to a
 throwaway registry and calls the in-process Recommend handler (no gRPC), one user per call:
 
-- p50 / p99 of a plain call, with ``explain = 3``, with ``diversity = 0.3`` and both, n = 10;
+- p50 / p99 of the bare scorer (the index's answer and its reply, no handler: the yardstick a
+  plain call is compared with), a plain call, a plain call with a fresh-items reader that has
+  no fresh items (``service/live/fresh.py``), with ``explain = 3``, with ``diversity = 0.3`` and
+  both, n = 10;
 - the trade-off table: NDCG@10 (binary gain: held-out ratings >= 4, ranked over every item the
   user did not rate in training) and intra-list diversity (mean ``1 - cosine`` under the
   level-weighted inner product, ``service/indices/similar.py``) at several diversity settings;
@@ -20,14 +23,16 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
-from bench_handler import _Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
+from bench_handler import Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 from ordrec.service.indices.similar import intra_list_diversity  # noqa: E402
+from ordrec.service.live.fresh import FreshEvidence, FreshItems  # noqa: E402
 from ordrec.service.live.seen import SeenStore  # noqa: E402
 from ordrec.service.serving.servicer import RecommenderServicer  # noqa: E402
 from ordrec.service.serving.validation import Limits  # noqa: E402
@@ -61,6 +66,20 @@ def ndcg_at_10(ranked: list[str], liked: set[str]) -> float:
     gains = [1.0 / np.log2(rank + 2) for rank, item in enumerate(ranked[:10]) if item in liked]
     ideal = sum(1.0 / np.log2(rank + 2) for rank in range(min(10, len(liked))))
     return float(sum(gains) / ideal)
+
+
+def bare_scorer(index, users: list[str], calls: int) -> list[float]:
+    """The index's own answer and a reply built from it, no handler: what any Recommend code
+    path costs at least (the same-run yardstick for the plain row)."""
+
+    def call(user: str) -> None:
+        row = index.users.row(user)
+        rows, scores = index.recommend(row, 10, exclude=index.seen(row))
+        result = pb.RecommendResponse().results.add(user_id=user)
+        for r, score in zip(rows.tolist(), scores.tolist()):
+            result.items.add(id=index.items.ids[r], score=score)
+
+    return timed(call, [users[i % len(users)] for i in range(calls)])
 
 
 def grpc_table(registry: str, users: list[str], settings: dict, calls: int) -> None:
@@ -101,12 +120,14 @@ def main() -> int:
         metrics, store = loaded_store(folder, "dcr")
         servicer = RecommenderServicer(store, metrics, Limits(), SeenStore())
         index = store.snapshot()["dcr"].index
-        context = _Context()
+        context = Context()
         recommend = lambda request: servicer.Recommend(request, context)  # noqa: E731
         users = index.users.ids
 
         print("\nRecommend, in-process handler, one user per call, n = 10")
         print(f"{'setting':<28} {'p50 us':>8} {'p99 us':>8} {'p50 vs plain':>13}")
+        bare = bare_scorer(index, users, args.calls)
+        print(f"{'bare scorer (no handler)':<28} {quantile(bare, 0.5):>8.0f} {quantile(bare, 0.99):>8.0f}")
         settings = {
             "plain": {},
             "explain = 3": {"explain": 3},
@@ -123,6 +144,20 @@ def main() -> int:
             p50 = quantile(times, 0.5)
             plain = plain or p50
             print(f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%")
+            if label == "plain":  # the same call with a fresh-items reader that has none
+                idle = RecommenderServicer(
+                    store,
+                    metrics,
+                    Limits(),
+                    SeenStore(),
+                    fresh=FreshItems(FreshEvidence(None, lambda i: False)),
+                )
+                times = timed(functools.partial(idle.Recommend, context=context), requests)
+                p50 = quantile(times, 0.5)
+                label = "plain, fresh reader, none"
+                print(
+                    f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%"
+                )
         grpc_table(folder, users, settings, args.calls)
         items = index.items.ids
         similar = [

@@ -28,7 +28,7 @@ from contextlib import contextmanager  # noqa: E402
 
 import numpy as np  # noqa: E402
 import redis  # noqa: E402
-from bench_handler import _Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
+from bench_handler import Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
 from ordrec.service.live.redis_state import RATINGS_KEY, RedisSeenStore  # noqa: E402
 from ordrec.service.serving.servicer import RecommenderServicer  # noqa: E402
@@ -94,7 +94,7 @@ def main() -> int:
     metrics, store = loaded_store(args.registry, args.model)
     index = store.snapshot()[args.model].index
     rng = np.random.default_rng(0)
-    context = _Context()
+    context = Context()
     with redis_url(args.redis) as url:
         seen = RedisSeenStore(url, metrics, timeout=1.0)
         servicer = RecommenderServicer(store, metrics, Limits(), seen)

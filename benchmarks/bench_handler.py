@@ -26,7 +26,7 @@ from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 
-class _Context:
+class Context:
     def time_remaining(self):
         return None
 
@@ -64,7 +64,7 @@ def main() -> int:
         pb.RecommendRequest(model=args.model, user_ids=[users[i % len(users)]], n=10)
         for i in range(args.calls)
     ]
-    context = _Context()
+    context = Context()
     for request in requests[:500]:  # warm up
         servicer.Recommend(request, context)
     times = []

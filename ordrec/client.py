@@ -254,6 +254,9 @@ class Client:
             0 (the model's ranking) to 1: re-rank the model's top 5n by maximal marginal relevance.
         max_per_attribute : (attribute, m), optional
             At most ``m`` results per value of that item attribute (e.g. ``("genre", 2)``).
+
+        Items the served version was not trained on, folded in from what users recorded since,
+        come back with ``ScoredId.fresh`` set (docs/service.md, "Fresh items").
         """
         users = [user_ids] if isinstance(user_ids, str) else list(user_ids)
         request = pb.RecommendRequest(

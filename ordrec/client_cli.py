@@ -113,7 +113,8 @@ def _print_scored(rows: Iterable[pb.ScoredId], indent: str = "  ") -> None:
         if item.rating_distribution:
             extra = "  P(r)=[" + ", ".join(f"{p:.2f}" for p in item.rating_distribution) + "]"
         name = f" ({item.label})" if item.label else ""
-        print(f"{indent}{rank:>3}. {item.id:<24} {item.score:+.4f}{name}{extra}")
+        new = "  [fresh: not yet trained on]" if item.fresh else ""
+        print(f"{indent}{rank:>3}. {item.id:<24} {item.score:+.4f}{name}{extra}{new}")
         for why in item.explanations:
             print(f"{indent}       because of {why.id:<20} share {why.share:.2f}")
 

@@ -112,6 +112,8 @@ class ServerConfig:
     trending: str = "trending"  # model name answering with trending items ("": none; needs Redis)
     trending_half_life: float = 86400.0  # seconds that halve a recorded interaction's trending weight
     trending_window: float = 7 * 86400.0  # seconds after its last interaction an item leaves trending
+    fresh_interval: float = 1.0  # seconds between reads of new items' interactions (0: no fresh items)
+    fresh_item_attributes: str | None = None  # a newer item-attributes file: unrated new items by attributes
     # seconds between checks of Redis' hidden-items counter: a hide reaches every replica within a second
     hidden_interval: float = 0.2
     tls_cert: str | None = None

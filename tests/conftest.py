@@ -107,6 +107,16 @@ def self_signed_cert(folder: Path) -> tuple[Path, Path]:
     return key, cert
 
 
+def wait_until(check, seconds: float = 5.0):
+    """``check()``'s first truthy value, polled every 0.1 s; its last value after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

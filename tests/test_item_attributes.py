@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ordrec.service.indices.item_attributes import ItemAttributeError, read_item_attributes
 from ordrec.service.indices.models import build_index
 from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
-from ordrec.trainer.data.item_attributes import ItemAttributeError, read_item_attributes
 from ordrec.trainer.job import run_job
 from ordrec.trainer.sample import write_samples
 from tests.conftest import data_file

@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.indices.diversity import AttributeCap, Diversify, mmr_compiled, mmr_order, rerank
+from ordrec.service.indices.diversity import (
+    AttributeCap,
+    Diversify,
+    mmr_compiled,
+    mmr_cosine,
+    mmr_order,
+    rerank,
+)
 from ordrec.service.indices.explain import explain
 from ordrec.service.indices.models import build_index
 from ordrec.service.indices.rules import Eligible
@@ -241,6 +248,7 @@ def test_the_compiled_mmr_picks_what_the_reference_picks(size, n, weight, seed):
     x = rng.normal(size=(size, 3))
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     similarity = x @ x.T
-    assert mmr_compiled(relevance, similarity, weight, n).tolist() == mmr_order(
-        relevance, similarity, weight, n
-    )
+    picks = mmr_order(relevance, similarity, weight, n)
+    assert mmr_compiled(relevance, similarity, weight, n).tolist() == picks
+    # DCR's path: the cosines computed on the fly from the vectors, the same picks
+    assert mmr_cosine(relevance, x, weight, n).tolist() == picks

@@ -33,6 +33,7 @@ from ordrec.service.serving.cli import build_parser, config_from_args
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.conftest import wait_until
 
 
 def _store(url: str, half_life: float, window: float) -> RedisSeenStore:
@@ -189,15 +190,6 @@ def _rec(stub, user: str, model: str = "dcr", **kw) -> pb.UserRecommendations:
     return reply.results[0]
 
 
-def _until(check, seconds: float = 5.0):
-    deadline = time.monotonic() + seconds
-    while True:
-        value = check()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.1)
-
-
 def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh):
     with (
         ServerProcess(sample_registry, "--redis", fresh, "--poll-interval", "0") as server,
@@ -213,7 +205,7 @@ def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh
             ("f3", [hot, warm, cold, "not-in-any-model"]),
         ):
             stub.RecordInteractions(pb.RecordInteractionsRequest(user_id=user, item_ids=items), timeout=10)
-        answer = _until(lambda: (r := _rec(stub, "stranger")).fallback == pb.FALLBACK_TRENDING and r)
+        answer = wait_until(lambda: (r := _rec(stub, "stranger")).fallback == pb.FALLBACK_TRENDING and r)
         assert answer, "the unknown user never got the trending fallback"
         assert [i.id for i in answer.items] == [hot, warm, cold]  # counts 3, 2, 1; only items dcr knows
         assert answer.items[0].score > answer.items[1].score > answer.items[2].score > 0
@@ -235,7 +227,7 @@ def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh
 
         stub.HideItems(pb.HideItemsRequest(item_ids=[hot]), timeout=10)
         assert hot not in [i.id for i in _rec(stub, "anyone", model="trending").items]
-        assert hot not in [i.id for i in _until(lambda: _rec(stub, "stranger")).items]
+        assert hot not in [i.id for i in wait_until(lambda: _rec(stub, "stranger")).items]
 
         with pytest.raises(grpc.RpcError) as err:
             _rec(stub, "anyone", model="trending", filter="genre = 'x'")
@@ -264,7 +256,7 @@ def test_redis_down_the_fallback_is_popularity(sample_registry, redis_server):
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         item = _rec(stub, "u001").items[0].id
         stub.RecordInteractions(pb.RecordInteractionsRequest(user_id="fan", item_ids=[item]), timeout=10)
-        assert _until(lambda: _rec(stub, "stranger").fallback == pb.FALLBACK_TRENDING)
+        assert wait_until(lambda: _rec(stub, "stranger").fallback == pb.FALLBACK_TRENDING)
         redis_server.stop()
-        assert _until(lambda: _rec(stub, "stranger").fallback == pb.FALLBACK_POPULAR_GLOBAL)
+        assert wait_until(lambda: _rec(stub, "stranger").fallback == pb.FALLBACK_POPULAR_GLOBAL)
         assert len(_rec(stub, "anyone", model="trending").items) == 0  # fails open: nothing trending

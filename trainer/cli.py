@@ -123,7 +123,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
     if args.item_attributes:
-        from ordrec.trainer.data.item_attributes import attach_item_attributes
+        from ordrec.service.indices.item_attributes import attach_item_attributes
 
         attach_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
     name = args.name or args.kind

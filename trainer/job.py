@@ -884,7 +884,7 @@ class _Job:
             artifact.attributes[SCALE_ATTRIBUTE] = scale.as_attribute()  # checks recorded values
         views = self._report(model, index) if kind.is_map else None
         if model.item_attributes:
-            from ordrec.trainer.data.item_attributes import attach_item_attributes
+            from ordrec.service.indices.item_attributes import attach_item_attributes
 
             attach_item_attributes(artifact, model.item_attributes)
         out.version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)

@@ -32,18 +32,20 @@ FALLBACK_POPULAR_USER: Fallback
 FALLBACK_TRENDING: Fallback
 
 class ScoredId(_message.Message):
-    __slots__ = ("id", "score", "rating_distribution", "label", "explanations")
+    __slots__ = ("id", "score", "rating_distribution", "label", "explanations", "fresh")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RATING_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
+    FRESH_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     rating_distribution: _containers.RepeatedScalarFieldContainer[float]
     label: str
     explanations: _containers.RepeatedCompositeFieldContainer[Explanation]
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ..., explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ...) -> None: ...
+    fresh: bool
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ..., explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ..., fresh: _Optional[bool] = ...) -> None: ...
 
 class Explanation(_message.Message):
     __slots__ = ("id", "share", "similarity")

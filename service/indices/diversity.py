@@ -18,8 +18,9 @@ from numba import njit
 
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
+from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.service.indices.rules import FilterError
-from ordrec.service.indices.similar import pairwise_similarity
+from ordrec.service.indices.similar import item_vectors, pairwise_similarity
 
 # How many times n items the model ranks for the re-ranking to choose from.
 POOL_FACTOR = 5
@@ -71,10 +72,21 @@ def mmr_order(
     return chosen
 
 
-@njit(cache=True)
-def _mmr_kernel(relevance, similarity, weight, n):
-    """:func:`mmr_order` without a veto, compiled (the same picks, ties to the earlier position)."""
+@njit(cache=True, fastmath=True)
+def _mmr_kernel(relevance, similarity, x, weight, n):
+    """:func:`mmr_order` without a veto, compiled (the same picks, ties to the earlier position).
+    The similarity is ``similarity`` or, when ``x`` has rows, the cosine of its rows computed
+    only between each pick and the open items (``n x pool`` products, not the whole matrix;
+    fastmath lets them vectorise)."""
     size = relevance.size
+    cosine = x.shape[0] > 0
+    norms = np.ones(size)
+    if cosine:
+        for j in range(size):
+            total = 0.0
+            for d in range(x.shape[1]):
+                total += x[j, d] * x[j, d]
+            norms[j] = max(np.sqrt(total), 1e-12)
     low, high = relevance.min(), relevance.max()
     span = high - low
     penalty = np.zeros(size)
@@ -92,9 +104,26 @@ def _mmr_kernel(relevance, similarity, weight, n):
         taken[best] = True
         order[step] = best
         for j in range(size):
-            if step == 0 or similarity[best, j] > penalty[j]:
-                penalty[j] = similarity[best, j]
+            if taken[j]:
+                continue
+            if cosine:
+                total = 0.0
+                for d in range(x.shape[1]):
+                    total += x[best, d] * x[j, d]
+                sim = total / (norms[best] * norms[j])
+            else:
+                sim = similarity[best, j]
+            if step == 0 or sim > penalty[j]:
+                penalty[j] = sim
     return order
+
+
+def mmr_cosine(relevance: np.ndarray, vectors: np.ndarray, weight: float, n: int) -> np.ndarray:
+    """:func:`mmr_compiled` over the cosine similarities of ``vectors``' rows, without forming
+    their matrix (DCR's uncapped path: the level-weighted cosine, ``service/indices/similar.py``)."""
+    return _mmr_kernel(
+        np.asarray(relevance, np.float64), np.zeros((0, 0)), np.ascontiguousarray(vectors), float(weight), n
+    )
 
 
 def mmr_compiled(relevance: np.ndarray, similarity: np.ndarray, weight: float, n: int) -> np.ndarray:
@@ -102,6 +131,7 @@ def mmr_compiled(relevance: np.ndarray, similarity: np.ndarray, weight: float, n
     return _mmr_kernel(
         np.asarray(relevance, np.float64),
         np.ascontiguousarray(similarity, dtype=np.float64),
+        np.zeros((0, 0)),
         float(weight),
         n,
     )
@@ -110,15 +140,25 @@ def mmr_compiled(relevance: np.ndarray, similarity: np.ndarray, weight: float, n
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel before the first request."""
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
+    mmr_cosine(np.ones(2), np.eye(2, dtype=np.float32), 0.5, 1)  # DCR's factors are float32
 
 
-def rerank(index: RecommenderIndex, pool: Ranked, n: int, settings: Diversify) -> Ranked:
+def rerank(
+    index: RecommenderIndex, pool: Ranked, n: int, settings: Diversify, fresh: np.ndarray | None = None
+) -> Ranked:
     """The ``n`` items of ``pool`` that ``settings`` choose, in their order; fewer when the
-    cap leaves fewer. ``FilterError`` when the capped attribute does not exist."""
+    cap leaves fewer. ``FilterError`` when the capped attribute does not exist. Rows past the
+    version's items are fresh items (factors ``fresh``; no attribute values, so never capped)."""
     rows, scores = pool
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
-    similarity = pairwise_similarity(index, rows) if settings.weight > 0 else np.zeros((rows.size, rows.size))
+    if settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
+        vectors = item_vectors(index, rows, fresh) * index.root_level_scale
+        order = mmr_cosine(np.asarray(scores, np.float64), vectors, settings.weight, n)
+        return rows[order], scores[order]
+    similarity = (
+        pairwise_similarity(index, rows, fresh) if settings.weight > 0 else np.zeros((rows.size, rows.size))
+    )
     allowed = None
     if settings.cap is not None:
         allowed = _capped(index, rows, settings.cap)
@@ -132,10 +172,16 @@ def rerank(index: RecommenderIndex, pool: Ranked, n: int, settings: Diversify) -
 
 def _capped(index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap):
     """A veto: an item any of whose values already has ``cap.limit`` chosen items."""
+    trained = rows < len(index.items)
     try:
-        values = index.item_attributes.item_values(cap.attribute, rows)
+        known = index.item_attributes.item_values(cap.attribute, rows[trained])
     except FilterError as exc:
         raise FilterError(f"max_per_attribute: {exc}") from None
+    values = known
+    if not trained.all():
+        values = [()] * rows.size
+        for position, found in zip(np.flatnonzero(trained).tolist(), known):
+            values[position] = found
     counts: dict[float | int, int] = {}
 
     def allowed(position: int, chosen: list[int]) -> bool:

@@ -26,6 +26,7 @@ from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import RecommenderIndex
 from ordrec.service.indices.models.coe import COEIndex
 from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.indices.similar import item_vectors
 
 # Keeps COE's inverse distance finite for a history item on the recommended item's spot.
 EPS = 1e-6
@@ -42,35 +43,57 @@ class Reason:
     similarity: float
 
 
+@dataclass(frozen=True)
+class Explained:
+    """Reasons of several recommended items as arrays, ``(n, k)`` each: history rows (-1 pads
+    the items with fewer than ``k``), shares and similarities; what the servicer puts on the
+    wire without building an object per reason."""
+
+    rows: np.ndarray
+    shares: np.ndarray
+    similarities: np.ndarray
+
+    def reasons(self) -> list[list[Reason]]:
+        return [
+            [Reason(r, s, m) for r, s, m in zip(rows, shares, sims) if r >= 0]
+            for rows, shares, sims in zip(
+                self.rows.tolist(), self.shares.tolist(), self.similarities.tolist()
+            )
+        ]
+
+
 def _weights(
-    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray
+    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, fresh: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(similarity, weight) of each (recommended, history) pair, shape ``(n, m)``."""
+    """(similarity, weight) of each (recommended, history) pair, shape ``(n, m)``: one matrix
+    product (DCR) or distance pass (COE)."""
     if isinstance(index, DCRIndex):
-        factors = index.item_factors
-        sim = (factors[item_rows] * index.level_scale) @ factors[history].T
+        sim = (item_vectors(index, item_rows, fresh) * index.level_scale) @ index.item_factors[history].T
         return sim, np.maximum(sim, 0.0)
-    if isinstance(index, COEIndex):
-        diff = index.item_coords[item_rows][:, None, :] - index.item_coords[history][None, :, :]
-        distance = np.sqrt(np.einsum("nmd,nmd->nm", diff, diff))
-        return -distance, 1.0 / (distance + EPS)
-    return np.zeros((item_rows.size, history.size)), np.zeros((item_rows.size, history.size))
+    points = item_vectors(index, item_rows, fresh)
+    assert isinstance(index, COEIndex)
+    diff = points[:, None, :] - index.item_coords[history][None, :, :]
+    distance = np.sqrt(np.einsum("nmd,nmd->nm", diff, diff))
+    return -distance, 1.0 / (distance + EPS)
 
 
 @njit(cache=True)
-def _best_reasons(weight, item_rows, history, k):
+def _best_reasons(weight, sim, item_rows, history, k):
     """Per row of ``weight``: the positions of its ``k`` largest positive weights (largest first,
-    the earlier position among equals; -1 pads) and the row's total, the recommended item's own
-    history entry left out of both. One pass: sorting every row costs more than the products."""
+    the earlier position among equals; -1 pads), their shares of the row's total and their
+    similarities, the recommended item's own history entry left out. One pass: sorting every
+    row costs more than the products."""
     n, m = weight.shape
     best = np.full((n, k), -1, np.int64)
-    totals = np.zeros(n)
+    shares = np.zeros((n, k))
+    sims = np.zeros((n, k))
     for i in range(n):
+        total = 0.0
         for j in range(m):
             w = weight[i, j]
             if w <= 0 or history[j] == item_rows[i]:
                 continue
-            totals[i] += w
+            total += w
             pos = k
             while pos > 0 and (best[i, pos - 1] < 0 or w > weight[i, best[i, pos - 1]]):
                 pos -= 1
@@ -78,37 +101,56 @@ def _best_reasons(weight, item_rows, history, k):
                 for q in range(k - 1, pos, -1):
                     best[i, q] = best[i, q - 1]
                 best[i, pos] = j
-    return best, totals
+        for q in range(k):
+            j = best[i, q]
+            if j >= 0:
+                shares[i, q] = weight[i, j] / total
+                sims[i, q] = sim[i, j]
+    return best, shares, sims
 
 
-def explain(
-    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, k: int
-) -> list[list[Reason]]:
-    """Up to ``k`` reasons for each of ``item_rows``, largest share first (module docstring)."""
+def explained(
+    index: RecommenderIndex,
+    item_rows: np.ndarray,
+    history: np.ndarray,
+    k: int,
+    fresh: np.ndarray | None = None,
+) -> Explained:
+    """Up to ``k`` reasons for each of ``item_rows``, largest share first (module docstring),
+    as arrays; rows past the version's items are fresh items (``similar.item_vectors``)."""
     item_rows = np.asarray(item_rows, dtype=np.int64)
     history = np.asarray(history, dtype=np.int64)
     if history.size > 1 and not (history[1:] > history[:-1]).all():
         history = np.unique(history)  # training items arrive sorted and distinct
-    if k <= 0 or item_rows.size == 0 or history.size == 0:
-        return [[] for _ in range(item_rows.size)]
-    sim, weight = _weights(index, item_rows, history)
-    best, totals = _best_reasons(np.ascontiguousarray(weight, dtype=np.float64), item_rows, history, k)
-    reasons = []
-    for i, positions in enumerate(best.tolist()):
-        total = totals[i]
-        reasons.append(
-            [
-                Reason(int(history[j]), float(weight[i, j] / total), float(sim[i, j]))
-                for j in positions
-                if j >= 0
-            ]
-        )
-    return reasons
+    if k <= 0 or item_rows.size == 0 or history.size == 0 or not isinstance(index, (DCRIndex, COEIndex)):
+        none = np.full((item_rows.size, max(k, 0)), -1, np.int64)
+        return Explained(none, np.zeros(none.shape), np.zeros(none.shape))
+    sim, weight = _weights(index, item_rows, history, fresh)
+    best, shares, sims = _best_reasons(
+        np.ascontiguousarray(weight, dtype=np.float64),
+        np.ascontiguousarray(sim, dtype=np.float64),
+        item_rows,
+        history,
+        k,
+    )
+    rows = np.where(best >= 0, history[np.maximum(best, 0)], -1)
+    return Explained(rows, shares, sims)
+
+
+def explain(
+    index: RecommenderIndex,
+    item_rows: np.ndarray,
+    history: np.ndarray,
+    k: int,
+    fresh: np.ndarray | None = None,
+) -> list[list[Reason]]:
+    """:func:`explained` as one list of :class:`Reason` per recommended item."""
+    return explained(index, item_rows, history, k, fresh).reasons()
 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel before the first request."""
-    _best_reasons(np.ones((1, 2)), np.zeros(1, np.int64), np.arange(2, dtype=np.int64), 1)
+    _best_reasons(np.ones((1, 2)), np.ones((1, 2)), np.zeros(1, np.int64), np.arange(2, dtype=np.int64), 1)
 
 
 def explain_count(value: int) -> int:

@@ -181,6 +181,14 @@ class ItemAttributes:
             or "none"
         )
 
+    def allowed(self, text: str) -> np.ndarray:
+        """The mask of the items ``text`` lets through, not cached (the server's own one-off
+        filters, e.g. ``service/live/fresh.py``, must not push the requests' out of the cache)."""
+        allowed = np.ones(self.n_items, dtype=bool)
+        for clause in parse_filter(text):
+            allowed &= self._evaluate(clause)
+        return allowed
+
     def eligible(self, text: str) -> Eligible:
         """The items ``text`` lets through, cached: a shop sends the same few filters again and again."""
         with self._lock:
@@ -188,10 +196,7 @@ class ItemAttributes:
             if hit is not None:
                 self._cache.move_to_end(text)
                 return hit
-        allowed = np.ones(self.n_items, dtype=bool)
-        for clause in parse_filter(text):
-            allowed &= self._evaluate(clause)
-        result = Eligible(~allowed)
+        result = Eligible(~self.allowed(text))
         with self._lock:
             self._cache[text] = result
             while len(self._cache) > self._cache_size:

@@ -90,17 +90,33 @@ def similar_items(
     return top_k(scores, n, skip, None if eligible is None else eligible.blocked)
 
 
-def pairwise_similarity(index: RecommenderIndex, rows: np.ndarray) -> np.ndarray:
-    """Bounded similarities among ``rows`` (1 on the diagonal): the level-weighted cosine (DCR),
-    ``1 - d / d_max`` over these rows (COE)."""
+def item_vectors(index: RecommenderIndex, rows: np.ndarray, fresh: np.ndarray | None = None) -> np.ndarray:
+    """The item factors (DCR) or map points (COE) of ``rows``; rows past the version's items
+    are fresh items, row ``len(items) + j`` being ``fresh[j]`` (``service/live/fresh.py``)."""
     _require_kind(index)
+    trained = index.item_factors if isinstance(index, DCRIndex) else index.item_coords
     rows = np.asarray(rows, dtype=np.int64)
+    if fresh is None or rows.size == 0 or rows.max() < trained.shape[0]:
+        return trained[rows]
+    base = trained.shape[0]
+    out = np.empty((rows.size, trained.shape[1]), dtype=trained.dtype)
+    old = rows < base
+    out[old] = trained[rows[old]]
+    out[~old] = fresh[rows[~old] - base]
+    return out
+
+
+def pairwise_similarity(
+    index: RecommenderIndex, rows: np.ndarray, fresh: np.ndarray | None = None
+) -> np.ndarray:
+    """Bounded similarities among ``rows`` (1 on the diagonal): the level-weighted cosine (DCR),
+    ``1 - d / d_max`` over these rows (COE); ``fresh`` as in :func:`item_vectors`."""
+    vectors = item_vectors(index, rows, fresh)
     if isinstance(index, DCRIndex):
-        x = index.item_factors[rows] * np.sqrt(index.level_scale)
-        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        x = vectors * index.root_level_scale
+        x /= np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x)), 1e-12)[:, None]
         return (x @ x.T).astype(np.float64)
-    assert isinstance(index, COEIndex)
-    points = index.item_coords[rows]
+    points = vectors
     diff = points[:, None, :] - points[None, :, :]
     d = np.sqrt(np.einsum("ijd,ijd->ij", diff, diff))
     top = d.max() if d.size else 0.0

@@ -200,6 +200,20 @@ def build_parser() -> argparse.ArgumentParser:
         ("--trending-window", d.trending_window, "seconds after its last interaction an item leaves"),
     ):
         trending.add_argument(flag, type=_positive_seconds, default=default, help=text)
+    p.add_argument(
+        "--fresh-interval",
+        type=float,
+        default=d.fresh_interval,
+        metavar="SECONDS",
+        help="with --redis: seconds between reads of the interactions with items the served versions"
+        " were not trained on, which Recommend then serves (docs/service.md, 'Fresh items'); 0: off",
+    )
+    p.add_argument(
+        "--fresh-item-attributes",
+        metavar="FILE",
+        help="with --redis: a newer item-attributes file (the trainer's formats); its items no version"
+        " was trained on and nobody rated yet are served at the mean of the items sharing their values",
+    )
     p.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (needs --tls-key)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
@@ -269,6 +283,12 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             model_name(args.trending)  # the name a client would send
         except InvalidArgument as exc:
             raise ValueError(f"--trending: {exc}") from None
+    if not (math.isfinite(args.fresh_interval) and args.fresh_interval >= 0):
+        raise ValueError(f"--fresh-interval must be a number of seconds >= 0, got {args.fresh_interval}")
+    if args.fresh_item_attributes:
+        from ordrec.service.indices.item_attributes import read_item_attributes
+
+        read_item_attributes(args.fresh_item_attributes)  # a bad file stops the start, naming its line
     limits = Limits(**{name: getattr(args, name) for name in vars(Limits())})
     streams = StreamLimits(
         max_streams=args.max_streams,
@@ -308,6 +328,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         trending=args.trending,
         trending_half_life=args.trending_half_life,
         trending_window=args.trending_window,
+        fresh_interval=args.fresh_interval,
+        fresh_item_attributes=args.fresh_item_attributes,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),

@@ -16,8 +16,10 @@ from grpc_reflection.v1alpha import reflection
 
 from ordrec.service.config import ServerConfig
 from ordrec.service.indices import diversity, explain, topk
+from ordrec.service.indices.item_attributes import read_item_attributes
 from ordrec.service.live.forgotten import ForgetfulSeen, ForgottenUsers
 from ordrec.service.live.forgotten import backends as forgotten_backends
+from ordrec.service.live.fresh import FreshEvidence, FreshItems, known_to_all
 from ordrec.service.live.hidden import HiddenState, RedisBackend, RegistryBackend
 from ordrec.service.live.online import NoOnlineEvaluation, OnlineEvaluation
 from ordrec.service.live.redis_state import RedisSeenStore, VersionListener, connect
@@ -100,6 +102,7 @@ class Server:
         self.reloader = Reloader(self.store, config.poll_interval or None)
         self.listener = VersionListener(config.redis_url, self.reloader.wake) if config.redis_url else None
         self.forgotten, self.forget_client = self._forgotten_users(config)
+        self.fresh = self._fresh_items(config)
         self.online = self._online_evaluation(config)
         self.hidden, self.hidden_mirror = self._hidden_state(config)
         self.metrics.hidden_items.set_function(lambda: sum(map(len, self.hidden.sets().values())))
@@ -117,6 +120,26 @@ class Server:
             return None
         settings = TrendingSettings(config.trending_half_life, config.trending_window)
         return TrendingIndex(self.seen.client, settings, healthy=self.seen.healthy, name=config.trending)
+
+    def _fresh_items(self, config: ServerConfig) -> FreshItems | None:
+        """Items the served versions were not trained on, read from the events stream
+        (service/live/fresh.py); None without Redis or with ``fresh_interval`` 0."""
+        if not isinstance(self.seen, RedisSeenStore) or config.fresh_interval <= 0:
+            return None
+        store = self.store
+
+        def recommenders() -> list:
+            return [m.index for m in store.snapshot().values() if "Recommend" in m.index.rpcs]
+
+        evidence = FreshEvidence(
+            self.seen.client, known_to_all(recommenders), self.seen.healthy, config.fresh_interval
+        )
+        attributes = None
+        if config.fresh_item_attributes:
+            attributes = read_item_attributes(config.fresh_item_attributes)
+        return FreshItems(
+            evidence, self.forgotten.unknown, attributes=attributes, users_token=self.forgotten.digests
+        )
 
     def _online_evaluation(self, config: ServerConfig) -> NoOnlineEvaluation:
         """Sampling and hit counting in Redis (service/live/online.py); off without Redis."""
@@ -233,6 +256,7 @@ class Server:
                 forgotten=self.forgotten,
                 forget_client=self.forget_client,
                 trending=self.trending,
+                fresh=self.fresh,
             ),
             server,
         )
@@ -270,6 +294,8 @@ class Server:
             self.listener.start()
         self.hidden.start()
         self.forgotten.start()
+        if self.fresh is not None:  # after the first load: items every version knows are not fresh
+            self.fresh.evidence.start()
         models = ", ".join(f"{n}@{m.version}" for n, m in sorted(self.store.snapshot().items())) or "none"
         log.info(
             "listening on %s:%d (metrics on %s:%s); serving %s",
@@ -288,7 +314,9 @@ class Server:
         limit = min(cfg.http.max_message_bytes, cfg.limits.max_message_bytes)
         limits = dataclasses.replace(cfg.limits, max_message_bytes=limit)
         state = (self.seen, self.hidden, self.hidden_mirror, self.online)
-        return RecommenderServicer(self.store, self.metrics, limits, *state, trending=self.trending)
+        return RecommenderServicer(
+            self.store, self.metrics, limits, *state, trending=self.trending, fresh=self.fresh
+        )
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -313,6 +341,8 @@ class Server:
             self.listener.stop()
         self.hidden.stop()
         self.forgotten.stop()
+        if self.fresh is not None:
+            self.fresh.evidence.stop()
         self.online.stop()
         if isinstance(self.seen, RedisSeenStore):
             self.seen.close()

@@ -32,11 +32,12 @@ from ordrec.service.errors import (
     Unavailable,
 )
 from ordrec.service.indices.diversity import Diversify, rerank, settings_from_request
-from ordrec.service.indices.explain import explain, explain_count
+from ordrec.service.indices.explain import Explained, explain_count, explained
 from ordrec.service.indices.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
-from ordrec.service.indices.similar import MAX_BASKET, similar_items
+from ordrec.service.indices.similar import MAX_BASKET, item_vectors, similar_items
 from ordrec.service.live.erasure import erase_user
 from ordrec.service.live.forgotten import ForgottenUsers
+from ordrec.service.live.fresh import FreshItems, FreshOverlay, FreshRules, fresh_top, merge_fresh
 from ordrec.service.live.hidden import HiddenState
 from ordrec.service.live.online import NoOnlineEvaluation
 from ordrec.service.live.seen import Recorded, SeenStore
@@ -187,10 +188,10 @@ def _diversify_settings(request) -> Diversify:
     )
 
 
-def _diversified(index, pool, n: int, settings: Diversify):
+def _diversified(index, pool, n: int, settings: Diversify, fresh: FreshOverlay | None = None):
     """``n`` of the pool re-ranked for diversity; a cap on an unknown attribute is INVALID_ARGUMENT."""
     try:
-        return rerank(index, pool, n, settings)
+        return rerank(index, pool, n, settings, None if fresh is None else fresh.factors)
     except FilterError as exc:
         raise InvalidArgument(str(exc)) from None
 
@@ -211,12 +212,25 @@ def _recorded_rows(index, rated: dict[str, str]) -> np.ndarray:
     return rows[rows >= 0]
 
 
-def _add_explanations(items, ids: IdMap, reasons) -> None:
+def _add_scored_fresh(
+    container, ids: IdMap, fresh: FreshOverlay, rows: np.ndarray, scores: np.ndarray
+) -> None:
+    """:func:`_add_scored` for answers holding fresh items (rows past the version's), flagged."""
+    add = container.add
+    for row, external, score in zip(rows.tolist(), fresh.external(rows, ids.ids), scores.tolist()):
+        add(id=external, score=score, fresh=row >= fresh.base)
+
+
+def _add_explanations(items, ids: IdMap, reasons: Explained) -> None:
     """Attach each result's reasons (``service/indices/explain.py``) as ``ScoredId.explanations``."""
     externals = ids.ids
-    for item, why in zip(items, reasons):
-        for reason in why:
-            item.explanations.add(id=externals[reason.row], share=reason.share, similarity=reason.similarity)
+    for item, rows, shares, sims in zip(
+        items, reasons.rows.tolist(), reasons.shares.tolist(), reasons.similarities.tolist()
+    ):
+        add = item.explanations.add
+        for row, share, sim in zip(rows, shares, sims):
+            if row >= 0:
+                add(id=externals[row], share=share, similarity=sim)
 
 
 class _RecommendCall(NamedTuple):
@@ -246,6 +260,24 @@ class _VersionGroup(NamedTuple):
     positions: list[int]
     candidates: np.ndarray | None
     eligible: Eligible | None
+    fresh: FreshOverlay | None = None
+
+
+def _known_or_fresh_rows(ids: IdMap, fresh: FreshOverlay, externals: list[str]) -> np.ndarray:
+    """Rows of the trained items of a candidate list; NotFound for an id neither trained nor fresh."""
+    rows = ids.rows(externals)
+    fresh_ids = set(fresh.ids)
+    missing = [e for e, r in zip(externals, rows) if r < 0 and e not in fresh_ids]
+    if missing:
+        _rows_or_not_found(ids, missing, "candidate item ids")
+    return rows[rows >= 0]
+
+
+def _distribution(index, vector: np.ndarray, rows: np.ndarray, fresh: FreshOverlay | None) -> np.ndarray:
+    """The rating distribution of a user vector over ``rows`` (fresh items' from their factors)."""
+    if fresh is None or not (rows >= fresh.base).any():
+        return index.distribution_for(vector, rows)
+    return index.distribution_of_factors(vector, item_vectors(index, rows, fresh.factors))
 
 
 def _rating(text: str) -> float:
@@ -280,6 +312,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         forgotten: ForgottenUsers | None = None,
         forget_client=None,
         trending: TrendingIndex | None = None,
+        fresh: FreshItems | None = None,
     ):
         self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
@@ -292,6 +325,8 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         # Trending (service/live/trending.py): unknown users' fallback, and a model name of its own.
         self.trending = trending
         self.trending_name = trending.name if trending else ""
+        # Items the served versions were not trained on, folded in from recorded ratings.
+        self.fresh = fresh
 
     def _model(self, name: str, rpc_name: str) -> LoadedModel:
         return self.store.resolve(v.model_name(name), rpc_name)
@@ -352,30 +387,36 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         """The users one version answers, with its view of the request; refuses, before any
         work, a request it cannot answer or whose reply would not fit."""
         index, lim = model.index, self.limits
-        candidates = (
-            _rows_or_not_found(index.items, call.candidate_ids, "candidate item ids")
-            if call.candidate_ids
-            else None
-        )
+        fresh = self.fresh.overlay(index) if self.fresh is not None else None
+        candidates = None
+        if call.candidate_ids:
+            candidates = (
+                _rows_or_not_found(index.items, call.candidate_ids, "candidate item ids")
+                if fresh is None
+                else _known_or_fresh_rows(index.items, fresh, call.candidate_ids)
+            )
         eligible = self._eligible(model, call.filter)
         if call.with_distribution and not hasattr(index, "distribution"):
             raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
         n_levels = len(index.rating_levels) if call.with_distribution else 0
         answerable = len(candidates) if candidates is not None else len(index.items)
+        id_bytes = index.items.max_bytes
+        if fresh is not None:
+            answerable, id_bytes = answerable + len(fresh), max(id_bytes, fresh.max_bytes)
         users = [user_ids[p] for p in positions]
         v.check_reply_fits(
-            v.recommend_reply_bytes(users, min(call.n, answerable), index.items.max_bytes, n_levels),
+            v.recommend_reply_bytes(users, min(call.n, answerable), id_bytes, n_levels),
             f"{len(users)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
             lim,
         )
         _check_cap(index, call.diversify)
         if call.explain:
             v.check_reply_fits(
-                len(users) * call.n * call.explain * v.scored_id_bytes(index.items.max_bytes, 1),
+                len(users) * call.n * call.explain * v.scored_id_bytes(id_bytes, 1),
                 f"{len(users)} user_ids x n={call.n} x explain={call.explain}",
                 lim,
             )
-        return _VersionGroup(model, positions, candidates, eligible)
+        return _VersionGroup(model, positions, candidates, eligible, fresh)
 
     def _recommend_group(
         self,
@@ -436,26 +477,53 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                     )
                 m.fallbacks.labels(model.name, "Recommend", _FALLBACK_LABEL[result.fallback]).inc()
             rows, scores = ranked[i]
+            fresh = group.fresh if user_rows[i] >= 0 or vector is not None else None
+            if fresh is not None:  # service/live/fresh.py: only versions with fresh items come here
+                vector = index.user_vector(int(user_rows[i])) if vector is None else vector
+                rules = self._fresh_rules(model, call, recent.get(uid))
+                rows, scores = merge_fresh((rows, scores), fresh_top(index, fresh, vector, n, rules), n)
             # --- request features (service/indices/diversity.py, service/indices/explain.py)
             if call.diversify.active:
-                rows, scores = _diversified(index, (rows, scores), call.n, call.diversify)
-            _add_scored(result.items, index.items, rows, scores)
+                rows, scores = _diversified(index, (rows, scores), call.n, call.diversify, fresh)
+            if fresh is None:
+                _add_scored(result.items, index.items, rows, scores)
+            else:
+                _add_scored_fresh(result.items, index.items, fresh, rows, scores)
             if call.explain and (user_rows[i] >= 0 or vector is not None):
                 history = (
-                    index.seen(int(user_rows[i])) if vector is None else _recorded_rows(index, evidence[uid])
+                    index.seen(int(user_rows[i]))
+                    if uid not in evidence
+                    else _recorded_rows(index, evidence[uid])
                 )
-                _add_explanations(result.items, index.items, explain(index, rows, history, call.explain))
+                reasons = explained(
+                    index, rows, history, call.explain, None if fresh is None else fresh.factors
+                )
+                _add_explanations(result.items, index.items, reasons)
             # ---
             if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
                 dist = (
                     index.distribution(int(user_rows[i]), rows)
                     if vector is None
-                    else index.distribution_for(vector, rows)
+                    else _distribution(index, vector, rows, fresh)
                 )
                 for item, probs in zip(result.items, dist):
                     item.rating_distribution.extend(probs.tolist())
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
+
+    def _fresh_rules(
+        self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None
+    ) -> FreshRules:
+        """What a user's fresh items must honour: hidden items, exclusions, their recorded
+        items, the candidate list; a filter leaves none (fresh items have no attributes)."""
+        sets = self.hidden.sets() if self.hidden else {}
+        blocked = (
+            sets.get(ALL_MODELS, ()),
+            sets.get(model.name, ()),
+            call.exclude_ids,
+            (recent_ids or ()) if call.exclude_seen else (),
+        )
+        return FreshRules(blocked, call.candidate_ids or None, bool(call.filter))
 
     def _users_counter(self, model: LoadedModel):
         """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
@@ -790,6 +858,13 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             if candidate is not None:
                 info.candidate_version, info.candidate_share = candidate.model.version, candidate.share
             info.sizes.update(model.index.sizes())
+            overlay = (
+                self.fresh.overlay(model.index)
+                if self.fresh is not None and "Recommend" in model.index.rpcs
+                else None
+            )
+            if overlay is not None:  # items served before the next training (service/live/fresh.py)
+                info.sizes["fresh_items"] = len(overlay)
             info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
         if (
             self.trending is not None

@@ -118,6 +118,19 @@ class RecommenderIndex(ModelIndex):
         """Scores of every item (or ``item_rows``) for a user given by a :meth:`fold_in` vector."""
         raise NotImplementedError(f"{self.kind} has no fold-in")
 
+    def fold_in_item(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+        """The model's representation of an item it has not seen, from known users' ratings of
+        it (``service/live/fresh.py``); None for kinds that cannot."""
+        return None
+
+    def score_factors(self, vector: np.ndarray, item_factors: np.ndarray) -> np.ndarray:
+        """Scores of items given by :meth:`fold_in_item` representations for a user vector."""
+        raise NotImplementedError(f"{self.kind} has no item fold-in")
+
+    def user_vector(self, user_row: int) -> np.ndarray:
+        """A trained user's representation, as :meth:`fold_in` gives a new one."""
+        raise NotImplementedError(f"{self.kind} has no fold-in")
+
     def recommend_for(
         self,
         vector: np.ndarray,

@@ -71,17 +71,22 @@ class COEIndex(RecommenderIndex, MapIndex):
         items weighted by how far above their own mean each rating is (the trainer compares
         ratings within a user, as z-scores); equal weights when all their ratings are equal.
         An interaction without a rating (NaN) weighs as much as the user's mean weight."""
-        values = np.asarray(values, dtype=np.float64)
-        rated = np.isfinite(values)
-        weights = np.zeros_like(values)
-        if rated.any():
-            weights[rated] = np.maximum(values[rated] - values[rated].mean(), 0.0)
-        if not weights.any():
-            weights = np.ones_like(values)
-        elif not rated.all():
-            weights[~rated] = weights[rated].mean()
-        points = self.item_coords[np.asarray(item_rows, dtype=np.int64)]
-        return weights @ points / weights.sum()
+        return _weighted_centroid(self.item_coords[np.asarray(item_rows, dtype=np.int64)], values)
+
+    def fold_in_item(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """A point on the fixed map for an item it has not seen: :meth:`fold_in`'s mirror, the
+        centroid of the known users who rated it, weighted by how far above the mean of its
+        ratings each one is (equal weights when they are all equal; a pick weighs the mean)."""
+        return _weighted_centroid(self.user_coords[np.asarray(user_rows, dtype=np.int64)], values)
+
+    def score_factors(self, vector: np.ndarray, item_points: np.ndarray) -> np.ndarray:
+        """Negative distances from a point to items given by their points (fresh items)."""
+        diff = np.asarray(item_points, dtype=np.float64) - vector
+        return (-np.sqrt(np.einsum("id,id->i", diff, diff))).astype(np.float32)
+
+    def user_vector(self, user_row: int) -> np.ndarray:
+        """A trained user's point on the map."""
+        return self.user_coords[int(user_row)]
 
     def pair_scores(self, user_rows: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         """Negative distance of each (user, item) pair, float64 (evaluation over all ratings)."""
@@ -141,3 +146,18 @@ class COEIndex(RecommenderIndex, MapIndex):
         if len(self.users) and len(self.items):
             self.neighbors("", "users", 0, "items", 1)
             self.neighbors("", "items", 0, "users", 1)
+
+
+def _weighted_centroid(points: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The centroid of ``points`` weighted by how far above their mean each value is (equal
+    weights when all are equal); a NaN value (no rating) weighs the mean weight."""
+    values = np.asarray(values, dtype=np.float64)
+    rated = np.isfinite(values)
+    weights = np.zeros_like(values)
+    if rated.any():
+        weights[rated] = np.maximum(values[rated] - values[rated].mean(), 0.0)
+    if not weights.any():
+        weights = np.ones_like(values)
+    elif not rated.all():
+        weights[~rated] = weights[rated].mean()
+    return weights @ points / weights.sum()

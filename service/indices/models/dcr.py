@@ -27,6 +27,8 @@ top-N from it (``service/indices/ann.py``); candidate lists, the per-item scores
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, check_finite
@@ -163,6 +165,12 @@ class DCRIndex(RecommenderIndex):
         """Each factor column's level weight ``c_t`` (what the user side is multiplied by)."""
         return self._scale
 
+    @functools.cached_property
+    def root_level_scale(self) -> np.ndarray:
+        """``sqrt(c_t)`` per factor column: item factors times it have the level-weighted inner
+        product as their plain one (the cosine of diversity, ``service/indices/similar.py``)."""
+        return np.sqrt(self._scale)
+
     @staticmethod
     def _open_ann(artifact: Artifact, item: np.ndarray):
         entry = artifact.indexes.get("items")
@@ -192,27 +200,61 @@ class DCRIndex(RecommenderIndex):
         top-N-aware version a NaN value is an interaction without a rating: "picked", a
         target of the "not rated" level only (see :attr:`folds_in_picks`).
         """
-        L, f, k = self.n_levels, self.rank, self._frozen
+        rows = np.asarray(item_rows, dtype=np.int64)
+        u = self._fold_levels(self._item[rows], values, self._mean_user, self._frozen, self._radius)
+        return u.reshape(-1).astype(np.float32)
+
+    def fold_in_item(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Item factors of an item the version has not seen, from known users' ratings of it
+        with the user factors fixed: :meth:`fold_in`'s mirror (the same per-level targets and
+        ridge regression, toward the mean trained item, then ``|v^t| <= 1``)."""
+        rows = np.asarray(user_rows, dtype=np.int64)
+        v = self._fold_levels(self._user_raw[rows], values, self.mean_item, 0, 1.0)
+        return v.reshape(-1).astype(np.float32)
+
+    @functools.cached_property
+    def mean_item(self) -> np.ndarray:
+        """The mean trained item's per-level factors, ``(levels, rank)`` float64 (fold-in's prior)."""
+        return _finite_column_mean("item_factors", self._item).reshape(self.n_levels, self.rank)
+
+    def _fold_levels(
+        self, other: np.ndarray, values: np.ndarray, mean: np.ndarray, frozen: int, radius: float
+    ) -> np.ndarray:
+        """Per-level factors ``(levels, rank)`` fitted to ratings against the fixed factors
+        ``other`` of the other side (one row per rating): targets ``2 [r >= l_t] - 1``, a ridge
+        regression toward ``mean``, the first ``frozen`` coordinates kept, the rest bounded by
+        ``radius``. A NaN value is a pick: a target of the "not rated" level only."""
+        L, f, k = self.n_levels, self.rank, frozen
         values = np.asarray(values, dtype=np.float64)
         rated = np.isfinite(values)
         level = np.abs(np.where(rated, values, self.levels[-1])[:, None] - self.levels[None, :]).argmin(
             axis=1
         )
         target = 2.0 * (level[:, None] >= np.arange(1, L + 1)[None, :]) - 1.0
-        # Which (item, level) targets are known: every level of a rating; a pick's first level.
+        # Which (rating, level) targets are known: every level of a rating; a pick's first level.
         known = np.repeat(rated[:, None], L, axis=1)
         known[:, 0] |= self.unrated_level
         # Level-major (L, f, m) so the per-level products are batched matrix products.
-        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, L, f).transpose(1, 2, 0)
+        v = other.reshape(-1, L, f).transpose(1, 2, 0)
         v = v.astype(np.float64) * known.T[:, None, :]  # an unknown target adds nothing
-        residual = (target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]) * known.T  # (L, m)
+        residual = (target.T - (mean[:, None, :] @ v)[:, 0, :]) * known.T  # (L, m)
         free = v[:, k:, :]
         gram = free @ free.transpose(0, 2, 1) + FOLD_IN_PRIOR * np.eye(f - k)
-        u = self._mean_user.copy()
-        u[:, k:] += np.linalg.solve(gram, free @ residual[..., None])[..., 0]
-        norms = np.linalg.norm(u[:, k:], axis=1, keepdims=True)
-        u[:, k:] *= np.minimum(1.0, self._radius / np.maximum(norms, 1e-12))
-        return u.reshape(-1).astype(np.float32)
+        fitted = mean.copy()
+        fitted[:, k:] += np.linalg.solve(gram, free @ residual[..., None])[..., 0]
+        norms = np.linalg.norm(fitted[:, k:], axis=1, keepdims=True)
+        fitted[:, k:] *= np.minimum(1.0, radius / np.maximum(norms, 1e-12))
+        return fitted
+
+    def score_factors(self, vector: np.ndarray, item_factors: np.ndarray) -> np.ndarray:
+        """Scores of items given by their factors (fresh items, ``service/live/fresh.py``) for raw
+        user factors: the formula of :meth:`score_vector`."""
+        scores = np.asarray(item_factors, dtype=np.float32) @ (vector * self._scale)
+        return (scores + self.offset).astype(np.float32)
+
+    def user_vector(self, user_row: int) -> np.ndarray:
+        """A trained user's raw factors (what :meth:`fold_in` gives a new user)."""
+        return self._user_raw[int(user_row)]
 
     def folded(self, user_rows: np.ndarray | list[int]) -> np.ndarray:
         """User factors with the level weights folded in, shape ``(len(user_rows), width)``."""
@@ -313,8 +355,11 @@ class DCRIndex(RecommenderIndex):
         return self._level_probabilities(self._user_raw[int(user_row)], item_rows)
 
     def _level_probabilities(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
+        return self._level_probabilities_of(vector, self._item[np.asarray(item_rows, dtype=np.int64)])
+
+    def _level_probabilities_of(self, vector: np.ndarray, item_factors: np.ndarray) -> np.ndarray:
         u = vector.reshape(self.n_levels, self.rank)
-        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, self.n_levels, self.rank)
+        v = np.asarray(item_factors).reshape(-1, self.n_levels, self.rank)
         p = 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
         if not self.unrated_level:
             return p
@@ -328,6 +373,10 @@ class DCRIndex(RecommenderIndex):
     def distribution_for(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
         """:meth:`distribution` for raw user factors (a :meth:`fold_in`)."""
         return monotone_distribution(self._level_probabilities(vector, item_rows))
+
+    def distribution_of_factors(self, vector: np.ndarray, item_factors: np.ndarray) -> np.ndarray:
+        """:meth:`distribution_for` of items given by their factors (fresh items)."""
+        return monotone_distribution(self._level_probabilities_of(vector, item_factors))
 
     def smoke(self) -> None:
         super().smoke()

@@ -13,7 +13,9 @@ Three formats, detected from the file name unless given:
 
 The columns are packed over the version's item rows by
 ``ordrec.service.indices.rules.encode_item_attributes`` (the format lives with the
-code that reads it back); items the file does not list have no values.
+code that reads it back); items the file does not list have no values. The
+trainer publishes them with a version; the server reads a newer file for the
+items no version was trained on yet (``service/live/fresh.py``).
 """
 
 from __future__ import annotations
@@ -84,8 +86,10 @@ class ItemAttributeTable:
                     "values": np.array([by_item.get(i, np.nan) for i in ids], dtype=np.float64),
                 }
             )
-        for name, by_item in self.categorical.items():
-            columns.append({"name": name, "type": "categorical", "values": [by_item.get(i, []) for i in ids]})
+        for name, values_of in self.categorical.items():
+            columns.append(
+                {"name": name, "type": "categorical", "values": [values_of.get(i, []) for i in ids]}
+            )
         return encode_item_attributes(columns, len(ids))
 
 

@@ -1,0 +1,431 @@
+"""Fresh items (``service/live/fresh.py``): items a version was not trained on, folded in from what
+known users recorded since and served by Recommend before the next training.
+
+The planted data (``tests/fresh_planted.py``) withholds the last items of every group's block
+from training; the users who should get a fresh item are those of its group.
+"""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ordrec.service.config import Limits
+from ordrec.service.indices.item_attributes import read_item_attributes
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.models.coe import COEIndex
+from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.indices.rules import ATTRIBUTES_KEY, encode_item_attributes
+from ordrec.service.live.fresh import FreshEvidence, FreshItems, merge_fresh
+from ordrec.service.live.redis_state import RedisSeenStore
+from ordrec.service.live.seen import Recorded, SeenStore
+from ordrec.service.metrics import Metrics
+from ordrec.service.serving.cli import build_parser, config_from_args
+from ordrec.service.serving.servicer import RecommenderServicer
+from ordrec.service.serving.store import ModelStore
+from ordrec.service.storage.registry import Registry
+from ordrec.tools.process import ServerProcess
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
+from tests.conftest import wait_until
+from tests.fresh_planted import PlantedFresh, caught, planted_fresh, stream_entries
+from tests.test_dcr_index import artifact as dcr_artifact
+
+
+class Context:
+    """A gRPC context stand-in for the in-process handler: no deadline, and ``abort`` raises
+    :class:`Aborted` carrying the status code."""
+
+    time_remaining = staticmethod(lambda: None)
+    is_active = staticmethod(lambda: True)
+
+    @staticmethod
+    def abort(code, message):
+        raise Aborted(code, message)
+
+
+class Aborted(Exception):
+    def __init__(self, code, message):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@pytest.fixture(scope="module")
+def planted() -> PlantedFresh:
+    return planted_fresh(seed=0)
+
+
+@pytest.fixture(scope="module")
+def registry(planted, tmp_path_factory):
+    from ordrec.trainer.models.coe import COE
+    from ordrec.trainer.models.dcr import DCR
+
+    path = tmp_path_factory.mktemp("fresh-registry")
+    target = Registry(path)
+    target.publish(
+        "dcr", DCR(n_components=8, max_iter=30, random_state=0).fit(planted.training).to_artifact()
+    )
+    target.publish("coe", COE(random_state=0).fit(planted.training).to_artifact())
+    grouped = target.load("dcr", mmap=False)
+    groups = [[f"g{planted.group_of[i]}"] for i in grouped.ids["items"].ids]
+    column = {"name": "group", "type": "categorical", "values": groups}
+    arrays, meta = encode_item_attributes([column], len(groups))
+    grouped.arrays.update(arrays)
+    grouped.attributes[ATTRIBUTES_KEY] = meta
+    target.publish("dcr_groups", grouped)
+    return path
+
+
+def servicer(registry, planted: PlantedFresh | None) -> RecommenderServicer:
+    """The Recommend handler over the planted versions, fresh items fed from ``planted``'s
+    recorded events (None: no fresh items at all)."""
+    store = ModelStore(Registry(registry), Metrics())
+    store.refresh()
+    fresh = None
+    if planted is not None:
+        evidence = FreshEvidence(None, known=lambda item: False)
+        evidence.add_entries(stream_entries(planted.recorded))
+        fresh = FreshItems(evidence)
+    return RecommenderServicer(store, Metrics(), Limits(), SeenStore(), fresh=fresh)
+
+
+def recommend(handler: RecommenderServicer, user: str, model: str = "dcr", n: int = 10, **kw):
+    request = pb.RecommendRequest(model=model, user_ids=[user], n=n, **kw)
+    return handler.Recommend(request, Context()).results[0]
+
+
+# ------------------------------------------------------------------ item fold-in
+def test_dcr_item_fold_in_orders_users_as_the_planted_item_does():
+    """Ratings drawn from a planted item's level probabilities: the lowest level's target is
+    then exactly the model's Bernoulli draw, so its folded factors point where the planted
+    ones do (the item-side mirror of user fold-in)."""
+    index = DCRIndex.from_artifact(dcr_artifact(n_users=400, n_items=5, rank=3, seed=1))
+    rng = np.random.default_rng(2)
+    truth = rng.normal(size=(4, 3))
+    truth /= np.linalg.norm(truth, axis=1, keepdims=True)
+    users = np.arange(len(index.users))
+    user_factors = np.stack([index.user_vector(u) for u in users]).reshape(-1, 4, 3)
+    p_ge = 0.5 * (np.einsum("ulk,lk->ul", user_factors, truth) + 1.0)
+    ratings = 1 + (rng.random(p_ge.shape) < p_ge).cumprod(axis=1).sum(axis=1)
+    folded = index.fold_in_item(users, ratings.astype(np.float64))
+    lowest = folded.reshape(4, 3)[0]
+    assert lowest @ truth[0] / np.linalg.norm(lowest) > 0.9
+    assert np.all(np.linalg.norm(folded.reshape(4, 3), axis=1) <= 1.0 + 1e-5)  # the model's bound
+
+
+def test_coe_item_fold_in_is_the_weighted_centroid_of_its_raters(registry):
+    index = Registry(registry).load("coe", mmap=False)
+    coe = build_index(index)
+    assert isinstance(coe, COEIndex)
+    rows = np.array([0, 1, 2])
+    point = coe.fold_in_item(rows, np.array([5.0, 1.0, 3.0]))  # mean 3: only the 5 pulls
+    np.testing.assert_allclose(point, coe.user_vector(0))
+    equal = coe.fold_in_item(rows, np.array([4.0, 4.0, 4.0]))
+    np.testing.assert_allclose(equal, coe.user_coords[rows].mean(axis=0))
+
+
+@given(
+    st.lists(st.floats(-5, 5, width=32), max_size=15),
+    st.lists(st.floats(-5, 5, width=32), max_size=15),
+    st.integers(1, 20),
+)
+def test_merging_keeps_the_n_best_of_both_lists(trained, fresh, n):
+    trained_ranked = (np.arange(len(trained)), np.sort(np.array(trained, np.float32))[::-1])
+    fresh_ranked = (100 + np.arange(len(fresh)), np.sort(np.array(fresh, np.float32))[::-1])
+    rows, scores = merge_fresh(trained_ranked, fresh_ranked, n)
+    every = np.concatenate([trained_ranked[1], fresh_ranked[1]])
+    assert scores.tolist() == np.sort(every)[::-1][:n].tolist() or not fresh
+    assert len(set(rows.tolist())) == rows.size
+    assert np.all(np.diff(scores) <= 0)
+
+
+# ---------------------------------------------------------------- planted data
+@pytest.mark.parametrize("model", ["dcr", "coe"])
+def test_recommend_serves_fresh_items_to_the_users_of_their_group(registry, planted, model):
+    """The measurement of docs/service.md ("Fresh items"): without the overlay no held-out
+    interaction with a fresh item can be caught; with it most are, and the fresh items a
+    user gets are those of their own group."""
+    with_overlay, without = servicer(registry, planted), servicer(registry, None)
+
+    def answer(handler):
+        def top(user: str, n: int) -> list[str]:
+            result = recommend(handler, user, model, n, exclude_item_ids=planted.recorded_by(user))
+            return [item.id for item in result.items]
+
+        return top
+
+    assert caught(planted, answer(without), 20) == 0.0
+    share = caught(planted, answer(with_overlay), 20)
+    assert share > 0.8, share
+    own = other = 0
+    for user in sorted({u for u, _, _ in planted.liked_held_out()})[::7]:
+        for item in recommend(with_overlay, user, model, 20).items:
+            if item.fresh:
+                own += planted.group_of[item.id] == planted.group_of[user]
+                other += planted.group_of[item.id] != planted.group_of[user]
+            assert item.fresh == (item.id in planted.fresh_ids)
+    # DCR serves almost only the own group's (380 / 0 here); COE's centroids sit nearer the
+    # map's middle, so some neighbouring group's come too (380 / 79)
+    assert own > 0 and other <= own / 3, (own, other)
+
+
+def test_a_version_without_fresh_items_answers_as_before(registry, planted):
+    empty = FreshItems(FreshEvidence(None, known=lambda item: False))
+    store = ModelStore(Registry(registry), Metrics())
+    store.refresh()
+    handler = RecommenderServicer(store, Metrics(), Limits(), SeenStore(), fresh=empty)
+    plain = servicer(registry, None)
+    for user in ("u0", "u150", "u299"):
+        for kw in ({}, {"explain": 2, "diversity": 0.3}):
+            assert recommend(handler, user, **kw) == recommend(plain, user, **kw)
+
+
+def test_fresh_items_honour_exclusions_candidates_filters_explanations_and_diversity(registry, planted):
+    handler = servicer(registry, planted)
+    user = "u0"
+    fresh_served = [i.id for i in recommend(handler, user, n=30).items if i.fresh]
+    assert fresh_served
+    excluded = recommend(handler, user, n=30, exclude_item_ids=fresh_served[:2]).items
+    assert not {i.id for i in excluded} & set(fresh_served[:2])
+    # a candidate list may name fresh items (and only they then come back with trained ones listed)
+    some_trained = [i.id for i in recommend(handler, user, n=30).items if not i.fresh][:3]
+    listed = recommend(handler, user, n=10, candidate_item_ids=[fresh_served[0], *some_trained]).items
+    assert {i.id for i in listed} == {fresh_served[0], *some_trained}
+    with pytest.raises(Aborted) as unknown:
+        recommend(handler, user, candidate_item_ids=[fresh_served[0], "no-such-item"])
+    assert unknown.value.code == grpc.StatusCode.NOT_FOUND and "no-such-item" in str(unknown.value)
+    # fresh items have no attributes, so a filter never lets one through
+    filtered = recommend(handler, user, "dcr_groups", n=30, filter='group in ("g0", "g1", "g2")').items
+    assert filtered and not any(i.fresh for i in filtered)
+    assert any(i.fresh for i in recommend(handler, user, "dcr_groups", n=30).items)
+    explained = recommend(handler, user, n=30, explain=2, diversity=0.5).items
+    assert any(i.fresh for i in explained)
+    for item in explained:
+        assert item.explanations and all(0 < e.share <= 1 for e in item.explanations)
+    dist = recommend(handler, user, n=30, with_distribution=True).items
+    assert any(i.fresh for i in dist)
+    assert all(abs(sum(i.rating_distribution) - 1.0) < 1e-4 for i in dist)
+
+
+def test_a_newcomer_folded_in_gets_fresh_items_too(registry, planted):
+    """A user the version has not seen, folded in from recorded ratings, is scored against the
+    fresh items with the same vector."""
+
+    class Ratings(SeenStore):
+        def lookup(self, seen_for, ratings_for=()):
+            rated = {"newcomer": {"i0": "5", "i1": "5", "i2": "4", "i60": "1"}}
+            return {}, {u: rated[u] for u in ratings_for if u in rated}, False
+
+    store = ModelStore(Registry(registry), Metrics())
+    store.refresh()
+    evidence = FreshEvidence(None, known=lambda item: False)
+    evidence.add_entries(stream_entries(planted.recorded))
+    handler = RecommenderServicer(store, Metrics(), Limits(), Ratings(), fresh=FreshItems(evidence))
+    result = recommend(handler, "newcomer", n=20)
+    assert result.folded_in
+    served = [i.id for i in result.items if i.fresh]
+    assert served and all(planted.group_of[i] == 0 for i in served)
+
+
+# ------------------------------------------------------------------- evidence
+def test_evidence_is_read_from_the_stream_bounded_and_fails_open(redis_server):
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    client.flushall()
+    store = RedisSeenStore(redis_server.url, Metrics(), timeout=1.0)
+    store.record("a", [Recorded("old", 1.0, 5.0), Recorded("new1", 1.0, 4.0), Recorded("new2", 1.0)])
+    evidence = FreshEvidence(client, known=lambda item: item == "old", max_items=2, max_raters=2)
+    assert evidence.refresh() == 3
+    found = evidence.current().items
+    assert set(found) == {"new1", "new2"} and found["new1"].raters == {"a": "4.0"}
+    assert found["new2"].raters == {"a": ""}  # a click without a rating
+    for user in ("b", "c"):
+        store.record(user, [Recorded("new1", 2.0, 1.0)])
+    store.record("d", [Recorded("new3", 3.0, 5.0)])
+    assert evidence.refresh() == 3  # only what was added since
+    found = evidence.current().items
+    assert set(found) == {"new1", "new3"}  # at most 2 items: the least recently touched went
+    assert list(found["new1"].raters) == ["b", "c"]  # at most 2 raters: the latest kept
+    redis_server.stop()
+    assert evidence.refresh() == 0  # Redis down: nothing read, nothing raised, evidence kept
+    assert set(evidence.current().items) == {"new1", "new3"}
+    store.close()
+
+
+# ---------------------------------------------------------- end to end, real processes
+def test_a_real_server_serves_items_recorded_after_training(registry, planted, redis_server):
+    """RecordInteractions of known users' ratings of new items, through a real server and
+    redis-server, turn into Recommend answers for the other users of the items' groups."""
+    redis.Redis.from_url(redis_server.url).flushall()
+    with (
+        ServerProcess(
+            registry, "--redis", redis_server.url, "--poll-interval", "0", "--fresh-interval", "0.1"
+        ) as server,
+        grpc.insecure_channel(server.target) as channel,
+    ):
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+
+        def top(user: str, n: int = 20) -> list[pb.ScoredId]:
+            reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=[user], n=n), timeout=10)
+            return list(reply.results[0].items)
+
+        assert not any(i.fresh for i in top("u0"))
+        by_user: dict[str, list[tuple[str, float]]] = {}
+        for user, item, value in planted.recorded:
+            by_user.setdefault(user, []).append((item, value))
+        for user, events in by_user.items():
+            stub.RecordInteractions(
+                pb.RecordInteractionsRequest(
+                    user_id=user,
+                    model="dcr",
+                    interactions=[pb.Interaction(item_id=i, value=v) for i, v in events],
+                ),
+                timeout=10,
+            )
+        assert wait_until(lambda: any(i.fresh for i in top("u1")), 10.0)
+        listed = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
+        assert listed["dcr"].sizes["fresh_items"] == len(planted.fresh_ids)
+        share = caught(planted, lambda user, n: [i.id for i in top(user, n)], 20)
+        assert share > 0.8, share
+        served = [i.id for i in top("u1") if i.fresh]
+        assert all(planted.group_of[i] == planted.group_of["u1"] for i in served)
+        stub.HideItems(pb.HideItemsRequest(item_ids=served[:1]), timeout=10)
+        assert wait_until(lambda: served[0] not in {i.id for i in top("u1")}, 10.0)
+        redis_server.stop()  # fails open: the fresh items already read keep being served
+        assert any(i.fresh for i in top("u1"))
+
+
+# ------------------------------------------------------------------- attacks
+def test_garbage_stream_entries_are_skipped_or_taken_as_picks(registry):
+    """Entries the stream may hold from older writers or by hand: no user or item is skipped; a
+    value that is not a finite number counts as an interaction without a rating."""
+    evidence = FreshEvidence(None, known=lambda item: False)
+    evidence.add_entries(
+        [
+            {"item": "new"},
+            {"user": "u0"},
+            {"user": "u0", "item": "new", "value": "five"},
+            {"user": "u1", "item": "new", "value": "inf"},
+            {"user": "u2", "item": "new", "value": "nan"},
+            {"user": "nobody", "item": "unrated-by-known", "value": "5"},
+            {"user": "u3", "item": "x" * 10_000, "value": "5"},
+        ]
+    )
+    assert set(evidence.current().items) == {"new", "unrated-by-known", "x" * 10_000}
+    handler = RecommenderServicer(
+        _store(registry), Metrics(), Limits(), SeenStore(), fresh=FreshItems(evidence)
+    )
+    for user in ("u0", "u150"):
+        items = recommend(handler, user, n=50).items
+        assert all(np.isfinite(i.score) for i in items)
+        assert "unrated-by-known" not in {i.id for i in items}  # no rater the version knows
+
+
+def _store(registry) -> ModelStore:
+    store = ModelStore(Registry(registry), Metrics())
+    store.refresh()
+    return store
+
+
+ids = st.one_of(st.sampled_from(["i0", "i40", "i41", "i95", "i149", "no-such", ""]), st.text(max_size=30))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=st.sampled_from(["dcr", "coe", "dcr_groups"]),
+    n=st.integers(-2, 60),
+    exclude=st.lists(ids, max_size=5),
+    candidates=st.lists(ids, max_size=5),
+    explain=st.integers(-1, 25),
+    diversity=st.floats(allow_nan=True, allow_infinity=True, width=32),
+    filter_=st.sampled_from(["", 'group = "g0"', "group in (", "nope = 1", "group > 1"]),
+    distribution=st.booleans(),
+)
+def test_fuzzed_requests_with_fresh_items_get_an_answer_or_a_clear_error(
+    fuzz_handler, model, n, exclude, candidates, explain, diversity, filter_, distribution
+):
+    request = pb.RecommendRequest(
+        model=model,
+        user_ids=["u0"],
+        n=n,
+        exclude_item_ids=exclude,
+        candidate_item_ids=candidates,
+        explain=explain,
+        diversity=diversity,
+        filter=filter_,
+        with_distribution=distribution and model != "coe",
+    )
+    try:
+        result = fuzz_handler.Recommend(request, Context()).results[0]
+    except Aborted as exc:
+        assert exc.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), exc
+        return
+    served = [i.id for i in result.items]
+    assert len(served) == len(set(served)) <= n
+    assert not set(served) & set(exclude)
+    if candidates:
+        assert set(served) <= set(candidates)
+    if filter_:
+        assert not any(i.fresh for i in result.items)
+
+
+@pytest.fixture(scope="module")
+def fuzz_handler(registry, planted):
+    return servicer(registry, planted)
+
+
+def test_an_unrated_new_item_with_attributes_sits_among_the_items_sharing_them(registry, planted, tmp_path):
+    """A newer item-attributes file lists a new item nobody rated: it gets the mean factors of
+    the version's items with its values and reaches the users of that group."""
+    listing = tmp_path / "items.csv"
+    listing.write_text("id,group\nbrand-new,g1\nno-match,g9\ni0,g0\n")
+    table = read_item_attributes(listing)
+    handler = RecommenderServicer(
+        _store(registry),
+        Metrics(),
+        Limits(),
+        SeenStore(),
+        fresh=FreshItems(FreshEvidence(None, known=lambda item: False), attributes=table),
+    )
+    reach = {}
+    for user in ("u100", "u101", "u102", "u0", "u1", "u2"):
+        items = recommend(handler, user, "dcr_groups", n=40).items
+        assert "no-match" not in {i.id for i in items}  # no trained item shares its value
+        assert all(i.fresh == (i.id == "brand-new") for i in items)  # i0 is trained: not fresh
+        reach[user] = "brand-new" in {i.id for i in items}
+    assert reach["u100"] and reach["u101"] and reach["u102"]  # group 1's users
+    assert not (reach["u0"] or reach["u1"] or reach["u2"])
+    # the plain version has no attributes to match: the item is not served there
+    assert "brand-new" not in {i.id for i in recommend(handler, "u100", "dcr", n=40).items}
+
+
+def test_a_bad_attributes_file_or_interval_stops_the_start_naming_it(tmp_path):
+    bad = tmp_path / "items.csv"
+    bad.write_text("id,group\nx,g1,extra\n")
+    with pytest.raises(ValueError, match=r"items.csv:2: 3 fields"):
+        config_from_args(
+            build_parser().parse_args(["--registry", str(tmp_path), "--fresh-item-attributes", str(bad)])
+        )
+    with pytest.raises(ValueError, match="--fresh-interval"):
+        config_from_args(build_parser().parse_args(["--registry", str(tmp_path), "--fresh-interval", "nan"]))
+
+
+def test_forgetting_the_only_rater_removes_the_item_at_once(registry):
+    """The overlay is rebuilt when the FORGOTTEN list changes, not only when evidence does."""
+    forgotten: set[str] = set()
+
+    def unknown(users: list[str], rows: np.ndarray) -> np.ndarray:
+        return np.where([u in forgotten for u in users], -1, rows)
+
+    evidence = FreshEvidence(None, known=lambda item: False)
+    evidence.add_entries([{"user": "u0", "item": "solo", "value": "5"}])
+    fresh = FreshItems(evidence, unknown, users_token=lambda: frozenset(forgotten))
+    index = _store(registry).snapshot()["dcr"].index
+    overlay = fresh.overlay(index)
+    assert overlay is not None and overlay.ids == ["solo"]
+    assert fresh.overlay(index) is overlay  # cached while nothing changes
+    forgotten.add("u0")
+    assert fresh.overlay(index) is None
