@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -144,9 +145,18 @@ def _client():
     return boto3.session.Session().client("s3", config=config)
 
 
+# A conditional PUT lost to another writer (412), or raced one in flight (409, S3 asks to retry).
+_LOST_RACE = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+_UNSUPPORTED = ("NotImplemented", "501")  # a store without conditional writes (older MinIO, Ceph)
+
+
+def _error_code(exc: Exception) -> str:
+    """The S3 error code of a botocore ClientError ("" for anything else)."""
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
 def _missing(exc: Exception) -> bool:
-    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-    return code in ("404", "NoSuchKey", "NotFound")
+    return _error_code(exc) in ("404", "NoSuchKey", "NotFound")
 
 
 class S3Registry(LiveVersions):
@@ -269,6 +279,43 @@ class S3Registry(LiveVersions):
         """One PUT: readers see the old or the new file."""
         self.client.put_object(Bucket=self.bucket, Key=self._key(validate_root_file(filename)), Body=data)
 
+    def update_root_file(
+        self, filename: str, change: Callable[[bytes | None], bytes], attempts: int = 50
+    ) -> bytes | None:
+        """Replace that object by ``change(current)`` unless another writer replaced it in
+        between (a PUT conditional on the ETag read, If-None-Match when absent; retried after
+        a short random pause); return what it held before (None when absent)."""
+        key = self._key(validate_root_file(filename))
+        for _ in range(attempts):
+            before, etag = self._get_tagged(key)
+            after = change(before)
+            if after == before:
+                return before
+            condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=after, **condition)
+                return before
+            except Exception as exc:  # botocore's ClientError
+                code = _error_code(exc)
+                if code in _UNSUPPORTED:
+                    log.warning("%s does not support conditional writes; %s written without", self.url, key)
+                    self.client.put_object(Bucket=self.bucket, Key=key, Body=after)
+                    return before
+                if code not in _LOST_RACE and not _missing(exc):
+                    raise
+            time.sleep(random.uniform(0.01, 0.1))
+        raise ArtifactError(f"{self.url}/{filename}: {attempts} conditional writes lost to other writers")
+
+    def _get_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        """The object's body and ETag, (None, None) when absent."""
+        try:
+            reply = self.client.get_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:  # botocore's ClientError
+            if _missing(exc):
+                return None, None
+            raise
+        return reply["Body"].read(), reply["ETag"]
+
     def root_file_token(self, filename: str) -> object:
         """The object's ETag (None when absent): changes whenever it does."""
         try:
@@ -337,8 +384,11 @@ class S3Registry(LiveVersions):
         artifact: Artifact,
         keep: int | None = None,
         views: ViewSource | Callable[[Artifact], ViewSource] | None = None,
+        version: str | None = None,
     ) -> str:
         """Upload ``artifact`` as a new version of ``name``: every file, then the manifest; return the version.
+
+        ``version`` names it (an ArtifactError when taken); by default the next one in time.
 
         The version is staged by the local registry's own ``publish`` in a temporary
         folder, so its files and manifest are exactly what a local publish writes.
@@ -347,7 +397,9 @@ class S3Registry(LiveVersions):
         with tempfile.TemporaryDirectory(prefix="ordrec-publish-") as tmp:
             newest = self.versions(name)
             staging = _StagingRegistry(tmp, newest[-1] if newest else None)
-            version = staging.publish(name, artifact, views=views)
+            if version is not None and version in newest:
+                raise ArtifactError(f"{self.url}/{name}/{version}: the version exists")
+            version = staging.publish(name, artifact, views=views, version=version)
             folder = Path(tmp) / name / version
             self._upload(name, version, folder)
         artifact.path = None  # the staged copy is gone; the version lives in the store
@@ -366,12 +418,12 @@ class S3Registry(LiveVersions):
             # Last, and never over an existing manifest: this put is what publishes.
             self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
         except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            code = _error_code(exc)
             if code in ("PreconditionFailed", "412"):
                 raise ArtifactError(
                     f"{self.url}/{name}/{version}: another publisher took this version"
                 ) from None
-            if code not in ("NotImplemented", "501"):
+            if code not in _UNSUPPORTED:
                 raise
             # A store without conditional writes (older MinIO, Ceph): the version name is
             # still unique to the microsecond and the job's lock keeps publishers apart.

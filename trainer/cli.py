@@ -89,7 +89,7 @@ def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, r
 # ----------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.data.readers import read_input
-    from ordrec.trainer.forgetting import apply_forgotten, purge_after_publish
+    from ordrec.trainer.forgetting import apply_forgotten, redact_forgotten
     from ordrec.trainer.models import estimator_class
 
     estimator_cls = estimator_class(args.kind)
@@ -130,11 +130,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
-    removed, pending = purge_after_publish(registry, name)
-    for gone in removed:
-        print(f"removed {name}@{gone}: it names a forgotten user")
-    for kept in pending:
-        print(f"warning: {name}@{kept} names a forgotten user but is pinned or a candidate", file=sys.stderr)
+    redacted = redact_forgotten(registry, name)
+    for old, copy in redacted.rewritten:
+        print(f"redacted {name}@{old} -> {name}@{copy}: it named a forgotten user")
+    for kept, why in redacted.failed:
+        print(f"warning: {name}@{kept} names a forgotten user and was not redacted: {why}", file=sys.stderr)
     for warning in calibration_warnings(artifact.indexes):
         print(f"warning: {name}@{version}: {warning}", file=sys.stderr)
     print(format_metrics(artifact.metrics, "  "))
@@ -372,7 +372,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         raise ValueError("--user: give one user id (not empty, no line breaks)")
     try:
         report = erase_user(
-            user, open_registry(args.registry), connect(args.redis, 10.0) if args.redis else None
+            user, open_registry(args.registry), connect(args.redis, 10.0) if args.redis else None, redact=True
         )
     except redis.RedisError as exc:
         print(
@@ -393,12 +393,13 @@ def format_erasure(report, redis_given: bool) -> str:
         f" stream entries {report.stream_entries}"
         if redis_given
         else "  redis: not given (--redis URL)",
-        f"  registry: checkpoint events {report.checkpoint_events}, versions removed {len(report.versions_removed)}"
-        + "".join(f"\n    removed {v}" for v in report.versions_removed),
+        f"  registry: checkpoint events {report.checkpoint_events}, versions removed {len(report.versions_removed)},"
+        f" redacted {len(report.versions_redacted)}"
+        + "".join(f"\n    removed {v}" for v in report.versions_removed)
+        + "".join(f"\n    redacted {v}" for v in report.versions_redacted),
     ]
     lines += [
-        f"  pending (live, pinned or candidate; the next published version removes it): {v}"
-        for v in report.versions_pending
+        f"  pending (not redacted; the next training run tries again): {v}" for v in report.versions_pending
     ]
     if report.redis_rewrite:
         lines.append(f"  redis files: {report.redis_rewrite}")
@@ -413,22 +414,37 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ValueError(f"--n must be at least 1, got {args.n}")
     users = read_users(args.users) if args.users else None
-    hidden = None
+    hidden, redis_client = None, None
     if args.redis:
         from ordrec.service.hidden import RedisBackend
         from ordrec.service.redis_state import connect
 
-        hidden = RedisBackend(connect(args.redis, 10.0))
+        redis_client = connect(args.redis, 10.0)
+        hidden = RedisBackend(redis_client)
     registry = open_registry(args.registry)
     if args.workers < 1 or args.batch < 1:
         raise ValueError("--workers and --batch must be at least 1")
     summary = export(
-        registry, args.model, args.n, args.out, users, args.version, hidden, args.batch, workers=args.workers
+        registry,
+        args.model,
+        args.n,
+        args.out,
+        users,
+        args.version,
+        hidden,
+        args.batch,
+        workers=args.workers,
+        redis_client=redis_client,
     )
     print(
         f"wrote {summary.rows} recommendations for {summary.users} users to {args.out}"
-        f" ({summary.fallbacks} fallback, {summary.forgotten} forgotten)"
+        f" ({summary.fallbacks} fallback, {summary.forgotten} forgotten left out)"
     )
+    if summary.seen_degraded:
+        print(
+            "warning: Redis could not be read: items recorded since training were not excluded",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -644,7 +660,9 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     )
     ex.add_argument("--version", help="the version (default: the live one)")
     ex.add_argument(
-        "--redis", metavar="URL", help="read hidden items from the servers' Redis (else the registry)"
+        "--redis",
+        metavar="URL",
+        help="the servers' Redis: hidden items, and items recorded since training (excluded, as Recommend does)",
     )
     ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
     ex.add_argument(
