@@ -582,16 +582,21 @@ class S3Registry(LiveVersions):
                 continue
 
     def _trim_cache(self, name: str, keep: set[str]) -> None:
-        """Keep the newest ``CACHE_KEEP`` cached versions (and ``keep``); delete the rest.
+        """Keep the newest ``CACHE_KEEP`` cached versions (and ``keep``); delete the rest, and
+        every copy of a version the store no longer has (e.g. replaced by a redacted copy).
 
         An older version may still be memory-mapped by the index being replaced: on
         POSIX its pages stay valid after the unlink until the last mapping goes.
         """
         model_dir = self.cache / name
         cached = sorted(p.name for p in model_dir.iterdir() if p.is_dir() and is_version(p.name))
-        for version in cached[:-CACHE_KEEP]:
-            if version not in keep:
-                shutil.rmtree(model_dir / version, ignore_errors=True)
+        try:
+            published = set(self.versions(name))
+        except Exception:  # noqa: BLE001 - the store unreachable: trim by age only
+            published = set(cached)
+        doomed = set(cached[:-CACHE_KEEP]) | (set(cached) - published)
+        for version in sorted(doomed - keep):
+            shutil.rmtree(model_dir / version, ignore_errors=True)
 
 
 def _parse_manifest(data: bytes, where: str) -> manifest_pb2.Manifest:

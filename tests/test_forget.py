@@ -301,3 +301,76 @@ def test_a_forgotten_user_leaves_the_maps_and_gets_cold_start_tags(sample_dir, t
         assert len(near.neighbors) >= 297 and "u001" not in {n.id for n in near.neighbors}
         points = [p.id for page in client.coordinates(model="coe", entity_kind="user") for p in page.points]
         assert len(points) == 299 and "u001" not in points
+
+
+def test_a_rejected_run_still_redacts_the_pinned_and_candidate_versions_naming_the_user(
+    aof_redis, s3_url, sample_dir, tmp_path
+):
+    """The versions naming the user are the pinned live one and a split's candidate; the
+    ForgetUser call leaves them pending; the next run, rejected by its gate, replaces both by
+    redacted copies (the pin and the split follow them), the replica loads them, and then no
+    object in the registry nor anything in Redis holds the id, while the kept user's answers
+    are what they were."""
+    from ordrec.service.objectstore import open_registry
+    from tests.test_job import BAD, job_text
+
+    ratings = ratings_with_user(sample_dir, tmp_path)
+    job = write_job(tmp_path, ratings, s3_url, aof_redis.url)
+    run_job(job)
+    run_job(job)
+    TRAINED = "u002"  # a user of the sample ratings, kept
+    registry = open_registry(s3_url, cache_dir=tmp_path / "trainer-cache")
+    first, second = registry.versions("dcr")
+    registry.pin("dcr", first)
+    registry.set_split("dcr", second, 0.5)
+    rejecting = tmp_path / "rejecting.toml"
+    rejecting.write_text(
+        job.read_text().replace(
+            job_text(ratings.parent, Path("X"), "n_components = 4, max_iter = 3", 1.0).split("[[models]]")[1],
+            job_text(ratings.parent, Path("X"), BAD, 0.0).split("[[models]]")[1],
+        )
+    )
+    assert "max_iter = 0" in rejecting.read_text()
+    raw = redis.Redis.from_url(aof_redis.url)
+    with (
+        replica(s3_url, aof_redis.url, tmp_path / "cache") as proc,
+        Client(proc.target, timeout=10) as client,
+    ):
+        client.record(USER, ratings={"i020": 5.0}, model="dcr")
+        kept_before = client.recommend(TRAINED, model="dcr", n=10).results[0]
+        reply = json.loads(forget_via(proc, USER))
+        assert sorted(reply["versions_pending"]) == [f"dcr@{first}", f"dcr@{second}"]
+        result = run_cli(["ordrec.trainer", "run", str(rejecting)], check=False)
+        assert result.returncode == 3 and "result=rejected" in result.stderr, result.stderr
+        assert "redacted 2 version(s) naming forgotten users" in result.stderr
+        first_copy, second_copy = registry.versions("dcr")
+        assert first < first_copy < second < second_copy
+        assert registry.pinned("dcr") == first_copy and registry.split("dcr").candidate == second_copy
+        wait_for(
+            lambda: client.models().models[0].version == first_copy, timeout=30, what="the redacted copy"
+        )
+        answer = client.recommend(USER, model="dcr", n=10).results[0]
+        unknown = client.recommend("never-seen-user", model="dcr", n=10).results[0]
+        assert answer.fallback == unknown.fallback != pb.FALLBACK_NONE
+        assert [(i.id, i.score) for i in answer.items] == [(i.id, i.score) for i in unknown.items]
+        kept_after = client.recommend(TRAINED, model="dcr", n=10).results[0]
+        assert kept_after.fallback == pb.FALLBACK_NONE
+        if kept_before.model_version == first:  # the same side of the split: the same answer
+            assert [(i.id, i.score) for i in kept_after.items] == [(i.id, i.score) for i in kept_before.items]
+    wait_rewritten(raw)
+    objects = s3_objects(s3_url)
+    assert not [k for k, body in objects.items() if USER.encode() in k.encode() + body]
+    assert [k for k, body in objects.items() if TRAINED.encode() in body]
+    assert not holding(redis_dump(raw), USER)
+    assert not [p for p, body in aof_files(aof_redis.aof_dir).items() if USER.encode() in body]
+    cached = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert cached and not [p for p in cached if USER.encode() in p.read_bytes()]
+
+
+def forget_via(proc: ServerProcess, user: str) -> str:
+    """``ordrec-client forget --json`` against ``proc``: its stdout (the server's log on failure)."""
+    result = run_cli(
+        ["ordrec.client_cli", "--target", proc.target, "forget", "--user", user, "--json"], check=False
+    )
+    assert result.returncode == 0, result.stderr + "".join(proc.output)
+    return result.stdout

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from ordrec.service.artifacts import Artifact, ArtifactError, Registry
 from ordrec.service.forgotten import user_digest
 from ordrec.service.models import build_index
-from tests.conftest import SAMPLE_MODELS, train_into
 from ordrec.service.redaction import (
     UserLists,
     redact_artifact,
@@ -24,6 +23,7 @@ from ordrec.service.redaction import (
     successor_version,
     without_list_rows,
 )
+from tests.conftest import SAMPLE_MODELS, train_into
 
 USER = "u001"
 QUICK = [
