@@ -1,4 +1,4 @@
-"""Erasing one user everywhere ordrec holds them: ``ForgetUser`` and ``ordrec-train forget``.
+"""Erasing one user everywhere ordrec holds them: ``ForgetUser`` and ``ordrec-train registry forget``.
 
 In order (every step is idempotent, so a failed erasure is simply asked again):
 
@@ -11,7 +11,7 @@ In order (every step is idempotent, so a failed erasure is simply asked again):
    the stream is then copied afresh, as XDEL leaves the bytes in place);
 3. the registry: the user's events in every model's accumulated events file
    (the checkpoint is rewritten), and every version whose user ids name them:
-   with ``redact`` (``ordrec-train forget``) each is replaced by a redacted copy
+   with ``redact`` (``ordrec-train registry forget``) each is replaced by a redacted copy
    (``service/redaction.py``); without (the ``ForgetUser`` RPC: replicas do not
    publish) it is deleted unless it is live, pinned or a split's candidate, then
    *pending* until the next training run redacts it (``trainer/forgetting.py``);
@@ -84,7 +84,7 @@ def erase_user(
 
     The last Redis pass waits until ``settle`` seconds after the list was written, so
     what a replica that had not reloaded it yet recorded or sampled meanwhile goes too.
-    ``redact`` (``ordrec-train forget``): every version naming the user, live or not, is
+    ``redact`` (``ordrec-train registry forget``): every version naming the user, live or not, is
     replaced by its redacted copy (``service/redaction.py``) instead of deleted or pending.
     """
     digest = user_digest(user_id)

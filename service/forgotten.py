@@ -4,7 +4,7 @@ The list holds the sha256 of every forgotten user id (hex, one a line), never th
 id itself, so searching the registry or Redis for an erased id finds nothing:
 
 - ``<registry>/FORGOTTEN``: the list every training reads (``trainer/forgetting.py``)
-  and every replica loads; written by ``ForgetUser`` and ``ordrec-train forget``;
+  and every replica loads; written by ``ForgetUser`` and ``ordrec-train registry forget``;
 - with Redis also the set ``ordrec:forgotten:users`` and the counter
   ``ordrec:forgotten:generation``, so a replica sees an erasure within
   ``--hidden-interval`` (0.2 s) instead of the registry poll.

@@ -53,7 +53,7 @@ def read_export(path: Path) -> dict[str, tuple[list[str], list[float], bool]]:
 def registry(sample_dir, tmp_path_factory) -> Path:
     root = train_into(tmp_path_factory.mktemp("export-registry"), sample_dir, [DCR])
     run_cli(
-        ["ordrec.trainer", "hide", "--registry", str(root), "i164", "i043"]
+        ["ordrec.trainer", "registry", "hide", "--registry", str(root), "i164", "i043"]
     )  # popular items: in many top-N
     return root
 
@@ -190,7 +190,7 @@ def test_an_unreadable_redis_fails_open_with_a_warning(registry, tmp_path):
 def test_forgotten_users_are_left_out_even_when_listed(registry, tmp_path):
     copy = tmp_path / "registry"
     shutil.copytree(registry, copy)
-    run_cli(["ordrec.trainer", "forget", "--registry", str(copy), "--user", "u017"])
+    run_cli(["ordrec.trainer", "registry", "forget", "--registry", str(copy), "--user", "u017"])
     users = tmp_path / "users.txt"
     users.write_text("u001\nu017\nnot-a-user\n")
     out = tmp_path / "recs.csv"

@@ -252,7 +252,7 @@ def pb_stub(channel):
 
 
 def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tmp_path):
-    """``ordrec-train forget`` on a local registry, no Redis: the server reads FORGOTTEN at its
+    """``ordrec-train registry forget`` on a local registry, no Redis: the server reads FORGOTTEN at its
     poll; the older version naming the user goes, the live one is pending; the next
     ``ordrec-train train`` drops the user's rows and removes it."""
     registry = tmp_path / "registry"
@@ -261,7 +261,9 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
     with ServerProcess(registry, "--poll-interval", "0.2") as proc, Client(proc.target, timeout=10) as client:
         before = client.recommend("u001", model="dcr", n=5).results[0]
         assert before.fallback == pb.FALLBACK_NONE
-        out = run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"]).stdout
+        out = run_cli(
+            ["ordrec.trainer", "registry", "forget", "--registry", str(registry), "--user", "u001"]
+        ).stdout
         assert "versions removed 1" in out and "pending" in out and "u001" not in out
         wait_for(
             lambda: (
@@ -288,7 +290,7 @@ def test_a_forgotten_user_leaves_the_maps_and_gets_cold_start_tags(sample_dir, t
     )
     with ServerProcess(registry, "--poll-interval", "0.2") as proc, Client(proc.target, timeout=10) as client:
         assert client.tags("u001", "i139", model="rtf", n=3).fallback == pb.FALLBACK_NONE
-        run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"])
+        run_cli(["ordrec.trainer", "registry", "forget", "--registry", str(registry), "--user", "u001"])
         wait_for(
             lambda: client.tags("u001", "i139", model="rtf", n=3).fallback != pb.FALLBACK_NONE,
             timeout=10,

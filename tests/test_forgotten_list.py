@@ -62,7 +62,9 @@ def test_concurrent_forget_processes_each_keep_their_user(where, request, tmp_pa
     users = [f"process-user-{n}" for n in range(4)]
 
     def forget(user: str):
-        return run_cli(["ordrec.trainer", "forget", "--registry", location, "--user", user], check=False)
+        return run_cli(
+            ["ordrec.trainer", "registry", "forget", "--registry", location, "--user", user], check=False
+        )
 
     with ThreadPoolExecutor(len(users)) as pool:
         results = list(pool.map(forget, users))

@@ -6,17 +6,22 @@ Subcommands::
                        [--cluster tcp://HOST:8786 | local:N]   (dcr: fit data-parallel on Dask)
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
-    ordrec-train versions --registry DIR [--model NAME]
-    ordrec-train pin --registry DIR --model NAME --version V
-    ordrec-train unpin --registry DIR --model NAME
-    ordrec-train split MODEL --registry DIR --candidate V --share S   (or --off)
-    ordrec-train promote MODEL --registry DIR   the split's candidate becomes the (pinned) live version
-    ordrec-train prune --registry DIR --model NAME --keep K
+    ordrec-train registry versions --registry DIR [--model NAME]
+    ordrec-train registry pin --registry DIR --model NAME --version V
+    ordrec-train registry unpin --registry DIR --model NAME
+    ordrec-train registry split MODEL --registry DIR --candidate V --share S   (or --off)
+    ordrec-train registry promote MODEL --registry DIR   the split's candidate becomes the (pinned) live version
+    ordrec-train registry hide|unhide|hidden --registry DIR [--redis URL] [--model NAME] [ITEM ...]
+    ordrec-train registry prune --registry DIR --model NAME --keep K
+    ordrec-train registry gc --registry DIR
+    ordrec-train registry forget --registry DIR --user ID [--redis URL] [--reason TEXT]   erase a user everywhere
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
     ordrec-train events export --redis URL --out FILE [--since ID] [--format csv|jsonl]
-    ordrec-train forget --registry DIR --user ID [--redis URL] [--reason TEXT]   erase a user everywhere
     ordrec-train export MODEL --registry DIR --n N --out FILE.parquet|csv|jsonl [--users FILE] [--version V]
+
+Registry administration is the ``registry`` group; its commands' old spellings
+without ``registry`` (``ordrec-train pin ...``) still work for one release and say so on stderr.
 
 Every --registry takes a directory or ``s3://bucket/prefix`` (``pip install ordrec[s3]``;
 credentials and endpoint from the standard AWS environment and config).
@@ -554,67 +559,11 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     sample.add_argument("--seed", type=int, default=0)
     sample.set_defaults(func=cmd_sample)
 
-    versions = sub.add_parser("versions", help="list published versions")
-    versions.add_argument("--registry", required=True)
-    versions.add_argument("--model")
-    versions.set_defaults(func=cmd_versions)
-
-    for name, func, helptext in (
-        ("pin", cmd_pin, "serve this version until unpinned"),
-        ("unpin", cmd_unpin, "serve the newest version again"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--registry", required=True)
-        p.add_argument("--model", required=True)
-        if name == "pin":
-            p.add_argument("--version", required=True)
-        p.set_defaults(func=func)
-
-    split = sub.add_parser("split", help="send a share of users to a candidate version (stable per user)")
-    split.add_argument("model")
-    split.add_argument("--registry", required=True)
-    split.add_argument("--candidate", metavar="VERSION", help="the version to compare with the live one")
-    split.add_argument("--share", type=share_argument, help="share of users in (0, 1], e.g. 0.1")
-    split.add_argument("--off", action="store_true", help="end the split: every user gets the live version")
-    split.set_defaults(func=cmd_split)
-    promote = sub.add_parser("promote", help="make the split's candidate the live version (pinned)")
-    promote.add_argument("model")
-    promote.add_argument("--registry", required=True)
-    promote.set_defaults(func=cmd_promote)
-
-    for name, helptext in (
-        ("hide", "hide items from Recommend and Neighbors now, without retraining"),
-        ("unhide", "undo hide"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--registry", required=True)
-        p.add_argument(
-            "--redis", metavar="URL", help="where the servers keep hidden items (else the registry)"
-        )
-        p.add_argument("--model", help="one model (default: all models, '*')")
-        p.add_argument("--file", help="item ids, one a line")
-        p.add_argument("item_ids", nargs="*")
-        p.set_defaults(func=cmd_hide)
-    hidden = sub.add_parser("hidden", help="list hidden items: scope, count, the first ids")
-    hidden.add_argument("--registry", required=True)
-    hidden.add_argument("--redis", metavar="URL")
-    hidden.add_argument("--model")
-    hidden.add_argument("--show", type=int, default=20, help="ids to print per scope")
-    hidden.set_defaults(func=cmd_hidden)
-
-    prune = sub.add_parser("prune", help="delete all but the newest K versions (never the pinned one)")
-    prune.add_argument("--registry", required=True)
-    prune.add_argument("--model", required=True)
-    prune.add_argument("--keep", type=int, required=True)
-    prune.set_defaults(func=cmd_prune)
-
-    gc = sub.add_parser(
-        "gc",
-        help="remove what killed publishers left (temporary folders no live"
-        " publisher holds); safe beside a running publish",
+    registry = sub.add_parser(
+        "registry", help="registry administration: versions, pin, split, promote, hide, prune, gc, forget"
     )
-    gc.add_argument("--registry", required=True)
-    gc.set_defaults(func=cmd_gc)
+    add_registry_commands(registry.add_subparsers(dest="registry_command", required=True))
+    add_registry_commands(sub, deprecated=True)
 
     run = sub.add_parser("run", help="a cron job described by a TOML file")
     run.add_argument("job")
@@ -635,18 +584,6 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
     export.add_argument("--timeout", type=float, default=10.0, help="seconds per Redis call")
     export.set_defaults(func=cmd_events_export)
-
-    forget = sub.add_parser(
-        "forget",
-        help="erase a user everywhere (GDPR Art. 17): Redis, events, registry, answers, later training",
-    )
-    forget.add_argument("--registry", required=True)
-    forget.add_argument("--user", required=True, metavar="ID", help="the user id to erase")
-    forget.add_argument(
-        "--redis", metavar="URL", help="the servers' Redis (else only the registry is erased)"
-    )
-    forget.add_argument("--reason", help="why, e.g. the request's ticket (logged with the id's sha256)")
-    forget.set_defaults(func=cmd_forget)
 
     ex = sub.add_parser(
         "export", help="write the top-N of every user (or a list) from a version, as Recommend answers"
@@ -686,6 +623,119 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# The registry administration commands: ``ordrec-train registry NAME``; the top-level
+# spellings (``ordrec-train NAME``) still work for one release, with a warning.
+REGISTRY_COMMANDS = (
+    "versions",
+    "pin",
+    "unpin",
+    "split",
+    "promote",
+    "hide",
+    "unhide",
+    "hidden",
+    "prune",
+    "gc",
+    "forget",
+)
+
+
+def _command(sub, deprecated: bool, name: str, **kwargs) -> argparse.ArgumentParser:
+    """One registry command's parser; a deprecated one says which spelling replaces it."""
+    if deprecated:
+        kwargs["help"] = f"deprecated: ordrec-train registry {name}"
+    parser = sub.add_parser(name, **kwargs)
+    parser.set_defaults(deprecated_spelling=name if deprecated else None)
+    return parser
+
+
+def add_registry_commands(sub, deprecated: bool = False) -> None:
+    """Add the registry administration commands to ``sub`` (see REGISTRY_COMMANDS)."""
+    versions = _command(sub, deprecated, "versions", help="list published versions")
+    versions.add_argument("--registry", required=True)
+    versions.add_argument("--model")
+    versions.set_defaults(func=cmd_versions)
+
+    for name, func, helptext in (
+        ("pin", cmd_pin, "serve this version until unpinned"),
+        ("unpin", cmd_unpin, "serve the newest version again"),
+    ):
+        p = _command(sub, deprecated, name, help=helptext)
+        p.add_argument("--registry", required=True)
+        p.add_argument("--model", required=True)
+        if name == "pin":
+            p.add_argument("--version", required=True)
+        p.set_defaults(func=func)
+
+    split = _command(
+        sub, deprecated, "split", help="send a share of users to a candidate version (stable per user)"
+    )
+    split.add_argument("model")
+    split.add_argument("--registry", required=True)
+    split.add_argument("--candidate", metavar="VERSION", help="the version to compare with the live one")
+    split.add_argument("--share", type=share_argument, help="share of users in (0, 1], e.g. 0.1")
+    split.add_argument("--off", action="store_true", help="end the split: every user gets the live version")
+    split.set_defaults(func=cmd_split)
+    promote = _command(
+        sub, deprecated, "promote", help="make the split's candidate the live version (pinned)"
+    )
+    promote.add_argument("model")
+    promote.add_argument("--registry", required=True)
+    promote.set_defaults(func=cmd_promote)
+
+    for name, helptext in (
+        ("hide", "hide items from Recommend and Neighbors now, without retraining"),
+        ("unhide", "undo hide"),
+    ):
+        p = _command(sub, deprecated, name, help=helptext)
+        p.add_argument("--registry", required=True)
+        p.add_argument(
+            "--redis", metavar="URL", help="where the servers keep hidden items (else the registry)"
+        )
+        p.add_argument("--model", help="one model (default: all models, '*')")
+        p.add_argument("--file", help="item ids, one a line")
+        p.add_argument("item_ids", nargs="*")
+        p.set_defaults(func=cmd_hide)
+    hidden = _command(sub, deprecated, "hidden", help="list hidden items: scope, count, the first ids")
+    hidden.add_argument("--registry", required=True)
+    hidden.add_argument("--redis", metavar="URL")
+    hidden.add_argument("--model")
+    hidden.add_argument("--show", type=int, default=20, help="ids to print per scope")
+    hidden.set_defaults(func=cmd_hidden)
+
+    prune = _command(
+        sub, deprecated, "prune", help="delete all but the newest K versions (never the pinned one)"
+    )
+    prune.add_argument("--registry", required=True)
+    prune.add_argument("--model", required=True)
+    prune.add_argument("--keep", type=int, required=True)
+    prune.set_defaults(func=cmd_prune)
+
+    gc = _command(
+        sub,
+        deprecated,
+        "gc",
+        help="remove what killed publishers left (temporary folders no live"
+        " publisher holds); safe beside a running publish",
+    )
+    gc.add_argument("--registry", required=True)
+    gc.set_defaults(func=cmd_gc)
+
+    forget = _command(
+        sub,
+        deprecated,
+        "forget",
+        help="erase a user everywhere (GDPR Art. 17): Redis, events, registry, answers, later training",
+    )
+    forget.add_argument("--registry", required=True)
+    forget.add_argument("--user", required=True, metavar="ID", help="the user id to erase")
+    forget.add_argument(
+        "--redis", metavar="URL", help="the servers' Redis (else only the registry is erased)"
+    )
+    forget.add_argument("--reason", help="why, e.g. the request's ticket (logged with the id's sha256)")
+    forget.set_defaults(func=cmd_forget)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_reproduce_kind(argv))
@@ -694,6 +744,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if getattr(args, "deprecated_spelling", None):
+        print(
+            f"ordrec-train: 'ordrec-train {args.deprecated_spelling}' is deprecated and goes in the next"
+            f" release: use 'ordrec-train registry {args.deprecated_spelling}'",
+            file=sys.stderr,
+        )
     try:
         return args.func(args)
     except DataError as exc:
