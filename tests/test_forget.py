@@ -253,8 +253,8 @@ def pb_stub(channel):
 
 def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tmp_path):
     """``ordrec-train registry forget`` on a local registry, no Redis: the server reads FORGOTTEN at its
-    poll; the older version naming the user goes, the live one is pending; the next
-    ``ordrec-train train`` drops the user's rows and removes it."""
+    poll; both versions naming the user are replaced by redacted copies at once (the newest
+    stays live); the next ``ordrec-train train`` drops the user's rows."""
     registry = tmp_path / "registry"
     dcr = [("dcr", "dcr", "ratings.data", ["--set", "max_iter=2"])]
     train_into(train_into(registry, sample_dir, dcr), sample_dir, dcr)
@@ -264,7 +264,11 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
         out = run_cli(
             ["ordrec.trainer", "registry", "forget", "--registry", str(registry), "--user", "u001"]
         ).stdout
-        assert "versions removed 1" in out and "pending" in out and "u001" not in out
+        assert "versions removed 0, redacted 2" in out and "pending" not in out and "u001" not in out
+        old = Registry(registry).versions("dcr")
+        assert len(old) == 2 and Registry(registry).live_version("dcr")[0] == old[-1]
+        assert all(Registry(registry).load("dcr", v).attributes["redacted_from"] for v in old)
+        assert not [p for p in registry.rglob("*") if p.is_file() and b"u001\n" in p.read_bytes()]
         wait_for(
             lambda: (
                 client.recommend("u001", model="dcr", n=5).results[0].fallback == pb.FALLBACK_POPULAR_GLOBAL
@@ -273,8 +277,8 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
             what="the FORGOTTEN list to reach the server",
         )
         assert client.record("u001", ["i001"]).forgotten  # answered before Redis is needed
-    train_into(registry, sample_dir, dcr)  # drops the user's rows, removes the pending version
-    assert len(Registry(registry).versions("dcr")) == 1
+    train_into(registry, sample_dir, dcr)  # drops the user's rows
+    assert len(Registry(registry).versions("dcr")) == 3
     files = [p for p in registry.rglob("*") if p.is_file()]
     assert not [p for p in files if b"u001\n" in p.read_bytes()]
     assert [p for p in files if b"u002\n" in p.read_bytes()]  # the search finds a kept user
@@ -282,8 +286,8 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
 
 def test_a_forgotten_user_leaves_the_maps_and_gets_cold_start_tags(sample_dir, tmp_path):
     """COE's map: Neighbors from the user is NOT_FOUND, it never returns them, Coordinates
-    leaves them out; RTF's Tags answer them as a new user (the versions themselves still
-    name them: they are the live ones, pending)."""
+    leaves them out; RTF's Tags answer them as a new user (from the redacted copies the
+    CLI put in the versions' place)."""
     rtf = next(m for m in SAMPLE_MODELS if m[0] == "rtf")
     registry = train_into(
         tmp_path / "registry", sample_dir, [("coe", "coe", "ratings.data", ["--set", "max_iter=2"]), rtf]

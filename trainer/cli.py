@@ -597,9 +597,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     )
     ex.add_argument("--version", help="the version (default: the live one)")
     ex.add_argument(
-        "--redis",
-        metavar="URL",
-        help="the servers' Redis: hidden items, and items recorded since training (excluded, as Recommend does)",
+        "--redis", metavar="URL", help="the servers' Redis: hidden items and recorded ones (left out too)"
     )
     ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
     ex.add_argument(
