@@ -172,8 +172,9 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
         assert client.record(USER, ["i030"]).forgotten  # nothing recorded any more
         print(f"time to erasure: the CLI's call {erased:.2f} s, the other replica {propagated:.3f} s later")
 
-        log = run_job(job)  # version 3: trained without USER; version 2 removed
+        log = run_job(job)  # version 3: trained without USER; version 2 replaced by its redacted copy
         assert "forgotten users=1 rows=8 dropped" in log and "forgotten=0" in log
+        assert "redacted 1 version(s) naming forgotten users" in log
         wait_for(lambda: client.models().models[0].version not in (first,), timeout=30, what="version 3")
         live = client.models().models[0].version
         answer = client.recommend(USER, model="dcr", n=10).results[0]
