@@ -174,3 +174,16 @@ def test_registry_commands_keep_their_old_spelling_for_one_release(tmp_path, cap
         outputs.append(capsys.readouterr())
     assert outputs[0].out == outputs[1].out and "live:newest" in outputs[0].out
     assert not outputs[0].err and "use 'ordrec-train registry versions'" in outputs[1].err
+
+
+def test_hide_and_unhide_act_under_both_spellings(tmp_path, capsys):
+    from ordrec.trainer.cli import main
+
+    registry = Registry(tmp_path)
+    assert main(["registry", "hide", "--registry", str(tmp_path), "i1"]) == 0
+    assert main(["hide", "--registry", str(tmp_path), "i2"]) == 0
+    assert registry.hidden("*") == {"i1", "i2"}
+    assert main(["unhide", "--registry", str(tmp_path), "i1"]) == 0
+    assert main(["registry", "unhide", "--registry", str(tmp_path), "i2"]) == 0
+    assert registry.hidden("*") == frozenset()
+    assert capsys.readouterr().out.count("unhid 1 of 1") == 2

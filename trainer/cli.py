@@ -304,7 +304,7 @@ def cmd_hide(args: argparse.Namespace) -> int:
 
     scope = _hidden_scope(args)
     backend, mirror = _hidden_backends(args)
-    hide = args.command == "hide"
+    hide = args.hide
     from ordrec.service.errors import ServiceError
 
     try:
@@ -693,7 +693,7 @@ def add_registry_commands(sub, deprecated: bool = False) -> None:
         p.add_argument("--model", help="one model (default: all models, '*')")
         p.add_argument("--file", help="item ids, one a line")
         p.add_argument("item_ids", nargs="*")
-        p.set_defaults(func=cmd_hide)
+        p.set_defaults(func=cmd_hide, hide=name == "hide")
     hidden = _command(sub, deprecated, "hidden", help="list hidden items: scope, count, the first ids")
     hidden.add_argument("--registry", required=True)
     hidden.add_argument("--redis", metavar="URL")
