@@ -448,8 +448,11 @@ class S3Registry(LiveVersions):
         self._remove_versions(name, [version])
 
     def _remove_versions(self, name: str, doomed: list[str]) -> None:
+        """Delete versions from the store, and this machine's cached copies of them."""
         if not doomed:
             return
+        for version in doomed:
+            shutil.rmtree(self.cache / name / version, ignore_errors=True)
         # Manifests first: each version disappears at once, then its files go.
         self._delete([self._key(name, v, MANIFEST) for v in doomed])
         gone = set(doomed)
