@@ -601,10 +601,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     )
     ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
     ex.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="processes scoring batches (each maps the version; 2 on 2 cores)",
+        "--workers", type=int, default=1, help="scoring processes, each mapping the version (2 on 2 cores)"
     )
     ex.set_defaults(func=cmd_export)
 
