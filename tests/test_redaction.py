@@ -159,3 +159,19 @@ def test_without_list_rows_keeps_exactly_the_other_users_lists(case):
     assert out["post_tags"].tolist() == want_tags
     numbered = [n for n, g in zip(np.split(np.arange(len(flat_posts)), post_indptr[1:-1]), gone) if not g]
     assert out["post_items"].tolist() == [int(x) for n in numbered for x in n]
+
+
+def test_the_cli_fails_when_a_version_could_not_be_redacted(tmp_path):
+    from ordrec.service.idmap import IdMap
+    from ordrec.tools.process import run_cli
+
+    registry = Registry(tmp_path)
+    version = registry.publish(
+        "dcr", Artifact("dcr", {"user_secrets": np.zeros(2)}, {"users": IdMap(["a", "b"])})
+    )
+    result = run_cli(
+        ["ordrec.trainer", "registry", "forget", "--registry", str(tmp_path), "--user", "a"], check=False
+    )
+    assert result.returncode == 1 and "run the erasure again" in result.stderr
+    assert f"dcr@{version}" in result.stdout and "user_secrets" in result.stdout
+    assert registry.versions("dcr") == [version]  # left as it was, reported

@@ -386,6 +386,9 @@ def cmd_forget(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     log.info("forgot user sha256=%s reason=%r", report.user_digest, args.reason or "")
     print(format_erasure(report, redis_given=bool(args.redis)))
+    if report.versions_pending:  # a version still names the user: the erasure is not finished
+        print("ordrec-train: some versions were not redacted: run the erasure again", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
