@@ -310,6 +310,7 @@ def test_a_forgotten_user_leaves_the_maps_and_gets_cold_start_tags(sample_dir, t
         assert len(points) == 299 and "u001" not in points
 
 
+@pytest.mark.slow  # three job runs and a replica: about 50 s on the shared machine
 def test_a_rejected_run_still_redacts_the_pinned_and_candidate_versions_naming_the_user(
     aof_redis, s3_url, sample_dir, tmp_path, monkeypatch
 ):
