@@ -26,9 +26,10 @@ from functools import partial
 
 import numpy as np
 
-from ordrec.service.artifacts import _VERSION_FMT, Artifact, ArtifactError, SearchIndex
-from ordrec.service.forgotten import user_digest
-from ordrec.service.models import build_index
+from ordrec.service.indices.models import build_index
+from ordrec.service.live.forgotten import user_digest
+from ordrec.service.storage.artifact import Artifact, ArtifactError, SearchIndex
+from ordrec.service.storage.names import _VERSION_FMT
 
 USER_SPACE = "users"  # the id space of a version that names users
 # Arrays with one row per user.

@@ -175,7 +175,7 @@ def test_with_redis_the_items_recorded_since_training_are_excluded_as_recommend_
 def test_an_unreadable_redis_fails_open_with_a_warning(registry, tmp_path):
     import redis
 
-    from ordrec.service.artifacts import Registry
+    from ordrec.service.storage.registry import Registry
     from ordrec.trainer.export import export
 
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5)

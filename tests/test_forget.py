@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from ordrec.client import Client
-from ordrec.service.artifacts import Registry
-from ordrec.service.objectstore import parse_s3_url
+from ordrec.service.storage.objectstore import parse_s3_url
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from tests.conftest import SAMPLE_MODELS, train_into
@@ -319,7 +319,7 @@ def test_a_rejected_run_still_redacts_the_pinned_and_candidate_versions_naming_t
     redacted copies (the pin and the split follow them), the replica loads them, and then no
     object in the registry nor anything in Redis holds the id, while the kept user's answers
     are what they were."""
-    from ordrec.service.objectstore import open_registry
+    from ordrec.service.storage.objectstore import open_registry
     from tests.test_job import BAD, job_text
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the jobs' download cache

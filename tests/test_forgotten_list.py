@@ -8,10 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.erasure import erase_user
-from ordrec.service.forgotten import ForgottenFiles, read_forgotten, user_digest
-from ordrec.service.objectstore import S3Registry
+from ordrec.service.live.erasure import erase_user
+from ordrec.service.live.forgotten import ForgottenFiles, read_forgotten, user_digest
+from ordrec.service.storage.objectstore import S3Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 
 WRITERS, EACH = 8, 5

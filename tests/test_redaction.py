@@ -13,9 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry
-from ordrec.service.forgotten import user_digest
-from ordrec.service.models import build_index
+from ordrec.service.indices.models import build_index
+from ordrec.service.live.forgotten import user_digest
 from ordrec.service.redaction import (
     UserLists,
     redact_artifact,
@@ -23,6 +22,8 @@ from ordrec.service.redaction import (
     successor_version,
     without_list_rows,
 )
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.registry import Registry
 from tests.conftest import SAMPLE_MODELS, train_into
 
 USER = "u001"
@@ -162,7 +163,7 @@ def test_without_list_rows_keeps_exactly_the_other_users_lists(case):
 
 
 def test_the_cli_fails_when_a_version_could_not_be_redacted(tmp_path):
-    from ordrec.service.idmap import IdMap
+    from ordrec.service.storage.idmap import IdMap
     from ordrec.tools.process import run_cli
 
     registry = Registry(tmp_path)

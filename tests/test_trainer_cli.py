@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Artifact, Registry
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 
 
