@@ -351,7 +351,7 @@ def cmd_forget(client: Client, args: argparse.Namespace) -> int:
         f"  registry: checkpoint events {reply.checkpoint_events}, versions removed {len(reply.versions_removed)}"
     )
     for version in reply.versions_pending:
-        print(f"  pending until the next published version replaces it: {version}")
+        print(f"  pending until the next training run replaces it by a redacted copy: {version}")
     if reply.redis_rewrite:
         print(f"  redis files: {reply.redis_rewrite}")
     return 0

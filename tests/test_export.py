@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from collections import defaultdict
 from pathlib import Path
 
@@ -52,7 +53,7 @@ def read_export(path: Path) -> dict[str, tuple[list[str], list[float], bool]]:
 def registry(sample_dir, tmp_path_factory) -> Path:
     root = train_into(tmp_path_factory.mktemp("export-registry"), sample_dir, [DCR])
     run_cli(
-        ["ordrec.trainer", "hide", "--registry", str(root), "i164", "i043"]
+        ["ordrec.trainer", "registry", "hide", "--registry", str(root), "i164", "i043"]
     )  # popular items: in many top-N
     return root
 
@@ -141,3 +142,68 @@ def test_a_bad_extension_fails_before_any_work(registry, tmp_path):
         check=False,
     )
     assert result.returncode == 2 and "r.xlsx" in result.stderr and ".parquet" in result.stderr
+
+
+@pytest.mark.redis
+def test_with_redis_the_items_recorded_since_training_are_excluded_as_recommend_does(
+    registry, redis_server, tmp_path
+):
+    users = tmp_path / "users.txt"
+    users.write_text("u001\nu017\n")
+    with (
+        ServerProcess(registry, "--redis", redis_server.url) as proc,
+        Client(proc.target, timeout=10) as client,
+    ):
+        top = [i.id for i in client.recommend("u001", model="dcr", n=N).results[0].items[:3]]
+        client.record("u001", top, model="dcr")
+        reply = client.recommend(["u001", "u017"], model="dcr", n=N)
+    exports = {}
+    for flags in (["--redis", redis_server.url], []):
+        out = tmp_path / f"recs{len(flags)}.jsonl"
+        args = ["export", "dcr", "--registry", str(registry), "--n", str(N), "--out", str(out)]
+        run_cli(["ordrec.trainer", *args, "--users", str(users), *flags])
+        exports[bool(flags)] = read_export(out)
+    for result in reply.results:
+        items, scores, _ = exports[True][result.user_id]
+        assert items == [i.id for i in result.items] and scores == pytest.approx(
+            [i.score for i in result.items]
+        )
+    assert not set(top) & set(exports[True]["u001"][0])
+    assert set(top) <= set(exports[False]["u001"][0])  # without Redis nothing recorded is known
+
+
+def test_an_unreadable_redis_fails_open_with_a_warning(registry, tmp_path):
+    import redis
+
+    from ordrec.service.storage.registry import Registry
+    from ordrec.trainer.export import export
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    plain, degraded = tmp_path / "plain.jsonl", tmp_path / "degraded.jsonl"
+    export(Registry(registry), "dcr", N, plain, ["u001", "u017"], progress=False)
+    summary = export(
+        Registry(registry), "dcr", N, degraded, ["u001", "u017"], progress=False, redis_client=dead
+    )
+    assert summary.seen_degraded and degraded.read_text() == plain.read_text()
+
+
+def test_forgotten_users_are_left_out_even_when_listed(registry, tmp_path):
+    copy = tmp_path / "registry"
+    shutil.copytree(registry, copy)
+    run_cli(["ordrec.trainer", "registry", "forget", "--registry", str(copy), "--user", "u017"])
+    users = tmp_path / "users.txt"
+    users.write_text("u001\nu017\nnot-a-user\n")
+    out = tmp_path / "recs.csv"
+    result = run_cli(
+        ["ordrec.trainer", "export", "dcr", "--registry", str(copy), "--out", str(out), "--users", str(users)]
+    )
+    assert list(read_export(out)) == ["u001", "not-a-user"] and "u017" not in out.read_text()
+    assert "1 forgotten left out" in result.stdout
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -172,8 +172,9 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
         assert client.record(USER, ["i030"]).forgotten  # nothing recorded any more
         print(f"time to erasure: the CLI's call {erased:.2f} s, the other replica {propagated:.3f} s later")
 
-        log = run_job(job)  # version 3: trained without USER; version 2 removed
+        log = run_job(job)  # version 3: trained without USER; version 2 replaced by its redacted copy
         assert "forgotten users=1 rows=8 dropped" in log and "forgotten=0" in log
+        assert "redacted 1 version(s) naming forgotten users" in log
         wait_for(lambda: client.models().models[0].version not in (first,), timeout=30, what="version 3")
         live = client.models().models[0].version
         answer = client.recommend(USER, model="dcr", n=10).results[0]
@@ -252,17 +253,23 @@ def pb_stub(channel):
 
 
 def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tmp_path):
-    """``ordrec-train forget`` on a local registry, no Redis: the server reads FORGOTTEN at its
-    poll; the older version naming the user goes, the live one is pending; the next
-    ``ordrec-train train`` drops the user's rows and removes it."""
+    """``ordrec-train registry forget`` on a local registry, no Redis: the server reads FORGOTTEN at its
+    poll; both versions naming the user are replaced by redacted copies at once (the newest
+    stays live); the next ``ordrec-train train`` drops the user's rows."""
     registry = tmp_path / "registry"
     dcr = [("dcr", "dcr", "ratings.data", ["--set", "max_iter=2"])]
     train_into(train_into(registry, sample_dir, dcr), sample_dir, dcr)
     with ServerProcess(registry, "--poll-interval", "0.2") as proc, Client(proc.target, timeout=10) as client:
         before = client.recommend("u001", model="dcr", n=5).results[0]
         assert before.fallback == pb.FALLBACK_NONE
-        out = run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"]).stdout
-        assert "versions removed 1" in out and "pending" in out and "u001" not in out
+        out = run_cli(
+            ["ordrec.trainer", "registry", "forget", "--registry", str(registry), "--user", "u001"]
+        ).stdout
+        assert "versions removed 0, redacted 2" in out and "pending" not in out and "u001" not in out
+        old = Registry(registry).versions("dcr")
+        assert len(old) == 2 and Registry(registry).live_version("dcr")[0] == old[-1]
+        assert all(Registry(registry).load("dcr", v).attributes["redacted_from"] for v in old)
+        assert not [p for p in registry.rglob("*") if p.is_file() and b"u001\n" in p.read_bytes()]
         wait_for(
             lambda: (
                 client.recommend("u001", model="dcr", n=5).results[0].fallback == pb.FALLBACK_POPULAR_GLOBAL
@@ -271,8 +278,8 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
             what="the FORGOTTEN list to reach the server",
         )
         assert client.record("u001", ["i001"]).forgotten  # answered before Redis is needed
-    train_into(registry, sample_dir, dcr)  # drops the user's rows, removes the pending version
-    assert len(Registry(registry).versions("dcr")) == 1
+    train_into(registry, sample_dir, dcr)  # drops the user's rows
+    assert len(Registry(registry).versions("dcr")) == 3
     files = [p for p in registry.rglob("*") if p.is_file()]
     assert not [p for p in files if b"u001\n" in p.read_bytes()]
     assert [p for p in files if b"u002\n" in p.read_bytes()]  # the search finds a kept user
@@ -280,15 +287,15 @@ def test_without_redis_the_registry_list_reaches_a_running_server(sample_dir, tm
 
 def test_a_forgotten_user_leaves_the_maps_and_gets_cold_start_tags(sample_dir, tmp_path):
     """COE's map: Neighbors from the user is NOT_FOUND, it never returns them, Coordinates
-    leaves them out; RTF's Tags answer them as a new user (the versions themselves still
-    name them: they are the live ones, pending)."""
+    leaves them out; RTF's Tags answer them as a new user (from the redacted copies the
+    CLI put in the versions' place)."""
     rtf = next(m for m in SAMPLE_MODELS if m[0] == "rtf")
     registry = train_into(
         tmp_path / "registry", sample_dir, [("coe", "coe", "ratings.data", ["--set", "max_iter=2"]), rtf]
     )
     with ServerProcess(registry, "--poll-interval", "0.2") as proc, Client(proc.target, timeout=10) as client:
         assert client.tags("u001", "i139", model="rtf", n=3).fallback == pb.FALLBACK_NONE
-        run_cli(["ordrec.trainer", "forget", "--registry", str(registry), "--user", "u001"])
+        run_cli(["ordrec.trainer", "registry", "forget", "--registry", str(registry), "--user", "u001"])
         wait_for(
             lambda: client.tags("u001", "i139", model="rtf", n=3).fallback != pb.FALLBACK_NONE,
             timeout=10,
@@ -301,3 +308,79 @@ def test_a_forgotten_user_leaves_the_maps_and_gets_cold_start_tags(sample_dir, t
         assert len(near.neighbors) >= 297 and "u001" not in {n.id for n in near.neighbors}
         points = [p.id for page in client.coordinates(model="coe", entity_kind="user") for p in page.points]
         assert len(points) == 299 and "u001" not in points
+
+
+@pytest.mark.slow  # three job runs and a replica: about 50 s on the shared machine
+def test_a_rejected_run_still_redacts_the_pinned_and_candidate_versions_naming_the_user(
+    aof_redis, s3_url, sample_dir, tmp_path, monkeypatch
+):
+    """The versions naming the user are the pinned live one and a split's candidate; the
+    ForgetUser call leaves them pending; the next run, rejected by its gate, replaces both by
+    redacted copies (the pin and the split follow them), the replica loads them, and then no
+    object in the registry nor anything in Redis holds the id, while the kept user's answers
+    are what they were."""
+    from ordrec.service.storage.objectstore import open_registry
+    from tests.test_job import BAD, job_text
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # the jobs' download cache
+    ratings = ratings_with_user(sample_dir, tmp_path)
+    job = write_job(tmp_path, ratings, s3_url, aof_redis.url)
+    run_job(job)
+    run_job(job)
+    TRAINED = "u002"  # a user of the sample ratings, kept
+    registry = open_registry(s3_url, cache_dir=tmp_path / "trainer-cache")
+    first, second = registry.versions("dcr")
+    registry.pin("dcr", first)
+    registry.set_split("dcr", second, 0.5)
+    rejecting = tmp_path / "rejecting.toml"
+    rejecting.write_text(
+        job.read_text().replace(
+            job_text(ratings.parent, Path("X"), "n_components = 4, max_iter = 3", 1.0).split("[[models]]")[1],
+            job_text(ratings.parent, Path("X"), BAD, 0.0).split("[[models]]")[1],
+        )
+    )
+    assert "max_iter = 0" in rejecting.read_text()
+    raw = redis.Redis.from_url(aof_redis.url)
+    with (
+        replica(s3_url, aof_redis.url, tmp_path / "cache") as proc,
+        Client(proc.target, timeout=10) as client,
+    ):
+        client.record(USER, ratings={"i020": 5.0}, model="dcr")
+        kept_before = client.recommend(TRAINED, model="dcr", n=10).results[0]
+        reply = json.loads(forget_via(proc, USER))
+        assert sorted(reply["versions_pending"]) == [f"dcr@{first}", f"dcr@{second}"]
+        result = run_cli(["ordrec.trainer", "run", str(rejecting)], check=False)
+        assert result.returncode == 3 and "result=rejected" in result.stderr, result.stderr
+        assert "redacted 2 version(s) naming forgotten users" in result.stderr
+        first_copy, second_copy = registry.versions("dcr")
+        assert first < first_copy < second < second_copy
+        assert registry.pinned("dcr") == first_copy and registry.split("dcr").candidate == second_copy
+        wait_for(
+            lambda: client.models().models[0].version == first_copy, timeout=30, what="the redacted copy"
+        )
+        answer = client.recommend(USER, model="dcr", n=10).results[0]
+        unknown = client.recommend("never-seen-user", model="dcr", n=10).results[0]
+        assert answer.fallback == unknown.fallback != pb.FALLBACK_NONE
+        assert [(i.id, i.score) for i in answer.items] == [(i.id, i.score) for i in unknown.items]
+        kept_after = client.recommend(TRAINED, model="dcr", n=10).results[0]
+        assert kept_after.fallback == pb.FALLBACK_NONE
+        if kept_before.model_version == first:  # the same side of the split: the same answer
+            assert [(i.id, i.score) for i in kept_after.items] == [(i.id, i.score) for i in kept_before.items]
+    wait_rewritten(raw)
+    objects = s3_objects(s3_url)
+    assert not [k for k, body in objects.items() if USER.encode() in k.encode() + body]
+    assert [k for k, body in objects.items() if TRAINED.encode() in body]
+    assert not holding(redis_dump(raw), USER)
+    assert not [p for p, body in aof_files(aof_redis.aof_dir).items() if USER.encode() in body]
+    for cache in ("cache", "xdg"):  # the replica's, and the job's (it loaded the originals to copy them)
+        cached = [p for p in (tmp_path / cache).rglob("*") if p.is_file()]
+        assert cached and not [p for p in cached if USER.encode() in p.read_bytes()], cache
+
+
+def forget_via(proc: ServerProcess, user: str) -> str:
+    """``ordrec-client forget --json`` against ``proc``: its stdout (the server's log on failure)."""
+    result = run_cli(
+        ["ordrec.client_cli", "--target", proc.target, "forget", "--user", user, "--json"], check=False
+    )
+    assert result.returncode == 0, result.stderr + "".join(proc.output)
+    return result.stdout

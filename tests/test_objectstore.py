@@ -104,7 +104,7 @@ def test_cli_manages_an_s3_registry(s3_url, sample_dir, tmp_path):
         ]
     ).stdout
     assert f"to {s3_url}" in out
-    listing = run_cli(["ordrec.trainer", "versions", "--registry", s3_url]).stdout
+    listing = run_cli(["ordrec.trainer", "registry", "versions", "--registry", s3_url]).stdout
     assert "live:newest" in listing and listing.startswith("dcr\t")
 
 
@@ -302,12 +302,12 @@ def test_hidden_items_live_in_the_store_without_redis(s3_url, sample_dir, tmp_pa
         assert sa.HideItems(pb.HideItemsRequest(model="dcr", item_ids=before[:2]), timeout=5).changed == 2
         assert not set(before[:2]) & set(top(sa))
         wait_for(lambda: not set(before[:2]) & set(top(sb)), 5, what="replica b follows the store")
-        run_cli(["ordrec.trainer", "hide", "--registry", s3_url, before[2]])  # all models
+        run_cli(["ordrec.trainer", "registry", "hide", "--registry", s3_url, before[2]])  # all models
         wait_for(lambda: before[2] not in top(sa) and before[2] not in top(sb), 5, what="the CLI's hide")
         assert S3Registry(s3_url).hidden_scopes() == {
             "*": frozenset(before[2:3]),
             "dcr": frozenset(before[:2]),
         }
-        run_cli(["ordrec.trainer", "unhide", "--registry", s3_url, "--model", "dcr", *before[:2]])
-        run_cli(["ordrec.trainer", "unhide", "--registry", s3_url, before[2]])
+        run_cli(["ordrec.trainer", "registry", "unhide", "--registry", s3_url, "--model", "dcr", *before[:2]])
+        run_cli(["ordrec.trainer", "registry", "unhide", "--registry", s3_url, before[2]])
         wait_for(lambda: top(sa) == before and top(sb) == before, 5, what="unhide")

@@ -76,7 +76,7 @@ def test_train_prints_metrics_and_versions_lists_them(sample_dir, tmp_path):
     assert published == f"published coe@{artifact.version} to {registry}"
     for name, value in artifact.metrics.items():
         assert f"{name}={value:.4g}" in metrics
-    listing = run_cli(["ordrec.trainer", "versions", "--registry", str(registry)]).stdout
+    listing = run_cli(["ordrec.trainer", "registry", "versions", "--registry", str(registry)]).stdout
     name, version, marks, shown = listing.rstrip("\n").split("\t")
     assert (name, version, marks) == ("coe", artifact.version, "live:newest")
     assert shown == metrics.strip()

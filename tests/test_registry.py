@@ -249,7 +249,7 @@ def test_gc_and_the_next_publish_remove_only_what_dead_publishers_left(tmp_path)
     trash = tmp_path / "m" / ".trash-20260101T000000.000000Z-x"  # a prune killed mid-delete
     trash.mkdir()
     _age([trash], 60)
-    out = run_cli(["ordrec.trainer", "gc", "--registry", str(tmp_path)]).stdout
+    out = run_cli(["ordrec.trainer", "registry", "gc", "--registry", str(tmp_path)]).stdout
     assert sorted(out.split()) == sorted(["removed", "removed", str(busy[0]), str(trash)])
     assert not [p for p in (tmp_path / "m").iterdir() if p.name.startswith(".")]
     assert len(registry.versions("m")) == 2

@@ -117,7 +117,7 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
         assert (rules_registry / "dcr" / "HIDDEN").read_text().split() == sorted(top[:3] + ["future-item"])
         # the all-models scope, written by the trainer's CLI, reaches Neighbors and Recommend
         near = neighbours(sa, "i189")
-        run_cli(["ordrec.trainer", "hide", "--registry", str(rules_registry), near[0]])
+        run_cli(["ordrec.trainer", "registry", "hide", "--registry", str(rules_registry), near[0]])
         for stub in (sa, sb):
             wait_for(
                 lambda stub=stub: (
@@ -130,7 +130,7 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
         listed = {s.model: s.count for s in sa.ListHidden(pb.ListHiddenRequest(), timeout=5).scopes}
         assert listed == {"*": 1, "dcr": 4}
         sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3]), timeout=5)
-        run_cli(["ordrec.trainer", "unhide", "--registry", str(rules_registry), near[0]])
+        run_cli(["ordrec.trainer", "registry", "unhide", "--registry", str(rules_registry), near[0]])
         wait_for(lambda: recommended(sb) == top, 3, what="unhide")
         sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=["future-item"]), timeout=5)
         for bad, code in (

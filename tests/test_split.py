@@ -141,12 +141,18 @@ def test_a_split_against_a_real_server_and_the_cli(sample_registry, tmp_path):
     registry = Registry(root)
     v1, v2 = _train(registry, sample_registry)
     cli = ["ordrec.trainer"]
-    assert run_cli([*cli, "pin", "--registry", str(root), "--model", "dcr", "--version", v1]).returncode == 0
+    assert (
+        run_cli(
+            [*cli, "registry", "pin", "--registry", str(root), "--model", "dcr", "--version", v1]
+        ).returncode
+        == 0
+    )
     bad = run_cli(
-        [*cli, "split", "dcr", "--registry", str(root), "--candidate", v2, "--share", "2"], check=False
+        [*cli, "registry", "split", "dcr", "--registry", str(root), "--candidate", v2, "--share", "2"],
+        check=False,
     )
     assert bad.returncode == 2 and "share must be a number in (0, 1]" in bad.stderr
-    none = run_cli([*cli, "promote", "dcr", "--registry", str(root)], check=False)
+    none = run_cli([*cli, "registry", "promote", "dcr", "--registry", str(root)], check=False)
     assert none.returncode == 1 and "no split to promote" in none.stderr
     users = Registry(sample_registry).load("dcr").ids["users"].ids[:60] + [f"new-{k}" for k in range(20)]
     expected = {u: v2 if user_bucket("dcr", u) < 0.5 else v1 for u in users}
@@ -157,9 +163,11 @@ def test_a_split_against_a_real_server_and_the_cli(sample_registry, tmp_path):
     ):
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         assert set(_versions_of(stub, users).values()) == {v1}
-        out = run_cli([*cli, "split", "dcr", "--registry", str(root), "--candidate", v2, "--share", "0.5"])
+        out = run_cli(
+            [*cli, "registry", "split", "dcr", "--registry", str(root), "--candidate", v2, "--share", "0.5"]
+        )
         assert "50.0% of users to " + v2 in out.stdout
-        listing = run_cli([*cli, "versions", "--registry", str(root), "--model", "dcr"]).stdout
+        listing = run_cli([*cli, "registry", "versions", "--registry", str(root), "--model", "dcr"]).stdout
         assert f"{v2}\tcandidate:0.5" in listing
         wait_for(lambda: _model_info(stub).candidate_version == v2, 20, what="the candidate loaded")
         assert _model_info(stub).candidate_share == 0.5 and _model_info(stub).version == v1
@@ -172,7 +180,7 @@ def test_a_split_against_a_real_server_and_the_cli(sample_registry, tmp_path):
         text = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5).read().decode()
         for version in (v1, v2):
             assert f'ordrec_recommend_users_total{{model="dcr",version="{version}"}}' in text
-        out = run_cli([*cli, "promote", "dcr", "--registry", str(root)])
+        out = run_cli([*cli, "registry", "promote", "dcr", "--registry", str(root)])
         assert f"promoted dcr@{v2}" in out.stdout
         wait_for(lambda: _model_info(stub).version == v2, 20, what="the promoted version live")
         assert not _model_info(stub).candidate_version

@@ -4,7 +4,9 @@ file and line, and the version-management commands."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from ordrec.service.storage.artifact import Artifact
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 
@@ -63,16 +65,21 @@ def test_versions_pin_unpin_prune(sample_registry, tmp_path):
     artifact = Registry(sample_registry).load("dcr", mmap=False)
     versions = [registry.publish("dcr", artifact) for _ in range(3)]
     reg = ["--registry", str(registry.root)]
-    listing = run_cli(["ordrec.trainer", "versions", *reg]).stdout
+    listing = run_cli(["ordrec.trainer", "registry", "versions", *reg]).stdout
     assert f"dcr\t{versions[-1]}\tlive:newest" in listing
-    run_cli(["ordrec.trainer", "pin", *reg, "--model", "dcr", "--version", versions[0]])
+    run_cli(["ordrec.trainer", "registry", "pin", *reg, "--model", "dcr", "--version", versions[0]])
     assert registry.live_version("dcr") == (versions[0], "pinned")
-    assert "pinned" in run_cli(["ordrec.trainer", "versions", *reg, "--model", "dcr"]).stdout
-    assert run_cli(["ordrec.trainer", "prune", *reg, "--model", "dcr", "--keep", "1"]).returncode == 0
+    assert "pinned" in run_cli(["ordrec.trainer", "registry", "versions", *reg, "--model", "dcr"]).stdout
+    assert (
+        run_cli(["ordrec.trainer", "registry", "prune", *reg, "--model", "dcr", "--keep", "1"]).returncode
+        == 0
+    )
     assert registry.versions("dcr") == [versions[0], versions[-1]]
-    run_cli(["ordrec.trainer", "unpin", *reg, "--model", "dcr"])
+    run_cli(["ordrec.trainer", "registry", "unpin", *reg, "--model", "dcr"])
     assert registry.live_version("dcr") == (versions[-1], "newest")
-    bad = run_cli(["ordrec.trainer", "pin", *reg, "--model", "dcr", "--version", "nope"], check=False)
+    bad = run_cli(
+        ["ordrec.trainer", "registry", "pin", *reg, "--model", "dcr", "--version", "nope"], check=False
+    )
     assert bad.returncode != 0 and "unknown version" in bad.stderr
 
 
@@ -151,3 +158,33 @@ def test_reproduce_takes_a_rating_scale_only_for_ratings_protocols():
         return reproduce._subparsers._group_actions[0].choices[kind].format_help()
 
     assert "--rating-scale" in protocol_help("dcr") and "--rating-scale" not in protocol_help("rtf")
+
+
+def test_registry_commands_keep_their_old_spelling_for_one_release(tmp_path, capsys):
+    from ordrec.trainer.cli import REGISTRY_COMMANDS, main
+
+    for name in REGISTRY_COMMANDS:
+        for argv in (["registry", name, "--help"], [name, "--help"]):
+            with pytest.raises(SystemExit) as done:
+                main(argv)
+            assert done.value.code == 0 and f"ordrec-train {' '.join(argv[:-1])}" in capsys.readouterr().out
+    Registry(tmp_path).publish("dcr", Artifact("dcr", {}, {}))
+    outputs = []
+    for argv in (["registry", "versions"], ["versions"]):
+        assert main([*argv, "--registry", str(tmp_path)]) == 0
+        outputs.append(capsys.readouterr())
+    assert outputs[0].out == outputs[1].out and "live:newest" in outputs[0].out
+    assert not outputs[0].err and "use 'ordrec-train registry versions'" in outputs[1].err
+
+
+def test_hide_and_unhide_act_under_both_spellings(tmp_path, capsys):
+    from ordrec.trainer.cli import main
+
+    registry = Registry(tmp_path)
+    assert main(["registry", "hide", "--registry", str(tmp_path), "i1"]) == 0
+    assert main(["hide", "--registry", str(tmp_path), "i2"]) == 0
+    assert registry.hidden("*") == {"i1", "i2"}
+    assert main(["unhide", "--registry", str(tmp_path), "i1"]) == 0
+    assert main(["registry", "unhide", "--registry", str(tmp_path), "i2"]) == 0
+    assert registry.hidden("*") == frozenset()
+    assert capsys.readouterr().out.count("unhid 1 of 1") == 2

@@ -6,17 +6,22 @@ Subcommands::
                        [--cluster tcp://HOST:8786 | local:N]   (dcr: fit data-parallel on Dask)
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
-    ordrec-train versions --registry DIR [--model NAME]
-    ordrec-train pin --registry DIR --model NAME --version V
-    ordrec-train unpin --registry DIR --model NAME
-    ordrec-train split MODEL --registry DIR --candidate V --share S   (or --off)
-    ordrec-train promote MODEL --registry DIR   the split's candidate becomes the (pinned) live version
-    ordrec-train prune --registry DIR --model NAME --keep K
+    ordrec-train registry versions --registry DIR [--model NAME]
+    ordrec-train registry pin --registry DIR --model NAME --version V
+    ordrec-train registry unpin --registry DIR --model NAME
+    ordrec-train registry split MODEL --registry DIR --candidate V --share S   (or --off)
+    ordrec-train registry promote MODEL --registry DIR   the split's candidate becomes the (pinned) live version
+    ordrec-train registry hide|unhide|hidden --registry DIR [--redis URL] [--model NAME] [ITEM ...]
+    ordrec-train registry prune --registry DIR --model NAME --keep K
+    ordrec-train registry gc --registry DIR
+    ordrec-train registry forget --registry DIR --user ID [--redis URL] [--reason TEXT]   erase a user everywhere
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
     ordrec-train events export --redis URL --out FILE [--since ID] [--format csv|jsonl]
-    ordrec-train forget --registry DIR --user ID [--redis URL] [--reason TEXT]   erase a user everywhere
     ordrec-train export MODEL --registry DIR --n N --out FILE.parquet|csv|jsonl [--users FILE] [--version V]
+
+Registry administration is the ``registry`` group; its commands' old spellings
+without ``registry`` (``ordrec-train pin ...``) still work for one release and say so on stderr.
 
 Every --registry takes a directory or ``s3://bucket/prefix`` (``pip install ordrec[s3]``;
 credentials and endpoint from the standard AWS environment and config).
@@ -89,7 +94,7 @@ def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, r
 # ----------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.data.readers import read_input
-    from ordrec.trainer.forgetting import apply_forgotten, purge_after_publish
+    from ordrec.trainer.forgetting import apply_forgotten, redact_forgotten
     from ordrec.trainer.models import estimator_class
     from ordrec.trainer.models.configured import configure
 
@@ -129,11 +134,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     name = args.name or args.kind
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
-    removed, pending = purge_after_publish(registry, name)
-    for gone in removed:
-        print(f"removed {name}@{gone}: it names a forgotten user")
-    for kept in pending:
-        print(f"warning: {name}@{kept} names a forgotten user but is pinned or a candidate", file=sys.stderr)
+    redacted = redact_forgotten(registry, name)
+    for old, copy in redacted.rewritten:
+        print(f"redacted {name}@{old} -> {name}@{copy}: it named a forgotten user")
+    for kept, why in redacted.failed:
+        print(f"warning: {name}@{kept} names a forgotten user and was not redacted: {why}", file=sys.stderr)
     for warning in calibration_warnings(artifact.indexes):
         print(f"warning: {name}@{version}: {warning}", file=sys.stderr)
     print(format_metrics(artifact.metrics, "  "))
@@ -299,7 +304,7 @@ def cmd_hide(args: argparse.Namespace) -> int:
 
     scope = _hidden_scope(args)
     backend, mirror = _hidden_backends(args)
-    hide = args.command == "hide"
+    hide = args.hide
     from ordrec.service.errors import ServiceError
 
     try:
@@ -372,7 +377,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         raise ValueError("--user: give one user id (not empty, no line breaks)")
     try:
         report = erase_user(
-            user, open_registry(args.registry), connect(args.redis, 10.0) if args.redis else None
+            user, open_registry(args.registry), connect(args.redis, 10.0) if args.redis else None, redact=True
         )
     except redis.RedisError as exc:
         print(
@@ -381,6 +386,9 @@ def cmd_forget(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     log.info("forgot user sha256=%s reason=%r", report.user_digest, args.reason or "")
     print(format_erasure(report, redis_given=bool(args.redis)))
+    if report.versions_pending:  # a version still names the user: the erasure is not finished
+        print("ordrec-train: some versions were not redacted: run the erasure again", file=sys.stderr)
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -393,12 +401,13 @@ def format_erasure(report, redis_given: bool) -> str:
         f" stream entries {report.stream_entries}"
         if redis_given
         else "  redis: not given (--redis URL)",
-        f"  registry: checkpoint events {report.checkpoint_events}, versions removed {len(report.versions_removed)}"
-        + "".join(f"\n    removed {v}" for v in report.versions_removed),
+        f"  registry: checkpoint events {report.checkpoint_events}, versions removed {len(report.versions_removed)},"
+        f" redacted {len(report.versions_redacted)}"
+        + "".join(f"\n    removed {v}" for v in report.versions_removed)
+        + "".join(f"\n    redacted {v}" for v in report.versions_redacted),
     ]
     lines += [
-        f"  pending (live, pinned or candidate; the next published version removes it): {v}"
-        for v in report.versions_pending
+        f"  pending (not redacted; the next training run tries again): {v}" for v in report.versions_pending
     ]
     if report.redis_rewrite:
         lines.append(f"  redis files: {report.redis_rewrite}")
@@ -413,22 +422,37 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.n < 1:
         raise ValueError(f"--n must be at least 1, got {args.n}")
     users = read_users(args.users) if args.users else None
-    hidden = None
+    hidden, redis_client = None, None
     if args.redis:
         from ordrec.service.live.hidden import RedisBackend
         from ordrec.service.live.redis_state import connect
 
-        hidden = RedisBackend(connect(args.redis, 10.0))
+        redis_client = connect(args.redis, 10.0)
+        hidden = RedisBackend(redis_client)
     registry = open_registry(args.registry)
     if args.workers < 1 or args.batch < 1:
         raise ValueError("--workers and --batch must be at least 1")
     summary = export(
-        registry, args.model, args.n, args.out, users, args.version, hidden, args.batch, workers=args.workers
+        registry,
+        args.model,
+        args.n,
+        args.out,
+        users,
+        args.version,
+        hidden,
+        args.batch,
+        workers=args.workers,
+        redis_client=redis_client,
     )
     print(
         f"wrote {summary.rows} recommendations for {summary.users} users to {args.out}"
-        f" ({summary.fallbacks} fallback, {summary.forgotten} forgotten)"
+        f" ({summary.fallbacks} fallback, {summary.forgotten} forgotten left out)"
     )
+    if summary.seen_degraded:
+        print(
+            "warning: Redis could not be read: items recorded since training were not excluded",
+            file=sys.stderr,
+        )
     return EXIT_OK
 
 
@@ -539,67 +563,11 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     sample.add_argument("--seed", type=int, default=0)
     sample.set_defaults(func=cmd_sample)
 
-    versions = sub.add_parser("versions", help="list published versions")
-    versions.add_argument("--registry", required=True)
-    versions.add_argument("--model")
-    versions.set_defaults(func=cmd_versions)
-
-    for name, func, helptext in (
-        ("pin", cmd_pin, "serve this version until unpinned"),
-        ("unpin", cmd_unpin, "serve the newest version again"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--registry", required=True)
-        p.add_argument("--model", required=True)
-        if name == "pin":
-            p.add_argument("--version", required=True)
-        p.set_defaults(func=func)
-
-    split = sub.add_parser("split", help="send a share of users to a candidate version (stable per user)")
-    split.add_argument("model")
-    split.add_argument("--registry", required=True)
-    split.add_argument("--candidate", metavar="VERSION", help="the version to compare with the live one")
-    split.add_argument("--share", type=share_argument, help="share of users in (0, 1], e.g. 0.1")
-    split.add_argument("--off", action="store_true", help="end the split: every user gets the live version")
-    split.set_defaults(func=cmd_split)
-    promote = sub.add_parser("promote", help="make the split's candidate the live version (pinned)")
-    promote.add_argument("model")
-    promote.add_argument("--registry", required=True)
-    promote.set_defaults(func=cmd_promote)
-
-    for name, helptext in (
-        ("hide", "hide items from Recommend and Neighbors now, without retraining"),
-        ("unhide", "undo hide"),
-    ):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("--registry", required=True)
-        p.add_argument(
-            "--redis", metavar="URL", help="where the servers keep hidden items (else the registry)"
-        )
-        p.add_argument("--model", help="one model (default: all models, '*')")
-        p.add_argument("--file", help="item ids, one a line")
-        p.add_argument("item_ids", nargs="*")
-        p.set_defaults(func=cmd_hide)
-    hidden = sub.add_parser("hidden", help="list hidden items: scope, count, the first ids")
-    hidden.add_argument("--registry", required=True)
-    hidden.add_argument("--redis", metavar="URL")
-    hidden.add_argument("--model")
-    hidden.add_argument("--show", type=int, default=20, help="ids to print per scope")
-    hidden.set_defaults(func=cmd_hidden)
-
-    prune = sub.add_parser("prune", help="delete all but the newest K versions (never the pinned one)")
-    prune.add_argument("--registry", required=True)
-    prune.add_argument("--model", required=True)
-    prune.add_argument("--keep", type=int, required=True)
-    prune.set_defaults(func=cmd_prune)
-
-    gc = sub.add_parser(
-        "gc",
-        help="remove what killed publishers left (temporary folders no live"
-        " publisher holds); safe beside a running publish",
+    registry = sub.add_parser(
+        "registry", help="registry administration: versions, pin, split, promote, hide, prune, gc, forget"
     )
-    gc.add_argument("--registry", required=True)
-    gc.set_defaults(func=cmd_gc)
+    add_registry_commands(registry.add_subparsers(dest="registry_command", required=True))
+    add_registry_commands(sub, deprecated=True)
 
     run = sub.add_parser("run", help="a cron job described by a TOML file")
     run.add_argument("job")
@@ -621,18 +589,6 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     export.add_argument("--timeout", type=float, default=10.0, help="seconds per Redis call")
     export.set_defaults(func=cmd_events_export)
 
-    forget = sub.add_parser(
-        "forget",
-        help="erase a user everywhere (GDPR Art. 17): Redis, events, registry, answers, later training",
-    )
-    forget.add_argument("--registry", required=True)
-    forget.add_argument("--user", required=True, metavar="ID", help="the user id to erase")
-    forget.add_argument(
-        "--redis", metavar="URL", help="the servers' Redis (else only the registry is erased)"
-    )
-    forget.add_argument("--reason", help="why, e.g. the request's ticket (logged with the id's sha256)")
-    forget.set_defaults(func=cmd_forget)
-
     ex = sub.add_parser(
         "export", help="write the top-N of every user (or a list) from a version, as Recommend answers"
     )
@@ -645,14 +601,11 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     )
     ex.add_argument("--version", help="the version (default: the live one)")
     ex.add_argument(
-        "--redis", metavar="URL", help="read hidden items from the servers' Redis (else the registry)"
+        "--redis", metavar="URL", help="the servers' Redis: hidden items and recorded ones (left out too)"
     )
     ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
     ex.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="processes scoring batches (each maps the version; 2 on 2 cores)",
+        "--workers", type=int, default=1, help="scoring processes, each mapping the version (2 on 2 cores)"
     )
     ex.set_defaults(func=cmd_export)
 
@@ -669,6 +622,119 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# The registry administration commands: ``ordrec-train registry NAME``; the top-level
+# spellings (``ordrec-train NAME``) still work for one release, with a warning.
+REGISTRY_COMMANDS = (
+    "versions",
+    "pin",
+    "unpin",
+    "split",
+    "promote",
+    "hide",
+    "unhide",
+    "hidden",
+    "prune",
+    "gc",
+    "forget",
+)
+
+
+def _command(sub, deprecated: bool, name: str, **kwargs) -> argparse.ArgumentParser:
+    """One registry command's parser; a deprecated one says which spelling replaces it."""
+    if deprecated:
+        kwargs["help"] = f"deprecated: ordrec-train registry {name}"
+    parser = sub.add_parser(name, **kwargs)
+    parser.set_defaults(deprecated_spelling=name if deprecated else None)
+    return parser
+
+
+def add_registry_commands(sub, deprecated: bool = False) -> None:
+    """Add the registry administration commands to ``sub`` (see REGISTRY_COMMANDS)."""
+    versions = _command(sub, deprecated, "versions", help="list published versions")
+    versions.add_argument("--registry", required=True)
+    versions.add_argument("--model")
+    versions.set_defaults(func=cmd_versions)
+
+    for name, func, helptext in (
+        ("pin", cmd_pin, "serve this version until unpinned"),
+        ("unpin", cmd_unpin, "serve the newest version again"),
+    ):
+        p = _command(sub, deprecated, name, help=helptext)
+        p.add_argument("--registry", required=True)
+        p.add_argument("--model", required=True)
+        if name == "pin":
+            p.add_argument("--version", required=True)
+        p.set_defaults(func=func)
+
+    split = _command(
+        sub, deprecated, "split", help="send a share of users to a candidate version (stable per user)"
+    )
+    split.add_argument("model")
+    split.add_argument("--registry", required=True)
+    split.add_argument("--candidate", metavar="VERSION", help="the version to compare with the live one")
+    split.add_argument("--share", type=share_argument, help="share of users in (0, 1], e.g. 0.1")
+    split.add_argument("--off", action="store_true", help="end the split: every user gets the live version")
+    split.set_defaults(func=cmd_split)
+    promote = _command(
+        sub, deprecated, "promote", help="make the split's candidate the live version (pinned)"
+    )
+    promote.add_argument("model")
+    promote.add_argument("--registry", required=True)
+    promote.set_defaults(func=cmd_promote)
+
+    for name, helptext in (
+        ("hide", "hide items from Recommend and Neighbors now, without retraining"),
+        ("unhide", "undo hide"),
+    ):
+        p = _command(sub, deprecated, name, help=helptext)
+        p.add_argument("--registry", required=True)
+        p.add_argument(
+            "--redis", metavar="URL", help="where the servers keep hidden items (else the registry)"
+        )
+        p.add_argument("--model", help="one model (default: all models, '*')")
+        p.add_argument("--file", help="item ids, one a line")
+        p.add_argument("item_ids", nargs="*")
+        p.set_defaults(func=cmd_hide, hide=name == "hide")
+    hidden = _command(sub, deprecated, "hidden", help="list hidden items: scope, count, the first ids")
+    hidden.add_argument("--registry", required=True)
+    hidden.add_argument("--redis", metavar="URL")
+    hidden.add_argument("--model")
+    hidden.add_argument("--show", type=int, default=20, help="ids to print per scope")
+    hidden.set_defaults(func=cmd_hidden)
+
+    prune = _command(
+        sub, deprecated, "prune", help="delete all but the newest K versions (never the pinned one)"
+    )
+    prune.add_argument("--registry", required=True)
+    prune.add_argument("--model", required=True)
+    prune.add_argument("--keep", type=int, required=True)
+    prune.set_defaults(func=cmd_prune)
+
+    gc = _command(
+        sub,
+        deprecated,
+        "gc",
+        help="remove what killed publishers left (temporary folders no live"
+        " publisher holds); safe beside a running publish",
+    )
+    gc.add_argument("--registry", required=True)
+    gc.set_defaults(func=cmd_gc)
+
+    forget = _command(
+        sub,
+        deprecated,
+        "forget",
+        help="erase a user everywhere (GDPR Art. 17): Redis, events, registry, answers, later training",
+    )
+    forget.add_argument("--registry", required=True)
+    forget.add_argument("--user", required=True, metavar="ID", help="the user id to erase")
+    forget.add_argument(
+        "--redis", metavar="URL", help="the servers' Redis (else only the registry is erased)"
+    )
+    forget.add_argument("--reason", help="why, e.g. the request's ticket (logged with the id's sha256)")
+    forget.set_defaults(func=cmd_forget)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(_reproduce_kind(argv))
@@ -677,6 +743,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if getattr(args, "deprecated_spelling", None):
+        print(
+            f"ordrec-train: 'ordrec-train {args.deprecated_spelling}' is deprecated and goes in the next"
+            f" release: use 'ordrec-train registry {args.deprecated_spelling}'",
+            file=sys.stderr,
+        )
     try:
         return args.func(args)
     except DataError as exc:

@@ -1,9 +1,12 @@
 """Batch export: the top-N of every user (or of listed users) from one version, to a file.
 
 The answers come from the serving index and rules of ``Recommend`` (the service's
-own code): training items excluded, hidden items honoured (the registry's HIDDEN
-files, or Redis with ``--redis``), forgotten users left out, users the version does
-not know answered with the popularity fallback and flagged. Users are scored in
+own code): training items excluded, and with ``--redis`` the items recorded since
+training too (the seen sets; while Redis cannot be read the export goes on without
+them, with a warning, as Recommend fails open), hidden items honoured (the registry's
+HIDDEN files, or Redis with ``--redis``), forgotten users left out (listed ones
+too: their id is written nowhere), users the version does not know answered with
+the popularity fallback and flagged. Users are scored in
 batches through ``recommend_many``, one matrix product per batch.
 
 Formats, from the file's extension:
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,10 +36,13 @@ from ordrec.service.indices.models import build_index
 from ordrec.service.indices.rules import hidden_mask
 from ordrec.service.live.forgotten import read_forgotten, user_digest
 from ordrec.service.live.hidden import RegistryBackend
+from ordrec.service.live.redis_state import SEEN_KEY
 from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.trainer.atomic import atomic_output
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.progress import Progress
+
+log = logging.getLogger("ordrec.export")
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 DEFAULT_BATCH = 1000
@@ -50,15 +57,39 @@ class Batch:
     items: np.ndarray  # int64, (users, n)
     scores: np.ndarray  # float64, (users, n)
     fallback: np.ndarray  # bool, (users,)
-    forgotten: int = 0  # users of the batch the version knows but who were forgotten
 
 
 @dataclass
 class ExportSummary:
     users: int = 0
     fallbacks: int = 0
-    forgotten: int = 0  # users of the version left out (all users) or answered as unknown (listed)
+    forgotten: int = 0  # users left out: forgotten ones of the version or of the list
     rows: int = 0
+    seen_degraded: bool = False  # Redis could not be read: recorded items were not excluded
+
+
+class RecordedItems:
+    """The items each user recorded since training (the servers' seen sets), failing open:
+    after the first Redis error it answers nothing and says so (``degraded``)."""
+
+    def __init__(self, client=None):
+        self.client, self.degraded = client, False
+
+    def lookup(self, users: list[str]) -> dict[str, list[str]]:
+        if self.client is None or self.degraded or not users:
+            return {}
+        import redis
+
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for user in users:
+                pipe.smembers(SEEN_KEY.format(user))
+            found = pipe.execute()
+        except redis.RedisError as exc:
+            self.degraded = True
+            log.warning("Redis unreadable (%s): items recorded since training are not excluded", exc)
+            return {}
+        return {u: sorted(m) for u, m in zip(users, found) if m}
 
 
 def export_format(path: str | os.PathLike) -> str:
@@ -106,23 +137,21 @@ class _Scorer:
     index: Any
     n: int
     eligible: Any
-    forgotten: frozenset[str]
 
-    def batch(self, users: list[str]) -> Batch:
-        """The batch's answers: ``recommend_many`` for known users, the fallback for the rest."""
+    def batch(self, users: list[str], recorded: dict[str, list[str]] | None = None) -> Batch:
+        """The batch's answers: ``recommend_many`` for known users (their training items and
+        ``recorded`` ones excluded), the fallback for the rest."""
         index, n = self.index, self.n
         rows = index.users.rows(users)
-        forgotten = 0
-        if self.forgotten:
-            gone = np.array([user_digest(u) in self.forgotten for u in users], dtype=bool)
-            forgotten = int((gone & (rows >= 0)).sum())
-            rows[gone] = -1
         items = np.full((len(users), n), -1, dtype=np.int64)
         scores = np.full((len(users), n), np.nan, dtype=np.float64)
         known = np.flatnonzero(rows >= 0)
         found = (
             index.recommend_many(
-                rows[known], n, excludes=[index.seen(int(rows[i])) for i in known], eligible=self.eligible
+                rows[known],
+                n,
+                excludes=[self.excluded(int(rows[i]), users[i], recorded) for i in known],
+                eligible=self.eligible,
             )
             if known.size
             else []
@@ -133,35 +162,47 @@ class _Scorer:
         if fallback.any():
             item_rows, item_scores = index.popular(n, eligible=self.eligible)
             items[fallback, : len(item_rows)], scores[fallback, : len(item_rows)] = item_rows, item_scores
-        return Batch(users, items, scores, fallback, forgotten)
+        return Batch(users, items, scores, fallback)
+
+    def excluded(self, row: int, user: str, recorded: dict[str, list[str]] | None) -> np.ndarray:
+        """Item rows Recommend excludes for the user: training items and recorded ones."""
+        seen = self.index.seen(row)
+        if not recorded or user not in recorded:
+            return seen
+        found = self.index.items.rows(recorded[user])
+        return np.union1d(seen, found[found >= 0])
 
 
-def _scorer(registry, model: str, n: int, version: str | None, hidden_sets, forgotten) -> _Scorer:
+def _scorer(registry, model: str, n: int, version: str | None, hidden_sets) -> _Scorer:
     index = build_index(registry.load(model, version))
     if not hasattr(index, "recommend_many"):
         raise ValueError(f"model {model!r} ({index.kind}) does not answer Recommend")
     hidden = [hidden_sets.get(ALL_MODELS, frozenset()), hidden_sets.get(model, frozenset())]
-    return _Scorer(index, n, hidden_mask(index.items, hidden), forgotten)
+    return _Scorer(index, n, hidden_mask(index.items, hidden))
 
 
 _WORKER: dict[str, _Scorer] = {}
 
 
-def _start_worker(location: str, model: str, n: int, version: str, hidden_sets, forgotten) -> None:
+def _start_worker(location: str, model: str, n: int, version: str, hidden_sets) -> None:
     from ordrec.service.storage.objectstore import open_registry
 
-    _WORKER["scorer"] = _scorer(open_registry(location), model, n, version, hidden_sets, forgotten)
+    _WORKER["scorer"] = _scorer(open_registry(location), model, n, version, hidden_sets)
 
 
-def _worker_batch(users: list[str]) -> Batch:
-    return _WORKER["scorer"].batch(users)
+def _worker_batch(users: list[str], recorded: dict[str, list[str]]) -> Batch:
+    return _WORKER["scorer"].batch(users, recorded)
 
 
-def _batches(scorer: _Scorer, chunks: list[list[str]], workers: int, start_args: tuple) -> Iterator[Batch]:
+def _batches(
+    scorer: _Scorer, chunks: list[list[str]], workers: int, start_args: tuple, recorded: RecordedItems
+) -> Iterator[Batch]:
     """The chunks' answers in order: here, or in ``workers`` processes (each loads the
-    version itself, memory-mapped), at most two chunks a worker in flight."""
+    version itself, memory-mapped), at most two chunks a worker in flight; the recorded
+    items are read here, a chunk at a time."""
     if workers <= 1 or len(chunks) <= 1:
-        yield from map(scorer.batch, chunks)
+        for chunk in chunks:
+            yield scorer.batch(chunk, recorded.lookup(chunk))
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -170,11 +211,15 @@ def _batches(scorer: _Scorer, chunks: list[list[str]], workers: int, start_args:
     with ProcessPoolExecutor(
         workers, mp_context=context, initializer=_start_worker, initargs=start_args
     ) as pool:
-        pending = [pool.submit(_worker_batch, chunk) for chunk in chunks[: 2 * workers]]
+
+        def submit(chunk: list[str]):
+            return pool.submit(_worker_batch, chunk, recorded.lookup(chunk))
+
+        pending = [submit(chunk) for chunk in chunks[: 2 * workers]]
         for position in range(len(chunks)):
             batch = pending.pop(0).result()
             if position + 2 * workers < len(chunks):
-                pending.append(pool.submit(_worker_batch, chunks[position + 2 * workers]))
+                pending.append(submit(chunks[position + 2 * workers]))
             yield batch
 
 
@@ -189,32 +234,36 @@ def export(
     batch: int = DEFAULT_BATCH,
     progress: bool = True,
     workers: int = 1,
+    redis_client=None,
 ) -> ExportSummary:
-    """Write the answers to ``out`` atomically (see the module docstring); the summary."""
+    """Write the answers to ``out`` atomically (see the module docstring); the summary.
+
+    ``redis_client``: the servers' Redis, whose seen sets are excluded too (fail-open)."""
     fmt = export_format(out)
     version = registry.requested_version(model, version)
     hidden_sets = (hidden or RegistryBackend(registry)).read()
     forgotten = read_forgotten(registry)
-    scorer = _scorer(registry, model, n, version, hidden_sets, forgotten)
+    scorer = _scorer(registry, model, n, version, hidden_sets)
     summary = ExportSummary()
-    if users is None:
-        users = [u for u in scorer.index.users.ids if not (forgotten and user_digest(u) in forgotten)]
-        summary.forgotten = len(scorer.index.users) - len(users)
+    listed = list(scorer.index.users.ids) if users is None else users
+    users = [u for u in listed if not (forgotten and user_digest(u) in forgotten)]
+    summary.forgotten = len(listed) - len(users)
+    recorded = RecordedItems(redis_client)
     chunks = [users[start : start + batch] for start in range(0, len(users), batch)]
-    start_args = (str(registry.root), model, n, version, hidden_sets, forgotten)
+    start_args = (str(registry.root), model, n, version, hidden_sets)
     item_ids = np.array(scorer.index.items.ids, dtype=object)
     with (
         atomic_output(out) as fh,
         Progress(f"export {model}", len(users), enabled=progress) as bar,
     ):
         writer = _WRITERS[fmt](fh)
-        for answered in _batches(scorer, chunks, workers, start_args):
+        for answered in _batches(scorer, chunks, workers, start_args, recorded):
             summary.rows += writer.write(answered, item_ids)
             summary.users += len(answered.users)
             summary.fallbacks += int(answered.fallback.sum())
-            summary.forgotten += answered.forgotten
             bar.update(len(answered.users))
         writer.close()
+    summary.seen_degraded = recorded.degraded
     return summary
 
 

@@ -1,5 +1,5 @@
 """The FORGOTTEN list applied to training: forgotten users' rows dropped from any input,
-and the versions still naming them deleted once a version without them is published.
+and the versions still naming them replaced by redacted copies at every run.
 
 Users are matched by the sha256 of their id (``service/live/forgotten.py``) in the
 user column of ratings, tag assignments and triples (both users of a type-B
@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.live.erasure import purge_versions
+from ordrec.service.live.erasure import versions_naming
 from ordrec.service.live.forgotten import read_forgotten, user_digest
+from ordrec.service.live.redaction import Redacted, redact_versions
 from ordrec.service.storage.idmap import IdMap
 
 
@@ -78,7 +79,8 @@ def apply_forgotten(data: Any, registry) -> tuple[Any, Dropped, int]:
     return data, dropped, len(digests)
 
 
-def purge_after_publish(registry, name: str) -> tuple[list[str], list[str]]:
-    """After a publish: delete the versions of ``name`` that still name a forgotten user;
-    (removed, pending: the live, pinned and candidate ones, which stay)."""
-    return purge_versions(registry, name, read_forgotten(registry))
+def redact_forgotten(registry, name: str) -> Redacted:
+    """Replace every version of ``name`` that still names a forgotten user by its redacted
+    copy (``service/live/redaction.py``): what every training run does, whatever its gate says."""
+    digests = read_forgotten(registry)
+    return redact_versions(registry, name, digests, versions_naming(registry, name, digests))

@@ -706,35 +706,31 @@ class _Job:
         )
         return data
 
-    def purge_forgotten(self, model: ModelJob) -> None:
-        """After a publish: delete the model's versions that still name a forgotten user."""
-        from ordrec.trainer.forgetting import purge_after_publish
+    def redact_forgotten(self, model: ModelJob) -> None:
+        """Replace the model's versions that still name a forgotten user by redacted copies:
+        after every run, published or not (a rejected gate must not keep them)."""
+        from ordrec.trainer.forgetting import redact_forgotten
 
         try:
-            removed, pending = purge_after_publish(self.registry, model.name)
-        except Exception as exc:  # noqa: BLE001 - the version is published; the next run retries
+            redacted = redact_forgotten(self.registry, model.name)
+        except Exception as exc:  # noqa: BLE001 - the run's outcome stands; the next run retries
+            redacted = None
+            problem = f"{type(exc).__name__}: {exc}"
+        else:
+            problem = "; ".join(f"{v}: {why}" for v, why in redacted.failed)
+        if redacted is not None and redacted.rewritten:
             self.say(
                 model.name,
-                "versions naming forgotten users not removed (the next run tries again): %s: %s",
-                type(exc).__name__,
-                exc,
+                "redacted %d version(s) naming forgotten users: %s",
+                len(redacted.rewritten),
+                " ".join(f"{old}->{copy}" for old, copy in redacted.rewritten),
+            )
+        if problem:
+            self.say(
+                model.name,
+                "versions naming forgotten users not redacted (the next run tries again): %s",
+                problem,
                 level=logging.ERROR,
-            )
-            return
-        if removed:
-            self.say(
-                model.name,
-                "removed %d version(s) naming forgotten users: %s",
-                len(removed),
-                " ".join(removed),
-            )
-        if pending:
-            self.say(
-                model.name,
-                "version(s) %s name forgotten users but are live, pinned or a split's candidate:"
-                " kept until a version without them replaces them",
-                " ".join(pending),
-                level=logging.WARNING,
             )
 
     def scale(self, model: ModelJob) -> RatingScale | None:
@@ -893,7 +889,6 @@ class _Job:
         if feed is not None:
             self.commit_events(model, feed, out.version)
         out.status = "published"
-        self.purge_forgotten(model)
         pinned = self.registry.pinned(model.name)
         if pinned:
             self.say(
@@ -956,6 +951,8 @@ class _Job:
                 out = Outcome(
                     model.name, "failed", metric=model.gate.metric, message=f"{type(exc).__name__}: {exc}"
                 )
+            if not self.dry_run:
+                self.redact_forgotten(model)
             out.seconds = time.perf_counter() - t0
             level = logging.INFO if out.exit_code in (EXIT_PUBLISHED, EXIT_REJECTED) else logging.ERROR
             self.say(

@@ -404,7 +404,7 @@ class ForgetUserRequest(_message.Message):
     def __init__(self, user_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ForgetUserResponse(_message.Message):
-    __slots__ = ("user_digest", "already_forgotten", "seen_items", "ratings", "served_keys", "stream_entries", "checkpoint_events", "versions_removed", "versions_pending", "redis_rewrite")
+    __slots__ = ("user_digest", "already_forgotten", "seen_items", "ratings", "served_keys", "stream_entries", "checkpoint_events", "versions_removed", "versions_pending", "redis_rewrite", "versions_redacted")
     USER_DIGEST_FIELD_NUMBER: _ClassVar[int]
     ALREADY_FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     SEEN_ITEMS_FIELD_NUMBER: _ClassVar[int]
@@ -415,6 +415,7 @@ class ForgetUserResponse(_message.Message):
     VERSIONS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_PENDING_FIELD_NUMBER: _ClassVar[int]
     REDIS_REWRITE_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_REDACTED_FIELD_NUMBER: _ClassVar[int]
     user_digest: str
     already_forgotten: bool
     seen_items: int
@@ -425,4 +426,5 @@ class ForgetUserResponse(_message.Message):
     versions_removed: _containers.RepeatedScalarFieldContainer[str]
     versions_pending: _containers.RepeatedScalarFieldContainer[str]
     redis_rewrite: str
-    def __init__(self, user_digest: _Optional[str] = ..., already_forgotten: _Optional[bool] = ..., seen_items: _Optional[int] = ..., ratings: _Optional[int] = ..., served_keys: _Optional[int] = ..., stream_entries: _Optional[int] = ..., checkpoint_events: _Optional[int] = ..., versions_removed: _Optional[_Iterable[str]] = ..., versions_pending: _Optional[_Iterable[str]] = ..., redis_rewrite: _Optional[str] = ...) -> None: ...
+    versions_redacted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user_digest: _Optional[str] = ..., already_forgotten: _Optional[bool] = ..., seen_items: _Optional[int] = ..., ratings: _Optional[int] = ..., served_keys: _Optional[int] = ..., stream_entries: _Optional[int] = ..., checkpoint_events: _Optional[int] = ..., versions_removed: _Optional[_Iterable[str]] = ..., versions_pending: _Optional[_Iterable[str]] = ..., redis_rewrite: _Optional[str] = ..., versions_redacted: _Optional[_Iterable[str]] = ...) -> None: ...

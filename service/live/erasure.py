@@ -1,4 +1,4 @@
-"""Erasing one user everywhere ordrec holds them: ``ForgetUser`` and ``ordrec-train forget``.
+"""Erasing one user everywhere ordrec holds them: ``ForgetUser`` and ``ordrec-train registry forget``.
 
 In order (every step is idempotent, so a failed erasure is simply asked again):
 
@@ -10,9 +10,11 @@ In order (every step is idempotent, so a failed erasure is simply asked again):
    ``ordrec:events:erased`` so the trainer does not take them for trimmed ones;
    the stream is then copied afresh, as XDEL leaves the bytes in place);
 3. the registry: the user's events in every model's accumulated events file
-   (the checkpoint is rewritten), and every version whose user ids name them,
-   unless it is live, pinned or a split's candidate (then it is *pending*: the
-   next published version replaces it and the job deletes it, ``trainer/forgetting.py``);
+   (the checkpoint is rewritten), and every version whose user ids name them:
+   with ``redact`` (``ordrec-train registry forget``) each is replaced by a redacted copy
+   (``service/live/redaction.py``); without (the ``ForgetUser`` RPC: replicas do not
+   publish) it is deleted unless it is live, pinned or a split's candidate, then
+   *pending* until the next training run redacts it (``trainer/forgetting.py``);
 4. Redis again, at least a second after step 1 (when every replica has reloaded the
    list), for what was recorded or sampled meanwhile, then a rewrite of its
    append-only file and snapshot, so the deleted commands leave the disk too.
@@ -33,8 +35,9 @@ from typing import cast
 
 import redis
 
-from ordrec.service.live.forgotten import add_digest, backends, user_digest
+from ordrec.service.live.forgotten import add_digest, user_digest, writers
 from ordrec.service.live.online import SERVED_KEY
+from ordrec.service.live.redaction import USER_SPACE, redact_versions
 from ordrec.service.live.redis_state import EVENTS_STREAM, RATINGS_KEY, SEEN_KEY
 from ordrec.service.storage.artifact import ArtifactError
 
@@ -43,7 +46,6 @@ log = logging.getLogger("ordrec.erasure")
 CHECKPOINT_FILE = "EVENTS_CHECKPOINT"  # <registry>/<model>/EVENTS_CHECKPOINT (trainer/events.py)
 EVENTS_FOLDER = "events"  # <registry>/<model>/events/<sha256>.jsonl
 ERASED_KEY = "ordrec:events:erased"  # stream entries erasures deleted (not trimmed: trainer/events.py)
-USER_SPACE = "users"  # the id space of a version that names users
 # Seconds every replica needs to reload the list through Redis (--hidden-interval, 0.2 s, with room).
 SETTLE_SECONDS = 1.0
 _PAGE = 1000
@@ -67,24 +69,36 @@ class Erasure:
     checkpoint_events: int = 0
     versions_removed: list[str] = field(default_factory=list)
     versions_pending: list[str] = field(default_factory=list)
+    versions_redacted: list[str] = field(default_factory=list)  # "name@old -> name@copy"
     redis_rewrite: str = ""
 
 
 def erase_user(
-    user_id: str, registry, redis_client: redis.Redis | None = None, settle: float = SETTLE_SECONDS
+    user_id: str,
+    registry,
+    redis_client: redis.Redis | None = None,
+    settle: float = SETTLE_SECONDS,
+    redact: bool = False,
 ) -> Erasure:
     """Forget ``user_id`` (see the module docstring); raises on the first step that fails.
 
     The last Redis pass waits until ``settle`` seconds after the list was written, so
     what a replica that had not reloaded it yet recorded or sampled meanwhile goes too.
+    ``redact`` (``ordrec-train registry forget``): every version naming the user, live or not, is
+    replaced by its redacted copy (``service/live/redaction.py``) instead of deleted or pending.
     """
     digest = user_digest(user_id)
-    primary, files = backends(registry, redis_client)
-    report = Erasure(digest, already_forgotten=add_digest(primary, files, digest))
+    redis_set, files = writers(registry, redis_client)
+    report = Erasure(digest, already_forgotten=add_digest(redis_set, files, digest))
     listed = time.monotonic()
     last_id = erase_from_redis(redis_client, user_id, report) if redis_client is not None else None
     for name in registry.models():
         report.checkpoint_events += erase_from_checkpoint(registry, name, user_id)
+        if redact:
+            done = redact_versions(registry, name, {digest}, versions_naming(registry, name, {digest}))
+            report.versions_redacted += [f"{name}@{old} -> {name}@{copy}" for old, copy in done.rewritten]
+            report.versions_pending += [f"{name}@{v} ({why})" for v, why in done.failed]
+            continue
         removed, pending = purge_versions(registry, name, {digest})
         report.versions_removed += [f"{name}@{v}" for v in removed]
         report.versions_pending += [f"{name}@{v}" for v in pending]

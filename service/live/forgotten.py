@@ -4,7 +4,7 @@ The list holds the sha256 of every forgotten user id (hex, one a line), never th
 id itself, so searching the registry or Redis for an erased id finds nothing:
 
 - ``<registry>/FORGOTTEN``: the list every training reads (``trainer/forgetting.py``)
-  and every replica loads; written by ``ForgetUser`` and ``ordrec-train forget``;
+  and every replica loads; written by ``ForgetUser`` and ``ordrec-train registry forget``;
 - with Redis also the set ``ordrec:forgotten:users`` and the counter
   ``ordrec:forgotten:generation``, so a replica sees an erasure within
   ``--hidden-interval`` (0.2 s) instead of the registry poll.
@@ -67,8 +67,21 @@ class ForgottenFiles:
         return self.registry.root_file_token(FORGOTTEN_FILE)
 
     def set_hidden(self, scope: str, ids: Iterable[str]) -> None:
-        body = "".join(f"{d}\n" for d in sorted(ids)).encode("ascii")
-        self.registry.write_root_file(FORGOTTEN_FILE, body)
+        self.registry.write_root_file(FORGOTTEN_FILE, encode_list(ids))
+
+    def add(self, digests: Iterable[str]) -> frozenset[str]:
+        """Add ``digests`` to the file with no concurrent writer's addition lost (a locked
+        file, or S3 writes conditional on the ETag); the list as it was before."""
+        added = frozenset(digests)
+        before = self.registry.update_root_file(
+            FORGOTTEN_FILE, lambda data: encode_list(parse_list(data) | added)
+        )
+        return parse_list(before)
+
+
+def encode_list(digests: Iterable[str]) -> bytes:
+    """A FORGOTTEN file's bytes: the digests sorted, one a line."""
+    return "".join(f"{d}\n" for d in sorted(digests)).encode("ascii")
 
 
 def backends(registry, redis_client=None) -> tuple[Backend, RegistryBackend]:
@@ -79,19 +92,25 @@ def backends(registry, redis_client=None) -> tuple[Backend, RegistryBackend]:
     return RedisBackend(redis_client, REDIS_PREFIX), files
 
 
-def add_digest(primary: Backend, files: RegistryBackend, digest: str) -> bool:
+def writers(registry, redis_client=None) -> tuple[Backend | None, ForgottenFiles]:
+    """What an erasure writes: the Redis set (None without Redis) and the registry file."""
+    redis_set = RedisBackend(redis_client, REDIS_PREFIX) if redis_client is not None else None
+    return redis_set, ForgottenFiles(registry)
+
+
+def add_digest(primary: Backend | None, files: ForgottenFiles, digest: str) -> bool:
     """Put ``digest`` on the list (Redis first, then the file); True when it was there already.
 
-    The file gets the union of itself and the Redis set, so an addition another
-    writer lost in a race on the file comes back with the next one.
+    The file is changed by a compare-and-swap (:meth:`ForgottenFiles.add`), so two
+    concurrent erasures never lose one; it also gets the Redis set, so the file
+    holds every digest a replica acts on.
     """
-    known = primary.read().get(SCOPE, frozenset())
-    if primary is not files:
-        known |= files.read().get(SCOPE, frozenset())
-    apply_change(primary, SCOPE, [digest], True)
-    if primary is not files:
-        apply_change(files, SCOPE, sorted(known | {digest}), True)
-    return digest in known
+    known: frozenset[str] = frozenset()
+    if primary is not None:
+        known = primary.read().get(SCOPE, frozenset())
+        apply_change(primary, SCOPE, [digest], True)
+    before = files.add(known | {digest})
+    return digest in (known | before)
 
 
 class ForgottenUsers:

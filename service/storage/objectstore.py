@@ -37,6 +37,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -137,9 +138,18 @@ def _client():
     return boto3.session.Session().client("s3", config=config)
 
 
+# A conditional PUT lost to another writer (412), or raced one in flight (409, S3 asks to retry).
+_LOST_RACE = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+_UNSUPPORTED = ("NotImplemented", "501")  # a store without conditional writes (older MinIO, Ceph)
+
+
+def _error_code(exc: Exception) -> str:
+    """The S3 error code of a botocore ClientError ("" for anything else)."""
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
 def _missing(exc: Exception) -> bool:
-    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-    return code in ("404", "NoSuchKey", "NotFound")
+    return _error_code(exc) in ("404", "NoSuchKey", "NotFound")
 
 
 class S3Registry(LiveVersions):
@@ -259,6 +269,43 @@ class S3Registry(LiveVersions):
         """One PUT: readers see the old or the new file."""
         self.client.put_object(Bucket=self.bucket, Key=self._key(validate_root_file(filename)), Body=data)
 
+    def update_root_file(
+        self, filename: str, change: Callable[[bytes | None], bytes], attempts: int = 50
+    ) -> bytes | None:
+        """Replace that object by ``change(current)`` unless another writer replaced it in
+        between (a PUT conditional on the ETag read, If-None-Match when absent; retried after
+        a short random pause); return what it held before (None when absent)."""
+        key = self._key(validate_root_file(filename))
+        for _ in range(attempts):
+            before, etag = self._get_tagged(key)
+            after = change(before)
+            if after == before:
+                return before
+            condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+            try:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=after, **condition)
+                return before
+            except Exception as exc:  # botocore's ClientError
+                code = _error_code(exc)
+                if code in _UNSUPPORTED:
+                    log.warning("%s does not support conditional writes; %s written without", self.url, key)
+                    self.client.put_object(Bucket=self.bucket, Key=key, Body=after)
+                    return before
+                if code not in _LOST_RACE and not _missing(exc):
+                    raise
+            time.sleep(random.uniform(0.01, 0.1))
+        raise ArtifactError(f"{self.url}/{filename}: {attempts} conditional writes lost to other writers")
+
+    def _get_tagged(self, key: str) -> tuple[bytes | None, str | None]:
+        """The object's body and ETag, (None, None) when absent."""
+        try:
+            reply = self.client.get_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:  # botocore's ClientError
+            if _missing(exc):
+                return None, None
+            raise
+        return reply["Body"].read(), reply["ETag"]
+
     def root_file_token(self, filename: str) -> object:
         """The object's ETag (None when absent): changes whenever it does."""
         try:
@@ -326,8 +373,11 @@ class S3Registry(LiveVersions):
         artifact: Artifact,
         keep: int | None = None,
         views: ViewSource | Callable[[Artifact], ViewSource] | None = None,
+        version: str | None = None,
     ) -> str:
         """Upload ``artifact`` as a new version of ``name``: every file, then the manifest; return the version.
+
+        ``version`` names it (an ArtifactError when taken); by default the next one in time.
 
         The version is staged by the local registry's own ``publish`` in a temporary
         folder, so its files and manifest are exactly what a local publish writes.
@@ -336,7 +386,9 @@ class S3Registry(LiveVersions):
         with tempfile.TemporaryDirectory(prefix="ordrec-publish-") as tmp:
             newest = self.versions(name)
             staging = _StagingRegistry(tmp, newest[-1] if newest else None)
-            version = staging.publish(name, artifact, views=views)
+            if version is not None and version in newest:
+                raise ArtifactError(f"{self.url}/{name}/{version}: the version exists")
+            version = staging.publish(name, artifact, views=views, version=version)
             folder = Path(tmp) / name / version
             self._upload(name, version, folder)
         artifact.path = None  # the staged copy is gone; the version lives in the store
@@ -355,12 +407,12 @@ class S3Registry(LiveVersions):
             # Last, and never over an existing manifest: this put is what publishes.
             self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
         except Exception as exc:
-            code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+            code = _error_code(exc)
             if code in ("PreconditionFailed", "412"):
                 raise ArtifactError(
                     f"{self.url}/{name}/{version}: another publisher took this version"
                 ) from None
-            if code not in ("NotImplemented", "501"):
+            if code not in _UNSUPPORTED:
                 raise
             # A store without conditional writes (older MinIO, Ceph): the version name is
             # still unique to the microsecond and the job's lock keeps publishers apart.
@@ -371,6 +423,8 @@ class S3Registry(LiveVersions):
     def _remove_versions(self, name: str, versions: list[str]) -> None:
         if not versions:
             return
+        for version in versions:  # this machine's cached copies too
+            shutil.rmtree(self.cache / name / version, ignore_errors=True)
         # Manifests first: each version disappears at once, then its files go.
         self._delete([self._key(name, v, MANIFEST) for v in versions])
         gone = set(versions)
@@ -506,16 +560,21 @@ class S3Registry(LiveVersions):
                 continue
 
     def _trim_cache(self, name: str, keep: set[str]) -> None:
-        """Keep the newest ``CACHE_KEEP`` cached versions (and ``keep``); delete the rest.
+        """Keep the newest ``CACHE_KEEP`` cached versions (and ``keep``); delete the rest, and
+        every copy of a version the store no longer has (e.g. replaced by a redacted copy).
 
         An older version may still be memory-mapped by the index being replaced: on
         POSIX its pages stay valid after the unlink until the last mapping goes.
         """
         model_dir = self.cache / name
         cached = sorted(p.name for p in model_dir.iterdir() if p.is_dir() and is_version(p.name))
-        for version in cached[:-CACHE_KEEP]:
-            if version not in keep:
-                shutil.rmtree(model_dir / version, ignore_errors=True)
+        try:
+            published = set(self.versions(name))
+        except Exception:  # noqa: BLE001 - the store unreachable: trim by age only
+            published = set(cached)
+        doomed = set(cached[:-CACHE_KEEP]) | (set(cached) - published)
+        for version in sorted(doomed - keep):
+            shutil.rmtree(model_dir / version, ignore_errors=True)
 
 
 def _parse_manifest(data: bytes, where: str) -> manifest_pb2.Manifest:

@@ -166,6 +166,22 @@ class Registry(LiveVersions):
         self.root.mkdir(parents=True, exist_ok=True)
         _replace_synced(self.root, validate_root_file(filename), data)
 
+    def update_root_file(self, filename: str, change: Callable[[bytes | None], bytes]) -> bytes | None:
+        """Replace that file by ``change(current)`` with no concurrent writer in between (an
+        exclusive lock beside it); return what it held before (None when absent)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock_path = self.root / f".{validate_root_file(filename)}.lock"
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            before = self.read_root_file(filename)
+            after = change(before)
+            if after != before:
+                self.write_root_file(filename, after)
+            return before
+        finally:
+            os.close(fd)
+
     def root_file_token(self, filename: str) -> object:
         """Changes whenever the file does: what a server's poll compares."""
         try:
@@ -211,8 +227,11 @@ class Registry(LiveVersions):
         artifact: Artifact,
         keep: int | None = None,
         views: ViewSource | Callable[[Artifact], ViewSource] | None = None,
+        version: str | None = None,
     ) -> str:
         """Write ``artifact`` as a new version of ``name`` atomically; return the version.
+
+        ``version`` names it (an ArtifactError when taken); by default the next one in time.
 
         ``views`` are files for people published in the same rename (e.g.
         ``report.html``), listed in the manifest with their checksums. A
@@ -245,7 +264,7 @@ class Registry(LiveVersions):
                     )
                 return views or {}
 
-            version = self._rename_into_place(tmp, folder, manifest, views_of)
+            version = self._rename_into_place(tmp, folder, manifest, views_of, version)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -321,10 +340,17 @@ class Registry(LiveVersions):
         _fsync_dir(tmp / INDEXES_DIR)
 
     def _rename_into_place(
-        self, tmp: Path, folder: Path, manifest: manifest_pb2.Manifest, views_of: Callable[[str], ViewSource]
+        self,
+        tmp: Path,
+        folder: Path,
+        manifest: manifest_pb2.Manifest,
+        views_of: Callable[[str], ViewSource],
+        chosen: str | None = None,
     ) -> str:
-        for _ in range(100):
-            version = self._next_version(folder)
+        if chosen is not None and not is_version(chosen):
+            raise ArtifactError(f"{chosen!r} is not a version name")
+        for _ in range(1 if chosen else 100):
+            version = chosen or self._next_version(folder)
             manifest.version = version
             _set_views(tmp, manifest, views_of(version))
             _write_synced(tmp / MANIFEST, _manifest_json(manifest))
@@ -339,7 +365,9 @@ class Registry(LiveVersions):
                 raise
             _fsync_dir(folder)
             return version
-        raise ArtifactError(f"{folder}: could not find a free version name")
+        raise ArtifactError(
+            f"{folder}: could not find a free version name" + (f" ({chosen} is taken)" if chosen else "")
+        )
 
     def _next_version(self, folder: Path) -> str:
         now = _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
