@@ -217,13 +217,14 @@ class SearchIndex:
     manifest like the arrays.
 
     In the trainer, ``write`` builds the file at a given path when the version is
-    published (so an artifact that is only evaluated never pays for the build). Once
+    published (so an artifact that is only evaluated never pays for the build) and returns
+    the library it wrote when the build chose it (None: ``library``). Once
     published or loaded, ``path`` is the verified file inside the version folder.
     """
 
     library: str
     params: dict[str, Any]
-    write: Callable[[Path], None] | None = None
+    write: Callable[[Path], str | None] | None = None
     path: Path | None = None
 
 
@@ -632,7 +633,7 @@ class Registry(LiveVersions):
         artifact.created_at, artifact.path = manifest.created_at, folder / version
         for entry in manifest.indexes:
             artifact.indexes[entry.name] = dataclasses.replace(
-                artifact.indexes[entry.name], path=folder / version / entry.path
+                artifact.indexes[entry.name], library=entry.library, path=folder / version / entry.path
             )
         if keep is not None:
             self.prune(name, keep)
@@ -683,15 +684,21 @@ class Registry(LiveVersions):
                 raise ArtifactError(f"index {key!r} ({index.library!r}) must match {_ARRAY_NAME_RE.pattern}")
             if index.write is None:
                 raise ArtifactError(f"index {key!r} has nothing to write")
-            rel = f"{INDEXES_DIR}/{key}.{index.library}"
-            index.write(tmp / rel)
+            # The build may choose the library (service/ann.py, structure "auto"): the file is
+            # named after the one it wrote.
+            building = tmp / INDEXES_DIR / f"{key}.building"
+            library = index.write(building) or index.library
+            if not _ARRAY_NAME_RE.match(library.replace("-", "_")):
+                raise ArtifactError(f"index {key!r} ({library!r}) must match {_ARRAY_NAME_RE.pattern}")
+            rel = f"{INDEXES_DIR}/{key}.{library}"
+            os.replace(building, tmp / rel)
             with open(tmp / rel, "rb+") as fh:
                 os.fsync(fh.fileno())
             entry = manifest.indexes.add(
                 name=key,
                 path=rel,
                 sha256=_sha256_file(tmp / rel),
-                library=index.library,
+                library=library,
                 size_bytes=(tmp / rel).stat().st_size,
             )
             entry.params.CopyFrom(_struct(index.params))

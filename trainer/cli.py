@@ -33,7 +33,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ordrec.service.ann import calibration_warnings
+from google.protobuf.json_format import MessageToDict
+
+from ordrec.service.ann import calibration_warnings, describe_choice
 from ordrec.service.artifacts import ArtifactError
 from ordrec.service.artifacts import Registry as LocalRegistry
 from ordrec.service.models import kinds
@@ -185,9 +187,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def _version_metrics(registry, name: str, version: str) -> str:
     try:  # the manifest only: listing does not verify every array
-        return format_metrics(dict(registry.manifest(name, version).metrics))
+        manifest = registry.manifest(name, version)
     except ArtifactError as exc:
         return f"unreadable manifest: {exc}"
+    indexes = [
+        f"index {entry.name}: {describe_choice(entry.library, MessageToDict(entry.params))}"
+        for entry in manifest.indexes
+    ]
+    return "\t".join([format_metrics(dict(manifest.metrics)), *indexes])
 
 
 def cmd_versions(args: argparse.Namespace) -> int:

@@ -492,8 +492,11 @@ class DCR(Estimator):
         the server answers whole-catalogue Recommend from; smaller ones are
         scored exactly.
     ann_params : dict or None, default None
-        The index's ``structure`` (``"hnsw"``, a graph; ``"ivf"``, an inverted
-        file of 4-bit codes: faster to build, see ``docs/catalog.md``). For the
+        The index's ``structure`` (``"auto"``, the default: both built and
+        calibrated, the cheaper that reaches ``recall_target`` kept and both
+        recorded in the manifest, ``service.ann.write_cheaper``; ``"hnsw"``, a
+        graph; ``"ivf"``, an inverted file of 4-bit codes: faster to build, see
+        ``docs/catalog.md``; graph parameters without a structure mean the graph). For the
         graph: ``M``, ``ef_construction``, ``ef_search`` (``"auto"``: the
         narrowest breadth whose recall@10 on a sample of the trained users,
         as served, reaches ``recall_target``), ``storage`` (``"sq8"``: 8-bit
