@@ -288,10 +288,10 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
     graph, uncalibrated."""
     target = params["recall_target"]
     if queries is None or not len(queries.vectors):
-        chosen = build_params({"structure": "hnsw", "recall_target": target})
-        library = write_index(vectors, path, chosen, queries)
+        graph = build_params({"structure": "hnsw", "recall_target": target})
+        library = write_index(vectors, path, graph, queries)
         params.clear()
-        params.update(chosen)
+        params.update(graph)
         return library
     figures, trial_params = {}, {}
     for structure in STRUCTURES:
