@@ -10,44 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import ALL_MODELS, Registry
+from ordrec.service.artifacts import ALL_MODELS
 from ordrec.service.config import Limits
 from ordrec.service.forgotten import SCOPE, ForgottenUsers, user_digest
 from ordrec.service.hidden import HiddenState
 from ordrec.service.metrics import Metrics
 from ordrec.service.seen import SeenStore
 from ordrec.service.servicer import RecommenderServicer
-from ordrec.service.store import ModelStore
 from ordrec.v1 import recommender_pb2 as pb
-from tests.test_rules import dcr_artifact
+from tests.servicer_fakes import FixedSet, NoDeadlineContext, dcr_store
 
 N_USERS, N_ITEMS = 10, 300
 USERS = [f"u{i}" for i in range(N_USERS)]
 ITEMS = [f"i{i}" for i in range(N_ITEMS)]
-
-
-class _Context:
-    def time_remaining(self):
-        return None
-
-    def abort(self, code, message):
-        raise AssertionError(f"{code}: {message}")
-
-
-class _Fixed:
-    """A hidden-items (or forgotten-users) backend holding one fixed set in one scope."""
-
-    def __init__(self, scope: str, ids: frozenset[str]):
-        self.scope, self.ids = scope, ids
-
-    def token(self):
-        return self.ids
-
-    def read(self):
-        return {self.scope: self.ids} if self.ids else {}
-
-    def change(self, scope, ids, hide):
-        raise AssertionError("not changed in these tests")
 
 
 class _RecordedSeen(SeenStore):
@@ -62,11 +37,7 @@ class _RecordedSeen(SeenStore):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    registry = Registry(tmp_path_factory.mktemp("plain-registry"))
-    registry.publish("dcr", dcr_artifact(n_users=N_USERS, n_items=N_ITEMS, seed=5))
-    store = ModelStore(registry, Metrics())
-    store.refresh()
-    return store
+    return dcr_store(tmp_path_factory.mktemp("plain-registry"), N_USERS, N_ITEMS, seed=5)
 
 
 def _servicer(store, hidden, forgotten, recent, degraded) -> RecommenderServicer:
@@ -75,8 +46,8 @@ def _servicer(store, hidden, forgotten, recent, degraded) -> RecommenderServicer
         Metrics(),
         Limits(),
         _RecordedSeen(recent, degraded),
-        HiddenState(_Fixed(ALL_MODELS, hidden), interval=3600),
-        forgotten=ForgottenUsers(_Fixed(SCOPE, frozenset(user_digest(u) for u in forgotten)), 3600),
+        HiddenState(FixedSet(ALL_MODELS, hidden), interval=3600),
+        forgotten=ForgottenUsers(FixedSet(SCOPE, frozenset(user_digest(u) for u in forgotten)), 3600),
     )
 
 
@@ -98,17 +69,17 @@ def test_the_plain_request_answers_what_the_general_path_does(
     plain = pb.RecommendRequest(model="dcr", user_ids=[user], n=n)
     if exclude_seen is not None:
         plain.exclude_seen = exclude_seen
-    got = servicer.Recommend(plain, _Context())
+    got = servicer.Recommend(plain, NoDeadlineContext())
     # The general path answers the same request with an exclusion of no known item ...
     general = pb.RecommendRequest()
     general.CopyFrom(plain)
     general.exclude_item_ids.append("not-an-item")
-    assert got == servicer.Recommend(general, _Context())
+    assert got == servicer.Recommend(general, NoDeadlineContext())
     # ... and the same user beside another one, in that user's result.
     pair = pb.RecommendRequest()
     pair.CopyFrom(plain)
     pair.user_ids.append(other)
-    with_other = servicer.Recommend(pair, _Context())
+    with_other = servicer.Recommend(pair, NoDeadlineContext())
     assert got.results[0] == with_other.results[0]
     assert len(got.results[0].items) == min(n, N_ITEMS)  # a full answer: enough items remain
     scores = [item.score for item in got.results[0].items]
@@ -119,7 +90,7 @@ def test_the_plain_request_answers_what_the_general_path_does(
 
 def test_a_plain_request_with_a_bad_n_is_refused_naming_the_field(store):
     servicer = _servicer(store, frozenset(), set(), {}, False)
-    context = _Context()
+    context = NoDeadlineContext()
     for n in (0, -3, 10**6):
         with pytest.raises(AssertionError, match="INVALID_ARGUMENT.*n must be between"):
             servicer.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u1"], n=n), context)
