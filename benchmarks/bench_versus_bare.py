@@ -34,8 +34,8 @@ from bench_catalog import calibration_queries  # noqa: E402
 from bench_service import build_registry, versus_bare  # noqa: E402
 from catalog_data import catalog_artifact  # noqa: E402
 
-from ordrec.service import ann  # noqa: E402
-from ordrec.service.artifacts import Registry  # noqa: E402
+from ordrec.service.indices import ann  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
 
 CATALOG_USERS = 20_000  # planted users per catalogue (the requests repeat one of them)
 

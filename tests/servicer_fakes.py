@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ordrec.service.artifacts import Registry
 from ordrec.service.metrics import Metrics
-from ordrec.service.store import ModelStore
+from ordrec.service.serving.store import ModelStore
+from ordrec.service.storage.registry import Registry
 from tests.test_rules import dcr_artifact
 
 

@@ -12,10 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordrec.service import ann
-from ordrec.service.artifacts import Artifact, Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index
+from ordrec.service.indices import ann
+from ordrec.service.indices.models import build_index
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 
 LEVELS = [1.0, 2.0, 3.0, 4.0, 5.0]  # four learned levels; linear relevance: every weight 0.5

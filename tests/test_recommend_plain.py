@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import ALL_MODELS
 from ordrec.service.config import Limits
-from ordrec.service.forgotten import SCOPE, ForgottenUsers, user_digest
-from ordrec.service.hidden import HiddenState
+from ordrec.service.live.forgotten import SCOPE, ForgottenUsers, user_digest
+from ordrec.service.live.hidden import HiddenState
+from ordrec.service.live.seen import SeenStore
 from ordrec.service.metrics import Metrics
-from ordrec.service.seen import SeenStore
-from ordrec.service.servicer import RecommenderServicer
+from ordrec.service.serving.servicer import RecommenderServicer
+from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.v1 import recommender_pb2 as pb
 from tests.servicer_fakes import FixedSet, NoDeadlineContext, dcr_store
 

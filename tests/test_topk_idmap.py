@@ -8,10 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ordrec.service import topk
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.base import PointSet
-from ordrec.service.topk import (
+from ordrec.service.indices import topk
+from ordrec.service.indices.models.base import PointSet
+from ordrec.service.indices.topk import (
     KERNEL_MAX_K,
     affine_rows,
     affine_scores,
@@ -20,6 +19,7 @@ from ordrec.service.topk import (
     top_k_rows,
     user_top_k,
 )
+from ordrec.service.storage.idmap import IdMap
 
 scores_strategy = hnp.arrays(
     np.float32,
