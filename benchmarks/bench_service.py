@@ -187,15 +187,19 @@ def measured(proc: ServerProcess, run) -> dict:
     return result
 
 
-def versus_bare(registry: Path, processes: str, rates: list[float], args: argparse.Namespace) -> list[tuple]:
-    """Recommend (DCR) on ordrec-serve and on the bare grpcio server (tools/bare_server.py: same
-    grpcio server and layout, a constant reply of n items) in the same run: saturated QPS, then
-    p50/p99 and server CPU per call at each offered rate."""
-    flag = ["--recommend-model", "dcr"]
+def versus_bare(
+    registry: Path, processes: str, rates: list[float], args: argparse.Namespace, model: str = "dcr"
+) -> list[tuple]:
+    """Recommend (``model``, a DCR) on ordrec-serve and on the bare grpcio server
+    (tools/bare_server.py: same grpcio server and layout, a constant reply of n items) in the
+    same run: saturated QPS, then p50/p99 and server CPU per call at each offered rate."""
+    flag = ["--recommend-model", model]
     rows = []
     variants = [(f"ordrec {' '.join(extra)}".strip(), "ordrec.service", extra) for extra in args.server_args]
-    for label, module, extra in [*variants, ("bare grpcio", BARE_MODULE, ["--model", "dcr"])]:
-        with ServerProcess(registry, "--processes", processes, *extra, module=module) as proc:
+    for label, module, extra in [*variants, ("bare grpcio", BARE_MODULE, ["--model", model])]:
+        with ServerProcess(
+            registry, "--processes", processes, *extra, module=module, startup_timeout=600
+        ) as proc:
             loadtest(proc, registry, "recommend", flag, 1000, 2, args.engine, "staggered")  # warm-up
             sat = measured(
                 proc,

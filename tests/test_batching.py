@@ -23,7 +23,6 @@ from ordrec.service.live.seen import SeenStore
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving.batching import BatchObserver, RecommendBatcher
 from ordrec.service.serving.servicer import RecommenderServicer
-from ordrec.service.serving.store import ModelStore
 from ordrec.service.storage.artifact import Artifact
 from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.service.storage.idmap import IdMap
@@ -31,35 +30,10 @@ from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.servicer_fakes import FixedSet, NoDeadlineContext, dcr_store
 from tests.test_rules import FILTERS, dcr_artifact
 
 N_USERS, N_ITEMS = 12, 80
-
-
-class _Context:
-    """What the handlers read of a grpc context, with no deadline."""
-
-    def time_remaining(self):
-        return None
-
-    def abort(self, code, message):
-        raise AssertionError(f"{code}: {message}")
-
-
-class _FixedHidden:
-    """A hidden-items backend holding one fixed set for every model."""
-
-    def __init__(self, ids: frozenset[str]):
-        self.ids = ids
-
-    def token(self):
-        return self.ids
-
-    def read(self):
-        return {ALL_MODELS: self.ids} if self.ids else {}
-
-    def change(self, scope, ids, hide):
-        raise AssertionError("not changed in these tests")
 
 
 class _Stall:
@@ -99,11 +73,7 @@ def _wait_until(predicate, timeout: float = 10.0) -> None:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    registry = Registry(tmp_path_factory.mktemp("batching-registry"))
-    registry.publish("dcr", dcr_artifact(n_users=N_USERS, n_items=N_ITEMS, seed=3))
-    store = ModelStore(registry, Metrics())
-    store.refresh()
-    return store
+    return dcr_store(tmp_path_factory.mktemp("batching-registry"), N_USERS, N_ITEMS, seed=3)
 
 
 @pytest.fixture(scope="module")
@@ -177,16 +147,16 @@ request_strategy = st.builds(
 def test_batched_servicer_answers_exactly_what_the_unbatched_one_does(
     store, pool, requests, hidden, max_batch
 ):
-    state = HiddenState(_FixedHidden(hidden), interval=3600)
+    state = HiddenState(FixedSet(ALL_MODELS, hidden), interval=3600)
     sizes: list[int] = []
     batcher = RecommendBatcher(max_batch, 100, BatchObserver(batch_users=sizes.append), min_work=0)
     batched = RecommenderServicer(store, Metrics(), Limits(), SeenStore(), state, batcher=batcher)
     alone = RecommenderServicer(store, Metrics(), Limits(), SeenStore(), state)
-    want = [alone.Recommend(r, _Context()) for r in requests]
+    want = [alone.Recommend(r, NoDeadlineContext()) for r in requests]
     # Hold the scorer so every call queues, then let them through as batches.
     stall, holder = _hold_scorer(batcher)
     scoring = sum(any(u != "nobody" for u in r.user_ids) for r in requests)
-    futures = [pool.submit(batched.Recommend, r, _Context()) for r in requests]
+    futures = [pool.submit(batched.Recommend, r, NoDeadlineContext()) for r in requests]
     _wait_until(lambda: batcher.queued() == scoring or all(f.done() for f in futures))
     stall.release.set()
     got = [f.result(timeout=30) for f in futures]

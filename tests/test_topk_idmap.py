@@ -10,7 +10,15 @@ from hypothesis.extra import numpy as hnp
 
 from ordrec.service.indices import topk
 from ordrec.service.indices.models.base import PointSet
-from ordrec.service.indices.topk import affine_scores, nearest_brute_force, top_k, top_k_rows
+from ordrec.service.indices.topk import (
+    KERNEL_MAX_K,
+    affine_rows,
+    affine_scores,
+    nearest_brute_force,
+    top_k,
+    top_k_rows,
+    user_top_k,
+)
 from ordrec.service.storage.idmap import IdMap
 
 scores_strategy = hnp.arrays(
@@ -83,6 +91,61 @@ def test_affine_scores_is_matrix_vector_plus_offset(shape):
     got = affine_scores(matrix, vector, 1.5)
     assert got.dtype == np.float32 and got.shape == (shape[0],)
     np.testing.assert_allclose(got, matrix.astype(np.float64) @ vector + 1.5, rtol=1e-4, atol=1e-4)
+
+
+def _three_step_top_k(matrix, users, row, scale, offset, k, exclude, blocked):
+    """What the fused kernel replaces: scale, product, exclusions and selection apart."""
+    scores = affine_rows(matrix, (users[row] * scale).reshape(1, -1), offset)[0]
+    return top_k(scores, k, exclude, blocked)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_items=st.integers(0, 700),  # past a 256-row block of the product
+    width=st.integers(1, 24),
+    k=st.integers(1, KERNEL_MAX_K),
+    seed=st.integers(0, 2**16),
+    n_excluded=st.integers(0, 40),
+    blocked_share=st.sampled_from([None, 0.0, 0.3, 0.9, 1.0]),
+    ties=st.booleans(),
+)
+def test_user_top_k_is_the_three_steps_bitwise(n_items, width, k, seed, n_excluded, blocked_share, ties):
+    """The one-user kernel returns the very rows and scores (bitwise, ties lower row first)
+    that scaling, scoring, excluding and selecting one after the other do."""
+    rng = np.random.default_rng(seed)
+    matrix = rng.standard_normal((n_items, width)).astype(np.float32)
+    if ties and n_items:  # repeated item rows: equal scores, where the order is the tie rule's
+        matrix = matrix[rng.integers(0, n_items // 4 + 1, n_items)]
+    users = rng.standard_normal((3, width)).astype(np.float32)
+    scale = rng.uniform(0.1, 2.0, width).astype(np.float32)
+    exclude = rng.integers(0, n_items, n_excluded).astype(np.int64) if n_items else np.zeros(0, np.int64)
+    blocked = None if blocked_share is None else rng.random(n_items) < blocked_share
+    got = user_top_k(matrix, users, 1, scale, 0.25, k, exclude, blocked)
+    expected = _three_step_top_k(matrix, users, 1, scale, 0.25, k, exclude, blocked)
+    np.testing.assert_array_equal(got[0], expected[0])
+    assert got[1].tobytes() == expected[1].tobytes()
+    assert not set(got[0].tolist()) & set(exclude.tolist())
+
+
+def test_user_top_k_on_a_catalogue_long_enough_to_release_the_gil():
+    """Above the hold-the-GIL cut-off the releasing kernel answers, with the same result."""
+    rng = np.random.default_rng(3)
+    matrix = rng.standard_normal((20_000, 128)).astype(np.float32)  # 2.56 M > 2^21 multiply-adds
+    users = rng.standard_normal((2, 128)).astype(np.float32)
+    scale = np.ones(128, np.float32)
+    exclude = np.arange(0, 20_000, 7, dtype=np.int64)
+    got = user_top_k(matrix, users, 0, scale, -1.0, 50, exclude)
+    expected = _three_step_top_k(matrix, users, 0, scale, -1.0, 50, exclude, None)
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(got[1], expected[1])
+
+
+@pytest.mark.parametrize("k", [0, KERNEL_MAX_K + 1])
+def test_user_top_k_refuses_a_k_its_buffer_does_not_hold(k):
+    with pytest.raises(ValueError, match="selects 1..128"):
+        user_top_k(
+            np.ones((3, 2), np.float32), np.ones((1, 2), np.float32), 0, np.ones(2, np.float32), 0.0, k
+        )
 
 
 @settings(max_examples=50, deadline=None)

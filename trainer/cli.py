@@ -38,7 +38,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ordrec.service.indices.ann import calibration_warnings
+from google.protobuf.json_format import MessageToDict
+
+from ordrec.service.indices.ann import calibration_warnings, describe_choice
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import ArtifactError
 from ordrec.service.storage.objectstore import open_registry  # a directory, or s3://bucket/prefix
@@ -189,9 +191,14 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 def _version_metrics(registry, name: str, version: str) -> str:
     try:  # the manifest only: listing does not verify every array
-        return format_metrics(dict(registry.manifest(name, version).metrics))
+        manifest = registry.manifest(name, version)
     except ArtifactError as exc:
         return f"unreadable manifest: {exc}"
+    indexes = [
+        f"index {entry.name}: {describe_choice(entry.library, MessageToDict(entry.params))}"
+        for entry in manifest.indexes
+    ]
+    return "\t".join([format_metrics(dict(manifest.metrics)), *indexes])
 
 
 def cmd_versions(args: argparse.Namespace) -> int:

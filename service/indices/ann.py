@@ -40,11 +40,19 @@ x n candidates (plus one per exclusion) from the version's mapped float factors;
 ``nprobe``, the lists scanned, is calibrated like ``ef_search`` and grows the
 same way when a filtered scan finds too few items. Which to use: measured in
 ``docs/catalog.md``.
+
+``structure="auto"`` (the default when no structure's own parameter is given) lets the
+version's factors decide: both structures are built and calibrated at publish, and the
+one with the lower CPU per query at its calibrated breadth among those reaching
+``recall_target`` is kept (the higher recall when neither does); the manifest's params
+record both (``compared``: breadth, recall, microseconds per query), which ``ordrec-train
+versions`` prints. It doubles the build.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +93,15 @@ IVF_DEFAULT_PARAMS: dict[str, Any] = {
     "rerank": 10,
     "recall_target": 0.97,
 }
+# ``structure="auto"``: build both structures at publish, calibrate each on the version's own
+# users, keep the cheaper (CPU per query at its calibrated breadth) that reaches recall_target
+# (the higher recall when neither does); the manifest records both (``compared``). The default
+# when no structure is named and no structure's own parameter is given.
+AUTO = "auto"
+AUTO_DEFAULT_PARAMS: dict[str, Any] = {"structure": AUTO, "recall_target": 0.97}
+# Rounds of the calibration queries timed per structure; the cheapest round counts (CPU time of
+# this thread: what a server process pays, less the noise of other work on the machine).
+COST_ROUNDS = 3
 # Lists scanned by the calibration, fewest first (the widest is capped at nlist).
 NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 # The scan of an "auto" inverted file built without queries to calibrate on.
@@ -132,15 +149,17 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
     calibration measured at the breadth it chose).
     """
     params = params or {}
-    structure = params.get("structure", "hnsw")
+    structure = params.get("structure", _default_structure(params))
+    if structure == AUTO:
+        return _auto_params(params)
     if structure not in STRUCTURES:
         raise ValueError(
-            f"index parameter structure must be one of {', '.join(STRUCTURES)}, got {structure!r}"
+            f"index parameter structure must be one of {', '.join([*STRUCTURES, AUTO])}, got {structure!r}"
         )
     kind = STRUCTURES[structure]
     merged = dict(kind.defaults)
     for key, value in params.items():
-        if key not in kind.defaults and key != "calibrated_recall":
+        if key not in kind.defaults and key not in _RECORDED:
             raise ValueError(
                 f"unknown index parameter {key!r} for structure {structure} (known: {', '.join(kind.defaults)})"
             )
@@ -163,14 +182,41 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
     return merged
 
 
+# What a published index's parameters record beside the structure's own: the recall the
+# calibration measured, and with "auto" both structures' calibration figures.
+_RECORDED = ("calibrated_recall", "compared")
+
+
+def _default_structure(params: dict[str, Any]) -> str:
+    """ "auto" unless a structure's own parameter is given: graph parameters alone (``M``,
+    ``ef_search``, ...) mean the graph, as before "auto" existed."""
+    return AUTO if set(params) <= {"recall_target"} else "hnsw"
+
+
+def _auto_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The checked parameters of ``structure="auto"``: only ``recall_target`` besides it."""
+    unknown = sorted(set(params) - set(AUTO_DEFAULT_PARAMS))
+    if unknown:
+        raise ValueError(
+            f"unknown index parameter {unknown[0]!r} for structure {AUTO} (known: structure, recall_target;"
+            " name a structure to set its own parameters)"
+        )
+    merged = {**AUTO_DEFAULT_PARAMS, **params}
+    target = merged["recall_target"]
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0.0 < target <= 1.0:
+        raise ValueError(f"index parameter recall_target must be in (0, 1], got {target!r}")
+    return merged
+
+
 def _kind(params: dict[str, Any]) -> type[AnnSearch]:
     """The search class of an index of these (merged) parameters."""
     return STRUCTURES[params.get("structure", "hnsw")]
 
 
 def library_of(params: dict[str, Any]) -> str:
-    """The manifest's library name for an index of these parameters."""
-    return _kind(params).library
+    """The manifest's library name for an index of these parameters ("auto": the graph's until
+    the build has chosen; :func:`write_index` returns the one written)."""
+    return LIBRARY if params.get("structure") == AUTO else _kind(params).library
 
 
 def breadth_key(params: dict[str, Any]) -> str:
@@ -197,9 +243,11 @@ class Queries:
 
 def write_index(
     vectors: np.ndarray, path: Path, params: dict[str, Any], queries: Queries | None = None
-) -> None:
+) -> str:
     """Build the index over ``vectors`` (rows are ids), write it to ``path`` and, when its
-    breadth (``ef_search`` or ``nprobe``) is ``"auto"``, calibrate it in ``params``.
+    breadth (``ef_search`` or ``nprobe``) is ``"auto"``, calibrate it in ``params``; with
+    ``structure="auto"`` choose the structure (:func:`write_cheaper`). Returns the library
+    written.
 
     Parameters
     ----------
@@ -215,6 +263,8 @@ def write_index(
     queries : Queries or None, default None
         The calibration's queries.
     """
+    if params.get("structure") == AUTO:
+        return write_cheaper(vectors, path, params, queries)
     faiss = _faiss()
     # Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
     # an index for serving (AnnSearch.open) sets this process's faiss to one thread.
@@ -228,6 +278,91 @@ def write_index(
         if queries is not None and len(queries.vectors):
             entry = SearchIndex(kind.library, params, path=path)
             params[key], params["calibrated_recall"] = calibrate(AnnSearch.open(entry, vectors), queries)
+    return kind.library
+
+
+def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queries: Queries | None) -> str:
+    """``structure="auto"``: build and calibrate both structures on ``queries``, write the one
+    :func:`cheaper` picks to ``path`` and replace ``params`` by its parameters, with both
+    structures' figures under ``compared``. Without queries nothing can be compared: the
+    graph, uncalibrated."""
+    target = params["recall_target"]
+    if queries is None or not len(queries.vectors):
+        graph = build_params({"structure": "hnsw", "recall_target": target})
+        library = write_index(vectors, path, graph, queries)
+        params.clear()
+        params.update(graph)
+        return library
+    figures, trial_params = {}, {}
+    for structure in STRUCTURES:
+        trial = build_params({"structure": structure, "recall_target": target})
+        trial_path = path.with_name(f"{path.name}.{structure}")
+        library = write_index(vectors, trial_path, trial, queries)
+        search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
+        figures[structure] = calibration_figures(search, queries)
+        trial_params[structure] = trial
+    chosen = cheaper(figures, target)
+    for structure in STRUCTURES:
+        trial_path = path.with_name(f"{path.name}.{structure}")
+        if structure == chosen:
+            os.replace(trial_path, path)
+        else:
+            trial_path.unlink()
+    params.clear()
+    params.update(trial_params[chosen])
+    params["compared"] = figures
+    return STRUCTURES[chosen].library
+
+
+def calibration_figures(search: AnnSearch, queries: Queries, n: int = 10) -> dict[str, Any]:
+    """What the auto choice records of a calibrated structure: its breadth parameter and
+    value, the recall@n calibration measured, and its CPU per query there (microseconds,
+    the cheapest of :data:`COST_ROUNDS` passes over the queries)."""
+    pairs = list(_with_excludes(queries))
+    rounds = []
+    for _ in range(COST_ROUNDS):
+        start = time.thread_time()
+        for query, exclude in pairs:
+            search.search(query, n, exclude)
+        rounds.append((time.thread_time() - start) / max(1, len(pairs)))
+    key = search.breadth_param
+    return {
+        key: int(search.params[key]),
+        "recall": float(search.params["calibrated_recall"]),
+        "us_per_query": round(min(rounds) * 1e6, 1),
+        **({"nlist": int(search.params["nlist"])} if "nlist" in search.params else {}),
+    }
+
+
+def describe_choice(library: str, params: dict[str, Any]) -> str:
+    """One line for ``ordrec-train versions``: the structure serving, at what breadth and
+    recall, and with "auto" both structures' calibration figures."""
+    key = breadth_key(params) if library in _BY_LIBRARY else ""
+    recall = params.get("calibrated_recall")
+    text = library + (f" {key}={params[key]}" if key in params else "")
+    text += f" recall@10={recall:.3f}" if isinstance(recall, (int, float)) else ""
+    compared = params.get("compared")
+    if isinstance(compared, dict) and compared:
+        parts = []
+        for structure, figures in sorted(compared.items()):
+            breadth = " ".join(
+                f"{k}={int(v)}" for k, v in sorted(figures.items()) if k not in ("recall", "us_per_query")
+            )
+            parts.append(
+                f"{structure} {breadth} recall {figures.get('recall', 0.0):.3f}"
+                f" {figures.get('us_per_query', 0.0):.1f} us/query"
+            )
+        text += f" (chosen of: {'; '.join(parts)})"
+    return text
+
+
+def cheaper(figures: dict[str, dict[str, Any]], recall_target: float) -> str:
+    """The structure to serve: the cheapest per query among those whose calibrated recall
+    reaches ``recall_target``; when none does, the one with the highest recall."""
+    meeting = [s for s, f in figures.items() if f["recall"] >= recall_target]
+    if meeting:
+        return min(meeting, key=lambda s: figures[s]["us_per_query"])
+    return max(figures, key=lambda s: figures[s]["recall"])
 
 
 def _build_hnsw(faiss, vectors: np.ndarray, params: dict[str, Any]):

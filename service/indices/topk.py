@@ -22,8 +22,9 @@ import numpy as np
 from numba import njit
 from numba.core.dispatcher import Dispatcher
 
-# Above this k an insertion buffer stops paying off; numpy takes over.
-_KERNEL_MAX_K = 128
+# Above this k an insertion buffer stops paying off; numpy takes over (public: the fused
+# one-user kernel's callers check it).
+KERNEL_MAX_K = 128
 # Products up to this many multiply-adds keep the GIL; longer ones release it.
 # A server process pinned to one core gains no parallelism from releasing it, only the
 # cost of the hand-off, so only products long enough to dwarf that let others in.
@@ -107,10 +108,10 @@ def top_k(
     if k <= 0 or scores.shape[0] == 0:
         return np.empty(0, np.int64), np.empty(0, scores.dtype)
     if blocked is not None:
-        if k <= _KERNEL_MAX_K:
+        if k <= KERNEL_MAX_K:
             return _top_k_masked_kernel(scores, blocked, k)
         np.copyto(scores, -np.inf, where=blocked)  # rare large k: the sort below does the rest
-    if k <= _KERNEL_MAX_K:
+    if k <= KERNEL_MAX_K:
         return _top_k_kernel(scores, k)
     # Large k is rare (bounded by the request limits): a stable full sort keeps
     # the same tie order as the kernel.
@@ -169,6 +170,63 @@ def affine_rows(matrix: np.ndarray, vectors: np.ndarray, offset: float = 0.0) ->
     return kernel(matrix, vectors, np.float32(offset))
 
 
+@njit(cache=True, inline="always")
+def _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
+    # The user's row times the level scale, then the very product affine_rows computes for it
+    # (the same inlined body), so the scores are bitwise what a batch gives this user.
+    vector = (users[user_row] * scale).reshape(1, -1)
+    scores = _affine_rows_body(matrix, vector, offset)[0]
+    for r in exclude:
+        scores[r] = -np.inf
+    if masked:
+        return _top_k_masked_kernel(scores, blocked, k)
+    return _top_k_kernel(scores, k)
+
+
+@njit(cache=True, fastmath=True)
+def _user_top_k_holding_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
+    return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
+
+
+@njit(cache=True, fastmath=True, nogil=True)
+def _user_top_k_releasing_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
+    return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
+
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_MASK = np.zeros(0, dtype=np.bool_)
+
+
+def user_top_k(
+    matrix: np.ndarray,
+    users: np.ndarray,
+    user_row: int,
+    scale: np.ndarray,
+    offset: float,
+    k: int,
+    exclude: np.ndarray | None = None,
+    blocked: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One user's top ``k`` of ``matrix @ (users[user_row] * scale) + offset`` in one kernel
+    call: the scale, the product, the exclusions and the selection that :func:`affine_rows`
+    then :func:`top_k` do in three calls and a copy, with the same answer (``k`` up to 128,
+    every array float32 / int64 / bool and C-contiguous)."""
+    if not 0 < k <= KERNEL_MAX_K:
+        raise ValueError(f"user_top_k selects 1..{KERNEL_MAX_K} items, not {k}")
+    kernel = _user_top_k_holding_gil if matrix.size <= _HOLD_GIL_MAX_WORK else _user_top_k_releasing_gil
+    return kernel(
+        matrix,
+        users,
+        user_row,
+        scale,
+        np.float32(offset),
+        _NO_ROWS if exclude is None else exclude,
+        _NO_MASK if blocked is None else blocked,
+        blocked is not None,
+        k,
+    )
+
+
 @njit(cache=True)
 def _top_k_rows_kernel(scores, ks, blocked, masked):
     count = np.zeros(scores.shape[0], dtype=np.int64)
@@ -193,7 +251,7 @@ def top_k_rows(
     ks = np.asarray(ks, dtype=np.int64)
     if scores.shape[0] == 0:
         return []
-    if ks.max() > _KERNEL_MAX_K or ks.min() <= 0 or scores.shape[1] == 0:
+    if ks.max() > KERNEL_MAX_K or ks.min() <= 0 or scores.shape[1] == 0:
         return [top_k(row, int(k), None, blocked) for row, k in zip(scores, ks)]
     masked = blocked is not None
     mask = blocked if masked else np.zeros(0, dtype=np.bool_)
@@ -251,6 +309,15 @@ def warm_up() -> None:
     ):
         _affine_rows_holding_gil(matrix, vector.reshape(1, -1), np.float32(0))
         _affine_rows_releasing_gil(matrix, vector.reshape(1, -1), np.float32(0))
+    parts = (
+        _both(np.zeros((2, 2), np.float32)),
+        _both(np.zeros((1, 2), np.float32)),
+        _both(np.zeros(1, np.int64)),
+        _both(np.zeros(2, dtype=np.bool_)),
+    )
+    for matrix, users, rows, blocked in itertools.product(*parts):
+        for kernel in (_user_top_k_holding_gil, _user_top_k_releasing_gil):
+            kernel(matrix, users, 0, np.ones(2, np.float32), np.float32(0), rows, blocked, True, 1)
     for dtype in (np.float32, np.float64):
         for blocked in _both(np.zeros(4, dtype=np.bool_)):
             _top_k_rows_kernel(np.zeros((1, 4), dtype=dtype), np.ones(1, np.int64), blocked, True)

@@ -180,6 +180,20 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
         add(id=externals[row], score=score)
 
 
+def _plain(request: pb.RecommendRequest) -> bool:
+    """Whether a Recommend request asks for nothing but ``n`` items (and ``exclude_seen``):
+    no candidates, exclusions, filter, distribution, explanations or diversity."""
+    return not (
+        request.candidate_item_ids
+        or request.exclude_item_ids
+        or request.filter
+        or request.with_distribution
+        or request.explain
+        or request.diversity
+        or request.HasField("max_per_attribute")
+    )
+
+
 def _diversify_settings(request) -> Diversify:
     """The request's ``diversity`` and ``max_per_attribute``, checked."""
     cap = request.max_per_attribute
@@ -339,6 +353,10 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             return self._recommend_trending(request)
         live = self._model(request.model, "Recommend")
         user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
+        if len(user_ids) == 1 and _plain(request):
+            reply = self._recommend_plain(live, user_ids[0], request, context)
+            if reply is not None:
+                return reply
         call = _RecommendCall(
             n=v.bounded(request.n, "n", 1, lim.max_n),
             candidate_ids=v.id_list(
@@ -383,6 +401,52 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             reply.levels.extend(float(x) for x in live.index.rating_levels)
         return reply
 
+    def _recommend_plain(
+        self, live: LoadedModel, user_id: str, request: pb.RecommendRequest, context
+    ) -> pb.RecommendResponse | None:
+        """The usual request (one user the live version knows, nothing but ``n`` and
+        ``exclude_seen``) in a straight line: the general path's answer without its
+        grouping, fold-in and per-feature steps. None when the general path must answer
+        (a split is open, the version has fresh items, or the user is unknown or forgotten)."""
+        n = v.bounded(request.n, "n", 1, self.limits.max_n)
+        index = live.index
+        row = index.users.row(user_id)
+        if row < 0 or self.store.candidate(live.name) is not None:
+            return None
+        if self.fresh is not None and self.fresh.overlay(index) is not None:
+            return None
+        if self.forgotten is not None and self.forgotten.unknown([user_id], np.array([row]))[0] < 0:
+            return None
+        self._check_reply_fits([user_id], min(n, len(index.items)), n, 0, index.items.max_bytes)
+        eligible = self._eligible(live, "")
+        exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
+        recent, _, degraded = self.seen.lookup([user_id] if exclude_seen else (), ())
+        exclude = self._exclusions(index, row, recent.get(user_id), exclude_seen)
+        rows, scores = self._score_known(index, np.array([row]), n, [exclude], None, eligible, context)[0]
+        reply = pb.RecommendResponse(
+            model=live.name,
+            model_version=live.version,
+            seen_filter_degraded=degraded and exclude_seen,
+            rules_stale=self._rules_stale(),
+        )
+        result = reply.results.add(user_id=user_id, model_version=live.version)
+        _add_scored(result.items, index.items, rows, scores)
+        self._users_counter(live).inc(1)
+        if self.online.wants_sample():
+            self.online.sample(live.name, live.version, user_id, [item.id for item in result.items])
+        return reply
+
+    def _check_reply_fits(
+        self, users: list[str], answerable: int, n: int, n_levels: int, id_bytes: int
+    ) -> None:
+        """Refuse, before any work, ``n`` items for each of ``users`` (``answerable`` of them
+        at most, ids of up to ``id_bytes``) when the reply could exceed the message limit."""
+        v.check_reply_fits(
+            v.recommend_reply_bytes(users, answerable, id_bytes, n_levels),
+            f"{len(users)} user_ids x n={n}{' with_distribution' if n_levels else ''}",
+            self.limits,
+        )
+
     def _group(self, model: LoadedModel, call: _RecommendCall, positions: list[int], user_ids: list[str]):
         """The users one version answers, with its view of the request; refuses, before any
         work, a request it cannot answer or whose reply would not fit."""
@@ -404,11 +468,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         if fresh is not None:
             answerable, id_bytes = answerable + len(fresh), max(id_bytes, fresh.max_bytes)
         users = [user_ids[p] for p in positions]
-        v.check_reply_fits(
-            v.recommend_reply_bytes(users, min(call.n, answerable), id_bytes, n_levels),
-            f"{len(users)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
-            lim,
-        )
+        self._check_reply_fits(users, min(call.n, answerable), call.n, n_levels, id_bytes)
         _check_cap(index, call.diversify)
         if call.explain:
             v.check_reply_fits(

@@ -85,11 +85,12 @@ class SearchIndex:
     manifest like the arrays.
 
     In the trainer, ``write`` builds the file at a given path when the version is
-    published (so an artifact that is only evaluated never pays for the build). Once
+    published (so an artifact that is only evaluated never pays for the build) and returns
+    the library it wrote when the build chose it (None: ``library``). Once
     published or loaded, ``path`` is the verified file inside the version folder.
     """
 
     library: str
     params: dict[str, Any]
-    write: Callable[[Path], None] | None = None
+    write: Callable[[Path], str | None] | None = None
     path: Path | None = None

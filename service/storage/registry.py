@@ -274,7 +274,7 @@ class Registry(LiveVersions):
         artifact.created_at, artifact.path = manifest.created_at, folder / version
         for entry in manifest.indexes:
             artifact.indexes[entry.name] = dataclasses.replace(
-                artifact.indexes[entry.name], path=folder / version / entry.path
+                artifact.indexes[entry.name], library=entry.library, path=folder / version / entry.path
             )
         if keep is not None:
             self.prune(name, keep)
@@ -325,15 +325,21 @@ class Registry(LiveVersions):
                 raise ArtifactError(f"index {key!r} ({index.library!r}) must match {_ARRAY_NAME_RE.pattern}")
             if index.write is None:
                 raise ArtifactError(f"index {key!r} has nothing to write")
-            rel = f"{INDEXES_DIR}/{key}.{index.library}"
-            index.write(tmp / rel)
+            # The build may choose the library (indices/ann.py, structure "auto"): the file is
+            # named after the one it wrote.
+            building = tmp / INDEXES_DIR / f"{key}.building"
+            library = index.write(building) or index.library
+            if not _ARRAY_NAME_RE.match(library.replace("-", "_")):
+                raise ArtifactError(f"index {key!r} ({library!r}) must match {_ARRAY_NAME_RE.pattern}")
+            rel = f"{INDEXES_DIR}/{key}.{library}"
+            os.replace(building, tmp / rel)
             with open(tmp / rel, "rb+") as fh:
                 os.fsync(fh.fileno())
             entry = manifest.indexes.add(
                 name=key,
                 path=rel,
                 sha256=_sha256_file(tmp / rel),
-                library=index.library,
+                library=library,
                 size_bytes=(tmp / rel).stat().st_size,
             )
             entry.params.CopyFrom(_struct(index.params))

@@ -33,7 +33,7 @@ import numpy as np
 
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.indices.rules import Eligible
-from ordrec.service.indices.topk import affine_rows
+from ordrec.service.indices.topk import KERNEL_MAX_K, affine_rows, user_top_k
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.service.storage.mapped import row_blocks
 
@@ -289,7 +289,7 @@ class DCRIndex(RecommenderIndex):
         eligible: Eligible | None = None,
     ) -> Ranked:
         if not self._graph_answers(candidates, eligible):
-            return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
+            return self._recommend_scored(user_row, n, exclude, candidates, eligible)
         found = self._graph_search(self._user_raw[int(user_row)], n, exclude, eligible)
         if found is None:  # too many exclusions for the graph: score every item
             return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)
@@ -320,6 +320,12 @@ class DCRIndex(RecommenderIndex):
         candidates: np.ndarray | None = None,
         eligible: Eligible | None = None,
     ) -> list[Ranked]:
+        if len(user_rows) == 1:  # the usual call: one user, one fused kernel on the exact path
+            return [
+                self.recommend(
+                    int(user_rows[0]), n, exclude=excludes[0], candidates=candidates, eligible=eligible
+                )
+            ]
         if not self._graph_answers(candidates, eligible):
             return super().recommend_many(
                 user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible
@@ -347,7 +353,24 @@ class DCRIndex(RecommenderIndex):
         self, user_row: int, n: int, *, exclude: np.ndarray | None = None, eligible: Eligible | None = None
     ) -> Ranked:
         """Top-N by scoring every item (what the index approximates)."""
-        return super().recommend(user_row, n, exclude=exclude, eligible=eligible)
+        return self._recommend_scored(user_row, n, exclude, None, eligible)
+
+    def _recommend_scored(
+        self,
+        user_row: int,
+        n: int,
+        exclude: np.ndarray | None,
+        candidates: np.ndarray | None,
+        eligible: Eligible | None,
+    ) -> Ranked:
+        """Exact top-N for one user: over the whole catalogue in one fused kernel (scale,
+        product, exclusions, selection: ``topk.user_top_k``), else the shared path."""
+        if candidates is None and 0 < n <= KERNEL_MAX_K and (eligible is None or not eligible.sparse):
+            blocked = None if eligible is None else eligible.blocked
+            return user_top_k(
+                self._item, self._user_raw, int(user_row), self._scale, self.offset, n, exclude, blocked
+            )
+        return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
 
     def level_probabilities(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         """The learned ``P(r >= l_t)`` for t = 2..S of the rating values, shape
