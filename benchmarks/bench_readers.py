@@ -29,14 +29,14 @@ import numpy as np
 
 _CHILD = r"""
 import json, sys, time
-from ordrec.trainer.data import _lines
+from ordrec.trainer.data import lines as parsing
 from ordrec.trainer.data.readers import read_ratings, read_tags
 kind, path, fast = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if not fast:
-    _real = _lines.parse_records
-    _lines.parse_records = lambda *a, **k: _real(*a, **{**k, "fast": False})
+    _real = parsing.parse_records
+    parsing.parse_records = lambda *a, **k: _real(*a, **{**k, "fast": False})
     import ordrec.trainer.data.readers as readers
-    readers.parse_records = _lines.parse_records
+    readers.parse_records = parsing.parse_records
 reader = read_tags if kind == "tags" else read_ratings
 start = time.perf_counter()
 data = reader(path)

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ordrec.service.idmap import IdMap
-from ordrec.trainer.data._lines import TIMESTAMP_DIGITS, Records, has_control
+from ordrec.trainer.data.lines import TIMESTAMP_DIGITS, Records, has_control
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 
 # One check over a whole column: the rows it fails, and the message for a failing row.

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ordrec.service.idmap import IdMap
-from ordrec.trainer.data._lines import (
+from ordrec.trainer.data.lines import (
     Column,
     IdSpace,
     Problems,
@@ -481,7 +481,7 @@ def read_ratings(
         [
             Column(idx[0], "user", space=0),
             Column(idx[1], "item", space=1),
-            Column(idx[2], "rating", kind="float", scale=scale),
+            Column(idx[2], "rating", kind="float", scale=scale, dtype="float32"),
             *checked,
         ],
         n_spaces=2,
@@ -505,7 +505,7 @@ def read_ratings(
         items,
         records.ids[0],
         records.ids[1],
-        records.numbers[0].astype(np.float32),
+        records.numbers[0].astype(np.float32, copy=False),
         source=path,
         skipped_lines=skipped,
     )
@@ -546,7 +546,7 @@ def _read_parquet_ratings(
         items,
         records.ids[0],
         records.ids[1],
-        records.numbers[0].astype(np.float32),
+        records.numbers[0].astype(np.float32, copy=False),
         source=path,
         skipped_lines=skipped,
     )

@@ -55,6 +55,7 @@ import copy
 import mmap
 from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral, Real
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -70,38 +71,13 @@ from ordrec.trainer.models.dcr_kernels import (
     pointwise_epoch,
     pointwise_epoch_by_user,
     pointwise_loglik,
+    UnratedSampler,
+    rating_levels,
     shuffle_segments,
-    with_unrated,
+    user_csr,
 )
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
 from ordrec.trainer.progress import Progress
-
-
-def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """The ordered rating values and each rating's 0-based level index.
-
-    ``levels=None`` takes the distinct values present (so 0.5..5.0 in steps
-    of 0.5 gives ten levels); an explicit list keeps values no rating uses
-    (e.g. a scale 1..10 where nobody gave a 1). Ratings must be one of the
-    levels (to within 1e-6).
-    """
-    rating = np.asarray(rating, dtype=np.float64)
-    if levels is None:
-        values = np.unique(rating)
-    else:
-        if isinstance(levels, str):
-            levels = [float(x) for x in levels.split(",") if x.strip()]
-        values = np.unique(np.asarray(levels, dtype=np.float64))
-    if values.size < 2:
-        raise DataError(source, None, f"DCR needs at least two distinct rating values, got {values.tolist()}")
-    index = np.clip(np.searchsorted(values, rating), 0, values.size - 1)
-    below = np.clip(index - 1, 0, values.size - 1)
-    closer = np.abs(values[below] - rating) < np.abs(values[index] - rating)
-    index = np.where(closer, below, index)
-    bad = np.abs(values[index] - rating) > 1e-6
-    if np.any(bad):
-        raise DataError(source, None, f"rating {rating[bad][0]} is not one of the levels {values.tolist()}")
-    return values, index.astype(np.int32)
 
 
 # The paper's DCR where the defaults differ (they are the top-N model's): what `reproduce dcr`
@@ -134,14 +110,6 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
-def user_csr(n_users: int, user: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``indptr`` and the columns sorted by (user, first column)."""
-    order = np.lexsort((columns[0], user))
-    indptr = np.zeros(n_users + 1, dtype=np.int64)
-    np.cumsum(np.bincount(user, minlength=n_users), out=indptr[1:])
-    return (indptr,) + tuple(np.ascontiguousarray(col[order]) for col in columns)
-
-
 def _int_list(values) -> list[int]:
     """``level_epochs`` as a list of ints (``--set`` may pass "3,5,2,4")."""
     if isinstance(values, str):
@@ -167,7 +135,15 @@ def holdouts(
     train: Ratings, rng: np.random.Generator, folds: int, fraction: float = 0.25
 ) -> list[tuple[Ratings, Ratings]]:
     """``folds`` (at least one) ``validation_split`` hold-outs of ``train``, drawn in turn from ``rng``."""
-    return [validation_split(train, rng, fraction) for _ in range(max(1, int(folds)))]
+    return list(each_holdout(train, rng, folds, fraction))
+
+
+def each_holdout(
+    train: Ratings, rng: np.random.Generator, folds: int, fraction: float = 0.25
+) -> Iterator[tuple[Ratings, Ratings]]:
+    """:func:`holdouts` one at a time (the same draws), so only one fold's copy is held."""
+    for _ in range(max(1, int(folds))):
+        yield validation_split(train, rng, fraction)
 
 
 def median_level_epochs(epochs: list) -> list[int]:
@@ -189,7 +165,7 @@ def stopped_level_epochs(
     research = replace(research or ResearchOptions(), level_epochs=None)
     epochs = [
         DCR(**params).fit(fit, validation=val, research=research).best_epochs_
-        for fit, val in holdouts(data, rng, folds, fraction)
+        for fit, val in each_holdout(data, rng, folds, fraction)
     ]
     return median_level_epochs(epochs)
 
@@ -658,11 +634,10 @@ class DCR(Estimator):
         self.users_, self.items_ = data.users, data.items
         self.data_fingerprint_ = data.fingerprint()
         n_users, n_items = data.n_users, data.n_items
-        user = np.ascontiguousarray(data.user, dtype=np.int64)
-        item = np.ascontiguousarray(data.item, dtype=np.int64)
-        self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
-            n_users, user, item.astype(np.int32), level
-        )
+        # The caller's int32 arrays, not copies: the fit holds no rating-sized index copy.
+        user = np.asarray(data.user, dtype=np.int32)
+        item = np.asarray(data.item, dtype=np.int32)
+        self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(n_users, user, item, level)
         self.item_counts_ = np.bincount(item, minlength=n_items)
         # The unknown-user fallback: what is picked most (top-N), or the damped mean rating (paper).
         self.item_popularity_ = (
@@ -696,14 +671,15 @@ class DCR(Estimator):
         if by_user and not self._unrated:
             # Working copies: shuffle_segments permutes them in place every epoch.
             indptr = self.seen_indptr_
-            seg_items = self.seen_indices_.astype(np.int64)
+            seg_items = self.seen_indices_.copy()
             seg_levels = self.seen_levels_.copy()
+        sampler = self._unrated_sampler() if self._unrated else None
         with Progress("DCR", stopper.epochs, self.verbose) as bar:
             for epoch in range(stopper.epochs):
                 lr = float(self.learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
                 train = stopper.levels_to_train(epoch)
-                if self._unrated:
-                    indptr, seg_items, seg_levels = self._with_unrated(rng)
+                if sampler is not None:
+                    indptr, seg_items, seg_levels = sampler.draw(int(rng.integers(2**31 - 1)))
                     if not by_user:
                         user = np.repeat(np.arange(n_users, dtype=np.int64), np.diff(indptr))
                         item, level = seg_items, seg_levels
@@ -777,16 +753,15 @@ class DCR(Estimator):
     def _unrated(self) -> bool:
         return float(self.unrated_share) > 0.0
 
-    def _with_unrated(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The training ratings joined by a fresh draw of unrated items at level 0 (user CSR)."""
+    def _unrated_sampler(self) -> UnratedSampler:
+        """The training ratings joined, each epoch, by a fresh draw of unrated items at level 0."""
         weights = self.item_counts_.astype(np.float64) ** float(self.unrated_power)
-        return with_unrated(
+        return UnratedSampler(
             self.seen_indptr_,
             self.seen_indices_,
             self.seen_levels_,
             float(self.unrated_share) * np.diff(self.seen_indptr_).astype(np.float64),
             np.cumsum(weights),
-            int(rng.integers(2**31 - 1)),
         )
 
     def _level_epochs(self, data: Ratings, validation: Ratings | None):
@@ -898,14 +873,15 @@ class DCR(Estimator):
         c, _ = level_weights(self.levels_, self.relevance)
         bias = float(self.research_.item_bias)
         u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
-        indptr, items, levels = self.seen_indptr_, self.seen_indices_.astype(np.int64), self.seen_levels_
+        indptr, items, levels = self.seen_indptr_, self.seen_indices_, self.seen_levels_
+        sampler = self._unrated_sampler() if self._unrated else None
         sphere = self.research_.projection == "sphere"
         active = np.flatnonzero(np.diff(self.seen_indptr_) > (0 if self._unrated else 1))
         with Progress("Pairwise DCR", self.pairwise_max_iter, self.verbose) as bar:
             for epoch in range(int(self.pairwise_max_iter)):
                 lr = float(self.pairwise_learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
-                if self._unrated:  # rated over unrated pairs too, from a fresh draw
-                    indptr, items, levels = self._with_unrated(rng)
+                if sampler is not None:  # rated over unrated pairs too, from a fresh draw
+                    indptr, items, levels = sampler.draw(int(rng.integers(2**31 - 1)))
                 n_steps = int(round(float(self.pairs_per_epoch) * items.size))
                 if self.research_.order == "user":
                     # Pairs grouped by user: U_u stays in cache for the user's draws.
@@ -991,7 +967,7 @@ class DCR(Estimator):
         # Its own random stream: the hold-outs shift neither the fit nor the refinement.
         rng = np.random.default_rng([int(self.random_state), 3])
         pointwise, refined = [], []
-        for fit, val in holdouts(data, rng, int(self.validation_folds), float(self.validation_fraction)):
+        for fit, val in each_holdout(data, rng, int(self.validation_folds), float(self.validation_fraction)):
             model = DCR(**params).fit(fit, research=research)
             pointwise.append(model.validation_values(val))
             refined.append(model.refined(**overrides).validation_values(val))
