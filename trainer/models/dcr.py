@@ -72,6 +72,8 @@ from ordrec.trainer.models.dcr_kernels import (
     pointwise_epoch_by_user,
     pointwise_loglik,
     UnratedSampler,
+    check_rows_finite,
+    normal_rows,
     rating_levels,
     shuffle_segments,
     user_csr,
@@ -654,8 +656,8 @@ class DCR(Estimator):
         rated = np.flatnonzero(self.item_counts_ > 0)
         U = lazy_zeros((n_users, L, f), self.dtype)
         V = np.zeros((n_items, L, f), dtype=self.dtype)
-        U[active] = rng.normal(0.0, self.init_std, size=(active.size, L, f))
-        V[rated] = rng.normal(0.0, self.init_std, size=(rated.size, L, f))
+        normal_rows(U, active, rng, self.init_std)
+        normal_rows(V, rated, rng, self.init_std)
         u_fixed, u_radius = self._bias_setup(U, V)
         if self.init == "marginal":
             self._marginal_init(U, V, item, level, active, u_fixed)
@@ -730,7 +732,8 @@ class DCR(Estimator):
         self.epochs_run_ = len(self.loglik_history_)
         stopper.restore()
         # Rows without training ratings were never updated.
-        check_finite(self.epochs_run_ - 1, user_factors=U[active], item_factors=V)
+        check_rows_finite(self.epochs_run_ - 1, "user_factors", U, active)
+        check_finite(self.epochs_run_ - 1, item_factors=V)
         # Items (users) without training ratings keep no evidence: P = 1/2 at every level
         # (with the marginal init: the global per-level marginals they started from).
         if self.init != "marginal":
@@ -918,7 +921,8 @@ class DCR(Estimator):
                         int(rng.integers(2**31 - 1)),
                     )
                 # Users with fewer than 2 ratings draw no pairs, so their rows never change.
-                check_finite(epoch, user_factors=self.U_[active], item_factors=self.V_)
+                check_rows_finite(epoch, "user_factors", self.U_, active)
+                check_finite(epoch, item_factors=self.V_)
                 self.pairwise_loss_ = float(loss)
                 bar.update(1, loss=float(loss))
 

@@ -20,6 +20,7 @@ from numba import njit, prange
 
 from ordrec.trainer.data.line_kernels import counting_order, counting_reorder
 from ordrec.trainer.data.types import DataError
+from ordrec.trainer.models.base import check_finite
 
 # Reassociation lets LLVM vectorise the dot products and norms (sums in a
 # different order: rounding differences only). No "nnan"/"ninf": the NaN
@@ -699,3 +700,21 @@ def user_csr(n_users: int, user: np.ndarray, *columns: np.ndarray) -> tuple[np.n
     indptr = np.zeros(n_users + 1, dtype=np.int64)
     np.cumsum(np.bincount(user, minlength=n_users), out=indptr[1:])
     return (indptr,) + tuple(np.ascontiguousarray(col[order]) for col in columns)
+
+
+#: Factor rows drawn or checked per step: float64 temporaries of a few MB, never factor-sized.
+ROW_BLOCK = 1 << 12
+
+
+def normal_rows(X: np.ndarray, rows: np.ndarray, rng: np.random.Generator, std: float) -> None:
+    """``X[rows] = rng.normal(0, std, (rows.size,) + X.shape[1:])`` in blocks of rows: the same
+    draws in the same order as one call, without its float64 copy of the factors."""
+    for lo in range(0, rows.size, ROW_BLOCK):
+        block = rows[lo : lo + ROW_BLOCK]
+        X[block] = rng.normal(0.0, std, size=(block.size,) + X.shape[1:])
+
+
+def check_rows_finite(epoch: int, name: str, X: np.ndarray, rows: np.ndarray) -> None:
+    """``check_finite`` of ``X[rows]`` (named ``name``), in blocks of rows: no copy of the factors."""
+    for lo in range(0, rows.size, ROW_BLOCK):
+        check_finite(epoch, **{name: X[rows[lo : lo + ROW_BLOCK]]})
