@@ -244,6 +244,12 @@ class LineGaps:
             self.at.append(record)
             self.shift.append(shift)
 
+    def note_run(self, record: int, lines: np.ndarray) -> None:
+        """Records ``record, record + 1, ...`` are on ``lines`` (ascending): a note per jump only."""
+        jumps = np.flatnonzero(np.diff(lines) != 1) + 1
+        for k in np.r_[0, jumps].tolist():
+            self.note(record + k, int(lines[k]))
+
     def line(self, record: int) -> int:
         k = bisect.bisect_right(self.at, record) - 1
         return self.first_line + record + (self.shift[k] if k >= 0 else 0)
