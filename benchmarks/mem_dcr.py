@@ -46,13 +46,15 @@ def _activity(n_users: int, n_items: int, n_ratings: int, rng: np.random.Generat
         counts[extra] += 1
         short -= extra.size
     while short < 0:
-        big = np.argsort(-counts)[: -short]
+        big = np.argsort(-counts)[:-short]
         counts[big] -= 1
         short += big.size
     return counts
 
 
-def _distinct_draws(owners: np.ndarray, cdf: np.ndarray, n_items: int, rng: np.random.Generator) -> np.ndarray:
+def _distinct_draws(
+    owners: np.ndarray, cdf: np.ndarray, n_items: int, rng: np.random.Generator
+) -> np.ndarray:
     """For each entry of ``owners`` (sorted user rows), an item drawn from ``cdf`` that its user
     has no other entry for; duplicates are redrawn until none is left."""
     items = np.searchsorted(cdf, rng.random(owners.size) * cdf[-1], side="right").clip(0, n_items - 1)
@@ -63,7 +65,9 @@ def _distinct_draws(owners: np.ndarray, cdf: np.ndarray, n_items: int, rng: np.r
         if repeat.size == 0:
             return items
         again = order[repeat]
-        items[again] = np.searchsorted(cdf, rng.random(again.size) * cdf[-1], side="right").clip(0, n_items - 1)
+        items[again] = np.searchsorted(cdf, rng.random(again.size) * cdf[-1], side="right").clip(
+            0, n_items - 1
+        )
 
 
 def planted_ratings(n_users: int, n_items: int, n_ratings: int, seed: int = 0, rank: int = 5) -> Ratings:

@@ -196,7 +196,9 @@ def planted_ratings(n_users: int, n_items: int, n: int, seed: int) -> Ratings:
     A, B = rng.normal(size=(n_users, 3)), rng.normal(size=(n_items, 3))
     x = np.einsum("nk,nk->n", A[user], B[item])
     rating = (np.digitize(x, np.quantile(x, [0.1, 0.25, 0.5, 0.8])) + 1).astype(np.float32)
-    return Ratings(IdMap([str(u) for u in range(n_users)]), IdMap([str(i) for i in range(n_items)]), user, item, rating)
+    return Ratings(
+        IdMap([str(u) for u in range(n_users)]), IdMap([str(i) for i in range(n_items)]), user, item, rating
+    )
 
 
 def test_a_planted_fit_stays_within_40_bytes_per_rating_plus_factors(monkeypatch):

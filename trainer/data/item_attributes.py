@@ -84,8 +84,8 @@ class ItemAttributeTable:
                     "values": np.array([by_item.get(i, np.nan) for i in ids], dtype=np.float64),
                 }
             )
-        for name, by_item in self.categorical.items():
-            columns.append({"name": name, "type": "categorical", "values": [by_item.get(i, []) for i in ids]})
+        for name, lists in self.categorical.items():
+            columns.append({"name": name, "type": "categorical", "values": [lists.get(i, []) for i in ids]})
         return encode_item_attributes(columns, len(ids))
 
 

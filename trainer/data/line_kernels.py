@@ -378,4 +378,3 @@ def _visit_repeats(order, group, value, n_values, later, earlier):
 # Lookup tables (entries) the kernels above may allocate beyond two per record;
 # larger id or value ranges take the sort-based path instead.
 DENSE_LIMIT = 1 << 22
-

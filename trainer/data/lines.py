@@ -394,18 +394,18 @@ def check_fields(
                 )
             continue
         try:
-            value = int(text_value) if c.kind == "int" else float(text_value)
+            number: float = int(text_value) if c.kind == "int" else float(text_value)
         except ValueError:
             kind = "an integer" if c.kind == "int" else "a number"
             return f"{c.name} {excerpt(text_value)} is not {kind}", []
-        if c.kind == "float" and not math.isfinite(value):
+        if c.kind == "float" and not math.isfinite(number):
             return f"{c.name} {excerpt(text_value)} is not a finite number", []
-        if c.minimum is not None and value < c.minimum:
+        if c.minimum is not None and number < c.minimum:
             return f"{c.name} {excerpt(text_value)} is below the minimum {c.minimum:g}", []
-        off_scale = c.scale.problem(value) if c.scale is not None else None
+        off_scale = c.scale.problem(number) if c.scale is not None else None
         if off_scale:
             return f"{c.name} {excerpt(text_value)} {off_scale}", []
-        values.append(value)
+        values.append(number)
     return None, values
 
 
@@ -433,8 +433,8 @@ def parse_lines(
             continue
         for out, c in zip(id_out, id_columns):
             out.append(spaces[c.space].add(fields[c.field]))
-        for out, value in zip(num_out, values):
-            out.append(value)
+        for column_out, number in zip(num_out, values):
+            column_out.append(number)
         gaps = gaps or LineGaps(number)
         gaps.note(count, number)
         count += 1
@@ -687,7 +687,11 @@ def _parse_text_ids(
                     # per-line parser finds that earlier line) and no earlier id needs its verdict.
                     if not skip_bad_lines and (
                         not _passes_checks(
-                            [r.view() for r in out.rows], [x.view() for x in out.numbers], layout, columns, distinct
+                            [r.view() for r in out.rows],
+                            [x.view() for x in out.numbers],
+                            layout,
+                            columns,
+                            distinct,
                         )
                         or any(has_control(x) for i in out.interners for x in i.ids(codec))
                     ):

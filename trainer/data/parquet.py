@@ -210,7 +210,11 @@ def _checked_rows(
     user, item, rating = columns[:3]
     rating_null = np.asarray(rating.is_null())
     values = rating.cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
-    checks = _id_checks(pc, user, "user") + _id_checks(pc, item, "item") + _rating_checks(values, rating_null, scale)
+    checks = (
+        _id_checks(pc, user, "user")
+        + _id_checks(pc, item, "item")
+        + _rating_checks(values, rating_null, scale)
+    )
     for column in columns[3:]:
         checks += _timestamp_checks(pa, column)
     bad, row, message = first_problem(checks)

@@ -31,7 +31,8 @@ import math
 import os
 import re
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -243,14 +244,14 @@ def detect_format(path, shape: str) -> str:
     if not lines:
         raise DataError(path, None, "empty file (only blank lines)")
     sep = _separator(lines)
-    fmt = _FORMAT_BY_CONTENT[shape](sep, splitter(sep)(lines[0])) if sep else None
-    if fmt is None:
+    found = _FORMAT_BY_CONTENT[shape](sep, splitter(sep)(lines[0])) if sep else None
+    if found is None:
         raise DataError(
             path,
             None,
             f"cannot tell the format of this {shape} file; choose one with --format: {_choices(shape)}",
         )
-    return fmt
+    return found
 
 
 def _delimited(sep: str) -> str:
@@ -625,7 +626,7 @@ def read_tags(
     if tag_names is None and fmt == "lastfm-tags":
         beside = os.path.join(os.path.dirname(path), "tags.dat")
         tag_names = beside if os.path.isfile(beside) else False
-    if tag_names is not None and tag_names is not False:
+    if isinstance(tag_names, (str, os.PathLike, Mapping)):
         mapping = tag_names if isinstance(tag_names, Mapping) else _read_tag_names(os.fspath(tag_names))
         names = [mapping.get(t, t) for t in tags.ids]
     return TagAssignments(
@@ -762,7 +763,7 @@ def read_attributes(
     fmt = _choose(path, "attributes", fmt)
     problems = Problems(path, skip_bad_lines)
     headerless = column_names is not None
-    if headerless:
+    if column_names is not None:
         sep, attributes, header_lines = _named_columns(path, fmt, column_names)
     else:
         sep, attributes, header_lines = _attribute_header(path, fmt)
@@ -975,7 +976,7 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
 
 
 # ------------------------------------------------------------------ dispatch
-_READERS = {
+_READERS: dict[str, Callable[..., Any]] = {
     "ratings": read_ratings,
     "tags": read_tags,
     "attributes": read_attributes,

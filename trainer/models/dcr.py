@@ -53,9 +53,9 @@ from __future__ import annotations
 
 import copy
 import mmap
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral, Real
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -66,21 +66,20 @@ from ordrec.service.models.dcr import RELEVANCE, DCRIndex, level_weights
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.models.dcr_kernels import (
+    UnratedSampler,
+    check_rows_finite,
+    normal_rows,
     pairwise_epoch,
     pairwise_epoch_by_user,
     pointwise_epoch,
     pointwise_epoch_by_user,
     pointwise_loglik,
-    UnratedSampler,
-    check_rows_finite,
-    normal_rows,
     rating_levels,
     shuffle_segments,
     user_csr,
 )
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
 from ordrec.trainer.progress import Progress
-
 
 # The paper's DCR where the defaults differ (they are the top-N model's): what `reproduce dcr`
 # and the `_paper` rows of `reproduce topn` fit.

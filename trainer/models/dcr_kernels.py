@@ -614,7 +614,9 @@ class UnratedSampler:
     unrated draw (:func:`with_unrated`), written into buffers allocated once per fit so an
     epoch's draw never sits beside the last one's (10 bytes per rating at share 1)."""
 
-    def __init__(self, indptr: np.ndarray, items: np.ndarray, levels: np.ndarray, want: np.ndarray, cdf: np.ndarray):
+    def __init__(
+        self, indptr: np.ndarray, items: np.ndarray, levels: np.ndarray, want: np.ndarray, cdf: np.ndarray
+    ):
         self.indptr, self.items, self.levels, self.want, self.cdf = indptr, items, levels, want, cdf
         capacity = int(indptr[-1]) + int(np.ceil(want).sum())
         self.out_ptr = np.empty(indptr.size, dtype=np.int64)
@@ -625,8 +627,15 @@ class UnratedSampler:
         """The CSR ``(indptr, items, levels)`` of a fresh draw seeded by ``seed`` (views of the
         buffers: the next draw overwrites them)."""
         n = with_unrated_into(
-            self.indptr, self.items, self.levels, self.want, self.cdf, seed,
-            self.out_ptr, self.out_items, self.out_levels,
+            self.indptr,
+            self.items,
+            self.levels,
+            self.want,
+            self.cdf,
+            seed,
+            self.out_ptr,
+            self.out_items,
+            self.out_levels,
         )
         return self.out_ptr, self.out_items[:n], self.out_levels[:n]
 
