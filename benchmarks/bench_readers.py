@@ -4,9 +4,9 @@
 
 Cases: the real MovieLens 100K ``u.data`` and Last.fm tags (when present); a
 generated MovieLens-10M-style ``ratings.dat`` (``::``, integer ids, 0.5-step
-ratings) of ``--lines`` lines (integer-id parser); the same triples as a CSV
-with string ids (``u123``, text-id parser); and the numeric file read with the
-numba parsers turned off (per-line parser). Each case runs in a fresh
+ratings) of ``--lines`` lines and the same triples as a CSV with string ids
+(``u123``), both through the one fast path; and the numeric file read with the
+fast path turned off (per-line parser). Each case runs in a fresh
 subprocess so its peak RSS (VmHWM, after the first read) is its own; the time
 excludes the interpreter start and imports but includes loading the cached
 numba kernels ("first"); "again" is a second read in the same process.
