@@ -409,6 +409,11 @@ def check_fields(
     return None, values
 
 
+def no_data_lines(path: str, skipped: int) -> DataError:
+    """The error of a file without a data line, counting the lines skipped as bad."""
+    return DataError(path, None, "no data lines" + (f" ({skipped} skipped as bad)" if skipped else ""))
+
+
 def parse_lines(
     path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct, encoding=None
 ) -> Records:
@@ -433,17 +438,13 @@ def parse_lines(
             continue
         for out, c in zip(id_out, id_columns):
             out.append(spaces[c.space].add(fields[c.field]))
-        for column_out, number in zip(num_out, values):
-            column_out.append(number)
+        for numbers_out, parsed in zip(num_out, values):
+            numbers_out.append(parsed)
         gaps = gaps or LineGaps(number)
         gaps.note(count, number)
         count += 1
     if gaps is None:
-        raise DataError(
-            path,
-            None,
-            "no data lines" + (f" ({problems.skipped} skipped as bad)" if problems.skipped else ""),
-        )
+        raise no_data_lines(path, problems.skipped)
     return Records(
         spaces=[s.idmap() for s in spaces],
         ids=[np.frombuffer(a, dtype=np.int32) for a in id_out],

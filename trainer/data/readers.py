@@ -47,6 +47,7 @@ from ordrec.trainer.data.lines import (
     find_duplicates,
     has_control,
     iter_lines,
+    no_data_lines,
     parse_records,
     peek_lines,
     splitter,
@@ -687,11 +688,7 @@ def _parse_ml_tags(path: str, skip_bad_lines: bool) -> Records:
             out.append(space.add(value))
         lines.append(number)
     if not lines:
-        raise DataError(
-            path,
-            None,
-            "no data lines" + (f" ({problems.skipped} skipped as bad)" if problems.skipped else ""),
-        )
+        raise no_data_lines(path, problems.skipped)
     return Records(
         spaces=[s.idmap() for s in spaces],
         ids=[np.frombuffer(a, dtype=np.int32).copy() for a in rows],
