@@ -68,6 +68,7 @@ from ordrec.trainer.models.base import Estimator, Interval, Options, check_finit
 from ordrec.trainer.models.dcr_kernels import (
     UnratedSampler,
     check_rows_finite,
+    held_out_rows,
     normal_rows,
     pairwise_epoch,
     pairwise_epoch_by_user,
@@ -122,14 +123,8 @@ def validation_split(
     train: Ratings, rng: np.random.Generator, fraction: float = 0.25, minimum: int = 2
 ) -> tuple[Ratings, Ratings]:
     """Hold out ``max(minimum, fraction * n_u)`` of each user's training ratings."""
-    counts = np.bincount(train.user, minlength=train.n_users)
-    held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
-    order = np.lexsort((rng.random(len(train)), train.user))
-    user_sorted = train.user[order]
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    position = np.arange(len(train)) - starts[user_sorted]
-    is_val = position < held[user_sorted]
-    return train.subset(np.sort(order[~is_val])), train.subset(np.sort(order[is_val]))
+    kept, held = held_out_rows(train.user, train.n_users, rng, fraction, minimum)
+    return train.subset(kept), train.subset(held)
 
 
 def holdouts(
@@ -974,6 +969,7 @@ class DCR(Estimator):
             model = DCR(**params).fit(fit, research=research)
             pointwise.append(model.validation_values(val))
             refined.append(model.refined(**overrides).validation_values(val))
+            del model, fit, val  # the next fold's split and fit need not sit beside this one's
         if len({v.size for v in pointwise}) == 1:
             # Every fold holds out ratings of the same users: average each user's over folds.
             point, pair = np.mean(pointwise, axis=0), np.mean(refined, axis=0)

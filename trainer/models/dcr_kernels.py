@@ -727,3 +727,23 @@ def check_rows_finite(epoch: int, name: str, X: np.ndarray, rows: np.ndarray) ->
     """``check_finite`` of ``X[rows]`` (named ``name``), in blocks of rows: no copy of the factors."""
     for lo in range(0, rows.size, ROW_BLOCK):
         check_finite(epoch, **{name: X[rows[lo : lo + ROW_BLOCK]]})
+
+
+def held_out_rows(
+    user: np.ndarray, n_users: int, rng: np.random.Generator, fraction: float, minimum: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices ``(kept, held out)`` (ascending) of a hold-out of ``max(minimum, fraction * n_u)``
+    random ratings of each user; the flags computed by chunks, the rows int32 below 2**31."""
+    counts = np.bincount(user, minlength=n_users)
+    held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
+    order = np.lexsort((rng.random(user.size), user))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    is_held = np.empty(user.size, dtype=bool)
+    for lo in range(0, user.size, LEVEL_CHUNK):
+        owner = user[order[lo : lo + LEVEL_CHUNK]]
+        is_held[lo : lo + owner.size] = np.arange(lo, lo + owner.size) - starts[owner] < held[owner]
+    index = np.int32 if user.size < 2**31 else np.int64
+    kept, out = order[~is_held].astype(index), order[is_held].astype(index)
+    kept.sort()
+    out.sort()
+    return kept, out
