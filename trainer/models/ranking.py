@@ -61,7 +61,7 @@ def served_recall_values(index, test: Ratings, threshold: float, k: int = 10) ->
     rows, starts = np.unique(users, return_index=True)
     # Users in batches of about SCORE_BATCH scores: a batch's score matrix stays tens of MB
     # however many users are held out (480,000 x 17,770 at once would be 34 GB).
-    step = max(1, SCORE_BATCH // max(len(index.items), 1))
+    step = max(1, SCORE_BATCH // max(int(test.n_items), 1))
     lists = []
     for lo in range(0, rows.size, step):
         part = rows[lo : lo + step]
