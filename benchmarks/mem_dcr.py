@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import Ratings
 
 #: Users x items of each shape: like the Netflix prize, and a large shop.

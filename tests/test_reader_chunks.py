@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data import lines as parsing
 from ordrec.trainer.data.lines import Column, parse_records
 from ordrec.trainer.data.readers import read_ratings

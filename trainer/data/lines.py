@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.line_kernels import DENSE_LIMIT, grouped_duplicates, intern_ids, parse_text_lines
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.lines import (
     Column,
     IdSpace,

@@ -19,7 +19,7 @@ whole objective by finite differences).
   post, with the fast gradient through ``q`` and ``v``
   (``trainer.models.rtf_kernels``).
 
-Serving uses ``service.models.rtf.RTFIndex`` on the artifact this writes.
+Serving uses ``service.indices.models.rtf.RTFIndex`` on the artifact this writes.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import rankdata
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.models.rtf import RTFIndex, score_posts
+from ordrec.service.indices.models.rtf import RTFIndex, score_posts
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, TagAssignments
 from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
@@ -606,7 +606,7 @@ class RTF(Estimator):
         return metrics
 
     def to_artifact(self) -> Artifact:
-        """Pack factors, popularity lists and training posts for ``service.models.rtf``."""
+        """Pack factors, popularity lists and training posts for ``service.indices.models.rtf``."""
         if not hasattr(self, "core_"):
             raise RuntimeError("fit the model before exporting it")
         n_users, n_items, n_tags = len(self.users_), len(self.items_), len(self.tags_)

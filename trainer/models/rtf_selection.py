@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ordrec.service.models.rtf import RTFIndex
-from ordrec.service.topk import top_k
+from ordrec.service.indices.models.rtf import RTFIndex
+from ordrec.service.indices.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models.ranking import f1, precision_recall
 
