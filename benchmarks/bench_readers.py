@@ -4,9 +4,9 @@
 
 Cases: the real MovieLens 100K ``u.data`` and Last.fm tags (when present); a
 generated MovieLens-10M-style ``ratings.dat`` (``::``, integer ids, 0.5-step
-ratings) of ``--lines`` lines (integer-id parser); the same triples as a CSV
-with string ids (``u123``, text-id parser); and the numeric file read with the
-numba parsers turned off (per-line parser). Each case runs in a fresh
+ratings) of ``--lines`` lines and the same triples as a CSV with string ids
+(``u123``), both through the one fast path; and the numeric file read with the
+fast path turned off (per-line parser). Each case runs in a fresh
 subprocess so its peak RSS (VmHWM, after the first read) is its own; the time
 excludes the interpreter start and imports but includes loading the cached
 numba kernels ("first"); "again" is a second read in the same process.
@@ -29,14 +29,14 @@ import numpy as np
 
 _CHILD = r"""
 import json, sys, time
-from ordrec.trainer.data import _lines
+from ordrec.trainer.data import lines as parsing
 from ordrec.trainer.data.readers import read_ratings, read_tags
 kind, path, fast = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
 if not fast:
-    _real = _lines.parse_records
-    _lines.parse_records = lambda *a, **k: _real(*a, **{**k, "fast": False})
+    _real = parsing.parse_records
+    parsing.parse_records = lambda *a, **k: _real(*a, **{**k, "fast": False})
     import ordrec.trainer.data.readers as readers
-    readers.parse_records = _lines.parse_records
+    readers.parse_records = parsing.parse_records
 reader = read_tags if kind == "tags" else read_ratings
 start = time.perf_counter()
 data = reader(path)

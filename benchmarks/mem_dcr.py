@@ -1,55 +1,205 @@
-"""Peak RSS of a one-epoch DCR fit (top-N defaults) on generated ratings, per rating.
+"""Peak memory and time per epoch of DCR and Pairwise DCR fits (top-N defaults) on generated
+ratings with planted structure, per rating (issue 35, item 1); prints one table.
 
-    python benchmarks/mem_dcr.py RATINGS USERS ITEMS      e.g. 1000000 50000 5000
+    python benchmarks/mem_dcr.py                       # 10^6 and 10^7 ratings, Netflix shape
+    python benchmarks/mem_dcr.py --ratings 1e8 --shape netflix --models dcr --json out.jsonl
 
-Prints what the generated ratings hold, the process's peak above its start while generating
-and after the fit, and the factors' share (issue 35, item 1: where the memory goes).
+Each row runs in a fresh subprocess, so its peak (VmHWM above the process's start) is its
+own. The ratings are generated in blocks of users straight into their final int32 / float32
+arrays (:func:`planted_ratings`), so the generator is never the peak. A row times a fit of 0
+epochs (the set-up: levels, the seen CSR, the initial factors) and then a fit of one epoch:
+the epoch's time is the difference. "peak" counts everything above the start: the
+ratings themselves (12 B/rating), the fit's arrays and the factors (shown apart).
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import os
-import resource
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-from bench_dcr import generated_ratings  # noqa: E402
+from ordrec.service.storage.idmap import IdMap
+from ordrec.trainer.data.types import Ratings
 
-from ordrec.trainer.models.dcr import DCR  # noqa: E402
+#: Users x items of each shape: like the Netflix prize, and a large shop.
+SHAPES = {"netflix": (480_000, 17_770), "shop": (10_000_000, 1_000_000)}
+#: The rating shares of 1..5 (Netflix / MovieLens-like), as in bench_dcr.generated_ratings.
+SHARES = (0.06, 0.11, 0.27, 0.34)
+BLOCK_RATINGS = 1 << 20
+
+
+def _activity(n_users: int, n_items: int, n_ratings: int, rng: np.random.Generator) -> np.ndarray:
+    """Ratings per user: heavy-tailed (lognormal), at least 1, at most half the catalogue, summing to ``n_ratings``."""
+    weights = rng.lognormal(0.0, 1.0, n_users)
+    counts = np.maximum(1, np.floor(weights / weights.sum() * n_ratings)).astype(np.int64)
+    counts = np.minimum(counts, n_items // 2)
+    short = n_ratings - int(counts.sum())
+    while short > 0:  # top up the rounding loss on random users with room left
+        room = np.flatnonzero(counts < n_items // 2)
+        extra = rng.choice(room, min(room.size, short), replace=False)
+        counts[extra] += 1
+        short -= extra.size
+    while short < 0:
+        big = np.argsort(-counts)[:-short]
+        counts[big] -= 1
+        short += big.size
+    return counts
+
+
+def _distinct_draws(
+    owners: np.ndarray, cdf: np.ndarray, n_items: int, rng: np.random.Generator
+) -> np.ndarray:
+    """For each entry of ``owners`` (sorted user rows), an item drawn from ``cdf`` that its user
+    has no other entry for; duplicates are redrawn until none is left."""
+    items = np.searchsorted(cdf, rng.random(owners.size) * cdf[-1], side="right").clip(0, n_items - 1)
+    while True:
+        key = owners.astype(np.int64) * n_items + items
+        order = np.argsort(key, kind="stable")
+        repeat = np.flatnonzero(key[order][1:] == key[order][:-1]) + 1
+        if repeat.size == 0:
+            return items
+        again = order[repeat]
+        items[again] = np.searchsorted(cdf, rng.random(again.size) * cdf[-1], side="right").clip(
+            0, n_items - 1
+        )
+
+
+def planted_ratings(n_users: int, n_items: int, n_ratings: int, seed: int = 0, rank: int = 5) -> Ratings:
+    """Heavy-tailed activity over Zipf(0.8) item popularity, each rating the cut of a rank-``rank``
+    preference plus an item effect at the :data:`SHARES`; built in blocks of about
+    :data:`BLOCK_RATINGS` ratings directly into int32 / float32 arrays."""
+    rng = np.random.default_rng(seed)
+    counts = _activity(n_users, n_items, n_ratings, rng)
+    popularity = 1.0 / np.arange(1, n_items + 1) ** 0.8
+    cdf = np.cumsum(popularity)
+    A = rng.normal(size=(n_users, rank)).astype(np.float32)
+    B = rng.normal(size=(n_items, rank)).astype(np.float32)
+    effect = rng.normal(size=n_items).astype(np.float32)
+    user = np.empty(n_ratings, dtype=np.int32)
+    item = np.empty(n_ratings, dtype=np.int32)
+    rating = np.empty(n_ratings, dtype=np.float32)
+    ends = np.cumsum(counts)
+    cuts = None
+    first, pos = 0, 0
+    while first < n_users:
+        last = int(np.searchsorted(ends, pos + BLOCK_RATINGS, side="right")) + 1
+        last = min(max(last, first + 1), n_users)
+        owners = np.repeat(np.arange(first, last, dtype=np.int32), counts[first:last])
+        drawn = _distinct_draws(owners, cdf, n_items, rng)
+        x = np.einsum("nk,nk->n", A[owners], B[drawn]) + effect[drawn]
+        if cuts is None:  # the first block's quantiles: users are in random order, so a fair sample
+            cuts = np.quantile(x, np.cumsum(SHARES))
+        stop = pos + owners.size
+        user[pos:stop], item[pos:stop] = owners, drawn
+        rating[pos:stop] = np.digitize(x, cuts) + 1
+        first, pos = last, stop
+    names_u = IdMap([str(i) for i in range(n_users)])
+    names_i = IdMap([str(i) for i in range(n_items)])
+    return Ratings(names_u, names_i, user, item, rating)
 
 
 def rss() -> int:
     """Resident bytes now (Linux)."""
     with open(f"/proc/{os.getpid()}/status") as status:
-        line = next(line for line in status if line.startswith("VmRSS"))
-    return int(line.split()[1]) * 1024
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
 
 
 def peak() -> int:
-    """The process's peak resident bytes so far."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's peak resident bytes (VmHWM: its own, not the parent's)."""
+    with open(f"/proc/{os.getpid()}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
+
+
+def factor_hash(model) -> str:
+    """A short hash of the fitted factors: equal hashes, equal fits."""
+    return hashlib.sha256(model.U_.tobytes() + model.V_.tobytes()).hexdigest()[:16]
+
+
+def measure(model_name: str, n: int, shape: str, seed: int) -> dict:
+    """One table row, in this process: generate, time the set-up and one epoch, read the peak."""
+    from ordrec.trainer.models.dcr import DCR
+
+    n_users, n_items = SHAPES[shape]
+    # Warm the numba kernels on a small set, so compiling is neither timed nor counted.
+    small = planted_ratings(2000, 500, 20_000, seed)
+    settings = {"pairwise": True, "pairwise_max_iter": 1} if model_name == "pairwise" else {}
+    DCR(max_iter=1, **settings).fit(small)
+    del small
+    base = rss()
+    t = time.perf_counter()
+    data = planted_ratings(n_users, n_items, n, seed)
+    generate_s = time.perf_counter() - t
+    held = rss() - base
+    t = time.perf_counter()
+    DCR(max_iter=0).fit(data)
+    setup_s = time.perf_counter() - t
+    t = time.perf_counter()
+    model = DCR(max_iter=1, **settings).fit(data)
+    fit_s = time.perf_counter() - t
+    top = peak() - base
+    factors = model.U_.nbytes + model.V_.nbytes
+    return {
+        "model": model_name,
+        "shape": shape,
+        "ratings": n,
+        "users": n_users,
+        "items": n_items,
+        "generate_s": round(generate_s, 1),
+        "setup_s": round(setup_s, 2),
+        "fit_s": round(fit_s, 2),
+        "epoch_s": round(fit_s - setup_s, 2) if model_name == "dcr" else None,
+        "data_b": round(held / n, 1),
+        "peak_b": round(top / n, 1),
+        "factors_b": round(factors / n, 1),
+        "rest_b": round((top - factors) / n, 1),
+        "peak_mb": round(top / 1e6),
+        "factor_hash": factor_hash(model),
+    }
 
 
 def main() -> None:
-    n, users, items = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    base = rss()
-    data = generated_ratings(users, items, n)
-    after_data = rss()
-    peak_data = peak()
-    t = time.perf_counter()
-    model = DCR(max_iter=1).fit(data)
-    fit_s = time.perf_counter() - t
-    factors = model.U_.nbytes + model.V_.nbytes
-    top = peak() - base
-    print(f"ratings {n:,}  users {users:,}  items {items:,}  process start {base / 1e6:.0f} MB")
-    held, generating = (after_data - base) / n, (peak_data - base) / 1e6
-    print(f"generated ratings hold {held:.1f} B/rating; peak while generating {generating:.0f} MB")
-    print(f"fit of 1 epoch {fit_s:.1f} s; peak {top / 1e6:.0f} MB = {top / n:.0f} B/rating")
-    print(
-        f"factors U+V {factors / 1e6:.0f} MB = {factors / n:.0f} B/rating; the rest {(top - factors) / n:.0f} B/rating"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ratings", default="1e6,1e7", help="comma-separated counts (1e6,1e7,1e8)")
+    parser.add_argument("--shape", default="netflix", help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--models", default="dcr,pairwise", help="dcr, pairwise (Pairwise DCR, validated)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="append each row as a JSON line to this file")
+    parser.add_argument("--row", nargs=3, help=argparse.SUPPRESS)  # model ratings shape: run one row here
+    args = parser.parse_args()
+    if args.row:
+        model_name, n, shape = args.row
+        print(json.dumps(measure(model_name, int(float(n)), shape, args.seed)))
+        return
+    header = (
+        f"{'model':9} {'shape':8} {'ratings':>12} {'epoch s':>8} {'set-up s':>9} {'peak B/r':>9} "
+        f"{'factors':>8} {'rest':>6} {'ratings held':>13}"
     )
+    print(header)
+    for shape in args.shape.split(","):
+        for n in args.ratings.split(","):
+            for model_name in args.models.split(","):
+                out = subprocess.run(
+                    [sys.executable, __file__, "--seed", str(args.seed), "--row", model_name, n, shape],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                epoch = f"{row['epoch_s']:.2f}" if row["epoch_s"] is not None else f"({row['fit_s']:.0f})"
+                print(
+                    f"{row['model']:9} {row['shape']:8} {row['ratings']:>12,} {epoch:>8} {row['setup_s']:>9.2f} "
+                    f"{row['peak_b']:>9.1f} {row['factors_b']:>8.1f} {row['rest_b']:>6.1f} {row['data_b']:>13.1f}",
+                    flush=True,
+                )
+                if args.json:
+                    with open(args.json, "a") as f:
+                        f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ordrec.trainer.data import _lines
-from ordrec.trainer.data._lines import Column, parse_records
+from ordrec.trainer.data import lines as parsing
+from ordrec.trainer.data.lines import Column, parse_records
 from ordrec.trainer.data.readers import (
     FORMATS,
     SHAPES,
@@ -383,7 +383,7 @@ def _both_paths(path, sep, n_fields, columns, n_spaces, header_lines=0):
 
 
 def test_fast_path_equals_per_line_parser_across_chunks(tmp_path, monkeypatch):
-    monkeypatch.setattr(_lines, "CHUNK_BYTES", 64)  # many chunk boundaries, including mid-line
+    monkeypatch.setattr(parsing, "CHUNK_BYTES", 64)  # many chunk boundaries, including mid-line
     rng = np.random.default_rng(3)
     n = 500
     users, items = rng.integers(0, 40, n), rng.integers(0, 10**12, n)
@@ -410,7 +410,7 @@ def same_records(a, b) -> bool:
 @pytest.mark.parametrize(
     "body,engine",
     [
-        ("1\t2\t3\t4\n", "integer-ids"),
+        ("1\t2\t3\t4\n", "text-ids"),  # one fast path for integer and text ids
         ("1\t2\t3\t4\n 1\t2 \t3\t4\n", "text-ids"),  # spaces around ids are stripped by every parser
         ("01\t2\t3\t4\n1\t2\t3\t4\n", "text-ids"),  # "01" is not the integer 1
         ("u1\ti1\t3\t4\r\nu2\ti1\t5\t4\r\n", "text-ids"),
@@ -429,7 +429,7 @@ def test_numba_parsers_agree_with_per_line_parser(tmp_path, body, engine):
 
 
 def test_text_ids_across_chunks_with_a_shared_space(tmp_path, monkeypatch):
-    monkeypatch.setattr(_lines, "CHUNK_BYTES", 50)
+    monkeypatch.setattr(parsing, "CHUNK_BYTES", 50)
     rng = np.random.default_rng(5)
     names = [f"w{k}é" for k in range(300)] + ["x y", "tab\tinside"]  # latin-1 é, inner space and tab
     lines = []
@@ -482,12 +482,12 @@ def test_find_duplicates_matches_brute_force(pairs, sorted_path):
     group = np.array([g for g, _ in pairs], dtype=np.int32)
     value = np.array([v for _, v in pairs], dtype=np.int64)
     if sorted_path:  # force the sort-based branch used for huge value ranges
-        old, _lines.DENSE_LIMIT = _lines.DENSE_LIMIT, -(10**9)
+        old, parsing.DENSE_LIMIT = parsing.DENSE_LIMIT, -(10**9)
     try:
-        found = _lines.find_duplicates(group, 6, value, 8)
+        found = parsing.find_duplicates(group, 6, value, 8)
     finally:
         if sorted_path:
-            _lines.DENSE_LIMIT = old
+            parsing.DENSE_LIMIT = old
     first: dict = {}
     expected = []
     for k, pair in enumerate(pairs):
@@ -705,7 +705,7 @@ def parser(request, monkeypatch):
         def no_fallback(*args, **kwargs):
             raise AssertionError("the numba path fell back to the per-line parser")
 
-        monkeypatch.setattr(_lines, "_parse_lines", no_fallback)
+        monkeypatch.setattr(parsing, "parse_lines", no_fallback)
         return lambda *a, **k: parse_records(*a, **k)
     return lambda *a, **k: parse_records(*a, **k, fast=False)
 
@@ -805,8 +805,8 @@ def test_csv_timestamp_column_is_checked_when_present(tmp_path, header):
 
 @pytest.fixture
 def small_line_bound(monkeypatch):
-    monkeypatch.setattr(_lines, "MAX_LINE_BYTES", 64)
-    monkeypatch.setattr(_lines, "CHUNK_BYTES", 100)  # a long line spans chunks
+    monkeypatch.setattr(parsing, "MAX_LINE_BYTES", 64)
+    monkeypatch.setattr(parsing, "CHUNK_BYTES", 100)  # a long line spans chunks
 
 
 @pytest.mark.parametrize("name,line", [("u.data", "1\t{pad}\t3\t0"), ("r.csv", "u,{pad},3")])
@@ -844,8 +844,8 @@ def test_readers_report_long_lines_with_file_and_line(tmp_path, small_line_bound
 def test_a_long_line_is_never_held_whole(tmp_path, monkeypatch):
     import tracemalloc
 
-    monkeypatch.setattr(_lines, "MAX_LINE_BYTES", 1000)
-    monkeypatch.setattr(_lines, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(parsing, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(parsing, "CHUNK_BYTES", 4096)
     path = tmp_path / "r.csv"
     with open(path, "wb") as f:
         f.write(b"user,item,rating\na,b,1\nc,")
@@ -897,7 +897,7 @@ def test_messages_quote_binary_input_as_a_short_excerpt(tmp_path, parser, name, 
 
 
 def test_a_huge_timestamp_hits_the_real_line_bound(tmp_path, parser):
-    assert _lines.MAX_LINE_BYTES == 1 << 20
+    assert parsing.MAX_LINE_BYTES == 1 << 20
     path = str(write(tmp_path / "u.data", "1\t1\t5\t0\n2\t1\t4\t" + "7" * (2 << 20) + "\n3\t1\t3\t0\n"))
     with pytest.raises(DataError) as info:
         parser(path, "\t", 4, MOVIELENS_COLUMNS, 2)

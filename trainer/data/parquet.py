@@ -12,13 +12,19 @@ row (``file: row N: ...``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
-from ordrec.service.storage.idmap import IdMap
-from ordrec.trainer.data._lines import TIMESTAMP_DIGITS, Records, has_control
+from ordrec.trainer.data.lines import (
+    TIMESTAMP_DIGITS,
+    GrowingArray,
+    IdSpace,
+    LineGaps,
+    Records,
+    has_control,
+)
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 
 # One check over a whole column: the rows it fails, and the message for a failing row.
@@ -44,20 +50,26 @@ def parquet_columns(path: str) -> list[str]:
         raise DataError(path, None, f"not a readable Parquet file: {exc}") from None
 
 
-def read_columns(path: str, names: list[str]) -> list[Any]:
-    """The named columns as single pyarrow arrays (dictionary-encoded columns decoded)."""
+#: Rows per batch read from a Parquet file: its arrow columns stay a few tens of MB.
+BATCH_ROWS = 1 << 20
+
+
+def read_batches(path: str, names: list[str]) -> Iterator[list[Any]]:
+    """The named columns, batch by batch (row groups in pieces of at most :data:`BATCH_ROWS`
+    rows), as pyarrow arrays with dictionary-encoded columns decoded."""
     pa, _, pq = _pyarrow(path)
     try:
-        table = pq.read_table(path, columns=names)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=names)
+        for batch in batches:
+            out = []
+            for name in names:
+                column = batch.column(name)
+                if pa.types.is_dictionary(column.type):
+                    column = column.dictionary_decode()
+                out.append(column)
+            yield out
     except (pa.ArrowException, OSError) as exc:
         raise DataError(path, None, f"not a readable Parquet file: {exc}") from None
-    out = []
-    for name in names:
-        column = table.column(name).combine_chunks()
-        if pa.types.is_dictionary(column.type):
-            column = column.dictionary_decode()
-        out.append(column)
-    return out
 
 
 def _type_problem(pa, column, role: str) -> str | None:
@@ -146,45 +158,66 @@ def read_parquet_records(
 ) -> Records:
     """Records (user, item, rating) of a Parquet file; ``names`` are the user, item and rating columns.
 
-    ``Records.line`` gives 1-based row numbers. A bad row raises
-    ``DataError`` naming it, or is dropped and counted when ``skip_bad_lines``.
+    Read batch by batch (:func:`read_batches`) into growing int32 / float32 columns; ids
+    are numbered in order of first appearance across the file. ``Records.line`` gives
+    1-based row numbers. A bad row raises ``DataError`` naming it, or is dropped and
+    counted when ``skip_bad_lines``.
     """
     pa, pc, _ = _pyarrow(path)
     roles = ["user", "item", "rating"] + ["timestamp"] * len(timestamps)
-    columns = read_columns(path, names + timestamps)
-    check_types(path, names + timestamps, roles, columns)
-    if len(columns[0]) == 0:
+    spaces = [IdSpace(), IdSpace()]
+    ids = [GrowingArray(np.int32), GrowingArray(np.int32)]
+    ratings = GrowingArray(np.float32)
+    gaps = LineGaps(1)
+    offset = skipped = 0
+    for columns in read_batches(path, names + timestamps):
+        if offset == 0:
+            check_types(path, names + timestamps, roles, columns)
+        keep, bad = _checked_rows(pa, pc, columns, scale, offset, path, skip_bad_lines)
+        skipped += bad
+        rows = np.flatnonzero(keep)
+        mask = pa.array(keep)
+        for column, space, out in zip(columns[:2], spaces, ids):
+            # dictionary_encode numbers a batch's values in order of first appearance; the
+            # space numbers the ones it has not seen in that order, as the line readers do.
+            encoded = pc.dictionary_encode(column.filter(mask).cast("string"))
+            known = np.array([space.add(v) for v in encoded.dictionary.to_pylist()], dtype=np.int32)
+            out.extend(known[encoded.indices.to_numpy(zero_copy_only=False)])
+        ratings.extend(columns[2].cast(pa.float64()).filter(mask).to_numpy(zero_copy_only=False))
+        if rows.size:
+            gaps.note_run(ratings.size - rows.size, rows + offset + 1)
+        offset += len(columns[0])
+    if offset == 0:
         raise DataError(path, None, "no data rows")
+    if ratings.size == 0:
+        raise DataError(path, None, f"no data rows ({skipped} skipped as bad)")
+    return Records(
+        spaces=[s.idmap() for s in spaces],
+        ids=[x.finish() for x in ids],
+        numbers=[ratings.finish()],
+        first_line=1,
+        skipped=skipped,
+        engine="parquet",
+        gaps=gaps if gaps.at else None,
+    )
+
+
+def _checked_rows(
+    pa, pc, columns: list[Any], scale: RatingScale | None, offset: int, path: str, skip_bad_lines: bool
+) -> tuple[np.ndarray, int]:
+    """``(rows to keep, how many are bad)`` of one batch; the first bad row (numbered from
+    ``offset``) raises naming it unless bad rows are skipped."""
     user, item, rating = columns[:3]
     rating_null = np.asarray(rating.is_null())
-    ratings = rating.cast(pa.float64()).fill_null(math.nan).to_numpy()
+    values = rating.cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
     checks = (
         _id_checks(pc, user, "user")
         + _id_checks(pc, item, "item")
-        + _rating_checks(ratings, rating_null, scale)
+        + _rating_checks(values, rating_null, scale)
     )
     for column in columns[3:]:
         checks += _timestamp_checks(pa, column)
     bad, row, message = first_problem(checks)
     if row is not None and not skip_bad_lines:
-        raise DataError(path, None, message, row=row + 1)
-    keep = ~bad
-    if not keep.any():
-        raise DataError(path, None, f"no data rows ({int(bad.sum())} skipped as bad)")
-    mask = pa.array(keep)
-    spaces, ids = [], []
-    for column in (user, item):
-        # dictionary_encode numbers values in order of first appearance, as the line readers do.
-        encoded = pc.dictionary_encode(column.filter(mask).cast("string"))
-        spaces.append(IdMap(encoded.dictionary.to_pylist()))
-        ids.append(encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32))
-    rows = np.flatnonzero(keep).astype(np.int64) + 1
-    return Records(
-        spaces=spaces,
-        ids=ids,
-        numbers=[ratings[keep]],
-        first_line=1,
-        lines=None if row is None else rows,
-        skipped=int(bad.sum()),
-        engine="parquet",
-    )
+        raise DataError(path, None, message, row=offset + row + 1)
+    return ~bad, int(bad.sum())

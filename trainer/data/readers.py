@@ -31,12 +31,13 @@ import math
 import os
 import re
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from ordrec.service.storage.idmap import IdMap
-from ordrec.trainer.data._lines import (
+from ordrec.trainer.data.lines import (
     Column,
     IdSpace,
     Problems,
@@ -46,6 +47,7 @@ from ordrec.trainer.data._lines import (
     find_duplicates,
     has_control,
     iter_lines,
+    no_data_lines,
     parse_records,
     peek_lines,
     splitter,
@@ -243,14 +245,14 @@ def detect_format(path, shape: str) -> str:
     if not lines:
         raise DataError(path, None, "empty file (only blank lines)")
     sep = _separator(lines)
-    fmt = _FORMAT_BY_CONTENT[shape](sep, splitter(sep)(lines[0])) if sep else None
-    if fmt is None:
+    found = _FORMAT_BY_CONTENT[shape](sep, splitter(sep)(lines[0])) if sep else None
+    if found is None:
         raise DataError(
             path,
             None,
             f"cannot tell the format of this {shape} file; choose one with --format: {_choices(shape)}",
         )
-    return fmt
+    return found
 
 
 def _delimited(sep: str) -> str:
@@ -481,7 +483,7 @@ def read_ratings(
         [
             Column(idx[0], "user", space=0),
             Column(idx[1], "item", space=1),
-            Column(idx[2], "rating", kind="float", scale=scale),
+            Column(idx[2], "rating", kind="float", scale=scale, dtype="float32"),
             *checked,
         ],
         n_spaces=2,
@@ -505,7 +507,7 @@ def read_ratings(
         items,
         records.ids[0],
         records.ids[1],
-        records.numbers[0].astype(np.float32),
+        records.numbers[0].astype(np.float32, copy=False),
         source=path,
         skipped_lines=skipped,
     )
@@ -546,7 +548,7 @@ def _read_parquet_ratings(
         items,
         records.ids[0],
         records.ids[1],
-        records.numbers[0].astype(np.float32),
+        records.numbers[0].astype(np.float32, copy=False),
         source=path,
         skipped_lines=skipped,
     )
@@ -625,7 +627,7 @@ def read_tags(
     if tag_names is None and fmt == "lastfm-tags":
         beside = os.path.join(os.path.dirname(path), "tags.dat")
         tag_names = beside if os.path.isfile(beside) else False
-    if tag_names is not None and tag_names is not False:
+    if isinstance(tag_names, (str, os.PathLike, Mapping)):
         mapping = tag_names if isinstance(tag_names, Mapping) else _read_tag_names(os.fspath(tag_names))
         names = [mapping.get(t, t) for t in tags.ids]
     return TagAssignments(
@@ -686,11 +688,7 @@ def _parse_ml_tags(path: str, skip_bad_lines: bool) -> Records:
             out.append(space.add(value))
         lines.append(number)
     if not lines:
-        raise DataError(
-            path,
-            None,
-            "no data lines" + (f" ({problems.skipped} skipped as bad)" if problems.skipped else ""),
-        )
+        raise no_data_lines(path, problems.skipped)
     return Records(
         spaces=[s.idmap() for s in spaces],
         ids=[np.frombuffer(a, dtype=np.int32).copy() for a in rows],
@@ -762,7 +760,7 @@ def read_attributes(
     fmt = _choose(path, "attributes", fmt)
     problems = Problems(path, skip_bad_lines)
     headerless = column_names is not None
-    if headerless:
+    if column_names is not None:
         sep, attributes, header_lines = _named_columns(path, fmt, column_names)
     else:
         sep, attributes, header_lines = _attribute_header(path, fmt)
@@ -975,7 +973,7 @@ def read_neighbors(path, fmt: str = "auto", *, skip_bad_lines: bool = False) -> 
 
 
 # ------------------------------------------------------------------ dispatch
-_READERS = {
+_READERS: dict[str, Callable[..., Any]] = {
     "ratings": read_ratings,
     "tags": read_tags,
     "attributes": read_attributes,

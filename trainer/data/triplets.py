@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.storage.idmap import IdMap
-from ordrec.trainer.data._lines import Problems, iter_lines
+from ordrec.trainer.data.lines import Problems, iter_lines
 from ordrec.trainer.data.types import DataError, _fingerprint
 
 _SPLIT = re.compile(r"[,\t]")
@@ -75,7 +75,14 @@ def read_triplets(path: str, skip_bad_lines: bool = False) -> ConditionalTriplet
         raise DataError(path, None, "no triplets")
     arrays = [np.asarray(c, dtype=np.int32) for c in cols]
     return ConditionalTriplets(
-        IdMap(list(aspects)), IdMap(list(objects)), *arrays, source=str(path), skipped_lines=problems.skipped
+        IdMap(list(aspects)),
+        IdMap(list(objects)),
+        arrays[0],
+        arrays[1],
+        arrays[2],
+        arrays[3],
+        source=str(path),
+        skipped_lines=problems.skipped,
     )
 
 

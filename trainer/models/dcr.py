@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import copy
 import mmap
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -61,45 +62,22 @@ from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.models.dcr_kernels import (
+    UnratedSampler,
+    check_rows_finite,
+    held_out_rows,
+    normal_rows,
     pairwise_epoch,
     pairwise_epoch_by_user,
     pointwise_epoch,
     pointwise_epoch_by_user,
     pointwise_loglik,
+    rating_levels,
     shuffle_segments,
-    with_unrated,
+    user_csr,
 )
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
 from ordrec.trainer.models.selection import EarlyStopping, Gain, significant_gain
 from ordrec.trainer.progress import Progress
-
-
-def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """The ordered rating values and each rating's 0-based level index.
-
-    ``levels=None`` takes the distinct values present (so 0.5..5.0 in steps
-    of 0.5 gives ten levels); an explicit list keeps values no rating uses
-    (e.g. a scale 1..10 where nobody gave a 1). Ratings must be one of the
-    levels (to within 1e-6).
-    """
-    rating = np.asarray(rating, dtype=np.float64)
-    if levels is None:
-        values = np.unique(rating)
-    else:
-        if isinstance(levels, str):
-            levels = [float(x) for x in levels.split(",") if x.strip()]
-        values = np.unique(np.asarray(levels, dtype=np.float64))
-    if values.size < 2:
-        raise DataError(source, None, f"DCR needs at least two distinct rating values, got {values.tolist()}")
-    index = np.clip(np.searchsorted(values, rating), 0, values.size - 1)
-    below = np.clip(index - 1, 0, values.size - 1)
-    closer = np.abs(values[below] - rating) < np.abs(values[index] - rating)
-    index = np.where(closer, below, index)
-    bad = np.abs(values[index] - rating) > 1e-6
-    if np.any(bad):
-        raise DataError(source, None, f"rating {rating[bad][0]} is not one of the levels {values.tolist()}")
-    return values, index.astype(np.int32)
-
 
 # The paper's DCR where the defaults differ (they are the top-N model's): what `reproduce dcr`
 # and the `_paper` rows of `reproduce topn` fit.
@@ -131,14 +109,6 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
 
 
-def user_csr(n_users: int, user: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``indptr`` and the columns sorted by (user, first column)."""
-    order = np.lexsort((columns[0], user))
-    indptr = np.zeros(n_users + 1, dtype=np.int64)
-    np.cumsum(np.bincount(user, minlength=n_users), out=indptr[1:])
-    return (indptr,) + tuple(np.ascontiguousarray(col[order]) for col in columns)
-
-
 def _int_list(values) -> list[int]:
     """``level_epochs`` as a list of ints (``--set`` may pass "3,5,2,4")."""
     if isinstance(values, str):
@@ -150,21 +120,23 @@ def validation_split(
     train: Ratings, rng: np.random.Generator, fraction: float = 0.25, minimum: int = 2
 ) -> tuple[Ratings, Ratings]:
     """Hold out ``max(minimum, fraction * n_u)`` of each user's training ratings."""
-    counts = np.bincount(train.user, minlength=train.n_users)
-    held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
-    order = np.lexsort((rng.random(len(train)), train.user))
-    user_sorted = train.user[order]
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    position = np.arange(len(train)) - starts[user_sorted]
-    is_val = position < held[user_sorted]
-    return train.subset(np.sort(order[~is_val])), train.subset(np.sort(order[is_val]))
+    kept, held = held_out_rows(train.user, train.n_users, rng, fraction, minimum)
+    return train.subset(kept), train.subset(held)
 
 
 def holdouts(
     train: Ratings, rng: np.random.Generator, folds: int, fraction: float = 0.25
 ) -> list[tuple[Ratings, Ratings]]:
     """``folds`` (at least one) ``validation_split`` hold-outs of ``train``, drawn in turn from ``rng``."""
-    return [validation_split(train, rng, fraction) for _ in range(max(1, int(folds)))]
+    return list(each_holdout(train, rng, folds, fraction))
+
+
+def each_holdout(
+    train: Ratings, rng: np.random.Generator, folds: int, fraction: float = 0.25
+) -> Iterator[tuple[Ratings, Ratings]]:
+    """:func:`holdouts` one at a time (the same draws), so only one fold's copy is held."""
+    for _ in range(max(1, int(folds))):
+        yield validation_split(train, rng, fraction)
 
 
 def median_level_epochs(epochs: list) -> list[int]:
@@ -187,7 +159,7 @@ def stopped_level_epochs(
     research = replace(research or ResearchOptions(), level_epochs=None)
     epochs = [
         DCR(**params).fit(fit, validation=val, research=research, stopping=stopping).best_epochs_
-        for fit, val in holdouts(data, rng, folds, fraction)
+        for fit, val in each_holdout(data, rng, folds, fraction)
     ]
     return median_level_epochs(epochs)
 
@@ -596,7 +568,8 @@ class DCR(Estimator):
         self.epochs_run_ = len(self.loglik_history_)
         stopper.restore()
         # Rows without training ratings were never updated.
-        check_finite(self.epochs_run_ - 1, user_factors=U[active], item_factors=V)
+        check_rows_finite(self.epochs_run_ - 1, "user_factors", U, active)
+        check_finite(self.epochs_run_ - 1, item_factors=V)
         # Items (users) without training ratings keep no evidence: P = 1/2 at every level
         # (with the marginal init: the global per-level marginals they started from).
         if self.init != "marginal":
@@ -632,11 +605,10 @@ class DCR(Estimator):
                 )
         self.users_, self.items_ = data.users, data.items
         self.data_fingerprint_ = data.fingerprint()
-        user = np.ascontiguousarray(data.user, dtype=np.int64)
-        item = np.ascontiguousarray(data.item, dtype=np.int64)
-        self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
-            data.n_users, user, item.astype(np.int32), level
-        )
+        # The caller's int32 arrays, not copies: the fit holds no rating-sized index copy.
+        user = np.asarray(data.user, dtype=np.int32)
+        item = np.asarray(data.item, dtype=np.int32)
+        self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(data.n_users, user, item, level)
         self.item_counts_ = np.bincount(item, minlength=data.n_items)
         # The unknown-user fallback: what is picked most (top-N), or the damped mean rating (paper).
         self.item_popularity_ = (
@@ -659,8 +631,8 @@ class DCR(Estimator):
         rated = np.flatnonzero(self.item_counts_ > 0)
         U = lazy_zeros((n_users, L, f), self.dtype)
         V = np.zeros((n_items, L, f), dtype=self.dtype)
-        U[active] = rng.normal(0.0, self.init_std, size=(active.size, L, f))
-        V[rated] = rng.normal(0.0, self.init_std, size=(rated.size, L, f))
+        normal_rows(U, active, rng, self.init_std)
+        normal_rows(V, rated, rng, self.init_std)
         u_fixed, u_radius = self._bias_setup(U, V)
         if self.init == "marginal":
             self._marginal_init(U, V, item, level, active, u_fixed)
@@ -670,16 +642,15 @@ class DCR(Estimator):
     def _unrated(self) -> bool:
         return float(self.unrated_share) > 0.0
 
-    def _with_unrated(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The training ratings joined by a fresh draw of unrated items at level 0 (user CSR)."""
+    def _unrated_sampler(self) -> UnratedSampler:
+        """The training ratings joined, each epoch, by a fresh draw of unrated items at level 0."""
         weights = self.item_counts_.astype(np.float64) ** float(self.unrated_power)
-        return with_unrated(
+        return UnratedSampler(
             self.seen_indptr_,
             self.seen_indices_,
             self.seen_levels_,
             float(self.unrated_share) * np.diff(self.seen_indptr_).astype(np.float64),
             np.cumsum(weights),
-            int(rng.integers(2**31 - 1)),
         )
 
     def _converged(self) -> bool:
@@ -937,14 +908,15 @@ def _fit_pointwise(
     if by_user and not model._unrated:
         # Working copies: shuffle_segments permutes them in place every epoch.
         indptr = model.seen_indptr_
-        seg_items = model.seen_indices_.astype(np.int64)
+        seg_items = model.seen_indices_.copy()
         seg_levels = model.seen_levels_.copy()
+    sampler = model._unrated_sampler() if model._unrated else None
     with Progress("DCR", stopper.epochs, model.verbose) as bar:
         for epoch in range(stopper.epochs):
             lr = float(model.learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
             train = stopper.levels_to_train(epoch)
-            if model._unrated:
-                indptr, seg_items, seg_levels = model._with_unrated(rng)
+            if sampler is not None:
+                indptr, seg_items, seg_levels = sampler.draw(int(rng.integers(2**31 - 1)))
                 if not by_user:
                     user = np.repeat(np.arange(n_users, dtype=np.int64), np.diff(indptr))
                     item, level = seg_items, seg_levels
@@ -975,7 +947,8 @@ def _fit_pairwise(model: DCR, rng: np.random.Generator) -> None:
     c, _ = level_weights(model.levels_, model.relevance)
     bias = float(model.research_.item_bias)
     u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
-    indptr, items, levels = model.seen_indptr_, model.seen_indices_.astype(np.int64), model.seen_levels_
+    indptr, items, levels = model.seen_indptr_, model.seen_indices_, model.seen_levels_
+    sampler = model._unrated_sampler() if model._unrated else None
     # The arguments every pass's kernel shares: lambda of Eq. 5, the frozen coordinates, projection.
     step = (float(model.pairwise_reg), u_fixed, u_radius, model.research_.projection == "sphere")
     active = np.flatnonzero(np.diff(model.seen_indptr_) > (0 if model._unrated else 1))
@@ -983,8 +956,8 @@ def _fit_pairwise(model: DCR, rng: np.random.Generator) -> None:
     with Progress("Pairwise DCR", model.pairwise_max_iter, model.verbose) as bar:
         for epoch in range(int(model.pairwise_max_iter)):
             lr = float(model.pairwise_learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
-            if model._unrated:  # rated over unrated pairs too, from a fresh draw
-                indptr, items, levels = model._with_unrated(rng)
+            if sampler is not None:  # rated over unrated pairs too, from a fresh draw
+                indptr, items, levels = sampler.draw(int(rng.integers(2**31 - 1)))
             n_steps = int(round(float(model.pairs_per_epoch) * items.size))
             if model.research_.order == "user":
                 # Pairs grouped by user: U_u stays in cache for the user's draws.
@@ -997,7 +970,8 @@ def _fit_pairwise(model: DCR, rng: np.random.Generator) -> None:
                     U, V, indptr, items, levels, c, n_steps, lr, *step, int(rng.integers(2**31 - 1))
                 )
             # Users with fewer than 2 ratings draw no pairs, so their rows never change.
-            check_finite(epoch, user_factors=U[active], item_factors=V)
+            check_rows_finite(epoch, "user_factors", U, active)
+            check_finite(epoch, item_factors=V)
             model.pairwise_loss_ = float(loss)
             bar.update(1, loss=float(loss))
 
@@ -1046,10 +1020,11 @@ def refinement_scores(
     research = replace(model.research_, level_epochs=getattr(model, "best_epochs_", None))
     rng = np.random.default_rng([int(model.random_state), 3])
     pointwise, refined = [], []
-    for fit, val in holdouts(data, rng, folds, fraction):
+    for fit, val in each_holdout(data, rng, folds, fraction):
         point = DCR(**_pointwise_params(model)).fit(fit, research=research)
         pointwise.append(point.validation_values(val))
         refined.append(point.refined(**overrides).validation_values(val))
+        del point, fit, val  # the next fold's split and fit need not sit beside this one's
     if len({v.size for v in pointwise}) == 1:
         # Every fold holds out ratings of the same users: average each user's over folds.
         return np.mean(pointwise, axis=0), np.mean(refined, axis=0)

@@ -18,6 +18,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ordrec.trainer.data.line_kernels import counting_order, counting_reorder
+from ordrec.trainer.data.types import DataError
+from ordrec.trainer.models.base import check_finite
+
 # Reassociation lets LLVM vectorise the dot products and norms (sums in a
 # different order: rounding differences only). No "nnan"/"ninf": the NaN
 # checks must keep working.
@@ -543,6 +547,16 @@ def with_unrated(indptr, sorted_items, levels, want, cdf, seed):
 
 
 @njit(cache=True)
+def with_unrated_into(indptr, sorted_items, levels, want, cdf, seed, out_ptr, out_items, out_levels):
+    """:func:`with_unrated` written into buffers the caller allocated once (capacity
+    ``indptr[-1] + sum(ceil(want))``); the same draws. Returns the number of entries written."""
+    np.random.seed(seed)
+    return join_unrated_into(
+        indptr, sorted_items, levels, stochastic_counts(want), cdf, out_ptr, out_items, out_levels
+    )
+
+
+@njit(cache=True)
 def stochastic_counts(want):
     """``want`` (non-negative) rounded stochastically to integers: up with probability the
     fraction, so each count's mean is ``want``. Draws from numba's seeded stream."""
@@ -561,29 +575,175 @@ def join_unrated(indptr, sorted_items, levels, counts, cdf):
     from numba's stream as seeded by the caller). An item of zero weight is never drawn."""
     n_users = indptr.shape[0] - 1
     out_ptr = np.zeros(n_users + 1, dtype=np.int64)
+    capacity = indptr[n_users] + counts.sum()
+    out_items = np.empty(capacity, dtype=sorted_items.dtype)
+    out_levels = np.empty(capacity, dtype=levels.dtype)
+    n = join_unrated_into(indptr, sorted_items, levels, counts, cdf, out_ptr, out_items, out_levels)
+    return out_ptr, out_items[:n], out_levels[:n]
+
+
+@njit(cache=True)
+def join_unrated_into(indptr, sorted_items, levels, counts, cdf, out_ptr, out_items, out_levels):
+    """:func:`join_unrated` into the caller's ``out_ptr`` (users + 1), ``out_items`` and
+    ``out_levels`` (at least ``indptr[-1] + counts.sum()`` long); returns the entries written."""
+    n_users = indptr.shape[0] - 1
+    out_ptr[0] = 0
+    p = 0
     for u in range(n_users):
-        out_ptr[u + 1] = out_ptr[u] + indptr[u + 1] - indptr[u] + counts[u]
-    out_items = np.empty(out_ptr[-1], dtype=np.int64)
-    out_levels = np.empty(out_ptr[-1], dtype=levels.dtype)
-    for u in range(n_users):
-        lo, hi, p = indptr[u], indptr[u + 1], out_ptr[u]
+        lo, hi = indptr[u], indptr[u + 1]
         for q in range(lo, hi):
             out_items[p] = sorted_items[q]
             out_levels[p] = levels[q]
             p += 1
         for _ in range(counts[u]):
-            item = -1
             for _try in range(8):
                 draw = np.searchsorted(cdf, np.random.random() * cdf[-1], side="right")
                 draw = min(draw, cdf.shape[0] - 1)
                 if not _rated(sorted_items, lo, hi, draw):
-                    item = draw
+                    out_items[p] = draw
+                    out_levels[p] = 0
+                    p += 1
                     break
-            if item >= 0:
-                out_items[p] = item
-                out_levels[p] = 0
-                p += 1
         # A draw rejected 8 times leaves the segment short: the next one starts here.
         out_ptr[u + 1] = p
-    n = out_ptr[n_users]
-    return out_ptr, out_items[:n], out_levels[:n]
+    return p
+
+
+class UnratedSampler:
+    """Each epoch's training CSR for the top-N-aware fits: the ratings joined by a fresh
+    unrated draw (:func:`with_unrated`), written into buffers allocated once per fit so an
+    epoch's draw never sits beside the last one's (10 bytes per rating at share 1)."""
+
+    def __init__(
+        self, indptr: np.ndarray, items: np.ndarray, levels: np.ndarray, want: np.ndarray, cdf: np.ndarray
+    ):
+        self.indptr, self.items, self.levels, self.want, self.cdf = indptr, items, levels, want, cdf
+        capacity = int(indptr[-1]) + int(np.ceil(want).sum())
+        self.out_ptr = np.empty(indptr.size, dtype=np.int64)
+        self.out_items = np.empty(capacity, dtype=items.dtype)
+        self.out_levels = np.empty(capacity, dtype=levels.dtype)
+
+    def draw(self, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The CSR ``(indptr, items, levels)`` of a fresh draw seeded by ``seed`` (views of the
+        buffers: the next draw overwrites them)."""
+        n = with_unrated_into(
+            self.indptr,
+            self.items,
+            self.levels,
+            self.want,
+            self.cdf,
+            seed,
+            self.out_ptr,
+            self.out_items,
+            self.out_levels,
+        )
+        return self.out_ptr, self.out_items[:n], self.out_levels[:n]
+
+
+# ------------------------------------------------------------------ compact training arrays
+#: Ratings converted per step by :func:`rating_levels`: its float64 temporaries stay a few MB.
+LEVEL_CHUNK = 1 << 20
+
+
+def level_dtype(n_levels: int) -> np.dtype:
+    """The smallest integer type holding level indices ``0..n_levels`` (one spare for "not rated")."""
+    return np.dtype(np.int8 if n_levels < 127 else np.int16 if n_levels < 32767 else np.int32)
+
+
+def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """The ordered rating values and each rating's 0-based level index.
+
+    ``levels=None`` takes the distinct values present (so 0.5..5.0 in steps
+    of 0.5 gives ten levels); an explicit list keeps values no rating uses
+    (e.g. a scale 1..10 where nobody gave a 1). Ratings must be one of the
+    levels (to within 1e-6). The indices come in the smallest integer type
+    that holds them (:func:`level_dtype`), computed by chunks of
+    :data:`LEVEL_CHUNK` ratings so no rating-sized float64 copy is made.
+    """
+    rating = np.asarray(rating)
+    chunks = [rating[lo : lo + LEVEL_CHUNK] for lo in range(0, rating.size, LEVEL_CHUNK)]
+    if levels is None:
+        values = np.unique(np.concatenate([np.unique(c.astype(np.float64)) for c in chunks] or [np.empty(0)]))
+    else:
+        if isinstance(levels, str):
+            levels = [float(x) for x in levels.split(",") if x.strip()]
+        values = np.unique(np.asarray(levels, dtype=np.float64))
+    if values.size < 2:
+        raise DataError(source, None, f"DCR needs at least two distinct rating values, got {values.tolist()}")
+    out = np.empty(rating.size, dtype=level_dtype(values.size))
+    for lo, chunk in zip(range(0, rating.size, LEVEL_CHUNK), chunks):
+        out[lo : lo + chunk.size] = _nearest_level(values, chunk.astype(np.float64), source)
+    return values, out
+
+
+def _nearest_level(values: np.ndarray, rating: np.ndarray, source: str) -> np.ndarray:
+    """The index of the level nearest each rating; a rating further than 1e-6 from every level is a DataError."""
+    index = np.clip(np.searchsorted(values, rating), 0, values.size - 1)
+    below = np.clip(index - 1, 0, values.size - 1)
+    closer = np.abs(values[below] - rating) < np.abs(values[index] - rating)
+    index = np.where(closer, below, index)
+    bad = np.abs(values[index] - rating) > 1e-6
+    if np.any(bad):
+        raise DataError(source, None, f"rating {rating[bad][0]} is not one of the levels {values.tolist()}")
+    return index
+
+
+def user_csr(n_users: int, user: np.ndarray, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``indptr`` and the columns sorted by (user, first column), ties in input order.
+
+    Integer ids take two stable counting sorts (first column, then user: the
+    order of ``np.lexsort``) through one index array of 4 bytes per rating
+    below 2**31 ratings; other keys take ``np.lexsort``.
+    """
+    first = np.asarray(columns[0])
+    user = np.asarray(user)
+    if first.dtype.kind in "iu" and user.dtype.kind in "iu" and first.size and int(first.min()) >= 0:
+        index = np.int32 if user.size < 2**31 else np.int64
+        by_first = np.empty(user.size, dtype=index)
+        counting_order(first, int(first.max()) + 1, by_first)
+        order = np.empty(user.size, dtype=index)
+        counting_reorder(user, n_users, by_first, order)
+        del by_first
+    else:
+        order = np.lexsort((first, user))
+    indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(np.bincount(user, minlength=n_users), out=indptr[1:])
+    return (indptr,) + tuple(np.ascontiguousarray(col[order]) for col in columns)
+
+
+#: Factor rows drawn or checked per step: float64 temporaries of a few MB, never factor-sized.
+ROW_BLOCK = 1 << 12
+
+
+def normal_rows(X: np.ndarray, rows: np.ndarray, rng: np.random.Generator, std: float) -> None:
+    """``X[rows] = rng.normal(0, std, (rows.size,) + X.shape[1:])`` in blocks of rows: the same
+    draws in the same order as one call, without its float64 copy of the factors."""
+    for lo in range(0, rows.size, ROW_BLOCK):
+        block = rows[lo : lo + ROW_BLOCK]
+        X[block] = rng.normal(0.0, std, size=(block.size,) + X.shape[1:])
+
+
+def check_rows_finite(epoch: int, name: str, X: np.ndarray, rows: np.ndarray) -> None:
+    """``check_finite`` of ``X[rows]`` (named ``name``), in blocks of rows: no copy of the factors."""
+    for lo in range(0, rows.size, ROW_BLOCK):
+        check_finite(epoch, **{name: X[rows[lo : lo + ROW_BLOCK]]})
+
+
+def held_out_rows(
+    user: np.ndarray, n_users: int, rng: np.random.Generator, fraction: float, minimum: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Row indices ``(kept, held out)`` (ascending) of a hold-out of ``max(minimum, fraction * n_u)``
+    random ratings of each user; the flags computed by chunks, the rows int32 below 2**31."""
+    counts = np.bincount(user, minlength=n_users)
+    held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
+    order = np.lexsort((rng.random(user.size), user))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    is_held = np.empty(user.size, dtype=bool)
+    for lo in range(0, user.size, LEVEL_CHUNK):
+        owner = user[order[lo : lo + LEVEL_CHUNK]]
+        is_held[lo : lo + owner.size] = np.arange(lo, lo + owner.size) - starts[owner] < held[owner]
+    index = np.int32 if user.size < 2**31 else np.int64
+    kept, out = order[~is_held].astype(index), order[is_held].astype(index)
+    kept.sort()
+    out.sort()
+    return kept, out

@@ -47,6 +47,10 @@ def topn_recall(found: np.ndarray, relevant: np.ndarray, k: int) -> float:
     return float(np.isin(found[:k], relevant).sum()) / min(k, relevant.size)
 
 
+#: Scores per batch of users in :func:`served_recall_values` (16M float32: 64 MB).
+SCORE_BATCH = 1 << 24
+
+
 def served_recall_values(index, test: Ratings, threshold: float, k: int = 10) -> np.ndarray:
     """Per user with a held-out rating at or above ``threshold``: :func:`topn_recall` of the
     ``k`` items ``index`` recommends among all the user did not train on (``index.seen``)."""
@@ -55,7 +59,13 @@ def served_recall_values(index, test: Ratings, threshold: float, k: int = 10) ->
     order = np.argsort(users, kind="stable")
     users, items = users[order], items[order]
     rows, starts = np.unique(users, return_index=True)
-    lists = index.recommend_many(rows, k, excludes=[index.seen(int(u)) for u in rows])
+    # Users in batches of about SCORE_BATCH scores: a batch's score matrix stays tens of MB
+    # however many users are held out (480,000 x 17,770 at once would be 34 GB).
+    step = max(1, SCORE_BATCH // max(int(test.n_items), 1))
+    lists = []
+    for lo in range(0, rows.size, step):
+        part = rows[lo : lo + step]
+        lists += index.recommend_many(part, k, excludes=[index.seen(int(u)) for u in part])
     bounds = np.r_[starts, users.size]
     return np.array(
         [topn_recall(found, items[lo:hi], k) for (found, _), lo, hi in zip(lists, bounds[:-1], bounds[1:])],

@@ -1,11 +1,12 @@
-"""Numba kernel for the fast path of the line readers.
+"""Numba kernels of the line readers' fast path (:mod:`trainer.data.lines`).
 
 One pass over a chunk of raw bytes that holds whole lines of a delimited
-file whose interesting fields are plain numbers. It gives up (returns the
-byte offset of the line) at the first thing it is not sure about, so the
-caller can fall back to the exact per-line parser, which is the authority on
-what is an error. Whatever this kernel accepts, the per-line parser accepts
-with the same result.
+file: fields split, ids returned as byte ranges, numbers parsed. It gives up
+(returns the byte offset of the line) at the first thing it is not sure
+about, so the caller can judge that line by the per-line rules, which are
+the authority on what is an error. Whatever this kernel accepts, the
+per-line parser accepts with the same result. Then: ids interned in order of
+first appearance, and repeated pairs found without sorting.
 """
 
 from __future__ import annotations
@@ -16,29 +17,7 @@ from numba import njit
 from ordrec.trainer.data.types import on_scale
 
 _on_scale = njit(cache=True, inline="always")(on_scale)  # the per-line parser's own check
-_MAX_ID_DIGITS = 18  # stays below 2**63
 _MAX_NUMBER_DIGITS = 15  # mantissa < 2**53, so mantissa / 10**k is correctly rounded
-
-
-@njit(cache=True)
-def _parse_id(buf, start, end):
-    """Canonical non-negative decimal integer in buf[start:end], or -1.
-
-    Canonical means the text is exactly ``str(value)``: no sign, no leading
-    zero, no space, so the external id string is recovered by ``str``.
-    """
-    n = end - start
-    if n < 1 or n > _MAX_ID_DIGITS:
-        return -1
-    if n > 1 and buf[start] == 48:
-        return -1
-    value = 0
-    for p in range(start, end):
-        c = buf[p]
-        if c < 48 or c > 57:
-            return -1
-        value = value * 10 + (c - 48)
-    return value
 
 
 @njit(cache=True, inline="always")
@@ -121,95 +100,6 @@ def _is_timestamp(buf, start, end, most):
 
 
 @njit(cache=True)
-def parse_numeric_lines(
-    buf,
-    n_fields,
-    sep0,
-    sep1,
-    no_quotes,
-    id_slot,
-    num_slot,
-    num_int,
-    num_scale,
-    digits_max,
-    max_line,
-    out_ids,
-    out_num,
-):
-    """Parse whole lines of ``buf`` (uint8, ends with a newline).
-
-    Parameters
-    ----------
-    buf : uint8 array
-        Whole lines; ``\\n`` or ``\\r\\n`` endings.
-    n_fields : int
-        Fields every line must have.
-    sep0, sep1 : int
-        Separator bytes; ``sep1 == 0`` for a one-byte separator (``::`` is 58, 58).
-    no_quotes : bool
-        Give up at a line holding ``"`` (comma files may quote fields, and a
-        quoted comma changes the field count).
-    id_slot, num_slot : int64 arrays of length ``n_fields``
-        For field f, the column of ``out_ids`` (canonical integer id) or of
-        ``out_num`` (decimal number) it goes to, or -1 to ignore the field.
-    num_int : int64 array of length ``n_fields``
-        1 where the number must be an integer (``int(text)`` rejects "1.0").
-    num_scale : float64 array (n_fields, 3)
-        ``low, high, step`` of a number field's scale; step 0 for none.
-    digits_max : int64 array of length ``n_fields``
-        For a field that must be 1 to ``digits_max`` ASCII digits (a
-        timestamp), that bound; 0 for other fields.
-    max_line : int
-        Give up at a line of more bytes (before its ``\\n``).
-    out_ids : int64 array (rows, n_id_columns)
-    out_num : float64 array (rows, n_number_columns)
-
-    Returns
-    -------
-    (rows, bail) : rows parsed; ``bail`` is -1 when every line parsed, else
-    the byte offset of the first line the kernel did not accept.
-    """
-    end = buf.shape[0]
-    step = 1 if sep1 == 0 else 2
-    row = 0
-    p = 0
-    while p < end:
-        line_start = p
-        field = 0
-        while True:
-            q, field_end, at_eol = _scan_field(buf, p, end, sep0, sep1, no_quotes)
-            if q < 0:
-                return row, line_start
-            if field >= n_fields:
-                return row, line_start
-            s = id_slot[field]
-            if s >= 0:
-                value = _parse_id(buf, p, field_end)
-                if value < 0:
-                    return row, line_start
-                out_ids[row, s] = value
-            s = num_slot[field]
-            if s >= 0:
-                ok, number = _parse_number(buf, p, field_end, num_int[field] != 0)
-                if not ok or not _allowed(number, field, num_scale):
-                    return row, line_start
-                out_num[row, s] = number
-            if digits_max[field] > 0 and not _is_timestamp(buf, p, field_end, digits_max[field]):
-                return row, line_start
-            field += 1
-            if at_eol:
-                if q - line_start > max_line:
-                    return row, line_start
-                p = q + 1
-                break
-            p = q + step
-        if field != n_fields:
-            return row, line_start
-        row += 1
-    return row, -1
-
-
-@njit(cache=True)
 def parse_text_lines(
     buf,
     n_fields,
@@ -227,15 +117,47 @@ def parse_text_lines(
     out_end,
     out_num,
 ):
-    """Like :func:`parse_numeric_lines`, but ids may be any text: their byte ranges are returned.
+    """Parse whole lines of ``buf`` (uint8, ends with a newline); ids may be any text.
 
-    An id field is stripped of spaces (and of tabs when ``strip_tab``) at both
-    ends, exactly as the per-line parser strips it. The kernel gives up on an
-    empty id, an id holding an ASCII control byte (the per-line parser reports
-    those), and, with ``no_quotes``, on any ``"``. Non-ASCII bytes are kept;
-    the caller decodes each distinct id once and checks it.
+    Parameters
+    ----------
+    buf : uint8 array
+        Whole lines; ``\\n`` or ``\\r\\n`` endings.
+    n_fields : int
+        Fields every line must have.
+    sep0, sep1 : int
+        Separator bytes; ``sep1 == 0`` for a one-byte separator (``::`` is 58, 58).
+    no_quotes : bool
+        Give up at a line holding ``"`` (comma files may quote fields, and a
+        quoted comma changes the field count).
+    strip_tab : bool
+        Strip tabs as well as spaces around an id (not in tab-separated files).
+    id_slot, num_slot : int64 arrays of length ``n_fields``
+        For field f, the column of ``out_start``/``out_end`` (an id) or of
+        ``out_num`` (a decimal number) it goes to, or -1 to ignore the field.
+    num_int : int64 array of length ``n_fields``
+        1 where the number must be an integer (``int(text)`` rejects "1.0").
+    num_scale : float64 array (n_fields, 3)
+        ``low, high, step`` of a number field's scale; step 0 for none.
+    digits_max : int64 array of length ``n_fields``
+        For a field that must be 1 to ``digits_max`` ASCII digits (a
+        timestamp), that bound; 0 for other fields.
+    max_line : int
+        Give up at a line of more bytes (before its ``\\n``).
+    out_start, out_end : int64 arrays (rows, n_id_columns)
+        Receive each id's byte range, stripped of spaces (and tabs when
+        ``strip_tab``) exactly as the per-line parser strips it.
+    out_num : float64 array (rows, n_number_columns)
 
-    ``out_start[row, slot]`` / ``out_end[row, slot]`` receive the id's byte range.
+    The kernel gives up on an empty id, an id holding an ASCII control byte
+    (the per-line parser reports those), with ``no_quotes`` on any ``"``,
+    and on a number other than ``[-]d+[.d+]`` of at most 15 digits. Non-ASCII
+    bytes are kept; the caller decodes each distinct id once and checks it.
+
+    Returns
+    -------
+    (rows, bail) : rows parsed; ``bail`` is -1 when every line parsed, else
+    the byte offset of the first line the kernel did not accept.
     """
     end = buf.shape[0]
     step = 1 if sep1 == 0 else 2
@@ -378,85 +300,81 @@ def intern_ids(buf, starts, ends, slots, uhash, arena, offsets, n_unique, rows):
 
 
 @njit(cache=True)
-def first_appearance_dense(column, max_value):
-    """First-appearance numbering of non-negative integers ``<= max_value`` with a lookup table.
-
-    Returns ``(unique values in order of first appearance, int32 rows)``;
-    one pass, no sort.
-    """
-    table = np.full(max_value + 1, -1, dtype=np.int32)
-    rows = np.empty(column.shape[0], dtype=np.int32)
-    order = np.empty(column.shape[0], dtype=np.int64)
-    n = 0
-    for k in range(column.shape[0]):
-        v = column[k]
-        r = table[v]
-        if r < 0:
-            r = n
-            table[v] = n
-            order[n] = v
-            n += 1
-        rows[k] = r
-    return order[:n].copy(), rows
+def _count_starts(keys, n_keys):
+    """Where each key's run starts in a counting sort of ``keys`` (``n_keys + 1`` offsets)."""
+    start = np.zeros(n_keys + 1, dtype=np.int64)
+    for k in range(keys.shape[0]):
+        start[keys[k] + 1] += 1
+    for g in range(n_keys):
+        start[g + 1] += start[g]
+    return start
 
 
 @njit(cache=True)
-def grouped_duplicates(group, value, n_groups, n_values):
+def counting_order(keys, n_keys, out):
+    """``out`` receives the positions ``0..n-1`` ordered by ``keys`` (non-negative, below
+    ``n_keys``), ties in position order: a stable argsort in one pass."""
+    start = _count_starts(keys, n_keys)
+    for k in range(keys.shape[0]):
+        g = keys[k]
+        out[start[g]] = k
+        start[g] += 1
+
+
+@njit(cache=True)
+def counting_reorder(keys, n_keys, rows, out):
+    """``out`` receives ``rows`` ordered by ``keys[rows]``, ties in their order in ``rows``."""
+    start = _count_starts(keys, n_keys)
+    for k in range(rows.shape[0]):
+        g = keys[rows[k]]
+        out[start[g]] = rows[k]
+        start[g] += 1
+
+
+def grouped_duplicates(
+    group: np.ndarray, value: np.ndarray, n_groups: int, n_values: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Records whose ``(group, value)`` repeats an earlier record's, without sorting.
 
     A stable counting sort by ``group`` visits each group's records in file
     order; ``last_group[v]`` remembers which group last used value ``v`` and
     ``first[v]`` the record that did. Returns ``(later, earlier)`` record
-    indices, ``earlier`` being the first record with the same pair.
+    indices, ``earlier`` being the first record with the same pair. The visit
+    order is int32 below 2**31 records, and the outputs are sized by a first
+    counting pass (repeats are rare): 4 bytes per record beside the input.
     """
     n = group.shape[0]
-    start = np.zeros(n_groups + 1, dtype=np.int64)
-    for k in range(n):
-        start[group[k] + 1] += 1
-    for g in range(n_groups):
-        start[g + 1] += start[g]
-    order = np.empty(n, dtype=np.int64)
-    for k in range(n):
-        g = group[k]
-        order[start[g]] = k
-        start[g] += 1
+    order = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+    counting_order(group, n_groups, order)
+    m = _visit_repeats(order, group, value, n_values, np.empty(0, np.int64), np.empty(0, np.int64))
+    later = np.empty(m, dtype=np.int64)
+    earlier = np.empty(m, dtype=np.int64)
+    _visit_repeats(order, group, value, n_values, later, earlier)
+    return later, earlier
+
+
+@njit(cache=True)
+def _visit_repeats(order, group, value, n_values, later, earlier):
+    """Count the repeated ``(group, value)`` records visited in ``order`` (grouped by
+    ``group``), writing them to ``later``/``earlier`` when those have room; returns the count."""
     last_group = np.full(n_values, -1, dtype=np.int32)
     first = np.empty(n_values, dtype=np.int64)
-    later = np.empty(n, dtype=np.int64)
-    earlier = np.empty(n, dtype=np.int64)
     m = 0
-    for idx in range(n):
+    for idx in range(order.shape[0]):
         k = order[idx]
         g = group[k]
         v = value[k]
         if last_group[v] == g:
-            later[m] = k
-            earlier[m] = first[v]
+            if m < later.shape[0]:
+                later[m] = k
+                earlier[m] = first[v]
             m += 1
         else:
             last_group[v] = g
             first[v] = k
-    return later[:m].copy(), earlier[:m].copy()
+    return m
 
 
 # Lookup tables (entries) the kernels above may allocate beyond two per record;
 # larger id or value ranges take the sort-based path instead.
 DENSE_LIMIT = 1 << 22
-
-
-def first_appearance(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Unique values of a non-negative integer column in order of first appearance, and the column as rows.
-
-    Vectorised equivalent of ``IdMap.from_values`` for integer ids: a lookup
-    table when the values are small enough (MovieLens, Last.fm), else a sort.
-    """
-    if column.size == 0:
-        return column[:0].astype(np.int64), np.empty(0, dtype=np.int32)
-    top = int(column.max())
-    if top < column.size * 2 + DENSE_LIMIT:
-        return first_appearance_dense(column, top)
-    unique, first, inverse = np.unique(column, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    rank = np.empty(order.size, dtype=np.int32)
-    rank[order] = np.arange(order.size, dtype=np.int32)
-    return unique[order], rank[inverse.ravel()]

@@ -1,25 +1,29 @@
-"""Shared line and field parsing for the readers.
+"""The delimited-file rules every line reader shares, and its two parsers.
 
-Three parsers read the same delimited files, tried in this order:
+One set of rules (:func:`check_fields`: field counts, ids, numbers, scales,
+timestamps, line length; errors name the file and the 1-based line) and two
+parsers that apply them:
 
-- integer ids (numba): chunks of raw bytes, canonical integer ids and plain
-  decimal numbers, ids numbered with a lookup table (MovieLens, Last.fm);
-- text ids (numba): the same pass, but ids are byte ranges interned into a
-  hash table and decoded once per distinct id; a line the kernel does not
-  take is judged on its own by :func:`check_fields` (the per-line parser's
-  check), then the kernel resumes, so bad lines are reported or skipped
-  without re-reading the file;
-- the per-line parser, the reference: it validates every line, names the
-  file, the 1-based line number and the problem, and can skip bad lines.
+- the fast path (:func:`parse_records_fast`, numba kernels in
+  :mod:`trainer.data.line_kernels`): the file in bounded chunks of raw bytes;
+  ids are byte ranges interned into a hash table and decoded once per
+  distinct id, numbers parsed in the kernel; a line the kernel does not take
+  is judged on its own by :func:`check_fields`, then the kernel resumes, so
+  bad lines are reported or skipped without re-reading the file. Output
+  columns grow in place (int32 ids, numbers in their column's dtype), so no
+  per-record Python object and no second copy of a column is made;
+- the per-line parser (:func:`parse_lines`), the reference: it splits and
+  validates every line, and reads what the fast path hands over.
 
-The numba parsers hand the file to the per-line parser whenever they cannot
-be sure to match it (a BOM, a C1 control inside an id, a check that fails
-after the kernel), so whatever they return, the per-line parser returns too,
-and their errors are its errors (tests/test_readers.py checks both ways).
+The fast path hands the file to the per-line parser whenever it cannot be
+sure to match it (a BOM, a C1 control inside an id, a check that fails after
+the kernel), so whatever it returns the per-line parser returns too, and its
+errors are the per-line parser's (tests/test_readers.py checks both ways).
 """
 
 from __future__ import annotations
 
+import bisect
 import codecs
 import csv
 import math
@@ -32,14 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ordrec.service.storage.idmap import IdMap
-from ordrec.trainer.data._fast_kernels import (
-    DENSE_LIMIT,
-    first_appearance,
-    grouped_duplicates,
-    intern_ids,
-    parse_numeric_lines,
-    parse_text_lines,
-)
+from ordrec.trainer.data.line_kernels import DENSE_LIMIT, grouped_duplicates, intern_ids, parse_text_lines
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 
 CHUNK_BYTES = 1 << 24  # 16 MiB of lines per kernel call keeps memory bounded on 10M-line files
@@ -220,10 +217,75 @@ class Column:
     space: int = 0
     minimum: float | None = None  # numbers only
     scale: RatingScale | None = None  # numbers only: the values allowed
+    dtype: str = "float64"  # numbers only: the type they are kept in (ratings: float32)
 
     @property
     def is_number(self) -> bool:
         return self.kind in ("float", "int")
+
+
+class LineGaps:
+    """The line number of every record, kept as the few places where it jumps.
+
+    Records read from consecutive lines need no entry; a blank, skipped or
+    header line adds one (``at``: the first record after it, ``shift``: its
+    line minus ``first_line`` minus its index). 8 bytes per gap, not per record.
+    """
+
+    def __init__(self, first_line: int):
+        self.first_line = first_line
+        self.at = array("q")
+        self.shift = array("q")
+
+    def note(self, record: int, line: int) -> None:
+        """Record ``record`` (and those after it, until the next note) starts on ``line``."""
+        shift = line - self.first_line - record
+        if shift != (self.shift[-1] if self.shift else 0):
+            self.at.append(record)
+            self.shift.append(shift)
+
+    def note_run(self, record: int, lines: np.ndarray) -> None:
+        """Records ``record, record + 1, ...`` are on ``lines`` (ascending): a note per jump only."""
+        jumps = np.flatnonzero(np.diff(lines) != 1) + 1
+        for k in np.r_[0, jumps].tolist():
+            self.note(record + k, int(lines[k]))
+
+    def line(self, record: int) -> int:
+        k = bisect.bisect_right(self.at, record) - 1
+        return self.first_line + record + (self.shift[k] if k >= 0 else 0)
+
+    def lines(self, n: int) -> np.ndarray:
+        """Every record's line as an int64 array (for dropping records)."""
+        out = self.first_line + np.arange(n, dtype=np.int64)
+        for k, (start, shift) in enumerate(zip(self.at, self.shift)):
+            stop = self.at[k + 1] if k + 1 < len(self.at) else n
+            out[start:stop] += shift
+        return out
+
+
+class GrowingArray:
+    """A typed column appended to in blocks and grown in place (``ndarray.resize``, a
+    ``realloc``), so a column of n values never sits beside a second copy of itself."""
+
+    def __init__(self, dtype, capacity: int = 1 << 16):
+        self.data = np.empty(capacity, dtype=dtype)
+        self.size = 0
+
+    def extend(self, values) -> None:
+        need = self.size + len(values)
+        if need > self.data.size:
+            self.data.resize(max(need, self.data.size + self.data.size // 2), refcheck=False)
+        self.data[self.size : need] = values
+        self.size = need
+
+    def view(self) -> np.ndarray:
+        """The values so far (a view: do not keep it across ``extend``)."""
+        return self.data[: self.size]
+
+    def finish(self) -> np.ndarray:
+        """The values, the spare capacity given back."""
+        self.data.resize(self.size, refcheck=False)
+        return self.data
 
 
 @dataclass
@@ -232,20 +294,26 @@ class Records:
 
     spaces: list[IdMap]
     ids: list[np.ndarray]  # int32 per id column
-    numbers: list[np.ndarray]  # float64 per number column
-    first_line: int  # line of record 0 when ``lines`` is None (no gaps)
-    lines: np.ndarray | None = None  # int64 line per record when lines have gaps
+    numbers: list[np.ndarray]  # per number column, in the column's dtype
+    first_line: int  # line of record 0 when ``lines`` and ``gaps`` are None (no gaps)
+    lines: np.ndarray | None = None  # int64 line per record, when given row by row
     skipped: int = 0
     fast: bool = False
-    engine: str = "per-line"  # which parser read the file: "integer-ids", "text-ids" or "per-line"
+    engine: str = "per-line"  # which parser read the file: "text-ids" (the fast path) or "per-line"
+    gaps: LineGaps | None = None  # the line numbers as their jumps, when ``lines`` is None
 
     def line(self, record: int) -> int:
-        return int(self.lines[record]) if self.lines is not None else self.first_line + int(record)
+        if self.lines is not None:
+            return int(self.lines[record])
+        if self.gaps is not None:
+            return self.gaps.line(int(record))
+        return self.first_line + int(record)
 
     def keep(self, mask: np.ndarray) -> None:
         """Drop the records where ``mask`` is False (after skipping bad ones)."""
         if self.lines is None:
-            self.lines = self.first_line + np.arange(mask.size, dtype=np.int64)
+            gaps = self.gaps or LineGaps(self.first_line)
+            self.lines = gaps.lines(mask.size)
         self.ids = [x[mask] for x in self.ids]
         self.numbers = [x[mask] for x in self.numbers]
         self.lines = self.lines[mask]
@@ -272,7 +340,8 @@ def parse_records(
 
     ``header_lines`` leading lines are skipped (the caller has read them).
     ``distinct=(a, b)`` names two id columns (indices into ``columns``) that
-    must differ on every line (no self-edges).
+    must differ on every line (no self-edges). ``fast``: try the numba path
+    (:func:`parse_records_fast`) before the per-line parser (:func:`parse_lines`).
     """
     if fast:
         records = parse_records_fast(
@@ -280,7 +349,7 @@ def parse_records(
         )
         if records is not None:
             return records
-    return _parse_lines(
+    return parse_lines(
         path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct, encoding
     )
 
@@ -325,24 +394,30 @@ def check_fields(
                 )
             continue
         try:
-            value = int(text_value) if c.kind == "int" else float(text_value)
+            number: float = int(text_value) if c.kind == "int" else float(text_value)
         except ValueError:
             kind = "an integer" if c.kind == "int" else "a number"
             return f"{c.name} {excerpt(text_value)} is not {kind}", []
-        if c.kind == "float" and not math.isfinite(value):
+        if c.kind == "float" and not math.isfinite(number):
             return f"{c.name} {excerpt(text_value)} is not a finite number", []
-        if c.minimum is not None and value < c.minimum:
+        if c.minimum is not None and number < c.minimum:
             return f"{c.name} {excerpt(text_value)} is below the minimum {c.minimum:g}", []
-        off_scale = c.scale.problem(value) if c.scale is not None else None
+        off_scale = c.scale.problem(number) if c.scale is not None else None
         if off_scale:
             return f"{c.name} {excerpt(text_value)} {off_scale}", []
-        values.append(value)
+        values.append(number)
     return None, values
 
 
-def _parse_lines(
-    path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct, encoding
+def no_data_lines(path: str, skipped: int) -> DataError:
+    """The error of a file without a data line, counting the lines skipped as bad."""
+    return DataError(path, None, "no data lines" + (f" ({skipped} skipped as bad)" if skipped else ""))
+
+
+def parse_lines(
+    path, sep, n_fields, columns, n_spaces, header_lines, skip_bad_lines, distinct, encoding=None
 ) -> Records:
+    """The per-line parser, the reference: every line split and judged by :func:`check_fields`."""
     problems = Problems(path, skip_bad_lines)
     split = splitter(sep)
     spaces = [IdSpace() for _ in range(n_spaces)]
@@ -351,7 +426,8 @@ def _parse_lines(
     num_columns = [c for c in columns if c.is_number]
     id_out = [array("i") for _ in id_columns]
     num_out = [array("d") for _ in num_columns]
-    lines = array("q")
+    gaps: LineGaps | None = None
+    count = 0
     for number, text in iter_lines(path, encoding, problems):
         if number <= header_lines or not text.strip():
             continue  # a blank line holds no data, so passing over it loses nothing
@@ -362,22 +438,20 @@ def _parse_lines(
             continue
         for out, c in zip(id_out, id_columns):
             out.append(spaces[c.space].add(fields[c.field]))
-        for out, value in zip(num_out, values):
-            out.append(value)
-        lines.append(number)
-    if not lines:
-        raise DataError(
-            path,
-            None,
-            "no data lines" + (f" ({problems.skipped} skipped as bad)" if problems.skipped else ""),
-        )
+        for numbers_out, parsed in zip(num_out, values):
+            numbers_out.append(parsed)
+        gaps = gaps or LineGaps(number)
+        gaps.note(count, number)
+        count += 1
+    if gaps is None:
+        raise no_data_lines(path, problems.skipped)
     return Records(
         spaces=[s.idmap() for s in spaces],
-        ids=[np.frombuffer(a, dtype=np.int32).copy() for a in id_out],
-        numbers=[np.frombuffer(a, dtype=np.float64).copy() for a in num_out],
-        first_line=int(lines[0]),
-        lines=np.frombuffer(lines, dtype=np.int64).copy(),
+        ids=[np.frombuffer(a, dtype=np.int32) for a in id_out],
+        numbers=[np.frombuffer(a, dtype=np.float64).astype(c.dtype) for a, c in zip(num_out, num_columns)],
+        first_line=gaps.first_line,
         skipped=problems.skipped,
+        gaps=gaps,
     )
 
 
@@ -456,83 +530,30 @@ def _starts_with_bom(path: str) -> bool:
 def parse_records_fast(
     path, sep, n_fields, columns, n_spaces, header_lines, distinct, skip_bad_lines
 ) -> Records | None:
-    """The numba paths: integer ids, then text ids; None when the per-line parser must read the file."""
+    """The numba path; None when the per-line parser must read the file."""
     layout = _layout(sep, n_fields, columns)
     if layout is None or _starts_with_bom(path):
         return None  # a BOM is rare; the per-line parser strips it
-    records = _parse_integer_ids(path, n_fields, header_lines, sep == ",", layout, n_spaces)
-    if records is None:
-        records = _parse_text_ids(
-            path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct, skip_bad_lines
-        )
-    if records is None or not _passes_checks(records, layout, columns, distinct):
+    records = _parse_text_ids(
+        path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct, skip_bad_lines
+    )
+    if records is None or not _passes_checks(records.ids, records.numbers, layout, columns, distinct):
         return None
     return records
 
 
-def _passes_checks(records: Records, layout, columns, distinct) -> bool:
-    """The per-line parser's checks that the kernels leave to afterwards (integers, minimum, self-edges)."""
+def _passes_checks(ids, numbers, layout, columns, distinct) -> bool:
+    """The per-line parser's checks that the kernel leaves to afterwards (minimum, self-edges)."""
     id_columns, num_columns = layout[2], layout[3]
-    for value, c in zip(records.numbers, num_columns):
+    for value, c in zip(numbers, num_columns):
         if c.minimum is not None and np.any(value < c.minimum):
             return False
     if distinct is not None:
         a = id_columns.index(columns[distinct[0]])
         b = id_columns.index(columns[distinct[1]])
-        if np.any(records.ids[a] == records.ids[b]):
+        if np.any(ids[a] == ids[b]):
             return False
     return True
-
-
-def _parse_integer_ids(path, n_fields, header_lines, no_quotes, layout, n_spaces) -> Records | None:
-    """Canonical integer ids (MovieLens, Last.fm): parse, then number with a lookup table."""
-    sep0, sep1, id_columns, num_columns, id_slot, num_slot, rules = layout
-    id_parts, num_parts = [], []
-    for n, data in _chunks(path, header_lines):
-        buf = np.frombuffer(data, dtype=np.uint8)
-        out_ids = np.empty((n, max(len(id_columns), 1)), dtype=np.int64)
-        out_num = np.empty((n, max(len(num_columns), 1)), dtype=np.float64)
-        rows, bail = parse_numeric_lines(
-            buf, n_fields, sep0, sep1, no_quotes, id_slot, num_slot, *rules, MAX_LINE_BYTES, out_ids, out_num
-        )
-        if bail >= 0:
-            return None
-        # Narrow per chunk so a 10M-line file never holds all columns as int64.
-        ids = out_ids[:rows, : len(id_columns)]
-        if ids.size and ids.max() < 2**31:
-            ids = ids.astype(np.int32)
-        id_parts.append(ids)
-        num_parts.append(out_num[:rows, : len(num_columns)].copy())
-        del out_ids, out_num
-    if not id_parts or sum(p.shape[0] for p in id_parts) == 0:
-        return None
-    ids_all = np.concatenate(id_parts) if len(id_parts) > 1 else id_parts[0]
-    del id_parts
-    numbers = [np.concatenate([p[:, s] for p in num_parts]) for s in range(len(num_columns))]
-    del num_parts
-    # Number each id space in order of first appearance, reading the columns
-    # of one space interleaved line by line, exactly as the per-line parser does.
-    spaces: list[IdMap] = []
-    rows_out: list[np.ndarray | None] = [None] * len(id_columns)
-    for space in range(n_spaces):
-        slots = [s for s, c in enumerate(id_columns) if c.space == space]
-        if not slots:
-            spaces.append(IdMap([]))
-            continue
-        column = ids_all[:, slots].ravel()  # row-major: line by line, columns in order
-        unique, rows = first_appearance(column)
-        rows = rows.reshape(-1, len(slots))
-        for j, s in enumerate(slots):
-            rows_out[s] = np.ascontiguousarray(rows[:, j])
-        spaces.append(IdMap([str(v) for v in unique.tolist()]))
-    return Records(
-        spaces=spaces,
-        ids=rows_out,
-        numbers=numbers,
-        first_line=header_lines + 1,
-        fast=True,
-        engine="integer-ids",
-    )
 
 
 class _Interner:
@@ -558,6 +579,54 @@ class _Interner:
         return [data[a:b].decode(codec) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+class _Columns:
+    """The fast path's output: id rows (int32) and numbers (each column's dtype) grown in
+    place chunk by chunk, ids interned per id space, and the line numbers as their jumps."""
+
+    def __init__(self, id_columns, num_columns, n_spaces: int, first_line: int):
+        self.space_slots = [[s for s, c in enumerate(id_columns) if c.space == sp] for sp in range(n_spaces)]
+        self.interners = [_Interner() for _ in range(n_spaces)]
+        self.rows = [GrowingArray(np.int32) for _ in id_columns]
+        self.numbers = [GrowingArray(c.dtype) for c in num_columns]
+        self.gaps = LineGaps(first_line)
+        self.count = 0
+
+    def add(self, buf, starts, ends, numbers, line: int) -> None:
+        """Records of consecutive lines from ``line`` on: id byte ranges into ``buf``, numbers (rows x columns)."""
+        for space, slots in enumerate(self.space_slots):
+            if slots:
+                got = self.interners[space].add(
+                    buf, np.ascontiguousarray(starts[:, slots]), np.ascontiguousarray(ends[:, slots])
+                )
+                for j, s in enumerate(slots):
+                    self.rows[s].extend(got[:, j])
+        for s, out in enumerate(self.numbers):
+            out.extend(numbers[:, s])
+        self.gaps.note(self.count, line)
+        self.count += len(numbers)
+
+    def records(self, codec: str, skipped: int) -> Records | None:
+        """The records, or None when there are none or an id needs the per-line parser's verdict."""
+        if self.count == 0:
+            return None
+        spaces = []
+        for interner in self.interners:
+            ids = interner.ids(codec)
+            if any(has_control(x) for x in ids):
+                return None  # C1 controls or U+2028/2029: the per-line parser names the line
+            spaces.append(IdMap(ids))
+        return Records(
+            spaces=spaces,
+            ids=[r.finish() for r in self.rows],
+            numbers=[n.finish() for n in self.numbers],
+            first_line=self.gaps.first_line,
+            skipped=skipped,
+            fast=True,
+            engine="text-ids",
+            gaps=self.gaps if self.gaps.at else None,
+        )
+
+
 def _parse_text_ids(
     path, sep, n_fields, header_lines, layout, n_spaces, columns, distinct, skip_bad_lines
 ) -> Records | None:
@@ -577,43 +646,8 @@ def _parse_text_ids(
     codec = "utf-8" if encoding == "utf-8-sig" else encoding
     split = splitter(sep)
     problems = Problems(path, skip_bad_lines)
-    space_slots = [[s for s, c in enumerate(id_columns) if c.space == space] for space in range(n_spaces)]
-    interners = [_Interner() for _ in range(n_spaces)]
-    row_parts: list[list[np.ndarray]] = [[] for _ in id_columns]
-    num_parts: list[np.ndarray] = []
-    line_parts: list[np.ndarray] = []
-    gaps = False
+    out = _Columns(id_columns, num_columns, n_spaces, header_lines + 1)
     line = header_lines + 1
-
-    def intern(buf, starts, ends):
-        for space, slots in enumerate(space_slots):
-            if slots:
-                got = interners[space].add(
-                    buf, np.ascontiguousarray(starts[:, slots]), np.ascontiguousarray(ends[:, slots])
-                )
-                for j, s in enumerate(slots):
-                    row_parts[s].append(np.ascontiguousarray(got[:, j]))
-
-    def records() -> Records | None:
-        if not num_parts or sum(p.shape[0] for p in num_parts) == 0:
-            return None
-        spaces = []
-        for interner in interners:
-            ids = interner.ids(codec)
-            if any(has_control(x) for x in ids):
-                return None  # C1 controls or U+2028/2029: the per-line parser names the line
-            spaces.append(IdMap(ids))
-        return Records(
-            spaces=spaces,
-            ids=[np.concatenate(parts) for parts in row_parts],
-            numbers=[np.concatenate([p[:, s] for p in num_parts]) for s in range(n_num)],
-            first_line=header_lines + 1,
-            lines=np.concatenate(line_parts) if gaps else None,
-            skipped=problems.skipped,
-            fast=True,
-            engine="text-ids",
-        )
-
     for n, data in _chunks(path, header_lines):
         whole = np.frombuffer(data, dtype=np.uint8)
         out_start = np.empty((n, max(n_id, 1)), dtype=np.int64)
@@ -638,14 +672,11 @@ def _parse_text_ids(
                 out_num,
             )
             if rows:
-                intern(buf, out_start[:rows], out_end[:rows])
-                num_parts.append(out_num[:rows, :n_num].copy())
-                line_parts.append(np.arange(line, line + rows, dtype=np.int64))
+                out.add(buf, out_start[:rows], out_end[:rows], out_num[:rows, :n_num], line)
                 line += rows
             if bail < 0:
                 break
             # One line the kernel did not take: judge it as the per-line parser does.
-            gaps = True
             start = pos + bail
             stop = data.index(b"\n", start)
             problem, fields, values = _judge_raw_line(
@@ -653,26 +684,35 @@ def _parse_text_ids(
             )
             if fields is not None:
                 if problem is not None:
-                    if not skip_bad_lines:
-                        # Report it only if no earlier line breaks a check made afterwards;
-                        # else the per-line parser finds that earlier line.
-                        so_far = records()
-                        if so_far is not None and not _passes_checks(so_far, layout, columns, distinct):
-                            return None
-                        if so_far is None and num_parts:
-                            return None
+                    # Report it only if no earlier line breaks a check made afterwards (else the
+                    # per-line parser finds that earlier line) and no earlier id needs its verdict.
+                    if not skip_bad_lines and (
+                        not _passes_checks(
+                            [r.view() for r in out.rows],
+                            [x.view() for x in out.numbers],
+                            layout,
+                            columns,
+                            distinct,
+                        )
+                        or any(has_control(x) for i in out.interners for x in i.ids(codec))
+                    ):
+                        return None
                     problems.bad(line, problem)
                 else:
                     encoded = [fields[c.field].encode(codec) for c in id_columns]
                     bounds = np.cumsum([0] + [len(e) for e in encoded])
                     blob = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
-                    intern(blob, bounds[None, :-1].astype(np.int64), bounds[None, 1:].astype(np.int64))
-                    num_parts.append(np.array(values, dtype=np.float64).reshape(1, n_num))
-                    line_parts.append(np.array([line], dtype=np.int64))
+                    out.add(
+                        blob,
+                        bounds[None, :-1].astype(np.int64),
+                        bounds[None, 1:].astype(np.int64),
+                        np.array(values, dtype=np.float64).reshape(1, n_num),
+                        line,
+                    )
             line += 1
             pos = stop + 1
         del out_start, out_end, out_num
-    return records()
+    return out.records(codec, problems.skipped)
 
 
 def _judge_raw_line(raw: bytes, codec: str, split, n_fields, sep, columns, distinct):
