@@ -139,27 +139,43 @@ class ItemAttributes:
     def from_artifact(cls, artifact: Artifact, n_items: int) -> ItemAttributes:
         """Read the attributes a version publishes (none: an empty set); ArtifactError on a bad one."""
         meta = artifact.attributes.get(ATTRIBUTES_KEY) or []
-        columns: dict[str, _Numeric | _Categorical] = {}
         try:
-            for position, column in enumerate(meta):
-                name, kind, prefix = str(column["name"]), column["type"], _array_prefix(position)
-                if kind == "numeric":
-                    values = np.asarray(artifact.array(f"{prefix}_num"), dtype=np.float64)
-                    if values.shape != (n_items,):
-                        raise ValueError(f"{values.shape} values for {n_items} items")
-                    columns[name] = _Numeric(values)
-                elif kind == "categorical":
-                    columns[name] = cls._categorical(artifact, prefix, list(column["values"]), n_items)
-                else:
-                    raise ValueError(f"unknown type {kind!r}")
+            return cls._from_arrays(meta, artifact.array, n_items)
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{artifact.describe()}: bad item attribute: {exc}") from None
+
+    @classmethod
+    def from_columns(cls, columns: Sequence[Mapping[str, Any]], n_items: int) -> ItemAttributes:
+        """Attributes over ``n_items`` rows from columns as :func:`encode_item_attributes` takes
+        them: the server's own rows (fresh items, ``service/live/fresh.py``) filtered like a version's."""
+        arrays, meta = encode_item_attributes(columns, n_items)
+        return cls._from_arrays(meta, arrays.__getitem__, n_items)
+
+    @classmethod
+    def _from_arrays(
+        cls, meta: Sequence[Mapping[str, Any]], array: Callable[[str], np.ndarray], n_items: int
+    ) -> ItemAttributes:
+        """The columns ``meta`` describes, their arrays read by name with ``array``."""
+        columns: dict[str, _Numeric | _Categorical] = {}
+        for position, column in enumerate(meta):
+            name, kind, prefix = str(column["name"]), column["type"], _array_prefix(position)
+            if kind == "numeric":
+                values = np.asarray(array(f"{prefix}_num"), dtype=np.float64)
+                if values.shape != (n_items,):
+                    raise ValueError(f"{values.shape} values for {n_items} items")
+                columns[name] = _Numeric(values)
+            elif kind == "categorical":
+                columns[name] = cls._categorical(array, prefix, list(column["values"]), n_items)
+            else:
+                raise ValueError(f"unknown type {kind!r}")
         return cls(n_items, columns)
 
     @staticmethod
-    def _categorical(artifact: Artifact, prefix: str, vocabulary: list[str], n_items: int) -> _Categorical:
-        indptr = np.asarray(artifact.array(f"{prefix}_indptr"), dtype=np.int64)
-        codes = np.asarray(artifact.array(f"{prefix}_codes"), dtype=np.int32)
+    def _categorical(
+        array: Callable[[str], np.ndarray], prefix: str, vocabulary: list[str], n_items: int
+    ) -> _Categorical:
+        indptr = np.asarray(array(f"{prefix}_indptr"), dtype=np.int64)
+        codes = np.asarray(array(f"{prefix}_codes"), dtype=np.int32)
         if (
             indptr.shape != (n_items + 1,)
             or indptr[0] != 0
@@ -172,14 +188,12 @@ class ItemAttributes:
         entry_item = np.repeat(np.arange(n_items, dtype=np.int64), np.diff(indptr))
         return _Categorical({v: i for i, v in enumerate(vocabulary)}, codes, entry_item)
 
+    def column_types(self) -> dict[str, str]:
+        """Each attribute's type, "numeric" or "categorical" (what :meth:`from_columns` takes)."""
+        return {n: "numeric" if isinstance(c, _Numeric) else "categorical" for n, c in self.columns.items()}
+
     def describe(self) -> str:
-        return (
-            ", ".join(
-                f"{n} ({'numeric' if isinstance(c, _Numeric) else 'categorical'})"
-                for n, c in sorted(self.columns.items())
-            )
-            or "none"
-        )
+        return ", ".join(f"{n} ({kind})" for n, kind in sorted(self.column_types().items())) or "none"
 
     def allowed(self, text: str) -> np.ndarray:
         """The mask of the items ``text`` lets through, not cached (the server's own one-off

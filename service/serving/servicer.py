@@ -575,7 +575,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None
     ) -> FreshRules:
         """What a user's fresh items must honour: hidden items, exclusions, their recorded
-        items, the candidate list; a filter leaves none (fresh items have no attributes)."""
+        items, the candidate list and the filter (on the values the item-attributes file gives)."""
         sets = self.hidden.sets() if self.hidden else {}
         blocked = (
             sets.get(ALL_MODELS, ()),
@@ -583,7 +583,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             call.exclude_ids,
             (recent_ids or ()) if call.exclude_seen else (),
         )
-        return FreshRules(blocked, call.candidate_ids or None, bool(call.filter))
+        return FreshRules(blocked, call.candidate_ids or None, call.filter)
 
     def _users_counter(self, model: LoadedModel):
         """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
