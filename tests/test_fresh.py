@@ -259,13 +259,24 @@ def test_evidence_is_read_from_the_stream_bounded_and_fails_open(redis_server):
 
 
 # ---------------------------------------------------------- end to end, real processes
-def test_a_real_server_serves_items_recorded_after_training(registry, planted, redis_server):
+def test_a_real_server_serves_items_recorded_after_training(registry, planted, redis_server, tmp_path):
     """RecordInteractions of known users' ratings of new items, through a real server and
-    redis-server, turn into Recommend answers for the other users of the items' groups."""
+    redis-server, turn into Recommend answers for the other users of the items' groups; a
+    filter lets through the fresh items the item-attributes file gives passing values, and
+    ``ordrec_fresh_items`` counts each version's fresh items."""
     redis.Redis.from_url(redis_server.url).flushall()
+    listing = _group_listing(planted, tmp_path / "items.csv", {0, 1})
     with (
         ServerProcess(
-            registry, "--redis", redis_server.url, "--poll-interval", "0", "--fresh-interval", "0.1"
+            registry,
+            "--redis",
+            redis_server.url,
+            "--poll-interval",
+            "0",
+            "--fresh-interval",
+            "0.1",
+            "--fresh-item-attributes",
+            str(listing),
         ) as server,
         grpc.insecure_channel(server.target) as channel,
     ):
@@ -291,6 +302,13 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
         assert wait_until(lambda: any(i.fresh for i in top("u1")), 10.0)
         listed = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
         assert listed["dcr"].sizes["fresh_items"] == len(planted.fresh_ids)
+        gauge = f'ordrec_fresh_items{{model="dcr",version="{listed["dcr"].version}"}} {len(planted.fresh_ids)}.0'
+        assert gauge in urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
+        filtered = stub.Recommend(
+            pb.RecommendRequest(model="dcr_groups", user_ids=["u0"], n=300, filter='group != "g0"'), timeout=10
+        )
+        group_1 = {i for i in planted.fresh_ids if planted.group_of[i] == 1} - set(planted.recorded_by("u0"))
+        assert {i.id for i in filtered.results[0].items if i.fresh} == group_1 | {"brand-new"}
         share = caught(planted, lambda user, n: [i.id for i in top(user, n)], 20)
         assert share > 0.8, share
         served = [i.id for i in top("u1") if i.fresh]
