@@ -461,15 +461,34 @@ def _group_listing(planted: PlantedFresh, path: Path, groups: set[int]) -> Path:
     return path
 
 
-def test_a_filter_keeps_the_fresh_items_whose_listed_values_pass_it(registry, planted, tmp_path):
-    """Fresh items of groups 0 and 1 are listed with their group, group 2's are not: a filter
-    lets through exactly the listed ones whose group passes (n covers every eligible item)."""
+def _listed_handler(registry, planted: PlantedFresh, tmp_path: Path) -> RecommenderServicer:
+    """The Recommend handler with the planted fresh items, groups 0 and 1 listed."""
     evidence = FreshEvidence(None, known=lambda item: False)
     evidence.add_entries(stream_entries(planted.recorded))
     table = read_item_attributes(_group_listing(planted, tmp_path / "items.csv", {0, 1}))
-    handler = RecommenderServicer(
+    return RecommenderServicer(
         _store(registry), Metrics(), Limits(), SeenStore(), fresh=FreshItems(evidence, attributes=table)
     )
+
+
+def test_max_per_attribute_counts_the_listed_fresh_items(registry, planted, tmp_path):
+    """A cap of 3 per group holds over trained and listed fresh items together (u100's top
+    30 holds more than 3 of its group's fresh items uncapped)."""
+    handler = _listed_handler(registry, planted, tmp_path)
+    group_1 = {i for i in planted.fresh_ids if planted.group_of[i] == 1} | {"brand-new"}
+    uncapped = recommend(handler, "u100", "dcr_groups", n=30).items
+    assert len(group_1 & {i.id for i in uncapped}) > 3
+    cap = pb.AttributeCap(attribute="group", max=3)
+    capped = recommend(handler, "u100", "dcr_groups", n=30, max_per_attribute=cap).items
+    unlisted = {i for i in planted.fresh_ids if planted.group_of[i] == 2}  # no values: never capped
+    groups = [planted.group_of.get(i.id, 1) for i in capped if i.id not in unlisted]  # brand-new: g1
+    assert groups and max(groups.count(g) for g in set(groups)) <= 3
+
+
+def test_a_filter_keeps_the_fresh_items_whose_listed_values_pass_it(registry, planted, tmp_path):
+    """Fresh items of groups 0 and 1 are listed with their group, group 2's are not: a filter
+    lets through exactly the listed ones whose group passes (n covers every eligible item)."""
+    handler = _listed_handler(registry, planted, tmp_path)
     of_group = {g: {i for i in planted.fresh_ids if planted.group_of[i] == g} for g in range(3)}
 
     def fresh_served(**kw) -> set[str]:

@@ -28,6 +28,7 @@ the clause (its number and text).
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import OrderedDict
@@ -119,6 +120,11 @@ class _Categorical:
     vocabulary: dict[str, int]
     codes: np.ndarray  # int32, CSR data
     entry_item: np.ndarray  # int64, the item row of every entry of ``codes``
+
+    @functools.cached_property
+    def names(self) -> list[str]:
+        """The values by code."""
+        return list(self.vocabulary)
 
 
 class ItemAttributes:
@@ -218,8 +224,9 @@ class ItemAttributes:
         return result
 
     def item_values(self, name: str, rows: np.ndarray) -> list[tuple[float | int, ...]]:
-        """Each row's values of attribute ``name`` (categorical: value codes; numeric: the
-        number, none when missing); FilterError when the version has no such attribute."""
+        """Each row's values of attribute ``name`` (categorical: the values; numeric: the
+        number, none when missing); FilterError when the version has no such attribute. Values,
+        not codes, so rows of two sets (a version's items, its fresh items) compare."""
         column = self.columns.get(name)
         if column is None:
             raise FilterError(f"no item attribute {name!r} (this version has: {self.describe()})")
@@ -228,8 +235,8 @@ class ItemAttributes:
             return [() if np.isnan(x) else (float(x),) for x in column.values[rows].tolist()]
         starts = np.searchsorted(column.entry_item, rows, side="left")
         ends = np.searchsorted(column.entry_item, rows, side="right")
-        codes = column.codes
-        return [tuple(codes[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]
+        codes, names = column.codes, column.names
+        return [tuple(names[c] for c in codes[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]
 
     def _evaluate(self, clause: Clause) -> np.ndarray:
         column = self.columns.get(clause.name)

@@ -205,7 +205,9 @@ def _diversify_settings(request) -> Diversify:
 def _diversified(index, pool, n: int, settings: Diversify, fresh: FreshOverlay | None = None):
     """``n`` of the pool re-ranked for diversity; a cap on an unknown attribute is INVALID_ARGUMENT."""
     try:
-        return rerank(index, pool, n, settings, None if fresh is None else fresh.factors)
+        if fresh is None:
+            return rerank(index, pool, n, settings)
+        return rerank(index, pool, n, settings, fresh.factors, fresh.attributes.values)
     except FilterError as exc:
         raise InvalidArgument(str(exc)) from None
 
