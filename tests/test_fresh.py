@@ -302,10 +302,13 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
         assert wait_until(lambda: any(i.fresh for i in top("u1")), 10.0)
         listed = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
         assert listed["dcr"].sizes["fresh_items"] == len(planted.fresh_ids)
-        gauge = f'ordrec_fresh_items{{model="dcr",version="{listed["dcr"].version}"}} {len(planted.fresh_ids)}.0'
+        gauge = (
+            f'ordrec_fresh_items{{model="dcr",version="{listed["dcr"].version}"}} {len(planted.fresh_ids)}.0'
+        )
         assert gauge in urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
         filtered = stub.Recommend(
-            pb.RecommendRequest(model="dcr_groups", user_ids=["u0"], n=300, filter='group != "g0"'), timeout=10
+            pb.RecommendRequest(model="dcr_groups", user_ids=["u0"], n=300, filter='group != "g0"'),
+            timeout=10,
         )
         group_1 = {i for i in planted.fresh_ids if planted.group_of[i] == 1} - set(planted.recorded_by("u0"))
         assert {i.id for i in filtered.results[0].items if i.fresh} == group_1 | {"brand-new"}
@@ -456,7 +459,9 @@ def test_forgetting_the_only_rater_removes_the_item_at_once(registry):
 def _group_listing(planted: PlantedFresh, path: Path, groups: set[int]) -> Path:
     """An item-attributes file giving the fresh items of ``groups`` their group (the others
     unlisted), and an attribute-only new item of group 1."""
-    rows = [f"{item},g{planted.group_of[item]}" for item in planted.fresh_ids if planted.group_of[item] in groups]
+    rows = [
+        f"{item},g{planted.group_of[item]}" for item in planted.fresh_ids if planted.group_of[item] in groups
+    ]
     path.write_text("id,group\n" + "\n".join([*rows, "brand-new,g1"]) + "\n")
     return path
 
@@ -515,7 +520,9 @@ _categorical_clause = st.one_of(
         st.sampled_from(["in", "not in"]),
         st.lists(st.sampled_from([*_GENRES, "new"]), min_size=1, max_size=3),
     ),
-    st.builds(lambda op, v: f'genre {op} "{v}"', st.sampled_from(["=", "!="]), st.sampled_from([*_GENRES, "new"])),
+    st.builds(
+        lambda op, v: f'genre {op} "{v}"', st.sampled_from(["=", "!="]), st.sampled_from([*_GENRES, "new"])
+    ),
 )
 _numeric_clause = st.one_of(
     st.builds(
@@ -523,8 +530,15 @@ _numeric_clause = st.one_of(
         st.sampled_from(["=", "!=", ">=", ">", "<=", "<"]),
         st.sampled_from([1990, 1995, 2000]),
     ),
-    st.builds(lambda lo, hi: f"year between {min(lo, hi)} and {max(lo, hi)}", st.integers(1985, 2005), st.integers(1985, 2005)),
-    st.builds(lambda xs: "year in (" + ", ".join(map(str, xs)) + ")", st.lists(st.sampled_from([1990, 1995]), min_size=1)),
+    st.builds(
+        lambda lo, hi: f"year between {min(lo, hi)} and {max(lo, hi)}",
+        st.integers(1985, 2005),
+        st.integers(1985, 2005),
+    ),
+    st.builds(
+        lambda xs: "year in (" + ", ".join(map(str, xs)) + ")",
+        st.lists(st.sampled_from([1990, 1995]), min_size=1),
+    ),
 )
 
 

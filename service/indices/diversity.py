@@ -176,7 +176,9 @@ def rerank(
     return rows[order], scores[order]
 
 
-def _capped(index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap, fresh_values: ItemAttributes | None):
+def _capped(
+    index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap, fresh_values: ItemAttributes | None
+):
     """A veto: an item any of whose values already has ``cap.limit`` chosen items (fresh
     items, rows past the version's, by ``fresh_values`` when given)."""
     trained = rows < len(index.items)
