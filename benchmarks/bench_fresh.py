@@ -53,7 +53,7 @@ class ShuffledFresh(FreshItems):
         if found is None:
             return None
         order = np.random.default_rng(0).permutation(len(found))
-        return FreshOverlay(found.ids, found.factors[order], found.base)
+        return FreshOverlay(found.ids, found.factors[order], found.base, found.attributes)
 
 
 def handler(store: ModelStore, fresh: FreshItems | None) -> RecommenderServicer:

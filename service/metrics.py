@@ -185,7 +185,14 @@ class Metrics:
             "Samples dropped: the writer's queue was full or Redis failed.",
             registry=r,
         )
+        self.fresh_items = versioned(
+            Gauge,
+            "ordrec_fresh_items",
+            "Fresh items (not trained on, served before the next training: service/live/fresh.py)"
+            " in the version's overlay, set whenever the overlay is rebuilt.",
+        )
         self._versioned = (
+            self.fresh_items,
             self.recommended_users,
             self.folded_in,
             self.online_served,

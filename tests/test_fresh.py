@@ -7,6 +7,9 @@ from training; the users who should get a fresh item are those of its group.
 
 from __future__ import annotations
 
+import urllib.request
+from pathlib import Path
+
 import grpc
 import numpy as np
 import pytest
@@ -15,12 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.config import Limits
-from ordrec.service.indices.item_attributes import read_item_attributes
+from ordrec.service.indices.item_attributes import ItemAttributeTable, read_item_attributes
 from ordrec.service.indices.models import build_index
 from ordrec.service.indices.models.coe import COEIndex
 from ordrec.service.indices.models.dcr import DCRIndex
-from ordrec.service.indices.rules import ATTRIBUTES_KEY, encode_item_attributes
-from ordrec.service.live.fresh import FreshEvidence, FreshItems, merge_fresh
+from ordrec.service.indices.rules import ATTRIBUTES_KEY, ItemAttributes, encode_item_attributes
+from ordrec.service.live.fresh import FreshEvidence, FreshItems, fresh_attributes, merge_fresh
 from ordrec.service.live.redis_state import RedisSeenStore
 from ordrec.service.live.seen import Recorded, SeenStore
 from ordrec.service.metrics import Metrics
@@ -198,7 +201,7 @@ def test_fresh_items_honour_exclusions_candidates_filters_explanations_and_diver
     with pytest.raises(Aborted) as unknown:
         recommend(handler, user, candidate_item_ids=[fresh_served[0], "no-such-item"])
     assert unknown.value.code == grpc.StatusCode.NOT_FOUND and "no-such-item" in str(unknown.value)
-    # fresh items have no attributes, so a filter never lets one through
+    # without an item-attributes file fresh items have no values, so a filter lets none through
     filtered = recommend(handler, user, "dcr_groups", n=30, filter='group in ("g0", "g1", "g2")').items
     assert filtered and not any(i.fresh for i in filtered)
     assert any(i.fresh for i in recommend(handler, user, "dcr_groups", n=30).items)
@@ -256,13 +259,24 @@ def test_evidence_is_read_from_the_stream_bounded_and_fails_open(redis_server):
 
 
 # ---------------------------------------------------------- end to end, real processes
-def test_a_real_server_serves_items_recorded_after_training(registry, planted, redis_server):
+def test_a_real_server_serves_items_recorded_after_training(registry, planted, redis_server, tmp_path):
     """RecordInteractions of known users' ratings of new items, through a real server and
-    redis-server, turn into Recommend answers for the other users of the items' groups."""
+    redis-server, turn into Recommend answers for the other users of the items' groups; a
+    filter lets through the fresh items the item-attributes file gives passing values, and
+    ``ordrec_fresh_items`` counts each version's fresh items."""
     redis.Redis.from_url(redis_server.url).flushall()
+    listing = _group_listing(planted, tmp_path / "items.csv", {0, 1})
     with (
         ServerProcess(
-            registry, "--redis", redis_server.url, "--poll-interval", "0", "--fresh-interval", "0.1"
+            registry,
+            "--redis",
+            redis_server.url,
+            "--poll-interval",
+            "0",
+            "--fresh-interval",
+            "0.1",
+            "--fresh-item-attributes",
+            str(listing),
         ) as server,
         grpc.insecure_channel(server.target) as channel,
     ):
@@ -288,6 +302,16 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
         assert wait_until(lambda: any(i.fresh for i in top("u1")), 10.0)
         listed = {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
         assert listed["dcr"].sizes["fresh_items"] == len(planted.fresh_ids)
+        gauge = (
+            f'ordrec_fresh_items{{model="dcr",version="{listed["dcr"].version}"}} {len(planted.fresh_ids)}.0'
+        )
+        assert gauge in urllib.request.urlopen(server.metrics_url + "/metrics", timeout=10).read().decode()
+        filtered = stub.Recommend(
+            pb.RecommendRequest(model="dcr_groups", user_ids=["u0"], n=300, filter='group != "g0"'),
+            timeout=10,
+        )
+        group_1 = {i for i in planted.fresh_ids if planted.group_of[i] == 1} - set(planted.recorded_by("u0"))
+        assert {i.id for i in filtered.results[0].items if i.fresh} == group_1 | {"brand-new"}
         share = caught(planted, lambda user, n: [i.id for i in top(user, n)], 20)
         assert share > 0.8, share
         served = [i.id for i in top("u1") if i.fresh]
@@ -429,3 +453,120 @@ def test_forgetting_the_only_rater_removes_the_item_at_once(registry):
     assert fresh.overlay(index) is overlay  # cached while nothing changes
     forgotten.add("u0")
     assert fresh.overlay(index) is None
+
+
+# ------------------------------------------------------------- filters on fresh items
+def _group_listing(planted: PlantedFresh, path: Path, groups: set[int]) -> Path:
+    """An item-attributes file giving the fresh items of ``groups`` their group (the others
+    unlisted), and an attribute-only new item of group 1."""
+    rows = [
+        f"{item},g{planted.group_of[item]}" for item in planted.fresh_ids if planted.group_of[item] in groups
+    ]
+    path.write_text("id,group\n" + "\n".join([*rows, "brand-new,g1"]) + "\n")
+    return path
+
+
+def _listed_handler(registry, planted: PlantedFresh, tmp_path: Path) -> RecommenderServicer:
+    """The Recommend handler with the planted fresh items, groups 0 and 1 listed."""
+    evidence = FreshEvidence(None, known=lambda item: False)
+    evidence.add_entries(stream_entries(planted.recorded))
+    table = read_item_attributes(_group_listing(planted, tmp_path / "items.csv", {0, 1}))
+    return RecommenderServicer(
+        _store(registry), Metrics(), Limits(), SeenStore(), fresh=FreshItems(evidence, attributes=table)
+    )
+
+
+def test_max_per_attribute_counts_the_listed_fresh_items(registry, planted, tmp_path):
+    """A cap of 3 per group holds over trained and listed fresh items together (u100's top
+    30 holds more than 3 of its group's fresh items uncapped)."""
+    handler = _listed_handler(registry, planted, tmp_path)
+    group_1 = {i for i in planted.fresh_ids if planted.group_of[i] == 1} | {"brand-new"}
+    uncapped = recommend(handler, "u100", "dcr_groups", n=30).items
+    assert len(group_1 & {i.id for i in uncapped}) > 3
+    cap = pb.AttributeCap(attribute="group", max=3)
+    capped = recommend(handler, "u100", "dcr_groups", n=30, max_per_attribute=cap).items
+    unlisted = {i for i in planted.fresh_ids if planted.group_of[i] == 2}  # no values: never capped
+    groups = [planted.group_of.get(i.id, 1) for i in capped if i.id not in unlisted]  # brand-new: g1
+    assert groups and max(groups.count(g) for g in set(groups)) <= 3
+
+
+def test_a_filter_keeps_the_fresh_items_whose_listed_values_pass_it(registry, planted, tmp_path):
+    """Fresh items of groups 0 and 1 are listed with their group, group 2's are not: a filter
+    lets through exactly the listed ones whose group passes (n covers every eligible item)."""
+    handler = _listed_handler(registry, planted, tmp_path)
+    of_group = {g: {i for i in planted.fresh_ids if planted.group_of[i] == g} for g in range(3)}
+
+    def fresh_served(**kw) -> set[str]:
+        return {i.id for i in recommend(handler, "u0", "dcr_groups", n=300, **kw).items if i.fresh}
+
+    assert fresh_served() == set(planted.fresh_ids) | {"brand-new"}
+    assert fresh_served(filter='group = "g0"') == of_group[0]
+    assert fresh_served(filter='group != "g0"') == of_group[1] | {"brand-new"}  # group 2's: no values
+    assert fresh_served(filter='group not in ("g0", "g2")') == of_group[1] | {"brand-new"}
+    assert fresh_served(filter='group in ("g9")') == set()
+    # trained items obey the same filter in the same answer
+    answer = recommend(handler, "u0", "dcr_groups", n=300, filter='group = "g1"').items
+    assert answer and all(planted.group_of.get(i.id, 1) == 1 for i in answer)
+
+
+_GENRES = ["a", "b", "c", "d"]
+_item_values = st.tuples(
+    st.lists(st.sampled_from(_GENRES), max_size=3, unique=True),
+    st.sampled_from([1990.0, 1995.0, 2000.0, float("nan")]),
+)
+_categorical_clause = st.one_of(
+    st.builds(
+        lambda op, values: f"genre {op} (" + ", ".join(f'"{v}"' for v in values) + ")",
+        st.sampled_from(["in", "not in"]),
+        st.lists(st.sampled_from([*_GENRES, "new"]), min_size=1, max_size=3),
+    ),
+    st.builds(
+        lambda op, v: f'genre {op} "{v}"', st.sampled_from(["=", "!="]), st.sampled_from([*_GENRES, "new"])
+    ),
+)
+_numeric_clause = st.one_of(
+    st.builds(
+        lambda op, x: f"year {op} {x}",
+        st.sampled_from(["=", "!=", ">=", ">", "<=", "<"]),
+        st.sampled_from([1990, 1995, 2000]),
+    ),
+    st.builds(
+        lambda lo, hi: f"year between {min(lo, hi)} and {max(lo, hi)}",
+        st.integers(1985, 2005),
+        st.integers(1985, 2005),
+    ),
+    st.builds(
+        lambda xs: "year in (" + ", ".join(map(str, xs)) + ")",
+        st.lists(st.sampled_from([1990, 1995]), min_size=1),
+    ),
+)
+
+
+def _columns(values: list[tuple[list[str], float]]) -> list[dict]:
+    return [
+        {"name": "genre", "type": "categorical", "values": [genres for genres, _ in values]},
+        {"name": "year", "type": "numeric", "values": np.array([year for _, year in values])},
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    trained=st.lists(_item_values, min_size=1, max_size=8),
+    fresh=st.lists(_item_values, min_size=1, max_size=8),
+    clauses=st.lists(st.one_of(_categorical_clause, _numeric_clause), min_size=1, max_size=3),
+)
+def test_a_filter_passes_a_fresh_item_exactly_when_it_would_pass_it_trained(trained, fresh, clauses):
+    """The fresh path's filter (values from the item-attributes file, in the served version's
+    columns) agrees with the filter evaluated on the same values as rows of a version trained
+    on them (new values included); a fresh item the file gives no value is left out."""
+    text = " and ".join(clauses)
+    served = ItemAttributes.from_columns(_columns(trained), len(trained))
+    retrained = ItemAttributes.from_columns(_columns(trained + fresh), len(trained) + len(fresh))
+    ids = [f"new{j}" for j in range(len(fresh))]
+    table = ItemAttributeTable(
+        numeric={"year": {i: year for i, (_, year) in zip(ids, fresh) if not np.isnan(year)}},
+        categorical={"genre": {i: genres for i, (genres, _) in zip(ids, fresh) if genres}},
+    )
+    described = np.array([bool(genres) or not np.isnan(year) for genres, year in fresh])
+    expected = retrained.allowed(text)[len(trained) :] & described
+    np.testing.assert_array_equal(fresh_attributes(served, table, ids).allowed(text), expected)

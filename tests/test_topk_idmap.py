@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -187,3 +191,22 @@ def test_warm_up_compiles_what_read_only_artifacts_need():
     top_k(np.ones(3, np.float32), 1, exclude=read_only(np.zeros(1, np.int64)))
     top_k_rows(np.ones((2, 3), np.float32), np.ones(2, np.int64), read_only(np.zeros(3, bool)))
     assert topk.compiled_signatures() == compiled
+
+
+_FUSED_THEN_PLAIN = """
+import numpy as np
+from ordrec.service.indices.topk import top_k, user_top_k
+matrix = np.arange(8, dtype=np.float32).reshape(4, 2)
+rows, _ = user_top_k(matrix, np.ones((1, 2), np.float32), 0, np.ones(2, np.float32), 0.0, 4, exclude=np.array([0, 3]))
+assert sorted(rows.tolist()) == [1, 2], rows
+rows, scores = top_k(np.array([-np.inf, 1.0], np.float32), 2)
+assert rows.tolist() == [1] and np.isfinite(scores).all(), (rows, scores)
+"""
+
+
+def test_excluded_rows_never_come_back_after_the_fused_kernel_compiled_first(tmp_path):
+    """The fused one-user kernel compiled first (a fresh numba cache) must leave the selection
+    kernels honouring -inf: excluded rows never return, even when fewer than k remain."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", _FUSED_THEN_PLAIN], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

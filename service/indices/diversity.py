@@ -19,7 +19,7 @@ from numba import njit
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
 from ordrec.service.indices.models.dcr import DCRIndex
-from ordrec.service.indices.rules import FilterError
+from ordrec.service.indices.rules import FilterError, ItemAttributes
 from ordrec.service.indices.similar import item_vectors, pairwise_similarity
 
 # How many times n items the model ranks for the re-ranking to choose from.
@@ -144,11 +144,17 @@ def warm_up() -> None:
 
 
 def rerank(
-    index: RecommenderIndex, pool: Ranked, n: int, settings: Diversify, fresh: np.ndarray | None = None
+    index: RecommenderIndex,
+    pool: Ranked,
+    n: int,
+    settings: Diversify,
+    fresh: np.ndarray | None = None,
+    fresh_values: ItemAttributes | None = None,
 ) -> Ranked:
     """The ``n`` items of ``pool`` that ``settings`` choose, in their order; fewer when the
     cap leaves fewer. ``FilterError`` when the capped attribute does not exist. Rows past the
-    version's items are fresh items (factors ``fresh``; no attribute values, so never capped)."""
+    version's items are fresh items (factors ``fresh``, attribute values ``fresh_values``:
+    without them never capped)."""
     rows, scores = pool
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
@@ -161,7 +167,7 @@ def rerank(
     )
     allowed = None
     if settings.cap is not None:
-        allowed = _capped(index, rows, settings.cap)
+        allowed = _capped(index, rows, settings.cap, fresh_values)
     relevance = np.asarray(scores, np.float64)
     if allowed is None:
         order = mmr_compiled(relevance, similarity, settings.weight, n)
@@ -170,19 +176,28 @@ def rerank(
     return rows[order], scores[order]
 
 
-def _capped(index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap):
-    """A veto: an item any of whose values already has ``cap.limit`` chosen items."""
+def _capped(
+    index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap, fresh_values: ItemAttributes | None
+):
+    """A veto: an item any of whose values already has ``cap.limit`` chosen items (fresh
+    items, rows past the version's, by ``fresh_values`` when given)."""
     trained = rows < len(index.items)
     try:
         known = index.item_attributes.item_values(cap.attribute, rows[trained])
+        if trained.all():
+            values = known
+        else:
+            values = [()] * rows.size
+            for position, found in zip(np.flatnonzero(trained).tolist(), known):
+                values[position] = found
+            if fresh_values is not None:
+                positions = np.flatnonzero(~trained)
+                fresh = fresh_values.item_values(cap.attribute, rows[positions] - len(index.items))
+                for position, found in zip(positions.tolist(), fresh):
+                    values[position] = found
     except FilterError as exc:
         raise FilterError(f"max_per_attribute: {exc}") from None
-    values = known
-    if not trained.all():
-        values = [()] * rows.size
-        for position, found in zip(np.flatnonzero(trained).tolist(), known):
-            values[position] = found
-    counts: dict[float | int, int] = {}
+    counts: dict[str | float, int] = {}
 
     def allowed(position: int, chosen: list[int]) -> bool:
         mine = values[position]

@@ -28,6 +28,7 @@ the clause (its number and text).
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections import OrderedDict
@@ -120,6 +121,11 @@ class _Categorical:
     codes: np.ndarray  # int32, CSR data
     entry_item: np.ndarray  # int64, the item row of every entry of ``codes``
 
+    @functools.cached_property
+    def names(self) -> list[str]:
+        """The values by code."""
+        return list(self.vocabulary)
+
 
 class ItemAttributes:
     """A version's item attributes and the filters evaluated over them (LRU-cached).
@@ -139,27 +145,43 @@ class ItemAttributes:
     def from_artifact(cls, artifact: Artifact, n_items: int) -> ItemAttributes:
         """Read the attributes a version publishes (none: an empty set); ArtifactError on a bad one."""
         meta = artifact.attributes.get(ATTRIBUTES_KEY) or []
-        columns: dict[str, _Numeric | _Categorical] = {}
         try:
-            for position, column in enumerate(meta):
-                name, kind, prefix = str(column["name"]), column["type"], _array_prefix(position)
-                if kind == "numeric":
-                    values = np.asarray(artifact.array(f"{prefix}_num"), dtype=np.float64)
-                    if values.shape != (n_items,):
-                        raise ValueError(f"{values.shape} values for {n_items} items")
-                    columns[name] = _Numeric(values)
-                elif kind == "categorical":
-                    columns[name] = cls._categorical(artifact, prefix, list(column["values"]), n_items)
-                else:
-                    raise ValueError(f"unknown type {kind!r}")
+            return cls._from_arrays(meta, artifact.array, n_items)
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{artifact.describe()}: bad item attribute: {exc}") from None
+
+    @classmethod
+    def from_columns(cls, columns: Sequence[Mapping[str, Any]], n_items: int) -> ItemAttributes:
+        """Attributes over ``n_items`` rows from columns as :func:`encode_item_attributes` takes
+        them: the server's own rows (fresh items, ``service/live/fresh.py``) filtered like a version's."""
+        arrays, meta = encode_item_attributes(columns, n_items)
+        return cls._from_arrays(meta, arrays.__getitem__, n_items)
+
+    @classmethod
+    def _from_arrays(
+        cls, meta: Sequence[Mapping[str, Any]], array: Callable[[str], np.ndarray], n_items: int
+    ) -> ItemAttributes:
+        """The columns ``meta`` describes, their arrays read by name with ``array``."""
+        columns: dict[str, _Numeric | _Categorical] = {}
+        for position, column in enumerate(meta):
+            name, kind, prefix = str(column["name"]), column["type"], _array_prefix(position)
+            if kind == "numeric":
+                values = np.asarray(array(f"{prefix}_num"), dtype=np.float64)
+                if values.shape != (n_items,):
+                    raise ValueError(f"{values.shape} values for {n_items} items")
+                columns[name] = _Numeric(values)
+            elif kind == "categorical":
+                columns[name] = cls._categorical(array, prefix, list(column["values"]), n_items)
+            else:
+                raise ValueError(f"unknown type {kind!r}")
         return cls(n_items, columns)
 
     @staticmethod
-    def _categorical(artifact: Artifact, prefix: str, vocabulary: list[str], n_items: int) -> _Categorical:
-        indptr = np.asarray(artifact.array(f"{prefix}_indptr"), dtype=np.int64)
-        codes = np.asarray(artifact.array(f"{prefix}_codes"), dtype=np.int32)
+    def _categorical(
+        array: Callable[[str], np.ndarray], prefix: str, vocabulary: list[str], n_items: int
+    ) -> _Categorical:
+        indptr = np.asarray(array(f"{prefix}_indptr"), dtype=np.int64)
+        codes = np.asarray(array(f"{prefix}_codes"), dtype=np.int32)
         if (
             indptr.shape != (n_items + 1,)
             or indptr[0] != 0
@@ -172,14 +194,12 @@ class ItemAttributes:
         entry_item = np.repeat(np.arange(n_items, dtype=np.int64), np.diff(indptr))
         return _Categorical({v: i for i, v in enumerate(vocabulary)}, codes, entry_item)
 
+    def column_types(self) -> dict[str, str]:
+        """Each attribute's type, "numeric" or "categorical" (what :meth:`from_columns` takes)."""
+        return {n: "numeric" if isinstance(c, _Numeric) else "categorical" for n, c in self.columns.items()}
+
     def describe(self) -> str:
-        return (
-            ", ".join(
-                f"{n} ({'numeric' if isinstance(c, _Numeric) else 'categorical'})"
-                for n, c in sorted(self.columns.items())
-            )
-            or "none"
-        )
+        return ", ".join(f"{n} ({kind})" for n, kind in sorted(self.column_types().items())) or "none"
 
     def allowed(self, text: str) -> np.ndarray:
         """The mask of the items ``text`` lets through, not cached (the server's own one-off
@@ -204,8 +224,9 @@ class ItemAttributes:
         return result
 
     def item_values(self, name: str, rows: np.ndarray) -> list[tuple[float | int, ...]]:
-        """Each row's values of attribute ``name`` (categorical: value codes; numeric: the
-        number, none when missing); FilterError when the version has no such attribute."""
+        """Each row's values of attribute ``name`` (categorical: the values; numeric: the
+        number, none when missing); FilterError when the version has no such attribute. Values,
+        not codes, so rows of two sets (a version's items, its fresh items) compare."""
         column = self.columns.get(name)
         if column is None:
             raise FilterError(f"no item attribute {name!r} (this version has: {self.describe()})")
@@ -214,8 +235,8 @@ class ItemAttributes:
             return [() if np.isnan(x) else (float(x),) for x in column.values[rows].tolist()]
         starts = np.searchsorted(column.entry_item, rows, side="left")
         ends = np.searchsorted(column.entry_item, rows, side="right")
-        codes = column.codes
-        return [tuple(codes[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]
+        codes, names = column.codes, column.names
+        return [tuple(names[c] for c in codes[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]
 
     def _evaluate(self, clause: Clause) -> np.ndarray:
         column = self.columns.get(clause.name)

@@ -183,12 +183,18 @@ def _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, m
     return _top_k_kernel(scores, k)
 
 
-@njit(cache=True, fastmath=True)
+# The fused kernels' fastmath without "nnan"/"ninf": numba compiles the selection kernels they
+# call with the caller's flags (and caches that build for every later caller), and under "ninf"
+# the -inf of excluded rows compares as finite, so excluded items came back when few remained.
+_FAST_KEEPING_INFINITIES = {"reassoc", "contract", "arcp", "nsz", "afn"}
+
+
+@njit(cache=True, fastmath=_FAST_KEEPING_INFINITIES)
 def _user_top_k_holding_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
     return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
 
 
-@njit(cache=True, fastmath=True, nogil=True)
+@njit(cache=True, fastmath=_FAST_KEEPING_INFINITIES, nogil=True)
 def _user_top_k_releasing_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
     return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
 

@@ -31,7 +31,7 @@ import redis
 
 from ordrec.service.indices.item_attributes import ItemAttributeTable
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
-from ordrec.service.indices.rules import FilterError
+from ordrec.service.indices.rules import FilterError, ItemAttributes
 from ordrec.service.indices.similar import item_vectors
 
 log = logging.getLogger("ordrec.fresh")
@@ -175,13 +175,49 @@ class FreshEvidence:
 
 
 @dataclass(frozen=True)
+class FreshAttributes:
+    """The fresh items' attribute values (from the newer item-attributes file) in the
+    version's columns, so a request's filter is evaluated on them as on trained items."""
+
+    values: ItemAttributes
+    described: np.ndarray  # bool per fresh item: the file gives it a value in some column
+
+    def allowed(self, text: str) -> np.ndarray:
+        """The fresh items ``text`` lets through: described ones whose values pass (cached per
+        overlay); FilterError as for the version's items."""
+        return self.described & ~self.values.eligible(text).blocked
+
+
+def fresh_attributes(
+    version: ItemAttributes, table: ItemAttributeTable | None, ids: list[str]
+) -> FreshAttributes:
+    """The values ``table`` gives ``ids`` in each of the version's columns of the same type
+    (a column the file lacks, or has with the other type, leaves them without values)."""
+    columns: list[dict] = []
+    described = np.zeros(len(ids), dtype=bool)
+    for name, kind in version.column_types().items():
+        if kind == "numeric":
+            numbers = table.numeric.get(name, {}) if table is not None else {}
+            values: list | np.ndarray = np.array([numbers.get(i, np.nan) for i in ids], dtype=np.float64)
+            described |= ~np.isnan(values)
+        else:
+            lists = table.categorical.get(name, {}) if table is not None else {}
+            values = [lists.get(i, []) for i in ids]
+            described |= np.array([bool(v) for v in values], dtype=bool)
+        columns.append({"name": name, "type": kind, "values": values})
+    return FreshAttributes(ItemAttributes.from_columns(columns, len(ids)), described)
+
+
+@dataclass(frozen=True)
 class FreshOverlay:
     """A version's fresh items: ids and factors (DCR) or map points (COE); fresh item ``j`` is
-    row ``base + j`` of the merged answers (``base``: the version's item count)."""
+    row ``base + j`` of the merged answers (``base``: the version's item count); their
+    attribute values where the item-attributes file lists them."""
 
     ids: list[str]
     factors: np.ndarray
     base: int
+    attributes: FreshAttributes
 
     @functools.cached_property
     def max_bytes(self) -> int:
@@ -244,8 +280,9 @@ class FreshItems:
         max_versions: int = 8,
         attributes: ItemAttributeTable | None = None,
         users_token: Callable[[], object] = lambda: None,
+        on_built: Callable[[RecommenderIndex, int], None] = lambda index, count: None,
     ):
-        self.users_token = users_token
+        self.users_token, self.on_built = users_token, on_built
         self.evidence, self.unknown_users, self.max_versions = evidence, unknown_users, max_versions
         # A newer item-attributes file: its items no version knows and nobody rated yet are
         # placed at the mean of the trained items sharing their attribute values.
@@ -273,7 +310,8 @@ class FreshItems:
             versions = dict(self._built) if len(self._built) < self.max_versions else {}
             versions[id(index)] = (index, (current.generation, token), overlay, per_item)
             self._built = versions
-            return overlay
+        self.on_built(index, 0 if overlay is None else len(overlay))
+        return overlay
 
     def _build(self, index: RecommenderIndex, current: Evidence, previous: dict) -> tuple:
         """The overlay, reusing ``previous`` factors of items whose evidence did not change."""
@@ -296,7 +334,8 @@ class FreshItems:
         if not usable:
             return None, per_item
         ids = [item for item, _ in usable]
-        return FreshOverlay(ids, np.stack([f for _, f in usable]), len(index.items)), per_item
+        attributes = fresh_attributes(index.item_attributes, self.attributes, ids)
+        return FreshOverlay(ids, np.stack([f for _, f in usable]), len(index.items), attributes), per_item
 
     def _by_attributes(self, index: RecommenderIndex, item: str) -> np.ndarray | None:
         """The mean representation of the version's items sharing the item's categorical
@@ -333,29 +372,30 @@ class FreshItems:
 @dataclass(frozen=True)
 class FreshRules:
     """Which fresh items one user may get: ids never to return (hidden, excluded, recorded),
-    the candidate list when given, and whether a filter blocks them all (they have no
-    attributes to match)."""
+    the candidate list when given, and the request's filter ("" for none)."""
 
     blocked_ids: tuple[Collection[str], ...]
     candidate_ids: Collection[str] | None
-    filtered: bool
+    filter: str = ""
 
 
 def fresh_top(
     index: RecommenderIndex, overlay: FreshOverlay, vector: np.ndarray, n: int, rules: FreshRules
 ) -> Ranked:
-    """The user's ``n`` best eligible fresh items as merged rows and scores, best first."""
-    if rules.filtered:
+    """The user's ``n`` best eligible fresh items as merged rows and scores, best first (a
+    filter lets through only fresh items with attribute values that pass it)."""
+    allowed = overlay.attributes.allowed(rules.filter) if rules.filter else np.ones(len(overlay), dtype=bool)
+    if not allowed.any():
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
-    scores = index.score_factors(vector, overlay.factors)
-    allowed = np.ones(len(overlay), dtype=bool)
     if rules.candidate_ids is not None:
-        allowed[:] = False
-        allowed[overlay.positions(rules.candidate_ids)] = True
+        listed = np.zeros(len(overlay), dtype=bool)
+        listed[overlay.positions(rules.candidate_ids)] = True
+        allowed &= listed
     for ids in rules.blocked_ids:
         if ids:
             allowed[overlay.positions(ids)] = False
     positions = np.flatnonzero(allowed)
+    scores = index.score_factors(vector, overlay.factors)
     best = positions[np.argsort(-scores[positions], kind="stable")[:n]]
     return best + overlay.base, scores[best]
 

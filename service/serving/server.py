@@ -137,8 +137,20 @@ class Server:
         attributes = None
         if config.fresh_item_attributes:
             attributes = read_item_attributes(config.fresh_item_attributes)
+        gauge = self.metrics.fresh_items
+
+        def count(index, fresh: int) -> None:
+            """``ordrec_fresh_items`` of the version whose overlay was just built."""
+            model = store.served_with(index)
+            if model is not None:
+                gauge.labels(model.name, model.version).set(fresh)
+
         return FreshItems(
-            evidence, self.forgotten.unknown, attributes=attributes, users_token=self.forgotten.digests
+            evidence,
+            self.forgotten.unknown,
+            attributes=attributes,
+            users_token=self.forgotten.digests,
+            on_built=count,
         )
 
     def _online_evaluation(self, config: ServerConfig) -> NoOnlineEvaluation:

@@ -205,7 +205,9 @@ def _diversify_settings(request) -> Diversify:
 def _diversified(index, pool, n: int, settings: Diversify, fresh: FreshOverlay | None = None):
     """``n`` of the pool re-ranked for diversity; a cap on an unknown attribute is INVALID_ARGUMENT."""
     try:
-        return rerank(index, pool, n, settings, None if fresh is None else fresh.factors)
+        if fresh is None:
+            return rerank(index, pool, n, settings)
+        return rerank(index, pool, n, settings, fresh.factors, fresh.attributes.values)
     except FilterError as exc:
         raise InvalidArgument(str(exc)) from None
 
@@ -575,7 +577,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None
     ) -> FreshRules:
         """What a user's fresh items must honour: hidden items, exclusions, their recorded
-        items, the candidate list; a filter leaves none (fresh items have no attributes)."""
+        items, the candidate list and the filter (on the values the item-attributes file gives)."""
         sets = self.hidden.sets() if self.hidden else {}
         blocked = (
             sets.get(ALL_MODELS, ()),
@@ -583,7 +585,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             call.exclude_ids,
             (recent_ids or ()) if call.exclude_seen else (),
         )
-        return FreshRules(blocked, call.candidate_ids or None, bool(call.filter))
+        return FreshRules(blocked, call.candidate_ids or None, call.filter)
 
     def _users_counter(self, model: LoadedModel):
         """``ordrec_recommend_users_total`` of the model's version, its child looked up once per

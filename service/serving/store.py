@@ -125,6 +125,14 @@ class ModelStore:
         """The versions of ``name`` this process serves (live, and a split's candidate)."""
         return {m.version for m in (self._models.get(name), self._candidate_model(name)) if m}
 
+    def served_with(self, index: object) -> LoadedModel | None:
+        """The served version (live or a split's candidate) whose index is ``index``, if any."""
+        for name, model in self._models.items():
+            for served in (model, self._candidate_model(name)):
+                if served is not None and served.index is index:
+                    return served
+        return None
+
     def _candidate_model(self, name: str) -> LoadedModel | None:
         candidate = self._candidates.get(name)
         return candidate.model if candidate else None

@@ -289,8 +289,9 @@ class RecommenderIndex(ModelIndex):
         scores: np.ndarray, candidates: np.ndarray, n: int, exclude: np.ndarray | None
     ) -> Ranked:
         scores = np.array(scores, dtype=np.float32)
-        if exclude is not None and exclude.size:
-            scores[np.isin(candidates, exclude)] = -np.inf
+        if exclude is not None and exclude.size:  # dropped, not scored -inf: never returned
+            kept = ~np.isin(candidates, exclude)
+            scores, candidates = scores[kept], candidates[kept]
         order, values = top_k(scores, n)
         return candidates[order], values
 
