@@ -11,7 +11,7 @@ from ordrec.service.models.rtf import RTFIndex
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models import rtf_kernels as K
-from ordrec.trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts
+from ordrec.trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts, validation_mask
 from ordrec.trainer.sample import planted_tags_with_truth
 
 
@@ -256,7 +256,7 @@ def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
 def test_validation_split_never_takes_a_users_last_post(n_val, n_posts):
     rng = np.random.default_rng(n_val)
     post_user = np.sort(rng.integers(0, 30, size=n_posts)).astype(np.int32)
-    mask = RTF._split_validation(post_user, n_val, np.random.default_rng(0))
+    mask = validation_mask(post_user, n_val, np.random.default_rng(0))
     counts = np.bincount(post_user, minlength=30)
     held = np.bincount(post_user[mask], minlength=30)
     assert np.all(counts[counts > 0] - held[counts > 0] >= 1)

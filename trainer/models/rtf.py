@@ -439,7 +439,7 @@ class RTF(Estimator):
         given: Any = self.n_components
         if isinstance(given, str):
             given = [int(x) for x in given.split(",")]
-        if isinstance(given, (Integral, Real)):
+        if isinstance(given, Integral):
             given = [int(given)] * 3
         dims = tuple(int(x) for x in given)
         if len(dims) != 3 or min(dims) < 1:

@@ -17,6 +17,7 @@ from ordrec.service.artifacts import Artifact
 from ordrec.service.models.rtf import RTFIndex
 from ordrec.service.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
+from ordrec.trainer.models.base import Interval, validate_params
 from ordrec.trainer.models.ranking import f1, per_list_f1, precision_recall
 from ordrec.trainer.models.selection import significant_gain
 
@@ -153,6 +154,10 @@ def validation_carve(data: TagAssignments, seed: int):
 
 
 DEFAULT_GRID: dict[str, tuple] = {"n_components": (16, 64), "reg": (1e-4, 1e-3)}
+SEARCH_CONSTRAINTS: dict[str, list] = {
+    "margin": [Interval(Real, None, None)],
+    "confidence": [Interval(Real, 0, None)],
+}
 
 
 class RTFGridSearch:
@@ -198,10 +203,9 @@ class RTFGridSearch:
             )
         for point in self.candidates():
             self._candidate(point)._validate_params()
-        if not isinstance(self.margin, Real) or not isinstance(self.confidence, Real) or self.confidence < 0:
-            raise ValueError(
-                f"margin must be a number and confidence >= 0, got {self.margin!r}, {self.confidence!r}"
-            )
+        validate_params(
+            "RTFGridSearch", {"margin": self.margin, "confidence": self.confidence}, SEARCH_CONSTRAINTS
+        )
 
     def candidates(self) -> list[dict[str, Any]]:
         """Every point of the grid, in grid order (the last parameter varies fastest)."""
