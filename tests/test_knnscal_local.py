@@ -167,7 +167,7 @@ def test_graph_agreement_of_the_truth_on_an_embeddable_graph_is_one():
 
 def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
-    small_cut = KnnScal(random_state=0, max_iter=20, ne_exact_max_n=10).fit(graph)
+    small_cut = KnnScal(random_state=0, max_iter=20, solver={"ne_exact_max_n": 10}).fit(graph)
     previous = KnnScal(random_state=0, max_iter=20, neighbor_embedding="none", refinement="always").fit(graph)
     assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.graph_score_)
     np.testing.assert_array_equal(small_cut.coordinates_, previous.coordinates_)
