@@ -60,7 +60,7 @@ DATA_REQUIRED = False
 PARAM_FLAGS = tuple(
     name
     for name in KnnScal.param_names()
-    if name not in ("n_components", "n_neighbors", "random_state", "verbose")
+    if name not in ("n_components", "n_neighbors", "ne_rank_decay", "random_state", "verbose")
 )
 DEFAULT_RUNS = 3
 METRICS = ("stress", "order_agreement", "recall@10", "label_acc@10", "trustworthiness")
