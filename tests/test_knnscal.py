@@ -168,7 +168,9 @@ def test_reordered_fit_is_returned_in_input_order(dim):
     # polish: a kept polish moves the map after the iterations the history records.)
     points, graph = planted(300, dim, 8, seed=4)
     fits = {
-        r: KnnScal(n_components=dim, random_state=0, max_iter=60, solver={"reorder": r}, polish_rounds=0).fit(graph)
+        r: KnnScal(n_components=dim, random_state=0, max_iter=60, solver={"reorder": r}, polish_rounds=0).fit(
+            graph
+        )
         for r in ("morton", "none")
     }
     est = fits["morton"]

@@ -177,7 +177,9 @@ def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before()
 def local_problem(weight=0.05, seed=2):
     """A small fitted E+ and a LocalStress over it, at a random configuration."""
     _, graph = clusters(n_per=8, n_clusters=2, dim=4, k=4, seed=seed)
-    est = KnnScal(random_state=0, neighbor_embedding="none", max_iter=0, solver={"reorder": "none"}).fit(graph)
+    est = KnnScal(random_state=0, neighbor_embedding="none", max_iter=0, solver={"reorder": "none"}).fit(
+        graph
+    )
     local = L.LocalStress(
         (est.plus_indptr_, est.plus_col_, *est._weights()), affinities(graph), 3.0, weight, est.weight_total_
     )
