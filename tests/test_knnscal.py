@@ -428,17 +428,18 @@ def test_the_protocol_shows_the_posters_start_next_to_the_default(flags, expecte
     assert {row.method for row in rows} == expected
 
 
-@pytest.mark.parametrize(
-    "flags, match",
-    [
-        (["--edge-weight", "-1"], "edge_weight"),
-        (["--ne-rank-decay", "-2"], "ne_rank_decay"),
-        (["--solver", '{"block_size": 0}'], "block_size"),
-        (["--solver", '{"blocks": 4}'], "blocks"),
-    ],
-)
-def test_the_protocols_flags_refuse_bad_values_by_name(flags, match):
-    protocol, args = _protocol_args(flags)
+# each bad value, by the name its error must carry
+BAD_PROTOCOL_FLAGS = {
+    "edge_weight": ["--edge-weight", "-1"],
+    "ne_rank_decay": ["--ne-rank-decay", "-2"],
+    "block_size": ["--solver", '{"block_size": 0}'],
+    "blocks": ["--solver", '{"blocks": 4}'],
+}
+
+
+@pytest.mark.parametrize("match", sorted(BAD_PROTOCOL_FLAGS))
+def test_the_protocols_flags_refuse_bad_values_by_name(match):
+    protocol, args = _protocol_args(BAD_PROTOCOL_FLAGS[match])
     with pytest.raises(ValueError, match=match):
         protocol.run(args)
 
