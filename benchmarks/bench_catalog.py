@@ -57,10 +57,11 @@ from bench_service import (  # noqa: E402
 )
 from catalog_data import catalog_artifact, folded_queries  # noqa: E402
 
-from ordrec.service import ann  # noqa: E402
-from ordrec.service.artifacts import Registry, SearchIndex  # noqa: E402
-from ordrec.service.models import build_index  # noqa: E402
-from ordrec.service.topk import warm_up  # noqa: E402
+from ordrec.service.indices import ann  # noqa: E402
+from ordrec.service.indices.models import build_index  # noqa: E402
+from ordrec.service.indices.topk import warm_up  # noqa: E402
+from ordrec.service.storage.artifact import SearchIndex  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.tools.process import ServerProcess, wait_for  # noqa: E402
 
 TARGETS = (
@@ -436,7 +437,7 @@ def planted_ratings(n_users: int, n_items: int, n_ratings: int, seed: int = 0):
 
     Vectorised (no per-user loop), so 10^7 ratings take seconds.
     """
-    from ordrec.service.idmap import IdMap
+    from ordrec.service.storage.idmap import IdMap
     from ordrec.trainer.data.types import Ratings
 
     rng = np.random.default_rng(seed)

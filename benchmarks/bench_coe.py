@@ -45,7 +45,7 @@ def _generated(factor: int, seed: int = 0):
     Items stay at 1,413, so each item's user list grows ``factor`` x and the
     type-B triples grow about ``factor``^2 x while the ratings grow ``factor`` x.
     """
-    from ordrec.service.idmap import IdMap
+    from ordrec.service.storage.idmap import IdMap
     from ordrec.trainer.data.types import Ratings
 
     rng = np.random.default_rng(seed)
@@ -184,9 +184,9 @@ def _latency_rows(index, label: str, calls: int) -> None:
 
 
 def bench_latency(args) -> None:
-    from ordrec.service.artifacts import Artifact
-    from ordrec.service.idmap import IdMap
-    from ordrec.service.models.coe import COEIndex
+    from ordrec.service.indices.models.coe import COEIndex
+    from ordrec.service.storage.artifact import Artifact
+    from ordrec.service.storage.idmap import IdMap
     from ordrec.trainer.models.coe import COE
     from ordrec.trainer.reproduce.coe import DEFAULTS
 

@@ -59,9 +59,9 @@ import numpy as np  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from ordrec.service.artifacts import Artifact  # noqa: E402
-from ordrec.service.idmap import IdMap  # noqa: E402
-from ordrec.service.models.dcr import DCRIndex  # noqa: E402
+from ordrec.service.indices.models.dcr import DCRIndex  # noqa: E402
+from ordrec.service.storage.artifact import Artifact  # noqa: E402
+from ordrec.service.storage.idmap import IdMap  # noqa: E402
 from ordrec.trainer.data.types import Ratings  # noqa: E402
 
 NETFLIX1M = (48_018, 1_777, 1_020_752)

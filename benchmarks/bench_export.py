@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.catalog_data import catalog_artifact
 from ordrec.client import Client
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.trainer.export import export
 

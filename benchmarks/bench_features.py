@@ -6,7 +6,7 @@ throwaway registry and calls the in-process Recommend handler (no gRPC), one use
 - p50 / p99 of a plain call, with ``explain = 3``, with ``diversity = 0.3`` and both, n = 10;
 - the trade-off table: NDCG@10 (binary gain: held-out ratings >= 4, ranked over every item the
   user did not rate in training) and intra-list diversity (mean ``1 - cosine`` under the
-  level-weighted inner product, ``service/similar.py``) at several diversity settings;
+  level-weighted inner product, ``service/indices/similar.py``) at several diversity settings;
 - the same four rows over gRPC against an ``ordrec-serve`` process;
 - SimilarItems p50 (one item, n = 10).
 
@@ -27,11 +27,11 @@ import grpc  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_handler import _Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
-from ordrec.service.artifacts import Registry  # noqa: E402
-from ordrec.service.seen import SeenStore  # noqa: E402
-from ordrec.service.servicer import RecommenderServicer  # noqa: E402
-from ordrec.service.similar import intra_list_diversity  # noqa: E402
-from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.service.indices.similar import intra_list_diversity  # noqa: E402
+from ordrec.service.live.seen import SeenStore  # noqa: E402
+from ordrec.service.serving.servicer import RecommenderServicer  # noqa: E402
+from ordrec.service.serving.validation import Limits  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.tools.process import ServerProcess  # noqa: E402
 from ordrec.trainer.data.readers import read_input  # noqa: E402
 from ordrec.trainer.evaluation.holdout import split_ratings  # noqa: E402

@@ -30,9 +30,9 @@ import numpy as np  # noqa: E402
 import redis  # noqa: E402
 from bench_handler import _Context, loaded_store  # noqa: E402  (run as a script: benchmarks/ is on the path)
 
-from ordrec.service.redis_state import RATINGS_KEY, RedisSeenStore  # noqa: E402
-from ordrec.service.servicer import RecommenderServicer  # noqa: E402
-from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.service.live.redis_state import RATINGS_KEY, RedisSeenStore  # noqa: E402
+from ordrec.service.serving.servicer import RecommenderServicer  # noqa: E402
+from ordrec.service.serving.validation import Limits  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 RATING_COUNTS = (10, 50, 200)

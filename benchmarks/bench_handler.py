@@ -14,15 +14,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse  # noqa: E402
 import time  # noqa: E402
 
-from ordrec.service.artifacts import Registry  # noqa: E402
-from ordrec.service.batching import RecommendBatcher  # noqa: E402
 from ordrec.service.config import DEFAULT_BATCH_MAX_SIZE  # noqa: E402
+from ordrec.service.live.seen import SeenStore  # noqa: E402
 from ordrec.service.metrics import Metrics  # noqa: E402
-from ordrec.service.seen import SeenStore  # noqa: E402
-from ordrec.service.server import batch_observer  # noqa: E402
-from ordrec.service.servicer import RecommenderServicer  # noqa: E402
-from ordrec.service.store import ModelStore  # noqa: E402
-from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.service.serving.batching import RecommendBatcher  # noqa: E402
+from ordrec.service.serving.server import batch_observer  # noqa: E402
+from ordrec.service.serving.servicer import RecommenderServicer  # noqa: E402
+from ordrec.service.serving.store import ModelStore  # noqa: E402
+from ordrec.service.serving.validation import Limits  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 

@@ -39,7 +39,7 @@ DEFAULT_PARAMS = {"nonedge_factor": 5}
 def generated_graph(n: int, k: int, seed: int):
     from scipy.spatial import cKDTree
 
-    from ordrec.service.idmap import IdMap
+    from ordrec.service.storage.idmap import IdMap
     from ordrec.trainer.data.types import NeighborLists
 
     points = np.random.default_rng(seed).uniform(size=(n, 2))

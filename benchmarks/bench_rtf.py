@@ -28,10 +28,10 @@ import time
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.rtf import RTFIndex
-from ordrec.service.topk import top_k
+from ordrec.service.indices.models.rtf import RTFIndex
+from ordrec.service.indices.topk import top_k
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.models import rtf_kernels as K
 
 

@@ -31,16 +31,18 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ordrec.service import ann  # noqa: E402
-from ordrec.service.artifacts import ALL_MODELS, Artifact, Registry  # noqa: E402
-from ordrec.service.hidden import HiddenState, RegistryBackend  # noqa: E402
-from ordrec.service.idmap import IdMap  # noqa: E402
+from ordrec.service.indices import ann  # noqa: E402
+from ordrec.service.indices.rules import encode_item_attributes  # noqa: E402
+from ordrec.service.live.hidden import HiddenState, RegistryBackend  # noqa: E402
+from ordrec.service.live.seen import SeenStore  # noqa: E402
 from ordrec.service.metrics import Metrics  # noqa: E402
-from ordrec.service.rules import encode_item_attributes  # noqa: E402
-from ordrec.service.seen import SeenStore  # noqa: E402
-from ordrec.service.servicer import RecommenderServicer  # noqa: E402
-from ordrec.service.store import ModelStore  # noqa: E402
-from ordrec.service.validation import Limits  # noqa: E402
+from ordrec.service.serving.servicer import RecommenderServicer  # noqa: E402
+from ordrec.service.serving.store import ModelStore  # noqa: E402
+from ordrec.service.serving.validation import Limits  # noqa: E402
+from ordrec.service.storage.artifact import Artifact  # noqa: E402
+from ordrec.service.storage.hidden_items import ALL_MODELS  # noqa: E402
+from ordrec.service.storage.idmap import IdMap  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 
 LEVELS, RANK, N_USERS = [1.0, 2.0, 3.0, 4.0, 5.0], 10, 1000

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact, Registry
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 
 LOADER = r"""
 import json, sys, time
@@ -34,9 +35,9 @@ def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
-from ordrec.service.models import build_index
-from ordrec.service.objectstore import open_registry
-from ordrec.service import topk
+from ordrec.service.indices.models import build_index
+from ordrec.service.storage.objectstore import open_registry
+from ordrec.service.indices import topk
 topk.warm_up()
 registry = open_registry(sys.argv[1], cache_dir=sys.argv[2])
 base = rss()
@@ -133,7 +134,7 @@ def main() -> None:
                 if proc is not None:
                     import boto3
 
-                    from ordrec.service.objectstore import S3Registry
+                    from ordrec.service.storage.objectstore import S3Registry
 
                     bucket = f"bench-{n}"
                     boto3.session.Session().client("s3").create_bucket(Bucket=bucket)

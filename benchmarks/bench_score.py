@@ -23,8 +23,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ordrec.service.idmap import IdMap  # noqa: E402
-from ordrec.service.models.score import SCOREIndex  # noqa: E402
+from ordrec.service.indices.models.score import SCOREIndex  # noqa: E402
+from ordrec.service.storage.idmap import IdMap  # noqa: E402
 from ordrec.trainer.data.types import AttributeTable  # noqa: E402
 from ordrec.trainer.models.score import GroupLayout, ScoreEstimator  # noqa: E402
 

@@ -40,8 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ordrec.service.artifacts import Registry  # noqa: E402
-from ordrec.service.idmap import IdMap  # noqa: E402
+from ordrec.service.storage.idmap import IdMap  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.tools.process import ServerProcess  # noqa: E402
 from ordrec.trainer.data.types import Ratings, TagAssignments  # noqa: E402
 from ordrec.trainer.models import estimator_class  # noqa: E402

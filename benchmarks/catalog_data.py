@@ -18,8 +18,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from ordrec.service.artifacts import Artifact  # noqa: E402
-from ordrec.service.idmap import IdMap  # noqa: E402
+from ordrec.service.storage.artifact import Artifact  # noqa: E402
+from ordrec.service.storage.idmap import IdMap  # noqa: E402
 
 # Six rating values: five learned levels, x rank 40 = the 200 folded dimensions of the issue.
 LEVELS = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
@@ -86,7 +86,7 @@ def planted_catalog(
 
 def folded_queries(users: np.ndarray, levels: np.ndarray = LEVELS) -> np.ndarray:
     """User factors with DCR's level weights folded in (what the serving index searches with)."""
-    from ordrec.service.models.dcr import level_weights
+    from ordrec.service.indices.models.dcr import level_weights
 
     c, _ = level_weights(levels, "linear")
     rank = users.shape[1] // c.size

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from ordrec.service.models.rtf import RTFIndex
+from ordrec.service.indices.models.rtf import RTFIndex
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.reproduce.rtf import (
@@ -175,8 +175,8 @@ def _curve_recorder(train, val, curve: list[dict]):
     tuning posts whose user or item the fit part lacks are left out here (the
     final table above includes them through the index's fallbacks).
     """
-    from ordrec.service.models.rtf import score_posts
-    from ordrec.service.topk import top_k
+    from ordrec.service.indices.models.rtf import score_posts
+    from ordrec.service.indices.topk import top_k
     from ordrec.trainer.evaluation.metrics import list_metrics
 
     post_user, post_item, indptr, tags = val

@@ -1,3 +1,3 @@
-from ordrec.service.cli import main
+from ordrec.service.serving.cli import main
 
 raise SystemExit(main())

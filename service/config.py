@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 # Entries the ordrec:events stream keeps (approximately): about 64 MB of Redis at 10-character ids.
 DEFAULT_EVENTS_MAXLEN = 1_000_000
 _ORIGIN = re.compile(r"^https?://[^/\s]+$")
-# Recommend's dynamic batching (service/batching.py): users scored together at most, and calls
+# Recommend's dynamic batching (service/serving/batching.py): users scored together at most, and calls
 # that may wait for the scorer before more are refused RESOURCE_EXHAUSTED (docs/serving-cost.md).
 DEFAULT_BATCH_MAX_SIZE = 64
 DEFAULT_BATCH_MAX_QUEUE = 64

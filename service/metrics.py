@@ -151,7 +151,7 @@ class Metrics:
             registry=r,
         )
 
-        # Per served version: the traffic of a split, and the online evaluation (service/online.py).
+        # Per served version: the traffic of a split, and the online evaluation (service/live/online.py).
         def versioned(kind, name: str, text: str):
             return kind(name, text, ("model", "version"), registry=r)
 

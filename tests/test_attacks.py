@@ -25,8 +25,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, Registry
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc

@@ -1,4 +1,4 @@
-"""Dynamic batching of Recommend (service/batching.py): batched answers equal lone ones,
+"""Dynamic batching of Recommend (service/serving/batching.py): batched answers equal lone ones,
 the queue bound and deadlines, in process and against a real server process."""
 
 from __future__ import annotations
@@ -14,18 +14,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import ALL_MODELS, Artifact, Registry
-from ordrec.service.batching import BatchObserver, RecommendBatcher
 from ordrec.service.config import DEFAULT_BATCH_MIN_WORK, Limits
 from ordrec.service.errors import DeadlineExceeded, ResourceExhausted, ServiceError
-from ordrec.service.hidden import HiddenState
-from ordrec.service.idmap import IdMap
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.rules import combine, hidden_mask
+from ordrec.service.live.hidden import HiddenState
+from ordrec.service.live.seen import SeenStore
 from ordrec.service.metrics import Metrics
-from ordrec.service.models import build_index
-from ordrec.service.rules import combine, hidden_mask
-from ordrec.service.seen import SeenStore
-from ordrec.service.servicer import RecommenderServicer
-from ordrec.service.store import ModelStore
+from ordrec.service.serving.batching import BatchObserver, RecommendBatcher
+from ordrec.service.serving.servicer import RecommenderServicer
+from ordrec.service.serving.store import ModelStore
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.hidden_items import ALL_MODELS
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc

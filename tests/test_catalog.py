@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ordrec.service import ann
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry, SearchIndex
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index
+from ordrec.service.indices import ann
+from ordrec.service.indices.models import build_index
+from ordrec.service.storage.artifact import Artifact, ArtifactError, SearchIndex
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer import sample
 from ordrec.trainer.models.dcr import DCR

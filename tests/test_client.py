@@ -18,7 +18,7 @@ import redis
 
 from ordrec.client import Client, entity
 from ordrec.client_cli import build_parser, main
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import index_class
-from ordrec.service.models.coe import COEIndex
+from ordrec.service.indices.models import index_class
+from ordrec.service.indices.models.coe import COEIndex
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
@@ -360,7 +360,7 @@ def test_recommend_through_the_tree_equals_brute_force(fitted, user, n, exclude_
 
 
 def test_index_refuses_inconsistent_artifacts(fitted):
-    from ordrec.service.artifacts import ArtifactError
+    from ordrec.service.storage.artifact import ArtifactError
 
     _, model = fitted
     art = model.to_artifact()

@@ -8,8 +8,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.coe import COEIndex
+from ordrec.service.indices.models.coe import COEIndex
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.models import coe_kernels as K

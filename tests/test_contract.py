@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy.stats import kendalltau
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.models import build_index, kinds
+from ordrec.service.indices.models import build_index, kinds
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer import sample
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.dcr import PAPER_PARAMS

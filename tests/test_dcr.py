@@ -9,9 +9,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.dcr import DCRIndex, level_weights
+from ordrec.service.indices.models.dcr import DCRIndex, level_weights
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k
 from ordrec.trainer.models import estimator_class

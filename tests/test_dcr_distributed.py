@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.models.dcr import DCR
 from ordrec.trainer.models.dcr_distributed import (
@@ -221,7 +221,7 @@ def test_a_job_cluster_key_is_checked_when_the_file_is_read(tmp_path, kind, clus
 
 @pytest.mark.slow  # starts its own cluster (about 20 s here)
 def test_the_cron_job_fits_on_the_cluster_and_publishes(tmp_path):
-    from ordrec.service.artifacts import Registry
+    from ordrec.service.storage.registry import Registry
     from ordrec.trainer.job import EXIT_PUBLISHED, run_job
     from ordrec.trainer.sample import write_samples
     from tests.test_job import job_text

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.cli import main
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.reproduce.dcr import (

@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from ordrec.service.artifacts import Artifact, ArtifactError
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index, index_class
-from ordrec.service.models.dcr import DCRIndex, level_weights, monotone_distribution, relevance_values
+from ordrec.service.indices.models import build_index, index_class
+from ordrec.service.indices.models.dcr import DCRIndex, level_weights, monotone_distribution, relevance_values
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.idmap import IdMap
 
 
 def artifact(n_users=7, n_items=11, rank=3, levels=(1, 2, 3, 4, 5), relevance="linear", seed=0, **over):

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import pytest
 
-from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, ResearchOptions, holdouts, rating_levels
 from ordrec.trainer.models.dcr_kernels import pointwise_loglik

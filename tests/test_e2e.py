@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.data.readers import read_ratings
 from ordrec.v1 import recommender_pb2 as pb

@@ -9,7 +9,7 @@ from numbers import Integral, Real
 import numpy as np
 import pytest
 
-from ordrec.service.models import kinds
+from ordrec.service.indices.models import kinds
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.base import Interval, Options, validate_params
 from ordrec.trainer.models.dcr import DCR, ResearchOptions

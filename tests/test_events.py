@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from ordrec.client import Client
-from ordrec.service.artifacts import Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.objectstore import S3Registry
-from ordrec.service.redis_state import EVENTS_STREAM
+from ordrec.service.live.redis_state import EVENTS_STREAM
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.objectstore import S3Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer.data.types import Ratings, RatingScale
 from ordrec.trainer.events import (

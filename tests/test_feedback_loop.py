@@ -18,8 +18,8 @@ import grpc
 import pytest
 import redis
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.redis_state import EVENTS_STREAM
+from ordrec.service.live.redis_state import EVENTS_STREAM
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.trainer.events import load_checkpoint
 from ordrec.v1 import recommender_pb2 as pb

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import redis
 
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index
-from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.storage.idmap import IdMap
 from ordrec.tools.process import ServerProcess
 from ordrec.trainer.data.types import Ratings
 from ordrec.v1 import recommender_pb2 as pb
@@ -201,8 +201,8 @@ def test_the_server_folds_in_new_users_from_interactions_without_ratings(sample_
 
 
 def test_at_most_the_capped_number_of_ratings_is_read(redis_server):
+    from ordrec.service.live.redis_state import MAX_FOLD_IN_RATINGS, RATINGS_KEY, RedisSeenStore
     from ordrec.service.metrics import Metrics
-    from ordrec.service.redis_state import MAX_FOLD_IN_RATINGS, RATINGS_KEY, RedisSeenStore
 
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     client.hset(RATINGS_KEY.format("heavy"), mapping={f"i{k}": "4" for k in range(MAX_FOLD_IN_RATINGS + 30)})

@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from ordrec.client import Client
-from ordrec.service.artifacts import Registry
-from ordrec.service.objectstore import parse_s3_url
+from ordrec.service.storage.objectstore import parse_s3_url
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from tests.conftest import SAMPLE_MODELS, train_into

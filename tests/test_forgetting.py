@@ -12,8 +12,7 @@ import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.erasure import (
+from ordrec.service.live.erasure import (
     Erasure,
     compact_stream,
     delete_stream_entries,
@@ -21,9 +20,10 @@ from ordrec.service.erasure import (
     erase_from_redis,
     stream_entries_of,
 )
-from ordrec.service.forgotten import user_digest
-from ordrec.service.idmap import IdMap
-from ordrec.service.redis_state import EVENTS_STREAM
+from ordrec.service.live.forgotten import user_digest
+from ordrec.service.live.redis_state import EVENTS_STREAM
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.events import Checkpoint, Event, load_checkpoint, lost_after, save_checkpoint

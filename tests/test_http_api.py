@@ -29,11 +29,11 @@ from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate as validate_spec
 from prometheus_client import CollectorRegistry, Histogram
 
-from ordrec.service.gateway import HTTP_STATUS, SERVICE, reply_json, unary_methods
-from ordrec.service.http import content_security_policy
 from ordrec.service.metrics import Metrics
-from ordrec.service.status_page import StatusPage, TrafficWindow, histogram_quantile
-from ordrec.service.store import Candidate, LoadedModel
+from ordrec.service.serving.gateway import HTTP_STATUS, SERVICE, reply_json, unary_methods
+from ordrec.service.serving.http import content_security_policy
+from ordrec.service.serving.status_page import StatusPage, TrafficWindow, histogram_quantile
+from ordrec.service.serving.store import Candidate, LoadedModel
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc

@@ -24,7 +24,7 @@ import grpc
 import pytest
 from google.protobuf import json_format
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc

@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, Registry
-from ordrec.service.idmap import IdMap, PackedIdMap
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap, PackedIdMap
+from ordrec.service.storage.registry import Registry
 
 ID = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"), min_size=1, max_size=12
@@ -51,7 +52,7 @@ def test_duplicates_are_refused():
 
 
 def test_large_id_spaces_load_packed_and_round_trip(tmp_path, monkeypatch):
-    monkeypatch.setattr("ordrec.service.artifacts.PACKED_MIN_IDS", 10)
+    monkeypatch.setattr("ordrec.service.storage.format.PACKED_MIN_IDS", 10)
     ids = [f"item-{i}-é" for i in range(25)]
     artifact = Artifact(kind="toy", arrays={"x": np.zeros((25, 2), np.float32)}, ids={"items": IdMap(ids)})
     reg = Registry(tmp_path)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index
+from ordrec.service.indices.models import build_index
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.item_attributes import ItemAttributeError, read_item_attributes
 from ordrec.trainer.job import run_job
 from ordrec.trainer.sample import write_samples

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.diversity import AttributeCap, Diversify, mmr_compiled, mmr_order, rerank
-from ordrec.service.explain import explain
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index
-from ordrec.service.rules import Eligible
-from ordrec.service.similar import intra_list_diversity, pairwise_similarity, similar_items
+from ordrec.service.indices.diversity import AttributeCap, Diversify, mmr_compiled, mmr_order, rerank
+from ordrec.service.indices.explain import explain
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.rules import Eligible
+from ordrec.service.indices.similar import intra_list_diversity, pairwise_similarity, similar_items
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
 from tests.test_rules import dcr_artifact
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ordrec.client import Client
-from ordrec.service.artifacts import Registry
-from ordrec.service.models import build_index
-from ordrec.service.similar import similar_items
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.similar import similar_items
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.models import build_index
+from ordrec.service.indices.models import build_index
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer import job as job_module
 from ordrec.trainer.data.types import RatingScale
 from ordrec.trainer.job import (

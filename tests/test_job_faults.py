@@ -1,7 +1,7 @@
 """Killing ``ordrec-train run`` at any point leaves the registry as it was.
 
 - SIGKILL in the middle of writing a version (made deterministic by a child
-  that pauses inside ``service.artifacts._write_array``): the registry lists
+  that pauses inside ``service.storage.checksums._write_array``): the registry lists
   and loads only complete versions, the lock dies with the process, and the
   next run publishes normally.
 - SIGTERM at the same point: the job unwinds, removes its temporary folder
@@ -23,8 +23,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Registry, is_version
-from ordrec.service.models import build_index
+from ordrec.service.indices.models import build_index
+from ordrec.service.storage.names import is_version
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.job import EXIT_FAILED, EXIT_PUBLISHED, run_job
 from ordrec.trainer.sample import write_samples
 
@@ -32,7 +33,7 @@ from ordrec.trainer.sample import write_samples
 # publish, after announcing it on stdout: the test then kills it right there.
 PAUSING_CHILD = """
 import sys, time
-import ordrec.service.artifacts as artifacts
+import ordrec.service.storage.registry as artifacts
 real_write, calls = artifacts._write_array, [0]
 def stalling_write(path, array):
     calls[0] += 1

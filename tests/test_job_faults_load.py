@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 import time
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.job import EXIT_PUBLISHED, run_job
 from tests.test_faults import LoadLoop

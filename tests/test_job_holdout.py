@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.base import MapIndex, PointSet, RecommenderIndex
-from ordrec.service.models.knnscal import KNNSCALIndex as KnnIndex
+from ordrec.service.indices.models.base import MapIndex, PointSet, RecommenderIndex
+from ordrec.service.indices.models.knnscal import KNNSCALIndex as KnnIndex
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import AttributeTable, Ratings, TagAssignments
 from ordrec.trainer.evaluation import holdout, metrics
 from ordrec.trainer.sample import planted_neighbors

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.models import build_index
+from ordrec.service.indices.models import build_index
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.evaluation.holdout import METRICS
 from ordrec.trainer.job import EXIT_PUBLISHED, load_job, run_job
 from ordrec.trainer.sample import write_samples

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, run_job
 from ordrec.trainer.notify import CHANNEL, notify_published, version_key
 from ordrec.trainer.sample import write_samples

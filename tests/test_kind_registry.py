@@ -10,9 +10,9 @@ import grpc
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.models import index_class, kinds
-from ordrec.service.server import Server, ServerConfig
+from ordrec.service.indices.models import index_class, kinds
+from ordrec.service.serving.server import Server, ServerConfig
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.cli import build_parser, main
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.job import EXIT_PUBLISHED, run_job

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.isotonic import isotonic_regression
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.models.knnscal import KNNSCALIndex, place_point, placement_stress
+from ordrec.service.indices.models.knnscal import KNNSCALIndex, place_point, placement_stress
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, KnnScalSolver, enlarged_edges, knn_lists, neighbor_csr
 from tests.gradient_check import assert_gradient
@@ -238,7 +238,7 @@ def test_feature_matrix_input_and_progress_bar(capsys):
 
 
 def test_csr_drops_self_loops_and_keeps_best_rank_of_duplicates():
-    from ordrec.service.idmap import IdMap
+    from ordrec.service.storage.idmap import IdMap
     from ordrec.trainer.data.types import NeighborLists
 
     g = NeighborLists(

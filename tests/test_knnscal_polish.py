@@ -7,7 +7,7 @@ import argparse
 import numpy as np
 import pytest
 
-from ordrec.service.models.knnscal import KNNSCALIndex
+from ordrec.service.indices.models.knnscal import KNNSCALIndex
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models import knnscal_polish as P
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr

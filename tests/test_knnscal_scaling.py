@@ -116,7 +116,7 @@ def test_verbose_fit_prints_every_phase_and_iteration_as_it_goes(capsys):
 
 def test_a_graph_that_does_not_coarsen_gets_the_landmark_start():
     # A star: the independent set is its centre alone or all its leaves.
-    from ordrec.service.idmap import IdMap
+    from ordrec.service.storage.idmap import IdMap
     from ordrec.trainer.data.types import NeighborLists
 
     n = 40

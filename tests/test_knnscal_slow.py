@@ -9,7 +9,7 @@ import argparse
 
 import pytest
 
-from ordrec.service.models.knnscal import KNNSCALIndex
+from ordrec.service.indices.models.knnscal import KNNSCALIndex
 from ordrec.trainer.models.knnscal import KnnScal
 from ordrec.trainer.reproduce.knnscal import load_problem, map_index, map_metrics, reference_map
 

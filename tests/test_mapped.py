@@ -1,4 +1,4 @@
-"""Reading memory-mapped arrays through their files (service/mapped.py)."""
+"""Reading memory-mapped arrays through their files (service/storage/mapped.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import ArtifactError
-from ordrec.service.mapped import FileRows, row_blocks
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.mapped import FileRows, row_blocks
 
 
 def _memmap(tmp_path, array: np.ndarray, header: int = 0) -> np.memmap:
@@ -61,7 +61,7 @@ def test_row_blocks_read_the_whole_array_through_the_file(tmp_path):
 def test_warm_up_compiles_the_row_reader():
     # In a fresh process: here the tests above have compiled it already.
     code = (
-        "from ordrec.service import mapped; assert not mapped._read_rows.signatures; mapped.warm_up(); "
+        "from ordrec.service.storage import mapped; assert not mapped._read_rows.signatures; mapped.warm_up(); "
         "print(len(mapped._read_rows.signatures))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -14,8 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import ArtifactError, Registry
-from ordrec.service.objectstore import S3Registry, manifest_paths, open_registry, parse_s3_url
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.objectstore import S3Registry, manifest_paths, open_registry, parse_s3_url
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 from tests.test_registry import make_artifact
 
@@ -112,9 +113,9 @@ def _paused_s3_publisher(url: str) -> subprocess.Popen:
     script = textwrap.dedent(f"""
         import time
         import numpy as np
-        from ordrec.service.artifacts import Artifact
-        from ordrec.service.idmap import IdMap
-        from ordrec.service.objectstore import S3Registry
+        from ordrec.service.storage.artifact import Artifact
+        from ordrec.service.storage.idmap import IdMap
+        from ordrec.service.storage.objectstore import S3Registry
         registry = S3Registry({url!r})
         original = registry.client.upload_file
         def slow_upload(*args, **kwargs):
@@ -225,7 +226,7 @@ def test_an_unreachable_store_is_retried_not_refused(s3_url, sample_registry, tm
     from botocore.exceptions import EndpointConnectionError
 
     from ordrec.service.metrics import Metrics
-    from ordrec.service.store import ModelStore
+    from ordrec.service.serving.store import ModelStore
 
     source = Registry(sample_registry).load("dcr", mmap=False)
     publisher = S3Registry(s3_url, cache_dir=tmp_path / "pub")

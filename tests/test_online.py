@@ -10,8 +10,8 @@ import grpc
 import pytest
 import redis
 
+from ordrec.service.live.online import MAX_FIELDS, SERVED_KEY, OnlineEvaluation
 from ordrec.service.metrics import Metrics
-from ordrec.service.online import MAX_FIELDS, SERVED_KEY, OnlineEvaluation
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
@@ -172,7 +172,7 @@ def test_without_redis_the_online_evaluation_is_off(sample_registry):
     ],
 )
 def test_the_server_refuses_online_settings_out_of_range(flag, value, error, capsys):
-    from ordrec.service.cli import build_parser
+    from ordrec.service.serving.cli import build_parser
 
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["--registry", "r", flag, value])

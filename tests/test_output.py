@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 from ordrec.trainer.progress import Progress
 

@@ -48,10 +48,10 @@ def test_console_scripts_point_into_the_namespace():
 
 
 def test_imports_resolve_to_the_source_folders():
-    import ordrec.service.server
+    import ordrec.service.serving.server
     import ordrec.trainer.cli
 
-    assert Path(ordrec.service.server.__file__).parent == ROOT / "service"
+    assert Path(ordrec.service.serving.server.__file__).parent == ROOT / "service" / "serving"
     assert Path(ordrec.trainer.cli.__file__).parent == ROOT / "trainer"
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 from ordrec.trainer.data.readers import (
     FORMATS,

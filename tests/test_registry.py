@@ -13,8 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry, is_version
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.names import is_version
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 
 
@@ -185,9 +187,10 @@ def _paused_publisher(root) -> subprocess.Popen:
     """A real publisher that stops for 30 s once it has written its first array."""
     script = textwrap.dedent(f"""
         import numpy as np, sys
-        import ordrec.service.artifacts as a
-        from ordrec.service.artifacts import Artifact, Registry
-        from ordrec.service.idmap import IdMap
+        import ordrec.service.storage.registry as a
+        from ordrec.service.storage.artifact import Artifact
+        from ordrec.service.storage.registry import Registry
+        from ordrec.service.storage.idmap import IdMap
         original = a._write_array
         def slow_write(path, array):
             digest = original(path, array)

@@ -11,8 +11,8 @@ import urllib.request
 import grpc
 import pytest
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.objectstore import S3Registry
+from ordrec.service.storage.objectstore import S3Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.notify import notify_published
 from ordrec.v1 import recommender_pb2 as pb

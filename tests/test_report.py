@@ -17,9 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry, read_view
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.base import MapIndex, PointSet
+from ordrec.service.indices.models.base import MapIndex, PointSet
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.format import read_view
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.report_html import (
@@ -145,7 +147,7 @@ def coe_artifact(n_users=30, n_items=20, seed=0, metrics=None, function="sigmoid
 
 
 def score_artifact(n_objects=24, seed=0, mode="multi", with_labels=True) -> Artifact:
-    pytest.importorskip("ordrec.service.models.score")
+    pytest.importorskip("ordrec.service.indices.models.score")
     rng = np.random.default_rng(seed)
     aspects = ["legs", "type", "colour"]
     values = {"legs": ["0", "2", "4"], "type": ["bird", "fish"], "colour": ["red", "green", "blue", "grey"]}
@@ -172,7 +174,7 @@ def score_artifact(n_objects=24, seed=0, mode="multi", with_labels=True) -> Arti
 
 
 def knnscal_artifact(n=40, seed=0) -> Artifact:
-    pytest.importorskip("ordrec.service.models.knnscal")
+    pytest.importorskip("ordrec.service.indices.models.knnscal")
     rng = np.random.default_rng(seed)
     return Artifact(
         kind="knnscal",
@@ -257,7 +259,7 @@ def test_page_references_no_url_and_needs_no_network():
 
 def test_score_has_one_map_per_aspect_coloured_by_value_and_the_sphere():
     artifact = score_artifact(n_objects=24)
-    from ordrec.service.models.score import SCOREIndex
+    from ordrec.service.indices.models.score import SCOREIndex
 
     index = SCOREIndex.from_artifact(artifact)
     page = parse(render_report(artifact, index))
@@ -354,7 +356,7 @@ def test_cap_keeps_small_entities_whole():
     artifact = coe_artifact(n_users=40, n_items=3000)
     views = map_views(
         artifact,
-        __import__("ordrec.service.models.coe", fromlist=["COEIndex"]).COEIndex(artifact),
+        __import__("ordrec.service.indices.models.coe", fromlist=["COEIndex"]).COEIndex(artifact),
         max_points=1000,
     )
     drawn = {layer.entity: len(layer.rows) for layer in views[0].layers}

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.trainer.report_html import report_views
 
@@ -262,7 +262,7 @@ def served(tmp_path_factory):
         estimator = estimator_class(kind)(**params).fit(data)
         artifact = estimator.to_artifact()
         registry.publish(f"sample-{kind}", artifact, views=lambda a, n=names: report_views(a, n))
-        from ordrec.service.models import index_class
+        from ordrec.service.indices.models import index_class
 
         index = index_class(kind).from_artifact(artifact)
         # every point of every map (the sample is far under the 5,000 cap)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.rtf import RTFIndex
+from ordrec.service.indices.models.rtf import RTFIndex
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models import rtf_kernels as K

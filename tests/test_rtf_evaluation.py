@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.cli import build_parser, main
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation import metrics

@@ -8,10 +8,11 @@ import argparse
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import ArtifactError, Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.rtf import RTFIndex
-from ordrec.service.topk import top_k
+from ordrec.service.indices.models.rtf import RTFIndex
+from ordrec.service.indices.topk import top_k
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import rtf_selection
 from ordrec.trainer.models.rtf import RTF

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, ArtifactError
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index, index_class
-from ordrec.service.models.rtf import RTFIndex
+from ordrec.service.indices.models import build_index, index_class
+from ordrec.service.indices.models.rtf import RTFIndex
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.sample import planted_tags

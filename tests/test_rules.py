@@ -7,10 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index
-from ordrec.service.rules import (
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.rules import (
     Eligible,
     FilterError,
     combine,
@@ -18,6 +16,9 @@ from ordrec.service.rules import (
     hidden_mask,
     parse_filter,
 )
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 
 GENRES = ["Action", "Comedy", "Drama", "Horror"]
 

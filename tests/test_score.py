@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 
-from ordrec.service.artifacts import ArtifactError, Registry
-from ordrec.service.idmap import IdMap
-from ordrec.service.models import build_index
-from ordrec.service.models.score import SCOREIndex, angular_similarity, tangent_basis
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.models.score import SCOREIndex, angular_similarity, tangent_basis
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.triplets import ConditionalTriplets
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.score import SCOREIndex
+from ordrec.service.indices.models.score import SCOREIndex
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.triplets import ConditionalTriplets, read_triplets, write_triplets
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.models.score import ScoreEstimator

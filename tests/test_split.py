@@ -11,10 +11,12 @@ import grpc
 import numpy as np
 import pytest
 
-from ordrec.service.artifacts import SPLIT_FILE, ArtifactError, Registry
 from ordrec.service.metrics import Metrics
-from ordrec.service.objectstore import open_registry
-from ordrec.service.store import ModelStore, user_bucket
+from ordrec.service.serving.store import ModelStore, user_bucket
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.objectstore import open_registry
+from ordrec.service.storage.policy import SPLIT_FILE
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc

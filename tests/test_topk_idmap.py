@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ordrec.service import topk
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.base import PointSet
-from ordrec.service.topk import affine_scores, nearest_brute_force, top_k, top_k_rows
+from ordrec.service.indices import topk
+from ordrec.service.indices.models.base import PointSet
+from ordrec.service.indices.topk import affine_scores, nearest_brute_force, top_k, top_k_rows
+from ordrec.service.storage.idmap import IdMap
 
 scores_strategy = hnp.arrays(
     np.float32,

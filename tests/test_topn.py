@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.artifacts import Registry
-from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.cli import main
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
@@ -241,7 +241,7 @@ def test_job_publishes_the_top_n_dcr_above_popularity(tmp_path):
 
 @pytest.mark.parametrize("kind", ["dcr", "coe"])
 def test_a_new_user_folds_in_from_interactions_without_ratings(kind):
-    from ordrec.service.models import kinds
+    from ordrec.service.indices.models import kinds
 
     data = picked_by_taste(seed=4)
     params = {"dcr": dict(n_components=8), "coe": dict(n_components=8, max_iter=30)}[kind]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ordrec.service.artifacts import Registry
+from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 
 

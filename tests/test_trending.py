@@ -17,11 +17,9 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordrec.service.cli import build_parser, config_from_args
-from ordrec.service.metrics import Metrics
-from ordrec.service.redis_state import RedisSeenStore
-from ordrec.service.seen import Recorded
-from ordrec.service.trending import (
+from ordrec.service.live.redis_state import RedisSeenStore
+from ordrec.service.live.seen import Recorded
+from ordrec.service.live.trending import (
     EPOCH_KEY,
     LAST_KEY,
     TRENDING_KEY,
@@ -30,6 +28,8 @@ from ordrec.service.trending import (
     TrendingSettings,
     ranked_rows,
 )
+from ordrec.service.metrics import Metrics
+from ordrec.service.serving.cli import build_parser, config_from_args
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc

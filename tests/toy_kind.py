@@ -11,9 +11,9 @@ import argparse
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact, ArtifactError
-from ordrec.service.models.base import RecommenderIndex, check_finite
-from ordrec.service.models.kinds import ModelKind
+from ordrec.service.indices.models.base import RecommenderIndex, check_finite
+from ordrec.service.indices.models.kinds import ModelKind
+from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation import holdout

@@ -31,7 +31,7 @@ MODULE = "ordrec.tools.bare_server"
 
 def constant_reply(registry: Path, model: str, n: int):
     """A RecommendResponse of the first ``n`` item ids of ``model``'s live version, scored."""
-    from ordrec.service.artifacts import Registry
+    from ordrec.service.storage.registry import Registry
     from ordrec.v1 import recommender_pb2 as pb
 
     reg = Registry(registry)
@@ -87,7 +87,7 @@ def serve(args: argparse.Namespace) -> int:
     limit, same = Limits().max_message_bytes, ServerConfig(registry="")
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=args.workers),
-        options=[  # ordrec-serve's options (service/server.py)
+        options=[  # ordrec-serve's options (service/serving/server.py)
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
             ("grpc.so_reuseport", 1 if args.reuse_port else 0),
@@ -138,8 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.processes == 0:
         args.processes = len(os.sched_getaffinity(0))
     if args.processes > 1:
-        from ordrec.service.cli import without_flags
-        from ordrec.service.supervisor import Supervisor
+        from ordrec.service.serving.cli import without_flags
+        from ordrec.service.serving.supervisor import Supervisor
 
         passed_on = without_flags(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
         return Supervisor(

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ordrec.service.cli import without_flags
+from ordrec.service.serving.cli import without_flags
 
 RPCS = ("recommend", "tags", "neighbors", "coordinates", "listmodels")
 _PATHS = {
@@ -53,7 +53,7 @@ _PATHS = {
 
 # ------------------------------------------------------------ request makers
 def _read_ids(registry: Path, model: str, space: str) -> list[str]:
-    from ordrec.service.artifacts import Registry
+    from ordrec.service.storage.registry import Registry
 
     reg = Registry(registry)
     version, _ = reg.live_version(model)

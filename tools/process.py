@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from ordrec.service.supervisor import READY_LINE
+from ordrec.service.serving.supervisor import READY_LINE
 
 _METRICS_PORTS = re.compile(r"metrics_ports=([\d,]+)")
 

@@ -33,11 +33,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ordrec.service.ann import calibration_warnings
-from ordrec.service.artifacts import ArtifactError
-from ordrec.service.artifacts import Registry as LocalRegistry
-from ordrec.service.models import kinds
-from ordrec.service.objectstore import open_registry  # a directory, or s3://bucket/prefix
+from ordrec.service.indices.ann import calibration_warnings
+from ordrec.service.indices.models import kinds
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.objectstore import open_registry  # a directory, or s3://bucket/prefix
+from ordrec.service.storage.registry import Registry as LocalRegistry
 from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
 
@@ -270,8 +270,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 def _hidden_backends(args: argparse.Namespace):
     """Where hidden items live: Redis (mirrored to the registry) when given, else the registry."""
-    from ordrec.service.hidden import RedisBackend, RegistryBackend
-    from ordrec.service.redis_state import connect
+    from ordrec.service.live.hidden import RedisBackend, RegistryBackend
+    from ordrec.service.live.redis_state import connect
 
     files = RegistryBackend(open_registry(args.registry))
     if args.redis:
@@ -280,13 +280,14 @@ def _hidden_backends(args: argparse.Namespace):
 
 
 def _hidden_scope(args: argparse.Namespace) -> str:
-    from ordrec.service.artifacts import ALL_MODELS, validate_model_name
+    from ordrec.service.storage.hidden_items import ALL_MODELS
+    from ordrec.service.storage.names import validate_model_name
 
     return ALL_MODELS if args.model in (None, "", ALL_MODELS) else validate_model_name(args.model)
 
 
 def cmd_hide(args: argparse.Namespace) -> int:
-    from ordrec.service.hidden import apply_change
+    from ordrec.service.live.hidden import apply_change
 
     ids = list(args.item_ids)
     if args.file:
@@ -348,7 +349,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_events_export(args: argparse.Namespace) -> int:
     import redis
 
-    from ordrec.service.redis_state import connect
+    from ordrec.service.live.redis_state import connect
     from ordrec.trainer.events import export
 
     try:
@@ -361,11 +362,11 @@ def cmd_events_export(args: argparse.Namespace) -> int:
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
-    """Erase a user everywhere (``service/erasure.py``); prints what went, never the id again."""
+    """Erase a user everywhere (``service/live/erasure.py``); prints what went, never the id again."""
     import redis
 
-    from ordrec.service.erasure import erase_user
-    from ordrec.service.redis_state import connect
+    from ordrec.service.live.erasure import erase_user
+    from ordrec.service.live.redis_state import connect
 
     user = args.user.strip()
     if not user or "\n" in user:
@@ -415,8 +416,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     users = read_users(args.users) if args.users else None
     hidden = None
     if args.redis:
-        from ordrec.service.hidden import RedisBackend
-        from ordrec.service.redis_state import connect
+        from ordrec.service.live.hidden import RedisBackend
+        from ordrec.service.live.redis_state import connect
 
         hidden = RedisBackend(connect(args.redis, 10.0))
     registry = open_registry(args.registry)

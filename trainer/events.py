@@ -1,7 +1,7 @@
 """Recorded interactions as training data: a job's ``[events]`` source and ``events export``.
 
 ``RecordInteractions`` appends one entry per item to the Redis stream
-``ordrec:events`` (``service/redis_state.py``). A job with an ``[events]``
+``ordrec:events`` (``service/live/redis_state.py``). A job with an ``[events]``
 table merges, for every ratings model, the entries recorded since that
 model's checkpoint into its base data; a later value for the same (user,
 item) replaces the earlier one and the base data's.
@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.erasure import CHECKPOINT_FILE, ERASED_KEY, write_checkpoint
-from ordrec.service.forgotten import read_forgotten, user_digest
-from ordrec.service.idmap import IdMap
-from ordrec.service.redis_state import EVENTS_STREAM
+from ordrec.service.live.erasure import CHECKPOINT_FILE, ERASED_KEY, write_checkpoint
+from ordrec.service.live.forgotten import read_forgotten, user_digest
+from ordrec.service.live.redis_state import EVENTS_STREAM
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import Ratings, RatingScale
 
 DEFAULT_PAGE = 1000

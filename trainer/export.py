@@ -27,12 +27,12 @@ from typing import IO, Any
 
 import numpy as np
 
-from ordrec.service.artifacts import ALL_MODELS
 from ordrec.service.config import Limits
-from ordrec.service.forgotten import read_forgotten, user_digest
-from ordrec.service.hidden import RegistryBackend
-from ordrec.service.models import build_index
-from ordrec.service.rules import hidden_mask
+from ordrec.service.indices.models import build_index
+from ordrec.service.indices.rules import hidden_mask
+from ordrec.service.live.forgotten import read_forgotten, user_digest
+from ordrec.service.live.hidden import RegistryBackend
+from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.trainer.atomic import atomic_output
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.progress import Progress
@@ -148,7 +148,7 @@ _WORKER: dict[str, _Scorer] = {}
 
 
 def _start_worker(location: str, model: str, n: int, version: str, hidden_sets, forgotten) -> None:
-    from ordrec.service.objectstore import open_registry
+    from ordrec.service.storage.objectstore import open_registry
 
     _WORKER["scorer"] = _scorer(open_registry(location), model, n, version, hidden_sets, forgotten)
 

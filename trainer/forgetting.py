@@ -1,7 +1,7 @@
 """The FORGOTTEN list applied to training: forgotten users' rows dropped from any input,
 and the versions still naming them deleted once a version without them is published.
 
-Users are matched by the sha256 of their id (``service/forgotten.py``) in the
+Users are matched by the sha256 of their id (``service/live/forgotten.py``) in the
 user column of ratings, tag assignments and triples (both users of a type-B
 triple); attribute tables and neighbour lists name objects, not users, and pass
 unchanged. The user ids of the result no longer include the forgotten ones, so
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.erasure import purge_versions
-from ordrec.service.forgotten import read_forgotten, user_digest
-from ordrec.service.idmap import IdMap
+from ordrec.service.live.erasure import purge_versions
+from ordrec.service.live.forgotten import read_forgotten, user_digest
+from ordrec.service.storage.idmap import IdMap
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,11 +69,13 @@ try:
 except ImportError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from ordrec.service.ann import calibration_warnings
-from ordrec.service.artifacts import Artifact, ArtifactError, Registry, validate_model_name
-from ordrec.service.models import kinds
-from ordrec.service.objectstore import S3Registry, is_object_store, open_registry
-from ordrec.service.scale import SCALE_ATTRIBUTE
+from ordrec.service.indices.ann import calibration_warnings
+from ordrec.service.indices.models import kinds
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.names import validate_model_name
+from ordrec.service.storage.objectstore import S3Registry, is_object_store, open_registry
+from ordrec.service.storage.registry import Registry
+from ordrec.service.storage.scale import SCALE_ATTRIBUTE
 from ordrec.trainer.data.types import DataError, RatingScale
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -743,7 +745,7 @@ class _Job:
         events = self.config.events
         if events is None or shape != "ratings":
             return None
-        from ordrec.service.redis_state import connect
+        from ordrec.service.live.redis_state import connect
         from ordrec.trainer.events import EventFeed
 
         if self._redis is None:

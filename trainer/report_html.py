@@ -9,7 +9,7 @@ paper's figures. The page needs no network: CSS, JavaScript and SVG are
 inline, and it references no URL at all.
 
 The coordinates come from the serving index (``index.maps[space][entity]``,
-:class:`service.models.base.MapIndex`), built from the artifact exactly as
+:class:`service.indices.models.base.MapIndex`), built from the artifact exactly as
 the service builds it, so the picture shows the map that answers
 ``Neighbors`` and ``Coordinates`` queries.
 
@@ -34,9 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact, Registry, View, read_view, write_views
-from ordrec.service.models import index_class, kinds
-from ordrec.service.models.base import MapIndex
+from ordrec.service.indices.models import index_class, kinds
+from ordrec.service.indices.models.base import MapIndex
+from ordrec.service.storage.artifact import Artifact, View
+from ordrec.service.storage.format import read_view, write_views
+from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import DataError
 from ordrec.trainer.reproduce.report import PaperFigure
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
 
 # Share of each rating value 1..5 in MovieLens 100K (6.1%, 11.4%, 27.1%, 34.2%,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data._fast_kernels import (
     DENSE_LIMIT,
     first_appearance,

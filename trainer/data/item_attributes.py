@@ -12,7 +12,7 @@ Three formats, detected from the file name unless given:
   categorical, and ``|`` separates several values of one item.
 
 The columns are packed over the version's item rows by
-``ordrec.service.rules.encode_item_attributes`` (the format lives with the
+``ordrec.service.indices.rules.encode_item_attributes`` (the format lives with the
 code that reads it back); items the file does not list have no values.
 """
 
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
-from ordrec.service.rules import ATTRIBUTES_KEY, encode_item_attributes
+from ordrec.service.indices.rules import ATTRIBUTES_KEY, encode_item_attributes
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
 
 ML100K_GENRES = [
     "unknown",
@@ -73,7 +73,7 @@ class ItemAttributeTable:
         return list(self.numeric) + list(self.categorical)
 
     def to_artifact_parts(self, items: IdMap) -> tuple[dict[str, np.ndarray], list[dict[str, Any]]]:
-        """Arrays over ``items`` rows and the manifest metadata (see ``service/rules.py``)."""
+        """Arrays over ``items`` rows and the manifest metadata (see ``service/indices/rules.py``)."""
         ids = items.ids
         columns: list[dict[str, Any]] = []
         for name, by_item in self.numeric.items():

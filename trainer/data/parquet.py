@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data._lines import TIMESTAMP_DIGITS, Records, has_control
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 

@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data._lines import (
     Column,
     IdSpace,

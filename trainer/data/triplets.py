@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data._lines import Problems, iter_lines
 from ordrec.trainer.data.types import DataError, _fingerprint
 

@@ -1,6 +1,6 @@
 """In-memory data shapes the readers produce and the models consume.
 
-Every shape keeps external ids in :class:`~service.idmap.IdMap` objects and
+Every shape keeps external ids in :class:`~service.storage.idmap.IdMap` objects and
 the observations as parallel int32 index arrays, so memory is proportional to
 the number of observations (Netflix-sized inputs fit as compact arrays).
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ordrec.service.idmap import IdMap
-from ordrec.service.scale import on_scale, scale_problem, scale_text
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.scale import on_scale, scale_problem, scale_text
 
 
 class DataError(ValueError):

@@ -4,8 +4,8 @@ These are *not* the papers' protocols (those live in
 ``trainer/reproduce/<kind>.py``); they are one cheap, seeded measure per data
 family that ``ordrec-train run`` computes on every run so that a new version can
 be compared with the live one. Every metric scores through the serving index
-(``service.models.index_class(kind).from_artifact(estimator.to_artifact())``)
-using only the interfaces of :mod:`service.models.base` (``RecommenderIndex``,
+(``service.indices.models.index_class(kind).from_artifact(estimator.to_artifact())``)
+using only the interfaces of :mod:`service.indices.models.base` (``RecommenderIndex``,
 ``MapIndex``/``PointSet``) and the RTF index's ``tags``, so the figures come
 from the code that answers queries.
 
@@ -54,8 +54,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.models.base import MapIndex, RecommenderIndex
-from ordrec.service.topk import top_k
+from ordrec.service.indices.models.base import MapIndex, RecommenderIndex
+from ordrec.service.indices.topk import top_k
 from ordrec.trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
 from ordrec.trainer.evaluation.metrics import f1, mean_or_nan, ndcg, order_agreement
 from ordrec.trainer.models.ranking import served_recall_values

@@ -1,10 +1,10 @@
 """The estimators. Each built-in kind lives in ``trainer.models.<kind>`` (its
 numba kernels beside it in ``trainer.models.<kind>_kernels``) and exposes
-``Estimator``; the kinds are registered in :mod:`ordrec.service.models.kinds`."""
+``Estimator``; the kinds are registered in :mod:`ordrec.service.indices.models.kinds`."""
 
 from __future__ import annotations
 
-from ordrec.service.models import kinds
+from ordrec.service.indices.models import kinds
 from ordrec.trainer.models.base import Estimator
 
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact
+from ordrec.service.storage.artifact import Artifact
 
 
 class Interval:

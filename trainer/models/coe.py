@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K

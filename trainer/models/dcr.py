@@ -59,9 +59,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ordrec.service.ann import ANN_MIN_ITEMS, CALIBRATION_QUERIES, Queries, build_params, item_index
-from ordrec.service.artifacts import Artifact
-from ordrec.service.models.dcr import RELEVANCE, DCRIndex, level_weights
+from ordrec.service.indices.ann import ANN_MIN_ITEMS, CALIBRATION_QUERIES, Queries, build_params, item_index
+from ordrec.service.indices.models.dcr import RELEVANCE, DCRIndex, level_weights
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.models.dcr_kernels import (
@@ -488,7 +488,7 @@ class DCR(Estimator):
         Seed of the initialisation, the rating order and the pair sampling.
     ann_min_items : int, default 30000
         Catalogues of at least this many items are published with an
-        approximate item index (``service/ann.py``, ``docs/catalog.md``) that
+        approximate item index (``service/indices/ann.py``, ``docs/catalog.md``) that
         the server answers whole-catalogue Recommend from; smaller ones are
         scored exactly.
     ann_params : dict or None, default None
@@ -498,9 +498,9 @@ class DCR(Estimator):
         narrowest breadth whose recall@10 on a sample of the trained users,
         as served, reaches ``recall_target``), ``storage`` (``"sq8"``: 8-bit
         codes re-scored exactly; ``"flat"``) and ``recall_target``
-        (``service.ann.DEFAULT_PARAMS`` for the ones not given); for the
+        (``service.indices.ann.DEFAULT_PARAMS`` for the ones not given); for the
         inverted file: ``nlist``, ``nprobe`` (``"auto"``, calibrated the same
-        way), ``rerank`` and ``recall_target`` (``service.ann.IVF_DEFAULT_PARAMS``).
+        way), ``rerank`` and ``recall_target`` (``service.indices.ann.IVF_DEFAULT_PARAMS``).
     verbose : bool, default False
         Progress line on stderr.
     """

@@ -103,9 +103,9 @@ import numpy as np
 from scipy import sparse
 from scipy.sparse import csgraph
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
-from ordrec.service.models.knnscal import DEFAULT_PLACE_STEPS, place_point
+from ordrec.service.indices.models.knnscal import DEFAULT_PLACE_STEPS, place_point
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import DataError, NeighborLists
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models import knnscal_local as L
@@ -881,7 +881,7 @@ class KnnScal(Estimator):
     def place(self, ranked_neighbors: Sequence, steps: int = DEFAULT_PLACE_STEPS) -> np.ndarray:
         """Coordinates for a new vertex from its ranked neighbours (external ids or rows), nearest first.
 
-        The same function as the service's ``Place`` (:func:`service.models.knnscal.place_point`).
+        The same function as the service's ``Place`` (:func:`service.indices.models.knnscal.place_point`).
         """
         items = list(ranked_neighbors)
         if items and isinstance(items[0], str):

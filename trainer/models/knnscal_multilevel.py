@@ -33,7 +33,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import NeighborLists
 from ordrec.trainer.models.knnscal import landmark_mds
 

@@ -21,7 +21,7 @@ whole objective by finite differences).
   :class:`RTF` is a thin shell over it. Choosing dims and ``reg`` on
   validation posts is :class:`~ordrec.trainer.models.rtf_selection.RTFGridSearch`.
 
-Serving uses ``service.models.rtf.RTFIndex`` on the artifact this writes.
+Serving uses ``service.indices.models.rtf.RTFIndex`` on the artifact this writes.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import rankdata
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.models.rtf import score_posts
+from ordrec.service.indices.models.rtf import score_posts
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, TagAssignments
 from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
@@ -553,7 +553,7 @@ class RTF(Estimator):
         return metrics
 
     def to_artifact(self, mix_weight: float = 0.5) -> Artifact:
-        """Pack factors, popularity lists and training posts for ``service.models.rtf``;
+        """Pack factors, popularity lists and training posts for ``service.indices.models.rtf``;
         ``mix_weight`` is the item's share in the ``pop-mix`` the index may serve."""
         if not hasattr(self, "core_"):
             raise RuntimeError("fit the model before exporting it")

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.models.rtf import RTFIndex
-from ordrec.service.topk import top_k
+from ordrec.service.indices.models.rtf import RTFIndex
+from ordrec.service.indices.topk import top_k
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models.base import Interval, validate_params
 from ordrec.trainer.models.ranking import f1, per_list_f1, precision_recall

@@ -37,8 +37,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.idmap import IdMap
+from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.triplets import ConditionalTriplets
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.models import score_kernels as K
@@ -370,7 +370,7 @@ class ScoreEstimator(Estimator):
     def _training_preservation(self) -> np.ndarray:
         """Per aspect, the exact preservation (Eq. 10) of every training
         triplet, measured on the serving index's maps (recorded as a metric)."""
-        from ordrec.service.models.score import SCOREIndex
+        from ordrec.service.indices.models.score import SCOREIndex
 
         index = SCOREIndex.from_artifact(self._artifact(metrics={}))
         out = np.full(len(self.aspects_), np.nan)

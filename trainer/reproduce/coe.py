@@ -45,7 +45,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ordrec.service.models.coe import COEIndex
+from ordrec.service.indices.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
@@ -315,7 +315,7 @@ def load_ratings(args: argparse.Namespace) -> Ratings:
 
 
 def read_whitespace_ratings(path: str) -> Ratings:
-    from ordrec.service.idmap import IdMap
+    from ordrec.service.storage.idmap import IdMap
 
     cols = np.loadtxt(path, dtype=str, usecols=(0, 1, 2), ndmin=2)
     users, user = IdMap.from_values(cols[:, 0])

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.models.dcr import DCRIndex
+from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
 from ordrec.trainer.models.dcr import (

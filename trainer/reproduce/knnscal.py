@@ -5,7 +5,7 @@ the directed k-NN graph of scikit-learn's bundled digits (1,797 points) and
 embeds it (``--sklearn breast_cancer|wine|iris``: another bundled set, standardised);
 ``--data PATH`` reads ranked neighbour lists instead
 (``source, neighbor, rank`` lines). Every map, ours and the reference
-methods', is scored through the serving index (``service.models.knnscal.KNNSCALIndex``
+methods', is scored through the serving index (``service.indices.models.knnscal.KNNSCALIndex``
 built from an in-memory artifact), by the same functions:
 
 - ``stress``: Kruskal's stress-1, sqrt(sum (d - dhat)^2 / sum d^2) over a
@@ -47,8 +47,8 @@ import time
 
 import numpy as np
 
-from ordrec.service.artifacts import Artifact
-from ordrec.service.models.knnscal import KNNSCALIndex
+from ordrec.service.indices.models.knnscal import KNNSCALIndex
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
 from ordrec.trainer.reproduce.params import add_param_flags, given_params

@@ -33,8 +33,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ordrec.service.models.rtf import RTFIndex
-from ordrec.service.topk import top_k
+from ordrec.service.indices.models.rtf import RTFIndex
+from ordrec.service.indices.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation.metrics import list_metrics
 from ordrec.trainer.models.rtf import RTF, group_posts

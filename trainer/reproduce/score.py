@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
 
-from ordrec.service.models.score import SCOREIndex
+from ordrec.service.indices.models.score import SCOREIndex
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation
 from ordrec.trainer.models.score import ScoreEstimator

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-from ordrec.service.models import kinds
-from ordrec.service.models.base import RecommenderIndex
+from ordrec.service.indices.models import kinds
+from ordrec.service.indices.models.base import RecommenderIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics

@@ -1,0 +1,754 @@
+"""Approximate maximum-inner-product search for large catalogues.
+
+DCR's serving index folds the level weights into the user side, so its top-N
+is a maximum-inner-product search over the item factors. Exact search reads
+every item once per request; above ``ann_min_items`` items the trainer also
+publishes a graph index (faiss HNSW with the inner-product metric) inside the
+version, and the server answers from it. Why faiss and these parameters:
+``docs/catalog.md`` (the measured library comparison).
+
+The graph's vectors are stored as 8-bit scalar codes (``storage="sq8"``, a
+quarter of the float bytes): the walk compares codes, and its best
+``RERANK_FACTOR * n`` candidates are re-scored exactly from the version's float
+item factors, which stay in their memory-mapped file and are read row by row.
+``storage="flat"`` keeps float vectors in the graph (then exact scoring reads
+them there). The search breadth ``ef_search`` is calibrated when the index is
+built: the smallest breadth of :data:`EF_LADDER` whose recall@10 against exact
+scoring, measured on the model's own users as served, reaches
+``recall_target``; the manifest keeps the breadth and the recall it measured.
+
+The file is written with ``faiss.write_index`` and opened with
+``faiss.read_index(path, IO_FLAG_MMAP_IFC)``: the codes stay in the
+memory-mapped file (shared between the server's processes through the page
+cache), only the graph is read into memory, and nothing is unpickled.
+
+Semantics match exact scoring: excluded items are filtered inside the graph
+search (faiss's ID selector), never returned, and the search breadth grows
+by their number (they crowd the user's best region); when the search comes back
+with fewer than ``n`` eligible items the breadth grows, and past a bound the
+caller's exact path answers, so ``n`` results come back whenever ``n``
+eligible items exist. Hidden and filtered-out items (``service/indices/rules.py``)
+are skipped the same way, through a bitmap selector joined with the
+exclusions; being spread over the catalogue rather than crowded near the
+user, they widen the walk by the inverse of the eligible share.
+
+``structure="ivf"`` builds an inverted file instead (faiss
+``IndexIVFPQFastScan``: ``nlist`` k-means lists, 4-bit product codes of two
+dimensions each, scanned with SIMD lookup tables). Its codes are an eighth of
+the float bytes, so the server holds them in memory and re-scores ``rerank``
+x n candidates (plus one per exclusion) from the version's mapped float factors;
+``nprobe``, the lists scanned, is calibrated like ``ef_search`` and grows the
+same way when a filtered scan finds too few items. Which to use: measured in
+``docs/catalog.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ordrec.service.indices.rules import Eligible
+from ordrec.service.indices.topk import top_k
+from ordrec.service.storage.artifact import ArtifactError, SearchIndex
+from ordrec.service.storage.mapped import FileRows
+
+LIBRARY = "faiss-hnsw-ip"
+IVF_LIBRARY = "faiss-ivf-ip"
+
+# Catalogues below this many items are scored exactly: there the exact pass stays within the
+# latency budget and close to the graph search, needs no build and is never approximate
+# (docs/catalog.md has the crossover measurements; MovieLens and Netflix sizes stay exact).
+ANN_MIN_ITEMS = 30_000
+# Graph degree and build breadth (M, efConstruction), the search breadth (efSearch: "auto"
+# calibrates it at build time to reach recall_target), and how the graph stores its vectors.
+DEFAULT_PARAMS: dict[str, Any] = {
+    "structure": "hnsw",
+    "M": 32,
+    "ef_construction": 128,
+    "ef_search": "auto",
+    "storage": "sq8",
+    "recall_target": 0.97,
+}
+STORAGES = ("flat", "sq8")
+# The inverted file's lists ("auto": about 4 sqrt(n), a power of two, at least 39 training
+# items per list as faiss's k-means wants), the lists scanned (calibrated like ef_search), and
+# how many times n candidates its codes choose for the exact re-score.
+IVF_DEFAULT_PARAMS: dict[str, Any] = {
+    "structure": "ivf",
+    "nlist": "auto",
+    "nprobe": "auto",
+    "rerank": 10,
+    "recall_target": 0.97,
+}
+# Lists scanned by the calibration, fewest first (the widest is capped at nlist).
+NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
+# The scan of an "auto" inverted file built without queries to calibrate on.
+UNCALIBRATED_NPROBE = 32
+# Items per list the k-means trains on (faiss warns below 39).
+IVF_TRAIN_PER_LIST = 64
+# Breadths tried by the calibration, narrowest first; the widest stays below _MAX_EF. Steps of
+# about 1.5x: the walk's cost grows with its breadth, so a step too wide is paid on every call.
+EF_LADDER = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+# The breadth of an "auto" index built without queries to calibrate on.
+UNCALIBRATED_EF_SEARCH = 128
+# Users the calibration measures recall on (three seeded samples of 200 spread 0.96-0.99 at one
+# breadth at 10^6 planted items: docs/catalog.md).
+CALIBRATION_QUERIES = 200
+# With quantised storage the walk returns this many times n candidates for the exact re-score.
+RERANK_FACTOR = 2
+# The search breadth grows by this factor when a filtered search finds too few items ...
+_GROWTH = 4
+# ... up to this breadth; wider walks cost about what the exact pass does (docs/catalog.md).
+_MAX_EF = 4096
+# Exclusions above this fraction of the catalogue go straight to the exact pass: a graph
+# search that must skip most of what it visits degrades towards a full scan anyway.
+MAX_EXCLUDED_FRACTION = 0.05
+# Down to this share of eligible items a filtered walk keeps its breadth (service/indices/ann.py, search).
+ELIGIBLE_SHARE_NOT_WIDENED = 0.5
+# Below this share of eligible items (hidden or filtered out: service/indices/rules.py) the caller
+# scores the eligible rows exactly; the graph walk would visit mostly blocked ones.
+MIN_ELIGIBLE_FRACTION = 0.1
+
+Ranked = tuple[np.ndarray, np.ndarray]
+
+
+def _faiss():
+    # Imported on first use: a server without a large catalogue never loads faiss.
+    import faiss
+
+    return faiss
+
+
+def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Defaults of the chosen ``structure`` ("hnsw" unless given) overridden by ``params``;
+    an unknown name or a bad value is a ValueError.
+
+    A published index's parameters also hold ``calibrated_recall`` (what the
+    calibration measured at the breadth it chose).
+    """
+    params = params or {}
+    structure = params.get("structure", "hnsw")
+    if structure not in STRUCTURES:
+        raise ValueError(
+            f"index parameter structure must be one of {', '.join(STRUCTURES)}, got {structure!r}"
+        )
+    kind = STRUCTURES[structure]
+    merged = dict(kind.defaults)
+    for key, value in params.items():
+        if key not in kind.defaults and key != "calibrated_recall":
+            raise ValueError(
+                f"unknown index parameter {key!r} for structure {structure} (known: {', '.join(kind.defaults)})"
+            )
+        merged[key] = value
+    for key in kind.integer_params:
+        value = merged[key]
+        if key in kind.auto_params and value == "auto":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+            raise ValueError(f"index parameter {key} must be an integer >= 1, got {value!r}")
+        merged[key] = int(value)
+    if "storage" in kind.defaults and merged["storage"] not in STORAGES:
+        raise ValueError(
+            f"index parameter storage must be one of {', '.join(STORAGES)}, got {merged['storage']!r}"
+        )
+    for key in ("recall_target", "calibrated_recall"):
+        value = merged.get(key, 1.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+            raise ValueError(f"index parameter {key} must be in (0, 1], got {value!r}")
+    return merged
+
+
+def _kind(params: dict[str, Any]) -> type[AnnSearch]:
+    """The search class of an index of these (merged) parameters."""
+    return STRUCTURES[params.get("structure", "hnsw")]
+
+
+def library_of(params: dict[str, Any]) -> str:
+    """The manifest's library name for an index of these parameters."""
+    return _kind(params).library
+
+
+def breadth_key(params: dict[str, Any]) -> str:
+    """The parameter the calibration chooses: the graph's ``ef_search`` or the lists'
+    ``nprobe``."""
+    return _kind(params).breadth_param
+
+
+def auto_nlist(n_items: int) -> int:
+    """About 4 sqrt(n) lists, a power of two, with enough items per list to train on."""
+    wanted = 4 * np.sqrt(max(n_items, 1))
+    trainable = max(1, n_items // 39)
+    return int(2 ** np.floor(np.log2(max(1, min(wanted, trainable)))))
+
+
+@dataclass(frozen=True)
+class Queries:
+    """What the calibration searches with: query vectors as served (e.g. DCR's folded user
+    factors) and, per query, the item rows the server would exclude (or None)."""
+
+    vectors: np.ndarray
+    excludes: list[np.ndarray] | None = None
+
+
+def write_index(
+    vectors: np.ndarray, path: Path, params: dict[str, Any], queries: Queries | None = None
+) -> None:
+    """Build the index over ``vectors`` (rows are ids), write it to ``path`` and, when its
+    breadth (``ef_search`` or ``nprobe``) is ``"auto"``, calibrate it in ``params``.
+
+    Parameters
+    ----------
+    vectors : ndarray, shape (n, d)
+        Item factors; converted to C-contiguous float32.
+    path : Path
+        Where to write (faiss's own format, no pickle).
+    params : dict
+        :func:`build_params` output. Completed in place: an ``"auto"`` ``nlist`` becomes
+        :func:`auto_nlist`, the breadth becomes the one chosen and ``calibrated_recall`` its
+        measured recall (:data:`UNCALIBRATED_EF_SEARCH` or :data:`UNCALIBRATED_NPROBE` when
+        there are no queries).
+    queries : Queries or None, default None
+        The calibration's queries.
+    """
+    faiss = _faiss()
+    # Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
+    # an index for serving (AnnSearch.open) sets this process's faiss to one thread.
+    faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    kind = _kind(params)
+    faiss.write_index(kind.build(faiss, vectors, params), str(path))
+    key = kind.breadth_param
+    if params[key] == "auto":
+        params[key] = kind.uncalibrated
+        if queries is not None and len(queries.vectors):
+            entry = SearchIndex(kind.library, params, path=path)
+            params[key], params["calibrated_recall"] = calibrate(AnnSearch.open(entry, vectors), queries)
+
+
+def _build_hnsw(faiss, vectors: np.ndarray, params: dict[str, Any]):
+    d, m = vectors.shape[1], int(params["M"])
+    if params["storage"] == "sq8":
+        index = faiss.IndexHNSWSQ(d, faiss.ScalarQuantizer.QT_8bit, m, faiss.METRIC_INNER_PRODUCT)
+        index.train(vectors)  # per-dimension ranges of the codes
+    else:
+        index = faiss.IndexHNSWFlat(d, m, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = int(params["ef_construction"])
+    index.add(vectors)
+    return index
+
+
+def _build_ivf(faiss, vectors: np.ndarray, params: dict[str, Any]):
+    n, d = vectors.shape
+    if params["nlist"] == "auto":
+        params["nlist"] = auto_nlist(n)
+    nlist = int(params["nlist"])
+    if nlist > n:
+        raise ValueError(f"index parameter nlist {nlist} is above the {n} items")
+    # The lists' centroids are found by a small graph (many lists: a flat scan of them would cost
+    # more than the codes it selects); two dimensions per 4-bit code, or one when d is odd.
+    quantizer = faiss.IndexHNSWFlat(d, 32, faiss.METRIC_INNER_PRODUCT)
+    index = faiss.IndexIVFPQFastScan(
+        quantizer, d, nlist, d // 2 if d % 2 == 0 else d, 4, faiss.METRIC_INNER_PRODUCT
+    )
+    sample = min(n, IVF_TRAIN_PER_LIST * nlist)
+    rows = np.sort(np.random.default_rng(0).choice(n, sample, replace=False))
+    index.train(vectors[rows])
+    index.add(vectors)
+    return index
+
+
+def _map_in(array: np.ndarray, page: int = 4096) -> None:
+    """Touch every page of a mapped array once: the inverted file re-scores its candidates
+    from the mapping, and a page first touched inside a request costs that request a fault."""
+    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
+    if flat is not None:
+        int(flat[::page].sum())
+
+
+def _ivf_holds(faiss, index, rows: np.ndarray, wanted: np.ndarray) -> bool:
+    """Whether the inverted file stores ``wanted`` as its ``rows``: each row scored against a
+    seeded random query (never zero, unlike some items) through the file's codes and through
+    codes made now in an empty copy of the file (same lists, same quantiser), which agree
+    exactly when the codes do."""
+    probe = faiss.clone_index(index)
+    probe.reset()
+    probe.add_with_ids(wanted, rows)
+    queries = np.random.default_rng(0).standard_normal(wanted.shape).astype(np.float32)
+
+    def own_scores(ivf) -> np.ndarray:
+        params = faiss.SearchParametersIVF()
+        params.nprobe, params.sel = ivf.nlist, faiss.IDSelectorArray(rows)
+        walk = faiss.SearchParametersHNSW()  # wide enough to reach every list's centroid
+        walk.efSearch = 2 * ivf.nlist
+        params.quantizer_params = walk
+        scores, found = ivf.search(queries, len(rows), params=params)
+        hit = found == rows[:, None]
+        return np.where(hit.any(axis=1), scores[np.arange(len(rows)), hit.argmax(axis=1)], np.nan)
+
+    stored, made_now = own_scores(index), own_scores(probe)
+    return not np.isnan(stored).any() and np.array_equal(stored, made_now)
+
+
+def item_index(
+    item_factors: np.ndarray, params: dict[str, Any] | None = None, queries: Queries | None = None
+) -> SearchIndex:
+    """The artifact entry for an item index, built (and calibrated on ``queries``) when the
+    version is published."""
+    merged = build_params(params)
+    return SearchIndex(
+        library=library_of(merged),
+        params=merged,
+        write=lambda path: write_index(item_factors, path, merged, queries),
+    )
+
+
+def calibrate(search: AnnSearch, queries: Queries, n: int = 10) -> tuple[int, float]:
+    """The narrowest breadth of the index's ladder (:data:`EF_LADDER`, or
+    :data:`NPROBE_LADDER` up to its lists) whose recall@n against exact scoring reaches the
+    index's ``recall_target``, and that recall; the widest breadth when none does."""
+    truth = exact_tops(search.vectors(), queries, n)
+    target = float(search.params["recall_target"])
+    recall = 0.0
+    for breadth in search.ladder():
+        search.breadth = breadth
+        found = [search.search(q, n, ex) for q, ex in _with_excludes(queries)]
+        # None: the server's exact pass answers that user (too many exclusions), exactly.
+        hits = [t.size if f is None else np.intersect1d(f[0], t).size for f, t in zip(found, truth)]
+        recall = float(np.sum(hits) / max(1, sum(t.size for t in truth)))
+        if recall >= target:
+            break
+    return search.breadth, round(recall, 4)
+
+
+def calibration_warnings(indexes: dict[str, SearchIndex]) -> list[str]:
+    """For the operator publishing a version: each calibrated index that missed its
+    ``recall_target`` even at the widest breadth (it serves, at that breadth and recall)."""
+    warnings = []
+    for name, entry in sorted(indexes.items()):
+        recall, target = entry.params.get("calibrated_recall"), entry.params.get("recall_target")
+        if entry.library in _BY_LIBRARY and recall is not None and target is not None and recall < target:
+            key = breadth_key(entry.params)
+            warnings.append(
+                f"index {name!r} reaches recall@10 {recall:.3f} at its widest breadth"
+                f" ({key} {entry.params[key]}), below its recall_target {target}: Recommend"
+                " answers approximately; set ann_min_items above the catalogue's size to score it"
+                " exactly (docs/catalog.md)"
+            )
+    return warnings
+
+
+def _with_excludes(queries: Queries) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+    if queries.excludes is None:
+        return ((q, None) for q in queries.vectors)
+    return zip(queries.vectors, queries.excludes)
+
+
+def exact_tops(vectors: np.ndarray, queries: Queries, n: int, block: int = 32) -> list[np.ndarray]:
+    """Per query, the rows of the n largest inner products with its exclusions left out (a block
+    of queries per pass over ``vectors``)."""
+    pairs = list(_with_excludes(queries))
+    tops = []
+    for start in range(0, len(pairs), block):
+        chunk = pairs[start : start + block]
+        scores = vectors @ np.stack([q for q, _ in chunk]).astype(np.float32).T
+        tops += [top_k(np.ascontiguousarray(scores[:, i]), n, ex)[0] for i, (_, ex) in enumerate(chunk)]
+    return tops
+
+
+@dataclass
+class AnnSearch:
+    """An opened item index answering top-N by inner product with exclusions.
+
+    :meth:`open` picks the structure's class (:class:`GraphSearch`,
+    :class:`InvertedFileSearch`); what differs between them (breadths, candidates,
+    re-score, load check) is theirs, the search loop is here. Read-only once
+    opened, like every serving index: ``search`` allocates its own parameters
+    per call, so threads share it without locks.
+    """
+
+    # What the structure is called in manifests, its parameters (defaults, integers, those that
+    # may be "auto"), the one the calibration chooses and its value without calibration, the
+    # storages its files may hold, and how it is built.
+    library: ClassVar[str]
+    defaults: ClassVar[dict[str, Any]]
+    integer_params: ClassVar[tuple[str, ...]]
+    auto_params: ClassVar[tuple[str, ...]]
+    breadth_param: ClassVar[str]
+    uncalibrated: ClassVar[int]
+    storages: ClassVar[tuple[str, ...]]
+
+    index: Any
+    n_items: int
+    # The search breadth: the graph walk's ef_search, or the inverted file's lists scanned.
+    breadth: int
+    params: dict[str, Any]
+    # The float item vectors exact scoring reads: the graph's own storage when it is flat, else
+    # the version's memory-mapped item factors ...
+    item_vectors: np.ndarray
+    # ... and the version's item factors as the graph's re-score reads them (file reads, not the
+    # mapping: the graph itself is most of the memory, so the floats stay in the page cache).
+    item_rows: FileRows
+
+    @staticmethod
+    def build(faiss, vectors: np.ndarray, params: dict[str, Any]) -> Any:
+        """The faiss index over ``vectors`` (completes ``"auto"`` build parameters in place)."""
+        raise NotImplementedError
+
+    @property
+    def structure(self) -> str:
+        return str(self.params["structure"])
+
+    @property
+    def quantised(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def max_breadth(self) -> int:
+        raise NotImplementedError
+
+    def ladder(self) -> tuple[int, ...]:
+        """The breadths the calibration tries, narrowest first."""
+        raise NotImplementedError
+
+    @property
+    def description(self) -> str:
+        """What ListModels and the metrics show: the library, structure, breadth, storage and
+        the recall the calibration measured."""
+        recall = self.params.get("calibrated_recall")
+        return self._what() if recall is None else f"{self._what()} recall@10={recall:.3f}"
+
+    def _what(self) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def open(cls, entry: SearchIndex, items: np.ndarray) -> AnnSearch:
+        """Open a verified index file (memory-mapped) and check it holds ``items``, the
+        version's float item factors, shape ``(n_items, d)``."""
+        kind = _BY_LIBRARY.get(entry.library)
+        if kind is None:
+            raise ArtifactError(
+                f"index library {entry.library!r} is not one of {', '.join(map(repr, _BY_LIBRARY))}"
+            )
+        if entry.path is None:
+            raise ArtifactError("index has no file (not published)")
+        faiss = _faiss()
+        try:
+            index = faiss.read_index(str(entry.path), faiss.IO_FLAG_MMAP_IFC)
+        except RuntimeError as exc:
+            raise ArtifactError(f"{entry.path}: not a faiss index: {str(exc).splitlines()[0]}") from None
+        storage = _storage_of(faiss, index)
+        if storage is None or index.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise ArtifactError(
+                f"{entry.path}: not an inner-product HNSW index over float or 8-bit vectors, nor an"
+                " inner-product inverted file of 4-bit codes"
+            )
+        if storage not in kind.storages:
+            raise ArtifactError(f"{entry.path}: the file is not a {entry.library} index")
+        n_items, dim = items.shape
+        if index.ntotal != n_items or index.d != dim:
+            raise ArtifactError(
+                f"{entry.path}: indexes {index.ntotal} x {index.d}, the items are {n_items} x {dim}"
+            )
+        # One thread per search (a request is one query; the server's processes are pinned
+        # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation.
+        faiss.omp_set_num_threads(1)
+        try:
+            # The file says how it stores vectors (versions older than the storage parameter are flat).
+            params = build_params(
+                {**entry.params, "storage": storage} if "storage" in kind.defaults else entry.params
+            )
+        except ValueError as exc:
+            raise ArtifactError(f"{entry.path}: {exc}") from None
+        for key in kind.auto_params:
+            if params[key] == "auto":
+                raise ArtifactError(f"{entry.path}: {key} was never calibrated")
+        held = _storage_view(faiss, index) if storage == "flat" else items
+        search = kind(index, n_items, params[kind.breadth_param], params, held, FileRows(items))
+        search.check_holds(entry.path)
+        search._ready()
+        return search
+
+    def _ready(self) -> None:
+        """What the structure does once its file is verified, before it serves."""
+
+    def check_holds(self, path: Path | None, sample: int = 64) -> None:
+        """The index must be built over the version's item factors: compare a spread of rows
+        with the stored vectors, or with their stored codes."""
+        n = self.n_items
+        rows = np.unique(np.linspace(0, n - 1, num=min(sample, n), dtype=np.int64))
+        wanted = np.ascontiguousarray(self.item_rows.take(rows), dtype=np.float32)
+        same = self._stores(rows, wanted)
+        if not same:
+            raise ArtifactError(f"{path}: the item index does not hold the version's item factors")
+
+    def _stores(self, rows: np.ndarray, wanted: np.ndarray) -> bool:
+        """Whether the index stores ``wanted`` (float rows) as its ``rows``."""
+        raise NotImplementedError
+
+    def vectors(self) -> np.ndarray:
+        """The float item vectors, read-only, shape ``(n_items, d)``: a flat graph's own
+        memory-mapped storage (so the server holds the item factors once, not twice), else the
+        version's item factors. Valid as long as this object lives."""
+        return self.item_vectors
+
+    def search(
+        self, query: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None = None
+    ) -> Ranked | None:
+        """The ``n`` best item rows for ``query`` with their inner products, best first.
+
+        Parameters
+        ----------
+        query : ndarray, shape (d,)
+            Folded user vector, float32.
+        n : int
+            Results wanted.
+        exclude : ndarray of int or None
+            Item rows never to return (any order, repeats allowed).
+        eligible : Eligible or None
+            Hidden and filtered-out items (``service/indices/rules.py``), skipped inside
+            the search through a bitmap selector, like ``exclude``.
+
+        Returns
+        -------
+        (rows, products) or None
+            ``min(n, eligible)`` rows and their inner products; None when the index
+            cannot give that many eligible items cheaply and the caller should score
+            every item.
+        """
+        faiss = _faiss()
+        if exclude is not None and exclude.size > 1 and not (exclude[1:] > exclude[:-1]).all():
+            exclude = np.unique(exclude)  # the training items alone arrive sorted and distinct
+        excluded = 0 if exclude is None else exclude.size
+        blocked = 0 if eligible is None else eligible.blocked_rows.size
+        also_excluded = excluded  # excluded rows that are not blocked anyway
+        if eligible is not None and blocked and exclude is not None and excluded:
+            also_excluded = int((~eligible.blocked[exclude]).sum())
+        left = self.n_items - blocked - also_excluded
+        want = min(n, left)
+        if want <= 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        if excluded > MAX_EXCLUDED_FRACTION * self.n_items or left < MIN_ELIGIBLE_FRACTION * self.n_items:
+            return None
+        query = np.ascontiguousarray(query, dtype=np.float32).reshape(1, -1)
+        # faiss holds raw pointers: these locals keep every selector alive through the searches.
+        selectors = _selectors(faiss, exclude, eligible) if excluded or blocked else [None]
+        # Blocked items (hidden, filtered out) are spread over the catalogue: a search meets
+        # about one eligible item per 1/share visited. While at least half are eligible the
+        # breadth already holds enough of them (recall unchanged, docs/catalog.md); below that
+        # it widens so the eligible candidates stay at half the breadth.
+        widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / (left / self.n_items))
+        fetch = self._candidates(want, excluded, left)
+        breadth = self._first_breadth(excluded, widen, fetch, left)
+        while breadth <= self.max_breadth:
+            scores, rows = self.index.search(
+                query, fetch, params=self._with_selector(self._search_params(faiss, breadth), selectors[-1])
+            )
+            rows, scores = rows[0], scores[0]
+            if (rows >= 0).all():  # faiss pads with -1 when the search found fewer eligible items
+                return self._exact_order(rows, query[0], want) if self.quantised else (rows, scores)
+            if breadth == self.max_breadth:
+                break
+            breadth = min(breadth * _GROWTH, self.max_breadth)
+        return None
+
+    @staticmethod
+    def _with_selector(params, selector):
+        if selector is not None:
+            params.sel = selector
+        return params
+
+    def _candidates(self, want: int, excluded: int, left: int) -> int:
+        """How many items the search returns (more than ``want`` for an exact re-score)."""
+        raise NotImplementedError
+
+    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
+        raise NotImplementedError
+
+    def _search_params(self, faiss, breadth: int):
+        raise NotImplementedError
+
+    def _rescore_vectors(self, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _exact_order(self, rows: np.ndarray, query: np.ndarray, want: int) -> Ranked:
+        """The ``want`` best of the search's candidates by their exact inner products."""
+        rows = np.sort(rows)  # ascending rows read the factor file in order
+        products = self._rescore_vectors(rows) @ query
+        best = np.argsort(-products, kind="stable")[:want]
+        return rows[best], products[best].astype(np.float32)
+
+
+class GraphSearch(AnnSearch):
+    """faiss HNSW: a walk over the graph, its vectors as floats or 8-bit codes."""
+
+    library = LIBRARY
+    defaults = DEFAULT_PARAMS
+    integer_params = ("M", "ef_construction", "ef_search")
+    auto_params = ("ef_search",)
+    breadth_param = "ef_search"
+    uncalibrated = UNCALIBRATED_EF_SEARCH
+    storages = STORAGES
+
+    @staticmethod
+    def build(faiss, vectors: np.ndarray, params: dict[str, Any]):
+        return _build_hnsw(faiss, vectors, params)
+
+    @property
+    def quantised(self) -> bool:
+        return self.params["storage"] != "flat"
+
+    @property
+    def max_breadth(self) -> int:
+        return _MAX_EF
+
+    def ladder(self) -> tuple[int, ...]:
+        return EF_LADDER
+
+    def _what(self) -> str:
+        p = self.params
+        return f"{LIBRARY} M={p['M']} ef_search={self.breadth} storage={p['storage']}"
+
+    def _stores(self, rows: np.ndarray, wanted: np.ndarray) -> bool:
+        if not self.quantised:
+            return np.array_equal(wanted, self.item_vectors[rows])
+        faiss = _faiss()
+        storage = faiss.downcast_index(self.index.storage)
+        codes = faiss.rev_swig_ptr(storage.codes.data(), storage.ntotal * storage.code_size)
+        stored = codes.reshape(storage.ntotal, storage.code_size)[rows]
+        return np.array_equal(storage.sa_encode(wanted), stored)
+
+    def _candidates(self, want: int, excluded: int, left: int) -> int:
+        return min(RERANK_FACTOR * want, left) if self.quantised else want
+
+    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
+        # Excluded items are mostly the user's own best (the training items the model fits), so
+        # a filtered walk must step over them: widen it by their number, as over-fetching would.
+        return min(max(int((self.breadth + excluded) * widen), fetch), _MAX_EF)
+
+    def _search_params(self, faiss, breadth: int):
+        params = faiss.SearchParametersHNSW()
+        params.efSearch = breadth
+        return params
+
+    def _rescore_vectors(self, rows: np.ndarray) -> np.ndarray:
+        # File reads, not the mapping: the graph is most of the memory, the floats stay in the
+        # page cache (see item_rows).
+        return self.item_rows.take(rows)
+
+
+class InvertedFileSearch(AnnSearch):
+    """faiss IVF with 4-bit fast-scan codes: the lists nearest the query, scanned."""
+
+    library = IVF_LIBRARY
+    defaults = IVF_DEFAULT_PARAMS
+    integer_params = ("nlist", "nprobe", "rerank")
+    auto_params = ("nlist", "nprobe")
+    breadth_param = "nprobe"
+    uncalibrated = UNCALIBRATED_NPROBE
+    storages = ("pq4",)
+
+    @staticmethod
+    def build(faiss, vectors: np.ndarray, params: dict[str, Any]):
+        return _build_ivf(faiss, vectors, params)
+
+    def check_holds(self, path: Path | None, sample: int = 64) -> None:
+        if self.index.nlist != self.params["nlist"]:
+            raise ArtifactError(
+                f"{path}: the file has {self.index.nlist} lists, the manifest says {self.params['nlist']}"
+            )
+        super().check_holds(path, sample)
+
+    @property
+    def quantised(self) -> bool:
+        return True
+
+    @property
+    def max_breadth(self) -> int:
+        return int(self.params["nlist"])
+
+    def ladder(self) -> tuple[int, ...]:
+        return tuple(b for b in NPROBE_LADDER if b < self.max_breadth) + (self.max_breadth,)
+
+    def _what(self) -> str:
+        p = self.params
+        return f"{IVF_LIBRARY} nlist={p['nlist']} nprobe={self.breadth} storage=pq4 rerank={p['rerank']}"
+
+    def _ready(self) -> None:
+        _map_in(self.item_vectors)
+
+    def _stores(self, rows: np.ndarray, wanted: np.ndarray) -> bool:
+        return _ivf_holds(_faiss(), self.index, rows, wanted)
+
+    def _candidates(self, want: int, excluded: int, left: int) -> int:
+        # The 4-bit codes blur the close scores below a user's excluded best items, so one
+        # more candidate is re-scored per exclusion.
+        return min(int(self.params["rerank"]) * want + excluded, left)
+
+    def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
+        per_list = self.n_items / self.max_breadth
+        # Excluded items are mostly the user's best, so the candidates wanted rank deeper by
+        # their number: scan lists in proportion to that depth; and enough lists to hold
+        # twice the candidates (lists differ in size).
+        crowded = self.breadth * (fetch + excluded) / fetch * widen
+        holding = 2 * fetch / (per_list * left / self.n_items)
+        return min(int(np.ceil(max(crowded, holding))), self.max_breadth)
+
+    def _search_params(self, faiss, breadth: int):
+        params = faiss.SearchParametersIVF()
+        params.nprobe = breadth
+        walk = faiss.SearchParametersHNSW()  # the walk over the lists' centroids
+        walk.efSearch = max(2 * breadth, 16)
+        params.quantizer_params = walk  # faiss's wrapper keeps a reference, as for sel
+        return params
+
+    def _rescore_vectors(self, rows: np.ndarray) -> np.ndarray:
+        # The codes are small, so the floats stay mapped in memory (mapped in at load).
+        return self.item_vectors[rows]
+
+
+# The one place that names the structures: ``ann_params["structure"]`` and the manifest's library.
+STRUCTURES: dict[str, type[AnnSearch]] = {"hnsw": GraphSearch, "ivf": InvertedFileSearch}
+_BY_LIBRARY = {kind.library: kind for kind in STRUCTURES.values()}
+
+
+def _storage_of(faiss, index) -> str | None:
+    if isinstance(index, faiss.IndexIVFPQFastScan):
+        return "pq4" if index.pq.nbits == 4 else None
+    if isinstance(index, faiss.IndexHNSWFlat):
+        return "flat"
+    if isinstance(index, faiss.IndexHNSWSQ):
+        quantizer = faiss.downcast_index(index.storage).sq
+        return "sq8" if quantizer.qtype == faiss.ScalarQuantizer.QT_8bit else None
+    return None
+
+
+def _storage_view(faiss, index) -> np.ndarray:
+    """A flat graph's float vectors as a read-only array over the index's own memory."""
+    storage = faiss.downcast_index(index.storage)
+    n, d = storage.ntotal, storage.d
+    view = faiss.rev_swig_ptr(storage.get_xb(), n * d).reshape(n, d)
+    view.flags.writeable = False
+    return view
+
+
+def _selectors(faiss, exclude: np.ndarray | None, eligible: Eligible | None) -> list:
+    """Selectors of the rows a walk may return, the last one the one to use (the others, and the
+    bitmap it points into, are kept alive with it).
+
+    With rules, one bitmap of the allowed rows with this request's exclusions cleared: a
+    single selector test per visited node (an Or of a bitmap and a hash set, behind a Not,
+    measured +12 % on a plain walk with 10^3 hidden items).
+    """
+    if eligible is None or not eligible.blocked_rows.size:
+        batch = faiss.IDSelectorBatch(np.ascontiguousarray(exclude, dtype=np.int64))
+        return [batch, faiss.IDSelectorNot(batch)]
+    bits = eligible.allowed_bits
+    if exclude is not None and exclude.size:
+        bits = bits.copy()
+        np.bitwise_and.at(bits, exclude >> 3, ~np.left_shift(np.uint8(1), (exclude & 7).astype(np.uint8)))
+    return [bits, faiss.IDSelectorBitmap(eligible.blocked.size, faiss.swig_ptr(bits))]

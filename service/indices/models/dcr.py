@@ -1,0 +1,341 @@
+"""Serving index of DCR and Pairwise DCR (Hu & Li, WWW 2017).
+
+The artifact holds, per user and per item, the per-level factors of the
+``L = S - 1`` learned levels concatenated into one row: ``user_factors``
+``(n_users, L * rank)`` and ``item_factors`` ``(n_items, L * rank)``. Its
+attributes give ``levels`` (the ordered rating values), ``relevance``
+("linear", "log" or "exp") and ``rank``.
+
+The ranking score (Eq. 4 with Eq. 1) is
+
+    SC_ui = f(l_1) + sum_{t=2..S} (f(l_t) - f(l_{t-1})) * (U_u^t . V_i^t + 1) / 2
+
+which is affine in the per-level inner products. At load time the level
+weights ``(f(l_t) - f(l_{t-1})) / 2`` are folded into the user side and the
+constant goes into ``offset``, so one user's scores over all items are one
+matrix-vector product (a batch of users one matrix product) and top-N is a
+maximum-inner-product search followed by the shared numba top-k.
+
+Both DCR and Pairwise DCR use this index (a refined model is usually
+published under the name "pairwise_dcr"); the kind is "dcr" for both.
+
+A version with an item index (``indexes["items"]``, published by the trainer
+for catalogues of ``ann_min_items`` items or more) answers whole-catalogue
+top-N from it (``service/indices/ann.py``); candidate lists, the per-item scores and
+``distribution`` stay exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ordrec.service.indices.models.base import Ranked, RecommenderIndex, check_finite
+from ordrec.service.indices.rules import Eligible
+from ordrec.service.indices.topk import affine_rows
+from ordrec.service.storage.artifact import Artifact, ArtifactError
+from ordrec.service.storage.mapped import row_blocks
+
+RELEVANCE = ("linear", "log", "exp")
+# Fold-in's pull toward the mean trained user, in ratings' worth: with a few ratings the
+# directions they do not span keep the population's item effect instead of falling to 0.
+FOLD_IN_PRIOR = 1.0
+
+
+def relevance_values(levels: np.ndarray, relevance: str) -> np.ndarray:
+    """``f(l)`` for each ordered rating value ``l`` (Section 3.3.1).
+
+    ``f`` is applied to the rating *values* (so with ``linear`` SC is the
+    expected rating on the data's own scale, e.g. 0.5..5.0). ``log`` needs
+    positive values.
+    """
+    levels = np.asarray(levels, dtype=np.float64)
+    if relevance == "linear":
+        return levels.copy()
+    if relevance == "log":
+        if np.any(levels <= 0):
+            raise ValueError("relevance 'log' needs positive rating values")
+        return np.log(levels)
+    if relevance == "exp":
+        return np.exp(levels)
+    raise ValueError(f"unknown relevance {relevance!r} (known: {', '.join(RELEVANCE)})")
+
+
+def level_weights(levels: np.ndarray, relevance: str) -> tuple[np.ndarray, float]:
+    """Per-learned-level weights ``c_t = (f(l_t) - f(l_{t-1})) / 2`` and the constant.
+
+    With them ``SC_ui = offset + sum_t c_t U_u^t . V_i^t`` where
+    ``offset = f(l_1) + sum_t c_t``.
+    """
+    f = relevance_values(levels, relevance)
+    c = np.diff(f) / 2.0
+    return c, float(f[0] + c.sum())
+
+
+def monotone_distribution(p_ge: np.ndarray) -> np.ndarray:
+    """P(r = l) for each level from the learned ``P(r >= l_t)``, t = 2..S.
+
+    Levels are fitted independently, so the learned ``P(r >= l_t)`` need not
+    fall with ``t`` (and, on the ball boundary, may touch 0 or 1). We clip to
+    [0, 1] and make the sequence non-increasing by averaging its running
+    minimum (from the lowest level up) with its running maximum (from the top
+    level down); both bounds are non-increasing, so their mean is, and it is
+    the identity when the sequence already is monotone. Then (Eq. 3)
+    ``P(r = l_t) = P(r >= l_t) - P(r >= l_{t+1})`` with ``P(r >= l_1) = 1``
+    and ``P(r >= l_{S+1}) = 0``. Rows sum to 1 and are non-negative.
+    """
+    p = np.clip(p_ge, 0.0, 1.0)
+    down = np.minimum.accumulate(p, axis=1)
+    up = np.maximum.accumulate(p[:, ::-1], axis=1)[:, ::-1]
+    mono = 0.5 * (down + up)
+    m = p.shape[0]
+    full = np.concatenate([np.ones((m, 1)), mono, np.zeros((m, 1))], axis=1)
+    return (full[:, :-1] - full[:, 1:]).astype(np.float32)
+
+
+class DCRIndex(RecommenderIndex):
+    """Exact top-N by SC over all items (or given candidates)."""
+
+    kind = "dcr"
+    folds_in = True
+
+    def __init__(self, artifact: Artifact):
+        super().__init__(artifact)
+        attrs = artifact.attributes
+        try:
+            self.levels = np.asarray(attrs["levels"], dtype=np.float64)
+            self.relevance = str(attrs.get("relevance", "linear"))
+            self.rank = int(attrs["rank"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{artifact.describe()}: bad or missing attribute ({exc})") from None
+        # levels[0] is "not rated" in a top-N-aware version: scored, but not a rating to predict.
+        self.unrated_level = bool(attrs.get("unrated_level", False))
+        n_levels = self.levels.size - 1
+        if n_levels < 1 + self.unrated_level or np.any(np.diff(self.levels) <= 0):
+            raise ArtifactError(f"{artifact.describe()}: levels must be >= 2 increasing values")
+        try:
+            c, offset = level_weights(self.levels, self.relevance)
+        except ValueError as exc:
+            raise ArtifactError(f"{artifact.describe()}: {exc}") from None
+        width = n_levels * self.rank
+        user = np.asarray(artifact.array("user_factors"), dtype=np.float32)
+        item = np.asarray(artifact.array("item_factors"), dtype=np.float32)
+        if user.shape != (len(self.users), width) or item.shape != (len(self.items), width):
+            raise ArtifactError(
+                f"{artifact.describe()}: factors {user.shape} / {item.shape} do not match"
+                f" {len(self.users)} users, {len(self.items)} items, {n_levels} levels x rank {self.rank}"
+            )
+        self.n_levels = n_levels
+        self.rating_levels = self.levels[1:] if self.unrated_level else self.levels
+        # Interactions without a rating (NaN values) fold in as "picked" in a top-N-aware version.
+        self.folds_in_picks = self.unrated_level
+        self.weights = c
+        self.offset = np.float32(offset)
+        self._user_raw = user
+        # The level weights fold into the user side, so scoring is a plain product. They are
+        # folded per request rather than into a copy: at a million users a folded copy would
+        # double the user factors' memory, for one row multiply a request.
+        self._scale = np.repeat(c, self.rank).astype(np.float32)
+        self._mean_user = _finite_column_mean("user_factors", user).reshape(n_levels, self.rank)
+        self._frozen, self._radius = self._user_constraint(artifact)
+        self.ann = self._open_ann(artifact, item)
+        if self.ann is None:
+            self._item = np.ascontiguousarray(item)
+        else:
+            self.search = self.ann.description
+            # Exact scoring reads the float vectors the index re-scores with: a flat graph's own
+            # copy (the version's file is then never paged in) or the version's file, mapped.
+            self._item = self.ann.vectors()
+        check_finite("item_factors", self._item)
+
+    @property
+    def item_factors(self) -> np.ndarray:
+        """The item factors exact scoring reads, ``(n_items, levels x rank)`` float32."""
+        return self._item
+
+    @property
+    def level_scale(self) -> np.ndarray:
+        """Each factor column's level weight ``c_t`` (what the user side is multiplied by)."""
+        return self._scale
+
+    @staticmethod
+    def _open_ann(artifact: Artifact, item: np.ndarray):
+        entry = artifact.indexes.get("items")
+        if entry is None or entry.path is None:  # none, or an in-memory artifact not yet published
+            return None
+        from ordrec.service.indices.ann import AnnSearch  # imports faiss: only for versions that need it
+
+        try:
+            return AnnSearch.open(entry, item)
+        except ArtifactError as exc:
+            raise ArtifactError(f"{artifact.describe()}: {exc}") from None
+
+    @staticmethod
+    def _user_constraint(artifact: Artifact) -> tuple[int, float]:
+        """Frozen leading user coordinates and the radius of the rest (the ``item_bias``
+        research option freezes the first at ``s``, the rest in the ball of ``sqrt(1 - s^2)``)."""
+        research = artifact.hyperparameters.get("research") or {}
+        bias = float(research.get("item_bias", 0.0) or 0.0) if isinstance(research, dict) else 0.0
+        return (1, float(np.sqrt(max(1.0 - bias * bias, 0.0)))) if bias > 0 else (0, 1.0)
+
+    def fold_in(self, item_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Raw user factors fitted to one user's ratings with the item factors fixed.
+
+        Level ``t``'s target for ``u^t . v_i^t`` is ``2 [r_i >= l_t] - 1`` (since
+        ``P(r >= l_t) = (u.v + 1) / 2``): a ridge regression per level toward the mean
+        trained user (``FOLD_IN_PRIOR``), then the model's bound ``|u^t| <= 1``. In a
+        top-N-aware version a NaN value is an interaction without a rating: "picked", a
+        target of the "not rated" level only (see :attr:`folds_in_picks`).
+        """
+        L, f, k = self.n_levels, self.rank, self._frozen
+        values = np.asarray(values, dtype=np.float64)
+        rated = np.isfinite(values)
+        level = np.abs(np.where(rated, values, self.levels[-1])[:, None] - self.levels[None, :]).argmin(
+            axis=1
+        )
+        target = 2.0 * (level[:, None] >= np.arange(1, L + 1)[None, :]) - 1.0
+        # Which (item, level) targets are known: every level of a rating; a pick's first level.
+        known = np.repeat(rated[:, None], L, axis=1)
+        known[:, 0] |= self.unrated_level
+        # Level-major (L, f, m) so the per-level products are batched matrix products.
+        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, L, f).transpose(1, 2, 0)
+        v = v.astype(np.float64) * known.T[:, None, :]  # an unknown target adds nothing
+        residual = (target.T - (self._mean_user[:, None, :] @ v)[:, 0, :]) * known.T  # (L, m)
+        free = v[:, k:, :]
+        gram = free @ free.transpose(0, 2, 1) + FOLD_IN_PRIOR * np.eye(f - k)
+        u = self._mean_user.copy()
+        u[:, k:] += np.linalg.solve(gram, free @ residual[..., None])[..., 0]
+        norms = np.linalg.norm(u[:, k:], axis=1, keepdims=True)
+        u[:, k:] *= np.minimum(1.0, self._radius / np.maximum(norms, 1e-12))
+        return u.reshape(-1).astype(np.float32)
+
+    def folded(self, user_rows: np.ndarray | list[int]) -> np.ndarray:
+        """User factors with the level weights folded in, shape ``(len(user_rows), width)``."""
+        return self._user_raw[np.asarray(user_rows, dtype=np.int64)] * self._scale
+
+    # ------------------------------------------------------------ scoring
+    def score_users(self, user_rows: np.ndarray) -> np.ndarray:
+        # One kernel for one user or a batch, so a batched call scores exactly as a lone one.
+        return affine_rows(self._item, self.folded(user_rows), self.offset)
+
+    def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        return self.score_vector(self._user_raw[int(user_row)], item_rows)
+
+    def score_vector(self, vector: np.ndarray, item_rows: np.ndarray | None = None) -> np.ndarray:
+        """Scores for raw user factors (a row of ``user_factors`` or a :meth:`fold_in`)."""
+        folded = vector * self._scale
+        if item_rows is None:
+            # one pass holding the GIL when short (service/indices/topk.py), as for a row of the user factors
+            return affine_rows(self._item, folded.reshape(1, -1), self.offset)[0]
+        scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ folded
+        scores += self.offset
+        return scores
+
+    # ---------------------------------------------------- approximate top-N
+    def recommend(
+        self,
+        user_row: int,
+        n: int,
+        *,
+        exclude: np.ndarray | None = None,
+        candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
+    ) -> Ranked:
+        if not self._graph_answers(candidates, eligible):
+            return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
+        found = self._graph_search(self._user_raw[int(user_row)], n, exclude, eligible)
+        if found is None:  # too many exclusions for the graph: score every item
+            return self.recommend_exact(user_row, n, exclude=exclude, eligible=eligible)
+        return found
+
+    def _search_vector(self, vector, n, exclude, candidates, eligible) -> Ranked | None:
+        if not self._graph_answers(candidates, eligible):
+            return None
+        return self._graph_search(vector, n, exclude, eligible)
+
+    def _graph_search(
+        self, vector: np.ndarray, n: int, exclude: np.ndarray | None, eligible: Eligible | None
+    ) -> Ranked | None:
+        """The item index's top-n for raw user factors; None when there are too many
+        exclusions for the graph."""
+        found = self.ann.search(vector * self._scale, n, exclude, eligible)
+        if found is None:
+            return None
+        rows, products = found
+        return rows, products + self.offset
+
+    def recommend_many(
+        self,
+        user_rows: np.ndarray,
+        n: int,
+        *,
+        excludes: list[np.ndarray | None],
+        candidates: np.ndarray | None = None,
+        eligible: Eligible | None = None,
+    ) -> list[Ranked]:
+        if not self._graph_answers(candidates, eligible):
+            return super().recommend_many(
+                user_rows, n, excludes=excludes, candidates=candidates, eligible=eligible
+            )
+        # One graph search per user: each has its own exclusions, which faiss takes per call.
+        return [
+            self.recommend(int(u), n, exclude=ex, eligible=eligible) for u, ex in zip(user_rows, excludes)
+        ]
+
+    def scoring_work(self) -> int:
+        # The item index answers each user with a search of its own.
+        return 0 if self.ann is not None else int(self._item.size)
+
+    def _shares_pass(self, eligible: Eligible | None) -> bool:
+        # The item index answers each user with a search of its own (faiss takes exclusions per
+        # search).
+        return self.ann is None and super()._shares_pass(eligible)
+
+    def _graph_answers(self, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
+        """Whether the item index answers: not for candidate lists, and not when the rules leave
+        few items (scoring just those is cheaper than a graph walk that skips the rest)."""
+        return self.ann is not None and candidates is None and (eligible is None or not eligible.sparse)
+
+    def recommend_exact(
+        self, user_row: int, n: int, *, exclude: np.ndarray | None = None, eligible: Eligible | None = None
+    ) -> Ranked:
+        """Top-N by scoring every item (what the index approximates)."""
+        return super().recommend(user_row, n, exclude=exclude, eligible=eligible)
+
+    def level_probabilities(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        """The learned ``P(r >= l_t)`` for t = 2..S of the rating values, shape
+        ``(len(item_rows), S - 1)``, unclipped; given a rating in a top-N-aware version."""
+        return self._level_probabilities(self._user_raw[int(user_row)], item_rows)
+
+    def _level_probabilities(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
+        u = vector.reshape(self.n_levels, self.rank)
+        v = self._item[np.asarray(item_rows, dtype=np.int64)].reshape(-1, self.n_levels, self.rank)
+        p = 0.5 * (np.einsum("mlk,lk->ml", v, u) + 1.0)
+        if not self.unrated_level:
+            return p
+        # P(r >= l | rated) = P(r >= l) / P(rated): levels >= l are inside "rated".
+        return p[:, 1:] / np.clip(p[:, :1], 1e-6, None)
+
+    def distribution(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
+        """``P(r = l)`` for every level, shape ``(len(item_rows), S)`` (see ``monotone_distribution``)."""
+        return monotone_distribution(self.level_probabilities(user_row, item_rows))
+
+    def distribution_for(self, vector: np.ndarray, item_rows: np.ndarray) -> np.ndarray:
+        """:meth:`distribution` for raw user factors (a :meth:`fold_in`)."""
+        return monotone_distribution(self._level_probabilities(vector, item_rows))
+
+    def smoke(self) -> None:
+        super().smoke()
+        dist = self.distribution(0, np.arange(min(3, len(self.items))))
+        if not (np.all(np.isfinite(dist)) and np.allclose(dist.sum(axis=1), 1.0, atol=1e-4)):
+            raise ArtifactError(f"{self.artifact.describe()}: smoke distribution is not a distribution")
+
+
+def _finite_column_mean(name: str, array: np.ndarray) -> np.ndarray:
+    """The mean row (float64; zeros when there are none), failing on any NaN or infinity: one
+    pass in blocks read from the file (:func:`row_blocks`), so a server's load leaves the user
+    factors unmapped until requests need them."""
+    total = np.zeros(array.shape[1], dtype=np.float64)
+    for block in row_blocks(array):
+        check_finite(name, block)
+        total += block.sum(axis=0, dtype=np.float64)
+    return total / max(1, len(array))

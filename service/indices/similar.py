@@ -1,0 +1,123 @@
+"""Item-to-item similarity in each recommender's own geometry (SimilarItems, explanations,
+diversity).
+
+- **DCR / Pairwise DCR**: ``sim(i, j) = sum_t c_t V_i^t . V_j^t``, the level-weighted inner
+  product of the concatenated item factors. It is the score (less the constant) item ``j``
+  gets from a user whose factors equal item ``i``'s, so it is the same maximum-inner-product
+  search Recommend runs and goes through the version's approximate item index where it has
+  one (``service/indices/ann.py``). A basket's similarity is the mean over its items, which is the
+  inner product with the mean of their query vectors (one search).
+- **COE**: ``sim(i, j) = -|x_i - x_j|``, the negative distance on the map; a basket's is the
+  negative mean distance to its items (scored exactly: maps are small).
+
+Pairwise similarities for diversity are bounded versions of the same: the cosine under the
+level-weighted inner product (DCR), ``1 - d / d_max`` over the pool (COE).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ordrec.service.errors import FailedPrecondition
+from ordrec.service.indices.models.base import Ranked, RecommenderIndex
+from ordrec.service.indices.models.coe import COEIndex
+from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.indices.rules import Eligible
+from ordrec.service.indices.topk import affine_scores, top_k
+
+# Most items in one SimilarItems basket (a cart or a session): COE scores each against the map.
+MAX_BASKET = 1000
+
+
+def _require_kind(index: RecommenderIndex) -> None:
+    if not isinstance(index, (DCRIndex, COEIndex)):
+        raise FailedPrecondition(f"a {index.kind} model has no item similarity")
+
+
+def similarities(
+    index: RecommenderIndex, query_rows: np.ndarray, item_rows: np.ndarray | None = None
+) -> np.ndarray:
+    """Mean similarity of every item (or ``item_rows``) to the items ``query_rows``, float32."""
+    _require_kind(index)
+    query_rows = np.asarray(query_rows, dtype=np.int64)
+    if isinstance(index, DCRIndex):
+        query = _dcr_query(index, query_rows)
+        if item_rows is None:
+            return affine_scores(index.item_factors, query)
+        return (index.item_factors[np.asarray(item_rows, dtype=np.int64)] @ query).astype(np.float32)
+    assert isinstance(index, COEIndex)
+    items = (
+        index.item_coords if item_rows is None else index.item_coords[np.asarray(item_rows, dtype=np.int64)]
+    )
+    total = np.zeros(items.shape[0], dtype=np.float64)
+    for point in index.item_coords[query_rows]:
+        diff = items - point
+        total += np.sqrt(np.einsum("id,id->i", diff, diff))
+    return (-total / max(1, query_rows.size)).astype(np.float32)
+
+
+def _dcr_query(index: DCRIndex, query_rows: np.ndarray) -> np.ndarray:
+    """The weighted mean of the query items' factors: a pseudo-user whose scores are the sims."""
+    factors = index.item_factors[query_rows].astype(np.float64).mean(axis=0)
+    return np.ascontiguousarray(factors * index.level_scale, dtype=np.float32)
+
+
+def similar_items(
+    index: RecommenderIndex,
+    query_rows: np.ndarray,
+    n: int,
+    *,
+    exclude: np.ndarray | None = None,
+    eligible: Eligible | None = None,
+) -> Ranked:
+    """The ``n`` items most similar to the basket ``query_rows`` (never one of them, an
+    ``exclude`` row or an ineligible one), best first; through DCR's item index when it has one."""
+    _require_kind(index)
+    query_rows = np.unique(np.asarray(query_rows, dtype=np.int64))
+    skip = query_rows if exclude is None else np.unique(np.concatenate([query_rows, exclude]))
+    ann = getattr(index, "ann", None)
+    if isinstance(index, DCRIndex) and ann is not None and (eligible is None or not eligible.sparse):
+        found = ann.search(_dcr_query(index, query_rows), n, skip, eligible)
+        if found is not None:
+            return found
+    if eligible is not None and eligible.sparse:
+        rows = eligible.rows
+        scores = similarities(index, query_rows, rows)
+        scores[np.isin(rows, skip)] = -np.inf
+        order, values = top_k(scores, n)
+        return rows[order], values
+    scores = similarities(index, query_rows)
+    return top_k(scores, n, skip, None if eligible is None else eligible.blocked)
+
+
+def pairwise_similarity(index: RecommenderIndex, rows: np.ndarray) -> np.ndarray:
+    """Bounded similarities among ``rows`` (1 on the diagonal): the level-weighted cosine (DCR),
+    ``1 - d / d_max`` over these rows (COE)."""
+    _require_kind(index)
+    rows = np.asarray(rows, dtype=np.int64)
+    if isinstance(index, DCRIndex):
+        x = index.item_factors[rows] * np.sqrt(index.level_scale)
+        x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        return (x @ x.T).astype(np.float64)
+    assert isinstance(index, COEIndex)
+    points = index.item_coords[rows]
+    diff = points[:, None, :] - points[None, :, :]
+    d = np.sqrt(np.einsum("ijd,ijd->ij", diff, diff))
+    top = d.max() if d.size else 0.0
+    return 1.0 - d / top if top > 0 else np.ones_like(d)
+
+
+def intra_list_diversity(index: RecommenderIndex, rows: np.ndarray) -> float:
+    """Mean dissimilarity over the pairs of a list, 0 below two items: ``1 - cosine`` under the
+    level-weighted inner product (DCR), the distance on the map (COE)."""
+    _require_kind(index)
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size < 2:
+        return 0.0
+    upper = np.triu_indices(rows.size, k=1)
+    if isinstance(index, DCRIndex):
+        return float(np.mean(1.0 - pairwise_similarity(index, rows)[upper]))
+    assert isinstance(index, COEIndex)
+    points = index.item_coords[rows]
+    diff = points[:, None, :] - points[None, :, :]
+    return float(np.mean(np.sqrt(np.einsum("ijd,ijd->ij", diff, diff))[upper]))

@@ -1,0 +1,1 @@
+"""Live state: hidden and seen items, interactions, online evaluation, Redis, trending."""

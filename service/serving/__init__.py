@@ -1,0 +1,1 @@
+"""Serving: the gRPC servicer and server, the HTTP port, security, metrics, the CLI."""

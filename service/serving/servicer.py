@@ -1,0 +1,948 @@
+"""The gRPC handlers: validate, look up, score, build the reply.
+
+Handlers stay thin; the scoring lives in the model indices. Errors become
+status codes in one place, :func:`rpc`: a :class:`ServiceError` carries its
+code and a message for the caller; anything else is logged with its stack
+and answered INTERNAL without one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import NamedTuple
+
+import grpc
+import numpy as np
+import redis
+from google.protobuf.message import DecodeError
+
+from ordrec.service.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+)
+from ordrec.service.indices.diversity import Diversify, rerank, settings_from_request
+from ordrec.service.indices.explain import explain, explain_count
+from ordrec.service.indices.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
+from ordrec.service.indices.similar import MAX_BASKET, similar_items
+from ordrec.service.live.erasure import erase_user
+from ordrec.service.live.forgotten import ForgottenUsers
+from ordrec.service.live.hidden import HiddenState
+from ordrec.service.live.online import NoOnlineEvaluation
+from ordrec.service.live.seen import Recorded, SeenStore
+from ordrec.service.live.trending import EMPTY, Trending, TrendingIndex, check_model_request, ranked_rows
+from ordrec.service.metrics import Metrics
+from ordrec.service.serving import validation as v
+from ordrec.service.serving.batching import RecommendBatcher
+from ordrec.service.serving.store import LoadedModel, ModelStore
+from ordrec.service.storage.artifact import ArtifactError
+from ordrec.service.storage.hidden_items import ALL_MODELS
+from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.objectstore import RegistryUnavailable
+from ordrec.v1 import recommender_pb2 as pb
+from ordrec.v1 import recommender_pb2_grpc
+
+log = logging.getLogger("ordrec.service")
+
+_ENTITY_SPACE: dict[int, str] = {
+    pb.ENTITY_ITEM: "items",
+    pb.ENTITY_USER: "users",
+    pb.ENTITY_ASPECT: "aspects",
+}
+_SPACE_ENTITY = {
+    "items": pb.ENTITY_ITEM,
+    "users": pb.ENTITY_USER,
+    "aspects": pb.ENTITY_ASPECT,
+    "objects": pb.ENTITY_ITEM,
+}
+_FALLBACK = {
+    "none": pb.FALLBACK_NONE,
+    "popular_global": pb.FALLBACK_POPULAR_GLOBAL,
+    "popular_item": pb.FALLBACK_POPULAR_ITEM,
+    "popular_user": pb.FALLBACK_POPULAR_USER,
+}
+
+
+_FALLBACK_LABEL = {pb.FALLBACK_TRENDING: "trending", pb.FALLBACK_POPULAR_GLOBAL: "popular_global"}
+
+
+class _ColdStart:
+    """Unknown users' answer from trending, read (and mapped to the version's item rows) once
+    per call and only when some user needs it."""
+
+    def __init__(self, trending: TrendingIndex | None, items: IdMap, candidates, eligible: Eligible | None):
+        self.index, self.items, self.candidates, self.eligible = trending, items, candidates, eligible
+        self._found: tuple[Trending, np.ndarray] | None = None
+
+    def trending(self, n: int, exclude: np.ndarray | None):
+        """The first ``n`` eligible trending items as (rows, scores); None when nothing is trending."""
+        if self.index is None:
+            return None
+        if self._found is None:
+            current = self.index.current()
+            self._found = (
+                current,
+                self.items.rows(current.item_ids) if len(current) else np.zeros(0, np.int64),
+            )
+        current, rows = self._found
+        if not len(current):
+            return None
+        blocked = None if self.eligible is None else self.eligible.blocked
+        return ranked_rows(current, rows, n, exclude, self.candidates, blocked)
+
+
+class Undecodable:
+    """Stands in for a request whose bytes are not a valid message of its type."""
+
+    def __init__(self, type_name: str, error: str):
+        self.type_name, self.error = type_name, error
+
+
+def lenient_deserializer(message_class) -> Callable[[bytes], object]:
+    """``FromString`` that returns :class:`Undecodable` instead of raising, so a
+    garbled request is answered INVALID_ARGUMENT by :func:`rpc` rather than
+    grpcio's generic INTERNAL."""
+
+    def deserialize(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(message_class.DESCRIPTOR.full_name, str(exc))
+
+    return deserialize
+
+
+def _check_request(request, context) -> None:
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(f"request is not a valid {request.type_name} message ({request.error})")
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        raise DeadlineExceeded("the call's deadline passed before it was handled")
+
+
+def _fitting(reply, limits: v.Limits):
+    """``reply``, or ResourceExhausted when it is over the send limit: the status then
+    comes from here (and is counted), not from grpcio failing the send afterwards."""
+    size = reply.ByteSize()
+    if size > limits.max_message_bytes:
+        raise ResourceExhausted(
+            f"the reply is {size:,} bytes, over the {limits.max_message_bytes:,}-byte"
+            " message limit: ask for less"
+        )
+    return reply
+
+
+def rpc(method: Callable) -> Callable:
+    """Map exceptions to status codes: the only place that does."""
+
+    @functools.wraps(method)
+    def unary(self, request, context):
+        try:
+            _check_request(request, context)
+            return _fitting(method(self, request, context), self.limits)
+        except ServiceError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:  # noqa: BLE001
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, "internal error (logged on the server)")
+
+    @functools.wraps(method)
+    def stream(self, request, context):
+        try:
+            _check_request(request, context)
+            for reply in method(self, request, context):
+                yield _fitting(reply, self.limits)
+        except ServiceError as exc:
+            context.abort(exc.code, str(exc))
+        except Exception:  # noqa: BLE001
+            log.exception("%s failed", method.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, "internal error (logged on the server)")
+
+    return stream if inspect.isgeneratorfunction(method) else unary
+
+
+def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> None:
+    """Append (id, score) entries to a repeated ScoredId field in place (no
+    temporary messages to copy: this runs on every request)."""
+    add, externals = container.add, ids.ids
+    for row, score in zip(rows.tolist(), scores.tolist()):
+        add(id=externals[row], score=score)
+
+
+def _diversify_settings(request) -> Diversify:
+    """The request's ``diversity`` and ``max_per_attribute``, checked."""
+    cap = request.max_per_attribute
+    return settings_from_request(
+        request.diversity, cap.attribute, cap.max, request.HasField("max_per_attribute")
+    )
+
+
+def _diversified(index, pool, n: int, settings: Diversify):
+    """``n`` of the pool re-ranked for diversity; a cap on an unknown attribute is INVALID_ARGUMENT."""
+    try:
+        return rerank(index, pool, n, settings)
+    except FilterError as exc:
+        raise InvalidArgument(str(exc)) from None
+
+
+def _check_cap(index, settings: Diversify) -> None:
+    """Refuse, before any work, a ``max_per_attribute`` on an attribute the version has not got."""
+    cap = settings.cap
+    if cap is not None and cap.attribute not in index.item_attributes.columns:
+        raise InvalidArgument(
+            f"max_per_attribute.attribute: no item attribute {cap.attribute[:80]!r}"
+            f" (this version has: {index.item_attributes.describe()})"
+        )
+
+
+def _recorded_rows(index, rated: dict[str, str]) -> np.ndarray:
+    """Rows of a folded-in user's recorded items the version knows (their history)."""
+    rows = index.items.rows(list(rated))
+    return rows[rows >= 0]
+
+
+def _add_explanations(items, ids: IdMap, reasons) -> None:
+    """Attach each result's reasons (``service/indices/explain.py``) as ``ScoredId.explanations``."""
+    externals = ids.ids
+    for item, why in zip(items, reasons):
+        for reason in why:
+            item.explanations.add(id=externals[reason.row], share=reason.share, similarity=reason.similarity)
+
+
+class _RecommendCall(NamedTuple):
+    """What a Recommend request asks, validated once for every version that answers it (a
+    named tuple: built on every call, several times cheaper than a frozen dataclass)."""
+
+    n: int
+    candidate_ids: list[str]
+    exclude_ids: list[str]
+    exclude_seen: bool
+    with_distribution: bool
+    filter: str
+    explain: int = 0
+    diversify: Diversify = Diversify()
+
+    @property
+    def fetch_n(self) -> int:
+        """Items each user's ranking asks the index for: a pool when diversity re-ranks it."""
+        return self.diversify.pool_size(self.n)
+
+
+class _VersionGroup(NamedTuple):
+    """The users of one Recommend request that one version answers (positions in the
+    request), with the request's candidates and rules resolved for that version."""
+
+    model: LoadedModel
+    positions: list[int]
+    candidates: np.ndarray | None
+    eligible: Eligible | None
+
+
+def _rating(text: str) -> float:
+    """A recorded rating (text in Redis) as a number; NaN when it is not one."""
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
+def _rows_or_not_found(ids: IdMap, externals: list[str], what: str) -> np.ndarray:
+    rows = ids.rows(externals)
+    missing = [e for e, r in zip(externals, rows) if r < 0]
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise NotFound(f"unknown {what}: {shown}{more}")
+    return rows
+
+
+class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
+    def __init__(
+        self,
+        store: ModelStore,
+        metrics: Metrics,
+        limits: v.Limits,
+        seen: SeenStore,
+        hidden: HiddenState | None = None,
+        hidden_mirror=None,
+        online: NoOnlineEvaluation | None = None,
+        batcher: RecommendBatcher | None = None,
+        forgotten: ForgottenUsers | None = None,
+        forget_client=None,
+        trending: TrendingIndex | None = None,
+    ):
+        self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
+        self.hidden, self.hidden_mirror = hidden, hidden_mirror
+        self.online = online or NoOnlineEvaluation()
+        # None: each call scores on its own (the path the batched one must equal, in tests).
+        self.batcher = batcher
+        self._counters: dict[tuple[str, str, int], object] = {}
+        # Forgotten users are answered as unknown; ForgetUser erases through forget_client (Redis).
+        self.forgotten, self.forget_client = forgotten, forget_client
+        # Trending (service/live/trending.py): unknown users' fallback, and a model name of its own.
+        self.trending = trending
+        self.trending_name = trending.name if trending else ""
+
+    def _model(self, name: str, rpc_name: str) -> LoadedModel:
+        return self.store.resolve(v.model_name(name), rpc_name)
+
+    # ------------------------------------------------------------ Recommend
+    @rpc
+    def Recommend(self, request: pb.RecommendRequest, context) -> pb.RecommendResponse:
+        lim = self.limits
+        if self._is_trending_model(request.model):
+            return self._recommend_trending(request)
+        live = self._model(request.model, "Recommend")
+        user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
+        call = _RecommendCall(
+            n=v.bounded(request.n, "n", 1, lim.max_n),
+            candidate_ids=v.id_list(
+                request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates
+            ),
+            exclude_ids=v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates),
+            exclude_seen=request.exclude_seen if request.HasField("exclude_seen") else True,
+            with_distribution=request.with_distribution,
+            filter=request.filter,
+            explain=explain_count(request.explain),
+            diversify=_diversify_settings(request),
+        )
+        # A split sends each user to one version, always the same (store.for_user).
+        by_version: dict[str, tuple[LoadedModel, list[int]]] = {}
+        if self.store.candidate(live.name) is None:  # no split: every user to the live version
+            by_version[live.version] = (live, list(range(len(user_ids))))
+        for position, uid in enumerate(user_ids if not by_version else ()):
+            model = self.store.for_user(live, uid)
+            by_version.setdefault(model.version, (model, []))[1].append(position)
+        groups = [self._group(model, call, positions, user_ids) for model, positions in by_version.values()]
+        newcomers = self._fold_in_candidates(groups, user_ids)
+        # A newcomer's recorded items are fold-in evidence too (picks), even without exclude_seen.
+        recent, ratings, degraded = self.seen.lookup(user_ids if call.exclude_seen else newcomers, newcomers)
+        reply = pb.RecommendResponse(
+            model=live.name,
+            model_version=groups[0].model.version if len(groups) == 1 else live.version,
+            seen_filter_degraded=degraded and call.exclude_seen,
+            rules_stale=self._rules_stale(),
+        )
+        results = [reply.results.add(user_id=uid) for uid in user_ids]
+        for group in groups:
+            self._recommend_group(
+                group,
+                call,
+                [user_ids[p] for p in group.positions],
+                [results[p] for p in group.positions],
+                recent,
+                ratings,
+                context,
+            )
+        if call.with_distribution:
+            reply.levels.extend(float(x) for x in live.index.rating_levels)
+        return reply
+
+    def _group(self, model: LoadedModel, call: _RecommendCall, positions: list[int], user_ids: list[str]):
+        """The users one version answers, with its view of the request; refuses, before any
+        work, a request it cannot answer or whose reply would not fit."""
+        index, lim = model.index, self.limits
+        candidates = (
+            _rows_or_not_found(index.items, call.candidate_ids, "candidate item ids")
+            if call.candidate_ids
+            else None
+        )
+        eligible = self._eligible(model, call.filter)
+        if call.with_distribution and not hasattr(index, "distribution"):
+            raise FailedPrecondition(f"model {model.name!r} ({model.kind}) has no rating distribution")
+        n_levels = len(index.rating_levels) if call.with_distribution else 0
+        answerable = len(candidates) if candidates is not None else len(index.items)
+        users = [user_ids[p] for p in positions]
+        v.check_reply_fits(
+            v.recommend_reply_bytes(users, min(call.n, answerable), index.items.max_bytes, n_levels),
+            f"{len(users)} user_ids x n={call.n}{' with_distribution' if n_levels else ''}",
+            lim,
+        )
+        _check_cap(index, call.diversify)
+        if call.explain:
+            v.check_reply_fits(
+                len(users) * call.n * call.explain * v.scored_id_bytes(index.items.max_bytes, 1),
+                f"{len(users)} user_ids x n={call.n} x explain={call.explain}",
+                lim,
+            )
+        return _VersionGroup(model, positions, candidates, eligible)
+
+    def _recommend_group(
+        self,
+        group: _VersionGroup,
+        call: _RecommendCall,
+        user_ids: list[str],
+        results: list,
+        recent: dict[str, list[str]],
+        ratings: dict[str, dict[str, str]],
+        context,
+    ) -> None:
+        """Fill ``results`` (one per user, in order) with the group's version's answers."""
+        model, candidates, eligible = group.model, group.candidates, group.eligible
+        index, n = model.index, call.fetch_n
+        user_rows = index.users.rows(user_ids)
+        if self.forgotten is not None:
+            user_rows = self.forgotten.unknown(user_ids, user_rows)
+        excluded = index.items.rows(call.exclude_ids) if call.exclude_ids else None
+        excludes = [
+            self._exclusions(index, row, recent.get(uid), call.exclude_seen, excluded)
+            for uid, row in zip(user_ids, user_rows)
+        ]
+        ranked: list
+        if (user_rows >= 0).all():  # the usual case: every user known, no gathering
+            ranked = self._score_known(index, user_rows, n, excludes, candidates, eligible, context)
+        else:
+            known = np.flatnonzero(user_rows >= 0)
+            ranked = [None] * len(user_ids)
+            if known.size:
+                answers = self._score_known(
+                    index, user_rows[known], n, [excludes[i] for i in known], candidates, eligible, context
+                )
+                for row, answer in zip(known.tolist(), answers):
+                    ranked[row] = answer
+        evidence = self._fold_in_evidence(index, user_ids, user_rows, ratings, recent)
+        folded = self._fold_in(index, evidence)
+        cold = None  # built for the first user with nothing to fold in (most calls have none)
+        m = self.metrics
+        self._users_counter(model).inc(len(user_ids))
+        for i, (uid, result) in enumerate(zip(user_ids, results)):
+            result.model_version = model.version
+            vector = folded.get(uid)
+            if vector is not None:
+                ranked[i] = index.recommend_for(
+                    vector, n, exclude=excludes[i], candidates=candidates, eligible=eligible
+                )
+                result.folded_in = True
+                m.folded_in.labels(model.name, model.version).inc()
+            elif ranked[i] is None:
+                cold = cold or _ColdStart(self.trending, index.items, candidates, eligible)
+                ranked[i] = cold.trending(n, excludes[i])  # None: nothing trending (or no Redis)
+                result.fallback = (
+                    pb.FALLBACK_TRENDING if ranked[i] is not None else pb.FALLBACK_POPULAR_GLOBAL
+                )
+                if ranked[i] is None:
+                    ranked[i] = index.popular(
+                        n, exclude=excludes[i], candidates=candidates, eligible=eligible
+                    )
+                m.fallbacks.labels(model.name, "Recommend", _FALLBACK_LABEL[result.fallback]).inc()
+            rows, scores = ranked[i]
+            # --- request features (service/indices/diversity.py, service/indices/explain.py)
+            if call.diversify.active:
+                rows, scores = _diversified(index, (rows, scores), call.n, call.diversify)
+            _add_scored(result.items, index.items, rows, scores)
+            if call.explain and (user_rows[i] >= 0 or vector is not None):
+                history = (
+                    index.seen(int(user_rows[i])) if vector is None else _recorded_rows(index, evidence[uid])
+                )
+                _add_explanations(result.items, index.items, explain(index, rows, history, call.explain))
+            # ---
+            if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
+                dist = (
+                    index.distribution(int(user_rows[i]), rows)
+                    if vector is None
+                    else index.distribution_for(vector, rows)
+                )
+                for item, probs in zip(result.items, dist):
+                    item.rating_distribution.extend(probs.tolist())
+            if self.online.wants_sample():
+                self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
+
+    def _users_counter(self, model: LoadedModel):
+        """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
+        loaded version (``labels()`` costs microseconds on every call)."""
+        key = (model.name, model.version, id(model.index))
+        child = self._counters.get(key)
+        if child is None:
+            child = self.metrics.recommended_users.labels(model.name, model.version)
+            # a few versions per model are served at a time; old versions' entries go in bulk
+            counters = dict(self._counters) if len(self._counters) < 64 else {}
+            counters[key] = child
+            self._counters = counters  # replaced whole, like the store's mapping
+        return child
+
+    def _score_known(self, index, rows, n, excludes, candidates, eligible, context) -> list:
+        """The index's answers for users it knows: batched with concurrent calls when the
+        version's scoring pass is dear enough (``service/serving/batching.py``), else scored on this
+        call's own thread."""
+        batcher = self.batcher
+        if batcher is None or index.scoring_work() < batcher.min_work:
+            return index.recommend_many(rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
+        remaining = context.time_remaining()
+        return batcher.recommend(
+            index,
+            rows,
+            n,
+            excludes=excludes,
+            candidates=candidates,
+            eligible=eligible,
+            deadline=None if remaining is None else time.monotonic() + remaining,
+        )
+
+    @staticmethod
+    def _fold_in_candidates(groups: list[_VersionGroup], user_ids: list[str]) -> list[str]:
+        """The users whose recorded ratings Recommend reads: those the version answering
+        them has not seen, when its kind folds in."""
+        return [
+            user_ids[p]
+            for group in groups
+            if group.model.index.folds_in
+            for p in group.positions
+            if group.model.index.users.row(user_ids[p]) < 0
+        ]
+
+    @staticmethod
+    def _fold_in_evidence(index, user_ids, user_rows, ratings, recent) -> dict[str, dict[str, str]]:
+        """What each user the version has not seen recorded: item id -> rating text, and where
+        the version folds in picks (top-N models) the items recorded without a rating as ""."""
+        evidence = {}
+        for uid, row in zip(user_ids, user_rows):
+            if row >= 0:
+                continue
+            recorded = dict(ratings.get(uid, {}))
+            if index.folds_in_picks:
+                recorded.update({item: "" for item in recent.get(uid, ()) if item not in recorded})
+            if recorded:
+                evidence[uid] = recorded
+        return evidence
+
+    @staticmethod
+    def _fold_in(index, ratings: dict[str, dict[str, str]]) -> dict[str, np.ndarray]:
+        """The :meth:`fold_in` vectors of users from their recorded ratings of items the
+        version knows, and their picks without a rating where it takes them (NaN values;
+        users with neither get the popularity list)."""
+        vectors = {}
+        for uid, rated in ratings.items():
+            rows = index.items.rows(list(rated))
+            values = np.array([_rating(text) for text in rated.values()], dtype=np.float64)
+            usable = (rows >= 0) & (np.isfinite(values) | index.folds_in_picks)
+            if usable.any():
+                vectors[uid] = index.fold_in(rows[usable], values[usable])
+        return vectors
+
+    @staticmethod
+    def _exclusions(
+        index,
+        user_row: int,
+        recent_ids: list[str] | None,
+        exclude_seen: bool,
+        excluded: np.ndarray | None = None,
+    ):
+        """Item rows one user's answer must skip: seen (training and recorded) and ``exclude_item_ids``."""
+        parts = []
+        if excluded is not None:
+            parts.append(excluded[excluded >= 0])
+        if exclude_seen and user_row >= 0:
+            parts.append(index.seen(int(user_row)))
+        if exclude_seen and recent_ids:
+            rows = index.items.rows(recent_ids)
+            parts.append(rows[rows >= 0])
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _eligible(self, model: LoadedModel, text: str) -> Eligible | None:
+        """Hidden items and the request's filter as one mask (``service/indices/rules.py``)."""
+        filtered = None
+        if text:
+            if len(text) > MAX_FILTER_CHARS:
+                raise InvalidArgument(
+                    f"filter is {len(text)} characters long; the limit is {MAX_FILTER_CHARS}"
+                )
+            try:
+                filtered = model.index.item_attributes.eligible(text)
+            except FilterError as exc:
+                raise InvalidArgument(str(exc)) from None
+        hidden = self.hidden.mask(model.name, model.index.items) if self.hidden else None
+        return combine(hidden, filtered)
+
+    def _rules_stale(self) -> bool:
+        return bool(self.hidden and self.hidden.stale)
+
+    # ----------------------------------------------------------------- Tags
+    @rpc
+    def Tags(self, request: pb.TagsRequest, context) -> pb.TagsResponse:
+        lim = self.limits
+        model = self._model(request.model, "Tags")
+        user = v.one_id(request.user_id, "user_id", lim)
+        model = self.store.for_user(model, user)
+        index = model.index
+        item = v.one_id(request.item_id, "item_id", lim)
+        n = v.bounded(request.n, "n", 1, lim.max_n)
+        user_row = -1 if self._forgotten(user) else index.users.row(user)
+        rows, scores, fallback = index.tags(
+            user_row, index.items.row(item), n, exclude_own=request.exclude_own_tags
+        )
+        if fallback != "none":
+            self.metrics.fallbacks.labels(model.name, "Tags", fallback).inc()
+        reply = pb.TagsResponse(fallback=_FALLBACK[fallback], model=model.name, model_version=model.version)
+        _add_scored(reply.tags, index.artifact.idmap("tags"), rows, scores)
+        for tag, label in zip(reply.tags, index.tag_names(rows) or ()):
+            tag.label = label
+        return reply
+
+    # ------------------------------------------------------------ Neighbors
+    def _space(self, model: LoadedModel, space: str) -> str:
+        spaces = model.index.spaces()
+        if space and space not in spaces:
+            listed = ", ".join(spaces[:20]) or "none (leave it empty)"
+            raise NotFound(f"model {model.name!r} has no space {space[:80]!r}; spaces: {listed}")
+        if not space and spaces:
+            raise InvalidArgument(f"model {model.name!r} needs a 'space': one of {', '.join(spaces[:20])}")
+        return space
+
+    @staticmethod
+    def _entity(model: LoadedModel, space: str, entity: int) -> str:
+        index = model.index
+        if entity and entity not in _ENTITY_SPACE:
+            raise InvalidArgument(f"entity {entity} is not a known Entity value")
+        name = _ENTITY_SPACE[entity] if entity else index.default_entity
+        by_entity = index.maps.get(space, {})
+        if name == "items" and "items" not in by_entity:
+            name = index.default_entity  # ITEM means "object" on object maps
+        if name not in by_entity:
+            raise InvalidArgument(
+                f"model {model.name!r} has no {pb.Entity.Name(entity) if entity else name} entities on this map"
+                f" (it has {', '.join(sorted(by_entity))})"
+            )
+        return name
+
+    @rpc
+    def Neighbors(self, request: pb.NeighborsRequest, context) -> pb.NeighborsResponse:
+        lim = self.limits
+        model = self._model(request.model, "Neighbors")
+        index = model.index
+        query_id = v.one_id(request.id, "id", lim)
+        k = v.bounded(request.k, "k", 1, lim.max_k)
+        # Aspects live on the sphere (space ""), whatever aspect map was named.
+        space = "" if request.from_entity == pb.ENTITY_ASPECT else self._space(model, request.space)
+        source = self._entity(model, space, request.from_entity)
+        target = self._entity(model, space, request.to_entity or request.from_entity)
+        target_ids = index.maps[space][target].ids
+        v.check_reply_fits(k * v.scored_id_bytes(target_ids.max_bytes), f"k={k}", lim)
+        source_ids = index.maps[space][source].ids
+        row = source_ids.row(query_id)
+        if row < 0 or (source == "users" and self._forgotten(query_id)):
+            raise NotFound(f"unknown {source[:-1]} id {query_id[:80]!r}")
+        hidden = None
+        if self.hidden and target in ("items", "objects"):  # hidden items never come back as neighbours
+            hidden = self.hidden.hidden_rows(model.name, target_ids)
+        if target == "users" and self.forgotten is not None and self.forgotten.digests():
+            hidden = self.forgotten.rows(target_ids)  # nor forgotten users
+        rows, scores = index.neighbors(space, source, row, target, k, hidden=hidden)
+        reply = pb.NeighborsResponse(
+            model=model.name, model_version=model.version, rules_stale=self._rules_stale()
+        )
+        _add_scored(reply.neighbors, index.maps[space][target].ids, rows, scores)
+        return reply
+
+    # ---------------------------------------------------------- Coordinates
+    @rpc
+    def Coordinates(self, request: pb.CoordinatesRequest, context):
+        lim = self.limits
+        model = self._model(request.model, "Coordinates")
+        space = "" if request.entity == pb.ENTITY_ASPECT else self._space(model, request.space)
+        entity = self._entity(model, space, request.entity)
+        points = model.index.maps[space][entity]
+        ids = v.id_list(request.ids, "ids", lim, lim.max_ids)
+        page = v.bounded(request.page_size or 1000, "page_size", 1, lim.max_page_size)
+        v.check_reply_fits(
+            page * v.scored_id_bytes(points.ids.max_bytes, points.dim),
+            f"page_size={page} at {points.dim} dimensions",
+            lim,
+        )
+        rows = _rows_or_not_found(points.ids, ids, f"{entity} ids") if ids else np.arange(len(points.ids))
+        if entity == "users" and self.forgotten is not None and self.forgotten.digests():
+            rows = rows[~np.isin(rows, self.forgotten.rows(points.ids))]  # forgotten users are not on the map
+        wire_entity = _SPACE_ENTITY[entity]
+        for start in range(0, max(rows.size, 1), page):
+            if not context.is_active():  # the client went away or its deadline passed
+                return
+            chunk = rows[start : start + page]
+            reply = pb.CoordinatesResponse(dim=points.dim, model=model.name, model_version=model.version)
+            for r, coords in zip(chunk, points.coords[chunk]):
+                reply.points.add(id=points.ids.external(int(r)), entity=wire_entity, coords=coords.tolist())
+            yield reply
+
+    # ---------------------------------------------------------------- Place
+    @rpc
+    def Place(self, request: pb.PlaceRequest, context) -> pb.PlaceResponse:
+        lim = self.limits
+        model = self._model(request.model, "Place")
+        index = model.index
+        ranked = v.id_list(request.ranked_neighbor_ids, "ranked_neighbor_ids", lim, lim.max_ids, min_count=1)
+        if len(set(ranked)) != len(ranked):
+            raise InvalidArgument("ranked_neighbor_ids repeats an id")
+        k = v.bounded(request.k, "k", 0, lim.max_k)
+        points = index.maps[""][index.default_entity]
+        v.check_reply_fits(k * v.scored_id_bytes(points.ids.max_bytes), f"k={k}", lim)
+        rows = _rows_or_not_found(points.ids, ranked, "neighbour ids")
+        coords = index.place(rows)
+        reply = pb.PlaceResponse(
+            coords=np.asarray(coords).tolist(), model=model.name, model_version=model.version
+        )
+        if k:
+            near, scores = points.nearest(np.asarray(coords, dtype=np.float64), k)
+            _add_scored(reply.neighbors, points.ids, near, scores)
+        return reply
+
+    # --------------------------------------------------- RecordInteractions
+    @rpc
+    def RecordInteractions(self, request: pb.RecordInteractionsRequest, context):
+        lim = self.limits
+        user = v.one_id(request.user_id, "user_id", lim)
+        v.id_list(request.item_ids, "item_ids", lim, lim.max_ids)
+        count = len(request.item_ids) + len(request.interactions)
+        if not 1 <= count <= lim.max_ids:
+            raise InvalidArgument(
+                f"item_ids and interactions must hold between 1 and {lim.max_ids} items together, got {count}"
+            )
+        interactions = self._interactions(request, time.time())
+        if self._forgotten(user):
+            return pb.RecordInteractionsResponse(recorded=0, forgotten=True)
+        recorded = self.seen.record(user, interactions)
+        self.online.observe(user, [i.item for i in interactions])
+        return pb.RecordInteractionsResponse(recorded=recorded)
+
+    def _interactions(self, request: pb.RecordInteractionsRequest, now: float) -> list[Recorded]:
+        """The request's items, values checked against the model's rating scale.
+
+        Unknown users and items are kept: they are the next training's new ids.
+        """
+        lim = self.limits
+        valued = any(i.HasField("value") for i in request.interactions)
+        # A value is a rating on one model's scale; the event names that model for the trainer.
+        model = self._model(request.model, "Recommend") if valued or request.model else None
+        name = model.name if model else None
+        recorded = [Recorded(item, now, model=name) for item in request.item_ids]
+        for position, interaction in enumerate(request.interactions):
+            where = f"interactions[{position}]"
+            item = v.one_id(interaction.item_id, f"{where}.item_id", lim)
+            value = interaction.value if interaction.HasField("value") else None
+            if value is not None:
+                assert model is not None  # resolved above whenever a value is given
+                v.rating(value, f"{where} (item {item[:80]!r})", model.name, model.index.artifact.attributes)
+            ts = interaction.timestamp if interaction.HasField("timestamp") else now
+            v.timestamp(ts, f"{where}.timestamp")
+            recorded.append(Recorded(item, ts, value, name))
+        return recorded
+
+    # ------------------------------------------------------------- Trending
+    def _is_trending_model(self, name: str) -> bool:
+        """Whether ``name`` asks for the trending model (a registry model of that name wins)."""
+        return (
+            self.trending is not None
+            and bool(self.trending_name)
+            and name == self.trending_name
+            and name not in self.store.snapshot()
+        )
+
+    def _recommend_trending(self, request: pb.RecommendRequest) -> pb.RecommendResponse:
+        """Every user gets the trending items, minus exclusions, recorded items and hidden ones."""
+        lim = self.limits
+        user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
+        n = v.bounded(request.n, "n", 1, lim.max_n)
+        candidates = set(v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates))
+        excluded = set(v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates))
+        check_model_request(request)
+        exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
+        excluded |= self.hidden.sets().get(ALL_MODELS, set()) if self.hidden else set()
+        recent, _, degraded = self.seen.lookup(user_ids if exclude_seen else [])
+        current = self.trending.current() if self.trending else EMPTY
+        reply = pb.RecommendResponse(model=self.trending_name, seen_filter_degraded=degraded and exclude_seen)
+        for uid in user_ids:
+            result = reply.results.add(user_id=uid)
+            skip = excluded | set(recent.get(uid, ()))
+            for item, score in zip(current.item_ids, current.scores.tolist()):
+                if len(result.items) == n:
+                    break
+                if item not in skip and (not candidates or item in candidates):
+                    result.items.add(id=item, score=score)
+        return reply
+
+    # ----------------------------------------------------------- ListModels
+    @rpc
+    def ListModels(self, request: pb.ListModelsRequest, context) -> pb.ListModelsResponse:
+        reply = pb.ListModelsResponse()
+        for name, model in sorted(self.store.snapshot().items()):
+            artifact = model.index.artifact
+            info = reply.models.add(
+                name=name,
+                kind=model.kind,
+                version=model.version,
+                created_at=model.created_at,
+                loaded_at=model.loaded_at,
+                reason=model.reason,
+                rpcs=sorted(model.index.rpcs),
+                spaces=model.index.spaces(),
+                index=getattr(model.index, "search", ""),
+            )
+            candidate = self.store.candidate(name)
+            if candidate is not None:
+                info.candidate_version, info.candidate_share = candidate.model.version, candidate.share
+            info.sizes.update(model.index.sizes())
+            info.metrics.update({k: float(x) for k, x in artifact.metrics.items()})
+        if (
+            self.trending is not None
+            and self.trending_name
+            and self.trending_name not in self.store.snapshot()
+        ):
+            reply.models.add(name=self.trending_name, kind="trending", rpcs=["Recommend"])
+        return reply
+
+    # ---------------------------------------------------------- hidden items
+    def _scope(self, name: str) -> str:
+        if name in ("", ALL_MODELS):
+            return ALL_MODELS
+        name = v.model_name(name)
+        if not self.store.registry.has_model(name):
+            raise NotFound(f"no model {name!r} in the registry")
+        return name
+
+    def _hidden_state(self) -> HiddenState:
+        if self.hidden is None:
+            raise FailedPrecondition("this server keeps no hidden items")
+        return self.hidden
+
+    def _unknown(self, scope: str, ids: list[str]) -> int:
+        """How many ids no served version of the scope knows (kept hidden all the same)."""
+        maps = [
+            m.index.items
+            for n, m in self.store.snapshot().items()
+            if hasattr(m.index, "items") and scope in (ALL_MODELS, n)
+        ]
+        return sum(1 for i in ids if not any(i in items for items in maps))
+
+    def _change_hidden(self, request: pb.HideItemsRequest, hide: bool) -> pb.HideItemsResponse:
+        lim = self.limits
+        state = self._hidden_state()
+        scope = self._scope(request.model)
+        ids = v.id_list(request.item_ids, "item_ids", lim, lim.max_candidates, min_count=1)
+        changed = state.change(scope, ids, hide, mirror=self.hidden_mirror)
+        total = len(state.sets().get(scope, ()))
+        log.info("%s %d item(s) for %s (%d changed)", "hid" if hide else "unhid", len(ids), scope, changed)
+        return pb.HideItemsResponse(
+            changed=changed, unknown=self._unknown(scope, ids) if hide else 0, total=total, model=scope
+        )
+
+    @rpc
+    def HideItems(self, request: pb.HideItemsRequest, context) -> pb.HideItemsResponse:
+        return self._change_hidden(request, hide=True)
+
+    @rpc
+    def UnhideItems(self, request: pb.HideItemsRequest, context) -> pb.HideItemsResponse:
+        return self._change_hidden(request, hide=False)
+
+    @rpc
+    def ListHidden(self, request: pb.ListHiddenRequest, context) -> pb.ListHiddenResponse:
+        state = self._hidden_state()
+        sets = state.sets()
+        if request.model in ("", ALL_MODELS):
+            scopes = sorted(sets) if not request.model else [ALL_MODELS]
+        else:
+            scopes = [ALL_MODELS, self._scope(request.model)]
+        reply = pb.ListHiddenResponse(rules_stale=state.stale)
+        after = request.after_item_id
+        for scope in scopes:
+            ids = sorted(sets.get(scope, ()))
+            start = bisect.bisect_right(ids, after) if after else 0
+            reply.scopes.add(model=scope, item_ids=ids[start : start + self.limits.max_ids], count=len(ids))
+        return reply
+
+    # --------------------------------------------------------- SimilarItems
+    @rpc
+    def SimilarItems(self, request: pb.SimilarItemsRequest, context) -> pb.SimilarItemsResponse:
+        lim = self.limits
+        model = self._model(request.model, "SimilarItems")
+        index = model.index
+        query_ids = v.id_list(request.item_ids, "item_ids", lim, MAX_BASKET, min_count=1)
+        n = v.bounded(request.n, "n", 1, lim.max_n)
+        exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
+        settings = _diversify_settings(request)
+        _check_cap(index, settings)
+        rows = index.items.rows(query_ids)
+        unknown = [i for i, r in zip(query_ids, rows) if r < 0]
+        v.check_reply_fits(
+            n * v.scored_id_bytes(index.items.max_bytes) + sum(len(u.encode("utf-8")) + 8 for u in unknown),
+            f"n={n}",
+            lim,
+        )
+        if len(unknown) == len(query_ids):
+            raise NotFound(
+                f"none of item_ids is known to model {model.name!r} (first: {query_ids[0][:80]!r})"
+            )
+        excluded = index.items.rows(exclude_ids) if exclude_ids else None
+        pool = similar_items(
+            index,
+            rows[rows >= 0],
+            settings.pool_size(n),
+            exclude=None if excluded is None else excluded[excluded >= 0],
+            eligible=self._eligible(model, request.filter),
+        )
+        found, scores = _diversified(index, pool, n, settings)
+        reply = pb.SimilarItemsResponse(
+            model=model.name,
+            model_version=model.version,
+            rules_stale=self._rules_stale(),
+            unknown_item_ids=unknown,
+        )
+        _add_scored(reply.items, index.items, found, scores)
+        return reply
+
+    # ------------------------------------------------------------ ForgetUser
+    def _forgotten(self, user_id: str) -> bool:
+        return self.forgotten is not None and self.forgotten.contains(user_id)
+
+    @rpc
+    def ForgetUser(self, request: pb.ForgetUserRequest, context) -> pb.ForgetUserResponse:
+        user = v.one_id(request.user_id, "user_id", self.limits)
+        reason = v.note(request.reason, "reason")
+        if self.forgotten is None:
+            raise FailedPrecondition("this server keeps no FORGOTTEN list")
+        try:
+            report = erase_user(user, self.store.registry, self.forget_client)
+        except redis.RedisError as exc:
+            raise Unavailable(f"Redis is unreachable, the erasure is incomplete (ask again): {exc}") from None
+        except RegistryUnavailable as exc:
+            raise Unavailable(
+                f"the registry is unreachable, the erasure is incomplete (ask again): {exc}"
+            ) from None
+        except (OSError, ArtifactError) as exc:
+            raise FailedPrecondition(f"cannot write the registry, the erasure is incomplete: {exc}") from None
+        self.forgotten.refresh()
+        log.info(
+            "forgot user sha256=%s reason=%r stream_entries=%d versions_removed=%d pending=%d",
+            report.user_digest,
+            reason,
+            report.stream_entries,
+            len(report.versions_removed),
+            len(report.versions_pending),
+        )
+        return pb.ForgetUserResponse(**dataclasses.asdict(report))
+
+
+def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
+    """Register every RPC of the service descriptor with lenient request decoding."""
+    service = pb.DESCRIPTOR.services_by_name["Recommender"]
+    handlers = {}
+    for method in service.methods:
+        factory = (
+            grpc.unary_stream_rpc_method_handler
+            if method.server_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        handlers[method.name] = factory(
+            getattr(servicer, method.name),
+            request_deserializer=lenient_deserializer(getattr(pb, method.input_type.name)),
+            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

@@ -1,0 +1,1 @@
+"""Storage: the artifact type, its on-disk format and checksums, the registries, id maps."""
