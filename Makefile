@@ -24,11 +24,13 @@ proto: $(STAMP)
 proto-check: $(STAMP)
 	PYTHON=$(BIN)/python scripts/gen_proto.sh --check
 
-# Format, lint, types and import contracts: what CI checks before the tests.
+# Format, lint, types, import contracts and no block of code in two modules: what CI checks
+# before the tests.
 lint: $(STAMP) lint-imports
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/python scripts/check_duplicates.py
 
 # The import contracts of docs/architecture.md, "The parts" ([tool.importlinter] in pyproject.toml).
 lint-imports: $(STAMP)

@@ -354,7 +354,7 @@ def bench_serving(args) -> None:
         d50, d99 = latency(index, args.calls, True)
         t64, t512 = throughput(index, 64), throughput(index, 512)
         print(
-            f"{name:<22} {rank:>4} {index._item.shape[1]:>5} {p50:>8.1f} {p99:>8.1f} {d50:>10.1f} {d99:>10.1f}"
+            f"{name:<22} {rank:>4} {index.item_factors.shape[1]:>5} {p50:>8.1f} {p99:>8.1f} {d50:>10.1f} {d99:>10.1f}"
             f" {t64:>17,.0f} {t512:>18,.0f}",
             flush=True,
         )

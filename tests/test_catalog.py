@@ -21,7 +21,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer import sample
-from ordrec.trainer.models.dcr import DCR
+from ordrec.trainer.models.configured import configure
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 
@@ -231,17 +231,19 @@ def test_exact_scoring_reads_the_float_vectors_the_index_holds_or_re_scores_with
     """Held once: a flat graph's exact path scores from the graph's own memory-mapped vectors;
     a quantised graph holds one byte per dimension and both paths read the version's factor file."""
     version = served.artifact.array("item_factors")
-    assert np.array_equal(served._item, version)
-    assert not served._item.flags.writeable
+    assert np.array_equal(served.item_factors, version)
+    assert not served.item_factors.flags.writeable
     if served.ann.structure == "ivf":  # 4-bit codes: half a byte per dimension, floats from the version
-        assert np.shares_memory(served._item, version) and served.ann.index.code_size <= version.shape[1]
+        assert (
+            np.shares_memory(served.item_factors, version) and served.ann.index.code_size <= version.shape[1]
+        )
         return
     storage = faiss.downcast_index(served.ann.index.storage)
     if served.ann.quantised:
-        assert np.shares_memory(served._item, version) and storage.code_size == version.shape[1]
+        assert np.shares_memory(served.item_factors, version) and storage.code_size == version.shape[1]
     else:
-        assert not np.shares_memory(served._item, version)
-        assert served._item.ctypes.data == storage.get_xb().__int__()
+        assert not np.shares_memory(served.item_factors, version)
+        assert served.item_factors.ctypes.data == storage.get_xb().__int__()
 
 
 def test_calibration_picks_the_narrowest_breadth_that_reaches_the_recall_target(tmp_path):
@@ -349,15 +351,11 @@ def test_bad_index_parameters_are_refused_by_name(bad, error):
 
 
 @pytest.mark.parametrize("structure", ["hnsw", "ivf"])
-def test_loading_maps_the_float_factors_only_where_the_index_re_scores_from_the_mapping(
-    tmp_path, structure, monkeypatch
-):
+def test_loading_maps_the_float_factors_only_where_the_index_re_scores_from_the_mapping(tmp_path, structure):
     """The graph re-scores a few rows per request: the load must not page the factor file into
     the server (finiteness and the spot check read it with file reads and a few rows). The
     inverted file re-scores ten times more rows from the mapping: it maps them all at load, so
     no request pays for a page's first touch."""
-    mapped_in = []
-    monkeypatch.setattr(ann, "_map_in", lambda array: mapped_in.append(array.shape))
     rng = np.random.default_rng(0)
     artifact = clustered_artifact(with_index=False)
     # 19 MB: the kernel maps up to 64 KiB around each page a read faults in, so a smaller file
@@ -376,21 +374,12 @@ def test_loading_maps_the_float_factors_only_where_the_index_re_scores_from_the_
     reg = Registry(tmp_path)
     reg.publish("big", artifact)
     served = build_index(reg.load("big"))
-    assert mapped_in == ([items.shape] if structure == "ivf" else [])
-    if structure == "ivf":
+    if structure == "ivf":  # every page of the file resident at load, before any request
+        assert _resident_kib("item_factors.npy") >= 0.99 * items.nbytes / 1024
         return
     served.recommend(0, 10, exclude=served.seen(0))
     resident = _resident_kib("item_factors.npy")
     assert 0 < resident <= 0.5 * items.nbytes / 1024, resident  # a spread of rows, not the file
-
-
-def test_map_in_makes_every_page_of_a_mapped_array_resident(tmp_path):
-    path = tmp_path / "item_factors.npy"
-    np.save(path, np.ones((100_000, 50), np.float32))  # 19 MB
-    mapped = np.load(path, mmap_mode="r")
-    assert _resident_kib("item_factors.npy") < 0.05 * mapped.nbytes / 1024  # the header's pages
-    ann._map_in(mapped)
-    assert _resident_kib("item_factors.npy") >= 0.99 * mapped.nbytes / 1024
 
 
 def _resident_kib(file_name: str) -> int:
@@ -407,7 +396,7 @@ def _resident_kib(file_name: str) -> int:
 def _served_queries(artifact: Artifact) -> tuple[np.ndarray, list[np.ndarray]]:
     """Folded user factors and each user's training items, as the DCR index searches."""
     index = build_index(artifact)
-    users = artifact.arrays["user_factors"] * index._scale
+    users = artifact.arrays["user_factors"] * index.level_scale
     return users, [index.seen(u) for u in range(len(users))]
 
 
@@ -470,7 +459,7 @@ def test_trainer_publishes_an_index_from_ann_min_items(sample_dir, tmp_path):
         f"faiss-ivf-ip nlist={entry.params['nlist']} nprobe="
     )
     with pytest.raises(ValueError, match="unknown index parameter"):  # refused before any fitting
-        DCR(ann_params={"efSearch": 3}).fit(sample.planted_ratings(seed=1))
+        configure("dcr", {"ann_params": {"efSearch": 3}}).fit(sample.planted_ratings(seed=1))
 
 
 def test_list_models_and_metrics_say_which_index_serves(registry):

@@ -34,7 +34,7 @@ def test_reproduce_cli_writes_the_contract_rows(tmp_path):
             "--json",
             str(out),
             "--quiet",
-            "--epochs",
+            "--max-iter",
             "10",
         ]
     )
@@ -101,7 +101,7 @@ def test_tune_per_split_uses_observed_ratings_only(tmp_path, capsys, monkeypatch
                 "--runs",
                 "2",
                 "--quiet",
-                "--epochs",
+                "--max-iter",
                 "3",
                 "--function",
                 "sigmoid",

@@ -15,7 +15,15 @@ from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k
 from ordrec.trainer.models import estimator_class
-from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, ResearchOptions, lazy_zeros, rating_levels, user_csr
+from ordrec.trainer.models.dcr import (
+    DCR,
+    PAPER_PARAMS,
+    ResearchOptions,
+    ValidatedRefinement,
+    lazy_zeros,
+    rating_levels,
+    user_csr,
+)
 from ordrec.trainer.models.dcr_kernels import (
     pairwise_epoch_by_user,
     pairwise_loss,
@@ -436,7 +444,7 @@ def test_users_and_items_without_training_ratings_are_served_at_one_half():
         dict(item_bias=1.0),
         dict(learning_rate=float("nan")),
         dict(projection="cube"),
-        dict(item_shrinkage=-1),
+        dict(patience=0),
         dict(order="zigzag"),
         dict(tol=-1.0),
     ],
@@ -482,8 +490,8 @@ def test_registry_round_trip_serves_the_same_scores(tmp_path):
     model = estimator_class("dcr")(
         n_components=3, max_iter=4, random_state=1, pairwise=True, pairwise_max_iter=2
     )
-    model.fit(data, research=ResearchOptions(item_shrinkage=3.0))
-    artifact = model.to_artifact()
+    model.fit(data)
+    artifact = model.to_artifact(item_shrinkage=3.0)
     registry = Registry(tmp_path)
     registry.publish("pairwise_dcr", artifact)
     loaded = registry.load("pairwise_dcr")
@@ -505,10 +513,25 @@ def test_item_shrinkage_scales_rare_items_toward_one_half():
     data = make_ratings([0, 0, 1, 1, 2], [0, 1, 0, 1, 1], [5, 1, 4, 2, 5], 3, 3)
     model = PaperDCR(n_components=2, max_iter=5, random_state=0).fit(data)
     plain = model.to_artifact().arrays["item_factors"]
-    shrunk = model.with_research(item_shrinkage=2.0).to_artifact().arrays["item_factors"]
+    shrunk = model.to_artifact(item_shrinkage=2.0).arrays["item_factors"]
     counts = np.array([2, 3, 0])
     np.testing.assert_allclose(shrunk, plain * (counts / (counts + 2.0))[:, None], rtol=1e-6)
     assert np.all(plain[2] == 0)  # an item without training ratings carries no evidence
+
+
+@pytest.mark.parametrize(
+    "serving,name",
+    [
+        (dict(item_shrinkage=-1.0), "item_shrinkage"),
+        (dict(ann_min_items=0), "ann_min_items"),
+        (dict(ann_params="hnsw"), "ann_params"),
+        (dict(ann_params={"efSearch": 3}), "efSearch"),
+    ],
+)
+def test_bad_serving_choices_are_refused_by_name(serving, name):
+    model = PaperDCR(n_components=2, max_iter=1).fit(planted(0, n_users=5, n_items=5, per_user=3))
+    with pytest.raises(ValueError, match=name):
+        model.to_artifact(**serving)
 
 
 def _pairwise_params(**changes):
@@ -522,7 +545,7 @@ def test_a_refinement_that_hurts_on_validation_is_dropped():
     fit keeps the pointwise factors, exactly those of the same fit without refinement."""
     data = planted(4, n_users=80, n_items=50, per_user=24)
     hurt = dict(pairwise_learning_rate=50.0, pairwise_reg=5.0, pairwise_max_iter=5)
-    model = PaperDCR(**_pairwise_params(**hurt)).fit(data)
+    model = ValidatedRefinement(PaperDCR(**_pairwise_params(**hurt))).fit(data).best_estimator_
     assert model.pairwise_kept_ is False
     point, pair, se = model.pairwise_val_ndcg_
     assert pair < point
@@ -533,11 +556,11 @@ def test_a_refinement_that_hurts_on_validation_is_dropped():
     assert artifact.metrics["pairwise_kept"] == 0.0
     assert artifact.attributes["pairwise_kept"] is False
     # the same decision after the fit, as the protocol takes it
-    chosen = plain.refined_on_validation(data, **hurt)
+    chosen = ValidatedRefinement(plain).refine(plain, data, **hurt)
     assert chosen.pairwise_kept_ is False and chosen.pairwise
     np.testing.assert_array_equal(chosen.U_, plain.U_)
-    # without validation the refinement is applied regardless
-    forced = PaperDCR(**_pairwise_params(**hurt, pairwise_validation=False)).fit(data)
+    # without validation (the estimator alone) the refinement is applied regardless
+    forced = PaperDCR(**_pairwise_params(**hurt)).fit(data)
     assert forced.pairwise_kept_ is True and not np.array_equal(forced.U_, plain.U_)
 
 
@@ -548,19 +571,28 @@ def test_a_refinement_that_helps_on_validation_is_kept():
     params = _pairwise_params(
         max_iter=1, learning_rate=0.001, pairwise_learning_rate=0.1, pairwise_max_iter=20, pairwise_reg=0.0
     )
-    model = PaperDCR(**params).fit(data)
+    model = ValidatedRefinement(PaperDCR(**params)).fit(data).best_estimator_
     point, pair, se = model.pairwise_val_ndcg_
     assert model.pairwise_kept_ is True and pair > point + 2 * se
     plain = PaperDCR(**dict(params, pairwise=False)).fit(data)
     assert not np.array_equal(model.U_, plain.U_)
+    # kept: exactly the estimator's own refinement, which continues the fit's random stream
+    np.testing.assert_array_equal(model.U_, PaperDCR(**params).fit(data).U_)
     assert model.to_artifact().metrics["pairwise_kept"] == 1.0
-    chosen = plain.refined_on_validation(data)
+    chosen = ValidatedRefinement(plain).refine(plain, data)
     assert chosen.pairwise_kept_ is True
     np.testing.assert_array_equal(chosen.U_, plain.refined().U_)
 
 
-def test_refined_on_validation_needs_the_fitted_ratings():
+def test_validated_refinement_needs_the_fitted_ratings():
     data = planted(6, n_users=20, n_items=15, per_user=8)
     model = PaperDCR(n_components=3, max_iter=2).fit(data)
     with pytest.raises(ValueError, match="fitted on"):
-        model.refined_on_validation(planted(7, n_users=20, n_items=15, per_user=8))
+        ValidatedRefinement(model).refine(model, planted(7, n_users=20, n_items=15, per_user=8))
+
+
+@pytest.mark.parametrize("bad", [dict(folds=0), dict(fraction=1.0), dict(margin=-0.1), dict(confidence=True)])
+def test_validated_refinement_refuses_bad_settings_by_name(bad):
+    data = planted(6, n_users=20, n_items=15, per_user=8)
+    with pytest.raises(ValueError, match=repr(next(iter(bad)))):
+        ValidatedRefinement(PaperDCR(n_components=3, max_iter=2, pairwise=True), **bad).fit(data)

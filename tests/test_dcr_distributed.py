@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.evaluation.holdout import split_ratings
+from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.dcr import DCR
 from ordrec.trainer.models.dcr_distributed import (
     DistributedFit,
@@ -121,9 +122,12 @@ def test_one_block_is_the_sequential_kernel_on_the_same_visiting_order():
 
 def test_unsupported_options_are_refused_by_name():
     _, train, _ = data_and_split()
+    with pytest.raises(ValueError, match="pairwise"):
+        DistributedFit(DCR(pairwise=True), InProcess()).fit(train)
+    # model selection wraps the estimator, so it never reaches the cluster
     for option in ("pairwise", "early_stopping"):
         with pytest.raises(ValueError, match=option):
-            DistributedFit(DCR(**{option: True}), InProcess()).fit(train)
+            configure("dcr", {option: True}).fit_on_cluster(train, "local:1")
 
 
 # ------------------------------------------------------------------ a real cluster

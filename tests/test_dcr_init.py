@@ -9,7 +9,15 @@ import pytest
 
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, ResearchOptions, holdouts, rating_levels
+from ordrec.trainer.models.dcr import (
+    DCR,
+    PAPER_PARAMS,
+    EarlyStoppedDCR,
+    ResearchOptions,
+    ValidationStopping,
+    holdouts,
+    rating_levels,
+)
 from ordrec.trainer.models.dcr_kernels import pointwise_loglik
 from ordrec.trainer.reproduce.dcr import (
     fit_dcr,
@@ -93,7 +101,7 @@ def stopped_fit(data_seed: int, seed: int, epochs: int):
         tol=0.0,
         random_state=seed,
     )
-    model = PaperDCR(patience=epochs, **params).fit(fit, validation=val)
+    model = PaperDCR(**params).fit(fit, validation=val, stopping=ValidationStopping(patience=epochs))
     _, level = rating_levels(val.rating, model.levels_)
     return model, fit, val, params, (val.user.astype(np.int64), val.item.astype(np.int64), level)
 
@@ -119,9 +127,8 @@ def test_patience_stops_once_no_level_improves():
         init="marginal",
         init_std=0.05,
         max_iter=200,
-        patience=3,
         random_state=0,
-    ).fit(fit, validation=val)
+    ).fit(fit, validation=val, stopping=ValidationStopping(patience=3))
     assert model.epochs_run_ < 200
     assert model.epochs_run_ == max(model.best_epochs_) + 3
 
@@ -183,8 +190,7 @@ def test_tune_with_validation_stopping_returns_level_epochs():
         dict(patience=0),
         dict(level_epochs=[1, -1, 2, 3]),
         dict(init_shrinkage=-1.0),
-        dict(early_stopping=True, validation_fraction=1.0),
-        dict(early_stopping=True, validation_folds=0),
+        dict(val_tol=-0.1),
     ],
 )
 def test_bad_init_and_stopping_parameters_are_refused(bad):
@@ -202,42 +208,56 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
         init="marginal",
         init_std=0.05,
         max_iter=40,
-        patience=3,
         random_state=3,
     )
-    model = PaperDCR(
-        early_stopping=True, validation_folds=3, pairwise=True, pairwise_max_iter=2, **params
-    ).fit(data)
+    rule = ValidationStopping(patience=3)
+    stopped = EarlyStoppedDCR(PaperDCR(pairwise=True, pairwise_max_iter=2, **params), folds=3, stopping=rule)
+    model = stopped.fit(data).best_estimator_
     # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
     stops = [
-        PaperDCR(**params).fit(fit, validation=val).best_epochs_
+        PaperDCR(**params).fit(fit, validation=val, stopping=ValidationStopping(patience=3)).best_epochs_
         for fit, val in holdouts(data, np.random.default_rng([3, 1]), 3)
     ]
     want = [int(e) for e in np.median(np.array(stops), axis=0).round()]
-    assert model.chosen_level_epochs_ == want == model.best_epochs_
+    assert stopped.chosen_level_epochs_ == want == model.best_epochs_
     metrics = model.to_artifact().metrics
     assert [metrics[f"epochs_level_{t}"] for t in (2, 3, 4, 5)] == want
     assert len({tuple(s) for s in stops}) > 1  # the folds disagree, so the median matters
     by_hand = fit_dcr(dict(params, level_epochs=want, pairwise=True, pairwise_max_iter=2), data)
     np.testing.assert_array_equal(model.U_, by_hand.U_)
     np.testing.assert_array_equal(model.V_, by_hand.V_)
-    # given counts or a validation set take precedence
-    assert (
-        fit_dcr(dict(params, early_stopping=True, level_epochs=[1, 1, 1, 1]), data).chosen_level_epochs_
-        is None
-    )
+    # given counts take precedence
+    given = EarlyStoppedDCR(PaperDCR(**params)).fit(data, research=ResearchOptions(level_epochs=[1, 1, 1, 1]))
+    assert given.chosen_level_epochs_ is None and given.best_estimator_.best_epochs_ == [1, 1, 1, 1]
     # a rating value only one rating has, likely held out by some fold: the folds still fit every level
     rng = np.random.default_rng(0)
     user, item = np.repeat(np.arange(30), 6), np.tile(np.arange(6), 30)
     rating = rng.integers(2, 5, user.size)
     rating[0] = 5
-    rare = PaperDCR(early_stopping=True, n_components=2, max_iter=3, random_state=0).fit(
+    rare = EarlyStoppedDCR(PaperDCR(n_components=2, max_iter=3, random_state=0)).fit(
         make_ratings(user, item, rating)
     )
     assert len(rare.chosen_level_epochs_) == 3
     with pytest.raises(DataError, match="early_stopping holds out at least 2 ratings per user"):
-        PaperDCR(early_stopping=True, n_components=2).fit(
+        EarlyStoppedDCR(PaperDCR(n_components=2)).fit(
             make_ratings([0, 0, 1, 1, 2], [0, 1, 1, 2, 0], [5, 3, 4, 2, 1])
+        )
+
+
+@pytest.mark.parametrize(
+    "bad,name",
+    [
+        (dict(folds=0), "folds"),
+        (dict(fraction=1.0), "fraction"),
+        (dict(stopping=ValidationStopping(patience=0)), "patience"),
+        (dict(stopping=ValidationStopping(tol=-1.0)), "tol"),
+        (dict(stopping=5), "stopping"),
+    ],
+)
+def test_early_stopped_dcr_refuses_bad_settings_by_name(bad, name):
+    with pytest.raises(ValueError, match=repr(name)):
+        EarlyStoppedDCR(PaperDCR(n_components=2), **bad).fit(
+            with_item_effects(0, n_users=10, n_items=8, per_user=5)
         )
 
 
@@ -272,10 +292,11 @@ def test_validation_history_is_the_trajectorys_loglik_and_val_tol_applies_the_ru
             ),
         )
     for val_tol in (0.0, 0.002, 0.02):
-        model = PaperDCR(patience=3, val_tol=val_tol, **params).fit(fit, validation=val)
+        rule = ValidationStopping(patience=3, tol=val_tol)
+        model = PaperDCR(**params).fit(fit, validation=val, stopping=rule)
         epochs, stop = _stopping_rule(full.validation_history_, val_tol, 3)
         assert model.best_epochs_ == epochs
         assert model.epochs_run_ == stop
     # a tolerance nothing can clear keeps every level at its start
-    none = PaperDCR(patience=2, val_tol=10.0, **params).fit(fit, validation=val)
+    none = PaperDCR(**params).fit(fit, validation=val, stopping=ValidationStopping(patience=2, tol=10.0))
     assert none.best_epochs_ == [0, 0, 0, 0] and none.epochs_run_ == 2

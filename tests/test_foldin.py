@@ -119,10 +119,11 @@ def test_dcr_fold_in_fits_the_ratings_within_the_model_bound():
 
 def test_dcr_fold_in_keeps_the_item_bias_coordinate_frozen():
     s = 0.3
-    index = DCRIndex.from_artifact(
-        artifact(n_users=10, n_items=20, rank=3, seed=4, hyperparameters={"research": {"item_bias": s}})
-    )
-    index._mean_user[:, 0] = s  # as trained with item_bias: every user's first coordinate is s
+    trained = artifact(n_users=10, n_items=20, rank=3, seed=4, hyperparameters={"research": {"item_bias": s}})
+    users = trained.arrays["user_factors"].reshape(10, -1, 3)
+    users[:, :, 0] = s  # as trained with item_bias: every user's first coordinate is s
+    users[:, :, 1:] *= np.sqrt(1 - s * s)  # the rest inside the ball of sqrt(1 - s^2)
+    index = DCRIndex.from_artifact(trained)
     u = index.fold_in(np.arange(10), np.linspace(1, 5, 10)).reshape(index.n_levels, index.rank)
     np.testing.assert_allclose(u[:, 0], s, rtol=1e-6)
     assert np.all(np.linalg.norm(u[:, 1:], axis=1) <= np.sqrt(1 - s * s) + 1e-5)
@@ -133,7 +134,7 @@ def test_a_known_users_answer_is_unchanged_by_the_vector_path():
     for u in range(9):
         exclude = index.seen(u)
         rows, scores = index.recommend(u, 7, exclude=exclude)
-        vrows, vscores = index.recommend_for(index._user_raw[u], 7, exclude=exclude)
+        vrows, vscores = index.recommend_for(index.user_factors[u], 7, exclude=exclude)
         np.testing.assert_array_equal(rows, vrows)
         np.testing.assert_allclose(scores, vscores, rtol=1e-6)
 

@@ -72,3 +72,23 @@ def test_any_allowed_value_round_trips_through_its_flag(n, rate):
         "n_components": n,
         "learning_rate": rate,
     }
+
+
+@pytest.mark.parametrize(
+    "protocol,old,new",
+    [
+        ("dcr", "--rank", "--n-components"),
+        ("dcr", "--lr", "--learning-rate"),
+        ("coe", "--dim", "--n-components"),
+    ],
+)
+def test_reproduce_refuses_a_retired_flag_instead_of_reading_it_as_a_prefix(
+    tmp_path, capsys, protocol, old, new
+):
+    from ordrec.trainer.cli import main
+
+    data = tmp_path / "u.data"
+    data.write_text("1\t1\t5\t0\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", protocol, "--data", str(data), old, "3"])
+    assert exit_.value.code == 2 and f"unrecognized arguments: {old}" in capsys.readouterr().err

@@ -118,7 +118,7 @@ def test_riemannian_step_stays_on_sphere_and_ascends():
         delta = np.array([0.5])
         before = loglik_numpy(X[0], Y[0], Y[1], Y[2], 0.5, 5.0)
         g = [np.empty(dim) for _ in range(4)]
-        K._sgd_step(X, Y, delta, 0, 0, 1, 2, 5.0, 1e-3, 0.0, np.array([0, 0, 1.0]), False, *g)
+        K.sgd_step(X, Y, delta, 0, 0, 1, 2, 5.0, 1e-3, 0.0, np.array([0, 0, 1.0]), False, *g)
         np.testing.assert_allclose(np.linalg.norm(X, axis=1), 1.0, atol=1e-12)
         np.testing.assert_allclose(np.linalg.norm(Y, axis=1), 1.0, atol=1e-12)
         assert loglik_numpy(X[0], Y[0], Y[1], Y[2], 0.5, 5.0) >= before - 1e-12
@@ -132,7 +132,7 @@ def test_vmf_prior_pulls_points_towards_mu():
     g = [np.empty(3) for _ in range(4)]
     # alpha = 0: the likelihood is flat, only the prior moves the points.
     for _ in range(200):
-        K._sgd_step(X, Y, np.array([0.5]), 0, 0, 1, 2, 0.0, 0.05, 1.0, mu, True, *g)
+        K.sgd_step(X, Y, np.array([0.5]), 0, 0, 1, 2, 0.0, 0.05, 1.0, mu, True, *g)
     after = np.concatenate([X, Y]) @ mu
     assert np.all(after > before) and np.all(after > 0.99)
 

@@ -36,7 +36,7 @@ def test_reproduce_writes_the_three_methods(tmp_path, capsys):
             "csv",
             "--runs",
             "2",
-            "--epochs",
+            "--max-iter",
             "2",
             "--ratio",
             "1,0.5",

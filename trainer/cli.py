@@ -91,6 +91,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.data.readers import read_input
     from ordrec.trainer.forgetting import apply_forgotten, purge_after_publish
     from ordrec.trainer.models import estimator_class
+    from ordrec.trainer.models.configured import configure
 
     estimator_cls = estimator_class(args.kind)
     if args.cluster:
@@ -113,11 +114,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"dropped {dropped.rows} row(s) of {dropped.users} forgotten user(s)", file=sys.stderr)
     params = parse_assignments(args.set or [])
     params.setdefault("random_state", args.seed)
-    estimator = estimator_cls().set_params(**params)  # names unknown parameters
+    estimator = configure(args.kind, params)  # names unknown parameters
     if args.cluster:
-        from ordrec.trainer.models.dcr_distributed import fit_on_cluster
-
-        fit_on_cluster(estimator, data, args.cluster)
+        estimator.fit_on_cluster(data, args.cluster)
     else:
         estimator.fit(data)
     artifact = estimator.to_artifact()
@@ -471,6 +470,7 @@ def protocol_summary(name: str) -> str:
 
 def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> None:
     ratings = kind in PROTOCOLS or kinds.get(kind).input_shape == "ratings"
+    p.allow_abbrev = False  # a retired flag (--rank) must not pass as the prefix of another (--rank-grid)
     add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True), ratings=ratings)
     p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
     p.add_argument("--seed", type=int, default=0)

@@ -64,9 +64,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ImportError:  # pragma: no cover - Python 3.10
+else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ordrec.service.indices.ann import calibration_warnings
@@ -210,7 +210,7 @@ class Key:
 
 
 _REDIS_URL = _rule(
-    lambda v: re.match(r"^(redis|rediss|unix)://", v),
+    lambda v: re.match(r"^(redis|rediss|unix)://", v) is not None,
     lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL",
 )
 JOB_KEYS = {
@@ -218,7 +218,7 @@ JOB_KEYS = {
         str,
         required=True,
         check=_rule(
-            lambda v: _JOB_NAME_RE.match(v),
+            lambda v: _JOB_NAME_RE.match(v) is not None,
             lambda v: f"{v!r} must be 1-64 characters of letters, digits, '_', '-', '.'",
         ),
     ),
@@ -287,7 +287,9 @@ FILE_KEYS = {
     "models": Key(
         None,
         required=True,
-        check=_rule(lambda v: isinstance(v, list) and v, "must be a non-empty array of [[models]] tables"),
+        check=_rule(
+            lambda v: isinstance(v, list) and len(v) > 0, "must be a non-empty array of [[models]] tables"
+        ),
     ),
 }
 
@@ -456,8 +458,10 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
             f"data.{model['data']}.rating_scale",
             f"is for ratings data; model {name!r} ({kind.name}) reads {kind.input_shape}",
         )
+    from ordrec.trainer.models.configured import accepted_params
+
     estimator = kind.estimator_class()
-    params = dict(c.keys(model["params"], f"{where}.params", estimator.param_names()))
+    params = dict(c.keys(model["params"], f"{where}.params", accepted_params(kind.name)))
     if "verbose" in estimator.param_names():
         params.setdefault("verbose", False)  # progress bars are noise in a cron log
     gate = c.table(model["gate"], f"{where}.gate", GATE_KEYS)
@@ -648,7 +652,7 @@ class _Job:
         self.config = config
         self.dry_run = dry_run
         self.registry = open_registry(config.registry)
-        self._data: dict[str, Any] = {}
+        self._data: dict[tuple[str, str], Any] = {}  # (data source, input shape) -> what was read
         self._redis: Any = None  # the [events] connection, opened on first use
 
     def say(
@@ -767,15 +771,16 @@ class _Job:
         self.say(model.name, "events checkpoint advanced to %s", feed.next.last_id or "-")
 
     def fit(self, model: ModelJob, estimator_cls, data):
-        """A fresh estimator fitted on ``data``: in this process, or on the model's ``cluster``
-        (nothing is published until the fit has completed either way)."""
-        estimator = estimator_cls(**model.params)
-        if model.cluster is None:
-            return estimator.fit(data)
-        from ordrec.trainer.models.dcr_distributed import fit_on_cluster
+        """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
+        on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
+        the fit has completed either way)."""
+        from ordrec.trainer.models.configured import configure
 
+        configured = configure(model.kind, model.params)
+        if model.cluster is None:
+            return configured.fit(data)
         self.say(model.name, "fitting on cluster %s", model.cluster)
-        return fit_on_cluster(estimator, data, model.cluster)
+        return configured.fit_on_cluster(data, model.cluster)
 
     def run_model(self, model: ModelJob) -> Outcome:
         from ordrec.trainer.evaluation import holdout

@@ -173,7 +173,9 @@ def planted_tags_with_truth(
     tif[:, 0] += np.linspace(1.0, -1.0, n_tags)[rng.permutation(n_tags)]
     itf[:, 0] = np.abs(itf[:, 0])
 
-    users, items, tags = [], [], []
+    users: list[int] = []
+    items: list[int] = []
+    tags: list[int] = []
     for u in range(n_users):
         n_posts = int(rng.integers(posts_per_user[0], posts_per_user[1] + 1))
         for i in rng.choice(n_items, size=min(n_posts, n_items), replace=False):

@@ -20,6 +20,7 @@ import itertools
 
 import numpy as np
 from numba import njit
+from numba.core.dispatcher import Dispatcher
 
 # Above this k an insertion buffer stops paying off; numpy takes over.
 _KERNEL_MAX_K = 128
@@ -255,3 +256,9 @@ def warm_up() -> None:
             _top_k_rows_kernel(np.zeros((1, 4), dtype=dtype), np.ones(1, np.int64), blocked, True)
     for coords, point in itertools.product(_both(np.zeros((2, 2))), _both(np.zeros(2))):
         _negative_squared_distances(coords, point)
+
+
+def compiled_signatures() -> dict[str, int]:
+    """How many argument-type signatures each of this module's kernels has compiled: what
+    :func:`warm_up` covered, so a check can tell that a request compiles nothing more."""
+    return {name: len(value.signatures) for name, value in globals().items() if isinstance(value, Dispatcher)}

@@ -259,9 +259,9 @@ def evaluate_tags(index, test: TagAssignments, k: int = 5) -> dict[str, float]:
     key = test.user.astype(np.int64) * max(len(test.items), 1) + test.item.astype(np.int64)
     posts, first, post_of = np.unique(key, return_index=True, return_inverse=True)
     precision, recall, fallbacks = [], [], 0
-    for p in range(posts.size):
-        truth = tag_rows[post_of == p]
-        rows, _, fallback = index.tags(int(user_rows[first[p]]), int(item_rows[first[p]]), k)
+    for post in range(posts.size):
+        truth = tag_rows[post_of == post]
+        rows, _, fallback = index.tags(int(user_rows[first[post]]), int(item_rows[first[post]]), k)
         fallbacks += fallback != "none"
         hit = np.isin(rows, truth[truth >= 0]).sum()
         precision.append(hit / max(rows.size, 1))

@@ -20,7 +20,9 @@ class Interval:
     must be finite.
     """
 
-    def __init__(self, type: type, low: float | None, high: float | None, *, closed: str = "both"):
+    def __init__(
+        self, type: type[numbers.Real], low: float | None, high: float | None, *, closed: str = "both"
+    ):
         if closed not in ("both", "left", "right", "neither"):
             raise ValueError(f"closed must be 'both', 'left', 'right' or 'neither', got {closed!r}")
         self.type, self.low, self.high, self.closed = type, low, high, closed
@@ -33,8 +35,8 @@ class Interval:
         below = self.low is not None and (
             value < self.low or (value == self.low and self.closed in ("right", "neither"))
         )
-        above = self.high is not None and (
-            value > self.high or (value == self.high and self.closed in ("left", "neither"))
+        above = self.high is not None and (  # numbers.Real declares only < and <=; value is finite
+            not value <= self.high or (value == self.high and self.closed in ("left", "neither"))
         )
         return not (below or above)
 

@@ -233,8 +233,8 @@ class COE(Estimator):
     type_a_share : float or None, default 1.0
         Among the paper's triples, the probability that a step draws a
         type-A one. None draws uniformly over the whole triple set
-        (T_A / (T_A + T_B)), as the paper does; 1 (type A only) measured
-        better for top-N.
+        (T_A / (T_A + T_B)), as the paper does; 1 (type A only) is the
+        top-N default (docs/coe.md has the measurements).
     group_power : float, default 1.0
         Users (type A) and items (type B) are drawn with weight
         (their number of triples) ** group_power, then one of their triples

@@ -28,22 +28,18 @@ off by default, so ``DCR().fit(data)`` is the paper's):
 ``|U_u^t| <= 1`` still holds); the first item coordinate then acts as a
 per-level item bias ``s * V_i0^t`` that every user shares, which the
 unconstrained factors have to learn from scratch in plain DCR.
-``item_shrinkage=beta > 0`` serves each item's factors scaled by
-``n_i / (n_i + beta)`` (``n_i`` its training ratings): an item seen once
-would otherwise sit on the ball's boundary, fitted to that one rating, and
-rank as confidently as a well-known one; shrinking pulls its P(r >= l_t)
-toward 1/2 like a damped mean pulls a rare item's mean toward the prior.
-It is applied when the artifact is written, so training (and the pairwise
-refinement) are unchanged and serving stays one matrix product.
+A serving choice of ``to_artifact``, ``item_shrinkage=beta > 0``, serves each
+item's factors scaled by ``n_i / (n_i + beta)`` (``n_i`` its training
+ratings): an item seen once would otherwise sit on the ball's boundary and
+rank as confidently as a well-known one; training is unchanged.
 
 Starting point and stopping (choices the paper leaves open; the model,
 objective and SGA steps are the paper's either way): ``init="marginal"``
 starts every level at its damped item marginals instead of small random
 factors, and ``fit(data, validation=...)`` stops each level at the epoch of
 its best validation log-likelihood (``best_epochs_``, reusable as research
-``level_epochs`` for a refit on all the ratings; ``early_stopping=True`` does
-both inside ``fit``). Why: with a few ratings
-per user, the coordinates of ``U_u^t`` that the user's ratings never push
+``level_epochs`` for a refit on all the ratings; :class:`EarlyStoppedDCR`
+does both). Why: with a few ratings per user, the coordinates of ``U_u^t`` that the user's ratings never push
 keep their random initial values, which add user-specific noise to every
 item's score; and SGA from a random start must first grow the shared
 item-effect direction that an item mean gets for free.
@@ -74,6 +70,7 @@ from ordrec.trainer.models.dcr_kernels import (
     with_unrated,
 )
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
+from ordrec.trainer.models.selection import EarlyStopping, Gain, significant_gain
 from ordrec.trainer.progress import Progress
 
 
@@ -182,16 +179,35 @@ def stopped_level_epochs(
     folds: int,
     fraction: float = 0.25,
     research: ResearchOptions | None = None,
+    stopping: ValidationStopping | None = None,
 ) -> list[int]:
     """Per-level epoch counts for a refit on ``data``: each level's median over ``folds``
-    hold-outs (``holdouts``) of the epoch where DCR(**params) early-stopped on it
-    (fitted with ``research``; its ``level_epochs`` are ignored)."""
+    hold-outs (``holdouts``) of the epoch where DCR(**params) early-stopped on it by
+    ``stopping`` (fitted with ``research``; its ``level_epochs`` are ignored)."""
     research = replace(research or ResearchOptions(), level_epochs=None)
     epochs = [
-        DCR(**params).fit(fit, validation=val, research=research).best_epochs_
+        DCR(**params).fit(fit, validation=val, research=research, stopping=stopping).best_epochs_
         for fit, val in holdouts(data, rng, folds, fraction)
     ]
     return median_level_epochs(epochs)
+
+
+@dataclass(frozen=True)
+class ValidationStopping:
+    """How a fit with a validation set stops each level: a level improves when its validation
+    log-likelihood rises by more than ``tol`` relative to its best so far, and training stops
+    once no level has improved for ``patience`` epochs."""
+
+    patience: int = 5
+    tol: float = 0.0
+
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "patience": [Interval(Integral, 1, None)],
+        "tol": [Interval(Real, 0, None)],
+    }
+
+    def validate(self) -> None:
+        validate_params("ValidationStopping", asdict(self), self._parameter_constraints)
 
 
 class _LevelStopper:
@@ -200,8 +216,9 @@ class _LevelStopper:
     Level ``t``'s factors are the slices ``U[:, t]``, ``V[:, t]``; levels are
     independent problems, so each can stop at its own epoch while the others
     train on. Given counts: a level leaves ``levels_to_train`` once its count
-    is reached. Validation: every level trains until all have stalled, and
-    each keeps a copy of its slices at its best epoch, put back at the end.
+    is reached. Validation: every level trains until all have stalled (one
+    :class:`EarlyStopping` track per level), and each keeps a copy of its
+    slices at its best epoch, put back at the end.
     """
 
     def __init__(
@@ -213,6 +230,7 @@ class _LevelStopper:
         data: Ratings,
         validation: Ratings | None,
         level_epochs,
+        stopping: ValidationStopping,
     ):
         self.U, self.V, self.L = U, V, U.shape[1]
         # Snapshots hold only the users with training ratings: the other rows never change,
@@ -222,8 +240,7 @@ class _LevelStopper:
         self.fixed = _int_list(level_epochs) if level_epochs is not None else None
         self.stopping = validation is not None or self.fixed is not None
         self.epochs = int(model.max_iter)
-        self.patience = int(model.patience)
-        self.val_tol = float(model.val_tol)
+        self.tracks: EarlyStopping | None = None
         self.saved: list = [None] * self.L
         if self.fixed is not None:
             if validation is not None:
@@ -233,7 +250,6 @@ class _LevelStopper:
                     f"level_epochs needs one count per learned level ({self.L}), got {self.fixed}"
                 )
             self.epochs = max(self.fixed)
-            self.best_epochs = list(self.fixed)
         elif validation is not None:
             if validation.n_users != data.n_users or validation.n_items != data.n_items:
                 raise ValueError("validation ratings must share the training id maps")
@@ -241,13 +257,24 @@ class _LevelStopper:
             self.v_user = validation.user.astype(np.int64)
             self.v_item = validation.item.astype(np.int64)
             self.v_level = level
-            self.best = pointwise_loglik(U, V, self.v_user, self.v_item, level)
-            self.history = [[float(x) for x in self.best]]
-            self.best_epochs = [0] * self.L
+            start = pointwise_loglik(U, V, self.v_user, self.v_item, level)
+            # A gain counts only above tol (relative): a likelihood that creeps up by a hair
+            # per epoch would otherwise keep a level training for every epoch.
+            self.tracks = EarlyStopping(start, patience=stopping.patience, tol=stopping.tol, relative=True)
+            self.history = [[float(x) for x in start]]
             for t in range(self.L):
                 self._save(t)
-        model.best_epochs_ = None if not self.stopping else self.best_epochs
+        model.best_epochs_ = self.best_epochs
         self.model = model
+
+    @property
+    def best_epochs(self) -> list[int] | None:
+        """Each level's epoch count: the given ones, the best so far on validation, or None."""
+        if self.fixed is not None:
+            return list(self.fixed)
+        if self.tracks is not None:
+            return [int(e) for e in self.tracks.best_epochs]
+        return None
 
     def _save(self, t: int) -> None:
         self.saved[t] = (self.U[self.active, t], self.V[:, t].copy())
@@ -260,18 +287,13 @@ class _LevelStopper:
 
     def after_epoch(self, epoch: int) -> bool:
         """Record level snapshots after ``epoch`` epochs; True when training can stop."""
-        if self.fixed is not None:
+        if self.tracks is None:
             return False
         ll = pointwise_loglik(self.U, self.V, self.v_user, self.v_item, self.v_level)
         self.history.append([float(x) for x in ll])
-        for t in range(self.L):
-            # A gain counts only above val_tol (relative): a likelihood that creeps up by
-            # a hair per epoch would otherwise keep a level training for every epoch.
-            if ll[t] > self.best[t] + self.val_tol * abs(self.best[t]):
-                self.best[t] = ll[t]
-                self.best_epochs[t] = epoch
-                self._save(t)
-        return all(epoch - e >= self.patience for e in self.best_epochs)
+        for t in np.flatnonzero(self.tracks.update(epoch, ll)):
+            self._save(int(t))
+        return self.tracks.should_stop
 
     def restore(self) -> None:
         if not self.stopping:
@@ -279,9 +301,9 @@ class _LevelStopper:
         for t in range(self.L):
             if self.saved[t] is not None:
                 self.U[self.active, t], self.V[:, t] = self.saved[t]
-        self.model.best_epochs_ = [int(e) for e in self.best_epochs]
-        if self.validation is not None:
-            self.model.validation_loglik_ = [float(x) for x in self.best]
+        self.model.best_epochs_ = self.best_epochs
+        if self.tracks is not None:
+            self.model.validation_loglik_ = [float(x) for x in self.tracks.best]
             # Per-level validation log-likelihood after every epoch (row 0: the start).
             self.model.validation_history_ = np.array(self.history)
 
@@ -320,10 +342,6 @@ class ResearchOptions:
         0 is the paper's DCR; ``s`` in (0, 1) freezes the first user
         coordinate at ``s`` (a per-level item bias, the DCR-bias variant, see
         the module docstring).
-    item_shrinkage : float, default 0.0
-        0 is the paper's DCR; ``beta > 0`` serves ``V_i * n_i / (n_i + beta)``
-        (``n_i`` the item's training ratings; the -shrunk variants), see the
-        module docstring.
     popularity_shrinkage : float, default 10.0
         Shrinkage ``beta`` of the damped item mean stored as ``item_popularity``
         (the unknown-user fallback): ``(sum r + beta * mean) / (count + beta)``.
@@ -341,7 +359,6 @@ class ResearchOptions:
     projection: str = "ball"
     prob_floor: float = 1e-3
     item_bias: float = 0.0
-    item_shrinkage: float = 0.0
     popularity_shrinkage: float = 10.0
     init_shrinkage: float = 10.0
     level_epochs: Any = None
@@ -351,7 +368,6 @@ class ResearchOptions:
         "projection": [Options(str, {"ball", "sphere"})],
         "prob_floor": [Interval(Real, 0, None, closed="left")],
         "item_bias": [Interval(Real, 0, 1, closed="left")],
-        "item_shrinkage": [Interval(Real, 0, None, closed="left")],
         "popularity_shrinkage": [Interval(Real, 0, None, closed="left")],
         "init_shrinkage": [Interval(Real, 0, None, closed="left")],
         "level_epochs": [None, list, tuple, str],
@@ -388,7 +404,10 @@ class DCR(Estimator):
     as the lowest level, docs/dcr.md "Top-N"); ``unrated_share=0`` is the
     paper's, which ``reproduce dcr`` fits. The paper protocol's research-only
     knobs (visiting order, projection, variants, per-level epoch counts, ...)
-    are not parameters of the model: see :class:`ResearchOptions`.
+    are not parameters of the model: see :class:`ResearchOptions`. Model
+    selection wraps the estimator (:class:`EarlyStoppedDCR`,
+    :class:`ValidatedRefinement`); the item index is a choice of
+    :meth:`to_artifact`.
 
     Parameters
     ----------
@@ -422,28 +441,6 @@ class DCR(Estimator):
         Refine with the pairwise loss of Section 4 after the pointwise fit.
     pairwise_learning_rate, pairwise_reg, pairwise_max_iter : float, float, int, default 0.01, 0.001, 20
         Step size, lambda of Eq. 5 and passes of the refinement.
-    pairwise_validation : bool, default True
-        With ``pairwise``: keep the refinement only where it helps. Hold out
-        ``validation_fraction`` of each user's ratings (at least 2)
-        ``validation_folds`` times; on each, fit the pointwise model on the
-        rest (for the epochs of the full fit, ``best_epochs_``, when it has
-        them), refine a copy, and score both on the held-out ratings through
-        the serving index: NDCG@10 of their order (the paper's measure), or
-        with ``unrated_share`` recall@10 of the held-out liked items (the top
-        two levels) among all unrated items (the top-N measure). The full
-        fit is refined only if the gain (refined minus pointwise NDCG@10, each
-        user's averaged over the folds, then over users) exceeds
-        ``pairwise_margin + pairwise_confidence * SE`` (SE: the standard error
-        of that mean over users); otherwise the pointwise model is kept.
-        ``pairwise_kept_`` records the decision and ``pairwise_val_ndcg_`` the
-        pointwise and refined NDCG@10 and the SE. False: always refine (the
-        paper's Pairwise DCR).
-    pairwise_margin : float, default 0.0
-        The validation NDCG@10 gain the refinement must exceed to be kept.
-    pairwise_confidence : float, default 2.0
-        Standard errors of the gain it must exceed besides (0: any gain above
-        the margin keeps it). A gain within the noise of a few held-out
-        ratings per user is not taken as one.
     pairs_per_epoch : float, default 1.0
         Sampled pairs per refinement pass, as a multiple of the number of ratings.
     tol : float, default 0.0
@@ -451,7 +448,7 @@ class DCR(Estimator):
         log-likelihood per rating by less than ``tol`` relative to its value
         (0: always run ``max_iter``; the top-N model's freshly drawn unrated
         items make that likelihood noisy). ``epochs_run_`` records the epochs
-        done. The paper protocol uses 0.002 (docs/dcr.md).
+        done.
     init : {"random", "marginal"}, default "random"
         "random": zero-mean normal factors of standard deviation
         ``init_std`` (the paper does not state its initialisation).
@@ -462,45 +459,12 @@ class DCR(Estimator):
         objective and steps as the paper's; only the starting point differs.
         Items without training ratings stay at the global marginals ``g_t``
         instead of 1/2. (``beta``: ``ResearchOptions.init_shrinkage``.)
-    patience : int, default 5
-        With validation stopping (``early_stopping`` or
-        ``fit(..., validation=...)``): stop once no level's validation
-        log-likelihood has improved for this many epochs.
-    val_tol : float, default 0.0
-        With validation stopping: an epoch counts as an improvement
-        of a level only if it raises that level's validation log-likelihood
-        by more than ``val_tol`` relative to the level's best so far (0: any
-        gain counts).
-    early_stopping : bool, default False
-        Choose the per-level epoch counts inside ``fit`` (as the ML-100K
-        protocol does): hold out ``validation_fraction`` of each user's
-        ratings (at least 2) ``validation_folds`` times, early-stop every
-        level on each hold-out, and train on all the ratings for each
-        level's median stopping epoch (``chosen_level_epochs_``). Ignored
-        when ``fit(..., validation=...)`` or research ``level_epochs`` are given.
-    validation_fraction, validation_folds : float, int, default 0.25, 3
-        The hold-outs of ``early_stopping``.
     dtype : {"float32", "float64"}, default "float32"
         Type of the factors while training. float32 halves the
         memory traffic and doubles the SIMD lanes of the SGA steps; the
         artifact is float32 either way.
     random_state : int, default 0
         Seed of the initialisation, the rating order and the pair sampling.
-    ann_min_items : int, default 30000
-        Catalogues of at least this many items are published with an
-        approximate item index (``service/indices/ann.py``, ``docs/catalog.md``) that
-        the server answers whole-catalogue Recommend from; smaller ones are
-        scored exactly.
-    ann_params : dict or None, default None
-        The index's ``structure`` (``"hnsw"``, a graph; ``"ivf"``, an inverted
-        file of 4-bit codes: faster to build, see ``docs/catalog.md``). For the
-        graph: ``M``, ``ef_construction``, ``ef_search`` (``"auto"``: the
-        narrowest breadth whose recall@10 on a sample of the trained users,
-        as served, reaches ``recall_target``), ``storage`` (``"sq8"``: 8-bit
-        codes re-scored exactly; ``"flat"``) and ``recall_target``
-        (``service.indices.ann.DEFAULT_PARAMS`` for the ones not given); for the
-        inverted file: ``nlist``, ``nprobe`` (``"auto"``, calibrated the same
-        way), ``rerank`` and ``recall_target`` (``service.indices.ann.IVF_DEFAULT_PARAMS``).
     verbose : bool, default False
         Progress line on stderr.
     """
@@ -523,21 +487,11 @@ class DCR(Estimator):
         "pairwise_learning_rate": [Interval(Real, 0, None)],
         "pairwise_reg": [Interval(Real, 0, None)],
         "pairwise_max_iter": [Interval(Integral, 0, None)],
-        "pairwise_validation": ["boolean"],
-        "pairwise_margin": [Interval(Real, 0, None)],
-        "pairwise_confidence": [Interval(Real, 0, None)],
         "pairs_per_epoch": [Interval(Real, 0, None)],
         "tol": [Interval(Real, 0, None)],
         "init": [Options(str, {"random", "marginal"})],
-        "patience": [Interval(Integral, 1, None)],
-        "val_tol": [Interval(Real, 0, None)],
-        "early_stopping": ["boolean"],
-        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
-        "validation_folds": [Interval(Integral, 1, None)],
         "dtype": [Options(str, {"float32", "float64"})],
         "random_state": [Interval(Integral, 0, None)],
-        "ann_min_items": [Interval(Integral, 1, None)],
-        "ann_params": [None, dict],
         "verbose": ["boolean"],
     }
 
@@ -558,21 +512,11 @@ class DCR(Estimator):
         pairwise_learning_rate: float = 0.01,
         pairwise_reg: float = 0.001,
         pairwise_max_iter: int = 20,
-        pairwise_validation: bool = True,
-        pairwise_margin: float = 0.0,
-        pairwise_confidence: float = 2.0,
         pairs_per_epoch: float = 1.0,
         tol: float = 0.0,
         init: str = "random",
-        patience: int = 5,
-        val_tol: float = 0.0,
-        early_stopping: bool = False,
-        validation_fraction: float = 0.25,
-        validation_folds: int = 3,
         dtype: str = "float32",
         random_state: int = 0,
-        ann_min_items: int = ANN_MIN_ITEMS,
-        ann_params: dict | None = None,
         verbose: bool = False,
     ):
         self.n_components = n_components
@@ -589,27 +533,16 @@ class DCR(Estimator):
         self.pairwise_learning_rate = pairwise_learning_rate
         self.pairwise_reg = pairwise_reg
         self.pairwise_max_iter = pairwise_max_iter
-        self.pairwise_validation = pairwise_validation
-        self.pairwise_margin = pairwise_margin
-        self.pairwise_confidence = pairwise_confidence
         self.pairs_per_epoch = pairs_per_epoch
         self.tol = tol
         self.init = init
-        self.patience = patience
-        self.val_tol = val_tol
-        self.early_stopping = early_stopping
-        self.validation_fraction = validation_fraction
-        self.validation_folds = validation_folds
         self.dtype = dtype
         self.random_state = random_state
-        self.ann_min_items = ann_min_items
-        self.ann_params = ann_params
         self.verbose = verbose
 
     # ------------------------------------------------------------ checks
     def _validate_params(self, research: ResearchOptions | None = None) -> None:
         super()._validate_params()
-        build_params(self.ann_params)  # names an unknown or non-positive index parameter
         if research is not None:
             research.validate()
             if research.item_bias and int(self.n_components) < 2:
@@ -617,7 +550,12 @@ class DCR(Estimator):
 
     # ------------------------------------------------------------ fitting
     def fit(
-        self, data: Ratings, validation: Ratings | None = None, *, research: ResearchOptions | None = None
+        self,
+        data: Ratings,
+        validation: Ratings | None = None,
+        *,
+        research: ResearchOptions | None = None,
+        stopping: ValidationStopping | None = None,
     ) -> DCR:
         """Fit the per-level factors (and refine pairwise when ``pairwise``).
 
@@ -625,23 +563,60 @@ class DCR(Estimator):
         from the training ratings) turns on early stopping per level: after
         every epoch each level's validation log-likelihood is computed, each
         level keeps the factors of its best epoch (epoch 0 is the initial
-        point), and training stops once no level has improved for
-        ``patience`` epochs (or at ``max_iter``). ``best_epochs_`` records the
-        chosen epoch of each level; pass it as research ``level_epochs`` to
-        refit on all the ratings for those counts. The training-likelihood rule
-        ``tol`` is not used then. ``early_stopping=True`` does both steps
-        itself when neither ``validation`` nor ``level_epochs`` is given.
+        point), and training stops by the ``stopping`` rule (default
+        :class:`ValidationStopping`) or at ``max_iter``. ``best_epochs_``
+        records the chosen epoch of each level; pass it as research
+        ``level_epochs`` to refit on all the ratings for those counts
+        (:class:`EarlyStoppedDCR` does both). The training-likelihood rule
+        ``tol`` is not used then.
 
         ``research`` (the paper protocol's knobs, :class:`ResearchOptions`;
         default: the paper's model) is kept as ``research_``.
         """
         research = ResearchOptions() if research is None else research
         self._validate_params(research)
+        stopping = ValidationStopping() if stopping is None else stopping
+        stopping.validate()
         self.research_ = research
         if len(data) == 0:
             raise DataError(data.source, None, "no ratings to train on")
-        # Before this fit allocates anything: early stopping fits the hold-outs first.
-        level_epochs = self._level_epochs(data, validation)
+        user, item, level = self._index_ratings(data, validation)
+        rng = np.random.default_rng(self.random_state)
+        U, V, active, (u_fixed, u_radius) = self._initial_factors(rng, item, level)
+        stopper = _LevelStopper(self, U, V, active, data, validation, research.level_epochs, stopping)
+        # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
+        # reports its starting point's.
+        self.loglik_ = (
+            pointwise_loglik(U, V, user, item, level)
+            if 0 in (stopper.fixed or [])
+            else np.full(U.shape[1], np.nan)
+        )
+        self.loglik_history_: list[float] = []
+        _fit_pointwise(self, U, V, user, item, level, active, rng, stopper, u_fixed, u_radius)
+        self.epochs_run_ = len(self.loglik_history_)
+        stopper.restore()
+        # Rows without training ratings were never updated.
+        check_finite(self.epochs_run_ - 1, user_factors=U[active], item_factors=V)
+        # Items (users) without training ratings keep no evidence: P = 1/2 at every level
+        # (with the marginal init: the global per-level marginals they started from).
+        if self.init != "marginal":
+            V[self.item_counts_ == 0] = 0.0
+        self.U_, self.V_ = U, V
+        self.pairwise_loss_ = float("nan")
+        self.pairwise_kept_: bool | None = None
+        self.pairwise_val_ndcg_: tuple[float, float, float] | None = None
+        # The refinement continues this stream (ValidatedRefinement refines a pointwise fit later).
+        self._rng = rng
+        if self.pairwise:
+            self.pairwise_kept_ = True
+            self._refine(rng)
+        return self
+
+    def _index_ratings(
+        self, data: Ratings, validation: Ratings | None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fit's levels, id maps, per-user training CSR, item counts and popularity fallback;
+        each rating's user, item and 0-based level."""
         # Without given levels, a validation split's ratings count too: a value that only
         # held-out ratings have would otherwise be refused as unknown.
         levels = self.levels
@@ -657,19 +632,24 @@ class DCR(Estimator):
                 )
         self.users_, self.items_ = data.users, data.items
         self.data_fingerprint_ = data.fingerprint()
-        n_users, n_items = data.n_users, data.n_items
         user = np.ascontiguousarray(data.user, dtype=np.int64)
         item = np.ascontiguousarray(data.item, dtype=np.int64)
         self.seen_indptr_, self.seen_indices_, self.seen_levels_ = user_csr(
-            n_users, user, item.astype(np.int32), level
+            data.n_users, user, item.astype(np.int32), level
         )
-        self.item_counts_ = np.bincount(item, minlength=n_items)
+        self.item_counts_ = np.bincount(item, minlength=data.n_items)
         # The unknown-user fallback: what is picked most (top-N), or the damped mean rating (paper).
         self.item_popularity_ = (
-            self.item_counts_.astype(np.float32) if self._unrated else self._damped_mean(data, n_items)
+            self.item_counts_.astype(np.float32) if self._unrated else self._damped_mean(data, data.n_items)
         )
+        return user, item, level
 
-        rng = np.random.default_rng(self.random_state)
+    def _initial_factors(
+        self, rng: np.random.Generator, item: np.ndarray, level: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, float]]:
+        """The starting U and V, the users with training ratings, and the frozen user coordinates
+        and radius of ``item_bias``."""
+        n_users, n_items = self.seen_indptr_.size - 1, self.item_counts_.size
         L, f = self.levels_.size - 1, int(self.n_components)
         # Random initial factors only for users and items with training ratings: the
         # others get no update and are served at zero (P = 1/2 at every level, no
@@ -684,94 +664,7 @@ class DCR(Estimator):
         u_fixed, u_radius = self._bias_setup(U, V)
         if self.init == "marginal":
             self._marginal_init(U, V, item, level, active, u_fixed)
-        sphere = research.projection == "sphere"
-        self.loglik_history_: list[float] = []
-        by_user = research.order == "user"
-        stopper = _LevelStopper(self, U, V, active, data, validation, level_epochs)
-        # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
-        # reports its starting point's.
-        self.loglik_ = (
-            pointwise_loglik(U, V, user, item, level) if 0 in (stopper.fixed or []) else np.full(L, np.nan)
-        )
-        if by_user and not self._unrated:
-            # Working copies: shuffle_segments permutes them in place every epoch.
-            indptr = self.seen_indptr_
-            seg_items = self.seen_indices_.astype(np.int64)
-            seg_levels = self.seen_levels_.copy()
-        with Progress("DCR", stopper.epochs, self.verbose) as bar:
-            for epoch in range(stopper.epochs):
-                lr = float(self.learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
-                train = stopper.levels_to_train(epoch)
-                if self._unrated:
-                    indptr, seg_items, seg_levels = self._with_unrated(rng)
-                    if not by_user:
-                        user = np.repeat(np.arange(n_users, dtype=np.int64), np.diff(indptr))
-                        item, level = seg_items, seg_levels
-                if by_user:
-                    shuffle_segments(indptr, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
-                    loglik, norms = pointwise_epoch_by_user(
-                        U,
-                        V,
-                        indptr,
-                        seg_items,
-                        seg_levels,
-                        rng.permutation(active),
-                        lr,
-                        float(self.reg),
-                        float(research.prob_floor),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        train,
-                    )
-                    # Every updated vector's norm passes through this sum, so a NaN anywhere
-                    # in the factors shows here without scanning U and V every epoch.
-                    check_finite(epoch, loglik=loglik, factor_norms=norms)
-                else:
-                    order = rng.permutation(len(user)).astype(np.int64)
-                    loglik = pointwise_epoch(
-                        U,
-                        V,
-                        user,
-                        item,
-                        level,
-                        order,
-                        lr,
-                        float(self.reg),
-                        float(research.prob_floor),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        train,
-                    )
-                    check_finite(epoch, user_factors=U, item_factors=V)
-                # A frozen level keeps the likelihood of its last epoch.
-                self.loglik_[train] = loglik[train]
-                self.loglik_history_.append(float(self.loglik_.sum()) / len(seg_levels if by_user else level))
-                bar.update(1, loglik=self.loglik_history_[-1])
-                if stopper.after_epoch(epoch + 1) if stopper.stopping else self._converged():
-                    break
-        self.epochs_run_ = len(self.loglik_history_)
-        stopper.restore()
-        # Rows without training ratings were never updated.
-        check_finite(self.epochs_run_ - 1, user_factors=U[active], item_factors=V)
-        # Items (users) without training ratings keep no evidence: P = 1/2 at every level
-        # (with the marginal init: the global per-level marginals they started from).
-        if self.init != "marginal":
-            V[self.item_counts_ == 0] = 0.0
-        self.U_, self.V_ = U, V
-        self.pairwise_loss_ = float("nan")
-        self.pairwise_kept_: bool | None = None
-        self.pairwise_val_ndcg_: tuple[float, float, float] | None = None
-        if self.pairwise:
-            if self.pairwise_validation:
-                self.pairwise_val_ndcg_ = self._refinement_scores(data)
-                self.pairwise_kept_ = self._refinement_wins(*self.pairwise_val_ndcg_)
-            else:
-                self.pairwise_kept_ = True
-            if self.pairwise_kept_:
-                self._refine(rng)
-        return self
+        return U, V, active, (u_fixed, u_radius)
 
     @property
     def _unrated(self) -> bool:
@@ -788,24 +681,6 @@ class DCR(Estimator):
             np.cumsum(weights),
             int(rng.integers(2**31 - 1)),
         )
-
-    def _level_epochs(self, data: Ratings, validation: Ratings | None):
-        """The per-level epoch counts to train for: research ``level_epochs``, or with
-        ``early_stopping`` (and no ``validation``) the median over
-        ``validation_folds`` hold-outs of ``data`` of the validation-stopped
-        epochs, recorded as ``chosen_level_epochs_``; None otherwise."""
-        self.chosen_level_epochs_ = None
-        given = self.research_.level_epochs
-        if given is not None or not self.early_stopping or validation is not None:
-            return given
-        inner = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
-        _require_ratings_to_hold_out(data, "early_stopping")
-        # Its own random stream: the hold-outs do not shift the refit's initialisation.
-        rng = np.random.default_rng([int(self.random_state), 1])
-        self.chosen_level_epochs_ = stopped_level_epochs(
-            inner, data, rng, int(self.validation_folds), float(self.validation_fraction), self.research_
-        )
-        return self.chosen_level_epochs_
 
     def _converged(self) -> bool:
         """The stopping rule: training log-likelihood per rating gained less than ``tol``
@@ -894,57 +769,8 @@ class DCR(Estimator):
         return damped.astype(np.float32)
 
     def _refine(self, rng: np.random.Generator) -> None:
-        """Pairwise DCR (Algorithm 1) with pairs sampled on the fly."""
-        c, _ = level_weights(self.levels_, self.relevance)
-        bias = float(self.research_.item_bias)
-        u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
-        indptr, items, levels = self.seen_indptr_, self.seen_indices_.astype(np.int64), self.seen_levels_
-        sphere = self.research_.projection == "sphere"
-        active = np.flatnonzero(np.diff(self.seen_indptr_) > (0 if self._unrated else 1))
-        with Progress("Pairwise DCR", self.pairwise_max_iter, self.verbose) as bar:
-            for epoch in range(int(self.pairwise_max_iter)):
-                lr = float(self.pairwise_learning_rate) / (1.0 + float(self.learning_rate_decay) * epoch)
-                if self._unrated:  # rated over unrated pairs too, from a fresh draw
-                    indptr, items, levels = self._with_unrated(rng)
-                n_steps = int(round(float(self.pairs_per_epoch) * items.size))
-                if self.research_.order == "user":
-                    # Pairs grouped by user: U_u stays in cache for the user's draws.
-                    loss, _ = pairwise_epoch_by_user(
-                        self.U_,
-                        self.V_,
-                        indptr,
-                        items,
-                        levels,
-                        c,
-                        rng.permutation(active),
-                        float(self.pairs_per_epoch),
-                        lr,
-                        float(self.pairwise_reg),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        int(rng.integers(2**31 - 1)),
-                    )
-                else:
-                    loss, _ = pairwise_epoch(
-                        self.U_,
-                        self.V_,
-                        indptr,
-                        items,
-                        levels,
-                        c,
-                        n_steps,
-                        lr,
-                        float(self.pairwise_reg),
-                        u_fixed,
-                        u_radius,
-                        sphere,
-                        int(rng.integers(2**31 - 1)),
-                    )
-                # Users with fewer than 2 ratings draw no pairs, so their rows never change.
-                check_finite(epoch, user_factors=self.U_[active], item_factors=self.V_)
-                self.pairwise_loss_ = float(loss)
-                bar.update(1, loss=float(loss))
+        """Pairwise DCR (Algorithm 1) on this fit's factors, in place (``_fit_pairwise``)."""
+        _fit_pairwise(self, rng)
 
     def refined(self, **overrides) -> DCR:
         """A copy of this fitted DCR refined pairwise (the DCR fit is not repeated).
@@ -952,14 +778,19 @@ class DCR(Estimator):
         ``overrides`` set the pairwise parameters (e.g. ``pairwise_learning_rate``);
         the copy has ``pairwise=True``, the fit's ``research_`` and its own seed stream.
         """
+        other = self._pairwise_copy(**overrides)
+        other.U_, other.V_ = self.U_.copy(), self.V_.copy()
+        other._refine(np.random.default_rng([int(other.random_state), 1]))
+        other.pairwise_kept_, other.pairwise_val_ndcg_ = True, None
+        return other
+
+    def _pairwise_copy(self, **overrides) -> DCR:
+        """A shallow copy with ``pairwise=True`` and ``overrides``, checked (its factors shared)."""
         if not hasattr(self, "U_"):
             raise ValueError("fit the model before refining it")
         other = copy.copy(self)
         other.set_params(pairwise=True, **overrides)
-        other.U_, other.V_ = self.U_.copy(), self.V_.copy()
         other._validate_params(other.research_)
-        other._refine(np.random.default_rng([int(other.random_state), 1]))
-        other.pairwise_kept_, other.pairwise_val_ndcg_ = True, None
         return other
 
     def validation_ndcg_values(self, validation: Ratings, k: int = 10) -> np.ndarray:
@@ -976,70 +807,7 @@ class DCR(Estimator):
         return served_recall_values(self._exact_index(), validation, float(self.levels_[-2]), k)
 
     def _exact_index(self) -> DCRIndex:
-        exact = copy.copy(self)
-        exact.ann_min_items = np.iinfo(np.int64).max
-        return DCRIndex.from_artifact(exact.to_artifact())
-
-    def _refinement_scores(self, data: Ratings, **overrides) -> tuple[float, float, float]:
-        """Validation NDCG@10 of the pointwise fit and of its refinement (with ``overrides``),
-        each user's averaged over ``validation_folds`` hold-outs of ``data`` then over users,
-        and the standard error over users of the refinement's gain."""
-        _require_ratings_to_hold_out(data, "pairwise_validation")
-        params = dict(self.get_params(), early_stopping=False, pairwise=False, verbose=False)
-        # The epochs of the full fit when it had per-level counts; else its stopping rule.
-        research = replace(self.research_, level_epochs=getattr(self, "best_epochs_", None))
-        # Its own random stream: the hold-outs shift neither the fit nor the refinement.
-        rng = np.random.default_rng([int(self.random_state), 3])
-        pointwise, refined = [], []
-        for fit, val in holdouts(data, rng, int(self.validation_folds), float(self.validation_fraction)):
-            model = DCR(**params).fit(fit, research=research)
-            pointwise.append(model.validation_values(val))
-            refined.append(model.refined(**overrides).validation_values(val))
-        if len({v.size for v in pointwise}) == 1:
-            # Every fold holds out ratings of the same users: average each user's over folds.
-            point, pair = np.mean(pointwise, axis=0), np.mean(refined, axis=0)
-        else:  # a user without gain in some fold (e.g. a rating of 0): pair within folds
-            point, pair = np.concatenate(pointwise), np.concatenate(refined)
-        gain = pair - point
-        se = float(np.std(gain, ddof=1) / np.sqrt(gain.size)) if gain.size > 1 else float("inf")
-        return float(point.mean()), float(pair.mean()), se
-
-    def _refinement_wins(self, pointwise: float, refined: float, se: float) -> bool:
-        threshold = float(self.pairwise_margin) + float(self.pairwise_confidence) * se
-        return bool(refined - pointwise > threshold)
-
-    def refined_on_validation(self, data: Ratings, **overrides) -> DCR:
-        """Like :meth:`refined`, but the refinement is kept only where it wins on validation
-        (``pairwise_validation``'s rule, on hold-outs of ``data``, the ratings this model was
-        fitted on); otherwise a copy with the pointwise factors. The copy has ``pairwise=True``
-        and records ``pairwise_kept_`` and ``pairwise_val_ndcg_``."""
-        if not hasattr(self, "U_"):
-            raise ValueError("fit the model before refining it")
-        if data.fingerprint() != self.data_fingerprint_:
-            raise ValueError("refined_on_validation needs the ratings the model was fitted on")
-        scores = self._refinement_scores(data, **overrides)
-        if self._refinement_wins(*scores):
-            other = self.refined(**overrides)
-            other.pairwise_kept_ = True
-        else:
-            other = copy.copy(self)
-            other.set_params(pairwise=True, **overrides)
-            other._validate_params(other.research_)
-            other.pairwise_loss_ = float("nan")
-            other.pairwise_kept_ = False
-        other.pairwise_val_ndcg_ = scores
-        return other
-
-    def with_research(self, **changes) -> DCR:
-        """A shallow copy of this fitted DCR whose ``research_`` has ``changes`` (e.g.
-        ``item_shrinkage``, applied when the artifact is written); the factors are shared."""
-        if not hasattr(self, "U_"):
-            raise ValueError("fit the model before changing its research options")
-        research = replace(self.research_, **changes)
-        self._validate_params(research)
-        other = copy.copy(self)
-        other.research_ = research
-        return other
+        return DCRIndex.from_artifact(self.to_artifact(ann_min_items=np.iinfo(np.int64).max))
 
     def _calibration_queries(self) -> Queries:
         """A seeded sample of the trained users as the server searches for them: factors with
@@ -1063,9 +831,24 @@ class DCR(Estimator):
         )
 
     # ------------------------------------------------------------ artifact
-    def to_artifact(self) -> Artifact:
+    def to_artifact(
+        self,
+        *,
+        item_shrinkage: float = 0.0,
+        ann_min_items: int = ANN_MIN_ITEMS,
+        ann_params: dict | None = None,
+    ) -> Artifact:
+        """The fitted model for the registry, with the serving choices made here.
+
+        ``item_shrinkage`` (``beta >= 0``) serves each item's factors scaled by
+        ``n_i / (n_i + beta)`` (``n_i`` its training ratings; the -shrunk variants).
+        Catalogues of at least ``ann_min_items`` items get an approximate item index
+        (``service/indices/ann.py``, ``docs/catalog.md``) of ``ann_params`` (``structure``
+        ``"hnsw"`` or ``"ivf"`` and its settings); smaller ones are scored exactly.
+        """
         if not hasattr(self, "U_"):
             raise ValueError("fit the model before packing it")
+        check_serving(item_shrinkage, ann_min_items, ann_params)
         n_users, L, f = self.U_.shape
         params = {k: v for k, v in self.get_params().items() if k != "verbose"}
         if params["levels"] is not None:
@@ -1082,8 +865,9 @@ class DCR(Estimator):
             }
         )
         item_factors = self.V_.reshape(self.V_.shape[0], L * f)
-        beta = float(self.research_.item_shrinkage)
+        beta = float(item_shrinkage)
         if beta > 0:
+            params["item_shrinkage"] = beta
             counts = self.item_counts_.astype(np.float64)
             item_factors = item_factors * (counts / (counts + beta))[:, None]
         if self.pairwise:
@@ -1098,8 +882,8 @@ class DCR(Estimator):
         item_factors = item_factors.astype(np.float32)
         # A large catalogue gets an approximate item index, built when the version is published.
         indexes = (
-            {"items": item_index(item_factors, self.ann_params, self._calibration_queries())}
-            if item_factors.shape[0] >= int(self.ann_min_items)
+            {"items": item_index(item_factors, ann_params, self._calibration_queries())}
+            if item_factors.shape[0] >= int(ann_min_items)
             else {}
         )
         return Artifact(
@@ -1127,6 +911,329 @@ class DCR(Estimator):
             data_fingerprint=self.data_fingerprint_,
             indexes=indexes,
         )
+
+
+def _fit_pointwise(
+    model: DCR,
+    U: np.ndarray,
+    V: np.ndarray,
+    user: np.ndarray,
+    item: np.ndarray,
+    level: np.ndarray,
+    active: np.ndarray,
+    rng: np.random.Generator,
+    stopper: _LevelStopper,
+    u_fixed: int,
+    u_radius: float,
+) -> None:
+    """DCR's pointwise fit (Eq. 1 by projected SGA, levels in parallel): epochs over the
+    ratings (joined by fresh unrated draws when top-N-aware) until the stopper or ``tol``
+    says stop; records each epoch's training log-likelihood in ``model.loglik_history_``."""
+    research = model.research_
+    n_users = U.shape[0]
+    # The arguments every epoch's SGA kernel shares: L2 weight, 1/P cap, projection.
+    step = (float(model.reg), float(research.prob_floor), u_fixed, u_radius, research.projection == "sphere")
+    by_user = research.order == "user"
+    if by_user and not model._unrated:
+        # Working copies: shuffle_segments permutes them in place every epoch.
+        indptr = model.seen_indptr_
+        seg_items = model.seen_indices_.astype(np.int64)
+        seg_levels = model.seen_levels_.copy()
+    with Progress("DCR", stopper.epochs, model.verbose) as bar:
+        for epoch in range(stopper.epochs):
+            lr = float(model.learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
+            train = stopper.levels_to_train(epoch)
+            if model._unrated:
+                indptr, seg_items, seg_levels = model._with_unrated(rng)
+                if not by_user:
+                    user = np.repeat(np.arange(n_users, dtype=np.int64), np.diff(indptr))
+                    item, level = seg_items, seg_levels
+            if by_user:
+                shuffle_segments(indptr, seg_items, seg_levels, int(rng.integers(2**31 - 1)))
+                loglik, norms = pointwise_epoch_by_user(
+                    U, V, indptr, seg_items, seg_levels, rng.permutation(active), lr, *step, train
+                )
+                # Every updated vector's norm passes through this sum, so a NaN anywhere
+                # in the factors shows here without scanning U and V every epoch.
+                check_finite(epoch, loglik=loglik, factor_norms=norms)
+            else:
+                order = rng.permutation(len(user)).astype(np.int64)
+                loglik = pointwise_epoch(U, V, user, item, level, order, lr, *step, train)
+                check_finite(epoch, user_factors=U, item_factors=V)
+            # A frozen level keeps the likelihood of its last epoch.
+            model.loglik_[train] = loglik[train]
+            model.loglik_history_.append(float(model.loglik_.sum()) / len(seg_levels if by_user else level))
+            bar.update(1, loglik=model.loglik_history_[-1])
+            if stopper.after_epoch(epoch + 1) if stopper.stopping else model._converged():
+                break
+
+
+def _fit_pairwise(model: DCR, rng: np.random.Generator) -> None:
+    """Pairwise DCR (Algorithm 1, Eq. 5-7) by projected SGD on ``model.U_``/``V_`` in place, pairs
+    sampled on the fly (rated over unrated too when top-N-aware); ``model.pairwise_loss_`` is
+    the last pass's loss."""
+    c, _ = level_weights(model.levels_, model.relevance)
+    bias = float(model.research_.item_bias)
+    u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
+    indptr, items, levels = model.seen_indptr_, model.seen_indices_.astype(np.int64), model.seen_levels_
+    # The arguments every pass's kernel shares: lambda of Eq. 5, the frozen coordinates, projection.
+    step = (float(model.pairwise_reg), u_fixed, u_radius, model.research_.projection == "sphere")
+    active = np.flatnonzero(np.diff(model.seen_indptr_) > (0 if model._unrated else 1))
+    U, V = model.U_, model.V_
+    with Progress("Pairwise DCR", model.pairwise_max_iter, model.verbose) as bar:
+        for epoch in range(int(model.pairwise_max_iter)):
+            lr = float(model.pairwise_learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
+            if model._unrated:  # rated over unrated pairs too, from a fresh draw
+                indptr, items, levels = model._with_unrated(rng)
+            n_steps = int(round(float(model.pairs_per_epoch) * items.size))
+            if model.research_.order == "user":
+                # Pairs grouped by user: U_u stays in cache for the user's draws.
+                order, share = rng.permutation(active), float(model.pairs_per_epoch)
+                loss, _ = pairwise_epoch_by_user(
+                    U, V, indptr, items, levels, c, order, share, lr, *step, int(rng.integers(2**31 - 1))
+                )
+            else:
+                loss, _ = pairwise_epoch(
+                    U, V, indptr, items, levels, c, n_steps, lr, *step, int(rng.integers(2**31 - 1))
+                )
+            # Users with fewer than 2 ratings draw no pairs, so their rows never change.
+            check_finite(epoch, user_factors=U[active], item_factors=V)
+            model.pairwise_loss_ = float(loss)
+            bar.update(1, loss=float(loss))
+
+
+def check_serving(item_shrinkage: float, ann_min_items: int, ann_params: dict | None) -> None:
+    """The serving choices of :meth:`DCR.to_artifact`: a ValueError names a bad one."""
+    validate_params(
+        "DCR.to_artifact",
+        {"item_shrinkage": item_shrinkage, "ann_min_items": ann_min_items, "ann_params": ann_params},
+        SERVING_CONSTRAINTS,
+    )
+    build_params(ann_params)  # names an unknown or non-positive index parameter
+
+
+SERVING_CONSTRAINTS: dict[str, list] = {
+    "item_shrinkage": [Interval(Real, 0, None, closed="left")],
+    "ann_min_items": [Interval(Integral, 1, None)],
+    "ann_params": [None, dict],
+}
+
+# ``DCR.to_artifact``'s serving choices when not given.
+SERVING_DEFAULTS: dict[str, Any] = {"item_shrinkage": 0.0, "ann_min_items": ANN_MIN_ITEMS, "ann_params": None}
+
+HOLD_OUT_CONSTRAINTS: dict[str, list] = {
+    "folds": [Interval(Integral, 1, None)],
+    "fraction": [Interval(Real, 0, 1, closed="neither")],
+}
+
+
+def _pointwise_params(model: DCR) -> dict:
+    """``model``'s parameters for a pointwise fit on a hold-out (no refinement, no progress line)."""
+    return dict(model.get_params(), pairwise=False, verbose=False)
+
+
+def refinement_scores(
+    model: DCR, data: Ratings, folds: int, fraction: float, **overrides
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-user validation values (``DCR.validation_values``) of the pointwise fit and of its
+    refinement (with ``overrides``), each user's averaged over ``folds`` hold-outs of ``data``.
+
+    Every hold-out's pointwise fit has ``model``'s parameters and research options, for the
+    epochs of ``model`` when it had per-level counts; the hold-outs have their own random
+    stream, so they shift neither the fit nor the refinement.
+    """
+    _require_ratings_to_hold_out(data, "pairwise_validation")
+    research = replace(model.research_, level_epochs=getattr(model, "best_epochs_", None))
+    rng = np.random.default_rng([int(model.random_state), 3])
+    pointwise, refined = [], []
+    for fit, val in holdouts(data, rng, folds, fraction):
+        point = DCR(**_pointwise_params(model)).fit(fit, research=research)
+        pointwise.append(point.validation_values(val))
+        refined.append(point.refined(**overrides).validation_values(val))
+    if len({v.size for v in pointwise}) == 1:
+        # Every fold holds out ratings of the same users: average each user's over folds.
+        return np.mean(pointwise, axis=0), np.mean(refined, axis=0)
+    # A user without gain in some fold (e.g. a rating of 0): pair within folds.
+    return np.concatenate(pointwise), np.concatenate(refined)
+
+
+class _HoldOutSelection:
+    """A model-selection wrapper: its ``estimator`` and the ``folds`` hold-outs of ``fraction``
+    of each user's ratings (at least 2) its choice is made on; serves ``best_estimator_``."""
+
+    _parameter_constraints: ClassVar[dict[str, list]] = HOLD_OUT_CONSTRAINTS
+    best_estimator_: DCR
+
+    def __init__(self, estimator: Any, folds: int, fraction: float):
+        self.estimator = estimator
+        self.folds = folds
+        self.fraction = fraction
+
+    def _validate_params(self) -> None:
+        """Every setting against the class's constraints (a ValueError names the bad one)."""
+        params = {k: getattr(self, k) for k in self._parameter_constraints}
+        validate_params(type(self).__name__, params, self._parameter_constraints)
+
+    def to_artifact(self, **serving) -> Artifact:
+        """The served model's artifact, with ``DCR.to_artifact``'s serving choices."""
+        return self.best_estimator_.to_artifact(**serving)
+
+
+class ValidatedRefinement(_HoldOutSelection):
+    """Pairwise DCR kept only where it wins on validation, wrapping a DCR as GridSearchCV wraps
+    an estimator.
+
+    The pointwise DCR is fitted on all the ratings; ``folds`` times, ``fraction`` of each
+    user's ratings (at least 2) are held out, the pointwise model fitted on the rest is
+    refined, and both are scored on the held-out ratings through the serving index
+    (:func:`refinement_scores`). The refinement is kept only if its gain beats ``margin +
+    confidence x SE`` (:func:`~ordrec.trainer.models.selection.significant_gain`); otherwise
+    the pointwise model is served.
+
+    Parameters
+    ----------
+    estimator : DCR
+        The model; its pairwise parameters are the refinement's.
+    folds : int, default 3
+        Hold-outs the refinement must win on.
+    fraction : float, default 0.25
+        Share of each user's ratings held out (at least 2).
+    margin : float, default 0.0
+        The validation gain the refinement must exceed to be kept.
+    confidence : float, default 2.0
+        Standard errors of the gain it must exceed besides (0: any gain above the margin).
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        **HOLD_OUT_CONSTRAINTS,
+        "margin": [Interval(Real, 0, None)],
+        "confidence": [Interval(Real, 0, None)],
+    }
+
+    def __init__(
+        self,
+        estimator: DCR,
+        *,
+        folds: int = 3,
+        fraction: float = 0.25,
+        margin: float = 0.0,
+        confidence: float = 2.0,
+    ):
+        super().__init__(estimator, folds, fraction)
+        self.margin = margin
+        self.confidence = confidence
+
+    def decide(self, model: DCR, data: Ratings, **overrides) -> tuple[Gain, tuple[float, float, float]]:
+        """Whether refining the fitted ``model`` (with ``overrides``) wins on hold-outs of
+        ``data``; the verdict and (pointwise, refined, SE of the gain) as the artifact records."""
+        self._validate_params()
+        point, pair = refinement_scores(model, data, int(self.folds), float(self.fraction), **overrides)
+        gain = significant_gain(pair - point, margin=float(self.margin), confidence=float(self.confidence))
+        return gain, (float(point.mean()), float(pair.mean()), gain.se)
+
+    def fit(self, data: Ratings, validation: Ratings | None = None, **fit_params: Any) -> ValidatedRefinement:
+        """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it
+        (continuing its random stream) if that wins; the served model is ``best_estimator_``."""
+        self._validate_params()
+        model = copy.copy(self.estimator).set_params(pairwise=False)
+        assert isinstance(model, DCR)
+        model.fit(data, validation, **fit_params)
+        gain, scores = self.decide(model, data)
+        chosen = model._pairwise_copy()
+        if gain.kept:
+            chosen.U_, chosen.V_ = model.U_, model.V_
+            chosen._refine(model._rng)
+        chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
+        self.best_estimator_ = chosen
+        return self
+
+    def refine(self, model: DCR, data: Ratings, **overrides) -> DCR:
+        """Like :meth:`DCR.refined`, but the refinement is kept only where it wins on hold-outs
+        of ``data``, the ratings ``model`` was fitted on; otherwise a copy with the pointwise
+        factors. The copy has ``pairwise=True`` and records ``pairwise_kept_`` and
+        ``pairwise_val_ndcg_``."""
+        if not hasattr(model, "U_"):
+            raise ValueError("fit the model before refining it")
+        if data.fingerprint() != model.data_fingerprint_:
+            raise ValueError("ValidatedRefinement.refine needs the ratings the model was fitted on")
+        gain, scores = self.decide(model, data, **overrides)
+        if gain.kept:
+            chosen = model.refined(**overrides)
+        else:  # the pointwise factors, served as they are
+            chosen = model._pairwise_copy(**overrides)
+            chosen.pairwise_loss_ = float("nan")
+        chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
+        return chosen
+
+
+class EarlyStoppedDCR(_HoldOutSelection):
+    """DCR whose per-level epoch counts are chosen on validation, wrapping a DCR (or a
+    :class:`ValidatedRefinement` of one) as GridSearchCV wraps an estimator.
+
+    ``folds`` times, ``fraction`` of each user's ratings (at least 2) are held out and every
+    level of the pointwise model is early-stopped on them by the ``stopping`` rule; the
+    estimator is then fitted on all the ratings for each level's median stopping epoch
+    (``chosen_level_epochs_``). Given research ``level_epochs`` are used as they are.
+
+    Parameters
+    ----------
+    estimator : DCR or ValidatedRefinement
+        The model fitted on all the ratings.
+    stopping : ValidationStopping, optional
+        When a hold-out fit stops (default: ``ValidationStopping()``, patience 5, tol 0).
+    folds : int, default 3
+        Hold-outs the epochs are chosen on.
+    fraction : float, default 0.25
+        Share of each user's ratings held out (at least 2).
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        **HOLD_OUT_CONSTRAINTS,
+        "stopping": [None, ValidationStopping],
+    }
+
+    def __init__(
+        self,
+        estimator: DCR | ValidatedRefinement,
+        *,
+        stopping: ValidationStopping | None = None,
+        folds: int = 3,
+        fraction: float = 0.25,
+    ):
+        super().__init__(estimator, folds, fraction)
+        self.stopping = stopping
+
+    @property
+    def model(self) -> DCR:
+        """The DCR whose parameters the hold-out fits take."""
+        inner = self.estimator
+        return inner.estimator if isinstance(inner, ValidatedRefinement) else inner
+
+    def fit(self, data: Ratings, *, research: ResearchOptions | None = None) -> EarlyStoppedDCR:
+        """Choose the per-level epochs on hold-outs of ``data``, then fit on all of it."""
+        self._validate_params()
+        if self.stopping is not None:
+            self.stopping.validate()
+        research = ResearchOptions() if research is None else research
+        model = self.model
+        model._validate_params(research)
+        self.chosen_level_epochs_: list[int] | None = None
+        if research.level_epochs is None:
+            _require_ratings_to_hold_out(data, "early_stopping")
+            # Its own random stream: the hold-outs do not shift the refit's initialisation.
+            self.chosen_level_epochs_ = stopped_level_epochs(
+                _pointwise_params(model),
+                data,
+                np.random.default_rng([int(model.random_state), 1]),
+                int(self.folds),
+                float(self.fraction),
+                research,
+                self.stopping,
+            )
+            research = replace(research, level_epochs=self.chosen_level_epochs_)
+        fitted = copy.copy(self.estimator).fit(data, research=research)
+        self.best_estimator_ = fitted.best_estimator_ if isinstance(fitted, ValidatedRefinement) else fitted
+        return self
 
 
 Estimator = DCR

@@ -185,7 +185,7 @@ class DistributedFit:
     ``blocks`` (default: the cluster's worker threads) is ``W``. The initial factors, levels
     and training CSR are the single-process fit's (a fit of 0 epochs); the epochs then run as
     strata on the cluster. Fixed epochs (``max_iter``) and the ``tol`` rule are supported;
-    ``early_stopping``, the "random" visiting order and the pairwise refinement are not (a
+    model selection (``EarlyStoppedDCR``), the "random" visiting order and the pairwise refinement are not (a
     ValueError names the option), and ``fit`` takes no validation set.
 
     The factors stay on the cluster between epochs; every ``checkpoint_every`` epochs (and
@@ -218,10 +218,7 @@ class DistributedFit:
         self.on_sub_epoch = on_sub_epoch
 
     def _check(self, model: DCR) -> None:
-        unsupported = {
-            "pairwise": model.pairwise,
-            "early_stopping": model.early_stopping,
-        }
+        unsupported = {"pairwise": model.pairwise}
         for name, value in unsupported.items():
             if value:
                 raise ValueError(

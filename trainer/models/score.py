@@ -192,6 +192,11 @@ class ScoreEstimator(Estimator):
     """
 
     kind = "score"
+    # Fitted from an attribute table (codes, values, layout) or from explicit triplets.
+    codes_: np.ndarray | None
+    values_: list[list] | None
+    layout_: GroupLayout | None
+    triplets_: tuple[np.ndarray, ...] | None
     input_shape = "attributes"
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
@@ -337,6 +342,7 @@ class ScoreEstimator(Estimator):
                         seed,
                     )
                 else:
+                    assert self.triplets_ is not None  # fitted from explicit triplets
                     ta, ti, tj, tk = self.triplets_
                     ll = K.triplet_epoch(
                         X,
@@ -374,8 +380,10 @@ class ScoreEstimator(Estimator):
 
         index = SCOREIndex.from_artifact(self._artifact(metrics={}))
         out = np.full(len(self.aspects_), np.nan)
+        codes = self.codes_
+        assert codes is not None  # called only for a fit from an attribute table
         for t, name in enumerate(self.aspects_.ids):
-            sat, tot = satisfied_triplets(index.map_coordinates(name), self.codes_[:, t])
+            sat, tot = satisfied_triplets(index.map_coordinates(name), codes[:, t])
             if tot:
                 out[t] = sat / tot
         return out
@@ -416,7 +424,7 @@ class ScoreEstimator(Estimator):
             "n_components": int(self.n_components),
             "triplets_per_aspect": [float(c) for c in self.triplets_per_aspect_],
         }
-        if self.codes_ is not None:
+        if self.codes_ is not None and self.values_ is not None:  # both set together
             arrays["codes"] = self.codes_
             attributes["values"] = {name: vals for name, vals in zip(self.aspects_.ids, self.values_)}
             if self.labels_ is not None:

@@ -99,7 +99,7 @@ def _retract_step(z, g, lr, kappa, mu):
 
 
 @njit(cache=True)
-def _sgd_step(X, Y, delta, ar, oi, oj, ok, alpha, lr, kappa, mu, learn_delta, gx, gi, gj, gk):
+def sgd_step(X, Y, delta, ar, oi, oj, ok, alpha, lr, kappa, mu, learn_delta, gx, gi, gj, gk):
     """One Algorithm-1 step on the triplet whose rows are resolved already;
     ``learn_delta`` False keeps delta fixed (the disjoint baseline)."""
     x = X[ar]
@@ -187,7 +187,7 @@ def group_epoch(
             members, aspect_start, group_start, group_end, group_aspect, group_cum
         )
         off = object_offset[t]
-        acc += _sgd_step(
+        acc += sgd_step(
             X,
             Y,
             delta,
@@ -243,7 +243,7 @@ def triplet_epoch(
         p = np.random.randint(n)
         t = ta[p]
         off = object_offset[t]
-        acc += _sgd_step(
+        acc += sgd_step(
             X,
             Y,
             delta,

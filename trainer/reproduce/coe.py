@@ -49,6 +49,8 @@ from ordrec.service.indices.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
+from ordrec.trainer.reproduce.dcr import load_ratings
+from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 10
@@ -117,7 +119,7 @@ def paper_filter(data: Ratings, min_user: int = 20, min_item: int = 4) -> Rating
 
 def split_per_user(user: np.ndarray, n_users: int, fraction: float, rng: np.random.Generator) -> np.ndarray:
     """Boolean mask: ``round(fraction * n_u)`` random ratings of every user are True (observed)."""
-    key = rng.random(user.shape[0])
+    key = rng.random(len(user))
     order = np.lexsort((key, user))
     counts = np.bincount(user, minlength=n_users)
     starts = np.zeros(n_users + 1, dtype=np.int64)
@@ -278,7 +280,8 @@ def tune(
     inner = split_per_user(sub.user, data.n_users, 0.8, rng)
     values = protocol_values(sub, inner)
     scale_name = "lam" if function == "sigmoid" else "alpha"
-    best, best_score = None, -1.0
+    best: dict | None = None
+    best_score = -1.0
     for scale, reg, power in itertools.product(GRID[scale_name], GRID["reg"], GRID["group_power"]):
         params = dict(base, **{scale_name: scale, "reg": reg, "group_power": power})
         metrics, seconds = fit_and_evaluate(params, sub, values, inner)
@@ -290,30 +293,13 @@ def tune(
         )
         if score > best_score:
             best, best_score = params, score
+    if best is None:
+        raise ValueError(f"no {function} grid point scored a preservation (empty validation split?)")
     log(f"  tuned {function}: {best}")
     return best
 
 
 # ------------------------------------------------------------------- CLI
-def load_ratings(args: argparse.Namespace) -> Ratings:
-    try:
-        from ordrec.trainer.data.readers import read_input
-    except ModuleNotFoundError as exc:  # reader not landed yet: plain "user item rating ..." lines
-        if exc.name != "ordrec.trainer.data.readers":
-            raise
-        return read_whitespace_ratings(args.data)
-    data = read_input(
-        "ratings",
-        args.data,
-        args.format,
-        skip_bad_lines=args.skip_bad_lines,
-        rating_scale=getattr(args, "rating_scale", None),
-    )
-    if getattr(data, "skipped_lines", 0):
-        print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
-    return data
-
-
 def read_whitespace_ratings(path: str) -> Ratings:
     from ordrec.service.storage.idmap import IdMap
 
@@ -325,7 +311,6 @@ def read_whitespace_ratings(path: str) -> Ratings:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--function", choices=("sigmoid", "gompertz", "both"), default="both")
-    parser.add_argument("--dim", type=int, default=2, help="dimension of the map (paper: 2)")
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
     parser.add_argument(
         "--tune",
@@ -333,41 +318,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per split, grid-search lambda/alpha, reg (L2 weight) and group_power on a validation"
         " split of that split's observed ratings",
     )
-    parser.add_argument("--epochs", type=int, help="override the tuned default")
-    parser.add_argument("--lr", type=float, help="initial learning rate (default: tuned)")
-    parser.add_argument("--lr-final", type=float, help="final learning rate as a fraction of --lr")
-    parser.add_argument("--reg", type=float, help="L2 weight (default: tuned)")
-    parser.add_argument("--scale", type=float, help="lambda (sigmoid) or alpha (Gompertz)")
-    parser.add_argument(
-        "--type-a-share",
-        type=float,
-        help="probability of drawing a type-A triple (default: uniform over triples)",
-    )
-    parser.add_argument(
-        "--group-power",
-        type=float,
-        help="draw users/items with weight (triples)**p; 1 = uniform over triples (paper)",
-    )
-    parser.add_argument("--steps-per-epoch", type=int, default=0, help="0: one per observed rating")
+    add_param_flags(parser, COE._parameter_constraints, FLAG_HELP, FLAG_HELP)
     parser.add_argument("--no-references", action="store_true", help="skip the random/popularity rows")
 
 
+# The COE parameters a flag may change (``--name-with-dashes``, named as the parameter).
+FLAG_HELP = {
+    "n_components": "dimension of the map (paper: 2; default 2)",
+    "max_iter": "epochs (default: tuned)",
+    "learning_rate": "initial learning rate (default: tuned)",
+    "learning_rate_final_ratio": "final learning rate as a fraction of the initial one (default: tuned)",
+    "reg": "L2 weight (default: tuned)",
+    "lam": "the sigmoid's slope lambda (COE-S; default: tuned)",
+    "alpha": "the Gompertz rate alpha (COE-G; default: tuned)",
+    "type_a_share": "probability of drawing a type-A triple (default: uniform over triples)",
+    "group_power": "draw users/items with weight (triples)**p; 1 = uniform over triples (paper)",
+    "steps_per_epoch": "SGD steps per epoch (default 0: one per observed rating)",
+}
+PROTOCOL_DEFAULTS = {"n_components": 2, "steps_per_epoch": 0}
+
+
 def _params(function: str, args: argparse.Namespace) -> dict:
-    params = dict(
-        DEFAULTS[function], n_components=args.dim, function=function, steps_per_epoch=args.steps_per_epoch
-    )
-    for flag, name in (
-        ("epochs", "max_iter"),
-        ("lr", "learning_rate"),
-        ("lr_final", "learning_rate_final_ratio"),
-        ("reg", "reg"),
-        ("type_a_share", "type_a_share"),
-        ("group_power", "group_power"),
-    ):
-        if getattr(args, flag) is not None:
-            params[name] = getattr(args, flag)
-    if args.scale is not None:
-        params["lam" if function == "sigmoid" else "alpha"] = args.scale
+    """The fit of ``function`` (COE-S or COE-G): the tuned defaults, then the flags given."""
+    given = given_params(args, "COE", COE._parameter_constraints, FLAG_HELP)
+    params = dict(DEFAULTS[function], **PROTOCOL_DEFAULTS, function=function)
+    params.update({name: value for name, value in given.items() if name not in ("lam", "alpha")})
+    scale = "lam" if function == "sigmoid" else "alpha"  # the other function's is not its parameter
+    if scale in given:
+        params[scale] = given[scale]
     return params
 
 
@@ -413,8 +391,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     log(f"{dataset}: {data.n_users} users, {data.n_items} items, {len(data)} ratings after the filter")
     functions = ["sigmoid", "gompertz"] if args.function == "both" else [args.function]
     names = {"sigmoid": "COE-S", "gompertz": "COE-G"}
-    setting = {"dim": args.dim}
     params = {f: _params(f, args) for f in functions}
+    setting = {"dim": params[functions[0]]["n_components"]}
     per_run: dict[str, dict[str, list[float]]] = {}
     seconds: dict[str, list[float]] = {}
     chosen: dict[str, list[dict]] = {}
@@ -444,13 +422,13 @@ def run(args: argparse.Namespace) -> list[Row]:
             )
         if not args.no_references:
             for ref in ("random", "popularity"):
-                dist = reference_distances(ref, data, observed, rng, args.dim)
+                dist = reference_distances(ref, data, observed, rng, setting["dim"])
                 for metric, value in evaluate_distances(data, values, observed, dist).items():
                     per_run.setdefault(ref, {}).setdefault(metric, []).append(value)
     rows = []
-    for method, metrics in per_run.items():
+    for method, figures in per_run.items():
         for metric in METRICS:
-            rows.append(summarise(method, dataset, setting, metric, metrics[metric]))
+            rows.append(summarise(method, dataset, setting, metric, figures[metric]))
         if method in seconds:
             rows.append(summarise(method, dataset, setting, "fit_seconds", seconds[method]))
             rows.append(summarise(method, dataset, setting, "fit_cpu_seconds", metrics["fit_cpu_seconds"]))

@@ -55,12 +55,14 @@ from ordrec.trainer.models.dcr import (
     DCR,
     PAPER_PARAMS,
     ResearchOptions,
+    ValidatedRefinement,
+    ValidationStopping,
     holdouts,
     median_level_epochs,
     stopped_level_epochs,
     validation_split,
 )
-from ordrec.trainer.reproduce.params import parse_value
+from ordrec.trainer.reproduce.params import add_param_flags, given_params, parse_value
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 5
@@ -104,14 +106,15 @@ def per_user_split(
     return data.subset(np.sort(train_rows)), data.subset(np.sort(test_rows))
 
 
-def serving_scorer(estimator: DCR):
+def serving_scorer(estimator: DCR, item_shrinkage: float = 0.0):
     """``score_items`` of the serving index built from the in-memory artifact."""
-    return DCRIndex.from_artifact(estimator.to_artifact()).score_items
+    return DCRIndex.from_artifact(estimator.to_artifact(item_shrinkage=item_shrinkage)).score_items
 
 
-def index_ndcg(estimator: DCR, test: Ratings) -> float:
-    """NDCG@10 scored by the serving index built from the in-memory artifact."""
-    return ndcg_at_k(serving_scorer(estimator), test)
+def index_ndcg(estimator: DCR, test: Ratings, item_shrinkage: float = 0.0) -> float:
+    """NDCG@10 scored by the serving index built from the in-memory artifact (its items'
+    factors shrunk by ``item_shrinkage``, the -shrunk rows)."""
+    return ndcg_at_k(serving_scorer(estimator, item_shrinkage), test)
 
 
 # ----------------------------------------------------------- references
@@ -159,11 +162,25 @@ class Family:
     params: dict
 
 
+STOPPING = {"patience": "patience", "val_tol": "tol"}  # protocol setting -> ValidationStopping field
+
+
+def split_params(params: dict) -> tuple[dict, ResearchOptions, ValidationStopping]:
+    """The protocol's mixed settings (over ``PAPER_PARAMS``) as DCR's parameters, its research
+    options (``ResearchOptions``: order, projection, item_bias, level_epochs, ...) and the
+    validation stopping rule (``patience``, ``val_tol``)."""
+    mixed = dict(PAPER_PARAMS, **params)
+    stopping = ValidationStopping(
+        **{field: mixed.pop(name) for name, field in STOPPING.items() if name in mixed}
+    )
+    model_params, research = ResearchOptions.split(mixed)
+    return model_params, research, stopping
+
+
 def fit_dcr(params: dict, data: Ratings, validation: Ratings | None = None) -> DCR:
-    """DCR fitted on ``data``; ``params`` mixes DCR's parameters and the protocol's research
-    options (``ResearchOptions``: order, projection, item_bias, level_epochs, ...)."""
-    model_params, research = ResearchOptions.split(dict(PAPER_PARAMS, **params))
-    return DCR(**model_params).fit(data, validation=validation, research=research)
+    """DCR fitted on ``data`` from the protocol's mixed settings (``split_params``)."""
+    model_params, research, stopping = split_params(params)
+    return DCR(**model_params).fit(data, validation=validation, research=research, stopping=stopping)
 
 
 def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
@@ -215,6 +232,8 @@ def tune(
             best, best_score, best_model = chosen, score, model
     best_pair: dict = {}
     if pairwise_grid:
+        if best_model is None:
+            raise ValueError("the fit grid is empty: no model to refine")
         pkeys = sorted(pairwise_grid)
         pair_score = -np.inf
         for values in itertools.product(*(pairwise_grid[k] for k in pkeys)):
@@ -244,6 +263,50 @@ def grid_best_on_test(
         best = max(best, index_ndcg(fit_dcr(params, train), test))
     return best
 
+
+# The protocol's settings a flag may change (``--name-with-dashes``, named as the parameter):
+# its help, and the value taken when the flag is not given (None: the protocol's for each N).
+FLAG_HELP = {
+    "n_components": "rank per level (paper's Table 2: 40); default: the protocol's for each N"
+    " (40 for N < 40, 320 from N = 40; chosen by --sweep)",
+    "learning_rate": "initial learning rate (without --tune); default: the protocol's for each N"
+    " (0.01 for N < 40, 0.02 from N = 40; chosen by --sweep)",
+    "reg": "L2 weight (without --tune; default 0.001)",
+    "max_iter": "most epochs (all of them with --tol 0; default 100)",
+    "tol": "stop once an epoch gains less than this relative training log-likelihood"
+    " (0: fixed epochs; default 0.002)",
+    "init": "initial factors: every level at its damped item marginals plus small noise"
+    " (ours) or small random factors (zero mean); default: the protocol's for each N"
+    " (marginal for N < 40, random from N = 40; chosen by --sweep)",
+    "init_std": "noise of the initial factors (default: the protocol's, 0.05 marginal for N < 40,"
+    " 0.1 random from N = 40; 0.02 marginal / 0.1 random with --init)",
+    "val_tol": "with --stop validation: a level's validation log-likelihood must rise by more"
+    " than this (relative) to count as an improvement (default 0.01; 0: any rise)",
+    "order": "SGA order: ratings grouped by user (default, faster) or one random permutation",
+    "learning_rate_decay": "learning rate of epoch e is learning_rate / (1 + decay * e) (default 0.02)",
+    "pairwise_learning_rate": "(without --tune) default: the protocol's for each N (0.005 / 0.01 / 0.02"
+    " at N = 10 / 20 / 50, nearest for other N; chosen by --sweep --sweep-pairwise-lr)",
+    "pairwise_max_iter": "passes of the pairwise refinement (default 20)",
+}
+FLAG_CONSTRAINTS = {
+    **DCR._parameter_constraints,
+    **ResearchOptions._parameter_constraints,
+    "val_tol": ValidationStopping._parameter_constraints["tol"],
+}
+PROTOCOL_DEFAULTS = {
+    "reg": 0.001,
+    "max_iter": 100,
+    "tol": 0.002,
+    "val_tol": 0.01,
+    "order": "user",
+    "learning_rate_decay": 0.02,
+    "pairwise_max_iter": 20,
+}
+# Settings of the protocol no flag changes (the paper's, or the variants' own).
+FIXED = dict(relevance="linear", projection="ball", init_shrinkage=10.0, pairwise_reg=0.001)
+ITEM_BIAS = 0.7  # s of the DCR-bias variant
+TUNE_LR_GRID = (0.05, 0.03, 0.01)
+TUNE_PAIRWISE_LR_GRID = (0.05, 0.02, 0.01)
 
 INIT_STD = {"marginal": 0.02, "random": 0.1}  # the default noise for each starting point (--init given)
 
@@ -313,12 +376,12 @@ def select(
     fitted = []
     for choice in choices:
         candidate = dict(params, **choice)
-        values, epochs = [], []
+        parts, epochs = [], []
         for fit, val in splits:
             model, _ = fit_stopped(candidate, fit, val)
-            values.append(ndcg_values(serving_scorer(model), val))
+            parts.append(ndcg_values(serving_scorer(model), val))
             epochs.append(model.best_epochs_)
-        values = np.concatenate(values)
+        values = np.concatenate(parts)
         level_epochs = median_level_epochs(epochs)
         log(
             f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {values.mean():.4f}"
@@ -377,16 +440,18 @@ def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> 
 def _base_params(args: argparse.Namespace) -> dict:
     """The fit settings every candidate shares (the command line's)."""
     return dict(
-        relevance=args.relevance,
-        projection=args.projection,
-        reg=args.reg,
-        max_iter=args.epochs,
-        tol=args.tol,
-        order=args.order,
-        learning_rate_decay=args.lr_decay,
-        init_shrinkage=args.init_shrinkage,
-        val_tol=args.val_tol,
+        FIXED,
+        **{
+            name: setting(args, name)
+            for name in ("reg", "max_iter", "tol", "order", "learning_rate_decay", "val_tol")
+        },
     )
+
+
+def setting(args: argparse.Namespace, name: str):
+    """A protocol setting: its flag's value when given, else the protocol's default."""
+    given = getattr(args, name)
+    return PROTOCOL_DEFAULTS[name] if given is None else given
 
 
 def _sweep_candidates(args: argparse.Namespace, fit_n: dict, extra: list[tuple[str, tuple]]) -> list[dict]:
@@ -441,8 +506,8 @@ def _sweep_run(
             for plr in pair_lrs:
                 refined = model.refined(
                     pairwise_learning_rate=plr,
-                    pairwise_reg=args.pairwise_reg,
-                    pairwise_max_iter=args.pairwise_epochs,
+                    pairwise_reg=FIXED["pairwise_reg"],
+                    pairwise_max_iter=setting(args, "pairwise_max_iter"),
                 )
                 values.setdefault(f"Pairwise {method} pairwise_learning_rate={plr}", []).append(
                     ndcg_values(serving_scorer(refined), val)
@@ -468,7 +533,7 @@ def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
 def _sweep_setting(text: str) -> tuple[str, tuple]:
     """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
-    if not sep or not values or key not in DCR.param_names() + ResearchOptions.names():
+    if not sep or not values or key not in DCR.param_names() + ResearchOptions.names() + list(STOPPING):
         raise SystemExit(
             f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter or research option"
         )
@@ -520,51 +585,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " factors shrunk when served), 'bias' (DCR-bias: a per-level item bias coordinate)",
     )
     parser.add_argument("--dataset", help="data set name for the rows (default: from the path)")
-    parser.add_argument(
-        "--rank",
-        type=int,
-        default=None,
-        help="rank per level (paper's Table 2: 40); default: the protocol's for each N"
-        " (40 for N < 40, 320 from N = 40; chosen by --sweep)",
-    )
-    parser.add_argument("--relevance", default="linear", choices=("linear", "log", "exp"))
-    parser.add_argument("--projection", default="ball", choices=("ball", "sphere"))
-    parser.add_argument(
-        "--lr",
-        type=float,
-        default=None,
-        help="initial learning rate (without --tune); default: the protocol's for each N"
-        " (0.01 for N < 40, 0.02 from N = 40; chosen by --sweep)",
-    )
-    parser.add_argument("--reg", type=float, default=0.001, help="L2 weight (without --tune)")
-    parser.add_argument("--epochs", type=int, default=100, help="most epochs (all of them with --tol 0)")
-    parser.add_argument(
-        "--tol",
-        type=float,
-        default=0.002,
-        help="stop once an epoch gains less than this relative training log-likelihood (0: fixed epochs)",
-    )
-    parser.add_argument(
-        "--init",
-        default=None,
-        choices=("marginal", "random"),
-        help="initial factors: every level at its damped item marginals plus small noise"
-        " (ours) or small random factors (zero mean); default: the protocol's for each N"
-        " (marginal for N < 40, random from N = 40; chosen by --sweep)",
-    )
-    parser.add_argument(
-        "--init-std",
-        type=float,
-        default=None,
-        help="noise of the initial factors (default: the protocol's, 0.05 marginal for N < 40,"
-        " 0.1 random from N = 40; 0.02 marginal / 0.1 random with --init)",
-    )
-    parser.add_argument(
-        "--init-shrinkage",
-        type=float,
-        default=10.0,
-        help="beta of the damped per-level item marginals of --init marginal",
-    )
+    add_param_flags(parser, FLAG_CONSTRAINTS, FLAG_HELP, FLAG_HELP)
     parser.add_argument(
         "--stop",
         default="validation",
@@ -581,13 +602,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " the protocol's fit for each N); with --sweep: the starting points swept",
     )
     parser.add_argument("--rank-grid", default=None, help="as --init-grid, for the rank (e.g. 40,160,320)")
-    parser.add_argument(
-        "--val-tol",
-        type=float,
-        default=0.01,
-        help="with --stop validation: a level's validation log-likelihood must rise by more"
-        " than this (relative) to count as an improvement (default 0.01; 0: any rise)",
-    )
     parser.add_argument(
         "--select-rule",
         default="best",
@@ -634,21 +648,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --sweep: initial noise values (default: the protocol's for each start)",
     )
     parser.add_argument(
-        "--order",
-        default="user",
-        choices=("user", "random"),
-        help="SGA order: ratings grouped by user (default, faster) or one random permutation",
-    )
-    parser.add_argument("--lr-decay", type=float, default=0.02)
-    parser.add_argument(
-        "--pairwise-lr",
-        type=float,
-        default=None,
-        help="(without --tune) default: the protocol's for each N (0.005 / 0.01 / 0.02 at"
-        " N = 10 / 20 / 50, nearest for other N; chosen by --sweep --sweep-pairwise-lr)",
-    )
-    parser.add_argument("--pairwise-reg", type=float, default=0.001)
-    parser.add_argument(
         "--pairwise-folds",
         type=int,
         default=5,
@@ -660,8 +659,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --pairwise: refine unconditionally (the paper's Pairwise DCR) instead of keeping"
         " the refinement only where it raises validation NDCG@10 on hold-outs of the training ratings",
     )
-    parser.add_argument("--pairwise-epochs", type=int, default=20)
-    parser.add_argument("--item-bias", type=float, default=0.7, help="s of the DCR-bias variant")
     parser.add_argument(
         "--item-shrinkage",
         type=float,
@@ -674,9 +671,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="choose lr x reg, the pairwise lr and the shrinkage per run on a validation"
         " split of the training ratings",
     )
-    parser.add_argument("--lr-grid", default="0.05,0.03,0.01")
-    parser.add_argument("--reg-grid", default=",".join(map(str, REG_GRID)))
-    parser.add_argument("--pairwise-lr-grid", default="0.05,0.02,0.01")
     parser.add_argument("--no-references", action="store_true", help="skip the random / item mean rows")
     parser.add_argument(
         "--grid-on-test",
@@ -688,27 +682,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fit_for(n: int, args: argparse.Namespace) -> dict:
-    """The protocol's fit at ``n`` (``protocol_fit``) with any explicit ``--init/--rank/--init-std/--lr``."""
+    """The protocol's fit at ``n`` (``protocol_fit``) with any explicit ``--init``,
+    ``--n-components``, ``--init-std``, ``--learning-rate`` or ``--pairwise-learning-rate``."""
     fit = protocol_fit(n)
     if args.init:
         fit["init"] = args.init
         fit["init_std"] = INIT_STD[args.init]
-    for flag, key in (
-        ("rank", "n_components"),
-        ("init_std", "init_std"),
-        ("lr", "learning_rate"),
-        ("pairwise_lr", "pairwise_learning_rate"),
-    ):
-        if getattr(args, flag) is not None:
-            fit[key] = getattr(args, flag)
+    for key in ("n_components", "init_std", "learning_rate", "pairwise_learning_rate"):
+        if getattr(args, key) is not None:
+            fit[key] = getattr(args, key)
     return fit
 
 
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    model_params, research = ResearchOptions.split(dict(PAPER_PARAMS, **params))
-    return dict(params, level_epochs=stopped_level_epochs(model_params, train, rng, folds, research=research))
+    model_params, research, stopping = split_params(params)
+    epochs = stopped_level_epochs(model_params, train, rng, folds, research=research, stopping=stopping)
+    return dict(params, level_epochs=epochs)
 
 
 class _Results:
@@ -755,16 +746,16 @@ def _plan(args: argparse.Namespace) -> _Plan:
     if unknown:
         raise ValueError(f"unknown variant(s) {sorted(unknown)} (known: shrunk, bias)")
     families = [Family("DCR", {})] + (
-        [Family("DCR-bias", {"item_bias": args.item_bias})] if "bias" in variants else []
+        [Family("DCR-bias", {"item_bias": ITEM_BIAS})] if "bias" in variants else []
     )
     return _Plan(
-        base=dict(_base_params(args), pairwise_reg=args.pairwise_reg, pairwise_max_iter=args.pairwise_epochs),
+        base=dict(_base_params(args), pairwise_max_iter=setting(args, "pairwise_max_iter")),
         families=families,
         shrunk="shrunk" in variants,
         inits=inits,
         ranks=_grid(args.rank_grid, int) if args.rank_grid else (),
-        grid={"learning_rate": _grid(args.lr_grid), "reg": _grid(args.reg_grid)},
-        pair_grid=({"pairwise_learning_rate": _grid(args.pairwise_lr_grid)} if args.pairwise else None),
+        grid={"learning_rate": TUNE_LR_GRID, "reg": REG_GRID},
+        pair_grid=({"pairwise_learning_rate": TUNE_PAIRWISE_LR_GRID} if args.pairwise else None),
     )
 
 
@@ -854,7 +845,7 @@ def _record_family(
         results.record(
             prefix + "-shrunk",
             n,
-            index_ndcg(model.with_research(item_shrinkage=shrinkage), test),
+            index_ndcg(model, test, item_shrinkage=shrinkage),
             f"(item_shrinkage={shrinkage:g})",
         )
     if args.pairwise:
@@ -863,7 +854,7 @@ def _record_family(
             results.record(
                 "Pairwise " + prefix + "-shrunk",
                 n,
-                index_ndcg(refined.with_research(item_shrinkage=shrinkage), test),
+                index_ndcg(refined, test, item_shrinkage=shrinkage),
                 f"(item_shrinkage={shrinkage:g})",
             )
 
@@ -879,7 +870,7 @@ def _pairwise(
     test: Ratings,
 ) -> DCR:
     """The ``Pairwise prefix`` row: the refinement kept only where it raises validation
-    NDCG@10 on hold-outs of the training ratings (``DCR.refined_on_validation``), else the
+    NDCG@10 on hold-outs of the training ratings (``ValidatedRefinement.refine``), else the
     pointwise model; ``--pairwise-always`` refines unconditionally (the paper's). With
     validation, the unconditional refinement is also recorded (``... (always refined)``)."""
     note = params_text(pair_params, sorted(pair_params))
@@ -887,9 +878,7 @@ def _pairwise(
     if args.pairwise_always:
         results.record("Pairwise " + prefix, n, index_ndcg(always, test), f"({note})")
         return always
-    chosen = model.set_params(validation_folds=args.pairwise_folds).refined_on_validation(
-        train, **pair_params
-    )
+    chosen = ValidatedRefinement(model, folds=args.pairwise_folds).refine(model, train, **pair_params)
     point, pair, se = chosen.pairwise_val_ndcg_
     verdict = "kept" if chosen.pairwise_kept_ else "dropped, pointwise model served"
     results.record(
@@ -958,6 +947,7 @@ def _paper_figures(name: str, n_values) -> list[PaperFigure]:
 
 
 def run(args: argparse.Namespace) -> list[Row]:
+    given_params(args, "DCR", FLAG_CONSTRAINTS, FLAG_HELP)  # a bad value names its parameter
     data = load_ratings(args)
     name = dataset_name(args.data, args.dataset)
     n_values = _grid(args.n_train, int)

@@ -35,15 +35,15 @@ class Row:
 
 def summarise(method: str, dataset: str, setting: dict, metric: str, values: Sequence[float]) -> Row:
     """One row from per-run values: mean and (population) standard deviation."""
-    values = np.asarray(values, dtype=np.float64)
+    runs = np.asarray(values, dtype=np.float64)
     return Row(
         method,
         dataset,
         dict(setting),
         metric.lower(),
-        float(values.mean()),
-        float(values.std()),
-        int(values.size),
+        float(runs.mean()),
+        float(runs.std()),
+        int(runs.size),
     )
 
 

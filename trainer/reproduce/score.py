@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from sklearn.metrics import normalized_mutual_info_score
@@ -31,6 +32,7 @@ from ordrec.service.indices.models.score import SCOREIndex
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation
 from ordrec.trainer.models.score import ScoreEstimator
+from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 5
@@ -39,13 +41,39 @@ DATA_REQUIRED = True
 METHODS = {"multi": "SCORE (multi-map)", "single": "single map", "disjoint": "disjoint maps"}
 TABLE1_ZOO = ("type", "legs", "predator")
 # Table 1 of the paper: preservation with three aspects and every triplet (r = 1).
-TABLE1 = {
+TABLE1: dict[str, dict[str, Any]] = {
     "Zoo": {"aspects": TABLE1_ZOO, "multi": 0.98, "single": 0.82},
     "HouseVote": {"aspects": ("immigration", "education-spending", "crime"), "multi": 0.89, "single": 0.70},
 }
 
 
 # --------------------------------------------------------------- arguments
+# The SCORE parameters a flag may change (``--name-with-dashes``, named as the parameter),
+# and the protocol's values when a flag is not given (the paper's).
+FLAG_HELP = {
+    "max_iter": "SGD epochs per fit (default 20)",
+    "steps_per_epoch": "SGD steps per epoch (default: the number of training triplets, capped)",
+    "n_components": "K, the dimension of each map (default 2)",
+    "alpha": "sigmoid scale (paper: 30)",
+    "learning_rate": "initial learning rate (paper: 0.05)",
+    "kappa": "vMF concentration (paper, Zoo: 0)",
+}
+PROTOCOL_DEFAULTS = {
+    "max_iter": 20,
+    "steps_per_epoch": 0,
+    "n_components": 2,
+    "alpha": 30.0,
+    "learning_rate": 0.05,
+    "kappa": 0.0,
+}
+
+
+def protocol_params(args: argparse.Namespace) -> dict:
+    """The protocol's SCORE parameters: the paper's, with the flags given (checked)."""
+    given = given_params(args, "ScoreEstimator", ScoreEstimator._parameter_constraints, FLAG_HELP)
+    return dict(PROTOCOL_DEFAULTS, **given)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--aspects",
@@ -62,17 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="multi,single,disjoint",
         help="which of multi,single,disjoint to fit (default: all three)",
     )
-    parser.add_argument("--epochs", type=int, default=20, help="SGD epochs per fit (default 20)")
-    parser.add_argument(
-        "--steps-per-epoch",
-        type=int,
-        default=0,
-        help="SGD steps per epoch (default: the number of training triplets, capped)",
-    )
-    parser.add_argument("--dim", type=int, default=2, help="K, the dimension of each map (default 2)")
-    parser.add_argument("--alpha", type=float, default=30.0, help="sigmoid scale (paper: 30)")
-    parser.add_argument("--lr", type=float, default=0.05, help="initial learning rate (paper: 0.05)")
-    parser.add_argument("--kappa", type=float, default=0.0, help="vMF concentration (paper, Zoo: 0)")
+    add_param_flags(parser, ScoreEstimator._parameter_constraints, FLAG_HELP, FLAG_HELP)
 
 
 # -------------------------------------------------------------- data shaping
@@ -297,17 +315,7 @@ def _measure_mode(
     measured: _Measured,
 ) -> None:
     """Fit one mode on the run's training table and measure it through the serving index."""
-    est = ScoreEstimator(
-        n_components=args.dim,
-        mode=mode,
-        alpha=args.alpha,
-        learning_rate=args.lr,
-        max_iter=args.epochs,
-        steps_per_epoch=args.steps_per_epoch,
-        kappa=args.kappa,
-        random_state=seed,
-        verbose=not args.quiet,
-    )
+    est = ScoreEstimator(**protocol_params(args), mode=mode, random_state=seed, verbose=not args.quiet)
     index = SCOREIndex.from_artifact(est.fit(train).to_artifact())
     overall, hidden = preservation(index, sub, observed)
     measured.per_mode[mode]["preservation"].append(float(np.nanmean(overall)))

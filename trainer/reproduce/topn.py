@@ -43,6 +43,7 @@ from ordrec.service.indices.models.base import RecommenderIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
+from ordrec.trainer.models.configured import accepted_params, configure
 from ordrec.trainer.models.dcr import PAPER_PARAMS
 from ordrec.trainer.reproduce.coe import DEFAULTS as COE_PAPER
 from ordrec.trainer.reproduce.params import parse_value
@@ -121,7 +122,8 @@ def make_split(data: Ratings, test_fraction: float, new_share: float, seed: int)
 
 
 def model_settings(names: list[str], assignments: list[str]) -> dict[str, dict]:
-    """Each listed model's estimator settings: the list's own, then ``--set MODEL.KEY=VALUE``."""
+    """Each listed model's estimator settings: the list's own, then ``--set MODEL.KEY=VALUE``
+    (KEY one of the names a job table takes for that kind, ``accepted_params``)."""
     settings = {name: dict(MODELS[name][1]) for name in names}
     for text in assignments:
         target, eq, value = text.partition("=")
@@ -130,6 +132,11 @@ def model_settings(names: list[str], assignments: list[str]) -> dict[str, dict]:
             raise SystemExit(f"--set {text!r}: expected MODEL.KEY=VALUE")
         if model not in settings:
             raise SystemExit(f"--set {text!r}: {model!r} is not in --models ({', '.join(settings)})")
+        known = accepted_params(MODELS[model][0])
+        if key not in known:
+            raise SystemExit(
+                f"--set {text!r}: {key!r} is not a parameter of {model} (known: {', '.join(known)})"
+            )
         settings[model][key] = parse_value(value)
     return settings
 
@@ -230,7 +237,7 @@ def als_scores(train: Ratings, factors: int, l2: float, seed: int) -> Callable[[
 # The tuned references: their grid and how one setting is fitted (settings chosen on validation).
 TUNED = {
     "ease": (EASE_GRID, lambda data, l2, seed: ease_scores(data, l2)),
-    "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, *setting, seed)),
+    "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, setting[0], setting[1], seed)),
 }
 
 
@@ -258,8 +265,8 @@ def reference_scorer(name: str, train: Ratings, threshold: float, seed: int, log
 def fit_index(kind_name: str, params: dict, data: Ratings, seed: int) -> tuple[RecommenderIndex, float]:
     kind = kinds.get(kind_name)
     started = time.perf_counter()
-    estimator = kind.estimator_class()(**dict(params, random_state=seed))
-    estimator.fit(data)
+    # As a job configures it: DCR's pairwise refinement kept only where it wins on validation.
+    estimator = configure(kind_name, dict(params, random_state=seed)).fit(data)
     index = kind.index_class().from_artifact(estimator.to_artifact())
     return index, time.perf_counter() - started
 

@@ -1,0 +1,106 @@
+"""A job table's or ``train --set``'s flat settings become the estimator, its model-selection
+wrappers and the artifact's serving choices (trainer/models/configured.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ordrec.trainer.models.configured import accepted_params, configure
+from ordrec.trainer.models.dcr import DCR, EarlyStoppedDCR, ValidatedRefinement
+from tests.test_dcr import planted
+
+
+def test_dcr_takes_its_parameters_its_model_selection_and_its_serving_choices_by_flat_name():
+    names = accepted_params("dcr")
+    assert set(DCR.param_names()) < set(names)
+    assert {"early_stopping", "val_tol", "pairwise_validation", "ann_min_items", "item_shrinkage"} <= set(
+        names
+    )
+    assert accepted_params("coe") == configure("coe", {}).estimator.param_names()
+
+
+def test_the_flat_settings_build_the_wrappers():
+    plain = configure("dcr", {"n_components": 4})
+    assert type(plain.estimator) is DCR and plain.serving == {} and plain.selection == ()
+    refined = configure("dcr", {"pairwise": True, "pairwise_margin": 0.01, "validation_folds": 2})
+    assert isinstance(refined.estimator, ValidatedRefinement)
+    assert (refined.estimator.margin, refined.estimator.folds) == (0.01, 2)
+    always = configure("dcr", {"pairwise": True, "pairwise_validation": False})
+    assert type(always.estimator) is DCR and always.estimator.pairwise
+    stopped = configure("dcr", {"early_stopping": True, "val_tol": 0.01, "patience": 3, "pairwise": True})
+    assert isinstance(stopped.estimator, EarlyStoppedDCR)
+    assert isinstance(stopped.estimator.estimator, ValidatedRefinement)
+    assert (stopped.estimator.stopping.patience, stopped.estimator.stopping.tol) == (3, 0.01)
+    assert stopped.selection == ("pairwise", "early_stopping")
+    served = configure("dcr", {"ann_min_items": 5, "item_shrinkage": 2.0})
+    assert served.serving == {"ann_min_items": 5, "item_shrinkage": 2.0}
+
+
+def test_the_serving_choices_reach_the_artifact():
+    data = planted(3, n_users=20, n_items=15, per_user=8)
+    shrunk = configure("dcr", {"n_components": 2, "max_iter": 2, "item_shrinkage": 2.0}).fit(data)
+    plain = DCR(n_components=2, max_iter=2).fit(data)
+    counts = np.bincount(data.item, minlength=data.n_items)
+    np.testing.assert_allclose(
+        shrunk.to_artifact().arrays["item_factors"],
+        plain.to_artifact().arrays["item_factors"] * (counts / (counts + 2.0))[:, None],
+        rtol=1e-6,
+    )
+    assert shrunk.to_artifact().hyperparameters["item_shrinkage"] == 2.0
+    stopped = configure("dcr", {"n_components": 2, "max_iter": 2, "early_stopping": True, "val_tol": 0.01})
+    recorded = stopped.fit(data).to_artifact().hyperparameters
+    assert (
+        recorded["early_stopping"] is True and recorded["val_tol"] == 0.01 and recorded["n_components"] == 2
+    )
+
+
+@pytest.mark.parametrize(
+    "params,name",
+    [
+        ({"rank": 3}, "rank"),
+        ({"validation_folds": 0}, "validation_folds"),
+        ({"early_stopping": "yes"}, "early_stopping"),
+        ({"pairwise_confidence": -1.0}, "pairwise_confidence"),
+        ({"ann_min_items": 0}, "ann_min_items"),
+        ({"ann_params": "hnsw"}, "ann_params"),
+        ({"ann_params": {"efSearch": 3}}, "efSearch"),
+        ({"n_components": 0}, "n_components"),
+    ],
+)
+def test_a_bad_or_unknown_setting_is_refused_by_name_before_any_fitting(params, name):
+    with pytest.raises(ValueError, match=name):
+        configure("dcr", params).fit(planted(0, n_users=5, n_items=5, per_user=3))
+
+
+def test_model_selection_never_reaches_a_cluster():
+    for option in ("pairwise", "early_stopping"):
+        with pytest.raises(ValueError, match=f"{option}=True"):
+            configure("dcr", {option: True}).fit_on_cluster(planted(0), "local:1")
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "n_components": st.integers(1, 64),
+            "learning_rate": st.floats(0.001, 1.0),
+            "pairwise": st.booleans(),
+            "early_stopping": st.booleans(),
+            "validation_folds": st.integers(1, 5),
+            "pairwise_validation": st.booleans(),
+            "ann_min_items": st.integers(1, 10**6),
+        },
+    )
+)
+def test_the_model_keeps_exactly_the_model_parameters_given(params):
+    configured = configure("dcr", params)
+    estimator = configured.estimator
+    while not isinstance(estimator, DCR):
+        estimator = estimator.estimator
+    model_params = {k: v for k, v in params.items() if k in DCR.param_names()}
+    assert estimator.get_params() == dict(DCR().get_params(), **model_params)
+    assert ("early_stopping" in configured.selection) == bool(params.get("early_stopping"))

@@ -1,0 +1,131 @@
+"""An estimator as a job table or ``ordrec-train train --set`` configures it: one flat set of
+settings split into the model's parameters, its model selection (a wrapper around the
+estimator) and its serving choices (passed to ``to_artifact`` when the version is written).
+
+The estimators keep only the model's own hyperparameters; these flat names stay what job
+files and commands have always written (``early_stopping = true``, ``ann_min_items = 1000``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ordrec.service.storage.artifact import Artifact
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.models import estimator_class
+from ordrec.trainer.models.base import validate_params
+from ordrec.trainer.models.dcr import (
+    DCR,
+    SERVING_CONSTRAINTS,
+    SERVING_DEFAULTS,
+    EarlyStoppedDCR,
+    ValidatedRefinement,
+    ValidationStopping,
+    check_serving,
+)
+
+# DCR's model selection under its flat names: wrapper parameter -> flat name, and the defaults.
+DCR_SELECTION: dict[str, Any] = {
+    "early_stopping": False,
+    "validation_folds": 3,
+    "validation_fraction": 0.25,
+    "patience": 5,
+    "val_tol": 0.0,
+    "pairwise_validation": True,
+    "pairwise_margin": 0.0,
+    "pairwise_confidence": 2.0,
+}
+DCR_SERVING = ("item_shrinkage", "ann_min_items", "ann_params")
+DCR_SELECTION_CONSTRAINTS: dict[str, list] = {
+    "early_stopping": ["boolean"],
+    "validation_folds": EarlyStoppedDCR._parameter_constraints["folds"],
+    "validation_fraction": EarlyStoppedDCR._parameter_constraints["fraction"],
+    "patience": ValidationStopping._parameter_constraints["patience"],
+    "val_tol": ValidationStopping._parameter_constraints["tol"],
+    "pairwise_validation": ["boolean"],
+    "pairwise_margin": ValidatedRefinement._parameter_constraints["margin"],
+    "pairwise_confidence": ValidatedRefinement._parameter_constraints["confidence"],
+}
+
+
+@dataclass
+class Configured:
+    """What to fit (an estimator or a model-selection wrapper) and how to write its artifact."""
+
+    estimator: Any
+    serving: dict[str, Any] = field(default_factory=dict)
+    selection: tuple[str, ...] = ()  # the model-selection settings turned on, by flat name
+    recorded: dict[str, Any] = field(
+        default_factory=dict
+    )  # given selection/serving settings, for the manifest
+
+    def fit(self, data: Any) -> Configured:
+        self.estimator.fit(data)
+        return self
+
+    def fit_on_cluster(self, data: Ratings, address: str) -> Configured:
+        """The fit by DSGD on a cluster: only a plain DCR fits there (a ValueError names the
+        model selection that does not)."""
+        from ordrec.trainer.models.dcr_distributed import fit_on_cluster
+
+        if self.selection:
+            raise ValueError(
+                f"the distributed DCR fit does not support {self.selection[0]}=True (fit it in one process)"
+            )
+        self.estimator = fit_on_cluster(self.estimator, data, address)
+        return self
+
+    def to_artifact(self) -> Artifact:
+        """The fitted model's artifact; its manifest also records the selection and serving
+        settings given (beside the estimator's own parameters)."""
+        artifact = self.estimator.to_artifact(**self.serving)
+        artifact.hyperparameters.update(self.recorded)
+        return artifact
+
+
+def accepted_params(kind: str) -> list[str]:
+    """The flat setting names a ``kind`` takes: its estimator's parameters, then (DCR) its
+    model selection and serving choices."""
+    names = estimator_class(kind).param_names()
+    return names + (list(DCR_SELECTION) + list(DCR_SERVING) if kind == "dcr" else [])
+
+
+def configure(kind: str, params: dict[str, Any]) -> Configured:
+    """The estimator of ``kind`` set from flat ``params`` (unknown names and bad values are a
+    ValueError naming them)."""
+    unknown = set(params) - set(accepted_params(kind))
+    if unknown:
+        raise ValueError(f"{kind} has no parameter(s) {sorted(unknown)}; known: {accepted_params(kind)}")
+    builder: Callable[[dict[str, Any]], Configured] = _dcr if kind == "dcr" else _plain(kind)
+    return builder(dict(params))
+
+
+def _plain(kind: str) -> Callable[[dict[str, Any]], Configured]:
+    return lambda params: Configured(estimator_class(kind)().set_params(**params))
+
+
+def _dcr(params: dict[str, Any]) -> Configured:
+    """DCR, wrapped in ``ValidatedRefinement`` (with ``pairwise`` unless ``pairwise_validation``
+    is false) and in ``EarlyStoppedDCR`` (with ``early_stopping``)."""
+    recorded = {name: params[name] for name in [*DCR_SELECTION, *DCR_SERVING] if name in params}
+    selection = {name: params.pop(name, default) for name, default in DCR_SELECTION.items()}
+    validate_params("DCR", selection, DCR_SELECTION_CONSTRAINTS)
+    serving = {name: params.pop(name) for name in DCR_SERVING if name in params}
+    validate_params("DCR", serving, SERVING_CONSTRAINTS)
+    check_serving(**dict(SERVING_DEFAULTS, **serving))  # an unknown index setting, before any fitting
+    model = DCR(**params)
+    holdout = dict(folds=selection["validation_folds"], fraction=selection["validation_fraction"])
+    estimator: Any = model
+    turned_on: list[str] = []
+    if model.pairwise and selection["pairwise_validation"]:
+        estimator = ValidatedRefinement(
+            model, margin=selection["pairwise_margin"], confidence=selection["pairwise_confidence"], **holdout
+        )
+        turned_on.append("pairwise")
+    if selection["early_stopping"]:
+        rule = ValidationStopping(patience=selection["patience"], tol=selection["val_tol"])
+        estimator = EarlyStoppedDCR(estimator, stopping=rule, **holdout)
+        turned_on.append("early_stopping")
+    return Configured(estimator, serving, tuple(turned_on), recorded)
