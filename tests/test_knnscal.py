@@ -223,7 +223,7 @@ def test_stress_history_is_monotone_and_stops_on_relative_change():
 @pytest.mark.parametrize("update", ["gauss-seidel", "jacobi"])
 def test_majorization_steps_fall_in_a_default_fit(update):
     _, graph = planted(150, 2, 8, seed=8)
-    est = KnnScal(random_state=2, max_iter=40, update=update).fit(graph)
+    est = KnnScal(random_state=2, max_iter=40, solver={"update": update}).fit(graph)
     h = est.stress_history_
     for (_, before_step, before), (_, step, after) in zip(h, h[1:]):
         if step == "majorize":
@@ -445,8 +445,8 @@ def test_the_protocols_flags_refuse_bad_values_by_name(match):
 
 
 def test_the_protocols_flags_are_the_parameter_names():
-    _, args = _protocol_args(["--ne-rank-decay", "auto", "--polish-rounds", "3", "--update", "jacobi"])
-    assert (args.ne_rank_decay, args.polish_rounds, args.update) == ("auto", 3, "jacobi")
+    _, args = _protocol_args(["--ne-rank-decay", "auto", "--polish-rounds", "3", "--init", "cmds"])
+    assert (args.ne_rank_decay, args.polish_rounds, args.init) == ("auto", 3, "cmds")
 
 
 def test_the_solver_settings_are_one_parameter_checked_by_name():

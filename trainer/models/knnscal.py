@@ -263,6 +263,9 @@ def landmark_mds(G: sparse.csr_matrix, dim: int, n_landmarks: int, rng: np.rando
 
 # ------------------------------------------------------------------ solver
 SOLVER_CONSTRAINTS: dict[str, list] = {
+    "sweeps": [Interval(Integral, 1, None)],
+    "update": [Options(str, {"gauss-seidel", "jacobi"})],
+    "n_landmarks": [Interval(Integral, 1, None)],
     "cmds_max_n": [Interval(Integral, 0, None)],
     "multilevel_min_n": [Interval(Integral, 3, None)],
     "ne_exact_max_n": [Interval(Integral, 0, None)],
@@ -273,11 +276,18 @@ SOLVER_CONSTRAINTS: dict[str, list] = {
 
 @dataclass(frozen=True)
 class KnnScalSolver:
-    """How a KNNSCAL fit runs, not what it fits: the sizes where exact methods give way to
-    scalable ones, the parallel block size and the memory layout (``docs/knnscal.md``).
+    """How a KNNSCAL fit runs, not what it fits: the optimiser's schedule and update rule,
+    the sizes where exact methods give way to scalable ones, the parallel block size and
+    the memory layout (``docs/knnscal.md``).
 
     Parameters
     ----------
+    sweeps : int, default 5
+        Majorization sweeps (or L-BFGS steps with a local term) per iteration (step 4a).
+    update : {"gauss-seidel", "jacobi"}, default "gauss-seidel"
+        Vertex-at-a-time majorization, or the poster's simultaneous diagonal one (both monotone).
+    n_landmarks : int, default 32
+        Landmarks of landmark MDS at the start.
     cmds_max_n : int, default 500
         The largest n for dense classical MDS at the start (above: landmark MDS).
     multilevel_min_n : int, default 5000
@@ -291,6 +301,9 @@ class KnnScalSolver:
         (cache locality; the result comes back in the input's order).
     """
 
+    sweeps: int = 5
+    update: str = "gauss-seidel"
+    n_landmarks: int = 32
     cmds_max_n: int = 500
     multilevel_min_n: int = 5_000
     ne_exact_max_n: int = 5_000
@@ -328,22 +341,16 @@ class KnnScal(Estimator):
         Map dimension.
     nonedge_factor : float, default 20.0
         Non-edges sampled per source, as a multiple of q (the poster: 5).
-    sweeps : int, default 5
-        Majorization sweeps (or L-BFGS steps with a local term) per iteration (step 4a).
     max_iter : int, default 200
         Outer iterations (4a, 4b, 4c) at most.
     tol : float, default 1e-4
         Stop when an iteration changes the stress by less than this fraction.
-    update : {"gauss-seidel", "jacobi"}, default "gauss-seidel"
-        Vertex-at-a-time majorization, or the poster's simultaneous diagonal one.
     init : {"auto", "multilevel", "cmds", "landmark", "spectral", "random"}, default "auto"
         Initial configuration from the Delta_sym geodesics; "auto" is "multilevel"
         (classical, then landmark MDS below the solver's size thresholds).
     initial_disparities : {"isotonic", "ranks"}, default "isotonic"
         Start from the isotonic fit of the start's distances, or from the poster's
         Delta = min(r_ij, q).
-    n_landmarks : int, default 32
-        Landmarks of landmark MDS.
     edge_weight : float, default 1.0
         w_ij on graph edges (non-edges weigh 1).
     rank_gap : float, default 2.0
@@ -373,8 +380,9 @@ class KnnScal(Estimator):
     polish_sharpness : float, default 30.0
         The surrogate's s (larger is closer to the 0/1 count).
     solver : KnnScalSolver, dict or None, default None
-        Performance settings (size thresholds of the exact methods, block size, memory
-        layout); None: ``KnnScalSolver()``. A dict gives some of its fields.
+        How the fit runs: sweeps per iteration, the update rule, landmarks, size thresholds
+        of the exact methods, block size, memory layout; None: ``KnnScalSolver()``. A dict
+        gives some of its fields.
     random_state : int, default 0
         Seeds the non-edge sample, the landmarks and the starts.
     verbose : bool, default False
@@ -393,13 +401,10 @@ class KnnScal(Estimator):
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None)],
         "nonedge_factor": [Interval(Real, 0, None)],
-        "sweeps": [Interval(Integral, 1, None)],
         "max_iter": [Interval(Integral, 0, None)],
         "tol": [Interval(Real, 0, None)],
-        "update": [Options(str, {"gauss-seidel", "jacobi"})],
         "init": [Options(str, {"auto", "cmds", "landmark", "spectral", "random", "multilevel"})],
         "initial_disparities": [Options(str, {"ranks", "isotonic"})],
-        "n_landmarks": [Interval(Integral, 1, None)],
         "edge_weight": [Interval(Real, 0, None)],
         "rank_gap": [Interval(Real, 0, None)],
         "hop2_fraction": [Interval(Real, 0, 1)],
@@ -421,13 +426,10 @@ class KnnScal(Estimator):
         *,
         n_components: int = 2,
         nonedge_factor: float = 20.0,
-        sweeps: int = 5,
         max_iter: int = 200,
         tol: float = 1e-4,
-        update: str = "gauss-seidel",
         init: str = "auto",
         initial_disparities: str = "isotonic",
-        n_landmarks: int = 32,
         edge_weight: float = 1.0,
         rank_gap: float = 2.0,
         hop2_fraction: float = 1.0,
@@ -445,13 +447,10 @@ class KnnScal(Estimator):
     ):
         self.n_components = n_components
         self.nonedge_factor = nonedge_factor
-        self.sweeps = sweeps
         self.max_iter = max_iter
         self.tol = tol
-        self.update = update
         self.init = init
         self.initial_disparities = initial_disparities
-        self.n_landmarks = n_landmarks
         self.edge_weight = edge_weight
         self.rank_gap = rank_gap
         self.hop2_fraction = hop2_fraction
@@ -507,7 +506,7 @@ class KnnScal(Estimator):
         elif method == "cmds":
             X = classical_mds(csgraph.dijkstra(G, directed=True), dim)
         else:
-            X = landmark_mds(G, dim, int(self.n_landmarks), rng)
+            X = landmark_mds(G, dim, solver.n_landmarks, rng)
         # A tiny jitter separates vertices that the geodesics put on one spot
         # (d = 0 has no direction for the majorization step).
         scale = X.std() if X.std() > 0 else 1.0
@@ -628,8 +627,8 @@ class KnnScal(Estimator):
     ) -> np.ndarray:
         """Step 4a: ``sweeps`` majorization sweeps on sigma_a, or as many L-BFGS steps on it plus the local term."""
         if local is None:
-            return self._majorize(X, delta, int(self.sweeps))
-        return local.descend(X, delta, int(self.sweeps))
+            return self._majorize(X, delta, self.solver_settings().sweeps)
+        return local.descend(X, delta, self.solver_settings().sweeps)
 
     def _majorize(self, X: np.ndarray, delta: np.ndarray, sweeps: int) -> np.ndarray:
         args = (
@@ -641,7 +640,7 @@ class KnnScal(Estimator):
             self.in_src_,
             self.in_entry_,
         )
-        if self.update == "jacobi":
+        if self.solver_settings().update == "jacobi":
             return K.majorize_jacobi(X, *args, sweeps)
         K.majorize_blocks(X, *args, sweeps, self._n_blocks(X.shape[0]))
         return X

@@ -225,7 +225,7 @@ def multilevel_start(estimator, G, k: int) -> np.ndarray:
     )
     if not coarsens(G.shape[0], lists):
         rng = np.random.default_rng(estimator.random_state)
-        return landmark_mds(G, int(estimator.n_components), int(estimator.n_landmarks), rng)
+        return landmark_mds(G, int(estimator.n_components), estimator.solver_settings().n_landmarks, rng)
     coarse = estimator.geodesic_estimator()
     coarse.fit(lists)
     return prolong(
