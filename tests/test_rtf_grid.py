@@ -15,6 +15,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import rtf_selection
+from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import RTFGridSearch
 from ordrec.trainer.reproduce import rtf as ev
@@ -226,3 +227,22 @@ def test_protocol_reports_rtf_val_and_its_fallback_equals_pop_mix_val(capsys):
         assert by[(ev.VALIDATED, f"f1@{n}")] == pytest.approx(by[(ev.TUNED_MIX, f"f1@{n}")], abs=1e-12)
     err = capsys.readouterr().err
     assert err.count("RTF-val: falls back to pop-mix") == 2
+
+
+def test_train_set_grid_validation_builds_the_grid_search_by_flat_names():
+    flat = {"grid_validation": True, "grid_n_components": [1, 3], "grid_reg": [1e-3], "grid_confidence": 3.0}
+    configured = configure("rtf", dict(flat, max_iter=7))
+    search = configured.estimator
+    assert isinstance(search, RTFGridSearch) and configured.selection == ("grid_validation",)
+    assert search.param_grid == {"n_components": (1, 3), "reg": (1e-3,)}
+    assert (search.margin, search.confidence, search.estimator.max_iter) == (0.0, 3.0, 7)
+    assert type(configure("rtf", {"grid_n_components": [4]}).estimator) is RTF  # grid_validation off
+    with pytest.raises(ValueError, match="grid_validation"):
+        configure("rtf", {"grid_validation": "yes"})
+
+
+def test_train_set_takes_knnscals_solver_fields_by_flat_name():
+    est = configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
+    assert (est.solver_settings().block_size, est.solver_settings().reorder, est.max_iter) == (7, "none", 3)
+    with pytest.raises(ValueError, match="block_size"):
+        configure("knnscal", {"block_size": 0})
