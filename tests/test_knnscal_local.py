@@ -143,7 +143,7 @@ def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
     indptr, col, rnk = neighbor_csr(graph)
     est = KnnScal(**common)
     start = est.initial_configuration(indptr, col, rnk, 90, seed=None if kept == 0 else (0, kept))
-    alone = est._embed("exact", start, affinities(graph, decay=est.rank_decay(indptr)))
+    alone = est.embed("exact", start, affinities(graph, decay=est.rank_decay(indptr)))
     assert sum(L.graph_agreement(alone, indptr, col, rnk)) == several.ne_scores_[kept]
     assert sum(L.graph_agreement(several.coordinates_, indptr, col, rnk)) == several.ne_scores_[kept]
 
@@ -181,7 +181,11 @@ def local_problem(weight=0.05, seed=2):
         graph
     )
     local = L.LocalStress(
-        (est.plus_indptr_, est.plus_col_, *est._weights()), affinities(graph), 3.0, weight, est.weight_total_
+        (est.plus_indptr_, est.plus_col_, *est.entry_weights()),
+        affinities(graph),
+        3.0,
+        weight,
+        est.weight_total_,
     )
     X = np.random.default_rng(seed).standard_normal((16, 2))
     return local, X, est.disparities_

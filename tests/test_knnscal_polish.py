@@ -133,7 +133,7 @@ def test_a_kept_polish_has_its_own_disparities_and_placement_table():
     est = KnnScal(random_state=0, max_iter=30, polish_rounds=8).fit(graph)
     assert est.polished_
     # The map is scaled to its disparities: s = 1 minimises sum w (delta - s d)^2.
-    assert est._to_stress_units(est.coordinates_, est.disparities_) == pytest.approx(1.0)
+    assert est.to_stress_units(est.coordinates_, est.disparities_) == pytest.approx(1.0)
     assert np.all(np.diff(est.rank_disparity_[1:]) >= 0)
     # Placing a vertex by its own list lands it among its listed neighbours on the map.
     indptr, col, _ = neighbor_csr(graph)

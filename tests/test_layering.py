@@ -67,13 +67,7 @@ PROTOCOL_PRIVATES = {"_parameter_constraints", "_validate_params"}
 # Reaches into modules other issue-34 branches are rewriting (DCR/COE/SCORE: dcr-thin;
 # RTF/KnnScal: rtf-knn-thin; readers: reader): each goes when its module gives it a public name.
 PENDING = {
-    ("benchmarks/bench_knnscal.py", "_relabel"),
-    ("tests/test_knnscal_local.py", "_embed"),
-    ("tests/test_knnscal_local.py", "_weights"),
-    ("tests/test_knnscal_polish.py", "_to_stress_units"),
     ("tests/test_readers.py", "_parse_lines"),
-    ("tests/test_rtf.py", "_split_validation"),
-    ("tests/test_rtf_grid.py", "_fit_factors"),
 }
 NAMED_ACCESS = {"getattr", "setattr", "hasattr", "delattr"}  # also monkeypatch.setattr/delattr
 

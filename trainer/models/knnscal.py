@@ -544,7 +544,7 @@ class KnnScal(Estimator):
                 if j == 0
                 else self.initial_configuration(indptr, col, rnk, n, seed=(int(self.random_state), j))
             )
-            Y = self._embed(method, start, P)
+            Y = self.embed(method, start, P)
             scores.append(sum(L.graph_agreement(Y, indptr, col, rnk)))
             if scores[-1] > max(scores[:-1], default=-np.inf):
                 best = Y
@@ -560,7 +560,7 @@ class KnnScal(Estimator):
             return 1.0 + int(np.diff(indptr).max()) / 10.0
         return float(self.ne_rank_decay)
 
-    def _embed(self, method: str, X: np.ndarray, P: sparse.csr_matrix) -> np.ndarray:
+    def embed(self, method: str, X: np.ndarray, P: sparse.csr_matrix) -> np.ndarray:
         """One neighbour embedding of P from the geodesic start X."""
         # t-SNE's start scale: a spread of 1e-4, so early exaggeration forms the clusters.
         Y = 1e-4 * (X - X.mean(axis=0)) / max(float(X[:, 0].std()), 1e-300)
@@ -568,7 +568,7 @@ class KnnScal(Estimator):
             return L.tsne_exact(Y, P)
         return L.neighbor_embedding_sampled(Y * 1e4, P, seed=int(self.random_state))
 
-    def _relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
+    def relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
         """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
 
         Rows move with their contents in the same order (so each row stays
@@ -597,11 +597,12 @@ class KnnScal(Estimator):
         if self.verbose:
             print(f"KNNSCAL {message} [CPU {time.process_time():.1f} s]", file=sys.stderr, flush=True)
 
-    def _weights(self):
+    def entry_weights(self) -> tuple[np.ndarray, int, float]:
+        """What the stress kernels take for the weights of E+: its ranks, q and the edge weight."""
         return self.plus_rnk_, self.q_, float(self.edge_weight)
 
     def _stress(self, X: np.ndarray, delta: np.ndarray) -> float:
-        return K.stress(X, self.plus_indptr_, self.plus_col_, *self._weights(), delta)
+        return K.stress(X, self.plus_indptr_, self.plus_col_, *self.entry_weights(), delta)
 
     def _local_term(self, order: np.ndarray | None, to_stress_units: float) -> L.LocalStress | None:
         """The configuration step's local term (``local_weight`` > 0 after an exact neighbour embedding), or None.
@@ -615,7 +616,7 @@ class KnnScal(Estimator):
         if order is not None:
             P = P[order][:, order].tocsr()
         return L.LocalStress(
-            (self.plus_indptr_, self.plus_col_, *self._weights()),
+            (self.plus_indptr_, self.plus_col_, *self.entry_weights()),
             P,
             1.0 / to_stress_units,
             float(self.local_weight),
@@ -634,7 +635,7 @@ class KnnScal(Estimator):
         args = (
             self.plus_indptr_,
             self.plus_col_,
-            *self._weights(),
+            *self.entry_weights(),
             delta,
             self.in_indptr_,
             self.in_src_,
@@ -726,7 +727,7 @@ class KnnScal(Estimator):
         if self.solver_settings().reorder == "morton":
             order = np.argsort(K.morton_keys(X), kind="stable")
             X = np.ascontiguousarray(X[order])
-            self._relabel(order)
+            self.relabel(order)
         self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
         self.perm_ = K.row_positions(self.plus_indptr_)
         timings["reorder_s"] = time.perf_counter() - t0
@@ -737,7 +738,7 @@ class KnnScal(Estimator):
             delta = self._normalise(self.plus_rnk_.astype(np.float64))
         else:
             delta = self._isotonic(X, np.empty(self.plus_col_.shape[0]))
-        to_stress_units = self._to_stress_units(X, delta)
+        to_stress_units = self.to_stress_units(X, delta)
         X *= to_stress_units
         local = self._local_term(order, to_stress_units)
         check_finite(0, coordinates=X, disparities=delta)
@@ -760,12 +761,12 @@ class KnnScal(Estimator):
                 # One pass over X for the distances; both stresses and the
                 # isotonic fit read them sequentially.
                 d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
-                s_major = K.stress_from_distances(d, *self._weights(), delta)
+                s_major = K.stress_from_distances(d, *self.entry_weights(), delta)
                 check_finite(it, coordinates=X)
                 if local is not None:
                     self.local_history_.append((it, "step", local.value_and_gradient(X, delta)[0]))
                 delta = self._isotonic(X, delta, d)  # 4b, 4c
-                s_iso = K.stress_from_distances(d, *self._weights(), delta)
+                s_iso = K.stress_from_distances(d, *self.entry_weights(), delta)
                 del d
                 check_finite(it, disparities=delta)
                 history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
@@ -795,7 +796,7 @@ class KnnScal(Estimator):
             pos = np.empty(n, dtype=np.int64)
             pos[order] = np.arange(n)
             X = np.ascontiguousarray(X[pos])
-            delta = self._relabel(pos, delta)
+            delta = self.relabel(pos, delta)
         self.n_iter_ = len(iter_times)
         self.iteration_seconds_ = np.array(iter_times)
         self.timings_ = timings
@@ -806,7 +807,7 @@ class KnnScal(Estimator):
         self.rank_disparity_ = self._rank_table(delta)
         return self
 
-    def _to_stress_units(self, X: np.ndarray, delta: np.ndarray) -> float:
+    def to_stress_units(self, X: np.ndarray, delta: np.ndarray) -> float:
         """The factor that scales X to the disparities: argmin_s sum w (delta - s d)^2."""
         d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
         w = np.where(self.plus_rnk_ < self.q_, float(self.edge_weight), 1.0)
@@ -847,7 +848,7 @@ class KnnScal(Estimator):
         score = float(self.polish_scores_[kept, :2].sum())
         self._log(f"polish: round {kept + 1} kept, score {self.graph_score_:.4f} -> {score:.4f}")
         delta = self._isotonic(X, self.disparities_.copy(), perm=K.row_positions(self.plus_indptr_))
-        self.coordinates_ = np.ascontiguousarray(X * self._to_stress_units(X, delta))
+        self.coordinates_ = np.ascontiguousarray(X * self.to_stress_units(X, delta))
         self.disparities_ = delta
         self.rank_disparity_ = self._rank_table(delta)
         self.graph_score_, self.polished_ = score, True
