@@ -127,7 +127,7 @@ def sweeps_only(args) -> None:
         if layout == "morton":
             order = np.argsort(K.morton_keys(X), kind="stable")
             X = np.ascontiguousarray(X[order])
-            est._relabel(order)
+            est.relabel(order)
         in_ptr, in_src, in_entry = K.incoming(est.plus_indptr_, est.plus_col_, n)
         delta = 0.01 * np.sqrt(est.plus_rnk_.astype(np.float64))
         common = (

@@ -12,9 +12,8 @@ from ordrec.trainer.models import estimator_class
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 ROW = re.compile(r"^\| `(?P<kind>\w+)` \| `\w+` \| (?P<bound>\d+) \|$")
-# Thinned on another branch (rtf-knn-thin, issue 34); on this branch they still carry
-# RTF 25 and KnnScal 27 parameters, so their check is expected to fail until that merge.
-NOT_YET_THINNED = {"rtf", "knnscal"}
+# Every built-in estimator is thinned (RTF and KnnScal on rtf-knn-thin, issue 34).
+NOT_YET_THINNED: set[str] = set()
 
 
 def documented_bounds() -> dict[str, int]:

@@ -50,7 +50,7 @@ def test_same_thing_same_name():
         ("coe", "function", "tanh"),
         ("rtf", "learning_rate_drop_factor", 1.0),
         ("score", "delta_init", 1.5),
-        ("knnscal", "update", "newton"),
+        ("knnscal", "init", "newton"),
         ("knnscal", "n_components", True),
     ],
 )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,7 +13,7 @@ from sklearn.isotonic import isotonic_regression
 from ordrec.service.indices.models.knnscal import KNNSCALIndex, place_point, placement_stress
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.models import knnscal_kernels as K
-from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr
+from ordrec.trainer.models.knnscal import KnnScal, KnnScalSolver, enlarged_edges, knn_lists, neighbor_csr
 from tests.gradient_check import assert_gradient
 
 
@@ -166,7 +168,9 @@ def test_reordered_fit_is_returned_in_input_order(dim):
     # polish: a kept polish moves the map after the iterations the history records.)
     points, graph = planted(300, dim, 8, seed=4)
     fits = {
-        r: KnnScal(n_components=dim, random_state=0, max_iter=60, reorder=r, polish_rounds=0).fit(graph)
+        r: KnnScal(n_components=dim, random_state=0, max_iter=60, solver={"reorder": r}, polish_rounds=0).fit(
+            graph
+        )
         for r in ("morton", "none")
     }
     est = fits["morton"]
@@ -219,7 +223,7 @@ def test_stress_history_is_monotone_and_stops_on_relative_change():
 @pytest.mark.parametrize("update", ["gauss-seidel", "jacobi"])
 def test_majorization_steps_fall_in_a_default_fit(update):
     _, graph = planted(150, 2, 8, seed=8)
-    est = KnnScal(random_state=2, max_iter=40, update=update).fit(graph)
+    est = KnnScal(random_state=2, max_iter=40, solver={"update": update}).fit(graph)
     h = est.stress_history_
     for (_, before_step, before), (_, step, after) in zip(h, h[1:]):
         if step == "majorize":
@@ -378,7 +382,7 @@ def test_one_block_is_gauss_seidel_and_blocks_read_the_sweep_start():
 
 def test_blocked_fit_matches_the_sequential_fit():
     _, graph = planted(400, 2, 8, seed=9)
-    fits = [KnnScal(random_state=0, max_iter=60, block_size=b).fit(graph) for b in (400, 100)]
+    fits = [KnnScal(random_state=0, max_iter=60, solver={"block_size": b}).fit(graph) for b in (400, 100)]
     oa = [order_agreement(f.coordinates_, f) for f in fits]
     assert abs(oa[0] - oa[1]) < 0.01, oa
 
@@ -398,30 +402,64 @@ def test_isotonic_start_keeps_the_start_and_converges_sooner_than_rank_dispariti
     assert oa["isotonic"] >= oa["ranks"] - 0.005, oa
 
 
-@pytest.mark.parametrize(
-    ("param", "expected"),
-    [
-        ([], {"knnscal", "knnscal-geodesic-start", "knnscal-poster-start"}),
-        (["initial_disparities=ranks"], {"knnscal"}),
-        (["neighbor_embedding=none"], {"knnscal"}),
-    ],
-)
-def test_the_protocol_shows_the_posters_start_next_to_the_default(param, expected):
+def _protocol_args(flags: list[str]):
     import argparse
 
     from ordrec.trainer.reproduce import knnscal as protocol
 
-    args = argparse.Namespace(
-        digits=False,
-        sklearn="iris",
-        k=5,
-        dim=2,
-        seed=0,
-        data=None,
-        runs=1,
-        quiet=True,
-        references="",
-        param=param + ["max_iter=5"],
-    )
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    protocol.add_arguments(parser)
+    args = parser.parse_args(["--sklearn", "iris", "--n-neighbors", "5", "--references", "", *flags])
+    args.seed, args.data, args.runs, args.quiet = 0, None, 1, True
+    return protocol, args
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], {"knnscal", "knnscal-geodesic-start", "knnscal-poster-start"}),
+        (["--initial-disparities", "ranks"], {"knnscal"}),
+        (["--neighbor-embedding", "none"], {"knnscal"}),
+    ],
+)
+def test_the_protocol_shows_the_posters_start_next_to_the_default(flags, expected):
+    protocol, args = _protocol_args([*flags, "--max-iter", "5", "--solver", '{"reorder": "none"}'])
     rows = protocol.run(args)
     assert {row.method for row in rows} == expected
+
+
+# each bad value, by the name its error must carry
+BAD_PROTOCOL_FLAGS = {
+    "edge_weight": ["--edge-weight", "-1"],
+    "ne_rank_decay": ["--ne-rank-decay", "-2"],
+    "block_size": ["--solver", '{"block_size": 0}'],
+    "blocks": ["--solver", '{"blocks": 4}'],
+}
+
+
+@pytest.mark.parametrize("match", sorted(BAD_PROTOCOL_FLAGS))
+def test_the_protocols_flags_refuse_bad_values_by_name(match):
+    protocol, args = _protocol_args(BAD_PROTOCOL_FLAGS[match])
+    with pytest.raises(ValueError, match=match):
+        protocol.run(args)
+
+
+def test_the_protocols_flags_are_the_parameter_names():
+    _, args = _protocol_args(["--ne-rank-decay", "auto", "--polish-rounds", "3", "--init", "cmds"])
+    assert (args.ne_rank_decay, args.polish_rounds, args.init) == ("auto", 3, "cmds")
+
+
+def test_the_solver_settings_are_one_parameter_checked_by_name():
+    small = knn_lists(np.random.default_rng(0).normal(size=(30, 2)), 4)
+    assert KnnScal().solver_settings() == KnnScalSolver()
+    assert KnnScal(solver={"block_size": 7}).solver_settings().block_size == 7
+    with pytest.raises(ValueError, match="block_size"):
+        KnnScalSolver(block_size=0)
+    with pytest.raises(ValueError, match="no field"):
+        KnnScal(solver={"block": 7}).fit(small)
+    with pytest.raises(ValueError, match="solver"):
+        KnnScal(solver="fast").fit(small)
+    est = KnnScal(solver={"reorder": "none"}, max_iter=2, polish_rounds=0).fit(small)
+    solver = est.to_artifact().hyperparameters["solver"]
+    assert solver == dict(vars(KnnScalSolver()), reorder="none")
+    json.dumps(est.to_artifact().hyperparameters)  # what the registry writes

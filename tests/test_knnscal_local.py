@@ -143,7 +143,7 @@ def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
     indptr, col, rnk = neighbor_csr(graph)
     est = KnnScal(**common)
     start = est.initial_configuration(indptr, col, rnk, 90, seed=None if kept == 0 else (0, kept))
-    alone = est._embed("exact", start, affinities(graph, decay=est.rank_decay(indptr)))
+    alone = est.embed("exact", start, affinities(graph, decay=est.rank_decay(indptr)))
     assert sum(L.graph_agreement(alone, indptr, col, rnk)) == several.ne_scores_[kept]
     assert sum(L.graph_agreement(several.coordinates_, indptr, col, rnk)) == several.ne_scores_[kept]
 
@@ -167,7 +167,7 @@ def test_graph_agreement_of_the_truth_on_an_embeddable_graph_is_one():
 
 def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
-    small_cut = KnnScal(random_state=0, max_iter=20, ne_exact_max_n=10).fit(graph)
+    small_cut = KnnScal(random_state=0, max_iter=20, solver={"ne_exact_max_n": 10}).fit(graph)
     previous = KnnScal(random_state=0, max_iter=20, neighbor_embedding="none", refinement="always").fit(graph)
     assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.graph_score_)
     np.testing.assert_array_equal(small_cut.coordinates_, previous.coordinates_)
@@ -177,9 +177,15 @@ def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before()
 def local_problem(weight=0.05, seed=2):
     """A small fitted E+ and a LocalStress over it, at a random configuration."""
     _, graph = clusters(n_per=8, n_clusters=2, dim=4, k=4, seed=seed)
-    est = KnnScal(random_state=0, neighbor_embedding="none", max_iter=0, reorder="none").fit(graph)
+    est = KnnScal(random_state=0, neighbor_embedding="none", max_iter=0, solver={"reorder": "none"}).fit(
+        graph
+    )
     local = L.LocalStress(
-        (est.plus_indptr_, est.plus_col_, *est._weights()), affinities(graph), 3.0, weight, est.weight_total_
+        (est.plus_indptr_, est.plus_col_, *est.entry_weights()),
+        affinities(graph),
+        3.0,
+        weight,
+        est.weight_total_,
     )
     X = np.random.default_rng(seed).standard_normal((16, 2))
     return local, X, est.disparities_

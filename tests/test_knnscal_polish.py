@@ -133,7 +133,7 @@ def test_a_kept_polish_has_its_own_disparities_and_placement_table():
     est = KnnScal(random_state=0, max_iter=30, polish_rounds=8).fit(graph)
     assert est.polished_
     # The map is scaled to its disparities: s = 1 minimises sum w (delta - s d)^2.
-    assert est._to_stress_units(est.coordinates_, est.disparities_) == pytest.approx(1.0)
+    assert est.to_stress_units(est.coordinates_, est.disparities_) == pytest.approx(1.0)
     assert np.all(np.diff(est.rank_disparity_[1:]) >= 0)
     # Placing a vertex by its own list lands it among its listed neighbours on the map.
     indptr, col, _ = neighbor_csr(graph)
@@ -144,7 +144,7 @@ def test_a_kept_polish_has_its_own_disparities_and_placement_table():
 
 def test_polish_is_off_above_the_validated_cut_and_with_zero_rounds():
     graph = square()
-    above = KnnScal(random_state=0, max_iter=10, ne_exact_max_n=50).fit(graph)
+    above = KnnScal(random_state=0, max_iter=10, solver={"ne_exact_max_n": 50}).fit(graph)
     assert np.isnan(above.graph_score_) and not above.polished_ and above.polish_scores_.size == 0
     off = KnnScal(random_state=0, max_iter=10, polish_rounds=0).fit(graph)
     assert not off.polished_ and off.polish_scores_.size == 0

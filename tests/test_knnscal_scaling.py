@@ -82,7 +82,7 @@ def test_multilevel_start_reproduces_a_planted_layout():
     # Two levels (2000 -> ~270 -> landmark MDS): the prolonged start is the
     # planted layout up to a similarity (local order is left to the fine fit).
     points, graph, _ = planted_graph(2000, 10, seed=5)
-    est = KnnScal(init="multilevel", multilevel_min_n=100, random_state=0, tol=1e-3)
+    est = KnnScal(init="multilevel", solver={"multilevel_min_n": 100}, random_state=0, tol=1e-3)
     start = est.initial_configuration(*neighbor_csr(graph), 2000)
     assert procrustes(points, start)[2] < 0.03
     est.fit(graph)
@@ -93,14 +93,17 @@ def test_multilevel_start_reproduces_a_planted_layout():
 def test_small_graphs_skip_the_coarse_level():
     _, graph, _ = planted_graph(150, 6, seed=6)
     fits = [
-        KnnScal(init=init, multilevel_min_n=200, max_iter=5).fit(graph) for init in ("multilevel", "auto")
+        KnnScal(init=init, solver={"multilevel_min_n": 200}, max_iter=5).fit(graph)
+        for init in ("multilevel", "auto")
     ]
     np.testing.assert_array_equal(fits[0].coordinates_, fits[1].coordinates_)
 
 
 def test_verbose_fit_prints_every_phase_and_iteration_as_it_goes(capsys):
     _, graph, _ = planted_graph(300, 6, seed=7)
-    est = KnnScal(init="multilevel", multilevel_min_n=100, max_iter=3, tol=0, verbose=True).fit(graph)
+    est = KnnScal(init="multilevel", solver={"multilevel_min_n": 100}, max_iter=3, tol=0, verbose=True).fit(
+        graph
+    )
     err = capsys.readouterr().err
     for phase in ("n=300 |E+|=", "coarsened 300 ->", "n=300: start", "n=300: reorder"):
         assert phase in err, phase
@@ -124,9 +127,11 @@ def test_a_graph_that_does_not_coarsen_gets_the_landmark_start():
     graph = NeighborLists(IdMap([str(i) for i in range(n)]), source, neighbor, rank)
     csr = neighbor_csr(graph)
     starts = [
-        KnnScal(init=init, multilevel_min_n=3).initial_configuration(*csr, n)
+        KnnScal(init=init, solver={"multilevel_min_n": 3}).initial_configuration(*csr, n)
         for init in ("multilevel", "landmark")
     ]
     # Equal up to the start's 1e-6 jitter (drawn from another point of the random stream).
     np.testing.assert_allclose(starts[0], starts[1], atol=1e-5 * starts[1].std())
-    assert KnnScal(init="multilevel", multilevel_min_n=3, max_iter=3).fit(graph).coordinates_.shape == (n, 2)
+    assert KnnScal(init="multilevel", solver={"multilevel_min_n": 3}, max_iter=3).fit(
+        graph
+    ).coordinates_.shape == (n, 2)

@@ -153,7 +153,7 @@ import contextlib, io
 from ordrec.trainer.cli import main
 err = io.StringIO()
 with contextlib.redirect_stderr(err):
-    code = main(["reproduce", "knnscal", "--digits", "--runs", "1", "--k", "5"])
+    code = main(["reproduce", "knnscal", "--digits", "--runs", "1", "--n-neighbors", "5"])
 print(code, err.getvalue())
 """
     )

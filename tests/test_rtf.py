@@ -11,7 +11,15 @@ from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models import rtf_kernels as K
-from ordrec.trainer.models.rtf import EXTRA_VALIDATION_SHARE, RTF, group_posts
+from ordrec.trainer.models.rtf import (
+    EXTRA_VALIDATION_SHARE,
+    RTF,
+    Plateau,
+    Posts,
+    group_posts,
+    sgd_passes,
+    validation_mask,
+)
 from ordrec.trainer.sample import planted_tags_with_truth
 
 
@@ -256,7 +264,7 @@ def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
 def test_validation_split_never_takes_a_users_last_post(n_val, n_posts):
     rng = np.random.default_rng(n_val)
     post_user = np.sort(rng.integers(0, 30, size=n_posts)).astype(np.int32)
-    mask = RTF._split_validation(post_user, n_val, np.random.default_rng(0))
+    mask = validation_mask(post_user, n_val, np.random.default_rng(0))
     counts = np.bincount(post_user, minlength=30)
     held = np.bincount(post_user[mask], minlength=30)
     assert np.all(counts[counts > 0] - held[counts > 0] >= 1)
@@ -427,3 +435,55 @@ def test_keep_within_keeps_the_latest_pass_of_the_plateau():
     assert wide.best_epoch_ == wide.epochs_run_
     with pytest.raises(ValueError, match="keep_within"):
         RTF(keep_within=-1.0, verbose=False).fit(train)
+
+
+def _passes(data, plateau, seed=0, max_iter=200):
+    """``sgd_passes`` called as a plain function on planted posts; the live factors after each pass."""
+    data = data.compact()
+    posts = Posts(*group_posts(data.user, data.item, data.tag))
+    rng = np.random.default_rng(seed)
+    validation = validation_mask(posts.user, 30, rng)
+    shapes = [(4, 4, 4), (len(data.users), 4), (len(data.items), 4), (len(data.tags), 4)]
+    factors = tuple(rng.normal(0.0, 0.3, size=s) for s in shapes)
+    seen = {}
+
+    def snapshot(epoch, record):
+        seen[epoch] = [f.copy() for f in factors]
+
+    passes = sgd_passes(
+        factors,
+        posts,
+        validation,
+        rng,
+        learning_rate=1.0,
+        learning_rate_decay=0.0,
+        regs=(1e-3, 0.0, 0.0),
+        max_iter=max_iter,
+        plateau=plateau,
+        on_pass=snapshot,
+    )
+    return passes, factors, seen
+
+
+def test_the_passes_leave_the_factors_of_the_kept_pass_and_stop_after_patience():
+    data, _, train, _ = _split_planted(seed=1)
+    plateau = Plateau(3, 5, 1e-3, 1, None, 0, 0.5)
+    passes, factors, seen = _passes(train, plateau)
+    vals = [h["val_auc"] for h in passes.history]
+    gains = [e for e in range(1, len(vals) + 1) if vals[e - 1] > max([-np.inf] + vals[: e - 1]) + 1e-3]
+    assert passes.best_epoch == gains[-1] < len(vals) < 200
+    assert len(vals) == max(passes.best_epoch + 3, 5)  # stopped by patience (min_iter 5), not before
+    for live, kept in zip(factors, seen[passes.best_epoch]):
+        np.testing.assert_array_equal(live, kept)
+
+
+def test_a_learning_rate_drop_restarts_patience_from_the_best_pass():
+    data, _, train, _ = _split_planted(seed=1)
+    once, _, _ = _passes(train, Plateau(3, 5, 1e-3, 1, None, 0, 0.5))
+    dropped, _, _ = _passes(train, Plateau(3, 5, 1e-3, 1, None, 1, 0.5))
+    first_stop = len(once.history)
+    assert first_stop < 200
+    same = [{k: v for k, v in h.items() if k != "lr"} for h in dropped.history[:first_stop]]
+    assert same == once.history  # the same passes up to the plateau
+    assert len(dropped.history) >= first_stop + 3  # a fresh patience after the drop
+    assert dropped.history[first_stop]["lr"] == pytest.approx(0.5 * dropped.history[0]["lr"])

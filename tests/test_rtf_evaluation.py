@@ -98,7 +98,7 @@ def _args(**over):
     args = parser.parse_args([])
     args.runs, args.seed, args.quiet, args.data = 1, 0, True, "planted"
     args.format, args.skip_bad_lines = "auto", False
-    args.grid_validation = False  # RTF-val has its own tests (tests/test_rtf_grid.py)
+    args.grid_search = False  # RTF-val has its own tests (tests/test_rtf_grid.py)
     for key, value in over.items():
         setattr(args, key, value)
     return args
@@ -106,7 +106,7 @@ def _args(**over):
 
 def test_run_reports_the_contract_rows(capsys):
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
-    rows = ev.run(_args(core=2, dims="3,5", iterations=6, runs=2), data=data)
+    rows = ev.run(_args(core=2, n_components="3,5", max_iter=6, runs=2), data=data)
     methods = {r.method for r in rows}
     assert methods == {
         "RTF-3",
@@ -167,7 +167,7 @@ def test_per_dims_settings_reach_only_their_dims():
         ev.parse_per_dims(["64:lr=0.1"])
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
     rows = ev.run(
-        _args(core=2, dims="3,4", iterations=6, per_dims=["4:max_iter=2,validation_posts=0"]), data=data
+        _args(core=2, n_components="3,4", max_iter=6, per_dims=["4:max_iter=2,validation_posts=0"]), data=data
     )
     epochs = {r.method: r.mean for r in rows if r.metric == "epochs"}
     assert epochs["RTF-4"] == 2 and epochs["RTF-3"] > 2
@@ -177,7 +177,7 @@ def test_npmax_peeks_and_beats_item_popularity_on_its_own_test_set():
     """npmax ranks by the test posts' own tags, so it is at least as good as
     any non-personalised list at N = 1 for items with a single test post."""
     data = planted_tags(n_users=80, n_items=30, n_tags=20, seed=6)
-    rows = ev.run(_args(core=2, dims="2", iterations=2), data=data)
+    rows = ev.run(_args(core=2, n_components="2", max_iter=2), data=data)
     by = {(r.method, r.metric): r.mean for r in rows}
     assert by[("npmax", "f1@1")] >= by[("pop-item", "f1@1")]
     assert by[("npmax", "f1@1")] >= by[("pop-global", "f1@1")]
@@ -191,17 +191,17 @@ def test_cli_registers_reproduce_rtf(tmp_path):
             "rtf",
             "--data",
             "x",
-            "--dims",
+            "--n-components",
             "8,64",
             "--core",
             "5",
-            "--iterations",
+            "--max-iter",
             "7",
             "--learning-rate",
             "0.3",
         ]
     )
-    assert args.dims == "8,64" and args.core == 5 and args.iterations == 7 and args.learning_rate == 0.3
+    assert args.n_components == "8,64" and args.core == 5 and args.max_iter == 7 and args.learning_rate == 0.3
     assert args.runs == ev.DEFAULT_RUNS
 
 
@@ -230,7 +230,7 @@ def test_lastfm_rtf_64_is_ahead_of_pop_mix_at_n_1_to_9_on_a_fresh_seed(tmp_path)
     N = 1..9 on every one of the fresh seeds 6-14 (and AUC near 0.989): seed 6, RTF-64 alone."""
     out = tmp_path / "rtf.json"
     argv = ["reproduce", "rtf", "--data", str(data_file("lastfm-tags", "user_taggedartists.dat"))]
-    argv += ["--core", "10", "--dims", "64", "--runs", "1", "--seed", "6", "--no-grid-validation"]
+    argv += ["--core", "10", "--n-components", "64", "--runs", "1", "--seed", "6", "--no-grid-search"]
     assert main([*argv, "--quiet", "--json", str(out)]) == 0
     rows = {(r["method"], r["metric"]): r["mean"] for r in json.loads(out.read_text())}
     assert rows[("RTF-64", "auc")] > 0.985
@@ -242,9 +242,9 @@ def test_lastfm_rtf_64_is_ahead_of_pop_mix_at_n_1_to_9_on_a_fresh_seed(tmp_path)
 def test_compare_first_pass_scores_the_default_rules_pass_of_the_same_run():
     data = planted_tags(n_users=60, n_items=40, n_tags=20, seed=5)
     common = dict(
-        core=2, dims="3", iterations=25, patience=2, min_iterations=3, smoothing=1, validation_posts=40
+        core=2, n_components="3", max_iter=25, patience=2, min_iter=3, smoothing=1, validation_posts=40
     )
-    plain = {(r.method, r.metric): r.mean for r in ev.run(_args(**common, keep_within=-1.0), data=data)}
+    plain = {(r.method, r.metric): r.mean for r in ev.run(_args(**common, keep_within=None), data=data)}
     rows = ev.run(_args(**common, keep_within=1.0, compare_first_pass=True), data=data)
     by = {(r.method, r.metric): r.mean for r in rows}
     # a tolerance of 1.0 keeps the last pass run; /first is what the default rule keeps
@@ -263,6 +263,9 @@ def test_built_in_per_dims_settings_apply_first_and_yield_to_the_flag(monkeypatc
     def epochs(rows):
         return {r.method: r.mean for r in rows if r.metric == "epochs"}
 
-    assert epochs(ev.run(_args(core=2, dims="3,4", iterations=6), data=data)) == {"RTF-3": 2, "RTF-4": 6}
-    over = ev.run(_args(core=2, dims="3", iterations=6, per_dims=["3:max_iter=4"]), data=data)
+    assert epochs(ev.run(_args(core=2, n_components="3,4", max_iter=6), data=data)) == {
+        "RTF-3": 2,
+        "RTF-4": 6,
+    }
+    over = ev.run(_args(core=2, n_components="3", max_iter=6, per_dims=["3:max_iter=4"]), data=data)
     assert epochs(over)["RTF-3"] == 4

@@ -1,4 +1,4 @@
-"""RTF grid_validation: dims and reg chosen on posts carved from the training posts, the
+"""RTFGridSearch: dims and reg chosen on posts carved from the training posts, the
 pop-mix fallback, serving the chosen model, and the protocol's RTF-val row."""
 
 from __future__ import annotations
@@ -14,14 +14,20 @@ from ordrec.service.storage.artifact import ArtifactError
 from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
-from ordrec.trainer.models import rtf as rtf_module
+from ordrec.trainer.models import rtf_selection
+from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.rtf import RTF
+from ordrec.trainer.models.rtf_selection import RTFGridSearch
 from ordrec.trainer.reproduce import rtf as ev
 
 # Small and fast: every candidate stops early on its own stopping posts. A larger initial
 # scale than the default, so that small dims leave chance level within a few passes.
 FAST = dict(max_iter=60, validation_posts=60, patience=8, min_iter=15, init_std=0.5, verbose=False)
-PROTOCOL_FAST = ["--iterations", "60", "--patience", "8", "--min-iterations", "15", "--init-std", "0.5"]
+PROTOCOL_FAST = ["--max-iter", "60", "--patience", "8", "--min-iter", "15", "--init-std", "0.5"]
+
+
+def _search(dims, **settings) -> RTFGridSearch:
+    return RTFGridSearch(RTF(random_state=0, **FAST, **settings), {"n_components": dims, "reg": (1e-3,)})
 
 
 def _assignments(users, items, tags) -> TagAssignments:
@@ -72,8 +78,7 @@ def _posts(data: TagAssignments) -> set[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def three_way():
     data = _three_way_tags(seed=1)
-    est = RTF(grid_validation=True, grid_n_components=(1, 3), grid_reg=(1e-3,), random_state=0, **FAST)
-    return data, est.fit(data)
+    return data, _search((1, 3)).fit(data)
 
 
 def test_planted_three_way_tags_choose_dims_3_and_keep_rtf(three_way):
@@ -83,7 +88,7 @@ def test_planted_three_way_tags_choose_dims_3_and_keep_rtf(three_way):
     assert est.chosen_params_ == {"n_components": 3, "reg": 1e-3}
     rtf_f1, mix_f1, se = est.grid_val_f1_
     assert est.grid_kept_ and rtf_f1 - mix_f1 > 2 * se
-    assert est.core_.shape == (3, 3, 3) and est.serves() == "rtf"
+    assert est.best_estimator_.core_.shape == (3, 3, 3) and est.serves() == "rtf"
     artifact = est.to_artifact()
     assert artifact.attributes["serves"] == "rtf"
     assert artifact.metrics["grid_n_components"] == 3.0 and artifact.metrics["grid_kept"] == 1.0
@@ -91,12 +96,10 @@ def test_planted_three_way_tags_choose_dims_3_and_keep_rtf(three_way):
 
 def test_item_only_tags_fall_back_to_pop_mix_and_the_index_serves_it(tmp_path):
     data = _item_only_tags(seed=2)
-    est = RTF(grid_validation=True, grid_n_components=(2, 4), grid_reg=(1e-3,), random_state=0, **FAST).fit(
-        data
-    )
+    est = _search((2, 4)).fit(data)
     rtf_f1, mix_f1, se = est.grid_val_f1_
     assert not est.grid_kept_ and rtf_f1 - mix_f1 <= 2 * se
-    assert est.serves() == "pop-mix" and est.epochs_run_ == 0  # nothing refitted
+    assert est.serves() == "pop-mix" and est.best_estimator_.epochs_run_ == 0  # nothing refitted
     artifact = est.to_artifact()
     assert artifact.attributes["serves"] == "pop-mix"
     assert artifact.attributes["mix_weight"] == est.mix_weight_
@@ -112,19 +115,50 @@ def test_item_only_tags_fall_back_to_pop_mix_and_the_index_serves_it(tmp_path):
         np.testing.assert_array_equal(batch, index.scores(u, i))
 
 
-def test_grid_validation_off_ignores_the_grid():
+def test_a_plain_rtf_serves_itself_at_the_even_mix():
     data = _item_only_tags(seed=3, n_users=20, n_items=15)
-    est = RTF(n_components=2, grid_n_components=(5,), max_iter=2, validation_posts=0, verbose=False).fit(data)
+    est = RTF(n_components=2, max_iter=2, validation_posts=0, verbose=False).fit(data)
     assert est.core_.shape == (2, 2, 2) and est.serves() == "rtf"
-    assert not hasattr(est, "grid_kept_")
+    artifact = est.to_artifact()
+    assert artifact.attributes["serves"] == "rtf" and artifact.attributes["mix_weight"] == 0.5
+    assert "grid_kept" not in artifact.metrics
 
 
 @pytest.mark.parametrize(
-    "grid", [dict(grid_n_components=()), dict(grid_n_components=(0,)), dict(grid_reg=(-1.0,))]
+    "grid, match",
+    [
+        ({"n_components": ()}, "param_grid"),
+        ({}, "param_grid"),
+        ({"n_components": (0,)}, "n_components"),
+        ({"reg": (-1.0,)}, "reg"),
+        ({"reg": ("a lot",)}, "reg"),
+        ({"no_such": (1,)}, "no_such"),
+    ],
 )
-def test_a_bad_grid_is_a_clear_error(grid):
-    with pytest.raises(ValueError, match="grid_"):
-        RTF(grid_validation=True, **grid)._validate_params()
+def test_a_bad_grid_is_a_clear_error(grid, match):
+    with pytest.raises(ValueError, match=match):
+        RTFGridSearch(RTF(), grid).fit(_item_only_tags(seed=3, n_users=20, n_items=15))
+
+
+@pytest.mark.parametrize("settings", [dict(margin="0"), dict(confidence=-1.0), dict(margin=float("nan"))])
+def test_a_bad_margin_or_confidence_is_a_clear_error(settings):
+    with pytest.raises(ValueError, match="margin|confidence"):
+        RTFGridSearch(RTF(), **settings).fit(_item_only_tags(seed=3, n_users=20, n_items=15))
+
+
+def test_the_grid_search_refuses_what_rtf_refuses():
+    with pytest.raises(TypeError, match="TagAssignments"):
+        _search((1,)).fit(np.zeros((3, 3)))
+
+
+def test_the_artifact_records_the_grid_it_chose_from(three_way):
+    artifact = three_way[1].to_artifact()
+    assert artifact.attributes["grid_search"] == {
+        "param_grid": {"n_components": [1, 3], "reg": [1e-3]},
+        "margin": 0.0,
+        "confidence": 2.0,
+    }
+    assert artifact.hyperparameters["n_components"] == 3
 
 
 def test_the_index_rejects_an_unknown_serves(three_way):
@@ -140,23 +174,25 @@ def test_validation_reads_only_training_posts_never_test_posts(monkeypatch):
     scored: list[set] = []
     fitted: list[set] = []
 
-    class Spy(rtf_module.HeldOutPosts):
+    class Spy(rtf_selection.HeldOutPosts):
         def __init__(self, data, held, index):
             super().__init__(data, held, index)
             scored.append(set(zip(data.users.externals(held[0]), data.items.externals(held[1]))))
 
-    real_fit = RTF._fit_factors
+    real_fit = RTF.fit
 
-    def spy_fit(self, data, on_epoch):
+    def spy_fit(self, data, on_epoch=None):
         fitted.append(_posts(data))
         return real_fit(self, data, on_epoch)
 
-    monkeypatch.setattr(rtf_module, "HeldOutPosts", Spy)
-    monkeypatch.setattr(RTF, "_fit_factors", spy_fit)
+    monkeypatch.setattr(rtf_selection, "HeldOutPosts", Spy)
+    monkeypatch.setattr(RTF, "fit", spy_fit)
     data = _three_way_tags(seed=4, n_users=45, n_items=30, posts=10)
     args = argparse.ArgumentParser()
     ev.add_arguments(args)
-    args = args.parse_args(["--dims", "", "--grid-dims", "1,3", "--grid-reg", "1e-3", *PROTOCOL_FAST])
+    args = args.parse_args(
+        ["--n-components", "", "--grid-n-components", "1,3", "--grid-reg", "1e-3", *PROTOCOL_FAST]
+    )
     args.runs, args.seed, args.quiet, args.data, args.core = 1, 7, True, "planted", 2
     ev.run(args, data=data)
 
@@ -179,7 +215,9 @@ def test_protocol_reports_rtf_val_and_its_fallback_equals_pop_mix_val(capsys):
     data = _item_only_tags(seed=5)
     args = argparse.ArgumentParser()
     ev.add_arguments(args)
-    args = args.parse_args(["--dims", "", "--grid-dims", "2", "--grid-reg", "1e-3", *PROTOCOL_FAST])
+    args = args.parse_args(
+        ["--n-components", "", "--grid-n-components", "2", "--grid-reg", "1e-3", *PROTOCOL_FAST]
+    )
     args.runs, args.seed, args.quiet, args.data, args.core = 2, 0, True, "planted", 2
     rows = ev.run(args, data=data)
     by = {(r.method, r.metric): r.mean for r in rows}
@@ -189,3 +227,22 @@ def test_protocol_reports_rtf_val_and_its_fallback_equals_pop_mix_val(capsys):
         assert by[(ev.VALIDATED, f"f1@{n}")] == pytest.approx(by[(ev.TUNED_MIX, f"f1@{n}")], abs=1e-12)
     err = capsys.readouterr().err
     assert err.count("RTF-val: falls back to pop-mix") == 2
+
+
+def test_train_set_grid_validation_builds_the_grid_search_by_flat_names():
+    flat = {"grid_validation": True, "grid_n_components": [1, 3], "grid_reg": [1e-3], "grid_confidence": 3.0}
+    configured = configure("rtf", dict(flat, max_iter=7))
+    search = configured.estimator
+    assert isinstance(search, RTFGridSearch) and configured.selection == ("grid_validation",)
+    assert search.param_grid == {"n_components": (1, 3), "reg": (1e-3,)}
+    assert (search.margin, search.confidence, search.estimator.max_iter) == (0.0, 3.0, 7)
+    assert type(configure("rtf", {"grid_n_components": [4]}).estimator) is RTF  # grid_validation off
+    with pytest.raises(ValueError, match="grid_validation"):
+        configure("rtf", {"grid_validation": "yes"})
+
+
+def test_train_set_takes_knnscals_solver_fields_by_flat_name():
+    est = configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
+    assert (est.solver_settings().block_size, est.solver_settings().reorder, est.max_iter) == (7, "none", 3)
+    with pytest.raises(ValueError, match="block_size"):
+        configure("knnscal", {"block_size": 0})

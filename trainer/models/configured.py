@@ -9,7 +9,7 @@ files and commands have always written (``early_stopping = true``, ``ann_min_ite
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ordrec.service.storage.artifact import Artifact
@@ -25,6 +25,9 @@ from ordrec.trainer.models.dcr import (
     ValidationStopping,
     check_serving,
 )
+from ordrec.trainer.models.knnscal import SOLVER_CONSTRAINTS, KnnScal, KnnScalSolver
+from ordrec.trainer.models.rtf import RTF
+from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 
 # DCR's model selection under its flat names: wrapper parameter -> flat name, and the defaults.
 DCR_SELECTION: dict[str, Any] = {
@@ -85,11 +88,28 @@ class Configured:
         return artifact
 
 
+# RTF's grid search and KnnScal's solver settings under their flat names (issue 34 moved them
+# out of the estimators): flat name -> RTFGridSearch setting, and KnnScalSolver's fields.
+RTF_SELECTION: dict[str, str] = {
+    "grid_validation": "",
+    "grid_n_components": "n_components",
+    "grid_reg": "reg",
+    "grid_margin": "margin",
+    "grid_confidence": "confidence",
+}
+KNNSCAL_SOLVER = tuple(SOLVER_CONSTRAINTS)
+
+
 def accepted_params(kind: str) -> list[str]:
     """The flat setting names a ``kind`` takes: its estimator's parameters, then (DCR) its
-    model selection and serving choices."""
+    model selection and serving choices, (RTF) its grid search, (KNNSCAL) its solver fields."""
     names = estimator_class(kind).param_names()
-    return names + (list(DCR_SELECTION) + list(DCR_SERVING) if kind == "dcr" else [])
+    extra = {
+        "dcr": list(DCR_SELECTION) + list(DCR_SERVING),
+        "rtf": list(RTF_SELECTION),
+        "knnscal": list(KNNSCAL_SOLVER),
+    }
+    return names + extra.get(kind, [])
 
 
 def configure(kind: str, params: dict[str, Any]) -> Configured:
@@ -98,8 +118,12 @@ def configure(kind: str, params: dict[str, Any]) -> Configured:
     unknown = set(params) - set(accepted_params(kind))
     if unknown:
         raise ValueError(f"{kind} has no parameter(s) {sorted(unknown)}; known: {accepted_params(kind)}")
-    builder: Callable[[dict[str, Any]], Configured] = _dcr if kind == "dcr" else _plain(kind)
-    return builder(dict(params))
+    builders: dict[str, Callable[[dict[str, Any]], Configured]] = {
+        "dcr": _dcr,
+        "rtf": _rtf,
+        "knnscal": _knnscal,
+    }
+    return builders.get(kind, _plain(kind))(dict(params))
 
 
 def _plain(kind: str) -> Callable[[dict[str, Any]], Configured]:
@@ -129,3 +153,33 @@ def _dcr(params: dict[str, Any]) -> Configured:
         estimator = EarlyStoppedDCR(estimator, stopping=rule, **holdout)
         turned_on.append("early_stopping")
     return Configured(estimator, serving, tuple(turned_on), recorded)
+
+
+def _rtf(params: dict[str, Any]) -> Configured:
+    """RTF, wrapped in ``RTFGridSearch`` when ``grid_validation`` is true (its grid from
+    ``grid_n_components`` and ``grid_reg``, its rule from ``grid_margin`` and ``grid_confidence``)."""
+    recorded = {name: params.pop(name) for name in RTF_SELECTION if name in params}
+    validate_params(
+        "RTF", {"grid_validation": recorded.get("grid_validation", False)}, {"grid_validation": ["boolean"]}
+    )
+    model = RTF(**params)
+    if not recorded.get("grid_validation", False):
+        return Configured(model, recorded=recorded)
+    grid = dict(DEFAULT_GRID)
+    for name in ("grid_n_components", "grid_reg"):
+        if name in recorded:
+            grid[RTF_SELECTION[name]] = tuple(recorded[name])
+    rule = {
+        RTF_SELECTION[name]: recorded[name] for name in ("grid_margin", "grid_confidence") if name in recorded
+    }
+    return Configured(RTFGridSearch(model, grid, **rule), selection=("grid_validation",), recorded=recorded)
+
+
+def _knnscal(params: dict[str, Any]) -> Configured:
+    """KnnScal, its solver fields given flat (``block_size=10000``) merged into ``solver``."""
+    flat = {name: params.pop(name) for name in KNNSCAL_SOLVER if name in params}
+    if flat:
+        given = params.get("solver")
+        base = asdict(KnnScalSolver.of(given))
+        params["solver"] = KnnScalSolver.of(dict(base, **flat))
+    return Configured(KnnScal(**params))

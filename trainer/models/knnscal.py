@@ -94,9 +94,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from numbers import Integral, Real
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from scipy import sparse
@@ -108,7 +109,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import DataError, NeighborLists
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models import knnscal_local as L
-from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
 from ordrec.trainer.models.knnscal_polish import polish
 from ordrec.trainer.progress import Progress
 
@@ -260,157 +261,162 @@ def landmark_mds(G: sparse.csr_matrix, dim: int, n_landmarks: int, rng: np.rando
     return -0.5 * (D2 - mean[:, None]).T @ pinv
 
 
+# ------------------------------------------------------------------ solver
+SOLVER_CONSTRAINTS: dict[str, list] = {
+    "sweeps": [Interval(Integral, 1, None)],
+    "update": [Options(str, {"gauss-seidel", "jacobi"})],
+    "n_landmarks": [Interval(Integral, 1, None)],
+    "cmds_max_n": [Interval(Integral, 0, None)],
+    "multilevel_min_n": [Interval(Integral, 3, None)],
+    "ne_exact_max_n": [Interval(Integral, 0, None)],
+    "block_size": [Interval(Integral, 1, None)],
+    "reorder": [Options(str, {"morton", "none"})],
+}
+
+
+@dataclass(frozen=True)
+class KnnScalSolver:
+    """How a KNNSCAL fit runs, not what it fits: the optimiser's schedule and update rule,
+    the sizes where exact methods give way to scalable ones, the parallel block size and
+    the memory layout (``docs/knnscal.md``).
+
+    Parameters
+    ----------
+    sweeps : int, default 5
+        Majorization sweeps (or L-BFGS steps with a local term) per iteration (step 4a).
+    update : {"gauss-seidel", "jacobi"}, default "gauss-seidel"
+        Vertex-at-a-time majorization, or the poster's simultaneous diagonal one (both monotone).
+    n_landmarks : int, default 32
+        Landmarks of landmark MDS at the start.
+    cmds_max_n : int, default 500
+        The largest n for dense classical MDS at the start (above: landmark MDS).
+    multilevel_min_n : int, default 5000
+        The multilevel start coarsens graphs of more vertices than this.
+    ne_exact_max_n : int, default 5000
+        The largest n for the exact neighbour embedding, the validated refinement and the polish.
+    block_size : int, default 50000
+        Vertices per block of the parallel Gauss-Seidel sweep (one block below it: plain Gauss-Seidel).
+    reorder : {"morton", "none"}, default "morton"
+        Renumber the vertices along the Z-order curve of the start during the iterations
+        (cache locality; the result comes back in the input's order).
+    """
+
+    sweeps: int = 5
+    update: str = "gauss-seidel"
+    n_landmarks: int = 32
+    cmds_max_n: int = 500
+    multilevel_min_n: int = 5_000
+    ne_exact_max_n: int = 5_000
+    block_size: int = 50_000
+    reorder: str = "morton"
+
+    def __post_init__(self) -> None:
+        validate_params(type(self).__name__, asdict(self), SOLVER_CONSTRAINTS)
+
+    @classmethod
+    def of(cls, given: KnnScalSolver | Mapping[str, Any] | None) -> KnnScalSolver:
+        """The settings from a ``solver`` parameter: itself, a dict of some fields, or None (the defaults)."""
+        if isinstance(given, KnnScalSolver):
+            return given
+        if given is None:
+            return cls()
+        unknown = set(given) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"the 'solver' parameter of KnnScal has no field(s) {sorted(unknown)}")
+        return cls(**given)
+
+
 # ---------------------------------------------------------------- estimator
 class KnnScal(Estimator):
     """KNNSCAL: non-metric MDS of a ranked neighbour graph with asymmetric stress.
 
+    The stress iterations follow Castle & Trosset's poster (module docstring); the start
+    (geodesic MDS, optionally refined by a neighbour embedding), the validated choice
+    between starts and the polish are ours. Measurements behind the defaults are in
+    ``docs/knnscal.md``.
+
     Parameters
     ----------
     n_components : int, default 2
-        Map dimension (2 or 3 are the intended uses; any >= 1 works).
-    nonedge_factor : float
-        Non-edges sampled per source, as a multiple of q (the poster uses 5;
-        20 measured better neighbour recall on digits, see ``docs/knnscal.md``).
-    hop2_fraction : float
-        Share of each source's non-edges drawn from its two-hop neighbourhood
-        (the poster draws them uniformly: 0). Those are the vertices that
-        compete with the list for the nearest places on the map.
-    edge_weight : float
-        w_ij on graph edges (non-edges weigh 1); the poster's 0/1 weights are 1.
-    rank_gap : float
-        Strictness of the disparity order: consecutive ranks of source i must
-        differ by at least rank_gap * (mean edge distance of i) / k_i (0: the
-        plain isotonic regression). Stops the stress from pooling a whole
-        list to one distance for free; with rank_gap > 0 step 4b+4c is no
-        longer an exact projection onto a cone, so only step 4a is
-        guaranteed monotone.
-    sweeps : int
-        Majorization sweeps per iteration (step 4a; the poster uses 5).
-    max_iter : int
+        Map dimension.
+    nonedge_factor : float, default 20.0
+        Non-edges sampled per source, as a multiple of q (the poster: 5).
+    max_iter : int, default 200
         Outer iterations (4a, 4b, 4c) at most.
-    tol : float
-        Stop when an iteration changes the stress by less than this fraction
-        (a rise larger than that, possible with rank gaps, does not stop it).
-    update : {"gauss-seidel", "jacobi"}
-        Vertex-at-a-time majorization (default) or the poster's simultaneous
-        diagonal majorization; both are monotone (see the module docstring).
-    init : {"auto", "multilevel", "cmds", "landmark", "spectral", "random"}
-        Initial configuration from Delta_sym geodesics; "auto" (= "multilevel")
-        is classical MDS up to ``cmds_max_n`` vertices, landmark MDS up to
-        ``multilevel_min_n`` and above that the multilevel start: the fit of
-        a coarser graph (``knnscal_multilevel``), prolonged.
-    initial_disparities : {"isotonic", "ranks"}
-        "isotonic" (default): start from the isotonic fit of the initial
-        configuration's distances; "ranks": Delta = min(r_ij, q) as in the
-        poster (step 2). Rank disparities put a source's last neighbour at
-        k/q of its non-edges' distance, so the first sweeps undo the local
-        structure of the start and the fit needs several times more
-        iterations to a lower order agreement (``docs/knnscal.md``).
-    n_landmarks, cmds_max_n : int
-        Landmark MDS size, and the largest n for dense classical MDS.
-    multilevel_min_n : int
-        The multilevel start coarsens graphs of more vertices than this
-        (each level has about 7 times fewer vertices on a 10-NN graph); a
-        level this small or smaller starts from (landmark) MDS.
-    n_neighbors : int
+    tol : float, default 1e-4
+        Stop when an iteration changes the stress by less than this fraction.
+    init : {"auto", "multilevel", "cmds", "landmark", "spectral", "random"}, default "auto"
+        Initial configuration from the Delta_sym geodesics; "auto" is "multilevel"
+        (classical, then landmark MDS below the solver's size thresholds).
+    initial_disparities : {"isotonic", "ranks"}, default "isotonic"
+        Start from the isotonic fit of the start's distances, or from the poster's
+        Delta = min(r_ij, q).
+    edge_weight : float, default 1.0
+        w_ij on graph edges (non-edges weigh 1).
+    rank_gap : float, default 2.0
+        Least gap between consecutive ranks' disparities, in units of the source's mean
+        edge distance / k_i (0: the plain isotonic regression).
+    hop2_fraction : float, default 1.0
+        Share of each source's non-edges drawn from its two-hop neighbourhood.
+    n_neighbors : int, default 10
         k of the k-NN lists built when ``fit`` gets a feature matrix.
-    reorder : {"morton", "none"}
-        Memory layout during the iterations only (the result is returned in
-        the input's vertex order). "morton" renumbers the vertices by the
-        Z-order curve of the initial configuration, so a source's neighbours
-        and non-edges (mostly two-hop, hence nearby on the map) sit at nearby
-        rows of X: the sweeps then read X from cache instead of from random
-        memory. It changes the Gauss-Seidel visiting order, hence the exact
-        iterates, not the method.
-    block_size : int
-        Vertices per block of the parallel Gauss-Seidel sweep: the (Morton
-        ordered) vertices are cut into ceil(n / block_size) contiguous blocks
-        swept at the same time, each reading the others as the sweep found
-        them (still monotone, see ``knnscal_kernels.majorize_blocks``). One
-        block below ``block_size`` vertices: plain Gauss-Seidel.
-    neighbor_embedding : {"auto", "exact", "sampled", "none"}
-        Refine the geodesic start by t-SNE on the graph alone
-        (``knnscal_local``): affinities from the ranks, Student-t map
-        similarities, KL objective with early exaggeration. "exact" is the
-        O(n^2)-per-iteration gradient; "sampled" attracts along edges and
-        repels uniform non-edges (negative sampling, O(|E|) per epoch); "auto"
-        is "exact" up to ``ne_exact_max_n`` vertices and "none" above.
-    ne_exact_max_n : int
-        Largest n for the exact neighbour embedding under "auto".
-    ne_starts : int
-        Neighbour embeddings run from as many geodesic starts (the first from
-        ``random_state``, the others from the seeds (random_state, j)); the
-        one that fits the lists best (order agreement + recall@k against the
-        graph, as ``refinement="validated"`` scores) is kept. t-SNE's
-        optimiser is chaotic, so the starts land on different maps; the kept
-        start scores at least the first one's. 1: a single start.
-    ne_rank_decay : float or "auto"
-        p_j|i proportional to exp(-ne_rank_decay (r_ij - 1) / k_i) over i's
-        list (0: uniform over the list). 2 was chosen on breast_cancer 10-NN.
-        "auto": 1 + k / 10 for lists of at most k entries (2 at k = 10), so a
-        longer list keeps more of its order in the weights; measured, not the
-        default (``docs/knnscal.md``, Known gaps).
-    local_weight : float
-        With an exact neighbour-embedding start and a weight > 0, step 4a
-        minimises sigma_a / sum w + local_weight * KL(P || Q) (the start's
-        objective at its own scale) by ``sweeps`` L-BFGS steps instead of
-        majorization sweeps: the KL holds the neighbours while the stress
-        fits the order (``knnscal_local.LocalStress``). 0: the plain
-        stress. 0.003 was chosen on graphs other than the issue's five
-        (``docs/knnscal.md``, "Local term").
-    refinement : {"validated", "always"}
-        "validated": up to ``ne_exact_max_n`` vertices, keep the stress
-        iterations' map only if it fits the graph (order agreement + recall@k
-        against the lists) at least as well as its start, and with a
-        neighbour-embedding start also fit from the geodesic start and keep
-        the better map; "always" (and any larger graph): the iterations' map,
-        as in the poster.
+    neighbor_embedding : {"auto", "exact", "sampled", "none"}, default "auto"
+        Refine the geodesic start by t-SNE on the graph's rank affinities ("auto":
+        "exact" up to the solver's ``ne_exact_max_n`` vertices, else "none").
+    ne_starts : int, default 4
+        Neighbour embeddings from as many starts; the one that fits the lists best is kept.
+    ne_rank_decay : float or "auto", default 2.0
+        p_j|i proportional to exp(-ne_rank_decay (r_ij - 1) / k_i); "auto": 1 + k / 10.
+    local_weight : float, default 0.003
+        Weight of t-SNE's KL added to the stress in step 4a after an exact neighbour
+        embedding (0: the plain stress).
+    refinement : {"validated", "always"}, default "validated"
+        "validated": keep the iterations' map only if it fits the graph at least as well
+        as its start, and with a neighbour-embedding start also fit from the geodesic
+        start and keep the better map; "always": the iterations' map (the poster).
     polish_rounds : int, default 30
-        Where the fit is validated, polish its map by as many rounds of
-        descent on a logistic surrogate of order agreement + recall@k over
-        ordinal triplets (``knnscal_polish``), and keep the round with the
-        highest sum among those that lower none of order agreement, recall@k
-        and the nearer half's recall against the graph (none: the map
-        stays). 0: no polish.
+        Rounds of descent on a smooth surrogate of order agreement + recall@k for a
+        validated map, kept only where they lower no measure (0: no polish).
     polish_sharpness : float, default 30.0
-        The surrogate's s in log(1 + exp(s (d_ia - d_ib) / (d_ia + d_ib))):
-        larger is closer to the 0/1 count. Chosen on graphs other than the
-        issue's five (``docs/knnscal.md``, "Polish").
+        The surrogate's s (larger is closer to the 0/1 count).
+    solver : KnnScalSolver, dict or None, default None
+        How the fit runs: sweeps per iteration, the update rule, landmarks, size thresholds
+        of the exact methods, block size, memory layout; None: ``KnnScalSolver()``. A dict
+        gives some of its fields.
     random_state : int, default 0
-        Seeds the non-edge sample and the landmarks / random start.
+        Seeds the non-edge sample, the landmarks and the starts.
     verbose : bool, default False
-        Progress line on stderr.
+        Progress lines on stderr.
     """
 
     kind = "knnscal"
     input_shape = "neighbors"
 
+    # fitted attributes that methods read before the fit that sets them is visible to mypy
+    plus_indptr_: np.ndarray
+    plus_col_: np.ndarray
+    plus_rnk_: np.ndarray
+    graph_score_: float
+
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None)],
         "nonedge_factor": [Interval(Real, 0, None)],
-        "sweeps": [Interval(Integral, 1, None)],
         "max_iter": [Interval(Integral, 0, None)],
         "tol": [Interval(Real, 0, None)],
-        "update": [Options(str, {"gauss-seidel", "jacobi"})],
         "init": [Options(str, {"auto", "cmds", "landmark", "spectral", "random", "multilevel"})],
         "initial_disparities": [Options(str, {"ranks", "isotonic"})],
-        "n_landmarks": [Interval(Integral, 1, None)],
-        "multilevel_min_n": [Interval(Integral, 3, None)],
-        "cmds_max_n": [Interval(Integral, 0, None)],
         "edge_weight": [Interval(Real, 0, None)],
         "rank_gap": [Interval(Real, 0, None)],
         "hop2_fraction": [Interval(Real, 0, 1)],
         "n_neighbors": [Interval(Integral, 1, None)],
-        "reorder": [Options(str, {"morton", "none"})],
-        "block_size": [Interval(Integral, 1, None)],
         "neighbor_embedding": [Options(str, {"auto", "exact", "sampled", "none"})],
-        "ne_exact_max_n": [Interval(Integral, 0, None)],
         "ne_starts": [Interval(Integral, 1, None)],
         "ne_rank_decay": [Interval(Real, 0, None), Options(str, {"auto"})],
         "local_weight": [Interval(Real, 0, None)],
         "refinement": [Options(str, {"always", "validated"})],
         "polish_rounds": [Interval(Integral, 0, None)],
         "polish_sharpness": [Interval(Real, 0, None, closed="neither")],
+        "solver": [None, KnnScalSolver, dict],
         "random_state": [Interval(Integral, 0, None)],
         "verbose": ["boolean"],
     }
@@ -420,59 +426,53 @@ class KnnScal(Estimator):
         *,
         n_components: int = 2,
         nonedge_factor: float = 20.0,
-        sweeps: int = 5,
         max_iter: int = 200,
         tol: float = 1e-4,
-        update: str = "gauss-seidel",
         init: str = "auto",
         initial_disparities: str = "isotonic",
-        n_landmarks: int = 32,
-        multilevel_min_n: int = 5_000,
-        cmds_max_n: int = 500,
         edge_weight: float = 1.0,
         rank_gap: float = 2.0,
         hop2_fraction: float = 1.0,
         n_neighbors: int = 10,
-        reorder: str = "morton",
-        block_size: int = 50_000,
         neighbor_embedding: str = "auto",
-        ne_exact_max_n: int = 5_000,
         ne_starts: int = 4,
         ne_rank_decay: float | str = 2.0,
         local_weight: float = 0.003,
         refinement: str = "validated",
         polish_rounds: int = 30,
         polish_sharpness: float = 30.0,
+        solver: KnnScalSolver | dict | None = None,
         random_state: int = 0,
         verbose: bool = False,
     ):
         self.n_components = n_components
         self.nonedge_factor = nonedge_factor
-        self.sweeps = sweeps
         self.max_iter = max_iter
         self.tol = tol
-        self.update = update
         self.init = init
         self.initial_disparities = initial_disparities
-        self.n_landmarks = n_landmarks
-        self.multilevel_min_n = multilevel_min_n
-        self.cmds_max_n = cmds_max_n
         self.edge_weight = edge_weight
         self.rank_gap = rank_gap
         self.hop2_fraction = hop2_fraction
         self.n_neighbors = n_neighbors
-        self.reorder = reorder
-        self.block_size = block_size
         self.neighbor_embedding = neighbor_embedding
-        self.ne_exact_max_n = ne_exact_max_n
         self.ne_starts = ne_starts
         self.ne_rank_decay = ne_rank_decay
         self.local_weight = local_weight
         self.refinement = refinement
         self.polish_rounds = polish_rounds
         self.polish_sharpness = polish_sharpness
+        self.solver = solver
         self.random_state = random_state
         self.verbose = verbose
+
+    def solver_settings(self) -> KnnScalSolver:
+        """The ``solver`` parameter as a :class:`KnnScalSolver`."""
+        return KnnScalSolver.of(self.solver)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        self.solver_settings()
 
     # --------------------------------------------------------------- pieces
     def initial_configuration(self, indptr, col, rnk, n: int, seed=None) -> np.ndarray:
@@ -488,8 +488,9 @@ class KnnScal(Estimator):
             method = "multilevel"
         if method == "random":
             return rng.standard_normal((n, dim))
-        if method == "multilevel" and n <= self.multilevel_min_n:
-            method = "cmds" if n <= self.cmds_max_n else "landmark"
+        solver = self.solver_settings()
+        if method == "multilevel" and n <= solver.multilevel_min_n:
+            method = "cmds" if n <= solver.cmds_max_n else "landmark"
         G = symmetric_graph(indptr, col, rnk, n)
         if method == "multilevel":
             from ordrec.trainer.models.knnscal_multilevel import multilevel_start
@@ -505,7 +506,7 @@ class KnnScal(Estimator):
         elif method == "cmds":
             X = classical_mds(csgraph.dijkstra(G, directed=True), dim)
         else:
-            X = landmark_mds(G, dim, int(self.n_landmarks), rng)
+            X = landmark_mds(G, dim, solver.n_landmarks, rng)
         # A tiny jitter separates vertices that the geodesics put on one spot
         # (d = 0 has no direction for the majorization step).
         scale = X.std() if X.std() > 0 else 1.0
@@ -528,7 +529,7 @@ class KnnScal(Estimator):
         method = self.neighbor_embedding
         if method == "auto":
             # The exact gradient is O(n^2) per iteration; above the cut the geodesic start stays.
-            method = "exact" if n <= self.ne_exact_max_n else "none"
+            method = "exact" if n <= self.solver_settings().ne_exact_max_n else "none"
         self.neighbor_embedding_used_ = method != "none"
         self.affinities_ = None
         if method == "none":
@@ -543,13 +544,14 @@ class KnnScal(Estimator):
                 if j == 0
                 else self.initial_configuration(indptr, col, rnk, n, seed=(int(self.random_state), j))
             )
-            Y = self._embed(method, start, P)
+            Y = self.embed(method, start, P)
             scores.append(sum(L.graph_agreement(Y, indptr, col, rnk)))
             if scores[-1] > max(scores[:-1], default=-np.inf):
                 best = Y
         self.ne_scores_ = np.array(scores)
         self.ne_start_ = int(np.argmax(self.ne_scores_))
         self._log(f"n={n:,}: neighbour embeddings scored {', '.join(f'{v:.4f}' for v in scores)}")
+        assert best is not None  # ne_starts >= 1, and a first score always beats -inf
         return best
 
     def rank_decay(self, indptr: np.ndarray) -> float:
@@ -558,7 +560,7 @@ class KnnScal(Estimator):
             return 1.0 + int(np.diff(indptr).max()) / 10.0
         return float(self.ne_rank_decay)
 
-    def _embed(self, method: str, X: np.ndarray, P: sparse.csr_matrix) -> np.ndarray:
+    def embed(self, method: str, X: np.ndarray, P: sparse.csr_matrix) -> np.ndarray:
         """One neighbour embedding of P from the geodesic start X."""
         # t-SNE's start scale: a spread of 1e-4, so early exaggeration forms the clusters.
         Y = 1e-4 * (X - X.mean(axis=0)) / max(float(X[:, 0].std()), 1e-300)
@@ -566,7 +568,7 @@ class KnnScal(Estimator):
             return L.tsne_exact(Y, P)
         return L.neighbor_embedding_sampled(Y * 1e4, P, seed=int(self.random_state))
 
-    def _relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
+    def relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
         """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
 
         Rows move with their contents in the same order (so each row stays
@@ -595,11 +597,12 @@ class KnnScal(Estimator):
         if self.verbose:
             print(f"KNNSCAL {message} [CPU {time.process_time():.1f} s]", file=sys.stderr, flush=True)
 
-    def _weights(self):
+    def entry_weights(self) -> tuple[np.ndarray, int, float]:
+        """What the stress kernels take for the weights of E+: its ranks, q and the edge weight."""
         return self.plus_rnk_, self.q_, float(self.edge_weight)
 
     def _stress(self, X: np.ndarray, delta: np.ndarray) -> float:
-        return K.stress(X, self.plus_indptr_, self.plus_col_, *self._weights(), delta)
+        return K.stress(X, self.plus_indptr_, self.plus_col_, *self.entry_weights(), delta)
 
     def _local_term(self, order: np.ndarray | None, to_stress_units: float) -> L.LocalStress | None:
         """The configuration step's local term (``local_weight`` > 0 after an exact neighbour embedding), or None.
@@ -613,7 +616,7 @@ class KnnScal(Estimator):
         if order is not None:
             P = P[order][:, order].tocsr()
         return L.LocalStress(
-            (self.plus_indptr_, self.plus_col_, *self._weights()),
+            (self.plus_indptr_, self.plus_col_, *self.entry_weights()),
             P,
             1.0 / to_stress_units,
             float(self.local_weight),
@@ -625,27 +628,27 @@ class KnnScal(Estimator):
     ) -> np.ndarray:
         """Step 4a: ``sweeps`` majorization sweeps on sigma_a, or as many L-BFGS steps on it plus the local term."""
         if local is None:
-            return self._majorize(X, delta, int(self.sweeps))
-        return local.descend(X, delta, int(self.sweeps))
+            return self._majorize(X, delta, self.solver_settings().sweeps)
+        return local.descend(X, delta, self.solver_settings().sweeps)
 
     def _majorize(self, X: np.ndarray, delta: np.ndarray, sweeps: int) -> np.ndarray:
         args = (
             self.plus_indptr_,
             self.plus_col_,
-            *self._weights(),
+            *self.entry_weights(),
             delta,
             self.in_indptr_,
             self.in_src_,
             self.in_entry_,
         )
-        if self.update == "jacobi":
+        if self.solver_settings().update == "jacobi":
             return K.majorize_jacobi(X, *args, sweeps)
         K.majorize_blocks(X, *args, sweeps, self._n_blocks(X.shape[0]))
         return X
 
     def _n_blocks(self, n: int) -> int:
         """Parallel Gauss-Seidel blocks: one per ``block_size`` vertices (fixed by n, not by the threads)."""
-        return max(1, -(-n // int(self.block_size)))
+        return max(1, -(-n // self.solver_settings().block_size))
 
     def _isotonic(
         self, X: np.ndarray, delta: np.ndarray, d: np.ndarray | None = None, perm: np.ndarray | None = None
@@ -678,7 +681,8 @@ class KnnScal(Estimator):
         the graph better (``graph_score_``): the neighbour embedding tears
         an evenly sampled manifold into pieces that the stress cannot rejoin,
         the geodesic start keeps it whole but loses clusters' neighbours.
-        Wherever the fit is validated (up to ``ne_exact_max_n`` vertices), its map is then polished (step 5).
+        Wherever the fit is validated (up to the solver's ``ne_exact_max_n`` vertices), its map is then
+        polished (step 5).
         """
         self._validate_params()
         if not isinstance(data, NeighborLists):
@@ -688,7 +692,7 @@ class KnnScal(Estimator):
             geodesic = self.geodesic_estimator()._fit_from_start(data)
             if geodesic.graph_score_ > self.graph_score_:
                 fitted = {name: value for name, value in vars(geodesic).items() if name.endswith("_")}
-                vars(self).update(fitted)
+                self.__dict__.update(fitted)
         self._polish()
         return self
 
@@ -720,10 +724,10 @@ class KnnScal(Estimator):
 
         t0 = time.perf_counter()
         order = None
-        if self.reorder == "morton":
+        if self.solver_settings().reorder == "morton":
             order = np.argsort(K.morton_keys(X), kind="stable")
             X = np.ascontiguousarray(X[order])
-            self._relabel(order)
+            self.relabel(order)
         self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
         self.perm_ = K.row_positions(self.plus_indptr_)
         timings["reorder_s"] = time.perf_counter() - t0
@@ -734,12 +738,12 @@ class KnnScal(Estimator):
             delta = self._normalise(self.plus_rnk_.astype(np.float64))
         else:
             delta = self._isotonic(X, np.empty(self.plus_col_.shape[0]))
-        to_stress_units = self._to_stress_units(X, delta)
+        to_stress_units = self.to_stress_units(X, delta)
         X *= to_stress_units
         local = self._local_term(order, to_stress_units)
         check_finite(0, coordinates=X, disparities=delta)
         # Validation is for the small-n path: its k-d tree queries would add time at 10^6 vertices.
-        validate = self.refinement == "validated" and n <= self.ne_exact_max_n
+        validate = self.refinement == "validated" and n <= self.solver_settings().ne_exact_max_n
         start = X.copy() if validate else None
 
         history = [(0, "init", self._stress(X, delta))]
@@ -757,12 +761,12 @@ class KnnScal(Estimator):
                 # One pass over X for the distances; both stresses and the
                 # isotonic fit read them sequentially.
                 d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
-                s_major = K.stress_from_distances(d, *self._weights(), delta)
+                s_major = K.stress_from_distances(d, *self.entry_weights(), delta)
                 check_finite(it, coordinates=X)
                 if local is not None:
                     self.local_history_.append((it, "step", local.value_and_gradient(X, delta)[0]))
                 delta = self._isotonic(X, delta, d)  # 4b, 4c
-                s_iso = K.stress_from_distances(d, *self._weights(), delta)
+                s_iso = K.stress_from_distances(d, *self.entry_weights(), delta)
                 del d
                 check_finite(it, disparities=delta)
                 history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
@@ -792,7 +796,7 @@ class KnnScal(Estimator):
             pos = np.empty(n, dtype=np.int64)
             pos[order] = np.arange(n)
             X = np.ascontiguousarray(X[pos])
-            delta = self._relabel(pos, delta)
+            delta = self.relabel(pos, delta)
         self.n_iter_ = len(iter_times)
         self.iteration_seconds_ = np.array(iter_times)
         self.timings_ = timings
@@ -803,7 +807,7 @@ class KnnScal(Estimator):
         self.rank_disparity_ = self._rank_table(delta)
         return self
 
-    def _to_stress_units(self, X: np.ndarray, delta: np.ndarray) -> float:
+    def to_stress_units(self, X: np.ndarray, delta: np.ndarray) -> float:
         """The factor that scales X to the disparities: argmin_s sum w (delta - s d)^2."""
         d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
         w = np.where(self.plus_rnk_ < self.q_, float(self.edge_weight), 1.0)
@@ -844,7 +848,7 @@ class KnnScal(Estimator):
         score = float(self.polish_scores_[kept, :2].sum())
         self._log(f"polish: round {kept + 1} kept, score {self.graph_score_:.4f} -> {score:.4f}")
         delta = self._isotonic(X, self.disparities_.copy(), perm=K.row_positions(self.plus_indptr_))
-        self.coordinates_ = np.ascontiguousarray(X * self._to_stress_units(X, delta))
+        self.coordinates_ = np.ascontiguousarray(X * self.to_stress_units(X, delta))
         self.disparities_ = delta
         self.rank_disparity_ = self._rank_table(delta)
         self.graph_score_, self.polished_ = score, True
@@ -902,7 +906,7 @@ class KnnScal(Estimator):
             kind=self.kind,
             arrays=arrays,
             ids={"objects": self.vertices_},
-            hyperparameters=self.get_params(),
+            hyperparameters=dict(self.get_params(), solver=asdict(self.solver_settings())),
             metrics={"stress": float(self.stress_), "n_iter": float(self.n_iter_)},
             attributes={
                 "q": int(self.q_),

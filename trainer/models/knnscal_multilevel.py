@@ -17,7 +17,7 @@ Coarsening (all O(n k) memory):
    of the single-level start), found by a Dijkstra search stopped after
    ``k`` coarse vertices: the coarse graph is again a ranked k-NN graph;
 3. the coarse graph is fitted by :class:`KnnScal` itself (recursively, until
-   a level has at most ``multilevel_min_n`` vertices, which starts from
+   a level has at most the solver's ``multilevel_min_n`` vertices, which starts from
    landmark MDS);
 4. each fine vertex starts at its coarse vertex, or at the mean of the coarse
    vertices at most two edges away, weighted by 1 / (path length over
@@ -225,7 +225,7 @@ def multilevel_start(estimator, G, k: int) -> np.ndarray:
     )
     if not coarsens(G.shape[0], lists):
         rng = np.random.default_rng(estimator.random_state)
-        return landmark_mds(G, int(estimator.n_components), int(estimator.n_landmarks), rng)
+        return landmark_mds(G, int(estimator.n_components), estimator.solver_settings().n_landmarks, rng)
     coarse = estimator.geodesic_estimator()
     coarse.fit(lists)
     return prolong(

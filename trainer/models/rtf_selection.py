@@ -1,17 +1,28 @@
-"""Posts and held-out posts for RTF: grouping triples into posts, the leave-one-post-out split, popularity lists and the
-pop-mix weight, shared by the estimator's validated choice (``RTF(grid_validation=True)``)
-and the paper's protocol (``ordrec.trainer.reproduce.rtf``), so both carve, score and
+"""Model selection for RTF: grouping triples into posts, the leave-one-post-out split, popularity
+lists and the pop-mix weight, shared by :class:`RTFGridSearch` (dims and reg chosen on validation
+posts) and the paper's protocol (``ordrec.trainer.reproduce.rtf``), so both carve, score and
 choose the same way.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from ordrec.service.indices.models.rtf import RTFIndex
 from ordrec.service.indices.topk import top_k
+from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import TagAssignments
-from ordrec.trainer.models.ranking import f1, precision_recall
+from ordrec.trainer.models.base import Interval, validate_params
+from ordrec.trainer.models.ranking import f1, per_list_f1, precision_recall
+from ordrec.trainer.models.selection import significant_gain
+
+if TYPE_CHECKING:
+    from ordrec.trainer.models.rtf import RTF
 
 MAX_N = 10
 MIX_GRID = tuple(round(0.1 * k, 1) for k in range(11))
@@ -136,7 +147,135 @@ def best_mix_weight(index: RTFIndex, posts: HeldOutPosts, grid: tuple[float, ...
 
 def validation_carve(data: TagAssignments, seed: int):
     """``leave_one_post_out`` of (compacted) training data on the validation stream of ``seed``:
-    the protocol's ``pop-mix-val`` and ``RTF(grid_validation=True)`` carve the same posts."""
+    the protocol's ``pop-mix-val`` and :class:`RTFGridSearch` carve the same posts."""
     data = data.compact()
     fit_part, held = leave_one_post_out(data, np.random.default_rng(int(seed) + VALIDATION_SEED_OFFSET))
     return data, fit_part, held
+
+
+DEFAULT_GRID: dict[str, tuple] = {"n_components": (16, 64), "reg": (1e-4, 1e-3)}
+SEARCH_CONSTRAINTS: dict[str, list] = {
+    "margin": [Interval(Real, None, None)],
+    "confidence": [Interval(Real, 0, None)],
+}
+
+
+class RTFGridSearch:
+    """Choose an RTF's settings on validation posts, and serve ``pop-mix`` unless one clearly wins.
+
+    One post per user is carved out of the training posts (:func:`validation_carve`);
+    every point of ``param_grid`` is fitted on the rest with ``estimator``'s other
+    settings and scored there through the serving index (per-post F1@1..10). The best
+    is refitted on all the posts only if its paired gain over ``pop-mix`` (at its best
+    item weight on the same posts) passes :func:`~ordrec.trainer.models.selection.significant_gain`;
+    otherwise the fitted model serves ``pop-mix``. ``docs/rtf.md`` has the measurements.
+
+    Parameters
+    ----------
+    estimator : RTF
+        The settings every candidate shares (its ``random_state`` also seeds the carve).
+    param_grid : mapping of str to sequence, default {"n_components": (16, 64), "reg": (1e-4, 1e-3)}
+        Candidate values per RTF parameter; every combination is a candidate (ties: the first).
+    margin : float, default 0.0
+        The validation gain over ``pop-mix`` the best candidate must exceed.
+    confidence : float, default 2.0
+        Standard errors of that gain it must exceed besides.
+    """
+
+    def __init__(
+        self,
+        estimator: RTF,
+        param_grid: Mapping[str, Sequence[Any]] | None = None,
+        *,
+        margin: float = 0.0,
+        confidence: float = 2.0,
+    ):
+        self.estimator = estimator
+        self.param_grid = dict(DEFAULT_GRID if param_grid is None else param_grid)
+        self.margin = margin
+        self.confidence = confidence
+
+    def _validate_params(self) -> None:
+        """A clear ValueError for an empty grid, an unknown parameter or a value RTF refuses."""
+        if not self.param_grid or any(len(values) == 0 for values in self.param_grid.values()):
+            raise ValueError(
+                f"param_grid must give each parameter at least one value, got {self.param_grid!r}"
+            )
+        for point in self.candidates():
+            self._candidate(point)._validate_params()
+        validate_params(
+            "RTFGridSearch", {"margin": self.margin, "confidence": self.confidence}, SEARCH_CONSTRAINTS
+        )
+
+    def candidates(self) -> list[dict[str, Any]]:
+        """Every point of the grid, in grid order (the last parameter varies fastest)."""
+        names = list(self.param_grid)
+        return [dict(zip(names, values)) for values in itertools.product(*self.param_grid.values())]
+
+    def _candidate(self, point: Mapping[str, Any]) -> RTF:
+        """An unfitted copy of ``estimator`` at one grid point (a number stays a plain int or float)."""
+        settings = {
+            k: int(v) if isinstance(v, Integral) else float(v) if isinstance(v, Real) else v
+            for k, v in point.items()
+        }
+        return type(self.estimator)(**self.estimator.get_params()).set_params(**settings)
+
+    def fit(self, data: TagAssignments) -> RTFGridSearch:
+        """Score the grid on carved posts, then refit the winner on all of ``data`` or keep ``pop-mix``."""
+        from ordrec.trainer.models.rtf import checked_tags
+
+        self._validate_params()
+        data = checked_tags(data)
+        scored, popmix = self._score_grid(data)
+        best = max(range(len(scored)), key=lambda k: scored[k][1].mean())  # ties: the first in grid order
+        gain = significant_gain(
+            scored[best][1] - popmix, margin=float(self.margin), confidence=float(self.confidence)
+        )
+        self.grid_scores_ = [
+            dict(point, val_f1=float(per_post.mean()), best_epoch=epoch) for point, per_post, epoch in scored
+        ]
+        self.chosen_params_ = scored[best][0]
+        self.grid_val_f1_ = (float(scored[best][1].mean()), float(popmix.mean()), gain.se)
+        self.grid_kept_ = gain.kept
+        winner = self._candidate(self.chosen_params_)
+        self.best_estimator_ = winner.fit(data) if gain.kept else winner.fit_popularity_only(data)
+        return self
+
+    def _score_grid(self, data: TagAssignments) -> tuple[list[tuple[dict, np.ndarray, int]], np.ndarray]:
+        """Each candidate's per-post F1 on the carved posts (and its kept pass), and ``pop-mix``'s
+        at the item weight that scores best there (``mix_weight_``)."""
+        data, fit_part, held = validation_carve(data, int(self.estimator.random_state))
+        scored = []
+        for point in self.candidates():
+            est = self._candidate(point).fit(fit_part)
+            index = RTFIndex.from_artifact(est.to_artifact())
+            posts = HeldOutPosts(data, held, index)  # every candidate has fit_part's id maps
+            per_post = per_list_f1(served_lists(index, posts), posts.truth, MAX_N).mean(axis=1)
+            scored.append((point, per_post, int(est.best_epoch_)))
+        self.mix_weight_ = best_mix_weight(index, posts)
+        mix_lists = popularity_lists(index, posts, "pop-mix", self.mix_weight_)
+        return scored, per_list_f1(mix_lists, posts.truth, MAX_N).mean(axis=1)
+
+    def serves(self) -> str:
+        """What the index answers Tags with: "rtf", or "pop-mix" when no candidate clearly won."""
+        return self.best_estimator_.serves()
+
+    def to_artifact(self) -> Artifact:
+        """The served model's artifact, with the choice in its metrics and the grid in its attributes."""
+        artifact = self.best_estimator_.to_artifact(mix_weight=self.mix_weight_)
+        rtf_f1, mix_f1, se = self.grid_val_f1_
+        artifact.metrics.update(
+            {
+                "grid_kept": float(self.grid_kept_),
+                **{f"grid_{name}": float(value) for name, value in self.chosen_params_.items()},
+                "val_f1_rtf": rtf_f1,
+                "val_f1_pop_mix": mix_f1,
+                "val_f1_gain_se": se,
+            }
+        )
+        artifact.attributes["grid_search"] = {
+            "param_grid": {k: list(v) for k, v in self.param_grid.items()},
+            "margin": float(self.margin),
+            "confidence": float(self.confidence),
+        }
+        return artifact

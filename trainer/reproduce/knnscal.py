@@ -1,6 +1,6 @@
 """KNNSCAL: stress, within-list order agreement and neighbour recall of a graph embedding.
 
-``ordrec-train reproduce knnscal --digits --k 10 [--dim 2] [--json OUT]`` builds
+``ordrec-train reproduce knnscal --digits --n-neighbors 10 [--n-components 2] [--json OUT]`` builds
 the directed k-NN graph of scikit-learn's bundled digits (1,797 points) and
 embeds it (``--sklearn breast_cancer|wine|iris``: another bundled set, standardised);
 ``--data PATH`` reads ranked neighbour lists instead
@@ -24,7 +24,7 @@ built from an in-memory artifact), by the same functions:
   neighbours against the vertex's own; with features: sklearn's
   ``trustworthiness`` at k.
 
-Three KNNSCAL rows unless a ``--param`` picks the start
+Three KNNSCAL rows unless a parameter flag picks the start
 (``initial_disparities``, ``neighbor_embedding`` or ``refinement``):
 ``knnscal`` (the defaults: neighbour-embedding start, validated
 refinement), ``knnscal-geodesic-start`` (the previous default: geodesic
@@ -51,9 +51,17 @@ from ordrec.service.indices.models.knnscal import KNNSCALIndex
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
+from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DATA_REQUIRED = False
+# KnnScal's parameters as flags of the same names (--edge-weight, --max-iter, ...); n_components
+# and n_neighbors are the protocol's --n-components and --n-neighbors, random_state is --seed.
+PARAM_FLAGS = tuple(
+    name
+    for name in KnnScal.param_names()
+    if name not in ("n_components", "n_neighbors", "ne_rank_decay", "random_state", "verbose")
+)
 DEFAULT_RUNS = 3
 METRICS = ("stress", "order_agreement", "recall@10", "label_acc@10", "trustworthiness")
 
@@ -64,6 +72,16 @@ ISSUE_FIGURES = {
     "tsne": {"order_agreement": 0.710, "recall@10": 0.585},
     "umap": {"order_agreement": 0.669, "recall@10": 0.509},
 }
+
+
+def _rank_decay(text: str) -> float | str:
+    """``--ne-rank-decay``: "auto" or a number (checked against KnnScal's constraint with the other flags)."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected a number or "auto", got {text!r}') from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,19 +97,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="another bundled sklearn set (standardised features), e.g. to choose"
         " hyperparameters on a graph other than digits",
     )
-    parser.add_argument("--k", type=int, default=10, help="neighbours per list (digits) and k of recall@k")
-    parser.add_argument("--dim", type=int, default=2, help="map dimension")
+    parser.add_argument(
+        "--n-neighbors", type=int, default=10, help="neighbours per list (digits) and k of recall@k"
+    )
+    parser.add_argument("--n-components", type=int, default=2, help="map dimension")
     parser.add_argument(
         "--references",
         default=None,
         help="comma-separated reference methods (spectral, isomap, tsne; '' for none);"
         " default: all three with features (--digits), spectral for a bare graph",
     )
+    add_param_flags(parser, KnnScal._parameter_constraints, PARAM_FLAGS)
     parser.add_argument(
-        "--param",
-        action="append",
-        metavar="KEY=VALUE",
-        help="a KNNSCAL hyperparameter (repeatable), e.g. --param edge_weight=5",
+        "--ne-rank-decay",
+        type=_rank_decay,
+        default=None,
+        help='the ne_rank_decay parameter: a number or "auto"',
     )
 
 
@@ -131,7 +152,7 @@ SKLEARN_SETS = {
 
 
 def load_problem(args) -> Problem:
-    k = int(args.k)
+    k = int(args.n_neighbors)
     name = getattr(args, "sklearn", None)
     if name and name != "digits":
         from sklearn import datasets
@@ -273,11 +294,9 @@ def fit_and_score(problem: Problem, method: str, params: dict, dim: int, seed: i
 
 
 def run(args) -> list[Row]:
-    from ordrec.trainer.reproduce.params import parse_assignments
-
     problem = load_problem(args)
-    dim = int(args.dim)
-    params = parse_assignments(args.param or [])
+    dim = int(args.n_components)
+    params = given_params(args, "KnnScal", KnnScal._parameter_constraints, (*PARAM_FLAGS, "ne_rank_decay"))
     setting = {"k": problem.k, "dim": dim}
     per_method: dict[str, dict[str, list[float]]] = {}
 

@@ -6,7 +6,7 @@ Protocol (paper Section 5, ``docs/algorithms.md`` section 2):
    and tag in fewer than ``p`` posts, repeat until nothing changes.
 2. Per run, leave-one-post-out: for every user one random post (all of its
    tags) goes to the test set; the rest is the training set.
-3. Fit RTF at each of ``--dims``; publish nothing, but build the serving
+3. Fit RTF at each of ``--n-components``; publish nothing, but build the serving
    index from the in-memory artifact and ask it ``tags(user, item, 10)`` for
    every test post, so the figures are those of the code that answers Tags.
    AUC comes from the same index's batched scores.
@@ -39,15 +39,18 @@ from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation.metrics import list_metrics
 from ordrec.trainer.models.rtf import RTF, group_posts
 from ordrec.trainer.models.rtf_selection import (
+    DEFAULT_GRID,
     MAX_N,
     MIX_GRID,
     HeldOutPosts,
+    RTFGridSearch,
     best_mix_weight,
     leave_one_post_out,
     popularity_lists,
     served_lists,
     validation_carve,
 )
+from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DEFAULT_RUNS = 3
@@ -56,7 +59,7 @@ BASELINES = ("pop-global", "pop-item", "pop-user", "pop-mix")
 # pop-mix with its item weight chosen per run on validation posts carved from
 # the training posts (never the test posts), like RTF's own settings
 TUNED_MIX = "pop-mix-val"
-# RTF with its dims and reg chosen per run on validation posts (RTF grid_validation)
+# RTF with its dims and reg chosen per run on validation posts (RTFGridSearch)
 VALIDATED = "RTF-val"
 # Per-dims settings applied before any --per-dims (which override them): the
 # tag-factor L2 for RTF-64 was chosen on tuning posts carved from the training
@@ -68,40 +71,62 @@ DEFAULT_PER_DIMS = ("64:reg_tags=3e-6",)
 PAPER_AUC = {8: 0.993, 64: 0.995}
 
 
+# RTF parameters the protocol takes as flags of the same names (--learning-rate, --max-iter, ...);
+# n_components is --n-components, a list (one fit per value).
+PARAM_FLAGS = (
+    "learning_rate",
+    "learning_rate_decay",
+    "reg",
+    "reg_core",
+    "reg_tags",
+    "max_iter",
+    "init_std",
+    "validation_posts",
+    "patience",
+    "min_iter",
+    "smoothing",
+    "learning_rate_drops",
+    "learning_rate_drop_factor",
+)
+# The protocol's own settings where they differ from RTF's defaults (docs/rtf.md): fewer passes than
+# RTF's 100, the smoothed criterion and the latest pass of the plateau (chosen on tuning curves of
+# validation posts), and patience that gives keep_within room to find the end of the plateau.
+PROTOCOL_PARAMS = {"max_iter": 80, "smoothing": 8, "patience": 20, "keep_within": 1e-4}
+PARAM_HELP = {
+    "max_iter": "maximum passes over the posts (paper: 600; early stop on validation AUC; protocol: 80)",
+    "reg": "gamma, L2 on U and I (paper: 1e-6 on U, I, T)",
+    "reg_core": "gamma_C, L2 on the core (paper: 1e-6)",
+    "reg_tags": "gamma_T, L2 on the tag factors (paper: the same as gamma)",
+    "validation_posts": "training posts held out for early stopping (0: none)",
+    "smoothing": "early stop on the moving average of this many validation AUCs (protocol: 8)",
+    "patience": "passes without validation-AUC gain before stopping (protocol: 20)",
+    "learning_rate_decay": "pass e uses learning_rate / (1 + learning_rate_decay (e - 1))",
+    "learning_rate_drops": "plateau learning-rate drops before the early stop",
+}
+
+
+def _keep_within_flag(text: str) -> float | None:
+    """``--keep-within``: a number >= 0, or ``none`` for RTF's default rule (the pass of the last gain)."""
+    if text.strip().lower() == "none":
+        return None
+    value = float(text)
+    if not np.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or none, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--core", type=int, default=10, help="p of the p-core (paper: 10 on Last.fm)")
-    parser.add_argument("--dims", default="8,16,32,64", help="comma-separated RTF dimensions")
     parser.add_argument(
-        "--iterations",
-        type=int,
-        default=80,
-        help="maximum passes over the posts (paper: 600; early stop on validation AUC)",
+        "--n-components", default="8,16,32,64", help="comma-separated RTF dims, one fit each ('' for none)"
     )
-    parser.add_argument("--learning-rate", type=float, default=RTF().learning_rate)
+    add_param_flags(parser, RTF._parameter_constraints, PARAM_FLAGS, PARAM_HELP)
     parser.add_argument(
-        "--lr-decay",
-        type=float,
-        default=RTF().learning_rate_decay,
-        help="pass e uses learning_rate / (1 + learning_rate_decay (e - 1))",
-    )
-    parser.add_argument(
-        "--reg", type=float, default=RTF().reg, help="gamma, L2 on U and I (paper: 1e-6 on U, I, T)"
-    )
-    parser.add_argument(
-        "--reg-core", type=float, default=RTF().reg_core, help="gamma_C, L2 on the core (paper: 1e-6)"
-    )
-    parser.add_argument(
-        "--reg-tags",
-        type=float,
-        default=RTF().reg_tags,
-        help="gamma_T, L2 on the tag factors (paper: the same as gamma)",
-    )
-    parser.add_argument("--init-std", type=float, default=RTF().init_std)
-    parser.add_argument(
-        "--validation-posts",
-        type=int,
-        default=RTF().validation_posts,
-        help="training posts held out for early stopping (0: none)",
+        "--keep-within",
+        type=_keep_within_flag,
+        default=PROTOCOL_PARAMS["keep_within"],
+        help="keep the latest pass whose smoothed validation AUC is within this of its best "
+        "(1e-4, chosen on tuning curves, docs/rtf.md; none: the pass of the last val_tol gain)",
     )
     parser.add_argument(
         "--per-dims",
@@ -113,58 +138,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{', '.join(DEFAULT_PER_DIMS)})",
     )
     parser.add_argument(
-        "--smoothing",
-        type=int,
-        default=8,
-        help="early stop on the moving average of this many validation AUCs "
-        "(8: chosen on tuning curves of validation posts, docs/rtf.md)",
-    )
-    parser.add_argument("--min-iterations", type=int, default=RTF().min_iter)
-    parser.add_argument(
-        "--lr-drops",
-        type=int,
-        default=RTF().learning_rate_drops,
-        help="plateau learning-rate drops before the early stop (RTF learning_rate_drops)",
-    )
-    parser.add_argument("--lr-drop-factor", type=float, default=RTF().learning_rate_drop_factor)
-    parser.add_argument(
-        "--keep-within",
-        type=float,
-        default=1e-4,
-        help="keep the latest pass whose smoothed validation AUC is within this of "
-        "its best (1e-4, chosen on tuning curves, docs/rtf.md; a negative value "
-        "keeps the pass of the last val_tol gain, the estimator's default)",
-    )
-    parser.add_argument(
         "--compare-first-pass",
         action="store_true",
         help="with --keep-within, also report each RTF at the pass the default rule "
         "keeps (method 'RTF-<dims>/first'): same training run, paired comparison",
     )
     parser.add_argument(
-        "--grid-validation",
+        "--grid-search",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help=f"also report {VALIDATED}: RTF(grid_validation=True), dims and reg chosen per run on "
+        help=f"also report {VALIDATED}: RTFGridSearch, dims and reg chosen per run on "
         "validation posts carved from the training posts, pop-mix served where no candidate "
         "clearly beats it",
     )
     parser.add_argument(
-        "--grid-dims",
-        default=",".join(str(d) for d in RTF().grid_n_components),
-        help=f"{VALIDATED}'s candidate dims",
+        "--grid-n-components",
+        default=",".join(str(d) for d in DEFAULT_GRID["n_components"]),
+        help=f"{VALIDATED}'s candidate n_components",
     )
     parser.add_argument(
         "--grid-reg",
-        default=",".join(f"{r:g}" for r in RTF().grid_reg),
+        default=",".join(f"{r:g}" for r in DEFAULT_GRID["reg"]),
         help=f"{VALIDATED}'s candidate reg (L2 on U and I)",
-    )
-    parser.add_argument(
-        "--patience",
-        type=int,
-        default=20,
-        help="passes without validation-AUC gain before stopping (20 gives "
-        "--keep-within room to find the end of the plateau; 10 in run D)",
     )
 
 
@@ -184,11 +179,6 @@ def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
             # counts (their defaults are ints) stay ints; every other setting is a float
             settings[key] = int(number) if type(defaults[key]) is int else number
     return out
-
-
-def _keep_within(value: float | None) -> float | None:
-    """``--keep-within``: a negative value (or None) means the estimator's default rule."""
-    return None if value is None or value < 0 else float(value)
 
 
 # --------------------------------------------------------------- data prep
@@ -286,7 +276,7 @@ def choose_mix_weight(train: TagAssignments, seed: int, grid: tuple[float, ...] 
     """The item weight of ``pop-mix`` with the best mean F1@1..10 on validation posts.
 
     One more post per user is carved out of the *training* posts
-    (``validation_carve``, the carve ``RTF(grid_validation=True)`` makes for the
+    (``validation_carve``, the carve ``RTFGridSearch`` makes for the
     same seed, so its fallback is this baseline); popularity is counted on the
     rest and the grid is scored on the carved posts. The test posts are never
     read. The popularity arrays come from the serving index of a one-pass,
@@ -311,9 +301,9 @@ def load(args: argparse.Namespace) -> TagAssignments:
 
 def run(args: argparse.Namespace, data: TagAssignments | None = None) -> list[Row]:
     """Run the protocol, print the table beside the paper's figures, return the rows."""
-    dims_list = [int(x) for x in str(args.dims).split(",") if x.strip()]
-    if not dims_list and not getattr(args, "grid_validation", False):
-        raise ValueError("nothing to fit: give --dims or --grid-validation")
+    dims_list = [int(x) for x in str(args.n_components).split(",") if x.strip()]
+    if not dims_list and not getattr(args, "grid_search", False):
+        raise ValueError("nothing to fit: give --n-components or --grid-search")
     if data is None:
         data = load(args)
     core = p_core(data, int(args.core))
@@ -377,22 +367,10 @@ def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
 
 
 def _shared_settings(args: argparse.Namespace) -> dict:
-    """RTF's settings from the command line, for every dims."""
+    """RTF's settings for every dims: the protocol's, then those given on the command line."""
+    given = given_params(args, "RTF", RTF._parameter_constraints, PARAM_FLAGS)
     return dict(
-        learning_rate=args.learning_rate,
-        learning_rate_decay=args.lr_decay,
-        reg=args.reg,
-        reg_core=args.reg_core,
-        reg_tags=args.reg_tags,
-        max_iter=args.iterations,
-        init_std=args.init_std,
-        validation_posts=args.validation_posts,
-        patience=args.patience,
-        smoothing=args.smoothing,
-        min_iter=args.min_iterations,
-        learning_rate_drops=getattr(args, "lr_drops", 0),
-        learning_rate_drop_factor=getattr(args, "lr_drop_factor", 0.5),
-        keep_within=_keep_within(getattr(args, "keep_within", None)),
+        PROTOCOL_PARAMS, keep_within=getattr(args, "keep_within", PROTOCOL_PARAMS["keep_within"]), **given
     )
 
 
@@ -405,7 +383,7 @@ def _protocol_run(
     split = Split(core, train, test, run_no, seed)
     for dims in dims_list:
         index, tests = _measure_rtf(args, split, dims, per_method)
-    if getattr(args, "grid_validation", False):
+    if getattr(args, "grid_search", False):
         index, tests = _measure_validated(args, split, per_method)
     # popularity arrays do not depend on the factors: any index of this split serves
     _measure_baselines(args, train, run_no, seed, index, tests, per_method)
@@ -446,33 +424,31 @@ def _measure_rtf(args: argparse.Namespace, split: Split, dims: int, per_method: 
     return index, tests
 
 
-def _fit_and_serve(est: RTF, split: Split):
+def _fit_and_serve(est: RTF | RTFGridSearch, split: Split):
     """Fit ``est`` on the split's training posts, build its serving index, score the test posts through it."""
     started = time.perf_counter()
     est.fit(split.train)
     seconds = time.perf_counter() - started
     index = RTFIndex.from_artifact(est.to_artifact())
     tests = HeldOutPosts(split.core, split.test, index)
+    served = est.best_estimator_ if isinstance(est, RTFGridSearch) else est
     metrics = dict(
         evaluate_rtf(index, tests),
         train_seconds=seconds,
-        epochs=float(est.epochs_run_),
-        seconds_per_epoch=seconds / max(est.epochs_run_, 1),
-        kept_pass=float(est.best_epoch_),
+        epochs=float(served.epochs_run_),
+        seconds_per_epoch=seconds / max(served.epochs_run_, 1),
+        kept_pass=float(served.best_epoch_),
     )
     return index, tests, metrics, seconds
 
 
 def _measure_validated(args: argparse.Namespace, split: Split, per_method: dict):
-    """Fit RTF with ``grid_validation`` on the split, record it and print its choice."""
-    est = RTF(
-        grid_validation=True,
-        grid_n_components=tuple(int(x) for x in str(args.grid_dims).split(",") if x.strip()),
-        grid_reg=tuple(float(x) for x in str(args.grid_reg).split(",") if x.strip()),
-        random_state=split.seed,
-        verbose=not args.quiet,
-        **_shared_settings(args),
-    )
+    """Fit RTFGridSearch on the split, record it and print its choice."""
+    grid = {
+        "n_components": tuple(int(x) for x in str(args.grid_n_components).split(",") if x.strip()),
+        "reg": tuple(float(x) for x in str(args.grid_reg).split(",") if x.strip()),
+    }
+    est = RTFGridSearch(RTF(random_state=split.seed, verbose=not args.quiet, **_shared_settings(args)), grid)
     index, tests, metrics, seconds = _fit_and_serve(est, split)
     rtf_f1, mix_f1, se = est.grid_val_f1_
     chosen = est.chosen_params_
