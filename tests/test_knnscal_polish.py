@@ -167,9 +167,9 @@ def test_polish_parameters_are_validated():
 
 
 def test_iris_clears_tsne_on_both_measures_with_the_polish():
-    # Issue 21 item 1: `reproduce knnscal --sklearn iris --k 10`, t-SNE (sklearn, init="pca", seed 0)
+    # Issue 21 item 1: `reproduce knnscal --sklearn iris --n-neighbors 10`, t-SNE (sklearn, init="pca", seed 0)
     # measured 0.7978 / 0.8013 by that command. Without the polish the fit stops at 0.8268 / 0.8000.
-    args = argparse.Namespace(sklearn="iris", digits=False, k=10, seed=0, data=None)
+    args = argparse.Namespace(sklearn="iris", digits=False, n_neighbors=10, seed=0, data=None)
     problem = load_problem(args)
     est = KnnScal(random_state=0).fit(problem.graph)
     ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))

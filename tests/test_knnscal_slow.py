@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_digits_order_agreement_and_recall_beat_isomap_and_spectral():
-    args = argparse.Namespace(digits=True, k=10, seed=0, data=None)
+    args = argparse.Namespace(digits=True, n_neighbors=10, seed=0, data=None)
     problem = load_problem(args)
     est = KnnScal(random_state=0).fit(problem.graph)
     ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
@@ -28,7 +28,7 @@ def test_digits_order_agreement_and_recall_beat_isomap_and_spectral():
 
 
 # t-SNE on the digits features (sklearn, init="pca", seed 0): the issue's figures for
-# `reproduce knnscal --digits --k 5`, and that command's measurement at --k 20.
+# `reproduce knnscal --digits --n-neighbors 5`, and that command's measurement at --n-neighbors 20.
 TSNE_DIGITS = {
     5: {"order_agreement": 0.715, "recall@5": 0.588},
     20: {"order_agreement": 0.7008, "recall@20": 0.6028},
@@ -39,7 +39,7 @@ TSNE_DIGITS = {
 def test_digits_order_agreement_and_recall_reach_tsne(k):
     # Issue 21 item 1: the default from the graph alone against t-SNE from the features
     # (at k = 20 the OA margin is 0.0005, reached with several neighbour-embedding starts).
-    args = argparse.Namespace(digits=True, k=k, seed=0, data=None)
+    args = argparse.Namespace(digits=True, n_neighbors=k, seed=0, data=None)
     problem = load_problem(args)
     est = KnnScal(random_state=0).fit(problem.graph)
     ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
