@@ -94,3 +94,25 @@ def test_a_plain_request_with_a_bad_n_is_refused_naming_the_field(store):
     for n in (0, -3, 10**6):
         with pytest.raises(AssertionError, match="INVALID_ARGUMENT.*n must be between"):
             servicer.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u1"], n=n), context)
+
+
+class _AskedSeen(_RecordedSeen):
+    """Records which users' recorded items were read."""
+
+    def __init__(self, recent: dict[str, list[str]]):
+        super().__init__(recent, False)
+        self.asked: list[str] = []
+
+    def lookup(self, seen_for: Sequence[str], ratings_for: Sequence[str] = ()):
+        self.asked += [*seen_for, *ratings_for]
+        return super().lookup(seen_for, ratings_for)
+
+
+def test_a_servicer_given_a_forgotten_list_never_reads_a_forgotten_users_recorded_items(store):
+    # The wrapping is the servicer's own, so the JSON API's servicer forgets as gRPC's does.
+    seen = _AskedSeen({"u1": ["i1"], "u2": ["i2"]})
+    forgotten = ForgottenUsers(FixedSet(SCOPE, frozenset({user_digest("u1")})), 3600)
+    servicer = RecommenderServicer(store, Metrics(), Limits(), seen, forgotten=forgotten)
+    for users in (["u1"], ["u1", "u2", "newcomer"]):
+        servicer.Recommend(pb.RecommendRequest(model="dcr", user_ids=users, n=5), NoDeadlineContext())
+    assert "u1" not in seen.asked and "u2" in seen.asked

@@ -14,10 +14,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ordrec.service.config import ServerConfig
+from ordrec.service.config import Limits, ServerConfig
 from ordrec.service.indices import diversity, explain, topk
 from ordrec.service.indices.item_attributes import read_item_attributes
-from ordrec.service.live.forgotten import ForgetfulSeen, ForgottenUsers
+from ordrec.service.live.forgotten import ForgottenUsers
 from ordrec.service.live.forgotten import backends as forgotten_backends
 from ordrec.service.live.fresh import FreshEvidence, FreshItems, known_to_all
 from ordrec.service.live.hidden import HiddenState, RedisBackend, RegistryBackend
@@ -251,27 +251,14 @@ class Server:
             interceptors=interceptors,
             options=options,
         )
-        add_to_server(
-            RecommenderServicer(
-                self.store,
-                self.metrics,
-                cfg.limits,
-                ForgetfulSeen(self.seen, self.forgotten),
-                self.hidden,
-                self.hidden_mirror,
-                self.online,
-                batcher=RecommendBatcher(
-                    cfg.batch_max_size, cfg.batch_max_queue, batch_observer(self.metrics), cfg.batch_min_work
-                )
-                if cfg.batch_max_size
-                else None,
-                forgotten=self.forgotten,
-                forget_client=self.forget_client,
-                trending=self.trending,
-                fresh=self.fresh,
-            ),
-            server,
+        batcher = (
+            RecommendBatcher(
+                cfg.batch_max_size, cfg.batch_max_queue, batch_observer(self.metrics), cfg.batch_min_work
+            )
+            if cfg.batch_max_size
+            else None
         )
+        add_to_server(self._servicer(cfg.limits, batcher), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
             (
@@ -319,16 +306,29 @@ class Server:
         )
         return self
 
+    def _servicer(self, limits: Limits, batcher: RecommendBatcher | None = None) -> RecommenderServicer:
+        """The servicer over this server's state and rules: one for gRPC, one for the JSON API."""
+        return RecommenderServicer(
+            self.store,
+            self.metrics,
+            limits,
+            self.seen,
+            self.hidden,
+            self.hidden_mirror,
+            self.online,
+            batcher=batcher,
+            forgotten=self.forgotten,
+            forget_client=self.forget_client,
+            trending=self.trending,
+            fresh=self.fresh,
+        )
+
     def _json_servicer(self) -> RecommenderServicer:
         """The servicer the JSON API calls: the same state and rules, the JSON message limit
         (``--http-max-message-bytes``, at most gRPC's) instead of gRPC's."""
         cfg = self.config
         limit = min(cfg.http.max_message_bytes, cfg.limits.max_message_bytes)
-        limits = dataclasses.replace(cfg.limits, max_message_bytes=limit)
-        state = (self.seen, self.hidden, self.hidden_mirror, self.online)
-        return RecommenderServicer(
-            self.store, self.metrics, limits, *state, trending=self.trending, fresh=self.fresh
-        )
+        return self._servicer(dataclasses.replace(cfg.limits, max_message_bytes=limit))
 
     def _bind(self, server: grpc.Server, host: str, port: int) -> int:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

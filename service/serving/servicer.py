@@ -36,7 +36,7 @@ from ordrec.service.indices.explain import Explained, explain_count, explained
 from ordrec.service.indices.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.indices.similar import MAX_BASKET, item_vectors, similar_items
 from ordrec.service.live.erasure import erase_user
-from ordrec.service.live.forgotten import ForgottenUsers
+from ordrec.service.live.forgotten import ForgetfulSeen, ForgottenUsers
 from ordrec.service.live.fresh import FreshItems, FreshOverlay, FreshRules, fresh_top, merge_fresh
 from ordrec.service.live.hidden import HiddenState
 from ordrec.service.live.online import NoOnlineEvaluation
@@ -330,7 +330,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         trending: TrendingIndex | None = None,
         fresh: FreshItems | None = None,
     ):
-        self.store, self.metrics, self.limits, self.seen = store, metrics, limits, seen
+        self.store, self.metrics, self.limits = store, metrics, limits
+        # A forgotten user's recorded items are neither excluded nor folded in, on every transport.
+        self.seen = ForgetfulSeen(seen, forgotten) if forgotten is not None else seen
         self.hidden, self.hidden_mirror = hidden, hidden_mirror
         self.online = online or NoOnlineEvaluation()
         # None: each call scores on its own (the path the batched one must equal, in tests).
