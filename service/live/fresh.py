@@ -30,7 +30,7 @@ import numpy as np
 import redis
 
 from ordrec.service.indices.item_attributes import ItemAttributeTable
-from ordrec.service.indices.models.base import Ranked, RecommenderIndex
+from ordrec.service.indices.models.base import Ranked, RecommenderIndex, usable_evidence
 from ordrec.service.indices.rules import FilterError, ItemAttributes
 from ordrec.service.indices.similar import item_vectors
 
@@ -257,14 +257,6 @@ def _categorical_items(attributes: ItemAttributeTable | None) -> list[str]:
     return list(listed)
 
 
-def _rating(text: str) -> float:
-    """A recorded rating (text) as a number; NaN for an interaction without one."""
-    try:
-        return float(text)
-    except ValueError:
-        return float("nan")
-
-
 class FreshItems:
     """Per-version overlays of the fresh items, rebuilt from :class:`FreshEvidence` on change.
 
@@ -362,11 +354,8 @@ class FreshItems:
         rows = index.users.rows(users)
         if self.unknown_users is not None:
             rows = self.unknown_users(users, rows)
-        values = np.array([_rating(found.raters[u]) for u in users], dtype=np.float64)
-        usable = (rows >= 0) & (np.isfinite(values) | index.folds_in_picks)
-        if not usable.any():
-            return None
-        return index.fold_in_item(rows[usable], values[usable])
+        evidence = usable_evidence(index, rows, [found.raters[u] for u in users])
+        return None if evidence is None else index.fold_in_item(*evidence)
 
 
 @dataclass(frozen=True)

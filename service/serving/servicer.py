@@ -33,6 +33,7 @@ from ordrec.service.errors import (
 )
 from ordrec.service.indices.diversity import Diversify, rerank, settings_from_request
 from ordrec.service.indices.explain import Explained, explain_count, explained
+from ordrec.service.indices.models.base import usable_evidence
 from ordrec.service.indices.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.indices.similar import MAX_BASKET, item_vectors, similar_items
 from ordrec.service.live.erasure import erase_user
@@ -296,14 +297,6 @@ def _distribution(index, vector: np.ndarray, rows: np.ndarray, fresh: FreshOverl
     return index.distribution_of_factors(vector, item_vectors(index, rows, fresh.factors))
 
 
-def _rating(text: str) -> float:
-    """A recorded rating (text in Redis) as a number; NaN when it is not one."""
-    try:
-        return float(text)
-    except ValueError:
-        return float("nan")
-
-
 def _rows_or_not_found(ids: IdMap, externals: list[str], what: str) -> np.ndarray:
     rows = ids.rows(externals)
     missing = [e for e, r in zip(externals, rows) if r < 0]
@@ -419,7 +412,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             return None
         if self.fresh is not None and self.fresh.overlay(index) is not None:
             return None
-        if self.forgotten is not None and self.forgotten.unknown([user_id], np.array([row]))[0] < 0:
+        if self._forgotten(user_id):
             return None
         self._check_reply_fits([user_id], min(n, len(index.items)), n, 0, index.items.max_bytes)
         eligible = self._eligible(live, "")
@@ -654,11 +647,9 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         users with neither get the popularity list)."""
         vectors = {}
         for uid, rated in ratings.items():
-            rows = index.items.rows(list(rated))
-            values = np.array([_rating(text) for text in rated.values()], dtype=np.float64)
-            usable = (rows >= 0) & (np.isfinite(values) | index.folds_in_picks)
-            if usable.any():
-                vectors[uid] = index.fold_in(rows[usable], values[usable])
+            evidence = usable_evidence(index, index.items.rows(list(rated)), list(rated.values()))
+            if evidence is not None:
+                vectors[uid] = index.fold_in(*evidence)
         return vectors
 
     @staticmethod

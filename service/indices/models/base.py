@@ -303,6 +303,24 @@ class RecommenderIndex(ModelIndex):
             raise ArtifactError(f"{self.artifact.describe()}: smoke query returned non-finite scores")
 
 
+def usable_evidence(
+    index: RecommenderIndex, rows: np.ndarray, recorded: list[str]
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rows and values a fold-in takes from recorded interactions (``recorded``: the rating
+    text of each row; text that is no number is a pick, taken where the kind folds picks in):
+    rows the version knows only; None when nothing is usable."""
+    values = np.array([_recorded_value(text) for text in recorded], dtype=np.float64)
+    usable = (rows >= 0) & (np.isfinite(values) | index.folds_in_picks)
+    return (rows[usable], values[usable]) if usable.any() else None
+
+
+def _recorded_value(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return float("nan")
+
+
 def exclude_rows(scores: np.ndarray, excludes: list[np.ndarray | None]) -> None:
     """Set each row's excluded items to ``-inf`` in place, all rows in one assignment."""
     parts = [(b, ex) for b, ex in enumerate(excludes) if ex is not None and ex.size]
