@@ -57,6 +57,7 @@ def test_reproduce_cli_writes_the_contract_rows(tmp_path):
     for method in ("COE-S", "COE-G"):
         assert by[(method, "preservation_h")]["mean"] > by[("random", "preservation_h")]["mean"] + 0.1
         assert by[(method, "prediction_a")]["mean"] > 0.6
+        assert by[(method, "fit_cpu_seconds")]["runs"] == 2  # each method's own runs, not the last fit's
 
 
 def test_tune_per_split_uses_observed_ratings_only(tmp_path, capsys, monkeypatch):

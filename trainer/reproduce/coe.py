@@ -431,7 +431,7 @@ def run(args: argparse.Namespace) -> list[Row]:
             rows.append(summarise(method, dataset, setting, metric, figures[metric]))
         if method in seconds:
             rows.append(summarise(method, dataset, setting, "fit_seconds", seconds[method]))
-            rows.append(summarise(method, dataset, setting, "fit_cpu_seconds", metrics["fit_cpu_seconds"]))
+            rows.append(summarise(method, dataset, setting, "fit_cpu_seconds", figures["fit_cpu_seconds"]))
     print_table(
         rows,
         paper_figures(dataset),
