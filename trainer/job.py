@@ -766,7 +766,7 @@ class _Job:
             ) from exc
         self.say(model.name, "events checkpoint advanced to %s", feed.next.last_id or "-")
 
-    def fit(self, model: ModelJob, estimator_cls, data):
+    def fit(self, model: ModelJob, data):
         """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
         on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
         the fit has completed either way)."""
@@ -797,7 +797,7 @@ class _Job:
 
         train, test = holdout.split(data, gate.holdout, gate.seed)
         t0 = time.perf_counter()
-        estimator = self.fit(model, estimator_cls, train)
+        estimator = self.fit(model, train)
         self.say(
             model.name,
             "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
@@ -863,7 +863,7 @@ class _Job:
 
         if model.refit:
             t0 = time.perf_counter()
-            artifact = self.fit(model, estimator_cls, data).to_artifact()
+            artifact = self.fit(model, data).to_artifact()
             index = index_cls.from_artifact(artifact)
             index.smoke()
             self.say(model.name, "refit part=all seconds=%.1f", time.perf_counter() - t0)

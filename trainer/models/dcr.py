@@ -208,7 +208,6 @@ class _LevelStopper:
         # Snapshots hold only the users with training ratings: the other rows never change,
         # and a protocol split keeps every user of the id map, many times the active ones.
         self.active = active
-        self.validation = validation
         self.fixed = _int_list(level_epochs) if level_epochs is not None else None
         self.stopping = validation is not None or self.fixed is not None
         self.epochs = int(model.max_iter)
@@ -582,7 +581,7 @@ class DCR(Estimator):
         self._rng = rng
         if self.pairwise:
             self.pairwise_kept_ = True
-            self._refine(rng)
+            _fit_pairwise(self, rng)
         return self
 
     def _index_ratings(
@@ -739,10 +738,6 @@ class DCR(Estimator):
         damped = np.where(denom > 0, (sums + beta * mean) / np.maximum(denom, 1e-12), mean)
         return damped.astype(np.float32)
 
-    def _refine(self, rng: np.random.Generator) -> None:
-        """Pairwise DCR (Algorithm 1) on this fit's factors, in place (``_fit_pairwise``)."""
-        _fit_pairwise(self, rng)
-
     def refined(self, **overrides) -> DCR:
         """A copy of this fitted DCR refined pairwise (the DCR fit is not repeated).
 
@@ -751,7 +746,7 @@ class DCR(Estimator):
         """
         other = self._pairwise_copy(**overrides)
         other.U_, other.V_ = self.U_.copy(), self.V_.copy()
-        other._refine(np.random.default_rng([int(other.random_state), 1]))
+        _fit_pairwise(other, np.random.default_rng([int(other.random_state), 1]))
         other.pairwise_kept_, other.pairwise_val_ndcg_ = True, None
         return other
 
@@ -1115,9 +1110,8 @@ class ValidatedRefinement(_HoldOutSelection):
         model.fit(data, validation, **fit_params)
         gain, scores = self.decide(model, data)
         chosen = model._pairwise_copy()
-        if gain.kept:
-            chosen.U_, chosen.V_ = model.U_, model.V_
-            chosen._refine(model._rng)
+        if gain.kept:  # the copy shares the factors: refined in place
+            _fit_pairwise(chosen, model._rng)
         chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
         self.best_estimator_ = chosen
         return self

@@ -218,12 +218,8 @@ class DistributedFit:
         self.on_sub_epoch = on_sub_epoch
 
     def _check(self, model: DCR) -> None:
-        unsupported = {"pairwise": model.pairwise}
-        for name, value in unsupported.items():
-            if value:
-                raise ValueError(
-                    f"the distributed DCR fit does not support {name}=True (fit it in one process)"
-                )
+        if model.pairwise:
+            raise ValueError("the distributed DCR fit does not support pairwise=True (fit it in one process)")
         for name in ("blocks", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
