@@ -30,6 +30,7 @@ from ordrec.service.live.trending import (
 )
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving.cli import build_parser, config_from_args
+from ordrec.service.storage.idmap import IdMap
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
@@ -120,6 +121,25 @@ def test_the_reader_caches_for_its_interval(fresh):
     assert len(index.current()) == 0  # still the cached answer
     clock[0] += 1.5
     assert index.current().item_ids == ["i"]
+    store.close()
+
+
+def test_rows_are_mapped_once_per_list_and_item_map_and_follow_a_new_list(fresh):
+    settings = TrendingSettings()
+    store = _store(fresh, settings.half_life, settings.window)
+    clock = [time.time()]
+    index = TrendingIndex(store.client, settings, cache_seconds=1.0, clock=lambda: clock[0])
+    _record(store, "u", ("b", time.time()), ("zz", time.time() - 60))
+    clock[0] += 1.5
+    one, two = IdMap(["a", "b", "c"]), IdMap(["zz", "b"])
+    current, rows = index.current_rows(one)
+    assert current.item_ids == ["b", "zz"] and rows.tolist() == [1, -1]
+    assert index.current_rows(one)[1] is rows  # mapped once
+    assert index.current_rows(two)[1].tolist() == [1, 0]  # each version's own map
+    _record(store, "v", ("c", time.time() + 5), ("c", time.time() + 6))
+    clock[0] += 1.5
+    current, rows = index.current_rows(one)
+    assert current.item_ids[0] == "c" and rows.tolist()[0] == 2  # a new list is mapped again
     store.close()
 
 

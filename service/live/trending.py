@@ -28,6 +28,7 @@ import numpy as np
 import redis
 
 from ordrec.service.errors import InvalidArgument
+from ordrec.service.storage.idmap import IdMap
 
 log = logging.getLogger("ordrec.trending")
 
@@ -137,6 +138,19 @@ class TrendingIndex:
         self.cache_seconds, self.clock, self.top = cache_seconds, clock, top
         self._lock = threading.Lock()
         self._cached: tuple[float, Trending] | None = None
+        # The current list's rows in each version's item map: mapped once per list and map.
+        self._rows: dict[int, tuple[IdMap, Trending, np.ndarray]] = {}
+
+    def current_rows(self, items: IdMap) -> tuple[Trending, np.ndarray]:
+        """The trending list and its rows in ``items`` (-1 where the version lacks an item)."""
+        current = self.current()
+        memo = self._rows.get(id(items))
+        if memo is not None and memo[0] is items and memo[1] is current:
+            return current, memo[2]
+        rows = items.rows(current.item_ids) if len(current) else np.zeros(0, np.int64)
+        kept = {k: m for k, m in self._rows.items() if m[1] is current} if len(self._rows) < 8 else {}
+        self._rows = {**kept, id(items): (items, current, rows)}
+        return current, rows
 
     def current(self) -> Trending:
         """The trending list (cached); empty without Redis, while it is down, or with no data."""

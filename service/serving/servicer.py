@@ -79,8 +79,8 @@ _FALLBACK_LABEL = {pb.FALLBACK_TRENDING: "trending", pb.FALLBACK_POPULAR_GLOBAL:
 
 
 class _ColdStart:
-    """Unknown users' answer from trending, read (and mapped to the version's item rows) once
-    per call and only when some user needs it."""
+    """Unknown users' answer from trending, read once per call and only when some user needs it
+    (its rows in the version's item map are the trending index's, mapped once per list)."""
 
     def __init__(self, trending: TrendingIndex | None, items: IdMap, candidates, eligible: Eligible | None):
         self.index, self.items, self.candidates, self.eligible = trending, items, candidates, eligible
@@ -91,11 +91,7 @@ class _ColdStart:
         if self.index is None:
             return None
         if self._found is None:
-            current = self.index.current()
-            self._found = (
-                current,
-                self.items.rows(current.item_ids) if len(current) else np.zeros(0, np.int64),
-            )
+            self._found = self.index.current_rows(self.items)
         current, rows = self._found
         if not len(current):
             return None
@@ -884,11 +880,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         reply = pb.RecommendResponse(model=self.trending_name, seen_filter_degraded=degraded and exclude_seen)
         for uid in user_ids:
             result = reply.results.add(user_id=uid)
-            skip = excluded | set(recent.get(uid, ()))
+            recorded = set(recent.get(uid, ()))
             for item, score in zip(current.item_ids, current.scores.tolist()):
                 if len(result.items) == n:
                     break
-                if item not in skip and (not candidates or item in candidates):
+                if item not in excluded and item not in recorded and (not candidates or item in candidates):
                     result.items.add(id=item, score=score)
         return reply
 
