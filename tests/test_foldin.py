@@ -134,7 +134,7 @@ def test_a_known_users_answer_is_unchanged_by_the_vector_path():
     for u in range(9):
         exclude = index.seen(u)
         rows, scores = index.recommend(u, 7, exclude=exclude)
-        vrows, vscores = index.recommend_for(index.user_factors[u], 7, exclude=exclude)
+        vrows, vscores = index.recommend_for(index.user_vector(u), 7, exclude=exclude)
         np.testing.assert_array_equal(rows, vrows)
         np.testing.assert_allclose(scores, vscores, rtol=1e-6)
 

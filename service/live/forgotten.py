@@ -157,10 +157,6 @@ class ForgottenUsers:
         self._rows = rows  # replaced whole, like the hidden masks
         return found
 
-    @property
-    def stale(self) -> bool:
-        return self.state.stale
-
     def refresh(self) -> bool:
         return self.state.refresh()
 

@@ -42,7 +42,7 @@ TOP_ITEMS = 1000  # items a reader keeps: enough for any n after exclusions and 
 DEFAULT_HALF_LIFE = 86400.0
 DEFAULT_WINDOW = 7 * 86400.0
 
-# KEYS: trending, last, epoch. ARGV: now, half_life, window, prune_limit, then (item, ts) pairs.
+# KEYS: trending, last, epoch. ARGV: now, half_life, window, prune_limit, rescale_at, then (item, ts) pairs.
 _RECORD_LUA = """
 local now, half_life = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, prune = tonumber(ARGV[3]), tonumber(ARGV[4])

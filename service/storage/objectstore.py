@@ -408,7 +408,7 @@ class S3Registry(LiveVersions):
             self.client.put_object(Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*")
         except Exception as exc:
             code = _error_code(exc)
-            if code in ("PreconditionFailed", "412"):
+            if code in _LOST_RACE:
                 raise ArtifactError(
                     f"{self.url}/{name}/{version}: another publisher took this version"
                 ) from None

@@ -289,7 +289,7 @@ class RecommenderIndex(ModelIndex):
         scores: np.ndarray, candidates: np.ndarray, n: int, exclude: np.ndarray | None
     ) -> Ranked:
         scores = np.array(scores, dtype=np.float32)
-        if exclude is not None and exclude.size:  # dropped, not scored -inf: never returned
+        if exclude is not None and exclude.size:  # dropped before scoring: nothing to rank
             kept = ~np.isin(candidates, exclude)
             scores, candidates = scores[kept], candidates[kept]
         order, values = top_k(scores, n)

@@ -155,12 +155,6 @@ class DCRIndex(RecommenderIndex):
         return self._item
 
     @property
-    def user_factors(self) -> np.ndarray:
-        """The trained users' raw factors, ``(n_users, levels x rank)`` float32: a row is what
-        :meth:`recommend_for` and :meth:`score_vector` take, as a :meth:`fold_in` is."""
-        return self._user_raw
-
-    @property
     def level_scale(self) -> np.ndarray:
         """Each factor column's level weight ``c_t`` (what the user side is multiplied by)."""
         return self._scale
