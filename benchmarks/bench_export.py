@@ -13,15 +13,19 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.catalog_data import catalog_artifact
-from ordrec.client import Client
-from ordrec.service.storage.registry import Registry
-from ordrec.tools.process import ServerProcess
-from ordrec.trainer.export import export
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling modules
+
+from catalog_data import catalog_artifact  # noqa: E402
+
+from ordrec.client import Client  # noqa: E402
+from ordrec.service.storage.registry import Registry  # noqa: E402
+from ordrec.tools.process import ServerProcess  # noqa: E402
+from ordrec.trainer.export import export  # noqa: E402
 
 
 def main() -> None:
