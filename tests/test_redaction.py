@@ -89,8 +89,9 @@ def test_pins_and_splits_follow_the_copy(registry):
     first = registry.versions("dcr")[0]
     shutil.copytree(registry.root / "dcr" / first, registry.root / "dcr" / "tmp-second")
     # a second version: the same files under a later name (its manifest names it)
-    second = successor_version([first], first)
-    second = second[:-2] + "9Z"  # leave room between them
+    second = first
+    for _ in range(10):  # ten microseconds later: room between them for the first's copy
+        second = successor_version([second], second)
     manifest = (registry.root / "dcr" / "tmp-second" / "manifest.json").read_text()
     (registry.root / "dcr" / "tmp-second" / "manifest.json").write_text(manifest.replace(first, second))
     (registry.root / "dcr" / "tmp-second").rename(registry.root / "dcr" / second)
