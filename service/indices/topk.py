@@ -17,6 +17,7 @@ there the other threads should run, so they release it.
 from __future__ import annotations
 
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -153,6 +154,11 @@ def _affine_rows_releasing_gil(matrix, vectors, offset):
     return _affine_rows_body(matrix, vectors, offset)
 
 
+def holds_gil(work: int) -> bool:
+    """Whether a product of ``work`` multiply-adds is short enough to keep the GIL."""
+    return work <= _HOLD_GIL_MAX_WORK
+
+
 def affine_scores(matrix: np.ndarray, vector: np.ndarray, offset: float = 0.0) -> np.ndarray:
     """``matrix @ vector + offset`` as a new float32 array (both float32, C-contiguous):
     :func:`affine_rows` of one vector."""
@@ -165,8 +171,7 @@ def affine_rows(matrix: np.ndarray, vectors: np.ndarray, offset: float = 0.0) ->
     A user's row is bitwise the same whatever else is in the batch, so a
     dynamically batched Recommend answers exactly what a call of its own would.
     """
-    work = matrix.size * vectors.shape[0]
-    kernel = _affine_rows_holding_gil if work <= _HOLD_GIL_MAX_WORK else _affine_rows_releasing_gil
+    kernel = _affine_rows_holding_gil if holds_gil(matrix.size * vectors.shape[0]) else _affine_rows_releasing_gil
     return kernel(matrix, vectors, np.float32(offset))
 
 
@@ -183,24 +188,38 @@ def _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, m
     return _top_k_kernel(scores, k)
 
 
+# The fused body, for kernels elsewhere that compute the very same answer and go on with it
+# (``service/serving/wire.py``: compiled with FUSED_FASTMATH, it gives these scores bit for bit).
+user_top_k_inline = _user_top_k_body
+
 # The fused kernels' fastmath without "nnan"/"ninf": numba compiles the selection kernels they
 # call with the caller's flags (and caches that build for every later caller), and under "ninf"
 # the -inf of excluded rows compares as finite, so excluded items came back when few remained.
-_FAST_KEEPING_INFINITIES = {"reassoc", "contract", "arcp", "nsz", "afn"}
+FUSED_FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
 
 
-@njit(cache=True, fastmath=_FAST_KEEPING_INFINITIES)
+@njit(cache=True, fastmath=FUSED_FASTMATH)
 def _user_top_k_holding_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
     return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
 
 
-@njit(cache=True, fastmath=_FAST_KEEPING_INFINITIES, nogil=True)
+@njit(cache=True, fastmath=FUSED_FASTMATH, nogil=True)
 def _user_top_k_releasing_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
     return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
 _NO_MASK = np.zeros(0, dtype=np.bool_)
+
+
+class UserProduct(NamedTuple):
+    """The operands of :func:`user_top_k` for a model version: item ``matrix``, the raw user
+    factors, the per-column ``scale`` folded into a user's row and the score ``offset``."""
+
+    matrix: np.ndarray
+    users: np.ndarray
+    scale: np.ndarray
+    offset: np.float32
 
 
 def user_top_k(
@@ -219,7 +238,7 @@ def user_top_k(
     every array float32 / int64 / bool and C-contiguous)."""
     if not 0 < k <= KERNEL_MAX_K:
         raise ValueError(f"user_top_k selects 1..{KERNEL_MAX_K} items, not {k}")
-    kernel = _user_top_k_holding_gil if matrix.size <= _HOLD_GIL_MAX_WORK else _user_top_k_releasing_gil
+    kernel = _user_top_k_holding_gil if holds_gil(matrix.size) else _user_top_k_releasing_gil
     return kernel(
         matrix,
         users,

@@ -33,7 +33,7 @@ import numpy as np
 
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.indices.rules import Eligible
-from ordrec.service.indices.topk import KERNEL_MAX_K, affine_rows, user_top_k
+from ordrec.service.indices.topk import KERNEL_MAX_K, UserProduct, affine_rows, user_top_k
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.service.storage.mapped import row_blocks
 
@@ -148,6 +148,7 @@ class DCRIndex(RecommenderIndex):
             # copy (the version's file is then never paged in) or the version's file, mapped.
             self._item = self.ann.vectors()
         check_finite("item_factors", self._item)
+        self._product = UserProduct(self._item, self._user_raw, self._scale, self.offset)
 
     @property
     def item_factors(self) -> np.ndarray:
@@ -349,6 +350,16 @@ class DCRIndex(RecommenderIndex):
         """Top-N by scoring every item (what the index approximates)."""
         return self._recommend_scored(user_row, n, exclude, None, eligible)
 
+    def lone_user_product(self, n: int, eligible: Eligible | None) -> UserProduct | None:
+        # The exact whole-catalogue path of one user, where recommend() runs topk.user_top_k.
+        if self.ann is not None or not self._fuses(n, None, eligible):
+            return None
+        return self._product
+
+    def _fuses(self, n: int, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
+        """Whether one user's exact answer is one ``topk.user_top_k`` call."""
+        return candidates is None and 0 < n <= KERNEL_MAX_K and (eligible is None or not eligible.sparse)
+
     def _recommend_scored(
         self,
         user_row: int,
@@ -359,7 +370,7 @@ class DCRIndex(RecommenderIndex):
     ) -> Ranked:
         """Exact top-N for one user: over the whole catalogue in one fused kernel (scale,
         product, exclusions, selection: ``topk.user_top_k``), else the shared path."""
-        if candidates is None and 0 < n <= KERNEL_MAX_K and (eligible is None or not eligible.sparse):
+        if self._fuses(n, candidates, eligible):
             blocked = None if eligible is None else eligible.blocked
             return user_top_k(
                 self._item, self._user_raw, int(user_row), self._scale, self.offset, n, exclude, blocked
