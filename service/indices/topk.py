@@ -126,12 +126,35 @@ def top_k(
 _ROWS_PER_BLOCK = 256
 
 
+# A catalogue of up to this many factors (items x width) is scored from a column-major copy.
+COLUMN_MAJOR_MAX_SIZE = 1 << 20
+
+
+@njit(cache=True, inline="always")
+def _column_scores(matrix, vector, offset, out):
+    # Column-major items: each item's sum runs over the factors in order, a vector of items at a
+    # time (no reassociation to ask for, so every item's sum is the same whatever the batch).
+    n_items, width = matrix.shape
+    for i in range(n_items):
+        out[i] = 0
+    for j in range(width):
+        weight = vector[j]
+        for i in range(n_items):
+            out[i] += matrix[i, j] * weight
+    for i in range(n_items):
+        out[i] += offset
+
+
 # fastmath (reassociation) lets the dot product vectorise; it must be on the
 # compiled entry points, since the inlined body takes its caller's flags.
 @njit(cache=True, inline="always")
 def _affine_rows_body(matrix, vectors, offset):
     n_items, n_users = matrix.shape[0], vectors.shape[0]
     out = np.empty((n_users, n_items), dtype=np.float32)
+    if matrix.flags.f_contiguous:  # a small catalogue's column-major copy (DCRIndex)
+        for b in range(n_users):
+            _column_scores(matrix, vectors[b], offset, out[b])
+        return out
     for start in range(0, n_items, _ROWS_PER_BLOCK):
         stop = min(start + _ROWS_PER_BLOCK, n_items)
         for b in range(n_users):
@@ -171,7 +194,9 @@ def affine_rows(matrix: np.ndarray, vectors: np.ndarray, offset: float = 0.0) ->
     A user's row is bitwise the same whatever else is in the batch, so a
     dynamically batched Recommend answers exactly what a call of its own would.
     """
-    kernel = _affine_rows_holding_gil if holds_gil(matrix.size * vectors.shape[0]) else _affine_rows_releasing_gil
+    kernel = (
+        _affine_rows_holding_gil if holds_gil(matrix.size * vectors.shape[0]) else _affine_rows_releasing_gil
+    )
     return kernel(matrix, vectors, np.float32(offset))
 
 
@@ -329,13 +354,14 @@ def warm_up() -> None:
         _top_k_masked_kernel(scores, np.zeros(4, dtype=np.bool_), 2)
         for rows in _both(np.zeros(1, np.int64)):
             _exclude_kernel(scores, rows)
+    column_major = np.zeros((2, 2), np.float32, order="F")
     for matrix, vector in itertools.product(
-        _both(np.zeros((2, 2), np.float32)), _both(np.zeros(2, np.float32))
+        (*_both(np.zeros((2, 2), np.float32)), column_major), _both(np.zeros(2, np.float32))
     ):
         _affine_rows_holding_gil(matrix, vector.reshape(1, -1), np.float32(0))
         _affine_rows_releasing_gil(matrix, vector.reshape(1, -1), np.float32(0))
     parts = (
-        _both(np.zeros((2, 2), np.float32)),
+        (*_both(np.zeros((2, 2), np.float32)), column_major),
         _both(np.zeros((1, 2), np.float32)),
         _both(np.zeros(1, np.int64)),
         _both(np.zeros(2, dtype=np.bool_)),

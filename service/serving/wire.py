@@ -12,6 +12,7 @@ Messages cost about 0.5 us an item to fill and as much again to serialise
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import numpy as np
@@ -48,8 +49,15 @@ def _string_field(tag: int, text: str) -> bytes:
     return tag.to_bytes(1, "little") + _varint(len(data)) + data if data else b""
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` as a read-only view: every plan array is one numba type, whatever made it."""
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
 def _as_array(data: bytes) -> np.ndarray:
-    return np.frombuffer(data, dtype=np.uint8)
+    return _read_only(np.frombuffer(data, dtype=np.uint8))
 
 
 class WirePlan(NamedTuple):
@@ -70,9 +78,9 @@ class WirePlan(NamedTuple):
         user_lines, user_starts = users.utf8_lines()
         return cls(
             _as_array(item_lines),
-            item_starts,
+            _read_only(item_starts),
             _as_array(user_lines),
-            user_starts,
+            _read_only(user_starts),
             _as_array(_string_field(_RESULT_VERSION, version)),
             _as_array(_string_field(_REPLY_MODEL, model) + _string_field(_REPLY_VERSION, version)),
         )
@@ -186,8 +194,8 @@ def encode_reply(
 ) -> bytes:
     """The ``RecommendResponse`` bytes of one known user's ranked ``rows`` and ``scores``."""
     return _encode_kernel(
-        np.ascontiguousarray(rows, dtype=np.int64),
-        scores,
+        np.array(rows, dtype=np.int64),  # copies of a few items: one kernel signature
+        np.array(scores, dtype=np.float32),  # rounded to the wire's float as protobuf rounds
         plan.items,
         plan.item_starts,
         plan.users,
@@ -326,7 +334,7 @@ def _score_reply_releasing_gil(
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
-_NO_MASK = np.zeros(0, dtype=np.bool_)
+_NO_MASK = _read_only(np.zeros(0, dtype=np.bool_))  # as an Eligible's mask is
 
 
 def scored_reply(
@@ -364,3 +372,44 @@ def scored_reply(
         degraded,
         stale,
     ).tobytes()
+
+
+def _both(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return array, _read_only(array)
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) the kernels for the arrays a server passes them:
+    item factors column-major (a small catalogue), or row-major, read-only when memory-mapped;
+    user factors and seen rows either way (``topk.warm_up`` does the same for its kernels)."""
+    plan = WirePlan.build(IdMap(["i0", "i1"]), IdMap(["u0"]), "m", "v")
+    encode_reply(plan, 0, np.zeros(1, np.int64), np.ones(1, np.float32), False, False)
+    row_major = _both(np.zeros((2, 2), np.float32))
+    column_major = np.zeros((2, 2), np.float32, order="F")
+    for matrix, users, seen in itertools.product(
+        (*row_major, column_major), _both(np.zeros((1, 2), np.float32)), _both(np.zeros(1, np.int64))
+    ):
+        kernels = [_score_reply_holding_gil]
+        if matrix is not column_major:  # only small catalogues are column-major, never long products
+            kernels.append(_score_reply_releasing_gil)
+        for kernel in kernels:
+            kernel(
+                matrix,
+                users,
+                0,
+                np.ones(2, np.float32),
+                np.float32(0),
+                seen,
+                _NO_ROWS,
+                _NO_MASK,
+                False,
+                1,
+                plan.items,
+                plan.item_starts,
+                plan.users,
+                plan.user_starts,
+                plan.result_tail,
+                plan.reply_tail,
+                False,
+                False,
+            )
