@@ -134,13 +134,26 @@ COLUMN_MAJOR_MAX_SIZE = 1 << 20
 def _column_scores(matrix, vector, offset, out):
     # Column-major items: each item's sum runs over the factors in order, a vector of items at a
     # time (no reassociation to ask for, so every item's sum is the same whatever the batch).
+    # Four factors a pass: the partial sums are loaded and stored a quarter as often (about a
+    # quarter cheaper on ML-100K's 1,682 x 100), in the same order.
     n_items, width = matrix.shape
     for i in range(n_items):
         out[i] = 0
-    for j in range(width):
-        weight = vector[j]
+    j = 0
+    while j + 4 <= width:
+        a, b, c, d = vector[j], vector[j + 1], vector[j + 2], vector[j + 3]
         for i in range(n_items):
-            out[i] += matrix[i, j] * weight
+            acc = out[i]
+            acc += matrix[i, j] * a
+            acc += matrix[i, j + 1] * b
+            acc += matrix[i, j + 2] * c
+            acc += matrix[i, j + 3] * d
+            out[i] = acc
+        j += 4
+    for rest in range(j, width):
+        weight = vector[rest]
+        for i in range(n_items):
+            out[i] += matrix[i, rest] * weight
     for i in range(n_items):
         out[i] += offset
 

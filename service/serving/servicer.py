@@ -400,11 +400,14 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         if self._is_trending_model(request.model):
             return self._recommend_trending(request)
         live = self._model(request.model, "Recommend")
-        user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
-        if len(user_ids) == 1 and _plain(request):
-            reply = self._recommend_plain(live, user_ids[0], request, context)
+        requested = request.user_ids
+        if len(requested) == 1 and _plain(request):  # id_list's check of one id, without its list
+            reply = self._recommend_plain(
+                live, v.one_id(requested[0], "an entry of user_ids", lim), request, context
+            )
             if reply is not None:
                 return reply
+        user_ids = v.id_list(requested, "user_ids", lim, lim.max_batch, min_count=1)
         call = _RecommendCall(
             n=v.bounded(request.n, "n", 1, lim.max_n),
             candidate_ids=v.id_list(
