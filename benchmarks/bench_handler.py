@@ -2,7 +2,8 @@
 scoring, exclusion, top-k and reply building, for one user per call, through the
 dynamic batcher as the server runs it (``--batch-max-size 0``: without it).
 Wall time per call (mean, p50, p99) and the handler's CPU per call: ``time.thread_time``
-over all the calls (the reply's bytes as the server sends them: ``recommend_wire``), best of ``--repeat`` rounds (CPU is what a loaded server pays).
+over all the calls (the reply's bytes as the server sends them: ``recommend_wire``),
+best of ``--repeat`` rounds (CPU is what a loaded server pays).
 
     python benchmarks/bench_handler.py --registry REGISTRY [--model dcr] [--calls 5000] [--repeat 3]
 """

@@ -21,6 +21,7 @@ import grpc
 import numpy as np
 import redis
 from google.protobuf.message import DecodeError
+from prometheus_client import Counter
 
 from ordrec.service.errors import (
     DeadlineExceeded,
@@ -214,7 +215,7 @@ class _PlainVersion(NamedTuple):
     and whether the largest plain reply fits the message limit (else each is checked)."""
 
     plan: WirePlan
-    users: object
+    users: Counter
     always_fits: bool
 
 
@@ -511,7 +512,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         else:
             always_fits = True
         return _PlainVersion(
-            WirePlan.build(index.items, index.users, model.name, model.version),
+            WirePlan(index.items, index.users, model.name, model.version),
             self._users_counters.get(model),
             always_fits,
         )

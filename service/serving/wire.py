@@ -6,14 +6,13 @@ selects the top ``n`` and writes the ``RecommendResponse`` bytes grpcio sends, t
 ids' UTF-8 bytes copied from one buffer per version (:class:`WirePlan`). The bytes are
 those ``SerializeToString`` gives for the message the general path builds (field order,
 proto3's omitted defaults and all; ``tests/test_recommend_wire.py`` holds them equal).
-Messages cost about 0.5 us an item to fill and as much again to serialise
-(``docs/serving-cost.md``).
+A ten-item reply message cost 5.5 us in process to build and serialise, its bytes
+written here about 1 us (``docs/serving-cost.md``).
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -60,23 +59,19 @@ def _as_array(data: bytes) -> np.ndarray:
     return _read_only(np.frombuffer(data, dtype=np.uint8))
 
 
-class WirePlan(NamedTuple):
-    """What a version's plain replies share, built once per version: the item and user ids as
-    UTF-8 lines (id r is ``buffer[starts[r]:starts[r + 1] - 1]``), the result's version field
-    and the reply's model and version fields."""
+class WirePlan:
+    """What a version's plain replies share, built once per version, as one tuple for the
+    kernels (a tuple of arrays costs numba no more to take than the arrays apart): the item
+    and user ids as UTF-8 lines and their line starts (id r is
+    ``lines[starts[r]:starts[r + 1] - 1]``), the result's version field and the reply's model
+    and version fields."""
 
-    items: np.ndarray
-    item_starts: np.ndarray
-    users: np.ndarray
-    user_starts: np.ndarray
-    result_tail: np.ndarray
-    reply_tail: np.ndarray
+    __slots__ = ("arrays",)
 
-    @classmethod
-    def build(cls, items: IdMap, users: IdMap, model: str, version: str) -> WirePlan:
+    def __init__(self, items: IdMap, users: IdMap, model: str, version: str):
         item_lines, item_starts = items.utf8_lines()
         user_lines, user_starts = users.utf8_lines()
-        return cls(
+        self.arrays = (
             _as_array(item_lines),
             _read_only(item_starts),
             _as_array(user_lines),
@@ -125,9 +120,8 @@ def _item_size(id_length, score_bits):
 
 
 @njit(cache=True, inline="always")
-def _write_reply(
-    rows, scores, items, item_starts, users, user_starts, user_row, result_tail, reply_tail, degraded, stale
-):
+def _write_reply(rows, scores, plan, user_row, degraded, stale):
+    items, item_starts, users, user_starts, result_tail, reply_tail = plan
     n = rows.shape[0]
     as_float = np.empty(n, dtype=np.float32)  # the wire's float: a double score rounds as protobuf does
     for i in range(n):
@@ -171,22 +165,8 @@ def _write_reply(
 
 
 @njit(cache=True)
-def _encode_kernel(
-    rows, scores, items, item_starts, users, user_starts, user_row, result_tail, reply_tail, degraded, stale
-):
-    return _write_reply(
-        rows,
-        scores,
-        items,
-        item_starts,
-        users,
-        user_starts,
-        user_row,
-        result_tail,
-        reply_tail,
-        degraded,
-        stale,
-    )
+def _encode_kernel(rows, scores, plan, user_row, degraded, stale):
+    return _write_reply(rows, scores, plan, user_row, degraded, stale)
 
 
 def encode_reply(
@@ -196,13 +176,8 @@ def encode_reply(
     return _encode_kernel(
         np.array(rows, dtype=np.int64),  # copies of a few items: one kernel signature
         np.array(scores, dtype=np.float32),  # rounded to the wire's float as protobuf rounds
-        plan.items,
-        plan.item_starts,
-        plan.users,
-        plan.user_starts,
+        plan.arrays,
         user_row,
-        plan.result_tail,
-        plan.reply_tail,
         degraded,
         stale,
     ).tobytes()
@@ -210,126 +185,29 @@ def encode_reply(
 
 @njit(cache=True, inline="always")
 def _score_reply_body(
-    matrix,
-    factors,
-    user_row,
-    scale,
-    offset,
-    seen,
-    recorded,
-    blocked,
-    masked,
-    k,
-    items,
-    item_starts,
-    users,
-    user_starts,
-    result_tail,
-    reply_tail,
-    degraded,
-    stale,
+    matrix, factors, user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale
 ):
     exclude = seen if recorded.shape[0] == 0 else np.concatenate((seen, recorded))
     rows, scores = user_top_k_inline(matrix, factors, user_row, scale, offset, exclude, blocked, masked, k)
-    return _write_reply(
-        rows,
-        scores,
-        items,
-        item_starts,
-        users,
-        user_starts,
-        user_row,
-        result_tail,
-        reply_tail,
-        degraded,
-        stale,
-    )
+    return _write_reply(rows, scores, plan, user_row, degraded, stale)
 
 
 # The fused kernels of topk.user_top_k compiled with its flags: the same scores, bit for bit.
 @njit(cache=True, fastmath=FUSED_FASTMATH)
 def _score_reply_holding_gil(
-    matrix,
-    factors,
-    user_row,
-    scale,
-    offset,
-    seen,
-    recorded,
-    blocked,
-    masked,
-    k,
-    items,
-    item_starts,
-    users,
-    user_starts,
-    result_tail,
-    reply_tail,
-    degraded,
-    stale,
+    matrix, factors, user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale
 ):
     return _score_reply_body(
-        matrix,
-        factors,
-        user_row,
-        scale,
-        offset,
-        seen,
-        recorded,
-        blocked,
-        masked,
-        k,
-        items,
-        item_starts,
-        users,
-        user_starts,
-        result_tail,
-        reply_tail,
-        degraded,
-        stale,
+        matrix, factors, user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale
     )
 
 
 @njit(cache=True, fastmath=FUSED_FASTMATH, nogil=True)
 def _score_reply_releasing_gil(
-    matrix,
-    factors,
-    user_row,
-    scale,
-    offset,
-    seen,
-    recorded,
-    blocked,
-    masked,
-    k,
-    items,
-    item_starts,
-    users,
-    user_starts,
-    result_tail,
-    reply_tail,
-    degraded,
-    stale,
+    matrix, factors, user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale
 ):
     return _score_reply_body(
-        matrix,
-        factors,
-        user_row,
-        scale,
-        offset,
-        seen,
-        recorded,
-        blocked,
-        masked,
-        k,
-        items,
-        item_starts,
-        users,
-        user_starts,
-        result_tail,
-        reply_tail,
-        degraded,
-        stale,
+        matrix, factors, user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale
     )
 
 
@@ -363,12 +241,7 @@ def scored_reply(
         _NO_MASK if blocked is None else blocked,
         blocked is not None,
         k,
-        plan.items,
-        plan.item_starts,
-        plan.users,
-        plan.user_starts,
-        plan.result_tail,
-        plan.reply_tail,
+        plan.arrays,
         degraded,
         stale,
     ).tobytes()
@@ -382,7 +255,7 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) the kernels for the arrays a server passes them:
     item factors column-major (a small catalogue), or row-major, read-only when memory-mapped;
     user factors and seen rows either way (``topk.warm_up`` does the same for its kernels)."""
-    plan = WirePlan.build(IdMap(["i0", "i1"]), IdMap(["u0"]), "m", "v")
+    plan = WirePlan(IdMap(["i0", "i1"]), IdMap(["u0"]), "m", "v")
     encode_reply(plan, 0, np.zeros(1, np.int64), np.ones(1, np.float32), False, False)
     row_major = _both(np.zeros((2, 2), np.float32))
     column_major = np.zeros((2, 2), np.float32, order="F")
@@ -404,12 +277,7 @@ def warm_up() -> None:
                 _NO_MASK,
                 False,
                 1,
-                plan.items,
-                plan.item_starts,
-                plan.users,
-                plan.user_starts,
-                plan.result_tail,
-                plan.reply_tail,
+                plan.arrays,
                 False,
                 False,
             )
