@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import urllib.request
-from collections.abc import Sequence
 
 import grpc
 import numpy as np
@@ -18,7 +17,6 @@ from hypothesis import strategies as st
 from ordrec.service.config import Limits
 from ordrec.service.live.forgotten import SCOPE, ForgottenUsers, user_digest
 from ordrec.service.live.hidden import HiddenState
-from ordrec.service.live.seen import SeenStore
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving.batching import RecommendBatcher
 from ordrec.service.serving.servicer import RecommenderServicer, lenient_deserializer
@@ -28,23 +26,13 @@ from ordrec.service.storage.idmap import IdMap, PackedIdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
-from tests.servicer_fakes import FixedSet, NoDeadlineContext, dcr_store
+from tests.servicer_fakes import FixedSet, NoDeadlineContext, RecordedSeen, dcr_store
 from tests.test_rules import dcr_artifact
 
 N_USERS, N_ITEMS = 10, 300
 USERS = [f"u{i}" for i in range(N_USERS)]
 TOKEN = "s3cret-wire-token-0123"
 ITEMS = [f"i{i}" for i in range(N_ITEMS)]
-
-
-class _RecordedSeen(SeenStore):
-    """Items recorded since training (what Redis would hold), and whether the lookup failed open."""
-
-    def __init__(self, recent: dict[str, list[str]], degraded: bool):
-        self.recent, self.degraded = recent, degraded
-
-    def lookup(self, seen_for: Sequence[str], ratings_for: Sequence[str] = ()):
-        return {u: self.recent[u] for u in seen_for if u in self.recent}, {}, self.degraded
 
 
 class _Aborted(Exception):
@@ -66,7 +54,7 @@ def _servicer(store, hidden=frozenset(), forgotten=(), recent=None, degraded=Fal
         store,
         Metrics(),
         Limits(),
-        _RecordedSeen(recent or {}, degraded),
+        RecordedSeen(recent or {}, degraded),
         HiddenState(FixedSet(ALL_MODELS, hidden), interval=3600),
         # min_work 0: every version batches, so the plain path scores through the batcher
         batcher=RecommendBatcher(8, min_work=0) if batched else None,
@@ -255,7 +243,7 @@ def test_a_real_servers_plain_answers(registry, redis_server):
             with pytest.raises(grpc.RpcError) as refused:
                 _raw_call(channel, plain.SerializeToString(), None)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        handled = r'^grpc_server_handled_total{.*grpc_method="Recommend",grpc_code="OK"} (\S+)'
+        handled = r'^grpc_server_handled_total{grpc_code="OK",grpc_method="Recommend",[^}]*} (\S+)'
         ok = _metric(server.metrics_url, handled)
         users = _metric(server.metrics_url, r"^ordrec_recommend_users_total{.*} (\S+)")
         assert ok == 3 and users == 3  # two plain calls and their general twin
