@@ -305,7 +305,8 @@ class DistributedFit:
         bias = float(model.research_.item_bias)
         L = model.U_.shape[1]
         return StepParams(
-            lr=float(model.learning_rate) / (1.0 + float(model.solver_settings().learning_rate_decay) * epoch),
+            lr=float(model.learning_rate)
+            / (1.0 + float(model.solver_settings().learning_rate_decay) * epoch),
             reg=float(model.reg),
             floor=float(model.research_.prob_floor),
             u_fixed=1 if bias else 0,
