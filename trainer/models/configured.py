@@ -161,12 +161,11 @@ def _dcr(params: dict[str, Any]) -> Configured:
     serving = {name: params.pop(name) for name in DCR_SERVING if name in params}
     validate_params("DCR", serving, SERVING_CONSTRAINTS)
     check_serving(**dict(SERVING_DEFAULTS, **serving))  # an unknown index setting, before any fitting
-    refine = params.pop("pairwise", False)
-    validate_params("DCR", {"pairwise": refine}, {"pairwise": ["boolean"]})
-    pairwise = {name: params.pop(name) for name in PAIRWISE_FLAT if name in params}
+    pairwise = {name: params.pop(name) for name in DCR_PAIRWISE if name in params}
+    validate_params("DCR", pairwise, DCR_FLAT_CONSTRAINTS)  # named as given, before any fitting
+    refine = pairwise.pop("pairwise", False)
     model = DCR(**DCRSolver.merged(params))
     refinement = PairwiseDCR.from_flat(model, pairwise)
-    refinement.settings()  # a bad refinement setting, before any fitting
     holdout = dict(folds=selection["validation_folds"], fraction=selection["validation_fraction"])
     estimator: Any = model
     turned_on: list[str] = []
