@@ -15,11 +15,11 @@ train in parallel threads. Items are ranked by (Eq. 4)
 
 with the relevance function ``f`` linear (default), log or exp.
 
-Pairwise DCR (Section 4, Eq. 5-7, Algorithm 1) starts from the DCR factors
-and minimises the logistic loss ``log(1 + exp(-(SC_ui - SC_uj)))`` over
-ordered rating pairs of each user plus ``lambda * sum |U|^2 + |V|^2`` by
-stochastic gradient steps with the same projection. Pairs are sampled on the
-fly inside the kernel, never enumerated.
+Pairwise DCR (:class:`PairwiseDCR`, wrapping a DCR; Section 4, Eq. 5-7,
+Algorithm 1) starts from the DCR factors and minimises the logistic loss
+``log(1 + exp(-(SC_ui - SC_uj)))`` over ordered rating pairs of each user plus
+``lambda * sum |U|^2 + |V|^2`` by stochastic gradient steps with the same
+projection. Pairs are sampled on the fly inside the kernel, never enumerated.
 
 Named variants beyond the paper (research options, :class:`ResearchOptions`,
 off by default, so ``DCR().fit(data)`` is the paper's):
