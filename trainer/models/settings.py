@@ -30,12 +30,14 @@ class FitSettings:
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def of(cls: type[S], given: S | Mapping[str, Any] | None) -> S:
+    def of(cls: type[S], given: object) -> S:
         """The settings of a ``solver`` parameter: itself, a dict of some fields, or None (the defaults)."""
         if isinstance(given, cls):
             return given
         if given is None:
             return cls()
+        if not isinstance(given, Mapping):
+            raise ValueError(f"the 'solver' parameter must be a {cls.__name__}, a dict or None; got {given!r}")
         unknown = set(given) - set(cls.names())
         if unknown:
             raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}; known: {cls.names()}")
