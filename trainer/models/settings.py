@@ -37,7 +37,9 @@ class FitSettings:
         if given is None:
             return cls()
         if not isinstance(given, Mapping):
-            raise ValueError(f"the 'solver' parameter must be a {cls.__name__}, a dict or None; got {given!r}")
+            raise ValueError(
+                f"the 'solver' parameter must be a {cls.__name__}, a dict or None; got {given!r}"
+            )
         unknown = set(given) - set(cls.names())
         if unknown:
             raise ValueError(f"{cls.__name__} has no field(s) {sorted(unknown)}; known: {cls.names()}")
