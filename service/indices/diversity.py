@@ -20,7 +20,7 @@ from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.service.indices.rules import FilterError, ItemAttributes
-from ordrec.service.indices.similar import item_vectors, pairwise_similarity
+from ordrec.service.indices.similar import item_vectors, pairwise_distances, pairwise_similarity
 
 # How many times n items the model ranks for the re-ranking to choose from.
 POOL_FACTOR = 5
@@ -141,6 +141,7 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel before the first request."""
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
     mmr_cosine(np.ones(2), np.eye(2, dtype=np.float32), 0.5, 1)  # DCR's factors are float32
+    pairwise_distances(np.eye(2))  # COE's similarity over the pool
 
 
 def rerank(
