@@ -11,7 +11,12 @@ throwaway registry and calls the in-process Recommend handler (no gRPC), one use
   user did not rate in training) and intra-list diversity (mean ``1 - cosine`` under the
   level-weighted inner product, ``service/indices/similar.py``) at several diversity settings;
 - the same four rows over gRPC against an ``ordrec-serve`` process;
-- SimilarItems p50 (one item, n = 10).
+- SimilarItems p50 (one item, n = 10);
+- the same four rows again, interleaved call by call (plain, explain, diversity, both, then
+  the next user; each round starts one variant later), in process and over gRPC: drift on a
+  noisy machine then hits every variant alike. Each row gives its p50, the p50 ratio to plain
+  with a 95 % interval from a paired bootstrap over the rounds, and (in process) the handler's
+  CPU per call (``time.thread_time``, median).
 
     python benchmarks/bench_features.py --data $ORDREC_DATA/ml-100k/u.data [--max-iter 100] [--calls 2000]
 """
@@ -45,6 +50,7 @@ from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 from ordrec.v1 import recommender_pb2_grpc  # noqa: E402
 
 DIVERSITIES = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+BOOTSTRAP = 1000  # resamples of the rounds for the interval of a p50 ratio
 
 
 def timed(call, requests: list) -> list[float]:
@@ -82,6 +88,62 @@ def bare_scorer(index, users: list[str], calls: int) -> list[float]:
     return timed(call, [users[i % len(users)] for i in range(calls)])
 
 
+def interleaved(calls: dict, requests: dict, rounds: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Wall and thread-CPU seconds per call of each variant, calls taken in turn round by
+    round (round ``r`` starts at variant ``r mod V``, so none always follows the same one)."""
+    labels = list(calls)
+    for r in range(min(200, rounds)):  # warm up
+        for label in labels:
+            calls[label](requests[label][r])
+    wall = {label: np.empty(rounds) for label in labels}
+    cpu = {label: np.empty(rounds) for label in labels}
+    for r in range(rounds):
+        for k in range(len(labels)):
+            label = labels[(r + k) % len(labels)]
+            call, request = calls[label], requests[label][r]
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            call(request)
+            cpu[label][r] = time.thread_time() - started_cpu
+            wall[label][r] = time.perf_counter() - started
+    return {label: (wall[label], cpu[label]) for label in labels}
+
+
+def ratio_interval(times: np.ndarray, plain: np.ndarray, seed: int) -> tuple[float, float]:
+    """95 % interval of ``p50(times) / p50(plain) - 1`` from a paired bootstrap over rounds."""
+    picks = np.random.default_rng(seed).integers(0, times.size, (BOOTSTRAP, times.size))
+    ratios = np.median(times[picks], axis=1) / np.median(plain[picks], axis=1) - 1.0
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def print_interleaved(title: str, measured: dict[str, tuple[np.ndarray, np.ndarray]], with_cpu: bool) -> None:
+    """One row per variant: p50, p99, p50 vs plain with its bootstrap interval, CPU per call."""
+    print(f"\n{title}")
+    header = f"{'setting':<28} {'p50 us':>8} {'p99 us':>8} {'p50 vs plain':>13} {'95 % interval':>17}"
+    print(header + (f" {'CPU p50 us':>11}" if with_cpu else ""))
+    plain = measured["plain"][0]
+    for label, (wall, cpu) in measured.items():
+        row = f"{label:<28} {np.median(wall) * 1e6:>8.0f} {np.quantile(wall, 0.99) * 1e6:>8.0f}"
+        if label == "plain":
+            row += f" {'':>13} {'':>17}"
+        else:
+            low, high = ratio_interval(wall, plain, seed=len(label))
+            ratio = np.median(wall) / np.median(plain) - 1.0
+            row += f" {100 * ratio:>+12.0f}% {f'{100 * low:+.0f} .. {100 * high:+.0f} %':>17}"
+        print(row + (f" {np.median(cpu) * 1e6:>11.0f}" if with_cpu else ""))
+
+
+def feature_requests(users: list[str], settings: dict, calls: int) -> dict[str, list]:
+    """Each setting's requests, call ``i`` for user ``i`` (the same users for every setting)."""
+    return {
+        label: [
+            pb.RecommendRequest(model="dcr", user_ids=[users[i % len(users)]], n=10, **extra)
+            for i in range(calls)
+        ]
+        for label, extra in settings.items()
+    }
+
+
 def grpc_table(registry: str, users: list[str], settings: dict, calls: int) -> None:
     """The same settings through a real server process over gRPC (one connection, sequential calls)."""
     print("\nRecommend over gRPC (ordrec-serve process, sequential calls), n = 10")
@@ -89,15 +151,15 @@ def grpc_table(registry: str, users: list[str], settings: dict, calls: int) -> N
     with ServerProcess(registry) as server, grpc.insecure_channel(server.target) as channel:
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         plain = None
-        for label, extra in settings.items():
-            requests = [
-                pb.RecommendRequest(model="dcr", user_ids=[users[i % len(users)]], n=10, **extra)
-                for i in range(calls)
-            ]
+        by_setting = feature_requests(users, settings, calls)
+        for label, requests in by_setting.items():
             times = timed(lambda request: stub.Recommend(request, timeout=10), requests)
             p50 = quantile(times, 0.5)
             plain = plain or p50
             print(f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%")
+        call = functools.partial(stub.Recommend, timeout=10)
+        measured = interleaved(dict.fromkeys(settings, call), by_setting, calls)
+        print_interleaved("Recommend over gRPC, interleaved call by call, n = 10", measured, with_cpu=False)
 
 
 def main() -> int:
@@ -135,11 +197,8 @@ def main() -> int:
             "explain = 3, diversity = 0.3": {"explain": 3, "diversity": 0.3},
         }
         plain = None
-        for label, extra in settings.items():
-            requests = [
-                pb.RecommendRequest(model="dcr", user_ids=[users[i % len(users)]], n=10, **extra)
-                for i in range(args.calls)
-            ]
+        by_setting = feature_requests(users, settings, args.calls)
+        for label, requests in by_setting.items():
             times = timed(recommend, requests)
             p50 = quantile(times, 0.5)
             plain = plain or p50
@@ -158,6 +217,8 @@ def main() -> int:
                 print(
                     f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%"
                 )
+        measured = interleaved(dict.fromkeys(settings, recommend), by_setting, args.calls)
+        print_interleaved("Recommend, in-process handler, interleaved call by call, n = 10", measured, True)
         grpc_table(folder, users, settings, args.calls)
         items = index.items.ids
         similar = [

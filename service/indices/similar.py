@@ -36,30 +36,32 @@ def _require_kind(index: RecommenderIndex) -> None:
 
 
 def similarities(
-    index: RecommenderIndex, query_rows: np.ndarray, item_rows: np.ndarray | None = None
+    index: RecommenderIndex,
+    query_rows: np.ndarray,
+    item_rows: np.ndarray | None = None,
+    fresh: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Mean similarity of every item (or ``item_rows``) to the items ``query_rows``, float32."""
+    """Mean similarity of every trained item (or ``item_rows``) to the items ``query_rows``,
+    float32; rows past the version's items are fresh items (``fresh``, :func:`item_vectors`)."""
     _require_kind(index)
     query_rows = np.asarray(query_rows, dtype=np.int64)
     if isinstance(index, DCRIndex):
-        query = _dcr_query(index, query_rows)
+        query = _dcr_query(index, query_rows, fresh)
         if item_rows is None:
             return affine_scores(index.item_factors, query)
-        return (index.item_factors[np.asarray(item_rows, dtype=np.int64)] @ query).astype(np.float32)
+        return (item_vectors(index, item_rows, fresh) @ query).astype(np.float32)
     assert isinstance(index, COEIndex)
-    items = (
-        index.item_coords if item_rows is None else index.item_coords[np.asarray(item_rows, dtype=np.int64)]
-    )
+    items = index.item_coords if item_rows is None else item_vectors(index, item_rows, fresh)
     total = np.zeros(items.shape[0], dtype=np.float64)
-    for point in index.item_coords[query_rows]:
+    for point in item_vectors(index, query_rows, fresh):
         diff = items - point
         total += np.sqrt(np.einsum("id,id->i", diff, diff))
     return (-total / max(1, query_rows.size)).astype(np.float32)
 
 
-def _dcr_query(index: DCRIndex, query_rows: np.ndarray) -> np.ndarray:
+def _dcr_query(index: DCRIndex, query_rows: np.ndarray, fresh: np.ndarray | None = None) -> np.ndarray:
     """The weighted mean of the query items' factors: a pseudo-user whose scores are the sims."""
-    factors = index.item_factors[query_rows].astype(np.float64).mean(axis=0)
+    factors = item_vectors(index, query_rows, fresh).astype(np.float64).mean(axis=0)
     return np.ascontiguousarray(factors * index.level_scale, dtype=np.float32)
 
 
@@ -70,24 +72,28 @@ def similar_items(
     *,
     exclude: np.ndarray | None = None,
     eligible: Eligible | None = None,
+    fresh: np.ndarray | None = None,
 ) -> Ranked:
-    """The ``n`` items most similar to the basket ``query_rows`` (never one of them, an
-    ``exclude`` row or an ineligible one), best first; through DCR's item index when it has one."""
+    """The ``n`` trained items most similar to the basket ``query_rows`` (never one of them, an
+    ``exclude`` row or an ineligible one), best first; through DCR's item index when it has one.
+    Query rows past the version's items are fresh items with factors ``fresh`` (the fresh
+    candidates are ``service/live/fresh.py``'s ``fresh_similar``)."""
     _require_kind(index)
     query_rows = np.unique(np.asarray(query_rows, dtype=np.int64))
-    skip = query_rows if exclude is None else np.unique(np.concatenate([query_rows, exclude]))
+    trained = query_rows[query_rows < len(index.items)]
+    skip = trained if exclude is None else np.unique(np.concatenate([trained, exclude]))
     ann = getattr(index, "ann", None)
     if isinstance(index, DCRIndex) and ann is not None and (eligible is None or not eligible.sparse):
-        found = ann.search(_dcr_query(index, query_rows), n, skip, eligible)
+        found = ann.search(_dcr_query(index, query_rows, fresh), n, skip, eligible)
         if found is not None:
             return found
     if eligible is not None and eligible.sparse:
         rows = eligible.rows
-        scores = similarities(index, query_rows, rows)
+        scores = similarities(index, query_rows, rows, fresh)
         scores[np.isin(rows, skip)] = -np.inf
         order, values = top_k(scores, n)
         return rows[order], values
-    scores = similarities(index, query_rows)
+    scores = similarities(index, query_rows, fresh=fresh)
     return top_k(scores, n, skip, None if eligible is None else eligible.blocked)
 
 
