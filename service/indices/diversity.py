@@ -103,6 +103,8 @@ def _mmr_kernel(relevance, similarity, x, weight, n):
                 best, best_value = j, value
         taken[best] = True
         order[step] = best
+        if step + 1 == order.size:
+            break  # the last pick's similarities would choose nothing
         for j in range(size):
             if taken[j]:
                 continue
