@@ -26,7 +26,7 @@ from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import RecommenderIndex
 from ordrec.service.indices.models.coe import COEIndex
 from ordrec.service.indices.models.dcr import DCRIndex
-from ordrec.service.indices.similar import item_vectors
+from ordrec.service.indices.similar import inner_product, item_vectors
 
 # Keeps COE's inverse distance finite for a history item on the recommended item's spot.
 EPS = 1e-6
@@ -63,16 +63,6 @@ class Explained:
 
 
 @njit(cache=True, fastmath=True)
-def _dot(a, b):
-    """Inner product summed in the inputs' precision (float32 for DCR: as BLAS would, and
-    vectorised)."""
-    total = a[0] - a[0]
-    for d in range(a.size):
-        total += a[d] * b[d]
-    return total
-
-
-@njit(cache=True, fastmath=True)
 def _distance(a, b):
     total = 0.0
     for d in range(a.size):
@@ -91,7 +81,7 @@ def _similarities(query, trained, history, distance):
     for j in range(history.size):
         row = trained[history[j]]
         for i in range(n):
-            sim[i, j] = -_distance(query[i], row) if distance else _dot(query[i], row)
+            sim[i, j] = -_distance(query[i], row) if distance else inner_product(query[i], row)
     return sim
 
 

@@ -129,6 +129,17 @@ def pairwise_similarity(
 
 
 @njit(cache=True, fastmath=True)
+def inner_product(a, b):
+    """``a . b`` of two non-empty vectors, summed in their precision (float32 for DCR's factors,
+    as BLAS sums them; fastmath lets the sum vectorise): the compiled explanation and
+    diversity kernels' product."""
+    total = a[0] - a[0]
+    for d in range(a.size):
+        total += a[d] * b[d]
+    return total
+
+
+@njit(cache=True, fastmath=True)
 def _distances(points):
     """The symmetric matrix of Euclidean distances between ``points``' rows, float64."""
     size, dim = points.shape
