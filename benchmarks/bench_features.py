@@ -1,6 +1,6 @@
 """Explanations and diversity on ML-100K: what they cost and what diversity trades.
 
-Trains DCR (the default, top-N-aware estimator) on a per-user 80/20 split, publishes it to a
+Trains DCR (the default, top-N-aware estimator; ``--kind coe``: COE) on a per-user 80/20 split, publishes it to a
 throwaway registry and calls the in-process Recommend handler (no gRPC), one user per call:
 
 - p50 / p99 of the bare scorer (the index's answer and its reply, no handler: the yardstick a
@@ -18,7 +18,7 @@ throwaway registry and calls the in-process Recommend handler (no gRPC), one use
   with a 95 % interval from a paired bootstrap over the rounds, and (in process) the handler's
   CPU per call (``time.thread_time``, median).
 
-    python benchmarks/bench_features.py --data $ORDREC_DATA/ml-100k/u.data [--max-iter 100] [--calls 2000]
+    python benchmarks/bench_features.py --data $ORDREC_DATA/ml-100k/u.data [--kind dcr] [--max-iter 100] [--calls 2000]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.tools.process import ServerProcess  # noqa: E402
 from ordrec.trainer.data.readers import read_input  # noqa: E402
 from ordrec.trainer.evaluation.holdout import split_ratings  # noqa: E402
+from ordrec.trainer.models.coe import COE  # noqa: E402
 from ordrec.trainer.models.dcr import DCR  # noqa: E402
 from ordrec.v1 import recommender_pb2 as pb  # noqa: E402
 from ordrec.v1 import recommender_pb2_grpc  # noqa: E402
@@ -133,25 +134,25 @@ def print_interleaved(title: str, measured: dict[str, tuple[np.ndarray, np.ndarr
         print(row + (f" {np.median(cpu) * 1e6:>11.0f}" if with_cpu else ""))
 
 
-def feature_requests(users: list[str], settings: dict, calls: int) -> dict[str, list]:
+def feature_requests(model: str, users: list[str], settings: dict, calls: int) -> dict[str, list]:
     """Each setting's requests, call ``i`` for user ``i`` (the same users for every setting)."""
     return {
         label: [
-            pb.RecommendRequest(model="dcr", user_ids=[users[i % len(users)]], n=10, **extra)
+            pb.RecommendRequest(model=model, user_ids=[users[i % len(users)]], n=10, **extra)
             for i in range(calls)
         ]
         for label, extra in settings.items()
     }
 
 
-def grpc_table(registry: str, users: list[str], settings: dict, calls: int) -> None:
+def grpc_table(registry: str, model: str, users: list[str], settings: dict, calls: int) -> None:
     """The same settings through a real server process over gRPC (one connection, sequential calls)."""
     print("\nRecommend over gRPC (ordrec-serve process, sequential calls), n = 10")
     print(f"{'setting':<28} {'p50 us':>8} {'p99 us':>8} {'p50 vs plain':>13}")
     with ServerProcess(registry) as server, grpc.insecure_channel(server.target) as channel:
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         plain = None
-        by_setting = feature_requests(users, settings, calls)
+        by_setting = feature_requests(model, users, settings, calls)
         for label, requests in by_setting.items():
             times = timed(lambda request: stub.Recommend(request, timeout=10), requests)
             p50 = quantile(times, 0.5)
@@ -165,7 +166,8 @@ def grpc_table(registry: str, users: list[str], settings: dict, calls: int) -> N
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="ML-100K u.data")
-    p.add_argument("--max-iter", type=int, default=100, help="DCR epochs (the estimator's default: 100)")
+    p.add_argument("--kind", choices=("dcr", "coe"), default="dcr", help="the recommender measured")
+    p.add_argument("--max-iter", type=int, default=100, help="epochs (DCR's default: 100)")
     p.add_argument("--calls", type=int, default=2000, help="calls per latency row")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
@@ -173,15 +175,16 @@ def main() -> int:
     data = read_input("ratings", args.data)
     train, test = split_ratings(data, 0.2, args.seed)
     started = time.perf_counter()
-    model = DCR(max_iter=args.max_iter, random_state=args.seed).fit(train)
+    kind = args.kind
+    model = (DCR if kind == "dcr" else COE)(max_iter=args.max_iter, random_state=args.seed).fit(train)
     print(
-        f"DCR fit on {len(train):,} ratings in {time.perf_counter() - started:.0f} s (max_iter={args.max_iter})"
+        f"{kind} fit on {len(train):,} ratings in {time.perf_counter() - started:.0f} s (max_iter={args.max_iter})"
     )
     with tempfile.TemporaryDirectory() as folder:
-        Registry(folder).publish("dcr", model.to_artifact())
-        metrics, store = loaded_store(folder, "dcr")
+        Registry(folder).publish(kind, model.to_artifact())
+        metrics, store = loaded_store(folder, kind)
         servicer = RecommenderServicer(store, metrics, Limits(), SeenStore())
-        index = store.snapshot()["dcr"].index
+        index = store.snapshot()[kind].index
         context = Context()
         recommend = lambda request: servicer.Recommend(request, context)  # noqa: E731
         users = index.users.ids
@@ -197,7 +200,7 @@ def main() -> int:
             "explain = 3, diversity = 0.3": {"explain": 3, "diversity": 0.3},
         }
         plain = None
-        by_setting = feature_requests(users, settings, args.calls)
+        by_setting = feature_requests(kind, users, settings, args.calls)
         for label, requests in by_setting.items():
             times = timed(recommend, requests)
             p50 = quantile(times, 0.5)
@@ -219,10 +222,10 @@ def main() -> int:
                 )
         measured = interleaved(dict.fromkeys(settings, recommend), by_setting, args.calls)
         print_interleaved("Recommend, in-process handler, interleaved call by call, n = 10", measured, True)
-        grpc_table(folder, users, settings, args.calls)
+        grpc_table(folder, kind, users, settings, args.calls)
         items = index.items.ids
         similar = [
-            pb.SimilarItemsRequest(model="dcr", item_ids=[items[i % len(items)]], n=10)
+            pb.SimilarItemsRequest(model=kind, item_ids=[items[i % len(items)]], n=10)
             for i in range(args.calls)
         ]
         times = timed(lambda r: servicer.SimilarItems(r, context), similar)
@@ -239,7 +242,7 @@ def main() -> int:
             ndcg, ild = [], []
             for uid in evaluated:
                 reply = servicer.Recommend(
-                    pb.RecommendRequest(model="dcr", user_ids=[uid], n=10, diversity=weight), context
+                    pb.RecommendRequest(model=kind, user_ids=[uid], n=10, diversity=weight), context
                 )
                 ranked = [item.id for item in reply.results[0].items]
                 ndcg.append(ndcg_at_10(ranked, liked[uid]))
