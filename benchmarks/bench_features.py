@@ -10,7 +10,8 @@ throwaway registry and calls the in-process Recommend handler (no gRPC), one use
 - the trade-off table: NDCG@10 (binary gain: held-out ratings >= 4, ranked over every item the
   user did not rate in training) and intra-list diversity (mean ``1 - cosine`` under the
   level-weighted inner product, ``service/indices/similar.py``) at several diversity settings;
-- the same four rows over gRPC against an ``ordrec-serve`` process;
+- the same four rows over gRPC against an ``ordrec-serve`` process, with the server process's
+  CPU per call (user + system time of all its threads over each row's calls);
 - SimilarItems p50 (one item, n = 10);
 - the same four rows again, interleaved call by call (plain, explain, diversity, both, then
   the next user; each round starts one variant later), in process and over gRPC: drift on a
@@ -31,6 +32,7 @@ import argparse  # noqa: E402
 import functools  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import grpc  # noqa: E402
 import numpy as np  # noqa: E402
@@ -145,6 +147,12 @@ def feature_requests(model: str, users: list[str], settings: dict, calls: int) -
     }
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def grpc_table(registry: str, model: str, users: list[str], settings: dict, calls: int) -> None:
     """The same settings through a real server process over gRPC (one connection, sequential calls)."""
     print("\nRecommend over gRPC (ordrec-serve process, sequential calls), n = 10")
@@ -153,11 +161,18 @@ def grpc_table(registry: str, model: str, users: list[str], settings: dict, call
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         plain = None
         by_setting = feature_requests(model, users, settings, calls)
+        server_cpu = {}
         for label, requests in by_setting.items():
+            before = process_cpu_seconds(server.proc.pid)
             times = timed(lambda request: stub.Recommend(request, timeout=10), requests)
+            server_cpu[label] = (process_cpu_seconds(server.proc.pid) - before) / (
+                len(times) + min(200, calls)
+            )
             p50 = quantile(times, 0.5)
             plain = plain or p50
             print(f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%")
+        print("server process CPU per call (all its threads), us: ", end="")
+        print(", ".join(f"{label} {1e6 * seconds:.0f}" for label, seconds in server_cpu.items()))
         call = functools.partial(stub.Recommend, timeout=10)
         measured = interleaved(dict.fromkeys(settings, call), by_setting, calls)
         print_interleaved("Recommend over gRPC, interleaved call by call, n = 10", measured, with_cpu=False)
