@@ -17,7 +17,8 @@ throwaway registry and calls the in-process Recommend handler (no gRPC), one use
   the next user; each round starts one variant later), in process and over gRPC: drift on a
   noisy machine then hits every variant alike. Each row gives its p50, the p50 ratio to plain
   with a 95 % interval from a paired bootstrap over the rounds, and (in process) the handler's
-  CPU per call (``time.thread_time``, median).
+  CPU per call (``time.thread_time``, median); in process also the general Recommend path
+  with no feature work (an unknown id excluded), what a feature request pays before its feature.
 
     python benchmarks/bench_features.py --data $ORDREC_DATA/ml-100k/u.data [--kind dcr] [--max-iter 100] [--calls 2000]
 """
@@ -54,6 +55,7 @@ from ordrec.v1 import recommender_pb2_grpc  # noqa: E402
 
 DIVERSITIES = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 BOOTSTRAP = 1000  # resamples of the rounds for the interval of a p50 ratio
+PROBE = "general path, no feature"
 
 
 def timed(call, requests: list) -> list[float]:
@@ -235,7 +237,11 @@ def main() -> int:
                 print(
                     f"{label:<28} {p50:>8.0f} {quantile(times, 0.99):>8.0f} {100 * (p50 / plain - 1):>+12.0f}%"
                 )
-        measured = interleaved(dict.fromkeys(settings, recommend), by_setting, args.calls)
+        # The general Recommend path with no feature work (an id no version knows excluded): what
+        # a feature request pays before its feature, beside the straight-line plain path.
+        probe = {**settings, PROBE: {"exclude_item_ids": ["not-an-item"]}}
+        by_setting = feature_requests(kind, users, probe, args.calls)
+        measured = interleaved(dict.fromkeys(probe, recommend), by_setting, args.calls)
         print_interleaved("Recommend, in-process handler, interleaved call by call, n = 10", measured, True)
         grpc_table(folder, kind, users, settings, args.calls)
         items = index.items.ids
