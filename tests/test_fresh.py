@@ -173,13 +173,18 @@ def exact_similarities(index, vectors: np.ndarray, query: list[int]) -> np.ndarr
     return -np.mean([np.linalg.norm(x - x[q], axis=1) for q in query], axis=0)
 
 
+def merged_rows(min_size: int, max_size: int):
+    """Lists of rows over 60 trained and 8 fresh items."""
+    return st.lists(st.integers(0, 67), min_size=min_size, max_size=max_size)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     kind=st.sampled_from(["dcr", "coe"]),
-    query=st.lists(st.integers(0, 67), min_size=1, max_size=4),
+    query=merged_rows(1, 4),
     n=st.integers(1, 75),
-    excluded=st.lists(st.integers(0, 67), max_size=20),
-    hidden=st.lists(st.integers(0, 67), max_size=20),
+    excluded=merged_rows(0, 20),
+    hidden=merged_rows(0, 20),
     genre=st.sampled_from([None, *GENRES]),
     seed=st.integers(0, 2**31),
 )
