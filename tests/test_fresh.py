@@ -546,6 +546,35 @@ def test_fuzzed_requests_with_fresh_items_get_an_answer_or_a_clear_error(
         assert not any(i.fresh for i in result.items)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    model=st.sampled_from(["dcr", "coe", "dcr_groups"]),
+    items=st.lists(ids, max_size=4),
+    n=st.integers(-2, 60),
+    exclude=st.lists(ids, max_size=5),
+    diversity=st.floats(allow_nan=True, allow_infinity=True, width=32),
+    filter_=st.sampled_from(["", 'group = "g0"', "group in (", "nope = 1", "group > 1"]),
+)
+def test_fuzzed_similar_items_with_fresh_items_get_an_answer_or_a_clear_error(
+    fuzz_handler, model, items, n, exclude, diversity, filter_
+):
+    """Fresh ids (i40-i49, i90-i99, i140-i149) as query items and exclusions among garbage."""
+    request = pb.SimilarItemsRequest(
+        model=model, item_ids=items, n=n, exclude_item_ids=exclude, diversity=diversity, filter=filter_
+    )
+    try:
+        reply = fuzz_handler.SimilarItems(request, Context())
+    except Aborted as exc:
+        assert exc.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), exc
+        return
+    served = [i.id for i in reply.items]
+    assert len(served) == len(set(served)) <= n
+    assert not set(served) & (set(exclude) | set(items))
+    assert set(reply.unknown_item_ids) < set(items)
+    if filter_:
+        assert not any(i.fresh for i in reply.items)  # this handler has no item-attributes file
+
+
 @pytest.fixture(scope="module")
 def fuzz_handler(registry, planted):
     return servicer(registry, planted)
