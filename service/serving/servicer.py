@@ -14,7 +14,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import NamedTuple
 
 import grpc
@@ -581,6 +581,11 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
 
+    def _hidden_ids(self, model: LoadedModel) -> tuple[frozenset[str], frozenset[str]]:
+        """The ids hidden for every model and for ``model`` (fresh items are matched by id)."""
+        sets = self.hidden.sets() if self.hidden else {}
+        return sets.get(ALL_MODELS, frozenset()), sets.get(model.name, frozenset())
+
     def _fresh_rules(
         self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None
     ) -> FreshRules:
@@ -592,11 +597,6 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             (recent_ids or ()) if call.exclude_seen else (),
         )
         return FreshRules(blocked, call.candidate_ids or None, call.filter)
-
-    def _hidden_ids(self, model: LoadedModel) -> tuple[Collection[str], Collection[str]]:
-        """The ids hidden for every model and for ``model`` (fresh items are matched by id)."""
-        sets = self.hidden.sets() if self.hidden else {}
-        return sets.get(ALL_MODELS, ()), sets.get(model.name, ())
 
     def _users_counter(self, model: LoadedModel):
         """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
