@@ -123,15 +123,13 @@ def factor_hash(model) -> str:
 
 def measure(model_name: str, n: int, shape: str, seed: int) -> dict:
     """One table row, in this process: generate, time the set-up and one epoch, read the peak."""
-    from ordrec.trainer.models.dcr import DCR, ValidatedRefinement
+    from ordrec.trainer.models.dcr import DCR, PairwiseDCR, ValidatedRefinement
 
     def fit(data):
         if model_name == "dcr":
             return DCR(max_iter=1).fit(data)
         # As a job fits it: the refinement kept only where it wins on hold-outs.
-        return (
-            ValidatedRefinement(DCR(max_iter=1, pairwise=True, pairwise_max_iter=1)).fit(data).best_estimator_
-        )
+        return ValidatedRefinement(PairwiseDCR(DCR(max_iter=1), max_iter=1)).fit(data).best_estimator_
 
     n_users, n_items = SHAPES[shape]
     # Warm the numba kernels on a small set, so compiling is neither timed nor counted.
