@@ -2,7 +2,8 @@
 scoring, exclusion, top-k and reply building, for one user per call, through the
 dynamic batcher as the server runs it (``--batch-max-size 0``: without it).
 Wall time per call (mean, p50, p99) and the handler's CPU per call: ``time.thread_time``
-over all the calls (reply serialised as grpcio does), best of ``--repeat`` rounds (CPU is what a loaded server pays).
+over all the calls (the reply's bytes as the server sends them: ``recommend_wire``),
+best of ``--repeat`` rounds (CPU is what a loaded server pays).
 
     python benchmarks/bench_handler.py --registry REGISTRY [--model dcr] [--calls 5000] [--repeat 3]
 """
@@ -69,7 +70,7 @@ def main() -> int:
     ]
     context = Context()
     for request in requests[:500]:  # warm up
-        servicer.Recommend(request, context)
+        servicer.recommend_wire(request, context)
     times: list[float] = []
     cpu = []
     for _ in range(args.repeat):
@@ -77,7 +78,7 @@ def main() -> int:
         cpu_start = time.thread_time()
         for request in requests:
             start = time.perf_counter()
-            servicer.Recommend(request, context).SerializeToString()  # grpcio serialises it
+            servicer.recommend_wire(request, context)  # the reply's bytes, as the server sends them
             times.append(time.perf_counter() - start)
         cpu.append((time.thread_time() - cpu_start) / len(requests))
     times.sort()

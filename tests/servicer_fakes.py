@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from ordrec.service.live.seen import SeenStore
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving.store import ModelStore
 from ordrec.service.storage.registry import Registry
@@ -19,6 +21,16 @@ class NoDeadlineContext:
 
     def abort(self, code, message):
         raise AssertionError(f"{code}: {message}")
+
+
+class RecordedSeen(SeenStore):
+    """Items recorded since training (what Redis would hold), and whether the lookup failed open."""
+
+    def __init__(self, recent: dict[str, list[str]], degraded: bool):
+        self.recent, self.degraded = recent, degraded
+
+    def lookup(self, seen_for: Sequence[str], ratings_for: Sequence[str] = ()):
+        return {u: self.recent[u] for u in seen_for if u in self.recent}, {}, self.degraded
 
 
 class FixedSet:

@@ -13,26 +13,15 @@ from hypothesis import strategies as st
 from ordrec.service.config import Limits
 from ordrec.service.live.forgotten import SCOPE, ForgottenUsers, user_digest
 from ordrec.service.live.hidden import HiddenState
-from ordrec.service.live.seen import SeenStore
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving.servicer import RecommenderServicer
 from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.v1 import recommender_pb2 as pb
-from tests.servicer_fakes import FixedSet, NoDeadlineContext, dcr_store
+from tests.servicer_fakes import FixedSet, NoDeadlineContext, RecordedSeen, dcr_store
 
 N_USERS, N_ITEMS = 10, 300
 USERS = [f"u{i}" for i in range(N_USERS)]
 ITEMS = [f"i{i}" for i in range(N_ITEMS)]
-
-
-class _RecordedSeen(SeenStore):
-    """Items recorded since training (what Redis would hold), and whether the lookup failed open."""
-
-    def __init__(self, recent: dict[str, list[str]], degraded: bool):
-        self.recent, self.degraded = recent, degraded
-
-    def lookup(self, seen_for: Sequence[str], ratings_for: Sequence[str] = ()):
-        return {u: self.recent[u] for u in seen_for if u in self.recent}, {}, self.degraded
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +34,7 @@ def _servicer(store, hidden, forgotten, recent, degraded) -> RecommenderServicer
         store,
         Metrics(),
         Limits(),
-        _RecordedSeen(recent, degraded),
+        RecordedSeen(recent, degraded),
         HiddenState(FixedSet(ALL_MODELS, hidden), interval=3600),
         forgotten=ForgottenUsers(FixedSet(SCOPE, frozenset(user_digest(u) for u in forgotten)), 3600),
     )
@@ -96,7 +85,7 @@ def test_a_plain_request_with_a_bad_n_is_refused_naming_the_field(store):
             servicer.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u1"], n=n), context)
 
 
-class _AskedSeen(_RecordedSeen):
+class _AskedSeen(RecordedSeen):
     """Records which users' recorded items were read."""
 
     def __init__(self, recent: dict[str, list[str]]):

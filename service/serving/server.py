@@ -26,6 +26,7 @@ from ordrec.service.live.redis_state import RedisSeenStore, VersionListener, con
 from ordrec.service.live.seen import SeenStore
 from ordrec.service.live.trending import TrendingIndex, TrendingSettings
 from ordrec.service.metrics import Metrics, MetricsInterceptor
+from ordrec.service.serving import wire
 from ordrec.service.serving.batching import BatchObserver, RecommendBatcher
 from ordrec.service.serving.gateway import JsonGateway
 from ordrec.service.serving.http import start_http_server
@@ -225,6 +226,7 @@ class Server:
         mapped.warm_up()
         diversity.warm_up()  # the request features' kernels (service/indices/diversity.py, explain.py)
         explain.warm_up()
+        wire.warm_up()  # Recommend's plain reply (service/serving/wire.py)
         self.store.refresh()
         self._update_health()
         options = [

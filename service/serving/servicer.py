@@ -15,12 +15,13 @@ import inspect
 import logging
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 import grpc
 import numpy as np
 import redis
 from google.protobuf.message import DecodeError
+from prometheus_client import Counter
 
 from ordrec.service.errors import (
     DeadlineExceeded,
@@ -54,6 +55,7 @@ from ordrec.service.metrics import Metrics
 from ordrec.service.serving import validation as v
 from ordrec.service.serving.batching import RecommendBatcher
 from ordrec.service.serving.store import LoadedModel, ModelStore
+from ordrec.service.serving.wire import WirePlan, encode_reply, scored_reply
 from ordrec.service.storage.artifact import ArtifactError
 from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.service.storage.idmap import IdMap
@@ -138,7 +140,7 @@ def _check_request(request, context) -> None:
 def _fitting(reply, limits: v.Limits):
     """``reply``, or ResourceExhausted when it is over the send limit: the status then
     comes from here (and is counted), not from grpcio failing the send afterwards."""
-    size = reply.ByteSize()
+    size = len(reply) if isinstance(reply, bytes) else reply.ByteSize()
     if size > limits.max_message_bytes:
         raise ResourceExhausted(
             f"the reply is {size:,} bytes, over the {limits.max_message_bytes:,}-byte"
@@ -182,6 +184,46 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
     add, externals = container.add, ids.ids
     for row, score in zip(rows.tolist(), scores.tolist()):
         add(id=externals[row], score=score)
+
+
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+
+
+def _known_rows(ids: IdMap, externals: list[str]) -> np.ndarray:
+    """Rows of the ids the map knows (unknown ones left out)."""
+    rows = ids.rows(externals)
+    return rows[rows >= 0]
+
+
+_Value = TypeVar("_Value")
+
+
+class _PerVersion(Generic[_Value]):
+    """Values built once per loaded model version (a metric's child, a reply plan): a few
+    versions per model are served at a time, so old versions' entries go in bulk."""
+
+    def __init__(self, build: Callable[[LoadedModel], _Value]):
+        self.build = build
+        self._values: dict[tuple[str, str, int], _Value] = {}
+
+    def get(self, model: LoadedModel) -> _Value:
+        key = (model.name, model.version, id(model.index))
+        value = self._values.get(key)
+        if value is None:
+            value = self.build(model)
+            values = dict(self._values) if len(self._values) < 64 else {}
+            values[key] = value
+            self._values = values  # replaced whole, like the store's mapping
+        return value
+
+
+class _PlainVersion(NamedTuple):
+    """One version's share of every plain reply: how to write it, the users counter's child,
+    and whether the largest plain reply fits the message limit (else each is checked)."""
+
+    plan: WirePlan
+    users: Counter
+    always_fits: bool
 
 
 def _plain(request: pb.RecommendRequest) -> bool:
@@ -343,7 +385,10 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         self.online = online or NoOnlineEvaluation()
         # None: each call scores on its own (the path the batched one must equal, in tests).
         self.batcher = batcher
-        self._counters: dict[tuple[str, str, int], object] = {}
+        self._users_counters = _PerVersion(
+            lambda model: metrics.recommended_users.labels(model.name, model.version)
+        )
+        self._plain_versions = _PerVersion(self._plain_version)
         # Forgotten users are answered as unknown; ForgetUser erases through forget_client (Redis).
         self.forgotten, self.forget_client = forgotten, forget_client
         # Trending (service/live/trending.py): unknown users' fallback, and a model name of its own.
@@ -358,15 +403,29 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     # ------------------------------------------------------------ Recommend
     @rpc
     def Recommend(self, request: pb.RecommendRequest, context) -> pb.RecommendResponse:
+        reply = self._recommend(request, context)
+        return pb.RecommendResponse.FromString(reply) if isinstance(reply, bytes) else reply
+
+    @rpc
+    def recommend_wire(self, request: pb.RecommendRequest, context) -> bytes:
+        """Recommend answered as the bytes grpcio sends (``add_to_server`` registers it without
+        a reply serialiser): the plain request's are written without a message (``wire.py``)."""
+        reply = self._recommend(request, context)
+        return reply if isinstance(reply, bytes) else reply.SerializeToString()
+
+    def _recommend(self, request: pb.RecommendRequest, context) -> pb.RecommendResponse | bytes:
         lim = self.limits
         if self._is_trending_model(request.model):
             return self._recommend_trending(request)
         live = self._model(request.model, "Recommend")
-        user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
-        if len(user_ids) == 1 and _plain(request):
-            reply = self._recommend_plain(live, user_ids[0], request, context)
+        requested = request.user_ids
+        if len(requested) == 1 and _plain(request):  # id_list's check of one id, without its list
+            reply = self._recommend_plain(
+                live, v.one_id(requested[0], "an entry of user_ids", lim), request, context
+            )
             if reply is not None:
                 return reply
+        user_ids = v.id_list(requested, "user_ids", lim, lim.max_batch, min_count=1)
         call = _RecommendCall(
             n=v.bounded(request.n, "n", 1, lim.max_n),
             candidate_ids=v.id_list(
@@ -413,11 +472,12 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
 
     def _recommend_plain(
         self, live: LoadedModel, user_id: str, request: pb.RecommendRequest, context
-    ) -> pb.RecommendResponse | None:
+    ) -> bytes | None:
         """The usual request (one user the live version knows, nothing but ``n`` and
-        ``exclude_seen``) in a straight line: the general path's answer without its
-        grouping, fold-in and per-feature steps. None when the general path must answer
-        (a split is open, the version has fresh items, or the user is unknown or forgotten)."""
+        ``exclude_seen``) in a straight line: the general path's reply, as wire bytes, without
+        its grouping, fold-in and per-feature steps or a reply message (``wire.py``). None when
+        the general path must answer (a split is open, the version has fresh items, or the user
+        is unknown or forgotten)."""
         n = v.bounded(request.n, "n", 1, self.limits.max_n)
         index = live.index
         row = index.users.row(user_id)
@@ -427,24 +487,52 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             return None
         if self._forgotten(user_id):
             return None
-        self._check_reply_fits([user_id], min(n, len(index.items)), n, 0, index.items.max_bytes)
-        eligible = self._eligible(live, "")
+        version = self._plain_versions.get(live)
+        if not version.always_fits:
+            self._check_reply_fits([user_id], min(n, len(index.items)), n, 0, index.items.max_bytes)
+        eligible = self.hidden.mask(live.name, index.items) if self.hidden else None
         exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
         recent, _, degraded = self.seen.lookup([user_id] if exclude_seen else (), ())
-        exclude = self._exclusions(index, row, recent.get(user_id), exclude_seen)
-        rows, scores = self._score_known(index, np.array([row]), n, [exclude], None, eligible, context)[0]
-        reply = pb.RecommendResponse(
-            model=live.name,
-            model_version=live.version,
-            seen_filter_degraded=degraded and exclude_seen,
-            rules_stale=self._rules_stale(),
-        )
-        result = reply.results.add(user_id=user_id, model_version=live.version)
-        _add_scored(result.items, index.items, rows, scores)
-        self._users_counter(live).inc(1)
+        recorded, plan = recent.get(user_id), version.plan
+        degraded, stale = degraded and exclude_seen, self._rules_stale()
+        product = None if self._batches(index) else index.lone_user_product(n, eligible)
+        if product is not None:  # one kernel from the user's row to the reply's bytes
+            reply = scored_reply(
+                plan,
+                product,
+                row,
+                n,
+                index.seen(row) if exclude_seen else _NO_ROWS,
+                _known_rows(index.items, recorded) if exclude_seen and recorded else None,
+                None if eligible is None else eligible.blocked,
+                degraded,
+                stale,
+            )
+        else:
+            exclude = self._exclusions(index, row, recorded, exclude_seen)
+            rows, scores = self._score_known(index, np.array([row]), n, [exclude], None, eligible, context)[0]
+            reply = encode_reply(plan, row, rows, scores, degraded, stale)
+        version.users.inc(1)
         if self.online.wants_sample():
-            self.online.sample(live.name, live.version, user_id, [item.id for item in result.items])
+            items = pb.RecommendResponse.FromString(reply).results[0].items
+            self.online.sample(live.name, live.version, user_id, [item.id for item in items])
         return reply
+
+    def _plain_version(self, model: LoadedModel) -> _PlainVersion:
+        """What the version's plain replies share (``_recommend_plain``), built on its first."""
+        index = model.index
+        try:  # the largest plain reply: max_n items for the longest user id
+            largest = min(self.limits.max_n, len(index.items))
+            self._check_reply_fits(["x" * index.users.max_bytes], largest, largest, 0, index.items.max_bytes)
+        except InvalidArgument:
+            always_fits = False
+        else:
+            always_fits = True
+        return _PlainVersion(
+            WirePlan(index.items, index.users, model.name, model.version),
+            self._users_counters.get(model),
+            always_fits,
+        )
 
     def _check_reply_fits(
         self, users: list[str], answerable: int, n: int, n_levels: int, id_bytes: int
@@ -525,7 +613,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         folded = self._fold_in(index, evidence)
         cold = None  # built for the first user with nothing to fold in (most calls have none)
         m = self.metrics
-        self._users_counter(model).inc(len(user_ids))
+        self._users_counters.get(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
             result.model_version = model.version
             vector = folded.get(uid)
@@ -598,25 +686,16 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         )
         return FreshRules(blocked, call.candidate_ids or None, call.filter)
 
-    def _users_counter(self, model: LoadedModel):
-        """``ordrec_recommend_users_total`` of the model's version, its child looked up once per
-        loaded version (``labels()`` costs microseconds on every call)."""
-        key = (model.name, model.version, id(model.index))
-        child = self._counters.get(key)
-        if child is None:
-            child = self.metrics.recommended_users.labels(model.name, model.version)
-            # a few versions per model are served at a time; old versions' entries go in bulk
-            counters = dict(self._counters) if len(self._counters) < 64 else {}
-            counters[key] = child
-            self._counters = counters  # replaced whole, like the store's mapping
-        return child
+    def _batches(self, index) -> bool:
+        """Whether the version's known users are scored with concurrent calls' (its scoring pass
+        is dear enough: ``service/serving/batching.py``)."""
+        return self.batcher is not None and index.scoring_work() >= self.batcher.min_work
 
     def _score_known(self, index, rows, n, excludes, candidates, eligible, context) -> list:
         """The index's answers for users it knows: batched with concurrent calls when the
-        version's scoring pass is dear enough (``service/serving/batching.py``), else scored on this
-        call's own thread."""
+        version batches, else scored on this call's own thread."""
         batcher = self.batcher
-        if batcher is None or index.scoring_work() < batcher.min_work:
+        if batcher is None or not self._batches(index):
             return index.recommend_many(rows, n, excludes=excludes, candidates=candidates, eligible=eligible)
         remaining = context.time_remaining()
         return batcher.recommend(
@@ -1093,9 +1172,12 @@ def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
             if method.server_streaming
             else grpc.unary_unary_rpc_method_handler
         )
+        # Recommend's handler returns the reply's bytes itself (the plain request's, written
+        # without a message: service/serving/wire.py), so grpcio sends them as they are.
+        wire = method.name == "Recommend"
         handlers[method.name] = factory(
-            getattr(servicer, method.name),
+            servicer.recommend_wire if wire else getattr(servicer, method.name),
             request_deserializer=lenient_deserializer(getattr(pb, method.input_type.name)),
-            response_serializer=getattr(pb, method.output_type.name).SerializeToString,
+            response_serializer=None if wire else getattr(pb, method.output_type.name).SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))

@@ -67,9 +67,11 @@ def id_list(
 ) -> list[str]:
     if not min_count <= len(values) <= max_count:
         raise InvalidArgument(f"{field} must hold between {min_count} and {max_count} ids, got {len(values)}")
-    for value in values:
-        one_id(value, f"an entry of {field}", limits)
-    return list(values)
+    checked = list(values)
+    for value in checked:
+        if not value or len(value) > limits.max_id_length:  # the message is built only for a bad one
+            one_id(value, f"an entry of {field}", limits)
+    return checked
 
 
 def rating(value: float, where: str, model: str, attributes: Mapping[str, Any]) -> float:

@@ -22,7 +22,7 @@ import numpy as np
 from scipy.spatial import cKDTree
 
 from ordrec.service.indices.rules import Eligible, ItemAttributes
-from ordrec.service.indices.topk import nearest_brute_force, top_k, top_k_rows
+from ordrec.service.indices.topk import UserProduct, nearest_brute_force, top_k, top_k_rows
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.mapped import row_blocks
@@ -205,6 +205,11 @@ class RecommenderIndex(ModelIndex):
             ]
         scores = self.score_users(np.asarray(user_rows))
         return [self._select(row, n, ex, eligible) for row, ex in zip(scores, excludes)]
+
+    def lone_user_product(self, n: int, eligible: Eligible | None) -> UserProduct | None:
+        """The operands with which ``topk.user_top_k`` computes :meth:`recommend`'s answer for one
+        user over the whole catalogue (``n`` items, these rules), or None when another way does."""
+        return None
 
     def scoring_work(self) -> int:
         """Multiply-adds of one user's whole-catalogue scoring pass, which a batch shares: 0 for

@@ -33,7 +33,13 @@ import numpy as np
 
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, check_finite
 from ordrec.service.indices.rules import Eligible
-from ordrec.service.indices.topk import KERNEL_MAX_K, affine_rows, user_top_k
+from ordrec.service.indices.topk import (
+    COLUMN_MAJOR_MAX_SIZE,
+    KERNEL_MAX_K,
+    UserProduct,
+    affine_rows,
+    user_top_k,
+)
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.service.storage.mapped import row_blocks
 
@@ -148,6 +154,13 @@ class DCRIndex(RecommenderIndex):
             # copy (the version's file is then never paged in) or the version's file, mapped.
             self._item = self.ann.vectors()
         check_finite("item_factors", self._item)
+        # Whole-catalogue scoring reads a column-major copy of a small catalogue's factors (a few
+        # MB at most): the product then runs along items, about a quarter cheaper than along each
+        # item's factors (docs/serving-cost.md). Every whole-catalogue score comes from it, so a
+        # user's scores stay bitwise one user's, batched or alone.
+        small = self.ann is None and self._item.size <= COLUMN_MAJOR_MAX_SIZE
+        self._scored = np.asfortranarray(self._item) if small else self._item
+        self._product = UserProduct(self._scored, self._user_raw, self._scale, self.offset)
 
     @property
     def item_factors(self) -> np.ndarray:
@@ -257,7 +270,7 @@ class DCRIndex(RecommenderIndex):
     # ------------------------------------------------------------ scoring
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
         # One kernel for one user or a batch, so a batched call scores exactly as a lone one.
-        return affine_rows(self._item, self.folded(user_rows), self.offset)
+        return affine_rows(self._scored, self.folded(user_rows), self.offset)
 
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
         return self.score_vector(self._user_raw[int(user_row)], item_rows)
@@ -267,7 +280,7 @@ class DCRIndex(RecommenderIndex):
         folded = vector * self._scale
         if item_rows is None:
             # one pass holding the GIL when short (service/indices/topk.py), as for a row of the user factors
-            return affine_rows(self._item, folded.reshape(1, -1), self.offset)[0]
+            return affine_rows(self._scored, folded.reshape(1, -1), self.offset)[0]
         scores = self._item[np.asarray(item_rows, dtype=np.int64)] @ folded
         scores += self.offset
         return scores
@@ -349,6 +362,16 @@ class DCRIndex(RecommenderIndex):
         """Top-N by scoring every item (what the index approximates)."""
         return self._recommend_scored(user_row, n, exclude, None, eligible)
 
+    def lone_user_product(self, n: int, eligible: Eligible | None) -> UserProduct | None:
+        # The exact whole-catalogue path of one user, where recommend() runs topk.user_top_k.
+        if self.ann is not None or not self._fuses(n, None, eligible):
+            return None
+        return self._product
+
+    def _fuses(self, n: int, candidates: np.ndarray | None, eligible: Eligible | None) -> bool:
+        """Whether one user's exact answer is one ``topk.user_top_k`` call."""
+        return candidates is None and 0 < n <= KERNEL_MAX_K and (eligible is None or not eligible.sparse)
+
     def _recommend_scored(
         self,
         user_row: int,
@@ -359,10 +382,10 @@ class DCRIndex(RecommenderIndex):
     ) -> Ranked:
         """Exact top-N for one user: over the whole catalogue in one fused kernel (scale,
         product, exclusions, selection: ``topk.user_top_k``), else the shared path."""
-        if candidates is None and 0 < n <= KERNEL_MAX_K and (eligible is None or not eligible.sparse):
+        if self._fuses(n, candidates, eligible):
             blocked = None if eligible is None else eligible.blocked
             return user_top_k(
-                self._item, self._user_raw, int(user_row), self._scale, self.offset, n, exclude, blocked
+                self._scored, self._user_raw, int(user_row), self._scale, self.offset, n, exclude, blocked
             )
         return super().recommend(user_row, n, exclude=exclude, candidates=candidates, eligible=eligible)
 
