@@ -52,6 +52,6 @@ RUN cd /src \
     && pip install ".[s3${EXTRAS:+,$EXTRAS}]" --no-deps --no-build-isolation \
     && pip check \
     && cd / && rm -rf /src \
-    && python3 -c "from ordrec.service.indices.topk import warm_up; warm_up(); from ordrec.service.serving import wire; wire.warm_up()" \
+    && python3 -c "from ordrec.service.serving.server import warm_up_kernels; warm_up_kernels()" \
     && chmod -R a+rwX "$NUMBA_CACHE_DIR"
 USER ordrec

@@ -34,6 +34,15 @@ SAMPLE_MODELS = [
 ]
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Fill numba's cache once before any test: a server process compiles every serving kernel
+    before it listens, which on a cold cache (a clean clone) takes longer than the tests'
+    start-up limit; loading them from the cache takes about a second."""
+    from ordrec.service.serving.server import warm_up_kernels
+
+    warm_up_kernels()
+
+
 def data_file(*parts: str) -> Path:
     """A real data file. Skips when the data sets are not here at all; fails when they are but
     this file is missing (a renamed or lost file must not turn a claim's test into a skip)."""

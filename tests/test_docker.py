@@ -143,7 +143,7 @@ def test_the_numba_cache_is_compiled_into_the_image():
     env = stage[_index(stage, r"^ENV .*NUMBA_CACHE_DIR=")]
     cache = re.search(r"NUMBA_CACHE_DIR=(\S+)", env).group(1)
     assert cache.startswith("/opt/ordrec/")  # inside the image, not a volume or the user's home
-    warm = _index(stage, r"from ordrec\.service\.indices\.topk import warm_up; warm_up\(\)")
+    warm = _index(stage, r"from ordrec\.service\.serving\.server import warm_up_kernels; warm_up_kernels\(\)")
     assert warm > _index(stage, r"^COPY --from=source ")
     assert 'chmod -R a+rwX "$NUMBA_CACHE_DIR"' in stage[warm]  # numba ignores a cache it cannot write
 

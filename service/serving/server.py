@@ -73,6 +73,16 @@ class ListingHealthServicer(health.HealthServicer):
         return health_pb2.HealthListResponse(statuses=statuses)
 
 
+def warm_up_kernels() -> None:
+    """Compile, or load from numba's cache, every kernel a request may call: what a server
+    does before it listens, and what an image build or a test session does once to fill the cache."""
+    topk.warm_up()
+    mapped.warm_up()
+    diversity.warm_up()  # the request features' kernels (service/indices/diversity.py, explain.py)
+    explain.warm_up()
+    wire.warm_up()  # Recommend's plain reply (service/serving/wire.py)
+
+
 class Server:
     """One serving process. ``start()`` loads models and opens the ports."""
 
@@ -222,11 +232,7 @@ class Server:
     def start(self) -> Server:
         cfg = self.config
         self._update_health()
-        topk.warm_up()  # compiled (or loaded from numba's cache) before the first request, not during it
-        mapped.warm_up()
-        diversity.warm_up()  # the request features' kernels (service/indices/diversity.py, explain.py)
-        explain.warm_up()
-        wire.warm_up()  # Recommend's plain reply (service/serving/wire.py)
+        warm_up_kernels()  # compiled (or loaded from numba's cache) before the first request, not during it
         self.store.refresh()
         self._update_health()
         options = [
