@@ -9,7 +9,7 @@ files and commands have always written (``early_stopping = true``, ``ann_min_ite
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ordrec.service.storage.artifact import Artifact
@@ -25,7 +25,8 @@ from ordrec.trainer.models.dcr import (
     ValidationStopping,
     check_serving,
 )
-from ordrec.trainer.models.knnscal import SOLVER_CONSTRAINTS, KnnScal, KnnScalSolver
+from ordrec.trainer.models.knnscal_selection import FLAT_NAMES as KNNSCAL_START
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 
@@ -88,8 +89,9 @@ class Configured:
         return artifact
 
 
-# RTF's grid search and KnnScal's solver settings under their flat names (issue 34 moved them
-# out of the estimators): flat name -> RTFGridSearch setting, and KnnScalSolver's fields.
+# RTF's grid search under its flat names (issue 34 moved it out of the estimator): flat name ->
+# RTFGridSearch setting. RTF's early stopping and KnnScal's solver are settings groups whose
+# fields the estimators take flat (``from_flat``); KnnScal's start selection is KNNSCAL_START.
 RTF_SELECTION: dict[str, str] = {
     "grid_validation": "",
     "grid_n_components": "n_components",
@@ -97,17 +99,18 @@ RTF_SELECTION: dict[str, str] = {
     "grid_margin": "margin",
     "grid_confidence": "confidence",
 }
-KNNSCAL_SOLVER = tuple(SOLVER_CONSTRAINTS)
 
 
 def accepted_params(kind: str) -> list[str]:
-    """The flat setting names a ``kind`` takes: its estimator's parameters, then (DCR) its
-    model selection and serving choices, (RTF) its grid search, (KNNSCAL) its solver fields."""
-    names = estimator_class(kind).param_names()
+    """The flat setting names a ``kind`` takes: its estimator's parameters (a settings group
+    also by its fields), then (DCR) its model selection and serving choices, (RTF) its grid
+    search, (KNNSCAL) its start selection."""
+    cls = estimator_class(kind)
+    names = [*cls.param_names(), *(f for group in cls.nested_settings.values() for f in group.field_names())]
     extra = {
         "dcr": list(DCR_SELECTION) + list(DCR_SERVING),
         "rtf": list(RTF_SELECTION),
-        "knnscal": list(KNNSCAL_SOLVER),
+        "knnscal": list(KNNSCAL_START),
     }
     return names + extra.get(kind, [])
 
@@ -162,7 +165,7 @@ def _rtf(params: dict[str, Any]) -> Configured:
     validate_params(
         "RTF", {"grid_validation": recorded.get("grid_validation", False)}, {"grid_validation": ["boolean"]}
     )
-    model = RTF(**params)
+    model = RTF.from_flat(**params)
     if not recorded.get("grid_validation", False):
         return Configured(model, recorded=recorded)
     grid = dict(DEFAULT_GRID)
@@ -176,10 +179,6 @@ def _rtf(params: dict[str, Any]) -> Configured:
 
 
 def _knnscal(params: dict[str, Any]) -> Configured:
-    """KnnScal, its solver fields given flat (``block_size=10000``) merged into ``solver``."""
-    flat = {name: params.pop(name) for name in KNNSCAL_SOLVER if name in params}
-    if flat:
-        given = params.get("solver")
-        base = asdict(KnnScalSolver.of(given))
-        params["solver"] = KnnScalSolver.of(dict(base, **flat))
-    return Configured(KnnScal(**params))
+    """KnnScal wrapped in its start selection (``neighbor_embedding``, ``ne_starts``,
+    ``ne_rank_decay``), its solver fields given flat (``block_size=10000``) merged into ``solver``."""
+    return Configured(KnnScalStartSelection.from_flat(**params))
