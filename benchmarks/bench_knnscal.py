@@ -82,7 +82,8 @@ def one(args) -> dict:
         "entries": int(est.plus_col_.shape[0]),
         "generate_s": gen_s,
         "edges_s": est.timings_["edges_s"],
-        "init_s": est.timings_["init_s"] + (search.start_seconds_ if search.neighbor_embedding_used_ else 0.0),
+        "init_s": est.timings_["init_s"]
+        + (search.start_seconds_ if search.neighbor_embedding_used_ else 0.0),
         "reorder_s": est.timings_.get("reorder_s", 0.0),
         "iterations": est.n_iter_,
         "converged": bool(est.converged_),

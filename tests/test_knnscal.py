@@ -311,15 +311,8 @@ def test_convergence_means_a_small_change_not_a_rise():
     from sklearn.preprocessing import StandardScaler
 
     features = StandardScaler().fit_transform(load_breast_cancer(return_X_y=True)[0])
-    est = fit_knnscal(
-        knn_lists(features, 10),
-        random_state=0,
-        edge_weight=3.0,
-        rank_gap=8.0,
-        tol=1e-3,
-        max_iter=300,
-        local_weight=0.0,
-    )
+    wide_gaps = {"random_state": 0, "edge_weight": 3.0, "rank_gap": 8.0, "tol": 1e-3, "max_iter": 300}
+    est = fit_knnscal(knn_lists(features, 10), local_weight=0.0, **wide_gaps)
     iso = [s for _, step, s in est.stress_history_ if step == "isotonic"]
     assert est.n_iter_ > 5
     if est.converged_:
