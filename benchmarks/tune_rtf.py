@@ -92,7 +92,7 @@ def main() -> None:
     train, _test = leave_one_post_out(core, np.random.default_rng(args.seed))  # test posts: discarded
     train, fit_part, val = validation_carve(train, args.seed)
 
-    est = RTF(
+    est = RTF.from_flat(
         n_components=args.dims,
         learning_rate=args.learning_rate,
         learning_rate_decay=args.lr_decay,

@@ -23,9 +23,9 @@ usable from an installation without the trainer's dependencies.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -50,7 +50,7 @@ _RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 _T = TypeVar("_T")
 
 
-def entity(value: str | int | None) -> int:
+def entity(value: str | int | None) -> pb.Entity:
     """An ``ordrec.v1.Entity`` from a name (``"item"``, ``"user"``, ``"aspect"``, ``"object"``),
     an enum value, or None (unspecified).
 
@@ -68,7 +68,7 @@ def entity(value: str | int | None) -> int:
             raise ValueError(f"unknown entity {value!r}: one of {', '.join(ENTITIES)}") from None
     if value not in pb.Entity.values():
         raise ValueError(f"unknown entity value {value!r}")
-    return int(value)
+    return cast(pb.Entity, int(value))  # a checked enum value (an Entity is an int on the wire)
 
 
 def _read_pem(value: str | bytes | Path) -> bytes:
@@ -351,7 +351,7 @@ class Client:
         entity_kind: str | int | None = None,
         page_size: int = 0,
         timeout: float | None = None,
-    ) -> Iterator[pb.CoordinatesResponse]:
+    ) -> Generator[pb.CoordinatesResponse, None, None]:
         """``Coordinates``: the pages of map points, for ``ids`` or (when empty) the whole map.
 
         The call is retried on UNAVAILABLE only until its first page arrives,

@@ -48,7 +48,7 @@ _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 # Connection options: (flags, keyword arguments, default). They are accepted
 # before the subcommand and after it, so `ordrec-client recommend ... --json` works.
-_CONNECTION = [
+_CONNECTION: list[tuple[tuple[str, ...], dict[str, Any], Any]] = [
     (("--target",), dict(metavar="HOST:PORT", help="the server's address; $ORDREC_TARGET when set"), None),
     (
         ("--timeout",),

@@ -23,7 +23,7 @@ def test_dcr_takes_its_parameters_its_model_selection_and_its_serving_choices_by
     assert {"pairwise", "pairwise_learning_rate", "pairs_per_epoch", "learning_rate_decay", "dtype"} <= set(
         names
     )
-    assert accepted_params("coe") == COE.param_names() + COESolver.names()
+    assert accepted_params("coe") == COE.param_names() + list(COESolver.field_names())
 
 
 def test_the_solver_fields_given_flat_become_the_solver_and_are_recorded_flat():
@@ -176,7 +176,7 @@ def test_the_model_keeps_exactly_the_model_parameters_given(params):
     while not isinstance(estimator, DCR):
         estimator = estimator.estimator
     model_params = {k: v for k, v in params.items() if k in DCR.param_names()}
-    solver = {k: v for k, v in params.items() if k in DCRSolver.names()}
+    solver = {k: v for k, v in params.items() if k in DCRSolver.field_names()}
     assert estimator.get_params() == dict(
         DCR().get_params(), **model_params, solver=DCRSolver(**solver) if solver else None
     )

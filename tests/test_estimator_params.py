@@ -57,7 +57,7 @@ def test_same_thing_same_name():
 def test_a_bad_value_names_the_parameter_the_value_and_the_rule(kind, name, value):
     cls = estimator_class(kind)
     with pytest.raises(ValueError) as error:
-        cls(**{name: value})._validate_params()
+        cls.from_flat(**{name: value})._validate_params()
     message = str(error.value)
     assert repr(name) in message and repr(value) in message and "must be" in message
 

@@ -1,5 +1,5 @@
-"""An estimator's ``solver`` settings (trainer/models/settings.py): DCR's and COE's, as objects,
-dicts of some fields or None, and as the flat names a job table writes."""
+"""DCR's and COE's ``solver`` settings (``base.Settings`` groups), as objects, dicts of some
+fields or None, and as the flat names a job table writes."""
 
 from __future__ import annotations
 
@@ -34,10 +34,12 @@ COE_SOLVERS = st.builds(
 @given(st.one_of(DCR_SOLVERS, COE_SOLVERS))
 def test_a_solver_round_trips_through_its_dict_and_its_flat_names(solver):
     cls = type(solver)
+    estimator = DCR if cls is DCRSolver else COE
     assert cls.of(solver) is solver
     assert cls.of(asdict(solver)) == solver
     flat = dict(asdict(solver), n_components=3)
-    assert cls.merged(flat) == {"n_components": 3, "solver": solver}
+    assert estimator.nest_flat(flat) == {"n_components": 3, "solver": solver}
+    assert estimator.from_flat(**flat).solver_settings() == solver
 
 
 def test_a_dict_sets_some_fields_and_none_is_the_defaults():
@@ -46,7 +48,7 @@ def test_a_dict_sets_some_fields_and_none_is_the_defaults():
     assert COESolver.of({"type_a_share": None}).type_a_share is None
     assert DCR(solver={"unrated_power": 0.0}).solver_settings() == DCRSolver(unrated_power=0.0)
     assert COE().solver_settings() == COESolver()
-    assert DCRSolver.merged({"n_components": 3}) == {"n_components": 3}  # nothing flat: unchanged
+    assert DCR.nest_flat({"n_components": 3}) == {"n_components": 3}  # nothing flat: unchanged
     with pytest.raises(dataclasses.FrozenInstanceError):
         DCRSolver().dtype = "float64"  # type: ignore[misc]
 
@@ -68,7 +70,7 @@ def test_a_dict_sets_some_fields_and_none_is_the_defaults():
 )
 def test_a_bad_solver_is_refused_by_name(cls, given, name):
     with pytest.raises(ValueError, match=name):
-        cls.of(given)
+        cls.of(given, "DCR", "solver")
 
 
 def test_a_flat_field_beside_a_bad_solver_names_the_solver():

@@ -13,8 +13,11 @@ from sklearn.isotonic import isotonic_regression
 from ordrec.service.indices.models.knnscal import KNNSCALIndex, place_point, placement_stress
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.models import knnscal_kernels as K
+from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.knnscal import KnnScal, KnnScalSolver, enlarged_edges, knn_lists, neighbor_csr
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
 from tests.gradient_check import assert_gradient
+from tests.test_knnscal_local import fit_knnscal
 
 
 def order_agreement(X, est):
@@ -168,8 +171,8 @@ def test_reordered_fit_is_returned_in_input_order(dim):
     # polish: a kept polish moves the map after the iterations the history records.)
     points, graph = planted(300, dim, 8, seed=4)
     fits = {
-        r: KnnScal(n_components=dim, random_state=0, max_iter=60, solver={"reorder": r}, polish_rounds=0).fit(
-            graph
+        r: fit_knnscal(
+            graph, n_components=dim, random_state=0, max_iter=60, solver={"reorder": r}, polish_rounds=0
         )
         for r in ("morton", "none")
     }
@@ -202,7 +205,7 @@ def test_planted_configuration_is_recovered(dim):
     # weight on the lists than the defaults (chosen for high-dimensional data
     # such as digits, whose lists have nearly equal distances).
     points, graph = planted(200, dim, 10, seed=dim)
-    est = KnnScal(n_components=dim, random_state=0, edge_weight=5.0, rank_gap=0.5).fit(graph)
+    est = fit_knnscal(graph, n_components=dim, random_state=0, edge_weight=5.0, rank_gap=0.5)
     oa = order_agreement(est.coordinates_, est)
     assert oa > 0.95, oa
     # Sanity: the truth itself scores (nearly) 1 under the same measure.
@@ -212,7 +215,7 @@ def test_planted_configuration_is_recovered(dim):
 def test_stress_history_is_monotone_and_stops_on_relative_change():
     # rank_gap = 0: every step is an exact minimisation, so all of the history falls.
     _, graph = planted(200, 2, 8, seed=7)
-    est = KnnScal(random_state=1, tol=1e-2, max_iter=500, rank_gap=0.0).fit(graph)
+    est = fit_knnscal(graph, random_state=1, tol=1e-2, max_iter=500, rank_gap=0.0)
     stresses = np.array([s for _, _, s in est.stress_history_])
     assert np.all(np.diff(stresses) <= 1e-12 * stresses[:-1])
     assert est.converged_ and est.n_iter_ < 500
@@ -223,7 +226,7 @@ def test_stress_history_is_monotone_and_stops_on_relative_change():
 @pytest.mark.parametrize("update", ["gauss-seidel", "jacobi"])
 def test_majorization_steps_fall_in_a_default_fit(update):
     _, graph = planted(150, 2, 8, seed=8)
-    est = KnnScal(random_state=2, max_iter=40, solver={"update": update}).fit(graph)
+    est = fit_knnscal(graph, random_state=2, max_iter=40, solver={"update": update})
     h = est.stress_history_
     for (_, before_step, before), (_, step, after) in zip(h, h[1:]):
         if step == "majorize":
@@ -232,7 +235,7 @@ def test_majorization_steps_fall_in_a_default_fit(update):
 
 def test_feature_matrix_input_and_progress_bar(capsys):
     points = np.random.default_rng(0).uniform(size=(80, 2))
-    est = KnnScal(n_neighbors=6, max_iter=5, verbose=True).fit(points)
+    est = fit_knnscal(points, n_neighbors=6, max_iter=5, verbose=True)
     assert est.coordinates_.shape == (80, 2)
     assert "KNNSCAL" in capsys.readouterr().err
 
@@ -256,7 +259,7 @@ def test_csr_drops_self_loops_and_keeps_best_rank_of_duplicates():
 def test_registry_round_trip_and_placement(tmp_path):
     points, graph = planted(150, 2, 8, seed=11)
     graph.labels = (points[:, 0] > 0.5).astype(np.int64)
-    est = KnnScal(random_state=0).fit(graph)
+    est = fit_knnscal(graph, random_state=0)
     registry = Registry(tmp_path)
     version = registry.publish("knnscal", est.to_artifact())
     loaded = registry.load("knnscal")
@@ -308,9 +311,8 @@ def test_convergence_means_a_small_change_not_a_rise():
     from sklearn.preprocessing import StandardScaler
 
     features = StandardScaler().fit_transform(load_breast_cancer(return_X_y=True)[0])
-    est = KnnScal(
-        random_state=0, edge_weight=3.0, rank_gap=8.0, tol=1e-3, max_iter=300, local_weight=0.0
-    ).fit(knn_lists(features, 10))
+    wide_gaps = {"random_state": 0, "edge_weight": 3.0, "rank_gap": 8.0, "tol": 1e-3, "max_iter": 300}
+    est = fit_knnscal(knn_lists(features, 10), local_weight=0.0, **wide_gaps)
     iso = [s for _, step, s in est.stress_history_ if step == "isotonic"]
     assert est.n_iter_ > 5
     if est.converged_:
@@ -382,7 +384,7 @@ def test_one_block_is_gauss_seidel_and_blocks_read_the_sweep_start():
 
 def test_blocked_fit_matches_the_sequential_fit():
     _, graph = planted(400, 2, 8, seed=9)
-    fits = [KnnScal(random_state=0, max_iter=60, solver={"block_size": b}).fit(graph) for b in (400, 100)]
+    fits = [fit_knnscal(graph, random_state=0, max_iter=60, solver={"block_size": b}) for b in (400, 100)]
     oa = [order_agreement(f.coordinates_, f) for f in fits]
     assert abs(oa[0] - oa[1]) < 0.01, oa
 
@@ -393,7 +395,7 @@ def test_isotonic_start_keeps_the_start_and_converges_sooner_than_rank_dispariti
     # first falls, then climbs back slowly).
     _, graph = planted(300, 2, 10, seed=10)
     fits = {
-        start: KnnScal(random_state=0, initial_disparities=start, tol=1e-3, max_iter=400).fit(graph)
+        start: fit_knnscal(graph, random_state=0, initial_disparities=start, tol=1e-3, max_iter=400)
         for start in ("isotonic", "ranks")
     }
     oa = {start: order_agreement(f.coordinates_, f) for start, f in fits.items()}
@@ -456,10 +458,45 @@ def test_the_solver_settings_are_one_parameter_checked_by_name():
     with pytest.raises(ValueError, match="block_size"):
         KnnScalSolver(block_size=0)
     with pytest.raises(ValueError, match="no field"):
-        KnnScal(solver={"block": 7}).fit(small)
+        fit_knnscal(small, solver={"block": 7})
     with pytest.raises(ValueError, match="solver"):
-        KnnScal(solver="fast").fit(small)
-    est = KnnScal(solver={"reorder": "none"}, max_iter=2, polish_rounds=0).fit(small)
+        fit_knnscal(small, solver="fast")
+    est = fit_knnscal(small, solver={"reorder": "none"}, max_iter=2, polish_rounds=0)
     solver = est.to_artifact().hyperparameters["solver"]
-    assert solver == dict(vars(KnnScalSolver()), reorder="none")
+    assert solver == dict(vars(KnnScalSolver()), reorder="none", polish_rounds=0)
     json.dumps(est.to_artifact().hyperparameters)  # what the registry writes
+
+
+def test_the_protocols_flags_take_the_solver_fields_by_name():
+    _, args = _protocol_args(["--block-size", "7", "--refinement", "always", "--ne-starts", "2"])
+    assert (args.block_size, args.refinement, args.ne_starts) == (7, "always", 2)
+
+
+def test_a_job_table_configures_the_start_selection_by_the_flat_names():
+    flat = {"neighbor_embedding": "sampled", "ne_starts": 2, "ne_rank_decay": "auto", "polish_rounds": 0}
+    search = configure("knnscal", dict(flat, max_iter=3)).estimator
+    assert isinstance(search, KnnScalStartSelection)
+    assert (search.method, search.n_starts, search.rank_decay) == ("sampled", 2, "auto")
+    assert search.estimator.solver_settings().polish_rounds == 0 and search.estimator.max_iter == 3
+    assert len(KnnScal.param_names()) <= 13
+    with pytest.raises(ValueError, match="ne_rank_decay"):  # named as the job table wrote it
+        configure("knnscal", {"ne_rank_decay": "wide"})
+    with pytest.raises(ValueError, match="ne_starts"):
+        configure("knnscal", {"ne_starts": 0})
+
+
+def test_the_start_selection_records_its_settings_and_without_an_embedding_is_the_plain_fit():
+    graph = knn_lists(np.random.default_rng(3).normal(size=(40, 2)), 5)
+    common = {"random_state": 1, "max_iter": 4, "solver": {"polish_rounds": 2}}
+    plain = KnnScal(**common).fit(graph)
+    search = KnnScalStartSelection(KnnScal(**common), method="none").fit(graph)
+    assert not search.neighbor_embedding_used_
+    np.testing.assert_array_equal(search.estimator_.coordinates_, plain.coordinates_)
+    recorded = search.to_artifact().hyperparameters
+    assert (recorded["neighbor_embedding"], recorded["ne_starts"], recorded["ne_rank_decay"]) == (
+        "none",
+        4,
+        2.0,
+    )
+    assert recorded["solver"]["polish_rounds"] == 2
+    assert not hasattr(search.estimator, "coordinates_")  # the wrapper fits a copy

@@ -7,7 +7,19 @@ import pytest
 
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection, embed
 from tests.gradient_check import assert_gradient
+
+
+def start_selection(data, **flat) -> KnnScalStartSelection:
+    """KNNSCAL as a job table configures it from flat settings (the start selection around the
+    estimator), fitted on ``data``."""
+    return KnnScalStartSelection.from_flat(**flat).fit(data)
+
+
+def fit_knnscal(data, **flat) -> KnnScal:
+    """The fitted estimator of :func:`start_selection`."""
+    return start_selection(data, **flat).estimator_
 
 
 def clusters(n_per=40, n_clusters=4, dim=8, k=6, seed=0):
@@ -50,17 +62,17 @@ def test_rank_affinities_fall_with_rank_unless_the_decay_is_zero():
 def test_auto_rank_decay_grows_with_the_longest_list_and_is_two_at_k_ten():
     for k, decay in ((5, 1.5), (10, 2.0), (20, 3.0)):
         _, graph = clusters(n_per=15, n_clusters=2, k=k)
-        assert KnnScal(ne_rank_decay="auto").rank_decay(neighbor_csr(graph)[0]) == decay
-    assert KnnScal(ne_rank_decay=0.5).rank_decay(neighbor_csr(graph)[0]) == 0.5
+        assert KnnScalStartSelection(KnnScal(), rank_decay="auto").decay(neighbor_csr(graph)[0]) == decay
+    assert KnnScalStartSelection(KnnScal(), rank_decay=0.5).decay(neighbor_csr(graph)[0]) == 0.5
     with pytest.raises(ValueError, match="ne_rank_decay"):
-        KnnScal(ne_rank_decay="wide").fit(graph)
+        fit_knnscal(graph, ne_rank_decay="wide")
 
 
 def test_auto_rank_decay_at_k_ten_gives_the_fixed_decay_two_map():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=10, seed=7)
     common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "ne_starts": 1}
-    auto = KnnScal(ne_rank_decay="auto", **common).fit(graph)
-    fixed = KnnScal(ne_rank_decay=2.0, **common).fit(graph)
+    auto = fit_knnscal(graph, ne_rank_decay="auto", **common)
+    fixed = fit_knnscal(graph, ne_rank_decay=2.0, **common)
     np.testing.assert_array_equal(auto.coordinates_, fixed.coordinates_)
 
 
@@ -104,18 +116,19 @@ def label_accuracy(Y, labels, k=5):
 # ------------------------------------------------------------- validation
 def test_validated_refinement_never_scores_below_its_start():
     _, graph = clusters(n_per=40, n_clusters=4, dim=10, k=8, seed=6)
-    start = KnnScal(random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=0).fit(graph)
-    always = KnnScal(
-        random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=40, refinement="always"
-    ).fit(graph)
-    validated = KnnScal(  # step 4 alone: a kept polish (step 5) would move the map again
+    start = fit_knnscal(graph, random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=0)
+    always = fit_knnscal(
+        graph, random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=40, refinement="always"
+    )
+    validated = fit_knnscal(
+        graph,  # step 4 alone: a kept polish (step 5) would move the map again
         random_state=0,
         neighbor_embedding="exact",
         ne_rank_decay=2.0,
         max_iter=40,
         refinement="validated",
         polish_rounds=0,
-    ).fit(graph)
+    )
     score = lambda est: sum(L.graph_agreement(est.coordinates_, *est.graph_))  # noqa: E731
     assert score(validated) == max(score(start), score(always))
     assert validated.refined_ == (score(always) >= score(start))
@@ -124,35 +137,36 @@ def test_validated_refinement_never_scores_below_its_start():
 def test_several_neighbor_embedding_starts_keep_the_best_scoring_one():
     _, graph = clusters(n_per=40, n_clusters=4, dim=10, k=8, seed=6)
     common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0}
-    single = KnnScal(ne_starts=1, **common).fit(graph)
-    several = KnnScal(ne_starts=4, **common).fit(graph)
+    single = start_selection(graph, ne_starts=1, **common)
+    several = start_selection(graph, ne_starts=4, **common)
     assert several.ne_scores_.shape == (4,) and np.unique(several.ne_scores_).size > 1  # the starts differ
     assert several.ne_scores_[0] == single.ne_scores_[0]  # the first start is the single start
     assert several.ne_start_ == int(np.argmax(several.ne_scores_))
     # With no iterations the validation picks between the kept start and the geodesic start, so the
     # ensemble's score is the maximum over a superset of the single start's candidates.
-    assert several.graph_score_ >= several.ne_scores_.max() - 1e-12
-    assert several.graph_score_ >= single.graph_score_
+    assert several.estimator_.graph_score_ >= several.ne_scores_.max() - 1e-12
+    assert several.estimator_.graph_score_ >= single.estimator_.graph_score_
 
 
 def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
     _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
     common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "refinement": "always"}
-    several = KnnScal(ne_starts=3, **common).fit(graph)
+    several = start_selection(graph, ne_starts=3, **common)
     kept = several.ne_start_
     indptr, col, rnk = neighbor_csr(graph)
-    est = KnnScal(**common)
+    est = KnnScal(random_state=0)
     start = est.initial_configuration(indptr, col, rnk, 90, seed=None if kept == 0 else (0, kept))
-    alone = est.embed("exact", start, affinities(graph, decay=est.rank_decay(indptr)))
+    alone = embed("exact", start, affinities(graph, decay=several.decay(indptr)), seed=0)
     assert sum(L.graph_agreement(alone, indptr, col, rnk)) == several.ne_scores_[kept]
-    assert sum(L.graph_agreement(several.coordinates_, indptr, col, rnk)) == several.ne_scores_[kept]
+    fitted = several.estimator_.coordinates_
+    assert sum(L.graph_agreement(fitted, indptr, col, rnk)) == several.ne_scores_[kept]
 
 
 def test_several_starts_give_the_same_map_for_the_same_seed():
     _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
     common = {"random_state": 0, "ne_starts": 3, "max_iter": 5}
     np.testing.assert_array_equal(
-        KnnScal(**common).fit(graph).coordinates_, KnnScal(**common).fit(graph).coordinates_
+        fit_knnscal(graph, **common).coordinates_, fit_knnscal(graph, **common).coordinates_
     )
 
 
@@ -167,18 +181,18 @@ def test_graph_agreement_of_the_truth_on_an_embeddable_graph_is_one():
 
 def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
-    small_cut = KnnScal(random_state=0, max_iter=20, solver={"ne_exact_max_n": 10}).fit(graph)
-    previous = KnnScal(random_state=0, max_iter=20, neighbor_embedding="none", refinement="always").fit(graph)
-    assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.graph_score_)
-    np.testing.assert_array_equal(small_cut.coordinates_, previous.coordinates_)
+    small_cut = start_selection(graph, random_state=0, max_iter=20, solver={"ne_exact_max_n": 10})
+    previous = fit_knnscal(graph, random_state=0, max_iter=20, neighbor_embedding="none", refinement="always")
+    assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.estimator_.graph_score_)
+    np.testing.assert_array_equal(small_cut.estimator_.coordinates_, previous.coordinates_)
 
 
 # ------------------------------------------------------------- local term
 def local_problem(weight=0.05, seed=2):
     """A small fitted E+ and a LocalStress over it, at a random configuration."""
     _, graph = clusters(n_per=8, n_clusters=2, dim=4, k=4, seed=seed)
-    est = KnnScal(random_state=0, neighbor_embedding="none", max_iter=0, solver={"reorder": "none"}).fit(
-        graph
+    est = fit_knnscal(
+        graph, random_state=0, neighbor_embedding="none", max_iter=0, solver={"reorder": "none"}
     )
     local = L.LocalStress(
         (est.plus_indptr_, est.plus_col_, *est.entry_weights()),
@@ -232,8 +246,8 @@ def test_local_descent_never_raises_the_objective_and_lowers_it_from_a_random_st
 
 def test_with_a_local_term_no_configuration_step_raises_the_fit_objective():
     _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
-    est = KnnScal(random_state=0, neighbor_embedding="exact", local_weight=0.05, max_iter=15, tol=0.0).fit(
-        graph
+    est = fit_knnscal(
+        graph, random_state=0, neighbor_embedding="exact", local_weight=0.05, max_iter=15, tol=0.0
     )
     history = est.local_history_
     assert [stage for _, stage, _ in history[1:3]] == ["step", "isotonic"]
@@ -246,8 +260,8 @@ def test_with_a_local_term_no_configuration_step_raises_the_fit_objective():
 def test_local_weight_zero_is_the_plain_stress_loop():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
     common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 10, "refinement": "always"}
-    plain = KnnScal(local_weight=0.0, **common).fit(graph)
-    local = KnnScal(local_weight=0.05, **common).fit(graph)
+    plain = fit_knnscal(graph, local_weight=0.0, **common)
+    local = fit_knnscal(graph, local_weight=0.05, **common)
     assert plain.local_history_ == [] and len(local.local_history_) > 1
     assert not np.array_equal(plain.coordinates_, local.coordinates_)
 
@@ -262,8 +276,8 @@ def test_the_local_term_keeps_more_listed_neighbours_and_order_than_the_plain_st
         "tol": 0.0,
         "refinement": "always",
     }
-    plain = KnnScal(local_weight=0.0, **common).fit(graph)
-    local = KnnScal(local_weight=0.003, **common).fit(graph)
+    plain = fit_knnscal(graph, local_weight=0.0, **common)
+    local = fit_knnscal(graph, local_weight=0.003, **common)
     plain_oa, plain_recall = L.graph_agreement(plain.coordinates_, *plain.graph_)
     local_oa, local_recall = L.graph_agreement(local.coordinates_, *local.graph_)
     assert local_oa > plain_oa and local_recall > plain_recall + 0.01

@@ -10,10 +10,10 @@ import pytest
 from ordrec.service.indices.models.knnscal import KNNSCALIndex
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models import knnscal_polish as P
-from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
+from ordrec.trainer.models.knnscal import knn_lists, neighbor_csr
 from ordrec.trainer.reproduce.knnscal import load_problem, map_metrics
 from tests.gradient_check import assert_gradient
-from tests.test_knnscal_local import clusters
+from tests.test_knnscal_local import clusters, fit_knnscal
 
 
 def square(n=150, k=8, seed=0):
@@ -102,8 +102,8 @@ def test_polish_gives_up_when_no_round_has_passed_the_guard():
 def test_fit_keeps_the_polish_only_where_no_measure_falls():
     graph = square()
     common = {"random_state": 0, "max_iter": 30}
-    plain = KnnScal(polish_rounds=0, **common).fit(graph)
-    polished = KnnScal(polish_rounds=8, **common).fit(graph)
+    plain = fit_knnscal(graph, polish_rounds=0, **common)
+    polished = fit_knnscal(graph, polish_rounds=8, **common)
     assert not plain.polished_ and plain.polish_scores_.shape == (0, 3)
     assert polished.polish_scores_.shape == (8, 3)
     before = L.graph_measures(plain.coordinates_, *plain.graph_)
@@ -130,7 +130,7 @@ def test_the_nearer_half_recall_sees_a_list_turned_inside_out():
 
 def test_a_kept_polish_has_its_own_disparities_and_placement_table():
     graph = square()
-    est = KnnScal(random_state=0, max_iter=30, polish_rounds=8).fit(graph)
+    est = fit_knnscal(graph, random_state=0, max_iter=30, polish_rounds=8)
     assert est.polished_
     # The map is scaled to its disparities: s = 1 minimises sum w (delta - s d)^2.
     assert est.to_stress_units(est.coordinates_, est.disparities_) == pytest.approx(1.0)
@@ -144,9 +144,9 @@ def test_a_kept_polish_has_its_own_disparities_and_placement_table():
 
 def test_polish_is_off_above_the_validated_cut_and_with_zero_rounds():
     graph = square()
-    above = KnnScal(random_state=0, max_iter=10, solver={"ne_exact_max_n": 50}).fit(graph)
+    above = fit_knnscal(graph, random_state=0, max_iter=10, solver={"ne_exact_max_n": 50})
     assert np.isnan(above.graph_score_) and not above.polished_ and above.polish_scores_.size == 0
-    off = KnnScal(random_state=0, max_iter=10, polish_rounds=0).fit(graph)
+    off = fit_knnscal(graph, random_state=0, max_iter=10, polish_rounds=0)
     assert not off.polished_ and off.polish_scores_.size == 0
 
 
@@ -154,16 +154,16 @@ def test_same_seed_same_polished_map():
     graph = square(n=100, k=6, seed=2)
     common = {"random_state": 3, "max_iter": 10, "polish_rounds": 4}
     np.testing.assert_array_equal(
-        KnnScal(**common).fit(graph).coordinates_, KnnScal(**common).fit(graph).coordinates_
+        fit_knnscal(graph, **common).coordinates_, fit_knnscal(graph, **common).coordinates_
     )
 
 
 def test_polish_parameters_are_validated():
     graph = square(n=40, k=4)
     with pytest.raises(ValueError, match="polish_rounds"):
-        KnnScal(polish_rounds=-1).fit(graph)
+        fit_knnscal(graph, polish_rounds=-1)
     with pytest.raises(ValueError, match="polish_sharpness"):
-        KnnScal(polish_sharpness=0.0).fit(graph)
+        fit_knnscal(graph, polish_sharpness=0.0)
 
 
 def test_iris_clears_tsne_on_both_measures_with_the_polish():
@@ -171,7 +171,7 @@ def test_iris_clears_tsne_on_both_measures_with_the_polish():
     # measured 0.7978 / 0.8013 by that command. Without the polish the fit stops at 0.8268 / 0.8000.
     args = argparse.Namespace(sklearn="iris", digits=False, n_neighbors=10, seed=0, data=None)
     problem = load_problem(args)
-    est = KnnScal(random_state=0).fit(problem.graph)
+    est = fit_knnscal(problem.graph, random_state=0)
     ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
     assert est.polished_
     assert ours["order_agreement"] > 0.7978 and ours["recall@10"] > 0.8013, ours

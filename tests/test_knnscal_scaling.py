@@ -11,6 +11,8 @@ from scipy.spatial import procrustes
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models import knnscal_multilevel as ML
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr, symmetric_graph
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
+from tests.test_knnscal_local import fit_knnscal
 
 
 def planted_graph(n, k, seed, dim=2):
@@ -85,7 +87,7 @@ def test_multilevel_start_reproduces_a_planted_layout():
     est = KnnScal(init="multilevel", solver={"multilevel_min_n": 100}, random_state=0, tol=1e-3)
     start = est.initial_configuration(*neighbor_csr(graph), 2000)
     assert procrustes(points, start)[2] < 0.03
-    est.fit(graph)
+    est = KnnScalStartSelection(est).fit(graph).estimator_
     assert order_agreement(points, est) > 0.999
     assert order_agreement(est.coordinates_, est) > 0.9
 
@@ -93,7 +95,7 @@ def test_multilevel_start_reproduces_a_planted_layout():
 def test_small_graphs_skip_the_coarse_level():
     _, graph, _ = planted_graph(150, 6, seed=6)
     fits = [
-        KnnScal(init=init, solver={"multilevel_min_n": 200}, max_iter=5).fit(graph)
+        fit_knnscal(graph, init=init, solver={"multilevel_min_n": 200}, max_iter=5)
         for init in ("multilevel", "auto")
     ]
     np.testing.assert_array_equal(fits[0].coordinates_, fits[1].coordinates_)
@@ -101,8 +103,8 @@ def test_small_graphs_skip_the_coarse_level():
 
 def test_verbose_fit_prints_every_phase_and_iteration_as_it_goes(capsys):
     _, graph, _ = planted_graph(300, 6, seed=7)
-    est = KnnScal(init="multilevel", solver={"multilevel_min_n": 100}, max_iter=3, tol=0, verbose=True).fit(
-        graph
+    est = fit_knnscal(
+        graph, init="multilevel", solver={"multilevel_min_n": 100}, max_iter=3, tol=0, verbose=True
     )
     err = capsys.readouterr().err
     for phase in ("n=300 |E+|=", "coarsened 300 ->", "n=300: start", "n=300: reorder"):
@@ -110,7 +112,7 @@ def test_verbose_fit_prints_every_phase_and_iteration_as_it_goes(capsys):
     for it in range(1, est.n_iter_ + 1):
         assert f"n=300: iteration {it} " in err
     assert err.count("[CPU ") >= 4 + est.n_iter_
-    KnnScal(max_iter=2).fit(graph)
+    fit_knnscal(graph, max_iter=2)
     assert "KNNSCAL n=" not in capsys.readouterr().err
 
 
@@ -132,6 +134,6 @@ def test_a_graph_that_does_not_coarsen_gets_the_landmark_start():
     ]
     # Equal up to the start's 1e-6 jitter (drawn from another point of the random stream).
     np.testing.assert_allclose(starts[0], starts[1], atol=1e-5 * starts[1].std())
-    assert KnnScal(init="multilevel", solver={"multilevel_min_n": 3}, max_iter=3).fit(
-        graph
+    assert fit_knnscal(
+        graph, init="multilevel", solver={"multilevel_min_n": 3}, max_iter=3
     ).coordinates_.shape == (n, 2)

@@ -10,8 +10,8 @@ import argparse
 import pytest
 
 from ordrec.service.indices.models.knnscal import KNNSCALIndex
-from ordrec.trainer.models.knnscal import KnnScal
 from ordrec.trainer.reproduce.knnscal import load_problem, map_index, map_metrics, reference_map
+from tests.test_knnscal_local import fit_knnscal
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_digits_order_agreement_and_recall_beat_isomap_and_spectral():
     args = argparse.Namespace(digits=True, n_neighbors=10, seed=0, data=None)
     problem = load_problem(args)
-    est = KnnScal(random_state=0).fit(problem.graph)
+    est = fit_knnscal(problem.graph, random_state=0)
     ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
     for method in ("isomap", "spectral"):
         theirs = map_metrics(problem, map_index(problem, reference_map(method, problem, 2, 0)))
@@ -41,7 +41,7 @@ def test_digits_order_agreement_and_recall_reach_tsne(k):
     # (at k = 20 the OA margin is 0.0005, reached with several neighbour-embedding starts).
     args = argparse.Namespace(digits=True, n_neighbors=k, seed=0, data=None)
     problem = load_problem(args)
-    est = KnnScal(random_state=0).fit(problem.graph)
+    est = fit_knnscal(problem.graph, random_state=0)
     ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
     for metric, tsne in TSNE_DIGITS[k].items():
         assert ours[metric] > tsne, (metric, ours, tsne)

@@ -14,12 +14,12 @@ from ordrec.trainer.models import rtf_kernels as K
 from ordrec.trainer.models.rtf import (
     EXTRA_VALIDATION_SHARE,
     RTF,
-    Plateau,
     Posts,
     group_posts,
     sgd_passes,
     validation_mask,
 )
+from ordrec.trainer.models.selection import PlateauStopping
 from ordrec.trainer.sample import planted_tags_with_truth
 
 
@@ -181,7 +181,7 @@ def test_recovers_planted_tensor_ranking():
     test = np.zeros(post_user.size, dtype=bool)
     test[rng.choice(post_user.size, size=60, replace=False)] = True
     train = data.subset(~np.repeat(test, np.diff(indptr)))
-    est = RTF(
+    est = RTF.from_flat(
         n_components=6,
         learning_rate=1.0,
         init_std=0.3,
@@ -213,7 +213,7 @@ def test_recovers_planted_tensor_ranking():
 
 def test_early_stopping_keeps_the_best_epoch():
     data, truth, train, _ = _split_planted(seed=1)
-    est = RTF(
+    est = RTF.from_flat(
         n_components=4,
         learning_rate=1.0,
         init_std=0.3,
@@ -235,7 +235,7 @@ def test_early_stopping_keeps_the_best_epoch():
 def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
     data, truth, train, _ = _split_planted(seed=1)
     window = 4
-    est = RTF(
+    est = RTF.from_flat(
         n_components=4,
         learning_rate=1.0,
         init_std=0.3,
@@ -280,7 +280,7 @@ def test_validation_split_never_takes_a_users_last_post(n_val, n_posts):
 def test_divergence_is_reported():
     data, truth, train, _ = _split_planted(seed=2)
     with pytest.raises(FloatingPointError, match="diverged"):
-        RTF(
+        RTF.from_flat(
             n_components=4, learning_rate=1e30, init_std=1.0, max_iter=5, validation_posts=0, verbose=False
         ).fit(train)
 
@@ -300,9 +300,9 @@ def test_lr_decay_scales_later_passes():
     kw = dict(
         n_components=3, learning_rate=0.5, max_iter=1, validation_posts=0, random_state=3, verbose=False
     )
-    one = RTF(**kw).fit(train)
-    frozen = RTF(**{**kw, "max_iter": 4, "learning_rate_decay": 1e9}).fit(train)
-    moving = RTF(**{**kw, "max_iter": 4}).fit(train)
+    one = RTF.from_flat(**kw).fit(train)
+    frozen = RTF.from_flat(**{**kw, "max_iter": 4, "learning_rate_decay": 1e9}).fit(train)
+    moving = RTF.from_flat(**{**kw, "max_iter": 4}).fit(train)
     assert np.abs(frozen.core_ - one.core_).max() < 1e-6
     assert np.abs(frozen.tag_factors_ - one.tag_factors_).max() < 1e-6
     assert np.abs(moving.core_ - one.core_).max() > 1e-3
@@ -316,9 +316,9 @@ def test_estimator_contract_and_registry_round_trip(tmp_path):
     assert RTF(n_components=5).get_params()["n_components"] == 5
     data, truth, train, _ = _split_planted(seed=4)
     train.tag_names = [f"name {t} ä" for t in range(len(train.tags))]
-    est = RTF(n_components=(3, 4, 5), max_iter=3, validation_posts=0, random_state=0, verbose=False).fit(
-        train
-    )
+    est = RTF.from_flat(
+        n_components=(3, 4, 5), max_iter=3, validation_posts=0, random_state=0, verbose=False
+    ).fit(train)
     artifact = est.to_artifact()
     assert artifact.arrays["core"].shape == (3, 4, 5)
     registry = Registry(tmp_path)
@@ -371,7 +371,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
         random_state=1,
         verbose=False,
     )
-    plain = RTF(**kw).fit(train)
+    plain = RTF.from_flat(**kw).fit(train)
     # record the core each pass starts from and the core each pass ends with
     starts, ends, real = [], [], K.sgd_epoch
 
@@ -382,7 +382,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
         return out
 
     monkeypatch.setattr(K, "sgd_epoch", spy)
-    dropped = RTF(**kw, learning_rate_drops=2, learning_rate_drop_factor=0.25).fit(train)
+    dropped = RTF.from_flat(**kw, learning_rate_drops=2, learning_rate_drop_factor=0.25).fit(train)
     lrs = np.array([h["lr"] for h in dropped.history_])
     # identical until the first plateau, then at most two drops by the factor
     n = plain.epochs_run_
@@ -398,7 +398,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
     np.testing.assert_array_equal(starts[n], ends[kept - 1])
     assert not np.array_equal(starts[n], ends[n - 1])
     with pytest.raises(ValueError, match="learning_rate_drop_factor"):
-        RTF(learning_rate_drop_factor=1.0, verbose=False).fit(train)
+        RTF.from_flat(learning_rate_drop_factor=1.0, verbose=False).fit(train)
 
 
 def test_keep_within_keeps_the_latest_pass_of_the_plateau():
@@ -417,10 +417,10 @@ def test_keep_within_keeps_the_latest_pass_of_the_plateau():
         random_state=1,
         verbose=False,
     )
-    first = RTF(**kw).fit(train)
+    first = RTF.from_flat(**kw).fit(train)
     eps = 2e-3
     cores = []
-    latest = RTF(**kw, keep_within=eps).fit(
+    latest = RTF.from_flat(**kw, keep_within=eps).fit(
         train, on_epoch=lambda e, est, rec: cores.append(est.core_.copy())
     )
     # same training and the same stop; only the kept pass differs
@@ -431,10 +431,10 @@ def test_keep_within_keeps_the_latest_pass_of_the_plateau():
     assert latest.to_artifact().metrics["validation_auc"] == latest.history_[expect - 1]["val_auc"]
     np.testing.assert_array_equal(latest.core_, cores[expect - 1])
     # a tolerance wider than any swing keeps the last pass run
-    wide = RTF(**kw, keep_within=1.0).fit(train)
+    wide = RTF.from_flat(**kw, keep_within=1.0).fit(train)
     assert wide.best_epoch_ == wide.epochs_run_
     with pytest.raises(ValueError, match="keep_within"):
-        RTF(keep_within=-1.0, verbose=False).fit(train)
+        RTF.from_flat(keep_within=-1.0, verbose=False).fit(train)
 
 
 def _passes(data, plateau, seed=0, max_iter=200):
@@ -467,7 +467,7 @@ def _passes(data, plateau, seed=0, max_iter=200):
 
 def test_the_passes_leave_the_factors_of_the_kept_pass_and_stop_after_patience():
     data, _, train, _ = _split_planted(seed=1)
-    plateau = Plateau(3, 5, 1e-3, 1, None, 0, 0.5)
+    plateau = PlateauStopping(patience=3, min_iter=5, val_tol=1e-3)
     passes, factors, seen = _passes(train, plateau)
     vals = [h["val_auc"] for h in passes.history]
     gains = [e for e in range(1, len(vals) + 1) if vals[e - 1] > max([-np.inf] + vals[: e - 1]) + 1e-3]
@@ -479,8 +479,10 @@ def test_the_passes_leave_the_factors_of_the_kept_pass_and_stop_after_patience()
 
 def test_a_learning_rate_drop_restarts_patience_from_the_best_pass():
     data, _, train, _ = _split_planted(seed=1)
-    once, _, _ = _passes(train, Plateau(3, 5, 1e-3, 1, None, 0, 0.5))
-    dropped, _, _ = _passes(train, Plateau(3, 5, 1e-3, 1, None, 1, 0.5))
+    once, _, _ = _passes(train, PlateauStopping(patience=3, min_iter=5, val_tol=1e-3))
+    dropped, _, _ = _passes(
+        train, PlateauStopping(patience=3, min_iter=5, val_tol=1e-3, learning_rate_drops=1)
+    )
     first_stop = len(once.history)
     assert first_stop < 200
     same = [{k: v for k, v in h.items() if k != "lr"} for h in dropped.history[:first_stop]]

@@ -27,7 +27,9 @@ PROTOCOL_FAST = ["--max-iter", "60", "--patience", "8", "--min-iter", "15", "--i
 
 
 def _search(dims, **settings) -> RTFGridSearch:
-    return RTFGridSearch(RTF(random_state=0, **FAST, **settings), {"n_components": dims, "reg": (1e-3,)})
+    return RTFGridSearch(
+        RTF.from_flat(random_state=0, **FAST, **settings), {"n_components": dims, "reg": (1e-3,)}
+    )
 
 
 def _assignments(users, items, tags) -> TagAssignments:
@@ -117,7 +119,7 @@ def test_item_only_tags_fall_back_to_pop_mix_and_the_index_serves_it(tmp_path):
 
 def test_a_plain_rtf_serves_itself_at_the_even_mix():
     data = _item_only_tags(seed=3, n_users=20, n_items=15)
-    est = RTF(n_components=2, max_iter=2, validation_posts=0, verbose=False).fit(data)
+    est = RTF.from_flat(n_components=2, max_iter=2, validation_posts=0, verbose=False).fit(data)
     assert est.core_.shape == (2, 2, 2) and est.serves() == "rtf"
     artifact = est.to_artifact()
     assert artifact.attributes["serves"] == "rtf" and artifact.attributes["mix_weight"] == 0.5
@@ -242,7 +244,39 @@ def test_train_set_grid_validation_builds_the_grid_search_by_flat_names():
 
 
 def test_train_set_takes_knnscals_solver_fields_by_flat_name():
-    est = configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
+    search = configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
+    est = search.estimator
     assert (est.solver_settings().block_size, est.solver_settings().reorder, est.max_iter) == (7, "none", 3)
     with pytest.raises(ValueError, match="block_size"):
         configure("knnscal", {"block_size": 0})
+
+
+def test_train_set_takes_rtfs_early_stopping_fields_by_flat_name():
+    flat = {"patience": 3, "keep_within": 1e-3, "early_stopping": {"smoothing": 4, "patience": 9}}
+    est = configure("rtf", dict(flat, max_iter=7)).estimator
+    stopping = est.stopping()
+    # a field given flat wins over the same field of a given group; the rest keep their defaults
+    assert (stopping.patience, stopping.smoothing, stopping.keep_within, stopping.validation_posts) == (
+        3,
+        4,
+        1e-3,
+        1200,
+    )
+    assert est.max_iter == 7 and len(RTF.param_names()) <= 13
+    with pytest.raises(ValueError, match="learning_rate_drop_factor"):
+        configure("rtf", {"learning_rate_drop_factor": 1.5})
+    with pytest.raises(ValueError, match="early_stopping.*no field"):
+        configure("rtf", {"early_stopping": {"patients": 3}})
+    with pytest.raises(ValueError, match="patiences"):
+        configure("rtf", {"patiences": 3})
+
+
+def test_rtfs_manifest_records_the_flat_settings_as_before():
+    """The manifest's hyperparameters stay the 20 flat names a job table writes (issue 34 moved
+    eight of them into ``early_stopping``), with the values given."""
+    data = _three_way_tags(seed=0, n_users=20, n_items=15, posts=6)
+    est = RTF.from_flat(n_components=2, max_iter=2, validation_posts=0, smoothing=3, verbose=False).fit(data)
+    recorded = est.to_artifact().hyperparameters
+    assert list(recorded) == RTF.flat_param_names() and len(recorded) == 20
+    assert (recorded["validation_posts"], recorded["smoothing"], recorded["patience"]) == (0, 3, 5)
+    assert RTF.from_flat(**recorded).stopping() == est.stopping()  # a round trip through the flat names

@@ -37,6 +37,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -212,13 +213,14 @@ def run_python_engine(args: argparse.Namespace) -> tuple[np.ndarray, dict[str, i
         procs.append(subprocess.Popen(cmd))
     for p in procs:
         p.wait(timeout=args.duration + 120)
-    latencies, errors = [], {}
+    latencies: list[np.ndarray] = []
+    errors: dict[str, int] = {}
     for w in range(workers):
-        out = tmp / f"w{w}.npy"
-        if not out.exists():
+        saved = tmp / f"w{w}.npy"
+        if not saved.exists():
             raise SystemExit(f"load worker {w} failed")
-        latencies.append(np.load(out, allow_pickle=False))
-        for code, count in json.loads(Path(str(out) + ".json").read_text()).items():
+        latencies.append(np.load(saved, allow_pickle=False))
+        for code, count in json.loads(Path(str(saved) + ".json").read_text()).items():
             errors[code] = errors.get(code, 0) + count
     shutil.rmtree(tmp, ignore_errors=True)
     return np.concatenate(latencies), errors, args.duration
@@ -464,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = run_h2load_engine if args.engine == "h2load" else run_python_engine
     before = _handled_by_process(args.metrics_url) if args.metrics_url else []
     latencies, errors, seconds = engine(args)
-    summary = summarise(latencies, errors, seconds)
+    summary: dict[str, Any] = dict(summarise(latencies, errors, seconds))
     if args.metrics_url:
         summary["process_shares"] = process_shares(before, _handled_by_process(args.metrics_url))
     label = args.label or f"{args.engine} {args.mix} c={args.concurrency}" + (

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 from ordrec.service.serving.supervisor import READY_LINE
 
@@ -71,15 +72,18 @@ class ServerProcess:
             self.args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env, bufsize=1
         )
         ready = threading.Event()
-        threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
+        if self.proc.stdout is None:  # stdout=PIPE always gives one
+            raise RuntimeError("ordrec-serve's output is not piped")
+        threading.Thread(target=self._pump, args=(self.proc.stdout, ready), daemon=True).start()
         if not ready.wait(self.startup_timeout) or not self.port:
             self.kill()
             raise RuntimeError("ordrec-serve did not start:\n" + "".join(self.output[-40:]))
         return self
 
-    def _pump(self, ready: threading.Event) -> None:
+    def _pump(self, stdout: IO[str], ready: threading.Event) -> None:
+        """Read the server's output: keep it, copy it to the log, find the ready line."""
         with open(self.log_path, "a") if self.log_path else contextlib.nullcontext() as sink:
-            for line in self.proc.stdout:
+            for line in stdout:
                 self.output.append(line)
                 if sink:
                     sink.write(line)

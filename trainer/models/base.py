@@ -5,7 +5,9 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -101,6 +103,41 @@ def validate_params(owner: str, params: dict[str, Any], constraints: dict[str, l
         raise ValueError(f"the {name!r} parameter of {owner} must be {allowed}; got {value!r}")
 
 
+S = TypeVar("S", bound="Settings")
+E = TypeVar("E", bound="Estimator")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """A group of settings one estimator parameter takes (``solver=``, ``early_stopping=``):
+    a frozen dataclass whose fields are checked against ``constraints`` when it is made."""
+
+    constraints: ClassVar[dict[str, list]] = {}
+
+    def __post_init__(self) -> None:
+        validate_params(type(self).__name__, asdict(self), self.constraints)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def of(cls: type[S], given: S | Mapping[str, Any] | None, owner: str = "", param: str = "") -> S:
+        """The settings from a parameter's value: itself, a dict of some fields, or None (the defaults)."""
+        if isinstance(given, Mapping):
+            unknown = set(given) - set(cls.field_names())
+            if unknown:
+                raise ValueError(f"the {param!r} parameter of {owner} has no field(s) {sorted(unknown)}")
+            return cls(**given)
+        if given is None:
+            return cls()
+        if isinstance(given, cls):
+            return given
+        raise ValueError(
+            f"the {param!r} parameter of {owner} must be a {cls.__name__}, a dict or None; got {given!r}"
+        )
+
+
 class Estimator:
     """Base class in the scikit-learn style.
 
@@ -124,6 +161,9 @@ class Estimator:
     kind: ClassVar[str]
     input_shape: ClassVar[str]
     _parameter_constraints: ClassVar[dict[str, list]] = {}
+    # Parameters that take a Settings group (RTF's ``early_stopping``): job tables and command
+    # lines give its fields flat, under their own names (``patience = 20``).
+    nested_settings: ClassVar[dict[str, type[Settings]]] = {}
 
     @classmethod
     def param_names(cls) -> list[str]:
@@ -145,11 +185,60 @@ class Estimator:
             setattr(self, name, value)
         return self
 
+    @classmethod
+    def flat_param_names(cls) -> list[str]:
+        """The parameters with each settings group replaced by its fields, in constructor order."""
+        nested = cls.nested_settings
+        return [
+            f
+            for name in cls.param_names()
+            for f in (nested[name].field_names() if name in nested else [name])
+        ]
+
+    @classmethod
+    def flat_constraints(cls) -> dict[str, list]:
+        """The constraints of :meth:`flat_param_names`."""
+        merged = dict(cls._parameter_constraints)
+        for settings in cls.nested_settings.values():
+            merged.update(settings.constraints)
+        return {name: merged[name] for name in cls.flat_param_names()}
+
+    def flat_params(self) -> dict[str, Any]:
+        """``get_params`` with each settings group given as its fields (what the manifest records)."""
+        params: dict[str, Any] = {}
+        for name, value in self.get_params().items():
+            settings = self.nested_settings.get(name)
+            params.update({name: value} if settings is None else asdict(self.settings(name)))
+        return params
+
+    def settings(self, name: str) -> Any:
+        """The settings group of parameter ``name`` (a dict or None resolved to its class)."""
+        return self.nested_settings[name].of(getattr(self, name), type(self).__name__, name)
+
+    @classmethod
+    def nest_flat(cls, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` with the fields of each settings group given by name (``patience=20``)
+        moved into the group, over the group itself when that is given too."""
+        params = dict(params)
+        for name, settings in cls.nested_settings.items():
+            flat = {field: params.pop(field) for field in settings.field_names() if field in params}
+            if flat or name in params:  # checked now: a bad field fails before any fitting
+                given = asdict(settings.of(params.get(name), cls.__name__, name))
+                params[name] = settings.of(dict(given, **flat), cls.__name__, name)
+        return params
+
+    @classmethod
+    def from_flat(cls: type[E], **params: Any) -> E:
+        """The estimator from flat settings (:meth:`nest_flat`)."""
+        return cls(**cls.nest_flat(params))
+
     def _validate_params(self) -> None:
         """Check every parameter against ``_parameter_constraints``: a ValueError names the
         parameter, its value and what is allowed. Cross-parameter checks follow in each
         estimator's own ``_validate_params``."""
         validate_params(type(self).__name__, self.get_params(), self._parameter_constraints)
+        for name in self.nested_settings:
+            self.settings(name)
 
     def fit(self, data) -> Estimator:  # pragma: no cover - interface
         raise NotImplementedError

@@ -22,8 +22,7 @@ from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
-from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
-from ordrec.trainer.models.settings import FitSettings
+from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
 from ordrec.trainer.progress import Progress
 
 FUNCTIONS = {"sigmoid": K.SIGMOID, "gompertz": K.GOMPERTZ}
@@ -200,7 +199,7 @@ class TripleSource:
 
 
 @dataclass(frozen=True)
-class COESolver(FitSettings):
+class COESolver(Settings):
     """How a COE fit runs, not what it fits: the learning rate's decay, the steps per epoch and
     how triples are drawn (docs/coe.md has the measurements behind the defaults).
 
@@ -231,7 +230,7 @@ class COESolver(FitSettings):
     group_power: float = 1.0
     unrated_power: float = 0.0
 
-    _field_constraints: ClassVar[dict[str, list]] = {
+    constraints: ClassVar[dict[str, list]] = {
         "learning_rate_final_ratio": [Interval(Real, 0, None)],
         "steps_per_epoch": [Interval(Integral, 0, None)],
         "type_a_share": [None, Interval(Real, 0, 1)],
@@ -290,6 +289,7 @@ class COE(Estimator):
 
     kind = "coe"
     input_shape = "ratings"
+    nested_settings: ClassVar[dict[str, type[Settings]]] = {"solver": COESolver}
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None)],
@@ -340,11 +340,7 @@ class COE(Estimator):
 
     def solver_settings(self) -> COESolver:
         """The ``solver`` parameter as a :class:`COESolver`."""
-        return COESolver.of(self.solver)
-
-    def _validate_params(self) -> None:
-        super()._validate_params()
-        self.solver_settings()  # a dict's fields are checked too
+        return self.settings("solver")
 
     @property
     def scale(self) -> float:

@@ -9,27 +9,27 @@ files and commands have always written (``early_stopping = true``, ``ann_min_ite
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.base import validate_params
-from ordrec.trainer.models.coe import COE, COESolver
+from ordrec.trainer.models.coe import COE
 from ordrec.trainer.models.dcr import (
     DCR,
     PAIRWISE_FLAT,
     SERVING_CONSTRAINTS,
     SERVING_DEFAULTS,
-    DCRSolver,
     EarlyStoppedDCR,
     PairwiseDCR,
     ValidatedRefinement,
     ValidationStopping,
     check_serving,
 )
-from ordrec.trainer.models.knnscal import SOLVER_CONSTRAINTS, KnnScal, KnnScalSolver
+from ordrec.trainer.models.knnscal_selection import FLAT_NAMES as KNNSCAL_START
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 
@@ -61,12 +61,11 @@ DCR_SELECTION_CONSTRAINTS: dict[str, list] = {
 # names, and the constraints of every flat name (the reproduce commands' flags are typed by them).
 DCR_PAIRWISE = ("pairwise", *PAIRWISE_FLAT)
 DCR_FLAT_CONSTRAINTS: dict[str, list] = {
-    **DCR._parameter_constraints,
-    **DCRSolver._field_constraints,
+    **DCR.flat_constraints(),
     "pairwise": ["boolean"],
     **{flat: PairwiseDCR._parameter_constraints[name] for flat, name in PAIRWISE_FLAT.items()},
 }
-COE_FLAT_CONSTRAINTS: dict[str, list] = {**COE._parameter_constraints, **COESolver._field_constraints}
+COE_FLAT_CONSTRAINTS: dict[str, list] = COE.flat_constraints()
 
 
 @dataclass
@@ -104,8 +103,9 @@ class Configured:
         return artifact
 
 
-# RTF's grid search and KnnScal's solver settings under their flat names (issue 34 moved them
-# out of the estimators): flat name -> RTFGridSearch setting, and KnnScalSolver's fields.
+# RTF's grid search under its flat names (issue 34 moved it out of the estimator): flat name ->
+# RTFGridSearch setting. RTF's early stopping and KnnScal's solver are settings groups whose
+# fields the estimators take flat (``from_flat``); KnnScal's start selection is KNNSCAL_START.
 RTF_SELECTION: dict[str, str] = {
     "grid_validation": "",
     "grid_n_components": "n_components",
@@ -113,19 +113,18 @@ RTF_SELECTION: dict[str, str] = {
     "grid_margin": "margin",
     "grid_confidence": "confidence",
 }
-KNNSCAL_SOLVER = tuple(SOLVER_CONSTRAINTS)
 
 
 def accepted_params(kind: str) -> list[str]:
-    """The flat setting names a ``kind`` takes: its estimator's parameters, then (DCR) its
-    solver fields, pairwise refinement, model selection and serving choices, (COE) its solver
-    fields, (RTF) its grid search, (KNNSCAL) its solver fields."""
-    names = estimator_class(kind).param_names()
+    """The flat setting names a ``kind`` takes: its estimator's parameters (a settings group
+    also by its fields), then (DCR) its model selection and serving choices, (RTF) its grid
+    search, (KNNSCAL) its start selection."""
+    cls = estimator_class(kind)
+    names = [*cls.param_names(), *(f for group in cls.nested_settings.values() for f in group.field_names())]
     extra = {
-        "dcr": DCRSolver.names() + list(DCR_PAIRWISE) + list(DCR_SELECTION) + list(DCR_SERVING),
-        "coe": COESolver.names(),
+        "dcr": list(DCR_PAIRWISE) + list(DCR_SELECTION) + list(DCR_SERVING),
         "rtf": list(RTF_SELECTION),
-        "knnscal": list(KNNSCAL_SOLVER),
+        "knnscal": list(KNNSCAL_START),
     }
     return names + extra.get(kind, [])
 
@@ -138,7 +137,6 @@ def configure(kind: str, params: dict[str, Any]) -> Configured:
         raise ValueError(f"{kind} has no parameter(s) {sorted(unknown)}; known: {accepted_params(kind)}")
     builders: dict[str, Callable[[dict[str, Any]], Configured]] = {
         "dcr": _dcr,
-        "coe": _coe,
         "rtf": _rtf,
         "knnscal": _knnscal,
     }
@@ -146,7 +144,7 @@ def configure(kind: str, params: dict[str, Any]) -> Configured:
 
 
 def _plain(kind: str) -> Callable[[dict[str, Any]], Configured]:
-    return lambda params: Configured(estimator_class(kind)().set_params(**params))
+    return lambda params: Configured(estimator_class(kind).from_flat(**params))
 
 
 def _dcr(params: dict[str, Any]) -> Configured:
@@ -164,7 +162,7 @@ def _dcr(params: dict[str, Any]) -> Configured:
     pairwise = {name: params.pop(name) for name in DCR_PAIRWISE if name in params}
     validate_params("DCR", pairwise, DCR_FLAT_CONSTRAINTS)  # named as given, before any fitting
     refine = pairwise.pop("pairwise", False)
-    model = DCR(**DCRSolver.merged(params))
+    model = DCR.from_flat(**params)
     refinement = PairwiseDCR.from_flat(model, pairwise)
     holdout = dict(folds=selection["validation_folds"], fraction=selection["validation_fraction"])
     estimator: Any = model
@@ -186,11 +184,6 @@ def _dcr(params: dict[str, Any]) -> Configured:
     return Configured(estimator, serving, tuple(turned_on), recorded)
 
 
-def _coe(params: dict[str, Any]) -> Configured:
-    """COE, its solver fields given flat (``group_power=0.5``) merged into ``solver``."""
-    return Configured(COE(**COESolver.merged(params)))
-
-
 def _rtf(params: dict[str, Any]) -> Configured:
     """RTF, wrapped in ``RTFGridSearch`` when ``grid_validation`` is true (its grid from
     ``grid_n_components`` and ``grid_reg``, its rule from ``grid_margin`` and ``grid_confidence``)."""
@@ -198,7 +191,7 @@ def _rtf(params: dict[str, Any]) -> Configured:
     validate_params(
         "RTF", {"grid_validation": recorded.get("grid_validation", False)}, {"grid_validation": ["boolean"]}
     )
-    model = RTF(**params)
+    model = RTF.from_flat(**params)
     if not recorded.get("grid_validation", False):
         return Configured(model, recorded=recorded)
     grid = dict(DEFAULT_GRID)
@@ -212,10 +205,6 @@ def _rtf(params: dict[str, Any]) -> Configured:
 
 
 def _knnscal(params: dict[str, Any]) -> Configured:
-    """KnnScal, its solver fields given flat (``block_size=10000``) merged into ``solver``."""
-    flat = {name: params.pop(name) for name in KNNSCAL_SOLVER if name in params}
-    if flat:
-        given = params.get("solver")
-        base = asdict(KnnScalSolver.of(given))
-        params["solver"] = KnnScalSolver.of(dict(base, **flat))
-    return Configured(KnnScal(**params))
+    """KnnScal wrapped in its start selection (``neighbor_embedding``, ``ne_starts``,
+    ``ne_rank_decay``), its solver fields given flat (``block_size=10000``) merged into ``solver``."""
+    return Configured(KnnScalStartSelection.from_flat(**params))

@@ -60,7 +60,7 @@ from ordrec.service.indices.ann import ANN_MIN_ITEMS, CALIBRATION_QUERIES, Queri
 from ordrec.service.indices.models.dcr import RELEVANCE, DCRIndex, level_weights
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, Ratings
-from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
+from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite, validate_params
 from ordrec.trainer.models.dcr_kernels import (
     UnratedSampler,
     check_rows_finite,
@@ -77,7 +77,6 @@ from ordrec.trainer.models.dcr_kernels import (
 )
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
 from ordrec.trainer.models.selection import EarlyStopping, Gain, significant_gain
-from ordrec.trainer.models.settings import FitSettings
 from ordrec.trainer.progress import Progress
 
 # The paper's DCR where the defaults differ (they are the top-N model's): what `reproduce dcr`
@@ -370,7 +369,7 @@ class ResearchOptions:
 
 
 @dataclass(frozen=True)
-class DCRSolver(FitSettings):
+class DCRSolver(Settings):
     """How a DCR fit runs, not what it fits: the learning rate's decay, how unrated items are
     drawn, and the factors' float type while training.
 
@@ -391,7 +390,7 @@ class DCRSolver(FitSettings):
     unrated_power: float = 0.5
     dtype: str = "float32"
 
-    _field_constraints: ClassVar[dict[str, list]] = {
+    constraints: ClassVar[dict[str, list]] = {
         "learning_rate_decay": [Interval(Real, 0, None)],
         "unrated_power": [Interval(Real, 0, 1)],
         "dtype": [Options(str, {"float32", "float64"})],
@@ -452,6 +451,7 @@ class DCR(Estimator):
 
     kind = "dcr"
     input_shape = "ratings"
+    nested_settings: ClassVar[dict[str, type[Settings]]] = {"solver": DCRSolver}
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None)],
@@ -502,12 +502,11 @@ class DCR(Estimator):
 
     def solver_settings(self) -> DCRSolver:
         """The ``solver`` parameter as a :class:`DCRSolver`."""
-        return DCRSolver.of(self.solver)
+        return self.settings("solver")
 
     # ------------------------------------------------------------ checks
     def _validate_params(self, research: ResearchOptions | None = None) -> None:
         super()._validate_params()
-        self.solver_settings()  # a dict's fields are checked too
         if research is not None:
             research.validate()
             if research.item_bias and int(self.n_components) < 2:

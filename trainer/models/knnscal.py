@@ -67,25 +67,26 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
   minimum gap between consecutive ranks fixes that; with ``rank_gap = 0`` the
   algorithm is the poster's;
 - ``edge_weight``: the general weights of sigma_a; 1 (the poster's 0/1) by default;
-- ``initial_disparities="isotonic"``: the loop starts from the isotonic fit of
+- ``initial_disparities="isotonic"`` (a solver field): the loop starts from the isotonic fit of
   the start's distances, not from Delta = min(r_ij, q) (poster, step 2),
   which asks the k-th neighbour to sit almost as far as a non-edge and so
   undoes the start's local order before rebuilding it slowly;
 - ``local_weight``: from the neighbour-embedding start, step 4a minimises
   sigma_a plus t-SNE's KL on the graph's affinities (L-BFGS, monotone), so
   the iterations fit the order without giving up the neighbours;
-- ``neighbor_embedding`` and ``refinement="validated"``: for n up to
-  ``ne_exact_max_n`` the start is t-SNE on the graph's rank affinities, and
-  the fit returns whichever of that start, its stress refinement and the
-  geodesic start's refinement fits the lists best (order agreement plus
+- the start selection (``knnscal_selection.KnnScalStartSelection``, the flat
+  settings ``neighbor_embedding``, ``ne_starts``, ``ne_rank_decay``) and the
+  solver's ``refinement="validated"``: for n up to ``ne_exact_max_n`` the start
+  is t-SNE on the graph's rank affinities, and the fit returns whichever of that
+  start, its stress refinement and the geodesic start's refinement fits the lists best (order agreement plus
   recall@k against the graph itself). The least-squares stress trades a
   source's nearest neighbours for the order of its farther entries, so on
   clustered graphs its optimum scores below the neighbour embedding;
-- ``polish_rounds``: the validated map is then polished by descent on a
+- the solver's ``polish_rounds``: the validated map is then polished by descent on a
   smooth version of that score (``knnscal_polish``) and the polish is kept
   only where it lowers no measure (order agreement, recall@k, the nearer
   half's recall) and raises the sum;
-- ``block_size``: the Gauss-Seidel sweep runs on contiguous vertex blocks in
+- the solver's ``block_size``: the Gauss-Seidel sweep runs on contiguous vertex blocks in
   parallel with a split majorizer between blocks (still monotone; see
   ``knnscal_kernels.majorize_blocks``).
 """
@@ -94,10 +95,10 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from numbers import Integral, Real
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from scipy import sparse
@@ -109,8 +110,8 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import DataError, NeighborLists
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models import knnscal_local as L
-from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite, validate_params
-from ordrec.trainer.models.knnscal_polish import polish
+from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
+from ordrec.trainer.models.knnscal_polish import polish as polish_map
 from ordrec.trainer.progress import Progress
 
 
@@ -262,23 +263,12 @@ def landmark_mds(G: sparse.csr_matrix, dim: int, n_landmarks: int, rng: np.rando
 
 
 # ------------------------------------------------------------------ solver
-SOLVER_CONSTRAINTS: dict[str, list] = {
-    "sweeps": [Interval(Integral, 1, None)],
-    "update": [Options(str, {"gauss-seidel", "jacobi"})],
-    "n_landmarks": [Interval(Integral, 1, None)],
-    "cmds_max_n": [Interval(Integral, 0, None)],
-    "multilevel_min_n": [Interval(Integral, 3, None)],
-    "ne_exact_max_n": [Interval(Integral, 0, None)],
-    "block_size": [Interval(Integral, 1, None)],
-    "reorder": [Options(str, {"morton", "none"})],
-}
-
-
 @dataclass(frozen=True)
-class KnnScalSolver:
-    """How a KNNSCAL fit runs, not what it fits: the optimiser's schedule and update rule,
-    the sizes where exact methods give way to scalable ones, the parallel block size and
-    the memory layout (``docs/knnscal.md``).
+class KnnScalSolver(Settings):
+    """How a KNNSCAL fit runs, not the map it aims at: the optimiser's schedule, update rule and
+    starting disparities, the safeguard and polish around the iterations, the sizes where exact
+    methods give way to scalable ones, the parallel block size and the memory layout
+    (``docs/knnscal.md``).
 
     Parameters
     ----------
@@ -299,6 +289,17 @@ class KnnScalSolver:
     reorder : {"morton", "none"}, default "morton"
         Renumber the vertices along the Z-order curve of the start during the iterations
         (cache locality; the result comes back in the input's order).
+    initial_disparities : {"isotonic", "ranks"}, default "isotonic"
+        Start the iterations from the isotonic fit of the start's distances, or from the
+        poster's Delta = min(r_ij, q) (step 2).
+    refinement : {"validated", "always"}, default "validated"
+        "validated": keep the iterations' map only if it fits the graph at least as well as
+        its start (up to ``ne_exact_max_n`` vertices); "always": the iterations' map (the poster).
+    polish_rounds : int, default 30
+        Rounds of descent on a smooth surrogate of order agreement + recall@k for a
+        validated map, kept only where they lower no measure (0: no polish; step 5).
+    polish_sharpness : float, default 30.0
+        The surrogate's s (larger is closer to the 0/1 count).
     """
 
     sweeps: int = 5
@@ -309,21 +310,81 @@ class KnnScalSolver:
     ne_exact_max_n: int = 5_000
     block_size: int = 50_000
     reorder: str = "morton"
+    initial_disparities: str = "isotonic"
+    refinement: str = "validated"
+    polish_rounds: int = 30
+    polish_sharpness: float = 30.0
 
-    def __post_init__(self) -> None:
-        validate_params(type(self).__name__, asdict(self), SOLVER_CONSTRAINTS)
+    constraints: ClassVar[dict[str, list]] = {
+        "sweeps": [Interval(Integral, 1, None)],
+        "update": [Options(str, {"gauss-seidel", "jacobi"})],
+        "n_landmarks": [Interval(Integral, 1, None)],
+        "cmds_max_n": [Interval(Integral, 0, None)],
+        "multilevel_min_n": [Interval(Integral, 3, None)],
+        "ne_exact_max_n": [Interval(Integral, 0, None)],
+        "block_size": [Interval(Integral, 1, None)],
+        "reorder": [Options(str, {"morton", "none"})],
+        "initial_disparities": [Options(str, {"ranks", "isotonic"})],
+        "refinement": [Options(str, {"always", "validated"})],
+        "polish_rounds": [Interval(Integral, 0, None)],
+        "polish_sharpness": [Interval(Real, 0, None, closed="neither")],
+    }
 
-    @classmethod
-    def of(cls, given: KnnScalSolver | Mapping[str, Any] | None) -> KnnScalSolver:
-        """The settings from a ``solver`` parameter: itself, a dict of some fields, or None (the defaults)."""
-        if isinstance(given, KnnScalSolver):
-            return given
-        if given is None:
-            return cls()
-        unknown = set(given) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"the 'solver' parameter of KnnScal has no field(s) {sorted(unknown)}")
-        return cls(**given)
+
+@dataclass(frozen=True)
+class Iterations:
+    """What :func:`stress_iterations` leaves: the map and disparities, each step's stress (and
+    local objective), each iteration's wall time, and whether the change fell below ``tol``."""
+
+    X: np.ndarray
+    delta: np.ndarray
+    history: list[tuple[int, str, float]]
+    local_history: list[tuple[int, str, float]]
+    seconds: list[float]
+    converged: bool
+
+
+def stress_iterations(
+    est: KnnScal, X: np.ndarray, delta: np.ndarray, local: L.LocalStress | None
+) -> Iterations:
+    """Steps 4a-4c from ``(X, delta)`` until the relative change falls below ``est.tol`` or
+    ``est.max_iter`` iterations: the algorithm of one fit, on the fit's E+ (``est``'s ``plus_*_``)."""
+    history = [(0, "init", est.stress(X, delta))]
+    # With a local term: its objective after each step 4a (old delta) and 4b-c (new delta).
+    local_history = [] if local is None else [(0, "init", local.value_and_gradient(X, delta)[0])]
+    seconds: list[float] = []
+    prev = history[0][2] if local is None else local_history[0][2]
+    n = X.shape[0]
+    with Progress("KNNSCAL", total=int(est.max_iter), enabled=bool(est.verbose)) as bar:
+        for it in range(1, int(est.max_iter) + 1):
+            t_it = time.perf_counter()
+            X = est.configuration_step(X, delta, local)  # 4a
+            # One pass over X for the distances; both stresses and the isotonic fit read them sequentially.
+            d = K.entry_distances(X, est.plus_indptr_, est.plus_col_)
+            s_major = K.stress_from_distances(d, *est.entry_weights(), delta)
+            check_finite(it, coordinates=X)
+            if local is not None:
+                local_history.append((it, "step", local.value_and_gradient(X, delta)[0]))
+            delta = est.isotonic(X, delta, d)  # 4b, 4c
+            s_iso = K.stress_from_distances(d, *est.entry_weights(), delta)
+            del d
+            check_finite(it, disparities=delta)
+            history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
+            objective = s_iso
+            if local is not None:
+                objective = local.value_and_gradient(X, delta)[0]
+                local_history.append((it, "isotonic", objective))
+            seconds.append(time.perf_counter() - t_it)
+            est.log(f"n={n:,}: iteration {it} {seconds[-1]:.2f} s, stress {est.normalised_stress(s_iso):.6g}")
+            bar.update(1, stress=est.normalised_stress(s_iso))
+            # |change|: with rank gaps the disparity step can raise the stress, and a rise is not
+            # convergence. With a local term the objective adds the KL, but the change is still
+            # measured against the stress.
+            reference = prev if local is None else s_iso / est.weight_total_
+            if reference <= 0 or abs(prev - objective) / reference < float(est.tol):
+                return Iterations(X, delta, history, local_history, seconds, True)
+            prev = objective
+    return Iterations(X, delta, history, local_history, seconds, False)
 
 
 # ---------------------------------------------------------------- estimator
@@ -331,9 +392,10 @@ class KnnScal(Estimator):
     """KNNSCAL: non-metric MDS of a ranked neighbour graph with asymmetric stress.
 
     The stress iterations follow Castle & Trosset's poster (module docstring); the start
-    (geodesic MDS, optionally refined by a neighbour embedding), the validated choice
-    between starts and the polish are ours. Measurements behind the defaults are in
-    ``docs/knnscal.md``.
+    (geodesic MDS), the validated refinement and the polish are ours. Starting from the best of
+    several neighbour embeddings is the wrapper
+    :class:`~ordrec.trainer.models.knnscal_selection.KnnScalStartSelection`. Measurements
+    behind the defaults are in ``docs/knnscal.md``.
 
     Parameters
     ----------
@@ -348,9 +410,6 @@ class KnnScal(Estimator):
     init : {"auto", "multilevel", "cmds", "landmark", "spectral", "random"}, default "auto"
         Initial configuration from the Delta_sym geodesics; "auto" is "multilevel"
         (classical, then landmark MDS below the solver's size thresholds).
-    initial_disparities : {"isotonic", "ranks"}, default "isotonic"
-        Start from the isotonic fit of the start's distances, or from the poster's
-        Delta = min(r_ij, q).
     edge_weight : float, default 1.0
         w_ij on graph edges (non-edges weigh 1).
     rank_gap : float, default 2.0
@@ -360,31 +419,16 @@ class KnnScal(Estimator):
         Share of each source's non-edges drawn from its two-hop neighbourhood.
     n_neighbors : int, default 10
         k of the k-NN lists built when ``fit`` gets a feature matrix.
-    neighbor_embedding : {"auto", "exact", "sampled", "none"}, default "auto"
-        Refine the geodesic start by t-SNE on the graph's rank affinities ("auto":
-        "exact" up to the solver's ``ne_exact_max_n`` vertices, else "none").
-    ne_starts : int, default 4
-        Neighbour embeddings from as many starts; the one that fits the lists best is kept.
-    ne_rank_decay : float or "auto", default 2.0
-        p_j|i proportional to exp(-ne_rank_decay (r_ij - 1) / k_i); "auto": 1 + k / 10.
     local_weight : float, default 0.003
-        Weight of t-SNE's KL added to the stress in step 4a after an exact neighbour
-        embedding (0: the plain stress).
-    refinement : {"validated", "always"}, default "validated"
-        "validated": keep the iterations' map only if it fits the graph at least as well
-        as its start, and with a neighbour-embedding start also fit from the geodesic
-        start and keep the better map; "always": the iterations' map (the poster).
-    polish_rounds : int, default 30
-        Rounds of descent on a smooth surrogate of order agreement + recall@k for a
-        validated map, kept only where they lower no measure (0: no polish).
-    polish_sharpness : float, default 30.0
-        The surrogate's s (larger is closer to the 0/1 count).
+        Weight of t-SNE's KL added to the stress in step 4a when the fit starts from an exact
+        neighbour embedding (``fit_from``'s ``affinities``; 0: the plain stress).
     solver : KnnScalSolver, dict or None, default None
-        How the fit runs: sweeps per iteration, the update rule, landmarks, size thresholds
-        of the exact methods, block size, memory layout; None: ``KnnScalSolver()``. A dict
-        gives some of its fields.
+        How the fit runs: sweeps per iteration, the update rule and starting disparities,
+        landmarks, size thresholds of the exact methods, block size, memory layout, the
+        validated refinement and the polish; None: ``KnnScalSolver()``. A dict gives some of
+        its fields.
     random_state : int, default 0
-        Seeds the non-edge sample, the landmarks and the starts.
+        Seeds the non-edge sample, the landmarks and the start.
     verbose : bool, default False
         Progress lines on stderr.
     """
@@ -404,22 +448,16 @@ class KnnScal(Estimator):
         "max_iter": [Interval(Integral, 0, None)],
         "tol": [Interval(Real, 0, None)],
         "init": [Options(str, {"auto", "cmds", "landmark", "spectral", "random", "multilevel"})],
-        "initial_disparities": [Options(str, {"ranks", "isotonic"})],
         "edge_weight": [Interval(Real, 0, None)],
         "rank_gap": [Interval(Real, 0, None)],
         "hop2_fraction": [Interval(Real, 0, 1)],
         "n_neighbors": [Interval(Integral, 1, None)],
-        "neighbor_embedding": [Options(str, {"auto", "exact", "sampled", "none"})],
-        "ne_starts": [Interval(Integral, 1, None)],
-        "ne_rank_decay": [Interval(Real, 0, None), Options(str, {"auto"})],
         "local_weight": [Interval(Real, 0, None)],
-        "refinement": [Options(str, {"always", "validated"})],
-        "polish_rounds": [Interval(Integral, 0, None)],
-        "polish_sharpness": [Interval(Real, 0, None, closed="neither")],
         "solver": [None, KnnScalSolver, dict],
         "random_state": [Interval(Integral, 0, None)],
         "verbose": ["boolean"],
     }
+    nested_settings: ClassVar[dict[str, type[Settings]]] = {"solver": KnnScalSolver}
 
     def __init__(
         self,
@@ -429,18 +467,11 @@ class KnnScal(Estimator):
         max_iter: int = 200,
         tol: float = 1e-4,
         init: str = "auto",
-        initial_disparities: str = "isotonic",
         edge_weight: float = 1.0,
         rank_gap: float = 2.0,
         hop2_fraction: float = 1.0,
         n_neighbors: int = 10,
-        neighbor_embedding: str = "auto",
-        ne_starts: int = 4,
-        ne_rank_decay: float | str = 2.0,
         local_weight: float = 0.003,
-        refinement: str = "validated",
-        polish_rounds: int = 30,
-        polish_sharpness: float = 30.0,
         solver: KnnScalSolver | dict | None = None,
         random_state: int = 0,
         verbose: bool = False,
@@ -450,29 +481,18 @@ class KnnScal(Estimator):
         self.max_iter = max_iter
         self.tol = tol
         self.init = init
-        self.initial_disparities = initial_disparities
         self.edge_weight = edge_weight
         self.rank_gap = rank_gap
         self.hop2_fraction = hop2_fraction
         self.n_neighbors = n_neighbors
-        self.neighbor_embedding = neighbor_embedding
-        self.ne_starts = ne_starts
-        self.ne_rank_decay = ne_rank_decay
         self.local_weight = local_weight
-        self.refinement = refinement
-        self.polish_rounds = polish_rounds
-        self.polish_sharpness = polish_sharpness
         self.solver = solver
         self.random_state = random_state
         self.verbose = verbose
 
     def solver_settings(self) -> KnnScalSolver:
         """The ``solver`` parameter as a :class:`KnnScalSolver`."""
-        return KnnScalSolver.of(self.solver)
-
-    def _validate_params(self) -> None:
-        super()._validate_params()
-        self.solver_settings()
+        return self.settings("solver")
 
     # --------------------------------------------------------------- pieces
     def initial_configuration(self, indptr, col, rnk, n: int, seed=None) -> np.ndarray:
@@ -513,60 +533,12 @@ class KnnScal(Estimator):
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
 
     def geodesic_estimator(self) -> KnnScal:
-        """The same settings without the neighbour-embedding start and without the polish (step 5
-        runs once, on the winner): the validated fit's second candidate, and the estimator of the
-        multilevel start's coarser levels (the neighbour
-        embedding tears the evenly sampled manifolds a coarsened graph stands for, and its
-        O(n^2) start would be paid there)."""
-        return type(self)(**{**self.get_params(), "neighbor_embedding": "none", "polish_rounds": 0})
-
-    def _neighbor_embedding(self, X, indptr, col, rnk, n: int) -> np.ndarray:
-        """Refine the start by t-SNE on the graph's rank affinities (``knnscal_local``), best of ``ne_starts``.
-
-        Sets ``ne_scores_`` (each start's order agreement + recall@k against
-        the graph, in start order) and ``ne_start_`` (the kept one; the first on a tie).
-        """
-        method = self.neighbor_embedding
-        if method == "auto":
-            # The exact gradient is O(n^2) per iteration; above the cut the geodesic start stays.
-            method = "exact" if n <= self.solver_settings().ne_exact_max_n else "none"
-        self.neighbor_embedding_used_ = method != "none"
-        self.affinities_ = None
-        if method == "none":
-            return X
-        P = L.rank_affinities(indptr, col, rnk, n, self.rank_decay(indptr))
-        if method == "exact":
-            self.affinities_ = P  # the local term's P (its KL is exact, O(n^2), like this start's)
-        best, scores = None, []
-        for j in range(int(self.ne_starts)):
-            start = (
-                X
-                if j == 0
-                else self.initial_configuration(indptr, col, rnk, n, seed=(int(self.random_state), j))
-            )
-            Y = self.embed(method, start, P)
-            scores.append(sum(L.graph_agreement(Y, indptr, col, rnk)))
-            if scores[-1] > max(scores[:-1], default=-np.inf):
-                best = Y
-        self.ne_scores_ = np.array(scores)
-        self.ne_start_ = int(np.argmax(self.ne_scores_))
-        self._log(f"n={n:,}: neighbour embeddings scored {', '.join(f'{v:.4f}' for v in scores)}")
-        assert best is not None  # ne_starts >= 1, and a first score always beats -inf
-        return best
-
-    def rank_decay(self, indptr: np.ndarray) -> float:
-        """The rank affinities' decay: ``ne_rank_decay``, or under "auto" 1 + k / 10 (k the longest list)."""
-        if self.ne_rank_decay == "auto":
-            return 1.0 + int(np.diff(indptr).max()) / 10.0
-        return float(self.ne_rank_decay)
-
-    def embed(self, method: str, X: np.ndarray, P: sparse.csr_matrix) -> np.ndarray:
-        """One neighbour embedding of P from the geodesic start X."""
-        # t-SNE's start scale: a spread of 1e-4, so early exaggeration forms the clusters.
-        Y = 1e-4 * (X - X.mean(axis=0)) / max(float(X[:, 0].std()), 1e-300)
-        if method == "exact":
-            return L.tsne_exact(Y, P)
-        return L.neighbor_embedding_sampled(Y * 1e4, P, seed=int(self.random_state))
+        """The same settings without the polish (step 5 runs once, on the winner): the validated
+        start selection's geodesic candidate, and the estimator of the multilevel start's coarser
+        levels (a neighbour embedding would tear the evenly sampled manifolds a coarsened graph
+        stands for, and its O(n^2) start would be paid there)."""
+        solver = dict(asdict(self.solver_settings()), polish_rounds=0)
+        return type(self)(**{**self.get_params(), "solver": KnnScalSolver(**solver)})
 
     def relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
         """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
@@ -589,7 +561,7 @@ class KnnScal(Estimator):
         delta *= np.sqrt(self.weight_total_ / norm2)
         return delta
 
-    def _log(self, message: str) -> None:
+    def log(self, message: str) -> None:
         """One flushed line on stderr when ``verbose``: a long fit shows where its time goes as it runs.
 
         Each line ends with the process's CPU time so far, steadier than wall time on a shared machine.
@@ -601,7 +573,7 @@ class KnnScal(Estimator):
         """What the stress kernels take for the weights of E+: its ranks, q and the edge weight."""
         return self.plus_rnk_, self.q_, float(self.edge_weight)
 
-    def _stress(self, X: np.ndarray, delta: np.ndarray) -> float:
+    def stress(self, X: np.ndarray, delta: np.ndarray) -> float:
         return K.stress(X, self.plus_indptr_, self.plus_col_, *self.entry_weights(), delta)
 
     def _local_term(self, order: np.ndarray | None, to_stress_units: float) -> L.LocalStress | None:
@@ -623,9 +595,7 @@ class KnnScal(Estimator):
             self.weight_total_,
         )
 
-    def _configuration_step(
-        self, X: np.ndarray, delta: np.ndarray, local: L.LocalStress | None
-    ) -> np.ndarray:
+    def configuration_step(self, X: np.ndarray, delta: np.ndarray, local: L.LocalStress | None) -> np.ndarray:
         """Step 4a: ``sweeps`` majorization sweeps on sigma_a, or as many L-BFGS steps on it plus the local term."""
         if local is None:
             return self._majorize(X, delta, self.solver_settings().sweeps)
@@ -650,7 +620,7 @@ class KnnScal(Estimator):
         """Parallel Gauss-Seidel blocks: one per ``block_size`` vertices (fixed by n, not by the threads)."""
         return max(1, -(-n // self.solver_settings().block_size))
 
-    def _isotonic(
+    def isotonic(
         self, X: np.ndarray, delta: np.ndarray, d: np.ndarray | None = None, perm: np.ndarray | None = None
     ) -> np.ndarray:
         """Steps 4b-c into ``delta``; ``perm`` (``isotonic_rows``' start order in each row) defaults to the fit's."""
@@ -674,54 +644,68 @@ class KnnScal(Estimator):
 
     # ------------------------------------------------------------------ fit
     def fit(self, data) -> KnnScal:
-        """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here).
+        """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here)
+        from the geodesic start, then polish the map where the fit is validated (step 5)."""
+        return self.fit_from(self.neighbor_lists(data)).polish()
 
-        With a neighbour-embedding start and ``refinement="validated"`` the fit
-        also runs from the geodesic start alone and keeps whichever map fits
-        the graph better (``graph_score_``): the neighbour embedding tears
-        an evenly sampled manifold into pieces that the stress cannot rejoin,
-        the geodesic start keeps it whole but loses clusters' neighbours.
-        Wherever the fit is validated (up to the solver's ``ne_exact_max_n`` vertices), its map is then
-        polished (step 5).
-        """
+    def neighbor_lists(self, data) -> NeighborLists:
+        """``data`` itself, or the k-NN lists (``n_neighbors``) of a feature matrix; the parameters checked."""
         self._validate_params()
-        if not isinstance(data, NeighborLists):
-            data = knn_lists(np.asarray(data), int(self.n_neighbors))
-        self._fit_from_start(data)
-        if self.neighbor_embedding_used_ and np.isfinite(self.graph_score_):  # validated
-            geodesic = self.geodesic_estimator()._fit_from_start(data)
-            if geodesic.graph_score_ > self.graph_score_:
-                fitted = {name: value for name, value in vars(geodesic).items() if name.endswith("_")}
-                self.__dict__.update(fitted)
-        self._polish()
-        return self
+        return data if isinstance(data, NeighborLists) else knn_lists(np.asarray(data), int(self.n_neighbors))
 
-    def _fit_from_start(self, data: NeighborLists) -> KnnScal:
-        """One fit: start (step 3, optionally the neighbour embedding), then the stress iterations."""
-        self.vertices_ = data.vertices
-        self.labels_ = data.labels
-        self.data_fingerprint_ = data.fingerprint()
+    def fit_from(
+        self,
+        data: NeighborLists,
+        start: np.ndarray | None = None,
+        affinities: sparse.csr_matrix | None = None,
+    ) -> KnnScal:
+        """One fit without the polish: the start (``start``, else step 3's geodesic one), then the
+        stress iterations, with t-SNE's KL on ``affinities`` in step 4a when given (the local term)."""
         n = len(data.vertices)
         if n < 3:
             raise ValueError(f"KNNSCAL needs at least 3 vertices, got {n}")
-        timings = {}
+        self.vertices_, self.labels_, self.data_fingerprint_ = data.vertices, data.labels, data.fingerprint()
+        self.timings_ = {}
+        indptr, col, rnk = self.graph_ = neighbor_csr(data)
+        self._enlarge(indptr, col, rnk, n)
         t0 = time.perf_counter()
-        indptr, col, rnk = neighbor_csr(data)
-        self.graph_ = (indptr, col, rnk)
+        X = self.initial_configuration(indptr, col, rnk, n) if start is None else start
+        X, self.affinities_ = np.ascontiguousarray(X, dtype=np.float64), affinities
+        self.timings_["init_s"] = time.perf_counter() - t0
+        self.log(f"n={n:,}: start ({self.init}) {self.timings_['init_s']:.1f} s")
+        X, order = self._reorder(X, n)
+        X, delta, local = self._start_disparities(X, order)
+        # Validation is for the small-n path: its k-d tree queries would add time at 10^6 vertices.
+        solver = self.solver_settings()
+        validate = solver.refinement == "validated" and n <= solver.ne_exact_max_n
+        start_map = X.copy() if validate else None
+        t0, cpu0 = time.perf_counter(), time.process_time()  # CPU time: wall time on a shared machine varies
+        run = stress_iterations(self, X, delta, local)
+        self.timings_["iterations_s"] = time.perf_counter() - t0
+        self.timings_["iterations_cpu_s"] = time.process_time() - cpu0
+        X, delta = self._validated(run.X, run.delta, start_map, order)
+        del self.in_indptr_, self.in_src_, self.in_entry_, self.perm_, self.affinities_
+        self.coordinates_, self.disparities_ = self._input_order(X, delta, order)
+        self.n_iter_, self.converged_ = len(run.seconds), run.converged
+        self.iteration_seconds_ = np.array(run.seconds)
+        self.stress_history_, self.local_history_ = run.history, run.local_history
+        self.stress_ = self.normalised_stress(run.history[-1][2])
+        self.rank_disparity_ = self._rank_table(self.disparities_)
+        return self
+
+    def _enlarge(self, indptr: np.ndarray, col: np.ndarray, rnk: np.ndarray, n: int) -> None:
+        """E+ of the graph (``plus_*_``, ``q_``) and the total weight of its entries."""
+        t0 = time.perf_counter()
         self.q_, self.plus_indptr_, self.plus_col_, self.plus_rnk_ = enlarged_edges(
             indptr, col, rnk, n, float(self.nonedge_factor), int(self.random_state), float(self.hop2_fraction)
         )
         n_edges = int(col.shape[0])
         self.weight_total_ = float(self.edge_weight) * n_edges + (self.plus_col_.shape[0] - n_edges)
-        timings["edges_s"] = time.perf_counter() - t0
-        self._log(f"n={n:,} |E+|={self.plus_col_.shape[0]:,}: edges {timings['edges_s']:.1f} s")
+        self.timings_["edges_s"] = time.perf_counter() - t0
+        self.log(f"n={n:,} |E+|={self.plus_col_.shape[0]:,}: edges {self.timings_['edges_s']:.1f} s")
 
-        t0 = time.perf_counter()
-        X = np.ascontiguousarray(self.initial_configuration(indptr, col, rnk, n), dtype=np.float64)
-        X = self._neighbor_embedding(X, indptr, col, rnk, n)
-        timings["init_s"] = time.perf_counter() - t0
-        self._log(f"n={n:,}: start ({self.init}) {timings['init_s']:.1f} s")
-
+    def _reorder(self, X: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The vertices along the Z-order curve of X (solver ``reorder``), and the in-edge lists."""
         t0 = time.perf_counter()
         order = None
         if self.solver_settings().reorder == "morton":
@@ -730,82 +714,38 @@ class KnnScal(Estimator):
             self.relabel(order)
         self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
         self.perm_ = K.row_positions(self.plus_indptr_)
-        timings["reorder_s"] = time.perf_counter() - t0
-        self._log(f"n={n:,}: reorder {timings['reorder_s']:.1f} s")
+        self.timings_["reorder_s"] = time.perf_counter() - t0
+        self.log(f"n={n:,}: reorder {self.timings_['reorder_s']:.1f} s")
+        return X, order
 
-        # Step 2: the isotonic fit of the start (default), or the poster's Delta = min(r_ij, q); normalised.
-        if self.initial_disparities == "ranks":
+    def _start_disparities(
+        self, X: np.ndarray, order: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray, L.LocalStress | None]:
+        """Step 2: the isotonic fit of the start (default) or the poster's Delta = min(r_ij, q),
+        normalised; X scaled to them, and the local term at that scale."""
+        if self.solver_settings().initial_disparities == "ranks":
             delta = self._normalise(self.plus_rnk_.astype(np.float64))
         else:
-            delta = self._isotonic(X, np.empty(self.plus_col_.shape[0]))
+            delta = self.isotonic(X, np.empty(self.plus_col_.shape[0]))
         to_stress_units = self.to_stress_units(X, delta)
         X *= to_stress_units
         local = self._local_term(order, to_stress_units)
         check_finite(0, coordinates=X, disparities=delta)
-        # Validation is for the small-n path: its k-d tree queries would add time at 10^6 vertices.
-        validate = self.refinement == "validated" and n <= self.solver_settings().ne_exact_max_n
-        start = X.copy() if validate else None
+        return X, delta, local
 
-        history = [(0, "init", self._stress(X, delta))]
-        # With a local term: its objective after each step 4a (old delta) and 4b-c (new delta).
-        self.local_history_ = [] if local is None else [(0, "init", local.value_and_gradient(X, delta)[0])]
-        t0 = time.perf_counter()
-        cpu0 = time.process_time()  # wall time on a shared machine depends on the neighbours' load
-        iter_times = []
-        prev = history[0][2] if local is None else self.local_history_[0][2]
-        self.converged_ = False
-        with Progress("KNNSCAL", total=int(self.max_iter), enabled=bool(self.verbose)) as bar:
-            for it in range(1, int(self.max_iter) + 1):
-                t_it = time.perf_counter()
-                X = self._configuration_step(X, delta, local)  # 4a
-                # One pass over X for the distances; both stresses and the
-                # isotonic fit read them sequentially.
-                d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
-                s_major = K.stress_from_distances(d, *self.entry_weights(), delta)
-                check_finite(it, coordinates=X)
-                if local is not None:
-                    self.local_history_.append((it, "step", local.value_and_gradient(X, delta)[0]))
-                delta = self._isotonic(X, delta, d)  # 4b, 4c
-                s_iso = K.stress_from_distances(d, *self.entry_weights(), delta)
-                del d
-                check_finite(it, disparities=delta)
-                history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
-                objective = s_iso
-                if local is not None:
-                    objective = local.value_and_gradient(X, delta)[0]
-                    self.local_history_.append((it, "isotonic", objective))
-                iter_times.append(time.perf_counter() - t_it)
-                self._log(
-                    f"n={n:,}: iteration {it} {iter_times[-1]:.2f} s, stress {self.normalised_stress(s_iso):.6g}"
-                )
-                bar.update(1, stress=self.normalised_stress(s_iso))
-                # |change|: with rank gaps the disparity step can raise the
-                # stress, and a rise is not convergence. With a local term the
-                # objective adds the KL, but the change is still measured against the stress.
-                reference = prev if local is None else s_iso / self.weight_total_
-                if reference <= 0 or abs(prev - objective) / reference < float(self.tol):
-                    self.converged_ = True
-                    break
-                prev = objective
-        timings["iterations_s"] = time.perf_counter() - t0
-        timings["iterations_cpu_s"] = time.process_time() - cpu0
-        X, delta = self._validated(X, delta, start, order)
-        del self.in_indptr_, self.in_src_, self.in_entry_, self.perm_, self.affinities_
-        if order is not None:
-            # Back to the input's vertex order: vertex order[r] sits at row r.
-            pos = np.empty(n, dtype=np.int64)
-            pos[order] = np.arange(n)
-            X = np.ascontiguousarray(X[pos])
-            delta = self.relabel(pos, delta)
-        self.n_iter_ = len(iter_times)
-        self.iteration_seconds_ = np.array(iter_times)
-        self.timings_ = timings
-        self.coordinates_ = X
-        self.disparities_ = delta
-        self.stress_history_ = history
-        self.stress_ = self.normalised_stress(history[-1][2])
-        self.rank_disparity_ = self._rank_table(delta)
-        return self
+    def _input_order(
+        self, X: np.ndarray, delta: np.ndarray, order: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Back to the input's vertex order (vertex ``order[r]`` sits at row r)."""
+        if order is None:
+            return X, delta
+        pos = np.empty(X.shape[0], dtype=np.int64)
+        pos[order] = np.arange(X.shape[0])
+        return np.ascontiguousarray(X[pos]), self.relabel(pos, delta)
+
+    def adopt(self, other: KnnScal) -> None:
+        """Take ``other``'s fitted map and everything fitted with it (the start selection's winner)."""
+        self.__dict__.update({name: value for name, value in vars(other).items() if name.endswith("_")})
 
     def to_stress_units(self, X: np.ndarray, delta: np.ndarray) -> float:
         """The factor that scales X to the disparities: argmin_s sum w (delta - s d)^2."""
@@ -822,7 +762,7 @@ class KnnScal(Estimator):
         table[1:] = np.maximum.accumulate(np.where(counts[1:] > 0, table[1:], 0.0))
         return table
 
-    def _polish(self) -> None:
+    def polish(self) -> KnnScal:
         """Step 5: polish the validated map (``knnscal_polish``); keep it only where it fits the graph better.
 
         Sets ``polished_`` and ``polish_scores_`` (each round's order
@@ -833,25 +773,27 @@ class KnnScal(Estimator):
         """
         self.polished_ = False
         self.polish_scores_ = np.empty((0, 3))
-        if not np.isfinite(self.graph_score_) or int(self.polish_rounds) == 0:
-            return
-        X, self.polish_scores_, kept = polish(
+        solver = self.solver_settings()
+        if not np.isfinite(self.graph_score_) or int(solver.polish_rounds) == 0:
+            return self
+        X, self.polish_scores_, kept = polish_map(
             self.coordinates_,
             *self.graph_,
-            rounds=int(self.polish_rounds),
-            sharpness=float(self.polish_sharpness),
+            rounds=int(solver.polish_rounds),
+            sharpness=float(solver.polish_sharpness),
             seed=int(self.random_state),
         )
         if X is None:
-            self._log("polish: no round raised the score without lowering a measure; the map stays")
-            return
+            self.log("polish: no round raised the score without lowering a measure; the map stays")
+            return self
         score = float(self.polish_scores_[kept, :2].sum())
-        self._log(f"polish: round {kept + 1} kept, score {self.graph_score_:.4f} -> {score:.4f}")
-        delta = self._isotonic(X, self.disparities_.copy(), perm=K.row_positions(self.plus_indptr_))
+        self.log(f"polish: round {kept + 1} kept, score {self.graph_score_:.4f} -> {score:.4f}")
+        delta = self.isotonic(X, self.disparities_.copy(), perm=K.row_positions(self.plus_indptr_))
         self.coordinates_ = np.ascontiguousarray(X * self.to_stress_units(X, delta))
         self.disparities_ = delta
         self.rank_disparity_ = self._rank_table(delta)
         self.graph_score_, self.polished_ = score, True
+        return self
 
     def _validated(self, X, delta, start, order):
         """``refinement="validated"``: keep the iterations' map only if it fits the graph at least as well as the start.
@@ -875,7 +817,7 @@ class KnnScal(Estimator):
         if refined >= started:
             return X, delta
         self.refined_ = False
-        return start, self._isotonic(start, delta)
+        return start, self.isotonic(start, delta)
 
     # -------------------------------------------------------------- outputs
     def place(self, ranked_neighbors: Sequence, steps: int = DEFAULT_PLACE_STEPS) -> np.ndarray:

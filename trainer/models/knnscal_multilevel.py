@@ -220,7 +220,7 @@ def multilevel_start(estimator, G, k: int) -> np.ndarray:
     """
     t0 = time.perf_counter()
     coarse_id, lists = coarse_graph(G, k, int(estimator.random_state))
-    estimator._log(
+    estimator.log(
         f"coarsened {G.shape[0]:,} -> {len(lists.vertices):,} vertices in {time.perf_counter() - t0:.1f} s"
     )
     if not coarsens(G.shape[0], lists):

@@ -38,9 +38,9 @@ from ordrec.service.indices.models.rtf import score_posts
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, TagAssignments
 from ordrec.trainer.models import rtf_kernels as K
-from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
 from ordrec.trainer.models.rtf_selection import group_posts
-from ordrec.trainer.models.selection import EarlyStopping
+from ordrec.trainer.models.selection import EarlyStopping, PlateauStopping
 from ordrec.trainer.progress import Progress
 
 # Beyond one post per user, the stopping set may take at most this share of
@@ -92,19 +92,6 @@ class Posts:
 
 
 @dataclass(frozen=True)
-class Plateau:
-    """When the passes stop and which pass is kept (see :class:`RTF`'s parameters of the same names)."""
-
-    patience: int
-    min_iter: int
-    val_tol: float
-    smoothing: int
-    keep_within: float | None
-    learning_rate_drops: int
-    learning_rate_drop_factor: float
-
-
-@dataclass(frozen=True)
 class Passes:
     """What :func:`sgd_passes` leaves besides the trained factors: one record per pass, the
     pass kept, and (with ``keep_within``) the pass the default rule would have kept."""
@@ -123,7 +110,7 @@ class _PlateauWatch:
     """The validation side of the passes: the smoothed criterion, early stopping on it
     (``EarlyStopping``), and the snapshots of the passes worth keeping."""
 
-    def __init__(self, plateau: Plateau):
+    def __init__(self, plateau: PlateauStopping):
         self.plateau = plateau
         self.stopper = EarlyStopping(
             -np.inf, patience=plateau.patience, tol=plateau.val_tol, min_epochs=plateau.min_iter
@@ -184,14 +171,15 @@ def sgd_passes(
     learning_rate_decay: float,
     regs: tuple[float, float, float],
     max_iter: int,
-    plateau: Plateau,
+    plateau: PlateauStopping,
     label: str = "RTF",
     verbose: bool = False,
     on_pass: Callable[[int, dict[str, float]], None] | None = None,
 ) -> Passes:
     """Per-post stochastic gradient ascent (Fig. 5) on ``factors`` in place, pass by pass, until
     ``max_iter`` or a plateau of the validation posts' AUC (``validation``: a post mask);
-    the factors end as those of the kept pass. ``regs`` is ``(reg, reg_core, reg_tags)``."""
+    the factors end as those of the kept pass. ``regs`` is ``(reg, reg_core, reg_tags)``;
+    ``plateau``'s ``validation_posts`` is not read here (``validation`` is the hold-out)."""
     train_idx, val_idx = np.flatnonzero(~validation), np.flatnonzero(validation)
     held = Posts(
         posts.user[val_idx], posts.item[val_idx], *_subset_posts(posts.tag_indptr, posts.tags, val_idx)
@@ -332,26 +320,10 @@ class RTF(Estimator):
         Maximum passes over the posts.
     init_std : float, default 0.1
         Standard deviation of the normal initialisation of every parameter.
-    validation_posts : int, default 1200
-        Training posts held out to stop early on a plateau of their AUC (one per
-        user with two or more posts, then further rounds up to 5% of the posts);
-        0 trains on everything for ``max_iter`` passes.
-    patience : int, default 5
-        Passes without a gain of more than ``val_tol`` before the plateau.
-    min_iter : int, default 10
-        Never stop early before this many passes.
-    val_tol : float, default 1e-4
-        The least gain of the (smoothed) validation AUC that counts.
-    smoothing : int, default 1
-        Stop on the moving average of the last ``smoothing`` validation AUCs (1: the raw value).
-    keep_within : float or None, default None
-        None: keep the pass of the last ``val_tol`` gain; a number: the latest pass
-        whose criterion is within it of the highest seen.
-    learning_rate_drops : int, default 0
-        At a plateau with drops left, restore the best pass, scale the learning rate by
-        ``learning_rate_drop_factor`` and go on; the next plateau stops.
-    learning_rate_drop_factor : float, default 0.5
-        Multiplier of the learning rate at each drop, in (0, 1).
+    early_stopping : PlateauStopping, dict or None, default None
+        The validation hold-out and the plateau rule (``validation_posts``, ``patience``,
+        ``min_iter``, ``val_tol``, ``smoothing``, ``keep_within``, ``learning_rate_drops``,
+        ``learning_rate_drop_factor``); None: ``PlateauStopping()``, a dict: some of its fields.
     popular_top : int, default 200
         Length of the per-user and per-item popular-tag lists shipped for cold start.
     dtype : {"float32", "float64"}, default "float32"
@@ -364,6 +336,7 @@ class RTF(Estimator):
 
     kind = "rtf"
     input_shape = "tags"
+    nested_settings: ClassVar[dict[str, type[Settings]]] = {"early_stopping": PlateauStopping}
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None), list, tuple, str],
@@ -374,14 +347,7 @@ class RTF(Estimator):
         "reg_tags": [None, Interval(Real, 0, None)],
         "max_iter": [Interval(Integral, 1, None)],
         "init_std": [Interval(Real, 0, None)],
-        "validation_posts": [Interval(Integral, 0, None)],
-        "patience": [Interval(Integral, 0, None)],
-        "min_iter": [Interval(Integral, 0, None)],
-        "val_tol": [Interval(Real, None, None)],
-        "smoothing": [Interval(Integral, 1, None)],
-        "keep_within": [None, Interval(Real, 0, None)],
-        "learning_rate_drops": [Interval(Integral, 0, None)],
-        "learning_rate_drop_factor": [Interval(Real, 0, 1, closed="neither")],
+        "early_stopping": [None, PlateauStopping, dict],
         "popular_top": [Interval(Integral, 0, None)],
         "dtype": [Options(str, {"float32", "float64"})],
         "random_state": [Interval(Integral, 0, None)],
@@ -399,14 +365,7 @@ class RTF(Estimator):
         reg_tags: float | None = 0.0,
         max_iter: int = 100,
         init_std: float = 0.1,
-        validation_posts: int = 1200,
-        patience: int = 5,
-        min_iter: int = 10,
-        val_tol: float = 1e-4,
-        smoothing: int = 1,
-        keep_within: float | None = None,
-        learning_rate_drops: int = 0,
-        learning_rate_drop_factor: float = 0.5,
+        early_stopping: PlateauStopping | dict | None = None,
         popular_top: int = 200,
         dtype: str = "float32",
         random_state: int = 0,
@@ -420,14 +379,7 @@ class RTF(Estimator):
         self.reg_tags = reg_tags
         self.max_iter = max_iter
         self.init_std = init_std
-        self.validation_posts = validation_posts
-        self.patience = patience
-        self.min_iter = min_iter
-        self.val_tol = val_tol
-        self.smoothing = smoothing
-        self.keep_within = keep_within
-        self.learning_rate_drops = learning_rate_drops
-        self.learning_rate_drop_factor = learning_rate_drop_factor
+        self.early_stopping = early_stopping
         self.popular_top = popular_top
         self.dtype = dtype
         self.random_state = random_state
@@ -452,17 +404,9 @@ class RTF(Estimator):
         super()._validate_params()
         self.dims()
 
-    def plateau(self) -> Plateau:
-        """The early-stopping settings, as :func:`sgd_passes` takes them."""
-        return Plateau(
-            patience=int(self.patience),
-            min_iter=int(self.min_iter),
-            val_tol=float(self.val_tol),
-            smoothing=int(self.smoothing),
-            keep_within=None if self.keep_within is None else float(self.keep_within),
-            learning_rate_drops=int(self.learning_rate_drops),
-            learning_rate_drop_factor=float(self.learning_rate_drop_factor),
-        )
+    def stopping(self) -> PlateauStopping:
+        """The ``early_stopping`` parameter as a :class:`PlateauStopping`."""
+        return self.settings("early_stopping")
 
     posts_auc = staticmethod(posts_auc)
 
@@ -483,7 +427,8 @@ class RTF(Estimator):
         dims, dtype = self.dims(), np.dtype(self.dtype)
         rng = np.random.default_rng(self.random_state)
         posts = Posts(*group_posts(data.user, data.item, data.tag))
-        validation = validation_mask(posts.user, int(self.validation_posts), rng)
+        stopping = self.stopping()
+        validation = validation_mask(posts.user, int(stopping.validation_posts), rng)
         shapes = [dims, (len(data.users), dims[0]), (len(data.items), dims[1]), (len(data.tags), dims[2])]
         C, U, I, T = (rng.normal(0.0, float(self.init_std), size=s).astype(dtype) for s in shapes)
         self.core_, self.user_factors_, self.item_factors_, self.tag_factors_ = C, U, I, T
@@ -502,12 +447,12 @@ class RTF(Estimator):
                 float(self.reg if self.reg_tags is None else self.reg_tags),
             ),
             max_iter=int(self.max_iter),
-            plateau=self.plateau(),
+            plateau=stopping,
             label=f"RTF-{kU}" if kU == kI == kT else f"RTF-{kU}x{kI}x{kT}",
             verbose=bool(self.verbose),
             on_pass=None if on_epoch is None else lambda epoch, record: on_epoch(epoch, self, record),
         )
-        if self.keep_within is not None:  # the pass the default rule keeps, for side-by-side evaluation
+        if stopping.keep_within is not None:  # the pass the default rule keeps, for side-by-side evaluation
             self.first_plateau_ = passes.first_plateau
         self.history_, self.best_epoch_ = passes.history, passes.best_epoch
         self.epochs_run_ = int(passes.history[-1]["epoch"])
@@ -592,7 +537,7 @@ class RTF(Estimator):
             kind=self.kind,
             arrays=arrays,
             ids={"users": self.users_, "items": self.items_, "tags": self.tags_},
-            hyperparameters=self.get_params(),
+            hyperparameters=self.flat_params(),
             metrics=self._artifact_metrics(),
             attributes={
                 "dims": [kU, kI, kT],

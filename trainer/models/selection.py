@@ -5,8 +5,12 @@ gain over the reference is clearly more than noise."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import ClassVar
 
 import numpy as np
+
+from ordrec.trainer.models.base import Interval, Settings
 
 
 @dataclass(frozen=True)
@@ -83,3 +87,53 @@ class EarlyStopping:
     @property
     def should_stop(self) -> bool:
         return self.epoch >= self.min_epochs and bool(np.all(self.epoch - self.best_epochs >= self.patience))
+
+
+@dataclass(frozen=True)
+class PlateauStopping(Settings):
+    """When a pass-by-pass fit stops on a plateau of its validation score, and which pass it
+    keeps (RTF's ``early_stopping``; the patience and tolerance run through :class:`EarlyStopping`).
+
+    Parameters
+    ----------
+    validation_posts : int, default 1200
+        Training posts held out to stop early on a plateau of their AUC (one per user with
+        two or more posts, then further rounds up to 5% of the posts); 0 trains on everything
+        for ``max_iter`` passes.
+    patience : int, default 5
+        Passes without a gain of more than ``val_tol`` before the plateau.
+    min_iter : int, default 10
+        Never stop early before this many passes.
+    val_tol : float, default 1e-4
+        The least gain of the (smoothed) validation score that counts.
+    smoothing : int, default 1
+        Stop on the moving average of the last ``smoothing`` scores (1: the raw value).
+    keep_within : float or None, default None
+        None: keep the pass of the last ``val_tol`` gain; a number: the latest pass whose
+        criterion is within it of the highest seen.
+    learning_rate_drops : int, default 0
+        At a plateau with drops left, restore the best pass, scale the learning rate by
+        ``learning_rate_drop_factor`` and go on; the next plateau stops.
+    learning_rate_drop_factor : float, default 0.5
+        Multiplier of the learning rate at each drop, in (0, 1).
+    """
+
+    validation_posts: int = 1200
+    patience: int = 5
+    min_iter: int = 10
+    val_tol: float = 1e-4
+    smoothing: int = 1
+    keep_within: float | None = None
+    learning_rate_drops: int = 0
+    learning_rate_drop_factor: float = 0.5
+
+    constraints: ClassVar[dict[str, list]] = {
+        "validation_posts": [Interval(Integral, 0, None)],
+        "patience": [Interval(Integral, 0, None)],
+        "min_iter": [Interval(Integral, 0, None)],
+        "val_tol": [Interval(Real, None, None)],
+        "smoothing": [Interval(Integral, 1, None)],
+        "keep_within": [None, Interval(Real, 0, None)],
+        "learning_rate_drops": [Interval(Integral, 0, None)],
+        "learning_rate_drop_factor": [Interval(Real, 0, 1, closed="neither")],
+    }

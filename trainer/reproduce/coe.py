@@ -226,7 +226,7 @@ def fit_and_evaluate(
     """
     train = data.subset(observed)
     triples = TripleSource.build(train.user, train.item, values[observed], data.n_users, data.n_items)
-    model = COE(**COESolver.merged(dict(params)))
+    model = COE.from_flat(**params)
     start, cpu = time.perf_counter(), time.process_time()
     model.fit_triples(train, triples)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu

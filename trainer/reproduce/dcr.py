@@ -56,7 +56,6 @@ from ordrec.trainer.models.dcr import (
     DCR,
     PAIRWISE_FLAT,
     PAPER_PARAMS,
-    DCRSolver,
     PairwiseDCR,
     ResearchOptions,
     ValidatedRefinement,
@@ -181,7 +180,7 @@ def split_params(params: dict) -> tuple[dict, ResearchOptions, ValidationStoppin
     for name in ("pairwise", *PAIRWISE_FLAT):
         mixed.pop(name, None)
     model_params, research = ResearchOptions.split(mixed)
-    return DCRSolver.merged(model_params), research, stopping
+    return DCR.nest_flat(model_params), research, stopping
 
 
 def refinement_for(params: dict, model: DCR, **overrides) -> PairwiseDCR:

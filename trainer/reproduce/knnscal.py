@@ -51,15 +51,22 @@ from ordrec.service.indices.models.knnscal import KNNSCALIndex
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
+from ordrec.trainer.models.knnscal_selection import FLAT_NAMES, KnnScalStartSelection
 from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DATA_REQUIRED = False
-# KnnScal's parameters as flags of the same names (--edge-weight, --max-iter, ...); n_components
-# and n_neighbors are the protocol's --n-components and --n-neighbors, random_state is --seed.
+# KnnScal's flat settings (its parameters, the solver's fields, the start selection's) as flags of
+# the same names (--edge-weight, --max-iter, --polish-rounds, --ne-starts, ...); n_components and
+# n_neighbors are the protocol's --n-components and --n-neighbors, random_state is --seed.
+FLAT_CONSTRAINTS = {
+    **KnnScal.flat_constraints(),
+    "solver": KnnScal._parameter_constraints["solver"],
+    **{flat: KnnScalStartSelection._parameter_constraints[own] for flat, own in FLAT_NAMES.items()},
+}
 PARAM_FLAGS = tuple(
     name
-    for name in KnnScal.param_names()
+    for name in FLAT_CONSTRAINTS
     if name not in ("n_components", "n_neighbors", "ne_rank_decay", "random_state", "verbose")
 )
 DEFAULT_RUNS = 3
@@ -107,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated reference methods (spectral, isomap, tsne; '' for none);"
         " default: all three with features (--digits), spectral for a bare graph",
     )
-    add_param_flags(parser, KnnScal._parameter_constraints, PARAM_FLAGS)
+    add_param_flags(parser, FLAT_CONSTRAINTS, PARAM_FLAGS)
     parser.add_argument(
         "--ne-rank-decay",
         type=_rank_decay,
@@ -276,11 +283,12 @@ START_PARAMETERS = {"initial_disparities", "neighbor_embedding", "refinement"}
 
 
 def fit_and_score(problem: Problem, method: str, params: dict, dim: int, seed: int, run: int, verbose: bool):
-    """Fit KNNSCAL with ``params`` and score its map through the serving index."""
+    """Fit KNNSCAL with ``params`` (flat, as a job table gives them) and score its map through the serving index."""
     t0 = time.perf_counter()
-    est = KnnScal(n_components=dim, random_state=seed, verbose=verbose, **params).fit(problem.graph)
+    search = KnnScalStartSelection.from_flat(n_components=dim, random_state=seed, verbose=verbose, **params)
+    est = search.fit(problem.graph).estimator_
     fit_s = time.perf_counter() - t0
-    index = KNNSCALIndex.from_artifact(est.to_artifact())
+    index = KNNSCALIndex.from_artifact(search.to_artifact())
     index.smoke()
     metrics = map_metrics(problem, index)
     if verbose:
@@ -296,7 +304,7 @@ def fit_and_score(problem: Problem, method: str, params: dict, dim: int, seed: i
 def run(args) -> list[Row]:
     problem = load_problem(args)
     dim = int(args.n_components)
-    params = given_params(args, "KnnScal", KnnScal._parameter_constraints, (*PARAM_FLAGS, "ne_rank_decay"))
+    params = given_params(args, "KnnScal", FLAT_CONSTRAINTS, (*PARAM_FLAGS, "ne_rank_decay"))
     setting = {"k": problem.k, "dim": dim}
     per_method: dict[str, dict[str, list[float]]] = {}
 

@@ -120,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--n-components", default="8,16,32,64", help="comma-separated RTF dims, one fit each ('' for none)"
     )
-    add_param_flags(parser, RTF._parameter_constraints, PARAM_FLAGS, PARAM_HELP)
+    add_param_flags(parser, RTF.flat_constraints(), PARAM_FLAGS, PARAM_HELP)
     parser.add_argument(
         "--keep-within",
         type=_keep_within_flag,
@@ -164,8 +164,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
-    """``["64:reg_core=1e-6,learning_rate=0.25"]`` -> ``{64: {"reg_core": 1e-6, "learning_rate": 0.25}}``."""
-    defaults = RTF().get_params()
+    """``["64:reg_core=1e-6,learning_rate=0.25"]`` -> ``{64: {"reg_core": 1e-6, "learning_rate": 0.25}}``
+    (keys: RTF's flat settings, its early-stopping fields included)."""
+    defaults = RTF().flat_params()
     allowed = set(defaults) - {"n_components", "random_state", "verbose", "dtype"}
     out: dict[int, dict[str, float]] = {}
     for spec in specs:
@@ -284,7 +285,10 @@ def choose_mix_weight(train: TagAssignments, seed: int, grid: tuple[float, ...] 
     used, so the counting code is the one that serves.
     """
     train, fit_part, val = validation_carve(train, seed)
-    est = RTF(n_components=1, max_iter=1, validation_posts=0, random_state=seed, verbose=False).fit(fit_part)
+    no_stop = {"validation_posts": 0}
+    est = RTF(n_components=1, max_iter=1, early_stopping=no_stop, random_state=seed, verbose=False).fit(
+        fit_part
+    )
     index = RTFIndex.from_artifact(est.to_artifact())
     return best_mix_weight(index, HeldOutPosts(train, val, index), grid)
 
@@ -368,7 +372,7 @@ def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
 
 def _shared_settings(args: argparse.Namespace) -> dict:
     """RTF's settings for every dims: the protocol's, then those given on the command line."""
-    given = given_params(args, "RTF", RTF._parameter_constraints, PARAM_FLAGS)
+    given = given_params(args, "RTF", RTF.flat_constraints(), PARAM_FLAGS)
     return dict(
         PROTOCOL_PARAMS, keep_within=getattr(args, "keep_within", PROTOCOL_PARAMS["keep_within"]), **given
     )
@@ -402,7 +406,8 @@ class Split(NamedTuple):
 def _measure_rtf(args: argparse.Namespace, split: Split, dims: int, per_method: dict):
     """Fit RTF-dims on the split and record it (and its first pass when asked); returns its index and posts."""
     core, test, run_no = split.core, split.test, split.run_no
-    est = RTF(n_components=dims, random_state=split.seed, verbose=not args.quiet, **_fit_settings(args, dims))
+    settings = _fit_settings(args, dims)
+    est = RTF.from_flat(n_components=dims, random_state=split.seed, verbose=not args.quiet, **settings)
     index, tests, metrics, seconds = _fit_and_serve(est, split)
     _record(per_method, f"RTF-{dims}", metrics)
     if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
@@ -448,7 +453,8 @@ def _measure_validated(args: argparse.Namespace, split: Split, per_method: dict)
         "n_components": tuple(int(x) for x in str(args.grid_n_components).split(",") if x.strip()),
         "reg": tuple(float(x) for x in str(args.grid_reg).split(",") if x.strip()),
     }
-    est = RTFGridSearch(RTF(random_state=split.seed, verbose=not args.quiet, **_shared_settings(args)), grid)
+    model = RTF.from_flat(random_state=split.seed, verbose=not args.quiet, **_shared_settings(args))
+    est = RTFGridSearch(model, grid)
     index, tests, metrics, seconds = _fit_and_serve(est, split)
     rtf_f1, mix_f1, se = est.grid_val_f1_
     chosen = est.chosen_params_
