@@ -462,8 +462,8 @@ def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_
     np.random.seed(seed)
     n_users = indptr.shape[0] - 1
     nnz = items.shape[0]
-    # row -> user, built once per call (O(nnz))
-    owner = np.empty(nnz, np.int64)
+    # row -> user, built once per call (O(nnz)); user rows fit int32 (4 bytes per entry, not 8)
+    owner = np.empty(nnz, np.int32)
     for u in range(n_users):
         for p in range(indptr[u], indptr[u + 1]):
             owner[p] = u
