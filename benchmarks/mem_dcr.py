@@ -143,7 +143,9 @@ def write_tsv(data: Ratings, path: str) -> None:
         for lo in range(0, len(data), BLOCK_RATINGS):
             hi = lo + BLOCK_RATINGS
             rows = zip(
-                data.user[lo:hi].tolist(), data.item[lo:hi].tolist(), data.rating[lo:hi].astype(np.int32).tolist()
+                data.user[lo:hi].tolist(),
+                data.item[lo:hi].tolist(),
+                data.rating[lo:hi].astype(np.int32).tolist(),
             )
             out.write("".join(f"{u}\t{i}\t{r}\n" for u, i, r in rows))
 
@@ -192,7 +194,9 @@ def factor_hash(model) -> str:
     return hashlib.sha256(model.U_.tobytes() + model.V_.tobytes()).hexdigest()[:16]
 
 
-def measure(model_name: str, n: int, shape: str, seed: int, folds: int = 3, data_dir: str | None = None) -> dict:
+def measure(
+    model_name: str, n: int, shape: str, seed: int, folds: int = 3, data_dir: str | None = None
+) -> dict:
     """One table row, in this process: generate, time the set-up and one epoch, read the peak."""
     from ordrec.trainer.models.dcr import DCR, ValidatedRefinement
 
@@ -287,7 +291,9 @@ def main() -> None:
     for shape in args.shape.split(","):
         for n in args.ratings.split(","):
             for model_name in args.models.split(","):
-                row = read_row(args, shape, n) if model_name == "read" else run_row(args, model_name, shape, n)
+                row = (
+                    read_row(args, shape, n) if model_name == "read" else run_row(args, model_name, shape, n)
+                )
                 print(format_row(row), flush=True)
                 if args.json:
                     with open(args.json, "a") as f:

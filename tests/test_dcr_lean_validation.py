@@ -114,7 +114,11 @@ def test_validation_scores_the_model_without_changing_or_copying_it():
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(model.U_, U)
     np.testing.assert_array_equal(model.V_, V)
-    for name, own in [("user_factors", model.U_), ("item_factors", model.V_), ("seen_indices", model.seen_indices_)]:
+    for name, own in [
+        ("user_factors", model.U_),
+        ("item_factors", model.V_),
+        ("seen_indices", model.seen_indices_),
+    ]:
         assert not np.shares_memory(artifact.array(name), own), name
 
 

@@ -110,7 +110,7 @@ def _fingerprint(*parts) -> str:
             digest.update("\n".join(part.ids).encode("utf-8"))
         else:
             # The array's own buffer, not a bytes copy of it (4 bytes per rating per column).
-            digest.update(memoryview(np.ascontiguousarray(part)).cast("B"))
+            digest.update(np.ascontiguousarray(part).data)
         digest.update(b"\0")
     return digest.hexdigest()
 
