@@ -21,6 +21,7 @@ from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, holdouts, refinement_scores
 from ordrec.trainer.models.dcr_kernels import held_out_rows
 from ordrec.trainer.models.ranking import served_recall_values
+from tests.test_dcr_eval import ratings as planted
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,23 +62,6 @@ def test_hold_out_rows_leave_the_stream_where_the_lexsort_left_it():
     held_out_rows(user, 30, ours, 0.25, 2)
     lexsort_hold_out(user, 30, theirs, 0.25, 2)
     assert ours.random() == theirs.random()
-
-
-def planted(seed: int, n_users: int = 60, n_items: int = 40, per_user: int = 16) -> Ratings:
-    """Low-rank preferences cut into 1..5, ``per_user`` distinct items per user."""
-    rng = np.random.default_rng(seed)
-    A, B = rng.normal(size=(n_users, 3)), rng.normal(size=(n_items, 3))
-    item = np.concatenate([rng.choice(n_items, per_user, replace=False) for _ in range(n_users)])
-    user = np.repeat(np.arange(n_users), per_user)
-    x = np.einsum("nk,nk->n", A[user], B[item])
-    rating = np.digitize(x, np.quantile(x, [0.1, 0.3, 0.6, 0.85])) + 1
-    return Ratings(
-        IdMap([f"u{i}" for i in range(n_users)]),
-        IdMap([f"i{i}" for i in range(n_items)]),
-        user.astype(np.int32),
-        item.astype(np.int32),
-        rating.astype(np.float32),
-    )
 
 
 @pytest.mark.parametrize("paper", [False, True])
