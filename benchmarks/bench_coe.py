@@ -62,7 +62,8 @@ def _generated(factor: int, seed: int = 0):
 
 # ------------------------------------------------------------ child runs
 def child_train(spec: dict) -> dict:
-    from ordrec.trainer.models.coe import COE, TripleSource, normalise
+    from ordrec.trainer.models.coe import TripleSource, normalise
+    from ordrec.trainer.models.configured import configure
 
     baseline = _rss_mb()
     data = _ml100k(spec["data"]) if spec.get("data") else _generated(spec["factor"])
@@ -72,9 +73,9 @@ def child_train(spec: dict) -> dict:
     triples = TripleSource.build(data.user, data.item, values, data.n_users, data.n_items)
     prep = time.perf_counter() - t0
     params = dict(spec["params"])
-    model = COE(**params)
+    model = configure("coe", params).estimator  # the flat names a job table writes
     # warm-up: load or compile the kernels outside the timed fit
-    COE(**dict(params, max_iter=1, steps_per_epoch=1000)).fit_triples(data, triples)
+    configure("coe", dict(params, max_iter=1, steps_per_epoch=1000)).estimator.fit_triples(data, triples)
     t0 = time.perf_counter()
     model.fit_triples(data, triples)
     fit = time.perf_counter() - t0
@@ -187,13 +188,13 @@ def bench_latency(args) -> None:
     from ordrec.service.indices.models.coe import COEIndex
     from ordrec.service.storage.artifact import Artifact
     from ordrec.service.storage.idmap import IdMap
-    from ordrec.trainer.models.coe import COE
+    from ordrec.trainer.models.configured import configure
     from ordrec.trainer.reproduce.coe import DEFAULTS
 
     print("In-process latency (index methods on row numbers, no gRPC), microseconds")
     print(f"{'map':28s} {'query':32s} {'p50 us':>8s} {'p99 us':>8s} {'cpu p50':>8s} {'cpu p99':>8s}")
     data = _ml100k(args.data)
-    model = COE(**dict(DEFAULTS["sigmoid"], function="sigmoid")).fit(data)
+    model = configure("coe", dict(DEFAULTS["sigmoid"], function="sigmoid")).estimator.fit(data)
     _latency_rows(COEIndex.from_artifact(model.to_artifact()), "ML-100K (943 x 1,413)", args.calls)
 
     rng = np.random.default_rng(1)

@@ -122,7 +122,7 @@ PAPER_TABLE3 = {"netflix1m:20": 1.05, "netflix1m:50": 2.31}  # DCR running time 
 def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
     """Runs in a fresh process: fit ``repeats`` times (refine once more each when
     ``pairwise``), return median times, epochs and memory."""
-    from ordrec.trainer.reproduce.dcr import fit_dcr, median_epochs, validation_split
+    from ordrec.trainer.reproduce.dcr import fit_dcr, median_epochs, refinement_for, validation_split
 
     params = dict(params)
     stop = params.pop("stop", "tol")
@@ -130,7 +130,7 @@ def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
     data = load(spec)
     small = data.subset(np.arange(min(len(data), 1000)))
     warm = fit_dcr(dict(params, max_iter=2), small)
-    warm.refined(pairwise_max_iter=1)
+    refinement_for(params, warm, pairwise_max_iter=1).refined(warm)
     if stop == "validation":
         fit_dcr(dict(params, max_iter=2), *validation_split(small, np.random.default_rng(0)))
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -155,7 +155,7 @@ def train_child(spec: str, params: dict, pairwise: bool, repeats: int) -> dict:
         fit_cpu.append(time.process_time() - c0)
         if pairwise:
             c0, t0 = time.process_time(), time.perf_counter()
-            model.refined()
+            refinement_for(params, model).refined(model)
             refines.append(time.perf_counter() - t0)
             refine_cpu.append(time.process_time() - c0)
     after = resource.getrusage(resource.RUSAGE_SELF)
@@ -333,7 +333,6 @@ def bench_serving(args) -> None:
             max_iter=args.epochs,
             tol=args.tol,
             learning_rate=0.05,
-            learning_rate_decay=0.02,
             random_state=0,
         ).fit(data, research=ResearchOptions(order=args.order))
         indexes.append(

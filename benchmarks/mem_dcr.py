@@ -14,7 +14,7 @@ the epoch's time is the difference. "peak" counts everything above the start: th
 ratings themselves (12 B/rating), the fit's arrays and the factors (shown apart).
 
 Models: ``dcr`` (pointwise, one epoch); ``refine`` (that fit, then one epoch of the pairwise
-refinement, ``DCR.refined``: its time is the refinement's epoch, and both sets of factors are
+refinement, ``PairwiseDCR.refined``: its time is the refinement's epoch, and both sets of factors are
 held); ``pairwise`` (the whole validated fit a job runs: ``ValidatedRefinement`` over
 ``--folds`` hold-outs, one epoch each); ``read`` (the generated ratings written once to a tsv
 file under /tmp, then read by ``read_ratings``, the one line reader, in a fresh process: its
@@ -198,7 +198,7 @@ def measure(
     model_name: str, n: int, shape: str, seed: int, folds: int = 3, data_dir: str | None = None
 ) -> dict:
     """One table row, in this process: generate, time the set-up and one epoch, read the peak."""
-    from ordrec.trainer.models.dcr import DCR, ValidatedRefinement
+    from ordrec.trainer.models.dcr import DCR, PairwiseDCR, ValidatedRefinement
 
     pair_s: list[float] = []
 
@@ -208,11 +208,11 @@ def measure(
         if model_name == "refine":  # the pointwise epoch, then one epoch of the refinement
             point = DCR(max_iter=1).fit(data)
             t = time.perf_counter()
-            refined = point.refined(pairwise_max_iter=1)
+            refined = PairwiseDCR(DCR(max_iter=1), max_iter=1).refined(point)
             pair_s.append(time.perf_counter() - t)
             return refined
         # As a job fits it: the refinement kept only where it wins on hold-outs.
-        validated = ValidatedRefinement(DCR(max_iter=1, pairwise=True, pairwise_max_iter=1), folds=folds)
+        validated = ValidatedRefinement(PairwiseDCR(DCR(max_iter=1), max_iter=1), folds=folds)
         return validated.fit(data).best_estimator_
 
     # Warm the numba kernels on a small set, so compiling is neither timed nor counted.

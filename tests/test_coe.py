@@ -17,12 +17,12 @@ from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
-from ordrec.trainer.models.coe import COE, TripleSource, normalise
+from ordrec.trainer.models.coe import COE, COESolver, TripleSource, normalise
 from ordrec.trainer.reproduce import coe as protocol
 from tests.conftest import data_file
 
 # The paper's objective (the estimator defaults are the top-N settings, docs/coe.md).
-PAPER = dict(unrated_share=0.0, type_a_share=None)
+PAPER = dict(unrated_share=0.0, solver=COESolver(type_a_share=None))
 
 
 def ratings_from(user, item, rating, n_users=None, n_items=None) -> Ratings:

@@ -13,9 +13,9 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.models import coe_kernels as K
-from ordrec.trainer.models.coe import COE, TripleSource, normalise
+from ordrec.trainer.models.coe import COE, COESolver, TripleSource, normalise
 
-PAPER = dict(unrated_share=0.0, type_a_share=None)
+PAPER = dict(unrated_share=0.0, solver=COESolver(type_a_share=None))
 
 
 def ratings_from(user, item, rating, n_users, n_items) -> Ratings:
@@ -142,7 +142,9 @@ def test_paper_path_is_unchanged_by_the_unrated_draws():
         hashlib.sha256(draws.tobytes()).hexdigest()
         == "9ac7f5ee9b1b303f6e1beff59bee7fcc0821c38d43eb7547e8ae3a3a8cac38fb"
     )
-    params = dict(PAPER, n_components=2, lam=4.0, max_iter=3, group_power=0.0)
+    params = dict(
+        PAPER, n_components=2, lam=4.0, max_iter=3, solver=COESolver(type_a_share=None, group_power=0.0)
+    )
     model = COE(**params).fit(data)
     np.testing.assert_allclose(
         model.user_coords_[:3],
@@ -150,15 +152,17 @@ def test_paper_path_is_unchanged_by_the_unrated_draws():
         rtol=1e-6,
         atol=1e-7,
     )
-    other_power = COE(**params, unrated_power=1.0).fit(data)
+    other_power = COE(
+        **dict(params, solver=COESolver(type_a_share=None, group_power=0.0, unrated_power=1.0))
+    ).fit(data)
     np.testing.assert_array_equal(other_power.item_coords_, model.item_coords_)
 
 
 # ------------------------------------------------------------------ estimator
 def test_parameter_checks_and_degenerate_data():
     data = random_ratings(2)
-    for bad in (dict(unrated_share=1.5), dict(unrated_share=-0.1), dict(unrated_power=-1.0)):
-        with pytest.raises(ValueError, match=next(iter(bad))):
+    for bad in (dict(unrated_share=1.5), dict(unrated_share=-0.1), dict(solver={"unrated_power": -1.0})):
+        with pytest.raises(ValueError, match=next(iter(bad)) if "solver" not in bad else "unrated_power"):
             COE(**bad).fit(data)
     # every user rated every item: no unrated item to draw
     full = ratings_from(np.repeat([0, 1], 3), np.tile([0, 1, 2], 2), [1, 2, 3, 3, 2, 1], 2, 3)

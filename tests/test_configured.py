@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ordrec.trainer.models.coe import COE, COESolver
 from ordrec.trainer.models.configured import accepted_params, configure
-from ordrec.trainer.models.dcr import DCR, EarlyStoppedDCR, ValidatedRefinement
+from ordrec.trainer.models.dcr import DCR, DCRSolver, EarlyStoppedDCR, PairwiseDCR, ValidatedRefinement
 from tests.test_dcr import planted
 
 
@@ -19,7 +20,53 @@ def test_dcr_takes_its_parameters_its_model_selection_and_its_serving_choices_by
     assert {"early_stopping", "val_tol", "pairwise_validation", "ann_min_items", "item_shrinkage"} <= set(
         names
     )
-    assert accepted_params("coe") == configure("coe", {}).estimator.param_names()
+    assert {"pairwise", "pairwise_learning_rate", "pairs_per_epoch", "learning_rate_decay", "dtype"} <= set(
+        names
+    )
+    assert accepted_params("coe") == COE.param_names() + COESolver.names()
+
+
+def test_the_solver_fields_given_flat_become_the_solver_and_are_recorded_flat():
+    dcr = configure("dcr", {"dtype": "float64", "unrated_power": 0.2, "n_components": 2, "max_iter": 1})
+    assert dcr.estimator.solver == DCRSolver(unrated_power=0.2, dtype="float64")
+    # a flat field wins over the same field of a given solver dict
+    both = configure("dcr", {"solver": {"dtype": "float64", "learning_rate_decay": 0.5}, "dtype": "float32"})
+    assert both.estimator.solver == DCRSolver(learning_rate_decay=0.5, dtype="float32")
+    coe = configure("coe", {"group_power": 0.5, "type_a_share": None, "n_components": 2, "max_iter": 1})
+    assert coe.estimator.solver == COESolver(group_power=0.5, type_a_share=None)
+    data = planted(3, n_users=20, n_items=15, per_user=8)
+    recorded = dcr.fit(data).to_artifact().hyperparameters
+    assert (recorded["dtype"], recorded["unrated_power"], recorded["learning_rate_decay"]) == (
+        "float64",
+        0.2,
+        0.02,
+    )
+    assert "solver" not in recorded and recorded["pairwise"] is False
+    recorded = coe.fit(data).to_artifact().hyperparameters
+    assert (recorded["group_power"], recorded["type_a_share"], recorded["steps_per_epoch"]) == (0.5, None, 0)
+    assert "solver" not in recorded
+
+
+def test_the_pairwise_settings_given_flat_become_the_refinement_and_are_recorded_flat():
+    flat = {
+        "pairwise_learning_rate": 0.03,
+        "pairwise_reg": 0.01,
+        "pairwise_max_iter": 2,
+        "pairs_per_epoch": 0.5,
+    }
+    always = configure(
+        "dcr", {"pairwise": True, "pairwise_validation": False, "n_components": 2, "max_iter": 1, **flat}
+    )
+    assert isinstance(always.estimator, PairwiseDCR)
+    assert always.estimator.settings() == {
+        "learning_rate": 0.03,
+        "reg": 0.01,
+        "max_iter": 2,
+        "pairs_per_epoch": 0.5,
+    }
+    artifact = always.fit(planted(3, n_users=20, n_items=15, per_user=8)).to_artifact()
+    assert artifact.attributes["pairwise"] is True and artifact.hyperparameters["pairwise"] is True
+    assert {name: artifact.hyperparameters[name] for name in flat} == flat
 
 
 def test_the_flat_settings_build_the_wrappers():
@@ -28,11 +75,13 @@ def test_the_flat_settings_build_the_wrappers():
     refined = configure("dcr", {"pairwise": True, "pairwise_margin": 0.01, "validation_folds": 2})
     assert isinstance(refined.estimator, ValidatedRefinement)
     assert (refined.estimator.margin, refined.estimator.folds) == (0.01, 2)
+    assert isinstance(refined.estimator.estimator, PairwiseDCR)
     always = configure("dcr", {"pairwise": True, "pairwise_validation": False})
-    assert type(always.estimator) is DCR and always.estimator.pairwise
+    assert type(always.estimator) is PairwiseDCR and type(always.estimator.estimator) is DCR
     stopped = configure("dcr", {"early_stopping": True, "val_tol": 0.01, "patience": 3, "pairwise": True})
     assert isinstance(stopped.estimator, EarlyStoppedDCR)
     assert isinstance(stopped.estimator.estimator, ValidatedRefinement)
+    assert stopped.estimator.model is stopped.estimator.estimator.estimator.estimator
     assert (stopped.estimator.stopping.patience, stopped.estimator.stopping.tol) == (3, 0.01)
     assert stopped.selection == ("pairwise", "early_stopping")
     served = configure("dcr", {"ann_min_items": 5, "item_shrinkage": 2.0})
@@ -68,11 +117,33 @@ def test_the_serving_choices_reach_the_artifact():
         ({"ann_params": "hnsw"}, "ann_params"),
         ({"ann_params": {"efSearch": 3}}, "efSearch"),
         ({"n_components": 0}, "n_components"),
+        ({"dtype": "float16"}, "dtype"),
+        ({"unrated_power": 2.0}, "unrated_power"),
+        ({"learning_rate_decay": -1.0}, "learning_rate_decay"),
+        ({"solver": {"steps": 3}}, "steps"),
+        ({"pairwise": "yes"}, "pairwise"),
+        ({"pairwise_max_iter": -1}, "pairwise_max_iter"),
+        ({"pairs_per_epoch": "many"}, "pairs_per_epoch"),
     ],
 )
 def test_a_bad_or_unknown_setting_is_refused_by_name_before_any_fitting(params, name):
     with pytest.raises(ValueError, match=name):
         configure("dcr", params).fit(planted(0, n_users=5, n_items=5, per_user=3))
+
+
+@pytest.mark.parametrize(
+    "params,name",
+    [
+        ({"group_power": "x"}, "group_power"),
+        ({"type_a_share": 1.5}, "type_a_share"),
+        ({"steps_per_epoch": -1}, "steps_per_epoch"),
+        ({"solver": {"dtype": "float64"}}, "dtype"),
+        ({"solver": "fast"}, "solver"),
+    ],
+)
+def test_a_bad_coe_setting_is_refused_by_name_before_any_fitting(params, name):
+    with pytest.raises(ValueError, match=name):
+        configure("coe", params).fit(planted(0, n_users=5, n_items=5, per_user=3))
 
 
 def test_model_selection_never_reaches_a_cluster():
@@ -89,6 +160,9 @@ def test_model_selection_never_reaches_a_cluster():
             "n_components": st.integers(1, 64),
             "learning_rate": st.floats(0.001, 1.0),
             "pairwise": st.booleans(),
+            "pairwise_max_iter": st.integers(0, 50),
+            "dtype": st.sampled_from(["float32", "float64"]),
+            "unrated_power": st.floats(0.0, 1.0),
             "early_stopping": st.booleans(),
             "validation_folds": st.integers(1, 5),
             "pairwise_validation": st.booleans(),
@@ -102,5 +176,18 @@ def test_the_model_keeps_exactly_the_model_parameters_given(params):
     while not isinstance(estimator, DCR):
         estimator = estimator.estimator
     model_params = {k: v for k, v in params.items() if k in DCR.param_names()}
-    assert estimator.get_params() == dict(DCR().get_params(), **model_params)
+    solver = {k: v for k, v in params.items() if k in DCRSolver.names()}
+    assert estimator.get_params() == dict(
+        DCR().get_params(), **model_params, solver=DCRSolver(**solver) if solver else None
+    )
+    refinement = (
+        configured.estimator.estimator
+        if isinstance(configured.estimator, EarlyStoppedDCR)
+        else configured.estimator
+    )
+    if isinstance(refinement, ValidatedRefinement):
+        refinement = refinement.estimator
+    assert isinstance(refinement, PairwiseDCR) == bool(params.get("pairwise"))
+    if params.get("pairwise"):
+        assert refinement.max_iter == params.get("pairwise_max_iter", 20)
     assert ("early_stopping" in configured.selection) == bool(params.get("early_stopping"))

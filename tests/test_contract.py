@@ -4,6 +4,8 @@ index, and recovery of a planted structure whose right answer is known."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import numpy as np
 import pytest
 from scipy.stats import kendalltau
@@ -12,6 +14,8 @@ from ordrec.service.indices.models import build_index, kinds
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer import sample
 from ordrec.trainer.models import estimator_class
+from ordrec.trainer.models.coe import COESolver
+from ordrec.trainer.models.configured import accepted_params
 from ordrec.trainer.models.dcr import PAPER_PARAMS
 
 
@@ -75,7 +79,7 @@ def _coe():
     # the rating order is the paper's objective; the defaults' top-N objective (which items a
     # user picks at all) has its planted test in tests/test_coe_topn.py
     data, truth = sample.planted_ratings_with_truth(seed=1)
-    params = {"max_iter": 10, "n_components": 2, "unrated_share": 0.0, "type_a_share": None}
+    params = {"max_iter": 10, "n_components": 2, "unrated_share": 0.0, "solver": COESolver(type_a_share=None)}
     return data, params, lambda index: users_concordance(index, truth.latent()), 0.6
 
 
@@ -141,10 +145,14 @@ def test_artifact_round_trip_serves_the_same(fitted, tmp_path):
     registry.publish(kind, artifact)
     loaded = registry.load(kind)
     assert loaded.kind == kind
+    # The manifest records the settings under the names a job table writes: the estimator's
+    # parameters, DCR's and COE's solver fields flat beside them, DCR's refinement and selection.
     params = estimator.get_params()
-    assert set(loaded.hyperparameters) <= set(params)  # the manifest records the estimator's own parameters
+    if kind in ("dcr", "coe"):
+        params.update(asdict(estimator.solver_settings()))
+    assert set(loaded.hyperparameters) <= set(accepted_params(kind))
     for key, value in loaded.hyperparameters.items():
-        if params[key] is not None and not isinstance(params[key], (list, tuple)):
+        if params.get(key) is not None and not isinstance(params[key], (list, tuple)):
             assert value == params[key], key
     in_memory, served = build_index(artifact), build_index(loaded)
     assert quality(in_memory) == pytest.approx(quality(served), abs=1e-5)

@@ -18,6 +18,8 @@ from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.dcr import (
     DCR,
     PAPER_PARAMS,
+    DCRSolver,
+    PairwiseDCR,
     ResearchOptions,
     ValidatedRefinement,
     lazy_zeros,
@@ -234,7 +236,10 @@ def test_float32_training_follows_the_float64_fit():
     """float32 factors (the default) change rounding, not the fit."""
     data = planted(2)
     params = dict(n_components=6, learning_rate=0.05, max_iter=15, tol=0.0, random_state=1)
-    single, double = PaperDCR(**params).fit(data), PaperDCR(dtype="float64", **params).fit(data)
+    single, double = (
+        PaperDCR(**params).fit(data),
+        PaperDCR(solver=DCRSolver(dtype="float64"), **params).fit(data),
+    )
     assert single.U_.dtype == np.float32 and double.U_.dtype == np.float64
     np.testing.assert_allclose(single.U_, double.U_, atol=1e-4)
     np.testing.assert_allclose(single.V_, double.V_, atol=1e-4)
@@ -262,16 +267,11 @@ def test_lazy_zeros_are_writable_zeros():
 )  # |U| = 1 + 10 float32 eps, found by hypothesis
 def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     data = planted(seed, n_users=20, n_items=15, per_user=8)
-    model = PaperDCR(
-        n_components=4,
-        max_iter=3,
-        learning_rate=0.5,
-        random_state=seed,
-        pairwise=True,
-        pairwise_max_iter=2,
-        pairwise_learning_rate=0.5,
-        dtype=dtype,
-    ).fit(data, research=ResearchOptions(item_bias=bias, projection=projection))
+    pointwise = PaperDCR(
+        n_components=4, max_iter=3, learning_rate=0.5, random_state=seed, solver=DCRSolver(dtype=dtype)
+    )
+    research = ResearchOptions(item_bias=bias, projection=projection)
+    model = PairwiseDCR(pointwise, max_iter=2, learning_rate=0.5).fit(data, research=research).best_estimator_
     # The steps rescale by a norm predicted from float32 inner products, whose terms cancel when the
     # step is large: up to 43 float32 eps (5.1e-6) over 800 fits of this test's settings. An
     # unprojected step leaves by about 3 % (|u'|^2 = c^2 + 2cb u.v + b^2, b = lr g >= 0.25).
@@ -327,7 +327,7 @@ def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs(order):
                         count += 1
         return total / count
 
-    refined = model.refined(pairwise_max_iter=10, pairwise_learning_rate=0.05, pairwise_reg=0.0)
+    refined = PairwiseDCR(model, max_iter=10, learning_rate=0.05, reg=0.0).refined(model)
     assert mean_pair_loss(refined) < mean_pair_loss(model) - 0.01
     # the DCR fit it started from is untouched
     assert not np.shares_memory(refined.U_, model.U_)
@@ -354,8 +354,16 @@ def test_pairwise_by_user_draws_each_users_share_of_pairs():
 
 def test_same_seed_same_model_other_seed_other_model():
     data = planted(3, n_users=30, n_items=20, per_user=10)
-    a = PaperDCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
-    b = PaperDCR(n_components=4, max_iter=3, random_state=5, pairwise=True, pairwise_max_iter=2).fit(data)
+    a = (
+        PairwiseDCR(PaperDCR(n_components=4, max_iter=3, random_state=5), max_iter=2)
+        .fit(data)
+        .best_estimator_
+    )
+    b = (
+        PairwiseDCR(PaperDCR(n_components=4, max_iter=3, random_state=5), max_iter=2)
+        .fit(data)
+        .best_estimator_
+    )
     c = PaperDCR(n_components=4, max_iter=3, random_state=6).fit(data)
     np.testing.assert_array_equal(a.U_, b.U_)
     np.testing.assert_array_equal(a.V_, b.V_)
@@ -447,6 +455,8 @@ def test_users_and_items_without_training_ratings_are_served_at_one_half():
         dict(patience=0),
         dict(order="zigzag"),
         dict(tol=-1.0),
+        dict(dtype="float16"),
+        dict(pairwise=True, pairwise_max_iter=-1),
     ],
 )
 def test_bad_parameters_are_refused(bad):
@@ -487,9 +497,7 @@ def test_explicit_levels_keep_unused_values_and_reject_strangers():
 # ------------------------------------------------------------ artifact
 def test_registry_round_trip_serves_the_same_scores(tmp_path):
     data = planted(6, n_users=30, n_items=25, per_user=10)
-    model = estimator_class("dcr")(
-        n_components=3, max_iter=4, random_state=1, pairwise=True, pairwise_max_iter=2
-    )
+    model = PairwiseDCR(estimator_class("dcr")(n_components=3, max_iter=4, random_state=1), max_iter=2)
     model.fit(data)
     artifact = model.to_artifact(item_shrinkage=3.0)
     registry = Registry(tmp_path)
@@ -534,33 +542,31 @@ def test_bad_serving_choices_are_refused_by_name(serving, name):
         model.to_artifact(**serving)
 
 
-def _pairwise_params(**changes):
-    return dict(
-        dict(n_components=6, max_iter=30, learning_rate=0.05, random_state=0, pairwise=True), **changes
-    )
+POINTWISE = dict(n_components=6, max_iter=30, learning_rate=0.05, random_state=0)
 
 
 def test_a_refinement_that_hurts_on_validation_is_dropped():
     """A refinement forced far off (a huge step and penalty) loses on the hold-outs: the
     fit keeps the pointwise factors, exactly those of the same fit without refinement."""
     data = planted(4, n_users=80, n_items=50, per_user=24)
-    hurt = dict(pairwise_learning_rate=50.0, pairwise_reg=5.0, pairwise_max_iter=5)
-    model = ValidatedRefinement(PaperDCR(**_pairwise_params(**hurt))).fit(data).best_estimator_
+    hurt = dict(learning_rate=50.0, reg=5.0, max_iter=5)
+    model = ValidatedRefinement(PairwiseDCR(PaperDCR(**POINTWISE), **hurt)).fit(data).best_estimator_
     assert model.pairwise_kept_ is False
     point, pair, se = model.pairwise_val_ndcg_
     assert pair < point
-    plain = PaperDCR(**_pairwise_params(pairwise=False)).fit(data)
+    plain = PaperDCR(**POINTWISE).fit(data)
     np.testing.assert_array_equal(model.U_, plain.U_)
     np.testing.assert_array_equal(model.V_, plain.V_)
     artifact = model.to_artifact()
     assert artifact.metrics["pairwise_kept"] == 0.0
-    assert artifact.attributes["pairwise_kept"] is False
+    assert artifact.attributes["pairwise_kept"] is False and artifact.attributes["pairwise"] is True
+    assert artifact.hyperparameters["pairwise_learning_rate"] == 50.0
     # the same decision after the fit, as the protocol takes it
-    chosen = ValidatedRefinement(plain).refine(plain, data, **hurt)
-    assert chosen.pairwise_kept_ is False and chosen.pairwise
+    chosen = ValidatedRefinement(PairwiseDCR(plain, **hurt)).refine(plain, data)
+    assert chosen.pairwise_kept_ is False and chosen.to_artifact().attributes["pairwise"] is True
     np.testing.assert_array_equal(chosen.U_, plain.U_)
-    # without validation (the estimator alone) the refinement is applied regardless
-    forced = PaperDCR(**_pairwise_params(**hurt)).fit(data)
+    # without validation (the refinement alone) it is applied regardless
+    forced = PairwiseDCR(PaperDCR(**POINTWISE), **hurt).fit(data).best_estimator_
     assert forced.pairwise_kept_ is True and not np.array_equal(forced.U_, plain.U_)
 
 
@@ -568,31 +574,68 @@ def test_a_refinement_that_helps_on_validation_is_kept():
     """From an under-trained pointwise fit (one small step), a sound refinement raises
     validation NDCG@10 and is kept."""
     data = planted(5, n_users=80, n_items=50, per_user=24)
-    params = _pairwise_params(
-        max_iter=1, learning_rate=0.001, pairwise_learning_rate=0.1, pairwise_max_iter=20, pairwise_reg=0.0
-    )
-    model = ValidatedRefinement(PaperDCR(**params)).fit(data).best_estimator_
+    params = dict(POINTWISE, max_iter=1, learning_rate=0.001)
+    sound = dict(learning_rate=0.1, max_iter=20, reg=0.0)
+    model = ValidatedRefinement(PairwiseDCR(PaperDCR(**params), **sound)).fit(data).best_estimator_
     point, pair, se = model.pairwise_val_ndcg_
     assert model.pairwise_kept_ is True and pair > point + 2 * se
-    plain = PaperDCR(**dict(params, pairwise=False)).fit(data)
+    plain = PaperDCR(**params).fit(data)
     assert not np.array_equal(model.U_, plain.U_)
-    # kept: exactly the estimator's own refinement, which continues the fit's random stream
-    np.testing.assert_array_equal(model.U_, PaperDCR(**params).fit(data).U_)
+    # kept: exactly the refinement alone, which continues the fit's random stream
+    np.testing.assert_array_equal(
+        model.U_, PairwiseDCR(PaperDCR(**params), **sound).fit(data).best_estimator_.U_
+    )
     assert model.to_artifact().metrics["pairwise_kept"] == 1.0
-    chosen = ValidatedRefinement(plain).refine(plain, data)
+    chosen = ValidatedRefinement(PairwiseDCR(plain, **sound)).refine(plain, data)
     assert chosen.pairwise_kept_ is True
-    np.testing.assert_array_equal(chosen.U_, plain.refined().U_)
+    np.testing.assert_array_equal(chosen.U_, PairwiseDCR(plain, **sound).refined(plain).U_)
+
+
+def test_a_plain_fit_records_no_refinement_and_a_refined_one_its_settings():
+    data = planted(6, n_users=20, n_items=15, per_user=8)
+    plain = PaperDCR(n_components=3, max_iter=2).fit(data)
+    recorded = plain.to_artifact()
+    assert recorded.attributes["pairwise"] is False and "train_pairwise_loss" not in recorded.metrics
+    assert recorded.hyperparameters["pairwise"] is False
+    refined = PairwiseDCR(plain, max_iter=3, pairs_per_epoch=0.5).refined(plain).to_artifact()
+    assert refined.attributes["pairwise"] is True and np.isfinite(refined.metrics["train_pairwise_loss"])
+    assert (refined.hyperparameters["pairwise_max_iter"], refined.hyperparameters["pairs_per_epoch"]) == (
+        3,
+        0.5,
+    )
+    # the copy is refined, the pointwise model it came from is not
+    assert plain.to_artifact().attributes["pairwise"] is False
+
+
+@pytest.mark.parametrize(
+    "bad", [dict(learning_rate=-1.0), dict(reg=float("nan")), dict(max_iter=2.5), dict(pairs_per_epoch=True)]
+)
+def test_pairwise_dcr_refuses_bad_settings_by_name(bad):
+    data = planted(6, n_users=20, n_items=15, per_user=8)
+    with pytest.raises(ValueError, match=repr(next(iter(bad)))):
+        PairwiseDCR(PaperDCR(n_components=3, max_iter=2), **bad).fit(data)
+    with pytest.raises(ValueError, match="fit the model"):
+        PairwiseDCR(PaperDCR()).refined(PaperDCR())
+
+
+@pytest.mark.parametrize(
+    "solver,name",
+    [({"dtype": "float16"}, "dtype"), ({"unrated_power": 1.5}, "unrated_power"), ({"decay": 0.1}, "decay")],
+)
+def test_a_bad_solver_is_refused_by_name(solver, name):
+    with pytest.raises(ValueError, match=name):
+        DCR(n_components=2, max_iter=1, solver=solver).fit(planted(0, n_users=5, n_items=5, per_user=3))
 
 
 def test_validated_refinement_needs_the_fitted_ratings():
     data = planted(6, n_users=20, n_items=15, per_user=8)
     model = PaperDCR(n_components=3, max_iter=2).fit(data)
     with pytest.raises(ValueError, match="fitted on"):
-        ValidatedRefinement(model).refine(model, planted(7, n_users=20, n_items=15, per_user=8))
+        ValidatedRefinement(PairwiseDCR(model)).refine(model, planted(7, n_users=20, n_items=15, per_user=8))
 
 
 @pytest.mark.parametrize("bad", [dict(folds=0), dict(fraction=1.0), dict(margin=-0.1), dict(confidence=True)])
 def test_validated_refinement_refuses_bad_settings_by_name(bad):
     data = planted(6, n_users=20, n_items=15, per_user=8)
     with pytest.raises(ValueError, match=repr(next(iter(bad)))):
-        ValidatedRefinement(PaperDCR(n_components=3, max_iter=2, pairwise=True), **bad).fit(data)
+        ValidatedRefinement(PairwiseDCR(PaperDCR(n_components=3, max_iter=2)), **bad).fit(data)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.models.configured import configure
-from ordrec.trainer.models.dcr import DCR
+from ordrec.trainer.models.dcr import DCR, PairwiseDCR
 from ordrec.trainer.models.dcr_distributed import (
     DistributedFit,
     InProcess,
@@ -123,7 +123,7 @@ def test_one_block_is_the_sequential_kernel_on_the_same_visiting_order():
 def test_unsupported_options_are_refused_by_name():
     _, train, _ = data_and_split()
     with pytest.raises(ValueError, match="pairwise"):
-        DistributedFit(DCR(pairwise=True), InProcess()).fit(train)
+        DistributedFit(PairwiseDCR(DCR()), InProcess()).fit(train)
     # model selection wraps the estimator, so it never reaches the cluster
     for option in ("pairwise", "early_stopping"):
         with pytest.raises(ValueError, match=option):

@@ -12,7 +12,9 @@ from ordrec.trainer.data.types import DataError
 from ordrec.trainer.models.dcr import (
     DCR,
     PAPER_PARAMS,
+    DCRSolver,
     EarlyStoppedDCR,
+    PairwiseDCR,
     ResearchOptions,
     ValidationStopping,
     holdouts,
@@ -66,7 +68,12 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
     data = make_ratings(data.user, data.item, data.rating, data.n_users, data.n_items + 1)
     # float64 factors: the check is to 1e-9, below float32's resolution
     model = PaperDCR(
-        n_components=5, max_iter=0, init="marginal", init_std=0.0, dtype="float64", random_state=0
+        n_components=5,
+        max_iter=0,
+        init="marginal",
+        init_std=0.0,
+        solver=DCRSolver(dtype="float64"),
+        random_state=0,
     ).fit(data, research=ResearchOptions(init_shrinkage=beta, item_bias=bias))
     want = damped_marginals(data, beta if beta > 0 else 1e-12)
     # 2P - 1 = U.V lives in the free coordinates' ball: radius sqrt(1 - s^2) under item_bias
@@ -211,7 +218,7 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
         random_state=3,
     )
     rule = ValidationStopping(patience=3)
-    stopped = EarlyStoppedDCR(PaperDCR(pairwise=True, pairwise_max_iter=2, **params), folds=3, stopping=rule)
+    stopped = EarlyStoppedDCR(PairwiseDCR(PaperDCR(**params), max_iter=2), folds=3, stopping=rule)
     model = stopped.fit(data).best_estimator_
     # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
     stops = [

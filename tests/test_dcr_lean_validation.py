@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, holdouts, refinement_scores
+from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS, PairwiseDCR, holdouts, refinement_scores
 from ordrec.trainer.models.dcr_kernels import held_out_rows
 from ordrec.trainer.models.ranking import served_recall_values
 from tests.test_dcr_eval import ratings as planted
@@ -67,16 +67,17 @@ def test_hold_out_rows_leave_the_stream_where_the_lexsort_left_it():
 @pytest.mark.parametrize("paper", [False, True])
 def test_refinement_scores_are_those_of_copied_folds_and_copied_refinements(paper):
     """Each fold's ratings held once and its fit refined in place score exactly what the fold's
-    own Ratings, a fresh fit and ``DCR.refined`` (a copy) score."""
+    own Ratings, a fresh fit and ``PairwiseDCR.refined`` (a copy) score."""
     data = planted(1)
-    params = dict(n_components=4, max_iter=2, pairwise_max_iter=2, random_state=3)
+    params = dict(n_components=4, max_iter=2, random_state=3)
     model = DCR(**(dict(params, **PAPER_PARAMS) if paper else params)).fit(data)
-    point, refined = refinement_scores(model, data, 2, 0.25, pairwise_learning_rate=0.05)
+    refinement = PairwiseDCR(model, learning_rate=0.05, max_iter=2)
+    point, refined = refinement_scores(model, data, 2, 0.25, refinement)
     want_point, want_refined = [], []
     for fit, val in holdouts(data, np.random.default_rng([3, 3]), 2):
-        fold = DCR(**dict(model.get_params(), pairwise=False)).fit(fit)
+        fold = DCR(**model.get_params()).fit(fit)
         want_point.append(fold.validation_values(val))
-        want_refined.append(fold.refined(pairwise_learning_rate=0.05).validation_values(val))
+        want_refined.append(refinement.refined(fold).validation_values(val))
     # Folds holding out the same users are averaged per user, others paired within folds.
     same = len({v.size for v in want_point}) == 1
     combine = (lambda values: np.mean(values, axis=0)) if same else np.concatenate

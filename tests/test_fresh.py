@@ -22,8 +22,22 @@ from ordrec.service.indices.item_attributes import ItemAttributeTable, read_item
 from ordrec.service.indices.models import build_index
 from ordrec.service.indices.models.coe import COEIndex
 from ordrec.service.indices.models.dcr import DCRIndex
-from ordrec.service.indices.rules import ATTRIBUTES_KEY, ItemAttributes, encode_item_attributes
-from ordrec.service.live.fresh import FreshEvidence, FreshItems, fresh_attributes, merge_fresh
+from ordrec.service.indices.rules import (
+    ATTRIBUTES_KEY,
+    Eligible,
+    ItemAttributes,
+    combine,
+    encode_item_attributes,
+)
+from ordrec.service.live.fresh import (
+    FreshEvidence,
+    FreshItems,
+    FreshOverlay,
+    FreshRules,
+    fresh_attributes,
+    merge_fresh,
+    similar_with_fresh,
+)
 from ordrec.service.live.redis_state import RedisSeenStore
 from ordrec.service.live.seen import Recorded, SeenStore
 from ordrec.service.metrics import Metrics
@@ -37,6 +51,8 @@ from ordrec.v1 import recommender_pb2_grpc
 from tests.conftest import wait_until
 from tests.fresh_planted import PlantedFresh, caught, planted_fresh, stream_entries
 from tests.test_dcr_index import artifact as dcr_artifact
+from tests.test_item_features import COE, DCR
+from tests.test_rules import GENRES
 
 
 class Context:
@@ -146,6 +162,78 @@ def test_merging_keeps_the_n_best_of_both_lists(trained, fresh, n):
     assert np.all(np.diff(scores) <= 0)
 
 
+# ------------------------------------------------------------ similar items
+def exact_similarities(index, vectors: np.ndarray, query: list[int]) -> np.ndarray:
+    """The documented similarity (docs/service.md, "Similar items") of every row of ``vectors``
+    to the basket ``query`` (rows of ``vectors``), the slow way: per query item, in float64."""
+    x = vectors.astype(np.float64)
+    if index.kind == "dcr":
+        weights = index.weights.repeat(index.rank)
+        return np.mean([(x * weights) @ x[q] for q in query], axis=0)
+    return -np.mean([np.linalg.norm(x - x[q], axis=1) for q in query], axis=0)
+
+
+def merged_rows(min_size: int, max_size: int):
+    """Lists of rows over 60 trained and 8 fresh items."""
+    return st.lists(st.integers(0, 67), min_size=min_size, max_size=max_size)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["dcr", "coe"]),
+    query=merged_rows(1, 4),
+    n=st.integers(1, 75),
+    excluded=merged_rows(0, 20),
+    hidden=merged_rows(0, 20),
+    genre=st.sampled_from([None, *GENRES]),
+    seed=st.integers(0, 2**31),
+)
+def test_similar_items_with_fresh_items_is_the_exact_search_over_both(
+    kind, query, n, excluded, hidden, genre, seed
+):
+    """60 trained items and 8 fresh ones (rows 60-67, some with a genre from a newer attributes
+    file): the answer is the exact top n over both by the documented similarity, a fresh query
+    item included, with hidden items, exclusions and a filter honoured for both."""
+    index = DCR if kind == "dcr" else COE
+    trained = index.item_factors if kind == "dcr" else index.item_coords
+    rng = np.random.default_rng(seed)
+    factors = (rng.normal(size=(8, trained.shape[1])) * trained.std()).astype(trained.dtype)
+    ids = [f"new{j}" for j in range(8)]
+    listed = {i: [str(rng.choice(GENRES))] for i in ids if rng.random() < 0.7}
+    attributes = fresh_attributes(
+        index.item_attributes, ItemAttributeTable(categorical={"genre": listed}), ids
+    )
+    overlay = FreshOverlay(ids, factors, 60, attributes)
+    text = f'genre in ("{genre}")' if genre and kind == "dcr" else ""
+    every = [*index.items.ids, *ids]
+    blocked = np.zeros(60, dtype=bool)
+    blocked[[h for h in hidden if h < 60]] = True
+    filtered = index.item_attributes.eligible(text) if text else None
+    rows, scores = similar_with_fresh(
+        index,
+        overlay,
+        np.array(query),
+        n,
+        exclude=np.array([e for e in excluded if e < 60], dtype=np.int64),
+        eligible=combine(Eligible(blocked) if blocked.any() else None, filtered),
+        rules=FreshRules(({every[h] for h in hidden}, [every[e] for e in excluded]), None, text),
+    )
+    allowed = np.ones(68, dtype=bool)
+    allowed[query + excluded + hidden] = False
+    if text:
+        allowed[:60] &= ~filtered.blocked
+        allowed[60:] &= [genre in listed.get(i, []) for i in ids]
+    expected = exact_similarities(index, np.concatenate([trained, factors]), sorted(set(query)))
+    want = np.sort(expected[allowed])[::-1][:n]
+    assert len(rows) == len(want) == min(n, int(allowed.sum()))
+    assert len(set(rows.tolist())) == len(rows) and allowed[rows].all(), (
+        "a query, hidden or excluded item came back"
+    )
+    np.testing.assert_allclose(scores, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(scores, expected[rows], rtol=1e-4, atol=1e-5)
+    assert np.all(np.diff(scores) <= 0)
+
+
 # ---------------------------------------------------------------- planted data
 @pytest.mark.parametrize("model", ["dcr", "coe"])
 def test_recommend_serves_fresh_items_to_the_users_of_their_group(registry, planted, model):
@@ -212,6 +300,60 @@ def test_fresh_items_honour_exclusions_candidates_filters_explanations_and_diver
     dist = recommend(handler, user, n=30, with_distribution=True).items
     assert any(i.fresh for i in dist)
     assert all(abs(sum(i.rating_distribution) - 1.0) < 1e-4 for i in dist)
+
+
+def similar(handler: RecommenderServicer, items: list[str], model: str = "dcr", n: int = 20, **kw):
+    return handler.SimilarItems(pb.SimilarItemsRequest(model=model, item_ids=items, n=n, **kw), Context())
+
+
+@pytest.mark.parametrize("model", ["dcr", "coe"])
+def test_similar_items_answer_with_and_for_fresh_items(registry, planted, model):
+    """A fresh item is a query item (its folded factors / map point) and an answer, flagged, and
+    its neighbours are its own group's; exclusions hold for fresh answers; without the overlay
+    a fresh id is unknown."""
+    handler = servicer(registry, planted)
+    query = planted.fresh_ids[0]
+    reply = similar(handler, [query, "no-such-item"], model)
+    assert list(reply.unknown_item_ids) == ["no-such-item"]
+    answers = [i.id for i in reply.items]
+    assert len(answers) == 20 and query not in answers
+    assert all(i.fresh == (i.id in planted.fresh_ids) for i in reply.items)
+    own = sum(planted.group_of[i] == planted.group_of[query] for i in answers)
+    assert own >= 18, (own, answers)  # 20 of 20 for DCR and COE here
+    # a trained item's answers take fresh items in too, and exclusions apply to them
+    block = [i for i in planted.fresh_ids if planted.group_of[i] == 1]
+    mixed = similar(handler, block[:3] + ["i50"], model, n=60)
+    fresh_answers = [i.id for i in mixed.items if i.fresh]
+    assert fresh_answers and not set(fresh_answers) & set(block[:3])
+    excluded = similar(handler, block[:3] + ["i50"], model, n=60, exclude_item_ids=fresh_answers[:2])
+    assert not {i.id for i in excluded.items} & set(fresh_answers[:2])
+    scores = [i.score for i in mixed.items]
+    assert scores == sorted(scores, reverse=True)
+    with pytest.raises(Aborted) as unknown:
+        similar(servicer(registry, None), [query], model)
+    assert unknown.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_similar_items_filter_fresh_items_by_their_listed_values(registry, planted, tmp_path):
+    """As in Recommend: a filter lets through the fresh items the attributes file gives passing
+    values; diversity and its cap see them too."""
+    handler = _listed_handler(registry, planted, tmp_path)
+    query = [i for i in planted.fresh_ids if planted.group_of[i] == 0][0]
+    reply = similar(handler, [query], "dcr_groups", n=300, filter='group != "g0"')
+    group_1 = {i for i in planted.fresh_ids if planted.group_of[i] == 1}
+    assert {i.id for i in reply.items if i.fresh} == group_1 | {"brand-new"}
+    capped = similar(
+        handler,
+        [query],
+        "dcr_groups",
+        n=10,
+        diversity=0.3,
+        max_per_attribute={"attribute": "group", "max": 2},
+    )
+    listed = {i for i in planted.fresh_ids if planted.group_of[i] in (0, 1)}
+    counted = [i.id for i in capped.items if not i.fresh or i.id in listed]  # unlisted: never counted
+    groups = [planted.group_of.get(i, 1) for i in counted]  # brand-new is listed as g1
+    assert max(groups.count(g) for g in set(groups)) <= 2 and any(i.fresh for i in capped.items)
 
 
 def test_a_newcomer_folded_in_gets_fresh_items_too(registry, planted):
@@ -316,8 +458,16 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
         assert share > 0.8, share
         served = [i.id for i in top("u1") if i.fresh]
         assert all(planted.group_of[i] == planted.group_of["u1"] for i in served)
+        # SimilarItems knows them: a fresh query item's neighbours are its group's, fresh ones flagged
+        alike = stub.SimilarItems(pb.SimilarItemsRequest(model="dcr", item_ids=[served[0]], n=10), timeout=10)
+        assert not alike.unknown_item_ids and served[0] not in {i.id for i in alike.items}
+        assert all(planted.group_of[i.id] == planted.group_of["u1"] for i in alike.items)
+        assert all(i.fresh == (i.id in planted.fresh_ids) for i in alike.items)
         stub.HideItems(pb.HideItemsRequest(item_ids=served[:1]), timeout=10)
         assert wait_until(lambda: served[0] not in {i.id for i in top("u1")}, 10.0)
+        basket = pb.SimilarItemsRequest(model="dcr", item_ids=served[1:3], n=300)
+        hidden_too = {i.id for i in stub.SimilarItems(basket, timeout=10).items}
+        assert served[0] not in hidden_too and served[3] in hidden_too  # a hidden fresh item never comes back
         redis_server.stop()  # fails open: the fresh items already read keep being served
         assert any(i.fresh for i in top("u1"))
 
@@ -394,6 +544,35 @@ def test_fuzzed_requests_with_fresh_items_get_an_answer_or_a_clear_error(
         assert set(served) <= set(candidates)
     if filter_:
         assert not any(i.fresh for i in result.items)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=st.sampled_from(["dcr", "coe", "dcr_groups"]),
+    items=st.lists(ids, max_size=4),
+    n=st.integers(-2, 60),
+    exclude=st.lists(ids, max_size=5),
+    diversity=st.floats(allow_nan=True, allow_infinity=True, width=32),
+    filter_=st.sampled_from(["", 'group = "g0"', "group in (", "nope = 1", "group > 1"]),
+)
+def test_fuzzed_similar_items_with_fresh_items_get_an_answer_or_a_clear_error(
+    fuzz_handler, model, items, n, exclude, diversity, filter_
+):
+    """Fresh ids (i40-i49, i90-i99, i140-i149) as query items and exclusions among garbage."""
+    request = pb.SimilarItemsRequest(
+        model=model, item_ids=items, n=n, exclude_item_ids=exclude, diversity=diversity, filter=filter_
+    )
+    try:
+        reply = fuzz_handler.SimilarItems(request, Context())
+    except Aborted as exc:
+        assert exc.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), exc
+        return
+    served = [i.id for i in reply.items]
+    assert len(served) == len(set(served)) <= n
+    assert not set(served) & (set(exclude) | set(items))
+    assert set(reply.unknown_item_ids) < set(items)
+    if filter_:
+        assert not any(i.fresh for i in reply.items)  # this handler has no item-attributes file
 
 
 @pytest.fixture(scope="module")

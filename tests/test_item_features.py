@@ -16,10 +16,15 @@ from ordrec.service.indices.diversity import (
     mmr_order,
     rerank,
 )
-from ordrec.service.indices.explain import explain
+from ordrec.service.indices.explain import explain, explained
 from ordrec.service.indices.models import build_index
 from ordrec.service.indices.rules import Eligible
-from ordrec.service.indices.similar import intra_list_diversity, pairwise_similarity, similar_items
+from ordrec.service.indices.similar import (
+    intra_list_diversity,
+    pairwise_distances,
+    pairwise_similarity,
+    similar_items,
+)
 from ordrec.service.storage.artifact import Artifact
 from ordrec.service.storage.idmap import IdMap
 from tests.test_rules import dcr_artifact
@@ -187,6 +192,76 @@ def test_coe_names_the_nearest_rated_item_and_never_the_item_itself():
     assert reasons[0][0].row == 7 and reasons[0][0].share > 0.5
     assert 0 not in [r.row for r in reasons[0]] and 20 not in [r.row for r in reasons[1]]
     assert reasons[0][0].similarity == pytest.approx(-0.01 * np.sqrt(2), rel=1e-3)
+
+
+def brute_force_reasons(
+    index, vectors: np.ndarray, item_rows, history, k
+) -> list[list[tuple[int, float, float]]]:
+    """The documented explanation, the slow way: every (item, history item) weight in float64,
+    sorted; (history row, share, similarity) of the ``k`` largest positive ones."""
+    answer = []
+    for item, q in zip(item_rows, vectors.astype(np.float64)):
+        found = []
+        for h in sorted(set(history)):
+            if h == item:
+                continue
+            if index.kind == "dcr":
+                sim = float(np.sum(index.weights.repeat(index.rank) * q * index.item_factors[h]))
+                weight = max(sim, 0.0)
+            else:
+                sim = -float(np.linalg.norm(q - index.item_coords[h]))
+                weight = 1.0 / (-sim + 1e-6)
+            if weight > 0:
+                found.append((h, weight, sim))
+        total = sum(w for _, w, _ in found)
+        found.sort(key=lambda f: -f[1])
+        answer.append([(h, w / total, sim) for h, w, sim in found[:k]])
+    return answer
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    kind=st.sampled_from(["dcr", "coe"]),
+    items=st.lists(st.integers(0, 63), min_size=1, max_size=12),
+    history=st.lists(st.integers(0, 59), max_size=40),
+    k=st.integers(1, 6),
+    seed=st.integers(0, 2**31),
+)
+def test_explanations_are_the_documented_weights(kind, items, history, k, seed):
+    """The compiled kernel against the formula (docs/service.md, "Explanations"), for trained
+    and fresh recommended items (rows 60-63), a history holding the item itself or repeats."""
+    index = DCR if kind == "dcr" else COE
+    trained = index.item_factors if kind == "dcr" else index.item_coords
+    fresh = np.random.default_rng(seed).normal(scale=0.4, size=(4, trained.shape[1])).astype(trained.dtype)
+    rows = np.array(items, dtype=np.int64)
+    vectors = np.concatenate([trained, fresh])[rows]
+    got = explained(index, rows, np.array(history, dtype=np.int64), k, fresh)
+    want = brute_force_reasons(index, vectors, items, history, k)
+    for i, expected in enumerate(want):
+        named = [r for r in got.rows[i].tolist() if r >= 0]
+        assert len(named) == len(expected) and len(set(named)) == len(named)
+        assert got.rows[i, len(named) :].tolist() == [-1] * (k - len(named))
+        np.testing.assert_allclose(
+            got.shares[i, : len(named)], [e[1] for e in expected], rtol=1e-4, atol=1e-6
+        )
+        by_row = {
+            h: (share, sim)
+            for h, share, sim in brute_force_reasons(
+                index, vectors[i : i + 1], items[i : i + 1], history, 60
+            )[0]
+        }
+        for row, share, sim in zip(named, got.shares[i].tolist(), got.similarities[i].tolist()):
+            assert row != items[i] and row in by_row  # a positive weight, never the item itself
+            assert share == pytest.approx(by_row[row][0], rel=1e-4, abs=1e-6)
+            assert sim == pytest.approx(by_row[row][1], rel=1e-4, abs=1e-5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(0, 30), dim=st.integers(1, 70), seed=st.integers(0, 2**31))
+def test_pairwise_distances_are_euclidean(size, dim, seed):
+    points = np.random.default_rng(seed).normal(size=(size, dim))
+    expected = np.linalg.norm(points[:, None, :] - points[None, :, :], axis=2)
+    np.testing.assert_allclose(pairwise_distances(points), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_no_history_or_no_positive_weight_names_nothing():

@@ -242,7 +242,11 @@ class Queries:
 
 
 def write_index(
-    vectors: np.ndarray, path: Path, params: dict[str, Any], queries: Queries | None = None
+    vectors: np.ndarray,
+    path: Path,
+    params: dict[str, Any],
+    queries: Queries | None = None,
+    truth: list[np.ndarray] | None = None,
 ) -> str:
     """Build the index over ``vectors`` (rows are ids), write it to ``path`` and, when its
     breadth (``ef_search`` or ``nprobe``) is ``"auto"``, calibrate it in ``params``; with
@@ -262,6 +266,8 @@ def write_index(
         there are no queries).
     queries : Queries or None, default None
         The calibration's queries.
+    truth : list of ndarray or None, default None
+        :func:`exact_tops` of ``queries`` at 10, when the caller has it already.
     """
     if params.get("structure") == AUTO:
         return write_cheaper(vectors, path, params, queries)
@@ -277,7 +283,8 @@ def write_index(
         params[key] = kind.uncalibrated
         if queries is not None and len(queries.vectors):
             entry = SearchIndex(kind.library, params, path=path)
-            params[key], params["calibrated_recall"] = calibrate(AnnSearch.open(entry, vectors), queries)
+            search = AnnSearch.open(entry, vectors)
+            params[key], params["calibrated_recall"] = calibrate(search, queries, truth=truth)
     return kind.library
 
 
@@ -294,10 +301,12 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
         params.update(graph)
         return library
     figures, trial_params = {}, {}
+    # Both structures are calibrated against the same exact answers: computed once.
+    truth = exact_tops(np.ascontiguousarray(vectors, dtype=np.float32), queries, 10)
     for structure in STRUCTURES:
         trial = build_params({"structure": structure, "recall_target": target})
         trial_path = path.with_name(f"{path.name}.{structure}")
-        library = write_index(vectors, trial_path, trial, queries)
+        library = write_index(vectors, trial_path, trial, queries, truth)
         search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
         figures[structure] = calibration_figures(search, queries)
         trial_params[structure] = trial
@@ -442,11 +451,15 @@ def item_index(
     )
 
 
-def calibrate(search: AnnSearch, queries: Queries, n: int = 10) -> tuple[int, float]:
+def calibrate(
+    search: AnnSearch, queries: Queries, n: int = 10, truth: list[np.ndarray] | None = None
+) -> tuple[int, float]:
     """The narrowest breadth of the index's ladder (:data:`EF_LADDER`, or
     :data:`NPROBE_LADDER` up to its lists) whose recall@n against exact scoring reaches the
-    index's ``recall_target``, and that recall; the widest breadth when none does."""
-    truth = exact_tops(search.vectors(), queries, n)
+    index's ``recall_target``, and that recall; the widest breadth when none does.
+    ``truth``: :func:`exact_tops` of the queries at ``n``, when the caller has it already."""
+    if truth is None:
+        truth = exact_tops(search.vectors(), queries, n)
     target = float(search.params["recall_target"])
     recall = 0.0
     for breadth in search.ladder():

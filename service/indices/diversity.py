@@ -20,7 +20,12 @@ from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.service.indices.rules import FilterError, ItemAttributes
-from ordrec.service.indices.similar import item_vectors, pairwise_similarity
+from ordrec.service.indices.similar import (
+    inner_product,
+    item_vectors,
+    pairwise_distances,
+    pairwise_similarity,
+)
 
 # How many times n items the model ranks for the re-ranking to choose from.
 POOL_FACTOR = 5
@@ -72,21 +77,18 @@ def mmr_order(
     return chosen
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True)
 def _mmr_kernel(relevance, similarity, x, weight, n):
     """:func:`mmr_order` without a veto, compiled (the same picks, ties to the earlier position).
     The similarity is ``similarity`` or, when ``x`` has rows, the cosine of its rows computed
-    only between each pick and the open items (``n x pool`` products, not the whole matrix;
-    fastmath lets them vectorise)."""
+    only between each pick and the open items (``n x pool`` products, not the whole matrix),
+    summed in ``x``'s precision (float32 for DCR: vectorised, as BLAS sums them)."""
     size = relevance.size
     cosine = x.shape[0] > 0
     norms = np.ones(size)
     if cosine:
         for j in range(size):
-            total = 0.0
-            for d in range(x.shape[1]):
-                total += x[j, d] * x[j, d]
-            norms[j] = max(np.sqrt(total), 1e-12)
+            norms[j] = max(np.sqrt(np.float64(inner_product(x[j], x[j]))), 1e-12)
     low, high = relevance.min(), relevance.max()
     span = high - low
     penalty = np.zeros(size)
@@ -103,14 +105,13 @@ def _mmr_kernel(relevance, similarity, x, weight, n):
                 best, best_value = j, value
         taken[best] = True
         order[step] = best
+        if step + 1 == order.size:
+            break  # the last pick's similarities would choose nothing
         for j in range(size):
             if taken[j]:
                 continue
             if cosine:
-                total = 0.0
-                for d in range(x.shape[1]):
-                    total += x[best, d] * x[j, d]
-                sim = total / (norms[best] * norms[j])
+                sim = inner_product(x[best], x[j]) / (norms[best] * norms[j])
             else:
                 sim = similarity[best, j]
             if step == 0 or sim > penalty[j]:
@@ -141,6 +142,7 @@ def warm_up() -> None:
     """Compile (or load from numba's cache) the kernel before the first request."""
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
     mmr_cosine(np.ones(2), np.eye(2, dtype=np.float32), 0.5, 1)  # DCR's factors are float32
+    pairwise_distances(np.eye(2))  # COE's similarity over the pool
 
 
 def rerank(

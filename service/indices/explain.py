@@ -26,7 +26,7 @@ from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import RecommenderIndex
 from ordrec.service.indices.models.coe import COEIndex
 from ordrec.service.indices.models.dcr import DCRIndex
-from ordrec.service.indices.similar import item_vectors
+from ordrec.service.indices.similar import inner_product, item_vectors
 
 # Keeps COE's inverse distance finite for a history item on the recommended item's spot.
 EPS = 1e-6
@@ -62,51 +62,67 @@ class Explained:
         ]
 
 
-def _weights(
-    index: RecommenderIndex, item_rows: np.ndarray, history: np.ndarray, fresh: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(similarity, weight) of each (recommended, history) pair, shape ``(n, m)``: one matrix
-    product (DCR) or distance pass (COE)."""
-    if isinstance(index, DCRIndex):
-        sim = (item_vectors(index, item_rows, fresh) * index.level_scale) @ index.item_factors[history].T
-        return sim, np.maximum(sim, 0.0)
-    points = item_vectors(index, item_rows, fresh)
-    assert isinstance(index, COEIndex)
-    diff = points[:, None, :] - index.item_coords[history][None, :, :]
-    distance = np.sqrt(np.einsum("nmd,nmd->nm", diff, diff))
-    return -distance, 1.0 / (distance + EPS)
+@njit(cache=True, fastmath=True)
+def _distance(a, b):
+    total = 0.0
+    for d in range(a.size):
+        diff = a[d] - b[d]
+        total += diff * diff
+    return np.sqrt(total)
 
 
 @njit(cache=True)
-def _best_reasons(weight, sim, item_rows, history, k):
-    """Per row of ``weight``: the positions of its ``k`` largest positive weights (largest first,
-    the earlier position among equals; -1 pads), their shares of the row's total and their
-    similarities, the recommended item's own history entry left out. One pass: sorting every
-    row costs more than the products."""
-    n, m = weight.shape
+def _similarities(query, trained, history, distance):
+    """``(n, m)`` similarity of each query row to each history item's row of ``trained``: the
+    inner product (DCR, the query already level-weighted) or the negative distance (COE).
+    History rows outer, so each is read once (no gathered copy)."""
+    n = query.shape[0]
+    sim = np.empty((n, history.size))
+    for j in range(history.size):
+        row = trained[history[j]]
+        for i in range(n):
+            sim[i, j] = -_distance(query[i], row) if distance else inner_product(query[i], row)
+    return sim
+
+
+@njit(cache=True)
+def _best_reasons(sim, item_rows, history, k, distance, eps):
+    """Per row of ``sim``: the history rows of its ``k`` largest positive weights (largest
+    first, the earlier history item among equals; -1 pads), their shares of the row's total
+    and their similarities, the recommended item's own history entry left out. The weight is
+    ``max(0, sim)`` (inner product) or ``1 / (distance + eps)``. One pass: sorting every row
+    costs more than the products."""
+    n, m = sim.shape
     best = np.full((n, k), -1, np.int64)
+    weights = np.zeros((n, k))
     shares = np.zeros((n, k))
     sims = np.zeros((n, k))
     for i in range(n):
         total = 0.0
         for j in range(m):
-            w = weight[i, j]
+            s = sim[i, j]
+            w = 1.0 / (eps - s) if distance else max(s, 0.0)
             if w <= 0 or history[j] == item_rows[i]:
                 continue
             total += w
             pos = k
-            while pos > 0 and (best[i, pos - 1] < 0 or w > weight[i, best[i, pos - 1]]):
+            while pos > 0 and (best[i, pos - 1] < 0 or w > weights[i, pos - 1]):
                 pos -= 1
             if pos < k:
                 for q in range(k - 1, pos, -1):
-                    best[i, q] = best[i, q - 1]
-                best[i, pos] = j
+                    best[i, q], weights[i, q], sims[i, q] = best[i, q - 1], weights[i, q - 1], sims[i, q - 1]
+                best[i, pos], weights[i, pos], sims[i, pos] = history[j], w, s
         for q in range(k):
-            j = best[i, q]
-            if j >= 0:
-                shares[i, q] = weight[i, j] / total
-                sims[i, q] = sim[i, j]
+            if best[i, q] >= 0:
+                shares[i, q] = weights[i, q] / total
     return best, shares, sims
+
+
+def _query(index: DCRIndex | COEIndex, item_rows: np.ndarray, fresh: np.ndarray | None) -> np.ndarray:
+    """The recommended items' rows the history is compared with: level-weighted factors (DCR,
+    so the plain inner product is ``sim``) or map points (COE)."""
+    vectors = item_vectors(index, item_rows, fresh)
+    return np.ascontiguousarray(vectors * index.level_scale if isinstance(index, DCRIndex) else vectors)
 
 
 def explained(
@@ -125,15 +141,10 @@ def explained(
     if k <= 0 or item_rows.size == 0 or history.size == 0 or not isinstance(index, (DCRIndex, COEIndex)):
         none = np.full((item_rows.size, max(k, 0)), -1, np.int64)
         return Explained(none, np.zeros(none.shape), np.zeros(none.shape))
-    sim, weight = _weights(index, item_rows, history, fresh)
-    best, shares, sims = _best_reasons(
-        np.ascontiguousarray(weight, dtype=np.float64),
-        np.ascontiguousarray(sim, dtype=np.float64),
-        item_rows,
-        history,
-        k,
-    )
-    rows = np.where(best >= 0, history[np.maximum(best, 0)], -1)
+    distance = isinstance(index, COEIndex)
+    trained = index.item_coords if distance else index.item_factors
+    sim = _similarities(_query(index, item_rows, fresh), trained, history, distance)
+    rows, shares, sims = _best_reasons(sim, item_rows, history, k, distance, EPS)
     return Explained(rows, shares, sims)
 
 
@@ -149,8 +160,12 @@ def explain(
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernel before the first request."""
-    _best_reasons(np.ones((1, 2)), np.ones((1, 2)), np.zeros(1, np.int64), np.arange(2, dtype=np.int64), 1)
+    """Compile (or load from numba's cache) the kernels before the first request, for DCR's
+    float32 factors and COE's float64 points."""
+    history = np.arange(2, dtype=np.int64)
+    for dtype, distance in ((np.float32, False), (np.float64, True)):
+        sim = _similarities(np.ones((1, 2), dtype), np.ones((2, 2), dtype), history, distance)
+        _best_reasons(sim, np.zeros(1, np.int64), history, 1, distance, EPS)
 
 
 def explain_count(value: int) -> int:

@@ -17,6 +17,7 @@ level-weighted inner product (DCR), ``1 - d / d_max`` over the pool (COE).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from ordrec.service.errors import FailedPrecondition
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
@@ -35,30 +36,32 @@ def _require_kind(index: RecommenderIndex) -> None:
 
 
 def similarities(
-    index: RecommenderIndex, query_rows: np.ndarray, item_rows: np.ndarray | None = None
+    index: RecommenderIndex,
+    query_rows: np.ndarray,
+    item_rows: np.ndarray | None = None,
+    fresh: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Mean similarity of every item (or ``item_rows``) to the items ``query_rows``, float32."""
+    """Mean similarity of every trained item (or ``item_rows``) to the items ``query_rows``,
+    float32; rows past the version's items are fresh items (``fresh``, :func:`item_vectors`)."""
     _require_kind(index)
     query_rows = np.asarray(query_rows, dtype=np.int64)
     if isinstance(index, DCRIndex):
-        query = _dcr_query(index, query_rows)
+        query = _dcr_query(index, query_rows, fresh)
         if item_rows is None:
             return affine_scores(index.item_factors, query)
-        return (index.item_factors[np.asarray(item_rows, dtype=np.int64)] @ query).astype(np.float32)
+        return (item_vectors(index, item_rows, fresh) @ query).astype(np.float32)
     assert isinstance(index, COEIndex)
-    items = (
-        index.item_coords if item_rows is None else index.item_coords[np.asarray(item_rows, dtype=np.int64)]
-    )
+    items = index.item_coords if item_rows is None else item_vectors(index, item_rows, fresh)
     total = np.zeros(items.shape[0], dtype=np.float64)
-    for point in index.item_coords[query_rows]:
+    for point in item_vectors(index, query_rows, fresh):
         diff = items - point
         total += np.sqrt(np.einsum("id,id->i", diff, diff))
     return (-total / max(1, query_rows.size)).astype(np.float32)
 
 
-def _dcr_query(index: DCRIndex, query_rows: np.ndarray) -> np.ndarray:
+def _dcr_query(index: DCRIndex, query_rows: np.ndarray, fresh: np.ndarray | None = None) -> np.ndarray:
     """The weighted mean of the query items' factors: a pseudo-user whose scores are the sims."""
-    factors = index.item_factors[query_rows].astype(np.float64).mean(axis=0)
+    factors = item_vectors(index, query_rows, fresh).astype(np.float64).mean(axis=0)
     return np.ascontiguousarray(factors * index.level_scale, dtype=np.float32)
 
 
@@ -69,24 +72,28 @@ def similar_items(
     *,
     exclude: np.ndarray | None = None,
     eligible: Eligible | None = None,
+    fresh: np.ndarray | None = None,
 ) -> Ranked:
-    """The ``n`` items most similar to the basket ``query_rows`` (never one of them, an
-    ``exclude`` row or an ineligible one), best first; through DCR's item index when it has one."""
+    """The ``n`` trained items most similar to the basket ``query_rows`` (never one of them, an
+    ``exclude`` row or an ineligible one), best first; through DCR's item index when it has one.
+    Query rows past the version's items are fresh items with factors ``fresh`` (the fresh
+    candidates are ``service/live/fresh.py``'s ``fresh_similar``)."""
     _require_kind(index)
     query_rows = np.unique(np.asarray(query_rows, dtype=np.int64))
-    skip = query_rows if exclude is None else np.unique(np.concatenate([query_rows, exclude]))
+    trained = query_rows[query_rows < len(index.items)]
+    skip = trained if exclude is None else np.unique(np.concatenate([trained, exclude]))
     ann = getattr(index, "ann", None)
     if isinstance(index, DCRIndex) and ann is not None and (eligible is None or not eligible.sparse):
-        found = ann.search(_dcr_query(index, query_rows), n, skip, eligible)
+        found = ann.search(_dcr_query(index, query_rows, fresh), n, skip, eligible)
         if found is not None:
             return found
     if eligible is not None and eligible.sparse:
         rows = eligible.rows
-        scores = similarities(index, query_rows, rows)
+        scores = similarities(index, query_rows, rows, fresh)
         scores[np.isin(rows, skip)] = -np.inf
         order, values = top_k(scores, n)
         return rows[order], values
-    scores = similarities(index, query_rows)
+    scores = similarities(index, query_rows, fresh=fresh)
     return top_k(scores, n, skip, None if eligible is None else eligible.blocked)
 
 
@@ -116,11 +123,41 @@ def pairwise_similarity(
         x = vectors * index.root_level_scale
         x /= np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x)), 1e-12)[:, None]
         return (x @ x.T).astype(np.float64)
-    points = vectors
-    diff = points[:, None, :] - points[None, :, :]
-    d = np.sqrt(np.einsum("ijd,ijd->ij", diff, diff))
+    d = pairwise_distances(np.asarray(vectors, dtype=np.float64))
     top = d.max() if d.size else 0.0
     return 1.0 - d / top if top > 0 else np.ones_like(d)
+
+
+@njit(cache=True, fastmath=True)
+def inner_product(a, b):
+    """``a . b`` of two non-empty vectors, summed in their precision (float32 for DCR's factors,
+    as BLAS sums them; fastmath lets the sum vectorise): the compiled explanation and
+    diversity kernels' product."""
+    total = a[0] - a[0]
+    for d in range(a.size):
+        total += a[d] * b[d]
+    return total
+
+
+@njit(cache=True, fastmath=True)
+def _distances(points):
+    """The symmetric matrix of Euclidean distances between ``points``' rows, float64."""
+    size, dim = points.shape
+    out = np.zeros((size, size))
+    for i in range(size):
+        for j in range(i + 1, size):
+            total = 0.0
+            for d in range(dim):
+                diff = points[i, d] - points[j, d]
+                total += diff * diff
+            out[i, j] = out[j, i] = np.sqrt(total)
+    return out
+
+
+def pairwise_distances(points: np.ndarray) -> np.ndarray:
+    """Distances between the rows of ``points`` (map points), in one compiled pass: the
+    broadcast difference array costs 20 times more at 64 dimensions."""
+    return _distances(np.ascontiguousarray(points, dtype=np.float64))
 
 
 def intra_list_diversity(index: RecommenderIndex, rows: np.ndarray) -> float:
@@ -134,6 +171,4 @@ def intra_list_diversity(index: RecommenderIndex, rows: np.ndarray) -> float:
     if isinstance(index, DCRIndex):
         return float(np.mean(1.0 - pairwise_similarity(index, rows)[upper]))
     assert isinstance(index, COEIndex)
-    points = index.item_coords[rows]
-    diff = points[:, None, :] - points[None, :, :]
-    return float(np.mean(np.sqrt(np.einsum("ijd,ijd->ij", diff, diff))[upper]))
+    return float(np.mean(pairwise_distances(index.item_coords[rows])[upper]))

@@ -31,8 +31,8 @@ import redis
 
 from ordrec.service.indices.item_attributes import ItemAttributeTable
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, usable_evidence
-from ordrec.service.indices.rules import FilterError, ItemAttributes
-from ordrec.service.indices.similar import item_vectors
+from ordrec.service.indices.rules import Eligible, FilterError, ItemAttributes
+from ordrec.service.indices.similar import item_vectors, similar_items, similarities
 
 log = logging.getLogger("ordrec.fresh")
 
@@ -368,25 +368,71 @@ class FreshRules:
     filter: str = ""
 
 
-def fresh_top(
-    index: RecommenderIndex, overlay: FreshOverlay, vector: np.ndarray, n: int, rules: FreshRules
-) -> Ranked:
-    """The user's ``n`` best eligible fresh items as merged rows and scores, best first (a
-    filter lets through only fresh items with attribute values that pass it)."""
+def allowed_fresh(overlay: FreshOverlay, rules: FreshRules) -> np.ndarray:
+    """Which fresh items ``rules`` let through, a bool per overlay item (a filter passes only
+    fresh items with attribute values that pass it)."""
     allowed = overlay.attributes.allowed(rules.filter) if rules.filter else np.ones(len(overlay), dtype=bool)
-    if not allowed.any():
-        return np.zeros(0, np.int64), np.zeros(0, np.float32)
-    if rules.candidate_ids is not None:
+    if rules.candidate_ids is not None and allowed.any():
         listed = np.zeros(len(overlay), dtype=bool)
         listed[overlay.positions(rules.candidate_ids)] = True
         allowed &= listed
     for ids in rules.blocked_ids:
-        if ids:
+        if ids and allowed.any():
             allowed[overlay.positions(ids)] = False
+    return allowed
+
+
+def _best(overlay: FreshOverlay, positions: np.ndarray, scores: np.ndarray, n: int) -> Ranked:
+    """The ``n`` best of ``positions`` by ``scores`` (one per position) as merged rows, best
+    first (the earlier fresh item among equals)."""
+    order = np.argsort(-scores, kind="stable")[:n]
+    return positions[order] + overlay.base, scores[order].astype(np.float32)
+
+
+def fresh_top(
+    index: RecommenderIndex, overlay: FreshOverlay, vector: np.ndarray, n: int, rules: FreshRules
+) -> Ranked:
+    """The user's ``n`` best eligible fresh items as merged rows and scores, best first."""
+    positions = np.flatnonzero(allowed_fresh(overlay, rules))
+    if positions.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    return _best(overlay, positions, index.score_factors(vector, overlay.factors)[positions], n)
+
+
+def fresh_similar(
+    index: RecommenderIndex, overlay: FreshOverlay, query_rows: np.ndarray, n: int, rules: FreshRules
+) -> Ranked:
+    """The ``n`` eligible fresh items most similar to the basket ``query_rows`` (merged rows:
+    trained or fresh items, a set: repeats count once; never one of them), by the similarity
+    of ``similar_items``."""
+    allowed = allowed_fresh(overlay, rules)
+    query_rows = np.unique(np.asarray(query_rows, dtype=np.int64))
+    allowed[query_rows[query_rows >= overlay.base] - overlay.base] = False
     positions = np.flatnonzero(allowed)
-    scores = index.score_factors(vector, overlay.factors)
-    best = positions[np.argsort(-scores[positions], kind="stable")[:n]]
-    return best + overlay.base, scores[best]
+    if positions.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
+    scores = similarities(index, query_rows, positions + overlay.base, overlay.factors)
+    return _best(overlay, positions, scores, n)
+
+
+def similar_with_fresh(
+    index: RecommenderIndex,
+    overlay: FreshOverlay | None,
+    query_rows: np.ndarray,
+    n: int,
+    *,
+    exclude: np.ndarray | None,
+    eligible: Eligible | None,
+    rules: FreshRules,
+) -> Ranked:
+    """SimilarItems' answer over trained and fresh items: ``similar_items`` (trained rows:
+    ``exclude`` and ``eligible``) merged by score with :func:`fresh_similar` (fresh items:
+    ``rules``); query rows may be fresh items (merged rows)."""
+    factors = None if overlay is None else overlay.factors
+    trained = similar_items(index, query_rows, n, exclude=exclude, eligible=eligible, fresh=factors)
+    if overlay is None:
+        return trained
+    return merge_fresh(trained, fresh_similar(index, overlay, query_rows, n, rules), n)
 
 
 def merge_fresh(trained: Ranked, fresh: Ranked, n: int) -> Ranked:

@@ -35,10 +35,17 @@ from ordrec.service.indices.diversity import Diversify, rerank, settings_from_re
 from ordrec.service.indices.explain import Explained, explain_count, explained
 from ordrec.service.indices.models.base import usable_evidence
 from ordrec.service.indices.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
-from ordrec.service.indices.similar import MAX_BASKET, item_vectors, similar_items
+from ordrec.service.indices.similar import MAX_BASKET, item_vectors
 from ordrec.service.live.erasure import erase_user
 from ordrec.service.live.forgotten import ForgetfulSeen, ForgottenUsers
-from ordrec.service.live.fresh import FreshItems, FreshOverlay, FreshRules, fresh_top, merge_fresh
+from ordrec.service.live.fresh import (
+    FreshItems,
+    FreshOverlay,
+    FreshRules,
+    fresh_top,
+    merge_fresh,
+    similar_with_fresh,
+)
 from ordrec.service.live.hidden import HiddenState
 from ordrec.service.live.online import NoOnlineEvaluation
 from ordrec.service.live.seen import Recorded, SeenStore
@@ -284,6 +291,16 @@ def _known_or_fresh_rows(ids: IdMap, fresh: FreshOverlay, externals: list[str]) 
     if missing:
         _rows_or_not_found(ids, missing, "candidate item ids")
     return rows[rows >= 0]
+
+
+def _merged_rows(ids: IdMap, fresh: FreshOverlay, externals: list[str]) -> np.ndarray:
+    """Rows of trained items, ``fresh.base + j`` of fresh item ``j``, -1 for ids that are neither."""
+    rows = ids.rows(externals)
+    for position in np.flatnonzero(rows < 0).tolist():
+        found = fresh.position.get(externals[position])
+        if found is not None:
+            rows[position] = fresh.base + found
+    return rows
 
 
 def _distribution(index, vector: np.ndarray, rows: np.ndarray, fresh: FreshOverlay | None) -> np.ndarray:
@@ -564,15 +581,18 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             if self.online.wants_sample():
                 self.online.sample(model.name, model.version, uid, [item.id for item in result.items])
 
+    def _hidden_ids(self, model: LoadedModel) -> tuple[frozenset[str], frozenset[str]]:
+        """The ids hidden for every model and for ``model`` (fresh items are matched by id)."""
+        sets = self.hidden.sets() if self.hidden else {}
+        return sets.get(ALL_MODELS, frozenset()), sets.get(model.name, frozenset())
+
     def _fresh_rules(
         self, model: LoadedModel, call: _RecommendCall, recent_ids: list[str] | None
     ) -> FreshRules:
         """What a user's fresh items must honour: hidden items, exclusions, their recorded
         items, the candidate list and the filter (on the values the item-attributes file gives)."""
-        sets = self.hidden.sets() if self.hidden else {}
         blocked = (
-            sets.get(ALL_MODELS, ()),
-            sets.get(model.name, ()),
+            *self._hidden_ids(model),
             call.exclude_ids,
             (recent_ids or ()) if call.exclude_seen else (),
         )
@@ -995,10 +1015,12 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
         settings = _diversify_settings(request)
         _check_cap(index, settings)
-        rows = index.items.rows(query_ids)
+        fresh = self.fresh.overlay(index) if self.fresh is not None else None
+        rows = index.items.rows(query_ids) if fresh is None else _merged_rows(index.items, fresh, query_ids)
         unknown = [i for i, r in zip(query_ids, rows) if r < 0]
+        id_bytes = index.items.max_bytes if fresh is None else max(index.items.max_bytes, fresh.max_bytes)
         v.check_reply_fits(
-            n * v.scored_id_bytes(index.items.max_bytes) + sum(len(u.encode("utf-8")) + 8 for u in unknown),
+            n * v.scored_id_bytes(id_bytes) + sum(len(u.encode("utf-8")) + 8 for u in unknown),
             f"n={n}",
             lim,
         )
@@ -1007,21 +1029,26 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 f"none of item_ids is known to model {model.name!r} (first: {query_ids[0][:80]!r})"
             )
         excluded = index.items.rows(exclude_ids) if exclude_ids else None
-        pool = similar_items(
+        pool = similar_with_fresh(
             index,
+            fresh,
             rows[rows >= 0],
             settings.pool_size(n),
             exclude=None if excluded is None else excluded[excluded >= 0],
             eligible=self._eligible(model, request.filter),
+            rules=FreshRules((*self._hidden_ids(model), exclude_ids), None, request.filter),
         )
-        found, scores = _diversified(index, pool, n, settings)
+        found, scores = _diversified(index, pool, n, settings, fresh)
         reply = pb.SimilarItemsResponse(
             model=model.name,
             model_version=model.version,
             rules_stale=self._rules_stale(),
             unknown_item_ids=unknown,
         )
-        _add_scored(reply.items, index.items, found, scores)
+        if fresh is None:
+            _add_scored(reply.items, index.items, found, scores)
+        else:
+            _add_scored_fresh(reply.items, index.items, fresh, found, scores)
         return reply
 
     # ------------------------------------------------------------ ForgetUser

@@ -12,7 +12,7 @@ memory is O(ratings), never O(triples).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from numbers import Integral, Real
 from typing import ClassVar
 
@@ -23,6 +23,7 @@ from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
+from ordrec.trainer.models.settings import FitSettings
 from ordrec.trainer.progress import Progress
 
 FUNCTIONS = {"sigmoid": K.SIGMOID, "gompertz": K.GOMPERTZ}
@@ -198,14 +199,55 @@ class TripleSource:
         return K.sample_triples(self.arrays(group_power), n, p_a, seed, p_unrated, unrated)
 
 
+@dataclass(frozen=True)
+class COESolver(FitSettings):
+    """How a COE fit runs, not what it fits: the learning rate's decay, the steps per epoch and
+    how triples are drawn (docs/coe.md has the measurements behind the defaults).
+
+    Parameters
+    ----------
+    learning_rate_final_ratio : float, default 0.01
+        Learning rate at the end of training, as a fraction of ``learning_rate``; it decays
+        linearly across all steps (a decaying rate, Algorithm 1).
+    steps_per_epoch : int, default 0
+        Triples drawn per epoch; 0 means one per observed rating.
+    type_a_share : float or None, default 1.0
+        Among the paper's triples, the probability that a step draws a type-A one. None draws
+        uniformly over the whole triple set (T_A / (T_A + T_B)), as the paper does; 1 (type A
+        only) is the top-N default.
+    group_power : float, default 1.0
+        Users (type A) and items (type B) are drawn with weight (their number of triples) **
+        group_power, then one of their triples uniformly. 1 is the paper's uniform draw over
+        the triple set; below 1 small groups get more steps (a deviation, see docs/coe.md).
+    unrated_power : float, default 0.0
+        Exponent on item popularity (training ratings per item) for drawing the unrated item of
+        a rated-over-unrated triple: 0 draws uniformly over the catalogue, 1 proportionally to
+        rating counts.
+    """
+
+    learning_rate_final_ratio: float = 0.01
+    steps_per_epoch: int = 0
+    type_a_share: float | None = 1.0
+    group_power: float = 1.0
+    unrated_power: float = 0.0
+
+    _field_constraints: ClassVar[dict[str, list]] = {
+        "learning_rate_final_ratio": [Interval(Real, 0, None)],
+        "steps_per_epoch": [Interval(Integral, 0, None)],
+        "type_a_share": [None, Interval(Real, 0, 1)],
+        "group_power": [Interval(Real, None, None)],
+        "unrated_power": [Interval(Real, 0, None)],
+    }
+
+
 class COE(Estimator):
     """Collaborative Ordinal Embedding, fitted by stochastic gradient ascent.
 
     The defaults are the top-N settings Recommend serves (64-D, type-A and
     rated-over-unrated triples, chosen on a validation split, docs/coe.md
     "Top-N"); the paper's 2-D map objective is ``n_components=2,
-    unrated_share=0, type_a_share=None`` (``ordrec-train reproduce coe``
-    passes its settings explicitly).
+    unrated_share=0`` with ``solver=COESolver(type_a_share=None)``
+    (``ordrec-train reproduce coe`` passes its settings explicitly).
 
     Parameters
     ----------
@@ -222,42 +264,24 @@ class COE(Estimator):
         L2 weight from the N(0, gamma^2 I) priors (gamma = beta, Section 3.3).
     learning_rate : float, default 0.1
         Initial learning rate epsilon.
-    learning_rate_final_ratio : float, default 0.01
-        Learning rate at the end of training, as a fraction of
-        ``learning_rate``; it decays linearly across all steps (a decaying
-        rate, Algorithm 1).
     max_iter : int, default 120
         Number of epochs; finiteness is checked after each.
-    steps_per_epoch : int, default 0
-        Triples drawn per epoch; 0 means one per observed rating.
-    type_a_share : float or None, default 1.0
-        Among the paper's triples, the probability that a step draws a
-        type-A one. None draws uniformly over the whole triple set
-        (T_A / (T_A + T_B)), as the paper does; 1 (type A only) is the
-        top-N default (docs/coe.md has the measurements).
-    group_power : float, default 1.0
-        Users (type A) and items (type B) are drawn with weight
-        (their number of triples) ** group_power, then one of their triples
-        uniformly. 1 is the paper's uniform draw over the triple set; below
-        1 small groups get more steps (a deviation, see docs/coe.md).
     unrated_share : float, default 0.8
         Probability that a step draws a rated-over-unrated triple ``<u, i, j>``
         instead of one of the paper's triples: i is one of u's ratings drawn
-        uniformly over all ratings, j an item u did not rate, drawn afresh
-        at every step with weight (ratings of j) ** ``unrated_power``. It
-        teaches the map which items a user would pick at all, which the
-        top-N question (Recommend over the whole catalogue) needs; 0 is the
-        paper's objective (see docs/coe.md, Top-N). Ignored when fitting an
+        uniformly over all ratings, j an item u did not rate, drawn afresh at
+        every step (``solver.unrated_power``). It teaches the map which items
+        a user would pick at all, which the top-N question needs; 0 is the
+        paper's objective (docs/coe.md, Top-N). Ignored when fitting an
         explicit triples file (no ratings tell rated from unrated).
-    unrated_power : float, default 0.0
-        Exponent on item popularity (training ratings per item) for drawing
-        the unrated item: 0 draws uniformly over the catalogue (so popular
-        items end up near users), 1 proportionally to rating counts.
     source : {"ratings", "cooccurrence"}, default "ratings"
         How the values triples compare are made from the input: per-user
         z-scores of ratings, or per-user normalised co-occurrence counts.
     init_std : float, default 0.1
         Standard deviation of the initial coordinates.
+    solver : COESolver, dict or None, default None
+        How the fit runs (learning-rate decay, steps per epoch, how triples
+        are drawn); a dict sets some fields, None the defaults.
     random_state : int, default 0
         Seeds the initialisation and the triple draws.
     verbose : bool, default False
@@ -274,15 +298,11 @@ class COE(Estimator):
         "alpha": [Interval(Real, None, None)],
         "reg": [Interval(Real, 0, None)],
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
-        "learning_rate_final_ratio": [Interval(Real, 0, None)],
         "max_iter": [Interval(Integral, 1, None)],
-        "steps_per_epoch": [Interval(Integral, 0, None)],
-        "type_a_share": [None, Interval(Real, 0, 1)],
-        "group_power": [Interval(Real, None, None)],
         "unrated_share": [Interval(Real, 0, 1)],
-        "unrated_power": [Interval(Real, 0, None)],
         "source": [Options(str, set(SOURCES))],
         "init_std": [Interval(Real, 0, None)],
+        "solver": [None, COESolver, dict],
         "random_state": [Interval(Integral, 0, None)],
         "verbose": ["boolean"],
     }
@@ -296,15 +316,11 @@ class COE(Estimator):
         alpha: float = 1.0,
         reg: float = 0.01,
         learning_rate: float = 0.1,
-        learning_rate_final_ratio: float = 0.01,
         max_iter: int = 120,
-        steps_per_epoch: int = 0,
-        type_a_share: float | None = 1.0,
-        group_power: float = 1.0,
         unrated_share: float = 0.8,
-        unrated_power: float = 0.0,
         source: str = "ratings",
         init_std: float = 0.1,
+        solver: COESolver | dict | None = None,
         random_state: int = 0,
         verbose: bool = False,
     ):
@@ -314,17 +330,21 @@ class COE(Estimator):
         self.alpha = alpha
         self.reg = reg
         self.learning_rate = learning_rate
-        self.learning_rate_final_ratio = learning_rate_final_ratio
         self.max_iter = max_iter
-        self.steps_per_epoch = steps_per_epoch
-        self.type_a_share = type_a_share
-        self.group_power = group_power
         self.unrated_share = unrated_share
-        self.unrated_power = unrated_power
         self.source = source
         self.init_std = init_std
+        self.solver = solver
         self.random_state = random_state
         self.verbose = verbose
+
+    def solver_settings(self) -> COESolver:
+        """The ``solver`` parameter as a :class:`COESolver`."""
+        return COESolver.of(self.solver)
+
+    def _validate_params(self) -> None:
+        super()._validate_params()
+        self.solver_settings()  # a dict's fields are checked too
 
     @property
     def scale(self) -> float:
@@ -343,6 +363,7 @@ class COE(Estimator):
     def fit_triples(self, data: Ratings, triples: TripleSource) -> COE:
         """Fit from a prepared :class:`TripleSource` (the evaluation reuses one per split)."""
         self._validate_params()
+        solver = self.solver_settings()
         self.users_, self.items_ = data.users, data.items
         self.n_type_a_, self.n_type_b_ = triples.n_type_a, triples.n_type_b
         p_unrated = float(self.unrated_share)
@@ -350,20 +371,20 @@ class COE(Estimator):
             if p_unrated == 0:
                 raise ValueError("the data hold no triple: every user and item rates all its items alike")
             p_unrated = 1.0  # only rated-over-unrated triples exist
-        unrated = self._unrated_arrays(triples, p_unrated)
+        unrated = self._unrated_arrays(triples, p_unrated, float(solver.unrated_power))
         p_a = (
             self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
-            if self.type_a_share is None
-            else float(self.type_a_share)
+            if solver.type_a_share is None
+            else float(solver.type_a_share)
         )
         rng = np.random.default_rng(self.random_state)
         X = rng.normal(0.0, self.init_std, (data.n_users, int(self.n_components)))
         Y = rng.normal(0.0, self.init_std, (data.n_items, int(self.n_components)))
-        steps = int(self.steps_per_epoch) or max(len(data), 1)
+        steps = int(solver.steps_per_epoch) or max(len(data), 1)
         total = steps * int(self.max_iter)
-        lr_end = self.learning_rate * self.learning_rate_final_ratio
+        lr_end = self.learning_rate * solver.learning_rate_final_ratio
         func = FUNCTIONS[self.function]
-        arrays = triples.arrays(float(self.group_power))
+        arrays = triples.arrays(float(solver.group_power))
         self.log_likelihood_ = []
         with Progress("COE", self.max_iter, enabled=self.verbose) as bar:
             for epoch in range(int(self.max_iter)):
@@ -395,11 +416,12 @@ class COE(Estimator):
         self._fingerprint = data.fingerprint()
         return self
 
-    def _unrated_arrays(self, triples: TripleSource, p_unrated: float):
+    @staticmethod
+    def _unrated_arrays(triples: TripleSource, p_unrated: float, power: float):
         """The kernel's unrated-draw arrays, or typed placeholders when no step draws one."""
         if p_unrated == 0:
             return np.zeros(1), np.zeros(0, dtype=np.int32), np.zeros(1)
-        user_cum, seen, item_cum = triples.unrated_arrays(float(self.unrated_power))
+        user_cum, seen, item_cum = triples.unrated_arrays(power)
         if user_cum[-1] == 0:
             raise ValueError("unrated_share > 0 needs a user with an unrated item of positive weight")
         return user_cum, seen, item_cum
@@ -415,9 +437,10 @@ class COE(Estimator):
         rng = np.random.default_rng(self.random_state)
         X = rng.normal(0.0, self.init_std, (triples.n_users, int(self.n_components)))
         Y = rng.normal(0.0, self.init_std, (triples.n_items, int(self.n_components)))
-        steps = int(self.steps_per_epoch) or len(triples)
+        solver = self.solver_settings()
+        steps = int(solver.steps_per_epoch) or len(triples)
         total = steps * int(self.max_iter)
-        lr_end = self.learning_rate * self.learning_rate_final_ratio
+        lr_end = self.learning_rate * solver.learning_rate_final_ratio
         self.log_likelihood_ = []
         with Progress("COE", self.max_iter, enabled=self.verbose) as bar:
             for epoch in range(int(self.max_iter)):
@@ -449,6 +472,12 @@ class COE(Estimator):
         return self
 
     # ------------------------------------------------------------- artifact
+    def _recorded_params(self) -> dict:
+        """The settings a manifest records, under the flat names a job table writes (the
+        solver's fields among them; the service reads ``unrated_share``)."""
+        params = {k: v for k, v in self.get_params().items() if k not in ("verbose", "solver")}
+        return dict(params, **asdict(self.solver_settings()))
+
     def to_artifact(self) -> Artifact:
         """Arrays ``user_coords``, ``item_coords``, ``seen_indptr``, ``seen_indices``, ``item_popularity``."""
         if not hasattr(self, "user_coords_"):
@@ -469,7 +498,7 @@ class COE(Estimator):
                 "item_popularity": popularity,
             },
             ids={"users": self.users_, "items": self.items_},
-            hyperparameters={k: v for k, v in self.get_params().items() if k != "verbose"},
+            hyperparameters=self._recorded_params(),
             attributes={
                 "type_a_triples": self.n_type_a_,
                 "type_b_triples": self.n_type_b_,

@@ -16,11 +16,15 @@ from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.base import validate_params
+from ordrec.trainer.models.coe import COE, COESolver
 from ordrec.trainer.models.dcr import (
     DCR,
+    PAIRWISE_FLAT,
     SERVING_CONSTRAINTS,
     SERVING_DEFAULTS,
+    DCRSolver,
     EarlyStoppedDCR,
+    PairwiseDCR,
     ValidatedRefinement,
     ValidationStopping,
     check_serving,
@@ -51,6 +55,18 @@ DCR_SELECTION_CONSTRAINTS: dict[str, list] = {
     "pairwise_margin": ValidatedRefinement._parameter_constraints["margin"],
     "pairwise_confidence": ValidatedRefinement._parameter_constraints["confidence"],
 }
+
+
+# DCR's pairwise refinement (PairwiseDCR) and COE's and DCR's solver fields under their flat
+# names, and the constraints of every flat name (the reproduce commands' flags are typed by them).
+DCR_PAIRWISE = ("pairwise", *PAIRWISE_FLAT)
+DCR_FLAT_CONSTRAINTS: dict[str, list] = {
+    **DCR._parameter_constraints,
+    **DCRSolver._field_constraints,
+    "pairwise": ["boolean"],
+    **{flat: PairwiseDCR._parameter_constraints[name] for flat, name in PAIRWISE_FLAT.items()},
+}
+COE_FLAT_CONSTRAINTS: dict[str, list] = {**COE._parameter_constraints, **COESolver._field_constraints}
 
 
 @dataclass
@@ -102,10 +118,12 @@ KNNSCAL_SOLVER = tuple(SOLVER_CONSTRAINTS)
 
 def accepted_params(kind: str) -> list[str]:
     """The flat setting names a ``kind`` takes: its estimator's parameters, then (DCR) its
-    model selection and serving choices, (RTF) its grid search, (KNNSCAL) its solver fields."""
+    solver fields, pairwise refinement, model selection and serving choices, (COE) its solver
+    fields, (RTF) its grid search, (KNNSCAL) its solver fields."""
     names = estimator_class(kind).param_names()
     extra = {
-        "dcr": list(DCR_SELECTION) + list(DCR_SERVING),
+        "dcr": DCRSolver.names() + list(DCR_PAIRWISE) + list(DCR_SELECTION) + list(DCR_SERVING),
+        "coe": COESolver.names(),
         "rtf": list(RTF_SELECTION),
         "knnscal": list(KNNSCAL_SOLVER),
     }
@@ -120,6 +138,7 @@ def configure(kind: str, params: dict[str, Any]) -> Configured:
         raise ValueError(f"{kind} has no parameter(s) {sorted(unknown)}; known: {accepted_params(kind)}")
     builders: dict[str, Callable[[dict[str, Any]], Configured]] = {
         "dcr": _dcr,
+        "coe": _coe,
         "rtf": _rtf,
         "knnscal": _knnscal,
     }
@@ -131,28 +150,45 @@ def _plain(kind: str) -> Callable[[dict[str, Any]], Configured]:
 
 
 def _dcr(params: dict[str, Any]) -> Configured:
-    """DCR, wrapped in ``ValidatedRefinement`` (with ``pairwise`` unless ``pairwise_validation``
-    is false) and in ``EarlyStoppedDCR`` (with ``early_stopping``)."""
-    recorded = {name: params[name] for name in [*DCR_SELECTION, *DCR_SERVING] if name in params}
+    """DCR (its solver fields given flat merged into ``solver``), wrapped in ``PairwiseDCR``
+    with ``pairwise``, that in ``ValidatedRefinement`` unless ``pairwise_validation`` is false,
+    and the whole in ``EarlyStoppedDCR`` with ``early_stopping``."""
+    recorded = {
+        name: params[name] for name in [*DCR_SELECTION, *PAIRWISE_FLAT, *DCR_SERVING] if name in params
+    }
     selection = {name: params.pop(name, default) for name, default in DCR_SELECTION.items()}
     validate_params("DCR", selection, DCR_SELECTION_CONSTRAINTS)
     serving = {name: params.pop(name) for name in DCR_SERVING if name in params}
     validate_params("DCR", serving, SERVING_CONSTRAINTS)
     check_serving(**dict(SERVING_DEFAULTS, **serving))  # an unknown index setting, before any fitting
-    model = DCR(**params)
+    pairwise = {name: params.pop(name) for name in DCR_PAIRWISE if name in params}
+    validate_params("DCR", pairwise, DCR_FLAT_CONSTRAINTS)  # named as given, before any fitting
+    refine = pairwise.pop("pairwise", False)
+    model = DCR(**DCRSolver.merged(params))
+    refinement = PairwiseDCR.from_flat(model, pairwise)
     holdout = dict(folds=selection["validation_folds"], fraction=selection["validation_fraction"])
     estimator: Any = model
     turned_on: list[str] = []
-    if model.pairwise and selection["pairwise_validation"]:
-        estimator = ValidatedRefinement(
-            model, margin=selection["pairwise_margin"], confidence=selection["pairwise_confidence"], **holdout
-        )
+    if refine:
+        estimator = refinement
+        if selection["pairwise_validation"]:
+            estimator = ValidatedRefinement(
+                refinement,
+                margin=selection["pairwise_margin"],
+                confidence=selection["pairwise_confidence"],
+                **holdout,
+            )
         turned_on.append("pairwise")
     if selection["early_stopping"]:
         rule = ValidationStopping(patience=selection["patience"], tol=selection["val_tol"])
         estimator = EarlyStoppedDCR(estimator, stopping=rule, **holdout)
         turned_on.append("early_stopping")
     return Configured(estimator, serving, tuple(turned_on), recorded)
+
+
+def _coe(params: dict[str, Any]) -> Configured:
+    """COE, its solver fields given flat (``group_power=0.5``) merged into ``solver``."""
+    return Configured(COE(**COESolver.merged(params)))
 
 
 def _rtf(params: dict[str, Any]) -> Configured:

@@ -15,11 +15,11 @@ train in parallel threads. Items are ranked by (Eq. 4)
 
 with the relevance function ``f`` linear (default), log or exp.
 
-Pairwise DCR (Section 4, Eq. 5-7, Algorithm 1) starts from the DCR factors
-and minimises the logistic loss ``log(1 + exp(-(SC_ui - SC_uj)))`` over
-ordered rating pairs of each user plus ``lambda * sum |U|^2 + |V|^2`` by
-stochastic gradient steps with the same projection. Pairs are sampled on the
-fly inside the kernel, never enumerated.
+Pairwise DCR (:class:`PairwiseDCR`, wrapping a DCR; Section 4, Eq. 5-7,
+Algorithm 1) starts from the DCR factors and minimises the logistic loss
+``log(1 + exp(-(SC_ui - SC_uj)))`` over ordered rating pairs of each user plus
+``lambda * sum |U|^2 + |V|^2`` by stochastic gradient steps with the same
+projection. Pairs are sampled on the fly inside the kernel, never enumerated.
 
 Named variants beyond the paper (research options, :class:`ResearchOptions`,
 off by default, so ``DCR().fit(data)`` is the paper's):
@@ -77,6 +77,7 @@ from ordrec.trainer.models.dcr_kernels import (
 )
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
 from ordrec.trainer.models.selection import EarlyStopping, Gain, significant_gain
+from ordrec.trainer.models.settings import FitSettings
 from ordrec.trainer.progress import Progress
 
 # The paper's DCR where the defaults differ (they are the top-N model's): what `reproduce dcr`
@@ -368,17 +369,45 @@ class ResearchOptions:
         return {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
 
 
+@dataclass(frozen=True)
+class DCRSolver(FitSettings):
+    """How a DCR fit runs, not what it fits: the learning rate's decay, how unrated items are
+    drawn, and the factors' float type while training.
+
+    Parameters
+    ----------
+    learning_rate_decay : float, default 0.02
+        Epoch ``e`` steps with ``learning_rate / (1 + learning_rate_decay * e)`` (the pairwise
+        refinement's passes likewise).
+    unrated_power : float, default 0.5
+        Unrated items are drawn with probability proportional to their training rating count
+        to this power (0: uniform); used when ``unrated_share > 0``.
+    dtype : {"float32", "float64"}, default "float32"
+        Type of the factors while training (float32 halves the memory traffic and doubles the
+        SIMD lanes of the SGA steps); the artifact is float32 either way.
+    """
+
+    learning_rate_decay: float = 0.02
+    unrated_power: float = 0.5
+    dtype: str = "float32"
+
+    _field_constraints: ClassVar[dict[str, list]] = {
+        "learning_rate_decay": [Interval(Real, 0, None)],
+        "unrated_power": [Interval(Real, 0, 1)],
+        "dtype": [Options(str, {"float32", "float64"})],
+    }
+
+
 class DCR(Estimator):
-    """Decoupled Collaborative Ranking, optionally refined pairwise.
+    """Decoupled Collaborative Ranking (pointwise; :class:`PairwiseDCR` refines it pairwise).
 
     The defaults are the top-N-aware model that Recommend serves ("not rated"
     as the lowest level, docs/dcr.md "Top-N"); ``unrated_share=0`` is the
     paper's, which ``reproduce dcr`` fits. The paper protocol's research-only
-    knobs (visiting order, projection, variants, per-level epoch counts, ...)
-    are not parameters of the model: see :class:`ResearchOptions`. Model
-    selection wraps the estimator (:class:`EarlyStoppedDCR`,
-    :class:`ValidatedRefinement`); the item index is a choice of
-    :meth:`to_artifact`.
+    knobs are :class:`ResearchOptions`, how a fit runs is ``solver``
+    (:class:`DCRSolver`), model selection wraps the estimator
+    (:class:`EarlyStoppedDCR`, :class:`ValidatedRefinement`), and the item
+    index is a choice of :meth:`to_artifact`.
 
     Parameters
     ----------
@@ -390,17 +419,12 @@ class DCR(Estimator):
         ``unrated_share`` freshly drawn unrated items per rating at that
         level (the pairwise refinement then also orders rated over unrated).
         0 is the paper's DCR, which orders only the items a user rated.
-    unrated_power : float, default 0.5
-        Unrated items are drawn with probability proportional to their
-        training rating count to this power (0: uniform).
     levels : list of float or str, optional
         The ordered rating values; default the distinct values in the data.
     relevance : {"linear", "log", "exp"}, default "linear"
         ``f`` in Eq. 2/4 (paper recommends linear).
     learning_rate : float, default 0.05
         Initial SGA learning rate (paper: one of 0.05 ... 0.01).
-    learning_rate_decay : float, default 0.02
-        Learning rate of epoch ``e`` is ``learning_rate / (1 + learning_rate_decay * e)``.
     reg : float, default 0.001
         L2 weight per example (paper: 0.01 or 0.001).
     max_iter : int, default 100
@@ -408,32 +432,18 @@ class DCR(Estimator):
         the most passes when ``tol > 0``.
     init_std : float, default 0.1
         Standard deviation of the random initial factors.
-    pairwise : bool, default False
-        Refine with the pairwise loss of Section 4 after the pointwise fit.
-    pairwise_learning_rate, pairwise_reg, pairwise_max_iter : float, float, int, default 0.01, 0.001, 20
-        Step size, lambda of Eq. 5 and passes of the refinement.
-    pairs_per_epoch : float, default 1.0
-        Sampled pairs per refinement pass, as a multiple of the number of ratings.
     tol : float, default 0.0
         Stop before ``max_iter`` once an epoch raises the training
         log-likelihood per rating by less than ``tol`` relative to its value
-        (0: always run ``max_iter``; the top-N model's freshly drawn unrated
-        items make that likelihood noisy). ``epochs_run_`` records the epochs
-        done.
+        (0: always run ``max_iter``). ``epochs_run_`` records the epochs done.
     init : {"random", "marginal"}, default "random"
-        "random": zero-mean normal factors of standard deviation
-        ``init_std`` (the paper does not state its initialisation).
-        "marginal" (ours): every level starts at its damped item marginals,
-        ``P(r >= l_t) = (n_it + beta g_t) / (n_i + beta)``, through one
-        coordinate (users at ``a``, items at ``(2 p_it - 1) / a``) plus noise
-        of ``init_std`` in the others; SGA then personalises it. Same model,
-        objective and steps as the paper's; only the starting point differs.
-        Items without training ratings stay at the global marginals ``g_t``
-        instead of 1/2. (``beta``: ``ResearchOptions.init_shrinkage``.)
-    dtype : {"float32", "float64"}, default "float32"
-        Type of the factors while training. float32 halves the
-        memory traffic and doubles the SIMD lanes of the SGA steps; the
-        artifact is float32 either way.
+        "random": zero-mean normal factors of standard deviation ``init_std``
+        (the paper does not state its initialisation). "marginal" (ours):
+        every level starts at its damped item marginals through one
+        coordinate plus noise of ``init_std`` in the others (docs/dcr.md).
+    solver : DCRSolver, dict or None, default None
+        How the fit runs (learning-rate decay, how unrated items are drawn,
+        the factors' float type); a dict sets some fields, None the defaults.
     random_state : int, default 0
         Seed of the initialisation, the rating order and the pair sampling.
     verbose : bool, default False
@@ -446,22 +456,15 @@ class DCR(Estimator):
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None)],
         "unrated_share": [Interval(Real, 0, None)],
-        "unrated_power": [Interval(Real, 0, 1)],
         "levels": [None, list, tuple, str, np.ndarray],
         "relevance": [Options(str, set(RELEVANCE))],
         "learning_rate": [Interval(Real, 0, None)],
-        "learning_rate_decay": [Interval(Real, 0, None)],
         "reg": [Interval(Real, 0, None)],
         "max_iter": [Interval(Integral, 0, None)],
         "init_std": [Interval(Real, 0, None)],
-        "pairwise": ["boolean"],
-        "pairwise_learning_rate": [Interval(Real, 0, None)],
-        "pairwise_reg": [Interval(Real, 0, None)],
-        "pairwise_max_iter": [Interval(Integral, 0, None)],
-        "pairs_per_epoch": [Interval(Real, 0, None)],
         "tol": [Interval(Real, 0, None)],
         "init": [Options(str, {"random", "marginal"})],
-        "dtype": [Options(str, {"float32", "float64"})],
+        "solver": [None, DCRSolver, dict],
         "random_state": [Interval(Integral, 0, None)],
         "verbose": ["boolean"],
     }
@@ -471,49 +474,40 @@ class DCR(Estimator):
         *,
         n_components: int = 50,
         unrated_share: float = 1.0,
-        unrated_power: float = 0.5,
         levels=None,
         relevance: str = "linear",
         learning_rate: float = 0.05,
-        learning_rate_decay: float = 0.02,
         reg: float = 0.001,
         max_iter: int = 100,
         init_std: float = 0.1,
-        pairwise: bool = False,
-        pairwise_learning_rate: float = 0.01,
-        pairwise_reg: float = 0.001,
-        pairwise_max_iter: int = 20,
-        pairs_per_epoch: float = 1.0,
         tol: float = 0.0,
         init: str = "random",
-        dtype: str = "float32",
+        solver: DCRSolver | dict | None = None,
         random_state: int = 0,
         verbose: bool = False,
     ):
         self.n_components = n_components
         self.unrated_share = unrated_share
-        self.unrated_power = unrated_power
         self.levels = levels
         self.relevance = relevance
         self.learning_rate = learning_rate
-        self.learning_rate_decay = learning_rate_decay
         self.reg = reg
         self.max_iter = max_iter
         self.init_std = init_std
-        self.pairwise = pairwise
-        self.pairwise_learning_rate = pairwise_learning_rate
-        self.pairwise_reg = pairwise_reg
-        self.pairwise_max_iter = pairwise_max_iter
-        self.pairs_per_epoch = pairs_per_epoch
         self.tol = tol
         self.init = init
-        self.dtype = dtype
+        self.solver = solver
         self.random_state = random_state
         self.verbose = verbose
+
+    def solver_settings(self) -> DCRSolver:
+        """The ``solver`` parameter as a :class:`DCRSolver`."""
+        return DCRSolver.of(self.solver)
 
     # ------------------------------------------------------------ checks
     def _validate_params(self, research: ResearchOptions | None = None) -> None:
         super()._validate_params()
+        self.solver_settings()  # a dict's fields are checked too
         if research is not None:
             research.validate()
             if research.item_bias and int(self.n_components) < 2:
@@ -528,7 +522,7 @@ class DCR(Estimator):
         research: ResearchOptions | None = None,
         stopping: ValidationStopping | None = None,
     ) -> DCR:
-        """Fit the per-level factors (and refine pairwise when ``pairwise``).
+        """Fit the per-level factors (pointwise; :class:`PairwiseDCR` refines them).
 
         ``validation`` (ratings on the same id maps, e.g. a hold-out carved
         from the training ratings) turns on early stopping per level: after
@@ -574,14 +568,13 @@ class DCR(Estimator):
         if self.init != "marginal":
             V[self.item_counts_ == 0] = 0.0
         self.U_, self.V_ = U, V
+        # The pairwise refinement's settings (PairwiseDCR.settings) once one was run or weighed.
+        self.pairwise_: dict[str, Any] | None = None
         self.pairwise_loss_ = float("nan")
         self.pairwise_kept_: bool | None = None
         self.pairwise_val_ndcg_: tuple[float, float, float] | None = None
-        # The refinement continues this stream (ValidatedRefinement refines a pointwise fit later).
+        # A pairwise refinement continues this stream (PairwiseDCR, ValidatedRefinement).
         self._rng = rng
-        if self.pairwise:
-            self.pairwise_kept_ = True
-            _fit_pairwise(self, rng)
         return self
 
     def _index_ratings(
@@ -628,8 +621,9 @@ class DCR(Estimator):
         # costs more than a whole epoch.
         active = np.flatnonzero(np.diff(self.seen_indptr_) > 0)
         rated = np.flatnonzero(self.item_counts_ > 0)
-        U = lazy_zeros((n_users, L, f), self.dtype)
-        V = np.zeros((n_items, L, f), dtype=self.dtype)
+        dtype = self.solver_settings().dtype
+        U = lazy_zeros((n_users, L, f), dtype)
+        V = np.zeros((n_items, L, f), dtype=dtype)
         normal_rows(U, active, rng, self.init_std)
         normal_rows(V, rated, rng, self.init_std)
         u_fixed, u_radius = self._bias_setup(U, V)
@@ -643,7 +637,7 @@ class DCR(Estimator):
 
     def _unrated_sampler(self) -> UnratedSampler:
         """The training ratings joined, each epoch, by a fresh draw of unrated items at level 0."""
-        weights = self.item_counts_.astype(np.float64) ** float(self.unrated_power)
+        weights = self.item_counts_.astype(np.float64) ** float(self.solver_settings().unrated_power)
         return UnratedSampler(
             self.seen_indptr_,
             self.seen_indices_,
@@ -738,25 +732,6 @@ class DCR(Estimator):
         damped = np.where(denom > 0, (sums + beta * mean) / np.maximum(denom, 1e-12), mean)
         return damped.astype(np.float32)
 
-    def refined(self, **overrides) -> DCR:
-        """A copy of this fitted DCR refined pairwise (the DCR fit is not repeated).
-
-        ``overrides`` set the pairwise parameters (e.g. ``pairwise_learning_rate``);
-        the copy has ``pairwise=True``, the fit's ``research_`` and its own seed stream.
-        """
-        other = self._pairwise_copy(**overrides)
-        other.U_, other.V_ = self.U_.copy(), self.V_.copy()
-        return _refine_own_stream(other)
-
-    def _pairwise_copy(self, **overrides) -> DCR:
-        """A shallow copy with ``pairwise=True`` and ``overrides``, checked (its factors shared)."""
-        if not hasattr(self, "U_"):
-            raise ValueError("fit the model before refining it")
-        other = copy.copy(self)
-        other.set_params(pairwise=True, **overrides)
-        other._validate_params(other.research_)
-        return other
-
     def validation_ndcg_values(self, validation: Ratings, k: int = 10) -> np.ndarray:
         """Per-user NDCG@k of ``validation`` (same id maps), scored by the serving index
         built from this model's artifact, as the protocols score (no approximate index)."""
@@ -797,6 +772,18 @@ class DCR(Estimator):
         )
 
     # ------------------------------------------------------------ artifact
+    def _recorded_params(self) -> dict[str, Any]:
+        """The settings a manifest records, under the flat names a job table writes: the
+        parameters (the solver's fields among them), ``pairwise`` and the refinement's settings
+        (:class:`PairwiseDCR`'s defaults when none was weighed)."""
+        params = {k: v for k, v in self.get_params().items() if k not in ("verbose", "solver")}
+        params.update(asdict(self.solver_settings()))
+        refinement = getattr(self, "pairwise_", None)
+        params["pairwise"] = refinement is not None
+        settings = PairwiseDCR(self).settings() if refinement is None else refinement
+        params.update({flat: settings[name] for flat, name in PAIRWISE_FLAT.items()})
+        return params
+
     def to_artifact(
         self,
         *,
@@ -830,7 +817,7 @@ class DCR(Estimator):
             raise ValueError("fit the model before packing it")
         check_serving(item_shrinkage, ann_min_items, ann_params)
         n_users, L, f = self.U_.shape
-        params = {k: v for k, v in self.get_params().items() if k != "verbose"}
+        params = self._recorded_params()
         if params["levels"] is not None:
             params["levels"] = [float(x) for x in (self.levels_[1:] if self._unrated else self.levels_)]
         if self.research_.changed():
@@ -850,7 +837,8 @@ class DCR(Estimator):
             params["item_shrinkage"] = beta
             counts = self.item_counts_.astype(np.float64)
             item_factors = item_factors * (counts / (counts + beta))[:, None]
-        if self.pairwise:
+        pairwise = getattr(self, "pairwise_", None) is not None
+        if pairwise:
             if np.isfinite(self.pairwise_loss_):  # NaN: the refinement lost on validation, never ran
                 metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
             kept = getattr(self, "pairwise_kept_", None)
@@ -882,11 +870,11 @@ class DCR(Estimator):
                 "levels": [float(x) for x in self.levels_],
                 "relevance": self.relevance,
                 "rank": int(f),
-                "pairwise": bool(self.pairwise),
+                "pairwise": pairwise,
                 # levels[0] is "not rated": the served distribution is conditional on rating.
                 "unrated_level": self._unrated,
                 # False: the refinement lost on validation and the pointwise factors are served.
-                "pairwise_kept": bool(self.pairwise and getattr(self, "pairwise_kept_", None) is not False),
+                "pairwise_kept": pairwise and getattr(self, "pairwise_kept_", None) is not False,
             },
             data_fingerprint=self.data_fingerprint_,
             indexes=indexes,
@@ -920,9 +908,10 @@ def _fit_pointwise(
         seg_items = model.seen_indices_.copy()
         seg_levels = model.seen_levels_.copy()
     sampler = model._unrated_sampler() if model._unrated else None
+    decay = float(model.solver_settings().learning_rate_decay)
     with Progress("DCR", stopper.epochs, model.verbose) as bar:
         for epoch in range(stopper.epochs):
-            lr = float(model.learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
+            lr = float(model.learning_rate) / (1.0 + decay * epoch)
             train = stopper.levels_to_train(epoch)
             if sampler is not None:
                 indptr, seg_items, seg_levels = sampler.draw(int(rng.integers(2**31 - 1)))
@@ -949,36 +938,31 @@ def _fit_pointwise(
                 break
 
 
-def _refine_own_stream(model: DCR) -> DCR:
-    """``model`` (a :meth:`DCR._pairwise_copy`) refined in place on its own seed stream, as
-    :meth:`DCR.refined` refines its copy."""
-    _fit_pairwise(model, np.random.default_rng([int(model.random_state), 1]))
-    model.pairwise_kept_, model.pairwise_val_ndcg_ = True, None
-    return model
-
-
-def _fit_pairwise(model: DCR, rng: np.random.Generator) -> None:
+def _fit_pairwise(model: DCR, refinement: PairwiseDCR, rng: np.random.Generator) -> None:
     """Pairwise DCR (Algorithm 1, Eq. 5-7) by projected SGD on ``model.U_``/``V_`` in place, pairs
-    sampled on the fly (rated over unrated too when top-N-aware); ``model.pairwise_loss_`` is
-    the last pass's loss."""
+    sampled on the fly (rated over unrated too when top-N-aware), with ``refinement``'s settings;
+    ``model.pairwise_loss_`` is the last pass's loss, ``model.pairwise_`` the settings."""
+    model.pairwise_ = refinement.settings()
     c, _ = level_weights(model.levels_, model.relevance)
     bias = float(model.research_.item_bias)
     u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
     indptr, items, levels = model.seen_indptr_, model.seen_indices_, model.seen_levels_
     sampler = model._unrated_sampler() if model._unrated else None
     # The arguments every pass's kernel shares: lambda of Eq. 5, the frozen coordinates, projection.
-    step = (float(model.pairwise_reg), u_fixed, u_radius, model.research_.projection == "sphere")
+    step = (float(refinement.reg), u_fixed, u_radius, model.research_.projection == "sphere")
     active = np.flatnonzero(np.diff(model.seen_indptr_) > (0 if model._unrated else 1))
     U, V = model.U_, model.V_
-    with Progress("Pairwise DCR", model.pairwise_max_iter, model.verbose) as bar:
-        for epoch in range(int(model.pairwise_max_iter)):
-            lr = float(model.pairwise_learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch)
+    decay = float(model.solver_settings().learning_rate_decay)
+    share = float(refinement.pairs_per_epoch)
+    with Progress("Pairwise DCR", refinement.max_iter, model.verbose) as bar:
+        for epoch in range(int(refinement.max_iter)):
+            lr = float(refinement.learning_rate) / (1.0 + decay * epoch)
             if sampler is not None:  # rated over unrated pairs too, from a fresh draw
                 indptr, items, levels = sampler.draw(int(rng.integers(2**31 - 1)))
-            n_steps = int(round(float(model.pairs_per_epoch) * items.size))
+            n_steps = int(round(share * items.size))
             if model.research_.order == "user":
                 # Pairs grouped by user: U_u stays in cache for the user's draws.
-                order, share = rng.permutation(active), float(model.pairs_per_epoch)
+                order = rng.permutation(active)
                 loss, _ = pairwise_epoch_by_user(
                     U, V, indptr, items, levels, c, order, share, lr, *step, int(rng.integers(2**31 - 1))
                 )
@@ -1019,15 +1003,118 @@ HOLD_OUT_CONSTRAINTS: dict[str, list] = {
 
 
 def _pointwise_params(model: DCR) -> dict:
-    """``model``'s parameters for a pointwise fit on a hold-out (no refinement, no progress line)."""
-    return dict(model.get_params(), pairwise=False, verbose=False)
+    """``model``'s parameters for a pointwise fit on a hold-out (no progress line)."""
+    return dict(model.get_params(), verbose=False)
+
+
+# Pairwise DCR's settings under the flat names job tables write: flat name -> PairwiseDCR's.
+PAIRWISE_FLAT = {
+    "pairwise_learning_rate": "learning_rate",
+    "pairwise_reg": "reg",
+    "pairwise_max_iter": "max_iter",
+    "pairs_per_epoch": "pairs_per_epoch",
+}
+
+
+class PairwiseDCR:
+    """Pairwise DCR (Section 4, Eq. 5-7, Algorithm 1): a DCR fitted pointwise, then refined by
+    the pairwise logistic loss, wrapping a DCR as a Pipeline's last step follows the others.
+
+    The refinement minimises ``log(1 + exp(-(SC_ui - SC_uj)))`` over ordered rating pairs of
+    each user (rated over unrated too when the DCR is top-N-aware) plus ``reg * (|U|^2 +
+    |V|^2)`` by projected SGD, pairs sampled on the fly; it continues the fit's random stream
+    and the DCR solver's learning-rate decay. The served model is ``best_estimator_``.
+
+    Parameters
+    ----------
+    estimator : DCR
+        The pointwise model.
+    learning_rate : float, default 0.01
+        Step size of the refinement.
+    reg : float, default 0.001
+        lambda of Eq. 5.
+    max_iter : int, default 20
+        Passes of the refinement.
+    pairs_per_epoch : float, default 1.0
+        Sampled pairs per pass, as a multiple of the number of ratings.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "learning_rate": [Interval(Real, 0, None)],
+        "reg": [Interval(Real, 0, None)],
+        "max_iter": [Interval(Integral, 0, None)],
+        "pairs_per_epoch": [Interval(Real, 0, None)],
+    }
+    best_estimator_: DCR
+
+    def __init__(
+        self,
+        estimator: DCR,
+        *,
+        learning_rate: float = 0.01,
+        reg: float = 0.001,
+        max_iter: int = 20,
+        pairs_per_epoch: float = 1.0,
+    ):
+        self.estimator = estimator
+        self.learning_rate = learning_rate
+        self.reg = reg
+        self.max_iter = max_iter
+        self.pairs_per_epoch = pairs_per_epoch
+
+    @classmethod
+    def from_flat(cls, estimator: DCR, flat: dict[str, Any]) -> PairwiseDCR:
+        """The refinement of ``estimator`` with the settings given under their flat names
+        (``pairwise_learning_rate``, ...; :data:`PAIRWISE_FLAT`)."""
+        return cls(estimator, **{PAIRWISE_FLAT[name]: value for name, value in flat.items()})
+
+    def settings(self) -> dict[str, Any]:
+        """The refinement's settings (everything but the estimator), checked."""
+        settings = {name: getattr(self, name) for name in self._parameter_constraints}
+        validate_params(type(self).__name__, settings, self._parameter_constraints)
+        return settings
+
+    def fit(self, data: Ratings, validation: Ratings | None = None, **fit_params: Any) -> PairwiseDCR:
+        """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it in
+        place, continuing its random stream."""
+        self.settings()
+        model = copy.copy(self.estimator).fit(data, validation, **fit_params)
+        self.refine_fitted(model)
+        self.best_estimator_ = model
+        return self
+
+    def refine_fitted(self, model: DCR) -> None:
+        """Refine the freshly fitted ``model`` in place, continuing the fit's random stream."""
+        model.pairwise_kept_ = True
+        _fit_pairwise(model, self, model._rng)
+
+    def refined(self, model: DCR) -> DCR:
+        """A refined copy of the fitted ``model`` (the DCR fit is not repeated), with the fit's
+        ``research_`` and its own seed stream."""
+        if not hasattr(model, "U_"):
+            raise ValueError("fit the model before refining it")
+        self.settings()
+        other = copy.copy(model)
+        other.U_, other.V_ = model.U_.copy(), model.V_.copy()
+        return self._refine_in_place(other)
+
+    def _refine_in_place(self, model: DCR) -> DCR:
+        """``model`` refined in place on its own seed stream, as :meth:`refined` refines its
+        copy (for a fit whose pointwise factors are not needed afterwards)."""
+        _fit_pairwise(model, self, np.random.default_rng([int(model.random_state), 1]))
+        model.pairwise_kept_, model.pairwise_val_ndcg_ = True, None
+        return model
+
+    def to_artifact(self, **serving) -> Artifact:
+        """The refined model's artifact, with ``DCR.to_artifact``'s serving choices."""
+        return self.best_estimator_.to_artifact(**serving)
 
 
 def refinement_scores(
-    model: DCR, data: Ratings, folds: int, fraction: float, **overrides
+    model: DCR, data: Ratings, folds: int, fraction: float, refinement: PairwiseDCR
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-user validation values (``DCR.validation_values``) of the pointwise fit and of its
-    refinement (with ``overrides``), each user's averaged over ``folds`` hold-outs of ``data``.
+    ``refinement``, each user's averaged over ``folds`` hold-outs of ``data``.
 
     Every hold-out's pointwise fit has ``model``'s parameters and research options, for the
     epochs of ``model`` when it had per-level counts; the hold-outs have their own random
@@ -1048,9 +1135,9 @@ def refinement_scores(
         val = data.subset(held)
         del held
         pointwise.append(point.validation_values(val))
-        # Refined in place (the stream and steps of DCR.refined): the pointwise factors are
-        # scored already, so no second copy of them is made.
-        refined.append(_refine_own_stream(point._pairwise_copy(**overrides)).validation_values(val))
+        # Refined in place (the stream and steps of PairwiseDCR.refined): the pointwise factors
+        # are scored already, so no second copy of them is made.
+        refined.append(refinement._refine_in_place(point).validation_values(val))
         del point, val  # the next fold's split and fit need not sit beside this one's
     if len({v.size for v in pointwise}) == 1:
         # Every fold holds out ratings of the same users: average each user's over folds.
@@ -1082,8 +1169,8 @@ class _HoldOutSelection:
 
 
 class ValidatedRefinement(_HoldOutSelection):
-    """Pairwise DCR kept only where it wins on validation, wrapping a DCR as GridSearchCV wraps
-    an estimator.
+    """Pairwise DCR kept only where it wins on validation, wrapping a :class:`PairwiseDCR` as
+    GridSearchCV wraps an estimator.
 
     The pointwise DCR is fitted on all the ratings; ``folds`` times, ``fraction`` of each
     user's ratings (at least 2) are held out, the pointwise model fitted on the rest is
@@ -1094,8 +1181,8 @@ class ValidatedRefinement(_HoldOutSelection):
 
     Parameters
     ----------
-    estimator : DCR
-        The model; its pairwise parameters are the refinement's.
+    estimator : PairwiseDCR
+        The refinement and, as its estimator, the pointwise model.
     folds : int, default 3
         Hold-outs the refinement must win on.
     fraction : float, default 0.25
@@ -1111,10 +1198,11 @@ class ValidatedRefinement(_HoldOutSelection):
         "margin": [Interval(Real, 0, None)],
         "confidence": [Interval(Real, 0, None)],
     }
+    estimator: PairwiseDCR
 
     def __init__(
         self,
-        estimator: DCR,
+        estimator: PairwiseDCR,
         *,
         folds: int = 3,
         fraction: float = 0.25,
@@ -1125,11 +1213,11 @@ class ValidatedRefinement(_HoldOutSelection):
         self.margin = margin
         self.confidence = confidence
 
-    def decide(self, model: DCR, data: Ratings, **overrides) -> tuple[Gain, tuple[float, float, float]]:
-        """Whether refining the fitted ``model`` (with ``overrides``) wins on hold-outs of
-        ``data``; the verdict and (pointwise, refined, SE of the gain) as the artifact records."""
+    def decide(self, model: DCR, data: Ratings) -> tuple[Gain, tuple[float, float, float]]:
+        """Whether refining the fitted ``model`` wins on hold-outs of ``data``; the verdict and
+        (pointwise, refined, SE of the gain) as the artifact records."""
         self._validate_params()
-        point, pair = refinement_scores(model, data, int(self.folds), float(self.fraction), **overrides)
+        point, pair = refinement_scores(model, data, int(self.folds), float(self.fraction), self.estimator)
         gain = significant_gain(pair - point, margin=float(self.margin), confidence=float(self.confidence))
         return gain, (float(point.mean()), float(pair.mean()), gain.se)
 
@@ -1137,39 +1225,37 @@ class ValidatedRefinement(_HoldOutSelection):
         """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it
         (continuing its random stream) if that wins; the served model is ``best_estimator_``."""
         self._validate_params()
-        model = copy.copy(self.estimator).set_params(pairwise=False)
-        assert isinstance(model, DCR)
-        model.fit(data, validation, **fit_params)
+        settings = self.estimator.settings()
+        model = copy.copy(self.estimator.estimator).fit(data, validation, **fit_params)
         gain, scores = self.decide(model, data)
-        chosen = model._pairwise_copy()
-        if gain.kept:  # the copy shares the factors: refined in place
-            _fit_pairwise(chosen, model._rng)
-        chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
-        self.best_estimator_ = chosen
+        if gain.kept:
+            self.estimator.refine_fitted(model)
+        model.pairwise_, model.pairwise_kept_, model.pairwise_val_ndcg_ = settings, gain.kept, scores
+        self.best_estimator_ = model
         return self
 
-    def refine(self, model: DCR, data: Ratings, **overrides) -> DCR:
-        """Like :meth:`DCR.refined`, but the refinement is kept only where it wins on hold-outs
-        of ``data``, the ratings ``model`` was fitted on; otherwise a copy with the pointwise
-        factors. The copy has ``pairwise=True`` and records ``pairwise_kept_`` and
-        ``pairwise_val_ndcg_``."""
+    def refine(self, model: DCR, data: Ratings) -> DCR:
+        """Like :meth:`PairwiseDCR.refined`, but the refinement is kept only where it wins on
+        hold-outs of ``data``, the ratings ``model`` was fitted on; otherwise a copy with the
+        pointwise factors. The copy records ``pairwise_kept_`` and ``pairwise_val_ndcg_``."""
         if not hasattr(model, "U_"):
             raise ValueError("fit the model before refining it")
         if data.fingerprint() != model.data_fingerprint_:
             raise ValueError("ValidatedRefinement.refine needs the ratings the model was fitted on")
-        gain, scores = self.decide(model, data, **overrides)
+        gain, scores = self.decide(model, data)
         if gain.kept:
-            chosen = model.refined(**overrides)
+            chosen = self.estimator.refined(model)
         else:  # the pointwise factors, served as they are
-            chosen = model._pairwise_copy(**overrides)
-            chosen.pairwise_loss_ = float("nan")
+            chosen = copy.copy(model)
+            chosen.pairwise_, chosen.pairwise_loss_ = self.estimator.settings(), float("nan")
         chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
         return chosen
 
 
 class EarlyStoppedDCR(_HoldOutSelection):
     """DCR whose per-level epoch counts are chosen on validation, wrapping a DCR (or a
-    :class:`ValidatedRefinement` of one) as GridSearchCV wraps an estimator.
+    :class:`PairwiseDCR` or :class:`ValidatedRefinement` of one) as GridSearchCV wraps an
+    estimator.
 
     ``folds`` times, ``fraction`` of each user's ratings (at least 2) are held out and every
     level of the pointwise model is early-stopped on them by the ``stopping`` rule; the
@@ -1178,7 +1264,7 @@ class EarlyStoppedDCR(_HoldOutSelection):
 
     Parameters
     ----------
-    estimator : DCR or ValidatedRefinement
+    estimator : DCR, PairwiseDCR or ValidatedRefinement
         The model fitted on all the ratings.
     stopping : ValidationStopping, optional
         When a hold-out fit stops (default: ``ValidationStopping()``, patience 5, tol 0).
@@ -1195,7 +1281,7 @@ class EarlyStoppedDCR(_HoldOutSelection):
 
     def __init__(
         self,
-        estimator: DCR | ValidatedRefinement,
+        estimator: DCR | PairwiseDCR | ValidatedRefinement,
         *,
         stopping: ValidationStopping | None = None,
         folds: int = 3,
@@ -1206,9 +1292,11 @@ class EarlyStoppedDCR(_HoldOutSelection):
 
     @property
     def model(self) -> DCR:
-        """The DCR whose parameters the hold-out fits take."""
+        """The DCR whose parameters the hold-out fits take (inside any wrappers)."""
         inner = self.estimator
-        return inner.estimator if isinstance(inner, ValidatedRefinement) else inner
+        while not isinstance(inner, DCR):
+            inner = inner.estimator
+        return inner
 
     def fit(self, data: Ratings, *, research: ResearchOptions | None = None) -> EarlyStoppedDCR:
         """Choose the per-level epochs on hold-outs of ``data``, then fit on all of it."""
@@ -1233,7 +1321,7 @@ class EarlyStoppedDCR(_HoldOutSelection):
             )
             research = replace(research, level_epochs=self.chosen_level_epochs_)
         fitted = copy.copy(self.estimator).fit(data, research=research)
-        self.best_estimator_ = fitted.best_estimator_ if isinstance(fitted, ValidatedRefinement) else fitted
+        self.best_estimator_ = fitted if isinstance(fitted, DCR) else fitted.best_estimator_
         return self
 
 

@@ -218,8 +218,11 @@ class DistributedFit:
         self.on_sub_epoch = on_sub_epoch
 
     def _check(self, model: DCR) -> None:
-        if model.pairwise:
-            raise ValueError("the distributed DCR fit does not support pairwise=True (fit it in one process)")
+        if not isinstance(model, DCR):
+            raise ValueError(
+                f"the distributed DCR fit takes a plain DCR, not a {type(model).__name__}: the pairwise"
+                " refinement and model selection run in one process"
+            )
         for name in ("blocks", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -250,7 +253,7 @@ class DistributedFit:
         indptr = model.seen_indptr_
         user = np.repeat(np.arange(indptr.size - 1, dtype=np.int64), np.diff(indptr))
         item, level = model.seen_indices_.astype(np.int64), model.seen_levels_
-        weight = model.item_counts_.astype(np.float64) ** float(model.unrated_power)
+        weight = model.item_counts_.astype(np.float64) ** float(model.solver_settings().unrated_power)
         user_block = balanced_blocks(np.diff(model.seen_indptr_), W, rng)
         item_block = balanced_blocks(model.item_counts_, W, rng)
         users, items, blocks = split_blocks(user, item, level, user_block, item_block, weight, W)
@@ -302,7 +305,8 @@ class DistributedFit:
         bias = float(model.research_.item_bias)
         L = model.U_.shape[1]
         return StepParams(
-            lr=float(model.learning_rate) / (1.0 + float(model.learning_rate_decay) * epoch),
+            lr=float(model.learning_rate)
+            / (1.0 + float(model.solver_settings().learning_rate_decay) * epoch),
             reg=float(model.reg),
             floor=float(model.research_.prob_floor),
             u_fixed=1 if bias else 0,

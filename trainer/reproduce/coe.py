@@ -48,7 +48,8 @@ import numpy as np
 from ordrec.service.indices.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
-from ordrec.trainer.models.coe import COE, FUNCTIONS, TripleSource, grouped, user_moments, zscore
+from ordrec.trainer.models.coe import COE, FUNCTIONS, COESolver, TripleSource, grouped, user_moments, zscore
+from ordrec.trainer.models.configured import COE_FLAT_CONSTRAINTS
 from ordrec.trainer.reproduce.dcr import load_ratings
 from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
@@ -225,7 +226,7 @@ def fit_and_evaluate(
     """
     train = data.subset(observed)
     triples = TripleSource.build(train.user, train.item, values[observed], data.n_users, data.n_items)
-    model = COE(**params)
+    model = COE(**COESolver.merged(dict(params)))
     start, cpu = time.perf_counter(), time.process_time()
     model.fit_triples(train, triples)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -239,7 +240,7 @@ def _warm_up(data: Ratings) -> None:
     """Load (or compile) the numba kernels once, so no run's fit time includes it."""
     head = data.subset(np.arange(min(len(data), 2000)))
     for function in FUNCTIONS:
-        COE(function=function, max_iter=1, steps_per_epoch=100).fit(head)
+        COE(function=function, max_iter=1, solver=COESolver(steps_per_epoch=100)).fit(head)
     K.concordant_pairs(np.array([0, 2], np.int64), np.zeros(2, np.float32), np.zeros(2))
     K.knn_mean_rating(np.array([0, 1], np.int64), np.zeros(1), np.zeros(1), 1)
 
@@ -318,7 +319,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per split, grid-search lambda/alpha, reg (L2 weight) and group_power on a validation"
         " split of that split's observed ratings",
     )
-    add_param_flags(parser, COE._parameter_constraints, FLAG_HELP, FLAG_HELP)
+    add_param_flags(parser, COE_FLAT_CONSTRAINTS, FLAG_HELP, FLAG_HELP)
     parser.add_argument("--no-references", action="store_true", help="skip the random/popularity rows")
 
 
@@ -340,7 +341,7 @@ PROTOCOL_DEFAULTS = {"n_components": 2, "steps_per_epoch": 0}
 
 def _params(function: str, args: argparse.Namespace) -> dict:
     """The fit of ``function`` (COE-S or COE-G): the tuned defaults, then the flags given."""
-    given = given_params(args, "COE", COE._parameter_constraints, FLAG_HELP)
+    given = given_params(args, "COE", COE_FLAT_CONSTRAINTS, FLAG_HELP)
     params = dict(DEFAULTS[function], **PROTOCOL_DEFAULTS, function=function)
     params.update({name: value for name, value in given.items() if name not in ("lam", "alpha")})
     scale = "lam" if function == "sigmoid" else "alpha"  # the other function's is not its parameter

@@ -51,9 +51,13 @@ import numpy as np
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
+from ordrec.trainer.models.configured import DCR_FLAT_CONSTRAINTS
 from ordrec.trainer.models.dcr import (
     DCR,
+    PAIRWISE_FLAT,
     PAPER_PARAMS,
+    DCRSolver,
+    PairwiseDCR,
     ResearchOptions,
     ValidatedRefinement,
     ValidationStopping,
@@ -166,21 +170,35 @@ STOPPING = {"patience": "patience", "val_tol": "tol"}  # protocol setting -> Val
 
 
 def split_params(params: dict) -> tuple[dict, ResearchOptions, ValidationStopping]:
-    """The protocol's mixed settings (over ``PAPER_PARAMS``) as DCR's parameters, its research
-    options (``ResearchOptions``: order, projection, item_bias, level_epochs, ...) and the
-    validation stopping rule (``patience``, ``val_tol``)."""
+    """The protocol's mixed settings (over ``PAPER_PARAMS``, flat names) as DCR's parameters
+    (its solver fields in ``solver``), its research options (``ResearchOptions``: order,
+    projection, item_bias, level_epochs, ...) and the validation stopping rule (``patience``,
+    ``val_tol``); the pairwise refinement's settings are :func:`refinement_for`'s."""
     mixed = dict(PAPER_PARAMS, **params)
     stopping = ValidationStopping(
         **{field: mixed.pop(name) for name, field in STOPPING.items() if name in mixed}
     )
+    for name in ("pairwise", *PAIRWISE_FLAT):
+        mixed.pop(name, None)
     model_params, research = ResearchOptions.split(mixed)
-    return model_params, research, stopping
+    return DCRSolver.merged(model_params), research, stopping
+
+
+def refinement_for(params: dict, model: DCR, **overrides) -> PairwiseDCR:
+    """The pairwise refinement of ``model`` with the settings among the protocol's ``params``
+    and ``overrides`` (flat names: ``pairwise_learning_rate``, ...)."""
+    given = dict(params, **overrides)
+    return PairwiseDCR.from_flat(model, {name: given[name] for name in PAIRWISE_FLAT if name in given})
 
 
 def fit_dcr(params: dict, data: Ratings, validation: Ratings | None = None) -> DCR:
-    """DCR fitted on ``data`` from the protocol's mixed settings (``split_params``)."""
+    """DCR fitted on ``data`` from the protocol's mixed settings (``split_params``), refined in
+    place (continuing its random stream) when ``pairwise`` is among them."""
     model_params, research, stopping = split_params(params)
-    return DCR(**model_params).fit(data, validation=validation, research=research, stopping=stopping)
+    model = DCR(**model_params).fit(data, validation=validation, research=research, stopping=stopping)
+    if params.get("pairwise", False):
+        refinement_for(params, model).refine_fitted(model)
+    return model
 
 
 def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
@@ -238,7 +256,7 @@ def tune(
         pair_score = -np.inf
         for values in itertools.product(*(pairwise_grid[k] for k in pkeys)):
             overrides = dict(zip(pkeys, values))
-            score = index_ndcg(best_model.refined(**overrides), val)
+            score = index_ndcg(refinement_for(best, best_model, **overrides).refined(best_model), val)
             log(f"    tune pairwise {params_text(overrides, pkeys)}: val ndcg@10 {score:.4f}")
             if score > pair_score:
                 best_pair, pair_score = overrides, score
@@ -289,7 +307,7 @@ FLAG_HELP = {
     "pairwise_max_iter": "passes of the pairwise refinement (default 20)",
 }
 FLAG_CONSTRAINTS = {
-    **DCR._parameter_constraints,
+    **DCR_FLAT_CONSTRAINTS,
     **ResearchOptions._parameter_constraints,
     "val_tol": ValidationStopping._parameter_constraints["tol"],
 }
@@ -504,11 +522,13 @@ def _sweep_run(
             values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
             # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
             for plr in pair_lrs:
-                refined = model.refined(
-                    pairwise_learning_rate=plr,
-                    pairwise_reg=FIXED["pairwise_reg"],
-                    pairwise_max_iter=setting(args, "pairwise_max_iter"),
+                refinement = PairwiseDCR(
+                    model,
+                    learning_rate=plr,
+                    reg=FIXED["pairwise_reg"],
+                    max_iter=setting(args, "pairwise_max_iter"),
                 )
+                refined = refinement.refined(model)
                 values.setdefault(f"Pairwise {method} pairwise_learning_rate={plr}", []).append(
                     ndcg_values(serving_scorer(refined), val)
                 )
@@ -533,7 +553,7 @@ def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
 def _sweep_setting(text: str) -> tuple[str, tuple]:
     """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
-    if not sep or not values or key not in DCR.param_names() + ResearchOptions.names() + list(STOPPING):
+    if not sep or not values or key not in [*DCR_FLAT_CONSTRAINTS, *ResearchOptions.names(), *STOPPING]:
         raise SystemExit(
             f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter or research option"
         )
@@ -849,7 +869,9 @@ def _record_family(
             f"(item_shrinkage={shrinkage:g})",
         )
     if args.pairwise:
-        refined = _pairwise(args, results, prefix, n, model, pair_params, train, test)
+        refined = _pairwise(
+            args, results, prefix, n, model, refinement_for(params, model, **pair_params), train, test
+        )
         if plan.shrunk:
             results.record(
                 "Pairwise " + prefix + "-shrunk",
@@ -865,20 +887,20 @@ def _pairwise(
     prefix: str,
     n: int,
     model: DCR,
-    pair_params: dict,
+    refinement: PairwiseDCR,
     train: Ratings,
     test: Ratings,
 ) -> DCR:
-    """The ``Pairwise prefix`` row: the refinement kept only where it raises validation
+    """The ``Pairwise prefix`` row: the ``refinement`` kept only where it raises validation
     NDCG@10 on hold-outs of the training ratings (``ValidatedRefinement.refine``), else the
     pointwise model; ``--pairwise-always`` refines unconditionally (the paper's). With
     validation, the unconditional refinement is also recorded (``... (always refined)``)."""
-    note = params_text(pair_params, sorted(pair_params))
-    always = model.refined(**pair_params)
+    note = f"pairwise_learning_rate={refinement.learning_rate}"
+    always = refinement.refined(model)
     if args.pairwise_always:
         results.record("Pairwise " + prefix, n, index_ndcg(always, test), f"({note})")
         return always
-    chosen = ValidatedRefinement(model, folds=args.pairwise_folds).refine(model, train, **pair_params)
+    chosen = ValidatedRefinement(refinement, folds=args.pairwise_folds).refine(model, train)
     point, pair, se = chosen.pairwise_val_ndcg_
     verdict = "kept" if chosen.pairwise_kept_ else "dropped, pointwise model served"
     results.record(
