@@ -15,7 +15,8 @@ ratings themselves (12 B/rating), the fit's arrays and the factors (shown apart)
 
 Models: ``dcr`` (pointwise, one epoch); ``refine`` (that fit, then one epoch of the pairwise
 refinement, ``PairwiseDCR.refined``: its time is the refinement's epoch, and both sets of factors are
-held); ``pairwise`` (the whole validated fit a job runs: ``ValidatedRefinement`` over
+held); ``refine0`` (the same refinement epoch from the set-up's factors, without the DCR
+epoch: the same steps, in less time); ``pairwise`` (the whole validated fit a job runs: ``ValidatedRefinement`` over
 ``--folds`` hold-outs, one epoch each); ``read`` (the generated ratings written once to a tsv
 file under /tmp, then read by ``read_ratings``, the one line reader, in a fresh process: its
 time and peak; the file is deleted after). ``--data-dir`` keeps the generated arrays there as
@@ -205,8 +206,11 @@ def measure(
     def fit(data):
         if model_name == "dcr":
             return DCR(max_iter=1).fit(data)
-        if model_name == "refine":  # the pointwise epoch, then one epoch of the refinement
-            point = DCR(max_iter=1).fit(data)
+        if model_name in (
+            "refine",
+            "refine0",
+        ):  # the pointwise epoch (refine0: none), then one of the refinement
+            point = DCR(max_iter=int(model_name == "refine")).fit(data)
             t = time.perf_counter()
             refined = PairwiseDCR(DCR(max_iter=1), max_iter=1).refined(point)
             pair_s.append(time.perf_counter() - t)
@@ -227,14 +231,17 @@ def measure(
     n_users, n_items = data.n_users, data.n_items
     held = rss() - base
     t = time.perf_counter()
-    DCR(max_iter=0).fit(data)
+    if model_name != "refine0":  # refine0's own fit is the set-up
+        DCR(max_iter=0).fit(data)
     setup_s = time.perf_counter() - t
     t = time.perf_counter()
     model = fit(data)
     fit_s = time.perf_counter() - t
+    if model_name == "refine0":
+        setup_s = fit_s - sum(pair_s)
     top = peak() - base
     # A refined copy holds both sets of factors (the pointwise fit's and its own).
-    factors = (model.U_.nbytes + model.V_.nbytes) * (2 if model_name == "refine" else 1)
+    factors = (model.U_.nbytes + model.V_.nbytes) * (2 if model_name.startswith("refine") else 1)
     pointwise_s = fit_s - sum(pair_s)
     return {
         "model": model_name,
@@ -246,7 +253,7 @@ def measure(
         "setup_s": round(setup_s, 2),
         "fit_s": round(fit_s, 2),
         "folds": folds if model_name == "pairwise" else None,
-        "epoch_s": round(pointwise_s - setup_s, 2) if model_name != "pairwise" else None,
+        "epoch_s": round(pointwise_s - setup_s, 2) if model_name in ("dcr", "refine") else None,
         "pair_epoch_s": round(pair_s[0], 2) if pair_s else None,
         "data_b": round(held / n, 1),
         "peak_b": round(top / n, 1),
