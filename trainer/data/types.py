@@ -109,7 +109,8 @@ def _fingerprint(*parts) -> str:
         if isinstance(part, IdMap):
             digest.update("\n".join(part.ids).encode("utf-8"))
         else:
-            digest.update(np.ascontiguousarray(part).tobytes())
+            # The array's own buffer, not a bytes copy of it (4 bytes per rating per column).
+            digest.update(np.ascontiguousarray(part).data)
         digest.update(b"\0")
     return digest.hexdigest()
 

@@ -745,7 +745,9 @@ class DCR(Estimator):
         return served_recall_values(self._exact_index(), validation, float(self.levels_[-2]), k)
 
     def _exact_index(self) -> DCRIndex:
-        return DCRIndex.from_artifact(self.to_artifact(ann_min_items=np.iinfo(np.int64).max))
+        """The serving index of this model, exact, over the model's own arrays (no copies: it
+        is scored and dropped while the model is unchanged)."""
+        return DCRIndex.from_artifact(self._packed(copy=False, ann_min_items=np.iinfo(np.int64).max))
 
     def _calibration_queries(self) -> Queries:
         """A seeded sample of the trained users as the server searches for them: factors with
@@ -796,6 +798,20 @@ class DCR(Estimator):
         (``service/indices/ann.py``, ``docs/catalog.md``) of ``ann_params`` (``structure``
         ``"hnsw"`` or ``"ivf"`` and its settings); smaller ones are scored exactly.
         """
+        return self._packed(
+            copy=True, item_shrinkage=item_shrinkage, ann_min_items=ann_min_items, ann_params=ann_params
+        )
+
+    def _packed(
+        self,
+        *,
+        copy: bool,
+        item_shrinkage: float = 0.0,
+        ann_min_items: int = ANN_MIN_ITEMS,
+        ann_params: dict | None = None,
+    ) -> Artifact:
+        """:meth:`to_artifact`; ``copy=False`` lets the arrays share the model's memory (for an
+        index used and dropped at once: the factors are then not held twice)."""
         if not hasattr(self, "U_"):
             raise ValueError("fit the model before packing it")
         check_serving(item_shrinkage, ann_min_items, ann_params)
@@ -830,7 +846,7 @@ class DCR(Estimator):
             if scores is not None:
                 metrics["val_ndcg@10_pointwise"], metrics["val_ndcg@10_pairwise"] = map(float, scores[:2])
                 metrics["val_ndcg@10_gain_se"] = float(scores[2])
-        item_factors = item_factors.astype(np.float32)
+        item_factors = item_factors.astype(np.float32, copy=copy)
         # A large catalogue gets an approximate item index, built when the version is published.
         indexes = (
             {"items": item_index(item_factors, ann_params, self._calibration_queries())}
@@ -840,10 +856,10 @@ class DCR(Estimator):
         return Artifact(
             kind=self.kind,
             arrays={
-                "user_factors": self.U_.reshape(n_users, L * f).astype(np.float32),
+                "user_factors": self.U_.reshape(n_users, L * f).astype(np.float32, copy=copy),
                 "item_factors": item_factors,
-                "seen_indptr": self.seen_indptr_.astype(np.int64),
-                "seen_indices": self.seen_indices_.astype(np.int32),
+                "seen_indptr": self.seen_indptr_.astype(np.int64, copy=copy),
+                "seen_indices": self.seen_indices_.astype(np.int32, copy=copy),
                 "item_popularity": self.item_popularity_,
             },
             ids={"users": self.users_, "items": self.items_},
@@ -1079,9 +1095,14 @@ class PairwiseDCR:
         self.settings()
         other = copy.copy(model)
         other.U_, other.V_ = model.U_.copy(), model.V_.copy()
-        _fit_pairwise(other, self, np.random.default_rng([int(other.random_state), 1]))
-        other.pairwise_kept_, other.pairwise_val_ndcg_ = True, None
-        return other
+        return self._refine_in_place(other)
+
+    def _refine_in_place(self, model: DCR) -> DCR:
+        """``model`` refined in place on its own seed stream, as :meth:`refined` refines its
+        copy (for a fit whose pointwise factors are not needed afterwards)."""
+        _fit_pairwise(model, self, np.random.default_rng([int(model.random_state), 1]))
+        model.pairwise_kept_, model.pairwise_val_ndcg_ = True, None
+        return model
 
     def to_artifact(self, **serving) -> Artifact:
         """The refined model's artifact, with ``DCR.to_artifact``'s serving choices."""
@@ -1102,11 +1123,21 @@ def refinement_scores(
     research = replace(model.research_, level_epochs=getattr(model, "best_epochs_", None))
     rng = np.random.default_rng([int(model.random_state), 3])
     pointwise, refined = [], []
-    for fit, val in each_holdout(data, rng, folds, fraction):
+    for _ in range(max(1, int(folds))):
+        # validation_split's draws, kept as row indices until each part is needed: at any time
+        # one fold's ratings are held once (the fit's part during its fit, then the held-out one).
+        kept, held = held_out_rows(data.user, data.n_users, rng, fraction, 2)
+        fit = data.subset(kept)
+        del kept
         point = DCR(**_pointwise_params(model)).fit(fit, research=research)
+        del fit
+        val = data.subset(held)
+        del held
         pointwise.append(point.validation_values(val))
-        refined.append(refinement.refined(point).validation_values(val))
-        del point, fit, val  # the next fold's split and fit need not sit beside this one's
+        # Refined in place (the stream and steps of PairwiseDCR.refined): the pointwise factors
+        # are scored already, so no second copy of them is made.
+        refined.append(refinement._refine_in_place(point).validation_values(val))
+        del point, val  # the next fold's split and fit need not sit beside this one's
     if len({v.size for v in pointwise}) == 1:
         # Every fold holds out ratings of the same users: average each user's over folds.
         return np.mean(pointwise, axis=0), np.mean(refined, axis=0)

@@ -462,8 +462,8 @@ def pairwise_epoch(U, V, indptr, items, levels, c, n_steps, lr, lam, u_fixed, u_
     np.random.seed(seed)
     n_users = indptr.shape[0] - 1
     nnz = items.shape[0]
-    # row -> user, built once per call (O(nnz))
-    owner = np.empty(nnz, np.int64)
+    # row -> user, built once per call (O(nnz)); user rows fit int32 (4 bytes per entry, not 8)
+    owner = np.empty(nnz, np.int32)
     for u in range(n_users):
         for p in range(indptr[u], indptr[u + 1]):
             owner[p] = u
@@ -733,17 +733,59 @@ def held_out_rows(
     user: np.ndarray, n_users: int, rng: np.random.Generator, fraction: float, minimum: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Row indices ``(kept, held out)`` (ascending) of a hold-out of ``max(minimum, fraction * n_u)``
-    random ratings of each user; the flags computed by chunks, the rows int32 below 2**31."""
+    random ratings of each user, int32 below 2**31 ratings.
+
+    The ratings a user holds out are its first by one uniform key per rating (``rng.random``,
+    ties in row order): the draws and the choice of ``np.lexsort((keys, user))``, reached
+    through a counting sort by user (an int32 order) and a sort of each user's keys, so the
+    working set is the keys (8 bytes per rating), the order (4), one flag (1) and the rows (4).
+    """
     counts = np.bincount(user, minlength=n_users)
     held = np.maximum(minimum, np.floor(fraction * counts)).astype(np.int64)
-    order = np.lexsort((rng.random(user.size), user))
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    is_held = np.empty(user.size, dtype=bool)
-    for lo in range(0, user.size, LEVEL_CHUNK):
-        owner = user[order[lo : lo + LEVEL_CHUNK]]
-        is_held[lo : lo + owner.size] = np.arange(lo, lo + owner.size) - starts[owner] < held[owner]
+    keys = rng.random(user.size)
     index = np.int32 if user.size < 2**31 else np.int64
-    kept, out = order[~is_held].astype(index), order[is_held].astype(index)
-    kept.sort()
-    out.sort()
+    order = np.empty(user.size, dtype=index)
+    counting_order(user, n_users, order)
+    indptr = np.zeros(n_users + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    is_held = np.zeros(user.size, dtype=np.bool_)
+    _mark_held(order, indptr, keys, held, is_held)
+    del order, keys
+    n_held = int(np.count_nonzero(is_held))
+    kept = np.empty(user.size - n_held, dtype=index)
+    out = np.empty(n_held, dtype=index)
+    _split_rows(is_held, kept, out)
     return kept, out
+
+
+@njit(cache=True)
+def _mark_held(order, indptr, keys, held, is_held):
+    """Flag, in each user's segment of ``order`` (rows by user, ties in row order), the
+    ``held[u]`` rows of smallest key (ties in row order: a stable sort)."""
+    for u in range(indptr.shape[0] - 1):
+        lo, hi = indptr[u], indptr[u + 1]
+        take = min(held[u], hi - lo)
+        if take <= 0:
+            continue
+        rows = order[lo:hi]
+        if take == hi - lo:
+            for r in rows:
+                is_held[r] = True
+            continue
+        chosen = np.argsort(keys[rows], kind="mergesort")
+        for j in range(take):
+            is_held[rows[chosen[j]]] = True
+
+
+@njit(cache=True)
+def _split_rows(is_held, kept, out):
+    """The ascending row numbers without and with the flag, into ``kept`` and ``out``."""
+    a = 0
+    b = 0
+    for r in range(is_held.shape[0]):
+        if is_held[r]:
+            out[b] = r
+            b += 1
+        else:
+            kept[a] = r
+            a += 1
