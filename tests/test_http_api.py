@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 import pytest
 from google.protobuf import json_format
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from openapi_schema_validator import OAS30Validator
 from openapi_spec_validator import validate as validate_spec
@@ -361,6 +361,7 @@ SERVER_BUCKETS = _server_buckets()
     st.lists(st.floats(1e-5, 3.0), min_size=1, max_size=300),
     st.sampled_from([0.5, 0.9, 0.99]),
 )
+@example([1.0, 1.0, 1.0, 0.001953125, 0.001953125, 0.001953125], 0.5)  # rounded past the bucket's top
 def test_histogram_quantile_lies_in_the_bucket_of_the_true_quantile(values, q):
     bounds = SERVER_BUCKETS
     histogram = Histogram("h", "h", buckets=bounds, registry=CollectorRegistry())

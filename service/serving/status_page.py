@@ -44,7 +44,8 @@ def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> floa
         if count >= rank and count > below:
             if math.isinf(upper):
                 return lower
-            return lower + (upper - lower) * (rank - below) / (count - below)
+            # min: at the bucket's top the sum can round one ulp past ``upper``
+            return min(upper, lower + (upper - lower) * (rank - below) / (count - below))
         lower, below = upper, count
     return lower
 
