@@ -6,6 +6,9 @@ the job tests (tests/test_job*.py) and the registry tests.
 
 from __future__ import annotations
 
+import ctypes
+import os
+import platform
 import signal
 import subprocess
 import threading
@@ -192,6 +195,31 @@ def test_sigterm_under_load_drains_in_flight_calls(sample_registry, tmp_path):
         # New calls are refused cleanly: the server is gone or going, never an error from a handler.
         refused = {msg.split(":")[0] for _, msg in load.failures}
         assert refused <= {"UNAVAILABLE", "CANCELLED"}, refused
+    finally:
+        proc.kill()
+
+
+def _signal_thread(pid: int, tid: int, sig: int) -> None:
+    """Send ``sig`` to one thread of another process (tgkill): the kernel may hand a
+    process's signal to any thread, and a Python handler runs only in the main one."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_SYS_TGKILL[platform.machine()], pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), "tgkill")
+
+
+_SYS_TGKILL = {"x86_64": 234, "aarch64": 131}
+
+
+@pytest.mark.skipif(platform.machine() not in _SYS_TGKILL, reason="tgkill's number is known here")
+def test_sigterm_received_by_a_worker_thread_still_stops_the_server(sample_registry, tmp_path):
+    registry = _copy_registry(sample_registry, tmp_path / "reg", names=("dcr",))
+    proc = ServerProcess(registry.root).start()
+    try:
+        pid = proc.proc.pid
+        workers = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        _signal_thread(pid, max(workers), signal.SIGTERM)
+        assert _exit_code_or_stacks(proc, 20) == 0
+        assert any("draining" in line for line in proc.output)
     finally:
         proc.kill()
 

@@ -111,7 +111,8 @@ def serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopped.set())
     print(f"ordrec-serve ready port={port} metrics_port={metrics.server_address[1]}", flush=True)
-    stopped.wait()
+    while not stopped.wait(0.2):  # sliced, as Server.wait: a signal may land on another thread
+        pass
     server.stop(1).wait()
     metrics.shutdown()
     return 0

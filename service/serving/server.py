@@ -379,8 +379,11 @@ class Server:
         self._stopped.set()
 
     def wait(self) -> None:
-        """Block until ``stop`` has finished draining."""
-        self._stopped.wait()
+        """Block until ``stop`` has finished draining. The wait is sliced: a signal the kernel
+        hands to another thread does not wake a main thread parked on a lock, and Python runs
+        its handler only when the main thread next runs bytecode."""
+        while not self._stopped.wait(0.2):
+            pass
 
     def stop_on_signals(self) -> None:
         def handler(signum, _frame):
