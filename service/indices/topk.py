@@ -17,10 +17,10 @@ there the other threads should run, so they release it.
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
-from numba import njit
+from numba import njit, types
 from numba.core.dispatcher import Dispatcher
 
 # Above this k an insertion buffer stops paying off; numpy takes over (public: the fused
@@ -30,6 +30,16 @@ KERNEL_MAX_K = 128
 # A server process pinned to one core gains no parallelism from releasing it, only the
 # cost of the hand-off, so only products long enough to dwarf that let others in.
 _HOLD_GIL_MAX_WORK = 1 << 21
+
+
+def _read(dtype: types.Type, ndim: int, layout: Literal["C", "F"] = "C") -> types.Array:
+    """A read-only array type. A kernel compiled for it also takes writable arrays (numba
+    converts them at no cost), so a memory-mapped artifact and an in-memory copy share one
+    build instead of one per mix of the two: the service's kernels are declared eagerly."""
+    return types.Array(dtype, ndim, layout, readonly=True)
+
+
+_F32_MATRICES = (_read(types.float32, 2), _read(types.float32, 2, "F"))  # row- or column-major items
 
 
 @njit(cache=True)
@@ -88,7 +98,10 @@ def _top_k_masked_kernel(scores, blocked, k):
     return best_idx[:count], best_val[:count]
 
 
-@njit(cache=True)
+@njit(
+    [(types.Array(dtype, 1, "C"), _read(types.int64, 1)) for dtype in (types.float32, types.float64)],
+    cache=True,
+)
 def _exclude_kernel(scores, rows):
     for r in rows:
         scores[r] = -np.inf
@@ -180,12 +193,15 @@ def _affine_rows_body(matrix, vectors, offset):
     return out
 
 
-@njit(cache=True, fastmath=True)
+_AFFINE_ROWS = [(matrix, _read(types.float32, 2), types.float32) for matrix in _F32_MATRICES]
+
+
+@njit(_AFFINE_ROWS, cache=True, fastmath=True)
 def _affine_rows_holding_gil(matrix, vectors, offset):
     return _affine_rows_body(matrix, vectors, offset)
 
 
-@njit(cache=True, fastmath=True, nogil=True)
+@njit(_AFFINE_ROWS, cache=True, fastmath=True, nogil=True)
 def _affine_rows_releasing_gil(matrix, vectors, offset):
     return _affine_rows_body(matrix, vectors, offset)
 
@@ -236,12 +252,29 @@ user_top_k_inline = _user_top_k_body
 FUSED_FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
 
 
-@njit(cache=True, fastmath=FUSED_FASTMATH)
+# matrix, users, user_row, scale, offset, exclude, blocked, masked, k
+_USER_TOP_K = [
+    (
+        matrix,
+        _read(types.float32, 2),
+        types.int64,
+        _read(types.float32, 1),
+        types.float32,
+        _read(types.int64, 1),
+        _read(types.bool_, 1),
+        types.boolean,
+        types.int64,
+    )
+    for matrix in _F32_MATRICES
+]
+
+
+@njit(_USER_TOP_K, cache=True, fastmath=FUSED_FASTMATH)
 def _user_top_k_holding_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
     return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
 
 
-@njit(cache=True, fastmath=FUSED_FASTMATH, nogil=True)
+@njit(_USER_TOP_K, cache=True, fastmath=FUSED_FASTMATH, nogil=True)
 def _user_top_k_releasing_gil(matrix, users, user_row, scale, offset, exclude, blocked, masked, k):
     return _user_top_k_body(matrix, users, user_row, scale, offset, exclude, blocked, masked, k)
 
@@ -290,7 +323,13 @@ def user_top_k(
     )
 
 
-@njit(cache=True)
+@njit(
+    [
+        (_read(dtype, 2), _read(types.int64, 1), _read(types.bool_, 1), types.boolean)
+        for dtype in (types.float32, types.float64)
+    ],
+    cache=True,
+)
 def _top_k_rows_kernel(scores, ks, blocked, masked):
     count = np.zeros(scores.shape[0], dtype=np.int64)
     best_idx = np.empty((scores.shape[0], max(1, ks.max())), dtype=np.int64)
@@ -322,7 +361,7 @@ def top_k_rows(
     return [(idx[b, : count[b]], val[b, : count[b]]) for b in range(scores.shape[0])]
 
 
-@njit(cache=True)
+@njit([(_read(types.float64, 2), _read(types.float64, 1))], cache=True)
 def _negative_squared_distances(coords, point):
     out = np.empty(coords.shape[0], dtype=np.float64)
     for i in range(coords.shape[0]):
@@ -357,9 +396,11 @@ def _both(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def warm_up() -> None:
     """Compile (or load from cache) the kernels for the arrays the service passes them.
 
-    Memory-mapped artifacts are read-only arrays, which numba types apart from
-    writable ones: each mix of the two is a kernel of its own, compiled here
-    rather than on the first request that meets it.
+    The kernels a request calls from Python are declared with read-only array types and
+    built at import (writable arrays convert to those). The selection kernels they and
+    other modules' kernels call compile lazily, one build per argument type (a read-only,
+    memory-mapped array is a type apart): built here, and every declared kernel is called
+    with both kinds of array, so no request compiles anything.
     """
     for dtype in (np.float32, np.float64):
         scores = np.zeros(4, dtype=dtype)
