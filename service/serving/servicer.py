@@ -1162,8 +1162,10 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         return pb.ForgetUserResponse(**dataclasses.asdict(report))
 
 
-def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
-    """Register every RPC of the service descriptor with lenient request decoding."""
+def add_to_server(servicer: RecommenderServicer, server) -> None:
+    """Register every RPC of the service descriptor with lenient request decoding, by path (grpcio
+    then finds a call's handler in its C core), and as a generic handler too, as generated code
+    does. ``server``: a ``grpc.Server`` or what stands in for one (``GuardedRegistration``)."""
     service = pb.DESCRIPTOR.services_by_name["Recommender"]
     handlers = {}
     for method in service.methods:
@@ -1181,3 +1183,4 @@ def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
             response_serializer=None if wire else getattr(pb, method.output_type.name).SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)
