@@ -101,11 +101,9 @@ def serve(args: argparse.Namespace) -> int:
         request_deserializer=pb.RecommendRequest.FromString,
         response_serializer=pb.RecommendResponse.SerializeToString,
     )
-    # Registered by path, as ordrec-serve's handlers are (grpcio finds them in its C core).
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler("ordrec.v1.Recommender", {"Recommend": handler}),)
     )
-    server.add_registered_method_handlers("ordrec.v1.Recommender", {"Recommend": handler})
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     server.start()
     metrics = _metrics_server(args.host, max(args.metrics_port, 0), count)

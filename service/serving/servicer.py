@@ -224,6 +224,7 @@ class _PlainVersion(NamedTuple):
     plan: WirePlan
     users: Counter
     always_fits: bool
+    batches: bool  # its known users are scored through the batcher (``_batches``)
 
 
 def _plain(request: pb.RecommendRequest) -> bool:
@@ -495,7 +496,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         recent, _, degraded = self.seen.lookup([user_id] if exclude_seen else (), ())
         recorded, plan = recent.get(user_id), version.plan
         degraded, stale = degraded and exclude_seen, self._rules_stale()
-        product = None if self._batches(index) else index.lone_user_product(n, eligible)
+        product = None if version.batches else index.lone_user_product(n, eligible)
         if product is not None:  # one kernel from the user's row to the reply's bytes
             reply = scored_reply(
                 plan,
@@ -532,6 +533,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             WirePlan(index.items, index.users, model.name, model.version),
             self._users_counters.get(model),
             always_fits,
+            self._batches(index),
         )
 
     def _check_reply_fits(
