@@ -4,16 +4,26 @@ gRPC metrics follow the names of go-grpc-prometheus / py-grpc-prometheus so
 existing dashboards and alerts work unchanged:
 ``grpc_server_started_total``, ``grpc_server_handled_total{grpc_code}``,
 ``grpc_server_handling_seconds`` (histogram).
+
+Those three are written by :class:`CallMeter` (one per RPC, one lock a call) and read by
+:class:`CallMetrics`, a collector: prometheus-client's labelled children cost four locked
+updates and a dozen Python calls per RPC (``docs/serving-cost.md``, Fourth pass).
 """
 
 from __future__ import annotations
 
+import bisect
+import threading
 import time
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
-_LATENCY_BUCKETS = (
+# The upper bounds of grpc_server_handling_seconds (seconds).
+LATENCY_BUCKETS = (
     0.0001,
     0.00025,
     0.0005,
@@ -30,6 +40,95 @@ _LATENCY_BUCKETS = (
     2.5,
 )
 _GRPC_LABELS = ("grpc_type", "grpc_service", "grpc_method")
+_BUCKET_NAMES = [floatToGoString(bound) for bound in LATENCY_BUCKETS] + ["+Inf"]
+
+
+class CallMeter:
+    """One RPC's calls (labels: type, service, method): started, handled by status code and
+    the handling time's histogram, as plain numbers under one lock."""
+
+    __slots__ = ("labels", "created", "_lock", "started", "handled", "buckets", "seconds")
+
+    def __init__(self, labels: tuple[str, str, str]):
+        self.labels, self.created = labels, time.time()
+        self._lock = threading.Lock()
+        self.started = 0
+        self.handled: dict[str, int] = {}  # status code name -> calls
+        self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # per bucket, not cumulative; the last: +Inf
+        self.seconds = 0.0
+
+    def start(self) -> None:
+        with self._lock:
+            self.started += 1
+
+    def finish(self, code: str, seconds: float) -> None:
+        """A call ended with status ``code`` (its name, e.g. "OK") after ``seconds``."""
+        bucket = bisect.bisect_left(LATENCY_BUCKETS, seconds)  # the first bound >= seconds: "le"
+        with self._lock:
+            self.handled[code] = self.handled.get(code, 0) + 1
+            self.buckets[bucket] += 1
+            self.seconds += seconds
+
+    def snapshot(self) -> tuple[int, dict[str, int], list[int], float]:
+        with self._lock:
+            return self.started, dict(self.handled), list(self.buckets), self.seconds
+
+
+class CallMetrics:
+    """``grpc_server_started_total``, ``grpc_server_handled_total`` and
+    ``grpc_server_handling_seconds`` of every RPC, collected from the RPCs' meters; the same
+    series prometheus-client's Counter and Histogram would expose (``_created`` included)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self._meters: dict[tuple[str, str, str], CallMeter] = {}
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def meter(self, grpc_type: str, service: str, method: str) -> CallMeter:
+        """The meter of one RPC (made on first use; callers keep it)."""
+        labels = (grpc_type, service, method)
+        meter = self._meters.get(labels)
+        if meter is None:
+            with self._lock:
+                meter = self._meters.setdefault(labels, CallMeter(labels))
+        return meter
+
+    def describe(self) -> list[Metric]:
+        return self._families()
+
+    def collect(self) -> list[Metric]:
+        started, handled, handling = families = self._families()
+        for meter in list(self._meters.values()):
+            count, codes, buckets, seconds = meter.snapshot()
+            labels = list(meter.labels)
+            started.add_metric(labels, count, created=meter.created)
+            for code, calls in sorted(codes.items()):
+                handled.add_metric(labels + [code], calls, created=meter.created)
+            cumulative, total = [], 0
+            for name, calls in zip(_BUCKET_NAMES, buckets):
+                total += calls
+                cumulative.append((name, total))
+            handling.add_metric(labels, cumulative, seconds)
+            handling.samples.append(
+                Sample("grpc_server_handling_seconds_created", dict(zip(_GRPC_LABELS, labels)), meter.created)
+            )
+        return families
+
+    @staticmethod
+    def _families() -> list:
+        return [
+            CounterMetricFamily("grpc_server_started", "RPCs started on the server.", labels=_GRPC_LABELS),
+            CounterMetricFamily(
+                "grpc_server_handled",
+                "RPCs completed on the server, by status code.",
+                labels=_GRPC_LABELS + ("grpc_code",),
+            ),
+            HistogramMetricFamily(
+                "grpc_server_handling_seconds",
+                "Time to handle an RPC on the server (seconds).",
+                labels=_GRPC_LABELS,
+            ),
+        ]
 
 
 class Metrics:
@@ -38,22 +137,7 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.started = Counter(
-            "grpc_server_started_total", "RPCs started on the server.", _GRPC_LABELS, registry=r
-        )
-        self.handled = Counter(
-            "grpc_server_handled_total",
-            "RPCs completed on the server, by status code.",
-            _GRPC_LABELS + ("grpc_code",),
-            registry=r,
-        )
-        self.handling = Histogram(
-            "grpc_server_handling_seconds",
-            "Time to handle an RPC on the server (seconds).",
-            _GRPC_LABELS,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.calls = CallMetrics(r)  # grpc_server_started_total, _handled_total, _handling_seconds
         self.model_info = Gauge(
             "ordrec_model_info",
             "1 for the version of each model being served.",
@@ -140,7 +224,7 @@ class Metrics:
             "ordrec_recommend_queue_seconds",
             "Time a queued Recommend call waited for the scorer before its batch was scored"
             " (seconds; calls that found the scorer free are not counted).",
-            buckets=(0.00005,) + _LATENCY_BUCKETS,
+            buckets=(0.00005,) + LATENCY_BUCKETS,
             registry=r,
         )
         self.shed = Counter(
@@ -220,7 +304,7 @@ def _label_sets(metric) -> list[dict[str, str]]:
     return [dict(labels) for labels in seen]
 
 
-def _ended_code(context, failed: bool) -> grpc.StatusCode:
+def ended_code(context, failed: bool) -> grpc.StatusCode:
     """The status of a call whose handler set none: the client's view when it left early."""
     if not context.is_active():
         remaining = context.time_remaining()
@@ -232,94 +316,7 @@ def _ended_code(context, failed: bool) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN if failed else grpc.StatusCode.OK
 
 
-def _split_method(full_method: str) -> tuple[str, str]:
-    # "/ordrec.v1.Recommender/Recommend" -> ("ordrec.v1.Recommender", "Recommend")
+def split_method(full_method: str) -> tuple[str, str]:
+    """``"/ordrec.v1.Recommender/Recommend"`` -> ``("ordrec.v1.Recommender", "Recommend")``."""
     _, service, method = full_method.split("/", 2) if full_method.count("/") >= 2 else ("", "", full_method)
     return service, method
-
-
-class MetricsInterceptor(grpc.ServerInterceptor):
-    """Counts and times every RPC with its final status code.
-
-    Labelled children are looked up once per method and code and cached, and
-    so is the wrapped handler of each registered one: ``.labels()`` and
-    building closures cost microseconds, and this runs on every call.
-    """
-
-    def __init__(self, metrics: Metrics):
-        self.metrics = metrics
-        self._children: dict[tuple, tuple] = {}
-        self._handled: dict[tuple, Counter] = {}
-        self._wrapped: dict[str, tuple] = {}  # method -> (registered handler, wrapped handler)
-
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return self.counted(handler, handler_call_details.method)
-
-    def counted(self, handler, method: str):
-        """``handler`` wrapped to count and time its calls (cached per method)."""
-        cached = self._wrapped.get(method)
-        if cached is not None and cached[0] is handler:
-            return cached[1]
-        wrapped = self._wrap(handler, method)
-        if (
-            cached is None
-        ):  # the first handler seen for a method; a per-call one (an auth refusal) is not kept
-            self._wrapped[method] = (handler, wrapped)
-        return wrapped
-
-    def _wrap(self, handler, full_method: str):
-        service, method = _split_method(full_method)
-        if handler.unary_unary:
-            return handler._replace(unary_unary=self._unary(handler.unary_unary, ("unary", service, method)))
-        if handler.unary_stream:
-            return handler._replace(
-                unary_stream=self._stream(handler.unary_stream, ("server_stream", service, method))
-            )
-        return handler
-
-    def _start(self, labels: tuple):
-        children = self._children.get(labels)
-        if children is None:
-            children = (self.metrics.started.labels(*labels), self.metrics.handling.labels(*labels))
-            self._children[labels] = children
-        children[0].inc()
-        return children[1]
-
-    def _record(self, labels: tuple, handling, context, start: float, failed: bool) -> None:
-        code = context.code() or _ended_code(context, failed)
-        key = (labels, code)
-        handled = self._handled.get(key)
-        if handled is None:
-            handled = self._handled[key] = self.metrics.handled.labels(*labels, code.name)
-        handled.inc()
-        handling.observe(time.perf_counter() - start)
-
-    def _unary(self, behavior, labels):
-        def wrapper(request, context):
-            handling = self._start(labels)
-            start = time.perf_counter()
-            failed = True
-            try:
-                response = behavior(request, context)
-                failed = False
-                return response
-            finally:
-                self._record(labels, handling, context, start, failed)
-
-        return wrapper
-
-    def _stream(self, behavior, labels):
-        def wrapper(request, context):
-            handling = self._start(labels)
-            start = time.perf_counter()
-            failed = True
-            try:
-                yield from behavior(request, context)
-                failed = False
-            finally:
-                self._record(labels, handling, context, start, failed)
-
-        return wrapper

@@ -334,11 +334,10 @@ def test_status_page_escapes_everything_and_shows_the_split():
 def test_traffic_window_rates_come_from_the_metrics():
     metrics, now = Metrics(), [100.0]
     window = TrafficWindow(metrics, window=60, interval=5, clock=lambda: now[0])
-    labels = ("unary", "ordrec.v1.Recommender", "Recommend")
+    meter = metrics.calls.meter("unary", "ordrec.v1.Recommender", "Recommend")
     for i in range(200):
-        metrics.started.labels(*labels).inc()
-        metrics.handling.labels(*labels).observe(0.002 if i < 190 else 0.2)
-        metrics.handled.labels(*labels, "INTERNAL" if i < 3 else "NOT_FOUND" if i < 5 else "OK").inc()
+        meter.start()
+        meter.finish("INTERNAL" if i < 3 else "NOT_FOUND" if i < 5 else "OK", 0.002 if i < 190 else 0.2)
     now[0] = 110.0
     seconds, (row,) = window.traffic()
     assert seconds == 10 and row.per_second == 20 and row.server_errors == 3 and row.client_errors == 2
@@ -348,9 +347,9 @@ def test_traffic_window_rates_come_from_the_metrics():
 def _server_buckets() -> list[float]:
     """The upper bounds of the server's latency histogram, read from its samples."""
     metrics = Metrics()
-    metrics.handling.labels("unary", "s", "m").observe(0)
-    samples = metrics.handling.collect()[0].samples
-    return [float(s.labels["le"]) for s in samples if s.name.endswith("_bucket")]
+    metrics.calls.meter("unary", "s", "m").finish("OK", 0)
+    samples = [s for family in metrics.registry.collect() for s in family.samples]
+    return [float(s.labels["le"]) for s in samples if s.name == "grpc_server_handling_seconds_bucket"]
 
 
 SERVER_BUCKETS = _server_buckets()

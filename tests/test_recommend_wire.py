@@ -15,9 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.config import Limits
+from ordrec.service.indices.topk import UserProduct
 from ordrec.service.live.forgotten import SCOPE, ForgottenUsers, user_digest
 from ordrec.service.live.hidden import HiddenState
 from ordrec.service.metrics import Metrics
+from ordrec.service.serving import wire
 from ordrec.service.serving.batching import RecommendBatcher
 from ordrec.service.serving.servicer import RecommenderServicer, lenient_deserializer
 from ordrec.service.serving.wire import WirePlan, encode_reply
@@ -247,3 +249,39 @@ def test_a_real_servers_plain_answers(registry, redis_server):
         ok = _metric(server.metrics_url, handled)
         users = _metric(server.metrics_url, r"^ordrec_recommend_users_total{.*} (\S+)")
         assert ok == 3 and users == 3  # two plain calls and their general twin
+
+
+def test_warm_up_compiles_every_kernel_a_plain_reply_calls():
+    """Writable or read-only arrays (in memory or memory-mapped), row- or column-major item
+    factors: scored_reply passes them all as one type, so after warm_up nothing compiles
+    (a compile on a request's path takes seconds) and the bytes do not depend on it."""
+    wire.warm_up()
+    compiled = wire.compiled_signatures()
+    assert sum(compiled.values()) > 0
+    rng = np.random.default_rng(0)
+    plan = WirePlan(IdMap([f"i{i}" for i in range(6)]), IdMap(["u0", "u1"]), "m", "v")
+
+    def read_only(array):
+        view = array.view()
+        view.flags.writeable = False
+        return view
+
+    items = rng.integers(-4, 5, size=(6, 3)).astype(np.float32)  # exact sums in any order
+    replies = set()
+    for matrix in (items, np.asfortranarray(items), read_only(items)):
+        for freeze in (lambda a: a, read_only):
+            product = UserProduct(
+                freeze(matrix),
+                freeze(np.ones((2, 3), np.float32)),
+                freeze(np.ones(3, np.float32)),
+                np.float32(0),
+            )
+            seen, recorded, blocked = np.array([1], np.int64), np.array([2], np.int64), np.zeros(6, bool)
+            reply = wire.scored_reply(
+                plan, product, 1, 3, freeze(seen), freeze(recorded), freeze(blocked), False, False
+            )
+            replies.add(reply)
+    assert wire.compiled_signatures() == compiled
+    assert len(replies) == 1
+    ids = [item.id for item in pb.RecommendResponse.FromString(replies.pop()).results[0].items]
+    assert len(ids) == 3 and not {"i1", "i2"} & set(ids)

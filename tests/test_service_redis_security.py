@@ -12,6 +12,7 @@ import grpc
 import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, wait_for
@@ -129,8 +130,18 @@ def test_bearer_token_required(sample_registry, tmp_path):
         with pytest.raises(grpc.RpcError) as info:
             list(stub.Coordinates(pb.CoordinatesRequest(model="dcr"), timeout=5))
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as info:  # the plain Recommend, answered as wire bytes
+            stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["1"], n=3), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        reflection = reflection_pb2_grpc.ServerReflectionStub(ch)
+        asked = [reflection_pb2.ServerReflectionRequest(list_services="")]
+        with pytest.raises(grpc.RpcError) as info:  # a bidi stream
+            list(reflection.ServerReflectionInfo(iter(asked), timeout=5))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
         good = [("authorization", f"Bearer {TOKEN}")]
         assert stub.ListModels(pb.ListModelsRequest(), timeout=5, metadata=good).models
+        (listed,) = reflection.ServerReflectionInfo(iter(asked), timeout=5, metadata=good)
+        assert "ordrec.v1.Recommender" in {s.name for s in listed.list_services_response.service}
         # Health stays open for orchestrators' probes.
         health = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5)
         assert health.status == health_pb2.HealthCheckResponse.SERVING

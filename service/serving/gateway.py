@@ -179,9 +179,8 @@ class JsonGateway:
     ) -> bytes:
         """The JSON reply of one call, or :class:`HttpError`. ``read_body`` is called after
         the token check and raises the transport's refusals (size, type, timeout)."""
-        labels = ("unary", SERVICE.full_name, method.name)
-        m = self.metrics
-        m.started.labels(*labels).inc()
+        meter = self.metrics.calls.meter("unary", SERVICE.full_name, method.name)
+        meter.start()
         start = time.perf_counter()
         code = grpc.StatusCode.UNKNOWN
         try:
@@ -196,8 +195,7 @@ class JsonGateway:
             code = grpc.StatusCode.INTERNAL
             raise HttpError(code, "internal error (logged on the server)") from None
         finally:
-            m.handled.labels(*labels, code.name).inc()
-            m.handling.labels(*labels).observe(time.perf_counter() - start)
+            meter.finish(code.name, time.perf_counter() - start)
 
     def _answer(self, method, headers, read_body, peer: str) -> bytes:
         if self.tokens:

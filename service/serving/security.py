@@ -42,29 +42,6 @@ def _token_matches(presented: bytes, tokens: list[bytes]) -> bool:
     return matched
 
 
-def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    def abort(request, context):
-        context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    if handler.unary_unary:
-        return handler._replace(unary_unary=abort)
-    if handler.unary_stream:
-
-        def abort_stream(request, context):
-            abort(request, context)
-            yield  # pragma: no cover - abort raises
-
-        return handler._replace(unary_stream=abort_stream)
-    if handler.stream_stream:
-
-        def abort_bidi(requests, context):
-            abort(None, context)
-            yield  # pragma: no cover
-
-        return handler._replace(stream_stream=abort_bidi)
-    return handler._replace(stream_unary=lambda requests, context: abort(None, context))
-
-
 def bearer_refusal(authorization: str | bytes | None, tokens: list[bytes], where: str) -> str | None:
     """Why an ``authorization`` value (``Bearer <token>``) is refused, or None when it
     holds an accepted token: the one check of gRPC metadata and HTTP headers alike.
@@ -78,30 +55,26 @@ def bearer_refusal(authorization: str | bytes | None, tokens: list[bytes], where
     return None
 
 
-class TokenAuthInterceptor(grpc.ServerInterceptor):
+class TokenCheck:
     """``authorization: Bearer <token>`` on every call but health checks."""
 
     def __init__(self, tokens: list[bytes]):
         if not tokens:
-            raise ValueError("TokenAuthInterceptor needs at least one token")
+            raise ValueError("TokenCheck needs at least one token")
         self.tokens = tokens
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return self.checked(handler, handler_call_details)
+    @staticmethod
+    def is_open(full_method: str) -> bool:
+        """Whether calls of ``full_method`` need no token (health checks)."""
+        return full_method.startswith(_OPEN_PREFIXES)
 
-    def checked(self, handler: grpc.RpcMethodHandler, handler_call_details) -> grpc.RpcMethodHandler:
-        """``handler`` when the call may proceed, else one that refuses it UNAUTHENTICATED."""
-        if handler_call_details.method.startswith(_OPEN_PREFIXES):
-            return handler
+    def refusal(self, metadata) -> str | None:
+        """Why a call with this invocation ``metadata`` is refused, or None when it may proceed."""
         authorization = None
-        for key, value in handler_call_details.invocation_metadata or ():
+        for key, value in metadata or ():
             if key == "authorization":
                 authorization = value
-        refusal = bearer_refusal(authorization, self.tokens, "metadata")
-        return handler if refusal is None else _deny(handler, refusal)
+        return bearer_refusal(authorization, self.tokens, "metadata")
 
 
 def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:

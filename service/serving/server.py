@@ -25,13 +25,13 @@ from ordrec.service.live.online import NoOnlineEvaluation, OnlineEvaluation
 from ordrec.service.live.redis_state import RedisSeenStore, VersionListener, connect
 from ordrec.service.live.seen import SeenStore
 from ordrec.service.live.trending import TrendingIndex, TrendingSettings
-from ordrec.service.metrics import Metrics, MetricsInterceptor
+from ordrec.service.metrics import Metrics
 from ordrec.service.serving import wire
 from ordrec.service.serving.batching import BatchObserver, RecommendBatcher
 from ordrec.service.serving.gateway import JsonGateway
 from ordrec.service.serving.http import start_http_server
-from ordrec.service.serving.interceptor import ServerInterceptor
-from ordrec.service.serving.security import TokenAuthInterceptor, server_credentials
+from ordrec.service.serving.interceptor import CallGuard, GuardedRegistration
+from ordrec.service.serving.security import TokenCheck, server_credentials
 from ordrec.service.serving.servicer import RecommenderServicer, add_to_server
 from ordrec.service.serving.status_page import StatusPage
 from ordrec.service.serving.store import ModelStore, Reloader
@@ -247,17 +247,15 @@ class Server:
             cfg.streams, on_cancel=lambda reason: self.metrics.streams_ended.labels(reason).inc()
         )
         self.metrics.open_streams.set_function(self.stream_guard.open_streams)
-        interceptors = [
-            ServerInterceptor(
-                MetricsInterceptor(self.metrics),
-                self.stream_guard,
-                TokenAuthInterceptor(cfg.tokens) if cfg.tokens else None,
-            )
-        ]
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
-            interceptors=interceptors,
             options=options,
+        )
+        # Every service registers through this, its handlers wrapped in the token check, stream
+        # admission and metrics once, here, rather than by an interceptor on every call.
+        registration = GuardedRegistration(
+            server,
+            CallGuard(self.metrics.calls, self.stream_guard, TokenCheck(cfg.tokens) if cfg.tokens else None),
         )
         batcher = (
             RecommendBatcher(
@@ -266,15 +264,15 @@ class Server:
             if cfg.batch_max_size
             else None
         )
-        add_to_server(self._servicer(cfg.limits, batcher), server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        add_to_server(self._servicer(cfg.limits, batcher), registration)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, registration)
         reflection.enable_server_reflection(
             (
                 SERVICE_NAME,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
                 reflection.SERVICE_NAME,
             ),
-            server,
+            registration,
         )
         self.port = self._bind(server, cfg.host, cfg.port)
         server.start()

@@ -187,6 +187,7 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.flags.writeable = False  # as a version's seen rows are (the plain kernel's one type)
 
 
 def _known_rows(ids: IdMap, externals: list[str]) -> np.ndarray:
@@ -224,6 +225,7 @@ class _PlainVersion(NamedTuple):
     plan: WirePlan
     users: Counter
     always_fits: bool
+    batches: bool  # its known users are scored through the batcher (``_batches``)
 
 
 def _plain(request: pb.RecommendRequest) -> bool:
@@ -495,7 +497,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         recent, _, degraded = self.seen.lookup([user_id] if exclude_seen else (), ())
         recorded, plan = recent.get(user_id), version.plan
         degraded, stale = degraded and exclude_seen, self._rules_stale()
-        product = None if self._batches(index) else index.lone_user_product(n, eligible)
+        product = None if version.batches else index.lone_user_product(n, eligible)
         if product is not None:  # one kernel from the user's row to the reply's bytes
             reply = scored_reply(
                 plan,
@@ -532,6 +534,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             WirePlan(index.items, index.users, model.name, model.version),
             self._users_counters.get(model),
             always_fits,
+            self._batches(index),
         )
 
     def _check_reply_fits(
@@ -1162,8 +1165,10 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         return pb.ForgetUserResponse(**dataclasses.asdict(report))
 
 
-def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
-    """Register every RPC of the service descriptor with lenient request decoding."""
+def add_to_server(servicer: RecommenderServicer, server) -> None:
+    """Register every RPC of the service descriptor with lenient request decoding, by path (grpcio
+    then finds a call's handler in its C core), and as a generic handler too, as generated code
+    does. ``server``: a ``grpc.Server`` or what stands in for one (``GuardedRegistration``)."""
     service = pb.DESCRIPTOR.services_by_name["Recommender"]
     handlers = {}
     for method in service.methods:
@@ -1181,3 +1186,4 @@ def add_to_server(servicer: RecommenderServicer, server: grpc.Server) -> None:
             response_serializer=None if wire else getattr(pb, method.output_type.name).SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

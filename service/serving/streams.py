@@ -34,7 +34,7 @@ class _Stream:
         self.released = False
 
 
-class StreamGuard(grpc.ServerInterceptor):
+class StreamGuard:
     """Admission and a watchdog for every server-streaming and bidi RPC."""
 
     def __init__(
@@ -57,21 +57,9 @@ class StreamGuard(grpc.ServerInterceptor):
         return len(self._open)
 
     # -------------------------------------------------------------- wrapping
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
-        if handler is None:
-            return None
-        return self.admitted(handler)
+    def guarded(self, behavior):
+        """A streaming handler's ``behavior`` behind admission and the watchdog."""
 
-    def admitted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """A streaming ``handler`` behind admission and the watchdog; unary ones unchanged."""
-        if handler.unary_stream:
-            return handler._replace(unary_stream=self._guarded(handler.unary_stream))
-        if handler.stream_stream:
-            return handler._replace(stream_stream=self._guarded(handler.stream_stream))
-        return handler
-
-    def _guarded(self, behavior):
         def guarded(request, context):
             stream = self._admit(context)
             if stream is None:

@@ -12,10 +12,9 @@ written here about 1 us (``docs/serving-cost.md``).
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 from numba import njit
+from numba.core.dispatcher import Dispatcher
 
 from ordrec.service.indices.topk import (
     FUSED_FASTMATH,
@@ -49,10 +48,16 @@ def _string_field(tag: int, text: str) -> bytes:
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
-    """``array`` as a read-only view: every plan array is one numba type, whatever made it."""
+    """``array`` as a read-only view: every kernel argument is one numba type, whatever made
+    it (a read-only array is a type apart, and each type compiles the kernel again)."""
     view = array.view()
     view.flags.writeable = False
     return view
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """``array`` itself when read-only (a memory-mapped version's), else a read-only view."""
+    return _read_only(array) if array.flags.writeable else array
 
 
 def _as_array(data: bytes) -> np.ndarray:
@@ -66,9 +71,10 @@ class WirePlan:
     ``lines[starts[r]:starts[r + 1] - 1]``), the result's version field and the reply's model
     and version fields."""
 
-    __slots__ = ("arrays",)
+    __slots__ = ("arrays", "_product")
 
     def __init__(self, items: IdMap, users: IdMap, model: str, version: str):
+        self._product: tuple[UserProduct, UserProduct] | None = None  # (as given, read-only)
         item_lines, item_starts = items.utf8_lines()
         user_lines, user_starts = users.utf8_lines()
         self.arrays = (
@@ -79,6 +85,16 @@ class WirePlan:
             _as_array(_string_field(_RESULT_VERSION, version)),
             _as_array(_string_field(_REPLY_MODEL, model) + _string_field(_REPLY_VERSION, version)),
         )
+
+    def read_only(self, product: UserProduct) -> UserProduct:
+        """The version's ``product`` with read-only arrays, made on its first call."""
+        known = self._product
+        if known is None or known[0] is not product:
+            frozen = UserProduct(
+                _frozen(product.matrix), _frozen(product.users), _frozen(product.scale), product.offset
+            )
+            known = self._product = (product, frozen)
+        return known[1]
 
 
 @njit(cache=True, inline="always")
@@ -211,7 +227,7 @@ def _score_reply_releasing_gil(
     )
 
 
-_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS = _read_only(np.zeros(0, dtype=np.int64))
 _NO_MASK = _read_only(np.zeros(0, dtype=np.bool_))  # as an Eligible's mask is
 
 
@@ -230,15 +246,16 @@ def scored_reply(
     ``recorded`` rows excluded, ``blocked`` ones skipped) as ``RecommendResponse`` bytes, in
     one kernel call."""
     kernel = _score_reply_holding_gil if holds_gil(product.matrix.size) else _score_reply_releasing_gil
+    product = plan.read_only(product)  # one argument type per kernel: every array read-only
     return kernel(
         product.matrix,
         product.users,
         user_row,
         product.scale,
         product.offset,
-        seen,
-        _NO_ROWS if recorded is None else recorded,
-        _NO_MASK if blocked is None else blocked,
+        _frozen(seen),
+        _NO_ROWS if recorded is None else _frozen(recorded),
+        _NO_MASK if blocked is None else _frozen(blocked),
         blocked is not None,
         k,
         plan.arrays,
@@ -247,32 +264,27 @@ def scored_reply(
     ).tobytes()
 
 
-def _both(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return array, _read_only(array)
-
-
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernels for the arrays a server passes them:
-    item factors column-major (a small catalogue), or row-major, read-only when memory-mapped;
-    user factors and seen rows either way (``topk.warm_up`` does the same for its kernels)."""
+    """Compile (or load from numba's cache) the kernels for the arguments a server passes them:
+    every array read-only (``scored_reply`` makes them so), the item factors row-major, or
+    column-major for a small catalogue (which keeps the GIL: its product is short). Four
+    builds, where every mix of writable and read-only arrays took twenty."""
     plan = WirePlan(IdMap(["i0", "i1"]), IdMap(["u0"]), "m", "v")
     encode_reply(plan, 0, np.zeros(1, np.int64), np.ones(1, np.float32), False, False)
-    row_major = _both(np.zeros((2, 2), np.float32))
-    column_major = np.zeros((2, 2), np.float32, order="F")
-    for matrix, users, seen in itertools.product(
-        (*row_major, column_major), _both(np.zeros((1, 2), np.float32)), _both(np.zeros(1, np.int64))
+    users, scale = np.zeros((1, 2), np.float32), np.ones(2, np.float32)
+    for matrix, kernels in (
+        (np.zeros((2, 2), np.float32), (_score_reply_holding_gil, _score_reply_releasing_gil)),
+        (np.zeros((2, 2), np.float32, order="F"), (_score_reply_holding_gil,)),
     ):
-        kernels = [_score_reply_holding_gil]
-        if matrix is not column_major:  # only small catalogues are column-major, never long products
-            kernels.append(_score_reply_releasing_gil)
+        product = plan.read_only(UserProduct(matrix, users, scale, np.float32(0)))
         for kernel in kernels:
             kernel(
-                matrix,
-                users,
+                product.matrix,
+                product.users,
                 0,
-                np.ones(2, np.float32),
-                np.float32(0),
-                seen,
+                product.scale,
+                product.offset,
+                _NO_ROWS,
                 _NO_ROWS,
                 _NO_MASK,
                 False,
@@ -281,3 +293,8 @@ def warm_up() -> None:
                 False,
                 False,
             )
+
+
+def compiled_signatures() -> dict[str, int]:
+    """How many argument-type signatures each of this module's kernels has compiled."""
+    return {name: len(value.signatures) for name, value in globals().items() if isinstance(value, Dispatcher)}
