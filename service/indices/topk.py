@@ -32,14 +32,18 @@ KERNEL_MAX_K = 128
 _HOLD_GIL_MAX_WORK = 1 << 21
 
 
-def _read(dtype: types.Type, ndim: int, layout: Literal["C", "F"] = "C") -> types.Array:
+def read_only_type(dtype: types.Type, ndim: int, layout: Literal["C", "F"] = "C") -> types.Array:
     """A read-only array type. A kernel compiled for it also takes writable arrays (numba
     converts them at no cost), so a memory-mapped artifact and an in-memory copy share one
-    build instead of one per mix of the two: the service's kernels are declared eagerly."""
+    build instead of one per mix of the two: the kernels a request calls from Python are
+    declared with these types (here and in ``service/serving/wire.py``)."""
     return types.Array(dtype, ndim, layout, readonly=True)
 
 
-_F32_MATRICES = (_read(types.float32, 2), _read(types.float32, 2, "F"))  # row- or column-major items
+ITEM_MATRIX_TYPES = (
+    read_only_type(types.float32, 2),
+    read_only_type(types.float32, 2, "F"),
+)  # row- or column-major items
 
 
 @njit(cache=True)
@@ -99,7 +103,10 @@ def _top_k_masked_kernel(scores, blocked, k):
 
 
 @njit(
-    [(types.Array(dtype, 1, "C"), _read(types.int64, 1)) for dtype in (types.float32, types.float64)],
+    [
+        (types.Array(dtype, 1, "C"), read_only_type(types.int64, 1))
+        for dtype in (types.float32, types.float64)
+    ],
     cache=True,
 )
 def _exclude_kernel(scores, rows):
@@ -193,7 +200,7 @@ def _affine_rows_body(matrix, vectors, offset):
     return out
 
 
-_AFFINE_ROWS = [(matrix, _read(types.float32, 2), types.float32) for matrix in _F32_MATRICES]
+_AFFINE_ROWS = [(matrix, read_only_type(types.float32, 2), types.float32) for matrix in ITEM_MATRIX_TYPES]
 
 
 @njit(_AFFINE_ROWS, cache=True, fastmath=True)
@@ -256,16 +263,16 @@ FUSED_FASTMATH = {"reassoc", "contract", "arcp", "nsz", "afn"}
 _USER_TOP_K = [
     (
         matrix,
-        _read(types.float32, 2),
+        read_only_type(types.float32, 2),
         types.int64,
-        _read(types.float32, 1),
+        read_only_type(types.float32, 1),
         types.float32,
-        _read(types.int64, 1),
-        _read(types.bool_, 1),
+        read_only_type(types.int64, 1),
+        read_only_type(types.bool_, 1),
         types.boolean,
         types.int64,
     )
-    for matrix in _F32_MATRICES
+    for matrix in ITEM_MATRIX_TYPES
 ]
 
 
@@ -325,7 +332,12 @@ def user_top_k(
 
 @njit(
     [
-        (_read(dtype, 2), _read(types.int64, 1), _read(types.bool_, 1), types.boolean)
+        (
+            read_only_type(dtype, 2),
+            read_only_type(types.int64, 1),
+            read_only_type(types.bool_, 1),
+            types.boolean,
+        )
         for dtype in (types.float32, types.float64)
     ],
     cache=True,
@@ -361,7 +373,7 @@ def top_k_rows(
     return [(idx[b, : count[b]], val[b, : count[b]]) for b in range(scores.shape[0])]
 
 
-@njit([(_read(types.float64, 2), _read(types.float64, 1))], cache=True)
+@njit([(read_only_type(types.float64, 2), read_only_type(types.float64, 1))], cache=True)
 def _negative_squared_distances(coords, point):
     out = np.empty(coords.shape[0], dtype=np.float64)
     for i in range(coords.shape[0]):

@@ -187,7 +187,7 @@ def _add_scored(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray) -> 
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
-_NO_ROWS.flags.writeable = False  # as a version's seen rows are (the plain kernel's one type)
+_NO_ROWS.flags.writeable = False  # shared by every call: nothing may write to it
 
 
 def _known_rows(ids: IdMap, externals: list[str]) -> np.ndarray:

@@ -13,13 +13,15 @@ written here about 1 us (``docs/serving-cost.md``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, typeof, types
 from numba.core.dispatcher import Dispatcher
 
 from ordrec.service.indices.topk import (
     FUSED_FASTMATH,
+    ITEM_MATRIX_TYPES,
     UserProduct,
     holds_gil,
+    read_only_type,
     user_top_k_inline,
 )
 from ordrec.service.storage.idmap import IdMap
@@ -48,16 +50,10 @@ def _string_field(tag: int, text: str) -> bytes:
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
-    """``array`` as a read-only view: every kernel argument is one numba type, whatever made
-    it (a read-only array is a type apart, and each type compiles the kernel again)."""
+    """``array`` as a read-only view: every plan array is one numba type, whatever made it."""
     view = array.view()
     view.flags.writeable = False
     return view
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    """``array`` itself when read-only (a memory-mapped version's), else a read-only view."""
-    return _read_only(array) if array.flags.writeable else array
 
 
 def _as_array(data: bytes) -> np.ndarray:
@@ -71,10 +67,9 @@ class WirePlan:
     ``lines[starts[r]:starts[r + 1] - 1]``), the result's version field and the reply's model
     and version fields."""
 
-    __slots__ = ("arrays", "_product")
+    __slots__ = ("arrays",)
 
     def __init__(self, items: IdMap, users: IdMap, model: str, version: str):
-        self._product: tuple[UserProduct, UserProduct] | None = None  # (as given, read-only)
         item_lines, item_starts = items.utf8_lines()
         user_lines, user_starts = users.utf8_lines()
         self.arrays = (
@@ -86,15 +81,17 @@ class WirePlan:
             _as_array(_string_field(_REPLY_MODEL, model) + _string_field(_REPLY_VERSION, version)),
         )
 
-    def read_only(self, product: UserProduct) -> UserProduct:
-        """The version's ``product`` with read-only arrays, made on its first call."""
-        known = self._product
-        if known is None or known[0] is not product:
-            frozen = UserProduct(
-                _frozen(product.matrix), _frozen(product.users), _frozen(product.scale), product.offset
-            )
-            known = self._product = (product, frozen)
-        return known[1]
+
+# The scoring kernels' declared argument types (topk's convention: arrays read-only, which
+# writable ones convert to at no cost; one build per item-matrix layout): matrix, factors,
+# user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale.
+_ROWS, _VECTOR = read_only_type(types.int64, 1), read_only_type(types.float32, 1)
+_SCORE_REPLY = [
+    (matrix, read_only_type(types.float32, 2), types.int64, _VECTOR, types.float32, _ROWS, _ROWS)
+    + (read_only_type(types.bool_, 1), types.boolean, types.int64)
+    + (typeof(WirePlan(IdMap([]), IdMap([]), "", "").arrays), types.boolean, types.boolean)
+    for matrix in ITEM_MATRIX_TYPES
+]
 
 
 @njit(cache=True, inline="always")
@@ -209,7 +206,7 @@ def _score_reply_body(
 
 
 # The fused kernels of topk.user_top_k compiled with its flags: the same scores, bit for bit.
-@njit(cache=True, fastmath=FUSED_FASTMATH)
+@njit(_SCORE_REPLY, cache=True, fastmath=FUSED_FASTMATH)
 def _score_reply_holding_gil(
     matrix, factors, user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale
 ):
@@ -218,7 +215,7 @@ def _score_reply_holding_gil(
     )
 
 
-@njit(cache=True, fastmath=FUSED_FASTMATH, nogil=True)
+@njit(_SCORE_REPLY, cache=True, fastmath=FUSED_FASTMATH, nogil=True)
 def _score_reply_releasing_gil(
     matrix, factors, user_row, scale, offset, seen, recorded, blocked, masked, k, plan, degraded, stale
 ):
@@ -227,8 +224,8 @@ def _score_reply_releasing_gil(
     )
 
 
-_NO_ROWS = _read_only(np.zeros(0, dtype=np.int64))
-_NO_MASK = _read_only(np.zeros(0, dtype=np.bool_))  # as an Eligible's mask is
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_MASK = np.zeros(0, dtype=np.bool_)
 
 
 def scored_reply(
@@ -246,16 +243,15 @@ def scored_reply(
     ``recorded`` rows excluded, ``blocked`` ones skipped) as ``RecommendResponse`` bytes, in
     one kernel call."""
     kernel = _score_reply_holding_gil if holds_gil(product.matrix.size) else _score_reply_releasing_gil
-    product = plan.read_only(product)  # one argument type per kernel: every array read-only
     return kernel(
         product.matrix,
         product.users,
         user_row,
         product.scale,
         product.offset,
-        _frozen(seen),
-        _NO_ROWS if recorded is None else _frozen(recorded),
-        _NO_MASK if blocked is None else _frozen(blocked),
+        seen,
+        _NO_ROWS if recorded is None else recorded,
+        _NO_MASK if blocked is None else blocked,
         blocked is not None,
         k,
         plan.arrays,
@@ -265,34 +261,11 @@ def scored_reply(
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the kernels for the arguments a server passes them:
-    every array read-only (``scored_reply`` makes them so), the item factors row-major, or
-    column-major for a small catalogue (which keeps the GIL: its product is short). Four
-    builds, where every mix of writable and read-only arrays took twenty."""
+    """Compile (or load from numba's cache) the reply encoder. The scoring kernels are declared
+    (``_SCORE_REPLY``: each item layout, every array read-only) and built at import: four
+    builds, where compiling each mix of writable and read-only arrays a server meets took twenty."""
     plan = WirePlan(IdMap(["i0", "i1"]), IdMap(["u0"]), "m", "v")
     encode_reply(plan, 0, np.zeros(1, np.int64), np.ones(1, np.float32), False, False)
-    users, scale = np.zeros((1, 2), np.float32), np.ones(2, np.float32)
-    for matrix, kernels in (
-        (np.zeros((2, 2), np.float32), (_score_reply_holding_gil, _score_reply_releasing_gil)),
-        (np.zeros((2, 2), np.float32, order="F"), (_score_reply_holding_gil,)),
-    ):
-        product = plan.read_only(UserProduct(matrix, users, scale, np.float32(0)))
-        for kernel in kernels:
-            kernel(
-                product.matrix,
-                product.users,
-                0,
-                product.scale,
-                product.offset,
-                _NO_ROWS,
-                _NO_ROWS,
-                _NO_MASK,
-                False,
-                1,
-                plan.arrays,
-                False,
-                False,
-            )
 
 
 def compiled_signatures() -> dict[str, int]:

@@ -89,8 +89,7 @@ class RecommenderIndex(ModelIndex):
         self.items: IdMap = artifact.idmap("items")
         self.seen_indptr = np.asarray(artifact.array("seen_indptr"), dtype=np.int64)
         # int64 ndarray once at load (not a memmap slice per request): it indexes score arrays.
-        # Read-only, so a user's slice is the one argument type the serving kernels are built for
-        # (service/serving/wire.py), with no view made per request.
+        # Read-only: a request hands its user's slice to kernels and must not be able to write it.
         self.seen_indices = np.asarray(artifact.array("seen_indices"), dtype=np.int64).view()
         self.seen_indices.flags.writeable = False
         self.popularity = np.asarray(artifact.array("item_popularity"), dtype=np.float32)
