@@ -19,9 +19,9 @@ held); ``refine0`` (the same refinement epoch from the set-up's factors, without
 epoch: the same steps, in less time); ``inplace`` and ``inplace0`` (the same, refined in place,
 ``PairwiseDCR.refine_fitted``, as a job with ``pairwise_validation=false`` refines: one set of
 factors); ``pairwise`` (the whole validated fit a job runs: ``ValidatedRefinement`` over
-``--folds`` hold-outs, one epoch each, scoring at most ``--scored-users`` users); ``read`` (the generated ratings written once to a tsv
-file under /tmp, then read by ``read_ratings``, the one line reader, in a fresh process: its
-time and peak; the file is deleted after). ``--data-dir`` keeps the generated arrays there as
+``--folds`` hold-outs, one epoch each, scoring at most ``--scored-users`` users); ``read`` (the
+generated ratings written once to a tsv file under /tmp, then read by ``read_ratings``, the one
+line reader, in a fresh process: its time and peak; the file is deleted after). ``--data-dir`` keeps the generated arrays there as
 .npy files, so later rows load them instead of generating them again.
 """
 
@@ -327,7 +327,9 @@ def main() -> None:
         elif args.read:
             print(json.dumps(measure_read(args.read, int(float(n)), shape)))
         else:
-            row = measure(model_name, int(float(n)), shape, args.seed, args.folds, args.data_dir, args.scored_users)
+            row = measure(
+                model_name, int(float(n)), shape, args.seed, args.folds, args.data_dir, args.scored_users
+            )
             print(json.dumps(row))
         return
     print(

@@ -1290,7 +1290,9 @@ class ValidatedRefinement(_HoldOutSelection):
             _require_ratings(data)
             # The fit's epochs: the given per-level counts (best_epochs_ after the fit), or None.
             epochs = None if research.level_epochs is None else _int_list(research.level_epochs)
-            gain, scores = self._decide(_pointwise_params(pointwise), replace(research, level_epochs=epochs), data)
+            gain, scores = self._decide(
+                _pointwise_params(pointwise), replace(research, level_epochs=epochs), data
+            )
             model = pointwise.fit(data, **fit_params)
         else:  # the fold fits take the epochs the validation set chooses for the full fit
             model = pointwise.fit(data, validation, **fit_params)
