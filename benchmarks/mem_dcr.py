@@ -21,8 +21,9 @@ epoch: the same steps, in less time); ``inplace`` and ``inplace0`` (the same, re
 factors); ``pairwise`` (the whole validated fit a job runs: ``ValidatedRefinement`` over
 ``--folds`` hold-outs, one epoch each, scoring at most ``--scored-users`` users); ``read`` (the
 generated ratings written once to a tsv file under /tmp, then read by ``read_ratings``, the one
-line reader, in a fresh process: its time and peak; the file is deleted after). ``--data-dir`` keeps the generated arrays there as
-.npy files, so later rows load them instead of generating them again.
+line reader, in a fresh process: its time and peak; the file is deleted after). ``--data-dir``
+keeps the generated arrays there as .npy files, so later rows load them instead of generating
+them again.
 """
 
 from __future__ import annotations
