@@ -82,9 +82,19 @@ def test_refinement_scores_are_those_of_copied_folds_and_copied_refinements(pape
     model = DCR(**(dict(params, **PAPER_PARAMS) if paper else params)).fit(data)
     refinement = PairwiseDCR(model, learning_rate=0.05, max_iter=2)
     point, refined = refinement_scores(model, data, 2, 0.25, refinement)
+    assert_copied_folds_score(point, refined, model, data, refinement, None)
+    assert not np.array_equal(point, refined)  # the refinement moved something
+
+
+def assert_copied_folds_score(point, refined, model, data, refinement, chosen) -> bool:
+    """``point`` and ``refined`` are what two copied folds of ``data`` (seed 3), fresh fits and
+    copied refinements score on the held-out ratings of the ``chosen`` users (None: all);
+    True when both folds scored the same users (then averaged per user)."""
     want_point, want_refined = [], []
     for fit, val in holdouts(data, np.random.default_rng([3, 3]), 2):
         fold = DCR(**model.get_params()).fit(fit)
+        if chosen is not None:
+            val = val.subset(np.flatnonzero(chosen[val.user]))
         want_point.append(fold.validation_values(val))
         want_refined.append(refinement.refined(fold).validation_values(val))
     # Folds holding out the same users are averaged per user, others paired within folds.
@@ -92,7 +102,7 @@ def test_refinement_scores_are_those_of_copied_folds_and_copied_refinements(pape
     combine = (lambda values: np.mean(values, axis=0)) if same else np.concatenate
     np.testing.assert_array_equal(point, combine(want_point))
     np.testing.assert_array_equal(refined, combine(want_refined))
-    assert not np.array_equal(point, refined)  # the refinement moved something
+    return same
 
 
 def test_validation_scores_the_model_without_changing_or_copying_it():
@@ -186,16 +196,7 @@ def test_a_bounded_sample_scores_only_its_users_and_the_same_folds():
     point, refined = refinement_scores(model, data, 2, 0.25, refinement, max_users=20)
     chosen = scored_users(data, 3, 20)
     assert chosen is not None and chosen.sum() == 20
-    want_point, want_refined = [], []
-    for fit, val in holdouts(data, np.random.default_rng([3, 3]), 2):
-        fold = DCR(**model.get_params()).fit(fit)
-        mine = val.subset(np.flatnonzero(chosen[val.user]))
-        want_point.append(fold.validation_values(mine))
-        want_refined.append(refinement.refined(fold).validation_values(mine))
-    same = len({v.size for v in want_point}) == 1
-    combine = (lambda values: np.mean(values, axis=0)) if same else np.concatenate
-    np.testing.assert_array_equal(point, combine(want_point))
-    np.testing.assert_array_equal(refined, combine(want_refined))
+    same = assert_copied_folds_score(point, refined, model, data, refinement, chosen)
     assert 0 < point.size <= (20 if same else 40)
     unbounded, _ = refinement_scores(model, data, 2, 0.25, refinement)
     assert unbounded.size > point.size
