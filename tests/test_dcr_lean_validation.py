@@ -143,21 +143,24 @@ def test_fingerprint_hashes_the_bytes_of_each_column(step):
 @pytest.mark.slow
 def test_the_memory_benchmark_reads_its_file_and_removes_it(tmp_path):
     """``benchmarks/mem_dcr.py`` end to end on the small shape: a read row (the file written,
-    read by the reader, deleted) and a refine row, as JSON lines."""
+    read by the reader, deleted), a refine row and an in-place one, as JSON lines."""
     out = tmp_path / "rows.jsonl"
     before = set(Path("/tmp").glob("mem_dcr_*.tsv"))
     subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "mem_dcr.py"), "--shape", "small", "--ratings", "1e5"]
-        + ["--models", "read,refine", "--data-dir", str(tmp_path / "data"), "--json", str(out)],
+        + ["--models", "read,refine,inplace", "--data-dir", str(tmp_path / "data"), "--json", str(out)],
         check=True,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    read, refine = (json.loads(line) for line in out.read_text().splitlines())
+    read, refine, inplace = (json.loads(line) for line in out.read_text().splitlines())
     assert read["model"] == "read" and read["ratings"] == 100_000 and read["peak_b"] > 0
     assert set(Path("/tmp").glob("mem_dcr_*.tsv")) == before
     assert refine["pair_epoch_s"] > 0 and refine["epoch_s"] is not None
+    # Refined in place: one set of factors where the refined copy holds two.
+    assert inplace["pair_epoch_s"] > 0 and inplace["rated_users"] == refine["rated_users"] > 0
+    assert inplace["factors_allocated_mb"] * 2 == pytest.approx(refine["factors_allocated_mb"], abs=1)
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [
         f"small_100000_0_{c}.npy" for c in ("item", "rating", "user")
     ]
