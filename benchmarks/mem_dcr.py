@@ -293,6 +293,9 @@ def measure(
         "rest_b": round((top - factors) / n, 1),
         "peak_mb": round(top / 1e6),
         "factor_hash": factor_hash(model),
+        # The validated fit's decision: refined or not, and (pointwise, refined, SE of the gain).
+        "pairwise_kept": getattr(model, "pairwise_kept_", None),
+        "val_recall": getattr(model, "pairwise_val_ndcg_", None),
     }
 
 
