@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from ordrec.trainer.models.dcr import (
     ResearchOptions,
     ValidatedRefinement,
     holdouts,
+    lazy_zeros,
     refinement_scores,
     scored_users,
 )
@@ -240,3 +242,22 @@ def test_the_validated_fit_of_no_ratings_is_refused_as_the_fit_refuses_it():
         validated.fit(empty)
     with pytest.raises(ValueError, match="n_components"):
         ValidatedRefinement(PairwiseDCR(DCR(n_components=0)), folds=1).fit(planted(0))
+
+
+def resident_bytes() -> int:
+    """This process's resident bytes now (Linux)."""
+    status = Path(f"/proc/{os.getpid()}/status").read_text().splitlines()
+    return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS"))
+
+
+def test_lazy_factors_cost_only_the_pages_written_and_reading_costs_nothing():
+    """The user factors' pages become resident only where rows are written: a pass that reads
+    every row (the serving index's mean, when a validation scores the model) adds nothing."""
+    rows, width = 1 << 16, 256  # 64 MiB of float32
+    factors = lazy_zeros((rows, width), np.float32)
+    before = resident_bytes()
+    assert float(factors.sum()) == 0.0
+    assert resident_bytes() - before < (8 << 20)
+    factors[:: rows // 16] = 1.0  # 16 rows, 16 pages
+    assert resident_bytes() - before < (8 << 20)
+    assert float(factors.sum()) == 16 * width
