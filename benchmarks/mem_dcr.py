@@ -16,11 +16,14 @@ ratings themselves (12 B/rating), the fit's arrays and the factors (shown apart)
 Models: ``dcr`` (pointwise, one epoch); ``refine`` (that fit, then one epoch of the pairwise
 refinement, ``PairwiseDCR.refined``: its time is the refinement's epoch, and both sets of factors are
 held); ``refine0`` (the same refinement epoch from the set-up's factors, without the DCR
-epoch: the same steps, in less time); ``pairwise`` (the whole validated fit a job runs: ``ValidatedRefinement`` over
-``--folds`` hold-outs, one epoch each); ``read`` (the generated ratings written once to a tsv
-file under /tmp, then read by ``read_ratings``, the one line reader, in a fresh process: its
-time and peak; the file is deleted after). ``--data-dir`` keeps the generated arrays there as
-.npy files, so later rows load them instead of generating them again.
+epoch: the same steps, in less time); ``inplace`` and ``inplace0`` (the same, refined in place,
+``PairwiseDCR.refine_fitted``, as a job with ``pairwise_validation=false`` refines: one set of
+factors); ``pairwise`` (the whole validated fit a job runs: ``ValidatedRefinement`` over
+``--folds`` hold-outs, one epoch each, scoring at most ``--scored-users`` users); ``read`` (the
+generated ratings written once to a tsv file under /tmp, then read by ``read_ratings``, the one
+line reader, in a fresh process: its time and peak; the file is deleted after). ``--data-dir``
+keeps the generated arrays there as .npy files, so later rows load them instead of generating
+them again.
 """
 
 from __future__ import annotations
@@ -191,12 +194,23 @@ def peak() -> int:
 
 
 def factor_hash(model) -> str:
-    """A short hash of the fitted factors: equal hashes, equal fits."""
-    return hashlib.sha256(model.U_.tobytes() + model.V_.tobytes()).hexdigest()[:16]
+    """A short hash of the fitted factors: equal hashes, equal fits. Hashed from the arrays'
+    buffers (the digest of their bytes one after the other): a ``tobytes`` copy of 10^7 users'
+    factors would be 10 GB."""
+    digest = hashlib.sha256()
+    for factors in (model.U_, model.V_):
+        digest.update(np.ascontiguousarray(factors).data)
+    return digest.hexdigest()[:16]
 
 
 def measure(
-    model_name: str, n: int, shape: str, seed: int, folds: int = 3, data_dir: str | None = None
+    model_name: str,
+    n: int,
+    shape: str,
+    seed: int,
+    folds: int = 3,
+    data_dir: str | None = None,
+    scored_users: int | None = 100_000,
 ) -> dict:
     """One table row, in this process: generate, time the set-up and one epoch, read the peak."""
     from ordrec.trainer.models.dcr import DCR, PairwiseDCR, ValidatedRefinement
@@ -215,8 +229,16 @@ def measure(
             refined = PairwiseDCR(DCR(max_iter=1), max_iter=1).refined(point)
             pair_s.append(time.perf_counter() - t)
             return refined
+        if model_name in ("inplace", "inplace0"):  # as PairwiseDCR.fit refines: in place
+            point = DCR(max_iter=int(model_name == "inplace")).fit(data)
+            t = time.perf_counter()
+            PairwiseDCR(DCR(max_iter=1), max_iter=1).refine_fitted(point)
+            pair_s.append(time.perf_counter() - t)
+            return point
         # As a job fits it: the refinement kept only where it wins on hold-outs.
-        validated = ValidatedRefinement(PairwiseDCR(DCR(max_iter=1), max_iter=1), folds=folds)
+        validated = ValidatedRefinement(
+            PairwiseDCR(DCR(max_iter=1), max_iter=1), folds=folds, max_users=scored_users
+        )
         return validated.fit(data).best_estimator_
 
     # Warm the numba kernels on a small set, so compiling is neither timed nor counted.
@@ -231,17 +253,24 @@ def measure(
     n_users, n_items = data.n_users, data.n_items
     held = rss() - base
     t = time.perf_counter()
-    if model_name != "refine0":  # refine0's own fit is the set-up
+    from_setup = model_name in ("refine0", "inplace0")
+    if not from_setup:  # refine0's and inplace0's own fit is the set-up
         DCR(max_iter=0).fit(data)
     setup_s = time.perf_counter() - t
     t = time.perf_counter()
     model = fit(data)
     fit_s = time.perf_counter() - t
-    if model_name == "refine0":
+    if from_setup:
         setup_s = fit_s - sum(pair_s)
     top = peak() - base
-    # A refined copy holds both sets of factors (the pointwise fit's and its own).
-    factors = (model.U_.nbytes + model.V_.nbytes) * (2 if model_name.startswith("refine") else 1)
+    # A refined copy holds both sets of factors (the pointwise fit's and its own). The user
+    # factors' pages are touched only for users with ratings (DCR allocates them lazily), so
+    # those rows count; the allocation is reported besides (equal when every user has ratings).
+    rated_users = int(np.count_nonzero(np.diff(model.seen_indptr_)))
+    user_row = model.U_.nbytes // max(model.U_.shape[0], 1)
+    sets = 2 if model_name.startswith("refine") else 1
+    factors = (rated_users * user_row + model.V_.nbytes) * sets
+    allocated = (model.U_.nbytes + model.V_.nbytes) * sets
     pointwise_s = fit_s - sum(pair_s)
     return {
         "model": model_name,
@@ -253,14 +282,20 @@ def measure(
         "setup_s": round(setup_s, 2),
         "fit_s": round(fit_s, 2),
         "folds": folds if model_name == "pairwise" else None,
-        "epoch_s": round(pointwise_s - setup_s, 2) if model_name in ("dcr", "refine") else None,
+        "scored_users": scored_users if model_name == "pairwise" else None,
+        "epoch_s": round(pointwise_s - setup_s, 2) if model_name in ("dcr", "refine", "inplace") else None,
         "pair_epoch_s": round(pair_s[0], 2) if pair_s else None,
         "data_b": round(held / n, 1),
         "peak_b": round(top / n, 1),
         "factors_b": round(factors / n, 1),
+        "factors_allocated_mb": round(allocated / 1e6),
+        "rated_users": rated_users,
         "rest_b": round((top - factors) / n, 1),
         "peak_mb": round(top / 1e6),
         "factor_hash": factor_hash(model),
+        # The validated fit's decision: refined or not, and (pointwise, refined, SE of the gain).
+        "pairwise_kept": getattr(model, "pairwise_kept_", None),
+        "val_recall": getattr(model, "pairwise_val_ndcg_", None),
     }
 
 
@@ -271,9 +306,16 @@ def main() -> None:
     parser.add_argument(
         "--models",
         default="dcr,pairwise",
-        help="dcr, refine (one pairwise epoch after it), pairwise (Pairwise DCR, validated), read (the reader)",
+        help="dcr, refine (one pairwise epoch after it, on a copy), inplace (in place), refine0 and"
+        " inplace0 (from the set-up's factors), pairwise (Pairwise DCR, validated), read (the reader)",
     )
     parser.add_argument("--folds", type=int, default=3, help="hold-outs of the validated pairwise fit")
+    parser.add_argument(
+        "--scored-users",
+        type=int,
+        default=100_000,
+        help="most users the validated pairwise fit scores (ValidatedRefinement max_users)",
+    )
     parser.add_argument("--data-dir", help="keep the generated ratings here as .npy files (and reuse them)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="append each row as a JSON line to this file")
@@ -289,7 +331,10 @@ def main() -> None:
         elif args.read:
             print(json.dumps(measure_read(args.read, int(float(n)), shape)))
         else:
-            print(json.dumps(measure(model_name, int(float(n)), shape, args.seed, args.folds, args.data_dir)))
+            row = measure(
+                model_name, int(float(n)), shape, args.seed, args.folds, args.data_dir, args.scored_users
+            )
+            print(json.dumps(row))
         return
     print(
         f"{'model':9} {'shape':8} {'ratings':>12} {'epoch s':>8} {'pair s':>8} {'set-up s':>9} {'peak B/r':>9} "
@@ -310,6 +355,7 @@ def main() -> None:
 def _row(args: argparse.Namespace, model_name: str, shape: str, n: str, *extra: str) -> dict:
     """One row's JSON, from a fresh subprocess (so its peak is its own)."""
     command = [sys.executable, __file__, "--seed", str(args.seed), "--folds", str(args.folds)]
+    command += ["--scored-users", str(args.scored_users)]
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
     out = subprocess.run(

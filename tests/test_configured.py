@@ -75,6 +75,10 @@ def test_the_flat_settings_build_the_wrappers():
     refined = configure("dcr", {"pairwise": True, "pairwise_margin": 0.01, "validation_folds": 2})
     assert isinstance(refined.estimator, ValidatedRefinement)
     assert (refined.estimator.margin, refined.estimator.folds) == (0.01, 2)
+    assert refined.estimator.max_users == 100_000  # the default sample of scored users
+    every = configure("dcr", {"pairwise": True, "pairwise_validation_users": None})
+    assert every.estimator.max_users is None
+    assert configure("dcr", {"pairwise": True, "pairwise_validation_users": 50}).estimator.max_users == 50
     assert isinstance(refined.estimator.estimator, PairwiseDCR)
     always = configure("dcr", {"pairwise": True, "pairwise_validation": False})
     assert type(always.estimator) is PairwiseDCR and type(always.estimator.estimator) is DCR
@@ -113,6 +117,8 @@ def test_the_serving_choices_reach_the_artifact():
         ({"validation_folds": 0}, "validation_folds"),
         ({"early_stopping": "yes"}, "early_stopping"),
         ({"pairwise_confidence": -1.0}, "pairwise_confidence"),
+        ({"pairwise_validation_users": 0}, "pairwise_validation_users"),
+        ({"pairwise_validation_users": "all"}, "pairwise_validation_users"),
         ({"ann_min_items": 0}, "ann_min_items"),
         ({"ann_params": "hnsw"}, "ann_params"),
         ({"ann_params": {"efSearch": 3}}, "efSearch"),

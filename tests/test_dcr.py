@@ -634,7 +634,18 @@ def test_validated_refinement_needs_the_fitted_ratings():
         ValidatedRefinement(PairwiseDCR(model)).refine(model, planted(7, n_users=20, n_items=15, per_user=8))
 
 
-@pytest.mark.parametrize("bad", [dict(folds=0), dict(fraction=1.0), dict(margin=-0.1), dict(confidence=True)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(folds=0),
+        dict(fraction=1.0),
+        dict(margin=-0.1),
+        dict(confidence=True),
+        dict(max_users=0),
+        dict(max_users=2.5),
+        dict(max_users="all"),
+    ],
+)
 def test_validated_refinement_refuses_bad_settings_by_name(bad):
     data = planted(6, n_users=20, n_items=15, per_user=8)
     with pytest.raises(ValueError, match=repr(next(iter(bad)))):

@@ -43,6 +43,7 @@ DCR_SELECTION: dict[str, Any] = {
     "pairwise_validation": True,
     "pairwise_margin": 0.0,
     "pairwise_confidence": 2.0,
+    "pairwise_validation_users": 100_000,
 }
 DCR_SERVING = ("item_shrinkage", "ann_min_items", "ann_params")
 DCR_SELECTION_CONSTRAINTS: dict[str, list] = {
@@ -54,6 +55,7 @@ DCR_SELECTION_CONSTRAINTS: dict[str, list] = {
     "pairwise_validation": ["boolean"],
     "pairwise_margin": ValidatedRefinement._parameter_constraints["margin"],
     "pairwise_confidence": ValidatedRefinement._parameter_constraints["confidence"],
+    "pairwise_validation_users": ValidatedRefinement._parameter_constraints["max_users"],
 }
 
 
@@ -174,6 +176,7 @@ def _dcr(params: dict[str, Any]) -> Configured:
                 refinement,
                 margin=selection["pairwise_margin"],
                 confidence=selection["pairwise_confidence"],
+                max_users=selection["pairwise_validation_users"],
                 **holdout,
             )
         turned_on.append("pairwise")

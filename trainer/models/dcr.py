@@ -101,12 +101,15 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     few scattered rows faults in and zeroes every 2 MB page around them. A
     protocol split keeps the whole user id map, so the rows with training
     ratings are scattered; an anonymous mapping of 4 KB pages only pays for
-    the pages those rows touch.
+    the pages those rows touch. The mapping is private: reading a page never
+    written maps the kernel's zero page (a shared one would allocate it), so a
+    pass over every user's factors, as the serving index's mean takes when a
+    validation scores the model, does not make 10^7 users' factors resident.
     """
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
         return np.zeros(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).reshape(shape)
+    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype=dtype).reshape(shape)
 
 
 def _int_list(values) -> list[int]:
@@ -542,8 +545,7 @@ class DCR(Estimator):
         stopping = ValidationStopping() if stopping is None else stopping
         stopping.validate()
         self.research_ = research
-        if len(data) == 0:
-            raise DataError(data.source, None, "no ratings to train on")
+        _require_ratings(data)
         user, item, level = self._index_ratings(data, validation)
         rng = np.random.default_rng(self.random_state)
         U, V, active, (u_fixed, u_radius) = self._initial_factors(rng, item, level)
@@ -1110,18 +1112,52 @@ class PairwiseDCR:
 
 
 def refinement_scores(
-    model: DCR, data: Ratings, folds: int, fraction: float, refinement: PairwiseDCR
+    model: DCR,
+    data: Ratings,
+    folds: int,
+    fraction: float,
+    refinement: PairwiseDCR,
+    max_users: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per-user validation values (``DCR.validation_values``) of the pointwise fit and of its
     ``refinement``, each user's averaged over ``folds`` hold-outs of ``data``.
 
     Every hold-out's pointwise fit has ``model``'s parameters and research options, for the
     epochs of ``model`` when it had per-level counts; the hold-outs have their own random
-    stream, so they shift neither the fit nor the refinement.
+    stream, so they shift neither the fit nor the refinement. Only the held-out ratings of
+    :func:`scored_users` (at most ``max_users``; None: every user) are scored.
     """
-    _require_ratings_to_hold_out(data, "pairwise_validation")
     research = replace(model.research_, level_epochs=getattr(model, "best_epochs_", None))
-    rng = np.random.default_rng([int(model.random_state), 3])
+    return _fold_scores(_pointwise_params(model), research, data, folds, fraction, refinement, max_users)
+
+
+def scored_users(data: Ratings, seed: int, max_users: int | None) -> np.ndarray | None:
+    """Which users' held-out ratings a validated refinement scores: None (all of them) when at
+    most ``max_users`` users have ratings, else a flag per user for a seeded uniform sample of
+    ``max_users`` of them (its own stream: the folds' draws are not shifted)."""
+    counts = np.bincount(data.user, minlength=data.n_users)
+    rated = np.flatnonzero(counts > 0)
+    if max_users is None or rated.size <= int(max_users):
+        return None
+    chosen = np.zeros(data.n_users, dtype=np.bool_)
+    chosen[np.random.default_rng([int(seed), 4]).choice(rated, int(max_users), replace=False)] = True
+    return chosen
+
+
+def _fold_scores(
+    params: dict,
+    research: ResearchOptions,
+    data: Ratings,
+    folds: int,
+    fraction: float,
+    refinement: PairwiseDCR,
+    max_users: int | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`refinement_scores` for pointwise fits of DCR(**params) with ``research`` (its
+    ``level_epochs`` the counts to fit for): needs no fitted model, so it can run before one."""
+    _require_ratings_to_hold_out(data, "pairwise_validation")
+    rng = np.random.default_rng([int(params["random_state"]), 3])
+    chosen = scored_users(data, int(params["random_state"]), max_users)
     pointwise, refined = [], []
     for _ in range(max(1, int(folds))):
         # validation_split's draws, kept as row indices until each part is needed: at any time
@@ -1129,8 +1165,10 @@ def refinement_scores(
         kept, held = held_out_rows(data.user, data.n_users, rng, fraction, 2)
         fit = data.subset(kept)
         del kept
-        point = DCR(**_pointwise_params(model)).fit(fit, research=research)
+        point = DCR(**params).fit(fit, research=research)
         del fit
+        if chosen is not None:
+            held = held[chosen[data.user[held]]]
         val = data.subset(held)
         del held
         pointwise.append(point.validation_values(val))
@@ -1190,12 +1228,19 @@ class ValidatedRefinement(_HoldOutSelection):
         The validation gain the refinement must exceed to be kept.
     confidence : float, default 2.0
         Standard errors of the gain it must exceed besides (0: any gain above the margin).
+    max_users : int or None, default 100_000
+        The most users whose held-out ratings are scored (each scoring ranks all items for a
+        user): with more users with ratings, a seeded uniform sample of this many
+        (:func:`scored_users`), the same in every fold; None scores every user. The sample
+        leaves the expected gain as it is and widens its standard error by about
+        ``sqrt(users / max_users)`` (docs/dcr.md "Memory at scale").
     """
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         **HOLD_OUT_CONSTRAINTS,
         "margin": [Interval(Real, 0, None)],
         "confidence": [Interval(Real, 0, None)],
+        "max_users": [None, Interval(Integral, 1, None)],
     }
     estimator: PairwiseDCR
 
@@ -1207,26 +1252,54 @@ class ValidatedRefinement(_HoldOutSelection):
         fraction: float = 0.25,
         margin: float = 0.0,
         confidence: float = 2.0,
+        max_users: int | None = 100_000,
     ):
         super().__init__(estimator, folds, fraction)
         self.margin = margin
         self.confidence = confidence
+        self.max_users = max_users
 
     def decide(self, model: DCR, data: Ratings) -> tuple[Gain, tuple[float, float, float]]:
         """Whether refining the fitted ``model`` wins on hold-outs of ``data``; the verdict and
         (pointwise, refined, SE of the gain) as the artifact records."""
         self._validate_params()
-        point, pair = refinement_scores(model, data, int(self.folds), float(self.fraction), self.estimator)
+        research = replace(model.research_, level_epochs=getattr(model, "best_epochs_", None))
+        return self._decide(_pointwise_params(model), research, data)
+
+    def _decide(
+        self, params: dict, research: ResearchOptions, data: Ratings
+    ) -> tuple[Gain, tuple[float, float, float]]:
+        """:meth:`decide` for pointwise fits of DCR(**params) with ``research``."""
+        max_users = None if self.max_users is None else int(self.max_users)
+        point, pair = _fold_scores(
+            params, research, data, int(self.folds), float(self.fraction), self.estimator, max_users
+        )
         gain = significant_gain(pair - point, margin=float(self.margin), confidence=float(self.confidence))
         return gain, (float(point.mean()), float(pair.mean()), gain.se)
 
     def fit(self, data: Ratings, validation: Ratings | None = None, **fit_params: Any) -> ValidatedRefinement:
         """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it
-        (continuing its random stream) if that wins; the served model is ``best_estimator_``."""
+        (continuing its random stream) if that wins; the served model is ``best_estimator_``.
+
+        Without ``validation`` the hold-outs run first (their streams are their own, so the
+        result is the same): the full fit's factors and a fold's are never held at once.
+        """
         self._validate_params()
         settings = self.estimator.settings()
-        model = copy.copy(self.estimator.estimator).fit(data, validation, **fit_params)
-        gain, scores = self.decide(model, data)
+        pointwise = copy.copy(self.estimator.estimator)
+        if validation is None:
+            research = fit_params.get("research") or ResearchOptions()
+            pointwise._validate_params(research)
+            _require_ratings(data)
+            # The fit's epochs: the given per-level counts (best_epochs_ after the fit), or None.
+            epochs = None if research.level_epochs is None else _int_list(research.level_epochs)
+            gain, scores = self._decide(
+                _pointwise_params(pointwise), replace(research, level_epochs=epochs), data
+            )
+            model = pointwise.fit(data, **fit_params)
+        else:  # the fold fits take the epochs the validation set chooses for the full fit
+            model = pointwise.fit(data, validation, **fit_params)
+            gain, scores = self.decide(model, data)
         if gain.kept:
             self.estimator.refine_fitted(model)
         model.pairwise_, model.pairwise_kept_, model.pairwise_val_ndcg_ = settings, gain.kept, scores
@@ -1325,6 +1398,12 @@ class EarlyStoppedDCR(_HoldOutSelection):
 
 
 Estimator = DCR
+
+
+def _require_ratings(data: Ratings) -> None:
+    """A fit needs at least one rating (a DataError naming the source otherwise)."""
+    if len(data) == 0:
+        raise DataError(data.source, None, "no ratings to train on")
 
 
 def _require_ratings_to_hold_out(data: Ratings, option: str) -> None:
