@@ -16,7 +16,6 @@ there the other threads should run, so they release it.
 
 from __future__ import annotations
 
-import itertools
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -398,51 +397,23 @@ def nearest_brute_force(
     return rows, (-np.sqrt(-neg_sq)).astype(np.float32)
 
 
-def _both(array: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``array`` writable and read-only (as a memory-mapped artifact is)."""
-    read_only = array.view()
-    read_only.flags.writeable = False
-    return array, read_only
-
-
 def warm_up() -> None:
-    """Compile (or load from cache) the kernels for the arrays the service passes them.
-
-    The kernels a request calls from Python are declared with read-only array types and
-    built at import (writable arrays convert to those). The selection kernels they and
-    other modules' kernels call compile lazily, one build per argument type (a read-only,
-    memory-mapped array is a type apart): built here, and every declared kernel is called
-    with both kinds of array, so no request compiles anything.
-    """
+    """Compile (or load from cache) the selection kernels, which compile lazily, one build per
+    argument type, for the scores a request passes them. The kernels a request calls from
+    Python are declared with read-only array types (writable arrays convert to those) and
+    built at import, with the selection builds they call."""
     for dtype in (np.float32, np.float64):
         scores = np.zeros(4, dtype=dtype)
         _top_k_kernel(scores, 2)
         _top_k_masked_kernel(scores, np.zeros(4, dtype=np.bool_), 2)
-        for rows in _both(np.zeros(1, np.int64)):
-            _exclude_kernel(scores, rows)
-    column_major = np.zeros((2, 2), np.float32, order="F")
-    for matrix, vector in itertools.product(
-        (*_both(np.zeros((2, 2), np.float32)), column_major), _both(np.zeros(2, np.float32))
-    ):
-        _affine_rows_holding_gil(matrix, vector.reshape(1, -1), np.float32(0))
-        _affine_rows_releasing_gil(matrix, vector.reshape(1, -1), np.float32(0))
-    parts = (
-        (*_both(np.zeros((2, 2), np.float32)), column_major),
-        _both(np.zeros((1, 2), np.float32)),
-        _both(np.zeros(1, np.int64)),
-        _both(np.zeros(2, dtype=np.bool_)),
-    )
-    for matrix, users, rows, blocked in itertools.product(*parts):
-        for kernel in (_user_top_k_holding_gil, _user_top_k_releasing_gil):
-            kernel(matrix, users, 0, np.ones(2, np.float32), np.float32(0), rows, blocked, True, 1)
-    for dtype in (np.float32, np.float64):
-        for blocked in _both(np.zeros(4, dtype=np.bool_)):
-            _top_k_rows_kernel(np.zeros((1, 4), dtype=dtype), np.ones(1, np.int64), blocked, True)
-    for coords, point in itertools.product(_both(np.zeros((2, 2))), _both(np.zeros(2))):
-        _negative_squared_distances(coords, point)
+
+
+def kernel_signatures(namespace: dict) -> dict[str, int]:
+    """How many argument-type signatures each kernel in a module's ``namespace`` has compiled:
+    what its ``warm_up`` covered, so a check can tell that a request compiles nothing more."""
+    return {name: len(value.signatures) for name, value in namespace.items() if isinstance(value, Dispatcher)}
 
 
 def compiled_signatures() -> dict[str, int]:
-    """How many argument-type signatures each of this module's kernels has compiled: what
-    :func:`warm_up` covered, so a check can tell that a request compiles nothing more."""
-    return {name: len(value.signatures) for name, value in globals().items() if isinstance(value, Dispatcher)}
+    """:func:`kernel_signatures` of this module."""
+    return kernel_signatures(globals())

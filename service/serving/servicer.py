@@ -765,8 +765,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         if exclude_seen and user_row >= 0:
             parts.append(index.seen(int(user_row)))
         if exclude_seen and recent_ids:
-            rows = index.items.rows(recent_ids)
-            parts.append(rows[rows >= 0])
+            parts.append(_known_rows(index.items, recent_ids))
         if not parts:
             return None
         return parts[0] if len(parts) == 1 else np.concatenate(parts)

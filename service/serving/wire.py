@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit, typeof, types
-from numba.core.dispatcher import Dispatcher
 
 from ordrec.service.indices.topk import (
     FUSED_FASTMATH,
     ITEM_MATRIX_TYPES,
     UserProduct,
     holds_gil,
+    kernel_signatures,
     read_only_type,
     user_top_k_inline,
 )
@@ -269,5 +269,5 @@ def warm_up() -> None:
 
 
 def compiled_signatures() -> dict[str, int]:
-    """How many argument-type signatures each of this module's kernels has compiled."""
-    return {name: len(value.signatures) for name, value in globals().items() if isinstance(value, Dispatcher)}
+    """:func:`topk.kernel_signatures` of this module."""
+    return kernel_signatures(globals())
