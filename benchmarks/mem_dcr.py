@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.idmap import numbered_ids
 from ordrec.trainer.data.types import Ratings
 
 #: Users x items of each shape: like the Netflix prize, a large shop, and a small one for a quick look.
@@ -115,9 +115,7 @@ def planted_ratings(n_users: int, n_items: int, n_ratings: int, seed: int = 0, r
         user[pos:stop], item[pos:stop] = owners, drawn
         rating[pos:stop] = np.digitize(x, cuts) + 1
         first, pos = last, stop
-    names_u = IdMap([str(i) for i in range(n_users)])
-    names_i = IdMap([str(i) for i in range(n_items)])
-    return Ratings(names_u, names_i, user, item, rating)
+    return Ratings(numbered_ids(n_users), numbered_ids(n_items), user, item, rating)
 
 
 def cached_ratings(shape: str, n: int, seed: int, data_dir: str | None) -> Ratings:
@@ -130,9 +128,7 @@ def cached_ratings(shape: str, n: int, seed: int, data_dir: str | None) -> Ratin
     paths = [Path(f"{stem}_{column}.npy") for column in ("user", "item", "rating")]
     if all(p.exists() for p in paths):
         user, item, rating = (np.load(p) for p in paths)
-        names_u = IdMap([str(i) for i in range(n_users)])
-        names_i = IdMap([str(i) for i in range(n_items)])
-        return Ratings(names_u, names_i, user, item, rating)
+        return Ratings(numbered_ids(n_users), numbered_ids(n_items), user, item, rating)
     data = planted_ratings(n_users, n_items, n, seed)
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     for p, column in zip(paths, (data.user, data.item, data.rating)):

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.storage.artifact import Artifact
-from ordrec.service.storage.idmap import IdMap, PackedIdMap
+from ordrec.service.storage.idmap import IdMap, PackedIdMap, numbered_ids
 from ordrec.service.storage.registry import Registry
 
 ID = st.text(
@@ -16,14 +16,17 @@ ID = st.text(
 )
 
 
-def packed(ids: list[str]) -> PackedIdMap:
-    return PackedIdMap(("".join(f"{x}\n" for x in ids)).encode("utf-8"))
+def packed(ids: list[str], distinct: bool = False) -> PackedIdMap:
+    return PackedIdMap(("".join(f"{x}\n" for x in ids)).encode("utf-8"), distinct=distinct)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(ID, unique=True, max_size=60), st.lists(ID, max_size=20))
-def test_packed_answers_as_the_plain_map(ids, queries):
-    plain, small = IdMap(ids), packed(ids)
+@given(st.lists(ID, unique=True, max_size=60), st.lists(ID, max_size=20), st.booleans())
+def test_packed_answers_as_the_plain_map(ids, queries, distinct):
+    """Checked at load or known distinct (its lookup index built at the first lookup), a packed
+    map answers every question as the plain one, its subsets too, packed or not."""
+    plain, small = IdMap(ids), packed(ids, distinct)
+    assert bytes(small.joined_utf8()) == plain.joined_utf8()
     assert len(small) == len(plain) and small == plain and plain == small
     assert list(small.ids) == ids and [small.ids[r] for r in range(len(ids))] == ids
     asked = queries + ids[::2]
@@ -34,6 +37,13 @@ def test_packed_answers_as_the_plain_map(ids, queries):
     assert small.max_bytes == plain.max_bytes
     rows = np.arange(len(ids))[::-1]
     assert small.externals(rows) == plain.externals(rows) and small.subset(rows) == plain.subset(rows)
+    some = np.flatnonzero(np.arange(len(ids)) % 3 != 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ordrec.service.storage.idmap.PACKED_MIN_IDS", 1)
+        assert isinstance(small.subset(some), PackedIdMap) or not some.size
+        assert small.subset(some) == plain.subset(some) and small.subset(some[::-1]).ids[:] == [
+            ids[r] for r in some[::-1]
+        ]
 
 
 def test_hash_collisions_never_map_a_wrong_row(monkeypatch):
@@ -45,13 +55,25 @@ def test_hash_collisions_never_map_a_wrong_row(monkeypatch):
     assert small.rows(ids + ["nope"]).tolist() == [*range(50), -1]
 
 
+def test_a_map_known_distinct_builds_no_lookup_index_until_asked():
+    ids = packed([f"u{i}" for i in range(1000)], distinct=True)
+    assert ids._hashes is None and ids.external(7) == "u7" and len(list(ids.ids)) == 1000
+    assert ids._hashes is None and ids.row("u999") == 999 and ids._hashes is not None
+
+
+def test_numbered_ids_are_a_packed_map_from_the_threshold(monkeypatch):
+    assert type(numbered_ids(5)) is IdMap and numbered_ids(5).ids == ["0", "1", "2", "3", "4"]
+    monkeypatch.setattr("ordrec.service.storage.idmap.PACKED_MIN_IDS", 3)
+    assert isinstance(numbered_ids(5), PackedIdMap) and numbered_ids(5) == IdMap(list("01234"))
+
+
 def test_duplicates_are_refused():
     with pytest.raises(ValueError, match="duplicate id 'b'"):
         packed(["a", "b", "c", "b"])
 
 
 def test_large_id_spaces_load_packed_and_round_trip(tmp_path, monkeypatch):
-    monkeypatch.setattr("ordrec.service.storage.format.PACKED_MIN_IDS", 10)
+    monkeypatch.setattr("ordrec.service.storage.idmap.PACKED_MIN_IDS", 10)
     ids = [f"item-{i}-é" for i in range(25)]
     artifact = Artifact(kind="toy", arrays={"x": np.zeros((25, 2), np.float32)}, ids={"items": IdMap(ids)})
     reg = Registry(tmp_path)

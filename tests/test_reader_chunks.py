@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage import idmap
+from ordrec.service.storage.idmap import IdMap, PackedIdMap
 from ordrec.trainer.data import lines as parsing
 from ordrec.trainer.data.lines import Column, parse_records
 from ordrec.trainer.data.readers import read_ratings
@@ -52,8 +53,10 @@ def same(a, b) -> bool:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(lines, min_size=1, max_size=40), st.integers(1, 120))
-def test_chunk_boundaries_anywhere_give_the_per_line_arrays(tmp_path_factory, body, chunk):
+@given(st.lists(lines, min_size=1, max_size=40), st.integers(1, 120), st.booleans())
+def test_chunk_boundaries_anywhere_give_the_per_line_arrays(tmp_path_factory, body, chunk, packed):
+    """Packed or not (a packed map from the first id: as a read of 10^5 ids or more is), the
+    fast path's ids and arrays are the per-line parser's."""
     path = tmp_path_factory.mktemp("c") / "r.tsv"
     path.write_text("\n".join(body) + "\n", encoding="utf-8")
     try:
@@ -63,13 +66,15 @@ def test_chunk_boundaries_anywhere_give_the_per_line_arrays(tmp_path_factory, bo
             parse_records(str(path), "\t", 4, COLUMNS, 2)
         assert (info.value.line, info.value.reason) == (exc.line, exc.reason)
         return
-    old = parsing.CHUNK_BYTES
+    old = parsing.CHUNK_BYTES, idmap.PACKED_MIN_IDS
     parsing.CHUNK_BYTES = chunk
+    idmap.PACKED_MIN_IDS = 1 if packed else old[1]
     try:
         fast = parse_records(str(path), "\t", 4, COLUMNS, 2)
     finally:
-        parsing.CHUNK_BYTES = old
+        parsing.CHUNK_BYTES, idmap.PACKED_MIN_IDS = old
     assert fast.fast and same(fast, slow)
+    assert all(isinstance(m, PackedIdMap) == packed for m in fast.spaces)
     assert fast.numbers[0].dtype == np.float32 and all(x.dtype == np.int32 for x in fast.ids)
 
 
@@ -83,6 +88,33 @@ TAMPERED = [
     ('7\t8\t3\t0\t"', "expected 4 tab-separated fields, got 5"),
     ("\x00\xff\x10garbage", "expected 4 tab-separated fields, got 1"),
 ]
+
+
+@pytest.mark.parametrize(
+    "body, encoding, bad_line",
+    [
+        ("u1\ti1\t4\t9\nu\u00e9\ti2\t5\t9\n", "latin-1", None),  # ids decoded from latin-1, kept UTF-8
+        ("u1\ti1\t4\t9\nx\u2028y\ti2\t5\t9\n", "utf-8", 2),  # a line separator inside an id
+        ("u1\ti1\t4\t9\nu2\ti\x852\t5\t9\n", "utf-8", 2),  # a C1 control inside an id
+    ],
+)
+def test_packed_read_ids_decode_and_refuse_controls_as_the_per_line_parser(
+    tmp_path, monkeypatch, body, encoding, bad_line
+):
+    monkeypatch.setattr(idmap, "PACKED_MIN_IDS", 1)
+    path = tmp_path / "r.tsv"
+    path.write_bytes(body.encode(encoding))
+    if bad_line is not None:
+        with pytest.raises(DataError) as info:
+            parse_records(str(path), "\t", 4, COLUMNS, 2)
+        assert info.value.line == bad_line and "control character" in info.value.reason
+        return
+    fast = parse_records(str(path), "\t", 4, COLUMNS, 2)
+    slow = parse_records(str(path), "\t", 4, COLUMNS, 2, fast=False)
+    assert isinstance(fast.spaces[0], PackedIdMap) and same(fast, slow)
+    assert (
+        fast.spaces[0].row("u\u00e9") == 1 and bytes(fast.spaces[0].joined_utf8()) == "u1\nu\u00e9".encode()
+    )
 
 
 @pytest.mark.parametrize("bad,reason", TAMPERED)

@@ -366,7 +366,7 @@ def with_events(base: Ratings, events: list[Event]) -> Ratings:
 
 def _extended(ids: IdMap, more: Iterable[str]) -> IdMap:
     new = [x for x in dict.fromkeys(more) if x not in ids]
-    return IdMap(ids.ids + new) if new else ids
+    return IdMap([*ids.ids, *new]) if new else ids
 
 
 # ------------------------------------------------------------------ export

@@ -28,17 +28,13 @@ from google.protobuf.struct_pb2 import Struct
 
 from ordrec.service.storage.artifact import Artifact, ArtifactError, SearchIndex, View, ViewSource
 from ordrec.service.storage.checksums import _fsync_dir, _replace_synced, _verify_checksum, _write_synced
-from ordrec.service.storage.idmap import IdMap, PackedIdMap
+from ordrec.service.storage.idmap import IdMap, PackedIdMap, id_map_from_lines
 from ordrec.v1 import manifest_pb2
 
 FORMAT = 1
 
 
 MANIFEST = "manifest.json"
-
-
-# Id spaces this large load packed (service/storage/idmap.py): a tenth of the memory, lookups a few us slower.
-PACKED_MIN_IDS = 100_000
 
 
 _ARRAY_NAME_RE = re.compile(r"^[a-z0-9_]{1,64}$")
@@ -91,6 +87,10 @@ def _set_views(folder: Path, manifest: manifest_pb2.Manifest, views: ViewSource)
 
 
 def _encode_ids(space: str, ids: IdMap) -> bytes:
+    if isinstance(ids, PackedIdMap):  # its text is the file: one id a line, none empty
+        blob, _ = ids.utf8_lines()
+        if b"\r" not in blob and (not len(ids) or ids.ids.lengths().min() > 0):  # type: ignore[attr-defined]
+            return blob
     for external in ids.ids:
         if not external or "\n" in external or "\r" in external:
             raise ArtifactError(f"id space {space!r}: id {external!r} is empty or has a line break")
@@ -227,9 +227,7 @@ def _load_ids(folder: Path, entry: manifest_pb2.IdFile) -> IdMap:
     if count != entry.count or (text and not text.endswith(b"\n")):
         raise ArtifactError(f"{path}: {count} ids but the manifest says {entry.count}")
     try:
-        if count >= PACKED_MIN_IDS:
-            return PackedIdMap(text)
-        return IdMap(text.decode("utf-8").split("\n")[:-1])
+        return id_map_from_lines(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path}: {exc}") from None
 

@@ -9,6 +9,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+#: From this many ids on, a map is packed (:class:`PackedIdMap`): the server's loaded id
+#: spaces and the trainer's read ones, where a dict of Python strings would cost about
+#: 130 bytes an id (1.3 GB at 10^7 users).
+PACKED_MIN_IDS = 100_000
+
 
 class IdMap:
     """A bijection between external string ids and row numbers ``0..n-1``.
@@ -74,6 +79,10 @@ class IdMap:
         encoded = [external.encode("utf-8") for external in self._ids]
         ends = np.cumsum(np.fromiter((len(e) + 1 for e in encoded), np.int64, len(encoded)))
         return b"".join(e + b"\n" for e in encoded), np.concatenate([[0], ends]).astype(np.int64)
+
+    def joined_utf8(self) -> bytes | memoryview:
+        """The ids joined by line breaks, UTF-8 (what a fingerprint of the id space hashes)."""
+        return "\n".join(self._ids).encode("utf-8")
 
     def row(self, external: str) -> int:
         """Row number of ``external``, or -1 when it is unknown."""
@@ -145,25 +154,37 @@ class PackedIdMap(IdMap):
 
     __slots__ = ("_hashes", "_order")
 
-    def __init__(self, text: bytes):
+    def __init__(self, text: bytes, *, distinct: bool = False):
         if text and not text.endswith(b"\n"):
             raise ValueError("the id list must end with a line break")
+        text.decode("utf-8")  # refused here, not at a first lookup
         ends = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 10).astype(np.int64)
         packed = PackedIds(text, np.concatenate([[0], ends + 1]))
-        hashes = np.fromiter(map(hash, packed), np.int64, len(packed))
-        order = np.argsort(hashes, kind="stable")
-        # array.array: bisect probes it from C; numpy views of it serve the batch lookups
-        self._hashes = array("q", hashes[order].tobytes())
-        self._order = array("q", order.tobytes())
         self._ids = packed  # type: ignore[assignment]
         self._index = None  # type: ignore[assignment]
         self._max_bytes = int(packed.lengths().max()) if len(packed) else 0
-        self._refuse_duplicates()
+        self._hashes: array | None = None
+        self._order: array | None = None
+        if not distinct:  # ids from a file: refused at load when two are equal
+            self._lookup_index()
+            self._refuse_duplicates()
+
+    def _lookup_index(self) -> tuple[array, array]:
+        """The sorted hashes and their rows, built at the first lookup when the ids were
+        known distinct (the trainer's maps: 16 bytes an id it never needs while fitting)."""
+        if self._hashes is None or self._order is None:
+            hashes = np.fromiter(map(hash, self._ids), np.int64, len(self._ids))
+            order = np.argsort(hashes, kind="stable")
+            # array.array: bisect probes it from C; numpy views of it serve the batch lookups
+            self._hashes = array("q", hashes[order].tobytes())
+            self._order = array("q", order.tobytes())
+        return self._hashes, self._order
 
     def _refuse_duplicates(self) -> None:
-        hashes = np.frombuffer(self._hashes, dtype=np.int64)
-        for i in np.flatnonzero(hashes[1:] == hashes[:-1]).tolist():
-            a, b = self._ids[self._order[i]], self._ids[self._order[i + 1]]
+        hashes, order = self._lookup_index()
+        equal = np.frombuffer(hashes, dtype=np.int64)
+        for i in np.flatnonzero(equal[1:] == equal[:-1]).tolist():
+            a, b = self._ids[order[i]], self._ids[order[i + 1]]
             if a == b:
                 raise ValueError(f"duplicate id {a!r} in id map")
 
@@ -173,8 +194,13 @@ class PackedIdMap(IdMap):
     def utf8_lines(self) -> tuple[bytes, np.ndarray]:
         return self._ids.utf8_lines()  # type: ignore[attr-defined]
 
+    def joined_utf8(self) -> bytes | memoryview:
+        blob, _ = self.utf8_lines()
+        return memoryview(blob)[: max(len(blob) - 1, 0)]  # no copy: the text less its last break
+
     def row(self, external: str) -> int:
-        hashes, order, ids = self._hashes, self._order, self._ids
+        hashes, order = self._lookup_index()
+        ids = self._ids
         key = hash(external)
         at = bisect_left(hashes, key)
         while at < len(hashes) and hashes[at] == key:
@@ -186,15 +212,16 @@ class PackedIdMap(IdMap):
     def rows(self, externals: Iterable[str]) -> np.ndarray:
         externals = list(externals)
         out = np.full(len(externals), -1, dtype=np.int64)
-        if not len(self._hashes) or not externals:
+        if not len(self) or not externals:
             return out
         if len(externals) == 1:  # the usual request (one user): a bisect, not the array machinery
             out[0] = self.row(externals[0])
             return out
-        hashes = np.frombuffer(self._hashes, dtype=np.int64)
+        sorted_hashes, order = self._lookup_index()
+        hashes = np.frombuffer(sorted_hashes, dtype=np.int64)
         keys = np.fromiter(map(hash, externals), np.int64, len(externals))
         at = np.minimum(np.searchsorted(hashes, keys), len(hashes) - 1)
-        found = np.frombuffer(self._order, dtype=np.int64)[at]
+        found = np.frombuffer(order, dtype=np.int64)[at]
         ids = self._ids
         for i in np.flatnonzero(hashes[at] == keys).tolist():
             row = int(found[i])
@@ -203,4 +230,40 @@ class PackedIdMap(IdMap):
         return out
 
     def subset(self, rows: np.ndarray) -> IdMap:
-        return IdMap([self._ids[int(r)] for r in rows])
+        blob, starts = self._ids.utf8_lines()  # type: ignore[attr-defined]
+        return id_map_from_lines(_gather_lines(blob, starts, np.asarray(rows, dtype=np.int64)), distinct=True)
+
+
+def _gather_lines(blob: bytes, starts: np.ndarray, rows: np.ndarray, chunk: int = 1 << 16) -> bytes:
+    """Lines ``rows`` of ``blob`` (line ``r`` is ``blob[starts[r]:starts[r + 1]]``), in that order;
+    by chunks of rows, so the byte indices never cost 8 bytes per byte of the whole map."""
+    source = np.frombuffer(blob, dtype=np.uint8)
+    parts = []
+    for lo in range(0, rows.size, chunk):
+        part = rows[lo : lo + chunk]
+        begin, length = starts[part], starts[part + 1] - starts[part]
+        ends = np.cumsum(length)
+        # each output byte's source: its line's start plus its offset within the line
+        offset = np.arange(ends[-1], dtype=np.int64) - np.repeat(ends - length, length)
+        parts.append(source[np.repeat(begin, length) + offset].tobytes())
+    return b"".join(parts)
+
+
+def id_map_from_lines(text: bytes, *, distinct: bool = False) -> IdMap:
+    """The map of the UTF-8 ids in ``text``, one a line: packed from :data:`PACKED_MIN_IDS` ids
+    on, a plain :class:`IdMap` below. ``distinct``: the ids are known distinct (an interner's, a
+    subset's), so a packed map builds its lookup index only when first asked."""
+    if text.count(b"\n") >= PACKED_MIN_IDS:
+        return PackedIdMap(text, distinct=distinct)
+    return IdMap(text.decode("utf-8").split("\n")[:-1])
+
+
+def numbered_ids(n: int) -> IdMap:
+    """The ids ``"0"`` to ``str(n - 1)`` in order (generated data's users and items), packed as a
+    read file's would be; written by blocks, never as n strings at once."""
+    block = 1 << 20
+    text = b"".join(
+        ("\n".join(map(str, range(lo, min(lo + block, n)))) + "\n").encode("ascii")
+        for lo in range(0, n, block)
+    )
+    return id_map_from_lines(text, distinct=True)

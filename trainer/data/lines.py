@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap, id_map_from_lines
 from ordrec.trainer.data.line_kernels import DENSE_LIMIT, grouped_duplicates, intern_ids, parse_text_lines
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 
@@ -51,6 +51,7 @@ _TIMESTAMP = re.compile(f"[0-9]{{1,{TIMESTAMP_DIGITS}}}")
 # break or any other control character (C0, DEL, C1, and the Unicode line and
 # paragraph separators that str.splitlines also splits on).
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_IN_LINES = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # ids one a line
 
 SEPARATOR_NAMES = {"\t": "tab", ",": "comma", "::": "'::'"}
 
@@ -573,10 +574,27 @@ class _Interner:
         )
         return rows
 
-    def ids(self, codec: str) -> list[str]:
-        data = self.arena[: self.offsets[self.n]].tobytes()
-        bounds = self.offsets[: self.n + 1].tolist()
-        return [data[a:b].decode(codec) for a, b in zip(bounds[:-1], bounds[1:])]
+    def text(self, codec: str) -> str:
+        """The ids decoded, each followed by a line break (an id never holds one: the kernel
+        ends it at the line's end)."""
+        arena = self.arena[: self.offsets[self.n]]
+        breaks = self.offsets[1 : self.n + 1] + np.arange(self.n)  # where each id's "\n" goes
+        lines = np.empty(arena.size + self.n, dtype=np.uint8)
+        keep = np.ones(lines.size, dtype=bool)
+        keep[breaks] = False
+        lines[keep], lines[breaks] = arena, ord("\n")
+        return lines.tobytes().decode(codec)
+
+    def has_control(self, codec: str) -> bool:
+        """Whether an id holds a control character (the per-line parser then names its line)."""
+        return _CONTROL_IN_LINES.search(self.text(codec)) is not None
+
+    def id_map(self, codec: str) -> IdMap | None:
+        """The ids as a map (packed when there are many), or None when one holds a control character."""
+        text = self.text(codec)
+        if _CONTROL_IN_LINES.search(text):
+            return None
+        return id_map_from_lines(text.encode("utf-8"), distinct=True)
 
 
 class _Columns:
@@ -611,10 +629,10 @@ class _Columns:
             return None
         spaces = []
         for interner in self.interners:
-            ids = interner.ids(codec)
-            if any(has_control(x) for x in ids):
+            ids = interner.id_map(codec)
+            if ids is None:
                 return None  # C1 controls or U+2028/2029: the per-line parser names the line
-            spaces.append(IdMap(ids))
+            spaces.append(ids)
         return Records(
             spaces=spaces,
             ids=[r.finish() for r in self.rows],
@@ -694,7 +712,7 @@ def _parse_text_ids(
                             columns,
                             distinct,
                         )
-                        or any(has_control(x) for i in out.interners for x in i.ids(codec))
+                        or any(i.has_control(codec) for i in out.interners)
                     ):
                         return None
                     problems.bad(line, problem)

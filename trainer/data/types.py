@@ -107,7 +107,7 @@ def _fingerprint(*parts) -> str:
     digest = hashlib.sha256()
     for part in parts:
         if isinstance(part, IdMap):
-            digest.update("\n".join(part.ids).encode("utf-8"))
+            digest.update(part.joined_utf8())
         else:
             # The array's own buffer, not a bytes copy of it (4 bytes per rating per column).
             digest.update(np.ascontiguousarray(part).data)
