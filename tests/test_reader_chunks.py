@@ -249,3 +249,23 @@ def test_a_planted_fit_stays_within_40_bytes_per_rating_plus_factors(monkeypatch
         tracemalloc.stop()
     factors = model.U_.nbytes + model.V_.nbytes
     assert (peak - factors) / len(data) < 40, (peak, factors)
+
+
+def test_large_read_id_spaces_stay_packed_and_unindexed_through_a_fit(tmp_path, monkeypatch):
+    """From PACKED_MIN_IDS ids on, a read's id maps are packed and a fit never asks them a
+    lookup (so their hash index, 16 bytes an id, is never built); the fit's data fingerprint
+    is the one of the same data with plain maps."""
+    monkeypatch.setattr(idmap, "PACKED_MIN_IDS", 50)
+    data = planted_ratings(300, 100, 3000, seed=1)
+    path = tmp_path / "r.tsv"
+    rows = zip(data.user.tolist(), data.item.tolist(), data.rating.astype(int).tolist())
+    path.write_text("user\titem\trating\n" + "".join(f"u{u}\ti{i}\t{r}\n" for u, i, r in rows))
+    read = read_ratings(str(path), "tsv")
+    assert isinstance(read.users, PackedIdMap) and isinstance(read.items, PackedIdMap)
+    model = DCR(max_iter=1, n_components=4).fit(read)
+    assert read.users._hashes is None and read.items._hashes is None
+    plain = Ratings(
+        IdMap(list(read.users.ids)), IdMap(list(read.items.ids)), read.user, read.item, read.rating
+    )
+    assert model.data_fingerprint_ == plain.fingerprint()
+    assert read.users.row("u7") == list(read.users.ids).index("u7")  # asked, it answers

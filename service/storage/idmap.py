@@ -135,6 +135,14 @@ class PackedIds(Sequence[str]):
     def __iter__(self):
         return iter(self._blob.decode("utf-8").split("\n")[: self._n])
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to a list (or tuple) of the same ids, as the plain map's ``ids`` list is."""
+        if not isinstance(other, (list, tuple, PackedIds)):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
     def utf8_lines(self) -> tuple[bytes, np.ndarray]:
         """The buffer and the ``n + 1`` line starts as :meth:`IdMap.utf8_lines` gives them (no copy)."""
         return self._blob, np.frombuffer(self._starts, dtype=np.int64)

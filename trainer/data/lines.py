@@ -202,10 +202,9 @@ class IdSpace:
         return self.index.setdefault(value, len(self.index))
 
     def idmap(self) -> IdMap:
-        ids = IdMap.__new__(IdMap)
-        ids._ids = list(self.index)
-        ids._index = self.index
-        return ids
+        """The ids as a map, packed when there are many (ids were checked: none empty, none
+        holding a line break)."""
+        return id_map_from_lines("".join(f"{x}\n" for x in self.index).encode("utf-8"), distinct=True)
 
 
 @dataclass
