@@ -89,7 +89,7 @@ def _set_views(folder: Path, manifest: manifest_pb2.Manifest, views: ViewSource)
 def _encode_ids(space: str, ids: IdMap) -> bytes:
     if isinstance(ids, PackedIdMap):  # its text is the file: one id a line, none empty
         blob, _ = ids.utf8_lines()
-        if b"\r" not in blob and (not len(ids) or ids.ids.lengths().min() > 0):  # type: ignore[attr-defined]
+        if b"\r" not in blob and b"\n\n" not in blob and not blob.startswith(b"\n"):
             return blob
     for external in ids.ids:
         if not external or "\n" in external or "\r" in external:
