@@ -57,8 +57,8 @@ def test_hash_collisions_never_map_a_wrong_row(monkeypatch):
 
 def test_a_map_known_distinct_builds_no_lookup_index_until_asked():
     ids = packed([f"u{i}" for i in range(1000)], distinct=True)
-    assert ids._hashes is None and ids.external(7) == "u7" and len(list(ids.ids)) == 1000
-    assert ids._hashes is None and ids.row("u999") == 999 and ids._hashes is not None
+    assert not ids.indexed and ids.external(7) == "u7" and len(list(ids.ids)) == 1000
+    assert not ids.indexed and ids.row("u999") == 999 and ids.indexed
 
 
 def test_numbered_ids_are_a_packed_map_from_the_threshold(monkeypatch):

@@ -263,7 +263,7 @@ def test_large_read_id_spaces_stay_packed_and_unindexed_through_a_fit(tmp_path, 
     read = read_ratings(str(path), "tsv")
     assert isinstance(read.users, PackedIdMap) and isinstance(read.items, PackedIdMap)
     model = DCR(max_iter=1, n_components=4).fit(read)
-    assert read.users._hashes is None and read.items._hashes is None
+    assert not read.users.indexed and not read.items.indexed
     plain = Ratings(
         IdMap(list(read.users.ids)), IdMap(list(read.items.ids)), read.user, read.item, read.rating
     )

@@ -177,6 +177,11 @@ class PackedIdMap(IdMap):
             self._lookup_index()
             self._refuse_duplicates()
 
+    @property
+    def indexed(self) -> bool:
+        """Whether the lookup index is built (a map of distinct ids builds it when first asked)."""
+        return self._hashes is not None
+
     def _lookup_index(self) -> tuple[array, array]:
         """The sorted hashes and their rows, built at the first lookup when the ids were
         known distinct (the trainer's maps: 16 bytes an id it never needs while fitting)."""
