@@ -163,9 +163,11 @@ class PackedIdMap(IdMap):
     __slots__ = ("_hashes", "_order")
 
     def __init__(self, text: bytes, *, distinct: bool = False):
+        """``distinct``: the ids are known distinct and valid UTF-8 (an interner's, a subset's),
+        so nothing is checked and the lookup index waits for the first lookup; else (a file's
+        ids) a duplicate or invalid UTF-8 is a ValueError here."""
         if text and not text.endswith(b"\n"):
             raise ValueError("the id list must end with a line break")
-        text.decode("utf-8")  # refused here, not at a first lookup
         ends = np.flatnonzero(np.frombuffer(text, dtype=np.uint8) == 10).astype(np.int64)
         packed = PackedIds(text, np.concatenate([[0], ends + 1]))
         self._ids = packed  # type: ignore[assignment]
@@ -264,8 +266,7 @@ def _gather_lines(blob: bytes, starts: np.ndarray, rows: np.ndarray, chunk: int 
 
 def id_map_from_lines(text: bytes, *, distinct: bool = False) -> IdMap:
     """The map of the UTF-8 ids in ``text``, one a line: packed from :data:`PACKED_MIN_IDS` ids
-    on, a plain :class:`IdMap` below. ``distinct``: the ids are known distinct (an interner's, a
-    subset's), so a packed map builds its lookup index only when first asked."""
+    on, a plain :class:`IdMap` below. ``distinct``: as :class:`PackedIdMap` takes it."""
     if text.count(b"\n") >= PACKED_MIN_IDS:
         return PackedIdMap(text, distinct=distinct)
     return IdMap(text.decode("utf-8").split("\n")[:-1])

@@ -573,27 +573,28 @@ class _Interner:
         )
         return rows
 
-    def text(self, codec: str) -> str:
-        """The ids decoded, each followed by a line break (an id never holds one: the kernel
-        ends it at the line's end)."""
+    def lines(self) -> bytes:
+        """The ids' bytes as read, each followed by a line break (an id never holds one: the
+        kernel ends it at the line's end)."""
         arena = self.arena[: self.offsets[self.n]]
         breaks = self.offsets[1 : self.n + 1] + np.arange(self.n)  # where each id's "\n" goes
         lines = np.empty(arena.size + self.n, dtype=np.uint8)
         keep = np.ones(lines.size, dtype=bool)
         keep[breaks] = False
         lines[keep], lines[breaks] = arena, ord("\n")
-        return lines.tobytes().decode(codec)
+        return lines.tobytes()
 
     def has_control(self, codec: str) -> bool:
         """Whether an id holds a control character (the per-line parser then names its line)."""
-        return _CONTROL_IN_LINES.search(self.text(codec)) is not None
+        return _CONTROL_IN_LINES.search(self.lines().decode(codec)) is not None
 
     def id_map(self, codec: str) -> IdMap | None:
         """The ids as a map (packed when there are many), or None when one holds a control character."""
-        text = self.text(codec)
+        raw = self.lines()
+        text = raw.decode(codec)
         if _CONTROL_IN_LINES.search(text):
             return None
-        return id_map_from_lines(text.encode("utf-8"), distinct=True)
+        return id_map_from_lines(raw if codec == "utf-8" else text.encode("utf-8"), distinct=True)
 
 
 class _Columns:

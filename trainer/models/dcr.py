@@ -1127,8 +1127,15 @@ def refinement_scores(
     stream, so they shift neither the fit nor the refinement. Only the held-out ratings of
     :func:`scored_users` (at most ``max_users``; None: every user) are scored.
     """
-    research = replace(model.research_, level_epochs=getattr(model, "best_epochs_", None))
-    return _fold_scores(_pointwise_params(model), research, data, folds, fraction, refinement, max_users)
+    return _fold_scores(*_fold_settings(model), data, folds, fraction, refinement, max_users)
+
+
+def _fold_settings(model: DCR) -> tuple[dict, ResearchOptions]:
+    """The parameters and research options of ``model``'s hold-out fits (its epochs when it
+    had per-level counts)."""
+    return _pointwise_params(model), replace(
+        model.research_, level_epochs=getattr(model, "best_epochs_", None)
+    )
 
 
 def scored_users(data: Ratings, seed: int, max_users: int | None) -> np.ndarray | None:
@@ -1263,16 +1270,14 @@ class ValidatedRefinement(_HoldOutSelection):
         """Whether refining the fitted ``model`` wins on hold-outs of ``data``; the verdict and
         (pointwise, refined, SE of the gain) as the artifact records."""
         self._validate_params()
-        research = replace(model.research_, level_epochs=getattr(model, "best_epochs_", None))
-        return self._decide(_pointwise_params(model), research, data)
+        return self._decide(*_fold_settings(model), data)
 
     def _decide(
         self, params: dict, research: ResearchOptions, data: Ratings
     ) -> tuple[Gain, tuple[float, float, float]]:
         """:meth:`decide` for pointwise fits of DCR(**params) with ``research``."""
-        max_users = None if self.max_users is None else int(self.max_users)
         point, pair = _fold_scores(
-            params, research, data, int(self.folds), float(self.fraction), self.estimator, max_users
+            params, research, data, int(self.folds), float(self.fraction), self.estimator, self.max_users
         )
         gain = significant_gain(pair - point, margin=float(self.margin), confidence=float(self.confidence))
         return gain, (float(point.mean()), float(pair.mean()), gain.se)
