@@ -94,6 +94,31 @@ def test_redis_down_fails_open_and_recovers(redis_server_process):
         assert redis_health() == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_a_write_that_succeeds_closes_the_circuit_before_the_next_probe(redis_server):
+    """One timed-out write opens the circuit; the next acknowledged write closes it at once,
+    so the reads after it are not failing open for a probe interval (a CI flake's cause)."""
+    from ordrec.service.errors import Unavailable
+    from ordrec.service.live.redis_state import RedisSeenStore
+    from ordrec.service.live.seen import Recorded
+    from ordrec.service.metrics import Metrics
+
+    seen = RedisSeenStore(redis_server.url, Metrics(), timeout=0.05, probe_interval=3600)
+    admin = redis.Redis.from_url(redis_server.url)
+    try:
+        admin.client_pause(1000)  # every other client's command waits a second: a timeout
+        with pytest.raises(Unavailable):
+            seen.record("u1", [Recorded("i1", 1.0)])
+        assert not seen.healthy() and seen.lookup(["u1"])[2]  # open: reads fail open
+        admin.client_unpause()
+        assert seen.record("u1", [Recorded("i2", 2.0)]) >= 1
+        assert seen.healthy()
+        recent, _, degraded = seen.lookup(["u1"])
+        assert not degraded and "i2" in recent["u1"]
+    finally:
+        admin.client_unpause()
+        seen.close()
+
+
 def test_version_news_over_redis_reloads_without_polling(redis_server_process, tmp_path):
     proc, server = redis_server_process
     registry = Registry(proc.args[proc.args.index("--registry") + 1])

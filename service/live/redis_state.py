@@ -115,6 +115,12 @@ class RedisSeenStore(SeenStore):
     def healthy(self) -> bool:
         return self._up.is_set()
 
+    def _answered(self) -> None:
+        # A call that succeeded closes the circuit now, not at the next probe: one slow write
+        # (a timeout) must not leave the following reads failing open for a probe interval.
+        if not self._up.is_set():
+            self._set_up(True)
+
     def close(self) -> None:
         self._stop.set()
 
@@ -141,6 +147,7 @@ class RedisSeenStore(SeenStore):
             return {}, {}, True
         members, rated = found[: len(seen_for)], found[len(seen_for) :]
         recent = {u: list(m) for u, m in zip(seen_for, members) if m}
+        self._answered()
         ratings = {u: dict(zip(r[::2], r[1::2])) for u, r in zip(ratings_for, rated) if r}
         return recent, ratings, False
 
@@ -173,6 +180,7 @@ class RedisSeenStore(SeenStore):
             self._set_up(False)
             # The caller must know the outcome is unknown, so it can retry (a re-read is idempotent).
             raise Unavailable(f"Redis is unreachable, interactions may not be recorded: {exc}") from None
+        self._answered()
         return int(results[len(interactions)])
 
 
