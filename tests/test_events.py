@@ -15,7 +15,7 @@ import redis
 
 from ordrec.client import Client
 from ordrec.service.live.redis_state import EVENTS_STREAM
-from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap, PackedIdMap, numbered_ids
 from ordrec.service.storage.objectstore import S3Registry
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
@@ -82,6 +82,18 @@ def test_events_replace_base_ratings_and_bring_new_users_and_items():
     assert triples == {("u1", "a", 1.0), ("u1", "b", 5.0), ("u2", "a", 3.0), ("new", "c", 4.0)}
     assert len(merged) == 4  # replaced, not added
     assert with_events(base, []) is base
+
+
+def test_events_keep_a_large_id_space_packed(monkeypatch):
+    """A read's packed maps stay packed when events bring new ids (no dict of every id)."""
+    monkeypatch.setattr("ordrec.service.storage.idmap.PACKED_MIN_IDS", 3)
+    users, items = numbered_ids(4), numbered_ids(3)
+    base = Ratings(users, items, *(np.arange(3, dtype=t) for t in (np.int32, np.int32, np.float32)))
+    merged = with_events(base, [ev(1, "new", "1", 5.0), ev(2, "3", "fresh", 4.0)])
+    assert isinstance(merged.users, PackedIdMap) and isinstance(merged.items, PackedIdMap)
+    assert list(merged.users.ids) == ["0", "1", "2", "3", "new"] and merged.items.row("fresh") == 3
+    triples = {(merged.users.external(u), merged.items.external(i)) for u, i in zip(merged.user, merged.item)}
+    assert triples == {("0", "0"), ("1", "1"), ("2", "2"), ("new", "1"), ("3", "fresh")}
 
 
 def test_stream_ids_are_checked():
@@ -183,11 +195,14 @@ def test_other_models_and_malformed_entries_are_skipped_and_counted(client, tmp_
     xadd(client, "u", "c")
     client.xadd(EVENTS_STREAM, {"user": "u", "item": "d", "ts": "soon"})
     client.xadd(EVENTS_STREAM, {"user": "u", "item": "e", "ts": "1", "value": "nan"})
+    # ids an artifact cannot hold (one a line), written by something other than the server
+    client.xadd(EVENTS_STREAM, {"user": "u\nv", "item": "g", "ts": "1", "value": "3"})
+    client.xadd(EVENTS_STREAM, {"user": "u", "item": "h\u2028", "ts": "1", "value": "3"})
     xadd(client, "u", "f", 9)
     feed = EventFeed(Registry(tmp_path), "dcr", client)
     feed.read()
     c = feed.counts
-    assert (c.read, c.malformed, c.other_model) == (6, 2, 1)
+    assert (c.read, c.malformed, c.other_model) == (8, 4, 1)
     base = Ratings(
         IdMap(["u"]), IdMap(["z"]), np.zeros(1, np.int32), np.zeros(1, np.int32), np.ones(1, np.float32)
     )
@@ -376,6 +391,14 @@ def test_record_interactions_checks_values_and_records_in_one_transaction(
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "between 1 and" in details
         code, _ = status(lambda: record(model="nope", interactions=[pb.Interaction(item_id="i1", value=3)]))
         assert code == grpc.StatusCode.NOT_FOUND
+        # ids the next training could not publish (artifacts hold ids one a line)
+        code, details = status(lambda: record(item_ids=["i003", "a\nb"]))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "item_ids[1]" in details
+        code, details = status(lambda: record(interactions=[pb.Interaction(item_id="x\x85", value=3)]))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "interactions[0].item_id" in details
+        bad_user = pb.RecordInteractionsRequest(user_id="tab\tuser", item_ids=["i001"])
+        code, details = status(lambda: stub.RecordInteractions(bad_user, timeout=5))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "user_id" in details
         assert len(client.xrange(EVENTS_STREAM)) == 4  # refused requests record nothing
 
         with Client(proc.target) as sdk:  # the Python client's ratings

@@ -67,6 +67,19 @@ def test_numbered_ids_are_a_packed_map_from_the_threshold(monkeypatch):
     assert isinstance(numbered_ids(5), PackedIdMap) and numbered_ids(5) == IdMap(list("01234"))
 
 
+def test_an_extended_map_keeps_its_rows_and_packs_from_the_threshold(monkeypatch):
+    """New ids (a training's events) take the next rows; a map that reaches the threshold
+    is packed as a read's, with no lookup index until asked."""
+    plain = IdMap(["a", "b"])
+    assert type(plain.extended(["c"])) is IdMap and plain.extended(["c", "é"]).ids == ["a", "b", "c", "é"]
+    monkeypatch.setattr("ordrec.service.storage.idmap.PACKED_MIN_IDS", 4)
+    grown = plain.extended(["c", "é"])
+    assert isinstance(grown, PackedIdMap) and not grown.indexed
+    assert grown == IdMap(["a", "b", "c", "é"]) and grown.rows(["é", "a", "z"]).tolist() == [3, 0, -1]
+    again = grown.extended(["d"])
+    assert isinstance(again, PackedIdMap) and list(again.ids) == ["a", "b", "c", "é", "d"]
+
+
 def test_duplicates_are_refused():
     with pytest.raises(ValueError, match="duplicate id 'b'"):
         packed(["a", "b", "c", "b"])

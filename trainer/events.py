@@ -35,7 +35,7 @@ import numpy as np
 from ordrec.service.live.erasure import CHECKPOINT_FILE, ERASED_KEY, write_checkpoint
 from ordrec.service.live.forgotten import read_forgotten, user_digest
 from ordrec.service.live.redis_state import EVENTS_STREAM
-from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap, has_control
 from ordrec.trainer.data.types import Ratings, RatingScale
 
 DEFAULT_PAGE = 1000
@@ -78,6 +78,8 @@ class Event:
             raise ValueError(f"stream entry {entry_id}: malformed ({type(exc).__name__}: {exc})") from None
         if not user or not item or not math.isfinite(ts) or (value is not None and not math.isfinite(value)):
             raise ValueError(f"stream entry {entry_id}: empty id or non-finite number")
+        if has_control(user) or has_control(item):  # an artifact could not hold it: one id a line
+            raise ValueError(f"stream entry {entry_id}: an id holds a line break or control character")
         return cls(entry_id, user, item, ts, value, fields.get("model") or None)
 
     def to_json(self) -> dict[str, Any]:
@@ -366,7 +368,7 @@ def with_events(base: Ratings, events: list[Event]) -> Ratings:
 
 def _extended(ids: IdMap, more: Iterable[str]) -> IdMap:
     new = [x for x in dict.fromkeys(more) if x not in ids]
-    return IdMap([*ids.ids, *new]) if new else ids
+    return ids.extended(new) if new else ids
 
 
 # ------------------------------------------------------------------ export

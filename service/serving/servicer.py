@@ -919,13 +919,14 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     @rpc
     def RecordInteractions(self, request: pb.RecordInteractionsRequest, context):
         lim = self.limits
-        user = v.one_id(request.user_id, "user_id", lim)
-        v.id_list(request.item_ids, "item_ids", lim, lim.max_ids)
+        user = v.stored_id(request.user_id, "user_id", lim)
         count = len(request.item_ids) + len(request.interactions)
         if not 1 <= count <= lim.max_ids:
             raise InvalidArgument(
                 f"item_ids and interactions must hold between 1 and {lim.max_ids} items together, got {count}"
             )
+        for position, item in enumerate(request.item_ids):
+            v.stored_id(item, f"item_ids[{position}]", lim)
         interactions = self._interactions(request, time.time())
         if self._forgotten(user):
             return pb.RecordInteractionsResponse(recorded=0, forgotten=True)
@@ -946,7 +947,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         recorded = [Recorded(item, now, model=name) for item in request.item_ids]
         for position, interaction in enumerate(request.interactions):
             where = f"interactions[{position}]"
-            item = v.one_id(interaction.item_id, f"{where}.item_id", lim)
+            item = v.stored_id(interaction.item_id, f"{where}.item_id", lim)
             value = interaction.value if interaction.HasField("value") else None
             if value is not None:
                 assert model is not None  # resolved above whenever a value is given

@@ -10,6 +10,7 @@ from typing import Any
 
 from ordrec.service.config import Limits
 from ordrec.service.errors import InvalidArgument
+from ordrec.service.storage.idmap import has_control
 from ordrec.service.storage.scale import scale_problem, stored_scale
 
 _MODEL_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -59,6 +60,15 @@ def one_id(value: str, field: str, limits: Limits) -> str:
         raise InvalidArgument(f"{field} is empty")
     if len(value) > limits.max_id_length:
         raise InvalidArgument(f"{field} is {len(value)} characters long; the limit is {limits.max_id_length}")
+    return value
+
+
+def stored_id(value: str, field: str, limits: Limits) -> str:
+    """An id the server keeps (a recorded user or item): it reaches the next training, whose
+    artifacts hold ids one a line, so it may not hold a control character (as in a data file)."""
+    one_id(value, field, limits)
+    if has_control(value):
+        raise InvalidArgument(f"{field} {value[:80]!r} holds a line break or another control character")
     return value
 
 

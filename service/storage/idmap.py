@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from array import array
 from bisect import bisect_left
 from collections import Counter
@@ -13,6 +14,16 @@ import numpy as np
 #: spaces and the trainer's read ones, where a dict of Python strings would cost about
 #: 130 bytes an id (1.3 GB at 10^7 users).
 PACKED_MIN_IDS = 100_000
+
+# Ids are written one a line into artifacts, so no id may hold a line break or any other
+# control character (C0, DEL, C1, and the Unicode line and paragraph separators that
+# str.splitlines also splits on). The readers refuse them; so does the server in ids it stores.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def has_control(text: str) -> bool:
+    """Whether ``text`` holds a character no id may hold."""
+    return _CONTROL.search(text) is not None
 
 
 class IdMap:
@@ -103,6 +114,12 @@ class IdMap:
     def subset(self, rows: np.ndarray) -> IdMap:
         """The map restricted to ``rows``, renumbered in that order."""
         return IdMap([self._ids[r] for r in rows])
+
+    def extended(self, more: Sequence[str]) -> IdMap:
+        """The map with ``more`` (distinct ids it lacks, none holding a control character) as
+        rows ``n..``; packed from :data:`PACKED_MIN_IDS` ids on, as a read's map would be."""
+        blob, _ = self.utf8_lines()
+        return id_map_from_lines(blob + "".join(f"{x}\n" for x in more).encode("utf-8"), distinct=True)
 
 
 class PackedIds(Sequence[str]):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ordrec.service.storage.idmap import IdMap, id_map_from_lines
+from ordrec.service.storage.idmap import IdMap, has_control, id_map_from_lines
 from ordrec.trainer.data.line_kernels import DENSE_LIMIT, grouped_duplicates, intern_ids, parse_text_lines
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 
@@ -47,17 +47,10 @@ MAX_LINE_BYTES = 1 << 20
 TIMESTAMP_DIGITS = 20
 _TIMESTAMP = re.compile(f"[0-9]{{1,{TIMESTAMP_DIGITS}}}")
 
-# Ids are written one per line into artifacts, so an id must not contain a line
-# break or any other control character (C0, DEL, C1, and the Unicode line and
-# paragraph separators that str.splitlines also splits on).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# The ids' rule (``has_control``), less the line break that separates ids one a line.
 _CONTROL_IN_LINES = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # ids one a line
 
 SEPARATOR_NAMES = {"\t": "tab", ",": "comma", "::": "'::'"}
-
-
-def has_control(text: str) -> bool:
-    return _CONTROL.search(text) is not None
 
 
 def check_path(path) -> str:

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from ordrec.service.storage.idmap import has_control
 from ordrec.trainer.data.lines import (
     TIMESTAMP_DIGITS,
     GrowingArray,
     IdSpace,
     LineGaps,
     Records,
-    has_control,
 )
 from ordrec.trainer.data.types import DataError, RatingScale, excerpt
 

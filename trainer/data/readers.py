@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.storage.idmap import IdMap
+from ordrec.service.storage.idmap import IdMap, has_control
 from ordrec.trainer.data.lines import (
     Column,
     IdSpace,
@@ -45,7 +45,6 @@ from ordrec.trainer.data.lines import (
     check_fields,
     check_path,
     find_duplicates,
-    has_control,
     iter_lines,
     no_data_lines,
     parse_records,
