@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from inspect import signature
 from typing import Any
 
 from ordrec.service.storage.artifact import Artifact
@@ -33,30 +34,28 @@ from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 
-# DCR's model selection under its flat names: wrapper parameter -> flat name, and the defaults.
-DCR_SELECTION: dict[str, Any] = {
+# DCR's model selection under its flat names: flat name -> the wrapper setting it names (class,
+# setting), whose default and constraints are the flat name's; the two switches: their default.
+_DCR_SELECTION_SOURCES: dict[str, tuple[Any, str] | bool] = {
     "early_stopping": False,
-    "validation_folds": 3,
-    "validation_fraction": 0.25,
-    "patience": 5,
-    "val_tol": 0.0,
+    "validation_folds": (EarlyStoppedDCR, "folds"),
+    "validation_fraction": (EarlyStoppedDCR, "fraction"),
+    "patience": (ValidationStopping, "patience"),
+    "val_tol": (ValidationStopping, "tol"),
     "pairwise_validation": True,
-    "pairwise_margin": 0.0,
-    "pairwise_confidence": 2.0,
-    "pairwise_validation_users": 100_000,
+    "pairwise_margin": (ValidatedRefinement, "margin"),
+    "pairwise_confidence": (ValidatedRefinement, "confidence"),
+    "pairwise_validation_users": (ValidatedRefinement, "max_users"),
+}
+DCR_SELECTION: dict[str, Any] = {
+    flat: source if isinstance(source, bool) else signature(source[0]).parameters[source[1]].default
+    for flat, source in _DCR_SELECTION_SOURCES.items()
+}
+DCR_SELECTION_CONSTRAINTS: dict[str, list] = {
+    flat: ["boolean"] if isinstance(source, bool) else source[0]._parameter_constraints[source[1]]
+    for flat, source in _DCR_SELECTION_SOURCES.items()
 }
 DCR_SERVING = ("item_shrinkage", "ann_min_items", "ann_params")
-DCR_SELECTION_CONSTRAINTS: dict[str, list] = {
-    "early_stopping": ["boolean"],
-    "validation_folds": EarlyStoppedDCR._parameter_constraints["folds"],
-    "validation_fraction": EarlyStoppedDCR._parameter_constraints["fraction"],
-    "patience": ValidationStopping._parameter_constraints["patience"],
-    "val_tol": ValidationStopping._parameter_constraints["tol"],
-    "pairwise_validation": ["boolean"],
-    "pairwise_margin": ValidatedRefinement._parameter_constraints["margin"],
-    "pairwise_confidence": ValidatedRefinement._parameter_constraints["confidence"],
-    "pairwise_validation_users": ValidatedRefinement._parameter_constraints["max_users"],
-}
 
 
 # DCR's pairwise refinement (PairwiseDCR) and COE's and DCR's solver fields under their flat
