@@ -138,10 +138,17 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
             (pb.HideItemsRequest(model="Bad Name", item_ids=["x"]), grpc.StatusCode.INVALID_ARGUMENT),
             (pb.HideItemsRequest(model="absent", item_ids=["x"]), grpc.StatusCode.NOT_FOUND),
             (pb.HideItemsRequest(model="*", item_ids=["x" * 300]), grpc.StatusCode.INVALID_ARGUMENT),
+            # one a line in HIDDEN: this would hide "a" and "b"
+            (pb.HideItemsRequest(model="*", item_ids=["i001", "a\nb"]), grpc.StatusCode.INVALID_ARGUMENT),
         ):
             with pytest.raises(grpc.RpcError) as err:
                 sa.HideItems(bad, timeout=5)
             assert err.value.code() == code, bad
+        assert not (rules_registry / "HIDDEN").read_text().strip()
+        cli = run_cli(
+            ["ordrec.trainer", "registry", "hide", "--registry", str(rules_registry), "a\tb"], check=False
+        )
+        assert cli.returncode != 0 and "control character" in cli.stderr
         assert not (rules_registry / "HIDDEN").read_text().strip()
 
 

@@ -299,6 +299,7 @@ def _hidden_scope(args: argparse.Namespace) -> str:
 
 def cmd_hide(args: argparse.Namespace) -> int:
     from ordrec.service.live.hidden import apply_change
+    from ordrec.service.storage.idmap import has_control
 
     ids = list(args.item_ids)
     if args.file:
@@ -307,6 +308,9 @@ def cmd_hide(args: argparse.Namespace) -> int:
         ]
     if not ids:
         raise ValueError("no item ids given (arguments or --file)")
+    bad = next((i for i in ids if has_control(i)), None)
+    if bad is not None:  # a HIDDEN file holds ids one a line, as artifacts do
+        raise ValueError(f"item id {bad[:80]!r} holds a line break or another control character")
     import redis
 
     scope = _hidden_scope(args)

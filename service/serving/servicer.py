@@ -920,13 +920,12 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
     def RecordInteractions(self, request: pb.RecordInteractionsRequest, context):
         lim = self.limits
         user = v.stored_id(request.user_id, "user_id", lim)
+        v.stored_ids(request.item_ids, "item_ids", lim, lim.max_ids)
         count = len(request.item_ids) + len(request.interactions)
         if not 1 <= count <= lim.max_ids:
             raise InvalidArgument(
                 f"item_ids and interactions must hold between 1 and {lim.max_ids} items together, got {count}"
             )
-        for position, item in enumerate(request.item_ids):
-            v.stored_id(item, f"item_ids[{position}]", lim)
         interactions = self._interactions(request, time.time())
         if self._forgotten(user):
             return pb.RecordInteractionsResponse(recorded=0, forgotten=True)
@@ -1054,7 +1053,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         lim = self.limits
         state = self._hidden_state()
         scope = self._scope(request.model)
-        ids = v.id_list(request.item_ids, "item_ids", lim, lim.max_candidates, min_count=1)
+        ids = v.stored_ids(request.item_ids, "item_ids", lim, lim.max_candidates, min_count=1)
         changed = state.change(scope, ids, hide, mirror=self.hidden_mirror)
         total = len(state.sets().get(scope, ()))
         log.info("%s %d item(s) for %s (%d changed)", "hid" if hide else "unhid", len(ids), scope, changed)

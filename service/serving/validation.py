@@ -84,6 +84,18 @@ def id_list(
     return checked
 
 
+def stored_ids(
+    values: Sequence[str], field: str, limits: Limits, max_count: int, min_count: int = 0
+) -> list[str]:
+    """An id list the server keeps (recorded items, hidden items): :func:`id_list`'s bounds,
+    :func:`stored_id`'s rule for each entry (a HIDDEN file too holds ids one a line)."""
+    checked = id_list(values, field, limits, max_count, min_count)
+    for position, value in enumerate(checked):
+        if has_control(value):
+            stored_id(value, f"{field}[{position}]", limits)
+    return checked
+
+
 def rating(value: float, where: str, model: str, attributes: Mapping[str, Any]) -> float:
     """A recorded value on the rating scale in a model's ``attributes`` (any finite number
     when the model stored none)."""
