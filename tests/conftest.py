@@ -151,6 +151,12 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def serve_flags(self) -> tuple[str, ...]:
+        """``ordrec-serve``'s flags for tests of what Redis holds: a second per Redis call, not
+        the 50 ms budget (a slower call fails open, and a loaded CI machine has some)."""
+        return ("--redis", self.url, "--redis-timeout", "1")
+
     def start(self) -> RedisServer:
         self.proc = subprocess.Popen(
             [

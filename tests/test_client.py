@@ -267,7 +267,7 @@ def test_the_console_script_exits_with_the_status(server):
 
 
 def test_record_with_redis(redis_server, sample_registry, capsys):
-    with ServerProcess(sample_registry, "--redis", redis_server.url, "--poll-interval", "0") as proc:
+    with ServerProcess(sample_registry, *redis_server.serve_flags, "--poll-interval", "0") as proc:
         first = cli_json(capsys, proc, "recommend", "--model", "dcr", "--user", "u001", "--n", "1")
         top = first["results"][0]["items"][0]["id"]
         assert cli_json(capsys, proc, "record", "--user", "u001", "--item", top) == {"recorded": 1}

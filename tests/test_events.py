@@ -355,7 +355,7 @@ def test_record_interactions_checks_values_and_records_in_one_transaction(
     scaled_registry, redis_server, client
 ):
     with (
-        ServerProcess(scaled_registry, "--redis", redis_server.url) as proc,
+        ServerProcess(scaled_registry, *redis_server.serve_flags) as proc,
         grpc.insecure_channel(proc.target) as ch,
     ):
         stub = recommender_pb2_grpc.RecommenderStub(ch)

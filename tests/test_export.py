@@ -151,7 +151,7 @@ def test_with_redis_the_items_recorded_since_training_are_excluded_as_recommend_
     users = tmp_path / "users.txt"
     users.write_text("u001\nu017\n")
     with (
-        ServerProcess(registry, "--redis", redis_server.url) as proc,
+        ServerProcess(registry, *redis_server.serve_flags) as proc,
         Client(proc.target, timeout=10) as client,
     ):
         top = [i.id for i in client.recommend("u001", model="dcr", n=N).results[0].items[:3]]

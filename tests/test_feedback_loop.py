@@ -104,12 +104,8 @@ def test_new_users_reach_the_next_version_and_the_checkpoint_advances(aof_redis,
     registry = Registry(tmp_path / "registry")
     assert load_checkpoint(registry, "dcr").last_id is None
     client = redis.Redis.from_url(aof_redis.url, decode_responses=True)
-    # A second per Redis call: this Redis syncs every write to disk, and the loop (not the
-    # 50 ms latency budget, which fails open) is under test.
     with (
-        ServerProcess(
-            registry.root, "--redis", aof_redis.url, "--poll-interval", "0.2", "--redis-timeout", "1"
-        ) as proc,
+        ServerProcess(registry.root, *aof_redis.serve_flags, "--poll-interval", "0.2") as proc,
         grpc.insecure_channel(proc.target) as channel,
     ):
         stub = recommender_pb2_grpc.RecommenderStub(channel)

@@ -150,7 +150,7 @@ def test_the_server_folds_in_new_users_with_recorded_ratings(sample_registry, re
     them) turn the popularity answer into a folded-in one, for DCR and COE."""
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     with (
-        ServerProcess(sample_registry, "--redis", redis_server.url, "--poll-interval", "0") as server,
+        ServerProcess(sample_registry, *redis_server.serve_flags, "--poll-interval", "0") as server,
         grpc.insecure_channel(server.target) as channel,
     ):
         stub = recommender_pb2_grpc.RecommenderStub(channel)
@@ -180,7 +180,7 @@ def test_the_server_folds_in_new_users_from_interactions_without_ratings(sample_
     """A newcomer who only clicked (RecordInteractions without values) is folded in by the
     top-N versions (DCR and COE take picks), not answered with the popularity list."""
     with (
-        ServerProcess(sample_registry, "--redis", redis_server.url, "--poll-interval", "0") as server,
+        ServerProcess(sample_registry, *redis_server.serve_flags, "--poll-interval", "0") as server,
         grpc.insecure_channel(server.target) as channel,
     ):
         stub = recommender_pb2_grpc.RecommenderStub(channel)

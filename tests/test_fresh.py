@@ -411,8 +411,7 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
     with (
         ServerProcess(
             registry,
-            "--redis",
-            redis_server.url,
+            *redis_server.serve_flags,
             "--poll-interval",
             "0",
             "--fresh-interval",

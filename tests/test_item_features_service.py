@@ -123,7 +123,7 @@ def test_bad_settings_are_invalid_argument_naming_the_field(client, kwargs, fiel
 def test_a_folded_in_user_is_explained_by_the_items_recorded_for_them(sample_registry, redis_server):
     """A real server and redis-server: a new user's recorded items are their history."""
     with (
-        ServerProcess(sample_registry, "--redis", redis_server.url, "--poll-interval", "0") as server,
+        ServerProcess(sample_registry, *redis_server.serve_flags, "--poll-interval", "0") as server,
         Client(server.target, timeout=20) as client,
     ):
         assert client.wait_ready(30)

@@ -135,7 +135,7 @@ def _metric(server, name: str) -> float:
 
 
 def test_hits_through_a_real_server(sample_registry, redis_server):
-    args = ("--redis", redis_server.url, "--poll-interval", "0", "--online-sample-rate", "1.0")
+    args = (*redis_server.serve_flags, "--poll-interval", "0", "--online-sample-rate", "1.0")
     with ServerProcess(sample_registry, *args) as server, grpc.insecure_channel(server.target) as channel:
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=10)

@@ -216,7 +216,7 @@ def test_a_real_servers_plain_answers(registry, redis_server):
     general path's, recorded and hidden items are left out of both, garbage and a missing
     token are refused, and the calls are counted."""
     env = {"WIRE_TOKEN": TOKEN}
-    with ServerProcess(registry, "--redis", redis_server.url, "--token-env", "WIRE_TOKEN", env=env) as server:
+    with ServerProcess(registry, *redis_server.serve_flags, "--token-env", "WIRE_TOKEN", env=env) as server:
         with grpc.insecure_channel(server.target) as channel:
             call = lambda request: _raw_call(channel, request.SerializeToString(), TOKEN)  # noqa: E731
             plain = pb.RecommendRequest(model="dcr", user_ids=["u3"], n=20)

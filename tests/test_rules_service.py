@@ -154,7 +154,7 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
 
 # ------------------------------------------------------------------ with Redis
 def test_hidden_items_with_redis(rules_registry, redis_server):
-    args = ("--redis", redis_server.url, "--poll-interval", "0")
+    args = (*redis_server.serve_flags, "--poll-interval", "0")
     with (
         ServerProcess(rules_registry, *args) as a,
         ServerProcess(rules_registry, *args) as b,

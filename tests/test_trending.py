@@ -270,7 +270,7 @@ def test_redis_down_the_fallback_is_popularity(sample_registry, redis_server):
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
     client.flushall()
     with (
-        ServerProcess(sample_registry, "--redis", redis_server.url, "--poll-interval", "0") as server,
+        ServerProcess(sample_registry, *redis_server.serve_flags, "--poll-interval", "0") as server,
         grpc.insecure_channel(server.target) as channel,
     ):
         stub = recommender_pb2_grpc.RecommenderStub(channel)
