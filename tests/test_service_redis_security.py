@@ -102,20 +102,20 @@ def test_a_write_that_succeeds_closes_the_circuit_before_the_next_probe(redis_se
     from ordrec.service.live.seen import Recorded
     from ordrec.service.metrics import Metrics
 
-    seen = RedisSeenStore(redis_server.url, Metrics(), timeout=0.05, probe_interval=3600)
+    seen = RedisSeenStore(redis_server.url, Metrics(), timeout=0.3, probe_interval=3600)
     admin = redis.Redis.from_url(redis_server.url)
     try:
-        admin.client_pause(1000)  # every other client's command waits a second: a timeout
+        admin.client_pause(1500)  # every client's commands wait 1.5 s: the write times out
         with pytest.raises(Unavailable):
             seen.record("u1", [Recorded("i1", 1.0)])
         assert not seen.healthy() and seen.lookup(["u1"])[2]  # open: reads fail open
-        admin.client_unpause()
+        assert admin.ping()  # answered once the pause is over
         assert seen.record("u1", [Recorded("i2", 2.0)]) >= 1
         assert seen.healthy()
         recent, _, degraded = seen.lookup(["u1"])
         assert not degraded and "i2" in recent["u1"]
     finally:
-        admin.client_unpause()
+        admin.close()
         seen.close()
 
 
