@@ -145,9 +145,9 @@ class RedisSeenStore(SeenStore):
             log.debug("seen lookup failed: %s", exc)
             self._set_up(False)
             return {}, {}, True
+        self._answered()
         members, rated = found[: len(seen_for)], found[len(seen_for) :]
         recent = {u: list(m) for u, m in zip(seen_for, members) if m}
-        self._answered()
         ratings = {u: dict(zip(r[::2], r[1::2])) for u, r in zip(ratings_for, rated) if r}
         return recent, ratings, False
 

@@ -66,7 +66,10 @@ def one_id(value: str, field: str, limits: Limits) -> str:
 def stored_id(value: str, field: str, limits: Limits) -> str:
     """An id the server keeps (a recorded user or item): it reaches the next training, whose
     artifacts hold ids one a line, so it may not hold a control character (as in a data file)."""
-    one_id(value, field, limits)
+    return _no_control(one_id(value, field, limits), field)
+
+
+def _no_control(value: str, field: str) -> str:
     if has_control(value):
         raise InvalidArgument(f"{field} {value[:80]!r} holds a line break or another control character")
     return value
@@ -91,8 +94,7 @@ def stored_ids(
     :func:`stored_id`'s rule for each entry (a HIDDEN file too holds ids one a line)."""
     checked = id_list(values, field, limits, max_count, min_count)
     for position, value in enumerate(checked):
-        if has_control(value):
-            stored_id(value, f"{field}[{position}]", limits)
+        _no_control(value, f"{field}[{position}]")
     return checked
 
 
