@@ -51,7 +51,11 @@ def job_text(
     name: str = "dcr",
     kind: str = "dcr",
     gate_extra: str = "",
+    popularity_floor: bool = False,
 ) -> str:
+    # The floor is off unless asked: the sample's picks follow popularity alone, so on it the
+    # best model only ties the most-rated items (tests/test_topn.py tests the floor on data
+    # with tastes to find). These jobs test the other rules.
     return f"""
 [job]
 name = "test-job"
@@ -73,6 +77,7 @@ metric = "ndcg_at_10"
 margin = {margin}
 holdout = 0.2
 seed = 1
+popularity_floor = {str(popularity_floor).lower()}
 {gate_extra}
 """
 

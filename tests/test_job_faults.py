@@ -67,7 +67,7 @@ name = "dcr"
 kind = "dcr"
 data = "ratings"
 params = {{ n_components = 4, max_iter = 3 }}
-gate = {{ metric = "ndcg_at_10", margin = 1.0 }}
+gate = {{ metric = "ndcg_at_10", margin = 1.0, popularity_floor = false }}
 """)
     assert run_job(job) == EXIT_PUBLISHED  # a live version to protect
     return job, registry

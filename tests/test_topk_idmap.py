@@ -73,18 +73,35 @@ def test_idmap_refuses_duplicates():
         IdMap(["a", "b", "a"])
 
 
-@settings(max_examples=100, deadline=None)
-@given(scores=scores_strategy, k=st.integers(1, 20), data=st.data())
-def test_top_k_exclude_is_minus_infinity(scores, k, data):
-    exclude = np.array(
-        data.draw(st.lists(st.integers(0, max(scores.size - 1, 0)), max_size=10)) if scores.size else [],
-        dtype=np.int64,
+@settings(max_examples=300, deadline=None)
+@given(scores=scores_strategy, k=st.integers(1, 200), data=st.data())
+def test_top_k_leaves_out_excluded_and_blocked_rows_and_writes_nothing(scores, k, data):
+    """Exclusions in any order, repeated, with or without a mask, below and above the kernel's
+    k: the answer is the sort's of the rest, and no argument changes (callers pass shared arrays,
+    e.g. the gate's popularity counts, which an in-place exclusion once wiped out)."""
+    rows_drawn = (
+        st.lists(st.integers(0, max(scores.size - 1, 0)), max_size=10) if scores.size else st.just([])
     )
+    exclude = np.array(data.draw(rows_drawn), dtype=np.int64)
+    blocked = data.draw(st.one_of(st.none(), hnp.arrays(np.bool_, scores.size)))
     masked = scores.copy()
     masked[exclude] = -np.inf
-    expected = reference_top_k(masked, k)
-    rows, values = top_k(scores.copy(), k, exclude)
-    np.testing.assert_array_equal(rows, expected)
+    if blocked is not None:
+        masked[blocked] = -np.inf
+    arguments = [scores, exclude] + ([] if blocked is None else [blocked])
+    before = [a.copy() for a in arguments]
+    rows, values = top_k(scores, k, exclude, blocked)
+    np.testing.assert_array_equal(rows, reference_top_k(masked, k))
+    np.testing.assert_array_equal(values, scores[rows])
+    for after, was in zip(arguments, before):
+        np.testing.assert_array_equal(after, was)
+
+
+def test_top_k_takes_read_only_scores_with_exclusions():
+    scores = np.array([3.0, 2.0, 1.0, 0.5], np.float32)
+    scores.flags.writeable = False
+    rows, _ = top_k(scores, 2, np.array([0], np.int64), np.array([False, True, False, False]))
+    assert rows.tolist() == [2, 3]
 
 
 @pytest.mark.parametrize("shape", [(50, 7), (3000, 800)])  # below and above the hold-the-GIL cut-off

@@ -191,9 +191,27 @@ def popular_picks(path, seed=0, n_users=300, n_items=500, per_user=10) -> None:
     path.write_text("".join(lines))
 
 
-def popular_picks_job(tmp_path, params: str, gate: str = "{}"):
-    """A job named "floor" training one DCR on :func:`popular_picks` data."""
-    popular_picks(tmp_path / "r.data")
+def taste_picks(path, seed=0, n_users=300, n_items=500, per_user=10, groups=5) -> None:
+    """Five taste groups: a user picks mostly (Zipf-like) from the group's own fifth of the
+    catalogue and rates those 5, the rest at random and rated 2-3: what a user likes is
+    personal, so a recommender must beat popularity here."""
+    rng = np.random.default_rng(seed)
+    block = n_items // groups
+    zipf = 1.0 / (1.0 + np.arange(block))
+    lines = []
+    for u in range(n_users):
+        own = (u % groups) * block + np.arange(block)
+        odds = np.full(n_items, 0.2 / n_items)
+        odds[own] += 0.8 * zipf / zipf.sum()
+        for i in rng.choice(n_items, per_user, replace=False, p=odds / odds.sum()):
+            rating = 5 if i in own else rng.choice([2, 3])
+            lines.append(f"{u + 1}\t{i + 1}\t{rating}\t0\n")
+    path.write_text("".join(lines))
+
+
+def popular_picks_job(tmp_path, params: str, gate: str = "{}", picks=popular_picks):
+    """A job named "floor" training one DCR on ``picks`` data (:func:`popular_picks`)."""
+    picks(tmp_path / "r.data")
     job = tmp_path / "job.toml"
     job.write_text(
         f"""[job]
@@ -234,7 +252,7 @@ def test_job_refuses_a_recommender_below_popularity(tmp_path, capsys, floor):
 
 
 def test_job_publishes_the_top_n_dcr_above_popularity(tmp_path):
-    assert run_job(popular_picks_job(tmp_path, "n_components = 8")) == EXIT_PUBLISHED
+    assert run_job(popular_picks_job(tmp_path, "n_components = 8", picks=taste_picks)) == EXIT_PUBLISHED
     metrics = Registry(tmp_path / "reg").load("dcr").metrics
     assert metrics["holdout_topn_recall_at_10"] >= metrics["holdout_popularity_recall_at_10"]
 

@@ -101,16 +101,61 @@ def _top_k_masked_kernel(scores, blocked, k):
     return best_idx[:count], best_val[:count]
 
 
-@njit(
-    [
-        (types.Array(dtype, 1, "C"), read_only_type(types.int64, 1))
-        for dtype in (types.float32, types.float64)
-    ],
-    cache=True,
-)
-def _exclude_kernel(scores, rows):
-    for r in rows:
-        scores[r] = -np.inf
+@njit(cache=True, inline="always")
+def _holds(sorted_rows, row):
+    at = np.searchsorted(sorted_rows, row)
+    return at < sorted_rows.size and sorted_rows[at] == row
+
+
+@njit(cache=True)
+def _top_k_skipping_body(scores, blocked, masked, skip, k):
+    # _top_k_masked_kernel that also passes over the rows in the ascending ``skip``, without
+    # writing them into ``scores``: the threshold test still comes first, so the look-up in
+    # ``skip`` runs only for the few scores that would enter the list.
+    best_idx = np.empty(k, dtype=np.int64)
+    best_val = np.empty(k, dtype=scores.dtype)
+    count = 0
+    for i in range(scores.shape[0]):
+        s = scores[i]
+        if count == k:
+            if not (s > best_val[k - 1]):
+                continue
+        elif not (s > -np.inf):
+            continue
+        if (masked and blocked[i]) or _holds(skip, i):
+            continue
+        pos = count if count < k else k - 1
+        while pos > 0 and best_val[pos - 1] < s:
+            if pos < k:
+                best_val[pos] = best_val[pos - 1]
+                best_idx[pos] = best_idx[pos - 1]
+            pos -= 1
+        best_val[pos] = s
+        best_idx[pos] = i
+        if count < k:
+            count += 1
+    return best_idx[:count], best_val[:count]
+
+
+# scores, blocked, masked, exclude, k
+_TOP_K_SKIPPING = [
+    (
+        read_only_type(dtype, 1),
+        read_only_type(types.bool_, 1),
+        types.boolean,
+        read_only_type(types.int64, 1),
+        types.int64,
+    )
+    for dtype in (types.float32, types.float64)
+]
+
+
+@njit(_TOP_K_SKIPPING, cache=True)
+def _top_k_skipping_kernel(scores, blocked, masked, exclude, k):
+    for j in range(1, exclude.size):
+        if exclude[j] < exclude[j - 1]:  # the look-up needs ascending rows: sort a copy
+            return _top_k_skipping_body(scores, blocked, masked, np.sort(exclude), k)
+    return _top_k_skipping_body(scores, blocked, masked, exclude, k)
 
 
 def top_k(
@@ -118,25 +163,30 @@ def top_k(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Indices and values of the ``k`` largest finite-or-+inf scores, best first.
 
-    Entries equal to ``-inf`` or NaN are never returned; ``exclude`` rows are
-    set to ``-inf`` in ``scores`` (in place) first, and rows where the boolean
-    ``blocked`` is True are skipped. Fewer than ``k`` results come back when
-    fewer remain.
+    Entries equal to ``-inf`` or NaN are never returned, nor the rows listed in
+    ``exclude`` or marked True in the boolean ``blocked``. Fewer than ``k``
+    results come back when fewer remain. No argument is written to: callers
+    pass arrays they share (a popularity count, a memory-mapped artifact).
     """
-    if exclude is not None and exclude.size:
-        _exclude_kernel(scores, exclude)
     if k <= 0 or scores.shape[0] == 0:
         return np.empty(0, np.int64), np.empty(0, scores.dtype)
-    if blocked is not None:
-        if k <= KERNEL_MAX_K:
-            return _top_k_masked_kernel(scores, blocked, k)
-        np.copyto(scores, -np.inf, where=blocked)  # rare large k: the sort below does the rest
+    skipping = exclude is not None and exclude.size > 0
     if k <= KERNEL_MAX_K:
+        if skipping:
+            mask = _NO_MASK if blocked is None else blocked
+            return _top_k_skipping_kernel(scores, mask, blocked is not None, exclude, k)
+        if blocked is not None:
+            return _top_k_masked_kernel(scores, blocked, k)
         return _top_k_kernel(scores, k)
     # Large k is rare (bounded by the request limits): a stable full sort keeps
     # the same tie order as the kernel.
-    keep = np.flatnonzero(scores > -np.inf)
-    chosen = keep[np.lexsort((keep, -scores[keep]))[:k]]
+    keep = scores > -np.inf
+    if blocked is not None:
+        keep &= ~blocked
+    if skipping:
+        keep[exclude] = False
+    rows = np.flatnonzero(keep)
+    chosen = rows[np.lexsort((rows, -scores[rows]))[:k]]
     return chosen.astype(np.int64), scores[chosen]
 
 

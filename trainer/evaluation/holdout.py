@@ -236,6 +236,7 @@ class PopularityLists:
     def __init__(self, index: RecommenderIndex):
         self.seen = index.seen
         self.counts = np.bincount(index.seen_indices, minlength=len(index.items)).astype(np.float32)
+        self.counts.flags.writeable = False  # every user's list reads the same counts
 
     def recommend_many(self, user_rows: np.ndarray, n: int, *, excludes: list) -> list:
         return [top_k(self.counts, n, exclude) for exclude in excludes]

@@ -103,7 +103,8 @@ class RecommenderIndex(ModelIndex):
     # ----------------------------------------------------- model-specific part
     @abc.abstractmethod
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
-        """Scores of every item for each user, shape (len(user_rows), n_items), float32."""
+        """Scores of every item for each user, shape (len(user_rows), n_items), float32: a new
+        array the caller owns (the batched path writes its exclusions into it)."""
 
     @abc.abstractmethod
     def score_items(self, user_row: int, item_rows: np.ndarray) -> np.ndarray:
@@ -249,7 +250,7 @@ class RecommenderIndex(ModelIndex):
         rows = np.asarray(user_rows, dtype=np.int64)
         every = len(dense) == len(eligibles)
         scores = self.score_users(rows if every else rows[dense])
-        exclude_rows(scores, excludes if every else [excludes[b] for b in dense])
+        exclude_rows_in_place(scores, excludes if every else [excludes[b] for b in dense])
         found = select_by_rules(
             scores, np.asarray(ns)[dense], eligibles if every else [eligibles[b] for b in dense]
         )
@@ -328,7 +329,7 @@ def _recorded_value(text: str) -> float:
         return float("nan")
 
 
-def exclude_rows(scores: np.ndarray, excludes: list[np.ndarray | None]) -> None:
+def exclude_rows_in_place(scores: np.ndarray, excludes: list[np.ndarray | None]) -> None:
     """Set each row's excluded items to ``-inf`` in place, all rows in one assignment."""
     parts = [(b, ex) for b, ex in enumerate(excludes) if ex is not None and ex.size]
     if parts:
