@@ -7,7 +7,7 @@ existing dashboards and alerts work unchanged:
 
 Those three are written by :class:`CallMeter` (one per RPC, one lock a call) and read by
 :class:`CallMetrics`, a collector: prometheus-client's labelled children cost four locked
-updates and a dozen Python calls per RPC (``docs/serving-cost.md``, Fourth pass).
+updates and a dozen Python calls per RPC (``docs/serving-cost.md``, "Call metrics and the guard").
 """
 
 from __future__ import annotations

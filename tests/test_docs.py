@@ -109,6 +109,65 @@ def test_every_client_command_in_the_docs_parses():
             pytest.fail(f"does not parse: {where}")
 
 
+# ----------------------------------------------------------- pages for users
+CHANGELOG = ROOT / "docs" / "changelog.md"
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+SOURCES = ("service", "trainer", "tools", "ordrec", "benchmarks", "scripts", "examples", "deploy", "tests")
+
+
+def _outside_code_blocks(text: str) -> str:
+    return "".join(part for n, part in enumerate(re.split(r"^```.*$", text, flags=re.M)) if n % 2 == 0)
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens, -1, -2 on repeats."""
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#+ (.+)$", _outside_code_blocks(page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        yield slug if seen[slug] == 0 else f"{slug}-{seen[slug]}"
+
+
+def _broken_links(page: Path) -> list[str]:
+    broken = []
+    for target in LINK.findall(_outside_code_blocks(page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto: not checked offline
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists() or (anchor and linked.suffix == ".md" and anchor not in set(_anchors(linked))):
+            broken.append(f"{page.relative_to(ROOT)}: {target}")
+    return broken
+
+
+def test_every_relative_link_and_anchor_in_the_pages_resolves():
+    assert not [link for page in [*_pages(), CHANGELOG] for link in _broken_links(page)]
+
+
+def test_the_pages_are_for_users_not_work_logs():
+    assert len(README.read_text().splitlines()) <= 200
+    assert len(CHANGELOG.read_text().splitlines()) <= 300
+    for page in [*_pages(), CHANGELOG]:
+        assert not re.search(r"\bsessions?\b", page.read_text(), re.I), page.name
+        assert not re.search(r"\d\d:\d\d(-\d\d:\d\d)? UTC", page.read_text()), page.name
+
+
+def test_docs_the_code_cites_are_in_the_repository():
+    """A comment citing ``docs/page.md`` (and ``"Section"`` of it) points at a page that exists."""
+    cited = re.compile(r"""(\.\./|/)?(?:shared/)?docs/([\w-]+\.md)`*(?:,? ["']([^"'\n]+)["'])?""")
+    missing = []
+    for folder in SOURCES:
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix not in {".py", ".toml", ".yaml", ".sh"} or path == Path(__file__):
+                continue
+            for outside, name, section in cited.findall(path.read_text()):
+                page = ROOT / "docs" / name
+                headings = " ".join(re.findall(r"^#+ (.+)$", page.read_text(), re.M)) if page.exists() else ""
+                if outside or not page.exists() or (section and section.lower() not in headings.lower()):
+                    missing.append(f"{path.relative_to(ROOT)}: {outside}docs/{name} {section}")
+    assert not missing
+
+
 # ------------------------------------------------------- the README, pasted
 def test_the_readme_using_it_block_runs_as_pasted(tmp_path):
     text = README.read_text()

@@ -4,7 +4,8 @@ Two engines:
 
 - ``python`` (default): worker processes running grpc.aio clients with a
   mix of RPCs; counts every non-OK status. A Python client costs ~240 us of
-  CPU per call (``design.md``), so on a small machine it caps what you see.
+  CPU per call (``docs/architecture.md``, "Costs that shaped it"), so on a small
+  machine it caps what you see.
 - ``h2load``: nghttp2's h2load sends pre-encoded gRPC requests of one RPC
   (~20 us of client CPU per call) and logs every request's latency.
   h2load cannot read gRPC status trailers, so errors are counted from the

@@ -4,7 +4,7 @@ applied to each handler once, when it is registered.
 grpcio runs a server's interceptors on every call, before the handler is even found (a
 pipeline of closures, then ours looking the wrapped handler up again); this wraps the
 handlers themselves instead, so a call meets one Python function of ours before its
-handler (``docs/serving-cost.md``, Fourth pass). The order is the one the three
+handler (``docs/serving-cost.md``, "Call metrics and the guard"). The order is the one the three
 interceptors had: metrics outermost (refused calls are counted too), then the token
 check, then stream admission innermost (a refused call never takes a stream slot).
 :class:`GuardedRegistration` stands in for the server wherever services register (ours,

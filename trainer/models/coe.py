@@ -4,7 +4,7 @@ Users and items get coordinates in one D-dimensional Euclidean space so that
 a user is nearer the items the user prefers (type-A triples ``<u, i, j>``)
 and nearer than other users to the items the user likes more than they do
 (type-B triples ``<u, v, i>``). See ``docs/coe.md`` and
-``/work/shared/docs/algorithms.md`` section 1.
+``docs/algorithms.md`` section 1.
 
 Triples are drawn on the fly from compact rating arrays (``TripleSource``):
 memory is O(ratings), never O(triples).

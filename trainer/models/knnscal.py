@@ -1,8 +1,8 @@
 """KNNSCAL: Euclidean embedding of ordinal nearest-neighbour graphs.
 
 Castle & Trosset, "Fast Euclidean Embedding of Ordinal Nearest Neighbor
-Graphs" (poster; ``papers/knnscal-castle-trosset-poster.txt``), restated in
-``algorithms.md`` section 4.
+Graphs" (poster), restated in
+``docs/algorithms.md`` section 4.
 
 Problem (poster, "An Optimization Problem")::
 

@@ -1,4 +1,4 @@
-"""Numba kernels of KNNSCAL (Castle & Trosset poster; ``algorithms.md`` section 4).
+"""Numba kernels of KNNSCAL (Castle & Trosset poster; ``docs/algorithms.md`` section 4).
 
 The enlarged edge set E+ is stored source-major as a CSR: ``indptr`` (n + 1),
 ``col`` (the other end j of each directed entry (i, j)) and ``rnk`` (r_ij, or

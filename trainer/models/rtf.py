@@ -2,8 +2,7 @@
 
 Rendle, Balby Marinho, Nanopoulos, Schmidt-Thieme, "Learning Optimal Ranking
 with Tensor Factorization for Tag Recommendation", KDD 2009
-(``/work/shared/papers/rtf-rendle-kdd2009.txt``; the working form is
-``docs/algorithms.md`` section 2, whose equations we follow because the
+(the working form is ``docs/algorithms.md`` section 2, whose equations we follow because the
 paper's text is garbled; ``tests/test_rtf.py`` checks the gradient of the
 whole objective by finite differences).
 

@@ -77,7 +77,7 @@ _TABLE3 = {
     "CFEE": (0.672, 0.624, 0.647, 0.597, 0.603, 0.600, 4.07, 3.63, 3.84, 4.03, 3.50, 3.75),
     "BPR+": (0.684, 0.609, 0.645, 0.621, 0.591, 0.605, 4.14, 3.63, 3.87, 4.13, 3.40, 3.73),
 }
-# Settings chosen by ``--tune`` on ML-100K validation splits (docs/changelog.md, COE, has the figures).
+# Settings chosen by ``--tune`` on ML-100K validation splits (docs/coe.md, "How the defaults were chosen").
 # Found by: ordrec-train reproduce coe --data .../ml-100k/u.data --runs 1 --tune --no-references
 DEFAULTS = {
     "sigmoid": dict(

@@ -329,7 +329,7 @@ INIT_STD = {"marginal": 0.02, "random": 0.1}  # the default noise for each start
 
 # The protocol's fit for each N, every value chosen by a validation-only sweep (``--sweep``:
 # validation NDCG@10 over three hold-outs carved from each run's training ratings, pooled over
-# the five runs of --seed 0 and of --seed 1; test ratings never computed; docs/changelog.md, DCR).
+# the five runs of --seed 0 and of --seed 1; test ratings never computed; docs/dcr.md, "Reproduce the paper").
 # Where each user holds out fewer than 10 ratings (N < 40) the sweep ranked the item-marginal
 # start at rank 40 first (N = 10 and 20; lr and noise flat within 0.001, the argmax kept); where
 # 10 or more are held out, the random start at rank 320 (N = 50; rank 640 tied, the smaller kept).

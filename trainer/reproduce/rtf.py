@@ -63,7 +63,7 @@ TUNED_MIX = "pop-mix-val"
 VALIDATED = "RTF-val"
 # Per-dims settings applied before any --per-dims (which override them): the
 # tag-factor L2 for RTF-64 was chosen on tuning posts carved from the training
-# posts (docs/changelog.md, RTF); smaller dims keep the shared settings.
+# posts (docs/rtf.md, "Model and training"); smaller dims keep the shared settings.
 DEFAULT_PER_DIMS = ("64:reg_tags=3e-6",)
 
 # Paper figures (Section 5, Fig. 8, text): AUC on Last.fm 10-core. The F1
