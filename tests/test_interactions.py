@@ -104,7 +104,7 @@ def test_repeats_fold_into_one_row_counting_records_with_the_latest_time(tmp_pat
     assert pairs == [("u1", "a"), ("u1", "b"), ("u2", "a")]  # order of first appearance
     assert data.rating.tolist() == [3.0, 1.0, 2.0]
     assert data.time.dtype == np.int64 and data.time.tolist() == [40, 10, 5]
-    assert "(no rating column)" in caplog.text and "3 repeats folded into 3" in caplog.text
+    assert "(the header names no rating column" in caplog.text and "3 repeats folded into 3" in caplog.text
 
 
 def test_a_declared_strength_is_summed_and_feedback_can_be_forced(tmp_path):

@@ -462,7 +462,7 @@ class _RatingLayout:
     feedback: str  # "explicit" or "implicit"
     fields: list[int]  # user, item, then the value column (rating or strength) when there is one
     value: str | None  # the value column's header name; None: implicit, counting rows
-    automatic: bool = False  # implicit because the header holds no rating (said in the log)
+    automatic: bool = False  # implicit because the header names no rating column (a warning says so)
 
 
 def _rating_layout(
@@ -485,7 +485,8 @@ def _rating_layout(
     overrides = dict(columns or {})
     if feedback == "explicit" and "strength" in overrides:
         raise DataError(path, line, "a strength column is for implicit feedback, not explicit ratings")
-    if feedback == "auto":
+    automatic = feedback == "auto"
+    if automatic:
         feedback = _implied_feedback(path, line, header, shown, ids, overrides)
     if feedback == "explicit":
         rating = _match_columns(path, line, header, shown, ["rating"], columns)
@@ -497,8 +498,8 @@ def _rating_layout(
                 raise DataError(
                     path, line, f"the same column is used twice among user, item, {role} in {shown}"
                 )
-            return _RatingLayout("implicit", ids + value, header[value[0]])
-    return _RatingLayout("implicit", ids, None, automatic=True)
+            return _RatingLayout("implicit", ids + value, header[value[0]], automatic)
+    return _RatingLayout("implicit", ids, None, automatic)
 
 
 def _named(header: list[str], taken: list[int], role: str) -> bool:
@@ -651,10 +652,13 @@ def _ratings_of(
         folded = aggregate(
             records.ids[0], records.ids[1], len(users), len(items), strength=strength, time=time
         )
-        log.info(
+        log.log(
+            logging.WARNING if layout.automatic else logging.INFO,
             "%s: read as implicit feedback%s: %d records, %d repeats folded into %d (user, item) rows",
             path,
-            " (no rating column)" if layout.automatic else "",
+            " (the header names no rating column; --feedback explicit to refuse that)"
+            if layout.automatic
+            else "",
             len(records.ids[0]),
             folded.repeats,
             folded.user.size,
