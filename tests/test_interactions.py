@@ -321,3 +321,18 @@ def test_explicit_ratings_merged_with_events_keep_their_times(tmp_path):
         for u, r, t in zip(merged.user, merged.rating, merged.time)
     }
     assert rows == {("u1", 5.0, 300), ("u2", 1.0, 200)}
+
+
+def test_recorded_values_that_make_too_many_levels_are_refused(tmp_path):
+    """Explicit data without a scale accepts any recorded value; counts recorded as values
+    must not turn into thousands of levels in the fit."""
+    base = tmp_path / "r.csv"
+    base.write_text("user,item,rating\nu1,a,1\nu2,a,2\n")
+    feed = EventFeed(Registry(tmp_path / "registry"), "dcr", client=None)
+    merge(
+        feed.next.latest,
+        [Event(f"{n}-0", f"v{n}", "a", 1.0, float(10 + n)) for n in range(MAX_RATING_LEVELS)],
+    )
+    err = error_of(feed.apply, read_ratings(base), None)
+    assert f"column 'rating' holds {MAX_RATING_LEVELS + 2} distinct values" in err.reason
+    assert err.path.endswith(f"r.csv + {EVENTS_STREAM}")

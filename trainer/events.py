@@ -36,7 +36,7 @@ from ordrec.service.live.erasure import CHECKPOINT_FILE, ERASED_KEY, write_check
 from ordrec.service.live.forgotten import read_forgotten, user_digest
 from ordrec.service.live.redis_state import EVENTS_STREAM
 from ordrec.service.storage.idmap import IdMap, has_control
-from ordrec.trainer.data.interactions import aggregate
+from ordrec.trainer.data.interactions import aggregate, check_levels
 from ordrec.trainer.data.types import Ratings, RatingScale
 
 DEFAULT_PAGE = 1000
@@ -322,7 +322,12 @@ class EventFeed:
             else:
                 usable.append(event)
         self.counts.trained = len(usable)
-        return with_interactions(base, usable) if base.implicit else with_events(base, usable)
+        if base.implicit:
+            return with_interactions(base, usable)
+        merged = with_events(base, usable)
+        if scale is None and usable:  # no scale checked the recorded values: count their levels
+            check_levels(merged.rating, merged.source, "rating")
+        return merged
 
     def commit(self) -> None:
         """Advance the checkpoint: call only after the version trained on :attr:`next` is published.
