@@ -22,7 +22,9 @@ rows in order of first appearance. Ratings must lie on the format's declared
 must be non-negative integers. Attribute tables without a header or id
 column take ``column_names`` (ids are then line numbers, as for ``zoo``).
 Parquet has rows, not lines: its errors name the 1-based row
-(:mod:`trainer.data.parquet`). See ``docs/data.md``.
+(:mod:`trainer.data.parquet`). Ratings files may instead be interaction
+logs (clicks, plays, purchases: ``feedback="implicit"``), whose repeats fold
+into a strength (:mod:`trainer.data.interactions`). See ``docs/data.md``.
 """
 
 from __future__ import annotations
