@@ -336,3 +336,45 @@ def test_recorded_values_that_make_too_many_levels_are_refused(tmp_path):
     err = error_of(feed.apply, read_ratings(base), None)
     assert f"column 'rating' holds {MAX_RATING_LEVELS + 2} distinct values" in err.reason
     assert err.path.endswith(f"r.csv + {EVENTS_STREAM}")
+
+
+def test_feedback_flags_and_job_keys_are_for_ratings_only(tmp_path, capsys):
+    from ordrec.trainer.cli import build_parser
+    from ordrec.trainer.job import EXIT_USAGE
+
+    args = build_parser().parse_args(
+        [
+            "train",
+            "dcr",
+            "--data",
+            "x.csv",
+            "--registry",
+            "r",
+            "--feedback",
+            "implicit",
+            "--strength",
+            "plays",
+        ]
+    )
+    assert (args.feedback, args.strength) == ("implicit", "plays")
+    tags = tmp_path / "tags.csv"
+    tags.write_text("user,item,tag\nu,i,t\n")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f"""
+[job]
+name = "tags-job"
+registry = "{tmp_path / "registry"}"
+
+[data.tags]
+path = "{tags}"
+strength = "plays"
+
+[[models]]
+name = "rtf"
+kind = "rtf"
+data = "tags"
+"""
+    )
+    assert run_job(job) == EXIT_USAGE
+    assert "data.tags.strength: is for ratings data; model 'rtf' (rtf) reads tags" in capsys.readouterr().err
