@@ -28,6 +28,7 @@ from ordrec.trainer.data.types import DataError, Ratings, excerpt
 MAX_RATING_LEVELS = 32
 #: The ordinal levels implicit strengths become (per-user quantiles), 1 (weakest) .. this.
 IMPLICIT_LEVELS = 5
+_LEVELS_OF = "levels of "  # how ``Ratings.strength`` names strengths mapped to levels
 
 
 # ------------------------------------------------------------------ repeats
@@ -188,13 +189,13 @@ def ordinal_levels(data: Ratings, n_levels: int = IMPLICIT_LEVELS) -> Ratings:
     quantile of the strength among the user's own interactions (the user's strongest fifth
     is level 5, a user's single interaction the middle level). Explicit data is returned as
     it is."""
-    if not data.implicit or data.strength.startswith("levels"):
+    if not data.implicit or data.strength.startswith(_LEVELS_OF):  # already levels
         return data
     order = np.empty(len(data), dtype=np.int32 if len(data) < 2**31 else np.int64)
     counting_order(data.user, max(data.n_users, 1), order)
     levels = np.empty(len(data), dtype=np.float32)
     _user_quantile_levels(order, data.user, data.rating, n_levels, levels)
-    return replace(data, rating=levels, strength=f"levels of {data.strength}")
+    return replace(data, rating=levels, strength=_LEVELS_OF + data.strength)
 
 
 def trainable(data):
@@ -208,6 +209,6 @@ def trainable(data):
     what = "records" if data.strength == "rows" else f"{data.strength!r} summed"
     note = (
         f"implicit feedback, {len(data)} (user, item) rows, strength = {what} per (user, item);"
-        f" fitted as levels 1..{IMPLICIT_LEVELS}, the strength's quantile among its user's"
+        f" fitted as levels 1..{IMPLICIT_LEVELS}, each strength's quantile among its user's interactions"
     )
     return ordinal_levels(data), note
