@@ -3,6 +3,7 @@
 Subcommands::
 
     ordrec-train train KIND --data PATH [--format F] [--rating-scale S] --registry DIR [--name NAME] [--set k=v ...]
+                       [--feedback auto|explicit|implicit] [--strength COLUMN]   (interactions: clicks, plays)
                        [--cluster tcp://HOST:8786 | local:N]   (dcr: fit data-parallel on Dask)
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
@@ -93,8 +94,27 @@ def add_data_arguments(parser: argparse.ArgumentParser, required: bool = True, r
         )
 
 
+def add_feedback_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--feedback`` and ``--strength``: read a ratings file as interactions (clicks, plays)."""
+    parser.add_argument(
+        "--feedback",
+        choices=("auto", "explicit", "implicit"),
+        default="auto",
+        help="explicit: star ratings; implicit: interactions (clicks, plays, purchases), a repeated"
+        " (user, item) adding up; auto (default): implicit when the header names no rating column"
+        " but a strength column (plays, count, quantity, weight ...) or only user, item, timestamp",
+    )
+    parser.add_argument(
+        "--strength",
+        metavar="COLUMN",
+        help="implicit feedback: the column holding each interaction's strength (a count such as"
+        " plays, or a duration), summed over repeats (default: a column so named, else 1 a record)",
+    )
+
+
 # ----------------------------------------------------------------- commands
 def cmd_train(args: argparse.Namespace) -> int:
+    from ordrec.trainer.data.interactions import trainable
     from ordrec.trainer.data.readers import read_input
     from ordrec.trainer.forgetting import apply_forgotten, redact_forgotten
     from ordrec.trainer.models import estimator_class
@@ -112,6 +132,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         skip_bad_lines=args.skip_bad_lines,
         rating_scale=args.rating_scale,
         column_names=args.columns,
+        feedback=args.feedback,
+        strength=args.strength,
     )
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
@@ -119,6 +141,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     data, dropped, _ = apply_forgotten(data, registry)
     if dropped.rows:
         print(f"dropped {dropped.rows} row(s) of {dropped.users} forgotten user(s)", file=sys.stderr)
+    data, note = trainable(data)
+    if note:
+        print(f"{args.data}: {note}", file=sys.stderr)
     params = parse_assignments(args.set or [])
     params.setdefault("random_state", args.seed)
     estimator = configure(args.kind, params)  # names unknown parameters
@@ -530,6 +555,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="fit one model on a data file and publish it")
     train.add_argument("kind", choices=kinds.names())
     add_data_arguments(train)
+    add_feedback_arguments(train)
     train.add_argument("--registry", required=True)
     train.add_argument("--name", help="model name in the registry (default: the kind)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="a hyperparameter")

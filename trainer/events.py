@@ -27,7 +27,7 @@ import logging
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from ordrec.service.live.erasure import CHECKPOINT_FILE, ERASED_KEY, write_check
 from ordrec.service.live.forgotten import read_forgotten, user_digest
 from ordrec.service.live.redis_state import EVENTS_STREAM
 from ordrec.service.storage.idmap import IdMap, has_control
+from ordrec.trainer.data.interactions import aggregate, check_levels
 from ordrec.trainer.data.types import Ratings, RatingScale
 
 DEFAULT_PAGE = 1000
@@ -231,7 +232,7 @@ class Counts:
     read: int = 0  # new stream entries read
     malformed: int = 0
     other_model: int = 0  # entries naming another model
-    without_value: int = 0  # accumulated events skipped: a ratings model needs a value
+    without_value: int = 0  # accumulated events skipped: explicit ratings need a value
     off_scale: int = 0  # accumulated events skipped: value not on the data's rating scale
     trained: int = 0  # accumulated events in the training data
     forgotten: int = 0  # accumulated events of forgotten users, dropped
@@ -307,19 +308,26 @@ class EventFeed:
         return len(doomed)
 
     def apply(self, base: Ratings, scale: RatingScale | None) -> Ratings:
-        """``base`` with every accumulated event that has a value on ``scale`` merged in
-        (forgotten users' events dropped first)."""
+        """``base`` with every accumulated event it can take merged in (forgotten users'
+        events dropped first): for explicit ratings, those with a value on ``scale``; for
+        implicit data, every one (an event without a value is one interaction, a value
+        below 0 is off scale)."""
         self.counts.forgotten += self.forget(read_forgotten(self.registry))
         usable = []
         for event in self.next.latest.values():
-            if event.value is None:
+            if event.value is None and not base.implicit:
                 self.counts.without_value += 1
-            elif scale is not None and scale.problem(event.value):
+            elif event.value is not None and _off_scale(event.value, base, scale):
                 self.counts.off_scale += 1
             else:
                 usable.append(event)
         self.counts.trained = len(usable)
-        return with_events(base, usable)
+        if base.implicit:
+            return with_interactions(base, usable)
+        merged = with_events(base, usable)
+        if scale is None and usable:  # no scale checked the recorded values: count their levels
+            check_levels(merged.rating, merged.source, "rating")
+        return merged
 
     def commit(self) -> None:
         """Advance the checkpoint: call only after the version trained on :attr:`next` is published.
@@ -340,29 +348,92 @@ class EventFeed:
         )
 
 
+def _off_scale(value: float, base: Ratings, scale: RatingScale | None) -> bool:
+    """Whether a recorded value cannot join ``base``: off its rating scale, or a negative strength."""
+    if base.implicit:
+        return value < 0
+    return scale is not None and scale.problem(value) is not None
+
+
+@dataclass
+class _EventRows:
+    """Events as rows of ``base``'s id maps (extended by the ids new to it)."""
+
+    users: IdMap
+    items: IdMap
+    user: np.ndarray  # int32
+    item: np.ndarray  # int32
+    time: np.ndarray  # int64 Unix seconds (the ``ts`` recorded)
+
+    @classmethod
+    def of(cls, base: Ratings, events: list[Event]) -> _EventRows:
+        users = _extended(base.users, (e.user for e in events))
+        items = _extended(base.items, (e.item for e in events))
+        return cls(
+            users,
+            items,
+            users.rows(e.user for e in events).astype(np.int32),
+            items.rows(e.item for e in events).astype(np.int32),
+            np.array([int(e.ts) for e in events], dtype=np.int64),
+        )
+
+    def times(self, base: Ratings, keep: slice | np.ndarray = slice(None)) -> np.ndarray | None:
+        """The base rows' times (``keep``), then the events': only when ``base`` has times."""
+        return None if base.time is None else np.concatenate([base.time[keep], self.time])
+
+
 def with_events(base: Ratings, events: list[Event]) -> Ratings:
     """``base`` plus ``events`` (at most one per (user, item)); an event replaces the base rating.
 
-    Users and items new to ``base`` get new rows after its own.
+    Users and items new to ``base`` get new rows after its own. When ``base`` has
+    timestamps, an event's row takes its recorded time.
     """
     if not events:
         return base
-    users = _extended(base.users, (e.user for e in events))
-    items = _extended(base.items, (e.item for e in events))
-    user = users.rows(e.user for e in events).astype(np.int32)
-    item = items.rows(e.item for e in events).astype(np.int32)
+    rows = _EventRows.of(base, events)
     rating = np.array([e.value for e in events], dtype=np.float32)
-    width = np.int64(len(items))
-    replaced = np.isin(base.user.astype(np.int64) * width + base.item, user.astype(np.int64) * width + item)
+    width = np.int64(len(rows.items))
+    replaced = np.isin(
+        base.user.astype(np.int64) * width + base.item, rows.user.astype(np.int64) * width + rows.item
+    )
     keep = ~replaced
-    return Ratings(
-        users,
-        items,
-        np.concatenate([base.user[keep], user]),
-        np.concatenate([base.item[keep], item]),
-        np.concatenate([base.rating[keep], rating]),
+    return replace(
+        base,
+        users=rows.users,
+        items=rows.items,
+        user=np.concatenate([base.user[keep], rows.user]),
+        item=np.concatenate([base.item[keep], rows.item]),
+        rating=np.concatenate([base.rating[keep], rating]),
+        time=rows.times(base, keep),
         source=f"{base.source} + {EVENTS_STREAM}",
-        skipped_lines=base.skipped_lines,
+    )
+
+
+def with_interactions(base: Ratings, events: list[Event]) -> Ratings:
+    """Implicit ``base`` plus ``events`` as interactions: an event adds its value, or 1
+    without one, to its (user, item)'s strength (a new pair gets a row after the base's),
+    and the pair's time becomes the later of the two when ``base`` has timestamps."""
+    if not events:
+        return base
+    rows = _EventRows.of(base, events)
+    strength = np.array([1.0 if e.value is None else e.value for e in events], dtype=np.float32)
+    folded = aggregate(
+        np.concatenate([base.user, rows.user]),
+        np.concatenate([base.item, rows.item]),
+        len(rows.users),
+        len(rows.items),
+        np.concatenate([base.rating, strength]),
+        rows.times(base),
+    )
+    return replace(
+        base,
+        users=rows.users,
+        items=rows.items,
+        user=folded.user,
+        item=folded.item,
+        rating=folded.strength,
+        time=folded.time,
+        source=f"{base.source} + {EVENTS_STREAM}",
     )
 
 

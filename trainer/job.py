@@ -110,6 +110,8 @@ class DataSource:
     skip_bad_lines: bool = False
     rating_scale: RatingScale | None = None  # ratings files only; None: the format's own
     columns: list[str] | str | None = None  # headerless attribute tables: the column names
+    feedback: str = "auto"  # ratings files only: explicit, implicit (interactions) or auto
+    strength: str | None = None  # implicit ratings files: the strength column
 
 
 @dataclass
@@ -241,6 +243,15 @@ SOURCE_KEYS = {
     "format": Key(str, "auto"),
     "skip_bad_lines": Key(bool, False),
     "rating_scale": Key(str),
+    "feedback": Key(
+        str,
+        "auto",
+        check=_rule(
+            lambda v: v in ("auto", "explicit", "implicit"),
+            lambda v: f'{v!r} must be "auto", "explicit" or "implicit"',
+        ),
+    ),
+    "strength": Key(str),
     "columns": Key(
         None,
         check=_rule(
@@ -422,6 +433,8 @@ def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource
             skip_bad_lines=source["skip_bad_lines"],
             rating_scale=_rating_scale(c, where, source),
             columns=source["columns"],
+            feedback=source["feedback"],
+            strength=source["strength"],
         )
     return sources
 
@@ -453,11 +466,15 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         _check_cluster(c, f"{where}.cluster", kind.name, model["cluster"])
     if model["data"] not in config.data:
         raise c.fail(f"{where}.data", f"no [data.{model['data']}] table (have: {', '.join(config.data)})")
-    if config.data[model["data"]].rating_scale is not None and kind.input_shape != "ratings":
-        raise c.fail(
-            f"data.{model['data']}.rating_scale",
-            f"is for ratings data; model {name!r} ({kind.name}) reads {kind.input_shape}",
-        )
+    source = config.data[model["data"]]
+    given = {"rating_scale": source.rating_scale, "strength": source.strength}
+    given["feedback"] = None if source.feedback == "auto" else source.feedback
+    for key, value in given.items():
+        if value is not None and kind.input_shape != "ratings":
+            raise c.fail(
+                f"data.{model['data']}.{key}",
+                f"is for ratings data; model {name!r} ({kind.name}) reads {kind.input_shape}",
+            )
     from ordrec.trainer.models.configured import accepted_params
 
     estimator = kind.estimator_class()
@@ -675,18 +692,20 @@ class _Job:
                 skip_bad_lines=source.skip_bad_lines,
                 rating_scale=source.rating_scale,
                 column_names=source.columns,
+                **({"feedback": source.feedback, "strength": source.strength} if shape == "ratings" else {}),
             )
             skipped = getattr(data, "skipped_lines", 0)
             data = self.forget(model, data)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
             self.say(
                 model.name,
-                "read data=%s path=%s format=%s records=%d skipped_lines=%d seconds=%.1f",
+                "read data=%s path=%s format=%s records=%d skipped_lines=%d feedback=%s seconds=%.1f",
                 source.name,
                 source.path,
                 source.format,
                 size,
                 skipped,
+                getattr(data, "feedback", "-"),
                 time.perf_counter() - t0,
             )
             self._data[key] = data
@@ -779,6 +798,7 @@ class _Job:
         return configured.fit_on_cluster(data, model.cluster)
 
     def run_model(self, model: ModelJob) -> Outcome:
+        from ordrec.trainer.data.interactions import trainable
         from ordrec.trainer.evaluation import holdout
 
         gate = model.gate
@@ -787,13 +807,18 @@ class _Job:
         estimator_cls, index_cls = kind.estimator_class(), kind.index_class()
         try:
             data = self.read(model, estimator_cls.input_shape)
-            scale = self.scale(model) if estimator_cls.input_shape == "ratings" else None
+            # Implicit data has strengths, not ratings on a scale: recorded values are not checked.
+            ratings = estimator_cls.input_shape == "ratings" and not getattr(data, "implicit", False)
+            scale = self.scale(model) if ratings else None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise DataError(str(self.config.data[model.data].path), None, f"cannot read: {exc}") from None
         feed = self.events_feed(model, estimator_cls.input_shape)
         if feed is not None:
             data = feed.apply(data, scale)
             self.say(model.name, feed.summary())
+        data, note = trainable(data)
+        if note:
+            self.say(model.name, note)
 
         train, test = holdout.split(data, gate.holdout, gate.seed)
         t0 = time.perf_counter()

@@ -18,6 +18,7 @@ from ordrec.trainer.data.types import on_scale
 
 _on_scale = njit(cache=True, inline="always")(on_scale)  # the per-line parser's own check
 _MAX_NUMBER_DIGITS = 15  # mantissa < 2**53, so mantissa / 10**k is correctly rounded
+_MAX_STAMP_DIGITS = 18  # below 10**18 every digit string fits an int64; longer ones go to the per-line rule
 
 
 @njit(cache=True, inline="always")
@@ -99,6 +100,15 @@ def _is_timestamp(buf, start, end, most):
     return True
 
 
+@njit(cache=True, inline="always")
+def _parse_digits(buf, start, end):
+    """The ASCII digits buf[start:end] (at most :data:`_MAX_STAMP_DIGITS`) as an int64."""
+    value = 0
+    for t in range(start, end):
+        value = value * 10 + (buf[t] - 48)
+    return value
+
+
 @njit(cache=True)
 def parse_text_lines(
     buf,
@@ -112,10 +122,12 @@ def parse_text_lines(
     num_int,
     num_scale,
     digits_max,
+    stamp_slot,
     max_line,
     out_start,
     out_end,
     out_num,
+    out_stamp,
 ):
     """Parse whole lines of ``buf`` (uint8, ends with a newline); ids may be any text.
 
@@ -142,12 +154,17 @@ def parse_text_lines(
     digits_max : int64 array of length ``n_fields``
         For a field that must be 1 to ``digits_max`` ASCII digits (a
         timestamp), that bound; 0 for other fields.
+    stamp_slot : int64 array of length ``n_fields``
+        For a timestamp field that is kept, the column of ``out_stamp`` it goes
+        to (-1: checked only). A kept timestamp of more than 18 digits is left
+        to the per-line parser (it may not fit an int64).
     max_line : int
         Give up at a line of more bytes (before its ``\\n``).
     out_start, out_end : int64 arrays (rows, n_id_columns)
         Receive each id's byte range, stripped of spaces (and tabs when
         ``strip_tab``) exactly as the per-line parser strips it.
     out_num : float64 array (rows, n_number_columns)
+    out_stamp : int64 array (rows, n_kept_timestamps)
 
     The kernel gives up on an empty id, an id holding an ASCII control byte
     (the per-line parser reports those), with ``no_quotes`` on any ``"``,
@@ -193,8 +210,14 @@ def parse_text_lines(
                 if not ok or not _allowed(number, field, num_scale):
                     return row, line_start
                 out_num[row, s] = number
-            if digits_max[field] > 0 and not _is_timestamp(buf, p, field_end, digits_max[field]):
-                return row, line_start
+            if digits_max[field] > 0:
+                if not _is_timestamp(buf, p, field_end, digits_max[field]):
+                    return row, line_start
+                s = stamp_slot[field]
+                if s >= 0:
+                    if field_end - p > _MAX_STAMP_DIGITS:
+                        return row, line_start
+                    out_stamp[row, s] = _parse_digits(buf, p, field_end)
             field += 1
             if at_eol:
                 if q - line_start > max_line:

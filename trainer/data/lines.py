@@ -46,6 +46,8 @@ MAX_LINE_BYTES = 1 << 20
 #: A timestamp field is 1 to this many ASCII digits (seconds since 1970 need 10).
 TIMESTAMP_DIGITS = 20
 _TIMESTAMP = re.compile(f"[0-9]{{1,{TIMESTAMP_DIGITS}}}")
+#: A kept timestamp is stored as an int64, so it may not exceed this.
+TIMESTAMP_MAX = 2**63 - 1
 
 # The ids' rule (``has_control``), less the line break that separates ids one a line.
 _CONTROL_IN_LINES = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")  # ids one a line
@@ -206,15 +208,29 @@ class Column:
 
     field: int
     name: str
-    kind: str = "id"  # "id", "float", "int", or "timestamp" (checked, not kept)
+    kind: str = "id"  # "id", "float", "int", or "timestamp" (checked; kept as int64 when ``keep``)
     space: int = 0
     minimum: float | None = None  # numbers only
     scale: RatingScale | None = None  # numbers only: the values allowed
     dtype: str = "float64"  # numbers only: the type they are kept in (ratings: float32)
+    keep: bool = False  # timestamps only: keep the value (in ``Records.numbers``), not only check it
 
     @property
     def is_number(self) -> bool:
         return self.kind in ("float", "int")
+
+    @property
+    def is_kept_stamp(self) -> bool:
+        return self.kind == "timestamp" and self.keep
+
+    @property
+    def is_value(self) -> bool:
+        """A column whose values ``Records.numbers`` holds: a number, or a kept timestamp."""
+        return self.is_number or self.is_kept_stamp
+
+    @property
+    def value_dtype(self) -> str:
+        return "int64" if self.is_kept_stamp else self.dtype
 
 
 class LineGaps:
@@ -287,7 +303,7 @@ class Records:
 
     spaces: list[IdMap]
     ids: list[np.ndarray]  # int32 per id column
-    numbers: list[np.ndarray]  # per number column, in the column's dtype
+    numbers: list[np.ndarray]  # per value column (number or kept timestamp), in its dtype
     first_line: int  # line of record 0 when ``lines`` and ``gaps`` are None (no gaps)
     lines: np.ndarray | None = None  # int64 line per record, when given row by row
     skipped: int = 0
@@ -355,7 +371,9 @@ def check_fields(
     distinct: tuple[int, int] | None,
     known: list[dict] | None = None,
 ) -> tuple[str | None, list]:
-    """``(problem, numbers)`` for one split line, as the per-line parser judges it.
+    """``(problem, values)`` for one split line, as the per-line parser judges it.
+
+    ``values``: one per value column (:attr:`Column.is_value`), in column order.
 
     ``known``: per id space, ids already accepted (their control-character
     check is skipped, which keeps the per-line parser quick).
@@ -373,7 +391,7 @@ def check_fields(
         a, b = columns[distinct[0]], columns[distinct[1]]
         if fields[a.field] == fields[b.field]:
             return f"{b.name} {excerpt(fields[b.field])} is the {a.name} itself (self-edge)", []
-    values = []
+    values: list[float] = []  # numbers, and kept timestamps as ints
     for c in columns:
         if c.kind == "id":
             continue
@@ -385,6 +403,11 @@ def check_fields(
                     f"{TIMESTAMP_DIGITS} digits",
                     [],
                 )
+            if c.keep:
+                stamp = int(text_value)
+                if stamp > TIMESTAMP_MAX:
+                    return f"{c.name} {excerpt(text_value)} is larger than {TIMESTAMP_MAX} (2**63 - 1)", []
+                values.append(stamp)
             continue
         try:
             number: float = int(text_value) if c.kind == "int" else float(text_value)
@@ -416,9 +439,9 @@ def parse_lines(
     spaces = [IdSpace() for _ in range(n_spaces)]
     known = [space.index for space in spaces]
     id_columns = [c for c in columns if c.kind == "id"]
-    num_columns = [c for c in columns if c.is_number]
+    num_columns = [c for c in columns if c.is_value]
     id_out = [array("i") for _ in id_columns]
-    num_out = [array("d") for _ in num_columns]
+    num_out = [array("q" if c.is_kept_stamp else "d") for c in num_columns]
     gaps: LineGaps | None = None
     count = 0
     for number, text in iter_lines(path, encoding, problems):
@@ -441,7 +464,10 @@ def parse_lines(
     return Records(
         spaces=[s.idmap() for s in spaces],
         ids=[np.frombuffer(a, dtype=np.int32) for a in id_out],
-        numbers=[np.frombuffer(a, dtype=np.float64).astype(c.dtype) for a, c in zip(num_out, num_columns)],
+        numbers=[
+            np.frombuffer(a, dtype=np.int64 if c.is_kept_stamp else np.float64).astype(c.value_dtype)
+            for a, c in zip(num_out, num_columns)
+        ],
         first_line=gaps.first_line,
         skipped=problems.skipped,
         gaps=gaps,
@@ -494,12 +520,16 @@ def _layout(sep, n_fields, columns):
         return None
     id_columns = [c for c in columns if c.kind == "id"]
     num_columns = [c for c in columns if c.is_number]
+    value_columns = [c for c in columns if c.is_value]
     id_slot = np.full(n_fields, -1, dtype=np.int64)
     num_slot = np.full(n_fields, -1, dtype=np.int64)
+    stamp_slot = np.full(n_fields, -1, dtype=np.int64)
     for slot, c in enumerate(id_columns):
         id_slot[c.field] = slot
     for slot, c in enumerate(num_columns):
         num_slot[c.field] = slot
+    for slot, c in enumerate(c for c in columns if c.is_kept_stamp):
+        stamp_slot[c.field] = slot
     num_int = np.zeros(n_fields, dtype=np.int64)
     num_scale = np.zeros((n_fields, 3), dtype=np.float64)
     for c in num_columns:
@@ -510,9 +540,9 @@ def _layout(sep, n_fields, columns):
     for c in columns:
         if c.kind == "timestamp":
             digits_max[c.field] = TIMESTAMP_DIGITS
-    rules = (num_int, num_scale, digits_max)
+    rules = (num_int, num_scale, digits_max, stamp_slot)
     sep1 = sep_bytes[1] if len(sep_bytes) == 2 else 0
-    return sep_bytes[0], sep1, id_columns, num_columns, id_slot, num_slot, rules
+    return sep_bytes[0], sep1, id_columns, value_columns, id_slot, num_slot, rules
 
 
 def _starts_with_bom(path: str) -> bool:
@@ -590,20 +620,32 @@ class _Interner:
         return id_map_from_lines(raw if codec == "utf-8" else text.encode("utf-8"), distinct=True)
 
 
+def _value_sources(value_columns) -> list[tuple[bool, int]]:
+    """Per value column: (a kept timestamp?, its column in the kernel's numbers or stamps)."""
+    counts = [0, 0]
+    sources = []
+    for c in value_columns:
+        sources.append((c.is_kept_stamp, counts[c.is_kept_stamp]))
+        counts[c.is_kept_stamp] += 1
+    return sources
+
+
 class _Columns:
-    """The fast path's output: id rows (int32) and numbers (each column's dtype) grown in
+    """The fast path's output: id rows (int32) and values (each column's dtype) grown in
     place chunk by chunk, ids interned per id space, and the line numbers as their jumps."""
 
-    def __init__(self, id_columns, num_columns, n_spaces: int, first_line: int):
+    def __init__(self, id_columns, value_columns, n_spaces: int, first_line: int):
         self.space_slots = [[s for s, c in enumerate(id_columns) if c.space == sp] for sp in range(n_spaces)]
         self.interners = [_Interner() for _ in range(n_spaces)]
         self.rows = [GrowingArray(np.int32) for _ in id_columns]
-        self.numbers = [GrowingArray(c.dtype) for c in num_columns]
+        self.numbers = [GrowingArray(c.value_dtype) for c in value_columns]
+        self.sources = _value_sources(value_columns)
         self.gaps = LineGaps(first_line)
         self.count = 0
 
-    def add(self, buf, starts, ends, numbers, line: int) -> None:
-        """Records of consecutive lines from ``line`` on: id byte ranges into ``buf``, numbers (rows x columns)."""
+    def add(self, buf, starts, ends, numbers, stamps, line: int) -> None:
+        """Records of consecutive lines from ``line`` on: id byte ranges into ``buf``, numbers
+        and kept timestamps (rows x columns each)."""
         for space, slots in enumerate(self.space_slots):
             if slots:
                 got = self.interners[space].add(
@@ -611,8 +653,8 @@ class _Columns:
                 )
                 for j, s in enumerate(slots):
                     self.rows[s].extend(got[:, j])
-        for s, out in enumerate(self.numbers):
-            out.extend(numbers[:, s])
+        for out, (is_stamp, k) in zip(self.numbers, self.sources):
+            out.extend(stamps[:, k] if is_stamp else numbers[:, k])
         self.gaps.note(self.count, line)
         self.count += len(numbers)
 
@@ -651,19 +693,22 @@ def _parse_text_ids(
     few odd lines do not slow a big file down. Each distinct id is decoded
     once, in the file's encoding, and checked for control characters.
     """
-    sep0, sep1, id_columns, num_columns, id_slot, num_slot, rules = layout
-    n_id, n_num = len(id_columns), len(num_columns)
+    sep0, sep1, id_columns, value_columns, id_slot, num_slot, rules = layout
+    n_id = len(id_columns)
+    n_num = sum(not c.is_kept_stamp for c in value_columns)
+    n_stamp = len(value_columns) - n_num
     encoding = detect_encoding(path)
     codec = "utf-8" if encoding == "utf-8-sig" else encoding
     split = splitter(sep)
     problems = Problems(path, skip_bad_lines)
-    out = _Columns(id_columns, num_columns, n_spaces, header_lines + 1)
+    out = _Columns(id_columns, value_columns, n_spaces, header_lines + 1)
     line = header_lines + 1
     for n, data in _chunks(path, header_lines):
         whole = np.frombuffer(data, dtype=np.uint8)
         out_start = np.empty((n, max(n_id, 1)), dtype=np.int64)
         out_end = np.empty((n, max(n_id, 1)), dtype=np.int64)
         out_num = np.empty((n, max(n_num, 1)), dtype=np.float64)
+        out_stamp = np.empty((n, max(n_stamp, 1)), dtype=np.int64)
         pos = 0
         while pos < len(data):
             buf = whole[pos:]
@@ -681,9 +726,10 @@ def _parse_text_ids(
                 out_start,
                 out_end,
                 out_num,
+                out_stamp,
             )
             if rows:
-                out.add(buf, out_start[:rows], out_end[:rows], out_num[:rows, :n_num], line)
+                out.add(buf, out_start[:rows], out_end[:rows], out_num[:rows], out_stamp[:rows], line)
                 line += rows
             if bail < 0:
                 break
@@ -713,16 +759,20 @@ def _parse_text_ids(
                     encoded = [fields[c.field].encode(codec) for c in id_columns]
                     bounds = np.cumsum([0] + [len(e) for e in encoded])
                     blob = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
+                    kept = [is_stamp for is_stamp, _ in out.sources]
                     out.add(
                         blob,
                         bounds[None, :-1].astype(np.int64),
                         bounds[None, 1:].astype(np.int64),
-                        np.array(values, dtype=np.float64).reshape(1, n_num),
+                        np.array([v for v, s in zip(values, kept) if not s], dtype=np.float64).reshape(
+                            1, n_num
+                        ),
+                        np.array([v for v, s in zip(values, kept) if s], dtype=np.int64).reshape(1, n_stamp),
                         line,
                     )
             line += 1
             pos = stop + 1
-        del out_start, out_end, out_num
+        del out_start, out_end, out_num, out_stamp
     return out.records(codec, problems.skipped)
 
 

@@ -77,9 +77,9 @@ def _type_problem(pa, column, role: str) -> str | None:
     if role in ("user", "item"):
         ok = pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
         return None if ok else f"is {kind}; {role} ids must be strings or integers"
-    if role == "rating":
+    if role in ("rating", "strength"):
         ok = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind)
-        return None if ok else f"is {kind}; ratings must be numbers"
+        return None if ok else f"is {kind}; {role}s must be numbers"
     ok = pa.types.is_integer(kind) or pa.types.is_timestamp(kind)
     return None if ok else f"is {kind}; a timestamp must be an integer or a Parquet timestamp"
 
@@ -111,12 +111,18 @@ def _id_checks(pc, column, role: str) -> list[Check]:
     return [(null, lambda row: f"empty {role} id (null)"), (bad, why)]
 
 
-def _rating_checks(ratings: np.ndarray, null: np.ndarray, scale: RatingScale | None) -> list[Check]:
+def _rating_checks(
+    ratings: np.ndarray, null: np.ndarray, scale: RatingScale | None, role: str = "rating"
+) -> list[Check]:
     finite = np.isfinite(ratings)
     checks: list[Check] = [
-        (null, lambda row: "rating is missing (null)"),
-        (~finite & ~null, lambda row: f"rating {float(ratings[row])!r} is not a finite number"),
+        (null, lambda row: f"{role} is missing (null)"),
+        (~finite & ~null, lambda row: f"{role} {float(ratings[row])!r} is not a finite number"),
     ]
+    if role == "strength":  # as the line readers' minimum: a count or a duration is never negative
+        checks.append(
+            (finite & (ratings < 0), lambda row: f"strength {float(ratings[row]):g} is below the minimum 0")
+        )
     if scale is not None:
         # RatingScale.problem per distinct value: the same rule (types.on_scale) as every other reader.
         distinct = np.unique(ratings[finite & ~null])
@@ -154,26 +160,34 @@ def first_problem(checks: list[Check]) -> tuple[np.ndarray, int | None, str | No
 
 
 def read_parquet_records(
-    path: str, names: list[str], timestamps: list[str], scale: RatingScale | None, skip_bad_lines: bool
+    path: str,
+    names: list[str],
+    timestamps: list[str],
+    scale: RatingScale | None,
+    skip_bad_lines: bool,
+    implicit: bool = False,
 ) -> Records:
-    """Records (user, item, rating) of a Parquet file; ``names`` are the user, item and rating columns.
+    """Records (user, item[, value][, time]) of a Parquet file; ``names`` are the user and item
+    columns and the rating (or, ``implicit``, strength) column when there is one.
 
     Read batch by batch (:func:`read_batches`) into growing int32 / float32 columns; ids
-    are numbered in order of first appearance across the file. ``Records.line`` gives
-    1-based row numbers. A bad row raises ``DataError`` naming it, or is dropped and
-    counted when ``skip_bad_lines``.
+    are numbered in order of first appearance across the file. The first of
+    ``timestamps`` is kept (int64: an integer, or a Parquet timestamp's count of its
+    unit), the others checked. ``Records.line`` gives 1-based row numbers. A bad row
+    raises ``DataError`` naming it, or is dropped and counted when ``skip_bad_lines``.
     """
     pa, pc, _ = _pyarrow(path)
-    roles = ["user", "item", "rating"] + ["timestamp"] * len(timestamps)
+    roles = ["user", "item", "strength" if implicit else "rating"][: len(names)]
+    roles += ["timestamp"] * len(timestamps)
     spaces = [IdSpace(), IdSpace()]
     ids = [GrowingArray(np.int32), GrowingArray(np.int32)]
-    ratings = GrowingArray(np.float32)
+    values = [GrowingArray(np.float32) for _ in names[2:]] + [GrowingArray(np.int64) for _ in timestamps[:1]]
     gaps = LineGaps(1)
-    offset = skipped = 0
+    offset = skipped = kept = 0
     for columns in read_batches(path, names + timestamps):
         if offset == 0:
             check_types(path, names + timestamps, roles, columns)
-        keep, bad = _checked_rows(pa, pc, columns, scale, offset, path, skip_bad_lines)
+        keep, bad = _checked_rows(pa, pc, columns, roles, scale, offset, path, skip_bad_lines)
         skipped += bad
         rows = np.flatnonzero(keep)
         mask = pa.array(keep)
@@ -183,18 +197,21 @@ def read_parquet_records(
             encoded = pc.dictionary_encode(column.filter(mask).cast("string"))
             known = np.array([space.add(v) for v in encoded.dictionary.to_pylist()], dtype=np.int32)
             out.extend(known[encoded.indices.to_numpy(zero_copy_only=False)])
-        ratings.extend(columns[2].cast(pa.float64()).filter(mask).to_numpy(zero_copy_only=False))
+        for column, out in zip(columns[2:], values):
+            wanted = pa.int64() if out.data.dtype == np.int64 else pa.float64()
+            out.extend(column.cast(wanted).filter(mask).to_numpy(zero_copy_only=False))
         if rows.size:
-            gaps.note_run(ratings.size - rows.size, rows + offset + 1)
+            gaps.note_run(kept, rows + offset + 1)
+        kept += rows.size
         offset += len(columns[0])
     if offset == 0:
         raise DataError(path, None, "no data rows")
-    if ratings.size == 0:
+    if kept == 0:
         raise DataError(path, None, f"no data rows ({skipped} skipped as bad)")
     return Records(
         spaces=[s.idmap() for s in spaces],
         ids=[x.finish() for x in ids],
-        numbers=[ratings.finish()],
+        numbers=[x.finish() for x in values],
         first_line=1,
         skipped=skipped,
         engine="parquet",
@@ -203,20 +220,25 @@ def read_parquet_records(
 
 
 def _checked_rows(
-    pa, pc, columns: list[Any], scale: RatingScale | None, offset: int, path: str, skip_bad_lines: bool
+    pa,
+    pc,
+    columns: list[Any],
+    roles: list[str],
+    scale: RatingScale | None,
+    offset: int,
+    path: str,
+    skip_bad_lines: bool,
 ) -> tuple[np.ndarray, int]:
     """``(rows to keep, how many are bad)`` of one batch; the first bad row (numbered from
     ``offset``) raises naming it unless bad rows are skipped."""
-    user, item, rating = columns[:3]
-    rating_null = np.asarray(rating.is_null())
-    values = rating.cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
-    checks = (
-        _id_checks(pc, user, "user")
-        + _id_checks(pc, item, "item")
-        + _rating_checks(values, rating_null, scale)
-    )
-    for column in columns[3:]:
-        checks += _timestamp_checks(pa, column)
+    checks = _id_checks(pc, columns[0], "user") + _id_checks(pc, columns[1], "item")
+    for column, role in zip(columns[2:], roles[2:]):
+        if role == "timestamp":
+            checks += _timestamp_checks(pa, column)
+            continue
+        null = np.asarray(column.is_null())
+        values = column.cast(pa.float64()).fill_null(math.nan).to_numpy(zero_copy_only=False)
+        checks += _rating_checks(values, null, scale if role == "rating" else None, role)
     bad, row, message = first_problem(checks)
     if row is not None and not skip_bad_lines:
         raise DataError(path, None, message, row=offset + row + 1)

@@ -22,21 +22,26 @@ rows in order of first appearance. Ratings must lie on the format's declared
 must be non-negative integers. Attribute tables without a header or id
 column take ``column_names`` (ids are then line numbers, as for ``zoo``).
 Parquet has rows, not lines: its errors name the 1-based row
-(:mod:`trainer.data.parquet`). See ``docs/data.md``.
+(:mod:`trainer.data.parquet`). Ratings files may instead be interaction
+logs (clicks, plays, purchases: ``feedback="implicit"``), whose repeats fold
+into a strength (:mod:`trainer.data.interactions`). See ``docs/data.md``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
 from array import array
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ordrec.service.storage.idmap import IdMap, has_control
+from ordrec.trainer.data.interactions import aggregate, check_levels
 from ordrec.trainer.data.lines import (
     Column,
     IdSpace,
@@ -52,6 +57,7 @@ from ordrec.trainer.data.lines import (
     splitter,
 )
 from ordrec.trainer.data.types import (
+    FEEDBACK,
     AttributeTable,
     DataError,
     NeighborLists,
@@ -62,6 +68,7 @@ from ordrec.trainer.data.types import (
 )
 
 SHAPES = ("ratings", "tags", "attributes", "neighbors")
+log = logging.getLogger("ordrec.trainer.data")
 
 #: Every format name and the input shapes it can hold.
 FORMATS: dict[str, tuple[str, ...]] = {
@@ -129,6 +136,29 @@ _COLUMN_NAMES = {
         "resourceid",
     },
     "rating": {"rating", "ratings", "score", "stars", "value", "overall"},
+    # Implicit feedback: how strong an interaction is (a count, an amount or a duration).
+    "strength": {
+        "strength",
+        "plays",
+        "playcount",
+        "count",
+        "counts",
+        "listens",
+        "listencount",
+        "views",
+        "viewcount",
+        "clicks",
+        "clickcount",
+        "quantity",
+        "qty",
+        "purchases",
+        "amount",
+        "duration",
+        "seconds",
+        "watchtime",
+        "weight",
+        "frequency",
+    },
     "tag": {"tag", "tagid", "tags", "tagname", "tagvalue"},
     "source": {"source", "sourceid", "src", "from", "vertex", "query", "node"},
     "neighbor": {"neighbor", "neighbour", "neighborid", "neighbourid", "nbr", "to", "target", "dst"},
@@ -421,12 +451,82 @@ def ratings_scale(
     return rating_scale or declared_scale(fmt, detected)
 
 
-def _timestamp_columns(header: list[str], taken: list[int]) -> list[Column]:
-    return [
-        Column(i, "timestamp", kind="timestamp")
-        for i, name in enumerate(header)
-        if i not in taken and _norm(name) in _TIMESTAMP_NAMES
-    ]
+def _timestamp_columns(header: list[str], taken: list[int], keep: bool = False) -> list[Column]:
+    """Every timestamp-named column not in ``taken``, checked; the first one kept when ``keep``."""
+    found = [i for i, name in enumerate(header) if i not in taken and _norm(name) in _TIMESTAMP_NAMES]
+    return [Column(i, "timestamp", kind="timestamp", keep=keep and k == 0) for k, i in enumerate(found)]
+
+
+@dataclass
+class _RatingLayout:
+    """Which columns of a ratings file hold what, and how it is read."""
+
+    feedback: str  # "explicit" or "implicit"
+    fields: list[int]  # user, item, then the value column (rating or strength) when there is one
+    value: str | None  # the value column's header name; None: implicit, counting rows
+    automatic: bool = False  # implicit because the header names no rating column (a warning says so)
+
+
+def _rating_layout(
+    path: str,
+    line: int | None,
+    header: list[str],
+    shown: str,
+    columns: Mapping[str, str] | None,
+    feedback: str,
+) -> _RatingLayout:
+    """Decide explicit or implicit from ``feedback`` and the header, and find the columns.
+
+    Explicit: a rating column (by name or ``columns["rating"]``). Implicit: the strength
+    column (``columns["strength"]``, a strength name such as ``plays``, else a rating-named
+    column), or none (each record counts 1). ``auto``: explicit when a rating column is
+    named, implicit with a strength-named column, or implicit counting records when the
+    header names only user, item and timestamp columns.
+    """
+    ids = _match_columns(path, line, header, shown, ["user", "item"], columns)
+    overrides = dict(columns or {})
+    if feedback == "explicit" and "strength" in overrides:
+        raise DataError(path, line, "a strength column is for implicit feedback, not explicit ratings")
+    automatic = feedback == "auto"
+    if automatic:
+        feedback = _implied_feedback(path, line, header, shown, ids, overrides)
+    if feedback == "explicit":
+        rating = _match_columns(path, line, header, shown, ["rating"], columns)
+        return _RatingLayout("explicit", ids + rating, header[rating[0]])
+    for role in ("strength", "rating"):
+        if role in overrides or _named(header, ids, role):
+            value = _match_columns(path, line, header, shown, [role], overrides)
+            if value[0] in ids:
+                raise DataError(
+                    path, line, f"the same column is used twice among user, item, {role} in {shown}"
+                )
+            return _RatingLayout("implicit", ids + value, header[value[0]], automatic)
+    return _RatingLayout("implicit", ids, None, automatic)
+
+
+def _named(header: list[str], taken: list[int], role: str) -> bool:
+    return any(i not in taken and _norm(h) in _COLUMN_NAMES[role] for i, h in enumerate(header))
+
+
+def _implied_feedback(
+    path: str, line: int | None, header: list[str], shown: str, ids: list[int], overrides: dict
+) -> str:
+    """``auto`` decided from the header (see :func:`_rating_layout`)."""
+    if "rating" in overrides or _named(header, ids, "rating"):
+        return "explicit"
+    if "strength" in overrides or _named(header, ids, "strength"):
+        return "implicit"
+    others = [h for i, h in enumerate(header) if i not in ids and _norm(h) not in _TIMESTAMP_NAMES]
+    if not others:
+        return "implicit"
+    raise DataError(
+        path,
+        line,
+        f"no rating column in {shown}; expected one of {sorted(_COLUMN_NAMES['rating'])} or"
+        " columns={'rating': ...}. For interactions without a rating (clicks, plays, purchases)"
+        " say --feedback implicit, with --strength COLUMN for a count such as plays"
+        f" (strength names recognised: {sorted(_COLUMN_NAMES['strength'])})",
+    )
 
 
 def read_ratings(
@@ -436,8 +536,10 @@ def read_ratings(
     skip_bad_lines: bool = False,
     columns: Mapping[str, str] | None = None,
     rating_scale: RatingScale | str | None = None,
+    feedback: str = "auto",
+    strength: str | None = None,
 ) -> Ratings:
-    """Read explicit ratings.
+    """Read explicit ratings, or implicit interactions (clicks, plays, purchases).
 
     Parameters
     ----------
@@ -451,46 +553,130 @@ def read_ratings(
         Skip malformed lines (and later duplicates) and count them in
         ``skipped_lines`` instead of raising.
     columns : dict, optional
-        For csv/tsv/parquet: header (column) names of the ``"user"``, ``"item"`` and
-        ``"rating"`` columns when they are not among the common names.
+        For csv/tsv/parquet: header (column) names of the ``"user"``, ``"item"``,
+        ``"rating"`` and ``"strength"`` columns when they are not among the common names.
     rating_scale : RatingScale or str, optional
         The ratings allowed (``"1..5"``, ``"0.5..5:0.5"``); replaces the
         format's declared scale (:func:`declared_scale`).
+    feedback : {"auto", "explicit", "implicit"}
+        ``implicit``: records are interactions; a repeated (user, item) is a
+        repeat, folded into one row whose strength is the number of records or
+        the sum of the strength column, and whose time is the latest. ``auto``
+        (csv/tsv/parquet): implicit when the header names a strength column
+        (``plays``, ``count``, ``quantity``, ``weight`` ...) and no rating, or
+        only user, item and timestamp columns; MovieLens files are explicit.
+    strength : str, optional
+        The strength column's header name (implies ``feedback="implicit"``).
 
     A rating off the scale, a MovieLens timestamp that is not a non-negative
     integer of at most 20 digits (likewise a csv/tsv column named like
-    ``timestamp``), a line over ``MAX_LINE_BYTES`` and a repeated (user,
-    item) pair (naming both lines) are errors.
+    ``timestamp``), a line over ``MAX_LINE_BYTES`` and, for explicit ratings, a
+    repeated (user, item) pair (naming both lines) are errors; so is an
+    explicit rating column of more than :data:`MAX_RATING_LEVELS` distinct
+    values without a declared scale. The first timestamp column is kept in
+    ``Ratings.time`` (int64).
     """
     path = _resolve(path, "ratings")
+    feedback = _feedback(path, feedback, strength, rating_scale)
+    if strength is not None:
+        columns = {**(columns or {}), "strength": strength}
     scale = ratings_scale(path, fmt, rating_scale)
     fmt = _choose(path, "ratings", fmt)
     if fmt == "parquet":
-        return _read_parquet_ratings(path, columns, scale, skip_bad_lines)
+        return _read_parquet_ratings(path, columns, scale, skip_bad_lines, feedback)
     if fmt in RATING_SCALES:
-        sep, n_fields, header_lines, idx = "\t" if fmt == "ml-100k" else "::", 4, 0, [0, 1, 2]
-        checked = [Column(3, "timestamp", kind="timestamp")]
+        sep, n_fields, header_lines = "\t" if fmt == "ml-100k" else "::", 4, 0
+        layout = _RatingLayout("explicit" if feedback == "auto" else feedback, [0, 1, 2], "rating")
+        checked = [Column(3, "timestamp", kind="timestamp", keep=True)]
     else:
         sep = "," if fmt == "csv" else "\t"
-        header, idx = _header_columns(path, sep, ["user", "item", "rating"], columns)
+        line = _first_line(path)
+        header = splitter(sep)(line)
+        if not any(header):
+            raise DataError(path, 1, "expected a header line naming the columns, got a blank line")
+        layout = _rating_layout(path, 1, header, f"header {excerpt(line)}", columns, feedback)
         n_fields, header_lines = len(header), 1
-        checked = _timestamp_columns(header, idx)
+        checked = _timestamp_columns(header, layout.fields, keep=True)
     records = parse_records(
         path,
         sep,
         n_fields,
         [
-            Column(idx[0], "user", space=0),
-            Column(idx[1], "item", space=1),
-            Column(idx[2], "rating", kind="float", scale=scale, dtype="float32"),
+            Column(layout.fields[0], "user", space=0),
+            Column(layout.fields[1], "item", space=1),
+            *_value_column(layout, scale),
             *checked,
         ],
         n_spaces=2,
         header_lines=header_lines,
         skip_bad_lines=skip_bad_lines,
     )
+    return _ratings_of(records, path, layout, scale, skip_bad_lines)
+
+
+def _feedback(path: str, feedback: str, strength: str | None, rating_scale) -> str:
+    """``feedback`` checked against the other arguments (a strength implies implicit)."""
+    if feedback not in ("auto", *FEEDBACK):
+        raise ValueError(f"feedback must be auto, explicit or implicit, got {feedback!r}")
+    if strength is not None:
+        if feedback == "explicit":
+            raise DataError(path, None, "a strength column is for implicit feedback, not explicit ratings")
+        feedback = "implicit"
+    if feedback == "implicit" and rating_scale is not None:
+        raise DataError(path, None, "a rating scale is for explicit ratings, not implicit feedback")
+    return feedback
+
+
+def _value_column(layout: _RatingLayout, scale: RatingScale | None) -> list[Column]:
+    """The rating (on ``scale``) or strength (a number >= 0) column to parse, if any."""
+    if layout.value is None:
+        return []
+    if layout.feedback == "implicit":
+        return [Column(layout.fields[2], "strength", kind="float", minimum=0.0)]
+    return [Column(layout.fields[2], "rating", kind="float", scale=scale, dtype="float32")]
+
+
+def _ratings_of(
+    records: Records,
+    path: str,
+    layout: _RatingLayout,
+    scale: RatingScale | None,
+    skip: bool,
+    unit: str = "line",
+) -> Ratings:
+    """Parsed records as :class:`Ratings`: repeats folded (implicit) or refused (explicit)."""
     users, items = records.spaces
-    user, item = records.ids
+    values = records.numbers[: len(layout.fields) - 2]
+    stamps = records.numbers[len(values) :]
+    time = stamps[0] if stamps else None
+    if layout.feedback == "implicit":
+        strength = values[0] if values else None
+        folded = aggregate(
+            records.ids[0], records.ids[1], len(users), len(items), strength=strength, time=time
+        )
+        log.log(
+            logging.WARNING if layout.automatic else logging.INFO,
+            "%s: read as implicit feedback%s: %d records, %d repeats folded into %d (user, item) rows",
+            path,
+            " (the header names no rating column; --feedback explicit to refuse that)"
+            if layout.automatic
+            else "",
+            len(records.ids[0]),
+            folded.repeats,
+            folded.user.size,
+        )
+        return Ratings(
+            users,
+            items,
+            folded.user,
+            folded.item,
+            folded.strength,
+            source=path,
+            skipped_lines=records.skipped,
+            time=folded.time,
+            feedback="implicit",
+            strength=layout.value or "rows",
+        )
 
     def describe(r):
         return (
@@ -499,58 +685,46 @@ def read_ratings(
         )
 
     skipped = records.skipped + _drop_duplicates(
-        records, user, len(users), item, len(items), path, skip_bad_lines, describe
+        records, records.ids[0], len(users), records.ids[1], len(items), path, skip, describe, unit=unit
     )
+    rating = records.numbers[0].astype(np.float32, copy=False)
+    if scale is None:
+        check_levels(rating, path, layout.value or "rating")
     return Ratings(
         users,
         items,
         records.ids[0],
         records.ids[1],
-        records.numbers[0].astype(np.float32, copy=False),
+        rating,
         source=path,
         skipped_lines=skipped,
+        time=records.numbers[1] if len(records.numbers) > 1 else None,
     )
 
 
 def _read_parquet_ratings(
-    path: str, columns: Mapping[str, str] | None, scale: RatingScale | None, skip_bad_lines: bool
+    path: str,
+    columns: Mapping[str, str] | None,
+    scale: RatingScale | None,
+    skip_bad_lines: bool,
+    feedback: str,
 ) -> Ratings:
     """Ratings of a Parquet file: columns by the csv rules, rows checked, repeats as for csv."""
     from ordrec.trainer.data import parquet
 
     header = parquet.parquet_columns(path)
     shown = f"the Parquet columns {excerpt(', '.join(header))}"
-    idx = _match_columns(path, None, header, shown, ["user", "item", "rating"], columns)
-    stamps = [header[c.field] for c in _timestamp_columns(header, idx)]
-    records = parquet.read_parquet_records(path, [header[i] for i in idx], stamps, scale, skip_bad_lines)
-    users, items = records.spaces
-
-    def describe(r):
-        return (
-            f"rating of item {excerpt(items.external(int(records.ids[1][r])))} "
-            f"by user {excerpt(users.external(int(records.ids[0][r])))}"
-        )
-
-    skipped = records.skipped + _drop_duplicates(
-        records,
-        records.ids[0],
-        len(users),
-        records.ids[1],
-        len(items),
+    layout = _rating_layout(path, None, header, shown, columns, feedback)
+    stamps = [header[c.field] for c in _timestamp_columns(header, layout.fields)]
+    records = parquet.read_parquet_records(
         path,
+        [header[i] for i in layout.fields],
+        stamps,
+        scale,
         skip_bad_lines,
-        describe,
-        unit="row",
+        implicit=layout.feedback == "implicit",
     )
-    return Ratings(
-        users,
-        items,
-        records.ids[0],
-        records.ids[1],
-        records.numbers[0].astype(np.float32, copy=False),
-        source=path,
-        skipped_lines=skipped,
-    )
+    return _ratings_of(records, path, layout, scale, skip_bad_lines, unit="row")
 
 
 # ------------------------------------------------------------------ tags
@@ -987,12 +1161,14 @@ def read_input(
     skip_bad_lines: bool = False,
     rating_scale: RatingScale | str | None = None,
     column_names: Sequence[str] | None = None,
+    feedback: str = "auto",
+    strength: str | None = None,
 ):
     """Read ``path`` as input ``shape`` ("ratings", "tags", "attributes" or "neighbors").
 
-    ``rating_scale`` is for ratings files (see :func:`read_ratings`) and
-    ``column_names`` for headerless attribute tables (see
-    :func:`read_attributes`); given for any other input either is a
+    ``rating_scale``, ``feedback`` and ``strength`` are for ratings files (see
+    :func:`read_ratings`) and ``column_names`` for headerless attribute tables
+    (see :func:`read_attributes`); given for any other input any of them is a
     ValueError rather than silently ignored.
     """
     try:
@@ -1002,6 +1178,9 @@ def read_input(
     if rating_scale is not None and (shape != "ratings" or fmt == "triples"):
         what = "triples" if shape == "ratings" else shape
         raise ValueError(f"a rating scale is for ratings files, not {what}")
+    if (feedback != "auto" or strength is not None) and (shape != "ratings" or fmt == "triples"):
+        what = "triples" if shape == "ratings" else shape
+        raise ValueError(f"feedback and strength are for ratings files, not {what}")
     if column_names is not None and (shape != "attributes" or fmt == "triplets"):
         what = "triplets" if shape == "attributes" else shape
         raise ValueError(f"column names are for headerless attribute tables, not {what}")
@@ -1015,8 +1194,15 @@ def read_input(
         from ordrec.trainer.data.triplets import read_triplets
 
         return read_triplets(path, skip_bad_lines=skip_bad_lines)
-    if rating_scale is not None:
-        return read_ratings(path, fmt, skip_bad_lines=skip_bad_lines, rating_scale=rating_scale)
+    if shape == "ratings":
+        return read_ratings(
+            path,
+            fmt,
+            skip_bad_lines=skip_bad_lines,
+            rating_scale=rating_scale,
+            feedback=feedback,
+            strength=strength,
+        )
     if column_names is not None:
         return read_attributes(path, fmt, skip_bad_lines=skip_bad_lines, column_names=column_names)
     return reader(path, fmt, skip_bad_lines=skip_bad_lines)

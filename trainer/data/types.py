@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -123,9 +123,19 @@ def _compact(column: np.ndarray, ids: IdMap) -> tuple[np.ndarray, IdMap]:
     return remap[column], ids.subset(used)
 
 
+#: What a ratings table records: judgements on a scale, or interactions (clicks, plays, purchases).
+FEEDBACK = ("explicit", "implicit")
+
+
 @dataclass
 class Ratings:
-    """Explicit ratings: (user, item, rating) triples."""
+    """(user, item, value) observations: explicit ratings, or implicit interactions.
+
+    ``feedback="implicit"``: one row per (user, item) that interacted, ``rating``
+    its strength (``strength`` names what: a column summed over repeats, or
+    ``"rows"``, the number of times the pair occurs). ``time``: the optional
+    int64 timestamp of each row (for interactions, the latest of the pair).
+    """
 
     users: IdMap
     items: IdMap
@@ -134,6 +144,17 @@ class Ratings:
     rating: np.ndarray  # float32
     source: str = ""
     skipped_lines: int = 0
+    time: np.ndarray | None = None  # int64, one per row, when the data has timestamps
+    feedback: str = "explicit"
+    strength: str = ""  # implicit only: what ``rating`` holds
+
+    def __post_init__(self):
+        if self.feedback not in FEEDBACK:
+            raise ValueError(f"feedback must be one of {FEEDBACK}, got {self.feedback!r}")
+
+    @property
+    def implicit(self) -> bool:
+        return self.feedback == "implicit"
 
     def __len__(self) -> int:
         return int(self.user.shape[0])
@@ -148,23 +169,29 @@ class Ratings:
 
     def subset(self, mask_or_rows: np.ndarray) -> Ratings:
         """The selected observations, keeping the same id maps."""
-        return Ratings(
-            self.users,
-            self.items,
-            self.user[mask_or_rows],
-            self.item[mask_or_rows],
-            self.rating[mask_or_rows],
-            self.source,
+        return replace(
+            self,
+            user=self.user[mask_or_rows],
+            item=self.item[mask_or_rows],
+            rating=self.rating[mask_or_rows],
+            time=None if self.time is None else self.time[mask_or_rows],
+            skipped_lines=0,
         )
 
     def compact(self) -> Ratings:
         """Drop users and items with no observation left, renumbering the rest."""
         user, users = _compact(self.user, self.users)
         item, items = _compact(self.item, self.items)
-        return Ratings(users, items, user, item, self.rating, self.source)
+        return replace(self, users=users, items=items, user=user, item=item, skipped_lines=0)
 
     def fingerprint(self) -> str:
-        return _fingerprint(self.users, self.items, self.user, self.item, self.rating)
+        """The sha256 of the ids and columns. Explicit ratings hash what they always did (their
+        timestamps do not change a fit); implicit data adds its marker and its timestamps."""
+        columns = [self.users, self.items, self.user, self.item, self.rating]
+        if self.implicit:
+            marker = np.frombuffer(f"implicit:{self.strength}".encode(), dtype=np.uint8)
+            columns += [marker] + ([] if self.time is None else [self.time])
+        return _fingerprint(*columns)
 
 
 @dataclass
