@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 from ordrec.tools.process import run_cli
+from tests.admin_token import ADMIN_ENV, ADMIN_TOKEN
+
+os.environ.setdefault(ADMIN_ENV, ADMIN_TOKEN)  # server processes inherit it (tests/admin_token.py)
 
 DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

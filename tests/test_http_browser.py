@@ -28,6 +28,7 @@ from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.admin_token import ADMIN_FLAGS, ADMIN_TOKEN
 from tests.test_report_browser import ARTIFACTS, browser, new_page  # noqa: F401 - browser: a fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis]
@@ -107,6 +108,7 @@ def served(registry, shop, tmp_path_factory):
         str(tokens),
         "--http-cors-origin",
         f"http://127.0.0.1:{shop}",
+        *ADMIN_FLAGS,
     )
     try:
         with ServerProcess(registry, *args) as server:
@@ -204,11 +206,15 @@ def test_status_page_in_headless_chromium(browser, served, shop):  # noqa: F811
         for result in answer["results"][:20]:  # half the users act on their first recommendation
             body = {"userId": result["userId"], "itemIds": [result["items"][0]["id"]]}
             assert fetch(page, f"{api}/v1/RecordInteractions", body)[0] == 200
+        hide_some = {"model": "dcr", "itemIds": ["i001", "i002", "i003"]}
         assert (
-            fetch(page, f"{api}/v1/HideItems", {"model": "dcr", "itemIds": ["i001", "i002", "i003"]})[0]
+            fetch(page, f"{api}/v1/HideItems", hide_some, token=TOKEN)[0] == 403  # an admin call
+        )
+        assert fetch(page, f"{api}/v1/HideItems", hide_some, token=ADMIN_TOKEN)[0] == 200
+        assert (
+            fetch(page, f"{api}/v1/HideItems", {"model": "*", "itemIds": ["i200"]}, token=ADMIN_TOKEN)[0]
             == 200
         )
-        assert fetch(page, f"{api}/v1/HideItems", {"model": "*", "itemIds": ["i200"]})[0] == 200
         wait_for(lambda: metric_sum(api, "ordrec_online_hits_total") > 0, 10, what="online hits")
     finally:
         page.ws.close()

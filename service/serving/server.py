@@ -31,7 +31,7 @@ from ordrec.service.serving.batching import BatchObserver, RecommendBatcher
 from ordrec.service.serving.gateway import JsonGateway
 from ordrec.service.serving.http import start_http_server
 from ordrec.service.serving.interceptor import CallGuard, GuardedRegistration
-from ordrec.service.serving.security import TokenCheck, server_credentials
+from ordrec.service.serving.security import AccessPolicy, server_credentials
 from ordrec.service.serving.servicer import RecommenderServicer, add_to_server
 from ordrec.service.serving.status_page import StatusPage
 from ordrec.service.serving.store import ModelStore, Reloader
@@ -251,11 +251,12 @@ class Server:
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
             options=options,
         )
-        # Every service registers through this, its handlers wrapped in the token check, stream
+        access = AccessPolicy(cfg.tokens, cfg.admin_tokens, cfg.admin_open)
+        # Every service registers through this, its handlers wrapped in the access check, stream
         # admission and metrics once, here, rather than by an interceptor on every call.
         registration = GuardedRegistration(
             server,
-            CallGuard(self.metrics.calls, self.stream_guard, TokenCheck(cfg.tokens) if cfg.tokens else None),
+            CallGuard(self.metrics.calls, self.stream_guard, access),
         )
         batcher = (
             RecommendBatcher(
@@ -289,7 +290,7 @@ class Server:
                 self.store,
                 self.serving,
                 self.health_detail,
-                gateway=JsonGateway(self._json_servicer(), self.metrics, cfg.tokens),
+                gateway=JsonGateway(self._json_servicer(), self.metrics, access),
                 status_page=self.status_page,
                 settings=cfg.http,
             )
