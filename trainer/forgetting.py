@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ordrec.service.live.erasure import versions_naming
-from ordrec.service.live.forgotten import is_listed, read_forgotten
+from ordrec.service.live.forgotten import list_hash, read_forgotten
 from ordrec.service.live.redaction import Redacted, redact_versions
 from ordrec.service.storage.idmap import IdMap
 
@@ -34,7 +34,8 @@ def drop_forgotten(data: Any, digests: frozenset[str]) -> tuple[Any, Dropped]:
     users: IdMap | None = getattr(data, "users", None)
     if not digests or users is None:
         return data, Dropped()
-    gone = np.array([is_listed(uid, digests) for uid in users.ids], dtype=bool)
+    listed = list_hash().listed
+    gone = np.array([listed(uid, digests) for uid in users.ids], dtype=bool)
     if not gone.any():
         return data, Dropped()
     kept_rows = np.flatnonzero(~gone)

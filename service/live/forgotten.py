@@ -79,27 +79,58 @@ def legacy_digest(user_id: str) -> str:
     return hashlib.sha256(user_id.encode("utf-8")).hexdigest()
 
 
+class ListHash:
+    """The list's hash under one key (None: the bare sha256 of lists without a key). The
+    HMAC's keyed state is computed once and copied per id."""
+
+    def __init__(self, key: bytes | None):
+        self.key = key
+        self.prefix = f"{_KEYED}{key_id(key)}:" if key is not None else ""
+        self._keyed = hmac.new(key, digestmod=hashlib.sha256) if key is not None else None
+
+    def entry(self, user_id: str) -> str:
+        """The entry for ``user_id``: its HMAC-SHA256 tagged with the key's id, or its sha256."""
+        if self._keyed is None:
+            return legacy_digest(user_id)
+        mac = self._keyed.copy()
+        mac.update(user_id.encode("utf-8"))
+        return self.prefix + mac.hexdigest()
+
+    def listed(self, user_id: str, digests: frozenset[str] | set[str]) -> bool:
+        """Whether ``user_id`` is on the list ``digests``: by its entry, or by the bare sha256
+        a list written before the key holds."""
+        if not digests:
+            return False
+        if self.entry(user_id) in digests:
+            return True
+        return self._keyed is not None and _holds_legacy(digests) and legacy_digest(user_id) in digests
+
+
+@functools.lru_cache(maxsize=4)
+def _list_hash(key: bytes | None) -> ListHash:
+    return ListHash(key)
+
+
+def list_hash() -> ListHash:
+    """The list's hash under the deployment's key (:func:`forgotten_key`)."""
+    return _list_hash(forgotten_key())
+
+
 def keyed_digest(user_id: str, key: bytes) -> str:
-    """The entry for ``user_id`` under ``key``: its HMAC-SHA256, tagged with the key's id."""
-    mac = hmac.new(key, user_id.encode("utf-8"), hashlib.sha256).hexdigest()
-    return f"{_KEYED}{key_id(key)}:{mac}"
+    """The entry for ``user_id`` under ``key``."""
+    return _list_hash(key).entry(user_id)
 
 
 def user_digest(user_id: str) -> str:
-    """The FORGOTTEN list's entry for ``user_id``: keyed under the deployment's key, or its
-    bare sha256 when no key is set."""
-    key = forgotten_key()
-    return legacy_digest(user_id) if key is None else keyed_digest(user_id, key)
+    """The FORGOTTEN list's entry for ``user_id`` under the deployment's key (a bare sha256
+    when no key is set)."""
+    return list_hash().entry(user_id)
 
 
 def is_listed(user_id: str, digests: frozenset[str] | set[str]) -> bool:
-    """Whether ``user_id`` is on the list ``digests``: by its entry, or by the bare sha256 a
-    list written before the key holds."""
-    if not digests:
-        return False
-    if user_digest(user_id) in digests:
-        return True
-    return forgotten_key() is not None and _holds_legacy(digests) and legacy_digest(user_id) in digests
+    """Whether ``user_id`` is on the list ``digests`` (:meth:`ListHash.listed`); loops over
+    many ids take :func:`list_hash` once instead."""
+    return list_hash().listed(user_id, digests)
 
 
 _last_scanned: list = [None, False]  # (the list last scanned, whether it holds bare sha256 entries)
@@ -235,6 +266,7 @@ class ForgottenUsers:
 
     def __init__(self, backend: Backend, interval: float, fallback: Backend | None = None):
         self.state = HiddenState(backend, interval, fallback)
+        self.hash = list_hash()  # the key is read once, not per request
         self._rows: dict[tuple[int, int], tuple[frozenset[str], IdMap, np.ndarray]] = {}
 
     def digests(self) -> frozenset[str]:
@@ -242,14 +274,14 @@ class ForgottenUsers:
 
     def contains(self, user_id: str) -> bool:
         """True when ``user_id`` was forgotten (costs a hash only while the list is not empty)."""
-        return is_listed(user_id, self.digests())
+        return self.hash.listed(user_id, self.digests())
 
     def unknown(self, user_ids: Sequence[str], rows: np.ndarray) -> np.ndarray:
         """``rows`` with -1 (unknown) for the forgotten users among ``user_ids``."""
         digests = self.digests()
         if not digests:
             return rows
-        gone = [i for i, uid in enumerate(user_ids) if is_listed(uid, digests)]
+        gone = [i for i, uid in enumerate(user_ids) if self.hash.listed(uid, digests)]
         if not gone:
             return rows
         rows = rows.copy()
