@@ -371,7 +371,8 @@ def test_status_page_escapes_everything_and_shows_the_split():
     assert (
         "<td>candidate</td><td>v2</td><td>20%</td>" in page and "<td>live</td><td>v1</td><td>80%</td>" in page
     )
-    assert "<th>ndcg_at_10</th>" in page and "<td>v2</td><td>0.5</td>" in page and "<td>0.125</td>" in page
+    assert "<th>dcr live v1</th><th>dcr candidate v2</th>" in page  # the evaluation: a column per version
+    assert "<td>ndcg_at_10</td><td>0.25</td><td>0.5</td>" in page and "<td>0.125</td>" in page
     assert "stale" in page and "<td>2</td>" in page
     assert "<td>job &lt;script&gt;" in page and "<td>by hand (ordrec-train train)</td>" in page
 

@@ -126,6 +126,30 @@ fetch({url!r}, {{
 """
 
 
+SCREEN_WIDTH = 1400  # a laptop's browser window: every table of the status page fits it
+# each table (or the page) that does not fit the window: its first heading and its width
+OVERFLOWING = """
+[...document.querySelectorAll('table')]
+  .filter(t => t.getBoundingClientRect().right > document.documentElement.clientWidth)
+  .map(t => [[...t.querySelectorAll('th')].map(h => h.textContent).join('|'), t.getBoundingClientRect().width])
+  .concat(document.documentElement.scrollWidth > document.documentElement.clientWidth
+          ? [['page', document.documentElement.scrollWidth]] : [])
+"""
+# the Models table's online hits and hit rate, a pair per row
+ONLINE_COLUMNS = """
+(() => {
+  const table = [...document.querySelectorAll('table')]
+    .find(t => [...t.querySelectorAll('th')].some(h => h.textContent.startsWith('online: hits')));
+  if (!table) return [];
+  const heads = [...table.querySelectorAll('th')].map(h => h.textContent);
+  const hits = heads.findIndex(h => h.startsWith('online: hits'));
+  const rate = heads.findIndex(h => h.startsWith('online: hit rate'));
+  return [...table.querySelectorAll('tr')].slice(1)
+    .map(r => [r.cells[hits].textContent, r.cells[rate].textContent]);
+})()
+"""
+
+
 def fetch(page, url: str, body: dict, token: str | None = TOKEN):
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     return page.eval(FETCH.format(url=url, headers=json.dumps(headers), body=json.dumps(body)))
@@ -220,6 +244,13 @@ def test_status_page_in_headless_chromium(browser, served, shop):  # noqa: F811
         page.ws.close()
     page = new_page(browser)  # a fresh tab: the first one's load event is in its event list
     try:
+        page.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=SCREEN_WIDTH,
+            height=900,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         page.call("Page.navigate", url=f"{api}/")
         page.wait_event("Page.loadEventFired")
         text = page.eval("document.body.innerText")
@@ -241,6 +272,9 @@ def test_status_page_in_headless_chromium(browser, served, shop):  # noqa: F811
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "status-page.png").write_bytes(png)
+        assert page.eval(OVERFLOWING) == [], f"tables wider than a {SCREEN_WIDTH} px window"
+        online = page.eval(ONLINE_COLUMNS)
+        assert online and all(rate == "" or hits != "" for hits, rate in online), online
         assert page.errors() == []
     finally:
         page.ws.close()
