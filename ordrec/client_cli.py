@@ -68,8 +68,8 @@ _CONNECTION: list[tuple[tuple[str, ...], dict[str, Any], Any]] = [
     (
         ("--token",),
         dict(
-            help="bearer token, when the server requires one (prefer --token-env: a command line "
-            "is visible to other users)"
+            help="bearer token, when the server requires one; hide, unhide and forget need an admin"
+            " token (prefer --token-env: a command line is visible to other users)"
         ),
         None,
     ),

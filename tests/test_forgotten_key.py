@@ -81,3 +81,16 @@ def test_bare_sha256_entries_keep_matching_until_rekeyed(keyed, tmp_path):
     assert listed == {user_digest("old-1"), hashlib.sha256(b"old-2").hexdigest()}
     assert is_listed("old-1", listed) and is_listed("old-2", listed)
     assert list(drop_forgotten(ratings_of(["old-1", "old-2", "kept"]), listed)[0].users.ids) == ["kept"]
+
+
+def test_rekey_forgotten_on_the_command_line(keyed, tmp_path):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "FORGOTTEN").write_text(hashlib.sha256(b"old-1").hexdigest() + "\n")
+    users = tmp_path / "users.txt"
+    users.write_text("old-1\nnever-forgotten\n")
+    out = run_cli(
+        ["ordrec.trainer", "registry", "rekey-forgotten", "--registry", str(registry), "--users", str(users)]
+    )
+    assert "keyed 1 bare sha256 entry; 0 left" in out.stdout
+    assert listed_file(Registry(registry)) == {user_digest("old-1")}
