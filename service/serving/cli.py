@@ -272,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    from ordrec.service.serving.security import load_tokens
+    from ordrec.service.serving.security import AccessPolicy, load_tokens
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -308,7 +308,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         stall_seconds=args.stream_stall_seconds,
         max_seconds=args.stream_max_seconds,
     )
-    return ServerConfig(
+    config = ServerConfig(
         registry=args.registry,
         cache_dir=args.cache_dir,
         host=args.host,
@@ -348,6 +348,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         admin_tokens=load_tokens(args.admin_token_file, args.admin_token_env),
         admin_open=args.admin_open,
     )
+    AccessPolicy(
+        config.tokens, config.admin_tokens, config.admin_open
+    )  # refuses a contradiction before loading
+    return config
 
 
 def serve(args: argparse.Namespace) -> int:

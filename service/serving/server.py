@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from ordrec.service.config import Limits, ServerConfig
 from ordrec.service.indices import diversity, explain, topk
 from ordrec.service.indices.item_attributes import read_item_attributes
-from ordrec.service.live.forgotten import ForgottenUsers, read_forgotten
+from ordrec.service.live.forgotten import KEY_FILE_ENV, ForgottenUsers, forgotten_key, read_forgotten
 from ordrec.service.live.forgotten import backends as forgotten_backends
 from ordrec.service.live.fresh import FreshEvidence, FreshItems, known_to_all
 from ordrec.service.live.hidden import HiddenState, RedisBackend, RegistryBackend
@@ -188,6 +188,10 @@ class Server:
         client ForgetUser erases with (None without Redis). A list this process's key cannot match
         stops the start (ValueError): its users would be answered again."""
         read_forgotten(self.store.registry)
+        if forgotten_key() is None:
+            log.warning(
+                "the FORGOTTEN list is not keyed (bare sha256, open to enumeration): set %s", KEY_FILE_ENV
+            )
         if not config.redis_url:
             primary, _ = forgotten_backends(self.store.registry)
             return ForgottenUsers(primary, config.poll_interval or 5.0), None
