@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import logging
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -39,7 +38,6 @@ import numpy as np
 from ordrec.service.live.hidden import Backend, HiddenState, RedisBackend, RegistryBackend, apply_change
 from ordrec.service.storage.idmap import IdMap
 
-log = logging.getLogger("ordrec.forgotten")
 FORGOTTEN_FILE = "FORGOTTEN"
 REDIS_PREFIX = "ordrec:forgotten"
 SCOPE = "users"  # the one scope of the list (hidden items have one per model)
@@ -133,15 +131,16 @@ def is_listed(user_id: str, digests: frozenset[str] | set[str]) -> bool:
     return list_hash().listed(user_id, digests)
 
 
-_last_scanned: list = [None, False]  # (the list last scanned, whether it holds bare sha256 entries)
+# the list last scanned and whether it holds bare sha256 entries, replaced whole (threads share it)
+_last_scanned: list[tuple[object, bool]] = [(None, False)]
 
 
 def _holds_legacy(digests: frozenset[str] | set[str]) -> bool:
     """Whether ``digests`` holds a bare sha256 entry (remembered for the last list asked about)."""
-    seen, found = _last_scanned
+    seen, found = _last_scanned[0]
     if seen is not digests:
         found = any(not d.startswith(_KEYED) for d in digests)
-        _last_scanned[:] = [digests, found]
+        _last_scanned[0] = (digests, found)
     return found
 
 
@@ -219,6 +218,8 @@ def rekey(primary: Backend | None, files: ForgottenFiles, user_ids: Iterable[str
     bare = {d for d in listed if not d.startswith(_KEYED)}
     pairs = {legacy_digest(u): keyed_digest(u, key) for u in set(user_ids)}
     pairs = {old: new for old, new in pairs.items() if old in bare}
+    if not pairs:
+        return 0, len(bare)
     if primary is not None:
         apply_change(primary, SCOPE, pairs.values(), True)
         apply_change(primary, SCOPE, pairs.keys(), False)
@@ -297,7 +298,8 @@ class ForgottenUsers:
         hit = self._rows.get(key)
         if hit is not None and hit[0] is digests and hit[1] is users:
             return hit[2]
-        found = np.array([r for r, uid in enumerate(users.ids) if is_listed(uid, digests)], dtype=np.int64)
+        listed = self.hash.listed
+        found = np.array([r for r, uid in enumerate(users.ids) if listed(uid, digests)], dtype=np.int64)
         rows = {k: v for k, v in self._rows.items() if v[0] is digests}
         rows[key] = (digests, users, found)
         self._rows = rows  # replaced whole, like the hidden masks

@@ -113,6 +113,11 @@ class HttpCallContext:
         return self._peer
 
 
+def full_method(name: str) -> str:
+    """The gRPC path of the service's RPC ``name`` (what the access policy is keyed by)."""
+    return f"/{SERVICE.full_name}/{name}"
+
+
 def unary_methods() -> list[MethodDescriptor]:
     """The RPCs the JSON API answers: every method of the service that is not streaming."""
     return [m for m in SERVICE.methods if not (m.client_streaming or m.server_streaming)]
@@ -162,7 +167,7 @@ class JsonGateway:
 
     def secured(self, name: str) -> bool:
         """Whether calls of the RPC ``name`` need a token (the access policy checks them)."""
-        return self.access.checks(f"/{SERVICE.full_name}/{name}")
+        return self.access.checks(full_method(name))
 
     def method(self, name: str) -> MethodDescriptor:
         """The unary RPC ``name``: NOT_FOUND for no such RPC, UNIMPLEMENTED for a streaming one."""
@@ -203,11 +208,12 @@ class JsonGateway:
 
     def _answer(self, method, headers, read_body, peer: str) -> bytes:
         if self.secured(method.name):
-            full_method = f"/{SERVICE.full_name}/{method.name}"
             authorization = next((v for k, v in headers if k == "authorization"), None)
             # http.server decodes header bytes as latin-1: encode back to the bytes that came
             refusal = self.access.refusal(
-                full_method, authorization.encode("latin-1") if authorization is not None else None, "header"
+                full_method(method.name),
+                authorization.encode("latin-1") if authorization is not None else None,
+                "header",
             )
             if refusal:
                 raise HttpError(refusal.code, refusal.message)

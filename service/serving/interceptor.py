@@ -1,5 +1,5 @@
-"""What the server runs around every call: the access check (tokens and the admin scope), stream admission and metrics,
-applied to each handler once, when it is registered.
+"""What the server runs around every call: the access check (tokens and the admin scope),
+stream admission and metrics, applied to each handler once, when it is registered.
 
 grpcio runs a server's interceptors on every call, before the handler is even found (a
 pipeline of closures, then ours looking the wrapped handler up again); this wraps the
