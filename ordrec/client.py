@@ -89,7 +89,10 @@ class Client:
         ``host:port`` of the server.
     token : str, optional
         Bearer token, sent as ``authorization: Bearer <token>`` on every call
-        (the server's ``--token-file`` / ``--token-env``).
+        (the server's ``--token-file`` / ``--token-env``). :meth:`hide`,
+        :meth:`unhide` and :meth:`forget` are admin calls: they need one of the
+        server's admin tokens (``--admin-token-file`` / ``--admin-token-env``),
+        which every other call accepts too.
     tls : bool
         Connect with TLS, trusting the system's root certificates unless
         ``tls_ca`` is given.

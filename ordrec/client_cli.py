@@ -68,8 +68,8 @@ _CONNECTION: list[tuple[tuple[str, ...], dict[str, Any], Any]] = [
     (
         ("--token",),
         dict(
-            help="bearer token, when the server requires one (prefer --token-env: a command line "
-            "is visible to other users)"
+            help="bearer token, when the server requires one; hide, unhide and forget need an admin"
+            " token (prefer --token-env: a command line is visible to other users)"
         ),
         None,
     ),
@@ -342,7 +342,7 @@ def cmd_forget(client: Client, args: argparse.Namespace) -> int:
         _print_json(_to_dict(reply))
         return 0
     again = " (already forgotten: finished what was left)" if reply.already_forgotten else ""
-    print(f"forgot user sha256={reply.user_digest}{again}")
+    print(f"forgot user digest={reply.user_digest}{again}")
     print(
         f"  redis: seen items {reply.seen_items}, ratings {reply.ratings}, online keys {reply.served_keys},"
         f" stream entries {reply.stream_entries}"

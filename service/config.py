@@ -119,3 +119,6 @@ class ServerConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tokens: list[bytes] = field(default_factory=list)  # empty: no authentication
+    # the admin scope (ForgetUser, HideItems, UnhideItems; service/serving/security.py)
+    admin_tokens: list[bytes] = field(default_factory=list)
+    admin_open: bool = False  # with no admin token: admin calls checked as ordinary ones

@@ -14,6 +14,12 @@ from pathlib import Path
 import pytest
 
 from ordrec.tools.process import run_cli
+from tests.admin_token import ADMIN_ENV, ADMIN_TOKEN
+
+os.environ.setdefault(ADMIN_ENV, ADMIN_TOKEN)  # server processes inherit it (tests/admin_token.py)
+# The FORGOTTEN list's key (service/live/forgotten.py), read alike by the tests, their servers and
+# their trainer processes: erasures end to end run keyed, as a deployment does.
+os.environ.setdefault("ORDREC_FORGOTTEN_KEY", "tests-forgotten-list-key-0123456789abcdef")
 
 DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 

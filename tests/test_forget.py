@@ -23,6 +23,7 @@ from ordrec.service.storage.objectstore import parse_s3_url
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
+from tests.admin_token import ADMIN_ENV, ADMIN_FLAGS, ADMIN_METADATA
 from tests.conftest import SAMPLE_MODELS, train_into
 from tests.test_job import job_text
 
@@ -85,7 +86,7 @@ def aof_files(folder: Path) -> dict[str, bytes]:
 def replica(registry: str, redis_url: str, cache: Path) -> ServerProcess:
     """One of the replicas sharing the S3 registry and Redis, sampling every answer."""
     options = ["--redis", redis_url, "--poll-interval", "0.2", "--online-sample-rate", "1"]
-    return ServerProcess(registry, *options, "--cache-dir", str(cache))
+    return ServerProcess(registry, *options, *ADMIN_FLAGS, "--cache-dir", str(cache))
 
 
 def holding(blobs, needle: str) -> list:
@@ -132,6 +133,8 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
                 "ordrec.client_cli",
                 "--target",
                 proc.target,
+                "--token-env",
+                ADMIN_ENV,
                 "forget",
                 "--user",
                 USER,
@@ -219,7 +222,7 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
 
 
 def test_forget_is_refused_with_a_clear_status_for_bad_requests(sample_registry):
-    with ServerProcess(sample_registry) as proc, grpc.insecure_channel(proc.target) as channel:
+    with ServerProcess(sample_registry, *ADMIN_FLAGS) as proc, grpc.insecure_channel(proc.target) as channel:
         stub = pb_stub(channel)
         for request, field in (
             (pb.ForgetUserRequest(user_id=""), "user_id"),
@@ -228,22 +231,13 @@ def test_forget_is_refused_with_a_clear_status_for_bad_requests(sample_registry)
             (pb.ForgetUserRequest(user_id="u001", reason="r" * 2000), "reason"),
         ):
             with pytest.raises(grpc.RpcError) as err:
-                stub.ForgetUser(request, timeout=10)
+                stub.ForgetUser(request, timeout=10, metadata=ADMIN_METADATA)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.value.details()
         raw = channel.unary_unary("/ordrec.v1.Recommender/ForgetUser")  # bytes in, bytes out
         for garbage in (b"\xff\xff\xff", b"\x0a\xff\x01", b"\x12" + b"\x80" * 11):
             with pytest.raises(grpc.RpcError) as err:
-                raw(garbage, timeout=10)
+                raw(garbage, timeout=10, metadata=ADMIN_METADATA)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, garbage
-
-
-def test_forget_needs_the_token_when_the_server_has_tokens(sample_registry, tmp_path):
-    tokens = tmp_path / "tokens"
-    tokens.write_text("a-token-of-at-least-16-chars\n")
-    with ServerProcess(sample_registry, "--token-file", str(tokens)) as proc:
-        with Client(proc.target, timeout=10, retries=0) as client, pytest.raises(grpc.RpcError) as err:
-            client.forget("u001")
-        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def pb_stub(channel):
@@ -380,7 +374,18 @@ def test_a_rejected_run_still_redacts_the_pinned_and_candidate_versions_naming_t
 def forget_via(proc: ServerProcess, user: str) -> str:
     """``ordrec-client forget --json`` against ``proc``: its stdout (the server's log on failure)."""
     result = run_cli(
-        ["ordrec.client_cli", "--target", proc.target, "forget", "--user", user, "--json"], check=False
+        [
+            "ordrec.client_cli",
+            "--target",
+            proc.target,
+            "--token-env",
+            ADMIN_ENV,
+            "forget",
+            "--user",
+            user,
+            "--json",
+        ],
+        check=False,
     )
     assert result.returncode == 0, result.stderr + "".join(proc.output)
     return result.stdout

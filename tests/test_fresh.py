@@ -48,6 +48,7 @@ from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.admin_token import ADMIN_FLAGS, ADMIN_METADATA
 from tests.conftest import wait_until
 from tests.fresh_planted import PlantedFresh, caught, planted_fresh, stream_entries
 from tests.test_dcr_index import artifact as dcr_artifact
@@ -418,6 +419,7 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
             "0.1",
             "--fresh-item-attributes",
             str(listing),
+            *ADMIN_FLAGS,
         ) as server,
         grpc.insecure_channel(server.target) as channel,
     ):
@@ -462,7 +464,7 @@ def test_a_real_server_serves_items_recorded_after_training(registry, planted, r
         assert not alike.unknown_item_ids and served[0] not in {i.id for i in alike.items}
         assert all(planted.group_of[i.id] == planted.group_of["u1"] for i in alike.items)
         assert all(i.fresh == (i.id in planted.fresh_ids) for i in alike.items)
-        stub.HideItems(pb.HideItemsRequest(item_ids=served[:1]), timeout=10)
+        stub.HideItems(pb.HideItemsRequest(item_ids=served[:1]), timeout=10, metadata=ADMIN_METADATA)
         assert wait_until(lambda: served[0] not in {i.id for i in top("u1")}, 10.0)
         basket = pb.SimilarItemsRequest(model="dcr", item_ids=served[1:3], n=300)
         hidden_too = {i.id for i in stub.SimilarItems(basket, timeout=10).items}

@@ -37,8 +37,10 @@ from ordrec.service.serving.store import Candidate, LoadedModel
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.admin_token import ADMIN_FLAGS, ADMIN_TOKEN
 
 TOKEN = "http-api-test-token-0123456789"
+ADMIN_RPCS = {"ForgetUser", "HideItems", "UnhideItems"}
 JSON = "application/json"
 
 
@@ -95,7 +97,9 @@ def registry(sample_registry, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(registry, token_file):
-    with ServerProcess(registry, "--token-file", str(token_file), "--poll-interval", "0") as proc:
+    with ServerProcess(
+        registry, "--token-file", str(token_file), "--poll-interval", "0", *ADMIN_FLAGS
+    ) as proc:
         yield proc
 
 
@@ -105,12 +109,18 @@ def stub(server):
         yield recommender_pb2_grpc.RecommenderStub(channel)
 
 
-def grpc_call(stub, rpc: str, body: dict):
+def token_for(rpc: str) -> str:
+    """The token a call of ``rpc`` is made with: the admin one for admin calls."""
+    return ADMIN_TOKEN if rpc in ADMIN_RPCS else TOKEN
+
+
+def grpc_call(stub, rpc: str, body: dict, token: str | None = None):
     """(reply or None, code, details) of ``rpc`` over gRPC with the JSON ``body`` as its request."""
     method = SERVICE.methods_by_name[rpc]
     request = json_format.ParseDict(body, getattr(pb, method.input_type.name)())
+    metadata = [("authorization", f"Bearer {token or token_for(rpc)}")]
     try:
-        reply = getattr(stub, rpc)(request, timeout=10, metadata=[("authorization", f"Bearer {TOKEN}")])
+        reply = getattr(stub, rpc)(request, timeout=10, metadata=metadata)
         return reply, grpc.StatusCode.OK, ""
     except grpc.RpcError as exc:
         return None, exc.code(), exc.details()
@@ -160,7 +170,7 @@ def test_every_unary_rpc_has_a_case():
 @pytest.mark.parametrize("rpc, body", [(rpc, body) for rpc, bodies in CASES.items() for body in bodies])
 def test_json_and_grpc_give_the_same_answer(server, stub, rpc, body):
     reply, code, details = grpc_call(stub, rpc, body)
-    got = curl(f"{server.metrics_url}/v1/{rpc}", json.dumps(body), token=TOKEN)
+    got = curl(f"{server.metrics_url}/v1/{rpc}", json.dumps(body), token=token_for(rpc))
     assert got.headers["content-type"] == JSON and got.headers["cache-control"] == "no-store"
     if code == grpc.StatusCode.OK:
         assert got.status == 200, got.body
@@ -187,16 +197,49 @@ def test_every_rpc_wants_the_token(server, rpc, token):
     got = curl(f"{server.metrics_url}/v1/{rpc}", json.dumps(CASES[rpc][0]), token=token)
     assert got.status == 401 and got.headers["www-authenticate"] == "Bearer"
     expected = "invalid bearer token" if token else "missing bearer token"
-    assert got.json()["status"] == "UNAUTHENTICATED" and got.json()["message"].startswith(expected)
+    assert got.json()["status"] == "UNAUTHENTICATED" and expected in got.json()["message"]
+
+
+@pytest.mark.parametrize("rpc", sorted(ADMIN_RPCS))
+def test_admin_calls_refuse_an_ordinary_token_over_grpc_and_json(server, stub, rpc):
+    """Erasing users and hiding items need the admin token: a valid ordinary one is
+    PERMISSION_DENIED (403) on both transports, before the request is looked at."""
+    body = CASES[rpc][0]
+    _, code, details = grpc_call(stub, rpc, body, token=TOKEN)
+    got = curl(f"{server.metrics_url}/v1/{rpc}", json.dumps(body), token=TOKEN)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "admin token" in details
+    assert got.status == 403 and got.json() == {"code": 403, "message": details, "status": code.name}
+
+
+def test_the_admin_token_is_accepted_on_ordinary_calls(server, stub):
+    assert grpc_call(stub, "ListModels", {}, token=ADMIN_TOKEN)[1] == grpc.StatusCode.OK
+    assert curl(f"{server.metrics_url}/v1/ListModels", "{}", token=ADMIN_TOKEN).status == 200
+
+
+def test_the_bearer_scheme_is_case_insensitive(server):
+    """RFC 7235: ``bearer`` and ``BEARER`` name the scheme as ``Bearer`` does."""
+    url = f"{server.metrics_url}/v1/ListModels"
+    for scheme in ("bearer", "BEARER"):
+        got = curl(url, "{}", token=None, extra=("-H", f"Authorization: {scheme} {TOKEN}"))
+        assert got.status == 200, got.body
+        with grpc.insecure_channel(server.target) as channel:
+            call = channel.unary_unary("/ordrec.v1.Recommender/ListModels")
+            call(
+                pb.ListModelsRequest().SerializeToString(),
+                timeout=10,
+                metadata=[("authorization", f"{scheme} {TOKEN}")],
+            )
 
 
 def test_hide_over_json_is_seen_over_grpc(server, stub):
     url = server.metrics_url
-    hidden = curl(f"{url}/v1/HideItems", json.dumps({"model": "coe", "itemIds": ["i007"]}), token=TOKEN)
+    hidden = curl(f"{url}/v1/HideItems", json.dumps({"model": "coe", "itemIds": ["i007"]}), token=ADMIN_TOKEN)
     assert hidden.status == 200 and hidden.json()["changed"] == "1"  # int64: a string in JSON
     listed, _, _ = grpc_call(stub, "ListHidden", {"model": "coe"})
     assert "i007" in {i for scope in listed.scopes for i in scope.item_ids}
-    shown = curl(f"{url}/v1/UnhideItems", json.dumps({"model": "coe", "itemIds": ["i007"]}), token=TOKEN)
+    shown = curl(
+        f"{url}/v1/UnhideItems", json.dumps({"model": "coe", "itemIds": ["i007"]}), token=ADMIN_TOKEN
+    )
     assert shown.status == 200 and shown.json()["changed"] == "1"
 
 
@@ -219,7 +262,9 @@ def test_json_calls_count_in_the_grpc_metrics(server):
 def test_transport_refusals(server):
     url = f"{server.metrics_url}/v1/ListModels"
     assert curl(url, "{}", token=TOKEN, method="GET").status == 405
-    assert curl(url, "{}", token=TOKEN, method="PUT").headers["allow"] == "POST, OPTIONS"
+    assert curl(url, "{}", token=TOKEN, method="PUT").headers["allow"] == "POST"  # no CORS origin
+    preflight = curl(url, None, content_type=None, method="OPTIONS", extra=("-H", "Origin: http://x.example"))
+    assert preflight.status == 405 and preflight.headers["allow"] == "POST"
     assert curl(f"{server.metrics_url}/v1/Nope", "{}", token=TOKEN).status == 404
     streaming = curl(f"{server.metrics_url}/v1/Coordinates", "{}", token=TOKEN)
     assert streaming.status == 501 and streaming.json()["status"] == "UNIMPLEMENTED"
@@ -326,7 +371,8 @@ def test_status_page_escapes_everything_and_shows_the_split():
     assert (
         "<td>candidate</td><td>v2</td><td>20%</td>" in page and "<td>live</td><td>v1</td><td>80%</td>" in page
     )
-    assert "<th>ndcg_at_10</th>" in page and "<td>v2</td><td>0.5</td>" in page and "<td>0.125</td>" in page
+    assert "<th>dcr live v1</th><th>dcr candidate v2</th>" in page  # the evaluation: a column per version
+    assert "<td>ndcg_at_10</td><td>0.25</td><td>0.5</td>" in page and "<td>0.125</td>" in page
     assert "stale" in page and "<td>2</td>" in page
     assert "<td>job &lt;script&gt;" in page and "<td>by hand (ordrec-train train)</td>" in page
 

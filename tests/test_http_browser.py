@@ -28,6 +28,7 @@ from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.admin_token import ADMIN_FLAGS, ADMIN_TOKEN
 from tests.test_report_browser import ARTIFACTS, browser, new_page  # noqa: F401 - browser: a fixture
 
 pytestmark = [pytest.mark.browser, pytest.mark.redis]
@@ -107,6 +108,7 @@ def served(registry, shop, tmp_path_factory):
         str(tokens),
         "--http-cors-origin",
         f"http://127.0.0.1:{shop}",
+        *ADMIN_FLAGS,
     )
     try:
         with ServerProcess(registry, *args) as server:
@@ -121,6 +123,30 @@ fetch({url!r}, {{
   headers: {headers},
   body: {body!r},
 }}).then(r => r.json().then(j => [r.status, j]), e => ["failed", e.name + ": " + e.message])
+"""
+
+
+SCREEN_WIDTH = 1400  # a laptop's browser window: every table of the status page fits it
+# each table (or the page) that does not fit the window: its first heading and its width
+OVERFLOWING = """
+[...document.querySelectorAll('table')]
+  .filter(t => t.getBoundingClientRect().right > document.documentElement.clientWidth)
+  .map(t => [[...t.querySelectorAll('th')].map(h => h.textContent).join('|'), t.getBoundingClientRect().width])
+  .concat(document.documentElement.scrollWidth > document.documentElement.clientWidth
+          ? [['page', document.documentElement.scrollWidth]] : [])
+"""
+# the Models table's online hits and hit rate, a pair per row
+ONLINE_COLUMNS = """
+(() => {
+  const table = [...document.querySelectorAll('table')]
+    .find(t => [...t.querySelectorAll('th')].some(h => h.textContent.startsWith('online: hits')));
+  if (!table) return [];
+  const heads = [...table.querySelectorAll('th')].map(h => h.textContent);
+  const hits = heads.findIndex(h => h.startsWith('online: hits'));
+  const rate = heads.findIndex(h => h.startsWith('online: hit rate'));
+  return [...table.querySelectorAll('tr')].slice(1)
+    .map(r => [r.cells[hits].textContent, r.cells[rate].textContent]);
+})()
 """
 
 
@@ -204,16 +230,27 @@ def test_status_page_in_headless_chromium(browser, served, shop):  # noqa: F811
         for result in answer["results"][:20]:  # half the users act on their first recommendation
             body = {"userId": result["userId"], "itemIds": [result["items"][0]["id"]]}
             assert fetch(page, f"{api}/v1/RecordInteractions", body)[0] == 200
+        hide_some = {"model": "dcr", "itemIds": ["i001", "i002", "i003"]}
         assert (
-            fetch(page, f"{api}/v1/HideItems", {"model": "dcr", "itemIds": ["i001", "i002", "i003"]})[0]
+            fetch(page, f"{api}/v1/HideItems", hide_some, token=TOKEN)[0] == 403  # an admin call
+        )
+        assert fetch(page, f"{api}/v1/HideItems", hide_some, token=ADMIN_TOKEN)[0] == 200
+        assert (
+            fetch(page, f"{api}/v1/HideItems", {"model": "*", "itemIds": ["i200"]}, token=ADMIN_TOKEN)[0]
             == 200
         )
-        assert fetch(page, f"{api}/v1/HideItems", {"model": "*", "itemIds": ["i200"]})[0] == 200
         wait_for(lambda: metric_sum(api, "ordrec_online_hits_total") > 0, 10, what="online hits")
     finally:
         page.ws.close()
     page = new_page(browser)  # a fresh tab: the first one's load event is in its event list
     try:
+        page.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=SCREEN_WIDTH,
+            height=900,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         page.call("Page.navigate", url=f"{api}/")
         page.wait_event("Page.loadEventFired")
         text = page.eval("document.body.innerText")
@@ -235,6 +272,9 @@ def test_status_page_in_headless_chromium(browser, served, shop):  # noqa: F811
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "status-page.png").write_bytes(png)
+        assert page.eval(OVERFLOWING) == [], f"tables wider than a {SCREEN_WIDTH} px window"
+        online = page.eval(ONLINE_COLUMNS)
+        assert online and all(rate == "" or hits != "" for hits, rate in online), online
         assert page.errors() == []
     finally:
         page.ws.close()

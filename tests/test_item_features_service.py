@@ -12,6 +12,7 @@ from ordrec.service.indices.models import build_index
 from ordrec.service.indices.similar import similar_items
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
+from tests.admin_token import ADMIN_FLAGS, ADMIN_TOKEN
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +142,8 @@ def test_hidden_items_never_come_back_as_similar_items(sample_registry, tmp_path
     for name in ("dcr", "coe"):
         private.publish(name, source.load(name, mmap=False))
     with (
-        ServerProcess(tmp_path, "--poll-interval", "0.2") as server,
-        Client(server.target, timeout=20) as client,
+        ServerProcess(tmp_path, "--poll-interval", "0.2", *ADMIN_FLAGS) as server,
+        Client(server.target, timeout=20, token=ADMIN_TOKEN) as client,
     ):
         assert client.wait_ready(30)
         before = {m: [i.id for i in client.similar("i001", model=m, n=5).items] for m in ("dcr", "coe")}

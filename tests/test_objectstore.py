@@ -282,10 +282,11 @@ def test_hidden_items_live_in_the_store_without_redis(s3_url, sample_dir, tmp_pa
     from ordrec.tools.process import ServerProcess, wait_for
     from ordrec.v1 import recommender_pb2 as pb
     from ordrec.v1 import recommender_pb2_grpc
+    from tests.admin_token import ADMIN_FLAGS, ADMIN_METADATA
 
     train = ["ordrec.trainer", "train", "dcr", "--data", str(sample_dir / "ratings.data")]
     run_cli([*train, "--registry", s3_url, "--set", "max_iter=2"])
-    flags = ["--poll-interval", "0.5"]
+    flags = ["--poll-interval", "0.5", *ADMIN_FLAGS]
     with (
         ServerProcess(s3_url, *flags, "--cache-dir", str(tmp_path / "a")) as a,
         ServerProcess(s3_url, *flags, "--cache-dir", str(tmp_path / "b")) as b,
@@ -299,7 +300,12 @@ def test_hidden_items_live_in_the_store_without_redis(s3_url, sample_dir, tmp_pa
             return [i.id for i in reply.results[0].items]
 
         before = top(sa)
-        assert sa.HideItems(pb.HideItemsRequest(model="dcr", item_ids=before[:2]), timeout=5).changed == 2
+        assert (
+            sa.HideItems(
+                pb.HideItemsRequest(model="dcr", item_ids=before[:2]), timeout=5, metadata=ADMIN_METADATA
+            ).changed
+            == 2
+        )
         assert not set(before[:2]) & set(top(sa))
         wait_for(lambda: not set(before[:2]) & set(top(sb)), 5, what="replica b follows the store")
         run_cli(["ordrec.trainer", "registry", "hide", "--registry", s3_url, before[2]])  # all models

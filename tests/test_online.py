@@ -9,6 +9,7 @@ import urllib.request
 import grpc
 import pytest
 import redis
+from prometheus_client import generate_latest
 
 from ordrec.service.live.online import MAX_FIELDS, SERVED_KEY, OnlineEvaluation
 from ordrec.service.metrics import Metrics
@@ -60,6 +61,17 @@ def test_an_interaction_with_a_served_item_is_one_hit(online):
     assert evaluation.observe("bob", ["a"]) == 0  # served to someone else
     assert _value(metrics.online_served) == 4 and _value(metrics.online_hits) == 1
     assert _value(metrics.online_hit_rate) == 0.25
+
+
+def test_a_sampled_version_without_hits_reports_zero_hits(online):
+    """The hits series exists from the first sample: the status page and hits / served in
+    PromQL see 0 hits, not a missing series beside a 0 hit rate."""
+    evaluation, metrics, _, _ = online
+    evaluation.sample("dcr", "v1", "alice", ["a", "b"])
+    evaluation.flush()
+    text = generate_latest(metrics.registry).decode()
+    assert 'ordrec_online_served_total{model="dcr",version="v1"} 2.0' in text
+    assert 'ordrec_online_hits_total{model="dcr",version="v1"} 0.0' in text
 
 
 def test_no_hit_after_the_window_or_for_an_unloaded_version(online):

@@ -28,6 +28,7 @@ from ordrec.service.storage.idmap import IdMap, PackedIdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
+from tests.admin_token import ADMIN_FLAGS, ADMIN_METADATA
 from tests.servicer_fakes import FixedSet, NoDeadlineContext, RecordedSeen, dcr_store
 from tests.test_rules import dcr_artifact
 
@@ -216,7 +217,8 @@ def test_a_real_servers_plain_answers(registry, redis_server):
     general path's, recorded and hidden items are left out of both, garbage and a missing
     token are refused, and the calls are counted."""
     env = {"WIRE_TOKEN": TOKEN}
-    with ServerProcess(registry, *redis_server.serve_flags, "--token-env", "WIRE_TOKEN", env=env) as server:
+    flags = ("--token-env", "WIRE_TOKEN", *ADMIN_FLAGS)
+    with ServerProcess(registry, *redis_server.serve_flags, *flags, env=env) as server:
         with grpc.insecure_channel(server.target) as channel:
             call = lambda request: _raw_call(channel, request.SerializeToString(), TOKEN)  # noqa: E731
             plain = pb.RecommendRequest(model="dcr", user_ids=["u3"], n=20)
@@ -232,7 +234,7 @@ def test_a_real_servers_plain_answers(registry, redis_server):
             hide(
                 pb.HideItemsRequest(item_ids=[hidden]).SerializeToString(),
                 timeout=10,
-                metadata=[("authorization", f"Bearer {TOKEN}")],
+                metadata=ADMIN_METADATA,
             )
             got = call(plain)
             assert got == call(_general(plain))

@@ -14,6 +14,7 @@ from ordrec.client import Client
 from ordrec.tools.process import ServerProcess, run_cli, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.admin_token import ADMIN_ENV, ADMIN_FLAGS, ADMIN_METADATA, ADMIN_TOKEN
 from tests.conftest import train_into
 
 GENRES = ["Action", "Comedy", "Drama", "Horror"]
@@ -56,6 +57,9 @@ def _metric(proc, name):
 
 def stub_of(channel):
     return recommender_pb2_grpc.RecommenderStub(channel)
+
+
+AS_ADMIN = {"timeout": 5, "metadata": ADMIN_METADATA}  # HideItems and UnhideItems are admin calls
 
 
 def recommended(stub, user="u001", n=10, model="dcr", **kw) -> list[str]:
@@ -103,14 +107,14 @@ def test_filters_and_exclusions(rules_registry):
 # --------------------------------------------------------------- without Redis
 def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
     with (
-        ServerProcess(rules_registry, "--poll-interval", "0.3") as a,
-        ServerProcess(rules_registry, "--poll-interval", "0.3") as b,
+        ServerProcess(rules_registry, "--poll-interval", "0.3", *ADMIN_FLAGS) as a,
+        ServerProcess(rules_registry, "--poll-interval", "0.3", *ADMIN_FLAGS) as b,
         grpc.insecure_channel(a.target) as ca,
         grpc.insecure_channel(b.target) as cb,
     ):
         sa, sb = stub_of(ca), stub_of(cb)
         top = recommended(sa)
-        reply = sa.HideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3] + ["future-item"]), timeout=5)
+        reply = sa.HideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3] + ["future-item"]), **AS_ADMIN)
         assert (reply.changed, reply.unknown, reply.total) == (4, 1, 4)
         assert not set(top[:3]) & set(recommended(sa))  # the very next request on this replica
         wait_for(lambda: not set(top[:3]) & set(recommended(sb)), 3, what="replica b applies the hide")
@@ -129,10 +133,10 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
         assert neighbours(sa, "i189", k=19) == near[1:]
         listed = {s.model: s.count for s in sa.ListHidden(pb.ListHiddenRequest(), timeout=5).scopes}
         assert listed == {"*": 1, "dcr": 4}
-        sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3]), timeout=5)
+        sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=top[:3]), **AS_ADMIN)
         run_cli(["ordrec.trainer", "registry", "unhide", "--registry", str(rules_registry), near[0]])
         wait_for(lambda: recommended(sb) == top, 3, what="unhide")
-        sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=["future-item"]), timeout=5)
+        sa.UnhideItems(pb.HideItemsRequest(model="dcr", item_ids=["future-item"]), **AS_ADMIN)
         for bad, code in (
             (pb.HideItemsRequest(model="dcr"), grpc.StatusCode.INVALID_ARGUMENT),
             (pb.HideItemsRequest(model="Bad Name", item_ids=["x"]), grpc.StatusCode.INVALID_ARGUMENT),
@@ -142,7 +146,7 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
             (pb.HideItemsRequest(model="*", item_ids=["i001", "a\nb"]), grpc.StatusCode.INVALID_ARGUMENT),
         ):
             with pytest.raises(grpc.RpcError) as err:
-                sa.HideItems(bad, timeout=5)
+                sa.HideItems(bad, **AS_ADMIN)
             assert err.value.code() == code, bad
         assert not (rules_registry / "HIDDEN").read_text().strip()
         cli = run_cli(
@@ -154,7 +158,7 @@ def test_hidden_items_without_redis_follow_the_registry_poll(rules_registry):
 
 # ------------------------------------------------------------------ with Redis
 def test_hidden_items_with_redis(rules_registry, redis_server):
-    args = (*redis_server.serve_flags, "--poll-interval", "0")
+    args = (*redis_server.serve_flags, "--poll-interval", "0", *ADMIN_FLAGS)
     with (
         ServerProcess(rules_registry, *args) as a,
         ServerProcess(rules_registry, *args) as b,
@@ -164,13 +168,24 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
         sa, sb = stub_of(ca), stub_of(cb)
         top = recommended(sb)
         # the Python client
-        with Client(a.target, timeout=5) as client:
+        with Client(a.target, timeout=5, token=ADMIN_TOKEN) as client:
             assert client.hide([top[5]], model="dcr").changed == 1
             assert [s.count for s in client.hidden(model="dcr").scopes] == [0, 1]
             assert client.unhide([top[5]], model="dcr").total == 0
         # hide through the client CLI on replica a; replica b converges within a second
         result = run_cli(
-            ["ordrec.client_cli", "--target", a.target, "hide", "--item", top[0], "--item", top[1]]
+            [
+                "ordrec.client_cli",
+                "--target",
+                a.target,
+                "--token-env",
+                ADMIN_ENV,
+                "hide",
+                "--item",
+                top[0],
+                "--item",
+                top[1],
+            ]
         )
         assert "2 of 2 item(s) changed for all models" in result.stdout
         start = time.monotonic()
@@ -198,7 +213,7 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
             assert not {top[0], top[1]} & set(recommended(stub, n=100))
         assert _metric(b, "ordrec_rules_stale") == 1 and _metric(b, "ordrec_hidden_items") == 2
         with pytest.raises(grpc.RpcError) as err:
-            sa.HideItems(pb.HideItemsRequest(model="*", item_ids=[top[2]]), timeout=5)
+            sa.HideItems(pb.HideItemsRequest(model="*", item_ids=[top[2]]), **AS_ADMIN)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE
         # a replica starting while Redis is down reads the registry copy, not an empty set
         with ServerProcess(rules_registry, *args) as c, grpc.insecure_channel(c.target) as cc:
@@ -223,7 +238,10 @@ def test_list_hidden_pages_through_a_long_list(tmp_path):
     registry = tmp_path / "registry"
     registry.mkdir()
     ids = [f"item{i:02d}" for i in range(10)]
-    with ServerProcess(registry, "--max-ids", "4") as server, Client(server.target, timeout=5) as client:
+    with (
+        ServerProcess(registry, "--max-ids", "4", *ADMIN_FLAGS) as server,
+        Client(server.target, timeout=5, token=ADMIN_TOKEN) as client,
+    ):
         for start in range(0, 10, 4):
             client.hide(ids[start : start + 4])
         pages, after = [], ""

@@ -34,6 +34,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.admin_token import ADMIN_FLAGS, ADMIN_METADATA
 from tests.conftest import wait_until
 
 
@@ -212,7 +213,7 @@ def _rec(stub, user: str, model: str = "dcr", **kw) -> pb.UserRecommendations:
 
 def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh):
     with (
-        ServerProcess(sample_registry, "--redis", fresh, "--poll-interval", "0") as server,
+        ServerProcess(sample_registry, "--redis", fresh, "--poll-interval", "0", *ADMIN_FLAGS) as server,
         grpc.insecure_channel(server.target) as channel,
     ):
         stub = recommender_pb2_grpc.RecommenderStub(channel)
@@ -245,7 +246,7 @@ def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh
         listed = {m.name: m.kind for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}
         assert listed["trending"] == "trending" and listed["dcr"] == "dcr"
 
-        stub.HideItems(pb.HideItemsRequest(item_ids=[hot]), timeout=10)
+        stub.HideItems(pb.HideItemsRequest(item_ids=[hot]), timeout=10, metadata=ADMIN_METADATA)
         assert hot not in [i.id for i in _rec(stub, "anyone", model="trending").items]
         assert hot not in [i.id for i in wait_until(lambda: _rec(stub, "stranger")).items]
 

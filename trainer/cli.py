@@ -16,6 +16,7 @@ Subcommands::
     ordrec-train registry prune --registry DIR --model NAME --keep K
     ordrec-train registry gc --registry DIR
     ordrec-train registry forget --registry DIR --user ID [--redis URL] [--reason TEXT]   erase a user everywhere
+    ordrec-train registry rekey-forgotten --registry DIR --users FILE [--redis URL]   key a list from before the key
     ordrec-train run JOB.toml              a cron job: train, evaluate, gate, publish
     ordrec-train report --registry DIR --model NAME
     ordrec-train events export --redis URL --out FILE [--since ID] [--format csv|jsonl]
@@ -420,7 +421,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
             f"ordrec-train: Redis is unreachable, erasure incomplete (run it again): {exc}", file=sys.stderr
         )
         return EXIT_FAILED
-    log.info("forgot user sha256=%s reason=%r", report.user_digest, args.reason or "")
+    log.info("forgot user digest=%s reason=%r", report.user_digest, args.reason or "")
     print(format_erasure(report, redis_given=bool(args.redis)))
     if report.versions_pending:  # a version still names the user: the erasure is not finished
         print("ordrec-train: some versions were not redacted: run the erasure again", file=sys.stderr)
@@ -428,10 +429,22 @@ def cmd_forget(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_rekey_forgotten(args: argparse.Namespace) -> int:
+    """Key the bare sha256 entries of the ids in ``--users`` (``service/live/forgotten.py``)."""
+    from ordrec.service.live.forgotten import rekey, writers
+    from ordrec.service.live.redis_state import connect
+
+    text = sys.stdin.read() if args.users == "-" else Path(args.users).read_text(encoding="utf-8")
+    client = connect(args.redis, 10.0) if args.redis else None
+    replaced, left = rekey(*writers(open_registry(args.registry), client), text.splitlines())
+    print(f"keyed {replaced} bare sha256 entr{'y' if replaced == 1 else 'ies'}; {left} left (ids not given)")
+    return EXIT_OK
+
+
 def format_erasure(report, redis_given: bool) -> str:
     """The erasure's counts as lines for a terminal or a ticket."""
     lines = [
-        f"forgot user sha256={report.user_digest}"
+        f"forgot user digest={report.user_digest}"
         + (" (already on the FORGOTTEN list)" if report.already_forgotten else ""),
         f"  redis: seen items {report.seen_items}, ratings {report.ratings}, online keys {report.served_keys},"
         f" stream entries {report.stream_entries}"
@@ -768,8 +781,27 @@ def add_registry_commands(sub, deprecated: bool = False) -> None:
     forget.add_argument(
         "--redis", metavar="URL", help="the servers' Redis (else only the registry is erased)"
     )
-    forget.add_argument("--reason", help="why, e.g. the request's ticket (logged with the id's sha256)")
+    forget.add_argument(
+        "--reason",
+        help="why, e.g. the request's ticket (logged with the id's entry on the list, never the id)",
+    )
     forget.set_defaults(func=cmd_forget)
+    if deprecated:
+        return
+    rekey = sub.add_parser(
+        "rekey-forgotten",
+        help="replace the FORGOTTEN list's bare sha256 entries (lists from before the key) by keyed"
+        " ones, for the user ids given (the key: $ORDREC_FORGOTTEN_KEY_FILE or $ORDREC_FORGOTTEN_KEY)",
+    )
+    rekey.add_argument("--registry", required=True)
+    rekey.add_argument(
+        "--users",
+        required=True,
+        metavar="FILE",
+        help="user ids, one a line ('-': stdin), e.g. every id of the user database or the training data",
+    )
+    rekey.add_argument("--redis", metavar="URL", help="the servers' Redis (its copy of the list too)")
+    rekey.set_defaults(func=cmd_rekey_forgotten, deprecated_spelling=None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ordrec.service.live.erasure import CHECKPOINT_FILE, ERASED_KEY, write_checkpoint
-from ordrec.service.live.forgotten import read_forgotten, user_digest
+from ordrec.service.live.forgotten import list_hash, read_forgotten
 from ordrec.service.live.redis_state import EVENTS_STREAM
 from ordrec.service.storage.idmap import IdMap, has_control
 from ordrec.trainer.data.interactions import aggregate, check_levels
@@ -302,7 +302,8 @@ class EventFeed:
     def forget(self, digests: frozenset[str]) -> int:
         """Drop forgotten users' events from :attr:`next` (so the next checkpoint never
         holds them again); return how many went."""
-        doomed = [key for key in self.next.latest if user_digest(key[0]) in digests] if digests else []
+        listed = list_hash().listed
+        doomed = [key for key in self.next.latest if listed(key[0], digests)] if digests else []
         for key in doomed:
             del self.next.latest[key]
         return len(doomed)

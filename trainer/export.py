@@ -34,7 +34,7 @@ import numpy as np
 from ordrec.service.config import Limits
 from ordrec.service.indices.models import build_index
 from ordrec.service.indices.rules import hidden_mask
-from ordrec.service.live.forgotten import read_forgotten, user_digest
+from ordrec.service.live.forgotten import list_hash, read_forgotten
 from ordrec.service.live.hidden import RegistryBackend
 from ordrec.service.live.redis_state import SEEN_KEY
 from ordrec.service.storage.hidden_items import ALL_MODELS
@@ -246,7 +246,8 @@ def export(
     scorer = _scorer(registry, model, n, version, hidden_sets)
     summary = ExportSummary()
     listed = list(scorer.index.users.ids) if users is None else users
-    users = [u for u in listed if not (forgotten and user_digest(u) in forgotten)]
+    hash_ = list_hash()
+    users = [u for u in listed if not hash_.listed(u, forgotten)]
     summary.forgotten = len(listed) - len(users)
     recorded = RecordedItems(redis_client)
     chunks = [users[start : start + batch] for start in range(0, len(users), batch)]

@@ -1,7 +1,7 @@
 """The FORGOTTEN list applied to training: forgotten users' rows dropped from any input,
 and the versions still naming them replaced by redacted copies at every run.
 
-Users are matched by the sha256 of their id (``service/live/forgotten.py``) in the
+Users are matched by the keyed hash of their id (``service/live/forgotten.py``) in the
 user column of ratings, tag assignments and triples (both users of a type-B
 triple); attribute tables and neighbour lists name objects, not users, and pass
 unchanged. The user ids of the result no longer include the forgotten ones, so
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ordrec.service.live.erasure import versions_naming
-from ordrec.service.live.forgotten import read_forgotten, user_digest
+from ordrec.service.live.forgotten import list_hash, read_forgotten
 from ordrec.service.live.redaction import Redacted, redact_versions
 from ordrec.service.storage.idmap import IdMap
 
@@ -30,11 +30,12 @@ class Dropped:
 
 
 def drop_forgotten(data: Any, digests: frozenset[str]) -> tuple[Any, Dropped]:
-    """``data`` without the rows of users whose digest is in ``digests``, and the counts."""
+    """``data`` without the rows of users listed in ``digests``, and the counts."""
     users: IdMap | None = getattr(data, "users", None)
     if not digests or users is None:
         return data, Dropped()
-    gone = np.array([user_digest(uid) in digests for uid in users.ids], dtype=bool)
+    listed = list_hash().listed
+    gone = np.array([listed(uid, digests) for uid in users.ids], dtype=bool)
     if not gone.any():
         return data, Dropped()
     kept_rows = np.flatnonzero(~gone)

@@ -2,7 +2,7 @@
 
 In order (every step is idempotent, so a failed erasure is simply asked again):
 
-1. the user's sha256 goes on the FORGOTTEN list (``service/live/forgotten.py``): from
+1. the user's keyed hash goes on the FORGOTTEN list (``service/live/forgotten.py``): from
    then on every replica answers them as unknown and every training drops them;
 2. Redis: the seen set ``ordrec:seen:<id>``, the recorded ratings
    ``ordrec:ratings:<id>``, the online-evaluation keys ``ordrec:served:<model>:<id>``
@@ -19,12 +19,13 @@ In order (every step is idempotent, so a failed erasure is simply asked again):
    list), for what was recorded or sampled meanwhile, then a rewrite of its
    append-only file and snapshot, so the deleted commands leave the disk too.
 
-Nothing here logs or stores the id itself: only its sha256.
+Nothing here logs or stores the id itself: only its entry on the list (a keyed hash).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import hashlib
 import json
 import logging
@@ -35,7 +36,7 @@ from typing import cast
 
 import redis
 
-from ordrec.service.live.forgotten import add_digest, user_digest, writers
+from ordrec.service.live.forgotten import add_digest, list_hash, user_digest, writers
 from ordrec.service.live.online import SERVED_KEY
 from ordrec.service.live.redaction import USER_SPACE, redact_versions
 from ordrec.service.live.redis_state import EVENTS_STREAM, RATINGS_KEY, SEEN_KEY
@@ -307,14 +308,14 @@ def versions_naming(registry, name: str, digests: frozenset[str] | set[str]) -> 
     """The versions of ``name`` whose user ids include a forgotten one."""
     if not digests:
         return []
-    found = []
+    listed, found = functools.partial(list_hash().listed, digests=digests), []
     for version in registry.versions(name):
         manifest = registry.manifest(name, version)
         for entry in manifest.ids:
             if entry.space != USER_SPACE:
                 continue
             data = registry.read_version_file(name, version, entry.path) or b""
-            if any(user_digest(uid) in digests for uid in _lines(data)):
+            if any(map(listed, _lines(data))):
                 found.append(version)
                 break
     return found

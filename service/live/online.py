@@ -209,8 +209,8 @@ class OnlineEvaluation(NoOnlineEvaluation):
         m = self.metrics
         if served:
             m.online_served.labels(model, version).inc(served)
-        if hits:
-            m.online_hits.labels(model, version).inc(hits)
+        # touched when only served counts: the page and PromQL's hits / served then see 0, not nothing
+        m.online_hits.labels(model, version).inc(hits)
         m.online_hit_rate.labels(model, version).set(rate)
 
 

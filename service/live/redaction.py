@@ -27,7 +27,7 @@ from functools import partial
 import numpy as np
 
 from ordrec.service.indices.models import build_index
-from ordrec.service.live.forgotten import user_digest
+from ordrec.service.live.forgotten import list_hash
 from ordrec.service.storage.artifact import Artifact, ArtifactError, SearchIndex
 from ordrec.service.storage.names import _VERSION_FMT
 
@@ -69,7 +69,8 @@ class Redacted:
 
 def forgotten_rows(users, digests: frozenset[str] | set[str]) -> np.ndarray:
     """Which rows of an id map hold a forgotten user (a boolean mask)."""
-    return np.fromiter((user_digest(uid) in digests for uid in users.ids), dtype=bool, count=len(users))
+    listed = list_hash().listed
+    return np.fromiter((listed(uid, digests) for uid in users.ids), dtype=bool, count=len(users))
 
 
 def without_list_rows(arrays: Mapping[str, np.ndarray], lists: UserLists, gone: np.ndarray) -> dict:

@@ -219,6 +219,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--token-file", help="file of accepted bearer tokens, one a line")
     p.add_argument("--token-env", help="environment variable holding an accepted bearer token")
     p.add_argument(
+        "--admin-token-file",
+        help="file of admin bearer tokens, one a line: ForgetUser, HideItems and UnhideItems need one"
+        " (they are accepted on every other call too)",
+    )
+    p.add_argument("--admin-token-env", help="environment variable holding an admin bearer token")
+    p.add_argument(
+        "--admin-open",
+        action="store_true",
+        help="without admin tokens, let any caller that passes the ordinary token check (anyone,"
+        " without --token-file) erase users and hide items; by default they are refused",
+    )
+    p.add_argument(
         "--switch-interval",
         type=float,
         default=None,
@@ -260,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    from ordrec.service.serving.security import load_tokens
+    from ordrec.service.serving.security import AccessPolicy, load_tokens
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
@@ -296,7 +308,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         stall_seconds=args.stream_stall_seconds,
         max_seconds=args.stream_max_seconds,
     )
-    return ServerConfig(
+    config = ServerConfig(
         registry=args.registry,
         cache_dir=args.cache_dir,
         host=args.host,
@@ -333,7 +345,13 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
         tokens=load_tokens(args.token_file, args.token_env),
+        admin_tokens=load_tokens(args.admin_token_file, args.admin_token_env),
+        admin_open=args.admin_open,
     )
+    AccessPolicy(
+        config.tokens, config.admin_tokens, config.admin_open
+    )  # refuses a contradiction before loading
+    return config
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import Message
 
 from ordrec.service.metrics import Metrics
-from ordrec.service.serving.security import bearer_refusal
+from ordrec.service.serving.security import AccessPolicy
 from ordrec.v1 import recommender_pb2 as pb
 
 log = logging.getLogger("ordrec.http")
@@ -113,6 +113,11 @@ class HttpCallContext:
         return self._peer
 
 
+def full_method(name: str) -> str:
+    """The gRPC path of the service's RPC ``name`` (what the access policy is keyed by)."""
+    return f"/{SERVICE.full_name}/{name}"
+
+
 def unary_methods() -> list[MethodDescriptor]:
     """The RPCs the JSON API answers: every method of the service that is not streaming."""
     return [m for m in SERVICE.methods if not (m.client_streaming or m.server_streaming)]
@@ -156,9 +161,13 @@ class JsonGateway:
     """Answers ``POST /v1/<Rpc>`` with the servicer's methods; counted in the gRPC metrics
     under the same labels as a gRPC call, refusals included."""
 
-    def __init__(self, servicer, metrics: Metrics, tokens: list[bytes]):
-        self.servicer, self.metrics, self.tokens = servicer, metrics, tokens
+    def __init__(self, servicer, metrics: Metrics, access: AccessPolicy):
+        self.servicer, self.metrics, self.access = servicer, metrics, access
         self.methods = {m.name: m for m in unary_methods()}
+
+    def secured(self, name: str) -> bool:
+        """Whether calls of the RPC ``name`` need a token (the access policy checks them)."""
+        return self.access.checks(full_method(name))
 
     def method(self, name: str) -> MethodDescriptor:
         """The unary RPC ``name``: NOT_FOUND for no such RPC, UNIMPLEMENTED for a streaming one."""
@@ -198,14 +207,16 @@ class JsonGateway:
             meter.finish(code.name, time.perf_counter() - start)
 
     def _answer(self, method, headers, read_body, peer: str) -> bytes:
-        if self.tokens:
+        if self.secured(method.name):
             authorization = next((v for k, v in headers if k == "authorization"), None)
             # http.server decodes header bytes as latin-1: encode back to the bytes that came
-            refusal = bearer_refusal(
-                authorization.encode("latin-1") if authorization is not None else None, self.tokens, "header"
+            refusal = self.access.refusal(
+                full_method(method.name),
+                authorization.encode("latin-1") if authorization is not None else None,
+                "header",
             )
             if refusal:
-                raise HttpError(grpc.StatusCode.UNAUTHENTICATED, refusal)
+                raise HttpError(refusal.code, refusal.message)
         request = parse_request(method, read_body())
         context = HttpCallContext(headers, peer)
         try:

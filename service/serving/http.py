@@ -391,11 +391,11 @@ class _Handler(BaseHTTPRequestHandler):
         return ()
 
     def do_OPTIONS(self) -> None:  # noqa: N802 - http.server's naming
-        """A browser's CORS preflight of ``POST /v1/<Rpc>``."""
+        """A browser's CORS preflight of ``POST /v1/<Rpc>`` (not allowed when no origin may call)."""
         if not self._received():
             return
         match = _RPC_PATH.match(self._path())
-        if not match or match.group(1) not in self.gateway.methods:
+        if not match or match.group(1) not in self.gateway.methods or not self.server.settings.cors_origins:
             self._not_allowed()
             return
         cors = self._cors()
@@ -414,7 +414,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _not_allowed(self) -> None:
         path = self._path()
         api = path.startswith("/v1/")
-        allow = "POST, OPTIONS" if api else "GET, HEAD"
+        # OPTIONS only where it can answer: a preflight, for the origins --http-cors-origin lists
+        preflight = ", OPTIONS" if self.server.settings.cors_origins else ""
+        allow = f"POST{preflight}" if api else "GET, HEAD"
         message = f"{self.command} is not allowed on {path[:100]}: " + (
             "call an RPC with POST and a JSON body" if api else "only GET and HEAD are"
         )
@@ -440,7 +442,7 @@ def start_http_server(
     status_page: StatusPage,
     settings: HttpSettings,
 ) -> HttpServer:
-    openapi = json.dumps(openapi_document(secured=bool(gateway.tokens)), indent=1).encode()
+    openapi = json.dumps(openapi_document(secured=gateway.secured), indent=1).encode()
     handler = type(
         "Handler",
         (_Handler,),

@@ -1,5 +1,5 @@
-"""What the server runs around every call: the token check, stream admission and metrics,
-applied to each handler once, when it is registered.
+"""What the server runs around every call: the access check (tokens and the admin scope),
+stream admission and metrics, applied to each handler once, when it is registered.
 
 grpcio runs a server's interceptors on every call, before the handler is even found (a
 pipeline of closures, then ours looking the wrapped handler up again); this wraps the
@@ -19,21 +19,21 @@ from collections.abc import Callable, Iterable
 import grpc
 
 from ordrec.service.metrics import CallMetrics, ended_code, split_method
-from ordrec.service.serving.security import TokenCheck
+from ordrec.service.serving.security import AccessPolicy
 from ordrec.service.serving.streams import StreamGuard
 
 
 class CallGuard:
-    """Wraps a method handler in the metrics, the token check (when tokens are configured)
-    and, for streams, admission and the watchdog."""
+    """Wraps a method handler in the metrics, the access check (when the policy checks the
+    method) and, for streams, admission and the watchdog."""
 
-    def __init__(self, calls: CallMetrics, guard: StreamGuard, tokens: TokenCheck | None):
-        self.calls, self.guard, self.tokens = calls, guard, tokens
+    def __init__(self, calls: CallMetrics, guard: StreamGuard, access: AccessPolicy):
+        self.calls, self.guard, self.access = calls, guard, access
 
     def wrap(self, handler: grpc.RpcMethodHandler, full_method: str) -> grpc.RpcMethodHandler:
         """``handler`` with everything the server runs around a call of ``full_method``."""
         service, method = split_method(full_method)
-        tokens = None if self.tokens is None or self.tokens.is_open(full_method) else self.tokens
+        tokens = _MethodAccess(self.access, full_method) if self.access.checks(full_method) else None
         if handler.unary_unary:
             meter = self.calls.meter("unary", service, method)
             return handler._replace(unary_unary=_unary(handler.unary_unary, meter, tokens))
@@ -50,14 +50,24 @@ class CallGuard:
         return handler
 
 
-def _check_token(tokens: TokenCheck | None, context) -> None:
+class _MethodAccess:
+    """The access policy bound to one method."""
+
+    def __init__(self, access: AccessPolicy, full_method: str):
+        self.access, self.full_method = access, full_method
+
+    def refusal(self, metadata):
+        return self.access.metadata_refusal(self.full_method, metadata)
+
+
+def _check_token(tokens: _MethodAccess | None, context) -> None:
     if tokens is not None:
         refusal = tokens.refusal(context.invocation_metadata())
         if refusal is not None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+            context.abort(refusal.code, refusal.message)
 
 
-def _unary(behavior: Callable, meter, tokens: TokenCheck | None) -> Callable:
+def _unary(behavior: Callable, meter, tokens: _MethodAccess | None) -> Callable:
     start_call, finish_call, clock = meter.start, meter.finish, time.perf_counter
 
     def metered(request, context):
@@ -76,7 +86,7 @@ def _unary(behavior: Callable, meter, tokens: TokenCheck | None) -> Callable:
     return metered
 
 
-def _stream(behavior: Callable, meter, tokens: TokenCheck | None) -> Callable:
+def _stream(behavior: Callable, meter, tokens: _MethodAccess | None) -> Callable:
     def metered(request, context):
         meter.start()
         start = time.perf_counter()
@@ -91,7 +101,7 @@ def _stream(behavior: Callable, meter, tokens: TokenCheck | None) -> Callable:
     return metered
 
 
-def _uncounted_stream(behavior: Callable, tokens: TokenCheck | None) -> Callable:
+def _uncounted_stream(behavior: Callable, tokens: _MethodAccess | None) -> Callable:
     def checked(requests, context):
         _check_token(tokens, context)
         yield from behavior(requests, context)
@@ -99,7 +109,7 @@ def _uncounted_stream(behavior: Callable, tokens: TokenCheck | None) -> Callable
     return checked
 
 
-def _uncounted_unary(behavior: Callable, tokens: TokenCheck | None) -> Callable:
+def _uncounted_unary(behavior: Callable, tokens: _MethodAccess | None) -> Callable:
     def checked(requests, context):
         _check_token(tokens, context)
         return behavior(requests, context)

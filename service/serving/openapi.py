@@ -9,6 +9,7 @@ a field or RPC added to the proto appears in the document.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
@@ -94,9 +95,11 @@ class _Schemas:
         return self._value(field)
 
 
-def openapi_document(secured: bool, title: str = "ordrec JSON API", version: str = "v1") -> dict[str, Any]:
+def openapi_document(
+    secured: Callable[[str], bool], title: str = "ordrec JSON API", version: str = "v1"
+) -> dict[str, Any]:
     """The OpenAPI 3.0 document of ``POST /v1/<Rpc>`` for every unary RPC of the service;
-    ``secured``: the server wants a bearer token on each call."""
+    ``secured(name)``: the server wants a bearer token on calls of the RPC ``name``."""
     schemas = _Schemas()
     paths: dict[str, Any] = {}
     for method in unary_methods():
@@ -118,11 +121,11 @@ def openapi_document(secured: bool, title: str = "ordrec JSON API", version: str
                 },
             },
         }
-        if secured:
+        if secured(method.name):
             operation["security"] = [{"bearerAuth": []}]
         paths[f"/v1/{method.name}"] = {"post": operation}
     components: dict[str, Any] = {"schemas": {**schemas.schemas, "Error": _ERROR}}
-    if secured:
+    if any(map(secured, (m.name for m in unary_methods()))):
         components["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
     return {
         "openapi": "3.0.3",

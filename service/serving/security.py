@@ -1,20 +1,32 @@
-"""Optional bearer-token authentication and TLS.
+"""Optional bearer-token authentication, the admin scope, and TLS.
 
 Tokens come from a file (one a line, so a token can be rotated by listing
 old and new together) or an environment variable, and are compared in
 constant time. The health service stays open so orchestrators can probe
-without credentials; everything else (reflection included) needs a token.
+without credentials; everything else (reflection included) needs a token
+when tokens are configured.
+
+Admin calls (:data:`ADMIN_METHODS`: erasing a user, hiding and unhiding items) need an
+admin token (``--admin-token-file`` / ``--admin-token-env``), which every other call
+accepts too. A server with no admin token refuses them unless started with
+``--admin-open``. :class:`AccessPolicy` decides, for gRPC and HTTP alike, and says why
+with the status code the refusal carries.
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 _OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+_SCHEME = b"bearer"  # compared case-insensitively (RFC 7235, section 2.1)
+ADMIN_METHODS = frozenset(
+    f"/ordrec.v1.Recommender/{name}" for name in ("ForgetUser", "HideItems", "UnhideItems")
+)
 
 
 def load_tokens(token_file: str | None, token_env: str | None) -> list[bytes]:
@@ -42,12 +54,19 @@ def _token_matches(presented: bytes, tokens: list[bytes]) -> bool:
     return matched
 
 
+def presented_token(authorization: str | bytes | None) -> bytes:
+    """The token of an ``authorization`` value ``Bearer <token>`` (any case of the scheme),
+    or b"" when it holds none."""
+    raw = authorization if isinstance(authorization, bytes) else (authorization or "").encode()
+    scheme, _, token = raw.strip().partition(b" ")
+    return token.strip() if scheme.lower() == _SCHEME else b""
+
+
 def bearer_refusal(authorization: str | bytes | None, tokens: list[bytes], where: str) -> str | None:
     """Why an ``authorization`` value (``Bearer <token>``) is refused, or None when it
     holds an accepted token: the one check of gRPC metadata and HTTP headers alike.
     ``where`` names the carrier in the message (e.g. "metadata", "header")."""
-    raw = authorization if isinstance(authorization, bytes) else (authorization or "").encode()
-    presented = raw[len(b"Bearer ") :].strip() if raw.startswith(b"Bearer ") else b""
+    presented = presented_token(authorization)
     if not presented:
         return f"missing bearer token ({where} 'authorization: Bearer <token>')"
     if not _token_matches(presented, tokens):
@@ -55,26 +74,70 @@ def bearer_refusal(authorization: str | bytes | None, tokens: list[bytes], where
     return None
 
 
-class TokenCheck:
-    """``authorization: Bearer <token>`` on every call but health checks."""
+@dataclass(frozen=True)
+class Refusal:
+    """A refused call: the status code it ends with and the message for the caller."""
 
-    def __init__(self, tokens: list[bytes]):
-        if not tokens:
-            raise ValueError("TokenCheck needs at least one token")
-        self.tokens = tokens
+    code: grpc.StatusCode
+    message: str
 
-    @staticmethod
-    def is_open(full_method: str) -> bool:
-        """Whether calls of ``full_method`` need no token (health checks)."""
-        return full_method.startswith(_OPEN_PREFIXES)
 
-    def refusal(self, metadata) -> str | None:
-        """Why a call with this invocation ``metadata`` is refused, or None when it may proceed."""
+class AccessPolicy:
+    """Who may call what (see the module docstring).
+
+    ``tokens``: the ordinary scope (empty: ordinary calls are open); ``admin_tokens``:
+    the admin scope, also accepted on ordinary calls; ``admin_open``: with no admin token,
+    admin calls are checked as ordinary ones (the behaviour before the admin scope).
+    """
+
+    def __init__(
+        self, tokens: list[bytes], admin_tokens: list[bytes] | None = None, admin_open: bool = False
+    ):
+        self.admin_tokens = list(admin_tokens or [])
+        if admin_open and self.admin_tokens:
+            raise ValueError("--admin-open is for a server without admin tokens: give one or the other")
+        self.tokens, self.admin_open = list(tokens), admin_open
+        self.secured = bool(self.tokens)  # whether ordinary calls need a token
+
+    def checks(self, full_method: str) -> bool:
+        """Whether calls of ``full_method`` are checked at all (health checks never are)."""
+        if full_method.startswith(_OPEN_PREFIXES):
+            return False
+        return self.secured or (full_method in ADMIN_METHODS and not self.admin_open)
+
+    def refusal(self, full_method: str, authorization: str | bytes | None, where: str) -> Refusal | None:
+        """Why a call of ``full_method`` with this ``authorization`` value is refused, or None."""
+        if full_method in ADMIN_METHODS and not self.admin_open:
+            return self._admin_refusal(full_method, authorization, where)
+        if not self.secured:
+            return None
+        why = bearer_refusal(authorization, self.tokens + self.admin_tokens, where)
+        return Refusal(grpc.StatusCode.UNAUTHENTICATED, why) if why else None
+
+    def metadata_refusal(self, full_method: str, metadata) -> Refusal | None:
+        """:meth:`refusal` for a gRPC call's invocation ``metadata``."""
         authorization = None
         for key, value in metadata or ():
             if key == "authorization":
                 authorization = value
-        return bearer_refusal(authorization, self.tokens, "metadata")
+        return self.refusal(full_method, authorization, "metadata")
+
+    def _admin_refusal(self, full_method: str, authorization, where: str) -> Refusal | None:
+        name = full_method.rsplit("/", 1)[-1]
+        if not self.admin_tokens:
+            return Refusal(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{name} is an admin call and this server has no admin token"
+                " (--admin-token-file or --admin-token-env; --admin-open lets any caller make it)",
+            )
+        why = bearer_refusal(authorization, self.tokens + self.admin_tokens, where)
+        if why:
+            return Refusal(grpc.StatusCode.UNAUTHENTICATED, f"{name} needs an admin token: {why}")
+        if not _token_matches(presented_token(authorization), self.admin_tokens):
+            return Refusal(
+                grpc.StatusCode.PERMISSION_DENIED, f"{name} needs an admin token, not an ordinary one"
+            )
+        return None
 
 
 def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:

@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from ordrec.service.config import Limits, ServerConfig
 from ordrec.service.indices import diversity, explain, topk
 from ordrec.service.indices.item_attributes import read_item_attributes
-from ordrec.service.live.forgotten import ForgottenUsers
+from ordrec.service.live.forgotten import KEY_FILE_ENV, ForgottenUsers, forgotten_key, read_forgotten
 from ordrec.service.live.forgotten import backends as forgotten_backends
 from ordrec.service.live.fresh import FreshEvidence, FreshItems, known_to_all
 from ordrec.service.live.hidden import HiddenState, RedisBackend, RegistryBackend
@@ -31,7 +31,7 @@ from ordrec.service.serving.batching import BatchObserver, RecommendBatcher
 from ordrec.service.serving.gateway import JsonGateway
 from ordrec.service.serving.http import start_http_server
 from ordrec.service.serving.interceptor import CallGuard, GuardedRegistration
-from ordrec.service.serving.security import TokenCheck, server_credentials
+from ordrec.service.serving.security import AccessPolicy, server_credentials
 from ordrec.service.serving.servicer import RecommenderServicer, add_to_server
 from ordrec.service.serving.status_page import StatusPage
 from ordrec.service.serving.store import ModelStore, Reloader
@@ -185,7 +185,13 @@ class Server:
 
     def _forgotten_users(self, config: ServerConfig) -> tuple[ForgottenUsers, object]:
         """The FORGOTTEN list (service/live/forgotten.py): read like the hidden items; and the Redis
-        client ForgetUser erases with (None without Redis)."""
+        client ForgetUser erases with (None without Redis). A list this process's key cannot match
+        stops the start (ValueError): its users would be answered again."""
+        read_forgotten(self.store.registry)
+        if forgotten_key() is None:
+            log.warning(
+                "the FORGOTTEN list is not keyed (bare sha256, open to enumeration): set %s", KEY_FILE_ENV
+            )
         if not config.redis_url:
             primary, _ = forgotten_backends(self.store.registry)
             return ForgottenUsers(primary, config.poll_interval or 5.0), None
@@ -251,11 +257,12 @@ class Server:
             futures.ThreadPoolExecutor(max_workers=cfg.workers, thread_name_prefix="ordrec-rpc"),
             options=options,
         )
-        # Every service registers through this, its handlers wrapped in the token check, stream
+        access = AccessPolicy(cfg.tokens, cfg.admin_tokens, cfg.admin_open)
+        # Every service registers through this, its handlers wrapped in the access check, stream
         # admission and metrics once, here, rather than by an interceptor on every call.
         registration = GuardedRegistration(
             server,
-            CallGuard(self.metrics.calls, self.stream_guard, TokenCheck(cfg.tokens) if cfg.tokens else None),
+            CallGuard(self.metrics.calls, self.stream_guard, access),
         )
         batcher = (
             RecommendBatcher(
@@ -289,7 +296,7 @@ class Server:
                 self.store,
                 self.serving,
                 self.health_detail,
-                gateway=JsonGateway(self._json_servicer(), self.metrics, cfg.tokens),
+                gateway=JsonGateway(self._json_servicer(), self.metrics, access),
                 status_page=self.status_page,
                 settings=cfg.http,
             )

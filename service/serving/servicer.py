@@ -1154,7 +1154,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             raise FailedPrecondition(f"cannot write the registry, the erasure is incomplete: {exc}") from None
         self.forgotten.refresh()
         log.info(
-            "forgot user sha256=%s reason=%r stream_entries=%d versions_removed=%d pending=%d",
+            "forgot user digest=%s reason=%r stream_entries=%d versions_removed=%d pending=%d",
             report.user_digest,
             reason,
             report.stream_entries,

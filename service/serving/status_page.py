@@ -1,8 +1,8 @@
 """The status page (``GET /`` on the HTTP port): what this process serves and how it is doing.
 
-The models with their live and candidate versions and split share, when each version was
-trained and what its manifest records (data fingerprint, the gate's held-out figures),
-the online hit rates per version, calls per second, p99 latency and errors per RPC over
+The models with their live and candidate versions and split share and the online hit
+rates per version; when each version was trained and what its manifest records (data
+fingerprint, the gate's held-out figures); calls per second, p99 latency and errors per RPC over
 the last minute (from the process's own Prometheus metrics, sampled every few seconds),
 and the hidden-item counts. Plain HTML rendered here, every value escaped, no script:
 it is served under the map reports' strict Content-Security-Policy.
@@ -172,11 +172,18 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if float(value).is_integer() else f"{value:.4g}"
 
 
+def _figure(value: object) -> str:
+    return "" if value is None else _number(float(value))  # type: ignore[arg-type]
+
+
 def _table(headings: Iterable[str], rows: Iterable[Iterable[object]], empty: str) -> str:
     """An HTML table, every cell escaped."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headings)
     body = "".join("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>" if body else f"<p class=empty>{escape(empty)}</p>"
+    if not body:
+        return f"<p class=empty>{escape(empty)}</p>"
+    # a narrow window scrolls the table, not the page
+    return f"<div class=wide><table><tr>{head}</tr>{body}</table></div>"
 
 
 _STYLE = """
@@ -185,6 +192,7 @@ h1{font-size:1.4em;margin:0 0 .2em}h2{font-size:1.1em;margin:1.4em 0 .4em}
 table{border-collapse:collapse}th,td{padding:.25em .7em;border-bottom:1px solid #ddd;text-align:left}
 th{background:#f3f3f5}td{font-variant-numeric:tabular-nums;white-space:nowrap}
 td:last-child{white-space:normal;max-width:36em}.meta,.empty{color:#666}
+.wide{max-width:100%;overflow-x:auto}
 .bad{color:#b00020;font-weight:600}.ok{color:#17702f;font-weight:600}
 """
 
@@ -247,69 +255,91 @@ class StatusPage:
         return out
 
     def _models(self) -> str:
+        """Two tables that fit a laptop screen: what each version serves and how it does online,
+        then where it comes from."""
         series = _versioned(self.metrics)
 
         def figure(name: str, key: tuple[str, str]) -> str:
             value = series.get(name, {}).get(key)
             return "" if value is None else _number(value)
 
-        rows = []
+        serving, provenance = [], []
         for model, role, share in self._versions():
             key = (model.name, model.version)
             artifact = model.index.artifact
-            rows.append(
+            serving.append(
                 (
                     model.name,
                     model.kind,
                     role,
                     model.version,
                     f"{share:.0%}",
-                    model.created_at,
-                    str(artifact.attributes.get("trained_by", "by hand (ordrec-train train)")),
-                    _when(model.loaded_at),
-                    model.reason,
                     getattr(model.index, "search", "") or "",
-                    artifact.data_fingerprint[:16],
                     figure("ordrec_recommend_users_total", key),
                     figure("ordrec_online_served_total", key),
                     figure("ordrec_online_hits_total", key),
                     figure("ordrec_online_hit_rate", key),
                 )
             )
-        headings = (
+            provenance.append(
+                (
+                    model.name,
+                    model.version,
+                    model.created_at,
+                    str(artifact.attributes.get("trained_by", "by hand (ordrec-train train)")),
+                    _when(model.loaded_at),
+                    artifact.data_fingerprint[:16],
+                    model.reason,
+                )
+            )
+        serving_headings = (
             "model",
             "kind",
             "role",
             "version",
             "users' share",
+            "index",
+            "users answered",
+            "online: items sampled",
+            "online: hits (items)",
+            "online: hit rate",
+        )
+        provenance_headings = (
+            "model",
+            "version",
             "trained (manifest)",
             "trained by",
             "loaded here",
-            "why this version",
-            "index",
             "data fingerprint",
-            "users answered",
-            "online served",
-            "online hits",
-            "online hit rate",
+            "why this version",
         )
-        return "<h2>Models</h2>" + _table(headings, rows, "no model loaded")
+        return (
+            "<h2>Models</h2>"
+            + _table(serving_headings, serving, "no model loaded")
+            + "<p class=meta>Online: a sample of Recommend answers (--online-sample-rate); each"
+            " recommended item of a sampled answer counts once, a hit when the user then interacts"
+            " with it within --online-window.</p>"
+            + "<h2>Versions</h2>"
+            + _table(provenance_headings, provenance, "no model loaded")
+        )
 
     def _gate(self) -> str:
-        """One row per version: the gate's held-out figures as columns, other metrics after."""
+        """One row per figure, one column per version (versions are few, figures many: this
+        way the table stays narrow): the gate's held-out figures first, the others after."""
         versions = self._versions()
-        gate = sorted(
-            {n for m, _, _ in versions for n in m.index.artifact.metrics if n.startswith(GATE_PREFIX)}
-        )
-        rows = []
-        for model, role, _ in versions:
-            figures = model.index.artifact.metrics
-            others = " ".join(f"{n}={_number(float(v))}" for n, v in sorted(figures.items()) if n not in gate)
-            shown = [_number(float(figures[n])) if n in figures else "" for n in gate]
-            rows.append((model.name, role, model.version, *shown, others))
-        headings = ("model", "role", "version", *(n.removeprefix(GATE_PREFIX) for n in gate), "other metrics")
-        return "<h2>Evaluation (each version's manifest: the training job's gate, held-out)</h2>" + _table(
-            headings, rows, "no version records metrics"
+        names = {n for m, _, _ in versions for n in m.index.artifact.metrics}
+        ordered = sorted(names, key=lambda n: (not n.startswith(GATE_PREFIX), n))
+        rows = [
+            (
+                name.removeprefix(GATE_PREFIX),
+                *(_figure(m.index.artifact.metrics.get(name)) for m, _, _ in versions),
+            )
+            for name in ordered
+        ]
+        headings = ("figure", *(f"{m.name} {role} {m.version}" for m, role, _ in versions))
+        return (
+            "<h2>Evaluation (each version's manifest: the training job's gate, held-out, first)</h2>"
+            + _table(headings, rows, "no version records metrics")
         )
 
     def _traffic(self) -> str:
