@@ -1,0 +1,147 @@
+"""Copies of a forgotten user outside the registry's versions: an S3 replica's download
+cache, the download folders of the job and of ``ordrec-train`` commands, stream entries
+written after the erasure and the trending counts (docs/operations.md, "Forgetting a user")."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ordrec.service.live.erasure import erase_user
+from ordrec.service.metrics import Metrics
+from ordrec.service.serving.store import ModelStore
+from ordrec.service.storage.objectstore import DOWNLOADS_PREFIX, Downloads, S3Registry
+from ordrec.service.storage.registry import Registry
+from ordrec.trainer.job import EXIT_PUBLISHED, run_job
+from tests.test_forget import USER, ratings_with_user
+from tests.test_job import job_text
+
+
+def files_holding(folder: Path, needle: str) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+def s3_job(folder: Path, ratings: Path, registry: str) -> Path:
+    """A DCR job on ``ratings`` publishing to the ``s3://`` registry."""
+    text = job_text(ratings.parent, Path("REGISTRY"), "n_components = 4, max_iter = 3", 1.0)
+    text = text.replace('registry = "REGISTRY"', f'registry = "{registry}"\nlock = "{folder / "job.lock"}"')
+    path = folder / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def test_a_replica_drops_its_copy_of_a_version_the_store_deleted_at_its_next_poll(
+    s3_url, sample_registry, tmp_path
+):
+    """The replica loaded the version naming the user, then a newer one (so both are among
+    its newest cached); ForgetUser deletes the older one from the store; the replica's next
+    poll, which loads nothing, leaves no copy of the id in its cache."""
+    from ordrec.service.live.forgotten import user_digest
+    from ordrec.service.live.redaction import redact_artifact
+
+    named = Registry(sample_registry).load("dcr", mmap=False)
+    publisher = S3Registry(s3_url, cache_dir=tmp_path / "publisher")
+    first = publisher.publish("dcr", named)
+    replica = S3Registry(s3_url, cache_dir=tmp_path / "replica")
+    store = ModelStore(replica, Metrics())
+    assert store.refresh() == ["dcr"]
+    retrained = redact_artifact(named, {user_digest("u001")})  # a newer version without the user
+    assert retrained is not None
+    second = publisher.publish("dcr", retrained)
+    assert store.refresh() == ["dcr"] and store.snapshot()["dcr"].version == second
+    assert files_holding(tmp_path / "replica", "u001\n")  # the first version, still cached
+
+    report = erase_user("u001", publisher)
+    assert report.versions_removed == [f"dcr@{first}"] and not report.versions_pending
+    assert store.refresh() == []  # a poll that loads nothing
+    assert not files_holding(tmp_path / "replica", "u001\n")
+    assert files_holding(tmp_path / "replica", "u002\n")  # the served version stays cached
+
+
+def test_a_replica_loading_every_version_the_job_publishes_keeps_no_copy_of_the_user(
+    s3_url, sample_dir, tmp_path, monkeypatch
+):
+    """The issue's order: the user is forgotten through the RPC (the live version naming
+    them pending); the next job publishes; a replica loads each version the moment it is
+    published. When the job returns, nothing in the replica's cache holds the id."""
+    ratings = ratings_with_user(sample_dir, tmp_path)
+    job = s3_job(tmp_path, ratings, s3_url)
+    assert run_job(job, cache_dir=tmp_path / "job-downloads") == EXIT_PUBLISHED
+    replica = S3Registry(s3_url, cache_dir=tmp_path / "replica")
+    store = ModelStore(replica, Metrics())
+    assert store.refresh() == ["dcr"]
+    report = erase_user(USER, S3Registry(s3_url, cache_dir=tmp_path / "rpc"))
+    assert len(report.versions_pending) == 1  # live: left to the next run
+
+    publish = S3Registry.publish
+
+    def publish_then_poll(self, *args, **kwargs):
+        version = publish(self, *args, **kwargs)
+        store.refresh()  # a replica polling right after each publish
+        return version
+
+    monkeypatch.setattr(S3Registry, "publish", publish_then_poll)
+    assert run_job(job, cache_dir=tmp_path / "job-downloads") == EXIT_PUBLISHED
+    assert files_holding(tmp_path / "replica", "u002\n")  # what is cached can be searched
+    assert not files_holding(tmp_path / "replica", USER)
+
+
+def test_the_job_leaves_no_download_behind(s3_url, sample_dir, tmp_path, monkeypatch):
+    """The job loads versions to redact them: into a temporary folder under --cache-dir,
+    removed when the run ends; nothing goes to the default cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    ratings = ratings_with_user(sample_dir, tmp_path)
+    job = s3_job(tmp_path, ratings, s3_url)
+    assert run_job(job, cache_dir=tmp_path / "downloads") == EXIT_PUBLISHED
+    erase_user(USER, S3Registry(s3_url, cache_dir=tmp_path / "rpc"))
+    from ordrec.trainer.cli import main
+
+    assert main(["run", str(job), "--cache-dir", str(tmp_path / "downloads")]) == EXIT_PUBLISHED
+    assert list((tmp_path / "downloads").iterdir()) == []
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_export_downloads_into_cache_dir_and_removes_it(s3_url, sample_registry, tmp_path, monkeypatch):
+    from ordrec.trainer.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    S3Registry(s3_url, cache_dir=tmp_path / "publisher").publish(
+        "dcr", Registry(sample_registry).load("dcr", mmap=False)
+    )
+    out = tmp_path / "recs.jsonl"
+    for workers in ("1", "2"):
+        argv = ["export", "dcr", "--registry", s3_url, "--n", "3", "--out", str(out), "--workers", workers]
+        assert main([*argv, "--cache-dir", str(tmp_path / "downloads")]) == 0
+        assert "u001" in out.read_text()
+        assert list((tmp_path / "downloads").iterdir()) == []
+    assert not (tmp_path / "xdg").exists()
+
+
+def test_a_download_folder_whose_command_died_is_removed_by_the_next(s3_url, tmp_path):
+    """A folder no live command holds (its holder was SIGKILLed) goes at the next command's
+    first download; one a running command holds stays."""
+    from tests.test_registry import make_artifact
+
+    S3Registry(s3_url, cache_dir=tmp_path / "publisher").publish("m", make_artifact())
+    abandoned = tmp_path / f"{DOWNLOADS_PREFIX}dead"
+    (abandoned / "bucket").mkdir(parents=True)
+    (abandoned / "bucket" / "users.txt").write_text("u0\n")
+    os.utime(abandoned, (0, 0))
+    with Downloads(tmp_path) as running:
+        running.open_registry(s3_url).load("m")
+        held = running.folder
+        assert held is not None and files_holding(held, "u0\n")
+        os.utime(held, (0, 0))
+        with Downloads(tmp_path) as later:
+            later.open_registry(s3_url).load("m")
+            assert not abandoned.exists() and held.exists()
+    assert not list(tmp_path.glob(DOWNLOADS_PREFIX + "*"))
+
+
+def test_downloads_make_their_parent_and_open_a_local_registry_as_it_is(tmp_path, s3_url):
+    parent = tmp_path / "missing" / "deeper"
+    with Downloads(parent) as downloads:
+        registry = downloads.open_registry(s3_url)
+        assert isinstance(registry, S3Registry) and registry.cache_root.parent == parent
+    assert list(parent.iterdir()) == []
+    assert isinstance(Downloads().open_registry(tmp_path), Registry)
