@@ -5,13 +5,22 @@ written after the erasure and the trending counts (docs/operations.md, "Forgetti
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
-from ordrec.service.live.erasure import erase_user
+import pytest
+import redis
+
+from ordrec.service.live.erasure import Erasure, erase_from_redis, erase_user
+from ordrec.service.live.forgotten import user_digest
+from ordrec.service.live.redis_state import EVENTS_STREAM, RedisSeenStore
+from ordrec.service.live.seen import Recorded
+from ordrec.service.live.trending import LAST_KEY, TrendingIndex, TrendingSettings
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving.store import ModelStore
 from ordrec.service.storage.objectstore import DOWNLOADS_PREFIX, Downloads, S3Registry
 from ordrec.service.storage.registry import Registry
+from ordrec.trainer.events import EventFeed, lost_after
 from ordrec.trainer.job import EXIT_PUBLISHED, run_job
 from tests.test_forget import USER, ratings_with_user
 from tests.test_job import job_text
@@ -36,7 +45,6 @@ def test_a_replica_drops_its_copy_of_a_version_the_store_deleted_at_its_next_pol
     """The replica loaded the version naming the user, then a newer one (so both are among
     its newest cached); ForgetUser deletes the older one from the store; the replica's next
     poll, which loads nothing, leaves no copy of the id in its cache."""
-    from ordrec.service.live.forgotten import user_digest
     from ordrec.service.live.redaction import redact_artifact
 
     named = Registry(sample_registry).load("dcr", mmap=False)
@@ -145,3 +153,60 @@ def test_downloads_make_their_parent_and_open_a_local_registry_as_it_is(tmp_path
         assert isinstance(registry, S3Registry) and registry.cache_root.parent == parent
     assert list(parent.iterdir()) == []
     assert isinstance(Downloads().open_registry(tmp_path), Registry)
+
+
+@pytest.fixture
+def client(redis_server):
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("erase", [True, False])
+def test_the_job_deletes_stream_entries_other_producers_wrote_for_a_forgotten_user(
+    client, redis_server, tmp_path, erase
+):
+    """Entries written after the erasure by a producer that does not read the FORGOTTEN
+    list: the job's read skips them and deletes them from the stream, bytes and all,
+    without reporting them as trimmed; a dry run (``erase=False``) only skips them."""
+    registry = Registry(tmp_path / "registry")
+    client.xadd(EVENTS_STREAM, {"user": "kept", "item": "i1", "ts": "1", "value": "4"})
+    erase_user("gone-4e1d", registry, client, settle=0)
+    for n in range(5):
+        client.xadd(EVENTS_STREAM, {"user": "gone-4e1d", "item": f"i{n}", "ts": "2", "value": "5"})
+    client.xadd(EVENTS_STREAM, {"user": "kept", "item": "i2", "ts": "3", "value": "3"})
+    feed = EventFeed(registry, "dcr", client, erase=erase)
+    feed.read()
+    assert {user for user, _ in feed.next.latest} == {"kept"}
+    users = [fields["user"] for _, fields in client.xrange(EVENTS_STREAM)]
+    if not erase:
+        assert users.count("gone-4e1d") == 5 and feed.counts.erased == 0
+        return
+    assert users == ["kept", "kept"] and "erased=5" in feed.summary()
+    assert b"gone-4e1d" not in redis.Redis.from_url(redis_server.url).dump(EVENTS_STREAM)
+    assert lost_after(client, feed.next.position) == 0  # not taken for trimmed entries
+
+
+@pytest.mark.redis
+def test_forgetting_a_user_takes_their_contributions_out_of_trending(client, redis_server):
+    """Trending equals what it would be had the user never recorded: an item only they
+    touched leaves it, a shared item keeps the other user's count; an entry another
+    producer wrote (it never counted in trending) takes nothing out; asking again changes
+    nothing."""
+    client.flushall()
+    hour = 3600.0
+    settings = TrendingSettings(half_life=hour, window=10 * 86400.0)
+    store = RedisSeenStore(redis_server.url, Metrics(), timeout=1.0, trending=settings)
+    now = time.time()
+    store.record("gone-4e1d", [Recorded("solo", now - hour), Recorded("shared", now - 2 * hour)])
+    store.record("kept", [Recorded("shared", now), Recorded("other", now - hour)])
+    client.xadd(EVENTS_STREAM, {"user": "gone-4e1d", "item": "other", "ts": repr(now)})
+    store.close()
+    for _ in range(2):
+        erase_from_redis(client, "gone-4e1d", Erasure(user_digest("gone-4e1d")))
+        found = TrendingIndex(client, settings, cache_seconds=0).current()
+        assert found.item_ids == ["shared", "other"]
+        assert found.scores[0] == pytest.approx(1.0, rel=1e-2)  # kept's touch just now
+        assert found.scores[1] / found.scores[0] == pytest.approx(0.5, rel=1e-6)  # an hour older
+        assert client.zscore(LAST_KEY, "solo") is None

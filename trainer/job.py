@@ -754,7 +754,9 @@ class _Job:
 
         if self._redis is None:
             self._redis = connect(events.redis, events.timeout)
-        feed = EventFeed(self.registry, model.name, self._redis, events.page, events.on_trimmed)
+        feed = EventFeed(
+            self.registry, model.name, self._redis, events.page, events.on_trimmed, erase=not self.dry_run
+        )
         feed.read()
         return feed
 
