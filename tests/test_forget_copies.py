@@ -190,8 +190,8 @@ def test_the_job_deletes_stream_entries_other_producers_wrote_for_a_forgotten_us
 
 @pytest.mark.redis
 def test_forgetting_a_user_takes_their_contributions_out_of_trending(client, redis_server):
-    """Trending equals what it would be had the user never recorded: an item only they
-    touched leaves it, a shared item keeps the other user's count; an entry another
+    """Trending equals what it would be had the user never recorded: the items only they
+    touched (one stamped in the future) leave it, a shared item keeps the other user's count; an entry another
     producer wrote (it never counted in trending) takes nothing out; asking again changes
     nothing."""
     client.flushall()
@@ -199,7 +199,8 @@ def test_forgetting_a_user_takes_their_contributions_out_of_trending(client, red
     settings = TrendingSettings(half_life=hour, window=10 * 86400.0)
     store = RedisSeenStore(redis_server.url, Metrics(), timeout=1.0, trending=settings)
     now = time.time()
-    store.record("gone-4e1d", [Recorded("solo", now - hour), Recorded("shared", now - 2 * hour)])
+    ahead = Recorded("stamped-ahead", now + hour)  # counted at the time it was written
+    store.record("gone-4e1d", [Recorded("solo", now - hour), Recorded("shared", now - 2 * hour), ahead])
     store.record("kept", [Recorded("shared", now), Recorded("other", now - hour)])
     client.xadd(EVENTS_STREAM, {"user": "gone-4e1d", "item": "other", "ts": repr(now)})
     store.close()
@@ -209,4 +210,4 @@ def test_forgetting_a_user_takes_their_contributions_out_of_trending(client, red
         assert found.item_ids == ["shared", "other"]
         assert found.scores[0] == pytest.approx(1.0, rel=1e-2)  # kept's touch just now
         assert found.scores[1] / found.scores[0] == pytest.approx(0.5, rel=1e-6)  # an hour older
-        assert client.zscore(LAST_KEY, "solo") is None
+        assert client.zscore(LAST_KEY, "solo") is None and client.zscore(LAST_KEY, "stamped-ahead") is None

@@ -40,7 +40,14 @@ from ordrec.service.live.forgotten import add_digest, user_digest, writers
 from ordrec.service.live.online import SERVED_KEY
 from ordrec.service.live.redaction import USER_SPACE, redact_versions
 from ordrec.service.live.redis_state import EVENTS_STREAM, RATINGS_KEY, SEEN_KEY
-from ordrec.service.live.trending import EPOCH_KEY, LAST_KEY, SETTINGS_KEY, TRENDING_FIELD, TRENDING_KEY
+from ordrec.service.live.trending import (
+    AT_TS,
+    EPOCH_KEY,
+    LAST_KEY,
+    SETTINGS_KEY,
+    TRENDING_FIELD,
+    TRENDING_KEY,
+)
 from ordrec.service.storage.artifact import ArtifactError
 
 log = logging.getLogger("ordrec.erasure")
@@ -54,7 +61,7 @@ _PAGE = 1000
 _SERVED_PREFIX = SERVED_KEY.split("{}")[0]
 # Per entry in one step: its trending contribution taken back out, XDEL, the count (so the
 # trainer never sees a deletion it cannot explain); a retry finds the entry gone and takes
-# nothing twice. A contribution counts at 2^((trending_ts - epoch) / half_life), whatever
+# nothing twice. A contribution counts at 2^((ts - epoch) / half_life) (ts: when it counted), whatever
 # rescaling happened since; one older than the window may predate the item's last pruning
 # (and is not in its score): it stays. An item left with only rounding leaves trending.
 # KEYS: stream, erased, trending, last, epoch, settings. ARGV: now, then entry ids.
@@ -67,12 +74,14 @@ local deleted = 0
 for i = 2, #ARGV do
   local found = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
   if #found == 1 then
-    local item, ts
+    local item, at, counted
     local fields = found[1][2]
     for f = 1, #fields, 2 do
       if fields[f] == 'item' then item = fields[f + 1] end
-      if fields[f] == '__TRENDING_FIELD__' then ts = tonumber(fields[f + 1]) end
+      if fields[f] == 'ts' then at = tonumber(fields[f + 1]) end
+      if fields[f] == '__TRENDING_FIELD__' then counted = fields[f + 1] end
     end
+    local ts = (counted == '__AT_TS__') and at or tonumber(counted or '')
     if item and ts and epoch and half_life and window and ts >= now - window
         and redis.call('ZSCORE', KEYS[3], item) then
       local weight = 2 ^ ((ts - epoch) / half_life)
@@ -87,7 +96,7 @@ for i = 2, #ARGV do
 end
 redis.call('INCRBY', KEYS[2], deleted)
 return deleted
-""".replace("__TRENDING_FIELD__", TRENDING_FIELD)
+""".replace("__TRENDING_FIELD__", TRENDING_FIELD).replace("__AT_TS__", AT_TS)
 _XDEL_KEYS = (EVENTS_STREAM, ERASED_KEY, TRENDING_KEY, LAST_KEY, EPOCH_KEY, SETTINGS_KEY)
 
 

@@ -8,8 +8,8 @@ Keys (shared with the trainer's ``trainer/notify.py``):
   same expiry; Recommend reads it to fold in users the served version has not seen;
 - stream ``ordrec:events``: one entry per recorded item (fields ``user``,
   ``item``, ``ts`` and, when given, ``value`` and ``model``), trimmed to about
-  ``events_maxlen`` entries: what the training job reads (``trainer/events.py``); with
-  trending, also ``trending_ts``, the time it counted at there;
+  ``events_maxlen`` entries: what the training job reads (``trainer/events.py``); and
+  ``trending``, when it counted there (``service/live/trending.py``);
 - ``ordrec:trending``, ``ordrec:trending:last``, ``ordrec:trending:epoch``: time-decayed
   popularity of the recorded items (``service/live/trending.py``);
 - ``ordrec:model:<name>:version``: the newest published version (durable);
@@ -38,7 +38,7 @@ import redis
 from ordrec.service.config import DEFAULT_EVENTS_MAXLEN
 from ordrec.service.errors import Unavailable
 from ordrec.service.live.seen import Recorded, SeenStore
-from ordrec.service.live.trending import TRENDING_FIELD, TrendingSettings, TrendingWriter, counted_at
+from ordrec.service.live.trending import TRENDING_FIELD, TrendingSettings, TrendingWriter, counted_field
 from ordrec.service.metrics import Metrics
 
 log = logging.getLogger("ordrec.redis")
@@ -190,7 +190,7 @@ class RedisSeenStore(SeenStore):
         to taking it back out)."""
         fields = interaction.stream_fields(user_id)
         if self.trending:
-            fields[TRENDING_FIELD] = repr(counted_at(interaction.timestamp, now))
+            fields[TRENDING_FIELD] = counted_field(interaction.timestamp, now)
         return fields
 
 
