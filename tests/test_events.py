@@ -411,4 +411,11 @@ def test_record_interactions_checks_values_and_records_in_one_transaction(
         with Client(proc.target) as sdk:  # the Python client's ratings
             assert sdk.record("fan", ratings={"i005": 5.0}, model="dcr").recorded == 1
         (_, fields), *_ = client.xrevrange(EVENTS_STREAM, count=1)
-        assert fields == {"user": "fan", "item": "i005", "ts": fields["ts"], "value": "5.0", "model": "dcr"}
+        assert fields == {
+            "user": "fan",
+            "item": "i005",
+            "ts": fields["ts"],
+            "value": "5.0",
+            "model": "dcr",
+            "trending": "=",
+        }
