@@ -5,6 +5,7 @@ written after the erasure and the trending counts (docs/operations.md, "Forgetti
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ordrec.service.live.seen import Recorded
 from ordrec.service.live.trending import LAST_KEY, TrendingIndex, TrendingSettings
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving.store import ModelStore
-from ordrec.service.storage.objectstore import DOWNLOADS_PREFIX, Downloads, S3Registry
+from ordrec.service.storage.objectstore import S3Registry
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.events import EventFeed, lost_after
 from ordrec.trainer.job import EXIT_PUBLISHED, run_job
@@ -94,40 +95,55 @@ def test_a_replica_loading_every_version_the_job_publishes_keeps_no_copy_of_the_
     assert not files_holding(tmp_path / "replica", USER)
 
 
-def test_the_job_leaves_no_download_behind(s3_url, sample_dir, tmp_path, monkeypatch):
-    """The job loads versions to redact them: into a temporary folder under --cache-dir,
-    removed when the run ends; nothing goes to the default cache."""
+@pytest.fixture
+def default_caches(tmp_path, monkeypatch) -> list[Path]:
+    """The default download cache and the system's temporary folder, both in ``tmp_path``."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    ratings = ratings_with_user(sample_dir, tmp_path)
-    job = s3_job(tmp_path, ratings, s3_url)
-    assert run_job(job, cache_dir=tmp_path / "downloads") == EXIT_PUBLISHED
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    return [tmp_path / "xdg", tmp_path / "tmp"]
+
+
+def left_in(folders: list[Path]) -> list[Path]:
+    """Files of ordrec's downloads left in ``folders``."""
+    return [p for folder in folders for p in folder.rglob("*") if p.is_file() and "ordrec" in str(p)]
+
+
+def test_the_job_leaves_no_download_behind(s3_url, sample_dir, tmp_path, default_caches):
+    """The job loads the versions naming a forgotten user to redact them: into a temporary
+    folder (under --cache-dir when given) removed when the run ends."""
+    from ordrec.trainer.cli import main
+
+    job = s3_job(tmp_path, ratings_with_user(sample_dir, tmp_path), s3_url)
+    assert run_job(job) == EXIT_PUBLISHED
     erase_user(USER, S3Registry(s3_url, cache_dir=tmp_path / "rpc"))
-    from ordrec.trainer.cli import main
-
+    assert run_job(job) == EXIT_PUBLISHED
+    assert not left_in(default_caches)
+    erase_user("u002", S3Registry(s3_url, cache_dir=tmp_path / "rpc"))
     assert main(["run", str(job), "--cache-dir", str(tmp_path / "downloads")]) == EXIT_PUBLISHED
-    assert list((tmp_path / "downloads").iterdir()) == []
-    assert not (tmp_path / "xdg").exists()
+    assert (tmp_path / "downloads").is_dir() and not list((tmp_path / "downloads").iterdir())
+    assert not left_in(default_caches)
 
 
-def test_export_downloads_into_cache_dir_and_removes_it(s3_url, sample_registry, tmp_path, monkeypatch):
+def test_export_leaves_no_download_behind(s3_url, sample_registry, tmp_path, default_caches):
     from ordrec.trainer.cli import main
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     S3Registry(s3_url, cache_dir=tmp_path / "publisher").publish(
         "dcr", Registry(sample_registry).load("dcr", mmap=False)
     )
     out = tmp_path / "recs.jsonl"
-    for workers in ("1", "2"):
-        argv = ["export", "dcr", "--registry", s3_url, "--n", "3", "--out", str(out), "--workers", workers]
-        assert main([*argv, "--cache-dir", str(tmp_path / "downloads")]) == 0
-        assert "u001" in out.read_text()
-        assert list((tmp_path / "downloads").iterdir()) == []
-    assert not (tmp_path / "xdg").exists()
+    argv = ["export", "dcr", "--registry", s3_url, "--n", "3", "--out", str(out)]
+    assert main(argv) == 0 and "u001" in out.read_text()
+    assert not left_in(default_caches)
+    assert main([*argv, "--workers", "2", "--cache-dir", str(tmp_path / "downloads")]) == 0
+    assert (tmp_path / "downloads").is_dir() and not list((tmp_path / "downloads").iterdir())
+    assert not left_in(default_caches)
 
 
 def test_a_download_folder_whose_command_died_is_removed_by_the_next(s3_url, tmp_path):
     """A folder no live command holds (its holder was SIGKILLed) goes at the next command's
     first download; one a running command holds stays."""
+    from ordrec.service.storage.objectstore import DOWNLOADS_PREFIX, Downloads
     from tests.test_registry import make_artifact
 
     S3Registry(s3_url, cache_dir=tmp_path / "publisher").publish("m", make_artifact())
@@ -147,6 +163,8 @@ def test_a_download_folder_whose_command_died_is_removed_by_the_next(s3_url, tmp
 
 
 def test_downloads_make_their_parent_and_open_a_local_registry_as_it_is(tmp_path, s3_url):
+    from ordrec.service.storage.objectstore import Downloads
+
     parent = tmp_path / "missing" / "deeper"
     with Downloads(parent) as downloads:
         registry = downloads.open_registry(s3_url)
@@ -162,38 +180,52 @@ def client(redis_server):
     client.close()
 
 
-@pytest.mark.redis
-@pytest.mark.parametrize("erase", [True, False])
-def test_the_job_deletes_stream_entries_other_producers_wrote_for_a_forgotten_user(
-    client, redis_server, tmp_path, erase
-):
-    """Entries written after the erasure by a producer that does not read the FORGOTTEN
-    list: the job's read skips them and deletes them from the stream, bytes and all,
-    without reporting them as trimmed; a dry run (``erase=False``) only skips them."""
-    registry = Registry(tmp_path / "registry")
+def written_after_the_erasure(client, registry) -> None:
+    """The user is forgotten, then a producer that does not read the FORGOTTEN list writes
+    five entries for them between two of a kept user."""
     client.xadd(EVENTS_STREAM, {"user": "kept", "item": "i1", "ts": "1", "value": "4"})
     erase_user("gone-4e1d", registry, client, settle=0)
     for n in range(5):
         client.xadd(EVENTS_STREAM, {"user": "gone-4e1d", "item": f"i{n}", "ts": "2", "value": "5"})
     client.xadd(EVENTS_STREAM, {"user": "kept", "item": "i2", "ts": "3", "value": "3"})
-    feed = EventFeed(registry, "dcr", client, erase=erase)
+
+
+def stream_users(client) -> list[str]:
+    return [fields["user"] for _, fields in client.xrange(EVENTS_STREAM)]
+
+
+@pytest.mark.redis
+def test_the_job_deletes_stream_entries_other_producers_wrote_for_a_forgotten_user(
+    client, redis_server, tmp_path
+):
+    """The job's read skips those entries and deletes them from the stream, bytes and all,
+    without reporting them as trimmed."""
+    registry = Registry(tmp_path / "registry")
+    written_after_the_erasure(client, registry)
+    feed = EventFeed(registry, "dcr", client)
     feed.read()
-    assert {user for user, _ in feed.next.latest} == {"kept"}
-    users = [fields["user"] for _, fields in client.xrange(EVENTS_STREAM)]
-    if not erase:
-        assert users.count("gone-4e1d") == 5 and feed.counts.erased == 0
-        return
-    assert users == ["kept", "kept"] and "erased=5" in feed.summary()
+    assert stream_users(client) == ["kept", "kept"]
     assert b"gone-4e1d" not in redis.Redis.from_url(redis_server.url).dump(EVENTS_STREAM)
     assert lost_after(client, feed.next.position) == 0  # not taken for trimmed entries
+    assert "erased=5" in feed.summary() and {user for user, _ in feed.next.latest} == {"kept"}
+
+
+@pytest.mark.redis
+def test_a_dry_run_only_skips_them(client, tmp_path):
+    registry = Registry(tmp_path / "registry")
+    written_after_the_erasure(client, registry)
+    feed = EventFeed(registry, "dcr", client, erase=False)
+    feed.read()
+    assert stream_users(client).count("gone-4e1d") == 5 and feed.counts.erased == 0
+    assert {user for user, _ in feed.next.latest} == {"kept"}
 
 
 @pytest.mark.redis
 def test_forgetting_a_user_takes_their_contributions_out_of_trending(client, redis_server):
     """Trending equals what it would be had the user never recorded: the items only they
-    touched (one stamped in the future) leave it, a shared item keeps the other user's count; an entry another
-    producer wrote (it never counted in trending) takes nothing out; asking again changes
-    nothing."""
+    touched (one stamped in the future) leave it, a shared item keeps the other user's
+    count; an entry another producer wrote (it never counted in trending) takes nothing
+    out; asking again changes nothing."""
     client.flushall()
     hour = 3600.0
     settings = TrendingSettings(half_life=hour, window=10 * 86400.0)
