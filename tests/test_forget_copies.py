@@ -75,7 +75,7 @@ def test_a_replica_loading_every_version_the_job_publishes_keeps_no_copy_of_the_
     published. When the job returns, nothing in the replica's cache holds the id."""
     ratings = ratings_with_user(sample_dir, tmp_path)
     job = s3_job(tmp_path, ratings, s3_url)
-    assert run_job(job, cache_dir=tmp_path / "job-downloads") == EXIT_PUBLISHED
+    assert run_job(job) == EXIT_PUBLISHED
     replica = S3Registry(s3_url, cache_dir=tmp_path / "replica")
     store = ModelStore(replica, Metrics())
     assert store.refresh() == ["dcr"]
@@ -90,7 +90,7 @@ def test_a_replica_loading_every_version_the_job_publishes_keeps_no_copy_of_the_
         return version
 
     monkeypatch.setattr(S3Registry, "publish", publish_then_poll)
-    assert run_job(job, cache_dir=tmp_path / "job-downloads") == EXIT_PUBLISHED
+    assert run_job(job) == EXIT_PUBLISHED
     assert files_holding(tmp_path / "replica", "u002\n")  # what is cached can be searched
     assert not files_holding(tmp_path / "replica", USER)
 
