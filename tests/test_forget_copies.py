@@ -109,6 +109,7 @@ def left_in(folders: list[Path]) -> list[Path]:
     return [p for folder in folders for p in folder.rglob("*") if p.is_file() and "ordrec" in str(p)]
 
 
+@pytest.mark.slow  # three job runs on moto
 def test_the_job_leaves_no_download_behind(s3_url, sample_dir, tmp_path, default_caches):
     """The job loads the versions naming a forgotten user to redact them: into a temporary
     folder (under --cache-dir when given) removed when the run ends."""
