@@ -371,8 +371,15 @@ def test_record_interactions_checks_values_and_records_in_one_transaction(
         assert record(item_ids=["i003"], interactions=interactions).recorded == 4
         entries = client.xrange(EVENTS_STREAM)
         assert [f for _, f in entries][:2] == [
-            {"user": "stranger", "item": "i003", "ts": entries[0][1]["ts"], "model": "dcr"},
-            {"user": "stranger", "item": "i001", "ts": "1700000000.5", "value": "4.0", "model": "dcr"},
+            {"user": "stranger", "item": "i003", "ts": entries[0][1]["ts"], "model": "dcr", "trending": "="},
+            {
+                "user": "stranger",
+                "item": "i001",
+                "ts": "1700000000.5",
+                "value": "4.0",
+                "model": "dcr",
+                "trending": "=",  # counted in trending at its ts (the erasure's key to taking it back)
+            },
         ]
         assert client.hgetall("ordrec:ratings:stranger") == {"i001": "4.0", "i002": "2.0"}
         assert client.smembers("ordrec:seen:stranger") == {"i001", "i002", "i003", "never-seen-item"}
@@ -404,4 +411,11 @@ def test_record_interactions_checks_values_and_records_in_one_transaction(
         with Client(proc.target) as sdk:  # the Python client's ratings
             assert sdk.record("fan", ratings={"i005": 5.0}, model="dcr").recorded == 1
         (_, fields), *_ = client.xrevrange(EVENTS_STREAM, count=1)
-        assert fields == {"user": "fan", "item": "i005", "ts": fields["ts"], "value": "5.0", "model": "dcr"}
+        assert fields == {
+            "user": "fan",
+            "item": "i005",
+            "ts": fields["ts"],
+            "value": "5.0",
+            "model": "dcr",
+            "trending": "=",
+        }

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,7 +47,7 @@ from google.protobuf.json_format import MessageToDict
 from ordrec.service.indices.ann import calibration_warnings, describe_choice
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import ArtifactError
-from ordrec.service.storage.objectstore import open_registry  # a directory, or s3://bucket/prefix
+from ordrec.service.storage.objectstore import Downloads  # opens a directory, or s3://bucket/prefix
 from ordrec.service.storage.registry import Registry as LocalRegistry
 from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
@@ -114,10 +116,20 @@ def add_feedback_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ----------------------------------------------------------------- commands
+def add_cache_dir_argument(parser: argparse.ArgumentParser) -> None:
+    """``--cache-dir``: where a command downloads an ``s3://`` registry's versions."""
+    parser.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="s3:// registry: download versions into a temporary folder in DIR, removed when the"
+        " command ends (default: the system's temporary folder)",
+    )
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ordrec.trainer.data.interactions import trainable
     from ordrec.trainer.data.readers import read_input
-    from ordrec.trainer.forgetting import apply_forgotten, redact_forgotten
+    from ordrec.trainer.forgetting import apply_forgotten
     from ordrec.trainer.models import estimator_class
     from ordrec.trainer.models.configured import configure
 
@@ -138,7 +150,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
-    registry = open_registry(args.registry)
+    registry = args.downloads.open_registry(args.registry)
     data, dropped, _ = apply_forgotten(data, registry)
     if dropped.rows:
         print(f"dropped {dropped.rows} row(s) of {dropped.users} forgotten user(s)", file=sys.stderr)
@@ -160,17 +172,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         attach_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
     name = args.name or args.kind
+    redact_and_say(registry, name)  # before publishing: no replica loads the new version beside them
     version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
     print(f"published {name}@{version} to {args.registry}")
+    redact_and_say(registry, name)  # again: a user forgotten during the fit may be in it
+    for warning in calibration_warnings(artifact.indexes):
+        print(f"warning: {name}@{version}: {warning}", file=sys.stderr)
+    print(format_metrics(artifact.metrics, "  "))
+    return EXIT_OK
+
+
+def redact_and_say(registry, name: str) -> None:
+    """Replace the versions of ``name`` naming a forgotten user by redacted copies; say which."""
+    from ordrec.trainer.forgetting import redact_forgotten
+
     redacted = redact_forgotten(registry, name)
     for old, copy in redacted.rewritten:
         print(f"redacted {name}@{old} -> {name}@{copy}: it named a forgotten user")
     for kept, why in redacted.failed:
         print(f"warning: {name}@{kept} names a forgotten user and was not redacted: {why}", file=sys.stderr)
-    for warning in calibration_warnings(artifact.indexes):
-        print(f"warning: {name}@{version}: {warning}", file=sys.stderr)
-    print(format_metrics(artifact.metrics, "  "))
-    return EXIT_OK
 
 
 def fit_metrics(kind: str, data, artifact) -> dict[str, float]:
@@ -228,7 +248,7 @@ def _version_metrics(registry, name: str, version: str) -> str:
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    registry = open_registry(args.registry)
+    registry = args.downloads.open_registry(args.registry)
     for name in [args.model] if args.model else registry.models():
         pinned = registry.pinned(name)
         split = registry.split(name)
@@ -254,13 +274,13 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    open_registry(args.registry).pin(args.model, args.version)
+    args.downloads.open_registry(args.registry).pin(args.model, args.version)
     print(f"pinned {args.model} to {args.version}")
     return EXIT_OK
 
 
 def cmd_unpin(args: argparse.Namespace) -> int:
-    open_registry(args.registry).unpin(args.model)
+    args.downloads.open_registry(args.registry).unpin(args.model)
     print(f"unpinned {args.model}: the newest version is live")
     return EXIT_OK
 
@@ -277,7 +297,7 @@ def share_argument(text: str) -> float:
 
 
 def cmd_split(args: argparse.Namespace) -> int:
-    registry = open_registry(args.registry)
+    registry = args.downloads.open_registry(args.registry)
     if args.off:
         registry.clear_split(args.model)
         print(f"no split for {args.model}: every user gets the live version")
@@ -300,7 +320,7 @@ def cmd_split(args: argparse.Namespace) -> int:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    version = open_registry(args.registry).promote(args.model)
+    version = args.downloads.open_registry(args.registry).promote(args.model)
     print(f"promoted {args.model}@{version}: pinned and live for every user (unpin to follow new versions)")
     return EXIT_OK
 
@@ -310,7 +330,7 @@ def _hidden_backends(args: argparse.Namespace):
     from ordrec.service.live.hidden import RedisBackend, RegistryBackend
     from ordrec.service.live.redis_state import connect
 
-    files = RegistryBackend(open_registry(args.registry))
+    files = RegistryBackend(args.downloads.open_registry(args.registry))
     if args.redis:
         return RedisBackend(connect(args.redis, 5.0)), files
     return files, None
@@ -370,13 +390,13 @@ def cmd_hidden(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    for version in open_registry(args.registry).prune(args.model, args.keep):
+    for version in args.downloads.open_registry(args.registry).prune(args.model, args.keep):
         print(f"removed {args.model}@{version}")
     return EXIT_OK
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    for path in open_registry(args.registry).gc():
+    for path in args.downloads.open_registry(args.registry).gc():
         print(f"removed {path}")
     return EXIT_OK
 
@@ -384,7 +404,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from ordrec.trainer.job import run_job
 
-    return run_job(args.job, dry_run=args.dry_run, only=args.only)
+    return run_job(args.job, dry_run=args.dry_run, only=args.only, cache_dir=args.cache_dir)
 
 
 def cmd_events_export(args: argparse.Namespace) -> int:
@@ -413,9 +433,8 @@ def cmd_forget(args: argparse.Namespace) -> int:
     if not user or "\n" in user:
         raise ValueError("--user: give one user id (not empty, no line breaks)")
     try:
-        report = erase_user(
-            user, open_registry(args.registry), connect(args.redis, 10.0) if args.redis else None, redact=True
-        )
+        client = connect(args.redis, 10.0) if args.redis else None
+        report = erase_user(user, args.downloads.open_registry(args.registry), client, redact=True)
     except redis.RedisError as exc:
         print(
             f"ordrec-train: Redis is unreachable, erasure incomplete (run it again): {exc}", file=sys.stderr
@@ -436,7 +455,7 @@ def cmd_rekey_forgotten(args: argparse.Namespace) -> int:
 
     text = sys.stdin.read() if args.users == "-" else Path(args.users).read_text(encoding="utf-8")
     client = connect(args.redis, 10.0) if args.redis else None
-    replaced, left = rekey(*writers(open_registry(args.registry), client), text.splitlines())
+    replaced, left = rekey(*writers(args.downloads.open_registry(args.registry), client), text.splitlines())
     print(f"keyed {replaced} bare sha256 entr{'y' if replaced == 1 else 'ies'}; {left} left (ids not given)")
     return EXIT_OK
 
@@ -478,7 +497,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         redis_client = connect(args.redis, 10.0)
         hidden = RedisBackend(redis_client)
-    registry = open_registry(args.registry)
+    registry = args.downloads.open_registry(args.registry)
     if args.workers < 1 or args.batch < 1:
         raise ValueError("--workers and --batch must be at least 1")
     summary = export(
@@ -508,7 +527,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ordrec.trainer.report_html import write_report
 
-    registry = open_registry(args.registry)
+    registry = args.downloads.open_registry(args.registry)
     if not isinstance(registry, LocalRegistry):
         # Versions in an object store are immutable once their manifest is up; a new
         # report comes with the next publish (the job draws it for map models).
@@ -570,6 +589,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     add_data_arguments(train)
     add_feedback_arguments(train)
     train.add_argument("--registry", required=True)
+    add_cache_dir_argument(train)
     train.add_argument("--name", help="model name in the registry (default: the kind)")
     train.add_argument("--set", action="append", metavar="KEY=VALUE", help="a hyperparameter")
     train.add_argument(
@@ -627,6 +647,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     run.add_argument(
         "--only", action="append", metavar="MODEL", help="run only this model of the job (repeatable)"
     )
+    add_cache_dir_argument(run)
     run.set_defaults(func=cmd_run)
 
     events = sub.add_parser("events", help="recorded interactions (the ordrec:events stream)")
@@ -657,6 +678,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     ex.add_argument(
         "--workers", type=int, default=1, help="scoring processes, each mapping the version (2 on 2 cores)"
     )
+    add_cache_dir_argument(ex)
     ex.set_defaults(func=cmd_export)
 
     report = sub.add_parser("report", help="(re)write the HTML report of a map model's version")
@@ -785,6 +807,7 @@ def add_registry_commands(sub, deprecated: bool = False) -> None:
         "--reason",
         help="why, e.g. the request's ticket (logged with the id's entry on the list, never the id)",
     )
+    add_cache_dir_argument(forget)
     forget.set_defaults(func=cmd_forget)
     if deprecated:
         return
@@ -801,6 +824,7 @@ def add_registry_commands(sub, deprecated: bool = False) -> None:
         help="user ids, one a line ('-': stdin), e.g. every id of the user database or the training data",
     )
     rekey.add_argument("--redis", metavar="URL", help="the servers' Redis (its copy of the list too)")
+    add_cache_dir_argument(rekey)
     rekey.set_defaults(func=cmd_rekey_forgotten, deprecated_spelling=None)
 
 
@@ -818,6 +842,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" release: use 'ordrec-train registry {args.deprecated_spelling}'",
             file=sys.stderr,
         )
+    # Every s3:// download of the command goes into one temporary folder, removed at the end
+    # (SIGTERM too unwinds to the end; after a SIGKILL the next command removes it).
+    args.downloads = Downloads(getattr(args, "cache_dir", None))
+    restore = _exit_on_sigterm()
     try:
         return args.func(args)
     except DataError as exc:
@@ -838,3 +866,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_FAILED
+    finally:
+        args.downloads.close()
+        restore()
+
+
+def _exit_on_sigterm():
+    """Make SIGTERM exit through ``finally`` blocks (status 143); return what puts the
+    previous handler back (nothing to do off the main thread, where none can be set)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def exit_143(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_143)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

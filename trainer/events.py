@@ -32,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from ordrec.service.live.erasure import CHECKPOINT_FILE, ERASED_KEY, write_checkpoint
+from ordrec.service.live.erasure import (
+    CHECKPOINT_FILE,
+    ERASED_KEY,
+    compact_stream,
+    delete_stream_entries,
+    write_checkpoint,
+)
 from ordrec.service.live.forgotten import list_hash, read_forgotten
 from ordrec.service.live.redis_state import EVENTS_STREAM
 from ordrec.service.storage.idmap import IdMap, has_control
@@ -236,24 +242,39 @@ class Counts:
     off_scale: int = 0  # accumulated events skipped: value not on the data's rating scale
     trained: int = 0  # accumulated events in the training data
     forgotten: int = 0  # accumulated events of forgotten users, dropped
+    erased: int = 0  # new stream entries of forgotten users, deleted from the stream
 
 
 class EventFeed:
     """One model's events: the checkpoint, the entries after it, and the commit after publishing."""
 
-    def __init__(self, registry, model: str, client, page: int = DEFAULT_PAGE, on_trimmed: str = "fail"):
+    def __init__(
+        self,
+        registry,
+        model: str,
+        client,
+        page: int = DEFAULT_PAGE,
+        on_trimmed: str = "fail",
+        erase: bool = True,
+    ):
         self.registry, self.model, self.client = registry, model, client
         self.page, self.on_trimmed = page, on_trimmed
+        self.erase = erase  # delete the forgotten users' entries it reads (False: a dry run)
         self.counts = Counts()
+        self._digests: frozenset[str] = frozenset()
+        self._forgotten_entries: list[str] = []
         self.checkpoint = load_checkpoint(registry, model)
         self.next = Checkpoint(
             self.checkpoint.last_id, dict(self.checkpoint.latest), self.checkpoint.position
         )
 
     def read(self) -> None:
-        """Merge the entries after the checkpoint into :attr:`next` (nothing is stored yet)."""
+        """Merge the entries after the checkpoint into :attr:`next` (nothing is stored yet),
+        and delete those of forgotten users from the stream (other producers may write them
+        after an erasure): the checkpoint moves past them, so no later run would."""
         import redis
 
+        self._digests = read_forgotten(self.registry)
         try:
             self._check_lost()
             for entries, added in read_pages(self.client, self.checkpoint.last_id, self.page):
@@ -262,6 +283,9 @@ class EventFeed:
                     self.next.last_id = entries[-1][0]
                 if added is not None:
                     self.next.position = added
+            if self.erase and self._forgotten_entries:
+                self.counts.erased = delete_stream_entries(self.client, self._forgotten_entries)
+                compact_stream(self.client)  # XDEL leaves the bytes in place
         except redis.RedisError as exc:
             raise EventsError(f"cannot read {EVENTS_STREAM}: {exc}") from None
 
@@ -286,8 +310,12 @@ class EventFeed:
         raise EventsError(message + '; set [events] on_trimmed = "warn" to train without them')
 
     def _parse(self, entries: list[tuple[str, dict]]) -> Iterator[Event]:
+        listed = list_hash().listed  # the key read once a page, not once an entry
         for entry_id, fields in entries:
             self.counts.read += 1
+            if listed(str(fields.get("user", "")), self._digests):
+                self._forgotten_entries.append(entry_id)
+                continue
             try:
                 event = Event.from_entry(entry_id, fields)
             except ValueError as exc:
@@ -345,7 +373,7 @@ class EventFeed:
             f"events since={self.checkpoint.last_id or '-'} until={self.next.last_id or '-'} read={c.read}"
             f" accumulated={len(self.next.latest)} trained={c.trained} without_value={c.without_value}"
             f" off_scale={c.off_scale} malformed={c.malformed} other_model={c.other_model}"
-            f" forgotten={c.forgotten}"
+            f" forgotten={c.forgotten} erased={c.erased}"
         )
 
 

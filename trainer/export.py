@@ -184,10 +184,10 @@ def _scorer(registry, model: str, n: int, version: str | None, hidden_sets) -> _
 _WORKER: dict[str, _Scorer] = {}
 
 
-def _start_worker(location: str, model: str, n: int, version: str, hidden_sets) -> None:
+def _start_worker(location: str, cache_dir, model: str, n: int, version: str, hidden_sets) -> None:
     from ordrec.service.storage.objectstore import open_registry
 
-    _WORKER["scorer"] = _scorer(open_registry(location), model, n, version, hidden_sets)
+    _WORKER["scorer"] = _scorer(open_registry(location, cache_dir), model, n, version, hidden_sets)
 
 
 def _worker_batch(users: list[str], recorded: dict[str, list[str]]) -> Batch:
@@ -251,7 +251,8 @@ def export(
     summary.forgotten = len(listed) - len(users)
     recorded = RecordedItems(redis_client)
     chunks = [users[start : start + batch] for start in range(0, len(users), batch)]
-    start_args = (str(registry.root), model, n, version, hidden_sets)
+    # Workers download (an s3:// registry) into the exporting process's folder, so they reuse its copy.
+    start_args = (str(registry.root), getattr(registry, "cache_root", None), model, n, version, hidden_sets)
     item_ids = np.array(scorer.index.items.ids, dtype=object)
     with (
         atomic_output(out) as fh,

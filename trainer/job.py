@@ -4,6 +4,9 @@ One TOML file names the data sources, the models with their hyperparameters,
 the registry, an optional Redis and, per model, a quality gate. For every
 model the job
 
+0. replaces the versions naming a forgotten user by redacted copies
+   (:mod:`trainer.forgetting`), before anything is published, and again at the
+   end of the model's run, whatever its outcome;
 1. reads its data source (``trainer.data.readers.read_input``; each source is
    read once per run even when several models use it) and, with an
    ``[events]`` table, merges a ratings model's recorded interactions since its
@@ -42,8 +45,9 @@ source could not be read. When several models disagree the worst wins:
 
 A crash at any point leaves the registry as it was: ``Registry.publish``
 writes into a hidden temporary folder and renames it into place, and the job
-writes nothing else into the registry except its lock file and, after a
-publish, a model's events checkpoint (each file replaced atomically).
+writes nothing else into the registry except its lock file, redacted copies
+(published the same way, the original deleted only after) and, after a publish,
+a model's events checkpoint (each file replaced atomically).
 """
 
 from __future__ import annotations
@@ -73,7 +77,7 @@ from ordrec.service.indices.ann import calibration_warnings
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.service.storage.names import validate_model_name
-from ordrec.service.storage.objectstore import S3Registry, is_object_store, open_registry
+from ordrec.service.storage.objectstore import Downloads, S3Registry, is_object_store
 from ordrec.service.storage.registry import Registry
 from ordrec.service.storage.scale import SCALE_ATTRIBUTE
 from ordrec.trainer.data.types import DataError, RatingScale
@@ -665,10 +669,10 @@ def _fmt(value: float | None) -> str:
 
 
 class _Job:
-    def __init__(self, config: JobConfig, dry_run: bool):
+    def __init__(self, config: JobConfig, dry_run: bool, registry: Registry | S3Registry):
         self.config = config
         self.dry_run = dry_run
-        self.registry = open_registry(config.registry)
+        self.registry = registry
         self._data: dict[tuple[str, str], Any] = {}  # (data source, input shape) -> what was read
         self._redis: Any = None  # the [events] connection, opened on first use
 
@@ -727,7 +731,7 @@ class _Job:
 
     def redact_forgotten(self, model: ModelJob) -> None:
         """Replace the model's versions that still name a forgotten user by redacted copies:
-        after every run, published or not (a rejected gate must not keep them)."""
+        before every run and after it, published or not (a rejected gate must not keep them)."""
         from ordrec.trainer.forgetting import redact_forgotten
 
         try:
@@ -769,7 +773,9 @@ class _Job:
 
         if self._redis is None:
             self._redis = connect(events.redis, events.timeout)
-        feed = EventFeed(self.registry, model.name, self._redis, events.page, events.on_trimmed)
+        feed = EventFeed(
+            self.registry, model.name, self._redis, events.page, events.on_trimmed, erase=not self.dry_run
+        )
         feed.read()
         return feed
 
@@ -957,6 +963,8 @@ class _Job:
                 continue
             t0 = time.perf_counter()
             self.say(model.name, "start kind=%s data=%s", model.kind, model.data)
+            if not self.dry_run:  # before publishing, so no replica loads a new version beside them
+                self.redact_forgotten(model)
             try:
                 out = self.run_model(model)
             except DataError as exc:
@@ -976,7 +984,7 @@ class _Job:
                 out = Outcome(
                     model.name, "failed", metric=model.gate.metric, message=f"{type(exc).__name__}: {exc}"
                 )
-            if not self.dry_run:
+            if not self.dry_run:  # again: a user forgotten during the run may be in its version
                 self.redact_forgotten(model)
             out.seconds = time.perf_counter() - t0
             level = logging.INFO if out.exit_code in (EXIT_PUBLISHED, EXIT_REJECTED) else logging.ERROR
@@ -1022,11 +1030,18 @@ def _on_sigterm(signum, frame):
     raise Terminated()
 
 
-def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | None = None) -> int:
+def run_job(
+    path: str | os.PathLike,
+    dry_run: bool = False,
+    only: list[str] | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> int:
     """Run the job file ``path``; return the exit code (see the module docstring).
 
     ``dry_run`` trains, evaluates and gates but never publishes or notifies.
-    ``only`` restricts the run to those model names.
+    ``only`` restricts the run to those model names. ``cache_dir``: where an ``s3://``
+    registry's versions are downloaded (into a temporary folder removed when the run
+    ends: :class:`~ordrec.service.storage.objectstore.Downloads`).
     """
     handler = _install_log_handler()
     previous = None
@@ -1052,9 +1067,9 @@ def run_job(path: str | os.PathLike, dry_run: bool = False, only: list[str] | No
             " dry_run=true" if dry_run else "",
         )
         try:
-            with job_lock(config.lock, config.name):
-                outcomes = _Job(config, dry_run).run(only)
-        except JobLocked as exc:
+            with job_lock(config.lock, config.name), Downloads(cache_dir) as downloads:
+                outcomes = _Job(config, dry_run, downloads.open_registry(config.registry)).run(only)
+        except (JobLocked, ArtifactError) as exc:  # the lock held, or no download folder
             log.error("job=%s %s", config.name, exc)
             return EXIT_FAILED
         except OSError as exc:  # models catch their own errors: this is the lock file itself

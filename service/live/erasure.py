@@ -7,8 +7,9 @@ In order (every step is idempotent, so a failed erasure is simply asked again):
 2. Redis: the seen set ``ordrec:seen:<id>``, the recorded ratings
    ``ordrec:ratings:<id>``, the online-evaluation keys ``ordrec:served:<model>:<id>``
    and the user's entries of the stream ``ordrec:events`` (XDEL, counted in
-   ``ordrec:events:erased`` so the trainer does not take them for trimmed ones;
-   the stream is then copied afresh, as XDEL leaves the bytes in place);
+   ``ordrec:events:erased`` so the trainer does not take them for trimmed ones, and
+   their contributions taken out of the trending counts; the stream is then copied
+   afresh, as XDEL leaves the bytes in place);
 3. the registry: the user's events in every model's accumulated events file
    (the checkpoint is rewritten), and every version whose user ids name them:
    with ``redact`` (``ordrec-train registry forget``) each is replaced by a redacted copy
@@ -40,6 +41,14 @@ from ordrec.service.live.forgotten import add_digest, list_hash, user_digest, wr
 from ordrec.service.live.online import SERVED_KEY
 from ordrec.service.live.redaction import USER_SPACE, redact_versions
 from ordrec.service.live.redis_state import EVENTS_STREAM, RATINGS_KEY, SEEN_KEY
+from ordrec.service.live.trending import (
+    AT_TS,
+    EPOCH_KEY,
+    LAST_KEY,
+    SETTINGS_KEY,
+    TRENDING_FIELD,
+    TRENDING_KEY,
+)
 from ordrec.service.storage.artifact import ArtifactError
 
 log = logging.getLogger("ordrec.erasure")
@@ -51,10 +60,45 @@ ERASED_KEY = "ordrec:events:erased"  # stream entries erasures deleted (not trim
 SETTLE_SECONDS = 1.0
 _PAGE = 1000
 _SERVED_PREFIX = SERVED_KEY.split("{}")[0]
-# XDEL and the count in one step, so the trainer never sees a deletion it cannot explain.
-_XDEL_COUNTED = (
-    "local n = redis.call('XDEL', KEYS[1], unpack(ARGV)) redis.call('INCRBY', KEYS[2], n) return n"
-)
+# Per entry in one step: its trending contribution taken back out, XDEL, the count (so the
+# trainer never sees a deletion it cannot explain); a retry finds the entry gone and takes
+# nothing twice. A contribution counts at 2^((ts - epoch) / half_life) (ts: when it counted), whatever
+# rescaling happened since; one older than the window may predate the item's last pruning
+# (and is not in its score): it stays. An item left with only rounding leaves trending.
+# KEYS: stream, erased, trending, last, epoch, settings. ARGV: now, then entry ids.
+_XDEL_COUNTED = """
+local now = tonumber(ARGV[1])
+local epoch = tonumber(redis.call('GET', KEYS[5]) or '')
+local half_life = tonumber(redis.call('HGET', KEYS[6], 'half_life') or '')
+local window = tonumber(redis.call('HGET', KEYS[6], 'window') or '')
+local deleted = 0
+for i = 2, #ARGV do
+  local found = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+  if #found == 1 then
+    local item, at, counted
+    local fields = found[1][2]
+    for f = 1, #fields, 2 do
+      if fields[f] == 'item' then item = fields[f + 1] end
+      if fields[f] == 'ts' then at = tonumber(fields[f + 1]) end
+      if fields[f] == '__TRENDING_FIELD__' then counted = fields[f + 1] end
+    end
+    local ts = (counted == '__AT_TS__') and at or tonumber(counted or '')
+    if item and ts and epoch and half_life and window and ts >= now - window
+        and redis.call('ZSCORE', KEYS[3], item) then
+      local weight = 2 ^ ((ts - epoch) / half_life)
+      local left = tonumber(redis.call('ZINCRBY', KEYS[3], string.format('%.17g', -weight), item))
+      if left <= weight * 1e-9 then
+        redis.call('ZREM', KEYS[3], item)
+        redis.call('ZREM', KEYS[4], item)
+      end
+    end
+    deleted = deleted + redis.call('XDEL', KEYS[1], ARGV[i])
+  end
+end
+redis.call('INCRBY', KEYS[2], deleted)
+return deleted
+""".replace("__TRENDING_FIELD__", TRENDING_FIELD).replace("__AT_TS__", AT_TS)
+_XDEL_KEYS = (EVENTS_STREAM, ERASED_KEY, TRENDING_KEY, LAST_KEY, EPOCH_KEY, SETTINGS_KEY)
 
 
 @dataclass
@@ -172,10 +216,12 @@ def _page(client: redis.Redis, start: str) -> list[tuple[str, dict[str, str]]]:
 
 
 def delete_stream_entries(client: redis.Redis, ids: list[str]) -> int:
-    """XDEL ``ids``, counting them in ``ordrec:events:erased`` in the same atomic step."""
+    """XDEL ``ids``, counting them in ``ordrec:events:erased`` and taking their trending
+    contributions back out, each entry in one atomic step; return how many went."""
     removed = 0
     for start in range(0, len(ids), _PAGE):
-        removed += int(client.eval(_XDEL_COUNTED, 2, EVENTS_STREAM, ERASED_KEY, *ids[start : start + _PAGE]))
+        page = ids[start : start + _PAGE]
+        removed += int(client.eval(_XDEL_COUNTED, len(_XDEL_KEYS), *_XDEL_KEYS, repr(time.time()), *page))
     return removed
 
 

@@ -8,7 +8,8 @@ Keys (shared with the trainer's ``trainer/notify.py``):
   same expiry; Recommend reads it to fold in users the served version has not seen;
 - stream ``ordrec:events``: one entry per recorded item (fields ``user``,
   ``item``, ``ts`` and, when given, ``value`` and ``model``), trimmed to about
-  ``events_maxlen`` entries: what the training job reads (``trainer/events.py``);
+  ``events_maxlen`` entries: what the training job reads (``trainer/events.py``); and
+  ``trending``, when it counted there (``service/live/trending.py``);
 - ``ordrec:trending``, ``ordrec:trending:last``, ``ordrec:trending:epoch``: time-decayed
   popularity of the recorded items (``service/live/trending.py``);
 - ``ordrec:model:<name>:version``: the newest published version (durable);
@@ -37,7 +38,7 @@ import redis
 from ordrec.service.config import DEFAULT_EVENTS_MAXLEN
 from ordrec.service.errors import Unavailable
 from ordrec.service.live.seen import Recorded, SeenStore
-from ordrec.service.live.trending import TrendingSettings, TrendingWriter
+from ordrec.service.live.trending import TRENDING_FIELD, TrendingSettings, TrendingWriter, counted_field
 from ordrec.service.metrics import Metrics
 
 log = logging.getLogger("ordrec.redis")
@@ -159,19 +160,20 @@ class RedisSeenStore(SeenStore):
         """
         seen_key, ratings_key = SEEN_KEY.format(user_id), RATINGS_KEY.format(user_id)
         ratings = {i.item: repr(i.value) for i in interactions if i.value is not None}
+        now = time.time()
         try:
             pipe = self.client.pipeline(transaction=True)
             for interaction in interactions:
                 pipe.xadd(
                     EVENTS_STREAM,
-                    interaction.stream_fields(user_id),
+                    self._stream_fields(user_id, interaction, now),
                     maxlen=self.events_maxlen,
                     approximate=True,
                 )
             pipe.sadd(seen_key, *{i.item for i in interactions})
             pipe.expire(seen_key, self.seen_ttl)
             if self.trending:
-                self.trending.add(pipe, [(i.item, i.timestamp) for i in interactions], time.time())
+                self.trending.add(pipe, [(i.item, i.timestamp) for i in interactions], now)
             if ratings:
                 pipe.hset(ratings_key, mapping=ratings)
                 pipe.expire(ratings_key, self.seen_ttl)
@@ -182,6 +184,14 @@ class RedisSeenStore(SeenStore):
             raise Unavailable(f"Redis is unreachable, interactions may not be recorded: {exc}") from None
         self._answered()
         return int(results[len(interactions)])
+
+    def _stream_fields(self, user_id: str, interaction: Recorded, now: float) -> dict:
+        """The entry's fields; with trending, the time it counted at there (an erasure's key
+        to taking it back out)."""
+        fields = interaction.stream_fields(user_id)
+        if self.trending:
+            fields[TRENDING_FIELD] = counted_field(interaction.timestamp, now)
+        return fields
 
 
 class VersionListener(threading.Thread):

@@ -5,7 +5,10 @@ the seen set, see ``service/live/redis_state.py``):
 
 - ``ordrec:trending``: sorted set item id -> decayed count times ``2^((epoch' - epoch) / half_life)``;
 - ``ordrec:trending:last``: sorted set item id -> unix seconds of the item's last interaction;
-- ``ordrec:trending:epoch``: the epoch the scores are relative to.
+- ``ordrec:trending:epoch``: the epoch the scores are relative to;
+- ``ordrec:trending:settings``: hash of the writers' ``half_life`` and ``window``; with it,
+  the field ``trending`` of each ``ordrec:events`` entry a write made (:func:`counted_field`)
+  lets an erasure take a user's contributions back out (``service/live/erasure.py``).
 
 Each interaction at time ``t`` adds ``2^((t - epoch) / half_life)`` to its item (the
 log-space trick): every score shrinks by the same factor as time passes, so ranking the
@@ -35,6 +38,9 @@ log = logging.getLogger("ordrec.trending")
 TRENDING_KEY = "ordrec:trending"
 LAST_KEY = "ordrec:trending:last"
 EPOCH_KEY = "ordrec:trending:epoch"
+SETTINGS_KEY = "ordrec:trending:settings"
+TRENDING_FIELD = "trending"  # a stream entry's field: when its interaction counted in trending
+AT_TS = "="  # that field's value when it counted at the entry's own ``ts`` (3 bytes an entry, not 22)
 PRUNE_PER_WRITE = 100
 # Weights stay below 2^RESCALE_AT (a float holds up to 2^1023, and sums of many of them).
 RESCALE_AT = 512
@@ -42,10 +48,12 @@ TOP_ITEMS = 1000  # items a reader keeps: enough for any n after exclusions and 
 DEFAULT_HALF_LIFE = 86400.0
 DEFAULT_WINDOW = 7 * 86400.0
 
-# KEYS: trending, last, epoch. ARGV: now, half_life, window, prune_limit, rescale_at, then (item, ts) pairs.
+# KEYS: trending, last, epoch, settings.
+# ARGV: now, half_life, window, prune_limit, rescale_at, then (item, ts) pairs.
 _RECORD_LUA = """
 local now, half_life = tonumber(ARGV[1]), tonumber(ARGV[2])
 local window, prune = tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call('HSET', KEYS[4], 'half_life', ARGV[2], 'window', ARGV[3])
 local epoch = tonumber(redis.call('GET', KEYS[3]) or '')
 if not epoch then
   epoch = now
@@ -97,12 +105,25 @@ class TrendingWriter:
         self._script = client.register_script(_RECORD_LUA)
 
     def add(self, pipe, items: Sequence[tuple[str, float]], now: float) -> None:
-        """Queue the increments of ``(item, timestamp)`` pairs on ``pipe`` (one script call)."""
+        """Queue the increments of ``(item, timestamp)`` pairs on ``pipe`` (one script call);
+        each counts at :func:`counted_at` its timestamp."""
         s = self.settings
         args: list = [repr(now), repr(s.half_life), repr(s.window), PRUNE_PER_WRITE, RESCALE_AT]
         for item, ts in items:
-            args += [item, repr(ts)]
-        self._script(keys=[TRENDING_KEY, LAST_KEY, EPOCH_KEY], args=args, client=pipe)
+            args += [item, repr(counted_at(ts, now))]
+        self._script(keys=[TRENDING_KEY, LAST_KEY, EPOCH_KEY, SETTINGS_KEY], args=args, client=pipe)
+
+
+def counted_at(ts: float, now: float) -> float:
+    """The time an interaction stamped ``ts`` counts at when written at ``now``: never later."""
+    return min(ts, now)
+
+
+def counted_field(ts: float, now: float) -> str:
+    """The stream entry's ``trending`` field: :data:`AT_TS`, or the time it counted at when
+    that is not its ``ts`` (stamped in the future)."""
+    counted = counted_at(ts, now)
+    return AT_TS if counted == ts else repr(counted)
 
 
 @dataclass(frozen=True)

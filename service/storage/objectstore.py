@@ -34,7 +34,9 @@ another S3-compatible store. Nothing is read from a job file or a flag.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import logging
 import os
 import random
@@ -94,6 +96,82 @@ def open_registry(location: str | os.PathLike, cache_dir: str | os.PathLike | No
     if is_object_store(location):
         return S3Registry(str(location), cache_dir=cache_dir)
     return Registry(location)
+
+
+class Downloads:
+    """Where a command that ends (a training job, an export, any ``ordrec-train`` command)
+    downloads ``s3://`` versions: a private temporary folder under ``parent`` (default the
+    system's temporary folder), made at the first ``s3://`` registry opened and removed with
+    everything in it when the command ends, so no copy of a version outlives the command.
+
+    The folder is held by an exclusive ``flock`` while the command runs; a folder whose
+    holder died without removing it (SIGKILL, a crash) is removed by the next command
+    that downloads under the same parent.
+    """
+
+    def __init__(self, parent: str | os.PathLike | None = None):
+        self.parent = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+        self.folder: Path | None = None
+        self._held: int | None = None
+
+    def open_registry(self, location: str | os.PathLike):
+        """:func:`open_registry`, an ``s3://`` registry downloading into this folder."""
+        if not is_object_store(location):
+            return Registry(location)
+        return S3Registry(str(location), cache_dir=self._folder())
+
+    def _folder(self) -> Path:
+        if self.folder is None:
+            try:
+                self.parent.mkdir(parents=True, exist_ok=True)
+                remove_abandoned_downloads(self.parent)
+                folder = Path(tempfile.mkdtemp(prefix=DOWNLOADS_PREFIX, dir=self.parent))  # mode 0700
+                self._held = os.open(folder, os.O_RDONLY)
+            except OSError as exc:
+                raise ArtifactError(f"cannot make a download folder in {self.parent}: {exc}") from None
+            fcntl.flock(self._held, fcntl.LOCK_EX)
+            self.folder = folder
+        return self.folder
+
+    def close(self) -> None:
+        """Remove the folder and everything downloaded into it."""
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
+        if self._held is not None:
+            os.close(self._held)
+            self._held = None
+
+    def __enter__(self) -> Downloads:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+DOWNLOADS_PREFIX = "ordrec-downloads-"
+_YOUNG_SECONDS = 60.0  # a folder this new may not be locked yet by the command that made it
+
+
+def remove_abandoned_downloads(parent: Path) -> list[Path]:
+    """Remove the download folders under ``parent`` that are ours and no live command holds."""
+    removed = []
+    for folder in parent.glob(DOWNLOADS_PREFIX + "*"):
+        try:
+            if folder.stat().st_uid != os.getuid() or time.time() - folder.stat().st_mtime < _YOUNG_SECONDS:
+                continue
+            fd = os.open(folder, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # a running command's
+        finally:
+            os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 def parse_s3_url(url: str) -> tuple[str, str]:
@@ -240,13 +318,28 @@ class S3Registry(LiveVersions):
         return (version, path) if path and is_version(version) else None
 
     def versions(self, name: str) -> list[str]:
-        """Published versions: those whose manifest exists."""
+        """Published versions: those whose manifest exists.
+
+        Cached copies of versions the listing no longer has (deleted, or replaced by a
+        redacted copy) are deleted here, so a replica's poll, which lists, drops them
+        within one poll interval whether or not it loads anything.
+        """
+        cached = self._cached_versions(name)  # before listing: a copy fetched meanwhile is listed
         found = []
         for obj in self._objects(name):
             parts = self._version_of(name, obj["Key"])
             if parts and parts[1] == MANIFEST:
                 found.append(parts[0])
+        for version in sorted(cached - set(found)):
+            shutil.rmtree(self.cache / name / version, ignore_errors=True)
         return sorted(found)
+
+    def _cached_versions(self, name: str) -> set[str]:
+        """The versions of ``name`` with a folder in this registry's download cache."""
+        model_dir = self.cache / validate_model_name(name)
+        if not model_dir.is_dir():
+            return set()
+        return {p.name for p in model_dir.iterdir() if p.is_dir() and is_version(p.name)}
 
     def manifest(self, name: str, version: str) -> manifest_pb2.Manifest:
         data = self._get(self._key(validate_model_name(name), version, MANIFEST))
@@ -561,20 +654,16 @@ class S3Registry(LiveVersions):
 
     def _trim_cache(self, name: str, keep: set[str]) -> None:
         """Keep the newest ``CACHE_KEEP`` cached versions (and ``keep``); delete the rest, and
-        every copy of a version the store no longer has (e.g. replaced by a redacted copy).
+        (through :meth:`versions`) every copy of a version the store no longer has.
 
         An older version may still be memory-mapped by the index being replaced: on
         POSIX its pages stay valid after the unlink until the last mapping goes.
         """
-        model_dir = self.cache / name
-        cached = sorted(p.name for p in model_dir.iterdir() if p.is_dir() and is_version(p.name))
-        try:
-            published = set(self.versions(name))
-        except Exception:  # noqa: BLE001 - the store unreachable: trim by age only
-            published = set(cached)
-        doomed = set(cached[:-CACHE_KEEP]) | (set(cached) - published)
-        for version in sorted(doomed - keep):
-            shutil.rmtree(model_dir / version, ignore_errors=True)
+        with contextlib.suppress(Exception):  # the store unreachable: trim by age only
+            self.versions(name)
+        cached = sorted(self._cached_versions(name))
+        for version in sorted(set(cached[:-CACHE_KEEP]) - keep):
+            shutil.rmtree(self.cache / name / version, ignore_errors=True)
 
 
 def _parse_manifest(data: bytes, where: str) -> manifest_pb2.Manifest:
