@@ -292,7 +292,13 @@ def _add_explanations(items, ids: IdMap, reasons: Explained, rating_of: dict[int
 def _add_sourced(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray, sourced: Sourced) -> None:
     """:func:`_add_scored` for a fallback answer, each item flagged with its source (trending or
     popularity; looked up by row, since re-ranking may have reordered them)."""
-    add, externals, source_of = container.add, ids.ids, sourced.source_of()
+    add, externals = container.add, ids.ids
+    if len(sourced.spans) == 1:  # the usual case: one source, one flag for every item
+        flag = sourced.spans[0][0]
+        for row, score in zip(rows.tolist(), scores.tolist()):
+            add(id=externals[row], score=score, fallback=flag)
+        return
+    source_of = sourced.source_of()
     for row, score in zip(rows.tolist(), scores.tolist()):
         add(id=externals[row], score=score, fallback=source_of[row])
 
