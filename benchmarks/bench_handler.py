@@ -1,11 +1,13 @@
 """In-process cost of the Recommend handler (no gRPC): validation, id lookup,
 scoring, exclusion, top-k and reply building, for one user per call, through the
-dynamic batcher as the server runs it (``--batch-max-size 0``: without it).
+dynamic batcher as the server runs it (``--batch-max-size 0``: without it); with
+``--unknown-users``, users the version has not seen (the fallback's answer, no Redis).
 Wall time per call (mean, p50, p99) and the handler's CPU per call: ``time.thread_time``
 over all the calls (the reply's bytes as the server sends them: ``recommend_wire``),
 best of ``--repeat`` rounds (CPU is what a loaded server pays).
 
     python benchmarks/bench_handler.py --registry REGISTRY [--model dcr] [--calls 5000] [--repeat 3]
+        [--unknown-users]
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=5000)
     p.add_argument("--batch-max-size", type=int, default=DEFAULT_BATCH_MAX_SIZE)
     p.add_argument("--repeat", type=int, default=3, help="rounds; the CPU figure is the best")
+    p.add_argument(
+        "--unknown-users", action="store_true", help="users the version has not seen: the fallback path"
+    )
     args = p.parse_args()
     metrics, store = loaded_store(args.registry, args.model)
     batcher = (
@@ -64,6 +69,8 @@ def main() -> int:
     )
     servicer = RecommenderServicer(store, metrics, Limits(), SeenStore(), batcher=batcher)
     users = store.snapshot()[args.model].index.users.ids
+    if args.unknown_users:
+        users = [f"unknown-{k}" for k in range(len(users))]
     requests = [
         pb.RecommendRequest(model=args.model, user_ids=[users[i % len(users)]], n=10)
         for i in range(args.calls)

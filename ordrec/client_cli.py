@@ -114,9 +114,15 @@ def _print_scored(rows: Iterable[pb.ScoredId], indent: str = "  ") -> None:
             extra = "  P(r)=[" + ", ".join(f"{p:.2f}" for p in item.rating_distribution) + "]"
         name = f" ({item.label})" if item.label else ""
         new = "  [fresh: not yet trained on]" if item.fresh else ""
-        print(f"{indent}{rank:>3}. {item.id:<24} {item.score:+.4f}{name}{extra}{new}")
+        source = f"  [{_SOURCE[item.fallback]}]" if item.fallback in _SOURCE else ""
+        print(f"{indent}{rank:>3}. {item.id:<24} {item.score:+.4f}{name}{extra}{new}{source}")
         for why in item.explanations:
-            print(f"{indent}       because of {why.id:<20} share {why.share:.2f}")
+            rated = f" (rated {why.rating:g})" if why.HasField("rating") else ""
+            print(f"{indent}       because of {why.id:<20} share {why.share:.2f}{rated}")
+
+
+# Where a fallback answer's item came from (ScoredId.fallback).
+_SOURCE = {pb.FALLBACK_TRENDING: "trending", pb.FALLBACK_POPULAR_GLOBAL: "popular"}
 
 
 # ---------------------------------------------------------------- commands

@@ -299,7 +299,14 @@ def test_estimator_contract_and_determinism():
     np.testing.assert_array_equal(m1.user_coords_, m2.user_coords_)
     assert COE(**params).get_params()["function"] == "gompertz"
     art = m1.to_artifact()
-    assert set(art.arrays) == {"user_coords", "item_coords", "seen_indptr", "seen_indices", "item_popularity"}
+    assert set(art.arrays) == {
+        "user_coords",
+        "item_coords",
+        "seen_indptr",
+        "seen_indices",
+        "seen_ratings",
+        "item_popularity",
+    }
     assert set(art.ids) == {"users", "items"}
 
 

@@ -155,6 +155,12 @@ def test_the_item_index_finds_most_exact_neighbours(graph_served):
 # ----------------------------------------------------------------- explanations
 def planted_dcr(seed: int = 0):
     """Unit-norm item factors (per level); item 0 a copy of item 1, which only user 0 has seen."""
+    art, history = planted_dcr_artifact(seed)
+    return build_index(art), history
+
+
+def planted_dcr_artifact(seed: int = 0) -> tuple[Artifact, np.ndarray]:
+    """:func:`planted_dcr`'s artifact and the history of its users (every user's the same)."""
     rng = np.random.default_rng(seed)
     art = dcr_artifact(seed=seed)
     item = art.arrays["item_factors"].reshape(60, 4, 3).astype(np.float64)
@@ -166,7 +172,7 @@ def planted_dcr(seed: int = 0):
     history = np.concatenate([[1], rng.choice(np.arange(2, 60), 9, replace=False)])
     art.arrays["seen_indptr"] = np.array([0] + [10] * 6, dtype=np.int64)
     art.arrays["seen_indices"] = history.astype(np.int32)
-    return build_index(art), history
+    return art, history
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -35,7 +35,7 @@ from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from tests.admin_token import ADMIN_FLAGS, ADMIN_METADATA
-from tests.conftest import wait_until
+from tests.conftest import train_into, wait_until
 
 
 def _store(url: str, half_life: float, window: float) -> RedisSeenStore:
@@ -206,8 +206,8 @@ def test_settings_accept_exactly_positive_finite_seconds(half_life, window):
 
 
 # ------------------------------------------------------------------ the server
-def _rec(stub, user: str, model: str = "dcr", **kw) -> pb.UserRecommendations:
-    reply = stub.Recommend(pb.RecommendRequest(model=model, user_ids=[user], n=10, **kw), timeout=10)
+def _rec(stub, user: str, model: str = "dcr", n: int = 10, **kw) -> pb.UserRecommendations:
+    reply = stub.Recommend(pb.RecommendRequest(model=model, user_ids=[user], n=n, **kw), timeout=10)
     return reply.results[0]
 
 
@@ -228,10 +228,18 @@ def test_the_server_serves_trending_as_fallback_and_model(sample_registry, fresh
             stub.RecordInteractions(pb.RecordInteractionsRequest(user_id=user, item_ids=items), timeout=10)
         answer = wait_until(lambda: (r := _rec(stub, "stranger")).fallback == pb.FALLBACK_TRENDING and r)
         assert answer, "the unknown user never got the trending fallback"
-        assert [i.id for i in answer.items] == [hot, warm, cold]  # counts 3, 2, 1; only items dcr knows
+        # counts 3, 2, 1 (only items dcr knows), then the popularity list tops it up to n
+        assert [i.id for i in answer.items][:3] == [hot, warm, cold]
         assert answer.items[0].score > answer.items[1].score > answer.items[2].score > 0
+        assert [i.fallback for i in answer.items] == [pb.FALLBACK_TRENDING] * 3 + [
+            pb.FALLBACK_POPULAR_GLOBAL
+        ] * 7
+        assert len({i.id for i in answer.items}) == 10
         excluded = _rec(stub, "stranger", exclude_item_ids=[hot])
-        assert [i.id for i in excluded.items] == [warm, cold]
+        assert [i.id for i in excluded.items][:2] == [warm, cold] and hot not in {
+            i.id for i in excluded.items
+        }
+        assert len(excluded.items) == 10
         assert _rec(stub, "u001").fallback == pb.FALLBACK_NONE  # known users keep their model's answer
 
         model = _rec(stub, "anyone", model="trending")
@@ -280,4 +288,56 @@ def test_redis_down_the_fallback_is_popularity(sample_registry, redis_server):
         assert wait_until(lambda: _rec(stub, "stranger").fallback == pb.FALLBACK_TRENDING)
         redis_server.stop()
         assert wait_until(lambda: _rec(stub, "stranger").fallback == pb.FALLBACK_POPULAR_GLOBAL)
-        assert len(_rec(stub, "anyone", model="trending").items) == 0  # fails open: nothing trending
+        popular = _rec(stub, "stranger")
+        assert len(popular.items) == 10 and {i.fallback for i in popular.items} == {
+            pb.FALLBACK_POPULAR_GLOBAL
+        }
+        with pytest.raises(grpc.RpcError) as err:  # not an empty list that looks like "nothing trends"
+            _rec(stub, "anyone", model="trending")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "Redis" in err.value.details()
+
+
+# ------------------------------------------------------ the fallback topped up to n
+@pytest.fixture(scope="module")
+def genre_registry(sample_dir, tmp_path_factory):
+    """dcr with a genre per item (every third one "Horror"), trained through the real CLI."""
+    items = [line.split("|")[0] for line in (sample_dir / "items.txt").read_text().splitlines() if line]
+    csv = tmp_path_factory.mktemp("genres") / "items.csv"
+    csv.write_text(
+        "item,genre\n" + "".join(f"{i},{'Horror' if k % 3 == 0 else 'Drama'}\n" for k, i in enumerate(items))
+    )
+    flags = ["--set", "max_iter=3", "--item-attributes", str(csv)]
+    return train_into(
+        tmp_path_factory.mktemp("genre-registry"), sample_dir, [("dcr", "dcr", "ratings.data", flags)]
+    )
+
+
+def test_a_short_trending_list_is_topped_up_to_n_from_popularity(genre_registry, fresh, sample_dir):
+    items = [line.split("|")[0] for line in (sample_dir / "items.txt").read_text().splitlines() if line]
+    horror = {i for k, i in enumerate(items) if k % 3 == 0}
+    with (
+        ServerProcess(genre_registry, "--redis", fresh, "--poll-interval", "0") as server,
+        grpc.insecure_channel(server.target) as channel,
+    ):
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+        assert len(_rec(stub, "anyone", model="trending").items) == 0  # Redis up, nothing trends: empty, OK
+        dramas = [i for i in items if i not in horror][:2]
+        stub.RecordInteractions(pb.RecordInteractionsRequest(user_id="fan", item_ids=dramas), timeout=10)
+        short = wait_until(lambda: (r := _rec(stub, "stranger", n=20)).fallback == pb.FALLBACK_TRENDING and r)
+        assert short, "the unknown user never got the trending fallback"
+        ids = [i.id for i in short.items]
+        assert len(ids) == len(set(ids)) == 20 and set(ids[:2]) == set(dramas)
+        assert [i.fallback for i in short.items] == [pb.FALLBACK_TRENDING] * 2 + [
+            pb.FALLBACK_POPULAR_GLOBAL
+        ] * 18
+
+        # No trending item passes the filter: the answer is n items of the popularity list that do.
+        filtered = _rec(stub, "stranger", n=5, filter='genre in ("Horror")')
+        assert len(filtered.items) == 5 and {i.id for i in filtered.items} <= horror
+        assert filtered.fallback == pb.FALLBACK_POPULAR_GLOBAL
+        assert {i.fallback for i in filtered.items} == {pb.FALLBACK_POPULAR_GLOBAL}
+
+        # Fewer eligible items than n: all of them, each once.
+        few = _rec(stub, "stranger", n=5, candidate_item_ids=[*dramas, items[0]])
+        assert sorted(i.id for i in few.items) == sorted([*dramas, items[0]])
+        assert _rec(stub, "u001").items[0].fallback == pb.FALLBACK_NONE  # known users: the model's own

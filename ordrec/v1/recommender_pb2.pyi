@@ -32,30 +32,34 @@ FALLBACK_POPULAR_USER: Fallback
 FALLBACK_TRENDING: Fallback
 
 class ScoredId(_message.Message):
-    __slots__ = ("id", "score", "rating_distribution", "label", "explanations", "fresh")
+    __slots__ = ("id", "score", "rating_distribution", "label", "explanations", "fresh", "fallback")
     ID_FIELD_NUMBER: _ClassVar[int]
     SCORE_FIELD_NUMBER: _ClassVar[int]
     RATING_DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
     FRESH_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
     id: str
     score: float
     rating_distribution: _containers.RepeatedScalarFieldContainer[float]
     label: str
     explanations: _containers.RepeatedCompositeFieldContainer[Explanation]
     fresh: bool
-    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ..., explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ..., fresh: _Optional[bool] = ...) -> None: ...
+    fallback: Fallback
+    def __init__(self, id: _Optional[str] = ..., score: _Optional[float] = ..., rating_distribution: _Optional[_Iterable[float]] = ..., label: _Optional[str] = ..., explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ..., fresh: _Optional[bool] = ..., fallback: _Optional[_Union[Fallback, str]] = ...) -> None: ...
 
 class Explanation(_message.Message):
-    __slots__ = ("id", "share", "similarity")
+    __slots__ = ("id", "share", "similarity", "rating")
     ID_FIELD_NUMBER: _ClassVar[int]
     SHARE_FIELD_NUMBER: _ClassVar[int]
     SIMILARITY_FIELD_NUMBER: _ClassVar[int]
+    RATING_FIELD_NUMBER: _ClassVar[int]
     id: str
     share: float
     similarity: float
-    def __init__(self, id: _Optional[str] = ..., share: _Optional[float] = ..., similarity: _Optional[float] = ...) -> None: ...
+    rating: float
+    def __init__(self, id: _Optional[str] = ..., share: _Optional[float] = ..., similarity: _Optional[float] = ..., rating: _Optional[float] = ...) -> None: ...
 
 class AttributeCap(_message.Message):
     __slots__ = ("attribute", "max")

@@ -1,7 +1,8 @@
 """Why an item was recommended: the items of the user's own history that explain it.
 
-For each recommended item ``i`` and each history item ``h`` (the user's training items, or
-the items recorded for a folded-in user), a weight ``w(i, h)``:
+The history is the items the user liked (:func:`liked_history`: rated at or above their own
+mean, or interactions without a rating), of their training items or of the items recorded for
+a folded-in user. For each recommended item ``i`` and each history item ``h``, a weight ``w(i, h)``:
 
 - **DCR / Pairwise DCR**: ``w = max(0, sim(i, h))`` with ``sim`` the level-weighted inner
   product of the item factors (``service/indices/similar.py``): how much of ``i``'s score a user
@@ -146,6 +147,22 @@ def explained(
     sim = _similarities(_query(index, item_rows, fresh), trained, history, distance)
     rows, shares, sims = _best_reasons(sim, item_rows, history, k, distance, EPS)
     return Explained(rows, shares, sims)
+
+
+def liked_history(rows: np.ndarray, ratings: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The history items that may explain a recommendation, with their ratings: those the user
+    rated at or above their own mean rating, and those without a rating (NaN: an interaction
+    with no value, where every one counts as interest); every item when ``ratings`` is None
+    (a version that kept none). A disliked item is never a reason to recommend another."""
+    if ratings is None:
+        return rows, None
+    ratings = np.asarray(ratings, dtype=np.float64)
+    rated = np.isfinite(ratings)
+    if not rated.any():
+        return rows, ratings
+    # The highest always counts: rounding in the mean must not drop a user's equal ratings.
+    keep = ~rated | (ratings >= ratings[rated].mean()) | (ratings == ratings[rated].max())
+    return rows[keep], ratings[keep]
 
 
 def explain(

@@ -51,7 +51,7 @@ class UserLists:
 
 # Lists with one row per user.
 USER_LISTS = (
-    UserLists("seen_indptr", ("seen_indices",)),
+    UserLists("seen_indptr", ("seen_indices", "seen_ratings")),
     UserLists("user_tag_indptr", ("user_tag_indices", "user_tag_counts")),
     UserLists("post_indptr", ("post_items",), (UserLists("post_tag_indptr", ("post_tags",)),)),
 )
@@ -81,7 +81,7 @@ def without_list_rows(arrays: Mapping[str, np.ndarray], lists: UserLists, gone: 
     counts = np.diff(indptr)
     kept_entries = np.repeat(~gone, counts)
     out = {lists.indptr: np.concatenate([[0], np.cumsum(counts[~gone])]).astype(indptr.dtype)}
-    for name in lists.values:
+    for name in (name for name in lists.values if name in arrays):  # versions before seen_ratings
         values = np.asarray(arrays[name])
         if values.shape[0] != kept_entries.size:
             raise ArtifactError(

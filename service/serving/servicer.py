@@ -33,8 +33,8 @@ from ordrec.service.errors import (
     Unavailable,
 )
 from ordrec.service.indices.diversity import Diversify, rerank, settings_from_request
-from ordrec.service.indices.explain import Explained, explain_count, explained
-from ordrec.service.indices.models.base import usable_evidence
+from ordrec.service.indices.explain import Explained, explain_count, explained, liked_history
+from ordrec.service.indices.models.base import recorded_values, usable_evidence
 from ordrec.service.indices.rules import MAX_FILTER_CHARS, Eligible, FilterError, combine
 from ordrec.service.indices.similar import MAX_BASKET, item_vectors
 from ordrec.service.live.erasure import erase_user
@@ -50,10 +50,11 @@ from ordrec.service.live.fresh import (
 from ordrec.service.live.hidden import HiddenState
 from ordrec.service.live.online import NoOnlineEvaluation
 from ordrec.service.live.seen import Recorded, SeenStore
-from ordrec.service.live.trending import EMPTY, Trending, TrendingIndex, check_model_request, ranked_rows
+from ordrec.service.live.trending import Trending, TrendingIndex, check_model_request
 from ordrec.service.metrics import Metrics
 from ordrec.service.serving import validation as v
 from ordrec.service.serving.batching import RecommendBatcher
+from ordrec.service.serving.fallbacks import ColdStart, Sourced
 from ordrec.service.serving.store import LoadedModel, ModelStore
 from ordrec.service.serving.wire import WirePlan, encode_reply, scored_reply
 from ordrec.service.storage.artifact import ArtifactError
@@ -85,27 +86,6 @@ _FALLBACK = {
 
 
 _FALLBACK_LABEL = {pb.FALLBACK_TRENDING: "trending", pb.FALLBACK_POPULAR_GLOBAL: "popular_global"}
-
-
-class _ColdStart:
-    """Unknown users' answer from trending, read once per call and only when some user needs it
-    (its rows in the version's item map are the trending index's, mapped once per list)."""
-
-    def __init__(self, trending: TrendingIndex | None, items: IdMap, candidates, eligible: Eligible | None):
-        self.index, self.items, self.candidates, self.eligible = trending, items, candidates, eligible
-        self._found: tuple[Trending, np.ndarray] | None = None
-
-    def trending(self, n: int, exclude: np.ndarray | None):
-        """The first ``n`` eligible trending items as (rows, scores); None when nothing is trending."""
-        if self.index is None:
-            return None
-        if self._found is None:
-            self._found = self.index.current_rows(self.items)
-        current, rows = self._found
-        if not len(current):
-            return None
-        blocked = None if self.eligible is None else self.eligible.blocked
-        return ranked_rows(current, rows, n, exclude, self.candidates, blocked)
 
 
 class Undecodable:
@@ -270,10 +250,18 @@ def _check_cap(index, settings: Diversify) -> None:
         )
 
 
-def _recorded_rows(index, rated: dict[str, str]) -> np.ndarray:
-    """Rows of a folded-in user's recorded items the version knows (their history)."""
-    rows = index.items.rows(list(rated))
-    return rows[rows >= 0]
+def _explaining_history(
+    index, user_row: int, recorded: dict[str, str] | None
+) -> tuple[np.ndarray, dict[int, float]]:
+    """The history items that may explain a user's results (``explain.liked_history``: the
+    training items, or a folded-in user's recorded ones), and row -> the user's rating of each."""
+    if recorded is None:
+        rows, ratings = liked_history(index.seen(user_row), index.seen_rated(user_row))
+    else:
+        all_rows = index.items.rows(list(recorded))
+        known = all_rows >= 0
+        rows, ratings = liked_history(all_rows[known], recorded_values(list(recorded.values()))[known])
+    return rows, ({} if ratings is None else dict(zip(rows.tolist(), ratings.tolist())))
 
 
 def _add_scored_fresh(
@@ -285,8 +273,9 @@ def _add_scored_fresh(
         add(id=external, score=score, fresh=row >= fresh.base)
 
 
-def _add_explanations(items, ids: IdMap, reasons: Explained) -> None:
-    """Attach each result's reasons (``service/indices/explain.py``) as ``ScoredId.explanations``."""
+def _add_explanations(items, ids: IdMap, reasons: Explained, rating_of: dict[int, float]) -> None:
+    """Attach each result's reasons (``service/indices/explain.py``) as ``ScoredId.explanations``,
+    each with the user's rating of it where ``rating_of`` has one."""
     externals = ids.ids
     for item, rows, shares, sims in zip(
         items, reasons.rows.tolist(), reasons.shares.tolist(), reasons.similarities.tolist()
@@ -294,7 +283,24 @@ def _add_explanations(items, ids: IdMap, reasons: Explained) -> None:
         add = item.explanations.add
         for row, share, sim in zip(rows, shares, sims):
             if row >= 0:
-                add(id=externals[row], share=share, similarity=sim)
+                why = add(id=externals[row], share=share, similarity=sim)
+                rating = rating_of.get(row)
+                if rating is not None and np.isfinite(rating):
+                    why.rating = rating
+
+
+def _add_sourced(container, ids: IdMap, rows: np.ndarray, scores: np.ndarray, sourced: Sourced) -> None:
+    """:func:`_add_scored` for a fallback answer, each item flagged with its source (trending or
+    popularity; looked up by row, since re-ranking may have reordered them)."""
+    add, externals = container.add, ids.ids
+    if len(sourced.spans) == 1:  # the usual case: one source, one flag for every item
+        flag = sourced.spans[0][0]
+        for row, score in zip(rows.tolist(), scores.tolist()):
+            add(id=externals[row], score=score, fallback=flag)
+        return
+    source_of = sourced.source_of()
+    for row, score in zip(rows.tolist(), scores.tolist()):
+        add(id=externals[row], score=score, fallback=source_of[row])
 
 
 class _RecommendCall(NamedTuple):
@@ -619,25 +625,19 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         self._users_counters.get(model).inc(len(user_ids))
         for i, (uid, result) in enumerate(zip(user_ids, results)):
             result.model_version = model.version
-            vector = folded.get(uid)
+            vector, sourced = folded.get(uid), None
             if vector is not None:
                 ranked[i] = index.recommend_for(
                     vector, n, exclude=excludes[i], candidates=candidates, eligible=eligible
                 )
                 result.folded_in = True
                 m.folded_in.labels(model.name, model.version).inc()
-            elif ranked[i] is None:
-                cold = cold or _ColdStart(self.trending, index.items, candidates, eligible)
-                ranked[i] = cold.trending(n, excludes[i])  # None: nothing trending (or no Redis)
-                result.fallback = (
-                    pb.FALLBACK_TRENDING if ranked[i] is not None else pb.FALLBACK_POPULAR_GLOBAL
-                )
-                if ranked[i] is None:
-                    ranked[i] = index.popular(
-                        n, exclude=excludes[i], candidates=candidates, eligible=eligible
-                    )
+            elif ranked[i] is None:  # trending, topped up to n from popularity (fallbacks.py)
+                cold = cold or ColdStart(self.trending, index, candidates, eligible)
+                ranked[i] = sourced = cold.answer(n, excludes[i])
+                result.fallback = sourced.first_source()
                 m.fallbacks.labels(model.name, "Recommend", _FALLBACK_LABEL[result.fallback]).inc()
-            rows, scores = ranked[i]
+            rows, scores = ranked[i][:2]
             fresh = group.fresh if user_rows[i] >= 0 or vector is not None else None
             if fresh is not None:  # service/live/fresh.py: only versions with fresh items come here
                 vector = index.user_vector(int(user_rows[i])) if vector is None else vector
@@ -646,20 +646,18 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             # --- request features (service/indices/diversity.py, service/indices/explain.py)
             if call.diversify.active:
                 rows, scores = _diversified(index, (rows, scores), call.n, call.diversify, fresh)
-            if fresh is None:
+            if sourced is not None:  # a fallback answer: never fresh items (no user vector)
+                _add_sourced(result.items, index.items, rows, scores, sourced)
+            elif fresh is None:
                 _add_scored(result.items, index.items, rows, scores)
             else:
                 _add_scored_fresh(result.items, index.items, fresh, rows, scores)
             if call.explain and (user_rows[i] >= 0 or vector is not None):
-                history = (
-                    index.seen(int(user_rows[i]))
-                    if uid not in evidence
-                    else _recorded_rows(index, evidence[uid])
-                )
+                history, rating_of = _explaining_history(index, int(user_rows[i]), evidence.get(uid))
                 reasons = explained(
                     index, rows, history, call.explain, None if fresh is None else fresh.factors
                 )
-                _add_explanations(result.items, index.items, reasons)
+                _add_explanations(result.items, index.items, reasons, rating_of)
             # ---
             if call.with_distribution and (user_rows[i] >= 0 or vector is not None):
                 dist = (
@@ -977,7 +975,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
         excluded |= self.hidden.sets().get(ALL_MODELS, set()) if self.hidden else set()
         recent, _, degraded = self.seen.lookup(user_ids if exclude_seen else [])
-        current = self.trending.current() if self.trending else EMPTY
+        current = self._trending_now()
         reply = pb.RecommendResponse(model=self.trending_name, seen_filter_degraded=degraded and exclude_seen)
         for uid in user_ids:
             result = reply.results.add(user_id=uid)
@@ -988,6 +986,26 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
                 if item not in excluded and item not in recorded and (not candidates or item in candidates):
                     result.items.add(id=item, score=score)
         return reply
+
+    def _trending_now(self) -> Trending:
+        """The trending list; UNAVAILABLE when it is empty because Redis cannot be read (an
+        empty list must mean that nothing is trending, not that nobody could look)."""
+        assert self.trending is not None  # _is_trending_model checked it
+        current = self.trending.current()
+        if not len(current) and not self._trending_reachable():
+            raise Unavailable("the trending model reads Redis, which is unreachable; retry later")
+        return current
+
+    def _trending_reachable(self) -> bool:
+        """Whether trending's Redis answers (asked only when the list is empty: a ping)."""
+        index = self.trending
+        if index is None or index.client is None or not index.healthy():
+            return False
+        try:
+            index.client.ping()
+        except redis.RedisError:
+            return False
+        return True
 
     # ----------------------------------------------------------- ListModels
     @rpc

@@ -475,12 +475,15 @@ class COE(Estimator):
         return dict(params, **asdict(self.solver_settings()))
 
     def to_artifact(self) -> Artifact:
-        """Arrays ``user_coords``, ``item_coords``, ``seen_indptr``, ``seen_indices``, ``item_popularity``."""
+        """Arrays ``user_coords``, ``item_coords``, ``seen_indptr``, ``seen_indices``, ``seen_ratings``
+        (when the ratings are known), ``item_popularity``."""
         if not hasattr(self, "user_coords_"):
             raise ValueError("fit the model before packing it")
-        user, item, _ = self._seen
+        user, item, rating = self._seen
         n_users, n_items = len(self.users_), len(self.items_)
         order = np.lexsort((item, user))
+        # The ratings, for the server's explanations (from the items a user liked), when known.
+        ratings = {} if rating is None else {"seen_ratings": np.asarray(rating, dtype=np.float32)[order]}
         seen_indptr = np.zeros(n_users + 1, dtype=np.int64)
         np.cumsum(np.bincount(user, minlength=n_users), out=seen_indptr[1:])
         popularity = np.bincount(item, minlength=n_items).astype(np.float32)
@@ -491,6 +494,7 @@ class COE(Estimator):
                 "item_coords": self.item_coords_,
                 "seen_indptr": seen_indptr,
                 "seen_indices": item[order].astype(np.int32),
+                **ratings,
                 "item_popularity": popularity,
             },
             ids={"users": self.users_, "items": self.items_},

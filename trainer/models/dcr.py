@@ -785,6 +785,14 @@ class DCR(Estimator):
         params.update({flat: settings[name] for flat, name in PAIRWISE_FLAT.items()})
         return params
 
+    def _seen_ratings(self) -> np.ndarray:
+        """Each training rating's value, aligned with ``seen_indices`` (NaN for "not rated"):
+        the server explains recommendations from the items a user liked."""
+        values = np.asarray(self.levels_, dtype=np.float32)[self.seen_levels_]
+        if self._unrated:
+            values[self.seen_levels_ == 0] = np.nan
+        return values
+
     def to_artifact(
         self,
         *,
@@ -862,6 +870,7 @@ class DCR(Estimator):
                 "item_factors": item_factors,
                 "seen_indptr": self.seen_indptr_.astype(np.int64, copy=copy),
                 "seen_indices": self.seen_indices_.astype(np.int32, copy=copy),
+                "seen_ratings": self._seen_ratings(),
                 "item_popularity": self.item_popularity_,
             },
             ids={"users": self.users_, "items": self.items_},

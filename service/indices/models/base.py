@@ -92,6 +92,14 @@ class RecommenderIndex(ModelIndex):
         # Read-only: a request hands its user's slice to kernels and must not be able to write it.
         self.seen_indices = np.asarray(artifact.array("seen_indices"), dtype=np.int64).view()
         self.seen_indices.flags.writeable = False
+        # The rating of each seen entry (NaN: none), for explanations; None in versions without it.
+        self.seen_ratings = (
+            np.asarray(artifact.array("seen_ratings"), dtype=np.float32)
+            if "seen_ratings" in artifact.arrays
+            else None
+        )
+        if self.seen_ratings is not None and self.seen_ratings.shape != self.seen_indices.shape:
+            raise ArtifactError(f"{artifact.describe()}: seen_ratings does not match seen_indices")
         self.popularity = np.asarray(artifact.array("item_popularity"), dtype=np.float32)
         if self.seen_indptr.shape != (len(self.users) + 1,):
             raise ArtifactError(f"{artifact.describe()}: seen_indptr does not match the users")
@@ -167,6 +175,13 @@ class RecommenderIndex(ModelIndex):
     def seen(self, user_row: int) -> np.ndarray:
         """Item rows the user had in the training data."""
         return self.seen_indices[self.seen_indptr[user_row] : self.seen_indptr[user_row + 1]]
+
+    def seen_rated(self, user_row: int) -> np.ndarray | None:
+        """The user's ratings of :meth:`seen`'s items (NaN where none); None when the version
+        kept no ratings."""
+        if self.seen_ratings is None:
+            return None
+        return self.seen_ratings[self.seen_indptr[user_row] : self.seen_indptr[user_row + 1]]
 
     def recommend(
         self,
@@ -317,9 +332,14 @@ def usable_evidence(
     """The rows and values a fold-in takes from recorded interactions (``recorded``: the rating
     text of each row; text that is no number is a pick, taken where the kind folds picks in):
     rows the version knows only; None when nothing is usable."""
-    values = np.array([_recorded_value(text) for text in recorded], dtype=np.float64)
+    values = recorded_values(recorded)
     usable = (rows >= 0) & (np.isfinite(values) | index.folds_in_picks)
     return (rows[usable], values[usable]) if usable.any() else None
+
+
+def recorded_values(recorded: list[str]) -> np.ndarray:
+    """Recorded rating texts as numbers (NaN for a pick: text that is no number)."""
+    return np.array([_recorded_value(text) for text in recorded], dtype=np.float64)
 
 
 def _recorded_value(text: str) -> float:
