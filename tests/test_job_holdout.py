@@ -238,24 +238,10 @@ def test_the_published_popularity_figure_on_ml100k_is_the_independent_one(tmp_pa
     from ordrec.trainer.data.readers import read_ratings
     from ordrec.trainer.job import DEFAULT_HOLDOUT, run_job
     from tests.conftest import data_file
+    from tests.test_topn import ratings_job
 
     ratings = data_file("ml-100k", "u.data")
-    job = tmp_path / "job.toml"
-    job.write_text(
-        f"""[job]
-name = "floor"
-registry = "{tmp_path / "reg"}"
-[data.ratings]
-path = "{ratings}"
-format = "ml-100k"
-[[models]]
-name = "dcr"
-kind = "dcr"
-data = "ratings"
-params = {{ n_components = 4, max_iter = 1 }}
-gate = {{ popularity_floor = false }}
-"""
-    )
+    job = ratings_job(tmp_path, ratings, "n_components = 4, max_iter = 1", "{ popularity_floor = false }")
     run_job(job)
     published = Registry(tmp_path / "reg").load("dcr")
     train, test = holdout.split(read_ratings(ratings, "ml-100k"), DEFAULT_HOLDOUT, 0)

@@ -209,16 +209,16 @@ def taste_picks(path, seed=0, n_users=300, n_items=500, per_user=10, groups=5) -
     path.write_text("".join(lines))
 
 
-def popular_picks_job(tmp_path, params: str, gate: str = "{}", picks=popular_picks):
-    """A job named "floor" training one DCR on ``picks`` data (:func:`popular_picks`)."""
-    picks(tmp_path / "r.data")
+def ratings_job(tmp_path, ratings, params: str, gate: str = "{}"):
+    """A job named "floor" training one DCR on the ``ratings`` file (ML-100K's format) into
+    ``tmp_path / "reg"``."""
     job = tmp_path / "job.toml"
     job.write_text(
         f"""[job]
 name = "floor"
 registry = "{tmp_path / "reg"}"
 [data.ratings]
-path = "{tmp_path / "r.data"}"
+path = "{ratings}"
 format = "ml-100k"
 [[models]]
 name = "dcr"
@@ -229,6 +229,12 @@ gate = {gate}
 """
     )
     return job
+
+
+def popular_picks_job(tmp_path, params: str, gate: str = "{}", picks=popular_picks):
+    """:func:`ratings_job` on ``picks`` data (:func:`popular_picks`)."""
+    picks(tmp_path / "r.data")
+    return ratings_job(tmp_path, tmp_path / "r.data", params, gate)
 
 
 @pytest.mark.parametrize("floor", [True, False])

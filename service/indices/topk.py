@@ -45,6 +45,21 @@ ITEM_MATRIX_TYPES = (
 )  # row- or column-major items
 
 
+@njit(cache=True, inline="always")
+def _insert(best_idx, best_val, count, k, s, i):
+    # Insert score ``s`` of row ``i`` into the descending buffer of ``count`` (at most ``k``)
+    # entries, past its equals (ties keep the lower row first); return the new count.
+    pos = count if count < k else k - 1
+    while pos > 0 and best_val[pos - 1] < s:
+        if pos < k:
+            best_val[pos] = best_val[pos - 1]
+            best_idx[pos] = best_idx[pos - 1]
+        pos -= 1
+    best_val[pos] = s
+    best_idx[pos] = i
+    return count + 1 if count < k else count
+
+
 @njit(cache=True)
 def _top_k_kernel(scores, k):
     best_idx = np.empty(k, dtype=np.int64)
@@ -56,16 +71,7 @@ def _top_k_kernel(scores, k):
             continue
         if count == k and s <= best_val[k - 1]:
             continue
-        pos = count if count < k else k - 1
-        while pos > 0 and best_val[pos - 1] < s:
-            if pos < k:
-                best_val[pos] = best_val[pos - 1]
-                best_idx[pos] = best_idx[pos - 1]
-            pos -= 1
-        best_val[pos] = s
-        best_idx[pos] = i
-        if count < k:
-            count += 1
+        count = _insert(best_idx, best_val, count, k, s, i)
     return best_idx[:count], best_val[:count]
 
 
@@ -88,16 +94,7 @@ def _top_k_masked_kernel(scores, blocked, k):
                 continue
         elif blocked[i] or not (s > -np.inf):
             continue
-        pos = count if count < k else k - 1
-        while pos > 0 and best_val[pos - 1] < s:
-            if pos < k:
-                best_val[pos] = best_val[pos - 1]
-                best_idx[pos] = best_idx[pos - 1]
-            pos -= 1
-        best_val[pos] = s
-        best_idx[pos] = i
-        if count < k:
-            count += 1
+        count = _insert(best_idx, best_val, count, k, s, i)
     return best_idx[:count], best_val[:count]
 
 
@@ -124,16 +121,7 @@ def _top_k_skipping_body(scores, blocked, masked, skip, k):
             continue
         if (masked and blocked[i]) or _holds(skip, i):
             continue
-        pos = count if count < k else k - 1
-        while pos > 0 and best_val[pos - 1] < s:
-            if pos < k:
-                best_val[pos] = best_val[pos - 1]
-                best_idx[pos] = best_idx[pos - 1]
-            pos -= 1
-        best_val[pos] = s
-        best_idx[pos] = i
-        if count < k:
-            count += 1
+        count = _insert(best_idx, best_val, count, k, s, i)
     return best_idx[:count], best_val[:count]
 
 
