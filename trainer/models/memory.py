@@ -1,0 +1,139 @@
+"""The memory a fit will need, predicted before it starts, against the memory the process has.
+
+Each kind may register a predictor (``ModelKind.memory``: ``function(estimator, data)`` giving
+a :class:`MemoryPrediction` from the data's shape and the settings that multiply it). Before a
+fit, :func:`check_fit_memory` compares the prediction with the smallest of the address-space
+headroom under ``RLIMIT_AS``, the cgroup's ``memory.max`` headroom and ``MemAvailable``, and
+stops a fit that cannot fit with :class:`FitTooLarge`, naming both figures and what to change,
+instead of letting the kernel kill it or an allocation fail midway.
+"""
+
+from __future__ import annotations
+
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ordrec.service.indices.models import kinds
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class MemoryPrediction:
+    """A fit's predicted peak: the bytes it adds above what the process holds when it starts."""
+
+    peak: int  # resident bytes at the fit's peak (the data already read not included)
+    shape: str  # what it was predicted from, e.g. "20,000 users x 2,000 items, 5 levels, 50 dimensions"
+    remedies: str  # what to change when it does not fit
+    parts: dict[str, int] = field(default_factory=dict)  # the largest terms by name, for the message
+    # Address space reserved but not made resident (the kernels' thread stacks and malloc
+    # arenas): it counts against RLIMIT_AS only.
+    reserved: int = 0
+
+
+@dataclass(frozen=True)
+class Limit:
+    """Memory available to the process under one limit."""
+
+    name: str
+    available: int
+    address_space: bool = False  # RLIMIT_AS: reservations count too
+
+
+class FitTooLarge(ValueError):
+    """A fit predicted to need more memory than the process has (a usage error: change the settings)."""
+
+
+def gigabytes(n: float) -> str:
+    """``n`` bytes as "21.5 GB" (three significant figures below 10 GB)."""
+    return f"{n / GB:.3g} GB" if n < 10 * GB else f"{n / GB:.1f} GB"
+
+
+def _status_bytes(key: str) -> int:
+    """A ``kB`` figure of /proc/self/status (``VmSize``, ``VmRSS``, ...) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def _address_space_limit() -> Limit | None:
+    """RLIMIT_AS less the address space the process maps now (None: unlimited)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return Limit("address space left under RLIMIT_AS", soft - _status_bytes("VmSize"), address_space=True)
+
+
+def _cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> Limit | None:
+    """The least ``memory.max - memory.current`` of the process's cgroup (v2) and its ancestors."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    paths = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
+    if not paths:
+        return None
+    best = None
+    folder = root / paths[0].lstrip("/")
+    while True:
+        try:
+            limit = (folder / "memory.max").read_text().strip()
+            used = int((folder / "memory.current").read_text())
+        except (OSError, ValueError):
+            limit = "max"
+        if limit != "max" and (best is None or int(limit) - used < best):
+            best = int(limit) - used
+        if folder == root or root not in folder.parents:
+            break
+        folder = folder.parent
+    return None if best is None else Limit("cgroup memory.max headroom", best)
+
+
+def _meminfo_limit() -> Limit | None:
+    """``MemAvailable`` of /proc/meminfo: what the machine can give without swapping."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return Limit("MemAvailable", int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    return None
+
+
+def memory_limits() -> list[Limit]:
+    """Every limit that applies to this process now (address space, cgroup, the machine's)."""
+    return [x for x in (_address_space_limit(), _cgroup_limit(), _meminfo_limit()) if x is not None]
+
+
+def predict_fit_memory(kind: str, estimator: Any, data: Any) -> MemoryPrediction | None:
+    """The registered prediction of fitting ``estimator`` (what ``configure`` built) on ``data``;
+    None when ``kind`` registers no predictor."""
+    predictor = kinds.get(kind).memory_predictor()
+    return None if predictor is None else predictor(estimator, data)
+
+
+def check_fit_memory(kind: str, estimator: Any, data: Any) -> MemoryPrediction | None:
+    """Stop (:class:`FitTooLarge`) a fit predicted to need more than some limit leaves; the
+    prediction otherwise (None for a kind without a predictor)."""
+    prediction = predict_fit_memory(kind, estimator, data)
+    if prediction is None:
+        return None
+    for limit in memory_limits():
+        need = prediction.peak + (prediction.reserved if limit.address_space else 0)
+        if need > limit.available:
+            raise FitTooLarge(too_large_message(kind, prediction, need, limit))
+    return prediction
+
+
+def too_large_message(kind: str, prediction: MemoryPrediction, need: int, limit: Limit) -> str:
+    """What a stopped fit says: the predicted figure, its largest parts, what is available, what to change."""
+    parts = ", ".join(f"{name} {gigabytes(size)}" for name, size in prediction.parts.items())
+    return (
+        f"this {kind} fit needs about {gigabytes(need)} of memory, predicted for {prediction.shape}"
+        f" ({parts}), and {gigabytes(max(limit.available, 0))} is available ({limit.name}):"
+        f" {prediction.remedies}; or a bigger machine. To fit anyway: ordrec-train train"
+        " --no-memory-check, or memory_check = false in the job's model table."
+    )
