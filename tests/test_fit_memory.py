@@ -142,40 +142,10 @@ def test_the_limits_include_the_address_space_left_under_rlimit_as():
     assert "MemAvailable" in limits
 
 
-# The child fits generated ratings of one shape and prints the prediction and its peak
-# resident memory above the start of the fit (VmHWM, reset just before it): the fit and the
-# artifact a train command writes. Under LIMIT when run with one.
-MEASURE = textwrap.dedent(
-    """
-    import json, resource, sys
-    import numpy as np
-    from ordrec.service.storage.idmap import numbered_ids
-    from ordrec.trainer.data.types import Ratings
-    from ordrec.trainer.models.configured import configure
-    from ordrec.trainer.models.memory import predict_fit_memory
-
-    def status(key):
-        return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(key + ":"))
-
-    users, items, n, params, cap = json.loads(sys.argv[1])
-    rng = np.random.default_rng(0)
-    data = Ratings(
-        numbered_ids(users), numbered_ids(items),
-        rng.integers(0, users, n, dtype=np.int32), rng.integers(0, items, n, dtype=np.int32),
-        rng.integers(1, 6, n).astype(np.float32),
-    )
-    configured = configure("dcr", dict(params, max_iter=2))
-    prediction = predict_fit_memory("dcr", configured.estimator, data)
-    if cap:  # the address space left is exactly the prediction: the trainer must not need more
-        limit = status("VmSize") + prediction.peak + prediction.reserved
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    open("/proc/self/clear_refs", "w").write("5")
-    start = status("VmRSS")
-    configured.fit(data, check_memory=not cap)
-    artifact = configured.to_artifact()
-    print(json.dumps({"predicted": prediction.peak, "actual": status("VmHWM") - start}))
-    """
-)
+# The child (benchmarks/predict_dcr_memory.py --child) fits generated ratings of one shape
+# and prints the prediction and its peak resident memory above the start of the fit (VmHWM,
+# reset just before it): the fit and the artifact a train command writes.
+CHILD = Path(__file__).resolve().parent.parent / "benchmarks" / "predict_dcr_memory.py"
 
 SHAPES = [
     (20_000, 2_000, 200_000, {}),
@@ -187,7 +157,7 @@ SHAPES = [
 
 def _measure(users: int, items: int, n: int, params: dict, cap: bool) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", MEASURE, json.dumps([users, items, n, params, cap])],
+        [sys.executable, str(CHILD), "--child", json.dumps([users, items, n, params, cap])],
         capture_output=True,
         text=True,
         timeout=600,

@@ -213,4 +213,5 @@ def predicted_memory(estimator, data: Ratings, ann_min_items: int = ANN_MIN_ITEM
             f"{largest}'s other arrays": peak - shape.factors(),
         },
         reserved=THREAD_RESERVE * numba.get_num_threads(),
+        phases=phases,
     )

@@ -31,6 +31,9 @@ class MemoryPrediction:
     # Address space reserved but not made resident (the kernels' thread stacks and malloc
     # arenas): it counts against RLIMIT_AS only.
     reserved: int = 0
+    # The arrays held at the peak of each phase (the fit, its hold-outs, the artifact), before
+    # any margin: what docs compare with measured peaks.
+    phases: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
