@@ -17,7 +17,7 @@ import pytest
 
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.models.configured import configure
-from ordrec.trainer.models.memory import gigabytes, predict_fit_memory
+from ordrec.trainer.models.memory import cgroup_limit, gigabytes, predict_fit_memory
 
 # Every subprocess here runs under this address-space limit: a fit the check failed to stop
 # fails its allocation instead of growing towards the machine's memory.
@@ -140,6 +140,43 @@ def test_the_limits_include_the_address_space_left_under_rlimit_as():
     left = limits["address space left under RLIMIT_AS"]
     assert abs(left - ((6 << 30) - out["size"])) < (16 << 20)
     assert "MemAvailable" in limits
+
+
+def _cgroup_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_the_cgroup_headroom_is_the_least_of_the_process_group_and_its_parents(tmp_path):
+    membership = tmp_path / "cgroup"
+    membership.write_text("0::/jobs/trainer\n")
+    _cgroup_tree(
+        tmp_path,
+        {
+            "jobs/trainer/memory.max": "max\n",
+            "jobs/trainer/memory.current": "100\n",
+            "jobs/memory.max": "5000000000\n",
+            "jobs/memory.current": "3000000000\n",
+            "memory.max": "max\n",
+        },
+    )
+    limit = cgroup_limit(tmp_path, membership)
+    assert limit is not None and limit.available == 2_000_000_000 and "memory.max" in limit.name
+    membership.write_text("4:memory:/box\n0::/\n")  # v1's memory controller, a v2 root beside it
+    _cgroup_tree(
+        tmp_path,
+        {
+            "memory/box/memory.limit_in_bytes": "3000000000\n",
+            "memory/box/memory.usage_in_bytes": "1000000000\n",
+            "memory/memory.limit_in_bytes": "9223372036854771712\n",  # v1's "unlimited"
+            "memory/memory.usage_in_bytes": "8000000000\n",
+        },
+    )
+    limit = cgroup_limit(tmp_path, membership)
+    assert limit is not None and limit.available == 2_000_000_000 and "limit_in_bytes" in limit.name
+    (tmp_path / "memory/box/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_limit(tmp_path, membership) is None
 
 
 # The child (benchmarks/predict_dcr_memory.py --child) fits generated ratings of one shape

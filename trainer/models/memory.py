@@ -3,7 +3,7 @@
 Each kind may register a predictor (``ModelKind.memory``: ``function(estimator, data)`` giving
 a :class:`MemoryPrediction` from the data's shape and the settings that multiply it). Before a
 fit, :func:`check_fit_memory` compares the prediction with the smallest of the address-space
-headroom under ``RLIMIT_AS``, the cgroup's ``memory.max`` headroom and ``MemAvailable``, and
+headroom under ``RLIMIT_AS``, the memory cgroup's headroom (v2 or v1) and ``MemAvailable``, and
 stops a fit that cannot fit with :class:`FitTooLarge`, naming both figures and what to change,
 instead of letting the kernel kill it or an allocation fail midway.
 """
@@ -70,29 +70,56 @@ def _address_space_limit() -> Limit | None:
     return Limit("address space left under RLIMIT_AS", soft - _status_bytes("VmSize"), address_space=True)
 
 
-def _cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> Limit | None:
-    """The least ``memory.max - memory.current`` of the process's cgroup (v2) and its ancestors."""
+# cgroup v1 writes "no limit" as the largest page-aligned int64.
+_UNLIMITED_V1 = 1 << 62
+
+
+def _memory_cgroup(root: Path, membership: Path) -> tuple[Path, Path, str, str] | None:
+    """The process's memory cgroup: its folder, the hierarchy's top, and the names of the
+    limit and usage files (v1's ``memory`` controller, else v2's unified hierarchy)."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = membership.read_text().splitlines()
     except OSError:
         return None
-    paths = [line.split(":", 2)[2] for line in lines if line.startswith("0::")]
-    if not paths:
+    entries = [line.split(":", 2) for line in lines if line.count(":") >= 2]
+    for _, controllers, path in entries:
+        if "memory" in controllers.split(","):
+            top = root / "memory"
+            return top / path.lstrip("/"), top, "memory.limit_in_bytes", "memory.usage_in_bytes"
+    for hierarchy, controllers, path in entries:
+        if hierarchy == "0" and not controllers:
+            return root / path.lstrip("/"), root, "memory.max", "memory.current"
+    return None
+
+
+def cgroup_limit(
+    root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> Limit | None:
+    """The least limit-less-usage of the process's memory cgroup and its ancestors (v2
+    ``memory.max - memory.current``, v1 ``memory.limit_in_bytes - memory.usage_in_bytes``);
+    None when none sets a limit."""
+    found = _memory_cgroup(root, membership)
+    if found is None:
         return None
+    folder, top, limit_file, usage_file = found
     best = None
-    folder = root / paths[0].lstrip("/")
     while True:
         try:
-            limit = (folder / "memory.max").read_text().strip()
-            used = int((folder / "memory.current").read_text())
+            text = (folder / limit_file).read_text().strip()
+            limit = None if text == "max" else int(text)
+            left = (
+                None
+                if limit is None or limit >= _UNLIMITED_V1
+                else limit - int((folder / usage_file).read_text())
+            )
         except (OSError, ValueError):
-            limit = "max"
-        if limit != "max" and (best is None or int(limit) - used < best):
-            best = int(limit) - used
-        if folder == root or root not in folder.parents:
+            left = None
+        if left is not None and (best is None or left < best):
+            best = left
+        if folder == top or top not in folder.parents:
             break
         folder = folder.parent
-    return None if best is None else Limit("cgroup memory.max headroom", best)
+    return None if best is None else Limit(f"cgroup {limit_file} headroom", best)
 
 
 def _meminfo_limit() -> Limit | None:
@@ -108,7 +135,7 @@ def _meminfo_limit() -> Limit | None:
 
 def memory_limits() -> list[Limit]:
     """Every limit that applies to this process now (address space, cgroup, the machine's)."""
-    return [x for x in (_address_space_limit(), _cgroup_limit(), _meminfo_limit()) if x is not None]
+    return [x for x in (_address_space_limit(), cgroup_limit(), _meminfo_limit()) if x is not None]
 
 
 def predict_fit_memory(kind: str, estimator: Any, data: Any) -> MemoryPrediction | None:
