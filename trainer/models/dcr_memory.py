@@ -31,7 +31,7 @@ from ordrec.trainer.models.ranking import SCORE_BATCH
 KERNEL_RUNTIME = 64 << 20
 THREAD_RESERVE = 72 << 20
 # Above the arrays: freed ones that malloc keeps for reuse (below its mmap threshold, which
-# rises to 32 MB) and small temporaries not counted; measured at most 1% above the arrays.
+# rises to 32 MB) and small temporaries not counted; measured up to 1.3% above the arrays.
 MARGIN = 0.1
 # A score in a scoring batch on the validation hold-outs: float32 and the top-k selection's
 # int64 position.
@@ -185,7 +185,7 @@ def predicted_memory(estimator, data: Ratings, ann_min_items: int = ANN_MIN_ITEM
     n = len(data)
     phases = {
         "the fit": fit_peak(shape, n),
-        "the artifact": held_after_fit(shape, n) + artifact_bytes(shape, n, ann_min_items),
+        "writing the artifact": held_after_fit(shape, n) + artifact_bytes(shape, n, ann_min_items),
     }
     for wrapper in chain[:-1]:
         if isinstance(wrapper, ValidatedRefinement):
@@ -210,7 +210,7 @@ def predicted_memory(estimator, data: Ratings, ann_min_items: int = ANN_MIN_ITEM
         ),
         parts={
             "the factors": shape.factors(),
-            f"{largest}'s other arrays": peak - shape.factors(),
+            f"other arrays ({largest})": peak - shape.factors(),
         },
         reserved=THREAD_RESERVE * numba.get_num_threads(),
         phases=phases,
