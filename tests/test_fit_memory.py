@@ -5,19 +5,24 @@ measured peak."""
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from ordrec.service.indices.models import kinds
 from ordrec.trainer.data.readers import read_input
+from ordrec.trainer.job import EXIT_PUBLISHED, run_job
 from ordrec.trainer.models.configured import configure
-from ordrec.trainer.models.memory import cgroup_limit, gigabytes, predict_fit_memory
+from ordrec.trainer.models.memory import MemoryPrediction, cgroup_limit, gigabytes, predict_fit_memory
+from tests import toy_kind
 
 # Every subprocess here runs under this address-space limit: a fit the check failed to stop
 # fails its allocation instead of growing towards the machine's memory.
@@ -213,3 +218,47 @@ def test_the_prediction_bounds_the_measured_peak_within_three_times(users, items
 @pytest.mark.parametrize("users,items,n,params", SHAPES[:2])
 def test_the_fit_completes_in_the_address_space_it_predicts(users, items, n, params):
     _measure(users, items, n, params, cap=True)
+
+
+# The toy kind with a memory predictor that records, at each check, how many fitted models
+# are still alive: a job's refit must not sit on top of the measured model it will not publish.
+FITTED: weakref.WeakSet = weakref.WeakSet()
+ALIVE_AT_CHECK: list[int] = []
+
+
+class TrackedEstimator(toy_kind.Estimator):
+    def fit(self, data):
+        FITTED.add(self)
+        return super().fit(data)
+
+
+def alive_models(estimator, data) -> MemoryPrediction:
+    gc.collect()
+    ALIVE_AT_CHECK.append(len(FITTED))
+    return MemoryPrediction(peak=1 << 20, shape=f"{len(data)} ratings", remedies="none needed")
+
+
+TRACKED = kinds.ModelKind(
+    "toy",
+    index="tests.toy_kind:Index",
+    estimator="tests.test_fit_memory:TrackedEstimator",
+    protocol="tests.toy_kind",
+    summary="toy, its fitted models tracked",
+    memory="tests.test_fit_memory:alive_models",
+)
+
+
+def test_a_jobs_refit_starts_without_the_measured_model(tmp_path):
+    kinds.register(TRACKED)
+    try:
+        data = _ratings_file(tmp_path)
+        job = tmp_path / "job.toml"
+        job.write_text(
+            f'[job]\nname = "toy"\nregistry = "reg"\n\n[data.r]\npath = "{data.name}"\nformat = "tsv"\n\n'
+            '[[models]]\nname = "toy-job"\nkind = "toy"\ndata = "r"\n'
+        )
+        ALIVE_AT_CHECK.clear()
+        assert run_job(job) == EXIT_PUBLISHED
+    finally:
+        kinds.unregister("toy")
+    assert ALIVE_AT_CHECK == [0, 0]  # the fit on the training part, then the refit on all
