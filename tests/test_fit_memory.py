@@ -184,22 +184,29 @@ def test_the_cgroup_headroom_is_the_least_of_the_process_group_and_its_parents(t
     assert cgroup_limit(tmp_path, membership) is None
 
 
-# The child (benchmarks/predict_dcr_memory.py --child) fits generated ratings of one shape
+# The child (benchmarks/predict_memory.py --child) fits generated ratings of one shape
 # and prints the prediction and its peak resident memory above the start of the fit (VmHWM,
 # reset just before it): the fit and the artifact a train command writes.
-CHILD = Path(__file__).resolve().parent.parent / "benchmarks" / "predict_dcr_memory.py"
+CHILD = Path(__file__).resolve().parent.parent / "benchmarks" / "predict_memory.py"
 
 SHAPES = [
-    (20_000, 2_000, 200_000, {}),
-    (100_000, 5_000, 200_000, {"n_components": 60}),
+    ("dcr", 20_000, 2_000, 200_000, {}),
+    ("dcr", 100_000, 5_000, 200_000, {"n_components": 60}),
     # The validated refinement a job runs: a hold-out fit, its scoring, the full fit.
-    (50_000, 3_000, 300_000, {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000}),
+    (
+        "dcr",
+        50_000,
+        3_000,
+        300_000,
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000},
+    ),
+    ("coe", 100_000, 10_000, 2_000_000, {}),
 ]
 
 
-def _measure(users: int, items: int, n: int, params: dict, cap: bool) -> dict:
+def _measure(kind: str, users: int, items: int, n: int, params: dict, cap: bool) -> dict:
     done = subprocess.run(
-        [sys.executable, str(CHILD), "--child", json.dumps([users, items, n, params, cap])],
+        [sys.executable, str(CHILD), "--child", json.dumps([kind, users, items, n, params, cap])],
         capture_output=True,
         text=True,
         timeout=600,
@@ -209,15 +216,15 @@ def _measure(users: int, items: int, n: int, params: dict, cap: bool) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("users,items,n,params", SHAPES)
-def test_the_prediction_bounds_the_measured_peak_within_three_times(users, items, n, params):
-    measured = _measure(users, items, n, params, cap=False)
+@pytest.mark.parametrize("kind,users,items,n,params", SHAPES)
+def test_the_prediction_bounds_the_measured_peak_within_three_times(kind, users, items, n, params):
+    measured = _measure(kind, users, items, n, params, cap=False)
     assert measured["actual"] <= measured["predicted"] <= 3 * measured["actual"], measured
 
 
-@pytest.mark.parametrize("users,items,n,params", SHAPES[:2])
-def test_the_fit_completes_in_the_address_space_it_predicts(users, items, n, params):
-    _measure(users, items, n, params, cap=True)
+@pytest.mark.parametrize("kind,users,items,n,params", [*SHAPES[:2], SHAPES[-1]])
+def test_the_fit_completes_in_the_address_space_it_predicts(kind, users, items, n, params):
+    _measure(kind, users, items, n, params, cap=True)
 
 
 # The toy kind with a memory predictor that records, at each check, how many fitted models

@@ -14,25 +14,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 
 from ordrec.service.indices.ann import ANN_MIN_ITEMS
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models.dcr import DCR, EarlyStoppedDCR, PairwiseDCR, ResearchOptions, ValidatedRefinement
 from ordrec.trainer.models.dcr_kernels import LEVEL_CHUNK, ROW_BLOCK, distinct_values, level_dtype
-from ordrec.trainer.models.memory import MemoryPrediction
+from ordrec.trainer.models.memory import KERNEL_RUNTIME, MARGIN, MemoryPrediction, kernel_threads_reserve
 from ordrec.trainer.models.ranking import SCORE_BATCH
 
-# The resident memory the kernels add once per process: the OpenMP runtime and its threads
-# (22 MB measured) and, without a warm numba cache, compiling them (about 45 MB measured); and
-# the address space each kernel thread reserves besides (its 8 MB stack and a 64 MB malloc
-# arena), which only RLIMIT_AS counts.
-KERNEL_RUNTIME = 64 << 20
-THREAD_RESERVE = 72 << 20
-# Above the arrays: freed ones that malloc keeps for reuse (below its mmap threshold, which
-# rises to 32 MB) and small temporaries not counted; measured up to 1.3% above the arrays.
-MARGIN = 0.1
 # A score in a scoring batch on the validation hold-outs: float32 and the top-k selection's
 # int64 position.
 SCORE_BYTES = 4 + 8
@@ -212,6 +202,6 @@ def predicted_memory(estimator, data: Ratings, ann_min_items: int = ANN_MIN_ITEM
             "the factors": shape.factors(),
             f"other arrays ({largest})": peak - shape.factors(),
         },
-        reserved=THREAD_RESERVE * numba.get_num_threads(),
+        reserved=kernel_threads_reserve(),
         phases=phases,
     )

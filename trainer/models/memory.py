@@ -15,9 +15,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numba
+
 from ordrec.service.indices.models import kinds
 
 GB = 1e9
+
+# The resident memory the kernels add once per process: the OpenMP runtime and its threads
+# (22 MB measured) and, without a warm numba cache, compiling them (about 45 MB measured); and
+# the address space each kernel thread reserves besides (its 8 MB stack and a 64 MB malloc
+# arena), which only RLIMIT_AS counts.
+KERNEL_RUNTIME = 64 << 20
+THREAD_RESERVE = 72 << 20
+# Above the arrays: freed ones that malloc keeps for reuse (below its mmap threshold, which
+# rises to 32 MB) and small temporaries not counted; measured up to 1.3% above the arrays.
+MARGIN = 0.1
+
+
+def kernel_threads_reserve() -> int:
+    """The address space the numba kernels' threads reserve (counted against RLIMIT_AS only)."""
+    return THREAD_RESERVE * numba.get_num_threads()
 
 
 @dataclass(frozen=True)

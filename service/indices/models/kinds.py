@@ -137,7 +137,11 @@ _builtin(
     "DCR / Pairwise DCR: NDCG@10 with N training ratings per user (Table 2)",
     memory="ordrec.trainer.models.dcr_memory:predicted_memory",
 )
-_builtin("coe", "COE: preservation / prediction accuracy and k-NN ratings on ML-100K (Table 3)")
+_builtin(
+    "coe",
+    "COE: preservation / prediction accuracy and k-NN ratings on ML-100K (Table 3)",
+    memory="ordrec.trainer.models.coe_memory:predicted_memory",
+)
 _builtin("rtf", "RTF: F1@1..10 and AUC of tag recommendation on a p-core (Section 5)")
 _builtin("score", "SCORE: per-aspect preservation, split ratios, aspect relatedness (Table 1)")
 _builtin("knnscal", "KNNSCAL: stress, order agreement, neighbour recall against reference embeddings")

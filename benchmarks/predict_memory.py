@@ -1,14 +1,14 @@
-"""The memory the check before a DCR fit predicts, beside what fits measure.
+"""The memory the check before a fit predicts (DCR, COE), beside what fits measure.
 
-    python benchmarks/predict_dcr_memory.py            # the rows docs/dcr.md measured at 10^8
-    python benchmarks/predict_dcr_memory.py --measure  # small shapes, predicted and measured
+    python benchmarks/predict_memory.py            # the rows docs/dcr.md measured at 10^8
+    python benchmarks/predict_memory.py --measure  # small shapes, predicted and measured
 
 Without ``--measure``: the prediction for the rows of docs/dcr.md "Memory at scale", per
 phase, in bytes a rating, to set beside each row's peak less its ratings and id maps (what
 the process held before the fit). No data is generated: the predictor reads only the shape,
 and the five rating values are given as ``levels``.
 
-``--measure``: each shape of :data:`MEASURED` fitted (two epochs) and its artifact written
+``--measure``: each shape of :data:`MEASURED` fitted (two epochs, :data:`SHORT`) and its artifact written
 in a fresh process on generated ratings (uniform users, items and ratings 1..5): the
 prediction and the peak resident memory above the start of the fit (VmHWM, reset just
 before it). ``--child SPEC`` is one such process (tests/test_fit_memory.py runs it too);
@@ -31,6 +31,7 @@ from ordrec.service.storage.idmap import numbered_ids
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.dcr_memory import predicted_memory
+from ordrec.trainer.models.memory import predict_fit_memory
 
 SHAPES = {"netflix": (480_000, 17_770), "shop": (10_000_000, 1_000_000)}
 # The measured rows: shape, ratings, what was fitted (flat settings), as mem_dcr's models.
@@ -60,16 +61,26 @@ class Shape:
         return self.n_ratings
 
 
-# users, items, ratings, flat settings.
+# kind, users, items, ratings, flat settings.
 MEASURED = [
-    (20_000, 2_000, 200_000, {}),
-    (100_000, 5_000, 200_000, {"n_components": 60}),
-    (200_000, 10_000, 2_000_000, {}),
-    (200_000, 10_000, 2_000_000, {"unrated_share": 0, "init": "marginal"}),
-    (100_000, 5_000, 1_000_000, {"n_components": 8, "levels": list(range(1, 101))}),
-    (50_000, 3_000, 300_000, {"early_stopping": True, "validation_folds": 1}),
-    (50_000, 3_000, 300_000, {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000}),
+    ("dcr", 20_000, 2_000, 200_000, {}),
+    ("dcr", 100_000, 5_000, 200_000, {"n_components": 60}),
+    ("dcr", 200_000, 10_000, 2_000_000, {}),
+    ("dcr", 200_000, 10_000, 2_000_000, {"unrated_share": 0, "init": "marginal"}),
+    ("dcr", 100_000, 5_000, 1_000_000, {"n_components": 8, "levels": list(range(1, 101))}),
+    ("dcr", 50_000, 3_000, 300_000, {"early_stopping": True, "validation_folds": 1}),
+    (
+        "dcr",
+        50_000,
+        3_000,
+        300_000,
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000},
+    ),
+    ("coe", 100_000, 10_000, 2_000_000, {}),
+    ("coe", 300_000, 20_000, 300_000, {"n_components": 128}),
 ]
+# Each kind's settings for a short fit: two epochs (COE: of 10,000 steps).
+SHORT = {"dcr": {"max_iter": 2}, "coe": {"max_iter": 2, "steps_per_epoch": 10_000}}
 
 
 def _status(key: str) -> int:
@@ -77,9 +88,9 @@ def _status(key: str) -> int:
 
 
 def child(spec: str) -> None:
-    """One fit of ``[users, items, ratings, settings, cap]`` in this process; prints the
+    """One fit of ``[kind, users, items, ratings, settings, cap]`` in this process; prints the
     prediction and the measured peak (bytes) as JSON."""
-    users, items, n, params, cap = json.loads(spec)
+    kind, users, items, n, params, cap = json.loads(spec)
     rng = np.random.default_rng(0)
     data = Ratings(
         numbered_ids(users),
@@ -88,8 +99,9 @@ def child(spec: str) -> None:
         rng.integers(0, items, n, dtype=np.int32),
         rng.integers(1, 6, n).astype(np.float32),
     )
-    configured = configure("dcr", dict(params, max_iter=2))
-    prediction = predicted_memory(configured.estimator, data)
+    configured = configure(kind, dict(params, **SHORT[kind]))
+    prediction = predict_fit_memory(kind, configured.estimator, data)
+    assert prediction is not None, f"{kind} registers no memory prediction"
     if cap:
         limit = _status("VmSize") + prediction.peak + prediction.reserved
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
@@ -102,15 +114,15 @@ def child(spec: str) -> None:
 
 
 def measure() -> None:
-    print("| users x items | ratings | settings | predicted MB | measured MB | ratio |")
-    print("|---|---:|---|---:|---:|---:|")
-    for users, items, n, params in MEASURED:
-        spec = json.dumps([users, items, n, params, False])
+    print("| kind | users x items | ratings | settings | predicted MB | measured MB | ratio |")
+    print("|---|---|---:|---|---:|---:|---:|")
+    for kind, users, items, n, params in MEASURED:
+        spec = json.dumps([kind, users, items, n, params, False])
         done = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True)
         row = json.loads(done.stdout)
         shown = json.dumps(params) if "levels" not in params else '{"n_components": 8, "levels": 1..100}'
         print(
-            f"| {users:,} x {items:,} | {n:,} | {shown} | {row['predicted'] / 1e6:.1f}"
+            f"| {kind} | {users:,} x {items:,} | {n:,} | {shown} | {row['predicted'] / 1e6:.1f}"
             f" | {row['actual'] / 1e6:.1f} | {row['predicted'] / row['actual']:.2f} |",
             flush=True,
         )
