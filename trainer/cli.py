@@ -5,6 +5,7 @@ Subcommands::
     ordrec-train train KIND --data PATH [--format F] [--rating-scale S] --registry DIR [--name NAME] [--set k=v ...]
                        [--feedback auto|explicit|implicit] [--strength COLUMN]   (interactions: clicks, plays)
                        [--cluster tcp://HOST:8786 | local:N]   (dcr: fit data-parallel on Dask)
+                       [--no-memory-check]   fit even when its predicted memory exceeds what is left
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
     ordrec-train registry versions --registry DIR [--model NAME]
@@ -163,7 +164,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.cluster:
         estimator.fit_on_cluster(data, args.cluster)
     else:
-        estimator.fit(data)
+        estimator.fit(data, check_memory=not args.no_memory_check)
     artifact = estimator.to_artifact()
     for metric, value in fit_metrics(args.kind, data, artifact).items():
         artifact.metrics.setdefault(metric, value)
@@ -603,6 +604,12 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         " or local:N (N single-threaded worker processes here); pip install 'ordrec[distributed]'",
     )
     train.add_argument(
+        "--no-memory-check",
+        action="store_true",
+        help="fit even when the fit's predicted memory exceeds what this process has left"
+        " (RLIMIT_AS, the cgroup's memory.max, MemAvailable)",
+    )
+    train.add_argument(
         "--item-attributes",
         metavar="FILE",
         help="item metadata published in the version for Recommend's filter: MovieLens u.item"
@@ -856,6 +863,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE if not isinstance(exc, ArtifactError) else EXIT_FAILED
     except FloatingPointError as exc:
         print(f"ordrec-train: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except MemoryError as exc:
+        print(f"ordrec-train: out of memory: {exc or 'an allocation failed'}", file=sys.stderr)
         return EXIT_FAILED
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in TRAIN_EXTRA_MODULES:

@@ -141,6 +141,7 @@ class ModelJob:
     labels: Path | None = None
     item_attributes: Path | None = None  # published in the version for Recommend's filter
     cluster: str | None = None  # dcr: fit data-parallel on this Dask cluster (tcp://..., local:N)
+    memory_check: bool = True  # false: fit even when its predicted memory exceeds what is left
 
 
 @dataclass
@@ -281,6 +282,7 @@ MODEL_KEYS = {
     "labels": Key(str),
     "item_attributes": Key(str),
     "cluster": Key(str),
+    "memory_check": Key(bool, True),
 }
 GATE_KEYS = {
     "metric": Key(str),
@@ -521,6 +523,7 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
         labels=_resolve(base, model["labels"]) if model["labels"] else None,
         item_attributes=_resolve(base, model["item_attributes"]) if model["item_attributes"] else None,
         cluster=model["cluster"],
+        memory_check=model["memory_check"],
     )
 
 
@@ -799,7 +802,7 @@ class _Job:
 
         configured = configure(model.kind, model.params)
         if model.cluster is None:
-            return configured.fit(data)
+            return configured.fit(data, check_memory=model.memory_check)
         self.say(model.name, "fitting on cluster %s", model.cluster)
         return configured.fit_on_cluster(data, model.cluster)
 
@@ -893,6 +896,9 @@ class _Job:
             return out
 
         if model.refit:
+            # The measured model is not published: its fit, artifact, index and split go before
+            # the refit, whose memory check and prediction count none of them.
+            del estimator, artifact, index, train, test
             t0 = time.perf_counter()
             artifact = self.fit(model, data).to_artifact()
             index = index_cls.from_artifact(artifact)
@@ -972,7 +978,9 @@ class _Job:
             except Exception as exc:  # one model's failure must not stop the others
                 # Expected failures have messages an operator can act on; anything else is a
                 # bug and its traceback belongs in the cron log.
-                expected = isinstance(exc, (FloatingPointError, ArtifactError, ValueError, OSError))
+                expected = isinstance(
+                    exc, (FloatingPointError, ArtifactError, ValueError, OSError, MemoryError)
+                )
                 self.say(
                     model.name,
                     "failed: %s: %s",

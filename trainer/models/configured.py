@@ -31,6 +31,7 @@ from ordrec.trainer.models.dcr import (
 )
 from ordrec.trainer.models.knnscal_selection import FLAT_NAMES as KNNSCAL_START
 from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
+from ordrec.trainer.models.memory import check_fit_memory
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 
@@ -79,8 +80,13 @@ class Configured:
     recorded: dict[str, Any] = field(
         default_factory=dict
     )  # given selection/serving settings, for the manifest
+    kind: str = ""  # the registered kind (its memory predictor); configure sets it
 
-    def fit(self, data: Any) -> Configured:
+    def fit(self, data: Any, check_memory: bool = True) -> Configured:
+        """Fit in this process; unless ``check_memory`` is false, a fit predicted to need more
+        memory than the process has left stops first (:class:`FitTooLarge`, naming both)."""
+        if check_memory:
+            check_fit_memory(self.kind, self.estimator, data)
         self.estimator.fit(data)
         return self
 
@@ -141,7 +147,9 @@ def configure(kind: str, params: dict[str, Any]) -> Configured:
         "rtf": _rtf,
         "knnscal": _knnscal,
     }
-    return builders.get(kind, _plain(kind))(dict(params))
+    configured = builders.get(kind, _plain(kind))(dict(params))
+    configured.kind = kind
+    return configured
 
 
 def _plain(kind: str) -> Callable[[dict[str, Any]], Configured]:

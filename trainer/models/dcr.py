@@ -48,6 +48,7 @@ item-effect direction that an item mean gets for free.
 from __future__ import annotations
 
 import copy
+import errno
 import mmap
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
@@ -109,7 +110,13 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if nbytes == 0:
         return np.zeros(shape, dtype)
-    return np.frombuffer(mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE), dtype=dtype).reshape(shape)
+    try:
+        pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    except OSError as exc:  # ENOMEM: refused as np.zeros refuses, not as a file error
+        if exc.errno != errno.ENOMEM:
+            raise
+        raise MemoryError(f"cannot map {nbytes:,} bytes for an array of shape {shape}") from None
+    return np.frombuffer(pages, dtype=dtype).reshape(shape)
 
 
 def _int_list(values) -> list[int]:

@@ -650,6 +650,14 @@ def level_dtype(n_levels: int) -> np.dtype:
     return np.dtype(np.int8 if n_levels < 127 else np.int16 if n_levels < 32767 else np.int32)
 
 
+def distinct_values(rating: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of ``rating`` as float64, by chunks of :data:`LEVEL_CHUNK`
+    (no rating-sized float64 copy)."""
+    rating = np.asarray(rating)
+    chunks = (rating[lo : lo + LEVEL_CHUNK] for lo in range(0, rating.size, LEVEL_CHUNK))
+    return np.unique(np.concatenate([np.unique(c.astype(np.float64)) for c in chunks] or [np.empty(0)]))
+
+
 def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np.ndarray, np.ndarray]:
     """The ordered rating values and each rating's 0-based level index.
 
@@ -663,7 +671,7 @@ def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np
     rating = np.asarray(rating)
     chunks = [rating[lo : lo + LEVEL_CHUNK] for lo in range(0, rating.size, LEVEL_CHUNK)]
     if levels is None:
-        values = np.unique(np.concatenate([np.unique(c.astype(np.float64)) for c in chunks] or [np.empty(0)]))
+        values = distinct_values(rating)
     else:
         if isinstance(levels, str):
             levels = [float(x) for x in levels.split(",") if x.strip()]

@@ -48,6 +48,10 @@ class ModelKind:
         ``DEFAULT_RUNS``, ``DATA_REQUIRED``).
     summary : str
         One line on what the protocol measures (``ordrec-train reproduce --help``).
+    memory : str, optional
+        ``"module:function"`` predicting a fit's peak memory from what is fitted and the data
+        (``function(estimator, data)``, a ``MemoryPrediction``); checked before every fit.
+        None: the kind's fits are not predicted, so not checked.
     """
 
     name: str
@@ -55,6 +59,7 @@ class ModelKind:
     estimator: str
     protocol: str
     summary: str
+    memory: str | None = None
 
     def index_class(self) -> type:
         return resolve(self.index)
@@ -64,6 +69,10 @@ class ModelKind:
 
     def protocol_module(self):
         return resolve(self.protocol)
+
+    def memory_predictor(self) -> Any:
+        """The fit's memory predictor, or None when the kind registers none."""
+        return resolve(self.memory) if self.memory else None
 
     @property
     def input_shape(self) -> str:
@@ -109,7 +118,7 @@ def map_names() -> tuple[str, ...]:
     return tuple(name for name, kind in _REGISTRY.items() if kind.is_map)
 
 
-def _builtin(name: str, summary: str) -> ModelKind:
+def _builtin(name: str, summary: str, memory: str | None = None) -> ModelKind:
     # The serving index of kind "dcr" is ordrec.service.indices.models.dcr:DCRIndex, and so on.
     return register(
         ModelKind(
@@ -118,12 +127,21 @@ def _builtin(name: str, summary: str) -> ModelKind:
             estimator=f"ordrec.trainer.models.{name}:Estimator",
             protocol=f"ordrec.trainer.reproduce.{name}",
             summary=summary,
+            memory=memory,
         )
     )
 
 
-_builtin("dcr", "DCR / Pairwise DCR: NDCG@10 with N training ratings per user (Table 2)")
-_builtin("coe", "COE: preservation / prediction accuracy and k-NN ratings on ML-100K (Table 3)")
+_builtin(
+    "dcr",
+    "DCR / Pairwise DCR: NDCG@10 with N training ratings per user (Table 2)",
+    memory="ordrec.trainer.models.dcr_memory:predicted_memory",
+)
+_builtin(
+    "coe",
+    "COE: preservation / prediction accuracy and k-NN ratings on ML-100K (Table 3)",
+    memory="ordrec.trainer.models.coe_memory:predicted_memory",
+)
 _builtin("rtf", "RTF: F1@1..10 and AUC of tag recommendation on a p-core (Section 5)")
 _builtin("score", "SCORE: per-aspect preservation, split ratios, aspect relatedness (Table 1)")
 _builtin("knnscal", "KNNSCAL: stress, order agreement, neighbour recall against reference embeddings")
