@@ -98,9 +98,12 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     streams: StreamLimits = field(default_factory=StreamLimits)
     # A connection is closed (GOAWAY, then cut after the grace) at this age, which ends
-    # anything a peer left hanging on it; clients reconnect transparently.
-    max_connection_age: float = 600.0
-    max_connection_age_grace: float = 30.0
+    # anything a peer left hanging on it; clients reconnect transparently, and each reconnect
+    # lands on a process (SO_REUSEPORT) or replica (L4 balancer) drawn anew, which re-spreads
+    # the calls (docs/deploy.md). The grace covers the longest stream (--stream-max-seconds):
+    # calls already open on the connection end on their own terms.
+    max_connection_age: float = 30.0
+    max_connection_age_grace: float = 300.0
     max_streams_per_connection_http2: int = 100  # HTTP/2 concurrent streams, unary included
     reuse_port: bool = False
     redis_url: str | None = None

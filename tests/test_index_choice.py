@@ -6,6 +6,9 @@ the cheaper one that reaches the recall target, and records both in the manifest
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from hypothesis import strategies as st
 
 from ordrec.service.indices import ann
 from ordrec.service.indices.models import build_index
-from ordrec.service.storage.artifact import Artifact
+from ordrec.service.storage.artifact import Artifact, SearchIndex
 from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
@@ -87,6 +90,8 @@ def test_publish_keeps_the_structure_that_reaches_the_target_and_records_both(
     for structure, figures in compared.items():
         breadth = ann.STRUCTURES[structure].breadth_param
         assert figures[breadth] >= 1 and 0.0 < figures["recall"] <= 1.0 and figures["us_per_query"] > 0
+        assert figures["seconds"] >= 0.0
+    assert entry["params"]["build_seconds"] >= max(f["seconds"] for f in compared.values())
     assert ann.cheaper(compared, recall_target) == winner
     assert entry["library"] == ann.STRUCTURES[winner].library
     assert entry["params"]["structure"] == winner
@@ -128,8 +133,13 @@ def test_the_cheaper_structure_meeting_the_target_is_kept_else_the_better_recall
 
 
 def test_auto_is_the_default_and_graph_parameters_alone_still_mean_the_graph():
-    assert ann.build_params(None) == {"structure": "auto", "recall_target": 0.97}
-    assert ann.build_params({"recall_target": 0.9}) == {"structure": "auto", "recall_target": 0.9}
+    budget = ann.AUTO_DEFAULT_PARAMS["budget_seconds"]
+    assert ann.build_params(None) == {"structure": "auto", "recall_target": 0.97, "budget_seconds": budget}
+    assert ann.build_params({"recall_target": 0.9, "budget_seconds": 30}) == {
+        "structure": "auto",
+        "recall_target": 0.9,
+        "budget_seconds": 30.0,
+    }
     assert ann.build_params({"M": 12})["structure"] == "hnsw"
     assert ann.build_params({"structure": "ivf"})["structure"] == "ivf"
 
@@ -141,6 +151,8 @@ def test_auto_is_the_default_and_graph_parameters_alone_still_mean_the_graph():
         ({"structure": "auto", "recall_target": 0}, "recall_target must be in"),
         ({"structure": "auto", "recall_target": "high"}, "recall_target must be in"),
         ({"structure": "lsh"}, "structure must be one of hnsw, ivf, auto"),
+        ({"budget_seconds": 0}, "budget_seconds must be a number > 0"),
+        ({"budget_seconds": "1m"}, "budget_seconds must be a number > 0"),
     ],
 )
 def test_bad_auto_parameters_are_refused_naming_them(params, message):
@@ -154,3 +166,51 @@ def test_without_queries_auto_builds_the_uncalibrated_graph(tmp_path):
     library = ann.write_index(items[:500], tmp_path / "index", params)
     assert library == ann.LIBRARY and params["structure"] == "hnsw"
     assert params["ef_search"] == ann.UNCALIBRATED_EF_SEARCH and "compared" not in params
+
+
+def test_the_graph_is_not_built_when_its_predicted_build_exceeds_the_budget_left(tmp_path):
+    # More items than the sample graph that predicts the build, so the prediction is measured;
+    # a budget the inverted file alone uses up leaves the graph none.
+    rng = np.random.default_rng(0)
+    items = rng.normal(size=(ann.GRAPH_PROBE_ITEMS + 2000, 8)).astype(np.float32)
+    queries = ann.Queries(rng.normal(size=(50, 8)).astype(np.float32))
+    params = ann.build_params({"budget_seconds": 1e-3})
+    library = ann.write_index(items, tmp_path / "index", params, queries)
+    assert library == ann.IVF_LIBRARY and params["structure"] == "ivf"
+    skipped = params["compared"]["hnsw"]
+    assert skipped["skipped"] is True and skipped["predicted_seconds"] > skipped["left_seconds"]
+    assert params["compared"]["ivf"]["seconds"] <= params["build_seconds"]
+    assert [p.name for p in tmp_path.iterdir()] == ["index"]  # no graph file was written
+    assert "hnsw not built: predicted" in ann.describe_choice(library, params)
+    # The file serves: the version's items, its calibrated breadth.
+    search = ann.AnnSearch.open(SearchIndex(library, params, path=tmp_path / "index"), items)
+    rows, _ = search.search(queries.vectors[0], 10, None)
+    assert rows.size == 10
+
+
+def test_predicted_graph_build_is_measured_only_above_the_sample():
+    rng = np.random.default_rng(0)
+    params = ann.build_params({})
+    small = rng.normal(size=(500, 8)).astype(np.float32)
+    assert ann.predicted_graph_seconds(small, params, sample=500) == 0.0
+    assert ann.predicted_graph_seconds(small, params, sample=100) > 0.0
+
+
+@pytest.mark.parametrize(("given", "seen"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_faiss_threads_sleep_when_idle_unless_told_otherwise(tmp_path, given, seen):
+    # Spinning OpenMP threads on a busy machine made faiss's PQ training 16x slower on two
+    # threads than on one (docs/catalog.md); the policy is read when faiss loads, so it is
+    # checked in a fresh process that builds an index.
+    code = (
+        "import os, pathlib, numpy as np\n"
+        "from ordrec.service.indices import ann\n"
+        "items = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)\n"
+        f"path = pathlib.Path({str(tmp_path / 'index')!r})\n"
+        "ann.write_index(items, path, ann.build_params({'M': 8}))\n"
+        "print(os.environ.get('OMP_WAIT_POLICY'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == seen

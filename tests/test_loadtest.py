@@ -90,6 +90,58 @@ def test_python_engine_counts_error_statuses(sample_registry, tmp_path):
     assert summary["errors_by_code"].get("INVALID_ARGUMENT", 0) == summary["errors"] > 0
 
 
+def test_python_engine_opens_one_connection_per_channel(sample_registry, tmp_path):
+    # 16 connections, never recycled within the run, spread by the kernel over two processes:
+    # all of them on one process has odds 2^-15. (Channels sharing gRPC's global subchannel
+    # pool were one connection, and one process took every call.)
+    with ServerProcess(sample_registry, "--processes", "2", "--max-connection-age", "600") as server:
+        summary = run_loadtest(
+            server,
+            sample_registry,
+            tmp_path,
+            "--engine",
+            "python",
+            "--duration",
+            "2",
+            "--concurrency",
+            "16",
+            "--connections",
+            "16",
+            "--metrics-url",
+            server.metrics_urls,
+        )
+    assert summary["errors"] == 0, summary["errors_by_code"]
+    assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
+
+
+def test_recycled_connections_fail_no_call_and_reach_both_processes(sample_registry, tmp_path):
+    # One client connection under load, recycled about every 0.5 s (about 10 GOAWAYs in the
+    # run): grpc retries the calls the server refused at a GOAWAY on the new connection, so none
+    # fails; and each reconnect is spread anew over the two processes sharing the port, so both
+    # answer calls (without recycling, the one connection stays on one process).
+    with ServerProcess(
+        sample_registry, "--processes", "2", "--max-connection-age", "0.5", "--max-connection-age-grace", "5"
+    ) as server:
+        summary = run_loadtest(
+            server,
+            sample_registry,
+            tmp_path,
+            "--engine",
+            "python",
+            "--duration",
+            "5",
+            "--concurrency",
+            "4",
+            "--connections",
+            "1",
+            "--metrics-url",
+            server.metrics_urls,
+        )
+    assert summary["errors"] == 0, summary["errors_by_code"]
+    assert summary["requests"] > 100
+    assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
+
+
 @pytest.mark.parametrize("arrivals", ["aligned", "staggered"])
 def test_h2load_counts_errors_on_every_process(h2load, sample_registry, tmp_path, arrivals):
     with ServerProcess(sample_registry, "--processes", "2") as server:

@@ -135,8 +135,14 @@ async def _worker_loop(args, seed: int, deadline: float, rate: float, concurrenc
     metadata = [("authorization", f"Bearer {args.token}")] if args.token else None
     latencies: list[float] = []
     errors: dict[str, int] = {}
-    # Several channels: one HTTP/2 connection each, as several clients would open.
-    channels = [grpc.aio.insecure_channel(args.target) for _ in range(max(1, args.connections))]
+    # Several channels: one HTTP/2 connection each, as several clients would open. Each keeps
+    # its own subchannel pool: channels of one process with the same target and options would
+    # otherwise share one connection (gRPC's global pool), so one server process took every call.
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [
+        grpc.aio.insecure_channel(args.target, options=own_connection)
+        for _ in range(max(1, args.connections))
+    ]
     stubs = [recommender_pb2_grpc.RecommenderStub(ch) for ch in channels]
     calls = {"recommend": "Recommend", "tags": "Tags", "neighbors": "Neighbors", "listmodels": "ListModels"}
     interval = concurrency / rate if rate else 0.0

@@ -46,7 +46,10 @@ version's factors decide: both structures are built and calibrated at publish, a
 one with the lower CPU per query at its calibrated breadth among those reaching
 ``recall_target`` is kept (the higher recall when neither does); the manifest's params
 record both (``compared``: breadth, recall, microseconds per query), which ``ordrec-train
-versions`` prints. It doubles the build.
+versions`` prints. The inverted file is built first (seconds, its k-means trained on a sample);
+the graph only when a build over a sample of the items predicts it finishes within what is left
+of ``budget_seconds`` (at 10^6 items its build alone takes minutes). Each structure's seconds, and
+a skipped one's prediction, are recorded in ``compared``.
 """
 
 from __future__ import annotations
@@ -98,7 +101,13 @@ IVF_DEFAULT_PARAMS: dict[str, Any] = {
 # (the higher recall when neither does); the manifest records both (``compared``). The default
 # when no structure is named and no structure's own parameter is given.
 AUTO = "auto"
-AUTO_DEFAULT_PARAMS: dict[str, Any] = {"structure": AUTO, "recall_target": 0.97}
+# ``budget_seconds``: the wall time the "auto" build may take (both structures built, calibrated
+# and compared); the graph is skipped when its predicted build does not fit in what is left.
+AUTO_DEFAULT_PARAMS: dict[str, Any] = {"structure": AUTO, "recall_target": 0.97, "budget_seconds": 120.0}
+# "auto" builds the inverted file first (its build is short and predictable), then the graph if it fits.
+AUTO_BUILD_ORDER = ("ivf", "hnsw")
+# Items of the sample graph built to predict the whole graph's build time.
+GRAPH_PROBE_ITEMS = 2_000
 # Rounds of the calibration queries timed per structure; the cheapest round counts (CPU time of
 # this thread: what a server process pays, less the noise of other work on the machine).
 COST_ROUNDS = 3
@@ -106,8 +115,10 @@ COST_ROUNDS = 3
 NPROBE_LADDER = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048, 4096)
 # The scan of an "auto" inverted file built without queries to calibrate on.
 UNCALIBRATED_NPROBE = 32
-# Items per list the k-means trains on (faiss warns below 39).
-IVF_TRAIN_PER_LIST = 64
+# Items per list the k-means trains on (a sample of the catalogue; faiss warns below 39), and
+# its iterations (faiss's default 25; the calibrated nprobe absorbs coarser lists).
+IVF_TRAIN_PER_LIST = 40
+IVF_KMEANS_ITERATIONS = 10
 # Breadths tried by the calibration, narrowest first; the widest stays below _MAX_EF. Steps of
 # about 1.5x: the walk's cost grows with its breadth, so a step too wide is paid on every call.
 EF_LADDER = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
@@ -135,7 +146,10 @@ Ranked = tuple[np.ndarray, np.ndarray]
 
 
 def _faiss():
-    # Imported on first use: a server without a large catalogue never loads faiss.
+    # Imported on first use: a server without a large catalogue never loads faiss. Its OpenMP
+    # threads sleep when idle unless told otherwise (read when faiss's libgomp loads): spinning
+    # threads on a busy machine made a PQ training 16x slower on 2 threads than on one.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import faiss
 
     return faiss
@@ -184,13 +198,13 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
 
 # What a published index's parameters record beside the structure's own: the recall the
 # calibration measured, and with "auto" both structures' calibration figures.
-_RECORDED = ("calibrated_recall", "compared")
+_RECORDED = ("calibrated_recall", "compared", "build_seconds")
 
 
 def _default_structure(params: dict[str, Any]) -> str:
     """ "auto" unless a structure's own parameter is given: graph parameters alone (``M``,
     ``ef_search``, ...) mean the graph, as before "auto" existed."""
-    return AUTO if set(params) <= {"recall_target"} else "hnsw"
+    return AUTO if set(params) <= set(AUTO_DEFAULT_PARAMS) - {"structure"} else "hnsw"
 
 
 def _auto_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -198,13 +212,16 @@ def _auto_params(params: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(params) - set(AUTO_DEFAULT_PARAMS))
     if unknown:
         raise ValueError(
-            f"unknown index parameter {unknown[0]!r} for structure {AUTO} (known: structure, recall_target;"
-            " name a structure to set its own parameters)"
+            f"unknown index parameter {unknown[0]!r} for structure {AUTO} (known:"
+            f" {', '.join(AUTO_DEFAULT_PARAMS)}; name a structure to set its own parameters)"
         )
     merged = {**AUTO_DEFAULT_PARAMS, **params}
-    target = merged["recall_target"]
+    target, budget = merged["recall_target"], merged["budget_seconds"]
     if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0.0 < target <= 1.0:
         raise ValueError(f"index parameter recall_target must be in (0, 1], got {target!r}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
+        raise ValueError(f"index parameter budget_seconds must be a number > 0, got {budget!r}")
+    merged["budget_seconds"] = float(budget)
     return merged
 
 
@@ -272,9 +289,7 @@ def write_index(
     if params.get("structure") == AUTO:
         return write_cheaper(vectors, path, params, queries)
     faiss = _faiss()
-    # Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
-    # an index for serving (AnnSearch.open) sets this process's faiss to one thread.
-    faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
+    _build_threads(faiss)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     kind = _kind(params)
     faiss.write_index(kind.build(faiss, vectors, params), str(path))
@@ -300,19 +315,26 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
         params.clear()
         params.update(graph)
         return library
-    figures, trial_params = {}, {}
+    started = time.perf_counter()
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    figures: dict[str, dict[str, Any]] = {}
+    trial_params: dict[str, dict[str, Any]] = {}
     # Both structures are calibrated against the same exact answers: computed once.
-    truth = exact_tops(np.ascontiguousarray(vectors, dtype=np.float32), queries, 10)
-    for structure in STRUCTURES:
-        trial = build_params({"structure": structure, "recall_target": target})
-        trial_path = path.with_name(f"{path.name}.{structure}")
-        library = write_index(vectors, trial_path, trial, queries, truth)
-        search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
-        figures[structure] = calibration_figures(search, queries)
-        trial_params[structure] = trial
-    chosen = cheaper(figures, target)
-    for structure in STRUCTURES:
-        trial_path = path.with_name(f"{path.name}.{structure}")
+    truth = exact_tops(vectors, queries, 10)
+    for structure in AUTO_BUILD_ORDER:
+        left = params["budget_seconds"] - (time.perf_counter() - started)
+        predicted = STRUCTURES[structure].predicted_build_seconds(vectors, params)
+        if trial_params and predicted > left:
+            figures[structure] = {
+                "skipped": True,
+                "predicted_seconds": round(predicted, 1),
+                "left_seconds": round(left, 1),
+            }
+            continue
+        trial_params[structure], figures[structure] = _trial(vectors, path, structure, target, queries, truth)
+    chosen = cheaper({s: figures[s] for s in trial_params}, target)
+    for structure in trial_params:
+        trial_path = _trial_path(path, structure)
         if structure == chosen:
             os.replace(trial_path, path)
         else:
@@ -320,7 +342,33 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
     params.clear()
     params.update(trial_params[chosen])
     params["compared"] = figures
+    params["build_seconds"] = round(time.perf_counter() - started, 1)
     return STRUCTURES[chosen].library
+
+
+def _trial_path(path: Path, structure: str) -> Path:
+    return path.with_name(f"{path.name}.{structure}")
+
+
+def _trial(
+    vectors: np.ndarray, path: Path, structure: str, target: float, queries: Queries, truth: list[np.ndarray]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One structure of an "auto" build, built and calibrated beside ``path``: its parameters
+    and its :func:`calibration_figures`, with the seconds it took."""
+    started = time.perf_counter()
+    trial = build_params({"structure": structure, "recall_target": target})
+    trial_path = _trial_path(path, structure)
+    library = write_index(vectors, trial_path, trial, queries, truth)
+    search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
+    figures = calibration_figures(search, queries)
+    figures["seconds"] = round(time.perf_counter() - started, 1)
+    return trial, figures
+
+
+def _build_threads(faiss) -> None:
+    """Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
+    an index for serving (AnnSearch.open) sets this process's faiss to one thread."""
+    faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
 
 
 def calibration_figures(search: AnnSearch, queries: Queries, n: int = 10) -> dict[str, Any]:
@@ -353,16 +401,46 @@ def describe_choice(library: str, params: dict[str, Any]) -> str:
     compared = params.get("compared")
     if isinstance(compared, dict) and compared:
         parts = []
-        for structure, figures in sorted(compared.items()):
-            breadth = " ".join(
-                f"{k}={int(v)}" for k, v in sorted(figures.items()) if k not in ("recall", "us_per_query")
-            )
-            parts.append(
-                f"{structure} {breadth} recall {figures.get('recall', 0.0):.3f}"
-                f" {figures.get('us_per_query', 0.0):.1f} us/query"
-            )
+        parts = [_describe_trial(structure, figures) for structure, figures in sorted(compared.items())]
         text += f" (chosen of: {'; '.join(parts)})"
-    return text
+    seconds = params.get("build_seconds")
+    return text + (f" built in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "")
+
+
+def _describe_trial(structure: str, figures: dict[str, Any]) -> str:
+    """One structure of an "auto" choice: its breadth, recall, cost and build seconds, or why
+    it was not built."""
+    if figures.get("skipped"):
+        return (
+            f"{structure} not built: predicted {figures.get('predicted_seconds', 0.0):.1f} s,"
+            f" {figures.get('left_seconds', 0.0):.1f} s of the budget left"
+        )
+    breadth = " ".join(
+        f"{k}={int(v)}" for k, v in sorted(figures.items()) if k not in ("recall", "us_per_query", "seconds")
+    )
+    recall, cost = figures.get("recall", 0.0), figures.get("us_per_query", 0.0)
+    text = f"{structure} {breadth} recall {recall:.3f} {cost:.1f} us/query"
+    return text + (f" {figures['seconds']:.1f} s" if "seconds" in figures else "")
+
+
+def predicted_graph_seconds(
+    vectors: np.ndarray, params: dict[str, Any], sample: int = GRAPH_PROBE_ITEMS
+) -> float:
+    """The graph's build time over ``vectors`` (default parameters), predicted from a build over
+    ``sample`` of its rows: an insertion walks about log(n) layers of the graph, so the time
+    grows as n log n. 0 when the catalogue is no larger than the sample (building it is as cheap
+    as predicting)."""
+    n = vectors.shape[0]
+    if n <= sample:
+        return 0.0
+    faiss = _faiss()
+    _build_threads(faiss)
+    rows = np.sort(np.random.default_rng(0).choice(n, sample, replace=False))
+    graph = build_params({"structure": "hnsw", "recall_target": params["recall_target"]})
+    started = time.perf_counter()
+    _build_hnsw(faiss, np.ascontiguousarray(vectors[rows]), graph)
+    took = time.perf_counter() - started
+    return took * (n / sample) * (np.log(n) / np.log(sample))
 
 
 def cheaper(figures: dict[str, dict[str, Any]], recall_target: float) -> str:
@@ -399,6 +477,10 @@ def _build_ivf(faiss, vectors: np.ndarray, params: dict[str, Any]):
     index = faiss.IndexIVFPQFastScan(
         quantizer, d, nlist, d // 2 if d % 2 == 0 else d, 4, faiss.METRIC_INNER_PRODUCT
     )
+    # k-means assigns its sample with exact products (BLAS), not through the lists' graph that
+    # it would rebuild every iteration; the graph is built once over the final centroids.
+    index.clustering_index = faiss.IndexFlatIP(d)
+    index.cp.niter = IVF_KMEANS_ITERATIONS
     sample = min(n, IVF_TRAIN_PER_LIST * nlist)
     rows = np.sort(np.random.default_rng(0).choice(n, sample, replace=False))
     index.train(vectors[rows])
@@ -546,6 +628,11 @@ class AnnSearch:
     def build(faiss, vectors: np.ndarray, params: dict[str, Any]) -> Any:
         """The faiss index over ``vectors`` (completes ``"auto"`` build parameters in place)."""
         raise NotImplementedError
+
+    @staticmethod
+    def predicted_build_seconds(vectors: np.ndarray, params: dict[str, Any]) -> float:
+        """What an "auto" build expects this structure's build to take (0: not predicted, cheap)."""
+        return 0.0
 
     @property
     def structure(self) -> str:
@@ -745,6 +832,10 @@ class GraphSearch(AnnSearch):
     @staticmethod
     def build(faiss, vectors: np.ndarray, params: dict[str, Any]):
         return _build_hnsw(faiss, vectors, params)
+
+    @staticmethod
+    def predicted_build_seconds(vectors: np.ndarray, params: dict[str, Any]) -> float:
+        return predicted_graph_seconds(vectors, params)
 
     @property
     def quantised(self) -> bool:

@@ -263,7 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-connection-age",
         type=float,
         default=d.max_connection_age,
-        help="seconds before a connection is asked to reconnect (GOAWAY)",
+        help="seconds before a connection is asked to reconnect (GOAWAY); reconnects re-spread"
+        " calls over --processes and replicas",
+    )
+    streams.add_argument(
+        "--max-connection-age-grace",
+        type=float,
+        default=d.max_connection_age_grace,
+        help="seconds the calls open at a GOAWAY may still take before the connection is cut"
+        " (keep it at least --stream-max-seconds)",
     )
     limits = p.add_argument_group("request bounds")
     for name, default in vars(d.limits).items():
@@ -330,6 +338,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         limits=limits,
         streams=streams,
         max_connection_age=args.max_connection_age,
+        max_connection_age_grace=args.max_connection_age_grace,
         reuse_port=args.reuse_port,
         redis_url=args.redis_url,
         redis_timeout=args.redis_timeout,

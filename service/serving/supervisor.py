@@ -8,7 +8,9 @@ supervises: it restarts a child that dies, forwards SIGTERM so every child
 drains its in-flight calls, and exits 0 when they all did.
 
 SO_REUSEPORT balances per connection, not per request: clients should open
-several connections (most load balancers and gRPC pools do).
+several connections (most load balancers and gRPC pools do), and the servers'
+``--max-connection-age`` makes clients reconnect, each connection hashed anew, so
+the calls even out over several ages (docs/deploy.md has the measured shares).
 """
 
 from __future__ import annotations
