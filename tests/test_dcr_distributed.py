@@ -231,9 +231,7 @@ def test_the_cron_job_fits_on_the_cluster_and_publishes(tmp_path):
     from tests.test_job import job_text
 
     write_samples(tmp_path)
-    text = job_text(
-        tmp_path, tmp_path / "reg", "n_components = 8, max_iter = 8", gate_extra="popularity_floor = false"
-    )
+    text = job_text(tmp_path, tmp_path / "reg", "n_components = 8, max_iter = 8")
     cluster = 'refit = false\ncluster = "local:2"\n\n[models.gate]'
     (tmp_path / "job.toml").write_text(text.replace("[models.gate]", cluster))
     assert run_job(tmp_path / "job.toml") == EXIT_PUBLISHED
