@@ -6,6 +6,7 @@ Subcommands::
                        [--feedback auto|explicit|implicit] [--strength COLUMN]   (interactions: clicks, plays)
                        [--cluster tcp://HOST:8786 | local:N]   (dcr: fit data-parallel on Dask)
                        [--no-memory-check]   fit even when its predicted memory exceeds what is left
+                       [--gate [METRIC]]   a one-model job: same publishing as ``run``, gate off unless asked
     ordrec-train reproduce KIND --data PATH [--format F] --runs R [--seed S] [--json OUT] ...
     ordrec-train sample --out DIR          write the built-in generated sample data sets
     ordrec-train registry versions --registry DIR [--model NAME]
@@ -30,7 +31,7 @@ Every --registry takes a directory or ``s3://bucket/prefix`` (``pip install ordr
 credentials and endpoint from the standard AWS environment and config).
 
 Exit codes: 0 success (for ``run``: published), 1 failure, 2 usage or data
-error, 3 (``run`` only) rejected by the quality gate.
+error, 3 (``run``, ``train --gate``) rejected by the quality gate.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
-from ordrec.service.indices.ann import calibration_warnings, describe_choice
+from ordrec.service.indices.ann import describe_choice
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import ArtifactError
 from ordrec.service.storage.objectstore import Downloads  # opens a directory, or s3://bucket/prefix
@@ -128,94 +129,78 @@ def add_cache_dir_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ordrec.trainer.data.interactions import trainable
-    from ordrec.trainer.data.readers import read_input
-    from ordrec.trainer.forgetting import apply_forgotten
-    from ordrec.trainer.models import estimator_class
-    from ordrec.trainer.models.configured import configure
+    """One model fitted on ``--data`` and published, through the same path as a job's model."""
+    from ordrec.trainer.job import train_model
 
-    estimator_cls = estimator_class(args.kind)
+    config = train_job(args)
+    (model,) = config.models
+    out = train_model(config, model, args.downloads)
+    if out.status != "published":
+        print(f"ordrec-train: {model.name} not published: {out.message}", file=sys.stderr)
+        return out.exit_code
+    print(f"published {model.name}@{out.version} to {args.registry}")
+    print(format_metrics(out.metrics, "  "))
+    return EXIT_OK
+
+
+def train_job(args: argparse.Namespace):
+    """``train``'s flags as a one-model job (a ``JobConfig``): no gate unless ``--gate``, so the
+    model is fitted on all the data and published; its own lock, ``.job-train-<name>.lock``."""
+    from ordrec.service.storage.names import validate_model_name
+    from ordrec.service.storage.objectstore import is_object_store
+    from ordrec.trainer.job import DataSource, Gate, JobConfig, ModelJob, default_lock, gate_metric
+
+    kind = kinds.get(args.kind)
     if args.cluster:
         from ordrec.trainer.models.dcr_distributed import check_cluster
 
         check_cluster(args.kind, args.cluster)  # before the data is read
-    data = read_input(
-        estimator_cls.input_shape,
-        args.data,
-        args.format,
+    if args.labels and not kind.is_map:
+        raise ValueError(f"--labels is for map models ({', '.join(kinds.map_names())}), not {args.kind}")
+    for flag, path in (("--labels", args.labels), ("--item-attributes", args.item_attributes)):
+        if path and not Path(path).is_file():  # before the fit, not after it
+            raise FileNotFoundError(f"{flag}: no such file: {path}")
+    name = validate_model_name(args.name or args.kind)
+    params = parse_assignments(args.set or [])
+    params.setdefault("random_state", args.seed)
+    source = DataSource(
+        name="train",
+        path=Path(args.data),
+        format=args.format,
         skip_bad_lines=args.skip_bad_lines,
         rating_scale=args.rating_scale,
-        column_names=args.columns,
+        columns=args.columns,
         feedback=args.feedback,
         strength=args.strength,
     )
-    if getattr(data, "skipped_lines", 0):
-        print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)
-    registry = args.downloads.open_registry(args.registry)
-    data, dropped, _ = apply_forgotten(data, registry)
-    if dropped.rows:
-        print(f"dropped {dropped.rows} row(s) of {dropped.users} forgotten user(s)", file=sys.stderr)
-    data, note = trainable(data)
-    if note:
-        print(f"{args.data}: {note}", file=sys.stderr)
-    params = parse_assignments(args.set or [])
-    params.setdefault("random_state", args.seed)
-    estimator = configure(args.kind, params)  # names unknown parameters
-    if args.cluster:
-        estimator.fit_on_cluster(data, args.cluster)
-    else:
-        estimator.fit(data, check_memory=not args.no_memory_check)
-    artifact = estimator.to_artifact()
-    for metric, value in fit_metrics(args.kind, data, artifact).items():
-        artifact.metrics.setdefault(metric, value)
-    if args.item_attributes:
-        from ordrec.service.indices.item_attributes import attach_item_attributes
-
-        attach_item_attributes(artifact, args.item_attributes, args.item_attributes_format)
-    name = args.name or args.kind
-    redact_and_say(registry, name)  # before publishing: no replica loads the new version beside them
-    version = registry.publish(name, artifact, keep=args.keep, views=map_report_views(args.kind, args.labels))
-    print(f"published {name}@{version} to {args.registry}")
-    redact_and_say(registry, name)  # again: a user forgotten during the fit may be in it
-    for warning in calibration_warnings(artifact.indexes):
-        print(f"warning: {name}@{version}: {warning}", file=sys.stderr)
-    print(format_metrics(artifact.metrics, "  "))
-    return EXIT_OK
-
-
-def redact_and_say(registry, name: str) -> None:
-    """Replace the versions of ``name`` naming a forgotten user by redacted copies; say which."""
-    from ordrec.trainer.forgetting import redact_forgotten
-
-    redacted = redact_forgotten(registry, name)
-    for old, copy in redacted.rewritten:
-        print(f"redacted {name}@{old} -> {name}@{copy}: it named a forgotten user")
-    for kept, why in redacted.failed:
-        print(f"warning: {name}@{kept} names a forgotten user and was not redacted: {why}", file=sys.stderr)
-
-
-def fit_metrics(kind: str, data, artifact) -> dict[str, float]:
-    """The protocol's measures of the fitted model on its own training data ({} when it has none)."""
-    measure = getattr(kinds.get(kind).protocol_module(), "fit_metrics", None)
-    return measure(data, artifact) if measure else {}
+    model = ModelJob(
+        name=name,
+        kind=kind.name,
+        data=source.name,
+        params=params,
+        gate=None if args.gate is None else Gate(gate_metric(kind.name, args.gate)),
+        keep=args.keep,
+        labels=Path(args.labels) if args.labels else None,
+        item_attributes=Path(args.item_attributes) if args.item_attributes else None,
+        item_attributes_format=args.item_attributes_format,
+        cluster=args.cluster,
+        memory_check=not args.no_memory_check,
+    )
+    registry = args.registry if is_object_store(args.registry) else Path(args.registry)
+    job_name = f"train-{name}"
+    return JobConfig(
+        path=None,
+        name=job_name,
+        registry=registry,
+        lock=default_lock(registry, job_name),
+        data={source.name: source},
+        models=[model],
+    )
 
 
 def format_metrics(metrics: dict[str, float], indent: str = "") -> str:
     """``name=value`` pairs, sorted by name, four significant digits; "no metrics" when empty."""
     return indent + (" ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())) or "no metrics")
-
-
-def map_report_views(kind: str, labels_path: str | None):
-    """For map models, the HTML report published beside the version (a callable,
-    so the page shows the version it belongs to)."""
-    if not kinds.get(kind).is_map:
-        if labels_path:
-            raise ValueError(f"--labels is for map models ({', '.join(kinds.map_names())}), not {kind}")
-        return None
-    from ordrec.trainer.report_html import read_labels, report_views
-
-    labels = read_labels(labels_path) if labels_path else None
-    return lambda artifact: report_views(artifact, labels)
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -623,6 +608,15 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
         "--labels",
         help="map models: display names for the report (MovieLens u.item, "
         "or 'id<TAB>label' / 'id|label' lines)",
+    )
+    train.add_argument(
+        "--gate",
+        nargs="?",
+        const="",
+        metavar="METRIC",
+        help="judge the model as a job's gate does before publishing: fit on all but a held-out 20%%,"
+        " publish (refitted on all the data) only if METRIC (default: the kind's first) is not below"
+        " the live version's; exit 3 when refused",
     )
     train.set_defaults(func=cmd_train)
 

@@ -135,13 +135,18 @@ class ModelJob:
     kind: str
     data: str
     params: dict[str, Any]
-    gate: Gate
+    gate: Gate | None  # None: publish what a fit on all the data gives (``ordrec-train train``)
     refit: bool = True
     keep: int | None = None
     labels: Path | None = None
     item_attributes: Path | None = None  # published in the version for Recommend's filter
+    item_attributes_format: str = "auto"
     cluster: str | None = None  # dcr: fit data-parallel on this Dask cluster (tcp://..., local:N)
     memory_check: bool = True  # false: fit even when its predicted memory exceeds what is left
+
+    @property
+    def gate_metric(self) -> str:
+        return self.gate.metric if self.gate else ""
 
 
 @dataclass
@@ -156,7 +161,7 @@ class EventsSource:
 
 @dataclass
 class JobConfig:
-    path: Path
+    path: Path | None  # the job file (None: ``ordrec-train train``'s flags)
     name: str
     registry: Path | str  # a directory, or s3://bucket/prefix
     lock: Path
@@ -166,6 +171,7 @@ class JobConfig:
     events: EventsSource | None = None
     data: dict[str, DataSource] = field(default_factory=dict)
     models: list[ModelJob] = field(default_factory=list)
+    trained_by: str | None = None  # the versions' "trained_by" attribute (the status page shows it)
 
 
 _TYPES = {
@@ -402,16 +408,8 @@ def load_job(path: str | os.PathLike) -> JobConfig:
 
 
 def _job_config(c: _Checker, path: Path, base: Path, job: dict) -> JobConfig:
-    registry: Path | str
-    if is_object_store(job["registry"]):
-        registry = job["registry"]
-        # An object store takes no flock: the default lock is local (the CronJob's
-        # concurrencyPolicy: Forbid keeps runs apart across machines).
-        default_lock = Path(tempfile.gettempdir()) / f"ordrec-job-{job['name']}.lock"
-    else:
-        registry = _resolve(base, job["registry"])
-        default_lock = registry / f".job-{job['name']}.lock"
-    lock = _resolve(base, job["lock"]) if job["lock"] else default_lock
+    registry = job["registry"] if is_object_store(job["registry"]) else _resolve(base, job["registry"])
+    lock = _resolve(base, job["lock"]) if job["lock"] else default_lock(registry, job["name"])
     return JobConfig(
         path=path,
         name=job["name"],
@@ -420,7 +418,17 @@ def _job_config(c: _Checker, path: Path, base: Path, job: dict) -> JobConfig:
         redis=job["redis"],
         redis_timeout=job["redis_timeout"],
         keep=job["keep"],
+        trained_by=f"job {job['name']}",
     )
+
+
+def default_lock(registry: Path | str, job_name: str) -> Path:
+    """The lock file of job ``job_name``: in a local registry's folder; for an object store,
+    which takes no flock, a local one (the CronJob's concurrencyPolicy: Forbid keeps runs
+    apart across machines)."""
+    if is_object_store(registry):
+        return Path(tempfile.gettempdir()) / f"ordrec-job-{job_name}.lock"
+    return Path(registry) / f".job-{job_name}.lock"
 
 
 def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource]:
@@ -456,9 +464,23 @@ def _rating_scale(c: _Checker, where: str, source: dict) -> RatingScale | None:
         raise c.fail(f"{where}.rating_scale", str(exc)) from None
 
 
-def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table: Any) -> ModelJob:
+def gate_metric(kind_name: str, metric: str | None) -> str:
+    """The held-out metric a gate of ``kind_name`` compares (default: the kind's first);
+    a ValueError naming the choices when it has no such metric."""
     from ordrec.trainer.evaluation.holdout import METRICS
 
+    kind = kinds.get(kind_name)
+    metrics = METRICS[kind.input_shape]
+    metric = metric or metrics[0]
+    if metric not in metrics:
+        raise ValueError(
+            f"{metric!r} is not a held-out metric of {kind.name} "
+            f"({kind.input_shape} data): choose one of {', '.join(metrics)}"
+        )
+    return metric
+
+
+def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table: Any) -> ModelJob:
     c.keys(table, f"models[{position}]", MODEL_KEYS, [k for k, key in MODEL_KEYS.items() if key.required])
     name = c.value(table, f"models[{position}].name", "name", MODEL_KEYS["name"])
     where = f"models[{position}] ({name!r})"
@@ -488,14 +510,10 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
     if "verbose" in estimator.param_names():
         params.setdefault("verbose", False)  # progress bars are noise in a cron log
     gate = c.table(model["gate"], f"{where}.gate", GATE_KEYS)
-    metrics = METRICS[kind.input_shape]
-    metric = gate["metric"] or metrics[0]
-    if metric not in metrics:
-        raise c.fail(
-            f"{where}.gate.metric",
-            f"{metric!r} is not a held-out metric of {kind.name} "
-            f"({kind.input_shape} data): choose one of {', '.join(metrics)}",
-        )
+    try:
+        metric = gate_metric(kind.name, gate["metric"])
+    except ValueError as exc:
+        raise c.fail(f"{where}.gate.metric", str(exc)) from None
     if model["labels"] is not None and not kind.is_map:
         raise c.fail(
             f"{where}.labels",
@@ -656,6 +674,7 @@ class Outcome:
     version: str | None = None
     message: str = ""
     seconds: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)  # the published version's
 
     @property
     def exit_code(self) -> int:
@@ -671,7 +690,47 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
-class _Job:
+@dataclass
+class Fitted:
+    """A model ready to publish: its artifact, the data it was fitted on (its fit metrics are
+    measured there), its smoke-tested serving index when one was built, and measured metrics."""
+
+    artifact: Artifact
+    data: Any
+    index: Any = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def serving_index(kind: str, artifact: Artifact):
+    """The index that would serve ``artifact``, built in memory and smoke-tested."""
+    index = kinds.get(kind).index_class().from_artifact(artifact)
+    index.smoke()
+    return index
+
+
+def holdout_metrics(metrics: dict[str, float], gate: Gate, refit: bool) -> dict[str, float]:
+    """The held-out measures as a version stores them (``holdout_*``), with how they were taken."""
+    stored = {METRIC_PREFIX + k: float(v) for k, v in metrics.items()}
+    stored.update(
+        {
+            METRIC_PREFIX + "fraction": gate.holdout,
+            METRIC_PREFIX + "seed": gate.seed,
+            METRIC_PREFIX + "refit": float(refit),
+        }
+    )
+    return stored
+
+
+def fit_metrics(kind: str, data, artifact: Artifact) -> dict[str, float]:
+    """The protocol's measures of the fitted model on its own training data ({} when it has none)."""
+    measure = getattr(kinds.get(kind).protocol_module(), "fit_metrics", None)
+    return measure(data, artifact) if measure else {}
+
+
+class JobRunner:
+    """Runs a job's models: each read, fitted, measured and gated when it has a gate, and
+    published through :meth:`publish`, the one way ``run`` and ``train`` publish."""
+
     def __init__(self, config: JobConfig, dry_run: bool, registry: Registry | S3Registry):
         self.config = config
         self.dry_run = dry_run
@@ -699,9 +758,18 @@ class _Job:
                 skip_bad_lines=source.skip_bad_lines,
                 rating_scale=source.rating_scale,
                 column_names=source.columns,
-                **({"feedback": source.feedback, "strength": source.strength} if shape == "ratings" else {}),
+                feedback=source.feedback,  # load_job leaves these unset for other shapes
+                strength=source.strength,
             )
             skipped = getattr(data, "skipped_lines", 0)
+            if skipped:
+                self.say(
+                    model.name,
+                    "skipped %d malformed line(s) of %s",
+                    skipped,
+                    source.path,
+                    level=logging.WARNING,
+                )
             data = self.forget(model, data)
             size = len(data) if hasattr(data, "__len__") else len(data.objects)
             self.say(
@@ -807,27 +875,57 @@ class _Job:
         return configured.fit_on_cluster(data, model.cluster)
 
     def run_model(self, model: ModelJob) -> Outcome:
-        from ordrec.trainer.data.interactions import trainable
-        from ordrec.trainer.evaluation import holdout
+        """Read, fit (measured and judged first when the model has a gate) and publish one model."""
+        out = Outcome(model.name, "failed", metric=model.gate_metric)
+        data, scale, feed = self.prepare(model)
+        measured = None
+        if model.gate is not None:
+            measured = self.measure(model, model.gate, data, out)
+            if measured is None:
+                return out
+        if self.dry_run:
+            out.status = "would_publish"
+            return out
+        if measured is not None and not model.refit:
+            fitted = measured
+        else:
+            metrics = None if measured is None else measured.metrics
+            # The measured model is not published: its fit, artifact, index and split go before
+            # the fit on all the data, whose memory check counts none of them.
+            del measured
+            fitted = self.fit_all(model, data, metrics)
+        out.version = self.publish(model, fitted, scale, feed)
+        out.status = "published"
+        out.metrics = dict(fitted.artifact.metrics)
+        return out
 
-        gate = model.gate
-        out = Outcome(model.name, "failed", metric=gate.metric)
-        kind = kinds.get(model.kind)
-        estimator_cls, index_cls = kind.estimator_class(), kind.index_class()
+    def prepare(self, model: ModelJob):
+        """The model's training data (forgotten users dropped, recorded events merged, made
+        trainable), the rating scale its ratings were checked against, and its events feed."""
+        from ordrec.trainer.data.interactions import trainable
+
+        shape = kinds.get(model.kind).input_shape
         try:
-            data = self.read(model, estimator_cls.input_shape)
+            data = self.read(model, shape)
             # Implicit data has strengths, not ratings on a scale: recorded values are not checked.
-            ratings = estimator_cls.input_shape == "ratings" and not getattr(data, "implicit", False)
+            ratings = shape == "ratings" and not getattr(data, "implicit", False)
             scale = self.scale(model) if ratings else None
         except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
             raise DataError(str(self.config.data[model.data].path), None, f"cannot read: {exc}") from None
-        feed = self.events_feed(model, estimator_cls.input_shape)
+        feed = self.events_feed(model, shape)
         if feed is not None:
             data = feed.apply(data, scale)
             self.say(model.name, feed.summary())
         data, note = trainable(data)
         if note:
             self.say(model.name, note)
+        return data, scale, feed
+
+    def measure(self, model: ModelJob, gate: Gate, data, out: Outcome) -> Fitted | None:
+        """Fit on all but a seeded held-out part, score that part through the serving index
+        and judge it against the live version; None when it is not to be published (``out``
+        says why), else the measured model with its ``holdout_*`` metrics."""
+        from ordrec.trainer.evaluation import holdout
 
         train, test = holdout.split(data, gate.holdout, gate.seed)
         t0 = time.perf_counter()
@@ -841,20 +939,24 @@ class _Job:
             time.perf_counter() - t0,
         )
         artifact = estimator.to_artifact()
-        index = index_cls.from_artifact(artifact)
-        index.smoke()
+        index = serving_index(model.kind, artifact)
         metrics = holdout.evaluate(index, test, gate.seed)
         self.say(
             model.name, "evaluated on held-out part: %s", " ".join(f"{k}={v:.4g}" for k, v in metrics.items())
         )
         out.new = metrics[gate.metric]
-        if not math.isfinite(out.new):
+        if not self.judge(model, gate, metrics, out):
+            return None
+        return Fitted(artifact, train, index, holdout_metrics(metrics, gate, model.refit))
+
+    def judge(self, model: ModelJob, gate: Gate, metrics: dict[str, float], out: Outcome) -> bool:
+        """Whether the measured model passes its gate; ``out`` gets the live figure and why."""
+        if out.new is None or not math.isfinite(out.new):
             out.message = (
                 f"{gate.metric} is undefined on the held-out part (too little data for a"
                 f" {gate.holdout:g} holdout?)"
             )
-            return out
-
+            return False
         below = below_popularity(metrics)
         if below and not gate.popularity_floor:
             self.say(
@@ -863,7 +965,7 @@ class _Job:
         elif below:
             out.status = "rejected"
             out.message = below
-            return out
+            return False
         live = live_figure(self.registry, model.name, gate.metric)
         out.live, out.live_version = live.value, live.version
         if live.value is not None and (live.fraction != gate.holdout or live.seed != gate.seed):
@@ -883,7 +985,7 @@ class _Job:
         if not gate_passes(out.new, live.value, gate.margin):
             out.status = "rejected"
             out.message = f"{gate.metric} {out.new:.4f} < live {live.value:.4f} - margin {gate.margin:g}"
-            return out
+            return False
         out.message = (
             "no live version"
             if live.version is None
@@ -891,55 +993,65 @@ class _Job:
             if live.value is not None
             else live.reason
         )
-        if self.dry_run:
-            out.status = "would_publish"
-            return out
+        return True
 
-        if model.refit:
-            # The measured model is not published: its fit, artifact, index and split go before
-            # the refit, whose memory check and prediction count none of them.
-            del estimator, artifact, index, train, test
-            t0 = time.perf_counter()
-            artifact = self.fit(model, data).to_artifact()
-            index = index_cls.from_artifact(artifact)
-            index.smoke()
-            self.say(model.name, "refit part=all seconds=%.1f", time.perf_counter() - t0)
-        artifact.metrics.update({METRIC_PREFIX + k: float(v) for k, v in metrics.items()})
-        artifact.metrics.update(
-            {
-                METRIC_PREFIX + "fraction": gate.holdout,
-                METRIC_PREFIX + "seed": gate.seed,
-                METRIC_PREFIX + "refit": float(model.refit),
-            }
-        )
-        artifact.attributes["trained_by"] = f"job {self.config.name}"  # the status page shows it
+    def fit_all(self, model: ModelJob, data, measured_metrics: dict[str, float] | None) -> Fitted:
+        """A fit on all the data: what ``train`` publishes, or a job's refit, which keeps the
+        measured model's ``holdout_*`` metrics (``measured_metrics``)."""
+        t0 = time.perf_counter()
+        artifact = self.fit(model, data).to_artifact()
+        if measured_metrics is None:
+            self.say(model.name, "fit kind=%s part=all seconds=%.1f", model.kind, time.perf_counter() - t0)
+            return Fitted(artifact, data)
+        index = serving_index(model.kind, artifact)
+        self.say(model.name, "refit part=all seconds=%.1f", time.perf_counter() - t0)
+        return Fitted(artifact, data, index, measured_metrics)
+
+    def publish(self, model: ModelJob, fitted: Fitted, scale: RatingScale | None, feed) -> str:
+        """The one way a version reaches the registry, for ``run`` and ``train`` alike: the
+        artifact completed (:meth:`complete`), published atomically, then what follows it."""
+        artifact = self.complete(model, fitted, scale)
+        views = self._report(model, fitted.index) if kinds.get(model.kind).is_map else None
+        version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
+        for warning in calibration_warnings(artifact.indexes):
+            self.say(model.name, "version %s: %s", version, warning, level=logging.WARNING)
+        if feed is not None:
+            self.commit_events(model, feed, version)
+        self.after_publish(model, version)
+        return version
+
+    def complete(self, model: ModelJob, fitted: Fitted, scale: RatingScale | None) -> Artifact:
+        """The artifact with its fit metrics (measured on the data it was fitted on), measured
+        metrics, provenance, rating scale and item attributes."""
+        artifact = fitted.artifact
+        for metric, value in fit_metrics(model.kind, fitted.data, artifact).items():
+            artifact.metrics.setdefault(metric, value)
+        artifact.metrics.update(fitted.metrics)
+        if self.config.trained_by:
+            artifact.attributes["trained_by"] = self.config.trained_by  # the status page shows it
         if scale is not None:
             artifact.attributes[SCALE_ATTRIBUTE] = scale.as_attribute()  # checks recorded values
-        views = self._report(model, index) if kind.is_map else None
         if model.item_attributes:
             from ordrec.service.indices.item_attributes import attach_item_attributes
 
-            attach_item_attributes(artifact, model.item_attributes)
-        out.version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
-        for warning in calibration_warnings(artifact.indexes):
-            self.say(model.name, "version %s: %s", out.version, warning, level=logging.WARNING)
-        if feed is not None:
-            self.commit_events(model, feed, out.version)
-        out.status = "published"
+            attach_item_attributes(artifact, model.item_attributes, model.item_attributes_format)
+        return artifact
+
+    def after_publish(self, model: ModelJob, version: str) -> None:
+        """Warn when a pin keeps the new version from serving; notify the servers (``redis``)."""
         pinned = self.registry.pinned(model.name)
         if pinned:
             self.say(
                 model.name,
                 "is pinned to %s: version %s is stored but not served until unpinned",
                 pinned,
-                out.version,
+                version,
                 level=logging.WARNING,
             )
         if self.config.redis:
             from ordrec.trainer.notify import notify_published
 
-            notify_published(self.config.redis, model.name, out.version, self.config.redis_timeout, log)
-        return out
+            notify_published(self.config.redis, model.name, version, self.config.redis_timeout, log)
 
     def _report(self, model: ModelJob, index) -> Callable[[Artifact], dict[str, bytes]]:
         """The map report (``report.html``) published in the version's own atomic rename.
@@ -962,6 +1074,18 @@ class _Job:
 
         return views
 
+    def run_redacted(self, model: ModelJob) -> Outcome:
+        """:meth:`run_model` between two redactions of the model's versions naming forgotten
+        users: before (no replica loads a new version beside them) and after, whatever the
+        outcome (a user forgotten during the run may be in its version)."""
+        if not self.dry_run:
+            self.redact_forgotten(model)
+        try:
+            return self.run_model(model)
+        finally:
+            if not self.dry_run:
+                self.redact_forgotten(model)
+
     def run(self, only: list[str] | None = None) -> list[Outcome]:
         outcomes = []
         for model in self.config.models:
@@ -969,12 +1093,10 @@ class _Job:
                 continue
             t0 = time.perf_counter()
             self.say(model.name, "start kind=%s data=%s", model.kind, model.data)
-            if not self.dry_run:  # before publishing, so no replica loads a new version beside them
-                self.redact_forgotten(model)
             try:
-                out = self.run_model(model)
+                out = self.run_redacted(model)
             except DataError as exc:
-                out = Outcome(model.name, "data_error", metric=model.gate.metric, message=str(exc))
+                out = Outcome(model.name, "data_error", metric=model.gate_metric, message=str(exc))
             except Exception as exc:  # one model's failure must not stop the others
                 # Expected failures have messages an operator can act on; anything else is a
                 # bug and its traceback belongs in the cron log.
@@ -990,10 +1112,8 @@ class _Job:
                     exc_info=not expected,
                 )
                 out = Outcome(
-                    model.name, "failed", metric=model.gate.metric, message=f"{type(exc).__name__}: {exc}"
+                    model.name, "failed", metric=model.gate_metric, message=f"{type(exc).__name__}: {exc}"
                 )
-            if not self.dry_run:  # again: a user forgotten during the run may be in its version
-                self.redact_forgotten(model)
             out.seconds = time.perf_counter() - t0
             level = logging.INFO if out.exit_code in (EXIT_PUBLISHED, EXIT_REJECTED) else logging.ERROR
             self.say(
@@ -1005,7 +1125,7 @@ class _Job:
                 _fmt(out.live),
                 out.live_version or "-",
                 out.version or "-",
-                model.gate.margin,
+                model.gate.margin if model.gate else 0.0,
                 out.seconds,
                 out.message or "ok",
                 level=level,
@@ -1076,7 +1196,7 @@ def run_job(
         )
         try:
             with job_lock(config.lock, config.name), Downloads(cache_dir) as downloads:
-                outcomes = _Job(config, dry_run, downloads.open_registry(config.registry)).run(only)
+                outcomes = JobRunner(config, dry_run, downloads.open_registry(config.registry)).run(only)
         except (JobLocked, ArtifactError) as exc:  # the lock held, or no download folder
             log.error("job=%s %s", config.name, exc)
             return EXIT_FAILED
@@ -1103,6 +1223,21 @@ def run_job(
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        log.removeHandler(handler)
+
+
+def train_model(config: JobConfig, model: ModelJob, downloads: Downloads) -> Outcome:
+    """``ordrec-train train``: one model of ``config`` run as a job's model is, under the job's
+    lock (one ``train`` of a model at a time), its log on stderr. Its errors are raised, for
+    the CLI to turn into its exit codes; a held lock is a failed outcome, as in :func:`run_job`."""
+    handler = _install_log_handler()
+    try:
+        with job_lock(config.lock, config.name):
+            return JobRunner(config, False, downloads.open_registry(config.registry)).run_redacted(model)
+    except JobLocked as exc:
+        log.error("job=%s %s", config.name, exc)
+        return Outcome(model.name, "failed", metric=model.gate_metric, message=str(exc))
+    finally:
         log.removeHandler(handler)
 
 
