@@ -554,6 +554,8 @@ def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> Non
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the result rows to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    if getattr(module, "READS_INTERACTIONS", False):
+        add_feedback_arguments(p)
     module.add_arguments(p)
     p.set_defaults(func=cmd_reproduce)
 

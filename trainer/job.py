@@ -127,6 +127,7 @@ class Gate:
     # Refuse a recommender whose served top 10 finds fewer held-out liked items than the
     # most-rated items do; false for a version published for its map, not for Recommend.
     popularity_floor: bool = True
+    split: str = "random"  # ratings: which of each user's ratings are held out (random, or latest by time)
 
 
 @dataclass
@@ -206,6 +207,13 @@ Check = Callable[[Any], "str | None"]
 
 def _rule(ok: Callable[[Any], bool], message: str | Callable[[Any], str]) -> Check:
     return lambda value: None if ok(value) else (message(value) if callable(message) else message)
+
+
+def _splits() -> tuple[str, ...]:
+    """The held-out splits of ratings (imported when a job is checked, not at start-up)."""
+    from ordrec.trainer.evaluation.holdout import SPLITS
+
+    return SPLITS
 
 
 _AT_LEAST_ONE = _rule(lambda v: v >= 1, "must be at least 1")
@@ -302,6 +310,11 @@ GATE_KEYS = {
     ),
     "seed": Key(int, 0),
     "popularity_floor": Key(bool, True),
+    "split": Key(
+        str,
+        "random",
+        check=_rule(lambda v: v in _splits(), lambda v: f"must be one of {', '.join(_splits())}, got {v!r}"),
+    ),
 }
 FILE_KEYS = {
     "job": Key(dict, required=True),
@@ -535,6 +548,7 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
             holdout=gate["holdout"],
             seed=gate["seed"],
             popularity_floor=gate["popularity_floor"],
+            split=gate["split"],
         ),
         refit=model["refit"],
         keep=config.keep if model["keep"] is None else model["keep"],
@@ -927,7 +941,7 @@ class JobRunner:
         says why), else the measured model with its ``holdout_*`` metrics."""
         from ordrec.trainer.evaluation import holdout
 
-        train, test = holdout.split(data, gate.holdout, gate.seed)
+        train, test = holdout.split(data, gate.holdout, gate.seed, gate.split)
         t0 = time.perf_counter()
         estimator = self.fit(model, train)
         self.say(

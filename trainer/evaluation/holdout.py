@@ -68,6 +68,8 @@ METRICS: dict[str, tuple[str, ...]] = {
     "neighbors": ("recall_at_10", "order_agreement"),
 }
 TRIPLETS_PER_CELL = 20
+#: How a ratings split picks each user's held-out share: at random, or the latest by time.
+SPLITS = ("random", "time")
 
 
 def default_metric(shape: str) -> str:
@@ -94,23 +96,35 @@ def _rounded_share(counts: np.ndarray, fraction: float) -> np.ndarray:
     return np.minimum(np.floor(fraction * counts + 0.5).astype(np.int64), np.maximum(counts - 1, 0))
 
 
-def _within_group_position(group: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A random order inside each group: returns ``order`` (group-major, shuffled
-    within) and each ordered element's position in its group."""
-    order = np.lexsort((rng.random(group.size), group))
+def _within_group_position(
+    group: np.ndarray, rng: np.random.Generator, latest_first: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """A random order inside each group (or, given times, latest first with ties in random
+    order): returns ``order`` (group-major) and each ordered element's position in its group."""
+    keys = (rng.random(group.size),) if latest_first is None else (rng.random(group.size), -latest_first)
+    order = np.lexsort((*keys, group))
     g = group[order]
     starts = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
     first = np.repeat(starts, np.diff(np.r_[starts, g.size]))
     return order, np.arange(g.size) - first
 
 
-def split_ratings(data: Ratings, fraction: float, seed: int) -> tuple[Ratings, Ratings]:
-    """Per-user holdout: ``round(fraction * n_u)`` random ratings of each user (same id maps)."""
+def split_ratings(data: Ratings, fraction: float, seed: int, by: str = "random") -> tuple[Ratings, Ratings]:
+    """Per-user holdout of ``round(fraction * n_u)`` ratings of each user (same id maps):
+    random ones (``by="random"``), or the user's latest by timestamp (``by="time"``, ties
+    broken at random; data without timestamps is refused)."""
+    if by not in SPLITS:
+        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {by!r}")
+    if by == "time" and data.time is None:
+        raise ValueError(
+            f"a time split holds out each user's latest ratings, but {data.source or 'the data'}"
+            " has no timestamps (a timestamp column, or a MovieLens file); use the random split"
+        )
     rng = np.random.default_rng(seed)
     user = np.asarray(data.user, dtype=np.int64)
     counts = np.bincount(user, minlength=data.n_users)
     n_test = _rounded_share(counts, fraction)
-    order, pos = _within_group_position(user, rng)
+    order, pos = _within_group_position(user, rng, data.time if by == "time" else None)
     test = np.zeros(user.size, dtype=bool)
     test[order] = pos < n_test[user[order]]
     return data.subset(~test), data.subset(test)
@@ -180,12 +194,16 @@ def split_neighbors(data: NeighborLists, fraction: float, seed: int) -> tuple[Ne
     return part(~test), part(test)
 
 
-def split(data, fraction: float, seed: int):
-    """``(train, test)`` for any input shape; seeded, so a run is reproducible."""
+def split(data, fraction: float, seed: int, by: str = "random"):
+    """``(train, test)`` for any input shape; seeded, so a run is reproducible. ``by="time"``
+    (ratings only) holds out each user's latest ratings."""
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"holdout fraction must be in (0, 1), got {fraction}")
+    if isinstance(data, Ratings):
+        return split_ratings(data, fraction, seed, by)
+    if by != "random":
+        raise ValueError(f"a {by} split is for ratings, not {type(data).__name__}")
     for cls, func in (
-        (Ratings, split_ratings),
         (TagAssignments, split_tags),
         (AttributeTable, split_attributes),
         (NeighborLists, split_neighbors),

@@ -2,7 +2,7 @@
 
 Shared by ``ordrec-train reproduce topn`` and the cron job's gate. A list is
 a row of item rows (``-1`` pads a short one); the truth is each user's
-held-out items rated at or above a threshold.
+held-out items rated at or above a threshold (on implicit data: every held-out interaction).
 """
 
 from __future__ import annotations
@@ -25,7 +25,11 @@ class TopN:
 
     @classmethod
     def from_ratings(cls, test: Ratings, threshold: float) -> TopN:
+        """Explicit ratings: the held-out ratings at or above ``threshold`` are relevant;
+        implicit data (interactions): every held-out interaction, whatever its strength."""
         liked = np.asarray(test.rating, dtype=np.float64) >= threshold - 1e-9
+        if test.implicit:
+            liked = np.ones(len(test), dtype=bool)
         user, item = test.user[liked].astype(np.int64), test.item[liked].astype(np.int64)
         order = np.lexsort((item, user))
         user, item = user[order], item[order]

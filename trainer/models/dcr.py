@@ -90,8 +90,9 @@ PAPER_PARAMS = {
 
 
 def unrated_levels(values: np.ndarray) -> np.ndarray:
-    """The rating values with "not rated" prepended one step below the lowest (0 on 1..5)."""
-    step = float(np.min(np.diff(values)))
+    """The rating values with "not rated" prepended one step below the lowest (0 on 1..5; a
+    single value, such as interactions of one strength, a step of 1 below it)."""
+    step = float(np.min(np.diff(values))) if values.size > 1 else 1.0
     return np.r_[values[0] - step, values]
 
 
@@ -595,7 +596,10 @@ class DCR(Estimator):
         levels = self.levels
         if levels is None and validation is not None:
             levels = np.union1d(data.rating, validation.rating)
-        self.levels_, level = rating_levels(data.rating, levels, data.source)
+        # Beside "not rated", one value (picked, as interactions of equal strength) is a contrast.
+        self.levels_, level = rating_levels(
+            data.rating, levels, data.source, fewest=1 if self._unrated else 2
+        )
         if self._unrated:
             self.levels_, level = unrated_levels(self.levels_), level + 1
             if self.relevance == "log" and self.levels_[0] <= 0:

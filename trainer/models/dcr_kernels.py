@@ -658,7 +658,9 @@ def distinct_values(rating: np.ndarray) -> np.ndarray:
     return np.unique(np.concatenate([np.unique(c.astype(np.float64)) for c in chunks] or [np.empty(0)]))
 
 
-def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np.ndarray, np.ndarray]:
+def rating_levels(
+    rating: np.ndarray, levels=None, source: str = "", fewest: int = 2
+) -> tuple[np.ndarray, np.ndarray]:
     """The ordered rating values and each rating's 0-based level index.
 
     ``levels=None`` takes the distinct values present (so 0.5..5.0 in steps
@@ -676,7 +678,7 @@ def rating_levels(rating: np.ndarray, levels=None, source: str = "") -> tuple[np
         if isinstance(levels, str):
             levels = [float(x) for x in levels.split(",") if x.strip()]
         values = np.unique(np.asarray(levels, dtype=np.float64))
-    if values.size < 2:
+    if values.size < fewest:  # one value is enough beside the "not rated" level
         raise DataError(source, None, f"DCR needs at least two distinct rating values, got {values.tolist()}")
     out = np.empty(rating.size, dtype=level_dtype(values.size))
     for lo, chunk in zip(range(0, rating.size, LEVEL_CHUNK), chunks):

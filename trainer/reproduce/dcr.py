@@ -577,6 +577,8 @@ def load_ratings(args: argparse.Namespace) -> Ratings:
         args.format,
         skip_bad_lines=args.skip_bad_lines,
         rating_scale=getattr(args, "rating_scale", None),
+        feedback=getattr(args, "feedback", "auto"),  # protocols that read interaction logs (topn)
+        strength=getattr(args, "strength", None),
     )
     if getattr(data, "skipped_lines", 0):
         print(f"skipped {data.skipped_lines} malformed line(s) of {args.data}", file=sys.stderr)

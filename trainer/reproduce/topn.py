@@ -2,10 +2,13 @@
 
 The papers' protocols order the items a user rated; a shop asks for the top
 N of *all* items the user has not rated. Per run (seed), each user's ratings
-are split at random (``--test-fraction`` held out, ``split_ratings``); the
-relevant items are the held-out ratings at or above ``--threshold``. Every
-model is fitted on the training part with its estimator defaults (what
-``ordrec-train train KIND`` publishes), packed into its artifact and asked
+are split (``--test-fraction`` held out, ``split_ratings``): at random
+(``--split random``), or each user's latest by timestamp (``--split time``).
+The relevant items are the held-out ratings at or above ``--threshold``; on
+interaction logs (``--feedback implicit``, ``--strength COLUMN``), every
+held-out interaction. Every model is fitted on the training part with its
+estimator defaults (what ``ordrec-train train KIND`` publishes; interactions
+as per-user strength levels, ``trainable``), packed into its artifact and asked
 through its serving index for the top N of all items, the user's training
 items excluded (``index.recommend(row, n, exclude=index.seen(row))``).
 
@@ -16,8 +19,10 @@ and the share of recommended items among the 10 % most popular.
 
 References fitted on the same split: popularity (training rating counts),
 EASE (Steck 2019; its L2 weight chosen on a validation split carved from the
-training part only) and, when the ``baselines`` extra is installed,
-implicit's ALS (factors and weight chosen the same way).
+training part only, the same way as the test split) and, when the
+``baselines`` extra is installed, implicit's ALS (factors, regularization,
+confidence weight alpha and iterations chosen the same way, by coordinate
+ascent over :data:`ALS_GRID`: 96 settings, at most 19 of them fitted).
 
 ``--fold-in`` adds the cold-start rows: a seeded share of users is left out
 of the fit entirely and served as the server serves a user it has not seen:
@@ -40,8 +45,9 @@ import scipy.sparse as sp
 
 from ordrec.service.indices.models import kinds
 from ordrec.service.indices.models.base import RecommenderIndex
+from ordrec.trainer.data.interactions import trainable
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.evaluation.holdout import split_ratings
+from ordrec.trainer.evaluation.holdout import SPLITS, split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
 from ordrec.trainer.models.configured import accepted_params, configure
 from ordrec.trainer.models.dcr import PAPER_PARAMS
@@ -53,8 +59,34 @@ DEFAULT_RUNS = 5
 DEFAULT_MODELS = ("dcr", "pairwise_dcr", "coe")
 REFERENCES = ("popularity", "ease", "als")
 METRICS = ("recall@10", "ndcg@10", "recall@20", "coverage@10", "popular_share@10")
-EASE_GRID = (50.0, 100.0, 200.0, 300.0, 500.0, 1000.0)
-ALS_GRID = ((64, 0.1), (64, 1.0), (128, 1.0), (128, 10.0))
+#: Reads interaction logs: the CLI gives it ``--feedback`` and ``--strength``.
+READS_INTERACTIONS = True
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A reference's settings: the values of each axis, and where the search starts."""
+
+    axes: dict[str, tuple]
+    start: dict[str, object]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod([len(values) for values in self.axes.values()]))
+
+
+EASE_GRID = Grid({"l2": (50.0, 100.0, 200.0, 300.0, 500.0, 1000.0)}, {"l2": 200.0})
+# 4 x 4 x 3 x 2 = 96 settings; coordinate ascent fits at most 1 + 2 x (3 + 3 + 2 + 1) = 19.
+ALS_GRID = Grid(
+    {
+        "factors": (64, 128, 256, 512),
+        "regularization": (0.01, 0.1, 1.0, 10.0),
+        "alpha": (1.0, 10.0, 40.0),
+        "iterations": (15, 30),
+    },
+    {"factors": 128, "regularization": 0.1, "alpha": 10.0, "iterations": 15},
+)
+SEARCH_SWEEPS = 2
 # The models of the list: the registered kind each is fitted as, and its settings beyond the defaults.
 MODELS = {
     "dcr": ("dcr", {}),
@@ -76,10 +108,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--references", default=",".join(REFERENCES), help="comma-separated, of " + ", ".join(REFERENCES)
     )
     parser.add_argument(
-        "--threshold", type=float, default=4.0, help="held-out ratings at or above are relevant"
+        "--threshold",
+        type=float,
+        default=4.0,
+        help="held-out ratings at or above are relevant (interactions: every held-out one)",
     )
     parser.add_argument(
         "--test-fraction", type=float, default=0.2, help="share of each user's ratings held out"
+    )
+    parser.add_argument(
+        "--split",
+        choices=SPLITS,
+        default="random",
+        help="which of each user's ratings are held out: random ones, or the latest by timestamp",
     )
     parser.add_argument(
         "--fold-in",
@@ -113,12 +154,14 @@ class Split:
         return self.train.subset(~np.isin(self.train.user, self.new_users))
 
 
-def make_split(data: Ratings, test_fraction: float, new_share: float, seed: int) -> Split:
-    train, test = split_ratings(data, test_fraction, seed)
+def make_split(data: Ratings, test_fraction: float, new_share: float, seed: int, by: str = "random") -> Split:
+    """The seeded split of one run; interactions in the training part become the per-user
+    strength levels the models fit (computed from the training part alone)."""
+    train, test = split_ratings(data, test_fraction, seed, by)
     rng = np.random.default_rng([seed, 7])
     users = np.unique(train.user)
     new = np.sort(rng.choice(users, int(round(new_share * users.size)), replace=False))
-    return Split(train, test, new.astype(np.int64))
+    return Split(trainable(train)[0], test, new.astype(np.int64))
 
 
 def model_settings(names: list[str], assignments: list[str]) -> dict[str, dict]:
@@ -222,42 +265,86 @@ def ease_scores(train: Ratings, l2: float) -> Callable[[np.ndarray], np.ndarray]
     return lambda users: np.asarray(x[users] @ b)
 
 
-def als_scores(train: Ratings, factors: int, l2: float, seed: int) -> Callable[[np.ndarray], np.ndarray]:
-    """implicit's ALS (Hu, Koren & Volinsky 2008) on the picked matrix (the ``baselines`` extra)."""
+def als_scores(
+    train: Ratings, seed: int, factors: int, regularization: float, alpha: float, iterations: int
+) -> Callable[[np.ndarray], np.ndarray]:
+    """implicit's ALS (Hu, Koren & Volinsky 2008; the ``baselines`` extra): confidence
+    ``alpha`` per pick, times the strength level on interactions."""
     from implicit.cpu.als import AlternatingLeastSquares
 
     model = AlternatingLeastSquares(
-        factors=factors, regularization=l2, iterations=15, random_state=seed, calculate_training_loss=False
+        factors=factors,
+        regularization=regularization,
+        iterations=iterations,
+        random_state=seed,
+        calculate_training_loss=False,
     )
-    model.fit(interactions(train).tocsr().astype(np.float32) * 10.0, show_progress=False)
+    confidence = interactions(train)
+    if train.implicit:
+        confidence.data = (alpha * train.rating).astype(np.float64)
+    else:
+        confidence.data *= alpha
+    model.fit(confidence.tocsr().astype(np.float32), show_progress=False)
     user_factors, item_factors = np.asarray(model.user_factors), np.asarray(model.item_factors)
     return lambda users: user_factors[users] @ item_factors.T
 
 
+def als_available() -> bool:
+    """Whether implicit (the ``baselines`` extra) is installed."""
+    return importlib.util.find_spec("implicit") is not None
+
+
 # The tuned references: their grid and how one setting is fitted (settings chosen on validation).
 TUNED = {
-    "ease": (EASE_GRID, lambda data, l2, seed: ease_scores(data, l2)),
-    "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, setting[0], setting[1], seed)),
+    "ease": (EASE_GRID, lambda data, setting, seed: ease_scores(data, setting["l2"])),
+    "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, seed, **setting)),
 }
 
 
-def reference_scorer(name: str, train: Ratings, threshold: float, seed: int, log) -> Callable | None:
-    """The reference's scorer, its settings chosen on a validation split of ``train`` only."""
+def coordinate_search(
+    grid: Grid, score: Callable[[dict], float], sweeps: int = SEARCH_SWEEPS
+) -> tuple[dict, int]:
+    """The best setting coordinate ascent finds on ``grid``: each axis in turn moved to its best
+    value with the others held, until a sweep changes nothing (at most ``sweeps``); also the
+    number of settings scored (each once)."""
+    scored: dict[tuple, float] = {}
+
+    def value(setting: dict) -> float:
+        key = tuple(setting.items())
+        if key not in scored:
+            scored[key] = score(setting)
+        return scored[key]
+
+    best = dict(grid.start)
+    for _ in range(sweeps):
+        before = dict(best)
+        for axis, values in grid.axes.items():
+            best[axis] = max(values, key=lambda v: value({**best, axis: v}))  # noqa: B023 (used at once)
+        if best == before:
+            break
+    return best, len(scored)
+
+
+def reference_scorer(
+    name: str, train: Ratings, threshold: float, seed: int, log, by: str = "random"
+) -> Callable | None:
+    """The reference's scorer, its settings chosen on a validation split of ``train`` only
+    (carved as the test split was: ``by``)."""
     if name == "popularity":
         return popularity_scores(train)
-    if name == "als" and importlib.util.find_spec("implicit") is None:
+    if name == "als" and not als_available():
         log("als: implicit is not installed (pip install 'ordrec[baselines]'); row skipped")
         return None
     grid, fit_one = TUNED[name]
-    fit, val = split_ratings(train, 0.2, seed + 100)
+    fit, val = split_ratings(train, 0.2, seed + 100, by)
     truth = TopN.from_ratings(val, threshold)
 
-    def validation_recall(setting) -> float:
+    def validation_recall(setting: dict) -> float:
         lists = score_lists(fit_one(fit, setting, seed)(truth.users), fit, truth.users, 10)
         return topn_metrics(lists, truth, fit)["recall@10"]
 
-    chosen = max(grid, key=validation_recall)
-    log(f"{name}: chosen on validation {chosen}")
+    chosen, fitted = coordinate_search(grid, validation_recall)
+    log(f"{name}: chosen on validation {chosen} ({fitted} of {grid.size} settings fitted)")
     return fit_one(train, chosen, seed)
 
 
@@ -285,7 +372,17 @@ def run(args: argparse.Namespace) -> list[Row]:
     if any(r not in REFERENCES for r in references):
         raise SystemExit(f"--references: known are {', '.join(REFERENCES)}")
     settings = model_settings(models, args.set)
-    setting = {"threshold": args.threshold, "test_fraction": args.test_fraction}
+    if args.split == "time" and data.time is None:
+        raise SystemExit(
+            f"--split time: {args.data} has no timestamps (a timestamp column, or a MovieLens file);"
+            " use --split random"
+        )
+    setting = {
+        "threshold": None if data.implicit else args.threshold,
+        "test_fraction": args.test_fraction,
+        "split": args.split,
+        "feedback": data.feedback,
+    }
     values: dict[str, dict[str, list[float]]] = {}
 
     def record(method: str, metrics: dict[str, float]) -> None:
@@ -294,12 +391,12 @@ def run(args: argparse.Namespace) -> list[Row]:
 
     for run_no in range(args.runs):
         seed = args.seed + run_no
-        split = make_split(data, args.test_fraction, args.fold_in, seed)
+        split = make_split(data, args.test_fraction, args.fold_in, seed, args.split)
         truth = TopN.from_ratings(split.test, args.threshold)
         known = truth.without(split.new_users)
         new = truth.only(split.new_users)
         for name in references:
-            scorer = reference_scorer(name, split.fit, args.threshold, seed, log)
+            scorer = reference_scorer(name, split.fit, args.threshold, seed, log, args.split)
             if scorer is None:
                 continue
             record(

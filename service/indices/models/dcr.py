@@ -118,7 +118,8 @@ class DCRIndex(RecommenderIndex):
         # levels[0] is "not rated" in a top-N-aware version: scored, but not a rating to predict.
         self.unrated_level = bool(attrs.get("unrated_level", False))
         n_levels = self.levels.size - 1
-        if n_levels < 1 + self.unrated_level or np.any(np.diff(self.levels) <= 0):
+        # Beside "not rated", one value (interactions of equal strength) is enough.
+        if n_levels < 1 or np.any(np.diff(self.levels) <= 0):
             raise ArtifactError(f"{artifact.describe()}: levels must be >= 2 increasing values")
         try:
             c, offset = level_weights(self.levels, self.relevance)
