@@ -3,6 +3,7 @@ tuned on validation only, and the job gate's split key."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.indices.models.dcr import DCRIndex
-from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.cli import main
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.data.types import Ratings
@@ -21,22 +21,15 @@ from ordrec.trainer.evaluation.topn import TopN
 from ordrec.trainer.job import EXIT_FAILED, EXIT_PUBLISHED, load_job, run_job
 from ordrec.trainer.models.dcr import DCR
 from ordrec.trainer.reproduce import topn
+from tests.test_dcr import make_ratings
 from tests.test_topn import picked_by_taste
 
 
 def interactions(user, item, strength, time=None, n_users=None, n_items=None) -> Ratings:
-    n_users = n_users or int(np.max(user)) + 1
-    n_items = n_items or int(np.max(item)) + 1
-    return Ratings(
-        IdMap([f"u{i}" for i in range(n_users)]),
-        IdMap([f"i{i}" for i in range(n_items)]),
-        np.asarray(user, np.int32),
-        np.asarray(item, np.int32),
-        np.asarray(strength, np.float32),
-        time=None if time is None else np.asarray(time, np.int64),
-        feedback="implicit",
-        strength="rows",
-    )
+    """:func:`make_ratings` read as interactions (each strength a count of rows)."""
+    made = make_ratings(user, item, strength, n_users, n_items)
+    stamps = None if time is None else np.asarray(time, np.int64)
+    return dataclasses.replace(made, time=stamps, feedback="implicit", strength="rows")
 
 
 def write_log(path, seed=0, n_users=80) -> str:
