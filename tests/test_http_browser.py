@@ -47,7 +47,7 @@ name = "dcr"
 kind = "dcr"
 data = "ratings"
 params = {{ n_components = 8, max_iter = 8, random_state = {seed} }}
-gate = {{ metric = "ndcg_at_10", margin = 0.5, holdout = 0.2, seed = 0 }}
+gate = {{ metric = "ndcg_at_10", margin = 0.5, holdout = 0.2, seed = 0, popularity_floor = false }}
 """
 
 

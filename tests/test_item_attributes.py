@@ -85,7 +85,7 @@ kind = "dcr"
 data = "ratings"
 params = {{ n_components = 3, max_iter = 2 }}
 item_attributes = "items.csv"
-gate = {{ holdout = 0.2 }}
+gate = {{ holdout = 0.2, popularity_floor = false }}  # the sample: popularity-only picks
 """)
     assert run_job(job) == 0
     index = build_index(Registry(tmp_path / "registry").load("dcr"))

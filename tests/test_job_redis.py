@@ -42,7 +42,7 @@ name = "dcr"
 kind = "dcr"
 data = "ratings"
 params = {{ n_components = 4, max_iter = {epochs} }}
-gate = {{ metric = "ndcg_at_10", margin = 0.0 }}
+gate = {{ metric = "ndcg_at_10", margin = 0.0, popularity_floor = false }}
 """)
     return path
 
