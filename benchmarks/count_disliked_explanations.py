@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from collections import defaultdict
 
+from bench_handler import Context  # run as a script: benchmarks/ is on the path
+
 from ordrec.service.indices.explain import explained
 from ordrec.service.live.seen import SeenStore
 from ordrec.service.metrics import Metrics
@@ -21,17 +23,6 @@ from ordrec.service.serving.store import ModelStore
 from ordrec.service.serving.validation import Limits
 from ordrec.service.storage.registry import Registry
 from ordrec.v1 import recommender_pb2 as pb
-
-
-class Context:
-    def time_remaining(self):
-        return None
-
-    def is_active(self):
-        return True
-
-    def abort(self, code, message):
-        raise RuntimeError(f"{code}: {message}")
 
 
 def read_ratings(path: str) -> dict[str, dict[str, float]]:
