@@ -309,3 +309,16 @@ def s3_url(moto_server, monkeypatch, request) -> str:
     bucket = "ordrec-" + uuid.uuid4().hex[:12]
     boto3.session.Session().client("s3").create_bucket(Bucket=bucket)
     return f"s3://{bucket}/registry"
+
+
+@pytest.fixture
+def toy():
+    """The toy kind (``tests/toy_kind.py``) registered for one test."""
+    from ordrec.service.indices.models import kinds
+    from tests import toy_kind
+
+    kinds.register(toy_kind.TOY)
+    try:
+        yield toy_kind.TOY
+    finally:
+        kinds.unregister("toy")

@@ -128,21 +128,7 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
         assert holding(aof_files(aof_redis.aof_dir).values(), USER)  # the searches find what is there
 
         started = time.monotonic()
-        out = run_cli(
-            [
-                "ordrec.client_cli",
-                "--target",
-                proc.target,
-                "--token-env",
-                ADMIN_ENV,
-                "forget",
-                "--user",
-                USER,
-                "--reason",
-                "ticket 123",
-                "--json",
-            ]
-        )
+        out = forget_via(proc, USER, "--reason", "ticket 123")
         erased = time.monotonic() - started
         # the other replica: answers the user as unknown within --hidden-interval (0.2 s)
         wait_for(
@@ -152,7 +138,7 @@ def test_a_forgotten_user_is_gone_from_every_store_and_answered_as_unknown(
             what="the other replica to forget the user",
         )
         propagated = time.monotonic() - started - erased
-        reply = json.loads(out.stdout)
+        reply = json.loads(out)
         counts = {
             k: int(reply[k])
             for k in ("stream_entries", "seen_items", "ratings", "served_keys", "checkpoint_events")
@@ -371,8 +357,9 @@ def test_a_rejected_run_still_redacts_the_pinned_and_candidate_versions_naming_t
     assert not (tmp_path / "xdg").exists()  # the jobs loaded the originals into folders they removed
 
 
-def forget_via(proc: ServerProcess, user: str) -> str:
-    """``ordrec-client forget --json`` against ``proc``: its stdout (the server's log on failure)."""
+def forget_via(proc: ServerProcess, user: str, *flags: str) -> str:
+    """``ordrec-client forget --json [flags]`` against ``proc``: its stdout (the server's log on
+    failure)."""
     result = run_cli(
         [
             "ordrec.client_cli",
@@ -383,6 +370,7 @@ def forget_via(proc: ServerProcess, user: str) -> str:
             "forget",
             "--user",
             user,
+            *flags,
             "--json",
         ],
         check=False,

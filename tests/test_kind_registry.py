@@ -22,15 +22,6 @@ from ordrec.v1 import recommender_pb2_grpc
 from tests import toy_kind
 
 
-@pytest.fixture
-def toy():
-    kinds.register(toy_kind.TOY)
-    try:
-        yield toy_kind.TOY
-    finally:
-        kinds.unregister("toy")
-
-
 def test_builtin_kinds_and_what_each_registers():
     assert kinds.names() == ("dcr", "coe", "rtf", "score", "knnscal")
     assert kinds.map_names() == ("coe", "score", "knnscal")

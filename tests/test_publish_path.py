@@ -5,23 +5,10 @@ from __future__ import annotations
 
 import hashlib
 
-import pytest
-
-from ordrec.service.indices.models import kinds
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 from ordrec.trainer import job
 from ordrec.trainer.cli import main
-from tests import toy_kind
-
-
-@pytest.fixture
-def toy():
-    kinds.register(toy_kind.TOY)
-    try:
-        yield toy_kind.TOY
-    finally:
-        kinds.unregister("toy")
 
 
 def _job_file(tmp_path, registry, data, kind: str, params: str):
