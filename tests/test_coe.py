@@ -12,41 +12,16 @@ from hypothesis import strategies as st
 
 from ordrec.service.indices.models import index_class
 from ordrec.service.indices.models.coe import COEIndex
-from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
-from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COE, COESolver, TripleSource, normalise
 from ordrec.trainer.reproduce import coe as protocol
 from tests.conftest import data_file
+from tests.generated import make_ratings, random_ratings
 
 # The paper's objective (the estimator defaults are the top-N settings, docs/coe.md).
 PAPER = dict(unrated_share=0.0, solver=COESolver(type_a_share=None))
-
-
-def ratings_from(user, item, rating, n_users=None, n_items=None) -> Ratings:
-    user = np.asarray(user, dtype=np.int32)
-    item = np.asarray(item, dtype=np.int32)
-    n_users = n_users or int(user.max()) + 1
-    n_items = n_items or int(item.max()) + 1
-    return Ratings(
-        IdMap([f"u{k}" for k in range(n_users)]),
-        IdMap([f"i{k}" for k in range(n_items)]),
-        user,
-        item,
-        np.asarray(rating, dtype=np.float32),
-    )
-
-
-def random_ratings(rng, n_users=30, n_items=25, per_user=10, levels=5) -> Ratings:
-    user, item = [], []
-    for u in range(n_users):
-        chosen = rng.choice(n_items, size=per_user, replace=False)
-        user += [u] * per_user
-        item += list(chosen)
-    rating = rng.integers(1, levels + 1, size=len(user))
-    return ratings_from(user, item, rating, n_users, n_items)
 
 
 def brute_triples(user, item, values):
@@ -173,7 +148,7 @@ def test_sampler_is_uniform_over_the_triple_set_and_orients_triples():
 def test_memory_does_not_grow_with_the_number_of_triples():
     rng = np.random.default_rng(2)
     few = random_ratings(rng, 40, 30, 12, levels=2)  # many ties, few triples
-    many = ratings_from(few.user, few.item, rng.normal(size=len(few)))  # no ties
+    many = make_ratings(few.user, few.item, rng.normal(size=len(few)))  # no ties
     s_few = TripleSource.build(few.user, few.item, few.rating, few.n_users, few.n_items)
     s_many = TripleSource.build(many.user, many.item, many.rating, many.n_users, many.n_items)
     assert s_many.n_type_a + s_many.n_type_b > 1.5 * (s_few.n_type_a + s_few.n_type_b)
@@ -181,7 +156,7 @@ def test_memory_does_not_grow_with_the_number_of_triples():
 
 
 def test_normalise_sources():
-    data = ratings_from([0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 3, 5, 4, 4])
+    data = make_ratings([0, 0, 0, 1, 1], [0, 1, 2, 0, 1], [1, 3, 5, 4, 4])
     z = normalise(data, "ratings")
     np.testing.assert_allclose(z[:3], [-np.sqrt(1.5), 0, np.sqrt(1.5)], rtol=1e-6)
     np.testing.assert_allclose(z[3:], [0, 0])  # std 0: all ties, no type-A triple
@@ -254,7 +229,7 @@ def test_split_and_filter():
     mask = protocol.split_per_user(data.user, data.n_users, 0.8, rng)
     assert np.all(np.bincount(data.user[mask], minlength=12) == 16)
     # a user with 19 ratings goes; items rated fewer than 4 times go
-    extra = ratings_from(
+    extra = make_ratings(
         np.r_[data.user, [12] * 19], np.r_[data.item, np.arange(19)], np.r_[data.rating, np.ones(19)], 13, 40
     )
     kept = protocol.paper_filter(extra)
@@ -272,7 +247,7 @@ def test_planted_geometry_is_recovered():
     user = np.repeat(np.arange(n_users), per_user)
     item = np.concatenate([rng.choice(n_items, per_user, replace=False) for _ in range(n_users)])
     values = -np.linalg.norm(Xt[user] - Yt[item], axis=1)
-    data = ratings_from(user, item, values, n_users, n_items)
+    data = make_ratings(user, item, values, n_users, n_items)
     triples = TripleSource.build(data.user, data.item, values.astype(np.float32), n_users, n_items)
     paper_2d = dict(PAPER, n_components=2, function="sigmoid", lam=4.0, reg=0.0, learning_rate=0.1)
     model = COE(**paper_2d, max_iter=60, random_state=0)

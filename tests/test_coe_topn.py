@@ -9,32 +9,13 @@ import numpy as np
 import pytest
 
 from ordrec.service.indices.models.coe import COEIndex
-from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import split_ratings
 from ordrec.trainer.models import coe_kernels as K
 from ordrec.trainer.models.coe import COE, COESolver, TripleSource, normalise
+from tests.generated import make_ratings, random_ratings
 
 PAPER = dict(unrated_share=0.0, solver=COESolver(type_a_share=None))
-
-
-def ratings_from(user, item, rating, n_users, n_items) -> Ratings:
-    return Ratings(
-        IdMap([f"u{k}" for k in range(n_users)]),
-        IdMap([f"i{k}" for k in range(n_items)]),
-        np.asarray(user, dtype=np.int32),
-        np.asarray(item, dtype=np.int32),
-        np.asarray(rating, dtype=np.float32),
-    )
-
-
-def random_ratings(seed, n_users=20, n_items=15, per_user=8) -> Ratings:
-    rng = np.random.default_rng(seed)
-    user, item = [], []
-    for u in range(n_users):
-        item += list(rng.choice(n_items, size=per_user, replace=False))
-        user += [u] * per_user
-    return ratings_from(user, item, rng.integers(1, 6, size=len(user)), n_users, n_items)
 
 
 def source_of(data: Ratings) -> TripleSource:
@@ -53,7 +34,7 @@ def test_unrated_draws_follow_ratings_and_popularity_power():
         k = n_items - 1 if u == 0 else int(rng.integers(2, 7))  # user 0 rated every rated item
         item += list(rng.choice(n_items - 1, size=k, replace=False))
         user += [u] * k
-    data = ratings_from(user, item, rng.integers(1, 6, size=len(user)), n_users, n_items)
+    data = make_ratings(user, item, rng.integers(1, 6, size=len(user)), n_users, n_items)
     source = source_of(data)
     rated = {(int(u), int(i)) for u, i in zip(data.user, data.item)}
     popularity = np.bincount(data.item, minlength=n_items).astype(float)
@@ -87,7 +68,7 @@ def test_unrated_draws_follow_ratings_and_popularity_power():
 
 
 def test_unrated_share_is_the_share_of_rated_over_unrated_draws():
-    source = source_of(random_ratings(1))
+    source = source_of(random_ratings(1, n_users=20, n_items=15, per_user=8))
     n = 100_000
     kind = source.sample(n, 0.5, 3, p_unrated=0.3, unrated_power=0.5)[0]
     share = np.mean(kind == 2)
@@ -102,7 +83,7 @@ def test_an_unrated_step_follows_the_finite_difference_gradient(func):
     kernel step must move x_u, y_0 and y_1 by lr * (d ln P / d point - reg * point), with the
     derivative taken by central differences of ln P(|x_u - y_1| - |x_u - y_0|)."""
     rng = np.random.default_rng(4 + func)
-    data = ratings_from([0, 1], [0, 0], [5, 3], n_users=2, n_items=2)  # user 1 rated item 0 too
+    data = make_ratings([0, 1], [0, 0], [5, 3], n_users=2, n_items=2)  # user 1 rated item 0 too
     source = source_of(data)
     assert source.n_type_a + source.n_type_b == 0  # one rating each: z-scores 0, no paper triple
     user_cum, seen, item_cum = source.unrated_arrays(0.0)
@@ -136,7 +117,7 @@ def test_an_unrated_step_follows_the_finite_difference_gradient(func):
 def test_paper_path_is_unchanged_by_the_unrated_draws():
     """With unrated_share=0 the kernel spends no random number on unrated triples: the draws
     and a fit are those of the code before them (values recorded with commit c6bafd2)."""
-    data = random_ratings(5)
+    data = random_ratings(5, n_users=20, n_items=15, per_user=8)
     draws = np.stack(source_of(data).sample(2000, 0.5, 3, 0.5)).astype(np.int64)
     assert (
         hashlib.sha256(draws.tobytes()).hexdigest()
@@ -160,17 +141,17 @@ def test_paper_path_is_unchanged_by_the_unrated_draws():
 
 # ------------------------------------------------------------------ estimator
 def test_parameter_checks_and_degenerate_data():
-    data = random_ratings(2)
+    data = random_ratings(2, n_users=20, n_items=15, per_user=8)
     for bad in (dict(unrated_share=1.5), dict(unrated_share=-0.1), dict(solver={"unrated_power": -1.0})):
         with pytest.raises(ValueError, match=next(iter(bad)) if "solver" not in bad else "unrated_power"):
             COE(**bad).fit(data)
     # every user rated every item: no unrated item to draw
-    full = ratings_from(np.repeat([0, 1], 3), np.tile([0, 1, 2], 2), [1, 2, 3, 3, 2, 1], 2, 3)
+    full = make_ratings(np.repeat([0, 1], 3), np.tile([0, 1, 2], 2), [1, 2, 3, 3, 2, 1], 2, 3)
     with pytest.raises(ValueError, match="unrated item"):
         COE(max_iter=1).fit(full)
     COE(**PAPER, max_iter=1).fit(full)  # the paper's objective still fits it
     # all ratings tied: no paper triple, but rated-over-unrated ones exist
-    ties = ratings_from([0, 0, 1], [0, 1, 1], [3, 3, 3], 2, 4)
+    ties = make_ratings([0, 0, 1], [0, 1, 1], [3, 3, 3], 2, 4)
     model = COE(max_iter=2).fit(ties)
     assert np.all(np.isfinite(model.user_coords_))
     with pytest.raises(ValueError, match="no triple"):
@@ -201,7 +182,7 @@ def planted_taste_groups(seed: int, n_users=240, n_items=120, n_groups=4, per_us
             np.where(group_of_item[other] == u % n_groups, 4, rng.integers(1, 4, other.size))
         )
         user += [u] * per_user
-    return ratings_from(user, item, rating, n_users, n_items)
+    return make_ratings(user, item, rating, n_users, n_items)
 
 
 def recall_at_10(index: COEIndex | None, popularity: np.ndarray, train: Ratings, test: Ratings) -> float:

@@ -10,9 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ordrec.service.indices.models.dcr import DCRIndex, level_weights
-from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
-from ordrec.trainer.data.types import DataError, Ratings
+from ordrec.trainer.data.types import DataError
 from ordrec.trainer.evaluation.metrics import ndcg_at_k
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.dcr import (
@@ -38,21 +37,10 @@ from ordrec.trainer.models.dcr_kernels import (
     shuffle_segments,
 )
 from ordrec.trainer.reproduce.dcr import fit_dcr, fixed_scorer, item_means, per_user_split
+from tests.generated import make_ratings
 
 # These tests hold the paper's DCR (the estimator's defaults are the top-N model's).
 PaperDCR = functools.partial(DCR, **PAPER_PARAMS)
-
-
-def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
-    n_users = n_users or int(np.max(user)) + 1
-    n_items = n_items or int(np.max(item)) + 1
-    return Ratings(
-        IdMap([f"u{i}" for i in range(n_users)]),
-        IdMap([f"i{i}" for i in range(n_items)]),
-        np.asarray(user, np.int32),
-        np.asarray(item, np.int32),
-        np.asarray(rating, np.float32),
-    )
 
 
 def planted(seed=0, n_users=120, n_items=80, per_user=40, rank=3, values=(1, 2, 3, 4, 5)):

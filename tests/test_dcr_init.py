@@ -30,7 +30,8 @@ from ordrec.trainer.reproduce.dcr import (
     tune,
     validation_split,
 )
-from tests.test_dcr import make_ratings, planted
+from tests.generated import make_ratings
+from tests.test_dcr import planted
 
 # These tests hold the paper's DCR (the estimator's defaults are the top-N model's).
 PaperDCR = functools.partial(DCR, **PAPER_PARAMS)

@@ -5,7 +5,6 @@ reflection, /metrics, and a clean SIGTERM exit."""
 from __future__ import annotations
 
 import re
-import urllib.request
 
 import grpc
 import numpy as np
@@ -18,6 +17,7 @@ from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.trainer.data.readers import read_ratings
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.scrape import metric_in, metrics_text
 
 
 @pytest.fixture(scope="module")
@@ -184,37 +184,27 @@ def test_record_interactions_without_redis(stub):
     assert got == grpc.StatusCode.FAILED_PRECONDITION and "Redis" in details
 
 
-def _metric(text: str, name: str, **labels) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_metrics_count_calls_by_method_and_code(server, stub):
-    url = server.metrics_url + "/metrics"
-    before = urllib.request.urlopen(url, timeout=5).read().decode()
+    before = metrics_text(server)
     for _ in range(3):
         stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=3), timeout=5)
     code_of(lambda: stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=0), timeout=5))
-    after = urllib.request.urlopen(url, timeout=5).read().decode()
+    after = metrics_text(server)
     ok = dict(grpc_method="Recommend", grpc_code="OK")
     bad = dict(grpc_method="Recommend", grpc_code="INVALID_ARGUMENT")
     assert (
-        _metric(after, "grpc_server_handled_total", **ok) - _metric(before, "grpc_server_handled_total", **ok)
+        metric_in(after, "grpc_server_handled_total", **ok)
+        - metric_in(before, "grpc_server_handled_total", **ok)
         == 3
     )
     assert (
-        _metric(after, "grpc_server_handled_total", **bad)
-        - _metric(before, "grpc_server_handled_total", **bad)
+        metric_in(after, "grpc_server_handled_total", **bad)
+        - metric_in(before, "grpc_server_handled_total", **bad)
         == 1
     )
-    assert _metric(after, "grpc_server_handling_seconds_count", grpc_method="Recommend") >= 4
+    assert metric_in(after, "grpc_server_handling_seconds_count", grpc_method="Recommend") >= 4
     assert re.search(r'ordrec_model_info\{.*model="dcr".*\} 1\.0', after)
-    assert _metric(after, "ordrec_index_size", model="dcr", space="items") > 0
+    assert metric_in(after, "ordrec_index_size", model="dcr", space="items") > 0
 
 
 def test_empty_registry_is_not_serving_until_a_model_arrives(tmp_path, sample_registry):

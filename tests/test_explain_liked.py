@@ -17,8 +17,8 @@ from ordrec.service.storage.registry import Registry
 from ordrec.trainer.models.coe import COE
 from ordrec.trainer.models.dcr import DCR
 from ordrec.v1 import recommender_pb2 as pb
+from tests.generated import random_ratings
 from tests.servicer_fakes import NoDeadlineContext
-from tests.test_coe import random_ratings
 from tests.test_item_features import coe_artifact, planted_dcr_artifact
 
 

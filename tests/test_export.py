@@ -14,7 +14,7 @@ import pytest
 
 from ordrec.client import Client
 from ordrec.tools.process import ServerProcess, run_cli
-from tests.conftest import train_into
+from tests.conftest import free_port, train_into
 
 N = 7
 DCR = ("dcr", "dcr", "ratings.data", ["--set", "max_iter=3"])
@@ -199,11 +199,3 @@ def test_forgotten_users_are_left_out_even_when_listed(registry, tmp_path):
     )
     assert list(read_export(out)) == ["u001", "not-a-user"] and "u017" not in out.read_text()
     assert "1 forgotten left out" in result.stdout
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

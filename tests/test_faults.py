@@ -13,7 +13,6 @@ import signal
 import subprocess
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -24,6 +23,7 @@ from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from tests.background_load import BackgroundLoad
+from tests.scrape import metric
 
 
 class LoadLoop(BackgroundLoad):
@@ -56,15 +56,6 @@ class LoadLoop(BackgroundLoad):
                 n += 1
 
 
-def _metric(proc, name: str) -> float:
-    text = urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
-
-
 def _copy_registry(source: Path, target: Path, names=("dcr",)) -> Registry:
     registry = Registry(target)
     for name in names:
@@ -85,7 +76,7 @@ def test_publish_ten_versions_under_load(sample_registry, tmp_path):
         assert load.failures == [], load.failures[:5]
         assert load.ok > 100
         assert len(load.versions & set(published)) >= 3  # really swapped while serving
-        assert _metric(proc, "ordrec_model_reloads_total") >= 3
+        assert metric(proc, "ordrec_model_reloads_total") >= 3
         assert proc.terminate() == 0
 
 
@@ -99,7 +90,7 @@ def test_corrupt_version_under_load_is_refused(sample_registry, tmp_path):
             data = bytearray(factors.read_bytes())
             data[-3] ^= 0xFF  # corrupt after the atomic publish, before the server looks
             factors.write_bytes(bytes(data))
-            wait_for(lambda: _metric(proc, "ordrec_model_load_failures_total") >= 1, 20, what="refusal")
+            wait_for(lambda: metric(proc, "ordrec_model_load_failures_total") >= 1, 20, what="refusal")
             time.sleep(0.5)
         assert load.failures == [], load.failures[:5]
         assert load.versions == {good}
@@ -135,7 +126,7 @@ def test_redis_restart_under_load(redis_server, sample_registry, tmp_path):
             redis_server.stop()
             time.sleep(1.5)
             redis_server.start()  # same port; the fixture stops it at the end
-            wait_for(lambda: _metric(proc, "ordrec_redis_up") == 1, 15, what="redis back")
+            wait_for(lambda: metric(proc, "ordrec_redis_up") == 1, 15, what="redis back")
             time.sleep(0.5)
         assert load.failures == [], load.failures[:5]
         assert load.ok > 100

@@ -21,7 +21,7 @@ from ordrec.trainer.evaluation import holdout, metrics
 from ordrec.trainer.sample import planted_neighbors
 
 
-def random_ratings(n_users: int, n_items: int, density: float, seed: int) -> tuple[Ratings, np.ndarray]:
+def dense_truth_ratings(n_users: int, n_items: int, density: float, seed: int) -> tuple[Ratings, np.ndarray]:
     rng = np.random.default_rng(seed)
     truth = rng.integers(1, 6, (n_users, n_items)).astype(np.float32)
     mask = rng.random((n_users, n_items)) < density
@@ -40,7 +40,7 @@ def random_ratings(n_users: int, n_items: int, density: float, seed: int) -> tup
     seed=st.integers(0, 2**31 - 1),
 )
 def test_ratings_split_is_a_per_user_partition(n_users, density, fraction, seed):
-    data, _ = random_ratings(n_users, 12, density, seed)
+    data, _ = dense_truth_ratings(n_users, 12, density, seed)
     train, test = holdout.split(data, fraction, seed)
     key = lambda r: sorted(zip(r.user.tolist(), r.item.tolist(), r.rating.tolist()))  # noqa: E731
     assert sorted(key(train) + key(test)) == key(data)
@@ -109,7 +109,7 @@ def test_neighbor_split_holds_out_whole_lists():
 
 
 def test_split_rejects_bad_fractions():
-    data, _ = random_ratings(3, 4, 1.0, 0)
+    data, _ = dense_truth_ratings(3, 4, 1.0, 0)
     for bad in (0.0, 1.0, -0.1, 2.0):
         with pytest.raises(ValueError, match="fraction"):
             holdout.split(data, bad, 0)
@@ -164,7 +164,7 @@ def table_index(train: Ratings, data_table: np.ndarray, seed: int = 0) -> TableI
 
 
 def test_ratings_metrics_oracle_and_anti_oracle():
-    data, truth = random_ratings(40, 60, 0.5, 7)
+    data, truth = dense_truth_ratings(40, 60, 0.5, 7)
     train, test = holdout.split(data, 0.3, 0)
     oracle = holdout.evaluate(table_index(train, truth), test)
     assert oracle["ndcg_at_10"] == pytest.approx(1.0)

@@ -16,6 +16,7 @@ from ordrec.service.metrics import Metrics
 from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
+from tests.scrape import metric
 
 
 class Clock:
@@ -141,24 +142,19 @@ def test_a_bad_rate_or_window_is_refused():
         OnlineEvaluation(None, Metrics(), list, set, sample_rate=0.5, window=0)
 
 
-def _metric(server, name: str) -> float:
-    text = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5).read().decode()
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
-
-
 def test_hits_through_a_real_server(sample_registry, redis_server):
     args = (*redis_server.serve_flags, "--poll-interval", "0", "--online-sample-rate", "1.0")
     with ServerProcess(sample_registry, *args) as server, grpc.insecure_channel(server.target) as channel:
         stub = recommender_pb2_grpc.RecommenderStub(channel)
         reply = stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=10)
         items = [i.id for i in reply.results[0].items]
-        wait_for(lambda: _metric(server, "ordrec_online_served_total") == 10, 10, what="the sample written")
+        wait_for(lambda: metric(server, "ordrec_online_served_total") == 10, 10, what="the sample written")
         for _ in range(2):
             stub.RecordInteractions(
                 pb.RecordInteractionsRequest(user_id="u001", item_ids=items[:1]), timeout=5
             )
-        assert _metric(server, "ordrec_online_hits_total") == 1
-        assert _metric(server, "ordrec_online_hit_rate") == pytest.approx(0.1)
+        assert metric(server, "ordrec_online_hits_total") == 1
+        assert metric(server, "ordrec_online_hit_rate") == pytest.approx(0.1)
         version = reply.model_version
         text = urllib.request.urlopen(server.metrics_url + "/metrics", timeout=5).read().decode()
         assert f'ordrec_online_hits_total{{model="dcr",version="{version}"}} 1.0' in text
@@ -171,8 +167,8 @@ def test_without_redis_the_online_evaluation_is_off(sample_registry):
     ):
         stub = recommender_pb2_grpc.RecommenderStub(ch)
         stub.Recommend(pb.RecommendRequest(model="dcr", user_ids=["u001"], n=10), timeout=10)
-        assert _metric(server, "ordrec_recommend_users_total") == 1
-        assert _metric(server, "ordrec_online_served_total") == 0
+        assert metric(server, "ordrec_recommend_users_total") == 1
+        assert metric(server, "ordrec_online_served_total") == 0
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,6 @@ real server's plain answers honour recorded items, hidden items, tokens and the 
 
 from __future__ import annotations
 
-import re
-import urllib.request
-
 import grpc
 import numpy as np
 import pytest
@@ -29,6 +26,7 @@ from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess
 from ordrec.v1 import recommender_pb2 as pb
 from tests.admin_token import ADMIN_FLAGS, ADMIN_METADATA
+from tests.scrape import metric
 from tests.servicer_fakes import FixedSet, NoDeadlineContext, RecordedSeen, dcr_store
 from tests.test_rules import dcr_artifact
 
@@ -206,12 +204,6 @@ def _raw_call(channel, body: bytes, token: str | None) -> bytes:
     return call(body, timeout=10, metadata=[("authorization", f"Bearer {token}")] if token else None)
 
 
-def _metric(url: str, pattern: str) -> float:
-    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
-    found = re.search(pattern, text, re.M)
-    return float(found.group(1)) if found else 0.0
-
-
 def test_a_real_servers_plain_answers(registry, redis_server):
     """Over gRPC against a server process with Redis and a token: the plain reply's bytes are the
     general path's, recorded and hidden items are left out of both, garbage and a missing
@@ -247,9 +239,8 @@ def test_a_real_servers_plain_answers(registry, redis_server):
             with pytest.raises(grpc.RpcError) as refused:
                 _raw_call(channel, plain.SerializeToString(), None)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        handled = r'^grpc_server_handled_total{grpc_code="OK",grpc_method="Recommend",[^}]*} (\S+)'
-        ok = _metric(server.metrics_url, handled)
-        users = _metric(server.metrics_url, r"^ordrec_recommend_users_total{.*} (\S+)")
+        ok = metric(server, "grpc_server_handled_total", grpc_code="OK", grpc_method="Recommend")
+        users = metric(server, "ordrec_recommend_users_total")
         assert ok == 3 and users == 3  # two plain calls and their general twin
 
 

@@ -4,7 +4,6 @@ against real server processes, a real redis-server and the real CLIs."""
 from __future__ import annotations
 
 import time
-import urllib.request
 import zlib
 
 import grpc
@@ -16,6 +15,7 @@ from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from tests.admin_token import ADMIN_ENV, ADMIN_FLAGS, ADMIN_METADATA, ADMIN_TOKEN
 from tests.conftest import train_into
+from tests.scrape import metric
 
 GENRES = ["Action", "Comedy", "Drama", "Horror"]
 
@@ -48,11 +48,6 @@ def rules_registry(sample_dir, tmp_path_factory):
             ("coe", "coe", "ratings.data", ["--set", "max_iter=3"]),
         ],
     )
-
-
-def _metric(proc, name):
-    text = urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5).read().decode()
-    return next(float(line.split()[1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def stub_of(channel):
@@ -211,7 +206,7 @@ def test_hidden_items_with_redis(rules_registry, redis_server):
         )
         for stub in (sa, sb):
             assert not {top[0], top[1]} & set(recommended(stub, n=100))
-        assert _metric(b, "ordrec_rules_stale") == 1 and _metric(b, "ordrec_hidden_items") == 2
+        assert metric(b, "ordrec_rules_stale") == 1 and metric(b, "ordrec_hidden_items") == 2
         with pytest.raises(grpc.RpcError) as err:
             sa.HideItems(pb.HideItemsRequest(model="*", item_ids=[top[2]]), **AS_ADMIN)
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -19,6 +19,7 @@ from ordrec.tools.process import ServerProcess, wait_for
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 from tests.conftest import self_signed_cert
+from tests.scrape import metric
 
 
 def recommend(stub, user="u001", n=10, **kw):
@@ -53,14 +54,6 @@ def test_recorded_interactions_are_excluded(redis_server_process):
         assert popular[0] not in [i.id for i in recommend(stub, user="newcomer", n=5).results[0].items]
 
 
-def _metric_value(proc, name):
-    text = urllib.request.urlopen(proc.metrics_url + "/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
-
-
 def test_redis_down_fails_open_and_recovers(redis_server_process):
     proc, server = redis_server_process
     with grpc.insecure_channel(proc.target) as ch:
@@ -70,13 +63,13 @@ def test_redis_down_fails_open_and_recovers(redis_server_process):
         def redis_health():
             return health.Check(health_pb2.HealthCheckRequest(service="ordrec.redis"), timeout=5).status
 
-        assert _metric_value(proc, "ordrec_redis_up") == 1
+        assert metric(proc, "ordrec_redis_up") == 1
         server.stop()
         # Answers keep coming while Redis is down, flagged as degraded.
         for _ in range(20):
             assert recommend(stub).results[0].items
         wait_for(lambda: recommend(stub).seen_filter_degraded, 10, what="degraded flag")
-        assert _metric_value(proc, "ordrec_redis_up") == 0
+        assert metric(proc, "ordrec_redis_up") == 0
         assert redis_health() == health_pb2.HealthCheckResponse.NOT_SERVING
         overall = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5).status
         assert overall == health_pb2.HealthCheckResponse.SERVING
@@ -90,7 +83,7 @@ def test_redis_down_fails_open_and_recovers(redis_server_process):
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         server.start()  # back on the same port (the fixture stops it at the end)
         wait_for(lambda: not recommend(stub).seen_filter_degraded, 15, what="recovery")
-        assert _metric_value(proc, "ordrec_redis_up") == 1
+        assert metric(proc, "ordrec_redis_up") == 1
         assert redis_health() == health_pb2.HealthCheckResponse.SERVING
 
 

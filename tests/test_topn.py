@@ -19,7 +19,7 @@ from ordrec.trainer.job import EXIT_PUBLISHED, EXIT_REJECTED, run_job
 from ordrec.trainer.models.dcr import DCR, PAPER_PARAMS
 from ordrec.trainer.models.dcr_kernels import with_unrated
 from ordrec.trainer.models.ranking import served_recall_values
-from tests.test_dcr import make_ratings
+from tests.generated import make_ratings
 
 ratings = make_ratings
 

@@ -21,7 +21,7 @@ from ordrec.trainer.evaluation.topn import TopN
 from ordrec.trainer.job import EXIT_FAILED, EXIT_PUBLISHED, load_job, run_job
 from ordrec.trainer.models.dcr import DCR
 from ordrec.trainer.reproduce import topn
-from tests.test_dcr import make_ratings
+from tests.generated import make_ratings
 from tests.test_topn import picked_by_taste
 
 

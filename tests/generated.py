@@ -1,0 +1,31 @@
+"""Small generated rating sets that many tests share."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ordrec.service.storage.idmap import IdMap
+from ordrec.trainer.data.types import Ratings
+
+
+def make_ratings(user, item, rating, n_users=None, n_items=None) -> Ratings:
+    """Ratings over users ``u0..`` and items ``i0..`` (sizes from the largest index unless given)."""
+    user = np.asarray(user, dtype=np.int32)
+    item = np.asarray(item, dtype=np.int32)
+    return Ratings(
+        IdMap([f"u{k}" for k in range(n_users or int(user.max()) + 1)]),
+        IdMap([f"i{k}" for k in range(n_items or int(item.max()) + 1)]),
+        user,
+        item,
+        np.asarray(rating, dtype=np.float32),
+    )
+
+
+def random_ratings(rng, n_users=30, n_items=25, per_user=10, levels=5) -> Ratings:
+    """``per_user`` distinct items per user, each rated uniformly in ``1..levels`` (``rng`` or a seed)."""
+    rng = np.random.default_rng(rng)
+    user, item = [], []
+    for u in range(n_users):
+        item += list(rng.choice(n_items, size=per_user, replace=False))
+        user += [u] * per_user
+    return make_ratings(user, item, rng.integers(1, levels + 1, size=len(user)), n_users, n_items)
