@@ -7,12 +7,14 @@ numba or the models.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
+import numbers
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from ordrec.service.constraints import AT_LEAST_ONE, POSITIVE, Interval, ListOf, Matches, validate_params
 
 # Entries the ordrec:events stream keeps (approximately): about 64 MB of Redis at 10-character ids.
 DEFAULT_EVENTS_MAXLEN = 1_000_000
-_ORIGIN = re.compile(r"^https?://[^/\s]+$")
 # Recommend's dynamic batching (service/serving/batching.py): users scored together at most, and calls
 # that may wait for the scorer before more are refused RESOURCE_EXHAUSTED (docs/serving-cost.md).
 DEFAULT_BATCH_MAX_SIZE = 64
@@ -20,6 +22,13 @@ DEFAULT_BATCH_MAX_QUEUE = 64
 # ... and only versions whose one-user scoring pass costs at least this many multiply-adds
 # (ML-100K's 1,682 x 80 does not; a 10^5 x 200 exact catalogue does).
 DEFAULT_BATCH_MIN_WORK = 1 << 20
+
+
+def checked(settings: Any, **as_checked: Any) -> None:
+    """Check a settings dataclass's fields against its ``_parameter_constraints``."""
+    validate_params(
+        type(settings).__name__, {**asdict(settings), **as_checked}, settings._parameter_constraints
+    )
 
 
 @dataclass(frozen=True)
@@ -35,6 +44,22 @@ class Limits:
     max_page_size: int = 10_000
     max_message_bytes: int = 4 * 1024 * 1024
 
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        name: [AT_LEAST_ONE]
+        for name in (
+            "max_n",
+            "max_k",
+            "max_batch",
+            "max_candidates",
+            "max_ids",
+            "max_id_length",
+            "max_page_size",
+        )
+    } | {"max_message_bytes": [Interval(numbers.Integral, 1024, None)]}
+
+    def __post_init__(self) -> None:
+        checked(self)
+
 
 @dataclass(frozen=True)
 class StreamLimits:
@@ -43,11 +68,15 @@ class StreamLimits:
     stall_seconds: float = 10.0  # a reply not taken by the client for this long ends the stream
     max_seconds: float = 300.0  # no stream lives longer; clients resume with a new call
 
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "max_streams": [AT_LEAST_ONE],
+        "max_streams_per_connection": [AT_LEAST_ONE],
+        "stall_seconds": [POSITIVE],
+        "max_seconds": [POSITIVE],
+    }
+
     def __post_init__(self) -> None:
-        if self.max_streams < 1 or self.max_streams_per_connection < 1:
-            raise ValueError("stream limits must be at least 1")
-        if self.stall_seconds <= 0 or self.max_seconds <= 0:
-            raise ValueError("stream time limits must be positive")
+        checked(self)
 
 
 @dataclass(frozen=True)
@@ -64,18 +93,21 @@ class HttpSettings:
     max_message_bytes: int = 1024 * 1024
     cors_origins: tuple[str, ...] = ()  # origins whose pages may call the JSON API ("*": any)
 
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "read_timeout": [POSITIVE],
+        "max_connections": [AT_LEAST_ONE],
+        "max_message_bytes": [Interval(numbers.Integral, 1024, None)],
+        "cors_origins": [ListOf(str)],
+    }
+
     def __post_init__(self) -> None:
-        if self.read_timeout <= 0:
-            raise ValueError(f"the HTTP read timeout must be positive, got {self.read_timeout}")
-        if self.max_message_bytes < 1024:
-            raise ValueError(
-                f"the HTTP message limit must be at least 1024 bytes, got {self.max_message_bytes}"
-            )
-        if self.max_connections < 1:
-            raise ValueError(f"the HTTP connection limit must be at least 1, got {self.max_connections}")
+        checked(self, cors_origins=list(self.cors_origins))
         for origin in self.cors_origins:
-            if origin != "*" and not _ORIGIN.match(origin):
-                raise ValueError(f"CORS origin {origin!r} is not '*' or scheme://host[:port] (no path)")
+            if not CORS_ORIGIN.allows(origin):
+                raise ValueError(f"CORS origin {origin!r} must be {CORS_ORIGIN}")
+
+
+CORS_ORIGIN = Matches(r"^(\*|https?://[^/\s]+)$", "'*' or scheme://host[:port] (no path)")
 
 
 @dataclass

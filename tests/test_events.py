@@ -333,7 +333,7 @@ def test_a_gate_rejection_or_a_failure_leaves_the_checkpoint(client, redis_serve
 def test_events_table_is_checked(tmp_path, sample_dir, capsys):
     path = events_job(tmp_path, sample_dir, "redis://127.0.0.1:1/0", extra='on_trimmed = "ignore"')
     assert run_job(path) == EXIT_USAGE
-    assert 'events.on_trimmed: \'ignore\' must be "fail" or "warn"' in capsys.readouterr().err
+    assert "events.on_trimmed: must be one of 'fail', 'warn', got 'ignore'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------ RecordInteractions

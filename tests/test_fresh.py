@@ -607,15 +607,16 @@ def test_an_unrated_new_item_with_attributes_sits_among_the_items_sharing_them(r
     assert "brand-new" not in {i.id for i in recommend(handler, "u100", "dcr", n=40).items}
 
 
-def test_a_bad_attributes_file_or_interval_stops_the_start_naming_it(tmp_path):
+def test_a_bad_attributes_file_or_interval_stops_the_start_naming_it(tmp_path, capsys):
     bad = tmp_path / "items.csv"
     bad.write_text("id,group\nx,g1,extra\n")
     with pytest.raises(ValueError, match=r"items.csv:2: 3 fields"):
         config_from_args(
             build_parser().parse_args(["--registry", str(tmp_path), "--fresh-item-attributes", str(bad)])
         )
-    with pytest.raises(ValueError, match="--fresh-interval"):
-        config_from_args(build_parser().parse_args(["--registry", str(tmp_path), "--fresh-interval", "nan"]))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--registry", str(tmp_path), "--fresh-interval", "nan"])
+    assert "--fresh-interval: must be a finite number in [0, inf), got nan" in capsys.readouterr().err
 
 
 def test_forgetting_the_only_rater_removes_the_item_at_once(registry):

@@ -174,9 +174,9 @@ def test_without_redis_the_online_evaluation_is_off(sample_registry):
 @pytest.mark.parametrize(
     "flag, value, error",
     [
-        ("--online-sample-rate", "1.5", "must be between 0 and 1"),
-        ("--online-sample-rate", "-0.1", "must be between 0 and 1"),
-        ("--online-window", "0", "must be at least 1"),
+        ("--online-sample-rate", "1.5", "must be a finite number in [0, 1], got 1.5"),
+        ("--online-sample-rate", "-0.1", "must be a finite number in [0, 1], got -0.1"),
+        ("--online-window", "0", "must be an int in [1, inf), got 0"),
     ],
 )
 def test_the_server_refuses_online_settings_out_of_range(flag, value, error, capsys):

@@ -151,7 +151,7 @@ def test_a_split_against_a_real_server_and_the_cli(sample_registry, tmp_path):
         [*cli, "registry", "split", "dcr", "--registry", str(root), "--candidate", v2, "--share", "2"],
         check=False,
     )
-    assert bad.returncode == 2 and "share must be a number in (0, 1]" in bad.stderr
+    assert bad.returncode == 2 and "--share: must be a finite number in (0, 1], got" in bad.stderr
     none = run_cli([*cli, "registry", "promote", "dcr", "--registry", str(root)], check=False)
     assert none.returncode == 1 and "no split to promote" in none.stderr
     users = Registry(sample_registry).load("dcr").ids["users"].ids[:60] + [f"new-{k}" for k in range(20)]

@@ -174,11 +174,11 @@ def test_ranked_rows_keeps_order_and_honours_every_exclusion(rows, n, exclude, c
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--trending-half-life", "0"], "positive"),
-        (["--trending-half-life", "-5"], "positive"),
-        (["--trending-half-life", "nan"], "positive"),
-        (["--trending-window", "inf"], "positive"),
-        (["--trending-window", "soon"], "invalid"),
+        (["--trending-half-life", "0"], "must be a finite number in (0, inf), got 0.0"),
+        (["--trending-half-life", "-5"], "must be a finite number in (0, inf), got -5.0"),
+        (["--trending-half-life", "nan"], "must be a finite number in (0, inf), got nan"),
+        (["--trending-window", "inf"], "must be a finite number in (0, inf), got inf"),
+        (["--trending-window", "soon"], "expected a finite number in (0, inf), got 'soon'"),
     ],
 )
 def test_bad_trending_flags_are_refused_naming_the_flag(flags, message, capsys):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import numbers
 import signal
 import sys
 import threading
@@ -46,6 +47,7 @@ from pathlib import Path
 
 from google.protobuf.json_format import MessageToDict
 
+from ordrec.service.constraints import AT_LEAST_ONE_FLAG, SECONDS_FLAG, Interval, flag
 from ordrec.service.indices.ann import describe_choice
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import ArtifactError
@@ -157,9 +159,9 @@ def train_job(args: argparse.Namespace):
         check_cluster(args.kind, args.cluster)  # before the data is read
     if args.labels and not kind.is_map:
         raise ValueError(f"--labels is for map models ({', '.join(kinds.map_names())}), not {args.kind}")
-    for flag, path in (("--labels", args.labels), ("--item-attributes", args.item_attributes)):
+    for option, path in (("--labels", args.labels), ("--item-attributes", args.item_attributes)):
         if path and not Path(path).is_file():  # before the fit, not after it
-            raise FileNotFoundError(f"{flag}: no such file: {path}")
+            raise FileNotFoundError(f"{option}: no such file: {path}")
     name = validate_model_name(args.name or args.kind)
     params = parse_assignments(args.set or [])
     params.setdefault("random_state", args.seed)
@@ -269,17 +271,6 @@ def cmd_unpin(args: argparse.Namespace) -> int:
     args.downloads.open_registry(args.registry).unpin(args.model)
     print(f"unpinned {args.model}: the newest version is live")
     return EXIT_OK
-
-
-def share_argument(text: str) -> float:
-    """``--share`` as a fraction in (0, 1]; anything else is a usage error."""
-    try:
-        share = float(text)
-    except ValueError:
-        share = float("nan")
-    if not 0.0 < share <= 1.0:
-        raise argparse.ArgumentTypeError(f"share must be a number in (0, 1], got {text!r}")
-    return share
 
 
 def cmd_split(args: argparse.Namespace) -> int:
@@ -550,7 +541,7 @@ def add_protocol_arguments(p: argparse.ArgumentParser, module, kind: str) -> Non
     ratings = kind in PROTOCOLS or kinds.get(kind).input_shape == "ratings"
     p.allow_abbrev = False  # a retired flag (--rank) must not pass as the prefix of another (--rank-grid)
     add_data_arguments(p, required=getattr(module, "DATA_REQUIRED", True), ratings=ratings)
-    p.add_argument("--runs", type=int, default=getattr(module, "DEFAULT_RUNS", 5))
+    p.add_argument("--runs", type=AT_LEAST_ONE_FLAG, default=getattr(module, "DEFAULT_RUNS", 5))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the result rows to this JSON file")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -583,7 +574,9 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     train.add_argument(
         "--seed", type=int, default=0, help="the estimator's random_state (unless --set random_state=...)"
     )
-    train.add_argument("--keep", type=int, default=None, help="retain only the newest K versions")
+    train.add_argument(
+        "--keep", type=AT_LEAST_ONE_FLAG, default=None, help="retain only the newest K versions"
+    )
     train.add_argument(
         "--cluster",
         metavar="ADDRESS",
@@ -660,7 +653,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="the file (replaced atomically)")
     export.add_argument("--since", metavar="ID", help="only entries after this stream id (exclusive)")
     export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
-    export.add_argument("--timeout", type=float, default=10.0, help="seconds per Redis call")
+    export.add_argument("--timeout", type=SECONDS_FLAG, default=10.0, help="seconds per Redis call")
     export.set_defaults(func=cmd_events_export)
 
     ex = sub.add_parser(
@@ -668,7 +661,7 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     )
     ex.add_argument("model")
     ex.add_argument("--registry", required=True)
-    ex.add_argument("--n", type=int, default=100, help="items per user")
+    ex.add_argument("--n", type=AT_LEAST_ONE_FLAG, default=100, help="items per user")
     ex.add_argument("--out", required=True, help="FILE.csv, FILE.jsonl or FILE.parquet (replaced atomically)")
     ex.add_argument(
         "--users", metavar="FILE", help="user ids, one a line (default: every user of the version)"
@@ -677,9 +670,12 @@ def build_parser(reproduce_kind: str | None = None) -> argparse.ArgumentParser:
     ex.add_argument(
         "--redis", metavar="URL", help="the servers' Redis: hidden items and recorded ones (left out too)"
     )
-    ex.add_argument("--batch", type=int, default=1000, help="users scored per matrix product")
+    ex.add_argument("--batch", type=AT_LEAST_ONE_FLAG, default=1000, help="users scored per matrix product")
     ex.add_argument(
-        "--workers", type=int, default=1, help="scoring processes, each mapping the version (2 on 2 cores)"
+        "--workers",
+        type=AT_LEAST_ONE_FLAG,
+        default=1,
+        help="scoring processes, each mapping the version (2 on 2 cores)",
     )
     add_cache_dir_argument(ex)
     ex.set_defaults(func=cmd_export)
@@ -747,7 +743,11 @@ def add_registry_commands(sub, deprecated: bool = False) -> None:
     split.add_argument("model")
     split.add_argument("--registry", required=True)
     split.add_argument("--candidate", metavar="VERSION", help="the version to compare with the live one")
-    split.add_argument("--share", type=share_argument, help="share of users in (0, 1], e.g. 0.1")
+    split.add_argument(
+        "--share",
+        type=flag(float, Interval(numbers.Real, 0, 1, closed="right")),
+        help="share of users in (0, 1], e.g. 0.1",
+    )
     split.add_argument("--off", action="store_true", help="end the split: every user gets the live version")
     split.set_defaults(func=cmd_split)
     promote = _command(
@@ -774,7 +774,7 @@ def add_registry_commands(sub, deprecated: bool = False) -> None:
     hidden.add_argument("--registry", required=True)
     hidden.add_argument("--redis", metavar="URL")
     hidden.add_argument("--model")
-    hidden.add_argument("--show", type=int, default=20, help="ids to print per scope")
+    hidden.add_argument("--show", type=AT_LEAST_ONE_FLAG, default=20, help="ids to print per scope")
     hidden.set_defaults(func=cmd_hidden)
 
     prune = _command(
@@ -782,7 +782,7 @@ def add_registry_commands(sub, deprecated: bool = False) -> None:
     )
     prune.add_argument("--registry", required=True)
     prune.add_argument("--model", required=True)
-    prune.add_argument("--keep", type=int, required=True)
+    prune.add_argument("--keep", type=AT_LEAST_ONE_FLAG, required=True)
     prune.set_defaults(func=cmd_prune)
 
     gc = _command(

@@ -56,6 +56,7 @@ import datetime as _dt
 import fcntl
 import logging
 import math
+import numbers
 import os
 import re
 import signal
@@ -73,6 +74,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from ordrec.service.constraints import AT_LEAST_ONE, POSITIVE, Interval, ListOf, Matches, Options, problem
 from ordrec.service.indices.ann import calibration_warnings
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import Artifact, ArtifactError
@@ -201,14 +203,6 @@ def _resolve(base: Path, text: str) -> Path:
     return path if path.is_absolute() else (base / path)
 
 
-# A check takes a value of the right type and returns what is wrong with it, or None.
-Check = Callable[[Any], "str | None"]
-
-
-def _rule(ok: Callable[[Any], bool], message: str | Callable[[Any], str]) -> Check:
-    return lambda value: None if ok(value) else (message(value) if callable(message) else message)
-
-
 def _splits() -> tuple[str, ...]:
     """The held-out splits of ratings (imported when a job is checked, not at start-up)."""
     from ordrec.trainer.evaluation.holdout import SPLITS
@@ -216,83 +210,53 @@ def _splits() -> tuple[str, ...]:
     return SPLITS
 
 
-_AT_LEAST_ONE = _rule(lambda v: v >= 1, "must be at least 1")
-_POSITIVE_SECONDS = _rule(lambda v: v > 0, "must be positive (seconds)")
+REDIS_URL = Matches(r"^(redis|rediss|unix)://", "a redis://, rediss:// or unix:// URL")
 
 
 @dataclass(frozen=True)
 class Key:
-    """One key of a job-file table: its type (None: any), default, and value check."""
+    """One key of a job-file table: its type (None: any), default, and the forms its value may
+    take (:mod:`ordrec.service.constraints`; none: any value of the type)."""
 
     type: type | None
     default: Any = None
     required: bool = False
-    check: Check | None = None
+    allowed: tuple = ()
 
 
-_REDIS_URL = _rule(
-    lambda v: re.match(r"^(redis|rediss|unix)://", v) is not None,
-    lambda v: f"{v!r} is not a redis://, rediss:// or unix:// URL",
-)
 JOB_KEYS = {
     "name": Key(
-        str,
-        required=True,
-        check=_rule(
-            lambda v: _JOB_NAME_RE.match(v) is not None,
-            lambda v: f"{v!r} must be 1-64 characters of letters, digits, '_', '-', '.'",
-        ),
+        str, required=True, allowed=(Matches(_JOB_NAME_RE.pattern, "1-64 letters, digits, '_', '-', '.'"),)
     ),
     "registry": Key(str, required=True),
-    "redis": Key(str, check=_REDIS_URL),
-    "redis_timeout": Key(float, DEFAULT_REDIS_TIMEOUT, check=_POSITIVE_SECONDS),
-    "keep": Key(int, check=_AT_LEAST_ONE),
+    "redis": Key(str, allowed=(REDIS_URL,)),
+    "redis_timeout": Key(float, DEFAULT_REDIS_TIMEOUT, allowed=(POSITIVE,)),
+    "keep": Key(int, allowed=(AT_LEAST_ONE,)),
     "lock": Key(str),
 }
 EVENTS_KEYS = {
-    "redis": Key(str, required=True, check=_REDIS_URL),
-    "timeout": Key(float, DEFAULT_EVENTS_TIMEOUT, check=_POSITIVE_SECONDS),
-    "page": Key(int, 1000, check=_AT_LEAST_ONE),
-    "on_trimmed": Key(
-        str, "fail", check=_rule(lambda v: v in ("fail", "warn"), lambda v: f'{v!r} must be "fail" or "warn"')
-    ),
+    "redis": Key(str, required=True, allowed=(REDIS_URL,)),
+    "timeout": Key(float, DEFAULT_EVENTS_TIMEOUT, allowed=(POSITIVE,)),
+    "page": Key(int, 1000, allowed=(AT_LEAST_ONE,)),
+    "on_trimmed": Key(str, "fail", allowed=(Options(str, ("fail", "warn")),)),
 }
 SOURCE_KEYS = {
     "path": Key(str, required=True),
     "format": Key(str, "auto"),
     "skip_bad_lines": Key(bool, False),
     "rating_scale": Key(str),
-    "feedback": Key(
-        str,
-        "auto",
-        check=_rule(
-            lambda v: v in ("auto", "explicit", "implicit"),
-            lambda v: f'{v!r} must be "auto", "explicit" or "implicit"',
-        ),
-    ),
+    "feedback": Key(str, "auto", allowed=(Options(str, ("auto", "explicit", "implicit")),)),
     "strength": Key(str),
-    "columns": Key(
-        None,
-        check=_rule(
-            lambda v: isinstance(v, str) or (isinstance(v, list) and all(isinstance(x, str) for x in v)),
-            'must be a list of column names, e.g. ["color", "size"]',
-        ),
-    ),
+    "columns": Key(None, allowed=(str, ListOf(str))),
 }
 MODEL_KEYS = {
     "name": Key(str, required=True),
-    "kind": Key(
-        str,
-        required=True,
-        check=_rule(
-            lambda v: v in kinds.names(), lambda v: f"unknown kind {v!r} (known: {', '.join(kinds.names())})"
-        ),
-    ),
+    "kind": Key(str, required=True, allowed=(Options(str, kinds.names),)),
     "data": Key(str, required=True),
     "params": Key(dict, {}),
     "gate": Key(dict, {}),
     "refit": Key(bool, True),
-    "keep": Key(int, check=_AT_LEAST_ONE),
+    "keep": Key(int, allowed=(AT_LEAST_ONE,)),
     "labels": Key(str),
     "item_attributes": Key(str),
     "cluster": Key(str),
@@ -300,33 +264,17 @@ MODEL_KEYS = {
 }
 GATE_KEYS = {
     "metric": Key(str),
-    "margin": Key(
-        float, 0.0, check=_rule(lambda v: v >= 0, "must be >= 0 (how much worse than live is still accepted)")
-    ),
-    "holdout": Key(
-        float,
-        DEFAULT_HOLDOUT,
-        check=_rule(lambda v: 0.0 < v < 1.0, lambda v: f"must be a fraction in (0, 1), got {v}"),
-    ),
+    "margin": Key(float, 0.0, allowed=(Interval(numbers.Real, 0, None),)),  # how much worse than live passes
+    "holdout": Key(float, DEFAULT_HOLDOUT, allowed=(Interval(numbers.Real, 0, 1, closed="neither"),)),
     "seed": Key(int, 0),
     "popularity_floor": Key(bool, True),
-    "split": Key(
-        str,
-        "random",
-        check=_rule(lambda v: v in _splits(), lambda v: f"must be one of {', '.join(_splits())}, got {v!r}"),
-    ),
+    "split": Key(str, "random", allowed=(Options(str, _splits),)),
 }
 FILE_KEYS = {
     "job": Key(dict, required=True),
     "data": Key(dict, required=True),
     "events": Key(dict),
-    "models": Key(
-        None,
-        required=True,
-        check=_rule(
-            lambda v: isinstance(v, list) and len(v) > 0, "must be a non-empty array of [[models]] tables"
-        ),
-    ),
+    "models": Key(None, required=True, allowed=(ListOf(dict, min_length=1),)),
 }
 
 
@@ -363,9 +311,9 @@ class _Checker:
         value = table[name]
         if key.type is not None:
             value = self._typed(value, where, key.type)
-        problem = key.check(value) if key.check else None
-        if problem:
-            raise self.fail(where, problem)
+        wrong = problem(value, list(key.allowed)) if key.allowed else None
+        if wrong:
+            raise self.fail(where, wrong)
         return value
 
     def _typed(self, value: Any, where: str, kind: type) -> Any:

@@ -21,11 +21,19 @@ import argparse  # noqa: E402
 import faulthandler  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
-import math  # noqa: E402
 import signal  # noqa: E402
-from collections.abc import Sequence  # noqa: E402
+from collections.abc import Callable, Sequence  # noqa: E402
+from typing import Any  # noqa: E402
 
 from ordrec.service.config import HttpSettings, Limits, ServerConfig, StreamLimits  # noqa: E402
+from ordrec.service.constraints import (  # noqa: E402
+    AT_LEAST_ONE_FLAG,
+    AT_LEAST_ZERO_FLAG,
+    FRACTION_FLAG,
+    NOT_NEGATIVE_SECONDS_FLAG,
+    SECONDS_FLAG,
+    flag,
+)
 
 log = logging.getLogger("ordrec.service")
 
@@ -33,25 +41,11 @@ log = logging.getLogger("ordrec.service")
 _DEFAULTS = ServerConfig(registry="")
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {value}")
-    return value
+def field_flag(settings: type, name: str) -> Callable[[str], Any]:
+    """The argparse type of a settings field: parsed as its default's type, checked by its
+    declared ``_parameter_constraints`` (the same check the dataclass makes)."""
+    parse = type(getattr(settings(), name))
+    return flag(parse, *settings._parameter_constraints[name])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,28 +80,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP port for /metrics (0: pick a free one, -1: off)",
     )
     http = p.add_argument_group("the HTTP port's JSON API (POST /v1/<Rpc>) and pages (docs/service.md)")
-    for flag, kind, default, text in (
+    for name, kind, default, text in (
         (
             "--http-read-timeout",
-            _positive_seconds,
+            field_flag(HttpSettings, "read_timeout"),
             d.http.read_timeout,
             "seconds a client gets to send a whole request (and an idle connection its next one)",
         ),
         (
             "--http-max-connections",
-            _positive_int,
+            field_flag(HttpSettings, "max_connections"),
             d.http.max_connections,
             "connections open at once; over it the oldest one still sending is closed",
         ),
         (
             "--http-max-message-bytes",
-            _positive_int,
+            field_flag(HttpSettings, "max_message_bytes"),
             d.http.max_message_bytes,
             "the JSON API's request body and reply limit (the reply sized as protobuf, checked"
             " before any work); below --max-message-bytes: JSON costs ~100x the CPU to write",
         ),
     ):
-        http.add_argument(flag, type=kind, default=default, help=text)
+        http.add_argument(name, type=kind, default=default, help=text)
     http.add_argument(
         "--http-cors-origin",
         action="append",
@@ -116,31 +110,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="an origin (https://shop.example) whose pages may call the JSON API from a browser;"
         " repeat for several, '*' for any (default: none, same origin only)",
     )
-    p.add_argument("--workers", type=int, default=d.workers, help="gRPC worker threads per process")
+    p.add_argument(
+        "--workers", type=AT_LEAST_ONE_FLAG, default=d.workers, help="gRPC worker threads per process"
+    )
     p.add_argument(
         "--batch-max-size",
-        type=int,
+        type=AT_LEAST_ZERO_FLAG,
         default=d.batch_max_size,
         help="users of concurrent Recommend calls scored together at most (0: no batching, each"
         " call scores on its own and --batch-max-queue does not apply)",
     )
     p.add_argument(
         "--batch-max-queue",
-        type=int,
+        type=AT_LEAST_ZERO_FLAG,
         default=d.batch_max_queue,
         help="Recommend calls that may wait for the scorer; more are refused RESOURCE_EXHAUSTED at once"
         " (a waiting call holds a worker, so --workers bounds it too)",
     )
     p.add_argument(
         "--batch-min-work",
-        type=int,
+        type=AT_LEAST_ZERO_FLAG,
         default=d.batch_min_work,
         help="batch only versions whose one-user scoring pass costs at least this many"
         " multiply-adds (items x factor width; 0: every version, approximate indexes included)",
     )
     p.add_argument(
         "--processes",
-        type=int,
+        type=AT_LEAST_ZERO_FLAG,
         default=1,
         help="server processes sharing the port (SO_REUSEPORT), each pinned to a core;"
         " 0 = one per CPU this process may run on",
@@ -149,44 +145,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", type=int, help="pin this process to one CPU")
     p.add_argument(
         "--poll-interval",
-        type=float,
+        type=NOT_NEGATIVE_SECONDS_FLAG,
         default=d.poll_interval,
         help="seconds between registry polls for new versions (0: never)",
     )
-    p.add_argument("--grace", type=float, default=d.grace, help="seconds in-flight calls get on SIGTERM")
+    p.add_argument(
+        "--grace",
+        type=NOT_NEGATIVE_SECONDS_FLAG,
+        default=d.grace,
+        help="seconds in-flight calls get on SIGTERM",
+    )
     p.add_argument(
         "--redis",
         dest="redis_url",
         metavar="URL",
         help="redis://host:port/db for new-version news and seen items (optional)",
     )
-    p.add_argument("--redis-timeout", type=float, default=d.redis_timeout, help="seconds per Redis call")
     p.add_argument(
-        "--seen-ttl", type=int, default=d.seen_ttl, help="seconds a recorded interaction stays excluded"
+        "--redis-timeout", type=SECONDS_FLAG, default=d.redis_timeout, help="seconds per Redis call"
+    )
+    p.add_argument(
+        "--seen-ttl",
+        type=AT_LEAST_ONE_FLAG,
+        default=d.seen_ttl,
+        help="seconds a recorded interaction stays excluded",
     )
     p.add_argument(
         "--events-maxlen",
-        type=_positive_int,
+        type=AT_LEAST_ONE_FLAG,
         default=d.events_maxlen,
         help="entries the ordrec:events stream keeps (about; older ones are trimmed): the"
         " training job must run before this many new interactions arrive",
     )
     online = p.add_argument_group("online evaluation, with --redis (docs/service.md)")
-    for flag, kind, default, text in (
+    for name, kind, default, text in (
         (
             "--online-sample-rate",
-            _fraction,
+            FRACTION_FLAG,
             d.online_sample_rate,
             "share of Recommend answers sampled (0: off)",
         ),
         (
             "--online-window",
-            _positive_int,
+            AT_LEAST_ONE_FLAG,
             d.online_window,
             "seconds in which a served item's interaction is a hit",
         ),
     ):
-        online.add_argument(flag, type=kind, default=default, help=text)
+        online.add_argument(name, type=kind, default=default, help=text)
     trending = p.add_argument_group("trending, with --redis (docs/service.md, 'Trending')")
     trending.add_argument(
         "--trending",
@@ -195,14 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="model name whose Recommend answers the trending items ('': none); unknown users"
         " of every model fall back to trending when it has data",
     )
-    for flag, default, text in (
+    for name, default, text in (
         ("--trending-half-life", d.trending_half_life, "seconds that halve an interaction's weight"),
         ("--trending-window", d.trending_window, "seconds after its last interaction an item leaves"),
     ):
-        trending.add_argument(flag, type=_positive_seconds, default=default, help=text)
+        trending.add_argument(name, type=SECONDS_FLAG, default=default, help=text)
     p.add_argument(
         "--fresh-interval",
-        type=float,
+        type=NOT_NEGATIVE_SECONDS_FLAG,
         default=d.fresh_interval,
         metavar="SECONDS",
         help="with --redis: seconds between reads of the interactions with items the served versions"
@@ -240,42 +246,46 @@ def build_parser() -> argparse.ArgumentParser:
     streams = p.add_argument_group("streams and connections (docs/service.md, 'Streams')")
     streams.add_argument(
         "--max-streams",
-        type=int,
+        type=field_flag(StreamLimits, "max_streams"),
         default=d.streams.max_streams,
         help="open streaming RPCs per process (health Watch included); keep below --workers",
     )
     streams.add_argument(
-        "--max-streams-per-connection", type=int, default=d.streams.max_streams_per_connection
+        "--max-streams-per-connection",
+        type=field_flag(StreamLimits, "max_streams_per_connection"),
+        default=d.streams.max_streams_per_connection,
     )
     streams.add_argument(
         "--stream-stall-seconds",
-        type=float,
+        type=field_flag(StreamLimits, "stall_seconds"),
         default=d.streams.stall_seconds,
         help="end a stream whose reply the client has not taken for this long",
     )
     streams.add_argument(
         "--stream-max-seconds",
-        type=float,
+        type=field_flag(StreamLimits, "max_seconds"),
         default=d.streams.max_seconds,
         help="end a stream open longer than this",
     )
     streams.add_argument(
         "--max-connection-age",
-        type=float,
+        type=SECONDS_FLAG,
         default=d.max_connection_age,
         help="seconds before a connection is asked to reconnect (GOAWAY); reconnects re-spread"
         " calls over --processes and replicas",
     )
     streams.add_argument(
         "--max-connection-age-grace",
-        type=float,
+        type=SECONDS_FLAG,
         default=d.max_connection_age_grace,
         help="seconds the calls open at a GOAWAY may still take before the connection is cut"
         " (keep it at least --stream-max-seconds)",
     )
     limits = p.add_argument_group("request bounds")
     for name, default in vars(d.limits).items():
-        limits.add_argument(f"--{name.replace('_', '-')}", type=int, default=default, dest=name)
+        limits.add_argument(
+            f"--{name.replace('_', '-')}", type=field_flag(Limits, name), default=default, dest=name
+        )
     return p
 
 
@@ -284,17 +294,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
 
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key go together")
-    if not 0.0 <= args.online_sample_rate <= 1.0:
-        raise ValueError(f"--online-sample-rate must be in [0, 1], got {args.online_sample_rate}")
-    if args.online_window < 1:
-        raise ValueError(f"--online-window must be at least 1 second, got {args.online_window}")
     if args.max_streams >= args.workers:
         raise ValueError(
             f"--max-streams ({args.max_streams}) must be below --workers ({args.workers}),"
             " or open streams could hold every worker"
         )
-    if min(args.batch_max_size, args.batch_max_queue, args.batch_min_work) < 0:
-        raise ValueError("--batch-max-size, --batch-max-queue and --batch-min-work must be at least 0")
     if args.trending:
         from ordrec.service.errors import InvalidArgument
         from ordrec.service.serving.validation import model_name
@@ -303,8 +307,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
             model_name(args.trending)  # the name a client would send
         except InvalidArgument as exc:
             raise ValueError(f"--trending: {exc}") from None
-    if not (math.isfinite(args.fresh_interval) and args.fresh_interval >= 0):
-        raise ValueError(f"--fresh-interval must be a number of seconds >= 0, got {args.fresh_interval}")
     if args.fresh_item_attributes:
         from ordrec.service.indices.item_attributes import read_item_attributes
 

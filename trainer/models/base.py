@@ -3,104 +3,16 @@
 from __future__ import annotations
 
 import inspect
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
+from ordrec.service.constraints import Interval, Options, validate_params
 from ordrec.service.storage.artifact import Artifact
 
-
-class Interval:
-    """Numbers of ``type`` (``numbers.Integral`` or ``numbers.Real``) between ``low`` and ``high``.
-
-    ``None`` for a bound means unbounded on that side; ``closed`` is "both",
-    "left", "right" or "neither". Booleans are not numbers here, and a real
-    must be finite.
-    """
-
-    def __init__(
-        self, type: type[numbers.Real], low: float | None, high: float | None, *, closed: str = "both"
-    ):
-        if closed not in ("both", "left", "right", "neither"):
-            raise ValueError(f"closed must be 'both', 'left', 'right' or 'neither', got {closed!r}")
-        self.type, self.low, self.high, self.closed = type, low, high, closed
-
-    def allows(self, value: Any) -> bool:
-        if isinstance(value, bool) or not isinstance(value, self.type):
-            return False
-        if not math.isfinite(float(value)):
-            return False
-        below = self.low is not None and (
-            value < self.low or (value == self.low and self.closed in ("right", "neither"))
-        )
-        above = self.high is not None and (  # numbers.Real declares only < and <=; value is finite
-            not value <= self.high or (value == self.high and self.closed in ("left", "neither"))
-        )
-        return not (below or above)
-
-    def __str__(self) -> str:
-        kind = "an int" if self.type is numbers.Integral else "a finite number"
-        left = "[" if self.closed in ("both", "left") and self.low is not None else "("
-        right = "]" if self.closed in ("both", "right") and self.high is not None else ")"
-        low = "-inf" if self.low is None else f"{self.low:g}"
-        high = "inf" if self.high is None else f"{self.high:g}"
-        return f"{kind} in {left}{low}, {high}{right}"
-
-
-class Options:
-    """One of a fixed set of values (of ``type``)."""
-
-    def __init__(self, type: type, options: set | frozenset | tuple | list):
-        # A set is listed sorted, so the error message does not depend on hashing.
-        ordered = sorted(options, key=repr) if isinstance(options, (set, frozenset)) else options
-        self.type, self.options = type, tuple(ordered)
-
-    def allows(self, value: Any) -> bool:
-        return isinstance(value, self.type) and value in self.options
-
-    def __str__(self) -> str:
-        return "one of " + ", ".join(repr(o) for o in self.options)
-
-
-def _allows(constraint: Any, value: Any) -> bool:
-    if constraint is None:
-        return value is None
-    if isinstance(constraint, (Interval, Options)):
-        return constraint.allows(value)
-    if constraint == "boolean":
-        return isinstance(value, (bool, np.bool_))
-    if isinstance(constraint, type):
-        return isinstance(value, constraint) and not (
-            constraint is not bool and isinstance(value, bool) and issubclass(constraint, numbers.Number)
-        )
-    raise TypeError(f"unknown parameter constraint {constraint!r}")
-
-
-def _describe(constraint: Any) -> str:
-    if constraint is None:
-        return "None"
-    if constraint == "boolean":
-        return "a bool"
-    if isinstance(constraint, type):
-        return f"an instance of {constraint.__name__}"
-    return str(constraint)
-
-
-def validate_params(owner: str, params: dict[str, Any], constraints: dict[str, list]) -> None:
-    """Check every value of ``params`` against ``constraints`` (name -> allowed forms, one of
-    which must match): a ValueError names the parameter, its value and what is allowed."""
-    for name, value in params.items():
-        allowed_forms = constraints.get(name)
-        if allowed_forms is None:
-            raise TypeError(f"{owner} declares no constraint for its parameter {name!r}")
-        if any(_allows(c, value) for c in allowed_forms):
-            continue
-        allowed = " or ".join(_describe(c) for c in allowed_forms)
-        raise ValueError(f"the {name!r} parameter of {owner} must be {allowed}; got {value!r}")
+__all__ = ["Estimator", "Interval", "Options", "Settings", "check_finite", "validate_params"]
 
 
 S = TypeVar("S", bound="Settings")
