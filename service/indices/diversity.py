@@ -3,8 +3,15 @@ most ``m`` items per value of one item attribute.
 
 The pool is the model's own top ``POOL_FACTOR * n`` (best first). Step by step MMR picks the
 pool item maximising ``(1 - lambda) * rel(i) - lambda * max_{s chosen} sim(i, s)``, where
-``rel`` is the model score scaled to [0, 1] over the pool and ``sim`` the model's bounded item
-similarity (``service/indices/similar.py``: level-weighted cosine for DCR, ``1 - d / d_max`` for COE).
+``rel`` is the model score scaled to [0, 1] over the pool and ``sim`` a bounded item similarity:
+
+- when the version publishes categorical item attributes (genres, categories, brands), the
+  Jaccard similarity of two items' values over all of them: what a user sees as "the same
+  kind of item". A pair where either item has no value (not in the attributes file, a fresh
+  item the newer file does not describe) takes the model's similarity instead;
+- otherwise the model's bounded item similarity (``service/indices/similar.py``: level-weighted
+  cosine for DCR, ``1 - d / d_max`` for COE).
+
 ``lambda = 0`` keeps the model's ranking exactly; ``lambda = 1`` ignores relevance after the
 first item. Scores on the wire stay the model's own, so a diversified list is not sorted by them.
 """
@@ -156,17 +163,20 @@ def rerank(
     """The ``n`` items of ``pool`` that ``settings`` choose, in their order; fewer when the
     cap leaves fewer. ``FilterError`` when the capped attribute does not exist. Rows past the
     version's items are fresh items (factors ``fresh``, attribute values ``fresh_values``:
-    without them never capped)."""
+    without them never capped, and compared by the model's similarity)."""
     rows, scores = pool
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
-    if settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
+    by_attributes = attribute_similarity(index, rows, fresh, fresh_values) if settings.weight > 0 else None
+    if by_attributes is None and settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
         vectors = item_vectors(index, rows, fresh) * index.root_level_scale
         order = mmr_cosine(np.asarray(scores, np.float64), vectors, settings.weight, n)
         return rows[order], scores[order]
-    similarity = (
-        pairwise_similarity(index, rows, fresh) if settings.weight > 0 else np.zeros((rows.size, rows.size))
-    )
+    similarity = by_attributes
+    if similarity is None:
+        similarity = (
+            pairwise_similarity(index, rows, fresh) if settings.weight > 0 else np.zeros((rows.size, rows.size))
+        )
     allowed = None
     if settings.cap is not None:
         allowed = _capped(index, rows, settings.cap, fresh_values)
@@ -178,25 +188,98 @@ def rerank(
     return rows[order], scores[order]
 
 
+def attribute_similarity(
+    index: RecommenderIndex,
+    rows: np.ndarray,
+    fresh: np.ndarray | None = None,
+    fresh_values: ItemAttributes | None = None,
+) -> np.ndarray | None:
+    """The Jaccard similarity of the rows' categorical values (every categorical attribute of
+    the version), the model's own similarity for a pair with an undescribed item; None when the
+    version has no categorical attribute (fresh rows as in :func:`rerank`)."""
+    values = categorical_values(index, rows, fresh_values)
+    if values is None:
+        return None
+    similarity, described = jaccard_similarity(values)
+    if not described.all():  # undescribed items: the model's similarity for their pairs
+        bare = ~(described[:, None] & described[None, :])
+        similarity[bare] = pairwise_similarity(index, rows, fresh)[bare]
+    return similarity
+
+
+def categorical_values(
+    index: RecommenderIndex, rows: np.ndarray, fresh_values: ItemAttributes | None = None
+) -> list[set[tuple[str, str | float]]] | None:
+    """Each row's ``(attribute, value)`` pairs over the version's categorical attributes; None
+    when it has none (fresh rows as in :func:`rerank`)."""
+    types = index.item_attributes.column_types()
+    names = [name for name, kind in types.items() if kind == "categorical"]
+    if not names:
+        return None
+    found: list[set[tuple[str, str | float]]] = [set() for _ in range(rows.size)]
+    for name in names:
+        for pairs, values in zip(found, pool_values(index, rows, name, fresh_values)):
+            pairs.update((name, value) for value in values)
+    return found
+
+
+def jaccard_similarity(values: list[set]) -> tuple[np.ndarray, np.ndarray]:
+    """``|a & b| / |a | b|`` between every two of the sets (float64, 1 on a described item's
+    diagonal), and which sets are non-empty (an empty set is similar to nothing)."""
+    code_of: dict = {}
+    entries = [(k, code_of.setdefault(v, len(code_of))) for k, item in enumerate(values) for v in item]
+    incidence = np.zeros((len(values), len(code_of)))
+    if entries:
+        incidence[tuple(np.array(entries).T)] = 1.0
+    shared = incidence @ incidence.T
+    sizes = np.diag(shared)
+    union = sizes[:, None] + sizes[None, :] - shared
+    similarity = np.divide(shared, union, out=np.zeros_like(shared), where=union > 0)
+    return similarity, sizes > 0
+
+
+def intra_list_attribute_diversity(
+    index: RecommenderIndex, rows: np.ndarray, name: str = "genre"
+) -> float:
+    """What a user sees of a list's variety: the mean ``1 - Jaccard`` of attribute ``name``'s
+    values over the pairs of items that have some (0 below two such items); FilterError
+    when the version has no such attribute."""
+    rows = np.asarray(rows, dtype=np.int64)
+    values = [set(v) for v in pool_values(index, rows, name, None)]
+    similarity, described = jaccard_similarity(values)
+    kept = similarity[np.ix_(described, described)]
+    if kept.shape[0] < 2:
+        return 0.0
+    return float(np.mean(1.0 - kept[np.triu_indices(kept.shape[0], k=1)]))
+
+
+def pool_values(
+    index: RecommenderIndex, rows: np.ndarray, name: str, fresh_values: ItemAttributes | None
+) -> list[tuple[str | float, ...]]:
+    """Each row's values of attribute ``name``; rows past the version's items are fresh items,
+    valued by ``fresh_values`` (none without it). FilterError when the version lacks ``name``."""
+    trained = rows < len(index.items)
+    known = index.item_attributes.item_values(name, rows[trained])
+    if trained.all():
+        return known
+    values: list[tuple[str | float, ...]] = [()] * rows.size
+    for position, found in zip(np.flatnonzero(trained).tolist(), known):
+        values[position] = found
+    if fresh_values is not None:
+        positions = np.flatnonzero(~trained)
+        fresh = fresh_values.item_values(name, rows[positions] - len(index.items))
+        for position, found in zip(positions.tolist(), fresh):
+            values[position] = found
+    return values
+
+
 def _capped(
     index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap, fresh_values: ItemAttributes | None
 ):
     """A veto: an item any of whose values already has ``cap.limit`` chosen items (fresh
     items, rows past the version's, by ``fresh_values`` when given)."""
-    trained = rows < len(index.items)
     try:
-        known = index.item_attributes.item_values(cap.attribute, rows[trained])
-        if trained.all():
-            values = known
-        else:
-            values = [()] * rows.size
-            for position, found in zip(np.flatnonzero(trained).tolist(), known):
-                values[position] = found
-            if fresh_values is not None:
-                positions = np.flatnonzero(~trained)
-                fresh = fresh_values.item_values(cap.attribute, rows[positions] - len(index.items))
-                for position, found in zip(positions.tolist(), fresh):
-                    values[position] = found
+        values = pool_values(index, rows, cap.attribute, fresh_values)
     except FilterError as exc:
         raise FilterError(f"max_per_attribute: {exc}") from None
     counts: dict[str | float, int] = {}
