@@ -150,6 +150,7 @@ def warm_up() -> None:
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
     mmr_cosine(np.ones(2), np.eye(2, dtype=np.float32), 0.5, 1)  # DCR's factors are float32
     pairwise_distances(np.eye(2))  # COE's similarity over the pool
+    jaccard_similarity(2, np.array([0, 1]), np.array([0, 0]))  # the item attributes' similarity
 
 
 def rerank(
@@ -173,10 +174,10 @@ def rerank(
         order = mmr_cosine(np.asarray(scores, np.float64), vectors, settings.weight, n)
         return rows[order], scores[order]
     similarity = by_attributes
-    if similarity is None:
-        similarity = (
-            pairwise_similarity(index, rows, fresh) if settings.weight > 0 else np.zeros((rows.size, rows.size))
-        )
+    if similarity is None and settings.weight > 0:
+        similarity = pairwise_similarity(index, rows, fresh)
+    if similarity is None:  # a cap alone: relevance order, vetoed
+        similarity = np.zeros((rows.size, rows.size))
     allowed = None
     if settings.cap is not None:
         allowed = _capped(index, rows, settings.cap, fresh_values)
@@ -197,56 +198,89 @@ def attribute_similarity(
     """The Jaccard similarity of the rows' categorical values (every categorical attribute of
     the version), the model's own similarity for a pair with an undescribed item; None when the
     version has no categorical attribute (fresh rows as in :func:`rerank`)."""
-    values = categorical_values(index, rows, fresh_values)
-    if values is None:
+    entries = categorical_entries(index, rows, fresh_values)
+    if entries is None:
         return None
-    similarity, described = jaccard_similarity(values)
+    similarity, described = jaccard_similarity(rows.size, *entries)
     if not described.all():  # undescribed items: the model's similarity for their pairs
         bare = ~(described[:, None] & described[None, :])
         similarity[bare] = pairwise_similarity(index, rows, fresh)[bare]
     return similarity
 
 
-def categorical_values(
+def categorical_entries(
     index: RecommenderIndex, rows: np.ndarray, fresh_values: ItemAttributes | None = None
-) -> list[set[tuple[str, str | float]]] | None:
-    """Each row's ``(attribute, value)`` pairs over the version's categorical attributes; None
-    when it has none (fresh rows as in :func:`rerank`)."""
-    types = index.item_attributes.column_types()
-    names = [name for name, kind in types.items() if kind == "categorical"]
-    if not names:
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every categorical value of the rows as (position in ``rows``, code in the version's
+    ``categorical_pairs``; a fresh item's value the version lacks gets a code past them); None
+    when the version has no categorical value (fresh rows as in :func:`rerank`)."""
+    attributes = index.item_attributes
+    if not attributes.categorical_pairs:
         return None
-    found: list[set[tuple[str, str | float]]] = [set() for _ in range(rows.size)]
-    for name in names:
-        for pairs, values in zip(found, pool_values(index, rows, name, fresh_values)):
-            pairs.update((name, value) for value in values)
-    return found
+    trained = rows < len(index.items)
+    if trained.all():
+        return attributes.categorical_entries(rows)
+    positions, codes = attributes.categorical_entries(rows[trained])
+    positions = np.flatnonzero(trained)[positions]
+    if fresh_values is None:
+        return positions, codes
+    fresh_positions, fresh_codes = fresh_values.categorical_entries(rows[~trained] - len(index.items))
+    code_of, pairs = attributes.categorical_code, fresh_values.categorical_pairs
+    mapped = [code_of.get(pairs[c], len(code_of) + c) for c in fresh_codes.tolist()]
+    return (
+        np.concatenate([positions, np.flatnonzero(~trained)[fresh_positions]]),
+        np.concatenate([codes, np.asarray(mapped, dtype=np.int64)]),
+    )
 
 
-def jaccard_similarity(values: list[set]) -> tuple[np.ndarray, np.ndarray]:
-    """``|a & b| / |a | b|`` between every two of the sets (float64, 1 on a described item's
-    diagonal), and which sets are non-empty (an empty set is similar to nothing)."""
-    code_of: dict = {}
-    entries = [(k, code_of.setdefault(v, len(code_of))) for k, item in enumerate(values) for v in item]
-    incidence = np.zeros((len(values), len(code_of)))
-    if entries:
-        incidence[tuple(np.array(entries).T)] = 1.0
-    shared = incidence @ incidence.T
-    sizes = np.diag(shared)
-    union = sizes[:, None] + sizes[None, :] - shared
-    similarity = np.divide(shared, union, out=np.zeros_like(shared), where=union > 0)
-    return similarity, sizes > 0
+def jaccard_similarity(size: int, positions: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``|a & b| / |a | b|`` between every two of ``size`` items whose values are the entries
+    (item position, value code), float64 (1 on a described item's diagonal), and which items
+    have a value (one without is similar to nothing)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    counts = np.bincount(positions, minlength=size)
+    return _jaccard_kernel(positions, np.asarray(codes, dtype=np.int64), counts), counts > 0
 
 
-def intra_list_attribute_diversity(
-    index: RecommenderIndex, rows: np.ndarray, name: str = "genre"
-) -> float:
+@njit(cache=True)
+def _jaccard_kernel(positions, codes, counts):
+    """:func:`jaccard_similarity`'s matrix: each item's codes sorted, then every pair merged
+    (a list has a few values per item; no matrix over the whole vocabulary)."""
+    size = counts.size
+    order = np.argsort(positions * (codes.max() + 1 if codes.size else 1) + codes)
+    sorted_codes = codes[order]
+    starts = np.zeros(size + 1, np.int64)
+    starts[1:] = np.cumsum(counts)
+    out = np.zeros((size, size))
+    for i in range(size):
+        if counts[i] == 0:
+            continue
+        out[i, i] = 1.0
+        for j in range(i + 1, size):
+            a, b, shared = starts[i], starts[j], 0
+            while a < starts[i + 1] and b < starts[j + 1]:
+                if sorted_codes[a] == sorted_codes[b]:
+                    shared += 1
+                    a += 1
+                    b += 1
+                elif sorted_codes[a] < sorted_codes[b]:
+                    a += 1
+                else:
+                    b += 1
+            union = counts[i] + counts[j] - shared
+            out[i, j] = out[j, i] = shared / union
+    return out
+
+
+def intra_list_attribute_diversity(index: RecommenderIndex, rows: np.ndarray, name: str = "genre") -> float:
     """What a user sees of a list's variety: the mean ``1 - Jaccard`` of attribute ``name``'s
     values over the pairs of items that have some (0 below two such items); FilterError
     when the version has no such attribute."""
-    rows = np.asarray(rows, dtype=np.int64)
-    values = [set(v) for v in pool_values(index, rows, name, None)]
-    similarity, described = jaccard_similarity(values)
+    values = index.item_attributes.item_values(name, np.asarray(rows, dtype=np.int64))
+    code_of: dict = {}
+    codes = [code_of.setdefault(value, len(code_of)) for item in values for value in item]
+    positions = np.repeat(np.arange(len(values)), [len(item) for item in values])
+    similarity, described = jaccard_similarity(len(values), positions, np.asarray(codes, dtype=np.int64))
     kept = similarity[np.ix_(described, described)]
     if kept.shape[0] < 2:
         return 0.0
