@@ -45,11 +45,9 @@ def planted_genres(rng: np.random.Generator) -> list[list[str]]:
     return genres
 
 
-def with_genres(artifact: Artifact, genres: list[list[str]]) -> Artifact:
-    """The artifact with ``genres`` as its only item attribute."""
-    arrays, meta = encode_item_attributes(
-        [{"name": "genre", "type": "categorical", "values": genres}], N_ITEMS
-    )
+def with_columns(artifact: Artifact, columns: list[dict]) -> Artifact:
+    """The artifact with ``columns`` as its item attributes (``encode_item_attributes``' form)."""
+    arrays, meta = encode_item_attributes(columns, len(artifact.ids["items"]))
     artifact.arrays = {**artifact.arrays, **arrays}
     artifact.attributes[ATTRIBUTES_KEY] = meta
     return artifact
@@ -71,7 +69,7 @@ def planted_index(kind: str, seed: int):
         centres = rng.normal(scale=3.0, size=(CLUSTERS, 2))
         coords = centres[cluster] + rng.normal(scale=0.1, size=(N_ITEMS, 2))
         artifact = coe_artifact(n_items=N_ITEMS, seed=seed, item_coords=coords)
-    return build_index(with_genres(artifact, genres))
+    return build_index(with_columns(artifact, [{"name": "genre", "type": "categorical", "values": genres}]))
 
 
 def planted_pool() -> tuple[np.ndarray, np.ndarray]:
@@ -147,11 +145,7 @@ def test_values_compare_within_their_attribute_and_fresh_ones_by_name():
         {"name": "genre", "type": "categorical", "values": [["x"], ["x"], ["y"]]},
         {"name": "brand", "type": "categorical", "values": [["b"], ["x"], ["b"]]},
     ]
-    artifact = dcr_artifact(n_items=3)
-    arrays, meta = encode_item_attributes(columns, 3)
-    artifact.arrays = {**artifact.arrays, **arrays}
-    artifact.attributes[ATTRIBUTES_KEY] = meta
-    index = build_index(artifact)
+    index = build_index(with_columns(dcr_artifact(n_items=3), columns))
     fresh_values = ItemAttributes.from_columns(
         [{**c, "values": [v]} for c, v in zip(columns, (["y"], ["b"]))], 1
     )
