@@ -3,8 +3,15 @@ most ``m`` items per value of one item attribute.
 
 The pool is the model's own top ``POOL_FACTOR * n`` (best first). Step by step MMR picks the
 pool item maximising ``(1 - lambda) * rel(i) - lambda * max_{s chosen} sim(i, s)``, where
-``rel`` is the model score scaled to [0, 1] over the pool and ``sim`` the model's bounded item
-similarity (``service/indices/similar.py``: level-weighted cosine for DCR, ``1 - d / d_max`` for COE).
+``rel`` is the model score scaled to [0, 1] over the pool and ``sim`` a bounded item similarity:
+
+- when the version publishes categorical item attributes (genres, categories, brands), the
+  Jaccard similarity of two items' values over all of them: what a user sees as "the same
+  kind of item". A pair where either item has no value (not in the attributes file, a fresh
+  item the newer file does not describe) takes the model's similarity instead;
+- otherwise the model's bounded item similarity (``service/indices/similar.py``: level-weighted
+  cosine for DCR, ``1 - d / d_max`` for COE).
+
 ``lambda = 0`` keeps the model's ranking exactly; ``lambda = 1`` ignores relevance after the
 first item. Scores on the wire stay the model's own, so a diversified list is not sorted by them.
 """
@@ -143,6 +150,7 @@ def warm_up() -> None:
     mmr_compiled(np.ones(2), np.eye(2), 0.5, 1)
     mmr_cosine(np.ones(2), np.eye(2, dtype=np.float32), 0.5, 1)  # DCR's factors are float32
     pairwise_distances(np.eye(2))  # COE's similarity over the pool
+    jaccard_similarity(2, np.array([0, 1]), np.array([0, 0]))  # the item attributes' similarity
 
 
 def rerank(
@@ -156,17 +164,20 @@ def rerank(
     """The ``n`` items of ``pool`` that ``settings`` choose, in their order; fewer when the
     cap leaves fewer. ``FilterError`` when the capped attribute does not exist. Rows past the
     version's items are fresh items (factors ``fresh``, attribute values ``fresh_values``:
-    without them never capped)."""
+    without them never capped, and compared by the model's similarity)."""
     rows, scores = pool
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
-    if settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
+    by_attributes = attribute_similarity(index, rows, fresh, fresh_values) if settings.weight > 0 else None
+    if by_attributes is None and settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
         vectors = item_vectors(index, rows, fresh) * index.root_level_scale
         order = mmr_cosine(np.asarray(scores, np.float64), vectors, settings.weight, n)
         return rows[order], scores[order]
-    similarity = (
-        pairwise_similarity(index, rows, fresh) if settings.weight > 0 else np.zeros((rows.size, rows.size))
-    )
+    similarity = by_attributes
+    if similarity is None and settings.weight > 0:
+        similarity = pairwise_similarity(index, rows, fresh)
+    if similarity is None:  # a cap alone: relevance order, vetoed
+        similarity = np.zeros((rows.size, rows.size))
     allowed = None
     if settings.cap is not None:
         allowed = _capped(index, rows, settings.cap, fresh_values)
@@ -178,25 +189,131 @@ def rerank(
     return rows[order], scores[order]
 
 
+def attribute_similarity(
+    index: RecommenderIndex,
+    rows: np.ndarray,
+    fresh: np.ndarray | None = None,
+    fresh_values: ItemAttributes | None = None,
+) -> np.ndarray | None:
+    """The Jaccard similarity of the rows' categorical values (every categorical attribute of
+    the version), the model's own similarity for a pair with an undescribed item; None when the
+    version has no categorical attribute (fresh rows as in :func:`rerank`)."""
+    entries = categorical_entries(index, rows, fresh_values)
+    if entries is None:
+        return None
+    similarity, described = jaccard_similarity(rows.size, *entries)
+    if not described.all():  # undescribed items: the model's similarity for their pairs
+        bare = ~(described[:, None] & described[None, :])
+        similarity[bare] = pairwise_similarity(index, rows, fresh)[bare]
+    return similarity
+
+
+def categorical_entries(
+    index: RecommenderIndex, rows: np.ndarray, fresh_values: ItemAttributes | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every categorical value of the rows as (position in ``rows``, code in the version's
+    ``categorical_pairs``; a fresh item's value the version lacks gets a code past them); None
+    when the version has no categorical value (fresh rows as in :func:`rerank`)."""
+    attributes = index.item_attributes
+    if not attributes.categorical_pairs:
+        return None
+    trained = rows < len(index.items)
+    if trained.all():
+        return attributes.categorical_entries(rows)
+    positions, codes = attributes.categorical_entries(rows[trained])
+    positions = np.flatnonzero(trained)[positions]
+    if fresh_values is None:
+        return positions, codes
+    fresh_positions, fresh_codes = fresh_values.categorical_entries(rows[~trained] - len(index.items))
+    code_of, pairs = attributes.categorical_code, fresh_values.categorical_pairs
+    mapped = [code_of.get(pairs[c], len(code_of) + c) for c in fresh_codes.tolist()]
+    return (
+        np.concatenate([positions, np.flatnonzero(~trained)[fresh_positions]]),
+        np.concatenate([codes, np.asarray(mapped, dtype=np.int64)]),
+    )
+
+
+def jaccard_similarity(size: int, positions: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``|a & b| / |a | b|`` between every two of ``size`` items whose values are the entries
+    (item position, value code), float64 (1 on a described item's diagonal), and which items
+    have a value (one without is similar to nothing)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    counts = np.bincount(positions, minlength=size)
+    return _jaccard_kernel(positions, np.asarray(codes, dtype=np.int64), counts), counts > 0
+
+
+@njit(cache=True)
+def _jaccard_kernel(positions, codes, counts):
+    """:func:`jaccard_similarity`'s matrix: each item's codes sorted, then every pair merged
+    (a list has a few values per item; no matrix over the whole vocabulary)."""
+    size = counts.size
+    order = np.argsort(positions * (codes.max() + 1 if codes.size else 1) + codes)
+    sorted_codes = codes[order]
+    starts = np.zeros(size + 1, np.int64)
+    starts[1:] = np.cumsum(counts)
+    out = np.zeros((size, size))
+    for i in range(size):
+        if counts[i] == 0:
+            continue
+        out[i, i] = 1.0
+        for j in range(i + 1, size):
+            a, b, shared = starts[i], starts[j], 0
+            while a < starts[i + 1] and b < starts[j + 1]:
+                if sorted_codes[a] == sorted_codes[b]:
+                    shared += 1
+                    a += 1
+                    b += 1
+                elif sorted_codes[a] < sorted_codes[b]:
+                    a += 1
+                else:
+                    b += 1
+            union = counts[i] + counts[j] - shared
+            out[i, j] = out[j, i] = shared / union
+    return out
+
+
+def intra_list_attribute_diversity(index: RecommenderIndex, rows: np.ndarray, name: str = "genre") -> float:
+    """What a user sees of a list's variety: the mean ``1 - Jaccard`` of attribute ``name``'s
+    values over the pairs of items that have some (0 below two such items); FilterError
+    when the version has no such attribute."""
+    values = index.item_attributes.item_values(name, np.asarray(rows, dtype=np.int64))
+    code_of: dict = {}
+    codes = [code_of.setdefault(value, len(code_of)) for item in values for value in item]
+    positions = np.repeat(np.arange(len(values)), [len(item) for item in values])
+    similarity, described = jaccard_similarity(len(values), positions, np.asarray(codes, dtype=np.int64))
+    kept = similarity[np.ix_(described, described)]
+    if kept.shape[0] < 2:
+        return 0.0
+    return float(np.mean(1.0 - kept[np.triu_indices(kept.shape[0], k=1)]))
+
+
+def pool_values(
+    index: RecommenderIndex, rows: np.ndarray, name: str, fresh_values: ItemAttributes | None
+) -> list[tuple[str | float, ...]]:
+    """Each row's values of attribute ``name``; rows past the version's items are fresh items,
+    valued by ``fresh_values`` (none without it). FilterError when the version lacks ``name``."""
+    trained = rows < len(index.items)
+    known = index.item_attributes.item_values(name, rows[trained])
+    if trained.all():
+        return known
+    values: list[tuple[str | float, ...]] = [()] * rows.size
+    for position, found in zip(np.flatnonzero(trained).tolist(), known):
+        values[position] = found
+    if fresh_values is not None:
+        positions = np.flatnonzero(~trained)
+        fresh = fresh_values.item_values(name, rows[positions] - len(index.items))
+        for position, found in zip(positions.tolist(), fresh):
+            values[position] = found
+    return values
+
+
 def _capped(
     index: RecommenderIndex, rows: np.ndarray, cap: AttributeCap, fresh_values: ItemAttributes | None
 ):
     """A veto: an item any of whose values already has ``cap.limit`` chosen items (fresh
     items, rows past the version's, by ``fresh_values`` when given)."""
-    trained = rows < len(index.items)
     try:
-        known = index.item_attributes.item_values(cap.attribute, rows[trained])
-        if trained.all():
-            values = known
-        else:
-            values = [()] * rows.size
-            for position, found in zip(np.flatnonzero(trained).tolist(), known):
-                values[position] = found
-            if fresh_values is not None:
-                positions = np.flatnonzero(~trained)
-                fresh = fresh_values.item_values(cap.attribute, rows[positions] - len(index.items))
-                for position, found in zip(positions.tolist(), fresh):
-                    values[position] = found
+        values = pool_values(index, rows, cap.attribute, fresh_values)
     except FilterError as exc:
         raise FilterError(f"max_per_attribute: {exc}") from None
     counts: dict[str | float, int] = {}

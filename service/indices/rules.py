@@ -238,6 +238,40 @@ class ItemAttributes:
         codes, names = column.codes, column.names
         return [tuple(names[c] for c in codes[a:b].tolist()) for a, b in zip(starts.tolist(), ends.tolist())]
 
+    @functools.cached_property
+    def categorical_pairs(self) -> list[tuple[str, str]]:
+        """``(attribute, value)`` of every code :meth:`categorical_entries` gives: the values of
+        all categorical attributes numbered together, attribute by attribute."""
+        return [
+            (name, value)
+            for name, column in self.columns.items()
+            if isinstance(column, _Categorical)
+            for value in column.names
+        ]
+
+    @functools.cached_property
+    def categorical_code(self) -> dict[tuple[str, str], int]:
+        """The code of each ``(attribute, value)`` of :attr:`categorical_pairs`."""
+        return {pair: code for code, pair in enumerate(self.categorical_pairs)}
+
+    def categorical_entries(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every categorical value of ``rows`` as (its row's position in ``rows``, its code in
+        :attr:`categorical_pairs`), vectorised: what diversity compares items by."""
+        rows = np.asarray(rows, dtype=np.int64)
+        positions, codes, offset = [], [], 0
+        for column in self.columns.values():
+            if not isinstance(column, _Categorical):
+                continue
+            starts = np.searchsorted(column.entry_item, rows, side="left")
+            counts = np.searchsorted(column.entry_item, rows, side="right") - starts
+            first = np.repeat(starts - (np.cumsum(counts) - counts), counts)
+            positions.append(np.repeat(np.arange(rows.size), counts))
+            codes.append(column.codes[first + np.arange(first.size)].astype(np.int64) + offset)
+            offset += len(column.vocabulary)
+        if not positions:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(positions), np.concatenate(codes)
+
     def _evaluate(self, clause: Clause) -> np.ndarray:
         column = self.columns.get(clause.name)
         if column is None:
