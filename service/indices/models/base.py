@@ -16,6 +16,7 @@ Three families share this module:
 from __future__ import annotations
 
 import abc
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -182,6 +183,42 @@ class RecommenderIndex(ModelIndex):
         if self.seen_ratings is None:
             return None
         return self.seen_ratings[self.seen_indptr[user_row] : self.seen_indptr[user_row + 1]]
+
+    @functools.cached_property
+    def mean_rating(self) -> float:
+        """The mean of every kept training rating (NaN when the version kept none): the level a
+        rater's own mean is moved to when a fresh item's ratings are read relative to it."""
+        if self.seen_ratings is None:
+            return float("nan")
+        total, count = 0.0, 0
+        for block in row_blocks(self.seen_ratings):
+            rated = block[np.isfinite(block)]
+            total, count = total + float(rated.sum(dtype=np.float64)), count + rated.size
+        return total / count if count else float("nan")
+
+    def relative_ratings(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Ratings of a fresh item read against each rater's own training ratings: the value
+        minus the rater's mean plus :attr:`mean_rating` (a 4 from someone who gives 4 to
+        everything counts as an average rating); unchanged where the version kept no ratings
+        of the rater."""
+        values = np.asarray(values, dtype=np.float64)
+        own = np.array([self._own_mean(int(u)) for u in np.asarray(user_rows).tolist()], dtype=np.float64)
+        known = np.isfinite(own) & np.isfinite(self.mean_rating)
+        return np.where(known, values - own + self.mean_rating, values)
+
+    def _own_mean(self, user_row: int) -> float:
+        rated = self.seen_rated(user_row)
+        rated = rated[np.isfinite(rated)] if rated is not None else rated
+        return float(rated.mean(dtype=np.float64)) if rated is not None and rated.size else float("nan")
+
+    def items_rated_alike(self, user_row: int, value: float) -> np.ndarray:
+        """The user's training items rated nearest ``value`` (all their items for a pick, NaN,
+        or when the version kept no ratings)."""
+        seen, rated = self.seen(user_row), self.seen_rated(user_row)
+        if rated is None or not np.isfinite(value) or not np.isfinite(rated).any():
+            return seen
+        gap = np.abs(np.where(np.isfinite(rated), rated, np.inf) - value)
+        return seen[gap == gap.min()]
 
     def recommend(
         self,
