@@ -32,7 +32,9 @@ def indices(tastes) -> dict[str, RecommenderIndex]:
     from ordrec.trainer.models.dcr import DCR
 
     return {
-        "dcr": build_index(DCR(n_components=8, max_iter=30, random_state=0).fit(tastes.training).to_artifact()),
+        "dcr": build_index(
+            DCR(n_components=8, max_iter=30, random_state=0).fit(tastes.training).to_artifact()
+        ),
         "coe": build_index(COE(random_state=0).fit(tastes.training).to_artifact()),
     }
 

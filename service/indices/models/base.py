@@ -202,23 +202,41 @@ class RecommenderIndex(ModelIndex):
         everything counts as an average rating); unchanged where the version kept no ratings
         of the rater."""
         values = np.asarray(values, dtype=np.float64)
-        own = np.array([self._own_mean(int(u)) for u in np.asarray(user_rows).tolist()], dtype=np.float64)
-        known = np.isfinite(own) & np.isfinite(self.mean_rating)
+        owner, _, rated = self.training_entries(user_rows)
+        finite = np.isfinite(rated)
+        counts = np.bincount(owner[finite], minlength=values.size)
+        sums = np.bincount(owner[finite], weights=rated[finite], minlength=values.size)
+        known = (counts > 0) & np.isfinite(self.mean_rating)
+        own = np.divide(sums, counts, out=np.zeros(values.size), where=counts > 0)
         return np.where(known, values - own + self.mean_rating, values)
 
-    def _own_mean(self, user_row: int) -> float:
-        rated = self.seen_rated(user_row)
-        rated = rated[np.isfinite(rated)] if rated is not None else rated
-        return float(rated.mean(dtype=np.float64)) if rated is not None and rated.size else float("nan")
+    def training_entries(self, user_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The users' training entries gathered in one pass: for each, its owner (a position in
+        ``user_rows``), its item row and its rating (NaN where none or none kept)."""
+        rows = np.asarray(user_rows, dtype=np.int64)
+        starts = self.seen_indptr[rows]
+        lengths = self.seen_indptr[rows + 1] - starts
+        owner = np.repeat(np.arange(rows.size), lengths)
+        offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        positions = np.repeat(starts, lengths) + offsets
+        if self.seen_ratings is None:
+            return owner, self.seen_indices[positions], np.full(positions.size, np.nan)
+        return owner, self.seen_indices[positions], self.seen_ratings[positions].astype(np.float64)
+
+    def rated_alike(self, user_rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each user's training items rated nearest their value, as (owner, item row) pairs:
+        all their items for a NaN value (a pick) or when they have no rating kept."""
+        owner, items, rated = self.training_entries(user_rows)
+        wanted = np.asarray(values, dtype=np.float64)[owner]
+        gap = np.where(np.isnan(wanted), 0.0, np.abs(np.where(np.isfinite(rated), rated, np.inf) - wanted))
+        nearest = np.full(len(np.asarray(user_rows)), np.inf)
+        np.minimum.at(nearest, owner, gap)
+        keep = gap == nearest[owner]
+        return owner[keep], items[keep]
 
     def items_rated_alike(self, user_row: int, value: float) -> np.ndarray:
-        """The user's training items rated nearest ``value`` (all their items for a pick, NaN,
-        or when the version kept no ratings)."""
-        seen, rated = self.seen(user_row), self.seen_rated(user_row)
-        if rated is None or not np.isfinite(value) or not np.isfinite(rated).any():
-            return seen
-        gap = np.abs(np.where(np.isfinite(rated), rated, np.inf) - value)
-        return seen[gap == gap.min()]
+        """One user's :meth:`rated_alike` items."""
+        return self.rated_alike(np.array([user_row]), np.array([value]))[1]
 
     def recommend(
         self,

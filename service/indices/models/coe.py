@@ -101,9 +101,7 @@ class COEIndex(RecommenderIndex, MapIndex):
         )
         if not below.any():
             return anchor
-        floors = np.array(
-            [self._alike_distance(int(u), v) for u, v in zip(rows[below].tolist(), values[below].tolist())]
-        )
+        floors = self._farthest_alike(rows[below], values[below])
         return _keep_away(anchor, points[below], floors, anchor_weight=int(liked.sum()))
 
     @functools.cached_property
@@ -117,12 +115,15 @@ class COEIndex(RecommenderIndex, MapIndex):
         from its raters)."""
         return self.item_coords.mean(axis=0)
 
-    def _alike_distance(self, user_row: int, value: float) -> float:
-        """The user's distance to the farthest of their training items rated nearest ``value``
-        (distances on a map of many dimensions differ little: the mean would sit among the
-        items they are recommended)."""
-        items = self.item_coords[self.items_rated_alike(user_row, value)]
-        return float(np.linalg.norm(items - self.user_coords[user_row], axis=1).max()) if len(items) else 0.0
+    def _farthest_alike(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Each user's distance to the farthest of their training items rated nearest their
+        value (distances on a map of many dimensions differ little: the mean would sit among
+        the items they are recommended)."""
+        owner, items = self.rated_alike(user_rows, values)
+        distance = np.linalg.norm(self.item_coords[items] - self.user_coords[user_rows][owner], axis=1)
+        farthest = np.zeros(len(user_rows))
+        np.maximum.at(farthest, owner, distance)
+        return farthest
 
     def score_factors(self, vector: np.ndarray, item_points: np.ndarray) -> np.ndarray:
         """Negative distances from a point to items given by their points (fresh items)."""
@@ -209,7 +210,7 @@ def _weighted_centroid(points: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 KEEP_AWAY_STEPS = 500  # at most; they stop once a step moves the point less than KEEP_AWAY_TOLERANCE
-KEEP_AWAY_TOLERANCE = 1e-6
+KEEP_AWAY_TOLERANCE = 1e-5  # map units
 
 
 def _rater_weights(relative: np.ndarray) -> np.ndarray:

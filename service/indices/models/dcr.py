@@ -243,8 +243,8 @@ class DCRIndex(RecommenderIndex):
         L, f = self.n_levels, self.rank
         total = np.zeros((L, f, f), dtype=np.float64)
         for block in row_blocks(self._user_raw):
-            u = block.reshape(-1, L, f).astype(np.float64)
-            total += np.einsum("ulk,ulj->lkj", u, u)
+            u = block.reshape(-1, L, f).astype(np.float64).transpose(1, 0, 2)  # (levels, users, rank)
+            total += u.transpose(0, 2, 1) @ u
         return total / max(1, len(self._user_raw))
 
     def _level_targets(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
