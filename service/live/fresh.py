@@ -32,7 +32,7 @@ import redis
 from ordrec.service.indices.item_attributes import ItemAttributeTable
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, usable_evidence
 from ordrec.service.indices.rules import Eligible, FilterError, ItemAttributes
-from ordrec.service.indices.similar import item_vectors, similar_items, similarities
+from ordrec.service.indices.similar import similar_items, similarities
 
 log = logging.getLogger("ordrec.fresh")
 
@@ -330,8 +330,8 @@ class FreshItems:
         return FreshOverlay(ids, np.stack([f for _, f in usable]), len(index.items), attributes), per_item
 
     def _by_attributes(self, index: RecommenderIndex, item: str) -> np.ndarray | None:
-        """The mean representation of the version's items sharing the item's categorical
-        values (a value of each of its attributes); None when none does."""
+        """The version's representation of an item like those sharing the item's categorical
+        values (a value of each of its attributes, ``place_like_items``); None when none does."""
         assert self.attributes is not None
         clauses = []
         for name, by_item in self.attributes.categorical.items():
@@ -346,7 +346,7 @@ class FreshItems:
             return None  # a value the version's attributes cannot take
         if rows.size == 0:
             return None
-        return item_vectors(index, rows).astype(np.float64).mean(axis=0).astype(np.float32)
+        return index.place_like_items(rows)
 
     def _fold(self, index: RecommenderIndex, found: ItemEvidence) -> np.ndarray | None:
         """One item's factors from the raters the version knows; None when there are none."""

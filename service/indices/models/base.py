@@ -135,6 +135,11 @@ class RecommenderIndex(ModelIndex):
         it (``service/live/fresh.py``); None for kinds that cannot."""
         return None
 
+    def place_like_items(self, item_rows: np.ndarray) -> np.ndarray | None:
+        """The representation of an item like the trained items ``item_rows`` (a fresh item
+        known only by attribute values they share); None for kinds that cannot."""
+        return None
+
     def score_factors(self, vector: np.ndarray, item_factors: np.ndarray) -> np.ndarray:
         """Scores of items given by :meth:`fold_in_item` representations for a user vector."""
         raise NotImplementedError(f"{self.kind} has no item fold-in")

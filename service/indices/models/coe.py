@@ -104,6 +104,13 @@ class COEIndex(RecommenderIndex, MapIndex):
         floors = self._farthest_alike(rows[below], values[below])
         return _keep_away(anchor, points[below], floors, anchor_weight=int(liked.sum()))
 
+    def place_like_items(self, item_rows: np.ndarray) -> np.ndarray:
+        """The items' centroid moved away from the middle of the map by as much as it stands
+        apart from it (:func:`_apart_from_population`): a plain centroid of many points lies
+        nearer the middle than they do, where it would be near every user."""
+        points = self.item_coords[np.asarray(item_rows, dtype=np.int64)]
+        return _apart_from_population(points, np.ones(len(points)), self.mean_item_point)
+
     @functools.cached_property
     def mean_user_point(self) -> np.ndarray:
         """The centroid of the trained users' points."""

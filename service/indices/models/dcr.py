@@ -231,6 +231,12 @@ class DCRIndex(RecommenderIndex):
         v = self._fold_levels(self._user_raw[rows], target, known, self.mean_item, 0, 1.0, population)
         return v.reshape(-1).astype(np.float32)
 
+    def place_like_items(self, item_rows: np.ndarray) -> np.ndarray:
+        """The mean of the items' factors: its products with every user are the items' mean, so
+        its audience is theirs."""
+        rows = np.asarray(item_rows, dtype=np.int64)
+        return self._item[rows].astype(np.float64).mean(axis=0).astype(np.float32)
+
     @functools.cached_property
     def mean_item(self) -> np.ndarray:
         """The mean trained item's per-level factors, ``(levels, rank)`` float64 (fold-in's prior)."""
