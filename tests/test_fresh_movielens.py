@@ -11,10 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ordrec.service.indices.item_attributes import read_item_attributes
+from ordrec.service.indices.item_attributes import (
+    ItemAttributeTable,
+    attach_item_attributes,
+    read_item_attributes,
+)
 from ordrec.service.indices.models import build_index
 from ordrec.service.indices.models.base import RecommenderIndex
-from ordrec.service.live.fresh import FreshRules, similar_with_fresh
+from ordrec.service.live.fresh import FreshEvidence, FreshItems, FreshRules, similar_with_fresh
 from tests.conftest import data_file
 from tests.test_fresh_audience import fresh_item, reach_of_fresh, reach_of_trained
 
@@ -59,7 +63,9 @@ def index(request, movielens) -> RecommenderIndex:
     model = (
         DCR(n_components=20, max_iter=40, random_state=0) if request.param == "dcr" else COE(random_state=0)
     )
-    return build_index(model.fit(ratings).to_artifact())
+    artifact = model.fit(ratings).to_artifact()
+    attach_item_attributes(artifact, data_file("ml-100k", "u.item"))
+    return build_index(artifact)
 
 
 def similar_ids(index: RecommenderIndex, overlay, query_row: int, n: int = 5) -> list[str]:
@@ -105,3 +111,21 @@ def test_a_new_item_star_wars_fans_rate_1_star_stays_away_from_them(index, audie
     # before: COE 0.74 of the held-out fans, and Star Wars' most similar item
     assert reach <= 0.03
     assert "NEW" not in neighbours
+
+
+def test_a_new_horror_film_known_by_its_genre_sits_among_horror_films(index, movielens, audiences):
+    """Nobody rated it; the attributes give its genre. It is placed like the horror films (DCR:
+    their mean factors; COE: their centroid moved apart from the middle of the map)."""
+    _, horror = movielens
+    table = ItemAttributeTable(categorical={"genre": {"NEW": ["Horror"]}})
+    overlay = FreshItems(FreshEvidence(None, known=lambda item: False), attributes=table).overlay(index)
+    assert overlay is not None
+    to_fans = reach_of_fresh(index, overlay, audiences["horror fans"])
+    to_others = reach_of_fresh(index, overlay, audiences["never horror"])
+    neighbours = similar_ids(index, overlay, overlay.base)
+    print(
+        f"{index.kind}: genre-only horror film: fans {to_fans:.2f}, never-horror {to_others:.2f}, similar {neighbours}"
+    )
+    # before: COE 0.24 of the fans, similar Scream, Alien, Jaws, Silence of the Lambs, Psycho
+    assert to_others <= 0.05
+    assert sum(item in horror for item in neighbours) >= 4
