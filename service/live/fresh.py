@@ -11,7 +11,8 @@ is down, nothing is fresh and Recommend answers as before.
 Per version, :class:`FreshItems` folds each fresh item in from the ratings of the users that
 version knows, the item-side mirror of user fold-in (``fold_in_item`` of the DCR and COE
 indices: per-level item factors solved against the fixed user factors; a point on COE's map
-from the raters' points). The result, a :class:`FreshOverlay`, is cached per version and
+from the raters' points), each rating read against its rater's own ratings so the item goes
+to the audience its raters stand for, not to everyone. The result, a :class:`FreshOverlay`, is cached per version and
 rebuilt only for items whose evidence changed. Recommend scores the overlay with the version's
 own formula and merges it with the index's top-k (``merge_fresh``).
 """
@@ -277,7 +278,7 @@ class FreshItems:
         self.users_token, self.on_built = users_token, on_built
         self.evidence, self.unknown_users, self.max_versions = evidence, unknown_users, max_versions
         # A newer item-attributes file: its items no version knows and nobody rated yet are
-        # placed at the mean of the trained items sharing their attribute values.
+        # placed like the trained items sharing their attribute values (``place_like_items``).
         self.attributes = attributes
         self._listed = _categorical_items(attributes)
         self._lock = threading.Lock()

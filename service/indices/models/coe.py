@@ -88,8 +88,9 @@ class COEIndex(RecommenderIndex, MapIndex):
         item's mean."""
         rows = np.asarray(user_rows, dtype=np.int64)
         values = np.asarray(values, dtype=np.float64)
-        relative = self.relative_ratings(rows, values) - self.mean_rating
-        if not np.isfinite(self.mean_rating):
+        if np.isfinite(self.mean_rating):
+            relative = self.relative_ratings(rows, values) - self.mean_rating
+        else:
             relative = values - np.nanmean(values) if np.isfinite(values).any() else values
         points, weights = self.user_coords[rows], _rater_weights(relative)
         liked = weights > 0
