@@ -92,3 +92,47 @@ def caught(planted: PlantedFresh, recommend: Callable[[str, int], list[str]], n:
             answers[user] = set(recommend(user, n))
         hits += item in answers[user]
     return hits / len(events)
+
+
+@dataclass(frozen=True)
+class PlantedTastes:
+    """Training ratings of taste groups that also share a liking for a few blockbusters (what
+    makes every user's factors alike in one direction, popularity), and each user's group."""
+
+    training: Ratings
+    group_of: dict[str, int]  # user id -> group
+    block_of: dict[str, int]  # trained item id -> its group's block (-1: a blockbuster)
+
+    def users_of(self, group: int) -> list[str]:
+        return [user for user, g in self.group_of.items() if g == group]
+
+
+def planted_tastes(
+    seed: int = 0, groups: int = 3, users_per_group: int = 100, block: int = 40, blockbusters: int = 10
+) -> PlantedTastes:
+    """Each user rates 12 items of their group's block 4-5, 8 of the blockbusters 4-5 and 5
+    items of other blocks 1-2."""
+    rng = np.random.default_rng(seed)
+    n_items = groups * block + blockbusters
+    users, items, values = [], [], []
+    group_of = {}
+    for u in range(groups * users_per_group):
+        g = u // users_per_group
+        group_of[f"u{u}"] = g
+        own = rng.choice(np.arange(g * block, (g + 1) * block), 12, replace=False)
+        popular = rng.choice(np.arange(groups * block, n_items), 8, replace=False)
+        others = np.setdiff1d(np.arange(groups * block), np.arange(g * block, (g + 1) * block))
+        disliked = rng.choice(others, 5, replace=False)
+        rated = np.concatenate([own, popular, disliked])
+        users += [u] * rated.size
+        items += rated.tolist()
+        values += np.concatenate([rng.integers(4, 6, 20), rng.integers(1, 3, 5)]).tolist()
+    block_of = {f"i{i}": (i // block if i < groups * block else -1) for i in range(n_items)}
+    training = Ratings(
+        IdMap(list(group_of)),
+        IdMap([f"i{i}" for i in range(n_items)]),
+        np.array(users, dtype=np.int32),
+        np.array(items, dtype=np.int32),
+        np.array(values, dtype=np.float32),
+    )
+    return PlantedTastes(training, group_of, block_of)

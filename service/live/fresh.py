@@ -11,7 +11,8 @@ is down, nothing is fresh and Recommend answers as before.
 Per version, :class:`FreshItems` folds each fresh item in from the ratings of the users that
 version knows, the item-side mirror of user fold-in (``fold_in_item`` of the DCR and COE
 indices: per-level item factors solved against the fixed user factors; a point on COE's map
-from the raters' points). The result, a :class:`FreshOverlay`, is cached per version and
+from the raters' points), each rating read against its rater's own ratings so the item goes
+to the audience its raters stand for, not to everyone. The result, a :class:`FreshOverlay`, is cached per version and
 rebuilt only for items whose evidence changed. Recommend scores the overlay with the version's
 own formula and merges it with the index's top-k (``merge_fresh``).
 """
@@ -32,7 +33,7 @@ import redis
 from ordrec.service.indices.item_attributes import ItemAttributeTable
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, usable_evidence
 from ordrec.service.indices.rules import Eligible, FilterError, ItemAttributes
-from ordrec.service.indices.similar import item_vectors, similar_items, similarities
+from ordrec.service.indices.similar import similar_items, similarities
 
 log = logging.getLogger("ordrec.fresh")
 
@@ -277,7 +278,7 @@ class FreshItems:
         self.users_token, self.on_built = users_token, on_built
         self.evidence, self.unknown_users, self.max_versions = evidence, unknown_users, max_versions
         # A newer item-attributes file: its items no version knows and nobody rated yet are
-        # placed at the mean of the trained items sharing their attribute values.
+        # placed like the trained items sharing their attribute values (``place_like_items``).
         self.attributes = attributes
         self._listed = _categorical_items(attributes)
         self._lock = threading.Lock()
@@ -330,8 +331,8 @@ class FreshItems:
         return FreshOverlay(ids, np.stack([f for _, f in usable]), len(index.items), attributes), per_item
 
     def _by_attributes(self, index: RecommenderIndex, item: str) -> np.ndarray | None:
-        """The mean representation of the version's items sharing the item's categorical
-        values (a value of each of its attributes); None when none does."""
+        """The version's representation of an item like those sharing the item's categorical
+        values (a value of each of its attributes, ``place_like_items``); None when none does."""
         assert self.attributes is not None
         clauses = []
         for name, by_item in self.attributes.categorical.items():
@@ -346,7 +347,7 @@ class FreshItems:
             return None  # a value the version's attributes cannot take
         if rows.size == 0:
             return None
-        return item_vectors(index, rows).astype(np.float64).mean(axis=0).astype(np.float32)
+        return index.place_like_items(rows)
 
     def _fold(self, index: RecommenderIndex, found: ItemEvidence) -> np.ndarray | None:
         """One item's factors from the raters the version knows; None when there are none."""

@@ -16,6 +16,7 @@ Three families share this module:
 from __future__ import annotations
 
 import abc
+import functools
 from typing import ClassVar
 
 import numpy as np
@@ -134,6 +135,11 @@ class RecommenderIndex(ModelIndex):
         it (``service/live/fresh.py``); None for kinds that cannot."""
         return None
 
+    def place_like_items(self, item_rows: np.ndarray) -> np.ndarray | None:
+        """The representation of an item like the trained items ``item_rows`` (a fresh item
+        known only by attribute values they share); None for kinds that cannot."""
+        return None
+
     def score_factors(self, vector: np.ndarray, item_factors: np.ndarray) -> np.ndarray:
         """Scores of items given by :meth:`fold_in_item` representations for a user vector."""
         raise NotImplementedError(f"{self.kind} has no item fold-in")
@@ -182,6 +188,60 @@ class RecommenderIndex(ModelIndex):
         if self.seen_ratings is None:
             return None
         return self.seen_ratings[self.seen_indptr[user_row] : self.seen_indptr[user_row + 1]]
+
+    @functools.cached_property
+    def mean_rating(self) -> float:
+        """The mean of every kept training rating (NaN when the version kept none): the level a
+        rater's own mean is moved to when a fresh item's ratings are read relative to it."""
+        if self.seen_ratings is None:
+            return float("nan")
+        total, count = 0.0, 0
+        for block in row_blocks(self.seen_ratings):
+            rated = block[np.isfinite(block)]
+            total, count = total + float(rated.sum(dtype=np.float64)), count + rated.size
+        return total / count if count else float("nan")
+
+    def relative_ratings(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Ratings of a fresh item read against each rater's own training ratings: the value
+        minus the rater's mean plus :attr:`mean_rating` (a 4 from someone who gives 4 to
+        everything counts as an average rating); unchanged where the version kept no ratings
+        of the rater."""
+        values = np.asarray(values, dtype=np.float64)
+        owner, _, rated = self.training_entries(user_rows)
+        finite = np.isfinite(rated)
+        counts = np.bincount(owner[finite], minlength=values.size)
+        sums = np.bincount(owner[finite], weights=rated[finite], minlength=values.size)
+        known = (counts > 0) & np.isfinite(self.mean_rating)
+        own = np.divide(sums, counts, out=np.zeros(values.size), where=counts > 0)
+        return np.where(known, values - own + self.mean_rating, values)
+
+    def training_entries(self, user_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The users' training entries gathered in one pass: for each, its owner (a position in
+        ``user_rows``), its item row and its rating (NaN where none or none kept)."""
+        rows = np.asarray(user_rows, dtype=np.int64)
+        starts = self.seen_indptr[rows]
+        lengths = self.seen_indptr[rows + 1] - starts
+        owner = np.repeat(np.arange(rows.size), lengths)
+        offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        positions = np.repeat(starts, lengths) + offsets
+        if self.seen_ratings is None:
+            return owner, self.seen_indices[positions], np.full(positions.size, np.nan)
+        return owner, self.seen_indices[positions], self.seen_ratings[positions].astype(np.float64)
+
+    def rated_alike(self, user_rows: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each user's training items rated nearest their value, as (owner, item row) pairs:
+        all their items for a NaN value (a pick) or when they have no rating kept."""
+        owner, items, rated = self.training_entries(user_rows)
+        wanted = np.asarray(values, dtype=np.float64)[owner]
+        gap = np.where(np.isnan(wanted), 0.0, np.abs(np.where(np.isfinite(rated), rated, np.inf) - wanted))
+        nearest = np.full(len(np.asarray(user_rows)), np.inf)
+        np.minimum.at(nearest, owner, gap)
+        keep = gap == nearest[owner]
+        return owner[keep], items[keep]
+
+    def items_rated_alike(self, user_row: int, value: float) -> np.ndarray:
+        """One user's :meth:`rated_alike` items."""
+        return self.rated_alike(np.array([user_row]), np.array([value]))[1]
 
     def recommend(
         self,

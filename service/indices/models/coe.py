@@ -9,6 +9,8 @@ the trainer's evaluation, so reported accuracies come from this code.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ordrec.service.indices.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
@@ -74,10 +76,62 @@ class COEIndex(RecommenderIndex, MapIndex):
         return _weighted_centroid(self.item_coords[np.asarray(item_rows, dtype=np.int64)], values)
 
     def fold_in_item(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """A point on the fixed map for an item it has not seen: :meth:`fold_in`'s mirror, the
-        centroid of the known users who rated it, weighted by how far above the mean of its
-        ratings each one is (equal weights when they are all equal; a pick weighs the mean)."""
-        return _weighted_centroid(self.user_coords[np.asarray(user_rows, dtype=np.int64)], values)
+        """A point on the fixed map for an item it has not seen, from known users' ratings of
+        it, each read against the rater's own ratings (:meth:`relative_ratings`). Raters who
+        rated it above their own mean pull it toward them, and it moves away from the average
+        user as far as they stand apart from it (:func:`_apart_from_population`): a taste
+        group's item goes where that group's own items are, not to the middle of the map where
+        what everyone likes sits. Raters below their own mean push it out to at least their
+        distance to the items they rated alike (:func:`_keep_away`), as the trainer's
+        within-user triples want; with no rater above their mean it starts across the map from
+        them (:func:`_reflected`). Versions that kept no ratings read each rating against the
+        item's mean."""
+        rows = np.asarray(user_rows, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float64)
+        if np.isfinite(self.mean_rating):
+            relative = self.relative_ratings(rows, values) - self.mean_rating
+        else:
+            relative = values - np.nanmean(values) if np.isfinite(values).any() else values
+        points, weights = self.user_coords[rows], _rater_weights(relative)
+        liked = weights > 0
+        below = weights < 0
+        anchor = (
+            _apart_from_population(points[liked], weights[liked], self.mean_user_point)
+            if liked.any()
+            else _reflected(points[below], -weights[below], self.mean_item_point)
+        )
+        if not below.any():
+            return anchor
+        floors = self._farthest_alike(rows[below], values[below])
+        return _keep_away(anchor, points[below], floors, anchor_weight=int(liked.sum()))
+
+    def place_like_items(self, item_rows: np.ndarray) -> np.ndarray:
+        """The items' centroid moved away from the middle of the map by as much as it stands
+        apart from it (:func:`_apart_from_population`): a plain centroid of many points lies
+        nearer the middle than they do, where it would be near every user."""
+        points = self.item_coords[np.asarray(item_rows, dtype=np.int64)]
+        return _apart_from_population(points, np.ones(len(points)), self.mean_item_point)
+
+    @functools.cached_property
+    def mean_user_point(self) -> np.ndarray:
+        """The centroid of the trained users' points."""
+        return self.user_coords.mean(axis=0)
+
+    @functools.cached_property
+    def mean_item_point(self) -> np.ndarray:
+        """The centroid of the trained items' points (an item only disliked starts across it
+        from its raters)."""
+        return self.item_coords.mean(axis=0)
+
+    def _farthest_alike(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """Each user's distance to the farthest of their training items rated nearest their
+        value (distances on a map of many dimensions differ little: the mean would sit among
+        the items they are recommended)."""
+        owner, items = self.rated_alike(user_rows, values)
+        distance = np.linalg.norm(self.item_coords[items] - self.user_coords[user_rows][owner], axis=1)
+        farthest = np.zeros(len(user_rows))
+        np.maximum.at(farthest, owner, distance)
+        return farthest
 
     def score_factors(self, vector: np.ndarray, item_points: np.ndarray) -> np.ndarray:
         """Negative distances from a point to items given by their points (fresh items)."""
@@ -161,3 +215,45 @@ def _weighted_centroid(points: np.ndarray, values: np.ndarray) -> np.ndarray:
     elif not rated.all():
         weights[~rated] = weights[rated].mean()
     return weights @ points / weights.sum()
+
+
+KEEP_AWAY_STEPS = 500  # at most; they stop once a step moves the point less than KEEP_AWAY_TOLERANCE
+KEEP_AWAY_TOLERANCE = 1e-5  # map units
+
+
+def _rater_weights(relative: np.ndarray) -> np.ndarray:
+    """Each rater's signed weight, their rating minus their own mean; a pick (NaN) weighs the
+    mean weight of the positive ones (1 when there are none)."""
+    weights = np.where(np.isfinite(relative), relative, 0.0)
+    positive = weights[weights > 0]
+    weights[~np.isfinite(relative)] = positive.mean() if positive.size else 1.0
+    return weights
+
+
+def _apart_from_population(points: np.ndarray, weights: np.ndarray, population: np.ndarray) -> np.ndarray:
+    """The minimum of ``sum_k weights[k] |x - points[k]|^2 - (W / 2) |x - population|^2`` (``W``
+    the weights' sum): the raters' weighted centroid ``c`` moved on by ``c - population``,
+    pulled to its raters and pushed from the average user with half their weight."""
+    centroid = weights @ points / weights.sum()
+    return 2.0 * centroid - population
+
+
+def _reflected(points: np.ndarray, weights: np.ndarray, middle: np.ndarray) -> np.ndarray:
+    """The points' weighted centroid reflected through ``middle``: across the map from them."""
+    return 2.0 * middle - weights @ points / weights.sum()
+
+
+def _keep_away(anchor: np.ndarray, points: np.ndarray, floors: np.ndarray, anchor_weight: int) -> np.ndarray:
+    """A point near ``anchor`` (weighing ``anchor_weight`` points) at least ``floors[k]`` from
+    ``points[k]``: majorisation steps in which each too-near point pushes the answer out to its
+    floor along the line from it."""
+    x = anchor
+    for _ in range(KEEP_AWAY_STEPS):
+        away = x - points
+        distance = np.maximum(np.linalg.norm(away, axis=1), 1e-9)
+        reach = np.maximum(distance, floors)
+        pushed = points + (reach / distance)[:, None] * away
+        x, before = (pushed.sum(axis=0) + anchor_weight * anchor) / (len(points) + anchor_weight), x
+        if np.linalg.norm(x - before) < KEEP_AWAY_TOLERANCE:
+            break
+    return x

@@ -47,6 +47,10 @@ RELEVANCE = ("linear", "log", "exp")
 # Fold-in's pull toward the mean trained user, in ratings' worth: with a few ratings the
 # directions they do not span keep the population's item effect instead of falling to 0.
 FOLD_IN_PRIOR = 1.0
+# A fresh item's pull toward the mean trained item over the whole user population, in ratings'
+# worth: moving every user's score costs as much as this many ratings, so a few raters place the
+# item along what sets them apart from other users, not along what all users share (popularity).
+FRESH_ITEM_PRIOR = 20.0
 
 
 def relevance_values(levels: np.ndarray, relevance: str) -> np.ndarray:
@@ -209,45 +213,81 @@ class DCRIndex(RecommenderIndex):
         target of the "not rated" level only (see :attr:`folds_in_picks`).
         """
         rows = np.asarray(item_rows, dtype=np.int64)
-        u = self._fold_levels(self._item[rows], values, self._mean_user, self._frozen, self._radius)
+        target, known = self._level_targets(np.asarray(values, dtype=np.float64))
+        u = self._fold_levels(self._item[rows], target, known, self._mean_user, self._frozen, self._radius)
         return u.reshape(-1).astype(np.float32)
 
     def fold_in_item(self, user_rows: np.ndarray, values: np.ndarray) -> np.ndarray:
         """Item factors of an item the version has not seen, from known users' ratings of it
-        with the user factors fixed: :meth:`fold_in`'s mirror (the same per-level targets and
-        ridge regression, toward the mean trained item, then ``|v^t| <= 1``)."""
+        with the user factors fixed: :meth:`fold_in`'s mirror, with two differences that keep
+        the item to its own audience. Each rating is read against the rater's own ratings
+        (:meth:`relative_ratings`: above what they usually give pulls the item toward them,
+        below pushes it away), and the regression toward the mean trained item also weighs
+        how much the fit moves every user's score (``FRESH_ITEM_PRIOR`` ratings' worth of the
+        population), so the raters' shared taste for popular items does not make it popular."""
         rows = np.asarray(user_rows, dtype=np.int64)
-        v = self._fold_levels(self._user_raw[rows], values, self.mean_item, 0, 1.0)
+        target, known = self._level_targets(self.relative_ratings(rows, values))
+        population = FRESH_ITEM_PRIOR * self.user_second_moment
+        v = self._fold_levels(self._user_raw[rows], target, known, self.mean_item, 0, 1.0, population)
         return v.reshape(-1).astype(np.float32)
+
+    def place_like_items(self, item_rows: np.ndarray) -> np.ndarray:
+        """The mean of the items' factors: its products with every user are the items' mean, so
+        its audience is theirs."""
+        rows = np.asarray(item_rows, dtype=np.int64)
+        return self._item[rows].astype(np.float64).mean(axis=0).astype(np.float32)
 
     @functools.cached_property
     def mean_item(self) -> np.ndarray:
         """The mean trained item's per-level factors, ``(levels, rank)`` float64 (fold-in's prior)."""
         return _finite_column_mean("item_factors", self._item).reshape(self.n_levels, self.rank)
 
-    def _fold_levels(
-        self, other: np.ndarray, values: np.ndarray, mean: np.ndarray, frozen: int, radius: float
-    ) -> np.ndarray:
-        """Per-level factors ``(levels, rank)`` fitted to ratings against the fixed factors
-        ``other`` of the other side (one row per rating): targets ``2 [r >= l_t] - 1``, a ridge
-        regression toward ``mean``, the first ``frozen`` coordinates kept, the rest bounded by
-        ``radius``. A NaN value is a pick: a target of the "not rated" level only."""
-        L, f, k = self.n_levels, self.rank, frozen
-        values = np.asarray(values, dtype=np.float64)
+    @functools.cached_property
+    def user_second_moment(self) -> np.ndarray:
+        """Per level, the trained users' mean ``u u^T``, ``(levels, rank, rank)`` float64: ``d^T M d``
+        is the mean squared change of a user's level product when an item moves by ``d``."""
+        L, f = self.n_levels, self.rank
+        total = np.zeros((L, f, f), dtype=np.float64)
+        for block in row_blocks(self._user_raw):
+            u = block.reshape(-1, L, f).astype(np.float64).transpose(1, 0, 2)  # (levels, users, rank)
+            total += u.transpose(0, 2, 1) @ u
+        return total / max(1, len(self._user_raw))
+
+    def _level_targets(self, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per rating and learned level, the target of ``u^t . v^t`` and whether it is known:
+        ``2 [r >= l_t] - 1``, linear from -1 at ``l_{t-1}`` to +1 at ``l_t`` for a value between
+        (a rating read relative to its rater); a NaN value is a pick, a known target (+1) of
+        the "not rated" level only."""
         rated = np.isfinite(values)
-        level = np.abs(np.where(rated, values, self.levels[-1])[:, None] - self.levels[None, :]).argmin(
-            axis=1
-        )
-        target = 2.0 * (level[:, None] >= np.arange(1, L + 1)[None, :]) - 1.0
-        # Which (rating, level) targets are known: every level of a rating; a pick's first level.
-        known = np.repeat(rated[:, None], L, axis=1)
+        value = np.where(rated, values, self.levels[-1])[:, None]
+        reached = np.clip((value - self.levels[None, :-1]) / np.diff(self.levels)[None, :], 0.0, 1.0)
+        known = np.repeat(rated[:, None], self.n_levels, axis=1)
         known[:, 0] |= self.unrated_level
+        return 2.0 * reached - 1.0, known
+
+    def _fold_levels(
+        self,
+        other: np.ndarray,
+        target: np.ndarray,
+        known: np.ndarray,
+        mean: np.ndarray,
+        frozen: int,
+        radius: float,
+        penalty: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Per-level factors ``(levels, rank)`` fitted to ``target`` (one row per rating, where
+        ``known``) against the fixed factors ``other`` of the other side: a ridge regression
+        toward ``mean`` (plus ``penalty``, a per-level quadratic form on the move), the first
+        ``frozen`` coordinates kept, the rest bounded by ``radius``."""
+        L, f, k = self.n_levels, self.rank, frozen
         # Level-major (L, f, m) so the per-level products are batched matrix products.
         v = other.reshape(-1, L, f).transpose(1, 2, 0)
         v = v.astype(np.float64) * known.T[:, None, :]  # an unknown target adds nothing
         residual = (target.T - (mean[:, None, :] @ v)[:, 0, :]) * known.T  # (L, m)
         free = v[:, k:, :]
         gram = free @ free.transpose(0, 2, 1) + FOLD_IN_PRIOR * np.eye(f - k)
+        if penalty is not None:
+            gram += penalty[:, k:, k:]
         fitted = mean.copy()
         fitted[:, k:] += np.linalg.solve(gram, free @ residual[..., None])[..., 0]
         norms = np.linalg.norm(fitted[:, k:], axis=1, keepdims=True)
