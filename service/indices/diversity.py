@@ -18,10 +18,10 @@ from numba import njit
 
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
-from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.service.indices.rules import FilterError, ItemAttributes
 from ordrec.service.indices.similar import (
     inner_product,
+    item_similarity,
     item_vectors,
     pairwise_distances,
     pairwise_similarity,
@@ -160,8 +160,8 @@ def rerank(
     rows, scores = pool
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
-    if settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
-        vectors = item_vectors(index, rows, fresh) * index.root_level_scale
+    if settings.cap is None and settings.weight > 0 and not item_similarity(index).is_distance:
+        vectors = item_similarity(index).rooted(item_vectors(index, rows, fresh))
         order = mmr_cosine(np.asarray(scores, np.float64), vectors, settings.weight, n)
         return rows[order], scores[order]
     similarity = (
