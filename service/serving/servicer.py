@@ -133,18 +133,18 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
             metrics,
             limits,
             # A forgotten user's recorded items are neither excluded nor folded in, on every transport.
-            ForgetfulSeen(seen, forgotten) if forgotten is not None else seen,
-            hidden,
-            hidden_mirror,
-            online or NoOnlineEvaluation(),
-            batcher,
+            seen=ForgetfulSeen(seen, forgotten) if forgotten is not None else seen,
+            hidden=hidden,
+            hidden_mirror=hidden_mirror,
+            online=online or NoOnlineEvaluation(),
+            batcher=batcher,
             # Forgotten users are answered as unknown; ForgetUser erases through forget_client (Redis).
-            forgotten,
-            forget_client,
+            forgotten=forgotten,
+            forget_client=forget_client,
             # Trending (service/live/trending.py): unknown users' fallback, and a model name of its own.
-            trending,
+            trending=trending,
             # Items the served versions were not trained on, folded in from recorded ratings.
-            fresh,
+            fresh=fresh,
         )
         self.recommender = Recommender(self.state)
 
