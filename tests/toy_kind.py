@@ -2,7 +2,9 @@
 serving index and its protocol, registered by one call (``TOY``).
 
 The model is a damped item mean: every user gets the items with the highest
-``sum of ratings / (count + shrinkage)``.
+``sum of ratings / (count + shrinkage)``. Its index declares an item similarity (the inner
+product of each item's mean rating from each of ``VECTOR_DIM`` groups of users), so it gets
+SimilarItems, explanations and diversity.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import numpy as np
 
 from ordrec.service.indices.models.base import RecommenderIndex, check_finite
+from ordrec.service.indices.models.capabilities import ItemSimilarity
 from ordrec.service.indices.models.kinds import ModelKind
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.trainer.data.readers import read_input
@@ -47,6 +50,7 @@ class Estimator(EstimatorBase):
         self.seen_indptr_ = np.r_[0, np.cumsum(np.bincount(data.user, minlength=data.n_users))]
         self.seen_indices_ = data.item[order]
         self.popularity_ = counts.astype(np.float32)
+        self.item_vectors_ = _group_means(data)
         self.users_, self.items_ = data.users, data.items
         return self
 
@@ -59,9 +63,23 @@ class Estimator(EstimatorBase):
                 "seen_indptr": self.seen_indptr_.astype(np.int64),
                 "seen_indices": self.seen_indices_.astype(np.int32),
                 "item_popularity": self.popularity_,
+                "item_vectors": self.item_vectors_,
             },
             hyperparameters=self.get_params(),
         )
+
+
+# Users fall into this many groups (row modulo it): an item's vector is its mean rating per group.
+VECTOR_DIM = 4
+
+
+def _group_means(data: Ratings) -> np.ndarray:
+    group = data.user % VECTOR_DIM
+    sums = np.zeros((data.n_items, VECTOR_DIM))
+    counts = np.zeros((data.n_items, VECTOR_DIM))
+    np.add.at(sums, (data.item, group), data.rating)
+    np.add.at(counts, (data.item, group), 1.0)
+    return (sums / np.maximum(counts, 1.0)).astype(np.float32)
 
 
 # -------------------------------------------------------------------- index
@@ -74,6 +92,11 @@ class Index(RecommenderIndex):
         if self.item_score.shape != (len(self.items),):
             raise ArtifactError(f"{artifact.describe()}: item_score does not match the items")
         check_finite("item_score", self.item_score)
+        self.item_vectors = np.ascontiguousarray(artifact.array("item_vectors"), dtype=np.float32)
+        check_finite("item_vectors", self.item_vectors)
+
+    def item_similarity(self) -> ItemSimilarity:
+        return ItemSimilarity(self.item_vectors)
 
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:
         return np.broadcast_to(self.item_score, (len(user_rows), self.item_score.size)).copy()

@@ -25,10 +25,10 @@ from numba import njit
 
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
-from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.service.indices.rules import FilterError, ItemAttributes
 from ordrec.service.indices.similar import (
     inner_product,
+    item_similarity,
     item_vectors,
     pairwise_distances,
     pairwise_similarity,
@@ -169,8 +169,9 @@ def rerank(
     if not settings.active or rows.size == 0:
         return rows[:n], scores[:n]
     by_attributes = attribute_similarity(index, rows, fresh, fresh_values) if settings.weight > 0 else None
-    if by_attributes is None and settings.cap is None and settings.weight > 0 and isinstance(index, DCRIndex):
-        vectors = item_vectors(index, rows, fresh) * index.root_level_scale
+    latent_cosine = settings.cap is None and settings.weight > 0 and not item_similarity(index).is_distance
+    if by_attributes is None and latent_cosine:
+        vectors = item_similarity(index).rooted(item_vectors(index, rows, fresh))
         order = mmr_cosine(np.asarray(scores, np.float64), vectors, settings.weight, n)
         return rows[order], scores[order]
     similarity = by_attributes

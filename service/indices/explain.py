@@ -4,11 +4,14 @@ The history is the items the user liked (:func:`liked_history`: rated at or abov
 mean, or interactions without a rating), of their training items or of the items recorded for
 a folded-in user. For each recommended item ``i`` and each history item ``h``, a weight ``w(i, h)``:
 
-- **DCR / Pairwise DCR**: ``w = max(0, sim(i, h))`` with ``sim`` the level-weighted inner
+The weight follows the similarity the index declares (``item_similarity``,
+``service/indices/models/capabilities.py``):
+
+- **an inner product** (DCR / Pairwise DCR): ``w = max(0, sim(i, h))`` with ``sim`` the level-weighted inner
   product of the item factors (``service/indices/similar.py``): how much of ``i``'s score a user
   made of ``h`` alone would give it. A user's factors are fitted to lean toward the items
   they rated, so the history items most similar to ``i`` are those its score comes from.
-- **COE**: ``w = 1 / (d(i, h) + EPS)``, the inverse distance on the map: the user sits among
+- **a distance** (COE): ``w = 1 / (d(i, h) + EPS)``, the inverse distance on the map: the user sits among
   their rated items, and an item near one of them is recommended because of it.
 
 An item's **share** is ``w(i, h) / sum_h' w(i, h')`` over the whole history (the recommended
@@ -25,8 +28,7 @@ from numba import njit
 
 from ordrec.service.errors import InvalidArgument
 from ordrec.service.indices.models.base import RecommenderIndex
-from ordrec.service.indices.models.coe import COEIndex
-from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.indices.models.capabilities import ItemSimilarity
 from ordrec.service.indices.similar import inner_product, item_vectors
 
 # Keeps COE's inverse distance finite for a history item on the recommended item's spot.
@@ -119,11 +121,13 @@ def _best_reasons(sim, item_rows, history, k, distance, eps):
     return best, shares, sims
 
 
-def _query(index: DCRIndex | COEIndex, item_rows: np.ndarray, fresh: np.ndarray | None) -> np.ndarray:
-    """The recommended items' rows the history is compared with: level-weighted factors (DCR,
-    so the plain inner product is ``sim``) or map points (COE)."""
+def _query(
+    index: RecommenderIndex, similarity: ItemSimilarity, item_rows: np.ndarray, fresh: np.ndarray | None
+) -> np.ndarray:
+    """The recommended items' rows the history is compared with: weighted vectors (an inner
+    product, so the plain one is ``sim``) or map points (a distance)."""
     vectors = item_vectors(index, item_rows, fresh)
-    return np.ascontiguousarray(vectors * index.level_scale if isinstance(index, DCRIndex) else vectors)
+    return np.ascontiguousarray(vectors if similarity.is_distance else similarity.weighted(vectors))
 
 
 def explained(
@@ -139,12 +143,13 @@ def explained(
     history = np.asarray(history, dtype=np.int64)
     if history.size > 1 and not (history[1:] > history[:-1]).all():
         history = np.unique(history)  # training items arrive sorted and distinct
-    if k <= 0 or item_rows.size == 0 or history.size == 0 or not isinstance(index, (DCRIndex, COEIndex)):
+    similarity = index.item_similarity()
+    if k <= 0 or item_rows.size == 0 or history.size == 0 or similarity is None:
         none = np.full((item_rows.size, max(k, 0)), -1, np.int64)
         return Explained(none, np.zeros(none.shape), np.zeros(none.shape))
-    distance = isinstance(index, COEIndex)
-    trained = index.item_coords if distance else index.item_factors
-    sim = _similarities(_query(index, item_rows, fresh), trained, history, distance)
+    distance = similarity.is_distance
+    query = _query(index, similarity, item_rows, fresh)
+    sim = _similarities(query, similarity.vectors, history, distance)
     rows, shares, sims = _best_reasons(sim, item_rows, history, k, distance, EPS)
     return Explained(rows, shares, sims)
 

@@ -1,13 +1,15 @@
 """Item-to-item similarity in each recommender's own geometry (SimilarItems, explanations,
 diversity).
 
-- **DCR / Pairwise DCR**: ``sim(i, j) = sum_t c_t V_i^t . V_j^t``, the level-weighted inner
+Each index declares its similarity (``item_similarity``, ``service/indices/models/capabilities.py``):
+
+- **an inner product** (DCR / Pairwise DCR): ``sim(i, j) = sum_t c_t V_i^t . V_j^t``, the level-weighted inner
   product of the concatenated item factors. It is the score (less the constant) item ``j``
   gets from a user whose factors equal item ``i``'s, so it is the same maximum-inner-product
   search Recommend runs and goes through the version's approximate item index where it has
   one (``service/indices/ann.py``). A basket's similarity is the mean over its items, which is the
   inner product with the mean of their query vectors (one search).
-- **COE**: ``sim(i, j) = -|x_i - x_j|``, the negative distance on the map; a basket's is the
+- **a distance** (COE): ``sim(i, j) = -|x_i - x_j|``, the negative distance on the map; a basket's is the
   negative mean distance to its items (scored exactly: maps are small).
 
 Pairwise similarities for diversity are bounded versions of the same: the cosine under the
@@ -21,8 +23,7 @@ from numba import njit
 
 from ordrec.service.errors import FailedPrecondition
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex
-from ordrec.service.indices.models.coe import COEIndex
-from ordrec.service.indices.models.dcr import DCRIndex
+from ordrec.service.indices.models.capabilities import ItemSimilarity
 from ordrec.service.indices.rules import Eligible
 from ordrec.service.indices.topk import affine_scores, top_k
 
@@ -30,9 +31,12 @@ from ordrec.service.indices.topk import affine_scores, top_k
 MAX_BASKET = 1000
 
 
-def _require_kind(index: RecommenderIndex) -> None:
-    if not isinstance(index, (DCRIndex, COEIndex)):
+def item_similarity(index: RecommenderIndex) -> ItemSimilarity:
+    """The similarity the index declares; FailedPrecondition when it declares none."""
+    found = index.item_similarity()
+    if found is None:
         raise FailedPrecondition(f"a {index.kind} model has no item similarity")
+    return found
 
 
 def similarities(
@@ -43,15 +47,14 @@ def similarities(
 ) -> np.ndarray:
     """Mean similarity of every trained item (or ``item_rows``) to the items ``query_rows``,
     float32; rows past the version's items are fresh items (``fresh``, :func:`item_vectors`)."""
-    _require_kind(index)
+    similarity = item_similarity(index)
     query_rows = np.asarray(query_rows, dtype=np.int64)
-    if isinstance(index, DCRIndex):
-        query = _dcr_query(index, query_rows, fresh)
+    if not similarity.is_distance:
+        query = _inner_query(index, query_rows, fresh)
         if item_rows is None:
-            return affine_scores(index.item_factors, query)
+            return affine_scores(similarity.vectors, query)
         return (item_vectors(index, item_rows, fresh) @ query).astype(np.float32)
-    assert isinstance(index, COEIndex)
-    items = index.item_coords if item_rows is None else item_vectors(index, item_rows, fresh)
+    items = similarity.vectors if item_rows is None else item_vectors(index, item_rows, fresh)
     total = np.zeros(items.shape[0], dtype=np.float64)
     for point in item_vectors(index, query_rows, fresh):
         diff = items - point
@@ -59,10 +62,12 @@ def similarities(
     return (-total / max(1, query_rows.size)).astype(np.float32)
 
 
-def _dcr_query(index: DCRIndex, query_rows: np.ndarray, fresh: np.ndarray | None = None) -> np.ndarray:
-    """The weighted mean of the query items' factors: a pseudo-user whose scores are the sims."""
+def _inner_query(
+    index: RecommenderIndex, query_rows: np.ndarray, fresh: np.ndarray | None = None
+) -> np.ndarray:
+    """The weighted mean of the query items' vectors: a pseudo-user whose scores are the sims."""
     factors = item_vectors(index, query_rows, fresh).astype(np.float64).mean(axis=0)
-    return np.ascontiguousarray(factors * index.level_scale, dtype=np.float32)
+    return np.ascontiguousarray(item_similarity(index).weighted(factors), dtype=np.float32)
 
 
 def similar_items(
@@ -78,13 +83,13 @@ def similar_items(
     ``exclude`` row or an ineligible one), best first; through DCR's item index when it has one.
     Query rows past the version's items are fresh items with factors ``fresh`` (the fresh
     candidates are ``service/live/fresh.py``'s ``fresh_similar``)."""
-    _require_kind(index)
+    similarity = item_similarity(index)
     query_rows = np.unique(np.asarray(query_rows, dtype=np.int64))
     trained = query_rows[query_rows < len(index.items)]
     skip = trained if exclude is None else np.unique(np.concatenate([trained, exclude]))
-    ann = getattr(index, "ann", None)
-    if isinstance(index, DCRIndex) and ann is not None and (eligible is None or not eligible.sparse):
-        found = ann.search(_dcr_query(index, query_rows, fresh), n, skip, eligible)
+    ann = similarity.search
+    if ann is not None and not similarity.is_distance and (eligible is None or not eligible.sparse):
+        found = ann.search(_inner_query(index, query_rows, fresh), n, skip, eligible)
         if found is not None:
             return found
     if eligible is not None and eligible.sparse:
@@ -98,10 +103,9 @@ def similar_items(
 
 
 def item_vectors(index: RecommenderIndex, rows: np.ndarray, fresh: np.ndarray | None = None) -> np.ndarray:
-    """The item factors (DCR) or map points (COE) of ``rows``; rows past the version's items
-    are fresh items, row ``len(items) + j`` being ``fresh[j]`` (``service/live/fresh.py``)."""
-    _require_kind(index)
-    trained = index.item_factors if isinstance(index, DCRIndex) else index.item_coords
+    """The item vectors (DCR's factors, COE's map points) of ``rows``; rows past the version's
+    items are fresh items, row ``len(items) + j`` being ``fresh[j]`` (``service/live/fresh.py``)."""
+    trained = item_similarity(index).vectors
     rows = np.asarray(rows, dtype=np.int64)
     if fresh is None or rows.size == 0 or rows.max() < trained.shape[0]:
         return trained[rows]
@@ -119,8 +123,8 @@ def pairwise_similarity(
     """Bounded similarities among ``rows`` (1 on the diagonal): the level-weighted cosine (DCR),
     ``1 - d / d_max`` over these rows (COE); ``fresh`` as in :func:`item_vectors`."""
     vectors = item_vectors(index, rows, fresh)
-    if isinstance(index, DCRIndex):
-        x = vectors * index.root_level_scale
+    if not item_similarity(index).is_distance:
+        x = item_similarity(index).rooted(vectors)
         x /= np.maximum(np.sqrt(np.einsum("ij,ij->i", x, x)), 1e-12)[:, None]
         return (x @ x.T).astype(np.float64)
     d = pairwise_distances(np.asarray(vectors, dtype=np.float64))
@@ -163,12 +167,11 @@ def pairwise_distances(points: np.ndarray) -> np.ndarray:
 def intra_list_diversity(index: RecommenderIndex, rows: np.ndarray) -> float:
     """Mean dissimilarity over the pairs of a list, 0 below two items: ``1 - cosine`` under the
     level-weighted inner product (DCR), the distance on the map (COE)."""
-    _require_kind(index)
+    similarity = item_similarity(index)
     rows = np.asarray(rows, dtype=np.int64)
     if rows.size < 2:
         return 0.0
     upper = np.triu_indices(rows.size, k=1)
-    if isinstance(index, DCRIndex):
+    if not similarity.is_distance:
         return float(np.mean(1.0 - pairwise_similarity(index, rows)[upper]))
-    assert isinstance(index, COEIndex)
-    return float(np.mean(pairwise_distances(index.item_coords[rows])[upper]))
+    return float(np.mean(pairwise_distances(similarity.vectors[rows])[upper]))

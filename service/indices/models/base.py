@@ -22,6 +22,7 @@ from typing import ClassVar
 import numpy as np
 from scipy.spatial import cKDTree
 
+from ordrec.service.indices.models.capabilities import ItemSimilarity, RatingDistribution
 from ordrec.service.indices.rules import Eligible, ItemAttributes
 from ordrec.service.indices.topk import UserProduct, nearest_brute_force, top_k, top_k_rows
 from ordrec.service.storage.artifact import Artifact, ArtifactError
@@ -175,6 +176,16 @@ class RecommenderIndex(ModelIndex):
         eligible: Eligible | None,
     ) -> Ranked | None:
         """A kind's own search (an index) for :meth:`recommend_for`; None: score every item."""
+        return None
+
+    # ------------------------------------------------------------ capabilities
+    def item_similarity(self) -> ItemSimilarity | None:
+        """How this version's items compare (SimilarItems, explanations, diversity:
+        ``service/indices/models/capabilities.py``); None: the kind offers no item similarity."""
+        return None
+
+    def rating_distribution(self) -> RatingDistribution | None:
+        """What predicts ``P(r = l)`` for ``with_distribution``; None: the kind predicts none."""
         return None
 
     # ------------------------------------------------------------ shared part

@@ -14,6 +14,7 @@ import functools
 import numpy as np
 
 from ordrec.service.indices.models.base import MapIndex, PointSet, Ranked, RecommenderIndex, check_finite
+from ordrec.service.indices.models.capabilities import DISTANCE, ItemSimilarity
 from ordrec.service.indices.rules import Eligible
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 
@@ -47,6 +48,10 @@ class COEIndex(RecommenderIndex, MapIndex):
     @property
     def dim(self) -> int:
         return self.user_coords.shape[1]
+
+    def item_similarity(self) -> ItemSimilarity:
+        """The negative distance on the map."""
+        return ItemSimilarity(self.item_coords, DISTANCE)
 
     # ------------------------------------------------------------ scoring
     def score_users(self, user_rows: np.ndarray) -> np.ndarray:

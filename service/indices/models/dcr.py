@@ -32,6 +32,7 @@ import functools
 import numpy as np
 
 from ordrec.service.indices.models.base import Ranked, RecommenderIndex, check_finite
+from ordrec.service.indices.models.capabilities import ItemSimilarity, RatingDistribution
 from ordrec.service.indices.rules import Eligible
 from ordrec.service.indices.topk import (
     COLUMN_MAJOR_MAX_SIZE,
@@ -182,6 +183,16 @@ class DCRIndex(RecommenderIndex):
         """``sqrt(c_t)`` per factor column: item factors times it have the level-weighted inner
         product as their plain one (the cosine of diversity, ``service/indices/similar.py``)."""
         return np.sqrt(self._scale)
+
+    def item_similarity(self) -> ItemSimilarity:
+        """The level-weighted inner product of the item factors, searched through the item
+        index where the version has one."""
+        return ItemSimilarity(
+            self._item, scale=self._scale, root_scale=self.root_level_scale, search=self.ann
+        )
+
+    def rating_distribution(self) -> RatingDistribution:
+        return self
 
     @staticmethod
     def _open_ann(artifact: Artifact, item: np.ndarray):
