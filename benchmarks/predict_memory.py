@@ -29,9 +29,9 @@ import numpy as np
 
 from ordrec.service.storage.idmap import numbered_ids
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.dcr_memory import predicted_memory
 from ordrec.trainer.models.memory import predict_fit_memory
+from ordrec.trainer.models.pipeline import configure
 
 SHAPES = {"netflix": (480_000, 17_770), "shop": (10_000_000, 1_000_000)}
 # The measured rows: shape, ratings, what was fitted (flat settings), as mem_dcr's models.
