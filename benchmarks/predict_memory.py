@@ -44,7 +44,7 @@ ROWS = [
         "shop",
         10**8,
         "pairwise (validated, 1 fold, 10,000 scored users)",
-        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 10_000},
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_max_users": 10_000},
     ),
 ]
 
@@ -74,7 +74,7 @@ MEASURED = [
         50_000,
         3_000,
         300_000,
-        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000},
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_max_users": 2000},
     ),
     ("coe", 100_000, 10_000, 2_000_000, {}),
     ("coe", 300_000, 20_000, 300_000, {"n_components": 128}),

@@ -198,7 +198,7 @@ SHAPES = [
         50_000,
         3_000,
         300_000,
-        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000},
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_max_users": 2000},
     ),
     ("coe", 100_000, 10_000, 2_000_000, {}),
 ]

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ordrec.trainer.cli import main
 from ordrec.trainer.models import pipeline
 from ordrec.trainer.models.coe import COE, COESolver
 from ordrec.trainer.models.dcr import DCR, DCRSolver, EarlyStoppedDCR, PairwiseDCR, ValidatedRefinement
@@ -264,3 +265,11 @@ def test_a_wrapper_row_is_all_a_new_model_selection_needs(monkeypatch):
     assert type(configure("coe", {"doubled_times": 3}).estimator) is COE
     with pytest.raises(ValueError, match="doubled_times"):
         configure("coe", {"doubled": True, "doubled_times": "x"})
+
+
+def test_train_logs_the_fits_a_pairwise_fit_runs(sample_dir, tmp_path, capsys):
+    flags = ["--set", "pairwise=true", "--set", "validation_folds=2", "--set", "max_iter=1"]
+    flags += ["--set", "n_components=2", "--set", "pairwise_max_iter=1"]
+    data = str(sample_dir / "ratings.data")
+    assert main(["train", "dcr", "--data", data, "--registry", str(tmp_path), *flags]) == 0
+    assert "fit: dcr with pairwise: 3 fits of the estimator" in capsys.readouterr().err

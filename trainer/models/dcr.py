@@ -179,7 +179,12 @@ def stopped_level_epochs(
 class ValidationStopping:
     """How a fit with a validation set stops each level: a level improves when its validation
     log-likelihood rises by more than ``tol`` relative to its best so far, and training stops
-    once no level has improved for ``patience`` epochs."""
+    once no level has improved for ``patience`` epochs.
+
+    ``tol`` is the flat name ``val_tol``, which means the same for every kind: the least rise of
+    the validation criterion over its best so far that counts as progress. A log-likelihood
+    grows with the hold-out, so DCR measures the rise relative to its magnitude (default 0: any
+    rise); RTF's AUC is already a share, so it measures it in AUC (default 1e-4)."""
 
     patience: int = 5
     tol: float = 0.0

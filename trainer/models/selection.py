@@ -139,7 +139,8 @@ class PlateauStopping(Settings):
     min_iter : int, default 10
         Never stop early before this many passes.
     val_tol : float, default 1e-4
-        The least gain of the (smoothed) validation score that counts.
+        The least gain of the (smoothed) validation AUC over its best that counts, in AUC (DCR's
+        ``val_tol`` is the same rule on a log-likelihood, measured relative to its magnitude).
     smoothing : int, default 1
         Stop on the moving average of the last ``smoothing`` scores (1: the raw value).
     keep_within : float or None, default None
