@@ -39,6 +39,7 @@ from ordrec.trainer.models.dcr import (
 from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
 from ordrec.trainer.models.memory import check_fit_memory
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
+from ordrec.trainer.models.selection import planned_fits
 
 
 @dataclass(frozen=True)
@@ -202,16 +203,16 @@ def accepted_params(kind: str) -> list[str]:
     also by its fields), its wrappers' switches and settings, its serving choices."""
     cls = estimator_class(kind)
     names = [*cls.param_names(), *(f for group in cls.nested_settings.values() for f in group.field_names())]
-    for wrapper in WRAPPERS.get(kind, ()):
-        names += [name for name in wrapper.names() if name not in names]
+    for row in WRAPPERS.get(kind, ()):
+        names += [name for name in row.names() if name not in names]
     return names + list(_publishing(kind).constraints)
 
 
 def flat_constraints(kind: str) -> dict[str, list]:
     """The constraints of every flat name of ``kind`` (the reproduce commands type their flags by them)."""
     merged = dict(estimator_class(kind).flat_constraints())
-    for wrapper in WRAPPERS.get(kind, ()):
-        merged.update(wrapper.constraints())
+    for row in WRAPPERS.get(kind, ()):
+        merged.update(row.constraints())
     return merged | _publishing(kind).constraints
 
 
@@ -241,7 +242,7 @@ class FitPipeline:
     def planned_fits(self) -> int:
         """How many times the estimator is fitted (each hold-out of a model selection once, the
         final fit once)."""
-        return int(getattr(self.estimator, "planned_fits", lambda: 1)())
+        return planned_fits(self.estimator)
 
     def describe(self) -> str:
         """One line for the fit log: the estimator, the wrappers turned on and the fits they run."""
@@ -288,10 +289,10 @@ def configure(kind: str, params: dict[str, Any]) -> FitPipeline:
     own = {name: value for name, value in params.items() if name not in wrappers and name not in serving}
     estimator: Any = estimator_class(kind).from_flat(**own)
     turned_on = []
-    for wrapper in WRAPPERS.get(kind, ()):
-        if wrapper.applies(wrappers):
-            estimator = wrapper.wrap(estimator, wrappers)
-            turned_on += [wrapper.switch] if wrapper.switch and not wrapper.on else []
+    for row in WRAPPERS.get(kind, ()):  # innermost first
+        if row.applies(wrappers):
+            estimator = row.wrap(estimator, wrappers)
+            turned_on += [row.switch] if row.switch and not row.on else []
     return FitPipeline(estimator, kind, serving, tuple(turned_on), _recorded(kind, wrappers, serving))
 
 
@@ -299,10 +300,10 @@ def _recorded(kind: str, wrappers: dict[str, Any], serving: dict[str, Any]) -> d
     """What the manifest records beside the estimator's parameters: every wrapper's switch, the
     settings of those that ran (given or default), the serving choices given."""
     recorded: dict[str, Any] = {}
-    for wrapper in WRAPPERS.get(kind, ()):
-        applies = wrapper.applies(wrappers)
-        recorded.update({wrapper.switch: applies} if wrapper.switch else {})
-        recorded.update(wrapper.recorded(wrappers) if applies else {})
+    for row in WRAPPERS.get(kind, ()):
+        applies = row.applies(wrappers)
+        recorded.update({row.switch: applies} if row.switch else {})
+        recorded.update(row.recorded(wrappers) if applies else {})
     return recorded | serving
 
 
@@ -326,9 +327,9 @@ def _renamed(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 def _wrapper_settings(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """The wrappers' flat settings among ``params``, checked by name before any fitting."""
     given: dict[str, Any] = {}
-    for wrapper in WRAPPERS.get(kind, ()):
-        mine = {name: params[name] for name in wrapper.names() if name in params}
-        validate_params(estimator_class(kind).__name__, mine, wrapper.constraints())
+    for row in WRAPPERS.get(kind, ()):
+        mine = {name: params[name] for name in row.names() if name in params}
+        validate_params(estimator_class(kind).__name__, mine, row.constraints())
         given.update(mine)
     return given
 
