@@ -221,6 +221,9 @@ def test_the_old_knnscal_names_still_reach_their_settings():
     assert (search.n_starts, search.rank_decay, search.estimator.two_hop_fraction) == (2, 3.0, 0.1)
     solver = search.estimator.solver_settings()
     assert (solver.keep_iterations, solver.classical_mds_max_n, solver.exact_max_n) == ("always", 9, 7)
+    with pytest.warns(FutureWarning, match="classical_mds_max_n"):  # inside a solver table too
+        table = configure("knnscal", {"solver": {"cmds_max_n": 9}}).estimator.estimator
+    assert table.solver_settings().classical_mds_max_n == 9
 
 
 def test_the_fit_says_how_many_fits_of_the_estimator_it_runs():

@@ -18,7 +18,7 @@ A new wrapper (an auto-tuner, say) is one more :class:`Wrapper` row; nothing els
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from inspect import signature
 from typing import Any
@@ -312,13 +312,22 @@ def _publishing(kind: str) -> Publishing:
 
 
 def _renamed(kind: str, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with each renamed flat name under its new name (a FutureWarning says so)."""
-    out = dict(params)
+    """``params`` with each renamed flat name under its new name, also inside a settings group
+    given as a table (``solver = {cmds_max_n = 900}``); a FutureWarning says so."""
+    out = _new_names(kind, params)
+    for group in estimator_class(kind).nested_settings:
+        if isinstance(out.get(group), Mapping):
+            out[group] = _new_names(kind, out[group])
+    return out
+
+
+def _new_names(kind: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(given)
     for old, new in RENAMED.get(kind, {}).items():
         if old in out:
             # FutureWarning: shown by default, as a deprecation meant for users (job files) is.
             warnings.warn(
-                f"the setting {old!r} is now {new!r}; {old!r} will be removed", FutureWarning, stacklevel=3
+                f"the setting {old!r} is now {new!r}; {old!r} will be removed", FutureWarning, stacklevel=4
             )
             out.setdefault(new, out.pop(old))
     return out
