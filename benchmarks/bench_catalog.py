@@ -496,7 +496,7 @@ def bench_training(
     spec: str, epochs: int, pairwise_epochs: int, publish: str | None, item_shrinkage: float = 0.0
 ) -> None:
     import ordrec.trainer.models.dcr as dcr_module
-    from ordrec.trainer.models.configured import configure
+    from ordrec.trainer.models.pipeline import configure
 
     n_users, n_items, n_ratings = (int(float(x)) for x in spec.split(","))
     start = time.perf_counter()

@@ -63,7 +63,7 @@ def _generated(factor: int, seed: int = 0):
 # ------------------------------------------------------------ child runs
 def child_train(spec: dict) -> dict:
     from ordrec.trainer.models.coe import TripleSource, normalise
-    from ordrec.trainer.models.configured import configure
+    from ordrec.trainer.models.pipeline import configure
 
     baseline = _rss_mb()
     data = _ml100k(spec["data"]) if spec.get("data") else _generated(spec["factor"])
@@ -188,7 +188,7 @@ def bench_latency(args) -> None:
     from ordrec.service.indices.models.coe import COEIndex
     from ordrec.service.storage.artifact import Artifact
     from ordrec.service.storage.idmap import IdMap
-    from ordrec.trainer.models.configured import configure
+    from ordrec.trainer.models.pipeline import configure
     from ordrec.trainer.reproduce.coe import DEFAULTS
 
     print("In-process latency (index methods on row numbers, no gRPC), microseconds")

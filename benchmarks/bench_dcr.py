@@ -323,7 +323,7 @@ def throughput(index: DCRIndex, batch: int, seconds: float = 2.0) -> float:
 
 def bench_serving(args) -> None:
     from ordrec.trainer.data.readers import read_ratings
-    from ordrec.trainer.models.dcr import DCR, ResearchOptions
+    from ordrec.trainer.models.dcr import DCR, DCRVariants
 
     indexes = []
     data = read_ratings(args.data)
@@ -334,7 +334,7 @@ def bench_serving(args) -> None:
             tol=args.tol,
             learning_rate=0.05,
             random_state=0,
-        ).fit(data, research=ResearchOptions(order=args.order))
+        ).fit(data, variants=DCRVariants(order=args.order))
         indexes.append(
             (f"ml-100k ({len(data.items)} items)", rank, DCRIndex.from_artifact(model.to_artifact()))
         )

@@ -52,7 +52,7 @@ def generated_graph(n: int, k: int, seed: int):
 
 def one(args) -> dict:
     from ordrec.trainer.models import knnscal_kernels as K
-    from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
+    from ordrec.trainer.models.pipeline import configure
 
     t0 = time.perf_counter()
     graph = generated_graph(args.one, args.k, args.seed)
@@ -62,16 +62,20 @@ def one(args) -> dict:
             f"n={args.one:,} tol={args.tol:g}: graph generated in {gen_s:.1f} s", file=sys.stderr, flush=True
         )
     params = json.loads(args.params)
-    search = KnnScalStartSelection.from_flat(
-        n_components=args.dim,
-        max_iter=args.max_iter,
-        tol=args.tol,
-        random_state=args.seed,
-        verbose=args.verbose,
-        **params,
+    pipeline = configure(
+        "knnscal",
+        dict(
+            params,
+            n_components=args.dim,
+            max_iter=args.max_iter,
+            tol=args.tol,
+            random_state=args.seed,
+            verbose=args.verbose,
+        ),
     )
     t0 = time.perf_counter()
-    est = search.fit(graph).estimator_
+    search = pipeline.fit(graph, check_memory=False).estimator
+    est = search.estimator_
     fit_s = time.perf_counter() - t0
     indptr, col, rnk = est.graph_
     agree, pairs = K.order_counts(est.coordinates_, indptr, col, rnk, est.q_)
@@ -114,7 +118,7 @@ def sweeps_only(args) -> None:
     params = json.loads(args.params)
     est = KnnScal.from_flat(**params)
     est.q_, est.plus_indptr_, est.plus_col_, est.plus_rnk_ = enlarged_edges(
-        indptr, col, rnk, n, float(est.nonedge_factor), args.seed, float(est.hop2_fraction)
+        indptr, col, rnk, n, float(est.nonedge_factor), args.seed, float(est.two_hop_fraction)
     )
     kernels = {"current": K}
     if args.kernels:

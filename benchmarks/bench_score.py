@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from ordrec.service.indices.models.score import SCOREIndex  # noqa: E402
 from ordrec.service.storage.idmap import IdMap  # noqa: E402
 from ordrec.trainer.data.types import AttributeTable  # noqa: E402
-from ordrec.trainer.models.score import GroupLayout, ScoreEstimator  # noqa: E402
+from ordrec.trainer.models.score import SCORE, GroupLayout  # noqa: E402
 
 
 def generated_table(n_objects: int, n_aspects: int, seed: int = 0) -> AttributeTable:
@@ -47,7 +47,7 @@ def time_fit(
     table: AttributeTable, epochs: int, mode: str = "multi"
 ) -> tuple[float, int, float, SCOREIndex, float]:
     t0 = time.perf_counter()
-    est = ScoreEstimator(mode=mode, max_iter=epochs, random_state=0).fit(table)
+    est = SCORE(mode=mode, max_iter=epochs, random_state=0).fit(table)
     fit_s = time.perf_counter() - t0
     steps = epochs * (
         int(est.steps_per_epoch) or int(min(est.triplets_per_aspect_.sum(), est.max_steps_per_epoch))
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=2000)
     args = parser.parse_args()
 
-    ScoreEstimator(max_iter=1, random_state=0).fit(generated_table(30, 3))  # compile / load the numba cache
+    SCORE(max_iter=1, random_state=0).fit(generated_table(30, 3))  # compile / load the numba cache
 
     tables = []
     if os.path.exists(args.zoo):

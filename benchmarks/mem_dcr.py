@@ -212,6 +212,7 @@ def measure(
     from ordrec.trainer.models.dcr import DCR, PairwiseDCR, ValidatedRefinement
 
     pair_s: list[float] = []
+    decision: dict = {}
 
     def fit(data):
         if model_name == "dcr":
@@ -235,7 +236,9 @@ def measure(
         validated = ValidatedRefinement(
             PairwiseDCR(DCR(max_iter=1), max_iter=1), folds=folds, max_users=scored_users
         )
-        return validated.fit(data).best_estimator_
+        validated.fit(data)
+        decision.update(pairwise_kept=validated.kept_, val_recall=validated.val_scores_)
+        return validated.best_estimator_
 
     # Warm the numba kernels on a small set, so compiling is neither timed nor counted.
     small = planted_ratings(2000, 500, 20_000, seed)
@@ -290,8 +293,8 @@ def measure(
         "peak_mb": round(top / 1e6),
         "factor_hash": factor_hash(model),
         # The validated fit's decision: refined or not, and (pointwise, refined, SE of the gain).
-        "pairwise_kept": getattr(model, "pairwise_kept_", None),
-        "val_recall": getattr(model, "pairwise_val_ndcg_", None),
+        "pairwise_kept": decision.get("pairwise_kept"),
+        "val_recall": decision.get("val_recall"),
     }
 
 

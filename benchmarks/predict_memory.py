@@ -29,9 +29,9 @@ import numpy as np
 
 from ordrec.service.storage.idmap import numbered_ids
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.dcr_memory import predicted_memory
 from ordrec.trainer.models.memory import predict_fit_memory
+from ordrec.trainer.models.pipeline import configure
 
 SHAPES = {"netflix": (480_000, 17_770), "shop": (10_000_000, 1_000_000)}
 # The measured rows: shape, ratings, what was fitted (flat settings), as mem_dcr's models.
@@ -44,7 +44,7 @@ ROWS = [
         "shop",
         10**8,
         "pairwise (validated, 1 fold, 10,000 scored users)",
-        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 10_000},
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_max_users": 10_000},
     ),
 ]
 
@@ -74,7 +74,7 @@ MEASURED = [
         50_000,
         3_000,
         300_000,
-        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000},
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_max_users": 2000},
     ),
     ("coe", 100_000, 10_000, 2_000_000, {}),
     ("coe", 300_000, 20_000, 300_000, {"n_components": 128}),

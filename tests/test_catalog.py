@@ -21,7 +21,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import ServerProcess, run_cli
 from ordrec.trainer import sample
-from ordrec.trainer.models.configured import configure
+from ordrec.trainer.models.pipeline import configure
 from ordrec.v1 import recommender_pb2 as pb
 from ordrec.v1 import recommender_pb2_grpc
 

@@ -15,8 +15,8 @@ from ordrec.service.storage.registry import Registry
 from ordrec.trainer import sample
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.coe import COESolver
-from ordrec.trainer.models.configured import accepted_params
 from ordrec.trainer.models.dcr import PAPER_PARAMS
+from ordrec.trainer.models.pipeline import accepted_params
 
 
 def concordance(predicted: np.ndarray, truth: np.ndarray) -> float:

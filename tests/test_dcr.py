@@ -18,8 +18,8 @@ from ordrec.trainer.models.dcr import (
     DCR,
     PAPER_PARAMS,
     DCRSolver,
+    DCRVariants,
     PairwiseDCR,
-    ResearchOptions,
     ValidatedRefinement,
     lazy_zeros,
     rating_levels,
@@ -258,8 +258,8 @@ def test_factors_stay_in_the_unit_ball(seed, bias, projection, dtype):
     pointwise = PaperDCR(
         n_components=4, max_iter=3, learning_rate=0.5, random_state=seed, solver=DCRSolver(dtype=dtype)
     )
-    research = ResearchOptions(item_bias=bias, projection=projection)
-    model = PairwiseDCR(pointwise, max_iter=2, learning_rate=0.5).fit(data, research=research).best_estimator_
+    variants = DCRVariants(item_bias=bias, projection=projection)
+    model = PairwiseDCR(pointwise, max_iter=2, learning_rate=0.5).fit(data, variants=variants).best_estimator_
     # The steps rescale by a norm predicted from float32 inner products, whose terms cancel when the
     # step is large: up to 43 float32 eps (5.1e-6) over 800 fits of this test's settings. An
     # unprojected step leaves by about 3 % (|u'|^2 = c^2 + 2cb u.v + b^2, b = lr g >= 0.25).
@@ -276,7 +276,7 @@ def test_planted_low_rank_order_is_recovered(order):
     rng = np.random.default_rng(0)
     train, test = per_user_split(data, 30, rng)
     model = PaperDCR(n_components=8, max_iter=60, learning_rate=0.05, random_state=0).fit(
-        train, research=ResearchOptions(order=order)
+        train, variants=DCRVariants(order=order)
     )
     index = DCRIndex.from_artifact(model.to_artifact())
     dcr = ndcg_at_k(index.score_items, test)
@@ -299,7 +299,7 @@ def test_planted_low_rank_order_is_recovered(order):
 def test_pairwise_refinement_lowers_the_pairwise_loss_on_training_pairs(order):
     data = planted(2, n_users=60, n_items=40, per_user=20)
     model = PaperDCR(n_components=6, max_iter=10, learning_rate=0.05, random_state=3).fit(
-        data, research=ResearchOptions(order=order)
+        data, variants=DCRVariants(order=order)
     )
 
     def mean_pair_loss(m):
@@ -364,7 +364,7 @@ def test_divergence_is_reported_with_the_epoch(order):
     with pytest.raises(FloatingPointError, match="epoch 0"):
         # finite but absurd: lr * reg overflows, the projection turns inf into NaN
         PaperDCR(n_components=2, max_iter=2, learning_rate=1e300, reg=1e300).fit(
-            data, research=ResearchOptions(order=order)
+            data, variants=DCRVariants(order=order)
         )
 
 
@@ -449,7 +449,7 @@ def test_users_and_items_without_training_ratings_are_served_at_one_half():
 )
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ValueError):
-        fit_dcr(bad, planted(0, n_users=5, n_items=5, per_user=3))  # DCR parameters or research options
+        fit_dcr(bad, planted(0, n_users=5, n_items=5, per_user=3))  # DCR parameters or variants
 
 
 # ------------------------------------------------------------ rating scales
@@ -499,7 +499,7 @@ def test_registry_round_trip_serves_the_same_scores(tmp_path):
     assert loaded.attributes["levels"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     assert loaded.attributes["unrated_level"] is True and b.rating_levels.tolist() == [1, 2, 3, 4, 5]
     assert loaded.attributes["relevance"] == "linear"
-    assert loaded.hyperparameters["pairwise"] is True
+    assert loaded.attributes["pairwise"] is True
     # seen items are each user's training items
     for u in range(data.n_users):
         assert set(b.seen(u).tolist()) == set(data.item[data.user == u].tolist())
@@ -538,24 +538,25 @@ def test_a_refinement_that_hurts_on_validation_is_dropped():
     fit keeps the pointwise factors, exactly those of the same fit without refinement."""
     data = planted(4, n_users=80, n_items=50, per_user=24)
     hurt = dict(learning_rate=50.0, reg=5.0, max_iter=5)
-    model = ValidatedRefinement(PairwiseDCR(PaperDCR(**POINTWISE), **hurt)).fit(data).best_estimator_
-    assert model.pairwise_kept_ is False
-    point, pair, se = model.pairwise_val_ndcg_
+    validated = ValidatedRefinement(PairwiseDCR(PaperDCR(**POINTWISE), **hurt)).fit(data)
+    model = validated.best_estimator_
+    assert validated.kept_ is False
+    point, pair, se = validated.val_scores_
     assert pair < point
     plain = PaperDCR(**POINTWISE).fit(data)
     np.testing.assert_array_equal(model.U_, plain.U_)
     np.testing.assert_array_equal(model.V_, plain.V_)
-    artifact = model.to_artifact()
-    assert artifact.metrics["pairwise_kept"] == 0.0
+    artifact = validated.to_artifact()
+    assert artifact.metrics["pairwise_kept"] == 0.0 and "train_pairwise_loss" not in artifact.metrics
     assert artifact.attributes["pairwise_kept"] is False and artifact.attributes["pairwise"] is True
-    assert artifact.hyperparameters["pairwise_learning_rate"] == 50.0
     # the same decision after the fit, as the protocol takes it
     chosen = ValidatedRefinement(PairwiseDCR(plain, **hurt)).refine(plain, data)
-    assert chosen.pairwise_kept_ is False and chosen.to_artifact().attributes["pairwise"] is True
-    np.testing.assert_array_equal(chosen.U_, plain.U_)
+    assert chosen.kept_ is False and chosen.to_artifact().attributes["pairwise"] is True
+    assert chosen.best_estimator_ is plain
     # without validation (the refinement alone) it is applied regardless
-    forced = PairwiseDCR(PaperDCR(**POINTWISE), **hurt).fit(data).best_estimator_
-    assert forced.pairwise_kept_ is True and not np.array_equal(forced.U_, plain.U_)
+    forced = PairwiseDCR(PaperDCR(**POINTWISE), **hurt).fit(data)
+    assert forced.to_artifact().attributes["pairwise_kept"] is True
+    assert not np.array_equal(forced.best_estimator_.U_, plain.U_)
 
 
 def test_a_refinement_that_helps_on_validation_is_kept():
@@ -564,35 +565,41 @@ def test_a_refinement_that_helps_on_validation_is_kept():
     data = planted(5, n_users=80, n_items=50, per_user=24)
     params = dict(POINTWISE, max_iter=1, learning_rate=0.001)
     sound = dict(learning_rate=0.1, max_iter=20, reg=0.0)
-    model = ValidatedRefinement(PairwiseDCR(PaperDCR(**params), **sound)).fit(data).best_estimator_
-    point, pair, se = model.pairwise_val_ndcg_
-    assert model.pairwise_kept_ is True and pair > point + 2 * se
+    validated = ValidatedRefinement(PairwiseDCR(PaperDCR(**params), **sound)).fit(data)
+    model = validated.best_estimator_
+    point, pair, se = validated.val_scores_
+    assert validated.kept_ is True and pair > point + 2 * se
     plain = PaperDCR(**params).fit(data)
     assert not np.array_equal(model.U_, plain.U_)
-    # kept: exactly the refinement alone, which continues the fit's random stream
+    # kept: exactly the refinement alone, on its own random stream
     np.testing.assert_array_equal(
         model.U_, PairwiseDCR(PaperDCR(**params), **sound).fit(data).best_estimator_.U_
     )
-    assert model.to_artifact().metrics["pairwise_kept"] == 1.0
+    artifact = validated.to_artifact()
+    assert artifact.metrics["pairwise_kept"] == 1.0 and np.isfinite(artifact.metrics["train_pairwise_loss"])
+    assert artifact.metrics["val_ndcg@10_pairwise"] == pair
     chosen = ValidatedRefinement(PairwiseDCR(plain, **sound)).refine(plain, data)
-    assert chosen.pairwise_kept_ is True
-    np.testing.assert_array_equal(chosen.U_, PairwiseDCR(plain, **sound).refined(plain).U_)
+    assert chosen.kept_ is True
+    np.testing.assert_array_equal(chosen.best_estimator_.U_, PairwiseDCR(plain, **sound).refined(plain).U_)
 
 
-def test_a_plain_fit_records_no_refinement_and_a_refined_one_its_settings():
+def test_a_plain_fit_records_no_refinement_and_the_refinement_records_its_own_results():
     data = planted(6, n_users=20, n_items=15, per_user=8)
     plain = PaperDCR(n_components=3, max_iter=2).fit(data)
     recorded = plain.to_artifact()
     assert recorded.attributes["pairwise"] is False and "train_pairwise_loss" not in recorded.metrics
-    assert recorded.hyperparameters["pairwise"] is False
-    refined = PairwiseDCR(plain, max_iter=3, pairs_per_epoch=0.5).refined(plain).to_artifact()
-    assert refined.attributes["pairwise"] is True and np.isfinite(refined.metrics["train_pairwise_loss"])
-    assert (refined.hyperparameters["pairwise_max_iter"], refined.hyperparameters["pairs_per_epoch"]) == (
-        3,
-        0.5,
+    refinement = PairwiseDCR(PaperDCR(n_components=3, max_iter=2), max_iter=3, pairs_per_epoch=0.5).fit(data)
+    refined = refinement.to_artifact()
+    assert (
+        refined.attributes["pairwise"] is True and refined.metrics["train_pairwise_loss"] == refinement.loss_
     )
-    # the copy is refined, the pointwise model it came from is not
-    assert plain.to_artifact().attributes["pairwise"] is False
+    # the wrapper keeps its results: the DCR it serves carries none of them and packs as pointwise
+    served = refinement.best_estimator_
+    assert not [name for name in vars(served) if name.startswith(("pairwise", "_rng"))]
+    assert served.to_artifact().attributes["pairwise"] is False
+    # a refined copy leaves the pointwise model it came from as it was
+    copy = refinement.refined(plain)
+    assert not np.array_equal(copy.U_, plain.U_) and plain.to_artifact().attributes["pairwise"] is False
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.evaluation.holdout import split_ratings
-from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.dcr import DCR, PairwiseDCR
 from ordrec.trainer.models.dcr_distributed import (
     DistributedFit,
@@ -26,6 +25,7 @@ from ordrec.trainer.models.dcr_distributed import (
     strata,
 )
 from ordrec.trainer.models.dcr_kernels import pointwise_epoch_by_user, shuffle_segments
+from ordrec.trainer.models.pipeline import configure
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
 from ordrec.trainer.sample import planted_ratings
 

@@ -13,14 +13,15 @@ from ordrec.trainer.models.dcr import (
     DCR,
     PAPER_PARAMS,
     DCRSolver,
+    DCRVariants,
     EarlyStoppedDCR,
     PairwiseDCR,
-    ResearchOptions,
     ValidationStopping,
     holdouts,
     rating_levels,
 )
 from ordrec.trainer.models.dcr_kernels import pointwise_loglik
+from ordrec.trainer.models.selection import stream
 from ordrec.trainer.reproduce.dcr import (
     fit_dcr,
     fixed_scorer,
@@ -75,7 +76,7 @@ def test_marginal_init_starts_every_level_at_the_damped_item_marginals(beta, bia
         init_std=0.0,
         solver=DCRSolver(dtype="float64"),
         random_state=0,
-    ).fit(data, research=ResearchOptions(init_shrinkage=beta, item_bias=bias))
+    ).fit(data, variants=DCRVariants(init_shrinkage=beta, item_bias=bias))
     want = damped_marginals(data, beta if beta > 0 else 1e-12)
     # 2P - 1 = U.V lives in the free coordinates' ball: radius sqrt(1 - s^2) under item_bias
     radius = np.sqrt(1 - bias**2)
@@ -148,7 +149,7 @@ def test_level_epochs_refit_takes_the_same_steps_as_the_stopped_fit():
         n_components=4, learning_rate=0.05, init="marginal", init_std=0.05, max_iter=40, random_state=4
     )
     stopped = PaperDCR(**params).fit(fit, validation=val)
-    again = PaperDCR(**params).fit(fit, research=ResearchOptions(level_epochs=stopped.best_epochs_))
+    again = PaperDCR(**params).fit(fit, variants=DCRVariants(level_epochs=stopped.best_epochs_))
     assert again.best_epochs_ == stopped.best_epochs_
     np.testing.assert_array_equal(again.U_, stopped.U_)
     np.testing.assert_array_equal(again.V_, stopped.V_)
@@ -203,9 +204,7 @@ def test_tune_with_validation_stopping_returns_level_epochs():
 )
 def test_bad_init_and_stopping_parameters_are_refused(bad):
     with pytest.raises(ValueError):
-        fit_dcr(
-            bad, with_item_effects(0, n_users=10, n_items=8, per_user=5)
-        )  # parameters or research options
+        fit_dcr(bad, with_item_effects(0, n_users=10, n_items=8, per_user=5))  # parameters or variants
 
 
 def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_everything():
@@ -221,10 +220,10 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
     rule = ValidationStopping(patience=3)
     stopped = EarlyStoppedDCR(PairwiseDCR(PaperDCR(**params), max_iter=2), folds=3, stopping=rule)
     model = stopped.fit(data).best_estimator_
-    # by hand: the same hold-outs (the estimator's own stream), each level's median stop, the refit
+    # by hand: the same hold-outs (early stopping's own stream), each level's median stop, the refit
     stops = [
         PaperDCR(**params).fit(fit, validation=val, stopping=ValidationStopping(patience=3)).best_epochs_
-        for fit, val in holdouts(data, np.random.default_rng([3, 1]), 3)
+        for fit, val in holdouts(data, stream(3, "early_stopping"), 3)
     ]
     want = [int(e) for e in np.median(np.array(stops), axis=0).round()]
     assert stopped.chosen_level_epochs_ == want == model.best_epochs_
@@ -235,7 +234,7 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
     np.testing.assert_array_equal(model.U_, by_hand.U_)
     np.testing.assert_array_equal(model.V_, by_hand.V_)
     # given counts take precedence
-    given = EarlyStoppedDCR(PaperDCR(**params)).fit(data, research=ResearchOptions(level_epochs=[1, 1, 1, 1]))
+    given = EarlyStoppedDCR(PaperDCR(**params)).fit(data, variants=DCRVariants(level_epochs=[1, 1, 1, 1]))
     assert given.chosen_level_epochs_ is None and given.best_estimator_.best_epochs_ == [1, 1, 1, 1]
     # a rating value only one rating has, likely held out by some fold: the folds still fit every level
     rng = np.random.default_rng(0)

@@ -22,8 +22,8 @@ from ordrec.trainer.data.types import DataError, Ratings
 from ordrec.trainer.models.dcr import (
     DCR,
     PAPER_PARAMS,
+    DCRVariants,
     PairwiseDCR,
-    ResearchOptions,
     ValidatedRefinement,
     holdouts,
     lazy_zeros,
@@ -32,6 +32,7 @@ from ordrec.trainer.models.dcr import (
 )
 from ordrec.trainer.models.dcr_kernels import held_out_rows
 from ordrec.trainer.models.ranking import served_recall_values
+from ordrec.trainer.models.selection import stream
 from tests.test_dcr_eval import ratings as planted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +94,7 @@ def assert_copied_folds_score(point, refined, model, data, refinement, chosen) -
     copied refinements score on the held-out ratings of the ``chosen`` users (None: all);
     True when both folds scored the same users (then averaged per user)."""
     want_point, want_refined = [], []
-    for fit, val in holdouts(data, np.random.default_rng([3, 3]), 2):
+    for fit, val in holdouts(data, stream(3, "pairwise_validation"), 2):
         fold = DCR(**model.get_params()).fit(fit)
         if chosen is not None:
             val = val.subset(np.flatnonzero(chosen[val.user]))
@@ -218,18 +219,17 @@ def test_the_validated_fit_is_the_fit_then_the_decision(paper, margin, epochs):
     params = dict(PAPER_PARAMS if paper else {}, n_components=4, max_iter=2, random_state=5)
     if epochs is not None and not paper:
         epochs += ",1"  # one more learned level: "not rated"
-    research = ResearchOptions(level_epochs=epochs)
+    variants = DCRVariants(level_epochs=epochs)
     validated = ValidatedRefinement(PairwiseDCR(DCR(**params), max_iter=2), folds=2, margin=margin)
-    got = validated.fit(data, research=research).best_estimator_
-    want = DCR(**params).fit(data, research=research)
+    got = validated.fit(data, variants=variants)
+    want = DCR(**params).fit(data, variants=variants)
     gain, scores = validated.decide(want, data)
-    if gain.kept:
-        validated.estimator.refine_fitted(want)
-    want.pairwise_, want.pairwise_kept_ = validated.estimator.settings(), gain.kept
-    want.pairwise_val_ndcg_ = scores
-    assert got.pairwise_kept_ is gain.kept and (margin == 0.0 or not gain.kept)
-    assert got.pairwise_val_ndcg_ == scores
-    mine, theirs = got.to_artifact(ann_min_items=10**9), want.to_artifact(ann_min_items=10**9)
+    assert got.kept_ is gain.kept and (margin == 0.0 or not gain.kept)
+    assert got.val_scores_ == scores
+    decided = ValidatedRefinement(PairwiseDCR(DCR(**params), max_iter=2), folds=2, margin=margin)
+    decided.kept_, decided.val_scores_ = gain.kept, scores
+    decided.best_estimator_ = decided.estimator.refine_fitted(want) if gain.kept else want
+    mine, theirs = got.to_artifact(ann_min_items=10**9), decided.to_artifact(ann_min_items=10**9)
     for name in ("user_factors", "item_factors", "seen_indptr", "seen_indices", "item_popularity"):
         np.testing.assert_array_equal(mine.array(name), theirs.array(name))
     assert mine.metrics == theirs.metrics and mine.hyperparameters == theirs.hyperparameters

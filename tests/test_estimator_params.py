@@ -12,7 +12,7 @@ import pytest
 from ordrec.service.indices.models import kinds
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.base import Interval, Options, validate_params
-from ordrec.trainer.models.dcr import DCR, ResearchOptions
+from ordrec.trainer.models.dcr import DCR, DCRVariants
 
 BUILTIN = ("dcr", "coe", "rtf", "score", "knnscal")
 
@@ -81,17 +81,17 @@ def test_interval_and_options():
         validate_params("T", {"y": 0}, {})
 
 
-def test_dcr_keeps_research_knobs_out_of_its_constructor():
+def test_dcr_keeps_its_variants_out_of_its_constructor():
     names = set(DCR.param_names())
-    assert not names & set(ResearchOptions.names())
+    assert not names & set(DCRVariants.names())
     assert len(names) < 31
-    params, research = ResearchOptions.split({"n_components": 3, "order": "random", "item_bias": 0.5})
-    assert params == {"n_components": 3} and research == ResearchOptions(order="random", item_bias=0.5)
-    assert research.changed() == {"order": "random", "item_bias": 0.5}
+    params, variants = DCRVariants.split({"n_components": 3, "order": "random", "item_bias": 0.5})
+    assert params == {"n_components": 3} and variants == DCRVariants(order="random", item_bias=0.5)
+    assert variants.changed() == {"order": "random", "item_bias": 0.5}
     with pytest.raises(ValueError, match="'projection'"):
-        ResearchOptions(projection="cube").validate()
+        DCRVariants(projection="cube").validate()
     with pytest.raises(ValueError, match="item_bias needs n_components >= 2"):
-        DCR(n_components=1)._validate_params(ResearchOptions(item_bias=0.5))
+        DCR(n_components=1)._validate_params(DCRVariants(item_bias=0.5))
 
 
 def test_indices_have_distinct_names():

@@ -20,8 +20,8 @@ import pytest
 from ordrec.service.indices.models import kinds
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.job import EXIT_PUBLISHED, run_job
-from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.memory import MemoryPrediction, cgroup_limit, gigabytes, predict_fit_memory
+from ordrec.trainer.models.pipeline import configure
 from tests import toy_kind
 
 # Every subprocess here runs under this address-space limit: a fit the check failed to stop
@@ -198,7 +198,7 @@ SHAPES = [
         50_000,
         3_000,
         300_000,
-        {"pairwise": True, "validation_folds": 1, "pairwise_validation_users": 2000},
+        {"pairwise": True, "validation_folds": 1, "pairwise_validation_max_users": 2000},
     ),
     ("coe", 100_000, 10_000, 2_000_000, {}),
 ]

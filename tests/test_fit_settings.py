@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ordrec.trainer.models.coe import COE, COESolver
-from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.dcr import DCR, DCRSolver
+from ordrec.trainer.models.pipeline import configure
 
 DCR_SOLVERS = st.builds(
     DCRSolver,

@@ -13,9 +13,9 @@ from sklearn.isotonic import isotonic_regression
 from ordrec.service.indices.models.knnscal import KNNSCALIndex, place_point, placement_stress
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.models import knnscal_kernels as K
-from ordrec.trainer.models.configured import configure
 from ordrec.trainer.models.knnscal import KnnScal, KnnScalSolver, enlarged_edges, knn_lists, neighbor_csr
 from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
+from ordrec.trainer.models.pipeline import configure
 from tests.gradient_check import assert_gradient
 from tests.test_knnscal_local import fit_knnscal
 
@@ -433,7 +433,7 @@ def test_the_protocol_shows_the_posters_start_next_to_the_default(flags, expecte
 # each bad value, by the name its error must carry
 BAD_PROTOCOL_FLAGS = {
     "edge_weight": ["--edge-weight", "-1"],
-    "ne_rank_decay": ["--ne-rank-decay", "-2"],
+    "neighbor_embedding_rank_decay": ["--neighbor-embedding-rank-decay", "-2"],
     "block_size": ["--solver", '{"block_size": 0}'],
     "blocks": ["--solver", '{"blocks": 4}'],
 }
@@ -447,8 +447,10 @@ def test_the_protocols_flags_refuse_bad_values_by_name(match):
 
 
 def test_the_protocols_flags_are_the_parameter_names():
-    _, args = _protocol_args(["--ne-rank-decay", "auto", "--polish-rounds", "3", "--init", "cmds"])
-    assert (args.ne_rank_decay, args.polish_rounds, args.init) == ("auto", 3, "cmds")
+    _, args = _protocol_args(
+        ["--neighbor-embedding-rank-decay", "auto", "--polish-rounds", "3", "--init", "cmds"]
+    )
+    assert (args.neighbor_embedding_rank_decay, args.polish_rounds, args.init) == ("auto", 3, "cmds")
 
 
 def test_the_solver_settings_are_one_parameter_checked_by_name():
@@ -468,32 +470,50 @@ def test_the_solver_settings_are_one_parameter_checked_by_name():
 
 
 def test_the_protocols_flags_take_the_solver_fields_by_name():
-    _, args = _protocol_args(["--block-size", "7", "--refinement", "always", "--ne-starts", "2"])
-    assert (args.block_size, args.refinement, args.ne_starts) == (7, "always", 2)
+    _, args = _protocol_args(
+        ["--block-size", "7", "--keep-iterations", "always", "--neighbor-embedding-starts", "2"]
+    )
+    assert (args.block_size, args.keep_iterations, args.neighbor_embedding_starts) == (7, "always", 2)
+
+
+def test_the_protocols_old_flags_of_renamed_settings_still_work():
+    _, args = _protocol_args(["--refinement", "always", "--ne-starts", "2", "--ne-rank-decay", "auto"])
+    assert (args.keep_iterations, args.neighbor_embedding_starts) == ("always", 2)
+    assert args.neighbor_embedding_rank_decay == "auto"
 
 
 def test_a_job_table_configures_the_start_selection_by_the_flat_names():
-    flat = {"neighbor_embedding": "sampled", "ne_starts": 2, "ne_rank_decay": "auto", "polish_rounds": 0}
+    flat = {
+        "neighbor_embedding": "sampled",
+        "neighbor_embedding_starts": 2,
+        "neighbor_embedding_rank_decay": "auto",
+        "polish_rounds": 0,
+    }
     search = configure("knnscal", dict(flat, max_iter=3)).estimator
     assert isinstance(search, KnnScalStartSelection)
     assert (search.method, search.n_starts, search.rank_decay) == ("sampled", 2, "auto")
     assert search.estimator.solver_settings().polish_rounds == 0 and search.estimator.max_iter == 3
     assert len(KnnScal.param_names()) <= 13
-    with pytest.raises(ValueError, match="ne_rank_decay"):  # named as the job table wrote it
-        configure("knnscal", {"ne_rank_decay": "wide"})
-    with pytest.raises(ValueError, match="ne_starts"):
-        configure("knnscal", {"ne_starts": 0})
+    with pytest.raises(ValueError, match="neighbor_embedding_rank_decay"):  # named as the job table wrote it
+        configure("knnscal", {"neighbor_embedding_rank_decay": "wide"})
+    with pytest.raises(ValueError, match="neighbor_embedding_starts"):
+        configure("knnscal", {"neighbor_embedding_starts": 0})
 
 
 def test_the_start_selection_records_its_settings_and_without_an_embedding_is_the_plain_fit():
     graph = knn_lists(np.random.default_rng(3).normal(size=(40, 2)), 5)
     common = {"random_state": 1, "max_iter": 4, "solver": {"polish_rounds": 2}}
     plain = KnnScal(**common).fit(graph)
-    search = KnnScalStartSelection(KnnScal(**common), method="none").fit(graph)
+    fitted = configure("knnscal", dict(common, neighbor_embedding="none")).fit(graph, check_memory=False)
+    search = fitted.estimator
     assert not search.neighbor_embedding_used_
     np.testing.assert_array_equal(search.estimator_.coordinates_, plain.coordinates_)
-    recorded = search.to_artifact().hyperparameters
-    assert (recorded["neighbor_embedding"], recorded["ne_starts"], recorded["ne_rank_decay"]) == (
+    recorded = fitted.to_artifact().hyperparameters
+    assert (
+        recorded["neighbor_embedding"],
+        recorded["neighbor_embedding_starts"],
+        recorded["neighbor_embedding_rank_decay"],
+    ) == (
         "none",
         4,
         2.0,

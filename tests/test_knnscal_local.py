@@ -8,13 +8,14 @@ import pytest
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
 from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection, embed
+from ordrec.trainer.models.pipeline import configure
 from tests.gradient_check import assert_gradient
 
 
 def start_selection(data, **flat) -> KnnScalStartSelection:
     """KNNSCAL as a job table configures it from flat settings (the start selection around the
     estimator), fitted on ``data``."""
-    return KnnScalStartSelection.from_flat(**flat).fit(data)
+    return configure("knnscal", flat).fit(data, check_memory=False).estimator
 
 
 def fit_knnscal(data, **flat) -> KnnScal:
@@ -64,15 +65,15 @@ def test_auto_rank_decay_grows_with_the_longest_list_and_is_two_at_k_ten():
         _, graph = clusters(n_per=15, n_clusters=2, k=k)
         assert KnnScalStartSelection(KnnScal(), rank_decay="auto").decay(neighbor_csr(graph)[0]) == decay
     assert KnnScalStartSelection(KnnScal(), rank_decay=0.5).decay(neighbor_csr(graph)[0]) == 0.5
-    with pytest.raises(ValueError, match="ne_rank_decay"):
-        fit_knnscal(graph, ne_rank_decay="wide")
+    with pytest.raises(ValueError, match="neighbor_embedding_rank_decay"):
+        fit_knnscal(graph, neighbor_embedding_rank_decay="wide")
 
 
 def test_auto_rank_decay_at_k_ten_gives_the_fixed_decay_two_map():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=10, seed=7)
-    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "ne_starts": 1}
-    auto = fit_knnscal(graph, ne_rank_decay="auto", **common)
-    fixed = fit_knnscal(graph, ne_rank_decay=2.0, **common)
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "neighbor_embedding_starts": 1}
+    auto = fit_knnscal(graph, neighbor_embedding_rank_decay="auto", **common)
+    fixed = fit_knnscal(graph, neighbor_embedding_rank_decay=2.0, **common)
     np.testing.assert_array_equal(auto.coordinates_, fixed.coordinates_)
 
 
@@ -114,31 +115,38 @@ def label_accuracy(Y, labels, k=5):
 
 
 # ------------------------------------------------------------- validation
-def test_validated_refinement_never_scores_below_its_start():
+def test_validated_iterations_never_score_below_their_start():
     _, graph = clusters(n_per=40, n_clusters=4, dim=10, k=8, seed=6)
-    start = fit_knnscal(graph, random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=0)
+    start = fit_knnscal(
+        graph, random_state=0, neighbor_embedding="exact", neighbor_embedding_rank_decay=2.0, max_iter=0
+    )
     always = fit_knnscal(
-        graph, random_state=0, neighbor_embedding="exact", ne_rank_decay=2.0, max_iter=40, refinement="always"
+        graph,
+        random_state=0,
+        neighbor_embedding="exact",
+        neighbor_embedding_rank_decay=2.0,
+        max_iter=40,
+        keep_iterations="always",
     )
     validated = fit_knnscal(
         graph,  # step 4 alone: a kept polish (step 5) would move the map again
         random_state=0,
         neighbor_embedding="exact",
-        ne_rank_decay=2.0,
+        neighbor_embedding_rank_decay=2.0,
         max_iter=40,
-        refinement="validated",
+        keep_iterations="validated",
         polish_rounds=0,
     )
     score = lambda est: sum(L.graph_agreement(est.coordinates_, *est.graph_))  # noqa: E731
     assert score(validated) == max(score(start), score(always))
-    assert validated.refined_ == (score(always) >= score(start))
+    assert validated.iterations_kept_ == (score(always) >= score(start))
 
 
 def test_several_neighbor_embedding_starts_keep_the_best_scoring_one():
     _, graph = clusters(n_per=40, n_clusters=4, dim=10, k=8, seed=6)
     common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0}
-    single = start_selection(graph, ne_starts=1, **common)
-    several = start_selection(graph, ne_starts=4, **common)
+    single = start_selection(graph, neighbor_embedding_starts=1, **common)
+    several = start_selection(graph, neighbor_embedding_starts=4, **common)
     assert several.ne_scores_.shape == (4,) and np.unique(several.ne_scores_).size > 1  # the starts differ
     assert several.ne_scores_[0] == single.ne_scores_[0]  # the first start is the single start
     assert several.ne_start_ == int(np.argmax(several.ne_scores_))
@@ -150,8 +158,8 @@ def test_several_neighbor_embedding_starts_keep_the_best_scoring_one():
 
 def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
     _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
-    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "refinement": "always"}
-    several = start_selection(graph, ne_starts=3, **common)
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 0, "keep_iterations": "always"}
+    several = start_selection(graph, neighbor_embedding_starts=3, **common)
     kept = several.ne_start_
     indptr, col, rnk = neighbor_csr(graph)
     est = KnnScal(random_state=0)
@@ -164,7 +172,7 @@ def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
 
 def test_several_starts_give_the_same_map_for_the_same_seed():
     _, graph = clusters(n_per=30, n_clusters=3, dim=6, k=6, seed=4)
-    common = {"random_state": 0, "ne_starts": 3, "max_iter": 5}
+    common = {"random_state": 0, "neighbor_embedding_starts": 3, "max_iter": 5}
     np.testing.assert_array_equal(
         fit_knnscal(graph, **common).coordinates_, fit_knnscal(graph, **common).coordinates_
     )
@@ -181,8 +189,10 @@ def test_graph_agreement_of_the_truth_on_an_embeddable_graph_is_one():
 
 def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
-    small_cut = start_selection(graph, random_state=0, max_iter=20, solver={"ne_exact_max_n": 10})
-    previous = fit_knnscal(graph, random_state=0, max_iter=20, neighbor_embedding="none", refinement="always")
+    small_cut = start_selection(graph, random_state=0, max_iter=20, solver={"exact_max_n": 10})
+    previous = fit_knnscal(
+        graph, random_state=0, max_iter=20, neighbor_embedding="none", keep_iterations="always"
+    )
     assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.estimator_.graph_score_)
     np.testing.assert_array_equal(small_cut.estimator_.coordinates_, previous.coordinates_)
 
@@ -259,7 +269,7 @@ def test_with_a_local_term_no_configuration_step_raises_the_fit_objective():
 
 def test_local_weight_zero_is_the_plain_stress_loop():
     _, graph = clusters(n_per=20, n_clusters=2, dim=5, k=5, seed=7)
-    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 10, "refinement": "always"}
+    common = {"random_state": 0, "neighbor_embedding": "exact", "max_iter": 10, "keep_iterations": "always"}
     plain = fit_knnscal(graph, local_weight=0.0, **common)
     local = fit_knnscal(graph, local_weight=0.05, **common)
     assert plain.local_history_ == [] and len(local.local_history_) > 1
@@ -271,10 +281,10 @@ def test_the_local_term_keeps_more_listed_neighbours_and_order_than_the_plain_st
     common = {
         "random_state": 0,
         "neighbor_embedding": "exact",
-        "ne_starts": 1,  # the start this comparison was written for
+        "neighbor_embedding_starts": 1,  # the start this comparison was written for
         "max_iter": 100,
         "tol": 0.0,
-        "refinement": "always",
+        "keep_iterations": "always",
     }
     plain = fit_knnscal(graph, local_weight=0.0, **common)
     local = fit_knnscal(graph, local_weight=0.003, **common)

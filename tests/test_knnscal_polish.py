@@ -144,7 +144,7 @@ def test_a_kept_polish_has_its_own_disparities_and_placement_table():
 
 def test_polish_is_off_above_the_validated_cut_and_with_zero_rounds():
     graph = square()
-    above = fit_knnscal(graph, random_state=0, max_iter=10, solver={"ne_exact_max_n": 50})
+    above = fit_knnscal(graph, random_state=0, max_iter=10, solver={"exact_max_n": 50})
     assert np.isnan(above.graph_score_) and not above.polished_ and above.polish_scores_.size == 0
     off = fit_knnscal(graph, random_state=0, max_iter=10, polish_rounds=0)
     assert not off.polished_ and off.polish_scores_.size == 0

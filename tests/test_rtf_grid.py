@@ -15,7 +15,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import rtf_selection
-from ordrec.trainer.models.configured import configure
+from ordrec.trainer.models.pipeline import configure
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import RTFGridSearch
 from ordrec.trainer.reproduce import rtf as ev

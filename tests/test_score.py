@@ -21,7 +21,7 @@ from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models import score_kernels as K
-from ordrec.trainer.models.score import GroupLayout, ScoreEstimator, satisfied_triplets
+from ordrec.trainer.models.score import SCORE, GroupLayout, satisfied_triplets
 from ordrec.trainer.reproduce.score import relatedness, split_objects
 
 
@@ -197,10 +197,7 @@ def test_no_single_map_beats_the_conflict_bound(seed):
 @pytest.fixture(scope="module")
 def planted():
     table = product_design(3, 3)
-    fits = {
-        mode: ScoreEstimator(mode=mode, max_iter=10, random_state=5).fit(table)
-        for mode in ("multi", "single")
-    }
+    fits = {mode: SCORE(mode=mode, max_iter=10, random_state=5).fit(table) for mode in ("multi", "single")}
     return table, fits
 
 
@@ -268,7 +265,7 @@ def test_neighbors_on_an_aspect_map_are_the_nearest_points(planted):
 
 def test_related_aspects_follow_the_angle():
     table = table_from_codes(np.random.default_rng(4).integers(0, 3, size=(30, 5)))
-    est = ScoreEstimator(max_iter=2, random_state=1).fit(table)
+    est = SCORE(max_iter=2, random_state=1).fit(table)
     index = SCOREIndex.from_artifact(est.to_artifact())
     rows, scores = index.related_aspects(0, 4)
     sim = angular_similarity(index.aspect_points)[0]
@@ -279,7 +276,7 @@ def test_related_aspects_follow_the_angle():
 
 def test_disjoint_maps_share_nothing():
     table = product_design(2, 3)
-    est = ScoreEstimator(mode="disjoint", max_iter=3, random_state=2).fit(table)
+    est = SCORE(mode="disjoint", max_iter=3, random_state=2).fit(table)
     art = est.to_artifact()
     assert art.arrays["object_points"].shape == (2, 12, 3)
     np.testing.assert_array_equal(art.arrays["deltas"], 1.0)
@@ -309,7 +306,7 @@ def test_any_dimension_and_triplet_input():
         ta.astype(np.int32),
         *(trip[:, c].astype(np.int32) for c in range(3)),
     )
-    est = ScoreEstimator(n_components=3, max_iter=2, random_state=0).fit(data)
+    est = SCORE(n_components=3, max_iter=2, random_state=0).fit(data)
     index = SCOREIndex.from_artifact(est.to_artifact())
     assert index.map_coordinates("q").shape == (n, 3)
     assert "codes" not in est.to_artifact().arrays
@@ -318,26 +315,24 @@ def test_any_dimension_and_triplet_input():
 def test_divergence_is_reported_with_its_epoch():
     table = product_design(2, 2)
     with pytest.raises(FloatingPointError, match="epoch 0"):
-        ScoreEstimator(learning_rate=1e100, kappa=1e300, max_iter=1).fit(
-            table
-        )  # finite, absurd (inf is refused)
+        SCORE(learning_rate=1e100, kappa=1e300, max_iter=1).fit(table)  # finite, absurd (inf is refused)
 
 
 def test_estimator_contract_and_errors():
-    assert estimator_class("score") is ScoreEstimator
-    assert ScoreEstimator.input_shape == "attributes"
-    est = ScoreEstimator(alpha=7.0)
+    assert estimator_class("score") is SCORE
+    assert SCORE.input_shape == "attributes"
+    est = SCORE(alpha=7.0)
     assert est.get_params()["alpha"] == 7.0
     with pytest.raises(ValueError, match="mode"):
-        ScoreEstimator(mode="both").fit(product_design(2, 2))
+        SCORE(mode="both").fit(product_design(2, 2))
     with pytest.raises(ValueError, match="no triplet"):
-        ScoreEstimator().fit(table_from_codes([[0], [0], [0]]))
+        SCORE().fit(table_from_codes([[0], [0], [0]]))
 
 
 def test_same_seed_same_model():
     table = product_design(2, 2)
-    a = ScoreEstimator(max_iter=2, random_state=3).fit(table)
-    b = ScoreEstimator(max_iter=2, random_state=3).fit(table)
+    a = SCORE(max_iter=2, random_state=3).fit(table)
+    b = SCORE(max_iter=2, random_state=3).fit(table)
     np.testing.assert_array_equal(a.Y_, b.Y_)
 
 
@@ -350,7 +345,7 @@ def test_split_keeps_a_fraction_per_aspect():
 
 def test_relatedness_is_a_correlation_per_aspect():
     table = table_from_codes(np.random.default_rng(9).integers(0, 3, size=(30, 4)))
-    index = SCOREIndex.from_artifact(ScoreEstimator(max_iter=1, random_state=0).fit(table).to_artifact())
+    index = SCOREIndex.from_artifact(SCORE(max_iter=1, random_state=0).fit(table).to_artifact())
     r = relatedness(index, table)
     assert r.shape == (4,) and np.all(np.abs(r[np.isfinite(r)]) <= 1 + 1e-12)
 
@@ -377,7 +372,7 @@ def test_aspect_without_values_has_no_triplets():
     codes = np.array([[0, -1], [0, -1], [1, -1], [1, -1]])
     layout = GroupLayout.from_codes(codes)
     np.testing.assert_array_equal(layout.triplets_per_aspect(2), [8, 0])
-    est = ScoreEstimator(max_iter=1, random_state=0).fit(table_from_codes(codes))
+    est = SCORE(max_iter=1, random_state=0).fit(table_from_codes(codes))
     index = SCOREIndex.from_artifact(est.to_artifact())
     assert index.map_coordinates("a1").shape == (4, 2)
     assert index.value_labels("a1") == [None] * 4

@@ -11,7 +11,7 @@ from ordrec.service.indices.models.score import SCOREIndex
 from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.triplets import ConditionalTriplets, read_triplets, write_triplets
 from ordrec.trainer.data.types import DataError
-from ordrec.trainer.models.score import ScoreEstimator
+from ordrec.trainer.models.score import SCORE
 
 
 def test_reads_header_comments_tabs_and_ids(tmp_path):
@@ -96,7 +96,7 @@ def test_fit_from_a_triplet_file_learns_the_orders(tmp_path):
     path = tmp_path / "grid.csv"
     path.write_text("\n".join(lines) + "\n")
     data = read_triplets(str(path))
-    index = SCOREIndex.from_artifact(ScoreEstimator(max_iter=10, random_state=0).fit(data).to_artifact())
+    index = SCOREIndex.from_artifact(SCORE(max_iter=10, random_state=0).fit(data).to_artifact())
     agree = []
     for t, name in enumerate(data.aspects.ids):
         coords = index.map_coordinates(name)

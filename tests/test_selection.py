@@ -1,11 +1,18 @@
-"""The shared model-selection pieces: the significant-gain rule and early stopping."""
+"""The shared model-selection pieces: the significant-gain rule, early stopping, the standard
+error, grid points and named random streams."""
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ordrec.trainer.models.selection import EarlyStopping, significant_gain
+from ordrec.trainer.models.selection import (
+    EarlyStopping,
+    grid_points,
+    significant_gain,
+    standard_error,
+    stream,
+)
 
 
 def test_gain_is_kept_only_above_margin_plus_confidence_times_se():
@@ -48,3 +55,25 @@ def test_relative_tolerance_ignores_creeping_gains_and_min_epochs_holds():
     assert stop.should_stop and stop.stale == 1
     with pytest.raises(ValueError, match="expected 1 scores"):
         stop.update(4, [1.0, 2.0])
+
+
+def test_standard_error_is_the_sample_deviation_over_root_n_and_says_when_undefined():
+    values = np.array([1.0, 2.0, 4.0, 7.0])
+    assert standard_error(values) == pytest.approx(np.std(values, ddof=1) / 2)
+    assert np.isnan(standard_error(np.array([3.0])))
+    assert standard_error(np.array([]), undefined=0.0) == 0.0
+
+
+def test_grid_points_vary_the_last_name_fastest():
+    points = grid_points({"reg": (0.1, 0.2), "n_components": (8, 16, 32)})
+    assert len(points) == 6 and points[0] == {"reg": 0.1, "n_components": 8}
+    assert [p["n_components"] for p in points[:3]] == [8, 16, 32] and points[3]["reg"] == 0.2
+    assert grid_points({}) == [{}]
+
+
+def test_named_streams_are_reproducible_and_independent_of_the_seed_and_of_each_other():
+    draw = lambda rng: rng.random(5)  # noqa: E731
+    np.testing.assert_array_equal(draw(stream(3, "refinement")), draw(stream(3, "refinement")))
+    others = [stream(3, "early_stopping"), stream(4, "refinement"), np.random.default_rng(3)]
+    for other in others:
+        assert not np.array_equal(draw(stream(3, "refinement")), draw(other))

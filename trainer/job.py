@@ -464,7 +464,7 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
                 f"data.{model['data']}.{key}",
                 f"is for ratings data; model {name!r} ({kind.name}) reads {kind.input_shape}",
             )
-    from ordrec.trainer.models.configured import accepted_params
+    from ordrec.trainer.models.pipeline import accepted_params
 
     estimator = kind.estimator_class()
     params = dict(c.keys(model["params"], f"{where}.params", accepted_params(kind.name)))
@@ -828,13 +828,14 @@ class JobRunner:
         """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
         on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
         the fit has completed either way)."""
-        from ordrec.trainer.models.configured import configure
+        from ordrec.trainer.models.pipeline import configure
 
-        configured = configure(model.kind, model.params)
+        pipeline = configure(model.kind, model.params)
+        self.say(model.name, "fit: %s", pipeline.describe())
         if model.cluster is None:
-            return configured.fit(data, check_memory=model.memory_check)
+            return pipeline.fit(data, check_memory=model.memory_check)
         self.say(model.name, "fitting on cluster %s", model.cluster)
-        return configured.fit_on_cluster(data, model.cluster)
+        return pipeline.fit_on_cluster(data, model.cluster)
 
     def run_model(self, model: ModelJob) -> Outcome:
         """Read, fit (measured and judged first when the model has a gate) and publish one model."""

@@ -21,11 +21,11 @@ import numpy as np
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.triples import ExplicitTriples
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.models import coe_kernels as K
+from ordrec.trainer.models import coe_kernels
 from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
 from ordrec.trainer.progress import Progress
 
-FUNCTIONS = {"sigmoid": K.SIGMOID, "gompertz": K.GOMPERTZ}
+FUNCTIONS = {"sigmoid": coe_kernels.SIGMOID, "gompertz": coe_kernels.GOMPERTZ}
 SOURCES = ("ratings", "cooccurrence")
 
 
@@ -114,11 +114,11 @@ class TripleSource:
             a_indptr,
             a_items,
             a_values,
-            K.group_triple_counts(a_indptr, a_values),
+            coe_kernels.group_triple_counts(a_indptr, a_values),
             b_indptr,
             b_users,
             b_values,
-            K.group_triple_counts(b_indptr, b_values),
+            coe_kernels.group_triple_counts(b_indptr, b_values),
         )
 
     @property
@@ -195,7 +195,7 @@ class TripleSource:
         Kind 2 marks a rated-over-unrated triple (probability ``p_unrated``).
         """
         unrated = self.unrated_arrays(unrated_power)
-        return K.sample_triples(self.arrays(group_power), n, p_a, seed, p_unrated, unrated)
+        return coe_kernels.sample_triples(self.arrays(group_power), n, p_a, seed, p_unrated, unrated)
 
 
 @dataclass(frozen=True)
@@ -387,7 +387,7 @@ class COE(Estimator):
                 # linear decay from learning_rate to learning_rate * learning_rate_final_ratio over all steps
                 lr0 = self.learning_rate + (lr_end - self.learning_rate) * (epoch * steps / total)
                 lr1 = self.learning_rate + (lr_end - self.learning_rate) * ((epoch + 1) * steps / total)
-                ll = K.sga_epoch(
+                ll = coe_kernels.sga_epoch(
                     X,
                     Y,
                     arrays,
@@ -442,7 +442,7 @@ class COE(Estimator):
             for epoch in range(int(self.max_iter)):
                 lr0 = self.learning_rate + (lr_end - self.learning_rate) * (epoch * steps / total)
                 lr1 = self.learning_rate + (lr_end - self.learning_rate) * ((epoch + 1) * steps / total)
-                K.sga_explicit(
+                coe_kernels.sga_explicit(
                     X,
                     Y,
                     triples.kind,

@@ -21,7 +21,7 @@ Algorithm 1) starts from the DCR factors and minimises the logistic loss
 ``lambda * sum |U|^2 + |V|^2`` by stochastic gradient steps with the same
 projection. Pairs are sampled on the fly inside the kernel, never enumerated.
 
-Named variants beyond the paper (research options, :class:`ResearchOptions`,
+Named variants beyond the paper (:class:`DCRVariants`,
 off by default, so ``DCR().fit(data)`` is the paper's):
 ``item_bias=s > 0`` freezes the first coordinate of every user vector at
 ``s`` (the rest projected onto the ball of radius ``sqrt(1 - s^2)``, so
@@ -37,7 +37,7 @@ Starting point and stopping (choices the paper leaves open; the model,
 objective and SGA steps are the paper's either way): ``init="marginal"``
 starts every level at its damped item marginals instead of small random
 factors, and ``fit(data, validation=...)`` stops each level at the epoch of
-its best validation log-likelihood (``best_epochs_``, reusable as research
+its best validation log-likelihood (``best_epochs_``, reusable as variants
 ``level_epochs`` for a refit on all the ratings; :class:`EarlyStoppedDCR`
 does both). Why: with a few ratings per user, the coordinates of ``U_u^t`` that the user's ratings never push
 keep their random initial values, which add user-specific noise to every
@@ -77,7 +77,7 @@ from ordrec.trainer.models.dcr_kernels import (
     user_csr,
 )
 from ordrec.trainer.models.ranking import ndcg_values, served_recall_values
-from ordrec.trainer.models.selection import EarlyStopping, Gain, significant_gain
+from ordrec.trainer.models.selection import EarlyStopping, Gain, planned_fits, significant_gain, stream
 from ordrec.trainer.progress import Progress
 
 # The paper's DCR where the defaults differ (they are the top-N model's): what `reproduce dcr`
@@ -161,15 +161,15 @@ def stopped_level_epochs(
     rng: np.random.Generator,
     folds: int,
     fraction: float = 0.25,
-    research: ResearchOptions | None = None,
+    variants: DCRVariants | None = None,
     stopping: ValidationStopping | None = None,
 ) -> list[int]:
     """Per-level epoch counts for a refit on ``data``: each level's median over ``folds``
     hold-outs (``holdouts``) of the epoch where DCR(**params) early-stopped on it by
-    ``stopping`` (fitted with ``research``; its ``level_epochs`` are ignored)."""
-    research = replace(research or ResearchOptions(), level_epochs=None)
+    ``stopping`` (fitted with ``variants``; its ``level_epochs`` are ignored)."""
+    variants = replace(variants or DCRVariants(), level_epochs=None)
     epochs = [
-        DCR(**params).fit(fit, validation=val, research=research, stopping=stopping).best_epochs_
+        DCR(**params).fit(fit, validation=val, variants=variants, stopping=stopping).best_epochs_
         for fit, val in each_holdout(data, rng, folds, fraction)
     ]
     return median_level_epochs(epochs)
@@ -179,7 +179,12 @@ def stopped_level_epochs(
 class ValidationStopping:
     """How a fit with a validation set stops each level: a level improves when its validation
     log-likelihood rises by more than ``tol`` relative to its best so far, and training stops
-    once no level has improved for ``patience`` epochs."""
+    once no level has improved for ``patience`` epochs.
+
+    ``tol`` is the flat name ``val_tol``, which means the same for every kind: the least rise of
+    the validation criterion over its best so far that counts as progress. A log-likelihood
+    grows with the hold-out, so DCR measures the rise relative to its magnitude (default 0: any
+    rise); RTF's AUC is already a share, so it measures it in AUC (default 1e-4)."""
 
     patience: int = 5
     tol: float = 0.0
@@ -291,15 +296,17 @@ class _LevelStopper:
 
 
 @dataclass(frozen=True)
-class ResearchOptions:
-    """DCR's research-only knobs: the paper protocol's variants and sweeps, not the model's parameters.
+class DCRVariants:
+    """Variants of DCR's model and fit that the paper protocol compares (not constructor
+    parameters): some change the served model (``item_bias``, ``popularity_shrinkage``), so
+    the artifact records them.
 
     ``DCR()`` is the paper's model with the defaults here; the protocol
     (``trainer/reproduce/dcr.py``) passes other values to
-    ``DCR.fit(data, research=ResearchOptions(...))``. The fitted model keeps
-    them as ``research_`` (``refined`` and ``to_artifact`` read them there),
+    ``DCR.fit(data, variants=DCRVariants(...))``. The fitted model keeps
+    them as ``variants_`` (the refinement and ``to_artifact`` read them there),
     and a manifest records the ones that differ from these defaults under
-    its ``research`` hyperparameter.
+    its ``research`` hyperparameter (the artifact's name for them, kept).
 
     Attributes
     ----------
@@ -360,8 +367,8 @@ class ResearchOptions:
         return [f.name for f in fields(cls)]
 
     @classmethod
-    def split(cls, params: dict) -> tuple[dict, ResearchOptions]:
-        """A mixed dict of DCR parameters and research options as (DCR's, the options)."""
+    def split(cls, params: dict) -> tuple[dict, DCRVariants]:
+        """A mixed dict of DCR parameters and variants as (DCR's, the options)."""
         names = set(cls.names())
         return (
             {k: v for k, v in params.items() if k not in names},
@@ -369,13 +376,13 @@ class ResearchOptions:
         )
 
     def validate(self) -> None:
-        validate_params("ResearchOptions", asdict(self), self._parameter_constraints)
+        validate_params("DCRVariants", asdict(self), self._parameter_constraints)
         if self.level_epochs is not None and any(int(e) < 0 for e in _int_list(self.level_epochs)):
             raise ValueError("level_epochs must be non-negative epoch counts")
 
     def changed(self) -> dict:
         """The options that differ from the defaults (what a manifest records)."""
-        default = ResearchOptions()
+        default = DCRVariants()
         return {k: v for k, v in asdict(self).items() if v != getattr(default, k)}
 
 
@@ -413,8 +420,8 @@ class DCR(Estimator):
 
     The defaults are the top-N-aware model that Recommend serves ("not rated"
     as the lowest level, docs/dcr.md "Top-N"); ``unrated_share=0`` is the
-    paper's, which ``reproduce dcr`` fits. The paper protocol's research-only
-    knobs are :class:`ResearchOptions`, how a fit runs is ``solver``
+    paper's, which ``reproduce dcr`` fits. The variants the paper protocol
+    compares are :class:`DCRVariants`, how a fit runs is ``solver``
     (:class:`DCRSolver`), model selection wraps the estimator
     (:class:`EarlyStoppedDCR`, :class:`ValidatedRefinement`), and the item
     index is a choice of :meth:`to_artifact`.
@@ -516,11 +523,11 @@ class DCR(Estimator):
         return self.settings("solver")
 
     # ------------------------------------------------------------ checks
-    def _validate_params(self, research: ResearchOptions | None = None) -> None:
+    def _validate_params(self, variants: DCRVariants | None = None) -> None:
         super()._validate_params()
-        if research is not None:
-            research.validate()
-            if research.item_bias and int(self.n_components) < 2:
+        if variants is not None:
+            variants.validate()
+            if variants.item_bias and int(self.n_components) < 2:
                 raise ValueError("item_bias needs n_components >= 2 (one coordinate is the bias)")
 
     # ------------------------------------------------------------ fitting
@@ -529,7 +536,7 @@ class DCR(Estimator):
         data: Ratings,
         validation: Ratings | None = None,
         *,
-        research: ResearchOptions | None = None,
+        variants: DCRVariants | None = None,
         stopping: ValidationStopping | None = None,
     ) -> DCR:
         """Fit the per-level factors (pointwise; :class:`PairwiseDCR` refines them).
@@ -540,24 +547,24 @@ class DCR(Estimator):
         level keeps the factors of its best epoch (epoch 0 is the initial
         point), and training stops by the ``stopping`` rule (default
         :class:`ValidationStopping`) or at ``max_iter``. ``best_epochs_``
-        records the chosen epoch of each level; pass it as research
+        records the chosen epoch of each level; pass it as variants
         ``level_epochs`` to refit on all the ratings for those counts
         (:class:`EarlyStoppedDCR` does both). The training-likelihood rule
         ``tol`` is not used then.
 
-        ``research`` (the paper protocol's knobs, :class:`ResearchOptions`;
-        default: the paper's model) is kept as ``research_``.
+        ``variants`` (:class:`DCRVariants`; default: the paper's model) is kept as
+        ``variants_``.
         """
-        research = ResearchOptions() if research is None else research
-        self._validate_params(research)
+        variants = DCRVariants() if variants is None else variants
+        self._validate_params(variants)
         stopping = ValidationStopping() if stopping is None else stopping
         stopping.validate()
-        self.research_ = research
+        self.variants_ = variants
         _require_ratings(data)
         user, item, level = self._index_ratings(data, validation)
         rng = np.random.default_rng(self.random_state)
         U, V, active, (u_fixed, u_radius) = self._initial_factors(rng, item, level)
-        stopper = _LevelStopper(self, U, V, active, data, validation, research.level_epochs, stopping)
+        stopper = _LevelStopper(self, U, V, active, data, validation, variants.level_epochs, stopping)
         # Per level, the training log-likelihood of its last epoch; a level given 0 epochs
         # reports its starting point's.
         self.loglik_ = (
@@ -577,13 +584,6 @@ class DCR(Estimator):
         if self.init != "marginal":
             V[self.item_counts_ == 0] = 0.0
         self.U_, self.V_ = U, V
-        # The pairwise refinement's settings (PairwiseDCR.settings) once one was run or weighed.
-        self.pairwise_: dict[str, Any] | None = None
-        self.pairwise_loss_ = float("nan")
-        self.pairwise_kept_: bool | None = None
-        self.pairwise_val_ndcg_: tuple[float, float, float] | None = None
-        # A pairwise refinement continues this stream (PairwiseDCR, ValidatedRefinement).
-        self._rng = rng
         return self
 
     def _index_ratings(
@@ -702,9 +702,9 @@ class DCR(Estimator):
         k0 = u_fixed
         if k0 >= f:
             raise ValueError("init='marginal' needs a free coordinate (rank > 1 with item_bias)")
-        beta = float(self.research_.init_shrinkage)
+        beta = float(self.variants_.init_shrinkage)
         counts = np.bincount(item, minlength=n_items).astype(np.float64)
-        radius = float(np.sqrt(1.0 - float(self.research_.item_bias) ** 2)) if u_fixed else 1.0
+        radius = float(np.sqrt(1.0 - float(self.variants_.item_bias) ** 2)) if u_fixed else 1.0
         # The user coordinate: the rest of the vector's norm budget (|U_u| = radius).
         noise_u = np.sum(U[:, :, k0 + 1 :] ** 2, axis=2)
         a = np.sqrt(np.maximum(radius * radius - noise_u, 0.0))
@@ -718,7 +718,7 @@ class DCR(Estimator):
             target = 2.0 * p - 1.0
             if u_fixed:
                 # item_bias already contributes s * V_i0; leave the target to the free coordinate.
-                target = target - float(self.research_.item_bias) * V[:, t, 0]
+                target = target - float(self.variants_.item_bias) * V[:, t, 0]
             noise_v = np.sum(V[:, t, k0 + 1 :] ** 2, axis=1)
             room = np.sqrt(np.maximum(1.0 - noise_v - (V[:, t, 0] ** 2 if u_fixed else 0.0), 0.0))
             V[:, t, k0] = np.clip(target / a_mean, -room, room)
@@ -728,7 +728,7 @@ class DCR(Estimator):
             X[:, :, start:] /= np.maximum(norm / bound, 1.0)
 
     def _bias_setup(self, U: np.ndarray, V: np.ndarray) -> tuple[int, float]:
-        s = float(self.research_.item_bias)
+        s = float(self.variants_.item_bias)
         if s <= 0.0:
             return 0, 1.0
         U[:, :, 0] = s
@@ -736,7 +736,7 @@ class DCR(Estimator):
         return 1, float(np.sqrt(1.0 - s * s))
 
     def _damped_mean(self, data: Ratings, n_items: int) -> np.ndarray:
-        beta = float(self.research_.popularity_shrinkage)
+        beta = float(self.variants_.popularity_shrinkage)
         mean = float(np.mean(data.rating))
         counts = np.bincount(data.item, minlength=n_items).astype(np.float64)
         sums = np.bincount(data.item, weights=data.rating.astype(np.float64), minlength=n_items)
@@ -786,14 +786,9 @@ class DCR(Estimator):
     # ------------------------------------------------------------ artifact
     def _recorded_params(self) -> dict[str, Any]:
         """The settings a manifest records, under the flat names a job table writes: the
-        parameters (the solver's fields among them), ``pairwise`` and the refinement's settings
-        (:class:`PairwiseDCR`'s defaults when none was weighed)."""
+        parameters, the solver's fields among them (a wrapper adds its own settings)."""
         params = {k: v for k, v in self.get_params().items() if k not in ("verbose", "solver")}
         params.update(asdict(self.solver_settings()))
-        refinement = getattr(self, "pairwise_", None)
-        params["pairwise"] = refinement is not None
-        settings = PairwiseDCR(self).settings() if refinement is None else refinement
-        params.update({flat: settings[name] for flat, name in PAIRWISE_FLAT.items()})
         return params
 
     def _seen_ratings(self) -> np.ndarray:
@@ -840,8 +835,8 @@ class DCR(Estimator):
         params = self._recorded_params()
         if params["levels"] is not None:
             params["levels"] = [float(x) for x in (self.levels_[1:] if self._unrated else self.levels_)]
-        if self.research_.changed():
-            params["research"] = self.research_.changed()
+        if self.variants_.changed():
+            params["research"] = self.variants_.changed()
         metrics = {f"train_loglik_level_{t + 2}": float(v) for t, v in enumerate(self.loglik_)}
         metrics["epochs_run"] = float(getattr(self, "epochs_run_", self.max_iter))
         # The epochs each level trained for, when they were given or chosen on validation.
@@ -857,16 +852,6 @@ class DCR(Estimator):
             params["item_shrinkage"] = beta
             counts = self.item_counts_.astype(np.float64)
             item_factors = item_factors * (counts / (counts + beta))[:, None]
-        pairwise = getattr(self, "pairwise_", None) is not None
-        if pairwise:
-            if np.isfinite(self.pairwise_loss_):  # NaN: the refinement lost on validation, never ran
-                metrics["train_pairwise_loss"] = float(self.pairwise_loss_)
-            kept = getattr(self, "pairwise_kept_", None)
-            metrics["pairwise_kept"] = float(True if kept is None else kept)
-            scores = getattr(self, "pairwise_val_ndcg_", None)
-            if scores is not None:
-                metrics["val_ndcg@10_pointwise"], metrics["val_ndcg@10_pairwise"] = map(float, scores[:2])
-                metrics["val_ndcg@10_gain_se"] = float(scores[2])
         item_factors = item_factors.astype(np.float32, copy=copy)
         # A large catalogue gets an approximate item index, built when the version is published.
         indexes = (
@@ -891,11 +876,11 @@ class DCR(Estimator):
                 "levels": [float(x) for x in self.levels_],
                 "relevance": self.relevance,
                 "rank": int(f),
-                "pairwise": pairwise,
+                # The pointwise model; PairwiseDCR and ValidatedRefinement record their own.
+                "pairwise": False,
                 # levels[0] is "not rated": the served distribution is conditional on rating.
                 "unrated_level": self._unrated,
-                # False: the refinement lost on validation and the pointwise factors are served.
-                "pairwise_kept": pairwise and getattr(self, "pairwise_kept_", None) is not False,
+                "pairwise_kept": False,
             },
             data_fingerprint=self.data_fingerprint_,
             indexes=indexes,
@@ -918,11 +903,11 @@ def _fit_pointwise(
     """DCR's pointwise fit (Eq. 1 by projected SGA, levels in parallel): epochs over the
     ratings (joined by fresh unrated draws when top-N-aware) until the stopper or ``tol``
     says stop; records each epoch's training log-likelihood in ``model.loglik_history_``."""
-    research = model.research_
+    variants = model.variants_
     n_users = U.shape[0]
     # The arguments every epoch's SGA kernel shares: L2 weight, 1/P cap, projection.
-    step = (float(model.reg), float(research.prob_floor), u_fixed, u_radius, research.projection == "sphere")
-    by_user = research.order == "user"
+    step = (float(model.reg), float(variants.prob_floor), u_fixed, u_radius, variants.projection == "sphere")
+    by_user = variants.order == "user"
     if by_user and not model._unrated:
         # Working copies: shuffle_segments permutes them in place every epoch.
         indptr = model.seen_indptr_
@@ -959,18 +944,25 @@ def _fit_pointwise(
                 break
 
 
-def _fit_pairwise(model: DCR, refinement: PairwiseDCR, rng: np.random.Generator) -> None:
+def refine_in_place(model: DCR, refinement: PairwiseDCR) -> float:
+    """The fitted ``model`` refined in place by ``refinement``'s settings on the refinement's own
+    random stream (``stream(random_state, "pairwise")``); the last pass's loss (NaN: no pass)."""
+    refinement.settings()
+    return _fit_pairwise(model, refinement, stream(int(model.random_state), "pairwise"))
+
+
+def _fit_pairwise(model: DCR, refinement: PairwiseDCR, rng: np.random.Generator) -> float:
     """Pairwise DCR (Algorithm 1, Eq. 5-7) by projected SGD on ``model.U_``/``V_`` in place, pairs
     sampled on the fly (rated over unrated too when top-N-aware), with ``refinement``'s settings;
-    ``model.pairwise_loss_`` is the last pass's loss, ``model.pairwise_`` the settings."""
-    model.pairwise_ = refinement.settings()
+    the last pass's loss."""
+    loss = float("nan")
     c, _ = level_weights(model.levels_, model.relevance)
-    bias = float(model.research_.item_bias)
+    bias = float(model.variants_.item_bias)
     u_fixed, u_radius = (1, float(np.sqrt(1 - bias**2))) if bias else (0, 1.0)
     indptr, items, levels = model.seen_indptr_, model.seen_indices_, model.seen_levels_
     sampler = model._unrated_sampler() if model._unrated else None
     # The arguments every pass's kernel shares: lambda of Eq. 5, the frozen coordinates, projection.
-    step = (float(refinement.reg), u_fixed, u_radius, model.research_.projection == "sphere")
+    step = (float(refinement.reg), u_fixed, u_radius, model.variants_.projection == "sphere")
     active = np.flatnonzero(np.diff(model.seen_indptr_) > (0 if model._unrated else 1))
     U, V = model.U_, model.V_
     decay = float(model.solver_settings().learning_rate_decay)
@@ -981,7 +973,7 @@ def _fit_pairwise(model: DCR, refinement: PairwiseDCR, rng: np.random.Generator)
             if sampler is not None:  # rated over unrated pairs too, from a fresh draw
                 indptr, items, levels = sampler.draw(int(rng.integers(2**31 - 1)))
             n_steps = int(round(share * items.size))
-            if model.research_.order == "user":
+            if model.variants_.order == "user":
                 # Pairs grouped by user: U_u stays in cache for the user's draws.
                 order = rng.permutation(active)
                 loss, _ = pairwise_epoch_by_user(
@@ -994,8 +986,8 @@ def _fit_pairwise(model: DCR, refinement: PairwiseDCR, rng: np.random.Generator)
             # Users with fewer than 2 ratings draw no pairs, so their rows never change.
             check_rows_finite(epoch, "user_factors", U, active)
             check_finite(epoch, item_factors=V)
-            model.pairwise_loss_ = float(loss)
             bar.update(1, loss=float(loss))
+    return float(loss)
 
 
 def check_serving(item_shrinkage: float, ann_min_items: int, ann_params: dict | None) -> None:
@@ -1028,13 +1020,21 @@ def _pointwise_params(model: DCR) -> dict:
     return dict(model.get_params(), verbose=False)
 
 
-# Pairwise DCR's settings under the flat names job tables write: flat name -> PairwiseDCR's.
-PAIRWISE_FLAT = {
-    "pairwise_learning_rate": "learning_rate",
-    "pairwise_reg": "reg",
-    "pairwise_max_iter": "max_iter",
-    "pairs_per_epoch": "pairs_per_epoch",
-}
+def record_refinement(
+    artifact: Artifact, kept: bool, loss: float, scores: tuple[float, float, float] | None = None
+) -> Artifact:
+    """``artifact`` (the served DCR's) marked as a pairwise fit: whether the refinement was kept,
+    its last pass's loss when it ran, and the validation figures it was judged by."""
+    artifact.attributes.update(pairwise=True, pairwise_kept=bool(kept))
+    artifact.metrics["pairwise_kept"] = float(kept)
+    if kept and np.isfinite(loss):
+        artifact.metrics["train_pairwise_loss"] = float(loss)
+    if scores is not None:
+        point, pair, se = scores
+        artifact.metrics.update(
+            {"val_ndcg@10_pointwise": point, "val_ndcg@10_pairwise": pair, "val_ndcg@10_gain_se": se}
+        )
+    return artifact
 
 
 class PairwiseDCR:
@@ -1043,8 +1043,9 @@ class PairwiseDCR:
 
     The refinement minimises ``log(1 + exp(-(SC_ui - SC_uj)))`` over ordered rating pairs of
     each user (rated over unrated too when the DCR is top-N-aware) plus ``reg * (|U|^2 +
-    |V|^2)`` by projected SGD, pairs sampled on the fly; it continues the fit's random stream
-    and the DCR solver's learning-rate decay. The served model is ``best_estimator_``.
+    |V|^2)`` by projected SGD, pairs sampled on the fly from its own random stream
+    (``stream(random_state, "pairwise")``), with the DCR solver's learning-rate decay. The
+    served model is ``best_estimator_``; ``loss_`` is the last pass's loss.
 
     Parameters
     ----------
@@ -1067,6 +1068,7 @@ class PairwiseDCR:
         "pairs_per_epoch": [Interval(Real, 0, None)],
     }
     best_estimator_: DCR
+    loss_: float
 
     def __init__(
         self,
@@ -1083,52 +1085,41 @@ class PairwiseDCR:
         self.max_iter = max_iter
         self.pairs_per_epoch = pairs_per_epoch
 
-    @classmethod
-    def from_flat(cls, estimator: DCR, flat: dict[str, Any]) -> PairwiseDCR:
-        """The refinement of ``estimator`` with the settings given under their flat names
-        (``pairwise_learning_rate``, ...; :data:`PAIRWISE_FLAT`)."""
-        return cls(estimator, **{PAIRWISE_FLAT[name]: value for name, value in flat.items()})
-
     def settings(self) -> dict[str, Any]:
         """The refinement's settings (everything but the estimator), checked."""
         settings = {name: getattr(self, name) for name in self._parameter_constraints}
         validate_params(type(self).__name__, settings, self._parameter_constraints)
         return settings
 
+    def planned_fits(self) -> int:
+        """The pointwise fits a fit runs (the refinement continues the last)."""
+        return planned_fits(self.estimator)
+
     def fit(self, data: Ratings, validation: Ratings | None = None, **fit_params: Any) -> PairwiseDCR:
-        """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it in
-        place, continuing its random stream."""
+        """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it in place."""
         self.settings()
         model = copy.copy(self.estimator).fit(data, validation, **fit_params)
-        self.refine_fitted(model)
-        self.best_estimator_ = model
+        self.best_estimator_ = self.refine_fitted(model)
         return self
 
-    def refine_fitted(self, model: DCR) -> None:
-        """Refine the freshly fitted ``model`` in place, continuing the fit's random stream."""
-        model.pairwise_kept_ = True
-        _fit_pairwise(model, self, model._rng)
+    def refine_fitted(self, model: DCR) -> DCR:
+        """The freshly fitted ``model`` refined in place (its pointwise factors are not kept)."""
+        self.loss_ = refine_in_place(model, self)
+        return model
 
     def refined(self, model: DCR) -> DCR:
-        """A refined copy of the fitted ``model`` (the DCR fit is not repeated), with the fit's
-        ``research_`` and its own seed stream."""
+        """A refined copy of the fitted ``model`` (the DCR fit is not repeated; the same steps
+        as :meth:`refine_fitted`)."""
         if not hasattr(model, "U_"):
             raise ValueError("fit the model before refining it")
         self.settings()
         other = copy.copy(model)
         other.U_, other.V_ = model.U_.copy(), model.V_.copy()
-        return self._refine_in_place(other)
-
-    def _refine_in_place(self, model: DCR) -> DCR:
-        """``model`` refined in place on its own seed stream, as :meth:`refined` refines its
-        copy (for a fit whose pointwise factors are not needed afterwards)."""
-        _fit_pairwise(model, self, np.random.default_rng([int(model.random_state), 1]))
-        model.pairwise_kept_, model.pairwise_val_ndcg_ = True, None
-        return model
+        return self.refine_fitted(other)
 
     def to_artifact(self, **serving) -> Artifact:
         """The refined model's artifact, with ``DCR.to_artifact``'s serving choices."""
-        return self.best_estimator_.to_artifact(**serving)
+        return record_refinement(self.best_estimator_.to_artifact(**serving), True, self.loss_)
 
 
 def refinement_scores(
@@ -1142,48 +1133,49 @@ def refinement_scores(
     """Per-user validation values (``DCR.validation_values``) of the pointwise fit and of its
     ``refinement``, each user's averaged over ``folds`` hold-outs of ``data``.
 
-    Every hold-out's pointwise fit has ``model``'s parameters and research options, for the
+    Every hold-out's pointwise fit has ``model``'s parameters and variants, for the
     epochs of ``model`` when it had per-level counts; the hold-outs have their own random
-    stream, so they shift neither the fit nor the refinement. Only the held-out ratings of
-    :func:`scored_users` (at most ``max_users``; None: every user) are scored.
+    stream (``stream(random_state, "pairwise_validation")``), so they shift neither the fit
+    nor the refinement. Only the held-out ratings of :func:`scored_users` (at most
+    ``max_users``; None: every user) are scored.
     """
     return _fold_scores(*_fold_settings(model), data, folds, fraction, refinement, max_users)
 
 
-def _fold_settings(model: DCR) -> tuple[dict, ResearchOptions]:
-    """The parameters and research options of ``model``'s hold-out fits (its epochs when it
+def _fold_settings(model: DCR) -> tuple[dict, DCRVariants]:
+    """The parameters and variants of ``model``'s hold-out fits (its epochs when it
     had per-level counts)."""
     return _pointwise_params(model), replace(
-        model.research_, level_epochs=getattr(model, "best_epochs_", None)
+        model.variants_, level_epochs=getattr(model, "best_epochs_", None)
     )
 
 
 def scored_users(data: Ratings, seed: int, max_users: int | None) -> np.ndarray | None:
     """Which users' held-out ratings a validated refinement scores: None (all of them) when at
     most ``max_users`` users have ratings, else a flag per user for a seeded uniform sample of
-    ``max_users`` of them (its own stream: the folds' draws are not shifted)."""
+    ``max_users`` of them (``stream(seed, "scored_users")``: the folds' draws are not shifted)."""
     counts = np.bincount(data.user, minlength=data.n_users)
     rated = np.flatnonzero(counts > 0)
     if max_users is None or rated.size <= int(max_users):
         return None
     chosen = np.zeros(data.n_users, dtype=np.bool_)
-    chosen[np.random.default_rng([int(seed), 4]).choice(rated, int(max_users), replace=False)] = True
+    chosen[stream(int(seed), "scored_users").choice(rated, int(max_users), replace=False)] = True
     return chosen
 
 
 def _fold_scores(
     params: dict,
-    research: ResearchOptions,
+    variants: DCRVariants,
     data: Ratings,
     folds: int,
     fraction: float,
     refinement: PairwiseDCR,
     max_users: int | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`refinement_scores` for pointwise fits of DCR(**params) with ``research`` (its
+    """:func:`refinement_scores` for pointwise fits of DCR(**params) with ``variants`` (its
     ``level_epochs`` the counts to fit for): needs no fitted model, so it can run before one."""
     _require_ratings_to_hold_out(data, "pairwise_validation")
-    rng = np.random.default_rng([int(params["random_state"]), 3])
+    rng = stream(int(params["random_state"]), "pairwise_validation")
     chosen = scored_users(data, int(params["random_state"]), max_users)
     pointwise, refined = [], []
     for _ in range(max(1, int(folds))):
@@ -1192,16 +1184,17 @@ def _fold_scores(
         kept, held = held_out_rows(data.user, data.n_users, rng, fraction, 2)
         fit = data.subset(kept)
         del kept
-        point = DCR(**params).fit(fit, research=research)
+        point = DCR(**params).fit(fit, variants=variants)
         del fit
         if chosen is not None:
             held = held[chosen[data.user[held]]]
         val = data.subset(held)
         del held
         pointwise.append(point.validation_values(val))
-        # Refined in place (the stream and steps of PairwiseDCR.refined): the pointwise factors
-        # are scored already, so no second copy of them is made.
-        refined.append(refinement._refine_in_place(point).validation_values(val))
+        # Refined in place (the steps of PairwiseDCR.refined): the pointwise factors are
+        # scored already, so no second copy of them is made.
+        refine_in_place(point, refinement)
+        refined.append(point.validation_values(val))
         del point, val  # the next fold's split and fit need not sit beside this one's
     if len({v.size for v in pointwise}) == 1:
         # Every fold holds out ratings of the same users: average each user's over folds.
@@ -1212,10 +1205,9 @@ def _fold_scores(
 
 class _HoldOutSelection:
     """A model-selection wrapper: its ``estimator`` and the ``folds`` hold-outs of ``fraction``
-    of each user's ratings (at least 2) its choice is made on; serves ``best_estimator_``."""
+    of each user's ratings (at least 2) its choice is made on."""
 
     _parameter_constraints: ClassVar[dict[str, list]] = HOLD_OUT_CONSTRAINTS
-    best_estimator_: DCR
 
     def __init__(self, estimator: Any, folds: int, fraction: float):
         self.estimator = estimator
@@ -1227,9 +1219,9 @@ class _HoldOutSelection:
         params = {k: getattr(self, k) for k in self._parameter_constraints}
         validate_params(type(self).__name__, params, self._parameter_constraints)
 
-    def to_artifact(self, **serving) -> Artifact:
-        """The served model's artifact, with ``DCR.to_artifact``'s serving choices."""
-        return self.best_estimator_.to_artifact(**serving)
+    def planned_fits(self) -> int:
+        """The fits a fit runs: one per hold-out, then the estimator's on all the ratings."""
+        return int(self.folds) + planned_fits(self.estimator)
 
 
 class ValidatedRefinement(_HoldOutSelection):
@@ -1241,7 +1233,8 @@ class ValidatedRefinement(_HoldOutSelection):
     refined, and both are scored on the held-out ratings through the serving index
     (:func:`refinement_scores`). The refinement is kept only if its gain beats ``margin +
     confidence x SE`` (:func:`~ordrec.trainer.models.selection.significant_gain`); otherwise
-    the pointwise model is served.
+    the pointwise model is served. After ``fit``: ``best_estimator_`` (the served DCR),
+    ``kept_``, and ``val_scores_`` (pointwise, refined, standard error of the gain).
 
     Parameters
     ----------
@@ -1270,6 +1263,9 @@ class ValidatedRefinement(_HoldOutSelection):
         "max_users": [None, Interval(Integral, 1, None)],
     }
     estimator: PairwiseDCR
+    best_estimator_: DCR
+    kept_: bool
+    val_scores_: tuple[float, float, float]
 
     def __init__(
         self,
@@ -1293,60 +1289,62 @@ class ValidatedRefinement(_HoldOutSelection):
         return self._decide(*_fold_settings(model), data)
 
     def _decide(
-        self, params: dict, research: ResearchOptions, data: Ratings
+        self, params: dict, variants: DCRVariants, data: Ratings
     ) -> tuple[Gain, tuple[float, float, float]]:
-        """:meth:`decide` for pointwise fits of DCR(**params) with ``research``."""
+        """:meth:`decide` for pointwise fits of DCR(**params) with ``variants``."""
         point, pair = _fold_scores(
-            params, research, data, int(self.folds), float(self.fraction), self.estimator, self.max_users
+            params, variants, data, int(self.folds), float(self.fraction), self.estimator, self.max_users
         )
         gain = significant_gain(pair - point, margin=float(self.margin), confidence=float(self.confidence))
         return gain, (float(point.mean()), float(pair.mean()), gain.se)
 
     def fit(self, data: Ratings, validation: Ratings | None = None, **fit_params: Any) -> ValidatedRefinement:
-        """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it
-        (continuing its random stream) if that wins; the served model is ``best_estimator_``.
+        """Fit the pointwise DCR (``fit_params`` as ``DCR.fit`` takes them), then refine it if
+        that wins; the served model is ``best_estimator_``.
 
         Without ``validation`` the hold-outs run first (their streams are their own, so the
         result is the same): the full fit's factors and a fold's are never held at once.
         """
         self._validate_params()
-        settings = self.estimator.settings()
+        self.estimator.settings()
         pointwise = copy.copy(self.estimator.estimator)
         if validation is None:
-            research = fit_params.get("research") or ResearchOptions()
-            pointwise._validate_params(research)
+            variants = fit_params.get("variants") or DCRVariants()
+            pointwise._validate_params(variants)
             _require_ratings(data)
             # The fit's epochs: the given per-level counts (best_epochs_ after the fit), or None.
-            epochs = None if research.level_epochs is None else _int_list(research.level_epochs)
+            epochs = None if variants.level_epochs is None else _int_list(variants.level_epochs)
             gain, scores = self._decide(
-                _pointwise_params(pointwise), replace(research, level_epochs=epochs), data
+                _pointwise_params(pointwise), replace(variants, level_epochs=epochs), data
             )
             model = pointwise.fit(data, **fit_params)
         else:  # the fold fits take the epochs the validation set chooses for the full fit
             model = pointwise.fit(data, validation, **fit_params)
             gain, scores = self.decide(model, data)
-        if gain.kept:
-            self.estimator.refine_fitted(model)
-        model.pairwise_, model.pairwise_kept_, model.pairwise_val_ndcg_ = settings, gain.kept, scores
-        self.best_estimator_ = model
-        return self
+        return self._chose(self.estimator.refine_fitted(model) if gain.kept else model, gain, scores)
 
-    def refine(self, model: DCR, data: Ratings) -> DCR:
+    def refine(self, model: DCR, data: Ratings) -> ValidatedRefinement:
         """Like :meth:`PairwiseDCR.refined`, but the refinement is kept only where it wins on
-        hold-outs of ``data``, the ratings ``model`` was fitted on; otherwise a copy with the
-        pointwise factors. The copy records ``pairwise_kept_`` and ``pairwise_val_ndcg_``."""
+        hold-outs of ``data``, the ratings ``model`` was fitted on; ``best_estimator_`` is the
+        refined copy or ``model`` itself (its pointwise factors, untouched)."""
         if not hasattr(model, "U_"):
             raise ValueError("fit the model before refining it")
         if data.fingerprint() != model.data_fingerprint_:
             raise ValueError("ValidatedRefinement.refine needs the ratings the model was fitted on")
         gain, scores = self.decide(model, data)
-        if gain.kept:
-            chosen = self.estimator.refined(model)
-        else:  # the pointwise factors, served as they are
-            chosen = copy.copy(model)
-            chosen.pairwise_, chosen.pairwise_loss_ = self.estimator.settings(), float("nan")
-        chosen.pairwise_kept_, chosen.pairwise_val_ndcg_ = gain.kept, scores
-        return chosen
+        return self._chose(self.estimator.refined(model) if gain.kept else model, gain, scores)
+
+    def _chose(self, served: DCR, gain: Gain, scores: tuple[float, float, float]) -> ValidatedRefinement:
+        self.best_estimator_, self.kept_, self.val_scores_ = served, gain.kept, scores
+        return self
+
+    def to_artifact(self, **serving) -> Artifact:
+        """The served model's artifact (``DCR.to_artifact``'s serving choices), recording the
+        decision and the figures it was made on."""
+        loss = self.estimator.loss_ if self.kept_ else float("nan")
+        return record_refinement(
+            self.best_estimator_.to_artifact(**serving), self.kept_, loss, self.val_scores_
+        )
 
 
 class EarlyStoppedDCR(_HoldOutSelection):
@@ -1354,10 +1352,11 @@ class EarlyStoppedDCR(_HoldOutSelection):
     :class:`PairwiseDCR` or :class:`ValidatedRefinement` of one) as GridSearchCV wraps an
     estimator.
 
-    ``folds`` times, ``fraction`` of each user's ratings (at least 2) are held out and every
-    level of the pointwise model is early-stopped on them by the ``stopping`` rule; the
-    estimator is then fitted on all the ratings for each level's median stopping epoch
-    (``chosen_level_epochs_``). Given research ``level_epochs`` are used as they are.
+    ``folds`` times, ``fraction`` of each user's ratings (at least 2) are held out (drawn from
+    ``stream(random_state, "early_stopping")``) and every level of the pointwise model is
+    early-stopped on them by the ``stopping`` rule; the estimator is then fitted on all the
+    ratings for each level's median stopping epoch (``chosen_level_epochs_``) into
+    ``estimator_``. Given variants' ``level_epochs`` are used as they are.
 
     Parameters
     ----------
@@ -1395,31 +1394,39 @@ class EarlyStoppedDCR(_HoldOutSelection):
             inner = inner.estimator
         return inner
 
-    def fit(self, data: Ratings, *, research: ResearchOptions | None = None) -> EarlyStoppedDCR:
+    @property
+    def best_estimator_(self) -> DCR:
+        """The served DCR (inside the fitted wrappers)."""
+        fitted = self.estimator_
+        return fitted if isinstance(fitted, DCR) else fitted.best_estimator_
+
+    def fit(self, data: Ratings, *, variants: DCRVariants | None = None) -> EarlyStoppedDCR:
         """Choose the per-level epochs on hold-outs of ``data``, then fit on all of it."""
         self._validate_params()
         if self.stopping is not None:
             self.stopping.validate()
-        research = ResearchOptions() if research is None else research
+        variants = DCRVariants() if variants is None else variants
         model = self.model
-        model._validate_params(research)
+        model._validate_params(variants)
         self.chosen_level_epochs_: list[int] | None = None
-        if research.level_epochs is None:
+        if variants.level_epochs is None:
             _require_ratings_to_hold_out(data, "early_stopping")
-            # Its own random stream: the hold-outs do not shift the refit's initialisation.
             self.chosen_level_epochs_ = stopped_level_epochs(
                 _pointwise_params(model),
                 data,
-                np.random.default_rng([int(model.random_state), 1]),
+                stream(int(model.random_state), "early_stopping"),
                 int(self.folds),
                 float(self.fraction),
-                research,
+                variants,
                 self.stopping,
             )
-            research = replace(research, level_epochs=self.chosen_level_epochs_)
-        fitted = copy.copy(self.estimator).fit(data, research=research)
-        self.best_estimator_ = fitted if isinstance(fitted, DCR) else fitted.best_estimator_
+            variants = replace(variants, level_epochs=self.chosen_level_epochs_)
+        self.estimator_ = copy.copy(self.estimator).fit(data, variants=variants)
         return self
+
+    def to_artifact(self, **serving) -> Artifact:
+        """The fitted estimator's artifact (its per-level epochs among its metrics)."""
+        return self.estimator_.to_artifact(**serving)
 
 
 Estimator = DCR

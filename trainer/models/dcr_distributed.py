@@ -245,8 +245,8 @@ class DistributedFit:
             model.fit(data)
         finally:
             model.set_params(max_iter=epochs)
-        if model.research_.order != "user":
-            raise ValueError('the distributed DCR fit visits ratings by user: research order must be "user"')
+        if model.variants_.order != "user":
+            raise ValueError('the distributed DCR fit visits ratings by user: variant order must be "user"')
         W = self.n_blocks()
         rng = np.random.default_rng([int(model.random_state), 4])
         # The fit's training CSR: levels as it numbers them ("not rated" is level 0, top-N).
@@ -302,16 +302,16 @@ class DistributedFit:
 
     @staticmethod
     def _step(model: DCR, epoch: int) -> StepParams:
-        bias = float(model.research_.item_bias)
+        bias = float(model.variants_.item_bias)
         L = model.U_.shape[1]
         return StepParams(
             lr=float(model.learning_rate)
             / (1.0 + float(model.solver_settings().learning_rate_decay) * epoch),
             reg=float(model.reg),
-            floor=float(model.research_.prob_floor),
+            floor=float(model.variants_.prob_floor),
             u_fixed=1 if bias else 0,
             u_radius=float(np.sqrt(1.0 - bias * bias)),
-            sphere=model.research_.projection == "sphere",
+            sphere=model.variants_.projection == "sphere",
             train_levels=np.arange(L, dtype=np.int64),
             unrated_share=float(model.unrated_share),
         )

@@ -18,7 +18,7 @@ import numpy as np
 
 from ordrec.service.indices.ann import ANN_MIN_ITEMS
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.models.dcr import DCR, EarlyStoppedDCR, PairwiseDCR, ResearchOptions, ValidatedRefinement
+from ordrec.trainer.models.dcr import DCR, DCRVariants, EarlyStoppedDCR, PairwiseDCR, ValidatedRefinement
 from ordrec.trainer.models.dcr_kernels import LEVEL_CHUNK, ROW_BLOCK, distinct_values, level_dtype
 from ordrec.trainer.models.memory import KERNEL_RUNTIME, MARGIN, MemoryPrediction, kernel_threads_reserve
 from ordrec.trainer.models.ranking import SCORE_BATCH
@@ -42,11 +42,11 @@ class DCRShape:
     rank: int
     factor_bytes: int  # 4 (float32) or 8 (float64) while training
     share: float  # unrated_share
-    by_user: bool  # research order "user" (the default)
+    by_user: bool  # variant order "user" (the default)
     marginal: bool  # init="marginal"
 
     @classmethod
-    def of(cls, model: DCR, data: Ratings, research: ResearchOptions) -> DCRShape:
+    def of(cls, model: DCR, data: Ratings, variants: DCRVariants) -> DCRShape:
         """The shape of ``model`` fitted on ``data`` (its levels counted as the fit counts them)."""
         levels = model.levels
         if levels is None:
@@ -64,7 +64,7 @@ class DCRShape:
             rank=int(model.n_components),
             factor_bytes=np.dtype(model.solver_settings().dtype).itemsize,
             share=share,
-            by_user=research.order == "user",
+            by_user=variants.order == "user",
             marginal=model.init == "marginal",
         )
 
@@ -171,7 +171,7 @@ def predicted_memory(estimator, data: Ratings, ann_min_items: int = ANN_MIN_ITEM
     them) on ``data`` and writing its artifact, above what the process holds before the fit."""
     chain = _unwrapped(estimator)
     model: DCR = chain[-1]
-    shape = DCRShape.of(model, data, ResearchOptions())
+    shape = DCRShape.of(model, data, DCRVariants())
     n = len(data)
     phases = {
         "the fit": fit_peak(shape, n),

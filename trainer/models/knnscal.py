@@ -48,7 +48,7 @@ increases the stress either and the whole iteration is monotone.
 
 Initial configuration (step 3): graph geodesics of Delta_sym = min(r_ij, r_ji)
 over the graph's edges (Isomap-style, uncapped so the global layout
-survives), embedded by classical MDS when n <= ``cmds_max_n`` and by landmark
+survives), embedded by classical MDS when n <= ``classical_mds_max_n`` and by landmark
 MDS (de Silva & Tenenbaum) with ``n_landmarks`` max-min landmarks otherwise:
 O(L n k log n) time and O(L n) memory, so it stays sparse at n = 1e6.
 
@@ -57,7 +57,7 @@ Everything per iteration is O(|E+|) = O(n k) memory and O(n k log k) time.
 Where this departs from the poster, and why (measured on the digits graph and
 on planted 2-D/3-D graphs; ``docs/knnscal.md``):
 
-- non-edges: ``hop2_fraction`` of them come from the two-hop neighbourhood
+- non-edges: ``two_hop_fraction`` of them come from the two-hop neighbourhood
   instead of uniformly, and there are ``nonedge_factor * q`` of them (20 q
   rather than 5 q). Uniform non-edges almost never compete with a vertex's
   listed neighbours, so they leave neighbour recall to chance;
@@ -75,8 +75,8 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
   sigma_a plus t-SNE's KL on the graph's affinities (L-BFGS, monotone), so
   the iterations fit the order without giving up the neighbours;
 - the start selection (``knnscal_selection.KnnScalStartSelection``, the flat
-  settings ``neighbor_embedding``, ``ne_starts``, ``ne_rank_decay``) and the
-  solver's ``refinement="validated"``: for n up to ``ne_exact_max_n`` the start
+  settings ``neighbor_embedding``, ``neighbor_embedding_starts``, ``neighbor_embedding_rank_decay``) and the
+  solver's ``keep_iterations="validated"``: for n up to ``exact_max_n`` the start
   is t-SNE on the graph's rank affinities, and the fit returns whichever of that
   start, its stress refinement and the geodesic start's refinement fits the lists best (order agreement plus
   recall@k against the graph itself). The least-squares stress trades a
@@ -108,8 +108,7 @@ from ordrec.service.indices.models.knnscal import DEFAULT_PLACE_STEPS, place_poi
 from ordrec.service.storage.artifact import Artifact
 from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import DataError, NeighborLists
-from ordrec.trainer.models import knnscal_kernels as K
-from ordrec.trainer.models import knnscal_local as L
+from ordrec.trainer.models import knnscal_kernels, knnscal_local
 from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
 from ordrec.trainer.models.knnscal_polish import polish as polish_map
 from ordrec.trainer.progress import Progress
@@ -188,7 +187,7 @@ def enlarged_edges(
     n: int,
     nonedge_factor: float,
     seed: int,
-    hop2_fraction: float = 0.0,
+    two_hop_fraction: float = 0.0,
 ):
     """E+ = E plus ``round(nonedge_factor * q)`` random non-edges of rank q per source.
 
@@ -196,7 +195,9 @@ def enlarged_edges(
     """
     q = int(rnk.max()) + 1
     m = int(round(nonedge_factor * q))
-    ptr, pc, pr = K.sample_nonedges(indptr, col, rnk, n, m, q, float(hop2_fraction), np.int64(seed))
+    ptr, pc, pr = knnscal_kernels.sample_nonedges(
+        indptr, col, rnk, n, m, q, float(two_hop_fraction), np.int64(seed)
+    )
     return q, ptr, pc, pr
 
 
@@ -278,12 +279,12 @@ class KnnScalSolver(Settings):
         Vertex-at-a-time majorization, or the poster's simultaneous diagonal one (both monotone).
     n_landmarks : int, default 32
         Landmarks of landmark MDS at the start.
-    cmds_max_n : int, default 500
+    classical_mds_max_n : int, default 500
         The largest n for dense classical MDS at the start (above: landmark MDS).
     multilevel_min_n : int, default 5000
         The multilevel start coarsens graphs of more vertices than this.
-    ne_exact_max_n : int, default 5000
-        The largest n for the exact neighbour embedding, the validated refinement and the polish.
+    exact_max_n : int, default 5000
+        The largest n for the exact neighbour embedding, the validated iterations and the polish.
     block_size : int, default 50000
         Vertices per block of the parallel Gauss-Seidel sweep (one block below it: plain Gauss-Seidel).
     reorder : {"morton", "none"}, default "morton"
@@ -292,9 +293,9 @@ class KnnScalSolver(Settings):
     initial_disparities : {"isotonic", "ranks"}, default "isotonic"
         Start the iterations from the isotonic fit of the start's distances, or from the
         poster's Delta = min(r_ij, q) (step 2).
-    refinement : {"validated", "always"}, default "validated"
+    keep_iterations : {"validated", "always"}, default "validated"
         "validated": keep the iterations' map only if it fits the graph at least as well as
-        its start (up to ``ne_exact_max_n`` vertices); "always": the iterations' map (the poster).
+        its start (up to ``exact_max_n`` vertices); "always": the iterations' map (the poster).
     polish_rounds : int, default 30
         Rounds of descent on a smooth surrogate of order agreement + recall@k for a
         validated map, kept only where they lower no measure (0: no polish; step 5).
@@ -305,13 +306,13 @@ class KnnScalSolver(Settings):
     sweeps: int = 5
     update: str = "gauss-seidel"
     n_landmarks: int = 32
-    cmds_max_n: int = 500
+    classical_mds_max_n: int = 500
     multilevel_min_n: int = 5_000
-    ne_exact_max_n: int = 5_000
+    exact_max_n: int = 5_000
     block_size: int = 50_000
     reorder: str = "morton"
     initial_disparities: str = "isotonic"
-    refinement: str = "validated"
+    keep_iterations: str = "validated"
     polish_rounds: int = 30
     polish_sharpness: float = 30.0
 
@@ -319,13 +320,13 @@ class KnnScalSolver(Settings):
         "sweeps": [Interval(Integral, 1, None)],
         "update": [Options(str, {"gauss-seidel", "jacobi"})],
         "n_landmarks": [Interval(Integral, 1, None)],
-        "cmds_max_n": [Interval(Integral, 0, None)],
+        "classical_mds_max_n": [Interval(Integral, 0, None)],
         "multilevel_min_n": [Interval(Integral, 3, None)],
-        "ne_exact_max_n": [Interval(Integral, 0, None)],
+        "exact_max_n": [Interval(Integral, 0, None)],
         "block_size": [Interval(Integral, 1, None)],
         "reorder": [Options(str, {"morton", "none"})],
         "initial_disparities": [Options(str, {"ranks", "isotonic"})],
-        "refinement": [Options(str, {"always", "validated"})],
+        "keep_iterations": [Options(str, {"always", "validated"})],
         "polish_rounds": [Interval(Integral, 0, None)],
         "polish_sharpness": [Interval(Real, 0, None, closed="neither")],
     }
@@ -345,7 +346,7 @@ class Iterations:
 
 
 def stress_iterations(
-    est: KnnScal, X: np.ndarray, delta: np.ndarray, local: L.LocalStress | None
+    est: KnnScal, X: np.ndarray, delta: np.ndarray, local: knnscal_local.LocalStress | None
 ) -> Iterations:
     """Steps 4a-4c from ``(X, delta)`` until the relative change falls below ``est.tol`` or
     ``est.max_iter`` iterations: the algorithm of one fit, on the fit's E+ (``est``'s ``plus_*_``)."""
@@ -360,13 +361,13 @@ def stress_iterations(
             t_it = time.perf_counter()
             X = est.configuration_step(X, delta, local)  # 4a
             # One pass over X for the distances; both stresses and the isotonic fit read them sequentially.
-            d = K.entry_distances(X, est.plus_indptr_, est.plus_col_)
-            s_major = K.stress_from_distances(d, *est.entry_weights(), delta)
+            d = knnscal_kernels.entry_distances(X, est.plus_indptr_, est.plus_col_)
+            s_major = knnscal_kernels.stress_from_distances(d, *est.entry_weights(), delta)
             check_finite(it, coordinates=X)
             if local is not None:
                 local_history.append((it, "step", local.value_and_gradient(X, delta)[0]))
             delta = est.isotonic(X, delta, d)  # 4b, 4c
-            s_iso = K.stress_from_distances(d, *est.entry_weights(), delta)
+            s_iso = knnscal_kernels.stress_from_distances(d, *est.entry_weights(), delta)
             del d
             check_finite(it, disparities=delta)
             history += [(it, "majorize", s_major), (it, "isotonic", s_iso)]
@@ -392,7 +393,7 @@ class KnnScal(Estimator):
     """KNNSCAL: non-metric MDS of a ranked neighbour graph with asymmetric stress.
 
     The stress iterations follow Castle & Trosset's poster (module docstring); the start
-    (geodesic MDS), the validated refinement and the polish are ours. Starting from the best of
+    (geodesic MDS), the validated iterations and the polish are ours. Starting from the best of
     several neighbour embeddings is the wrapper
     :class:`~ordrec.trainer.models.knnscal_selection.KnnScalStartSelection`. Measurements
     behind the defaults are in ``docs/knnscal.md``.
@@ -415,7 +416,7 @@ class KnnScal(Estimator):
     rank_gap : float, default 2.0
         Least gap between consecutive ranks' disparities, in units of the source's mean
         edge distance / k_i (0: the plain isotonic regression).
-    hop2_fraction : float, default 1.0
+    two_hop_fraction : float, default 1.0
         Share of each source's non-edges drawn from its two-hop neighbourhood.
     n_neighbors : int, default 10
         k of the k-NN lists built when ``fit`` gets a feature matrix.
@@ -425,7 +426,7 @@ class KnnScal(Estimator):
     solver : KnnScalSolver, dict or None, default None
         How the fit runs: sweeps per iteration, the update rule and starting disparities,
         landmarks, size thresholds of the exact methods, block size, memory layout, the
-        validated refinement and the polish; None: ``KnnScalSolver()``. A dict gives some of
+        validated iterations and the polish; None: ``KnnScalSolver()``. A dict gives some of
         its fields.
     random_state : int, default 0
         Seeds the non-edge sample, the landmarks and the start.
@@ -450,7 +451,7 @@ class KnnScal(Estimator):
         "init": [Options(str, {"auto", "cmds", "landmark", "spectral", "random", "multilevel"})],
         "edge_weight": [Interval(Real, 0, None)],
         "rank_gap": [Interval(Real, 0, None)],
-        "hop2_fraction": [Interval(Real, 0, 1)],
+        "two_hop_fraction": [Interval(Real, 0, 1)],
         "n_neighbors": [Interval(Integral, 1, None)],
         "local_weight": [Interval(Real, 0, None)],
         "solver": [None, KnnScalSolver, dict],
@@ -469,7 +470,7 @@ class KnnScal(Estimator):
         init: str = "auto",
         edge_weight: float = 1.0,
         rank_gap: float = 2.0,
-        hop2_fraction: float = 1.0,
+        two_hop_fraction: float = 1.0,
         n_neighbors: int = 10,
         local_weight: float = 0.003,
         solver: KnnScalSolver | dict | None = None,
@@ -483,7 +484,7 @@ class KnnScal(Estimator):
         self.init = init
         self.edge_weight = edge_weight
         self.rank_gap = rank_gap
-        self.hop2_fraction = hop2_fraction
+        self.two_hop_fraction = two_hop_fraction
         self.n_neighbors = n_neighbors
         self.local_weight = local_weight
         self.solver = solver
@@ -510,7 +511,7 @@ class KnnScal(Estimator):
             return rng.standard_normal((n, dim))
         solver = self.solver_settings()
         if method == "multilevel" and n <= solver.multilevel_min_n:
-            method = "cmds" if n <= solver.cmds_max_n else "landmark"
+            method = "cmds" if n <= solver.classical_mds_max_n else "landmark"
         G = symmetric_graph(indptr, col, rnk, n)
         if method == "multilevel":
             from ordrec.trainer.models.knnscal_multilevel import multilevel_start
@@ -548,14 +549,14 @@ class KnnScal(Estimator):
         """
         pos = np.empty(order.shape[0], dtype=np.int64)
         pos[order] = np.arange(order.shape[0])
-        self.plus_indptr_, src = K.permute_rows(self.plus_indptr_, order)
+        self.plus_indptr_, src = knnscal_kernels.permute_rows(self.plus_indptr_, order)
         self.plus_col_ = pos[self.plus_col_[src]].astype(np.int32)
         self.plus_rnk_ = self.plus_rnk_[src]
         return None if delta is None else delta[src]
 
     def _normalise(self, delta: np.ndarray) -> np.ndarray:
         """Step 4c: sum w delta^2 = sum w (weighted mean squared disparity 1)."""
-        norm2 = K.weighted_square_sum(delta, self.plus_rnk_, self.q_, float(self.edge_weight))
+        norm2 = knnscal_kernels.weighted_square_sum(delta, self.plus_rnk_, self.q_, float(self.edge_weight))
         if norm2 <= 0:
             raise FloatingPointError("all disparities are zero: the configuration collapsed")
         delta *= np.sqrt(self.weight_total_ / norm2)
@@ -574,9 +575,11 @@ class KnnScal(Estimator):
         return self.plus_rnk_, self.q_, float(self.edge_weight)
 
     def stress(self, X: np.ndarray, delta: np.ndarray) -> float:
-        return K.stress(X, self.plus_indptr_, self.plus_col_, *self.entry_weights(), delta)
+        return knnscal_kernels.stress(X, self.plus_indptr_, self.plus_col_, *self.entry_weights(), delta)
 
-    def _local_term(self, order: np.ndarray | None, to_stress_units: float) -> L.LocalStress | None:
+    def _local_term(
+        self, order: np.ndarray | None, to_stress_units: float
+    ) -> knnscal_local.LocalStress | None:
         """The configuration step's local term (``local_weight`` > 0 after an exact neighbour embedding), or None.
 
         P follows the vertices into the Morton order; the KL is taken at the
@@ -587,7 +590,7 @@ class KnnScal(Estimator):
             return None
         if order is not None:
             P = P[order][:, order].tocsr()
-        return L.LocalStress(
+        return knnscal_local.LocalStress(
             (self.plus_indptr_, self.plus_col_, *self.entry_weights()),
             P,
             1.0 / to_stress_units,
@@ -595,7 +598,9 @@ class KnnScal(Estimator):
             self.weight_total_,
         )
 
-    def configuration_step(self, X: np.ndarray, delta: np.ndarray, local: L.LocalStress | None) -> np.ndarray:
+    def configuration_step(
+        self, X: np.ndarray, delta: np.ndarray, local: knnscal_local.LocalStress | None
+    ) -> np.ndarray:
         """Step 4a: ``sweeps`` majorization sweeps on sigma_a, or as many L-BFGS steps on it plus the local term."""
         if local is None:
             return self._majorize(X, delta, self.solver_settings().sweeps)
@@ -612,8 +617,8 @@ class KnnScal(Estimator):
             self.in_entry_,
         )
         if self.solver_settings().update == "jacobi":
-            return K.majorize_jacobi(X, *args, sweeps)
-        K.majorize_blocks(X, *args, sweeps, self._n_blocks(X.shape[0]))
+            return knnscal_kernels.majorize_jacobi(X, *args, sweeps)
+        knnscal_kernels.majorize_blocks(X, *args, sweeps, self._n_blocks(X.shape[0]))
         return X
 
     def _n_blocks(self, n: int) -> int:
@@ -625,8 +630,8 @@ class KnnScal(Estimator):
     ) -> np.ndarray:
         """Steps 4b-c into ``delta``; ``perm`` (``isotonic_rows``' start order in each row) defaults to the fit's."""
         if d is None:
-            d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
-        K.isotonic_rows(
+            d = knnscal_kernels.entry_distances(X, self.plus_indptr_, self.plus_col_)
+        knnscal_kernels.isotonic_rows(
             self.plus_indptr_,
             self.plus_rnk_,
             self.q_,
@@ -677,7 +682,7 @@ class KnnScal(Estimator):
         X, delta, local = self._start_disparities(X, order)
         # Validation is for the small-n path: its k-d tree queries would add time at 10^6 vertices.
         solver = self.solver_settings()
-        validate = solver.refinement == "validated" and n <= solver.ne_exact_max_n
+        validate = solver.keep_iterations == "validated" and n <= solver.exact_max_n
         start_map = X.copy() if validate else None
         t0, cpu0 = time.perf_counter(), time.process_time()  # CPU time: wall time on a shared machine varies
         run = stress_iterations(self, X, delta, local)
@@ -697,7 +702,13 @@ class KnnScal(Estimator):
         """E+ of the graph (``plus_*_``, ``q_``) and the total weight of its entries."""
         t0 = time.perf_counter()
         self.q_, self.plus_indptr_, self.plus_col_, self.plus_rnk_ = enlarged_edges(
-            indptr, col, rnk, n, float(self.nonedge_factor), int(self.random_state), float(self.hop2_fraction)
+            indptr,
+            col,
+            rnk,
+            n,
+            float(self.nonedge_factor),
+            int(self.random_state),
+            float(self.two_hop_fraction),
         )
         n_edges = int(col.shape[0])
         self.weight_total_ = float(self.edge_weight) * n_edges + (self.plus_col_.shape[0] - n_edges)
@@ -709,18 +720,20 @@ class KnnScal(Estimator):
         t0 = time.perf_counter()
         order = None
         if self.solver_settings().reorder == "morton":
-            order = np.argsort(K.morton_keys(X), kind="stable")
+            order = np.argsort(knnscal_kernels.morton_keys(X), kind="stable")
             X = np.ascontiguousarray(X[order])
             self.relabel(order)
-        self.in_indptr_, self.in_src_, self.in_entry_ = K.incoming(self.plus_indptr_, self.plus_col_, n)
-        self.perm_ = K.row_positions(self.plus_indptr_)
+        self.in_indptr_, self.in_src_, self.in_entry_ = knnscal_kernels.incoming(
+            self.plus_indptr_, self.plus_col_, n
+        )
+        self.perm_ = knnscal_kernels.row_positions(self.plus_indptr_)
         self.timings_["reorder_s"] = time.perf_counter() - t0
         self.log(f"n={n:,}: reorder {self.timings_['reorder_s']:.1f} s")
         return X, order
 
     def _start_disparities(
         self, X: np.ndarray, order: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray, L.LocalStress | None]:
+    ) -> tuple[np.ndarray, np.ndarray, knnscal_local.LocalStress | None]:
         """Step 2: the isotonic fit of the start (default) or the poster's Delta = min(r_ij, q),
         normalised; X scaled to them, and the local term at that scale."""
         if self.solver_settings().initial_disparities == "ranks":
@@ -749,7 +762,7 @@ class KnnScal(Estimator):
 
     def to_stress_units(self, X: np.ndarray, delta: np.ndarray) -> float:
         """The factor that scales X to the disparities: argmin_s sum w (delta - s d)^2."""
-        d = K.entry_distances(X, self.plus_indptr_, self.plus_col_)
+        d = knnscal_kernels.entry_distances(X, self.plus_indptr_, self.plus_col_)
         w = np.where(self.plus_rnk_ < self.q_, float(self.edge_weight), 1.0)
         return float(np.sum(w * delta * d)) / max(float(np.sum(w * d * d)), 1e-300)
 
@@ -788,7 +801,9 @@ class KnnScal(Estimator):
             return self
         score = float(self.polish_scores_[kept, :2].sum())
         self.log(f"polish: round {kept + 1} kept, score {self.graph_score_:.4f} -> {score:.4f}")
-        delta = self.isotonic(X, self.disparities_.copy(), perm=K.row_positions(self.plus_indptr_))
+        delta = self.isotonic(
+            X, self.disparities_.copy(), perm=knnscal_kernels.row_positions(self.plus_indptr_)
+        )
         self.coordinates_ = np.ascontiguousarray(X * self.to_stress_units(X, delta))
         self.disparities_ = delta
         self.rank_disparity_ = self._rank_table(delta)
@@ -796,27 +811,28 @@ class KnnScal(Estimator):
         return self
 
     def _validated(self, X, delta, start, order):
-        """``refinement="validated"``: keep the iterations' map only if it fits the graph at least as well as the start.
+        """``keep_iterations="validated"``: keep the iterations' map only if it fits the graph at
+        least as well as the start.
 
         "Fits the graph": order agreement plus recall@k against the ranked lists
         themselves (``knnscal_local.graph_agreement``), never features. The
         stress optimum is not the best map by those measures on every graph,
         so the refinement must earn its place. A start that wins gets its own
-        isotonic disparities back (step 2). Sets ``refined_``; ``stress_`` and
+        isotonic disparities back (step 2). Sets ``iterations_kept_``; ``stress_`` and
         ``stress_history_`` still describe the iterations.
         """
-        self.refined_ = True
+        self.iterations_kept_ = True
         if start is None:
             self.graph_score_ = float("nan")
             return X, delta
         # The graph is in input order; X may be in the Morton order (row r = vertex order[r]).
         inverse = np.arange(X.shape[0]) if order is None else np.argsort(order)
-        refined = sum(L.graph_agreement(X[inverse], *self.graph_))
-        started = sum(L.graph_agreement(start[inverse], *self.graph_))
+        refined = sum(knnscal_local.graph_agreement(X[inverse], *self.graph_))
+        started = sum(knnscal_local.graph_agreement(start[inverse], *self.graph_))
         self.graph_score_ = max(refined, started)
         if refined >= started:
             return X, delta
-        self.refined_ = False
+        self.iterations_kept_ = False
         return start, self.isotonic(start, delta)
 
     # -------------------------------------------------------------- outputs

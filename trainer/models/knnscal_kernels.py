@@ -39,11 +39,11 @@ def _emit_shuffled(pool, size, take, q, out_col, out_rnk, o):
 
 
 @njit(cache=True)
-def sample_nonedges(indptr, col, rnk, n, m, q, hop2_fraction, seed):
+def sample_nonedges(indptr, col, rnk, n, m, q, two_hop_fraction, seed):
     """Add up to ``m`` non-edges of rank ``q`` to every source's list.
 
     A non-edge of i is any j != i not already in i's list. A fraction
-    ``hop2_fraction`` of them is drawn from i's two-hop neighbourhood (the
+    ``two_hop_fraction`` of them is drawn from i's two-hop neighbourhood (the
     lists of i's neighbours): those are the vertices that compete with i's
     neighbours for its nearest places on the map, so their "farther than every
     neighbour" constraint is the informative one. The rest are uniform
@@ -105,7 +105,7 @@ def sample_nonedges(indptr, col, rnk, n, m, q, hop2_fraction, seed):
                         mark[j] = True
                         hop[h] = j
                         h += 1
-            want = min(h, int(hop2_fraction * need + 0.5))
+            want = min(h, int(two_hop_fraction * need + 0.5))
             o = _emit_shuffled(hop, h, want, q, out_col, out_rnk, o)
             for t in range(want, h):  # unchosen two-hop vertices may still be drawn uniformly
                 mark[hop[t]] = False

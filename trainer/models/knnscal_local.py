@@ -195,11 +195,11 @@ class LocalStress:
 
     def value_and_gradient(self, X: np.ndarray, delta: np.ndarray) -> tuple[float, np.ndarray]:
         """The objective and its gradient with respect to X (disparities ``delta`` fixed)."""
-        from ordrec.trainer.models import knnscal_kernels as K
+        from ordrec.trainer.models import knnscal_kernels
 
         args = (self.indptr, self.col, self.rnk, self.q, self.edge_weight, delta)
-        value = K.stress(X, *args) / self.total
-        grad = K.stress_gradient(X, *args) / self.total
+        value = knnscal_kernels.stress(X, *args) / self.total
+        grad = knnscal_kernels.stress_gradient(X, *args) / self.total
         kl_grad = np.empty_like(X)
         kl = kl_gradient_exact(np.ascontiguousarray(self.scale * X), *self.p, 1.0, kl_grad)
         return value + self.weight * kl, grad + (self.weight * self.scale) * kl_grad

@@ -13,12 +13,9 @@ import numpy as np
 from scipy import sparse
 
 from ordrec.service.storage.artifact import Artifact
-from ordrec.trainer.models import knnscal_local as L
+from ordrec.trainer.models import knnscal_local
 from ordrec.trainer.models.base import Interval, Options, validate_params
 from ordrec.trainer.models.knnscal import KnnScal, neighbor_csr
-
-# The wrapper's settings under the flat names job tables and ``reproduce knnscal`` write.
-FLAT_NAMES = {"neighbor_embedding": "method", "ne_starts": "n_starts", "ne_rank_decay": "rank_decay"}
 
 
 def embed(method: str, X: np.ndarray, P: sparse.csr_matrix, seed: int) -> np.ndarray:
@@ -26,8 +23,8 @@ def embed(method: str, X: np.ndarray, P: sparse.csr_matrix, seed: int) -> np.nda
     # t-SNE's start scale: a spread of 1e-4, so early exaggeration forms the clusters.
     Y = 1e-4 * (X - X.mean(axis=0)) / max(float(X[:, 0].std()), 1e-300)
     if method == "exact":
-        return L.tsne_exact(Y, P)
-    return L.neighbor_embedding_sampled(Y * 1e4, P, seed=int(seed))
+        return knnscal_local.tsne_exact(Y, P)
+    return knnscal_local.neighbor_embedding_sampled(Y * 1e4, P, seed=int(seed))
 
 
 class KnnScalStartSelection:
@@ -37,8 +34,8 @@ class KnnScalStartSelection:
     Each start (the estimator's geodesic start, then ``n_starts - 1`` more from other seeds) is
     embedded and scored by order agreement plus recall@k against the graph itself; the best
     (the first on a tie) starts the fit, whose local term uses the same affinities ("exact").
-    Where the estimator's fit is validated (solver ``refinement="validated"``, up to
-    ``ne_exact_max_n`` vertices) the geodesic start is fitted too and the map that fits the
+    Where the estimator's fit is validated (solver ``keep_iterations="validated"``, up to
+    ``exact_max_n`` vertices) the geodesic start is fitted too and the map that fits the
     lists better is kept; the winner is then polished (solver ``polish_rounds``).
 
     Parameters
@@ -46,7 +43,7 @@ class KnnScalStartSelection:
     estimator : KnnScal
         The settings of every fit (a copy is fitted).
     method : {"auto", "exact", "sampled", "none"}, default "auto"
-        The neighbour embedding: "auto" is "exact" up to the solver's ``ne_exact_max_n``
+        The neighbour embedding: "auto" is "exact" up to the solver's ``exact_max_n``
         vertices, else "none" (the estimator's own geodesic fit).
     n_starts : int, default 4
         Neighbour embeddings from as many starts; the one that fits the lists best is kept.
@@ -68,21 +65,8 @@ class KnnScalStartSelection:
         self.n_starts = n_starts
         self.rank_decay = rank_decay
 
-    @classmethod
-    def from_flat(cls, **params: Any) -> KnnScalStartSelection:
-        """The wrapper from flat settings as a job table gives them (``neighbor_embedding``,
-        ``ne_starts``, ``ne_rank_decay`` and every :class:`KnnScal` setting, solver fields flat)."""
-        given = {name: params.pop(name) for name in FLAT_NAMES if name in params}
-        flat_constraints = {flat: cls._parameter_constraints[own] for flat, own in FLAT_NAMES.items()}
-        validate_params("KnnScal", given, flat_constraints)  # the error names the setting as written
-        return cls(KnnScal.from_flat(**params), **{FLAT_NAMES[name]: value for name, value in given.items()})
-
     def get_params(self) -> dict[str, Any]:
         return {"method": self.method, "n_starts": self.n_starts, "rank_decay": self.rank_decay}
-
-    def flat_params(self) -> dict[str, Any]:
-        """The settings under their flat names, as the manifest records them."""
-        return {flat: getattr(self, own) for flat, own in FLAT_NAMES.items()}
 
     def decay(self, indptr: np.ndarray) -> float:
         """The rank affinities' decay: ``rank_decay``, or under "auto" 1 + k / 10 (k the longest list)."""
@@ -94,7 +78,7 @@ class KnnScalStartSelection:
         """``method`` with "auto" decided for n vertices (the exact gradient is O(n^2) per iteration)."""
         if self.method != "auto":
             return self.method
-        return "exact" if n <= est.solver_settings().ne_exact_max_n else "none"
+        return "exact" if n <= est.solver_settings().exact_max_n else "none"
 
     def fit(self, data) -> KnnScalStartSelection:
         """Fit a copy of ``estimator`` from the chosen start into ``estimator_``; sets
@@ -123,14 +107,14 @@ class KnnScalStartSelection:
         """The neighbour embedding of the graph that fits its lists best, of ``n_starts``, and the affinities."""
         indptr, col, rnk = neighbor_csr(data)
         n = len(data.vertices)
-        P = L.rank_affinities(indptr, col, rnk, n, self.decay(indptr))
+        P = knnscal_local.rank_affinities(indptr, col, rnk, n, self.decay(indptr))
         geodesic = np.ascontiguousarray(est.initial_configuration(indptr, col, rnk, n), dtype=np.float64)
         best, scores = geodesic, []
         for j in range(int(self.n_starts)):
             seed = (int(est.random_state), j)
             start = geodesic if j == 0 else est.initial_configuration(indptr, col, rnk, n, seed=seed)
             Y = embed(method, start, P, int(est.random_state))
-            scores.append(sum(L.graph_agreement(Y, indptr, col, rnk)))
+            scores.append(sum(knnscal_local.graph_agreement(Y, indptr, col, rnk)))
             if scores[-1] > max(scores[:-1], default=-np.inf):
                 best = Y
         self.ne_scores_ = np.array(scores)
@@ -139,7 +123,5 @@ class KnnScalStartSelection:
         return best, P
 
     def to_artifact(self) -> Artifact:
-        """The fitted estimator's artifact, its manifest also naming the start selection."""
-        artifact = self.estimator_.to_artifact()
-        artifact.hyperparameters.update(self.flat_params())
-        return artifact
+        """The fitted estimator's artifact (the pipeline records the start selection's settings)."""
+        return self.estimator_.to_artifact()

@@ -36,7 +36,7 @@ from scipy.stats import rankdata
 from ordrec.service.indices.models.rtf import score_posts
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, TagAssignments
-from ordrec.trainer.models import rtf_kernels as K
+from ordrec.trainer.models import rtf_kernels
 from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
 from ordrec.trainer.models.rtf_selection import group_posts
 from ordrec.trainer.models.selection import EarlyStopping, PlateauStopping
@@ -189,7 +189,7 @@ def sgd_passes(
     with Progress(label, total=int(max_iter), enabled=bool(verbose)) as bar:
         for epoch in range(1, int(max_iter) + 1):
             lr = base_lr / (1.0 + float(learning_rate_decay) * (epoch - 1))
-            smooth, train_auc = K.sgd_epoch(
+            smooth, train_auc = rtf_kernels.sgd_epoch(
                 *factors,
                 posts.user,
                 posts.item,

@@ -6,10 +6,9 @@ choose the same way.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from numbers import Integral, Real
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -19,7 +18,7 @@ from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models.base import Interval, validate_params
 from ordrec.trainer.models.ranking import f1, per_list_f1, precision_recall
-from ordrec.trainer.models.selection import significant_gain
+from ordrec.trainer.models.selection import grid_points, significant_gain
 
 if TYPE_CHECKING:
     from ordrec.trainer.models.rtf import RTF
@@ -182,6 +181,8 @@ class RTFGridSearch:
         Standard errors of that gain it must exceed besides.
     """
 
+    _parameter_constraints: ClassVar[dict[str, list]] = SEARCH_CONSTRAINTS
+
     def __init__(
         self,
         estimator: RTF,
@@ -207,10 +208,13 @@ class RTFGridSearch:
             "RTFGridSearch", {"margin": self.margin, "confidence": self.confidence}, SEARCH_CONSTRAINTS
         )
 
+    def planned_fits(self) -> int:
+        """The fits a fit runs: every candidate on the carved posts, then the winner on all of them."""
+        return len(self.candidates()) + 1
+
     def candidates(self) -> list[dict[str, Any]]:
         """Every point of the grid, in grid order (the last parameter varies fastest)."""
-        names = list(self.param_grid)
-        return [dict(zip(names, values)) for values in itertools.product(*self.param_grid.values())]
+        return grid_points(self.param_grid)
 
     def _candidate(self, point: Mapping[str, Any]) -> RTF:
         """An unfitted copy of ``estimator`` at one grid point (a number stays a plain int or float)."""

@@ -41,7 +41,7 @@ from ordrec.service.storage.artifact import Artifact
 from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.triplets import ConditionalTriplets
 from ordrec.trainer.data.types import AttributeTable
-from ordrec.trainer.models import score_kernels as K
+from ordrec.trainer.models import score_kernels
 from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.progress import Progress
 
@@ -159,7 +159,7 @@ def random_sphere(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     return z / np.linalg.norm(z, axis=1, keepdims=True)
 
 
-class ScoreEstimator(Estimator):
+class SCORE(Estimator):
     """Fit SCORE maps by Riemannian SGD.
 
     Parameters
@@ -257,7 +257,7 @@ class ScoreEstimator(Estimator):
             raise ValueError(f"mu must be a non-zero vector of length {dim}")
         return mu / np.linalg.norm(mu)
 
-    def fit(self, data) -> ScoreEstimator:
+    def fit(self, data) -> SCORE:
         """Learn from an :class:`AttributeTable` or :class:`ConditionalTriplets`."""
         self._validate_params()
         if isinstance(data, AttributeTable):
@@ -320,7 +320,7 @@ class ScoreEstimator(Estimator):
                 seed = int(rng.integers(2**31 - 1))
                 if self.layout_ is not None:
                     L = self.layout_
-                    ll = K.group_epoch(
+                    ll = score_kernels.group_epoch(
                         X,
                         Y,
                         delta,
@@ -344,7 +344,7 @@ class ScoreEstimator(Estimator):
                 else:
                     assert self.triplets_ is not None  # fitted from explicit triplets
                     ta, ti, tj, tk = self.triplets_
-                    ll = K.triplet_epoch(
+                    ll = score_kernels.triplet_epoch(
                         X,
                         Y,
                         delta,
@@ -447,4 +447,4 @@ class ScoreEstimator(Estimator):
         )
 
 
-Estimator = ScoreEstimator
+Estimator = SCORE

@@ -1,12 +1,16 @@
 """The pieces of model selection every training loop and every validated choice share:
-early stopping on a validation score, and the rule that keeps a candidate only when its
-gain over the reference is clearly more than noise."""
+early stopping on a validation score, the rule that keeps a candidate only when its gain
+over the reference is clearly more than noise, the standard error behind that rule, the
+points of a grid, and each wrapper's own named random stream."""
 
 from __future__ import annotations
 
+import itertools
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -22,13 +26,43 @@ class Gain:
     kept: bool
 
 
+def stream(random_state: int, name: str) -> np.random.Generator:
+    """The random stream named ``name`` of seed ``random_state``: independent of the seed's
+    own stream (``default_rng(random_state)``, the estimator's) and of every other name, so a
+    wrapper's draws (hold-outs, refinement passes) never shift another's."""
+    key = zlib.crc32(name.encode("utf-8"))
+    return np.random.default_rng(np.random.SeedSequence(int(random_state), spawn_key=(key,)))
+
+
+def standard_error(values: np.ndarray, *, undefined: float = float("nan")) -> float:
+    """The standard error of the mean of ``values`` (sample deviation over sqrt(n)); with fewer
+    than two values it is not defined and ``undefined`` is returned."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size < 2:
+        return float(undefined)
+    return float(np.std(values, ddof=1) / np.sqrt(values.size))
+
+
+def grid_points(grid: Mapping[str, Sequence]) -> list[dict]:
+    """Every point of ``grid`` (name -> candidate values) as a dict, in grid order: the last
+    name varies fastest."""
+    names = list(grid)
+    return [dict(zip(names, values)) for values in itertools.product(*grid.values())]
+
+
+def planned_fits(estimator: Any) -> int:
+    """How many times fitting ``estimator`` fits the model inside it: once for an estimator, more
+    for a wrapper that fits on hold-outs first (its ``planned_fits``)."""
+    return int(getattr(estimator, "planned_fits", lambda: 1)())
+
+
 def significant_gain(gain: np.ndarray, *, margin: float, confidence: float) -> Gain:
     """Keep the candidate only if its mean gain beats ``margin + confidence x SE``
     (the standard error of the mean over units; infinite for fewer than two units)."""
     gain = np.asarray(gain, dtype=np.float64)
     if gain.size == 0:
         return Gain(float("nan"), float("inf"), False)
-    se = float(np.std(gain, ddof=1) / np.sqrt(gain.size)) if gain.size > 1 else float("inf")
+    se = standard_error(gain, undefined=float("inf"))
     mean = float(gain.mean())
     return Gain(mean, se, bool(mean > float(margin) + float(confidence) * se))
 
@@ -105,7 +139,8 @@ class PlateauStopping(Settings):
     min_iter : int, default 10
         Never stop early before this many passes.
     val_tol : float, default 1e-4
-        The least gain of the (smoothed) validation score that counts.
+        The least gain of the (smoothed) validation AUC over its best that counts, in AUC (DCR's
+        ``val_tol`` is the same rule on a log-likelihood, measured relative to its magnitude).
     smoothing : int, default 1
         Stop on the moving average of the last ``smoothing`` scores (1: the raw value).
     keep_within : float or None, default None

@@ -37,7 +37,6 @@ used.
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import sys
 import time
@@ -47,9 +46,10 @@ import numpy as np
 
 from ordrec.service.indices.models.coe import COEIndex
 from ordrec.trainer.data.types import Ratings
-from ordrec.trainer.models import coe_kernels as K
+from ordrec.trainer.models import coe_kernels
 from ordrec.trainer.models.coe import COE, FUNCTIONS, COESolver, TripleSource, grouped, user_moments, zscore
-from ordrec.trainer.models.configured import COE_FLAT_CONSTRAINTS
+from ordrec.trainer.models.pipeline import flat_constraints
+from ordrec.trainer.models.selection import grid_points
 from ordrec.trainer.reproduce.dcr import load_ratings
 from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
@@ -145,10 +145,10 @@ def _accuracies(
 ) -> tuple[float, float]:
     """(preservation, prediction) for one triple type, averaged over groups."""
     indptr, _, z_sorted, order = grouped(group, member, values, n_groups)
-    pairs_all, good_all = K.concordant_pairs(indptr, z_sorted, dist[order])
+    pairs_all, good_all = coe_kernels.concordant_pairs(indptr, z_sorted, dist[order])
     o = observed
     indptr_o, _, z_o, order_o = grouped(group[o], member[o], values[o], n_groups)
-    pairs_obs, good_obs = K.concordant_pairs(indptr_o, z_o, dist[o][order_o])
+    pairs_obs, good_obs = coe_kernels.concordant_pairs(indptr_o, z_o, dist[o][order_o])
     pairs_hid, good_hid = pairs_all - pairs_obs, good_all - good_obs
     has_obs, has_hid = pairs_obs > 0, pairs_hid > 0
     pres = float(np.mean(good_obs[has_obs] / pairs_obs[has_obs])) if has_obs.any() else float("nan")
@@ -162,7 +162,7 @@ def _knn(
     order = np.lexsort((member, group))  # fixed member order, so distance ties break the same way
     indptr = np.zeros(n_groups + 1, dtype=np.int64)
     np.cumsum(np.bincount(group, minlength=n_groups), out=indptr[1:])
-    means = K.knn_mean_rating(indptr, rating[order].astype(np.float64), dist[order], k)
+    means = coe_kernels.knn_mean_rating(indptr, rating[order].astype(np.float64), dist[order], k)
     return float(np.nanmean(means))
 
 
@@ -241,8 +241,8 @@ def _warm_up(data: Ratings) -> None:
     head = data.subset(np.arange(min(len(data), 2000)))
     for function in FUNCTIONS:
         COE(function=function, max_iter=1, solver=COESolver(steps_per_epoch=100)).fit(head)
-    K.concordant_pairs(np.array([0, 2], np.int64), np.zeros(2, np.float32), np.zeros(2))
-    K.knn_mean_rating(np.array([0, 1], np.int64), np.zeros(1), np.zeros(1), 1)
+    coe_kernels.concordant_pairs(np.array([0, 2], np.int64), np.zeros(2, np.float32), np.zeros(2))
+    coe_kernels.knn_mean_rating(np.array([0, 1], np.int64), np.zeros(1), np.zeros(1), 1)
 
 
 def reference_distances(
@@ -283,8 +283,11 @@ def tune(
     scale_name = "lam" if function == "sigmoid" else "alpha"
     best: dict | None = None
     best_score = -1.0
-    for scale, reg, power in itertools.product(GRID[scale_name], GRID["reg"], GRID["group_power"]):
-        params = dict(base, **{scale_name: scale, "reg": reg, "group_power": power})
+    for point in grid_points(
+        {scale_name: GRID[scale_name], "reg": GRID["reg"], "group_power": GRID["group_power"]}
+    ):
+        params = dict(base, **point)
+        scale, reg, power = point[scale_name], point["reg"], point["group_power"]
         metrics, seconds = fit_and_evaluate(params, sub, values, inner)
         # the paper's "first and main metric" is preservation (Section 5.1)
         score = metrics["preservation_h"]
@@ -319,7 +322,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per split, grid-search lambda/alpha, reg (L2 weight) and group_power on a validation"
         " split of that split's observed ratings",
     )
-    add_param_flags(parser, COE_FLAT_CONSTRAINTS, FLAG_HELP, FLAG_HELP)
+    add_param_flags(parser, flat_constraints("coe"), FLAG_HELP, FLAG_HELP)
     parser.add_argument("--no-references", action="store_true", help="skip the random/popularity rows")
 
 
@@ -341,7 +344,7 @@ PROTOCOL_DEFAULTS = {"n_components": 2, "steps_per_epoch": 0}
 
 def _params(function: str, args: argparse.Namespace) -> dict:
     """The fit of ``function`` (COE-S or COE-G): the tuned defaults, then the flags given."""
-    given = given_params(args, "COE", COE_FLAT_CONSTRAINTS, FLAG_HELP)
+    given = given_params(args, "COE", flat_constraints("coe"), FLAG_HELP)
     params = dict(DEFAULTS[function], **PROTOCOL_DEFAULTS, function=function)
     params.update({name: value for name, value in given.items() if name not in ("lam", "alpha")})
     scale = "lam" if function == "sigmoid" else "alpha"  # the other function's is not its parameter

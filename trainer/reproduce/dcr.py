@@ -51,13 +51,11 @@ import numpy as np
 from ordrec.service.indices.models.dcr import DCRIndex
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.metrics import ndcg_at_k, ndcg_values
-from ordrec.trainer.models.configured import DCR_FLAT_CONSTRAINTS
 from ordrec.trainer.models.dcr import (
     DCR,
-    PAIRWISE_FLAT,
     PAPER_PARAMS,
+    DCRVariants,
     PairwiseDCR,
-    ResearchOptions,
     ValidatedRefinement,
     ValidationStopping,
     holdouts,
@@ -65,6 +63,8 @@ from ordrec.trainer.models.dcr import (
     stopped_level_epochs,
     validation_split,
 )
+from ordrec.trainer.models.pipeline import flat_constraints, wrapper, wrapper_settings
+from ordrec.trainer.models.selection import grid_points, standard_error
 from ordrec.trainer.reproduce.params import add_param_flags, given_params, parse_value
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
@@ -168,33 +168,32 @@ class Family:
 STOPPING = {"patience": "patience", "val_tol": "tol"}  # protocol setting -> ValidationStopping field
 
 
-def split_params(params: dict) -> tuple[dict, ResearchOptions, ValidationStopping]:
+def split_params(params: dict) -> tuple[dict, DCRVariants, ValidationStopping]:
     """The protocol's mixed settings (over ``PAPER_PARAMS``, flat names) as DCR's parameters
-    (its solver fields in ``solver``), its research options (``ResearchOptions``: order,
+    (its solver fields in ``solver``), its variants (``DCRVariants``: order,
     projection, item_bias, level_epochs, ...) and the validation stopping rule (``patience``,
     ``val_tol``); the pairwise refinement's settings are :func:`refinement_for`'s."""
     mixed = dict(PAPER_PARAMS, **params)
     stopping = ValidationStopping(
         **{field: mixed.pop(name) for name, field in STOPPING.items() if name in mixed}
     )
-    for name in ("pairwise", *PAIRWISE_FLAT):
+    for name in wrapper("dcr", "pairwise").names():
         mixed.pop(name, None)
-    model_params, research = ResearchOptions.split(mixed)
-    return DCR.nest_flat(model_params), research, stopping
+    model_params, variants = DCRVariants.split(mixed)
+    return DCR.nest_flat(model_params), variants, stopping
 
 
 def refinement_for(params: dict, model: DCR, **overrides) -> PairwiseDCR:
     """The pairwise refinement of ``model`` with the settings among the protocol's ``params``
     and ``overrides`` (flat names: ``pairwise_learning_rate``, ...)."""
-    given = dict(params, **overrides)
-    return PairwiseDCR.from_flat(model, {name: given[name] for name in PAIRWISE_FLAT if name in given})
+    return PairwiseDCR(model, **wrapper_settings("dcr", "pairwise", dict(params, **overrides)))
 
 
 def fit_dcr(params: dict, data: Ratings, validation: Ratings | None = None) -> DCR:
     """DCR fitted on ``data`` from the protocol's mixed settings (``split_params``), refined in
-    place (continuing its random stream) when ``pairwise`` is among them."""
-    model_params, research, stopping = split_params(params)
-    model = DCR(**model_params).fit(data, validation=validation, research=research, stopping=stopping)
+    place (on the refinement's own random stream) when ``pairwise`` is among them."""
+    model_params, variants, stopping = split_params(params)
+    model = DCR(**model_params).fit(data, validation=validation, variants=variants, stopping=stopping)
     if params.get("pairwise", False):
         refinement_for(params, model).refine_fitted(model)
     return model
@@ -232,8 +231,8 @@ def tune(
     fit, val = split if split is not None else validation_split(train, rng)
     best, best_score, best_model = dict(base), -np.inf, None
     keys = sorted(grid)
-    for values in itertools.product(*(grid[k] for k in keys)):
-        params = dict(base, **dict(zip(keys, values)))
+    for point in grid_points({k: grid[k] for k in keys}):
+        params = dict(base, **point)
         if stop == "validation":
             model, score = fit_stopped(params, fit, val)
             log(
@@ -253,8 +252,7 @@ def tune(
             raise ValueError("the fit grid is empty: no model to refine")
         pkeys = sorted(pairwise_grid)
         pair_score = -np.inf
-        for values in itertools.product(*(pairwise_grid[k] for k in pkeys)):
-            overrides = dict(zip(pkeys, values))
+        for overrides in grid_points({k: pairwise_grid[k] for k in pkeys}):
             score = index_ndcg(refinement_for(best, best_model, **overrides).refined(best_model), val)
             log(f"    tune pairwise {params_text(overrides, pkeys)}: val ndcg@10 {score:.4f}")
             if score > pair_score:
@@ -273,8 +271,8 @@ def grid_best_on_test(
     """
     split = validation_split(train, rng) if stop == "validation" else None
     best = -np.inf
-    for lr, reg in itertools.product(LR_GRID, REG_GRID):
-        params = dict(base, learning_rate=lr, reg=reg)
+    for point in grid_points({"learning_rate": LR_GRID, "reg": REG_GRID}):
+        params = dict(base, **point)
         if split is not None:
             params["level_epochs"] = fit_stopped(params, *split)[0].best_epochs_
         best = max(best, index_ndcg(fit_dcr(params, train), test))
@@ -306,8 +304,8 @@ FLAG_HELP = {
     "pairwise_max_iter": "passes of the pairwise refinement (default 20)",
 }
 FLAG_CONSTRAINTS = {
-    **DCR_FLAT_CONSTRAINTS,
-    **ResearchOptions._parameter_constraints,
+    **flat_constraints("dcr"),
+    **DCRVariants._parameter_constraints,
     "val_tol": ValidationStopping._parameter_constraints["tol"],
 }
 PROTOCOL_DEFAULTS = {
@@ -410,7 +408,7 @@ def select(
         return fitted[best][0]
     for candidate, values in fitted:
         diff = fitted[best][1] - values
-        se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else 0.0
+        se = standard_error(diff, undefined=0.0)
         if diff.mean() <= se:
             return candidate
     return fitted[best][0]
@@ -480,16 +478,19 @@ def _sweep_candidates(args: argparse.Namespace, fit_n: dict, extra: list[tuple[s
     candidates = []
     for init in inits:
         default_std = fit_n["init_std"] if init == fit_n["init"] else INIT_STD[init]
-        for rank, lr, std, *others in itertools.product(
-            ranks, lrs, stds or (default_std,), *(values for _, values in extra)
-        ):
+        grid = {
+            "n_components": ranks,
+            "learning_rate": lrs,
+            "init_std": stds or (default_std,),
+            **dict(extra),
+        }
+        for point in grid_points(grid):
             candidates.append(
                 dict(
-                    init=init,
-                    n_components=int(rank),
-                    learning_rate=float(lr),
-                    init_std=float(std),
-                    **{key: value for (key, _), value in zip(extra, others)},
+                    {"init": init, **point},
+                    n_components=int(point["n_components"]),
+                    learning_rate=float(point["learning_rate"]),
+                    init_std=float(point["init_std"]),
                 )
             )
     return candidates
@@ -545,17 +546,15 @@ def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
         best = np.asarray(values[(ranked[0].method, n)])
         for r in ranked[1:]:
             diff = np.asarray(values[(r.method, n)]) - best
-            se = float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else float("nan")
+            se = standard_error(diff)
             print(f"N={n}: {r.method}: {diff.mean():+.5f} ± {se:.5f} (paired SE) vs {ranked[0].method}")
 
 
 def _sweep_setting(text: str) -> tuple[str, tuple]:
     """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
-    if not sep or not values or key not in [*DCR_FLAT_CONSTRAINTS, *ResearchOptions.names(), *STOPPING]:
-        raise SystemExit(
-            f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter or research option"
-        )
+    if not sep or not values or key not in [*flat_constraints("dcr"), *DCRVariants.names(), *STOPPING]:
+        raise SystemExit(f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter or variant")
     return key, tuple(parse_value(v) for v in values.split(","))
 
 
@@ -718,8 +717,8 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    model_params, research, stopping = split_params(params)
-    epochs = stopped_level_epochs(model_params, train, rng, folds, research=research, stopping=stopping)
+    model_params, variants, stopping = split_params(params)
+    epochs = stopped_level_epochs(model_params, train, rng, folds, variants=variants, stopping=stopping)
     return dict(params, level_epochs=epochs)
 
 
@@ -902,17 +901,17 @@ def _pairwise(
         results.record("Pairwise " + prefix, n, index_ndcg(always, test), f"({note})")
         return always
     chosen = ValidatedRefinement(refinement, folds=args.pairwise_folds).refine(model, train)
-    point, pair, se = chosen.pairwise_val_ndcg_
-    verdict = "kept" if chosen.pairwise_kept_ else "dropped, pointwise model served"
+    point, pair, se = chosen.val_scores_
+    verdict = "kept" if chosen.kept_ else "dropped, pointwise model served"
     results.record(
         "Pairwise " + prefix,
         n,
-        index_ndcg(always if chosen.pairwise_kept_ else model, test),
+        index_ndcg(always if chosen.kept_ else model, test),
         f"({note}; refinement {verdict}: val ndcg@10 {point:.4f} -> {pair:.4f}, gain SE {se:.4f})",
     )
-    results.kept.setdefault(("Pairwise " + prefix, n), []).append(bool(chosen.pairwise_kept_))
+    results.kept.setdefault(("Pairwise " + prefix, n), []).append(bool(chosen.kept_))
     results.record(f"Pairwise {prefix} (always refined)", n, index_ndcg(always, test), f"({note})")
-    return always if chosen.pairwise_kept_ else model
+    return always if chosen.kept_ else model
 
 
 def _protocol_run(

@@ -25,7 +25,7 @@ built from an in-memory artifact), by the same functions:
   ``trustworthiness`` at k.
 
 Three KNNSCAL rows unless a parameter flag picks the start
-(``initial_disparities``, ``neighbor_embedding`` or ``refinement``):
+(``initial_disparities``, ``neighbor_embedding`` or ``keep_iterations``):
 ``knnscal`` (the defaults: neighbour-embedding start, validated
 refinement), ``knnscal-geodesic-start`` (the previous default: geodesic
 start, isotonic start disparities, every refinement kept) and
@@ -49,25 +49,21 @@ import numpy as np
 
 from ordrec.service.indices.models.knnscal import KNNSCALIndex
 from ordrec.service.storage.artifact import Artifact
-from ordrec.trainer.models import knnscal_kernels as K
+from ordrec.trainer.models import knnscal_kernels
 from ordrec.trainer.models.knnscal import KnnScal, enlarged_edges, knn_lists, neighbor_csr, symmetric_graph
-from ordrec.trainer.models.knnscal_selection import FLAT_NAMES, KnnScalStartSelection
+from ordrec.trainer.models.pipeline import RENAMED, configure, flat_constraints
 from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
 DATA_REQUIRED = False
 # KnnScal's flat settings (its parameters, the solver's fields, the start selection's) as flags of
-# the same names (--edge-weight, --max-iter, --polish-rounds, --ne-starts, ...); n_components and
+# the same names (--edge-weight, --max-iter, --polish-rounds, --neighbor-embedding-starts, ...); n_components and
 # n_neighbors are the protocol's --n-components and --n-neighbors, random_state is --seed.
-FLAT_CONSTRAINTS = {
-    **KnnScal.flat_constraints(),
-    "solver": KnnScal._parameter_constraints["solver"],
-    **{flat: KnnScalStartSelection._parameter_constraints[own] for flat, own in FLAT_NAMES.items()},
-}
+FLAT_CONSTRAINTS = {**flat_constraints("knnscal"), "solver": KnnScal._parameter_constraints["solver"]}
 PARAM_FLAGS = tuple(
     name
     for name in FLAT_CONSTRAINTS
-    if name not in ("n_components", "n_neighbors", "ne_rank_decay", "random_state", "verbose")
+    if name not in ("n_components", "n_neighbors", "neighbor_embedding_rank_decay", "random_state", "verbose")
 )
 DEFAULT_RUNS = 3
 METRICS = ("stress", "order_agreement", "recall@10", "label_acc@10", "trustworthiness")
@@ -82,7 +78,8 @@ ISSUE_FIGURES = {
 
 
 def _rank_decay(text: str) -> float | str:
-    """``--ne-rank-decay``: "auto" or a number (checked against KnnScal's constraint with the other flags)."""
+    """``--neighbor-embedding-rank-decay``: "auto" or a number (checked against KnnScal's
+    constraint with the other flags)."""
     if text == "auto":
         return text
     try:
@@ -114,12 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated reference methods (spectral, isomap, tsne; '' for none);"
         " default: all three with features (--digits), spectral for a bare graph",
     )
-    add_param_flags(parser, FLAT_CONSTRAINTS, PARAM_FLAGS)
+    add_param_flags(parser, FLAT_CONSTRAINTS, PARAM_FLAGS, renamed=RENAMED["knnscal"])
     parser.add_argument(
+        "--neighbor-embedding-rank-decay",
         "--ne-rank-decay",
         type=_rank_decay,
         default=None,
-        help='the ne_rank_decay parameter: a number or "auto"',
+        help='the neighbor_embedding_rank_decay parameter: a number or "auto"',
     )
 
 
@@ -201,9 +199,9 @@ def map_index(problem: Problem, coords: np.ndarray) -> KNNSCALIndex:
 
 
 def kruskal_stress(problem: Problem, coords: np.ndarray) -> float:
-    d = K.entry_distances(coords, problem.plus_indptr, problem.plus_col)
+    d = knnscal_kernels.entry_distances(coords, problem.plus_indptr, problem.plus_col)
     fit = np.empty_like(d)
-    K.isotonic_rows(
+    knnscal_kernels.isotonic_rows(
         problem.plus_indptr,
         problem.plus_rnk,
         problem.q,
@@ -211,7 +209,7 @@ def kruskal_stress(problem: Problem, coords: np.ndarray) -> float:
         0.0,
         d,
         fit,
-        K.row_positions(problem.plus_indptr),
+        knnscal_kernels.row_positions(problem.plus_indptr),
     )
     return float(np.sqrt(np.sum((d - fit) ** 2) / max(np.sum(d * d), 1e-300)))
 
@@ -219,7 +217,7 @@ def kruskal_stress(problem: Problem, coords: np.ndarray) -> float:
 def map_metrics(problem: Problem, index: KNNSCALIndex) -> dict[str, float]:
     """Every measure of one map, neighbour queries through ``index``."""
     coords = index.points.coords
-    agree, pairs = K.order_counts(coords, problem.indptr, problem.col, problem.rnk, problem.q)
+    agree, pairs = knnscal_kernels.order_counts(coords, problem.indptr, problem.col, problem.rnk, problem.q)
     k = problem.k
     hits = listed = hits10 = listed10 = 0
     label_hits = 0
@@ -277,18 +275,18 @@ def reference_map(method: str, problem: Problem, dim: int, seed: int) -> np.ndar
 # ------------------------------------------------------------------- run
 POSTER_START = "knnscal-poster-start"
 GEODESIC_START = "knnscal-geodesic-start"
-PREVIOUS_DEFAULT = {"neighbor_embedding": "none", "refinement": "always"}
+PREVIOUS_DEFAULT = {"neighbor_embedding": "none", "keep_iterations": "always"}
 # Parameters that pick the start; with any of them given only the asked-for fit runs.
-START_PARAMETERS = {"initial_disparities", "neighbor_embedding", "refinement"}
+START_PARAMETERS = {"initial_disparities", "neighbor_embedding", "keep_iterations"}
 
 
 def fit_and_score(problem: Problem, method: str, params: dict, dim: int, seed: int, run: int, verbose: bool):
     """Fit KNNSCAL with ``params`` (flat, as a job table gives them) and score its map through the serving index."""
     t0 = time.perf_counter()
-    search = KnnScalStartSelection.from_flat(n_components=dim, random_state=seed, verbose=verbose, **params)
-    est = search.fit(problem.graph).estimator_
+    pipeline = configure("knnscal", dict(params, n_components=dim, random_state=seed, verbose=verbose))
+    est = pipeline.fit(problem.graph, check_memory=False).estimator.estimator_
     fit_s = time.perf_counter() - t0
-    index = KNNSCALIndex.from_artifact(search.to_artifact())
+    index = KNNSCALIndex.from_artifact(pipeline.to_artifact())
     index.smoke()
     metrics = map_metrics(problem, index)
     if verbose:
@@ -304,7 +302,7 @@ def fit_and_score(problem: Problem, method: str, params: dict, dim: int, seed: i
 def run(args) -> list[Row]:
     problem = load_problem(args)
     dim = int(args.n_components)
-    params = given_params(args, "KnnScal", FLAT_CONSTRAINTS, (*PARAM_FLAGS, "ne_rank_decay"))
+    params = given_params(args, "KnnScal", FLAT_CONSTRAINTS, (*PARAM_FLAGS, "neighbor_embedding_rank_decay"))
     setting = {"k": problem.k, "dim": dim}
     per_method: dict[str, dict[str, list[float]]] = {}
 

@@ -82,15 +82,18 @@ def add_param_flags(
     constraints: Mapping[str, Sequence[Any]],
     names: Iterable[str],
     helps: Mapping[str, str] | None = None,
+    renamed: Mapping[str, str] | None = None,
 ) -> None:
     """A ``--name-with-dashes`` flag for each parameter in ``names`` (typed from its constraint,
-    default None: "not given", so the protocol's own value stands)."""
+    default None: "not given", so the protocol's own value stands); a parameter renamed
+    (``renamed``: old -> new) also takes its old flag."""
     helps = helps or {}
     for name in names:
         forms = constraints[name]
         options = next((f.options for f in forms if isinstance(f, Options)), None)
         parser.add_argument(
             flag_name(name),
+            *[flag_name(old) for old, new in (renamed or {}).items() if new == name],
             dest=name,
             type=_converter(forms),
             choices=options,

@@ -31,7 +31,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from ordrec.service.indices.models.score import SCOREIndex
 from ordrec.trainer.data.types import AttributeTable
 from ordrec.trainer.evaluation.metrics import preservation
-from ordrec.trainer.models.score import ScoreEstimator
+from ordrec.trainer.models.score import SCORE
 from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
@@ -70,7 +70,7 @@ PROTOCOL_DEFAULTS = {
 
 def protocol_params(args: argparse.Namespace) -> dict:
     """The protocol's SCORE parameters: the paper's, with the flags given (checked)."""
-    given = given_params(args, "ScoreEstimator", ScoreEstimator._parameter_constraints, FLAG_HELP)
+    given = given_params(args, "SCORE", SCORE._parameter_constraints, FLAG_HELP)
     return dict(PROTOCOL_DEFAULTS, **given)
 
 
@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="multi,single,disjoint",
         help="which of multi,single,disjoint to fit (default: all three)",
     )
-    add_param_flags(parser, ScoreEstimator._parameter_constraints, FLAG_HELP, FLAG_HELP)
+    add_param_flags(parser, SCORE._parameter_constraints, FLAG_HELP, FLAG_HELP)
 
 
 # -------------------------------------------------------------- data shaping
@@ -315,7 +315,7 @@ def _measure_mode(
     measured: _Measured,
 ) -> None:
     """Fit one mode on the run's training table and measure it through the serving index."""
-    est = ScoreEstimator(**protocol_params(args), mode=mode, random_state=seed, verbose=not args.quiet)
+    est = SCORE(**protocol_params(args), mode=mode, random_state=seed, verbose=not args.quiet)
     index = SCOREIndex.from_artifact(est.fit(train).to_artifact())
     overall, hidden = preservation(index, sub, observed)
     measured.per_mode[mode]["preservation"].append(float(np.nanmean(overall)))

@@ -49,8 +49,8 @@ from ordrec.trainer.data.interactions import trainable
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import SPLITS, split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
-from ordrec.trainer.models.configured import accepted_params, configure
 from ordrec.trainer.models.dcr import PAPER_PARAMS
+from ordrec.trainer.models.pipeline import accepted_params, configure
 from ordrec.trainer.reproduce.coe import DEFAULTS as COE_PAPER
 from ordrec.trainer.reproduce.params import parse_value
 from ordrec.trainer.reproduce.report import Row, summarise

@@ -1,5 +1,5 @@
 """A job table's or ``train --set``'s flat settings become the estimator, its model-selection
-wrappers and the artifact's serving choices (trainer/models/configured.py)."""
+wrappers and the artifact's serving choices (trainer/models/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ordrec.trainer.cli import main
+from ordrec.trainer.models import pipeline
 from ordrec.trainer.models.coe import COE, COESolver
-from ordrec.trainer.models.configured import accepted_params, configure
 from ordrec.trainer.models.dcr import DCR, DCRSolver, EarlyStoppedDCR, PairwiseDCR, ValidatedRefinement
+from ordrec.trainer.models.pipeline import Wrapper, accepted_params, configure
 from tests.test_dcr import planted
 
 
@@ -76,9 +78,9 @@ def test_the_flat_settings_build_the_wrappers():
     assert isinstance(refined.estimator, ValidatedRefinement)
     assert (refined.estimator.margin, refined.estimator.folds) == (0.01, 2)
     assert refined.estimator.max_users == 100_000  # the default sample of scored users
-    every = configure("dcr", {"pairwise": True, "pairwise_validation_users": None})
+    every = configure("dcr", {"pairwise": True, "pairwise_validation_max_users": None})
     assert every.estimator.max_users is None
-    assert configure("dcr", {"pairwise": True, "pairwise_validation_users": 50}).estimator.max_users == 50
+    assert configure("dcr", {"pairwise": True, "pairwise_validation_max_users": 50}).estimator.max_users == 50
     assert isinstance(refined.estimator.estimator, PairwiseDCR)
     always = configure("dcr", {"pairwise": True, "pairwise_validation": False})
     assert type(always.estimator) is PairwiseDCR and type(always.estimator.estimator) is DCR
@@ -117,8 +119,8 @@ def test_the_serving_choices_reach_the_artifact():
         ({"validation_folds": 0}, "validation_folds"),
         ({"early_stopping": "yes"}, "early_stopping"),
         ({"pairwise_confidence": -1.0}, "pairwise_confidence"),
-        ({"pairwise_validation_users": 0}, "pairwise_validation_users"),
-        ({"pairwise_validation_users": "all"}, "pairwise_validation_users"),
+        ({"pairwise_validation_max_users": 0}, "pairwise_validation_max_users"),
+        ({"pairwise_validation_max_users": "all"}, "pairwise_validation_max_users"),
         ({"ann_min_items": 0}, "ann_min_items"),
         ({"ann_params": "hnsw"}, "ann_params"),
         ({"ann_params": {"efSearch": 3}}, "efSearch"),
@@ -197,3 +199,80 @@ def test_the_model_keeps_exactly_the_model_parameters_given(params):
     if params.get("pairwise"):
         assert refinement.max_iter == params.get("pairwise_max_iter", 20)
     assert ("early_stopping" in configured.selection) == bool(params.get("early_stopping"))
+
+
+def test_the_old_name_of_a_renamed_setting_still_works_and_says_so():
+    with pytest.warns(FutureWarning, match="pairwise_validation_max_users"):
+        old = configure("dcr", {"pairwise": True, "pairwise_validation_users": 50})
+    assert old.estimator.max_users == 50
+    assert "pairwise_validation_users" not in accepted_params("dcr")
+
+
+def test_the_old_knnscal_names_still_reach_their_settings():
+    old = {
+        "ne_starts": 2,
+        "ne_rank_decay": 3.0,
+        "refinement": "always",
+        "hop2_fraction": 0.1,
+        "cmds_max_n": 9,
+    }
+    with pytest.warns(FutureWarning, match="neighbor_embedding_starts"):
+        search = configure("knnscal", dict(old, ne_exact_max_n=7)).estimator
+    assert (search.n_starts, search.rank_decay, search.estimator.two_hop_fraction) == (2, 3.0, 0.1)
+    solver = search.estimator.solver_settings()
+    assert (solver.keep_iterations, solver.classical_mds_max_n, solver.exact_max_n) == ("always", 9, 7)
+    with pytest.warns(FutureWarning, match="classical_mds_max_n"):  # inside a solver table too
+        table = configure("knnscal", {"solver": {"cmds_max_n": 9}}).estimator.estimator
+    assert table.solver_settings().classical_mds_max_n == 9
+
+
+def test_the_fit_says_how_many_fits_of_the_estimator_it_runs():
+    assert configure("dcr", {}).describe() == "dcr: 1 fit of the estimator"
+    # pairwise: 3 hold-outs for the validation of the refinement, then the fit on all the ratings
+    assert configure("dcr", {"pairwise": True}).describe() == "dcr with pairwise: 4 fits of the estimator"
+    both = configure("dcr", {"pairwise": True, "early_stopping": True})
+    assert both.describe() == "dcr with pairwise, early_stopping: 7 fits of the estimator"
+    assert configure("dcr", {"pairwise": True, "pairwise_validation": False}).planned_fits() == 1
+    assert configure("rtf", {"grid_validation": True, "grid_reg": [0.1]}).planned_fits() == 3
+
+
+def test_the_manifest_records_every_switch_and_the_settings_of_the_wrappers_that_ran():
+    plain = configure("dcr", {"n_components": 2})
+    assert plain.recorded == {"pairwise": False, "pairwise_validation": False, "early_stopping": False}
+    refined = configure("dcr", {"pairwise": True, "pairwise_max_iter": 3}).recorded
+    assert refined["pairwise"] is refined["pairwise_validation"] is True
+    assert (refined["pairwise_max_iter"], refined["pairwise_learning_rate"], refined["validation_folds"]) == (
+        3,
+        0.01,
+        3,
+    )
+
+
+def test_a_wrapper_row_is_all_a_new_model_selection_needs(monkeypatch):
+    """One more row of the table: its switch and setting are accepted, checked by name, wrap the
+    estimator when on and are recorded; nothing else lists them."""
+
+    class Doubled:
+        _parameter_constraints = {"times": [int]}
+
+        def __init__(self, estimator, *, times: int = 2):
+            self.estimator, self.times = estimator, times
+
+    row = Wrapper("doubled", Doubled, {"doubled_times": "times"}, (Doubled,))
+    monkeypatch.setitem(pipeline.WRAPPERS, "coe", (row,))
+    assert accepted_params("coe")[-2:] == ["doubled", "doubled_times"]
+    wrapped = configure("coe", {"doubled": True, "n_components": 2})
+    assert isinstance(wrapped.estimator, Doubled) and wrapped.estimator.times == 2
+    assert isinstance(wrapped.estimator.estimator, COE) and wrapped.selection == ("doubled",)
+    assert wrapped.recorded == {"doubled": True, "doubled_times": 2}
+    assert type(configure("coe", {"doubled_times": 3}).estimator) is COE
+    with pytest.raises(ValueError, match="doubled_times"):
+        configure("coe", {"doubled": True, "doubled_times": "x"})
+
+
+def test_train_logs_the_fits_a_pairwise_fit_runs(sample_dir, tmp_path, capsys):
+    flags = ["--set", "pairwise=true", "--set", "validation_folds=2", "--set", "max_iter=1"]
+    flags += ["--set", "n_components=2", "--set", "pairwise_max_iter=1"]
+    data = str(sample_dir / "ratings.data")
+    assert main(["train", "dcr", "--data", data, "--registry", str(tmp_path), *flags]) == 0
+    assert "fit: dcr with pairwise: 3 fits of the estimator" in capsys.readouterr().err
