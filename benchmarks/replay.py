@@ -13,11 +13,11 @@ Arms (each a separate run of the same replay, from the same first version):
 - ``full``: the loop. Values recorded (fold-in), trending and fresh items on, the real job
   (``ordrec-train run JOB.toml``, gate on, reading the recorded events) every ``--job-every``
   simulated days, the server hot-reloading what it publishes;
-- ``static``: the first version only (what a nightly export gives): no job, no fold-in (the
-  interactions are recorded without their values, so the seen filter still applies), no
-  trending, no fresh items; unknown users get the training popularity list;
+- ``static``: the first version only (what a nightly export gives): no job, no trending, no
+  fresh items, and nothing recorded (so nothing to fold in): the client excludes the user's
+  replayed items itself, as the seen filter would; unknown users get the training popularity;
 - ``popularity``: the first version's popularity list (an unknown user's answer, trending off),
-  the user's own items excluded;
+  the user's training and replayed items excluded by the client; nothing recorded;
 - ``trending``: ``Recommend`` with ``model: "trending"`` (time-decayed counts in Redis), the
   user's training items excluded (the server excludes the recorded ones).
 
@@ -271,6 +271,8 @@ class Day:
     new_item_trials: int = 0
     new_item_hits: int = 0
     served: dict = field(default_factory=lambda: {"model": 0, "fold_in": 0, "fallback": 0})
+    trials_by_source: dict = field(default_factory=lambda: defaultdict(int))  # trials by who answered
+    hits_by_source: dict = field(default_factory=lambda: defaultdict(int))
     fresh_items: set = field(default_factory=set)
     latencies: list = field(default_factory=list)  # (wall start, seconds) of each Recommend
     errors: dict = field(default_factory=lambda: defaultdict(int))
@@ -283,7 +285,7 @@ class Day:
 @dataclass(frozen=True)
 class ArmSettings:
     name: str
-    record_values: bool  # False: no fold-in (the static arm)
+    records: bool  # False: the client excludes the user's replayed items itself (nothing to fold in)
     serve_flags: tuple[str, ...]  # beside --redis
 
 
@@ -293,7 +295,7 @@ def arm_settings(name: str, day_seconds: float) -> ArmSettings:
     return {
         "full": ArmSettings("full", True, accelerated),
         "static": ArmSettings("static", False, without_live),
-        "popularity": ArmSettings("popularity", True, without_live),
+        "popularity": ArmSettings("popularity", False, without_live),
         "trending": ArmSettings("trending", True, accelerated),
     }[name]
 
@@ -301,19 +303,24 @@ def arm_settings(name: str, day_seconds: float) -> ArmSettings:
 class Client:
     """One arm's calls: the question asked before each interaction, and the recording."""
 
-    def __init__(self, stub, arm: ArmSettings, history: dict[str, set[str]]):
+    def __init__(self, stub, arm: ArmSettings, trained: dict[str, set[str]]):
         self.stub, self.arm = stub, arm
-        self.history = history  # each user's training items; popularity also adds the replayed ones
+        self.trained = trained  # each user's training items
+        self.replayed: dict[str, set[str]] = defaultdict(set)  # arms that do not record: what was replayed
         self.acknowledged: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
 
     def request(self, user: str) -> pb.RecommendRequest:
-        own = self.history.get(user, set())
+        """The full loop's question is the plain one: the server's seen filter excludes the user's
+        items. The others exclude what the server cannot know (see the module's docstring)."""
+        trained, replayed = self.trained.get(user, set()), self.replayed.get(user, set())
         if self.arm.name == "popularity":
-            return pb.RecommendRequest(model=MODEL, user_ids=[ANONYMOUS], n=N, exclude_item_ids=sorted(own))
+            return pb.RecommendRequest(
+                model=MODEL, user_ids=[ANONYMOUS], n=N, exclude_item_ids=trained | replayed
+            )
         if self.arm.name == "trending":
-            return pb.RecommendRequest(model="trending", user_ids=[user], n=N, exclude_item_ids=sorted(own))
-        return pb.RecommendRequest(model=MODEL, user_ids=[user], n=N)
+            return pb.RecommendRequest(model="trending", user_ids=[user], n=N, exclude_item_ids=trained)
+        return pb.RecommendRequest(model=MODEL, user_ids=[user], n=N, exclude_item_ids=replayed)
 
     def recommend(self, user: str, day: Day) -> UserAnswer | None:
         started = time.time()
@@ -329,14 +336,18 @@ class Client:
         return UserAnswer.of(reply)
 
     def record(self, event: Event, day: Day) -> None:
-        """Retried while UNAVAILABLE (Redis down: the outcome is unknown, a repeat is harmless)."""
-        value = event.value if event.value is not None else 1.0
-        interaction = pb.Interaction(item_id=event.item, value=value) if self.arm.record_values else None
+        """RecordInteractions: a rating with its value, an implicit interaction as a pick (no
+        value). Retried while UNAVAILABLE (Redis down: the outcome is unknown, a repeat is harmless)."""
+        if not self.arm.records:
+            with self.lock:
+                self.replayed[event.user].add(event.item)
+            return
+        picked = event.value is None
         request = pb.RecordInteractionsRequest(
             user_id=event.user,
-            model=MODEL if self.arm.record_values else "",
-            interactions=[interaction] if interaction else [],
-            item_ids=[] if interaction else [event.item],
+            model=MODEL,
+            item_ids=[event.item] if picked else [],
+            interactions=[] if picked else [pb.Interaction(item_id=event.item, value=event.value)],
         )
         deadline = time.monotonic() + RECORD_DEADLINE
         while True:
@@ -351,8 +362,6 @@ class Client:
                 time.sleep(0.05)
         with self.lock:
             self.acknowledged.add((event.user, event.item))
-            if self.arm.name == "popularity":
-                self.history.setdefault(event.user, set()).add(event.item)
 
 
 @dataclass
@@ -477,6 +486,8 @@ class Arm:
             hit = e.item in answer.items
             day.trials += 1
             day.hits += hit
+            day.trials_by_source[answer.source] += 1
+            day.hits_by_source[answer.source] += hit
             if e.item not in self.trained_items:
                 day.new_item_trials += 1
                 day.new_item_hits += hit
@@ -506,6 +517,7 @@ class Arm:
             "trials": sum(d.trials for d in self.days),
             "hits": sum(d.hits for d in self.days),
             "hit_rate": ratio(sum(d.hits for d in self.days), sum(d.trials for d in self.days)),
+            "by_source": self.by_source(),
             "acknowledged": len(client.acknowledged),
             "in_stream": len(stream),
             "acknowledged_lost": len(client.acknowledged - stream),
@@ -524,6 +536,15 @@ class Arm:
             "record_retries": sum(d.record_retries for d in self.days),
             "faults": self.faults,
         }
+
+    def by_source(self) -> dict:
+        """Trials, hits and hit rate by who answered: the model, fold-in or a fallback."""
+        totals = {}
+        for source in ("model", "fold_in", "fallback"):
+            trials = sum(d.trials_by_source.get(source, 0) for d in self.days)
+            hits = sum(d.hits_by_source.get(source, 0) for d in self.days)
+            totals[source] = {"trials": trials, "hits": hits, "hit_rate": ratio(hits, trials)}
+        return totals
 
     def trained_events(self, jobs: JobRunner | None) -> set[tuple[str, str]] | None:
         """The (user, item) pairs of the recorded events the live version was trained on."""
@@ -544,6 +565,8 @@ class Arm:
             "new_item_trials": day.new_item_trials,
             "new_item_hits": day.new_item_hits,
             "served": day.served,
+            "trials_by_source": dict(day.trials_by_source),
+            "hits_by_source": dict(day.hits_by_source),
             "fresh_items_served": len(day.fresh_items),
             "versions": sorted(day.versions),
             "job": [
@@ -637,7 +660,9 @@ def print_table(results: list[dict]) -> None:
     for r in results:
         lat = r["latency_ms"]
         print(
-            f"{r['arm']:>10}: hit rate {fmt(r['hit_rate'], 4)} ({r['hits']}/{r['trials']}); acknowledged"
+            f"{r['arm']:>10}: hit rate {fmt(r['hit_rate'], 4)} ({r['hits']}/{r['trials']}; "
+            + ", ".join(f"{s} {fmt(v['hit_rate'], 3)} of {v['trials']}" for s, v in r["by_source"].items())
+            + "); acknowledged"
             f" {r['acknowledged']}, in the stream {r['in_stream']} (lost {r['acknowledged_lost']}), read by the last"
             f" job {fmt(r['read_by_last_job'])}, in the live version's checkpoint {fmt(r['trained_events'])};"
             f" published {r['published']}, refused {r['refused']}; Recommend errors {r['recommend_errors']}"
