@@ -673,8 +673,19 @@ def print_table(results: list[dict]) -> None:
         )
 
 
-def plot(results: list[dict], path: Path, title: str) -> None:
-    """Hit rate per simulated day per arm; the full loop's reloads as vertical lines."""
+def rolling_hit_rate(days: list[dict], window: int) -> list[float | None]:
+    """Each day's hit rate over the trailing ``window`` days (hits over trials: a quiet day with
+    a handful of trials weighs what it holds, not a whole day's share)."""
+    rates = []
+    for n in range(len(days)):
+        span = days[max(0, n - window + 1) : n + 1]
+        rates.append(ratio(sum(d["hits"] for d in span), sum(d["trials"] for d in span)))
+    return rates
+
+
+def plot(results: list[dict], path: Path, title: str, window: int) -> None:
+    """Hit rate over the trailing ``window`` simulated days per arm; the full loop's publishes
+    as vertical lines (at the first day the new version could answer)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -682,18 +693,21 @@ def plot(results: list[dict], path: Path, title: str) -> None:
 
     figure, axes = plt.subplots(figsize=(9, 4.5))
     for r in results:
-        days = [d["day"] for d in r["days"] if d["hit_rate"] is not None]
+        rates = rolling_hit_rate(r["days"], window)
         axes.plot(
-            days, [d["hit_rate"] for d in r["days"] if d["hit_rate"] is not None], label=r["arm"], lw=1.4
+            [d["day"] for d in r["days"]], [np.nan if x is None else x for x in rates], label=r["arm"], lw=1.4
         )
     for r in results:
-        reloads = [j["day"] + 1 for j in r["jobs"] if j["outcome"] == "published"]
+        reloads = [
+            j["day"] + 1 for j in r["jobs"] if j["outcome"] == "published" and j["day"] + 1 < len(r["days"])
+        ]
         for n, day in enumerate(reloads):
-            axes.axvline(day, color="grey", lw=0.6, ls=":", label="new version published" if n == 0 else None)
+            axes.axvline(day, color="grey", lw=0.5, ls=":", label="new version published" if n == 0 else None)
     axes.set_xlabel("simulated day of the replay")
-    axes.set_ylabel(f"hit rate@{N} (next relevant interaction in the list)")
+    axes.set_ylabel(f"hit rate@{N}, trailing {window} days")
     axes.set_title(title)
-    axes.legend(loc="upper right", fontsize=8)
+    axes.set_ylim(bottom=0)
+    axes.legend(loc="lower right", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
 
@@ -738,6 +752,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, required=True, help="folder for replay.json, logs and registries")
     parser.add_argument("--plot", type=Path, help="PNG of the hit rate per day per arm")
+    parser.add_argument(
+        "--plot-window", type=int, default=7, help="simulated days each plotted hit rate covers"
+    )
     return parser.parse_args(argv)
 
 
@@ -774,7 +791,8 @@ def main(argv=None) -> list[dict]:
     (options.out / "replay.json").write_text(json.dumps(report, indent=1, default=sorted))
     print_table(results)
     if options.plot:
-        plot(results, options.plot, f"{options.data.name}: {len(log.days)} simulated days replayed")
+        title = f"{options.data.name}: {len(log.days)} simulated days replayed"
+        plot(results, options.plot, title, options.plot_window)
     return results
 
 
