@@ -396,10 +396,10 @@ class Arm:
         shutil.copytree(base / "registry", folder / "registry")
         self.registry = folder / "registry"
         self.trained_items = {e.item for e in log.train}
-        history: dict[str, set[str]] = defaultdict(set)
+        trained: dict[str, set[str]] = defaultdict(set)
         for e in log.train:
-            history[e.user].add(e.item)
-        self.history = dict(history)
+            trained[e.user].add(e.item)
+        self.trained_by_user = dict(trained)  # each user's training items
         self.days = [Day() for _ in log.days]
         self.first_reply: dict[str, float] = {}  # version -> wall time of its first reply
         self.faults: dict[str, int] = {}  # what was killed (--faults) -> on which day
@@ -419,7 +419,9 @@ class Arm:
                 ) as server,
                 grpc.insecure_channel(server.target) as channel,
             ):
-                client = Client(recommender_pb2_grpc.RecommenderStub(channel), self.settings, self.history)
+                client = Client(
+                    recommender_pb2_grpc.RecommenderStub(channel), self.settings, self.trained_by_user
+                )
                 self.replay(client, jobs, redis_server)
                 if jobs is not None:  # the last days' events: one more run, then compare
                     jobs.start(len(self.days), len(client.acknowledged))
