@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ordrec.tools.process import run_cli
+from ordrec.tools.process import RedisServer, free_port, run_cli
 from tests.admin_token import ADMIN_ENV, ADMIN_TOKEN
 
 os.environ.setdefault(ADMIN_ENV, ADMIN_TOKEN)  # server processes inherit it (tests/admin_token.py)
@@ -130,75 +130,6 @@ def wait_until(check, seconds: float = 5.0):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(0.1)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A throwaway redis-server on loopback: no persistence, or with ``aof_dir`` an
-    append-only file synced on every write (``appendfsync always``), so a SIGKILL
-    (:meth:`kill`) loses nothing acknowledged and :meth:`start` replays it."""
-
-    def __init__(self, port: int | None = None, aof_dir: Path | None = None):
-        self.port = port or free_port()
-        self.aof_dir = aof_dir
-        self.proc: subprocess.Popen | None = None
-
-    def _persistence(self) -> list[str]:
-        if self.aof_dir is None:
-            return ["--appendonly", "no"]
-        return ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.aof_dir)]
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    @property
-    def serve_flags(self) -> tuple[str, ...]:
-        """``ordrec-serve``'s flags for tests of what Redis holds: a second per Redis call, not
-        the 50 ms budget (a slower call fails open, and a loaded CI machine has some)."""
-        return ("--redis", self.url, "--redis-timeout", "1")
-
-    def start(self) -> RedisServer:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                *self._persistence(),
-                "--protected-mode",
-                "yes",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-    def kill(self) -> None:
-        """SIGKILL: what a crash or an OOM kill does."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def require_redis_server() -> None:

@@ -1,5 +1,5 @@
-"""Run ``ordrec-serve`` as a real subprocess: used by the demo, the end-to-end
-and fault tests, and the load benchmarks."""
+"""Run ``ordrec-serve`` and ``redis-server`` as real subprocesses: used by the demo, the
+end-to-end and fault tests, and the load and replay benchmarks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -137,3 +138,72 @@ def wait_for(predicate, timeout: float, interval: float = 0.05, what: str = "con
 def run_cli(args: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
     """Run ``python -m <module> ...`` in this interpreter and capture its output."""
     return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, check=check)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway redis-server on loopback: no persistence, or with ``aof_dir`` an
+    append-only file synced on every write (``appendfsync always``), so a SIGKILL
+    (:meth:`kill`) loses nothing acknowledged and :meth:`start` replays it."""
+
+    def __init__(self, port: int | None = None, aof_dir: Path | None = None):
+        self.port = port or free_port()
+        self.aof_dir = aof_dir
+        self.proc: subprocess.Popen | None = None
+
+    def _persistence(self) -> list[str]:
+        if self.aof_dir is None:
+            return ["--appendonly", "no"]
+        return ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.aof_dir)]
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def serve_flags(self) -> tuple[str, ...]:
+        """``ordrec-serve``'s flags for tests of what Redis holds: a second per Redis call, not
+        the 50 ms budget (a slower call fails open, and a loaded CI machine has some)."""
+        return ("--redis", self.url, "--redis-timeout", "1")
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                *self._persistence(),
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash or an OOM kill does."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
