@@ -254,16 +254,16 @@ def test_early_stopping_is_the_median_of_the_held_out_stops_then_a_refit_on_ever
 @pytest.mark.parametrize(
     "bad,name",
     [
-        (dict(folds=0), "folds"),
-        (dict(fraction=1.0), "fraction"),
-        (dict(stopping=ValidationStopping(patience=0)), "patience"),
-        (dict(stopping=ValidationStopping(tol=-1.0)), "tol"),
-        (dict(stopping=5), "stopping"),
+        (lambda: dict(folds=0), "folds"),
+        (lambda: dict(fraction=1.0), "fraction"),
+        (lambda: dict(stopping=ValidationStopping(patience=0)), "patience"),
+        (lambda: dict(stopping=ValidationStopping(tol=-1.0)), "tol"),
+        (lambda: dict(stopping=5), "stopping"),
     ],
 )
 def test_early_stopped_dcr_refuses_bad_settings_by_name(bad, name):
     with pytest.raises(ValueError, match=repr(name)):
-        EarlyStoppedDCR(PaperDCR(n_components=2), **bad).fit(
+        EarlyStoppedDCR(PaperDCR(n_components=2), **bad()).fit(
             with_item_effects(0, n_users=10, n_items=8, per_user=5)
         )
 

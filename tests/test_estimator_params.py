@@ -83,7 +83,7 @@ def test_interval_and_options():
 
 def test_dcr_keeps_its_variants_out_of_its_constructor():
     names = set(DCR.param_names())
-    assert not names & set(DCRVariants.names())
+    assert not names & set(DCRVariants.field_names())
     assert len(names) < 31
     params, variants = DCRVariants.split({"n_components": 3, "order": "random", "item_bias": 0.5})
     assert params == {"n_components": 3} and variants == DCRVariants(order="random", item_bias=0.5)

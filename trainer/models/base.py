@@ -22,12 +22,17 @@ E = TypeVar("E", bound="Estimator")
 @dataclass(frozen=True)
 class Settings:
     """A group of settings one estimator parameter takes (``solver=``, ``early_stopping=``):
-    a frozen dataclass whose fields are checked against ``constraints`` when it is made."""
+    a frozen dataclass whose fields are checked against ``_parameter_constraints`` (as an
+    estimator's parameters are) when it is made."""
 
-    constraints: ClassVar[dict[str, list]] = {}
+    _parameter_constraints: ClassVar[dict[str, list]] = {}
 
     def __post_init__(self) -> None:
-        validate_params(type(self).__name__, asdict(self), self.constraints)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field (a ValueError names the bad one); subclasses add cross-field checks."""
+        validate_params(type(self).__name__, asdict(self), self._parameter_constraints)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -112,7 +117,7 @@ class Estimator:
         """The constraints of :meth:`flat_param_names`."""
         merged = dict(cls._parameter_constraints)
         for settings in cls.nested_settings.values():
-            merged.update(settings.constraints)
+            merged.update(settings._parameter_constraints)
         return {name: merged[name] for name in cls.flat_param_names()}
 
     def flat_params(self) -> dict[str, Any]:

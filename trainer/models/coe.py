@@ -230,7 +230,7 @@ class COESolver(Settings):
     group_power: float = 1.0
     unrated_power: float = 0.0
 
-    constraints: ClassVar[dict[str, list]] = {
+    _parameter_constraints: ClassVar[dict[str, list]] = {
         "learning_rate_final_ratio": [Interval(Real, 0, None)],
         "steps_per_epoch": [Interval(Integral, 0, None)],
         "type_a_share": [None, Interval(Real, 0, 1)],

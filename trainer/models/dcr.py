@@ -51,7 +51,7 @@ import copy
 import errno
 import mmap
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from numbers import Integral, Real
 from typing import Any, ClassVar
 
@@ -176,7 +176,7 @@ def stopped_level_epochs(
 
 
 @dataclass(frozen=True)
-class ValidationStopping:
+class ValidationStopping(Settings):
     """How a fit with a validation set stops each level: a level improves when its validation
     log-likelihood rises by more than ``tol`` relative to its best so far, and training stops
     once no level has improved for ``patience`` epochs.
@@ -193,9 +193,6 @@ class ValidationStopping:
         "patience": [Interval(Integral, 1, None)],
         "tol": [Interval(Real, 0, None)],
     }
-
-    def validate(self) -> None:
-        validate_params("ValidationStopping", asdict(self), self._parameter_constraints)
 
 
 class _LevelStopper:
@@ -296,7 +293,7 @@ class _LevelStopper:
 
 
 @dataclass(frozen=True)
-class DCRVariants:
+class DCRVariants(Settings):
     """Variants of DCR's model and fit that the paper protocol compares (not constructor
     parameters): some change the served model (``item_bias``, ``popularity_shrinkage``), so
     the artifact records them.
@@ -363,20 +360,16 @@ class DCRVariants:
     }
 
     @classmethod
-    def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-    @classmethod
     def split(cls, params: dict) -> tuple[dict, DCRVariants]:
         """A mixed dict of DCR parameters and variants as (DCR's, the options)."""
-        names = set(cls.names())
+        names = set(cls.field_names())
         return (
             {k: v for k, v in params.items() if k not in names},
             cls(**{k: v for k, v in params.items() if k in names}),
         )
 
     def validate(self) -> None:
-        validate_params("DCRVariants", asdict(self), self._parameter_constraints)
+        super().validate()
         if self.level_epochs is not None and any(int(e) < 0 for e in _int_list(self.level_epochs)):
             raise ValueError("level_epochs must be non-negative epoch counts")
 
@@ -408,7 +401,7 @@ class DCRSolver(Settings):
     unrated_power: float = 0.5
     dtype: str = "float32"
 
-    constraints: ClassVar[dict[str, list]] = {
+    _parameter_constraints: ClassVar[dict[str, list]] = {
         "learning_rate_decay": [Interval(Real, 0, None)],
         "unrated_power": [Interval(Real, 0, 1)],
         "dtype": [Options(str, {"float32", "float64"})],

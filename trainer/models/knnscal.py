@@ -316,7 +316,7 @@ class KnnScalSolver(Settings):
     polish_rounds: int = 30
     polish_sharpness: float = 30.0
 
-    constraints: ClassVar[dict[str, list]] = {
+    _parameter_constraints: ClassVar[dict[str, list]] = {
         "sweeps": [Interval(Integral, 1, None)],
         "update": [Options(str, {"gauss-seidel", "jacobi"})],
         "n_landmarks": [Interval(Integral, 1, None)],

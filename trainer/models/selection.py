@@ -162,7 +162,7 @@ class PlateauStopping(Settings):
     learning_rate_drops: int = 0
     learning_rate_drop_factor: float = 0.5
 
-    constraints: ClassVar[dict[str, list]] = {
+    _parameter_constraints: ClassVar[dict[str, list]] = {
         "validation_posts": [Interval(Integral, 0, None)],
         "patience": [Interval(Integral, 0, None)],
         "min_iter": [Interval(Integral, 0, None)],

@@ -553,7 +553,7 @@ def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
 def _sweep_setting(text: str) -> tuple[str, tuple]:
     """``--sweep-set KEY=V1,V2``: a DCR parameter and its candidate values, each read as ``--set`` reads one."""
     key, sep, values = text.partition("=")
-    if not sep or not values or key not in [*flat_constraints("dcr"), *DCRVariants.names(), *STOPPING]:
+    if not sep or not values or key not in [*flat_constraints("dcr"), *DCRVariants.field_names(), *STOPPING]:
         raise SystemExit(f"--sweep-set {text!r}: expected KEY=V1,V2,... with KEY a DCR parameter or variant")
     return key, tuple(parse_value(v) for v in values.split(","))
 
