@@ -24,9 +24,7 @@ class Interval:
     must be finite.
     """
 
-    def __init__(
-        self, type: type[numbers.Real], low: float | None, high: float | None, *, closed: str = "both"
-    ):
+    def __init__(self, type: type[Any], low: float | None, high: float | None, *, closed: str = "both"):
         if closed not in ("both", "left", "right", "neither"):
             raise ValueError(f"closed must be 'both', 'left', 'right' or 'neither', got {closed!r}")
         self.type, self.low, self.high, self.closed = type, low, high, closed

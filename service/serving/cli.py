@@ -41,7 +41,7 @@ log = logging.getLogger("ordrec.service")
 _DEFAULTS = ServerConfig(registry="")
 
 
-def field_flag(settings: type, name: str) -> Callable[[str], Any]:
+def field_flag(settings: Any, name: str) -> Callable[[str], Any]:
     """The argparse type of a settings field: parsed as its default's type, checked by its
     declared ``_parameter_constraints`` (the same check the dataclass makes)."""
     parse = type(getattr(settings(), name))
