@@ -115,10 +115,11 @@ def test_python_engine_opens_one_connection_per_channel(sample_registry, tmp_pat
 
 
 def test_recycled_connections_fail_no_call_and_reach_both_processes(sample_registry, tmp_path):
-    # One client connection under load, recycled about every 0.5 s (about 10 GOAWAYs in the
-    # run): grpc retries the calls the server refused at a GOAWAY on the new connection, so none
-    # fails; and each reconnect is spread anew over the two processes sharing the port, so both
-    # answer calls (without recycling, the one connection stays on one process).
+    # Eight client connections under load (32 calls in flight), each recycled about every 0.5 s
+    # (some 100 GOAWAYs in the run). The calls open at a GOAWAY finish within the grace, and grpc
+    # retries those the server refused on the new connection, so none fails; with a grace too
+    # short for the calls in flight (1 ms) dozens fail UNAVAILABLE. Each reconnect is hashed anew
+    # over the two processes sharing the port, so both answer calls.
     with ServerProcess(
         sample_registry, "--processes", "2", "--max-connection-age", "0.5", "--max-connection-age-grace", "5"
     ) as server:
@@ -129,16 +130,16 @@ def test_recycled_connections_fail_no_call_and_reach_both_processes(sample_regis
             "--engine",
             "python",
             "--duration",
-            "5",
+            "8",
             "--concurrency",
-            "4",
+            "32",
             "--connections",
-            "1",
+            "8",
             "--metrics-url",
             server.metrics_urls,
         )
     assert summary["errors"] == 0, summary["errors_by_code"]
-    assert summary["requests"] > 100
+    assert summary["requests"] > 1000
     assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
 
 
