@@ -199,7 +199,8 @@ def versus_bare(
     flag = ["--recommend-model", model]
     rows = []
     variants = [
-        (f"ordrec {' '.join(extra)}".strip(), "ordrec.service", [*NO_RECYCLING, *extra]) for extra in args.server_args
+        (f"ordrec {' '.join(extra)}".strip(), "ordrec.service", [*NO_RECYCLING, *extra])
+        for extra in args.server_args
     ]
     for label, module, extra in [*variants, ("bare grpcio", BARE_MODULE, ["--model", model])]:
         with ServerProcess(

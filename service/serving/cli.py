@@ -417,7 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.processes > 1:
         from ordrec.service.serving.supervisor import Supervisor
 
-        passed_on = without_flags(argv, {"--processes", "--port", "--metrics-port", "--cpu", "--max-connection-age"})
+        passed_on = without_flags(
+            argv, {"--processes", "--port", "--metrics-port", "--cpu", "--max-connection-age"}
+        )
         age = connection_age(args.max_connection_age, args.processes)
         passed_on += ["--max-connection-age", repr(age)]
         return Supervisor(passed_on, args.processes, args.host, args.port, args.metrics_port).run()
