@@ -140,7 +140,7 @@ class ServerConfig:
     # With --processes N a connection's process is hashed once (SO_REUSEPORT), so a client
     # with few connections loads one process more until they reconnect: there the age is
     # SHARED_PORT_CONNECTION_AGE, short enough to even the calls out within a minute
-    # (docs/deploy.md, "Connection age", has the measured shares and cost).
+    # (docs/deploy.md, "Many replicas", has the measured shares and cost).
     max_connection_age: float = 30.0
     max_connection_age_grace: float = 300.0
     max_streams_per_connection_http2: int = 100  # HTTP/2 concurrent streams, unary included

@@ -432,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def connection_age(given: float | None, processes: int) -> float:
     """``--max-connection-age`` as given, else the default for this many processes: short when
-    several share the port, so their calls even out (docs/deploy.md, Connection age)."""
+    several share the port, so their calls even out (docs/deploy.md, "Many replicas")."""
     if given is not None:
         return given
     return SHARED_PORT_CONNECTION_AGE if processes > 1 else _DEFAULTS.max_connection_age
