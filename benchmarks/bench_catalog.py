@@ -50,6 +50,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench_service import (  # noqa: E402
     BARE_MODULE,
+    NO_RECYCLING,
     cpu_seconds,
     load_generator_cpu_seconds,
     loadtest,
@@ -229,7 +230,7 @@ def over_grpc(
     under h2load: saturated, then at ``rate`` (None: ``--rate``, at most 80 % of saturation)."""
     flag = ["--recommend-model", "catalog"]
     out: dict = {}
-    server_args = ["--model", "catalog"] if bare else ["--poll-interval", "1"]
+    server_args = ["--model", "catalog"] if bare else ["--poll-interval", "1", *NO_RECYCLING]
     with ServerProcess(
         registry.root,
         "--processes",

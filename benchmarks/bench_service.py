@@ -152,6 +152,9 @@ def loadtest(
 
 
 BARE_MODULE = "ordrec.tools.bare_server"
+# h2load's clients stop at a connection's first GOAWAY instead of reconnecting, so the servers it
+# drives keep their connections for the whole run (--processes N defaults to a 2 s age).
+NO_RECYCLING = ["--max-connection-age", "600"]
 
 
 def server_pids(supervisor_pid: int) -> list[int]:
@@ -195,7 +198,10 @@ def versus_bare(
     same run: saturated QPS, then p50/p99 and server CPU per call at each offered rate."""
     flag = ["--recommend-model", model]
     rows = []
-    variants = [(f"ordrec {' '.join(extra)}".strip(), "ordrec.service", extra) for extra in args.server_args]
+    variants = [
+        (f"ordrec {' '.join(extra)}".strip(), "ordrec.service", [*NO_RECYCLING, *extra])
+        for extra in args.server_args
+    ]
     for label, module, extra in [*variants, ("bare grpcio", BARE_MODULE, ["--model", model])]:
         with ServerProcess(
             registry, "--processes", processes, *extra, module=module, startup_timeout=600
@@ -316,7 +322,7 @@ def main() -> int:
         for config in args.configs.split(","):
             processes, _, pinned = config.partition(":")
             extra = ["--cpu", "0"] if pinned else []
-            with ServerProcess(registry.root, "--processes", processes, *extra) as proc:
+            with ServerProcess(registry.root, "--processes", processes, *extra, *NO_RECYCLING) as proc:
                 # Unmeasured warm-up: the first seconds of a new process (page faults on the
                 # mmap'd arrays, first-call caches) once cost a 31 ms p99 at 3,000 QPS in the first step.
                 for _, mix, flag in workload:

@@ -22,6 +22,9 @@ DEFAULT_BATCH_MAX_QUEUE = 64
 # ... and only versions whose one-user scoring pass costs at least this many multiply-adds
 # (ML-100K's 1,682 x 80 does not; a 10^5 x 200 exact catalogue does).
 DEFAULT_BATCH_MIN_WORK = 1 << 20
+# Seconds; the default --max-connection-age of processes sharing a port (--processes N > 1):
+# 8 client connections then split the calls within 0.4-0.6 over 20 s runs (docs/deploy.md).
+SHARED_PORT_CONNECTION_AGE = 2.0
 
 
 def checked(settings: Any, **as_checked: Any) -> None:
@@ -134,6 +137,10 @@ class ServerConfig:
     # lands on a process (SO_REUSEPORT) or replica (L4 balancer) drawn anew, which re-spreads
     # the calls (docs/deploy.md). The grace covers the longest stream (--stream-max-seconds):
     # calls already open on the connection end on their own terms.
+    # With --processes N a connection's process is hashed once (SO_REUSEPORT), so a client
+    # with few connections loads one process more until they reconnect: there the age is
+    # SHARED_PORT_CONNECTION_AGE, short enough to even the calls out within a minute
+    # (docs/deploy.md, "Many replicas", has the measured shares and cost).
     max_connection_age: float = 30.0
     max_connection_age_grace: float = 300.0
     max_streams_per_connection_http2: int = 100  # HTTP/2 concurrent streams, unary included

@@ -14,6 +14,8 @@ import shutil
 
 import pytest
 
+from ordrec.service.config import ServerConfig
+from ordrec.service.serving.cli import build_parser, config_from_args
 from ordrec.tools import loadtest
 from ordrec.tools.process import ServerProcess, run_cli
 
@@ -115,10 +117,11 @@ def test_python_engine_opens_one_connection_per_channel(sample_registry, tmp_pat
 
 
 def test_recycled_connections_fail_no_call_and_reach_both_processes(sample_registry, tmp_path):
-    # One client connection under load, recycled about every 0.5 s (about 10 GOAWAYs in the
-    # run): grpc retries the calls the server refused at a GOAWAY on the new connection, so none
-    # fails; and each reconnect is spread anew over the two processes sharing the port, so both
-    # answer calls (without recycling, the one connection stays on one process).
+    # Eight client connections under load (32 calls in flight), each recycled about every 0.5 s
+    # (some 100 GOAWAYs in the run). The calls open at a GOAWAY finish within the grace, and grpc
+    # retries those the server refused on the new connection, so none fails; with a grace too
+    # short for the calls in flight (1 ms) dozens fail UNAVAILABLE. Each reconnect is hashed anew
+    # over the two processes sharing the port, so both answer calls.
     with ServerProcess(
         sample_registry, "--processes", "2", "--max-connection-age", "0.5", "--max-connection-age-grace", "5"
     ) as server:
@@ -129,22 +132,57 @@ def test_recycled_connections_fail_no_call_and_reach_both_processes(sample_regis
             "--engine",
             "python",
             "--duration",
-            "5",
+            "8",
             "--concurrency",
-            "4",
+            "32",
             "--connections",
-            "1",
+            "8",
             "--metrics-url",
             server.metrics_urls,
         )
     assert summary["errors"] == 0, summary["errors_by_code"]
-    assert summary["requests"] > 100
+    assert summary["requests"] > 1000
     assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
+
+
+def test_processes_sharing_a_port_recycle_connections_by_default(sample_registry, tmp_path):
+    # One client connection, no --max-connection-age: processes sharing the port recycle it
+    # every 2 s or so (a 30 s age kept it on one process for the whole run), and each reconnect
+    # is hashed anew, so both processes answer: all ~10 ages on one has odds of about 2^-9.
+    with ServerProcess(sample_registry, "--processes", "2") as server:
+        summary = run_loadtest(
+            server,
+            sample_registry,
+            tmp_path,
+            "--engine",
+            "python",
+            "--duration",
+            "20",
+            "--concurrency",
+            "4",
+            "--connections",
+            "1",
+            "--rate",
+            "100",
+            "--metrics-url",
+            server.metrics_urls,
+        )
+    assert summary["errors"] == 0, summary["errors_by_code"]
+    assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
+
+
+def test_one_process_keeps_the_long_connection_age():
+    # One process per pod balances by replicas (client round_robin): no need to reconnect often.
+    args = build_parser().parse_args(["--registry", "r"])
+    assert config_from_args(args).max_connection_age == ServerConfig(registry="r").max_connection_age >= 30
+    given = build_parser().parse_args(["--registry", "r", "--processes", "2", "--max-connection-age", "7"])
+    assert config_from_args(given).max_connection_age == 7
 
 
 @pytest.mark.parametrize("arrivals", ["aligned", "staggered"])
 def test_h2load_counts_errors_on_every_process(h2load, sample_registry, tmp_path, arrivals):
-    with ServerProcess(sample_registry, "--processes", "2") as server:
+    # h2load's clients stop at a GOAWAY (no reconnect): no recycling within the run.
+    with ServerProcess(sample_registry, "--processes", "2", "--max-connection-age", "600") as server:
         assert len(server.metrics_ports) == 2
         summary = run_loadtest(
             server,

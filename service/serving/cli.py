@@ -25,7 +25,13 @@ import signal  # noqa: E402
 from collections.abc import Callable, Sequence  # noqa: E402
 from typing import Any  # noqa: E402
 
-from ordrec.service.config import HttpSettings, Limits, ServerConfig, StreamLimits  # noqa: E402
+from ordrec.service.config import (  # noqa: E402
+    SHARED_PORT_CONNECTION_AGE,
+    HttpSettings,
+    Limits,
+    ServerConfig,
+    StreamLimits,
+)
 from ordrec.service.constraints import (  # noqa: E402
     AT_LEAST_ONE_FLAG,
     AT_LEAST_ZERO_FLAG,
@@ -270,9 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     streams.add_argument(
         "--max-connection-age",
         type=SECONDS_FLAG,
-        default=d.max_connection_age,
+        default=None,
         help="seconds before a connection is asked to reconnect (GOAWAY); reconnects re-spread"
-        " calls over --processes and replicas",
+        f" calls over --processes and replicas (default {d.max_connection_age:g}, with --processes"
+        f" above 1 {SHARED_PORT_CONNECTION_AGE:g})",
     )
     streams.add_argument(
         "--max-connection-age-grace",
@@ -339,7 +346,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         grace=args.grace,
         limits=limits,
         streams=streams,
-        max_connection_age=args.max_connection_age,
+        max_connection_age=connection_age(args.max_connection_age, args.processes),
         max_connection_age_grace=args.max_connection_age_grace,
         reuse_port=args.reuse_port,
         redis_url=args.redis_url,
@@ -410,13 +417,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.processes > 1:
         from ordrec.service.serving.supervisor import Supervisor
 
-        passed_on = without_flags(argv, {"--processes", "--port", "--metrics-port", "--cpu"})
+        passed_on = without_flags(
+            argv, {"--processes", "--port", "--metrics-port", "--cpu", "--max-connection-age"}
+        )
+        age = connection_age(args.max_connection_age, args.processes)
+        passed_on += ["--max-connection-age", repr(age)]
         return Supervisor(passed_on, args.processes, args.host, args.port, args.metrics_port).run()
     try:
         return serve(args)
     except (OSError, ValueError) as exc:
         print(f"ordrec-serve: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ValueError) else 1
+
+
+def connection_age(given: float | None, processes: int) -> float:
+    """``--max-connection-age`` as given, else the default for this many processes: short when
+    several share the port, so their calls even out (docs/deploy.md, "Many replicas")."""
+    if given is not None:
+        return given
+    return SHARED_PORT_CONNECTION_AGE if processes > 1 else _DEFAULTS.max_connection_age
 
 
 def without_flags(argv: list[str], flags: set[str]) -> list[str]:

@@ -7,10 +7,10 @@ work (docs/service.md, Scaling, has the measured figures). The parent only
 supervises: it restarts a child that dies, forwards SIGTERM so every child
 drains its in-flight calls, and exits 0 when they all did.
 
-SO_REUSEPORT balances per connection, not per request: clients should open
-several connections (most load balancers and gRPC pools do), and the servers'
-``--max-connection-age`` makes clients reconnect, each connection hashed anew, so
-the calls even out over several ages (docs/deploy.md has the measured shares).
+SO_REUSEPORT balances per connection, not per request, so the children's
+``--max-connection-age`` is short by default (2 s, ``cli.connection_age``): clients
+reconnect, each connection hashed anew, and the calls even out over several ages
+(docs/deploy.md has the measured shares and what reconnecting costs).
 """
 
 from __future__ import annotations
