@@ -17,6 +17,8 @@ from ordrec.service.indices.models import build_index
 from ordrec.service.indices.models.base import RecommenderIndex
 from ordrec.service.indices.rules import ATTRIBUTES_KEY, encode_item_attributes
 from ordrec.service.live.fresh import FreshEvidence, FreshItems, FreshOverlay, FreshRules, similar_with_fresh
+from ordrec.v1 import recommender_pb2 as pb
+from tests.conftest import wait_until
 from tests.fresh_planted import PlantedTastes, planted_tastes
 
 TOP = 10
@@ -151,3 +153,66 @@ def test_a_fresh_item_known_by_its_attributes_goes_to_those_who_like_items_shari
         index, overlay, np.array([overlay.base]), 5, exclude=None, eligible=None, rules=FreshRules((), None)
     )
     assert [tastes.block_of[index.items.ids[r]] for r in rows.tolist()].count(0) >= 2
+
+
+# ---------------------------------------------------------- through a real server and redis-server
+def _top_ids(stub, user: str, model: str) -> list[str]:
+    reply = stub.Recommend(pb.RecommendRequest(model=model, user_ids=[user], n=TOP), timeout=10)
+    return [item.id for item in reply.results[0].items]
+
+
+def _reach(stub, model: str, item: str, users: list[str]) -> float:
+    return float(np.mean([item in _top_ids(stub, user, model) for user in users]))
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("model", ["dcr", "coe"])
+def test_through_a_real_server_a_groups_new_favourite_reaches_that_group_only(
+    tastes, model, redis_server, tmp_path
+):
+    """Ratings recorded with RecordInteractions for two new items (one group's favourite,
+    another group's dud) reach a real server through redis-server: the favourite lands in its
+    group's lists, reaches the other groups no more than the group's own trained items do, and
+    the dud stays out of its raters' group."""
+    import grpc
+    import redis
+
+    from ordrec.service.storage.registry import Registry
+    from ordrec.tools.process import ServerProcess
+    from ordrec.trainer.models.coe import COE
+    from ordrec.trainer.models.dcr import DCR
+    from ordrec.v1 import recommender_pb2_grpc
+
+    estimator = DCR(n_components=8, max_iter=30, random_state=0) if model == "dcr" else COE(random_state=0)
+    Registry(tmp_path / "registry").publish(model, estimator.fit(tastes.training).to_artifact())
+    redis.Redis.from_url(redis_server.url).flushall()
+    fans, others = tastes.users_of(0), tastes.users_of(1) + tastes.users_of(2)
+    dud_raters = tastes.users_of(1)[:RATERS]
+    flags = (*redis_server.serve_flags, "--poll-interval", "0", "--fresh-interval", "0.1")
+    with (
+        ServerProcess(tmp_path / "registry", *flags) as server,
+        grpc.insecure_channel(server.target) as channel,
+    ):
+        stub = recommender_pb2_grpc.RecommenderStub(channel)
+        for user, value in liked_by(fans[:RATERS], seed=1).items():
+            stub.RecordInteractions(
+                pb.RecordInteractionsRequest(
+                    user_id=user, model=model, interactions=[pb.Interaction(item_id="FAVOURITE", value=value)]
+                ),
+                timeout=10,
+            )
+        for user in dud_raters:
+            stub.RecordInteractions(
+                pb.RecordInteractionsRequest(
+                    user_id=user, model=model, interactions=[pb.Interaction(item_id="DUD", value=1.0)]
+                ),
+                timeout=10,
+            )
+        listed = lambda: {m.name: m for m in stub.ListModels(pb.ListModelsRequest(), timeout=10).models}  # noqa: E731
+        assert wait_until(lambda: listed()[model].sizes["fresh_items"] == 2, 15.0)
+        held_out_fans, rest = fans[RATERS:], others[::4]
+        own_items = [item for item, block in tastes.block_of.items() if block == 0]
+        trained_reach = max(_reach(stub, model, item, rest) for item in own_items[:10])
+        assert _reach(stub, model, "FAVOURITE", held_out_fans) >= 0.3
+        assert _reach(stub, model, "FAVOURITE", rest) <= trained_reach + 0.05
+        assert _reach(stub, model, "DUD", tastes.users_of(1)[RATERS:]) <= 0.05
