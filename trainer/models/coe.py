@@ -506,6 +506,3 @@ class COE(Estimator):
             },
             data_fingerprint=self._fingerprint,
         )
-
-
-Estimator = COE

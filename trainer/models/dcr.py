@@ -1422,9 +1422,6 @@ class EarlyStoppedDCR(_HoldOutSelection):
         return self.estimator_.to_artifact(**serving)
 
 
-Estimator = DCR
-
-
 def _require_ratings(data: Ratings) -> None:
     """A fit needs at least one rating (a DataError naming the source otherwise)."""
     if len(data) == 0:

@@ -873,6 +873,3 @@ class KnnScal(Estimator):
             },
             data_fingerprint=self.data_fingerprint_,
         )
-
-
-Estimator = KnnScal

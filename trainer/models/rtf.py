@@ -562,6 +562,3 @@ def _subset_posts(tag_indptr: np.ndarray, tags: np.ndarray, rows: np.ndarray):
     for k, p in enumerate(rows):
         out[indptr[k] : indptr[k + 1]] = tags[tag_indptr[p] : tag_indptr[p + 1]]
     return indptr, out
-
-
-Estimator = RTF

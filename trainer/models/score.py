@@ -445,6 +445,3 @@ class SCORE(Estimator):
             attributes=attributes,
             data_fingerprint=self.fingerprint_,
         )
-
-
-Estimator = SCORE

@@ -118,13 +118,14 @@ def map_names() -> tuple[str, ...]:
     return tuple(name for name, kind in _REGISTRY.items() if kind.is_map)
 
 
-def _builtin(name: str, summary: str, memory: str | None = None) -> ModelKind:
-    # The serving index of kind "dcr" is ordrec.service.indices.models.dcr:DCRIndex, and so on.
+def _builtin(name: str, estimator: str, summary: str, memory: str | None = None) -> ModelKind:
+    # Kind "dcr": the estimator ordrec.trainer.models.dcr:DCR, the serving index
+    # ordrec.service.indices.models.dcr:DCRIndex, the protocol ordrec.trainer.reproduce.dcr.
     return register(
         ModelKind(
             name,
             index=f"ordrec.service.indices.models.{name}:{name.upper()}Index",
-            estimator=f"ordrec.trainer.models.{name}:Estimator",
+            estimator=f"ordrec.trainer.models.{name}:{estimator}",
             protocol=f"ordrec.trainer.reproduce.{name}",
             summary=summary,
             memory=memory,
@@ -134,14 +135,18 @@ def _builtin(name: str, summary: str, memory: str | None = None) -> ModelKind:
 
 _builtin(
     "dcr",
+    "DCR",
     "DCR / Pairwise DCR: NDCG@10 with N training ratings per user (Table 2)",
     memory="ordrec.trainer.models.dcr_memory:predicted_memory",
 )
 _builtin(
     "coe",
+    "COE",
     "COE: preservation / prediction accuracy and k-NN ratings on ML-100K (Table 3)",
     memory="ordrec.trainer.models.coe_memory:predicted_memory",
 )
-_builtin("rtf", "RTF: F1@1..10 and AUC of tag recommendation on a p-core (Section 5)")
-_builtin("score", "SCORE: per-aspect preservation, split ratios, aspect relatedness (Table 1)")
-_builtin("knnscal", "KNNSCAL: stress, order agreement, neighbour recall against reference embeddings")
+_builtin("rtf", "RTF", "RTF: F1@1..10 and AUC of tag recommendation on a p-core (Section 5)")
+_builtin("score", "SCORE", "SCORE: per-aspect preservation, split ratios, aspect relatedness (Table 1)")
+_builtin(
+    "knnscal", "KnnScal", "KNNSCAL: stress, order agreement, neighbour recall against reference embeddings"
+)
