@@ -3,7 +3,7 @@ recommendations)."""
 
 from __future__ import annotations
 
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.replies import add_scored
 from ordrec.service.serving.state import ServingState
 from ordrec.service.serving.store import LoadedModel
@@ -22,11 +22,11 @@ def tags(state: ServingState, request: pb.TagsRequest) -> pb.TagsResponse:
     """The tags a user would give an item, or the fallback's when the model cannot tell."""
     lim = state.limits
     model = state.model(request.model, "Tags")
-    user = v.one_id(request.user_id, "user_id", lim)
+    user = validation.one_id(request.user_id, "user_id", lim)
     model = state.store.for_user(model, user)
     index = model.index
-    item = v.one_id(request.item_id, "item_id", lim)
-    n = v.bounded(request.n, "n", 1, lim.max_n)
+    item = validation.one_id(request.item_id, "item_id", lim)
+    n = validation.bounded(request.n, "n", 1, lim.max_n)
     user_row = -1 if state.is_forgotten(user) else index.users.row(user)
     rows, scores, fallback = index.tags(
         user_row, index.items.row(item), n, exclude_own=request.exclude_own_tags

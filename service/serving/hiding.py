@@ -7,7 +7,7 @@ import logging
 
 from ordrec.service.errors import FailedPrecondition, NotFound
 from ordrec.service.live.hidden import HiddenState
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.state import ServingState
 from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.v1 import recommender_pb2 as pb
@@ -19,7 +19,7 @@ def _scope(state: ServingState, name: str) -> str:
     """The scope a request names: every model, or one the registry has."""
     if name in ("", ALL_MODELS):
         return ALL_MODELS
-    name = v.model_name(name)
+    name = validation.model_name(name)
     if not state.store.registry.has_model(name):
         raise NotFound(f"no model {name!r} in the registry")
     return name
@@ -46,7 +46,7 @@ def change_hidden(state: ServingState, request: pb.HideItemsRequest, hide: bool)
     lim = state.limits
     hidden = _hidden_state(state)
     scope = _scope(state, request.model)
-    ids = v.stored_ids(request.item_ids, "item_ids", lim, lim.max_candidates, min_count=1)
+    ids = validation.stored_ids(request.item_ids, "item_ids", lim, lim.max_candidates, min_count=1)
     changed = hidden.change(scope, ids, hide, mirror=state.hidden_mirror)
     total = len(hidden.sets().get(scope, ()))
     log.info("%s %d item(s) for %s (%d changed)", "hid" if hide else "unhid", len(ids), scope, changed)

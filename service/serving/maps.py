@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ordrec.service.errors import InvalidArgument, NotFound
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.replies import add_scored, rows_or_not_found
 from ordrec.service.serving.state import ServingState
 from ordrec.service.serving.store import LoadedModel
@@ -57,14 +57,14 @@ def neighbors(state: ServingState, request: pb.NeighborsRequest) -> pb.Neighbors
     lim = state.limits
     model = state.model(request.model, "Neighbors")
     index = model.index
-    query_id = v.one_id(request.id, "id", lim)
-    k = v.bounded(request.k, "k", 1, lim.max_k)
+    query_id = validation.one_id(request.id, "id", lim)
+    k = validation.bounded(request.k, "k", 1, lim.max_k)
     # Aspects live on the sphere (space ""), whatever aspect map was named.
     space = "" if request.from_entity == pb.ENTITY_ASPECT else _space(model, request.space)
     source = _entity(model, space, request.from_entity)
     target = _entity(model, space, request.to_entity or request.from_entity)
     target_ids = index.maps[space][target].ids
-    v.check_reply_fits(k * v.scored_id_bytes(target_ids.max_bytes), f"k={k}", lim)
+    validation.check_reply_fits(k * validation.scored_id_bytes(target_ids.max_bytes), f"k={k}", lim)
     source_ids = index.maps[space][source].ids
     row = source_ids.row(query_id)
     if row < 0 or (source == "users" and state.is_forgotten(query_id)):
@@ -91,10 +91,10 @@ def coordinates(
     space = "" if request.entity == pb.ENTITY_ASPECT else _space(model, request.space)
     entity = _entity(model, space, request.entity)
     points = model.index.maps[space][entity]
-    ids = v.id_list(request.ids, "ids", lim, lim.max_ids)
-    page = v.bounded(request.page_size or 1000, "page_size", 1, lim.max_page_size)
-    v.check_reply_fits(
-        page * v.scored_id_bytes(points.ids.max_bytes, points.dim),
+    ids = validation.id_list(request.ids, "ids", lim, lim.max_ids)
+    page = validation.bounded(request.page_size or 1000, "page_size", 1, lim.max_page_size)
+    validation.check_reply_fits(
+        page * validation.scored_id_bytes(points.ids.max_bytes, points.dim),
         f"page_size={page} at {points.dim} dimensions",
         lim,
     )
@@ -117,12 +117,14 @@ def place(state: ServingState, request: pb.PlaceRequest) -> pb.PlaceResponse:
     lim = state.limits
     model = state.model(request.model, "Place")
     index = model.index
-    ranked = v.id_list(request.ranked_neighbor_ids, "ranked_neighbor_ids", lim, lim.max_ids, min_count=1)
+    ranked = validation.id_list(
+        request.ranked_neighbor_ids, "ranked_neighbor_ids", lim, lim.max_ids, min_count=1
+    )
     if len(set(ranked)) != len(ranked):
         raise InvalidArgument("ranked_neighbor_ids repeats an id")
-    k = v.bounded(request.k, "k", 0, lim.max_k)
+    k = validation.bounded(request.k, "k", 0, lim.max_k)
     points = index.maps[""][index.default_entity]
-    v.check_reply_fits(k * v.scored_id_bytes(points.ids.max_bytes), f"k={k}", lim)
+    validation.check_reply_fits(k * validation.scored_id_bytes(points.ids.max_bytes), f"k={k}", lim)
     rows = rows_or_not_found(points.ids, ranked, "neighbour ids")
     coords = index.place(rows)
     reply = pb.PlaceResponse(

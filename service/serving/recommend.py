@@ -12,7 +12,7 @@ from prometheus_client import Counter
 
 from ordrec.service.errors import FailedPrecondition, InvalidArgument
 from ordrec.service.indices.explain import explain_count
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.replies import NO_ROWS, known_or_fresh_rows, known_rows, rows_or_not_found
 from ordrec.service.serving.stages import (
     GroupRun,
@@ -54,12 +54,14 @@ def is_plain(request: pb.RecommendRequest) -> bool:
     )
 
 
-def call_from_request(request: pb.RecommendRequest, lim: v.Limits) -> RecommendCall:
+def call_from_request(request: pb.RecommendRequest, lim: validation.Limits) -> RecommendCall:
     """What the request asks, checked field by field."""
     return RecommendCall(
-        n=v.bounded(request.n, "n", 1, lim.max_n),
-        candidate_ids=v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates),
-        exclude_ids=v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates),
+        n=validation.bounded(request.n, "n", 1, lim.max_n),
+        candidate_ids=validation.id_list(
+            request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates
+        ),
+        exclude_ids=validation.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates),
         exclude_seen=request.exclude_seen if request.HasField("exclude_seen") else True,
         with_distribution=request.with_distribution,
         filter=request.filter,
@@ -69,12 +71,12 @@ def call_from_request(request: pb.RecommendRequest, lim: v.Limits) -> RecommendC
 
 
 def check_reply_fits(
-    lim: v.Limits, users: list[str], answerable: int, n: int, n_levels: int, id_bytes: int
+    lim: validation.Limits, users: list[str], answerable: int, n: int, n_levels: int, id_bytes: int
 ) -> None:
     """Refuse, before any work, ``n`` items for each of ``users`` (``answerable`` of them
     at most, ids of up to ``id_bytes``) when the reply could exceed the message limit."""
-    v.check_reply_fits(
-        v.recommend_reply_bytes(users, answerable, id_bytes, n_levels),
+    validation.check_reply_fits(
+        validation.recommend_reply_bytes(users, answerable, id_bytes, n_levels),
         f"{len(users)} user_ids x n={n}{' with_distribution' if n_levels else ''}",
         lim,
     )
@@ -95,10 +97,12 @@ class Recommender:
         live = state.model(request.model, "Recommend")
         requested = request.user_ids
         if len(requested) == 1 and is_plain(request):  # id_list's check of one id, without its list
-            reply = self.plain(live, v.one_id(requested[0], "an entry of user_ids", lim), request, context)
+            reply = self.plain(
+                live, validation.one_id(requested[0], "an entry of user_ids", lim), request, context
+            )
             if reply is not None:
                 return reply
-        user_ids = v.id_list(requested, "user_ids", lim, lim.max_batch, min_count=1)
+        user_ids = validation.id_list(requested, "user_ids", lim, lim.max_batch, min_count=1)
         call = call_from_request(request, lim)
         groups = [
             self.group(model, call, positions, user_ids) for model, positions in self._split(live, user_ids)
@@ -166,8 +170,8 @@ class Recommender:
         check_reply_fits(state.limits, users, min(call.n, answerable), call.n, n_levels, id_bytes)
         check_cap(index, call.diversify)
         if call.explain:
-            v.check_reply_fits(
-                len(users) * call.n * call.explain * v.scored_id_bytes(id_bytes, 1),
+            validation.check_reply_fits(
+                len(users) * call.n * call.explain * validation.scored_id_bytes(id_bytes, 1),
                 f"{len(users)} user_ids x n={call.n} x explain={call.explain}",
                 state.limits,
             )
@@ -181,7 +185,7 @@ class Recommender:
         the general path must answer (a split is open, the version has fresh items, or the user
         is unknown or forgotten)."""
         state = self.state
-        n = v.bounded(request.n, "n", 1, state.limits.max_n)
+        n = validation.bounded(request.n, "n", 1, state.limits.max_n)
         index = live.index
         row = index.users.row(user_id)
         if row < 0 or state.store.candidate(live.name) is not None:

@@ -26,8 +26,7 @@ from ordrec.service.live.online import NoOnlineEvaluation
 from ordrec.service.live.seen import SeenStore
 from ordrec.service.live.trending import TrendingIndex
 from ordrec.service.metrics import Metrics
-from ordrec.service.serving import catalog, hiding, maps, users
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import catalog, hiding, maps, users, validation
 from ordrec.service.serving.batching import RecommendBatcher
 from ordrec.service.serving.recommend import Recommender
 from ordrec.service.serving.similar_items import similar_items
@@ -68,7 +67,7 @@ def _check_request(request, context) -> None:
         raise DeadlineExceeded("the call's deadline passed before it was handled")
 
 
-def _fitting(reply, limits: v.Limits):
+def _within_message_limit(reply, limits: validation.Limits):
     """``reply``, or ResourceExhausted when it is over the send limit: the status then
     comes from here (and is counted), not from grpcio failing the send afterwards."""
     size = len(reply) if isinstance(reply, bytes) else reply.ByteSize()
@@ -87,7 +86,7 @@ def rpc(method: Callable) -> Callable:
     def unary(self, request, context):
         try:
             _check_request(request, context)
-            return _fitting(method(self, request, context), self.limits)
+            return _within_message_limit(method(self, request, context), self.limits)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
         except Exception:  # noqa: BLE001
@@ -99,7 +98,7 @@ def rpc(method: Callable) -> Callable:
         try:
             _check_request(request, context)
             for reply in method(self, request, context):
-                yield _fitting(reply, self.limits)
+                yield _within_message_limit(reply, self.limits)
         except ServiceError as exc:
             context.abort(exc.code, str(exc))
         except Exception:  # noqa: BLE001
@@ -116,7 +115,7 @@ class RecommenderServicer(recommender_pb2_grpc.RecommenderServicer):
         self,
         store: ModelStore,
         metrics: Metrics,
-        limits: v.Limits,
+        limits: validation.Limits,
         seen: SeenStore,
         hidden: HiddenState | None = None,
         hidden_mirror=None,

@@ -9,7 +9,7 @@ import numpy as np
 from ordrec.service.errors import NotFound
 from ordrec.service.indices.similar import MAX_BASKET
 from ordrec.service.live.fresh import FreshOverlay, FreshRules, similar_with_fresh
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.replies import add_ranked, merged_rows
 from ordrec.service.serving.stages import check_cap, diversified, diversify_settings
 from ordrec.service.serving.state import ServingState
@@ -26,8 +26,8 @@ def _basket(
     rows = items.rows(query_ids) if fresh is None else merged_rows(items, fresh, query_ids)
     unknown = [i for i, r in zip(query_ids, rows) if r < 0]
     id_bytes = items.max_bytes if fresh is None else max(items.max_bytes, fresh.max_bytes)
-    v.check_reply_fits(
-        n * v.scored_id_bytes(id_bytes) + sum(len(u.encode("utf-8")) + 8 for u in unknown),
+    validation.check_reply_fits(
+        n * validation.scored_id_bytes(id_bytes) + sum(len(u.encode("utf-8")) + 8 for u in unknown),
         f"n={n}",
         state.limits,
     )
@@ -41,9 +41,9 @@ def similar_items(state: ServingState, request: pb.SimilarItemsRequest) -> pb.Si
     lim = state.limits
     model = state.model(request.model, "SimilarItems")
     index = model.index
-    query_ids = v.id_list(request.item_ids, "item_ids", lim, MAX_BASKET, min_count=1)
-    n = v.bounded(request.n, "n", 1, lim.max_n)
-    exclude_ids = v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
+    query_ids = validation.id_list(request.item_ids, "item_ids", lim, MAX_BASKET, min_count=1)
+    n = validation.bounded(request.n, "n", 1, lim.max_n)
+    exclude_ids = validation.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates)
     settings = diversify_settings(request)
     check_cap(index, settings)
     fresh = state.fresh_overlay(index)

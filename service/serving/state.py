@@ -20,7 +20,7 @@ from ordrec.service.live.online import NoOnlineEvaluation
 from ordrec.service.live.seen import SeenStore
 from ordrec.service.live.trending import TrendingIndex
 from ordrec.service.metrics import Metrics
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.batching import RecommendBatcher
 from ordrec.service.serving.store import LoadedModel, ModelStore
 from ordrec.service.storage.hidden_items import ALL_MODELS
@@ -53,7 +53,7 @@ class ServingState:
 
     store: ModelStore
     metrics: Metrics
-    limits: v.Limits
+    limits: validation.Limits
     seen: SeenStore
     hidden: HiddenState | None = None
     hidden_mirror: object = None
@@ -77,7 +77,7 @@ class ServingState:
         return self.trending.name if self.trending else ""
 
     def model(self, name: str, rpc_name: str) -> LoadedModel:
-        return self.store.resolve(v.model_name(name), rpc_name)
+        return self.store.resolve(validation.model_name(name), rpc_name)
 
     def is_forgotten(self, user_id: str) -> bool:
         return self.forgotten is not None and self.forgotten.contains(user_id)

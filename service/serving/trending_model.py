@@ -7,7 +7,7 @@ import redis
 
 from ordrec.service.errors import Unavailable
 from ordrec.service.live.trending import Trending, check_model_request
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.state import ServingState
 from ordrec.service.storage.hidden_items import ALL_MODELS
 from ordrec.v1 import recommender_pb2 as pb
@@ -31,10 +31,12 @@ def is_trending_model(state: ServingState, name: str) -> bool:
 def recommend_trending(state: ServingState, request: pb.RecommendRequest) -> pb.RecommendResponse:
     """Every user gets the trending items, minus exclusions, recorded items and hidden ones."""
     lim = state.limits
-    user_ids = v.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
-    n = v.bounded(request.n, "n", 1, lim.max_n)
-    candidates = set(v.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates))
-    excluded = set(v.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates))
+    user_ids = validation.id_list(request.user_ids, "user_ids", lim, lim.max_batch, min_count=1)
+    n = validation.bounded(request.n, "n", 1, lim.max_n)
+    candidates = set(
+        validation.id_list(request.candidate_item_ids, "candidate_item_ids", lim, lim.max_candidates)
+    )
+    excluded = set(validation.id_list(request.exclude_item_ids, "exclude_item_ids", lim, lim.max_candidates))
     check_model_request(request)
     exclude_seen = request.exclude_seen if request.HasField("exclude_seen") else True
     excluded |= state.hidden.sets().get(ALL_MODELS, set()) if state.hidden else set()

@@ -11,7 +11,7 @@ import redis
 from ordrec.service.errors import FailedPrecondition, InvalidArgument, Unavailable
 from ordrec.service.live.erasure import erase_user
 from ordrec.service.live.seen import Recorded
-from ordrec.service.serving import validation as v
+from ordrec.service.serving import validation
 from ordrec.service.serving.state import ServingState
 from ordrec.service.storage.artifact import ArtifactError
 from ordrec.service.storage.objectstore import RegistryUnavailable
@@ -25,8 +25,8 @@ def record_interactions(
 ) -> pb.RecordInteractionsResponse:
     """Keep a user's interactions (nothing of a forgotten user's) for exclusion, fold-in and training."""
     lim = state.limits
-    user = v.stored_id(request.user_id, "user_id", lim)
-    v.stored_ids(request.item_ids, "item_ids", lim, lim.max_ids)
+    user = validation.stored_id(request.user_id, "user_id", lim)
+    validation.stored_ids(request.item_ids, "item_ids", lim, lim.max_ids)
     count = len(request.item_ids) + len(request.interactions)
     if not 1 <= count <= lim.max_ids:
         raise InvalidArgument(
@@ -53,21 +53,23 @@ def _interactions(state: ServingState, request: pb.RecordInteractionsRequest, no
     recorded = [Recorded(item, now, model=name) for item in request.item_ids]
     for position, interaction in enumerate(request.interactions):
         where = f"interactions[{position}]"
-        item = v.stored_id(interaction.item_id, f"{where}.item_id", lim)
+        item = validation.stored_id(interaction.item_id, f"{where}.item_id", lim)
         value = interaction.value if interaction.HasField("value") else None
         if value is not None:
             assert model is not None  # resolved above whenever a value is given
-            v.rating(value, f"{where} (item {item[:80]!r})", model.name, model.index.artifact.attributes)
+            validation.rating(
+                value, f"{where} (item {item[:80]!r})", model.name, model.index.artifact.attributes
+            )
         ts = interaction.timestamp if interaction.HasField("timestamp") else now
-        v.timestamp(ts, f"{where}.timestamp")
+        validation.timestamp(ts, f"{where}.timestamp")
         recorded.append(Recorded(item, ts, value, name))
     return recorded
 
 
 def forget_user(state: ServingState, request: pb.ForgetUserRequest) -> pb.ForgetUserResponse:
     """Erase a user everywhere the server can reach (``service/live/erasure.py``); ask again when incomplete."""
-    user = v.one_id(request.user_id, "user_id", state.limits)
-    reason = v.note(request.reason, "reason")
+    user = validation.one_id(request.user_id, "user_id", state.limits)
+    reason = validation.note(request.reason, "reason")
     if state.forgotten is None:
         raise FailedPrecondition("this server keeps no FORGOTTEN list")
     try:
