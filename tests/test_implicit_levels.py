@@ -5,6 +5,7 @@ mapping serving Recommend, SimilarItems and explanations."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,9 +161,9 @@ def test_coe_draws_a_stronger_interaction_as_the_nearer_item_in_proportion_to_it
 def test_coe_strength_power_is_a_declared_non_negative_setting():
     data = implicit([0, 0, 1], [1, 3, 2], n_users=2)
     with pytest.raises(ValueError, match="strength_power"):
-        COE(strength_power=-1.0, max_iter=1).fit(data)
-    weighted = COE(strength_power=1.0, max_iter=2, n_components=2).fit(data)
-    plain = COE(strength_power=0.0, max_iter=2, n_components=2).fit(data)
+        COE(solver={"strength_power": -1.0}, max_iter=1).fit(data)
+    weighted = COE(solver={"strength_power": 1.0}, max_iter=2, n_components=2).fit(data)
+    plain = COE(solver={"strength_power": 0.0}, max_iter=2, n_components=2).fit(data)
     assert not np.allclose(weighted.user_coords_, plain.user_coords_)  # the weighting changes the fit
 
 
@@ -180,7 +181,8 @@ def test_a_version_fitted_on_log_levels_records_them_and_serves_explanations_fro
     store = ModelStore(Registry(registry), Metrics())
     store.refresh()
     handler = RecommenderServicer(store, Metrics(), Limits(), SeenStore())
-    plays = {tuple(line.split(",")[:2]): int(line.split(",")[2]) for line in open(path).read().split()[1:]}
+    rows = [line.split(",") for line in Path(path).read_text().split()[1:]]
+    plays = {(u, i): int(p) for u, i, p in rows}
     for user in ("u0", "u1", "u2"):
         own = {i: p for (u, i), p in plays.items() if u == user}
         levels = {i: min(3, 1 + int(np.log2(p))) for i, p in own.items()}
@@ -192,5 +194,7 @@ def test_a_version_fitted_on_log_levels_records_them_and_serves_explanations_fro
         mean_level = np.mean(list(levels.values()))
         for why in reasons:
             assert why.rating == levels[why.id] >= mean_level  # the user's strongest interactions
-    similar = handler.SimilarItems(pb.SimilarItemsRequest(model=kind, item_ids=["i0"], n=5), NoDeadlineContext())
+    similar = handler.SimilarItems(
+        pb.SimilarItemsRequest(model=kind, item_ids=["i0"], n=5), NoDeadlineContext()
+    )
     assert len(similar.items) == 5 and "i0" not in {s.id for s in similar.items}

@@ -261,6 +261,11 @@ class COESolver(Settings):
         Exponent on item popularity (training ratings per item) for drawing the unrated item of
         a rated-over-unrated triple: 0 draws uniformly over the catalogue, 1 proportionally to
         rating counts.
+    strength_power : float, default 0.0
+        How much a stronger interaction's "nearer than an item not picked" constraint counts:
+        the rated item of a rated-over-unrated triple is drawn with weight rating **
+        strength_power (on implicit data its strength level), so its share of the objective
+        grows with the strength; 0 weighs every rating alike (docs/coe.md, implicit data).
     """
 
     learning_rate_final_ratio: float = 0.01
@@ -268,6 +273,7 @@ class COESolver(Settings):
     type_a_share: float | None = 1.0
     group_power: float = 1.0
     unrated_power: float = 0.0
+    strength_power: float = 0.0
 
     constraints: ClassVar[dict[str, list]] = {
         "learning_rate_final_ratio": [Interval(Real, 0, None)],
@@ -275,6 +281,7 @@ class COESolver(Settings):
         "type_a_share": [None, Interval(Real, 0, 1)],
         "group_power": [Interval(Real, None, None)],
         "unrated_power": [Interval(Real, 0, None)],
+        "strength_power": [Interval(Real, 0, None)],
     }
 
 
@@ -312,11 +319,6 @@ class COE(Estimator):
         a user would pick at all, which the top-N question needs; 0 is the
         paper's objective (docs/coe.md, Top-N). Ignored when fitting an
         explicit triples file (no ratings tell rated from unrated).
-    strength_power : float, default 0.0
-        How much a stronger interaction's "nearer than an item not picked" constraint
-        counts: the rated item of a rated-over-unrated triple is drawn with weight
-        rating ** strength_power (on implicit data the strength level), so its expected
-        share of the objective grows with the strength; 0 weighs every rating alike.
     source : {"ratings", "cooccurrence"}, default "ratings"
         How the values triples compare are made from the input: per-user
         z-scores of ratings, or per-user normalised co-occurrence counts.
@@ -344,7 +346,6 @@ class COE(Estimator):
         "learning_rate": [Interval(Real, 0, None, closed="neither")],
         "max_iter": [Interval(Integral, 1, None)],
         "unrated_share": [Interval(Real, 0, 1)],
-        "strength_power": [Interval(Real, 0, None)],
         "source": [Options(str, set(SOURCES))],
         "init_std": [Interval(Real, 0, None)],
         "solver": [None, COESolver, dict],
@@ -363,7 +364,6 @@ class COE(Estimator):
         learning_rate: float = 0.1,
         max_iter: int = 120,
         unrated_share: float = 0.8,
-        strength_power: float = 0.0,
         source: str = "ratings",
         init_std: float = 0.1,
         solver: COESolver | dict | None = None,
@@ -378,7 +378,6 @@ class COE(Estimator):
         self.learning_rate = learning_rate
         self.max_iter = max_iter
         self.unrated_share = unrated_share
-        self.strength_power = strength_power
         self.source = source
         self.init_std = init_std
         self.solver = solver
@@ -415,7 +414,7 @@ class COE(Estimator):
                 raise ValueError("the data hold no triple: every user and item rates all its items alike")
             p_unrated = 1.0  # only rated-over-unrated triples exist
         unrated = self._unrated_arrays(
-            triples, p_unrated, float(solver.unrated_power), float(self.strength_power)
+            triples, p_unrated, float(solver.unrated_power), float(solver.strength_power)
         )
         p_a = (
             self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
