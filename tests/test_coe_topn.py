@@ -95,7 +95,7 @@ def test_an_unrated_step_follows_the_finite_difference_gradient(func):
             only = np.zeros_like(user_cum)
             only[user + 1 :] = 1.0  # draw this user only
             X2, Y2 = X.copy(), Y.copy()
-            unrated = (only, seen, item_cum)
+            unrated = (only, seen, item_cum, np.zeros(0))  # rated items drawn uniformly
             K.sga_epoch(X2, Y2, source.arrays(), 1, 0.5, func, scale, reg, lr, lr, 0, 1.0, unrated)
             for M, M2, r in ((X, X2, user), (Y, Y2, 0), (Y, Y2, 1)):
                 for k in range(dim):

@@ -185,5 +185,5 @@ def test_the_job_gate_holds_out_by_the_split_it_names(tmp_path, monkeypatch, cap
     untimed.write_text("user,item\n" + "".join(f"u{u},i{i}\n" for u in range(5) for i in range(4)))
     assert run_job(gate_job(tmp_path, str(untimed), "time")) == EXIT_FAILED
     assert "no timestamps" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"gate\.split.*must be one of random, time"):
+    with pytest.raises(ValueError, match=r"gate\.split: must be one of 'random', 'time'"):
         load_job(gate_job(tmp_path, str(untimed), "latest"))

@@ -53,6 +53,7 @@ from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import ArtifactError
 from ordrec.service.storage.objectstore import Downloads  # opens a directory, or s3://bucket/prefix
 from ordrec.service.storage.registry import Registry as LocalRegistry
+from ordrec.trainer.data.interactions import LevelMapping
 from ordrec.trainer.data.types import DataError, RatingScale
 from ordrec.trainer.reproduce.params import parse_assignments
 
@@ -117,6 +118,22 @@ def add_feedback_arguments(parser: argparse.ArgumentParser) -> None:
         help="implicit feedback: the column holding each interaction's strength (a count such as"
         " plays, or a duration), summed over repeats (default: a column so named, else 1 a record)",
     )
+    parser.add_argument(
+        "--levels",
+        type=level_mapping,
+        metavar="SCHEME[:N]",
+        help="implicit feedback: how strengths become the N ordinal levels the models fit: quantile"
+        " (per user), log (1 + floor(log2 strength)) or repeat (once < repeatedly); default quantile:5"
+        " (reproduce topn: chosen on validation)",
+    )
+
+
+def level_mapping(text: str) -> LevelMapping:
+    """``--levels`` as a :class:`LevelMapping` (a usage error naming the choices otherwise)."""
+    try:
+        return LevelMapping.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # ----------------------------------------------------------------- commands
@@ -174,6 +191,7 @@ def train_job(args: argparse.Namespace):
         columns=args.columns,
         feedback=args.feedback,
         strength=args.strength,
+        levels=args.levels,
     )
     model = ModelJob(
         name=name,

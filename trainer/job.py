@@ -82,6 +82,7 @@ from ordrec.service.storage.names import validate_model_name
 from ordrec.service.storage.objectstore import Downloads, S3Registry, is_object_store
 from ordrec.service.storage.registry import Registry
 from ordrec.service.storage.scale import SCALE_ATTRIBUTE
+from ordrec.trainer.data.interactions import LEVELS_ATTRIBUTE, LevelMapping, levels_attribute
 from ordrec.trainer.data.types import DataError, RatingScale
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -118,6 +119,7 @@ class DataSource:
     columns: list[str] | str | None = None  # headerless attribute tables: the column names
     feedback: str = "auto"  # ratings files only: explicit, implicit (interactions) or auto
     strength: str | None = None  # implicit ratings files: the strength column
+    levels: LevelMapping | None = None  # implicit data: how strengths become levels (None: default)
 
 
 @dataclass
@@ -247,6 +249,7 @@ SOURCE_KEYS = {
     "rating_scale": Key(str),
     "feedback": Key(str, "auto", allowed=(Options(str, ("auto", "explicit", "implicit")),)),
     "strength": Key(str),
+    "levels": Key(str),
     "columns": Key(None, allowed=(str, ListOf(str))),
 }
 MODEL_KEYS = {
@@ -410,6 +413,7 @@ def _data_sources(c: _Checker, base: Path, tables: dict) -> dict[str, DataSource
             columns=source["columns"],
             feedback=source["feedback"],
             strength=source["strength"],
+            levels=_levels(c, where, source),
         )
     return sources
 
@@ -423,6 +427,14 @@ def _rating_scale(c: _Checker, where: str, source: dict) -> RatingScale | None:
         return RatingScale.parse(source["rating_scale"])
     except ValueError as exc:
         raise c.fail(f"{where}.rating_scale", str(exc)) from None
+
+
+def _levels(c: _Checker, where: str, source: dict) -> LevelMapping | None:
+    """The data table's ``levels = "scheme:count"`` (how implicit strengths become levels)."""
+    try:
+        return None if source["levels"] is None else LevelMapping.parse(source["levels"])
+    except ValueError as exc:
+        raise c.fail(f"{where}.levels", str(exc)) from None
 
 
 def gate_metric(kind_name: str, metric: str | None) -> str:
@@ -456,7 +468,7 @@ def _model_job(c: _Checker, base: Path, config: JobConfig, position: int, table:
     if model["data"] not in config.data:
         raise c.fail(f"{where}.data", f"no [data.{model['data']}] table (have: {', '.join(config.data)})")
     source = config.data[model["data"]]
-    given = {"rating_scale": source.rating_scale, "strength": source.strength}
+    given = {"rating_scale": source.rating_scale, "strength": source.strength, "levels": source.levels}
     given["feedback"] = None if source.feedback == "auto" else source.feedback
     for key, value in given.items():
         if value is not None and kind.input_shape != "ratings":
@@ -865,7 +877,7 @@ class JobRunner:
     def prepare(self, model: ModelJob):
         """The model's training data (forgotten users dropped, recorded events merged, made
         trainable), the rating scale its ratings were checked against, and its events feed."""
-        from ordrec.trainer.data.interactions import trainable
+        from ordrec.trainer.data.interactions import DEFAULT_MAPPING, trainable
 
         shape = kinds.get(model.kind).input_shape
         try:
@@ -879,7 +891,7 @@ class JobRunner:
         if feed is not None:
             data = feed.apply(data, scale)
             self.say(model.name, feed.summary())
-        data, note = trainable(data)
+        data, note = trainable(data, self.config.data[model.data].levels or DEFAULT_MAPPING)
         if note:
             self.say(model.name, note)
         return data, scale, feed
@@ -994,6 +1006,9 @@ class JobRunner:
             artifact.attributes["trained_by"] = self.config.trained_by  # the status page shows it
         if scale is not None:
             artifact.attributes[SCALE_ATTRIBUTE] = scale.as_attribute()  # checks recorded values
+        levels = levels_attribute(fitted.data)
+        if levels is not None:
+            artifact.attributes[LEVELS_ATTRIBUTE] = levels  # how strengths became the fitted levels
         if model.item_attributes:
             from ordrec.service.indices.item_attributes import attach_item_attributes
 

@@ -9,9 +9,10 @@ Three steps the readers and the fit entry points share:
 - :func:`check_levels` refuses an explicit rating column with more distinct
   values than :data:`MAX_RATING_LEVELS` (a play count read as a rating would
   become thousands of ordinal levels and exhaust memory in the fit);
-- :func:`ordinal_levels` maps implicit strengths to at most
-  :data:`IMPLICIT_LEVELS` ordinal levels per user (quantiles), so DCR and COE
-  train on interactions until they learn from the strength itself.
+- :func:`ordinal_levels` maps implicit strengths to ordinal levels by a
+  :class:`LevelMapping` (per-user quantiles, log bins, or once / repeatedly; the
+  number of levels a setting), which a version's manifest records
+  (:data:`LEVELS_ATTRIBUTE`) and ``reproduce topn`` chooses on validation.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ordrec.trainer.data.types import DataError, Ratings, excerpt
 
 #: An explicit rating column with more distinct values than this is refused (before any fit).
 MAX_RATING_LEVELS = 32
-#: The ordinal levels implicit strengths become (per-user quantiles), 1 (weakest) .. this.
+#: The default number of ordinal levels implicit strengths become, 1 (weakest) .. this.
 IMPLICIT_LEVELS = 5
 _LEVELS_OF = "levels of "  # how ``Ratings.strength`` names strengths mapped to levels
 
@@ -184,24 +185,96 @@ def _user_quantile_levels(order, user, value, n_levels, out):
         start = stop
 
 
-def ordinal_levels(data: Ratings, n_levels: int = IMPLICIT_LEVELS) -> Ratings:
-    """Implicit ``data`` with each strength replaced by its level 1..``n_levels``: the
-    quantile of the strength among the user's own interactions (the user's strongest fifth
-    is level 5, a user's single interaction the middle level). Explicit data is returned as
-    it is."""
-    if not data.implicit or data.strength.startswith(_LEVELS_OF):  # already levels
-        return data
+@dataclass(frozen=True)
+class LevelMapping:
+    """How implicit strengths become the ordinal levels 1..``levels`` the models fit.
+
+    ``quantile``: the strength's mid-rank quantile among its user's interactions (a user's
+    strongest share is the top level, a lone interaction the middle one); ``log``: log bins of
+    the strength, ``1 + floor(log2(strength))`` capped at ``levels`` (1, 2-3, 4-7, ... plays);
+    ``repeat``: "picked once < picked repeatedly", ``floor(strength)`` capped at ``levels``
+    (2 levels: once, more than once). Every mapping is monotone in the strength and gives
+    equal strengths of a user equal levels.
+    """
+
+    scheme: str = "quantile"
+    levels: int = IMPLICIT_LEVELS
+
+    def __post_init__(self):
+        if self.scheme not in LEVEL_SCHEMES or not 1 <= self.levels <= MAX_RATING_LEVELS:
+            raise ValueError(
+                f"level mapping {self.scheme}:{self.levels}: scheme one of {LEVEL_SCHEMES},"
+                f" levels 1..{MAX_RATING_LEVELS}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> LevelMapping:
+        """``"scheme:count"`` (``"log:4"``), or a scheme alone with the default count."""
+        scheme, _, count = text.partition(":")
+        if count and not count.isdigit():
+            raise ValueError(f"{text!r}: expected SCHEME[:LEVELS], SCHEME one of {LEVEL_SCHEMES}")
+        return cls(scheme, int(count) if count else IMPLICIT_LEVELS)
+
+    def __str__(self) -> str:
+        return f"{self.scheme}:{self.levels}"
+
+    def describe(self) -> str:
+        """One line for logs and notes: what the levels mean."""
+        return {
+            "quantile": f"levels 1..{self.levels}, each strength's quantile among its user's interactions",
+            "log": f"levels 1..{self.levels}, 1 + floor(log2(strength)) capped",
+            "repeat": f"levels 1..{self.levels}, picked once < picked repeatedly (floor(strength) capped)",
+        }[self.scheme]
+
+    def as_attribute(self, strength: str) -> dict:
+        """What a version's manifest records (``attributes[LEVELS_ATTRIBUTE]``)."""
+        return {"scheme": self.scheme, "levels": self.levels, "strength": strength}
+
+
+#: The mappings, and the manifest attribute a version fitted on levels records its mapping in.
+LEVEL_SCHEMES = ("quantile", "log", "repeat")
+LEVELS_ATTRIBUTE = "implicit_levels"
+DEFAULT_MAPPING = LevelMapping()
+
+
+def _quantile_levels(data: Ratings, n_levels: int) -> np.ndarray:
     order = np.empty(len(data), dtype=np.int32 if len(data) < 2**31 else np.int64)
     counting_order(data.user, max(data.n_users, 1), order)
     levels = np.empty(len(data), dtype=np.float32)
     _user_quantile_levels(order, data.user, data.rating, n_levels, levels)
-    return replace(data, rating=levels, strength=_LEVELS_OF + data.strength)
+    return levels
 
 
-def trainable(data):
+def strength_levels(data: Ratings, mapping: LevelMapping) -> np.ndarray:
+    """Each row's level 1..``mapping.levels`` (float32) from its strength ``data.rating``."""
+    if mapping.scheme == "quantile":
+        return _quantile_levels(data, mapping.levels)
+    strength = np.maximum(data.rating.astype(np.float64), 1.0)  # below one pick: the lowest level
+    raw = 1.0 + np.floor(np.log2(strength)) if mapping.scheme == "log" else np.floor(strength)
+    return np.clip(raw, 1, mapping.levels).astype(np.float32)
+
+
+def ordinal_levels(data: Ratings, mapping: LevelMapping = DEFAULT_MAPPING) -> Ratings:
+    """Implicit ``data`` with each strength replaced by its level (:class:`LevelMapping`; by
+    default the per-user quantile, 1..5). Explicit data, or data already mapped, is returned
+    as it is."""
+    if not data.implicit or data.levels:
+        return data
+    levels = strength_levels(data, mapping)
+    return replace(data, rating=levels, strength=_LEVELS_OF + data.strength, levels=str(mapping))
+
+
+def levels_attribute(data) -> dict | None:
+    """The manifest's record of how ``data``'s strengths became levels (None: not mapped)."""
+    if not isinstance(data, Ratings) or not data.levels:
+        return None
+    return LevelMapping.parse(data.levels).as_attribute(data.strength.removeprefix(_LEVELS_OF))
+
+
+def trainable(data, mapping: LevelMapping = DEFAULT_MAPPING):
     """``data`` as the ordinal models fit it, and a line saying what was done (None: nothing).
 
-    Implicit ratings become their per-user levels (:func:`ordinal_levels`); any other
+    Implicit ratings become levels (:func:`ordinal_levels` with ``mapping``); any other
     input passes unchanged.
     """
     if not isinstance(data, Ratings) or not data.implicit:
@@ -209,6 +282,6 @@ def trainable(data):
     what = "records" if data.strength == "rows" else f"{data.strength!r} summed"
     note = (
         f"implicit feedback, {len(data)} (user, item) rows, strength = {what} per (user, item);"
-        f" fitted as levels 1..{IMPLICIT_LEVELS}, each strength's quantile among its user's interactions"
+        f" fitted as {mapping.scheme} {mapping.describe()}"
     )
-    return ordinal_levels(data), note
+    return ordinal_levels(data, mapping), note

@@ -147,6 +147,7 @@ class Ratings:
     time: np.ndarray | None = None  # int64, one per row, when the data has timestamps
     feedback: str = "explicit"
     strength: str = ""  # implicit only: what ``rating`` holds
+    levels: str = ""  # implicit data fitted as levels: the mapping, "scheme:count" (LevelMapping)
 
     def __post_init__(self):
         if self.feedback not in FEEDBACK:
@@ -189,7 +190,8 @@ class Ratings:
         timestamps do not change a fit); implicit data adds its marker and its timestamps."""
         columns = [self.users, self.items, self.user, self.item, self.rating]
         if self.implicit:
-            marker = np.frombuffer(f"implicit:{self.strength}".encode(), dtype=np.uint8)
+            levels = f":{self.levels}" if self.levels else ""
+            marker = np.frombuffer(f"implicit:{self.strength}{levels}".encode(), dtype=np.uint8)
             columns += [marker] + ([] if self.time is None else [self.time])
         return _fingerprint(*columns)
 

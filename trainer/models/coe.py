@@ -12,7 +12,7 @@ memory is O(ratings), never O(triples).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from numbers import Integral, Real
 from typing import ClassVar
 
@@ -103,13 +103,23 @@ class TripleSource:
     b_users: np.ndarray
     b_values: np.ndarray
     b_count: np.ndarray
+    #: Each rating's strength (the input value, rows as ``a_items``; empty when not given):
+    #: what ``strength_power`` weighs the rated item of a rated-over-unrated triple by.
+    a_strength: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
 
     @classmethod
     def build(
-        cls, user: np.ndarray, item: np.ndarray, values: np.ndarray, n_users: int, n_items: int
+        cls,
+        user: np.ndarray,
+        item: np.ndarray,
+        values: np.ndarray,
+        n_users: int,
+        n_items: int,
+        strength: np.ndarray | None = None,
     ) -> TripleSource:
-        a_indptr, a_items, a_values, _ = grouped(user, item, values, n_users)
+        a_indptr, a_items, a_values, a_order = grouped(user, item, values, n_users)
         b_indptr, b_users, b_values, _ = grouped(item, user, values, n_items)
+        a_strength = np.zeros(0, np.float32) if strength is None else strength[a_order].astype(np.float32)
         return cls(
             a_indptr,
             a_items,
@@ -119,6 +129,7 @@ class TripleSource:
             b_users,
             b_values,
             coe_kernels.group_triple_counts(b_indptr, b_values),
+            a_strength,
         )
 
     @property
@@ -154,14 +165,37 @@ class TripleSource:
             self._cumulative(self.b_count, group_power),
         )
 
-    def unrated_arrays(self, power: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def picked_weights(self, strength_power: float) -> np.ndarray | None:
+        """Each rating's weight as the rated item of a rated-over-unrated triple (rows as
+        ``a_items``): strength ** ``strength_power``; None for 0 (every rating alike)."""
+        if strength_power == 0:
+            return None
+        if self.a_strength.shape[0] != self.a_items.shape[0]:
+            raise ValueError("strength_power > 0 needs triples built with the ratings' strengths")
+        if np.any(self.a_strength <= 0):
+            raise ValueError("strength_power > 0 needs positive ratings (strengths or levels)")
+        return self.a_strength.astype(np.float64) ** float(strength_power)
+
+    def picked_cum(self, strength_power: float) -> np.ndarray:
+        """Prefix sums of :meth:`picked_weights` (length ratings + 1), empty for uniform draws."""
+        weight = self.picked_weights(strength_power)
+        if weight is None:
+            return np.zeros(0)
+        cum = np.zeros(weight.shape[0] + 1)
+        np.cumsum(weight, out=cum[1:])
+        return cum
+
+    def unrated_arrays(
+        self, power: float, strength_power: float = 0.0
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Kernel arguments of rated-over-unrated draws: ``(user_cum, seen, item_cum)``.
 
         ``seen``: each user's items sorted by id (membership by binary search),
         rows as in ``a_indptr``. ``item_cum``: prefix sums of the weights
         (ratings per item) ** power, the distribution unrated items are drawn
         from. ``user_cum``: prefix sums of the users' rating counts (a draw is
-        uniform over the ratings), 0 for a user who rated every item of
+        uniform over the ratings; with ``strength_power``, their summed
+        :meth:`picked_weights`), 0 for a user who rated every item of
         positive weight, so a draw always finds an unrated item.
         """
         n_users, n_items = self.a_indptr.shape[0] - 1, self.b_indptr.shape[0] - 1
@@ -177,8 +211,12 @@ class TripleSource:
         distinct[1:] = (seen[1:] != seen[:-1]) | (owner[1:] != owner[:-1])
         rated_positive = np.bincount(owner[distinct & (weight[seen] > 0)], minlength=n_users)
         eligible = rated_positive < np.count_nonzero(weight > 0)
+        picked = self.picked_cum(strength_power)
+        weight_of_user = (
+            counts if picked.size == 0 else picked[self.a_indptr[1:]] - picked[self.a_indptr[:-1]]
+        )
         user_cum = np.zeros(n_users + 1)
-        np.cumsum(np.where(eligible, counts, 0).astype(np.float64), out=user_cum[1:])
+        np.cumsum(np.where(eligible, weight_of_user, 0).astype(np.float64), out=user_cum[1:])
         return user_cum, seen, item_cum
 
     def sample(
@@ -189,12 +227,13 @@ class TripleSource:
         group_power: float = 1.0,
         p_unrated: float = 0.0,
         unrated_power: float = 0.0,
+        strength_power: float = 0.0,
     ):
         """``n`` triples drawn exactly as training draws them: (kind, first, second, third).
 
         Kind 2 marks a rated-over-unrated triple (probability ``p_unrated``).
         """
-        unrated = self.unrated_arrays(unrated_power)
+        unrated = (*self.unrated_arrays(unrated_power, strength_power), self.picked_cum(strength_power))
         return coe_kernels.sample_triples(self.arrays(group_power), n, p_a, seed, p_unrated, unrated)
 
 
@@ -222,6 +261,11 @@ class COESolver(Settings):
         Exponent on item popularity (training ratings per item) for drawing the unrated item of
         a rated-over-unrated triple: 0 draws uniformly over the catalogue, 1 proportionally to
         rating counts.
+    strength_power : float, default 0.0
+        How much a stronger interaction's "nearer than an item not picked" constraint counts:
+        the rated item of a rated-over-unrated triple is drawn with weight rating **
+        strength_power (on implicit data its strength level), so its share of the objective
+        grows with the strength; 0 weighs every rating alike (docs/coe.md, implicit data).
     """
 
     learning_rate_final_ratio: float = 0.01
@@ -229,6 +273,7 @@ class COESolver(Settings):
     type_a_share: float | None = 1.0
     group_power: float = 1.0
     unrated_power: float = 0.0
+    strength_power: float = 0.0
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "learning_rate_final_ratio": [Interval(Real, 0, None)],
@@ -236,6 +281,7 @@ class COESolver(Settings):
         "type_a_share": [None, Interval(Real, 0, 1)],
         "group_power": [Interval(Real, None, None)],
         "unrated_power": [Interval(Real, 0, None)],
+        "strength_power": [Interval(Real, 0, None)],
     }
 
 
@@ -353,7 +399,7 @@ class COE(Estimator):
         if isinstance(data, ExplicitTriples):
             return self.fit_explicit(data)
         values = normalise(data, self.source)
-        triples = TripleSource.build(data.user, data.item, values, data.n_users, data.n_items)
+        triples = TripleSource.build(data.user, data.item, values, data.n_users, data.n_items, data.rating)
         return self.fit_triples(data, triples)
 
     def fit_triples(self, data: Ratings, triples: TripleSource) -> COE:
@@ -367,7 +413,9 @@ class COE(Estimator):
             if p_unrated == 0:
                 raise ValueError("the data hold no triple: every user and item rates all its items alike")
             p_unrated = 1.0  # only rated-over-unrated triples exist
-        unrated = self._unrated_arrays(triples, p_unrated, float(solver.unrated_power))
+        unrated = self._unrated_arrays(
+            triples, p_unrated, float(solver.unrated_power), float(solver.strength_power)
+        )
         p_a = (
             self.n_type_a_ / (self.n_type_a_ + self.n_type_b_)
             if solver.type_a_share is None
@@ -413,14 +461,14 @@ class COE(Estimator):
         return self
 
     @staticmethod
-    def _unrated_arrays(triples: TripleSource, p_unrated: float, power: float):
+    def _unrated_arrays(triples: TripleSource, p_unrated: float, power: float, strength_power: float):
         """The kernel's unrated-draw arrays, or typed placeholders when no step draws one."""
         if p_unrated == 0:
-            return np.zeros(1), np.zeros(0, dtype=np.int32), np.zeros(1)
-        user_cum, seen, item_cum = triples.unrated_arrays(power)
+            return np.zeros(1), np.zeros(0, dtype=np.int32), np.zeros(1), np.zeros(0)
+        user_cum, seen, item_cum = triples.unrated_arrays(power, strength_power)
         if user_cum[-1] == 0:
             raise ValueError("unrated_share > 0 needs a user with an unrated item of positive weight")
-        return user_cum, seen, item_cum
+        return user_cum, seen, item_cum, triples.picked_cum(strength_power)
 
     def fit_explicit(self, triples: ExplicitTriples) -> COE:
         """Fit on given triples; each step draws one of them uniformly."""

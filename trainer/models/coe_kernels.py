@@ -197,18 +197,25 @@ def _is_rated(seen, start, end, item):
 
 
 @njit(cache=True, inline="always")
-def _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum):
+def _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum, picked_cum):
     """A rated-over-unrated triple ``<u, i, j>``: u rated i, never rated j.
 
-    The user is drawn with weight ``user_cum`` (its rating count, 0 for a user
-    with no unrated item of positive weight), one of the user's ratings
-    uniformly, and j with weight ``item_cum`` (popularity ** power) among the
-    items the user did not rate, by rejection; the caller's weights guarantee
-    an unrated item of positive weight exists, so the loop ends.
+    The user is drawn with weight ``user_cum`` (its rating count or summed pick
+    weights, 0 for a user with no unrated item of positive weight), one of the
+    user's ratings uniformly, or with weight ``picked_cum`` (prefix sums of each
+    rating's weight, rows as ``a_items``) when it is not empty, and j with weight
+    ``item_cum`` (popularity ** power) among the items the user did not rate, by
+    rejection; the caller's weights guarantee an unrated item of positive weight
+    exists, so the loop ends.
     """
     u = _draw_group(user_cum, user_cum[user_cum.shape[0] - 1])
     start, end = a_indptr[u], a_indptr[u + 1]
-    p = start + np.int64(np.random.random() * (end - start))
+    if picked_cum.shape[0]:
+        low, high = picked_cum[start], picked_cum[end]
+        p = np.searchsorted(picked_cum, low + np.random.random() * (high - low), side="right") - 1
+        p = max(start, p)
+    else:
+        p = start + np.int64(np.random.random() * (end - start))
     if p >= end:
         p = end - 1
     total = item_cum[item_cum.shape[0] - 1]
@@ -230,15 +237,15 @@ def _draw_triple(source, totals, p_a, p_unrated, unrated):
     """One triple as (kind, first, second, third); kind 0 = A, 1 = B, 2 = A against an unrated item.
 
     ``source``: the eight arrays of ``TripleSource.arrays``; ``unrated``: the
-    three of ``TripleSource.unrated_arrays``; ``totals``: the type-A and
+    three of ``TripleSource.unrated_arrays`` and ``TripleSource.picked_cum``; ``totals``: the type-A and
     type-B weight totals (``_totals``, hoisted out of the loop). With ``p_unrated == 0`` no
     random number is spent on the unrated choice, so the paper's draws are
     exactly those of a build without it.
     """
     a_indptr, a_items, a_values, a_cum, b_indptr, b_users, b_values, b_cum = source
     if p_unrated > 0.0 and (p_unrated >= 1.0 or np.random.random() < p_unrated):
-        user_cum, seen, item_cum = unrated
-        u, i, j = _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum)
+        user_cum, seen, item_cum, picked_cum = unrated
+        u, i, j = _draw_unrated_triple(a_indptr, a_items, user_cum, seen, item_cum, picked_cum)
         return 2, u, i, j
     total_a, total_b = totals
     if total_b == 0 or (total_a > 0 and np.random.random() < p_a):

@@ -7,8 +7,7 @@ are split (``--test-fraction`` held out, ``split_ratings``): at random
 The relevant items are the held-out ratings at or above ``--threshold``; on
 interaction logs (``--feedback implicit``, ``--strength COLUMN``), every
 held-out interaction. Every model is fitted on the training part with its
-estimator defaults (what ``ordrec-train train KIND`` publishes; interactions
-as per-user strength levels, ``trainable``), packed into its artifact and asked
+estimator defaults (what ``ordrec-train train KIND`` publishes), packed into its artifact and asked
 through its serving index for the top N of all items, the user's training
 items excluded (``index.recommend(row, n, exclude=index.seen(row))``).
 
@@ -23,6 +22,12 @@ training part only, the same way as the test split) and, when the
 ``baselines`` extra is installed, implicit's ALS (factors, regularization,
 confidence weight alpha and iterations chosen the same way, by coordinate
 ascent over :data:`ALS_GRID`: 96 settings, at most 19 of them fitted).
+
+On interactions the models fit strength levels (``LevelMapping``): per run and
+model, the mapping and its number of levels (:data:`LEVEL_GRID`; for COE also
+``strength_power``, the weight of a stronger interaction's triples) are chosen
+on the same kind of validation split of the training part, by recall@10
+(``choose_levels``); ``--levels`` fixes the mapping instead.
 
 ``--fold-in`` adds the cold-start rows: a seeded share of users is left out
 of the fit entirely and served as the server serves a user it has not seen:
@@ -45,7 +50,7 @@ import scipy.sparse as sp
 
 from ordrec.service.indices.models import kinds
 from ordrec.service.indices.models.base import RecommenderIndex
-from ordrec.trainer.data.interactions import trainable
+from ordrec.trainer.data.interactions import DEFAULT_MAPPING, LevelMapping, ordinal_levels, strength_levels
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import SPLITS, split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
@@ -87,6 +92,11 @@ ALS_GRID = Grid(
     {"factors": 128, "regularization": 0.1, "alpha": 10.0, "iterations": 15},
 )
 SEARCH_SWEEPS = 2
+#: The level mappings ``reproduce topn`` chooses among on validation (interactions), the first the
+#: start; mappings that give a training part the same order of levels are fitted once.
+LEVEL_GRID = ("quantile:5", "quantile:3", "log:5", "log:3", "repeat:2")
+#: COE's weight of a stronger interaction's triples (``strength_power``), chosen beside the mapping.
+STRENGTH_POWERS = (0.0, 1.0)
 # The models of the list: the registered kind each is fitted as, and its settings beyond the defaults.
 MODELS = {
     "dcr": ("dcr", {}),
@@ -155,13 +165,13 @@ class Split:
 
 
 def make_split(data: Ratings, test_fraction: float, new_share: float, seed: int, by: str = "random") -> Split:
-    """The seeded split of one run; interactions in the training part become the per-user
-    strength levels the models fit (computed from the training part alone)."""
+    """The seeded split of one run (interactions keep their strengths: each model's levels are
+    computed from the training part alone, ``choose_levels``)."""
     train, test = split_ratings(data, test_fraction, seed, by)
     rng = np.random.default_rng([seed, 7])
     users = np.unique(train.user)
     new = np.sort(rng.choice(users, int(round(new_share * users.size)), replace=False))
-    return Split(trainable(train)[0], test, new.astype(np.int64))
+    return Split(train, test, new.astype(np.int64))
 
 
 def model_settings(names: list[str], assignments: list[str]) -> dict[str, dict]:
@@ -348,6 +358,64 @@ def reference_scorer(
     return fit_one(train, chosen, seed)
 
 
+# ------------------------------------------------------------------ levels
+def distinct_mappings(data: Ratings, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``candidates`` whose levels order ``data``'s interactions differently (the first of
+    each group kept): mappings giving the same order of levels fit the same model."""
+    kept: dict[bytes, str] = {}
+    for text in candidates:
+        levels = strength_levels(data, LevelMapping.parse(text))
+        order = np.unique(levels, return_inverse=True)[1].astype(np.int32)
+        kept.setdefault(order.tobytes(), text)
+    return tuple(kept.values())
+
+
+def choose_levels(
+    kind: str, params: dict, train: Ratings, seed: int, log, by: str = "random"
+) -> tuple[LevelMapping, dict]:
+    """The level mapping (and, for COE, ``strength_power``) with the best recall@10 on a
+    validation split of ``train`` (carved as the test split was: ``by``), by coordinate ascent
+    over :data:`LEVEL_GRID` x :data:`STRENGTH_POWERS`; the test part is never read."""
+    fit, val = split_ratings(train, 0.2, seed + 100, by)
+    axes: dict[str, tuple] = {"levels": distinct_mappings(fit, LEVEL_GRID)}
+    several_levels = any(
+        np.unique(strength_levels(fit, LevelMapping.parse(m))).size > 1 for m in axes["levels"]
+    )
+    if kind == "coe" and "strength_power" not in params and several_levels:
+        axes["strength_power"] = STRENGTH_POWERS
+    grid = Grid(axes, {axis: values[0] for axis, values in axes.items()})
+    if grid.size == 1:
+        return LevelMapping.parse(axes["levels"][0]), {}
+    truth = TopN.from_ratings(val, 0.0)
+
+    def validation_recall(setting: dict) -> float:
+        extra = {k: v for k, v in setting.items() if k != "levels"}
+        levels = ordinal_levels(fit, LevelMapping.parse(setting["levels"]))
+        index, _ = fit_index(kind, {**params, **extra}, levels, seed)
+        return topn_metrics(served_lists(index, truth.users, 10), truth, levels)["recall@10"]
+
+    chosen, fitted = coordinate_search(grid, validation_recall)
+    log(f"{kind}: levels chosen on validation {chosen} ({fitted} of {grid.size} settings fitted)")
+    return LevelMapping.parse(chosen.pop("levels")), chosen
+
+
+def model_levels(
+    kind: str, params: dict, split: Split, seed: int, log, args: argparse.Namespace, known: dict
+) -> tuple[Split, dict, str]:
+    """The run's split with interactions as the model's levels (``--levels``, else chosen on
+    validation once per kind and run, ``known``: Pairwise DCR takes DCR's levels), its settings
+    with what was chosen beside them, and the choice as text."""
+    if not split.train.implicit:
+        return split, params, ""
+    fixed = getattr(args, "levels", None)
+    if fixed is None and kind not in known:
+        known[kind] = choose_levels(kind, params, split.fit, seed, log, args.split)
+    mapping, extra = (fixed, {}) if fixed else known[kind]
+    chosen = " ".join([str(mapping), *(f"{k}={v:g}" for k, v in extra.items())])
+    levelled = Split(ordinal_levels(split.train, mapping), split.test, split.new_users)
+    return levelled, {**params, **extra}, chosen
+
+
 # ---------------------------------------------------------------------- run
 def fit_index(kind_name: str, params: dict, data: Ratings, seed: int) -> tuple[RecommenderIndex, float]:
     kind = kinds.get(kind_name)
@@ -384,6 +452,7 @@ def run(args: argparse.Namespace) -> list[Row]:
         "feedback": data.feedback,
     }
     values: dict[str, dict[str, list[float]]] = {}
+    chosen: dict[tuple[str, int], str] = {}  # (model, run): the levels chosen on validation
 
     def record(method: str, metrics: dict[str, float]) -> None:
         for metric, value in metrics.items():
@@ -395,43 +464,65 @@ def run(args: argparse.Namespace) -> list[Row]:
         truth = TopN.from_ratings(split.test, args.threshold)
         known = truth.without(split.new_users)
         new = truth.only(split.new_users)
+        # The references see interactions as the default levels (ALS's confidence is the level).
+        default = Split(ordinal_levels(split.train, DEFAULT_MAPPING), split.test, split.new_users)
         for name in references:
-            scorer = reference_scorer(name, split.fit, args.threshold, seed, log, args.split)
+            scorer = reference_scorer(name, default.fit, args.threshold, seed, log, args.split)
             if scorer is None:
                 continue
             record(
                 name,
-                topn_metrics(score_lists(scorer(known.users), split.fit, known.users, 20), known, split.fit),
+                topn_metrics(
+                    score_lists(scorer(known.users), default.fit, known.users, 20), known, default.fit
+                ),
             )
             if new.users.size and name == "popularity":
                 record(
                     f"{name} (new users)",
-                    topn_metrics(score_lists(scorer(new.users), split.train, new.users, 20), new, split.fit),
+                    topn_metrics(
+                        score_lists(scorer(new.users), default.train, new.users, 20), new, default.fit
+                    ),
                 )
+        levels_of_kind: dict[str, tuple] = {}
         for name in models:
-            kind, params = MODELS[name][0], settings[name]
-            index, seconds = fit_index(kind, params, split.fit, seed)
-            metrics = topn_metrics(served_lists(index, known.users, 20), known, split.fit)
+            kind = MODELS[name][0]
+            levelled, params, chosen[name, run_no] = model_levels(
+                kind, settings[name], split, seed, log, args, levels_of_kind
+            )
+            index, seconds = fit_index(kind, params, levelled.fit, seed)
+            metrics = topn_metrics(served_lists(index, known.users, 20), known, levelled.fit)
             record(name, dict(metrics, fit_seconds=seconds))
             log(
                 f"run {run_no + 1}/{args.runs} {name}: recall@10 {metrics['recall@10']:.4f} fit {seconds:.1f}s"
+                + (f" levels {chosen[name, run_no]}" if chosen[name, run_no] else "")
             )
             for with_ratings in (True, False) if new.users.size else ():
-                lists, how = folded_lists(index, split, new.users, 20, with_ratings=with_ratings)
-                record(f"{name} ({how}, new users)", topn_metrics(lists, new, split.fit))
+                lists, how = folded_lists(index, levelled, new.users, 20, with_ratings=with_ratings)
+                record(f"{name} ({how}, new users)", topn_metrics(lists, new, levelled.fit))
     # The mean over runs, then each run alone (its seed in the setting): claims hold per seed.
     rows = [
         summarise(method, dataset, setting, metric, per_run)
         for method, by_metric in values.items()
         for metric, per_run in by_metric.items()
     ] + [
-        summarise(method, dataset, dict(setting, seed=args.seed + run_no), metric, [value])
+        summarise(
+            method,
+            dataset,
+            run_setting(setting, args.seed + run_no, chosen.get((method, run_no))),
+            metric,
+            [value],
+        )
         for method, by_metric in values.items()
         for metric, per_run in by_metric.items()
         for run_no, value in enumerate(per_run)
     ]
     print_topn(rows, values, dataset)
     return rows
+
+
+def run_setting(setting: dict, seed: int, levels: str | None) -> dict:
+    """A per-run row's setting: the run's seed, and the levels chosen for it (interactions)."""
+    return dict(setting, seed=seed, **({"levels": levels} if levels else {}))
 
 
 def print_topn(rows: list[Row], values: dict[str, dict[str, list[float]]], dataset: str) -> None:
