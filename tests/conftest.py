@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ordrec.tools.process import RedisServer, free_port, run_cli
+from ordrec.tools.process import ChildProcess, RedisServer, free_port, run_cli
 from tests.admin_token import ADMIN_ENV, ADMIN_TOKEN
 
 os.environ.setdefault(ADMIN_ENV, ADMIN_TOKEN)  # server processes inherit it (tests/admin_token.py)
@@ -159,7 +159,7 @@ def aof_redis(tmp_path):
     server.stop()
 
 
-class MotoServer:
+class MotoServer(ChildProcess):
     """moto's standalone S3 server on loopback: a real S3 HTTP endpoint standing in for
     S3 or MinIO (neither can be installed here). boto3 reaches it through the standard
     ``AWS_ENDPOINT_URL`` variable, as a deployment would reach MinIO."""
@@ -202,17 +202,6 @@ class MotoServer:
                 time.sleep(0.1)
         self.stop()
         raise RuntimeError("moto server did not start")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-    def kill(self) -> None:
-        """SIGKILL: what a crash or an OOM kill does."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 @pytest.fixture(scope="session")

@@ -92,26 +92,19 @@ def test_python_engine_counts_error_statuses(sample_registry, tmp_path):
     assert summary["errors_by_code"].get("INVALID_ARGUMENT", 0) == summary["errors"] > 0
 
 
+def python_engine_run(server, registry, tmp_path, seconds: int, concurrency: int, connections: int, *extra):
+    """The python engine for ``seconds`` over ``connections``, each process's share counted."""
+    flags = ("--engine", "python", "--duration", str(seconds), "--concurrency", str(concurrency))
+    more = ("--connections", str(connections), "--metrics-url", server.metrics_urls, *extra)
+    return run_loadtest(server, registry, tmp_path, *flags, *more)
+
+
 def test_python_engine_opens_one_connection_per_channel(sample_registry, tmp_path):
     # 16 connections, never recycled within the run, spread by the kernel over two processes:
     # all of them on one process has odds 2^-15. (Channels sharing gRPC's global subchannel
     # pool were one connection, and one process took every call.)
     with ServerProcess(sample_registry, "--processes", "2", "--max-connection-age", "600") as server:
-        summary = run_loadtest(
-            server,
-            sample_registry,
-            tmp_path,
-            "--engine",
-            "python",
-            "--duration",
-            "2",
-            "--concurrency",
-            "16",
-            "--connections",
-            "16",
-            "--metrics-url",
-            server.metrics_urls,
-        )
+        summary = python_engine_run(server, sample_registry, tmp_path, 2, 16, 16)
     assert summary["errors"] == 0, summary["errors_by_code"]
     assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
 
@@ -125,21 +118,7 @@ def test_recycled_connections_fail_no_call_and_reach_both_processes(sample_regis
     with ServerProcess(
         sample_registry, "--processes", "2", "--max-connection-age", "0.5", "--max-connection-age-grace", "5"
     ) as server:
-        summary = run_loadtest(
-            server,
-            sample_registry,
-            tmp_path,
-            "--engine",
-            "python",
-            "--duration",
-            "8",
-            "--concurrency",
-            "32",
-            "--connections",
-            "8",
-            "--metrics-url",
-            server.metrics_urls,
-        )
+        summary = python_engine_run(server, sample_registry, tmp_path, 8, 32, 8)
     assert summary["errors"] == 0, summary["errors_by_code"]
     assert summary["requests"] > 1000
     assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
@@ -150,23 +129,7 @@ def test_processes_sharing_a_port_recycle_connections_by_default(sample_registry
     # every 2 s or so (a 30 s age kept it on one process for the whole run), and each reconnect
     # is hashed anew, so both processes answer: all ~10 ages on one has odds of about 2^-9.
     with ServerProcess(sample_registry, "--processes", "2") as server:
-        summary = run_loadtest(
-            server,
-            sample_registry,
-            tmp_path,
-            "--engine",
-            "python",
-            "--duration",
-            "20",
-            "--concurrency",
-            "4",
-            "--connections",
-            "1",
-            "--rate",
-            "100",
-            "--metrics-url",
-            server.metrics_urls,
-        )
+        summary = python_engine_run(server, sample_registry, tmp_path, 20, 4, 1, "--rate", "100")
     assert summary["errors"] == 0, summary["errors_by_code"]
     assert len(summary["process_shares"]) == 2 and min(summary["process_shares"]) > 0
 

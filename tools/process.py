@@ -146,7 +146,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RedisServer:
+class ChildProcess:
+    """A helper process started on loopback (``proc``), stopped or killed at will."""
+
+    proc: subprocess.Popen | None = None
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash or an OOM kill does."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class RedisServer(ChildProcess):
     """A throwaway redis-server on loopback: no persistence, or with ``aof_dir`` an
     append-only file synced on every write (``appendfsync always``), so a SIGKILL
     (:meth:`kill`) loses nothing acknowledged and :meth:`start` replays it."""
@@ -196,14 +213,3 @@ class RedisServer:
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-
-    def kill(self) -> None:
-        """SIGKILL: what a crash or an OOM kill does."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
