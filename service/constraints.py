@@ -125,8 +125,11 @@ def _describe(constraint: Any) -> str:
     if constraint == "boolean":
         return "a bool"
     if isinstance(constraint, type):
-        return f"an instance of {constraint.__name__}"
+        return _A_TYPE.get(constraint, f"an instance of {constraint.__name__}")
     return str(constraint)
+
+
+_A_TYPE = {str: "a string", int: "an int", float: "a float", dict: "a dict", list: "a list"}
 
 
 def allowed(forms: Iterable[Any]) -> str:

@@ -18,9 +18,13 @@ from ordrec.service.serving.stages import (
     write_items,
 )
 
-_PLAIN = RecommendCall(
-    n=5, candidate_ids=[], exclude_ids=[], exclude_seen=True, with_distribution=False, filter=""
-)
+
+def _call(**features) -> RecommendCall:
+    plain = dict(n=5, candidate_ids=[], exclude_ids=[], exclude_seen=True, with_distribution=False, filter="")
+    return RecommendCall(**{**plain, **features})
+
+
+_PLAIN = _call()
 
 
 def _group(fresh=None) -> VersionGroup:
@@ -32,7 +36,7 @@ def test_a_plain_request_scores_falls_back_writes_and_samples():
 
 
 def test_each_feature_adds_its_stage_in_its_place():
-    call = _PLAIN._replace(with_distribution=True, explain=2, diversify=Diversify(0.3))
+    call = _call(with_distribution=True, explain=2, diversify=Diversify(0.3))
     fresh = object()  # a version with fresh items
     assert plan(call, _group(fresh)) == (
         score_known,
@@ -48,5 +52,5 @@ def test_each_feature_adds_its_stage_in_its_place():
 
 
 def test_a_cap_alone_reranks():
-    call = _PLAIN._replace(diversify=Diversify(0.0, AttributeCap("genre", 1)))
+    call = _call(diversify=Diversify(0.0, AttributeCap("genre", 1)))
     assert rerank in plan(call, _group()) and call.fetch_n == POOL_FACTOR * call.n
