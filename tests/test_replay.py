@@ -59,19 +59,23 @@ def assert_counts_add_up(arm: dict, trials: int) -> None:
     assert all(sum(d["served"].values()) == d["events"] for d in days)  # every answer was counted once
 
 
-def test_a_tiny_replay_loses_nothing_and_its_counts_add_up(tmp_path):
-    require_redis_server()
-    rows = planted_log(tmp_path / "log.data")
-    report = run_replay(
+def tiny(tmp_path) -> tuple[str, ...]:
+    """The tiny log's replay: a simulated day a second, the job every day, a small fit; the gate
+    (and its popularity floor) still judges, with a margin the tiny data's noise does not cross."""
+    return (
         "--data", str(tmp_path / "log.data"),
-        "--arms", "full,static",
         "--day-seconds", "1",
         "--job-every", "1",
         "--params", "n_components = 4, max_iter = 5, random_state = 0",
-        "--gate-margin", "1",  # the gate (and its popularity floor) still judges; the tiny data's noise does not refuse
+        "--gate-margin", "1",
         "--out", str(tmp_path / "out"),
-        "--plot", str(tmp_path / "replay.png"),
     )  # fmt: skip
+
+
+def test_a_tiny_replay_loses_nothing_and_its_counts_add_up(tmp_path):
+    require_redis_server()
+    rows = planted_log(tmp_path / "log.data")
+    report = run_replay(*tiny(tmp_path), "--arms", "full,static", "--plot", str(tmp_path / "replay.png"))
     events = replayed(rows)
     trials = sum(1 for _, _, rating, _ in events if rating >= 4)
     full, static = report["full"], report["static"]
@@ -93,16 +97,7 @@ def test_a_tiny_replay_loses_nothing_and_its_counts_add_up(tmp_path):
 def test_killing_redis_and_the_job_mid_replay_loses_no_acknowledged_event(tmp_path):
     require_redis_server()
     rows = planted_log(tmp_path / "log.data")
-    report = run_replay(
-        "--data", str(tmp_path / "log.data"),
-        "--arms", "full",
-        "--faults",
-        "--day-seconds", "1",
-        "--job-every", "1",
-        "--params", "n_components = 4, max_iter = 5, random_state = 0",
-        "--gate-margin", "1",
-        "--out", str(tmp_path / "out"),
-    )  # fmt: skip
+    report = run_replay(*tiny(tmp_path), "--arms", "full", "--faults")
     full = report["full"]
     assert_counts_add_up(full, sum(1 for _, _, rating, _ in replayed(rows) if rating >= 4))
     faults = [fault for day in full["days"] for fault in day["faults"]]
