@@ -203,8 +203,8 @@ class JobRun:
 class JobRunner:
     """Runs ``ordrec-train run JOB.toml`` in the background, one at a time."""
 
-    def __init__(self, job: Path, log_path: Path):
-        self.job, self.log_path = job, log_path
+    def __init__(self, job: Path, log_path: Path, cpus: set[int] | None = None):
+        self.job, self.log_path, self.cpus = job, log_path, cpus
         self.runs: list[JobRun] = []
         self.proc: subprocess.Popen | None = None
         self.thread: threading.Thread | None = None
@@ -218,6 +218,7 @@ class JobRunner:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None,
         )
         self.thread = threading.Thread(target=self._follow, args=(self.proc, run), daemon=True)
         self.thread.start()
@@ -410,8 +411,10 @@ class Arm:
         jobs = None
         if self.settings.name == "full":
             job = write_job(self.folder, data, self.registry, self.log, self.options, redis_server.url)
-            jobs = JobRunner(job, self.folder / "jobs.log")
+            jobs = JobRunner(job, self.folder / "jobs.log", self.options.job_cpus)
         flags = ("--redis", redis_server.url, "--redis-timeout", "1", "--poll-interval", "1")
+        if self.options.server_cpu is not None:  # the server on its own core, as on its own machine
+            flags += ("--cpu", str(self.options.server_cpu))
         try:
             with (
                 ServerProcess(
@@ -752,6 +755,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=0.0,
         help="seconds into the killed job's run (0: half the last run's)",
     )
+    parser.add_argument(
+        "--job-cpus",
+        type=lambda text: {int(c) for c in text.split(",")},
+        help="CPUs the job runs on (e.g. 1), as if on its own machine; with --server-cpu the two"
+        " stop sharing cores (default: both anywhere)",
+    )
+    parser.add_argument("--server-cpu", type=int, help="the CPU ordrec-serve is pinned to (its --cpu)")
     parser.add_argument("--out", type=Path, required=True, help="folder for replay.json, logs and registries")
     parser.add_argument("--plot", type=Path, help="PNG of the hit rate per day per arm")
     parser.add_argument(
