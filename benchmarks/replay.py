@@ -621,13 +621,15 @@ def percentile(seconds: list[float], q: float) -> float | None:
 
 
 def phase_latencies(latencies: list, reloads: list, job_windows: list) -> dict:
-    """Recommend p50/p99 (ms) in each phase: quiet, while a job runs (outside reloads), in a reload."""
+    """Recommend p50/p99 (ms) in each phase: quiet, while a job runs (outside reloads), in a reload,
+    and outside reloads altogether."""
     phases: dict[str, list[float]] = {"quiet": [], "job_running": [], "reload": []}
     for moment, seconds in latencies:
         phase = (
             "reload" if inside(moment, reloads) else "job_running" if inside(moment, job_windows) else "quiet"
         )
         phases[phase].append(seconds)
+    phases["outside_reload"] = phases["quiet"] + phases["job_running"]  # the target compares these two
     return {
         name: {"calls": len(s), "p50": percentile(s, 50), "p99": percentile(s, 99)}
         for name, s in phases.items()
@@ -674,7 +676,8 @@ def print_table(results: list[dict]) -> None:
             f" ({r['recommend_errors_in_reload']} in reloads), record retries {r['record_retries']};"
             f" p50/p99 ms quiet {fmt(lat['quiet']['p50'], 1)}/{fmt(lat['quiet']['p99'], 1)},"
             f" job running {fmt(lat['job_running']['p50'], 1)}/{fmt(lat['job_running']['p99'], 1)},"
-            f" reload {fmt(lat['reload']['p50'], 1)}/{fmt(lat['reload']['p99'], 1)} ({lat['reload']['calls']} calls)"
+            f" reload {fmt(lat['reload']['p50'], 1)}/{fmt(lat['reload']['p99'], 1)} ({lat['reload']['calls']} calls),"
+            f" outside reloads {fmt(lat['outside_reload']['p50'], 1)}/{fmt(lat['outside_reload']['p99'], 1)}"
         )
 
 
