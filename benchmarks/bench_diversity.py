@@ -40,7 +40,7 @@ from ordrec.service.indices.item_attributes import attach_item_attributes  # noq
 from ordrec.service.indices.models import build_index  # noqa: E402
 from ordrec.trainer.data.readers import read_input  # noqa: E402
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics  # noqa: E402
-from ordrec.trainer.models.configured import configure  # noqa: E402
+from ordrec.trainer.models.pipeline import configure  # noqa: E402
 from ordrec.trainer.reproduce.topn import make_split  # noqa: E402
 
 WEIGHTS = (0.0, 0.1, 0.3, 0.5, 0.7, 1.0)
