@@ -840,9 +840,11 @@ class JobRunner:
         """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
         on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
         the fit has completed either way)."""
-        from ordrec.trainer.models.pipeline import configure
+        from ordrec.trainer.models.pipeline import configure, job_defaults
 
-        pipeline = configure(model.kind, model.params)
+        # A job tunes its settings unless told not to (a cluster fit is one plain fit).
+        defaults = job_defaults(model.kind) if model.cluster is None else {}
+        pipeline = configure(model.kind, {**defaults, **model.params})
         self.say(model.name, "fit: %s", pipeline.describe())
         if model.cluster is None:
             return pipeline.fit(data, check_memory=model.memory_check)

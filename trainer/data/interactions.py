@@ -235,6 +235,9 @@ class LevelMapping:
 LEVEL_SCHEMES = ("quantile", "log", "repeat")
 LEVELS_ATTRIBUTE = "implicit_levels"
 DEFAULT_MAPPING = LevelMapping()
+#: The level mappings chosen among on validation (``reproduce topn``, the settings tuner), the
+#: first the default; mappings that give a training part the same order of levels fit alike.
+LEVEL_GRID = ("quantile:5", "quantile:3", "log:5", "log:3", "repeat:2")
 
 
 def _quantile_levels(data: Ratings, n_levels: int) -> np.ndarray:

@@ -56,9 +56,11 @@ import numpy as np
 
 from ordrec.service.indices.models.base import MapIndex, RecommenderIndex
 from ordrec.service.indices.topk import top_k
+from ordrec.trainer.data.splits import SPLITS as SPLITS  # where the callers of the gate find it
+from ordrec.trainer.data.splits import split_ratings
 from ordrec.trainer.data.types import AttributeTable, NeighborLists, Ratings, TagAssignments
 from ordrec.trainer.evaluation.metrics import f1, mean_or_nan, ndcg, order_agreement
-from ordrec.trainer.models.ranking import served_recall_values
+from ordrec.trainer.models.ranking import liked_threshold, served_recall_values
 
 #: metric names each family computes; the first is the default gate metric
 METRICS: dict[str, tuple[str, ...]] = {
@@ -68,8 +70,6 @@ METRICS: dict[str, tuple[str, ...]] = {
     "neighbors": ("recall_at_10", "order_agreement"),
 }
 TRIPLETS_PER_CELL = 20
-#: How a ratings split picks each user's held-out share: at random, or the latest by time.
-SPLITS = ("random", "time")
 
 
 def default_metric(shape: str) -> str:
@@ -91,45 +91,6 @@ class HeldOutCells:
 
 
 # ------------------------------------------------------------------ splits
-def _rounded_share(counts: np.ndarray, fraction: float) -> np.ndarray:
-    """``round(fraction * n)`` per group, at most ``n - 1`` (something stays for training)."""
-    return np.minimum(np.floor(fraction * counts + 0.5).astype(np.int64), np.maximum(counts - 1, 0))
-
-
-def _within_group_position(
-    group: np.ndarray, rng: np.random.Generator, latest_first: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """A random order inside each group (or, given times, latest first with ties in random
-    order): returns ``order`` (group-major) and each ordered element's position in its group."""
-    keys = (rng.random(group.size),) if latest_first is None else (rng.random(group.size), -latest_first)
-    order = np.lexsort((*keys, group))
-    g = group[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
-    first = np.repeat(starts, np.diff(np.r_[starts, g.size]))
-    return order, np.arange(g.size) - first
-
-
-def split_ratings(data: Ratings, fraction: float, seed: int, by: str = "random") -> tuple[Ratings, Ratings]:
-    """Per-user holdout of ``round(fraction * n_u)`` ratings of each user (same id maps):
-    random ones (``by="random"``), or the user's latest by timestamp (``by="time"``, ties
-    broken at random; data without timestamps is refused)."""
-    if by not in SPLITS:
-        raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {by!r}")
-    if by == "time" and data.time is None:
-        raise ValueError(
-            f"a time split holds out each user's latest ratings, but {data.source or 'the data'}"
-            " has no timestamps (a timestamp column, or a MovieLens file); use the random split"
-        )
-    rng = np.random.default_rng(seed)
-    user = np.asarray(data.user, dtype=np.int64)
-    counts = np.bincount(user, minlength=data.n_users)
-    n_test = _rounded_share(counts, fraction)
-    order, pos = _within_group_position(user, rng, data.time if by == "time" else None)
-    test = np.zeros(user.size, dtype=bool)
-    test[order] = pos < n_test[user[order]]
-    return data.subset(~test), data.subset(test)
-
-
 def split_tags(data: TagAssignments, fraction: float, seed: int) -> tuple[TagAssignments, TagAssignments]:
     """Leave-one-post-out for a ``fraction`` share of the users with two or more posts."""
     rng = np.random.default_rng(seed)
@@ -240,12 +201,6 @@ def evaluate_ratings(index: RecommenderIndex, test: Ratings, k: int = 10) -> dic
         "hit_rate_users": float(len(hits)),
         "unknown_share": float(1.0 - known.mean()) if known.size else 0.0,
     }
-
-
-def liked_threshold(ratings: np.ndarray) -> float:
-    """The second-highest rating value present: held-out ratings at or above it are liked."""
-    values = np.unique(np.asarray(ratings, dtype=np.float64))
-    return float(values[-2] if values.size >= 2 else values[-1]) if values.size else float("nan")
 
 
 class PopularityLists:

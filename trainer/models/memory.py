@@ -157,7 +157,10 @@ def memory_limits() -> list[Limit]:
 
 def predict_fit_memory(kind: str, estimator: Any, data: Any) -> MemoryPrediction | None:
     """The registered prediction of fitting ``estimator`` (what ``configure`` built) on ``data``;
-    None when ``kind`` registers no predictor."""
+    None when ``kind`` registers no predictor. A wrapper that checks each of its own fits (the
+    settings tuner: ``checks_each_fit``) is predicted by the estimator it wraps, its first fit."""
+    while getattr(estimator, "checks_each_fit", False):
+        estimator = estimator.estimator
     predictor = kinds.get(kind).memory_predictor()
     return None if predictor is None else predictor(estimator, data)
 

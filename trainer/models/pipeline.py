@@ -10,6 +10,7 @@ given flat under their own names). Read it top to bottom for a kind, e.g. DCR::
     PairwiseDCR(..)         when pairwise            pairwise_learning_rate, ...
     ValidatedRefinement(..) when pairwise_validation (default on, only with pairwise)
     EarlyStoppedDCR(..)     when early_stopping      validation_folds, patience, val_tol, ...
+    SettingsTuner(..)       when tune (on in jobs)   tune_budget_seconds, tune_validation_fraction, ...
     to_artifact(..)                                  item_shrinkage, ann_min_items, ann_params
 
 A new wrapper (an auto-tuner, say) is one more :class:`Wrapper` row; nothing else lists names.
@@ -40,6 +41,7 @@ from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
 from ordrec.trainer.models.memory import check_fit_memory
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 from ordrec.trainer.models.selection import planned_fits
+from ordrec.trainer.models.tuning import SettingsTuner
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class Wrapper:
     declared_by: tuple[Any, ...]
     on: bool = False
     within: str | None = None
+    jobs_on: bool = False  # on by default in ``ordrec-train train`` and the cron job only
+
 
     def declared(self, setting: str) -> tuple[Any, list]:
         """The default and constraints of one of ``build``'s settings."""
@@ -107,6 +111,19 @@ def _grid_search(inner: Any, *, n_components: Any, reg: Any, **rule: Any) -> RTF
     return RTFGridSearch(inner, {"n_components": tuple(n_components), "reg": tuple(reg)}, **rule)
 
 
+# The settings chosen on validation within a time budget (outermost: it fits the whole pipeline).
+_TUNE = Wrapper(
+    "tune",
+    SettingsTuner,
+    {
+        "tune_budget_seconds": "budget_seconds",
+        "tune_validation_fraction": "validation_fraction",
+        "tune_split": "split",
+    },
+    (SettingsTuner,),
+    jobs_on=True,
+)
+
 # The hold-outs every DCR model selection is made on.
 _DCR_HOLDOUT = {"validation_folds": "folds", "validation_fraction": "fraction"}
 
@@ -142,7 +159,9 @@ WRAPPERS: dict[str, tuple[Wrapper, ...]] = {
             {**_DCR_HOLDOUT, "patience": "patience", "val_tol": "tol"},
             (EarlyStoppedDCR, ValidationStopping),
         ),
+        _TUNE,
     ),
+    "coe": (_TUNE,),
     "rtf": (
         Wrapper(
             "grid_validation",
@@ -214,6 +233,11 @@ def flat_constraints(kind: str) -> dict[str, list]:
     for row in WRAPPERS.get(kind, ()):
         merged.update(row.constraints())
     return merged | _publishing(kind).constraints
+
+
+def job_defaults(kind: str) -> dict[str, bool]:
+    """The switches ``ordrec-train train`` and the cron job turn on unless a model says otherwise."""
+    return {row.switch: True for row in WRAPPERS.get(kind, ()) if row.jobs_on and row.switch}
 
 
 def wrapper(kind: str, switch: str) -> Wrapper:

@@ -47,6 +47,12 @@ def topn_recall(found: np.ndarray, relevant: np.ndarray, k: int) -> float:
     return float(np.isin(found[:k], relevant).sum()) / min(k, relevant.size)
 
 
+def liked_threshold(ratings: np.ndarray) -> float:
+    """The second-highest rating value present: held-out ratings at or above it are liked."""
+    values = np.unique(np.asarray(ratings, dtype=np.float64))
+    return float(values[-2] if values.size >= 2 else values[-1]) if values.size else float("nan")
+
+
 #: Scores per batch of users in :func:`served_recall_values` (16M float32: 64 MB).
 SCORE_BATCH = 1 << 24
 

@@ -50,7 +50,13 @@ import scipy.sparse as sp
 
 from ordrec.service.indices.models import kinds
 from ordrec.service.indices.models.base import RecommenderIndex
-from ordrec.trainer.data.interactions import DEFAULT_MAPPING, LevelMapping, ordinal_levels, strength_levels
+from ordrec.trainer.data.interactions import (
+    DEFAULT_MAPPING,
+    LEVEL_GRID,
+    LevelMapping,
+    ordinal_levels,
+    strength_levels,
+)
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import SPLITS, split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
@@ -92,9 +98,6 @@ ALS_GRID = Grid(
     {"factors": 128, "regularization": 0.1, "alpha": 10.0, "iterations": 15},
 )
 SEARCH_SWEEPS = 2
-#: The level mappings ``reproduce topn`` chooses among on validation (interactions), the first the
-#: start; mappings that give a training part the same order of levels are fitted once.
-LEVEL_GRID = ("quantile:5", "quantile:3", "log:5", "log:3", "repeat:2")
 #: COE's weight of a stronger interaction's triples (``strength_power``), chosen beside the mapping.
 STRENGTH_POWERS = (0.0, 1.0)
 # The models of the list: the registered kind each is fitted as, and its settings beyond the defaults.

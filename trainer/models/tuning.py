@@ -1,0 +1,282 @@
+"""The few settings that matter, chosen on a validation split of the data a fit is given, within
+a time budget: :class:`SettingsTuner` wraps a kind's fit pipeline as GridSearchCV wraps an
+estimator (``tune`` in ``pipeline.WRAPPERS``; on by default for ``ordrec-train train`` and the
+cron job, off in the ``reproduce`` protocols).
+
+The search is coordinate ascent from the estimator's own settings: those are fitted first (on all
+the data, the model kept when nothing beats them), then each axis of :func:`search_space` in turn
+is moved to its best value on validation with the others held. A candidate is scored by served
+recall@10 (:func:`~ordrec.trainer.models.ranking.served_recall_values`, the measure of
+``reproduce topn``): its top 10 of all items a user did not train on, through the kind's serving
+index, against the user's held-out items (liked ones on ratings, every one on interactions).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from numbers import Real
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ordrec.service.constraints import Interval, Options, validate_params
+from ordrec.service.indices.models import kinds
+from ordrec.service.storage.artifact import Artifact
+from ordrec.trainer.data.interactions import LEVEL_GRID, LEVELS_ATTRIBUTE, LevelMapping, ordinal_levels
+from ordrec.trainer.data.splits import SPLITS, split_ratings
+from ordrec.trainer.data.types import Ratings
+from ordrec.trainer.models.base import Estimator
+from ordrec.trainer.models.memory import FitTooLarge, check_fit_memory
+from ordrec.trainer.models.ranking import liked_threshold, served_recall_values
+from ordrec.trainer.models.selection import planned_fits, stream
+
+#: Each kind's axes: the estimator parameters searched, each value a multiple of the given one.
+AXES: dict[str, dict[str, tuple[float, ...]]] = {
+    "dcr": {"n_components": (1.0, 0.5, 2.0), "unrated_share": (1.0, 0.5, 2.0), "max_iter": (1.0, 0.5, 2.0)},
+    "coe": {"n_components": (1.0, 0.5, 2.0)},
+}
+#: Wrappers inside which ``max_iter`` does not set the epochs (they are chosen on validation).
+_EPOCHS_CHOSEN_BY = ("EarlyStoppedDCR",)
+_RECALL_AT = 10
+
+
+def innermost(estimator: Any) -> Estimator:
+    """The estimator inside ``estimator``'s wrappers (the one holding the model's parameters)."""
+    while not isinstance(estimator, Estimator):
+        estimator = estimator.estimator
+    return estimator
+
+
+def _wrappers(estimator: Any) -> list[str]:
+    names = []
+    while not isinstance(estimator, Estimator):
+        names.append(type(estimator).__name__)
+        estimator = estimator.estimator
+    return names
+
+
+def _around(value: Any, factors: tuple[float, ...]) -> tuple:
+    """``value`` times each factor (integers stay integers, at least 1), duplicates dropped."""
+    scaled = [max(1, int(round(value * f))) if isinstance(value, int) else float(value) * f for f in factors]
+    return tuple(dict.fromkeys(scaled))
+
+
+def search_space(estimator: Any, data: Ratings) -> dict[str, tuple]:
+    """The axes searched for ``estimator`` on ``data``, each starting at the given value: the
+    kind's :data:`AXES` (``max_iter`` only where it sets the epochs) and, on interactions not yet
+    mapped to levels, the level mapping (:data:`LEVEL_GRID`)."""
+    model = innermost(estimator)
+    # Early stopping chooses the epochs, and a tolerance may stop before max_iter.
+    epochs_chosen = any(name in _EPOCHS_CHOSEN_BY for name in _wrappers(estimator))
+    epochs_chosen = epochs_chosen or bool(model.get_params().get("tol", 0))
+    space = {
+        name: _around(model.get_params()[name], factors)
+        for name, factors in AXES.get(model.kind, {}).items()
+        if not (name == "max_iter" and epochs_chosen)
+    }
+    if data.implicit and not data.levels:
+        space["levels"] = LEVEL_GRID
+    return space
+
+
+def relative_cost(params: dict[str, Any], defaults: dict[str, Any]) -> float:
+    """A fit's predicted seconds relative to the defaults' on the same rows: linear in the
+    dimensions and epochs, and in the rows a pass visits (ratings and their unrated draws)."""
+    cost = 1.0
+    for name in ("n_components", "max_iter"):
+        if name in params:
+            cost *= float(params[name]) / max(float(defaults[name]), 1e-12)
+    if "unrated_share" in params:
+        cost *= (1.0 + float(params["unrated_share"])) / (1.0 + float(defaults["unrated_share"]))
+    return cost
+
+
+class SettingsTuner:
+    """A kind's settings chosen on validation within a time budget, wrapping its fit pipeline.
+
+    The estimator's own settings are fitted first, on all of ``data``, and timed. When the budget
+    leaves room for more, a share of each user's rows is held out (``split``, drawn from
+    ``stream(random_state, "tuning")``), the defaults and then, by coordinate ascent over
+    :func:`search_space`, each neighbouring candidate are fitted on the rest and scored by served
+    recall@10 on the held-out rows; the best is refitted on all of ``data`` unless it is the
+    defaults, whose fit is kept. A candidate is tried only when its predicted fit and refit
+    (the defaults' time scaled by :func:`relative_cost`) fit in what is left of the budget, and
+    only when its memory fits the machine.
+
+    Parameters
+    ----------
+    estimator : estimator or wrapper
+        The fit pipeline (a DCR, COE, or a wrapper of one); candidates are copies of it with
+        the innermost estimator's parameters changed.
+    budget_seconds : float, default 600.0
+        Wall-clock seconds the whole fit may take; with too little for a second fit the defaults
+        are kept (``outcome_`` says so).
+    validation_fraction : float, default 0.2
+        Share of each user's rows held out to score candidates on.
+    split : {"random", "time"}, default "random"
+        Which rows are held out: random ones, or each user's latest (needs timestamps).
+
+    Attributes
+    ----------
+    best_params_ : dict
+        The chosen value of every axis (a ``levels`` mapping as text).
+    best_estimator_ : estimator
+        The fitted pipeline served (its parameters the chosen ones).
+    best_score_ : float or None
+        Validation recall@10 of the chosen settings (None when no validation ran).
+    cv_results_ : dict of lists
+        One column per field (``params``, ``validation_recall_at_10``, ``seconds``, ``status``),
+        one entry per candidate considered, the defaults first.
+    outcome_ : str
+        What was done, e.g. ``"kept defaults: budget"`` or ``"chose n_components=100"``.
+    elapsed_ : float
+        Seconds the whole fit took.
+    """
+
+    _parameter_constraints: ClassVar[dict[str, list]] = {
+        "budget_seconds": [Interval(Real, 0, None)],
+        "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
+        "split": [Options(str, set(SPLITS))],
+    }
+    #: Each fit's memory is checked before it runs (a larger candidate is skipped, not fatal).
+    checks_each_fit = True
+
+    def __init__(
+        self, estimator: Any, *, budget_seconds: float = 600.0, validation_fraction: float = 0.2, split: str = "random"
+    ):
+        self.estimator = estimator
+        self.budget_seconds = budget_seconds
+        self.validation_fraction = validation_fraction
+        self.split = split
+
+    def _validate_params(self) -> None:
+        settings = {name: getattr(self, name) for name in self._parameter_constraints}
+        validate_params(type(self).__name__, settings, self._parameter_constraints)
+
+    def planned_fits(self) -> int:
+        """At most: the defaults on all the data and on the fit part, each other value of each
+        axis (levels aside), and one refit."""
+        values = sum(len(v) - 1 for v in AXES.get(innermost(self.estimator).kind, {}).values())
+        return planned_fits(self.estimator) * (values + 3)
+
+    # ------------------------------------------------------------ fitting
+    def fit(self, data: Ratings) -> SettingsTuner:
+        """Fit the defaults on ``data``, search within the budget, keep or refit the best."""
+        self._validate_params()
+        self._started = time.perf_counter()
+        self.strength_ = data.strength if data.implicit else None
+        space = search_space(self.estimator, data)
+        defaults = {axis: values[0] for axis, values in space.items()}
+        self._results: list[dict[str, Any]] = []
+        model, seconds = self._fit(defaults, data)
+        self._record(defaults, None, seconds, "fitted on all the data")
+        self.best_params_, self.best_estimator_, self.best_score_ = defaults, model, None
+        best = self._search(space, defaults, data, seconds)
+        if best != defaults:
+            self.best_estimator_, seconds = self._fit(best, data)
+            self._record(best, self.best_score_, seconds, "refitted on all the data")
+        self.best_params_ = best
+        self.elapsed_ = time.perf_counter() - self._started
+        self.cv_results_ = {field: [row[field] for row in self._results] for field in self._results[0]}
+        return self
+
+    def _search(self, space: dict[str, tuple], defaults: dict, data: Ratings, full_seconds: float) -> dict:
+        """Coordinate ascent on a validation split of ``data``; the best settings found."""
+        others = [{**defaults, axis: v} for axis, values in space.items() for v in values[1:]]
+        if not others:
+            self.outcome_ = "kept defaults: nothing to tune"
+            return defaults
+        fit_part, held_out = split_ratings(
+            data, float(self.validation_fraction), stream(self._seed(), "tuning"), self.split
+        )
+        share = len(fit_part) / max(len(data), 1)
+
+        def predicted(params: dict, rows_share: float) -> float:
+            return full_seconds * rows_share * relative_cost(params, defaults)
+
+        cheapest = min(predicted(c, share) + predicted(c, 1.0) for c in others)
+        if predicted(defaults, share) + cheapest > self._left():
+            self.outcome_ = "kept defaults: budget (no room for a second fit)"
+            return defaults
+        best, self.best_score_ = defaults, self._score(defaults, fit_part, held_out)
+        for axis, values in space.items():
+            for value in values[1:]:
+                candidate = {**best, axis: value}
+                if any(row["params"] == candidate for row in self._results):
+                    continue
+                refit = max(predicted(candidate, 1.0), predicted(best, 1.0) if best != defaults else 0.0)
+                if predicted(candidate, share) + refit > self._left():
+                    self._record(candidate, None, 0.0, "skipped: budget")
+                    continue
+                score = self._score(candidate, fit_part, held_out)
+                if score is not None and (self.best_score_ is None or score > self.best_score_):
+                    best, self.best_score_ = candidate, score
+        self.outcome_ = (
+            "kept defaults: none better on validation"
+            if best == defaults
+            else "chose " + " ".join(f"{k}={v}" for k, v in best.items() if v != defaults[k])
+        )
+        return best
+
+    def _score(self, params: dict, fit_part: Ratings, held_out: Ratings) -> float | None:
+        """Validation recall@10 of ``params`` fitted on ``fit_part`` (None: skipped for memory,
+        or no held-out user to score)."""
+        try:
+            model, seconds = self._fit(params, fit_part)
+        except FitTooLarge:
+            self._record(params, None, 0.0, "skipped: memory")
+            return None
+        index = kinds.get(innermost(model).kind).index_class().from_artifact(model.to_artifact())
+        threshold = -np.inf if held_out.implicit else liked_threshold(held_out.rating)
+        values = served_recall_values(index, held_out, threshold, _RECALL_AT)
+        score = float(values.mean()) if values.size else None
+        self._record(params, score, seconds, "scored on validation")
+        return score
+
+    def _fit(self, params: dict, data: Ratings) -> tuple[Any, float]:
+        """A copy of the pipeline with ``params`` fitted on ``data`` (levelled by ``params``'s
+        mapping on raw interactions), and its seconds; its memory is checked first."""
+        candidate = copy.deepcopy(self.estimator)
+        innermost(candidate).set_params(**{k: v for k, v in params.items() if k != "levels"})
+        if "levels" in params:
+            data = ordinal_levels(data, LevelMapping.parse(params["levels"]))
+        check_fit_memory(innermost(candidate).kind, candidate, data)
+        started = time.perf_counter()
+        candidate.fit(data)
+        return candidate, time.perf_counter() - started
+
+    def _seed(self) -> int:
+        return int(innermost(self.estimator).get_params().get("random_state", 0))
+
+    def _left(self) -> float:
+        return float(self.budget_seconds) - (time.perf_counter() - self._started)
+
+    def _record(self, params: dict, score: float | None, seconds: float, status: str) -> None:
+        self._results.append(
+            {"params": dict(params), "validation_recall_at_10": score, "seconds": seconds, "status": status}
+        )
+
+    # ------------------------------------------------------------ publishing
+    def record(self) -> dict[str, Any]:
+        """What a version's manifest records of the choice (``hyperparameters["tuning"]``)."""
+        rows = [dict(zip(self.cv_results_, values)) for values in zip(*self.cv_results_.values())]
+        return {
+            "chosen": dict(self.best_params_),
+            "outcome": self.outcome_,
+            "validation_recall_at_10": self.best_score_,
+            "budget_seconds": float(self.budget_seconds),
+            "elapsed_seconds": round(self.elapsed_, 3),
+            "validation_fraction": float(self.validation_fraction),
+            "split": self.split,
+            "candidates": [dict(row, seconds=round(row["seconds"], 3)) for row in rows],
+        }
+
+    def to_artifact(self, **serving) -> Artifact:
+        """The chosen model's artifact (the kind's serving choices), recording the choice."""
+        artifact = self.best_estimator_.to_artifact(**serving)
+        artifact.hyperparameters["tuning"] = self.record()
+        if "levels" in self.best_params_:  # the tuner mapped the strengths itself
+            mapping = LevelMapping.parse(self.best_params_["levels"])
+            artifact.attributes[LEVELS_ATTRIBUTE] = mapping.as_attribute(self.strength_)
+        return artifact
