@@ -25,7 +25,8 @@ def test_dcr_takes_its_parameters_its_model_selection_and_its_serving_choices_by
     assert {"pairwise", "pairwise_learning_rate", "pairs_per_epoch", "learning_rate_decay", "dtype"} <= set(
         names
     )
-    assert accepted_params("coe") == COE.param_names() + list(COESolver.field_names())
+    tuning = ["tune", "tune_budget_seconds", "tune_validation_fraction", "tune_split"]
+    assert accepted_params("coe") == COE.param_names() + list(COESolver.field_names()) + tuning
 
 
 def test_the_solver_fields_given_flat_become_the_solver_and_are_recorded_flat():
@@ -238,7 +239,12 @@ def test_the_fit_says_how_many_fits_of_the_estimator_it_runs():
 
 def test_the_manifest_records_every_switch_and_the_settings_of_the_wrappers_that_ran():
     plain = configure("dcr", {"n_components": 2})
-    assert plain.recorded == {"pairwise": False, "pairwise_validation": False, "early_stopping": False}
+    assert plain.recorded == {
+        "pairwise": False,
+        "pairwise_validation": False,
+        "early_stopping": False,
+        "tune": False,
+    }
     refined = configure("dcr", {"pairwise": True, "pairwise_max_iter": 3}).recorded
     assert refined["pairwise"] is refined["pairwise_validation"] is True
     assert (refined["pairwise_max_iter"], refined["pairwise_learning_rate"], refined["validation_folds"]) == (
@@ -272,7 +278,7 @@ def test_a_wrapper_row_is_all_a_new_model_selection_needs(monkeypatch):
 
 def test_train_logs_the_fits_a_pairwise_fit_runs(sample_dir, tmp_path, capsys):
     flags = ["--set", "pairwise=true", "--set", "validation_folds=2", "--set", "max_iter=1"]
-    flags += ["--set", "n_components=2", "--set", "pairwise_max_iter=1"]
+    flags += ["--set", "n_components=2", "--set", "pairwise_max_iter=1", "--set", "tune=false"]
     data = str(sample_dir / "ratings.data")
     assert main(["train", "dcr", "--data", data, "--registry", str(tmp_path), *flags]) == 0
     assert "fit: dcr with pairwise: 3 fits of the estimator" in capsys.readouterr().err

@@ -55,6 +55,7 @@ from ordrec.service.storage.objectstore import Downloads  # opens a directory, o
 from ordrec.service.storage.registry import Registry as LocalRegistry
 from ordrec.trainer.data.interactions import LevelMapping
 from ordrec.trainer.data.types import DataError, RatingScale
+from ordrec.trainer.models.tuning import describe_tuning
 from ordrec.trainer.reproduce.params import parse_assignments
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
@@ -250,7 +251,9 @@ def _version_metrics(registry, name: str, version: str) -> str:
         f"index {entry.name}: {describe_choice(entry.library, MessageToDict(entry.params))}"
         for entry in manifest.indexes
     ]
-    return "\t".join([format_metrics(dict(manifest.metrics)), *indexes])
+    tuned = MessageToDict(manifest.hyperparameters).get("tuning")
+    choice = [describe_tuning(tuned)] if tuned else []  # what the settings tuner chose
+    return "\t".join([format_metrics(dict(manifest.metrics)), *indexes, *choice])
 
 
 def cmd_versions(args: argparse.Namespace) -> int:

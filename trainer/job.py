@@ -841,13 +841,17 @@ class JobRunner:
         on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
         the fit has completed either way)."""
         from ordrec.trainer.models.pipeline import configure, job_defaults
+        from ordrec.trainer.models.tuning import SettingsTuner, describe_tuning
 
         # A job tunes its settings unless told not to (a cluster fit is one plain fit).
         defaults = job_defaults(model.kind) if model.cluster is None else {}
         pipeline = configure(model.kind, {**defaults, **model.params})
         self.say(model.name, "fit: %s", pipeline.describe())
         if model.cluster is None:
-            return pipeline.fit(data, check_memory=model.memory_check)
+            fitted = pipeline.fit(data, check_memory=model.memory_check)
+            if isinstance(fitted.estimator, SettingsTuner):
+                self.say(model.name, "%s", describe_tuning(fitted.estimator.record()))
+            return fitted
         self.say(model.name, "fitting on cluster %s", model.cluster)
         return pipeline.fit_on_cluster(data, model.cluster)
 

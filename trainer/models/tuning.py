@@ -280,3 +280,15 @@ class SettingsTuner:
             mapping = LevelMapping.parse(self.best_params_["levels"])
             artifact.attributes[LEVELS_ATTRIBUTE] = mapping.as_attribute(self.strength_)
         return artifact
+
+
+def describe_tuning(record: dict[str, Any]) -> str:
+    """One line of a version's tuning record (``ordrec-train versions``, the fit log)."""
+    scored = [c for c in record["candidates"] if c["validation_recall_at_10"] is not None]
+    recall = record.get("validation_recall_at_10")
+    figure = f", validation recall@10 {recall:.4f}" if recall is not None else ""
+    return (
+        f"tuning: {record['outcome']} ({len(scored)} scored{figure};"
+        f" {record['elapsed_seconds']:.0f}s of {record['budget_seconds']:.0f}s)"
+    )
+
