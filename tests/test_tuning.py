@@ -7,6 +7,7 @@ import pytest
 
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.cli import main
+from ordrec.trainer.data.interactions import LEVELS_ATTRIBUTE, LevelMapping
 from ordrec.trainer.data.readers import read_input
 from ordrec.trainer.data.splits import split_ratings
 from ordrec.trainer.models.coe import COE
@@ -145,3 +146,27 @@ def test_tune_false_publishes_the_model_of_a_plain_fit(sample_dir, tmp_path):
     for key, array in expected.arrays.items():
         np.testing.assert_array_equal(published.arrays[key], array, err_msg=key)
     assert published.hyperparameters["tune"] is False and "tuning" not in published.hyperparameters
+
+
+def write_plays(path, n_users=40, n_items=50, per_user=14, seed=0) -> str:
+    """``user,item,plays``: each user plays items of their own half, some many times."""
+    rng = np.random.default_rng(seed)
+    lines = ["user,item,plays\n"]
+    for u in range(n_users):
+        items = (u % 2) * (n_items // 2) + rng.choice(n_items // 2, per_user, replace=False)
+        lines += [f"u{u},i{i},{p}\n" for i, p in zip(items, rng.geometric(0.3, per_user))]
+    path.write_text("".join(lines))
+    return str(path)
+
+
+@pytest.mark.parametrize("gate", [[], ["--gate"]])
+def test_train_on_interactions_chooses_the_levels_and_records_them(tmp_path, gate):
+    data = write_plays(tmp_path / "plays.csv")
+    flags = ["--feedback", "implicit", "--set", "max_iter=30", "--set", "n_components=4", *gate]
+    assert main(["train", "coe", "--data", data, "--registry", str(tmp_path / "reg"), *flags]) == 0
+    artifact = Registry(tmp_path / "reg").load("coe")
+    tuning = artifact.hyperparameters["tuning"]
+    assert tuning["candidates"][0]["params"]["levels"] == "quantile:5"  # the default mapping first
+    chosen = LevelMapping.parse(tuning["chosen"]["levels"])
+    recorded = artifact.attributes[LEVELS_ATTRIBUTE]
+    assert (recorded["scheme"], recorded["levels"], recorded["strength"]) == (chosen.scheme, chosen.levels, "plays")

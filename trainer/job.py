@@ -82,8 +82,9 @@ from ordrec.service.storage.names import validate_model_name
 from ordrec.service.storage.objectstore import Downloads, S3Registry, is_object_store
 from ordrec.service.storage.registry import Registry
 from ordrec.service.storage.scale import SCALE_ATTRIBUTE
-from ordrec.trainer.data.interactions import LEVELS_ATTRIBUTE, LevelMapping, levels_attribute
+from ordrec.trainer.data.interactions import LEVELS_ATTRIBUTE, LevelMapping, levels_attribute, ordinal_levels
 from ordrec.trainer.data.types import DataError, RatingScale
+from ordrec.trainer.models.tuning import SettingsTuner, chosen_levels, describe_tuning
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -152,6 +153,13 @@ class ModelJob:
     @property
     def gate_metric(self) -> str:
         return self.gate.metric if self.gate else ""
+
+    def fit_params(self) -> dict[str, Any]:
+        """The flat settings its fit is configured with: the switches a job turns on by default
+        (the settings tuner; none for a cluster fit, one plain fit), then the model's own."""
+        from ordrec.trainer.models.pipeline import job_defaults
+
+        return {**(job_defaults(self.kind) if self.cluster is None else {}), **self.params}
 
 
 @dataclass
@@ -840,12 +848,9 @@ class JobRunner:
         """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
         on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
         the fit has completed either way)."""
-        from ordrec.trainer.models.pipeline import configure, job_defaults
-        from ordrec.trainer.models.tuning import SettingsTuner, describe_tuning
+        from ordrec.trainer.models.pipeline import configure
 
-        # A job tunes its settings unless told not to (a cluster fit is one plain fit).
-        defaults = job_defaults(model.kind) if model.cluster is None else {}
-        pipeline = configure(model.kind, {**defaults, **model.params})
+        pipeline = configure(model.kind, model.fit_params())
         self.say(model.name, "fit: %s", pipeline.describe())
         if model.cluster is None:
             fitted = pipeline.fit(data, check_memory=model.memory_check)
@@ -897,7 +902,12 @@ class JobRunner:
         if feed is not None:
             data = feed.apply(data, scale)
             self.say(model.name, feed.summary())
-        data, note = trainable(data, self.config.data[model.data].levels or DEFAULT_MAPPING)
+        levels = self.config.data[model.data].levels
+        if levels is None and model.fit_params().get("tune") and getattr(data, "implicit", False):
+            # The tuner chooses the level mapping on validation; the fit's data is levelled by it.
+            self.say(model.name, "implicit feedback: the level mapping is chosen on validation (tune)")
+            return data, scale, feed
+        data, note = trainable(data, levels or DEFAULT_MAPPING)
         if note:
             self.say(model.name, note)
         return data, scale, feed
@@ -908,9 +918,13 @@ class JobRunner:
         says why), else the measured model with its ``holdout_*`` metrics."""
         from ordrec.trainer.evaluation import holdout
 
-        train, test = holdout.split(data, gate.holdout, gate.seed, gate.split)
+        how = (gate.holdout, gate.seed, gate.split)
+        train, test = holdout.split(data, *how)
         t0 = time.perf_counter()
         estimator = self.fit(model, train)
+        mapping = chosen_levels(estimator.estimator)
+        if mapping is not None:  # the same rows, as the chosen model sees them
+            train, test = ordinal_levels(train, mapping), holdout.split(ordinal_levels(data, mapping), *how)[1]
         self.say(
             model.name,
             "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
@@ -980,7 +994,10 @@ class JobRunner:
         """A fit on all the data: what ``train`` publishes, or a job's refit, which keeps the
         measured model's ``holdout_*`` metrics (``measured_metrics``)."""
         t0 = time.perf_counter()
-        artifact = self.fit(model, data).to_artifact()
+        pipeline = self.fit(model, data)
+        mapping = chosen_levels(pipeline.estimator)
+        data = data if mapping is None else ordinal_levels(data, mapping)  # as the model was fitted
+        artifact = pipeline.to_artifact()
         if measured_metrics is None:
             self.say(model.name, "fit kind=%s part=all seconds=%.1f", model.kind, time.perf_counter() - t0)
             return Fitted(artifact, data)

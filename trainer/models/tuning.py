@@ -292,3 +292,10 @@ def describe_tuning(record: dict[str, Any]) -> str:
         f" {record['elapsed_seconds']:.0f}s of {record['budget_seconds']:.0f}s)"
     )
 
+
+def chosen_levels(estimator: Any) -> LevelMapping | None:
+    """The level mapping a fitted tuner chose for raw interactions (None: it chose none, or
+    ``estimator`` is no tuner): the data the served model was fitted on is levelled by it."""
+    levels = estimator.best_params_.get("levels") if isinstance(estimator, SettingsTuner) else None
+    return None if levels is None else LevelMapping.parse(levels)
+
