@@ -156,10 +156,14 @@ class ModelJob:
 
     def fit_params(self) -> dict[str, Any]:
         """The flat settings its fit is configured with: the switches a job turns on by default
-        (the settings tuner; none for a cluster fit, one plain fit), then the model's own."""
+        (the settings tuner, which keeps the settings the model gives; none for a cluster fit,
+        one plain fit), then the model's own."""
         from ordrec.trainer.models.pipeline import job_defaults
 
-        return {**(job_defaults(self.kind) if self.cluster is None else {}), **self.params}
+        defaults = job_defaults(self.kind) if self.cluster is None else {}
+        if defaults.get("tune"):
+            defaults["tune_keep"] = sorted(self.params)
+        return {**defaults, **self.params}
 
 
 @dataclass

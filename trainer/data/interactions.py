@@ -257,6 +257,17 @@ def strength_levels(data: Ratings, mapping: LevelMapping) -> np.ndarray:
     return np.clip(raw, 1, mapping.levels).astype(np.float32)
 
 
+def distinct_mappings(data: Ratings, candidates: tuple[str, ...]) -> tuple[str, ...]:
+    """The ``candidates`` whose levels order ``data``'s interactions differently (the first of
+    each group kept): mappings giving the same order of levels fit the same model."""
+    kept: dict[bytes, str] = {}
+    for text in candidates:
+        levels = strength_levels(data, LevelMapping.parse(text))
+        order = np.unique(levels, return_inverse=True)[1].astype(np.int32)
+        kept.setdefault(order.tobytes(), text)
+    return tuple(kept.values())
+
+
 def ordinal_levels(data: Ratings, mapping: LevelMapping = DEFAULT_MAPPING) -> Ratings:
     """Implicit ``data`` with each strength replaced by its level (:class:`LevelMapping`; by
     default the per-user quantile, 1..5). Explicit data, or data already mapped, is returned

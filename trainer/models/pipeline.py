@@ -119,6 +119,7 @@ _TUNE = Wrapper(
         "tune_budget_seconds": "budget_seconds",
         "tune_validation_fraction": "validation_fraction",
         "tune_split": "split",
+        "tune_keep": "keep",
     },
     (SettingsTuner,),
     jobs_on=True,

@@ -23,7 +23,13 @@ import numpy as np
 from ordrec.service.constraints import Interval, Options, validate_params
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import Artifact
-from ordrec.trainer.data.interactions import LEVEL_GRID, LEVELS_ATTRIBUTE, LevelMapping, ordinal_levels
+from ordrec.trainer.data.interactions import (
+    LEVEL_GRID,
+    LEVELS_ATTRIBUTE,
+    LevelMapping,
+    distinct_mappings,
+    ordinal_levels,
+)
 from ordrec.trainer.data.splits import SPLITS, split_ratings
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models.base import Estimator
@@ -62,10 +68,10 @@ def _around(value: Any, factors: tuple[float, ...]) -> tuple:
     return tuple(dict.fromkeys(scaled))
 
 
-def search_space(estimator: Any, data: Ratings) -> dict[str, tuple]:
+def search_space(estimator: Any, data: Ratings, keep: tuple[str, ...] = ()) -> dict[str, tuple]:
     """The axes searched for ``estimator`` on ``data``, each starting at the given value: the
     kind's :data:`AXES` (``max_iter`` only where it sets the epochs) and, on interactions not yet
-    mapped to levels, the level mapping (:data:`LEVEL_GRID`)."""
+    mapped to levels, the level mapping (:data:`LEVEL_GRID`); none of the settings in ``keep``."""
     model = innermost(estimator)
     # Early stopping chooses the epochs, and a tolerance may stop before max_iter.
     epochs_chosen = any(name in _EPOCHS_CHOSEN_BY for name in _wrappers(estimator))
@@ -73,10 +79,10 @@ def search_space(estimator: Any, data: Ratings) -> dict[str, tuple]:
     space = {
         name: _around(model.get_params()[name], factors)
         for name, factors in AXES.get(model.kind, {}).items()
-        if not (name == "max_iter" and epochs_chosen)
+        if not (name == "max_iter" and epochs_chosen) and name not in keep
     }
-    if data.implicit and not data.levels:
-        space["levels"] = LEVEL_GRID
+    if data.implicit and not data.levels:  # mappings ordering the data alike are tried once
+        space["levels"] = distinct_mappings(data, LEVEL_GRID)
     return space
 
 
@@ -101,8 +107,8 @@ class SettingsTuner:
     :func:`search_space`, each neighbouring candidate are fitted on the rest and scored by served
     recall@10 on the held-out rows; the best is refitted on all of ``data`` unless it is the
     defaults, whose fit is kept. A candidate is tried only when its predicted fit and refit
-    (the defaults' time scaled by :func:`relative_cost`) fit in what is left of the budget, and
-    only when its memory fits the machine.
+    (the slowest seconds per fit seen so far, scaled by :func:`relative_cost` and the rows) fit
+    in what is left of the budget, and only when its memory fits the machine.
 
     Parameters
     ----------
@@ -116,6 +122,8 @@ class SettingsTuner:
         Share of each user's rows held out to score candidates on.
     split : {"random", "time"}, default "random"
         Which rows are held out: random ones, or each user's latest (needs timestamps).
+    keep : sequence of str, default ()
+        Settings kept as given, never searched (a job keeps those its table gives).
 
     Attributes
     ----------
@@ -138,14 +146,22 @@ class SettingsTuner:
         "budget_seconds": [Interval(Real, 0, None)],
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
         "split": [Options(str, set(SPLITS))],
+        "keep": [list, tuple],
     }
     #: Each fit's memory is checked before it runs (a larger candidate is skipped, not fatal).
     checks_each_fit = True
 
     def __init__(
-        self, estimator: Any, *, budget_seconds: float = 600.0, validation_fraction: float = 0.2, split: str = "random"
+        self,
+        estimator: Any,
+        *,
+        budget_seconds: float = 600.0,
+        validation_fraction: float = 0.2,
+        split: str = "random",
+        keep: tuple[str, ...] | list[str] = (),
     ):
         self.estimator = estimator
+        self.keep = keep
         self.budget_seconds = budget_seconds
         self.validation_fraction = validation_fraction
         self.split = split
@@ -166,13 +182,15 @@ class SettingsTuner:
         self._validate_params()
         self._started = time.perf_counter()
         self.strength_ = data.strength if data.implicit else None
-        space = search_space(self.estimator, data)
+        space = search_space(self.estimator, data, tuple(self.keep))
         defaults = {axis: values[0] for axis, values in space.items()}
         self._results: list[dict[str, Any]] = []
+        self._defaults, self._rows, self._rate = defaults, max(len(data), 1), 0.0
         model, seconds = self._fit(defaults, data)
+        self._observe(defaults, len(data), seconds)
         self._record(defaults, None, seconds, "fitted on all the data")
         self.best_params_, self.best_estimator_, self.best_score_ = defaults, model, None
-        best = self._search(space, defaults, data, seconds)
+        best = self._search(space, defaults, data)
         if best != defaults:
             self.best_estimator_, seconds = self._fit(best, data)
             self._record(best, self.best_score_, seconds, "refitted on all the data")
@@ -181,7 +199,7 @@ class SettingsTuner:
         self.cv_results_ = {field: [row[field] for row in self._results] for field in self._results[0]}
         return self
 
-    def _search(self, space: dict[str, tuple], defaults: dict, data: Ratings, full_seconds: float) -> dict:
+    def _search(self, space: dict[str, tuple], defaults: dict, data: Ratings) -> dict:
         """Coordinate ascent on a validation split of ``data``; the best settings found."""
         others = [{**defaults, axis: v} for axis, values in space.items() for v in values[1:]]
         if not others:
@@ -190,11 +208,8 @@ class SettingsTuner:
         fit_part, held_out = split_ratings(
             data, float(self.validation_fraction), stream(self._seed(), "tuning"), self.split
         )
-        share = len(fit_part) / max(len(data), 1)
-
-        def predicted(params: dict, rows_share: float) -> float:
-            return full_seconds * rows_share * relative_cost(params, defaults)
-
+        share = len(fit_part) / self._rows
+        predicted = self._predicted
         cheapest = min(predicted(c, share) + predicted(c, 1.0) for c in others)
         if predicted(defaults, share) + cheapest > self._left():
             self.outcome_ = "kept defaults: budget (no room for a second fit)"
@@ -222,8 +237,9 @@ class SettingsTuner:
     def _score(self, params: dict, fit_part: Ratings, held_out: Ratings) -> float | None:
         """Validation recall@10 of ``params`` fitted on ``fit_part`` (None: skipped for memory,
         or no held-out user to score)."""
+        started = time.perf_counter()
         try:
-            model, seconds = self._fit(params, fit_part)
+            model, _ = self._fit(params, fit_part)
         except FitTooLarge:
             self._record(params, None, 0.0, "skipped: memory")
             return None
@@ -231,8 +247,20 @@ class SettingsTuner:
         threshold = -np.inf if held_out.implicit else liked_threshold(held_out.rating)
         values = served_recall_values(index, held_out, threshold, _RECALL_AT)
         score = float(values.mean()) if values.size else None
+        seconds = time.perf_counter() - started
+        self._observe(params, len(fit_part), seconds)
         self._record(params, score, seconds, "scored on validation")
         return score
+
+    def _observe(self, params: dict, rows: int, seconds: float) -> None:
+        """Learn the seconds per fit from one more (the slowest rate seen: a loaded machine
+        slows every later fit too)."""
+        units = rows / self._rows * relative_cost(params, self._defaults)
+        self._rate = max(self._rate, seconds / max(units, 1e-12))
+
+    def _predicted(self, params: dict, rows_share: float) -> float:
+        """Predicted seconds of fitting (and scoring) ``params`` on ``rows_share`` of the data."""
+        return self._rate * rows_share * relative_cost(params, self._defaults)
 
     def _fit(self, params: dict, data: Ratings) -> tuple[Any, float]:
         """A copy of the pipeline with ``params`` fitted on ``data`` (levelled by ``params``'s

@@ -54,6 +54,7 @@ from ordrec.trainer.data.interactions import (
     DEFAULT_MAPPING,
     LEVEL_GRID,
     LevelMapping,
+    distinct_mappings,
     ordinal_levels,
     strength_levels,
 )
@@ -362,17 +363,6 @@ def reference_scorer(
 
 
 # ------------------------------------------------------------------ levels
-def distinct_mappings(data: Ratings, candidates: tuple[str, ...]) -> tuple[str, ...]:
-    """The ``candidates`` whose levels order ``data``'s interactions differently (the first of
-    each group kept): mappings giving the same order of levels fit the same model."""
-    kept: dict[bytes, str] = {}
-    for text in candidates:
-        levels = strength_levels(data, LevelMapping.parse(text))
-        order = np.unique(levels, return_inverse=True)[1].astype(np.int32)
-        kept.setdefault(order.tobytes(), text)
-    return tuple(kept.values())
-
-
 def choose_levels(
     kind: str, params: dict, train: Ratings, seed: int, log, by: str = "random"
 ) -> tuple[LevelMapping, dict]:
