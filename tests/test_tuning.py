@@ -173,4 +173,8 @@ def test_train_on_interactions_chooses_the_levels_and_records_them(tmp_path, gat
     assert tuning["candidates"][0]["params"]["levels"] == "quantile:5"  # the default mapping first
     chosen = LevelMapping.parse(tuning["chosen"]["levels"])
     recorded = artifact.attributes[LEVELS_ATTRIBUTE]
-    assert (recorded["scheme"], recorded["levels"], recorded["strength"]) == (chosen.scheme, chosen.levels, "plays")
+    assert (recorded["scheme"], recorded["levels"], recorded["strength"]) == (
+        chosen.scheme,
+        chosen.levels,
+        "plays",
+    )

@@ -928,7 +928,10 @@ class JobRunner:
         estimator = self.fit(model, train)
         mapping = chosen_levels(estimator.estimator)
         if mapping is not None:  # the same rows, as the chosen model sees them
-            train, test = ordinal_levels(train, mapping), holdout.split(ordinal_levels(data, mapping), *how)[1]
+            train, test = (
+                ordinal_levels(train, mapping),
+                holdout.split(ordinal_levels(data, mapping), *how)[1],
+            )
         self.say(
             model.name,
             "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",

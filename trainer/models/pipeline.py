@@ -71,7 +71,6 @@ class Wrapper:
     within: str | None = None
     jobs_on: bool = False  # on by default in ``ordrec-train train`` and the cron job only
 
-
     def declared(self, setting: str) -> tuple[Any, list]:
         """The default and constraints of one of ``build``'s settings."""
         owner = next(o for o in self.declared_by if setting in o._parameter_constraints)

@@ -189,7 +189,8 @@ class SettingsTuner:
         model, seconds = self._fit(defaults, data)
         self._observe(defaults, len(data), seconds)
         self._record(defaults, None, seconds, "fitted on all the data")
-        self.best_params_, self.best_estimator_, self.best_score_ = defaults, model, None
+        self.best_params_, self.best_estimator_ = defaults, model
+        self.best_score_: float | None = None
         best = self._search(space, defaults, data)
         if best != defaults:
             self.best_estimator_, seconds = self._fit(best, data)
@@ -326,4 +327,3 @@ def chosen_levels(estimator: Any) -> LevelMapping | None:
     ``estimator`` is no tuner): the data the served model was fitted on is levelled by it."""
     levels = estimator.best_params_.get("levels") if isinstance(estimator, SettingsTuner) else None
     return None if levels is None else LevelMapping.parse(levels)
-
