@@ -313,7 +313,7 @@ class SettingsTuner:
 
 def describe_tuning(record: dict[str, Any]) -> str:
     """One line of a version's tuning record (``ordrec-train versions``, the fit log)."""
-    scored = [c for c in record["candidates"] if c["validation_recall_at_10"] is not None]
+    scored = [c for c in record["candidates"] if c["status"] == "scored on validation"]
     recall = record.get("validation_recall_at_10")
     figure = f", validation recall@10 {recall:.4f}" if recall is not None else ""
     return (
