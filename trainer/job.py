@@ -892,7 +892,7 @@ class JobRunner:
     def prepare(self, model: ModelJob):
         """The model's training data (forgotten users dropped, recorded events merged, made
         trainable), the rating scale its ratings were checked against, and its events feed."""
-        from ordrec.trainer.data.interactions import DEFAULT_MAPPING, trainable
+        from ordrec.trainer.data.interactions import DEFAULT_MAPPING, implicit_note, trainable
 
         shape = kinds.get(model.kind).input_shape
         try:
@@ -909,7 +909,7 @@ class JobRunner:
         levels = self.config.data[model.data].levels
         if levels is None and model.fit_params().get("tune") and getattr(data, "implicit", False):
             # The tuner chooses the level mapping on validation; the fit's data is levelled by it.
-            self.say(model.name, "implicit feedback: the level mapping is chosen on validation (tune)")
+            self.say(model.name, "%s; levels chosen on validation (tune)", implicit_note(data))
             return data, scale, feed
         data, note = trainable(data, levels or DEFAULT_MAPPING)
         if note:

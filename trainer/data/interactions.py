@@ -293,9 +293,12 @@ def trainable(data, mapping: LevelMapping = DEFAULT_MAPPING):
     """
     if not isinstance(data, Ratings) or not data.implicit:
         return data, None
+    return ordinal_levels(
+        data, mapping
+    ), f"{implicit_note(data)}; fitted as {mapping.scheme} {mapping.describe()}"
+
+
+def implicit_note(data: Ratings) -> str:
+    """What implicit ``data`` holds, for the fit log: its rows and what their strength is."""
     what = "records" if data.strength == "rows" else f"{data.strength!r} summed"
-    note = (
-        f"implicit feedback, {len(data)} (user, item) rows, strength = {what} per (user, item);"
-        f" fitted as {mapping.scheme} {mapping.describe()}"
-    )
-    return ordinal_levels(data, mapping), note
+    return f"implicit feedback, {len(data)} (user, item) rows, strength = {what} per (user, item)"
