@@ -25,7 +25,14 @@ def test_dcr_takes_its_parameters_its_model_selection_and_its_serving_choices_by
     assert {"pairwise", "pairwise_learning_rate", "pairs_per_epoch", "learning_rate_decay", "dtype"} <= set(
         names
     )
-    tuning = ["tune", "tune_budget_seconds", "tune_validation_fraction", "tune_split", "tune_keep"]
+    tuning = [
+        "tune",
+        "tune_budget_seconds",
+        "tune_validation_fraction",
+        "tune_split",
+        "tune_keep",
+        "tune_confidence",
+    ]
     assert accepted_params("coe") == COE.param_names() + list(COESolver.field_names()) + tuning
 
 

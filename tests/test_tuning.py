@@ -178,3 +178,15 @@ def test_train_on_interactions_chooses_the_levels_and_records_them(tmp_path, gat
         chosen.levels,
         "plays",
     )
+
+
+def test_a_gain_within_the_noise_of_the_split_keeps_the_defaults():
+    # The same clear gain as above: kept at any usual confidence, refused when asked for more
+    # standard errors than any gain on 90 users can reach.
+    strict = SettingsTuner(COE(n_components=1, max_iter=10), budget_seconds=300, confidence=1e6).fit(
+        grouped()
+    )
+    assert strict.best_params_ == {"n_components": 1}
+    assert strict.outcome_ == "kept defaults: none better on validation"
+    one, two = strict.cv_results_["validation_recall_at_10"][1:3]
+    assert two > one  # it scored better, but not clearly enough

@@ -119,6 +119,7 @@ _TUNE = Wrapper(
         "tune_validation_fraction": "validation_fraction",
         "tune_split": "split",
         "tune_keep": "keep",
+        "tune_confidence": "confidence",
     },
     (SettingsTuner,),
     jobs_on=True,

@@ -5,7 +5,8 @@ cron job, off in the ``reproduce`` protocols).
 
 The search is coordinate ascent from the estimator's own settings: those are fitted first (on all
 the data, the model kept when nothing beats them), then each axis of :func:`search_space` in turn
-is moved to its best value on validation with the others held. A candidate is scored by served
+is moved to its best value on validation with the others held; a candidate replaces the best
+only when its paired per-user gain is clear of the split's noise. A candidate is scored by served
 recall@10 (:func:`~ordrec.trainer.models.ranking.served_recall_values`, the measure of
 ``reproduce topn``): its top 10 of all items a user did not train on, through the kind's serving
 index, against the user's held-out items (liked ones on ratings, every one on interactions).
@@ -35,7 +36,7 @@ from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models.base import Estimator
 from ordrec.trainer.models.memory import FitTooLarge, check_fit_memory
 from ordrec.trainer.models.ranking import liked_threshold, served_recall_values
-from ordrec.trainer.models.selection import planned_fits, stream
+from ordrec.trainer.models.selection import planned_fits, significant_gain, stream
 
 #: Each kind's axes: the estimator parameters searched, each value a multiple of the given one.
 AXES: dict[str, dict[str, tuple[float, ...]]] = {
@@ -45,6 +46,10 @@ AXES: dict[str, dict[str, tuple[float, ...]]] = {
 #: Wrappers inside which ``max_iter`` does not set the epochs (they are chosen on validation).
 _EPOCHS_CHOSEN_BY = ("EarlyStoppedDCR",)
 _RECALL_AT = 10
+
+
+def _mean(values: np.ndarray | None) -> float | None:
+    return float(values.mean()) if values is not None and values.size else None
 
 
 def innermost(estimator: Any) -> Estimator:
@@ -105,8 +110,9 @@ class SettingsTuner:
     leaves room for more, a share of each user's rows is held out (``split``, drawn from
     ``stream(random_state, "tuning")``), the defaults and then, by coordinate ascent over
     :func:`search_space`, each neighbouring candidate are fitted on the rest and scored by served
-    recall@10 on the held-out rows; the best is refitted on all of ``data`` unless it is the
-    defaults, whose fit is kept. A candidate is tried only when its predicted fit and refit
+    recall@10 on the held-out rows, and replaces the best only when its per-user gain passes
+    :func:`~ordrec.trainer.models.selection.significant_gain` (``confidence`` standard errors);
+    the best is refitted on all of ``data`` unless it is the defaults, whose fit is kept. A candidate is tried only when its predicted fit and refit
     (the slowest seconds per fit seen so far, scaled by :func:`relative_cost` and the rows) fit
     in what is left of the budget, and only when its memory fits the machine.
 
@@ -124,6 +130,9 @@ class SettingsTuner:
         Which rows are held out: random ones, or each user's latest (needs timestamps).
     keep : sequence of str, default ()
         Settings kept as given, never searched (a job keeps those its table gives).
+    confidence : float, default 2.0
+        A candidate replaces the best only when its per-user gain in validation recall@10
+        exceeds this many standard errors (0: any gain).
 
     Attributes
     ----------
@@ -147,6 +156,7 @@ class SettingsTuner:
         "validation_fraction": [Interval(Real, 0, 1, closed="neither")],
         "split": [Options(str, set(SPLITS))],
         "keep": [list, tuple],
+        "confidence": [Interval(Real, 0, None)],
     }
     #: Each fit's memory is checked before it runs (a larger candidate is skipped, not fatal).
     checks_each_fit = True
@@ -159,9 +169,11 @@ class SettingsTuner:
         validation_fraction: float = 0.2,
         split: str = "random",
         keep: tuple[str, ...] | list[str] = (),
+        confidence: float = 2.0,
     ):
         self.estimator = estimator
         self.keep = keep
+        self.confidence = confidence
         self.budget_seconds = budget_seconds
         self.validation_fraction = validation_fraction
         self.split = split
@@ -215,7 +227,8 @@ class SettingsTuner:
         if predicted(defaults, share) + cheapest > self._left():
             self.outcome_ = "kept defaults: budget (no room for a second fit)"
             return defaults
-        best, self.best_score_ = defaults, self._score(defaults, fit_part, held_out)
+        best, best_values = defaults, self._score(defaults, fit_part, held_out)
+        self.best_score_ = _mean(best_values)
         for axis, values in space.items():
             for value in values[1:]:
                 candidate = {**best, axis: value}
@@ -225,9 +238,9 @@ class SettingsTuner:
                 if predicted(candidate, share) + refit > self._left():
                     self._record(candidate, None, 0.0, "skipped: budget")
                     continue
-                score = self._score(candidate, fit_part, held_out)
-                if score is not None and (self.best_score_ is None or score > self.best_score_):
-                    best, self.best_score_ = candidate, score
+                values = self._score(candidate, fit_part, held_out)
+                if self._beats(values, best_values):
+                    best, best_values, self.best_score_ = candidate, values, _mean(values)
         self.outcome_ = (
             "kept defaults: none better on validation"
             if best == defaults
@@ -235,9 +248,19 @@ class SettingsTuner:
         )
         return best
 
-    def _score(self, params: dict, fit_part: Ratings, held_out: Ratings) -> float | None:
-        """Validation recall@10 of ``params`` fitted on ``fit_part`` (None: skipped for memory,
-        or no held-out user to score)."""
+    def _beats(self, values: np.ndarray | None, best: np.ndarray | None) -> bool:
+        """Whether a candidate's per-user recalls beat the best's: a paired gain above
+        ``confidence`` standard errors (a gain within the noise of one split keeps the best)."""
+        if values is None or values.size == 0:
+            return False
+        if best is None or best.size == 0:
+            return True
+        gain = significant_gain(values - best, margin=0.0, confidence=float(self.confidence))
+        return gain.kept
+
+    def _score(self, params: dict, fit_part: Ratings, held_out: Ratings) -> np.ndarray | None:
+        """Per-user validation recall@10 of ``params`` fitted on ``fit_part`` (None: skipped
+        for memory)."""
         started = time.perf_counter()
         try:
             model, _ = self._fit(params, fit_part)
@@ -247,11 +270,10 @@ class SettingsTuner:
         index = kinds.get(innermost(model).kind).index_class().from_artifact(model.to_artifact())
         threshold = -np.inf if held_out.implicit else liked_threshold(held_out.rating)
         values = served_recall_values(index, held_out, threshold, _RECALL_AT)
-        score = float(values.mean()) if values.size else None
         seconds = time.perf_counter() - started
         self._observe(params, len(fit_part), seconds)
-        self._record(params, score, seconds, "scored on validation")
-        return score
+        self._record(params, _mean(values), seconds, "scored on validation")
+        return values
 
     def _observe(self, params: dict, rows: int, seconds: float) -> None:
         """Learn the seconds per fit from one more (the slowest rate seen: a loaded machine
