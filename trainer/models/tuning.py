@@ -287,12 +287,15 @@ class SettingsTuner:
 
     def _fit(self, params: dict, data: Ratings) -> tuple[Any, float]:
         """A copy of the pipeline with ``params`` fitted on ``data`` (levelled by ``params``'s
-        mapping on raw interactions), and its seconds; its memory is checked first."""
+        mapping on raw interactions), and its seconds. Another candidate's memory is checked first
+        (a too large one is skipped); the defaults' is the pipeline's to check, or not to
+        (``--no-memory-check``)."""
         candidate = copy.deepcopy(self.estimator)
         innermost(candidate).set_params(**{k: v for k, v in params.items() if k != "levels"})
         if "levels" in params:
             data = ordinal_levels(data, LevelMapping.parse(params["levels"]))
-        check_fit_memory(innermost(candidate).kind, candidate, data)
+        if params != self._defaults:
+            check_fit_memory(innermost(candidate).kind, candidate, data)
         started = time.perf_counter()
         candidate.fit(data)
         return candidate, time.perf_counter() - started
