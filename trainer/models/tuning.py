@@ -110,11 +110,12 @@ class SettingsTuner:
     leaves room for more, a share of each user's rows is held out (``split``, drawn from
     ``stream(random_state, "tuning")``), the defaults and then, by coordinate ascent over
     :func:`search_space`, each neighbouring candidate are fitted on the rest and scored by served
-    recall@10 on the held-out rows, and replaces the best only when its per-user gain passes
-    :func:`~ordrec.trainer.models.selection.significant_gain` (``confidence`` standard errors);
-    the best is refitted on all of ``data`` unless it is the defaults, whose fit is kept. A candidate is tried only when its predicted fit and refit
-    (the slowest seconds per fit seen so far, scaled by :func:`relative_cost` and the rows) fit
-    in what is left of the budget, and only when its memory fits the machine.
+    recall@10 on the held-out rows; a candidate replaces the best only when its per-user gain
+    passes :func:`~ordrec.trainer.models.selection.significant_gain` (``confidence`` standard
+    errors). The best is refitted on all of ``data`` unless it is the defaults, whose fit is
+    kept. A candidate is tried only when its predicted fit and refit (the slowest seconds per
+    fit seen so far, scaled by :func:`relative_cost` and the rows) fit in what is left of the
+    budget, and only when its memory fits the machine.
 
     Parameters
     ----------
@@ -227,8 +228,8 @@ class SettingsTuner:
         if predicted(defaults, share) + cheapest > self._left():
             self.outcome_ = "kept defaults: budget (no room for a second fit)"
             return defaults
-        best, best_values = defaults, self._score(defaults, fit_part, held_out)
-        self.best_score_ = _mean(best_values)
+        best, best_recalls = defaults, self._score(defaults, fit_part, held_out)
+        self.best_score_ = _mean(best_recalls)
         for axis, values in space.items():
             for value in values[1:]:
                 candidate = {**best, axis: value}
@@ -238,9 +239,9 @@ class SettingsTuner:
                 if predicted(candidate, share) + refit > self._left():
                     self._record(candidate, None, 0.0, "skipped: budget")
                     continue
-                values = self._score(candidate, fit_part, held_out)
-                if self._beats(values, best_values):
-                    best, best_values, self.best_score_ = candidate, values, _mean(values)
+                recalls = self._score(candidate, fit_part, held_out)
+                if self._beats(recalls, best_recalls):
+                    best, best_recalls, self.best_score_ = candidate, recalls, _mean(recalls)
         self.outcome_ = (
             "kept defaults: none better on validation"
             if best == defaults
