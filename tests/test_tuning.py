@@ -190,13 +190,3 @@ def test_a_gain_within_the_noise_of_the_split_keeps_the_defaults():
     assert strict.outcome_ == "kept defaults: none better on validation"
     one, two = strict.cv_results_["validation_recall_at_10"][1:3]
     assert two > one  # it scored better, but not clearly enough
-
-
-def test_a_gated_refit_publishes_the_settings_the_gate_judged(sample_dir, tmp_path, capsys):
-    data = str(sample_dir / "ratings.data")
-    flags = ["--gate", "--set", "max_iter=3", "--set", "tune_budget_seconds=300"]
-    assert main(["train", "dcr", "--data", data, "--registry", str(tmp_path), *flags]) == 0
-    assert capsys.readouterr().err.count("tuning: ") == 1  # chosen once, on the gate's training part
-    published = Registry(tmp_path).load("dcr").hyperparameters
-    chosen = published["tuning"]["chosen"]
-    assert published["tune"] is True and all(published[name] == value for name, value in chosen.items())

@@ -848,13 +848,13 @@ class JobRunner:
             ) from exc
         self.say(model.name, "events checkpoint advanced to %s", feed.next.last_id or "-")
 
-    def fit(self, model: ModelJob, data, settings: dict[str, Any] | None = None):
+    def fit(self, model: ModelJob, data):
         """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
-        on ``data``, ``settings`` over the model's: in this process, or on the model's
-        ``cluster`` (nothing is published until the fit has completed either way)."""
+        on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
+        the fit has completed either way)."""
         from ordrec.trainer.models.pipeline import configure
 
-        pipeline = configure(model.kind, {**model.fit_params(), **(settings or {})})
+        pipeline = configure(model.kind, model.fit_params())
         self.say(model.name, "fit: %s", pipeline.describe())
         if model.cluster is None:
             fitted = pipeline.fit(data, check_memory=model.memory_check)
@@ -880,11 +880,10 @@ class JobRunner:
             fitted = measured
         else:
             metrics = None if measured is None else measured.metrics
-            tuning = None if measured is None else measured.artifact.hyperparameters.get("tuning")
             # The measured model is not published: its fit, artifact, index and split go before
             # the fit on all the data, whose memory check counts none of them.
             del measured
-            fitted = self.fit_all(model, data, metrics, tuning)
+            fitted = self.fit_all(model, data, metrics)
         out.version = self.publish(model, fitted, scale, feed)
         out.status = "published"
         out.metrics = dict(fitted.artifact.metrics)
@@ -998,22 +997,14 @@ class JobRunner:
         )
         return True
 
-    def fit_all(
-        self, model: ModelJob, data, measured_metrics: dict[str, float] | None, tuning: dict | None = None
-    ) -> Fitted:
+    def fit_all(self, model: ModelJob, data, measured_metrics: dict[str, float] | None) -> Fitted:
         """A fit on all the data: what ``train`` publishes, or a job's refit, which keeps the
-        measured model's ``holdout_*`` metrics (``measured_metrics``) and the settings its tuner
-        chose (``tuning``: the refit is the model the gate judged, not a new choice)."""
+        measured model's ``holdout_*`` metrics (``measured_metrics``)."""
         t0 = time.perf_counter()
-        chosen = dict(tuning["chosen"]) if tuning else {}
-        if "levels" in chosen:
-            data = ordinal_levels(data, LevelMapping.parse(chosen.pop("levels")))
-        pipeline = self.fit(model, data, {**chosen, "tune": False} if tuning else {})
+        pipeline = self.fit(model, data)
         mapping = chosen_levels(pipeline.estimator)
         data = data if mapping is None else ordinal_levels(data, mapping)  # as the model was fitted
         artifact = pipeline.to_artifact()
-        if tuning:
-            artifact.hyperparameters.update(tune=True, tuning=tuning)  # what the refit was given
         if measured_metrics is None:
             self.say(model.name, "fit kind=%s part=all seconds=%.1f", model.kind, time.perf_counter() - t0)
             return Fitted(artifact, data)
