@@ -77,9 +77,10 @@ def test_train_prints_metrics_and_versions_lists_them(sample_dir, tmp_path):
     for name, value in artifact.metrics.items():
         assert f"{name}={value:.4g}" in metrics
     listing = run_cli(["ordrec.trainer", "registry", "versions", "--registry", str(registry)]).stdout
-    name, version, marks, shown = listing.rstrip("\n").split("\t")
+    name, version, marks, shown, tuned = listing.rstrip("\n").split("\t")
     assert (name, version, marks) == ("coe", artifact.version, "live:newest")
     assert shown == metrics.strip()
+    assert tuned.startswith("tuning: kept defaults: nothing to tune")  # the settings given are kept
 
 
 def test_manifest_writes_whole_numbers_as_integers(sample_dir, tmp_path):
