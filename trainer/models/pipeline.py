@@ -120,6 +120,7 @@ _TUNE = Wrapper(
         "tune_split": "split",
         "tune_keep": "keep",
         "tune_confidence": "confidence",
+        "tune_min_users": "min_users",
     },
     (SettingsTuner,),
     jobs_on=True,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any, ClassVar
 
 import numpy as np
@@ -50,6 +50,16 @@ _RECALL_AT = 10
 
 def _mean(values: np.ndarray | None) -> float | None:
     return float(values.mean()) if values is not None and values.size else None
+
+
+def _relevant_from(held_out: Ratings) -> float:
+    """The least held-out rating that counts as relevant: any interaction, a liked rating."""
+    return -np.inf if held_out.implicit else liked_threshold(held_out.rating)
+
+
+def _validated_users(held_out: Ratings) -> int:
+    """Users with at least one relevant held-out row (those validation recall is averaged over)."""
+    return int(np.unique(held_out.user[held_out.rating >= _relevant_from(held_out)]).size)
 
 
 def innermost(estimator: Any) -> Estimator:
@@ -134,6 +144,10 @@ class SettingsTuner:
     confidence : float, default 2.0
         A candidate replaces the best only when its per-user gain in validation recall@10
         exceeds this many standard errors (0: any gain).
+    min_users : int, default 500
+        Users with a relevant held-out row the validation needs; with fewer, only a gain of
+        several points could be told from noise, so the defaults are kept without the search's
+        fits (a small catalogue's nightly job, a test fixture).
 
     Attributes
     ----------
@@ -158,6 +172,7 @@ class SettingsTuner:
         "split": [Options(str, set(SPLITS))],
         "keep": [list, tuple],
         "confidence": [Interval(Real, 0, None)],
+        "min_users": [Interval(Integral, 0, None)],
     }
     #: Each fit's memory is checked before it runs (a larger candidate is skipped, not fatal).
     checks_each_fit = True
@@ -171,8 +186,10 @@ class SettingsTuner:
         split: str = "random",
         keep: tuple[str, ...] | list[str] = (),
         confidence: float = 2.0,
+        min_users: int = 500,
     ):
         self.estimator = estimator
+        self.min_users = min_users
         self.keep = keep
         self.confidence = confidence
         self.budget_seconds = budget_seconds
@@ -222,6 +239,10 @@ class SettingsTuner:
         fit_part, held_out = split_ratings(
             data, float(self.validation_fraction), stream(self._seed(), "tuning"), self.split
         )
+        users = _validated_users(held_out)
+        if users < int(self.min_users):
+            self.outcome_ = f"kept defaults: {users} users to validate on (min_users {self.min_users})"
+            return defaults
         share = len(fit_part) / self._rows
         predicted = self._predicted
         cheapest = min(predicted(c, share) + predicted(c, 1.0) for c in others)
@@ -269,8 +290,7 @@ class SettingsTuner:
             self._record(params, None, 0.0, "skipped: memory")
             return None
         index = kinds.get(innermost(model).kind).index_class().from_artifact(model.to_artifact())
-        threshold = -np.inf if held_out.implicit else liked_threshold(held_out.rating)
-        values = served_recall_values(index, held_out, threshold, _RECALL_AT)
+        values = served_recall_values(index, held_out, _relevant_from(held_out), _RECALL_AT)
         seconds = time.perf_counter() - started
         self._observe(params, len(fit_part), seconds)
         self._record(params, _mean(values), seconds, "scored on validation")
