@@ -3,14 +3,19 @@
 stops it (innermost first), then the serving choices written into its artifact.
 
 :data:`WRAPPERS` and :data:`PUBLISHING` are the one table of flat names beyond the estimators'
-own parameters (a settings group's fields, ``solver``'s or RTF's ``early_stopping``'s, are
-given flat under their own names). Read it top to bottom for a kind, e.g. DCR::
+own parameters (a settings group's fields, ``solver``'s, are given flat under their own names).
+Read it top to bottom for a kind, e.g. DCR::
 
     DCR(n_components=..., ...)                       the estimator's own parameters
     PairwiseDCR(..)         when pairwise            pairwise_learning_rate, ...
     ValidatedRefinement(..) when pairwise_validation (default on, only with pairwise)
     EarlyStoppedDCR(..)     when early_stopping      validation_folds, patience, val_tol, ...
     to_artifact(..)                                  item_shrinkage, ann_min_items, ann_params
+
+RTF is ``RTF(..)``, then ``EarlyStoppedRTF(..)`` when ``early_stopping`` (default on:
+``validation_posts``, ``patience``, ``min_iter``, ``val_tol``, ...), then ``RTFGridSearch(..)`` when
+``grid_validation``. A switch given as a table of its settings (``early_stopping = {patience = 9}``)
+turns it on with them; a setting given flat beside it wins.
 
 A new wrapper (an auto-tuner, say) is one more :class:`Wrapper` row; nothing else lists names.
 """
@@ -39,7 +44,8 @@ from ordrec.trainer.models.dcr import (
 from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
 from ordrec.trainer.models.memory import check_fit_memory
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
-from ordrec.trainer.models.selection import planned_fits
+from ordrec.trainer.models.rtf_stopping import EarlyStoppedRTF
+from ordrec.trainer.models.selection import PlateauStopping, planned_fits
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,13 @@ WRAPPERS: dict[str, tuple[Wrapper, ...]] = {
         ),
     ),
     "rtf": (
+        Wrapper(
+            "early_stopping",
+            EarlyStoppedRTF,
+            {name: name for name in PlateauStopping.field_names()},
+            (EarlyStoppedRTF,),
+            on=True,
+        ),
         Wrapper(
             "grid_validation",
             _grid_search,
@@ -281,7 +294,7 @@ class FitPipeline:
 def configure(kind: str, params: dict[str, Any]) -> FitPipeline:
     """The fit of ``kind`` from flat ``params``: unknown names and bad values are a ValueError
     naming them, before any fitting; a renamed name is taken with a FutureWarning."""
-    params = _renamed(kind, params)
+    params = _switch_tables(kind, _renamed(kind, params))
     unknown = set(params) - set(accepted_params(kind))
     if unknown:
         raise ValueError(f"{kind} has no parameter(s) {sorted(unknown)}; known: {accepted_params(kind)}")
@@ -318,6 +331,20 @@ def _renamed(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     for group in estimator_class(kind).nested_settings:
         if isinstance(out.get(group), Mapping):
             out[group] = _new_names(kind, out[group])
+    return out
+
+
+def _switch_tables(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with a wrapper's switch given as a table of its settings turned on, the
+    settings given flat (a flat name given beside the table wins)."""
+    out = dict(params)
+    for switch, settings in ((row.switch, row.settings) for row in WRAPPERS.get(kind, ()) if row.switch):
+        table = out.get(switch)
+        if isinstance(table, Mapping):
+            unknown = set(table) - set(settings)
+            if unknown:
+                raise ValueError(f"the {switch!r} table of {kind} has no field(s) {sorted(unknown)}")
+            out = {**table, **out, switch: True}
     return out
 
 
