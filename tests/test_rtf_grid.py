@@ -15,6 +15,7 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import rtf_selection
+from ordrec.trainer.models.knnscal_selection import served_settings
 from ordrec.trainer.models.pipeline import configure
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import RTFGridSearch
@@ -264,8 +265,9 @@ def test_rtfs_pipeline_stops_early_by_default_and_early_stopping_false_turns_it_
 
 
 def test_train_set_takes_knnscals_solver_fields_by_flat_name():
-    search = configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
-    est = search.estimator
+    est = served_settings(
+        configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
+    )
     assert (est.solver_settings().block_size, est.solver_settings().reorder, est.max_iter) == (7, "none", 3)
     with pytest.raises(ValueError, match="block_size"):
         configure("knnscal", {"block_size": 0})

@@ -12,10 +12,12 @@ Read it top to bottom for a kind, e.g. DCR::
     EarlyStoppedDCR(..)     when early_stopping      validation_folds, patience, val_tol, ...
     to_artifact(..)                                  item_shrinkage, ann_min_items, ann_params
 
-RTF is ``RTF(..)``, then ``EarlyStoppedRTF(..)`` when ``early_stopping`` (default on:
-``validation_posts``, ``patience``, ``min_iter``, ``val_tol``, ...), then ``RTFGridSearch(..)`` when
-``grid_validation``. A switch given as a table of its settings (``early_stopping = {patience = 9}``)
-turns it on with them; a setting given flat beside it wins.
+KnnScal is ``KnnScal(..)``, then always ``ValidatedIterations(..)`` (``keep_iterations``),
+``KnnScalStartSelection(..)`` (``neighbor_embedding``, ...) and ``PolishedMap(..)``
+(``polish_rounds``, ``polish_sharpness``). RTF is ``RTF(..)``, then ``EarlyStoppedRTF(..)`` when
+``early_stopping`` (default on: ``validation_posts``, ``patience``, ``min_iter``, ``val_tol``, ...),
+then ``RTFGridSearch(..)`` when ``grid_validation``. A switch given as a table of its settings
+(``early_stopping = {patience = 9}``) turns it on with them; a setting given flat beside it wins.
 
 A new wrapper (an auto-tuner, say) is one more :class:`Wrapper` row; nothing else lists names.
 """
@@ -41,7 +43,7 @@ from ordrec.trainer.models.dcr import (
     ValidationStopping,
     check_serving,
 )
-from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection, PolishedMap, ValidatedIterations
 from ordrec.trainer.models.memory import check_fit_memory
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 from ordrec.trainer.models.rtf_stopping import EarlyStoppedRTF
@@ -170,6 +172,7 @@ WRAPPERS: dict[str, tuple[Wrapper, ...]] = {
         ),
     ),
     "knnscal": (
+        Wrapper(None, ValidatedIterations, {"keep_iterations": "keep_iterations"}, (ValidatedIterations,)),
         Wrapper(
             None,
             KnnScalStartSelection,
@@ -179,6 +182,12 @@ WRAPPERS: dict[str, tuple[Wrapper, ...]] = {
                 "neighbor_embedding_rank_decay": "rank_decay",
             },
             (KnnScalStartSelection,),
+        ),
+        Wrapper(
+            None,
+            PolishedMap,
+            {"polish_rounds": "rounds", "polish_sharpness": "sharpness"},
+            (PolishedMap,),
         ),
     ),
 }
