@@ -74,8 +74,8 @@ def one(args) -> dict:
         ),
     )
     t0 = time.perf_counter()
-    search = pipeline.fit(graph, check_memory=False).estimator
-    est = search.estimator_
+    polished = pipeline.fit(graph, check_memory=False).estimator  # PolishedMap(KnnScalStartSelection(...))
+    search, est = polished.estimator_, polished.best_estimator_
     fit_s = time.perf_counter() - t0
     indptr, col, rnk = est.graph_
     agree, pairs = K.order_counts(est.coordinates_, indptr, col, rnk, est.q_)

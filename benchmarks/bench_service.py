@@ -44,7 +44,7 @@ from ordrec.service.storage.idmap import IdMap  # noqa: E402
 from ordrec.service.storage.registry import Registry  # noqa: E402
 from ordrec.tools.process import ServerProcess  # noqa: E402
 from ordrec.trainer.data.types import Ratings, TagAssignments  # noqa: E402
-from ordrec.trainer.models import estimator_class  # noqa: E402
+from ordrec.trainer.models.pipeline import configure  # noqa: E402
 
 
 def ratings(data: Path) -> Ratings:
@@ -99,7 +99,7 @@ def build_registry(root: Path, data: Path, only: str | None = None) -> Registry:
         if only and name != only:
             continue
         start = time.perf_counter()
-        artifact = estimator_class(kind)(**params).fit(dataset).to_artifact()
+        artifact = configure(kind, params).fit(dataset, check_memory=False).to_artifact()  # as a job fits
         registry.publish(name, artifact)
         print(f"trained {name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return registry

@@ -24,6 +24,7 @@ import numpy as np
 
 from ordrec.service.indices.models.rtf import RTFIndex
 from ordrec.trainer.data.readers import read_input
+from ordrec.trainer.models.pipeline import configure
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.reproduce.rtf import (
     BASELINES,
@@ -92,7 +93,7 @@ def main() -> None:
     train, _test = leave_one_post_out(core, np.random.default_rng(args.seed))  # test posts: discarded
     train, fit_part, val = validation_carve(train, args.seed)
 
-    est = RTF.from_flat(
+    flat = dict(
         n_components=args.dims,
         learning_rate=args.learning_rate,
         learning_rate_decay=args.lr_decay,
@@ -111,6 +112,7 @@ def main() -> None:
         random_state=args.seed,
         verbose=not args.quiet,
     )
+    est = configure("rtf", flat).estimator  # RTF and its early stopping, as a job builds them
     curve: list[dict] = []
     started = time.perf_counter()
     est.fit(fit_part, on_epoch=_curve_recorder(train, val, curve) if args.curve or args.trace else None)

@@ -48,7 +48,7 @@ def test_same_thing_same_name():
         ("dcr", "learning_rate", float("nan")),
         ("coe", "max_iter", 0),
         ("coe", "function", "tanh"),
-        ("rtf", "learning_rate_drop_factor", 1.0),
+        ("rtf", "learning_rate_decay", -0.5),
         ("score", "delta_init", 1.5),
         ("knnscal", "init", "newton"),
         ("knnscal", "n_components", True),

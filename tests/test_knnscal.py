@@ -14,7 +14,13 @@ from ordrec.service.indices.models.knnscal import KNNSCALIndex, place_point, pla
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models.knnscal import KnnScal, KnnScalSolver, enlarged_edges, knn_lists, neighbor_csr
-from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
+from ordrec.trainer.models.knnscal_selection import (
+    KnnScalStartSelection,
+    PolishedMap,
+    ValidatedIterations,
+    served,
+    served_settings,
+)
 from ordrec.trainer.models.pipeline import configure
 from tests.gradient_check import assert_gradient
 from tests.test_knnscal_local import fit_knnscal
@@ -465,7 +471,7 @@ def test_the_solver_settings_are_one_parameter_checked_by_name():
         fit_knnscal(small, solver="fast")
     est = fit_knnscal(small, solver={"reorder": "none"}, max_iter=2, polish_rounds=0)
     solver = est.to_artifact().hyperparameters["solver"]
-    assert solver == dict(vars(KnnScalSolver()), reorder="none", polish_rounds=0)
+    assert solver == dict(vars(KnnScalSolver()), reorder="none")
     json.dumps(est.to_artifact().hyperparameters)  # what the registry writes
 
 
@@ -489,10 +495,14 @@ def test_a_job_table_configures_the_start_selection_by_the_flat_names():
         "neighbor_embedding_rank_decay": "auto",
         "polish_rounds": 0,
     }
-    search = configure("knnscal", dict(flat, max_iter=3)).estimator
-    assert isinstance(search, KnnScalStartSelection)
+    polish = configure("knnscal", dict(flat, max_iter=3)).estimator
+    search = polish.estimator
+    assert isinstance(polish, PolishedMap) and isinstance(search, KnnScalStartSelection)
     assert (search.method, search.n_starts, search.rank_decay) == ("sampled", 2, "auto")
-    assert search.estimator.solver_settings().polish_rounds == 0 and search.estimator.max_iter == 3
+    assert (
+        isinstance(search.estimator, ValidatedIterations) and search.estimator.keep_iterations == "validated"
+    )
+    assert polish.rounds == 0 and search.estimator.estimator.max_iter == 3
     assert len(KnnScal.param_names()) <= 13
     with pytest.raises(ValueError, match="neighbor_embedding_rank_decay"):  # named as the job table wrote it
         configure("knnscal", {"neighbor_embedding_rank_decay": "wide"})
@@ -502,12 +512,12 @@ def test_a_job_table_configures_the_start_selection_by_the_flat_names():
 
 def test_the_start_selection_records_its_settings_and_without_an_embedding_is_the_plain_fit():
     graph = knn_lists(np.random.default_rng(3).normal(size=(40, 2)), 5)
-    common = {"random_state": 1, "max_iter": 4, "solver": {"polish_rounds": 2}}
-    plain = KnnScal(**common).fit(graph)
-    fitted = configure("knnscal", dict(common, neighbor_embedding="none")).fit(graph, check_memory=False)
-    search = fitted.estimator
+    common = {"random_state": 1, "max_iter": 4}
+    plain = PolishedMap(ValidatedIterations(KnnScal(**common)), rounds=2).fit(graph).best_estimator_
+    fitted = configure("knnscal", dict(common, neighbor_embedding="none", polish_rounds=2))
+    search = fitted.fit(graph, check_memory=False).estimator.estimator_
     assert not search.neighbor_embedding_used_
-    np.testing.assert_array_equal(search.estimator_.coordinates_, plain.coordinates_)
+    np.testing.assert_array_equal(served(search).coordinates_, plain.coordinates_)
     recorded = fitted.to_artifact().hyperparameters
     assert (
         recorded["neighbor_embedding"],
@@ -518,5 +528,5 @@ def test_the_start_selection_records_its_settings_and_without_an_embedding_is_th
         4,
         2.0,
     )
-    assert recorded["solver"]["polish_rounds"] == 2
-    assert not hasattr(search.estimator, "coordinates_")  # the wrapper fits a copy
+    assert (recorded["polish_rounds"], recorded["keep_iterations"]) == (2, "validated")
+    assert not hasattr(served_settings(search), "coordinates_")  # the wrappers fit copies

@@ -7,20 +7,25 @@ import pytest
 
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
-from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection, embed
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection, PolishedMap, embed, served
 from ordrec.trainer.models.pipeline import configure
 from tests.gradient_check import assert_gradient
 
 
-def start_selection(data, **flat) -> KnnScalStartSelection:
-    """KNNSCAL as a job table configures it from flat settings (the start selection around the
-    estimator), fitted on ``data``."""
+def fitted(data, **flat) -> PolishedMap:
+    """KNNSCAL as a job table configures it from flat settings (the estimator, its validated
+    iterations, the start selection and the polish), fitted on ``data``."""
     return configure("knnscal", flat).fit(data, check_memory=False).estimator
 
 
+def start_selection(data, **flat) -> KnnScalStartSelection:
+    """The fitted start selection of :func:`fitted` (its ``estimator_``: the validated fit kept)."""
+    return fitted(data, **flat).estimator_
+
+
 def fit_knnscal(data, **flat) -> KnnScal:
-    """The fitted estimator of :func:`start_selection`."""
-    return start_selection(data, **flat).estimator_
+    """The served map of :func:`fitted`."""
+    return fitted(data, **flat).best_estimator_
 
 
 def clusters(n_per=40, n_clusters=4, dim=8, k=6, seed=0):
@@ -128,7 +133,7 @@ def test_validated_iterations_never_score_below_their_start():
         max_iter=40,
         keep_iterations="always",
     )
-    validated = fit_knnscal(
+    checked = start_selection(
         graph,  # step 4 alone: a kept polish (step 5) would move the map again
         random_state=0,
         neighbor_embedding="exact",
@@ -136,10 +141,10 @@ def test_validated_iterations_never_score_below_their_start():
         max_iter=40,
         keep_iterations="validated",
         polish_rounds=0,
-    )
+    ).estimator_
     score = lambda est: sum(L.graph_agreement(est.coordinates_, *est.graph_))  # noqa: E731
-    assert score(validated) == max(score(start), score(always))
-    assert validated.iterations_kept_ == (score(always) >= score(start))
+    assert score(checked.estimator_) == max(score(start), score(always)) == checked.graph_score_
+    assert checked.iterations_kept_ == (score(always) >= score(start))
 
 
 def test_several_neighbor_embedding_starts_keep_the_best_scoring_one():
@@ -166,8 +171,8 @@ def test_the_kept_neighbor_embedding_start_is_the_map_of_its_seed():
     start = est.initial_configuration(indptr, col, rnk, 90, seed=None if kept == 0 else (0, kept))
     alone = embed("exact", start, affinities(graph, decay=several.decay(indptr)), seed=0)
     assert sum(L.graph_agreement(alone, indptr, col, rnk)) == several.ne_scores_[kept]
-    fitted = several.estimator_.coordinates_
-    assert sum(L.graph_agreement(fitted, indptr, col, rnk)) == several.ne_scores_[kept]
+    coordinates = served(several).coordinates_
+    assert sum(L.graph_agreement(coordinates, indptr, col, rnk)) == several.ne_scores_[kept]
 
 
 def test_several_starts_give_the_same_map_for_the_same_seed():
@@ -194,7 +199,7 @@ def test_above_the_small_n_cut_the_fit_is_the_geodesic_start_refined_as_before()
         graph, random_state=0, max_iter=20, neighbor_embedding="none", keep_iterations="always"
     )
     assert not small_cut.neighbor_embedding_used_ and np.isnan(small_cut.estimator_.graph_score_)
-    np.testing.assert_array_equal(small_cut.estimator_.coordinates_, previous.coordinates_)
+    np.testing.assert_array_equal(served(small_cut).coordinates_, previous.coordinates_)
 
 
 # ------------------------------------------------------------- local term

@@ -10,10 +10,10 @@ import pytest
 from ordrec.service.indices.models.knnscal import KNNSCALIndex
 from ordrec.trainer.models import knnscal_local as L
 from ordrec.trainer.models import knnscal_polish as P
-from ordrec.trainer.models.knnscal import knn_lists, neighbor_csr
+from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr
 from ordrec.trainer.reproduce.knnscal import load_problem, map_metrics
 from tests.gradient_check import assert_gradient
-from tests.test_knnscal_local import clusters, fit_knnscal
+from tests.test_knnscal_local import clusters, fit_knnscal, fitted
 
 
 def square(n=150, k=8, seed=0):
@@ -102,12 +102,13 @@ def test_polish_gives_up_when_no_round_has_passed_the_guard():
 def test_fit_keeps_the_polish_only_where_no_measure_falls():
     graph = square()
     common = {"random_state": 0, "max_iter": 30}
-    plain = fit_knnscal(graph, polish_rounds=0, **common)
-    polished = fit_knnscal(graph, polish_rounds=8, **common)
+    plain = fitted(graph, polish_rounds=0, **common)
+    polished = fitted(graph, polish_rounds=8, **common)
     assert not plain.polished_ and plain.polish_scores_.shape == (0, 3)
     assert polished.polish_scores_.shape == (8, 3)
-    before = L.graph_measures(plain.coordinates_, *plain.graph_)
-    after = L.graph_measures(polished.coordinates_, *polished.graph_)
+    plain_map, polished_map = plain.best_estimator_, polished.best_estimator_
+    before = L.graph_measures(plain_map.coordinates_, *plain_map.graph_)
+    after = L.graph_measures(polished_map.coordinates_, *polished_map.graph_)
     eligible = np.all(polished.polish_scores_ >= before, axis=1)
     eligible &= polished.polish_scores_[:, :2].sum(axis=1) > before[:2].sum()
     assert polished.polished_ == bool(eligible.any())
@@ -115,6 +116,22 @@ def test_fit_keeps_the_polish_only_where_no_measure_falls():
     assert np.all(after >= before) and after[:2].sum() > before[:2].sum()
     assert after[:2].sum() == pytest.approx(polished.polish_scores_[eligible, :2].sum(axis=1).max())
     assert polished.graph_score_ == pytest.approx(after[:2].sum())
+
+
+def test_knnscal_fit_alone_keeps_its_iterations_and_polishes_nothing():
+    """The choices between maps are the wrappers': ``KnnScal.fit`` is the geodesic start and the
+    stress iterations, the map a job serves with ``keep_iterations="always"`` and no polish."""
+    graph = square()
+    common = {"random_state": 0, "max_iter": 30}
+    alone = KnnScal(**common).fit(graph)
+    plain = fit_knnscal(graph, neighbor_embedding="none", keep_iterations="always", polish_rounds=0, **common)
+    np.testing.assert_array_equal(alone.coordinates_, plain.coordinates_)
+    np.testing.assert_array_equal(alone.rank_disparity_, plain.rank_disparity_)
+    assert not any(hasattr(alone, name) for name in ("iterations_kept_", "graph_score_", "polished_"))
+    validated = fitted(graph, neighbor_embedding="none", **common)  # the default: validated, polished
+    assert validated.polished_ and not np.array_equal(
+        validated.best_estimator_.coordinates_, alone.coordinates_
+    )
 
 
 def test_the_nearer_half_recall_sees_a_list_turned_inside_out():
@@ -130,8 +147,9 @@ def test_the_nearer_half_recall_sees_a_list_turned_inside_out():
 
 def test_a_kept_polish_has_its_own_disparities_and_placement_table():
     graph = square()
-    est = fit_knnscal(graph, random_state=0, max_iter=30, polish_rounds=8)
-    assert est.polished_
+    polish = fitted(graph, random_state=0, max_iter=30, polish_rounds=8)
+    est = polish.best_estimator_
+    assert polish.polished_
     # The map is scaled to its disparities: s = 1 minimises sum w (delta - s d)^2.
     assert est.to_stress_units(est.coordinates_, est.disparities_) == pytest.approx(1.0)
     assert np.all(np.diff(est.rank_disparity_[1:]) >= 0)
@@ -144,9 +162,9 @@ def test_a_kept_polish_has_its_own_disparities_and_placement_table():
 
 def test_polish_is_off_above_the_validated_cut_and_with_zero_rounds():
     graph = square()
-    above = fit_knnscal(graph, random_state=0, max_iter=10, solver={"exact_max_n": 50})
+    above = fitted(graph, random_state=0, max_iter=10, solver={"exact_max_n": 50})
     assert np.isnan(above.graph_score_) and not above.polished_ and above.polish_scores_.size == 0
-    off = fit_knnscal(graph, random_state=0, max_iter=10, polish_rounds=0)
+    off = fitted(graph, random_state=0, max_iter=10, polish_rounds=0)
     assert not off.polished_ and off.polish_scores_.size == 0
 
 
@@ -171,7 +189,7 @@ def test_iris_clears_tsne_on_both_measures_with_the_polish():
     # measured 0.7978 / 0.8013 by that command. Without the polish the fit stops at 0.8268 / 0.8000.
     args = argparse.Namespace(sklearn="iris", digits=False, n_neighbors=10, seed=0, data=None)
     problem = load_problem(args)
-    est = fit_knnscal(problem.graph, random_state=0)
-    ours = map_metrics(problem, KNNSCALIndex.from_artifact(est.to_artifact()))
-    assert est.polished_
+    polish = fitted(problem.graph, random_state=0)
+    ours = map_metrics(problem, KNNSCALIndex.from_artifact(polish.to_artifact()))
+    assert polish.polished_
     assert ours["order_agreement"] > 0.7978 and ours["recall@10"] > 0.8013, ours

@@ -12,6 +12,7 @@ from ordrec.trainer.cli import main
 from ordrec.trainer.models import pipeline
 from ordrec.trainer.models.coe import COE, COESolver
 from ordrec.trainer.models.dcr import DCR, DCRSolver, EarlyStoppedDCR, PairwiseDCR, ValidatedRefinement
+from ordrec.trainer.models.knnscal_selection import served_settings
 from ordrec.trainer.models.pipeline import Wrapper, accepted_params, configure
 from tests.test_dcr import planted
 
@@ -225,12 +226,17 @@ def test_the_old_knnscal_names_still_reach_their_settings():
         "cmds_max_n": 9,
     }
     with pytest.warns(FutureWarning, match="neighbor_embedding_starts"):
-        search = configure("knnscal", dict(old, ne_exact_max_n=7)).estimator
-    assert (search.n_starts, search.rank_decay, search.estimator.two_hop_fraction) == (2, 3.0, 0.1)
-    solver = search.estimator.solver_settings()
-    assert (solver.keep_iterations, solver.classical_mds_max_n, solver.exact_max_n) == ("always", 9, 7)
+        search = configure("knnscal", dict(old, ne_exact_max_n=7)).estimator.estimator
+    model = served_settings(search)
+    assert (search.n_starts, search.rank_decay, model.two_hop_fraction) == (2, 3.0, 0.1)
+    solver = model.solver_settings()
+    assert (search.estimator.keep_iterations, solver.classical_mds_max_n, solver.exact_max_n) == (
+        "always",
+        9,
+        7,
+    )
     with pytest.warns(FutureWarning, match="classical_mds_max_n"):  # inside a solver table too
-        table = configure("knnscal", {"solver": {"cmds_max_n": 9}}).estimator.estimator
+        table = served_settings(configure("knnscal", {"solver": {"cmds_max_n": 9}}).estimator)
     assert table.solver_settings().classical_mds_max_n == 9
 
 

@@ -11,15 +11,9 @@ from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models import rtf_kernels as K
-from ordrec.trainer.models.rtf import (
-    EXTRA_VALIDATION_SHARE,
-    RTF,
-    Posts,
-    group_posts,
-    sgd_passes,
-    validation_mask,
-)
-from ordrec.trainer.models.selection import PlateauStopping
+from ordrec.trainer.models.pipeline import configure
+from ordrec.trainer.models.rtf import RTF, STOP, Posts, group_posts, sgd_passes
+from ordrec.trainer.models.rtf_stopping import EXTRA_VALIDATION_SHARE, EarlyStoppedRTF, validation_mask
 from ordrec.trainer.sample import planted_tags_with_truth
 
 
@@ -181,7 +175,7 @@ def test_recovers_planted_tensor_ranking():
     test = np.zeros(post_user.size, dtype=bool)
     test[rng.choice(post_user.size, size=60, replace=False)] = True
     train = data.subset(~np.repeat(test, np.diff(indptr)))
-    est = RTF.from_flat(
+    est = _stopped(
         n_components=6,
         learning_rate=1.0,
         init_std=0.3,
@@ -213,7 +207,7 @@ def test_recovers_planted_tensor_ranking():
 
 def test_early_stopping_keeps_the_best_epoch():
     data, truth, train, _ = _split_planted(seed=1)
-    est = RTF.from_flat(
+    est = _stopped(
         n_components=4,
         learning_rate=1.0,
         init_std=0.3,
@@ -235,7 +229,7 @@ def test_early_stopping_keeps_the_best_epoch():
 def test_smoothed_early_stopping_keeps_the_peak_of_the_moving_average():
     data, truth, train, _ = _split_planted(seed=1)
     window = 4
-    est = RTF.from_flat(
+    est = _stopped(
         n_components=4,
         learning_rate=1.0,
         init_std=0.3,
@@ -280,9 +274,7 @@ def test_validation_split_never_takes_a_users_last_post(n_val, n_posts):
 def test_divergence_is_reported():
     data, truth, train, _ = _split_planted(seed=2)
     with pytest.raises(FloatingPointError, match="diverged"):
-        RTF.from_flat(
-            n_components=4, learning_rate=1e30, init_std=1.0, max_iter=5, validation_posts=0, verbose=False
-        ).fit(train)
+        RTF(n_components=4, learning_rate=1e30, init_std=1.0, max_iter=5, verbose=False).fit(train)
 
 
 def test_seed_makes_training_reproducible():
@@ -297,12 +289,10 @@ def test_lr_decay_scales_later_passes():
     # pass e steps with learning_rate / (1 + lr_decay (e - 1)): with a huge decay
     # every pass after the first barely moves the parameters, without it they move
     data, truth, train, _ = _split_planted(seed=5)
-    kw = dict(
-        n_components=3, learning_rate=0.5, max_iter=1, validation_posts=0, random_state=3, verbose=False
-    )
-    one = RTF.from_flat(**kw).fit(train)
-    frozen = RTF.from_flat(**{**kw, "max_iter": 4, "learning_rate_decay": 1e9}).fit(train)
-    moving = RTF.from_flat(**{**kw, "max_iter": 4}).fit(train)
+    kw = dict(n_components=3, learning_rate=0.5, max_iter=1, random_state=3, verbose=False)
+    one = RTF(**kw).fit(train)
+    frozen = RTF(**{**kw, "max_iter": 4, "learning_rate_decay": 1e9}).fit(train)
+    moving = RTF(**{**kw, "max_iter": 4}).fit(train)
     assert np.abs(frozen.core_ - one.core_).max() < 1e-6
     assert np.abs(frozen.tag_factors_ - one.tag_factors_).max() < 1e-6
     assert np.abs(moving.core_ - one.core_).max() > 1e-3
@@ -316,9 +306,7 @@ def test_estimator_contract_and_registry_round_trip(tmp_path):
     assert RTF(n_components=5).get_params()["n_components"] == 5
     data, truth, train, _ = _split_planted(seed=4)
     train.tag_names = [f"name {t} ä" for t in range(len(train.tags))]
-    est = RTF.from_flat(
-        n_components=(3, 4, 5), max_iter=3, validation_posts=0, random_state=0, verbose=False
-    ).fit(train)
+    est = RTF(n_components=(3, 4, 5), max_iter=3, random_state=0, verbose=False).fit(train)
     artifact = est.to_artifact()
     assert artifact.arrays["core"].shape == (3, 4, 5)
     registry = Registry(tmp_path)
@@ -371,7 +359,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
         random_state=1,
         verbose=False,
     )
-    plain = RTF.from_flat(**kw).fit(train)
+    plain = _stopped(**kw).fit(train)
     # record the core each pass starts from and the core each pass ends with
     starts, ends, real = [], [], K.sgd_epoch
 
@@ -382,7 +370,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
         return out
 
     monkeypatch.setattr(K, "sgd_epoch", spy)
-    dropped = RTF.from_flat(**kw, learning_rate_drops=2, learning_rate_drop_factor=0.25).fit(train)
+    dropped = _stopped(**kw, learning_rate_drops=2, learning_rate_drop_factor=0.25).fit(train)
     lrs = np.array([h["lr"] for h in dropped.history_])
     # identical until the first plateau, then at most two drops by the factor
     n = plain.epochs_run_
@@ -398,7 +386,7 @@ def test_plateau_lr_drop_restarts_from_the_best_pass_at_a_smaller_rate(monkeypat
     np.testing.assert_array_equal(starts[n], ends[kept - 1])
     assert not np.array_equal(starts[n], ends[n - 1])
     with pytest.raises(ValueError, match="learning_rate_drop_factor"):
-        RTF.from_flat(learning_rate_drop_factor=1.0, verbose=False).fit(train)
+        EarlyStoppedRTF(RTF(verbose=False), learning_rate_drop_factor=1.0).fit(train)
 
 
 def test_keep_within_keeps_the_latest_pass_of_the_plateau():
@@ -417,10 +405,10 @@ def test_keep_within_keeps_the_latest_pass_of_the_plateau():
         random_state=1,
         verbose=False,
     )
-    first = RTF.from_flat(**kw).fit(train)
+    first = _stopped(**kw).fit(train)
     eps = 2e-3
     cores = []
-    latest = RTF.from_flat(**kw, keep_within=eps).fit(
+    latest = _stopped(**kw, keep_within=eps).fit(
         train, on_epoch=lambda e, est, rec: cores.append(est.core_.copy())
     )
     # same training and the same stop; only the kept pass differs
@@ -429,63 +417,86 @@ def test_keep_within_keeps_the_latest_pass_of_the_plateau():
     expect = max(e for e, m in enumerate(moving, start=1) if m >= moving.max() - eps)
     assert latest.best_epoch_ == expect >= first.best_epoch_
     assert latest.to_artifact().metrics["validation_auc"] == latest.history_[expect - 1]["val_auc"]
-    np.testing.assert_array_equal(latest.core_, cores[expect - 1])
+    np.testing.assert_array_equal(latest.estimator_.core_, cores[expect - 1])
     # a tolerance wider than any swing keeps the last pass run
-    wide = RTF.from_flat(**kw, keep_within=1.0).fit(train)
+    wide = _stopped(**kw, keep_within=1.0).fit(train)
     assert wide.best_epoch_ == wide.epochs_run_
     with pytest.raises(ValueError, match="keep_within"):
-        RTF.from_flat(keep_within=-1.0, verbose=False).fit(train)
+        EarlyStoppedRTF(RTF(verbose=False), keep_within=-1.0).fit(train)
 
 
-def _passes(data, plateau, seed=0, max_iter=200):
-    """``sgd_passes`` called as a plain function on planted posts; the live factors after each pass."""
-    data = data.compact()
+def _stopped(**flat) -> EarlyStoppedRTF:
+    """RTF and its early stopping, built from flat settings as a job builds them."""
+    return configure("rtf", flat).estimator
+
+
+STOPPING = dict(n_components=4, learning_rate=1.0, init_std=0.3, max_iter=200, random_state=1, verbose=False)
+PLATEAU = dict(validation_posts=30, patience=3, min_iter=5, val_tol=1e-3)
+
+
+def test_the_wrapper_keeps_the_factors_of_the_kept_pass_and_stops_after_patience():
+    """The plateau rule (the last pass that gains ``val_tol``; stop ``patience`` passes later, not
+    before ``min_iter``), and the kept factors are those of that pass: RTF alone, given the same
+    held-out posts and the seed's stream after drawing them, reaches them in that many passes."""
+    data, _, train, _ = _split_planted(seed=1)
+    est = _stopped(**STOPPING, **PLATEAU).fit(train)
+    vals = [h["val_auc"] for h in est.history_]
+    gains = [e for e in range(1, len(vals) + 1) if vals[e - 1] > max([-np.inf] + vals[: e - 1]) + 1e-3]
+    assert est.best_epoch_ == gains[-1] < est.epochs_run_ == len(vals) < 200
+    assert len(vals) == max(est.best_epoch_ + 3, 5)  # stopped by patience (min_iter 5), not before
+    data = train.compact()
+    rng = np.random.default_rng(STOPPING["random_state"])
+    held_out = validation_mask(group_posts(data.user, data.item, data.tag)[0], 30, rng)
+    alone = RTF(**dict(STOPPING, max_iter=est.best_epoch_)).fit(data, held_out=held_out, rng=rng)
+    for name in ("core_", "user_factors_", "item_factors_", "tag_factors_"):
+        np.testing.assert_array_equal(getattr(est.estimator_, name), getattr(alone, name))
+    metrics = est.to_artifact().metrics
+    assert metrics["best_epoch"] == est.best_epoch_ and metrics["epochs"] == est.epochs_run_
+
+
+def test_rtf_alone_runs_max_iter_passes_and_stops_only_when_its_hook_says():
+    """No hold-out and no plateau inside ``RTF.fit``: where the early-stopped fit stops, RTF
+    alone runs every pass it is given, on every post; its hook may stop it."""
+    data, _, train, _ = _split_planted(seed=1)
+    stopped = _stopped(**STOPPING, **PLATEAU).fit(train)
+    assert stopped.epochs_run_ < 60
+    alone = RTF(**dict(STOPPING, max_iter=60)).fit(train)
+    assert alone.epochs_run_ == len(alone.history_) == 60
+    assert not any("val_auc" in h for h in alone.history_)
+    assert alone.to_artifact().metrics["best_epoch"] == 60
+    hooked = RTF(**dict(STOPPING, max_iter=60)).fit(
+        train, on_epoch=lambda e, est, rec: STOP if e == 4 else None
+    )
+    assert hooked.epochs_run_ == 4
+
+
+def test_sgd_passes_scale_the_learning_rate_as_the_hook_asks():
+    data, _, train, _ = _split_planted(seed=1)
+    data = train.compact()
     posts = Posts(*group_posts(data.user, data.item, data.tag))
-    rng = np.random.default_rng(seed)
-    validation = validation_mask(posts.user, 30, rng)
+    rng = np.random.default_rng(0)
     shapes = [(4, 4, 4), (len(data.users), 4), (len(data.items), 4), (len(data.tags), 4)]
     factors = tuple(rng.normal(0.0, 0.3, size=s) for s in shapes)
-    seen = {}
-
-    def snapshot(epoch, record):
-        seen[epoch] = [f.copy() for f in factors]
-
-    passes = sgd_passes(
+    history = sgd_passes(
         factors,
         posts,
-        validation,
+        np.arange(posts.user.size),
         rng,
         learning_rate=1.0,
         learning_rate_decay=0.0,
         regs=(1e-3, 0.0, 0.0),
-        max_iter=max_iter,
-        plateau=plateau,
-        on_pass=snapshot,
+        max_iter=6,
+        on_pass=lambda epoch, record: 0.5 if epoch == 2 else None,
     )
-    return passes, factors, seen
-
-
-def test_the_passes_leave_the_factors_of_the_kept_pass_and_stop_after_patience():
-    data, _, train, _ = _split_planted(seed=1)
-    plateau = PlateauStopping(patience=3, min_iter=5, val_tol=1e-3)
-    passes, factors, seen = _passes(train, plateau)
-    vals = [h["val_auc"] for h in passes.history]
-    gains = [e for e in range(1, len(vals) + 1) if vals[e - 1] > max([-np.inf] + vals[: e - 1]) + 1e-3]
-    assert passes.best_epoch == gains[-1] < len(vals) < 200
-    assert len(vals) == max(passes.best_epoch + 3, 5)  # stopped by patience (min_iter 5), not before
-    for live, kept in zip(factors, seen[passes.best_epoch]):
-        np.testing.assert_array_equal(live, kept)
+    assert [h["lr"] for h in history] == [1.0, 1.0, 0.5, 0.5, 0.5, 0.5]
 
 
 def test_a_learning_rate_drop_restarts_patience_from_the_best_pass():
     data, _, train, _ = _split_planted(seed=1)
-    once, _, _ = _passes(train, PlateauStopping(patience=3, min_iter=5, val_tol=1e-3))
-    dropped, _, _ = _passes(
-        train, PlateauStopping(patience=3, min_iter=5, val_tol=1e-3, learning_rate_drops=1)
-    )
-    first_stop = len(once.history)
+    once = _stopped(**STOPPING, **PLATEAU).fit(train)
+    dropped = _stopped(**STOPPING, **PLATEAU, learning_rate_drops=1).fit(train)
+    first_stop = len(once.history_)
     assert first_stop < 200
-    same = [{k: v for k, v in h.items() if k != "lr"} for h in dropped.history[:first_stop]]
-    assert same == once.history  # the same passes up to the plateau
-    assert len(dropped.history) >= first_stop + 3  # a fresh patience after the drop
-    assert dropped.history[first_stop]["lr"] == pytest.approx(0.5 * dropped.history[0]["lr"])
+    assert dropped.history_[:first_stop] == once.history_  # the same passes up to the plateau
+    assert len(dropped.history_) >= first_stop + 3  # a fresh patience after the drop
+    assert dropped.history_[first_stop]["lr"] == pytest.approx(0.5 * dropped.history_[0]["lr"])

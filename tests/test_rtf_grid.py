@@ -15,9 +15,11 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.service.storage.registry import Registry
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.models import rtf_selection
+from ordrec.trainer.models.knnscal_selection import served_settings
 from ordrec.trainer.models.pipeline import configure
 from ordrec.trainer.models.rtf import RTF
 from ordrec.trainer.models.rtf_selection import RTFGridSearch
+from ordrec.trainer.models.rtf_stopping import EarlyStoppedRTF
 from ordrec.trainer.reproduce import rtf as ev
 
 # Small and fast: every candidate stops early on its own stopping posts. A larger initial
@@ -27,9 +29,8 @@ PROTOCOL_FAST = ["--max-iter", "60", "--patience", "8", "--min-iter", "15", "--i
 
 
 def _search(dims, **settings) -> RTFGridSearch:
-    return RTFGridSearch(
-        RTF.from_flat(random_state=0, **FAST, **settings), {"n_components": dims, "reg": (1e-3,)}
-    )
+    model = configure("rtf", dict(random_state=0, **FAST, **settings)).estimator  # RTF, early-stopped
+    return RTFGridSearch(model, {"n_components": dims, "reg": (1e-3,)})
 
 
 def _assignments(users, items, tags) -> TagAssignments:
@@ -90,7 +91,7 @@ def test_planted_three_way_tags_choose_dims_3_and_keep_rtf(three_way):
     assert est.chosen_params_ == {"n_components": 3, "reg": 1e-3}
     rtf_f1, mix_f1, se = est.grid_val_f1_
     assert est.grid_kept_ and rtf_f1 - mix_f1 > 2 * se
-    assert est.best_estimator_.core_.shape == (3, 3, 3) and est.serves() == "rtf"
+    assert est.best_estimator_.estimator_.core_.shape == (3, 3, 3) and est.serves() == "rtf"
     artifact = est.to_artifact()
     assert artifact.attributes["serves"] == "rtf"
     assert artifact.metrics["grid_n_components"] == 3.0 and artifact.metrics["grid_kept"] == 1.0
@@ -119,7 +120,7 @@ def test_item_only_tags_fall_back_to_pop_mix_and_the_index_serves_it(tmp_path):
 
 def test_a_plain_rtf_serves_itself_at_the_even_mix():
     data = _item_only_tags(seed=3, n_users=20, n_items=15)
-    est = RTF.from_flat(n_components=2, max_iter=2, validation_posts=0, verbose=False).fit(data)
+    est = RTF(n_components=2, max_iter=2, verbose=False).fit(data)
     assert est.core_.shape == (2, 2, 2) and est.serves() == "rtf"
     artifact = est.to_artifact()
     assert artifact.attributes["serves"] == "rtf" and artifact.attributes["mix_weight"] == 0.5
@@ -183,9 +184,9 @@ def test_validation_reads_only_training_posts_never_test_posts(monkeypatch):
 
     real_fit = RTF.fit
 
-    def spy_fit(self, data, on_epoch=None):
+    def spy_fit(self, data, on_epoch=None, **held_out):
         fitted.append(_posts(data))
-        return real_fit(self, data, on_epoch)
+        return real_fit(self, data, on_epoch, **held_out)
 
     monkeypatch.setattr(rtf_selection, "HeldOutPosts", Spy)
     monkeypatch.setattr(RTF, "fit", spy_fit)
@@ -237,15 +238,36 @@ def test_train_set_grid_validation_builds_the_grid_search_by_flat_names():
     search = configured.estimator
     assert isinstance(search, RTFGridSearch) and configured.selection == ("grid_validation",)
     assert search.param_grid == {"n_components": (1, 3), "reg": (1e-3,)}
-    assert (search.margin, search.confidence, search.estimator.max_iter) == (0.0, 3.0, 7)
-    assert type(configure("rtf", {"grid_n_components": [4]}).estimator) is RTF  # grid_validation off
+    assert (search.margin, search.confidence, search.estimator.estimator.max_iter) == (0.0, 3.0, 7)
+    assert type(configure("rtf", {"grid_n_components": [4]}).estimator) is EarlyStoppedRTF  # grid off
     with pytest.raises(ValueError, match="grid_validation"):
         configure("rtf", {"grid_validation": "yes"})
 
 
+def test_rtfs_pipeline_stops_early_by_default_and_early_stopping_false_turns_it_off():
+    """The early stopping is the innermost row of RTF's pipeline, on unless turned off, with its
+    settings by their flat names; it adds no fit, and a grid search wraps it."""
+    stopped = configure("rtf", {"patience": 9, "max_iter": 7})
+    assert isinstance(stopped.estimator, EarlyStoppedRTF) and stopped.selection == ()
+    assert (stopped.estimator.patience, stopped.estimator.validation_posts) == (9, 1200)
+    assert type(stopped.estimator.estimator) is RTF and stopped.estimator.estimator.max_iter == 7
+    assert stopped.describe() == "rtf: 1 fit of the estimator"
+    plain = configure("rtf", {"early_stopping": False, "max_iter": 7})
+    assert type(plain.estimator) is RTF and plain.recorded["early_stopping"] is False
+    assert "patience" not in plain.recorded and plain.planned_fits() == 1
+    grid = configure("rtf", {"grid_validation": True, "grid_n_components": [1, 3], "grid_reg": [1e-3, 1e-2]})
+    assert type(grid.estimator.estimator) is EarlyStoppedRTF
+    assert grid.describe() == "rtf with grid_validation: 5 fits of the estimator"
+    shared = grid.estimator.estimator
+    candidate = rtf_selection.unfitted_copy(shared, {"n_components": 3, "reg": 1e-2})
+    assert type(candidate) is EarlyStoppedRTF and candidate.estimator is not shared.estimator
+    assert (candidate.estimator.n_components, candidate.estimator.reg) == (3, 1e-2)
+
+
 def test_train_set_takes_knnscals_solver_fields_by_flat_name():
-    search = configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
-    est = search.estimator
+    est = served_settings(
+        configure("knnscal", {"block_size": 7, "solver": {"reorder": "none"}, "max_iter": 3}).estimator
+    )
     assert (est.solver_settings().block_size, est.solver_settings().reorder, est.max_iter) == (7, "none", 3)
     with pytest.raises(ValueError, match="block_size"):
         configure("knnscal", {"block_size": 0})
@@ -254,15 +276,15 @@ def test_train_set_takes_knnscals_solver_fields_by_flat_name():
 def test_train_set_takes_rtfs_early_stopping_fields_by_flat_name():
     flat = {"patience": 3, "keep_within": 1e-3, "early_stopping": {"smoothing": 4, "patience": 9}}
     est = configure("rtf", dict(flat, max_iter=7)).estimator
-    stopping = est.stopping()
-    # a field given flat wins over the same field of a given group; the rest keep their defaults
+    stopping = est.rule()
+    # a field given flat wins over the same field of a given table; the rest keep their defaults
     assert (stopping.patience, stopping.smoothing, stopping.keep_within, stopping.validation_posts) == (
         3,
         4,
         1e-3,
         1200,
     )
-    assert est.max_iter == 7 and len(RTF.param_names()) <= 13
+    assert est.estimator.max_iter == 7 and len(RTF.param_names()) <= 13
     with pytest.raises(ValueError, match="learning_rate_drop_factor"):
         configure("rtf", {"learning_rate_drop_factor": 1.5})
     with pytest.raises(ValueError, match="early_stopping.*no field"):
@@ -272,11 +294,16 @@ def test_train_set_takes_rtfs_early_stopping_fields_by_flat_name():
 
 
 def test_rtfs_manifest_records_the_flat_settings_as_before():
-    """The manifest's hyperparameters stay the 20 flat names a job table writes (issue 34 moved
-    eight of them into ``early_stopping``), with the values given."""
+    """The manifest's hyperparameters keep the flat names a job table writes (RTF's own, the
+    early stopping's eight and its switch, the grid's switch), with the values given, and
+    configure takes them back."""
     data = _three_way_tags(seed=0, n_users=20, n_items=15, posts=6)
-    est = RTF.from_flat(n_components=2, max_iter=2, validation_posts=0, smoothing=3, verbose=False).fit(data)
-    recorded = est.to_artifact().hyperparameters
-    assert list(recorded) == RTF.flat_param_names() and len(recorded) == 20
+    fitted = configure(
+        "rtf", dict(n_components=2, max_iter=2, validation_posts=0, smoothing=3, verbose=False)
+    )
+    recorded = fitted.fit(data).to_artifact().hyperparameters
+    stopping_names = ["validation_posts", "patience", "min_iter", "val_tol", "smoothing", "keep_within"]
+    assert set(RTF.param_names()) | {"early_stopping", "grid_validation", *stopping_names} <= set(recorded)
+    assert recorded["early_stopping"] is True and recorded["grid_validation"] is False
     assert (recorded["validation_posts"], recorded["smoothing"], recorded["patience"]) == (0, 3, 5)
-    assert RTF.from_flat(**recorded).stopping() == est.stopping()  # a round trip through the flat names
+    assert configure("rtf", recorded).estimator.rule() == fitted.estimator.rule()  # a round trip

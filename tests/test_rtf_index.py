@@ -21,9 +21,7 @@ from ordrec.trainer.sample import planted_tags
 @pytest.fixture(scope="module")
 def fitted():
     data = planted_tags(n_users=40, n_items=30, n_tags=25, seed=3)
-    est = RTF.from_flat(
-        n_components=(4, 5, 6), max_iter=4, validation_posts=0, random_state=0, verbose=False
-    ).fit(data)
+    est = RTF(n_components=(4, 5, 6), max_iter=4, random_state=0, verbose=False).fit(data)
     return data, est, est.to_artifact()
 
 

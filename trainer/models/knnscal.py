@@ -76,14 +76,15 @@ on planted 2-D/3-D graphs; ``docs/knnscal.md``):
   the iterations fit the order without giving up the neighbours;
 - the start selection (``knnscal_selection.KnnScalStartSelection``, the flat
   settings ``neighbor_embedding``, ``neighbor_embedding_starts``, ``neighbor_embedding_rank_decay``) and the
-  solver's ``keep_iterations="validated"``: for n up to ``exact_max_n`` the start
+  validated iterations (``knnscal_selection.ValidatedIterations``,
+  ``keep_iterations="validated"``): for n up to ``exact_max_n`` the start
   is t-SNE on the graph's rank affinities, and the fit returns whichever of that
   start, its stress refinement and the geodesic start's refinement fits the lists best (order agreement plus
   recall@k against the graph itself). The least-squares stress trades a
   source's nearest neighbours for the order of its farther entries, so on
   clustered graphs its optimum scores below the neighbour embedding;
-- the solver's ``polish_rounds``: the validated map is then polished by descent on a
-  smooth version of that score (``knnscal_polish``) and the polish is kept
+- ``knnscal_selection.PolishedMap`` (``polish_rounds``): the validated map is then polished by
+  descent on a smooth version of that score (``knnscal_polish``) and the polish is kept
   only where it lowers no measure (order agreement, recall@k, the nearer
   half's recall) and raises the sum;
 - the solver's ``block_size``: the Gauss-Seidel sweep runs on contiguous vertex blocks in
@@ -98,7 +99,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from numbers import Integral, Real
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 from scipy import sparse
@@ -110,7 +111,6 @@ from ordrec.service.storage.idmap import IdMap
 from ordrec.trainer.data.types import DataError, NeighborLists
 from ordrec.trainer.models import knnscal_kernels, knnscal_local
 from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
-from ordrec.trainer.models.knnscal_polish import polish as polish_map
 from ordrec.trainer.progress import Progress
 
 
@@ -267,9 +267,8 @@ def landmark_mds(G: sparse.csr_matrix, dim: int, n_landmarks: int, rng: np.rando
 @dataclass(frozen=True)
 class KnnScalSolver(Settings):
     """How a KNNSCAL fit runs, not the map it aims at: the optimiser's schedule, update rule and
-    starting disparities, the safeguard and polish around the iterations, the sizes where exact
-    methods give way to scalable ones, the parallel block size and the memory layout
-    (``docs/knnscal.md``).
+    starting disparities, the sizes where exact methods give way to scalable ones, the parallel
+    block size and the memory layout (``docs/knnscal.md``).
 
     Parameters
     ----------
@@ -284,7 +283,8 @@ class KnnScalSolver(Settings):
     multilevel_min_n : int, default 5000
         The multilevel start coarsens graphs of more vertices than this.
     exact_max_n : int, default 5000
-        The largest n for the exact neighbour embedding, the validated iterations and the polish.
+        The largest n for the exact neighbour embedding, the validated iterations and the polish
+        (wrappers in ``knnscal_selection`` read it).
     block_size : int, default 50000
         Vertices per block of the parallel Gauss-Seidel sweep (one block below it: plain Gauss-Seidel).
     reorder : {"morton", "none"}, default "morton"
@@ -293,14 +293,6 @@ class KnnScalSolver(Settings):
     initial_disparities : {"isotonic", "ranks"}, default "isotonic"
         Start the iterations from the isotonic fit of the start's distances, or from the
         poster's Delta = min(r_ij, q) (step 2).
-    keep_iterations : {"validated", "always"}, default "validated"
-        "validated": keep the iterations' map only if it fits the graph at least as well as
-        its start (up to ``exact_max_n`` vertices); "always": the iterations' map (the poster).
-    polish_rounds : int, default 30
-        Rounds of descent on a smooth surrogate of order agreement + recall@k for a
-        validated map, kept only where they lower no measure (0: no polish; step 5).
-    polish_sharpness : float, default 30.0
-        The surrogate's s (larger is closer to the 0/1 count).
     """
 
     sweeps: int = 5
@@ -312,9 +304,6 @@ class KnnScalSolver(Settings):
     block_size: int = 50_000
     reorder: str = "morton"
     initial_disparities: str = "isotonic"
-    keep_iterations: str = "validated"
-    polish_rounds: int = 30
-    polish_sharpness: float = 30.0
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "sweeps": [Interval(Integral, 1, None)],
@@ -326,9 +315,6 @@ class KnnScalSolver(Settings):
         "block_size": [Interval(Integral, 1, None)],
         "reorder": [Options(str, {"morton", "none"})],
         "initial_disparities": [Options(str, {"ranks", "isotonic"})],
-        "keep_iterations": [Options(str, {"always", "validated"})],
-        "polish_rounds": [Interval(Integral, 0, None)],
-        "polish_sharpness": [Interval(Real, 0, None, closed="neither")],
     }
 
 
@@ -388,15 +374,30 @@ def stress_iterations(
     return Iterations(X, delta, history, local_history, seconds, False)
 
 
+class MapChoice(Protocol):
+    """A choice between the start and the iterations' map of one fit (a wrapper's, e.g.
+    :class:`~ordrec.trainer.models.knnscal_selection.ValidatedIterations`'): whether it applies to
+    a fit of n vertices, and the map and disparities to keep, given the start's and the
+    iterations' (``X``, ``delta``) with the vertices in ``order`` (None: the input's)."""
+
+    def applies(self, est: KnnScal, n: int) -> bool: ...
+
+    def __call__(
+        self, est: KnnScal, start: np.ndarray, X: np.ndarray, delta: np.ndarray, order: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+
 # ---------------------------------------------------------------- estimator
 class KnnScal(Estimator):
     """KNNSCAL: non-metric MDS of a ranked neighbour graph with asymmetric stress.
 
-    The stress iterations follow Castle & Trosset's poster (module docstring); the start
-    (geodesic MDS), the validated iterations and the polish are ours. Starting from the best of
-    several neighbour embeddings is the wrapper
-    :class:`~ordrec.trainer.models.knnscal_selection.KnnScalStartSelection`. Measurements
-    behind the defaults are in ``docs/knnscal.md``.
+    A fit is the start (geodesic MDS, ours) and the stress iterations of Castle & Trosset's
+    poster (module docstring). The choices between candidate maps are wrappers in
+    :mod:`~ordrec.trainer.models.knnscal_selection` (on by default in ``ordrec-train`` and jobs):
+    the iterations kept only where they fit the graph at least as well as their start
+    (``ValidatedIterations``), the best of several neighbour-embedding starts
+    (``KnnScalStartSelection``) and the polish (``PolishedMap``). Measurements behind the
+    defaults are in ``docs/knnscal.md``.
 
     Parameters
     ----------
@@ -425,9 +426,8 @@ class KnnScal(Estimator):
         neighbour embedding (``fit_from``'s ``affinities``; 0: the plain stress).
     solver : KnnScalSolver, dict or None, default None
         How the fit runs: sweeps per iteration, the update rule and starting disparities,
-        landmarks, size thresholds of the exact methods, block size, memory layout, the
-        validated iterations and the polish; None: ``KnnScalSolver()``. A dict gives some of
-        its fields.
+        landmarks, size thresholds of the exact methods, block size, memory layout;
+        None: ``KnnScalSolver()``. A dict gives some of its fields.
     random_state : int, default 0
         Seeds the non-edge sample, the landmarks and the start.
     verbose : bool, default False
@@ -441,7 +441,6 @@ class KnnScal(Estimator):
     plus_indptr_: np.ndarray
     plus_col_: np.ndarray
     plus_rnk_: np.ndarray
-    graph_score_: float
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None)],
@@ -496,11 +495,12 @@ class KnnScal(Estimator):
         return self.settings("solver")
 
     # --------------------------------------------------------------- pieces
-    def initial_configuration(self, indptr, col, rnk, n: int, seed=None) -> np.ndarray:
+    def initial_configuration(self, indptr, col, rnk, n: int, seed=None, choice=None) -> np.ndarray:
         """Step 3: a configuration from the Delta_sym geodesics (unscaled).
 
         ``seed`` (default ``random_state``) draws the landmarks, the random
-        start and the jitter; the neighbour embedding's further starts pass their own.
+        start and the jitter; the neighbour embedding's further starts pass their own. A
+        multilevel start fits its coarser levels with ``choice`` (:meth:`fit_from`).
         """
         rng = np.random.default_rng(self.random_state if seed is None else seed)
         dim = int(self.n_components)
@@ -516,7 +516,7 @@ class KnnScal(Estimator):
         if method == "multilevel":
             from ordrec.trainer.models.knnscal_multilevel import multilevel_start
 
-            X = multilevel_start(self, G, int(rnk.max()))
+            X = multilevel_start(self, G, int(rnk.max()), choice)
         elif method == "spectral":
             # Laplacian eigenmap of the symmetrised graph with affinity 1 / Delta_sym.
             from sklearn.manifold import spectral_embedding
@@ -534,12 +534,10 @@ class KnnScal(Estimator):
         return X + 1e-6 * scale * rng.standard_normal(X.shape)
 
     def geodesic_estimator(self) -> KnnScal:
-        """The same settings without the polish (step 5 runs once, on the winner): the validated
-        start selection's geodesic candidate, and the estimator of the multilevel start's coarser
-        levels (a neighbour embedding would tear the evenly sampled manifolds a coarsened graph
-        stands for, and its O(n^2) start would be paid there)."""
-        solver = dict(asdict(self.solver_settings()), polish_rounds=0)
-        return type(self)(**{**self.get_params(), "solver": KnnScalSolver(**solver)})
+        """An unfitted copy: the estimator of the multilevel start's coarser levels, fitted from
+        the geodesic start (a neighbour embedding would tear the evenly sampled manifolds a
+        coarsened graph stands for, and its O(n^2) start would be paid there)."""
+        return type(self)(**self.get_params())
 
     def relabel(self, order: np.ndarray, delta: np.ndarray | None = None):
         """Renumber the vertices of E+ so that new vertex r is old vertex ``order[r]``.
@@ -648,10 +646,10 @@ class KnnScal(Estimator):
         return 2.0 * raw / self.weight_total_
 
     # ------------------------------------------------------------------ fit
-    def fit(self, data) -> KnnScal:
-        """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here)
-        from the geodesic start, then polish the map where the fit is validated (step 5)."""
-        return self.fit_from(self.neighbor_lists(data)).polish()
+    def fit(self, data, choice: MapChoice | None = None) -> KnnScal:
+        """Fit on a :class:`NeighborLists` graph or on a feature matrix (k-NN lists built here):
+        the geodesic start, then the stress iterations (``choice``: :meth:`fit_from`)."""
+        return self.fit_from(self.neighbor_lists(data), choice=choice)
 
     def neighbor_lists(self, data) -> NeighborLists:
         """``data`` itself, or the k-NN lists (``n_neighbors``) of a feature matrix; the parameters checked."""
@@ -663,9 +661,15 @@ class KnnScal(Estimator):
         data: NeighborLists,
         start: np.ndarray | None = None,
         affinities: sparse.csr_matrix | None = None,
+        choice: MapChoice | None = None,
     ) -> KnnScal:
-        """One fit without the polish: the start (``start``, else step 3's geodesic one), then the
-        stress iterations, with t-SNE's KL on ``affinities`` in step 4a when given (the local term)."""
+        """One fit: the start (``start``, else step 3's geodesic one), then the stress iterations,
+        with t-SNE's KL on ``affinities`` in step 4a when given (the local term).
+
+        ``choice`` (a wrapper's, :class:`MapChoice`), where it applies to n vertices, gets the
+        start and the iterations' map in the iterations' vertex order and returns the map and
+        disparities to keep; a multilevel start's coarser levels are fitted with it too.
+        """
         n = len(data.vertices)
         if n < 3:
             raise ValueError(f"KNNSCAL needs at least 3 vertices, got {n}")
@@ -674,28 +678,28 @@ class KnnScal(Estimator):
         indptr, col, rnk = self.graph_ = neighbor_csr(data)
         self._enlarge(indptr, col, rnk, n)
         t0 = time.perf_counter()
-        X = self.initial_configuration(indptr, col, rnk, n) if start is None else start
+        X = self.initial_configuration(indptr, col, rnk, n, choice=choice) if start is None else start
         X, self.affinities_ = np.ascontiguousarray(X, dtype=np.float64), affinities
         self.timings_["init_s"] = time.perf_counter() - t0
         self.log(f"n={n:,}: start ({self.init}) {self.timings_['init_s']:.1f} s")
         X, order = self._reorder(X, n)
         X, delta, local = self._start_disparities(X, order)
-        # Validation is for the small-n path: its k-d tree queries would add time at 10^6 vertices.
-        solver = self.solver_settings()
-        validate = solver.keep_iterations == "validated" and n <= solver.exact_max_n
-        start_map = X.copy() if validate else None
+        chosen_by = choice if choice is not None and choice.applies(self, n) else None
+        start_map = X.copy() if chosen_by is not None else X  # the iterations move X in place
         t0, cpu0 = time.perf_counter(), time.process_time()  # CPU time: wall time on a shared machine varies
         run = stress_iterations(self, X, delta, local)
         self.timings_["iterations_s"] = time.perf_counter() - t0
         self.timings_["iterations_cpu_s"] = time.process_time() - cpu0
-        X, delta = self._validated(run.X, run.delta, start_map, order)
+        X, delta = (
+            (run.X, run.delta) if chosen_by is None else chosen_by(self, start_map, run.X, run.delta, order)
+        )
         del self.in_indptr_, self.in_src_, self.in_entry_, self.perm_, self.affinities_
         self.coordinates_, self.disparities_ = self._input_order(X, delta, order)
         self.n_iter_, self.converged_ = len(run.seconds), run.converged
         self.iteration_seconds_ = np.array(run.seconds)
         self.stress_history_, self.local_history_ = run.history, run.local_history
         self.stress_ = self.normalised_stress(run.history[-1][2])
-        self.rank_disparity_ = self._rank_table(self.disparities_)
+        self.rank_disparity_ = self.rank_table(self.disparities_)
         return self
 
     def _enlarge(self, indptr: np.ndarray, col: np.ndarray, rnk: np.ndarray, n: int) -> None:
@@ -756,17 +760,13 @@ class KnnScal(Estimator):
         pos[order] = np.arange(X.shape[0])
         return np.ascontiguousarray(X[pos]), self.relabel(pos, delta)
 
-    def adopt(self, other: KnnScal) -> None:
-        """Take ``other``'s fitted map and everything fitted with it (the start selection's winner)."""
-        self.__dict__.update({name: value for name, value in vars(other).items() if name.endswith("_")})
-
     def to_stress_units(self, X: np.ndarray, delta: np.ndarray) -> float:
         """The factor that scales X to the disparities: argmin_s sum w (delta - s d)^2."""
         d = knnscal_kernels.entry_distances(X, self.plus_indptr_, self.plus_col_)
         w = np.where(self.plus_rnk_ < self.q_, float(self.edge_weight), 1.0)
         return float(np.sum(w * delta * d)) / max(float(np.sum(w * d * d)), 1e-300)
 
-    def _rank_table(self, delta: np.ndarray) -> np.ndarray:
+    def rank_table(self, delta: np.ndarray) -> np.ndarray:
         """Mean fitted disparity per rank 1..q (q = non-edges): placement's targets."""
         counts = np.bincount(self.plus_rnk_, minlength=self.q_ + 1).astype(np.float64)
         sums = np.bincount(self.plus_rnk_, weights=delta, minlength=self.q_ + 1)
@@ -774,66 +774,6 @@ class KnnScal(Estimator):
         # A rank nobody used keeps the next smaller rank's disparity (monotone table).
         table[1:] = np.maximum.accumulate(np.where(counts[1:] > 0, table[1:], 0.0))
         return table
-
-    def polish(self) -> KnnScal:
-        """Step 5: polish the validated map (``knnscal_polish``); keep it only where it fits the graph better.
-
-        Sets ``polished_`` and ``polish_scores_`` (each round's order
-        agreement, recall@k and nearer half's recall, one row per round). A
-        round is kept only if it lowers none of them and raises the first two's
-        sum; it then gets the isotonic fit of its own distances and is scaled
-        to it, as a kept start is.
-        """
-        self.polished_ = False
-        self.polish_scores_ = np.empty((0, 3))
-        solver = self.solver_settings()
-        if not np.isfinite(self.graph_score_) or int(solver.polish_rounds) == 0:
-            return self
-        X, self.polish_scores_, kept = polish_map(
-            self.coordinates_,
-            *self.graph_,
-            rounds=int(solver.polish_rounds),
-            sharpness=float(solver.polish_sharpness),
-            seed=int(self.random_state),
-        )
-        if X is None:
-            self.log("polish: no round raised the score without lowering a measure; the map stays")
-            return self
-        score = float(self.polish_scores_[kept, :2].sum())
-        self.log(f"polish: round {kept + 1} kept, score {self.graph_score_:.4f} -> {score:.4f}")
-        delta = self.isotonic(
-            X, self.disparities_.copy(), perm=knnscal_kernels.row_positions(self.plus_indptr_)
-        )
-        self.coordinates_ = np.ascontiguousarray(X * self.to_stress_units(X, delta))
-        self.disparities_ = delta
-        self.rank_disparity_ = self._rank_table(delta)
-        self.graph_score_, self.polished_ = score, True
-        return self
-
-    def _validated(self, X, delta, start, order):
-        """``keep_iterations="validated"``: keep the iterations' map only if it fits the graph at
-        least as well as the start.
-
-        "Fits the graph": order agreement plus recall@k against the ranked lists
-        themselves (``knnscal_local.graph_agreement``), never features. The
-        stress optimum is not the best map by those measures on every graph,
-        so the refinement must earn its place. A start that wins gets its own
-        isotonic disparities back (step 2). Sets ``iterations_kept_``; ``stress_`` and
-        ``stress_history_`` still describe the iterations.
-        """
-        self.iterations_kept_ = True
-        if start is None:
-            self.graph_score_ = float("nan")
-            return X, delta
-        # The graph is in input order; X may be in the Morton order (row r = vertex order[r]).
-        inverse = np.arange(X.shape[0]) if order is None else np.argsort(order)
-        refined = sum(knnscal_local.graph_agreement(X[inverse], *self.graph_))
-        started = sum(knnscal_local.graph_agreement(start[inverse], *self.graph_))
-        self.graph_score_ = max(refined, started)
-        if refined >= started:
-            return X, delta
-        self.iterations_kept_ = False
-        return start, self.isotonic(start, delta)
 
     # -------------------------------------------------------------- outputs
     def place(self, ranked_neighbors: Sequence, steps: int = DEFAULT_PLACE_STEPS) -> np.ndarray:

@@ -211,12 +211,13 @@ def coarsens(n: int, lists: NeighborLists) -> bool:
     return 3 <= n_coarse <= n // 2 and lists.source.size > 0
 
 
-def multilevel_start(estimator, G, k: int) -> np.ndarray:
+def multilevel_start(estimator, G, k: int, choice=None) -> np.ndarray:
     """Step 3 by coarsening: fit the coarse graph with ``estimator``'s settings, prolong it.
 
     ``G`` is the fine symmetric graph (:func:`knnscal.symmetric_graph`), ``k``
-    the fine lists' length (the coarse lists get as many). A graph that does
-    not coarsen (:func:`coarsens`) gets the landmark-MDS start instead.
+    the fine lists' length (the coarse lists get as many); ``choice`` is the fine fit's
+    (``KnnScal.fit_from``), so each level keeps its iterations as the fine fit would. A graph
+    that does not coarsen (:func:`coarsens`) gets the landmark-MDS start instead.
     """
     t0 = time.perf_counter()
     coarse_id, lists = coarse_graph(G, k, int(estimator.random_state))
@@ -227,7 +228,7 @@ def multilevel_start(estimator, G, k: int) -> np.ndarray:
         rng = np.random.default_rng(estimator.random_state)
         return landmark_mds(G, int(estimator.n_components), estimator.solver_settings().n_landmarks, rng)
     coarse = estimator.geodesic_estimator()
-    coarse.fit(lists)
+    coarse.fit(lists, choice)
     return prolong(
         coarse.coordinates_,
         coarse_id,

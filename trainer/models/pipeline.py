@@ -3,8 +3,8 @@
 stops it (innermost first), then the serving choices written into its artifact.
 
 :data:`WRAPPERS` and :data:`PUBLISHING` are the one table of flat names beyond the estimators'
-own parameters (a settings group's fields, ``solver``'s or RTF's ``early_stopping``'s, are
-given flat under their own names). Read it top to bottom for a kind, e.g. DCR::
+own parameters (a settings group's fields, ``solver``'s, are given flat under their own names).
+Read it top to bottom for a kind, e.g. DCR::
 
     DCR(n_components=..., ...)                       the estimator's own parameters
     PairwiseDCR(..)         when pairwise            pairwise_learning_rate, ...
@@ -13,7 +13,14 @@ given flat under their own names). Read it top to bottom for a kind, e.g. DCR::
     SettingsTuner(..)       when tune (on in jobs)   tune_budget_seconds, tune_validation_fraction, ...
     to_artifact(..)                                  item_shrinkage, ann_min_items, ann_params
 
-A new wrapper (an auto-tuner, say) is one more :class:`Wrapper` row; nothing else lists names.
+KnnScal is ``KnnScal(..)``, then always ``ValidatedIterations(..)`` (``keep_iterations``),
+``KnnScalStartSelection(..)`` (``neighbor_embedding``, ...) and ``PolishedMap(..)``
+(``polish_rounds``, ``polish_sharpness``). RTF is ``RTF(..)``, then ``EarlyStoppedRTF(..)`` when
+``early_stopping`` (default on: ``validation_posts``, ``patience``, ``min_iter``, ``val_tol``, ...),
+then ``RTFGridSearch(..)`` when ``grid_validation``. A switch given as a table of its settings
+(``early_stopping = {patience = 9}``) turns it on with them; a setting given flat beside it wins.
+
+A new wrapper is one more :class:`Wrapper` row; nothing else lists names.
 """
 
 from __future__ import annotations
@@ -37,10 +44,11 @@ from ordrec.trainer.models.dcr import (
     ValidationStopping,
     check_serving,
 )
-from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection
+from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection, PolishedMap, ValidatedIterations
 from ordrec.trainer.models.memory import check_fit_memory
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
-from ordrec.trainer.models.selection import planned_fits
+from ordrec.trainer.models.rtf_stopping import EarlyStoppedRTF
+from ordrec.trainer.models.selection import PlateauStopping, planned_fits
 from ordrec.trainer.models.tuning import SettingsTuner
 
 
@@ -166,6 +174,13 @@ WRAPPERS: dict[str, tuple[Wrapper, ...]] = {
     "coe": (_TUNE,),
     "rtf": (
         Wrapper(
+            "early_stopping",
+            EarlyStoppedRTF,
+            {name: name for name in PlateauStopping.field_names()},
+            (EarlyStoppedRTF,),
+            on=True,
+        ),
+        Wrapper(
             "grid_validation",
             _grid_search,
             {
@@ -178,6 +193,7 @@ WRAPPERS: dict[str, tuple[Wrapper, ...]] = {
         ),
     ),
     "knnscal": (
+        Wrapper(None, ValidatedIterations, {"keep_iterations": "keep_iterations"}, (ValidatedIterations,)),
         Wrapper(
             None,
             KnnScalStartSelection,
@@ -187,6 +203,12 @@ WRAPPERS: dict[str, tuple[Wrapper, ...]] = {
                 "neighbor_embedding_rank_decay": "rank_decay",
             },
             (KnnScalStartSelection,),
+        ),
+        Wrapper(
+            None,
+            PolishedMap,
+            {"polish_rounds": "rounds", "polish_sharpness": "sharpness"},
+            (PolishedMap,),
         ),
     ),
 }
@@ -307,7 +329,7 @@ class FitPipeline:
 def configure(kind: str, params: dict[str, Any]) -> FitPipeline:
     """The fit of ``kind`` from flat ``params``: unknown names and bad values are a ValueError
     naming them, before any fitting; a renamed name is taken with a FutureWarning."""
-    params = _renamed(kind, params)
+    params = _switch_tables(kind, _renamed(kind, params))
     unknown = set(params) - set(accepted_params(kind))
     if unknown:
         raise ValueError(f"{kind} has no parameter(s) {sorted(unknown)}; known: {accepted_params(kind)}")
@@ -344,6 +366,20 @@ def _renamed(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     for group in estimator_class(kind).nested_settings:
         if isinstance(out.get(group), Mapping):
             out[group] = _new_names(kind, out[group])
+    return out
+
+
+def _switch_tables(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with a wrapper's switch given as a table of its settings turned on, the
+    settings given flat (a flat name given beside the table wins)."""
+    out = dict(params)
+    for switch, settings in ((row.switch, row.settings) for row in WRAPPERS.get(kind, ()) if row.switch):
+        table = out.get(switch)
+        if isinstance(table, Mapping):
+            unknown = set(table) - set(settings)
+            if unknown:
+                raise ValueError(f"the {switch!r} table of {kind} has no field(s) {sorted(unknown)}")
+            out = {**table, **out, switch: True}
     return out
 
 

@@ -17,7 +17,9 @@ whole objective by finite differences).
 - Learning (Fig. 5, Section 4.4.2): stochastic gradient ascent, one step per
   post, with the fast gradient through ``q`` and ``v``
   (``trainer.models.rtf_kernels``), in :func:`sgd_passes`; the estimator
-  :class:`RTF` is a thin shell over it. Choosing dims and ``reg`` on
+  :class:`RTF` is a thin shell over it and runs ``max_iter`` passes. Stopping on a
+  plateau of held-out posts' AUC is the wrapper
+  :class:`~ordrec.trainer.models.rtf_stopping.EarlyStoppedRTF`; choosing dims and ``reg`` on
   validation posts is :class:`~ordrec.trainer.models.rtf_selection.RTFGridSearch`.
 
 Serving uses ``service.indices.models.rtf.RTFIndex`` on the artifact this writes.
@@ -33,18 +35,15 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.stats import rankdata
 
-from ordrec.service.indices.models.rtf import score_posts
 from ordrec.service.storage.artifact import Artifact
 from ordrec.trainer.data.types import DataError, TagAssignments
 from ordrec.trainer.models import rtf_kernels
-from ordrec.trainer.models.base import Estimator, Interval, Options, Settings, check_finite
+from ordrec.trainer.models.base import Estimator, Interval, Options, check_finite
 from ordrec.trainer.models.rtf_selection import group_posts
-from ordrec.trainer.models.selection import EarlyStopping, PlateauStopping
 from ordrec.trainer.progress import Progress
 
-# Beyond one post per user, the stopping set may take at most this share of
-# all posts (Last.fm 10-core: 1,200 of ~32,000 training posts is 3.7%).
-EXTRA_VALIDATION_SHARE = 0.05
+# What a per-pass hook returns to end the passes (any other number scales the learning rate).
+STOP = 0.0
 
 
 def _csr_top_lists(owner: np.ndarray, tag: np.ndarray, n_owners: int, n_tags: int, top: int):
@@ -90,102 +89,31 @@ class Posts:
     tags: np.ndarray
 
 
-@dataclass(frozen=True)
-class Passes:
-    """What :func:`sgd_passes` leaves besides the trained factors: one record per pass, the
-    pass kept, and (with ``keep_within``) the pass the default rule would have kept."""
-
-    history: list[dict[str, float]]
-    best_epoch: int
-    first_plateau: tuple[int, Factors] | None
-
-
-def _copy(factors: Factors) -> Factors:
-    C, U, I, T = factors
-    return C.copy(), U.copy(), I.copy(), T.copy()
-
-
-class _PlateauWatch:
-    """The validation side of the passes: the smoothed criterion, early stopping on it
-    (``EarlyStopping``), and the snapshots of the passes worth keeping."""
-
-    def __init__(self, plateau: PlateauStopping):
-        self.plateau = plateau
-        self.stopper = EarlyStopping(
-            -np.inf, patience=plateau.patience, tol=plateau.val_tol, min_epochs=plateau.min_iter
-        )
-        self.recent: list[float] = []
-        self.best: tuple[int, Factors, list[float]] | None = None  # last pass that gained val_tol
-        self.peak = -np.inf
-        self.latest: tuple[int, Factors] | None = None  # latest pass within keep_within of the peak
-        self.drops = 0
-
-    def observe(self, epoch: int, val_auc: float, factors: Factors) -> float:
-        """Record a pass's validation AUC; its criterion (the moving average over ``smoothing`` passes)."""
-        self.recent = (self.recent + [val_auc])[-self.plateau.smoothing :]
-        criterion = float(np.mean(self.recent))
-        if self.stopper.update(epoch, criterion)[0]:
-            self.best = (epoch, _copy(factors), list(self.recent))
-        if self.plateau.keep_within is not None:
-            self.peak = max(self.peak, criterion)
-            if criterion >= self.peak - self.plateau.keep_within:
-                self.latest = (epoch, _copy(factors))
-        return criterion
-
-    def drop_rate(self, epoch: int, factors: Factors) -> bool:
-        """At a plateau with drops left: back to the best pass (the caller scales the rate); False: stop."""
-        if self.drops >= self.plateau.learning_rate_drops or self.best is None:
-            return False
-        self.drops += 1
-        for live, saved in zip(factors, self.best[1]):
-            live[...] = saved
-        self.recent = list(self.best[2])
-        self.stopper.restart(epoch)
-        return True
-
-    def kept(self) -> tuple[int, Factors, tuple[int, Factors] | None] | None:
-        """The pass to keep and its factors, and the default rule's pass when ``keep_within`` chose another."""
-        if self.plateau.keep_within is not None and self.latest is not None:
-            first = (self.best[0], self.best[1]) if self.best is not None else None
-            return self.latest[0], self.latest[1], first
-        if self.best is not None:
-            return self.best[0], self.best[1], None
-        return None
-
-
-def validation_auc(factors: Factors, held: Posts) -> float:
-    """Mean exact AUC (``posts_auc``) of the ``held`` posts under ``factors``, by the serving code's scores."""
-    C, U, I, T = factors
-    scores = score_posts(C, U[held.user], I[held.item], T)
-    return float(np.nanmean(posts_auc(scores, held.tag_indptr, held.tags)))
+PassHook = Callable[[int, dict[str, float]], "float | None"]
+"""Called after every pass as ``hook(epoch, record)``; it may add figures to ``record`` (they are
+shown and kept) and return :data:`STOP`, or a factor for the learning rate from the next pass on
+(None: go on as is)."""
 
 
 def sgd_passes(
     factors: Factors,
     posts: Posts,
-    validation: np.ndarray,
+    trained: np.ndarray,
     rng: np.random.Generator,
     *,
     learning_rate: float,
     learning_rate_decay: float,
     regs: tuple[float, float, float],
     max_iter: int,
-    plateau: PlateauStopping,
     label: str = "RTF",
     verbose: bool = False,
-    on_pass: Callable[[int, dict[str, float]], None] | None = None,
-) -> Passes:
-    """Per-post stochastic gradient ascent (Fig. 5) on ``factors`` in place, pass by pass, until
-    ``max_iter`` or a plateau of the validation posts' AUC (``validation``: a post mask);
-    the factors end as those of the kept pass. ``regs`` is ``(reg, reg_core, reg_tags)``;
-    ``plateau``'s ``validation_posts`` is not read here (``validation`` is the hold-out)."""
-    train_idx, val_idx = np.flatnonzero(~validation), np.flatnonzero(validation)
-    held = Posts(
-        posts.user[val_idx], posts.item[val_idx], *_subset_posts(posts.tag_indptr, posts.tags, val_idx)
-    )
-    watch = _PlateauWatch(plateau)
+    on_pass: PassHook | None = None,
+) -> list[dict[str, float]]:
+    """Per-post stochastic gradient ascent (Fig. 5) on ``factors`` in place, on the posts of rows
+    ``trained``, for ``max_iter`` passes or until ``on_pass`` returns :data:`STOP`; one record per
+    pass. ``regs`` is ``(reg, reg_core, reg_tags)``."""
     history: list[dict[str, float]] = []
-    base_lr = float(learning_rate)  # pass e steps with base / (1 + decay (e - 1)); each drop scales base
+    base_lr = float(learning_rate)  # pass e steps with base / (1 + decay (e - 1)); a hook may scale base
     with Progress(label, total=int(max_iter), enabled=bool(verbose)) as bar:
         for epoch in range(1, int(max_iter) + 1):
             lr = base_lr / (1.0 + float(learning_rate_decay) * (epoch - 1))
@@ -195,42 +123,20 @@ def sgd_passes(
                 posts.item,
                 posts.tag_indptr,
                 posts.tags,
-                rng.permutation(train_idx),
+                rng.permutation(trained),
                 lr,
                 *regs,
             )
             C, U, I, T = factors
             check_finite(epoch, core=C, user_factors=U, item_factors=I, tag_factors=T)
-            record = {"epoch": epoch, "train_auc": float(train_auc), "smoothed_auc": float(smooth)}
-            if plateau.learning_rate_drops:
-                record["lr"] = lr
-            if val_idx.size:
-                record["val_auc"] = validation_auc(factors, held)
-                criterion = watch.observe(epoch, record["val_auc"], factors)
-                if plateau.smoothing > 1:
-                    record["val_auc_smoothed"] = criterion
+            record = {"epoch": epoch, "train_auc": float(train_auc), "smoothed_auc": float(smooth), "lr": lr}
             history.append(record)
-            if on_pass is not None:
-                on_pass(epoch, record)
+            scale = None if on_pass is None else on_pass(epoch, record)
             bar.update(1, **{k: v for k, v in record.items() if k not in ("epoch", "lr")})
-            if val_idx.size and watch.stopper.should_stop:
-                if not watch.drop_rate(epoch, factors):
-                    break
-                base_lr *= float(plateau.learning_rate_drop_factor)
-    return _keep_pass(factors, history, watch)
-
-
-def _keep_pass(factors: Factors, history: list[dict[str, float]], watch: _PlateauWatch) -> Passes:
-    """Put the kept pass's parameters back into ``factors`` (unless it is the last pass)."""
-    last = int(history[-1]["epoch"])
-    kept = watch.kept()
-    if kept is None:
-        return Passes(history, last, None)
-    epoch, params, first = kept
-    if epoch != last:
-        for live, saved in zip(factors, params):
-            live[...] = saved
-    return Passes(history, epoch, first)
+            if scale == STOP:
+                break
+            base_lr *= 1.0 if scale is None else float(scale)
+    return history
 
 
 def posts_auc(scores: np.ndarray, tag_indptr: np.ndarray, tags: np.ndarray) -> np.ndarray:
@@ -250,39 +156,6 @@ def posts_auc(scores: np.ndarray, tag_indptr: np.ndarray, tags: np.ndarray) -> n
     return out
 
 
-def validation_mask(post_user: np.ndarray, n_val: int, rng: np.random.Generator) -> np.ndarray:
-    """Boolean mask of validation posts: one random post of up to ``n_val``
-    random users who have at least two posts (so no user loses all).
-
-    Further rounds take a second, third, ... post of random users while
-    ``n_val`` is not reached, always leaving every user a training post, up to
-    ``EXTRA_VALIDATION_SHARE`` of all posts beyond the first round.
-    """
-    mask = np.zeros(post_user.size, dtype=bool)
-    if n_val <= 0 or post_user.size == 0:
-        return mask
-    users, starts, counts = np.unique(post_user, return_index=True, return_counts=True)
-    eligible = np.flatnonzero(counts >= 2)
-    chosen = rng.permutation(eligible)[:n_val]
-    picks = starts[chosen] + (rng.random(chosen.size) * counts[chosen]).astype(np.int64)
-    mask[picks] = True
-    remaining = min(n_val, max(chosen.size, int(EXTRA_VALIDATION_SHARE * post_user.size))) - chosen.size
-    taken = np.zeros(users.size, dtype=np.int64)
-    taken[chosen] = 1
-    while remaining > 0:
-        # users that can give one more post and still keep one for training
-        able = np.flatnonzero(counts - taken >= 2)
-        if able.size == 0:
-            break
-        chosen = rng.permutation(able)[:remaining]
-        for owner in chosen:
-            free = starts[owner] + np.flatnonzero(~mask[starts[owner] : starts[owner] + counts[owner]])
-            mask[free[int(rng.integers(free.size))]] = True
-        taken[chosen] += 1
-        remaining -= chosen.size
-    return mask
-
-
 def checked_tags(data: TagAssignments) -> TagAssignments:
     """``data`` compacted, or a clear error when RTF cannot train on it."""
     if not isinstance(data, TagAssignments):
@@ -298,8 +171,11 @@ def checked_tags(data: TagAssignments) -> TagAssignments:
 class RTF(Estimator):
     """Tucker-model tag recommender trained for per-post ranking (Rendle et al., KDD 2009).
 
-    Measurements behind the defaults are in ``docs/rtf.md``; choosing ``n_components``
-    and ``reg`` on validation posts is :class:`~ordrec.trainer.models.rtf_selection.RTFGridSearch`.
+    A fit runs ``max_iter`` passes over the posts it is given. Measurements behind the defaults
+    are in ``docs/rtf.md``; stopping on a plateau of held-out posts' AUC is
+    :class:`~ordrec.trainer.models.rtf_stopping.EarlyStoppedRTF` (on by default in
+    ``ordrec-train`` and jobs), choosing ``n_components`` and ``reg`` on validation posts is
+    :class:`~ordrec.trainer.models.rtf_selection.RTFGridSearch`.
 
     Parameters
     ----------
@@ -316,26 +192,21 @@ class RTF(Estimator):
     reg_tags : float or None, default 0.0
         ``gamma_T``, the L2 weight of the tag factors; None means ``reg``.
     max_iter : int, default 100
-        Maximum passes over the posts.
+        Passes over the posts (a hook given to ``fit`` may stop sooner).
     init_std : float, default 0.1
         Standard deviation of the normal initialisation of every parameter.
-    early_stopping : PlateauStopping, dict or None, default None
-        The validation hold-out and the plateau rule (``validation_posts``, ``patience``,
-        ``min_iter``, ``val_tol``, ``smoothing``, ``keep_within``, ``learning_rate_drops``,
-        ``learning_rate_drop_factor``); None: ``PlateauStopping()``, a dict: some of its fields.
     popular_top : int, default 200
         Length of the per-user and per-item popular-tag lists shipped for cold start.
     dtype : {"float32", "float64"}, default "float32"
         Floating type of the training arrays (float64 for tests).
     random_state : int, default 0
-        Seeds the initialisation, the validation hold-out and the SGD order.
+        Seeds the initialisation and the SGD order.
     verbose : bool, default True
-        Progress bar with training and validation AUC on stderr.
+        Progress bar with the training AUC (and what a hook adds) on stderr.
     """
 
     kind = "rtf"
     input_shape = "tags"
-    nested_settings: ClassVar[dict[str, type[Settings]]] = {"early_stopping": PlateauStopping}
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
         "n_components": [Interval(Integral, 1, None), list, tuple, str],
@@ -346,7 +217,6 @@ class RTF(Estimator):
         "reg_tags": [None, Interval(Real, 0, None)],
         "max_iter": [Interval(Integral, 1, None)],
         "init_std": [Interval(Real, 0, None)],
-        "early_stopping": [None, PlateauStopping, dict],
         "popular_top": [Interval(Integral, 0, None)],
         "dtype": [Options(str, {"float32", "float64"})],
         "random_state": [Interval(Integral, 0, None)],
@@ -364,7 +234,6 @@ class RTF(Estimator):
         reg_tags: float | None = 0.0,
         max_iter: int = 100,
         init_std: float = 0.1,
-        early_stopping: PlateauStopping | dict | None = None,
         popular_top: int = 200,
         dtype: str = "float32",
         random_state: int = 0,
@@ -378,7 +247,6 @@ class RTF(Estimator):
         self.reg_tags = reg_tags
         self.max_iter = max_iter
         self.init_std = init_std
-        self.early_stopping = early_stopping
         self.popular_top = popular_top
         self.dtype = dtype
         self.random_state = random_state
@@ -403,15 +271,18 @@ class RTF(Estimator):
         super()._validate_params()
         self.dims()
 
-    def stopping(self) -> PlateauStopping:
-        """The ``early_stopping`` parameter as a :class:`PlateauStopping`."""
-        return self.settings("early_stopping")
-
     posts_auc = staticmethod(posts_auc)
 
     # ---------------------------------------------------------------- fit
-    def fit(self, data: TagAssignments, on_epoch: Callable[[int, RTF, dict], None] | None = None) -> RTF:
-        """Learn ``C, U, I, T`` by per-post stochastic gradient ascent (Fig. 5).
+    def fit(
+        self,
+        data: TagAssignments,
+        on_epoch: Callable[[int, RTF, dict], float | None] | None = None,
+        *,
+        held_out: np.ndarray | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> RTF:
+        """Learn ``C, U, I, T`` by per-post stochastic gradient ascent (Fig. 5) for ``max_iter`` passes.
 
         Parameters
         ----------
@@ -419,24 +290,30 @@ class RTF(Estimator):
             (user, item, tag) triples; users, items and tags without any triple are dropped.
         on_epoch : callable, optional
             Called as ``on_epoch(epoch, self, record)`` after every pass, with the live
-            parameters in ``core_``, ``user_factors_``, ... (copy what you keep).
+            parameters in ``core_``, ``user_factors_``, ... (copy what you keep); it may add
+            figures to ``record`` and return :data:`STOP` or a learning-rate factor (:data:`PassHook`).
+        held_out : bool array over the posts of ``data`` (in :func:`group_posts` order), optional
+            Posts the passes skip (a wrapper's validation posts); they stay in the artifact.
+        rng : numpy Generator, optional
+            What the initialisation and the pass order draw from (default:
+            ``default_rng(random_state)``); a wrapper that drew ``held_out`` from that stream
+            passes it on, so the seeded fit stays what it was.
         """
         self._validate_params()
         data = checked_tags(data)
         dims, dtype = self.dims(), np.dtype(self.dtype)
-        rng = np.random.default_rng(self.random_state)
+        rng = np.random.default_rng(self.random_state) if rng is None else rng
         posts = Posts(*group_posts(data.user, data.item, data.tag))
-        stopping = self.stopping()
-        validation = validation_mask(posts.user, int(stopping.validation_posts), rng)
+        trained = np.arange(posts.user.size) if held_out is None else np.flatnonzero(~held_out)
         shapes = [dims, (len(data.users), dims[0]), (len(data.items), dims[1]), (len(data.tags), dims[2])]
         C, U, I, T = (rng.normal(0.0, float(self.init_std), size=s).astype(dtype) for s in shapes)
         self.core_, self.user_factors_, self.item_factors_, self.tag_factors_ = C, U, I, T
         self.users_, self.items_, self.tags_ = data.users, data.items, data.tags
         kU, kI, kT = dims
-        passes = sgd_passes(
+        self.history_ = sgd_passes(
             (C, U, I, T),
             posts,
-            validation,
+            trained,
             rng,
             learning_rate=float(self.learning_rate),
             learning_rate_decay=float(self.learning_rate_decay),
@@ -446,15 +323,11 @@ class RTF(Estimator):
                 float(self.reg if self.reg_tags is None else self.reg_tags),
             ),
             max_iter=int(self.max_iter),
-            plateau=stopping,
             label=f"RTF-{kU}" if kU == kI == kT else f"RTF-{kU}x{kI}x{kT}",
             verbose=bool(self.verbose),
             on_pass=None if on_epoch is None else lambda epoch, record: on_epoch(epoch, self, record),
         )
-        if stopping.keep_within is not None:  # the pass the default rule keeps, for side-by-side evaluation
-            self.first_plateau_ = passes.first_plateau
-        self.history_, self.best_epoch_ = passes.history, passes.best_epoch
-        self.epochs_run_ = int(passes.history[-1]["epoch"])
+        self.epochs_run_ = int(self.history_[-1]["epoch"])
         self.serves_ = "rtf"
         self._keep_posts(data, posts)
         return self
@@ -468,7 +341,7 @@ class RTF(Estimator):
         self.item_factors_ = np.zeros((len(data.items), 1), dtype=np.float32)
         self.tag_factors_ = np.zeros((len(data.tags), 1), dtype=np.float32)
         self.users_, self.items_, self.tags_ = data.users, data.items, data.tags
-        self.history_, self.best_epoch_, self.epochs_run_ = [], 0, 0
+        self.history_, self.epochs_run_ = [], 0
         self.serves_ = "pop-mix"
         self._keep_posts(data, Posts(*group_posts(data.user, data.item, data.tag)))
         return self
@@ -487,13 +360,10 @@ class RTF(Estimator):
 
     # ------------------------------------------------------------ artifact
     def _artifact_metrics(self) -> dict[str, float]:
-        """Training figures of the kept pass."""
-        metrics = {"epochs": float(self.epochs_run_), "best_epoch": float(self.best_epoch_)}
+        """Training figures of the last pass, whose parameters it holds (``best_epoch``: that pass)."""
+        metrics = {"epochs": float(self.epochs_run_), "best_epoch": float(self.epochs_run_)}
         if self.history_:
-            best = next((h for h in self.history_ if h["epoch"] == self.best_epoch_), self.history_[-1])
-            metrics["train_auc"] = best["train_auc"]
-            if "val_auc" in best:
-                metrics["validation_auc"] = best["val_auc"]
+            metrics["train_auc"] = self.history_[-1]["train_auc"]
         return metrics
 
     def to_artifact(self, mix_weight: float = 0.5) -> Artifact:
@@ -551,14 +421,3 @@ class RTF(Estimator):
             },
             data_fingerprint=self.fingerprint_,
         )
-
-
-def _subset_posts(tag_indptr: np.ndarray, tags: np.ndarray, rows: np.ndarray):
-    """The (indptr, tags) CSR of a subset of posts, in ``rows`` order."""
-    lengths = tag_indptr[rows + 1] - tag_indptr[rows]
-    indptr = np.zeros(rows.size + 1, dtype=np.int64)
-    indptr[1:] = np.cumsum(lengths)
-    out = np.empty(int(indptr[-1]), dtype=tags.dtype)
-    for k, p in enumerate(rows):
-        out[indptr[k] : indptr[k + 1]] = tags[tag_indptr[p] : tag_indptr[p + 1]]
-    return indptr, out

@@ -22,6 +22,7 @@ from ordrec.trainer.models.selection import grid_points, significant_gain
 
 if TYPE_CHECKING:
     from ordrec.trainer.models.rtf import RTF
+    from ordrec.trainer.models.rtf_stopping import EarlyStoppedRTF
 
 MAX_N = 10
 MIX_GRID = tuple(round(0.1 * k, 1) for k in range(11))
@@ -152,6 +153,19 @@ def validation_carve(data: TagAssignments, seed: int):
     return data, fit_part, held
 
 
+def unfitted_copy(estimator: Any, settings: Mapping[str, Any]) -> Any:
+    """An unfitted copy of ``estimator`` (an RTF, or a wrapper of one) whose RTF takes ``settings``."""
+    params = estimator.get_params()
+    if "estimator" in params:  # a wrapper: the same wrapper around a copy of its estimator
+        return type(estimator)(**dict(params, estimator=unfitted_copy(params["estimator"], settings)))
+    return type(estimator)(**params).set_params(**settings)
+
+
+def kept_pass(fitted: Any) -> int:
+    """The pass whose parameters a fitted RTF (or early-stopped one) holds."""
+    return int(getattr(fitted, "best_epoch_", fitted.epochs_run_))
+
+
 DEFAULT_GRID: dict[str, tuple] = {"n_components": (16, 64), "reg": (1e-4, 1e-3)}
 SEARCH_CONSTRAINTS: dict[str, list] = {
     "margin": [Interval(Real, None, None)],
@@ -171,8 +185,9 @@ class RTFGridSearch:
 
     Parameters
     ----------
-    estimator : RTF
-        The settings every candidate shares (its ``random_state`` also seeds the carve).
+    estimator : RTF or EarlyStoppedRTF
+        The settings every candidate shares (the RTF's ``random_state`` also seeds the carve);
+        each candidate is an unfitted copy with the grid point's RTF parameters.
     param_grid : mapping of str to sequence, default {"n_components": (16, 64), "reg": (1e-4, 1e-3)}
         Candidate values per RTF parameter; every combination is a candidate (ties: the first).
     margin : float, default 0.0
@@ -185,7 +200,7 @@ class RTFGridSearch:
 
     def __init__(
         self,
-        estimator: RTF,
+        estimator: RTF | EarlyStoppedRTF,
         param_grid: Mapping[str, Sequence[Any]] | None = None,
         *,
         margin: float = 0.0,
@@ -216,13 +231,13 @@ class RTFGridSearch:
         """Every point of the grid, in grid order (the last parameter varies fastest)."""
         return grid_points(self.param_grid)
 
-    def _candidate(self, point: Mapping[str, Any]) -> RTF:
+    def _candidate(self, point: Mapping[str, Any]) -> Any:
         """An unfitted copy of ``estimator`` at one grid point (a number stays a plain int or float)."""
         settings = {
             k: int(v) if isinstance(v, Integral) else float(v) if isinstance(v, Real) else v
             for k, v in point.items()
         }
-        return type(self.estimator)(**self.estimator.get_params()).set_params(**settings)
+        return unfitted_copy(self.estimator, settings)
 
     def fit(self, data: TagAssignments) -> RTFGridSearch:
         """Score the grid on carved posts, then refit the winner on all of ``data`` or keep ``pop-mix``."""
@@ -248,14 +263,14 @@ class RTFGridSearch:
     def _score_grid(self, data: TagAssignments) -> tuple[list[tuple[dict, np.ndarray, int]], np.ndarray]:
         """Each candidate's per-post F1 on the carved posts (and its kept pass), and ``pop-mix``'s
         at the item weight that scores best there (``mix_weight_``)."""
-        data, fit_part, held = validation_carve(data, int(self.estimator.random_state))
+        data, fit_part, held = validation_carve(data, int(self.estimator.random_state))  # the RTF's seed
         scored = []
         for point in self.candidates():
             est = self._candidate(point).fit(fit_part)
             index = RTFIndex.from_artifact(est.to_artifact())
             posts = HeldOutPosts(data, held, index)  # every candidate has fit_part's id maps
             per_post = per_list_f1(served_lists(index, posts), posts.truth, MAX_N).mean(axis=1)
-            scored.append((point, per_post, int(est.best_epoch_)))
+            scored.append((point, per_post, kept_pass(est)))
         self.mix_weight_ = best_mix_weight(index, posts)
         mix_lists = popularity_lists(index, posts, "pop-mix", self.mix_weight_)
         return scored, per_list_f1(mix_lists, posts.truth, MAX_N).mean(axis=1)

@@ -284,7 +284,7 @@ def fit_and_score(problem: Problem, method: str, params: dict, dim: int, seed: i
     """Fit KNNSCAL with ``params`` (flat, as a job table gives them) and score its map through the serving index."""
     t0 = time.perf_counter()
     pipeline = configure("knnscal", dict(params, n_components=dim, random_state=seed, verbose=verbose))
-    est = pipeline.fit(problem.graph, check_memory=False).estimator.estimator_
+    est = pipeline.fit(problem.graph, check_memory=False).estimator.best_estimator_  # the served map
     fit_s = time.perf_counter() - t0
     index = KNNSCALIndex.from_artifact(pipeline.to_artifact())
     index.smoke()

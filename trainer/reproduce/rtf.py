@@ -37,6 +37,7 @@ from ordrec.service.indices.models.rtf import RTFIndex
 from ordrec.service.indices.topk import top_k
 from ordrec.trainer.data.types import TagAssignments
 from ordrec.trainer.evaluation.metrics import list_metrics
+from ordrec.trainer.models.pipeline import configure, flat_constraints, wrapper
 from ordrec.trainer.models.rtf import RTF, group_posts
 from ordrec.trainer.models.rtf_selection import (
     DEFAULT_GRID,
@@ -45,11 +46,13 @@ from ordrec.trainer.models.rtf_selection import (
     HeldOutPosts,
     RTFGridSearch,
     best_mix_weight,
+    kept_pass,
     leave_one_post_out,
     popularity_lists,
     served_lists,
     validation_carve,
 )
+from ordrec.trainer.models.rtf_stopping import EarlyStoppedRTF
 from ordrec.trainer.reproduce.params import add_param_flags, given_params
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
@@ -71,8 +74,8 @@ DEFAULT_PER_DIMS = ("64:reg_tags=3e-6",)
 PAPER_AUC = {8: 0.993, 64: 0.995}
 
 
-# RTF parameters the protocol takes as flags of the same names (--learning-rate, --max-iter, ...);
-# n_components is --n-components, a list (one fit per value).
+# RTF's flat settings (its own and its early stopping's) the protocol takes as flags of the same
+# names (--learning-rate, --max-iter, ...); n_components is --n-components, a list (one fit per value).
 PARAM_FLAGS = (
     "learning_rate",
     "learning_rate_decay",
@@ -120,7 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--n-components", default="8,16,32,64", help="comma-separated RTF dims, one fit each ('' for none)"
     )
-    add_param_flags(parser, RTF.flat_constraints(), PARAM_FLAGS, PARAM_HELP)
+    add_param_flags(parser, flat_constraints("rtf"), PARAM_FLAGS, PARAM_HELP)
     parser.add_argument(
         "--keep-within",
         type=_keep_within_flag,
@@ -166,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def parse_per_dims(specs: list[str]) -> dict[int, dict[str, float]]:
     """``["64:reg_core=1e-6,learning_rate=0.25"]`` -> ``{64: {"reg_core": 1e-6, "learning_rate": 0.25}}``
     (keys: RTF's flat settings, its early-stopping fields included)."""
-    defaults = RTF().flat_params()
+    defaults = dict(RTF().get_params(), **wrapper("rtf", "early_stopping").recorded({}))
     allowed = set(defaults) - {"n_components", "random_state", "verbose", "dtype"}
     out: dict[int, dict[str, float]] = {}
     for spec in specs:
@@ -234,10 +237,11 @@ def evaluate_rtf(index: RTFIndex, tests: HeldOutPosts) -> dict[str, float]:
     return out
 
 
-def evaluate_first_pass(est: RTF, core: TagAssignments, test) -> dict[str, float]:
-    """``evaluate_rtf`` at the pass the default stopping rule keeps (``est.first_plateau_``),
-    through its own serving index; ``est`` is left as it was."""
-    epoch, params = est.first_plateau_
+def evaluate_first_pass(stopped: EarlyStoppedRTF, core: TagAssignments, test) -> dict[str, float]:
+    """``evaluate_rtf`` at the pass the default stopping rule keeps (``stopped.first_plateau_``),
+    through its own serving index; the fitted model is left as it was."""
+    epoch, params = stopped.first_plateau_
+    est = stopped.estimator_
     live = (est.core_, est.user_factors_, est.item_factors_, est.tag_factors_)
     est.core_, est.user_factors_, est.item_factors_, est.tag_factors_ = params
     try:
@@ -285,10 +289,7 @@ def choose_mix_weight(train: TagAssignments, seed: int, grid: tuple[float, ...] 
     used, so the counting code is the one that serves.
     """
     train, fit_part, val = validation_carve(train, seed)
-    no_stop = {"validation_posts": 0}
-    est = RTF(n_components=1, max_iter=1, early_stopping=no_stop, random_state=seed, verbose=False).fit(
-        fit_part
-    )
+    est = RTF(n_components=1, max_iter=1, random_state=seed, verbose=False).fit(fit_part)
     index = RTFIndex.from_artifact(est.to_artifact())
     return best_mix_weight(index, HeldOutPosts(train, val, index), grid)
 
@@ -372,7 +373,7 @@ def _fit_settings(args: argparse.Namespace, dims: int) -> dict:
 
 def _shared_settings(args: argparse.Namespace) -> dict:
     """RTF's settings for every dims: the protocol's, then those given on the command line."""
-    given = given_params(args, "RTF", RTF.flat_constraints(), PARAM_FLAGS)
+    given = given_params(args, "RTF", flat_constraints("rtf"), PARAM_FLAGS)
     return dict(
         PROTOCOL_PARAMS, keep_within=getattr(args, "keep_within", PROTOCOL_PARAMS["keep_within"]), **given
     )
@@ -407,7 +408,8 @@ def _measure_rtf(args: argparse.Namespace, split: Split, dims: int, per_method: 
     """Fit RTF-dims on the split and record it (and its first pass when asked); returns its index and posts."""
     core, test, run_no = split.core, split.test, split.run_no
     settings = _fit_settings(args, dims)
-    est = RTF.from_flat(n_components=dims, random_state=split.seed, verbose=not args.quiet, **settings)
+    flat = dict(settings, n_components=dims, random_state=split.seed, verbose=not args.quiet)
+    est = configure("rtf", flat).estimator
     index, tests, metrics, seconds = _fit_and_serve(est, split)
     _record(per_method, f"RTF-{dims}", metrics)
     if getattr(args, "compare_first_pass", False) and getattr(est, "first_plateau_", None):
@@ -429,7 +431,7 @@ def _measure_rtf(args: argparse.Namespace, split: Split, dims: int, per_method: 
     return index, tests
 
 
-def _fit_and_serve(est: RTF | RTFGridSearch, split: Split):
+def _fit_and_serve(est: EarlyStoppedRTF | RTFGridSearch, split: Split):
     """Fit ``est`` on the split's training posts, build its serving index, score the test posts through it."""
     started = time.perf_counter()
     est.fit(split.train)
@@ -442,7 +444,7 @@ def _fit_and_serve(est: RTF | RTFGridSearch, split: Split):
         train_seconds=seconds,
         epochs=float(served.epochs_run_),
         seconds_per_epoch=seconds / max(served.epochs_run_, 1),
-        kept_pass=float(served.best_epoch_),
+        kept_pass=float(kept_pass(served)),
     )
     return index, tests, metrics, seconds
 
@@ -453,7 +455,9 @@ def _measure_validated(args: argparse.Namespace, split: Split, per_method: dict)
         "n_components": tuple(int(x) for x in str(args.grid_n_components).split(",") if x.strip()),
         "reg": tuple(float(x) for x in str(args.grid_reg).split(",") if x.strip()),
     }
-    model = RTF.from_flat(random_state=split.seed, verbose=not args.quiet, **_shared_settings(args))
+    model = configure(
+        "rtf", dict(_shared_settings(args), random_state=split.seed, verbose=not args.quiet)
+    ).estimator
     est = RTFGridSearch(model, grid)
     index, tests, metrics, seconds = _fit_and_serve(est, split)
     rtf_f1, mix_f1, se = est.grid_val_f1_
