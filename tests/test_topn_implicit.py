@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -104,27 +105,42 @@ def test_coordinate_search_finds_a_separable_best_scoring_each_setting_once():
     assert fitted == len(calls) == len(set(calls)) < grid.size == 24
 
 
-def test_als_is_tuned_on_validation_and_never_sees_the_test_part(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("name", "grid"), [("als", topn.ALS_GRID), ("bpr", topn.BPR_GRID)])
+def test_implicit_references_are_tuned_on_validation_and_never_see_the_test_part(
+    tmp_path, monkeypatch, name, grid
+):
     given = []
 
-    def fake_als(train, seed, factors, regularization, alpha, iterations):
+    def fake_reference(train, seed, **setting):
         given.append({(int(u), int(i)) for u, i in zip(train.user, train.item)})
-        rng = np.random.default_rng([factors, int(alpha), iterations])  # a score for each setting
+        rng = np.random.default_rng(zlib.crc32(repr(setting).encode()))  # a score for each setting
         scores = rng.random(train.n_items)
         return lambda users: np.tile(scores, (users.size, 1))
 
-    monkeypatch.setattr(topn, "als_scores", fake_als)
-    monkeypatch.setattr(topn, "als_available", lambda: True)
+    monkeypatch.setattr(topn, f"{name}_scores", fake_reference)
+    monkeypatch.setattr(topn, "implicit_available", lambda: True)
     path = write_log(tmp_path / "clicks.csv")
     argv = ["reproduce", "topn", "--data", path, "--feedback", "implicit", "--split", "time"]
-    assert main([*argv, "--runs", "1", "--models", "", "--references", "als", "--quiet"]) == 0
+    assert main([*argv, "--runs", "1", "--models", "", "--references", name, "--quiet"]) == 0
     split = topn.make_split(read_input("ratings", path, feedback="implicit"), 0.2, 0.0, 0, "time")
     held_out = set(zip(split.test.user.tolist(), split.test.item.tolist()))
     training = set(zip(split.train.user.tolist(), split.train.item.tolist()))
     *tuning, final = given
-    assert 1 < len(tuning) < topn.ALS_GRID.size
+    assert 1 < len(tuning) < grid.size
     assert final == training  # the chosen setting is refitted on the whole training part
     assert all(fit < training and not fit & held_out for fit in tuning)  # validation carved from it
+
+
+def test_bpr_ranks_what_a_user_picks_above_the_other_groups_items():
+    pytest.importorskip("implicit")
+    data = picked_by_taste(seed=3)
+    train, test = split_ratings(data, 0.25, 0)
+    scores = topn.bpr_scores(train, 0, factors=8, learning_rate=0.05, regularization=0.01, iterations=60)
+    users = np.unique(test.user)
+    lists = topn.score_lists(scores(users), train, users, 10)
+    own_group = (lists >= 4) & (lists % 2 == users[:, None] % 2)
+    assert own_group.mean() > 0.9  # picks come from the user's own group (chance: about 0.5)
+    assert not np.isin(lists, np.arange(4)).any()  # the decoys are seen by everyone: never served
 
 
 # ------------------------------------------------------------------ end to end

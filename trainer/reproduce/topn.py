@@ -21,7 +21,9 @@ EASE (Steck 2019; its L2 weight chosen on a validation split carved from the
 training part only, the same way as the test split) and, when the
 ``baselines`` extra is installed, implicit's ALS (factors, regularization,
 confidence weight alpha and iterations chosen the same way, by coordinate
-ascent over :data:`ALS_GRID`: 96 settings, at most 19 of them fitted).
+ascent over :data:`ALS_GRID`: 96 settings, at most 19 of them fitted) and, on
+request (``--references ...,bpr``), implicit's BPR (factors, learning rate,
+regularization and iterations over :data:`BPR_GRID`, the same search).
 
 On interactions the models fit strength levels (``LevelMapping``): per run and
 model, the mapping and its number of levels (:data:`LEVEL_GRID`; for COE also
@@ -69,7 +71,11 @@ from ordrec.trainer.reproduce.report import Row, summarise
 
 DEFAULT_RUNS = 5
 DEFAULT_MODELS = ("dcr", "pairwise_dcr", "coe")
-REFERENCES = ("popularity", "ease", "als")
+#: The references a run can add, and those it adds unless ``--references`` says otherwise.
+REFERENCES = ("popularity", "ease", "als", "bpr")
+DEFAULT_REFERENCES = ("popularity", "ease", "als")
+#: The references implicit (the ``baselines`` extra) fits.
+IMPLICIT_REFERENCES = ("als", "bpr")
 METRICS = ("recall@10", "ndcg@10", "recall@20", "coverage@10", "popular_share@10")
 #: Reads interaction logs: the CLI gives it ``--feedback`` and ``--strength``.
 READS_INTERACTIONS = True
@@ -98,6 +104,16 @@ ALS_GRID = Grid(
     },
     {"factors": 128, "regularization": 0.1, "alpha": 10.0, "iterations": 15},
 )
+# 3 x 3 x 3 x 3 = 81 settings; coordinate ascent fits at most 1 + 2 x (2 + 2 + 2 + 2) = 17.
+BPR_GRID = Grid(
+    {
+        "factors": (64, 128, 256),
+        "learning_rate": (0.003, 0.01, 0.03),
+        "regularization": (0.0001, 0.001, 0.01),
+        "iterations": (25, 50, 100),
+    },
+    {"factors": 128, "learning_rate": 0.01, "regularization": 0.001, "iterations": 50},
+)
 SEARCH_SWEEPS = 2
 #: COE's weight of a stronger interaction's triples (``strength_power``), chosen beside the mapping.
 STRENGTH_POWERS = (0.0, 1.0)
@@ -119,7 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"comma-separated, of {', '.join(MODELS)} (the _paper ones: the papers' objectives)",
     )
     parser.add_argument(
-        "--references", default=",".join(REFERENCES), help="comma-separated, of " + ", ".join(REFERENCES)
+        "--references",
+        default=",".join(DEFAULT_REFERENCES),
+        help="comma-separated, of " + ", ".join(REFERENCES),
     )
     parser.add_argument(
         "--threshold",
@@ -303,8 +321,29 @@ def als_scores(
     return lambda users: user_factors[users] @ item_factors.T
 
 
-def als_available() -> bool:
-    """Whether implicit (the ``baselines`` extra) is installed."""
+def bpr_scores(
+    train: Ratings, seed: int, factors: int, learning_rate: float, regularization: float, iterations: int
+) -> Callable[[np.ndarray], np.ndarray]:
+    """implicit's BPR (Rendle et al. 2009; the ``baselines`` extra): every pick above a sampled
+    item the user did not pick, whatever its strength; one thread, so a seed gives one model."""
+    from implicit.cpu.bpr import BayesianPersonalizedRanking
+
+    model = BayesianPersonalizedRanking(
+        factors=factors,
+        learning_rate=learning_rate,
+        regularization=regularization,
+        iterations=iterations,
+        num_threads=1,
+        random_state=seed,
+    )
+    model.fit(interactions(train).astype(np.float32), show_progress=False)
+    # The item factors carry a bias column and the user factors a matching 1: a plain product.
+    user_factors, item_factors = np.asarray(model.user_factors), np.asarray(model.item_factors)
+    return lambda users: user_factors[users] @ item_factors.T
+
+
+def implicit_available() -> bool:
+    """Whether implicit (the ``baselines`` extra, for ALS and BPR) is installed."""
     return importlib.util.find_spec("implicit") is not None
 
 
@@ -312,6 +351,7 @@ def als_available() -> bool:
 TUNED = {
     "ease": (EASE_GRID, lambda data, setting, seed: ease_scores(data, setting["l2"])),
     "als": (ALS_GRID, lambda data, setting, seed: als_scores(data, seed, **setting)),
+    "bpr": (BPR_GRID, lambda data, setting, seed: bpr_scores(data, seed, **setting)),
 }
 
 
@@ -346,8 +386,8 @@ def reference_scorer(
     (carved as the test split was: ``by``)."""
     if name == "popularity":
         return popularity_scores(train)
-    if name == "als" and not als_available():
-        log("als: implicit is not installed (pip install 'ordrec[baselines]'); row skipped")
+    if name in IMPLICIT_REFERENCES and not implicit_available():
+        log(f"{name}: implicit is not installed (pip install 'ordrec[baselines]'); row skipped")
         return None
     grid, fit_one = TUNED[name]
     fit, val = split_ratings(train, 0.2, seed + 100, by)
