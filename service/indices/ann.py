@@ -57,6 +57,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -198,7 +199,28 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
 
 # What a published index's parameters record beside the structure's own: the recall the
 # calibration measured, and with "auto" both structures' calibration figures.
-_RECORDED = ("calibrated_recall", "compared", "build_seconds")
+_RECORDED = ("calibrated_recall", "compared", "build_seconds", "build_phases")
+# The figures of an "auto" trial that name its breadth (the rest: recall, cost, seconds).
+_BREADTH_FIGURES = ("ef_search", "nlist", "nprobe")
+
+
+class Phases:
+    """Wall and CPU seconds (all of this process's threads: faiss builds on every core) of the
+    named phases of a build, in order, as the manifest records them (``build_phases``)."""
+
+    def __init__(self) -> None:
+        self.taken: dict[str, dict[str, float]] = {}
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.taken[name] = {
+                "seconds": round(time.perf_counter() - wall, 2),
+                "cpu_seconds": round(time.process_time() - cpu, 2),
+            }
 
 
 def _default_structure(params: dict[str, Any]) -> str:
@@ -264,6 +286,7 @@ def write_index(
     params: dict[str, Any],
     queries: Queries | None = None,
     truth: list[np.ndarray] | None = None,
+    phases: Phases | None = None,
 ) -> str:
     """Build the index over ``vectors`` (rows are ids), write it to ``path`` and, when its
     breadth (``ef_search`` or ``nprobe``) is ``"auto"``, calibrate it in ``params``; with
@@ -285,21 +308,28 @@ def write_index(
         The calibration's queries.
     truth : list of ndarray or None, default None
         :func:`exact_tops` of ``queries`` at 10, when the caller has it already.
+    phases : Phases or None, default None
+        Where the build and the calibration record their seconds (``<structure> build``,
+        ``<structure> calibration``).
     """
     if params.get("structure") == AUTO:
         return write_cheaper(vectors, path, params, queries)
+    phases = phases or Phases()
     faiss = _faiss()
     _build_threads(faiss)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     kind = _kind(params)
-    faiss.write_index(kind.build(faiss, vectors, params), str(path))
+    structure = params.get("structure", "hnsw")
+    with phases.timed(f"{structure} build"):
+        faiss.write_index(kind.build(faiss, vectors, params), str(path))
     key = kind.breadth_param
     if params[key] == "auto":
         params[key] = kind.uncalibrated
         if queries is not None and len(queries.vectors):
-            entry = SearchIndex(kind.library, params, path=path)
-            search = AnnSearch.open(entry, vectors)
-            params[key], params["calibrated_recall"] = calibrate(search, queries, truth=truth)
+            with phases.timed(f"{structure} calibration"):
+                entry = SearchIndex(kind.library, params, path=path)
+                search = AnnSearch.open(entry, vectors)
+                params[key], params["calibrated_recall"] = calibrate(search, queries, truth=truth)
     return kind.library
 
 
@@ -316,22 +346,28 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
         params.update(graph)
         return library
     started = time.perf_counter()
+    phases = Phases()
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     figures: dict[str, dict[str, Any]] = {}
     trial_params: dict[str, dict[str, Any]] = {}
     # Both structures are calibrated against the same exact answers: computed once.
-    truth = exact_tops(vectors, queries, 10)
+    with phases.timed("exact tops"):
+        truth = exact_tops(vectors, queries, 10)
     for structure in AUTO_BUILD_ORDER:
-        left = params["budget_seconds"] - (time.perf_counter() - started)
-        predicted = STRUCTURES[structure].predicted_build_seconds(vectors, params)
-        if trial_params and predicted > left:
-            figures[structure] = {
-                "skipped": True,
-                "predicted_seconds": round(predicted, 1),
-                "left_seconds": round(left, 1),
-            }
-            continue
-        trial_params[structure], figures[structure] = _trial(vectors, path, structure, target, queries, truth)
+        if trial_params:  # the first structure is always built: nothing to compare it with yet
+            with phases.timed(f"{structure} prediction"):
+                predicted = STRUCTURES[structure].predicted_build_seconds(vectors, params)
+            left = params["budget_seconds"] - (time.perf_counter() - started)
+            if predicted > left:
+                figures[structure] = {
+                    "skipped": True,
+                    "predicted_seconds": round(predicted, 1),
+                    "left_seconds": round(left, 1),
+                }
+                continue
+        trial_params[structure], figures[structure] = _trial(
+            vectors, path, structure, target, queries, truth, phases
+        )
     chosen = cheaper({s: figures[s] for s in trial_params}, target)
     for structure in trial_params:
         trial_path = _trial_path(path, structure)
@@ -343,6 +379,7 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
     params.update(trial_params[chosen])
     params["compared"] = figures
     params["build_seconds"] = round(time.perf_counter() - started, 1)
+    params["build_phases"] = phases.taken
     return STRUCTURES[chosen].library
 
 
@@ -351,16 +388,23 @@ def _trial_path(path: Path, structure: str) -> Path:
 
 
 def _trial(
-    vectors: np.ndarray, path: Path, structure: str, target: float, queries: Queries, truth: list[np.ndarray]
+    vectors: np.ndarray,
+    path: Path,
+    structure: str,
+    target: float,
+    queries: Queries,
+    truth: list[np.ndarray],
+    phases: Phases,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One structure of an "auto" build, built and calibrated beside ``path``: its parameters
     and its :func:`calibration_figures`, with the seconds it took."""
     started = time.perf_counter()
     trial = build_params({"structure": structure, "recall_target": target})
     trial_path = _trial_path(path, structure)
-    library = write_index(vectors, trial_path, trial, queries, truth)
-    search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
-    figures = calibration_figures(search, queries)
+    library = write_index(vectors, trial_path, trial, queries, truth, phases)
+    with phases.timed(f"{structure} cost"):
+        search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
+        figures = calibration_figures(search, queries)
     figures["seconds"] = round(time.perf_counter() - started, 1)
     return trial, figures
 
@@ -415,9 +459,7 @@ def _describe_trial(structure: str, figures: dict[str, Any]) -> str:
             f"{structure} not built: predicted {figures.get('predicted_seconds', 0.0):.1f} s,"
             f" {figures.get('left_seconds', 0.0):.1f} s of the budget left"
         )
-    breadth = " ".join(
-        f"{k}={int(v)}" for k, v in sorted(figures.items()) if k not in ("recall", "us_per_query", "seconds")
-    )
+    breadth = " ".join(f"{k}={int(v)}" for k, v in sorted(figures.items()) if k in _BREADTH_FIGURES)
     recall, cost = figures.get("recall", 0.0), figures.get("us_per_query", 0.0)
     text = f"{structure} {breadth} recall {recall:.3f} {cost:.1f} us/query"
     return text + (f" {figures['seconds']:.1f} s" if "seconds" in figures else "")
