@@ -451,6 +451,11 @@ def describe_choice(library: str, params: dict[str, Any]) -> str:
     return text + (f" built in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "")
 
 
+def describe_params(params: dict[str, Any]) -> str:
+    """The parameters an index is about to be built with, as ``key=value`` pairs."""
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
 def _describe_trial(structure: str, figures: dict[str, Any]) -> str:
     """One structure of an "auto" choice: its breadth, recall, cost and build seconds, or why
     it was not built."""
