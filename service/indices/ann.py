@@ -55,10 +55,11 @@ a skipped one's prediction, are recorded in ``compared``.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -134,6 +135,9 @@ RERANK_FACTOR = 2
 _GROWTH = 4
 # ... up to this breadth; wider walks cost about what the exact pass does (docs/catalog.md).
 _MAX_EF = 4096
+# Search parameters each serving thread keeps (one per breadth it searched at; most calls
+# search at the calibrated breadth or one widened by a few exclusions).
+_PARAMS_KEPT_PER_THREAD = 32
 # Exclusions above this fraction of the catalogue go straight to the exact pass: a graph
 # search that must skip most of what it visits degrades towards a full scan anyway.
 MAX_EXCLUDED_FRACTION = 0.05
@@ -146,14 +150,22 @@ MIN_ELIGIBLE_FRACTION = 0.1
 Ranked = tuple[np.ndarray, np.ndarray]
 
 
+_loaded_faiss: Any = None
+
+
 def _faiss():
     # Imported on first use: a server without a large catalogue never loads faiss. Its OpenMP
     # threads sleep when idle unless told otherwise (read when faiss's libgomp loads): spinning
-    # threads on a busy machine made a PQ training 16x slower on 2 threads than on one.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import faiss
+    # threads on a busy machine made a PQ training 16x slower on 2 threads than on one. Kept
+    # once loaded: every search asks for it, and the environment and import lookups cost
+    # microseconds a call.
+    global _loaded_faiss
+    if _loaded_faiss is None:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        import faiss
 
-    return faiss
+        _loaded_faiss = faiss
+    return _loaded_faiss
 
 
 def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -670,6 +682,9 @@ class AnnSearch:
     # ... and the version's item factors as the graph's re-score reads them (file reads, not the
     # mapping: the graph itself is most of the memory, so the floats stay in the page cache).
     item_rows: FileRows
+    # Each serving thread's faiss search parameters by breadth, made once and reused (only the
+    # selector changes from call to call): making them costs more than scanning the lists.
+    _thread_params: threading.local = field(default_factory=threading.local, init=False, repr=False)
 
     @staticmethod
     def build(faiss, vectors: np.ndarray, params: dict[str, Any]) -> Any:
@@ -737,7 +752,8 @@ class AnnSearch:
                 f"{entry.path}: indexes {index.ntotal} x {index.d}, the items are {n_items} x {dim}"
             )
         # One thread per search (a request is one query; the server's processes are pinned
-        # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation.
+        # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation;
+        # for this thread: each thread that searches sets its own (_params_at).
         faiss.omp_set_num_threads(1)
         try:
             # The file says how it stores vectors (versions older than the storage parameter are flat).
@@ -827,9 +843,9 @@ class AnnSearch:
         fetch = self._candidates(want, excluded, left)
         breadth = self._first_breadth(excluded, widen, fetch, left)
         while breadth <= self.max_breadth:
-            scores, rows = self.index.search(
-                query, fetch, params=self._with_selector(self._search_params(faiss, breadth), selectors[-1])
-            )
+            params = self._params_at(faiss, breadth)
+            params.sel = selectors[-1]  # None: no exclusions; faiss's wrapper holds the selector
+            scores, rows = self.index.search(query, fetch, params=params)
             rows, scores = rows[0], scores[0]
             if (rows >= 0).all():  # faiss pads with -1 when the search found fewer eligible items
                 return self._exact_order(rows, query[0], want) if self.quantised else (rows, scores)
@@ -838,10 +854,20 @@ class AnnSearch:
             breadth = min(breadth * _GROWTH, self.max_breadth)
         return None
 
-    @staticmethod
-    def _with_selector(params, selector):
-        if selector is not None:
-            params.sel = selector
+    def _params_at(self, faiss, breadth: int):
+        """This thread's search parameters at ``breadth`` (a thread searches one query at a time,
+        so its parameters are never shared with a search in flight)."""
+        made = self._thread_params.__dict__
+        if not made:
+            # This thread's first search: one faiss thread per search (a request is one query,
+            # the server's processes one per core). OpenMP counts threads per calling thread, so
+            # :meth:`open`'s setting reached only the thread that opened the index.
+            faiss.omp_set_num_threads(1)
+        params = made.get(breadth)
+        if params is None:
+            params = self._search_params(faiss, breadth)
+            if len(made) < _PARAMS_KEPT_PER_THREAD:  # breadths widened by exclusions are many
+                made[breadth] = params
         return params
 
     def _candidates(self, want: int, excluded: int, left: int) -> int:
