@@ -423,7 +423,7 @@ def _trial(
 
 def _build_threads(faiss) -> None:
     """Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
-    an index for serving (AnnSearch.open) sets this process's faiss to one thread."""
+    or searching an index (AnnSearch) sets this thread's faiss to one thread."""
     faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
 
 
