@@ -857,17 +857,18 @@ class AnnSearch:
     def _params_at(self, faiss, breadth: int):
         """This thread's search parameters at ``breadth`` (a thread searches one query at a time,
         so its parameters are never shared with a search in flight)."""
-        made = self._thread_params.__dict__
-        if not made:
+        made: dict[int, Any] | None = getattr(self._thread_params, "by_breadth", None)
+        if made is None:
             # This thread's first search: one faiss thread per search (a request is one query,
             # the server's processes one per core). OpenMP counts threads per calling thread, so
             # :meth:`open`'s setting reached only the thread that opened the index.
             faiss.omp_set_num_threads(1)
+            made = self._thread_params.by_breadth = {}
         params = made.get(breadth)
         if params is None:
-            params = self._search_params(faiss, breadth)
-            if len(made) < _PARAMS_KEPT_PER_THREAD:  # breadths widened by exclusions are many
-                made[breadth] = params
+            if len(made) >= _PARAMS_KEPT_PER_THREAD:  # breadths widened by exclusions are many
+                made.pop(next(iter(made)))  # the longest kept
+            params = made[breadth] = self._search_params(faiss, breadth)
         return params
 
     def _candidates(self, want: int, excluded: int, left: int) -> int:
