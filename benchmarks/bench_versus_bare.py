@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -99,9 +100,15 @@ def rows_for(label: str, registry: Path, model: str, args: argparse.Namespace) -
     rows = []
     for run in range(1, args.runs + 1):
         start = time.perf_counter()
-        measured = versus_bare(registry, str(args.processes), args.rates, args, model=model)
-        print(f"  {label}, run {run}: measured in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         run_label = label if args.runs == 1 else f"{label}, run {run}"
+        try:
+            measured = versus_bare(registry, str(args.processes), args.rates, args, model=model)
+        except subprocess.CalledProcessError as exc:  # a load test that failed: say why, go on
+            why = (exc.stderr or "").strip().splitlines()[-1:] or [str(exc)]
+            print(f"  {run_label}: load test failed: {why[0]}", file=sys.stderr)
+            args.failures.append(f"{run_label}: load test failed: {why[0]}")
+            continue
+        print(f"  {run_label}: measured in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         rows += [(run_label, *row[1:]) for row in measured]
     return rows
 
@@ -178,6 +185,7 @@ def main() -> int:
     p.add_argument("--out", type=Path, help="also write the tables to this file")
     args = p.parse_args()
     args.rates = [float(x) for x in args.rates.split(",") if x]
+    args.failures = []
     args.server_args = [[]]  # versus_bare's ordrec variants: the server as deployed
     rows: list[tuple] = []
     heavy: list[tuple] = []
@@ -186,6 +194,7 @@ def main() -> int:
         rows.extend(rows_for(label, registry, model, args))
         if args.heavy:
             heavy.append(heavy_row(label, registry, model, args))
+        write_tables(rows, heavy, args, quiet=True)  # what is measured so far survives a later failure
 
     for catalogue in (c for c in args.catalogues.split(",") if c):
         root = Path(tempfile.mkdtemp(prefix="ordrec-versus-", dir=args.tmp))
@@ -217,14 +226,19 @@ def main() -> int:
     return 0
 
 
-def write_tables(rows: list[tuple], heavy: list[tuple], args: argparse.Namespace) -> None:
-    """The tables on stdout, and in ``args.out`` when given."""
+def write_tables(
+    rows: list[tuple], heavy: list[tuple], args: argparse.Namespace, quiet: bool = False
+) -> None:
+    """The tables (and any failed load test) in ``args.out`` when given, and on stdout unless
+    ``quiet``."""
     lines: list[str] = []
     print_table(rows, args, print=lines.append)
     if heavy:
         print_heavy(heavy, args, print=lines.append)
+    lines += [f"\n{failure}" for failure in args.failures]
     text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
+    if not quiet:
+        sys.stdout.write(text)
     if args.out is not None:
         args.out.write_text(text)
         print(f"tables written to {args.out}", file=sys.stderr)
