@@ -10,7 +10,8 @@
 #     python benchmarks/sparse_ratings.py /tmp/sparse.csv
 #     ordrec-train train dcr --data /tmp/sparse.csv --registry REG
 # RESULTS_FILE: where the tables go as well as stdout (default million-results.md).
-# About 10 minutes on an idle 2-core machine; the registries are temporary.
+# 932 s on the shared machine at load average 15-28 (a version too slow for the offered rate
+# waits out h2load's timeout on each such step); the registries are temporary.
 set -eu
 if [ $# -lt 1 ]; then
     echo "usage: $0 VERSION_DIR [RESULTS_FILE]" >&2
