@@ -7,7 +7,10 @@ over all the calls (the reply's bytes as the server sends them: ``recommend_wire
 best of ``--repeat`` rounds (CPU is what a loaded server pays).
 
     python benchmarks/bench_handler.py --registry REGISTRY [--model dcr] [--calls 5000] [--repeat 3]
-        [--unknown-users]
+        [--unknown-users] [--profile 25]
+
+``--profile K``: one more round under cProfile, its K most expensive functions by own time
+(where a call's CPU goes).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import cProfile  # noqa: E402
+import pstats  # noqa: E402
 import time  # noqa: E402
 
 from ordrec.service.config import DEFAULT_BATCH_MAX_SIZE  # noqa: E402
@@ -60,6 +65,9 @@ def main() -> int:
     p.add_argument(
         "--unknown-users", action="store_true", help="users the version has not seen: the fallback path"
     )
+    p.add_argument(
+        "--profile", type=int, default=0, help="print the K costliest functions of a profiled round"
+    )
     args = p.parse_args()
     metrics, store = loaded_store(args.registry, args.model)
     batcher = (
@@ -95,6 +103,10 @@ def main() -> int:
         f"{args.model:<10} {len(times):>6} {sum(times) / len(times) * 1e6:>8.1f} {pick(0.5):>7.1f}"
         f" {pick(0.99):>7.1f} {min(cpu) * 1e6:>7.1f}"
     )
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.runcall(lambda: [servicer.recommend_wire(r, context) for r in requests])
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
     return 0
 
 

@@ -53,6 +53,14 @@ def measured_recall(search: ann.AnnSearch, items: np.ndarray, queries: ann.Queri
     return hits / sum(t.size for t in truth), float(np.median(took) * 1e6)
 
 
+def print_phases(phases: dict[str, dict[str, float]], wall: float, cpu: float) -> None:
+    """The build's phases as the version records them (wall and CPU seconds of all threads)."""
+    print("\n| phase | wall s | CPU s |\n|---|---:|---:|")
+    for name, took in phases.items():
+        print(f"| {name} | {took['seconds']:.1f} | {took['cpu_seconds']:.1f} |")
+    print(f"| whole publish | {wall:.1f} | {cpu:.1f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--items", type=int, default=100_000)
@@ -73,7 +81,7 @@ def main() -> None:
     params = ann.build_params({"recall_target": args.recall_target, "budget_seconds": args.budget})
     with tempfile.TemporaryDirectory(prefix="ordrec-index-build-") as tmp:
         path = Path(tmp) / "items.index"
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         library = ann.write_index(items, path, params, calibration)
         wall = time.perf_counter() - start
         print(
@@ -87,12 +95,11 @@ def main() -> None:
                 why = f"no: predicted {f['predicted_seconds']} s, {f['left_seconds']} s left"
                 print(f"| {structure} | {why} | - | - | - | - |")
                 continue
-            breadth = ", ".join(
-                f"{k} {v}" for k, v in f.items() if k not in ("recall", "us_per_query", "seconds")
-            )
+            breadth = ", ".join(f"{k} {v}" for k, v in f.items() if k in ("ef_search", "nlist", "nprobe"))
             print(
                 f"| {structure} | yes | {f['seconds']} | {breadth} | {f['recall']:.3f} | {f['us_per_query']} |"
             )
+        print_phases(params.get("build_phases", {}), wall, time.process_time() - cpu)
         search = ann.AnnSearch.open(SearchIndex(library, params, path=path), items)
         recall, p50 = measured_recall(search, items, measured)
         print(

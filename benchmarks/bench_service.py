@@ -212,17 +212,36 @@ def versus_bare(
                 lambda: loadtest(proc, registry, "recommend", flag, 0, args.seconds, args.engine, "aligned"),
             )
             at = [
-                measured(
-                    proc,
-                    lambda rate=rate: loadtest(
-                        proc, registry, "recommend", flag, rate, args.seconds, args.engine, "staggered"
-                    ),
+                _unless_failed(
+                    lambda rate=rate: measured(
+                        proc,
+                        lambda: loadtest(
+                            proc, registry, "recommend", flag, rate, args.seconds, args.engine, "staggered"
+                        ),
+                    )
                 )
                 for rate in rates
             ]
         rows.append((processes, label, sat, at))
         print(f"  {processes} x {label}: saturated {sat['qps']:.0f} QPS", file=sys.stderr)
     return rows
+
+
+def _unless_failed(step) -> dict:
+    """A fixed-rate step's figures, or NaNs when its load test failed (a server slower than the
+    offered rate makes h2load time out): the rows measured so far still print."""
+    try:
+        return step()
+    except subprocess.CalledProcessError as exc:
+        why = (exc.stderr or "").strip().splitlines()[-1:] or [str(exc)]
+        print(f"  load test failed: {why[0][:300]}", file=sys.stderr)
+        return {
+            "qps": float("nan"),
+            "p50_ms": float("nan"),
+            "p99_ms": float("nan"),
+            "server_ms": float("nan"),
+            "errors": 0,
+        }
 
 
 def _at_cell(result: dict) -> str:

@@ -4,6 +4,7 @@ version, verified at load, and answering Recommend with exact scoring's semantic
 from __future__ import annotations
 
 import json
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -146,6 +147,43 @@ def test_no_excluded_item_and_n_results_whenever_n_are_eligible(served, user, n,
     many = served.recommend_many(np.array([user, user]), n, excludes=[exclude, None])
     np.testing.assert_array_equal(many[0][0], rows)
     assert many[1][0].size == min(n, N_ITEMS)
+
+
+def test_threads_searching_at_once_answer_as_one_thread_does_each_on_one_faiss_thread(served):
+    # A server's worker threads share one opened index. OpenMP counts threads per calling
+    # thread: a worker whose count is the core count must still search on one.
+    users = np.arange(0, N_USERS, 5)
+    alone = [served.recommend(int(u), 10, exclude=served.seen(int(u)))[0] for u in users]
+    answers: dict[int, list[np.ndarray]] = {}
+    threads_after: dict[int, int] = {}
+
+    def worker(k: int) -> None:
+        faiss.omp_set_num_threads(2)  # what a new thread inherits on a two-core machine
+        answers[k] = [served.recommend(int(u), 10, exclude=served.seen(int(u)))[0] for u in users]
+        threads_after[k] = faiss.omp_get_max_threads()
+
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    assert threads_after == {k: 1 for k in range(4)}
+    for k in range(4):
+        for got, want in zip(answers[k], alone):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_thread_makes_its_search_parameters_once_per_breadth(served, monkeypatch):
+    # Issue 45 item 3: faiss's parameter objects cost more to make than the search they steer.
+    made = []
+    for name in ("SearchParametersHNSW", "SearchParametersIVF"):
+        original = getattr(faiss, name)
+        monkeypatch.setattr(faiss, name, lambda original=original: made.append(1) or original())
+    first, _ = served.recommend(7, 10, exclude=served.seen(7))
+    for _ in range(20):
+        rows, _ = served.recommend(7, 10, exclude=served.seen(7))
+        np.testing.assert_array_equal(rows, first)
+    assert len(made) <= 2  # the first call's (graph; or lists and their centroids' walk), if any
 
 
 def test_the_graph_answers_small_exclusions_and_the_exact_pass_large_ones(served, monkeypatch):

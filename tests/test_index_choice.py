@@ -188,6 +188,31 @@ def test_the_graph_is_not_built_when_its_predicted_build_exceeds_the_budget_left
     assert rows.size == 10
 
 
+def test_the_auto_build_records_wall_and_cpu_seconds_of_each_phase(tmp_path):
+    # Issue 45 item 1: the version says where a publish's time went, each phase in order.
+    rng = np.random.default_rng(0)
+    items = rng.normal(size=(ann.GRAPH_PROBE_ITEMS + 2000, 8)).astype(np.float32)
+    queries = ann.Queries(rng.normal(size=(50, 8)).astype(np.float32))
+    params = ann.build_params({})
+    ann.write_index(items, tmp_path / "index", params, queries)
+    phases = params["build_phases"]
+    assert list(phases) == [
+        "exact tops",
+        "ivf build",
+        "ivf calibration",
+        "ivf cost",
+        "hnsw prediction",
+        "hnsw build",
+        "hnsw calibration",
+        "hnsw cost",
+    ]
+    for took in phases.values():
+        assert took["seconds"] >= 0.0 and took["cpu_seconds"] >= 0.0
+    assert sum(t["seconds"] for t in phases.values()) <= params["build_seconds"] + 0.05 * len(phases)
+    # The manifest keeps them (JSON) and the published parameters still pass the check.
+    assert ann.build_params(json.loads(json.dumps(params)))["build_phases"] == phases
+
+
 def test_predicted_graph_build_is_measured_only_above_the_sample():
     rng = np.random.default_rng(0)
     params = ann.build_params({})

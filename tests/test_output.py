@@ -83,6 +83,34 @@ def test_train_prints_metrics_and_versions_lists_them(sample_dir, tmp_path):
     assert tuned.startswith("tuning: kept defaults: nothing to tune")  # the settings given are kept
 
 
+def test_train_shows_the_fits_epochs_and_the_index_build(sample_dir, tmp_path):
+    # Issue 45: a fit and publish of minutes says what it is doing (plain lines off a terminal).
+    result = run_cli(
+        [
+            "ordrec.trainer",
+            "train",
+            "dcr",
+            "--data",
+            str(sample_dir / "ratings.data"),
+            "--registry",
+            str(tmp_path / "reg"),
+            "--set",
+            "n_components=2",
+            "--set",
+            "max_iter=2",
+            "--set",
+            "ann_min_items=1",
+        ]
+    )
+    version = Registry(tmp_path / "reg").load("dcr").version
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("DCR: 2/2 ") for line in lines), result.stderr
+    building = next(i for i, line in enumerate(lines) if "publishing: building index 'items'" in line)
+    published = next(i for i, line in enumerate(lines) if f"published version {version} in " in line)
+    chosen = next(i for i, line in enumerate(lines) if "index 'items': faiss-" in line)
+    assert building < published < chosen
+
+
 def test_manifest_writes_whole_numbers_as_integers(sample_dir, tmp_path):
     registry = tmp_path / "reg"
     run_cli(

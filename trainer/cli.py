@@ -183,6 +183,10 @@ def train_job(args: argparse.Namespace):
     name = validate_model_name(args.name or args.kind)
     params = parse_assignments(args.set or [])
     params.setdefault("random_state", args.seed)
+    if "verbose" in kind.estimator_class().param_names():
+        # One model fitted while someone waits: its epochs show (a bar on a terminal, plain lines
+        # every few seconds elsewhere); a job's config keeps them off unless it sets verbose.
+        params.setdefault("verbose", True)
     source = DataSource(
         name="train",
         path=Path(args.data),

@@ -75,7 +75,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ordrec.service.constraints import AT_LEAST_ONE, POSITIVE, Interval, ListOf, Matches, Options, problem
-from ordrec.service.indices.ann import calibration_warnings
+from ordrec.service.indices.ann import calibration_warnings, describe_choice, describe_params, library_of
 from ordrec.service.indices.models import kinds
 from ordrec.service.storage.artifact import Artifact, ArtifactError
 from ordrec.service.storage.names import validate_model_name
@@ -1017,7 +1017,15 @@ class JobRunner:
         artifact completed (:meth:`complete`), published atomically, then what follows it."""
         artifact = self.complete(model, fitted, scale)
         views = self._report(model, fitted.index) if kinds.get(model.kind).is_map else None
+        for name, entry in sorted(artifact.indexes.items()):  # minutes at 10^6 items: say so first
+            self.say(model.name, "publishing: building index %r (%s)", name, describe_params(entry.params))
+        started = time.perf_counter()
         version = self.registry.publish(model.name, artifact, keep=model.keep, views=views)
+        self.say(model.name, "published version %s in %.1f s", version, time.perf_counter() - started)
+        for name, entry in sorted(artifact.indexes.items()):
+            self.say(
+                model.name, "index %r: %s", name, describe_choice(library_of(entry.params), entry.params)
+            )
         for warning in calibration_warnings(artifact.indexes):
             self.say(model.name, "version %s: %s", version, warning, level=logging.WARNING)
         if feed is not None:

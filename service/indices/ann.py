@@ -55,9 +55,11 @@ a skipped one's prediction, are recorded in ``compared``.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -133,6 +135,9 @@ RERANK_FACTOR = 2
 _GROWTH = 4
 # ... up to this breadth; wider walks cost about what the exact pass does (docs/catalog.md).
 _MAX_EF = 4096
+# Search parameters each serving thread keeps (one per breadth it searched at; most calls
+# search at the calibrated breadth or one widened by a few exclusions).
+_PARAMS_KEPT_PER_THREAD = 32
 # Exclusions above this fraction of the catalogue go straight to the exact pass: a graph
 # search that must skip most of what it visits degrades towards a full scan anyway.
 MAX_EXCLUDED_FRACTION = 0.05
@@ -145,14 +150,22 @@ MIN_ELIGIBLE_FRACTION = 0.1
 Ranked = tuple[np.ndarray, np.ndarray]
 
 
+_loaded_faiss: Any = None
+
+
 def _faiss():
     # Imported on first use: a server without a large catalogue never loads faiss. Its OpenMP
     # threads sleep when idle unless told otherwise (read when faiss's libgomp loads): spinning
-    # threads on a busy machine made a PQ training 16x slower on 2 threads than on one.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import faiss
+    # threads on a busy machine made a PQ training 16x slower on 2 threads than on one. Kept
+    # once loaded: every search asks for it, and the environment and import lookups cost
+    # microseconds a call.
+    global _loaded_faiss
+    if _loaded_faiss is None:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        import faiss
 
-    return faiss
+        _loaded_faiss = faiss
+    return _loaded_faiss
 
 
 def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -198,7 +211,28 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
 
 # What a published index's parameters record beside the structure's own: the recall the
 # calibration measured, and with "auto" both structures' calibration figures.
-_RECORDED = ("calibrated_recall", "compared", "build_seconds")
+_RECORDED = ("calibrated_recall", "compared", "build_seconds", "build_phases")
+# The figures of an "auto" trial that name its breadth (the rest: recall, cost, seconds).
+_BREADTH_FIGURES = ("ef_search", "nlist", "nprobe")
+
+
+class Phases:
+    """Wall and CPU seconds (all of this process's threads: faiss builds on every core) of the
+    named phases of a build, in order, as the manifest records them (``build_phases``)."""
+
+    def __init__(self) -> None:
+        self.taken: dict[str, dict[str, float]] = {}
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.taken[name] = {
+                "seconds": round(time.perf_counter() - wall, 2),
+                "cpu_seconds": round(time.process_time() - cpu, 2),
+            }
 
 
 def _default_structure(params: dict[str, Any]) -> str:
@@ -264,6 +298,7 @@ def write_index(
     params: dict[str, Any],
     queries: Queries | None = None,
     truth: list[np.ndarray] | None = None,
+    phases: Phases | None = None,
 ) -> str:
     """Build the index over ``vectors`` (rows are ids), write it to ``path`` and, when its
     breadth (``ef_search`` or ``nprobe``) is ``"auto"``, calibrate it in ``params``; with
@@ -285,21 +320,28 @@ def write_index(
         The calibration's queries.
     truth : list of ndarray or None, default None
         :func:`exact_tops` of ``queries`` at 10, when the caller has it already.
+    phases : Phases or None, default None
+        Where the build and the calibration record their seconds (``<structure> build``,
+        ``<structure> calibration``).
     """
     if params.get("structure") == AUTO:
         return write_cheaper(vectors, path, params, queries)
+    phases = phases or Phases()
     faiss = _faiss()
     _build_threads(faiss)
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     kind = _kind(params)
-    faiss.write_index(kind.build(faiss, vectors, params), str(path))
+    structure = params.get("structure", "hnsw")
+    with phases.timed(f"{structure} build"):
+        faiss.write_index(kind.build(faiss, vectors, params), str(path))
     key = kind.breadth_param
     if params[key] == "auto":
         params[key] = kind.uncalibrated
         if queries is not None and len(queries.vectors):
-            entry = SearchIndex(kind.library, params, path=path)
-            search = AnnSearch.open(entry, vectors)
-            params[key], params["calibrated_recall"] = calibrate(search, queries, truth=truth)
+            with phases.timed(f"{structure} calibration"):
+                entry = SearchIndex(kind.library, params, path=path)
+                search = AnnSearch.open(entry, vectors)
+                params[key], params["calibrated_recall"] = calibrate(search, queries, truth=truth)
     return kind.library
 
 
@@ -316,22 +358,28 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
         params.update(graph)
         return library
     started = time.perf_counter()
+    phases = Phases()
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     figures: dict[str, dict[str, Any]] = {}
     trial_params: dict[str, dict[str, Any]] = {}
     # Both structures are calibrated against the same exact answers: computed once.
-    truth = exact_tops(vectors, queries, 10)
+    with phases.timed("exact tops"):
+        truth = exact_tops(vectors, queries, 10)
     for structure in AUTO_BUILD_ORDER:
-        left = params["budget_seconds"] - (time.perf_counter() - started)
-        predicted = STRUCTURES[structure].predicted_build_seconds(vectors, params)
-        if trial_params and predicted > left:
-            figures[structure] = {
-                "skipped": True,
-                "predicted_seconds": round(predicted, 1),
-                "left_seconds": round(left, 1),
-            }
-            continue
-        trial_params[structure], figures[structure] = _trial(vectors, path, structure, target, queries, truth)
+        if trial_params:  # the first structure is always built: nothing to compare it with yet
+            with phases.timed(f"{structure} prediction"):
+                predicted = STRUCTURES[structure].predicted_build_seconds(vectors, params)
+            left = params["budget_seconds"] - (time.perf_counter() - started)
+            if predicted > left:
+                figures[structure] = {
+                    "skipped": True,
+                    "predicted_seconds": round(predicted, 1),
+                    "left_seconds": round(left, 1),
+                }
+                continue
+        trial_params[structure], figures[structure] = _trial(
+            vectors, path, structure, target, queries, truth, phases
+        )
     chosen = cheaper({s: figures[s] for s in trial_params}, target)
     for structure in trial_params:
         trial_path = _trial_path(path, structure)
@@ -343,6 +391,7 @@ def write_cheaper(vectors: np.ndarray, path: Path, params: dict[str, Any], queri
     params.update(trial_params[chosen])
     params["compared"] = figures
     params["build_seconds"] = round(time.perf_counter() - started, 1)
+    params["build_phases"] = phases.taken
     return STRUCTURES[chosen].library
 
 
@@ -351,23 +400,30 @@ def _trial_path(path: Path, structure: str) -> Path:
 
 
 def _trial(
-    vectors: np.ndarray, path: Path, structure: str, target: float, queries: Queries, truth: list[np.ndarray]
+    vectors: np.ndarray,
+    path: Path,
+    structure: str,
+    target: float,
+    queries: Queries,
+    truth: list[np.ndarray],
+    phases: Phases,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One structure of an "auto" build, built and calibrated beside ``path``: its parameters
     and its :func:`calibration_figures`, with the seconds it took."""
     started = time.perf_counter()
     trial = build_params({"structure": structure, "recall_target": target})
     trial_path = _trial_path(path, structure)
-    library = write_index(vectors, trial_path, trial, queries, truth)
-    search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
-    figures = calibration_figures(search, queries)
+    library = write_index(vectors, trial_path, trial, queries, truth, phases)
+    with phases.timed(f"{structure} cost"):
+        search = AnnSearch.open(SearchIndex(library, trial, path=trial_path), vectors)
+        figures = calibration_figures(search, queries)
     figures["seconds"] = round(time.perf_counter() - started, 1)
     return trial, figures
 
 
 def _build_threads(faiss) -> None:
     """Build on every core unless OMP_NUM_THREADS says otherwise; set explicitly because opening
-    an index for serving (AnnSearch.open) sets this process's faiss to one thread."""
+    or searching an index (AnnSearch) sets this thread's faiss to one thread."""
     faiss.omp_set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or 0) or os.cpu_count() or 1)
 
 
@@ -407,6 +463,11 @@ def describe_choice(library: str, params: dict[str, Any]) -> str:
     return text + (f" built in {seconds:.1f} s" if isinstance(seconds, (int, float)) else "")
 
 
+def describe_params(params: dict[str, Any]) -> str:
+    """The parameters an index is about to be built with, as ``key=value`` pairs."""
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
 def _describe_trial(structure: str, figures: dict[str, Any]) -> str:
     """One structure of an "auto" choice: its breadth, recall, cost and build seconds, or why
     it was not built."""
@@ -415,9 +476,7 @@ def _describe_trial(structure: str, figures: dict[str, Any]) -> str:
             f"{structure} not built: predicted {figures.get('predicted_seconds', 0.0):.1f} s,"
             f" {figures.get('left_seconds', 0.0):.1f} s of the budget left"
         )
-    breadth = " ".join(
-        f"{k}={int(v)}" for k, v in sorted(figures.items()) if k not in ("recall", "us_per_query", "seconds")
-    )
+    breadth = " ".join(f"{k}={int(v)}" for k, v in sorted(figures.items()) if k in _BREADTH_FIGURES)
     recall, cost = figures.get("recall", 0.0), figures.get("us_per_query", 0.0)
     text = f"{structure} {breadth} recall {recall:.3f} {cost:.1f} us/query"
     return text + (f" {figures['seconds']:.1f} s" if "seconds" in figures else "")
@@ -623,6 +682,9 @@ class AnnSearch:
     # ... and the version's item factors as the graph's re-score reads them (file reads, not the
     # mapping: the graph itself is most of the memory, so the floats stay in the page cache).
     item_rows: FileRows
+    # Each serving thread's faiss search parameters by breadth, made once and reused (only the
+    # selector changes from call to call): making them costs more than scanning the lists.
+    _thread_params: threading.local = field(default_factory=threading.local, init=False, repr=False)
 
     @staticmethod
     def build(faiss, vectors: np.ndarray, params: dict[str, Any]) -> Any:
@@ -690,7 +752,8 @@ class AnnSearch:
                 f"{entry.path}: indexes {index.ntotal} x {index.d}, the items are {n_items} x {dim}"
             )
         # One thread per search (a request is one query; the server's processes are pinned
-        # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation.
+        # one per core), also where OMP_NUM_THREADS is not set, as in the trainer's evaluation;
+        # for this thread: each thread that searches sets its own (_params_at).
         faiss.omp_set_num_threads(1)
         try:
             # The file says how it stores vectors (versions older than the storage parameter are flat).
@@ -780,9 +843,9 @@ class AnnSearch:
         fetch = self._candidates(want, excluded, left)
         breadth = self._first_breadth(excluded, widen, fetch, left)
         while breadth <= self.max_breadth:
-            scores, rows = self.index.search(
-                query, fetch, params=self._with_selector(self._search_params(faiss, breadth), selectors[-1])
-            )
+            params = self._params_at(faiss, breadth)
+            params.sel = selectors[-1]  # None: no exclusions; faiss's wrapper holds the selector
+            scores, rows = self.index.search(query, fetch, params=params)
             rows, scores = rows[0], scores[0]
             if (rows >= 0).all():  # faiss pads with -1 when the search found fewer eligible items
                 return self._exact_order(rows, query[0], want) if self.quantised else (rows, scores)
@@ -791,10 +854,21 @@ class AnnSearch:
             breadth = min(breadth * _GROWTH, self.max_breadth)
         return None
 
-    @staticmethod
-    def _with_selector(params, selector):
-        if selector is not None:
-            params.sel = selector
+    def _params_at(self, faiss, breadth: int):
+        """This thread's search parameters at ``breadth`` (a thread searches one query at a time,
+        so its parameters are never shared with a search in flight)."""
+        made: dict[int, Any] | None = getattr(self._thread_params, "by_breadth", None)
+        if made is None:
+            # This thread's first search: one faiss thread per search (a request is one query,
+            # the server's processes one per core). OpenMP counts threads per calling thread, so
+            # :meth:`open`'s setting reached only the thread that opened the index.
+            faiss.omp_set_num_threads(1)
+            made = self._thread_params.by_breadth = {}
+        params = made.get(breadth)
+        if params is None:
+            if len(made) >= _PARAMS_KEPT_PER_THREAD:  # breadths widened by exclusions are many
+                made.pop(next(iter(made)))  # the longest kept
+            params = made[breadth] = self._search_params(faiss, breadth)
         return params
 
     def _candidates(self, want: int, excluded: int, left: int) -> int:
