@@ -33,6 +33,7 @@ def test_dcr_takes_its_parameters_its_model_selection_and_its_serving_choices_by
         "tune_split",
         "tune_keep",
         "tune_confidence",
+        "tune_min_users",
     ]
     assert accepted_params("coe") == COE.param_names() + list(COESolver.field_names()) + tuning
 

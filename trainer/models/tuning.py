@@ -211,8 +211,10 @@ class SettingsTuner:
         """Fit the defaults on ``data``, search within the budget, keep or refit the best."""
         self._validate_params()
         self._started = time.perf_counter()
-        self.strength_ = data.strength if data.implicit else None
-        space = search_space(self.estimator, data, tuple(self.keep))
+        # Only ratings and interactions have rows to hold out (not COE's similarity triples).
+        ratings = isinstance(data, Ratings)
+        self.strength_ = data.strength if ratings and data.implicit else None
+        space = search_space(self.estimator, data, tuple(self.keep)) if ratings else {}
         defaults = {axis: values[0] for axis, values in space.items()}
         self._results: list[dict[str, Any]] = []
         self._defaults, self._rows, self._rate = defaults, max(len(data), 1), 0.0
