@@ -53,7 +53,9 @@ def fits(monkeypatch) -> list[set]:
 def test_the_tuner_fits_only_on_the_data_it_is_given_and_validates_on_its_own_stream(fits):
     data = random_ratings(1, n_users=40, n_items=30, per_user=12)
     given, outside = split_ratings(data, 0.25, 5)
-    tuner = SettingsTuner(DCR(n_components=2, max_iter=3, random_state=7), budget_seconds=300, min_users=0).fit(given)
+    tuner = SettingsTuner(
+        DCR(n_components=2, max_iter=3, random_state=7), budget_seconds=300, min_users=0
+    ).fit(given)
     fit_part, _ = split_ratings(given, 0.2, stream(7, "tuning"))
     assert len(fits) >= 3 and fits[0] == pairs(given)  # the defaults, on all it was given
     refit = fits[-1] if tuner.cv_results_["status"][-1] == "refitted on all the data" else None
@@ -69,7 +71,9 @@ def test_the_defaults_come_first_and_are_kept_when_nothing_beats_them(fits):
     user = np.repeat(np.arange(20), 9)
     item = np.concatenate([np.sort(rng.choice(10, 9, replace=False)) for _ in range(20)])
     data = make_ratings(user, item, rng.integers(1, 6, user.size), 20, 10)
-    tuner = SettingsTuner(DCR(n_components=3, max_iter=4, unrated_share=0.5), budget_seconds=300, min_users=0).fit(data)
+    tuner = SettingsTuner(
+        DCR(n_components=3, max_iter=4, unrated_share=0.5), budget_seconds=300, min_users=0
+    ).fit(data)
     results = tuner.cv_results_
     assert results["params"][0] == {"n_components": 3, "unrated_share": 0.5, "max_iter": 4}
     scored = [s for s in results["validation_recall_at_10"] if s is not None]
@@ -102,7 +106,9 @@ def test_a_candidate_predicted_beyond_the_budget_is_skipped(fits):
     # epochs are predicted beyond it and skipped, never fitted.
     data = grouped()
     for _ in range(2):  # the second fit is timed after any compilation the first did
-        first = SettingsTuner(DCR(n_components=4, max_iter=20), budget_seconds=0, min_users=0).fit(data).elapsed_
+        first = (
+            SettingsTuner(DCR(n_components=4, max_iter=20), budget_seconds=0, min_users=0).fit(data).elapsed_
+        )
     tuner = SettingsTuner(DCR(n_components=4, max_iter=20), budget_seconds=first * 4, min_users=0).fit(data)
     status = dict(zip(map(str, tuner.cv_results_["params"]), tuner.cv_results_["status"]))
     doubled = str({"n_components": 8, "unrated_share": 1.0, "max_iter": 20})
@@ -112,7 +118,10 @@ def test_a_candidate_predicted_beyond_the_budget_is_skipped(fits):
 
 
 def test_the_manifest_records_the_choice(tmp_path):
-    pipeline = configure("dcr", {"tune": True, "n_components": 1, "max_iter": 10, "tune_budget_seconds": 300, "tune_min_users": 0})
+    pipeline = configure(
+        "dcr",
+        {"tune": True, "n_components": 1, "max_iter": 10, "tune_budget_seconds": 300, "tune_min_users": 0},
+    )
     artifact = pipeline.fit(grouped()).to_artifact()
     Registry(tmp_path).publish("m", artifact)
     stored = Registry(tmp_path).load("m").hyperparameters
@@ -127,7 +136,16 @@ def test_the_manifest_records_the_choice(tmp_path):
 
 def test_train_tunes_by_default_and_versions_prints_the_choice(sample_dir, tmp_path, capsys):
     data = str(sample_dir / "ratings.data")
-    flags = ["--set", "max_iter=2", "--set", "n_components=2", "--set", "tune_budget_seconds=120", "--set", "tune_min_users=0"]
+    flags = [
+        "--set",
+        "max_iter=2",
+        "--set",
+        "n_components=2",
+        "--set",
+        "tune_budget_seconds=120",
+        "--set",
+        "tune_min_users=0",
+    ]
     assert main(["train", "dcr", "--data", data, "--registry", str(tmp_path), *flags]) == 0
     artifact = Registry(tmp_path).load("dcr")
     assert artifact.hyperparameters["tune"] is True
@@ -168,7 +186,17 @@ def write_plays(path, n_users=40, n_items=50, per_user=14, seed=0) -> str:
 @pytest.mark.parametrize("gate", [[], ["--gate"]])
 def test_train_on_interactions_chooses_the_levels_and_records_them(tmp_path, gate):
     data = write_plays(tmp_path / "plays.csv")
-    flags = ["--feedback", "implicit", "--set", "max_iter=30", "--set", "n_components=4", "--set", "tune_min_users=0", *gate]
+    flags = [
+        "--feedback",
+        "implicit",
+        "--set",
+        "max_iter=30",
+        "--set",
+        "n_components=4",
+        "--set",
+        "tune_min_users=0",
+        *gate,
+    ]
     assert main(["train", "coe", "--data", data, "--registry", str(tmp_path / "reg"), *flags]) == 0
     artifact = Registry(tmp_path / "reg").load("coe")
     tuning = artifact.hyperparameters["tuning"]
@@ -185,9 +213,9 @@ def test_train_on_interactions_chooses_the_levels_and_records_them(tmp_path, gat
 def test_a_gain_within_the_noise_of_the_split_keeps_the_defaults():
     # The same clear gain as above: kept at any usual confidence, refused when asked for more
     # standard errors than any gain on 90 users can reach.
-    strict = SettingsTuner(COE(n_components=1, max_iter=10), budget_seconds=300, confidence=1e6, min_users=0).fit(
-        grouped()
-    )
+    strict = SettingsTuner(
+        COE(n_components=1, max_iter=10), budget_seconds=300, confidence=1e6, min_users=0
+    ).fit(grouped())
     assert strict.best_params_ == {"n_components": 1}
     assert strict.outcome_ == "kept defaults: none better on validation"
     one, two = strict.cv_results_["validation_recall_at_10"][1:3]
