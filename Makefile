@@ -76,9 +76,12 @@ h2load:
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
-# The fast suite: unit, property, gradient, end-to-end (real server, real Redis).
+# The fast suite: unit, property, gradient, end-to-end (real server, real Redis), one worker
+# process per core (pytest-xdist, a test module's tests on one worker: its fixtures start once);
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 test: $(STAMP) redis browser h2load proto-check lint-imports deploy-check
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadscope
 
 # Real-data quality tests (ORDREC_DATA points at the data sets; default ../shared/data).
 test-slow: $(STAMP) redis
