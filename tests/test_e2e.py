@@ -372,7 +372,7 @@ def test_tags_carry_display_names_when_the_data_has_them(tmp_path):
     data.tag_names = [f"name of {t}" for t in data.tags.ids]
     artifact = (
         estimator_class("rtf")
-        .from_flat(n_components=4, max_iter=2, min_iter=1, verbose=False)
+        .from_flat(n_components=4, max_iter=2, verbose=False)
         .fit(data)
         .to_artifact()
     )
