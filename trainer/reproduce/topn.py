@@ -7,7 +7,8 @@ are split (``--test-fraction`` held out, ``split_ratings``): at random
 The relevant items are the held-out ratings at or above ``--threshold``; on
 interaction logs (``--feedback implicit``, ``--strength COLUMN``), every
 held-out interaction. Every model is fitted on the training part with its
-estimator defaults (what ``ordrec-train train KIND`` publishes), packed into its artifact and asked
+estimator defaults (what ``ordrec-train train KIND --set tune=false`` publishes; ``--set
+MODEL.tune=true`` measures the settings tuner too), packed into its artifact and asked
 through its serving index for the top N of all items, the user's training
 items excluded (``index.recommend(row, n, exclude=index.seen(row))``).
 
