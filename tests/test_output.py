@@ -12,6 +12,13 @@ from ordrec.tools.process import run_cli
 from ordrec.trainer.progress import Progress
 
 
+def train_dcr(sample_dir, registry, *settings: str):
+    """``ordrec-train train dcr`` on the sample into ``registry`` with ``--set`` each of ``settings``."""
+    sets = [arg for setting in settings for arg in ("--set", setting)]
+    data = ["--data", str(sample_dir / "ratings.data"), "--registry", str(registry)]
+    return run_cli(["ordrec.trainer", "train", "dcr", *data, *sets])
+
+
 class _Terminal(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -85,23 +92,7 @@ def test_train_prints_metrics_and_versions_lists_them(sample_dir, tmp_path):
 
 def test_train_shows_the_fits_epochs_and_the_index_build(sample_dir, tmp_path):
     # Issue 45: a fit and publish of minutes says what it is doing (plain lines off a terminal).
-    result = run_cli(
-        [
-            "ordrec.trainer",
-            "train",
-            "dcr",
-            "--data",
-            str(sample_dir / "ratings.data"),
-            "--registry",
-            str(tmp_path / "reg"),
-            "--set",
-            "n_components=2",
-            "--set",
-            "max_iter=2",
-            "--set",
-            "ann_min_items=1",
-        ]
-    )
+    result = train_dcr(sample_dir, tmp_path / "reg", "n_components=2", "max_iter=2", "ann_min_items=1")
     version = Registry(tmp_path / "reg").load("dcr").version
     lines = result.stderr.splitlines()
     assert any(line.startswith("DCR: 2/2 ") for line in lines), result.stderr
@@ -113,23 +104,7 @@ def test_train_shows_the_fits_epochs_and_the_index_build(sample_dir, tmp_path):
 
 def test_manifest_writes_whole_numbers_as_integers(sample_dir, tmp_path):
     registry = tmp_path / "reg"
-    run_cli(
-        [
-            "ordrec.trainer",
-            "train",
-            "dcr",
-            "--data",
-            str(sample_dir / "ratings.data"),
-            "--registry",
-            str(registry),
-            "--set",
-            "n_components=3",
-            "--set",
-            "max_iter=2",
-            "--set",
-            "learning_rate=0.5",
-        ]
-    )
+    train_dcr(sample_dir, registry, "n_components=3", "max_iter=2", "learning_rate=0.5")
     artifact = Registry(registry).load("dcr")
     text = (artifact.path / "manifest.json").read_text()
     assert '"n_components": 3,' in text or '"n_components": 3\n' in text, text

@@ -170,25 +170,11 @@ class EarlyStoppedRTF:
     ----------
     estimator : RTF
         The model's settings (a copy is fitted; ``max_iter`` caps the passes).
-    validation_posts : int, default 1200
-        Training posts held out (one per user with two or more posts, then further rounds up
-        to 5% of the posts); 0 trains on everything for ``max_iter`` passes.
-    patience : int, default 5
-        Passes without a gain of more than ``val_tol`` before the plateau.
-    min_iter : int, default 10
-        Never stop before this many passes.
-    val_tol : float, default 1e-4
-        The least gain of the (smoothed) validation AUC over its best that counts, in AUC.
-    smoothing : int, default 1
-        Stop on the moving average of the last ``smoothing`` AUCs (1: the raw value).
-    keep_within : float or None, default None
-        None: keep the pass of the last ``val_tol`` gain; a number: the latest pass whose
-        criterion is within it of the highest seen.
-    learning_rate_drops : int, default 0
-        At a plateau with drops left, restore the best pass, scale the learning rate by
-        ``learning_rate_drop_factor`` and go on; the next plateau stops.
-    learning_rate_drop_factor : float, default 0.5
-        Multiplier of the learning rate at each drop, in (0, 1).
+    validation_posts, patience, min_iter, val_tol, smoothing, keep_within : see below
+    learning_rate_drops, learning_rate_drop_factor : see below
+        The hold-out and the plateau rule, each as
+        :class:`~ordrec.trainer.models.selection.PlateauStopping` documents it (defaults 1200, 5,
+        10, 1e-4, 1, None, 0 and 0.5).
 
     Attributes
     ----------
