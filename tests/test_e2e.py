@@ -371,10 +371,7 @@ def test_tags_carry_display_names_when_the_data_has_them(tmp_path):
     data = planted_tags(seed=2)
     data.tag_names = [f"name of {t}" for t in data.tags.ids]
     artifact = (
-        estimator_class("rtf")
-        .from_flat(n_components=4, max_iter=2, verbose=False)
-        .fit(data)
-        .to_artifact()
+        estimator_class("rtf").from_flat(n_components=4, max_iter=2, verbose=False).fit(data).to_artifact()
     )
     Registry(tmp_path).publish("rtf", artifact)
     with ServerProcess(tmp_path) as proc, grpc.insecure_channel(proc.target) as ch:
