@@ -106,7 +106,7 @@ def test_a_candidate_predicted_beyond_the_budget_is_skipped(fits, monkeypatch):
     # machine's): with 30 s the cheaper neighbours fit (n_components=2: 4 s on the fit part plus
     # a 5 s refit), twice the dimensions (16 s + 20 s) is predicted beyond what is left and never fitted.
     monkeypatch.setattr(
-        SettingsTuner, "_observe", lambda self, params, rows, seconds: setattr(self, "_rate", 10.0)
+        SettingsTuner, "observe", lambda self, params, rows, seconds: setattr(self, "seconds_per_fit_", 10.0)
     )
     tuner = SettingsTuner(DCR(n_components=4, max_iter=20), budget_seconds=30, min_users=0).fit(grouped())
     status = dict(zip(map(str, tuner.cv_results_["params"]), tuner.cv_results_["status"]))

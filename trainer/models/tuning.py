@@ -164,6 +164,9 @@ class SettingsTuner:
         What was done, e.g. ``"kept defaults: budget"`` or ``"chose n_components=100"``.
     elapsed_ : float
         Seconds the whole fit took.
+    seconds_per_fit_ : float
+        The budget's cost model: seconds of a fit of the given settings on all the data, the
+        slowest rate seen (:meth:`observe`).
     """
 
     _parameter_constraints: ClassVar[dict[str, list]] = {
@@ -217,9 +220,9 @@ class SettingsTuner:
         space = search_space(self.estimator, data, tuple(self.keep)) if ratings else {}
         defaults = {axis: values[0] for axis, values in space.items()}
         self._results: list[dict[str, Any]] = []
-        self._defaults, self._rows, self._rate = defaults, max(len(data), 1), 0.0
+        self._defaults, self._rows, self.seconds_per_fit_ = defaults, max(len(data), 1), 0.0
         model, seconds = self._fit(defaults, data)
-        self._observe(defaults, len(data), seconds)
+        self.observe(defaults, len(data), seconds)
         self._record(defaults, None, seconds, "fitted on all the data")
         self.best_params_, self.best_estimator_ = defaults, model
         self.best_score_: float | None = None
@@ -294,19 +297,19 @@ class SettingsTuner:
         index = kinds.get(innermost(model).kind).index_class().from_artifact(model.to_artifact())
         values = served_recall_values(index, held_out, _relevant_from(held_out), _RECALL_AT)
         seconds = time.perf_counter() - started
-        self._observe(params, len(fit_part), seconds)
+        self.observe(params, len(fit_part), seconds)
         self._record(params, _mean(values), seconds, "scored on validation")
         return values
 
-    def _observe(self, params: dict, rows: int, seconds: float) -> None:
+    def observe(self, params: dict, rows: int, seconds: float) -> None:
         """Learn the seconds per fit from one more (the slowest rate seen: a loaded machine
         slows every later fit too)."""
         units = rows / self._rows * relative_cost(params, self._defaults)
-        self._rate = max(self._rate, seconds / max(units, 1e-12))
+        self.seconds_per_fit_ = max(self.seconds_per_fit_, seconds / max(units, 1e-12))
 
     def _predicted(self, params: dict, rows_share: float) -> float:
         """Predicted seconds of fitting (and scoring) ``params`` on ``rows_share`` of the data."""
-        return self._rate * rows_share * relative_cost(params, self._defaults)
+        return self.seconds_per_fit_ * rows_share * relative_cost(params, self._defaults)
 
     def _fit(self, params: dict, data: Ratings) -> tuple[Any, float]:
         """A copy of the pipeline with ``params`` fitted on ``data`` (levelled by ``params``'s
