@@ -82,9 +82,8 @@ from ordrec.service.storage.names import validate_model_name
 from ordrec.service.storage.objectstore import Downloads, S3Registry, is_object_store
 from ordrec.service.storage.registry import Registry
 from ordrec.service.storage.scale import SCALE_ATTRIBUTE
-from ordrec.trainer.data.interactions import LEVELS_ATTRIBUTE, LevelMapping, levels_attribute, ordinal_levels
+from ordrec.trainer.data.interactions import LEVELS_ATTRIBUTE, LevelMapping, levels_attribute
 from ordrec.trainer.data.types import DataError, RatingScale
-from ordrec.trainer.models.tuning import SettingsTuner, chosen_levels, describe_tuning
 
 EXIT_PUBLISHED, EXIT_FAILED, EXIT_USAGE, EXIT_REJECTED = 0, 1, 2, 3
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -164,6 +163,13 @@ class ModelJob:
         if defaults.get("tune"):
             defaults["tune_keep"] = sorted(self.params)
         return {**defaults, **self.params}
+
+    def pipeline(self):
+        """A fresh, unfitted fit of this model (its estimator, model selection and serving
+        choices) from :meth:`fit_params`."""
+        from ordrec.trainer.models.pipeline import configure
+
+        return configure(self.kind, self.fit_params())
 
 
 @dataclass
@@ -852,14 +858,13 @@ class JobRunner:
         """A fresh estimator (with its model selection and serving choices, ``configure``) fitted
         on ``data``: in this process, or on the model's ``cluster`` (nothing is published until
         the fit has completed either way)."""
-        from ordrec.trainer.models.pipeline import configure
-
-        pipeline = configure(model.kind, model.fit_params())
+        pipeline = model.pipeline()
         self.say(model.name, "fit: %s", pipeline.describe())
         if model.cluster is None:
             fitted = pipeline.fit(data, check_memory=model.memory_check)
-            if isinstance(fitted.estimator, SettingsTuner):
-                self.say(model.name, "%s", describe_tuning(fitted.estimator.record()))
+            note = fitted.fit_note()
+            if note:
+                self.say(model.name, "%s", note)
             return fitted
         self.say(model.name, "fitting on cluster %s", model.cluster)
         return pipeline.fit_on_cluster(data, model.cluster)
@@ -907,7 +912,7 @@ class JobRunner:
             data = feed.apply(data, scale)
             self.say(model.name, feed.summary())
         levels = self.config.data[model.data].levels
-        if levels is None and model.fit_params().get("tune") and getattr(data, "implicit", False):
+        if levels is None and model.pipeline().chooses_levels and getattr(data, "implicit", False):
             # The tuner chooses the level mapping on validation; the fit's data is levelled by it.
             self.say(model.name, "%s; levels chosen on validation (tune)", implicit_note(data))
             return data, scale, feed
@@ -926,12 +931,8 @@ class JobRunner:
         train, test = holdout.split(data, *how)
         t0 = time.perf_counter()
         estimator = self.fit(model, train)
-        mapping = chosen_levels(estimator.estimator)
-        if mapping is not None:  # the same rows, as the chosen model sees them
-            train, test = (
-                ordinal_levels(train, mapping),
-                holdout.split(ordinal_levels(data, mapping), *how)[1],
-            )
+        if estimator.fitted_data(train) is not train:  # the same rows, as the chosen model sees them
+            train, test = estimator.fitted_data(train), holdout.split(estimator.fitted_data(data), *how)[1]
         self.say(
             model.name,
             "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
@@ -1002,8 +1003,7 @@ class JobRunner:
         measured model's ``holdout_*`` metrics (``measured_metrics``)."""
         t0 = time.perf_counter()
         pipeline = self.fit(model, data)
-        mapping = chosen_levels(pipeline.estimator)
-        data = data if mapping is None else ordinal_levels(data, mapping)  # as the model was fitted
+        data = pipeline.fitted_data(data)
         artifact = pipeline.to_artifact()
         if measured_metrics is None:
             self.say(model.name, "fit kind=%s part=all seconds=%.1f", model.kind, time.perf_counter() - t0)

@@ -32,6 +32,7 @@ from inspect import signature
 from typing import Any
 
 from ordrec.service.storage.artifact import Artifact
+from ordrec.trainer.data.interactions import ordinal_levels
 from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models import estimator_class
 from ordrec.trainer.models.base import validate_params
@@ -49,7 +50,7 @@ from ordrec.trainer.models.memory import check_fit_memory
 from ordrec.trainer.models.rtf_selection import DEFAULT_GRID, RTFGridSearch
 from ordrec.trainer.models.rtf_stopping import EarlyStoppedRTF
 from ordrec.trainer.models.selection import PlateauStopping, planned_fits
-from ordrec.trainer.models.tuning import SettingsTuner
+from ordrec.trainer.models.tuning import SettingsTuner, chosen_levels, describe_tuning
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,21 @@ class FitPipeline:
         turned_on = f" with {', '.join(self.selection)}" if self.selection else ""
         fits = self.planned_fits()
         return f"{self.kind}{turned_on}: {fits} fit{'s' if fits != 1 else ''} of the estimator"
+
+    @property
+    def chooses_levels(self) -> bool:
+        """Whether the fit chooses how raw interactions become levels itself (the settings
+        tuner does, on validation): its data is then given unlevelled."""
+        return isinstance(self.estimator, SettingsTuner)
+
+    def fit_note(self) -> str | None:
+        """A line for the fit log on what the fit chose (the tuner's choice), or None."""
+        return describe_tuning(self.estimator.record()) if self.chooses_levels else None
+
+    def fitted_data(self, data: Any) -> Any:
+        """``data`` as the fitted model saw it: levelled by the mapping the fit chose, if any."""
+        mapping = chosen_levels(self.estimator)
+        return data if mapping is None else ordinal_levels(data, mapping)
 
     def fit(self, data: Any, check_memory: bool = True) -> FitPipeline:
         """Fit in this process; unless ``check_memory`` is false, a fit predicted to need more
