@@ -11,7 +11,16 @@ from hypothesis import strategies as st
 from ordrec.trainer.cli import main
 from ordrec.trainer.models import pipeline
 from ordrec.trainer.models.coe import COE, COESolver
-from ordrec.trainer.models.dcr import DCR, DCRSolver, EarlyStoppedDCR, PairwiseDCR, ValidatedRefinement
+from ordrec.trainer.models.dcr import (
+    DCR,
+    DCRSolver,
+    DCRVariants,
+    EarlyStoppedDCR,
+    PairwiseDCR,
+    ValidatedRefinement,
+    ValidationStopping,
+    validation_split,
+)
 from ordrec.trainer.models.knnscal_selection import served_settings
 from ordrec.trainer.models.pipeline import Wrapper, accepted_params, configure
 from tests.test_dcr import planted
@@ -79,6 +88,29 @@ def test_the_pairwise_settings_given_flat_become_the_refinement_and_are_recorded
     artifact = always.fit(planted(3, n_users=20, n_items=15, per_user=8)).to_artifact()
     assert artifact.attributes["pairwise"] is True and artifact.hyperparameters["pairwise"] is True
     assert {name: artifact.hyperparameters[name] for name in flat} == flat
+
+
+def test_the_pipeline_passes_research_options_to_the_estimators_fit_and_names_the_served_model():
+    """What the paper protocol fits (variants, a validation set, the stopping rule) goes through
+    the pipeline's fit, with the refinement on its own stream, as a DCR refined by hand."""
+    data = planted(4, n_users=30, n_items=20, per_user=10)
+    fit, val = validation_split(data, np.random.default_rng(1))
+    options = dict(
+        variants=DCRVariants(order="random", item_bias=0.5), stopping=ValidationStopping(patience=2)
+    )
+    flat = {"n_components": 3, "max_iter": 6, "pairwise": True, "pairwise_validation": False}
+    pipe = configure("dcr", dict(flat, pairwise_max_iter=2)).fit(fit, validation=val, **options)
+    by_hand = DCR(n_components=3, max_iter=6).fit(fit, validation=val, **options)
+    PairwiseDCR(by_hand, max_iter=2).refine_fitted(by_hand)
+    served = pipe.best_estimator_
+    assert served is pipe.estimator.best_estimator_ and served.variants_.order == "random"
+    assert served.best_epochs_ == by_hand.best_epochs_
+    np.testing.assert_array_equal(served.U_, by_hand.U_)
+    np.testing.assert_array_equal(served.V_, by_hand.V_)
+    plain = configure("dcr", {"n_components": 3, "max_iter": 2}).fit(
+        fit, variants=DCRVariants(level_epochs=[1, 0, 2, 1, 1])
+    )
+    assert plain.best_estimator_ is plain.estimator and plain.estimator.best_epochs_ == [1, 0, 2, 1, 1]
 
 
 def test_the_flat_settings_build_the_wrappers():

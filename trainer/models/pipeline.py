@@ -314,13 +314,20 @@ class FitPipeline:
         mapping = chosen_levels(self.estimator)
         return data if mapping is None else ordinal_levels(data, mapping)
 
-    def fit(self, data: Any, check_memory: bool = True) -> FitPipeline:
+    def fit(self, data: Any, check_memory: bool = True, **fit_params: Any) -> FitPipeline:
         """Fit in this process; unless ``check_memory`` is false, a fit predicted to need more
-        memory than the process has left stops first (:class:`FitTooLarge`, naming both)."""
+        memory than the process has left stops first (:class:`FitTooLarge`, naming both).
+        ``fit_params`` go to the outermost estimator's ``fit`` (as a scikit-learn Pipeline's do):
+        DCR's research options, e.g. ``variants``, ``validation`` and ``stopping``."""
         if check_memory:
             check_fit_memory(self.kind, self.estimator, data)
-        self.estimator.fit(data)
+        self.estimator.fit(data, **fit_params)
         return self
+
+    @property
+    def best_estimator_(self) -> Any:
+        """The fitted model the artifact serves: the estimator's, inside any wrappers."""
+        return getattr(self.estimator, "best_estimator_", self.estimator)
 
     def fit_on_cluster(self, data: Ratings, address: str) -> FitPipeline:
         """The fit by DSGD on a cluster: only a plain DCR fits there (a ValueError names the

@@ -56,14 +56,13 @@ from ordrec.trainer.models.dcr import (
     PAPER_PARAMS,
     DCRVariants,
     PairwiseDCR,
-    ValidatedRefinement,
     ValidationStopping,
     holdouts,
     median_level_epochs,
     stopped_level_epochs,
     validation_split,
 )
-from ordrec.trainer.models.pipeline import flat_constraints, wrapper, wrapper_settings
+from ordrec.trainer.models.pipeline import configure, flat_constraints, wrapper
 from ordrec.trainer.models.selection import grid_points, standard_error
 from ordrec.trainer.reproduce.params import add_param_flags, given_params, parse_value
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
@@ -169,34 +168,40 @@ STOPPING = {"patience": "patience", "val_tol": "tol"}  # protocol setting -> Val
 
 
 def split_params(params: dict) -> tuple[dict, DCRVariants, ValidationStopping]:
-    """The protocol's mixed settings (over ``PAPER_PARAMS``, flat names) as DCR's parameters
-    (its solver fields in ``solver``), its variants (``DCRVariants``: order,
-    projection, item_bias, level_epochs, ...) and the validation stopping rule (``patience``,
-    ``val_tol``); the pairwise refinement's settings are :func:`refinement_for`'s."""
+    """The protocol's mixed settings (over ``PAPER_PARAMS``, flat names) as the fit pipeline's
+    flat settings (``pipeline.configure``: DCR's parameters, ``pairwise`` and its settings),
+    DCR's variants (``DCRVariants``: order, projection, item_bias, level_epochs, ...) and the
+    validation stopping rule (``patience``, ``val_tol``), the research options ``DCR.fit`` takes."""
     mixed = dict(PAPER_PARAMS, **params)
     stopping = ValidationStopping(
         **{field: mixed.pop(name) for name, field in STOPPING.items() if name in mixed}
     )
-    for name in wrapper("dcr", "pairwise").names():
-        mixed.pop(name, None)
-    model_params, variants = DCRVariants.split(mixed)
-    return DCR.nest_flat(model_params), variants, stopping
+    flat, variants = DCRVariants.split(mixed)
+    return flat, variants, stopping
+
+
+def pointwise_params(params: dict) -> dict:
+    """The parameters of the pointwise DCR the protocol's ``params`` configure (what the hold-out
+    fits of :func:`stopped_level_epochs` are made with)."""
+    flat, _, _ = split_params(params)
+    return configure("dcr", dict(flat, pairwise=False)).estimator.get_params()
 
 
 def refinement_for(params: dict, model: DCR, **overrides) -> PairwiseDCR:
-    """The pairwise refinement of ``model`` with the settings among the protocol's ``params``
-    and ``overrides`` (flat names: ``pairwise_learning_rate``, ...)."""
-    return PairwiseDCR(model, **wrapper_settings("dcr", "pairwise", dict(params, **overrides)))
+    """The pipeline's pairwise step around the fitted ``model``, with the settings among the
+    protocol's ``params`` and ``overrides`` (flat names: ``pairwise_learning_rate``, ...)."""
+    return wrapper("dcr", "pairwise").wrap(model, dict(params, **overrides))
 
 
 def fit_dcr(params: dict, data: Ratings, validation: Ratings | None = None) -> DCR:
-    """DCR fitted on ``data`` from the protocol's mixed settings (``split_params``), refined in
-    place (on the refinement's own random stream) when ``pairwise`` is among them."""
-    model_params, variants, stopping = split_params(params)
-    model = DCR(**model_params).fit(data, validation=validation, variants=variants, stopping=stopping)
-    if params.get("pairwise", False):
-        refinement_for(params, model).refine_fitted(model)
-    return model
+    """DCR fitted on ``data`` through the fit pipeline from the protocol's mixed settings
+    (``split_params``), refined in place (on the refinement's own random stream) when
+    ``pairwise`` is among them; the protocol judges the refinement itself (``_pairwise``),
+    so the pipeline's validation of it is off."""
+    flat, variants, stopping = split_params(params)
+    pipeline = configure("dcr", dict(flat, pairwise_validation=False))
+    pipeline.fit(data, check_memory=False, validation=validation, variants=variants, stopping=stopping)
+    return pipeline.best_estimator_
 
 
 def fit_stopped(params: dict, fit: Ratings, val: Ratings) -> tuple[DCR, float]:
@@ -522,13 +527,12 @@ def _sweep_run(
             values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
             # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
             for plr in pair_lrs:
-                refinement = PairwiseDCR(
+                refined = refinement_for(
+                    base,
                     model,
-                    learning_rate=plr,
-                    reg=FIXED["pairwise_reg"],
-                    max_iter=setting(args, "pairwise_max_iter"),
-                )
-                refined = refinement.refined(model)
+                    pairwise_learning_rate=plr,
+                    pairwise_max_iter=setting(args, "pairwise_max_iter"),
+                ).refined(model)
                 values.setdefault(f"Pairwise {method} pairwise_learning_rate={plr}", []).append(
                     ndcg_values(serving_scorer(refined), val)
                 )
@@ -717,8 +721,10 @@ def fit_for(n: int, args: argparse.Namespace) -> dict:
 def median_epochs(params: dict, train: Ratings, rng: np.random.Generator, folds: int) -> dict:
     """``params`` with ``level_epochs``: each level's median over ``folds`` hold-outs of the
     validation-stopped epoch (the folds are drawn as ``select`` draws them)."""
-    model_params, variants, stopping = split_params(params)
-    epochs = stopped_level_epochs(model_params, train, rng, folds, variants=variants, stopping=stopping)
+    _, variants, stopping = split_params(params)
+    epochs = stopped_level_epochs(
+        pointwise_params(params), train, rng, folds, variants=variants, stopping=stopping
+    )
     return dict(params, level_epochs=epochs)
 
 
@@ -900,7 +906,10 @@ def _pairwise(
     if args.pairwise_always:
         results.record("Pairwise " + prefix, n, index_ndcg(always, test), f"({note})")
         return always
-    chosen = ValidatedRefinement(refinement, folds=args.pairwise_folds).refine(model, train)
+    validated = wrapper("dcr", "pairwise_validation").wrap(
+        refinement, {"validation_folds": args.pairwise_folds}
+    )
+    chosen = validated.refine(model, train)
     point, pair, se = chosen.val_scores_
     verdict = "kept" if chosen.kept_ else "dropped, pointwise model served"
     results.record(
