@@ -492,3 +492,39 @@ def test_sweep_set_refuses_what_is_not_a_dcr_parameter_list(tmp_path, bad):
                 "--quiet",
             ]
         )
+
+
+def test_one_standard_error_choice_fits_every_candidate_on_the_same_hold_outs():
+    from ordrec.trainer.models.protocol_selection import OneStandardErrorChoice
+    from ordrec.trainer.reproduce.dcr import fit_stopped
+
+    data = ratings(5, n_users=40)
+    seen = []
+
+    def fit(params, rest, held_out):
+        seen.append((params["n_components"], rest.fingerprint(), held_out.fingerprint()))
+        return fit_stopped(params, rest, held_out)[0]
+
+    def per_user_rating(model, held_out):  # a stand-in score: the same for every candidate
+        return np.bincount(held_out.user, weights=held_out.rating)[np.unique(held_out.user)]
+
+    choice = OneStandardErrorChoice(
+        fit,
+        [dict(n_components=2), dict(n_components=3)],
+        per_user_rating,
+        folds=2,
+        rule="one-se",
+        random_state=np.random.default_rng(3),
+    ).fit(data, dict(max_iter=3, random_state=1))
+    assert [rank for rank, _, _ in seen] == [2, 2, 3, 3]
+    assert [folds for _, *folds in seen[:2]] == [folds for _, *folds in seen[2:]]
+    splits = [validation_split(data, rng) for rng in [np.random.default_rng(3)] for _ in range(2)]
+    assert [f.fingerprint() for f, _ in splits] == [rest for _, rest, _ in seen[:2]]
+    # equal scores: the first (simplest) candidate, with its per-level median epochs
+    assert choice.best_index_ == 0 and choice.best_params_ == choice.cv_results_[0]["params"]
+    assert choice.best_params_["n_components"] == 2 and len(choice.best_params_["level_epochs"]) == 4
+    assert [r["mean_score"] for r in choice.cv_results_] == [choice.cv_results_[0]["mean_score"]] * 2
+    with pytest.raises(ValueError, match="rule"):
+        OneStandardErrorChoice(
+            fit, [{}], per_user_rating, rule="worst", random_state=np.random.default_rng()
+        ).fit(data)

@@ -1,5 +1,6 @@
 """The shared model-selection pieces: the significant-gain rule, early stopping, the standard
-error, grid points and named random streams."""
+error and the one-standard-error choice, grid points and the search over them, and named
+random streams."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,10 @@ from hypothesis import strategies as st
 
 from ordrec.trainer.models.selection import (
     EarlyStopping,
+    ValidatedGrid,
+    best_mean_index,
     grid_points,
+    one_standard_error_choice,
     significant_gain,
     standard_error,
     stream,
@@ -77,3 +81,35 @@ def test_named_streams_are_reproducible_and_independent_of_the_seed_and_of_each_
     others = [stream(3, "early_stopping"), stream(4, "refinement"), np.random.default_rng(3)]
     for other in others:
         assert not np.array_equal(draw(stream(3, "refinement")), draw(other))
+
+
+def test_validated_grid_keeps_the_first_best_point_and_records_every_point():
+    def evaluate(params):
+        score = -abs(params["lr"] - 3) - params["reg"]  # best at lr 3, reg 0; lr 2 and 4 tie
+        return score, dict(params, chosen=True), f"model {params['lr']}"
+
+    grid = ValidatedGrid(evaluate, {"lr": (5, 4, 3, 2), "reg": (0, 1)}).fit({"rank": 4})
+    assert grid.best_params_ == {"rank": 4, "lr": 3, "reg": 0, "chosen": True}
+    assert grid.best_model_ == "model 3" and grid.best_score_ == 0
+    assert [r["params"]["lr"] for r in grid.cv_results_] == [5, 5, 4, 4, 3, 3, 2, 2]
+    tied = ValidatedGrid(evaluate, {"lr": (4, 2), "reg": (0,)}).fit()
+    assert tied.best_params_["lr"] == 4  # a tie keeps the first
+    nothing = ValidatedGrid(lambda p: (float("nan"), p, None), {"lr": (0.1,)}).fit({"rank": 2})
+    assert nothing.best_params_ == {"rank": 2} and nothing.best_model_ is None
+
+
+def test_one_standard_error_choice_is_the_first_candidate_within_one_paired_se_of_the_best():
+    rng = np.random.default_rng(0)
+    noise = rng.normal(size=200)
+    simple = 0.70 + noise
+    spread = rng.normal(size=200)
+    best = simple + 0.02 + 0.5 * (spread - spread.mean())  # 0.02 higher, but a noisy difference
+    clear = simple + 1.0  # far above: nothing simpler is within one SE of it
+    values = [simple, best]
+    diff = best - simple
+    within = diff.mean() <= np.std(diff, ddof=1) / np.sqrt(diff.size)
+    assert one_standard_error_choice(values) == (0 if within else 1)
+    assert within  # the case this test is about: the simpler candidate is kept
+    assert one_standard_error_choice([simple, clear]) == 1
+    assert one_standard_error_choice([best, simple]) == 0  # the best itself comes first
+    assert best_mean_index([simple, best, best.copy()]) == 1

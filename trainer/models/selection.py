@@ -1,13 +1,14 @@
 """The pieces of model selection every training loop and every validated choice share:
 early stopping on a validation score, the rule that keeps a candidate only when its gain
-over the reference is clearly more than noise, the standard error behind that rule, the
-points of a grid, and each wrapper's own named random stream."""
+over the reference is clearly more than noise, the standard error behind that rule and
+Breiman's one-standard-error choice, the points of a grid and the search over them on
+validation, and each wrapper's own named random stream."""
 
 from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any, ClassVar
@@ -48,6 +49,60 @@ def grid_points(grid: Mapping[str, Sequence]) -> list[dict]:
     name varies fastest."""
     names = list(grid)
     return [dict(zip(names, values)) for values in itertools.product(*grid.values())]
+
+
+def best_mean_index(values: Sequence[np.ndarray]) -> int:
+    """The candidate whose per-unit values have the highest mean (ties: the first)."""
+    return max(range(len(values)), key=lambda j: values[j].mean())
+
+
+def one_standard_error_choice(values: Sequence[np.ndarray]) -> int:
+    """Breiman's one-standard-error rule over candidates listed simplest first, each scored per
+    unit (per user) on the same units: the first whose mean is within one standard error of the
+    best mean, the error being that of its paired differences to the best."""
+    best = best_mean_index(values)
+    for index, candidate in enumerate(values):
+        diff = values[best] - candidate
+        if diff.mean() <= standard_error(diff, undefined=0.0):
+            return index
+    return best
+
+
+class ValidatedGrid:
+    """The point of a grid with the best validation score, as scikit-learn's GridSearchCV with one
+    split chosen by the caller and no refit.
+
+    Parameters
+    ----------
+    evaluate : callable
+        ``evaluate(params) -> (score, chosen, model)``: a point's validation score (higher is
+        better), the parameters it stands for (e.g. with the epochs its validation chose) and
+        the fitted model.
+    grid : mapping of str to sequence
+        Candidate values per name, tried in :func:`grid_points` order over ``fit``'s ``base``.
+
+    Attributes
+    ----------
+    best_params_, best_score_, best_model_
+        The first point with the highest score (its ``chosen`` parameters).
+    cv_results_ : list of dict
+        Every point in order: its ``params`` (chosen) and ``score``.
+    """
+
+    def __init__(self, evaluate: Callable[[dict], tuple[float, dict, Any]], grid: Mapping[str, Sequence]):
+        self.evaluate = evaluate
+        self.grid = grid
+
+    def fit(self, base: Mapping[str, Any] | None = None) -> ValidatedGrid:
+        """Evaluate every point over ``base``; keep the first best."""
+        self.cv_results_: list[dict] = []
+        self.best_score_, self.best_params_, self.best_model_ = -np.inf, dict(base or {}), None
+        for point in grid_points(self.grid):
+            score, chosen, model = self.evaluate({**(base or {}), **point})
+            self.cv_results_.append({"params": chosen, "score": score})
+            if score > self.best_score_:
+                self.best_score_, self.best_params_, self.best_model_ = score, chosen, model
+        return self
 
 
 def planned_fits(estimator: Any) -> int:

@@ -45,6 +45,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -58,12 +59,12 @@ from ordrec.trainer.models.dcr import (
     PairwiseDCR,
     ValidationStopping,
     holdouts,
-    median_level_epochs,
     stopped_level_epochs,
     validation_split,
 )
 from ordrec.trainer.models.pipeline import configure, flat_constraints, wrapper
-from ordrec.trainer.models.selection import grid_points, standard_error
+from ordrec.trainer.models.protocol_selection import OneStandardErrorChoice
+from ordrec.trainer.models.selection import ValidatedGrid, grid_points, standard_error
 from ordrec.trainer.reproduce.params import add_param_flags, given_params, parse_value
 from ordrec.trainer.reproduce.report import PaperFigure, Row, print_table, summarise
 
@@ -141,11 +142,12 @@ def tune_shrinkage(train: Ratings, rng: np.random.Generator, folds: int = 5) -> 
     several costs nothing since the damped mean needs no fitting.
     """
     splits = holdouts(train, rng, folds)
-    results = [
-        (float(np.mean([ndcg_at_k(fixed_scorer(item_means(fit, b)), val) for fit, val in splits])), -b)
-        for b in SHRINKAGE_GRID
-    ]
-    return -max(results)[1]
+
+    def mean_ndcg(point: dict) -> tuple[float, dict, None]:
+        scores = [ndcg_at_k(fixed_scorer(item_means(fit, point["beta"])), val) for fit, val in splits]
+        return float(np.mean(scores)), point, None
+
+    return ValidatedGrid(mean_ndcg, {"beta": SHRINKAGE_GRID}).fit().best_params_["beta"]
 
 
 # ----------------------------------------------------------------- tuning
@@ -234,35 +236,46 @@ def tune(
     ``level_epochs``. The pairwise rate is judged by validation NDCG@10.
     """
     fit, val = split if split is not None else validation_split(train, rng)
-    best, best_score, best_model = dict(base), -np.inf, None
     keys = sorted(grid)
-    for point in grid_points({k: grid[k] for k in keys}):
-        params = dict(base, **point)
-        if stop == "validation":
-            model, score = fit_stopped(params, fit, val)
-            log(
-                f"    tune {params_text(params, keys)}: val loglik {score:.4f} (level epochs {model.best_epochs_})"
-            )
-            chosen = dict(params, level_epochs=model.best_epochs_)
-        else:
-            model = fit_dcr(params, fit)
-            score = index_ndcg(model, val)
-            log(f"    tune {params_text(params, keys)}: val ndcg@10 {score:.4f}")
-            chosen = params
-        if score > best_score:
-            best, best_score, best_model = chosen, score, model
-    best_pair: dict = {}
-    if pairwise_grid:
-        if best_model is None:
-            raise ValueError("the fit grid is empty: no model to refine")
-        pkeys = sorted(pairwise_grid)
-        pair_score = -np.inf
-        for overrides in grid_points({k: pairwise_grid[k] for k in pkeys}):
-            score = index_ndcg(refinement_for(best, best_model, **overrides).refined(best_model), val)
-            log(f"    tune pairwise {params_text(overrides, pkeys)}: val ndcg@10 {score:.4f}")
-            if score > pair_score:
-                best_pair, pair_score = overrides, score
-    return best, best_pair
+    criterion, evaluate = TUNE_CRITERIA[stop]
+    fits = ValidatedGrid(partial(evaluate, fit=fit, val=val), {k: grid[k] for k in keys}).fit(base)
+    for result in fits.cv_results_:
+        params = result["params"]
+        epochs = f" (level epochs {params['level_epochs']})" if stop == "validation" else ""
+        log(f"    tune {params_text(params, keys)}: {criterion} {result['score']:.4f}{epochs}")
+    if not pairwise_grid:
+        return fits.best_params_, {}
+    if fits.best_model_ is None:
+        raise ValueError("the fit grid is empty: no model to refine")
+    pkeys = sorted(pairwise_grid)
+    pairs = ValidatedGrid(
+        partial(refined_ndcg, fits.best_params_, fits.best_model_, val), {k: pairwise_grid[k] for k in pkeys}
+    ).fit()
+    for result in pairs.cv_results_:
+        log(f"    tune pairwise {params_text(result['params'], pkeys)}: val ndcg@10 {result['score']:.4f}")
+    return fits.best_params_, pairs.best_params_
+
+
+def stopped_loglik(params: dict, fit: Ratings, val: Ratings) -> tuple[float, dict, DCR]:
+    """A grid point judged by its validation log-likelihood per rating, every level early-stopped
+    on it; the point stands for the per-level epochs it stopped at."""
+    model, score = fit_stopped(params, fit, val)
+    return score, dict(params, level_epochs=model.best_epochs_), model
+
+
+def fitted_ndcg(params: dict, fit: Ratings, val: Ratings) -> tuple[float, dict, DCR]:
+    """A grid point judged by the validation NDCG@10 of its fit (training-likelihood stopping)."""
+    model = fit_dcr(params, fit)
+    return index_ndcg(model, val), params, model
+
+
+def refined_ndcg(params: dict, model: DCR, val: Ratings, overrides: dict) -> tuple[float, dict, None]:
+    """A refinement setting judged by the validation NDCG@10 of ``model`` refined with it."""
+    return index_ndcg(refinement_for(params, model, **overrides).refined(model), val), overrides, None
+
+
+# ``tune``'s validation criterion of the fit grid for each ``--stop`` (its name in the log).
+TUNE_CRITERIA = {"validation": ("val loglik", stopped_loglik), "tol": ("val ndcg@10", fitted_ndcg)}
 
 
 def grid_best_on_test(
@@ -275,13 +288,13 @@ def grid_best_on_test(
     choice can add. It is printed as its own row and chooses nothing else.
     """
     split = validation_split(train, rng) if stop == "validation" else None
-    best = -np.inf
-    for point in grid_points({"learning_rate": LR_GRID, "reg": REG_GRID}):
-        params = dict(base, **point)
+
+    def test_ndcg(params: dict) -> tuple[float, dict, None]:
         if split is not None:
-            params["level_epochs"] = fit_stopped(params, *split)[0].best_epochs_
-        best = max(best, index_ndcg(fit_dcr(params, train), test))
-    return best
+            params = dict(params, level_epochs=fit_stopped(params, *split)[0].best_epochs_)
+        return index_ndcg(fit_dcr(params, train), test), params, None
+
+    return ValidatedGrid(test_ndcg, {"learning_rate": LR_GRID, "reg": REG_GRID}).fit(base).best_score_
 
 
 # The protocol's settings a flag may change (``--name-with-dashes``, named as the parameter):
@@ -392,31 +405,20 @@ def select(
     (the per-level median over the folds) for the refit on all the
     training ratings.
     """
-    splits = holdouts(train, rng, folds)
-    fitted = []
-    for choice in choices:
-        candidate = dict(params, **choice)
-        parts, epochs = [], []
-        for fit, val in splits:
-            model, _ = fit_stopped(candidate, fit, val)
-            parts.append(ndcg_values(serving_scorer(model), val))
-            epochs.append(model.best_epochs_)
-        values = np.concatenate(parts)
-        level_epochs = median_level_epochs(epochs)
+    chooser = OneStandardErrorChoice(
+        lambda candidate, fit, val: fit_stopped(candidate, fit, val)[0],
+        choices,
+        lambda model, val: ndcg_values(serving_scorer(model), val),
+        folds=folds,
+        rule=rule,
+        random_state=rng,
+    ).fit(train, params)
+    for choice, result in zip(choices, chooser.cv_results_):
         log(
-            f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {values.mean():.4f}"
-            f" (level epochs {level_epochs})"
+            f"    select {params_text(choice, sorted(choice))}: val ndcg@10 {result['mean_score']:.4f}"
+            f" (level epochs {result['level_epochs']})"
         )
-        fitted.append((dict(candidate, level_epochs=level_epochs), values))
-    best = max(range(len(fitted)), key=lambda j: fitted[j][1].mean())
-    if rule == "best":
-        return fitted[best][0]
-    for candidate, values in fitted:
-        diff = fitted[best][1] - values
-        se = standard_error(diff, undefined=0.0)
-        if diff.mean() <= se:
-            return candidate
-    return fitted[best][0]
+    return chooser.best_params_
 
 
 def sweep(args: argparse.Namespace, data: Ratings, name: str, n_values, log) -> list[Row]:
