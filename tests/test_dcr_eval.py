@@ -528,3 +528,32 @@ def test_one_standard_error_choice_fits_every_candidate_on_the_same_hold_outs():
         OneStandardErrorChoice(
             fit, [{}], per_user_rating, rule="worst", random_state=np.random.default_rng()
         ).fit(data)
+
+
+def test_one_standard_error_choice_scores_by_every_scorer_and_the_first_chooses():
+    from ordrec.trainer.models.protocol_selection import OneStandardErrorChoice
+    from ordrec.trainer.reproduce.dcr import stopped_model
+
+    data = ratings(6, n_users=30)
+
+    def rank(sign):  # per-user values that prefer the smaller (sign -1) or the larger rank
+        return lambda model, held_out: np.full(
+            np.unique(held_out.user).size, sign * model.n_components, float
+        )
+
+    def chosen(scoring):
+        return OneStandardErrorChoice(
+            stopped_model,
+            [dict(n_components=2), dict(n_components=3)],
+            scoring,
+            folds=2,
+            random_state=np.random.default_rng(0),
+        ).fit(data, dict(max_iter=2, random_state=0))
+
+    smaller_first = chosen({"smaller": rank(-1), "larger": rank(1)})
+    assert smaller_first.best_params_["n_components"] == 2
+    assert [r["mean_scores"] for r in smaller_first.cv_results_] == [
+        {"smaller": -2.0, "larger": 2.0},
+        {"smaller": -3.0, "larger": 3.0},
+    ]
+    assert chosen({"larger": rank(1), "smaller": rank(-1)}).best_params_["n_components"] == 3

@@ -5,7 +5,7 @@ validation split is :class:`~ordrec.trainer.models.selection.ValidatedGrid`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,8 +37,10 @@ class OneStandardErrorChoice:
         stopping (the estimator this choice wraps).
     candidates : sequence of dict
         The settings to choose from, simplest first (the one-SE rule leans towards the first).
-    scoring : callable
-        ``scoring(model, held_out)``: per-user validation values (e.g. NDCG@10 per user).
+    scoring : callable or dict of str to callable
+        ``scoring(model, held_out)``: per-user validation values (e.g. NDCG@10 per user). A
+        dict scores every fitted model by each scorer (as GridSearchCV's multi-metric
+        scoring); the first one chooses.
     folds : int, default 3
         Hold-outs (``holdouts``: a quarter of each user's ratings, at least 2).
     rule : {"best", "one-se"}, default "best"
@@ -54,7 +56,8 @@ class OneStandardErrorChoice:
         The chosen candidate over ``base``, with ``level_epochs``: each level's median
         validation-stopped epoch over the hold-outs, for the refit on all the ratings.
     cv_results_ : list of dict
-        Per candidate: ``params`` (as ``best_params_``), ``mean_score``, ``level_epochs``.
+        Per candidate: ``params`` (as ``best_params_``), ``mean_score`` (the choosing scorer's),
+        ``mean_scores`` (every scorer's, by name), ``level_epochs``.
     """
 
     _parameter_constraints = {
@@ -66,7 +69,7 @@ class OneStandardErrorChoice:
         self,
         fit_candidate: FitOnHoldout,
         candidates: Sequence[dict],
-        scoring: Scoring,
+        scoring: Scoring | Mapping[str, Scoring],
         *,
         folds: int = 3,
         rule: str = "best",
@@ -88,17 +91,14 @@ class OneStandardErrorChoice:
         self.cv_results_: list[dict[str, Any]] = []
         values = []
         for choice in self.candidates:
-            params, pooled, epochs = dict(base or {}, **choice), [], []
-            for fit, val in splits:
-                model = self.fit_candidate(params, fit, val)
-                pooled.append(self.scoring(model, val))
-                epochs.append(model.best_epochs_)
-            values.append(np.concatenate(pooled))
-            level_epochs = median_level_epochs(epochs)
+            params = dict(base or {}, **choice)
+            scores, level_epochs = self._on_holdouts(params, splits)
+            values.append(next(iter(scores.values())))  # the first scorer chooses
             self.cv_results_.append(
                 {
                     "params": dict(params, level_epochs=level_epochs),
                     "mean_score": values[-1].mean(),
+                    "mean_scores": {name: v.mean() for name, v in scores.items()},
                     "level_epochs": level_epochs,
                 }
             )
@@ -106,3 +106,16 @@ class OneStandardErrorChoice:
         self.best_index_ = choose(values)
         self.best_params_ = self.cv_results_[self.best_index_]["params"]
         return self
+
+    def _on_holdouts(self, params: dict, splits: list) -> tuple[dict[str, np.ndarray], list[int]]:
+        """One candidate fitted on every hold-out: each scorer's per-user values pooled over the
+        hold-outs, and each level's median stopping epoch."""
+        scorers = self.scoring if isinstance(self.scoring, Mapping) else {"score": self.scoring}
+        pooled: dict[str, list] = {name: [] for name in scorers}
+        epochs = []
+        for fit, val in splits:
+            model = self.fit_candidate(params, fit, val)
+            for name, scorer in scorers.items():
+                pooled[name].append(scorer(model, val))
+            epochs.append(model.best_epochs_)
+        return {name: np.concatenate(parts) for name, parts in pooled.items()}, median_level_epochs(epochs)

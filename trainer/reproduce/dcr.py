@@ -381,6 +381,21 @@ def held_out(n_train: int, fraction: float = 0.25, minimum: int = 2) -> int:
     return max(minimum, int(np.floor(fraction * n_train)))
 
 
+def stopped_model(params: dict, fit: Ratings, val: Ratings) -> DCR:
+    """A candidate fitted on ``fit``, every level early-stopped on ``val``."""
+    return fit_stopped(params, fit, val)[0]
+
+
+def serving_values(model: DCR, val: Ratings) -> np.ndarray:
+    """Per-user NDCG@10 on ``val`` through the serving index built from ``model``'s artifact."""
+    return ndcg_values(serving_scorer(model), val)
+
+
+def refined_values(params: dict, model: DCR, val: Ratings) -> np.ndarray:
+    """:func:`serving_values` of a refined copy of ``model`` (the refinement's settings from ``params``)."""
+    return serving_values(refinement_for(params, model).refined(model), val)
+
+
 def select(
     params: dict,
     choices: list[dict],
@@ -406,9 +421,9 @@ def select(
     training ratings.
     """
     chooser = OneStandardErrorChoice(
-        lambda candidate, fit, val: fit_stopped(candidate, fit, val)[0],
+        stopped_model,
         choices,
-        lambda model, val: ndcg_values(serving_scorer(model), val),
+        serving_values,
         folds=folds,
         rule=rule,
         random_state=rng,
@@ -517,31 +532,30 @@ def _sweep_run(
     rng = np.random.default_rng([split_seed, n, run_index])
     train, _ = per_user_split(data, n, rng)
     seed = int(rng.integers(2**31 - 1))
-    splits = holdouts(train, np.random.default_rng([split_seed, n, run_index, 2]), args.select_folds)
-    base = _base_params(args)
     pair_lrs = _grid(args.sweep_pairwise_lr) if args.sweep_pairwise_lr else ()
-    for candidate in candidates:
-        shown = ["init", "n_components", "learning_rate", "init_std", *extra_keys]
+    base = _base_params(args)
+    # The refinement as the protocol runs it (on each hold-out's fitted DCR), scored on the hold-out.
+    refined = {
+        f"pairwise_learning_rate={plr}": partial(
+            refined_values,
+            dict(base, pairwise_learning_rate=plr, pairwise_max_iter=setting(args, "pairwise_max_iter")),
+        )
+        for plr in pair_lrs
+    }
+    scored = OneStandardErrorChoice(
+        stopped_model,
+        candidates,
+        {"": serving_values, **refined},
+        folds=args.select_folds,
+        random_state=np.random.default_rng([split_seed, n, run_index, 2]),
+    ).fit(train, dict(base, random_state=seed))
+    shown = ["init", "n_components", "learning_rate", "init_std", *extra_keys]
+    for candidate, result in zip(candidates, scored.cv_results_):
         method = "DCR " + params_text(candidate, shown)
-        values: dict[str, list] = {}
-        for fit, val in splits:
-            model, _ = fit_stopped(dict(base, **candidate, random_state=seed), fit, val)
-            values.setdefault(method, []).append(ndcg_values(serving_scorer(model), val))
-            # The refinement as the protocol runs it (on the fitted DCR), scored on the hold-out.
-            for plr in pair_lrs:
-                refined = refinement_for(
-                    base,
-                    model,
-                    pairwise_learning_rate=plr,
-                    pairwise_max_iter=setting(args, "pairwise_max_iter"),
-                ).refined(model)
-                values.setdefault(f"Pairwise {method} pairwise_learning_rate={plr}", []).append(
-                    ndcg_values(serving_scorer(refined), val)
-                )
-        for label, parts in values.items():
-            value = float(np.concatenate(parts).mean())
-            results.record(label, n, value, log=False)
-            results.log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10 {value:.5f}")
+        for name, mean in result["mean_scores"].items():
+            label = f"Pairwise {method} {name}" if name else method
+            results.record(label, n, float(mean), log=False)
+            results.log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10 {float(mean):.5f}")
 
 
 def _print_paired_differences(rows: list[Row], values: dict, n_values) -> None:
