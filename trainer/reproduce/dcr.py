@@ -545,7 +545,7 @@ def _sweep_run(
     scored = OneStandardErrorChoice(
         stopped_model,
         candidates,
-        {"": serving_values, **refined},
+        {"pointwise": serving_values, **refined},
         folds=args.select_folds,
         random_state=np.random.default_rng([split_seed, n, run_index, 2]),
     ).fit(train, dict(base, random_state=seed))
@@ -553,7 +553,7 @@ def _sweep_run(
     for candidate, result in zip(candidates, scored.cv_results_):
         method = "DCR " + params_text(candidate, shown)
         for name, mean in result["mean_scores"].items():
-            label = f"Pairwise {method} {name}" if name else method
+            label = method if name == "pointwise" else f"Pairwise {method} {name}"
             results.record(label, n, float(mean), log=False)
             results.log(f"N={n} seed {split_seed} run {run_index}: {label}: val ndcg@10 {float(mean):.5f}")
 
