@@ -21,6 +21,16 @@ os.environ.setdefault(ADMIN_ENV, ADMIN_TOKEN)  # server processes inherit it (te
 # their trainer processes: erasures end to end run keyed, as a deployment does.
 os.environ.setdefault("ORDREC_FORGOTTEN_KEY", "tests-forgotten-list-key-0123456789abcdef")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist there is one worker per core: each runs one thread of numba, BLAS and
+    # OpenMP (faiss), here and in the processes it starts, so parallel kernels do not spin against
+    # each other. ``TEST_WORKERS=0`` and ``make test-slow`` run one process with every thread.
+    for variable in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[variable] = "1"
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1)  # in case numpy's BLAS was loaded before these were set
+
 DATA_ROOT = Path(os.environ.get("ORDREC_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 # Models trained on the built-in sample for end-to-end tests:
