@@ -115,3 +115,27 @@ def test_an_index_built_without_users_keeps_the_fraction_rule(tmp_path):
 def test_bad_exclusion_calibration_figures_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         ann.build_params({"structure": "ivf", **bad})
+
+
+class CountedSearches:
+    """The faiss index, its searches counted."""
+
+    def __init__(self, index) -> None:
+        self.index, self.searches = index, 0
+
+    def search(self, *args, **kwargs):
+        self.searches += 1
+        return self.index.search(*args, **kwargs)
+
+
+def test_a_history_of_the_users_best_goes_to_the_exact_pass_after_one_search(built):
+    # Issue 45 item 3: widening a search the history crowds until it finds enough would cost more
+    # than the exact pass it ends in.
+    search, items, users = built
+    counted = CountedSearches(search.index)
+    found = type(search)(
+        counted, search.n_items, search.breadth, search.params, search.item_vectors, search.item_rows
+    )
+    best = np.argsort(-(items @ users[1]), kind="stable")[: HEAVY[0]]
+    assert found.search(users[1], 10, best) is None
+    assert counted.searches == 1

@@ -24,7 +24,14 @@ cache), only the graph is read into memory, and nothing is unpickled.
 
 Semantics match exact scoring: excluded items are filtered inside the graph
 search (faiss's ID selector), never returned, and the search breadth grows
-by their number (they crowd the user's best region); when the search comes back
+by their number (they crowd the user's best region). A user with more
+exclusions than the calibration's users had (a long history) is searched as
+they were, then the excluded items scoring above that answer say how deep the
+exclusions push it: the search is repeated at the breadth the build measured
+for that depth (``excluded_breadths``: the calibration users with their own
+best items excluded, doubling from 16), or, deeper than ``max_excluded`` (where
+no breadth held the recall of an ordinary user, or one cost more than scoring
+every item), the caller's exact pass answers. When the search comes back
 with fewer than ``n`` eligible items the breadth grows, and past a bound the
 caller's exact path answers, so ``n`` results come back whenever ``n``
 eligible items exist. Hidden and filtered-out items (``service/indices/rules.py``)
@@ -36,7 +43,7 @@ user, they widen the walk by the inverse of the eligible share.
 ``IndexIVFPQFastScan``: ``nlist`` k-means lists, 4-bit product codes of two
 dimensions each, scanned with SIMD lookup tables). Its codes are an eighth of
 the float bytes, so the server holds them in memory and re-scores ``rerank``
-x n candidates (plus one per exclusion) from the version's mapped float factors;
+x n candidates (plus two per exclusion) from the version's mapped float factors;
 ``nprobe``, the lists scanned, is calibrated like ``ef_search`` and grows the
 same way when a filtered scan finds too few items. Which to use: measured in
 ``docs/catalog.md``.
@@ -152,6 +159,9 @@ EXACT_COST_QUERIES = 5
 # The inverted file re-scores this many candidates per exclusion: the 4-bit codes blur the close
 # scores deep in a user's ranking, where the exclusions push the wanted items.
 RERANK_PER_EXCLUDED = 2
+# Excluded rows scored per block when measuring how deep a long history pushes the answer (the
+# count stops once past max_excluded: a history of the user's best stops in the first block).
+DEPTH_BLOCK = 512
 # Down to this share of eligible items a filtered walk keeps its breadth (service/indices/ann.py, search).
 ELIGIBLE_SHARE_NOT_WIDENED = 0.5
 # Below this share of eligible items (hidden or filtered out: service/indices/rules.py) the caller
@@ -995,25 +1005,32 @@ class AnnSearch:
         # it widens so the eligible candidates stay at half the breadth.
         widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / (left / self.n_items))
         covered = self.params.get("calibrated_excluded")
-        if covered is None or excluded <= covered:  # as the breadth's calibration measured
+        if covered is None or exclude is None or excluded <= covered:  # as the calibration measured
             return self._search_deep(faiss, query, want, excluded, widen, left, selectors[-1])
         # A long history: first searched as an ordinary one; then how deep its exclusions really
         # push the answer (those scoring above it), searched at the breadth measured for that depth.
-        found = self._search_deep(faiss, query, want, covered, widen, left, selectors[-1])
-        if found is None or found[0].size < want:
-            return found
-        depth = self._depth(exclude, query[0], found[1][-1])
-        if depth <= covered:
+        found = self._search_deep(faiss, query, want, covered, widen, left, selectors[-1], grow=False)
+        # Too few found at that breadth: the exclusions crowd the top, as deep as they are many.
+        depth = excluded if found is None else self._depth(exclude, query[0], float(found[1][-1]))
+        if found is not None and depth <= covered:
             return found
         if depth > self.max_excluded:
             return None  # deeper than the index holds the recall: the exact pass answers
         return self._search_deep(faiss, query, want, depth, widen, left, selectors[-1])
 
     def _search_deep(
-        self, faiss, query: np.ndarray, want: int, depth: int, widen: float, left: int, selector
+        self,
+        faiss,
+        query: np.ndarray,
+        want: int,
+        depth: int,
+        widen: float,
+        left: int,
+        selector,
+        grow: bool = True,
     ) -> Ranked | None:
         """The search of ``want`` eligible items when ``depth`` excluded items rank above them,
-        widened 4x while it finds too few; None past the widest breadth."""
+        widened 4x while it finds too few (when ``grow``); None past the widest breadth."""
         fetch = self._candidates(want, depth, left)
         breadth = self._first_breadth(depth, widen, fetch, left)
         while breadth <= self.max_breadth:
@@ -1023,15 +1040,21 @@ class AnnSearch:
             rows, scores = rows[0], scores[0]
             if (rows >= 0).all():  # faiss pads with -1 when the search found fewer eligible items
                 return self._exact_order(rows, query[0], want) if self.quantised else (rows, scores)
-            if breadth == self.max_breadth:
+            if breadth == self.max_breadth or not grow:
                 break
             breadth = min(breadth * _GROWTH, self.max_breadth)
         return None
 
     def _depth(self, exclude: np.ndarray, query: np.ndarray, last: float) -> int:
         """How many excluded items score above ``last`` (the answer's lowest exact score): at
-        least as many as outrank the exact answer, whose lowest score is no lower."""
-        return int((self._rescore_vectors(exclude) @ query > last).sum())
+        least as many as outrank the exact answer, whose lowest score is no lower. Counted a block
+        of rows at a time, and no further than :attr:`max_excluded` (deeper: the exact pass)."""
+        depth = 0
+        for start in range(0, exclude.size, DEPTH_BLOCK):
+            depth += int((self._rescore_vectors(exclude[start : start + DEPTH_BLOCK]) @ query > last).sum())
+            if depth > self.max_excluded:
+                break
+        return depth
 
     @property
     def max_excluded(self) -> int:
