@@ -200,10 +200,12 @@ def test_the_auto_build_records_wall_and_cpu_seconds_of_each_phase(tmp_path):
         "exact tops",
         "ivf build",
         "ivf calibration",
+        "ivf exclusions",
         "ivf cost",
         "hnsw prediction",
         "hnsw build",
         "hnsw calibration",
+        "hnsw exclusions",
         "hnsw cost",
     ]
     for took in phases.values():

@@ -24,7 +24,14 @@ cache), only the graph is read into memory, and nothing is unpickled.
 
 Semantics match exact scoring: excluded items are filtered inside the graph
 search (faiss's ID selector), never returned, and the search breadth grows
-by their number (they crowd the user's best region); when the search comes back
+by their number (they crowd the user's best region). A user with more
+exclusions than the calibration's users had (a long history) is searched as
+they were, then the excluded items scoring above that answer say how deep the
+exclusions push it: the search is repeated at the breadth the build measured
+for that depth (``excluded_breadths``: the calibration users with their own
+best items excluded, doubling from 16), or, deeper than ``max_excluded`` (where
+no breadth held the recall of an ordinary user, or one cost more than scoring
+every item), the caller's exact pass answers. When the search comes back
 with fewer than ``n`` eligible items the breadth grows, and past a bound the
 caller's exact path answers, so ``n`` results come back whenever ``n``
 eligible items exist. Hidden and filtered-out items (``service/indices/rules.py``)
@@ -36,7 +43,7 @@ user, they widen the walk by the inverse of the eligible share.
 ``IndexIVFPQFastScan``: ``nlist`` k-means lists, 4-bit product codes of two
 dimensions each, scanned with SIMD lookup tables). Its codes are an eighth of
 the float bytes, so the server holds them in memory and re-scores ``rerank``
-x n candidates (plus one per exclusion) from the version's mapped float factors;
+x n candidates (plus two per exclusion) from the version's mapped float factors;
 ``nprobe``, the lists scanned, is calibrated like ``ef_search`` and grows the
 same way when a filtered scan finds too few items. Which to use: measured in
 ``docs/catalog.md``.
@@ -141,6 +148,20 @@ _PARAMS_KEPT_PER_THREAD = 32
 # Exclusions above this fraction of the catalogue go straight to the exact pass: a graph
 # search that must skip most of what it visits degrades towards a full scan anyway.
 MAX_EXCLUDED_FRACTION = 0.05
+# Below that, the build measures how many exclusions the index still answers as well as it answers
+# an ordinary user (``max_excluded`` in the manifest): the calibration users' own best items
+# excluded, first this many, then twice as many each step, up to MAX_EXCLUDED_FRACTION.
+EXCLUDED_LADDER_START = 16
+# Calibration users measured at each step of that ladder (the first of the calibration's users),
+# and of them, those whose exact pass is timed (the ladder stops where the index costs more).
+EXCLUSION_CALIBRATION_QUERIES = 100
+EXACT_COST_QUERIES = 5
+# The inverted file re-scores this many candidates per exclusion: the 4-bit codes blur the close
+# scores deep in a user's ranking, where the exclusions push the wanted items.
+RERANK_PER_EXCLUDED = 2
+# Excluded rows scored per block when measuring how deep a long history pushes the answer (the
+# count stops once past max_excluded: a history of the user's best stops in the first block).
+DEPTH_BLOCK = 512
 # Down to this share of eligible items a filtered walk keeps its breadth (service/indices/ann.py, search).
 ELIGIBLE_SHARE_NOT_WIDENED = 0.5
 # Below this share of eligible items (hidden or filtered out: service/indices/rules.py) the caller
@@ -202,16 +223,36 @@ def build_params(params: dict[str, Any] | None = None) -> dict[str, Any]:
         raise ValueError(
             f"index parameter storage must be one of {', '.join(STORAGES)}, got {merged['storage']!r}"
         )
-    for key in ("recall_target", "calibrated_recall"):
+    for key in ("recall_target", "calibrated_recall", "max_excluded_recall"):
         value = merged.get(key, 1.0)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
             raise ValueError(f"index parameter {key} must be in (0, 1], got {value!r}")
+    for key in ("calibrated_excluded", "max_excluded"):
+        value = merged.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+            raise ValueError(f"index parameter {key} must be an integer >= 0, got {value!r}")
+        if key in merged:
+            merged[key] = int(value)
+    steps = merged.get("excluded_breadths", [])
+    if not isinstance(steps, list) or not all(isinstance(s, list) and len(s) == 2 for s in steps):
+        raise ValueError(
+            f"index parameter excluded_breadths must be [[excluded, breadth], ...], got {steps!r}"
+        )
     return merged
 
 
 # What a published index's parameters record beside the structure's own: the recall the
 # calibration measured, and with "auto" both structures' calibration figures.
-_RECORDED = ("calibrated_recall", "compared", "build_seconds", "build_phases")
+_RECORDED = (
+    "calibrated_recall",
+    "calibrated_excluded",
+    "max_excluded",
+    "max_excluded_recall",
+    "excluded_breadths",
+    "compared",
+    "build_seconds",
+    "build_phases",
+)
 # The figures of an "auto" trial that name its breadth (the rest: recall, cost, seconds).
 _BREADTH_FIGURES = ("ef_search", "nlist", "nprobe")
 
@@ -335,13 +376,25 @@ def write_index(
     with phases.timed(f"{structure} build"):
         faiss.write_index(kind.build(faiss, vectors, params), str(path))
     key = kind.breadth_param
-    if params[key] == "auto":
+    choose_breadth = params[key] == "auto"
+    if choose_breadth:
         params[key] = kind.uncalibrated
-        if queries is not None and len(queries.vectors):
-            with phases.timed(f"{structure} calibration"):
-                entry = SearchIndex(kind.library, params, path=path)
-                search = AnnSearch.open(entry, vectors)
-                params[key], params["calibrated_recall"] = calibrate(search, queries, truth=truth)
+    if queries is None or not len(queries.vectors):
+        return kind.library
+    search = AnnSearch.open(SearchIndex(kind.library, params, path=path), vectors)
+    if choose_breadth:
+        with phases.timed(f"{structure} calibration"):
+            truth = truth or exact_tops(vectors, queries, 10)
+            params[key], params["calibrated_recall"] = calibrate(search, queries, truth=truth)
+    with phases.timed(f"{structure} exclusions"):
+        # A user with a long history is held to the recall an ordinary user gets.
+        floor = min(float(params["recall_target"]), float(params.get("calibrated_recall", 1.0)))
+        covered = search.params["calibrated_excluded"] = calibrated_exclusions(queries)
+        measured = calibrate_exclusions(search, queries.vectors, floor, covered)
+        params["calibrated_excluded"], params["excluded_breadths"] = covered, measured.breadths
+        params["max_excluded"], params["max_excluded_recall"] = measured.max_excluded, measured.recall
+        if choose_breadth and truth is not None:  # the recall recorded: the index's as it serves
+            params["calibrated_recall"] = round(served_recall(search, queries, truth), 4)
     return kind.library
 
 
@@ -454,6 +507,8 @@ def describe_choice(library: str, params: dict[str, Any]) -> str:
     recall = params.get("calibrated_recall")
     text = library + (f" {key}={params[key]}" if key in params else "")
     text += f" recall@10={recall:.3f}" if isinstance(recall, (int, float)) else ""
+    most = params.get("max_excluded")
+    text += f" exact above {int(most):,} exclusions" if isinstance(most, (int, float)) else ""
     compared = params.get("compared")
     if isinstance(compared, dict) and compared:
         parts = []
@@ -605,13 +660,126 @@ def calibrate(
     recall = 0.0
     for breadth in search.ladder():
         search.breadth = breadth
-        found = [search.search(q, n, ex) for q, ex in _with_excludes(queries)]
-        # None: the server's exact pass answers that user (too many exclusions), exactly.
-        hits = [t.size if f is None else np.intersect1d(f[0], t).size for f, t in zip(found, truth)]
-        recall = float(np.sum(hits) / max(1, sum(t.size for t in truth)))
+        recall = served_recall(search, queries, truth, n)
         if recall >= target:
             break
     return search.breadth, round(recall, 4)
+
+
+def served_recall(search: AnnSearch, queries: Queries, truth: list[np.ndarray], n: int = 10) -> float:
+    """Recall@n of the index's answers to ``queries`` against ``truth`` (:func:`exact_tops`)."""
+    found = [search.search(q, n, ex) for q, ex in _with_excludes(queries)]
+    # None: the server's exact pass answers that user (too many exclusions), exactly.
+    hits = [t.size if f is None else np.intersect1d(f[0], t).size for f, t in zip(found, truth)]
+    return float(np.sum(hits) / max(1, sum(t.size for t in truth)))
+
+
+def exclusion_ladder(n_items: int, covered: int = 0) -> list[int]:
+    """The exclusion counts :func:`calibrate_exclusions` measures: from
+    :data:`EXCLUDED_LADDER_START` doubling, up to :data:`MAX_EXCLUDED_FRACTION` of the items,
+    those above ``covered`` (what the breadth's calibration measured already)."""
+    cap = int(MAX_EXCLUDED_FRACTION * n_items)
+    steps = [int(EXCLUDED_LADDER_START * 2**k) for k in range(64) if EXCLUDED_LADDER_START * 2**k < cap]
+    return [e for e in [*steps, cap] if covered < e]
+
+
+def calibrated_exclusions(queries: Queries) -> int:
+    """How many exclusions the breadth's calibration measured users with: the median of its
+    users' (their histories, as served)."""
+    return int(np.median([ex.size for ex in queries.excludes])) if queries.excludes else 0
+
+
+@dataclass(frozen=True)
+class ExclusionCalibration:
+    """What :func:`calibrate_exclusions` measured: the breadth each step of
+    :func:`exclusion_ladder` needs (``[[excluded, breadth], ...]``, steps up to ``max_excluded``),
+    the most exclusions the index answers (more: the exact pass; at least those the breadth's
+    calibration measured), and the lowest recall of a step kept."""
+
+    breadths: list[list[int]]
+    max_excluded: int
+    recall: float
+
+
+def calibrate_exclusions(
+    search: AnnSearch, vectors: np.ndarray, floor: float, covered: int = 0, n: int = 10
+) -> ExclusionCalibration:
+    """Per step of :func:`exclusion_ladder`, the narrowest breadth (from the previous step's up the
+    index's ladder) whose recall@n reaches ``floor`` (within the measurement's standard error)
+    with that many of the user's own best items
+    excluded: the deepest those exclusions can push the wanted items (a long history is mostly
+    what the model rates highest); the wanted answer is the next ``n`` of the exact ranking.
+
+    The ladder stops at the first step no breadth holds, or whose search costs more CPU than
+    scoring every item: from there on the exact pass answers, right and no dearer.
+    """
+    steps = exclusion_ladder(search.n_items, covered)
+    users = np.ascontiguousarray(vectors[:EXCLUSION_CALIBRATION_QUERIES], dtype=np.float32)
+    if not steps or not len(users):
+        return ExclusionCalibration([], covered, 1.0)
+    ranked = _ranked_rows(search.vectors(), users, steps[-1] + n)
+    exact_seconds = _exact_seconds(search.vectors(), users[:EXACT_COST_QUERIES], n)
+    kept: list[list[int]] = []
+    # Held: a recall the measurement cannot tell below ``floor`` (one standard error of a recall
+    # of ``floor`` over these users' answers; at 0.97 and 100 users, 0.005).
+    held_from = floor - np.sqrt(floor * (1.0 - floor) / (n * len(users)))
+    lowest = 1.0
+    breadths = search.ladder()
+    for excluded in steps:
+        wanted = [(rows[:excluded], rows[excluded : excluded + n]) for rows in ranked]
+        start = kept[-1][1] if kept else search.breadth
+        held = None
+        for breadth in (b for b in breadths if b >= start):
+            search.params["excluded_breadths"] = [*kept, [excluded, breadth]]
+            recall, seconds = _recall_and_cost(search, users, wanted, n)
+            if seconds > exact_seconds:
+                break  # wider is dearer still: the exact pass answers from here
+            if recall >= held_from:
+                held = (breadth, recall)
+                break
+        if held is None:
+            break
+        kept.append([excluded, held[0]])
+        lowest = min(lowest, held[1])
+    search.params["excluded_breadths"] = kept
+    return ExclusionCalibration(kept, kept[-1][0] if kept else covered, round(lowest, 4))
+
+
+def _recall_and_cost(
+    search: AnnSearch, users: np.ndarray, wanted: list[tuple[np.ndarray, np.ndarray]], n: int
+) -> tuple[float, float]:
+    """Recall@n of the index against ``wanted`` (per user: its exclusions and the exact answer),
+    and the CPU seconds per search (this process's threads, as :func:`_exact_seconds`)."""
+    hits = 0
+    started = time.process_time()
+    for query, (exclude, truth) in zip(users, wanted):
+        found = search.search(query, n, exclude)
+        # None: the exact pass answers (too many exclusions for the index), exactly.
+        hits += truth.size if found is None else np.intersect1d(found[0], truth).size
+    seconds = (time.process_time() - started) / len(users)
+    return hits / max(1, sum(t.size for _, t in wanted)), seconds
+
+
+def _exact_seconds(vectors: np.ndarray, users: np.ndarray, n: int) -> float:
+    """CPU seconds per user of scoring every item and keeping the best ``n`` (the exact pass; this
+    process's threads, as the product may run on several)."""
+    started = time.process_time()
+    for query in users:
+        top_k(np.ascontiguousarray(vectors @ query), n)
+    return (time.process_time() - started) / max(1, len(users))
+
+
+def _ranked_rows(vectors: np.ndarray, users: np.ndarray, depth: int, block: int = 32) -> list[np.ndarray]:
+    """Per user, the rows of the ``depth`` largest inner products, best first (a block of users
+    per pass over ``vectors``)."""
+    depth = min(depth, vectors.shape[0])
+    ranked = []
+    for start in range(0, len(users), block):
+        scores = vectors @ users[start : start + block].T
+        for column in scores.T:
+            top = np.argpartition(-column, depth - 1)[:depth]
+            ranked.append(top[np.argsort(-column[top], kind="stable")])
+    return ranked
 
 
 def calibration_warnings(indexes: dict[str, SearchIndex]) -> list[str]:
@@ -840,18 +1008,75 @@ class AnnSearch:
         # breadth already holds enough of them (recall unchanged, docs/catalog.md); below that
         # it widens so the eligible candidates stay at half the breadth.
         widen = max(1.0, ELIGIBLE_SHARE_NOT_WIDENED / (left / self.n_items))
-        fetch = self._candidates(want, excluded, left)
-        breadth = self._first_breadth(excluded, widen, fetch, left)
+        covered = self.params.get("calibrated_excluded")
+        if covered is None or exclude is None or excluded <= covered:  # as the calibration measured
+            return self._search_deep(faiss, query, want, excluded, widen, left, selectors[-1])
+        # A long history: first searched as an ordinary one; then how deep its exclusions really
+        # push the answer (those scoring above it), searched at the breadth measured for that depth.
+        found = self._search_deep(faiss, query, want, covered, widen, left, selectors[-1], grow=False)
+        # Too few found at that breadth: the exclusions crowd the top, as deep as they are many.
+        depth = excluded if found is None else self._depth(exclude, query[0], float(found[1][-1]))
+        if found is not None and depth <= covered:
+            return found
+        if depth > self.max_excluded:
+            return None  # deeper than the index holds the recall: the exact pass answers
+        return self._search_deep(faiss, query, want, depth, widen, left, selectors[-1])
+
+    def _search_deep(
+        self,
+        faiss,
+        query: np.ndarray,
+        want: int,
+        depth: int,
+        widen: float,
+        left: int,
+        selector,
+        grow: bool = True,
+    ) -> Ranked | None:
+        """The search of ``want`` eligible items when ``depth`` excluded items rank above them,
+        widened 4x while it finds too few (when ``grow``); None past the widest breadth."""
+        fetch = self._candidates(want, depth, left)
+        breadth = self._first_breadth(depth, widen, fetch, left)
         while breadth <= self.max_breadth:
             params = self._params_at(faiss, breadth)
-            params.sel = selectors[-1]  # None: no exclusions; faiss's wrapper holds the selector
+            params.sel = selector  # None: no exclusions; faiss's wrapper holds the selector
             scores, rows = self.index.search(query, fetch, params=params)
             rows, scores = rows[0], scores[0]
             if (rows >= 0).all():  # faiss pads with -1 when the search found fewer eligible items
                 return self._exact_order(rows, query[0], want) if self.quantised else (rows, scores)
-            if breadth == self.max_breadth:
+            if breadth == self.max_breadth or not grow:
                 break
             breadth = min(breadth * _GROWTH, self.max_breadth)
+        return None
+
+    def _depth(self, exclude: np.ndarray, query: np.ndarray, last: float) -> int:
+        """How many excluded items score above ``last`` (the answer's lowest exact score): at
+        least as many as outrank the exact answer, whose lowest score is no lower. Counted a block
+        of rows at a time, and no further than :attr:`max_excluded` (deeper: the exact pass)."""
+        depth = 0
+        for start in range(0, exclude.size, DEPTH_BLOCK):
+            depth += int((self._rescore_vectors(exclude[start : start + DEPTH_BLOCK]) @ query > last).sum())
+            if depth > self.max_excluded:
+                break
+        return depth
+
+    @property
+    def max_excluded(self) -> int:
+        """The most excluded items the index answers with above the answer (more: the exact
+        pass): what the build measured (:func:`calibrate_exclusions`), else
+        :data:`MAX_EXCLUDED_FRACTION` of the items."""
+        cap = int(MAX_EXCLUDED_FRACTION * self.n_items)
+        return min(cap, int(self.params.get("max_excluded", cap)))
+
+    def _calibrated_breadth(self, excluded: int) -> int | None:
+        """The breadth the build measured for this many exclusions (the first step of
+        ``excluded_breadths`` holding at least as many), or None when it measured none or the
+        breadth's own calibration covers them (``calibrated_excluded``)."""
+        if excluded <= self.params.get("calibrated_excluded", 0):
+            return None
+        for most, breadth in self.params.get("excluded_breadths") or ():
+            if excluded <= most:
+                return int(breadth)
         return None
 
     def _params_at(self, faiss, breadth: int):
@@ -940,8 +1165,11 @@ class GraphSearch(AnnSearch):
 
     def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
         # Excluded items are mostly the user's own best (the training items the model fits), so
-        # a filtered walk must step over them: widen it by their number, as over-fetching would.
-        return min(max(int((self.breadth + excluded) * widen), fetch), _MAX_EF)
+        # a filtered walk must step over them: the breadth the build measured for as many, else
+        # widened by their number, as over-fetching would.
+        measured = self._calibrated_breadth(excluded)
+        base = self.breadth + excluded if measured is None else measured
+        return min(max(int(base * widen), fetch), _MAX_EF)
 
     def _search_params(self, faiss, breadth: int):
         params = faiss.SearchParametersHNSW()
@@ -998,16 +1226,17 @@ class InvertedFileSearch(AnnSearch):
         return _ivf_holds(_faiss(), self.index, rows, wanted)
 
     def _candidates(self, want: int, excluded: int, left: int) -> int:
-        # The 4-bit codes blur the close scores below a user's excluded best items, so one
-        # more candidate is re-scored per exclusion.
-        return min(int(self.params["rerank"]) * want + excluded, left)
+        # The 4-bit codes blur the close scores below a user's excluded best items, so more
+        # candidates are re-scored per exclusion.
+        return min(int(self.params["rerank"]) * want + RERANK_PER_EXCLUDED * excluded, left)
 
     def _first_breadth(self, excluded: int, widen: float, fetch: int, left: int) -> int:
         per_list = self.n_items / self.max_breadth
         # Excluded items are mostly the user's best, so the candidates wanted rank deeper by
         # their number: scan lists in proportion to that depth; and enough lists to hold
         # twice the candidates (lists differ in size).
-        crowded = self.breadth * (fetch + excluded) / fetch * widen
+        measured = self._calibrated_breadth(excluded)
+        crowded = (self.breadth * (fetch + excluded) / fetch if measured is None else measured) * widen
         holding = 2 * fetch / (per_list * left / self.n_items)
         return min(int(np.ceil(max(crowded, holding))), self.max_breadth)
 
