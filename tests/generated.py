@@ -29,3 +29,15 @@ def random_ratings(rng, n_users=30, n_items=25, per_user=10, levels=5) -> Rating
         item += list(rng.choice(n_items, size=per_user, replace=False))
         user += [u] * per_user
     return make_ratings(user, item, rng.integers(1, levels + 1, size=len(user)), n_users, n_items)
+
+
+def write_plays(path, n_users=40, n_items=50, per_user=14, seed=0) -> str:
+    """``user,item,plays`` at ``path``: each user plays items of their own half of the catalogue,
+    the favourites many times (a geometric number of plays)."""
+    rng = np.random.default_rng(seed)
+    lines = ["user,item,plays\n"]
+    for u in range(n_users):
+        items = (u % 2) * (n_items // 2) + rng.choice(n_items // 2, per_user, replace=False)
+        lines += [f"u{u},i{i},{p}\n" for i, p in zip(items, rng.geometric(0.3, per_user))]
+    path.write_text("".join(lines))
+    return str(path)

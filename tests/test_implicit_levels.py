@@ -32,6 +32,7 @@ from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.models.coe import COE, TripleSource
 from ordrec.trainer.reproduce import topn
 from ordrec.v1 import recommender_pb2 as pb
+from tests.generated import write_plays
 from tests.servicer_fakes import NoDeadlineContext
 
 
@@ -47,19 +48,6 @@ def implicit(user, strength, n_users=None) -> Ratings:
         feedback="implicit",
         strength="plays",
     )
-
-
-def write_plays(path, n_users=40, n_items=50, per_user=14, seed=0) -> str:
-    """``user,item,plays``: each user plays items of their own group, the favourites many times."""
-    rng = np.random.default_rng(seed)
-    lines = ["user,item,plays\n"]
-    for u in range(n_users):
-        group = (u % 2) * (n_items // 2)
-        items = group + rng.choice(n_items // 2, per_user, replace=False)
-        plays = rng.geometric(0.3, per_user)
-        lines += [f"u{u},i{i},{p}\n" for i, p in zip(items, plays)]
-    path.write_text("".join(lines))
-    return str(path)
 
 
 # ------------------------------------------------------------------ the mappings

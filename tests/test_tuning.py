@@ -17,7 +17,7 @@ from ordrec.trainer.models.dcr import DCR
 from ordrec.trainer.models.pipeline import configure
 from ordrec.trainer.models.selection import stream
 from ordrec.trainer.models.tuning import SettingsTuner
-from tests.generated import make_ratings, random_ratings
+from tests.generated import make_ratings, random_ratings, write_plays
 
 
 def grouped(seed=0, groups=6, users_per_group=15, block=12, per_user=8):
@@ -172,17 +172,6 @@ def test_tune_false_publishes_the_model_of_a_plain_fit(sample_dir, tmp_path):
     assert published.hyperparameters["tune"] is False and "tuning" not in published.hyperparameters
 
 
-def write_plays(path, n_users=40, n_items=50, per_user=14, seed=0) -> str:
-    """``user,item,plays``: each user plays items of their own half, some many times."""
-    rng = np.random.default_rng(seed)
-    lines = ["user,item,plays\n"]
-    for u in range(n_users):
-        items = (u % 2) * (n_items // 2) + rng.choice(n_items // 2, per_user, replace=False)
-        lines += [f"u{u},i{i},{p}\n" for i, p in zip(items, rng.geometric(0.3, per_user))]
-    path.write_text("".join(lines))
-    return str(path)
-
-
 @pytest.mark.parametrize("gate", [[], ["--gate"]])
 def test_train_on_interactions_chooses_the_levels_and_records_them(tmp_path, gate):
     data = write_plays(tmp_path / "plays.csv")
@@ -227,3 +216,12 @@ def test_too_few_users_to_validate_on_keep_the_defaults_without_the_search(fits)
     tuner = SettingsTuner(DCR(n_components=1, max_iter=10), budget_seconds=300, min_users=91).fit(grouped())
     assert len(fits) == 1 and tuner.best_params_["n_components"] == 1
     assert re.fullmatch(r"kept defaults: \d+ users to validate on \(min_users 91\)", tuner.outcome_)
+
+
+def test_reproduce_topn_says_what_the_tuner_chose(tmp_path, capsys):
+    data = write_plays(tmp_path / "plays.csv")
+    argv = ["reproduce", "topn", "--data", data, "--feedback", "implicit", "--runs", "1", "--models", "dcr"]
+    argv += ["--references", "popularity", "--set", "dcr.tune=true", "--set", "dcr.tune_min_users=0"]
+    assert main([*argv, "--set", "dcr.max_iter=3", "--set", "dcr.tune_budget_seconds=30"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("run 1/1 dcr:")]
+    assert len(lines) == 1 and "; tuning: " in lines[0], lines

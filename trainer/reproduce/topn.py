@@ -425,7 +425,7 @@ def choose_levels(
     def validation_recall(setting: dict) -> float:
         extra = {k: v for k, v in setting.items() if k != "levels"}
         levels = ordinal_levels(fit, LevelMapping.parse(setting["levels"]))
-        index, _ = fit_index(kind, {**params, **extra}, levels, seed)
+        index, _, _ = fit_index(kind, {**params, **extra}, levels, seed)
         return topn_metrics(served_lists(index, truth.users, 10), truth, levels)["recall@10"]
 
     chosen, fitted = coordinate_search(grid, validation_recall)
@@ -451,13 +451,15 @@ def model_levels(
 
 
 # ---------------------------------------------------------------------- run
-def fit_index(kind_name: str, params: dict, data: Ratings, seed: int) -> tuple[RecommenderIndex, float]:
+def fit_index(kind_name: str, params: dict, data: Ratings, seed: int) -> tuple[RecommenderIndex, float, str]:
+    """The serving index of ``kind_name`` fitted on ``data``, the fit's seconds and what the fit
+    chose (the settings tuner's line with ``tune=true``; empty otherwise)."""
     kind = kinds.get(kind_name)
     started = time.perf_counter()
     # As a job configures it: DCR's pairwise refinement kept only where it wins on validation.
     estimator = configure(kind_name, dict(params, random_state=seed)).fit(data)
     index = kind.index_class().from_artifact(estimator.to_artifact())
-    return index, time.perf_counter() - started
+    return index, time.perf_counter() - started, estimator.fit_note() or ""
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -523,12 +525,13 @@ def run(args: argparse.Namespace) -> list[Row]:
             levelled, params, chosen[name, run_no] = model_levels(
                 kind, settings[name], split, seed, log, args, levels_of_kind
             )
-            index, seconds = fit_index(kind, params, levelled.fit, seed)
+            index, seconds, note = fit_index(kind, params, levelled.fit, seed)
             metrics = topn_metrics(served_lists(index, known.users, 20), known, levelled.fit)
             record(name, dict(metrics, fit_seconds=seconds))
             log(
                 f"run {run_no + 1}/{args.runs} {name}: recall@10 {metrics['recall@10']:.4f} fit {seconds:.1f}s"
                 + (f" levels {chosen[name, run_no]}" if chosen[name, run_no] else "")
+                + (f"; {note}" if note else "")
             )
             for with_ratings in (True, False) if new.users.size else ():
                 lists, how = folded_lists(index, levelled, new.users, 20, with_ratings=with_ratings)
