@@ -19,10 +19,11 @@ from ordrec.service.storage.registry import Registry
 from ordrec.tools.process import run_cli
 from ordrec.trainer.data.interactions import MAX_RATING_LEVELS, aggregate, ordinal_levels, trainable
 from ordrec.trainer.data.readers import read_input, read_ratings
-from ordrec.trainer.data.types import DataError, Ratings
+from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.events import Event, EventFeed, merge, with_events
 from ordrec.trainer.forgetting import drop_forgotten
 from ordrec.trainer.job import EXIT_PUBLISHED, run_job
+from tests.data_errors import error_of
 
 
 def write_play_counts(
@@ -39,12 +40,6 @@ def write_play_counts(
         lines += [f"{u}\t{a}\t{p}\n" for a, p in zip(artists, plays)]
     path.write_text("".join(lines))
     return path
-
-
-def error_of(fn, *args, **kwargs) -> DataError:
-    with pytest.raises(DataError) as info:
-        fn(*args, **kwargs)
-    return info.value
 
 
 def _train(*args):

@@ -23,13 +23,8 @@ from ordrec.trainer.models.knnscal_selection import (
 )
 from ordrec.trainer.models.pipeline import configure
 from tests.gradient_check import assert_gradient
+from tests.map_measures import order_agreement
 from tests.test_knnscal_local import fit_knnscal
-
-
-def order_agreement(X, est):
-    indptr, col, rnk = est.graph_
-    agree, pairs = K.order_counts(X, indptr, col, rnk, est.q_)
-    return agree / pairs
 
 
 def random_graph(n=40, k=4, seed=0, factor=2.0, hop2=0.5):

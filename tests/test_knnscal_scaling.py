@@ -8,10 +8,10 @@ import pytest
 from scipy.sparse import csgraph
 from scipy.spatial import procrustes
 
-from ordrec.trainer.models import knnscal_kernels as K
 from ordrec.trainer.models import knnscal_multilevel as ML
 from ordrec.trainer.models.knnscal import KnnScal, knn_lists, neighbor_csr, symmetric_graph
 from ordrec.trainer.models.knnscal_selection import KnnScalStartSelection, PolishedMap, ValidatedIterations
+from tests.map_measures import order_agreement
 from tests.test_knnscal_local import fit_knnscal
 
 
@@ -20,12 +20,6 @@ def planted_graph(n, k, seed, dim=2):
     graph = knn_lists(points, k)
     indptr, col, rnk = neighbor_csr(graph)
     return points, graph, symmetric_graph(indptr, col, rnk, n)
-
-
-def order_agreement(X, est):
-    indptr, col, rnk = est.graph_
-    agree, pairs = K.order_counts(X, indptr, col, rnk, est.q_)
-    return agree / pairs
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -35,6 +35,7 @@ from ordrec.trainer.data.types import (
     excerpt,
 )
 from tests.conftest import data_file
+from tests.data_errors import error_of
 
 
 def write(path: Path, text: str, encoding: str = "utf-8", newline: str = "\n") -> Path:
@@ -44,12 +45,6 @@ def write(path: Path, text: str, encoding: str = "utf-8", newline: str = "\n") -
 
 def triples(r: Ratings) -> list[tuple[str, str, float]]:
     return [(r.users.external(u), r.items.external(i), float(x)) for u, i, x in zip(r.user, r.item, r.rating)]
-
-
-def error_of(fn, *args, **kwargs) -> DataError:
-    with pytest.raises(DataError) as info:
-        fn(*args, **kwargs)
-    return info.value
 
 
 # ------------------------------------------------------------------ ratings formats

@@ -19,18 +19,12 @@ from ordrec.trainer.data.readers import (
     read_tags,
     split_ml_tag,
 )
-from ordrec.trainer.data.types import DataError
+from tests.data_errors import error_of
 
 
 def write(path: Path, text: str) -> Path:
     path.write_bytes(text.encode("utf-8"))
     return path
-
-
-def error_of(fn, *args, **kwargs) -> DataError:
-    with pytest.raises(DataError) as info:
-        fn(*args, **kwargs)
-    return info.value
 
 
 # ------------------------------------------------------------------ MovieLens tags.dat
