@@ -931,8 +931,9 @@ class JobRunner:
         train, test = holdout.split(data, *how)
         t0 = time.perf_counter()
         estimator = self.fit(model, train)
-        if estimator.fitted_data(train) is not train:  # the same rows, as the chosen model sees them
-            train, test = estimator.fitted_data(train), holdout.split(estimator.fitted_data(data), *how)[1]
+        levelled = estimator.fitted_data(train)
+        if levelled is not train:  # the same rows, as the chosen model sees them
+            train, test = levelled, holdout.split(estimator.fitted_data(data), *how)[1]
         self.say(
             model.name,
             "fit kind=%s part=train holdout=%g seed=%d seconds=%.1f",
