@@ -457,6 +457,9 @@ def test_http_body_over_the_limit_is_refused_before_it_is_read(http_server):
     reply, seconds = post_raw(http_server, head)  # the 50 MB never come: the answer must not wait
     assert status_of(reply) == 413 and seconds < 1.0, (reply[:200], seconds)
     assert json_of(reply)["status"] == "RESOURCE_EXHAUSTED" and b"Connection: close" in reply
+    # A client that waits for "100 Continue" gets the 413 instead, so it never starts the upload.
+    reply, seconds = post_raw(http_server, head + "\r\nExpect: 100-continue")
+    assert status_of(reply) == 413 and seconds < 1.0, (reply[:200], seconds)
     big = b'{"model": "dcr", "userIds": ["' + b"u" * (5 << 20) + b'"]}'  # a real 5 MB body, sent
     got = subprocess.run(
         [

@@ -202,6 +202,14 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.deadlines.disarm(self.connection)
 
+    def handle_expect_100(self) -> bool:
+        """Answer "100 Continue" only to a body the JSON API would read: one declared over the
+        message limit gets its 413 before the client sends it (not a reset mid-upload)."""
+        declared = self.headers.get("Content-Length", "").strip()
+        if declared.isdigit() and int(declared) > self.gateway.servicer.limits.max_message_bytes:
+            return True  # no 100: do_POST answers 413 and closes the connection
+        return super().handle_expect_100()
+
     def _received(self) -> bool:
         """The request line and headers are in: stop the clock, except for a POST's (it runs
         on through the body). False, with a 408 sent, when they came too late."""
