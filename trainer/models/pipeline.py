@@ -300,14 +300,19 @@ class FitPipeline:
         return f"{self.kind}{turned_on}: {fits} fit{'s' if fits != 1 else ''} of the estimator"
 
     @property
+    def tuned(self) -> bool:
+        """Whether the settings tuner wraps the fit (it chooses settings on validation)."""
+        return isinstance(self.estimator, SettingsTuner)
+
+    @property
     def chooses_levels(self) -> bool:
         """Whether the fit chooses how raw interactions become levels itself (the settings
         tuner does, on validation): its data is then given unlevelled."""
-        return isinstance(self.estimator, SettingsTuner)
+        return self.tuned
 
     def fit_note(self) -> str | None:
         """A line for the fit log on what the fit chose (the tuner's choice), or None."""
-        return describe_tuning(self.estimator.record()) if self.chooses_levels else None
+        return describe_tuning(self.estimator.record()) if self.tuned else None
 
     def fitted_data(self, data: Any) -> Any:
         """``data`` as the fitted model saw it: levelled by the mapping the fit chose, if any."""
