@@ -31,13 +31,15 @@ def random_ratings(rng, n_users=30, n_items=25, per_user=10, levels=5) -> Rating
     return make_ratings(user, item, rng.integers(1, levels + 1, size=len(user)), n_users, n_items)
 
 
-def write_plays(path, n_users=40, n_items=50, per_user=14, seed=0) -> str:
+def write_plays(path, n_users=40, n_items=50, per_user=14, seed=0, timestamps=False) -> str:
     """``user,item,plays`` at ``path``: each user plays items of their own half of the catalogue,
-    the favourites many times (a geometric number of plays)."""
+    the favourites many times (a geometric number of plays); ``timestamps``: and a ``timestamp``
+    column, each user's rows a second apart."""
     rng = np.random.default_rng(seed)
-    lines = ["user,item,plays\n"]
+    lines = ["user,item,plays,timestamp\n" if timestamps else "user,item,plays\n"]
     for u in range(n_users):
         items = (u % 2) * (n_items // 2) + rng.choice(n_items // 2, per_user, replace=False)
-        lines += [f"u{u},i{i},{p}\n" for i, p in zip(items, rng.geometric(0.3, per_user))]
+        when = [f",{1_600_000_000 + k}" if timestamps else "" for k in range(per_user)]
+        lines += [f"u{u},i{i},{p}{t}\n" for i, p, t in zip(items, rng.geometric(0.3, per_user), when)]
     path.write_text("".join(lines))
     return str(path)

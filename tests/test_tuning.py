@@ -225,3 +225,34 @@ def test_reproduce_topn_says_what_the_tuner_chose(tmp_path, capsys):
     assert main([*argv, "--set", "dcr.max_iter=3", "--set", "dcr.tune_budget_seconds=30"]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("run 1/1 dcr:")]
     assert len(lines) == 1 and "; tuning: " in lines[0], lines
+
+
+@pytest.mark.parametrize("split", ["random", "time"])
+def test_a_job_tunes_on_the_split_its_gate_measures(tmp_path, split):
+    from ordrec.trainer.job import load_job
+    from tests.test_job import VALID, write_job
+
+    text = VALID.replace("seed = 7 }", f'seed = 7, split = "{split}" }}')
+    (model,) = load_job(write_job(tmp_path, text)).models
+    assert model.gate.split == split and model.pipeline().estimator.split == split
+    given = load_job(
+        write_job(tmp_path, text.replace("n_components = 4", 'n_components = 4, tune_split = "random"'))
+    )
+    assert given.models[0].pipeline().estimator.split == "random"  # a table's own choice stands
+
+
+@pytest.mark.parametrize("split", ["random", "time"])
+def test_reproduce_topn_tunes_on_a_validation_split_carved_like_its_test_split(tmp_path, monkeypatch, split):
+    splits = []
+    real_fit = SettingsTuner.fit
+
+    def recording_fit(self, data, *args, **kwargs):
+        splits.append(self.split)
+        return real_fit(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(SettingsTuner, "fit", recording_fit)
+    data = write_plays(tmp_path / "plays.csv", timestamps=True)
+    argv = ["reproduce", "topn", "--data", data, "--feedback", "implicit", "--runs", "1", "--models", "dcr"]
+    argv += ["--references", "popularity", "--split", split, "--set", "dcr.tune=true"]
+    assert main([*argv, "--set", "dcr.max_iter=3", "--set", "dcr.tune_budget_seconds=0"]) == 0
+    assert splits and set(splits) == {split}  # every fit the run makes (levels chosen first)

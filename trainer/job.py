@@ -162,6 +162,8 @@ class ModelJob:
         defaults = job_defaults(self.kind) if self.cluster is None else {}
         if defaults.get("tune"):
             defaults["tune_keep"] = sorted(self.params)
+            if self.gate is not None:  # validated as the gate measures: random rows or the latest
+                defaults["tune_split"] = self.gate.split
         return {**defaults, **self.params}
 
     def pipeline(self):

@@ -476,6 +476,9 @@ def run(args: argparse.Namespace) -> list[Row]:
     if any(r not in REFERENCES for r in references):
         raise SystemExit(f"--references: known are {', '.join(REFERENCES)}")
     settings = model_settings(models, args.set)
+    for params in settings.values():  # the tuner validates as the references do: carved like the test
+        if params.get("tune"):
+            params.setdefault("tune_split", args.split)
     if args.split == "time" and data.time is None:
         raise SystemExit(
             f"--split time: {args.data} has no timestamps (a timestamp column, or a MovieLens file);"
