@@ -186,3 +186,19 @@ def test_a_version_fitted_on_log_levels_records_them_and_serves_explanations_fro
         pb.SimilarItemsRequest(model=kind, item_ids=["i0"], n=5), NoDeadlineContext()
     )
     assert len(similar.items) == 5 and "i0" not in {s.id for s in similar.items}
+
+
+def test_with_the_settings_tuner_the_levels_are_its_choice_not_a_search_around_it(tmp_path, monkeypatch):
+    # The tuner searches the mapping with its other settings: a level search around it would fit
+    # the whole tuner once per mapping. New users are folded in through the mapping it chose.
+    searched = []
+    monkeypatch.setattr(topn, "choose_levels", lambda *a, **k: searched.append(a))
+    path = write_plays(tmp_path / "plays.csv")
+    out = tmp_path / "rows.json"
+    argv = ["reproduce", "topn", "--data", path, "--feedback", "implicit", "--runs", "1", "--quiet"]
+    argv += ["--models", "dcr", "--references", "popularity", "--fold-in", "0.2", "--json", str(out)]
+    argv += ["--set", "dcr.tune=true", "--set", "dcr.tune_min_users=0", "--set", "dcr.max_iter=3"]
+    assert main(argv) == 0
+    assert searched == []
+    methods = {r["method"] for r in json.loads(out.read_text())}
+    assert {"dcr", "dcr (fold-in, new users)"} <= methods, methods

@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,7 +66,7 @@ from ordrec.trainer.data.types import Ratings
 from ordrec.trainer.evaluation.holdout import SPLITS, split_ratings
 from ordrec.trainer.evaluation.topn import TopN, topn_metrics
 from ordrec.trainer.models.dcr import PAPER_PARAMS
-from ordrec.trainer.models.pipeline import accepted_params, configure
+from ordrec.trainer.models.pipeline import FitPipeline, accepted_params, configure
 from ordrec.trainer.reproduce.coe import DEFAULTS as COE_PAPER
 from ordrec.trainer.reproduce.params import parse_value
 from ordrec.trainer.reproduce.report import Row, summarise
@@ -425,7 +426,7 @@ def choose_levels(
     def validation_recall(setting: dict) -> float:
         extra = {k: v for k, v in setting.items() if k != "levels"}
         levels = ordinal_levels(fit, LevelMapping.parse(setting["levels"]))
-        index, _, _ = fit_index(kind, {**params, **extra}, levels, seed)
+        index = fit_index(kind, {**params, **extra}, levels, seed).index
         return topn_metrics(served_lists(index, truth.users, 10), truth, levels)["recall@10"]
 
     chosen, fitted = coordinate_search(grid, validation_recall)
@@ -442,6 +443,8 @@ def model_levels(
     if not split.train.implicit:
         return split, params, ""
     fixed = getattr(args, "levels", None)
+    if fixed is None and configure(kind, params).chooses_levels:
+        return split, params, ""  # the settings tuner chooses them with its other settings
     if fixed is None and kind not in known:
         known[kind] = choose_levels(kind, params, split.fit, seed, log, args.split)
     mapping, extra = (fixed, {}) if fixed else known[kind]
@@ -451,15 +454,24 @@ def model_levels(
 
 
 # ---------------------------------------------------------------------- run
-def fit_index(kind_name: str, params: dict, data: Ratings, seed: int) -> tuple[RecommenderIndex, float, str]:
-    """The serving index of ``kind_name`` fitted on ``data``, the fit's seconds and what the fit
-    chose (the settings tuner's line with ``tune=true``; empty otherwise)."""
+class Fitted(NamedTuple):
+    """A model of the run: its serving index, the fit's seconds, what the fit chose (the
+    settings tuner's line with ``tune=true``; empty otherwise) and the fitted pipeline."""
+
+    index: RecommenderIndex
+    seconds: float
+    note: str
+    pipeline: FitPipeline
+
+
+def fit_index(kind_name: str, params: dict, data: Ratings, seed: int) -> Fitted:
+    """``kind_name`` fitted on ``data`` as a job configures it (DCR's pairwise refinement kept
+    only where it wins on validation)."""
     kind = kinds.get(kind_name)
     started = time.perf_counter()
-    # As a job configures it: DCR's pairwise refinement kept only where it wins on validation.
     estimator = configure(kind_name, dict(params, random_state=seed)).fit(data)
     index = kind.index_class().from_artifact(estimator.to_artifact())
-    return index, time.perf_counter() - started, estimator.fit_note() or ""
+    return Fitted(index, time.perf_counter() - started, estimator.fit_note() or "", estimator)
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -528,7 +540,9 @@ def run(args: argparse.Namespace) -> list[Row]:
             levelled, params, chosen[name, run_no] = model_levels(
                 kind, settings[name], split, seed, log, args, levels_of_kind
             )
-            index, seconds, note = fit_index(kind, params, levelled.fit, seed)
+            index, seconds, note, pipeline = fit_index(kind, params, levelled.fit, seed)
+            # The levels the model saw, when its fit chose them (the tuner): fold-in reads them.
+            levelled = Split(pipeline.fitted_data(levelled.train), split.test, split.new_users)
             metrics = topn_metrics(served_lists(index, known.users, 20), known, levelled.fit)
             record(name, dict(metrics, fit_seconds=seconds))
             log(
