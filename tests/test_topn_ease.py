@@ -31,9 +31,10 @@ def textbook_ease(train: Ratings, l2: float, users: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("l2", [0.5, 50.0, 1000.0])
-def test_ease_scores_equal_the_textbook_formula_with_never_picked_items(l2):
-    train = picks_of_a_share(seed=int(l2), n_users=60, n_items=90, picked=50, per_user=8)
-    users = np.arange(0, 60, 3)
+@pytest.mark.parametrize("n_users", [30, 60])  # fewer users than picked items, and more
+def test_ease_scores_equal_the_textbook_formula_with_never_picked_items(l2, n_users):
+    train = picks_of_a_share(seed=int(l2), n_users=n_users, n_items=90, picked=50, per_user=8)
+    users = np.arange(0, n_users, 3)
     scores = topn.ease_scores(train, l2)(users)
     assert scores.shape == (users.size, 90)
     assert np.allclose(scores, textbook_ease(train, l2, users), rtol=1e-9, atol=1e-12)

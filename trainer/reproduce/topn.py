@@ -307,12 +307,24 @@ def ease_scores(train: Ratings, l2: float) -> Callable[[np.ndarray], np.ndarray]
 
 def ease_weights(x: sp.csr_matrix, l2: float) -> np.ndarray:
     """EASE's item-item weights B of the users x items matrix ``x`` (float64)."""
-    gram = (x.T @ x).toarray()
-    gram[np.diag_indices_from(gram)] += l2
-    p = np.linalg.inv(gram)
-    del gram
+    p = ridge_gram_inverse(x, l2)
     p /= -np.diag(p).copy()
     p[np.diag_indices_from(p)] = 0.0
+    return p
+
+
+def ridge_gram_inverse(x: sp.csr_matrix, l2: float) -> np.ndarray:
+    """(X'X + l2 I)^-1, items x items. With fewer users than items, by Woodbury's identity
+    (I - X'(XX' + l2 I)^-1 X) / l2: the matrix inverted is users x users, the cheaper one."""
+    n_users, n_items = x.shape
+    small = (x @ x.T if n_users < n_items else x.T @ x).toarray()
+    small[np.diag_indices_from(small)] += l2
+    inverse = np.linalg.inv(small)
+    if n_users >= n_items:
+        return inverse
+    p = x.T @ (x.T @ inverse).T  # X' (XX' + l2 I)^-1 X, dense; the inverse is symmetric
+    p *= -1.0 / l2
+    p[np.diag_indices_from(p)] += 1.0 / l2
     return p
 
 
