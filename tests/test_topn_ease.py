@@ -51,3 +51,19 @@ def test_ease_never_holds_a_catalogue_square_matrix_for_items_nobody_picked():
     finally:
         tracemalloc.stop()
     assert peak < n_items * n_items * 8 / 4  # a quarter of one dense float64 items x items matrix
+
+
+@pytest.mark.parametrize("n_users", [30, 400])  # fewer users than picked items, and more
+def test_ease_inverts_the_smaller_of_users_and_picked_items(monkeypatch, n_users):
+    train = picks_of_a_share(seed=2, n_users=n_users, n_items=500, picked=100, per_user=10)
+    side = min(n_users, np.unique(train.item).size)
+    inverted = []
+    inverse = np.linalg.inv
+
+    def recording_inverse(a):
+        inverted.append(a.shape)
+        return inverse(a)
+
+    monkeypatch.setattr(np.linalg, "inv", recording_inverse)
+    topn.ease_scores(train, 100.0)
+    assert inverted == [(side, side)]
