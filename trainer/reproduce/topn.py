@@ -289,14 +289,44 @@ def popularity_scores(train: Ratings) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def ease_scores(train: Ratings, l2: float) -> Callable[[np.ndarray], np.ndarray]:
-    """EASE (Steck, WWW 2019): B = I - P diagMat(1 / diag(P)), P = (X'X + l2 I)^-1, diag(B) = 0."""
+    """EASE (Steck, WWW 2019): B = I - P diagMat(1 / diag(P)), P = (X'X + l2 I)^-1, diag(B) = 0.
+
+    Only the items with a training row enter the inverse: any other item's row and column of
+    X'X + l2 I are l2 on the diagonal alone, so its row and column of B are zero (score 0)."""
     x = interactions(train)
-    gram = (x.T @ x).toarray()
-    gram[np.diag_indices_from(gram)] += l2
-    p = np.linalg.inv(gram)
-    b = p / -np.diag(p)
-    b[np.diag_indices_from(b)] = 0.0
-    return lambda users: np.asarray(x[users] @ b)
+    picked = np.flatnonzero(x.getnnz(axis=0))
+    x_picked = x[:, picked].tocsr()
+    b = ease_weights(x_picked, l2)
+
+    def scores(users: np.ndarray) -> np.ndarray:
+        out = np.zeros((users.size, train.n_items))
+        out[:, picked] = x_picked[users] @ b
+        return out
+
+    return scores
+
+
+def ease_weights(x: sp.csr_matrix, l2: float) -> np.ndarray:
+    """EASE's item-item weights B of the users x items matrix ``x`` (float64)."""
+    p = ridge_gram_inverse(x, l2)
+    p /= -np.diag(p).copy()
+    p[np.diag_indices_from(p)] = 0.0
+    return p
+
+
+def ridge_gram_inverse(x: sp.csr_matrix, l2: float) -> np.ndarray:
+    """(X'X + l2 I)^-1, items x items. With fewer users than items, by Woodbury's identity
+    (I - X'(XX' + l2 I)^-1 X) / l2: the matrix inverted is users x users, the cheaper one."""
+    n_users, n_items = x.shape
+    small = (x @ x.T if n_users < n_items else x.T @ x).toarray()
+    small[np.diag_indices_from(small)] += l2
+    inverse = np.linalg.inv(small)
+    if n_users >= n_items:
+        return inverse
+    p = x.T @ (x.T @ inverse).T  # X' (XX' + l2 I)^-1 X, dense; the inverse is symmetric
+    p *= -1.0 / l2
+    p[np.diag_indices_from(p)] += 1.0 / l2
+    return p
 
 
 def als_scores(
