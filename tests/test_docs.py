@@ -244,3 +244,18 @@ def test_demo_keeps_its_map_urls_live_until_ctrl_c():
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_the_readme_quotes_the_lastfm_means_of_dcr_md():
+    page = (ROOT / "docs" / "dcr.md").read_text().split("**Last.fm, five seeds")[1]
+    tables = [t.split("\n\n")[0] for t in page.split("| method |")[1:3]]
+    order = ["popularity", "EASE", "implicit ALS (tuned)", None, "DCR", "Pairwise DCR", "COE"]
+    for split, table in zip(("random", "time"), tables):
+        means = {
+            c[0]: c[1:3]
+            for c in ([x.strip() for x in r.strip("|").split("|")] for r in table.splitlines()[2:])
+        }
+        row = re.search(rf"^\| Last\.fm, {split} split \|(.+)\|$", README.read_text(), re.M)
+        assert row, split
+        quoted = [c.strip() for c in row.group(1).split("|")]
+        assert quoted == ["" if m is None else " / ".join(means[m]) for m in order], split
