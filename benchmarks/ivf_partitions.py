@@ -20,24 +20,23 @@ from pathlib import Path
 
 import numpy as np
 
+from ordrec.service.indices import ann
 from ordrec.service.indices.models.dcr import level_weights
-from ordrec.service.storage.registry import Registry
+from ordrec.service.storage.format import load_version
 
 LISTS = 2048
 PROBES = (16, 64, 256, 1024)
 
 
-def load(version_dir: Path):
-    return Registry(version_dir.parent.parent).load(version_dir.parent.name, version_dir.name)
-
-
-def folded_users(artifact, rows: np.ndarray) -> tuple[np.ndarray, int]:
-    """The users' factors with the level weights folded in (what Recommend scores with), and the
-    dimension of a level block."""
+def served_queries(artifact, n_queries: int) -> ann.Queries:
+    """A seeded sample of the version's users as Recommend searches for them: factors with the
+    level weights folded in, their training items excluded."""
+    rows = np.sort(np.random.default_rng(0).choice(len(artifact.ids["users"]), n_queries, replace=False))
     c, _ = level_weights(np.asarray(artifact.attributes["levels"]), artifact.attributes["relevance"])
-    rank = int(artifact.attributes["rank"])
-    users = np.asarray(artifact.arrays["user_factors"][rows], dtype=np.float64)
-    return users * np.repeat(c, rank)[None, :], rank
+    scale = np.repeat(c, int(artifact.attributes["rank"]))[None, :]
+    indptr, indices = artifact.arrays["seen_indptr"], artifact.arrays["seen_indices"]
+    seen = [indices[indptr[u] : indptr[u + 1]].astype(np.int64) for u in rows]
+    return ann.Queries((artifact.arrays["user_factors"][rows] * scale).astype(np.float32), seen)
 
 
 def widened(vectors: np.ndarray, norm: float) -> np.ndarray:
@@ -46,27 +45,17 @@ def widened(vectors: np.ndarray, norm: float) -> np.ndarray:
     return np.hstack([vectors, np.sqrt(np.maximum(norm * norm - lengths, 0.0))[:, None]]).astype(np.float32)
 
 
-def partition_recall(artifact, n_queries: int) -> None:
+def partition_recall(items: np.ndarray, queries: ann.Queries, truth: list[np.ndarray]) -> None:
     import faiss
 
-    items = np.ascontiguousarray(artifact.arrays["item_factors"], dtype=np.float32)
     rng = np.random.default_rng(0)
-    rows = np.sort(rng.choice(len(artifact.ids["users"]), n_queries, replace=False))
-    queries = folded_users(artifact, rows)[0].astype(np.float32)
-    indptr, indices = artifact.arrays["seen_indptr"], artifact.arrays["seen_indices"]
-    seen = [indices[indptr[u] : indptr[u + 1]].astype(np.int64) for u in rows]
-    scores = queries @ items.T
-    for k, excluded in enumerate(seen):
-        scores[k, excluded] = -np.inf
-    truth = np.argsort(-scores, axis=1)[:, :10]
-    del scores
     sample = np.sort(rng.choice(len(items), 40 * LISTS, replace=False))
     norm = float(np.sqrt(np.einsum("ij,ij->i", items, items).max()))
     built = {
-        "inner product": (items, queries, faiss.METRIC_INNER_PRODUCT),
+        "inner product": (items, queries.vectors, faiss.METRIC_INNER_PRODUCT),
         "L2, widened items": (
             widened(items, norm),
-            np.hstack([queries, np.zeros((len(queries), 1), np.float32)]),
+            np.hstack([queries.vectors, np.zeros((len(queries.vectors), 1), np.float32)]),
             faiss.METRIC_L2,
         ),
     }
@@ -87,28 +76,24 @@ def partition_recall(artifact, n_queries: int) -> None:
         cells = []
         for nprobe in PROBES:
             hits = 0
-            for q, excluded, wanted in zip(searched, seen, truth):
+            for q, excluded, wanted in zip(searched, queries.excludes or [], truth):
                 params = faiss.SearchParametersIVF()
                 params.nprobe = nprobe
                 params.sel = faiss.IDSelectorNot(selected := faiss.IDSelectorBatch(excluded))
                 _, found = index.search(q[None, :], 10, params=params)
                 hits += np.intersect1d(found[0], wanted).size
                 del selected
-            cells.append(f"{hits / truth.size:.3f}")
+            cells.append(f"{hits / (10 * len(truth)):.3f}")
         print(f"| {label} | " + " | ".join(cells) + f" | {seconds:.0f} |")
 
 
-def lengths_line(artifact, n_queries: int) -> None:
-    items = np.asarray(artifact.arrays["item_factors"], dtype=np.float32)
+def lengths_line(items: np.ndarray, truth: list[np.ndarray]) -> None:
     lengths = np.sqrt(np.einsum("ij,ij->i", items, items))
-    rows = np.sort(np.random.default_rng(0).choice(len(artifact.ids["users"]), n_queries, replace=False))
-    queries = folded_users(artifact, rows)[0].astype(np.float32)
-    top = np.argsort(-(queries @ items.T), axis=1)[:, :10]
     longest = lengths >= np.quantile(lengths, 0.99)
     q = np.quantile(lengths, [0.01, 0.5, 0.99])
     print(
         f"item length 1 % / median / 99 %: {q[0]:.3f} / {q[1]:.3f} / {q[2]:.3f}; "
-        f"users' top 10 among the 1 % longest: {longest[top].mean():.2f}"
+        f"users' top 10 among the 1 % longest: {np.mean([longest[t].mean() for t in truth]):.2f}"
     )
 
 
@@ -117,13 +102,16 @@ def main() -> int:
     p.add_argument("version", type=Path, help="a published DCR version's folder (REG/MODEL/VERSION)")
     p.add_argument("--queries", type=int, default=200)
     args = p.parse_args()
-    artifact = load(args.version)
+    artifact = load_version(args.version)
     if artifact.kind != "dcr":
         print(f"{args.version}: a {artifact.kind} version, not dcr", file=sys.stderr)
         return 2
-    print(f"{args.version}: {len(artifact.ids['items'])} items x {artifact.arrays['item_factors'].shape[1]}")
-    lengths_line(artifact, args.queries)
-    partition_recall(artifact, args.queries)
+    items = np.ascontiguousarray(artifact.arrays["item_factors"], dtype=np.float32)
+    print(f"{args.version}: {items.shape[0]} items x {items.shape[1]}")
+    queries = served_queries(artifact, args.queries)
+    truth = ann.exact_tops(items, queries, 10)  # each user's served top 10, training items excluded
+    lengths_line(items, truth)
+    partition_recall(items, queries, truth)
     return 0
 
 
