@@ -109,10 +109,11 @@ def test_coordinate_search_finds_a_separable_best_scoring_each_setting_once():
 def test_implicit_references_are_tuned_on_validation_and_never_see_the_test_part(
     tmp_path, monkeypatch, name, grid
 ):
-    given = []
+    given, settings_fitted = [], []
 
     def fake_reference(train, seed, **setting):
         given.append({(int(u), int(i)) for u, i in zip(train.user, train.item)})
+        settings_fitted.append(setting)
         rng = np.random.default_rng(zlib.crc32(repr(setting).encode()))  # a score for each setting
         scores = rng.random(train.n_items)
         return lambda users: np.tile(scores, (users.size, 1))
@@ -121,7 +122,9 @@ def test_implicit_references_are_tuned_on_validation_and_never_see_the_test_part
     monkeypatch.setattr(topn, "implicit_available", lambda: True)
     path = write_log(tmp_path / "clicks.csv")
     argv = ["reproduce", "topn", "--data", path, "--feedback", "implicit", "--split", "time"]
-    assert main([*argv, "--runs", "1", "--models", "", "--references", name, "--quiet"]) == 0
+    out = tmp_path / "rows.json"
+    argv += ["--runs", "1", "--models", "", "--references", name, "--json", str(out), "--quiet"]
+    assert main(argv) == 0
     split = topn.make_split(read_input("ratings", path, feedback="implicit"), 0.2, 0.0, 0, "time")
     held_out = set(zip(split.test.user.tolist(), split.test.item.tolist()))
     training = set(zip(split.train.user.tolist(), split.train.item.tolist()))
@@ -129,6 +132,71 @@ def test_implicit_references_are_tuned_on_validation_and_never_see_the_test_part
     assert 1 < len(tuning) < grid.size
     assert final == training  # the chosen setting is refitted on the whole training part
     assert all(fit < training and not fit & held_out for fit in tuning)  # validation carved from it
+    per_seed = [r for r in json.loads(out.read_text()) if "seed" in r["setting"]]
+    assert per_seed and all(r["setting"]["chosen"] == settings_fitted[-1] for r in per_seed)
+
+
+@pytest.mark.parametrize(
+    ("grid", "axis", "toward"),
+    [
+        (topn.ALS_GRID, "regularization", 1),
+        (topn.ALS_GRID, "alpha", -1),
+        (topn.EASE_GRID, "l2", 1),
+        (topn.EASE_GRID, "l2", -1),
+    ],
+)
+def test_the_reference_searches_walk_past_the_ends_the_choices_used_to_land_on(grid, axis, toward):
+    """On Last.fm ALS chose regularization 10 and alpha 1 and EASE l2 1000, each the end of its
+    axis: a validation score that keeps rising that way must now be followed further."""
+    old_end = {("regularization", 1): 10.0, ("alpha", -1): 1.0, ("l2", 1): 1000.0, ("l2", -1): 50.0}
+    best, _ = topn.coordinate_search(grid, lambda setting: toward * np.log(setting[axis]))
+    assert best[axis] == (max if toward > 0 else min)(grid.axes[axis])
+    assert toward * best[axis] > toward * old_end[axis, toward]
+
+
+@pytest.fixture
+def recorded_als_fit(monkeypatch):
+    """implicit's ALS with its fit replaced: records the confidences and the BLAS threads."""
+    als = pytest.importorskip("implicit.cpu.als")
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    seen = {}
+
+    def fit(self, user_items, show_progress=True, callback=None):
+        seen["confidence"] = user_items.toarray()
+        blas = [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+        seen["blas_threads"] = set(blas)
+        self.user_factors = np.zeros((user_items.shape[0], self.factors), np.float32)
+        self.item_factors = np.zeros((user_items.shape[1], self.factors), np.float32)
+
+    monkeypatch.setattr(als.AlternatingLeastSquares, "fit", fit)
+    return seen
+
+
+def test_als_confidence_is_one_plus_alpha_times_the_level_of_each_picked_pair(recorded_als_fit):
+    # Rows in no particular order: each pair's level must reach its own cell.
+    user, item, level = [2, 0, 1, 0, 2, 1], [0, 3, 1, 0, 2, 3], [5, 1, 4, 3, 2, 1]
+    topn.als_scores(
+        interactions(user, item, level), 0, factors=2, regularization=1.0, alpha=0.5, iterations=1
+    )
+    expected = np.ones((3, 4), np.float32)  # implicit reads 1 where nothing was picked
+    expected[user, item] = 1.0 + 0.5 * np.asarray(level)
+    picked = np.zeros((3, 4), bool)
+    picked[user, item] = True
+    np.testing.assert_allclose(recorded_als_fit["confidence"][picked], expected[picked])
+    assert not recorded_als_fit["confidence"][~picked].any()
+    ratings = make_ratings([0, 1], [1, 0], [5.0, 2.0])  # on star ratings every pick is level 1
+    topn.als_scores(ratings, 0, factors=2, regularization=1.0, alpha=3.0, iterations=1)
+    np.testing.assert_allclose(recorded_als_fit["confidence"], [[0.0, 4.0], [4.0, 0.0]])
+
+
+def test_als_fits_under_one_blas_thread(recorded_als_fit):
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(2, "blas"):  # what a 2-core machine gives by default
+        topn.als_scores(
+            interactions([0, 1], [1, 0], [1, 1]), 0, factors=2, regularization=1.0, alpha=1.0, iterations=1
+        )
+    assert recorded_als_fit["blas_threads"] == {1}
 
 
 def test_bpr_ranks_what_a_user_picks_above_the_other_groups_items():
@@ -162,6 +230,9 @@ def test_reproduce_topn_on_an_interaction_log_writes_rows_per_seed_and_split(tmp
         r["setting"]["seed"] for r in recall if r["method"] == "dcr" and "seed" in r["setting"]
     ) == [0, 1]
     assert all(0.0 <= r["mean"] <= 1.0 for r in recall)
+    per_seed = {r["method"]: r["setting"] for r in recall if r["setting"].get("seed") == 0}
+    assert per_seed["ease"]["chosen"]["l2"] in topn.EASE_GRID.axes["l2"]  # what validation chose
+    assert "chosen" not in per_seed["popularity"]
 
 
 # ------------------------------------------------------------------ the job's gate

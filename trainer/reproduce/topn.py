@@ -18,13 +18,15 @@ beside them catalogue coverage (distinct items in all top-10 lists / items)
 and the share of recommended items among the 10 % most popular.
 
 References fitted on the same split: popularity (training rating counts),
-EASE (Steck 2019; its L2 weight chosen on a validation split carved from the
-training part only, the same way as the test split) and, when the
-``baselines`` extra is installed, implicit's ALS (factors, regularization,
-confidence weight alpha and iterations chosen the same way, by coordinate
-ascent over :data:`ALS_GRID`: 96 settings, at most 19 of them fitted) and, on
+EASE (Steck 2019; its L2 weight, 10 to 10^4 in :data:`EASE_GRID`, chosen on a
+validation split carved from the training part only, the same way as the test
+split) and, when the ``baselines`` extra is installed, implicit's ALS (factors,
+regularization, confidence weight alpha and iterations chosen the same way, by
+coordinate ascent over :data:`ALS_GRID`: 288 settings, at most 29 of them
+fitted, each under one BLAS thread) and, on
 request (``--references ...,bpr``), implicit's BPR (factors, learning rate,
-regularization and iterations over :data:`BPR_GRID`, the same search).
+regularization and iterations over :data:`BPR_GRID`, the same search). Each
+per-run row of a tuned reference records its chosen settings (``setting.chosen``).
 
 On interactions the models fit strength levels (``LevelMapping``): per run and
 model, the mapping and its number of levels (:data:`LEVEL_GRID`; for COE also
@@ -95,16 +97,21 @@ class Grid:
         return int(np.prod([len(values) for values in self.axes.values()]))
 
 
-EASE_GRID = Grid({"l2": (50.0, 100.0, 200.0, 300.0, 500.0, 1000.0)}, {"l2": 200.0})
-# 4 x 4 x 3 x 2 = 96 settings; coordinate ascent fits at most 1 + 2 x (3 + 3 + 2 + 1) = 19.
+# One axis: the search fits each of its 10 values once. The ends lie beyond where the choice
+# landed on ML-100K and Last.fm (between 100 and 1000 on both).
+EASE_GRID = Grid(
+    {"l2": (10.0, 20.0, 50.0, 100.0, 200.0, 300.0, 500.0, 1000.0, 3000.0, 10000.0)}, {"l2": 200.0}
+)
+# 4 x 6 x 6 x 2 = 288 settings; coordinate ascent fits at most 1 + 2 x (3 + 5 + 5 + 1) = 29.
+# Confidence = 1 + alpha x strength level (Hu, Koren & Volinsky's c = 1 + alpha r).
 ALS_GRID = Grid(
     {
         "factors": (64, 128, 256, 512),
-        "regularization": (0.01, 0.1, 1.0, 10.0),
-        "alpha": (1.0, 10.0, 40.0),
+        "regularization": (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0),
+        "alpha": (0.1, 0.3, 1.0, 3.0, 10.0, 40.0),
         "iterations": (15, 30),
     },
-    {"factors": 128, "regularization": 0.1, "alpha": 10.0, "iterations": 15},
+    {"factors": 128, "regularization": 1.0, "alpha": 1.0, "iterations": 15},
 )
 # 3 x 3 x 3 x 3 = 81 settings; coordinate ascent fits at most 1 + 2 x (2 + 2 + 2 + 2) = 17.
 BPR_GRID = Grid(
@@ -333,24 +340,36 @@ def als_scores(
     train: Ratings, seed: int, factors: int, regularization: float, alpha: float, iterations: int
 ) -> Callable[[np.ndarray], np.ndarray]:
     """implicit's ALS (Hu, Koren & Volinsky 2008; the ``baselines`` extra): confidence
-    ``alpha`` per pick, times the strength level on interactions."""
-    from implicit.cpu.als import AlternatingLeastSquares
+    1 + ``alpha`` x the strength level (1 a rating) on what was picked, 1 elsewhere.
 
-    model = AlternatingLeastSquares(
-        factors=factors,
-        regularization=regularization,
-        iterations=iterations,
-        random_state=seed,
-        calculate_training_loss=False,
-    )
-    confidence = interactions(train)
-    if train.implicit:
-        confidence.data = (alpha * train.rating).astype(np.float64)
-    else:
-        confidence.data *= alpha
-    model.fit(confidence.tocsr().astype(np.float32), show_progress=False)
+    Fitted under one BLAS thread: implicit solves on its own threads, and BLAS threads inside
+    them oversubscribe the cores (implicit warns; ``threadpoolctl`` is one of its requirements)."""
+    from implicit.cpu.als import AlternatingLeastSquares
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, "blas"):
+        model = AlternatingLeastSquares(
+            factors=factors,
+            regularization=regularization,
+            iterations=iterations,
+            random_state=seed,
+            calculate_training_loss=False,
+        )
+        model.fit(als_confidence(train, alpha), show_progress=False)
     user_factors, item_factors = np.asarray(model.user_factors), np.asarray(model.item_factors)
     return lambda users: user_factors[users] @ item_factors.T
+
+
+def als_confidence(train: Ratings, alpha: float) -> sp.csr_matrix:
+    """The users x items confidences ALS is given: 1 + ``alpha`` x level where picked (the
+    pair's strength level on interactions, 1 on ratings); implicit takes 1 where nothing is."""
+    if train.implicit:  # one row per (user, item) pair: the readers fold repeats into a strength
+        shape = (train.n_users, train.n_items)
+        confidence = sp.csr_matrix((train.rating.astype(np.float64), (train.user, train.item)), shape)
+    else:
+        confidence = interactions(train)
+    confidence.data = 1.0 + alpha * confidence.data
+    return confidence.astype(np.float32)
 
 
 def bpr_scores(
@@ -413,11 +432,11 @@ def coordinate_search(
 
 def reference_scorer(
     name: str, train: Ratings, threshold: float, seed: int, log, by: str = "random"
-) -> Callable | None:
-    """The reference's scorer, its settings chosen on a validation split of ``train`` only
-    (carved as the test split was: ``by``)."""
+) -> tuple[Callable, dict] | None:
+    """The reference's scorer and the settings it was fitted with, chosen on a validation split
+    of ``train`` only (carved as the test split was: ``by``); None if it cannot be fitted."""
     if name == "popularity":
-        return popularity_scores(train)
+        return popularity_scores(train), {}
     if name in IMPLICIT_REFERENCES and not implicit_available():
         log(f"{name}: implicit is not installed (pip install 'ordrec[baselines]'); row skipped")
         return None
@@ -431,7 +450,7 @@ def reference_scorer(
 
     chosen, fitted = coordinate_search(grid, validation_recall)
     log(f"{name}: chosen on validation {chosen} ({fitted} of {grid.size} settings fitted)")
-    return fit_one(train, chosen, seed)
+    return fit_one(train, chosen, seed), chosen
 
 
 # ------------------------------------------------------------------ levels
@@ -534,6 +553,7 @@ def run(args: argparse.Namespace) -> list[Row]:
     }
     values: dict[str, dict[str, list[float]]] = {}
     chosen: dict[tuple[str, int], str] = {}  # (model, run): the levels chosen on validation
+    tuned: dict[tuple[str, int], dict] = {}  # (reference, run): its settings chosen on validation
 
     def record(method: str, metrics: dict[str, float]) -> None:
         for metric, value in metrics.items():
@@ -548,9 +568,10 @@ def run(args: argparse.Namespace) -> list[Row]:
         # The references see interactions as the default levels (ALS's confidence is the level).
         default = Split(ordinal_levels(split.train, DEFAULT_MAPPING), split.test, split.new_users)
         for name in references:
-            scorer = reference_scorer(name, default.fit, args.threshold, seed, log, args.split)
-            if scorer is None:
+            fitted = reference_scorer(name, default.fit, args.threshold, seed, log, args.split)
+            if fitted is None:
                 continue
+            scorer, tuned[name, run_no] = fitted
             record(
                 name,
                 topn_metrics(
@@ -592,7 +613,9 @@ def run(args: argparse.Namespace) -> list[Row]:
         summarise(
             method,
             dataset,
-            run_setting(setting, args.seed + run_no, chosen.get((method, run_no))),
+            run_setting(
+                setting, args.seed + run_no, chosen.get((method, run_no)), tuned.get((method, run_no))
+            ),
             metric,
             [value],
         )
@@ -604,9 +627,11 @@ def run(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
-def run_setting(setting: dict, seed: int, levels: str | None) -> dict:
-    """A per-run row's setting: the run's seed, and the levels chosen for it (interactions)."""
-    return dict(setting, seed=seed, **({"levels": levels} if levels else {}))
+def run_setting(setting: dict, seed: int, levels: str | None, chosen: dict | None = None) -> dict:
+    """A per-run row's setting: the run's seed, the levels chosen for it (interactions) and a
+    tuned reference's settings chosen on validation (``chosen``)."""
+    extra = {"levels": levels} if levels else {}
+    return dict(setting, seed=seed, **extra, **({"chosen": chosen} if chosen else {}))
 
 
 def print_topn(rows: list[Row], values: dict[str, dict[str, list[float]]], dataset: str) -> None:
