@@ -22,7 +22,7 @@ EASE (Steck 2019; its L2 weight, 10 to 10^4 in :data:`EASE_GRID`, chosen on a
 validation split carved from the training part only, the same way as the test
 split) and, when the ``baselines`` extra is installed, implicit's ALS (factors,
 regularization, confidence weight alpha and iterations chosen the same way, by
-coordinate ascent over :data:`ALS_GRID`: 720 settings, at most 35 of them
+coordinate ascent over :data:`ALS_GRID`: 864 settings, at most 37 of them
 fitted, each under one BLAS thread) and, on
 request (``--references ...,bpr``), implicit's BPR (factors, learning rate,
 regularization and iterations over :data:`BPR_GRID`, the same search). Each
@@ -102,11 +102,11 @@ class Grid:
 EASE_GRID = Grid(
     {"l2": (10.0, 20.0, 50.0, 100.0, 200.0, 300.0, 500.0, 1000.0, 3000.0, 10000.0)}, {"l2": 200.0}
 )
-# 5 x 6 x 6 x 4 = 720 settings; coordinate ascent fits at most 1 + 2 x (4 + 5 + 5 + 3) = 35.
+# 6 x 6 x 6 x 4 = 864 settings; coordinate ascent fits at most 1 + 2 x (5 + 5 + 5 + 3) = 37.
 # Confidence = 1 + alpha x strength level (Hu, Koren & Volinsky's c = 1 + alpha r).
 ALS_GRID = Grid(
     {
-        "factors": (32, 64, 128, 256, 512),
+        "factors": (16, 32, 64, 128, 256, 512),
         "regularization": (0.01, 0.1, 1.0, 10.0, 100.0, 1000.0),
         "alpha": (0.1, 0.3, 1.0, 3.0, 10.0, 40.0),
         "iterations": (15, 30, 60, 120),
