@@ -8,7 +8,10 @@ partition limits it), against exact scoring with each user's training items excl
 them), and by k-means in L2 over items widened to one length (Bachrach et al., RecSys 2014:
 nearest in L2 is then best by inner product). Also how long the items are, and how many of the
 users' exact top 10 are among the 1 % longest (a length that singles out the best items lets an
-inner-product partition work).
+inner-product partition work). With ``--groups G`` (a version trained on
+``benchmarks/sparse_ratings.py``'s output, item ``i<n>`` in group ``n // (items / G)``), also the
+recall of one list per planted group, its centroid the group's mean: the best a partition that
+finds the groups can do.
 """
 
 from __future__ import annotations
@@ -73,18 +76,49 @@ def partition_recall(items: np.ndarray, queries: ann.Queries, truth: list[np.nda
         index.train(vectors[sample])
         index.add(vectors)
         seconds = time.perf_counter() - started
-        cells = []
-        for nprobe in PROBES:
-            hits = 0
-            for q, excluded, wanted in zip(searched, queries.excludes or [], truth):
-                params = faiss.SearchParametersIVF()
-                params.nprobe = nprobe
-                params.sel = faiss.IDSelectorNot(selected := faiss.IDSelectorBatch(excluded))
-                _, found = index.search(q[None, :], 10, params=params)
-                hits += np.intersect1d(found[0], wanted).size
-                del selected
-            cells.append(f"{hits / (10 * len(truth)):.3f}")
+        cells = [f"{ivf_recall(faiss, index, searched, queries, truth, nprobe):.3f}" for nprobe in PROBES]
         print(f"| {label} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+
+
+def group_recall(
+    items: np.ndarray, groups: np.ndarray, queries: ann.Queries, truth: list[np.ndarray]
+) -> None:
+    """Recall@10 of an inverted file with one list per planted group (centroid: its mean)."""
+    import faiss
+
+    n_groups = int(groups.max()) + 1
+    centroids = np.stack([items[groups == g].mean(axis=0) for g in range(n_groups)]).astype(np.float32)
+    quantizer = faiss.IndexFlatIP(items.shape[1])
+    quantizer.add(centroids)
+    index = faiss.IndexIVFFlat(quantizer, items.shape[1], n_groups, faiss.METRIC_INNER_PRODUCT)
+    index.is_trained = True
+    index.add(items)
+    own = np.mean(
+        (items[:: max(1, len(items) // 5000)] @ centroids.T).argmax(axis=1)
+        == groups[:: max(1, len(items) // 5000)]
+    )
+    cells = []
+    for nprobe in (1, 4, 16, 64):
+        cells.append(f"{nprobe}: {ivf_recall(faiss, index, queries.vectors, queries, truth, nprobe):.3f}")
+    print(
+        f"\none list per planted group ({n_groups}; items nearest their own group's mean: {own:.2f}), "
+        "recall@10 at lists scanned " + ", ".join(cells)
+    )
+
+
+def ivf_recall(
+    faiss, index, searched: np.ndarray, queries: ann.Queries, truth: list[np.ndarray], nprobe: int
+) -> float:
+    """Recall@10 of ``index`` scanning ``nprobe`` lists, each user's training items excluded."""
+    hits = 0
+    for q, excluded, wanted in zip(searched, queries.excludes or [], truth):
+        params = faiss.SearchParametersIVF()
+        params.nprobe = nprobe
+        params.sel = faiss.IDSelectorNot(selected := faiss.IDSelectorBatch(excluded))
+        _, found = index.search(q[None, :], 10, params=params)
+        hits += np.intersect1d(found[0], wanted).size
+        del selected
+    return hits / (10 * len(truth))
 
 
 def lengths_line(items: np.ndarray, truth: list[np.ndarray]) -> None:
@@ -101,6 +135,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("version", type=Path, help="a published DCR version's folder (REG/MODEL/VERSION)")
     p.add_argument("--queries", type=int, default=200)
+    p.add_argument("--groups", type=int, default=0, help="planted groups of sparse_ratings.py's items")
     args = p.parse_args()
     artifact = load_version(args.version)
     if artifact.kind != "dcr":
@@ -112,6 +147,9 @@ def main() -> int:
     truth = ann.exact_tops(items, queries, 10)  # each user's served top 10, training items excluded
     lengths_line(items, truth)
     partition_recall(items, queries, truth)
+    if args.groups:
+        numbers = np.array([int(str(i)[1:]) for i in artifact.ids["items"].ids])
+        group_recall(items, numbers // (len(numbers) // args.groups), queries, truth)
     return 0
 
 

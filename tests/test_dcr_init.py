@@ -307,3 +307,36 @@ def test_validation_history_is_the_trajectorys_loglik_and_val_tol_applies_the_ru
     # a tolerance nothing can clear keeps every level at its start
     none = PaperDCR(**params).fit(fit, validation=val, stopping=ValidationStopping(patience=2, tol=10.0))
     assert none.best_epochs_ == [0, 0, 0, 0] and none.epochs_run_ == 2
+
+
+# ------------------------------------------------------------ the default start on sparse items
+def grouped_sparse(groups=10, users_per=100, items_per=1000, per_user=20, seed=0):
+    """Users and items in groups (a group's users rate only its items), every item rated twice,
+    ratings drawn at random: which items a user picked is the only signal. Also each item's group."""
+    rng = np.random.default_rng(seed)
+    times = users_per * per_user // items_per
+    user = np.concatenate([g * users_per + np.repeat(np.arange(users_per), per_user) for g in range(groups)])
+    item = np.concatenate(
+        [
+            g * items_per + np.concatenate([rng.permutation(items_per) for _ in range(times)])
+            for g in range(groups)
+        ]
+    )
+    rating = rng.integers(1, 6, size=user.size).astype(np.float64)
+    data = make_ratings(user, item, rating, groups * users_per, groups * items_per)
+    return data, np.repeat(np.arange(groups), items_per)
+
+
+def own_group_share(model: DCR, group: np.ndarray) -> float:
+    """Share of items whose factors are nearest (inner product) their own group's mean."""
+    V = model.V_.reshape(model.V_.shape[0], -1)
+    means = np.stack([V[group == g].mean(axis=0) for g in range(int(group.max()) + 1)])
+    return float(np.mean((V @ means.T).argmax(axis=1) == group))
+
+
+def test_items_rated_twice_end_near_their_raters_from_the_default_start():
+    data, group = grouped_sparse()
+    default = own_group_share(DCR(n_components=8).fit(data), group)
+    large_start = own_group_share(DCR(n_components=8, init_std=0.1).fit(data), group)
+    # Two ratings move an item little: from a large start it keeps much of its random draw.
+    assert default > 0.8 and default > large_start + 0.15, (default, large_start)

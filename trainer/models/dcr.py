@@ -86,6 +86,8 @@ PAPER_PARAMS = {
     "unrated_share": 0.0,
     "n_components": 20,
     "tol": 0.002,
+    # A start far from zero: from near zero the first epochs gain little, and `tol` would stop there.
+    "init_std": 0.1,
 }
 
 
@@ -440,8 +442,9 @@ class DCR(Estimator):
     max_iter : int, default 100
         Passes over the ratings (every level sees every rating once a pass);
         the most passes when ``tol > 0``.
-    init_std : float, default 0.1
-        Standard deviation of the random initial factors.
+    init_std : float, default 0.001
+        Standard deviation of the random initial factors. Small, so that an item with
+        few ratings ends where its raters pull it, not where its draw put it (docs/dcr.md).
     tol : float, default 0.0
         Stop before ``max_iter`` once an epoch raises the training
         log-likelihood per rating by less than ``tol`` relative to its value
@@ -490,7 +493,7 @@ class DCR(Estimator):
         learning_rate: float = 0.05,
         reg: float = 0.001,
         max_iter: int = 100,
-        init_std: float = 0.1,
+        init_std: float = 0.001,
         tol: float = 0.0,
         init: str = "random",
         solver: DCRSolver | dict | None = None,
