@@ -11,7 +11,8 @@ users' exact top 10 are among the 1 % longest (a length that singles out the bes
 inner-product partition work). With ``--groups G`` (a version trained on
 ``benchmarks/sparse_ratings.py``'s output, item ``i<n>`` in group ``n // (items / G)``), also the
 recall of one list per planted group, its centroid the group's mean: the best a partition that
-finds the groups can do.
+finds the groups can do. With ``--spill S ...``, also the inner-product lists with each item
+stored in its S best lists (spilled assignment, as ScaNN's SOAR spills).
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def widened(vectors: np.ndarray, norm: float) -> np.ndarray:
     return np.hstack([vectors, np.sqrt(np.maximum(norm * norm - lengths, 0.0))[:, None]]).astype(np.float32)
 
 
-def partition_recall(items: np.ndarray, queries: ann.Queries, truth: list[np.ndarray]) -> None:
+def partition_recall(
+    items: np.ndarray, queries: ann.Queries, truth: list[np.ndarray], spill: tuple[int, ...] = ()
+) -> None:
     import faiss
 
     rng = np.random.default_rng(0)
@@ -78,6 +81,25 @@ def partition_recall(items: np.ndarray, queries: ann.Queries, truth: list[np.nda
         seconds = time.perf_counter() - started
         cells = [f"{ivf_recall(faiss, index, searched, queries, truth, nprobe):.3f}" for nprobe in PROBES]
         print(f"| {label} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+        if metric == faiss.METRIC_INNER_PRODUCT:
+            for copies in spill:
+                spilled_row(faiss, index.quantizer, items, copies, queries, truth)
+
+
+def spilled_row(faiss, quantizer, items: np.ndarray, copies: int, queries: ann.Queries, truth) -> None:
+    """The inner-product lists again, each item stored in its ``copies`` best lists (a top 10
+    near a list's edge is then also in the next list the user scans), at the same lists scanned."""
+    started = time.perf_counter()
+    index = faiss.IndexIVFFlat(quantizer, items.shape[1], quantizer.ntotal, faiss.METRIC_INNER_PRODUCT)
+    index.is_trained = True
+    _, best = quantizer.search(items, copies)
+    ids = np.arange(len(items), dtype=np.int64)
+    for column in range(copies):
+        lists = np.ascontiguousarray(best[:, column], dtype=np.int64)
+        index.add_core(len(items), faiss.swig_ptr(items), faiss.swig_ptr(ids), faiss.swig_ptr(lists))
+    seconds = time.perf_counter() - started
+    cells = [f"{ivf_recall(faiss, index, queries.vectors, queries, truth, p, copies):.3f}" for p in PROBES]
+    print(f"| inner product, each item in {copies} lists | " + " | ".join(cells) + f" | {seconds:.0f} |")
 
 
 def group_recall(
@@ -114,16 +136,25 @@ def group_means(items: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 
 def ivf_recall(
-    faiss, index, searched: np.ndarray, queries: ann.Queries, truth: list[np.ndarray], nprobe: int
+    faiss,
+    index,
+    searched: np.ndarray,
+    queries: ann.Queries,
+    truth: list[np.ndarray],
+    nprobe: int,
+    copies: int = 1,
 ) -> float:
-    """Recall@10 of ``index`` scanning ``nprobe`` lists, each user's training items excluded."""
+    """Recall@10 of ``index`` scanning ``nprobe`` lists, each user's training items excluded
+    (with items stored ``copies`` times, the first 10 distinct of ``10 * copies`` found)."""
     hits = 0
     for q, excluded, wanted in zip(searched, queries.excludes or [], truth):
         params = faiss.SearchParametersIVF()
         params.nprobe = nprobe
         params.sel = faiss.IDSelectorNot(selected := faiss.IDSelectorBatch(excluded))
-        _, found = index.search(q[None, :], 10, params=params)
-        hits += np.intersect1d(found[0], wanted).size
+        _, found = index.search(q[None, :], 10 * copies, params=params)
+        found = found[0][found[0] >= 0]
+        _, first = np.unique(found, return_index=True)
+        hits += np.intersect1d(found[np.sort(first)][:10], wanted).size
         del selected
     return hits / (10 * len(truth))
 
@@ -143,6 +174,9 @@ def main() -> int:
     p.add_argument("version", type=Path, help="a published DCR version's folder (REG/MODEL/VERSION)")
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--groups", type=int, default=0, help="planted groups of sparse_ratings.py's items")
+    p.add_argument(
+        "--spill", type=int, nargs="*", default=[], help="also each item in its S best lists (e.g. 2 4)"
+    )
     args = p.parse_args()
     artifact = load_version(args.version)
     if artifact.kind != "dcr":
@@ -153,7 +187,7 @@ def main() -> int:
     queries = served_queries(artifact, args.queries)
     truth = ann.exact_tops(items, queries, 10)  # each user's served top 10, training items excluded
     lengths_line(items, truth)
-    partition_recall(items, queries, truth)
+    partition_recall(items, queries, truth, tuple(args.spill))
     if args.groups:
         numbers = np.array([int(str(i)[1:]) for i in artifact.ids["items"].ids])
         group_recall(items, numbers // (len(numbers) // args.groups), queries, truth)
