@@ -9,7 +9,10 @@ build time when it was skipped.
 
     .venv/bin/python benchmarks/bench_index_build.py --items 1000000 --rank 50
 
-(10^6 items x 5 levels x rank 50 = 250 dimensions, 1 GB of float32 factors.)
+(10^6 items x 5 levels x rank 50 = 250 dimensions, 1 GB of float32 factors.) With ``--version
+REG/dcr/<version>`` the same over a published DCR version's item factors, calibrated and measured
+on its own users (their training items excluded, as served); ``--budget`` large enough lets the
+graph be built beside the inverted file.
 """
 
 from __future__ import annotations
@@ -41,6 +44,31 @@ def queries_of(users: np.ndarray, n_items: int, seed: int) -> ann.Queries:
     return ann.Queries(folded_queries(users), seen)
 
 
+def planted(args) -> tuple[np.ndarray, ann.Queries, ann.Queries]:
+    """A planted catalogue's items, its calibration users and the users measured after."""
+    users, items = planted_catalog(args.items, ann.CALIBRATION_QUERIES + args.users, rank=args.rank)
+    calibration = queries_of(users[: ann.CALIBRATION_QUERIES], args.items, seed=1)
+    return items, calibration, queries_of(users[ann.CALIBRATION_QUERIES :], args.items, seed=2)
+
+
+def trained(args) -> tuple[np.ndarray, ann.Queries, ann.Queries]:
+    """A DCR version's items and a seeded sample of its users as Recommend searches for them."""
+    from ivf_partitions import served_queries
+
+    from ordrec.service.storage.format import load_version
+
+    artifact = load_version(args.version)
+    items = np.ascontiguousarray(artifact.arrays["item_factors"], dtype=np.float32)
+    users = served_queries(artifact, ann.CALIBRATION_QUERIES + args.users)
+    first = ann.CALIBRATION_QUERIES
+    excludes = users.excludes or []
+    return (
+        items,
+        ann.Queries(users.vectors[:first], excludes[:first]),
+        ann.Queries(users.vectors[first:], excludes[first:]),
+    )
+
+
 def measured_recall(search: ann.AnnSearch, items: np.ndarray, queries: ann.Queries) -> tuple[float, float]:
     """recall@10 against exact scoring, and the p50 of one search in microseconds."""
     truth = ann.exact_tops(items, queries, 10)
@@ -68,16 +96,16 @@ def main() -> None:
     p.add_argument("--users", type=int, default=1000, help="measured users (besides the 200 calibrated on)")
     p.add_argument("--recall-target", type=float, default=ann.AUTO_DEFAULT_PARAMS["recall_target"])
     p.add_argument("--budget", type=float, default=ann.AUTO_DEFAULT_PARAMS["budget_seconds"])
+    p.add_argument("--version", type=Path, help="a published DCR version's folder instead of a planted catalogue")
     args = p.parse_args()
 
     start = time.perf_counter()
-    users, items = planted_catalog(args.items, ann.CALIBRATION_QUERIES + args.users, rank=args.rank)
+    items, calibration, measured = (trained if args.version else planted)(args)
     print(
         f"catalogue {items.shape[0]} x {items.shape[1]} ({items.nbytes / 2**20:.0f} MB float32)"
-        f" generated in {time.perf_counter() - start:.1f} s; load average {os.getloadavg()[0]:.2f}"
+        f" {'read' if args.version else 'generated'} in {time.perf_counter() - start:.1f} s;"
+        f" load average {os.getloadavg()[0]:.2f}"
     )
-    calibration = queries_of(users[: ann.CALIBRATION_QUERIES], args.items, seed=1)
-    measured = queries_of(users[ann.CALIBRATION_QUERIES :], args.items, seed=2)
     params = ann.build_params({"recall_target": args.recall_target, "budget_seconds": args.budget})
     with tempfile.TemporaryDirectory(prefix="ordrec-index-build-") as tmp:
         path = Path(tmp) / "items.index"
