@@ -96,7 +96,9 @@ def main() -> None:
     p.add_argument("--users", type=int, default=1000, help="measured users (besides the 200 calibrated on)")
     p.add_argument("--recall-target", type=float, default=ann.AUTO_DEFAULT_PARAMS["recall_target"])
     p.add_argument("--budget", type=float, default=ann.AUTO_DEFAULT_PARAMS["budget_seconds"])
-    p.add_argument("--version", type=Path, help="a published DCR version's folder instead of a planted catalogue")
+    p.add_argument(
+        "--version", type=Path, help="a published DCR version's folder instead of a planted catalogue"
+    )
     args = p.parse_args()
 
     start = time.perf_counter()
