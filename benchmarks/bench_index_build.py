@@ -12,7 +12,7 @@ build time when it was skipped.
 (10^6 items x 5 levels x rank 50 = 250 dimensions, 1 GB of float32 factors.) With ``--version
 REG/dcr/<version>`` the same over a published DCR version's item factors, calibrated and measured
 on its own users (their training items excluded, as served); ``--budget`` large enough lets the
-graph be built beside the inverted file.
+graph be built beside the inverted file; ``--structure hnsw`` or ``ivf`` builds that one alone.
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ def main() -> None:
     p.add_argument("--recall-target", type=float, default=ann.AUTO_DEFAULT_PARAMS["recall_target"])
     p.add_argument("--budget", type=float, default=ann.AUTO_DEFAULT_PARAMS["budget_seconds"])
     p.add_argument(
+        "--structure",
+        default=ann.AUTO,
+        choices=[ann.AUTO, "hnsw", "ivf"],
+        help="the structure to build (default: auto, as publishing chooses)",
+    )
+    p.add_argument(
         "--version", type=Path, help="a published DCR version's folder instead of a planted catalogue"
     )
     args = p.parse_args()
@@ -108,34 +114,42 @@ def main() -> None:
         f" {'read' if args.version else 'generated'} in {time.perf_counter() - start:.1f} s;"
         f" load average {os.getloadavg()[0]:.2f}"
     )
-    params = ann.build_params({"recall_target": args.recall_target, "budget_seconds": args.budget})
+    chosen = {"structure": args.structure, "recall_target": args.recall_target}
+    params = ann.build_params(
+        {**chosen, "budget_seconds": args.budget} if args.structure == ann.AUTO else chosen
+    )
     with tempfile.TemporaryDirectory(prefix="ordrec-index-build-") as tmp:
         path = Path(tmp) / "items.index"
         start, cpu = time.perf_counter(), time.process_time()
-        library = ann.write_index(items, path, params, calibration)
+        phases = ann.Phases()
+        library = ann.write_index(items, path, params, calibration, phases=phases)
         wall = time.perf_counter() - start
         print(
             f"published index in {wall:.1f} s (budget {args.budget:.0f} s); load average {os.getloadavg()[0]:.2f}"
         )
         print(ann.describe_choice(library, params))
-        print("| structure | built | seconds | breadth | calibrated recall@10 | us/query |")
-        print("|---|---|---:|---|---:|---:|")
-        for structure, f in params["compared"].items():
-            if f.get("skipped"):
-                why = f"no: predicted {f['predicted_seconds']} s, {f['left_seconds']} s left"
-                print(f"| {structure} | {why} | - | - | - | - |")
-                continue
-            breadth = ", ".join(f"{k} {v}" for k, v in f.items() if k in ("ef_search", "nlist", "nprobe"))
-            print(
-                f"| {structure} | yes | {f['seconds']} | {breadth} | {f['recall']:.3f} | {f['us_per_query']} |"
-            )
-        print_phases(params.get("build_phases", {}), wall, time.process_time() - cpu)
+        print_compared(params.get("compared", {}))
+        print_phases(params.get("build_phases", phases.taken), wall, time.process_time() - cpu)
         search = ann.AnnSearch.open(SearchIndex(library, params, path=path), items)
         recall, p50 = measured_recall(search, items, measured)
         print(
             f"chosen {search.description}: recall@10 {recall:.3f} on {args.users} other users,"
             f" p50 {p50:.0f} us per search (one thread)"
         )
+
+
+def print_compared(compared: dict[str, dict]) -> None:
+    """What ``structure="auto"`` tried: each structure built or skipped, its breadth and cost."""
+    if compared:
+        print("| structure | built | seconds | breadth | calibrated recall@10 | us/query |")
+        print("|---|---|---:|---|---:|---:|")
+    for structure, f in compared.items():
+        if f.get("skipped"):
+            why = f"no: predicted {f['predicted_seconds']} s, {f['left_seconds']} s left"
+            print(f"| {structure} | {why} | - | - | - | - |")
+            continue
+        breadth = ", ".join(f"{k} {v}" for k, v in f.items() if k in ("ef_search", "nlist", "nprobe"))
+        print(f"| {structure} | yes | {f['seconds']} | {breadth} | {f['recall']:.3f} | {f['us_per_query']} |")
 
 
 if __name__ == "__main__":
