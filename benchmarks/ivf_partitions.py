@@ -81,18 +81,20 @@ def partition_recall(
         seconds = time.perf_counter() - started
         cells = [f"{ivf_recall(faiss, index, searched, queries, truth, nprobe):.3f}" for nprobe in PROBES]
         print(f"| {label} | " + " | ".join(cells) + f" | {seconds:.0f} |")
-        if metric == faiss.METRIC_INNER_PRODUCT:
+        if metric == faiss.METRIC_INNER_PRODUCT and spill:
+            _, best = index.quantizer.search(items, max(spill))  # each item's lists, best first
             for copies in spill:
-                spilled_row(faiss, index.quantizer, items, copies, queries, truth)
+                spilled_row(faiss, index.quantizer, items, best, copies, queries, truth)
 
 
-def spilled_row(faiss, quantizer, items: np.ndarray, copies: int, queries: ann.Queries, truth) -> None:
+def spilled_row(
+    faiss, quantizer, items: np.ndarray, best: np.ndarray, copies: int, queries: ann.Queries, truth
+) -> None:
     """The inner-product lists again, each item stored in its ``copies`` best lists (a top 10
     near a list's edge is then also in the next list the user scans), at the same lists scanned."""
     started = time.perf_counter()
     index = faiss.IndexIVFFlat(quantizer, items.shape[1], quantizer.ntotal, faiss.METRIC_INNER_PRODUCT)
     index.is_trained = True
-    _, best = quantizer.search(items, copies)
     ids = np.arange(len(items), dtype=np.int64)
     for column in range(copies):
         lists = np.ascontiguousarray(best[:, column], dtype=np.int64)
