@@ -124,9 +124,8 @@ def main() -> None:
         phases = ann.Phases()
         library = ann.write_index(items, path, params, calibration, phases=phases)
         wall = time.perf_counter() - start
-        print(
-            f"published index in {wall:.1f} s (budget {args.budget:.0f} s); load average {os.getloadavg()[0]:.2f}"
-        )
+        budget = f" (budget {args.budget:.0f} s)" if args.structure == ann.AUTO else ""
+        print(f"published index in {wall:.1f} s{budget}; load average {os.getloadavg()[0]:.2f}")
         print(ann.describe_choice(library, params))
         print_compared(params.get("compared", {}))
         print_phases(params.get("build_phases", phases.taken), wall, time.process_time() - cpu)
