@@ -630,8 +630,8 @@ def run(args: argparse.Namespace) -> list[Row]:
 def run_setting(setting: dict, seed: int, levels: str | None, chosen: dict | None = None) -> dict:
     """A per-run row's setting: the run's seed, the levels chosen for it (interactions) and a
     tuned reference's settings chosen on validation (``chosen``)."""
-    extra = {"levels": levels} if levels else {}
-    return dict(setting, seed=seed, **extra, **({"chosen": chosen} if chosen else {}))
+    extra = {"levels": levels, "chosen": chosen}
+    return dict(setting, seed=seed, **{key: value for key, value in extra.items() if value})
 
 
 def print_topn(rows: list[Row], values: dict[str, dict[str, list[float]]], dataset: str) -> None:
